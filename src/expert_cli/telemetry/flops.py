@@ -1,0 +1,70 @@
+"""FLOPs accounting for LoRA training and the GPUs' peak bf16 throughput, for MFU.
+
+Shared by the benchmark's synthetic workload and the training throughput callback.
+"""
+
+from __future__ import annotations
+
+TFLOPS = 1e12
+
+# Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendors' data sheets.
+# Matched against the NVML/torch device name, case-insensitively, first match wins, so
+# the more specific names come first.
+PEAK_BF16_TFLOPS: list[tuple[tuple[str, ...], float]] = [
+    (("h100", "pcie"), 756.0),
+    (("h100", "nvl"), 835.0),
+    (("h100",), 989.0),  # SXM5 ("NVIDIA H100 80GB HBM3")
+    (("h200", "nvl"), 835.0),
+    (("h200",), 989.0),
+    (("gh200",), 989.0),
+    (("a100",), 312.0),
+    (("l40s",), 362.0),
+    (("l40",), 181.0),
+    (("l4",), 121.0),
+    (("rtx 4090",), 165.0),
+    (("a10g",), 125.0),
+    (("a10",), 125.0),
+]
+
+
+def peak_bf16_flops(gpu_name: str) -> float | None:
+    """Dense bf16 peak FLOP/s of the named GPU, or None when it is not in the table."""
+    name = gpu_name.lower()
+    for needles, tflops in PEAK_BF16_TFLOPS:
+        if all(n in name for n in needles):
+            return tflops * TFLOPS
+    return None
+
+
+def lora_train_flops_per_token(
+    n_total_params: int,
+    n_trainable_params: int,
+    n_layers: int,
+    hidden: int,
+    seq_len: int,
+    *,
+    attn_dim: int | None = None,
+) -> float:
+    """Model FLOPs per trained token of one LoRA (frozen base + adapters) training step.
+
+    - forward: 2 * N over all weights (base and adapters);
+    - backward, activation gradients: 2 * N (they flow through every frozen layer too);
+    - backward, weight gradients: 2 * N_trainable only (the base weights get none);
+    - attention scores and values: 4 * layers * attn_dim * seq_len forward, 3x for a step.
+
+    `seq_len` is how many tokens each token attends over: for packed rows whose position ids
+    restart per example, the example length, not the row length (the masked-out blocks are
+    not useful work). `attn_dim` is heads * head_dim, which is not always `hidden` (Qwen3:
+    16 * 128 = 2048 against hidden 1024); it defaults to `hidden`.
+    """
+    width = hidden if attn_dim is None else attn_dim
+    dense = 2.0 * n_total_params + 2.0 * n_total_params + 2.0 * n_trainable_params
+    attention = 3.0 * 4.0 * n_layers * width * seq_len
+    return dense + attention
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilization: achieved model FLOP/s over the peak, or None if unknown."""
+    if not peak_flops:
+        return None
+    return tokens_per_s * flops_per_token / peak_flops
