@@ -1,0 +1,225 @@
+"""A fixed synthetic LoRA training workload, so machines, drivers and settings can be
+compared on the same work: random-init model, random packed tokens, AdamW, in a thread.
+
+torch, transformers and peft are imported only when a workload starts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from expert_cli.errors import RunError, UserError
+from expert_cli.telemetry.flops import lora_train_flops_per_token, mfu, peak_bf16_flops
+
+WARMUP_STEPS = 2  # steps left out of tokens/s (allocator, kernel selection, autotuning)
+SEED = 0
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What one named workload trains: a Qwen3Config, row shape, LoRA rank."""
+
+    name: str
+    description: str
+    model: dict[str, Any]
+    seq_len: int
+    segment_len: int  # position ids restart every segment_len tokens (packed examples)
+    batch_size: int
+    lora_r: int = 16
+    needs_cuda: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+WORKLOADS: dict[str, WorkloadSpec] = {
+    "qwen3-0.6b-lora": WorkloadSpec(
+        name="qwen3-0.6b-lora",
+        description="Qwen3-0.6B architecture, random init, bf16, LoRA r=16 on all linear "
+        "projections, 4 packed rows of 2048 tokens per step, AdamW",
+        model={
+            "hidden_size": 1024,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 3072,
+            "vocab_size": 151936,
+            "max_position_embeddings": 40960,
+            "tie_word_embeddings": True,
+        },
+        seq_len=2048,
+        segment_len=512,
+        batch_size=4,
+        needs_cuda=True,
+    ),
+    "tiny": WorkloadSpec(
+        name="tiny",
+        description="2-layer Qwen3-style model (hidden 64), LoRA r=16, 2 packed rows of 256 "
+        "tokens per step; runs on a CPU, for tests and smoke checks",
+        model={
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "intermediate_size": 128,
+            "vocab_size": 1024,
+            "max_position_embeddings": 512,
+            "tie_word_embeddings": True,
+        },
+        seq_len=256,
+        segment_len=64,
+        batch_size=2,
+    ),
+}
+
+
+def get_workload(name: str) -> WorkloadSpec:
+    """The named workload; an unknown name is the user's error, naming the option."""
+    if name not in WORKLOADS:
+        raise UserError(
+            f"--workload: unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}"
+        )
+    return WORKLOADS[name]
+
+
+def _build(spec: WorkloadSpec, device: str, dtype: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """Random-init model with LoRA adapters, and its optimizer and parameter counts."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(SEED)
+    config = Qwen3Config(**spec.model, use_cache=False)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    lora = LoraConfig(r=spec.lora_r, lora_alpha=2 * spec.lora_r, lora_dropout=0.0,
+                      target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    model = get_peft_model(model, lora)
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-4, fused=device == "cuda")
+    counts = {
+        "total_params": sum(p.numel() for p in model.parameters()),
+        "trainable_params": sum(p.numel() for p in trainable),
+    }
+    return model, opt, counts
+
+
+def _batch(spec: WorkloadSpec, device: str) -> tuple[Any, Any]:
+    """Random token ids and position ids restarting every `segment_len` tokens."""
+    import torch
+
+    gen = torch.Generator().manual_seed(SEED)
+    shape = (spec.batch_size, spec.seq_len)
+    ids = torch.randint(0, spec.model["vocab_size"], shape, generator=gen)
+    pos = (torch.arange(spec.seq_len) % spec.segment_len).expand(shape).contiguous()
+    return ids.to(device), pos.to(device)
+
+
+class WorkloadRunner:
+    """Runs a workload in a background thread until `stop()`; reports tokens/s and MFU."""
+
+    def __init__(self, spec: WorkloadSpec) -> None:
+        self.spec = spec
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"workload-{spec.name}",
+                                        daemon=True)
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self.info: dict[str, Any] = {"workload": spec.name, "description": spec.description}
+        self.steps = 0
+        self._timed_steps = 0
+        self._timed_s = 0.0
+        self.last_loss: float | None = None
+
+    def start(self) -> None:
+        """Check the machine can run it, then start the thread (model setup happens there)."""
+        import torch
+
+        if self.spec.needs_cuda and not torch.cuda.is_available():
+            raise UserError(f"--workload: {self.spec.name} needs a CUDA GPU and torch sees "
+                            "none; use --workload tiny on a CPU")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._train()
+        except BaseException as exc:  # reported by wait_ready() or stop(), in the main thread
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def wait_ready(self) -> None:
+        """Block until the model is built and stepping (or has failed: then raise)."""
+        self._ready.wait()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise RunError(f"workload {self.spec.name} failed: {self._error!r}") from self._error
+
+    def _train(self) -> None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        device = "cuda" if cuda else "cpu"
+        dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+        t0 = time.perf_counter()
+        model, opt, counts = _build(self.spec, device, dtype)
+        ids, pos = _batch(self.spec, device)
+        name = torch.cuda.get_device_name() if cuda else "cpu"
+        self.info.update(counts, device=name, dtype=str(dtype).removeprefix("torch."),
+                         setup_s=time.perf_counter() - t0,
+                         tokens_per_step=self.spec.batch_size * self.spec.seq_len)
+        self._ready.set()
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            loss = model(input_ids=ids, position_ids=pos, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            value = float(loss.item())  # synchronises the device, so the timing is real
+            with self._lock:
+                self.steps += 1
+                self.last_loss = value
+                if self.steps > WARMUP_STEPS:
+                    self._timed_steps += 1
+                    self._timed_s += time.perf_counter() - t
+
+    def tokens_per_s(self) -> float | None:
+        """Mean trained tokens per second over the steps after warm-up, None before any."""
+        with self._lock:
+            if not self._timed_steps:
+                return None
+            tokens = self._timed_steps * self.spec.batch_size * self.spec.seq_len
+            return tokens / self._timed_s
+
+    def stop(self) -> dict[str, Any]:
+        """Stop after the current step and return the workload's report section."""
+        self._stop.set()
+        self._thread.join()
+        self._raise_error()
+        return self.result()
+
+    def result(self) -> dict[str, Any]:
+        """Steps, tokens/s, FLOPs per token and MFU (None where the GPU's peak is unknown)."""
+        tps = self.tokens_per_s()
+        m = self.spec.model
+        out = dict(self.info, steps=self.steps, timed_steps=self._timed_steps,
+                   last_loss=self.last_loss, tokens_per_s=tps, flops_per_token=None, mfu=None)
+        if "total_params" in self.info:
+            fpt = lora_train_flops_per_token(
+                self.info["total_params"], self.info["trainable_params"],
+                m["num_hidden_layers"], m["hidden_size"], self.spec.segment_len,
+                attn_dim=m["num_attention_heads"] * m["head_dim"],
+            )
+            bf16 = self.info["dtype"] == "bfloat16"
+            peak = peak_bf16_flops(self.info["device"]) if bf16 else None
+            out.update(flops_per_token=fpt, peak_flops=peak,
+                       mfu=None if tps is None else mfu(tps, fpt, peak))
+        return out
