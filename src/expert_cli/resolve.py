@@ -182,8 +182,8 @@ def _precision(cfg: TrainingConfig, env: Environment, notes: list[str]) -> tuple
 def _attention(cfg: TrainingConfig, env: Environment, half: bool, notes: list[str]) -> str:
     flash_ok = env.has_gpu and env.flash_attn is not None and half
     if cfg.flash_attention_2 and not flash_ok:
-        why = "flash-attn is not installed" if env.flash_attn is None else "needs bf16/fp16 on a GPU"
-        notes.append(f"flash_attention_2: requested but {why}; using sdpa")
+        why = "is not installed" if env.flash_attn is None else "needs bf16/fp16 on a GPU"
+        notes.append(f"flash_attention_2: flash-attn {why}; using sdpa")
     if cfg.flash_attention_2 is not False and flash_ok:
         return "flash_attention_2"
     if cfg.use_sdpa is False:
