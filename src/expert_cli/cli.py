@@ -57,6 +57,63 @@ def check(
         raise typer.Exit(code=2)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def benchmark(
+    duration: Annotated[
+        float, typer.Option(help="Seconds to sample (a command is stopped after this).")
+    ] = 60.0,
+    interval: Annotated[float, typer.Option(help="Seconds between samples.")] = 1.0,
+    output: Annotated[Path | None, typer.Option(help="Write the JSON report here.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here.")] = None,
+    gpu: Annotated[str, typer.Option(help="GPU index (or 0,1,...) or 'all'.")] = "all",
+    metrics: Annotated[
+        Path | None, typer.Option(help="A training run's metrics.json to read.")
+    ] = None,
+    workload: Annotated[
+        str | None, typer.Option(help="Synthetic workload: qwen3-0.6b-lora or tiny.")
+    ] = None,
+    command: Annotated[
+        list[str] | None, typer.Argument(help="-- CMD ARGS...: run and sample this command.")
+    ] = None,
+) -> None:
+    """Sample GPU, CPU and RAM (optionally while a command or workload runs), and assess."""
+    from rich.console import Console
+
+    from expert_cli.benchmark import BenchmarkOptions, run_benchmark
+    from expert_cli.benchmark_output import render_summary
+
+    opts = BenchmarkOptions(duration=duration, interval=interval, output=output, plot=plot,
+                            gpu=gpu, metrics=metrics, workload=workload, command=command or [])
+    console = Console(highlight=False, soft_wrap=True)
+    report = run_benchmark(opts, console)
+    render_summary(report, console)
+    for path in (output, plot):
+        if path is not None:
+            console.print(f"wrote {path}", markup=False)
+    if report["exit_code"]:
+        raise typer.Exit(code=report["exit_code"])
+
+
+@app.command("find-datasets")
+def find_datasets(
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="A datasets or hub cache folder (default: HF env).")
+    ] = None,
+    experts: Annotated[
+        Path | None, typer.Option(help="Folder with */manifest.json to match against.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """List datasets in the Hugging Face cache, and which expert manifests use them."""
+    from expert_cli.discovery import discover, render_discovery
+
+    result = discover(cache_dir, experts)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        render_discovery(result)
+
+
 def _print_error(kind: str, exc: BaseException) -> None:
     from rich.console import Console
 
