@@ -1,0 +1,103 @@
+"""Shared test kit: the tiny tokenizer, a tiny random Qwen3 model, the demo expert, JSONL files.
+
+Everything here works offline; nothing is downloaded from the Hugging Face hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_DIR = TESTS_DIR.parent
+TINY_TOKENIZER_DIR = TESTS_DIR / "assets" / "tiny-tokenizer"
+DEMO_EXPERT_DIR = REPO_DIR / "experts" / "demo"
+VOCAB_MULTIPLE = 64
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Make any accidental hub access fail fast instead of downloading."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
+    """Write one JSON object per line (creating parent folders) and return `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+@pytest.fixture(name="write_jsonl", scope="session")
+def write_jsonl_fixture() -> Callable[[Path, Iterable[dict[str, Any]]], Path]:
+    """The `write_jsonl(path, rows)` helper, as a fixture."""
+    return write_jsonl
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir() -> Path:
+    """The committed tiny Qwen-style tokenizer (4003 tokens, ChatML template)."""
+    return TINY_TOKENIZER_DIR
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_tokenizer_dir: Path):
+    """The tiny tokenizer, loaded with AutoTokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path) -> Path:
+    """A random-init 2-layer Qwen3 saved as safetensors, with the tiny tokenizer beside it.
+
+    Built once per session; loadable offline with AutoModelForCausalLM and AutoTokenizer.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = Qwen3Config(
+        vocab_size=-(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=eos,  # Qwen has no BOS token; its configs name <|endoftext|>
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    out = tmp_path_factory.mktemp("tiny-qwen3")
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def demo_expert_dir(tmp_path: Path) -> Path:
+    """A private copy of experts/demo (manifest, data, model config, tokenizer) under tmp_path.
+
+    Tests may write caches and outputs into it without touching the repository.
+    """
+    dest = tmp_path / "demo"
+    shutil.copytree(DEMO_EXPERT_DIR, dest, ignore=shutil.ignore_patterns(".cache", "output"))
+    return dest
