@@ -1,0 +1,126 @@
+"""`expert-cli check` end to end: exit codes, JSON report, messages without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+REAL_EXPERTS = ["expert-json", "expert-typescript", "expert-neo4j", "expert-sql"]
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "expert_cli.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=120)
+
+
+def test_help_is_instant_and_imports_no_torch() -> None:
+    start = time.perf_counter()
+    out = cli("--help")
+    assert out.returncode == 0 and "check" in out.stdout
+    assert time.perf_counter() - start < 5  # generous for CI; locally ~0.3 s
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, expert_cli.cli; "
+         "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))"],
+        capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "[]"
+
+
+def test_demo_manifest_is_usable() -> None:
+    out = cli("check", "--manifest", str(ROOT / "experts/demo/manifest.json"), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["manifest"] == {"path": str(ROOT / "experts/demo/manifest.json"),
+                                  "name": "expert-demo", "version": "0.1.0",
+                                  "schema_version": "2.0"}
+    assert report["problems"] == [] and report["downloads"] == []
+    cfg = report["config"]
+    assert (cfg["init"], cfg["adapter_type"], cfg["packing"]) == ("random", "lora", True)
+    assert report["environment"]["torch"]
+
+
+@pytest.mark.parametrize("expert", REAL_EXPERTS)
+def test_real_experts_only_need_downloads(expert: str) -> None:
+    out = cli("check", "--manifest", str(ROOT / "experts" / expert / "manifest.json"), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["problems"] == []
+    assert report["config"]["base_model"] == "Qwen/Qwen3-0.6B"
+    assert any("Qwen/Qwen3-0.6B will be downloaded" in d for d in report["downloads"])
+    assert any(d.startswith("dataset: ") for d in report["downloads"])
+
+
+def _hivellm_dir(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    data = json.loads((FIXTURES / "hivellm_v2.json").read_text())
+    data["base_models"][0]["name"] = str(tiny_model_dir)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    (tmp_path / "datasets").mkdir()
+    row = {"text": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nSELECT 1;<|im_end|>\n"}
+    for name in ("train", "validation", "test"):
+        (tmp_path / "datasets" / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+    return tmp_path
+
+
+def test_hivellm_manifest_checks_once_files_exist(tmp_path: Path, tiny_model_dir: Path) -> None:
+    folder = _hivellm_dir(tmp_path, tiny_model_dir)
+    out = cli("check", "--manifest", str(folder / "manifest.json"), "--json")
+    assert out.returncode == 0, out.stdout
+    report = json.loads(out.stdout)
+    assert report["config"]["rank"] == 14 and report["config"]["gradient_accumulation_steps"] == 45
+    assert any(n.startswith("use_unsloth:") for n in report["notes"])
+
+
+def test_bad_data_and_model_are_problems(tmp_path: Path, tiny_model_dir: Path) -> None:
+    folder = _hivellm_dir(tmp_path, tiny_model_dir)
+    (folder / "datasets" / "train.jsonl").write_text('{"text": "ok"}\n{"text": oops}\n')
+    (folder / "datasets" / "validation.jsonl").write_text('{"prompt": "no text here"}\n')
+    (folder / "datasets" / "test.jsonl").unlink()
+    out = cli("check", "--manifest", str(folder / "manifest.json"), "--json")
+    assert out.returncode == 2
+    problems = json.loads(out.stdout)["problems"]
+    assert problems[0] == f"{folder}/datasets/train.jsonl:2: invalid JSON (Expecting value)"
+    assert problems[1].startswith(f"{folder}/datasets/validation.jsonl: field 'text' "
+                                  "(training.dataset.field_mapping.text) is not in the first rows")
+
+
+def test_missing_model_folder_and_empty_data(tmp_path: Path, tiny_model_dir: Path) -> None:
+    folder = _hivellm_dir(tmp_path, tiny_model_dir)
+    data = json.loads((folder / "manifest.json").read_text())
+    data["base_models"][0]["name"] = "F:/models/Qwen3-0.6B"
+    (folder / "manifest.json").write_text(json.dumps(data))
+    (folder / "datasets" / "train.jsonl").write_text("")
+    out = cli("check", "--manifest", str(folder / "manifest.json"))
+    assert out.returncode == 2
+    assert "F:/models/Qwen3-0.6B is not a folder" in out.stdout
+    assert "train.jsonl: no examples (the file is empty)" in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_weights_missing_without_random_init(tmp_path: Path, tiny_model_dir: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    for weights in model.glob("*.safetensors"):
+        weights.unlink()
+    folder = _hivellm_dir(tmp_path / "expert", model)
+    out = cli("check", "--manifest", str(folder / "manifest.json"), "--json")
+    assert out.returncode == 2
+    assert any("has no weights" in p for p in json.loads(out.stdout)["problems"])
+
+
+def test_misspelt_key_exits_2_naming_the_path(tmp_path: Path) -> None:
+    data = json.loads((FIXTURES / "hivellm_v2.json").read_text())
+    data["training"]["config"]["gradient_acumulation_steps"] = 4
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    out = cli("check", "--manifest", str(tmp_path / "manifest.json"))
+    assert out.returncode == 2
+    assert ("training.config.gradient_acumulation_steps: unknown field; did you mean "
+            "gradient_accumulation_steps?") in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
