@@ -114,6 +114,49 @@ def find_datasets(
         render_discovery(result)
 
 
+@app.command()
+def train(
+    manifest: ManifestOpt,
+    output: Annotated[
+        Path | None, typer.Option(help="Output folder (default: <manifest folder>/output).")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the latest checkpoint in OUTPUT.")
+    ] = False,
+    max_steps: Annotated[
+        int | None, typer.Option("--max-steps", help="Stop after N optimizer steps.")
+    ] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a manifest field: key=value.")
+    ] = None,
+) -> None:
+    """Train the manifest's adapter: token cache, Trainer, checkpoints, metrics.json."""
+    from rich.console import Console
+
+    from expert_cli.training import TrainOptions
+    from expert_cli.training import train as run_training
+
+    opts = TrainOptions(manifest=manifest, output=output, resume=resume, max_steps=max_steps,
+                        overrides=overrides or [])
+    result = run_training(opts, Console(highlight=False, soft_wrap=True))
+    if result.exit_code:
+        raise typer.Exit(code=result.exit_code)
+
+
+@app.command()
+def merge(
+    adapter: Annotated[Path, typer.Option("--adapter", help="A trained adapter folder.")],
+    output: Annotated[Path, typer.Option("--output", help="Folder for the merged model.")],
+) -> None:
+    """Merge an adapter into its base model and save a standalone safetensors model."""
+    from rich.console import Console
+
+    from expert_cli.merge import merge_adapter
+
+    path = merge_adapter(adapter, output)
+    Console(highlight=False, soft_wrap=True).print(f"wrote {path}", markup=False)
+
+
 def _print_error(kind: str, exc: BaseException) -> None:
     from rich.console import Console
 
