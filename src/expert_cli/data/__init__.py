@@ -1,0 +1,117 @@
+"""The data path: sources -> completion-only tokens -> packed rows -> a fingerprinted cache.
+
+`prepare_data` is the one entry point training uses: it returns the memory-mapped train and eval
+datasets of the cache for a resolved config, building the cache first when no finished cache
+has the same fingerprint. Several processes (torchrun ranks) may call it at once: one builds
+under a file lock, the others wait and load. The eval split is packed like the train split.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from expert_cli.resolve import ResolvedConfig
+
+if TYPE_CHECKING:
+    import datasets
+    from transformers import PreTrainedTokenizerFast
+
+    from expert_cli.data.cache import CachePlan
+
+__all__ = ["PreparedData", "prepare_data"]
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PreparedData:
+    """The cache's datasets (rows: input_ids, labels, position_ids, num_tokens) and stats."""
+
+    train: datasets.Dataset
+    eval: datasets.Dataset | None
+    stats: dict[str, Any]
+    cache_dir: Path
+    built: bool
+    reason: str
+    status: str = "current"  # "built" | "rebuilt" | "current"
+    changes: list[str] = field(default_factory=list)
+
+
+def prepare_data(resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast, *,
+                 num_proc: int | None = None, force: bool = False, show_progress: bool = True,
+                 shard_examples: int | None = None) -> PreparedData:
+    """Load the token cache of `resolved`, building it first if needed (or if `force`)."""
+    from filelock import FileLock, Timeout
+
+    from expert_cli.data.build import build_cache
+    from expert_cli.data.cache import is_complete, plan_cache, shard_examples_default
+    from expert_cli.environment import usable_cpus
+
+    plan = plan_cache(resolved, tokenizer, shard_examples or shard_examples_default())
+    status, reason, changes = _why(plan, force)
+    if not force and is_complete(plan.final_dir):
+        return _load(plan, False, "current", reason, [])
+    plan.root.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(plan.lock_path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.warning("another process is building %s; waiting for it", plan.final_dir.name)
+        lock.acquire()
+    try:
+        if not force and is_complete(plan.final_dir):
+            return _load(plan, False, "current", "built by another process while this one "
+                         "waited for the lock", [])
+        if force:
+            _discard(plan)
+        build_cache(plan, resolved, tokenizer, num_proc or usable_cpus(),
+                    shard_examples or shard_examples_default(), show_progress)
+        _point_latest(plan)
+    finally:
+        lock.release()
+    return _load(plan, True, status, reason, changes)
+
+
+def _why(plan: CachePlan, force: bool) -> tuple[str, str, list[str]]:
+    """(status, reason, changed inputs) of this cache relative to the expert's latest one."""
+    from expert_cli.data.cache import changed_inputs, is_complete
+
+    previous = plan.previous
+    if force:
+        return "rebuilt", "--force", []
+    if is_complete(plan.final_dir):
+        return "current", "no fingerprint input changed", []
+    if previous is None:
+        return "built", "no earlier cache of this expert", []
+    if previous.get("fingerprint") == plan.fingerprint:
+        return "built", "no finished cache with this fingerprint (removed or never finished)", []
+    changes = changed_inputs(previous.get("inputs", {}), plan.inputs)
+    return "rebuilt", "changed: " + "; ".join(changes or ["(inputs differ)"]), changes
+
+
+def _discard(plan: CachePlan) -> None:
+    import shutil
+
+    shutil.rmtree(plan.final_dir, ignore_errors=True)
+    shutil.rmtree(plan.work_dir, ignore_errors=True)
+
+
+def _point_latest(plan: CachePlan) -> None:
+    from expert_cli.data.cache import write_json_atomic
+
+    write_json_atomic(plan.pointer, {"fingerprint": plan.fingerprint,
+                                     "path": str(plan.final_dir), "inputs": plan.inputs})
+
+
+def _load(plan: CachePlan, built: bool, status: str, reason: str,
+          changes: list[str]) -> PreparedData:
+    from expert_cli.data.cache import load_cache
+
+    train, evaluation, stats = load_cache(plan)
+    if not built and status == "current" and plan.previous is not None \
+            and plan.previous.get("fingerprint") != plan.fingerprint:
+        _point_latest(plan)  # switched back to an older, still finished cache
+    return PreparedData(train=train, eval=evaluation, stats=stats, cache_dir=plan.final_dir,
+                        built=built, reason=reason, status=status, changes=changes)

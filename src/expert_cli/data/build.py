@@ -1,0 +1,217 @@
+"""Building a token cache in resumable shards, then assembling it atomically.
+
+Each split is cut into shards of `shard_examples` consecutive source examples. A shard is
+formatted and tokenized with `datasets.map(batched=True, num_proc=N)`, packed, and saved to a
+temporary folder that is renamed to `.build-<fp>/<split>/shard-NNNNN` when complete, so a crash
+loses at most the shard in progress and the next build skips the finished ones. The shards are
+then concatenated into `.tmp-<fp>-<pid>/`, `stats.json` and `_COMPLETE` are written, and the
+folder is renamed to its final name. The caller holds the fingerprint's file lock.
+
+$EXPERT_CLI_TEST_SHARD_DELAY (seconds) sleeps after each finished shard: a hook for the tests
+that kill a build half-way; it is never set in normal use.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from expert_cli.data.cache import COMPLETE, STATS, CachePlan, write_json_atomic
+from expert_cli.data.formatting import (
+    DROPPED_NO_COMPLETION,
+    DROPPED_NO_MARKER,
+    DROPPED_OVERLONG,
+    KEPT,
+    TRUNCATED,
+    Formatter,
+    check_chat_template,
+)
+from expert_cli.data.packing import pack_table
+from expert_cli.data.sources import load_sources
+from expert_cli.resolve import ResolvedConfig
+
+if TYPE_CHECKING:
+    import datasets
+    from rich.progress import Progress
+    from transformers import PreTrainedTokenizerFast
+
+log = logging.getLogger(__name__)
+DELAY_ENV = "EXPERT_CLI_TEST_SHARD_DELAY"
+BATCH_SIZE = 1000  # examples per tokenizer call inside a worker
+MIN_EXAMPLES_PER_PROC = 512  # below this a worker process costs more than it saves
+
+
+def build_cache(plan: CachePlan, resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast,
+                num_proc: int, shard_examples: int, show_progress: bool) -> dict[str, Any]:
+    """Build (or finish building) the cache of `plan`; return its stats."""
+    import datasets
+
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # ours is the one progress bar of a build
+    try:
+        return _build(plan, resolved, tokenizer, num_proc, shard_examples, show_progress)
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _build(plan: CachePlan, resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast,
+           num_proc: int, shard_examples: int, show_progress: bool) -> dict[str, Any]:
+    started = time.perf_counter()
+    _remove_stale(plan)
+    sources = load_sources(resolved, plan.root / ".datasets")
+    if sources.fields.kind == "messages":
+        check_chat_template(tokenizer, resolved.response_template)
+    formatter = Formatter(tokenizer=tokenizer, kind=sources.fields.kind,
+                          max_seq_length=resolved.max_seq_length, overlong=resolved.overlong,
+                          prompt_template=resolved.prompt_template,
+                          response_template=resolved.response_template)
+    splits = {"train": sources.train, "eval": sources.eval}
+    splits = {k: v for k, v in splits.items() if v is not None}
+    shard_stats: dict[str, list[dict[str, Any]]] = {}
+    resumed = 0
+    with _progress(show_progress) as progress:
+        total = sum(len(ds) for ds in splits.values())
+        task = progress.add_task(f"tokenizing {resolved.expert}", total=total)
+        for split, ds in splits.items():
+            stats, done = _build_split(plan, split, ds, formatter, resolved, num_proc,
+                                       shard_examples, progress, task)
+            shard_stats[split] = stats
+            resumed += done
+    extra = {"num_proc": num_proc, "notes": sources.notes}
+    return _assemble(plan, shard_stats, sources.read, resumed,
+                     time.perf_counter() - started, extra)
+
+
+def _remove_stale(plan: CachePlan) -> None:
+    """Delete leftovers of killed builds of this fingerprint (we hold its lock)."""
+    for path in plan.root.glob(f".tmp-{plan.fingerprint}-*"):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in plan.work_dir.glob("*/.tmp-shard-*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _progress(show: bool) -> Progress:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    return Progress("[progress.description]{task.description}", BarColumn(),
+                    MofNCompleteColumn(), TimeRemainingColumn(),
+                    console=Console(stderr=True), disable=not show, transient=False)
+
+
+def _build_split(plan: CachePlan, split: str, ds: datasets.Dataset, formatter: Formatter,
+                 resolved: ResolvedConfig, num_proc: int, shard_examples: int,
+                 progress: Progress, task: Any) -> tuple[list[dict[str, Any]], int]:
+    """Build every missing shard of one split; return per-shard stats and how many existed."""
+    n_shards = max(1, math.ceil(len(ds) / shard_examples))
+    stats, resumed = [], 0
+    delay = float(os.environ.get(DELAY_ENV, "0"))
+    for k in range(n_shards):
+        lo, hi = k * shard_examples, min(len(ds), (k + 1) * shard_examples)
+        final = plan.work_dir / split / f"shard-{k:05d}"
+        if (final / COMPLETE).is_file():
+            stats.append(json.loads((final / STATS).read_text()))
+            resumed += 1
+        else:
+            seed = resolved.seed + 7919 * k + (0 if split == "train" else 1)
+            stats.append(_build_shard(ds.select(range(lo, hi)), formatter, final, num_proc,
+                                      resolved.max_seq_length, resolved.packing, seed))
+            if delay:
+                time.sleep(delay)
+        progress.advance(task, hi - lo)
+    if resumed:
+        log.info("%s: resumed from %d finished shard(s) of %d", split, resumed, n_shards)
+    return stats, resumed
+
+
+def _build_shard(ds: datasets.Dataset, formatter: Formatter, final: Path, num_proc: int,
+                 max_seq_length: int, packing: bool, seed: int) -> dict[str, Any]:
+    """Tokenize, pack and save one shard atomically; return its stats."""
+    import datasets
+    import numpy as np
+
+    procs = max(1, min(num_proc, len(ds) // MIN_EXAMPLES_PER_PROC))
+    formatter.in_worker = procs > 1
+    formatted = ds.map(formatter, batched=True, batch_size=BATCH_SIZE, num_proc=procs,
+                       remove_columns=ds.column_names, keep_in_memory=True,
+                       new_fingerprint=f"{final.name}-{seed}")
+    table = formatted.data.table
+    status = table.column("status").to_numpy()
+    packed, pack = pack_table(table, max_seq_length, packing, seed)
+    stats = {
+        "examples_read": len(ds),
+        "kept": int((status == KEPT).sum()),
+        "truncated": int((status == TRUNCATED).sum()),
+        "dropped_overlong": int((status == DROPPED_OVERLONG).sum()),
+        "dropped_no_completion": int((status == DROPPED_NO_COMPLETION).sum()),
+        "dropped_no_marker": int((status == DROPPED_NO_MARKER).sum()),
+        "no_marker": int(table.column("no_marker").to_numpy(zero_copy_only=False).sum()),
+        "tokens": pack.tokens,
+        "trained_tokens": int(np.asarray(table.column("trained")).sum()),
+        "rows": pack.rows,
+        "capacity": pack.capacity,
+    }
+    tmp = final.parent / f".tmp-shard-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    datasets.Dataset(packed).save_to_disk(str(tmp / "data"))
+    write_json_atomic(tmp / STATS, stats)
+    (tmp / COMPLETE).write_text("")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return stats
+
+
+def _sum(stats: list[dict[str, Any]], examples_read: int) -> dict[str, Any]:
+    keys = ("kept", "truncated", "dropped_overlong", "dropped_no_completion",
+            "dropped_no_marker", "no_marker", "tokens", "trained_tokens", "rows", "capacity")
+    total = {k: sum(s[k] for s in stats) for k in keys}
+    total["examples"] = sum(s["examples_read"] for s in stats)
+    total["examples_read"] = examples_read
+    total["dropped"] = (total["dropped_overlong"] + total["dropped_no_completion"]
+                        + total["dropped_no_marker"])
+    total["packing_efficiency"] = (round(total["tokens"] / total["capacity"], 6)
+                                   if total["capacity"] else 0.0)
+    return total
+
+
+def _assemble(plan: CachePlan, shard_stats: dict[str, list[dict[str, Any]]],
+              read: dict[str, int], resumed: int, seconds: float,
+              extra: dict[str, Any]) -> dict[str, Any]:
+    """Concatenate the shards into a temporary cache folder and rename it into place."""
+    import datasets
+
+    tmp = plan.root / f".tmp-{plan.fingerprint}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    for split in shard_stats:
+        shards = sorted((plan.work_dir / split).glob("shard-*"))
+        parts = [datasets.load_from_disk(str(s / "data")) for s in shards]
+        datasets.concatenate_datasets(parts).save_to_disk(str(tmp / split))
+    splits = {s: _sum(st, read[s]) for s, st in shard_stats.items()}
+    tokens = sum(s["tokens"] for s in splits.values())
+    stats = {
+        "fingerprint": plan.fingerprint,
+        "format_version": plan.inputs["format_version"],
+        "train": splits["train"],
+        "eval": splits.get("eval"),
+        "shards": sum(len(st) for st in shard_stats.values()),
+        "resumed_shards": resumed,
+        "build_seconds": round(seconds, 3),
+        "tokens_per_second": round(tokens / seconds, 1) if seconds > 0 else None,
+        **extra,
+        "inputs": plan.inputs,
+    }
+    write_json_atomic(tmp / STATS, stats)
+    (tmp / COMPLETE).write_text("")
+    if plan.final_dir.exists():  # an earlier copy (--force); we hold the lock
+        shutil.rmtree(plan.final_dir)
+    os.replace(tmp, plan.final_dir)
+    shutil.rmtree(plan.work_dir, ignore_errors=True)
+    return stats

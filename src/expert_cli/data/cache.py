@@ -1,0 +1,234 @@
+"""The token cache: its fingerprint, its folder layout, and reading a finished one.
+
+Layout under the cache root (`training.config.pretokenized_cache`, default
+`.cache/pretokenized` beside the manifest):
+
+    <expert>-<fp16>/            a finished cache: train/, eval/ (save_to_disk), stats.json,
+                                _COMPLETE (written last; readers require it)
+    <expert>.latest.json        the most recent cache of the expert and its inputs
+    <fp>.lock                   file lock: one builder per fingerprint, the others wait
+    .build-<fp>/<split>/shard-NNNNN/   finished shards of a build in progress (resume)
+    .tmp-<fp>-<pid>/            a cache being assembled; renamed into place when complete
+    .datasets/                  the `datasets` library's own cache of the source files
+
+The fingerprint is sha256 over canonical JSON of everything that changes the content: source
+files (path, size, and an xxh3-128 hash of the whole file up to 256 MiB, of its first and last
+MiB plus its mtime above that), hub id/split/config/revision, the tokenizer (its full
+tokenizer.json serialisation, special tokens, chat template), formatting (field mapping,
+prompt and response templates, overlong rule), max_seq_length, packing, eval fraction, seed,
+shard size, and CACHE_FORMAT_VERSION.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from expert_cli.errors import RunError
+from expert_cli.resolve import ResolvedConfig, SourceRef
+
+if TYPE_CHECKING:
+    import datasets
+    from transformers import PreTrainedTokenizerFast
+
+CACHE_FORMAT_VERSION = 1
+FULL_HASH_LIMIT = 256 * 2**20
+EDGE_BYTES = 2**20
+COMPLETE = "_COMPLETE"
+STATS = "stats.json"
+DEFAULT_SHARD_EXAMPLES = 50_000
+SHARD_ENV = "EXPERT_CLI_SHARD_EXAMPLES"
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """Where a cache with these inputs lives, and what it was compared with."""
+
+    root: Path
+    fingerprint: str
+    inputs: dict[str, Any]
+    final_dir: Path
+    previous: dict[str, Any] | None  # the expert's latest pointer, if any
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / f"{self.fingerprint}.lock"
+
+    @property
+    def work_dir(self) -> Path:
+        return self.root / f".build-{self.fingerprint}"
+
+    @property
+    def pointer(self) -> Path:
+        return self.root / f"{_safe(self.inputs['expert'])}.latest.json"
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "expert"
+
+
+def file_hash(path: Path) -> dict[str, Any]:
+    """Size and content hash of a file (whole file when small; edges and mtime when large)."""
+    import xxhash
+
+    stat = path.stat()
+    digest = xxhash.xxh3_128()
+    with path.open("rb") as fh:
+        if stat.st_size <= FULL_HASH_LIMIT:
+            for block in iter(lambda: fh.read(8 * 2**20), b""):
+                digest.update(block)
+            return {"size": stat.st_size, "xxh3": digest.hexdigest()}
+        digest.update(fh.read(EDGE_BYTES))
+        fh.seek(-EDGE_BYTES, os.SEEK_END)
+        digest.update(fh.read(EDGE_BYTES))
+    return {"size": stat.st_size, "xxh3_edges": digest.hexdigest(), "mtime_ns": stat.st_mtime_ns}
+
+
+def _source_inputs(ref: SourceRef, folder: Path) -> dict[str, Any]:
+    from expert_cli.data.sources import source_files
+
+    entry = ref.model_dump(exclude_none=True)
+    if ref.kind == "local":
+        files = {}
+        for f in source_files(ref):
+            name = str(f.relative_to(folder)) if f.is_relative_to(folder) else str(f)
+            files[name] = file_hash(f)
+        entry["location"] = (str(Path(ref.location).relative_to(folder))
+                             if Path(ref.location).is_relative_to(folder) else ref.location)
+        entry["files"] = files
+    elif not ref.revision:
+        entry["revision"] = "unpinned (set training.dataset.revision to detect hub updates)"
+    return entry
+
+
+def tokenizer_inputs(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
+    """What identifies a tokenizer's behaviour: vocab, merges, normalisation, specials."""
+    serial = tokenizer.backend_tokenizer.to_str()
+    template = tokenizer.chat_template or ""
+    return {
+        "tokenizer_json_sha256": hashlib.sha256(serial.encode()).hexdigest(),
+        "vocab_size": len(tokenizer),
+        "eos": tokenizer.eos_token,
+        "pad": tokenizer.pad_token,
+        "bos": tokenizer.bos_token,
+        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()
+        if template else None,
+    }
+
+
+def shard_examples_default() -> int:
+    """Examples per build shard: $EXPERT_CLI_SHARD_EXAMPLES, else DEFAULT_SHARD_EXAMPLES."""
+    value = os.environ.get(SHARD_ENV)
+    if value is None:
+        return DEFAULT_SHARD_EXAMPLES
+    if not value.isdigit() or int(value) < 1:
+        raise RunError(f"{SHARD_ENV}={value!r}: expected a positive integer")
+    return int(value)
+
+
+def fingerprint_inputs(resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast,
+                       shard_examples: int) -> dict[str, Any]:
+    """Every input that changes the cache's content, as JSON-ready values."""
+    folder = Path(resolved.manifest_path).parent
+    return {
+        "format_version": CACHE_FORMAT_VERSION,
+        "expert": resolved.expert,
+        "sources": {
+            "train": [_source_inputs(r, folder) for r in resolved.train_sources],
+            "validation": [_source_inputs(r, folder) for r in resolved.validation_sources],
+        },
+        "tokenizer": tokenizer_inputs(tokenizer),
+        "formatting": {
+            "field_mapping": resolved.field_mapping,
+            "prompt_template": resolved.prompt_template,
+            "response_template": resolved.response_template,
+            "overlong": resolved.overlong,
+        },
+        "max_seq_length": resolved.max_seq_length,
+        "packing": resolved.packing,
+        "eval_fraction": resolved.eval_fraction,
+        "seed": resolved.seed,
+        "shard_examples": shard_examples,
+    }
+
+
+def fingerprint(inputs: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of `inputs`."""
+    canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def plan_cache(resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast,
+               shard_examples: int) -> CachePlan:
+    """Fingerprint the inputs and locate the cache (reads no data, builds nothing)."""
+    inputs = fingerprint_inputs(resolved, tokenizer, shard_examples)
+    fp = fingerprint(inputs)
+    root = Path(resolved.pretokenized_cache)
+    pointer = root / f"{_safe(resolved.expert)}.latest.json"
+    previous = json.loads(pointer.read_text()) if pointer.exists() else None
+    return CachePlan(root=root, fingerprint=fp, inputs=inputs,
+                     final_dir=root / f"{_safe(resolved.expert)}-{fp[:16]}", previous=previous)
+
+
+def is_complete(cache_dir: Path) -> bool:
+    """True for a finished cache folder (its `_COMPLETE` marker is written last)."""
+    return (cache_dir / COMPLETE).is_file()
+
+
+def changed_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`key old -> new` for each leaf that differs between two fingerprint input dicts."""
+    a, b = _flatten(old), _flatten(new)
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            lines.append(f"{key} {_short(a.get(key, '(none)'))} -> "
+                         f"{_short(b.get(key, '(none)'))}")
+    return lines
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(value, list):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(_flatten(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: value}
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text[:12] + "…" if len(text) > 16 and re.fullmatch(r"[0-9a-f]+", text) else text
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON to a temporary file beside `path`, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def load_cache(plan: CachePlan) -> tuple[datasets.Dataset, datasets.Dataset | None,
+                                         dict[str, Any]]:
+    """The memory-mapped train/eval datasets and stats of a finished cache."""
+    import datasets
+
+    if not is_complete(plan.final_dir):
+        raise RunError(f"{plan.final_dir}: the cache is not complete; it will not be read")
+    stats = json.loads((plan.final_dir / STATS).read_text())
+    if stats.get("fingerprint") != plan.fingerprint:
+        raise RunError(f"{plan.final_dir}: stats.json fingerprint does not match the folder; "
+                       "delete the folder to rebuild")
+    train = datasets.load_from_disk(str(plan.final_dir / "train"))
+    eval_dir = plan.final_dir / "eval"
+    evaluation = datasets.load_from_disk(str(eval_dir)) if eval_dir.exists() else None
+    return train, evaluation, stats

@@ -1,0 +1,251 @@
+"""From examples to `input_ids` + `labels`, with the loss on completions only.
+
+Each example is rendered to one string plus the character spans that are trained on, tokenized
+once with the fast tokenizer, and the spans are mapped to token indices through the tokenizer's
+offsets (`Encoding.char_to_token` / `token_to_chars`), so masking is exact and costs no second
+tokenization. Rules (docs/data.md has examples):
+
+- `text` with ChatML: every assistant turn is trained from after `<|im_start|>assistant\\n`
+  through its `<|im_end|>`; system and user turns are masked.
+- `text` with `<|assistant|>` markers: trained from after `<|assistant|>` (and one newline)
+  through the turn's `<|end|>` (or up to the next `<|user|>`/`<|system|>`, or the end).
+- `response_template` set: trained from after its first occurrence to the end of the text; an
+  example without it is dropped and counted (`dropped_no_marker`).
+- `text` with no marker and no `response_template`: the whole text is trained, counted as
+  `no_marker` in the stats.
+- instruction/input/response: rendered with `prompt_template`; the response is trained.
+- `messages`: rendered with the tokenizer's chat template, then the `text` rules apply.
+
+Every example ends with EOS (appended when missing; trained). An example over `max_seq_length`
+is cut to its first `max_seq_length` tokens (then it has no EOS: the text did not end there), or
+dropped, as `overlong` says; one whose trained tokens were all cut away is dropped too.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from expert_cli.errors import UserError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from transformers import PreTrainedTokenizerFast
+
+CHATML_ASSISTANT = "<|im_start|>assistant"
+CHATML_END = "<|im_end|>"
+MARKER_ASSISTANT = "<|assistant|>"
+MARKER_END = "<|end|>"
+MARKER_TURNS = ("<|user|>", "<|system|>")
+IGNORE = -100
+# status codes of the `status` column
+KEPT, TRUNCATED, DROPPED_OVERLONG, DROPPED_NO_COMPLETION, DROPPED_NO_MARKER = range(5)
+
+VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. "
+                 "The assistant gives helpful, detailed, and polite answers to the user's "
+                 "questions.")
+ALPACA_HEAD = "Below is an instruction that describes a task"
+ALPACA_TAIL = "Write a response that appropriately completes the request.\n\n"
+TEMPLATES = ("chatml", "alpaca", "llama2", "vicuna")
+
+Span = tuple[int, int]
+
+
+def assistant_spans(text: str, response_template: str | None) -> tuple[list[Span], str]:
+    """Character spans to train on, and the rule that found them (see the module doc)."""
+    if response_template:
+        at = text.find(response_template)
+        if at < 0:
+            return [], "missing"
+        return [(at + len(response_template), len(text))], "template"
+    if CHATML_ASSISTANT in text:
+        return _turn_spans(text, CHATML_ASSISTANT, (CHATML_END,), ()), "chatml"
+    if MARKER_ASSISTANT in text:
+        return _turn_spans(text, MARKER_ASSISTANT, (MARKER_END,), MARKER_TURNS), "marker"
+    return [(0, len(text))], "none"
+
+
+def _turn_spans(text: str, marker: str, ends: tuple[str, ...],
+                starts: tuple[str, ...]) -> list[Span]:
+    """Spans of each assistant turn: after marker(+newline) through its end token."""
+    spans: list[Span] = []
+    at = text.find(marker)
+    while at >= 0:
+        start = at + len(marker)
+        if text.startswith("\n", start):
+            start += 1
+        stop = len(text)
+        for token in ends:
+            hit = text.find(token, start)
+            if 0 <= hit < stop:
+                stop = hit + len(token)
+        for token in starts + (marker,):
+            hit = text.find(token, start)
+            if 0 <= hit < stop:
+                stop = hit
+        spans.append((start, stop))
+        at = text.find(marker, stop)
+    return spans
+
+
+def render_instruction(template: str, instruction: str, input_: str | None,
+                       system: str | None) -> tuple[str, str]:
+    """(prompt, completion suffix) of one instruction example in `prompt_template`."""
+    user = f"{instruction}\n\n{input_}" if input_ else instruction
+    if template == "chatml":
+        head = f"<|im_start|>system\n{system}{CHATML_END}\n" if system else ""
+        return f"{head}<|im_start|>user\n{user}{CHATML_END}\n{CHATML_ASSISTANT}\n", CHATML_END
+    if template == "alpaca":
+        head = f"{system}\n\n" if system else ""
+        if input_:
+            return (f"{head}{ALPACA_HEAD}, paired with an input that provides further context. "
+                    f"{ALPACA_TAIL}### Instruction:\n{instruction}\n\n### Input:\n{input_}\n\n"
+                    "### Response:\n", "")
+        return (f"{head}{ALPACA_HEAD}. {ALPACA_TAIL}### Instruction:\n{instruction}\n\n"
+                "### Response:\n", "")
+    if template == "llama2":
+        head = f"<<SYS>>\n{system}\n<</SYS>>\n\n" if system else ""
+        return f"[INST] {head}{user} [/INST] ", ""
+    if template == "vicuna":
+        return f"{system or VICUNA_SYSTEM} USER: {user} ASSISTANT: ", ""
+    raise UserError(f"base_model.prompt_template: {template!r} needs a template text, which "
+                    f"the manifest does not give; use one of {list(TEMPLATES)} or put the "
+                    "rendered prompt in a `text` field")
+
+
+def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: str | None
+                        ) -> None:
+    """Fail early when `messages` data cannot be masked with this tokenizer's chat template."""
+    if not tokenizer.chat_template:
+        raise UserError("training.dataset.field_mapping.messages: the tokenizer has no chat "
+                        "template; use `text` data or a tokenizer with one")
+    sample = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    text = tokenizer.apply_chat_template(sample, tokenize=False)
+    if assistant_spans(text, response_template)[1] in ("none", "missing"):
+        raise UserError("training.dataset.response_template: the chat template renders no "
+                        "assistant marker expert-cli knows (<|im_start|>assistant, "
+                        "<|assistant|>); set response_template to the text before replies")
+
+
+@dataclass
+class Formatter:
+    """A picklable batched function for `datasets.map`: rows of roles -> token columns."""
+
+    tokenizer: PreTrainedTokenizerFast
+    kind: str  # "text" | "messages" | "instruction"
+    max_seq_length: int
+    overlong: str  # "truncate" | "drop"
+    prompt_template: str = "chatml"
+    response_template: str | None = None
+    in_worker: bool = False  # set by the builder when map() runs worker processes
+
+    def __call__(self, batch: dict[str, list[Any]]) -> pa.Table:
+        if self.in_worker:  # one Rust thread per worker process: the processes are the cores
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        texts, spans, styles = self.render(batch)
+        backend = self.tokenizer.backend_tokenizer
+        encodings = backend.encode_batch(texts, add_special_tokens=self.kind != "messages")
+        return self.encode(texts, encodings, spans, styles)
+
+    def render(self, batch: dict[str, list[Any]]) -> tuple[list[str], list[list[Span]],
+                                                          list[str]]:
+        """Texts, trained character spans and the masking rule used for each row."""
+        if self.kind == "instruction":
+            texts, spans = [], []
+            n = len(batch["instruction"])
+            inputs = batch.get("input") or [None] * n
+            systems = batch.get("system") or [None] * n
+            for ins, inp, sys_, resp in zip(batch["instruction"], inputs, systems,
+                                            batch["response"], strict=True):
+                prompt, suffix = render_instruction(self.prompt_template, str(ins), inp, sys_)
+                texts.append(prompt + str(resp) + suffix)
+                spans.append([(len(prompt), len(texts[-1]))])
+            return texts, spans, ["template"] * n
+        if self.kind == "messages":
+            texts = [self.tokenizer.apply_chat_template(m, tokenize=False)
+                     for m in batch["messages"]]
+        else:
+            texts = [str(t) for t in batch["text"]]
+        found = [assistant_spans(t, self.response_template) for t in texts]
+        return texts, [f[0] for f in found], [f[1] for f in found]
+
+    def encode(self, texts: list[str], encodings: list[Any], spans: list[list[Span]],
+               styles: list[str]) -> pa.Table:
+        """Labels from spans, EOS, overlong handling; one Arrow table for the batch."""
+        import numpy as np
+        import pyarrow as pa
+
+        eos = self.tokenizer.eos_token_id
+        ids_out, labels_out, status, trained, no_marker = [], [], [], [], []
+        for text, enc, row_spans, style in zip(texts, encodings, spans, styles, strict=True):
+            ids = np.asarray(enc.ids, dtype=np.int32)
+            mask = _span_mask(enc, len(ids), len(text), row_spans)
+            if len(ids) == 0 or ids[-1] != eos:
+                ids = np.append(ids, np.int32(eos))
+                mask = np.append(mask, True)
+            code = KEPT
+            if style == "missing":
+                code = DROPPED_NO_MARKER
+            elif len(ids) > self.max_seq_length:
+                code = TRUNCATED if self.overlong == "truncate" else DROPPED_OVERLONG
+                ids, mask = ids[: self.max_seq_length], mask[: self.max_seq_length]
+            if code in (KEPT, TRUNCATED) and not mask.any():
+                code = DROPPED_NO_COMPLETION
+            if code not in (KEPT, TRUNCATED):
+                ids, mask = ids[:0], mask[:0]
+            ids_out.append(ids)
+            labels_out.append(np.where(mask, ids, np.int32(IGNORE)).astype(np.int32))
+            status.append(code)
+            trained.append(int(mask.sum()))
+            no_marker.append(style == "none")
+        return pa.table({
+            "input_ids": _list_array(ids_out),
+            "labels": _list_array(labels_out),
+            "status": pa.array(status, pa.int8()),
+            "trained": pa.array(trained, pa.int32()),
+            "no_marker": pa.array(no_marker, pa.bool_()),
+        })
+
+
+def _span_mask(enc: Any, n_tokens: int, n_chars: int, spans: list[Span]) -> Any:
+    """Boolean mask of tokens whose first character lies inside one of `spans`."""
+    import numpy as np
+
+    mask = np.zeros(n_tokens, dtype=bool)
+    for start, stop in spans:
+        first = _token_at_or_after(enc, start, stop)
+        if first is None:
+            continue
+        last = enc.char_to_token(stop - 1)
+        while last is None and stop - 1 > start:
+            stop -= 1
+            last = enc.char_to_token(stop - 1)
+        if last is not None and last >= first:
+            mask[first: last + 1] = True
+    return mask
+
+
+def _token_at_or_after(enc: Any, start: int, stop: int) -> int | None:
+    """Index of the first token that starts at or after character `start` (before `stop`)."""
+    pos = start
+    while pos < stop:
+        token = enc.char_to_token(pos)
+        if token is not None:
+            if enc.token_to_chars(token)[0] < start:  # straddles the boundary: prompt side
+                token += 1
+            return token
+        pos += 1
+    return None
+
+
+def _list_array(rows: list[Any]) -> pa.Array:
+    """A list<int32> Arrow array from numpy rows, without a Python loop per token."""
+    import numpy as np
+    import pyarrow as pa
+
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int32, count=len(rows))
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.astype(np.int32)))

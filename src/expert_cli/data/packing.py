@@ -1,0 +1,130 @@
+"""Best-fit decreasing packing of tokenized examples into rows of at most `max_seq_length`.
+
+A row holds whole examples one after another; `position_ids` restart at 0 at every example, which
+is what lets the model (sdpa/eager without an attention mask, flash-attention varlen) keep each
+example's attention inside the example. Packing moves tokens, never drops or repeats them. Rows
+are shuffled with a seeded generator, so a build is deterministic.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class PackStats:
+    """What one packing pass produced."""
+
+    rows: int
+    tokens: int
+    capacity: int  # rows * max_seq_length
+
+    @property
+    def efficiency(self) -> float:
+        return self.tokens / self.capacity if self.capacity else 0.0
+
+
+def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
+    """Bins (lists of indices into `lengths`) of total length <= `capacity`.
+
+    Items are placed longest first, each into the open bin with the least room that still fits
+    it; open bins are kept in a sorted list of distinct remaining capacities, so a placement is a
+    bisect (fast for millions of items). Zero-length items are left out.
+    """
+    import numpy as np
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) and lengths.max() > capacity:
+        raise ValueError(f"an item of length {int(lengths.max())} exceeds capacity {capacity}")
+    items = np.flatnonzero(lengths > 0)
+    if len(items) == 0:
+        return []
+    order = items[np.argsort(-lengths[items], kind="stable")]
+    smallest = int(lengths[items].min())
+    free: list[int] = []  # distinct remaining capacities of open bins, ascending
+    at: dict[int, list[int]] = {}  # remaining capacity -> open bins with it
+    bins: list[list[int]] = []
+    for item, size in zip(order.tolist(), lengths[order].tolist(), strict=True):
+        pos = bisect.bisect_left(free, size)
+        if pos < len(free):
+            room = free[pos]
+            b = at[room].pop()
+            if not at[room]:
+                del at[room]
+                del free[pos]
+        else:
+            room, b = capacity, len(bins)
+            bins.append([])
+        bins[b].append(item)
+        left = room - size
+        if left >= smallest:
+            if left not in at:
+                at[left] = []
+                bisect.insort(free, left)
+            at[left].append(b)
+    return bins
+
+
+def pack_table(table: pa.Table, max_seq_length: int, packing: bool, seed: int
+               ) -> tuple[pa.Table, PackStats]:
+    """Rows of `input_ids`, `labels`, `position_ids`, `num_tokens` from one example per row."""
+    import numpy as np
+
+    ids_col = table.column("input_ids").combine_chunks()
+    lab_col = table.column("labels").combine_chunks()
+    offsets = np.asarray(ids_col.offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    if packing:
+        bins = best_fit_decreasing(lengths, max_seq_length)
+    else:
+        bins = [[int(i)] for i in np.flatnonzero(lengths > 0)]
+    perm = np.random.default_rng(seed).permutation(len(bins))
+    bins = [bins[i] for i in perm]
+    order = np.fromiter((i for b in bins for i in b), dtype=np.int64,
+                        count=sum(len(b) for b in bins))
+    row_lengths = np.fromiter((int(lengths[b].sum()) for b in bins), dtype=np.int64,
+                              count=len(bins))
+    ex_lengths = lengths[order]
+    ex_first = np.cumsum(ex_lengths) - ex_lengths
+    within = np.arange(int(ex_lengths.sum()), dtype=np.int64) - np.repeat(ex_first, ex_lengths)
+    gather = within + np.repeat(offsets[order], ex_lengths)
+    row_offsets = np.zeros(len(bins) + 1, dtype=np.int64)
+    np.cumsum(row_lengths, out=row_offsets[1:])
+    out = _table(ids_col.values.to_numpy()[gather], _values(lab_col, offsets)[gather],
+                 within, row_offsets)
+    tokens = int(row_lengths.sum())
+    return out, PackStats(rows=len(bins), tokens=tokens, capacity=len(bins) * max_seq_length)
+
+
+def _values(column: pa.ListArray, offsets: np.ndarray) -> np.ndarray:
+    """Flat values of a list column laid out with the same offsets as `input_ids`."""
+    import numpy as np
+
+    own = np.asarray(column.offsets, dtype=np.int64)
+    if not np.array_equal(own, offsets):
+        raise ValueError("labels and input_ids have different lengths")
+    return column.values.to_numpy()
+
+
+def _table(ids: np.ndarray, labels: np.ndarray, positions: np.ndarray,
+           row_offsets: np.ndarray) -> pa.Table:
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = pa.array(row_offsets.astype(np.int32))
+
+    def column(values: np.ndarray) -> pa.Array:
+        return pa.ListArray.from_arrays(offsets, pa.array(values.astype(np.int32)))
+
+    return pa.table({
+        "input_ids": column(ids),
+        "labels": column(labels),
+        "position_ids": column(positions),
+        "num_tokens": pa.array(np.diff(row_offsets).astype(np.int32)),
+    })

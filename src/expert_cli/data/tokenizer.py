@@ -1,0 +1,43 @@
+"""Loading the base model's fast tokenizer for the data path."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from expert_cli.errors import UserError
+from expert_cli.resolve import ResolvedConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+log = logging.getLogger(__name__)
+
+
+def load_tokenizer(resolved: ResolvedConfig) -> PreTrainedTokenizerFast:
+    """The fast tokenizer of `resolved.base_model`; pad = eos when it has no pad token (logged).
+
+    Only fast (Rust) tokenizers are accepted: batched encoding and character offsets, which
+    exact completion-only masking relies on, exist only there.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            resolved.base_model, revision=resolved.revision,
+            trust_remote_code=resolved.trust_remote_code, use_fast=True,
+        )
+    except (OSError, ValueError) as exc:
+        raise UserError(f"base_model.name: cannot load a tokenizer from "
+                        f"{resolved.base_model} ({exc})") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise UserError(f"base_model.name: {resolved.base_model} has no fast tokenizer "
+                        "(tokenizer.json); expert-cli needs one for batched, offset-exact "
+                        "tokenization")
+    if tokenizer.eos_token_id is None:
+        raise UserError(f"base_model.name: the tokenizer of {resolved.base_model} has no EOS "
+                        "token; every example must end with one")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        log.info("tokenizer has no pad token; using eos %r as pad", tokenizer.eos_token)
+    return tokenizer
