@@ -157,6 +157,28 @@ def merge(
     Console(highlight=False, soft_wrap=True).print(f"wrote {path}", markup=False)
 
 
+@app.command()
+def pretokenize(
+    manifest: Annotated[
+        list[Path] | None,
+        typer.Option("--manifest", "-m", help="A manifest.json; repeat for several."),
+    ] = None,
+    all_dir: Annotated[
+        Path | None, typer.Option("--all", help="Every manifest.json under this folder.")
+    ] = None,
+    num_proc: Annotated[
+        int | None, typer.Option("--num-proc", min=1, help="Tokenizer processes (default: CPUs).")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if current.")] = False,
+) -> None:
+    """Tokenize, mask, pack and cache each manifest's data; say whether it was built or current."""
+    from rich.console import Console
+
+    from expert_cli.data.pretokenize import run_pretokenize
+
+    run_pretokenize(manifest or [], all_dir, num_proc, force, Console(soft_wrap=True))
+
+
 def _print_error(kind: str, exc: BaseException) -> None:
     from rich.console import Console
 
