@@ -1,0 +1,36 @@
+"""PackedCollator: padded [B, L] rows with a separate pad segment, or one flat row."""
+
+from __future__ import annotations
+
+import torch
+
+from expert_cli.data.collate import PackedCollator
+
+ROWS = [
+    {"input_ids": [5, 6, 7, 8, 9], "labels": [-100, 6, 7, -100, 9],
+     "position_ids": [0, 1, 2, 0, 1]},
+    {"input_ids": [1, 2, 3], "labels": [1, 2, 3], "position_ids": [0, 1, 2]},
+]
+
+
+def test_padded_batch() -> None:
+    out = PackedCollator(pad_token_id=0)(ROWS)
+    assert set(out) == {"input_ids", "labels", "position_ids"}
+    assert out["input_ids"].tolist() == [[5, 6, 7, 8, 9], [1, 2, 3, 0, 0]]
+    assert out["labels"].tolist() == [[-100, 6, 7, -100, 9], [1, 2, 3, -100, -100]]
+    assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1], [0, 1, 2, 0, 1]]
+    assert all(t.dtype == torch.long and not t.is_pinned() for t in out.values())
+
+
+def test_pad_to_multiple_of() -> None:
+    out = PackedCollator(pad_token_id=0, pad_to_multiple_of=4)(ROWS)
+    assert out["input_ids"].shape == (2, 8)
+    assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 2, 0, 1, 2, 3, 4]]
+    assert out["labels"][0, 5:].tolist() == [-100, -100, -100]
+
+
+def test_flatten() -> None:
+    out = PackedCollator(pad_token_id=0, flatten=True)(ROWS)
+    assert out["input_ids"].tolist() == [[5, 6, 7, 8, 9, 1, 2, 3]]
+    assert out["labels"].tolist() == [[-100, 6, 7, -100, 9, 1, 2, 3]]
+    assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]

@@ -1,0 +1,142 @@
+"""Completion-only masking: labels cover exactly the completion tokens, for every format."""
+
+from __future__ import annotations
+
+import pytest
+
+from expert_cli.data.formatting import (
+    DROPPED_NO_COMPLETION,
+    DROPPED_NO_MARKER,
+    DROPPED_OVERLONG,
+    IGNORE,
+    KEPT,
+    TRUNCATED,
+    Formatter,
+    assistant_spans,
+    check_chat_template,
+    render_instruction,
+)
+from expert_cli.errors import UserError
+
+CHATML = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n"
+          "<|im_start|>assistant\nHello world<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n"
+          "<|im_start|>assistant\nOK then<|im_end|>\n")
+MARKERS = "<|system|>\nsys\n<|end|>\n<|user|>\nq\n<|end|>\n<|assistant|>\nSELECT 1;\n<|end|>\n"
+
+
+def run(tok, kind: str, rows: dict, max_len: int = 512, overlong: str = "truncate",
+        template: str = "chatml", response_template: str | None = None) -> list[dict]:
+    fmt = Formatter(tokenizer=tok, kind=kind, max_seq_length=max_len, overlong=overlong,
+                    prompt_template=template, response_template=response_template)
+    return fmt(rows).to_pylist()
+
+
+def split(tok, row: dict) -> tuple[str, str]:
+    """(decoded trained tokens, decoded masked tokens) of one formatted row."""
+    ids, labels = row["input_ids"], row["labels"]
+    assert all(lab in (IGNORE, i) for i, lab in zip(ids, labels, strict=True))
+    trained = [i for i, lab in zip(ids, labels, strict=True) if lab != IGNORE]
+    masked = [i for i, lab in zip(ids, labels, strict=True) if lab == IGNORE]
+    return tok.decode(trained), tok.decode(masked)
+
+
+def expected_mask(tok, pieces: list[tuple[str, bool]]) -> list[bool]:
+    """Token-level mask when each piece tokenizes on its own (special-token boundaries)."""
+    out: list[bool] = []
+    for text, trained in pieces:
+        out += [trained] * len(tok(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+def test_chatml_trains_every_assistant_turn_and_masks_the_rest(tiny_tokenizer) -> None:
+    row = run(tiny_tokenizer, "text", {"text": [CHATML]})[0]
+    trained, masked = split(tiny_tokenizer, row)
+    assert trained == "Hello world<|im_end|>OK then<|im_end|><|endoftext|>"
+    assert masked == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi there"
+                      "<|im_end|>\n<|im_start|>assistant\n\n<|im_start|>user\nmore<|im_end|>\n"
+                      "<|im_start|>assistant\n\n")
+    pieces = [("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n"
+               "<|im_start|>assistant\n", False), ("Hello world<|im_end|>", True),
+              ("\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n", False),
+              ("OK then<|im_end|>", True), ("\n", False), ("<|endoftext|>", True)]
+    assert [lab != IGNORE for lab in row["labels"]] == expected_mask(tiny_tokenizer, pieces)
+    assert row["status"] == KEPT and row["no_marker"] is False
+    assert row["trained"] == sum(lab != IGNORE for lab in row["labels"])
+    assert row["input_ids"] == tiny_tokenizer(CHATML)["input_ids"] + [tiny_tokenizer.eos_token_id]
+
+
+def test_assistant_marker_style_trains_through_end_marker(tiny_tokenizer) -> None:
+    row = run(tiny_tokenizer, "text", {"text": [MARKERS]})[0]
+    trained, masked = split(tiny_tokenizer, row)
+    assert trained == "SELECT 1;\n<|end|><|endoftext|>"
+    assert masked == "<|system|>\nsys\n<|end|>\n<|user|>\nq\n<|end|>\n<|assistant|>\n\n"
+
+
+def test_span_rules() -> None:
+    assert assistant_spans("abc", None) == ([(0, 3)], "none")
+    assert assistant_spans("Q: x A: y", "A:") == ([(7, 9)], "template")
+    assert assistant_spans("Q: x", "A:") == ([], "missing")
+    text = "<|user|>\na\n<|assistant|>\nb\n<|user|>\nc\n<|assistant|>\nd"
+    assert [text[a:b] for a, b in assistant_spans(text, None)[0]] == ["b\n", "d"]
+
+
+def test_plain_text_without_marker_is_trained_whole_and_counted(tiny_tokenizer) -> None:
+    row = run(tiny_tokenizer, "text", {"text": ["just some text"]})[0]
+    assert split(tiny_tokenizer, row) == ("just some text<|endoftext|>", "")
+    assert row["no_marker"] is True
+
+
+def test_response_template_missing_drops_the_example(tiny_tokenizer) -> None:
+    rows = run(tiny_tokenizer, "text", {"text": ["Q: a\nA: b", "no answer here"]},
+               response_template="A:")
+    assert split(tiny_tokenizer, rows[0]) == (" b<|endoftext|>", "Q: a\nA:")
+    assert rows[1]["status"] == DROPPED_NO_MARKER and rows[1]["input_ids"] == []
+
+
+def test_existing_eos_is_not_doubled(tiny_tokenizer) -> None:
+    row = run(tiny_tokenizer, "text", {"text": ["abc<|endoftext|>"]})[0]
+    assert row["input_ids"].count(tiny_tokenizer.eos_token_id) == 1
+    assert row["labels"][-1] == tiny_tokenizer.eos_token_id
+
+
+@pytest.mark.parametrize("template", ["chatml", "alpaca", "llama2", "vicuna"])
+def test_instruction_templates_train_exactly_the_response(tiny_tokenizer, template) -> None:
+    rows = {"instruction": ["Count"], "input": ["1 2"], "response": ["3 4 5"]}
+    row = run(tiny_tokenizer, "instruction", rows, max_len=2048, template=template)[0]
+    prompt, suffix = render_instruction(template, "Count", "1 2", None)
+    trained, masked = split(tiny_tokenizer, row)
+    assert trained == "3 4 5" + suffix + "<|endoftext|>"
+    assert masked == prompt
+    expected = tiny_tokenizer(prompt + "3 4 5" + suffix)["input_ids"]
+    assert row["input_ids"] == expected + [tiny_tokenizer.eos_token_id]
+
+
+def test_alpaca_without_input_and_custom_template(tiny_tokenizer) -> None:
+    prompt, suffix = render_instruction("alpaca", "Do", None, None)
+    assert prompt.endswith("### Instruction:\nDo\n\n### Response:\n") and suffix == ""
+    assert "### Input" not in prompt
+    with pytest.raises(UserError, match="custom"):
+        render_instruction("custom", "Do", None, None)
+
+
+def test_messages_use_the_chat_template(tiny_tokenizer) -> None:
+    convo = [{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
+             {"role": "assistant", "content": "b c"}, {"role": "user", "content": "d"},
+             {"role": "assistant", "content": "e"}]
+    row = run(tiny_tokenizer, "messages", {"messages": [convo]})[0]
+    trained, _ = split(tiny_tokenizer, row)
+    assert trained == "b c<|im_end|>e<|im_end|><|endoftext|>"
+    check_chat_template(tiny_tokenizer, None)
+
+
+def test_overlong_truncate_and_drop(tiny_tokenizer) -> None:
+    text = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n" + "word " * 40
+    full = run(tiny_tokenizer, "text", {"text": [text]}, max_len=4096)[0]
+    cut = run(tiny_tokenizer, "text", {"text": [text]}, max_len=20)[0]
+    assert cut["status"] == TRUNCATED
+    assert cut["input_ids"] == full["input_ids"][:20]
+    assert cut["labels"] == full["labels"][:20]
+    dropped = run(tiny_tokenizer, "text", {"text": [text]}, max_len=20, overlong="drop")[0]
+    assert dropped["status"] == DROPPED_OVERLONG and dropped["input_ids"] == []
+    prompt_only = run(tiny_tokenizer, "text", {"text": [text]}, max_len=5)[0]
+    assert prompt_only["status"] == DROPPED_NO_COMPLETION and prompt_only["trained"] == 0
