@@ -277,7 +277,7 @@ def _run_sampling(
         from expert_cli.telemetry.workload import WorkloadRunner, get_workload
 
         runner = WorkloadRunner(get_workload(opts.workload))
-        console.print(f"building workload {opts.workload} ...")
+        console.print(f"building workload {opts.workload} and running its warm-up steps ...")
         runner.start()
         runner.wait_ready()
     command = Command(opts.command) if opts.command else None

@@ -154,3 +154,18 @@ def test_tiny_workload_reports_tokens_per_second(tmp_path: Path) -> None:
 
     assert wl["flops_per_token"] == lora_train_flops_per_token(
         wl["total_params"], wl["trainable_params"], 2, 64, 64, attn_dim=64)
+
+
+@pytest.mark.gpu
+def test_real_gpu_is_sampled(tmp_path: Path) -> None:
+    if not has_nvml_gpu():
+        pytest.skip("no NVIDIA GPU")
+    out = cli("benchmark", "--duration", "2", "--interval", "0.5", "--gpu", "0", "--output",
+              "r.json", "--plot", "u.png", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["gpu_available"] is True
+    assert report["machine"]["driver_version"]
+    g = report["stats"]["gpus"]["0"]
+    assert g["mem_used_mb"]["max"] > 0 and g["temperature_c"]["mean"] > 0
+    assert (tmp_path / "u.png").read_bytes()[:8] == PNG_MAGIC

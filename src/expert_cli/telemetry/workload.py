@@ -155,7 +155,8 @@ class WorkloadRunner:
             self._ready.set()
 
     def wait_ready(self) -> None:
-        """Block until the model is built and stepping (or has failed: then raise)."""
+        """Block until the model is built and past its warm-up steps, so that sampling sees
+        the steady state (or until it has failed: then raise)."""
         self._ready.wait()
         self._raise_error()
 
@@ -176,7 +177,6 @@ class WorkloadRunner:
         self.info.update(counts, device=name, dtype=str(dtype).removeprefix("torch."),
                          setup_s=time.perf_counter() - t0,
                          tokens_per_step=self.spec.batch_size * self.spec.seq_len)
-        self._ready.set()
         while not self._stop.is_set():
             t = time.perf_counter()
             loss = model(input_ids=ids, position_ids=pos, labels=ids).loss
@@ -190,6 +190,8 @@ class WorkloadRunner:
                 if self.steps > WARMUP_STEPS:
                     self._timed_steps += 1
                     self._timed_s += time.perf_counter() - t
+            if self.steps == WARMUP_STEPS:
+                self._ready.set()
 
     def tokens_per_s(self) -> float | None:
         """Mean trained tokens per second over the steps after warm-up, None before any."""
