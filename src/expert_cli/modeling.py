@@ -166,8 +166,11 @@ def load_base_model(resolved: ResolvedConfig, device: str,
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=resolved.gradient_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False})
+    compute = "fp16" if on_gpu and resolved.fp16 and not resolved.bf16 else "bf16"
+    shown = {"int4": f"nf4 + double quantization, {compute} compute", "int8": "int8"}
     choices = ModelChoices(
-        dtype=str(dtype).removeprefix("torch."), attn_implementation=attn,
+        dtype=shown.get(resolved.quantization, str(dtype).removeprefix("torch.")),
+        attn_implementation=attn,
         tf32=apply_tf32(resolved.use_tf32), quantization=resolved.quantization,
         device=device, notes=notes,
     )

@@ -82,6 +82,7 @@ def training_args_kwargs(resolved: ResolvedConfig, checkpoints_dir: Path, *,
         disable_tqdm=True,  # the console shows a rich progress bar instead
         run_name=resolved.expert,
         ddp_find_unused_parameters=dist.get("ddp_find_unused_parameters", False),
+        use_cpu=not on_gpu,  # also what makes torchrun on CPU run DDP over gloo
     )
     if strategy == "fsdp":
         kwargs.update(fsdp=dist.get("fsdp") or "full_shard auto_wrap",

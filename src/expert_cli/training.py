@@ -75,6 +75,14 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def quiet_transformers() -> None:
+    """Our console reports progress; transformers' own bars and info logs would interleave."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_warning()
+    hf_logging.disable_progress_bar()
+
+
 def _setup(opts: TrainOptions, console: Console) -> tuple[Run, Any, Path | None]:
     """Manifest -> resolved config, output folder, TrainingArguments (starts distributed)."""
     from transformers import TrainingArguments
@@ -85,6 +93,7 @@ def _setup(opts: TrainOptions, console: Console) -> tuple[Run, Any, Path | None]
     from expert_cli.resolve import resolve
     from expert_cli.trainer_setup import training_args_kwargs
 
+    quiet_transformers()
     loaded = load_manifest(opts.manifest, opts.overrides)
     env = probe_environment()
     resolved = resolve(loaded, env)
@@ -180,6 +189,8 @@ def _flops_model(peft_model: Any, world_size: int) -> Any:
 def _trainer(run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any,
              interrupt: Any) -> tuple[Any, Any, Any]:
     """The Trainer with the packed collator, telemetry, progress, Ctrl-C and TensorBoard."""
+    from transformers import PrinterCallback
+
     from expert_cli.data.collate import PackedCollator
     from expert_cli.telemetry.throughput import ThroughputMeter, make_throughput_callback
     from expert_cli.trainer_setup import (
@@ -204,6 +215,7 @@ def _trainer(run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any,
         data_collator=collator, processing_class=tokenizer,
     )
     trainer.meter = meter
+    trainer.remove_callback(PrinterCallback)  # the rich progress callback prints instead
     trainer.callback_handler.callbacks.insert(0, throughput)  # first: its logs reach TB
     stop = make_interrupt_callback(interrupt, _any_rank)
     for callback in (progress, stop, _tensorboard(run)):

@@ -33,8 +33,8 @@ def print_data(console: Console, stats: dict[str, Any], built: bool, reason: str
     text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
     state = "built" if built else "reused"
     console.print(f"[bold]data[/bold]      {text}", highlight=False)
-    console.print(f"[bold]cache[/bold]     {state} ({reason}) {cache_dir}", highlight=False,
-                  markup=False)
+    console.print("[bold]cache[/bold]     ", end="")
+    console.print(f"{state} ({reason}) {cache_dir}", highlight=False, markup=False)
 
 
 def print_decisions(console: Console, resolved: ResolvedConfig, choices: ModelChoices,
@@ -49,8 +49,9 @@ def print_decisions(console: Console, resolved: ResolvedConfig, choices: ModelCh
         f"{choices.dtype}, mixed precision {mixed}, TF32 {'on' if choices.tf32 else 'off'}, "
         f"quantization {choices.quantization}", highlight=False)
     kind = "dora" if resolved.use_dora else resolved.adapter_type
+    console.print("[bold]adapter[/bold]   ", end="")
     console.print(
-        f"[bold]adapter[/bold]   {kind} r={resolved.rank} alpha={resolved.alpha:g} "
+        f"{kind} r={resolved.rank} alpha={resolved.alpha:g} "
         f"dropout={resolved.dropout:g} targets={resolved.target_modules}: "
         f"{trainable:,} trainable of {total:,} ({100 * trainable / max(total, 1):.3f}%)",
         highlight=False, markup=False)
