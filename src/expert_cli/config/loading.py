@@ -1,0 +1,199 @@
+"""Reading a manifest file into the models: comments, `--set` overrides, error messages, paths.
+
+Every problem comes out as a `json.path: message` line, unknown keys with the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+from expert_cli.config.models import LoadedManifest, Manifest
+from expert_cli.errors import UserError
+
+# --------------------------------------------------------------------------- loading
+
+
+def strip_comments(value: Any) -> Any:
+    """Drop keys that start with `_` at any depth (they are comments in this format)."""
+    if isinstance(value, dict):
+        return {k: strip_comments(v) for k, v in value.items() if not str(k).startswith("_")}
+    if isinstance(value, list):
+        return [strip_comments(v) for v in value]
+    return value
+
+
+def read_manifest_json(path: Path) -> dict[str, Any]:
+    """Read the manifest file, with errors that name it and the line of a JSON mistake."""
+    if not path.exists():
+        raise UserError(f"{path}: manifest not found")
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder; expected a manifest.json file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UserError(
+            f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot be read ({exc})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object at the top level")
+    return data
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Parse one `--set key=value`. A bare key means `training.config.<key>`."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"--set {item}: expected key=value, e.g. --set learning_rate=1e-4")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = text
+    parts = key.strip().split(".")
+    if len(parts) == 1:
+        parts = ["training", "config", *parts]
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of `data` with each `--set` applied (lists indexed by number)."""
+    data = json.loads(json.dumps(data))
+    for item in overrides:
+        parts, value = parse_override(item)
+        node: Any = data
+        for part in parts[:-1]:
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            elif isinstance(node, dict):
+                node = node.setdefault(part, {})
+            else:
+                raise UserError(f"--set {item}: {part} is not an object in the manifest")
+        last = parts[-1]
+        if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+            node[int(last)] = value
+        elif isinstance(node, dict):
+            node[last] = value
+        else:
+            raise UserError(f"--set {item}: cannot set {last} there")
+    return data
+
+
+def load_manifest(path: str | Path, overrides: list[str] | None = None) -> LoadedManifest:
+    """Read, de-comment, override and validate a manifest; UserError lists every problem."""
+    path = Path(path).expanduser().resolve()
+    raw = read_manifest_json(path)
+    data = strip_comments(apply_overrides(raw, overrides or []))
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise UserError([f"{path.name}: " + line for line in format_errors(exc)]) from None
+    return LoadedManifest(manifest=manifest, path=path, raw=raw)
+
+
+# --------------------------------------------------------------------------- error messages
+
+
+def _loc_text(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that owns the field at `loc` (walking lists and dicts)."""
+    model: Any = Manifest
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) else None
+        if field is None:
+            if isinstance(model, type) and issubclass(model, BaseModel):
+                return None
+            continue  # a dict key such as a task name
+        model = _unwrap_model(field.annotation)
+        if model is None:
+            return None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _unwrap_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) is not None or getattr(annotation, "__args__", None):
+        for arg in get_args(annotation):
+            found = _unwrap_model(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _suggest(loc: tuple[Any, ...]) -> str:
+    model = _model_at(loc[:-1])
+    if model is None:
+        return ""
+    names = list(model.model_fields) + [
+        f.alias for f in model.model_fields.values() if f.alias
+    ]
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def format_errors(exc: ValidationError) -> list[str]:
+    """Pydantic errors as `json.path: message` lines, with a suggestion for unknown keys."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(p for p in err["loc"] if not _is_union_tag(p))
+        where = _loc_text(loc)
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            lines.append(f"{where}: unknown field{_suggest(loc)}")
+        elif kind == "missing":
+            lines.append(f"{where}: required field is missing")
+        elif kind == "value_error":
+            lines.append(f"{where}: {str(err['msg']).removeprefix('Value error, ')}")
+        else:
+            lines.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+    return _dedupe(lines)
+
+
+def _is_union_tag(part: Any) -> bool:
+    """Pydantic adds union member names (e.g. 'list[str]') to locations; they are noise."""
+    return isinstance(part, str) and bool(re.search(r"[\[\]']|^function-", part))
+
+
+def _dedupe(lines: list[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for line in lines:
+        seen.setdefault(line, None)
+    return list(seen)
+
+
+# --------------------------------------------------------------------------- paths
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def split_hub_spec(spec: str) -> tuple[str, str | None, str | None]:
+    """`name::split::config` -> (name, split, config)."""
+    name, _, rest = spec.partition("::")
+    split, _, config = rest.partition("::")
+    return name, split or None, config or None
+
+
+def looks_like_hub_id(value: str) -> bool:
+    """True for `owner/name` or `name` (no drive letters, no ./ or ../, no backslashes)."""
+    return bool(_HUB_ID.match(value)) and ".." not in value
+
+
+def local_path(folder: Path, value: str) -> Path:
+    """`value` as a path: absolute, or relative to the manifest's folder."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (folder / path).resolve()
