@@ -140,3 +140,13 @@ def test_overlong_truncate_and_drop(tiny_tokenizer) -> None:
     assert dropped["status"] == DROPPED_OVERLONG and dropped["input_ids"] == []
     prompt_only = run(tiny_tokenizer, "text", {"text": [text]}, max_len=5)[0]
     assert prompt_only["status"] == DROPPED_NO_COMPLETION and prompt_only["trained"] == 0
+
+
+def test_eos_that_ends_the_text_already_is_not_appended(tiny_tokenizer) -> None:
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.eos_token = "<|im_end|>"
+    row = run(tok, "text", {"text": [CHATML]})[0]
+    assert row["input_ids"] == tok(CHATML)["input_ids"]
+    assert split(tok, row)[0] == "Hello world<|im_end|>OK then<|im_end|>"

@@ -16,7 +16,9 @@ tokenization. Rules (docs/data.md has examples):
 - instruction/input/response: rendered with `prompt_template`; the response is trained.
 - `messages`: rendered with the tokenizer's chat template, then the `text` rules apply.
 
-Every example ends with EOS (appended when missing; trained). An example over `max_seq_length`
+Every example ends with EOS: the tokenizer's EOS token is appended (and trained) unless the
+text already ends with it, trailing whitespace aside (Qwen instruct tokenizers use `<|im_end|>` as
+EOS, which ChatML turns already end with). An example over `max_seq_length`
 is cut to its first `max_seq_length` tokens (then it has no EOS: the text did not end there), or
 dropped, as `overlong` says; one whose trained tokens were all cut away is dropped too.
 """
@@ -176,12 +178,12 @@ class Formatter:
         import numpy as np
         import pyarrow as pa
 
-        eos = self.tokenizer.eos_token_id
+        eos, eos_text = self.tokenizer.eos_token_id, self.tokenizer.eos_token
         ids_out, labels_out, status, trained, no_marker = [], [], [], [], []
         for text, enc, row_spans, style in zip(texts, encodings, spans, styles, strict=True):
             ids = np.asarray(enc.ids, dtype=np.int32)
-            mask = _span_mask(enc, len(ids), len(text), row_spans)
-            if len(ids) == 0 or ids[-1] != eos:
+            mask = _span_mask(enc, len(ids), row_spans)
+            if not (len(ids) and ids[-1] == eos) and not text.rstrip().endswith(eos_text):
                 ids = np.append(ids, np.int32(eos))
                 mask = np.append(mask, True)
             code = KEPT
@@ -208,7 +210,7 @@ class Formatter:
         })
 
 
-def _span_mask(enc: Any, n_tokens: int, n_chars: int, spans: list[Span]) -> Any:
+def _span_mask(enc: Any, n_tokens: int, spans: list[Span]) -> Any:
     """Boolean mask of tokens whose first character lies inside one of `spans`."""
     import numpy as np
 
