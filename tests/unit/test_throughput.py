@@ -1,0 +1,105 @@
+"""Throughput windows: tokens/s, samples/s, data-wait fraction, MFU math, metrics.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from expert_cli.telemetry.flops import lora_train_flops_per_token
+from expert_cli.telemetry.throughput import FlopsModel, ThroughputMeter, write_json_atomic
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _meter(clock: FakeClock, flops: FlopsModel | None = None, **kw) -> ThroughputMeter:
+    return ThroughputMeter(flops, clock=clock, sync=lambda: None, memory=lambda: 1.5, **kw)
+
+
+def _step(meter: ThroughputMeter, clock: FakeClock, wait: float, compute: float,
+          tokens: int = 1000, samples: int = 4, trained: int = 600) -> None:
+    meter.fetch_started()
+    clock.t += wait
+    meter.fetch_ended(tokens, samples, trained)
+    clock.t += compute
+    meter.step_ended()
+
+
+def test_window_rates_and_data_wait() -> None:
+    clock = FakeClock()
+    meter = _meter(clock)
+    for i in range(4):
+        _step(meter, clock, wait=0.1, compute=0.4)
+        if i == 1:
+            clock.t += 5.0  # evaluation/saving between steps is not step time
+    rec = meter.close_window(step=4, loss=2.5, lr=1e-4)
+    assert rec["tokens_per_s"] == pytest.approx(4000 / 2.0)
+    assert rec["samples_per_s"] == pytest.approx(16 / 2.0)
+    assert rec["data_wait_fraction"] == pytest.approx(0.2)
+    assert rec["peak_memory_gb"] == 1.5 and rec["mfu"] is None
+    assert (rec["step"], rec["loss"], rec["learning_rate"]) == (4, 2.5, 1e-4)
+
+
+def test_gpu_time_still_running_at_window_close_counts() -> None:
+    clock = FakeClock()
+
+    def sync() -> None:
+        clock.t += 0.5  # the GPU finishes queued work at the window's sync
+
+    meter = ThroughputMeter(None, clock=clock, sync=sync, memory=lambda: None)
+    _step(meter, clock, wait=0.0, compute=0.5)
+    rec = meter.close_window(1, None, None)
+    assert rec["tokens_per_s"] == pytest.approx(1000 / 1.0)
+
+
+def test_mfu_uses_lora_flops_and_example_length() -> None:
+    clock = FakeClock()
+    fm = FlopsModel(matmul_params=1_000_000, trainable_params=10_000, n_layers=2, hidden=64,
+                    attn_dim=128, peak_flops_per_device=1e12)
+    meter = _meter(clock, fm)
+    _step(meter, clock, wait=0.0, compute=1.0, tokens=1000, samples=4)
+    rec = meter.close_window(1, 1.0, 1e-3)
+    per_token = lora_train_flops_per_token(1_000_000, 10_000, 2, 64, 250, attn_dim=128)
+    assert per_token == 6 * 1_000_000 - 2 * (1_000_000 - 10_000) + 12 * 2 * 128 * 250
+    assert rec["mfu"] == pytest.approx(1000 * per_token / 1e12)
+
+
+def test_world_size_sums_counts_and_scales_peak() -> None:
+    clock = FakeClock()
+    fm = FlopsModel(1_000_000, 10_000, 2, 64, 128, 1e12)
+    meter = _meter(clock, fm, world_size=2, reduce=lambda v: [2 * x for x in v])
+    _step(meter, clock, wait=0.25, compute=0.75)
+    rec = meter.close_window(1, None, None)
+    assert rec["tokens_per_s"] == pytest.approx(2000 / 1.0)
+    assert rec["data_wait_fraction"] == pytest.approx(0.25)
+    single = _meter(FakeClock(), fm)
+    assert rec["mfu"] == pytest.approx(
+        2000 * fm.per_token(250) / 2e12) and single.world_size == 1
+
+
+def test_summary_over_windows() -> None:
+    clock = FakeClock()
+    meter = _meter(clock)
+    _step(meter, clock, wait=0.0, compute=1.0)
+    meter.close_window(1, 3.0, 1e-3)
+    _step(meter, clock, wait=1.0, compute=1.0)
+    meter.close_window(2, 2.0, 1e-3)
+    s = meter.summary(steps=2, status="completed")
+    assert s["tokens"] == 2000 and s["trained_tokens"] == 1200 and s["steps"] == 2
+    assert s["tokens_per_s"] == pytest.approx(2000 / 3.0)
+    assert s["data_wait_fraction"] == pytest.approx(1 / 3)
+    assert s["final_loss"] == 2.0 and s["status"] == "completed"
+
+
+def test_write_json_atomic_leaves_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.json"
+    write_json_atomic(path, {"windows": [], "summary": {"status": "running"}})
+    assert json.loads(path.read_text())["summary"]["status"] == "running"
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
