@@ -79,16 +79,27 @@ def select_gpus(spec: str, count: int, no_gpu_reason: str | None) -> list[int]:
     return sorted(set(wanted))
 
 
+def _option_value(command: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the first of `names` in argv (`--name VALUE` or `--name=VALUE`)."""
+    for i, arg in enumerate(command):
+        if arg in names and i + 1 < len(command):
+            return command[i + 1]
+        key, _, value = arg.partition("=")
+        if value and key in names:
+            return value
+    return None
+
+
 def train_metrics_path(command: list[str]) -> Path | None:
-    """DIR/metrics.json when `command` is `expert-cli train ... --output DIR`."""
+    """DIR/metrics.json when `command` is `expert-cli train ... --output DIR`; without
+    --output, the trainer's default `<manifest folder>/output`."""
     if not command or Path(command[0]).name != "expert-cli" or "train" not in command[1:]:
         return None
-    for i, arg in enumerate(command):
-        if arg == "--output" and i + 1 < len(command):
-            return Path(command[i + 1]) / "metrics.json"
-        if arg.startswith("--output="):
-            return Path(arg.split("=", 1)[1]) / "metrics.json"
-    return None
+    output = _option_value(command, ("--output",))
+    if output is not None:
+        return Path(output) / "metrics.json"
+    manifest = _option_value(command, ("--manifest", "-m"))
+    return None if manifest is None else Path(manifest).parent / "output" / "metrics.json"
 
 
 def read_run_metrics(path: Path) -> dict[str, Any] | None:

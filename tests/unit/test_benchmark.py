@@ -134,6 +134,9 @@ def test_train_metrics_path_from_command() -> None:
         == Path("runs/a/metrics.json")
     assert bm.train_metrics_path(["/venv/bin/expert-cli", "train", "--output=runs/b"]) \
         == Path("runs/b/metrics.json")
+    assert bm.train_metrics_path(["expert-cli", "train", "--manifest", "experts/demo/m.json"]) \
+        == Path("experts/demo/output/metrics.json")  # the trainer's default output folder
+    assert bm.train_metrics_path(["expert-cli", "train"]) is None
     assert bm.train_metrics_path(["expert-cli", "check", "--output", "x"]) is None
     assert bm.train_metrics_path(["python", "train.py", "--output", "x"]) is None
 
