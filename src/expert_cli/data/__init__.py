@@ -42,12 +42,16 @@ class PreparedData:
 def prepare_data(resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast, *,
                  num_proc: int | None = None, force: bool = False, show_progress: bool = True,
                  shard_examples: int | None = None) -> PreparedData:
-    """Load the token cache of `resolved`, building it first if needed (or if `force`)."""
+    """Load the token cache of `resolved`, building it first if needed (or if `force`).
+
+    `num_proc`: tokenizer worker processes; None picks `build.default_num_proc()`.
+    `shard_examples`: examples per resumable build shard (default $EXPERT_CLI_SHARD_EXAMPLES
+    or 50,000); it is a fingerprint input, since packing is per shard.
+    """
     from filelock import FileLock, Timeout
 
-    from expert_cli.data.build import build_cache
+    from expert_cli.data.build import build_cache, default_num_proc
     from expert_cli.data.cache import is_complete, plan_cache, shard_examples_default
-    from expert_cli.environment import usable_cpus
 
     plan = plan_cache(resolved, tokenizer, shard_examples or shard_examples_default())
     status, reason, changes = _why(plan, force)
@@ -66,7 +70,7 @@ def prepare_data(resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast, *
                          "waited for the lock", [])
         if force:
             _discard(plan)
-        build_cache(plan, resolved, tokenizer, num_proc or usable_cpus(),
+        build_cache(plan, resolved, tokenizer, num_proc or default_num_proc(),
                     shard_examples or shard_examples_default(), show_progress)
         _point_latest(plan)
     finally:
