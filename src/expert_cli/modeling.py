@@ -210,8 +210,11 @@ def adapter_config(resolved: ResolvedConfig, total_steps: int) -> PeftConfig:
 
 def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig,
                    total_steps: int) -> PeftModel:
-    """Wrap `model` with the manifest's adapter; adapter weights are kept in fp32."""
+    """Wrap `model` with the manifest's adapter (seeded init); adapter weights kept in fp32."""
     from peft import get_peft_model
+    from transformers import set_seed
+
+    set_seed(resolved.seed)
 
     try:
         peft_model = get_peft_model(model, adapter_config(resolved, total_steps),

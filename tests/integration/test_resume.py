@@ -1,0 +1,68 @@
+"""Ctrl-C saves a checkpoint and exits 130; --resume continues with the same loss curve."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from train_helpers import ROOT, cli_env, read_metrics, run_cli, window_losses, write_expert
+
+STEPS = 60
+
+
+def _interrupt_after(manifest: Path, out: Path, step: int) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expert_cli.cli", "train", "--manifest", str(manifest),
+         "--output", str(out), "--max-steps", str(STEPS)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=ROOT)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if read_metrics(out)["windows"][-1]["step"] >= step:
+                break
+        except (FileNotFoundError, json.JSONDecodeError, IndexError):
+            pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.slow
+def test_resume_matches_uninterrupted(tmp_path: Path, tiny_model_dir: Path) -> None:
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48)
+    full = run_cli("train", "--manifest", str(manifest), "--output", str(tmp_path / "a"),
+                   "--max-steps", str(STEPS))
+    assert full.returncode == 0, full.stderr
+
+    out = tmp_path / "b"
+    first = _interrupt_after(manifest, out, step=3)
+    assert first.returncode == 130, first.stdout + first.stderr
+    assert "--resume" in first.stdout
+    assert read_metrics(out)["summary"]["status"] == "interrupted"
+    stopped = read_metrics(out)["summary"]["steps"]
+    assert 3 <= stopped < STEPS and (out / "checkpoints" / f"checkpoint-{stopped}").is_dir()
+    before = window_losses(out)
+
+    second = run_cli("train", "--manifest", str(manifest), "--output", str(out), "--resume",
+                     "--max-steps", str(STEPS))
+    assert second.returncode == 0, second.stdout + second.stderr
+    after = window_losses(out)
+    assert min(after) == stopped + 1 and max(after) == STEPS
+    expected = window_losses(tmp_path / "a")
+    for step, loss in {**before, **after}.items():
+        assert loss == pytest.approx(expected[step], rel=1e-4, abs=1e-5), step
+
+
+def test_resume_without_checkpoint_is_a_clean_error(tmp_path: Path,
+                                                     tiny_model_dir: Path) -> None:
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=4)
+    proc = run_cli("train", "--manifest", str(manifest), "--output", str(tmp_path / "o"),
+                   "--resume")
+    assert proc.returncode == 2 and "no checkpoint" in proc.stderr
+    assert "Traceback" not in proc.stderr
