@@ -54,8 +54,7 @@ def training_args_kwargs(resolved: ResolvedConfig, checkpoints_dir: Path, *,
         bf16=resolved.bf16,
         fp16=resolved.fp16,
         tf32=resolved.use_tf32 if on_gpu else None,
-        activation_checkpointing=resolved.gradient_checkpointing,  # 5.x name
-        activation_checkpointing_kwargs={"use_reentrant": False},
+        **_checkpointing(resolved.gradient_checkpointing),
         torch_compile=resolved.torch_compile,
         torch_compile_backend=resolved.torch_compile_backend if resolved.torch_compile else None,
         torch_compile_mode=resolved.torch_compile_mode if resolved.torch_compile else None,
@@ -93,6 +92,18 @@ def training_args_kwargs(resolved: ResolvedConfig, checkpoints_dir: Path, *,
                             "(file path or object)")
         kwargs["deepspeed"] = dist["deepspeed"]
     return kwargs
+
+
+def _checkpointing(enabled: bool) -> dict[str, Any]:
+    """Gradient checkpointing under the installed transformers' name (renamed in 5.2x)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    key = "activation_checkpointing" if "activation_checkpointing" in names \
+        else "gradient_checkpointing"
+    return {key: enabled, f"{key}_kwargs": {"use_reentrant": False}}
 
 
 def planned_steps(resolved: ResolvedConfig, n_rows: int, world_size: int,
