@@ -45,18 +45,13 @@ log = logging.getLogger(__name__)
 DELAY_ENV = "EXPERT_CLI_TEST_SHARD_DELAY"
 BATCH_SIZE = 1000  # examples per tokenizer call inside a worker
 MIN_EXAMPLES_PER_PROC = 512  # below this a worker process costs more than it saves
-# Up to this many CPUs, one process whose Rust tokenizer threads use every core beats worker
-# processes (which each deserialize the tokenizer and send their results back by pipe); the
-# Python-side masking is a few percent of the work. Measured in docs/PERFORMANCE.md.
-IN_PROCESS_MAX_CPUS = 4
 
 
 def default_num_proc() -> int:
-    """Worker processes when --num-proc is not given: 1 (all cores in Rust) on small machines."""
+    """Worker processes when --num-proc is not given: one per usable CPU."""
     from expert_cli.environment import usable_cpus
 
-    cpus = usable_cpus()
-    return 1 if cpus <= IN_PROCESS_MAX_CPUS else cpus
+    return usable_cpus()
 
 
 def build_cache(plan: CachePlan, resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast,
