@@ -36,6 +36,7 @@ def test_merged_model_matches_adapter_logits(tmp_path: Path, tiny_model_dir: Pat
     assert not torch.allclose(untouched, want, atol=1e-4)  # the adapter did change something
 
 
+@pytest.mark.slow
 def test_merge_errors_are_clean(tmp_path: Path) -> None:
     proc = run_cli("merge", "--adapter", str(tmp_path), "--output", str(tmp_path / "m"))
     assert proc.returncode == 2 and "adapter_config.json" in proc.stderr

@@ -59,6 +59,7 @@ def test_resume_matches_uninterrupted(tmp_path: Path, tiny_model_dir: Path) -> N
         assert loss == pytest.approx(expected[step], rel=1e-4, abs=1e-5), step
 
 
+@pytest.mark.slow
 def test_resume_without_checkpoint_is_a_clean_error(tmp_path: Path,
                                                      tiny_model_dir: Path) -> None:
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=4)
