@@ -173,3 +173,28 @@ def test_pretokenize_cli(demo_expert_dir) -> None:
     assert bad.returncode == 2
     assert f"{data}:401: invalid JSON" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_prepared_rows_follow_the_training_contract(demo_expert_dir) -> None:
+    data = prepare(demo_expert_dir / "manifest.json")
+    assert data.train.column_names == ["input_ids", "labels", "position_ids", "num_tokens"]
+    assert str(data.train.features["input_ids"].feature) == "int32"
+    assert data.eval is not None and len(data.eval) == data.stats["eval"]["rows"] == 27
+    assert len(data.train) == data.stats["train"]["rows"] == 235
+    for row in data.train:
+        assert len(row["input_ids"]) == row["num_tokens"] <= 512
+        assert row["position_ids"][0] == 0
+    restarts = sum(p == 0 for row in data.train for p in row["position_ids"])
+    assert restarts == data.stats["train"]["kept"] + data.stats["train"]["truncated"] == 400
+
+
+def test_custom_prompt_template_without_text_is_a_user_error(demo_expert_dir,
+                                                             write_jsonl) -> None:
+    from expert_cli.errors import UserError
+
+    write_jsonl(demo_expert_dir / "data" / "ins.jsonl", [{"q": "a", "a": "b"}] * 3)
+    with pytest.raises(UserError, match="custom"):
+        prepare(demo_expert_dir / "manifest.json", "training.dataset.path=data/ins.jsonl",
+                'training.dataset.field_mapping={"instruction": "q", "response": "a"}',
+                "training.dataset.validation_path=null",
+                "base_models.0.prompt_template=custom")

@@ -31,6 +31,7 @@ from expert_cli.data.formatting import (
     TRUNCATED,
     Formatter,
     check_chat_template,
+    check_prompt_template,
 )
 from expert_cli.data.packing import pack_table
 from expert_cli.data.sources import load_sources
@@ -75,6 +76,8 @@ def _build(plan: CachePlan, resolved: ResolvedConfig, tokenizer: PreTrainedToken
     sources = load_sources(resolved, plan.root / ".datasets")
     if sources.fields.kind == "messages":
         check_chat_template(tokenizer, resolved.response_template)
+    if sources.fields.kind == "instruction":
+        check_prompt_template(resolved.prompt_template)
     formatter = Formatter(tokenizer=tokenizer, kind=sources.fields.kind,
                           max_seq_length=resolved.max_seq_length, overlong=resolved.overlong,
                           prompt_template=resolved.prompt_template,

@@ -26,6 +26,7 @@ dropped, as `overlong` says; one whose trained tokens were all cut away is dropp
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +117,11 @@ def render_instruction(template: str, instruction: str, input_: str | None,
                     "rendered prompt in a `text` field")
 
 
+def check_prompt_template(template: str) -> None:
+    """Fail early (in the main process) when instruction data has no usable template."""
+    render_instruction(template, "", None, None)
+
+
 def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: str | None
                         ) -> None:
     """Fail early when `messages` data cannot be masked with this tokenizer's chat template."""
@@ -130,9 +136,18 @@ def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: s
                         "<|assistant|>); set response_template to the text before replies")
 
 
+# Tokenizers lent to forked `datasets.map` workers: registered before the pool forks, so a
+# worker finds its parent's tokenizer here instead of unpickling ~10 MB of vocabulary.
+_LENT: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
 @dataclass
 class Formatter:
-    """A picklable batched function for `datasets.map`: rows of roles -> token columns."""
+    """A picklable batched function for `datasets.map`: rows of roles -> token columns.
+
+    With `in_worker` set under the fork start method, pickling sends only a key to the
+    tokenizer, which forked workers inherited (see `_LENT`); otherwise the tokenizer itself.
+    """
 
     tokenizer: PreTrainedTokenizerFast
     kind: str  # "text" | "messages" | "instruction"
@@ -141,6 +156,26 @@ class Formatter:
     prompt_template: str = "chatml"
     response_template: str | None = None
     in_worker: bool = False  # set by the builder when map() runs worker processes
+
+    def __post_init__(self) -> None:
+        _LENT[id(self.tokenizer)] = self.tokenizer
+
+    def __getstate__(self) -> dict[str, Any]:
+        import multiprocess
+
+        state = dict(self.__dict__)
+        if self.in_worker and multiprocess.get_start_method() == "fork":
+            state["tokenizer"] = ("lent", id(self.tokenizer))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        tok = state["tokenizer"]
+        if isinstance(tok, tuple) and tok[0] == "lent":
+            if tok[1] not in _LENT:
+                raise RuntimeError("the tokenizer lent to this forked worker is missing; "
+                                   "the worker was not forked from the builder")
+            state = {**state, "tokenizer": _LENT[tok[1]]}
+        self.__dict__.update(state)
 
     def __call__(self, batch: dict[str, list[Any]]) -> pa.Table:
         if self.in_worker:  # one Rust thread per worker process: the processes are the cores
