@@ -32,6 +32,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,21 +142,13 @@ def rendered_texts(resolved: Any) -> list[str]:
     return [str(t) for t in sources.train["text"]]
 
 
-def bench_pretokenize(resolved: Any, tokenizer: Any, num_proc: int | None,
-                      repeats: int) -> dict[str, Any]:
-    """(a): a cold build, then forced rebuilds (source already converted); best warm run."""
+def pretokenize_once(resolved: Any, tokenizer: Any, num_proc: int | None) -> tuple[float, Any]:
+    """(a): one forced build; its wall time and the prepared data."""
     from expert_cli.data import prepare_data
 
-    runs = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        data = prepare_data(resolved, tokenizer, num_proc=num_proc, force=True,
-                            show_progress=False)
-        runs.append(round(time.perf_counter() - start, 3))
-    return {"num_proc": data.stats["num_proc"], "cold_seconds": runs[0],
-            "warm_seconds": runs[1:], "best_seconds": min(runs[1:]),
-            "stats": {k: v for k, v in data.stats.items() if k != "inputs"},
-            "cache_dir": str(data.cache_dir)}
+    start = time.perf_counter()
+    data = prepare_data(resolved, tokenizer, num_proc=num_proc, force=True, show_progress=False)
+    return round(time.perf_counter() - start, 3), data
 
 
 def bench_naive(tokenizer: Any, texts: list[str]) -> dict[str, Any]:
@@ -186,30 +179,33 @@ def _raw_processes(texts: list[str], backend: Any, procs: int, batch: int) -> in
         return sum(pool.map(_count_chunk, chunks, chunksize=1))
 
 
-def bench_raw(tokenizer: Any, texts: list[str], repeats: int, procs: int, batch: int = 1000
-              ) -> dict[str, Any]:
-    """(c): the tokenizer batched on all cores, three ways; the fastest is the limit."""
+def raw_calls(tokenizer: Any, texts: list[str], procs: int, batch: int = 1000
+              ) -> dict[str, Callable[[], int]]:
+    """(c): the tokenizer batched on all cores, three ways; each returns the token count."""
     backend = tokenizer.backend_tokenizer
-    results = {}
-    for name, call in (
-        ("encode_batch_rust_threads",
-         lambda: sum(len(e) for i in range(0, len(texts), batch)
-                     for e in backend.encode_batch(texts[i: i + batch]))),
-        ("tokenizer_call_rust_threads",
-         lambda: sum(len(x) for i in range(0, len(texts), batch)
-                     for x in tokenizer(texts[i: i + batch])["input_ids"])),
-        (f"encode_batch_{procs}_processes", lambda: _raw_processes(texts, backend, procs, batch)),
-    ):
-        times = []
-        for _ in range(repeats):
+    return {
+        "encode_batch_rust_threads": lambda: sum(
+            len(e) for i in range(0, len(texts), batch)
+            for e in backend.encode_batch(texts[i: i + batch])),
+        "tokenizer_call_rust_threads": lambda: sum(
+            len(x) for i in range(0, len(texts), batch)
+            for x in tokenizer(texts[i: i + batch])["input_ids"]),
+        f"encode_batch_{procs}_processes": lambda: _raw_processes(texts, backend, procs, batch),
+    }
+
+
+def interleaved(rounds: int, calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Time every call once per round, round after round, so that load from other processes
+    on a shared machine hits all of them alike; keep every time and the last result."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    results: dict[str, Any] = {}
+    for _ in range(rounds):
+        for name, call in calls.items():
             start = time.perf_counter()
-            tokens = call()
-            times.append(round(time.perf_counter() - start, 3))
-        results[name] = {"tokens": tokens, "seconds": times,
-                         "tokens_per_second": round(tokens / min(times))}
-    best = min(results.values(), key=lambda r: min(r["seconds"]))
-    return {**results, "limit_seconds": min(best["seconds"]), "tokens": best["tokens"],
-            "limit_tokens_per_second": best["tokens_per_second"]}
+            results[name] = call()
+            times[name].append(round(time.perf_counter() - start, 3))
+    return {name: {"seconds": times[name], "best": min(times[name]), "result": results[name]}
+            for name in calls}
 
 
 def bench_padding(lengths: list[int], batch: int, max_seq: int, seed: int) -> dict[str, Any]:
@@ -281,8 +277,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--num-proc", type=int, default=None,
                         help="Worker processes for (a); default: the library's default.")
-    parser.add_argument("--repeats", type=int, default=3, help="Timed runs; the best counts.")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="Interleaved timed rounds; the best of each counts.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work-dir", type=Path, help="Keep (and reuse) the corpus here.")
     parser.add_argument("--out", type=Path, default=REPO / "bench_results" / "data_path.json")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # (c) is measured on all cores
@@ -294,53 +292,74 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
+def corpus_manifest(args: argparse.Namespace, tmp: Path) -> tuple[Path, dict[str, Any]]:
+    """The manifest to measure: --manifest, or the stdlib corpus (built, or reused from
+    --work-dir when it is already there)."""
+    if args.manifest is not None:
+        return args.manifest, {"source": str(args.manifest)}
+    folder = args.work_dir or tmp
+    info = folder / "corpus.json"
+    if not info.exists():
+        _, tok_name = load_bench_tokenizer(folder / "model")
+        texts = build_corpus(args.examples, args.seed)
+        write_manifest(folder, texts, args.max_seq_length, args.batch_size)
+        chars = sorted(len(t) for t in texts)
+        info.write_text(json.dumps({
+            "source": "Python standard library (docstring -> source), ChatML text",
+            "tokenizer": tok_name, "examples": len(texts), "chars_min": chars[0],
+            "chars_median": chars[len(chars) // 2], "chars_max": chars[-1],
+            "chars_total": sum(chars)}))
+    return folder / "manifest.json", json.loads(info.read_text())
+
+
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from expert_cli.config import load_manifest
     from expert_cli.data.tokenizer import load_tokenizer
     from expert_cli.environment import cpu_environment, usable_cpus
     from expert_cli.resolve import resolve
 
-    corpus: dict[str, Any] = {"source": str(args.manifest)}
-    manifest = args.manifest
-    if manifest is None:
-        _, tok_name = load_bench_tokenizer(tmp / "model")
-        texts = build_corpus(args.examples, args.seed)
-        manifest = write_manifest(tmp, texts, args.max_seq_length, args.batch_size)
-        chars = sorted(len(t) for t in texts)
-        corpus = {"source": "Python standard library (docstring -> source), ChatML text",
-                  "tokenizer": tok_name, "examples": len(texts), "chars_min": chars[0],
-                  "chars_median": chars[len(chars) // 2], "chars_max": chars[-1],
-                  "chars_total": sum(chars)}
+    manifest, corpus = corpus_manifest(args, tmp)
     resolved = resolve(load_manifest(manifest), cpu_environment())
     tokenizer = load_tokenizer(resolved)
-    pre = bench_pretokenize(resolved, tokenizer, args.num_proc, args.repeats)
-    single = bench_pretokenize(resolved, tokenizer, 1, args.repeats)
     texts = rendered_texts(resolved)
+    cold, _ = pretokenize_once(resolved, tokenizer, args.num_proc)
+    calls: dict[str, Callable[[], Any]] = {
+        "pretokenize": lambda: pretokenize_once(resolved, tokenizer, args.num_proc)[1],
+        "pretokenize_num_proc_1": lambda: pretokenize_once(resolved, tokenizer, 1)[1],
+        **raw_calls(tokenizer, texts, usable_cpus()),
+    }
+    timed = interleaved(args.repeats, calls)
+    data = timed["pretokenize"].pop("result")
+    timed["pretokenize_num_proc_1"].pop("result")
+    raw_names = [n for n in timed if n not in ("pretokenize", "pretokenize_num_proc_1")]
+    source_tokens = timed[raw_names[0]]["result"]  # same texts in: compare on their tokens
+    limit = min(raw_names, key=lambda n: timed[n]["best"])
     naive = bench_naive(tokenizer, texts)
-    raw = bench_raw(tokenizer, texts, args.repeats, usable_cpus())
     lengths = [len(e) + 1 for e in tokenizer.backend_tokenizer.encode_batch(texts)]
     padding = bench_padding(lengths, resolved.batch_size, resolved.max_seq_length, args.seed)
     first = bench_first_batch(manifest)
-    # Same texts in, so throughput is compared on the tokens of the untruncated texts.
-    source_tokens = raw["tokens"]
+
+    def tps(name: str) -> int:
+        return round(source_tokens / timed[name]["best"])
+
     summary = {
-        "pretokenize_tokens_per_second": round(source_tokens / pre["best_seconds"]),
-        "pretokenize_one_process_tokens_per_second": round(source_tokens
-                                                           / single["best_seconds"]),
+        "pretokenize_tokens_per_second": tps("pretokenize"),
+        "pretokenize_num_proc_1_tokens_per_second": tps("pretokenize_num_proc_1"),
         "naive_main_thread_tokens_per_second": naive["tokens_per_second"],
-        "raw_batched_limit_tokens_per_second": raw["limit_tokens_per_second"],
-        "pretokenize_vs_raw_limit": round(raw["limit_seconds"] / pre["best_seconds"], 3),
-        "pretokenize_vs_naive": round(source_tokens / pre["best_seconds"]
-                                      / naive["tokens_per_second"], 2),
-        "packing_efficiency": pre["stats"]["train"]["packing_efficiency"],
+        "raw_batched_limit_tokens_per_second": tps(limit),
+        "raw_batched_limit_method": limit,
+        "pretokenize_vs_raw_limit": round(timed[limit]["best"] / timed["pretokenize"]["best"], 3),
+        "pretokenize_vs_naive": round(tps("pretokenize") / naive["tokens_per_second"], 2),
+        "packing_efficiency": data.stats["train"]["packing_efficiency"],
         "pad_to_longest_efficiency": padding["efficiency"],
         "load_and_first_batch_s": round(first["prepare_data_current_s"]
                                         + first["first_batch_s"], 3),
     }
+    stats = {k: v for k, v in data.stats.items() if k != "inputs"}
     return {"summary": summary, "machine": machine(), "corpus": corpus,
-            "max_seq_length": resolved.max_seq_length, "pretokenize": pre,
-            "pretokenize_one_process": single, "naive": naive,
-            "raw_batched": raw, "padding": padding, "first_batch": first}
+            "max_seq_length": resolved.max_seq_length, "source_tokens": source_tokens,
+            "cold_pretokenize_seconds": cold, "timings": timed, "cache_stats": stats,
+            "naive": naive, "padding": padding, "first_batch": first}
 
 
 if __name__ == "__main__":
