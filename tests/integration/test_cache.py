@@ -178,7 +178,7 @@ def test_pretokenize_cli(demo_expert_dir) -> None:
 def test_prepared_rows_follow_the_training_contract(demo_expert_dir) -> None:
     data = prepare(demo_expert_dir / "manifest.json")
     assert data.train.column_names == ["input_ids", "labels", "position_ids", "num_tokens"]
-    assert str(data.train.features["input_ids"].feature) == "int32"
+    assert data.train.features["input_ids"].feature.dtype == "int32"
     assert data.eval is not None and len(data.eval) == data.stats["eval"]["rows"] == 27
     assert len(data.train) == data.stats["train"]["rows"] == 235
     for row in data.train:
