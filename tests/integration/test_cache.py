@@ -198,3 +198,11 @@ def test_custom_prompt_template_without_text_is_a_user_error(demo_expert_dir,
                 'training.dataset.field_mapping={"instruction": "q", "response": "a"}',
                 "training.dataset.validation_path=null",
                 "base_models.0.prompt_template=custom")
+
+
+def test_every_example_dropped_is_a_user_error(demo_expert_dir) -> None:
+    from expert_cli.errors import UserError
+
+    with pytest.raises(UserError, match="400 read: 400 over max_seq_length=16 with overlong"):
+        prepare(demo_expert_dir / "manifest.json", "max_seq_length=16",
+                "training.dataset.overlong=drop")

@@ -94,9 +94,24 @@ def _build(plan: CachePlan, resolved: ResolvedConfig, tokenizer: PreTrainedToken
                                        shard_examples, progress, task)
             shard_stats[split] = stats
             resumed += done
+    _require_rows(shard_stats["train"], resolved)
     extra = {"num_proc": num_proc, "notes": sources.notes}
     return _assemble(plan, shard_stats, sources.read, resumed,
                      time.perf_counter() - started, extra)
+
+
+def _require_rows(stats: list[dict[str, Any]], resolved: ResolvedConfig) -> None:
+    """Every training example dropped is the user's to fix: say why they were dropped."""
+    from expert_cli.errors import UserError
+
+    if sum(s["rows"] for s in stats):
+        return
+    total = _sum(stats, sum(s["examples_read"] for s in stats))
+    raise UserError(
+        f"training.dataset: no training example is left after formatting ({total['examples']} "
+        f"read: {total['dropped_overlong']} over max_seq_length={resolved.max_seq_length} with "
+        f"overlong=drop, {total['dropped_no_marker']} without response_template, "
+        f"{total['dropped_no_completion']} with no completion tokens)")
 
 
 def _remove_stale(plan: CachePlan) -> None:
