@@ -206,3 +206,17 @@ def test_every_example_dropped_is_a_user_error(demo_expert_dir) -> None:
     with pytest.raises(UserError, match="400 read: 400 over max_seq_length=16 with overlong"):
         prepare(demo_expert_dir / "manifest.json", "max_seq_length=16",
                 "training.dataset.overlong=drop")
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_rows_as_one_process(demo_expert_dir) -> None:
+    data = demo_expert_dir / "data"
+    (data / "big.jsonl").write_text((data / "train.jsonl").read_text() * 3)  # 1200 examples
+    manifest = demo_expert_dir / "manifest.json"
+    resolved = resolve(load_manifest(manifest, ["training.dataset.path=data/big.jsonl"]),
+                       cpu_environment())
+    tokenizer = load_tokenizer(resolved)
+    two = prepare_data(resolved, tokenizer, num_proc=2, show_progress=True)
+    assert two.stats["num_proc"] == 2 and two.stats["train"]["examples_read"] == 1200
+    one = prepare_data(resolved, tokenizer, num_proc=1, force=True, show_progress=False)
+    assert rows(one) == rows(two)

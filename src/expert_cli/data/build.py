@@ -19,6 +19,8 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +30,7 @@ from expert_cli.data.formatting import (
     DROPPED_NO_MARKER,
     DROPPED_OVERLONG,
     KEPT,
+    PROGRESS_QUEUES,
     TRUNCATED,
     Formatter,
     check_chat_template,
@@ -146,14 +149,51 @@ def _build_split(plan: CachePlan, split: str, ds: datasets.Dataset, formatter: F
             resumed += 1
         else:
             seed = resolved.seed + 7919 * k + (0 if split == "train" else 1)
-            stats.append(_build_shard(ds.select(range(lo, hi)), formatter, final, num_proc,
-                                      resolved.max_seq_length, resolved.packing, seed))
+            with _batch_progress(formatter, progress, task, hi - lo):
+                stats.append(_build_shard(ds.select(range(lo, hi)), formatter, final, num_proc,
+                                          resolved.max_seq_length, resolved.packing, seed))
             if delay:
                 time.sleep(delay)
+            continue
         progress.advance(task, hi - lo)
     if resumed:
         log.info("%s: resumed from %d finished shard(s) of %d", split, resumed, n_shards)
     return stats, resumed
+
+
+@contextmanager
+def _batch_progress(formatter: Formatter, progress: Progress, task: Any,
+                    examples: int) -> Iterator[None]:
+    """Advance the bar as batches finish, in this process or in forked map workers.
+
+    Workers inherit a queue (registered before `map` forks them) and put each batch's example
+    count; a thread here moves the bar. Without fork, the bar moves when the shard is done.
+    """
+    import multiprocessing
+    import threading
+
+    queue = multiprocessing.get_context("fork").SimpleQueue()
+    key = id(queue)
+    PROGRESS_QUEUES[key] = queue
+    formatter.progress_key = key
+
+    drained = [0]
+
+    def drain() -> None:
+        while (count := queue.get()) is not None:
+            drained[0] += count
+            progress.advance(task, count)
+
+    thread = threading.Thread(target=drain, name="build-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        queue.put(None)
+        thread.join()
+        progress.advance(task, examples - drained[0])
+        formatter.progress_key = None
+        del PROGRESS_QUEUES[key]
 
 
 def _build_shard(ds: datasets.Dataset, formatter: Formatter, final: Path, num_proc: int,

@@ -139,6 +139,8 @@ def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: s
 # Tokenizers lent to forked `datasets.map` workers: registered before the pool forks, so a
 # worker finds its parent's tokenizer here instead of unpickling ~10 MB of vocabulary.
 _LENT: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+# Progress queues, inherited the same way: each batch puts its example count (see build.py).
+PROGRESS_QUEUES: dict[int, Any] = {}
 
 
 @dataclass
@@ -156,6 +158,7 @@ class Formatter:
     prompt_template: str = "chatml"
     response_template: str | None = None
     in_worker: bool = False  # set by the builder when map() runs worker processes
+    progress_key: int | None = None  # a key of PROGRESS_QUEUES, set by the builder
 
     def __post_init__(self) -> None:
         _LENT[id(self.tokenizer)] = self.tokenizer
@@ -166,6 +169,8 @@ class Formatter:
         state = dict(self.__dict__)
         if self.in_worker and multiprocess.get_start_method() == "fork":
             state["tokenizer"] = ("lent", id(self.tokenizer))
+        elif self.in_worker:
+            state["progress_key"] = None  # queues travel only by fork inheritance
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -183,7 +188,10 @@ class Formatter:
         texts, spans, styles = self.render(batch)
         backend = self.tokenizer.backend_tokenizer
         encodings = backend.encode_batch(texts, add_special_tokens=self.kind != "messages")
-        return self.encode(texts, encodings, spans, styles)
+        table = self.encode(texts, encodings, spans, styles)
+        if self.progress_key is not None:
+            PROGRESS_QUEUES[self.progress_key].put(len(texts))
+        return table
 
     def render(self, batch: dict[str, list[Any]]) -> tuple[list[str], list[list[Span]],
                                                           list[str]]:
