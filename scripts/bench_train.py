@@ -27,10 +27,12 @@ QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
                  max_position_embeddings=40960)
 
 
-def _expert(workdir: Path, model_config: str, seq: int, batch: int, steps: int) -> Path:
-    """A copy of the demo expert whose base model folder holds the benchmark architecture."""
+def _expert(workdir: Path, model_config: str, seq: int, batch: int, steps: int,
+            source: Path = DEMO) -> Path:
+    """A copy of an expert (the demo by default) whose base model holds the benchmark
+    architecture and whose config runs `steps` steps of `batch` rows of `seq` tokens."""
     expert = workdir / "expert"
-    shutil.copytree(DEMO, expert, ignore=shutil.ignore_patterns(".cache", "output"))
+    shutil.copytree(source, expert, ignore=shutil.ignore_patterns(".cache", "output"))
     if model_config == "qwen3-0.6b":
         from transformers import Qwen3Config
 
@@ -99,6 +101,9 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=None, help="max_seq_length")
     p.add_argument("--batch", type=int, default=None, help="rows (packed) / examples per step")
     p.add_argument("--output", type=Path, default=ROOT / "bench_results")
+    p.add_argument("--expert", type=Path, default=DEMO,
+                   help="expert folder whose data (training.dataset.path, a `text` jsonl) "
+                   "and model to use, e.g. one made by scripts/make_bench_expert.py")
     a = p.parse_args()
     import datasets
     import torch
@@ -116,12 +121,12 @@ def main() -> int:
     seq = a.seq or (512 if a.quick or not gpu else 2048)
     batch = a.batch or (4 if a.quick or not gpu else 8)
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = _expert(Path(tmp), a.model_config, seq, batch, steps)
+        manifest = _expert(Path(tmp), a.model_config, seq, batch, steps, a.expert)
         resolved = resolve(load_manifest(manifest), probe_environment())
         tokenizer = load_tokenizer(resolved)
         data = prepare_data(resolved, tokenizer, show_progress=False)
-        raw = datasets.load_dataset("json", data_files=str(DEMO / "data" / "train.jsonl"),
-                                    split="train")
+        raw = datasets.load_dataset("json", data_files=str(resolved.train_sources[0].location),
+                                    split="train").shuffle(seed=resolved.seed)
         base = _run("padded_baseline", resolved, tokenizer, raw,
                     PaddingCollator(tokenizer, seq),
                     dict(dataloader_num_workers=0, dataloader_pin_memory=False,
@@ -132,12 +137,16 @@ def main() -> int:
                     CountingCollator(PackedCollator(tokenizer.pad_token_id, flatten=flatten)),
                     {}, steps, Path(tmp))
     device = torch.cuda.get_device_name() if gpu else "cpu"
-    report = {"model": a.model_config, "device": device, "steps": steps, "max_seq_length": seq,
-              "batch": batch, "attn_implementation": resolved.attn_implementation,
+    report = {"model": a.model_config, "expert": a.expert.name, "device": device,
+              "data": {k: data.stats.get("train", data.stats).get(k) for k in
+                       ("examples", "rows", "tokens", "packing_efficiency")},
+              "steps": steps, "max_seq_length": seq, "batch": batch,
+              "attn_implementation": resolved.attn_implementation,
               "results": [base, fast],
               "speedup_tokens_per_s": fast["tokens_per_s"] / max(base["tokens_per_s"], 1e-9)}
     a.output.mkdir(parents=True, exist_ok=True)
-    path = a.output / f"bench_train-{a.model_config}-{'gpu' if gpu else 'cpu'}.json"
+    where = "gpu" if gpu else "cpu"
+    path = a.output / f"bench_train-{a.model_config}-{a.expert.name}-{where}.json"
     path.write_text(json.dumps(report, indent=2))
     for r in (base, fast):
         mfu = f"  MFU {100 * r['mfu']:.1f}%" if r["mfu"] is not None else ""

@@ -200,7 +200,9 @@ def render_discovery(result: dict[str, Any]) -> None:
     table = Table(title=f"cached datasets (datasets: {roots['datasets']}, hub: {roots['hub']})",
                   title_justify="left")
     for col in ("name", "config", "revision", "size", "layout", "used by", "path"):
-        table.add_column(col, justify="right" if col == "size" else "left")
+        # names and paths are what users copy: wrap them, never cut them with an ellipsis
+        table.add_column(col, justify="right" if col == "size" else "left",
+                         overflow="fold", no_wrap=col == "size")
     for e in result["datasets"]:
         used = ", ".join(Path(m).parent.name for m in e.get("used_by", []))
         table.add_row(e["name"], e["config"] or "-", (e["revision"] or "-")[:40], e["size"],

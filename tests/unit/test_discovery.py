@@ -133,6 +133,7 @@ def test_cli_json_and_table(hf_home: Path, experts: Path) -> None:
     assert out.exit_code == 0, out.output
     lines = out.output.splitlines()
     # the dataset table comes first; box characters depend on the terminal's encoding
+    assert all(n in out.output for n in ("ultrachat_200k", "tatsu-lab/alpaca", "squad")), out.output
     order = [next(i for i, ln in enumerate(lines) if name in ln)
              for name in ("ultrachat_200k", "tatsu-lab/alpaca", "squad")]
     assert order == sorted(order)
