@@ -82,8 +82,26 @@ def test_span_rules() -> None:
 
 def test_plain_text_without_marker_is_trained_whole_and_counted(tiny_tokenizer) -> None:
     row = run(tiny_tokenizer, "text", {"text": ["just some text"]})[0]
-    assert split(tiny_tokenizer, row) == ("just some text<|endoftext|>", "")
+    # all but the first token, which nothing in the example predicts
+    assert split(tiny_tokenizer, row) == (" some text<|endoftext|>", "just")
     assert row["no_marker"] is True
+
+
+def test_no_example_start_is_trained_so_packing_never_links_examples(tiny_tokenizer) -> None:
+    """In a packed row the label at an example's start would be predicted from the previous
+    example's last token (the loss shifts labels): it must be -100."""
+    from expert_cli.data.packing import pack_table
+
+    fmt = Formatter(tokenizer=tiny_tokenizer, kind="text", max_seq_length=64,
+                    overlong="truncate")
+    table = fmt({"text": ["just some text", "more words here", "x", "", CHATML[:40]]})
+    assert all(r["labels"][0] == IGNORE for r in table.to_pylist() if r["input_ids"])
+    assert table.to_pylist()[3]["status"] == DROPPED_NO_COMPLETION  # a lone EOS trains nothing
+    packed, _ = pack_table(table, 64, True, seed=0)
+    for row in packed.to_pylist():
+        starts = [k for k, p in enumerate(row["position_ids"]) if p == 0]
+        assert len(starts) > 1 or len(packed) > 1
+        assert all(row["labels"][k] == IGNORE for k in starts)
 
 
 def test_response_template_missing_drops_the_example(tiny_tokenizer) -> None:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import datasets
     from transformers import PreTrainedTokenizerFast
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: the first token of every example is masked
 FULL_HASH_LIMIT = 256 * 2**20
 EDGE_BYTES = 2**20
 COMPLETE = "_COMPLETE"

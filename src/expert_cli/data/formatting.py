@@ -21,6 +21,10 @@ text already ends with it, trailing whitespace aside (Qwen instruct tokenizers u
 EOS, which ChatML turns already end with). An example over `max_seq_length`
 is cut to its first `max_seq_length` tokens (then it has no EOS: the text did not end there), or
 dropped, as `overlong` says; one whose trained tokens were all cut away is dropped too.
+
+An example's first token is never trained (label -100): the model shifts labels by one, so
+nothing inside the example predicts it, and in a packed row it would otherwise be predicted
+from the previous example's last token.
 """
 
 from __future__ import annotations
@@ -229,6 +233,7 @@ class Formatter:
             if not (len(ids) and ids[-1] == eos) and not text.rstrip().endswith(eos_text):
                 ids = np.append(ids, np.int32(eos))
                 mask = np.append(mask, True)
+            mask[:1] = False  # an example's first token is never a prediction target
             code = KEPT
             if style == "missing":
                 code = DROPPED_NO_MARKER
