@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ def training_args_kwargs(resolved: ResolvedConfig, checkpoints_dir: Path, *,
         dataloader_prefetch_factor=resolved.dataloader_prefetch_factor,
         dataloader_persistent_workers=resolved.dataloader_persistent_workers,
         train_sampling_strategy="group_by_length" if resolved.group_by_length else "random",
+        length_column_name=LENGTH_COLUMN,  # else group_by_length reads every row at start
         logging_strategy="steps",
         logging_steps=resolved.logging_steps,
         save_strategy=resolved.save_strategy,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from expert_cli.config import load_manifest
+from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.environment import Environment, cpu_environment
 from expert_cli.errors import UserError
 from expert_cli.resolve import resolve
@@ -96,6 +97,19 @@ def test_group_by_length_without_packing(tmp_path: Path) -> None:
     r = _resolved(tmp_path, {"packing": False, "group_by_length": True}, env=cpu_environment())
     kw = training_args_kwargs(r, tmp_path, on_gpu=False)
     assert kw["train_sampling_strategy"] == "group_by_length"
+    # the sampler takes row lengths from the cache's column instead of reading every row
+    assert kw["length_column_name"] == LENGTH_COLUMN
+
+
+def test_length_column_is_what_the_cache_writes() -> None:
+    import pyarrow as pa
+
+    from expert_cli.data.packing import pack_table
+
+    table = pa.table({"input_ids": pa.array([[1, 2, 3]], pa.list_(pa.int32())),
+                      "labels": pa.array([[1, 2, 3]], pa.list_(pa.int32()))})
+    packed, _ = pack_table(table, 8, True, seed=0)
+    assert packed.column(LENGTH_COLUMN).to_pylist() == [3]
 
 
 def test_fsdp_and_deepspeed_blocks(tmp_path: Path) -> None:

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
+# Tokens per row; the Trainer's length-grouped sampler reads it instead of decoding every row.
+LENGTH_COLUMN = "num_tokens"
+
 
 @dataclass(frozen=True)
 class PackStats:
@@ -126,5 +129,5 @@ def _table(ids: np.ndarray, labels: np.ndarray, positions: np.ndarray,
         "input_ids": column(ids),
         "labels": column(labels),
         "position_ids": column(positions),
-        "num_tokens": pa.array(np.diff(row_offsets).astype(np.int32)),
+        LENGTH_COLUMN: pa.array(np.diff(row_offsets).astype(np.int32)),
     })
