@@ -1,5 +1,5 @@
-"""Statistics over benchmark samples, and the assessment: which bottleneck, on what evidence,
-and what to change in the manifest.
+"""Statistics over benchmark samples, the start-up / active / tail phases of a run, and the
+assessment: which bottleneck, on what evidence, and what to change in the manifest.
 
 Pure functions over plain dicts (the report's own sample format), so tests can feed them
 recorded sequences.
@@ -8,6 +8,7 @@ recorded sequences.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 # Thresholds, in percent unless named otherwise.
@@ -19,12 +20,23 @@ BURSTY_DIP_FRACTION = 0.2  # bursty: at least this fraction of samples are dips 
 BURSTY_PEAK_UTIL = 70.0  # ... while the p95 reaches this
 MEMORY_PRESSURE = 95.0  # p95 of GPU memory used at or above this is near-full
 LOW_MEMORY = 50.0  # p95 of GPU memory used below this leaves room for bigger batches
+BATCH_ROOM_MEMORY = 70.0  # p95 of GPU memory used below this: a bigger batch should still fit
 DATA_WAIT_HIGH = 0.2  # fraction of step time spent waiting for the next batch
+DATA_WAIT_LOW = 0.05  # data-wait below this: the input pipeline keeps up
+LOW_MFU = 0.30  # MFU (fraction of the GPU's bf16 peak) below this: kernels far below peak
 BUSY_CORE = 90.0  # p50 of the busiest core at or above this: one core saturated
 BUSY_CPU = 80.0  # p50 of the mean over all cores at or above this: CPU saturated
 THROTTLE_FRACTION = 0.2  # fraction of samples with a thermal or power throttle reason
 THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown")
 POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")
+# Phases of a command's run: start-up, active phase, trailing tail.
+ACTIVE_UTIL = 20.0  # a sample where some GPU is at or above this shows the GPU has work ...
+ACTIVE_RUN = 2  # ... and this many such samples in a row mark sustained activity
+# Periodic dips within busy utilization (stalls at a regular interval).
+PERIODIC_DIP_DEPTH = 20.0  # a sample this many points below the p50 is a dip ...
+PERIODIC_DIP_FRACTION = 0.1  # ... periodic: at least this fraction of samples are dips ...
+PERIODIC_MIN_DIPS = 4  # ... in at least this many separate dips ...
+PERIODIC_GAP_SPREAD = 0.5  # ... whose gaps deviate from their median by at most this share
 
 GPU_METRICS = ("gpu_util", "mem_util", "mem_used_percent", "mem_used_mb", "temperature_c",
                "power_w", "sm_clock_mhz")
@@ -54,16 +66,29 @@ ADVICE: dict[str, list[str]] = {
         "the GPU is at its power limit: raise it toward the default with "
         "`nvidia-smi -pl WATTS` if it was lowered, or accept it as the ceiling",
     ],
+    "gpu_bound": [
+        "enable training.config.torch_compile: fuses the many small kernels around each matmul",
+        "install flash-attn (`pip install flash-attn`): flash_attention_2 is then picked for "
+        "packed rows (varlen attention, no padding)",
+        "adapt fewer modules (training.config.target_modules, e.g. the attention projections "
+        "instead of all-linear) and keep the adapters in the compute dtype (bf16): every "
+        "adapted layer adds small matmuls that run far below peak",
+        "turn training.config.gradient_checkpointing off if it is on (it recomputes the "
+        "forward pass), memory allowing",
+    ],
     "healthy": ["nothing to change: the GPU is kept busy"],
     "idle": ["nothing ran on the GPU: benchmark while training (`-- expert-cli train ...`) "
              "or with `--workload qwen3-0.6b-lora`"],
-    "underutilized": [
-        "pass the run's metrics (--metrics DIR/metrics.json) to see the data-wait fraction",
-        "try raising training.config.batch_size and dataloader_num_workers",
-    ],
+    "underutilized": ["try raising training.config.batch_size and dataloader_num_workers"],
     "no_gpu": ["run on a machine with an NVIDIA GPU and driver to benchmark the GPU"],
     "undetermined": ["sample on a GPU whose driver reports utilization (nvidia-smi)"],
 }
+PASS_METRICS = "pass the run's metrics (--metrics DIR/metrics.json) to see the data-wait fraction"
+RAISE_BATCH = ("raise training.config.batch_size (memory used p95 {mem:.0f}% leaves room): "
+               "bigger matmuls run closer to peak")
+PERIODIC_STALLS = ("find the stall that recurs about every {every:.0f} s: logging (loss to the "
+                   "host), evaluation or checkpoint saves; raise training.config.logging_steps, "
+                   "eval_steps or save_steps")
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -99,12 +124,39 @@ def host_stats(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def dip_pattern(times: list[float], utils: list[float | None]) -> dict[str, Any] | None:
+    """Dips of PERIODIC_DIP_DEPTH points below the p50: their share of samples, the median
+    gap between the starts of separate dips, and whether they recur regularly."""
+    known = sorted(u for u in utils if u is not None)
+    if not known:
+        return None
+    below = percentile(known, 50) - PERIODIC_DIP_DEPTH
+    starts, previous = [], False
+    for t, u in zip(times, utils, strict=True):
+        dip = u is not None and u < below
+        if dip and not previous:
+            starts.append(t)
+        previous = dip
+    fraction = sum(u < below for u in known) / len(known)
+    gaps = sorted(b - a for a, b in zip(starts, starts[1:], strict=False))
+    every = percentile(gaps, 50) if gaps else None
+    spread = percentile(sorted(abs(g - every) for g in gaps), 50) if gaps else None
+    regular = (len(starts) >= PERIODIC_MIN_DIPS and fraction >= PERIODIC_DIP_FRACTION
+               and every is not None and spread <= PERIODIC_GAP_SPREAD * every)
+    return {"below": below, "fraction": fraction, "dips": len(starts), "every_s": every,
+            "regular": regular}
+
+
 def gpu_stats(samples: list[dict[str, Any]], index: int) -> dict[str, Any]:
-    """Statistics of one GPU over all samples, with throttle-reason and dip fractions."""
+    """Statistics of one GPU over the samples, with throttle-reason and dip fractions and the
+    pattern of dips below its p50."""
     rows = [g for s in samples for g in s["gpus"] if g["index"] == index]
     out: dict[str, Any] = {m: summarize([r.get(m) for r in rows]) for m in GPU_METRICS}
     utils = [r["gpu_util"] for r in rows if r.get("gpu_util") is not None]
     out["util_dip_fraction"] = (sum(u < DIP_UTIL for u in utils) / len(utils)) if utils else None
+    timed = [(s["t"], g.get("gpu_util")) for s in samples for g in s["gpus"]
+             if g["index"] == index]
+    out["util_dips"] = dip_pattern([t for t, _ in timed], [u for _, u in timed])
     reasons: dict[str, float] = {}
     for r in rows:
         for name in r.get("throttle_reasons", []):
@@ -120,6 +172,40 @@ def compute_stats(samples: list[dict[str, Any]], gpu_indices: list[int]) -> dict
         "host": host_stats(samples),
         "gpus": {str(i): gpu_stats(samples, i) for i in gpu_indices},
     }
+
+
+def split_phases(samples: list[dict[str, Any]], gpu_indices: list[int]) -> dict[str, Any] | None:
+    """Start-up, active phase and trailing tail of a command's run.
+
+    The active phase runs from the first to the last sample of sustained activity (some GPU
+    at or above ACTIVE_UTIL in ACTIVE_RUN samples in a row); before it the command started up
+    (imports, loading, caches), after it it shut down or saved. None when no GPU reports
+    utilization; `active` is False when the GPU never got sustained work.
+    """
+    busiest = [max((g["gpu_util"] for g in s["gpus"]
+                    if g["index"] in gpu_indices and g.get("gpu_util") is not None),
+                   default=None) for s in samples]
+    if all(u is None for u in busiest):
+        return None
+    hot = [u is not None and u >= ACTIVE_UTIL for u in busiest]
+    runs = [i for i in range(len(hot) - ACTIVE_RUN + 1) if all(hot[i:i + ACTIVE_RUN])]
+    if not runs:
+        return {"active": False, "startup_s": None, "tail_s": None, "first": None,
+                "last": None, "start_t": None, "end_t": None, "n": 0}
+    first, last = runs[0], runs[-1] + ACTIVE_RUN - 1
+    return {"active": True, "startup_s": samples[first - 1]["t"] if first else 0.0,
+            "tail_s": samples[-1]["t"] - samples[last]["t"], "first": first, "last": last,
+            "start_t": samples[first]["t"], "end_t": samples[last]["t"], "n": last - first + 1}
+
+
+def phase_line(phases: dict[str, Any]) -> str:
+    """One line on the start-up and the active phase, for the console and the evidence."""
+    if not phases["active"]:
+        return (f"the GPU never got sustained work (utilization >= {ACTIVE_UTIL:.0f}% in "
+                f"{ACTIVE_RUN} samples in a row): assessed over the whole run")
+    tail = f", tail {phases['tail_s']:.0f} s after it" if phases["tail_s"] else ""
+    return (f"start-up: {phases['startup_s']:.0f} s before the GPU got work; active phase "
+            f"{phases['start_t']:.0f}-{phases['end_t']:.0f} s ({phases['n']} samples){tail}")
 
 
 def _stat(stats: dict[str, Any], metric: str, key: str) -> float | None:
@@ -139,13 +225,45 @@ SUMMARY: dict[str, str] = {
     "small_batches": "small batches / launch overhead: the GPU is partly busy with memory and "
                      "CPU to spare",
     "underutilized": "under-utilized GPU, cause not determined from these samples",
+    "gpu_bound": "GPU busy, input pipeline keeps up; model compute is the limit",
     "healthy": "healthy: the GPU is kept busy",
     "idle": "idle: nothing ran on the GPU",
     "undetermined": "undetermined: the GPU does not report utilization",
     "no_gpu": "no NVIDIA GPU: CPU and RAM only",
 }
 PRIORITY = ["thermal_throttling", "power_throttling", "memory_pressure", "data_loading",
-            "small_batches", "underutilized", "healthy", "idle", "undetermined"]
+            "small_batches", "underutilized", "gpu_bound", "healthy", "idle", "undetermined"]
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the training run's own metrics (or the workload) say."""
+
+    data_wait: float | None = None
+    mfu: float | None = None
+    metrics_given: bool = False
+
+    @property
+    def waiting(self) -> bool:
+        """The step waits for batches a large share of the time."""
+        return self.data_wait is not None and self.data_wait >= DATA_WAIT_HIGH
+
+    @property
+    def keeps_up(self) -> bool:
+        """The input pipeline keeps up: data-wait known and low."""
+        return self.data_wait is not None and self.data_wait < DATA_WAIT_LOW
+
+    def lines(self) -> list[str]:
+        """Evidence lines for data-wait and MFU."""
+        if self.data_wait is not None:
+            digits = 2 if self.data_wait >= 0.01 else 3
+            wait = f"data-wait fraction {self.data_wait:.{digits}f} of step time (run metrics)"
+        elif self.metrics_given:
+            wait = "data-wait fraction unknown (none in the run's metrics file yet)"
+        else:
+            wait = "data-wait fraction unknown (no run metrics; pass --metrics)"
+        mfu = [] if self.mfu is None else [f"MFU {self.mfu:.1%} of the GPU's bf16 peak"]
+        return [wait, *mfu]
 
 
 def _throttle(g: dict[str, Any], reasons: tuple[str, ...]) -> tuple[float, list[str]]:
@@ -154,7 +272,7 @@ def _throttle(g: dict[str, Any], reasons: tuple[str, ...]) -> tuple[float, list[
     return max(seen.values(), default=0.0), [f"{r} in {f:.0%} of samples" for r, f in seen.items()]
 
 
-def _host_evidence(host: dict[str, Any], data_wait: float | None) -> tuple[bool, list[str]]:
+def _host_evidence(host: dict[str, Any], run: RunFacts) -> tuple[bool, list[str]]:
     """Whether the CPU looks saturated, and the lines that say so (or not)."""
     cpu_p50 = _stat(host, "cpu_percent", "p50")
     core_p50 = _stat(host, "cpu_busiest_core_percent", "p50")
@@ -163,77 +281,129 @@ def _host_evidence(host: dict[str, Any], data_wait: float | None) -> tuple[bool,
     proc = _stat(host, "process_cpu_percent", "mean")
     if proc is not None:
         lines.append(f"command's process tree CPU mean {_fmt(proc)} (100% = one core)")
-    if data_wait is None:
-        lines.append("data-wait fraction unknown (no run metrics; pass --metrics)")
-    else:
-        lines.append(f"data-wait fraction {data_wait:.2f} of step time (run metrics)")
-    return busy, lines
+    return busy, lines + run.lines()[:1]
 
 
-def assess_gpu(
-    index: int, g: dict[str, Any], host: dict[str, Any], data_wait: float | None
-) -> dict[str, Any]:
-    """The bottleneck of one GPU, with the evidence lines behind it."""
+def classify(g: dict[str, Any], run: RunFacts, cpu_busy: bool) -> str:
+    """The bottleneck of one GPU from its statistics, the run's facts and the CPU."""
+    util, util_p50 = _stat(g, "gpu_util", "mean"), _stat(g, "gpu_util", "p50")
+    mem_p95 = _stat(g, "mem_used_percent", "p95")
+    dips = g.get("util_dip_fraction") or 0.0
+    bursty = dips >= BURSTY_DIP_FRACTION and (_stat(g, "gpu_util", "p95") or 0) >= BURSTY_PEAK_UTIL
+    if _throttle(g, THERMAL_REASONS)[0] >= THROTTLE_FRACTION:
+        return "thermal_throttling"
+    if _throttle(g, POWER_REASONS)[0] >= THROTTLE_FRACTION:
+        return "power_throttling"
+    if util is None:
+        return "undetermined"
+    if mem_p95 is not None and mem_p95 >= MEMORY_PRESSURE and util < HEALTHY_UTIL:
+        return "memory_pressure"
+    if util >= HEALTHY_UTIL or ((util_p50 or 0) >= HEALTHY_UTIL and run.keeps_up):
+        limited = not run.waiting and (run.keeps_up if run.mfu is None else run.mfu < LOW_MFU)
+        return "gpu_bound" if limited else "healthy"
+    if run.waiting or ((util < LOW_UTIL or bursty) and cpu_busy):
+        return "data_loading"
+    if util < IDLE_UTIL:
+        return "idle"
+    if (mem_p95 or 0) < LOW_MEMORY and not cpu_busy:
+        return "small_batches"
+    return "underutilized"
+
+
+def _periodic(g: dict[str, Any], run: RunFacts) -> dict[str, Any] | None:
+    """The dip pattern when dips recur regularly while the input pipeline keeps up."""
+    pattern = g.get("util_dips")
+    return pattern if pattern and pattern["regular"] and run.keeps_up else None
+
+
+def _advice(name: str, g: dict[str, Any], run: RunFacts) -> list[str]:
+    """What to change for this bottleneck, given what is known about memory and the run."""
+    advice = list(ADVICE.get(name, []))
+    mem_p95 = _stat(g, "mem_used_percent", "p95")
+    if name == "gpu_bound" and mem_p95 is not None and mem_p95 < BATCH_ROOM_MEMORY:
+        advice.insert(0, RAISE_BATCH.format(mem=mem_p95))
+    if name == "underutilized" and run.keeps_up:
+        advice = ["the input pipeline keeps up: raise training.config.batch_size if memory "
+                  "allows, and look for stalls between steps (logging, evaluation, checkpoints)"]
+    if name == "underutilized" and not run.metrics_given:
+        advice.insert(0, PASS_METRICS)
+    periodic = _periodic(g, run)
+    if periodic is not None and name in ("gpu_bound", "healthy", "underutilized"):
+        advice.append(PERIODIC_STALLS.format(every=periodic["every_s"]))
+    return advice
+
+
+def assess_gpu(index: int, g: dict[str, Any], host: dict[str, Any], run: RunFacts
+               ) -> dict[str, Any]:
+    """The bottleneck of one GPU, with the evidence lines and the advice behind it."""
     util, util_p50, util_p95 = (_stat(g, "gpu_util", k) for k in ("mean", "p50", "p95"))
     mem_p95 = _stat(g, "mem_used_percent", "p95")
     dips = g.get("util_dip_fraction") or 0.0
-    cpu_busy, host_lines = _host_evidence(host, data_wait)
+    cpu_busy, host_lines = _host_evidence(host, run)
+    name = classify(g, run, cpu_busy)
     evidence = [
         f"GPU {index} utilization mean {_fmt(util)} (p50 {_fmt(util_p50)}, p95 "
         f"{_fmt(util_p95)}, below {DIP_UTIL:.0f}% in {dips:.0%} of samples)",
         f"GPU {index} memory used p95 {_fmt(mem_p95)} of total",
     ]
-    thermal, thermal_lines = _throttle(g, THERMAL_REASONS)
-    power, power_lines = _throttle(g, POWER_REASONS)
-    bursty = dips >= BURSTY_DIP_FRACTION and (util_p95 or 0) >= BURSTY_PEAK_UTIL
-    waiting = data_wait is not None and data_wait >= DATA_WAIT_HIGH
-    if thermal >= THROTTLE_FRACTION:
-        name = "thermal_throttling"
-        evidence += thermal_lines + [
+    if name == "thermal_throttling":
+        evidence += _throttle(g, THERMAL_REASONS)[1] + [
             f"temperature p95 {_fmt(_stat(g, 'temperature_c', 'p95'), ' C')}, SM clock p50 "
             f"{_fmt(_stat(g, 'sm_clock_mhz', 'p50'), ' MHz')}"]
-    elif power >= THROTTLE_FRACTION:
-        name = "power_throttling"
-        evidence += power_lines + [f"power p95 {_fmt(_stat(g, 'power_w', 'p95'), ' W')}"]
-    elif util is None:
-        name = "undetermined"
-    elif mem_p95 is not None and mem_p95 >= MEMORY_PRESSURE and util < HEALTHY_UTIL:
-        name = "memory_pressure"
-    elif util >= HEALTHY_UTIL:
-        name = "healthy"
-        if mem_p95 is not None and mem_p95 >= MEMORY_PRESSURE:
-            evidence.append("memory is nearly full: a longer row or bigger batch may not fit")
-    elif waiting or ((util < LOW_UTIL or bursty) and cpu_busy):
-        name = "data_loading"
+    elif name == "power_throttling":
+        evidence += _throttle(g, POWER_REASONS)[1] + [
+            f"power p95 {_fmt(_stat(g, 'power_w', 'p95'), ' W')}"]
+    elif name in ("gpu_bound", "healthy"):
+        evidence += run.lines() if run.metrics_given or run.mfu is not None else []
+        if mem_p95 is not None and mem_p95 >= BATCH_ROOM_MEMORY:
+            evidence.append(f"memory used p95 {mem_p95:.0f}%: little room for a bigger batch")
+    elif name == "data_loading":
+        bursty = dips >= BURSTY_DIP_FRACTION
         evidence += host_lines + (["utilization is bursty"] if bursty else [])
-    elif util < IDLE_UTIL:
-        name = "idle"
-    elif (mem_p95 or 0) < LOW_MEMORY and not cpu_busy:
-        name = "small_batches"
+    elif name in ("small_batches", "underutilized"):
         evidence += host_lines
-    else:
-        name = "underutilized"
-        evidence += host_lines
-    return {"gpu": index, "bottleneck": name, "evidence": evidence}
+    periodic = _periodic(g, run)
+    if periodic is not None and name != "data_loading":
+        evidence.append(
+            f"bursty: utilization dips below {max(periodic['below'], 0):.0f}% about every "
+            f"{periodic['every_s']:.0f} s ({periodic['fraction']:.0%} of samples) while data-wait "
+            "is low: stalls outside the input pipeline (logging, host syncs, evaluation, "
+            "checkpoint saves)")
+    return {"gpu": index, "bottleneck": name, "evidence": evidence,
+            "advice": _advice(name, g, run)}
 
 
 def assess(
-    stats: dict[str, Any], data_wait: float | None, no_gpu_reason: str | None = None
+    stats: dict[str, Any],
+    data_wait: float | None,
+    no_gpu_reason: str | None = None,
+    *,
+    mfu: float | None = None,
+    metrics_given: bool = False,
+    phases: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The overall assessment: the most severe per-GPU bottleneck, its evidence and advice."""
+    """The overall assessment: the most severe per-GPU bottleneck, its evidence and advice.
+
+    `stats` are those of the active phase when `phases` split the run; `metrics_given` says a
+    run metrics file was given or found (even if it has no data-wait fraction yet).
+    """
     host = stats["host"]
+    run = RunFacts(data_wait, mfu, metrics_given or data_wait is not None)
     if no_gpu_reason is not None:
-        _, lines = _host_evidence(host, data_wait)
+        _, lines = _host_evidence(host, run)
         ram = _stat(host, "ram_percent", "p95")
         evidence = [f"no NVIDIA GPU found ({no_gpu_reason})", *lines, f"RAM p95 {_fmt(ram)}"]
         return {"bottleneck": "no_gpu", "summary": SUMMARY["no_gpu"], "evidence": evidence,
                 "advice": ADVICE["no_gpu"], "per_gpu": []}
-    per_gpu = [assess_gpu(int(i), g, host, data_wait) for i, g in stats["gpus"].items()]
+    per_gpu = [assess_gpu(int(i), g, host, run) for i, g in stats["gpus"].items()]
     worst = min(per_gpu, key=lambda f: PRIORITY.index(f["bottleneck"]))
-    evidence = list(worst["evidence"])
+    evidence = ([phase_line(phases)] if phases else []) + list(worst["evidence"])
     for other in per_gpu:
         if other is not worst:
             evidence.append(f"GPU {other['gpu']}: {other['bottleneck']}")
     name = worst["bottleneck"]
-    return {"bottleneck": name, "summary": SUMMARY[name], "evidence": evidence,
-            "advice": ADVICE.get(name, []), "per_gpu": per_gpu}
+    summary = SUMMARY[name]
+    if name == "gpu_bound" and mfu is not None:
+        summary += f" (MFU {mfu:.1%}, far below peak)"
+    return {"bottleneck": name, "summary": summary, "evidence": evidence,
+            "advice": worst["advice"], "per_gpu": per_gpu}

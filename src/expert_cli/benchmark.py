@@ -128,6 +128,60 @@ def data_wait_fraction(run_metrics: dict[str, Any] | None) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def run_mfu(run_metrics: dict[str, Any] | None, workload: dict[str, Any] | None) -> float | None:
+    """The run's MFU: its summary's, else the mean over its windows; else the workload's."""
+    summary = (run_metrics or {}).get("summary") or {}
+    if isinstance(summary.get("mfu"), (int, float)):
+        return float(summary["mfu"])
+    values = [w["mfu"] for w in (run_metrics or {}).get("windows", [])
+              if isinstance(w.get("mfu"), (int, float))]
+    if values:
+        return sum(values) / len(values)
+    mfu = (workload or {}).get("mfu")
+    return float(mfu) if isinstance(mfu, (int, float)) else None
+
+
+def analyse(
+    samples: list[dict[str, Any]],
+    indices: list[int],
+    *,
+    phased: bool,
+    run_metrics: dict[str, Any] | None = None,
+    metrics_given: bool = False,
+    workload: dict[str, Any] | None = None,
+    no_gpu_reason: str | None = None,
+) -> dict[str, Any]:
+    """The report's `phases`, `stats`, `active_stats` and `assessment`.
+
+    With `phased` (a command or workload ran) the start-up before the GPU got work and the
+    idle tail after it are split off, and the assessment is over the active phase; plain
+    sampling is assessed over all samples.
+    """
+    from expert_cli.assessment import assess, compute_stats, split_phases
+
+    stats = compute_stats(samples, indices)
+    phases = split_phases(samples, indices) if phased and no_gpu_reason is None else None
+    active = None
+    if phases is not None and phases["active"]:
+        active = compute_stats(samples[phases["first"]:phases["last"] + 1], indices)
+    assessment = assess(active or stats, data_wait_fraction(run_metrics), no_gpu_reason,
+                        mfu=run_mfu(run_metrics, workload),
+                        metrics_given=metrics_given or run_metrics is not None, phases=phases)
+    return {"phases": phases, "stats": stats, "active_stats": active, "assessment": assessment}
+
+
+def reassess(report: dict[str, Any]) -> dict[str, Any]:
+    """A saved report with its phases, statistics and assessment computed again by the
+    current rules (from its own samples, run metrics and workload)."""
+    settings = report["settings"]
+    return {**report, **analyse(
+        report["samples"], settings["gpus"],
+        phased=bool(report.get("command") or settings.get("workload")),
+        run_metrics=report.get("run_metrics"),
+        metrics_given=report.get("metrics_path") is not None,
+        workload=report.get("workload"), no_gpu_reason=report.get("no_gpu_reason"))}
+
+
 class Command:
     """A child command in its own process group, stopped politely when time is up."""
 
@@ -305,8 +359,6 @@ def run_benchmark(
     source_factory: Callable[[], NvmlSource] = open_nvml,
 ) -> dict[str, Any]:
     """Validate, sample, assess, and write the report and plot; return the report."""
-    from expert_cli.assessment import assess, compute_stats
-
     validate_options(opts)
     source, reason = open_source(source_factory)
     try:
@@ -320,7 +372,9 @@ def run_benchmark(
         if source is not None:
             source.close()
     run_metrics = read_run_metrics(metrics_path) if metrics_path is not None else None
-    stats = compute_stats(sampling.samples, indices)
+    analysis = analyse(sampling.samples, indices, phased=bool(opts.command or opts.workload),
+                       run_metrics=run_metrics, metrics_given=metrics_path is not None,
+                       workload=sampling.workload, no_gpu_reason=reason)
     report = {
         "schema_version": SCHEMA_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -336,9 +390,11 @@ def run_benchmark(
         "metrics_path": None if metrics_path is None else str(metrics_path),
         "run_metrics": run_metrics,
         "workload": sampling.workload,
+        "phases": analysis["phases"],
         "samples": sampling.samples,
-        "stats": stats,
-        "assessment": assess(stats, data_wait_fraction(run_metrics), reason),
+        "stats": analysis["stats"],
+        "active_stats": analysis["active_stats"],
+        "assessment": analysis["assessment"],
     }
     _write_outputs(report, opts)
     return report

@@ -120,11 +120,16 @@ def render_summary(report: dict[str, Any], console: Any) -> None:
     console.print(_stats_table("host", HOST_ROWS, stats["host"]))
     names = {g["index"]: g["name"] for g in report["machine"]["gpus"]}
     for index, g in stats["gpus"].items():
-        title = f"GPU {index} {names.get(int(index), '')}"
+        title = f"GPU {index} {names.get(int(index), '')}, whole run"
         console.print(_stats_table(title, GPU_ROWS, g))
         if g["throttle_fraction"]:
             reasons = ", ".join(f"{k} {v:.0%}" for k, v in g["throttle_fraction"].items())
             console.print(f"  clock event reasons (share of samples): {reasons}", markup=False)
+    phases, active = report.get("phases"), report.get("active_stats")
+    for index, g in (active or {}).get("gpus", {}).items():
+        title = (f"GPU {index} {names.get(int(index), '')}, active phase "
+                 f"{phases['start_t']:.0f}-{phases['end_t']:.0f} s")
+        console.print(_stats_table(title, GPU_ROWS, g))
     for line in _extras_lines(report):
         console.print(line, markup=False)
     a = report["assessment"]
@@ -139,6 +144,16 @@ def render_summary(report: dict[str, Any], console: Any) -> None:
 def _series(report: dict[str, Any], index: int, metric: str) -> list[float | None]:
     return [next((g.get(metric) for g in s["gpus"] if g["index"] == index), None)
             for s in report["samples"]]
+
+
+def _shade_phases(ax: Any, phases: dict[str, Any] | None, t: list[float]) -> None:
+    """Grey out the start-up before the GPU got work and the idle tail after it."""
+    if not phases or not phases["active"] or not t:
+        return
+    if phases["startup_s"]:
+        ax.axvspan(0, phases["startup_s"], color="grey", alpha=0.15, label="start-up")
+    if phases["tail_s"]:
+        ax.axvspan(phases["end_t"], t[-1], color="grey", alpha=0.15, label="tail")
 
 
 def write_plot(report: dict[str, Any], path: Path) -> None:
@@ -169,6 +184,7 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
         for name, values in lines.items():
             ax.plot(t, [float("nan") if v is None else v for v in values], label=name,
                     marker="." if len(t) < PLOT_MARKERS_BELOW else None)
+        _shade_phases(ax, report.get("phases"), t)
         ax.set_ylabel(label)
         if "%" in label:
             ax.set_ylim(0, 105)

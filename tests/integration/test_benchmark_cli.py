@@ -61,6 +61,9 @@ def test_command_exit_code_is_returned(tmp_path: Path) -> None:
     assert out.returncode == 3, out.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert (report["exit_code"], report["stopped_by"]) == (3, "command_exit")
+    assert {"phases", "active_stats"} <= report.keys()
+    if not report["gpu_available"]:
+        assert (report["phases"], report["active_stats"]) == (None, None)
 
 
 def test_short_command_ends_the_benchmark_early(tmp_path: Path) -> None:
@@ -100,6 +103,7 @@ def test_metrics_file_is_read_into_report(tmp_path: Path) -> None:
     assert report["run_metrics"]["last_window"]["step"] == 10
     assert "data-wait fraction 0.55 of step time (run metrics)" in report["assessment"]["evidence"]
     assert "run metrics: tokens/s 5100, data wait 0.55" in out.stdout
+    assert "pass the run's metrics" not in out.stdout  # they were passed
 
 
 def test_train_command_output_dir_metrics_are_found(tmp_path: Path) -> None:

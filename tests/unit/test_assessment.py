@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from expert_cli.assessment import assess, compute_stats, percentile, summarize
+from expert_cli.assessment import (
+    ACTIVE_UTIL,
+    assess,
+    compute_stats,
+    dip_pattern,
+    percentile,
+    split_phases,
+    summarize,
+)
 from expert_cli.telemetry.gpu import GpuSample, decode_throttle_reasons
 
 MEM_TOTAL_MB = 81_559.0
+H100_REPORT = Path(__file__).parents[2] / "bench_results/h100/benchmark_train_report.json"
 
 
 def recorded(
@@ -33,8 +44,13 @@ def recorded(
     return out
 
 
-def run(samples: list[dict[str, Any]], data_wait: float | None = None) -> dict[str, Any]:
-    return assess(compute_stats(samples, [0]), data_wait)
+def run(samples: list[dict[str, Any]], data_wait: float | None = None, **kw: Any
+        ) -> dict[str, Any]:
+    return assess(compute_stats(samples, [0]), data_wait, **kw)
+
+
+def mentions(lines: list[str], text: str) -> bool:
+    return any(text in line for line in lines)
 
 
 def test_summarize_values_by_hand() -> None:
@@ -138,3 +154,136 @@ def test_no_gpu_reports_cpu_and_reason() -> None:
     a = assess(compute_stats(samples, []), None, no_gpu_reason="NVML Shared Library Not Found")
     assert a["bottleneck"] == "no_gpu"
     assert a["evidence"][0] == "no NVIDIA GPU found (NVML Shared Library Not Found)"
+
+
+# --- start-up, active phase and tail ------------------------------------------------------
+
+
+def test_startup_and_tail_are_split_off() -> None:
+    utils = [0, 0, 50, 0, 0, 90, 95, 30, 97, 96, 0, 0, 0]  # one blip during start-up
+    phases = split_phases(recorded(utils), [0])
+    assert phases["active"] is True
+    assert (phases["start_t"], phases["end_t"], phases["n"]) == (6.0, 10.0, 5)
+    assert phases["startup_s"] == 5.0  # the GPU got work after the 5th sample
+    assert phases["tail_s"] == 3.0
+    assert utils[5] >= ACTIVE_UTIL > utils[4]
+
+
+def test_busy_from_the_first_sample_has_no_startup() -> None:
+    phases = split_phases(recorded([90, 95, 97]), [0])
+    assert (phases["startup_s"], phases["tail_s"], phases["n"]) == (0.0, 0.0, 3)
+
+
+def test_never_busy_and_unknown_utilization() -> None:
+    assert split_phases(recorded([0, 40, 0, 35, 0]), [0])["active"] is False  # no 2 in a row
+    samples = recorded([0, 0])
+    for s in samples:
+        s["gpus"][0]["gpu_util"] = None
+    assert split_phases(samples, [0]) is None
+
+
+def test_phases_cover_the_busiest_gpu() -> None:
+    samples = recorded([0, 0, 0, 0])
+    for s, u in zip(samples, [0, 0, 80, 90], strict=True):
+        s["gpus"].append(dict(s["gpus"][0], index=1, gpu_util=float(u)))
+    assert split_phases(samples, [0, 1])["startup_s"] == 2.0
+    assert split_phases(samples, [0])["active"] is False
+
+
+# --- run metrics: data-wait and MFU ---------------------------------------------------------
+
+
+def test_pass_metrics_advice_only_without_run_metrics() -> None:
+    samples = recorded([60, 62, 58, 61], mem_percent=70.0)
+    without = run(samples)
+    assert without["bottleneck"] == "underutilized"
+    assert mentions(without["advice"], "--metrics")
+    read = run(samples, data_wait=0.01)
+    assert read["bottleneck"] == "underutilized"
+    assert not mentions(read["advice"], "--metrics")
+    assert not mentions(read["advice"], "dataloader_num_workers")  # the pipeline keeps up
+    given = run(samples, metrics_given=True)  # file given, no data-wait in it yet
+    assert not mentions(given["advice"], "--metrics")
+    assert mentions(given["evidence"], "none in the run's metrics file")
+
+
+def test_busy_gpu_at_low_mfu_is_gpu_bound() -> None:
+    a = run(recorded([97, 98, 99, 96], mem_percent=88.0), data_wait=0.002, mfu=0.08)
+    assert a["bottleneck"] == "gpu_bound"
+    assert a["summary"].startswith("GPU busy, input pipeline keeps up; model compute is the limit")
+    assert "MFU 8.0%" in a["summary"]
+    assert mentions(a["evidence"], "data-wait fraction 0.002 of step time")
+    assert mentions(a["evidence"], "little room for a bigger batch")
+    for advice in ("torch_compile", "flash-attn", "target_modules", "gradient_checkpointing"):
+        assert mentions(a["advice"], advice)
+    assert not mentions(a["advice"], "batch_size")  # memory is 88% used
+
+
+def test_gpu_bound_with_free_memory_suggests_a_bigger_batch() -> None:
+    a = run(recorded([97, 98, 99, 96], mem_percent=40.0), data_wait=0.01)
+    assert a["bottleneck"] == "gpu_bound"  # data-wait known and low, MFU unknown
+    assert "MFU" not in a["summary"]
+    assert a["advice"][0].startswith("raise training.config.batch_size (memory used p95 40%")
+
+
+def test_busy_gpu_at_good_mfu_is_healthy() -> None:
+    a = run(recorded([97, 98, 99, 96]), data_wait=0.01, mfu=0.45)
+    assert a["bottleneck"] == "healthy"
+    assert mentions(a["evidence"], "MFU 45.0%")
+
+
+def test_busy_p50_with_low_data_wait_is_busy_despite_the_mean() -> None:
+    utils = [100, 100, 100, 30, 100, 100, 100, 10, 100, 100]  # mean 84, p50 100
+    assert run(recorded(utils, mem_percent=70.0), data_wait=0.01)["bottleneck"] == "gpu_bound"
+    assert run(recorded(utils, mem_percent=70.0))["bottleneck"] == "underutilized"
+
+
+# --- periodic dips ------------------------------------------------------------------------
+
+
+def test_dip_pattern_by_hand() -> None:
+    utils = [100, 100, 100, 100, 60] * 6
+    p = dip_pattern([float(t) for t in range(30)], utils)
+    assert p == {"below": 80.0, "fraction": 0.2, "dips": 6, "every_s": 5.0, "regular": True}
+    irregular = [100, 60, 100, 100, 100, 100, 100, 100, 100, 100, 100, 60, 60, 100, 60, 100]
+    assert dip_pattern([float(t) for t in range(16)], irregular)["regular"] is False
+
+
+def test_regular_dips_with_low_data_wait_are_noted() -> None:
+    samples = recorded([100, 100, 100, 100, 60] * 6, mem_percent=88.0)
+    a = run(samples, data_wait=0.003, mfu=0.08)
+    assert a["bottleneck"] == "gpu_bound"
+    assert mentions(a["evidence"], "bursty: utilization dips below 80% about every 5 s")
+    assert mentions(a["advice"], "logging_steps")
+    assert not mentions(run(samples, mfu=0.08)["evidence"], "bursty")  # data-wait unknown
+
+
+# --- the recorded H100 training run ---------------------------------------------------------
+
+
+def h100_assessment() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Phases, active-phase stats and assessment of the committed H100 benchmark of
+    `expert-cli train` (Qwen3-0.6B LoRA, 250 steps), from its samples and run metrics."""
+    report = json.loads(H100_REPORT.read_text())
+    samples = [{"t": s["t"], "host": s["host"], "gpus": s["gpus"]} for s in report["samples"]]
+    summary = report["run_metrics"]["summary"]
+    phases = split_phases(samples, [0])
+    active = compute_stats(samples[phases["first"]:phases["last"] + 1], [0])
+    a = assess(active, summary["data_wait_fraction"], mfu=summary["mfu"], phases=phases)
+    return phases, active, a
+
+
+def test_recorded_h100_training_run_is_gpu_bound_after_startup() -> None:
+    phases, active, a = h100_assessment()
+    assert 50 <= phases["startup_s"] <= 65  # imports, tokenizer, random init, cache check
+    assert phases["tail_s"] == 0.0  # stopped at --duration while still training
+    assert active["gpus"]["0"]["gpu_util"]["p50"] == 100.0
+    assert active["gpus"]["0"]["gpu_util"]["mean"] >= 85.0
+    assert a["bottleneck"] == "gpu_bound"
+    assert "MFU 7.8%" in a["summary"]
+    assert a["evidence"][0].startswith("start-up: 58 s before the GPU got work")
+    assert mentions(a["evidence"], "bursty: utilization dips")
+    assert not mentions(a["advice"], "--metrics")
+    assert not mentions(a["advice"], "dataloader_num_workers")
+    assert not mentions(a["advice"], "raise training.config.batch_size")  # memory p95 88%
+    assert mentions(a["advice"], "torch_compile") and mentions(a["advice"], "flash-attn")

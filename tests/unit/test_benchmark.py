@@ -77,6 +77,62 @@ def test_sampler_with_fake_source_assesses_and_writes(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def util_sequence(utils: list[float]) -> list[GpuSample]:
+    return [GpuSample(index=0, gpu_util=u, mem_util=u / 2, mem_used_mb=60_000.0,
+                      mem_total_mb=81_559.0, temperature_c=60.0, power_w=500.0,
+                      power_limit_w=700.0, sm_clock_mhz=1980.0) for u in utils]
+
+
+def test_command_startup_is_split_off_and_assessed_without_it(tmp_path: Path) -> None:
+    fake = FakeNvml({0: util_sequence([0.0] * 4 + [99.0])})  # the last reading repeats
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps({"summary": {"data_wait_fraction": 0.002, "mfu": 0.08}}))
+    opts = bm.BenchmarkOptions(duration=1.0, interval=0.1, metrics=metrics,
+                               command=[sys.executable, "-c", "import time; time.sleep(30)"])
+    report = bm.run_benchmark(opts, quiet(), source_factory=lambda: fake)
+    phases = report["phases"]
+    assert phases["active"] and phases["first"] == 4 and phases["tail_s"] == 0.0
+    assert phases["startup_s"] == report["samples"][3]["t"]
+    assert report["stats"]["gpus"]["0"]["gpu_util"]["min"] == 0.0  # whole run kept
+    assert report["active_stats"]["gpus"]["0"]["gpu_util"]["min"] == 99.0
+    assert report["assessment"]["bottleneck"] == "gpu_bound"
+    assert report["assessment"]["evidence"][0].startswith("start-up: ")
+
+
+def test_plain_sampling_is_not_split() -> None:
+    fake = FakeNvml({0: util_sequence([0.0, 0.0, 99.0])})
+    report = bm.run_benchmark(bm.BenchmarkOptions(duration=0.5, interval=0.1), quiet(),
+                              source_factory=lambda: fake)
+    assert report["phases"] is None and report["active_stats"] is None
+    assert not report["assessment"]["evidence"][0].startswith("start-up")
+
+
+def test_recorded_h100_report_reassessed_and_rendered() -> None:
+    from expert_cli.benchmark_output import render_summary
+
+    path = Path(__file__).parents[2] / "bench_results/h100/benchmark_train_report.json"
+    recorded = json.loads(path.read_text())
+    assert recorded["assessment"]["bottleneck"] == "underutilized"  # the old rules
+    report = bm.reassess(recorded)
+    assert report["assessment"]["bottleneck"] == "gpu_bound"
+    assert report["stats"]["gpus"]["0"]["gpu_util"]["mean"] < 65  # whole run, with start-up
+    console = Console(file=io.StringIO(), width=200)
+    render_summary(report, console)
+    text = console.file.getvalue()
+    assert "start-up: 58 s before the GPU got work" in text
+    assert "GPU 0 NVIDIA H100 80GB HBM3, active phase 59-200 s" in text
+    assert "assessment: GPU busy, input pipeline keeps up; model compute is the limit" in text
+    assert "--metrics" not in text.split("what to change:")[1]
+
+
+def test_mfu_from_run_metrics_or_workload() -> None:
+    windows = [{"mfu": 0.1}, {"mfu": 0.2}, {"step": 3}]
+    assert bm.run_mfu({"summary": {"mfu": 0.3}, "windows": windows}, None) == 0.3
+    assert bm.run_mfu({"summary": None, "windows": windows}, None) == pytest.approx(0.15)
+    assert bm.run_mfu(None, {"mfu": 0.07}) == 0.07
+    assert bm.run_mfu(None, None) is None
+
+
 def test_gpu_index_out_of_range_names_the_option() -> None:
     fake = FakeNvml({0: thermal_sequence(0)})
     opts = bm.BenchmarkOptions(duration=1, interval=1, gpu="2")
