@@ -135,7 +135,8 @@ def test_sigkill_mid_build_then_resume(demo_expert_dir, tmp_path) -> None:
     clean = prepare(manifest, f"pretokenized_cache={tmp_path / 'clean'}", shard=50)
     assert clean.built and clean.stats["fingerprint"] == resumed.stats["fingerprint"]
     assert rows(clean) == rows(resumed)
-    assert list(clean.eval["input_ids"]) == list(resumed.eval["input_ids"])
+    assert (clean.eval.data.column("input_ids").to_pylist()
+            == resumed.eval.data.column("input_ids").to_pylist())
 
 
 @pytest.mark.slow
@@ -179,6 +180,8 @@ def test_prepared_rows_follow_the_training_contract(demo_expert_dir) -> None:
     data = prepare(demo_expert_dir / "manifest.json")
     assert data.train.column_names == ["input_ids", "labels", "position_ids", "num_tokens"]
     assert data.train.features["input_ids"].feature.dtype == "int32"
+    # numpy rows: the collator never builds a Python int per token (the hot path)
+    assert data.train.format["type"] == data.eval.format["type"] == "numpy"
     assert data.eval is not None and len(data.eval) == data.stats["eval"]["rows"] == 27
     assert len(data.train) == data.stats["train"]["rows"] == 235
     for row in data.train:

@@ -34,3 +34,18 @@ def test_flatten() -> None:
     assert out["input_ids"].tolist() == [[5, 6, 7, 8, 9, 1, 2, 3]]
     assert out["labels"].tolist() == [[-100, 6, 7, -100, 9, 1, 2, 3]]
     assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
+
+
+def test_numpy_rows_collate_like_list_rows() -> None:
+    """The cache hands out numpy int32 rows; tensors and counts must match list rows."""
+    import numpy as np
+
+    from expert_cli.trainer_setup import COUNTS_KEY, CountingCollator
+
+    as_numpy = [{k: np.asarray(v, dtype=np.int32) for k, v in r.items()} for r in ROWS]
+    for flatten in (False, True):
+        collate = CountingCollator(PackedCollator(pad_token_id=0, flatten=flatten))
+        a, b = collate(ROWS), collate(as_numpy)
+        assert a[COUNTS_KEY] == b[COUNTS_KEY] == (8, 3, 6)
+        assert all(torch.equal(a[k], b[k]) and b[k].dtype == torch.long
+                   for k in ("input_ids", "labels", "position_ids"))
