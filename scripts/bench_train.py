@@ -60,8 +60,9 @@ class PaddingCollator:
                              max_length=self.max_len, padding="longest", return_tensors="pt")
         labels = enc["input_ids"].clone()
         labels[enc["attention_mask"] == 0] = -100
-        real = int(enc["attention_mask"].sum())
-        return {**enc, "labels": labels, COUNTS_KEY: (real, len(rows), real)}
+        lengths = enc["attention_mask"].sum(dim=1)
+        real, attended = int(lengths.sum()), int((lengths * lengths).sum())
+        return {**enc, "labels": labels, COUNTS_KEY: (real, len(rows), real, attended)}
 
 
 def _run(name: str, resolved, tokenizer, train_ds, collator, loader: dict, steps: int,

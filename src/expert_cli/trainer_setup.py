@@ -127,22 +127,38 @@ def _count(values: Any, value: int) -> int:
     return int((np.asarray(values) == value).sum())
 
 
+def _example_lengths(row: dict[str, Any]) -> Any:
+    """Lengths of the examples packed in a row (position_ids restart at 0 at each one)."""
+    import numpy as np
+
+    if "position_ids" not in row:
+        return np.array([len(row["input_ids"])], dtype=np.int64)
+    starts = np.flatnonzero(np.asarray(row["position_ids"]) == 0)
+    return np.diff(starts, append=len(row["input_ids"])).astype(np.int64)
+
+
 class CountingCollator:
-    """Wraps the packed collator; adds (real tokens, examples, trained tokens) to the batch.
+    """Wraps the packed collator; adds (real tokens, examples, trained tokens, attended) to
+    the batch.
 
     Counted on the unpadded rows: tokens = row lengths, examples = position_ids restarts,
-    trained tokens = labels that are not -100.
+    trained tokens = labels that are not -100, attended = the sum over examples of length**2
+    (each token attends within its own example; the FLOPs count needs it).
     """
 
     def __init__(self, inner: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> None:
         self.inner = inner
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        tokens = sum(len(r["input_ids"]) for r in rows)
-        samples = sum(_count(r["position_ids"], 0) if "position_ids" in r else 1 for r in rows)
-        trained = sum(len(r["labels"]) - _count(r["labels"], IGNORE_INDEX) for r in rows)
+        tokens = samples = trained = attended = 0
+        for r in rows:
+            lengths = _example_lengths(r)
+            tokens += len(r["input_ids"])
+            samples += len(lengths)
+            attended += int((lengths * lengths).sum())
+            trained += len(r["labels"]) - _count(r["labels"], IGNORE_INDEX)
         batch = dict(self.inner(rows))
-        batch[COUNTS_KEY] = (tokens, samples, trained)
+        batch[COUNTS_KEY] = (tokens, samples, trained, attended)
         return batch
 
 
@@ -160,9 +176,9 @@ def expert_trainer_class() -> type:
             if self.meter is not None:
                 self.meter.fetch_started()
             batches, n_items = super().get_batch_samples(epoch_iterator, num_batches, device)
-            counts = [b.pop(COUNTS_KEY, (0, 0, 0)) for b in batches]
+            counts = [b.pop(COUNTS_KEY, (0, 0, 0, 0)) for b in batches]
             if self.meter is not None:
-                self.meter.fetch_ended(*(sum(c[i] for c in counts) for i in range(3)))
+                self.meter.fetch_ended(*(sum(c[i] for c in counts) for i in range(4)))
             return batches, n_items
 
         def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:

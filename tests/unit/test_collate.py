@@ -46,6 +46,6 @@ def test_numpy_rows_collate_like_list_rows() -> None:
     for flatten in (False, True):
         collate = CountingCollator(PackedCollator(pad_token_id=0, flatten=flatten))
         a, b = collate(ROWS), collate(as_numpy)
-        assert a[COUNTS_KEY] == b[COUNTS_KEY] == (8, 3, 6)
+        assert a[COUNTS_KEY] == b[COUNTS_KEY] == (8, 3, 6, 3 * 3 + 2 * 2 + 3 * 3)
         assert all(torch.equal(a[k], b[k]) and b[k].dtype == torch.long
                    for k in ("input_ids", "labels", "position_ids"))

@@ -24,10 +24,14 @@ def _meter(clock: FakeClock, flops: FlopsModel | None = None, **kw) -> Throughpu
 
 
 def _step(meter: ThroughputMeter, clock: FakeClock, wait: float, compute: float,
-          tokens: int = 1000, samples: int = 4, trained: int = 600) -> None:
+          tokens: int = 1000, samples: int = 4, trained: int = 600,
+          attended: int | None = None) -> None:
+    """One step; by default `samples` examples of equal length."""
     meter.fetch_started()
     clock.t += wait
-    meter.fetch_ended(tokens, samples, trained)
+    if attended is None:
+        attended = samples * (tokens // samples) ** 2
+    meter.fetch_ended(tokens, samples, trained, attended)
     clock.t += compute
     meter.step_ended()
 
@@ -69,6 +73,21 @@ def test_mfu_uses_lora_flops_and_example_length() -> None:
     per_token = lora_train_flops_per_token(1_000_000, 10_000, 2, 64, 250, attn_dim=128)
     assert per_token == 6 * 1_000_000 - 2 * (1_000_000 - 10_000) + 12 * 2 * 128 * 250
     assert rec["mfu"] == pytest.approx(1000 * per_token / 1e12)
+
+
+def test_mfu_attention_is_weighted_by_example_length() -> None:
+    """Examples of 100 and 900 tokens: a token attends over (100^2 + 900^2) / 1000 = 820
+    tokens on average, not over the mean example length of 500."""
+    clock = FakeClock()
+    fm = FlopsModel(1_000_000, 10_000, 2, 64, 128, 1e12)
+    meter = _meter(clock, fm)
+    _step(meter, clock, wait=0.0, compute=1.0, tokens=1000, samples=2,
+          attended=100**2 + 900**2)
+    rec = meter.close_window(1, None, None)
+    assert rec["mfu"] == pytest.approx(1000 * fm.per_token(820) / 1e12)
+    assert fm.per_token(820) > fm.per_token(500)
+    summary = meter.summary(1, "completed")
+    assert summary["mfu"] == pytest.approx(rec["mfu"])
 
 
 def test_world_size_sums_counts_and_scales_peak() -> None:

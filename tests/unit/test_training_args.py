@@ -145,7 +145,8 @@ def test_counting_collator_counts_real_tokens_and_examples() -> None:
              "position_ids": [0, 1, 2, 0, 1]},
             {"input_ids": [6, 7], "labels": [-100, 7], "position_ids": [0, 1]}]
     batch = CountingCollator(lambda feats: {"n": len(feats)})(rows)
-    assert batch[COUNTS_KEY] == (7, 3, 4) and batch["n"] == 2
+    # attended: examples of 3, 2 and 2 tokens -> 9 + 4 + 4
+    assert batch[COUNTS_KEY] == (7, 3, 4, 17) and batch["n"] == 2
 
 
 def test_latest_checkpoint(tmp_path: Path) -> None:

@@ -27,6 +27,10 @@ from expert_cli.telemetry.flops import lora_train_flops_per_token, mfu
 KIB_PER_GIB = 2**20
 BYTES_PER_GIB = 2**30
 
+# Per-window sums: real tokens, examples, trained tokens, sum of squared example lengths,
+# seconds waiting for data, seconds of step time.
+WINDOW_KEYS = ("tokens", "samples", "trained", "attended", "wait", "busy")
+
 # all_reduce(values) -> the values summed over every training process.
 Reducer = Callable[[list[float]], list[float]]
 
@@ -42,11 +46,16 @@ class FlopsModel:
     attn_dim: int
     peak_flops_per_device: float | None
 
-    def per_token(self, mean_example_len: float) -> float:
-        """Training FLOPs per token (frozen weights get no weight gradients)."""
+    def per_token(self, attended_len: float) -> float:
+        """Training FLOPs per token (frozen weights get no weight gradients).
+
+        `attended_len`: how many tokens a token attends over, averaged over tokens: sum of
+        squared example lengths over the sum of lengths (a token of a long example costs more
+        attention than one of a short example, so the plain mean example length undercounts).
+        """
         return lora_train_flops_per_token(
             self.matmul_params, self.trainable_params, self.n_layers, self.hidden,
-            max(1, round(mean_example_len)), attn_dim=self.attn_dim)
+            max(1, round(attended_len)), attn_dim=self.attn_dim)
 
 
 def _cuda_sync() -> None:
@@ -82,11 +91,11 @@ class ThroughputMeter:
         self.clock, self.sync, self.memory = clock, sync, memory
         self.started = clock()
         self.windows: list[dict[str, Any]] = []
-        self.totals = dict(tokens=0.0, samples=0.0, trained=0.0, wait=0.0, busy=0.0)
+        self.totals = dict.fromkeys(WINDOW_KEYS, 0.0)
         self._reset_window()
 
     def _reset_window(self) -> None:
-        self.win = dict(tokens=0.0, samples=0.0, trained=0.0, wait=0.0, busy=0.0)
+        self.win = dict.fromkeys(WINDOW_KEYS, 0.0)
         self._fetch_start: float | None = None
         self._last_end: float | None = None
         self.steps_in_window = 0
@@ -94,13 +103,16 @@ class ThroughputMeter:
     def fetch_started(self) -> None:
         self._fetch_start = self.clock()
 
-    def fetch_ended(self, tokens: int, samples: int, trained_tokens: int) -> None:
+    def fetch_ended(self, tokens: int, samples: int, trained_tokens: int,
+                    attended: int) -> None:
+        """The batches of one step arrived; `attended` = sum of squared example lengths."""
         if self._fetch_start is None:
             raise RuntimeError("fetch_ended without fetch_started")
         self.win["wait"] += self.clock() - self._fetch_start
         self.win["tokens"] += tokens
         self.win["samples"] += samples
         self.win["trained"] += trained_tokens
+        self.win["attended"] += attended
 
     def step_ended(self) -> None:
         if self._fetch_start is None:
@@ -115,18 +127,19 @@ class ThroughputMeter:
         self.sync()
         if self._last_end is not None:
             self.win["busy"] += self.clock() - self._last_end
-        keys = ["tokens", "samples", "trained", "wait", "busy"]
-        values = [self.win[k] for k in keys]
+        values = [self.win[k] for k in WINDOW_KEYS]
         if self.reduce is not None and self.world_size > 1:
             values = self.reduce(values)
-            values[3] /= self.world_size
-            values[4] /= self.world_size
-        return dict(zip(keys, values, strict=True))
+        totals = dict(zip(WINDOW_KEYS, values, strict=True))
+        if self.reduce is not None and self.world_size > 1:
+            totals["wait"] /= self.world_size
+            totals["busy"] /= self.world_size
+        return totals
 
-    def _mfu(self, tokens: float, samples: float, seconds: float) -> float | None:
+    def _mfu(self, tokens: float, attended: float, seconds: float) -> float | None:
         if self.flops is None or not self.flops.peak_flops_per_device or not tokens:
             return None
-        per_token = self.flops.per_token(tokens / max(samples, 1.0))
+        per_token = self.flops.per_token(attended / tokens)
         return mfu(tokens / seconds, per_token, self.flops.peak_flops_per_device
                    * self.world_size)
 
@@ -139,7 +152,7 @@ class ThroughputMeter:
             "tokens_per_s": w["tokens"] / seconds,
             "samples_per_s": w["samples"] / seconds,
             "data_wait_fraction": min(1.0, w["wait"] / seconds),
-            "mfu": self._mfu(w["tokens"], w["samples"], seconds),
+            "mfu": self._mfu(w["tokens"], w["attended"], seconds),
             "peak_memory_gb": self.memory(),
             "loss": loss,
             "learning_rate": lr,
@@ -160,7 +173,7 @@ class ThroughputMeter:
             "tokens_per_s": t["tokens"] / seconds if t["busy"] else 0.0,
             "samples_per_s": t["samples"] / seconds if t["busy"] else 0.0,
             "data_wait_fraction": min(1.0, t["wait"] / seconds) if t["busy"] else 0.0,
-            "mfu": self._mfu(t["tokens"], t["samples"], seconds) if t["busy"] else None,
+            "mfu": self._mfu(t["tokens"], t["attended"], seconds) if t["busy"] else None,
             "steps": steps,
             "train_runtime_s": round(self.clock() - self.started, 3),
             "tokens": int(t["tokens"]),
