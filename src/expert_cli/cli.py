@@ -189,8 +189,21 @@ def _print_error(kind: str, exc: BaseException) -> None:
         console.print(f"  {line}", markup=False)
 
 
+# bitsandbytes' CPU backend warns on every import that it could not fetch an optional kernel
+# from the hub; it falls back to its own kernel, and hub fetches cannot happen offline anyway.
+QUIET_LOGGERS = ("bitsandbytes.backends.cpu.ops",)
+
+
 def main() -> None:
     """Console-script entry point."""
+    import logging
+    import warnings
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # raised inside peft/transformers for every model; nothing a user of expert-cli can act on
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*",
+                            category=FutureWarning)
     try:
         app(standalone_mode=True)
     except UserError as exc:
