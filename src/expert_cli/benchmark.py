@@ -8,6 +8,7 @@ bottleneck rules in assessment.py.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -50,6 +51,8 @@ def validate_options(opts: BenchmarkOptions) -> None:
     for flag, path in (("--output", opts.output), ("--plot", opts.plot)):
         if path is not None and not path.parent.resolve().is_dir():
             problems.append(f"{flag}: folder {path.parent} does not exist")
+    if opts.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        problems.append("--plot: needs matplotlib (pip install 'expert-cli[plot]')")
     if opts.gpu != "all" and not all(p.strip().isdigit() for p in opts.gpu.split(",")):
         problems.append(f"--gpu: expected a GPU index (0, 1, ... or 0,1) or 'all', "
                         f"got {opts.gpu!r}")
