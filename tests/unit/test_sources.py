@@ -45,6 +45,33 @@ def test_missing_field_names_line_and_mapping(tmp_path, write_jsonl) -> None:
     assert msg == f"{path}:2: field 'body' missing (field_mapping.text)"
 
 
+def test_field_of_the_wrong_type_names_line_and_mapping(tmp_path, write_jsonl) -> None:
+    """A number or a list where text belongs would be str()-ed and trained on silently."""
+    path = write_jsonl(tmp_path / "train.jsonl", [{"text": "a"}, {"text": ["b"]}])
+    msg = error_of(tmp_path, {"path": "train.jsonl", "field_mapping": {"text": "text"}})
+    assert msg == f"{path}:2: field 'text' (field_mapping.text) is list, expected a string"
+    path = write_jsonl(tmp_path / "m.jsonl", [{"messages": "hello"}])
+    msg = error_of(tmp_path, {"path": "m.jsonl", "field_mapping": {"messages": "messages"}})
+    assert msg.startswith(f"{path}:1: field 'messages' (field_mapping.messages) is str, "
+                          "expected a list of")
+
+
+def test_column_of_the_wrong_type_in_parquet(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"q": ["x", "y"], "a": [1, 2]}), path)
+    msg = error_of(tmp_path, {"path": "train.parquet",
+                              "field_mapping": {"instruction": "q", "response": "a"}})
+    assert msg.startswith(f"{path}: field 'a' (field_mapping.response) holds Value('int64')")
+    pq.write_table(pa.table({"q": ["x"], "a": ["y"], "i": pa.array([None], pa.null())}), path)
+    mapping = {"instruction": "q", "response": "a", "input": "i"}  # an all-null optional role
+    assert len(load(tmp_path, {"path": "train.parquet", "field_mapping": mapping}).train) == 1
+    pq.write_table(pa.table({"messages": [[{"role": "user", "content": "x"}]]}), path)
+    assert len(load(tmp_path, {"path": "train.parquet"}).train) == 1
+
+
 def test_null_field_in_csv_names_the_row(tmp_path) -> None:
     path = tmp_path / "train.csv"
     path.write_text("text,x\nhello,1\n,2\n")

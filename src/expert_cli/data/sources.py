@@ -24,6 +24,7 @@ ROLES = ("text", "messages", "instruction", "input", "response", "system")
 OPTIONAL_ROLES = {"input", "system"}
 SUFFIX_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet",
                   ".arrow": "arrow"}
+MESSAGES_SHAPE = 'a list of {"role": ..., "content": ...} objects'
 BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
 
 
@@ -146,8 +147,23 @@ def _check_row(path: Path, where: str, row: Any, required: dict[str, str],
     if not isinstance(row, dict):
         raise UserError(f"{head}: expected a JSON object, got {type(row).__name__}")
     for role, column in required.items():
-        if row.get(column) is None:
+        value = row.get(column)
+        if value is None:
             raise UserError(f"{head}: field '{column}' missing (field_mapping.{role})")
+        if not _row_value_ok(role, value):
+            raise UserError(f"{head}: field '{column}' (field_mapping.{role}) is "
+                            f"{type(value).__name__}, expected {_expected(role)}")
+
+
+def _expected(role: str) -> str:
+    return MESSAGES_SHAPE if role == "messages" else "a string"
+
+
+def _row_value_ok(role: str, value: Any) -> bool:
+    if role != "messages":
+        return isinstance(value, str)
+    return isinstance(value, list) and all(
+        isinstance(m, dict) and "role" in m and "content" in m for m in value)
 
 
 def _first_columns(first: Path) -> list[str]:
@@ -227,6 +243,7 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
         if column not in ds.column_names:
             raise UserError(f"{where}: field '{column}' missing (field_mapping.{role}); "
                             f"columns are {ds.column_names}")
+        _check_type(ds.features[column], role, column, where)
         if role in OPTIONAL_ROLES:
             continue
         values = ds.data.column(column)
@@ -234,6 +251,24 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
             row = pc.indices_nonzero(pc.is_null(values)).to_pylist()[0] + 1
             raise UserError(f"{where}: row {row}: field '{column}' missing "
                             f"(field_mapping.{role})")
+
+
+def _check_type(feature: Any, role: str, column: str, where: str) -> None:
+    """A mapped column must hold text (or, for `messages`, a list of role/content objects);
+    anything else would be rendered with str() and trained on as if it were text."""
+    import datasets
+
+    if role == "messages":
+        inner = getattr(feature, "feature", None)
+        ok = isinstance(feature, (datasets.List, datasets.LargeList)) and \
+            isinstance(inner, dict) and {"role", "content"} <= set(inner)
+    else:
+        ok = isinstance(feature, datasets.Value) and (
+            feature.dtype in ("string", "large_string")
+            or (feature.dtype == "null" and role in OPTIONAL_ROLES))
+    if not ok:
+        raise UserError(f"{where}: field '{column}' (field_mapping.{role}) holds {feature}, "
+                        f"expected {_expected(role)} in every row")
 
 
 def hold_out(ds: datasets.Dataset, fraction: float, seed: int
