@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from expert_cli.data.formatting import IGNORE
 from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
 
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
 
 # Key the counting collator adds to each batch; removed before the model sees the batch.
 COUNTS_KEY = "expert_cli_counts"
-IGNORE_INDEX = -100
 
 
 def training_args_kwargs(resolved: ResolvedConfig, checkpoints_dir: Path, *,
@@ -156,7 +156,7 @@ class CountingCollator:
             tokens += len(r["input_ids"])
             samples += len(lengths)
             attended += int((lengths * lengths).sum())
-            trained += len(r["labels"]) - _count(r["labels"], IGNORE_INDEX)
+            trained += len(r["labels"]) - _count(r["labels"], IGNORE)
         batch = dict(self.inner(rows))
         batch[COUNTS_KEY] = (tokens, samples, trained, attended)
         return batch
