@@ -79,7 +79,7 @@ def _run(name: str, resolved, tokenizer, train_ds, collator, loader: dict, steps
     kwargs = training_args_kwargs(resolved, out / name, max_steps=steps,
                                   on_gpu=training_device(0).startswith("cuda"), has_eval=False)
     kwargs.update(loader, save_strategy="no", logging_steps=max(1, steps // 4))
-    meter = ThroughputMeter(_flops_model(model, 1))
+    meter = ThroughputMeter(_flops_model(model))
     trainer = expert_trainer_class()(model=model, args=TrainingArguments(**kwargs),
                                      train_dataset=train_ds, data_collator=collator)
     trainer.meter = meter

@@ -168,7 +168,8 @@ def _model(run: Run, args: Any, tokenizer: Any, n_rows: int, resume: Path | None
     return peft_model
 
 
-def _flops_model(peft_model: Any, world_size: int) -> Any:
+def _flops_model(peft_model: Any) -> Any:
+    """What MFU needs to know of the model, and this GPU's peak (None on CPU/unknown GPUs)."""
     import torch
 
     from expert_cli.modeling import matmul_parameters, parameter_counts
@@ -203,7 +204,7 @@ def _trainer(run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any,
 
     flatten = run.resolved.attn_implementation == "flash_attention_2"
     collator = CountingCollator(PackedCollator(tokenizer.pad_token_id, flatten=flatten))
-    meter = ThroughputMeter(_flops_model(peft_model, run.world_size), run.world_size,
+    meter = ThroughputMeter(_flops_model(peft_model), run.world_size,
                             reduce=_sum_over_ranks)
     progress = make_progress_callback(run.console) if run.is_main else None
     throughput = make_throughput_callback(
