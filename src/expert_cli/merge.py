@@ -15,6 +15,8 @@ from typing import Any
 
 from expert_cli.errors import UserError
 
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # what peft loads
+
 
 def adapter_base(adapter: Path) -> str:
     """The base model path or hub id recorded in the adapter's configuration."""
@@ -26,6 +28,9 @@ def adapter_base(adapter: Path) -> str:
     base = config.get("base_model_name_or_path")
     if not base:
         raise UserError(f"{config_path}: base_model_name_or_path is not set")
+    if not any((adapter / name).is_file() for name in ADAPTER_WEIGHTS):
+        raise UserError(f"--adapter {adapter}: no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})"
+                        " beside adapter_config.json")
     return str(base)
 
 

@@ -41,3 +41,12 @@ def test_merge_errors_are_clean(tmp_path: Path) -> None:
     proc = run_cli("merge", "--adapter", str(tmp_path), "--output", str(tmp_path / "m"))
     assert proc.returncode == 2 and "adapter_config.json" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_adapter_without_weights_is_a_user_error(tmp_path: Path) -> None:
+    from expert_cli.errors import UserError
+    from expert_cli.merge import merge_adapter
+
+    (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": "x"}')
+    with pytest.raises(UserError, match="no adapter weights"):
+        merge_adapter(tmp_path, tmp_path / "merged")
