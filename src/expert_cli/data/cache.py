@@ -13,8 +13,9 @@ Layout under the cache root (`training.config.pretokenized_cache`, default
 
 The fingerprint is sha256 over canonical JSON of everything that changes the content: source
 files (path, size, and an xxh3-128 hash of the whole file up to 256 MiB, of its first and last
-MiB plus its mtime above that), hub id/split/config/revision, the tokenizer (its full
-tokenizer.json serialisation, special tokens, chat template), formatting (field mapping,
+MiB plus its mtime above that), hub id/split/config/revision, the tokenizer (its tokenizer.json
+serialisation, or, when loaded from a local folder, that file's hash plus the in-memory added
+tokens, pipeline and options; special tokens; chat template), formatting (field mapping,
 prompt and response templates, overlong rule), max_seq_length, packing, eval fraction, seed,
 shard size, and CACHE_FORMAT_VERSION.
 """
@@ -43,6 +44,10 @@ COMPLETE = "_COMPLETE"
 STATS = "stats.json"
 DEFAULT_SHARD_EXAMPLES = 50_000
 SHARD_ENV = "EXPERT_CLI_SHARD_EXAMPLES"
+PIPELINE = ("normalizer", "pre_tokenizer", "post_processor", "decoder")
+# settable options of the tokenizers models (BPE, WordPiece, Unigram, WordLevel)
+MODEL_OPTIONS = ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+                 "fuse_unk", "byte_fallback", "ignore_merges", "max_input_chars_per_word")
 
 
 @dataclass(frozen=True)
@@ -108,10 +113,9 @@ def _source_inputs(ref: SourceRef, folder: Path) -> dict[str, Any]:
 
 def tokenizer_inputs(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
     """What identifies a tokenizer's behaviour: vocab, merges, normalisation, specials."""
-    serial = tokenizer.backend_tokenizer.to_str()
     template = tokenizer.chat_template or ""
     return {
-        "tokenizer_json_sha256": hashlib.sha256(serial.encode()).hexdigest(),
+        "tokenizer_json_sha256": backend_digest(tokenizer),
         "vocab_size": len(tokenizer),
         "eos": tokenizer.eos_token,
         "pad": tokenizer.pad_token,
@@ -119,6 +123,39 @@ def tokenizer_inputs(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
         "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()
         if template else None,
     }
+
+
+def backend_digest(tokenizer: PreTrainedTokenizerFast) -> str:
+    """sha256 identifying the Rust tokenizer: vocab, merges, added tokens, pipeline.
+
+    Serialising a 150k-token vocabulary costs ~0.2 s a build, so when the tokenizer was loaded
+    from a local folder with a tokenizer.json, the vocab and merges are identified by that
+    file's content hash, and everything that can change in memory after loading (added tokens,
+    normalizer, pre-tokenizer, post-processor, decoder, model options, truncation, padding) is
+    serialised from the object itself. Otherwise the whole serialisation is hashed.
+    """
+    backend = tokenizer.backend_tokenizer
+    folder = Path(str(tokenizer.name_or_path or ""))
+    model_file = folder / "tokenizer.json"
+    if not str(tokenizer.name_or_path or "") or not model_file.is_file():
+        return hashlib.sha256(backend.to_str().encode()).hexdigest()
+    model = backend.model
+    parts = {
+        "tokenizer_json": file_hash(model_file),
+        "model": [type(model).__name__] + [str(getattr(model, a, None)) for a in MODEL_OPTIONS],
+        "vocab_size": backend.get_vocab_size(with_added_tokens=True),
+        "added": [f"{i}:{t!r}" for i, t in sorted(backend.get_added_tokens_decoder().items())],
+        "pipeline": [_component(getattr(backend, c)) for c in PIPELINE],
+        "truncation": backend.truncation,
+        "padding": backend.padding,
+    }
+    canonical = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _component(part: Any) -> str | None:
+    """The JSON of one pipeline component (normalizer, pre-tokenizer, ...), or None."""
+    return None if part is None else part.__getstate__().decode()
 
 
 def shard_examples_default() -> int:
