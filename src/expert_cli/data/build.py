@@ -1,7 +1,7 @@
 """Building a token cache in resumable shards, then assembling it atomically.
 
 Each split is cut into shards of `shard_examples` consecutive source examples. A shard is
-formatted and tokenized with `datasets.map(batched=True, num_proc=N)`, packed, and saved to a
+formatted and tokenized (in N worker processes, see workers.py), packed, and saved to a
 temporary folder that is renamed to `.build-<fp>/<split>/shard-NNNNN` when complete, so a crash
 loses at most the shard in progress and the next build skips the finished ones. The shards are
 then concatenated into `.tmp-<fp>-<pid>/`, `stats.json` and `_COMPLETE` are written, and the
@@ -19,8 +19,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,6 @@ from expert_cli.data.formatting import (
     DROPPED_NO_MARKER,
     DROPPED_OVERLONG,
     KEPT,
-    PROGRESS_QUEUES,
     TRUNCATED,
     Formatter,
     check_chat_template,
@@ -38,6 +36,7 @@ from expert_cli.data.formatting import (
 )
 from expert_cli.data.packing import pack_table
 from expert_cli.data.sources import load_sources
+from expert_cli.data.workers import tokenize_rows
 from expert_cli.resolve import ResolvedConfig
 
 if TYPE_CHECKING:
@@ -47,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DELAY_ENV = "EXPERT_CLI_TEST_SHARD_DELAY"
-BATCH_SIZE = 1000  # examples per tokenizer call inside a worker
 MIN_EXAMPLES_PER_PROC = 512  # below this a worker process costs more than it saves
 
 
@@ -149,9 +147,9 @@ def _build_split(plan: CachePlan, split: str, ds: datasets.Dataset, formatter: F
             resumed += 1
         else:
             seed = resolved.seed + 7919 * k + (0 if split == "train" else 1)
-            with _batch_progress(formatter, progress, task, hi - lo):
-                stats.append(_build_shard(ds.select(range(lo, hi)), formatter, final, num_proc,
-                                          resolved.max_seq_length, resolved.packing, seed))
+            stats.append(_build_shard(ds.select(range(lo, hi)), formatter, final, num_proc,
+                                      resolved.max_seq_length, resolved.packing, seed,
+                                      lambda n: progress.advance(task, n)))
             if delay:
                 time.sleep(delay)
             continue
@@ -161,53 +159,15 @@ def _build_split(plan: CachePlan, split: str, ds: datasets.Dataset, formatter: F
     return stats, resumed
 
 
-@contextmanager
-def _batch_progress(formatter: Formatter, progress: Progress, task: Any,
-                    examples: int) -> Iterator[None]:
-    """Advance the bar as batches finish, in this process or in forked map workers.
-
-    Workers inherit a queue (registered before `map` forks them) and put each batch's example
-    count; a thread here moves the bar. Without fork, the bar moves when the shard is done.
-    """
-    import multiprocessing
-    import threading
-
-    queue = multiprocessing.get_context("fork").SimpleQueue()
-    key = id(queue)
-    PROGRESS_QUEUES[key] = queue
-    formatter.progress_key = key
-
-    drained = [0]
-
-    def drain() -> None:
-        while (count := queue.get()) is not None:
-            drained[0] += count
-            progress.advance(task, count)
-
-    thread = threading.Thread(target=drain, name="build-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        queue.put(None)
-        thread.join()
-        progress.advance(task, examples - drained[0])
-        formatter.progress_key = None
-        del PROGRESS_QUEUES[key]
-
-
 def _build_shard(ds: datasets.Dataset, formatter: Formatter, final: Path, num_proc: int,
-                 max_seq_length: int, packing: bool, seed: int) -> dict[str, Any]:
+                 max_seq_length: int, packing: bool, seed: int,
+                 advance: Callable[[int], None]) -> dict[str, Any]:
     """Tokenize, pack and save one shard atomically; return its stats."""
     import datasets
     import numpy as np
 
     procs = max(1, min(num_proc, len(ds) // MIN_EXAMPLES_PER_PROC))
-    formatter.in_worker = procs > 1
-    formatted = ds.map(formatter, batched=True, batch_size=BATCH_SIZE, num_proc=procs,
-                       remove_columns=ds.column_names, keep_in_memory=True,
-                       new_fingerprint=f"{final.name}-{seed}")
-    table = formatted.data.table
+    table = tokenize_rows(ds, formatter, procs, advance)
     status = table.column("status").to_numpy()
     packed, pack = pack_table(table, max_seq_length, packing, seed)
     stats = {

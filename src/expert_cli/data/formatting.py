@@ -29,8 +29,6 @@ from the previous example's last token.
 
 from __future__ import annotations
 
-import os
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -140,20 +138,9 @@ def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: s
                         "<|assistant|>); set response_template to the text before replies")
 
 
-# Tokenizers lent to forked `datasets.map` workers: registered before the pool forks, so a
-# worker finds its parent's tokenizer here instead of unpickling ~10 MB of vocabulary.
-_LENT: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-# Progress queues, inherited the same way: each batch puts its example count (see build.py).
-PROGRESS_QUEUES: dict[int, Any] = {}
-
-
 @dataclass
 class Formatter:
-    """A picklable batched function for `datasets.map`: rows of roles -> token columns.
-
-    With `in_worker` set under the fork start method, pickling sends only a key to the
-    tokenizer, which forked workers inherited (see `_LENT`); otherwise the tokenizer itself.
-    """
+    """A picklable batched function: rows of roles (a dict of columns) -> token columns."""
 
     tokenizer: PreTrainedTokenizerFast
     kind: str  # "text" | "messages" | "instruction"
@@ -161,41 +148,12 @@ class Formatter:
     overlong: str  # "truncate" | "drop"
     prompt_template: str = "chatml"
     response_template: str | None = None
-    in_worker: bool = False  # set by the builder when map() runs worker processes
-    progress_key: int | None = None  # a key of PROGRESS_QUEUES, set by the builder
-
-    def __post_init__(self) -> None:
-        _LENT[id(self.tokenizer)] = self.tokenizer
-
-    def __getstate__(self) -> dict[str, Any]:
-        import multiprocess
-
-        state = dict(self.__dict__)
-        if self.in_worker and multiprocess.get_start_method() == "fork":
-            state["tokenizer"] = ("lent", id(self.tokenizer))
-        elif self.in_worker:
-            state["progress_key"] = None  # queues travel only by fork inheritance
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        tok = state["tokenizer"]
-        if isinstance(tok, tuple) and tok[0] == "lent":
-            if tok[1] not in _LENT:
-                raise RuntimeError("the tokenizer lent to this forked worker is missing; "
-                                   "the worker was not forked from the builder")
-            state = {**state, "tokenizer": _LENT[tok[1]]}
-        self.__dict__.update(state)
 
     def __call__(self, batch: dict[str, list[Any]]) -> pa.Table:
-        if self.in_worker:  # one Rust thread per worker process: the processes are the cores
-            os.environ["TOKENIZERS_PARALLELISM"] = "false"
         texts, spans, styles = self.render(batch)
         backend = self.tokenizer.backend_tokenizer
         encodings = backend.encode_batch(texts, add_special_tokens=self.kind != "messages")
-        table = self.encode(texts, encodings, spans, styles)
-        if self.progress_key is not None:
-            PROGRESS_QUEUES[self.progress_key].put(len(texts))
-        return table
+        return self.encode(texts, encodings, spans, styles)
 
     def render(self, batch: dict[str, list[Any]]) -> tuple[list[str], list[list[Span]],
                                                           list[str]]:
