@@ -164,6 +164,12 @@ def bench_naive(tokenizer: Any, texts: list[str]) -> dict[str, Any]:
 _RAW: dict[str, Any] = {}  # texts and tokenizer, inherited by forked pool workers
 
 
+def _one_thread() -> None:
+    """Pool worker set-up: one Rust thread per process (a forked child must not use the
+    parent's Rust thread pool, whose threads it did not inherit)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
 def _count_chunk(bounds: tuple[int, int]) -> int:
     texts, backend = _RAW["texts"], _RAW["backend"]
     return sum(len(e) for e in backend.encode_batch(texts[bounds[0]: bounds[1]]))
@@ -175,7 +181,7 @@ def _raw_processes(texts: list[str], backend: Any, procs: int, batch: int) -> in
 
     _RAW.update(texts=texts, backend=backend)
     chunks = [(i, min(len(texts), i + batch)) for i in range(0, len(texts), batch)]
-    with multiprocessing.get_context("fork").Pool(procs) as pool:
+    with multiprocessing.get_context("fork").Pool(procs, initializer=_one_thread) as pool:
         return sum(pool.map(_count_chunk, chunks, chunksize=1))
 
 
