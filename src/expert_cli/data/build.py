@@ -142,7 +142,8 @@ def _build_split(plan: CachePlan, split: str, ds: datasets.Dataset, formatter: F
     for k in range(n_shards):
         lo, hi = k * shard_examples, min(len(ds), (k + 1) * shard_examples)
         final = plan.work_dir / split / f"shard-{k:05d}"
-        if (final / COMPLETE).is_file():
+        # a finished shard whose data was already moved into an assembled cache is redone
+        if (final / COMPLETE).is_file() and (final / "data").is_dir():
             stats.append(json.loads((final / STATS).read_text()))
             resumed += 1
         else:
@@ -217,6 +218,10 @@ def _assemble(plan: CachePlan, shard_stats: dict[str, list[dict[str, Any]]],
     shutil.rmtree(tmp, ignore_errors=True)
     for split in shard_stats:
         shards = sorted((plan.work_dir / split).glob("shard-*"))
+        if len(shards) == 1:  # already the split's Arrow folder: move it, do not rewrite it
+            tmp.mkdir(parents=True, exist_ok=True)
+            os.replace(shards[0] / "data", tmp / split)
+            continue
         parts = [datasets.load_from_disk(str(s / "data")) for s in shards]
         datasets.concatenate_datasets(parts).save_to_disk(str(tmp / split))
     splits = {s: _sum(st, read[s]) for s, st in shard_stats.items()}
