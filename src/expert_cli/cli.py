@@ -167,7 +167,9 @@ def pretokenize(
         Path | None, typer.Option("--all", help="Every manifest.json under this folder.")
     ] = None,
     num_proc: Annotated[
-        int | None, typer.Option("--num-proc", min=1, help="Tokenizer processes (default: CPUs).")
+        int | None,
+        typer.Option("--num-proc", min=1,
+                     help="Tokenizer worker processes (default 1: Rust threads on every core)."),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if current.")] = False,
 ) -> None:
