@@ -21,10 +21,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "experts" / "demo"
-QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                 num_key_value_heads=8, head_dim=128, intermediate_size=3072,
-                 vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6,
-                 max_position_embeddings=40960)
 
 
 def _expert(workdir: Path, model_config: str, seq: int, batch: int, steps: int,
@@ -36,7 +32,9 @@ def _expert(workdir: Path, model_config: str, seq: int, batch: int, steps: int,
     if model_config == "qwen3-0.6b":
         from transformers import Qwen3Config
 
-        cfg = Qwen3Config(**QWEN3_06B)
+        from expert_cli.telemetry.workload import QWEN3_0_6B
+
+        cfg = Qwen3Config(**QWEN3_0_6B)
         cfg.save_pretrained(expert / "model")
     manifest = json.loads((expert / "manifest.json").read_text())
     manifest["training"]["config"].update(

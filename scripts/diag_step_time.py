@@ -19,10 +19,8 @@ from collections.abc import Callable
 
 import torch
 
-QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                 num_key_value_heads=8, head_dim=128, intermediate_size=3072,
-                 vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6,
-                 max_position_embeddings=40960)
+from expert_cli.telemetry.workload import QWEN3_0_6B
+
 SEGMENTS = [300, 500, 248, 700, 300]  # a packed row of five examples (2048 tokens)
 
 
@@ -42,7 +40,7 @@ def fresh_model():
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(Qwen3Config(**QWEN3_06B), attn_implementation="sdpa",
+    return AutoModelForCausalLM.from_config(Qwen3Config(**QWEN3_0_6B), attn_implementation="sdpa",
                                             dtype=torch.bfloat16).cuda()
 
 

@@ -17,15 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-QWEN3_0_6B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
-    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-    "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
-    "tie_word_embeddings": True, "hidden_act": "silu", "attention_bias": False,
-    "bos_token_id": 151643, "eos_token_id": 151645, "pad_token_id": 151643,
-    "dtype": "bfloat16",
-}
+TOKEN_IDS = {"bos_token_id": 151643, "eos_token_id": 151645, "pad_token_id": 151643}
 def manifest(max_seq_length: int, batch_size: int) -> dict:
     return {
         "name": "expert-bench", "version": "0.1.0", "schema_version": "2.0",
@@ -60,7 +52,11 @@ def main() -> int:
     (out / "model").mkdir(parents=True, exist_ok=True)
     (out / "data").mkdir(parents=True, exist_ok=True)
     build_qwen_tokenizer().save_pretrained(out / "model")
-    (out / "model" / "config.json").write_text(json.dumps(QWEN3_0_6B, indent=2))
+    from expert_cli.telemetry.workload import QWEN3_0_6B
+
+    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **QWEN3_0_6B,
+              "hidden_act": "silu", "attention_bias": False, **TOKEN_IDS, "dtype": "bfloat16"}
+    (out / "model" / "config.json").write_text(json.dumps(config, indent=2))
     rows = [{"text": text} for text in build_corpus(args.examples, seed=0)]
     with (out / "data" / "train.jsonl").open("w", encoding="utf-8") as fh:
         for row in rows:

@@ -16,8 +16,12 @@ import argparse
 import json
 import os
 import random
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from qwen_tokenizer import CHATML_TEMPLATE  # noqa: E402  (scripts/qwen_tokenizer.py)
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_DATA = REPO / "experts" / "demo" / "data" / "train.jsonl"
@@ -37,15 +41,6 @@ QWEN_SPLIT_PATTERN = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-# Qwen2.5's ChatML template, without tools and without the default system message.
-CHATML_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- endif %}"
-)
 
 ENGLISH = """\
 The quick brown fox jumps over the lazy dog. A language model predicts the next token from the

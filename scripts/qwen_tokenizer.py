@@ -35,8 +35,8 @@ BUILD_INFO = "build_info.json"
 SPECIAL_TOKENS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
 MODEL_MAX_LENGTH = 131072
 
-# Qwen2.5's ChatML template without tools and without a default system message; the same as the
-# tiny test tokenizer's (scripts/make_tiny_tokenizer.py).
+# Qwen2.5's ChatML template without tools and without a default system message; the tiny test
+# tokenizer (scripts/make_tiny_tokenizer.py) uses it too.
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"

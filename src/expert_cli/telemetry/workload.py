@@ -16,6 +16,20 @@ from expert_cli.telemetry.flops import lora_train_flops_per_token, mfu, peak_bf1
 
 WARMUP_STEPS = 2  # steps left out of tokens/s (allocator, kernel selection, autotuning)
 SEED = 0
+# The architecture of Qwen/Qwen3-0.6B (its config.json), for random-init benchmarks.
+QWEN3_0_6B: dict[str, Any] = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 3072,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": True,
+    "rope_theta": 1_000_000.0,
+    "rms_norm_eps": 1e-6,
+}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -39,17 +53,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         name="qwen3-0.6b-lora",
         description="Qwen3-0.6B architecture, random init, bf16, LoRA r=16 on all linear "
         "projections, 4 packed rows of 2048 tokens per step, AdamW",
-        model={
-            "hidden_size": 1024,
-            "num_hidden_layers": 28,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "intermediate_size": 3072,
-            "vocab_size": 151936,
-            "max_position_embeddings": 40960,
-            "tie_word_embeddings": True,
-        },
+        model=QWEN3_0_6B,
         seq_len=2048,
         segment_len=512,
         batch_size=4,
