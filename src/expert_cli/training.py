@@ -207,9 +207,10 @@ def _trainer(run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any,
     meter = ThroughputMeter(_flops_model(peft_model), run.world_size,
                             reduce=_sum_over_ranks)
     progress = make_progress_callback(run.console) if run.is_main else None
+    metrics = run.output / "metrics.json"
     throughput = make_throughput_callback(
-        meter, run.output / "metrics.json" if run.is_main else None,
-        progress.print_window if progress else None)
+        meter, metrics if run.is_main else None, progress.print_window if progress else None,
+        _earlier_windows(metrics, run.runtime.get("resumed_from")))
     trainer = expert_trainer_class()(
         model=peft_model, args=args, train_dataset=data.train,
         eval_dataset=data.eval if args.eval_strategy != "no" else None,
@@ -225,6 +226,20 @@ def _trainer(run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any,
     if run.resolved.adapter_type == "adalora":
         trainer.add_callback(make_adalora_callback(peft_model))
     return trainer, throughput, stop
+
+
+def _earlier_windows(path: Path, resumed_from: str | None) -> list[dict[str, Any]]:
+    """The windows of metrics.json up to the checkpoint a resumed run starts from."""
+    import json
+
+    if resumed_from is None or not path.is_file():
+        return []
+    step = int(Path(resumed_from).name.rsplit("-", 1)[-1])
+    try:
+        windows = json.loads(path.read_text()).get("windows", [])
+    except (OSError, ValueError):  # a half-written file from a killed run: start a new list
+        return []
+    return [w for w in windows if isinstance(w, dict) and w.get("step", 0) <= step]
 
 
 def _tensorboard(run: Run) -> Any:

@@ -197,9 +197,13 @@ def _trainer_callback_base() -> type:
 
 
 def make_throughput_callback(meter: ThroughputMeter, metrics_path: Path | None,
-                             on_window: Callable[[dict[str, Any]], None] | None = None) -> Any:
+                             on_window: Callable[[dict[str, Any]], None] | None = None,
+                             earlier_windows: list[dict[str, Any]] | None = None) -> Any:
     """A Trainer callback that closes a window at each training log and writes metrics.json
-    (only where `metrics_path` is given: the main process)."""
+    (only where `metrics_path` is given: the main process). `earlier_windows` (a resumed run's
+    windows up to its checkpoint) are kept at the head of the file's list; the summary covers
+    this process's windows."""
+    earlier = list(earlier_windows or [])
 
     class ThroughputCallback(_trainer_callback_base()):  # type: ignore[misc]
         """Closes throughput windows on training logs; writes metrics.json."""
@@ -223,7 +227,8 @@ def make_throughput_callback(meter: ThroughputMeter, metrics_path: Path | None,
         def write(self, steps: int, status: str) -> dict[str, Any]:
             summary = meter.summary(steps, status)
             if metrics_path is not None:
-                write_json_atomic(metrics_path, {"windows": meter.windows, "summary": summary})
+                write_json_atomic(metrics_path,
+                                  {"windows": earlier + meter.windows, "summary": summary})
             return summary
 
         def finish(self, steps: int, status: str) -> dict[str, Any]:
