@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import UserError
 from expert_cli.telemetry.gpu import HostSampler, NoGpu, NvmlSource, open_nvml
 
@@ -272,9 +273,7 @@ def machine_info(source: NvmlSource | None, indices: list[int]) -> dict[str, Any
 
 def write_report(report: dict[str, Any], path: Path) -> None:
     """Write the JSON report atomically: a temporary file in the same folder, then rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, report)
 
 
 @dataclass

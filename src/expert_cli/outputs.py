@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import UserError
-from expert_cli.telemetry.throughput import write_json_atomic
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

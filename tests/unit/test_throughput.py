@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from expert_cli.atomic import write_json_atomic
 from expert_cli.telemetry.flops import lora_train_flops_per_token
-from expert_cli.telemetry.throughput import FlopsModel, ThroughputMeter, write_json_atomic
+from expert_cli.telemetry.throughput import FlopsModel, ThroughputMeter
 
 
 class FakeClock:

@@ -103,7 +103,7 @@ def _discard(plan: CachePlan) -> None:
 
 
 def _point_latest(plan: CachePlan) -> None:
-    from expert_cli.data.cache import write_json_atomic
+    from expert_cli.atomic import write_json_atomic
 
     write_json_atomic(plan.pointer, {"fingerprint": plan.fingerprint,
                                      "path": str(plan.final_dir), "inputs": plan.inputs})

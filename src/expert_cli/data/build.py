@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from expert_cli.data.cache import COMPLETE, STATS, CachePlan, write_json_atomic
+from expert_cli.atomic import write_json_atomic
+from expert_cli.data.cache import COMPLETE, STATS, CachePlan
 from expert_cli.data.formatting import (
     DROPPED_NO_COMPLETION,
     DROPPED_NO_MARKER,

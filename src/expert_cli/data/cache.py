@@ -247,11 +247,6 @@ def _short(value: Any) -> str:
     return text[:12] + "…" if len(text) > 16 and re.fullmatch(r"[0-9a-f]+", text) else text
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON to a temporary file beside `path`, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
 
 
 def load_cache(plan: CachePlan) -> tuple[datasets.Dataset, datasets.Dataset | None,

@@ -13,8 +13,6 @@ syncs on the loss every micro-step, so the GPU is idle while the CPU fetches).
 
 from __future__ import annotations
 
-import json
-import os
 import resource
 import time
 from collections.abc import Callable
@@ -22,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expert_cli.atomic import write_json_atomic
 from expert_cli.telemetry.flops import lora_train_flops_per_token, mfu
 
 KIB_PER_GIB = 2**20
@@ -183,11 +182,6 @@ class ThroughputMeter:
         }
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to `path` through a temporary file and a rename (readers never see half)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _trainer_callback_base() -> type:
