@@ -183,8 +183,11 @@ def render_report(report: dict[str, Any]) -> None:
 
     console = Console(highlight=False, soft_wrap=True)
     man = report["manifest"]
-    console.print(f"[bold]{man.get('name', man['path'])}[/bold] "
-                  f"{man.get('version', '')} (schema {man.get('schema_version', '?')})")
+    if "name" in man:
+        console.print(f"{man['name']} {man['version']} (schema {man['schema_version']}) "
+                      f"from {man['path']}", markup=False, style="bold")
+    else:  # the manifest did not load: the problems below say why
+        console.print(str(man["path"]), markup=False, style="bold")
     if report["config"]:
         table = Table("setting", "value", title="resolved configuration", show_lines=False)
         for key, value in report["config"].items():
