@@ -1,159 +1,428 @@
-"""Training throughput: padded per-example batches (the usual baseline) vs expert-cli's path.
+"""Training throughput of expert-cli against the usual ways to fine-tune, in one run.
 
-(a) baseline: raw text rows, tokenized on the fly in the collator, padded to the batch's
-    longest example (attention mask, DataCollatorForLanguageModeling-style labels), 0 workers;
-(b) expert-cli: pretokenized packed cache (prepare_data), PackedCollator, tuned DataLoader.
-Same model (seeded random init), LoRA r=16 on all linear layers, same steps. Reports non-pad
-tokens/s, samples/s, data-wait fraction and (on a GPU with a known peak) MFU, as JSON.
+Every variant trains the same model (seeded random init of the expert's architecture), on the
+same data, LoRA r=16 on all linear layers, the same tokens per step, each in a fresh process:
 
-    python scripts/bench_train.py --quick                        # CPU, demo model, seconds
-    python scripts/bench_train.py --model-config qwen3-0.6b      # GPU, Qwen3-0.6B architecture
+  a_naive        the original problem: tokenize in __getitem__, pad every example to
+                 max_seq_length, no loader workers; peft and the Trainer as they come (bf16)
+  b_hf           a well-configured plain Trainer + peft: pretokenized, pad to the batch's
+                 longest, group_by_length, 4 workers, pinned memory, fused AdamW, bf16, SDPA
+  c_trl          TRL's SFTTrainer: packing (bfd), padding-free, use_liger_kernel, its fused
+                 LM head; the attention kernel of e_default (gradient checkpointing off)
+  e_default      `expert-cli train` as a user runs it, every choice automatic
+  f_*            `expert-cli train` with one lever of the fast path changed (--set ...)
+
+Per variant: non-pad tokens/s and MFU over the steps after warm-up, peak memory, data-wait,
+the loss curve. MFU counts the frozen base's forward and input-gradient matmuls, the adapters'
+forward and both backward matmuls, and attention over each example's real length
+(expert_cli.telemetry.flops); recompute earns nothing.
+
+    python scripts/bench_train.py --quick                       # CPU: demo expert, seconds
+    python scripts/bench_train.py --expert bench_results/tmp/qwen3-expert --variants table
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import os
+import platform
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "experts" / "demo"
+WARMUP_STEPS = 10  # steps left out of throughput (allocator, autotuning, compilation)
+C = "training.config."
+
+# name -> (kind, --set overrides for the CLI variants, what it shows)
+VARIANTS: dict[str, tuple[str, list[str], str]] = {
+    "a_naive": ("naive", [], "tokenize in __getitem__, pad to max, no workers"),
+    "b_hf": ("hf", [], "plain Trainer + peft, well configured"),
+    "c_trl": ("trl", [], "TRL SFTTrainer, packing + padding-free + Liger"),
+    "e_default": ("cli", [], "expert-cli, automatic choices"),
+    "f_old_path": ("cli", [f"{C}attention=sdpa", f"{C}fused_loss=off",
+                           f"{C}adapter_precision=fp32", f"{C}liger_kernels=false",
+                           f"{C}torch_compile=false"], "expert-cli before the fast path"),
+    "f_attention_sdpa": ("cli", [f"{C}attention=sdpa"], "packed rows through SDPA + mask"),
+    "f_attention_torch_varlen": ("cli", [f"{C}attention=torch_varlen"], "torch varlen"),
+    "f_attention_fa4": ("cli", [f"{C}attention=flash_attention_4"], "flash-attention 4"),
+    "f_attention_flex": ("cli", [f"{C}attention=flex_attention"], "flex attention"),
+    "f_loss_standard": ("cli", [f"{C}fused_loss=off"], "full-vocabulary logits"),
+    "f_loss_liger": ("cli", [f"{C}fused_loss=liger"], "Liger fused linear CE"),
+    "f_loss_cce": ("cli", [f"{C}fused_loss=cce"], "cut-cross-entropy"),
+    "f_loss_chunked": ("cli", [f"{C}fused_loss=chunked"], "expert-cli chunked CE"),
+    "f_adapters_fp32": ("cli", [f"{C}adapter_precision=fp32"], "peft's fp32 adapter inputs"),
+    "f_liger_off": ("cli", [f"{C}liger_kernels=false"], "no Liger RMSNorm/SwiGLU/RoPE"),
+    "f_liger_on": ("cli", [f"{C}liger_kernels=true"], "Liger RMSNorm/SwiGLU/RoPE"),
+    "f_compile_on": ("cli", [f"{C}torch_compile=true"], "regional torch.compile"),
+    "f_compile_off": ("cli", [f"{C}torch_compile=false"], "no torch.compile"),
+    "f_batch_16": ("cli", [f"{C}batch_size=16"], "16 rows per step"),
+    "f_batch_32": ("cli", [f"{C}batch_size=32"], "32 rows per step"),
+    "q_int4": ("cli", ["base_models.0.quantization=int4"], "QLoRA: NF4 base, bf16 compute"),
+    "q_dora": ("cli", [f"{C}adapter_type=dora"], "DoRA"),
+}
+GROUPS = {
+    "table": ["a_naive", "b_hf", "c_trl", "e_default", "f_old_path", "f_attention_sdpa",
+              "f_loss_standard", "f_adapters_fp32", "f_liger_off", "f_compile_on"],
+    "kernels": ["f_attention_torch_varlen", "f_attention_fa4", "f_attention_flex",
+                "f_loss_liger", "f_loss_cce", "f_loss_chunked", "f_liger_on"],
+    "more": ["f_batch_16", "f_batch_32", "q_int4", "q_dora"],
+    "quick": ["a_naive", "b_hf", "e_default", "f_old_path"],
+}
 
 
-def _expert(workdir: Path, model_config: str, seq: int, batch: int, steps: int,
-            source: Path = DEMO) -> Path:
-    """A copy of an expert (the demo by default) whose base model holds the benchmark
-    architecture and whose config runs `steps` steps of `batch` rows of `seq` tokens."""
-    expert = workdir / "expert"
-    shutil.copytree(source, expert, ignore=shutil.ignore_patterns(".cache", "output"))
-    if model_config == "qwen3-0.6b":
-        from transformers import Qwen3Config
-
-        from expert_cli.telemetry.workload import QWEN3_0_6B
-
-        cfg = Qwen3Config(**QWEN3_0_6B)
-        cfg.save_pretrained(expert / "model")
-    manifest = json.loads((expert / "manifest.json").read_text())
-    manifest["training"]["config"].update(
-        max_seq_length=seq, batch_size=batch, max_steps=steps, evaluation_strategy="no",
-        logging_steps=steps, save_strategy="no", warmup_ratio=0.0, warmup_steps=0,
-        rank=16, alpha=32, target_modules="all-linear")
-    (expert / "manifest.json").write_text(json.dumps(manifest))
-    return expert / "manifest.json"
+# --------------------------------------------------------------------------- CLI variants
 
 
-class PaddingCollator:
-    """Baseline: tokenize the batch's texts now, pad to the longest, mask only padding."""
-
-    def __init__(self, tokenizer, max_len: int) -> None:
-        self.tokenizer, self.max_len = tokenizer, max_len
-
-    def __call__(self, rows: list[dict]) -> dict:
-        from expert_cli.trainer_setup import COUNTS_KEY
-
-        enc = self.tokenizer([r["text"] for r in rows], truncation=True,
-                             max_length=self.max_len, padding="longest", return_tensors="pt")
-        labels = enc["input_ids"].clone()
-        labels[enc["attention_mask"] == 0] = -100
-        lengths = enc["attention_mask"].sum(dim=1)
-        real, attended = int(lengths.sum()), int((lengths * lengths).sum())
-        return {**enc, "labels": labels, COUNTS_KEY: (real, len(rows), real, attended)}
+def _steady(windows: list[dict[str, Any]], key: str) -> float | None:
+    """Time-weighted mean of `key` over the windows after the warm-up steps."""
+    total = weight = 0.0
+    previous = None
+    for w in windows:
+        start, previous = previous, w["time"]
+        if start is None or w["step"] <= WARMUP_STEPS or w.get(key) is None:
+            continue
+        total += w[key] * (w["time"] - start)
+        weight += w["time"] - start
+    return total / weight if weight else None
 
 
-def _run(name: str, resolved, tokenizer, train_ds, collator, loader: dict, steps: int,
-         out: Path) -> dict:
-    from transformers import PrinterCallback, TrainingArguments
+def run_cli_variant(name: str, manifest: Path, steps: int, work: Path,
+                    timeout: int) -> dict[str, Any]:
+    """`expert-cli train` with the variant's overrides; numbers from its metrics.json."""
+    out = work / name
+    sets = [f"{C}logging_steps=5", f"{C}save_strategy=no", *VARIANTS[name][1]]
+    cmd = [sys.executable, "-m", "expert_cli.cli", "train", "--manifest", str(manifest),
+           "--output", str(out), "--max-steps", str(steps)]
+    for item in sets:
+        cmd += ["--set", item]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        return {"error": (proc.stdout + proc.stderr)[-3000:], "wall_s": wall}
+    metrics = json.loads((out / "metrics.json").read_text())
+    resolved = json.loads((out / "manifest.resolved.json").read_text())
+    windows = metrics["windows"]
+    model = resolved["runtime"]["model"]
+    return {
+        "tokens_per_s": _steady(windows, "tokens_per_s"),
+        "mfu": _steady(windows, "mfu"),
+        "data_wait_fraction": _steady(windows, "data_wait_fraction"),
+        "peak_memory_gb": max((w["peak_memory_gb"] or 0) for w in windows),
+        "losses": {w["step"]: w["loss"] for w in windows if w["loss"] is not None},
+        "first_window_s": windows[0]["time"] if windows else None,
+        "wall_s": wall,
+        "choices": {k: model.get(k) for k in ("attn_implementation", "fused_loss",
+                                              "liger_kernels", "adapter_precision",
+                                              "compiled_layers", "dtype", "notes")},
+        "batch_size": resolved["batch_size"],
+        "stdout_tail": proc.stdout[-1500:],
+    }
 
-    from expert_cli.modeling import attach_adapter, load_base_model, training_device
-    from expert_cli.telemetry.throughput import ThroughputMeter, make_throughput_callback
-    from expert_cli.trainer_setup import expert_trainer_class, training_args_kwargs
-    from expert_cli.training import _flops_model
 
-    model, _ = load_base_model(resolved, training_device(0))
-    model = attach_adapter(model, resolved, steps)
-    kwargs = training_args_kwargs(resolved, out / name, max_steps=steps,
-                                  on_gpu=training_device(0).startswith("cuda"), has_eval=False)
-    kwargs.update(loader, save_strategy="no", logging_steps=max(1, steps // 4))
-    meter = ThroughputMeter(_flops_model(model))
-    trainer = expert_trainer_class()(model=model, args=TrainingArguments(**kwargs),
-                                     train_dataset=train_ds, data_collator=collator)
-    trainer.meter = meter
-    trainer.remove_callback(PrinterCallback)
-    trainer.callback_handler.callbacks.insert(0, make_throughput_callback(meter, None))
+# --------------------------------------------------------------------------- baselines
+
+
+def _flops(model: Any) -> Any:
+    from expert_cli.training import flops_model
+
+    return flops_model(model)
+
+
+def _measuring_trainer(base: type) -> type:
+    """`base` (a Trainer class) that counts non-pad tokens and attended positions per step on
+    the device (no host sync) and times the steps after warm-up."""
+    import torch
+
+    class Measured(base):  # type: ignore[misc, valid-type]
+        def training_step(self, model: Any, inputs: dict[str, Any], *args: Any) -> Any:
+            ids = inputs["input_ids"]
+            if "attention_mask" in inputs:
+                mask = inputs["attention_mask"].to(ids.device)
+                pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            else:  # padding-free / packed: every token is real, positions restart per example
+                mask = torch.ones_like(ids)
+                pos = inputs["position_ids"].to(ids.device)
+            step = self.state.global_step
+            if step == WARMUP_STEPS:
+                torch.cuda.synchronize() if torch.cuda.is_available() else None
+                self.t0 = time.perf_counter()
+                self.tokens = torch.zeros((), dtype=torch.int64, device=ids.device)
+                self.attended = torch.zeros((), dtype=torch.int64, device=ids.device)
+            if step >= WARMUP_STEPS:
+                self.tokens += mask.sum()
+                # sum over examples of length**2 = sum over real tokens of (2 * position + 1)
+                self.attended += ((2 * pos + 1) * mask).sum()
+            return super().training_step(model, inputs, *args)
+
+    return Measured
+
+
+def _finish(trainer: Any, model: Any, steps: int) -> dict[str, Any]:
+    import torch
+
+    from expert_cli.telemetry.flops import mfu
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - trainer.t0
+    tokens, attended = int(trainer.tokens), int(trainer.attended)
+    flops = _flops(model)
+    per_token = flops.per_token(attended / max(tokens, 1))
+    tps = tokens / seconds
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    return {"tokens_per_s": tps, "mfu": mfu(tps, per_token, flops.peak_flops_per_device),
+            "peak_memory_gb": peak, "data_wait_fraction": None,
+            "losses": {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h},
+            "measured_steps": steps - WARMUP_STEPS}
+
+
+def _base_model(resolved: Any, attn: str) -> Any:
+    import torch
+
+    from expert_cli.modeling import build_random_model, training_device
+
+    device = training_device(0)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if attn == "torch_varlen":
+        from expert_cli.train.attention import register_torch_varlen
+
+        register_torch_varlen()
+    model = build_random_model(resolved, dtype, attn, device)
+    model.config.use_cache = False
+    return model
+
+
+def _lora(model: Any) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                            target_modules="all-linear", task_type="CAUSAL_LM"))
+
+
+def _args(resolved: Any, out: Path, steps: int, **extra: Any) -> dict[str, Any]:
+    import torch
+
+    gpu = torch.cuda.is_available()
+    return dict(output_dir=str(out), max_steps=steps, per_device_train_batch_size=resolved
+                .batch_size, learning_rate=resolved.learning_rate, lr_scheduler_type="cosine",
+                warmup_steps=0, logging_steps=5, save_strategy="no", report_to="none",
+                bf16=gpu, tf32=gpu or None, seed=resolved.seed, data_seed=resolved.seed,
+                disable_tqdm=True, use_cpu=not gpu, **extra)
+
+
+def run_baseline(name: str, manifest: Path, steps: int, work: Path) -> dict[str, Any]:
+    """One of a_naive, b_hf, c_trl, in this process."""
+    import datasets
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from expert_cli.config import load_manifest
+    from expert_cli.data.tokenizer import load_tokenizer
+    from expert_cli.environment import probe_environment
+    from expert_cli.resolve import resolve
+
+    env = probe_environment()
+    resolved = resolve(load_manifest(manifest), env)
+    tokenizer = load_tokenizer(resolved)
+    source = resolved.train_sources[0].location
+    raw = datasets.load_dataset("json", data_files=source, split="train")
+    seq = resolved.max_seq_length
+    gpu = torch.cuda.is_available()
+    if name == "c_trl":
+        return _run_trl(resolved, tokenizer, raw, steps, work, env)
+    if name == "a_naive":
+        model = _lora(_base_model(resolved, "sdpa"))
+        train = NaiveDataset(raw, tokenizer, seq)
+        extra = dict(dataloader_num_workers=0, dataloader_pin_memory=False,
+                     optim="adamw_torch")
+        collator = None
+    else:
+        model = _lora(_base_model(resolved, "sdpa"))
+
+        def tokenize(batch: dict[str, list]) -> dict[str, Any]:
+            return tokenizer(batch["text"], truncation=True, max_length=seq)
+
+        train = raw.map(tokenize, batched=True, remove_columns=raw.column_names,
+                        num_proc=min(8, os.cpu_count() or 1))
+        train = train.map(lambda b: {"length": [len(x) for x in b["input_ids"]]}, batched=True)
+        from transformers import DataCollatorForLanguageModeling
+
+        collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
+        extra = dict(dataloader_num_workers=4 if gpu else 0, dataloader_pin_memory=gpu,
+                     optim="adamw_torch_fused" if gpu else "adamw_torch",
+                     train_sampling_strategy="group_by_length", length_column_name="length")
+    args = TrainingArguments(**_args(resolved, work / name, steps, **extra))
+    trainer = _measuring_trainer(Trainer)(model=model, args=args, train_dataset=train,
+                                          data_collator=collator)
     trainer.train()
-    windows = meter.windows[1:] or meter.windows  # the first window holds warm-up
-    tokens = sum(w["tokens_per_s"] for w in windows) / len(windows)
-    return {"variant": name, "tokens_per_s": tokens,
-            "samples_per_s": sum(w["samples_per_s"] for w in windows) / len(windows),
-            "data_wait_fraction": sum(w["data_wait_fraction"] for w in windows) / len(windows),
-            "mfu": windows[-1]["mfu"], "windows": meter.windows}
+    return _finish(trainer, model, steps)
+
+
+class NaiveDataset:
+    """Tokenizes its example on every access and pads it to max_length (the slow pattern)."""
+
+    def __init__(self, rows: Any, tokenizer: Any, max_length: int) -> None:
+        self.rows, self.tokenizer, self.max_length = rows, tokenizer, max_length
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+
+        enc = self.tokenizer(self.rows[i]["text"], truncation=True, max_length=self.max_length,
+                             padding="max_length", return_tensors="pt")
+        ids, mask = enc["input_ids"][0], enc["attention_mask"][0]
+        labels = ids.clone()
+        labels[mask == 0] = -100
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def _run_trl(resolved: Any, tokenizer: Any, raw: Any, steps: int, work: Path,
+             env: Any) -> dict[str, Any]:
+    import torch
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    attn = resolved.attn_implementation  # the kernel e_default picks, if TRL can drive it
+    model = _base_model(resolved, attn)
+    gpu = torch.cuda.is_available()
+    config = SFTConfig(**_args(
+        resolved, work / "c_trl", steps, packing=True, padding_free=True,
+        max_length=resolved.max_seq_length, dataset_text_field="text",
+        use_liger_kernel=gpu and env.liger_kernel is not None, gradient_checkpointing=False,
+        dataloader_num_workers=4 if gpu else 0, dataloader_pin_memory=gpu,
+        optim="adamw_torch_fused" if gpu else "adamw_torch"))
+    peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
+    trainer = _measuring_trainer(SFTTrainer)(model=model, args=config, train_dataset=raw,
+                                             processing_class=tokenizer, peft_config=peft)
+    trainer.train()
+    result = _finish(trainer, trainer.model, steps)
+    result["choices"] = {"attn_implementation": attn}
+    return result
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _machine() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    import torch
+
+    versions = {}
+    for pkg in ("torch", "transformers", "peft", "accelerate", "datasets", "trl",
+                "liger-kernel", "cut-cross-entropy", "flash-attn-4", "flash-attn",
+                "nvidia-cutlass-dsl", "bitsandbytes", "triton"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"gpu": gpu, "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "versions": versions}
+
+
+def _row(name: str, r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{name:26s} FAILED: {r['error'].strip().splitlines()[-1][:100]}"
+    mfu = f"{100 * r['mfu']:5.1f}%" if r.get("mfu") is not None else "    -"
+    mem = f"{r['peak_memory_gb']:5.1f} GB" if r.get("peak_memory_gb") else "      -"
+    wait = r.get("data_wait_fraction")
+    wait_s = f"{100 * wait:4.1f}%" if wait is not None else "   -"
+    losses = r.get("losses") or {}
+    last = f"{losses[max(losses, key=int)]:.4f}" if losses else "-"
+    return (f"{name:26s} {r['tokens_per_s']:10,.0f} tok/s  MFU {mfu}  mem {mem}  "
+            f"wait {wait_s}  loss {last}")
+
+
+def _variant_names(spec: str) -> list[str]:
+    names: list[str] = []
+    for part in spec.split(","):
+        for name in GROUPS.get(part, [part]):
+            if name not in VARIANTS:
+                raise SystemExit(f"--variants: unknown variant {name!r} "
+                                 f"(known: {', '.join(VARIANTS)}; groups: {', '.join(GROUPS)})")
+            names.append(name)
+    return list(dict.fromkeys(names))
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="CPU-sized: demo model, few steps")
-    p.add_argument("--model-config", choices=["demo", "qwen3-0.6b"], default="demo")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--seq", type=int, default=None, help="max_seq_length")
-    p.add_argument("--batch", type=int, default=None, help="rows (packed) / examples per step")
-    p.add_argument("--output", type=Path, default=ROOT / "bench_results")
+    p.add_argument("--quick", action="store_true", help="CPU-sized: demo expert, few steps")
     p.add_argument("--expert", type=Path, default=DEMO,
-                   help="expert folder whose data (training.dataset.path, a `text` jsonl) "
-                   "and model to use, e.g. one made by scripts/make_bench_expert.py")
+                   help="expert folder (e.g. one made by scripts/make_bench_expert.py)")
+    p.add_argument("--variants", default="table", help="names or groups, comma-separated")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per variant")
+    p.add_argument("--long", default="", help="variants that run --long-steps instead")
+    p.add_argument("--long-steps", type=int, default=200)
+    p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
+    p.add_argument("--output", type=Path, default=None, help="JSON report path")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run a baseline
+    p.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--work", type=Path, default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
-    import datasets
-    import torch
-
-    from expert_cli.config import load_manifest
-    from expert_cli.data import prepare_data
-    from expert_cli.data.collate import PackedCollator
-    from expert_cli.data.tokenizer import load_tokenizer
-    from expert_cli.environment import probe_environment
-    from expert_cli.resolve import resolve
-    from expert_cli.trainer_setup import CountingCollator
-
-    gpu = torch.cuda.is_available()
-    steps = a.steps or (8 if a.quick else 60)
-    seq = a.seq or (512 if a.quick or not gpu else 2048)
-    batch = a.batch or (4 if a.quick or not gpu else 8)
+    manifest = a.expert / "manifest.json"
+    if a.one:
+        result = run_baseline(a.one, manifest, a.steps, a.work)
+        a.result.write_text(json.dumps(result))
+        return 0
+    names = _variant_names("quick" if a.quick and a.variants == "table" else a.variants)
+    steps = a.steps or (WARMUP_STEPS + 10 if a.quick else 40)
+    long = set(_variant_names(a.long)) if a.long else set()
+    machine = _machine()
+    where = "gpu" if machine["gpu"] else "cpu"
+    output = a.output or ROOT / "bench_results" / f"bench_train-{a.expert.name}-{where}.json"
+    report: dict[str, Any] = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine,
+        "expert": str(a.expert), "steps": steps, "long_steps": a.long_steps,
+        "warmup_steps": WARMUP_STEPS, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = _expert(Path(tmp), a.model_config, seq, batch, steps, a.expert)
-        resolved = resolve(load_manifest(manifest), probe_environment())
-        tokenizer = load_tokenizer(resolved)
-        data = prepare_data(resolved, tokenizer, show_progress=False)
-        raw = datasets.load_dataset("json", data_files=str(resolved.train_sources[0].location),
-                                    split="train").shuffle(seed=resolved.seed)
-        base = _run("padded_baseline", resolved, tokenizer, raw,
-                    PaddingCollator(tokenizer, seq),
-                    dict(dataloader_num_workers=0, dataloader_pin_memory=False,
-                         dataloader_prefetch_factor=None,
-                         dataloader_persistent_workers=False), steps, Path(tmp))
-        flatten = resolved.attn_implementation == "flash_attention_2"
-        fast = _run("expert_cli_packed", resolved, tokenizer, data.train,
-                    CountingCollator(PackedCollator(tokenizer.pad_token_id, flatten=flatten)),
-                    {}, steps, Path(tmp))
-    device = torch.cuda.get_device_name() if gpu else "cpu"
-    report = {"model": a.model_config, "expert": a.expert.name, "device": device,
-              "data": {k: data.stats.get("train", data.stats).get(k) for k in
-                       ("examples", "rows", "tokens", "packing_efficiency")},
-              "steps": steps, "max_seq_length": seq, "batch": batch,
-              "attn_implementation": resolved.attn_implementation,
-              "results": [base, fast],
-              "speedup_tokens_per_s": fast["tokens_per_s"] / max(base["tokens_per_s"], 1e-9)}
-    a.output.mkdir(parents=True, exist_ok=True)
-    where = "gpu" if gpu else "cpu"
-    path = a.output / f"bench_train-{a.model_config}-{a.expert.name}-{where}.json"
-    path.write_text(json.dumps(report, indent=2))
-    for r in (base, fast):
-        mfu = f"  MFU {100 * r['mfu']:.1f}%" if r["mfu"] is not None else ""
-        print(f"{r['variant']:18s} {r['tokens_per_s']:10,.0f} tok/s  "
-              f"{r['samples_per_s']:8.1f} samples/s  data-wait "
-              f"{100 * r['data_wait_fraction']:.1f}%{mfu}")
-    print(f"speedup {report['speedup_tokens_per_s']:.2f}x; wrote {path}")
+        work = Path(tmp)
+        for name in names:
+            n = a.long_steps if name in long else steps
+            kind = VARIANTS[name][0]
+            t0 = time.perf_counter()
+            try:
+                if kind == "cli":
+                    result = run_cli_variant(name, manifest, n, work, a.timeout)
+                else:
+                    result = _baseline_subprocess(name, a.expert, n, work, a.timeout)
+            except subprocess.TimeoutExpired:
+                result = {"error": f"timed out after {a.timeout} s"}
+            result.update(steps=n, description=VARIANTS[name][2],
+                          wall_s=round(time.perf_counter() - t0, 1))
+            report["results"][name] = result
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(json.dumps(report, indent=2))  # partial results survive
+            print(_row(name, result), flush=True)
+    base = report["results"].get("e_default", {}).get("tokens_per_s")
+    for r in report["results"].values():
+        if base and r.get("tokens_per_s"):
+            r["vs_e_default"] = r["tokens_per_s"] / base
+    output.write_text(json.dumps(report, indent=2))
+    print(f"wrote {output}")
     return 0
+
+
+def _baseline_subprocess(name: str, expert: Path, steps: int, work: Path,
+                         timeout: int) -> dict[str, Any]:
+    result_path = work / f"{name}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--expert",
+           str(expert), "--steps", str(steps), "--result", str(result_path), "--work",
+           str(work)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if proc.returncode != 0 or not result_path.is_file():
+        return {"error": (proc.stdout + proc.stderr)[-3000:]}
+    return json.loads(result_path.read_text())
 
 
 if __name__ == "__main__":

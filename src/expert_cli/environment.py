@@ -1,4 +1,5 @@
-"""What this machine can do: torch, CUDA, the GPU, bf16/TF32, flash-attn, bitsandbytes.
+"""What this machine can do: torch, CUDA, the GPU, bf16/TF32, attention kernels, fused-kernel
+libraries (Liger, cut-cross-entropy), bitsandbytes.
 
 `probe_environment` imports torch, so call it from inside a command, never at import time.
 Resolution takes an `Environment` value, so tests can describe a GPU machine on a CPU one.
@@ -27,6 +28,11 @@ class Environment:
     bf16: bool = False
     tf32: bool = False
     flash_attn: str | None = None
+    flash_attn_4: str | None = None
+    torch_varlen: bool = False
+    flex_attention: bool = False
+    liger_kernel: str | None = None
+    cut_cross_entropy: str | None = None
     bitsandbytes: str | None = None
     cpu_count: int = 1
     packages: dict[str, str | None] = field(default_factory=dict)
@@ -59,6 +65,13 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def cpu_environment() -> Environment:
     """A machine with no GPU, for tests and for resolving without importing torch."""
     return Environment(cpu_count=usable_cpus())
@@ -72,11 +85,17 @@ def probe_environment() -> Environment:
         name: package_version(name)
         for name in ("transformers", "peft", "datasets", "accelerate", "bitsandbytes")
     }
-    flash = package_version("flash-attn") if importlib.util.find_spec("flash_attn") else None
+    has_flash = importlib.util.find_spec("flash_attn") is not None
     common = dict(
         torch=torch.__version__,
         cuda=torch.version.cuda,
-        flash_attn=flash,
+        # flash-attn 2 and flash-attn-4 both install the `flash_attn` module
+        flash_attn=package_version("flash-attn") if has_flash else None,
+        flash_attn_4=package_version("flash-attn-4") if has_flash else None,
+        torch_varlen=_has_module("torch.nn.attention.varlen"),
+        flex_attention=_has_module("torch.nn.attention.flex_attention"),
+        liger_kernel=package_version("liger-kernel"),
+        cut_cross_entropy=package_version("cut-cross-entropy"),
         bitsandbytes=packages["bitsandbytes"],
         cpu_count=usable_cpus(),
         packages=packages,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from expert_cli.errors import RunError, UserError
+from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
 
 if TYPE_CHECKING:
     import torch
@@ -19,10 +20,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from expert_cli.resolve import ResolvedConfig
-
-# The order in which attention kernels are tried when a model does not support the chosen one.
-ATTENTION_ORDER = ["flash_attention_2", "sdpa", "eager"]
-
 
 @dataclass
 class ModelChoices:
@@ -33,6 +30,10 @@ class ModelChoices:
     tf32: bool
     quantization: str
     device: str
+    fused_loss: str = "off"
+    liger_kernels: bool = False
+    adapter_precision: str = "fp32"
+    compiled_layers: int = 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -88,9 +89,10 @@ def quantization_config(resolved: ResolvedConfig, on_gpu: bool) -> Any:
     )
 
 
-def build_random_model(resolved: ResolvedConfig, dtype: torch.dtype,
-                       attn: str) -> PreTrainedModel:
-    """The architecture of `base_model/config.json` with seeded random weights."""
+def build_random_model(resolved: ResolvedConfig, dtype: torch.dtype, attn: str,
+                       device: str = "cpu") -> PreTrainedModel:
+    """The architecture of `base_model/config.json` with seeded random weights, initialised
+    directly on `device` (a 0.6B model takes most of a minute to initialise on a CPU)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -99,10 +101,11 @@ def build_random_model(resolved: ResolvedConfig, dtype: torch.dtype,
         raise UserError(f"{resolved.base_model}: init 'random' needs a config.json in this folder")
     config = AutoConfig.from_pretrained(folder, trust_remote_code=resolved.trust_remote_code)
     torch.manual_seed(resolved.seed)
-    return AutoModelForCausalLM.from_config(
-        config, dtype=dtype, attn_implementation=attn,
-        trust_remote_code=resolved.trust_remote_code,
-    )
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation=attn,
+            trust_remote_code=resolved.trust_remote_code,
+        )
 
 
 def _from_pretrained(resolved: ResolvedConfig, source: str, dtype: torch.dtype, attn: str,
@@ -124,9 +127,9 @@ def _from_pretrained(resolved: ResolvedConfig, source: str, dtype: torch.dtype, 
 
 
 def _with_attention_fallback(load: Any, chosen: str, notes: list[str]) -> tuple[Any, str]:
-    """Call `load(attn)` with the chosen kernel; if the model rejects it, try the next one
-    in ATTENTION_ORDER and say so."""
-    order = ATTENTION_ORDER[ATTENTION_ORDER.index(chosen):]
+    """Call `load(attn)` with the chosen kernel; if the model rejects it, fall back to sdpa,
+    then eager, and say so."""
+    order = list(dict.fromkeys([chosen, "sdpa", "eager"]))
     for attn in order:
         try:
             return load(attn), attn
@@ -137,6 +140,57 @@ def _with_attention_fallback(load: Any, chosen: str, notes: list[str]) -> tuple[
                 raise RunError(f"no attention kernel works for this model: {exc}") from exc
             notes.append(f"attention: {attn} not supported by this model ({exc}); trying next")
     raise RunError("no attention kernel to try")  # unreachable: order is never empty
+
+
+def _checked(load: Any) -> Any:
+    """`load(attn)` that first registers torch's varlen kernel and refuses it for a model
+    configuration it cannot serve (a ValueError naming the attention)."""
+    def run(attn: str) -> Any:
+        if attn == TORCH_VARLEN:
+            register_torch_varlen()
+        model = load(attn)
+        check_model_config(attn, model.config)
+        return model
+    return run
+
+
+def _freeze_for_kbit(model: PreTrainedModel, resolved: ResolvedConfig, half: str) -> None:
+    """What QLoRA needs of a quantized base: frozen weights and, for gradient checkpointing,
+    inputs that require grad. With bf16 compute the unquantized weights (norms, embeddings)
+    stay bf16; peft's prepare_model_for_kbit_training would upcast them all to fp32, which
+    makes every residual add and the LM head run in fp32."""
+    if half != "bf16":
+        from peft import prepare_model_for_kbit_training
+
+        prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=resolved.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+        return
+    for param in model.parameters():
+        param.requires_grad_(False)
+    if resolved.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+
+
+def _speedups(model: PreTrainedModel, resolved: ResolvedConfig, on_gpu: bool,
+              choices: ModelChoices) -> None:
+    """Liger's layer kernels and the fused loss, on the base model before peft wraps it."""
+    from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
+    from expert_cli.train.speed import apply_liger_kernels
+
+    if resolved.liger_kernels and on_gpu:
+        why = apply_liger_kernels(model)
+        choices.liger_kernels = why is None
+        if why:
+            choices.notes.append(f"liger_kernels: {why}; using the model's own layers")
+    if resolved.fused_loss != "off":
+        why = fused_loss_unsupported(model)
+        if why is None:
+            install_fused_loss(model, resolved.fused_loss)
+            choices.fused_loss = resolved.fused_loss
+        else:
+            choices.notes.append(f"fused_loss: {why}; using the standard loss")
 
 
 def load_base_model(resolved: ResolvedConfig, device: str,
@@ -153,20 +207,17 @@ def load_base_model(resolved: ResolvedConfig, device: str,
         raise RunError("a random-init model must be saved before it can be quantized")
     if resolved.init == "random" and source is None:
         model, attn = _with_attention_fallback(
-            lambda a: build_random_model(resolved, dtype, a), resolved.attn_implementation, notes)
+            _checked(lambda a: build_random_model(resolved, dtype, a, device)),
+            resolved.attn_implementation, notes)
     else:
         path = source or resolved.base_model
         model, attn = _with_attention_fallback(
-            lambda a: _from_pretrained(resolved, path, dtype, a, device),
+            _checked(lambda a: _from_pretrained(resolved, path, dtype, a, device)),
             resolved.attn_implementation, notes)
     model.config.use_cache = False
-    if resolved.quantization in ("int4", "int8"):
-        from peft import prepare_model_for_kbit_training
-
-        model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=resolved.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False})
     compute = "fp16" if on_gpu and resolved.fp16 and not resolved.bf16 else "bf16"
+    if resolved.quantization in ("int4", "int8"):
+        _freeze_for_kbit(model, resolved, compute)
     shown = {"int4": f"nf4 + double quantization, {compute} compute", "int8": "int8"}
     choices = ModelChoices(
         dtype=shown.get(resolved.quantization, str(dtype).removeprefix("torch.")),
@@ -174,6 +225,7 @@ def load_base_model(resolved: ResolvedConfig, device: str,
         tf32=apply_tf32(resolved.use_tf32), quantization=resolved.quantization,
         device=device, notes=notes,
     )
+    _speedups(model, resolved, on_gpu, choices)
     return model, choices
 
 
@@ -210,7 +262,8 @@ def adapter_config(resolved: ResolvedConfig, total_steps: int) -> PeftConfig:
 
 def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig,
                    total_steps: int) -> PeftModel:
-    """Wrap `model` with the manifest's adapter (seeded init); adapter weights kept in fp32."""
+    """Wrap `model` with the manifest's adapter (seeded init). Adapter weights are fp32; they
+    compute in the mixed-precision dtype unless `adapter_precision` is fp32."""
     from peft import get_peft_model
     from transformers import set_seed
 
@@ -224,7 +277,19 @@ def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig,
                         f"{resolved.target_modules}): {exc}") from None
     if resolved.gradient_checkpointing and resolved.quantization not in ("int4", "int8"):
         peft_model.enable_input_require_grads()
+    if adapter_compute_dtype(resolved) != "fp32":
+        from expert_cli.train.speed import adapters_in_compute_dtype
+
+        adapters_in_compute_dtype(peft_model)
     return peft_model
+
+
+def adapter_compute_dtype(resolved: ResolvedConfig) -> str:
+    """The dtype adapters compute in: the mixed-precision dtype when `adapter_precision` is
+    compute and bf16/fp16 autocast is on, else fp32 (weights are fp32 in both cases)."""
+    if resolved.adapter_precision != "compute":
+        return "fp32"
+    return "bf16" if resolved.bf16 else "fp16" if resolved.fp16 else "fp32"
 
 
 def parameter_counts(model: PeftModel) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from expert_cli.config import (
     split_hub_spec,
 )
 from expert_cli.environment import Environment
+from expert_cli.train.attention import choose_kernel
 
 # Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
 DEFAULT_RANK = 16
@@ -35,6 +36,8 @@ DEFAULT_SAVE_STEPS = 500
 DEFAULT_SAVE_LIMIT = 3
 DEFAULT_LOGGING_STEPS = 10
 MAX_AUTO_WORKERS = 4
+# Fused linear cross-entropy libraries, fastest first on an H100 (docs/PERFORMANCE.md).
+FUSED_LOSS_ORDER = ("liger", "cce")
 TRAIN_FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet",
                       ".arrow": "arrow"}
 
@@ -101,9 +104,14 @@ class ResolvedConfig(BaseModel):
     bf16: bool
     fp16: bool
     use_tf32: bool
-    attn_implementation: Literal["flash_attention_2", "sdpa", "eager"]
+    attn_implementation: Literal["flash_attention_4", "flash_attention_2", "torch_varlen",
+                                 "flex_attention", "sdpa", "eager"]
+    adapter_precision: Literal["compute", "fp32"]
+    fused_loss: Literal["liger", "cce", "chunked", "off"]
+    liger_kernels: bool
     gradient_checkpointing: bool
-    torch_compile: bool
+    torch_compile: bool | None = Field(
+        description="true/false as the manifest says; null: decided from the run's length")
     torch_compile_backend: str | None
     torch_compile_mode: str | None
     # data loading
@@ -180,18 +188,58 @@ def _precision(cfg: TrainingConfig, env: Environment, notes: list[str]) -> tuple
 
 
 def _attention(cfg: TrainingConfig, env: Environment, half: bool, notes: list[str]) -> str:
-    flash_ok = env.has_gpu and env.flash_attn is not None and half
-    if cfg.flash_attention_2 and not flash_ok:
-        why = "is not installed" if env.flash_attn is None else "needs bf16/fp16 on a GPU"
-        notes.append(f"flash_attention_2: flash-attn {why}; using sdpa")
-    if cfg.flash_attention_2 is not False and flash_ok:
-        return "flash_attention_2"
-    if cfg.use_sdpa is False:
+    """The attention kernel: `attention` when set, else the format's flags, else auto."""
+    requested = cfg.attention or "auto"
+    if cfg.attention is None and cfg.flash_attention_2:
+        requested = "flash_attention_2"
+    elif cfg.attention is None and cfg.use_sdpa is False:
         notes.append("use_sdpa: false; using eager attention (slowest)")
-        return "eager"
+        requested = "eager"
     if cfg.memory_efficient_attention is not None:
-        notes.append("memory_efficient_attention: covered by sdpa's memory-efficient kernel")
-    return "sdpa"
+        notes.append("memory_efficient_attention: hint only; the attention kernel is chosen "
+                     "for packed rows (training.config.attention)")
+    kernel = choose_kernel(requested, env, half, notes)
+    if cfg.flash_attention_2 is False and kernel == "flash_attention_2":
+        kernel = choose_kernel("sdpa", env, half, notes)
+    return kernel
+
+
+def _fused_loss(cfg: TrainingConfig, env: Environment, notes: list[str]) -> str:
+    """Which linear cross-entropy replaces full-vocabulary logits (off on a CPU by default)."""
+    installed = {"liger": env.liger_kernel, "cce": env.cut_cross_entropy}
+    requested = cfg.fused_loss or "auto"
+    if requested in installed:
+        why = None if env.has_gpu else "needs a CUDA GPU"
+        if installed[requested] is None:
+            why = f"{'liger-kernel' if requested == 'liger' else 'cut-cross-entropy'} is not "\
+                  "installed"
+        if why is None:
+            return requested
+        notes.append(f"fused_loss: {requested} {why}; choosing automatically")
+        requested = "auto"
+    if requested != "auto":
+        return requested
+    if not env.has_gpu:
+        return "off"
+    return next((name for name in FUSED_LOSS_ORDER if installed.get(name)), "chunked")
+
+
+def _kernels(cfg: TrainingConfig, env: Environment, half: bool,
+             notes: list[str]) -> dict[str, Any]:
+    liger = bool(_first(cfg.liger_kernels, True)) and env.has_gpu and env.liger_kernel is not None
+    if cfg.liger_kernels and not liger:
+        why = "needs a CUDA GPU" if not env.has_gpu else "liger-kernel is not installed"
+        notes.append(f"liger_kernels: {why}; using the model's own layers")
+    if cfg.torch_compile and not env.has_gpu:
+        notes.append("torch_compile: on as the manifest asks (on a CPU the compile time "
+                     "rarely pays back)")
+    return dict(
+        attn_implementation=_attention(cfg, env, half, notes),
+        adapter_precision=_first(cfg.adapter_precision, "compute" if half else "fp32"),
+        fused_loss=_fused_loss(cfg, env, notes),
+        liger_kernels=liger,
+        torch_compile=cfg.torch_compile if cfg.torch_compile is not None else None,
+    )
 
 
 def _loader(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
@@ -227,7 +275,7 @@ def _hints(cfg: TrainingConfig, env: Environment, notes: list[str]) -> None:
         notes.append("memory_clear_every: not applicable without a GPU")
     if cfg.group_by_length and cfg.packing is not False:
         notes.append("group_by_length: not applicable to packed rows (all the same length)")
-    if cfg.torch_compile_backend and not cfg.torch_compile:
+    if cfg.torch_compile_backend and cfg.torch_compile is False:
         notes.append("torch_compile_backend/mode: not applicable, torch_compile is off")
 
 
@@ -369,9 +417,8 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         bf16=bf16,
         fp16=fp16,
         use_tf32=tf32,
-        attn_implementation=_attention(cfg, env, bf16 or fp16, notes),
+        **_kernels(cfg, env, bf16 or fp16, notes),
         gradient_checkpointing=bool(cfg.gradient_checkpointing),
-        torch_compile=bool(cfg.torch_compile),
         torch_compile_backend=cfg.torch_compile_backend,
         torch_compile_mode=cfg.torch_compile_mode,
         **_loader(cfg, env, notes),

@@ -56,9 +56,7 @@ def training_args_kwargs(resolved: ResolvedConfig, checkpoints_dir: Path, *,
         fp16=resolved.fp16,
         tf32=resolved.use_tf32 if on_gpu else None,
         **_checkpointing(resolved.gradient_checkpointing),
-        torch_compile=resolved.torch_compile,
-        torch_compile_backend=resolved.torch_compile_backend if resolved.torch_compile else None,
-        torch_compile_mode=resolved.torch_compile_mode if resolved.torch_compile else None,
+        torch_compile=False,  # expert-cli compiles each decoder layer itself (train/speed.py)
         dataloader_num_workers=resolved.dataloader_num_workers,
         dataloader_pin_memory=resolved.dataloader_pin_memory,
         dataloader_prefetch_factor=resolved.dataloader_prefetch_factor,
@@ -66,6 +64,8 @@ def training_args_kwargs(resolved: ResolvedConfig, checkpoints_dir: Path, *,
         train_sampling_strategy="group_by_length" if resolved.group_by_length else "random",
         length_column_name=LENGTH_COLUMN,  # else group_by_length reads every row at start
         logging_strategy="steps",
+        # the default checks every step's loss for NaN on the host: a GPU sync per step
+        logging_nan_inf_filter=False,
         logging_steps=resolved.logging_steps,
         save_strategy=resolved.save_strategy,
         save_steps=resolved.save_steps,
@@ -77,6 +77,7 @@ def training_args_kwargs(resolved: ResolvedConfig, checkpoints_dir: Path, *,
         greater_is_better=resolved.greater_is_better,
         torch_empty_cache_steps=resolved.memory_clear_every or None,
         use_cache=False,
+        prediction_loss_only=True,  # evaluation needs the loss, never all logits kept
         remove_unused_columns=False,  # the collator builds exactly the model's inputs
         label_names=["labels"],
         report_to="none",  # TensorBoard is attached by expert-cli, into OUTPUT/runs

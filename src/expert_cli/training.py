@@ -134,6 +134,7 @@ def _data(run: Run, args: Any) -> tuple[Any, Any]:
 def _model(run: Run, args: Any, tokenizer: Any, n_rows: int, resume: Path | None) -> Any:
     """Base model (a random init is materialised to OUTPUT/base_model first) + adapter."""
     from expert_cli.modeling import (
+        adapter_compute_dtype,
         attach_adapter,
         build_random_model,
         load_base_model,
@@ -142,6 +143,7 @@ def _model(run: Run, args: Any, tokenizer: Any, n_rows: int, resume: Path | None
         weight_dtype,
     )
     from expert_cli.outputs import materialize_random_base
+    from expert_cli.train.speed import compile_decision, compile_layers
     from expert_cli.trainer_setup import planned_steps
     from expert_cli.training_console import print_decisions
 
@@ -152,13 +154,19 @@ def _model(run: Run, args: Any, tokenizer: Any, n_rows: int, resume: Path | None
         source = run.output / "base_model"
         if run.is_main and not (resume and (source / "config.json").is_file()):
             dtype = weight_dtype(resolved, device.startswith("cuda"))
-            random_model = build_random_model(resolved, dtype, "eager")
+            random_model = build_random_model(resolved, dtype, "eager", device)
             materialize_random_base(random_model, tokenizer, source)
             del random_model
         _barrier()
     model, choices = load_base_model(resolved, device, str(source) if source else None)
     steps = planned_steps(resolved, n_rows, run.world_size, args.max_steps)
     peft_model = attach_adapter(model, resolved, steps)
+    choices.adapter_precision = adapter_compute_dtype(resolved)
+    compile_on, why = compile_decision(resolved.torch_compile, device.startswith("cuda"), steps)
+    if compile_on:
+        choices.compiled_layers = compile_layers(peft_model, resolved.torch_compile_backend,
+                                                 resolved.torch_compile_mode)
+    choices.notes.append(f"torch_compile: {why}")
     trainable, total = parameter_counts(peft_model)
     if run.is_main:
         print_decisions(run.console, resolved, choices, trainable, total)
@@ -168,7 +176,7 @@ def _model(run: Run, args: Any, tokenizer: Any, n_rows: int, resume: Path | None
     return peft_model
 
 
-def _flops_model(peft_model: Any) -> Any:
+def flops_model(peft_model: Any) -> Any:
     """What MFU needs to know of the model, and this GPU's peak (None on CPU/unknown GPUs)."""
     import torch
 
@@ -194,6 +202,7 @@ def _trainer(run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any,
 
     from expert_cli.data.collate import PackedCollator
     from expert_cli.telemetry.throughput import ThroughputMeter, make_throughput_callback
+    from expert_cli.train.attention import BOUNDARY_KERNELS
     from expert_cli.trainer_setup import (
         CountingCollator,
         expert_trainer_class,
@@ -202,9 +211,10 @@ def _trainer(run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any,
     )
     from expert_cli.training_console import make_progress_callback
 
-    flatten = run.resolved.attn_implementation == "flash_attention_2"
-    collator = CountingCollator(PackedCollator(tokenizer.pad_token_id, flatten=flatten))
-    meter = ThroughputMeter(_flops_model(peft_model), run.world_size,
+    kernel = run.runtime["model"]["attn_implementation"]
+    collator = CountingCollator(PackedCollator(tokenizer.pad_token_id,
+                                               boundaries=kernel in BOUNDARY_KERNELS))
+    meter = ThroughputMeter(flops_model(peft_model), run.world_size,
                             reduce=_sum_over_ranks)
     progress = make_progress_callback(run.console) if run.is_main else None
     metrics = run.output / "metrics.json"

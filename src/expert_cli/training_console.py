@@ -37,6 +37,10 @@ def print_data(console: Console, stats: dict[str, Any], built: bool, reason: str
     console.print(f"{state} ({reason}) {cache_dir}", highlight=False, markup=False)
 
 
+def _loss_name(fused: str) -> str:
+    return "standard (full logits)" if fused == "off" else f"fused linear cross-entropy ({fused})"
+
+
 def print_decisions(console: Console, resolved: ResolvedConfig, choices: ModelChoices,
                     trainable: int, total: int) -> None:
     """Model, kernels, precision, adapter and every note of the resolution."""
@@ -48,6 +52,11 @@ def print_decisions(console: Console, resolved: ResolvedConfig, choices: ModelCh
         f"[bold]kernels[/bold]   attention {choices.attn_implementation}, weights "
         f"{choices.dtype}, mixed precision {mixed}, TF32 {'on' if choices.tf32 else 'off'}, "
         f"quantization {choices.quantization}", highlight=False)
+    compiled = f"{choices.compiled_layers} layers" if choices.compiled_layers else "off"
+    console.print(
+        f"[bold]step[/bold]      loss {_loss_name(choices.fused_loss)}, adapters compute in "
+        f"{choices.adapter_precision} (fp32 weights), Liger layers "
+        f"{'on' if choices.liger_kernels else 'off'}, torch.compile {compiled}", highlight=False)
     kind = "dora" if resolved.use_dora else resolved.adapter_type
     console.print("[bold]adapter[/bold]   ", end="")
     console.print(

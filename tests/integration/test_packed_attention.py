@@ -1,15 +1,21 @@
-"""Packed rows are contamination-free: each example's logits equal those of the example alone.
+"""Packed rows are contamination-free: each example's logits equal those of the example alone,
+for every attention kernel that runs on a CPU.
 
-transformers builds the block-diagonal mask from restarting `position_ids` when no attention
-mask and no cache are given (sdpa, eager); this checks it end to end with the collator.
+sdpa, eager and flex get the block-diagonal mask that transformers builds from restarting
+`position_ids`; torch_varlen reads the collator's explicit sequence boundaries. torch's varlen
+kernel itself runs only on CUDA, so here a per-example SDPA stands in for it (same signature);
+the real kernel is checked on a GPU by scripts/check_packed_attention_gpu.py.
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
 
 from expert_cli.data.collate import PackedCollator
+from expert_cli.train import attention
 
 LENGTHS = [7, 12, 5, 9, 3]
 ROWS = [[0, 1], [2, 3, 4]]  # examples per packed row; row 0 is shorter (gets padding)
@@ -24,31 +30,97 @@ def packed_rows(examples: list[list[int]]) -> list[dict]:
     return rows
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-@pytest.mark.parametrize("flatten", [False, True])
-def test_packed_logits_equal_unpacked(tiny_model_dir, attn: str, flatten: bool) -> None:
+def reference_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
+                     window_size=(-1, -1), enable_gqa=False, return_aux=None):
+    """torch.nn.attention.varlen.varlen_attn's contract, one example at a time with SDPA."""
+    assert window_size == (-1, 0) and max_q == max_k
+    assert cu_seq_q.dtype == torch.int32 and cu_seq_q is cu_seq_k
+    out = torch.empty_like(query)
+    bounds = cu_seq_q.tolist()
+    assert bounds[0] == 0 and bounds[-1] == query.shape[0]
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        assert end - start <= max_q
+        q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))
+        out[start:end] = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa).transpose(0, 1)
+    return out
+
+
+def _logits(model, batch) -> torch.Tensor:
+    extra = {k: batch[k] for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+                                   "max_length_k") if k in batch}
+    with torch.no_grad():
+        return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                     use_cache=False, **extra).logits
+
+
+def check_packed_equals_alone(model_dir, attn: str) -> int:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn,
+    if attn == attention.TORCH_VARLEN:
+        attention.register_torch_varlen()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=attn,
                                                  dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(0)
     examples = [torch.randint(10, 3000, (n,), generator=gen).tolist() for n in LENGTHS]
-    batch = PackedCollator(pad_token_id=0, flatten=flatten)(packed_rows(examples))
+    collate = PackedCollator(pad_token_id=0, boundaries=attn in attention.BOUNDARY_KERNELS)
+    logits = _logits(model, collate(packed_rows(examples)))
+    sdpa = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa",
+                                                dtype=torch.float32).eval()
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                       use_cache=False).logits
-        alone = [model(input_ids=torch.tensor([ex]), use_cache=False).logits[0]
+        alone = [sdpa(input_ids=torch.tensor([ex]), use_cache=False).logits[0]
                  for ex in examples]
     checked = 0
     for r, members in enumerate(ROWS):
-        offset = 0 if not flatten or r == 0 else sum(LENGTHS[i] for i in ROWS[0])
-        row = 0 if flatten else r
+        offset = 0
         for i in members:
-            got = logits[row, offset: offset + LENGTHS[i]]
+            got = logits[r, offset: offset + LENGTHS[i]]
             torch.testing.assert_close(got, alone[i], atol=1e-4, rtol=1e-4)
             offset += LENGTHS[i]
             checked += 1
-    assert checked == len(LENGTHS)
+    return checked
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_logits_equal_unpacked(tiny_model_dir, attn: str) -> None:
+    assert check_packed_equals_alone(tiny_model_dir, attn) == len(LENGTHS)
+
+
+def test_torch_varlen_reads_the_collators_boundaries(tiny_model_dir, monkeypatch) -> None:
+    import torch.nn.attention.varlen as varlen
+
+    calls = []
+
+    @functools.wraps(reference_varlen)  # inspect.signature sees the reference's keywords
+    def spy(*args, **kwargs):
+        calls.append(args[3].tolist())
+        return reference_varlen(*args, **kwargs)
+
+    monkeypatch.setattr(varlen, "varlen_attn", spy)
+    attention._varlen_fn.cache_clear()
+    try:
+        assert check_packed_equals_alone(tiny_model_dir, attention.TORCH_VARLEN) == len(LENGTHS)
+    finally:
+        attention._varlen_fn.cache_clear()
+    # two layers, each called with every example's start laid over both rows: row 0 holds
+    # 7 + 12 = 19 tokens, row 1 holds 5 + 9 + 3 = 17 then 2 padding tokens (own segment)
+    assert calls == [[0, 7, 19, 24, 33, 36, 38]] * 2
+
+
+def test_torch_varlen_without_boundaries_is_an_error(tiny_model_dir) -> None:
+    from transformers import AutoModelForCausalLM
+
+    attention.register_torch_varlen()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir,
+                                                 attn_implementation=attention.TORCH_VARLEN)
+    with pytest.raises(RuntimeError, match="sequence boundaries"):
+        model(input_ids=torch.tensor([[5, 6, 7]]), use_cache=False)
+
+
+@pytest.mark.slow
+def test_flex_attention_packed_logits_equal_unpacked(tiny_model_dir) -> None:
+    """Flex attention compiles its block mask (about 30 s on a CPU)."""
+    assert check_packed_equals_alone(tiny_model_dir, "flex_attention") == len(LENGTHS)
 
 
 def test_without_restarting_positions_examples_do_mix(tiny_model_dir) -> None:

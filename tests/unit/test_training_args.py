@@ -62,8 +62,9 @@ def test_every_field_is_mapped(tmp_path: Path) -> None:
         "per_device_train_batch_size": 3, "per_device_eval_batch_size": 3,
         "gradient_accumulation_steps": 5, "optim": "adamw_torch_fused", "weight_decay": 0.01,
         "max_grad_norm": 0.5, "seed": 7, "data_seed": 7, "bf16": True, "fp16": False,
-        "tf32": True, "activation_checkpointing": True, "torch_compile": True,
-        "torch_compile_backend": "inductor", "torch_compile_mode": "max-autotune",
+        "tf32": True, "activation_checkpointing": True,
+        # expert-cli compiles each decoder layer itself (regional), not the Trainer
+        "torch_compile": False, "prediction_loss_only": True, "logging_nan_inf_filter": False,
         "dataloader_num_workers": 3, "dataloader_pin_memory": True,
         "dataloader_prefetch_factor": 6, "dataloader_persistent_workers": True,
         "train_sampling_strategy": "random", "logging_steps": 4, "save_strategy": "steps",
@@ -73,6 +74,9 @@ def test_every_field_is_mapped(tmp_path: Path) -> None:
         "use_cpu": False, "remove_unused_columns": False,
     }
     assert {k: kw[k] for k in expected} == expected
+    assert "torch_compile_backend" not in kw
+    assert (r.torch_compile, r.torch_compile_backend, r.torch_compile_mode) == (
+        True, "inductor", "max-autotune")
 
 
 def test_arguments_are_accepted_by_transformers(tmp_path: Path) -> None:

@@ -43,6 +43,9 @@ Optimizer = Literal[
     "lion_32bit",
 ]
 Strategy = Literal["no", "steps", "epoch"]
+AttentionKernel = Literal["auto", "flash_attention_4", "flash_attention_2", "torch_varlen",
+                          "flex_attention", "sdpa", "eager"]
+FusedLoss = Literal["auto", "liger", "cce", "chunked", "off"]
 Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
@@ -252,7 +255,10 @@ class TrainingConfig(Strict):
     load_best_model_at_end: bool | None = Field(None, description="Keep the best checkpoint.")
     metric_for_best_model: str | None = Field(None, description="Metric for the best model.")
     greater_is_better: bool | None = Field(None, description="Direction of that metric.")
-    torch_compile: bool | None = Field(None, description="torch.compile the model.")
+    torch_compile: bool | None = Field(
+        None, description="torch.compile each decoder layer (regional). Default: on for GPU "
+        "runs long enough to repay the compile time.",
+    )
     torch_compile_backend: str | None = Field(None, description="torch.compile backend.")
     torch_compile_mode: str | None = Field(None, description="torch.compile mode.")
     pretokenized_cache: str | None = Field(
@@ -273,6 +279,25 @@ class TrainingConfig(Strict):
     seed: int = Field(42, description="Extension: seed for data order, eval split and init.")
     weight_decay: float = Field(0.0, ge=0, description="Extension: AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Extension: gradient clipping norm.")
+    attention: AttentionKernel | None = Field(
+        None, description="Extension: attention kernel for packed rows. auto (default): the "
+        "fastest correct one this machine has (flash_attention_4, flash_attention_2, "
+        "torch_varlen, flex_attention, sdpa); each keeps tokens within their own example.",
+    )
+    adapter_precision: Literal["compute", "fp32"] | None = Field(
+        None, description="Extension: dtype the adapters compute in. compute (default with "
+        "bf16/fp16): the mixed-precision dtype, no fp32 copy of each adapter's input; fp32: "
+        "peft's upcast. Adapter weights and optimizer state stay fp32 either way.",
+    )
+    fused_loss: FusedLoss | None = Field(
+        None, description="Extension: the loss without full-vocabulary logits. auto (default): "
+        "the fastest installed on a GPU (liger, cce), the standard loss on a CPU; chunked is "
+        "expert-cli's own portable version; off keeps the standard loss.",
+    )
+    liger_kernels: bool | None = Field(
+        None, description="Extension: Liger's fused RMSNorm, SwiGLU and RoPE kernels "
+        "(GPU, liger-kernel installed, a model type Liger supports). Default: on where usable.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingConfig:

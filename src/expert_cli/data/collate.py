@@ -1,58 +1,73 @@
 """Batches of packed rows for the Trainer, with no padding waste and no attention mask.
 
-`position_ids` restart at 0 at every example; with no attention mask and no KV cache,
-transformers builds the block-diagonal mask from them (sdpa, eager) or uses them as varlen
-boundaries (flash-attention 2). Tensors are plain CPU tensors; the DataLoader pins them when
-`pin_memory` is on.
+`position_ids` restart at 0 at every example. With `boundaries` on (the varlen kernels:
+flash-attention 4/2, torch_varlen) the batch also carries where every example starts, laid end
+to end over all rows (`cu_seq_lens_q/k`, int32) and the longest example (`max_length_q/k`),
+computed here on the CPU so the step never has to find them on the GPU. Without it, and with
+no attention mask and no KV cache, transformers builds the block-diagonal mask from the
+restarting positions (sdpa, eager, flex). Tensors are plain CPU tensors; the DataLoader pins
+them when `pin_memory` is on.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
+import torch
 
 from expert_cli.data.formatting import IGNORE
 
-if TYPE_CHECKING:
-    import torch
+KEYS = ("input_ids", "labels", "position_ids")
+
+
+def sequence_boundaries(position_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Cumulative starts (with the total at the end) of the runs in a flat position array
+    where positions restart at 0, and the longest run."""
+    starts = np.flatnonzero(position_ids == 0)
+    if len(starts) == 0 or starts[0] != 0:
+        starts = np.concatenate([[0], starts])
+    cu = np.append(starts, len(position_ids)).astype(np.int32)
+    return cu, int(np.diff(cu).max())
 
 
 class PackedCollator:
-    """Collate packed rows (`input_ids`, `labels`, `position_ids`) into int64 tensors.
+    """Collate packed rows (`input_ids`, `labels`, `position_ids`) into [B, L] int64 tensors.
 
-    flatten=False: shape [B, L], L = the longest row (rounded up to `pad_to_multiple_of`);
-    padding uses `pad_token_id`, label -100, and positions 0, 1, ... so the padding forms its
-    own segment and never joins the last example. flatten=True: one row [1, total tokens] with
-    no padding at all, for flash-attention's varlen path (which needs batch size 1).
+    L is the longest row (rounded up to `pad_to_multiple_of`); padding uses `pad_token_id`,
+    label -100, and positions 0, 1, ... so the padding forms its own segment and never joins
+    the last example.
     """
 
-    def __init__(self, pad_token_id: int, flatten: bool = False,
+    def __init__(self, pad_token_id: int, boundaries: bool = False,
                  pad_to_multiple_of: int | None = None) -> None:
         self.pad_token_id = pad_token_id
-        self.flatten = flatten
+        self.boundaries = boundaries
         self.pad_to_multiple_of = pad_to_multiple_of
 
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        import torch
-
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         if not features:
             raise ValueError("PackedCollator got an empty batch")
-        keys = ("input_ids", "labels", "position_ids")
-        rows = {k: [torch.as_tensor(f[k], dtype=torch.long) for f in features] for k in keys}
-        if self.flatten:
-            return {k: torch.cat(v).unsqueeze(0) for k, v in rows.items()}
+        rows = {k: [np.asarray(f[k], dtype=np.int64) for f in features] for k in KEYS}
         width = max(len(r) for r in rows["input_ids"])
         if self.pad_to_multiple_of:
             m = self.pad_to_multiple_of
             width = (width + m - 1) // m * m
         batch = len(features)
         out = {
-            "input_ids": torch.full((batch, width), self.pad_token_id, dtype=torch.long),
-            "labels": torch.full((batch, width), IGNORE, dtype=torch.long),
-            "position_ids": torch.arange(width, dtype=torch.long).repeat(batch, 1),
+            "input_ids": np.full((batch, width), self.pad_token_id, dtype=np.int64),
+            "labels": np.full((batch, width), IGNORE, dtype=np.int64),
+            "position_ids": np.tile(np.arange(width, dtype=np.int64), (batch, 1)),
         }
         for i in range(batch):
             n = len(rows["input_ids"][i])
-            for k in keys:
+            for k in KEYS:
                 out[k][i, :n] = rows[k][i]
             out["position_ids"][i, n:] -= n
-        return out
+        result: dict[str, Any] = {k: torch.from_numpy(v) for k, v in out.items()}
+        if self.boundaries:
+            cu, longest = sequence_boundaries(out["position_ids"].reshape(-1))
+            cu_tensor = torch.from_numpy(cu)
+            result.update(cu_seq_lens_q=cu_tensor, cu_seq_lens_k=cu_tensor,
+                          max_length_q=longest, max_length_k=longest)
+        return result

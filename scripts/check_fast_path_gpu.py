@@ -1,0 +1,174 @@
+"""On a GPU: the fast path computes what the plain path computes.
+
+1. Attention: for every kernel this machine has, each example's logits inside packed rows equal
+   its logits alone (two rows, several examples each, a padding tail; the boundary kernels get
+   the collator's explicit sequence boundaries).
+2. Loss: each fused linear cross-entropy backend (liger, cce, chunked) gives the standard loss
+   and the same adapter gradients on a small Qwen3 in bf16.
+
+    python scripts/check_fast_path_gpu.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+TOLERANCE = {"float32": 1e-4, "bfloat16": 0.05}
+
+
+def _config(layers: int = 2):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=32768, hidden_size=256, intermediate_size=512,
+                       num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4,
+                       head_dim=64, max_position_embeddings=4096)
+
+
+DEVICE = "cuda"
+
+
+def _model(attn: str, dtype):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from expert_cli.train.attention import TORCH_VARLEN, register_torch_varlen
+
+    if attn == TORCH_VARLEN:
+        register_torch_varlen()
+    torch.manual_seed(0)
+    with torch.device(DEVICE):
+        model = AutoModelForCausalLM.from_config(_config(), dtype=dtype, attn_implementation=attn)
+    return model.eval()
+
+
+def packed_vs_alone(attn: str, dtype_name: str) -> float:
+    """Largest |packed - alone| logit over every token of every example."""
+    import torch
+
+    from expert_cli.data.collate import PackedCollator
+    from expert_cli.train.attention import BOUNDARY_KERNELS
+
+    dtype = getattr(torch, dtype_name)
+    model = _model(attn, dtype)
+    reference = _model("sdpa", dtype)
+    gen = torch.Generator().manual_seed(1)
+    rows_of = [[40, 300, 7, 200], [513, 90]]  # example lengths per row; row 1 is shorter
+    examples = [[torch.randint(0, 32768, (n,), generator=gen) for n in row] for row in rows_of]
+    rows = [{"input_ids": torch.cat(row).tolist(), "labels": torch.cat(row).tolist(),
+             "position_ids": torch.cat([torch.arange(len(e)) for e in row]).tolist()}
+            for row in examples]
+    batch = PackedCollator(0, boundaries=attn in BOUNDARY_KERNELS)(rows)
+    inputs = {k: (v.to(DEVICE) if torch.is_tensor(v) else v) for k, v in batch.items()
+              if k != "labels"}
+    worst = 0.0
+    with torch.no_grad():
+        packed = model(**inputs, use_cache=False).logits.float()
+        for r, row in enumerate(examples):
+            start = 0
+            for seq in row:
+                alone = reference(input_ids=seq.unsqueeze(0).to(DEVICE),
+                                  use_cache=False).logits[0].float()
+                part = packed[r, start:start + len(seq)]
+                worst = max(worst, (part - alone).abs().max().item())
+                start += len(seq)
+    return worst
+
+
+def loss_parity(backend: str) -> dict[str, float]:
+    """Relative difference of the loss and of the adapter gradients, fused vs standard."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from expert_cli.train.loss import install_fused_loss
+
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 32768, (4, 1024), generator=gen).to(DEVICE)
+    labels = ids.clone()
+    labels[:, :100] = -100
+    out = {}
+    for name in ("standard", backend):
+        model = _model("sdpa", torch.bfloat16).train()
+        if name != "standard":
+            install_fused_loss(model, backend)
+        torch.manual_seed(3)
+        model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear",
+                                                 init_lora_weights=False))
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+        loss.backward()
+        grads = torch.cat([p.grad.float().flatten() for p in model.parameters()
+                           if p.requires_grad])
+        out[name] = (loss.float().item(), grads)
+    (ref_loss, ref_grad), (loss, grad) = out["standard"], out[backend]
+    return {"loss": loss, "standard_loss": ref_loss,
+            "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
+            "grad_rel_diff": ((grad - ref_grad).norm() / ref_grad.norm()).item()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke test of this script")
+    parser.add_argument("--kernels", default=None, help="only these kernels (comma-separated)")
+    parser.add_argument("--no-loss", action="store_true", help="skip the fused-loss checks")
+    args = parser.parse_args()
+    import torch
+
+    global DEVICE
+    DEVICE = args.device
+
+    from expert_cli.environment import cpu_environment, probe_environment
+    from expert_cli.train.attention import KERNEL_ORDER, kernel_unusable
+
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("no CUDA GPU: nothing to check", file=sys.stderr)
+        return 2
+    env = probe_environment()
+    if DEVICE == "cpu":
+        env = cpu_environment()
+    results, skipped = [], {}
+    wanted = args.kernels.split(",") if args.kernels else KERNEL_ORDER
+    for attn in wanted:
+        why = kernel_unusable(attn, env, half=True)
+        if why:
+            skipped[attn] = why
+            continue
+        dtypes = ["bfloat16"] if attn not in ("sdpa", "eager", "flex_attention") \
+            else ["float32", "bfloat16"]
+        for dtype in dtypes:
+            try:
+                diff = packed_vs_alone(attn, dtype)
+                results.append({"check": "packed_vs_alone", "attn": attn, "dtype": dtype,
+                                "max_abs_diff": diff, "tolerance": TOLERANCE[dtype],
+                                "ok": diff <= TOLERANCE[dtype]})
+            except Exception as exc:  # a kernel that fails here is reported, not fatal
+                results.append({"check": "packed_vs_alone", "attn": attn, "dtype": dtype,
+                                "ok": False, "error": f"{type(exc).__name__}: {exc}"[:800]})
+    backends = ("liger", "cce", "chunked") if DEVICE == "cuda" else ("chunked",)
+    for backend in () if args.no_loss else backends:
+        try:
+            parity = loss_parity(backend)
+            ok = parity["loss_rel_diff"] < 2e-3 and parity["grad_rel_diff"] < 5e-2
+            results.append({"check": "loss_parity", "backend": backend, **parity, "ok": ok})
+        except Exception as exc:
+            results.append({"check": "loss_parity", "backend": backend, "ok": False,
+                            "error": f"{type(exc).__name__}: {exc}"[:800]})
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else None
+    report = {"gpu": gpu, "results": results, "skipped": skipped}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for r in results:
+            what = r.get("attn", r.get("backend"))
+            detail = r.get("error") or {k: v for k, v in r.items()
+                                        if k.endswith("diff") or k == "dtype"}
+            print(f"{r['check']:16s} {what:18s} {'ok' if r['ok'] else 'FAIL'} {detail}")
+        for attn, why in skipped.items():
+            print(f"skipped          {attn:18s} {why}")
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

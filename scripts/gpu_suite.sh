@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The GPU measurements of the training step (issue: the step at the hardware's speed), run on
+# a lent GPU machine in the repository root, results as JSON under $OUT (default bench_results/gpu).
+#
+#   bash scripts/make_gpu_carry.sh                  # here: build .carry/ once
+#   bash scripts/gpu_suite.sh stage1                # there, carrying .carry/common + .carry/fa4a
+#   bash scripts/gpu_suite.sh stage2                # there, carrying .carry/common + .carry/fa4b
+#
+# stage1: correctness of every kernel and fused loss (scripts/check_fast_path_gpu.py), the
+#         200-step loss-parity pair (e_default vs the old path), the kernel/loss alternatives,
+#         QLoRA and DoRA. stage2: flash-attention 4 once both halves of its library are on the
+#         machine, the (a)-(f) table, batch sizes, torch.compile, and a profile of the step.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STAGE=${1:?usage: gpu_suite.sh stage1|stage2}
+OUT=${OUT:-bench_results/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=true
+SITE=/tmp/site
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+
+# --- packages: unpacked once per machine
+if [ ! -f "$SITE/.unpacked" ]; then
+  tar -C /tmp -xJf .carry/common/site.tar.xz && touch "$SITE/.unpacked" || exit 3
+fi
+# --- flash-attn-4's CUDA 13 library: part 1 waits on the machine until part 2 arrives
+mkdir -p /root/stash
+[ -f .carry/fa4a/cu13.part1 ] && cp .carry/fa4a/cu13.part1 /root/stash/
+if [ ! -f "$SITE/.fa4" ] && [ -f /root/stash/cu13.part1 ] && [ -f .carry/fa4b/cu13.part2 ]; then
+  if cat /root/stash/cu13.part1 .carry/fa4b/cu13.part2 | xz -d | tar -C "$SITE" -xf -; then
+    touch "$SITE/.fa4"; log "flash-attn-4 library assembled"
+  else
+    log "flash-attn-4 library could not be assembled"
+  fi
+fi
+[ -f "$SITE/.fa4" ] || { log "flash-attn-4: library not on this machine (needs both parts)";
+                         mv "$SITE/flash_attn" "$SITE/flash_attn.off" 2>/dev/null; }
+[ -f "$SITE/.fa4" ] && [ -d "$SITE/flash_attn.off" ] && mv "$SITE/flash_attn.off" "$SITE/flash_attn"
+export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD/src"
+# --- the benchmark expert and its token cache
+EXPERT=bench_results/tmp/qwen3-expert
+if [ ! -f "$EXPERT/manifest.json" ]; then
+  mkdir -p bench_results/tmp && tar -C bench_results/tmp -xJf .carry/common/expert.tar.xz
+fi
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm \
+    --format=csv; nproc; python3 -m pip list 2>/dev/null | grep -iE \
+    "^(torch|triton|transformers|peft|accelerate|datasets|trl|liger|cut|flash|nvidia-cutlass|bitsandbytes|tokenizers) "
+  python3 -c "import transformers, peft, datasets; print('imported:', transformers.__version__, peft.__version__, datasets.__version__)"
+} > "$OUT/env-$STAGE.txt" 2>&1
+cat "$OUT/env-$STAGE.txt"
+log "pretokenize"
+python3 -m expert_cli.cli pretokenize --manifest "$EXPERT/manifest.json" 2>&1 | tail -3
+
+bench() {  # bench NAME TIMEOUT ARGS...
+  local name=$1 limit=$2; shift 2
+  log "bench $name"
+  timeout "$limit" python3 scripts/bench_train.py --expert "$EXPERT" --timeout 240 \
+    --output "$OUT/bench-$name.json" "$@" 2>&1 | grep -v Warning
+}
+
+if [ "$STAGE" = stage1 ]; then
+  log "check fast path"
+  timeout 100 python3 scripts/check_fast_path_gpu.py --json > "$OUT/check-stage1.json" \
+    2> "$OUT/check-stage1.err"; tail -c 1500 "$OUT/check-stage1.err"
+  python3 -c "import json; [print(r) for r in json.load(open('$OUT/check-stage1.json'))['results']]"
+  bench parity 220 --variants e_default,f_old_path --long e_default,f_old_path --long-steps 200
+  bench kernels 180 --variants f_attention_torch_varlen,f_loss_liger,f_loss_cce,f_loss_chunked,f_liger_off,f_attention_flex --steps 25
+  bench quant 90 --variants q_int4,q_dora --steps 25
+else
+  if [ -f "$SITE/.fa4" ]; then
+    log "check flash-attention 4"
+    timeout 90 python3 scripts/check_fast_path_gpu.py --json --kernels flash_attention_4 \
+      --no-loss > "$OUT/check-stage2.json" 2> "$OUT/check-stage2.err"
+    tail -c 1500 "$OUT/check-stage2.err"; cat "$OUT/check-stage2.json"
+  fi
+  bench table 300 --variants e_default,a_naive,b_hf,c_trl,f_attention_sdpa,f_loss_standard,f_adapters_fp32,f_attention_fa4 --steps 25
+  log "profile"
+  timeout 50 python3 scripts/profile_step.py --expert "$EXPERT" --output "$OUT/profile.json" 2>&1 | tail -35
+  bench more 150 --variants f_compile_on,f_batch_16 --steps 25
+fi
+log "done"

@@ -1,0 +1,98 @@
+"""Where one training step of an expert spends its GPU time (torch.profiler, top kernels).
+
+Builds the model the way `expert-cli train` does (automatic choices, or `--set` overrides),
+takes real packed batches from the expert's token cache, runs warm-up steps, then profiles a
+few forward + backward + AdamW steps under bf16 autocast. Writes the top kernels by GPU time
+and the step time as JSON.
+
+    python scripts/profile_step.py --expert bench_results/tmp/qwen3-expert --output prof.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--expert", type=Path, required=True)
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--steps", type=int, default=3, help="profiled steps")
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--output", type=Path, default=None)
+    a = p.parse_args()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from expert_cli.config import load_manifest
+    from expert_cli.data import prepare_data
+    from expert_cli.data.collate import PackedCollator
+    from expert_cli.data.tokenizer import load_tokenizer
+    from expert_cli.environment import probe_environment
+    from expert_cli.modeling import attach_adapter, load_base_model
+    from expert_cli.resolve import resolve
+    from expert_cli.train.attention import BOUNDARY_KERNELS
+
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    resolved = resolve(load_manifest(a.expert / "manifest.json", a.overrides),
+                       probe_environment())
+    tokenizer = load_tokenizer(resolved)
+    data = prepare_data(resolved, tokenizer, show_progress=False)
+    model, choices = load_base_model(resolved, "cuda:0")
+    model = attach_adapter(model, resolved, total_steps=100).train()
+    collate = PackedCollator(tokenizer.pad_token_id,
+                             boundaries=choices.attn_implementation in BOUNDARY_KERNELS)
+    params = [q for q in model.parameters() if q.requires_grad]
+    optim = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    n = resolved.batch_size
+
+    def batch(i: int) -> dict:
+        rows = [data.train[(i * n + j) % len(data.train)] for j in range(n)]
+        return {k: (v.cuda(non_blocking=True) if torch.is_tensor(v) else v)
+                for k, v in collate(rows).items()}
+
+    def step(i: int) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(**batch(i), use_cache=False).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+
+    for i in range(3):
+        step(i)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(a.steps):
+            step(3 + i)
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / a.steps
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    gpu_total = sum(e.self_device_time_total for e in events)
+    top = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)[:a.top]
+    rows = [{"kernel": e.key[:120], "calls_per_step": e.count / a.steps,
+             "ms_per_step": e.self_device_time_total / 1000 / a.steps,
+             "share": e.self_device_time_total / max(gpu_total, 1)} for e in top]
+    report = {"gpu": torch.cuda.get_device_name(), "choices": choices.__dict__,
+              "overrides": a.overrides, "batch_rows": n, "seq": resolved.max_seq_length,
+              "step_wall_ms": wall * 1000, "gpu_busy_ms_per_step": gpu_total / 1000 / a.steps,
+              "top_kernels": rows}
+    print(f"step {wall * 1000:.0f} ms wall, {gpu_total / 1000 / a.steps:.0f} ms GPU kernels "
+          f"({choices.attn_implementation}, loss {choices.fused_loss})")
+    for r in rows:
+        print(f"{r['ms_per_step']:8.2f} ms {100 * r['share']:5.1f}% x{r['calls_per_step']:6.0f} "
+              f" {r['kernel']}")
+    if a.output:
+        a.output.write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
