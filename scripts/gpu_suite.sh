@@ -18,16 +18,19 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=true
 SITE=/tmp/site
 log() { echo "[$(date +%H:%M:%S)] $*"; }
+untar() {  # untar DEST < ARCHIVE.tar.xz (Python's tarfile: no xz binary needed)
+  python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall(sys.argv[1])" "$1"
+}
 
 # --- packages: unpacked once per machine
 if [ ! -f "$SITE/.unpacked" ]; then
-  tar -C /tmp -xJf .carry/common/site.tar.xz && touch "$SITE/.unpacked" || exit 3
+  untar /tmp < .carry/common/site.tar.xz && touch "$SITE/.unpacked" || exit 3
 fi
 # --- flash-attn-4's CUDA 13 library: part 1 waits on the machine until part 2 arrives
 mkdir -p /root/stash
 [ -f .carry/fa4a/cu13.part1 ] && cp .carry/fa4a/cu13.part1 /root/stash/
 if [ ! -f "$SITE/.fa4" ] && [ -f /root/stash/cu13.part1 ] && [ -f .carry/fa4b/cu13.part2 ]; then
-  if cat /root/stash/cu13.part1 .carry/fa4b/cu13.part2 | xz -d | tar -C "$SITE" -xf -; then
+  if cat /root/stash/cu13.part1 .carry/fa4b/cu13.part2 | untar "$SITE"; then
     touch "$SITE/.fa4"; log "flash-attn-4 library assembled"
   else
     log "flash-attn-4 library could not be assembled"
@@ -40,7 +43,7 @@ export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD/src"
 # --- the benchmark expert and its token cache
 EXPERT=bench_results/tmp/qwen3-expert
 if [ ! -f "$EXPERT/manifest.json" ]; then
-  mkdir -p bench_results/tmp && tar -C bench_results/tmp -xJf .carry/common/expert.tar.xz
+  mkdir -p bench_results/tmp && untar bench_results/tmp < .carry/common/expert.tar.xz
 fi
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm \
