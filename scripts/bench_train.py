@@ -54,7 +54,6 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
     "f_attention_flex": ("cli", [f"{C}attention=flex_attention"], "flex attention"),
     "f_loss_standard": ("cli", [f"{C}fused_loss=off"], "full-vocabulary logits"),
     "f_loss_liger": ("cli", [f"{C}fused_loss=liger"], "Liger fused linear CE"),
-    "f_loss_cce": ("cli", [f"{C}fused_loss=cce"], "cut-cross-entropy"),
     "f_loss_chunked": ("cli", [f"{C}fused_loss=chunked"], "expert-cli chunked CE"),
     "f_adapters_fp32": ("cli", [f"{C}adapter_precision=fp32"], "peft's fp32 adapter inputs"),
     "f_liger_off": ("cli", [f"{C}liger_kernels=false"], "no Liger RMSNorm/SwiGLU/RoPE"),
@@ -70,7 +69,7 @@ GROUPS = {
     "table": ["a_naive", "b_hf", "c_trl", "e_default", "f_old_path", "f_attention_sdpa",
               "f_loss_standard", "f_adapters_fp32", "f_liger_off", "f_compile_on"],
     "kernels": ["f_attention_torch_varlen", "f_attention_fa4", "f_attention_flex",
-                "f_loss_liger", "f_loss_cce", "f_loss_chunked", "f_liger_on"],
+                "f_loss_liger", "f_loss_chunked", "f_liger_on"],
     "more": ["f_batch_16", "f_batch_32", "q_int4", "q_dora"],
     "quick": ["a_naive", "b_hf", "e_default", "f_old_path"],
 }
@@ -319,7 +318,7 @@ def _machine() -> dict[str, Any]:
 
     versions = {}
     for pkg in ("torch", "transformers", "peft", "accelerate", "datasets", "trl",
-                "liger-kernel", "cut-cross-entropy", "flash-attn-4", "flash-attn",
+                "liger-kernel", "flash-attn-4", "flash-attn",
                 "nvidia-cutlass-dsl", "bitsandbytes", "triton"):
         try:
             versions[pkg] = md.version(pkg)

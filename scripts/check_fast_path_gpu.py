@@ -3,7 +3,7 @@
 1. Attention: for every kernel this machine has, each example's logits inside packed rows equal
    its logits alone (two rows, several examples each, a padding tail; the boundary kernels get
    the collator's explicit sequence boundaries).
-2. Loss: each fused linear cross-entropy backend (liger, cce, chunked) gives the standard loss
+2. Loss: each fused linear cross-entropy backend (liger, chunked) gives the standard loss
    and the same adapter gradients on a small Qwen3 in bf16.
 
     python scripts/check_fast_path_gpu.py [--json]
@@ -146,7 +146,7 @@ def main() -> int:
             except Exception as exc:  # a kernel that fails here is reported, not fatal
                 results.append({"check": "packed_vs_alone", "attn": attn, "dtype": dtype,
                                 "ok": False, "error": f"{type(exc).__name__}: {exc}"[:800]})
-    backends = ("liger", "cce", "chunked") if DEVICE == "cuda" else ("chunked",)
+    backends = ("liger", "chunked") if DEVICE == "cuda" else ("chunked",)
     for backend in () if args.no_loss else backends:
         try:
             parity = loss_parity(backend)

@@ -68,7 +68,7 @@ if [ "$STAGE" = stage1 ]; then
     2> "$OUT/check-stage1.err"; tail -c 1500 "$OUT/check-stage1.err"
   python3 -c "import json; [print(r) for r in json.load(open('$OUT/check-stage1.json'))['results']]"
   bench parity 220 --variants e_default,f_old_path --long e_default,f_old_path --long-steps 200
-  bench kernels 180 --variants f_attention_torch_varlen,f_loss_liger,f_loss_cce,f_loss_chunked,f_liger_off,f_attention_flex --steps 25
+  bench kernels 180 --variants f_attention_torch_varlen,f_loss_liger,f_loss_chunked,f_liger_off,f_attention_flex --steps 25
   bench quant 90 --variants q_int4,q_dora --steps 25
 else
   if [ -f "$SITE/.fa4" ]; then

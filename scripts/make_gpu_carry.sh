@@ -3,7 +3,7 @@
 # torch but no network, packed small enough to travel with the repository (64 MiB a call).
 #
 #   .carry/common/site.tar.xz    Python 3.12 packages, unpacked: transformers, peft, datasets,
-#                                pydantic, trl, liger-kernel, cut-cross-entropy, bitsandbytes
+#                                pydantic, trl, liger-kernel, bitsandbytes
 #                                (CUDA 13 library only), flash-attn-4 and its CuTe DSL (without
 #                                the CUDA 13 compiler library, see below)
 #   .carry/common/expert.tar.xz  the benchmark expert (scripts/make_bench_expert.py)
@@ -25,7 +25,7 @@ grep -qs '^/.carry/' .git/info/exclude || { mkdir -p .git/info; echo '/.carry/' 
 python -m pip install -q --no-deps "${PLATFORM[@]}" --target "$WORK/site" \
   transformers==5.23.0 peft==0.21.2 datasets==5.2.0 dill==0.4.0 multiprocess==0.70.18 \
   pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.8.0 typing-inspection==0.4.5 \
-  bitsandbytes==0.50.2 liger-kernel==0.8.5 cut-cross-entropy==25.1.1 trl==1.16.0 \
+  bitsandbytes==0.50.2 liger-kernel==0.8.5 trl==1.16.0 \
   flash-attn-4==4.0.0b36 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 \
   torch-c-dlpack-ext==0.1.5 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 \
   nvidia-cutlass-dsl-libs-core==4.8.1

@@ -51,7 +51,8 @@ ADVICE: dict[str, list[str]] = {
     "small_batches": [
         "raise training.config.batch_size (and lower gradient_accumulation_steps to match)",
         "enable training.config.packing, or raise max_seq_length, for more tokens per step",
-        "try torch_compile or use_cuda_graphs to cut per-kernel launch overhead",
+        "let batch_size be auto (the default on a GPU): the micro-batch grows to what the "
+        "GPU's memory holds, accumulation keeps the step",
     ],
     "memory_pressure": [
         "lower training.config.batch_size and raise gradient_accumulation_steps to match",
@@ -67,12 +68,13 @@ ADVICE: dict[str, list[str]] = {
         "`nvidia-smi -pl WATTS` if it was lowered, or accept it as the ceiling",
     ],
     "gpu_bound": [
-        "enable training.config.torch_compile: fuses the many small kernels around each matmul",
-        "install flash-attn (`pip install flash-attn`): flash_attention_2 is then picked for "
-        "packed rows (varlen attention, no padding)",
+        "install the fast-path extras (`pip install 'expert-cli[gpu]'`: liger-kernel for "
+        "fused RMSNorm/SwiGLU/RoPE and the fused loss; flash-attn-4 on Hopper/Blackwell)",
+        "leave training.config.attention, fused_loss and adapter_precision unset: the "
+        "defaults are the fastest measured (docs/PERFORMANCE.md)",
         "adapt fewer modules (training.config.target_modules, e.g. the attention projections "
-        "instead of all-linear) and keep the adapters in the compute dtype (bf16): every "
-        "adapted layer adds small matmuls that run far below peak",
+        "instead of all-linear): every adapted layer adds small matmuls that run far below "
+        "peak",
         "turn training.config.gradient_checkpointing off if it is on (it recomputes the "
         "forward pass), memory allowing",
     ],
@@ -84,8 +86,8 @@ ADVICE: dict[str, list[str]] = {
     "undetermined": ["sample on a GPU whose driver reports utilization (nvidia-smi)"],
 }
 PASS_METRICS = "pass the run's metrics (--metrics DIR/metrics.json) to see the data-wait fraction"
-RAISE_BATCH = ("raise training.config.batch_size (memory used p95 {mem:.0f}% leaves room): "
-               "bigger matmuls run closer to peak")
+RAISE_BATCH = ("raise training.config.batch_size, or set it to auto (memory used p95 "
+               "{mem:.0f}% leaves room): bigger matmuls run closer to peak")
 PERIODIC_STALLS = ("find the stall that recurs about every {every:.0f} s: logging (loss to the "
                    "host), evaluation or checkpoint saves; raise training.config.logging_steps, "
                    "eval_steps or save_steps")

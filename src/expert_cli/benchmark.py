@@ -342,8 +342,9 @@ def _run_sampling(
     runner = None
     if opts.workload is not None:
         from expert_cli.telemetry.workload import WorkloadRunner, get_workload
+        from expert_cli.train.workload import build_fast_step
 
-        runner = WorkloadRunner(get_workload(opts.workload))
+        runner = WorkloadRunner(get_workload(opts.workload), build_fast_step)
         console.print(f"building workload {opts.workload} and running its warm-up steps ...")
         runner.start()
         runner.wait_ready()

@@ -1,5 +1,5 @@
 """What this machine can do: torch, CUDA, the GPU, bf16/TF32, attention kernels, fused-kernel
-libraries (Liger, cut-cross-entropy), bitsandbytes.
+library (Liger), bitsandbytes.
 
 `probe_environment` imports torch, so call it from inside a command, never at import time.
 Resolution takes an `Environment` value, so tests can describe a GPU machine on a CPU one.
@@ -32,7 +32,6 @@ class Environment:
     torch_varlen: bool = False
     flex_attention: bool = False
     liger_kernel: str | None = None
-    cut_cross_entropy: str | None = None
     bitsandbytes: str | None = None
     cpu_count: int = 1
     packages: dict[str, str | None] = field(default_factory=dict)
@@ -95,7 +94,6 @@ def probe_environment() -> Environment:
         torch_varlen=_has_module("torch.nn.attention.varlen"),
         flex_attention=_has_module("torch.nn.attention.flex_attention"),
         liger_kernel=package_version("liger-kernel"),
-        cut_cross_entropy=package_version("cut-cross-entropy"),
         bitsandbytes=packages["bitsandbytes"],
         cpu_count=usable_cpus(),
         packages=packages,

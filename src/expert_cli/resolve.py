@@ -28,7 +28,7 @@ DEFAULT_RANK = 16
 DEFAULT_DROPOUT = 0.05
 DEFAULT_LR = 2e-4
 DEFAULT_MAX_SEQ = 2048
-DEFAULT_GPU_BATCH = 8
+DEFAULT_TOKENS_PER_STEP = 32_768  # batch_size auto: rows per optimizer step = this / seq
 DEFAULT_CPU_BATCH = 2
 DEFAULT_WARMUP_RATIO = 0.03
 DEFAULT_EVAL_FRACTION = 0.02
@@ -36,8 +36,6 @@ DEFAULT_SAVE_STEPS = 500
 DEFAULT_SAVE_LIMIT = 3
 DEFAULT_LOGGING_STEPS = 10
 MAX_AUTO_WORKERS = 4
-# Fused linear cross-entropy libraries, fastest first on an H100 (docs/PERFORMANCE.md).
-FUSED_LOSS_ORDER = ("liger", "cce")
 TRAIN_FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet",
                       ".arrow": "arrow"}
 
@@ -96,6 +94,10 @@ class ResolvedConfig(BaseModel):
     warmup_ratio: float
     batch_size: int
     gradient_accumulation_steps: int
+    batch_auto: bool = Field(
+        description="batch_size is probed from GPU memory at start (the numbers above are "
+        "then provisional; the run's choice is in runtime.batch)")
+    rows_per_step: int = Field(description="Packed rows per optimizer step per device.")
     optim: str
     weight_decay: float
     max_grad_norm: float
@@ -107,7 +109,7 @@ class ResolvedConfig(BaseModel):
     attn_implementation: Literal["flash_attention_4", "flash_attention_2", "torch_varlen",
                                  "flex_attention", "sdpa", "eager"]
     adapter_precision: Literal["compute", "fp32"]
-    fused_loss: Literal["liger", "cce", "chunked", "off"]
+    fused_loss: Literal["liger", "chunked", "off"]
     liger_kernels: bool
     gradient_checkpointing: bool
     torch_compile: bool | None = Field(
@@ -198,30 +200,27 @@ def _attention(cfg: TrainingConfig, env: Environment, half: bool, notes: list[st
     if cfg.memory_efficient_attention is not None:
         notes.append("memory_efficient_attention: hint only; the attention kernel is chosen "
                      "for packed rows (training.config.attention)")
-    kernel = choose_kernel(requested, env, half, notes)
-    if cfg.flash_attention_2 is False and kernel == "flash_attention_2":
-        kernel = choose_kernel("sdpa", env, half, notes)
-    return kernel
+    exclude = frozenset({"flash_attention_2"}) if cfg.flash_attention_2 is False else frozenset()
+    return choose_kernel(requested, env, half, notes, exclude)
 
 
 def _fused_loss(cfg: TrainingConfig, env: Environment, notes: list[str]) -> str:
-    """Which linear cross-entropy replaces full-vocabulary logits (off on a CPU by default)."""
-    installed = {"liger": env.liger_kernel, "cce": env.cut_cross_entropy}
+    """Which linear cross-entropy replaces full-vocabulary logits (off on a CPU by default).
+
+    Measured on an H100 (docs/PERFORMANCE.md): Liger's is the fastest, expert-cli's chunked
+    one next, both ahead of the standard loss, which also holds 28 GB more at 8 rows.
+    """
     requested = cfg.fused_loss or "auto"
-    if requested in installed:
-        why = None if env.has_gpu else "needs a CUDA GPU"
-        if installed[requested] is None:
-            why = f"{'liger-kernel' if requested == 'liger' else 'cut-cross-entropy'} is not "\
-                  "installed"
-        if why is None:
-            return requested
-        notes.append(f"fused_loss: {requested} {why}; choosing automatically")
+    liger = env.has_gpu and env.liger_kernel is not None
+    if requested == "liger" and not liger:
+        why = "needs a CUDA GPU" if not env.has_gpu else "liger-kernel is not installed"
+        notes.append(f"fused_loss: liger {why}; choosing automatically")
         requested = "auto"
     if requested != "auto":
         return requested
     if not env.has_gpu:
         return "off"
-    return next((name for name in FUSED_LOSS_ORDER if installed.get(name)), "chunked")
+    return "liger" if liger else "chunked"
 
 
 def _kernels(cfg: TrainingConfig, env: Environment, half: bool,
@@ -339,13 +338,37 @@ def _schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[s
         lr_scheduler=_first(cfg.lr_scheduler, "cosine"),
         warmup_steps=steps,
         warmup_ratio=ratio,
-        batch_size=_first(cfg.batch_size, DEFAULT_GPU_BATCH if env.has_gpu else DEFAULT_CPU_BATCH),
-        gradient_accumulation_steps=_first(cfg.gradient_accumulation_steps, 1),
+        **_batch(cfg, env, notes),
         optim=optim,
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,
         seed=cfg.seed,
     )
+
+
+def _batch(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
+    """Micro-batch, accumulation and rows per optimizer step (see train/batch.py)."""
+    seq = _first(cfg.max_seq_length, DEFAULT_MAX_SEQ)
+    auto = cfg.batch_size == "auto" or (cfg.batch_size is None and env.has_gpu)
+    if not auto:
+        batch = cfg.batch_size if isinstance(cfg.batch_size, int) else DEFAULT_CPU_BATCH
+        accumulation = _first(cfg.gradient_accumulation_steps, 1)
+        if cfg.tokens_per_step:
+            notes.append("tokens_per_step: not applicable; batch_size x "
+                         "gradient_accumulation_steps set the step")
+        return dict(batch_size=batch, gradient_accumulation_steps=accumulation,
+                    batch_auto=False, rows_per_step=batch * accumulation)
+    rows = max(1, _first(cfg.tokens_per_step, DEFAULT_TOKENS_PER_STEP) // seq)
+    if cfg.gradient_accumulation_steps:
+        notes.append("gradient_accumulation_steps: follows from batch_size auto "
+                     f"({rows} rows per optimizer step)")
+    if not env.has_gpu:
+        micro = max(d for d in range(1, min(rows, DEFAULT_CPU_BATCH) + 1) if rows % d == 0)
+        notes.append(f"batch_size: auto on a CPU: {micro} rows x {rows // micro} accumulation")
+        return dict(batch_size=micro, gradient_accumulation_steps=rows // micro,
+                    batch_auto=False, rows_per_step=rows)
+    return dict(batch_size=rows, gradient_accumulation_steps=1, batch_auto=True,
+                rows_per_step=rows)
 
 
 def _evaluation(lm: LoadedManifest, has_validation: bool) -> dict[str, Any]:

@@ -61,6 +61,9 @@ def training_args_kwargs(resolved: ResolvedConfig, checkpoints_dir: Path, *,
         dataloader_pin_memory=resolved.dataloader_pin_memory,
         dataloader_prefetch_factor=resolved.dataloader_prefetch_factor,
         dataloader_persistent_workers=resolved.dataloader_persistent_workers,
+        # pinned batches are copied to the GPU asynchronously; a blocking copy would make the
+        # host wait for the previous step at every batch fetch (a sync per step)
+        accelerator_config={"non_blocking": bool(resolved.dataloader_pin_memory and on_gpu)},
         train_sampling_strategy="group_by_length" if resolved.group_by_length else "random",
         length_column_name=LENGTH_COLUMN,  # else group_by_length reads every row at start
         logging_strategy="steps",

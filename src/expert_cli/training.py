@@ -131,7 +131,7 @@ def _data(run: Run, args: Any) -> tuple[Any, Any]:
     return tokenizer, data
 
 
-def _model(run: Run, args: Any, tokenizer: Any, n_rows: int, resume: Path | None) -> Any:
+def _model(run: Run, args: Any, tokenizer: Any, data: Any, resume: Path | None) -> Any:
     """Base model (a random init is materialised to OUTPUT/base_model first) + adapter."""
     from expert_cli.modeling import (
         adapter_compute_dtype,
@@ -159,21 +159,66 @@ def _model(run: Run, args: Any, tokenizer: Any, n_rows: int, resume: Path | None
             del random_model
         _barrier()
     model, choices = load_base_model(resolved, device, str(source) if source else None)
-    steps = planned_steps(resolved, n_rows, run.world_size, args.max_steps)
+    steps = planned_steps(resolved, len(data.train), run.world_size, args.max_steps)
     peft_model = attach_adapter(model, resolved, steps)
     choices.adapter_precision = adapter_compute_dtype(resolved)
-    compile_on, why = compile_decision(resolved.torch_compile, device.startswith("cuda"), steps)
+    if resolved.batch_auto and device.startswith("cuda"):
+        _plan_batch(run, args, peft_model, tokenizer, data, choices)
+    compile_on, why = compile_decision(resolved.torch_compile, device.startswith("cuda"))
     if compile_on:
         choices.compiled_layers = compile_layers(peft_model, resolved.torch_compile_backend,
                                                  resolved.torch_compile_mode)
     choices.notes.append(f"torch_compile: {why}")
     trainable, total = parameter_counts(peft_model)
     if run.is_main:
-        print_decisions(run.console, resolved, choices, trainable, total)
+        print_decisions(run.console, run.resolved, choices, trainable, total)
     run.runtime["model"] = {**choices.__dict__, "trainable_params": trainable,
                             "total_params": total, "base_weights": str(source or
                                                                        resolved.base_model)}
     return peft_model
+
+
+def _plan_batch(run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any,
+                choices: Any) -> None:
+    """batch_size auto: probe the memory of a micro-step, choose the micro-batch (the same on
+    every rank: the smallest any rank can hold) and keep the rows per optimizer step."""
+    import torch
+
+    from expert_cli.data.collate import PackedCollator
+    from expert_cli.train.attention import BOUNDARY_KERNELS
+    from expert_cli.train.batch import plan_batch
+
+    resolved = run.resolved
+    collate = PackedCollator(tokenizer.pad_token_id,
+                             boundaries=choices.attn_implementation in BOUNDARY_KERNELS,
+                             pad_to_multiple_of=resolved.max_seq_length)
+    rows = [data.train[i] for i in range(min(2, len(data.train)))] * 2
+    dtype = torch.bfloat16 if resolved.bf16 else torch.float16 if resolved.fp16 else None
+    if resolved.gradient_checkpointing:  # the Trainer turns it on too; the probe must see it
+        peft_model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    plan = plan_batch(peft_model, rows, collate, choices.device, resolved.rows_per_step, dtype)
+    micro = _min_over_ranks(plan.micro_batch)
+    accumulation = resolved.rows_per_step // micro
+    args.per_device_train_batch_size = args.per_device_eval_batch_size = micro
+    args.gradient_accumulation_steps = accumulation
+    run.resolved = resolved.model_copy(update={"batch_size": micro,
+                                               "gradient_accumulation_steps": accumulation})
+    run.runtime["batch"] = {**plan.to_dict(), "micro_batch": micro,
+                            "accumulation": accumulation}
+    choices.notes.append(f"batch_size: auto: {plan.describe()}")
+
+
+def _min_over_ranks(value: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
 
 
 def flops_model(peft_model: Any) -> Any:
@@ -286,7 +331,7 @@ def train(opts: TrainOptions, console: Console) -> TrainResult:
 
     run, args, resume = _setup(opts, console)
     tokenizer, data = _data(run, args)
-    peft_model = _model(run, args, tokenizer, len(data.train), resume)
+    peft_model = _model(run, args, tokenizer, data, resume)
     if run.is_main:
         run.output.mkdir(parents=True, exist_ok=True)
         write_resolved(run.output, run.resolved, run.runtime)

@@ -151,6 +151,8 @@ def test_tiny_workload_reports_tokens_per_second(tmp_path: Path) -> None:
     wl = json.loads((tmp_path / "r.json").read_text())["workload"]
     assert wl["workload"] == "tiny"
     assert wl["timed_steps"] >= 1 and wl["tokens_per_s"] > 0
+    # on a CPU the fast path's choices are the portable ones, and the report says so
+    assert (wl["attention"], wl["fused_loss"], wl["adapter_precision"]) == ("sdpa", "off", "fp32")
     # 2 layers x r=16 x (in + out) over q, k, v, o, gate, up, down
     assert wl["trainable_params"] == 2 * 16 * ((64 + 64) + 2 * (64 + 32) + (64 + 64)
                                                + 3 * (64 + 128))

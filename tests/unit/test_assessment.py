@@ -214,7 +214,7 @@ def test_busy_gpu_at_low_mfu_is_gpu_bound() -> None:
     assert "MFU 8.0%" in a["summary"]
     assert mentions(a["evidence"], "data-wait fraction 0.002 of step time")
     assert mentions(a["evidence"], "little room for a bigger batch")
-    for advice in ("torch_compile", "flash-attn", "target_modules", "gradient_checkpointing"):
+    for advice in ("liger-kernel", "flash-attn-4", "target_modules", "gradient_checkpointing"):
         assert mentions(a["advice"], advice)
     assert not mentions(a["advice"], "batch_size")  # memory is 88% used
 
@@ -223,7 +223,8 @@ def test_gpu_bound_with_free_memory_suggests_a_bigger_batch() -> None:
     a = run(recorded([97, 98, 99, 96], mem_percent=40.0), data_wait=0.01)
     assert a["bottleneck"] == "gpu_bound"  # data-wait known and low, MFU unknown
     assert "MFU" not in a["summary"]
-    assert a["advice"][0].startswith("raise training.config.batch_size (memory used p95 40%")
+    assert a["advice"][0].startswith("raise training.config.batch_size, or set it to auto "
+                                     "(memory used p95 40%")
 
 
 def test_busy_gpu_at_good_mfu_is_healthy() -> None:
@@ -286,4 +287,4 @@ def test_recorded_h100_training_run_is_gpu_bound_after_startup() -> None:
     assert not mentions(a["advice"], "--metrics")
     assert not mentions(a["advice"], "dataloader_num_workers")
     assert not mentions(a["advice"], "raise training.config.batch_size")  # memory p95 88%
-    assert mentions(a["advice"], "torch_compile") and mentions(a["advice"], "flash-attn")
+    assert mentions(a["advice"], "liger-kernel") and mentions(a["advice"], "flash-attn")

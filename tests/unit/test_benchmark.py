@@ -283,8 +283,9 @@ def test_qwen3_workload_lora_params_by_hand() -> None:
 def test_qwen3_workload_builds_the_real_architecture() -> None:
     import torch
 
-    from expert_cli.telemetry.workload import _build, get_workload
+    from expert_cli.telemetry.workload import get_workload
+    from expert_cli.train.workload import build_lora_model
 
-    _, _, counts = _build(get_workload("qwen3-0.6b-lora"), "meta", torch.bfloat16)
+    _, counts = build_lora_model(get_workload("qwen3-0.6b-lora"), "meta", torch.bfloat16)
     assert counts["trainable_params"] == 10_092_544
     assert counts["total_params"] - counts["trainable_params"] == 596_049_920  # Qwen3-0.6B

@@ -96,7 +96,7 @@ def test_comments_are_dropped_at_any_depth() -> None:
         (lambda d: d["training"]["config"].__setitem__("learning_rate", -0.001),
          "training.config.learning_rate: Input should be greater than 0 (got -0.001)"),
         (lambda d: d["training"]["config"].__setitem__("batch_size", "two"),
-         "training.config.batch_size: Input should be a valid integer"),
+         "training.config.batch_size: expected a whole number of rows from 1 to 4096, or \"auto\""),
         (lambda d: d["training"]["config"].__setitem__("fp16", True),
          "training.config: fp16 and bf16 are both true; choose one"),
         (lambda d: d["training"]["config"].__setitem__("num_epochs", 3),

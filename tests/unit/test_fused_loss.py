@@ -1,7 +1,7 @@
 """The loss without full-vocabulary logits equals the standard loss, and so do its gradients.
 
-`chunked` (expert-cli's own, plain torch) runs on the CPU; liger and cce are Triton kernels
-and are compared the same way on a GPU (tests/integration/test_fast_path_gpu.py).
+`chunked` (expert-cli's own, plain torch) runs on the CPU; Liger's is a Triton kernel and is
+compared the same way on a GPU (tests/integration/test_fast_path_gpu.py).
 """
 
 from __future__ import annotations

@@ -75,6 +75,7 @@ def test_every_field_is_mapped(tmp_path: Path) -> None:
     }
     assert {k: kw[k] for k in expected} == expected
     assert "torch_compile_backend" not in kw
+    assert kw["accelerator_config"] == {"non_blocking": True}  # pinned: no sync per fetch
     assert (r.torch_compile, r.torch_compile_backend, r.torch_compile_mode) == (
         True, "inductor", "max-autotune")
 

@@ -3,9 +3,10 @@
 The standard path multiplies every hidden state by the vocabulary matrix (151,936 rows for
 Qwen3), keeps those logits, and upcasts them to fp32: about 10 GB per copy for 16k tokens. A
 linear cross-entropy computes the same loss and gradients a slice of tokens at a time and keeps
-only one number per token. Backends: Liger-Kernel's fused linear cross-entropy (`liger`),
-Apple's cut-cross-entropy (`cce`), both Triton on a GPU, and `chunked`, this module's own
-portable version in plain torch (any device, used by the CPU tests as the reference).
+only one number per token. Backends: Liger-Kernel's fused linear cross-entropy (`liger`,
+Triton, GPU) and `chunked`, this module's own portable version in plain torch (any device; the
+CPU tests' reference). cut-cross-entropy was measured too and left out: slower here, and its
+default gradient filtering moved the adapter gradients by 22% (docs/PERFORMANCE.md).
 
 `install_fused_loss` rebinds a causal LM's `forward` so that, when labels are given, it runs the
 decoder body and returns the loss with no logits; the Trainer, DDP and peft see the same
@@ -100,11 +101,6 @@ def summed_linear_cross_entropy(backend: str, hidden: torch.Tensor, weight: torc
 
         return liger_fused_linear_cross_entropy(hidden, weight, targets, ignore_index=IGNORE,
                                                 reduction="sum")
-    if backend == "cce":
-        from cut_cross_entropy import linear_cross_entropy
-
-        return linear_cross_entropy(hidden, weight, targets, ignore_index=IGNORE,
-                                    reduction="sum")
     if backend == "chunked":
         return ChunkedLinearCrossEntropy.apply(hidden, weight, targets)
     raise ValueError(f"fused_loss: unknown backend {backend!r}")

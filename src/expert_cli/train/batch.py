@@ -1,0 +1,92 @@
+"""`batch_size: auto`: as many packed rows per micro-batch as the GPU's memory holds, with the
+optimizer step's size kept.
+
+A run asks for a number of rows per optimizer step (`tokens_per_step` / `max_seq_length`, or
+`batch_size` x `gradient_accumulation_steps`). The micro-batch is the largest divisor of that
+number that fits: a short probe runs a forward and backward pass of one row and of two rows,
+reads the peak memory of each, and takes the difference as the cost of a row. Accumulation
+makes up the rest, so the optimization is the same whatever the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+# Share of the GPU's memory a planned micro-batch may use (fragmentation, the optimizer's
+# first allocation and the allocator's caches take the rest).
+MEMORY_HEADROOM = 0.85
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The micro-batch chosen for one run, and the measurements behind it."""
+
+    micro_batch: int
+    accumulation: int
+    rows_per_step: int
+    fixed_gb: float | None = None
+    per_row_gb: float | None = None
+    budget_gb: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.per_row_gb is None:
+            return (f"{self.micro_batch} rows x {self.accumulation} accumulation "
+                    f"= {self.rows_per_step} rows per optimizer step")
+        return (f"{self.micro_batch} rows x {self.accumulation} accumulation = "
+                f"{self.rows_per_step} rows per optimizer step (probe: {self.per_row_gb:.2f} GB "
+                f"a row + {self.fixed_gb:.1f} GB fixed, budget {self.budget_gb:.0f} GB)")
+
+
+def largest_fitting_divisor(rows_per_step: int, fixed_gb: float, per_row_gb: float,
+                            budget_gb: float) -> int:
+    """The largest divisor d of `rows_per_step` with fixed + d x per_row <= budget (>= 1)."""
+    for d in range(rows_per_step, 0, -1):
+        if rows_per_step % d == 0 and fixed_gb + d * max(per_row_gb, 0.0) <= budget_gb:
+            return d
+    return 1
+
+
+def _peak_of_step(model: torch.nn.Module, batch: dict[str, Any],
+                  dtype: torch.dtype | None) -> float:
+    """Peak GPU memory (GiB) of one forward + backward pass of `batch`."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+        loss = model(**batch, use_cache=False).loss
+    loss.backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / GIB
+    model.zero_grad(set_to_none=True)
+    return peak
+
+
+def probe_memory(model: torch.nn.Module, rows: list[dict[str, Any]],
+                 collate: Any, device: str, dtype: torch.dtype | None) -> tuple[float, float]:
+    """(fixed GiB, GiB per row) of a training micro-step, from passes of one and two rows."""
+    peaks = []
+    for n in (1, 2):
+        batch = {k: (v.to(device) if torch.is_tensor(v) else v)
+                 for k, v in collate(rows[:n]).items()}
+        peaks.append(_peak_of_step(model, batch, dtype))
+    per_row = max(peaks[1] - peaks[0], 1e-3)
+    torch.cuda.empty_cache()
+    return peaks[0] - per_row, per_row
+
+
+def plan_batch(model: torch.nn.Module, rows: list[dict[str, Any]], collate: Any, device: str,
+               rows_per_step: int, dtype: torch.dtype | None) -> BatchPlan:
+    """Measure, then choose the micro-batch for `rows_per_step` on `device` (a CUDA device)."""
+    fixed, per_row = probe_memory(model, rows, collate, device, dtype)
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
+    budget = MEMORY_HEADROOM * total
+    micro = largest_fitting_divisor(rows_per_step, fixed, per_row, budget)
+    return BatchPlan(micro_batch=micro, accumulation=rows_per_step // micro,
+                     rows_per_step=rows_per_step, fixed_gb=round(fixed, 3),
+                     per_row_gb=round(per_row, 3), budget_gb=round(budget, 1))
