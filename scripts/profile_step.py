@@ -26,6 +26,7 @@ def main() -> int:
     p.add_argument("--output", type=Path, default=None)
     a = p.parse_args()
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from expert_cli.config import load_manifest
@@ -74,7 +75,9 @@ def main() -> int:
             step(3 + i)
         torch.cuda.synchronize()
     wall = (time.perf_counter() - start) / a.steps
-    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    # kernels only: a CPU op's device time repeats its kernels' time (counting both doubles it)
+    events = [e for e in prof.key_averages()
+              if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
     gpu_total = sum(e.self_device_time_total for e in events)
     top = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)[:a.top]
     rows = [{"kernel": e.key[:120], "calls_per_step": e.count / a.steps,
