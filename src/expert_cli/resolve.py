@@ -112,8 +112,7 @@ class ResolvedConfig(BaseModel):
     fused_loss: Literal["liger", "chunked", "off"]
     liger_kernels: bool
     gradient_checkpointing: bool
-    torch_compile: bool | None = Field(
-        description="true/false as the manifest says; null: decided from the run's length")
+    torch_compile: bool
     torch_compile_backend: str | None
     torch_compile_mode: str | None
     # data loading
@@ -237,7 +236,7 @@ def _kernels(cfg: TrainingConfig, env: Environment, half: bool,
         adapter_precision=_first(cfg.adapter_precision, "compute" if half else "fp32"),
         fused_loss=_fused_loss(cfg, env, notes),
         liger_kernels=liger,
-        torch_compile=cfg.torch_compile if cfg.torch_compile is not None else None,
+        torch_compile=bool(cfg.torch_compile),
     )
 
 
@@ -274,7 +273,7 @@ def _hints(cfg: TrainingConfig, env: Environment, notes: list[str]) -> None:
         notes.append("memory_clear_every: not applicable without a GPU")
     if cfg.group_by_length and cfg.packing is not False:
         notes.append("group_by_length: not applicable to packed rows (all the same length)")
-    if cfg.torch_compile_backend and cfg.torch_compile is False:
+    if cfg.torch_compile_backend and not cfg.torch_compile:
         notes.append("torch_compile_backend/mode: not applicable, torch_compile is off")
 
 

@@ -124,11 +124,12 @@ def test_a_cpu_run_keeps_the_standard_path(tmp_path: Path) -> None:
     assert _resolved(tmp_path, cpu_environment(), fused_loss="chunked").fused_loss == "chunked"
 
 
-def test_compile_is_opt_in() -> None:
-    assert compile_decision(None, on_gpu=True)[0] is False
-    assert compile_decision(None, on_gpu=False)[0] is False
-    assert compile_decision(True, on_gpu=False) == (True, "as the manifest asks")
-    assert compile_decision(False, on_gpu=True) == (False, "as the manifest asks")
+def test_compile_is_opt_in(tmp_path: Path) -> None:
+    assert _resolved(tmp_path, H100).torch_compile is False
+    assert _resolved(tmp_path, H100, torch_compile=True).torch_compile is True
+    assert compile_decision(False, on_gpu=True)[0] is False
+    assert compile_decision(False, on_gpu=False) == (False, "off")
+    assert compile_decision(True, on_gpu=False) == (True, "on as the manifest asks")
 
 
 def test_batch_auto_is_the_gpu_default(tmp_path: Path) -> None:

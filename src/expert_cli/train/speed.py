@@ -64,15 +64,15 @@ def compile_layers(model: torch.nn.Module, backend: str | None = None,
     return len(layers)
 
 
-def compile_decision(requested: bool | None, on_gpu: bool) -> tuple[bool, str]:
+def compile_decision(requested: bool, on_gpu: bool) -> tuple[bool, str]:
     """Whether to compile the decoder layers, and why. Off unless the manifest asks: on an H100
     the compiled layers ran 15% slower than Liger's kernels and took 40 s to compile
     (docs/PERFORMANCE.md), so no run length repays it there."""
-    if requested is not None:
-        return requested, "as the manifest asks"
+    if requested:
+        return True, "on as the manifest asks"
     if not on_gpu:
-        return False, "off (default)"
-    return False, "off (default: measured slower than Liger's fused kernels on an H100)"
+        return False, "off"
+    return False, "off (measured slower than Liger's fused kernels on an H100; opt in with true)"
 
 
 def describe(model: Any) -> dict[str, Any]:
