@@ -41,8 +41,14 @@ def test_outputs_written(demo_run: tuple[Path, Path, str]) -> None:
     assert list((out / "runs").glob("events.out.tfevents.*"))
     assert (out / "base_model" / "model.safetensors").is_file()  # the random init
     resolved = json.loads((out / "manifest.resolved.json").read_text())
-    assert resolved["runtime"]["model"]["attn_implementation"] == "sdpa"
-    for text in ("attention sdpa", "trainable of", "data ", "cache ", "completed"):
+    model = resolved["runtime"]["model"]
+    # a CPU run takes the portable path, and both the config and the run record it
+    assert (model["attn_implementation"], model["fused_loss"], model["adapter_precision"],
+            model["liger_kernels"], model["compiled_layers"]) == ("sdpa", "off", "fp32", False, 0)
+    assert (resolved["attn_implementation"], resolved["fused_loss"],
+            resolved["batch_auto"], resolved["torch_compile"]) == ("sdpa", "off", False, False)
+    for text in ("attention sdpa", "loss standard (full logits)", "trainable of", "data ",
+                 "cache ", "completed"):
         assert text in stdout, text
 
 
