@@ -10,44 +10,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import write_expert
+from train_helpers import prepared_cpu_run, train_steps, write_expert
 
 
 def _train(tmp_path: Path, model_dir: Path, precision: str) -> dict:
-    from transformers import TrainingArguments
-
-    from expert_cli.config import load_manifest
-    from expert_cli.data import prepare_data
-    from expert_cli.data.collate import PackedCollator
-    from expert_cli.data.tokenizer import load_tokenizer
-    from expert_cli.environment import cpu_environment
-    from expert_cli.modeling import adapter_compute_dtype, attach_adapter, load_base_model
-    from expert_cli.resolve import resolve
-    from expert_cli.trainer_setup import (
-        CountingCollator,
-        expert_trainer_class,
-        training_args_kwargs,
-    )
+    from expert_cli.modeling import adapter_compute_dtype
 
     manifest = write_expert(tmp_path / precision, model_dir, rows=48,
                             config={"bf16": True, "adapter_precision": precision,
                                     "learning_rate": 5e-3},
                             base={"quantization": "bf16"})
-    resolved = resolve(load_manifest(manifest), cpu_environment())
+    resolved, tokenizer, data, model = prepared_cpu_run(manifest, total_steps=8)
     assert resolved.bf16 and resolved.adapter_precision == precision
-    tokenizer = load_tokenizer(resolved)
-    data = prepare_data(resolved, tokenizer, show_progress=False)
-    model, _ = load_base_model(resolved, "cpu")
-    model = attach_adapter(model, resolved, total_steps=8)
     seen: set[torch.dtype] = set()
     first_a = next(m for n, m in model.named_modules() if n.endswith("lora_A.default"))
     first_a.register_forward_pre_hook(lambda mod, args: seen.add(args[0].dtype))
-    args = TrainingArguments(**training_args_kwargs(resolved, tmp_path / "ckpt", max_steps=8,
-                                                    has_eval=False))
-    trainer = expert_trainer_class()(
-        model=model, args=args, train_dataset=data.train,
-        data_collator=CountingCollator(PackedCollator(tokenizer.pad_token_id)))
-    trainer.train()
+    trainer = train_steps(resolved, tokenizer, data, model, tmp_path / "ckpt", 8)
     states = [s for s in trainer.optimizer.state.values() if "exp_avg" in s]
     return {
         "computes_in": adapter_compute_dtype(resolved),

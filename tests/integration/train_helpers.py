@@ -80,3 +80,41 @@ def load_adapter(output: Path) -> Any:
     config = json.loads((output / "adapter_config.json").read_text(encoding="utf-8"))
     base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
     return PeftModel.from_pretrained(base, output).eval()
+
+
+def prepared_cpu_run(manifest: Path, total_steps: int) -> tuple[Any, Any, Any, Any]:
+    """(resolved, tokenizer, data, peft model) for `manifest` on the CPU, as `train` builds
+    them."""
+    from expert_cli.config import load_manifest
+    from expert_cli.data import prepare_data
+    from expert_cli.data.tokenizer import load_tokenizer
+    from expert_cli.environment import cpu_environment
+    from expert_cli.modeling import attach_adapter, load_base_model
+    from expert_cli.resolve import resolve
+
+    resolved = resolve(load_manifest(manifest), cpu_environment())
+    tokenizer = load_tokenizer(resolved)
+    data = prepare_data(resolved, tokenizer, show_progress=False)
+    model, _ = load_base_model(resolved, "cpu")
+    return resolved, tokenizer, data, attach_adapter(model, resolved, total_steps=total_steps)
+
+
+def train_steps(resolved: Any, tokenizer: Any, data: Any, model: Any, folder: Path,
+                steps: int) -> Any:
+    """Train `steps` optimizer steps with expert-cli's Trainer and collator; the trainer."""
+    from transformers import TrainingArguments
+
+    from expert_cli.data.collate import PackedCollator
+    from expert_cli.trainer_setup import (
+        CountingCollator,
+        expert_trainer_class,
+        training_args_kwargs,
+    )
+
+    args = TrainingArguments(**training_args_kwargs(resolved, folder, max_steps=steps,
+                                                    has_eval=False))
+    trainer = expert_trainer_class()(
+        model=model, args=args, train_dataset=data.train,
+        data_collator=CountingCollator(PackedCollator(tokenizer.pad_token_id)))
+    trainer.train()
+    return trainer
