@@ -45,8 +45,10 @@ NAIVE_EXAMPLES = 1500  # (b) is slow by design; measured on this many examples
 
 
 def chatml(prompt: str, response: str) -> str:
-    return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n"
-            f"<|im_start|>assistant\n{response}<|im_end|>\n")
+    return (
+        f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n"
+        f"<|im_start|>assistant\n{response}<|im_end|>\n"
+    )
 
 
 def module_examples(path: Path, root: Path) -> list[str]:
@@ -64,12 +66,21 @@ def module_examples(path: Path, root: Path) -> list[str]:
             code = ast.get_source_segment(source, node)
             if doc and code and len(code) > 200:
                 kind = "class" if isinstance(node, ast.ClassDef) else "function"
-                out.append(chatml(f"Write the {kind} `{node.name}` of the Python module "
-                                  f"`{module}`. Its documentation:\n\n{doc}", code))
+                out.append(
+                    chatml(
+                        f"Write the {kind} `{node.name}` of the Python module "
+                        f"`{module}`. Its documentation:\n\n{doc}",
+                        code,
+                    )
+                )
     doc = ast.get_docstring(tree)
     if doc and len(source) > 2000:
-        out.append(chatml(f"Write the Python module `{module}`. Its documentation:\n\n{doc}",
-                          source[:MAX_RESPONSE_CHARS]))
+        out.append(
+            chatml(
+                f"Write the Python module `{module}`. Its documentation:\n\n{doc}",
+                source[:MAX_RESPONSE_CHARS],
+            )
+        )
     return out
 
 
@@ -78,8 +89,11 @@ def build_corpus(n_examples: int, seed: int) -> list[str]:
     import random
 
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py")
-                   if "site-packages" not in p.parts and "test" not in p.parts[-3:-1])
+    files = sorted(
+        p
+        for p in root.rglob("*.py")
+        if "site-packages" not in p.parts and "test" not in p.parts[-3:-1]
+    )
     rng = random.Random(seed)
     rng.shuffle(files)
     examples: list[str] = []
@@ -117,13 +131,23 @@ def write_manifest(folder: Path, texts: list[str], max_seq: int, batch: int) -> 
         for text in texts:
             fh.write(json.dumps({"text": text}) + "\n")
     manifest = {
-        "name": "bench-data", "version": "0.0.1", "schema_version": "2.0",
+        "name": "bench-data",
+        "version": "0.0.1",
+        "schema_version": "2.0",
         "base_models": [{"name": "model", "prompt_template": "chatml"}],
         "training": {
-            "dataset": {"path": "data/train.jsonl", "format": "jsonl",
-                        "field_mapping": {"text": "text"}, "eval_fraction": 0.0},
-            "config": {"max_seq_length": max_seq, "batch_size": batch, "packing": True,
-                       "evaluation_strategy": "no"},
+            "dataset": {
+                "path": "data/train.jsonl",
+                "format": "jsonl",
+                "field_mapping": {"text": "text"},
+                "eval_fraction": 0.0,
+            },
+            "config": {
+                "max_seq_length": max_seq,
+                "batch_size": batch,
+                "packing": True,
+                "evaluation_strategy": "no",
+            },
         },
     }
     path = folder / "manifest.json"
@@ -138,8 +162,9 @@ def rendered_texts(resolved: Any) -> list[str]:
     cache = Path(resolved.pretokenized_cache) / ".datasets"
     sources = load_sources(resolved, cache)
     if sources.fields.kind != "text":
-        raise SystemExit("bench_data.py measures `text` datasets; this manifest maps "
-                         f"{sources.fields.kind}")
+        raise SystemExit(
+            f"bench_data.py measures `text` datasets; this manifest maps {sources.fields.kind}"
+        )
     return [str(t) for t in sources.train["text"]]
 
 
@@ -158,8 +183,12 @@ def bench_naive(tokenizer: Any, texts: list[str]) -> dict[str, Any]:
     start = time.perf_counter()
     tokens = sum(len(tokenizer(t)["input_ids"]) for t in sample)
     seconds = time.perf_counter() - start
-    return {"examples": len(sample), "tokens": tokens, "seconds": round(seconds, 3),
-            "tokens_per_second": round(tokens / seconds)}
+    return {
+        "examples": len(sample),
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_second": round(tokens / seconds),
+    }
 
 
 _RAW: dict[str, Any] = {}  # texts and tokenizer, inherited by forked pool workers
@@ -173,7 +202,7 @@ def _one_thread() -> None:
 
 def _count_chunk(bounds: tuple[int, int]) -> int:
     texts, backend = _RAW["texts"], _RAW["backend"]
-    return sum(len(e) for e in backend.encode_batch(texts[bounds[0]: bounds[1]]))
+    return sum(len(e) for e in backend.encode_batch(texts[bounds[0] : bounds[1]]))
 
 
 def _raw_processes(texts: list[str], backend: Any, procs: int, batch: int) -> int:
@@ -186,17 +215,22 @@ def _raw_processes(texts: list[str], backend: Any, procs: int, batch: int) -> in
         return sum(pool.map(_count_chunk, chunks, chunksize=1))
 
 
-def raw_calls(tokenizer: Any, texts: list[str], procs: int, batch: int = 1000
-              ) -> dict[str, Callable[[], int]]:
+def raw_calls(
+    tokenizer: Any, texts: list[str], procs: int, batch: int = 1000
+) -> dict[str, Callable[[], int]]:
     """(c): the tokenizer batched on all cores, three ways; each returns the token count."""
     backend = tokenizer.backend_tokenizer
     return {
         "encode_batch_rust_threads": lambda: sum(
-            len(e) for i in range(0, len(texts), batch)
-            for e in backend.encode_batch(texts[i: i + batch])),
+            len(e)
+            for i in range(0, len(texts), batch)
+            for e in backend.encode_batch(texts[i : i + batch])
+        ),
         "tokenizer_call_rust_threads": lambda: sum(
-            len(x) for i in range(0, len(texts), batch)
-            for x in tokenizer(texts[i: i + batch])["input_ids"]),
+            len(x)
+            for i in range(0, len(texts), batch)
+            for x in tokenizer(texts[i : i + batch])["input_ids"]
+        ),
         f"encode_batch_{procs}_processes": lambda: _raw_processes(texts, backend, procs, batch),
     }
 
@@ -211,8 +245,10 @@ def interleaved(rounds: int, calls: dict[str, Callable[[], Any]]) -> dict[str, A
             start = time.perf_counter()
             results[name] = call()
             times[name].append(round(time.perf_counter() - start, 3))
-    return {name: {"seconds": times[name], "best": min(times[name]), "result": results[name]}
-            for name in calls}
+    return {
+        name: {"seconds": times[name], "best": min(times[name]), "result": results[name]}
+        for name in calls
+    }
 
 
 def bench_padding(lengths: list[int], batch: int, max_seq: int, seed: int) -> dict[str, Any]:
@@ -221,10 +257,16 @@ def bench_padding(lengths: list[int], batch: int, max_seq: int, seed: int) -> di
 
     lens = np.minimum(np.asarray(lengths), max_seq)
     lens = lens[np.random.default_rng(seed).permutation(len(lens))]
-    padded = sum(int(lens[i: i + batch].max()) * len(lens[i: i + batch])
-                 for i in range(0, len(lens), batch))
-    return {"batch_size": batch, "tokens": int(lens.sum()), "padded_tokens": padded,
-            "efficiency": round(float(lens.sum()) / padded, 4)}
+    padded = sum(
+        int(lens[i : i + batch].max()) * len(lens[i : i + batch])
+        for i in range(0, len(lens), batch)
+    )
+    return {
+        "batch_size": batch,
+        "tokens": int(lens.sum()),
+        "padded_tokens": padded,
+        "efficiency": round(float(lens.sum()) / padded, 4),
+    }
 
 
 FIRST_BATCH = """
@@ -254,11 +296,20 @@ print(f"{t1-t0:.3f} {t2-t1:.3f} {t3-t2:.3f} {t4-t3:.3f} {tuple(batch['input_ids'
 
 def bench_first_batch(manifest: Path) -> dict[str, Any]:
     """(e): a fresh process: fingerprint check + memory-mapped load, then the first batch."""
-    out = subprocess.run([sys.executable, "-c", FIRST_BATCH, str(manifest)], check=True,
-                         capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_BATCH, str(manifest)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     imports, tok, load, batch = map(float, out[:4])
-    return {"imports_s": imports, "load_tokenizer_s": tok, "prepare_data_current_s": load,
-            "first_batch_s": batch, "batch_shape": " ".join(out[4:])}
+    return {
+        "imports_s": imports,
+        "load_tokenizer_s": tok,
+        "prepare_data_current_s": load,
+        "first_batch_s": batch,
+        "batch_shape": " ".join(out[4:]),
+    }
 
 
 def machine() -> dict[str, Any]:
@@ -266,14 +317,24 @@ def machine() -> dict[str, Any]:
     import tokenizers
     import transformers
 
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-               platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     from expert_cli.environment import usable_cpus
 
-    return {"cpu": cpu, "usable_cpus": usable_cpus(), "python": platform.python_version(),
-            "tokenizers": tokenizers.__version__, "transformers": transformers.__version__,
-            "datasets": datasets.__version__}
+    return {
+        "cpu": cpu,
+        "usable_cpus": usable_cpus(),
+        "python": platform.python_version(),
+        "tokenizers": tokenizers.__version__,
+        "transformers": transformers.__version__,
+        "datasets": datasets.__version__,
+    }
 
 
 def main() -> None:
@@ -282,10 +343,15 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=4000, help="Corpus size (default).")
     parser.add_argument("--max-seq-length", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--num-proc", type=int, default=None,
-                        help="Worker processes for (a); default: the library's default.")
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="Interleaved timed rounds; the best of each counts.")
+    parser.add_argument(
+        "--num-proc",
+        type=int,
+        default=None,
+        help="Worker processes for (a); default: the library's default.",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="Interleaved timed rounds; the best of each counts."
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, help="Keep (and reuse) the corpus here.")
     parser.add_argument("--out", type=Path, default=REPO / "bench_results" / "data_path.json")
@@ -311,11 +377,19 @@ def corpus_manifest(args: argparse.Namespace, tmp: Path) -> tuple[Path, dict[str
         texts = build_corpus(args.examples, args.seed)
         write_manifest(folder, texts, args.max_seq_length, args.batch_size)
         chars = sorted(len(t) for t in texts)
-        info.write_text(json.dumps({
-            "source": "Python standard library (docstring -> source), ChatML text",
-            "tokenizer": tok_name, "examples": len(texts), "chars_min": chars[0],
-            "chars_median": chars[len(chars) // 2], "chars_max": chars[-1],
-            "chars_total": sum(chars)}))
+        info.write_text(
+            json.dumps(
+                {
+                    "source": "Python standard library (docstring -> source), ChatML text",
+                    "tokenizer": tok_name,
+                    "examples": len(texts),
+                    "chars_min": chars[0],
+                    "chars_median": chars[len(chars) // 2],
+                    "chars_max": chars[-1],
+                    "chars_total": sum(chars),
+                }
+            )
+        )
     return folder / "manifest.json", json.loads(info.read_text())
 
 
@@ -332,8 +406,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     cold, _ = pretokenize_once(resolved, tokenizer, args.num_proc)
     calls: dict[str, Callable[[], Any]] = {
         "pretokenize": lambda: pretokenize_once(resolved, tokenizer, args.num_proc)[1],
-        "pretokenize_worker_processes":
-            lambda: pretokenize_once(resolved, tokenizer, usable_cpus())[1],
+        "pretokenize_worker_processes": lambda: pretokenize_once(
+            resolved, tokenizer, usable_cpus()
+        )[1],
         **raw_calls(tokenizer, texts, usable_cpus()),
     }
     timed = interleaved(args.repeats, calls)
@@ -361,14 +436,24 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "pretokenize_vs_naive": round(tps("pretokenize") / naive["tokens_per_second"], 2),
         "packing_efficiency": data.stats["train"]["packing_efficiency"],
         "pad_to_longest_efficiency": padding["efficiency"],
-        "load_and_first_batch_s": round(first["prepare_data_current_s"]
-                                        + first["first_batch_s"], 3),
+        "load_and_first_batch_s": round(
+            first["prepare_data_current_s"] + first["first_batch_s"], 3
+        ),
     }
     stats = {k: v for k, v in data.stats.items() if k != "inputs"}
-    return {"summary": summary, "machine": machine(), "corpus": corpus,
-            "max_seq_length": resolved.max_seq_length, "source_tokens": source_tokens,
-            "cold_pretokenize_seconds": cold, "timings": timed, "cache_stats": stats,
-            "naive": naive, "padding": padding, "first_batch": first}
+    return {
+        "summary": summary,
+        "machine": machine(),
+        "corpus": corpus,
+        "max_seq_length": resolved.max_seq_length,
+        "source_tokens": source_tokens,
+        "cold_pretokenize_seconds": cold,
+        "timings": timed,
+        "cache_stats": stats,
+        "naive": naive,
+        "padding": padding,
+        "first_batch": first,
+    }
 
 
 if __name__ == "__main__":

@@ -45,9 +45,17 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
     "b_hf": ("hf", [], "plain Trainer + peft, well configured"),
     "c_trl": ("trl", [], "TRL SFTTrainer, packing + padding-free + Liger"),
     "e_default": ("cli", [], "expert-cli, automatic choices"),
-    "f_old_path": ("cli", [f"{C}attention=sdpa", f"{C}fused_loss=off",
-                           f"{C}adapter_precision=fp32", f"{C}liger_kernels=false",
-                           f"{C}torch_compile=false"], "expert-cli before the fast path"),
+    "f_old_path": (
+        "cli",
+        [
+            f"{C}attention=sdpa",
+            f"{C}fused_loss=off",
+            f"{C}adapter_precision=fp32",
+            f"{C}liger_kernels=false",
+            f"{C}torch_compile=false",
+        ],
+        "expert-cli before the fast path",
+    ),
     "f_attention_sdpa": ("cli", [f"{C}attention=sdpa"], "packed rows through SDPA + mask"),
     "f_attention_torch_varlen": ("cli", [f"{C}attention=torch_varlen"], "torch varlen"),
     "f_attention_fa4": ("cli", [f"{C}attention=flash_attention_4"], "flash-attention 4"),
@@ -66,10 +74,26 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
     "q_dora": ("cli", [f"{C}adapter_type=dora"], "DoRA"),
 }
 GROUPS = {
-    "table": ["a_naive", "b_hf", "c_trl", "e_default", "f_old_path", "f_attention_sdpa",
-              "f_loss_standard", "f_adapters_fp32", "f_liger_off", "f_compile_on"],
-    "kernels": ["f_attention_torch_varlen", "f_attention_fa4", "f_attention_flex",
-                "f_loss_liger", "f_loss_chunked", "f_liger_on"],
+    "table": [
+        "a_naive",
+        "b_hf",
+        "c_trl",
+        "e_default",
+        "f_old_path",
+        "f_attention_sdpa",
+        "f_loss_standard",
+        "f_adapters_fp32",
+        "f_liger_off",
+        "f_compile_on",
+    ],
+    "kernels": [
+        "f_attention_torch_varlen",
+        "f_attention_fa4",
+        "f_attention_flex",
+        "f_loss_liger",
+        "f_loss_chunked",
+        "f_liger_on",
+    ],
     "more": ["f_batch_16", "f_batch_32", "q_int4", "q_dora"],
     "quick": ["a_naive", "b_hf", "e_default", "f_old_path"],
 }
@@ -91,13 +115,24 @@ def _steady(windows: list[dict[str, Any]], key: str) -> float | None:
     return total / weight if weight else None
 
 
-def run_cli_variant(name: str, manifest: Path, steps: int, work: Path,
-                    timeout: int) -> dict[str, Any]:
+def run_cli_variant(
+    name: str, manifest: Path, steps: int, work: Path, timeout: int
+) -> dict[str, Any]:
     """`expert-cli train` with the variant's overrides; numbers from its metrics.json."""
     out = work / name
     sets = [f"{C}logging_steps=5", f"{C}save_strategy=no", *VARIANTS[name][1]]
-    cmd = [sys.executable, "-m", "expert_cli.cli", "train", "--manifest", str(manifest),
-           "--output", str(out), "--max-steps", str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "expert_cli.cli",
+        "train",
+        "--manifest",
+        str(manifest),
+        "--output",
+        str(out),
+        "--max-steps",
+        str(steps),
+    ]
     for item in sets:
         cmd += ["--set", item]
     started = time.perf_counter()
@@ -117,9 +152,18 @@ def run_cli_variant(name: str, manifest: Path, steps: int, work: Path,
         "losses": {w["step"]: w["loss"] for w in windows if w["loss"] is not None},
         "first_window_s": windows[0]["time"] if windows else None,
         "wall_s": wall,
-        "choices": {k: model.get(k) for k in ("attn_implementation", "fused_loss",
-                                              "liger_kernels", "adapter_precision",
-                                              "compiled_layers", "dtype", "notes")},
+        "choices": {
+            k: model.get(k)
+            for k in (
+                "attn_implementation",
+                "fused_loss",
+                "liger_kernels",
+                "adapter_precision",
+                "compiled_layers",
+                "dtype",
+                "notes",
+            )
+        },
         "batch_size": resolved["batch_size"],
         "stdout_tail": proc.stdout[-1500:],
     }
@@ -176,10 +220,14 @@ def _finish(trainer: Any, model: Any, steps: int) -> dict[str, Any]:
     per_token = flops.per_token(attended / max(tokens, 1))
     tps = tokens / seconds
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-    return {"tokens_per_s": tps, "mfu": mfu(tps, per_token, flops.peak_flops_per_device),
-            "peak_memory_gb": peak, "data_wait_fraction": None,
-            "losses": {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h},
-            "measured_steps": steps - WARMUP_STEPS}
+    return {
+        "tokens_per_s": tps,
+        "mfu": mfu(tps, per_token, flops.peak_flops_per_device),
+        "peak_memory_gb": peak,
+        "data_wait_fraction": None,
+        "losses": {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h},
+        "measured_steps": steps - WARMUP_STEPS,
+    }
 
 
 def _base_model(resolved: Any, attn: str) -> Any:
@@ -201,19 +249,40 @@ def _base_model(resolved: Any, attn: str) -> Any:
 def _lora(model: Any) -> Any:
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
-                                            target_modules="all-linear", task_type="CAUSAL_LM"))
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=16,
+            lora_alpha=32,
+            lora_dropout=0.0,
+            target_modules="all-linear",
+            task_type="CAUSAL_LM",
+        ),
+    )
 
 
 def _args(resolved: Any, out: Path, steps: int, **extra: Any) -> dict[str, Any]:
     import torch
 
     gpu = torch.cuda.is_available()
-    return dict(output_dir=str(out), max_steps=steps, per_device_train_batch_size=resolved
-                .batch_size, learning_rate=resolved.learning_rate, lr_scheduler_type="cosine",
-                warmup_steps=0, logging_steps=5, save_strategy="no", report_to="none",
-                bf16=gpu, tf32=gpu or None, seed=resolved.seed, data_seed=resolved.seed,
-                disable_tqdm=True, use_cpu=not gpu, **extra)
+    return dict(
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=resolved.batch_size,
+        learning_rate=resolved.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=0,
+        logging_steps=5,
+        save_strategy="no",
+        report_to="none",
+        bf16=gpu,
+        tf32=gpu or None,
+        seed=resolved.seed,
+        data_seed=resolved.seed,
+        disable_tqdm=True,
+        use_cpu=not gpu,
+        **extra,
+    )
 
 
 def run_baseline(name: str, manifest: Path, steps: int, work: Path) -> dict[str, Any]:
@@ -239,8 +308,7 @@ def run_baseline(name: str, manifest: Path, steps: int, work: Path) -> dict[str,
     if name == "a_naive":
         model = _lora(_base_model(resolved, "sdpa"))
         train = NaiveDataset(raw, tokenizer, seq)
-        extra = dict(dataloader_num_workers=0, dataloader_pin_memory=False,
-                     optim="adamw_torch")
+        extra = dict(dataloader_num_workers=0, dataloader_pin_memory=False, optim="adamw_torch")
         collator = None
     else:
         model = _lora(_base_model(resolved, "sdpa"))
@@ -248,18 +316,27 @@ def run_baseline(name: str, manifest: Path, steps: int, work: Path) -> dict[str,
         def tokenize(batch: dict[str, list]) -> dict[str, Any]:
             return tokenizer(batch["text"], truncation=True, max_length=seq)
 
-        train = raw.map(tokenize, batched=True, remove_columns=raw.column_names,
-                        num_proc=min(8, os.cpu_count() or 1))
+        train = raw.map(
+            tokenize,
+            batched=True,
+            remove_columns=raw.column_names,
+            num_proc=min(8, os.cpu_count() or 1),
+        )
         train = train.map(lambda b: {"length": [len(x) for x in b["input_ids"]]}, batched=True)
         from transformers import DataCollatorForLanguageModeling
 
         collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
-        extra = dict(dataloader_num_workers=4 if gpu else 0, dataloader_pin_memory=gpu,
-                     optim="adamw_torch_fused" if gpu else "adamw_torch",
-                     train_sampling_strategy="group_by_length", length_column_name="length")
+        extra = dict(
+            dataloader_num_workers=4 if gpu else 0,
+            dataloader_pin_memory=gpu,
+            optim="adamw_torch_fused" if gpu else "adamw_torch",
+            train_sampling_strategy="group_by_length",
+            length_column_name="length",
+        )
     args = TrainingArguments(**_args(resolved, work / name, steps, **extra))
-    trainer = _measuring_trainer(Trainer)(model=model, args=args, train_dataset=train,
-                                          data_collator=collator)
+    trainer = _measuring_trainer(Trainer)(
+        model=model, args=args, train_dataset=train, data_collator=collator
+    )
     trainer.train()
     return _finish(trainer, model, steps)
 
@@ -275,16 +352,22 @@ class NaiveDataset:
 
     def __getitem__(self, i: int) -> dict[str, Any]:
 
-        enc = self.tokenizer(self.rows[i]["text"], truncation=True, max_length=self.max_length,
-                             padding="max_length", return_tensors="pt")
+        enc = self.tokenizer(
+            self.rows[i]["text"],
+            truncation=True,
+            max_length=self.max_length,
+            padding="max_length",
+            return_tensors="pt",
+        )
         ids, mask = enc["input_ids"][0], enc["attention_mask"][0]
         labels = ids.clone()
         labels[mask == 0] = -100
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def _run_trl(resolved: Any, tokenizer: Any, raw: Any, steps: int, work: Path,
-             env: Any) -> dict[str, Any]:
+def _run_trl(
+    resolved: Any, tokenizer: Any, raw: Any, steps: int, work: Path, env: Any
+) -> dict[str, Any]:
     import torch
     from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
@@ -292,16 +375,28 @@ def _run_trl(resolved: Any, tokenizer: Any, raw: Any, steps: int, work: Path,
     attn = resolved.attn_implementation  # the kernel e_default picks, if TRL can drive it
     model = _base_model(resolved, attn)
     gpu = torch.cuda.is_available()
-    config = SFTConfig(**_args(
-        resolved, work / "c_trl", steps, packing=True, padding_free=True,
-        max_length=resolved.max_seq_length, dataset_text_field="text",
-        use_liger_kernel=gpu and env.liger_kernel is not None, gradient_checkpointing=False,
-        dataloader_num_workers=4 if gpu else 0, dataloader_pin_memory=gpu,
-        optim="adamw_torch_fused" if gpu else "adamw_torch"))
-    peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
-                      task_type="CAUSAL_LM")
-    trainer = _measuring_trainer(SFTTrainer)(model=model, args=config, train_dataset=raw,
-                                             processing_class=tokenizer, peft_config=peft)
+    config = SFTConfig(
+        **_args(
+            resolved,
+            work / "c_trl",
+            steps,
+            packing=True,
+            padding_free=True,
+            max_length=resolved.max_seq_length,
+            dataset_text_field="text",
+            use_liger_kernel=gpu and env.liger_kernel is not None,
+            gradient_checkpointing=False,
+            dataloader_num_workers=4 if gpu else 0,
+            dataloader_pin_memory=gpu,
+            optim="adamw_torch_fused" if gpu else "adamw_torch",
+        )
+    )
+    peft = LoraConfig(
+        r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+    trainer = _measuring_trainer(SFTTrainer)(
+        model=model, args=config, train_dataset=raw, processing_class=tokenizer, peft_config=peft
+    )
     trainer.train()
     result = _finish(trainer, trainer.model, steps)
     result["choices"] = {"attn_implementation": attn}
@@ -317,16 +412,31 @@ def _machine() -> dict[str, Any]:
     import torch
 
     versions = {}
-    for pkg in ("torch", "transformers", "peft", "accelerate", "datasets", "trl",
-                "liger-kernel", "flash-attn-4", "flash-attn",
-                "nvidia-cutlass-dsl", "bitsandbytes", "triton"):
+    for pkg in (
+        "torch",
+        "transformers",
+        "peft",
+        "accelerate",
+        "datasets",
+        "trl",
+        "liger-kernel",
+        "flash-attn-4",
+        "flash-attn",
+        "nvidia-cutlass-dsl",
+        "bitsandbytes",
+        "triton",
+    ):
         try:
             versions[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             versions[pkg] = None
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"gpu": gpu, "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "versions": versions}
+    return {
+        "gpu": gpu,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "versions": versions,
+    }
 
 
 def _row(name: str, r: dict[str, Any]) -> str:
@@ -338,8 +448,10 @@ def _row(name: str, r: dict[str, Any]) -> str:
     wait_s = f"{100 * wait:4.1f}%" if wait is not None else "   -"
     losses = r.get("losses") or {}
     last = f"{losses[max(losses, key=int)]:.4f}" if losses else "-"
-    return (f"{name:26s} {r['tokens_per_s']:10,.0f} tok/s  MFU {mfu}  mem {mem}  "
-            f"wait {wait_s}  loss {last}")
+    return (
+        f"{name:26s} {r['tokens_per_s']:10,.0f} tok/s  MFU {mfu}  mem {mem}  "
+        f"wait {wait_s}  loss {last}"
+    )
 
 
 def _variant_names(spec: str) -> list[str]:
@@ -347,8 +459,10 @@ def _variant_names(spec: str) -> list[str]:
     for part in spec.split(","):
         for name in GROUPS.get(part, [part]):
             if name not in VARIANTS:
-                raise SystemExit(f"--variants: unknown variant {name!r} "
-                                 f"(known: {', '.join(VARIANTS)}; groups: {', '.join(GROUPS)})")
+                raise SystemExit(
+                    f"--variants: unknown variant {name!r} "
+                    f"(known: {', '.join(VARIANTS)}; groups: {', '.join(GROUPS)})"
+                )
             names.append(name)
     return list(dict.fromkeys(names))
 
@@ -356,8 +470,12 @@ def _variant_names(spec: str) -> list[str]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="CPU-sized: demo expert, few steps")
-    p.add_argument("--expert", type=Path, default=DEMO,
-                   help="expert folder (e.g. one made by scripts/make_bench_expert.py)")
+    p.add_argument(
+        "--expert",
+        type=Path,
+        default=DEMO,
+        help="expert folder (e.g. one made by scripts/make_bench_expert.py)",
+    )
     p.add_argument("--variants", default="table", help="names or groups, comma-separated")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per variant")
     p.add_argument("--long", default="", help="variants that run --long-steps instead")
@@ -380,10 +498,15 @@ def main() -> int:
     where = "gpu" if machine["gpu"] else "cpu"
     output = a.output or ROOT / "bench_results" / f"bench_train-{a.expert.name}-{where}.json"
     report: dict[str, Any] = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine,
-        "expert": str(a.expert), "steps": steps, "long_steps": a.long_steps,
-        "warmup_steps": WARMUP_STEPS, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "results": {}}
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine,
+        "expert": str(a.expert),
+        "steps": steps,
+        "long_steps": a.long_steps,
+        "warmup_steps": WARMUP_STEPS,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "results": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in names:
@@ -397,8 +520,9 @@ def main() -> int:
                     result = _baseline_subprocess(name, a.expert, n, work, a.timeout)
             except subprocess.TimeoutExpired:
                 result = {"error": f"timed out after {a.timeout} s"}
-            result.update(steps=n, description=VARIANTS[name][2],
-                          wall_s=round(time.perf_counter() - t0, 1))
+            result.update(
+                steps=n, description=VARIANTS[name][2], wall_s=round(time.perf_counter() - t0, 1)
+            )
             report["results"][name] = result
             output.parent.mkdir(parents=True, exist_ok=True)
             output.write_text(json.dumps(report, indent=2))  # partial results survive
@@ -412,12 +536,24 @@ def main() -> int:
     return 0
 
 
-def _baseline_subprocess(name: str, expert: Path, steps: int, work: Path,
-                         timeout: int) -> dict[str, Any]:
+def _baseline_subprocess(
+    name: str, expert: Path, steps: int, work: Path, timeout: int
+) -> dict[str, Any]:
     result_path = work / f"{name}.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--expert",
-           str(expert), "--steps", str(steps), "--result", str(result_path), "--work",
-           str(work)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--one",
+        name,
+        "--expert",
+        str(expert),
+        "--steps",
+        str(steps),
+        "--result",
+        str(result_path),
+        "--work",
+        str(work),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if proc.returncode != 0 or not result_path.is_file():
         return {"error": (proc.stdout + proc.stderr)[-3000:]}

@@ -21,9 +21,16 @@ TOLERANCE = {"float32": 1e-4, "bfloat16": 0.05}
 def _config(layers: int = 2):
     from transformers import Qwen3Config
 
-    return Qwen3Config(vocab_size=32768, hidden_size=256, intermediate_size=512,
-                       num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4,
-                       head_dim=64, max_position_embeddings=4096)
+    return Qwen3Config(
+        vocab_size=32768,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=4096,
+    )
 
 
 DEVICE = "cuda"
@@ -56,21 +63,30 @@ def packed_vs_alone(attn: str, dtype_name: str) -> float:
     gen = torch.Generator().manual_seed(1)
     rows_of = [[40, 300, 7, 200], [513, 90]]  # example lengths per row; row 1 is shorter
     examples = [[torch.randint(0, 32768, (n,), generator=gen) for n in row] for row in rows_of]
-    rows = [{"input_ids": torch.cat(row).tolist(), "labels": torch.cat(row).tolist(),
-             "position_ids": torch.cat([torch.arange(len(e)) for e in row]).tolist()}
-            for row in examples]
+    rows = [
+        {
+            "input_ids": torch.cat(row).tolist(),
+            "labels": torch.cat(row).tolist(),
+            "position_ids": torch.cat([torch.arange(len(e)) for e in row]).tolist(),
+        }
+        for row in examples
+    ]
     batch = PackedCollator(0, boundaries=attn in BOUNDARY_KERNELS)(rows)
-    inputs = {k: (v.to(DEVICE) if torch.is_tensor(v) else v) for k, v in batch.items()
-              if k != "labels"}
+    inputs = {
+        k: (v.to(DEVICE) if torch.is_tensor(v) else v) for k, v in batch.items() if k != "labels"
+    }
     worst = 0.0
     with torch.no_grad():
         packed = model(**inputs, use_cache=False).logits.float()
         for r, row in enumerate(examples):
             start = 0
             for seq in row:
-                alone = reference(input_ids=seq.unsqueeze(0).to(DEVICE),
-                                  use_cache=False).logits[0].float()
-                part = packed[r, start:start + len(seq)]
+                alone = (
+                    reference(input_ids=seq.unsqueeze(0).to(DEVICE), use_cache=False)
+                    .logits[0]
+                    .float()
+                )
+                part = packed[r, start : start + len(seq)]
                 worst = max(worst, (part - alone).abs().max().item())
                 start += len(seq)
     return worst
@@ -93,18 +109,21 @@ def loss_parity(backend: str) -> dict[str, float]:
         if name != "standard":
             install_fused_loss(model, backend)
         torch.manual_seed(3)
-        model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear",
-                                                 init_lora_weights=False))
+        model = get_peft_model(
+            model, LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)
+        )
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=labels, use_cache=False).loss
         loss.backward()
-        grads = torch.cat([p.grad.float().flatten() for p in model.parameters()
-                           if p.requires_grad])
+        grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.requires_grad])
         out[name] = (loss.float().item(), grads)
     (ref_loss, ref_grad), (loss, grad) = out["standard"], out[backend]
-    return {"loss": loss, "standard_loss": ref_loss,
-            "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
-            "grad_rel_diff": ((grad - ref_grad).norm() / ref_grad.norm()).item()}
+    return {
+        "loss": loss,
+        "standard_loss": ref_loss,
+        "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
+        "grad_rel_diff": ((grad - ref_grad).norm() / ref_grad.norm()).item(),
+    }
 
 
 def main() -> int:
@@ -135,17 +154,34 @@ def main() -> int:
         if why:
             skipped[attn] = why
             continue
-        dtypes = ["bfloat16"] if attn not in ("sdpa", "eager", "flex_attention") \
+        dtypes = (
+            ["bfloat16"]
+            if attn not in ("sdpa", "eager", "flex_attention")
             else ["float32", "bfloat16"]
+        )
         for dtype in dtypes:
             try:
                 diff = packed_vs_alone(attn, dtype)
-                results.append({"check": "packed_vs_alone", "attn": attn, "dtype": dtype,
-                                "max_abs_diff": diff, "tolerance": TOLERANCE[dtype],
-                                "ok": diff <= TOLERANCE[dtype]})
+                results.append(
+                    {
+                        "check": "packed_vs_alone",
+                        "attn": attn,
+                        "dtype": dtype,
+                        "max_abs_diff": diff,
+                        "tolerance": TOLERANCE[dtype],
+                        "ok": diff <= TOLERANCE[dtype],
+                    }
+                )
             except Exception as exc:  # a kernel that fails here is reported, not fatal
-                results.append({"check": "packed_vs_alone", "attn": attn, "dtype": dtype,
-                                "ok": False, "error": f"{type(exc).__name__}: {exc}"[:800]})
+                results.append(
+                    {
+                        "check": "packed_vs_alone",
+                        "attn": attn,
+                        "dtype": dtype,
+                        "ok": False,
+                        "error": f"{type(exc).__name__}: {exc}"[:800],
+                    }
+                )
     backends = ("liger", "chunked") if DEVICE == "cuda" else ("chunked",)
     for backend in () if args.no_loss else backends:
         try:
@@ -153,8 +189,14 @@ def main() -> int:
             ok = parity["loss_rel_diff"] < 2e-3 and parity["grad_rel_diff"] < 5e-2
             results.append({"check": "loss_parity", "backend": backend, **parity, "ok": ok})
         except Exception as exc:
-            results.append({"check": "loss_parity", "backend": backend, "ok": False,
-                            "error": f"{type(exc).__name__}: {exc}"[:800]})
+            results.append(
+                {
+                    "check": "loss_parity",
+                    "backend": backend,
+                    "ok": False,
+                    "error": f"{type(exc).__name__}: {exc}"[:800],
+                }
+            )
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else None
     report = {"gpu": gpu, "results": results, "skipped": skipped}
     if args.json:
@@ -162,8 +204,9 @@ def main() -> int:
     else:
         for r in results:
             what = r.get("attn", r.get("backend"))
-            detail = r.get("error") or {k: v for k, v in r.items()
-                                        if k.endswith("diff") or k == "dtype"}
+            detail = r.get("error") or {
+                k: v for k, v in r.items() if k.endswith("diff") or k == "dtype"
+            }
             print(f"{r['check']:16s} {what:18s} {'ok' if r['ok'] else 'FAIL'} {detail}")
         for attn, why in skipped.items():
             print(f"skipped          {attn:18s} {why}")

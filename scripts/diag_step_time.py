@@ -40,8 +40,9 @@ def fresh_model():
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(Qwen3Config(**QWEN3_0_6B), attn_implementation="sdpa",
-                                            dtype=torch.bfloat16).cuda()
+    return AutoModelForCausalLM.from_config(
+        Qwen3Config(**QWEN3_0_6B), attn_implementation="sdpa", dtype=torch.bfloat16
+    ).cuda()
 
 
 def lora(model, adapter_fp32: bool):
@@ -55,12 +56,12 @@ def body_step(body, ids: torch.Tensor, pos: torch.Tensor) -> Callable[[], None]:
     def step() -> None:
         out = body(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
         out.float().pow(2).mean().backward()
+
     return step
 
 
 def report(name: str, seconds: float, tokens: int) -> None:
-    print(f"{name:38s} {seconds * 1000:6.0f} ms/step  {tokens / seconds:10,.0f} tok/s",
-          flush=True)
+    print(f"{name:38s} {seconds * 1000:6.0f} ms/step  {tokens / seconds:10,.0f} tok/s", flush=True)
 
 
 def main() -> None:
@@ -86,8 +87,10 @@ def main() -> None:
 
     model = lora(fresh_model(), True)
     for name, pos in (("mask: causal positions", causal), ("mask: packed positions", packed)):
+
         def step(pos: torch.Tensor = pos) -> None:
             model(input_ids=ids, labels=ids, position_ids=pos, use_cache=False).loss.backward()
+
         report(name, timed(step), b * s)
 
 

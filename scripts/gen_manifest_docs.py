@@ -1,7 +1,7 @@
 """Generate docs/manifest.md from the Pydantic manifest models, so the two cannot drift.
 
-    python scripts/gen_manifest_docs.py          # rewrite docs/manifest.md
-    python scripts/gen_manifest_docs.py --check  # exit 1 if docs/manifest.md is stale
+python scripts/gen_manifest_docs.py          # rewrite docs/manifest.md
+python scripts/gen_manifest_docs.py --check  # exit 1 if docs/manifest.md is stale
 """
 
 from __future__ import annotations
@@ -20,24 +20,42 @@ from expert_cli import config
 DOC = Path(__file__).resolve().parents[1] / "docs" / "manifest.md"
 
 SECTIONS: list[tuple[str, type[BaseModel], str]] = [
-    ("Top level", config.Manifest,
-     "Metadata blocks (`capabilities`, `routing`, `constraints`, `perf`, `runtime`, "
-     "`limitations`, `quality_metrics`, `evaluation`, `integrity`, `soft_prompts`) are accepted "
-     "and kept whole; unknown top-level keys are kept too."),
-    ("Base model: `base_model` (1.0) or `base_models[]` (2.0)", config.BaseModelSpec,
-     "Training uses the first entry of `base_models`. Unknown keys are errors."),
-    ("Adapters: `adapters[]` (1.0) or `base_models[].adapters[]` (2.0)", config.AdapterSpec,
-     "The first adapter supplies defaults for `training.config`; `training.config` wins."),
-    ("`training`", config.TrainingSpec,
-     "Keys other than these (for example `trained_on`, `checkpoint`, "
-     "`alternative_checkpoints`) are kept, not acted on."),
+    (
+        "Top level",
+        config.Manifest,
+        "Metadata blocks (`capabilities`, `routing`, `constraints`, `perf`, `runtime`, "
+        "`limitations`, `quality_metrics`, `evaluation`, `integrity`, `soft_prompts`) are accepted "
+        "and kept whole; unknown top-level keys are kept too.",
+    ),
+    (
+        "Base model: `base_model` (1.0) or `base_models[]` (2.0)",
+        config.BaseModelSpec,
+        "Training uses the first entry of `base_models`. Unknown keys are errors.",
+    ),
+    (
+        "Adapters: `adapters[]` (1.0) or `base_models[].adapters[]` (2.0)",
+        config.AdapterSpec,
+        "The first adapter supplies defaults for `training.config`; `training.config` wins.",
+    ),
+    (
+        "`training`",
+        config.TrainingSpec,
+        "Keys other than these (for example `trained_on`, `checkpoint`, "
+        "`alternative_checkpoints`) are kept, not acted on.",
+    ),
     ("`training.dataset`", config.DatasetSpec, "Unknown keys are errors."),
     ("`training.dataset.tasks.<name>`", config.TaskSpec, "For `type: multi_task`."),
-    ("`training.config`", config.TrainingConfig,
-     "Unknown keys are errors. Unset fields are chosen for the machine and printed by "
-     "`expert-cli check`; the choices are saved in `manifest.resolved.json`."),
-    ("`training.distributed` (extension)", config.DistributedSpec,
-     "Passed to the Hugging Face Trainer; launch with torchrun or accelerate."),
+    (
+        "`training.config`",
+        config.TrainingConfig,
+        "Unknown keys are errors. Unset fields are chosen for the machine and printed by "
+        "`expert-cli check`; the choices are saved in `manifest.resolved.json`.",
+    ),
+    (
+        "`training.distributed` (extension)",
+        config.DistributedSpec,
+        "Passed to the Hugging Face Trainer; launch with torchrun or accelerate.",
+    ),
 ]
 
 HEADER = """# Manifest reference
@@ -104,12 +122,20 @@ def _bounds(info: FieldInfo, annotation: object) -> str:
 
 def section(title: str, model: type[BaseModel], intro: str) -> str:
     hints = typing.get_type_hints(model, include_extras=True)
-    lines = [f"## {title}", "", intro, "", "| field | type | default | limits | meaning |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        f"## {title}",
+        "",
+        intro,
+        "",
+        "| field | type | default | limits | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for name, info in model.model_fields.items():
         alias = f" (alias `{info.alias}`)" if info.alias else ""
-        lines.append(f"| `{name}`{alias} | {_type_name(hints[name])} | {_default(info)} | "
-                     f"{_bounds(info, hints[name])} | {info.description or ''} |")
+        lines.append(
+            f"| `{name}`{alias} | {_type_name(hints[name])} | {_default(info)} | "
+            f"{_bounds(info, hints[name])} | {info.description or ''} |"
+        )
     return "\n".join(lines) + "\n"
 
 

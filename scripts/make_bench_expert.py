@@ -18,22 +18,47 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TOKEN_IDS = {"bos_token_id": 151643, "eos_token_id": 151645, "pad_token_id": 151643}
+
+
 def manifest(max_seq_length: int, batch_size: int) -> dict:
     return {
-        "name": "expert-bench", "version": "0.1.0", "schema_version": "2.0",
+        "name": "expert-bench",
+        "version": "0.1.0",
+        "schema_version": "2.0",
         "description": "Qwen3-0.6B architecture (random init) on standard-library SFT data.",
-        "base_models": [{"name": "model", "init": "random", "prompt_template": "chatml",
-                         "adapters": [{"type": "lora", "r": 16, "alpha": 32,
-                                       "target_modules": "all-linear"}]}],
+        "base_models": [
+            {
+                "name": "model",
+                "init": "random",
+                "prompt_template": "chatml",
+                "adapters": [
+                    {"type": "lora", "r": 16, "alpha": 32, "target_modules": "all-linear"}
+                ],
+            }
+        ],
         "training": {
-            "dataset": {"path": "data/train.jsonl", "format": "jsonl",
-                        "field_mapping": {"text": "text"}},
-            "config": {"method": "sft", "adapter_type": "lora", "rank": 16, "alpha": 32,
-                       "dropout": 0.0, "target_modules": "all-linear", "epochs": 1,
-                       "learning_rate": 2e-4, "batch_size": batch_size,
-                       "gradient_accumulation_steps": 1, "max_seq_length": max_seq_length,
-                       "packing": True, "logging_steps": 5, "save_strategy": "no",
-                       "evaluation_strategy": "no"},
+            "dataset": {
+                "path": "data/train.jsonl",
+                "format": "jsonl",
+                "field_mapping": {"text": "text"},
+            },
+            "config": {
+                "method": "sft",
+                "adapter_type": "lora",
+                "rank": 16,
+                "alpha": 32,
+                "dropout": 0.0,
+                "target_modules": "all-linear",
+                "epochs": 1,
+                "learning_rate": 2e-4,
+                "batch_size": batch_size,
+                "gradient_accumulation_steps": 1,
+                "max_seq_length": max_seq_length,
+                "packing": True,
+                "logging_steps": 5,
+                "save_strategy": "no",
+                "evaluation_strategy": "no",
+            },
         },
     }
 
@@ -54,18 +79,28 @@ def main() -> int:
     build_qwen_tokenizer().save_pretrained(out / "model")
     from expert_cli.telemetry.workload import QWEN3_0_6B
 
-    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **QWEN3_0_6B,
-              "hidden_act": "silu", "attention_bias": False, **TOKEN_IDS, "dtype": "bfloat16"}
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        **QWEN3_0_6B,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        **TOKEN_IDS,
+        "dtype": "bfloat16",
+    }
     (out / "model" / "config.json").write_text(json.dumps(config, indent=2))
     rows = [{"text": text} for text in build_corpus(args.examples, seed=0)]
     with (out / "data" / "train.jsonl").open("w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    (out / "manifest.json").write_text(json.dumps(manifest(args.max_seq_length,
-                                                           args.batch_size), indent=2))
+    (out / "manifest.json").write_text(
+        json.dumps(manifest(args.max_seq_length, args.batch_size), indent=2)
+    )
     lengths = sorted(len(r["text"]) for r in rows)
-    print(f"{out}: {len(rows)} examples, chars min {lengths[0]} median "
-          f"{lengths[len(lengths) // 2]} max {lengths[-1]}")
+    print(
+        f"{out}: {len(rows)} examples, chars min {lengths[0]} median "
+        f"{lengths[len(lengths) // 2]} max {lengths[-1]}"
+    )
     return 0
 
 

@@ -132,14 +132,16 @@ def _code_line(rng: random.Random) -> str:
     name = "_".join(rng.choices(WORDS, k=rng.randint(1, 3)))
     other = "".join(w.capitalize() for w in rng.choices(WORDS, k=rng.randint(1, 3)))
     number = rng.randint(0, 99999)
-    return rng.choice([
-        f"    {name} = {other}({number})",
-        f"def {name}(self, {rng.choice(WORDS)}: int = {number}) -> {other}:",
-        f"        return self.{name}[{number % 100}] + {rng.random():.4f}",
-        f"class {other}({rng.choice(WORDS).capitalize()}Base):",
-        f"    if {name} is None or len({name}) > {number}:",
-        f"        raise ValueError(f\"bad {{{name}!r}}: expected {rng.choice(WORDS)}\")",
-    ])
+    return rng.choice(
+        [
+            f"    {name} = {other}({number})",
+            f"def {name}(self, {rng.choice(WORDS)}: int = {number}) -> {other}:",
+            f"        return self.{name}[{number % 100}] + {rng.random():.4f}",
+            f"class {other}({rng.choice(WORDS).capitalize()}Base):",
+            f"    if {name} is None or len({name}) > {number}:",
+            f'        raise ValueError(f"bad {{{name}!r}}: expected {rng.choice(WORDS)}")',
+        ]
+    )
 
 
 def _pseudo_word(rng: random.Random) -> str:
@@ -157,8 +159,10 @@ def generic_text(rng: random.Random, n_lines: int = 6000) -> Iterator[str]:
         elif kind < 0.85:
             yield _code_line(rng)
         else:
-            yield f"{_pseudo_word(rng).capitalize()} {_pseudo_word(rng).capitalize()} met " \
-                  f"{_pseudo_word(rng)} in {_pseudo_word(rng).capitalize()}."
+            yield (
+                f"{_pseudo_word(rng).capitalize()} {_pseudo_word(rng).capitalize()} met "
+                f"{_pseudo_word(rng)} in {_pseudo_word(rng).capitalize()}."
+            )
 
 
 def demo_texts(path: Path) -> Iterator[str]:
@@ -175,10 +179,12 @@ def train_tokenizer(texts: list[str]):
 
     tok = Tokenizer(BPE(fuse_unk=False))
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = BpeTrainer(
         vocab_size=BPE_VOCAB_SIZE,

@@ -46,8 +46,10 @@ def main() -> int:
     rows = sorted(collect(args.reports).items(), key=lambda kv: kv[1]["tokens_per_s"])
     names = [f"{name} [{_kernel(r)}]" for name, r in rows]
     values = [r["tokens_per_s"] / 1000 for _, r in rows]
-    colors = ["#c0392b" if n[0] in "abc" else "#2471a3" if n.startswith(("e_", "f_batch"))
-              else "#7f8c8d" for n, _ in rows]
+    colors = [
+        "#c0392b" if n[0] in "abc" else "#2471a3" if n.startswith(("e_", "f_batch")) else "#7f8c8d"
+        for n, _ in rows
+    ]
     fig, ax = plt.subplots(figsize=(9, 0.38 * len(rows) + 1.2))
     ax.barh(names, values, color=colors)
     for y, (value, (_, r)) in enumerate(zip(values, rows, strict=True)):

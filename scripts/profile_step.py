@@ -41,22 +41,24 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    resolved = resolve(load_manifest(a.expert / "manifest.json", a.overrides),
-                       probe_environment())
+    resolved = resolve(load_manifest(a.expert / "manifest.json", a.overrides), probe_environment())
     tokenizer = load_tokenizer(resolved)
     data = prepare_data(resolved, tokenizer, show_progress=False)
     model, choices = load_base_model(resolved, "cuda:0")
     model = attach_adapter(model, resolved, total_steps=100).train()
-    collate = PackedCollator(tokenizer.pad_token_id,
-                             boundaries=choices.attn_implementation in BOUNDARY_KERNELS)
+    collate = PackedCollator(
+        tokenizer.pad_token_id, boundaries=choices.attn_implementation in BOUNDARY_KERNELS
+    )
     params = [q for q in model.parameters() if q.requires_grad]
     optim = torch.optim.AdamW(params, lr=1e-4, fused=True)
     n = resolved.batch_size
 
     def batch(i: int) -> dict:
         rows = [data.train[(i * n + j) % len(data.train)] for j in range(n)]
-        return {k: (v.cuda(non_blocking=True) if torch.is_tensor(v) else v)
-                for k, v in collate(rows).items()}
+        return {
+            k: (v.cuda(non_blocking=True) if torch.is_tensor(v) else v)
+            for k, v in collate(rows).items()
+        }
 
     def step(i: int) -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -76,22 +78,41 @@ def main() -> int:
         torch.cuda.synchronize()
     wall = (time.perf_counter() - start) / a.steps
     # kernels only: a CPU op's device time repeats its kernels' time (counting both doubles it)
-    events = [e for e in prof.key_averages()
-              if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
+    events = [
+        e
+        for e in prof.key_averages()
+        if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0
+    ]
     gpu_total = sum(e.self_device_time_total for e in events)
-    top = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)[:a.top]
-    rows = [{"kernel": e.key[:120], "calls_per_step": e.count / a.steps,
-             "ms_per_step": e.self_device_time_total / 1000 / a.steps,
-             "share": e.self_device_time_total / max(gpu_total, 1)} for e in top]
-    report = {"gpu": torch.cuda.get_device_name(), "choices": choices.__dict__,
-              "overrides": a.overrides, "batch_rows": n, "seq": resolved.max_seq_length,
-              "step_wall_ms": wall * 1000, "gpu_busy_ms_per_step": gpu_total / 1000 / a.steps,
-              "top_kernels": rows}
-    print(f"step {wall * 1000:.0f} ms wall, {gpu_total / 1000 / a.steps:.0f} ms GPU kernels "
-          f"({choices.attn_implementation}, loss {choices.fused_loss})")
+    top = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)[: a.top]
+    rows = [
+        {
+            "kernel": e.key[:120],
+            "calls_per_step": e.count / a.steps,
+            "ms_per_step": e.self_device_time_total / 1000 / a.steps,
+            "share": e.self_device_time_total / max(gpu_total, 1),
+        }
+        for e in top
+    ]
+    report = {
+        "gpu": torch.cuda.get_device_name(),
+        "choices": choices.__dict__,
+        "overrides": a.overrides,
+        "batch_rows": n,
+        "seq": resolved.max_seq_length,
+        "step_wall_ms": wall * 1000,
+        "gpu_busy_ms_per_step": gpu_total / 1000 / a.steps,
+        "top_kernels": rows,
+    }
+    print(
+        f"step {wall * 1000:.0f} ms wall, {gpu_total / 1000 / a.steps:.0f} ms GPU kernels "
+        f"({choices.attn_implementation}, loss {choices.fused_loss})"
+    )
     for r in rows:
-        print(f"{r['ms_per_step']:8.2f} ms {100 * r['share']:5.1f}% x{r['calls_per_step']:6.0f} "
-              f" {r['kernel']}")
+        print(
+            f"{r['ms_per_step']:8.2f} ms {100 * r['share']:5.1f}% x{r['calls_per_step']:6.0f} "
+            f" {r['kernel']}"
+        )
     if a.output:
         a.output.write_text(json.dumps(report, indent=2, default=str))
     return 0

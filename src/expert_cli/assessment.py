@@ -38,8 +38,15 @@ PERIODIC_DIP_FRACTION = 0.1  # ... periodic: at least this fraction of samples a
 PERIODIC_MIN_DIPS = 4  # ... in at least this many separate dips ...
 PERIODIC_GAP_SPREAD = 0.5  # ... whose gaps deviate from their median by at most this share
 
-GPU_METRICS = ("gpu_util", "mem_util", "mem_used_percent", "mem_used_mb", "temperature_c",
-               "power_w", "sm_clock_mhz")
+GPU_METRICS = (
+    "gpu_util",
+    "mem_util",
+    "mem_used_percent",
+    "mem_used_mb",
+    "temperature_c",
+    "power_w",
+    "sm_clock_mhz",
+)
 
 ADVICE: dict[str, list[str]] = {
     "data_loading": [
@@ -79,18 +86,24 @@ ADVICE: dict[str, list[str]] = {
         "forward pass), memory allowing",
     ],
     "healthy": ["nothing to change: the GPU is kept busy"],
-    "idle": ["nothing ran on the GPU: benchmark while training (`-- expert-cli train ...`) "
-             "or with `--workload qwen3-0.6b-lora`"],
+    "idle": [
+        "nothing ran on the GPU: benchmark while training (`-- expert-cli train ...`) "
+        "or with `--workload qwen3-0.6b-lora`"
+    ],
     "underutilized": ["try raising training.config.batch_size and dataloader_num_workers"],
     "no_gpu": ["run on a machine with an NVIDIA GPU and driver to benchmark the GPU"],
     "undetermined": ["sample on a GPU whose driver reports utilization (nvidia-smi)"],
 }
 PASS_METRICS = "pass the run's metrics (--metrics DIR/metrics.json) to see the data-wait fraction"
-RAISE_BATCH = ("raise training.config.batch_size, or set it to auto (memory used p95 "
-               "{mem:.0f}% leaves room): bigger matmuls run closer to peak")
-PERIODIC_STALLS = ("find the stall that recurs about every {every:.0f} s: logging (loss to the "
-                   "host), evaluation or checkpoint saves; raise training.config.logging_steps, "
-                   "eval_steps or save_steps")
+RAISE_BATCH = (
+    "raise training.config.batch_size, or set it to auto (memory used p95 "
+    "{mem:.0f}% leaves room): bigger matmuls run closer to peak"
+)
+PERIODIC_STALLS = (
+    "find the stall that recurs about every {every:.0f} s: logging (loss to the "
+    "host), evaluation or checkpoint saves; raise training.config.logging_steps, "
+    "eval_steps or save_steps"
+)
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -108,8 +121,12 @@ def summarize(values: list[float | None]) -> dict[str, float] | None:
     if not known:
         return None
     return {
-        "mean": sum(known) / len(known), "min": known[0], "max": known[-1],
-        "p50": percentile(known, 50), "p95": percentile(known, 95), "n": len(known),
+        "mean": sum(known) / len(known),
+        "min": known[0],
+        "max": known[-1],
+        "p50": percentile(known, 50),
+        "p95": percentile(known, 95),
+        "n": len(known),
     }
 
 
@@ -143,10 +160,19 @@ def dip_pattern(times: list[float], utils: list[float | None]) -> dict[str, Any]
     gaps = sorted(b - a for a, b in zip(starts, starts[1:], strict=False))
     every = percentile(gaps, 50) if gaps else None
     spread = percentile(sorted(abs(g - every) for g in gaps), 50) if gaps else None
-    regular = (len(starts) >= PERIODIC_MIN_DIPS and fraction >= PERIODIC_DIP_FRACTION
-               and every is not None and spread <= PERIODIC_GAP_SPREAD * every)
-    return {"below": below, "fraction": fraction, "dips": len(starts), "every_s": every,
-            "regular": regular}
+    regular = (
+        len(starts) >= PERIODIC_MIN_DIPS
+        and fraction >= PERIODIC_DIP_FRACTION
+        and every is not None
+        and spread <= PERIODIC_GAP_SPREAD * every
+    )
+    return {
+        "below": below,
+        "fraction": fraction,
+        "dips": len(starts),
+        "every_s": every,
+        "regular": regular,
+    }
 
 
 def gpu_stats(samples: list[dict[str, Any]], index: int) -> dict[str, Any]:
@@ -156,8 +182,7 @@ def gpu_stats(samples: list[dict[str, Any]], index: int) -> dict[str, Any]:
     out: dict[str, Any] = {m: summarize([r.get(m) for r in rows]) for m in GPU_METRICS}
     utils = [r["gpu_util"] for r in rows if r.get("gpu_util") is not None]
     out["util_dip_fraction"] = (sum(u < DIP_UTIL for u in utils) / len(utils)) if utils else None
-    timed = [(s["t"], g.get("gpu_util")) for s in samples for g in s["gpus"]
-             if g["index"] == index]
+    timed = [(s["t"], g.get("gpu_util")) for s in samples for g in s["gpus"] if g["index"] == index]
     out["util_dips"] = dip_pattern([t for t, _ in timed], [u for _, u in timed])
     reasons: dict[str, float] = {}
     for r in rows:
@@ -184,30 +209,57 @@ def split_phases(samples: list[dict[str, Any]], gpu_indices: list[int]) -> dict[
     (imports, loading, caches), after it it shut down or saved. None when no GPU reports
     utilization; `active` is False when the GPU never got sustained work.
     """
-    busiest = [max((g["gpu_util"] for g in s["gpus"]
-                    if g["index"] in gpu_indices and g.get("gpu_util") is not None),
-                   default=None) for s in samples]
+    busiest = [
+        max(
+            (
+                g["gpu_util"]
+                for g in s["gpus"]
+                if g["index"] in gpu_indices and g.get("gpu_util") is not None
+            ),
+            default=None,
+        )
+        for s in samples
+    ]
     if all(u is None for u in busiest):
         return None
     hot = [u is not None and u >= ACTIVE_UTIL for u in busiest]
-    runs = [i for i in range(len(hot) - ACTIVE_RUN + 1) if all(hot[i:i + ACTIVE_RUN])]
+    runs = [i for i in range(len(hot) - ACTIVE_RUN + 1) if all(hot[i : i + ACTIVE_RUN])]
     if not runs:
-        return {"active": False, "startup_s": None, "tail_s": None, "first": None,
-                "last": None, "start_t": None, "end_t": None, "n": 0}
+        return {
+            "active": False,
+            "startup_s": None,
+            "tail_s": None,
+            "first": None,
+            "last": None,
+            "start_t": None,
+            "end_t": None,
+            "n": 0,
+        }
     first, last = runs[0], runs[-1] + ACTIVE_RUN - 1
-    return {"active": True, "startup_s": samples[first - 1]["t"] if first else 0.0,
-            "tail_s": samples[-1]["t"] - samples[last]["t"], "first": first, "last": last,
-            "start_t": samples[first]["t"], "end_t": samples[last]["t"], "n": last - first + 1}
+    return {
+        "active": True,
+        "startup_s": samples[first - 1]["t"] if first else 0.0,
+        "tail_s": samples[-1]["t"] - samples[last]["t"],
+        "first": first,
+        "last": last,
+        "start_t": samples[first]["t"],
+        "end_t": samples[last]["t"],
+        "n": last - first + 1,
+    }
 
 
 def phase_line(phases: dict[str, Any]) -> str:
     """One line on the start-up and the active phase, for the console and the evidence."""
     if not phases["active"]:
-        return (f"the GPU never got sustained work (utilization >= {ACTIVE_UTIL:.0f}% in "
-                f"{ACTIVE_RUN} samples in a row): assessed over the whole run")
+        return (
+            f"the GPU never got sustained work (utilization >= {ACTIVE_UTIL:.0f}% in "
+            f"{ACTIVE_RUN} samples in a row): assessed over the whole run"
+        )
     tail = f", tail {phases['tail_s']:.0f} s after it" if phases["tail_s"] else ""
-    return (f"start-up: {phases['startup_s']:.0f} s before the GPU got work; active phase "
-            f"{phases['start_t']:.0f}-{phases['end_t']:.0f} s ({phases['n']} samples){tail}")
+    return (
+        f"start-up: {phases['startup_s']:.0f} s before the GPU got work; active phase "
+        f"{phases['start_t']:.0f}-{phases['end_t']:.0f} s ({phases['n']} samples){tail}"
+    )
 
 
 def _stat(stats: dict[str, Any], metric: str, key: str) -> float | None:
@@ -225,7 +277,7 @@ SUMMARY: dict[str, str] = {
     "memory_pressure": "memory pressure: GPU memory is nearly full while utilization is low",
     "data_loading": "data loading: the GPU waits for batches the CPU cannot prepare fast enough",
     "small_batches": "small batches / launch overhead: the GPU is partly busy with memory and "
-                     "CPU to spare",
+    "CPU to spare",
     "underutilized": "under-utilized GPU, cause not determined from these samples",
     "gpu_bound": "GPU busy, input pipeline keeps up; model compute is the limit",
     "healthy": "healthy: the GPU is kept busy",
@@ -233,8 +285,18 @@ SUMMARY: dict[str, str] = {
     "undetermined": "undetermined: the GPU does not report utilization",
     "no_gpu": "no NVIDIA GPU: CPU and RAM only",
 }
-PRIORITY = ["thermal_throttling", "power_throttling", "memory_pressure", "data_loading",
-            "small_batches", "underutilized", "gpu_bound", "healthy", "idle", "undetermined"]
+PRIORITY = [
+    "thermal_throttling",
+    "power_throttling",
+    "memory_pressure",
+    "data_loading",
+    "small_batches",
+    "underutilized",
+    "gpu_bound",
+    "healthy",
+    "idle",
+    "undetermined",
+]
 
 
 @dataclass(frozen=True)
@@ -325,8 +387,10 @@ def _advice(name: str, g: dict[str, Any], run: RunFacts) -> list[str]:
     if name == "gpu_bound" and mem_p95 is not None and mem_p95 < BATCH_ROOM_MEMORY:
         advice.insert(0, RAISE_BATCH.format(mem=mem_p95))
     if name == "underutilized" and run.keeps_up:
-        advice = ["the input pipeline keeps up: raise training.config.batch_size if memory "
-                  "allows, and look for stalls between steps (logging, evaluation, checkpoints)"]
+        advice = [
+            "the input pipeline keeps up: raise training.config.batch_size if memory "
+            "allows, and look for stalls between steps (logging, evaluation, checkpoints)"
+        ]
     if name == "underutilized" and not run.metrics_given:
         advice.insert(0, PASS_METRICS)
     periodic = _periodic(g, run)
@@ -335,8 +399,9 @@ def _advice(name: str, g: dict[str, Any], run: RunFacts) -> list[str]:
     return advice
 
 
-def assess_gpu(index: int, g: dict[str, Any], host: dict[str, Any], run: RunFacts
-               ) -> dict[str, Any]:
+def assess_gpu(
+    index: int, g: dict[str, Any], host: dict[str, Any], run: RunFacts
+) -> dict[str, Any]:
     """The bottleneck of one GPU, with the evidence lines and the advice behind it."""
     util, util_p50, util_p95 = (_stat(g, "gpu_util", k) for k in ("mean", "p50", "p95"))
     mem_p95 = _stat(g, "mem_used_percent", "p95")
@@ -351,10 +416,12 @@ def assess_gpu(index: int, g: dict[str, Any], host: dict[str, Any], run: RunFact
     if name == "thermal_throttling":
         evidence += _throttle(g, THERMAL_REASONS)[1] + [
             f"temperature p95 {_fmt(_stat(g, 'temperature_c', 'p95'), ' C')}, SM clock p50 "
-            f"{_fmt(_stat(g, 'sm_clock_mhz', 'p50'), ' MHz')}"]
+            f"{_fmt(_stat(g, 'sm_clock_mhz', 'p50'), ' MHz')}"
+        ]
     elif name == "power_throttling":
         evidence += _throttle(g, POWER_REASONS)[1] + [
-            f"power p95 {_fmt(_stat(g, 'power_w', 'p95'), ' W')}"]
+            f"power p95 {_fmt(_stat(g, 'power_w', 'p95'), ' W')}"
+        ]
     elif name in ("gpu_bound", "healthy"):
         evidence += run.lines() if run.metrics_given or run.mfu is not None else []
         if mem_p95 is not None and mem_p95 >= BATCH_ROOM_MEMORY:
@@ -370,9 +437,9 @@ def assess_gpu(index: int, g: dict[str, Any], host: dict[str, Any], run: RunFact
             f"bursty: utilization dips below {max(periodic['below'], 0):.0f}% about every "
             f"{periodic['every_s']:.0f} s ({periodic['fraction']:.0%} of samples) while data-wait "
             "is low: stalls outside the input pipeline (logging, host syncs, evaluation, "
-            "checkpoint saves)")
-    return {"gpu": index, "bottleneck": name, "evidence": evidence,
-            "advice": _advice(name, g, run)}
+            "checkpoint saves)"
+        )
+    return {"gpu": index, "bottleneck": name, "evidence": evidence, "advice": _advice(name, g, run)}
 
 
 def assess(
@@ -395,8 +462,13 @@ def assess(
         _, lines = _host_evidence(host, run)
         ram = _stat(host, "ram_percent", "p95")
         evidence = [f"no NVIDIA GPU found ({no_gpu_reason})", *lines, f"RAM p95 {_fmt(ram)}"]
-        return {"bottleneck": "no_gpu", "summary": SUMMARY["no_gpu"], "evidence": evidence,
-                "advice": ADVICE["no_gpu"], "per_gpu": []}
+        return {
+            "bottleneck": "no_gpu",
+            "summary": SUMMARY["no_gpu"],
+            "evidence": evidence,
+            "advice": ADVICE["no_gpu"],
+            "per_gpu": [],
+        }
     per_gpu = [assess_gpu(int(i), g, host, run) for i, g in stats["gpus"].items()]
     worst = min(per_gpu, key=lambda f: PRIORITY.index(f["bottleneck"]))
     evidence = ([phase_line(phases)] if phases else []) + list(worst["evidence"])
@@ -407,5 +479,10 @@ def assess(
     summary = SUMMARY[name]
     if name == "gpu_bound" and mfu is not None:
         summary += f" (MFU {mfu:.1%}, far below peak)"
-    return {"bottleneck": name, "summary": summary, "evidence": evidence,
-            "advice": worst["advice"], "per_gpu": per_gpu}
+    return {
+        "bottleneck": name,
+        "summary": summary,
+        "evidence": evidence,
+        "advice": worst["advice"],
+        "per_gpu": per_gpu,
+    }

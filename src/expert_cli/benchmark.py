@@ -55,16 +55,19 @@ def validate_options(opts: BenchmarkOptions) -> None:
     if opts.plot is not None and importlib.util.find_spec("matplotlib") is None:
         problems.append("--plot: needs matplotlib (pip install 'expert-cli[plot]')")
     if opts.gpu != "all" and not all(p.strip().isdigit() for p in opts.gpu.split(",")):
-        problems.append(f"--gpu: expected a GPU index (0, 1, ... or 0,1) or 'all', "
-                        f"got {opts.gpu!r}")
+        problems.append(
+            f"--gpu: expected a GPU index (0, 1, ... or 0,1) or 'all', got {opts.gpu!r}"
+        )
     if opts.workload is not None and opts.command:
         problems.append("--workload: give either a workload or a command after --, not both")
     if opts.workload is not None:
         from expert_cli.telemetry.workload import WORKLOADS
 
         if opts.workload not in WORKLOADS:
-            problems.append(f"--workload: unknown workload {opts.workload!r}; choose one of "
-                            f"{', '.join(WORKLOADS)}")
+            problems.append(
+                f"--workload: unknown workload {opts.workload!r}; choose one of "
+                f"{', '.join(WORKLOADS)}"
+            )
     if problems:
         raise UserError(problems)
 
@@ -78,8 +81,10 @@ def select_gpus(spec: str, count: int, no_gpu_reason: str | None) -> list[int]:
         raise UserError(f"--gpu: GPU {spec} requested but no NVIDIA GPU found ({no_gpu_reason})")
     bad = [i for i in wanted if i >= count]
     if bad:
-        raise UserError(f"--gpu: index {bad[0]} out of range; this machine has {count} GPU(s), "
-                        f"indices 0..{count - 1}")
+        raise UserError(
+            f"--gpu: index {bad[0]} out of range; this machine has {count} GPU(s), "
+            f"indices 0..{count - 1}"
+        )
     return sorted(set(wanted))
 
 
@@ -116,8 +121,12 @@ def read_run_metrics(path: Path) -> dict[str, Any] | None:
         return None
     windows = [w for w in data.get("windows", []) if isinstance(w, dict)]
     summary = data.get("summary") if isinstance(data.get("summary"), dict) else None
-    return {"path": str(path), "summary": summary, "windows": windows,
-            "last_window": windows[-1] if windows else None}
+    return {
+        "path": str(path),
+        "summary": summary,
+        "windows": windows,
+        "last_window": windows[-1] if windows else None,
+    }
 
 
 def data_wait_fraction(run_metrics: dict[str, Any] | None) -> float | None:
@@ -127,8 +136,11 @@ def data_wait_fraction(run_metrics: dict[str, Any] | None) -> float | None:
     summary = run_metrics.get("summary") or {}
     if isinstance(summary.get("data_wait_fraction"), (int, float)):
         return float(summary["data_wait_fraction"])
-    values = [w["data_wait_fraction"] for w in run_metrics["windows"]
-              if isinstance(w.get("data_wait_fraction"), (int, float))]
+    values = [
+        w["data_wait_fraction"]
+        for w in run_metrics["windows"]
+        if isinstance(w.get("data_wait_fraction"), (int, float))
+    ]
     return sum(values) / len(values) if values else None
 
 
@@ -137,8 +149,11 @@ def run_mfu(run_metrics: dict[str, Any] | None, workload: dict[str, Any] | None)
     summary = (run_metrics or {}).get("summary") or {}
     if isinstance(summary.get("mfu"), (int, float)):
         return float(summary["mfu"])
-    values = [w["mfu"] for w in (run_metrics or {}).get("windows", [])
-              if isinstance(w.get("mfu"), (int, float))]
+    values = [
+        w["mfu"]
+        for w in (run_metrics or {}).get("windows", [])
+        if isinstance(w.get("mfu"), (int, float))
+    ]
     if values:
         return sum(values) / len(values)
     mfu = (workload or {}).get("mfu")
@@ -167,10 +182,15 @@ def analyse(
     phases = split_phases(samples, indices) if phased and no_gpu_reason is None else None
     active = None
     if phases is not None and phases["active"]:
-        active = compute_stats(samples[phases["first"]:phases["last"] + 1], indices)
-    assessment = assess(active or stats, data_wait_fraction(run_metrics), no_gpu_reason,
-                        mfu=run_mfu(run_metrics, workload),
-                        metrics_given=metrics_given or run_metrics is not None, phases=phases)
+        active = compute_stats(samples[phases["first"] : phases["last"] + 1], indices)
+    assessment = assess(
+        active or stats,
+        data_wait_fraction(run_metrics),
+        no_gpu_reason,
+        mfu=run_mfu(run_metrics, workload),
+        metrics_given=metrics_given or run_metrics is not None,
+        phases=phases,
+    )
     return {"phases": phases, "stats": stats, "active_stats": active, "assessment": assessment}
 
 
@@ -178,12 +198,18 @@ def reassess(report: dict[str, Any]) -> dict[str, Any]:
     """A saved report with its phases, statistics and assessment computed again by the
     current rules (from its own samples, run metrics and workload)."""
     settings = report["settings"]
-    return {**report, **analyse(
-        report["samples"], settings["gpus"],
-        phased=bool(report.get("command") or settings.get("workload")),
-        run_metrics=report.get("run_metrics"),
-        metrics_given=report.get("metrics_path") is not None,
-        workload=report.get("workload"), no_gpu_reason=report.get("no_gpu_reason"))}
+    return {
+        **report,
+        **analyse(
+            report["samples"],
+            settings["gpus"],
+            phased=bool(report.get("command") or settings.get("workload")),
+            run_metrics=report.get("run_metrics"),
+            metrics_given=report.get("metrics_path") is not None,
+            workload=report.get("workload"),
+            no_gpu_reason=report.get("no_gpu_reason"),
+        ),
+    }
 
 
 class Command:
@@ -375,15 +401,25 @@ def run_benchmark(
         if source is not None:
             source.close()
     run_metrics = read_run_metrics(metrics_path) if metrics_path is not None else None
-    analysis = analyse(sampling.samples, indices, phased=bool(opts.command or opts.workload),
-                       run_metrics=run_metrics, metrics_given=metrics_path is not None,
-                       workload=sampling.workload, no_gpu_reason=reason)
+    analysis = analyse(
+        sampling.samples,
+        indices,
+        phased=bool(opts.command or opts.workload),
+        run_metrics=run_metrics,
+        metrics_given=metrics_path is not None,
+        workload=sampling.workload,
+        no_gpu_reason=reason,
+    )
     report = {
         "schema_version": SCHEMA_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine,
-        "settings": {"duration_s": opts.duration, "interval_s": opts.interval,
-                     "gpus": indices, "workload": opts.workload},
+        "settings": {
+            "duration_s": opts.duration,
+            "interval_s": opts.interval,
+            "gpus": indices,
+            "workload": opts.workload,
+        },
         "gpu_available": source is not None,
         "no_gpu_reason": reason,
         "command": opts.command or None,

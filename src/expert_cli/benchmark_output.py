@@ -9,14 +9,22 @@ from typing import Any
 
 PLOT_MARKERS_BELOW = 60  # draw a dot per sample when there are this few
 STAT_KEYS = ("mean", "min", "max", "p50", "p95")
-HOST_ROWS = (("cpu_percent", "CPU, mean of cores (%)"),
-             ("cpu_busiest_core_percent", "CPU, busiest core (%)"),
-             ("ram_percent", "RAM used (%)"), ("ram_used_gb", "RAM used (GB)"),
-             ("process_cpu_percent", "command's process tree CPU (%)"))
-GPU_ROWS = (("gpu_util", "utilization (%)"), ("mem_util", "memory bandwidth util (%)"),
-            ("mem_used_percent", "memory used (%)"), ("mem_used_mb", "memory used (MiB)"),
-            ("temperature_c", "temperature (C)"), ("power_w", "power (W)"),
-            ("sm_clock_mhz", "SM clock (MHz)"))
+HOST_ROWS = (
+    ("cpu_percent", "CPU, mean of cores (%)"),
+    ("cpu_busiest_core_percent", "CPU, busiest core (%)"),
+    ("ram_percent", "RAM used (%)"),
+    ("ram_used_gb", "RAM used (GB)"),
+    ("process_cpu_percent", "command's process tree CPU (%)"),
+)
+GPU_ROWS = (
+    ("gpu_util", "utilization (%)"),
+    ("mem_util", "memory bandwidth util (%)"),
+    ("mem_used_percent", "memory used (%)"),
+    ("mem_used_mb", "memory used (MiB)"),
+    ("temperature_c", "temperature (C)"),
+    ("power_w", "power (W)"),
+    ("sm_clock_mhz", "SM clock (MHz)"),
+)
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -57,13 +65,21 @@ class LiveView:
         for col in ("GPU", "util %", "mem %", "temp C", "power W", "SM MHz", "throttle"):
             table.add_column(col)
         for g in sample["gpus"]:
-            table.add_row(str(g["index"]), _num(g["gpu_util"]), _num(g["mem_used_percent"]),
-                          _num(g["temperature_c"]), _num(g["power_w"]), _num(g["sm_clock_mhz"]),
-                          ",".join(g["throttle_reasons"]) or "-")
+            table.add_row(
+                str(g["index"]),
+                _num(g["gpu_util"]),
+                _num(g["mem_used_percent"]),
+                _num(g["temperature_c"]),
+                _num(g["power_w"]),
+                _num(g["sm_clock_mhz"]),
+                ",".join(g["throttle_reasons"]) or "-",
+            )
         h = sample["host"]
         cores = h["cpu_percent"]
-        caption = (f"CPU {_num(sum(cores) / len(cores) if cores else None)}% "
-                   f"(busiest core {_num(max(cores, default=None))}%), RAM {h['ram_percent']:.0f}%")
+        caption = (
+            f"CPU {_num(sum(cores) / len(cores) if cores else None)}% "
+            f"(busiest core {_num(max(cores, default=None))}%), RAM {h['ram_percent']:.0f}%"
+        )
         if h.get("process_cpu_percent") is not None:
             caption += f", command CPU {h['process_cpu_percent']:.0f}%"
         if self.runner is not None:
@@ -71,8 +87,10 @@ class LiveView:
         run = read_run_metrics(self.metrics_path) if self.metrics_path else None
         if run and run["last_window"]:
             w = run["last_window"]
-            caption += (f"\nrun step {w.get('step')}: tokens/s {_num(w.get('tokens_per_s'))}, "
-                        f"data wait {_num(w.get('data_wait_fraction'), 2)}")
+            caption += (
+                f"\nrun step {w.get('step')}: tokens/s {_num(w.get('tokens_per_s'))}, "
+                f"data wait {_num(w.get('data_wait_fraction'), 2)}"
+            )
         table.caption = caption
         return table
 
@@ -97,20 +115,23 @@ def _extras_lines(report: dict[str, Any]) -> list[str]:
     wl = report.get("workload")
     if wl:
         mfu = "-" if wl.get("mfu") is None else f"{wl['mfu']:.1%}"
-        lines.append(f"workload {wl['workload']} on {wl.get('device')} ({wl.get('dtype')}): "
-                     f"{wl['steps']} steps, tokens/s {_num(wl['tokens_per_s'])}, MFU {mfu}")
+        lines.append(
+            f"workload {wl['workload']} on {wl.get('device')} ({wl.get('dtype')}): "
+            f"{wl['steps']} steps, tokens/s {_num(wl['tokens_per_s'])}, MFU {mfu}"
+        )
     if report.get("metrics_path"):
         summary = (report.get("run_metrics") or {}).get("summary")
         if summary:
             mfu = summary.get("mfu")
-            lines.append(f"run metrics: tokens/s {_num(summary.get('tokens_per_s'))}, data wait "
-                         f"{_num(summary.get('data_wait_fraction'), 2)}, MFU "
-                         f"{'-' if mfu is None else f'{mfu:.1%}'}")
+            lines.append(
+                f"run metrics: tokens/s {_num(summary.get('tokens_per_s'))}, data wait "
+                f"{_num(summary.get('data_wait_fraction'), 2)}, MFU "
+                f"{'-' if mfu is None else f'{mfu:.1%}'}"
+            )
         else:
             lines.append(f"run metrics: {report['metrics_path']} not (yet) readable")
     if report.get("command"):
-        lines.append(f"command exit code {report['exit_code']} (stopped by "
-                     f"{report['stopped_by']})")
+        lines.append(f"command exit code {report['exit_code']} (stopped by {report['stopped_by']})")
     return lines
 
 
@@ -127,8 +148,10 @@ def render_summary(report: dict[str, Any], console: Any) -> None:
             console.print(f"  clock event reasons (share of samples): {reasons}", markup=False)
     phases, active = report.get("phases"), report.get("active_stats")
     for index, g in (active or {}).get("gpus", {}).items():
-        title = (f"GPU {index} {names.get(int(index), '')}, active phase "
-                 f"{phases['start_t']:.0f}-{phases['end_t']:.0f} s")
+        title = (
+            f"GPU {index} {names.get(int(index), '')}, active phase "
+            f"{phases['start_t']:.0f}-{phases['end_t']:.0f} s"
+        )
         console.print(_stats_table(title, GPU_ROWS, g))
     for line in _extras_lines(report):
         console.print(line, markup=False)
@@ -142,8 +165,10 @@ def render_summary(report: dict[str, Any], console: Any) -> None:
 
 
 def _series(report: dict[str, Any], index: int, metric: str) -> list[float | None]:
-    return [next((g.get(metric) for g in s["gpus"] if g["index"] == index), None)
-            for s in report["samples"]]
+    return [
+        next((g.get(metric) for g in s["gpus"] if g["index"] == index), None)
+        for s in report["samples"]
+    ]
 
 
 def _shade_phases(ax: Any, phases: dict[str, Any] | None, t: list[float]) -> None:
@@ -167,23 +192,34 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
     t = [s["t"] for s in report["samples"]]
     indices = [int(i) for i in report["stats"]["gpus"]]
     if indices:
-        panels = [("gpu_util", "GPU utilization (%)"), ("mem_used_percent", "memory used (%)"),
-                  ("temperature_c", "temperature (C)")]
-        series = {label: {f"GPU {i}": _series(report, i, m) for i in indices}
-                  for m, label in panels}
+        panels = [
+            ("gpu_util", "GPU utilization (%)"),
+            ("mem_used_percent", "memory used (%)"),
+            ("temperature_c", "temperature (C)"),
+        ]
+        series = {
+            label: {f"GPU {i}": _series(report, i, m) for i in indices} for m, label in panels
+        }
     else:
         cores = [s["host"]["cpu_percent"] for s in report["samples"]]
         series = {
-            "CPU (%)": {"mean of cores": [sum(c) / len(c) if c else None for c in cores],
-                        "busiest core": [max(c, default=None) for c in cores]},
+            "CPU (%)": {
+                "mean of cores": [sum(c) / len(c) if c else None for c in cores],
+                "busiest core": [max(c, default=None) for c in cores],
+            },
             "RAM used (%)": {"RAM": [s["host"]["ram_percent"] for s in report["samples"]]},
         }
-    fig, axes = plt.subplots(len(series), 1, figsize=(9, 2.6 * len(series)), sharex=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(series), 1, figsize=(9, 2.6 * len(series)), sharex=True, squeeze=False
+    )
     for ax, (label, lines) in zip(axes[:, 0], series.items(), strict=True):
         for name, values in lines.items():
-            ax.plot(t, [float("nan") if v is None else v for v in values], label=name,
-                    marker="." if len(t) < PLOT_MARKERS_BELOW else None)
+            ax.plot(
+                t,
+                [float("nan") if v is None else v for v in values],
+                label=name,
+                marker="." if len(t) < PLOT_MARKERS_BELOW else None,
+            )
         _shade_phases(ax, report.get("phases"), t)
         ax.set_ylabel(label)
         if "%" in label:

@@ -19,8 +19,13 @@ from expert_cli.resolve import ResolvedConfig, SourceRef, resolve
 
 PEEK_ROWS = 5
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
-KNOWN_LAYOUTS = ({"text"}, {"messages"}, {"instruction", "response"}, {"instruction", "output"},
-                 {"prompt", "completion"})
+KNOWN_LAYOUTS = (
+    {"text"},
+    {"messages"},
+    {"instruction", "response"},
+    {"instruction", "output"},
+    {"prompt", "completion"},
+)
 
 
 def check_manifest(path: Path) -> dict[str, Any]:
@@ -29,8 +34,12 @@ def check_manifest(path: Path) -> dict[str, Any]:
 
     env = probe_environment()
     report: dict[str, Any] = {
-        "manifest": {"path": str(path)}, "config": None, "notes": [], "downloads": [],
-        "problems": [], "environment": env.to_dict(),
+        "manifest": {"path": str(path)},
+        "config": None,
+        "notes": [],
+        "downloads": [],
+        "problems": [],
+        "environment": env.to_dict(),
     }
     try:
         loaded = load_manifest(path)
@@ -59,20 +68,24 @@ def _check_model(cfg: ResolvedConfig) -> tuple[list[str], list[str]]:
     where = "base model"
     if cfg.base_model_kind == "hub":
         rev = f" at revision {cfg.revision}" if cfg.revision else ""
-        return [], [f"{where}: {cfg.base_model}{rev} will be downloaded from the Hugging Face "
-                    "hub on first use (or read from its cache)"]
+        return [], [
+            f"{where}: {cfg.base_model}{rev} will be downloaded from the Hugging Face "
+            "hub on first use (or read from its cache)"
+        ]
     folder = Path(cfg.base_model)
     if not folder.is_dir():
-        return [f"{where}: {folder} is not a folder (expected a local model folder with "
-                "config.json, or a hub id such as Qwen/Qwen3-0.6B)"], []
+        return [
+            f"{where}: {folder} is not a folder (expected a local model folder with "
+            "config.json, or a hub id such as Qwen/Qwen3-0.6B)"
+        ], []
     problems = []
     if not (folder / "config.json").is_file():
         problems.append(f"{where}: {folder}/config.json is missing")
-    if cfg.init == "pretrained" and not any(
-        next(folder.glob(p), None) for p in WEIGHT_PATTERNS
-    ):
-        problems.append(f"{where}: {folder} has no weights (*.safetensors or *.bin); add them, "
-                        "or set \"init\": \"random\" to train from a random initialisation")
+    if cfg.init == "pretrained" and not any(next(folder.glob(p), None) for p in WEIGHT_PATTERNS):
+        problems.append(
+            f"{where}: {folder} has no weights (*.safetensors or *.bin); add them, "
+            'or set "init": "random" to train from a random initialisation'
+        )
     problems += _check_tokenizer(folder, cfg)
     return problems, []
 
@@ -87,21 +100,23 @@ def _check_tokenizer(folder: Path, cfg: ResolvedConfig) -> list[str]:
     except Exception as exc:  # noqa: BLE001 - any loader failure is the user's folder
         return [f"tokenizer: cannot load from {folder} ({type(exc).__name__}: {exc})"]
     if not tok.is_fast:
-        return [f"tokenizer: {folder} has only a slow tokenizer; expert-cli needs a fast one "
-                "(tokenizer.json)"]
+        return [
+            f"tokenizer: {folder} has only a slow tokenizer; expert-cli needs a fast one "
+            "(tokenizer.json)"
+        ]
     return []
 
 
 # --------------------------------------------------------------------------- data
 
 
-def _check_source(
-    src: SourceRef, mapping: dict[str, str] | None
-) -> tuple[list[str], list[str]]:
+def _check_source(src: SourceRef, mapping: dict[str, str] | None) -> tuple[list[str], list[str]]:
     if src.kind == "hub":
         spec = src.location + (f" (split {src.split})" if src.split else "")
-        return [], [f"dataset: {spec} will be downloaded from the Hugging Face hub on first "
-                    "use (or read from its cache)"]
+        return [], [
+            f"dataset: {spec} will be downloaded from the Hugging Face hub on first "
+            "use (or read from its cache)"
+        ]
     path = Path(src.location)
     if not path.exists():
         return [f"{path}: dataset file not found"], []
@@ -165,12 +180,15 @@ def _check_fields(
         return [
             f"{path}: field '{column}' (training.dataset.field_mapping.{role}) is not in the "
             f"first rows; columns are: {', '.join(sorted(columns))}"
-            for role, column in mapping.items() if column not in columns
+            for role, column in mapping.items()
+            if column not in columns
         ]
     if any(layout <= columns for layout in KNOWN_LAYOUTS):
         return []
-    return [f"{path}: no field_mapping and no known columns (text, messages, instruction/response)"
-            f"; columns are: {', '.join(sorted(columns))}; set training.dataset.field_mapping"]
+    return [
+        f"{path}: no field_mapping and no known columns (text, messages, instruction/response)"
+        f"; columns are: {', '.join(sorted(columns))}; set training.dataset.field_mapping"
+    ]
 
 
 # --------------------------------------------------------------------------- rendering
@@ -184,8 +202,11 @@ def render_report(report: dict[str, Any]) -> None:
     console = Console(highlight=False, soft_wrap=True)
     man = report["manifest"]
     if "name" in man:
-        console.print(f"{man['name']} {man['version']} (schema {man['schema_version']}) "
-                      f"from {man['path']}", markup=False, style="bold")
+        console.print(
+            f"{man['name']} {man['version']} (schema {man['schema_version']}) from {man['path']}",
+            markup=False,
+            style="bold",
+        )
     else:  # the manifest did not load: the problems below say why
         console.print(str(man["path"]), markup=False, style="bold")
     if report["config"]:
@@ -200,9 +221,11 @@ def render_report(report: dict[str, Any]) -> None:
             if key != "packages":
                 env.add_row(key, str(value))
         console.print(env)
-    for title, style, items in (("decisions", "cyan", report["notes"]),
-                                ("downloads", "yellow", report["downloads"]),
-                                ("problems", "bold red", report["problems"])):
+    for title, style, items in (
+        ("decisions", "cyan", report["notes"]),
+        ("downloads", "yellow", report["downloads"]),
+        ("problems", "bold red", report["problems"]),
+    ):
         if items:
             console.print(f"[{style}]{title}:[/{style}]")
             for item in items:

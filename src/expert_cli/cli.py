@@ -82,8 +82,16 @@ def benchmark(
     from expert_cli.benchmark import BenchmarkOptions, run_benchmark
     from expert_cli.benchmark_output import render_summary
 
-    opts = BenchmarkOptions(duration=duration, interval=interval, output=output, plot=plot,
-                            gpu=gpu, metrics=metrics, workload=workload, command=command or [])
+    opts = BenchmarkOptions(
+        duration=duration,
+        interval=interval,
+        output=output,
+        plot=plot,
+        gpu=gpu,
+        metrics=metrics,
+        workload=workload,
+        command=command or [],
+    )
     console = Console(highlight=False, soft_wrap=True)
     report = run_benchmark(opts, console)
     render_summary(report, console)
@@ -136,8 +144,13 @@ def train(
     from expert_cli.training import TrainOptions
     from expert_cli.training import train as run_training
 
-    opts = TrainOptions(manifest=manifest, output=output, resume=resume, max_steps=max_steps,
-                        overrides=overrides or [])
+    opts = TrainOptions(
+        manifest=manifest,
+        output=output,
+        resume=resume,
+        max_steps=max_steps,
+        overrides=overrides or [],
+    )
     result = run_training(opts, Console(highlight=False, soft_wrap=True))
     if result.exit_code:
         raise typer.Exit(code=result.exit_code)
@@ -168,8 +181,11 @@ def pretokenize(
     ] = None,
     num_proc: Annotated[
         int | None,
-        typer.Option("--num-proc", min=1,
-                     help="Tokenizer worker processes (default 1: Rust threads on every core)."),
+        typer.Option(
+            "--num-proc",
+            min=1,
+            help="Tokenizer worker processes (default 1: Rust threads on every core).",
+        ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if current.")] = False,
 ) -> None:
@@ -204,8 +220,9 @@ def main() -> None:
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     # raised inside peft/transformers for every model; nothing a user of expert-cli can act on
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*",
-                            category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
+    )
     try:
         app(standalone_mode=True)
     except UserError as exc:

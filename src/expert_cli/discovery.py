@@ -15,8 +15,19 @@ from expert_cli.errors import UserError
 HUB_PREFIX = "datasets--"
 DATASETS_SKIP = {"downloads"}  # folders of the datasets cache that are not datasets
 HUB_REPO_PREFIXES = ("datasets--", "models--", "spaces--")  # hub layout, not datasets layout
-LOCAL_SUFFIXES = {".json", ".jsonl", ".csv", ".tsv", ".parquet", ".arrow", ".txt", ".gz",
-                  ".zst", ".xz", ".bz2"}
+LOCAL_SUFFIXES = {
+    ".json",
+    ".jsonl",
+    ".csv",
+    ".tsv",
+    ".parquet",
+    ".arrow",
+    ".txt",
+    ".gz",
+    ".zst",
+    ".xz",
+    ".bz2",
+}
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -65,14 +76,16 @@ def scan_datasets_cache(root: Path) -> list[dict[str, Any]]:
         files = _files(hash_dir)
         if not any(f.suffix == ".arrow" or f.name == "dataset_info.json" for f in files):
             continue
-        entries.append({
-            "name": name_dir.name.replace("___", "/"),
-            "config": hash_dir.parents[1].name,
-            "revision": f"{hash_dir.parent.name}/{hash_dir.name}",
-            "size_bytes": _size_once(files),
-            "path": str(hash_dir),
-            "layout": "datasets",
-        })
+        entries.append(
+            {
+                "name": name_dir.name.replace("___", "/"),
+                "config": hash_dir.parents[1].name,
+                "revision": f"{hash_dir.parent.name}/{hash_dir.name}",
+                "size_bytes": _size_once(files),
+                "path": str(hash_dir),
+                "layout": "datasets",
+            }
+        )
     return entries
 
 
@@ -88,14 +101,16 @@ def scan_hub_cache(root: Path) -> list[dict[str, Any]]:
         snapshots = sorted(p.name for p in (repo / "snapshots").glob("*") if p.is_dir())
         revision = main.read_text().strip() if main.is_file() else ",".join(snapshots) or None
         files = _files(repo / "blobs") + _files(repo / "snapshots")
-        entries.append({
-            "name": repo.name.removeprefix(HUB_PREFIX).replace("--", "/"),
-            "config": None,
-            "revision": revision,
-            "size_bytes": _size_once(files),
-            "path": str(repo),
-            "layout": "hub",
-        })
+        entries.append(
+            {
+                "name": repo.name.removeprefix(HUB_PREFIX).replace("--", "/"),
+                "config": None,
+                "revision": revision,
+                "size_bytes": _size_once(files),
+                "path": str(repo),
+                "layout": "hub",
+            }
+        )
     return entries
 
 
@@ -197,16 +212,29 @@ def render_discovery(result: dict[str, Any]) -> None:
 
     console = Console(highlight=False)
     roots = result["cache_roots"]
-    table = Table(title=f"cached datasets (datasets: {roots['datasets']}, hub: {roots['hub']})",
-                  title_justify="left")
+    table = Table(
+        title=f"cached datasets (datasets: {roots['datasets']}, hub: {roots['hub']})",
+        title_justify="left",
+    )
     for col in ("name", "config", "revision", "size", "layout", "used by", "path"):
         # names and paths are what users copy: wrap them, never cut them with an ellipsis
-        table.add_column(col, justify="right" if col == "size" else "left",
-                         overflow="fold", no_wrap=col == "size")
+        table.add_column(
+            col,
+            justify="right" if col == "size" else "left",
+            overflow="fold",
+            no_wrap=col == "size",
+        )
     for e in result["datasets"]:
         used = ", ".join(Path(m).parent.name for m in e.get("used_by", []))
-        table.add_row(e["name"], e["config"] or "-", (e["revision"] or "-")[:40], e["size"],
-                      e["layout"], used or "-", e["path"])
+        table.add_row(
+            e["name"],
+            e["config"] or "-",
+            (e["revision"] or "-")[:40],
+            e["size"],
+            e["layout"],
+            used or "-",
+            e["path"],
+        )
     console.print(table)
     if result["manifests"]:
         usage = Table(title="datasets named by manifests", title_justify="left")
@@ -218,7 +246,8 @@ def render_discovery(result: dict[str, Any]) -> None:
                 usage.add_row(m["manifest"], ref["field"], ref["id"], ref["kind"], cached)
         console.print(usage)
     for item in result["missing"]:
-        console.print(f"not cached: {item['id']} (needed by {', '.join(item['needed_by'])})",
-                      markup=False)
+        console.print(
+            f"not cached: {item['id']} (needed by {', '.join(item['needed_by'])})", markup=False
+        )
     for line in result["problems"]:
         console.print(f"problem: {line}", markup=False)

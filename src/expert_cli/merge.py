@@ -22,15 +22,19 @@ def adapter_base(adapter: Path) -> str:
     """The base model path or hub id recorded in the adapter's configuration."""
     config_path = adapter / "adapter_config.json"
     if not config_path.is_file():
-        raise UserError(f"--adapter {adapter}: no adapter_config.json (expected the output "
-                        "folder of `expert-cli train`)")
+        raise UserError(
+            f"--adapter {adapter}: no adapter_config.json (expected the output "
+            "folder of `expert-cli train`)"
+        )
     config = json.loads(config_path.read_text(encoding="utf-8"))
     base = config.get("base_model_name_or_path")
     if not base:
         raise UserError(f"{config_path}: base_model_name_or_path is not set")
     if not any((adapter / name).is_file() for name in ADAPTER_WEIGHTS):
-        raise UserError(f"--adapter {adapter}: no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})"
-                        " beside adapter_config.json")
+        raise UserError(
+            f"--adapter {adapter}: no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})"
+            " beside adapter_config.json"
+        )
     return str(base)
 
 
@@ -60,8 +64,9 @@ def merge_adapter(adapter: Path, output: Path) -> Path:
     try:
         base = AutoModelForCausalLM.from_pretrained(base_name, dtype=_merge_dtype(adapter))
     except OSError as exc:
-        raise UserError(f"{adapter / 'adapter_config.json'}: base model {base_name} cannot be "
-                        f"loaded ({exc})") from None
+        raise UserError(
+            f"{adapter / 'adapter_config.json'}: base model {base_name} cannot be loaded ({exc})"
+        ) from None
     model = PeftModel.from_pretrained(base, adapter).merge_and_unload()
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

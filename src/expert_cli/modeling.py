@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from expert_cli.resolve import ResolvedConfig
 
+
 @dataclass
 class ModelChoices:
     """What the loader decided, for the console and `manifest.resolved.json`."""
@@ -89,8 +90,9 @@ def quantization_config(resolved: ResolvedConfig, on_gpu: bool) -> Any:
     )
 
 
-def build_random_model(resolved: ResolvedConfig, dtype: torch.dtype, attn: str,
-                       device: str = "cpu") -> PreTrainedModel:
+def build_random_model(
+    resolved: ResolvedConfig, dtype: torch.dtype, attn: str, device: str = "cpu"
+) -> PreTrainedModel:
     """The architecture of `base_model/config.json` with seeded random weights, initialised
     directly on `device` (a 0.6B model takes most of a minute to initialise on a CPU)."""
     import torch
@@ -103,18 +105,23 @@ def build_random_model(resolved: ResolvedConfig, dtype: torch.dtype, attn: str,
     torch.manual_seed(resolved.seed)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(
-            config, dtype=dtype, attn_implementation=attn,
+            config,
+            dtype=dtype,
+            attn_implementation=attn,
             trust_remote_code=resolved.trust_remote_code,
         )
 
 
-def _from_pretrained(resolved: ResolvedConfig, source: str, dtype: torch.dtype, attn: str,
-                     device: str) -> PreTrainedModel:
+def _from_pretrained(
+    resolved: ResolvedConfig, source: str, dtype: torch.dtype, attn: str, device: str
+) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     quant = quantization_config(resolved, device.startswith("cuda"))
     kwargs: dict[str, Any] = dict(
-        dtype=dtype, attn_implementation=attn, trust_remote_code=resolved.trust_remote_code,
+        dtype=dtype,
+        attn_implementation=attn,
+        trust_remote_code=resolved.trust_remote_code,
     )
     if resolved.base_model_kind == "hub" and source == resolved.base_model:
         kwargs["revision"] = resolved.revision
@@ -145,12 +152,14 @@ def _with_attention_fallback(load: Any, chosen: str, notes: list[str]) -> tuple[
 def _checked(load: Any) -> Any:
     """`load(attn)` that first registers torch's varlen kernel and refuses it for a model
     configuration it cannot serve (a ValueError naming the attention)."""
+
     def run(attn: str) -> Any:
         if attn == TORCH_VARLEN:
             register_torch_varlen()
         model = load(attn)
         check_model_config(attn, model.config)
         return model
+
     return run
 
 
@@ -163,8 +172,10 @@ def _freeze_for_kbit(model: PreTrainedModel, resolved: ResolvedConfig, half: str
         from peft import prepare_model_for_kbit_training
 
         prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=resolved.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False})
+            model,
+            use_gradient_checkpointing=resolved.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
         return
     for param in model.parameters():
         param.requires_grad_(False)
@@ -173,8 +184,9 @@ def _freeze_for_kbit(model: PreTrainedModel, resolved: ResolvedConfig, half: str
         model.enable_input_require_grads()
 
 
-def _speedups(model: PreTrainedModel, resolved: ResolvedConfig, on_gpu: bool,
-              choices: ModelChoices) -> None:
+def _speedups(
+    model: PreTrainedModel, resolved: ResolvedConfig, on_gpu: bool, choices: ModelChoices
+) -> None:
     """Liger's layer kernels and the fused loss, on the base model before peft wraps it."""
     from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
     from expert_cli.train.speed import apply_liger_kernels
@@ -193,8 +205,9 @@ def _speedups(model: PreTrainedModel, resolved: ResolvedConfig, on_gpu: bool,
             choices.notes.append(f"fused_loss: {why}; using the standard loss")
 
 
-def load_base_model(resolved: ResolvedConfig, device: str,
-                    source: str | None = None) -> tuple[PreTrainedModel, ModelChoices]:
+def load_base_model(
+    resolved: ResolvedConfig, device: str, source: str | None = None
+) -> tuple[PreTrainedModel, ModelChoices]:
     """Load (or, for init 'random', build) the base model ready for adapter training.
 
     `source` replaces `resolved.base_model` as the folder to read weights from (used for a
@@ -208,12 +221,16 @@ def load_base_model(resolved: ResolvedConfig, device: str,
     if resolved.init == "random" and source is None:
         model, attn = _with_attention_fallback(
             _checked(lambda a: build_random_model(resolved, dtype, a, device)),
-            resolved.attn_implementation, notes)
+            resolved.attn_implementation,
+            notes,
+        )
     else:
         path = source or resolved.base_model
         model, attn = _with_attention_fallback(
             _checked(lambda a: _from_pretrained(resolved, path, dtype, a, device)),
-            resolved.attn_implementation, notes)
+            resolved.attn_implementation,
+            notes,
+        )
     model.config.use_cache = False
     compute = "fp16" if on_gpu and resolved.fp16 and not resolved.bf16 else "bf16"
     if resolved.quantization in ("int4", "int8"):
@@ -222,8 +239,10 @@ def load_base_model(resolved: ResolvedConfig, device: str,
     choices = ModelChoices(
         dtype=shown.get(resolved.quantization, str(dtype).removeprefix("torch.")),
         attn_implementation=attn,
-        tf32=apply_tf32(resolved.use_tf32), quantization=resolved.quantization,
-        device=device, notes=notes,
+        tf32=apply_tf32(resolved.use_tf32),
+        quantization=resolved.quantization,
+        device=device,
+        notes=notes,
     )
     _speedups(model, resolved, on_gpu, choices)
     return model, choices
@@ -237,31 +256,44 @@ def adapter_config(resolved: ResolvedConfig, total_steps: int) -> PeftConfig:
     kind = resolved.adapter_type
     if kind in ("lora", "dora"):
         return LoraConfig(
-            r=resolved.rank, lora_alpha=resolved.alpha, lora_dropout=resolved.dropout,
-            target_modules=targets, use_dora=resolved.use_dora, bias="none",
+            r=resolved.rank,
+            lora_alpha=resolved.alpha,
+            lora_dropout=resolved.dropout,
+            target_modules=targets,
+            use_dora=resolved.use_dora,
+            bias="none",
             task_type="CAUSAL_LM",
         )
     if kind == "ia3":
-        return IA3Config(target_modules=targets,
-                         feedforward_modules=resolved.feedforward_modules or [],
-                         task_type="CAUSAL_LM")
+        return IA3Config(
+            target_modules=targets,
+            feedforward_modules=resolved.feedforward_modules or [],
+            task_type="CAUSAL_LM",
+        )
     if kind == "lokr":
-        return LoKrConfig(r=resolved.rank, alpha=resolved.alpha,
-                          rank_dropout=resolved.dropout, target_modules=targets,
-                          task_type="CAUSAL_LM")
+        return LoKrConfig(
+            r=resolved.rank,
+            alpha=resolved.alpha,
+            rank_dropout=resolved.dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+        )
     if kind == "adalora":
         if total_steps <= 0:
             raise UserError("adapter_type adalora: needs a known number of training steps")
         return AdaLoraConfig(
-            init_r=resolved.rank, target_r=max(1, resolved.rank // 2),
-            lora_alpha=resolved.alpha, lora_dropout=resolved.dropout,
-            target_modules=targets, total_step=total_steps, task_type="CAUSAL_LM",
+            init_r=resolved.rank,
+            target_r=max(1, resolved.rank // 2),
+            lora_alpha=resolved.alpha,
+            lora_dropout=resolved.dropout,
+            target_modules=targets,
+            total_step=total_steps,
+            task_type="CAUSAL_LM",
         )
     raise UserError(f"adapter_type: {kind!r} is not supported (lora, dora, ia3, lokr, adalora)")
 
 
-def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig,
-                   total_steps: int) -> PeftModel:
+def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps: int) -> PeftModel:
     """Wrap `model` with the manifest's adapter (seeded init). Adapter weights are fp32; they
     compute in the mixed-precision dtype unless `adapter_precision` is fp32."""
     from peft import get_peft_model
@@ -270,11 +302,13 @@ def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig,
     set_seed(resolved.seed)
 
     try:
-        peft_model = get_peft_model(model, adapter_config(resolved, total_steps),
-                                    autocast_adapter_dtype=True)
+        peft_model = get_peft_model(
+            model, adapter_config(resolved, total_steps), autocast_adapter_dtype=True
+        )
     except ValueError as exc:
-        raise UserError(f"adapter ({resolved.adapter_type}, target_modules="
-                        f"{resolved.target_modules}): {exc}") from None
+        raise UserError(
+            f"adapter ({resolved.adapter_type}, target_modules={resolved.target_modules}): {exc}"
+        ) from None
     if resolved.gradient_checkpointing and resolved.quantization not in ("int4", "int8"):
         peft_model.enable_input_require_grads()
     if adapter_compute_dtype(resolved) != "fp32":

@@ -34,8 +34,10 @@ def resume_checkpoint(checkpoints: Path) -> Path:
 
     found = latest_checkpoint(checkpoints)
     if found is None:
-        raise UserError(f"--resume: no checkpoint under {checkpoints} (checkpoint-N folders "
-                        "are written every save_steps and on Ctrl-C)")
+        raise UserError(
+            f"--resume: no checkpoint under {checkpoints} (checkpoint-N folders "
+            "are written every save_steps and on Ctrl-C)"
+        )
     return found
 
 
@@ -48,8 +50,9 @@ def write_resolved(output: Path, resolved: ResolvedConfig, runtime: dict[str, An
     return path
 
 
-def materialize_random_base(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                            dest: Path) -> Path:
+def materialize_random_base(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dest: Path
+) -> Path:
     """Save a random-init base model (safetensors + tokenizer) through a temporary folder."""
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

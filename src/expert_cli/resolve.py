@@ -36,8 +36,13 @@ DEFAULT_SAVE_STEPS = 500
 DEFAULT_SAVE_LIMIT = 3
 DEFAULT_LOGGING_STEPS = 10
 MAX_AUTO_WORKERS = 4
-TRAIN_FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet",
-                      ".arrow": "arrow"}
+TRAIN_FILE_FORMATS = {
+    ".jsonl": "jsonl",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
 
 
 class SourceRef(BaseModel):
@@ -96,7 +101,8 @@ class ResolvedConfig(BaseModel):
     gradient_accumulation_steps: int
     batch_auto: bool = Field(
         description="batch_size is probed from GPU memory at start (the numbers above are "
-        "then provisional; the run's choice is in runtime.batch)")
+        "then provisional; the run's choice is in runtime.batch)"
+    )
     rows_per_step: int = Field(description="Packed rows per optimizer step per device.")
     optim: str
     weight_decay: float
@@ -106,8 +112,9 @@ class ResolvedConfig(BaseModel):
     bf16: bool
     fp16: bool
     use_tf32: bool
-    attn_implementation: Literal["flash_attention_4", "flash_attention_2", "torch_varlen",
-                                 "flex_attention", "sdpa", "eager"]
+    attn_implementation: Literal[
+        "flash_attention_4", "flash_attention_2", "torch_varlen", "flex_attention", "sdpa", "eager"
+    ]
     adapter_precision: Literal["compute", "fp32"]
     fused_loss: Literal["liger", "chunked", "off"]
     liger_kernels: bool
@@ -140,18 +147,39 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-def _source(folder: Path, spec: str, fmt: str | None, revision: str | None,
-            weight: float = 1.0, task: str | None = None) -> SourceRef:
+def _source(
+    folder: Path,
+    spec: str,
+    fmt: str | None,
+    revision: str | None,
+    weight: float = 1.0,
+    task: str | None = None,
+) -> SourceRef:
     """A local path when it exists (or looks like one), else a hub id."""
     name, split, config = split_hub_spec(spec)
     path = local_path(folder, name)
-    if fmt != "huggingface" and (path.exists() or not looks_like_hub_id(name)
-                                 or path.suffix in TRAIN_FILE_FORMATS):
-        return SourceRef(kind="local", location=str(path), split=split, config=config,
-                         format=fmt or TRAIN_FILE_FORMATS.get(path.suffix), weight=weight,
-                         task=task)
-    return SourceRef(kind="hub", location=name, split=split, config=config, revision=revision,
-                     format="huggingface", weight=weight, task=task)
+    if fmt != "huggingface" and (
+        path.exists() or not looks_like_hub_id(name) or path.suffix in TRAIN_FILE_FORMATS
+    ):
+        return SourceRef(
+            kind="local",
+            location=str(path),
+            split=split,
+            config=config,
+            format=fmt or TRAIN_FILE_FORMATS.get(path.suffix),
+            weight=weight,
+            task=task,
+        )
+    return SourceRef(
+        kind="hub",
+        location=name,
+        split=split,
+        config=config,
+        revision=revision,
+        format="huggingface",
+        weight=weight,
+        task=task,
+    )
 
 
 def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef]]:
@@ -167,8 +195,9 @@ def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef
                 valid.append(_source(folder, task.valid, fmt, ds.revision, 1.0, name))
         return train, valid
     train = [_source(folder, ds.path or "", ds.format, ds.revision)]
-    valid = [_source(folder, ds.validation_path, ds.format, ds.revision)] \
-        if ds.validation_path else []
+    valid = (
+        [_source(folder, ds.validation_path, ds.format, ds.revision)] if ds.validation_path else []
+    )
     return train, valid
 
 
@@ -197,8 +226,10 @@ def _attention(cfg: TrainingConfig, env: Environment, half: bool, notes: list[st
         notes.append("use_sdpa: false; using eager attention (slowest)")
         requested = "eager"
     if cfg.memory_efficient_attention is not None:
-        notes.append("memory_efficient_attention: hint only; the attention kernel is chosen "
-                     "for packed rows (training.config.attention)")
+        notes.append(
+            "memory_efficient_attention: hint only; the attention kernel is chosen "
+            "for packed rows (training.config.attention)"
+        )
     exclude = frozenset({"flash_attention_2"}) if cfg.flash_attention_2 is False else frozenset()
     return choose_kernel(requested, env, half, notes, exclude)
 
@@ -222,15 +253,15 @@ def _fused_loss(cfg: TrainingConfig, env: Environment, notes: list[str]) -> str:
     return "liger" if liger else "chunked"
 
 
-def _kernels(cfg: TrainingConfig, env: Environment, half: bool,
-             notes: list[str]) -> dict[str, Any]:
+def _kernels(cfg: TrainingConfig, env: Environment, half: bool, notes: list[str]) -> dict[str, Any]:
     liger = bool(_first(cfg.liger_kernels, True)) and env.has_gpu and env.liger_kernel is not None
     if cfg.liger_kernels and not liger:
         why = "needs a CUDA GPU" if not env.has_gpu else "liger-kernel is not installed"
         notes.append(f"liger_kernels: {why}; using the model's own layers")
     if cfg.torch_compile and not env.has_gpu:
-        notes.append("torch_compile: on as the manifest asks (on a CPU the compile time "
-                     "rarely pays back)")
+        notes.append(
+            "torch_compile: on as the manifest asks (on a CPU the compile time rarely pays back)"
+        )
     return dict(
         attn_implementation=_attention(cfg, env, half, notes),
         adapter_precision=_first(cfg.adapter_precision, "compute" if half else "fp32"),
@@ -244,8 +275,10 @@ def _loader(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str
     auto_workers = min(MAX_AUTO_WORKERS, max(1, env.cpu_count // 2)) if env.has_gpu else 0
     workers = _first(cfg.dataloader_num_workers, auto_workers)
     if env.has_gpu and cfg.dataloader_num_workers == 0:
-        notes.append("dataloader_num_workers: 0 as the manifest asks; batches are collated on "
-                     "the training thread (cheap with the pretokenized cache)")
+        notes.append(
+            "dataloader_num_workers: 0 as the manifest asks; batches are collated on "
+            "the training thread (cheap with the pretokenized cache)"
+        )
     prefetch = _first(cfg.dataloader_prefetch_factor, 4) if workers > 0 else None
     if cfg.dataloader_prefetch_factor is not None and workers == 0:
         notes.append("dataloader_prefetch_factor: not applicable with 0 workers")
@@ -253,18 +286,25 @@ def _loader(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str
     pin = bool(_first(cfg.dataloader_pin_memory, env.has_gpu)) and env.has_gpu
     if cfg.dataloader_pin_memory and not env.has_gpu:
         notes.append("dataloader_pin_memory: not applicable without a GPU")
-    return dict(dataloader_num_workers=workers, dataloader_prefetch_factor=prefetch,
-                dataloader_persistent_workers=persistent, dataloader_pin_memory=pin)
+    return dict(
+        dataloader_num_workers=workers,
+        dataloader_prefetch_factor=prefetch,
+        dataloader_persistent_workers=persistent,
+        dataloader_pin_memory=pin,
+    )
 
 
 def _hints(cfg: TrainingConfig, env: Environment, notes: list[str]) -> None:
     """Report the format's runtime hints that this run does not act on."""
     if cfg.use_unsloth:
-        notes.append("use_unsloth: not applicable; expert-cli trains with peft and its own "
-                     "fast data path")
+        notes.append(
+            "use_unsloth: not applicable; expert-cli trains with peft and its own fast data path"
+        )
     if cfg.activation_checkpointing not in (None, False):
-        notes.append("activation_checkpointing: per-module checkpointing is not built; "
-                     "gradient_checkpointing decides")
+        notes.append(
+            "activation_checkpointing: per-module checkpointing is not built; "
+            "gradient_checkpointing decides"
+        )
     if cfg.use_cuda_graphs:
         notes.append("use_cuda_graphs: not applied (packed rows have dynamic shapes)")
     if cfg.cuda_graph_warmup_steps is not None:
@@ -283,8 +323,9 @@ def _adapter(lm: LoadedManifest, notes: list[str]) -> dict[str, Any]:
     kind = _first(cfg.adapter_type, spec.type if spec else None, "lora")
     rank = _first(cfg.rank, spec.r if spec else None, DEFAULT_RANK)
     if spec and spec.r and cfg.rank and spec.r != cfg.rank:
-        notes.append(f"rank: training.config.rank={cfg.rank} is used; the adapter entry says "
-                     f"r={spec.r}")
+        notes.append(
+            f"rank: training.config.rank={cfg.rank} is used; the adapter entry says r={spec.r}"
+        )
     targets = _first(cfg.target_modules, spec.target_modules if spec else None, "all-linear")
     use_dora = kind == "dora" or bool(spec and spec.use_dora and kind == "lora")
     return dict(
@@ -293,8 +334,9 @@ def _adapter(lm: LoadedManifest, notes: list[str]) -> dict[str, Any]:
         alpha=float(_first(cfg.alpha, spec.alpha if spec else None, 2 * rank)),
         dropout=float(_first(cfg.dropout, spec.dropout if spec else None, DEFAULT_DROPOUT)),
         target_modules=targets,
-        feedforward_modules=_first(cfg.feedforward_modules,
-                                   spec.feedforward_modules if spec else None),
+        feedforward_modules=_first(
+            cfg.feedforward_modules, spec.feedforward_modules if spec else None
+        ),
         use_dora=use_dora,
     )
 
@@ -316,8 +358,14 @@ def _base_model(lm: LoadedManifest) -> dict[str, Any]:
 
 def _schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
     optim = _first(cfg.optim, "adamw_torch_fused" if env.has_gpu else "adamw_torch")
-    if optim in {"adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit",
-                 "lion_8bit", "lion_32bit"}:
+    if optim in {
+        "adamw_bnb_8bit",
+        "adamw_8bit",
+        "paged_adamw_8bit",
+        "paged_adamw_32bit",
+        "lion_8bit",
+        "lion_32bit",
+    }:
         if not env.has_gpu:
             notes.append(f"optim: {optim} keeps its states on a GPU; using adamw_torch on CPU")
             optim = "adamw_torch"
@@ -353,29 +401,43 @@ def _batch(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str,
         batch = cfg.batch_size if isinstance(cfg.batch_size, int) else DEFAULT_CPU_BATCH
         accumulation = _first(cfg.gradient_accumulation_steps, 1)
         if cfg.tokens_per_step:
-            notes.append("tokens_per_step: not applicable; batch_size x "
-                         "gradient_accumulation_steps set the step")
-        return dict(batch_size=batch, gradient_accumulation_steps=accumulation,
-                    batch_auto=False, rows_per_step=batch * accumulation)
+            notes.append(
+                "tokens_per_step: not applicable; batch_size x "
+                "gradient_accumulation_steps set the step"
+            )
+        return dict(
+            batch_size=batch,
+            gradient_accumulation_steps=accumulation,
+            batch_auto=False,
+            rows_per_step=batch * accumulation,
+        )
     rows = max(1, _first(cfg.tokens_per_step, DEFAULT_TOKENS_PER_STEP) // seq)
     if cfg.gradient_accumulation_steps:
-        notes.append("gradient_accumulation_steps: follows from batch_size auto "
-                     f"({rows} rows per optimizer step)")
+        notes.append(
+            "gradient_accumulation_steps: follows from batch_size auto "
+            f"({rows} rows per optimizer step)"
+        )
     if not env.has_gpu:
         micro = max(d for d in range(1, min(rows, DEFAULT_CPU_BATCH) + 1) if rows % d == 0)
         notes.append(f"batch_size: auto on a CPU: {micro} rows x {rows // micro} accumulation")
-        return dict(batch_size=micro, gradient_accumulation_steps=rows // micro,
-                    batch_auto=False, rows_per_step=rows)
-    return dict(batch_size=rows, gradient_accumulation_steps=1, batch_auto=True,
-                rows_per_step=rows)
+        return dict(
+            batch_size=micro,
+            gradient_accumulation_steps=rows // micro,
+            batch_auto=False,
+            rows_per_step=rows,
+        )
+    return dict(batch_size=rows, gradient_accumulation_steps=1, batch_auto=True, rows_per_step=rows)
 
 
 def _evaluation(lm: LoadedManifest, has_validation: bool) -> dict[str, Any]:
     cfg = lm.manifest.training.config
     ds = lm.manifest.training.dataset
     wants_eval = cfg.evaluation_strategy != "no"
-    fraction = 0.0 if has_validation else _first(
-        ds.eval_fraction, DEFAULT_EVAL_FRACTION if wants_eval else 0.0)
+    fraction = (
+        0.0
+        if has_validation
+        else _first(ds.eval_fraction, DEFAULT_EVAL_FRACTION if wants_eval else 0.0)
+    )
     has_eval = has_validation or fraction > 0
     save_steps = _first(cfg.save_steps, DEFAULT_SAVE_STEPS)
     strategy = _first(cfg.evaluation_strategy, "steps" if has_eval else "no")
@@ -385,15 +447,18 @@ def _evaluation(lm: LoadedManifest, has_validation: bool) -> dict[str, Any]:
     if best and save_strategy == "steps" and strategy == "steps" and save_steps % eval_steps:
         from expert_cli.errors import UserError
 
-        raise UserError(f"{lm.path.name}: training.config.save_steps: {save_steps} must be a "
-                        f"multiple of eval_steps ({eval_steps}) for load_best_model_at_end")
+        raise UserError(
+            f"{lm.path.name}: training.config.save_steps: {save_steps} must be a "
+            f"multiple of eval_steps ({eval_steps}) for load_best_model_at_end"
+        )
     return dict(
         eval_fraction=fraction,
         evaluation_strategy=strategy,
         eval_steps=eval_steps,
         save_strategy=save_strategy,
         save_steps=save_steps,
-        save_total_limit=cfg.save_total_limit if "save_total_limit" in cfg.model_fields_set
+        save_total_limit=cfg.save_total_limit
+        if "save_total_limit" in cfg.model_fields_set
         else DEFAULT_SAVE_LIMIT,
         load_best_model_at_end=best,
         metric_for_best_model=_first(cfg.metric_for_best_model, "eval_loss"),
@@ -413,8 +478,10 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     if cfg.use_tf32 and not env.tf32:
         notes.append("use_tf32: not applicable on this machine (needs an Ampere or newer GPU)")
     if ds.streaming:
-        notes.append("streaming: the token cache is built once from the whole dataset and "
-                     "read memory-mapped, so streaming is not needed")
+        notes.append(
+            "streaming: the token cache is built once from the whole dataset and "
+            "read memory-mapped, so streaming is not needed"
+        )
     _hints(cfg, env, notes)
     dist = lm.manifest.training.distributed
     dist_dict = dist.model_dump(exclude_none=True) if dist else None

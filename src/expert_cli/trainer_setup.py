@@ -24,16 +24,25 @@ if TYPE_CHECKING:
 COUNTS_KEY = "expert_cli_counts"
 
 
-def training_args_kwargs(resolved: ResolvedConfig, checkpoints_dir: Path, *,
-                         max_steps: int | None = None, on_gpu: bool = False,
-                         has_eval: bool = True) -> dict[str, Any]:
+def training_args_kwargs(
+    resolved: ResolvedConfig,
+    checkpoints_dir: Path,
+    *,
+    max_steps: int | None = None,
+    on_gpu: bool = False,
+    has_eval: bool = True,
+) -> dict[str, Any]:
     """Every resolved training field as a `TrainingArguments` keyword (pure; unit-tested)."""
     if resolved.warmup_ratio >= 1:
-        raise UserError(f"warmup_ratio: {resolved.warmup_ratio} would warm up for the whole run; "
-                        "use a fraction below 1")
+        raise UserError(
+            f"warmup_ratio: {resolved.warmup_ratio} would warm up for the whole run; "
+            "use a fraction below 1"
+        )
     if resolved.evaluation_strategy != "no" and not has_eval:
-        raise UserError("training.config.evaluation_strategy: evaluation is on but the data "
-                        "has no validation rows (set validation_path or eval_fraction)")
+        raise UserError(
+            "training.config.evaluation_strategy: evaluation is on but the data "
+            "has no validation rows (set validation_path or eval_fraction)"
+        )
     dist = resolved.distributed or {}
     strategy = dist.get("strategy", "ddp")
     kwargs: dict[str, Any] = dict(
@@ -90,12 +99,15 @@ def training_args_kwargs(resolved: ResolvedConfig, checkpoints_dir: Path, *,
         use_cpu=not on_gpu,  # also what makes torchrun on CPU run DDP over gloo
     )
     if strategy == "fsdp":
-        kwargs.update(fsdp=dist.get("fsdp") or "full_shard auto_wrap",
-                      fsdp_config=dist.get("fsdp_config"))
+        kwargs.update(
+            fsdp=dist.get("fsdp") or "full_shard auto_wrap", fsdp_config=dist.get("fsdp_config")
+        )
     elif strategy == "deepspeed":
         if not dist.get("deepspeed"):
-            raise UserError("training.distributed.deepspeed: strategy deepspeed needs a config "
-                            "(file path or object)")
+            raise UserError(
+                "training.distributed.deepspeed: strategy deepspeed needs a config "
+                "(file path or object)"
+            )
         kwargs["deepspeed"] = dist["deepspeed"]
     return kwargs
 
@@ -107,13 +119,17 @@ def _checkpointing(enabled: bool) -> dict[str, Any]:
     from transformers import TrainingArguments
 
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
-    key = "activation_checkpointing" if "activation_checkpointing" in names \
+    key = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
         else "gradient_checkpointing"
+    )
     return {key: enabled, f"{key}_kwargs": {"use_reentrant": False}}
 
 
-def planned_steps(resolved: ResolvedConfig, n_rows: int, world_size: int,
-                  max_steps: int | None = None) -> int:
+def planned_steps(
+    resolved: ResolvedConfig, n_rows: int, world_size: int, max_steps: int | None = None
+) -> int:
     """Optimizer steps the run will take (as the Trainer computes it)."""
     steps = max_steps if max_steps is not None else resolved.max_steps
     if steps and steps > 0:
@@ -175,8 +191,9 @@ def expert_trainer_class() -> type:
 
         meter: ThroughputMeter | None = None
 
-        def get_batch_samples(self, epoch_iterator: Any, num_batches: int,
-                              device: Any) -> tuple[list, Any]:
+        def get_batch_samples(
+            self, epoch_iterator: Any, num_batches: int, device: Any
+        ) -> tuple[list, Any]:
             if self.meter is not None:
                 self.meter.fetch_started()
             batches, n_items = super().get_batch_samples(epoch_iterator, num_batches, device)
@@ -261,6 +278,9 @@ def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
     """The `checkpoint-N` folder with the largest N, or None."""
     if not checkpoints_dir.is_dir():
         return None
-    found = [(int(p.name.split("-")[-1]), p) for p in checkpoints_dir.glob("checkpoint-*")
-             if p.is_dir() and p.name.split("-")[-1].isdigit()]
+    found = [
+        (int(p.name.split("-")[-1]), p)
+        for p in checkpoints_dir.glob("checkpoint-*")
+        if p.is_dir() and p.name.split("-")[-1].isdigit()
+    ]
     return max(found)[1] if found else None

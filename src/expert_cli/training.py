@@ -99,14 +99,28 @@ def _setup(opts: TrainOptions, console: Console) -> tuple[Run, Any, Path | None]
     resolved = resolve(loaded, env)
     output = output_dir(loaded.path, opts.output)
     resume = resume_checkpoint(output / "checkpoints") if opts.resume else None
-    kwargs = training_args_kwargs(resolved, output / "checkpoints", max_steps=opts.max_steps,
-                                  on_gpu=env.has_gpu, has_eval=True)
+    kwargs = training_args_kwargs(
+        resolved,
+        output / "checkpoints",
+        max_steps=opts.max_steps,
+        on_gpu=env.has_gpu,
+        has_eval=True,
+    )
     has_eval = resolved.evaluation_strategy != "no"
     args = TrainingArguments(**kwargs)
-    run = Run(resolved=resolved, output=output, console=console,
-              is_main=args.process_index == 0, world_size=args.world_size)
-    run.runtime.update(environment=env.to_dict(), world_size=args.world_size,
-                       has_eval=has_eval, resumed_from=str(resume) if resume else None)
+    run = Run(
+        resolved=resolved,
+        output=output,
+        console=console,
+        is_main=args.process_index == 0,
+        world_size=args.world_size,
+    )
+    run.runtime.update(
+        environment=env.to_dict(),
+        world_size=args.world_size,
+        has_eval=has_eval,
+        resumed_from=str(resume) if resume else None,
+    )
     return run, args, resume
 
 
@@ -124,10 +138,16 @@ def _data(run: Run, args: Any) -> tuple[Any, Any]:
     if args.eval_strategy != "no" and data.eval is None:
         from expert_cli.errors import UserError
 
-        raise UserError("training.config.evaluation_strategy: evaluation is on but the data "
-                        "has no validation rows (set validation_path or eval_fraction)")
-    run.runtime["data"] = {"stats": data.stats, "cache_dir": str(data.cache_dir),
-                           "built": data.built, "reason": data.reason}
+        raise UserError(
+            "training.config.evaluation_strategy: evaluation is on but the data "
+            "has no validation rows (set validation_path or eval_fraction)"
+        )
+    run.runtime["data"] = {
+        "stats": data.stats,
+        "cache_dir": str(data.cache_dir),
+        "built": data.built,
+        "reason": data.reason,
+    }
     return tokenizer, data
 
 
@@ -166,20 +186,25 @@ def _model(run: Run, args: Any, tokenizer: Any, data: Any, resume: Path | None) 
         _plan_batch(run, args, peft_model, tokenizer, data, choices)
     compile_on, why = compile_decision(resolved.torch_compile, device.startswith("cuda"))
     if compile_on:
-        choices.compiled_layers = compile_layers(peft_model, resolved.torch_compile_backend,
-                                                 resolved.torch_compile_mode)
+        choices.compiled_layers = compile_layers(
+            peft_model, resolved.torch_compile_backend, resolved.torch_compile_mode
+        )
     choices.notes.append(f"torch_compile: {why}")
     trainable, total = parameter_counts(peft_model)
     if run.is_main:
         print_decisions(run.console, run.resolved, choices, trainable, total)
-    run.runtime["model"] = {**choices.__dict__, "trainable_params": trainable,
-                            "total_params": total, "base_weights": str(source or
-                                                                       resolved.base_model)}
+    run.runtime["model"] = {
+        **choices.__dict__,
+        "trainable_params": trainable,
+        "total_params": total,
+        "base_weights": str(source or resolved.base_model),
+    }
     return peft_model
 
 
-def _plan_batch(run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any,
-                choices: Any) -> None:
+def _plan_batch(
+    run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any, choices: Any
+) -> None:
     """batch_size auto: probe the memory of a micro-step, choose the micro-batch (the same on
     every rank: the smallest any rank can hold) and keep the rows per optimizer step."""
     import torch
@@ -189,23 +214,26 @@ def _plan_batch(run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any,
     from expert_cli.train.batch import plan_batch
 
     resolved = run.resolved
-    collate = PackedCollator(tokenizer.pad_token_id,
-                             boundaries=choices.attn_implementation in BOUNDARY_KERNELS,
-                             pad_to_multiple_of=resolved.max_seq_length)
+    collate = PackedCollator(
+        tokenizer.pad_token_id,
+        boundaries=choices.attn_implementation in BOUNDARY_KERNELS,
+        pad_to_multiple_of=resolved.max_seq_length,
+    )
     rows = [data.train[i] for i in range(min(2, len(data.train)))] * 2
     dtype = torch.bfloat16 if resolved.bf16 else torch.float16 if resolved.fp16 else None
     if resolved.gradient_checkpointing:  # the Trainer turns it on too; the probe must see it
         peft_model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False})
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
     plan = plan_batch(peft_model, rows, collate, choices.device, resolved.rows_per_step, dtype)
     micro = _min_over_ranks(plan.micro_batch)
     accumulation = resolved.rows_per_step // micro
     args.per_device_train_batch_size = args.per_device_eval_batch_size = micro
     args.gradient_accumulation_steps = accumulation
-    run.resolved = resolved.model_copy(update={"batch_size": micro,
-                                               "gradient_accumulation_steps": accumulation})
-    run.runtime["batch"] = {**plan.to_dict(), "micro_batch": micro,
-                            "accumulation": accumulation}
+    run.resolved = resolved.model_copy(
+        update={"batch_size": micro, "gradient_accumulation_steps": accumulation}
+    )
+    run.runtime["batch"] = {**plan.to_dict(), "micro_batch": micro, "accumulation": accumulation}
     choices.notes.append(f"batch_size: auto: {plan.describe()}")
 
 
@@ -234,14 +262,19 @@ def flops_model(peft_model: Any) -> Any:
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     peak = peak_bf16_flops(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
-    return FlopsModel(matmul_params=matmul_parameters(peft_model, total),
-                      trainable_params=trainable, n_layers=cfg.num_hidden_layers,
-                      hidden=cfg.hidden_size, attn_dim=heads * head_dim,
-                      peak_flops_per_device=peak)
+    return FlopsModel(
+        matmul_params=matmul_parameters(peft_model, total),
+        trainable_params=trainable,
+        n_layers=cfg.num_hidden_layers,
+        hidden=cfg.hidden_size,
+        attn_dim=heads * head_dim,
+        peak_flops_per_device=peak,
+    )
 
 
-def _trainer(run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any,
-             interrupt: Any) -> tuple[Any, Any, Any]:
+def _trainer(
+    run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any, interrupt: Any
+) -> tuple[Any, Any, Any]:
     """The Trainer with the packed collator, telemetry, progress, Ctrl-C and TensorBoard."""
     from transformers import PrinterCallback
 
@@ -257,19 +290,25 @@ def _trainer(run: Run, args: Any, peft_model: Any, tokenizer: Any, data: Any,
     from expert_cli.training_console import make_progress_callback
 
     kernel = run.runtime["model"]["attn_implementation"]
-    collator = CountingCollator(PackedCollator(tokenizer.pad_token_id,
-                                               boundaries=kernel in BOUNDARY_KERNELS))
-    meter = ThroughputMeter(flops_model(peft_model), run.world_size,
-                            reduce=_sum_over_ranks)
+    collator = CountingCollator(
+        PackedCollator(tokenizer.pad_token_id, boundaries=kernel in BOUNDARY_KERNELS)
+    )
+    meter = ThroughputMeter(flops_model(peft_model), run.world_size, reduce=_sum_over_ranks)
     progress = make_progress_callback(run.console) if run.is_main else None
     metrics = run.output / "metrics.json"
     throughput = make_throughput_callback(
-        meter, metrics if run.is_main else None, progress.print_window if progress else None,
-        _earlier_windows(metrics, run.runtime.get("resumed_from")))
+        meter,
+        metrics if run.is_main else None,
+        progress.print_window if progress else None,
+        _earlier_windows(metrics, run.runtime.get("resumed_from")),
+    )
     trainer = expert_trainer_class()(
-        model=peft_model, args=args, train_dataset=data.train,
+        model=peft_model,
+        args=args,
+        train_dataset=data.train,
         eval_dataset=data.eval if args.eval_strategy != "no" else None,
-        data_collator=collator, processing_class=tokenizer,
+        data_collator=collator,
+        processing_class=tokenizer,
     )
     trainer.meter = meter
     trainer.remove_callback(PrinterCallback)  # the rich progress callback prints instead
@@ -304,8 +343,11 @@ def _tensorboard(run: Run) -> Any:
     if not run.is_main:
         return None
     if importlib.util.find_spec("tensorboard") is None:
-        run.console.print("note      tensorboard is not installed; no TensorBoard events "
-                          "(metrics.json has the same numbers)", highlight=False)
+        run.console.print(
+            "note      tensorboard is not installed; no TensorBoard events "
+            "(metrics.json has the same numbers)",
+            highlight=False,
+        )
         return None
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
@@ -355,15 +397,19 @@ def train(opts: TrainOptions, console: Console) -> TrainResult:
 
 def _print_end(run: Run, summary: dict[str, Any], status: str, opts: TrainOptions) -> None:
     c = run.console
-    c.print(f"[bold]{status}[/bold]  {summary['steps']} steps in "
-            f"{summary['train_runtime_s']:.1f} s, {summary['tokens_per_s']:,.0f} tok/s, "
-            f"data-wait {100 * summary['data_wait_fraction']:.1f}%, final loss "
-            f"{summary['final_loss'] if summary['final_loss'] is not None else '-'}",
-            highlight=False)
+    c.print(
+        f"[bold]{status}[/bold]  {summary['steps']} steps in "
+        f"{summary['train_runtime_s']:.1f} s, {summary['tokens_per_s']:,.0f} tok/s, "
+        f"data-wait {100 * summary['data_wait_fraction']:.1f}%, final loss "
+        f"{summary['final_loss'] if summary['final_loss'] is not None else '-'}",
+        highlight=False,
+    )
     if status == "interrupted":
-        c.print(f"checkpoint saved under {run.output / 'checkpoints'}; continue with:\n"
-                f"  expert-cli train --manifest {opts.manifest} --output {run.output} --resume",
-                highlight=False, markup=False)
+        c.print(
+            f"checkpoint saved under {run.output / 'checkpoints'}; continue with:\n"
+            f"  expert-cli train --manifest {opts.manifest} --output {run.output} --resume",
+            highlight=False,
+            markup=False,
+        )
     else:
         c.print(f"wrote {run.output}", highlight=False, markup=False)
-

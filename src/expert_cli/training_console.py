@@ -22,14 +22,14 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def print_data(console: Console, stats: dict[str, Any], built: bool, reason: str,
-               cache_dir: Any) -> None:
+def print_data(
+    console: Console, stats: dict[str, Any], built: bool, reason: str, cache_dir: Any
+) -> None:
     """Data: rows, tokens, packing efficiency, and whether the cache was built or reused."""
     shown = {k: stats[k] for k in STAT_KEYS if k in stats}
     for name in ("train", "eval"):
         if isinstance(stats.get(name), dict):
-            shown.update({f"{name}.{k}": v for k, v in stats[name].items()
-                          if k in STAT_KEYS})
+            shown.update({f"{name}.{k}": v for k, v in stats[name].items() if k in STAT_KEYS})
     text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
     state = "built" if built else "reused"
     console.print(f"[bold]data[/bold]      {text}", highlight=False)
@@ -41,34 +41,44 @@ def _loss_name(fused: str) -> str:
     return "standard (full logits)" if fused == "off" else f"fused linear cross-entropy ({fused})"
 
 
-def print_decisions(console: Console, resolved: ResolvedConfig, choices: ModelChoices,
-                    trainable: int, total: int) -> None:
+def print_decisions(
+    console: Console, resolved: ResolvedConfig, choices: ModelChoices, trainable: int, total: int
+) -> None:
     """Model, kernels, precision, adapter and every note of the resolution."""
     mixed = "bf16" if resolved.bf16 else "fp16" if resolved.fp16 else "fp32"
     init = " (random init)" if resolved.init == "random" else ""
-    console.print(f"[bold]model[/bold]     {resolved.base_model}{init} on {choices.device}",
-                  highlight=False)
+    console.print(
+        f"[bold]model[/bold]     {resolved.base_model}{init} on {choices.device}", highlight=False
+    )
     console.print(
         f"[bold]kernels[/bold]   attention {choices.attn_implementation}, weights "
         f"{choices.dtype}, mixed precision {mixed}, TF32 {'on' if choices.tf32 else 'off'}, "
-        f"quantization {choices.quantization}", highlight=False)
+        f"quantization {choices.quantization}",
+        highlight=False,
+    )
     compiled = f"{choices.compiled_layers} layers" if choices.compiled_layers else "off"
     console.print(
         f"[bold]step[/bold]      loss {_loss_name(choices.fused_loss)}, adapters compute in "
         f"{choices.adapter_precision} (fp32 weights), Liger layers "
-        f"{'on' if choices.liger_kernels else 'off'}, torch.compile {compiled}", highlight=False)
+        f"{'on' if choices.liger_kernels else 'off'}, torch.compile {compiled}",
+        highlight=False,
+    )
     kind = "dora" if resolved.use_dora else resolved.adapter_type
     console.print("[bold]adapter[/bold]   ", end="")
     console.print(
         f"{kind} r={resolved.rank} alpha={resolved.alpha:g} "
         f"dropout={resolved.dropout:g} targets={resolved.target_modules}: "
         f"{trainable:,} trainable of {total:,} ({100 * trainable / max(total, 1):.3f}%)",
-        highlight=False, markup=False)
+        highlight=False,
+        markup=False,
+    )
     console.print(
         f"[bold]schedule[/bold]  batch {resolved.batch_size} x accumulation "
         f"{resolved.gradient_accumulation_steps}, lr {resolved.learning_rate:g} "
         f"{resolved.lr_scheduler}, optim {resolved.optim}, seq {resolved.max_seq_length}, "
-        f"packing {'on' if resolved.packing else 'off'}", highlight=False)
+        f"packing {'on' if resolved.packing else 'off'}",
+        highlight=False,
+    )
     for note in [*resolved.notes, *choices.notes]:
         console.print(f"[yellow]note[/yellow]      {note}", highlight=False)
 
@@ -113,21 +123,31 @@ def make_progress_callback(console: Console) -> Any:
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.max_steps = state.max_steps
             self.progress = Progress(
-                TextColumn("training"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True)
+                TextColumn("training"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=console,
+                transient=True,
+            )
             self.progress.start()
-            self.task = self.progress.add_task("train", total=state.max_steps,
-                                               completed=state.global_step)
+            self.task = self.progress.add_task(
+                "train", total=state.max_steps, completed=state.global_step
+            )
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if self.progress is not None:
                 self.progress.update(self.task, completed=state.global_step)
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
-                   **kw: Any) -> None:
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any
+        ) -> None:
             if logs and "eval_loss" in logs:
-                console.print(f"eval      step {state.global_step}  eval_loss "
-                              f"{logs['eval_loss']:.4f}", highlight=False)
+                console.print(
+                    f"eval      step {state.global_step}  eval_loss {logs['eval_loss']:.4f}",
+                    highlight=False,
+                )
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if self.progress is not None:

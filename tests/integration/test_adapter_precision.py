@@ -16,10 +16,13 @@ from train_helpers import prepared_cpu_run, train_steps, write_expert
 def _train(tmp_path: Path, model_dir: Path, precision: str) -> dict:
     from expert_cli.modeling import adapter_compute_dtype
 
-    manifest = write_expert(tmp_path / precision, model_dir, rows=48,
-                            config={"bf16": True, "adapter_precision": precision,
-                                    "learning_rate": 5e-3},
-                            base={"quantization": "bf16"})
+    manifest = write_expert(
+        tmp_path / precision,
+        model_dir,
+        rows=48,
+        config={"bf16": True, "adapter_precision": precision, "learning_rate": 5e-3},
+        base={"quantization": "bf16"},
+    )
     resolved, tokenizer, data, model = prepared_cpu_run(manifest, total_steps=8)
     assert resolved.bf16 and resolved.adapter_precision == precision
     seen: set[torch.dtype] = set()

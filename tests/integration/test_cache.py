@@ -35,26 +35,41 @@ print(json.dumps({"built": d.built, "status": d.status, "dir": str(d.cache_dir),
 
 def prepare(manifest: Path, *overrides: str, force: bool = False, shard: int | None = None):
     resolved = resolve(load_manifest(manifest, list(overrides)), cpu_environment())
-    return prepare_data(resolved, load_tokenizer(resolved), num_proc=1, force=force,
-                        show_progress=False, shard_examples=shard)
+    return prepare_data(
+        resolved,
+        load_tokenizer(resolved),
+        num_proc=1,
+        force=force,
+        show_progress=False,
+        shard_examples=shard,
+    )
 
 
 def rows(data) -> list[tuple]:
-    return [(tuple(r["input_ids"]), tuple(r["labels"]), tuple(r["position_ids"]))
-            for r in data.train]
+    return [
+        (tuple(r["input_ids"]), tuple(r["labels"]), tuple(r["position_ids"])) for r in data.train
+    ]
 
 
 def spawn(manifest: Path, shard: int, delay: float) -> subprocess.Popen:
     env = {**os.environ, "EXPERT_CLI_TEST_SHARD_DELAY": str(delay)}
-    return subprocess.Popen([sys.executable, "-c", RUNNER, str(manifest), str(shard)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(manifest), str(shard)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_unchanged_inputs_reuse_the_cache(demo_expert_dir) -> None:
     manifest = demo_expert_dir / "manifest.json"
     first = prepare(manifest)
-    assert (first.built, first.status, first.reason) == \
-        (True, "built", "no earlier cache of this expert")
+    assert (first.built, first.status, first.reason) == (
+        True,
+        "built",
+        "no earlier cache of this expert",
+    )
     assert (first.cache_dir / "_COMPLETE").is_file()
     assert first.stats["train"]["examples_read"] == 400
     assert first.stats["train"]["tokens"] == sum(first.train["num_tokens"])
@@ -79,16 +94,19 @@ def _edit_chat_template(folder: Path) -> None:
     path.write_text(path.read_text() + " ")
 
 
-@pytest.mark.parametrize(("change", "key"), [
-    (["max_seq_length=256"], "max_seq_length 512 -> 256"),
-    (["packing=false"], "packing True -> False"),
-    (["training.dataset.overlong=drop"], "formatting.overlong truncate -> drop"),
-    (["training.dataset.response_template=SELECT"], "formatting.response_template"),
-    (["seed=7"], "seed 42 -> 7"),
-    (["base_models.0.prompt_template=alpaca"], "formatting.prompt_template chatml -> alpaca"),
-    (_append_row, "sources.train[0].files.data/train.jsonl.size"),
-    (_edit_chat_template, "tokenizer.chat_template_sha256"),
-])
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (["max_seq_length=256"], "max_seq_length 512 -> 256"),
+        (["packing=false"], "packing True -> False"),
+        (["training.dataset.overlong=drop"], "formatting.overlong truncate -> drop"),
+        (["training.dataset.response_template=SELECT"], "formatting.response_template"),
+        (["seed=7"], "seed 42 -> 7"),
+        (["base_models.0.prompt_template=alpaca"], "formatting.prompt_template chatml -> alpaca"),
+        (_append_row, "sources.train[0].files.data/train.jsonl.size"),
+        (_edit_chat_template, "tokenizer.chat_template_sha256"),
+    ],
+)
 def test_each_fingerprint_input_gives_a_new_cache(demo_expert_dir, change, key) -> None:
     manifest = demo_expert_dir / "manifest.json"
     first = prepare(manifest)
@@ -135,8 +153,10 @@ def test_sigkill_mid_build_then_resume(demo_expert_dir, tmp_path) -> None:
     clean = prepare(manifest, f"pretokenized_cache={tmp_path / 'clean'}", shard=50)
     assert clean.built and clean.stats["fingerprint"] == resumed.stats["fingerprint"]
     assert rows(clean) == rows(resumed)
-    assert (clean.eval.data.column("input_ids").to_pylist()
-            == resumed.eval.data.column("input_ids").to_pylist())
+    assert (
+        clean.eval.data.column("input_ids").to_pylist()
+        == resumed.eval.data.column("input_ids").to_pylist()
+    )
 
 
 @pytest.mark.slow
@@ -154,14 +174,20 @@ def test_two_processes_build_once(demo_expert_dir) -> None:
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "expert_cli.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "expert_cli.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 @pytest.mark.slow
 def test_pretokenize_cli(demo_expert_dir) -> None:
-    first = run_cli("pretokenize", "--manifest", "manifest.json", "--num-proc", "2",
-                    cwd=demo_expert_dir)
+    first = run_cli(
+        "pretokenize", "--manifest", "manifest.json", "--num-proc", "2", cwd=demo_expert_dir
+    )
     assert first.returncode == 0, first.stderr
     assert "expert-demo: built (no earlier cache of this expert)" in first.stdout
     assert "examples 400 read" in first.stdout
@@ -191,24 +217,27 @@ def test_prepared_rows_follow_the_training_contract(demo_expert_dir) -> None:
     assert restarts == data.stats["train"]["kept"] + data.stats["train"]["truncated"] == 400
 
 
-def test_custom_prompt_template_without_text_is_a_user_error(demo_expert_dir,
-                                                             write_jsonl) -> None:
+def test_custom_prompt_template_without_text_is_a_user_error(demo_expert_dir, write_jsonl) -> None:
     from expert_cli.errors import UserError
 
     write_jsonl(demo_expert_dir / "data" / "ins.jsonl", [{"q": "a", "a": "b"}] * 3)
     with pytest.raises(UserError, match="custom"):
-        prepare(demo_expert_dir / "manifest.json", "training.dataset.path=data/ins.jsonl",
-                'training.dataset.field_mapping={"instruction": "q", "response": "a"}',
-                "training.dataset.validation_path=null",
-                "base_models.0.prompt_template=custom")
+        prepare(
+            demo_expert_dir / "manifest.json",
+            "training.dataset.path=data/ins.jsonl",
+            'training.dataset.field_mapping={"instruction": "q", "response": "a"}',
+            "training.dataset.validation_path=null",
+            "base_models.0.prompt_template=custom",
+        )
 
 
 def test_every_example_dropped_is_a_user_error(demo_expert_dir) -> None:
     from expert_cli.errors import UserError
 
     with pytest.raises(UserError, match="400 read: 400 over max_seq_length=16 with overlong"):
-        prepare(demo_expert_dir / "manifest.json", "max_seq_length=16",
-                "training.dataset.overlong=drop")
+        prepare(
+            demo_expert_dir / "manifest.json", "max_seq_length=16", "training.dataset.overlong=drop"
+        )
 
 
 @pytest.mark.slow
@@ -216,8 +245,9 @@ def test_worker_processes_give_the_same_rows_as_one_process(demo_expert_dir) -> 
     data = demo_expert_dir / "data"
     (data / "big.jsonl").write_text((data / "train.jsonl").read_text() * 3)  # 1200 examples
     manifest = demo_expert_dir / "manifest.json"
-    resolved = resolve(load_manifest(manifest, ["training.dataset.path=data/big.jsonl"]),
-                       cpu_environment())
+    resolved = resolve(
+        load_manifest(manifest, ["training.dataset.path=data/big.jsonl"]), cpu_environment()
+    )
     tokenizer = load_tokenizer(resolved)
     two = prepare_data(resolved, tokenizer, num_proc=2, show_progress=True)
     assert two.stats["num_proc"] == 2 and two.stats["train"]["examples_read"] == 1200

@@ -17,8 +17,13 @@ REAL_EXPERTS = ["expert-json", "expert-typescript", "expert-neo4j", "expert-sql"
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "expert_cli.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "expert_cli.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def test_help_is_instant_and_imports_no_torch() -> None:
@@ -27,9 +32,16 @@ def test_help_is_instant_and_imports_no_torch() -> None:
     assert out.returncode == 0 and "check" in out.stdout
     assert time.perf_counter() - start < 5  # generous for CI; locally ~0.3 s
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys, expert_cli.cli; "
-         "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))"],
-        capture_output=True, text=True, check=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, expert_cli.cli; "
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert probe.stdout.strip() == "[]"
 
 
@@ -37,9 +49,12 @@ def test_demo_manifest_is_usable() -> None:
     out = cli("check", "--manifest", str(ROOT / "experts/demo/manifest.json"), "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
-    assert report["manifest"] == {"path": str(ROOT / "experts/demo/manifest.json"),
-                                  "name": "expert-demo", "version": "0.1.0",
-                                  "schema_version": "2.0"}
+    assert report["manifest"] == {
+        "path": str(ROOT / "experts/demo/manifest.json"),
+        "name": "expert-demo",
+        "version": "0.1.0",
+        "schema_version": "2.0",
+    }
     assert report["problems"] == [] and report["downloads"] == []
     cfg = report["config"]
     assert (cfg["init"], cfg["adapter_type"], cfg["packing"]) == ("random", "lora", True)
@@ -87,8 +102,10 @@ def test_bad_data_and_model_are_problems(tmp_path: Path, tiny_model_dir: Path) -
     assert out.returncode == 2
     problems = json.loads(out.stdout)["problems"]
     assert problems[0] == f"{folder}/datasets/train.jsonl:2: invalid JSON (Expecting value)"
-    assert problems[1].startswith(f"{folder}/datasets/validation.jsonl: field 'text' "
-                                  "(training.dataset.field_mapping.text) is not in the first rows")
+    assert problems[1].startswith(
+        f"{folder}/datasets/validation.jsonl: field 'text' "
+        "(training.dataset.field_mapping.text) is not in the first rows"
+    )
 
 
 def test_missing_model_folder_and_empty_data(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -121,6 +138,8 @@ def test_misspelt_key_exits_2_naming_the_path(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     out = cli("check", "--manifest", str(tmp_path / "manifest.json"))
     assert out.returncode == 2
-    assert ("training.config.gradient_acumulation_steps: unknown field; did you mean "
-            "gradient_accumulation_steps?") in out.stdout
+    assert (
+        "training.config.gradient_acumulation_steps: unknown field; did you mean "
+        "gradient_accumulation_steps?"
+    ) in out.stdout
     assert "Traceback" not in out.stdout + out.stderr

@@ -16,11 +16,32 @@ from train_helpers import ROOT, cli_env, read_metrics, write_expert
 def test_two_process_ddp_on_cpu(tmp_path: Path, tiny_model_dir: Path) -> None:
     manifest = write_expert(tmp_path / "e", tiny_model_dir)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "2", "-m", "expert_cli.cli", "train", "--manifest", str(manifest), "--output",
-           str(out), "--max-steps", "3"]
-    popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=cli_env(), cwd=ROOT, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "expert_cli.cli",
+        "train",
+        "--manifest",
+        str(manifest),
+        "--output",
+        str(out),
+        "--max-steps",
+        "3",
+    ]
+    popen = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = popen.communicate(timeout=240)
     except subprocess.TimeoutExpired:

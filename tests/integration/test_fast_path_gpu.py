@@ -20,9 +20,14 @@ def _has_cuda() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA GPU")
 def test_fast_path_matches_plain_path_on_gpu() -> None:
-    proc = subprocess.run([sys.executable, "scripts/check_fast_path_gpu.py", "--json"],
-                          capture_output=True, text=True, env=cli_env(), cwd=ROOT,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "scripts/check_fast_path_gpu.py", "--json"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+        timeout=600,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     report = json.loads(proc.stdout)
     checked = {r.get("attn") for r in report["results"]}

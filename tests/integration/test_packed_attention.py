@@ -30,8 +30,20 @@ def packed_rows(examples: list[list[int]]) -> list[dict]:
     return rows
 
 
-def reference_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
-                     window_size=(-1, -1), enable_gqa=False, return_aux=None):
+def reference_varlen(
+    query,
+    key,
+    value,
+    cu_seq_q,
+    cu_seq_k,
+    max_q,
+    max_k,
+    *,
+    scale=None,
+    window_size=(-1, -1),
+    enable_gqa=False,
+    return_aux=None,
+):
     """torch.nn.attention.varlen.varlen_attn's contract, one example at a time with SDPA."""
     assert window_size == (-1, 0) and max_q == max_k
     assert cu_seq_q.dtype == torch.int32 and cu_seq_q is cu_seq_k
@@ -42,16 +54,24 @@ def reference_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, sca
         assert end - start <= max_q
         q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))
         out[start:end] = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa).transpose(0, 1)
+            q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa
+        ).transpose(0, 1)
     return out
 
 
 def _logits(model, batch) -> torch.Tensor:
-    extra = {k: batch[k] for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
-                                   "max_length_k") if k in batch}
+    extra = {
+        k: batch[k]
+        for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+        if k in batch
+    }
     with torch.no_grad():
-        return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                     use_cache=False, **extra).logits
+        return model(
+            input_ids=batch["input_ids"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+            **extra,
+        ).logits
 
 
 def check_packed_equals_alone(model_dir, attn: str) -> int:
@@ -59,22 +79,23 @@ def check_packed_equals_alone(model_dir, attn: str) -> int:
 
     if attn == attention.TORCH_VARLEN:
         attention.register_torch_varlen()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=attn,
-                                                 dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, attn_implementation=attn, dtype=torch.float32
+    ).eval()
     gen = torch.Generator().manual_seed(0)
     examples = [torch.randint(10, 3000, (n,), generator=gen).tolist() for n in LENGTHS]
     collate = PackedCollator(pad_token_id=0, boundaries=attn in attention.BOUNDARY_KERNELS)
     logits = _logits(model, collate(packed_rows(examples)))
-    sdpa = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa",
-                                                dtype=torch.float32).eval()
+    sdpa = AutoModelForCausalLM.from_pretrained(
+        model_dir, attn_implementation="sdpa", dtype=torch.float32
+    ).eval()
     with torch.no_grad():
-        alone = [sdpa(input_ids=torch.tensor([ex]), use_cache=False).logits[0]
-                 for ex in examples]
+        alone = [sdpa(input_ids=torch.tensor([ex]), use_cache=False).logits[0] for ex in examples]
     checked = 0
     for r, members in enumerate(ROWS):
         offset = 0
         for i in members:
-            got = logits[r, offset: offset + LENGTHS[i]]
+            got = logits[r, offset : offset + LENGTHS[i]]
             torch.testing.assert_close(got, alone[i], atol=1e-4, rtol=1e-4)
             offset += LENGTHS[i]
             checked += 1
@@ -111,8 +132,9 @@ def test_torch_varlen_without_boundaries_is_an_error(tiny_model_dir) -> None:
     from transformers import AutoModelForCausalLM
 
     attention.register_torch_varlen()
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir,
-                                                 attn_implementation=attention.TORCH_VARLEN)
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, attn_implementation=attention.TORCH_VARLEN
+    )
     with pytest.raises(RuntimeError, match="sequence boundaries"):
         model(input_ids=torch.tensor([[5, 6, 7]]), use_cache=False)
 
@@ -127,8 +149,9 @@ def test_without_restarting_positions_examples_do_mix(tiny_model_dir) -> None:
     """The check above can fail: the same packed row with plain positions differs."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa",
-                                                 dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, attn_implementation="sdpa", dtype=torch.float32
+    ).eval()
     first, second = [11, 12, 13, 14], [21, 22, 23]
     with torch.no_grad():
         packed = model(input_ids=torch.tensor([first + second]), use_cache=False).logits[0]

@@ -17,9 +17,24 @@ STEPS = 60
 
 def _interrupt_after(manifest: Path, out: Path, step: int) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "expert_cli.cli", "train", "--manifest", str(manifest),
-         "--output", str(out), "--max-steps", str(STEPS)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "expert_cli.cli",
+            "train",
+            "--manifest",
+            str(manifest),
+            "--output",
+            str(out),
+            "--max-steps",
+            str(STEPS),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+    )
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -36,8 +51,15 @@ def _interrupt_after(manifest: Path, out: Path, step: int) -> subprocess.Complet
 @pytest.mark.slow
 def test_resume_matches_uninterrupted(tmp_path: Path, tiny_model_dir: Path) -> None:
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48)
-    full = run_cli("train", "--manifest", str(manifest), "--output", str(tmp_path / "a"),
-                   "--max-steps", str(STEPS))
+    full = run_cli(
+        "train",
+        "--manifest",
+        str(manifest),
+        "--output",
+        str(tmp_path / "a"),
+        "--max-steps",
+        str(STEPS),
+    )
     assert full.returncode == 0, full.stderr
 
     out = tmp_path / "b"
@@ -49,8 +71,16 @@ def test_resume_matches_uninterrupted(tmp_path: Path, tiny_model_dir: Path) -> N
     assert 3 <= stopped < STEPS and (out / "checkpoints" / f"checkpoint-{stopped}").is_dir()
     before = window_losses(out)
 
-    second = run_cli("train", "--manifest", str(manifest), "--output", str(out), "--resume",
-                     "--max-steps", str(STEPS))
+    second = run_cli(
+        "train",
+        "--manifest",
+        str(manifest),
+        "--output",
+        str(out),
+        "--resume",
+        "--max-steps",
+        str(STEPS),
+    )
     assert second.returncode == 0, second.stdout + second.stderr
     after = window_losses(out)  # the resumed run keeps the windows up to its checkpoint
     assert {k: v for k, v in after.items() if k <= stopped} == before
@@ -61,10 +91,10 @@ def test_resume_matches_uninterrupted(tmp_path: Path, tiny_model_dir: Path) -> N
 
 
 @pytest.mark.slow
-def test_resume_without_checkpoint_is_a_clean_error(tmp_path: Path,
-                                                     tiny_model_dir: Path) -> None:
+def test_resume_without_checkpoint_is_a_clean_error(tmp_path: Path, tiny_model_dir: Path) -> None:
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=4)
-    proc = run_cli("train", "--manifest", str(manifest), "--output", str(tmp_path / "o"),
-                   "--resume")
+    proc = run_cli(
+        "train", "--manifest", str(manifest), "--output", str(tmp_path / "o"), "--resume"
+    )
     assert proc.returncode == 2 and "no checkpoint" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -9,10 +9,29 @@ import pytest
 from train_helpers import load_adapter, read_metrics, run_cli
 
 STEPS = 10
-WINDOW_KEYS = {"step", "tokens_per_s", "samples_per_s", "data_wait_fraction", "mfu",
-               "peak_memory_gb", "loss", "learning_rate", "time"}
-SUMMARY_KEYS = {"tokens_per_s", "samples_per_s", "data_wait_fraction", "mfu", "steps",
-                "train_runtime_s", "tokens", "trained_tokens", "final_loss", "status"}
+WINDOW_KEYS = {
+    "step",
+    "tokens_per_s",
+    "samples_per_s",
+    "data_wait_fraction",
+    "mfu",
+    "peak_memory_gb",
+    "loss",
+    "learning_rate",
+    "time",
+}
+SUMMARY_KEYS = {
+    "tokens_per_s",
+    "samples_per_s",
+    "data_wait_fraction",
+    "mfu",
+    "steps",
+    "train_runtime_s",
+    "tokens",
+    "trained_tokens",
+    "final_loss",
+    "status",
+}
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +43,21 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
     expert = tmp_path_factory.mktemp("demo") / "demo"
     shutil.copytree(DEMO_EXPERT_DIR, expert, ignore=shutil.ignore_patterns(".cache", "output"))
     out = expert / "out"
-    proc = run_cli("train", "--manifest", str(expert / "manifest.json"), "--output", str(out),
-                   "--max-steps", str(STEPS), "--set", "save_steps=10", "--set",
-                   "eval_steps=10", "--set", "logging_steps=5")
+    proc = run_cli(
+        "train",
+        "--manifest",
+        str(expert / "manifest.json"),
+        "--output",
+        str(out),
+        "--max-steps",
+        str(STEPS),
+        "--set",
+        "save_steps=10",
+        "--set",
+        "eval_steps=10",
+        "--set",
+        "logging_steps=5",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return expert, out, proc.stdout
 
@@ -34,8 +65,14 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
 @pytest.mark.slow
 def test_outputs_written(demo_run: tuple[Path, Path, str]) -> None:
     _, out, stdout = demo_run
-    for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json",
-                 "tokenizer_config.json", "manifest.resolved.json", "metrics.json"):
+    for name in (
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "manifest.resolved.json",
+        "metrics.json",
+    ):
         assert (out / name).is_file(), name
     assert (out / "checkpoints" / f"checkpoint-{STEPS}").is_dir()
     assert list((out / "runs").glob("events.out.tfevents.*"))
@@ -43,12 +80,27 @@ def test_outputs_written(demo_run: tuple[Path, Path, str]) -> None:
     resolved = json.loads((out / "manifest.resolved.json").read_text())
     model = resolved["runtime"]["model"]
     # a CPU run takes the portable path, and both the config and the run record it
-    assert (model["attn_implementation"], model["fused_loss"], model["adapter_precision"],
-            model["liger_kernels"], model["compiled_layers"]) == ("sdpa", "off", "fp32", False, 0)
-    assert (resolved["attn_implementation"], resolved["fused_loss"],
-            resolved["batch_auto"], resolved["torch_compile"]) == ("sdpa", "off", False, False)
-    for text in ("attention sdpa", "loss standard (full logits)", "trainable of", "data ",
-                 "cache ", "completed"):
+    assert (
+        model["attn_implementation"],
+        model["fused_loss"],
+        model["adapter_precision"],
+        model["liger_kernels"],
+        model["compiled_layers"],
+    ) == ("sdpa", "off", "fp32", False, 0)
+    assert (
+        resolved["attn_implementation"],
+        resolved["fused_loss"],
+        resolved["batch_auto"],
+        resolved["torch_compile"],
+    ) == ("sdpa", "off", False, False)
+    for text in (
+        "attention sdpa",
+        "loss standard (full logits)",
+        "trainable of",
+        "data ",
+        "cache ",
+        "completed",
+    ):
         assert text in stdout, text
 
 
@@ -80,10 +132,12 @@ def test_adapter_reloads_with_the_end_of_training_loss(demo_run: tuple[Path, Pat
     from expert_cli.resolve import resolve
 
     expert, out, _ = demo_run
-    state = json.loads((out / "checkpoints" / f"checkpoint-{STEPS}" / "trainer_state.json")
-                       .read_text())
-    final_eval = [e["eval_loss"] for e in state["log_history"] if e.get("step") == STEPS
-                  and "eval_loss" in e]
+    state = json.loads(
+        (out / "checkpoints" / f"checkpoint-{STEPS}" / "trainer_state.json").read_text()
+    )
+    final_eval = [
+        e["eval_loss"] for e in state["log_history"] if e.get("step") == STEPS and "eval_loss" in e
+    ]
     resolved = resolve(load_manifest(expert / "manifest.json"), cpu_environment())
     tokenizer = AutoTokenizer.from_pretrained(out)
     data = prepare_data(resolved, tokenizer, show_progress=False)
@@ -92,8 +146,9 @@ def test_adapter_reloads_with_the_end_of_training_loss(demo_run: tuple[Path, Pat
     losses = []
     with torch.no_grad():
         for start in range(0, len(data.eval), resolved.batch_size):
-            rows = [data.eval[i] for i in range(start, min(start + resolved.batch_size,
-                                                           len(data.eval)))]
+            rows = [
+                data.eval[i] for i in range(start, min(start + resolved.batch_size, len(data.eval)))
+            ]
             loss = model(**collate(rows), use_cache=False).loss
             losses += [loss.item()] * len(rows)
     assert sum(losses) / len(losses) == pytest.approx(final_eval[0], abs=1e-4)

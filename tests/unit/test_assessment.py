@@ -34,18 +34,30 @@ def recorded(
     mems = mem_percent if isinstance(mem_percent, list) else [mem_percent] * len(utils)
     out = []
     for i, (u, m) in enumerate(zip(utils, mems, strict=True)):
-        gpu = GpuSample(index=0, gpu_util=u, mem_util=u / 2, mem_used_mb=MEM_TOTAL_MB * m / 100,
-                        mem_total_mb=MEM_TOTAL_MB, temperature_c=temp, power_w=300.0,
-                        power_limit_w=700.0, sm_clock_mhz=1980.0,
-                        throttle_reasons=list(reasons or []))
-        host = {"cpu_percent": list(cores or [10.0, 5.0, 5.0, 5.0]), "ram_used_gb": 20.0,
-                "ram_total_gb": 128.0, "ram_percent": 15.6, "process_cpu_percent": None}
+        gpu = GpuSample(
+            index=0,
+            gpu_util=u,
+            mem_util=u / 2,
+            mem_used_mb=MEM_TOTAL_MB * m / 100,
+            mem_total_mb=MEM_TOTAL_MB,
+            temperature_c=temp,
+            power_w=300.0,
+            power_limit_w=700.0,
+            sm_clock_mhz=1980.0,
+            throttle_reasons=list(reasons or []),
+        )
+        host = {
+            "cpu_percent": list(cores or [10.0, 5.0, 5.0, 5.0]),
+            "ram_used_gb": 20.0,
+            "ram_total_gb": 128.0,
+            "ram_percent": 15.6,
+            "process_cpu_percent": None,
+        }
         out.append({"t": float(i + 1), "host": host, "gpus": [gpu.to_dict()]})
     return out
 
 
-def run(samples: list[dict[str, Any]], data_wait: float | None = None, **kw: Any
-        ) -> dict[str, Any]:
+def run(samples: list[dict[str, Any]], data_wait: float | None = None, **kw: Any) -> dict[str, Any]:
     return assess(compute_stats(samples, [0]), data_wait, **kw)
 
 
@@ -55,8 +67,7 @@ def mentions(lines: list[str], text: str) -> bool:
 
 def test_summarize_values_by_hand() -> None:
     s = summarize([5.0, 1.0, None, 3.0, 2.0, 4.0])
-    assert s == {"mean": 3.0, "min": 1.0, "max": 5.0, "p50": 3.0, "p95": pytest.approx(4.8),
-                 "n": 5}
+    assert s == {"mean": 3.0, "min": 1.0, "max": 5.0, "p50": 3.0, "p95": pytest.approx(4.8), "n": 5}
     assert summarize([None, None]) is None
     assert percentile([10.0], 95) == 10.0
 
@@ -223,8 +234,9 @@ def test_gpu_bound_with_free_memory_suggests_a_bigger_batch() -> None:
     a = run(recorded([97, 98, 99, 96], mem_percent=40.0), data_wait=0.01)
     assert a["bottleneck"] == "gpu_bound"  # data-wait known and low, MFU unknown
     assert "MFU" not in a["summary"]
-    assert a["advice"][0].startswith("raise training.config.batch_size, or set it to auto "
-                                     "(memory used p95 40%")
+    assert a["advice"][0].startswith(
+        "raise training.config.batch_size, or set it to auto (memory used p95 40%"
+    )
 
 
 def test_busy_gpu_at_good_mfu_is_healthy() -> None:
@@ -269,7 +281,7 @@ def h100_assessment() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     samples = [{"t": s["t"], "host": s["host"], "gpus": s["gpus"]} for s in report["samples"]]
     summary = report["run_metrics"]["summary"]
     phases = split_phases(samples, [0])
-    active = compute_stats(samples[phases["first"]:phases["last"] + 1], [0])
+    active = compute_stats(samples[phases["first"] : phases["last"] + 1], [0])
     a = assess(active, summary["data_wait_fraction"], mfu=summary["mfu"], phases=phases)
     return phases, active, a
 

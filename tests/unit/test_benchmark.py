@@ -47,10 +47,20 @@ class FakeNvml:
 
 
 def thermal_sequence(index: int) -> list[GpuSample]:
-    return [GpuSample(index=index, gpu_util=97.0, mem_util=60.0, mem_used_mb=40_000.0,
-                      mem_total_mb=81_559.0, temperature_c=92.0, power_w=650.0,
-                      power_limit_w=700.0, sm_clock_mhz=1200.0,
-                      throttle_reasons=["hw_thermal_slowdown"])]
+    return [
+        GpuSample(
+            index=index,
+            gpu_util=97.0,
+            mem_util=60.0,
+            mem_used_mb=40_000.0,
+            mem_total_mb=81_559.0,
+            temperature_c=92.0,
+            power_w=650.0,
+            power_limit_w=700.0,
+            sm_clock_mhz=1200.0,
+            throttle_reasons=["hw_thermal_slowdown"],
+        )
+    ]
 
 
 def quiet() -> Console:
@@ -59,14 +69,16 @@ def quiet() -> Console:
 
 def test_sampler_with_fake_source_assesses_and_writes(tmp_path: Path) -> None:
     fake = FakeNvml({0: thermal_sequence(0), 1: thermal_sequence(1)})
-    opts = bm.BenchmarkOptions(duration=0.3, interval=0.1, output=tmp_path / "r.json",
-                               plot=tmp_path / "u.png", gpu="1")
+    opts = bm.BenchmarkOptions(
+        duration=0.3, interval=0.1, output=tmp_path / "r.json", plot=tmp_path / "u.png", gpu="1"
+    )
     report = bm.run_benchmark(opts, quiet(), source_factory=lambda: fake)
     assert fake.closed
     assert fake.calls == {0: 0, 1: len(report["samples"])}  # only the selected GPU
     assert 2 <= len(report["samples"]) <= 4
-    assert report["machine"]["gpus"] == [{"index": 1, "name": "NVIDIA H100 80GB HBM3",
-                                          "peak_bf16_tflops": 989.0}]
+    assert report["machine"]["gpus"] == [
+        {"index": 1, "name": "NVIDIA H100 80GB HBM3", "peak_bf16_tflops": 989.0}
+    ]
     assert report["machine"]["driver_version"] == "550.54.15"
     assert report["stats"]["gpus"]["1"]["temperature_c"]["mean"] == 92.0
     assert report["assessment"]["bottleneck"] == "thermal_throttling"
@@ -78,17 +90,32 @@ def test_sampler_with_fake_source_assesses_and_writes(tmp_path: Path) -> None:
 
 
 def util_sequence(utils: list[float]) -> list[GpuSample]:
-    return [GpuSample(index=0, gpu_util=u, mem_util=u / 2, mem_used_mb=60_000.0,
-                      mem_total_mb=81_559.0, temperature_c=60.0, power_w=500.0,
-                      power_limit_w=700.0, sm_clock_mhz=1980.0) for u in utils]
+    return [
+        GpuSample(
+            index=0,
+            gpu_util=u,
+            mem_util=u / 2,
+            mem_used_mb=60_000.0,
+            mem_total_mb=81_559.0,
+            temperature_c=60.0,
+            power_w=500.0,
+            power_limit_w=700.0,
+            sm_clock_mhz=1980.0,
+        )
+        for u in utils
+    ]
 
 
 def test_command_startup_is_split_off_and_assessed_without_it(tmp_path: Path) -> None:
     fake = FakeNvml({0: util_sequence([0.0] * 4 + [99.0])})  # the last reading repeats
     metrics = tmp_path / "metrics.json"
     metrics.write_text(json.dumps({"summary": {"data_wait_fraction": 0.002, "mfu": 0.08}}))
-    opts = bm.BenchmarkOptions(duration=1.0, interval=0.1, metrics=metrics,
-                               command=[sys.executable, "-c", "import time; time.sleep(30)"])
+    opts = bm.BenchmarkOptions(
+        duration=1.0,
+        interval=0.1,
+        metrics=metrics,
+        command=[sys.executable, "-c", "import time; time.sleep(30)"],
+    )
     report = bm.run_benchmark(opts, quiet(), source_factory=lambda: fake)
     phases = report["phases"]
     assert phases["active"] and phases["first"] == 4 and phases["tail_s"] == 0.0
@@ -101,8 +128,9 @@ def test_command_startup_is_split_off_and_assessed_without_it(tmp_path: Path) ->
 
 def test_plain_sampling_is_not_split() -> None:
     fake = FakeNvml({0: util_sequence([0.0, 0.0, 99.0])})
-    report = bm.run_benchmark(bm.BenchmarkOptions(duration=0.5, interval=0.1), quiet(),
-                              source_factory=lambda: fake)
+    report = bm.run_benchmark(
+        bm.BenchmarkOptions(duration=0.5, interval=0.1), quiet(), source_factory=lambda: fake
+    )
     assert report["phases"] is None and report["active_stats"] is None
     assert not report["assessment"]["evidence"][0].startswith("start-up")
 
@@ -145,25 +173,29 @@ def test_no_gpu_source_still_samples_host() -> None:
         raise NoGpu("NVML could not start: Driver Not Loaded")
 
     console = quiet()
-    report = bm.run_benchmark(bm.BenchmarkOptions(duration=0.2, interval=0.1), console,
-                              source_factory=no_gpu)
+    report = bm.run_benchmark(
+        bm.BenchmarkOptions(duration=0.2, interval=0.1), console, source_factory=no_gpu
+    )
     assert report["gpu_available"] is False
     assert "no NVIDIA GPU found (NVML could not start: Driver Not Loaded)" in (
-        console.file.getvalue())
+        console.file.getvalue()
+    )
     assert report["stats"]["host"]["ram_percent"]["n"] == len(report["samples"])
     with pytest.raises(UserError, match="--gpu: GPU 0 requested but no NVIDIA GPU"):
-        bm.run_benchmark(bm.BenchmarkOptions(duration=0.2, gpu="0"), quiet(),
-                         source_factory=no_gpu)
+        bm.run_benchmark(bm.BenchmarkOptions(duration=0.2, gpu="0"), quiet(), source_factory=no_gpu)
 
 
-@pytest.mark.parametrize(("kwargs", "flag"), [
-    ({"duration": 0}, "--duration"),
-    ({"interval": -1}, "--interval"),
-    ({"gpu": "first"}, "--gpu"),
-    ({"output": Path("/no/such/folder/r.json")}, "--output"),
-    ({"plot": Path("/no/such/folder/u.png")}, "--plot"),
-    ({"workload": "resnet"}, "--workload"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "flag"),
+    [
+        ({"duration": 0}, "--duration"),
+        ({"interval": -1}, "--interval"),
+        ({"gpu": "first"}, "--gpu"),
+        ({"output": Path("/no/such/folder/r.json")}, "--output"),
+        ({"plot": Path("/no/such/folder/u.png")}, "--plot"),
+        ({"workload": "resnet"}, "--workload"),
+    ],
+)
 def test_bad_options_name_the_option(kwargs: dict, flag: str) -> None:
     with pytest.raises(UserError) as err:
         bm.validate_options(bm.BenchmarkOptions(**kwargs))
@@ -175,8 +207,10 @@ def test_run_metrics_read_tolerantly(tmp_path: Path) -> None:
     assert bm.read_run_metrics(path) is None  # not written yet
     path.write_text('{"windows": [{"step": 10, "tokens_')  # half-written
     assert bm.read_run_metrics(path) is None
-    windows = [{"step": 10, "tokens_per_s": 900.0, "data_wait_fraction": 0.5},
-               {"step": 20, "tokens_per_s": 1100.0, "data_wait_fraction": 0.3}]
+    windows = [
+        {"step": 10, "tokens_per_s": 900.0, "data_wait_fraction": 0.5},
+        {"step": 20, "tokens_per_s": 1100.0, "data_wait_fraction": 0.3},
+    ]
     path.write_text(json.dumps({"windows": windows}))
     run = bm.read_run_metrics(path)
     assert run["last_window"]["step"] == 20
@@ -186,12 +220,15 @@ def test_run_metrics_read_tolerantly(tmp_path: Path) -> None:
 
 
 def test_train_metrics_path_from_command() -> None:
-    assert bm.train_metrics_path(["expert-cli", "train", "-m", "m.json", "--output", "runs/a"]) \
-        == Path("runs/a/metrics.json")
-    assert bm.train_metrics_path(["/venv/bin/expert-cli", "train", "--output=runs/b"]) \
-        == Path("runs/b/metrics.json")
-    assert bm.train_metrics_path(["expert-cli", "train", "--manifest", "experts/demo/m.json"]) \
-        == Path("experts/demo/output/metrics.json")  # the trainer's default output folder
+    assert bm.train_metrics_path(
+        ["expert-cli", "train", "-m", "m.json", "--output", "runs/a"]
+    ) == Path("runs/a/metrics.json")
+    assert bm.train_metrics_path(["/venv/bin/expert-cli", "train", "--output=runs/b"]) == Path(
+        "runs/b/metrics.json"
+    )
+    assert bm.train_metrics_path(
+        ["expert-cli", "train", "--manifest", "experts/demo/m.json"]
+    ) == Path("experts/demo/output/metrics.json")  # the trainer's default output folder
     assert bm.train_metrics_path(["expert-cli", "train"]) is None
     assert bm.train_metrics_path(["expert-cli", "check", "--output", "x"]) is None
     assert bm.train_metrics_path(["python", "train.py", "--output", "x"]) is None
@@ -226,7 +263,9 @@ def test_pynvml_wrapper_reads_and_decodes() -> None:
         raise NotSupported
 
     nv = SimpleNamespace(
-        NVMLError_NotSupported=NotSupported, NVML_TEMPERATURE_GPU=0, NVML_CLOCK_SM=1,
+        NVMLError_NotSupported=NotSupported,
+        NVML_TEMPERATURE_GPU=0,
+        NVML_CLOCK_SM=1,
         nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
         nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=87, memory=41),
         nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=2 * 1024**3, total=8 * 1024**3),
@@ -255,11 +294,20 @@ def test_lora_flops_by_hand() -> None:
     assert mfu(1000.0, 1e9, None) is None
 
 
-@pytest.mark.parametrize(("name", "tflops"), [
-    ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H200", 989),
-    ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA L4", 121), ("NVIDIA L40S", 362),
-    ("NVIDIA GeForce RTX 4090", 165), ("NVIDIA A10G", 125), ("Tesla T4", None),
-])
+@pytest.mark.parametrize(
+    ("name", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H200", 989),
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA L4", 121),
+        ("NVIDIA L40S", 362),
+        ("NVIDIA GeForce RTX 4090", 165),
+        ("NVIDIA A10G", 125),
+        ("Tesla T4", None),
+    ],
+)
 def test_peak_bf16_table(name: str, tflops: float | None) -> None:
     peak = peak_bf16_flops(name)
     assert (peak if peak is None else peak / 1e12) == tflops
@@ -269,8 +317,12 @@ def test_qwen3_workload_lora_params_by_hand() -> None:
     from expert_cli.telemetry.workload import get_workload
 
     m = get_workload("qwen3-0.6b-lora").model
-    h, q, kv, ff = (m["hidden_size"], m["num_attention_heads"] * m["head_dim"],
-                    m["num_key_value_heads"] * m["head_dim"], m["intermediate_size"])
+    h, q, kv, ff = (
+        m["hidden_size"],
+        m["num_attention_heads"] * m["head_dim"],
+        m["num_key_value_heads"] * m["head_dim"],
+        m["intermediate_size"],
+    )
     r = 16  # A is r x in, B is out x r
     per_layer = r * ((h + q) + (h + kv) * 2 + (q + h) + (h + ff) * 2 + (ff + h))
     assert per_layer == 360_448

@@ -8,8 +8,11 @@ import torch
 from expert_cli.data.collate import PackedCollator
 
 ROWS = [
-    {"input_ids": [5, 6, 7, 8, 9], "labels": [-100, 6, 7, -100, 9],
-     "position_ids": [0, 1, 2, 0, 1]},
+    {
+        "input_ids": [5, 6, 7, 8, 9],
+        "labels": [-100, 6, 7, -100, 9],
+        "position_ids": [0, 1, 2, 0, 1],
+    },
     {"input_ids": [1, 2, 3], "labels": [1, 2, 3], "position_ids": [0, 1, 2]},
 ]
 
@@ -42,8 +45,10 @@ def test_boundaries() -> None:
 
 
 def test_boundaries_of_full_rows_and_single_tokens() -> None:
-    rows = [{"input_ids": [1, 2, 3, 4], "labels": [1, 2, 3, 4], "position_ids": [0, 0, 1, 0]},
-            {"input_ids": [5, 6, 7, 8], "labels": [5, 6, 7, 8], "position_ids": [0, 1, 2, 3]}]
+    rows = [
+        {"input_ids": [1, 2, 3, 4], "labels": [1, 2, 3, 4], "position_ids": [0, 0, 1, 0]},
+        {"input_ids": [5, 6, 7, 8], "labels": [5, 6, 7, 8], "position_ids": [0, 1, 2, 3]},
+    ]
     out = PackedCollator(pad_token_id=0, boundaries=True)(rows)
     assert out["cu_seq_lens_q"].tolist() == [0, 1, 3, 4, 8]
     assert out["max_length_q"] == 4
@@ -60,5 +65,7 @@ def test_numpy_rows_collate_like_list_rows() -> None:
         collate = CountingCollator(PackedCollator(pad_token_id=0, boundaries=boundaries))
         a, b = collate(ROWS), collate(as_numpy)
         assert a[COUNTS_KEY] == b[COUNTS_KEY] == (8, 3, 6, 3 * 3 + 2 * 2 + 3 * 3)
-        assert all(torch.equal(a[k], b[k]) and b[k].dtype == torch.long
-                   for k in ("input_ids", "labels", "position_ids"))
+        assert all(
+            torch.equal(a[k], b[k]) and b[k].dtype == torch.long
+            for k in ("input_ids", "labels", "position_ids")
+        )

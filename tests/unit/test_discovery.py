@@ -45,21 +45,44 @@ def hf_home(tmp_path: Path) -> Path:
 def experts(tmp_path: Path) -> Path:
     root = tmp_path / "experts"
     (root / "a").mkdir(parents=True)
-    (root / "a" / "manifest.json").write_text(json.dumps({"name": "a", "training": {"dataset": {
-        "path": "HuggingFaceH4/ultrachat_200k::train_sft::default"}}}))
+    (root / "a" / "manifest.json").write_text(
+        json.dumps(
+            {
+                "name": "a",
+                "training": {
+                    "dataset": {"path": "HuggingFaceH4/ultrachat_200k::train_sft::default"}
+                },
+            }
+        )
+    )
     (root / "b" / "data").mkdir(parents=True)
     (root / "b" / "data" / "local.jsonl").write_text("{}\n")
-    (root / "b" / "manifest.json").write_text(json.dumps({"name": "b", "training": {"dataset": {
-        "type": "multi_task", "tasks": {
-            "x": {"train": "tatsu-lab/alpaca"}, "y": {"train": "data/local.jsonl"},
-            "z": {"train": "openai/gsm8k::train::main"}}}}}))
+    (root / "b" / "manifest.json").write_text(
+        json.dumps(
+            {
+                "name": "b",
+                "training": {
+                    "dataset": {
+                        "type": "multi_task",
+                        "tasks": {
+                            "x": {"train": "tatsu-lab/alpaca"},
+                            "y": {"train": "data/local.jsonl"},
+                            "z": {"train": "openai/gsm8k::train::main"},
+                        },
+                    }
+                },
+            }
+        )
+    )
     return root
 
 
 def test_both_layouts_sizes_and_order(hf_home: Path) -> None:
     result = discover(hf_home, None)
-    rows = [(d["name"], d["config"], d["revision"], d["size_bytes"], d["layout"])
-            for d in result["datasets"]]
+    rows = [
+        (d["name"], d["config"], d["revision"], d["size_bytes"], d["layout"])
+        for d in result["datasets"]
+    ]
     assert rows == [
         ("HuggingFaceH4/ultrachat_200k", None, "rev2", 20_100, "hub"),  # blobs counted once
         ("tatsu-lab/alpaca", "default", "0.0.0/abc123", 5002, "datasets"),
@@ -89,11 +112,17 @@ def test_manifest_usage_and_missing(hf_home: Path, experts: Path) -> None:
     assert refs["HuggingFaceH4/ultrachat_200k"]["split"] == "train_sft"
     assert refs["data/local.jsonl"]["kind"] == "local"
     assert refs["data/local.jsonl"]["cached"] is None
-    assert refs["openai/gsm8k"] == {"id": "openai/gsm8k", "split": "train", "config": "main",
-                                    "kind": "hub", "cached": False,
-                                    "field": "training.dataset.tasks.z.train"}
-    assert result["missing"] == [{"id": "openai/gsm8k",
-                                  "needed_by": [str(experts / "b/manifest.json")]}]
+    assert refs["openai/gsm8k"] == {
+        "id": "openai/gsm8k",
+        "split": "train",
+        "config": "main",
+        "kind": "hub",
+        "cached": False,
+        "field": "training.dataset.tasks.z.train",
+    }
+    assert result["missing"] == [
+        {"id": "openai/gsm8k", "needed_by": [str(experts / "b/manifest.json")]}
+    ]
 
 
 def test_dataset_refs(tmp_path: Path) -> None:
@@ -122,19 +151,25 @@ def test_missing_folders_name_the_option(tmp_path: Path) -> None:
 
 def test_cli_json_and_table(hf_home: Path, experts: Path) -> None:
     runner = CliRunner()
-    out = runner.invoke(app, ["find-datasets", "--cache-dir", str(hf_home), "--experts",
-                              str(experts), "--json"])
+    out = runner.invoke(
+        app, ["find-datasets", "--cache-dir", str(hf_home), "--experts", str(experts), "--json"]
+    )
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
     assert [d["size_bytes"] for d in data["datasets"]] == [20_100, 5002, 300]
     assert data["missing"][0]["id"] == "openai/gsm8k"
-    out = runner.invoke(app, ["find-datasets", "--cache-dir", str(hf_home), "--experts",
-                              str(experts)], env={"COLUMNS": "250"})
+    out = runner.invoke(
+        app,
+        ["find-datasets", "--cache-dir", str(hf_home), "--experts", str(experts)],
+        env={"COLUMNS": "250"},
+    )
     assert out.exit_code == 0, out.output
     lines = out.output.splitlines()
     # long names and paths wrap (never get cut) on a narrow terminal: find rows by their sizes
-    order = [next(i for i, ln in enumerate(lines) if size in ln)
-             for size in ("19.6 KB", "4.9 KB", "300 B")]
+    order = [
+        next(i for i, ln in enumerate(lines) if size in ln)
+        for size in ("19.6 KB", "4.9 KB", "300 B")
+    ]
     assert "squad" in out.output and "tatsu-lab" in out.output
     assert order == sorted(order)
     assert "19.6 KB" in out.output

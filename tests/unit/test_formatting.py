@@ -18,16 +18,31 @@ from expert_cli.data.formatting import (
 )
 from expert_cli.errors import UserError
 
-CHATML = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n"
-          "<|im_start|>assistant\nHello world<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n"
-          "<|im_start|>assistant\nOK then<|im_end|>\n")
+CHATML = (
+    "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n"
+    "<|im_start|>assistant\nHello world<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n"
+    "<|im_start|>assistant\nOK then<|im_end|>\n"
+)
 MARKERS = "<|system|>\nsys\n<|end|>\n<|user|>\nq\n<|end|>\n<|assistant|>\nSELECT 1;\n<|end|>\n"
 
 
-def run(tok, kind: str, rows: dict, max_len: int = 512, overlong: str = "truncate",
-        template: str = "chatml", response_template: str | None = None) -> list[dict]:
-    fmt = Formatter(tokenizer=tok, kind=kind, max_seq_length=max_len, overlong=overlong,
-                    prompt_template=template, response_template=response_template)
+def run(
+    tok,
+    kind: str,
+    rows: dict,
+    max_len: int = 512,
+    overlong: str = "truncate",
+    template: str = "chatml",
+    response_template: str | None = None,
+) -> list[dict]:
+    fmt = Formatter(
+        tokenizer=tok,
+        kind=kind,
+        max_seq_length=max_len,
+        overlong=overlong,
+        prompt_template=template,
+        response_template=response_template,
+    )
     return fmt(rows).to_pylist()
 
 
@@ -52,13 +67,23 @@ def test_chatml_trains_every_assistant_turn_and_masks_the_rest(tiny_tokenizer) -
     row = run(tiny_tokenizer, "text", {"text": [CHATML]})[0]
     trained, masked = split(tiny_tokenizer, row)
     assert trained == "Hello world<|im_end|>OK then<|im_end|><|endoftext|>"
-    assert masked == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi there"
-                      "<|im_end|>\n<|im_start|>assistant\n\n<|im_start|>user\nmore<|im_end|>\n"
-                      "<|im_start|>assistant\n\n")
-    pieces = [("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n"
-               "<|im_start|>assistant\n", False), ("Hello world<|im_end|>", True),
-              ("\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n", False),
-              ("OK then<|im_end|>", True), ("\n", False), ("<|endoftext|>", True)]
+    assert masked == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi there"
+        "<|im_end|>\n<|im_start|>assistant\n\n<|im_start|>user\nmore<|im_end|>\n"
+        "<|im_start|>assistant\n\n"
+    )
+    pieces = [
+        (
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n"
+            "<|im_start|>assistant\n",
+            False,
+        ),
+        ("Hello world<|im_end|>", True),
+        ("\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n", False),
+        ("OK then<|im_end|>", True),
+        ("\n", False),
+        ("<|endoftext|>", True),
+    ]
     assert [lab != IGNORE for lab in row["labels"]] == expected_mask(tiny_tokenizer, pieces)
     assert row["status"] == KEPT and row["no_marker"] is False
     assert row["trained"] == sum(lab != IGNORE for lab in row["labels"])
@@ -92,8 +117,7 @@ def test_no_example_start_is_trained_so_packing_never_links_examples(tiny_tokeni
     example's last token (the loss shifts labels): it must be -100."""
     from expert_cli.data.packing import pack_table
 
-    fmt = Formatter(tokenizer=tiny_tokenizer, kind="text", max_seq_length=64,
-                    overlong="truncate")
+    fmt = Formatter(tokenizer=tiny_tokenizer, kind="text", max_seq_length=64, overlong="truncate")
     table = fmt({"text": ["just some text", "more words here", "x", "", CHATML[:40]]})
     assert all(r["labels"][0] == IGNORE for r in table.to_pylist() if r["input_ids"])
     assert table.to_pylist()[3]["status"] == DROPPED_NO_COMPLETION  # a lone EOS trains nothing
@@ -105,8 +129,9 @@ def test_no_example_start_is_trained_so_packing_never_links_examples(tiny_tokeni
 
 
 def test_response_template_missing_drops_the_example(tiny_tokenizer) -> None:
-    rows = run(tiny_tokenizer, "text", {"text": ["Q: a\nA: b", "no answer here"]},
-               response_template="A:")
+    rows = run(
+        tiny_tokenizer, "text", {"text": ["Q: a\nA: b", "no answer here"]}, response_template="A:"
+    )
     assert split(tiny_tokenizer, rows[0]) == (" b<|endoftext|>", "Q: a\nA:")
     assert rows[1]["status"] == DROPPED_NO_MARKER and rows[1]["input_ids"] == []
 
@@ -138,9 +163,13 @@ def test_alpaca_without_input_and_custom_template(tiny_tokenizer) -> None:
 
 
 def test_messages_use_the_chat_template(tiny_tokenizer) -> None:
-    convo = [{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
-             {"role": "assistant", "content": "b c"}, {"role": "user", "content": "d"},
-             {"role": "assistant", "content": "e"}]
+    convo = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b c"},
+        {"role": "user", "content": "d"},
+        {"role": "assistant", "content": "e"},
+    ]
     row = run(tiny_tokenizer, "messages", {"messages": [convo]})[0]
     trained, _ = split(tiny_tokenizer, row)
     assert trained == "b c<|im_end|>e<|im_end|><|endoftext|>"

@@ -75,8 +75,13 @@ def test_fused_forward_equals_standard_loss_and_gradients(tiny_model_dir) -> Non
     results = []
     for backend in (None, "chunked"):
         model = _lora_model(tiny_model_dir, backend)
-        out = model(input_ids=ids, labels=labels, position_ids=pos, use_cache=False,
-                    num_items_in_batch=torch.tensor(30))
+        out = model(
+            input_ids=ids,
+            labels=labels,
+            position_ids=pos,
+            use_cache=False,
+            num_items_in_batch=torch.tensor(30),
+        )
         out.loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
         results.append((out, grads))
@@ -108,5 +113,6 @@ def test_models_that_scale_logits_keep_the_standard_loss(tiny_model_dir) -> None
 
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown backend"):
-        fused.summed_linear_cross_entropy("nope", torch.zeros(1, 2), torch.zeros(3, 2),
-                                          torch.zeros(1, dtype=torch.long))
+        fused.summed_linear_cross_entropy(
+            "nope", torch.zeros(1, 2), torch.zeros(3, 2), torch.zeros(1, dtype=torch.long)
+        )

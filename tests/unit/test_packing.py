@@ -14,8 +14,12 @@ def examples_table(lengths: list[int]) -> pa.Table:
     """Example i is the tokens [i*1000, i*1000+1, ...] of its length; labels are negated."""
     ids = [list(range(i * 1000, i * 1000 + n)) for i, n in enumerate(lengths)]
     labels = [[-t for t in row] for row in ids]
-    return pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32())),
-                     "labels": pa.array(labels, pa.list_(pa.int32()))})
+    return pa.table(
+        {
+            "input_ids": pa.array(ids, pa.list_(pa.int32())),
+            "labels": pa.array(labels, pa.list_(pa.int32())),
+        }
+    )
 
 
 def test_best_fit_decreasing_fills_rows_exactly() -> None:
@@ -34,11 +38,15 @@ def test_zero_length_items_are_left_out() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(lengths=st.lists(st.integers(min_value=0, max_value=64), min_size=1, max_size=60),
-       capacity=st.integers(min_value=64, max_value=200), packing=st.booleans(),
-       seed=st.integers(min_value=0, max_value=10))
-def test_every_token_exactly_once_rows_bounded_positions_restart(lengths, capacity, packing,
-                                                                 seed) -> None:
+@given(
+    lengths=st.lists(st.integers(min_value=0, max_value=64), min_size=1, max_size=60),
+    capacity=st.integers(min_value=64, max_value=200),
+    packing=st.booleans(),
+    seed=st.integers(min_value=0, max_value=10),
+)
+def test_every_token_exactly_once_rows_bounded_positions_restart(
+    lengths, capacity, packing, seed
+) -> None:
     table, stats = pack_table(examples_table(lengths), capacity, packing, seed)
     rows = table.to_pylist()
     seen: dict[int, list[int]] = {}
@@ -68,8 +76,9 @@ def test_packing_is_deterministic_and_seeded() -> None:
     b, _ = pack_table(table, 12, True, seed=1)
     assert a.equals(b)
     c, _ = pack_table(table, 12, True, seed=2)
-    assert sorted(map(tuple, c.column("input_ids").to_pylist())) == \
-        sorted(map(tuple, a.column("input_ids").to_pylist()))
+    assert sorted(map(tuple, c.column("input_ids").to_pylist())) == sorted(
+        map(tuple, a.column("input_ids").to_pylist())
+    )
 
 
 def test_efficiency_of_a_perfect_packing() -> None:

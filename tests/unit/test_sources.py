@@ -15,8 +15,12 @@ from expert_cli.resolve import resolve
 
 
 def resolved_for(folder: Path, dataset: dict, **config):
-    manifest = {"name": "t", "schema_version": "1.0", "base_model": {"name": "model"},
-                "training": {"dataset": dataset, "config": config}}
+    manifest = {
+        "name": "t",
+        "schema_version": "1.0",
+        "base_model": {"name": "model"},
+        "training": {"dataset": dataset, "config": config},
+    }
     path = folder / "manifest.json"
     path.write_text(json.dumps(manifest))
     return resolve(load_manifest(path), cpu_environment())
@@ -52,8 +56,9 @@ def test_field_of_the_wrong_type_names_line_and_mapping(tmp_path, write_jsonl) -
     assert msg == f"{path}:2: field 'text' (field_mapping.text) is list, expected a string"
     path = write_jsonl(tmp_path / "m.jsonl", [{"messages": "hello"}])
     msg = error_of(tmp_path, {"path": "m.jsonl", "field_mapping": {"messages": "messages"}})
-    assert msg.startswith(f"{path}:1: field 'messages' (field_mapping.messages) is str, "
-                          "expected a list of")
+    assert msg.startswith(
+        f"{path}:1: field 'messages' (field_mapping.messages) is str, expected a list of"
+    )
 
 
 def test_column_of_the_wrong_type_in_parquet(tmp_path) -> None:
@@ -62,8 +67,9 @@ def test_column_of_the_wrong_type_in_parquet(tmp_path) -> None:
 
     path = tmp_path / "train.parquet"
     pq.write_table(pa.table({"q": ["x", "y"], "a": [1, 2]}), path)
-    msg = error_of(tmp_path, {"path": "train.parquet",
-                              "field_mapping": {"instruction": "q", "response": "a"}})
+    msg = error_of(
+        tmp_path, {"path": "train.parquet", "field_mapping": {"instruction": "q", "response": "a"}}
+    )
     assert msg.startswith(f"{path}: field 'a' (field_mapping.response) holds Value('int64')")
     pq.write_table(pa.table({"q": ["x"], "a": ["y"], "i": pa.array([None], pa.null())}), path)
     mapping = {"instruction": "q", "response": "a", "input": "i"}  # an all-null optional role
@@ -91,10 +97,11 @@ def test_column_missing_in_parquet(tmp_path) -> None:
 
 def test_empty_file_and_missing_file(tmp_path) -> None:
     (tmp_path / "train.jsonl").write_text("\n")
-    assert error_of(tmp_path, {"path": "train.jsonl"}) == f"{tmp_path / 'train.jsonl'}: " \
-        "no examples"
-    assert error_of(tmp_path, {"path": "nope.jsonl"}) == \
-        f"{tmp_path / 'nope.jsonl'}: not found (training.dataset)"
+    assert error_of(tmp_path, {"path": "train.jsonl"}) == f"{tmp_path / 'train.jsonl'}: no examples"
+    assert (
+        error_of(tmp_path, {"path": "nope.jsonl"})
+        == f"{tmp_path / 'nope.jsonl'}: not found (training.dataset)"
+    )
 
 
 def test_undetectable_mapping(tmp_path, write_jsonl) -> None:
@@ -103,8 +110,10 @@ def test_undetectable_mapping(tmp_path, write_jsonl) -> None:
 
 
 def test_field_mapping_detection_and_validation() -> None:
-    assert field_spec(None, ["question", "answer", "output"], "f").mapping == \
-        {"instruction": "question", "response": "output"}
+    assert field_spec(None, ["question", "answer", "output"], "f").mapping == {
+        "instruction": "question",
+        "response": "output",
+    }
     assert field_spec(None, ["messages"], "f").kind == "messages"
     with pytest.raises(UserError, match="unknown key"):
         field_spec({"txt": "a"}, ["a"], "f")
@@ -112,8 +121,11 @@ def test_field_mapping_detection_and_validation() -> None:
 
 def test_columns_renamed_to_roles_and_seeded_holdout(tmp_path, write_jsonl) -> None:
     write_jsonl(tmp_path / "train.jsonl", [{"q": f"q{i}", "a": f"a{i}"} for i in range(50)])
-    dataset = {"path": "train.jsonl", "field_mapping": {"instruction": "q", "response": "a"},
-               "eval_fraction": 0.1}
+    dataset = {
+        "path": "train.jsonl",
+        "field_mapping": {"instruction": "q", "response": "a"},
+        "eval_fraction": 0.1,
+    }
     first = load(tmp_path, dataset, seed=3)
     again = load(tmp_path, dataset, seed=3)
     assert first.fields.kind == "instruction"
@@ -129,9 +141,13 @@ def test_validation_file_and_multi_task_weights(tmp_path, write_jsonl) -> None:
     write_jsonl(tmp_path / "a.jsonl", [{"text": f"a{i}"} for i in range(10)])
     write_jsonl(tmp_path / "b.jsonl", [{"text": f"b{i}"} for i in range(10)])
     write_jsonl(tmp_path / "v.jsonl", [{"text": "v"}])
-    dataset = {"type": "multi_task", "tasks": {
-        "a": {"train": "a.jsonl", "valid": "v.jsonl", "weight": 2.0},
-        "b": {"train": "b.jsonl", "weight": 0.5}}}
+    dataset = {
+        "type": "multi_task",
+        "tasks": {
+            "a": {"train": "a.jsonl", "valid": "v.jsonl", "weight": 2.0},
+            "b": {"train": "b.jsonl", "weight": 0.5},
+        },
+    }
     loaded = load(tmp_path, dataset)
     texts = list(loaded.train["text"])
     assert len(texts) == 25

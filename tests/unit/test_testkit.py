@@ -136,8 +136,9 @@ def test_demo_model_config_matches_tokenizer(tiny_tokenizer) -> None:
 
 
 def _run(script: str, *args: str) -> None:
-    subprocess.run([sys.executable, str(REPO_DIR / "scripts" / script), *args], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(REPO_DIR / "scripts" / script), *args], check=True, capture_output=True
+    )
 
 
 def test_demo_data_script_is_deterministic(tmp_path: Path) -> None:

@@ -24,9 +24,16 @@ def _meter(clock: FakeClock, flops: FlopsModel | None = None, **kw) -> Throughpu
     return ThroughputMeter(flops, clock=clock, sync=lambda: None, memory=lambda: 1.5, **kw)
 
 
-def _step(meter: ThroughputMeter, clock: FakeClock, wait: float, compute: float,
-          tokens: int = 1000, samples: int = 4, trained: int = 600,
-          attended: int | None = None) -> None:
+def _step(
+    meter: ThroughputMeter,
+    clock: FakeClock,
+    wait: float,
+    compute: float,
+    tokens: int = 1000,
+    samples: int = 4,
+    trained: int = 600,
+    attended: int | None = None,
+) -> None:
     """One step; by default `samples` examples of equal length."""
     meter.fetch_started()
     clock.t += wait
@@ -66,8 +73,14 @@ def test_gpu_time_still_running_at_window_close_counts() -> None:
 
 def test_mfu_uses_lora_flops_and_example_length() -> None:
     clock = FakeClock()
-    fm = FlopsModel(matmul_params=1_000_000, trainable_params=10_000, n_layers=2, hidden=64,
-                    attn_dim=128, peak_flops_per_device=1e12)
+    fm = FlopsModel(
+        matmul_params=1_000_000,
+        trainable_params=10_000,
+        n_layers=2,
+        hidden=64,
+        attn_dim=128,
+        peak_flops_per_device=1e12,
+    )
     meter = _meter(clock, fm)
     _step(meter, clock, wait=0.0, compute=1.0, tokens=1000, samples=4)
     rec = meter.close_window(1, 1.0, 1e-3)
@@ -82,8 +95,7 @@ def test_mfu_attention_is_weighted_by_example_length() -> None:
     clock = FakeClock()
     fm = FlopsModel(1_000_000, 10_000, 2, 64, 128, 1e12)
     meter = _meter(clock, fm)
-    _step(meter, clock, wait=0.0, compute=1.0, tokens=1000, samples=2,
-          attended=100**2 + 900**2)
+    _step(meter, clock, wait=0.0, compute=1.0, tokens=1000, samples=2, attended=100**2 + 900**2)
     rec = meter.close_window(1, None, None)
     assert rec["mfu"] == pytest.approx(1000 * fm.per_token(820) / 1e12)
     assert fm.per_token(820) > fm.per_token(500)
@@ -100,8 +112,7 @@ def test_world_size_sums_counts_and_scales_peak() -> None:
     assert rec["tokens_per_s"] == pytest.approx(2000 / 1.0)
     assert rec["data_wait_fraction"] == pytest.approx(0.25)
     single = _meter(FakeClock(), fm)
-    assert rec["mfu"] == pytest.approx(
-        2000 * fm.per_token(250) / 2e12) and single.world_size == 1
+    assert rec["mfu"] == pytest.approx(2000 * fm.per_token(250) / 2e12) and single.world_size == 1
 
 
 def test_summary_over_windows() -> None:

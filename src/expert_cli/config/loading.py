@@ -37,9 +37,7 @@ def read_manifest_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise UserError(
-            f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})"
-        ) from None
+        raise UserError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot be read ({exc})") from None
     if not isinstance(data, dict):
@@ -139,9 +137,7 @@ def _suggest(loc: tuple[Any, ...]) -> str:
     model = _model_at(loc[:-1])
     if model is None:
         return ""
-    names = list(model.model_fields) + [
-        f.alias for f in model.model_fields.values() if f.alias
-    ]
+    names = list(model.model_fields) + [f.alias for f in model.model_fields.values() if f.alias]
     close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
 

@@ -43,8 +43,15 @@ Optimizer = Literal[
     "lion_32bit",
 ]
 Strategy = Literal["no", "steps", "epoch"]
-AttentionKernel = Literal["auto", "flash_attention_4", "flash_attention_2", "torch_varlen",
-                          "flex_attention", "sdpa", "eager"]
+AttentionKernel = Literal[
+    "auto",
+    "flash_attention_4",
+    "flash_attention_2",
+    "torch_varlen",
+    "flex_attention",
+    "sdpa",
+    "eager",
+]
 FusedLoss = Literal["auto", "liger", "chunked", "off"]
 Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
 MAX_BATCH_ROWS = 4096
@@ -57,8 +64,9 @@ def _rows_or_auto(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH_ROWS:
-        raise ValueError(f'expected a whole number of rows from 1 to {MAX_BATCH_ROWS}, or "auto" '
-                         f"(got {value!r})")
+        raise ValueError(
+            f'expected a whole number of rows from 1 to {MAX_BATCH_ROWS}, or "auto" (got {value!r})'
+        )
     return value
 
 
@@ -146,8 +154,9 @@ class DatasetSpec(Strict):
     """`training.dataset`."""
 
     path: str | None = Field(
-        None, description="Local file/folder (relative to the manifest) or hub id "
-        "`name`, `name::split` or `name::split::config`."
+        None,
+        description="Local file/folder (relative to the manifest) or hub id "
+        "`name`, `name::split` or `name::split::config`.",
     )
     type: Literal["single", "multi_task"] = Field("single", description="One source or tasks.")
     tasks: dict[str, TaskSpec] | None = Field(None, description="Tasks of a multi_task dataset.")
@@ -158,23 +167,27 @@ class DatasetSpec(Strict):
         False, description="Accepted; the token cache is built from the whole dataset."
     )
     field_mapping: dict[str, str] | None = Field(
-        None, description='Which columns hold the data: {"text": col}, {"instruction": col, '
-        '"input": col, "response": col} or {"messages": col}.'
+        None,
+        description='Which columns hold the data: {"text": col}, {"instruction": col, '
+        '"input": col, "response": col} or {"messages": col}.',
     )
     validation_path: str | None = Field(None, description="Validation file or hub id.")
     test_path: str | None = Field(None, description="Test file; kept, not used in training.")
     # expert-cli extensions
     revision: str | None = Field(None, description="Extension: hub dataset revision.")
     eval_fraction: float | None = Field(
-        None, ge=0.0, lt=0.5,
+        None,
+        ge=0.0,
+        lt=0.5,
         description="Extension: fraction held out for evaluation when no validation_path.",
     )
     overlong: Literal["truncate", "drop"] = Field(
         "truncate", description="Extension: what to do with examples over max_seq_length."
     )
     response_template: str | None = Field(
-        None, description="Extension: marker after which `text` examples are trained on "
-        "(default: detected assistant marker)."
+        None,
+        description="Extension: marker after which `text` examples are trained on "
+        "(default: detected assistant marker).",
     )
     # descriptive blocks: kept, not acted on
     source: Any = Field(None, description="Descriptive; kept.")
@@ -231,12 +244,14 @@ class TrainingConfig(Strict):
     )
     learning_rate: float | None = Field(None, gt=0, le=1, description="Peak learning rate.")
     batch_size: Annotated[int | Literal["auto"], BeforeValidator(_rows_or_auto)] | None = Field(
-        None, description="Packed rows per device per micro-step, or auto (the default on a "
+        None,
+        description="Packed rows per device per micro-step, or auto (the default on a "
         "GPU): as many as fit in the GPU's memory (a short probe), with accumulation making up "
         "tokens_per_step.",
     )
     gradient_accumulation_steps: int | None = Field(
-        None, ge=1, le=4096, description="Micro-batches per optimizer step.")
+        None, ge=1, le=4096, description="Micro-batches per optimizer step."
+    )
     warmup_steps: int | None = Field(None, ge=0, description="Warmup steps.")
     warmup_ratio: float | None = Field(
         None, ge=0, le=1, description="Warmup as a fraction of all steps; wins over warmup_steps."
@@ -274,7 +289,8 @@ class TrainingConfig(Strict):
     metric_for_best_model: str | None = Field(None, description="Metric for the best model.")
     greater_is_better: bool | None = Field(None, description="Direction of that metric.")
     torch_compile: bool | None = Field(
-        None, description="torch.compile each decoder layer (regional). Default: off (measured "
+        None,
+        description="torch.compile each decoder layer (regional). Default: off (measured "
         "slower than Liger's kernels on an H100, docs/PERFORMANCE.md).",
     )
     torch_compile_backend: str | None = Field(None, description="torch.compile backend.")
@@ -298,27 +314,34 @@ class TrainingConfig(Strict):
     weight_decay: float = Field(0.0, ge=0, description="Extension: AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Extension: gradient clipping norm.")
     tokens_per_step: int | None = Field(
-        None, ge=16, le=1 << 24, description="Extension: tokens per optimizer step per device "
+        None,
+        ge=16,
+        le=1 << 24,
+        description="Extension: tokens per optimizer step per device "
         "when batch_size is auto (default 32768: 16 rows of 2048).",
     )
     attention: AttentionKernel | None = Field(
-        None, description="Extension: attention kernel for packed rows. auto (default): the "
+        None,
+        description="Extension: attention kernel for packed rows. auto (default): the "
         "fastest correct one this machine has (flash_attention_4, flash_attention_2, "
         "torch_varlen, flex_attention, sdpa); each keeps tokens within their own example.",
     )
     adapter_precision: Literal["compute", "fp32"] | None = Field(
-        None, description="Extension: dtype the adapters compute in. compute (default with "
+        None,
+        description="Extension: dtype the adapters compute in. compute (default with "
         "bf16/fp16): the mixed-precision dtype, no fp32 copy of each adapter's input; fp32: "
         "peft's upcast. Adapter weights and optimizer state stay fp32 either way.",
     )
     fused_loss: FusedLoss | None = Field(
-        None, description="Extension: the loss without full-vocabulary logits. auto (default): "
+        None,
+        description="Extension: the loss without full-vocabulary logits. auto (default): "
         "Liger's fused linear cross-entropy on a GPU where liger-kernel is installed, else "
         "chunked (expert-cli's own, plain torch); the standard loss on a CPU. off keeps the "
         "standard loss.",
     )
     liger_kernels: bool | None = Field(
-        None, description="Extension: Liger's fused RMSNorm, SwiGLU and RoPE kernels "
+        None,
+        description="Extension: Liger's fused RMSNorm, SwiGLU and RoPE kernels "
         "(GPU, liger-kernel installed, a model type Liger supports). Default: on where usable.",
     )
 

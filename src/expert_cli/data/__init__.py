@@ -39,9 +39,15 @@ class PreparedData:
     changes: list[str] = field(default_factory=list)
 
 
-def prepare_data(resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast, *,
-                 num_proc: int | None = None, force: bool = False, show_progress: bool = True,
-                 shard_examples: int | None = None) -> PreparedData:
+def prepare_data(
+    resolved: ResolvedConfig,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    num_proc: int | None = None,
+    force: bool = False,
+    show_progress: bool = True,
+    shard_examples: int | None = None,
+) -> PreparedData:
     """Load the token cache of `resolved`, building it first if needed (or if `force`).
 
     `num_proc`: tokenizer worker processes; None picks `build.default_num_proc()`.
@@ -66,12 +72,23 @@ def prepare_data(resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast, *
         lock.acquire()
     try:
         if not force and is_complete(plan.final_dir):
-            return _load(plan, False, "current", "built by another process while this one "
-                         "waited for the lock", [])
+            return _load(
+                plan,
+                False,
+                "current",
+                "built by another process while this one waited for the lock",
+                [],
+            )
         if force:
             _discard(plan)
-        build_cache(plan, resolved, tokenizer, num_proc or default_num_proc(),
-                    shard_examples or shard_examples_default(), show_progress)
+        build_cache(
+            plan,
+            resolved,
+            tokenizer,
+            num_proc or default_num_proc(),
+            shard_examples or shard_examples_default(),
+            show_progress,
+        )
         _point_latest(plan)
     finally:
         lock.release()
@@ -105,17 +122,32 @@ def _discard(plan: CachePlan) -> None:
 def _point_latest(plan: CachePlan) -> None:
     from expert_cli.atomic import write_json_atomic
 
-    write_json_atomic(plan.pointer, {"fingerprint": plan.fingerprint,
-                                     "path": str(plan.final_dir), "inputs": plan.inputs})
+    write_json_atomic(
+        plan.pointer,
+        {"fingerprint": plan.fingerprint, "path": str(plan.final_dir), "inputs": plan.inputs},
+    )
 
 
-def _load(plan: CachePlan, built: bool, status: str, reason: str,
-          changes: list[str]) -> PreparedData:
+def _load(
+    plan: CachePlan, built: bool, status: str, reason: str, changes: list[str]
+) -> PreparedData:
     from expert_cli.data.cache import load_cache
 
     train, evaluation, stats = load_cache(plan)
-    if not built and status == "current" and plan.previous is not None \
-            and plan.previous.get("fingerprint") != plan.fingerprint:
+    if (
+        not built
+        and status == "current"
+        and plan.previous is not None
+        and plan.previous.get("fingerprint") != plan.fingerprint
+    ):
         _point_latest(plan)  # switched back to an older, still finished cache
-    return PreparedData(train=train, eval=evaluation, stats=stats, cache_dir=plan.final_dir,
-                        built=built, reason=reason, status=status, changes=changes)
+    return PreparedData(
+        train=train,
+        eval=evaluation,
+        stats=stats,
+        cache_dir=plan.final_dir,
+        built=built,
+        reason=reason,
+        status=status,
+        changes=changes,
+    )

@@ -62,8 +62,14 @@ def default_num_proc() -> int:
     return 1
 
 
-def build_cache(plan: CachePlan, resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast,
-                num_proc: int, shard_examples: int, show_progress: bool) -> dict[str, Any]:
+def build_cache(
+    plan: CachePlan,
+    resolved: ResolvedConfig,
+    tokenizer: PreTrainedTokenizerFast,
+    num_proc: int,
+    shard_examples: int,
+    show_progress: bool,
+) -> dict[str, Any]:
     """Build (or finish building) the cache of `plan`; return its stats."""
     import datasets
 
@@ -76,8 +82,14 @@ def build_cache(plan: CachePlan, resolved: ResolvedConfig, tokenizer: PreTrained
             datasets.enable_progress_bars()
 
 
-def _build(plan: CachePlan, resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast,
-           num_proc: int, shard_examples: int, show_progress: bool) -> dict[str, Any]:
+def _build(
+    plan: CachePlan,
+    resolved: ResolvedConfig,
+    tokenizer: PreTrainedTokenizerFast,
+    num_proc: int,
+    shard_examples: int,
+    show_progress: bool,
+) -> dict[str, Any]:
     started = time.perf_counter()
     _remove_stale(plan)
     sources = load_sources(resolved, plan.root / ".datasets")
@@ -85,10 +97,14 @@ def _build(plan: CachePlan, resolved: ResolvedConfig, tokenizer: PreTrainedToken
         check_chat_template(tokenizer, resolved.response_template)
     if sources.fields.kind == "instruction":
         check_prompt_template(resolved.prompt_template)
-    formatter = Formatter(tokenizer=tokenizer, kind=sources.fields.kind,
-                          max_seq_length=resolved.max_seq_length, overlong=resolved.overlong,
-                          prompt_template=resolved.prompt_template,
-                          response_template=resolved.response_template)
+    formatter = Formatter(
+        tokenizer=tokenizer,
+        kind=sources.fields.kind,
+        max_seq_length=resolved.max_seq_length,
+        overlong=resolved.overlong,
+        prompt_template=resolved.prompt_template,
+        response_template=resolved.response_template,
+    )
     splits = {"train": sources.train, "eval": sources.eval}
     splits = {k: v for k, v in splits.items() if v is not None}
     shard_stats: dict[str, list[dict[str, Any]]] = {}
@@ -97,14 +113,14 @@ def _build(plan: CachePlan, resolved: ResolvedConfig, tokenizer: PreTrainedToken
         total = sum(len(ds) for ds in splits.values())
         task = progress.add_task(f"tokenizing {resolved.expert}", total=total)
         for split, ds in splits.items():
-            stats, done = _build_split(plan, split, ds, formatter, resolved, num_proc,
-                                       shard_examples, progress, task)
+            stats, done = _build_split(
+                plan, split, ds, formatter, resolved, num_proc, shard_examples, progress, task
+            )
             shard_stats[split] = stats
             resumed += done
     _require_rows(shard_stats["train"], resolved)
     extra = {"num_proc": num_proc, "notes": sources.notes}
-    return _assemble(plan, shard_stats, sources.read, resumed,
-                     time.perf_counter() - started, extra)
+    return _assemble(plan, shard_stats, sources.read, resumed, time.perf_counter() - started, extra)
 
 
 def _require_rows(stats: list[dict[str, Any]], resolved: ResolvedConfig) -> None:
@@ -118,7 +134,8 @@ def _require_rows(stats: list[dict[str, Any]], resolved: ResolvedConfig) -> None
         f"training.dataset: no training example is left after formatting ({total['examples']} "
         f"read: {total['dropped_overlong']} over max_seq_length={resolved.max_seq_length} with "
         f"overlong=drop, {total['dropped_no_marker']} without response_template, "
-        f"{total['dropped_no_completion']} with no completion tokens)")
+        f"{total['dropped_no_completion']} with no completion tokens)"
+    )
 
 
 def _remove_stale(plan: CachePlan) -> None:
@@ -133,14 +150,28 @@ def _progress(show: bool) -> Progress:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    return Progress("[progress.description]{task.description}", BarColumn(),
-                    MofNCompleteColumn(), TimeRemainingColumn(),
-                    console=Console(stderr=True), disable=not show, transient=False)
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        disable=not show,
+        transient=False,
+    )
 
 
-def _build_split(plan: CachePlan, split: str, ds: datasets.Dataset, formatter: Formatter,
-                 resolved: ResolvedConfig, num_proc: int, shard_examples: int,
-                 progress: Progress, task: Any) -> tuple[list[dict[str, Any]], int]:
+def _build_split(
+    plan: CachePlan,
+    split: str,
+    ds: datasets.Dataset,
+    formatter: Formatter,
+    resolved: ResolvedConfig,
+    num_proc: int,
+    shard_examples: int,
+    progress: Progress,
+    task: Any,
+) -> tuple[list[dict[str, Any]], int]:
     """Build every missing shard of one split; return per-shard stats and how many existed."""
     n_shards = max(1, math.ceil(len(ds) / shard_examples))
     stats, resumed = [], 0
@@ -154,9 +185,18 @@ def _build_split(plan: CachePlan, split: str, ds: datasets.Dataset, formatter: F
             resumed += 1
         else:
             seed = resolved.seed + 7919 * k + (0 if split == "train" else 1)
-            stats.append(_build_shard(ds.select(range(lo, hi)), formatter, final, num_proc,
-                                      resolved.max_seq_length, resolved.packing, seed,
-                                      lambda n: progress.advance(task, n)))
+            stats.append(
+                _build_shard(
+                    ds.select(range(lo, hi)),
+                    formatter,
+                    final,
+                    num_proc,
+                    resolved.max_seq_length,
+                    resolved.packing,
+                    seed,
+                    lambda n: progress.advance(task, n),
+                )
+            )
             if delay:
                 time.sleep(delay)
             continue
@@ -166,9 +206,16 @@ def _build_split(plan: CachePlan, split: str, ds: datasets.Dataset, formatter: F
     return stats, resumed
 
 
-def _build_shard(ds: datasets.Dataset, formatter: Formatter, final: Path, num_proc: int,
-                 max_seq_length: int, packing: bool, seed: int,
-                 advance: Callable[[int], None]) -> dict[str, Any]:
+def _build_shard(
+    ds: datasets.Dataset,
+    formatter: Formatter,
+    final: Path,
+    num_proc: int,
+    max_seq_length: int,
+    packing: bool,
+    seed: int,
+    advance: Callable[[int], None],
+) -> dict[str, Any]:
     """Tokenize, pack and save one shard atomically; return its stats."""
     import datasets
     import numpy as np
@@ -202,21 +249,38 @@ def _build_shard(ds: datasets.Dataset, formatter: Formatter, final: Path, num_pr
 
 
 def _sum(stats: list[dict[str, Any]], examples_read: int) -> dict[str, Any]:
-    keys = ("kept", "truncated", "dropped_overlong", "dropped_no_completion",
-            "dropped_no_marker", "no_marker", "tokens", "trained_tokens", "rows", "capacity")
+    keys = (
+        "kept",
+        "truncated",
+        "dropped_overlong",
+        "dropped_no_completion",
+        "dropped_no_marker",
+        "no_marker",
+        "tokens",
+        "trained_tokens",
+        "rows",
+        "capacity",
+    )
     total = {k: sum(s[k] for s in stats) for k in keys}
     total["examples"] = sum(s["examples_read"] for s in stats)
     total["examples_read"] = examples_read
-    total["dropped"] = (total["dropped_overlong"] + total["dropped_no_completion"]
-                        + total["dropped_no_marker"])
-    total["packing_efficiency"] = (round(total["tokens"] / total["capacity"], 6)
-                                   if total["capacity"] else 0.0)
+    total["dropped"] = (
+        total["dropped_overlong"] + total["dropped_no_completion"] + total["dropped_no_marker"]
+    )
+    total["packing_efficiency"] = (
+        round(total["tokens"] / total["capacity"], 6) if total["capacity"] else 0.0
+    )
     return total
 
 
-def _assemble(plan: CachePlan, shard_stats: dict[str, list[dict[str, Any]]],
-              read: dict[str, int], resumed: int, seconds: float,
-              extra: dict[str, Any]) -> dict[str, Any]:
+def _assemble(
+    plan: CachePlan,
+    shard_stats: dict[str, list[dict[str, Any]]],
+    read: dict[str, int],
+    resumed: int,
+    seconds: float,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
     """Concatenate the shards into a temporary cache folder and rename it into place."""
     import datasets
 

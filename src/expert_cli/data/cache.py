@@ -46,8 +46,16 @@ DEFAULT_SHARD_EXAMPLES = 50_000
 SHARD_ENV = "EXPERT_CLI_SHARD_EXAMPLES"
 PIPELINE = ("normalizer", "pre_tokenizer", "post_processor", "decoder")
 # settable options of the tokenizers models (BPE, WordPiece, Unigram, WordLevel)
-MODEL_OPTIONS = ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
-                 "fuse_unk", "byte_fallback", "ignore_merges", "max_input_chars_per_word")
+MODEL_OPTIONS = (
+    "dropout",
+    "unk_token",
+    "continuing_subword_prefix",
+    "end_of_word_suffix",
+    "fuse_unk",
+    "byte_fallback",
+    "ignore_merges",
+    "max_input_chars_per_word",
+)
 
 
 @dataclass(frozen=True)
@@ -103,8 +111,11 @@ def _source_inputs(ref: SourceRef, folder: Path) -> dict[str, Any]:
         for f in source_files(ref):
             name = str(f.relative_to(folder)) if f.is_relative_to(folder) else str(f)
             files[name] = file_hash(f)
-        entry["location"] = (str(Path(ref.location).relative_to(folder))
-                             if Path(ref.location).is_relative_to(folder) else ref.location)
+        entry["location"] = (
+            str(Path(ref.location).relative_to(folder))
+            if Path(ref.location).is_relative_to(folder)
+            else ref.location
+        )
         entry["files"] = files
     elif not ref.revision:
         entry["revision"] = "unpinned (set training.dataset.revision to detect hub updates)"
@@ -120,8 +131,7 @@ def tokenizer_inputs(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
         "eos": tokenizer.eos_token,
         "pad": tokenizer.pad_token,
         "bos": tokenizer.bos_token,
-        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()
-        if template else None,
+        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else None,
     }
 
 
@@ -168,8 +178,9 @@ def shard_examples_default() -> int:
     return int(value)
 
 
-def fingerprint_inputs(resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast,
-                       shard_examples: int) -> dict[str, Any]:
+def fingerprint_inputs(
+    resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast, shard_examples: int
+) -> dict[str, Any]:
     """Every input that changes the cache's content, as JSON-ready values."""
     folder = Path(resolved.manifest_path).parent
     return {
@@ -200,16 +211,22 @@ def fingerprint(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def plan_cache(resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast,
-               shard_examples: int) -> CachePlan:
+def plan_cache(
+    resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast, shard_examples: int
+) -> CachePlan:
     """Fingerprint the inputs and locate the cache (reads no data, builds nothing)."""
     inputs = fingerprint_inputs(resolved, tokenizer, shard_examples)
     fp = fingerprint(inputs)
     root = Path(resolved.pretokenized_cache)
     pointer = root / f"{_safe(resolved.expert)}.latest.json"
     previous = json.loads(pointer.read_text()) if pointer.exists() else None
-    return CachePlan(root=root, fingerprint=fp, inputs=inputs,
-                     final_dir=root / f"{_safe(resolved.expert)}-{fp[:16]}", previous=previous)
+    return CachePlan(
+        root=root,
+        fingerprint=fp,
+        inputs=inputs,
+        final_dir=root / f"{_safe(resolved.expert)}-{fp[:16]}",
+        previous=previous,
+    )
 
 
 def is_complete(cache_dir: Path) -> bool:
@@ -223,8 +240,7 @@ def changed_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     lines = []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
-            lines.append(f"{key} {_short(a.get(key, '(none)'))} -> "
-                         f"{_short(b.get(key, '(none)'))}")
+            lines.append(f"{key} {_short(a.get(key, '(none)'))} -> {_short(b.get(key, '(none)'))}")
     return lines
 
 
@@ -247,10 +263,7 @@ def _short(value: Any) -> str:
     return text[:12] + "…" if len(text) > 16 and re.fullmatch(r"[0-9a-f]+", text) else text
 
 
-
-
-def load_cache(plan: CachePlan) -> tuple[datasets.Dataset, datasets.Dataset | None,
-                                         dict[str, Any]]:
+def load_cache(plan: CachePlan) -> tuple[datasets.Dataset, datasets.Dataset | None, dict[str, Any]]:
     """The memory-mapped train/eval datasets and stats of a finished cache.
 
     Rows come as numpy arrays: the collator turns them into tensors without building a Python
@@ -262,10 +275,13 @@ def load_cache(plan: CachePlan) -> tuple[datasets.Dataset, datasets.Dataset | No
         raise RunError(f"{plan.final_dir}: the cache is not complete; it will not be read")
     stats = json.loads((plan.final_dir / STATS).read_text())
     if stats.get("fingerprint") != plan.fingerprint:
-        raise RunError(f"{plan.final_dir}: stats.json fingerprint does not match the folder; "
-                       "delete the folder to rebuild")
+        raise RunError(
+            f"{plan.final_dir}: stats.json fingerprint does not match the folder; "
+            "delete the folder to rebuild"
+        )
     train = datasets.load_from_disk(str(plan.final_dir / "train")).with_format("numpy")
     eval_dir = plan.final_dir / "eval"
-    evaluation = (datasets.load_from_disk(str(eval_dir)).with_format("numpy")
-                  if eval_dir.exists() else None)
+    evaluation = (
+        datasets.load_from_disk(str(eval_dir)).with_format("numpy") if eval_dir.exists() else None
+    )
     return train, evaluation, stats

@@ -39,8 +39,9 @@ class PackedCollator:
     the last example.
     """
 
-    def __init__(self, pad_token_id: int, boundaries: bool = False,
-                 pad_to_multiple_of: int | None = None) -> None:
+    def __init__(
+        self, pad_token_id: int, boundaries: bool = False, pad_to_multiple_of: int | None = None
+    ) -> None:
         self.pad_token_id = pad_token_id
         self.boundaries = boundaries
         self.pad_to_multiple_of = pad_to_multiple_of
@@ -68,6 +69,10 @@ class PackedCollator:
         if self.boundaries:
             cu, longest = sequence_boundaries(out["position_ids"].reshape(-1))
             cu_tensor = torch.from_numpy(cu)
-            result.update(cu_seq_lens_q=cu_tensor, cu_seq_lens_k=cu_tensor,
-                          max_length_q=longest, max_length_k=longest)
+            result.update(
+                cu_seq_lens_q=cu_tensor,
+                cu_seq_lens_k=cu_tensor,
+                max_length_q=longest,
+                max_length_k=longest,
+            )
         return result

@@ -47,9 +47,11 @@ IGNORE = -100
 # status codes of the `status` column
 KEPT, TRUNCATED, DROPPED_OVERLONG, DROPPED_NO_COMPLETION, DROPPED_NO_MARKER = range(5)
 
-VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. "
-                 "The assistant gives helpful, detailed, and polite answers to the user's "
-                 "questions.")
+VICUNA_SYSTEM = (
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's "
+    "questions."
+)
 ALPACA_HEAD = "Below is an instruction that describes a task"
 ALPACA_TAIL = "Write a response that appropriately completes the request.\n\n"
 TEMPLATES = ("chatml", "alpaca", "llama2", "vicuna")
@@ -71,8 +73,9 @@ def assistant_spans(text: str, response_template: str | None) -> tuple[list[Span
     return [(0, len(text))], "none"
 
 
-def _turn_spans(text: str, marker: str, ends: tuple[str, ...],
-                starts: tuple[str, ...]) -> list[Span]:
+def _turn_spans(
+    text: str, marker: str, ends: tuple[str, ...], starts: tuple[str, ...]
+) -> list[Span]:
     """Spans of each assistant turn: after marker(+newline) through its end token."""
     spans: list[Span] = []
     at = text.find(marker)
@@ -94,8 +97,9 @@ def _turn_spans(text: str, marker: str, ends: tuple[str, ...],
     return spans
 
 
-def render_instruction(template: str, instruction: str, input_: str | None,
-                       system: str | None) -> tuple[str, str]:
+def render_instruction(
+    template: str, instruction: str, input_: str | None, system: str | None
+) -> tuple[str, str]:
     """(prompt, completion suffix) of one instruction example in `prompt_template`."""
     user = f"{instruction}\n\n{input_}" if input_ else instruction
     if template == "chatml":
@@ -104,19 +108,26 @@ def render_instruction(template: str, instruction: str, input_: str | None,
     if template == "alpaca":
         head = f"{system}\n\n" if system else ""
         if input_:
-            return (f"{head}{ALPACA_HEAD}, paired with an input that provides further context. "
-                    f"{ALPACA_TAIL}### Instruction:\n{instruction}\n\n### Input:\n{input_}\n\n"
-                    "### Response:\n", "")
-        return (f"{head}{ALPACA_HEAD}. {ALPACA_TAIL}### Instruction:\n{instruction}\n\n"
-                "### Response:\n", "")
+            return (
+                f"{head}{ALPACA_HEAD}, paired with an input that provides further context. "
+                f"{ALPACA_TAIL}### Instruction:\n{instruction}\n\n### Input:\n{input_}\n\n"
+                "### Response:\n",
+                "",
+            )
+        return (
+            f"{head}{ALPACA_HEAD}. {ALPACA_TAIL}### Instruction:\n{instruction}\n\n### Response:\n",
+            "",
+        )
     if template == "llama2":
         head = f"<<SYS>>\n{system}\n<</SYS>>\n\n" if system else ""
         return f"[INST] {head}{user} [/INST] ", ""
     if template == "vicuna":
         return f"{system or VICUNA_SYSTEM} USER: {user} ASSISTANT: ", ""
-    raise UserError(f"base_model.prompt_template: {template!r} needs a template text, which "
-                    f"the manifest does not give; use one of {list(TEMPLATES)} or put the "
-                    "rendered prompt in a `text` field")
+    raise UserError(
+        f"base_model.prompt_template: {template!r} needs a template text, which "
+        f"the manifest does not give; use one of {list(TEMPLATES)} or put the "
+        "rendered prompt in a `text` field"
+    )
 
 
 def check_prompt_template(template: str) -> None:
@@ -124,18 +135,21 @@ def check_prompt_template(template: str) -> None:
     render_instruction(template, "", None, None)
 
 
-def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: str | None
-                        ) -> None:
+def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: str | None) -> None:
     """Fail early when `messages` data cannot be masked with this tokenizer's chat template."""
     if not tokenizer.chat_template:
-        raise UserError("training.dataset.field_mapping.messages: the tokenizer has no chat "
-                        "template; use `text` data or a tokenizer with one")
+        raise UserError(
+            "training.dataset.field_mapping.messages: the tokenizer has no chat "
+            "template; use `text` data or a tokenizer with one"
+        )
     sample = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     text = tokenizer.apply_chat_template(sample, tokenize=False)
     if assistant_spans(text, response_template)[1] in ("none", "missing"):
-        raise UserError("training.dataset.response_template: the chat template renders no "
-                        "assistant marker expert-cli knows (<|im_start|>assistant, "
-                        "<|assistant|>); set response_template to the text before replies")
+        raise UserError(
+            "training.dataset.response_template: the chat template renders no "
+            "assistant marker expert-cli knows (<|im_start|>assistant, "
+            "<|assistant|>); set response_template to the text before replies"
+        )
 
 
 @dataclass
@@ -155,30 +169,32 @@ class Formatter:
         encodings = backend.encode_batch(texts, add_special_tokens=self.kind != "messages")
         return self.encode(texts, encodings, spans, styles)
 
-    def render(self, batch: dict[str, list[Any]]) -> tuple[list[str], list[list[Span]],
-                                                          list[str]]:
+    def render(self, batch: dict[str, list[Any]]) -> tuple[list[str], list[list[Span]], list[str]]:
         """Texts, trained character spans and the masking rule used for each row."""
         if self.kind == "instruction":
             texts, spans = [], []
             n = len(batch["instruction"])
             inputs = batch.get("input") or [None] * n
             systems = batch.get("system") or [None] * n
-            for ins, inp, sys_, resp in zip(batch["instruction"], inputs, systems,
-                                            batch["response"], strict=True):
+            for ins, inp, sys_, resp in zip(
+                batch["instruction"], inputs, systems, batch["response"], strict=True
+            ):
                 prompt, suffix = render_instruction(self.prompt_template, str(ins), inp, sys_)
                 texts.append(prompt + str(resp) + suffix)
                 spans.append([(len(prompt), len(texts[-1]))])
             return texts, spans, ["template"] * n
         if self.kind == "messages":
-            texts = [self.tokenizer.apply_chat_template(m, tokenize=False)
-                     for m in batch["messages"]]
+            texts = [
+                self.tokenizer.apply_chat_template(m, tokenize=False) for m in batch["messages"]
+            ]
         else:
             texts = [str(t) for t in batch["text"]]
         found = [assistant_spans(t, self.response_template) for t in texts]
         return texts, [f[0] for f in found], [f[1] for f in found]
 
-    def encode(self, texts: list[str], encodings: list[Any], spans: list[list[Span]],
-               styles: list[str]) -> pa.Table:
+    def encode(
+        self, texts: list[str], encodings: list[Any], spans: list[list[Span]], styles: list[str]
+    ) -> pa.Table:
         """Labels from spans, EOS, overlong handling; one Arrow table for the batch."""
         import numpy as np
         import pyarrow as pa
@@ -207,13 +223,15 @@ class Formatter:
             status.append(code)
             trained.append(int(mask.sum()))
             no_marker.append(style == "none")
-        return pa.table({
-            "input_ids": _list_array(ids_out),
-            "labels": _list_array(labels_out),
-            "status": pa.array(status, pa.int8()),
-            "trained": pa.array(trained, pa.int32()),
-            "no_marker": pa.array(no_marker, pa.bool_()),
-        })
+        return pa.table(
+            {
+                "input_ids": _list_array(ids_out),
+                "labels": _list_array(labels_out),
+                "status": pa.array(status, pa.int8()),
+                "trained": pa.array(trained, pa.int32()),
+                "no_marker": pa.array(no_marker, pa.bool_()),
+            }
+        )
 
 
 def _span_mask(enc: Any, n_tokens: int, spans: list[Span]) -> Any:
@@ -230,7 +248,7 @@ def _span_mask(enc: Any, n_tokens: int, spans: list[Span]) -> Any:
             stop -= 1
             last = enc.char_to_token(stop - 1)
         if last is not None and last >= first:
-            mask[first: last + 1] = True
+            mask[first : last + 1] = True
     return mask
 
 

@@ -74,8 +74,9 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     return bins
 
 
-def pack_table(table: pa.Table, max_seq_length: int, packing: bool, seed: int
-               ) -> tuple[pa.Table, PackStats]:
+def pack_table(
+    table: pa.Table, max_seq_length: int, packing: bool, seed: int
+) -> tuple[pa.Table, PackStats]:
     """Rows of `input_ids`, `labels`, `position_ids`, `num_tokens` from one example per row."""
     import numpy as np
 
@@ -89,18 +90,21 @@ def pack_table(table: pa.Table, max_seq_length: int, packing: bool, seed: int
         bins = [[int(i)] for i in np.flatnonzero(lengths > 0)]
     perm = np.random.default_rng(seed).permutation(len(bins))
     bins = [bins[i] for i in perm]
-    order = np.fromiter((i for b in bins for i in b), dtype=np.int64,
-                        count=sum(len(b) for b in bins))
-    row_lengths = np.fromiter((int(lengths[b].sum()) for b in bins), dtype=np.int64,
-                              count=len(bins))
+    order = np.fromiter(
+        (i for b in bins for i in b), dtype=np.int64, count=sum(len(b) for b in bins)
+    )
+    row_lengths = np.fromiter(
+        (int(lengths[b].sum()) for b in bins), dtype=np.int64, count=len(bins)
+    )
     ex_lengths = lengths[order]
     ex_first = np.cumsum(ex_lengths) - ex_lengths
     within = np.arange(int(ex_lengths.sum()), dtype=np.int64) - np.repeat(ex_first, ex_lengths)
     gather = within + np.repeat(offsets[order], ex_lengths)
     row_offsets = np.zeros(len(bins) + 1, dtype=np.int64)
     np.cumsum(row_lengths, out=row_offsets[1:])
-    out = _table(ids_col.values.to_numpy()[gather], _values(lab_col, offsets)[gather],
-                 within, row_offsets)
+    out = _table(
+        ids_col.values.to_numpy()[gather], _values(lab_col, offsets)[gather], within, row_offsets
+    )
     tokens = int(row_lengths.sum())
     return out, PackStats(rows=len(bins), tokens=tokens, capacity=len(bins) * max_seq_length)
 
@@ -115,8 +119,9 @@ def _values(column: pa.ListArray, offsets: np.ndarray) -> np.ndarray:
     return column.values.to_numpy()
 
 
-def _table(ids: np.ndarray, labels: np.ndarray, positions: np.ndarray,
-           row_offsets: np.ndarray) -> pa.Table:
+def _table(
+    ids: np.ndarray, labels: np.ndarray, positions: np.ndarray, row_offsets: np.ndarray
+) -> pa.Table:
     import numpy as np
     import pyarrow as pa
 
@@ -125,9 +130,11 @@ def _table(ids: np.ndarray, labels: np.ndarray, positions: np.ndarray,
     def column(values: np.ndarray) -> pa.Array:
         return pa.ListArray.from_arrays(offsets, pa.array(values.astype(np.int32)))
 
-    return pa.table({
-        "input_ids": column(ids),
-        "labels": column(labels),
-        "position_ids": column(positions),
-        LENGTH_COLUMN: pa.array(np.diff(row_offsets).astype(np.int32)),
-    })
+    return pa.table(
+        {
+            "input_ids": column(ids),
+            "labels": column(labels),
+            "position_ids": column(positions),
+            LENGTH_COLUMN: pa.array(np.diff(row_offsets).astype(np.int32)),
+        }
+    )

@@ -21,8 +21,11 @@ def find_manifests(manifests: list[Path], all_dir: Path | None) -> list[Path]:
     if all_dir is not None:
         if not all_dir.is_dir():
             raise UserError(f"--all {all_dir}: not a folder")
-        under = sorted(p for p in all_dir.rglob("manifest.json")
-                       if not SKIP_PARTS.intersection(p.relative_to(all_dir).parts))
+        under = sorted(
+            p
+            for p in all_dir.rglob("manifest.json")
+            if not SKIP_PARTS.intersection(p.relative_to(all_dir).parts)
+        )
         if not under:
             raise UserError(f"--all {all_dir}: no manifest.json found")
         found += under
@@ -59,13 +62,16 @@ def summary_lines(name: str, data: PreparedData) -> list[str]:
         ev = data.stats["eval"]
         lines.append(f"  eval: rows {ev['rows']:,}, tokens {ev['tokens']:,}")
     speed = data.stats.get("tokens_per_second")
-    lines.append(f"  built in {data.stats['build_seconds']:.1f} s ({speed:,.0f} tokens/s); "
-                 f"cache {data.cache_dir}")
+    lines.append(
+        f"  built in {data.stats['build_seconds']:.1f} s ({speed:,.0f} tokens/s); "
+        f"cache {data.cache_dir}"
+    )
     return lines
 
 
-def run_pretokenize(manifests: list[Path], all_dir: Path | None, num_proc: int | None,
-                    force: bool, console: Console) -> None:
+def run_pretokenize(
+    manifests: list[Path], all_dir: Path | None, num_proc: int | None, force: bool, console: Console
+) -> None:
     """Pretokenize every manifest; print a summary each; raise UserError listing bad ones."""
     problems: list[str] = []
     for manifest in find_manifests(manifests, all_dir):

@@ -22,8 +22,13 @@ if TYPE_CHECKING:
 
 ROLES = ("text", "messages", "instruction", "input", "response", "system")
 OPTIONAL_ROLES = {"input", "system"}
-SUFFIX_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet",
-                  ".arrow": "arrow"}
+SUFFIX_FORMATS = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
 MESSAGES_SHAPE = 'a list of {"role": ..., "content": ...} objects'
 BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
 
@@ -57,8 +62,10 @@ def field_spec(mapping: dict[str, str] | None, columns: list[str], where: str) -
         mapping = _detect_mapping(columns, where)
     unknown = sorted(set(mapping) - set(ROLES))
     if unknown:
-        raise UserError(f"training.dataset.field_mapping: unknown key(s) {unknown}; "
-                        f"expected some of {list(ROLES)}")
+        raise UserError(
+            f"training.dataset.field_mapping: unknown key(s) {unknown}; "
+            f"expected some of {list(ROLES)}"
+        )
     if "text" in mapping:
         kind = "text"
     elif "messages" in mapping:
@@ -66,8 +73,10 @@ def field_spec(mapping: dict[str, str] | None, columns: list[str], where: str) -
     elif "instruction" in mapping and "response" in mapping:
         kind = "instruction"
     else:
-        raise UserError("training.dataset.field_mapping: needs `text`, `messages`, or "
-                        "`instruction` + `response` (optionally `input`, `system`)")
+        raise UserError(
+            "training.dataset.field_mapping: needs `text`, `messages`, or "
+            "`instruction` + `response` (optionally `input`, `system`)"
+        )
     return FieldSpec(kind=kind, mapping=dict(mapping))
 
 
@@ -84,9 +93,11 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
         if "input" in cols:
             found["input"] = "input"
         return found
-    raise UserError(f"{where}: cannot tell which column holds the data (columns: "
-                    f"{sorted(cols)}); set training.dataset.field_mapping, e.g. "
-                    '{"text": "<column>"}')
+    raise UserError(
+        f"{where}: cannot tell which column holds the data (columns: "
+        f"{sorted(cols)}); set training.dataset.field_mapping, e.g. "
+        '{"text": "<column>"}'
+    )
 
 
 def source_files(ref: SourceRef) -> list[Path]:
@@ -109,8 +120,10 @@ def _builder(ref: SourceRef, files: list[Path]) -> str:
         return BUILDERS[ref.format]
     kinds = {SUFFIX_FORMATS[f.suffix] for f in files if f.suffix in SUFFIX_FORMATS}
     if len(kinds) != 1:
-        raise UserError(f"{ref.location}: cannot tell the file format (found "
-                        f"{sorted(kinds) or 'no known suffix'}); set training.dataset.format")
+        raise UserError(
+            f"{ref.location}: cannot tell the file format (found "
+            f"{sorted(kinds) or 'no known suffix'}); set training.dataset.format"
+        )
     return kinds.pop()
 
 
@@ -141,8 +154,9 @@ def check_json_rows(path: Path, required: dict[str, str]) -> int:
     return count
 
 
-def _check_row(path: Path, where: str, row: Any, required: dict[str, str],
-               prefix: str | None = None) -> None:
+def _check_row(
+    path: Path, where: str, row: Any, required: dict[str, str], prefix: str | None = None
+) -> None:
     head = prefix or f"{path}: {where}"
     if not isinstance(row, dict):
         raise UserError(f"{head}: expected a JSON object, got {type(row).__name__}")
@@ -151,8 +165,10 @@ def _check_row(path: Path, where: str, row: Any, required: dict[str, str],
         if value is None:
             raise UserError(f"{head}: field '{column}' missing (field_mapping.{role})")
         if not _row_value_ok(role, value):
-            raise UserError(f"{head}: field '{column}' (field_mapping.{role}) is "
-                            f"{type(value).__name__}, expected {_expected(role)}")
+            raise UserError(
+                f"{head}: field '{column}' (field_mapping.{role}) is "
+                f"{type(value).__name__}, expected {_expected(role)}"
+            )
 
 
 def _expected(role: str) -> str:
@@ -163,7 +179,8 @@ def _row_value_ok(role: str, value: Any) -> bool:
     if role != "messages":
         return isinstance(value, str)
     return isinstance(value, list) and all(
-        isinstance(m, dict) and "role" in m and "content" in m for m in value)
+        isinstance(m, dict) and "role" in m and "content" in m for m in value
+    )
 
 
 def _first_columns(first: Path) -> list[str]:
@@ -178,8 +195,9 @@ def _first_columns(first: Path) -> list[str]:
     return list(row) if isinstance(row, dict) else []
 
 
-def load_source(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None,
-                cache_dir: Path) -> tuple[datasets.Dataset, FieldSpec]:
+def load_source(
+    ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None, cache_dir: Path
+) -> tuple[datasets.Dataset, FieldSpec]:
     """One source as a Dataset whose columns are the mapped roles."""
     if ref.kind == "hub":
         ds = _load_hub(ref)
@@ -190,15 +208,15 @@ def load_source(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str
         fields = field_spec(mapping, ds.column_names, where)
     _check_columns(ds, fields, where)
     keep = {col: role for role, col in fields.mapping.items()}
-    ds = ds.select_columns(list(keep)).rename_columns(
-        {c: r for c, r in keep.items() if c != r})
+    ds = ds.select_columns(list(keep)).rename_columns({c: r for c, r in keep.items() if c != r})
     if len(ds) == 0:
         raise UserError(f"{where}: no examples")
     return ds, fields
 
 
-def _load_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None,
-                cache_dir: Path) -> tuple[datasets.Dataset, str]:
+def _load_local(
+    ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None, cache_dir: Path
+) -> tuple[datasets.Dataset, str]:
     import datasets
 
     files = source_files(ref)
@@ -217,11 +235,13 @@ def _load_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str
         if sum(check_json_rows(f, required) for f in files) == 0:
             raise UserError(f"{ref.location}: no examples")
     try:
-        ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
-                                   cache_dir=str(cache_dir))
+        ds = datasets.load_dataset(
+            builder, data_files=[str(f) for f in files], split="train", cache_dir=str(cache_dir)
+        )
     except Exception as exc:  # datasets raises many types for unreadable files
-        raise UserError(f"{ref.location}: cannot be read as {builder} "
-                        f"({type(exc).__name__}: {exc})") from None
+        raise UserError(
+            f"{ref.location}: cannot be read as {builder} ({type(exc).__name__}: {exc})"
+        ) from None
     return ds, str(ref.location)
 
 
@@ -229,11 +249,14 @@ def _load_hub(ref: SourceRef) -> datasets.Dataset:
     import datasets
 
     try:
-        return datasets.load_dataset(ref.location, ref.config, split=ref.split or "train",
-                                     revision=ref.revision)
+        return datasets.load_dataset(
+            ref.location, ref.config, split=ref.split or "train", revision=ref.revision
+        )
     except Exception as exc:  # offline, unknown id, unknown split: all the user's to fix
-        raise UserError(f"{ref.location}: cannot load from the hub or its local cache "
-                        f"({type(exc).__name__}: {exc})") from None
+        raise UserError(
+            f"{ref.location}: cannot load from the hub or its local cache "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
@@ -241,16 +264,17 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
 
     for role, column in fields.mapping.items():
         if column not in ds.column_names:
-            raise UserError(f"{where}: field '{column}' missing (field_mapping.{role}); "
-                            f"columns are {ds.column_names}")
+            raise UserError(
+                f"{where}: field '{column}' missing (field_mapping.{role}); "
+                f"columns are {ds.column_names}"
+            )
         _check_type(ds.features[column], role, column, where)
         if role in OPTIONAL_ROLES:
             continue
         values = ds.data.column(column)
         if values.null_count:
             row = pc.indices_nonzero(pc.is_null(values)).to_pylist()[0] + 1
-            raise UserError(f"{where}: row {row}: field '{column}' missing "
-                            f"(field_mapping.{role})")
+            raise UserError(f"{where}: row {row}: field '{column}' missing (field_mapping.{role})")
 
 
 def _check_type(feature: Any, role: str, column: str, where: str) -> None:
@@ -260,19 +284,26 @@ def _check_type(feature: Any, role: str, column: str, where: str) -> None:
 
     if role == "messages":
         inner = getattr(feature, "feature", None)
-        ok = isinstance(feature, (datasets.List, datasets.LargeList)) and \
-            isinstance(inner, dict) and {"role", "content"} <= set(inner)
+        ok = (
+            isinstance(feature, (datasets.List, datasets.LargeList))
+            and isinstance(inner, dict)
+            and {"role", "content"} <= set(inner)
+        )
     else:
         ok = isinstance(feature, datasets.Value) and (
             feature.dtype in ("string", "large_string")
-            or (feature.dtype == "null" and role in OPTIONAL_ROLES))
+            or (feature.dtype == "null" and role in OPTIONAL_ROLES)
+        )
     if not ok:
-        raise UserError(f"{where}: field '{column}' (field_mapping.{role}) holds {feature}, "
-                        f"expected {_expected(role)} in every row")
+        raise UserError(
+            f"{where}: field '{column}' (field_mapping.{role}) holds {feature}, "
+            f"expected {_expected(role)} in every row"
+        )
 
 
-def hold_out(ds: datasets.Dataset, fraction: float, seed: int
-             ) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+def hold_out(
+    ds: datasets.Dataset, fraction: float, seed: int
+) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     """Split a seeded `fraction` of `ds` off for evaluation (at least one example)."""
     import numpy as np
 
@@ -313,8 +344,9 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
                 eval_parts.append(held)
         weighted = apply_weight(ds, ref.weight, resolved.seed + i)
         if ref.weight != 1.0:
-            notes.append(f"task {ref.task}: weight {ref.weight}: {len(weighted)} examples "
-                         f"from {len(ds)}")
+            notes.append(
+                f"task {ref.task}: weight {ref.weight}: {len(weighted)} examples from {len(ds)}"
+            )
         train_parts.append(weighted)
     for ref in resolved.validation_sources:
         ds, fields = load_source(ref, fields, resolved.field_mapping, cache_dir)
@@ -322,8 +354,11 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
         eval_parts.append(ds)
     assert fields is not None  # the manifest model requires at least one source
     return LoadedSources(
-        train=_concat(train_parts), eval=_concat(eval_parts) if eval_parts else None,
-        fields=fields, read=read, notes=notes,
+        train=_concat(train_parts),
+        eval=_concat(eval_parts) if eval_parts else None,
+        fields=fields,
+        read=read,
+        notes=notes,
     )
 
 
@@ -335,5 +370,4 @@ def _concat(parts: list[datasets.Dataset]) -> datasets.Dataset:
     try:
         return datasets.concatenate_datasets(parts)
     except ValueError as exc:
-        raise UserError(f"training.dataset: sources have different column types ({exc})"
-                        ) from None
+        raise UserError(f"training.dataset: sources have different column types ({exc})") from None

@@ -24,19 +24,26 @@ def load_tokenizer(resolved: ResolvedConfig) -> PreTrainedTokenizerFast:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(
-            resolved.base_model, revision=resolved.revision,
-            trust_remote_code=resolved.trust_remote_code, use_fast=True,
+            resolved.base_model,
+            revision=resolved.revision,
+            trust_remote_code=resolved.trust_remote_code,
+            use_fast=True,
         )
     except (OSError, ValueError) as exc:
-        raise UserError(f"base_model.name: cannot load a tokenizer from "
-                        f"{resolved.base_model} ({exc})") from None
+        raise UserError(
+            f"base_model.name: cannot load a tokenizer from {resolved.base_model} ({exc})"
+        ) from None
     if not getattr(tokenizer, "is_fast", False):
-        raise UserError(f"base_model.name: {resolved.base_model} has no fast tokenizer "
-                        "(tokenizer.json); expert-cli needs one for batched, offset-exact "
-                        "tokenization")
+        raise UserError(
+            f"base_model.name: {resolved.base_model} has no fast tokenizer "
+            "(tokenizer.json); expert-cli needs one for batched, offset-exact "
+            "tokenization"
+        )
     if tokenizer.eos_token_id is None:
-        raise UserError(f"base_model.name: the tokenizer of {resolved.base_model} has no EOS "
-                        "token; every example must end with one")
+        raise UserError(
+            f"base_model.name: the tokenizer of {resolved.base_model} has no EOS "
+            "token; every example must end with one"
+        )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
         log.info("tokenizer has no pad token; using eos %r as pad", tokenizer.eos_token)

@@ -30,22 +30,24 @@ MIN_TASK_SHARE = 1 / 256  # ... but no less than this share of the whole shard
 _WORK: dict[str, Any] = {}
 
 
-def tokenize_rows(ds: datasets.Dataset, formatter: Formatter, procs: int,
-                  advance: Callable[[int], None]) -> pa.Table:
+def tokenize_rows(
+    ds: datasets.Dataset, formatter: Formatter, procs: int, advance: Callable[[int], None]
+) -> pa.Table:
     """The formatter's table for every row of `ds`, in order; `advance(n)` as rows finish."""
     import pyarrow as pa
 
     if procs <= 1:
         parts = []
         for lo in range(0, len(ds), BATCH_SIZE):
-            parts.append(formatter(ds[lo: lo + BATCH_SIZE]))
+            parts.append(formatter(ds[lo : lo + BATCH_SIZE]))
             advance(min(BATCH_SIZE, len(ds) - lo))
         return pa.concat_tables(parts)
     return _in_workers(ds, formatter, procs, advance)
 
 
-def _in_workers(ds: datasets.Dataset, formatter: Formatter, procs: int,
-                advance: Callable[[int], None]) -> pa.Table:
+def _in_workers(
+    ds: datasets.Dataset, formatter: Formatter, procs: int, advance: Callable[[int], None]
+) -> pa.Table:
     import multiprocessing
 
     import numpy as np
@@ -56,10 +58,12 @@ def _in_workers(ds: datasets.Dataset, formatter: Formatter, procs: int,
     _WORK.update(formatter=formatter, ds=ds)
     results = []
     try:
-        with ctx.Pool(procs, initializer=_start_worker,
-                      initargs=() if inherit else (formatter, ds)) as pool:
-            for index, table in pool.imap_unordered(_format_task, plan_tasks(row_costs(ds), procs),
-                                                    chunksize=1):
+        with ctx.Pool(
+            procs, initializer=_start_worker, initargs=() if inherit else (formatter, ds)
+        ) as pool:
+            for index, table in pool.imap_unordered(
+                _format_task, plan_tasks(row_costs(ds), procs), chunksize=1
+            ):
                 results.append((index, table))
                 advance(len(index))
     finally:
@@ -103,8 +107,10 @@ def _text_bytes(column: pa.Array, n: int) -> np.ndarray:
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return pc.binary_length(column).fill_null(0).to_numpy(zero_copy_only=False)
     if pa.types.is_struct(kind):
-        return sum((_text_bytes(column.field(i), n)
-                    for i in range(kind.num_fields)), np.zeros(n, dtype=np.int64))
+        return sum(
+            (_text_bytes(column.field(i), n) for i in range(kind.num_fields)),
+            np.zeros(n, dtype=np.int64),
+        )
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         parents = pc.list_parent_indices(column).to_numpy()
         inner = _text_bytes(column.flatten(), len(parents))

@@ -53,8 +53,13 @@ class FlopsModel:
         attention than one of a short example, so the plain mean example length undercounts).
         """
         return lora_train_flops_per_token(
-            self.matmul_params, self.trainable_params, self.n_layers, self.hidden,
-            max(1, round(attended_len)), attn_dim=self.attn_dim)
+            self.matmul_params,
+            self.trainable_params,
+            self.n_layers,
+            self.hidden,
+            max(1, round(attended_len)),
+            attn_dim=self.attn_dim,
+        )
 
 
 def _cuda_sync() -> None:
@@ -79,11 +84,15 @@ def peak_memory_gb(reset: bool = True) -> float | None:
 class ThroughputMeter:
     """Counts and timings of the current logging window and of the whole run."""
 
-    def __init__(self, flops: FlopsModel | None, world_size: int = 1,
-                 reduce: Reducer | None = None,
-                 clock: Callable[[], float] = time.perf_counter,
-                 sync: Callable[[], None] = _cuda_sync,
-                 memory: Callable[[], float | None] = peak_memory_gb) -> None:
+    def __init__(
+        self,
+        flops: FlopsModel | None,
+        world_size: int = 1,
+        reduce: Reducer | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        sync: Callable[[], None] = _cuda_sync,
+        memory: Callable[[], float | None] = peak_memory_gb,
+    ) -> None:
         self.flops = flops
         self.world_size = world_size
         self.reduce = reduce
@@ -102,8 +111,7 @@ class ThroughputMeter:
     def fetch_started(self) -> None:
         self._fetch_start = self.clock()
 
-    def fetch_ended(self, tokens: int, samples: int, trained_tokens: int,
-                    attended: int) -> None:
+    def fetch_ended(self, tokens: int, samples: int, trained_tokens: int, attended: int) -> None:
         """The batches of one step arrived; `attended` = sum of squared example lengths."""
         if self._fetch_start is None:
             raise RuntimeError("fetch_ended without fetch_started")
@@ -139,8 +147,7 @@ class ThroughputMeter:
         if self.flops is None or not self.flops.peak_flops_per_device or not tokens:
             return None
         per_token = self.flops.per_token(attended / tokens)
-        return mfu(tokens / seconds, per_token, self.flops.peak_flops_per_device
-                   * self.world_size)
+        return mfu(tokens / seconds, per_token, self.flops.peak_flops_per_device * self.world_size)
 
     def close_window(self, step: int, loss: float | None, lr: float | None) -> dict[str, Any]:
         """Finish the current window (call on every process) and return its record."""
@@ -182,17 +189,18 @@ class ThroughputMeter:
         }
 
 
-
-
 def _trainer_callback_base() -> type:
     from transformers import TrainerCallback
 
     return TrainerCallback
 
 
-def make_throughput_callback(meter: ThroughputMeter, metrics_path: Path | None,
-                             on_window: Callable[[dict[str, Any]], None] | None = None,
-                             earlier_windows: list[dict[str, Any]] | None = None) -> Any:
+def make_throughput_callback(
+    meter: ThroughputMeter,
+    metrics_path: Path | None,
+    on_window: Callable[[dict[str, Any]], None] | None = None,
+    earlier_windows: list[dict[str, Any]] | None = None,
+) -> Any:
     """A Trainer callback that closes a window at each training log and writes metrics.json
     (only where `metrics_path` is given: the main process). `earlier_windows` (a resumed run's
     windows up to its checkpoint) are kept at the head of the file's list; the summary covers
@@ -205,15 +213,29 @@ def make_throughput_callback(meter: ThroughputMeter, metrics_path: Path | None,
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             meter.step_ended()
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
-                   **kwargs: Any) -> None:
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
+        ) -> None:
             if logs is None or "loss" not in logs or meter.steps_in_window == 0:
                 return
-            record = meter.close_window(state.global_step, logs.get("loss"),
-                                        logs.get("learning_rate"))
-            logs.update({k: v for k, v in record.items()
-                         if k in ("tokens_per_s", "samples_per_s", "data_wait_fraction", "mfu",
-                                  "peak_memory_gb") and v is not None})
+            record = meter.close_window(
+                state.global_step, logs.get("loss"), logs.get("learning_rate")
+            )
+            logs.update(
+                {
+                    k: v
+                    for k, v in record.items()
+                    if k
+                    in (
+                        "tokens_per_s",
+                        "samples_per_s",
+                        "data_wait_fraction",
+                        "mfu",
+                        "peak_memory_gb",
+                    )
+                    and v is not None
+                }
+            )
             self.write(state.global_step, "running")
             if on_window is not None:
                 on_window(record)
@@ -221,8 +243,9 @@ def make_throughput_callback(meter: ThroughputMeter, metrics_path: Path | None,
         def write(self, steps: int, status: str) -> dict[str, Any]:
             summary = meter.summary(steps, status)
             if metrics_path is not None:
-                write_json_atomic(metrics_path,
-                                  {"windows": earlier + meter.windows, "summary": summary})
+                write_json_atomic(
+                    metrics_path, {"windows": earlier + meter.windows, "summary": summary}
+                )
             return summary
 
         def finish(self, steps: int, status: str) -> dict[str, Any]:

@@ -101,15 +101,16 @@ class WorkloadRunner:
     of what was chosen (attention kernel, loss, dtype, parameter counts).
     """
 
-    def __init__(self, spec: WorkloadSpec,
-                 build: Callable[[WorkloadSpec], tuple[Callable[[], Any], dict[str, Any]]]
-                 ) -> None:
+    def __init__(
+        self,
+        spec: WorkloadSpec,
+        build: Callable[[WorkloadSpec], tuple[Callable[[], Any], dict[str, Any]]],
+    ) -> None:
         self.spec = spec
         self.build = build
         self._stop = threading.Event()
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"workload-{spec.name}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"workload-{spec.name}", daemon=True)
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self.info: dict[str, Any] = {"workload": spec.name, "description": spec.description}
@@ -123,8 +124,10 @@ class WorkloadRunner:
         import torch
 
         if self.spec.needs_cuda and not torch.cuda.is_available():
-            raise UserError(f"--workload: {self.spec.name} needs a CUDA GPU and torch sees "
-                            "none; use --workload tiny on a CPU")
+            raise UserError(
+                f"--workload: {self.spec.name} needs a CUDA GPU and torch sees "
+                "none; use --workload tiny on a CPU"
+            )
         self._thread.start()
 
     def _run(self) -> None:
@@ -148,14 +151,18 @@ class WorkloadRunner:
     def _train(self) -> None:
         t0 = time.perf_counter()
         step, info = self.build(self.spec)
-        self.info.update(info, setup_s=time.perf_counter() - t0,
-                         tokens_per_step=self.spec.batch_size * self.spec.seq_len)
+        self.info.update(
+            info,
+            setup_s=time.perf_counter() - t0,
+            tokens_per_step=self.spec.batch_size * self.spec.seq_len,
+        )
         window_start, window_steps = None, 0
         while not self._stop.is_set():
             loss = step()
             self.steps += 1
-            if self.steps == WARMUP_STEPS or (window_start is not None
-                                              and window_steps + 1 == TIMING_WINDOW):
+            if self.steps == WARMUP_STEPS or (
+                window_start is not None and window_steps + 1 == TIMING_WINDOW
+            ):
                 value = float(loss.item())  # synchronises the device: the timing is real
                 now = time.perf_counter()
                 with self._lock:
@@ -187,16 +194,29 @@ class WorkloadRunner:
         """Steps, tokens/s, FLOPs per token and MFU (None where the GPU's peak is unknown)."""
         tps = self.tokens_per_s()
         m = self.spec.model
-        out = dict(self.info, steps=self.steps, timed_steps=self._timed_steps,
-                   last_loss=self.last_loss, tokens_per_s=tps, flops_per_token=None, mfu=None)
+        out = dict(
+            self.info,
+            steps=self.steps,
+            timed_steps=self._timed_steps,
+            last_loss=self.last_loss,
+            tokens_per_s=tps,
+            flops_per_token=None,
+            mfu=None,
+        )
         if "total_params" in self.info:
             fpt = lora_train_flops_per_token(
-                self.info["total_params"], self.info["trainable_params"],
-                m["num_hidden_layers"], m["hidden_size"], self.spec.segment_len,
+                self.info["total_params"],
+                self.info["trainable_params"],
+                m["num_hidden_layers"],
+                m["hidden_size"],
+                self.spec.segment_len,
                 attn_dim=m["num_attention_heads"] * m["head_dim"],
             )
             bf16 = self.info["dtype"] == "bfloat16"
             peak = peak_bf16_flops(self.info["device"]) if bf16 else None
-            out.update(flops_per_token=fpt, peak_flops=peak,
-                       mfu=None if tps is None else mfu(tps, fpt, peak))
+            out.update(
+                flops_per_token=fpt,
+                peak_flops=peak,
+                mfu=None if tps is None else mfu(tps, fpt, peak),
+            )
         return out

@@ -25,8 +25,14 @@ TORCH_VARLEN = "torch_varlen"
 # of 2048 (docs/PERFORMANCE.md): flash_attention_4 61.4k tokens/s, torch_varlen 52.4k, flex
 # 50.7k, sdpa with the block mask 48.4k. flash-attn 2 was not installed there; torch's varlen
 # kernel is FA2's own code, so it sits beside it.
-KERNEL_ORDER = ("flash_attention_4", "flash_attention_2", TORCH_VARLEN, "flex_attention",
-                "sdpa", "eager")
+KERNEL_ORDER = (
+    "flash_attention_4",
+    "flash_attention_2",
+    TORCH_VARLEN,
+    "flex_attention",
+    "sdpa",
+    "eager",
+)
 # Kernels that read the batch's explicit sequence boundaries (no mask is built).
 BOUNDARY_KERNELS = frozenset({"flash_attention_4", "flash_attention_2", TORCH_VARLEN})
 
@@ -55,8 +61,13 @@ def kernel_unusable(kernel: str, env: Environment, half: bool) -> str | None:
     return f"unknown kernel {kernel!r}"
 
 
-def choose_kernel(requested: str, env: Environment, half: bool, notes: list[str],
-                  exclude: frozenset[str] = frozenset()) -> str:
+def choose_kernel(
+    requested: str,
+    env: Environment,
+    half: bool,
+    notes: list[str],
+    exclude: frozenset[str] = frozenset(),
+) -> str:
     """The kernel for this run: `requested` when it can run here, else (or for "auto") the
     first usable one in KERNEL_ORDER that is not excluded; an unmet request is noted."""
     if requested != "auto":
@@ -64,13 +75,14 @@ def choose_kernel(requested: str, env: Environment, half: bool, notes: list[str]
         if why is None:
             return requested
         notes.append(f"attention: {requested} {why}; choosing automatically")
-    return next(k for k in KERNEL_ORDER
-                if k not in exclude and kernel_unusable(k, env, half) is None)
+    return next(
+        k for k in KERNEL_ORDER if k not in exclude and kernel_unusable(k, env, half) is None
+    )
 
 
 def fallback_order(kernel: str) -> list[str]:
     """Kernels to try, in order, if a model rejects `kernel`."""
-    return list(KERNEL_ORDER[KERNEL_ORDER.index(kernel):])
+    return list(KERNEL_ORDER[KERNEL_ORDER.index(kernel) :])
 
 
 @lru_cache(maxsize=1)
@@ -83,20 +95,33 @@ def _varlen_fn() -> Callable[..., Any]:
     causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
     gqa = "enable_gqa" in params
 
-    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
-             max_len: int, scale: float | None) -> torch.Tensor:
+    def call(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu: torch.Tensor,
+        max_len: int,
+        scale: float | None,
+    ) -> torch.Tensor:
         extra = {"enable_gqa": True} if gqa and k.shape[1] != q.shape[1] else {}
         return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **causal, **extra)
 
     return call
 
 
-def torch_varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
-                           value: torch.Tensor, attention_mask: Any, dropout: float = 0.0,
-                           scaling: float | None = None, sliding_window: int | None = None,
-                           cu_seq_lens_q: torch.Tensor | None = None,
-                           max_length_q: int | None = None,
-                           **kwargs: Any) -> tuple[torch.Tensor, None]:
+def torch_varlen_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """A transformers attention function: causal attention within each packed example.
 
     `query` is [batch, heads, length, dim]; the rows are laid end to end and `cu_seq_lens_q`
@@ -105,22 +130,29 @@ def torch_varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     import torch
 
     if cu_seq_lens_q is None or max_length_q is None:
-        raise RuntimeError("torch_varlen attention needs the batch's sequence boundaries "
-                           "(cu_seq_lens_q, max_length_q); the packed collator adds them")
+        raise RuntimeError(
+            "torch_varlen attention needs the batch's sequence boundaries "
+            "(cu_seq_lens_q, max_length_q); the packed collator adds them"
+        )
     if attention_mask is not None or sliding_window is not None or dropout:
-        raise RuntimeError("torch_varlen attention supports neither masks, sliding windows "
-                           "nor attention dropout")
+        raise RuntimeError(
+            "torch_varlen attention supports neither masks, sliding windows nor attention dropout"
+        )
     batch, heads, length, dim = query.shape
     dtype = query.dtype
     if query.is_cuda and dtype not in (torch.bfloat16, torch.float16):  # the kernel is half-only
-        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") \
+        dtype = (
+            torch.get_autocast_dtype("cuda")
+            if torch.is_autocast_enabled("cuda")
             else torch.bfloat16
+        )
 
     def flat(t: torch.Tensor) -> torch.Tensor:
         return t.transpose(1, 2).reshape(batch * length, t.shape[1], dim).to(dtype)
 
-    out = _varlen_fn()(flat(query), flat(key), flat(value), cu_seq_lens_q, int(max_length_q),
-                       scaling)
+    out = _varlen_fn()(
+        flat(query), flat(key), flat(value), cu_seq_lens_q, int(max_length_q), scaling
+    )
     return out.view(batch, length, heads, dim).to(query.dtype), None
 
 

@@ -37,15 +37,20 @@ class BatchPlan:
 
     def describe(self) -> str:
         if self.per_row_gb is None:
-            return (f"{self.micro_batch} rows x {self.accumulation} accumulation "
-                    f"= {self.rows_per_step} rows per optimizer step")
-        return (f"{self.micro_batch} rows x {self.accumulation} accumulation = "
-                f"{self.rows_per_step} rows per optimizer step (probe: {self.per_row_gb:.2f} GB "
-                f"a row + {self.fixed_gb:.1f} GB fixed, budget {self.budget_gb:.0f} GB)")
+            return (
+                f"{self.micro_batch} rows x {self.accumulation} accumulation "
+                f"= {self.rows_per_step} rows per optimizer step"
+            )
+        return (
+            f"{self.micro_batch} rows x {self.accumulation} accumulation = "
+            f"{self.rows_per_step} rows per optimizer step (probe: {self.per_row_gb:.2f} GB "
+            f"a row + {self.fixed_gb:.1f} GB fixed, budget {self.budget_gb:.0f} GB)"
+        )
 
 
-def largest_fitting_divisor(rows_per_step: int, fixed_gb: float, per_row_gb: float,
-                            budget_gb: float) -> int:
+def largest_fitting_divisor(
+    rows_per_step: int, fixed_gb: float, per_row_gb: float, budget_gb: float
+) -> int:
     """The largest divisor d of `rows_per_step` with fixed + d x per_row <= budget (>= 1)."""
     for d in range(rows_per_step, 0, -1):
         if rows_per_step % d == 0 and fixed_gb + d * max(per_row_gb, 0.0) <= budget_gb:
@@ -53,8 +58,9 @@ def largest_fitting_divisor(rows_per_step: int, fixed_gb: float, per_row_gb: flo
     return 1
 
 
-def _peak_of_step(model: torch.nn.Module, batch: dict[str, Any],
-                  dtype: torch.dtype | None) -> float:
+def _peak_of_step(
+    model: torch.nn.Module, batch: dict[str, Any], dtype: torch.dtype | None
+) -> float:
     """Peak GPU memory (GiB) of one forward + backward pass of `batch`."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -67,26 +73,43 @@ def _peak_of_step(model: torch.nn.Module, batch: dict[str, Any],
     return peak
 
 
-def probe_memory(model: torch.nn.Module, rows: list[dict[str, Any]],
-                 collate: Any, device: str, dtype: torch.dtype | None) -> tuple[float, float]:
+def probe_memory(
+    model: torch.nn.Module,
+    rows: list[dict[str, Any]],
+    collate: Any,
+    device: str,
+    dtype: torch.dtype | None,
+) -> tuple[float, float]:
     """(fixed GiB, GiB per row) of a training micro-step, from passes of one and two rows."""
     peaks = []
     for n in (1, 2):
-        batch = {k: (v.to(device) if torch.is_tensor(v) else v)
-                 for k, v in collate(rows[:n]).items()}
+        batch = {
+            k: (v.to(device) if torch.is_tensor(v) else v) for k, v in collate(rows[:n]).items()
+        }
         peaks.append(_peak_of_step(model, batch, dtype))
     per_row = max(peaks[1] - peaks[0], 1e-3)
     torch.cuda.empty_cache()
     return peaks[0] - per_row, per_row
 
 
-def plan_batch(model: torch.nn.Module, rows: list[dict[str, Any]], collate: Any, device: str,
-               rows_per_step: int, dtype: torch.dtype | None) -> BatchPlan:
+def plan_batch(
+    model: torch.nn.Module,
+    rows: list[dict[str, Any]],
+    collate: Any,
+    device: str,
+    rows_per_step: int,
+    dtype: torch.dtype | None,
+) -> BatchPlan:
     """Measure, then choose the micro-batch for `rows_per_step` on `device` (a CUDA device)."""
     fixed, per_row = probe_memory(model, rows, collate, device, dtype)
     total = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
     budget = MEMORY_HEADROOM * total
     micro = largest_fitting_divisor(rows_per_step, fixed, per_row, budget)
-    return BatchPlan(micro_batch=micro, accumulation=rows_per_step // micro,
-                     rows_per_step=rows_per_step, fixed_gb=round(fixed, 3),
-                     per_row_gb=round(per_row, 3), budget_gb=round(budget, 1))
+    return BatchPlan(
+        micro_batch=micro,
+        accumulation=rows_per_step // micro,
+        rows_per_step=rows_per_step,
+        fixed_gb=round(fixed, 3),
+        per_row_gb=round(per_row, 3),
+        budget_gb=round(budget, 1),
+    )

@@ -49,8 +49,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     logits instead of keeping them."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor,
-                targets: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
         dtype = _compute_dtype(hidden)
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(dtype), weight.to(dtype)
@@ -74,8 +75,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
             grad_h = torch.empty_like(h) if need_h else None
-            grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) \
-                if need_w else None
+            grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
             for start, end in _chunks(h.shape[0], w.shape[0]):
                 t = targets[start:end]
                 keep = (t != IGNORE).unsqueeze(1)
@@ -86,12 +86,16 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                     grad_h[start:end] = dlogits @ w
                 if grad_w is not None:
                     grad_w += dlogits.t().float() @ h[start:end].float()
-        return (grad_h.to(hidden.dtype) if grad_h is not None else None,
-                grad_w.to(weight.dtype) if grad_w is not None else None, None)
+        return (
+            grad_h.to(hidden.dtype) if grad_h is not None else None,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            None,
+        )
 
 
-def summed_linear_cross_entropy(backend: str, hidden: torch.Tensor, weight: torch.Tensor,
-                                targets: torch.Tensor) -> torch.Tensor:
+def summed_linear_cross_entropy(
+    backend: str, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
     """Sum over tokens whose target is not -100 of the cross-entropy of `hidden @ weight.T`.
 
     hidden: [tokens, hidden_size]; weight: [vocab, hidden_size]; targets: [tokens].
@@ -99,15 +103,21 @@ def summed_linear_cross_entropy(backend: str, hidden: torch.Tensor, weight: torc
     if backend == "liger":
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
-        return liger_fused_linear_cross_entropy(hidden, weight, targets, ignore_index=IGNORE,
-                                                reduction="sum")
+        return liger_fused_linear_cross_entropy(
+            hidden, weight, targets, ignore_index=IGNORE, reduction="sum"
+        )
     if backend == "chunked":
         return ChunkedLinearCrossEntropy.apply(hidden, weight, targets)
     raise ValueError(f"fused_loss: unknown backend {backend!r}")
 
 
-def causal_lm_loss(backend: str, hidden: torch.Tensor, weight: torch.Tensor,
-                   labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
+def causal_lm_loss(
+    backend: str,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch: Any = None,
+) -> torch.Tensor:
     """The loss transformers' causal LMs compute (labels shifted left by one, -100 ignored;
     summed over `num_items_in_batch` when given, else the mean over trained tokens)."""
     targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE).reshape(-1)
@@ -133,23 +143,42 @@ def fused_loss_unsupported(model: Any) -> str | None:
     return None
 
 
-def fused_forward(self: Any, input_ids: Any = None, attention_mask: Any = None,
-                  position_ids: Any = None, past_key_values: Any = None,
-                  inputs_embeds: Any = None, labels: Any = None, use_cache: Any = None,
-                  **kwargs: Any) -> Any:
+def fused_forward(
+    self: Any,
+    input_ids: Any = None,
+    attention_mask: Any = None,
+    position_ids: Any = None,
+    past_key_values: Any = None,
+    inputs_embeds: Any = None,
+    labels: Any = None,
+    use_cache: Any = None,
+    **kwargs: Any,
+) -> Any:
     """A causal LM's forward that, given labels, returns the loss and no logits."""
     if labels is None:
         return self._expert_cli_forward(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-            **kwargs)
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
     num_items = kwargs.pop("num_items_in_batch", None)
     kwargs.pop("logits_to_keep", None)
-    out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                     position_ids=position_ids, past_key_values=past_key_values,
-                     inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
-    loss = causal_lm_loss(self._expert_cli_loss, out.last_hidden_state, self.lm_head.weight,
-                          labels, num_items)
+    out = self.model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=past_key_values,
+        inputs_embeds=inputs_embeds,
+        use_cache=use_cache,
+        **kwargs,
+    )
+    loss = causal_lm_loss(
+        self._expert_cli_loss, out.last_hidden_state, self.lm_head.weight, labels, num_items
+    )
     return CausalLMOutputWithPast(loss=loss, past_key_values=out.past_key_values)
 
 

@@ -39,8 +39,14 @@ def apply_liger_kernels(model: torch.nn.Module) -> str | None:
     model_type = getattr(model.config, "model_type", None)
     if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
         return f"Liger has no kernels for model type {model_type!r}"
-    _apply_liger_kernel_to_instance(model, rope=True, rms_norm=True, swiglu=True,
-                                    cross_entropy=False, fused_linear_cross_entropy=False)
+    _apply_liger_kernel_to_instance(
+        model,
+        rope=True,
+        rms_norm=True,
+        swiglu=True,
+        cross_entropy=False,
+        fused_linear_cross_entropy=False,
+    )
     return None
 
 
@@ -52,8 +58,9 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:
     return layers if isinstance(layers, torch.nn.ModuleList) and len(layers) else None
 
 
-def compile_layers(model: torch.nn.Module, backend: str | None = None,
-                   mode: str | None = None) -> int:
+def compile_layers(
+    model: torch.nn.Module, backend: str | None = None, mode: str | None = None
+) -> int:
     """torch.compile each decoder layer in place (regional compilation: one layer's code is
     compiled once and reused by all). Returns the number of layers compiled."""
     layers = decoder_layers(model)
@@ -77,6 +84,7 @@ def compile_decision(requested: bool, on_gpu: bool) -> tuple[bool, str]:
 
 def describe(model: Any) -> dict[str, Any]:
     """Dtypes of the trainable parameters, for tests and `manifest.resolved.json`."""
-    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
-                     if p.requires_grad})
+    dtypes = sorted(
+        {str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.requires_grad}
+    )
     return {"trainable_dtypes": dtypes}

@@ -36,17 +36,25 @@ def build_model(spec: WorkloadSpec, device: str, dtype: torch.dtype, attn: str =
 
 
 def _lora(model: Any, spec: WorkloadSpec) -> tuple[Any, dict[str, int]]:
-    lora = LoraConfig(r=spec.lora_r, lora_alpha=2 * spec.lora_r, lora_dropout=0.0,
-                      target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=spec.lora_r,
+        lora_alpha=2 * spec.lora_r,
+        lora_dropout=0.0,
+        target_modules=LORA_TARGETS,
+        task_type="CAUSAL_LM",
+    )
     model = get_peft_model(model, lora)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    counts = {"total_params": sum(p.numel() for p in model.parameters()),
-              "trainable_params": sum(p.numel() for p in trainable)}
+    counts = {
+        "total_params": sum(p.numel() for p in model.parameters()),
+        "trainable_params": sum(p.numel() for p in trainable),
+    }
     return model, counts
 
 
-def build_lora_model(spec: WorkloadSpec, device: str,
-                     dtype: torch.dtype) -> tuple[Any, dict[str, int]]:
+def build_lora_model(
+    spec: WorkloadSpec, device: str, dtype: torch.dtype
+) -> tuple[Any, dict[str, int]]:
     """The plain workload model (no fast path), e.g. on the meta device to count parameters."""
     return _lora(build_model(spec, device, dtype), spec)
 
@@ -58,13 +66,17 @@ def _batch(spec: WorkloadSpec, device: str, boundaries: bool) -> dict[str, Any]:
     shape = (spec.batch_size, spec.seq_len)
     ids = torch.randint(0, spec.model["vocab_size"], shape, generator=gen)
     pos = (torch.arange(spec.seq_len) % spec.segment_len).expand(shape).contiguous()
-    batch: dict[str, Any] = {"input_ids": ids.to(device), "labels": ids.to(device),
-                             "position_ids": pos.to(device)}
+    batch: dict[str, Any] = {
+        "input_ids": ids.to(device),
+        "labels": ids.to(device),
+        "position_ids": pos.to(device),
+    }
     if boundaries:
         cu, longest = sequence_boundaries(pos.reshape(-1).numpy())
         cu_t = torch.from_numpy(cu).to(device)
-        batch.update(cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t, max_length_q=longest,
-                     max_length_k=longest)
+        batch.update(
+            cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t, max_length_q=longest, max_length_k=longest
+        )
     return batch
 
 
@@ -98,8 +110,13 @@ def build_fast_step(spec: WorkloadSpec) -> tuple[Callable[[], torch.Tensor], dic
         opt.zero_grad(set_to_none=True)
         return out.detach()
 
-    info = {**counts, "attention": attn, "fused_loss": loss, "liger_kernels": bool(liger),
-            "adapter_precision": "bf16" if half else "fp32",
-            "device": torch.cuda.get_device_name() if cuda else "cpu",
-            "dtype": str(dtype).removeprefix("torch.")}
+    info = {
+        **counts,
+        "attention": attn,
+        "fused_loss": loss,
+        "liger_kernels": bool(liger),
+        "adapter_precision": "bf16" if half else "fp32",
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "dtype": str(dtype).removeprefix("torch."),
+    }
     return step, info
