@@ -173,7 +173,7 @@ def pretokenize_once(resolved: Any, tokenizer: Any, num_proc: int | None) -> tup
     from expert_cli.data import prepare_data
 
     start = time.perf_counter()
-    data = prepare_data(resolved, tokenizer, num_proc=num_proc, force=True, show_progress=False)
+    data = prepare_data(resolved, tokenizer, num_proc=num_proc, force=True)
     return round(time.perf_counter() - start, 3), data
 
 
@@ -276,13 +276,13 @@ from expert_cli.config import load_manifest
 from expert_cli.data import prepare_data
 from expert_cli.data.collate import PackedCollator
 from expert_cli.data.tokenizer import load_tokenizer
-from expert_cli.environment import cpu_environment
-from expert_cli.resolve import resolve
+from expert_cli.config.environment import cpu_environment
+from expert_cli.config.resolve import resolve
 t1 = time.perf_counter()
 r = resolve(load_manifest(sys.argv[1]), cpu_environment())
 tok = load_tokenizer(r)
 t2 = time.perf_counter()
-d = prepare_data(r, tok, show_progress=False)
+d = prepare_data(r, tok)
 t3 = time.perf_counter()
 import torch
 loader = torch.utils.data.DataLoader(d.train, batch_size=r.batch_size, shuffle=True,
@@ -325,7 +325,7 @@ def machine() -> dict[str, Any]:
         ),
         platform.processor(),
     )
-    from expert_cli.environment import usable_cpus
+    from expert_cli.config.environment import usable_cpus
 
     return {
         "cpu": cpu,
@@ -395,9 +395,9 @@ def corpus_manifest(args: argparse.Namespace, tmp: Path) -> tuple[Path, dict[str
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment, usable_cpus
+    from expert_cli.config.resolve import resolve
     from expert_cli.data.tokenizer import load_tokenizer
-    from expert_cli.environment import cpu_environment, usable_cpus
-    from expert_cli.resolve import resolve
 
     manifest, corpus = corpus_manifest(args, tmp)
     resolved = resolve(load_manifest(manifest), cpu_environment())

@@ -173,7 +173,7 @@ def run_cli_variant(
 
 
 def _flops(model: Any) -> Any:
-    from expert_cli.training import flops_model
+    from expert_cli.train.trainer import flops_model
 
     return flops_model(model)
 
@@ -233,7 +233,7 @@ def _finish(trainer: Any, model: Any, steps: int) -> dict[str, Any]:
 def _base_model(resolved: Any, attn: str) -> Any:
     import torch
 
-    from expert_cli.modeling import build_random_model, training_device
+    from expert_cli.train.model import build_random_model, training_device
 
     device = training_device(0)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -292,9 +292,9 @@ def run_baseline(name: str, manifest: Path, steps: int, work: Path) -> dict[str,
     from transformers import Trainer, TrainingArguments
 
     from expert_cli.config import load_manifest
+    from expert_cli.config.environment import probe_environment
+    from expert_cli.config.resolve import resolve
     from expert_cli.data.tokenizer import load_tokenizer
-    from expert_cli.environment import probe_environment
-    from expert_cli.resolve import resolve
 
     env = probe_environment()
     resolved = resolve(load_manifest(manifest), env)

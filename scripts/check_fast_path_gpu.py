@@ -138,8 +138,8 @@ def main() -> int:
     global DEVICE
     DEVICE = args.device
 
-    from expert_cli.environment import cpu_environment, probe_environment
-    from expert_cli.train.attention import KERNEL_ORDER, kernel_unusable
+    from expert_cli.config.environment import cpu_environment, probe_environment
+    from expert_cli.config.kernels import KERNEL_ORDER, kernel_unusable
 
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("no CUDA GPU: nothing to check", file=sys.stderr)

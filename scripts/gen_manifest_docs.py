@@ -65,7 +65,7 @@ that start with `_` are comments at any depth. In the blocks the trainer acts on
 is an error naming its JSON path and the nearest valid key. Relative paths resolve against the
 manifest's folder. Fields marked *extension* are expert-cli's additions to the format.
 
-This page is generated from the Pydantic models in `src/expert_cli/config/models.py` by
+This page is generated from the Pydantic models in `src/expert_cli/config/` by
 `python scripts/gen_manifest_docs.py`; a test fails when it is out of date.
 """
 

@@ -189,7 +189,6 @@ def train_tokenizer(texts: list[str]):
     trainer = BpeTrainer(
         vocab_size=BPE_VOCAB_SIZE,
         min_frequency=2,
-        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )

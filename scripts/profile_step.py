@@ -30,20 +30,20 @@ def main() -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from expert_cli.config import load_manifest
+    from expert_cli.config.environment import probe_environment
+    from expert_cli.config.resolve import resolve
     from expert_cli.data import prepare_data
     from expert_cli.data.collate import PackedCollator
     from expert_cli.data.tokenizer import load_tokenizer
-    from expert_cli.environment import probe_environment
-    from expert_cli.modeling import attach_adapter, load_base_model
-    from expert_cli.resolve import resolve
     from expert_cli.train.attention import BOUNDARY_KERNELS
+    from expert_cli.train.model import attach_adapter, load_base_model
 
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     resolved = resolve(load_manifest(a.expert / "manifest.json", a.overrides), probe_environment())
     tokenizer = load_tokenizer(resolved)
-    data = prepare_data(resolved, tokenizer, show_progress=False)
+    data = prepare_data(resolved, tokenizer)
     model, choices = load_base_model(resolved, "cuda:0")
     model = attach_adapter(model, resolved, total_steps=100).train()
     collate = PackedCollator(

@@ -1,16 +1,56 @@
-"""Writing a file so that readers never see half of it: a temporary file beside it, then a
-rename. A leaf module: the data path, telemetry and the benchmark all use it."""
+"""Writing so that readers never see half of it: everything is built under a temporary name
+beside its destination, then renamed into place in one step. A leaf module: the data path,
+training outputs, telemetry and the benchmark all write through it.
+
+The temporary name is `.tmp-<name>-<pid>`, so leftovers of a killed writer are easy to find.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 
+def temporary_path(dest: Path) -> Path:
+    """Where `dest` is built before it is renamed into place."""
+    return dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
+
+
+@contextmanager
+def atomic_file(dest: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `dest`; it becomes `dest` when the block ends, and is
+    removed if the block fails."""
+    tmp = temporary_path(dest)
+    try:
+        yield tmp
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_folder(dest: Path) -> Iterator[Path]:
+    """Yield an empty temporary folder beside `dest`; when the block ends it replaces `dest`
+    (the caller decides beforehand whether an existing `dest` may be replaced), and it is
+    removed if the block fails."""
+    tmp = temporary_path(dest)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write `data` as indented JSON to `path` through a temporary file and `os.replace`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write `data` as indented JSON to `path`, all or nothing."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")

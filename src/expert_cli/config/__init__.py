@@ -1,35 +1,38 @@
-"""The manifest: Pydantic models (models.py) and reading a file into them (loading.py).
+"""The manifest and what a run is made of: the Pydantic models (models.py), reading a file into
+them (loading.py), what its references mean (refs.py), the machine (environment.py), the
+kernels it can run (kernels.py), and the resolved run configuration (resolve.py).
 
 The manifest becomes these models once, here; nothing else reads raw manifest dicts.
 """
 
+from expert_cli.config.base import (
+    PROMPT_TEMPLATE_ALIASES,
+    AdapterType,
+    PromptTemplate,
+    Quantization,
+)
 from expert_cli.config.loading import (
     apply_overrides,
     format_errors,
     load_manifest,
-    local_path,
-    looks_like_hub_id,
     parse_override,
     read_manifest_json,
-    split_hub_spec,
     strip_comments,
 )
 from expert_cli.config.models import (
-    PROMPT_TEMPLATE_ALIASES,
     AdapterSpec,
-    AdapterType,
     BaseModelSpec,
     DatasetSpec,
-    DistributedSpec,
     LoadedManifest,
     Manifest,
-    Optimizer,
-    PromptTemplate,
-    Quantization,
-    Scheduler,
     TaskSpec,
-    TrainingConfig,
     TrainingSpec,
+)
+from expert_cli.config.training_config import (
+    DistributedSpec,
+    Optimizer,
+    Scheduler,
+    TrainingConfig,
 )
 
 __all__ = [
@@ -51,10 +54,7 @@ __all__ = [
     "apply_overrides",
     "format_errors",
     "load_manifest",
-    "local_path",
-    "looks_like_hub_id",
     "parse_override",
     "read_manifest_json",
-    "split_hub_spec",
     "strip_comments",
 ]

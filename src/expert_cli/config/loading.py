@@ -13,7 +13,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from expert_cli.config.models import LoadedManifest, Manifest
+from expert_cli.config.models import DatasetSpec, LoadedManifest, Manifest
 from expert_cli.errors import UserError
 
 # --------------------------------------------------------------------------- loading
@@ -81,6 +81,24 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         else:
             raise UserError(f"--set {item}: cannot set {last} there")
     return data
+
+
+def load_dataset_block(path: Path) -> tuple[str | None, DatasetSpec]:
+    """The expert's name and its validated `training.dataset` block alone (for listing what a
+    manifest reads even when the rest of it would not validate)."""
+    data = strip_comments(read_manifest_json(path))
+    training = data.get("training")
+    block = training.get("dataset") if isinstance(training, dict) else None
+    if not isinstance(block, dict):
+        raise UserError(f"{path.name}: training.dataset: required object is missing")
+    try:
+        spec = DatasetSpec.model_validate(block)
+    except ValidationError as exc:
+        raise UserError(
+            [f"{path.name}: training.dataset." + line for line in format_errors(exc)]
+        ) from None
+    name = data.get("name")
+    return (name if isinstance(name, str) else None), spec
 
 
 def load_manifest(path: str | Path, overrides: list[str] | None = None) -> LoadedManifest:
@@ -170,26 +188,3 @@ def _dedupe(lines: list[str]) -> list[str]:
     for line in lines:
         seen.setdefault(line, None)
     return list(seen)
-
-
-# --------------------------------------------------------------------------- paths
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-def split_hub_spec(spec: str) -> tuple[str, str | None, str | None]:
-    """`name::split::config` -> (name, split, config)."""
-    name, _, rest = spec.partition("::")
-    split, _, config = rest.partition("::")
-    return name, split or None, config or None
-
-
-def looks_like_hub_id(value: str) -> bool:
-    """True for `owner/name` or `name` (no drive letters, no ./ or ../, no backslashes)."""
-    return bool(_HUB_ID.match(value)) and ".." not in value
-
-
-def local_path(folder: Path, value: str) -> Path:
-    """`value` as a path: absolute, or relative to the manifest's folder."""
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else (folder / path).resolve()

@@ -9,19 +9,28 @@ under a file lock, the others wait and load. The eval split is packed like the t
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from expert_cli.resolve import ResolvedConfig
+import datasets
+from filelock import FileLock, Timeout
+from transformers import PreTrainedTokenizerFast
 
-if TYPE_CHECKING:
-    import datasets
-    from transformers import PreTrainedTokenizerFast
+from expert_cli.atomic import write_json_atomic
+from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.data.build import BuildProgress, build_cache, default_num_proc
+from expert_cli.data.cache import (
+    CachePlan,
+    changed_inputs,
+    is_complete,
+    load_cache,
+    plan_cache,
+    shard_examples_default,
+)
 
-    from expert_cli.data.cache import CachePlan
-
-__all__ = ["PreparedData", "prepare_data"]
+__all__ = ["BuildProgress", "PreparedData", "prepare_data"]
 log = logging.getLogger(__name__)
 
 
@@ -45,7 +54,7 @@ def prepare_data(
     *,
     num_proc: int | None = None,
     force: bool = False,
-    show_progress: bool = True,
+    progress: BuildProgress | None = None,
     shard_examples: int | None = None,
 ) -> PreparedData:
     """Load the token cache of `resolved`, building it first if needed (or if `force`).
@@ -53,12 +62,8 @@ def prepare_data(
     `num_proc`: tokenizer worker processes; None picks `build.default_num_proc()`.
     `shard_examples`: examples per resumable build shard (default $EXPERT_CLI_SHARD_EXAMPLES
     or 50,000); it is a fingerprint input, since packing is per shard.
+    `progress` hears about a build as it goes (nothing is reported without one).
     """
-    from filelock import FileLock, Timeout
-
-    from expert_cli.data.build import build_cache, default_num_proc
-    from expert_cli.data.cache import is_complete, plan_cache, shard_examples_default
-
     plan = plan_cache(resolved, tokenizer, shard_examples or shard_examples_default())
     status, reason, changes = _why(plan, force)
     if not force and is_complete(plan.final_dir):
@@ -87,7 +92,7 @@ def prepare_data(
             tokenizer,
             num_proc or default_num_proc(),
             shard_examples or shard_examples_default(),
-            show_progress,
+            progress,
         )
         _point_latest(plan)
     finally:
@@ -97,8 +102,6 @@ def prepare_data(
 
 def _why(plan: CachePlan, force: bool) -> tuple[str, str, list[str]]:
     """(status, reason, changed inputs) of this cache relative to the expert's latest one."""
-    from expert_cli.data.cache import changed_inputs, is_complete
-
     previous = plan.previous
     if force:
         return "rebuilt", "--force", []
@@ -113,15 +116,11 @@ def _why(plan: CachePlan, force: bool) -> tuple[str, str, list[str]]:
 
 
 def _discard(plan: CachePlan) -> None:
-    import shutil
-
     shutil.rmtree(plan.final_dir, ignore_errors=True)
     shutil.rmtree(plan.work_dir, ignore_errors=True)
 
 
 def _point_latest(plan: CachePlan) -> None:
-    from expert_cli.atomic import write_json_atomic
-
     write_json_atomic(
         plan.pointer,
         {"fingerprint": plan.fingerprint, "path": str(plan.final_dir), "inputs": plan.inputs},
@@ -131,8 +130,6 @@ def _point_latest(plan: CachePlan) -> None:
 def _load(
     plan: CachePlan, built: bool, status: str, reason: str, changes: list[str]
 ) -> PreparedData:
-    from expert_cli.data.cache import load_cache
-
     train, evaluation, stats = load_cache(plan)
     if (
         not built

@@ -7,8 +7,7 @@ loses at most the shard in progress and the next build skips the finished ones. 
 then concatenated into `.tmp-<fp>-<pid>/`, `stats.json` and `_COMPLETE` are written, and the
 folder is renamed to its final name. The caller holds the fingerprint's file lock.
 
-$EXPERT_CLI_TEST_SHARD_DELAY (seconds) sleeps after each finished shard: a hook for the tests
-that kill a build half-way; it is never set in normal use.
+Progress goes to a `BuildProgress` the caller passes (the CLI draws a bar from it).
 """
 
 from __future__ import annotations
@@ -19,11 +18,16 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from expert_cli.atomic import write_json_atomic
+import datasets
+import numpy as np
+from transformers import PreTrainedTokenizerFast
+
+from expert_cli.atomic import atomic_folder, write_json_atomic
+from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.cache import COMPLETE, STATS, CachePlan
 from expert_cli.data.formatting import (
     DROPPED_NO_COMPLETION,
@@ -38,15 +42,9 @@ from expert_cli.data.formatting import (
 from expert_cli.data.packing import pack_table
 from expert_cli.data.sources import load_sources
 from expert_cli.data.workers import tokenize_rows
-from expert_cli.resolve import ResolvedConfig
-
-if TYPE_CHECKING:
-    import datasets
-    from rich.progress import Progress
-    from transformers import PreTrainedTokenizerFast
+from expert_cli.errors import UserError
 
 log = logging.getLogger(__name__)
-DELAY_ENV = "EXPERT_CLI_TEST_SHARD_DELAY"
 MIN_EXAMPLES_PER_PROC = 512  # below this a worker process costs more than it saves
 
 
@@ -62,21 +60,51 @@ def default_num_proc() -> int:
     return 1
 
 
+class BuildProgress(Protocol):
+    """Where a build reports its progress: `start` once, then `advance` per examples done."""
+
+    def start(self, description: str, total: int) -> None: ...
+
+    def advance(self, examples: int) -> None: ...
+
+
+class NoProgress:
+    """A build that reports nothing."""
+
+    def start(self, description: str, total: int) -> None:
+        return None
+
+    def advance(self, examples: int) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """One cache build: where it goes, what it reads, how it tokenizes and packs."""
+
+    plan: CachePlan
+    resolved: ResolvedConfig
+    formatter: Formatter
+    num_proc: int
+    shard_examples: int
+    progress: BuildProgress
+
+
 def build_cache(
     plan: CachePlan,
     resolved: ResolvedConfig,
     tokenizer: PreTrainedTokenizerFast,
     num_proc: int,
     shard_examples: int,
-    show_progress: bool,
+    progress: BuildProgress | None = None,
 ) -> dict[str, Any]:
     """Build (or finish building) the cache of `plan`; return its stats."""
-    import datasets
-
     bars = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # ours is the one progress bar of a build
+    datasets.disable_progress_bars()  # the caller's is the one progress bar of a build
     try:
-        return _build(plan, resolved, tokenizer, num_proc, shard_examples, show_progress)
+        return _build(
+            plan, resolved, tokenizer, (num_proc, shard_examples), progress or NoProgress()
+        )
     finally:
         if bars:
             datasets.enable_progress_bars()
@@ -86,9 +114,8 @@ def _build(
     plan: CachePlan,
     resolved: ResolvedConfig,
     tokenizer: PreTrainedTokenizerFast,
-    num_proc: int,
-    shard_examples: int,
-    show_progress: bool,
+    sizes: tuple[int, int],
+    progress: BuildProgress,
 ) -> dict[str, Any]:
     started = time.perf_counter()
     _remove_stale(plan)
@@ -105,28 +132,23 @@ def _build(
         prompt_template=resolved.prompt_template,
         response_template=resolved.response_template,
     )
+    job = BuildJob(plan, resolved, formatter, sizes[0], sizes[1], progress)
     splits = {"train": sources.train, "eval": sources.eval}
     splits = {k: v for k, v in splits.items() if v is not None}
     shard_stats: dict[str, list[dict[str, Any]]] = {}
     resumed = 0
-    with _progress(show_progress) as progress:
-        total = sum(len(ds) for ds in splits.values())
-        task = progress.add_task(f"tokenizing {resolved.expert}", total=total)
-        for split, ds in splits.items():
-            stats, done = _build_split(
-                plan, split, ds, formatter, resolved, num_proc, shard_examples, progress, task
-            )
-            shard_stats[split] = stats
-            resumed += done
+    progress.start(f"tokenizing {resolved.expert}", sum(len(ds) for ds in splits.values()))
+    for split, ds in splits.items():
+        stats, done = _build_split(job, split, ds)
+        shard_stats[split] = stats
+        resumed += done
     _require_rows(shard_stats["train"], resolved)
-    extra = {"num_proc": num_proc, "notes": sources.notes}
+    extra = {"num_proc": job.num_proc, "notes": sources.notes}
     return _assemble(plan, shard_stats, sources.read, resumed, time.perf_counter() - started, extra)
 
 
 def _require_rows(stats: list[dict[str, Any]], resolved: ResolvedConfig) -> None:
     """Every training example dropped is the user's to fix: say why they were dropped."""
-    from expert_cli.errors import UserError
-
     if sum(s["rows"] for s in stats):
         return
     total = _sum(stats, sum(s["examples_read"] for s in stats))
@@ -140,90 +162,38 @@ def _require_rows(stats: list[dict[str, Any]], resolved: ResolvedConfig) -> None
 
 def _remove_stale(plan: CachePlan) -> None:
     """Delete leftovers of killed builds of this fingerprint (we hold its lock)."""
-    for path in plan.root.glob(f".tmp-{plan.fingerprint}-*"):
+    for path in plan.root.glob(f".tmp-{plan.final_dir.name}-*"):
         shutil.rmtree(path, ignore_errors=True)
     for path in plan.work_dir.glob("*/.tmp-shard-*"):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _progress(show: bool) -> Progress:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    return Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        disable=not show,
-        transient=False,
-    )
-
-
-def _build_split(
-    plan: CachePlan,
-    split: str,
-    ds: datasets.Dataset,
-    formatter: Formatter,
-    resolved: ResolvedConfig,
-    num_proc: int,
-    shard_examples: int,
-    progress: Progress,
-    task: Any,
-) -> tuple[list[dict[str, Any]], int]:
+def _build_split(job: BuildJob, split: str, ds: datasets.Dataset) -> tuple[list[dict], int]:
     """Build every missing shard of one split; return per-shard stats and how many existed."""
-    n_shards = max(1, math.ceil(len(ds) / shard_examples))
+    n_shards = max(1, math.ceil(len(ds) / job.shard_examples))
     stats, resumed = [], 0
-    delay = float(os.environ.get(DELAY_ENV, "0"))
     for k in range(n_shards):
-        lo, hi = k * shard_examples, min(len(ds), (k + 1) * shard_examples)
-        final = plan.work_dir / split / f"shard-{k:05d}"
+        lo, hi = k * job.shard_examples, min(len(ds), (k + 1) * job.shard_examples)
+        final = job.plan.work_dir / split / f"shard-{k:05d}"
         # a finished shard whose data was already moved into an assembled cache is redone
         if (final / COMPLETE).is_file() and (final / "data").is_dir():
             stats.append(json.loads((final / STATS).read_text()))
             resumed += 1
-        else:
-            seed = resolved.seed + 7919 * k + (0 if split == "train" else 1)
-            stats.append(
-                _build_shard(
-                    ds.select(range(lo, hi)),
-                    formatter,
-                    final,
-                    num_proc,
-                    resolved.max_seq_length,
-                    resolved.packing,
-                    seed,
-                    lambda n: progress.advance(task, n),
-                )
-            )
-            if delay:
-                time.sleep(delay)
+            job.progress.advance(hi - lo)
             continue
-        progress.advance(task, hi - lo)
+        seed = job.resolved.seed + 7919 * k + (0 if split == "train" else 1)
+        stats.append(_build_shard(job, ds.select(range(lo, hi)), final, seed))
     if resumed:
         log.info("%s: resumed from %d finished shard(s) of %d", split, resumed, n_shards)
     return stats, resumed
 
 
-def _build_shard(
-    ds: datasets.Dataset,
-    formatter: Formatter,
-    final: Path,
-    num_proc: int,
-    max_seq_length: int,
-    packing: bool,
-    seed: int,
-    advance: Callable[[int], None],
-) -> dict[str, Any]:
+def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) -> dict[str, Any]:
     """Tokenize, pack and save one shard atomically; return its stats."""
-    import datasets
-    import numpy as np
-
-    procs = max(1, min(num_proc, len(ds) // MIN_EXAMPLES_PER_PROC))
-    table = tokenize_rows(ds, formatter, procs, advance)
+    procs = max(1, min(job.num_proc, len(ds) // MIN_EXAMPLES_PER_PROC))
+    table = tokenize_rows(ds, job.formatter, procs, job.progress.advance)
     status = table.column("status").to_numpy()
-    packed, pack = pack_table(table, max_seq_length, packing, seed)
+    packed, pack = pack_table(table, job.resolved.max_seq_length, job.resolved.packing, seed)
     stats = {
         "examples_read": len(ds),
         "kept": int((status == KEPT).sum()),
@@ -237,14 +207,11 @@ def _build_shard(
         "rows": pack.rows,
         "capacity": pack.capacity,
     }
-    tmp = final.parent / f".tmp-shard-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    datasets.Dataset(packed).save_to_disk(str(tmp / "data"))
-    write_json_atomic(tmp / STATS, stats)
-    (tmp / COMPLETE).write_text("")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_folder(final) as tmp:
+        datasets.Dataset(packed).save_to_disk(str(tmp / "data"))
+        write_json_atomic(tmp / STATS, stats)
+        (tmp / COMPLETE).write_text("")
     return stats
 
 
@@ -282,18 +249,6 @@ def _assemble(
     extra: dict[str, Any],
 ) -> dict[str, Any]:
     """Concatenate the shards into a temporary cache folder and rename it into place."""
-    import datasets
-
-    tmp = plan.root / f".tmp-{plan.fingerprint}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    for split in shard_stats:
-        shards = sorted((plan.work_dir / split).glob("shard-*"))
-        if len(shards) == 1:  # already the split's Arrow folder: move it, do not rewrite it
-            tmp.mkdir(parents=True, exist_ok=True)
-            os.replace(shards[0] / "data", tmp / split)
-            continue
-        parts = [datasets.load_from_disk(str(s / "data")) for s in shards]
-        datasets.concatenate_datasets(parts).save_to_disk(str(tmp / split))
     splits = {s: _sum(st, read[s]) for s, st in shard_stats.items()}
     tokens = sum(s["tokens"] for s in splits.values())
     stats = {
@@ -308,10 +263,15 @@ def _assemble(
         **extra,
         "inputs": plan.inputs,
     }
-    write_json_atomic(tmp / STATS, stats)
-    (tmp / COMPLETE).write_text("")
-    if plan.final_dir.exists():  # an earlier copy (--force); we hold the lock
-        shutil.rmtree(plan.final_dir)
-    os.replace(tmp, plan.final_dir)
+    with atomic_folder(plan.final_dir) as tmp:  # replaces an earlier copy (--force; we hold
+        for split in shard_stats:  # the lock)
+            shards = sorted((plan.work_dir / split).glob("shard-*"))
+            if len(shards) == 1:  # already the split's Arrow folder: move it, not rewrite it
+                os.replace(shards[0] / "data", tmp / split)
+                continue
+            parts = [datasets.load_from_disk(str(s / "data")) for s in shards]
+            datasets.concatenate_datasets(parts).save_to_disk(str(tmp / split))
+        write_json_atomic(tmp / STATS, stats)
+        (tmp / COMPLETE).write_text("")
     shutil.rmtree(plan.work_dir, ignore_errors=True)
     return stats

@@ -30,11 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import datasets
+import xxhash
+
+from expert_cli.config.resolve import ResolvedConfig, SourceRef
+from expert_cli.data.sources import source_files
 from expert_cli.errors import RunError
-from expert_cli.resolve import ResolvedConfig, SourceRef
 
 if TYPE_CHECKING:
-    import datasets
     from transformers import PreTrainedTokenizerFast
 
 CACHE_FORMAT_VERSION = 2  # 2: the first token of every example is masked
@@ -87,7 +90,6 @@ def _safe(name: str) -> str:
 
 def file_hash(path: Path) -> dict[str, Any]:
     """Size and content hash of a file (whole file when small; edges and mtime when large)."""
-    import xxhash
 
     stat = path.stat()
     digest = xxhash.xxh3_128()
@@ -103,7 +105,6 @@ def file_hash(path: Path) -> dict[str, Any]:
 
 
 def _source_inputs(ref: SourceRef, folder: Path) -> dict[str, Any]:
-    from expert_cli.data.sources import source_files
 
     entry = ref.model_dump(exclude_none=True)
     if ref.kind == "local":
@@ -269,7 +270,6 @@ def load_cache(plan: CachePlan) -> tuple[datasets.Dataset, datasets.Dataset | No
     Rows come as numpy arrays: the collator turns them into tensors without building a Python
     int per token (about 15x less time per batch than the default list rows).
     """
-    import datasets
 
     if not is_complete(plan.final_dir):
         raise RunError(f"{plan.final_dir}: the cache is not complete; it will not be read")

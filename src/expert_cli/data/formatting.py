@@ -32,10 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
+
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from transformers import PreTrainedTokenizerFast
 
 CHATML_ASSISTANT = "<|im_start|>assistant"
@@ -196,8 +198,6 @@ class Formatter:
         self, texts: list[str], encodings: list[Any], spans: list[list[Span]], styles: list[str]
     ) -> pa.Table:
         """Labels from spans, EOS, overlong handling; one Arrow table for the batch."""
-        import numpy as np
-        import pyarrow as pa
 
         eos, eos_text = self.tokenizer.eos_token_id, self.tokenizer.eos_token
         ids_out, labels_out, status, trained, no_marker = [], [], [], [], []
@@ -236,7 +236,6 @@ class Formatter:
 
 def _span_mask(enc: Any, n_tokens: int, spans: list[Span]) -> Any:
     """Boolean mask of tokens whose first character lies inside one of `spans`."""
-    import numpy as np
 
     mask = np.zeros(n_tokens, dtype=bool)
     for start, stop in spans:
@@ -267,8 +266,6 @@ def _token_at_or_after(enc: Any, start: int, stop: int) -> int | None:
 
 def _list_array(rows: list[Any]) -> pa.Array:
     """A list<int32> Arrow array from numpy rows, without a Python loop per token."""
-    import numpy as np
-    import pyarrow as pa
 
     lengths = np.fromiter((len(r) for r in rows), dtype=np.int32, count=len(rows))
     offsets = np.zeros(len(rows) + 1, dtype=np.int32)

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import numpy as np
-    import pyarrow as pa
+import numpy as np
+import pyarrow as pa
 
 # Tokens per row; the Trainer's length-grouped sampler reads it instead of decoding every row.
 LENGTH_COLUMN = "num_tokens"
@@ -28,10 +26,6 @@ class PackStats:
     tokens: int
     capacity: int  # rows * max_seq_length
 
-    @property
-    def efficiency(self) -> float:
-        return self.tokens / self.capacity if self.capacity else 0.0
-
 
 def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     """Bins (lists of indices into `lengths`) of total length <= `capacity`.
@@ -40,7 +34,6 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     it; open bins are kept in a sorted list of distinct remaining capacities, so a placement is a
     bisect (fast for millions of items). Zero-length items are left out.
     """
-    import numpy as np
 
     lengths = np.asarray(lengths, dtype=np.int64)
     if len(lengths) and lengths.max() > capacity:
@@ -78,7 +71,6 @@ def pack_table(
     table: pa.Table, max_seq_length: int, packing: bool, seed: int
 ) -> tuple[pa.Table, PackStats]:
     """Rows of `input_ids`, `labels`, `position_ids`, `num_tokens` from one example per row."""
-    import numpy as np
 
     ids_col = table.column("input_ids").combine_chunks()
     lab_col = table.column("labels").combine_chunks()
@@ -111,7 +103,6 @@ def pack_table(
 
 def _values(column: pa.ListArray, offsets: np.ndarray) -> np.ndarray:
     """Flat values of a list column laid out with the same offsets as `input_ids`."""
-    import numpy as np
 
     own = np.asarray(column.offsets, dtype=np.int64)
     if not np.array_equal(own, offsets):
@@ -122,8 +113,6 @@ def _values(column: pa.ListArray, offsets: np.ndarray) -> np.ndarray:
 def _table(
     ids: np.ndarray, labels: np.ndarray, positions: np.ndarray, row_offsets: np.ndarray
 ) -> pa.Table:
-    import numpy as np
-    import pyarrow as pa
 
     offsets = pa.array(row_offsets.astype(np.int32))
 

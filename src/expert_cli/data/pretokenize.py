@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+from expert_cli.config import load_manifest
+from expert_cli.config.environment import cpu_environment
+from expert_cli.config.resolve import resolve
+from expert_cli.data import BuildProgress, PreparedData, prepare_data
+from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import UserError
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-    from expert_cli.data import PreparedData
 
 SKIP_PARTS = {".cache", ".git", "node_modules", "checkpoints"}
 
@@ -35,54 +36,39 @@ def find_manifests(manifests: list[Path], all_dir: Path | None) -> list[Path]:
     return list(unique)
 
 
-def pretokenize_one(manifest: Path, num_proc: int | None, force: bool) -> PreparedData:
-    """Build or confirm the cache of one manifest."""
-    from expert_cli.config import load_manifest
-    from expert_cli.data import prepare_data
-    from expert_cli.data.tokenizer import load_tokenizer
-    from expert_cli.environment import cpu_environment
-    from expert_cli.resolve import resolve
+@dataclass
+class Outcome:
+    """What became of one manifest's cache: the prepared data, or the problems that stopped it."""
 
+    manifest: Path
+    data: PreparedData | None
+    problems: list[str]
+
+
+def pretokenize_one(
+    manifest: Path, num_proc: int | None, force: bool, progress: BuildProgress | None = None
+) -> PreparedData:
+    """Build or confirm the cache of one manifest."""
     resolved = resolve(load_manifest(manifest), cpu_environment())
     tokenizer = load_tokenizer(resolved)
-    return prepare_data(resolved, tokenizer, num_proc=num_proc, force=force)
+    return prepare_data(resolved, tokenizer, num_proc=num_proc, force=force, progress=progress)
 
 
-def summary_lines(name: str, data: PreparedData) -> list[str]:
-    """What happened to one cache, with its train stats, as printable lines."""
-    train: dict[str, Any] = data.stats["train"]
-    lines = [f"{name}: {data.status} ({data.reason})"]
-    lines.append(
-        f"  rows {train['rows']:,}, tokens {train['tokens']:,}, trained "
-        f"{train['trained_tokens']:,}, packing efficiency {train['packing_efficiency']:.1%}, "
-        f"examples {train['examples_read']:,} read / {train['kept']:,} kept / "
-        f"{train['truncated']:,} truncated / {train['dropped']:,} dropped"
-    )
-    if data.stats.get("eval"):
-        ev = data.stats["eval"]
-        lines.append(f"  eval: rows {ev['rows']:,}, tokens {ev['tokens']:,}")
-    speed = data.stats.get("tokens_per_second")
-    lines.append(
-        f"  built in {data.stats['build_seconds']:.1f} s ({speed:,.0f} tokens/s); "
-        f"cache {data.cache_dir}"
-    )
-    return lines
-
-
-def run_pretokenize(
-    manifests: list[Path], all_dir: Path | None, num_proc: int | None, force: bool, console: Console
-) -> None:
-    """Pretokenize every manifest; print a summary each; raise UserError listing bad ones."""
-    problems: list[str] = []
-    for manifest in find_manifests(manifests, all_dir):
+def pretokenize_all(
+    manifests: list[Path],
+    num_proc: int | None,
+    force: bool,
+    progress: BuildProgress | None = None,
+    on_done: Callable[[Outcome], None] | None = None,
+) -> list[Outcome]:
+    """Pretokenize every manifest in turn; a bad one is reported and the others go on."""
+    outcomes = []
+    for manifest in manifests:
         try:
-            data = pretokenize_one(manifest, num_proc, force)
+            outcome = Outcome(manifest, pretokenize_one(manifest, num_proc, force, progress), [])
         except UserError as exc:
-            problems += exc.lines
-            console.print(f"{manifest}: failed (bad input, see below)", markup=False)
-            continue
-        name = data.stats["inputs"]["expert"]
-        for line in summary_lines(name, data):
-            console.print(line, markup=False, highlight=False)
-    if problems:
-        raise UserError(problems)
+            outcome = Outcome(manifest, None, exc.lines)
+        outcomes.append(outcome)
+        if on_done is not None:
+            on_done(outcome)
+    return outcomes

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+
+from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.errors import UserError
-from expert_cli.resolve import ResolvedConfig, SourceRef
-
-if TYPE_CHECKING:
-    import datasets
 
 ROLES = ("text", "messages", "instruction", "input", "response", "system")
 OPTIONAL_ROLES = {"input", "system"}
@@ -217,7 +218,6 @@ def load_source(
 def _load_local(
     ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None, cache_dir: Path
 ) -> tuple[datasets.Dataset, str]:
-    import datasets
 
     files = source_files(ref)
     path = Path(ref.location)
@@ -246,7 +246,6 @@ def _load_local(
 
 
 def _load_hub(ref: SourceRef) -> datasets.Dataset:
-    import datasets
 
     try:
         return datasets.load_dataset(
@@ -260,7 +259,6 @@ def _load_hub(ref: SourceRef) -> datasets.Dataset:
 
 
 def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
-    import pyarrow.compute as pc
 
     for role, column in fields.mapping.items():
         if column not in ds.column_names:
@@ -280,7 +278,6 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
 def _check_type(feature: Any, role: str, column: str, where: str) -> None:
     """A mapped column must hold text (or, for `messages`, a list of role/content objects);
     anything else would be rendered with str() and trained on as if it were text."""
-    import datasets
 
     if role == "messages":
         inner = getattr(feature, "feature", None)
@@ -305,7 +302,6 @@ def hold_out(
     ds: datasets.Dataset, fraction: float, seed: int
 ) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     """Split a seeded `fraction` of `ds` off for evaluation (at least one example)."""
-    import numpy as np
 
     n = len(ds)
     if fraction <= 0 or n < 2:
@@ -317,7 +313,6 @@ def hold_out(
 
 def apply_weight(ds: datasets.Dataset, weight: float, seed: int) -> datasets.Dataset:
     """Repeat `ds` int(weight) times and add a seeded sample of the fractional part."""
-    import numpy as np
 
     if weight == 1.0:
         return ds
@@ -363,7 +358,6 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
 
 
 def _concat(parts: list[datasets.Dataset]) -> datasets.Dataset:
-    import datasets
 
     if len(parts) == 1:
         return parts[0]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from transformers import AutoTokenizer
+
+from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import UserError
-from expert_cli.resolve import ResolvedConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -20,7 +22,6 @@ def load_tokenizer(resolved: ResolvedConfig) -> PreTrainedTokenizerFast:
     Only fast (Rust) tokenizers are accepted: batched encoding and character offsets, which
     exact completion-only masking relies on, exist only there.
     """
-    from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(

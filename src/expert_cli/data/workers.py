@@ -12,14 +12,17 @@ in source order, so the output is the same for any number of workers.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 if TYPE_CHECKING:
     import datasets
-    import numpy as np
-    import pyarrow as pa
 
     from expert_cli.data.formatting import Formatter
 
@@ -34,7 +37,6 @@ def tokenize_rows(
     ds: datasets.Dataset, formatter: Formatter, procs: int, advance: Callable[[int], None]
 ) -> pa.Table:
     """The formatter's table for every row of `ds`, in order; `advance(n)` as rows finish."""
-    import pyarrow as pa
 
     if procs <= 1:
         parts = []
@@ -48,10 +50,6 @@ def tokenize_rows(
 def _in_workers(
     ds: datasets.Dataset, formatter: Formatter, procs: int, advance: Callable[[int], None]
 ) -> pa.Table:
-    import multiprocessing
-
-    import numpy as np
-    import pyarrow as pa
 
     ctx = multiprocessing.get_context()
     inherit = ctx.get_start_method() == "fork"
@@ -86,8 +84,6 @@ def _format_task(index: np.ndarray) -> tuple[np.ndarray, pa.Table]:
 
 def row_costs(ds: datasets.Dataset) -> np.ndarray:
     """Estimated tokenizing work per row: the UTF-8 bytes of its text (messages included)."""
-    import numpy as np
-    import pyarrow as pa
 
     table = ds.with_format("arrow")[:]
     costs = np.ones(len(table), dtype=np.int64)
@@ -99,9 +95,6 @@ def row_costs(ds: datasets.Dataset) -> np.ndarray:
 
 def _text_bytes(column: pa.Array, n: int) -> np.ndarray:
     """Bytes of the strings of one column per row (strings in lists/structs summed per row)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     kind = column.type
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
@@ -120,7 +113,6 @@ def _text_bytes(column: pa.Array, n: int) -> np.ndarray:
 
 def plan_tasks(costs: np.ndarray, procs: int) -> list[np.ndarray]:
     """Row indices of each task: longest rows first, tasks shrinking with the work left."""
-    import numpy as np
 
     order = np.argsort(-costs, kind="stable")
     done = np.cumsum(costs[order])

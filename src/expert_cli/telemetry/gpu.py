@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+import psutil
+
 MIB = 1024**2
 GIB = 1024**3
 
@@ -176,23 +178,15 @@ class HostSampler:
     """
 
     def __init__(self, pid: int | None = None) -> None:
-        import psutil
-
-        self._psutil = psutil
         self._pid = pid
         self._procs: dict[int, Any] = {}
         psutil.cpu_percent(percpu=True)
         self._tree_cpu()
 
-    def watch(self, pid: int | None) -> None:
-        """Start (or stop, with None) summing the CPU of `pid` and its descendants."""
-        self._pid, self._procs = pid, {}
-        self._tree_cpu()
-
     def _tree_cpu(self) -> float | None:
         if self._pid is None:
             return None
-        ps = self._psutil
+        ps = psutil
         try:
             root = ps.Process(self._pid)
             tree = [root, *root.children(recursive=True)]
@@ -211,7 +205,7 @@ class HostSampler:
 
     def sample(self) -> HostSample:
         """One host reading (CPU since the previous call)."""
-        ps = self._psutil
+        ps = psutil
         vm = ps.virtual_memory()
         return HostSample(
             cpu_percent=[float(c) for c in ps.cpu_percent(percpu=True)],

@@ -1,9 +1,8 @@
 """Training throughput per logging window: tokens/s, samples/s, data wait, memory, MFU.
 
 `ThroughputMeter` is fed by the trainer (batch fetch start/end with the batch's counts, step
-end) and closes a window at every training log. `ThroughputCallback` is the Trainer callback
-that drives it, adds the numbers to the Trainer's logs (so TensorBoard gets them) and rewrites
-`metrics.json` atomically, so another process can read it while training runs.
+end) and closes a window at every training log (expert_cli.train.callbacks drives it and
+writes metrics.json).
 
 Timing is honest without a GPU sync per step: a step is timed from the start of its batch
 fetch to its end, and at a window's close the GPU is synchronized once and the time the GPU was
@@ -17,10 +16,10 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from expert_cli.atomic import write_json_atomic
+import torch
+
 from expert_cli.telemetry.flops import lora_train_flops_per_token, mfu
 
 KIB_PER_GIB = 2**20
@@ -63,16 +62,12 @@ class FlopsModel:
 
 
 def _cuda_sync() -> None:
-    import torch
-
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
 
 def peak_memory_gb(reset: bool = True) -> float | None:
     """Peak GPU memory allocated since the last reset, else the process's peak RSS on CPU."""
-    import torch
-
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         peak = torch.cuda.max_memory_allocated() / BYTES_PER_GIB
         if reset:
@@ -187,73 +182,3 @@ class ThroughputMeter:
             "final_loss": losses[-1] if losses else None,
             "status": status,
         }
-
-
-def _trainer_callback_base() -> type:
-    from transformers import TrainerCallback
-
-    return TrainerCallback
-
-
-def make_throughput_callback(
-    meter: ThroughputMeter,
-    metrics_path: Path | None,
-    on_window: Callable[[dict[str, Any]], None] | None = None,
-    earlier_windows: list[dict[str, Any]] | None = None,
-) -> Any:
-    """A Trainer callback that closes a window at each training log and writes metrics.json
-    (only where `metrics_path` is given: the main process). `earlier_windows` (a resumed run's
-    windows up to its checkpoint) are kept at the head of the file's list; the summary covers
-    this process's windows."""
-    earlier = list(earlier_windows or [])
-
-    class ThroughputCallback(_trainer_callback_base()):  # type: ignore[misc]
-        """Closes throughput windows on training logs; writes metrics.json."""
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            meter.step_ended()
-
-        def on_log(
-            self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
-        ) -> None:
-            if logs is None or "loss" not in logs or meter.steps_in_window == 0:
-                return
-            record = meter.close_window(
-                state.global_step, logs.get("loss"), logs.get("learning_rate")
-            )
-            logs.update(
-                {
-                    k: v
-                    for k, v in record.items()
-                    if k
-                    in (
-                        "tokens_per_s",
-                        "samples_per_s",
-                        "data_wait_fraction",
-                        "mfu",
-                        "peak_memory_gb",
-                    )
-                    and v is not None
-                }
-            )
-            self.write(state.global_step, "running")
-            if on_window is not None:
-                on_window(record)
-
-        def write(self, steps: int, status: str) -> dict[str, Any]:
-            summary = meter.summary(steps, status)
-            if metrics_path is not None:
-                write_json_atomic(
-                    metrics_path, {"windows": earlier + meter.windows, "summary": summary}
-                )
-            return summary
-
-        def finish(self, steps: int, status: str) -> dict[str, Any]:
-            """Close a last partial window (on every process) and write the final summary."""
-            if meter.steps_in_window:
-                record = meter.close_window(steps, None, None)
-                if on_window is not None:
-                    on_window(record)
-            return self.write(steps, status)
-
-    return ThroughputCallback()

@@ -120,14 +120,7 @@ class WorkloadRunner:
         self.last_loss: float | None = None
 
     def start(self) -> None:
-        """Check the machine can run it, then start the thread (model setup happens there)."""
-        import torch
-
-        if self.spec.needs_cuda and not torch.cuda.is_available():
-            raise UserError(
-                f"--workload: {self.spec.name} needs a CUDA GPU and torch sees "
-                "none; use --workload tiny on a CPU"
-            )
+        """Start the thread (the step is built there; `wait_ready` reports a failure)."""
         self._thread.start()
 
     def _run(self) -> None:
@@ -145,6 +138,8 @@ class WorkloadRunner:
         self._raise_error()
 
     def _raise_error(self) -> None:
+        if isinstance(self._error, UserError):  # e.g. a GPU workload on a machine without one
+            raise self._error
         if self._error is not None:
             raise RunError(f"workload {self.spec.name} failed: {self._error!r}") from self._error
 

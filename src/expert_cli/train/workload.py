@@ -12,15 +12,12 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, Qwen3Config
 
+from expert_cli.config.environment import probe_environment
+from expert_cli.config.kernels import BOUNDARY_KERNELS, TORCH_VARLEN, choose_kernel
 from expert_cli.data.collate import sequence_boundaries
-from expert_cli.environment import probe_environment
+from expert_cli.errors import UserError
 from expert_cli.telemetry.workload import LORA_TARGETS, SEED, WorkloadSpec
-from expert_cli.train.attention import (
-    BOUNDARY_KERNELS,
-    TORCH_VARLEN,
-    choose_kernel,
-    register_torch_varlen,
-)
+from expert_cli.train.attention import register_torch_varlen
 from expert_cli.train.loss import install_fused_loss
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
 
@@ -83,6 +80,11 @@ def _batch(spec: WorkloadSpec, device: str, boundaries: bool) -> dict[str, Any]:
 def build_fast_step(spec: WorkloadSpec) -> tuple[Callable[[], torch.Tensor], dict[str, Any]]:
     """One training step of the workload on the fast path, and what was chosen."""
     cuda = torch.cuda.is_available()
+    if spec.needs_cuda and not cuda:
+        raise UserError(
+            f"--workload: {spec.name} needs a CUDA GPU and torch sees none; use --workload "
+            "tiny on a CPU"
+        )
     device = "cuda" if cuda else "cpu"
     half = cuda and torch.cuda.is_bf16_supported()
     dtype = torch.bfloat16 if half else torch.float32

@@ -1,0 +1,67 @@
+"""`expert-cli benchmark`: sample the GPUs while a command or workload runs, and assess."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from expert_cli.telemetry.workload import WorkloadSpec
+
+
+def benchmark(
+    duration: Annotated[
+        float, typer.Option(help="Seconds to sample (a command is stopped after this).")
+    ] = 60.0,
+    interval: Annotated[float, typer.Option(help="Seconds between samples.")] = 1.0,
+    output: Annotated[Path | None, typer.Option(help="Write the JSON report here.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here.")] = None,
+    gpu: Annotated[str, typer.Option(help="GPU index (or 0,1,...) or 'all'.")] = "all",
+    metrics: Annotated[
+        Path | None, typer.Option(help="A training run's metrics.json to read.")
+    ] = None,
+    workload: Annotated[
+        str | None, typer.Option(help="Synthetic workload: qwen3-0.6b-lora or tiny.")
+    ] = None,
+    command: Annotated[
+        list[str] | None, typer.Argument(help="-- CMD ARGS...: run and sample this command.")
+    ] = None,
+) -> None:
+    """Sample GPU, CPU and RAM (optionally while a command or workload runs), and assess."""
+    from expert_cli.benchmark.run import BenchmarkOptions, Hooks, run_benchmark
+    from expert_cli.cli.benchmark_view import LiveView, render_summary
+    from expert_cli.cli.render import console
+
+    opts = BenchmarkOptions(
+        duration=duration,
+        interval=interval,
+        output=output,
+        plot=plot,
+        gpu=gpu,
+        metrics=metrics,
+        workload=workload,
+        command=command or [],
+    )
+    out = console()
+    hooks = Hooks(
+        note=lambda text: out.print(text, markup=False),
+        view=lambda runner, metrics_path: LiveView(out, duration, runner, metrics_path),
+        build_step=_fast_step if workload else None,
+    )
+    report = run_benchmark(opts, hooks)
+    render_summary(report, out)
+    for path in (output, plot):
+        if path is not None:
+            out.print(f"wrote {path}", markup=False)
+    if report["exit_code"]:
+        raise typer.Exit(code=report["exit_code"])
+
+
+def _fast_step(spec: WorkloadSpec) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """The workload's step on the training fast path (imports torch, so only when asked)."""
+    from expert_cli.train.workload import build_fast_step
+
+    return build_fast_step(spec)

@@ -1,0 +1,142 @@
+"""`expert-cli pretokenize` and `expert-cli find-datasets`: the data commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from expert_cli.data import PreparedData
+    from expert_cli.data.pretokenize import Outcome
+
+
+def pretokenize(
+    manifest: Annotated[
+        list[Path] | None,
+        typer.Option("--manifest", "-m", help="A manifest.json; repeat for several."),
+    ] = None,
+    all_dir: Annotated[
+        Path | None, typer.Option("--all", help="Every manifest.json under this folder.")
+    ] = None,
+    num_proc: Annotated[
+        int | None,
+        typer.Option(
+            "--num-proc",
+            min=1,
+            max=256,
+            help="Tokenizer worker processes (default 1: Rust threads on every core).",
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if current.")] = False,
+) -> None:
+    """Tokenize, mask, pack and cache each manifest's data; say whether it was built or current."""
+    from expert_cli.cli.render import BuildBar, console
+    from expert_cli.data.pretokenize import find_manifests, pretokenize_all
+    from expert_cli.errors import UserError
+
+    out = console()
+
+    def show(outcome: Outcome) -> None:
+        if outcome.data is None:
+            out.print(f"{outcome.manifest}: failed (bad input, see below)", markup=False)
+            return
+        for line in summary_lines(outcome.data):
+            out.print(line, markup=False)
+
+    outcomes = pretokenize_all(
+        find_manifests(manifest or [], all_dir), num_proc, force, BuildBar(), show
+    )
+    problems = [line for o in outcomes for line in o.problems]
+    if problems:
+        raise UserError(problems)
+
+
+def summary_lines(data: PreparedData) -> list[str]:
+    """What happened to one cache, with its train stats, as printable lines."""
+    train: dict[str, Any] = data.stats["train"]
+    lines = [f"{data.stats['inputs']['expert']}: {data.status} ({data.reason})"]
+    lines.append(
+        f"  rows {train['rows']:,}, tokens {train['tokens']:,}, trained "
+        f"{train['trained_tokens']:,}, packing efficiency {train['packing_efficiency']:.1%}, "
+        f"examples {train['examples_read']:,} read / {train['kept']:,} kept / "
+        f"{train['truncated']:,} truncated / {train['dropped']:,} dropped"
+    )
+    if data.stats.get("eval"):
+        ev = data.stats["eval"]
+        lines.append(f"  eval: rows {ev['rows']:,}, tokens {ev['tokens']:,}")
+    speed = data.stats.get("tokens_per_second")
+    lines.append(
+        f"  built in {data.stats['build_seconds']:.1f} s ({speed:,.0f} tokens/s); "
+        f"cache {data.cache_dir}"
+    )
+    return lines
+
+
+def find_datasets(
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="A datasets or hub cache folder (default: HF env).")
+    ] = None,
+    experts: Annotated[
+        Path | None, typer.Option(help="Folder with */manifest.json to match against.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """List datasets in the Hugging Face cache, and which expert manifests use them."""
+    from expert_cli.data.discovery import discover
+
+    result = discover(cache_dir, experts)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        render_discovery(result)
+
+
+def render_discovery(result: dict[str, Any]) -> None:
+    """Print the cached datasets, the manifests' datasets and what is missing, as tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)  # tables wrap long names themselves
+    roots = result["cache_roots"]
+    table = Table(
+        title=f"cached datasets (datasets: {roots['datasets']}, hub: {roots['hub']})",
+        title_justify="left",
+    )
+    for col in ("name", "config", "revision", "size", "layout", "used by", "path"):
+        # names and paths are what users copy: wrap them, never cut them with an ellipsis
+        table.add_column(
+            col,
+            justify="right" if col == "size" else "left",
+            overflow="fold",
+            no_wrap=col == "size",
+        )
+    for e in result["datasets"]:
+        used = ", ".join(Path(m).parent.name for m in e.get("used_by", []))
+        table.add_row(
+            e["name"],
+            e["config"] or "-",
+            (e["revision"] or "-")[:40],
+            e["size"],
+            e["layout"],
+            used or "-",
+            e["path"],
+        )
+    console.print(table)
+    if result["manifests"]:
+        usage = Table(title="datasets named by manifests", title_justify="left")
+        for col in ("manifest", "field", "dataset", "kind", "cached"):
+            usage.add_column(col)
+        for m in result["manifests"]:
+            for ref in m["datasets"]:
+                cached = {True: "yes", False: "NO", None: "-"}[ref["cached"]]
+                usage.add_row(m["manifest"], ref["field"], ref["id"], ref["kind"], cached)
+        console.print(usage)
+    for item in result["missing"]:
+        console.print(
+            f"not cached: {item['id']} (needed by {', '.join(item['needed_by'])})", markup=False
+        )
+    for line in result["problems"]:
+        console.print(f"problem: {line}", markup=False)

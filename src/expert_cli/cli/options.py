@@ -1,0 +1,13 @@
+"""Options that several commands share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+ManifestOpt = Annotated[
+    Path,
+    typer.Option("--manifest", "-m", help="Path to the expert's manifest.json."),
+]

@@ -1,0 +1,59 @@
+"""`expert-cli train` and `expert-cli merge`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from expert_cli.cli.options import ManifestOpt
+
+
+def train(
+    manifest: ManifestOpt,
+    output: Annotated[
+        Path | None, typer.Option(help="Output folder (default: <manifest folder>/output).")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the latest checkpoint in OUTPUT.")
+    ] = False,
+    max_steps: Annotated[
+        int | None,
+        typer.Option("--max-steps", min=1, max=10_000_000, help="Stop after N optimizer steps."),
+    ] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a manifest field: key=value.")
+    ] = None,
+) -> None:
+    """Train the manifest's adapter: token cache, Trainer, checkpoints, metrics.json."""
+    from expert_cli.cli.render import console
+    from expert_cli.cli.train_view import RichReporter, print_end
+    from expert_cli.train.run import TrainOptions
+    from expert_cli.train.run import train as run_training
+
+    opts = TrainOptions(
+        manifest=manifest,
+        output=output,
+        resume=resume,
+        max_steps=max_steps,
+        overrides=overrides or [],
+    )
+    out = console()
+    result = run_training(opts, RichReporter(out))
+    if result.is_main:
+        print_end(out, result, opts)
+    if result.exit_code:
+        raise typer.Exit(code=result.exit_code)
+
+
+def merge(
+    adapter: Annotated[Path, typer.Option("--adapter", help="A trained adapter folder.")],
+    output: Annotated[Path, typer.Option("--output", help="Folder for the merged model.")],
+) -> None:
+    """Merge an adapter into its base model and save a standalone safetensors model."""
+    from expert_cli.cli.render import console
+    from expert_cli.train.merge import merge_adapter
+
+    path = merge_adapter(adapter, output)
+    console().print(f"wrote {path}", markup=False)

@@ -1,0 +1,205 @@
+"""What `expert-cli train` prints: the data and decisions at start, a rich progress bar, one
+line per logging window, evaluations, and the end of the run (the main process only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from transformers import TrainerCallback
+
+from expert_cli.cli.render import BuildBar
+from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.data import PreparedData
+from expert_cli.train.model import ModelChoices
+from expert_cli.train.run import TrainOptions, TrainResult
+
+STAT_KEYS = ("examples", "rows", "tokens", "packing_efficiency", "truncated", "dropped")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def print_data(
+    console: Console, stats: dict[str, Any], built: bool, reason: str, cache_dir: Any
+) -> None:
+    """Data: rows, tokens, packing efficiency, and whether the cache was built or reused."""
+    shown = {k: stats[k] for k in STAT_KEYS if k in stats}
+    for name in ("train", "eval"):
+        if isinstance(stats.get(name), dict):
+            shown.update({f"{name}.{k}": v for k, v in stats[name].items() if k in STAT_KEYS})
+    text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
+    state = "built" if built else "reused"
+    console.print(f"[bold]data[/bold]      {text}", highlight=False)
+    console.print("[bold]cache[/bold]     ", end="")
+    console.print(f"{state} ({reason}) {cache_dir}", highlight=False, markup=False)
+
+
+def _loss_name(fused: str) -> str:
+    return "standard (full logits)" if fused == "off" else f"fused linear cross-entropy ({fused})"
+
+
+def print_decisions(
+    console: Console, resolved: ResolvedConfig, choices: ModelChoices, trainable: int, total: int
+) -> None:
+    """Model, kernels, precision, adapter and every note of the resolution."""
+    mixed = "bf16" if resolved.bf16 else "fp16" if resolved.fp16 else "fp32"
+    init = " (random init)" if resolved.init == "random" else ""
+    console.print(
+        f"[bold]model[/bold]     {resolved.base_model}{init} on {choices.device}", highlight=False
+    )
+    console.print(
+        f"[bold]kernels[/bold]   attention {choices.attn_implementation}, weights "
+        f"{choices.dtype}, mixed precision {mixed}, TF32 {'on' if choices.tf32 else 'off'}, "
+        f"quantization {choices.quantization}",
+        highlight=False,
+    )
+    compiled = f"{choices.compiled_layers} layers" if choices.compiled_layers else "off"
+    console.print(
+        f"[bold]step[/bold]      loss {_loss_name(choices.fused_loss)}, adapters compute in "
+        f"{choices.adapter_precision} (fp32 weights), Liger layers "
+        f"{'on' if choices.liger_kernels else 'off'}, torch.compile {compiled}",
+        highlight=False,
+    )
+    kind = "dora" if resolved.use_dora else resolved.adapter_type
+    console.print("[bold]adapter[/bold]   ", end="")
+    console.print(
+        f"{kind} r={resolved.rank} alpha={resolved.alpha:g} "
+        f"dropout={resolved.dropout:g} targets={resolved.target_modules}: "
+        f"{trainable:,} trainable of {total:,} ({100 * trainable / max(total, 1):.3f}%)",
+        highlight=False,
+        markup=False,
+    )
+    console.print(
+        f"[bold]schedule[/bold]  batch {resolved.batch_size} x accumulation "
+        f"{resolved.gradient_accumulation_steps}, lr {resolved.learning_rate:g} "
+        f"{resolved.lr_scheduler}, optim {resolved.optim}, seq {resolved.max_seq_length}, "
+        f"packing {'on' if resolved.packing else 'off'}",
+        highlight=False,
+    )
+    for note in [*resolved.notes, *choices.notes]:
+        console.print(f"[yellow]note[/yellow]      {note}", highlight=False)
+
+
+def window_line(record: dict[str, Any], max_steps: int | None) -> str:
+    """One logging window as a console line."""
+    parts = [f"step {record['step']}" + (f"/{max_steps}" if max_steps else "")]
+    if record.get("loss") is not None:
+        parts.append(f"loss {record['loss']:.4f}")
+    if record.get("learning_rate") is not None:
+        parts.append(f"lr {record['learning_rate']:.3g}")
+    parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
+    parts.append(f"{record['samples_per_s']:,.1f} samples/s")
+    parts.append(f"data-wait {100 * record['data_wait_fraction']:.1f}%")
+    if record.get("peak_memory_gb") is not None:
+        parts.append(f"mem {record['peak_memory_gb']:.2f} GB")
+    if record.get("mfu") is not None:
+        parts.append(f"MFU {100 * record['mfu']:.1f}%")
+    return "  ".join(parts)
+
+
+class ProgressCallback(TrainerCallback):
+    """Progress bar over optimizer steps; evaluations are printed above it."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress: Progress | None = None
+        self.task: Any = None
+        self.max_steps: int | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.max_steps = state.max_steps
+        self.progress = Progress(
+            TextColumn("training"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task(
+            "train", total=state.max_steps, completed=state.global_step
+        )
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=state.global_step)
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any
+    ) -> None:
+        if logs and "eval_loss" in logs:
+            self.console.print(
+                f"eval      step {state.global_step}  eval_loss {logs['eval_loss']:.4f}",
+                highlight=False,
+            )
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+class RichReporter:
+    """The train.run.Reporter of the command line."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = ProgressCallback(console)
+
+    def data(self, data: PreparedData) -> None:
+        print_data(self.console, data.stats, data.built, data.reason, data.cache_dir)
+
+    def decisions(
+        self, resolved: ResolvedConfig, choices: ModelChoices, params: tuple[int, int]
+    ) -> None:
+        print_decisions(self.console, resolved, choices, *params)
+
+    def note(self, text: str) -> None:
+        self.console.print(f"[yellow]note[/yellow]      {text}", highlight=False)
+
+    def window(self, record: dict[str, Any]) -> None:
+        self.console.print(window_line(record, self.progress.max_steps), highlight=False)
+
+    def callbacks(self) -> list[TrainerCallback]:
+        return [self.progress]
+
+    def build_progress(self) -> BuildBar:
+        return BuildBar()
+
+
+def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None:
+    """The run's last lines: status, speed, loss, and where to look (or how to resume)."""
+    summary, status = result.summary, result.status
+    loss = summary["final_loss"] if summary["final_loss"] is not None else "-"
+    console.print(
+        f"[bold]{status}[/bold]  {summary['steps']} steps in "
+        f"{summary['train_runtime_s']:.1f} s, {summary['tokens_per_s']:,.0f} tok/s, "
+        f"data-wait {100 * summary['data_wait_fraction']:.1f}%, final loss {loss}",
+        highlight=False,
+    )
+    if status == "interrupted":
+        console.print(
+            f"checkpoint saved under {result.output_dir / 'checkpoints'}; continue with:\n"
+            f"  expert-cli train --manifest {opts.manifest} --output {result.output_dir} "
+            "--resume",
+            highlight=False,
+            markup=False,
+        )
+    else:
+        console.print(f"wrote {result.output_dir}", highlight=False, markup=False)

@@ -1,0 +1,216 @@
+"""What a run takes on this machine: precision, kernels, data loading, schedule and batch.
+
+Each function reads the manifest's `training.config` and an `Environment`, returns resolved
+fields, and appends a note ("field: what was decided and why") for every choice that differs
+from what the manifest asked for, so nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from expert_cli.config.environment import Environment
+from expert_cli.config.kernels import choose_kernel
+from expert_cli.config.models import TrainingConfig
+
+# Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
+DEFAULT_LR = 2e-4
+DEFAULT_MAX_SEQ = 2048
+DEFAULT_TOKENS_PER_STEP = 32_768  # batch_size auto: rows per optimizer step = this / seq
+DEFAULT_CPU_BATCH = 2
+DEFAULT_WARMUP_RATIO = 0.03
+MAX_AUTO_WORKERS = 4
+
+
+def first(*values: Any) -> Any:
+    """The first value that is not None (None if all are)."""
+    return next((v for v in values if v is not None), None)
+
+
+def precision(cfg: TrainingConfig, env: Environment, notes: list[str]) -> tuple[bool, bool]:
+    if not env.has_gpu:
+        if cfg.fp16:
+            notes.append("fp16: not applicable on CPU; training in fp32")
+            return False, False
+        if cfg.bf16:
+            notes.append("bf16: running bf16 autocast on CPU as the manifest asks (slow)")
+        return bool(cfg.bf16), False
+    if cfg.bf16 and not env.bf16:
+        notes.append(f"bf16: {env.gpu_name} has no bf16; using fp16 instead")
+        return False, True
+    if cfg.bf16 is None and cfg.fp16 is None:
+        return env.bf16, not env.bf16
+    return bool(cfg.bf16), bool(cfg.fp16)
+
+
+def _attention(cfg: TrainingConfig, env: Environment, half: bool, notes: list[str]) -> str:
+    """The attention kernel: `attention` when set, else the format's flags, else auto."""
+    requested = cfg.attention or "auto"
+    if cfg.attention is None and cfg.flash_attention_2:
+        requested = "flash_attention_2"
+    elif cfg.attention is None and cfg.use_sdpa is False:
+        notes.append("use_sdpa: false; using eager attention (slowest)")
+        requested = "eager"
+    if cfg.memory_efficient_attention is not None:
+        notes.append(
+            "memory_efficient_attention: hint only; the attention kernel is chosen "
+            "for packed rows (training.config.attention)"
+        )
+    exclude = frozenset({"flash_attention_2"}) if cfg.flash_attention_2 is False else frozenset()
+    return choose_kernel(requested, env, half, notes, exclude)
+
+
+def _fused_loss(cfg: TrainingConfig, env: Environment, notes: list[str]) -> str:
+    """Which linear cross-entropy replaces full-vocabulary logits (off on a CPU by default).
+
+    Measured on an H100 (docs/PERFORMANCE.md): Liger's is the fastest, expert-cli's chunked
+    one next, both ahead of the standard loss, which also holds 28 GB more at 8 rows.
+    """
+    requested = cfg.fused_loss or "auto"
+    liger = env.has_gpu and env.liger_kernel is not None
+    if requested == "liger" and not liger:
+        why = "needs a CUDA GPU" if not env.has_gpu else "liger-kernel is not installed"
+        notes.append(f"fused_loss: liger {why}; choosing automatically")
+        requested = "auto"
+    if requested != "auto":
+        return requested
+    if not env.has_gpu:
+        return "off"
+    return "liger" if liger else "chunked"
+
+
+def kernels(cfg: TrainingConfig, env: Environment, half: bool, notes: list[str]) -> dict[str, Any]:
+    liger = bool(first(cfg.liger_kernels, True)) and env.has_gpu and env.liger_kernel is not None
+    if cfg.liger_kernels and not liger:
+        why = "needs a CUDA GPU" if not env.has_gpu else "liger-kernel is not installed"
+        notes.append(f"liger_kernels: {why}; using the model's own layers")
+    if cfg.torch_compile and not env.has_gpu:
+        notes.append(
+            "torch_compile: on as the manifest asks (on a CPU the compile time rarely pays back)"
+        )
+    return dict(
+        attn_implementation=_attention(cfg, env, half, notes),
+        adapter_precision=first(cfg.adapter_precision, "compute" if half else "fp32"),
+        fused_loss=_fused_loss(cfg, env, notes),
+        liger_kernels=liger,
+        torch_compile=bool(cfg.torch_compile),
+    )
+
+
+def loader(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
+    auto_workers = min(MAX_AUTO_WORKERS, max(1, env.cpu_count // 2)) if env.has_gpu else 0
+    workers = first(cfg.dataloader_num_workers, auto_workers)
+    if env.has_gpu and cfg.dataloader_num_workers == 0:
+        notes.append(
+            "dataloader_num_workers: 0 as the manifest asks; batches are collated on "
+            "the training thread (cheap with the pretokenized cache)"
+        )
+    prefetch = first(cfg.dataloader_prefetch_factor, 4) if workers > 0 else None
+    if cfg.dataloader_prefetch_factor is not None and workers == 0:
+        notes.append("dataloader_prefetch_factor: not applicable with 0 workers")
+    persistent = bool(first(cfg.dataloader_persistent_workers, workers > 0)) and workers > 0
+    pin = bool(first(cfg.dataloader_pin_memory, env.has_gpu)) and env.has_gpu
+    if cfg.dataloader_pin_memory and not env.has_gpu:
+        notes.append("dataloader_pin_memory: not applicable without a GPU")
+    return dict(
+        dataloader_num_workers=workers,
+        dataloader_prefetch_factor=prefetch,
+        dataloader_persistent_workers=persistent,
+        dataloader_pin_memory=pin,
+    )
+
+
+def hints(cfg: TrainingConfig, env: Environment, notes: list[str]) -> None:
+    """Report the format's runtime hints that this run does not act on."""
+    if cfg.use_unsloth:
+        notes.append(
+            "use_unsloth: not applicable; expert-cli trains with peft and its own fast data path"
+        )
+    if cfg.activation_checkpointing not in (None, False):
+        notes.append(
+            "activation_checkpointing: per-module checkpointing is not built; "
+            "gradient_checkpointing decides"
+        )
+    if cfg.use_cuda_graphs:
+        notes.append("use_cuda_graphs: not applied (packed rows have dynamic shapes)")
+    if cfg.cuda_graph_warmup_steps is not None:
+        notes.append("cuda_graph_warmup_steps: not applicable (no CUDA graphs)")
+    if cfg.memory_clear_every and not env.has_gpu:
+        notes.append("memory_clear_every: not applicable without a GPU")
+    if cfg.group_by_length and cfg.packing is not False:
+        notes.append("group_by_length: not applicable to packed rows (all the same length)")
+    if cfg.torch_compile_backend and not cfg.torch_compile:
+        notes.append("torch_compile_backend/mode: not applicable, torch_compile is off")
+
+
+def schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
+    optim = first(cfg.optim, "adamw_torch_fused" if env.has_gpu else "adamw_torch")
+    if optim in {
+        "adamw_bnb_8bit",
+        "adamw_8bit",
+        "paged_adamw_8bit",
+        "paged_adamw_32bit",
+        "lion_8bit",
+        "lion_32bit",
+    }:
+        if not env.has_gpu:
+            notes.append(f"optim: {optim} keeps its states on a GPU; using adamw_torch on CPU")
+            optim = "adamw_torch"
+        elif env.bitsandbytes is None:
+            notes.append(f"optim: {optim} needs bitsandbytes, not installed; using adamw_torch")
+            optim = "adamw_torch_fused"
+    ratio = cfg.warmup_ratio if cfg.warmup_ratio else 0.0
+    steps = 0 if ratio else (cfg.warmup_steps or 0)
+    if not ratio and cfg.warmup_steps is None:
+        ratio = DEFAULT_WARMUP_RATIO
+    if cfg.warmup_ratio and cfg.warmup_steps:
+        notes.append("warmup_steps: warmup_ratio is set and wins")
+    return dict(
+        epochs=float(first(cfg.epochs, cfg.num_epochs, 1.0)),
+        max_steps=cfg.max_steps if cfg.max_steps else -1,
+        learning_rate=first(cfg.learning_rate, DEFAULT_LR),
+        lr_scheduler=first(cfg.lr_scheduler, "cosine"),
+        warmup_steps=steps,
+        warmup_ratio=ratio,
+        **_batch(cfg, env, notes),
+        optim=optim,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        seed=cfg.seed,
+    )
+
+
+def _batch(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
+    """Micro-batch, accumulation and rows per optimizer step (see train/batch.py)."""
+    seq = first(cfg.max_seq_length, DEFAULT_MAX_SEQ)
+    auto = cfg.batch_size == "auto" or (cfg.batch_size is None and env.has_gpu)
+    if not auto:
+        batch = cfg.batch_size if isinstance(cfg.batch_size, int) else DEFAULT_CPU_BATCH
+        accumulation = first(cfg.gradient_accumulation_steps, 1)
+        if cfg.tokens_per_step:
+            notes.append(
+                "tokens_per_step: not applicable; batch_size x "
+                "gradient_accumulation_steps set the step"
+            )
+        return dict(
+            batch_size=batch,
+            gradient_accumulation_steps=accumulation,
+            batch_auto=False,
+            rows_per_step=batch * accumulation,
+        )
+    rows = max(1, first(cfg.tokens_per_step, DEFAULT_TOKENS_PER_STEP) // seq)
+    if cfg.gradient_accumulation_steps:
+        notes.append(
+            "gradient_accumulation_steps: follows from batch_size auto "
+            f"({rows} rows per optimizer step)"
+        )
+    if not env.has_gpu:
+        micro = max(d for d in range(1, min(rows, DEFAULT_CPU_BATCH) + 1) if rows % d == 0)
+        notes.append(f"batch_size: auto on a CPU: {micro} rows x {rows // micro} accumulation")
+        return dict(
+            batch_size=micro,
+            gradient_accumulation_steps=rows // micro,
+            batch_auto=False,
+            rows_per_step=rows,
+        )
+    return dict(batch_size=rows, gradient_accumulation_steps=1, batch_auto=True, rows_per_step=rows)

@@ -1,0 +1,114 @@
+"""What this machine can do: torch, CUDA, the GPU, bf16/TF32, attention kernels, fused-kernel
+library (Liger), bitsandbytes.
+
+`probe_environment` imports torch, so call it from inside a command, never at import time.
+Resolution takes an `Environment` value, so tests can describe a GPU machine on a CPU one.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A snapshot of the machine's training capabilities."""
+
+    python: str = platform.python_version()
+    torch: str | None = None
+    cuda: str | None = None
+    gpu_count: int = 0
+    gpu_name: str | None = None
+    gpu_capability: tuple[int, int] | None = None
+    gpu_memory_gb: float | None = None
+    bf16: bool = False
+    tf32: bool = False
+    flash_attn: str | None = None
+    flash_attn_4: str | None = None
+    torch_varlen: bool = False
+    flex_attention: bool = False
+    liger_kernel: str | None = None
+    bitsandbytes: str | None = None
+    cpu_count: int = 1
+    packages: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpu_count > 0
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["gpu_capability"] = (
+            ".".join(map(str, self.gpu_capability)) if self.gpu_capability else None
+        )
+        return data
+
+
+def package_version(name: str) -> str | None:
+    """Installed version of a distribution, or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use (affinity-aware)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def cpu_environment() -> Environment:
+    """A machine with no GPU, for tests and for resolving without importing torch."""
+    return Environment(cpu_count=usable_cpus())
+
+
+def probe_environment() -> Environment:
+    """Inspect this machine (imports torch)."""
+
+    packages = {
+        name: package_version(name)
+        for name in ("transformers", "peft", "datasets", "accelerate", "bitsandbytes")
+    }
+    has_flash = importlib.util.find_spec("flash_attn") is not None
+    common = dict(
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        # flash-attn 2 and flash-attn-4 both install the `flash_attn` module
+        flash_attn=package_version("flash-attn") if has_flash else None,
+        flash_attn_4=package_version("flash-attn-4") if has_flash else None,
+        torch_varlen=_has_module("torch.nn.attention.varlen"),
+        flex_attention=_has_module("torch.nn.attention.flex_attention"),
+        liger_kernel=package_version("liger-kernel"),
+        bitsandbytes=packages["bitsandbytes"],
+        cpu_count=usable_cpus(),
+        packages=packages,
+    )
+    if not torch.cuda.is_available():
+        return Environment(**common)
+    props = torch.cuda.get_device_properties(0)
+    capability = (props.major, props.minor)
+    return Environment(
+        gpu_count=torch.cuda.device_count(),
+        gpu_name=props.name,
+        gpu_capability=capability,
+        gpu_memory_gb=round(props.total_memory / 2**30, 1),
+        bf16=torch.cuda.is_bf16_supported(),
+        tf32=capability >= (8, 0),
+        **common,
+    )

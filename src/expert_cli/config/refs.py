@@ -1,0 +1,51 @@
+"""What a manifest's references mean: a local path or a hub id, `name::split::config`, and the
+data format a file suffix stands for. Every module that resolves a reference uses these."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# data file suffix -> the manifest's `format` value
+FILE_FORMATS = {
+    ".jsonl": "jsonl",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
+# the manifest's `format` value -> the `datasets` builder that reads it
+BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
+# other suffixes that only a local file has (compressed or plain-text data)
+OTHER_LOCAL_SUFFIXES = {".tsv", ".txt", ".gz", ".zst", ".xz", ".bz2"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def split_hub_spec(spec: str) -> tuple[str, str | None, str | None]:
+    """`name::split::config` -> (name, split, config)."""
+    name, _, rest = spec.partition("::")
+    split, _, config = rest.partition("::")
+    return name, split or None, config or None
+
+
+def looks_like_hub_id(value: str) -> bool:
+    """True for `owner/name` or `name` (no drive letters, no ./ or ../, no backslashes)."""
+    return bool(_HUB_ID.match(value)) and ".." not in value
+
+
+def local_path(folder: Path, value: str) -> Path:
+    """`value` as a path: absolute, or relative to the manifest's folder."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (folder / path).resolve()
+
+
+def is_local(folder: Path, name: str) -> bool:
+    """Whether a reference (without its `::split::config`) names a local file or folder: it
+    exists, or it cannot be a hub id, or its suffix is a data file's."""
+    suffix = Path(name).suffix.lower()
+    return (
+        local_path(folder, name).exists()
+        or not looks_like_hub_id(name)
+        or suffix in FILE_FORMATS
+        or suffix in OTHER_LOCAL_SUFFIXES
+    )

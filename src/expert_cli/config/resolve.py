@@ -1,0 +1,311 @@
+"""From a validated manifest to one explicit, JSON-serialisable training configuration.
+
+Every field the manifest leaves unset is chosen here for the machine described by an
+`Environment`, and every choice that overrides or ignores what the manifest asked for is
+recorded in `notes` ("field: what was decided and why"), so nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from expert_cli.config import choices
+from expert_cli.config.choices import DEFAULT_MAX_SEQ, first
+from expert_cli.config.environment import Environment
+from expert_cli.config.models import AdapterType, LoadedManifest
+from expert_cli.config.refs import (
+    FILE_FORMATS,
+    is_local,
+    local_path,
+    looks_like_hub_id,
+    split_hub_spec,
+)
+from expert_cli.errors import UserError
+
+# Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
+DEFAULT_RANK = 16
+DEFAULT_DROPOUT = 0.05
+DEFAULT_EVAL_FRACTION = 0.02
+DEFAULT_SAVE_STEPS = 500
+DEFAULT_SAVE_LIMIT = 3
+DEFAULT_LOGGING_STEPS = 10
+
+
+class SourceRef(BaseModel):
+    """One data source: a local file/folder or a hub dataset."""
+
+    kind: Literal["local", "hub"]
+    location: str = Field(description="Absolute local path, or the hub dataset id.")
+    split: str | None = None
+    config: str | None = None
+    revision: str | None = None
+    format: str | None = None
+    weight: float = 1.0
+    task: str | None = None
+
+
+class ResolvedConfig(BaseModel):
+    """Everything a run needs, with every automatic choice made explicit."""
+
+    expert: str
+    expert_version: str
+    manifest_path: str
+    # model
+    base_model: str
+    base_model_kind: Literal["local", "hub"]
+    init: Literal["pretrained", "random"]
+    revision: str | None
+    trust_remote_code: bool
+    quantization: Literal["int4", "int8", "fp16", "bf16", "none"]
+    prompt_template: str
+    # adapter
+    adapter_type: AdapterType
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: list[str] | Literal["all-linear"]
+    feedforward_modules: list[str] | None
+    use_dora: bool
+    # data
+    train_sources: list[SourceRef]
+    validation_sources: list[SourceRef]
+    eval_fraction: float
+    field_mapping: dict[str, str] | None
+    overlong: Literal["truncate", "drop"]
+    response_template: str | None
+    max_seq_length: int
+    packing: bool
+    pretokenized_cache: str
+    # schedule
+    epochs: float
+    max_steps: int
+    learning_rate: float
+    lr_scheduler: str
+    warmup_steps: int
+    warmup_ratio: float
+    batch_size: int
+    gradient_accumulation_steps: int
+    batch_auto: bool = Field(
+        description="batch_size is probed from GPU memory at start (the numbers above are "
+        "then provisional; the run's choice is in runtime.batch)"
+    )
+    rows_per_step: int = Field(description="Packed rows per optimizer step per device.")
+    optim: str
+    weight_decay: float
+    max_grad_norm: float
+    seed: int
+    # kernels and precision
+    bf16: bool
+    fp16: bool
+    use_tf32: bool
+    attn_implementation: Literal[
+        "flash_attention_4", "flash_attention_2", "torch_varlen", "flex_attention", "sdpa", "eager"
+    ]
+    adapter_precision: Literal["compute", "fp32"]
+    fused_loss: Literal["liger", "chunked", "off"]
+    liger_kernels: bool
+    gradient_checkpointing: bool
+    torch_compile: bool
+    torch_compile_backend: str | None
+    torch_compile_mode: str | None
+    # data loading
+    dataloader_num_workers: int
+    dataloader_pin_memory: bool
+    dataloader_prefetch_factor: int | None
+    dataloader_persistent_workers: bool
+    group_by_length: bool
+    # logging, saving, evaluation
+    logging_steps: int
+    save_strategy: str
+    save_steps: int
+    save_total_limit: int | None
+    evaluation_strategy: str
+    eval_steps: int
+    load_best_model_at_end: bool
+    metric_for_best_model: str
+    greater_is_better: bool
+    memory_clear_every: int
+    distributed: dict[str, Any] | None
+    notes: list[str] = Field(default_factory=list)
+
+
+def _source(
+    folder: Path,
+    spec: str,
+    fmt: str | None,
+    revision: str | None,
+    weight: float = 1.0,
+    task: str | None = None,
+) -> SourceRef:
+    """A local path when it exists (or looks like one), else a hub id."""
+    name, split, config = split_hub_spec(spec)
+    path = local_path(folder, name)
+    if fmt != "huggingface" and is_local(folder, name):
+        return SourceRef(
+            kind="local",
+            location=str(path),
+            split=split,
+            config=config,
+            format=fmt or FILE_FORMATS.get(path.suffix),
+            weight=weight,
+            task=task,
+        )
+    return SourceRef(
+        kind="hub",
+        location=name,
+        split=split,
+        config=config,
+        revision=revision,
+        format="huggingface",
+        weight=weight,
+        task=task,
+    )
+
+
+def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef]]:
+    """Training and validation sources of the manifest's dataset block."""
+    ds = lm.manifest.training.dataset
+    folder = lm.folder
+    if ds.type == "multi_task":
+        train, valid = [], []
+        for name, task in (ds.tasks or {}).items():
+            fmt = task.format if task.format in FILE_FORMATS.values() else ds.format
+            train.append(_source(folder, task.train, fmt, ds.revision, task.weight, name))
+            if task.valid:
+                valid.append(_source(folder, task.valid, fmt, ds.revision, 1.0, name))
+        return train, valid
+    train = [_source(folder, ds.path or "", ds.format, ds.revision)]
+    valid = (
+        [_source(folder, ds.validation_path, ds.format, ds.revision)] if ds.validation_path else []
+    )
+    return train, valid
+
+
+def _adapter(lm: LoadedManifest, notes: list[str]) -> dict[str, Any]:
+    cfg = lm.manifest.training.config
+    spec = lm.manifest.primary_adapter
+    kind = first(cfg.adapter_type, spec.type if spec else None, "lora")
+    rank = first(cfg.rank, spec.r if spec else None, DEFAULT_RANK)
+    if spec and spec.r and cfg.rank and spec.r != cfg.rank:
+        notes.append(
+            f"rank: training.config.rank={cfg.rank} is used; the adapter entry says r={spec.r}"
+        )
+    targets = first(cfg.target_modules, spec.target_modules if spec else None, "all-linear")
+    use_dora = kind == "dora" or bool(spec and spec.use_dora and kind == "lora")
+    return dict(
+        adapter_type=kind,
+        rank=rank,
+        alpha=float(first(cfg.alpha, spec.alpha if spec else None, 2 * rank)),
+        dropout=float(first(cfg.dropout, spec.dropout if spec else None, DEFAULT_DROPOUT)),
+        target_modules=targets,
+        feedforward_modules=first(
+            cfg.feedforward_modules, spec.feedforward_modules if spec else None
+        ),
+        use_dora=use_dora,
+    )
+
+
+def _base_model(lm: LoadedManifest) -> dict[str, Any]:
+    bm = lm.manifest.primary_base_model
+    path = local_path(lm.folder, bm.name)
+    local = bm.init == "random" or path.exists() or not looks_like_hub_id(bm.name)
+    return dict(
+        base_model=str(path) if local else bm.name,
+        base_model_kind="local" if local else "hub",
+        init=bm.init,
+        revision=bm.revision,
+        trust_remote_code=bm.trust_remote_code,
+        quantization=bm.quantization or "none",
+        prompt_template=bm.prompt_template or "chatml",
+    )
+
+
+def _evaluation(lm: LoadedManifest, has_validation: bool) -> dict[str, Any]:
+    cfg = lm.manifest.training.config
+    ds = lm.manifest.training.dataset
+    wants_eval = cfg.evaluation_strategy != "no"
+    fraction = (
+        0.0
+        if has_validation
+        else first(ds.eval_fraction, DEFAULT_EVAL_FRACTION if wants_eval else 0.0)
+    )
+    has_eval = has_validation or fraction > 0
+    save_steps = first(cfg.save_steps, DEFAULT_SAVE_STEPS)
+    strategy = first(cfg.evaluation_strategy, "steps" if has_eval else "no")
+    eval_steps = first(cfg.eval_steps, save_steps)
+    best = bool(cfg.load_best_model_at_end) and strategy != "no"
+    save_strategy = first(cfg.save_strategy, "steps")
+    if best and save_strategy == "steps" and strategy == "steps" and save_steps % eval_steps:
+        raise UserError(
+            f"{lm.path.name}: training.config.save_steps: {save_steps} must be a "
+            f"multiple of eval_steps ({eval_steps}) for load_best_model_at_end"
+        )
+    return dict(
+        eval_fraction=fraction,
+        evaluation_strategy=strategy,
+        eval_steps=eval_steps,
+        save_strategy=save_strategy,
+        save_steps=save_steps,
+        save_total_limit=cfg.save_total_limit
+        if "save_total_limit" in cfg.model_fields_set
+        else DEFAULT_SAVE_LIMIT,
+        load_best_model_at_end=best,
+        metric_for_best_model=first(cfg.metric_for_best_model, "eval_loss"),
+        greater_is_better=bool(first(cfg.greater_is_better, False)),
+        logging_steps=first(cfg.logging_steps, DEFAULT_LOGGING_STEPS),
+    )
+
+
+def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
+    """Make every automatic choice for `env` and return the explicit configuration."""
+    cfg = lm.manifest.training.config
+    ds = lm.manifest.training.dataset
+    notes: list[str] = []
+    train, valid = resolve_sources(lm)
+    bf16, fp16 = choices.precision(cfg, env, notes)
+    tf32 = bool(first(cfg.use_tf32, env.tf32)) and env.tf32
+    if cfg.use_tf32 and not env.tf32:
+        notes.append("use_tf32: not applicable on this machine (needs an Ampere or newer GPU)")
+    if ds.streaming:
+        notes.append(
+            "streaming: the token cache is built once from the whole dataset and "
+            "read memory-mapped, so streaming is not needed"
+        )
+    choices.hints(cfg, env, notes)
+    dist = lm.manifest.training.distributed
+    dist_dict = dist.model_dump(exclude_none=True) if dist else None
+    if dist_dict and isinstance(dist_dict.get("deepspeed"), str):
+        dist_dict["deepspeed"] = str(local_path(lm.folder, dist_dict["deepspeed"]))
+    cache = local_path(lm.folder, cfg.pretokenized_cache or ".cache/pretokenized")
+    return ResolvedConfig(
+        expert=lm.manifest.name,
+        expert_version=lm.manifest.version,
+        manifest_path=str(lm.path),
+        **_base_model(lm),
+        **_adapter(lm, notes),
+        train_sources=train,
+        validation_sources=valid,
+        field_mapping=ds.field_mapping,
+        overlong=ds.overlong,
+        response_template=ds.response_template,
+        max_seq_length=first(cfg.max_seq_length, DEFAULT_MAX_SEQ),
+        packing=first(cfg.packing, True),
+        pretokenized_cache=str(cache),
+        **choices.schedule(cfg, env, notes),
+        bf16=bf16,
+        fp16=fp16,
+        use_tf32=tf32,
+        **choices.kernels(cfg, env, bf16 or fp16, notes),
+        gradient_checkpointing=bool(cfg.gradient_checkpointing),
+        torch_compile_backend=cfg.torch_compile_backend,
+        torch_compile_mode=cfg.torch_compile_mode,
+        **choices.loader(cfg, env, notes),
+        group_by_length=bool(cfg.group_by_length) and cfg.packing is False,
+        **_evaluation(lm, bool(valid)),
+        memory_clear_every=(cfg.memory_clear_every or 0) if env.has_gpu else 0,
+        distributed=dist_dict,
+        notes=notes,
+    )

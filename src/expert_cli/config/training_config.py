@@ -1,0 +1,204 @@
+"""`training.config` (hyperparameters and the fast path's switches) and `training.distributed`:
+the manifest blocks a run's schedule, kernels and engines come from."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from expert_cli.config.base import AdapterType, Probability, Strict
+
+Scheduler = Literal[
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+]
+Optimizer = Literal[
+    "adamw_torch",
+    "adamw_torch_fused",
+    "adamw_bnb_8bit",
+    "adamw_8bit",
+    "paged_adamw_8bit",
+    "paged_adamw_32bit",
+    "adafactor",
+    "sgd",
+    "lion_8bit",
+    "lion_32bit",
+]
+Strategy = Literal["no", "steps", "epoch"]
+AttentionKernel = Literal[
+    "auto",
+    "flash_attention_4",
+    "flash_attention_2",
+    "torch_varlen",
+    "flex_attention",
+    "sdpa",
+    "eager",
+]
+FusedLoss = Literal["auto", "liger", "chunked", "off"]
+MAX_BATCH_ROWS = 4096
+
+
+def _rows_or_auto(value: Any) -> Any:
+    """`batch_size`: a whole number of rows (1 to 4096) or "auto"; one clear error otherwise."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH_ROWS:
+        raise ValueError(
+            f'expected a whole number of rows from 1 to {MAX_BATCH_ROWS}, or "auto" (got {value!r})'
+        )
+    return value
+
+
+class TrainingConfig(Strict):
+    """`training.config`: hyperparameters. Unset (None) means "pick the best for this machine"."""
+
+    method: Literal["sft"] = Field("sft", description="Training method; only sft is built.")
+    adapter_type: AdapterType | None = Field(
+        None, description="Adapter type; defaults to the base model's first adapter, else lora."
+    )
+    rank: int | None = Field(None, ge=1, le=1024, description="Adapter rank r.")
+    alpha: float | None = Field(None, gt=0, description="LoRA alpha (scale = alpha / rank).")
+    dropout: Probability | None = Field(None, description="Adapter dropout.")
+    target_modules: list[str] | Literal["all-linear"] | None = Field(
+        None, description='Modules to adapt, or "all-linear".'
+    )
+    feedforward_modules: list[str] | None = Field(None, description="IA3 feed-forward modules.")
+    epochs: float | None = Field(None, gt=0, description="Epochs; fractions allowed.")
+    num_epochs: float | None = Field(None, gt=0, description="Alias of epochs.")
+    max_steps: int | None = Field(
+        None, ge=0, description="Optimizer steps; overrides epochs when > 0."
+    )
+    learning_rate: float | None = Field(None, gt=0, le=1, description="Peak learning rate.")
+    batch_size: Annotated[int | Literal["auto"], BeforeValidator(_rows_or_auto)] | None = Field(
+        None,
+        description="Packed rows per device per micro-step, or auto (the default on a "
+        "GPU): as many as fit in the GPU's memory (a short probe), with accumulation making up "
+        "tokens_per_step.",
+    )
+    gradient_accumulation_steps: int | None = Field(
+        None, ge=1, le=4096, description="Micro-batches per optimizer step."
+    )
+    warmup_steps: int | None = Field(None, ge=0, description="Warmup steps.")
+    warmup_ratio: float | None = Field(
+        None, ge=0, le=1, description="Warmup as a fraction of all steps; wins over warmup_steps."
+    )
+    lr_scheduler: Scheduler | None = Field(None, description="Learning-rate schedule.")
+    max_seq_length: int | None = Field(
+        None, ge=16, description="Tokens per packed row (and per example)."
+    )
+    dataloader_num_workers: int | None = Field(None, ge=0, description="Data-loader processes.")
+    dataloader_pin_memory: bool | None = Field(None, description="Pin host memory of batches.")
+    dataloader_prefetch_factor: int | None = Field(None, ge=1, description="Batches per worker.")
+    dataloader_persistent_workers: bool | None = Field(None, description="Keep workers alive.")
+    fp16: bool | None = Field(None, description="fp16 mixed precision.")
+    bf16: bool | None = Field(None, description="bf16 mixed precision.")
+    use_tf32: bool | None = Field(None, description="TF32 matmuls on Ampere and newer.")
+    use_sdpa: bool | None = Field(None, description="PyTorch scaled-dot-product attention.")
+    flash_attention_2: bool | None = Field(None, description="flash-attn 2 (varlen for packing).")
+    packing: bool | None = Field(None, description="Pack examples into full rows (default on).")
+    optim: Optimizer | None = Field(None, description="Optimizer (Trainer's names).")
+    group_by_length: bool | None = Field(
+        None, description="Batch similar lengths; not needed with packing."
+    )
+    gradient_checkpointing: bool | None = Field(None, description="Recompute activations.")
+    logging_steps: int | None = Field(None, ge=1, description="Steps per logging window.")
+    save_strategy: Literal["no", "steps", "epoch", "best"] | None = Field(
+        None, description="When to save checkpoints."
+    )
+    save_steps: int | None = Field(None, ge=1, description="Steps between checkpoints.")
+    save_total_limit: int | None = Field(None, ge=1, description="Checkpoints kept (None = all).")
+    evaluation_strategy: Strategy | None = Field(
+        None, alias="eval_strategy", description="When to evaluate (alias eval_strategy)."
+    )
+    eval_steps: int | None = Field(None, ge=1, description="Steps between evaluations.")
+    load_best_model_at_end: bool | None = Field(None, description="Keep the best checkpoint.")
+    metric_for_best_model: str | None = Field(None, description="Metric for the best model.")
+    greater_is_better: bool | None = Field(None, description="Direction of that metric.")
+    torch_compile: bool | None = Field(
+        None,
+        description="torch.compile each decoder layer (regional). Default: off (measured "
+        "slower than Liger's kernels on an H100, docs/PERFORMANCE.md).",
+    )
+    torch_compile_backend: str | None = Field(None, description="torch.compile backend.")
+    torch_compile_mode: str | None = Field(None, description="torch.compile mode.")
+    pretokenized_cache: str | None = Field(
+        None, description="Folder of token caches (default: .cache/pretokenized by the manifest)."
+    )
+    # runtime hints of the format: acted on where we can, else reported as not applicable
+    use_unsloth: bool | None = Field(None, description="Hint; Unsloth is not integrated.")
+    memory_efficient_attention: bool | None = Field(None, description="Hint; SDPA covers it.")
+    memory_clear_every: int | None = Field(
+        None, ge=0, description="Empty the CUDA cache every N steps (0 = never)."
+    )
+    activation_checkpointing: str | bool | None = Field(
+        None, description="Hint; whole-layer gradient_checkpointing is what is applied."
+    )
+    use_cuda_graphs: bool | None = Field(None, description="Hint; not applied (dynamic shapes).")
+    cuda_graph_warmup_steps: int | None = Field(None, ge=0, description="Hint; see above.")
+    # expert-cli extensions
+    seed: int = Field(42, description="Extension: seed for data order, eval split and init.")
+    weight_decay: float = Field(0.0, ge=0, description="Extension: AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Extension: gradient clipping norm.")
+    tokens_per_step: int | None = Field(
+        None,
+        ge=16,
+        le=1 << 24,
+        description="Extension: tokens per optimizer step per device "
+        "when batch_size is auto (default 32768: 16 rows of 2048).",
+    )
+    attention: AttentionKernel | None = Field(
+        None,
+        description="Extension: attention kernel for packed rows. auto (default): the "
+        "fastest correct one this machine has (flash_attention_4, flash_attention_2, "
+        "torch_varlen, flex_attention, sdpa); each keeps tokens within their own example.",
+    )
+    adapter_precision: Literal["compute", "fp32"] | None = Field(
+        None,
+        description="Extension: dtype the adapters compute in. compute (default with "
+        "bf16/fp16): the mixed-precision dtype, no fp32 copy of each adapter's input; fp32: "
+        "peft's upcast. Adapter weights and optimizer state stay fp32 either way.",
+    )
+    fused_loss: FusedLoss | None = Field(
+        None,
+        description="Extension: the loss without full-vocabulary logits. auto (default): "
+        "Liger's fused linear cross-entropy on a GPU where liger-kernel is installed, else "
+        "chunked (expert-cli's own, plain torch); the standard loss on a CPU. off keeps the "
+        "standard loss.",
+    )
+    liger_kernels: bool | None = Field(
+        None,
+        description="Extension: Liger's fused RMSNorm, SwiGLU and RoPE kernels "
+        "(GPU, liger-kernel installed, a model type Liger supports). Default: on where usable.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainingConfig:
+        if self.fp16 and self.bf16:
+            raise ValueError("fp16 and bf16 are both true; choose one")
+        if self.epochs and self.num_epochs and self.epochs != self.num_epochs:
+            raise ValueError(f"epochs ({self.epochs}) and num_epochs ({self.num_epochs}) differ")
+        if self.load_best_model_at_end and self.evaluation_strategy == "no":
+            raise ValueError("load_best_model_at_end needs evaluation_strategy steps or epoch")
+        return self
+
+
+class DistributedSpec(Strict):
+    """Extension `training.distributed`: multi-GPU engines, passed to the Trainer."""
+
+    strategy: Literal["ddp", "fsdp", "deepspeed"] = Field("ddp", description="Engine.")
+    fsdp: str | None = Field(None, description='FSDP options, e.g. "full_shard auto_wrap".')
+    fsdp_config: dict[str, Any] | None = Field(None, description="Trainer fsdp_config.")
+    deepspeed: str | dict[str, Any] | None = Field(
+        None, description="DeepSpeed config file (relative to the manifest) or object."
+    )
+    ddp_find_unused_parameters: bool | None = Field(None, description="DDP option.")

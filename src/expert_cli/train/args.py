@@ -1,0 +1,119 @@
+"""The resolved configuration as Hugging Face `TrainingArguments`, and the steps a run takes."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainingArguments
+
+from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.data.packing import LENGTH_COLUMN
+from expert_cli.errors import UserError
+
+
+def training_args_kwargs(
+    resolved: ResolvedConfig,
+    checkpoints_dir: Path,
+    *,
+    max_steps: int | None = None,
+    on_gpu: bool = False,
+) -> dict[str, Any]:
+    """Every resolved training field as a `TrainingArguments` keyword (pure; unit-tested)."""
+    if resolved.warmup_ratio >= 1:
+        raise UserError(
+            f"warmup_ratio: {resolved.warmup_ratio} would warm up for the whole run; "
+            "use a fraction below 1"
+        )
+    dist = resolved.distributed or {}
+    strategy = dist.get("strategy", "ddp")
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(checkpoints_dir),
+        num_train_epochs=resolved.epochs,
+        max_steps=max_steps if max_steps is not None else resolved.max_steps,
+        learning_rate=resolved.learning_rate,
+        lr_scheduler_type=resolved.lr_scheduler,
+        # transformers 5: a float below 1 is a ratio of all steps
+        warmup_steps=resolved.warmup_ratio if resolved.warmup_ratio else resolved.warmup_steps,
+        per_device_train_batch_size=resolved.batch_size,
+        per_device_eval_batch_size=resolved.batch_size,
+        gradient_accumulation_steps=resolved.gradient_accumulation_steps,
+        optim=resolved.optim,
+        weight_decay=resolved.weight_decay,
+        max_grad_norm=resolved.max_grad_norm,
+        seed=resolved.seed,
+        data_seed=resolved.seed,
+        bf16=resolved.bf16,
+        fp16=resolved.fp16,
+        tf32=resolved.use_tf32 if on_gpu else None,
+        **_checkpointing(resolved.gradient_checkpointing),
+        torch_compile=False,  # expert-cli compiles each decoder layer itself (train/speed.py)
+        dataloader_num_workers=resolved.dataloader_num_workers,
+        dataloader_pin_memory=resolved.dataloader_pin_memory,
+        dataloader_prefetch_factor=resolved.dataloader_prefetch_factor,
+        dataloader_persistent_workers=resolved.dataloader_persistent_workers,
+        # pinned batches are copied to the GPU asynchronously; a blocking copy would make the
+        # host wait for the previous step at every batch fetch (a sync per step)
+        accelerator_config={"non_blocking": bool(resolved.dataloader_pin_memory and on_gpu)},
+        train_sampling_strategy="group_by_length" if resolved.group_by_length else "random",
+        length_column_name=LENGTH_COLUMN,  # else group_by_length reads every row at start
+        logging_strategy="steps",
+        # the default checks every step's loss for NaN on the host: a GPU sync per step
+        logging_nan_inf_filter=False,
+        logging_steps=resolved.logging_steps,
+        save_strategy=resolved.save_strategy,
+        save_steps=resolved.save_steps,
+        save_total_limit=resolved.save_total_limit,
+        eval_strategy=resolved.evaluation_strategy,
+        eval_steps=resolved.eval_steps,
+        load_best_model_at_end=resolved.load_best_model_at_end,
+        metric_for_best_model=resolved.metric_for_best_model,
+        greater_is_better=resolved.greater_is_better,
+        torch_empty_cache_steps=resolved.memory_clear_every or None,
+        use_cache=False,
+        prediction_loss_only=True,  # evaluation needs the loss, never all logits kept
+        remove_unused_columns=False,  # the collator builds exactly the model's inputs
+        label_names=["labels"],
+        report_to="none",  # TensorBoard is attached by expert-cli, into OUTPUT/runs
+        disable_tqdm=True,  # the console shows a rich progress bar instead
+        run_name=resolved.expert,
+        ddp_find_unused_parameters=dist.get("ddp_find_unused_parameters", False),
+        use_cpu=not on_gpu,  # also what makes torchrun on CPU run DDP over gloo
+    )
+    if strategy == "fsdp":
+        kwargs.update(
+            fsdp=dist.get("fsdp") or "full_shard auto_wrap", fsdp_config=dist.get("fsdp_config")
+        )
+    elif strategy == "deepspeed":
+        if not dist.get("deepspeed"):
+            raise UserError(
+                "training.distributed.deepspeed: strategy deepspeed needs a config "
+                "(file path or object)"
+            )
+        kwargs["deepspeed"] = dist["deepspeed"]
+    return kwargs
+
+
+def _checkpointing(enabled: bool) -> dict[str, Any]:
+    """Gradient checkpointing under the installed transformers' name (renamed in 5.2x)."""
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    key = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
+        else "gradient_checkpointing"
+    )
+    return {key: enabled, f"{key}_kwargs": {"use_reentrant": False}}
+
+
+def planned_steps(
+    resolved: ResolvedConfig, n_rows: int, world_size: int, max_steps: int | None = None
+) -> int:
+    """Optimizer steps the run will take (as the Trainer computes it)."""
+    steps = max_steps if max_steps is not None else resolved.max_steps
+    if steps and steps > 0:
+        return steps
+    batches = math.ceil(n_rows / (resolved.batch_size * world_size))
+    per_epoch = max(1, math.ceil(batches / resolved.gradient_accumulation_steps))
+    return math.ceil(per_epoch * resolved.epochs)

@@ -1,0 +1,124 @@
+"""Trainer callbacks of a run: throughput windows and metrics.json, Ctrl-C, AdaLoRA."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from expert_cli.atomic import write_json_atomic
+from expert_cli.telemetry.throughput import ThroughputMeter
+
+# the window's numbers that also go into the Trainer's logs (so TensorBoard gets them)
+LOGGED = ("tokens_per_s", "samples_per_s", "data_wait_fraction", "mfu", "peak_memory_gb")
+
+
+class ThroughputCallback(TrainerCallback):
+    """Closes a throughput window at each training log and rewrites metrics.json atomically
+    (only where `metrics_path` is given: the main process). `earlier` (a resumed run's windows
+    up to its checkpoint) stay at the head of the file's list; the summary covers this run's."""
+
+    def __init__(
+        self,
+        meter: ThroughputMeter,
+        metrics_path: Path | None,
+        on_window: Callable[[dict[str, Any]], None] | None = None,
+        earlier: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.meter = meter
+        self.metrics_path = metrics_path
+        self.on_window = on_window
+        self.earlier = list(earlier or [])
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.meter.step_ended()
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
+    ) -> None:
+        if logs is None or "loss" not in logs or self.meter.steps_in_window == 0:
+            return
+        record = self.meter.close_window(
+            state.global_step, logs.get("loss"), logs.get("learning_rate")
+        )
+        logs.update({k: v for k, v in record.items() if k in LOGGED and v is not None})
+        self.write(state.global_step, "running")
+        if self.on_window is not None:
+            self.on_window(record)
+
+    def write(self, steps: int, status: str) -> dict[str, Any]:
+        summary = self.meter.summary(steps, status)
+        if self.metrics_path is not None:
+            data = {"windows": self.earlier + self.meter.windows, "summary": summary}
+            write_json_atomic(self.metrics_path, data)
+        return summary
+
+    def finish(self, steps: int, status: str) -> dict[str, Any]:
+        """Close a last partial window (on every process) and write the final summary."""
+        if self.meter.steps_in_window:
+            record = self.meter.close_window(steps, None, None)
+            if self.on_window is not None:
+                self.on_window(record)
+        return self.write(steps, status)
+
+
+class Interrupt:
+    """SIGINT/SIGTERM set a flag; training stops with a checkpoint at the next step end.
+
+    A second signal restores the default behaviour (so a second Ctrl-C aborts at once).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def __enter__(self) -> Interrupt:
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    @property
+    def exit_code(self) -> int:
+        """130 for SIGINT, 143 for SIGTERM (128 + signal number)."""
+        return 128 + (self.signum or signal.SIGINT)
+
+
+class InterruptCallback(TrainerCallback):
+    """Turns a signal into save + stop at the next optimizer step's end, on every process at
+    once (`any_rank` ORs the flag over processes)."""
+
+    def __init__(self, interrupt: Interrupt, any_rank: Callable[[bool], bool]) -> None:
+        self.interrupt = interrupt
+        self.any_rank = any_rank
+        self.stopped = False
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.any_rank(self.interrupt.signum is not None):
+            self.stopped = True
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+class AdaLoraCallback(TrainerCallback):
+    """AdaLoRA reallocates ranks after each optimizer step, while gradients still exist."""
+
+    def __init__(self, peft_model: Any) -> None:
+        self.peft_model = peft_model
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.peft_model.base_model.update_and_allocate(state.global_step)

@@ -1,0 +1,335 @@
+"""The base model and its adapter: weights dtype, TF32, attention kernel, QLoRA, peft.
+
+Everything here is decided from a `ResolvedConfig`; every choice that differs from what the
+configuration asked for is returned as a note for the console, never taken silently.
+torch, transformers and peft are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from peft import (
+    AdaLoraConfig,
+    IA3Config,
+    LoKrConfig,
+    LoraConfig,
+    get_peft_model,
+    prepare_model_for_kbit_training,
+)
+from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, set_seed
+
+from expert_cli.errors import RunError, UserError
+from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
+from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
+from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
+
+if TYPE_CHECKING:
+    from peft import PeftConfig, PeftModel
+    from transformers import PreTrainedModel
+
+    from expert_cli.config.resolve import ResolvedConfig
+
+
+@dataclass
+class ModelChoices:
+    """What the loader decided, for the console and `manifest.resolved.json`."""
+
+    dtype: str
+    attn_implementation: str
+    tf32: bool
+    quantization: str
+    device: str
+    fused_loss: str = "off"
+    liger_kernels: bool = False
+    adapter_precision: str = "fp32"
+    compiled_layers: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def training_device(local_rank: int) -> str:
+    """`cuda:<local rank>` when CUDA is available, else `cpu`."""
+
+    return f"cuda:{max(local_rank, 0)}" if torch.cuda.is_available() else "cpu"
+
+
+def weight_dtype(resolved: ResolvedConfig, on_gpu: bool) -> torch.dtype:
+    """dtype of the frozen weights: the manifest's bf16/fp16 quantization, else the mixed
+    precision on a GPU (bf16, fp16), else fp32 (CPU)."""
+
+    if resolved.quantization == "bf16":
+        return torch.bfloat16
+    if resolved.quantization == "fp16":
+        return torch.float16
+    if on_gpu and resolved.bf16:
+        return torch.bfloat16
+    if on_gpu and resolved.fp16:
+        return torch.float16
+    return torch.float32
+
+
+def apply_tf32(enabled: bool) -> bool:
+    """Turn TF32 matmuls/convolutions on or off on CUDA; returns whether it is on."""
+
+    if not torch.cuda.is_available():
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    return enabled
+
+
+def quantization_config(resolved: ResolvedConfig, on_gpu: bool) -> Any:
+    """bitsandbytes settings for int4 (NF4, double quantization, bf16 compute) or int8."""
+    if resolved.quantization not in ("int4", "int8"):
+        return None
+
+    if resolved.quantization == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    compute = torch.float16 if on_gpu and resolved.fp16 and not resolved.bf16 else torch.bfloat16
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute,
+    )
+
+
+def build_random_model(
+    resolved: ResolvedConfig, dtype: torch.dtype, attn: str, device: str = "cpu"
+) -> PreTrainedModel:
+    """The architecture of `base_model/config.json` with seeded random weights, initialised
+    directly on `device` (a 0.6B model takes most of a minute to initialise on a CPU)."""
+
+    folder = Path(resolved.base_model)
+    if not (folder / "config.json").is_file():
+        raise UserError(f"{resolved.base_model}: init 'random' needs a config.json in this folder")
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=resolved.trust_remote_code)
+    torch.manual_seed(resolved.seed)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(
+            config,
+            dtype=dtype,
+            attn_implementation=attn,
+            trust_remote_code=resolved.trust_remote_code,
+        )
+
+
+def _from_pretrained(
+    resolved: ResolvedConfig, source: str, dtype: torch.dtype, attn: str, device: str
+) -> PreTrainedModel:
+
+    quant = quantization_config(resolved, device.startswith("cuda"))
+    kwargs: dict[str, Any] = dict(
+        dtype=dtype,
+        attn_implementation=attn,
+        trust_remote_code=resolved.trust_remote_code,
+    )
+    if resolved.base_model_kind == "hub" and source == resolved.base_model:
+        kwargs["revision"] = resolved.revision
+    if quant is not None:
+        kwargs.update(quantization_config=quant, device_map={"": device})
+    try:
+        return AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except OSError as exc:
+        raise UserError(f"base model {source}: cannot be loaded ({exc})") from None
+
+
+def _with_attention_fallback(load: Any, chosen: str, notes: list[str]) -> tuple[Any, str]:
+    """Call `load(attn)` with the chosen kernel; if the model rejects it, fall back to sdpa,
+    then eager, and say so."""
+    order = list(dict.fromkeys([chosen, "sdpa", "eager"]))
+    for attn in order:
+        try:
+            return load(attn), attn
+        except (ValueError, ImportError) as exc:
+            if "attn" not in str(exc).lower() and "attention" not in str(exc).lower():
+                raise
+            if attn == order[-1]:
+                raise RunError(f"no attention kernel works for this model: {exc}") from exc
+            notes.append(f"attention: {attn} not supported by this model ({exc}); trying next")
+    raise RunError("no attention kernel to try")  # unreachable: order is never empty
+
+
+def _checked(load: Any) -> Any:
+    """`load(attn)` that first registers torch's varlen kernel and refuses it for a model
+    configuration it cannot serve (a ValueError naming the attention)."""
+
+    def run(attn: str) -> Any:
+        if attn == TORCH_VARLEN:
+            register_torch_varlen()
+        model = load(attn)
+        check_model_config(attn, model.config)
+        return model
+
+    return run
+
+
+def _freeze_for_kbit(model: PreTrainedModel, resolved: ResolvedConfig, half: str) -> None:
+    """What QLoRA needs of a quantized base: frozen weights and, for gradient checkpointing,
+    inputs that require grad. With bf16 compute the unquantized weights (norms, embeddings)
+    stay bf16; peft's prepare_model_for_kbit_training would upcast them all to fp32, which
+    makes every residual add and the LM head run in fp32."""
+    if half != "bf16":
+        prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=resolved.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+        return
+    for param in model.parameters():
+        param.requires_grad_(False)
+    if resolved.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+
+
+def _speedups(
+    model: PreTrainedModel, resolved: ResolvedConfig, on_gpu: bool, choices: ModelChoices
+) -> None:
+    """Liger's layer kernels and the fused loss, on the base model before peft wraps it."""
+
+    if resolved.liger_kernels and on_gpu:
+        why = apply_liger_kernels(model)
+        choices.liger_kernels = why is None
+        if why:
+            choices.notes.append(f"liger_kernels: {why}; using the model's own layers")
+    if resolved.fused_loss != "off":
+        why = fused_loss_unsupported(model)
+        if why is None:
+            install_fused_loss(model, resolved.fused_loss)
+            choices.fused_loss = resolved.fused_loss
+        else:
+            choices.notes.append(f"fused_loss: {why}; using the standard loss")
+
+
+def load_base_model(
+    resolved: ResolvedConfig, device: str, source: str | None = None
+) -> tuple[PreTrainedModel, ModelChoices]:
+    """Load (or, for init 'random', build) the base model ready for adapter training.
+
+    `source` replaces `resolved.base_model` as the folder to read weights from (used for a
+    random-init model that was materialised to disk so it can be quantized).
+    """
+    on_gpu = device.startswith("cuda")
+    dtype = weight_dtype(resolved, on_gpu)
+    notes: list[str] = []
+    if resolved.quantization in ("int4", "int8") and resolved.init == "random" and source is None:
+        raise RunError("a random-init model must be saved before it can be quantized")
+    if resolved.init == "random" and source is None:
+        model, attn = _with_attention_fallback(
+            _checked(lambda a: build_random_model(resolved, dtype, a, device)),
+            resolved.attn_implementation,
+            notes,
+        )
+    else:
+        path = source or resolved.base_model
+        model, attn = _with_attention_fallback(
+            _checked(lambda a: _from_pretrained(resolved, path, dtype, a, device)),
+            resolved.attn_implementation,
+            notes,
+        )
+    model.config.use_cache = False
+    compute = "fp16" if on_gpu and resolved.fp16 and not resolved.bf16 else "bf16"
+    if resolved.quantization in ("int4", "int8"):
+        _freeze_for_kbit(model, resolved, compute)
+    shown = {"int4": f"nf4 + double quantization, {compute} compute", "int8": "int8"}
+    choices = ModelChoices(
+        dtype=shown.get(resolved.quantization, str(dtype).removeprefix("torch.")),
+        attn_implementation=attn,
+        tf32=apply_tf32(resolved.use_tf32),
+        quantization=resolved.quantization,
+        device=device,
+        notes=notes,
+    )
+    _speedups(model, resolved, on_gpu, choices)
+    return model, choices
+
+
+def adapter_config(resolved: ResolvedConfig, total_steps: int) -> PeftConfig:
+    """The peft configuration for the manifest's adapter type."""
+
+    targets = resolved.target_modules
+    kind = resolved.adapter_type
+    if kind in ("lora", "dora"):
+        return LoraConfig(
+            r=resolved.rank,
+            lora_alpha=resolved.alpha,
+            lora_dropout=resolved.dropout,
+            target_modules=targets,
+            use_dora=resolved.use_dora,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+    if kind == "ia3":
+        return IA3Config(
+            target_modules=targets,
+            feedforward_modules=resolved.feedforward_modules or [],
+            task_type="CAUSAL_LM",
+        )
+    if kind == "lokr":
+        return LoKrConfig(
+            r=resolved.rank,
+            alpha=resolved.alpha,
+            rank_dropout=resolved.dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+        )
+    if kind == "adalora":
+        if total_steps <= 0:
+            raise UserError("adapter_type adalora: needs a known number of training steps")
+        return AdaLoraConfig(
+            init_r=resolved.rank,
+            target_r=max(1, resolved.rank // 2),
+            lora_alpha=resolved.alpha,
+            lora_dropout=resolved.dropout,
+            target_modules=targets,
+            total_step=total_steps,
+            task_type="CAUSAL_LM",
+        )
+    raise UserError(f"adapter_type: {kind!r} is not supported (lora, dora, ia3, lokr, adalora)")
+
+
+def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps: int) -> PeftModel:
+    """Wrap `model` with the manifest's adapter (seeded init). Adapter weights are fp32; they
+    compute in the mixed-precision dtype unless `adapter_precision` is fp32."""
+
+    set_seed(resolved.seed)
+
+    try:
+        peft_model = get_peft_model(
+            model, adapter_config(resolved, total_steps), autocast_adapter_dtype=True
+        )
+    except ValueError as exc:
+        raise UserError(
+            f"adapter ({resolved.adapter_type}, target_modules={resolved.target_modules}): {exc}"
+        ) from None
+    if resolved.gradient_checkpointing and resolved.quantization not in ("int4", "int8"):
+        peft_model.enable_input_require_grads()
+    if adapter_compute_dtype(resolved) != "fp32":
+        adapters_in_compute_dtype(peft_model)
+    return peft_model
+
+
+def adapter_compute_dtype(resolved: ResolvedConfig) -> str:
+    """The dtype adapters compute in: the mixed-precision dtype when `adapter_precision` is
+    compute and bf16/fp16 autocast is on, else fp32 (weights are fp32 in both cases)."""
+    if resolved.adapter_precision != "compute":
+        return "fp32"
+    return "bf16" if resolved.bf16 else "fp16" if resolved.fp16 else "fp32"
+
+
+def parameter_counts(model: PeftModel) -> tuple[int, int]:
+    """(trainable, total) parameters; 4-bit weights counted at their unpacked size."""
+    trainable, total = model.get_nb_trainable_parameters()
+    return int(trainable), int(total)
+
+
+def matmul_parameters(model: PeftModel, total: int) -> int:
+    """Parameters that take part in matmuls: all but an untied input embedding (a lookup)."""
+    base = model.get_base_model()
+    embed = base.get_input_embeddings()
+    tied = bool(getattr(base.config, "tie_word_embeddings", False))
+    return total if tied else total - embed.weight.numel()

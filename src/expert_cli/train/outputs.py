@@ -1,0 +1,75 @@
+"""What a training run leaves in its output folder, written so readers never see half a file.
+
+OUTPUT/adapter_model.safetensors, adapter_config.json, tokenizer files, manifest.resolved.json,
+metrics.json, checkpoints/checkpoint-N, runs/ (TensorBoard) and, for a random-init base model,
+base_model/ (the weights the adapter was trained on, so it can be loaded and merged).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from expert_cli.atomic import atomic_folder, write_json_atomic
+from expert_cli.errors import RunError, UserError
+from expert_cli.train.trainer import latest_checkpoint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from expert_cli.config.resolve import ResolvedConfig
+
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+
+
+def output_dir(manifest_path: Path, output: Path | None) -> Path:
+    """`--output`, else `<manifest folder>/output`."""
+    return (output or manifest_path.parent / "output").expanduser().resolve()
+
+
+def resume_checkpoint(checkpoints: Path) -> Path:
+    """The latest checkpoint to resume from; UserError when there is none."""
+
+    found = latest_checkpoint(checkpoints)
+    if found is None:
+        raise UserError(
+            f"--resume: no checkpoint under {checkpoints} (checkpoint-N folders "
+            "are written every save_steps and on Ctrl-C)"
+        )
+    return found
+
+
+def write_resolved(output: Path, resolved: ResolvedConfig, runtime: dict[str, Any]) -> Path:
+    """manifest.resolved.json: every resolved field, plus what the run decided at load time."""
+    data = resolved.model_dump(mode="json")
+    data["runtime"] = runtime
+    path = output / "manifest.resolved.json"
+    write_json_atomic(path, data)
+    return path
+
+
+def materialize_random_base(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dest: Path
+) -> Path:
+    """Save a random-init base model (safetensors + tokenizer), all or nothing."""
+    with atomic_folder(dest) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    return dest
+
+
+def move_final_files(staging: Path, output: Path) -> list[Path]:
+    """Move the files of `trainer.save_model(staging)` into `output`, one rename each."""
+    moved = []
+    for item in sorted(staging.iterdir()):
+        if item.is_file():
+            target = output / item.name
+            os.replace(item, target)
+            moved.append(target)
+    shutil.rmtree(staging, ignore_errors=True)
+    missing = [name for name in ADAPTER_FILES if not (output / name).is_file()]
+    if missing:
+        raise RunError(f"{output}: the adapter was not saved ({', '.join(missing)} missing)")
+    return moved

@@ -1,0 +1,337 @@
+"""`expert-cli train`, top to bottom: setup, data, model, Trainer, train, save.
+
+The same code runs alone, under `torchrun --nproc_per_node N` and under `accelerate launch`
+(DDP; FSDP/DeepSpeed from the manifest's `distributed` block). Only the main process reports
+(through a `Reporter`, which the CLI turns into what a person reads) and writes outputs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from transformers import PrinterCallback, TrainerCallback, TrainingArguments
+from transformers.utils import logging as hf_logging
+
+from expert_cli.config import load_manifest
+from expert_cli.config.environment import probe_environment
+from expert_cli.config.kernels import BOUNDARY_KERNELS
+from expert_cli.config.resolve import ResolvedConfig, resolve
+from expert_cli.data import BuildProgress, PreparedData, prepare_data
+from expert_cli.data.collate import PackedCollator
+from expert_cli.data.tokenizer import load_tokenizer
+from expert_cli.errors import UserError
+from expert_cli.train import distributed
+from expert_cli.train.args import planned_steps, training_args_kwargs
+from expert_cli.train.batch import plan_batch
+from expert_cli.train.callbacks import AdaLoraCallback, Interrupt, InterruptCallback
+from expert_cli.train.model import (
+    ModelChoices,
+    adapter_compute_dtype,
+    attach_adapter,
+    build_random_model,
+    load_base_model,
+    parameter_counts,
+    training_device,
+    weight_dtype,
+)
+from expert_cli.train.outputs import (
+    materialize_random_base,
+    move_final_files,
+    output_dir,
+    resume_checkpoint,
+    write_resolved,
+)
+from expert_cli.train.speed import compile_decision, compile_layers
+from expert_cli.train.trainer import Telemetry, build_trainer
+
+
+@dataclass
+class TrainOptions:
+    """The `train` command's arguments."""
+
+    manifest: Path
+    output: Path | None = None
+    resume: bool = False
+    max_steps: int | None = None
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrainResult:
+    """How the run ended: `exit_code` 0, or 130/143 after SIGINT/SIGTERM."""
+
+    output_dir: Path
+    status: str
+    exit_code: int
+    summary: dict[str, Any]
+    resumed_from: Path | None = None
+    is_main: bool = True  # the process that reports and writes (rank 0)
+
+
+class Reporter(Protocol):
+    """What a person sees of a run (the main process calls it; the CLI draws it)."""
+
+    def data(self, data: PreparedData) -> None: ...
+
+    def decisions(
+        self, resolved: ResolvedConfig, choices: ModelChoices, params: tuple[int, int]
+    ) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+    def window(self, record: dict[str, Any]) -> None: ...
+
+    def callbacks(self) -> list[TrainerCallback]: ...
+
+    def build_progress(self) -> BuildProgress | None: ...
+
+
+class Silent:
+    """A Reporter that shows nothing (scripts, tests)."""
+
+    def data(self, data: PreparedData) -> None:
+        return None
+
+    def decisions(
+        self, resolved: ResolvedConfig, choices: ModelChoices, params: tuple[int, int]
+    ) -> None:
+        return None
+
+    def note(self, text: str) -> None:
+        return None
+
+    def window(self, record: dict[str, Any]) -> None:
+        return None
+
+    def callbacks(self) -> list[TrainerCallback]:
+        return []
+
+    def build_progress(self) -> BuildProgress | None:
+        return None
+
+
+@dataclass
+class Run:
+    """What the steps of one run share."""
+
+    resolved: ResolvedConfig
+    args: TrainingArguments
+    output: Path
+    reporter: Reporter
+    runtime: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_main(self) -> bool:
+        return self.args.process_index == 0
+
+    @property
+    def device(self) -> str:
+        return training_device(self.args.local_process_index)
+
+
+def quiet_transformers() -> None:
+    """Our reporter shows progress; transformers' own bars and info logs would interleave."""
+    hf_logging.set_verbosity_warning()
+    hf_logging.disable_progress_bar()
+
+
+def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
+    """Manifest -> resolved config, output folder, TrainingArguments (starts distributed)."""
+    quiet_transformers()
+    loaded = load_manifest(opts.manifest, opts.overrides)
+    env = probe_environment()
+    resolved = resolve(loaded, env)
+    output = output_dir(loaded.path, opts.output)
+    resume = resume_checkpoint(output / "checkpoints") if opts.resume else None
+    kwargs = training_args_kwargs(
+        resolved, output / "checkpoints", max_steps=opts.max_steps, on_gpu=env.has_gpu
+    )
+    args = TrainingArguments(**kwargs)
+    run = Run(resolved=resolved, args=args, output=output, reporter=reporter)
+    run.runtime.update(
+        environment=env.to_dict(),
+        world_size=args.world_size,
+        has_eval=resolved.evaluation_strategy != "no",
+        resumed_from=str(resume) if resume else None,
+    )
+    return run, resume
+
+
+def load_data(run: Run) -> tuple[Any, PreparedData]:
+    """Tokenizer, then the token cache (validates the data before any model is loaded)."""
+    tokenizer = load_tokenizer(run.resolved)
+    progress = run.reporter.build_progress() if run.is_main else None
+    with run.args.main_process_first(desc="token cache"):
+        data = prepare_data(run.resolved, tokenizer, progress=progress)
+    if run.is_main:
+        run.reporter.data(data)
+    if run.args.eval_strategy != "no" and data.eval is None:
+        raise UserError(
+            "training.config.evaluation_strategy: evaluation is on but the data "
+            "has no validation rows (set validation_path or eval_fraction)"
+        )
+    run.runtime["data"] = {
+        "stats": data.stats,
+        "cache_dir": str(data.cache_dir),
+        "built": data.built,
+        "reason": data.reason,
+    }
+    return tokenizer, data
+
+
+def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None) -> Any:
+    """Base model (a random init is materialised to OUTPUT/base_model first), adapter, batch
+    plan and compilation."""
+    resolved, device = run.resolved, run.device
+    source = None
+    if resolved.init == "random":
+        source = run.output / "base_model"
+        if run.is_main and not (resume and (source / "config.json").is_file()):
+            dtype = weight_dtype(resolved, device.startswith("cuda"))
+            random_model = build_random_model(resolved, dtype, "eager", device)
+            materialize_random_base(random_model, tokenizer, source)
+            del random_model
+        distributed.barrier()
+    model, choices = load_base_model(resolved, device, str(source) if source else None)
+    steps = planned_steps(resolved, len(data.train), run.args.world_size, run.args.max_steps)
+    peft_model = attach_adapter(model, resolved, steps)
+    choices.adapter_precision = adapter_compute_dtype(resolved)
+    if resolved.batch_auto and device.startswith("cuda"):
+        _plan_batch(run, peft_model, tokenizer, data, choices)
+    compile_on, why = compile_decision(resolved.torch_compile, device.startswith("cuda"))
+    if compile_on:
+        choices.compiled_layers = compile_layers(
+            peft_model, resolved.torch_compile_backend, resolved.torch_compile_mode
+        )
+    choices.notes.append(f"torch_compile: {why}")
+    trainable, total = parameter_counts(peft_model)
+    if run.is_main:
+        run.reporter.decisions(run.resolved, choices, (trainable, total))
+    run.runtime["model"] = {
+        **choices.__dict__,
+        "trainable_params": trainable,
+        "total_params": total,
+        "base_weights": str(source or resolved.base_model),
+    }
+    return peft_model
+
+
+def _plan_batch(
+    run: Run, peft_model: Any, tokenizer: Any, data: PreparedData, choices: ModelChoices
+) -> None:
+    """batch_size auto: probe the memory of a micro-step, choose the micro-batch (the same on
+    every rank: the smallest any rank can hold) and keep the rows per optimizer step."""
+    resolved = run.resolved
+    collate = PackedCollator(
+        tokenizer.pad_token_id,
+        boundaries=choices.attn_implementation in BOUNDARY_KERNELS,
+        pad_to_multiple_of=resolved.max_seq_length,
+    )
+    rows = [data.train[i] for i in range(min(2, len(data.train)))] * 2
+    dtype = torch.bfloat16 if resolved.bf16 else torch.float16 if resolved.fp16 else None
+    if resolved.gradient_checkpointing:  # the Trainer turns it on too; the probe must see it
+        peft_model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+    plan = plan_batch(peft_model, rows, collate, choices.device, resolved.rows_per_step, dtype)
+    micro = distributed.min_over_ranks(plan.micro_batch)
+    accumulation = resolved.rows_per_step // micro
+    run.args.per_device_train_batch_size = run.args.per_device_eval_batch_size = micro
+    run.args.gradient_accumulation_steps = accumulation
+    run.resolved = resolved.model_copy(
+        update={"batch_size": micro, "gradient_accumulation_steps": accumulation}
+    )
+    run.runtime["batch"] = {**plan.to_dict(), "micro_batch": micro, "accumulation": accumulation}
+    choices.notes.append(f"batch_size: auto: {plan.describe()}")
+
+
+def make_trainer(
+    run: Run, model: Any, tokenizer: Any, data: PreparedData, interrupt: Interrupt
+) -> tuple[Any, Any, InterruptCallback]:
+    """The Trainer with telemetry, the reporter's callbacks, Ctrl-C and TensorBoard."""
+    metrics = run.output / "metrics.json"
+    telemetry = Telemetry(
+        metrics_path=metrics if run.is_main else None,
+        on_window=run.reporter.window if run.is_main else None,
+        earlier_windows=_earlier_windows(metrics, run.runtime.get("resumed_from")),
+        world_size=run.args.world_size,
+        reduce=distributed.sum_over_ranks,
+    )
+    kernel = run.runtime["model"]["attn_implementation"]
+    trainer, throughput = build_trainer(model, run.args, data, tokenizer, kernel, telemetry)
+    trainer.remove_callback(PrinterCallback)  # the reporter shows progress instead
+    stop = InterruptCallback(interrupt, distributed.any_rank)
+    extra = run.reporter.callbacks() if run.is_main else []
+    for callback in [*extra, stop, _tensorboard(run)]:
+        if callback is not None:
+            trainer.add_callback(callback)
+    if run.resolved.adapter_type == "adalora":
+        trainer.add_callback(AdaLoraCallback(model))
+    return trainer, throughput, stop
+
+
+def _earlier_windows(path: Path, resumed_from: str | None) -> list[dict[str, Any]]:
+    """The windows of metrics.json up to the checkpoint a resumed run starts from."""
+    if resumed_from is None or not path.is_file():
+        return []
+    step = int(Path(resumed_from).name.rsplit("-", 1)[-1])
+    try:
+        windows = json.loads(path.read_text()).get("windows", [])
+    except (OSError, ValueError):  # a half-written file from a killed run: start a new list
+        return []
+    return [w for w in windows if isinstance(w, dict) and w.get("step", 0) <= step]
+
+
+def _tensorboard(run: Run) -> TrainerCallback | None:
+    """TensorBoard events under OUTPUT/runs when tensorboard is installed (main process)."""
+    if not run.is_main:
+        return None
+    if importlib.util.find_spec("tensorboard") is None:
+        run.reporter.note(
+            "tensorboard is not installed; no TensorBoard events (metrics.json has the same "
+            "numbers)"
+        )
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+
+    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(run.output / "runs")))
+
+
+def save(run: Run, trainer: Any) -> None:
+    """Adapter, adapter_config.json and tokenizer into OUTPUT (all ranks call, main writes)."""
+    staging = run.output / f".final-{os.getpid()}"
+    trainer.save_model(str(staging))
+    if run.is_main:
+        move_final_files(staging, run.output)
+        write_resolved(run.output, run.resolved, run.runtime)
+
+
+def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
+    """Train the manifest's adapter; on SIGINT/SIGTERM save a checkpoint and stop."""
+    run, resume = setup(opts, reporter or Silent())
+    tokenizer, data = load_data(run)
+    model = load_model(run, tokenizer, data, resume)
+    if run.is_main:
+        run.output.mkdir(parents=True, exist_ok=True)
+        write_resolved(run.output, run.resolved, run.runtime)
+    with Interrupt() as interrupt:
+        trainer, throughput, stop = make_trainer(run, model, tokenizer, data, interrupt)
+        try:
+            trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        except KeyboardInterrupt:
+            throughput.finish(trainer.state.global_step, "interrupted")
+            raise
+    status = "interrupted" if stop.stopped else "completed"
+    summary = throughput.finish(trainer.state.global_step, status)
+    if status == "completed":
+        save(run, trainer)
+    distributed.barrier()
+    code = interrupt.exit_code if stop.stopped else 0
+    return TrainResult(run.output, status, code, summary, resume, run.is_main)

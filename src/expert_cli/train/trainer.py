@@ -1,0 +1,152 @@
+"""The Hugging Face Trainer as expert-cli runs it: packed batches that count their real
+tokens, batch-fetch timing for the throughput meter, and `build_trainer`, the one place that
+wires them together (the train command and the benchmark scripts both use it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments
+
+from expert_cli.config.kernels import BOUNDARY_KERNELS
+from expert_cli.data import PreparedData
+from expert_cli.data.collate import PackedCollator
+from expert_cli.data.formatting import IGNORE
+from expert_cli.telemetry.flops import peak_bf16_flops
+from expert_cli.telemetry.throughput import FlopsModel, ThroughputMeter
+from expert_cli.train.callbacks import ThroughputCallback
+from expert_cli.train.model import matmul_parameters, parameter_counts
+
+# Key the counting collator adds to each batch; removed before the model sees the batch.
+COUNTS_KEY = "expert_cli_counts"
+
+
+def _example_lengths(row: dict[str, Any]) -> np.ndarray:
+    """Lengths of the examples packed in a row (position_ids restart at 0 at each one)."""
+    if "position_ids" not in row:
+        return np.array([len(row["input_ids"])], dtype=np.int64)
+    starts = np.flatnonzero(np.asarray(row["position_ids"]) == 0)
+    return np.diff(starts, append=len(row["input_ids"])).astype(np.int64)
+
+
+class CountingCollator:
+    """Wraps the packed collator; adds (real tokens, examples, trained tokens, attended) to
+    the batch.
+
+    Counted on the unpadded rows: tokens = row lengths, examples = position_ids restarts,
+    trained tokens = labels that are not -100, attended = the sum over examples of length**2
+    (each token attends within its own example; the FLOPs count needs it).
+    """
+
+    def __init__(self, inner: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> None:
+        self.inner = inner
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        tokens = samples = trained = attended = 0
+        for r in rows:
+            lengths = _example_lengths(r)
+            tokens += len(r["input_ids"])
+            samples += len(lengths)
+            attended += int((lengths * lengths).sum())
+            trained += int((np.asarray(r["labels"]) != IGNORE).sum())
+        batch = dict(self.inner(rows))
+        batch[COUNTS_KEY] = (tokens, samples, trained, attended)
+        return batch
+
+
+class ExpertTrainer(Trainer):
+    """The Trainer with throughput telemetry around the batch fetch."""
+
+    meter: ThroughputMeter | None = None
+
+    def get_batch_samples(
+        self, epoch_iterator: Any, num_batches: int, device: Any
+    ) -> tuple[list, Any]:
+        if self.meter is not None:
+            self.meter.fetch_started()
+        batches, n_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        counts = [b.pop(COUNTS_KEY, (0, 0, 0, 0)) for b in batches]
+        if self.meter is not None:
+            self.meter.fetch_ended(*(sum(c[i] for c in counts) for i in range(4)))
+        return batches, n_items
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        inputs.pop(COUNTS_KEY, None)
+        return super()._prepare_inputs(inputs)
+
+
+def flops_model(peft_model: Any) -> FlopsModel:
+    """What MFU needs to know of the model, and this GPU's peak (None on CPU/unknown GPUs)."""
+    cfg = peft_model.get_base_model().config
+    trainable, total = parameter_counts(peft_model)
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    peak = peak_bf16_flops(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+    return FlopsModel(
+        matmul_params=matmul_parameters(peft_model, total),
+        trainable_params=trainable,
+        n_layers=cfg.num_hidden_layers,
+        hidden=cfg.hidden_size,
+        attn_dim=heads * head_dim,
+        peak_flops_per_device=peak,
+    )
+
+
+@dataclass
+class Telemetry:
+    """Where a run's throughput goes: metrics.json (main process only), a per-window hook,
+    the windows of the run it resumes, and how many processes to sum over."""
+
+    metrics_path: Path | None = None
+    on_window: Callable[[dict[str, Any]], None] | None = None
+    earlier_windows: list[dict[str, Any]] = field(default_factory=list)
+    world_size: int = 1
+    reduce: Callable[[list[float]], list[float]] | None = None
+
+
+def build_trainer(
+    model: Any,
+    args: TrainingArguments,
+    data: PreparedData,
+    tokenizer: PreTrainedTokenizerBase,
+    kernel: str,
+    telemetry: Telemetry | None = None,
+) -> tuple[ExpertTrainer, ThroughputCallback]:
+    """The Trainer on the cache's packed rows (with the sequence boundaries `kernel` reads),
+    its throughput meter and the callback that closes windows; evaluation when `args` asks."""
+    telemetry = telemetry or Telemetry()
+    collator = CountingCollator(
+        PackedCollator(tokenizer.pad_token_id, boundaries=kernel in BOUNDARY_KERNELS)
+    )
+    meter = ThroughputMeter(flops_model(model), telemetry.world_size, reduce=telemetry.reduce)
+    throughput = ThroughputCallback(
+        meter, telemetry.metrics_path, telemetry.on_window, telemetry.earlier_windows
+    )
+    trainer = ExpertTrainer(
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        eval_dataset=data.eval if args.eval_strategy != "no" else None,
+        data_collator=collator,
+        processing_class=tokenizer,
+    )
+    trainer.meter = meter
+    trainer.callback_handler.callbacks.insert(0, throughput)  # first: its logs reach TB
+    return trainer, throughput
+
+
+def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
+    """The `checkpoint-N` folder with the largest N, or None."""
+    if not checkpoints_dir.is_dir():
+        return None
+    found = [
+        (int(p.name.split("-")[-1]), p)
+        for p in checkpoints_dir.glob("checkpoint-*")
+        if p.is_dir() and p.name.split("-")[-1].isdigit()
+    ]
+    return max(found)[1] if found else None

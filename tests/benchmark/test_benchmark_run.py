@@ -1,0 +1,356 @@
+"""The benchmark's sampler, options, run metrics, command control and FLOPs helpers, with an
+injected fake NVML source instead of a GPU."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from expert_cli.benchmark import command as command_module
+from expert_cli.benchmark import metrics as run_metrics
+from expert_cli.benchmark import run as bm
+from expert_cli.benchmark.command import Command
+from expert_cli.errors import UserError
+from expert_cli.telemetry.flops import lora_train_flops_per_token, mfu, peak_bf16_flops
+from expert_cli.telemetry.gpu import GpuSample, NoGpu, PynvmlSource
+
+
+class FakeNvml:
+    """Replays a recorded sequence per GPU; the last reading repeats once it runs out."""
+
+    def __init__(self, sequences: dict[int, list[GpuSample]]) -> None:
+        self.sequences = sequences
+        self.calls = dict.fromkeys(sequences, 0)
+        self.closed = False
+
+    def device_count(self) -> int:
+        return len(self.sequences)
+
+    def driver_version(self) -> str:
+        return "550.54.15"
+
+    def name(self, index: int) -> str:
+        return "NVIDIA H100 80GB HBM3"
+
+    def sample(self, index: int) -> GpuSample:
+        seq = self.sequences[index]
+        reading = seq[min(self.calls[index], len(seq) - 1)]
+        self.calls[index] += 1
+        return reading
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def thermal_sequence(index: int) -> list[GpuSample]:
+    return [
+        GpuSample(
+            index=index,
+            gpu_util=97.0,
+            mem_util=60.0,
+            mem_used_mb=40_000.0,
+            mem_total_mb=81_559.0,
+            temperature_c=92.0,
+            power_w=650.0,
+            power_limit_w=700.0,
+            sm_clock_mhz=1200.0,
+            throttle_reasons=["hw_thermal_slowdown"],
+        )
+    ]
+
+
+def notes() -> tuple[bm.Hooks, list[str]]:
+    """Hooks that keep the notes a person would see."""
+    seen: list[str] = []
+    return bm.Hooks(note=seen.append), seen
+
+
+def test_sampler_with_fake_source_assesses_and_writes(tmp_path: Path) -> None:
+    fake = FakeNvml({0: thermal_sequence(0), 1: thermal_sequence(1)})
+    opts = bm.BenchmarkOptions(
+        duration=0.3, interval=0.1, output=tmp_path / "r.json", plot=tmp_path / "u.png", gpu="1"
+    )
+    report = bm.run_benchmark(opts, source_factory=lambda: fake)
+    assert fake.closed
+    assert fake.calls == {0: 0, 1: len(report["samples"])}  # only the selected GPU
+    assert 2 <= len(report["samples"]) <= 4
+    assert report["machine"]["gpus"] == [
+        {"index": 1, "name": "NVIDIA H100 80GB HBM3", "peak_bf16_tflops": 989.0}
+    ]
+    assert report["machine"]["driver_version"] == "550.54.15"
+    assert report["stats"]["gpus"]["1"]["temperature_c"]["mean"] == 92.0
+    assert report["assessment"]["bottleneck"] == "thermal_throttling"
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["schema_version"] == bm.SCHEMA_VERSION
+    assert saved["samples"][0]["gpus"][0]["throttle_reasons"] == ["hw_thermal_slowdown"]
+    assert (tmp_path / "u.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def util_sequence(utils: list[float]) -> list[GpuSample]:
+    return [
+        GpuSample(
+            index=0,
+            gpu_util=u,
+            mem_util=u / 2,
+            mem_used_mb=60_000.0,
+            mem_total_mb=81_559.0,
+            temperature_c=60.0,
+            power_w=500.0,
+            power_limit_w=700.0,
+            sm_clock_mhz=1980.0,
+        )
+        for u in utils
+    ]
+
+
+def test_command_startup_is_split_off_and_assessed_without_it(tmp_path: Path) -> None:
+    fake = FakeNvml({0: util_sequence([0.0] * 4 + [99.0])})  # the last reading repeats
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps({"summary": {"data_wait_fraction": 0.002, "mfu": 0.08}}))
+    opts = bm.BenchmarkOptions(
+        duration=1.0,
+        interval=0.1,
+        metrics=metrics,
+        command=[sys.executable, "-c", "import time; time.sleep(30)"],
+    )
+    report = bm.run_benchmark(opts, source_factory=lambda: fake)
+    phases = report["phases"]
+    assert phases["active"] and phases["first"] == 4 and phases["tail_s"] == 0.0
+    assert phases["startup_s"] == report["samples"][3]["t"]
+    assert report["stats"]["gpus"]["0"]["gpu_util"]["min"] == 0.0  # whole run kept
+    assert report["active_stats"]["gpus"]["0"]["gpu_util"]["min"] == 99.0
+    assert report["assessment"]["bottleneck"] == "gpu_bound"
+    assert report["assessment"]["evidence"][0].startswith("start-up: ")
+
+
+def test_plain_sampling_is_not_split() -> None:
+    fake = FakeNvml({0: util_sequence([0.0, 0.0, 99.0])})
+    report = bm.run_benchmark(
+        bm.BenchmarkOptions(duration=0.5, interval=0.1), source_factory=lambda: fake
+    )
+    assert report["phases"] is None and report["active_stats"] is None
+    assert not report["assessment"]["evidence"][0].startswith("start-up")
+
+
+def test_recorded_h100_report_reassessed_and_rendered() -> None:
+    from expert_cli.cli.benchmark_view import render_summary
+
+    path = Path(__file__).parents[2] / "bench_results/h100/benchmark_train_report.json"
+    recorded = json.loads(path.read_text())
+    assert recorded["assessment"]["bottleneck"] == "underutilized"  # the old rules
+    settings = recorded["settings"]
+    ctx = bm.Context(
+        phased=bool(recorded.get("command") or settings.get("workload")),
+        run_metrics=recorded.get("run_metrics"),
+        metrics_given=recorded.get("metrics_path") is not None,
+        workload=recorded.get("workload"),
+        no_gpu_reason=recorded.get("no_gpu_reason"),
+    )
+    report = {**recorded, **bm.analyse(recorded["samples"], settings["gpus"], ctx)}
+    assert report["assessment"]["bottleneck"] == "gpu_bound"
+    assert report["stats"]["gpus"]["0"]["gpu_util"]["mean"] < 65  # whole run, with start-up
+    console = Console(file=io.StringIO(), width=200)
+    render_summary(report, console)
+    text = console.file.getvalue()
+    assert "start-up: 58 s before the GPU got work" in text
+    assert "GPU 0 NVIDIA H100 80GB HBM3, active phase 59-200 s" in text
+    assert "assessment: GPU busy, input pipeline keeps up; model compute is the limit" in text
+    assert "--metrics" not in text.split("what to change:")[1]
+
+
+def test_mfu_from_run_metrics_or_workload() -> None:
+    windows = [{"mfu": 0.1}, {"mfu": 0.2}, {"step": 3}]
+    assert run_metrics.run_mfu({"summary": {"mfu": 0.3}, "windows": windows}, None) == 0.3
+    assert run_metrics.run_mfu({"summary": None, "windows": windows}, None) == pytest.approx(0.15)
+    assert run_metrics.run_mfu(None, {"mfu": 0.07}) == 0.07
+    assert run_metrics.run_mfu(None, None) is None
+
+
+def test_gpu_index_out_of_range_names_the_option() -> None:
+    fake = FakeNvml({0: thermal_sequence(0)})
+    opts = bm.BenchmarkOptions(duration=1, interval=1, gpu="2")
+    with pytest.raises(UserError, match=r"--gpu: index 2 out of range.*1 GPU"):
+        bm.run_benchmark(opts, source_factory=lambda: fake)
+
+
+def test_no_gpu_source_still_samples_host() -> None:
+    def no_gpu() -> FakeNvml:
+        raise NoGpu("NVML could not start: Driver Not Loaded")
+
+    hooks, seen = notes()
+    report = bm.run_benchmark(
+        bm.BenchmarkOptions(duration=0.2, interval=0.1), hooks, source_factory=no_gpu
+    )
+    assert report["gpu_available"] is False
+    assert seen == [
+        "no NVIDIA GPU found (NVML could not start: Driver Not Loaded); sampling CPU and RAM only"
+    ]
+    assert report["stats"]["host"]["ram_percent"]["n"] == len(report["samples"])
+    with pytest.raises(UserError, match="--gpu: GPU 0 requested but no NVIDIA GPU"):
+        bm.run_benchmark(bm.BenchmarkOptions(duration=0.2, gpu="0"), source_factory=no_gpu)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "flag"),
+    [
+        ({"duration": 0}, "--duration"),
+        ({"interval": -1}, "--interval"),
+        ({"gpu": "first"}, "--gpu"),
+        ({"output": Path("/no/such/folder/r.json")}, "--output"),
+        ({"plot": Path("/no/such/folder/u.png")}, "--plot"),
+        ({"workload": "resnet"}, "--workload"),
+    ],
+)
+def test_bad_options_name_the_option(kwargs: dict, flag: str) -> None:
+    with pytest.raises(UserError) as err:
+        bm.validate_options(bm.BenchmarkOptions(**kwargs))
+    assert err.value.lines[0].startswith(f"{flag}:")
+
+
+def test_run_metrics_read_tolerantly(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.json"
+    assert run_metrics.read_run_metrics(path) is None  # not written yet
+    path.write_text('{"windows": [{"step": 10, "tokens_')  # half-written
+    assert run_metrics.read_run_metrics(path) is None
+    windows = [
+        {"step": 10, "tokens_per_s": 900.0, "data_wait_fraction": 0.5},
+        {"step": 20, "tokens_per_s": 1100.0, "data_wait_fraction": 0.3},
+    ]
+    path.write_text(json.dumps({"windows": windows}))
+    run = run_metrics.read_run_metrics(path)
+    assert run["last_window"]["step"] == 20
+    assert run_metrics.data_wait_fraction(run) == pytest.approx(0.4)  # mean of windows
+    path.write_text(json.dumps({"windows": windows, "summary": {"data_wait_fraction": 0.1}}))
+    assert run_metrics.data_wait_fraction(run_metrics.read_run_metrics(path)) == 0.1  # summary wins
+
+
+def test_train_metrics_path_from_command() -> None:
+    assert run_metrics.train_metrics_path(
+        ["expert-cli", "train", "-m", "m.json", "--output", "runs/a"]
+    ) == Path("runs/a/metrics.json")
+    assert run_metrics.train_metrics_path(
+        ["/venv/bin/expert-cli", "train", "--output=runs/b"]
+    ) == Path("runs/b/metrics.json")
+    assert run_metrics.train_metrics_path(
+        ["expert-cli", "train", "--manifest", "experts/demo/m.json"]
+    ) == Path("experts/demo/output/metrics.json")  # the trainer's default output folder
+    assert run_metrics.train_metrics_path(["expert-cli", "train"]) is None
+    assert run_metrics.train_metrics_path(["expert-cli", "check", "--output", "x"]) is None
+    assert run_metrics.train_metrics_path(["python", "train.py", "--output", "x"]) is None
+
+
+def test_command_stopped_politely_with_sigint() -> None:
+    cmd = Command([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert cmd.wait(0.2) is None
+    t = time.monotonic()
+    assert cmd.stop() == 130  # KeyboardInterrupt: killed by SIGINT, 128 + 2
+    assert time.monotonic() - t < 5
+
+
+def test_command_ignoring_sigint_gets_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(command_module, "SIGINT_GRACE_S", 0.5)
+    code = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
+    cmd = Command([sys.executable, "-c", code])
+    time.sleep(0.3)  # let it install the handler
+    assert cmd.stop() == 143  # 128 + SIGTERM
+
+
+def test_missing_command_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="-- no-such-program-xyz: cannot start"):
+        Command(["no-such-program-xyz"])
+
+
+def test_pynvml_wrapper_reads_and_decodes() -> None:
+    class NotSupported(Exception):
+        pass
+
+    def unsupported(*_: object) -> None:
+        raise NotSupported
+
+    nv = SimpleNamespace(
+        NVMLError_NotSupported=NotSupported,
+        NVML_TEMPERATURE_GPU=0,
+        NVML_CLOCK_SM=1,
+        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=87, memory=41),
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=2 * 1024**3, total=8 * 1024**3),
+        nvmlDeviceGetTemperature=lambda h, sensor: 71,
+        nvmlDeviceGetPowerUsage=unsupported,
+        nvmlDeviceGetEnforcedPowerLimit=lambda h: 350_000,
+        nvmlDeviceGetClockInfo=lambda h, clock: 1755,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x4 | 0x20,
+        nvmlDeviceGetName=lambda h: b"NVIDIA L4",
+    )
+    source = PynvmlSource(nv)
+    s = source.sample(0)
+    assert (s.gpu_util, s.mem_util, s.mem_used_mb, s.mem_total_mb) == (87.0, 41.0, 2048, 8192)
+    assert s.mem_used_percent == 25.0
+    assert (s.temperature_c, s.power_w, s.power_limit_w, s.sm_clock_mhz) == (71, None, 350, 1755)
+    assert s.throttle_reasons == ["sw_power_cap", "sw_thermal_slowdown"]
+    assert source.name(0) == "NVIDIA L4"
+
+
+def test_lora_flops_by_hand() -> None:
+    # fwd 2*1000 + activation grads 2*1000 + weight grads 2*10 + attention 12*2*8*16 = 7092
+    assert lora_train_flops_per_token(1000, 10, 2, 8, 16) == 7092.0
+    # attention over heads*head_dim = 16 instead of hidden: 4020 + 12*2*16*16 = 10164
+    assert lora_train_flops_per_token(1000, 10, 2, 8, 16, attn_dim=16) == 10164.0
+    assert mfu(1000.0, 1e9, 1e13) == pytest.approx(0.1)
+    assert mfu(1000.0, 1e9, None) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H200", 989),
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA L4", 121),
+        ("NVIDIA L40S", 362),
+        ("NVIDIA GeForce RTX 4090", 165),
+        ("NVIDIA A10G", 125),
+        ("Tesla T4", None),
+    ],
+)
+def test_peak_bf16_table(name: str, tflops: float | None) -> None:
+    peak = peak_bf16_flops(name)
+    assert (peak if peak is None else peak / 1e12) == tflops
+
+
+def test_qwen3_workload_lora_params_by_hand() -> None:
+    from expert_cli.telemetry.workload import get_workload
+
+    m = get_workload("qwen3-0.6b-lora").model
+    h, q, kv, ff = (
+        m["hidden_size"],
+        m["num_attention_heads"] * m["head_dim"],
+        m["num_key_value_heads"] * m["head_dim"],
+        m["intermediate_size"],
+    )
+    r = 16  # A is r x in, B is out x r
+    per_layer = r * ((h + q) + (h + kv) * 2 + (q + h) + (h + ff) * 2 + (ff + h))
+    assert per_layer == 360_448
+    assert per_layer * m["num_hidden_layers"] == 10_092_544
+    with pytest.raises(UserError, match="--workload: unknown workload 'x'"):
+        get_workload("x")
+
+
+@pytest.mark.slow
+def test_qwen3_workload_builds_the_real_architecture() -> None:
+    import torch
+
+    from expert_cli.telemetry.workload import get_workload
+    from expert_cli.train.workload import build_lora_model
+
+    _, counts = build_lora_model(get_workload("qwen3-0.6b-lora"), "meta", torch.bfloat16)
+    assert counts["trainable_params"] == 10_092_544
+    assert counts["total_params"] - counts["trainable_params"] == 596_049_920  # Qwen3-0.6B

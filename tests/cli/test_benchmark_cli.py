@@ -1,0 +1,296 @@
+"""`expert-cli benchmark` for real through the CLI, in a subprocess: no-GPU path, commands and
+their exit codes, run metrics, bad arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `expert-cli ARGS` with this interpreter, capturing its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "expert_cli.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def has_nvml_gpu() -> bool:
+    from expert_cli.telemetry.gpu import NoGpu, open_nvml
+
+    try:
+        open_nvml().close()
+    except NoGpu:
+        return False
+    return True
+
+
+def test_no_gpu_path_reports_cpu_ram_and_plot(tmp_path: Path) -> None:
+    if has_nvml_gpu():
+        pytest.skip("this machine has an NVIDIA GPU; the no-GPU path cannot be exercised")
+    out = cli(
+        "benchmark",
+        "--duration",
+        "2",
+        "--interval",
+        "0.5",
+        "--output",
+        "r.json",
+        "--plot",
+        "u.png",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "no NVIDIA GPU found (" in out.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["gpu_available"] is False
+    assert report["assessment"]["bottleneck"] == "no_gpu"
+    assert len(report["samples"]) == 4
+    host = report["stats"]["host"]
+    assert 0 <= host["cpu_percent"]["mean"] <= 100
+    assert host["ram_used_gb"]["max"] > 0
+    assert report["machine"]["cpu_count"] >= 1
+    png = (tmp_path / "u.png").read_bytes()
+    assert png[:8] == PNG_MAGIC
+    import matplotlib.image
+
+    assert matplotlib.image.imread(tmp_path / "u.png").shape[0] > 100
+
+
+def test_command_exit_code_is_returned(tmp_path: Path) -> None:
+    out = cli(
+        "benchmark",
+        "--duration",
+        "20",
+        "--interval",
+        "0.2",
+        "--output",
+        "r.json",
+        "--",
+        sys.executable,
+        "-c",
+        "import sys; sys.exit(3)",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 3, out.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert (report["exit_code"], report["stopped_by"]) == (3, "command_exit")
+    assert {"phases", "active_stats"} <= report.keys()
+    if not report["gpu_available"]:
+        assert (report["phases"], report["active_stats"]) == (None, None)
+
+
+def test_short_command_ends_the_benchmark_early(tmp_path: Path) -> None:
+    t = time.monotonic()
+    out = cli(
+        "benchmark",
+        "--duration",
+        "30",
+        "--output",
+        "r.json",
+        "--",
+        sys.executable,
+        "-c",
+        "import time; time.sleep(1)",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - t < 10
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert 0.9 < report["elapsed_s"] < 3
+    assert report["stats"]["host"]["process_cpu_percent"] is not None
+
+
+def test_long_command_is_stopped_at_duration(tmp_path: Path) -> None:
+    out = cli(
+        "benchmark",
+        "--duration",
+        "1",
+        "--interval",
+        "0.5",
+        "--output",
+        "r.json",
+        "--",
+        sys.executable,
+        "-c",
+        "import time; time.sleep(60)",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 130, out.stderr  # stopped with SIGINT
+    assert json.loads((tmp_path / "r.json").read_text())["stopped_by"] == "duration"
+
+
+METRICS = {
+    "windows": [
+        {
+            "step": 10,
+            "tokens_per_s": 5000.0,
+            "samples_per_s": 4.0,
+            "data_wait_fraction": 0.6,
+            "mfu": 0.05,
+            "peak_memory_gb": 3.0,
+            "loss": 2.0,
+            "time": 12.0,
+        }
+    ],
+    "summary": {
+        "tokens_per_s": 5100.0,
+        "data_wait_fraction": 0.55,
+        "mfu": 0.05,
+        "steps": 10,
+        "train_runtime_s": 12.5,
+    },
+}
+
+
+def test_metrics_file_is_read_into_report(tmp_path: Path) -> None:
+    (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
+    out = cli(
+        "benchmark",
+        "--duration",
+        "1",
+        "--interval",
+        "0.5",
+        "--metrics",
+        "metrics.json",
+        "--output",
+        "r.json",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["run_metrics"]["summary"]["tokens_per_s"] == 5100.0
+    assert report["run_metrics"]["last_window"]["step"] == 10
+    assert "data-wait fraction 0.55 of step time (run metrics)" in report["assessment"]["evidence"]
+    assert "run metrics: tokens/s 5100, data wait 0.55" in out.stdout
+    assert "pass the run's metrics" not in out.stdout  # they were passed
+
+
+def test_train_command_output_dir_metrics_are_found(tmp_path: Path) -> None:
+    fake = tmp_path / "bin" / "expert-cli"  # stands in for `expert-cli train`
+    fake.parent.mkdir()
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        "out = sys.argv[sys.argv.index('--output') + 1]\n"
+        f"open(out + '/metrics.json', 'w').write(json.dumps({METRICS!r}))\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    (tmp_path / "run").mkdir()
+    out = cli(
+        "benchmark",
+        "--duration",
+        "10",
+        "--interval",
+        "0.2",
+        "--output",
+        "r.json",
+        "--",
+        str(fake),
+        "train",
+        "--manifest",
+        "m.json",
+        "--output",
+        "run",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["metrics_path"] == "run/metrics.json"
+    assert report["run_metrics"]["summary"]["data_wait_fraction"] == 0.55
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--duration", "0"], "--duration"),
+        (["--interval", "0"], "--interval"),
+        (["--gpu", "first"], "--gpu"),
+        (["--gpu", "99"], "--gpu"),
+        (["--output", "no/such/dir/r.json"], "--output"),
+        (["--workload", "resnet"], "--workload"),
+    ],
+)
+def test_bad_arguments_exit_2(tmp_path: Path, args: list[str], flag: str) -> None:
+    out = cli("benchmark", "--duration", "1", *args, cwd=tmp_path)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert f"{flag}:" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_help_does_not_import_torch() -> None:
+    code = (
+        "import sys, expert_cli.cli; "
+        "assert 'torch' not in sys.modules and 'expert_cli.benchmark.run' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_tiny_workload_reports_tokens_per_second(tmp_path: Path) -> None:
+    out = cli(
+        "benchmark",
+        "--workload",
+        "tiny",
+        "--duration",
+        "3",
+        "--interval",
+        "0.5",
+        "--output",
+        "r.json",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    wl = json.loads((tmp_path / "r.json").read_text())["workload"]
+    assert wl["workload"] == "tiny"
+    assert wl["timed_steps"] >= 1 and wl["tokens_per_s"] > 0
+    # on a CPU the fast path's choices are the portable ones, and the report says so
+    assert (wl["attention"], wl["fused_loss"], wl["adapter_precision"]) == ("sdpa", "off", "fp32")
+    # 2 layers x r=16 x (in + out) over q, k, v, o, gate, up, down
+    assert wl["trainable_params"] == 2 * 16 * (
+        (64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 128)
+    )
+    from expert_cli.telemetry.flops import lora_train_flops_per_token
+
+    assert wl["flops_per_token"] == lora_train_flops_per_token(
+        wl["total_params"], wl["trainable_params"], 2, 64, 64, attn_dim=64
+    )
+
+
+@pytest.mark.gpu
+def test_real_gpu_is_sampled(tmp_path: Path) -> None:
+    if not has_nvml_gpu():
+        pytest.skip("no NVIDIA GPU")
+    out = cli(
+        "benchmark",
+        "--duration",
+        "2",
+        "--interval",
+        "0.5",
+        "--gpu",
+        "0",
+        "--output",
+        "r.json",
+        "--plot",
+        "u.png",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["gpu_available"] is True
+    assert report["machine"]["driver_version"]
+    g = report["stats"]["gpus"]["0"]
+    assert g["mem_used_mb"]["max"] > 0 and g["temperature_c"]["mean"] > 0
+    assert (tmp_path / "u.png").read_bytes()[:8] == PNG_MAGIC

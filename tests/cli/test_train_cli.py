@@ -1,0 +1,177 @@
+"""`expert-cli train` on the demo expert through the CLI: outputs, reload, loss, metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from train_helpers import load_adapter, read_metrics, run_cli
+
+STEPS = 10
+WINDOW_KEYS = {
+    "step",
+    "tokens_per_s",
+    "samples_per_s",
+    "data_wait_fraction",
+    "mfu",
+    "peak_memory_gb",
+    "loss",
+    "learning_rate",
+    "time",
+}
+SUMMARY_KEYS = {
+    "tokens_per_s",
+    "samples_per_s",
+    "data_wait_fraction",
+    "mfu",
+    "steps",
+    "train_runtime_s",
+    "tokens",
+    "trained_tokens",
+    "final_loss",
+    "status",
+}
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    import shutil
+
+    from conftest import DEMO_EXPERT_DIR
+
+    expert = tmp_path_factory.mktemp("demo") / "demo"
+    shutil.copytree(DEMO_EXPERT_DIR, expert, ignore=shutil.ignore_patterns(".cache", "output"))
+    out = expert / "out"
+    proc = run_cli(
+        "train",
+        "--manifest",
+        str(expert / "manifest.json"),
+        "--output",
+        str(out),
+        "--max-steps",
+        str(STEPS),
+        "--set",
+        "save_steps=10",
+        "--set",
+        "eval_steps=10",
+        "--set",
+        "logging_steps=5",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return expert, out, proc.stdout
+
+
+@pytest.mark.slow
+def test_outputs_written(demo_run: tuple[Path, Path, str]) -> None:
+    _, out, stdout = demo_run
+    for name in (
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "manifest.resolved.json",
+        "metrics.json",
+    ):
+        assert (out / name).is_file(), name
+    assert (out / "checkpoints" / f"checkpoint-{STEPS}").is_dir()
+    assert list((out / "runs").glob("events.out.tfevents.*"))
+    assert (out / "base_model" / "model.safetensors").is_file()  # the random init
+    resolved = json.loads((out / "manifest.resolved.json").read_text())
+    model = resolved["runtime"]["model"]
+    # a CPU run takes the portable path, and both the config and the run record it
+    assert (
+        model["attn_implementation"],
+        model["fused_loss"],
+        model["adapter_precision"],
+        model["liger_kernels"],
+        model["compiled_layers"],
+    ) == ("sdpa", "off", "fp32", False, 0)
+    assert (
+        resolved["attn_implementation"],
+        resolved["fused_loss"],
+        resolved["batch_auto"],
+        resolved["torch_compile"],
+    ) == ("sdpa", "off", False, False)
+    for text in (
+        "attention sdpa",
+        "loss standard (full logits)",
+        "trainable of",
+        "data ",
+        "cache ",
+        "completed",
+    ):
+        assert text in stdout, text
+
+
+@pytest.mark.slow
+def test_loss_falls_and_metrics_schema(demo_run: tuple[Path, Path, str]) -> None:
+    _, out, _ = demo_run
+    metrics = read_metrics(out)
+    windows = metrics["windows"]
+    assert [w["step"] for w in windows] == [5, 10]
+    assert all(set(w) == WINDOW_KEYS for w in windows)
+    assert set(metrics["summary"]) == SUMMARY_KEYS
+    assert windows[-1]["loss"] < windows[0]["loss"]
+    summary = metrics["summary"]
+    assert summary["status"] == "completed" and summary["steps"] == STEPS
+    assert summary["tokens_per_s"] > 0 and 0 <= summary["data_wait_fraction"] < 1
+    assert 0 < summary["trained_tokens"] < summary["tokens"]
+
+
+@pytest.mark.slow
+def test_adapter_reloads_with_the_end_of_training_loss(demo_run: tuple[Path, Path, str]) -> None:
+    """PeftModel.from_pretrained + the eval rows reproduce the Trainer's final eval loss."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data import prepare_data
+    from expert_cli.data.collate import PackedCollator
+
+    expert, out, _ = demo_run
+    state = json.loads(
+        (out / "checkpoints" / f"checkpoint-{STEPS}" / "trainer_state.json").read_text()
+    )
+    final_eval = [
+        e["eval_loss"] for e in state["log_history"] if e.get("step") == STEPS and "eval_loss" in e
+    ]
+    resolved = resolve(load_manifest(expert / "manifest.json"), cpu_environment())
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    data = prepare_data(resolved, tokenizer)
+    collate = PackedCollator(tokenizer.pad_token_id)
+    model = load_adapter(out)
+    losses = []
+    with torch.no_grad():
+        for start in range(0, len(data.eval), resolved.batch_size):
+            rows = [
+                data.eval[i] for i in range(start, min(start + resolved.batch_size, len(data.eval)))
+            ]
+            loss = model(**collate(rows), use_cache=False).loss
+            losses += [loss.item()] * len(rows)
+    assert sum(losses) / len(losses) == pytest.approx(final_eval[0], abs=1e-4)
+
+
+def test_evaluation_without_validation_rows_stops_before_the_model(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from train_helpers import write_expert
+
+    manifest = write_expert(
+        tmp_path / "e",
+        tiny_model_dir,
+        config={"evaluation_strategy": "steps", "eval_steps": 5},
+    )
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["eval_fraction"] = 0.0
+    manifest.write_text(json.dumps(data))
+    out = run_cli("train", "--manifest", str(manifest), "--output", str(tmp_path / "out"))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert (
+        "training.config.evaluation_strategy: evaluation is on but the data has no "
+        "validation rows" in " ".join(out.stderr.split())
+    )
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "out" / "base_model").exists()  # no model was loaded

@@ -1,0 +1,348 @@
+"""The manifest models: HiveLLM 1.0/2.0 loading, comments, errors by JSON path, resolution."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from expert_cli.config import load_manifest, strip_comments
+from expert_cli.config.environment import Environment, cpu_environment
+from expert_cli.config.refs import split_hub_spec
+from expert_cli.config.resolve import ResolvedConfig, resolve
+from expert_cli.errors import UserError
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+H100 = Environment(
+    gpu_count=1,
+    gpu_name="NVIDIA H100 80GB HBM3",
+    gpu_capability=(9, 0),
+    bf16=True,
+    tf32=True,
+    cpu_count=16,
+    bitsandbytes="0.50.2",
+    flash_attn=None,
+)
+T4 = Environment(
+    gpu_count=1,
+    gpu_name="Tesla T4",
+    gpu_capability=(7, 5),
+    bf16=False,
+    tf32=False,
+    cpu_count=4,
+    bitsandbytes="0.50.2",
+)
+
+
+@pytest.fixture()
+def v2_dir(tmp_path: Path) -> Path:
+    shutil.copy(FIXTURES / "hivellm_v2.json", tmp_path / "manifest.json")
+    return tmp_path
+
+
+def _write(folder: Path, data: dict) -> Path:
+    path = folder / "manifest.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _mutate(folder: Path, edit) -> Path:
+    data = json.loads((FIXTURES / "hivellm_v2.json").read_text())
+    edit(data)
+    return _write(folder, data)
+
+
+def _errors(path: Path) -> list[str]:
+    with pytest.raises(UserError) as info:
+        load_manifest(path)
+    return info.value.lines
+
+
+def test_hivellm_v2_loads_unchanged_and_keeps_metadata(v2_dir: Path) -> None:
+    loaded = load_manifest(v2_dir / "manifest.json")
+    m = loaded.manifest
+    assert m.schema_version == "2.0"
+    assert m.primary_base_model.prompt_template == "chatml"  # "qwen3" is ChatML
+    assert m.primary_adapter.r == 14 and m.primary_adapter.type == "dora"
+    assert m.routing["keywords"] == ["sql", "select"]
+    assert m.limitations[0]["pattern"] == "no_recursive_cte"
+    assert m.training.decoding["top_k"] == 20
+    assert m.training.model_extra["alternative_checkpoints"]["checkpoint-1250"]["step"] == 1250
+    assert m.training.dataset.distributions == {
+        "task_distribution": {"generation": 9, "correction": 1},
+        "format_distribution": {"generic": 10},
+    }
+    assert m.training.config.gradient_accumulation_steps == 45
+    assert "_comment" not in json.dumps(m.model_dump(mode="json"))
+    assert loaded.raw["training"]["dataset"]["_comment"] == "c"  # the raw file is kept whole
+
+
+def test_hivellm_v1_layout(tmp_path: Path) -> None:
+    shutil.copy(FIXTURES / "hivellm_v1.json", tmp_path / "manifest.json")
+    m = load_manifest(tmp_path / "manifest.json").manifest
+    assert m.primary_base_model.quantization == "int8"
+    assert m.primary_base_model.rope_scaling == "yarn-128k"
+    assert m.primary_adapter.path == "weights/adapter.safetensors"
+    cfg = resolve(load_manifest(tmp_path / "manifest.json"), cpu_environment())
+    assert (cfg.rank, cfg.alpha, cfg.warmup_steps, cfg.epochs) == (16, 16.0, 100, 3.0)
+
+
+def test_comments_are_dropped_at_any_depth() -> None:
+    data = {"_a": 1, "b": [{"_c": 2, "d": {"_e": 3, "f": 4}}]}
+    assert strip_comments(data) == {"b": [{"d": {"f": 4}}]}
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            lambda d: d["training"]["config"].__setitem__("learing_rate", 1e-4),
+            "training.config.learing_rate: unknown field; did you mean learning_rate?",
+        ),
+        (
+            lambda d: d["training"]["dataset"].__setitem__("feild_mapping", {}),
+            "training.dataset.feild_mapping: unknown field; did you mean field_mapping?",
+        ),
+        (
+            lambda d: d["base_models"][0]["adapters"][0].__setitem__("alpah", 3),
+            "base_models[0].adapters[0].alpah: unknown field; did you mean alpha?",
+        ),
+        (
+            lambda d: d["base_models"][0].__setitem__("quantisation", "int4"),
+            "base_models[0].quantisation: unknown field; did you mean quantization?",
+        ),
+        (
+            lambda d: d["training"]["config"].__setitem__("rank", 0),
+            "training.config.rank: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            lambda d: d["training"]["config"].__setitem__("dropout", 1.5),
+            "training.config.dropout: Input should be less than 1 (got 1.5)",
+        ),
+        (
+            lambda d: d["training"]["config"].__setitem__("learning_rate", -0.001),
+            "training.config.learning_rate: Input should be greater than 0 (got -0.001)",
+        ),
+        (
+            lambda d: d["training"]["config"].__setitem__("batch_size", "two"),
+            'training.config.batch_size: expected a whole number of rows from 1 to 4096, or "auto"',
+        ),
+        (
+            lambda d: d["training"]["config"].__setitem__("fp16", True),
+            "training.config: fp16 and bf16 are both true; choose one",
+        ),
+        (
+            lambda d: d["training"]["config"].__setitem__("num_epochs", 3),
+            "training.config: epochs (1.5) and num_epochs (3.0) differ",
+        ),
+        (
+            lambda d: d["training"]["config"].__setitem__("adapter_type", "lorax"),
+            "training.config.adapter_type: Input should be 'lora', 'dora', 'ia3', 'lokr' or "
+            "'adalora'",
+        ),
+        (lambda d: d["training"]["dataset"].pop("path"), "training.dataset: `path` is required"),
+        (lambda d: d.pop("base_models"), "schema 2.0 needs `base_models`"),
+    ],
+)
+def test_errors_name_the_json_path(tmp_path: Path, edit, expected: str) -> None:
+    lines = _errors(_mutate(tmp_path, edit))
+    assert any(expected in line for line in lines), lines
+    assert all(line.startswith("manifest.json: ") for line in lines)
+
+
+def test_several_errors_are_reported_at_once(tmp_path: Path) -> None:
+    def edit(d: dict) -> None:
+        d["training"]["config"]["rank"] = 0
+        d["training"]["config"]["optimm"] = "sgd"
+
+    lines = _errors(_mutate(tmp_path, edit))
+    assert len(lines) == 2
+    assert "did you mean optim?" in lines[1]
+
+
+def test_invalid_json_names_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "manifest.json"
+    path.write_text('{\n  "name": "x",\n  "version": 1,,\n}')
+    [line] = _errors(path)
+    assert line.startswith(f"{path}:3:")
+    assert "invalid JSON" in line
+
+
+def test_missing_manifest_file(tmp_path: Path) -> None:
+    [line] = _errors(tmp_path / "nope.json")
+    assert line.endswith("nope.json: manifest not found")
+
+
+def test_paths_resolve_against_the_manifest_folder(v2_dir: Path) -> None:
+    cfg = resolve(load_manifest(v2_dir / "manifest.json"), cpu_environment())
+    # "models/base" could be a hub id (owner/name) until that folder exists
+    assert (cfg.base_model, cfg.base_model_kind) == ("models/base", "hub")
+    (v2_dir / "models" / "base").mkdir(parents=True)
+    cfg = resolve(load_manifest(v2_dir / "manifest.json"), cpu_environment())
+    assert cfg.base_model == str(v2_dir / "models" / "base")
+    assert cfg.base_model_kind == "local"
+    assert [s.location for s in cfg.train_sources] == [str(v2_dir / "datasets" / "train.jsonl")]
+    assert cfg.validation_sources[0].location == str(v2_dir / "datasets" / "validation.jsonl")
+    assert cfg.pretokenized_cache == str(v2_dir / ".cache" / "pretokenized")
+
+
+def test_hub_ids_and_split_specs(tmp_path: Path) -> None:
+    def edit(d: dict) -> None:
+        d["base_models"][0]["name"] = "Qwen/Qwen3-0.6B"
+        d["training"]["dataset"] = {
+            "path": "neo4j/text2cypher-2024v1::train::default",
+            "format": "huggingface",
+            "revision": "abc",
+        }
+
+    cfg = resolve(load_manifest(_mutate(tmp_path, edit)), cpu_environment())
+    assert (cfg.base_model, cfg.base_model_kind) == ("Qwen/Qwen3-0.6B", "hub")
+    [src] = cfg.train_sources
+    assert (src.kind, src.location, src.split, src.config, src.revision) == (
+        "hub",
+        "neo4j/text2cypher-2024v1",
+        "train",
+        "default",
+        "abc",
+    )
+    assert split_hub_spec("a/b") == ("a/b", None, None)
+
+
+def test_multi_task_sources_and_weights(tmp_path: Path) -> None:
+    def edit(d: dict) -> None:
+        d["training"]["dataset"] = {
+            "type": "multi_task",
+            "tasks": {
+                "gen": {
+                    "train": "gen.jsonl",
+                    "valid": "gen_valid.jsonl",
+                    "weight": 0.5,
+                    "format": "jsonl",
+                },
+                "fix": {"train": "fix.jsonl", "weight": 2.0, "format": "jsonl"},
+            },
+        }
+
+    cfg = resolve(load_manifest(_mutate(tmp_path, edit)), cpu_environment())
+    assert [(s.task, s.weight) for s in cfg.train_sources] == [("gen", 0.5), ("fix", 2.0)]
+    assert [s.task for s in cfg.validation_sources] == ["gen"]
+
+
+def test_resolved_config_round_trips_through_json(v2_dir: Path) -> None:
+    cfg = resolve(load_manifest(v2_dir / "manifest.json"), H100)
+    again = ResolvedConfig.model_validate_json(cfg.model_dump_json())
+    assert again == cfg
+    data = json.loads(cfg.model_dump_json())
+    for key in (
+        "rank",
+        "alpha",
+        "adapter_type",
+        "learning_rate",
+        "batch_size",
+        "gradient_accumulation_steps",
+        "max_seq_length",
+        "epochs",
+        "packing",
+    ):
+        assert key in data
+
+
+def test_cpu_resolution_reports_what_does_not_apply(v2_dir: Path) -> None:
+    cfg = resolve(load_manifest(v2_dir / "manifest.json"), cpu_environment())
+    assert (cfg.bf16, cfg.fp16, cfg.use_tf32) == (True, False, False)
+    assert cfg.optim == "adamw_torch"
+    assert cfg.warmup_ratio == 0.1 and cfg.warmup_steps == 0
+    assert cfg.save_total_limit is None  # null in the manifest means keep all
+    fields = {note.split(":")[0] for note in cfg.notes}
+    assert {
+        "use_unsloth",
+        "use_tf32",
+        "optim",
+        "activation_checkpointing",
+        "cuda_graph_warmup_steps",
+        "memory_clear_every",
+    } <= fields
+
+
+def test_gpu_resolution_picks_fast_settings(tmp_path: Path) -> None:
+    def edit(d: dict) -> None:
+        cfg = d["training"]["config"]
+        for key in (
+            "bf16",
+            "fp16",
+            "use_tf32",
+            "optim",
+            "dataloader_num_workers",
+            "dataloader_pin_memory",
+            "dataloader_prefetch_factor",
+            "dataloader_persistent_workers",
+            "flash_attention_2",
+        ):
+            cfg.pop(key)
+
+    cfg = resolve(load_manifest(_mutate(tmp_path, edit)), H100)
+    assert (cfg.bf16, cfg.fp16, cfg.use_tf32) == (True, False, True)
+    assert cfg.optim == "adamw_torch_fused"
+    assert cfg.attn_implementation == "sdpa"  # flash-attn not installed in H100 above
+    assert (
+        cfg.dataloader_num_workers,
+        cfg.dataloader_pin_memory,
+        cfg.dataloader_persistent_workers,
+        cfg.dataloader_prefetch_factor,
+    ) == (4, True, True, 4)
+    flash = resolve(
+        load_manifest(tmp_path / "manifest.json"),
+        Environment(**{**H100.__dict__, "flash_attn": "2.7.4"}),
+    )
+    assert flash.attn_implementation == "flash_attention_2"
+    t4 = resolve(load_manifest(tmp_path / "manifest.json"), T4)
+    assert (t4.bf16, t4.fp16, t4.use_tf32) == (False, True, False)
+
+
+def test_explicit_bf16_on_a_gpu_without_it_is_a_visible_decision(v2_dir: Path) -> None:
+    cfg = resolve(load_manifest(v2_dir / "manifest.json"), T4)
+    assert (cfg.bf16, cfg.fp16) == (False, True)
+    assert any(n.startswith("bf16: Tesla T4 has no bf16") for n in cfg.notes)
+
+
+def test_overrides_apply_before_validation(v2_dir: Path) -> None:
+    loaded = load_manifest(
+        v2_dir / "manifest.json",
+        [
+            "learning_rate=1e-4",
+            "training.dataset.path=other.jsonl",
+            "base_models.0.adapters.0.r=8",
+            "packing=false",
+        ],
+    )
+    cfg = loaded.manifest.training.config
+    assert cfg.learning_rate == 1e-4 and cfg.packing is False
+    assert loaded.manifest.training.dataset.path == "other.jsonl"
+    assert loaded.manifest.primary_adapter.r == 8
+    with pytest.raises(UserError, match="did you mean learning_rate"):
+        load_manifest(v2_dir / "manifest.json", ["learing_rate=1"])
+    with pytest.raises(UserError, match="expected key=value"):
+        load_manifest(v2_dir / "manifest.json", ["learning_rate"])
+
+
+def test_load_best_model_needs_matching_steps(tmp_path: Path) -> None:
+    path = _mutate(tmp_path, lambda d: d["training"]["config"].__setitem__("eval_steps", 100))
+    with pytest.raises(UserError, match="save_steps: 250 must be a multiple of eval_steps"):
+        resolve(load_manifest(path), cpu_environment())
+
+
+def test_eval_fraction_defaults_only_without_validation(tmp_path: Path) -> None:
+    path = _mutate(tmp_path, lambda d: d["training"]["dataset"].pop("validation_path"))
+    cfg = resolve(load_manifest(path), cpu_environment())
+    assert cfg.eval_fraction == 0.02 and cfg.evaluation_strategy == "steps"
+    path = _mutate(
+        tmp_path,
+        lambda d: (
+            d["training"]["dataset"].pop("validation_path"),
+            d["training"]["config"].update(evaluation_strategy="no", load_best_model_at_end=False),
+        ),
+    )
+    cfg = resolve(load_manifest(path), cpu_environment())
+    assert (cfg.eval_fraction, cfg.evaluation_strategy) == (0.0, "no")

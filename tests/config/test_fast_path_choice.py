@@ -1,0 +1,218 @@
+"""Resolution of the fast path: which attention kernel, loss, layer kernels, adapter precision,
+batch plan and compilation a run gets on a given machine, and the notes that say so."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from expert_cli.config import load_manifest
+from expert_cli.config.environment import Environment, cpu_environment
+from expert_cli.config.kernels import KERNEL_ORDER, choose_kernel, kernel_unusable
+from expert_cli.config.resolve import resolve
+from expert_cli.errors import UserError
+from expert_cli.train.batch import BatchPlan, largest_fitting_divisor
+from expert_cli.train.speed import compile_decision
+
+BARE_H100 = Environment(
+    gpu_count=1,
+    gpu_name="NVIDIA H100 80GB HBM3",
+    gpu_capability=(9, 0),
+    gpu_memory_gb=79.2,
+    bf16=True,
+    tf32=True,
+    cpu_count=16,
+)
+H100 = replace(BARE_H100, torch_varlen=True, flex_attention=True, liger_kernel="0.8.5")
+FULL_H100 = replace(H100, flash_attn_4="4.0.0b36", flash_attn="2.8.3")
+T4 = Environment(
+    gpu_count=1,
+    gpu_name="Tesla T4",
+    gpu_capability=(7, 5),
+    bf16=False,
+    tf32=False,
+    cpu_count=4,
+    torch_varlen=True,
+    flex_attention=True,
+)
+
+
+def _resolved(tmp_path: Path, env: Environment, **config):
+    (tmp_path / "train.jsonl").write_text('{"text": "x"}\n')
+    manifest = {
+        "name": "e",
+        "schema_version": "2.0",
+        "base_models": [{"name": "org/model"}],
+        "training": {
+            "dataset": {"path": "train.jsonl"},
+            "config": {"evaluation_strategy": "no", **config},
+        },
+    }
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(manifest))
+    return resolve(load_manifest(path), env)
+
+
+@pytest.mark.parametrize(
+    ("env", "kernel"),
+    [
+        (FULL_H100, "flash_attention_4"),
+        (replace(FULL_H100, flash_attn_4=None), "flash_attention_2"),
+        (H100, "torch_varlen"),
+        (replace(H100, torch_varlen=False), "flex_attention"),
+        (BARE_H100, "sdpa"),
+        (cpu_environment(), "sdpa"),
+    ],
+)
+def test_auto_takes_the_fastest_usable_kernel(tmp_path: Path, env, kernel: str) -> None:
+    assert _resolved(tmp_path, env).attn_implementation == kernel
+
+
+def test_half_precision_kernels_are_not_chosen_for_fp32_runs(tmp_path: Path) -> None:
+    cfg = _resolved(tmp_path, FULL_H100, bf16=False, fp16=False)
+    assert cfg.attn_implementation == "flex_attention"
+    assert cfg.adapter_precision == "fp32"
+
+
+def test_flash_attention_4_needs_hopper_or_blackwell() -> None:
+    a100 = replace(FULL_H100, gpu_name="NVIDIA A100", gpu_capability=(8, 0))
+    assert (
+        kernel_unusable("flash_attention_4", a100, half=True)
+        == "runs on Hopper and Blackwell GPUs only"
+    )
+    assert kernel_unusable("torch_varlen", T4, half=True).startswith("needs compute capability")
+    assert kernel_unusable("sdpa", cpu_environment(), half=False) is None
+
+
+def test_a_request_that_cannot_run_is_noted_and_replaced(tmp_path: Path) -> None:
+    cfg = _resolved(tmp_path, H100, attention="flash_attention_4")
+    assert cfg.attn_implementation == "torch_varlen"
+    assert (
+        "attention: flash_attention_4 flash-attn-4 is not installed; choosing automatically"
+        in cfg.notes
+    )
+    assert _resolved(tmp_path, H100, attention="sdpa").attn_implementation == "sdpa"
+
+
+def test_the_formats_attention_flags(tmp_path: Path) -> None:
+    assert (
+        _resolved(tmp_path, FULL_H100, flash_attention_2=True).attn_implementation
+        == "flash_attention_2"
+    )
+    assert (
+        _resolved(tmp_path, FULL_H100, flash_attention_2=False).attn_implementation
+        == "flash_attention_4"
+    )
+    no_fa4 = replace(FULL_H100, flash_attn_4=None)
+    assert (
+        _resolved(tmp_path, no_fa4, flash_attention_2=False).attn_implementation == "torch_varlen"
+    )
+    eager = _resolved(tmp_path, FULL_H100, use_sdpa=False)
+    assert eager.attn_implementation == "eager"
+    assert "use_sdpa: false; using eager attention (slowest)" in eager.notes
+    # use_sdpa: true asks for a fast kernel, not for the dense-mask path
+    assert _resolved(tmp_path, H100, use_sdpa=True).attn_implementation == "torch_varlen"
+
+
+def test_every_kernel_name_is_a_manifest_value(tmp_path: Path) -> None:
+    for kernel in KERNEL_ORDER:
+        assert _resolved(tmp_path, cpu_environment(), attention=kernel)
+    with pytest.raises(UserError, match="training.config.attention"):
+        _resolved(tmp_path, H100, attention="flash_attention_3")
+
+
+def test_choose_kernel_never_returns_an_unusable_one() -> None:
+    for env in (FULL_H100, H100, BARE_H100, T4, cpu_environment()):
+        for half in (True, False):
+            for requested in ("auto", *KERNEL_ORDER):
+                notes: list[str] = []
+                kernel = choose_kernel(requested, env, half, notes)
+                assert kernel_unusable(kernel, env, half) is None
+                assert (kernel == requested) or requested == "auto" or notes
+
+
+def test_loss_kernels_and_precision_on_a_gpu(tmp_path: Path) -> None:
+    cfg = _resolved(tmp_path, H100)
+    assert (cfg.fused_loss, cfg.liger_kernels, cfg.adapter_precision) == ("liger", True, "compute")
+    bare = _resolved(tmp_path, BARE_H100)
+    assert (bare.fused_loss, bare.liger_kernels) == ("chunked", False)
+    asked = _resolved(tmp_path, BARE_H100, fused_loss="liger", liger_kernels=True)
+    assert asked.fused_loss == "chunked" and not asked.liger_kernels
+    assert "fused_loss: liger liger-kernel is not installed; choosing automatically" in asked.notes
+    assert (
+        "liger_kernels: liger-kernel is not installed; using the model's own layers" in asked.notes
+    )
+    off = _resolved(tmp_path, H100, fused_loss="off", liger_kernels=False, adapter_precision="fp32")
+    assert (off.fused_loss, off.liger_kernels, off.adapter_precision) == ("off", False, "fp32")
+
+
+def test_a_cpu_run_keeps_the_standard_path(tmp_path: Path) -> None:
+    cfg = _resolved(tmp_path, cpu_environment())
+    assert (cfg.fused_loss, cfg.liger_kernels, cfg.adapter_precision) == ("off", False, "fp32")
+    assert _resolved(tmp_path, cpu_environment(), fused_loss="chunked").fused_loss == "chunked"
+
+
+def test_compile_is_opt_in(tmp_path: Path) -> None:
+    assert _resolved(tmp_path, H100).torch_compile is False
+    assert _resolved(tmp_path, H100, torch_compile=True).torch_compile is True
+    assert compile_decision(False, on_gpu=True)[0] is False
+    assert compile_decision(False, on_gpu=False) == (False, "off")
+    assert compile_decision(True, on_gpu=False) == (True, "on as the manifest asks")
+
+
+def test_batch_auto_is_the_gpu_default(tmp_path: Path) -> None:
+    cfg = _resolved(tmp_path, H100)  # max_seq_length 2048, 32768 tokens per step
+    assert (cfg.batch_auto, cfg.rows_per_step, cfg.batch_size, cfg.gradient_accumulation_steps) == (
+        True,
+        16,
+        16,
+        1,
+    )
+    longer = _resolved(tmp_path, H100, tokens_per_step=65536, max_seq_length=4096)
+    assert longer.rows_per_step == 16
+    short = _resolved(tmp_path, H100, tokens_per_step=1000, max_seq_length=2048)
+    assert short.rows_per_step == 1
+
+
+def test_a_numeric_batch_size_is_kept(tmp_path: Path) -> None:
+    cfg = _resolved(
+        tmp_path, H100, batch_size=8, gradient_accumulation_steps=4, tokens_per_step=4096
+    )
+    assert (cfg.batch_auto, cfg.batch_size, cfg.gradient_accumulation_steps, cfg.rows_per_step) == (
+        False,
+        8,
+        4,
+        32,
+    )
+    assert any(n.startswith("tokens_per_step: not applicable") for n in cfg.notes)
+
+
+def test_batch_auto_on_a_cpu_splits_the_step(tmp_path: Path) -> None:
+    cfg = _resolved(tmp_path, cpu_environment(), batch_size="auto", max_seq_length=4096)
+    assert (cfg.batch_auto, cfg.batch_size, cfg.gradient_accumulation_steps) == (False, 2, 4)
+    assert "batch_size: auto on a CPU: 2 rows x 4 accumulation" in cfg.notes
+    assert _resolved(tmp_path, cpu_environment()).batch_size == 2  # unset on a CPU: 2 rows
+
+
+@pytest.mark.parametrize("bad", [0, -1, 4097, "two", 2.5, True])
+def test_batch_size_bounds(tmp_path: Path, bad) -> None:
+    with pytest.raises(UserError, match="batch_size: expected a whole number of rows"):
+        _resolved(tmp_path, H100, batch_size=bad)
+
+
+def test_the_micro_batch_is_the_largest_divisor_that_fits() -> None:
+    # the H100 probe of Qwen3-0.6B: ~2.45 GB a row of 2048 tokens, ~1.4 GB fixed, 80 GB card
+    assert largest_fitting_divisor(16, 1.4, 2.45, 0.85 * 79.2) == 16
+    assert largest_fitting_divisor(32, 1.4, 2.45, 0.85 * 79.2) == 16
+    assert largest_fitting_divisor(24, 1.4, 2.45, 0.85 * 79.2) == 24
+    assert largest_fitting_divisor(24, 1.4, 2.45, 0.85 * 40.0) == 12
+    assert largest_fitting_divisor(7, 1.4, 2.45, 10.0) == 1  # a prime: 7 does not fit, 1 does
+    assert largest_fitting_divisor(8, 50.0, 2.45, 40.0) == 1  # nothing fits: still one row
+    plan = BatchPlan(16, 2, 32, fixed_gb=1.4, per_row_gb=2.45, budget_gb=67.3)
+    assert plan.describe() == (
+        "16 rows x 2 accumulation = 32 rows per optimizer step (probe: "
+        "2.45 GB a row + 1.4 GB fixed, budget 67 GB)"
+    )

@@ -1,0 +1,279 @@
+"""The token cache: fingerprints, reuse, atomic resumable builds, one builder, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from expert_cli.config import load_manifest
+from expert_cli.config.environment import cpu_environment
+from expert_cli.config.resolve import resolve
+from expert_cli.data import prepare_data
+from expert_cli.data.tokenizer import load_tokenizer
+
+# builds the cache in a subprocess; its progress callback sleeps DELAY seconds each time a
+# shard's examples are tokenized, so the build can be killed (or raced) between shards
+RUNNER = """
+import json, sys, time
+from expert_cli.config import load_manifest
+from expert_cli.data import prepare_data
+from expert_cli.data.tokenizer import load_tokenizer
+from expert_cli.config.environment import cpu_environment
+from expert_cli.config.resolve import resolve
+
+class Slow:
+    def start(self, description, total):
+        pass
+
+    def advance(self, examples):
+        time.sleep(float(sys.argv[3]))
+
+r = resolve(load_manifest(sys.argv[1]), cpu_environment())
+d = prepare_data(r, load_tokenizer(r), num_proc=1, shard_examples=int(sys.argv[2]),
+                 progress=Slow())
+print(json.dumps({"built": d.built, "status": d.status, "dir": str(d.cache_dir),
+                  "resumed": d.stats["resumed_shards"]}))
+"""
+
+
+def prepare(manifest: Path, *overrides: str, force: bool = False, shard: int | None = None):
+    resolved = resolve(load_manifest(manifest, list(overrides)), cpu_environment())
+    return prepare_data(
+        resolved,
+        load_tokenizer(resolved),
+        num_proc=1,
+        force=force,
+        shard_examples=shard,
+    )
+
+
+class Recorder:
+    """A BuildProgress that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.description, self.total, self.done = "", 0, 0
+
+    def start(self, description: str, total: int) -> None:
+        self.description, self.total = description, total
+
+    def advance(self, examples: int) -> None:
+        self.done += examples
+
+
+def rows(data) -> list[tuple]:
+    return [
+        (tuple(r["input_ids"]), tuple(r["labels"]), tuple(r["position_ids"])) for r in data.train
+    ]
+
+
+def spawn(manifest: Path, shard: int, delay: float) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(manifest), str(shard), str(delay)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_unchanged_inputs_reuse_the_cache(demo_expert_dir) -> None:
+    manifest = demo_expert_dir / "manifest.json"
+    first = prepare(manifest)
+    assert (first.built, first.status, first.reason) == (
+        True,
+        "built",
+        "no earlier cache of this expert",
+    )
+    assert (first.cache_dir / "_COMPLETE").is_file()
+    assert first.stats["train"]["examples_read"] == 400
+    assert first.stats["train"]["tokens"] == sum(first.train["num_tokens"])
+    again = prepare(manifest)
+    assert (again.built, again.status, again.cache_dir) == (False, "current", first.cache_dir)
+    assert again.reason == "no fingerprint input changed"
+    assert rows(again) == rows(first)
+    os.utime(demo_expert_dir / "data" / "train.jsonl")  # same content, new mtime
+    assert prepare(manifest).built is False
+    forced = prepare(manifest, force=True)
+    assert (forced.built, forced.status, forced.reason) == (True, "rebuilt", "--force")
+    assert rows(forced) == rows(first)
+
+
+def _append_row(folder: Path) -> None:
+    path = folder / "data" / "train.jsonl"
+    path.write_text(path.read_text() + json.dumps({"text": "one more example"}) + "\n")
+
+
+def _edit_chat_template(folder: Path) -> None:
+    path = folder / "model" / "chat_template.jinja"
+    path.write_text(path.read_text() + " ")
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (["max_seq_length=256"], "max_seq_length 512 -> 256"),
+        (["packing=false"], "packing True -> False"),
+        (["training.dataset.overlong=drop"], "formatting.overlong truncate -> drop"),
+        (["training.dataset.response_template=SELECT"], "formatting.response_template"),
+        (["seed=7"], "seed 42 -> 7"),
+        (["base_models.0.prompt_template=alpaca"], "formatting.prompt_template chatml -> alpaca"),
+        (_append_row, "sources.train[0].files.data/train.jsonl.size"),
+        (_edit_chat_template, "tokenizer.chat_template_sha256"),
+    ],
+)
+def test_each_fingerprint_input_gives_a_new_cache(demo_expert_dir, change, key) -> None:
+    manifest = demo_expert_dir / "manifest.json"
+    first = prepare(manifest)
+    overrides = change if isinstance(change, list) else []
+    if callable(change):
+        change(demo_expert_dir)
+    second = prepare(manifest, *overrides)
+    assert second.built and second.status == "rebuilt"
+    assert second.cache_dir != first.cache_dir
+    assert second.stats["fingerprint"] != first.stats["fingerprint"]
+    assert any(line.startswith(key) for line in second.changes), second.changes
+    assert (first.cache_dir / "_COMPLETE").is_file()  # the old cache is left intact
+    latest = json.loads(next(second.cache_dir.parent.glob("*.latest.json")).read_text())
+    assert latest["fingerprint"] == second.stats["fingerprint"]
+
+
+def test_incomplete_cache_is_never_read(demo_expert_dir) -> None:
+    manifest = demo_expert_dir / "manifest.json"
+    first = prepare(manifest)
+    (first.cache_dir / "_COMPLETE").unlink()
+    second = prepare(manifest)
+    assert second.built is True and second.cache_dir == first.cache_dir
+    assert rows(second) == rows(first)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_build_then_resume(demo_expert_dir, tmp_path) -> None:
+    manifest = demo_expert_dir / "manifest.json"
+    root = demo_expert_dir / ".cache" / "pretokenized"
+    proc = spawn(manifest, shard=50, delay=3.0)
+    deadline = time.time() + 60
+    while not list(root.glob(".build-*/train/shard-00000/_COMPLETE")):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finished = list(root.glob(".build-*/*/shard-*"))
+    assert len(finished) == 1
+    assert not [p for p in root.iterdir() if p.name.startswith("expert-demo-")]
+    resumed = prepare(manifest, shard=50)
+    assert resumed.built and resumed.stats["resumed_shards"] == 1
+    assert resumed.stats["shards"] == 9  # 8 train shards of 50 + 1 eval shard
+    assert not list(root.glob(".build-*")) and not list(root.glob(".tmp-*"))
+    clean = prepare(manifest, f"pretokenized_cache={tmp_path / 'clean'}", shard=50)
+    assert clean.built and clean.stats["fingerprint"] == resumed.stats["fingerprint"]
+    assert rows(clean) == rows(resumed)
+    assert (
+        clean.eval.data.column("input_ids").to_pylist()
+        == resumed.eval.data.column("input_ids").to_pylist()
+    )
+
+
+@pytest.mark.slow
+def test_two_processes_build_once(demo_expert_dir) -> None:
+    manifest = demo_expert_dir / "manifest.json"
+    procs = [spawn(manifest, shard=100, delay=0.5) for _ in range(2)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert sorted(r["built"] for r in results) == [False, True]
+    assert results[0]["dir"] == results[1]["dir"]
+    assert all(r["resumed"] == 0 for r in results)
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "expert_cli.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+@pytest.mark.slow
+def test_pretokenize_cli(demo_expert_dir) -> None:
+    first = run_cli(
+        "pretokenize", "--manifest", "manifest.json", "--num-proc", "2", cwd=demo_expert_dir
+    )
+    assert first.returncode == 0, first.stderr
+    assert "expert-demo: built (no earlier cache of this expert)" in first.stdout
+    assert "examples 400 read" in first.stdout
+    again = run_cli("pretokenize", "--all", str(demo_expert_dir), cwd=demo_expert_dir)
+    assert again.returncode == 0, again.stderr
+    assert "expert-demo: current (no fingerprint input changed)" in again.stdout
+    data = demo_expert_dir / "data" / "train.jsonl"
+    data.write_text(data.read_text() + "{broken\n")
+    bad = run_cli("pretokenize", "-m", "manifest.json", cwd=demo_expert_dir)
+    assert bad.returncode == 2
+    assert f"{data}:401: invalid JSON" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_prepared_rows_follow_the_training_contract(demo_expert_dir) -> None:
+    data = prepare(demo_expert_dir / "manifest.json")
+    assert data.train.column_names == ["input_ids", "labels", "position_ids", "num_tokens"]
+    assert data.train.features["input_ids"].feature.dtype == "int32"
+    # numpy rows: the collator never builds a Python int per token (the hot path)
+    assert data.train.format["type"] == data.eval.format["type"] == "numpy"
+    assert data.eval is not None and len(data.eval) == data.stats["eval"]["rows"] == 27
+    assert len(data.train) == data.stats["train"]["rows"] == 235
+    for row in data.train:
+        assert len(row["input_ids"]) == row["num_tokens"] <= 512
+        assert row["position_ids"][0] == 0
+    restarts = sum(p == 0 for row in data.train for p in row["position_ids"])
+    assert restarts == data.stats["train"]["kept"] + data.stats["train"]["truncated"] == 400
+
+
+def test_custom_prompt_template_without_text_is_a_user_error(demo_expert_dir, write_jsonl) -> None:
+    from expert_cli.errors import UserError
+
+    write_jsonl(demo_expert_dir / "data" / "ins.jsonl", [{"q": "a", "a": "b"}] * 3)
+    with pytest.raises(UserError, match="custom"):
+        prepare(
+            demo_expert_dir / "manifest.json",
+            "training.dataset.path=data/ins.jsonl",
+            'training.dataset.field_mapping={"instruction": "q", "response": "a"}',
+            "training.dataset.validation_path=null",
+            "base_models.0.prompt_template=custom",
+        )
+
+
+def test_every_example_dropped_is_a_user_error(demo_expert_dir) -> None:
+    from expert_cli.errors import UserError
+
+    with pytest.raises(UserError, match="400 read: 400 over max_seq_length=16 with overlong"):
+        prepare(
+            demo_expert_dir / "manifest.json", "max_seq_length=16", "training.dataset.overlong=drop"
+        )
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_rows_as_one_process(demo_expert_dir) -> None:
+    data = demo_expert_dir / "data"
+    (data / "big.jsonl").write_text((data / "train.jsonl").read_text() * 3)  # 1200 examples
+    manifest = demo_expert_dir / "manifest.json"
+    resolved = resolve(
+        load_manifest(manifest, ["training.dataset.path=data/big.jsonl"]), cpu_environment()
+    )
+    tokenizer = load_tokenizer(resolved)
+    progress = Recorder()
+    two = prepare_data(resolved, tokenizer, num_proc=2, progress=progress)
+    assert two.stats["num_proc"] == 2 and two.stats["train"]["examples_read"] == 1200
+    # the progress heard of every example once, from the worker processes too
+    examples = sum(two.stats[s]["examples_read"] for s in ("train", "eval") if two.stats[s])
+    assert progress.total == progress.done == examples
+    one = prepare_data(resolved, tokenizer, num_proc=1, force=True)
+    assert rows(one) == rows(two)

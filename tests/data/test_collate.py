@@ -1,0 +1,71 @@
+"""PackedCollator: padded [B, L] rows with a separate pad segment, and explicit sequence
+boundaries over all rows for the varlen kernels."""
+
+from __future__ import annotations
+
+import torch
+
+from expert_cli.data.collate import PackedCollator
+
+ROWS = [
+    {
+        "input_ids": [5, 6, 7, 8, 9],
+        "labels": [-100, 6, 7, -100, 9],
+        "position_ids": [0, 1, 2, 0, 1],
+    },
+    {"input_ids": [1, 2, 3], "labels": [1, 2, 3], "position_ids": [0, 1, 2]},
+]
+
+
+def test_padded_batch() -> None:
+    out = PackedCollator(pad_token_id=0)(ROWS)
+    assert set(out) == {"input_ids", "labels", "position_ids"}
+    assert out["input_ids"].tolist() == [[5, 6, 7, 8, 9], [1, 2, 3, 0, 0]]
+    assert out["labels"].tolist() == [[-100, 6, 7, -100, 9], [1, 2, 3, -100, -100]]
+    assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1], [0, 1, 2, 0, 1]]
+    assert all(t.dtype == torch.long and not t.is_pinned() for t in out.values())
+
+
+def test_pad_to_multiple_of() -> None:
+    out = PackedCollator(pad_token_id=0, pad_to_multiple_of=4)(ROWS)
+    assert out["input_ids"].shape == (2, 8)
+    assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 2, 0, 1, 2, 3, 4]]
+    assert out["labels"][0, 5:].tolist() == [-100, -100, -100]
+
+
+def test_boundaries() -> None:
+    out = PackedCollator(pad_token_id=0, boundaries=True)(ROWS)
+    # row 0: examples of 3 and 2 tokens; row 1: 3 tokens, then 2 padding tokens (own segment)
+    assert out["cu_seq_lens_q"].tolist() == [0, 3, 5, 8, 10]
+    assert out["cu_seq_lens_q"].dtype == torch.int32
+    assert out["cu_seq_lens_k"] is out["cu_seq_lens_q"]
+    assert out["max_length_q"] == out["max_length_k"] == 3
+    assert isinstance(out["max_length_q"], int)
+    assert out["input_ids"].tolist() == [[5, 6, 7, 8, 9], [1, 2, 3, 0, 0]]
+
+
+def test_boundaries_of_full_rows_and_single_tokens() -> None:
+    rows = [
+        {"input_ids": [1, 2, 3, 4], "labels": [1, 2, 3, 4], "position_ids": [0, 0, 1, 0]},
+        {"input_ids": [5, 6, 7, 8], "labels": [5, 6, 7, 8], "position_ids": [0, 1, 2, 3]},
+    ]
+    out = PackedCollator(pad_token_id=0, boundaries=True)(rows)
+    assert out["cu_seq_lens_q"].tolist() == [0, 1, 3, 4, 8]
+    assert out["max_length_q"] == 4
+
+
+def test_numpy_rows_collate_like_list_rows() -> None:
+    """The cache hands out numpy int32 rows; tensors and counts must match list rows."""
+    import numpy as np
+
+    from expert_cli.train.trainer import COUNTS_KEY, CountingCollator
+
+    as_numpy = [{k: np.asarray(v, dtype=np.int32) for k, v in r.items()} for r in ROWS]
+    for boundaries in (False, True):
+        collate = CountingCollator(PackedCollator(pad_token_id=0, boundaries=boundaries))
+        a, b = collate(ROWS), collate(as_numpy)
+        assert a[COUNTS_KEY] == b[COUNTS_KEY] == (8, 3, 6, 3 * 3 + 2 * 2 + 3 * 3)
+        assert all(
+            torch.equal(a[k], b[k]) and b[k].dtype == torch.long
+            for k in ("input_ids", "labels", "position_ids")
+        )

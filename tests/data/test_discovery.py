@@ -1,0 +1,176 @@
+"""find-datasets against a Hugging Face cache built by the test, in both layouts."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from expert_cli.cli import app
+from expert_cli.data.discovery import discover, parse_dataset_ref
+from expert_cli.errors import UserError
+
+
+def blob(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+
+
+@pytest.fixture
+def hf_home(tmp_path: Path) -> Path:
+    """An HF_HOME with two `datasets` cache entries and one hub dataset in two snapshots."""
+    home = tmp_path / "hf"
+    alpaca = home / "datasets" / "tatsu-lab___alpaca" / "default" / "0.0.0" / "abc123"
+    blob(alpaca / "alpaca-train.arrow", 5000)
+    (alpaca / "dataset_info.json").write_text("{}")  # 2 bytes
+    blob(home / "datasets" / "squad" / "plain_text" / "1.0.0" / "def456" / "squad.arrow", 300)
+    blob(home / "datasets" / "downloads" / "extracted" / "x" / "y.arrow", 99_999)  # not a dataset
+    repo = home / "hub" / "datasets--HuggingFaceH4--ultrachat_200k"
+    blob(repo / "blobs" / "aaa", 20_000)
+    blob(repo / "blobs" / "bbb", 100)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("rev2\n")
+    for rev, names in (("rev1", ["aaa"]), ("rev2", ["aaa", "bbb"])):
+        data = repo / "snapshots" / rev / "data"
+        data.mkdir(parents=True)
+        for name in names:
+            os.symlink(f"../../../blobs/{name}", data / f"{name}.parquet")
+    return home
+
+
+@pytest.fixture
+def experts(tmp_path: Path) -> Path:
+    root = tmp_path / "experts"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "manifest.json").write_text(
+        json.dumps(
+            {
+                "name": "a",
+                "training": {
+                    "dataset": {"path": "HuggingFaceH4/ultrachat_200k::train_sft::default"}
+                },
+            }
+        )
+    )
+    (root / "b" / "data").mkdir(parents=True)
+    (root / "b" / "data" / "local.jsonl").write_text("{}\n")
+    (root / "b" / "manifest.json").write_text(
+        json.dumps(
+            {
+                "name": "b",
+                "training": {
+                    "dataset": {
+                        "type": "multi_task",
+                        "tasks": {
+                            "x": {"train": "tatsu-lab/alpaca"},
+                            "y": {"train": "data/local.jsonl"},
+                            "z": {"train": "openai/gsm8k::train::main"},
+                        },
+                    }
+                },
+            }
+        )
+    )
+    return root
+
+
+def test_both_layouts_sizes_and_order(hf_home: Path) -> None:
+    result = discover(hf_home, None)
+    rows = [
+        (d["name"], d["config"], d["revision"], d["size_bytes"], d["layout"])
+        for d in result["datasets"]
+    ]
+    assert rows == [
+        ("HuggingFaceH4/ultrachat_200k", None, "rev2", 20_100, "hub"),  # blobs counted once
+        ("tatsu-lab/alpaca", "default", "0.0.0/abc123", 5002, "datasets"),
+        ("squad", "plain_text", "1.0.0/def456", 300, "datasets"),
+    ]
+
+
+def test_env_variables_choose_the_caches(hf_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    assert len(discover(None, None)["datasets"]) == 3
+    monkeypatch.setenv("HF_HUB_CACHE", str(hf_home / "elsewhere"))
+    names = [d["name"] for d in discover(None, None)["datasets"]]
+    assert names == ["tatsu-lab/alpaca", "squad"]
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(hf_home / "hub"))
+    assert [d["name"] for d in discover(None, None)["datasets"]] == []
+
+
+def test_manifest_usage_and_missing(hf_home: Path, experts: Path) -> None:
+    result = discover(hf_home, experts)
+    by_name = {d["name"]: d for d in result["datasets"]}
+    assert by_name["HuggingFaceH4/ultrachat_200k"]["used_by"] == [str(experts / "a/manifest.json")]
+    assert by_name["tatsu-lab/alpaca"]["used_by"] == [str(experts / "b/manifest.json")]
+    assert by_name["squad"]["used_by"] == []
+    refs = {r["id"]: r for m in result["manifests"] for r in m["datasets"]}
+    assert refs["HuggingFaceH4/ultrachat_200k"]["split"] == "train_sft"
+    assert refs["data/local.jsonl"]["kind"] == "local"
+    assert refs["data/local.jsonl"]["cached"] is None
+    assert refs["openai/gsm8k"] == {
+        "id": "openai/gsm8k",
+        "split": "train",
+        "config": "main",
+        "kind": "hub",
+        "cached": False,
+        "field": "training.dataset.tasks.z.train",
+    }
+    assert result["missing"] == [
+        {"id": "openai/gsm8k", "needed_by": [str(experts / "b/manifest.json")]}
+    ]
+
+
+def test_dataset_refs(tmp_path: Path) -> None:
+    assert parse_dataset_ref("org/name", tmp_path)["kind"] == "hub"
+    assert parse_dataset_ref("gsm8k::train", tmp_path)["kind"] == "hub"
+    assert parse_dataset_ref("train.jsonl", tmp_path)["kind"] == "local"
+    assert parse_dataset_ref("../data/x", tmp_path)["kind"] == "local"
+    (tmp_path / "corpus").mkdir()
+    assert parse_dataset_ref("corpus", tmp_path)["kind"] == "local"  # exists next to manifest
+
+
+def test_broken_manifest_is_reported(hf_home: Path, tmp_path: Path) -> None:
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "manifest.json").write_text("{not json")
+    result = discover(hf_home, tmp_path)
+    assert len(result["problems"]) == 1
+    assert "bad/manifest.json:1:2: invalid JSON" in result["problems"][0]
+
+
+def test_missing_folders_name_the_option(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="--cache-dir: folder .*nope does not exist"):
+        discover(tmp_path / "nope", None)
+    with pytest.raises(UserError, match="--experts: folder .*nope does not exist"):
+        discover(tmp_path, tmp_path / "nope")
+
+
+def test_cli_json_and_table(hf_home: Path, experts: Path) -> None:
+    runner = CliRunner()
+    out = runner.invoke(
+        app, ["find-datasets", "--cache-dir", str(hf_home), "--experts", str(experts), "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert [d["size_bytes"] for d in data["datasets"]] == [20_100, 5002, 300]
+    assert data["missing"][0]["id"] == "openai/gsm8k"
+    out = runner.invoke(
+        app,
+        ["find-datasets", "--cache-dir", str(hf_home), "--experts", str(experts)],
+        env={"COLUMNS": "250"},
+    )
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    # long names and paths wrap (never get cut) on a narrow terminal: find rows by their sizes
+    order = [
+        next(i for i, ln in enumerate(lines) if size in ln)
+        for size in ("19.6 KB", "4.9 KB", "300 B")
+    ]
+    assert "squad" in out.output and "tatsu-lab" in out.output
+    assert order == sorted(order)
+    assert "19.6 KB" in out.output
+    assert "not cached: openai/gsm8k" in out.output

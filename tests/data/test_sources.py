@@ -1,0 +1,167 @@
+"""Reading sources: bad files name the file, line and field; weights and hold-out are seeded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from expert_cli.config import load_manifest
+from expert_cli.config.environment import cpu_environment
+from expert_cli.config.resolve import resolve
+from expert_cli.data.sources import apply_weight, field_spec, hold_out, load_sources
+from expert_cli.errors import UserError
+
+
+def resolved_for(folder: Path, dataset: dict, **config):
+    manifest = {
+        "name": "t",
+        "schema_version": "1.0",
+        "base_model": {"name": "model"},
+        "training": {"dataset": dataset, "config": config},
+    }
+    path = folder / "manifest.json"
+    path.write_text(json.dumps(manifest))
+    return resolve(load_manifest(path), cpu_environment())
+
+
+def load(folder: Path, dataset: dict, **config):
+    return load_sources(resolved_for(folder, dataset, **config), folder / ".ds")
+
+
+def error_of(folder: Path, dataset: dict) -> str:
+    with pytest.raises(UserError) as info:
+        load(folder, dataset)
+    return "\n".join(info.value.lines)
+
+
+def test_malformed_json_line_is_named(tmp_path, write_jsonl) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", [{"text": "a"}, {"text": "b"}])
+    path.write_text(path.read_text() + '{"text": "c"\n')
+    msg = error_of(tmp_path, {"path": "train.jsonl"})
+    assert msg.startswith(f"{path}:3: invalid JSON")
+
+
+def test_missing_field_names_line_and_mapping(tmp_path, write_jsonl) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", [{"body": "a"}, {"other": "b"}])
+    msg = error_of(tmp_path, {"path": "train.jsonl", "field_mapping": {"text": "body"}})
+    assert msg == f"{path}:2: field 'body' missing (field_mapping.text)"
+
+
+def test_field_of_the_wrong_type_names_line_and_mapping(tmp_path, write_jsonl) -> None:
+    """A number or a list where text belongs would be str()-ed and trained on silently."""
+    path = write_jsonl(tmp_path / "train.jsonl", [{"text": "a"}, {"text": ["b"]}])
+    msg = error_of(tmp_path, {"path": "train.jsonl", "field_mapping": {"text": "text"}})
+    assert msg == f"{path}:2: field 'text' (field_mapping.text) is list, expected a string"
+    path = write_jsonl(tmp_path / "m.jsonl", [{"messages": "hello"}])
+    msg = error_of(tmp_path, {"path": "m.jsonl", "field_mapping": {"messages": "messages"}})
+    assert msg.startswith(
+        f"{path}:1: field 'messages' (field_mapping.messages) is str, expected a list of"
+    )
+
+
+def test_column_of_the_wrong_type_in_parquet(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"q": ["x", "y"], "a": [1, 2]}), path)
+    msg = error_of(
+        tmp_path, {"path": "train.parquet", "field_mapping": {"instruction": "q", "response": "a"}}
+    )
+    assert msg.startswith(f"{path}: field 'a' (field_mapping.response) holds Value('int64')")
+    pq.write_table(pa.table({"q": ["x"], "a": ["y"], "i": pa.array([None], pa.null())}), path)
+    mapping = {"instruction": "q", "response": "a", "input": "i"}  # an all-null optional role
+    assert len(load(tmp_path, {"path": "train.parquet", "field_mapping": mapping}).train) == 1
+    pq.write_table(pa.table({"messages": [[{"role": "user", "content": "x"}]]}), path)
+    assert len(load(tmp_path, {"path": "train.parquet"}).train) == 1
+
+
+def test_null_field_in_csv_names_the_row(tmp_path) -> None:
+    path = tmp_path / "train.csv"
+    path.write_text("text,x\nhello,1\n,2\n")
+    msg = error_of(tmp_path, {"path": "train.csv", "field_mapping": {"text": "text"}})
+    assert msg == f"{path}: row 2: field 'text' missing (field_mapping.text)"
+
+
+def test_column_missing_in_parquet(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"body": ["x", "y"]}), path)
+    msg = error_of(tmp_path, {"path": "train.parquet", "field_mapping": {"text": "text"}})
+    assert msg.startswith(f"{path}: field 'text' missing (field_mapping.text)")
+
+
+def test_empty_file_and_missing_file(tmp_path) -> None:
+    (tmp_path / "train.jsonl").write_text("\n")
+    assert error_of(tmp_path, {"path": "train.jsonl"}) == f"{tmp_path / 'train.jsonl'}: no examples"
+    assert (
+        error_of(tmp_path, {"path": "nope.jsonl"})
+        == f"{tmp_path / 'nope.jsonl'}: not found (training.dataset)"
+    )
+
+
+def test_undetectable_mapping(tmp_path, write_jsonl) -> None:
+    write_jsonl(tmp_path / "train.jsonl", [{"a": 1}])
+    assert "set training.dataset.field_mapping" in error_of(tmp_path, {"path": "train.jsonl"})
+
+
+def test_field_mapping_detection_and_validation() -> None:
+    assert field_spec(None, ["question", "answer", "output"], "f").mapping == {
+        "instruction": "question",
+        "response": "output",
+    }
+    assert field_spec(None, ["messages"], "f").kind == "messages"
+    with pytest.raises(UserError, match="unknown key"):
+        field_spec({"txt": "a"}, ["a"], "f")
+
+
+def test_columns_renamed_to_roles_and_seeded_holdout(tmp_path, write_jsonl) -> None:
+    write_jsonl(tmp_path / "train.jsonl", [{"q": f"q{i}", "a": f"a{i}"} for i in range(50)])
+    dataset = {
+        "path": "train.jsonl",
+        "field_mapping": {"instruction": "q", "response": "a"},
+        "eval_fraction": 0.1,
+    }
+    first = load(tmp_path, dataset, seed=3)
+    again = load(tmp_path, dataset, seed=3)
+    assert first.fields.kind == "instruction"
+    assert first.train.column_names == ["instruction", "response"]
+    assert (len(first.train), len(first.eval)) == (45, 5)
+    assert list(first.eval["instruction"]) == list(again.eval["instruction"])
+    assert first.read == {"train": 50, "eval": 0}
+    other = load(tmp_path, dataset, seed=4)
+    assert list(other.eval["instruction"]) != list(first.eval["instruction"])
+
+
+def test_validation_file_and_multi_task_weights(tmp_path, write_jsonl) -> None:
+    write_jsonl(tmp_path / "a.jsonl", [{"text": f"a{i}"} for i in range(10)])
+    write_jsonl(tmp_path / "b.jsonl", [{"text": f"b{i}"} for i in range(10)])
+    write_jsonl(tmp_path / "v.jsonl", [{"text": "v"}])
+    dataset = {
+        "type": "multi_task",
+        "tasks": {
+            "a": {"train": "a.jsonl", "valid": "v.jsonl", "weight": 2.0},
+            "b": {"train": "b.jsonl", "weight": 0.5},
+        },
+    }
+    loaded = load(tmp_path, dataset)
+    texts = list(loaded.train["text"])
+    assert len(texts) == 25
+    assert sum(t.startswith("a") for t in texts) == 20
+    assert len({t for t in texts if t.startswith("b")}) == 5
+    assert list(loaded.eval["text"]) == ["v"]
+
+
+def test_weight_and_holdout_helpers() -> None:
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"x": list(range(10))})
+    assert len(apply_weight(ds, 1.0, 0)) == 10
+    assert list(apply_weight(ds, 2.0, 0)["x"]) == list(range(10)) * 2
+    assert len(apply_weight(ds, 1.3, 0)) == 13
+    train, held = hold_out(ds, 0.2, 0)
+    assert sorted(list(train["x"]) + list(held["x"])) == list(range(10)) and len(held) == 2

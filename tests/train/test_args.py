@@ -1,0 +1,247 @@
+"""Resolved config -> TrainingArguments: every field lands where it should."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from expert_cli.config import load_manifest
+from expert_cli.config.environment import Environment, cpu_environment
+from expert_cli.config.resolve import resolve
+from expert_cli.data.packing import LENGTH_COLUMN
+from expert_cli.errors import UserError
+from expert_cli.train.args import planned_steps, training_args_kwargs
+from expert_cli.train.callbacks import Interrupt
+from expert_cli.train.trainer import COUNTS_KEY, CountingCollator, latest_checkpoint
+
+GPU = Environment(
+    gpu_count=1,
+    gpu_name="NVIDIA H100 80GB HBM3",
+    gpu_capability=(9, 0),
+    gpu_memory_gb=80.0,
+    bf16=True,
+    tf32=True,
+    flash_attn=None,
+    bitsandbytes="0.50",
+    cpu_count=16,
+)
+
+CONFIG = {
+    "epochs": 1.5,
+    "max_steps": 40,
+    "learning_rate": 3e-4,
+    "lr_scheduler": "linear",
+    "warmup_steps": 7,
+    "batch_size": 3,
+    "gradient_accumulation_steps": 5,
+    "optim": "adamw_torch_fused",
+    "weight_decay": 0.01,
+    "max_grad_norm": 0.5,
+    "seed": 7,
+    "bf16": True,
+    "use_tf32": True,
+    "gradient_checkpointing": True,
+    "torch_compile": True,
+    "torch_compile_backend": "inductor",
+    "torch_compile_mode": "max-autotune",
+    "dataloader_num_workers": 3,
+    "dataloader_pin_memory": True,
+    "dataloader_prefetch_factor": 6,
+    "dataloader_persistent_workers": True,
+    "logging_steps": 4,
+    "save_strategy": "steps",
+    "save_steps": 20,
+    "save_total_limit": 2,
+    "evaluation_strategy": "steps",
+    "eval_steps": 10,
+    "load_best_model_at_end": True,
+    "metric_for_best_model": "eval_loss",
+    "greater_is_better": False,
+    "memory_clear_every": 9,
+}
+
+
+def _resolved(tmp_path: Path, config: dict, env: Environment = GPU, **training):
+    (tmp_path / "train.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "valid.jsonl").write_text('{"text": "x"}\n')
+    manifest = {
+        "name": "e",
+        "schema_version": "2.0",
+        "base_models": [{"name": "org/model"}],
+        "training": {
+            "dataset": {"path": "train.jsonl", "validation_path": "valid.jsonl"},
+            "config": config,
+            **training,
+        },
+    }
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(manifest))
+    return resolve(load_manifest(path), env)
+
+
+def test_every_field_is_mapped(tmp_path: Path) -> None:
+    r = _resolved(tmp_path, CONFIG)
+    kw = training_args_kwargs(r, tmp_path / "ckpt", on_gpu=True)
+    expected = {
+        "output_dir": str(tmp_path / "ckpt"),
+        "num_train_epochs": 1.5,
+        "max_steps": 40,
+        "learning_rate": 3e-4,
+        "lr_scheduler_type": "linear",
+        "warmup_steps": 7,
+        "per_device_train_batch_size": 3,
+        "per_device_eval_batch_size": 3,
+        "gradient_accumulation_steps": 5,
+        "optim": "adamw_torch_fused",
+        "weight_decay": 0.01,
+        "max_grad_norm": 0.5,
+        "seed": 7,
+        "data_seed": 7,
+        "bf16": True,
+        "fp16": False,
+        "tf32": True,
+        "activation_checkpointing": True,
+        # expert-cli compiles each decoder layer itself (regional), not the Trainer
+        "torch_compile": False,
+        "prediction_loss_only": True,
+        "logging_nan_inf_filter": False,
+        "dataloader_num_workers": 3,
+        "dataloader_pin_memory": True,
+        "dataloader_prefetch_factor": 6,
+        "dataloader_persistent_workers": True,
+        "train_sampling_strategy": "random",
+        "logging_steps": 4,
+        "save_strategy": "steps",
+        "save_steps": 20,
+        "save_total_limit": 2,
+        "eval_strategy": "steps",
+        "eval_steps": 10,
+        "load_best_model_at_end": True,
+        "metric_for_best_model": "eval_loss",
+        "greater_is_better": False,
+        "torch_empty_cache_steps": 9,
+        "use_cache": False,
+        "use_cpu": False,
+        "remove_unused_columns": False,
+    }
+    assert {k: kw[k] for k in expected} == expected
+    assert "torch_compile_backend" not in kw
+    assert kw["accelerator_config"] == {"non_blocking": True}  # pinned: no sync per fetch
+    assert (r.torch_compile, r.torch_compile_backend, r.torch_compile_mode) == (
+        True,
+        "inductor",
+        "max-autotune",
+    )
+
+
+def test_arguments_are_accepted_by_transformers(tmp_path: Path) -> None:
+    from transformers import TrainingArguments
+
+    r = _resolved(
+        tmp_path,
+        {**CONFIG, "bf16": None, "use_tf32": None, "torch_compile": None, "optim": None},
+        env=cpu_environment(),
+    )
+    args = TrainingArguments(**training_args_kwargs(r, tmp_path / "ckpt", on_gpu=False))
+    assert args.max_steps == 40 and args.gradient_accumulation_steps == 5
+    assert args.get_warmup_steps(100) == 7
+
+
+def test_warmup_ratio_and_fractional_epochs(tmp_path: Path) -> None:
+    r = _resolved(
+        tmp_path, {"warmup_ratio": 0.1, "epochs": 0.5, "max_steps": 0}, env=cpu_environment()
+    )
+    kw = training_args_kwargs(r, tmp_path, on_gpu=False)
+    assert kw["warmup_steps"] == 0.1 and kw["num_train_epochs"] == 0.5 and kw["max_steps"] == -1
+    assert training_args_kwargs(r, tmp_path, max_steps=3)["max_steps"] == 3
+
+
+def test_group_by_length_without_packing(tmp_path: Path) -> None:
+    r = _resolved(tmp_path, {"packing": False, "group_by_length": True}, env=cpu_environment())
+    kw = training_args_kwargs(r, tmp_path, on_gpu=False)
+    assert kw["train_sampling_strategy"] == "group_by_length"
+    # the sampler takes row lengths from the cache's column instead of reading every row
+    assert kw["length_column_name"] == LENGTH_COLUMN
+
+
+def test_length_column_is_what_the_cache_writes() -> None:
+    import pyarrow as pa
+
+    from expert_cli.data.packing import pack_table
+
+    table = pa.table(
+        {
+            "input_ids": pa.array([[1, 2, 3]], pa.list_(pa.int32())),
+            "labels": pa.array([[1, 2, 3]], pa.list_(pa.int32())),
+        }
+    )
+    packed, _ = pack_table(table, 8, True, seed=0)
+    assert packed.column(LENGTH_COLUMN).to_pylist() == [3]
+
+
+def test_fsdp_and_deepspeed_blocks(tmp_path: Path) -> None:
+    fsdp = _resolved(
+        tmp_path,
+        {},
+        distributed={
+            "strategy": "fsdp",
+            "fsdp": "full_shard",
+            "fsdp_config": {"min_num_params": 1},
+        },
+    )
+    kw = training_args_kwargs(fsdp, tmp_path, on_gpu=True)
+    assert kw["fsdp"] == "full_shard" and kw["fsdp_config"] == {"min_num_params": 1}
+    ds = _resolved(
+        tmp_path,
+        {},
+        distributed={"strategy": "deepspeed", "deepspeed": {"zero_optimization": {"stage": 2}}},
+    )
+    assert training_args_kwargs(ds, tmp_path, on_gpu=True)["deepspeed"] == {
+        "zero_optimization": {"stage": 2}
+    }
+    broken = _resolved(tmp_path, {}, distributed={"strategy": "deepspeed"})
+    with pytest.raises(UserError, match="deepspeed"):
+        training_args_kwargs(broken, tmp_path, on_gpu=True)
+
+
+def test_planned_steps(tmp_path: Path) -> None:
+    r = _resolved(
+        tmp_path,
+        {"batch_size": 2, "gradient_accumulation_steps": 3, "epochs": 2, "max_steps": 0},
+        env=cpu_environment(),
+    )
+    assert planned_steps(r, n_rows=25, world_size=1) == 10  # ceil(13 / 3) * 2
+    assert planned_steps(r, n_rows=25, world_size=2) == 6
+    assert planned_steps(r, n_rows=25, world_size=1, max_steps=4) == 4
+
+
+def test_counting_collator_counts_real_tokens_and_examples() -> None:
+    rows = [
+        {
+            "input_ids": [1, 2, 3, 4, 5],
+            "labels": [-100, -100, 3, 4, 5],
+            "position_ids": [0, 1, 2, 0, 1],
+        },
+        {"input_ids": [6, 7], "labels": [-100, 7], "position_ids": [0, 1]},
+    ]
+    batch = CountingCollator(lambda feats: {"n": len(feats)})(rows)
+    # attended: examples of 3, 2 and 2 tokens -> 9 + 4 + 4
+    assert batch[COUNTS_KEY] == (7, 3, 4, 17) and batch["n"] == 2
+
+
+def test_latest_checkpoint(tmp_path: Path) -> None:
+    assert latest_checkpoint(tmp_path / "none") is None
+    for n in (5, 40, 100, 9):
+        (tmp_path / f"checkpoint-{n}").mkdir()
+    assert latest_checkpoint(tmp_path).name == "checkpoint-100"
+
+
+def test_interrupt_sets_flag_and_exit_code() -> None:
+    with Interrupt() as interrupt:
+        signal.raise_signal(signal.SIGTERM)
+        assert interrupt.signum == signal.SIGTERM
+    assert interrupt.exit_code == 143
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

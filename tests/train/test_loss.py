@@ -1,0 +1,118 @@
+"""The loss without full-vocabulary logits equals the standard loss, and so do its gradients.
+
+`chunked` (expert-cli's own, plain torch) runs on the CPU; Liger's is a Triton kernel and is
+compared the same way on a GPU (tests/train/test_fast_path_gpu.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from expert_cli.train import loss as fused
+
+IGNORE = -100
+
+
+def test_chunked_matches_cross_entropy_over_several_chunks(monkeypatch) -> None:
+    monkeypatch.setattr(fused, "CHUNK_ELEMENTS", 7 * 50)  # 7 tokens a chunk: 4 chunks
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(23, 16, generator=gen, requires_grad=True)
+    weight = torch.randn(50, 16, generator=gen, requires_grad=True)
+    targets = torch.randint(0, 50, (23,), generator=gen)
+    targets[[0, 5, 9, 22]] = IGNORE
+    got = fused.summed_linear_cross_entropy("chunked", hidden, weight, targets)
+    got_grads = torch.autograd.grad(got * 1.7, (hidden, weight))
+    ref = torch.nn.functional.cross_entropy(hidden @ weight.t(), targets, reduction="sum")
+    ref_grads = torch.autograd.grad(ref * 1.7, (hidden, weight))
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
+    for a, b in zip(got_grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_ignored_tokens_get_no_gradient() -> None:
+    hidden = torch.randn(6, 8, requires_grad=True)
+    weight = torch.randn(20, 8)
+    targets = torch.tensor([3, IGNORE, 4, IGNORE, IGNORE, 7])
+    fused.summed_linear_cross_entropy("chunked", hidden, weight, targets).backward()
+    assert hidden.grad[[1, 3, 4]].abs().max() == 0
+    assert hidden.grad[[0, 2, 5]].abs().min() > 0
+
+
+def test_causal_lm_loss_shifts_and_normalises_like_transformers() -> None:
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 9, 16, generator=gen)
+    weight = torch.randn(40, 16, generator=gen)
+    labels = torch.randint(0, 40, (2, 9), generator=gen)
+    labels[0, :3] = IGNORE
+    logits = hidden @ weight.t()
+    for items in (None, torch.tensor(11)):
+        got = fused.causal_lm_loss("chunked", hidden, weight, labels, items)
+        ref = ForCausalLMLoss(logits, labels, vocab_size=40, num_items_in_batch=items)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def _lora_model(model_dir, backend: str | None):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if backend:
+        fused.install_fused_loss(model, backend)
+    torch.manual_seed(0)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    return get_peft_model(model, config)
+
+
+def test_fused_forward_equals_standard_loss_and_gradients(tiny_model_dir) -> None:
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(10, 3000, (2, 24), generator=gen)
+    labels = ids.clone()
+    labels[:, :5] = IGNORE
+    pos = torch.cat([torch.arange(10), torch.arange(14)]).repeat(2, 1)
+    results = []
+    for backend in (None, "chunked"):
+        model = _lora_model(tiny_model_dir, backend)
+        out = model(
+            input_ids=ids,
+            labels=labels,
+            position_ids=pos,
+            use_cache=False,
+            num_items_in_batch=torch.tensor(30),
+        )
+        out.loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        results.append((out, grads))
+    (std, std_grads), (got, got_grads) = results
+    assert std.logits is not None and got.logits is None  # no full-vocabulary logits
+    torch.testing.assert_close(got.loss, std.loss, rtol=1e-5, atol=1e-5)
+    assert len(got_grads) == len(std_grads) > 0
+    for name, grad in std_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_fused_forward_without_labels_is_the_models_own(tiny_model_dir) -> None:
+    model = _lora_model(tiny_model_dir, "chunked").eval()
+    ids = torch.tensor([[11, 12, 13, 14]])
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=False)
+    assert out.logits.shape == (1, 4, model.config.vocab_size)
+
+
+def test_models_that_scale_logits_keep_the_standard_loss(tiny_model_dir) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert fused.fused_loss_unsupported(model) is None
+    model.config.final_logit_softcapping = 30.0
+    assert "final_logit_softcapping" in fused.fused_loss_unsupported(model)
+    assert "lm_head" in fused.fused_loss_unsupported(torch.nn.Linear(2, 2))
+
+
+def test_unknown_backend_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown backend"):
+        fused.summed_linear_cross_entropy(
+            "nope", torch.zeros(1, 2), torch.zeros(3, 2), torch.zeros(1, dtype=torch.long)
+        )

@@ -1,0 +1,51 @@
+"""`expert-cli merge`: the merged model loads with AutoModelForCausalLM and matches the adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from train_helpers import load_adapter, run_cli, write_expert
+
+
+@pytest.mark.slow
+def test_merged_model_matches_adapter_logits(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from expert_cli.train.merge import merge_adapter
+    from expert_cli.train.run import TrainOptions, train
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, config={"learning_rate": 2e-2})
+    out = tmp_path / "out"
+    train(TrainOptions(manifest=manifest, output=out, max_steps=3))
+    merged_dir = merge_adapter(out, tmp_path / "merged")
+    assert (merged_dir / "model.safetensors").is_file()
+    assert (merged_dir / "tokenizer.json").is_file()
+
+    ids = torch.randint(5, 3900, (2, 24), generator=torch.Generator().manual_seed(0))
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+    adapter = load_adapter(out)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        want = adapter(input_ids=ids).logits
+        got = merged(input_ids=ids).logits
+        untouched = base(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-4)
+    assert not torch.allclose(untouched, want, atol=1e-4)  # the adapter did change something
+
+
+@pytest.mark.slow
+def test_merge_errors_are_clean(tmp_path: Path) -> None:
+    proc = run_cli("merge", "--adapter", str(tmp_path), "--output", str(tmp_path / "m"))
+    assert proc.returncode == 2 and "adapter_config.json" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_adapter_without_weights_is_a_user_error(tmp_path: Path) -> None:
+    from expert_cli.errors import UserError
+    from expert_cli.train.merge import merge_adapter
+
+    (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": "x"}')
+    with pytest.raises(UserError, match="no adapter weights"):
+        merge_adapter(tmp_path, tmp_path / "merged")

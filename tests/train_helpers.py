@@ -1,0 +1,151 @@
+"""Shared by the training tests: a small expert on the tiny model, the CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SQL_ROW = (
+    "<|im_start|>user\nList the {n} most recent orders of customer {c}.<|im_end|>\n"
+    "<|im_start|>assistant\nSELECT * FROM orders WHERE customer_id = {c} "
+    "ORDER BY created_at DESC LIMIT {n};<|im_end|>\n"
+)
+
+
+def text_rows(n: int) -> list[dict[str, str]]:
+    """ChatML text examples of varying length (deterministic)."""
+    return [{"text": SQL_ROW.format(n=i % 7 + 1, c=i * 37 % 1000) * (1 + i % 3)} for i in range(n)]
+
+
+def write_expert(
+    folder: Path,
+    model_dir: Path,
+    *,
+    config: dict[str, Any] | None = None,
+    base: dict[str, Any] | None = None,
+    rows: int = 64,
+    valid_rows: int = 0,
+) -> Path:
+    """A schema 2.0 manifest on `model_dir` with local JSONL data; returns the manifest path."""
+    from conftest import write_jsonl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_jsonl(folder / "data" / "train.jsonl", text_rows(rows))
+    dataset: dict[str, Any] = {
+        "path": "data/train.jsonl",
+        "format": "jsonl",
+        "field_mapping": {"text": "text"},
+    }
+    if valid_rows:
+        write_jsonl(folder / "data" / "valid.jsonl", text_rows(valid_rows))
+        dataset["validation_path"] = "data/valid.jsonl"
+    cfg = {
+        "rank": 8,
+        "alpha": 16,
+        "dropout": 0.0,
+        "learning_rate": 2e-3,
+        "batch_size": 2,
+        "max_seq_length": 128,
+        "logging_steps": 1,
+        "warmup_steps": 0,
+        "lr_scheduler": "constant",
+        "save_steps": 1000,
+        "evaluation_strategy": "no",
+        **(config or {}),
+    }
+    manifest = {
+        "name": "expert-test",
+        "version": "0.0.1",
+        "schema_version": "2.0",
+        "base_models": [
+            {
+                "name": str(model_dir),
+                "prompt_template": "chatml",
+                "adapters": [{"type": "lora", "target_modules": "all-linear"}],
+                **(base or {}),
+            }
+        ],
+        "training": {"dataset": dataset, "config": cfg},
+    }
+    path = folder / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    return path
+
+
+def cli_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def run_cli(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    """`python -m expert_cli.cli ARGS` with the hub switched off."""
+    return subprocess.run(
+        [sys.executable, "-m", "expert_cli.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(),
+        cwd=ROOT,
+    )
+
+
+def read_metrics(output: Path) -> dict[str, Any]:
+    return json.loads((output / "metrics.json").read_text(encoding="utf-8"))
+
+
+def window_losses(output: Path) -> dict[int, float]:
+    """step -> training loss from metrics.json."""
+    return {w["step"]: w["loss"] for w in read_metrics(output)["windows"] if w["loss"] is not None}
+
+
+def load_adapter(output: Path) -> Any:
+    """Base model (from adapter_config.json) + the saved adapter, in eval mode."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((output / "adapter_config.json").read_text(encoding="utf-8"))
+    base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
+    return PeftModel.from_pretrained(base, output).eval()
+
+
+def prepared_cpu_run(manifest: Path, total_steps: int) -> tuple[Any, Any, Any, Any]:
+    """(resolved, tokenizer, data, peft model) for `manifest` on the CPU, as `train` builds
+    them."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data import prepare_data
+    from expert_cli.data.tokenizer import load_tokenizer
+    from expert_cli.train.model import attach_adapter, load_base_model
+
+    resolved = resolve(load_manifest(manifest), cpu_environment())
+    tokenizer = load_tokenizer(resolved)
+    data = prepare_data(resolved, tokenizer)
+    model, _ = load_base_model(resolved, "cpu")
+    return resolved, tokenizer, data, attach_adapter(model, resolved, total_steps=total_steps)
+
+
+def train_steps(
+    resolved: Any, tokenizer: Any, data: Any, model: Any, folder: Path, steps: int
+) -> Any:
+    """Train `steps` optimizer steps with expert-cli's Trainer and collator; the trainer."""
+    from transformers import TrainingArguments
+
+    from expert_cli.train.args import training_args_kwargs
+    from expert_cli.train.trainer import build_trainer
+
+    args = TrainingArguments(**training_args_kwargs(resolved, folder, max_steps=steps))
+    trainer, _ = build_trainer(model, args, data, tokenizer, "sdpa")
+    trainer.train()
+    return trainer
