@@ -33,12 +33,6 @@ OPTIONAL = (
 )
 MAX_LINES = 400
 MAX_PARAMS = 6
-# signatures that another library defines (transformers' attention interface, a causal LM's
-# forward): their parameters are not ours to group
-INTERFACES = {
-    "expert_cli.train.attention.torch_varlen_attention",
-    "expert_cli.train.loss.fused_forward",
-}
 PRINTERS = {"print", "Console", "Progress", "Live"}
 
 
@@ -155,7 +149,6 @@ def test_functions_take_few_parameters() -> None:
                 isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
                 and _params(node) > MAX_PARAMS
                 and layer(module) != "cli"
-                and f"{module}.{node.name}" not in INTERFACES
             ):
                 bad.append(f"{module}.{node.name}: {_params(node)} parameters")
     assert not bad, "\n".join(bad)

@@ -53,18 +53,19 @@ def torch_varlen_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: Any,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    cu_seq_lens_q: torch.Tensor | None = None,
-    max_length_q: int | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """A transformers attention function: causal attention within each packed example.
 
     `query` is [batch, heads, length, dim]; the rows are laid end to end and `cu_seq_lens_q`
-    (int32, cumulative example starts over all rows) says where each example begins.
+    (int32, cumulative example starts over all rows, a keyword the collator's batch carries
+    through the model) says where each example begins. transformers also passes `scaling`,
+    and `dropout` and `sliding_window`, which this kernel does not support.
     """
+    cu_seq_lens_q = kwargs.get("cu_seq_lens_q")
+    max_length_q = kwargs.get("max_length_q")
+    scaling = kwargs.get("scaling")
+    sliding_window, dropout = kwargs.get("sliding_window"), kwargs.get("dropout", 0.0)
     if cu_seq_lens_q is None or max_length_q is None:
         raise RuntimeError(
             "torch_varlen attention needs the batch's sequence boundaries "

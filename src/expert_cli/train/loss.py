@@ -143,39 +143,14 @@ def fused_loss_unsupported(model: Any) -> str | None:
     return None
 
 
-def fused_forward(
-    self: Any,
-    input_ids: Any = None,
-    attention_mask: Any = None,
-    position_ids: Any = None,
-    past_key_values: Any = None,
-    inputs_embeds: Any = None,
-    labels: Any = None,
-    use_cache: Any = None,
-    **kwargs: Any,
-) -> Any:
-    """A causal LM's forward that, given labels, returns the loss and no logits."""
+def fused_forward(self: Any, input_ids: Any = None, labels: Any = None, **kwargs: Any) -> Any:
+    """A causal LM's forward that, given labels, returns the loss and no logits (every other
+    argument goes to the model's body as it came)."""
     if labels is None:
-        return self._expert_cli_forward(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
-        )
+        return self._expert_cli_forward(input_ids=input_ids, **kwargs)
     num_items = kwargs.pop("num_items_in_batch", None)
     kwargs.pop("logits_to_keep", None)
-    out = self.model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=past_key_values,
-        inputs_embeds=inputs_embeds,
-        use_cache=use_cache,
-        **kwargs,
-    )
+    out = self.model(input_ids=input_ids, **kwargs)
     loss = causal_lm_loss(
         self._expert_cli_loss, out.last_hidden_state, self.lm_head.weight, labels, num_items
     )
