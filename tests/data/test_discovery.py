@@ -139,7 +139,8 @@ def test_broken_manifest_is_reported(hf_home: Path, tmp_path: Path) -> None:
     (tmp_path / "bad" / "manifest.json").write_text("{not json")
     result = discover(hf_home, tmp_path)
     assert len(result["problems"]) == 1
-    assert "bad/manifest.json:1:2: invalid JSON" in result["problems"][0]
+    assert "bad/manifest.json: cannot read manifest" in result["problems"][0]
+    assert "invalid JSON" in result["problems"][0]
 
 
 def test_missing_folders_name_the_option(tmp_path: Path) -> None:

@@ -206,7 +206,7 @@ def fingerprint_inputs(
     }
 
 
-def fingerprint(inputs: dict[str, Any]) -> str:
+def fingerprint_of(inputs: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of `inputs`."""
     canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -217,7 +217,7 @@ def plan_cache(
 ) -> CachePlan:
     """Fingerprint the inputs and locate the cache (reads no data, builds nothing)."""
     inputs = fingerprint_inputs(resolved, tokenizer, shard_examples)
-    fp = fingerprint(inputs)
+    fp = fingerprint_of(inputs)
     root = Path(resolved.pretokenized_cache)
     pointer = root / f"{_safe(resolved.expert)}.latest.json"
     previous = json.loads(pointer.read_text()) if pointer.exists() else None

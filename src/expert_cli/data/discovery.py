@@ -111,8 +111,9 @@ def manifest_refs(path: Path) -> tuple[dict[str, Any], list[str]]:
     """The datasets one manifest names (training.dataset.path, tasks.*.train)."""
     try:
         name, dataset = load_dataset_block(path)
-    except UserError as exc:  # its lines name the file (and the line of a JSON mistake)
-        return {}, exc.lines
+    except UserError as exc:
+        detail = "; ".join(line.removeprefix(f"{path}").lstrip(":").strip() for line in exc.lines)
+        return {}, [f"{path}: cannot read manifest ({detail})"]
     found = []
     if dataset.path:
         found.append(("training.dataset.path", dataset.path))
