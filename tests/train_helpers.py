@@ -88,15 +88,17 @@ def cli_env() -> dict[str, str]:
     }
 
 
-def run_cli(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    """`python -m expert_cli.cli ARGS` with the hub switched off."""
+def run_cli(
+    *args: str, timeout: int = 240, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m expert_cli.cli ARGS` with the hub switched off, wide tables, output kept."""
     return subprocess.run(
         [sys.executable, "-m", "expert_cli.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=cli_env(),
-        cwd=ROOT,
+        env={**cli_env(), "COLUMNS": "200"},
+        cwd=cwd or ROOT,
     )
 
 

@@ -4,7 +4,6 @@ their exit codes, run metrics, bad arguments."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
@@ -12,20 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from train_helpers import run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `expert-cli ARGS` with this interpreter, capturing its output."""
-    return subprocess.run(
-        [sys.executable, "-m", "expert_cli.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-    )
 
 
 def has_nvml_gpu() -> bool:
@@ -41,7 +29,7 @@ def has_nvml_gpu() -> bool:
 def test_no_gpu_path_reports_cpu_ram_and_plot(tmp_path: Path) -> None:
     if has_nvml_gpu():
         pytest.skip("this machine has an NVIDIA GPU; the no-GPU path cannot be exercised")
-    out = cli(
+    out = run_cli(
         "benchmark",
         "--duration",
         "2",
@@ -71,7 +59,7 @@ def test_no_gpu_path_reports_cpu_ram_and_plot(tmp_path: Path) -> None:
 
 
 def test_command_exit_code_is_returned(tmp_path: Path) -> None:
-    out = cli(
+    out = run_cli(
         "benchmark",
         "--duration",
         "20",
@@ -95,7 +83,7 @@ def test_command_exit_code_is_returned(tmp_path: Path) -> None:
 
 def test_short_command_ends_the_benchmark_early(tmp_path: Path) -> None:
     t = time.monotonic()
-    out = cli(
+    out = run_cli(
         "benchmark",
         "--duration",
         "30",
@@ -115,7 +103,7 @@ def test_short_command_ends_the_benchmark_early(tmp_path: Path) -> None:
 
 
 def test_long_command_is_stopped_at_duration(tmp_path: Path) -> None:
-    out = cli(
+    out = run_cli(
         "benchmark",
         "--duration",
         "1",
@@ -158,7 +146,7 @@ METRICS = {
 
 def test_metrics_file_is_read_into_report(tmp_path: Path) -> None:
     (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
-    out = cli(
+    out = run_cli(
         "benchmark",
         "--duration",
         "1",
@@ -189,7 +177,7 @@ def test_train_command_output_dir_metrics_are_found(tmp_path: Path) -> None:
     )
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     (tmp_path / "run").mkdir()
-    out = cli(
+    out = run_cli(
         "benchmark",
         "--duration",
         "10",
@@ -224,7 +212,7 @@ def test_train_command_output_dir_metrics_are_found(tmp_path: Path) -> None:
     ],
 )
 def test_bad_arguments_exit_2(tmp_path: Path, args: list[str], flag: str) -> None:
-    out = cli("benchmark", "--duration", "1", *args, cwd=tmp_path)
+    out = run_cli("benchmark", "--duration", "1", *args, cwd=tmp_path)
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert f"{flag}:" in out.stderr
     assert "Traceback" not in out.stderr
@@ -240,7 +228,7 @@ def test_help_does_not_import_torch() -> None:
 
 @pytest.mark.slow
 def test_tiny_workload_reports_tokens_per_second(tmp_path: Path) -> None:
-    out = cli(
+    out = run_cli(
         "benchmark",
         "--workload",
         "tiny",
@@ -273,7 +261,7 @@ def test_tiny_workload_reports_tokens_per_second(tmp_path: Path) -> None:
 def test_real_gpu_is_sampled(tmp_path: Path) -> None:
     if not has_nvml_gpu():
         pytest.skip("no NVIDIA GPU")
-    out = cli(
+    out = run_cli(
         "benchmark",
         "--duration",
         "2",

@@ -10,25 +10,16 @@ import time
 from pathlib import Path
 
 import pytest
+from train_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 REAL_EXPERTS = ["expert-json", "expert-typescript", "expert-neo4j", "expert-sql"]
 
 
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "expert_cli.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=120,
-    )
-
-
 def test_help_is_instant_and_imports_no_torch() -> None:
     start = time.perf_counter()
-    out = cli("--help")
+    out = run_cli("--help")
     assert out.returncode == 0 and "check" in out.stdout
     assert time.perf_counter() - start < 5  # generous for CI; locally ~0.3 s
     probe = subprocess.run(
@@ -46,7 +37,7 @@ def test_help_is_instant_and_imports_no_torch() -> None:
 
 
 def test_demo_manifest_is_usable() -> None:
-    out = cli("check", "--manifest", str(ROOT / "experts/demo/manifest.json"), "--json")
+    out = run_cli("check", "--manifest", str(ROOT / "experts/demo/manifest.json"), "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["manifest"] == {
@@ -63,7 +54,7 @@ def test_demo_manifest_is_usable() -> None:
 
 @pytest.mark.parametrize("expert", REAL_EXPERTS)
 def test_real_experts_only_need_downloads(expert: str) -> None:
-    out = cli("check", "--manifest", str(ROOT / "experts" / expert / "manifest.json"), "--json")
+    out = run_cli("check", "--manifest", str(ROOT / "experts" / expert / "manifest.json"), "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["problems"] == []
@@ -86,7 +77,7 @@ def _hivellm_dir(tmp_path: Path, tiny_model_dir: Path) -> Path:
 
 def test_hivellm_manifest_checks_once_files_exist(tmp_path: Path, tiny_model_dir: Path) -> None:
     folder = _hivellm_dir(tmp_path, tiny_model_dir)
-    out = cli("check", "--manifest", str(folder / "manifest.json"), "--json")
+    out = run_cli("check", "--manifest", str(folder / "manifest.json"), "--json")
     assert out.returncode == 0, out.stdout
     report = json.loads(out.stdout)
     assert report["config"]["rank"] == 14 and report["config"]["gradient_accumulation_steps"] == 45
@@ -98,7 +89,7 @@ def test_bad_data_and_model_are_problems(tmp_path: Path, tiny_model_dir: Path) -
     (folder / "datasets" / "train.jsonl").write_text('{"text": "ok"}\n{"text": oops}\n')
     (folder / "datasets" / "validation.jsonl").write_text('{"prompt": "no text here"}\n')
     (folder / "datasets" / "test.jsonl").unlink()
-    out = cli("check", "--manifest", str(folder / "manifest.json"), "--json")
+    out = run_cli("check", "--manifest", str(folder / "manifest.json"), "--json")
     assert out.returncode == 2
     problems = json.loads(out.stdout)["problems"]
     assert problems[0] == f"{folder}/datasets/train.jsonl:2: invalid JSON (Expecting value)"
@@ -114,7 +105,7 @@ def test_missing_model_folder_and_empty_data(tmp_path: Path, tiny_model_dir: Pat
     data["base_models"][0]["name"] = "F:/models/Qwen3-0.6B"
     (folder / "manifest.json").write_text(json.dumps(data))
     (folder / "datasets" / "train.jsonl").write_text("")
-    out = cli("check", "--manifest", str(folder / "manifest.json"))
+    out = run_cli("check", "--manifest", str(folder / "manifest.json"))
     assert out.returncode == 2
     assert "F:/models/Qwen3-0.6B is not a folder" in out.stdout
     assert "train.jsonl: no examples (the file is empty)" in out.stdout
@@ -127,7 +118,7 @@ def test_weights_missing_without_random_init(tmp_path: Path, tiny_model_dir: Pat
     for weights in model.glob("*.safetensors"):
         weights.unlink()
     folder = _hivellm_dir(tmp_path / "expert", model)
-    out = cli("check", "--manifest", str(folder / "manifest.json"), "--json")
+    out = run_cli("check", "--manifest", str(folder / "manifest.json"), "--json")
     assert out.returncode == 2
     assert any("has no weights" in p for p in json.loads(out.stdout)["problems"])
 
@@ -136,7 +127,7 @@ def test_misspelt_key_exits_2_naming_the_path(tmp_path: Path) -> None:
     data = json.loads((FIXTURES / "hivellm_v2.json").read_text())
     data["training"]["config"]["gradient_acumulation_steps"] = 4
     (tmp_path / "manifest.json").write_text(json.dumps(data))
-    out = cli("check", "--manifest", str(tmp_path / "manifest.json"))
+    out = run_cli("check", "--manifest", str(tmp_path / "manifest.json"))
     assert out.returncode == 2
     assert (
         "training.config.gradient_acumulation_steps: unknown field; did you mean "

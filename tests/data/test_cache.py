@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from train_helpers import run_cli
 
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
@@ -191,16 +192,6 @@ def test_two_processes_build_once(demo_expert_dir) -> None:
     assert sorted(r["built"] for r in results) == [False, True]
     assert results[0]["dir"] == results[1]["dir"]
     assert all(r["resumed"] == 0 for r in results)
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "expert_cli.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
 
 
 @pytest.mark.slow
