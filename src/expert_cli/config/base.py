@@ -15,6 +15,9 @@ Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class Strict(BaseModel):
-    """A block the trainer acts on: unknown keys are errors."""
+    """A block the trainer acts on: unknown keys are errors, numbers are numbers (not
+    booleans or strings), booleans are booleans, and floats are finite."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False
+    )

@@ -11,7 +11,8 @@ from typing import Any
 
 from expert_cli.config.environment import Environment
 from expert_cli.config.kernels import choose_kernel
-from expert_cli.config.models import TrainingConfig
+from expert_cli.config.training_config import TrainingConfig
+from expert_cli.errors import UserError
 
 # Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
 DEFAULT_LR = 2e-4
@@ -20,6 +21,8 @@ DEFAULT_TOKENS_PER_STEP = 32_768  # batch_size auto: rows per optimizer step = t
 DEFAULT_CPU_BATCH = 2
 DEFAULT_WARMUP_RATIO = 0.03
 MAX_AUTO_WORKERS = 4
+WORKERS_PER_CPU = 4  # above this a manifest's worker count is refused
+MAX_TOKENS_PER_MICRO_STEP = 1 << 24  # batch_size x max_seq_length
 
 
 def first(*values: Any) -> Any:
@@ -100,6 +103,17 @@ def kernels(cfg: TrainingConfig, env: Environment, half: bool, notes: list[str])
 def loader(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
     auto_workers = min(MAX_AUTO_WORKERS, max(1, env.cpu_count // 2)) if env.has_gpu else 0
     workers = first(cfg.dataloader_num_workers, auto_workers)
+    if workers > WORKERS_PER_CPU * env.cpu_count:
+        raise UserError(
+            f"training.config.dataloader_num_workers: {workers} is more than "
+            f"{WORKERS_PER_CPU} per CPU on this machine ({env.cpu_count} CPUs); use at most "
+            f"{env.cpu_count} (or leave it unset to choose automatically)"
+        )
+    if workers > env.cpu_count:
+        notes.append(
+            f"dataloader_num_workers: {workers} processes on {env.cpu_count} CPUs; more than "
+            "one per CPU only adds memory and switching"
+        )
     if env.has_gpu and cfg.dataloader_num_workers == 0:
         notes.append(
             "dataloader_num_workers: 0 as the manifest asks; batches are collated on "
@@ -187,6 +201,12 @@ def _batch(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str,
     if not auto:
         batch = cfg.batch_size if isinstance(cfg.batch_size, int) else DEFAULT_CPU_BATCH
         accumulation = first(cfg.gradient_accumulation_steps, 1)
+        if batch * seq > MAX_TOKENS_PER_MICRO_STEP:
+            raise UserError(
+                f"training.config.batch_size: {batch} rows of max_seq_length {seq} are "
+                f"{batch * seq:,} tokens per micro-step, more than any GPU holds "
+                f"(at most {MAX_TOKENS_PER_MICRO_STEP:,}); lower batch_size or set it to auto"
+            )
         if cfg.tokens_per_step:
             notes.append(
                 "tokens_per_step: not applicable; batch_size x "

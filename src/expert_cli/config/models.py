@@ -24,6 +24,8 @@ from expert_cli.config.base import (
 )
 from expert_cli.config.training_config import DistributedSpec, TrainingConfig
 
+MAX_TASK_WEIGHT = 100
+
 # --------------------------------------------------------------------------- base model
 
 
@@ -93,7 +95,11 @@ class TaskSpec(Strict):
     valid: str | None = Field(None, description="Validation file of this task.")
     test: str | None = Field(None, description="Test file of this task; kept.")
     weight: float = Field(
-        1.0, gt=0, description="Sampling weight: below 1 samples a fraction, above 1 repeats."
+        1.0,
+        gt=0,
+        le=MAX_TASK_WEIGHT,
+        description="Sampling weight: below 1 samples a fraction, above 1 repeats (at most "
+        f"{MAX_TASK_WEIGHT} times).",
     )
     format: str | None = Field(None, description="File format of this task (as `format`).")
 
@@ -169,14 +175,24 @@ class DatasetSpec(Strict):
 
 
 class TrainingSpec(BaseModel):
-    """`training`: dataset and config are acted on; every other key is kept."""
+    """`training`: dataset and config are acted on; the format's descriptive keys are kept;
+    any other key is an error (a misspelt `confg` would otherwise train on every default)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     dataset: DatasetSpec
     config: TrainingConfig = Field(default_factory=TrainingConfig)
     decoding: dict[str, Any] | None = Field(None, description="Inference settings; kept.")
     distributed: DistributedSpec | None = Field(None, description="Extension: multi-GPU.")
+    # descriptive keys of the HiveLLM format (its schema's `Training` and the experts' own)
+    trained_on: Any = Field(None, description="Descriptive (date of training); kept.")
+    base_model_version: Any = Field(None, description="Descriptive; kept.")
+    packaging_checkpoint: Any = Field(None, description="Checkpoint a package uses; kept.")
+    checkpoint: Any = Field(None, description="Descriptive; kept.")
+    alternative_checkpoints: Any = Field(None, description="Descriptive; kept.")
+    quality_score: Any = Field(None, description="Descriptive; kept.")
+    test_scenarios: Any = Field(None, description="Descriptive; kept.")
+    metadata: Any = Field(None, description="Descriptive (training time, GPU); kept.")
 
 
 # --------------------------------------------------------------------------- manifest

@@ -44,6 +44,10 @@ AttentionKernel = Literal[
 ]
 FusedLoss = Literal["auto", "liger", "chunked", "off"]
 MAX_BATCH_ROWS = 4096
+MAX_STEPS = 100_000_000
+MAX_EPOCHS = 10_000
+MAX_SEQ_LENGTH = 1 << 20  # tokens in one packed row
+MAX_WORKERS = 512  # the machine's own bound (4 per CPU) is checked when resolving
 
 
 def _rows_or_auto(value: Any) -> Any:
@@ -67,16 +71,20 @@ class TrainingConfig(Strict):
         None, description="Adapter type; defaults to the base model's first adapter, else lora."
     )
     rank: int | None = Field(None, ge=1, le=1024, description="Adapter rank r.")
-    alpha: float | None = Field(None, gt=0, description="LoRA alpha (scale = alpha / rank).")
+    alpha: float | None = Field(
+        None, gt=0, le=1e6, description="LoRA alpha (scale = alpha / rank)."
+    )
     dropout: Probability | None = Field(None, description="Adapter dropout.")
     target_modules: list[str] | Literal["all-linear"] | None = Field(
         None, description='Modules to adapt, or "all-linear".'
     )
     feedforward_modules: list[str] | None = Field(None, description="IA3 feed-forward modules.")
-    epochs: float | None = Field(None, gt=0, description="Epochs; fractions allowed.")
-    num_epochs: float | None = Field(None, gt=0, description="Alias of epochs.")
+    epochs: float | None = Field(
+        None, gt=0, le=MAX_EPOCHS, description="Epochs; fractions allowed."
+    )
+    num_epochs: float | None = Field(None, gt=0, le=MAX_EPOCHS, description="Alias of epochs.")
     max_steps: int | None = Field(
-        None, ge=0, description="Optimizer steps; overrides epochs when > 0."
+        None, ge=0, le=MAX_STEPS, description="Optimizer steps; overrides epochs when > 0."
     )
     learning_rate: float | None = Field(None, gt=0, le=1, description="Peak learning rate.")
     batch_size: Annotated[int | Literal["auto"], BeforeValidator(_rows_or_auto)] | None = Field(
@@ -88,17 +96,21 @@ class TrainingConfig(Strict):
     gradient_accumulation_steps: int | None = Field(
         None, ge=1, le=4096, description="Micro-batches per optimizer step."
     )
-    warmup_steps: int | None = Field(None, ge=0, description="Warmup steps.")
+    warmup_steps: int | None = Field(None, ge=0, le=MAX_STEPS, description="Warmup steps.")
     warmup_ratio: float | None = Field(
         None, ge=0, le=1, description="Warmup as a fraction of all steps; wins over warmup_steps."
     )
     lr_scheduler: Scheduler | None = Field(None, description="Learning-rate schedule.")
     max_seq_length: int | None = Field(
-        None, ge=16, description="Tokens per packed row (and per example)."
+        None, ge=16, le=MAX_SEQ_LENGTH, description="Tokens per packed row (and per example)."
     )
-    dataloader_num_workers: int | None = Field(None, ge=0, description="Data-loader processes.")
+    dataloader_num_workers: int | None = Field(
+        None, ge=0, le=MAX_WORKERS, description="Data-loader processes (at most 4 per CPU)."
+    )
     dataloader_pin_memory: bool | None = Field(None, description="Pin host memory of batches.")
-    dataloader_prefetch_factor: int | None = Field(None, ge=1, description="Batches per worker.")
+    dataloader_prefetch_factor: int | None = Field(
+        None, ge=1, le=64, description="Batches per worker."
+    )
     dataloader_persistent_workers: bool | None = Field(None, description="Keep workers alive.")
     fp16: bool | None = Field(None, description="fp16 mixed precision.")
     bf16: bool | None = Field(None, description="bf16 mixed precision.")
@@ -111,16 +123,24 @@ class TrainingConfig(Strict):
         None, description="Batch similar lengths; not needed with packing."
     )
     gradient_checkpointing: bool | None = Field(None, description="Recompute activations.")
-    logging_steps: int | None = Field(None, ge=1, description="Steps per logging window.")
+    logging_steps: int | None = Field(
+        None, ge=1, le=MAX_STEPS, description="Steps per logging window."
+    )
     save_strategy: Literal["no", "steps", "epoch", "best"] | None = Field(
         None, description="When to save checkpoints."
     )
-    save_steps: int | None = Field(None, ge=1, description="Steps between checkpoints.")
-    save_total_limit: int | None = Field(None, ge=1, description="Checkpoints kept (None = all).")
+    save_steps: int | None = Field(
+        None, ge=1, le=MAX_STEPS, description="Steps between checkpoints."
+    )
+    save_total_limit: int | None = Field(
+        None, ge=1, le=10_000, description="Checkpoints kept (None = all)."
+    )
     evaluation_strategy: Strategy | None = Field(
         None, alias="eval_strategy", description="When to evaluate (alias eval_strategy)."
     )
-    eval_steps: int | None = Field(None, ge=1, description="Steps between evaluations.")
+    eval_steps: int | None = Field(
+        None, ge=1, le=MAX_STEPS, description="Steps between evaluations."
+    )
     load_best_model_at_end: bool | None = Field(None, description="Keep the best checkpoint.")
     metric_for_best_model: str | None = Field(None, description="Metric for the best model.")
     greater_is_better: bool | None = Field(None, description="Direction of that metric.")
@@ -138,17 +158,23 @@ class TrainingConfig(Strict):
     use_unsloth: bool | None = Field(None, description="Hint; Unsloth is not integrated.")
     memory_efficient_attention: bool | None = Field(None, description="Hint; SDPA covers it.")
     memory_clear_every: int | None = Field(
-        None, ge=0, description="Empty the CUDA cache every N steps (0 = never)."
+        None, ge=0, le=MAX_STEPS, description="Empty the CUDA cache every N steps (0 = never)."
     )
     activation_checkpointing: str | bool | None = Field(
         None, description="Hint; whole-layer gradient_checkpointing is what is applied."
     )
     use_cuda_graphs: bool | None = Field(None, description="Hint; not applied (dynamic shapes).")
-    cuda_graph_warmup_steps: int | None = Field(None, ge=0, description="Hint; see above.")
+    cuda_graph_warmup_steps: int | None = Field(
+        None, ge=0, le=MAX_STEPS, description="Hint; see above."
+    )
     # expert-cli extensions
-    seed: int = Field(42, description="Extension: seed for data order, eval split and init.")
-    weight_decay: float = Field(0.0, ge=0, description="Extension: AdamW weight decay.")
-    max_grad_norm: float = Field(1.0, gt=0, description="Extension: gradient clipping norm.")
+    seed: int = Field(
+        42, ge=0, lt=2**32, description="Extension: seed for data order, eval split and init."
+    )
+    weight_decay: float = Field(0.0, ge=0, le=10, description="Extension: AdamW weight decay.")
+    max_grad_norm: float = Field(
+        1.0, gt=0, le=1e6, description="Extension: gradient clipping norm."
+    )
     tokens_per_step: int | None = Field(
         None,
         ge=16,

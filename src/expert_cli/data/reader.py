@@ -1,0 +1,257 @@
+"""One reader for local data files, shared by `check` and the cache build.
+
+It streams: memory is bounded by the largest single example (at most `MAX_ITEM_BYTES`), not by
+the file. JSON is read in any layout (JSON Lines, one JSON array however it is indented,
+pretty-printed objects one after another, a `.json` file holding lines); CSV with a header
+row; Parquet and Arrow by record batch. Every problem is a `UserError` that names the file and
+the line, row or byte offset, and the expected shape. No error quotes the file's data: column
+names are shown only when they look like names, and never more than a few.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from expert_cli.errors import UserError
+
+CHUNK_BYTES = 1 << 20
+MAX_ITEM_BYTES = 256 << 20  # one example (a JSON value, a CSV record) at most this big
+ARROW_BATCH_ROWS = 1024
+SHOWN_NAMES = 12
+NAME_LIKE = re.compile(r"[\w .\-/]{1,40}")
+_WHITESPACE = " \t\r\n"
+
+Row = tuple[str, Any]  # (where: "line 12" / "row 3", the value read)
+
+
+def shown_name(name: str) -> str:
+    """A column name as an error may show it: itself when it looks like a name, else only its
+    length (a "column" read from a file that is not tabular is the file's data)."""
+    text = str(name)
+    return repr(text) if NAME_LIKE.fullmatch(text) else f"<a {len(text)}-character name>"
+
+
+def shown_names(names: list[str]) -> str:
+    """Up to SHOWN_NAMES column names, each as `shown_name` allows."""
+    head = ", ".join(shown_name(n) for n in list(names)[:SHOWN_NAMES])
+    more = len(names) - SHOWN_NAMES
+    return head + (f" and {more} more" if more > 0 else "") if names else "none"
+
+
+def read_rows(path: Path, fmt: str) -> Iterator[Row]:
+    """Every row (example) of one local file, in order, for format jsonl/json/csv/parquet/
+    arrow."""
+    if path.is_dir() or not path.exists():
+        raise UserError(f"{path}: not a data file")
+    if fmt in ("jsonl", "json"):
+        yield from _json_rows(path)
+    elif fmt == "csv":
+        yield from _csv_rows(path)
+    elif fmt == "parquet":
+        yield from _parquet_rows(path)
+    elif fmt == "arrow":
+        yield from _arrow_rows(path)
+    else:
+        raise UserError(f"{path}: cannot read format {fmt!r} (jsonl, json, csv, parquet, arrow)")
+
+
+# --------------------------------------------------------------------------- text
+
+
+class _Text:
+    """UTF-8 text of a binary file, a chunk at a time, with the byte offset of each chunk and
+    errors that say where the bytes stop being text."""
+
+    def __init__(self, path: Path, fh: BinaryIO) -> None:
+        self.path, self.fh = path, fh
+        self.decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="strict")
+        self.offset = 0
+        self.eof = False
+
+    def read(self) -> str:
+        data = self.fh.read(CHUNK_BYTES)
+        self.eof = not data
+        try:
+            text = self.decoder.decode(data, final=self.eof)
+        except UnicodeDecodeError as exc:
+            raise UserError(
+                f"{self.path}: byte {self.offset + exc.start}: not UTF-8 text (is the file "
+                "binary, compressed or UTF-16? save it as UTF-8)"
+            ) from None
+        self.offset += len(data)
+        return text
+
+
+def _open(path: Path) -> BinaryIO:
+    try:
+        if not path.is_file():
+            raise UserError(f"{path}: not a regular file (a device, pipe or socket)")
+        return path.open("rb")
+    except OSError as exc:
+        raise UserError(
+            f"{path}: cannot be opened ({exc.strerror or type(exc).__name__})"
+        ) from None
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def _json_rows(path: Path) -> Iterator[Row]:
+    """JSON values one after another (JSON Lines, concatenated objects), or the items of one
+    top-level array; each with the line it starts on."""
+    decoder = json.JSONDecoder()
+    with _open(path) as fh:
+        text = _Text(path, fh)
+        buf, pos, line = "", 0, 1
+        in_array = None  # unknown until the first non-blank character
+        while True:
+            pos, line = _skip_blank(buf, pos, line)
+            if pos >= len(buf) - 1 and not text.eof:  # keep one look-ahead character
+                buf, pos = buf[pos:] + text.read(), 0
+                continue
+            if pos >= len(buf):
+                if in_array:
+                    raise UserError(f"{path}:{line}: the JSON array is not closed with ]")
+                return
+            if in_array is None:
+                in_array = buf[pos] == "["
+                if in_array:
+                    pos += 1
+                    continue
+            if in_array and buf[pos] in ",]":
+                if buf[pos] == "]":
+                    pos, line = _skip_blank(buf, pos + 1, line)
+                    if pos < len(buf) or not text.eof and text.read().strip():
+                        raise UserError(f"{path}:{line}: text after the closing ] of the array")
+                    return
+                pos += 1
+                continue
+            value, end, buf, pos = _decode_one(decoder, text, buf, pos, line)
+            yield f"line {line}", value
+            line += buf.count("\n", pos, end)
+            pos = end
+
+
+def _skip_blank(buf: str, pos: int, line: int) -> tuple[int, int]:
+    while pos < len(buf) and buf[pos] in _WHITESPACE:
+        line += buf[pos] == "\n"
+        pos += 1
+    return pos, line
+
+
+def _decode_one(
+    decoder: json.JSONDecoder, text: _Text, buf: str, pos: int, line: int
+) -> tuple[Any, int, str, int]:
+    """The JSON value at `pos`, reading more of the file while it is cut off by the buffer."""
+    while True:
+        try:
+            value, end = decoder.raw_decode(buf, pos)
+        except json.JSONDecodeError as exc:
+            cut = exc.pos >= len(buf) - 1 or exc.msg.startswith("Unterminated")
+            if cut and not text.eof:
+                buf, pos = _more(text, buf, pos, line)
+                continue
+            where = line + buf.count("\n", pos, exc.pos)
+            raise UserError(f"{text.path}:{where}: invalid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise UserError(f"{text.path}:{line}: JSON nested too deeply") from None
+        if end >= len(buf) and not text.eof:  # a number may go on in the next chunk
+            buf, pos = _more(text, buf, pos, line)
+            continue
+        return value, end, buf, pos
+
+
+def _more(text: _Text, buf: str, pos: int, line: int) -> tuple[str, int]:
+    if len(buf) - pos > MAX_ITEM_BYTES:
+        raise UserError(
+            f"{text.path}:{line}: one JSON value is larger than {MAX_ITEM_BYTES >> 20} MB "
+            "(one example per value is expected)"
+        )
+    return buf[pos:] + text.read(), 0
+
+
+# --------------------------------------------------------------------------- CSV
+
+
+def _lines(text: _Text) -> Iterator[str]:
+    rest = ""
+    while not text.eof:
+        chunk = rest + text.read()
+        lines = chunk.splitlines(keepends=True)
+        rest = lines.pop() if lines and not lines[-1].endswith(("\n", "\r")) else ""
+        if len(rest) > MAX_ITEM_BYTES:
+            raise UserError(f"{text.path}: a line longer than {MAX_ITEM_BYTES >> 20} MB")
+        yield from lines
+    if rest:
+        yield rest
+
+
+def _csv_rows(path: Path) -> Iterator[Row]:
+    """Rows of a CSV file with a header row, as {column: text}; a row with more or fewer
+    fields than the header is an error naming it."""
+    csv.field_size_limit(MAX_ITEM_BYTES)
+    with _open(path) as fh:
+        reader = csv.reader(_lines(_Text(path, fh)))
+        try:
+            header = next(reader, None)
+            if header is None:
+                return
+            for number, fields in enumerate(reader, start=1):
+                if not fields:
+                    continue
+                if len(fields) != len(header):
+                    raise UserError(
+                        f"{path}: row {number}: {len(fields)} fields where the header has "
+                        f"{len(header)} (a comma or quote out of place?)"
+                    )
+                yield f"row {number}", dict(zip(header, fields, strict=True))
+        except csv.Error as exc:
+            raise UserError(f"{path}: line {reader.line_num}: not valid CSV ({exc})") from None
+
+
+# --------------------------------------------------------------------------- Arrow
+
+
+def _batches_as_rows(path: Path, batches: Iterator[pa.RecordBatch]) -> Iterator[Row]:
+    number = 0
+    try:
+        for batch in batches:
+            for row in batch.to_pylist():
+                number += 1
+                yield f"row {number}", row
+    except (pa.ArrowException, OSError) as exc:
+        raise UserError(
+            f"{path}: row {number + 1}: cannot be read ({type(exc).__name__})"
+        ) from None
+
+
+def _parquet_rows(path: Path) -> Iterator[Row]:
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise UserError(f"{path}: not a Parquet file ({type(exc).__name__})") from None
+    yield from _batches_as_rows(path, parquet.iter_batches(batch_size=ARROW_BATCH_ROWS))
+
+
+def _arrow_rows(path: Path) -> Iterator[Row]:
+    """An Arrow IPC stream (what `datasets` writes) or file."""
+    source = pa.memory_map(str(path))
+    try:
+        reader = pa.ipc.open_stream(source)
+        batches = iter(reader)
+    except pa.ArrowInvalid:
+        try:
+            reader = pa.ipc.open_file(source)
+        except pa.ArrowException as exc:
+            raise UserError(f"{path}: not an Arrow file ({type(exc).__name__})") from None
+        batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+    yield from _batches_as_rows(path, batches)
