@@ -93,9 +93,9 @@ def test_bad_data_and_model_are_problems(tmp_path: Path, tiny_model_dir: Path) -
     assert out.returncode == 2
     problems = json.loads(out.stdout)["problems"]
     assert problems[0] == f"{folder}/datasets/train.jsonl:2: invalid JSON (Expecting value)"
-    assert problems[1].startswith(
-        f"{folder}/datasets/validation.jsonl: field 'text' "
-        "(training.dataset.field_mapping.text) is not in the first rows"
+    assert problems[1] == (
+        f"{folder}/datasets/validation.jsonl:1: field 'text' missing "
+        "(field_mapping.text); this row has 'prompt'"
     )
 
 

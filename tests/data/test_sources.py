@@ -46,18 +46,18 @@ def test_malformed_json_line_is_named(tmp_path, write_jsonl) -> None:
 def test_missing_field_names_line_and_mapping(tmp_path, write_jsonl) -> None:
     path = write_jsonl(tmp_path / "train.jsonl", [{"body": "a"}, {"other": "b"}])
     msg = error_of(tmp_path, {"path": "train.jsonl", "field_mapping": {"text": "body"}})
-    assert msg == f"{path}:2: field 'body' missing (field_mapping.text)"
+    assert msg == f"{path}:2: field 'body' missing (field_mapping.text); this row has 'other'"
 
 
 def test_field_of_the_wrong_type_names_line_and_mapping(tmp_path, write_jsonl) -> None:
     """A number or a list where text belongs would be str()-ed and trained on silently."""
     path = write_jsonl(tmp_path / "train.jsonl", [{"text": "a"}, {"text": ["b"]}])
     msg = error_of(tmp_path, {"path": "train.jsonl", "field_mapping": {"text": "text"}})
-    assert msg == f"{path}:2: field 'text' (field_mapping.text) is list, expected a string"
+    assert msg == f"{path}:2: field 'text' (field_mapping.text) is a list, expected a string"
     path = write_jsonl(tmp_path / "m.jsonl", [{"messages": "hello"}])
     msg = error_of(tmp_path, {"path": "m.jsonl", "field_mapping": {"messages": "messages"}})
     assert msg.startswith(
-        f"{path}:1: field 'messages' (field_mapping.messages) is str, expected a list of"
+        f"{path}:1: field 'messages' (field_mapping.messages) is a string, expected a list of"
     )
 
 
@@ -70,7 +70,9 @@ def test_column_of_the_wrong_type_in_parquet(tmp_path) -> None:
     msg = error_of(
         tmp_path, {"path": "train.parquet", "field_mapping": {"instruction": "q", "response": "a"}}
     )
-    assert msg.startswith(f"{path}: field 'a' (field_mapping.response) holds Value('int64')")
+    assert (
+        msg == f"{path}: row 1: field 'a' (field_mapping.response) is a number, expected a string"
+    )
     pq.write_table(pa.table({"q": ["x"], "a": ["y"], "i": pa.array([None], pa.null())}), path)
     mapping = {"instruction": "q", "response": "a", "input": "i"}  # an all-null optional role
     assert len(load(tmp_path, {"path": "train.parquet", "field_mapping": mapping}).train) == 1
@@ -92,12 +94,15 @@ def test_column_missing_in_parquet(tmp_path) -> None:
     path = tmp_path / "train.parquet"
     pq.write_table(pa.table({"body": ["x", "y"]}), path)
     msg = error_of(tmp_path, {"path": "train.parquet", "field_mapping": {"text": "text"}})
-    assert msg.startswith(f"{path}: field 'text' missing (field_mapping.text)")
+    assert msg == f"{path}: row 1: field 'text' missing (field_mapping.text); this row has 'body'"
 
 
 def test_empty_file_and_missing_file(tmp_path) -> None:
     (tmp_path / "train.jsonl").write_text("\n")
-    assert error_of(tmp_path, {"path": "train.jsonl"}) == f"{tmp_path / 'train.jsonl'}: no examples"
+    assert (
+        error_of(tmp_path, {"path": "train.jsonl"})
+        == f"{tmp_path / 'train.jsonl'}: no examples (the file is empty)"
+    )
     assert (
         error_of(tmp_path, {"path": "nope.jsonl"})
         == f"{tmp_path / 'nope.jsonl'}: not found (training.dataset)"

@@ -16,11 +16,22 @@ if TYPE_CHECKING:
 def check(
     manifest: ManifestOpt,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    quick: Annotated[
+        int | None,
+        typer.Option(
+            "--quick",
+            min=1,
+            max=1_000_000_000,
+            metavar="ROWS",
+            help="Check only the first ROWS rows of each data file (default: every row).",
+        ),
+    ] = None,
 ) -> None:
     """Validate a manifest and everything it points at, without training."""
+    from expert_cli.cli.render import BuildBar
     from expert_cli.data.checks import check_manifest
 
-    report = check_manifest(manifest)
+    report = check_manifest(manifest, quick, BuildBar())
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
     else:

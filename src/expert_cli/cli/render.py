@@ -31,12 +31,12 @@ class BuildBar:
             transient=False,
         )
         self.bar.start()
-        self.task = self.bar.add_task(description, total=total)
+        self.task = self.bar.add_task(description, total=total or None)  # 0: not known
 
     def advance(self, examples: int) -> None:
         if self.bar is not None:
             self.bar.advance(self.task, examples)
-            if self.bar.finished:
+            if self.bar.tasks[0].total and self.bar.finished:
                 self.stop()
 
     def stop(self) -> None:

@@ -119,7 +119,7 @@ def _build(
 ) -> dict[str, Any]:
     started = time.perf_counter()
     _remove_stale(plan)
-    sources = load_sources(resolved, plan.root / ".datasets")
+    sources = load_sources(resolved, plan.work_dir / "sources")
     if sources.fields.kind == "messages":
         check_chat_template(tokenizer, resolved.response_template)
     if sources.fields.kind == "instruction":

@@ -7,30 +7,21 @@ the problems that stop a run, and the machine.
 
 from __future__ import annotations
 
-import csv
-import itertools
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 from transformers import AutoTokenizer
 
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
+from expert_cli.data.build import BuildProgress, NoProgress
+from expert_cli.data.sources import FieldSpec, Scan, scan_local
 from expert_cli.errors import UserError
 
-PEEK_ROWS = 5
+PROGRESS_ROWS = 10_000
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
-KNOWN_LAYOUTS = (
-    {"text"},
-    {"messages"},
-    {"instruction", "response"},
-    {"instruction", "output"},
-    {"prompt", "completion"},
-)
 
 
 @dataclass
@@ -43,6 +34,7 @@ class CheckReport:
     notes: list[str] = field(default_factory=list)
     downloads: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    rows_checked: dict[str, int] = field(default_factory=dict)
 
     @property
     def usable(self) -> bool:
@@ -52,8 +44,11 @@ class CheckReport:
         return asdict(self)
 
 
-def check_manifest(path: Path) -> CheckReport:
-    """Everything `check` reports about one manifest; never raises for bad input."""
+def check_manifest(
+    path: Path, quick: int | None = None, progress: BuildProgress | None = None
+) -> CheckReport:
+    """Everything `check` reports about one manifest; never raises for bad input. Every row
+    of the local data is read (the first `quick` rows of each source with `quick`)."""
     env = probe_environment()
     report = CheckReport(manifest={"path": str(path)}, environment=env.to_dict())
     try:
@@ -67,12 +62,12 @@ def check_manifest(path: Path) -> CheckReport:
     report.config = resolved.model_dump(mode="json", exclude={"notes"})
     report.notes = resolved.notes
     problems, downloads = _check_model(resolved)
+    data = DataCheck(resolved.field_mapping, quick, progress)
     for source in resolved.train_sources + resolved.validation_sources:
-        more, dl = _check_source(source, resolved.field_mapping)
-        problems += more
-        downloads += dl
-    report.problems = problems
-    report.downloads = downloads
+        data.source(source)
+    report.problems = problems + data.problems
+    report.downloads = downloads + data.downloads
+    report.rows_checked = data.rows
     return report
 
 
@@ -123,80 +118,45 @@ def _check_tokenizer(folder: Path, cfg: ResolvedConfig) -> list[str]:
 # --------------------------------------------------------------------------- data
 
 
-def _check_source(src: SourceRef, mapping: dict[str, str] | None) -> tuple[list[str], list[str]]:
-    if src.kind == "hub":
-        spec = src.location + (f" (split {src.split})" if src.split else "")
-        return [], [
-            f"dataset: {spec} will be downloaded from the Hugging Face hub on first "
-            "use (or read from its cache)"
-        ]
-    path = Path(src.location)
-    if not path.exists():
-        return [f"{path}: dataset file not found"], []
-    if path.is_dir():
-        return [], []
-    try:
-        rows = _peek_rows(path, src.format)
-    except UserError as exc:
-        return exc.lines, []
-    if not rows:
-        return [f"{path}: no examples (the file is empty)"], []
-    return _check_fields(path, rows, mapping), []
+class DataCheck:
+    """Reads every row of the manifest's local sources with the build's own reader and row
+    checks (the field mapping carries from one source to the next, as in the build)."""
 
+    def __init__(
+        self, mapping: dict[str, str] | None, quick: int | None, progress: BuildProgress | None
+    ) -> None:
+        self.mapping, self.quick = mapping, quick
+        self.progress = progress or NoProgress()
+        self.fields: FieldSpec | None = None
+        self.problems: list[str] = []
+        self.downloads: list[str] = []
+        self.rows: dict[str, int] = {}
 
-def _peek_rows(path: Path, fmt: str | None) -> list[dict[str, Any]]:
-    """The first rows of a local file, with errors naming the file and line."""
-    try:
-        if fmt in ("jsonl", "json") and path.suffix != ".json":
-            return _peek_jsonl(path)
-        if fmt == "json" or path.suffix == ".json":
-            data = json.loads(path.read_text(encoding="utf-8") or "[]")
-            return data[:PEEK_ROWS] if isinstance(data, list) else [data]
-        if fmt == "csv":
-            with path.open(newline="", encoding="utf-8") as fh:
-                return list(itertools.islice(csv.DictReader(fh), PEEK_ROWS))
-        if fmt == "parquet":
-            table = pq.ParquetFile(path).read_row_group(0) if path.stat().st_size else None
-            return table.slice(0, PEEK_ROWS).to_pylist() if table is not None else []
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{path}: cannot be read ({exc})") from None
-    return [{}]  # arrow and other formats: left to the data path
+    def source(self, src: SourceRef) -> None:
+        if src.kind == "hub":
+            spec = src.location + (f" (split {src.split})" if src.split else "")
+            self.downloads.append(
+                f"dataset: {spec} will be downloaded from the Hugging Face hub on first use "
+                "(or read from its cache)"
+            )
+            return
+        if (Path(src.location) / "state.json").exists():  # a saved dataset: the build checks it
+            return
+        try:
+            scan = scan_local(src, self.fields, self.mapping)
+            self.fields = scan.fields
+            self.rows[src.location] = self._count(src, scan)
+        except UserError as exc:
+            self.problems += exc.lines
 
-
-def _peek_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{path}:{number}: expected a JSON object per line")
-            rows.append(row)
-            if len(rows) == PEEK_ROWS:
+    def _count(self, src: SourceRef, scan: Scan) -> int:
+        self.progress.start(f"checking {Path(src.location).name}", self.quick or 0)
+        count = 0
+        for _ in scan.rows:
+            count += 1
+            if count % PROGRESS_ROWS == 0:
+                self.progress.advance(PROGRESS_ROWS)
+            if self.quick and count >= self.quick:
                 break
-    return rows
-
-
-def _check_fields(
-    path: Path, rows: list[dict[str, Any]], mapping: dict[str, str] | None
-) -> list[str]:
-    if rows == [{}]:
-        return []
-    columns = set().union(*(row.keys() for row in rows))
-    if mapping:
-        return [
-            f"{path}: field '{column}' (training.dataset.field_mapping.{role}) is not in the "
-            f"first rows; columns are: {', '.join(sorted(columns))}"
-            for role, column in mapping.items()
-            if column not in columns
-        ]
-    if any(layout <= columns for layout in KNOWN_LAYOUTS):
-        return []
-    return [
-        f"{path}: no field_mapping and no known columns (text, messages, instruction/response)"
-        f"; columns are: {', '.join(sorted(columns))}; set training.dataset.field_mapping"
-    ]
+        self.progress.advance(count % PROGRESS_ROWS)
+        return count

@@ -26,6 +26,7 @@ from expert_cli.errors import UserError
 CHUNK_BYTES = 1 << 20
 MAX_ITEM_BYTES = 256 << 20  # one example (a JSON value, a CSV record) at most this big
 ARROW_BATCH_ROWS = 1024
+CUT_MARGIN = 16  # characters: a \uXXXX escape, a number or `false` cut by the buffer
 SHOWN_NAMES = 12
 NAME_LIKE = re.compile(r"[\w .\-/]{1,40}")
 _WHITESPACE = " \t\r\n"
@@ -156,11 +157,15 @@ def _decode_one(
         try:
             value, end = decoder.raw_decode(buf, pos)
         except json.JSONDecodeError as exc:
-            cut = exc.pos >= len(buf) - 1 or exc.msg.startswith("Unterminated")
+            # near the end of what was read, the value may only be cut off: read on
+            cut = exc.pos >= len(buf) - CUT_MARGIN or exc.msg.startswith("Unterminated")
             if cut and not text.eof:
                 buf, pos = _more(text, buf, pos, line)
                 continue
-            where = line + buf.count("\n", pos, exc.pos)
+            at = exc.pos  # the line of the last token before the error, not of what follows
+            while at > pos and buf[at - 1] in _WHITESPACE:
+                at -= 1
+            where = line + buf.count("\n", pos, at)
             raise UserError(f"{text.path}:{where}: invalid JSON ({exc.msg})") from None
         except RecursionError:
             raise UserError(f"{text.path}:{line}: JSON nested too deeply") from None
@@ -213,7 +218,9 @@ def _csv_rows(path: Path) -> Iterator[Row]:
                         f"{path}: row {number}: {len(fields)} fields where the header has "
                         f"{len(header)} (a comma or quote out of place?)"
                     )
-                yield f"row {number}", dict(zip(header, fields, strict=True))
+                # an empty field is a missing value (CSV has no null)
+                row = {k: (v if v != "" else None) for k, v in zip(header, fields, strict=True)}
+                yield f"row {number}", row
         except csv.Error as exc:
             raise UserError(f"{path}: line {reader.line_num}: not valid CSV ({exc})") from None
 

@@ -1,37 +1,37 @@
-"""Reading the manifest's data sources through `datasets`, with errors that name file, line, field.
+"""The manifest's data sources, read with errors that name file, line, field and shape.
 
-Every problem a user can fix (a missing file, a malformed JSON line, a row without a mapped field,
-an empty dataset) is a `UserError` raised here, before any model is loaded. JSON Lines files are
-checked line by line by us first, because `datasets` reports a malformed line without its number.
-Sources are reduced to the mapped columns, renamed to their roles (`text`, `messages`,
-`instruction`, `input`, `response`, `system`), so that several files or tasks concatenate.
+Every problem a user can fix (a missing file, a malformed line, a row without a mapped field or
+with the wrong type, an empty dataset) is a `UserError` raised here, before any model is
+loaded. Local files go through `reader.read_rows` (streamed, any JSON layout, CSV, Parquet,
+Arrow), every row is checked, and the mapped columns are written, renamed to their roles
+(`text`, `messages`, `instruction`, `input`, `response`, `system`), to an Arrow file that the
+build reads memory-mapped. `check` runs the same scan without writing. Hub datasets and saved
+dataset folders are read through `datasets` and checked by column.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
+from expert_cli.config.refs import FILE_FORMATS
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
+from expert_cli.data.reader import read_rows, shown_name, shown_names
 from expert_cli.errors import UserError
 
 ROLES = ("text", "messages", "instruction", "input", "response", "system")
 OPTIONAL_ROLES = {"input", "system"}
-SUFFIX_FORMATS = {
-    ".jsonl": "json",
-    ".json": "json",
-    ".csv": "csv",
-    ".parquet": "parquet",
-    ".arrow": "arrow",
-}
-MESSAGES_SHAPE = 'a list of {"role": ..., "content": ...} objects'
-BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
+MESSAGES_SHAPE = 'a list of {"role": "...", "content": "..."} objects'
+WRITE_BATCH_ROWS = 4096
+MAX_EXAMPLES = 100_000_000  # after task weights: more than any run trains on
+MESSAGE_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
         return found
     raise UserError(
         f"{where}: cannot tell which column holds the data (columns: "
-        f"{sorted(cols)}); set training.dataset.field_mapping, e.g. "
+        f"{shown_names(sorted(cols))}); set training.dataset.field_mapping, e.g. "
         '{"text": "<column>"}'
     )
 
@@ -110,16 +110,18 @@ def source_files(ref: SourceRef) -> list[Path]:
         return [path]
     if (path / "state.json").exists():  # a dataset folder written by save_to_disk
         return sorted(p for p in path.iterdir() if p.is_file())
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIX_FORMATS)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in FILE_FORMATS)
     if not files:
-        raise UserError(f"{path}: folder has no data files ({', '.join(SUFFIX_FORMATS)})")
+        raise UserError(f"{path}: folder has no data files ({', '.join(FILE_FORMATS)})")
     return files
 
 
-def _builder(ref: SourceRef, files: list[Path]) -> str:
-    if ref.format in BUILDERS:
-        return BUILDERS[ref.format]
-    kinds = {SUFFIX_FORMATS[f.suffix] for f in files if f.suffix in SUFFIX_FORMATS}
+def file_format(ref: SourceRef, files: list[Path]) -> str:
+    """The format of a local source's files: the manifest's, else their suffix's."""
+    if ref.format in ("jsonl", "json", "csv", "parquet", "arrow"):
+        return ref.format
+    kinds = {FILE_FORMATS[f.suffix] for f in files if f.suffix in FILE_FORMATS}
+    kinds = {"json" if k == "jsonl" else k for k in kinds}  # one reader reads both layouts
     if len(kinds) != 1:
         raise UserError(
             f"{ref.location}: cannot tell the file format (found "
@@ -128,83 +130,141 @@ def _builder(ref: SourceRef, files: list[Path]) -> str:
     return kinds.pop()
 
 
-def check_json_rows(path: Path, required: dict[str, str]) -> int:
-    """Check a JSON Lines (or JSON array) file row by row; return the number of rows."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot be read ({exc})") from None
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
-        for number, row in enumerate(rows, start=1):
-            _check_row(path, f"row {number}", row, required)
-        return len(rows)
-    count = 0
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-        count += 1
-        _check_row(path, f"line {lineno}", row, required, prefix=f"{path}:{lineno}")
-    return count
+def _value_problem(role: str, value: Any) -> str | None:
+    """What is wrong with a mapped field's value (None when it is right)."""
+    if role in OPTIONAL_ROLES and value is None:
+        return None
+    if role != "messages":
+        return None if isinstance(value, str) else f"is {_kind(value)}, expected a string"
+    if not isinstance(value, list):
+        return f"is {_kind(value)}, expected {MESSAGES_SHAPE}"
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            return f"item {i} is {_kind(message)}, expected an object with role and content"
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                return f"item {i}: {key} is {_kind(message.get(key))}, expected a string"
+    return None
 
 
-def _check_row(
-    path: Path, where: str, row: Any, required: dict[str, str], prefix: str | None = None
-) -> None:
-    head = prefix or f"{path}: {where}"
+KINDS = {
+    "dict": "an object",
+    "list": "a list",
+    "int": "a number",
+    "float": "a number",
+    "bool": "a boolean",
+    "str": "a string",
+}
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "missing (null)"
+    return KINDS.get(type(value).__name__, f"a {type(value).__name__}")
+
+
+def check_row(row: Any, fields: FieldSpec, where: str) -> dict[str, Any]:
+    """The row's mapped values by role, or a UserError naming the place and the field."""
     if not isinstance(row, dict):
-        raise UserError(f"{head}: expected a JSON object, got {type(row).__name__}")
-    for role, column in required.items():
+        raise UserError(f"{where}: expected an object with named fields, found {_kind(row)}")
+    out = {}
+    for role, column in fields.mapping.items():
         value = row.get(column)
-        if value is None:
-            raise UserError(f"{head}: field '{column}' missing (field_mapping.{role})")
-        if not _row_value_ok(role, value):
+        if value is None and role not in OPTIONAL_ROLES:
+            present = "" if column in row else f"; this row has {shown_names(list(row))}"
             raise UserError(
-                f"{head}: field '{column}' (field_mapping.{role}) is "
-                f"{type(value).__name__}, expected {_expected(role)}"
+                f"{where}: field {shown_name(column)} missing (field_mapping.{role}){present}"
             )
+        problem = _value_problem(role, value)
+        if problem:
+            raise UserError(f"{where}: field {shown_name(column)} (field_mapping.{role}) {problem}")
+        out[role] = value
+    return out
 
 
 def _expected(role: str) -> str:
     return MESSAGES_SHAPE if role == "messages" else "a string"
 
 
-def _row_value_ok(role: str, value: Any) -> bool:
-    if role != "messages":
-        return isinstance(value, str)
-    return isinstance(value, list) and all(
-        isinstance(m, dict) and "role" in m and "content" in m for m in value
-    )
+@dataclass
+class Scan:
+    """The checked rows of one local source, by role, and the field mapping they follow."""
+
+    fields: FieldSpec
+    rows: Iterator[dict[str, Any]]
 
 
-def _first_columns(first: Path) -> list[str]:
-    """Column names of the first row of a JSON (Lines) file, or [] when unreadable."""
-    with first.open(encoding="utf-8") as fh:
-        head = fh.read(1 << 20)
-    line = head.lstrip().lstrip("[").split("\n", 1)[0].strip().rstrip(",")
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError:
-        return []
-    return list(row) if isinstance(row, dict) else []
+def _file_rows(files: list[Path], fmt: str) -> Iterator[tuple[str, Any]]:
+    for path in files:
+        for where, row in read_rows(path, fmt):
+            yield (f"{path}:{where[5:]}" if where.startswith("line ") else f"{path}: {where}"), row
+
+
+def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None) -> Scan:
+    """Every row of a local source, checked against the field mapping (detected from the
+    first row when the manifest has none), streamed."""
+    files = source_files(ref)
+    rows = _file_rows(files, file_format(ref, files))
+    first = next(rows, None)
+    if first is None:
+        why = "the file is empty" if len(files) == 1 else f"none of its {len(files)} files has rows"
+        raise UserError(f"{ref.location}: no examples ({why})")
+    where, row = first
+    if fields is None:
+        if not isinstance(row, dict):
+            raise UserError(f"{where}: expected an object with named fields, found {_kind(row)}")
+        fields = field_spec(mapping, list(row), where)
+    spec = fields
+
+    def checked() -> Iterator[dict[str, Any]]:
+        yield check_row(row, spec, where)
+        for at, value in rows:
+            yield check_row(value, spec, at)
+
+    return Scan(fields, checked())
+
+
+def _arrow_value(role: str, value: Any) -> Any:
+    if role == "messages":
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    return value
+
+
+def write_arrow(scan: Scan, dest: Path, on_rows: Callable[[int], None] | None = None) -> int:
+    """Write the scan's rows to an Arrow stream file (what `datasets` memory-maps); the count."""
+    roles = list(scan.fields.mapping)
+    schema = pa.schema([(r, MESSAGE_TYPE if r == "messages" else pa.string()) for r in roles])
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with pa.OSFile(str(dest), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        columns: dict[str, list[Any]] = {r: [] for r in roles}
+        for row in scan.rows:
+            for role in roles:
+                columns[role].append(_arrow_value(role, row[role]))
+            count += 1
+            if count % WRITE_BATCH_ROWS == 0:
+                writer.write_batch(pa.record_batch(columns, schema=schema))
+                columns = {r: [] for r in roles}
+                if on_rows is not None:
+                    on_rows(WRITE_BATCH_ROWS)
+        if columns[roles[0]]:
+            writer.write_batch(pa.record_batch(columns, schema=schema))
+    return count
 
 
 def load_source(
-    ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None, cache_dir: Path
+    ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None, work_dir: Path
 ) -> tuple[datasets.Dataset, FieldSpec]:
     """One source as a Dataset whose columns are the mapped roles."""
+    if ref.kind == "local" and not (Path(ref.location) / "state.json").exists():
+        scan = scan_local(ref, fields, mapping)
+        dest = work_dir / f"source-{abs(hash((ref.location, ref.task))):x}.arrow"
+        write_arrow(scan, dest)
+        return datasets.Dataset.from_file(str(dest)), scan.fields
     if ref.kind == "hub":
-        ds = _load_hub(ref)
-        where = ref.location
+        ds, where = _load_hub(ref), ref.location
     else:
-        ds, where = _load_local(ref, fields, mapping, cache_dir)
+        ds, where = datasets.load_from_disk(ref.location), ref.location
     if fields is None:
         fields = field_spec(mapping, ds.column_names, where)
     _check_columns(ds, fields, where)
@@ -213,36 +273,6 @@ def load_source(
     if len(ds) == 0:
         raise UserError(f"{where}: no examples")
     return ds, fields
-
-
-def _load_local(
-    ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None, cache_dir: Path
-) -> tuple[datasets.Dataset, str]:
-
-    files = source_files(ref)
-    path = Path(ref.location)
-    if (path / "state.json").exists():
-        return datasets.load_from_disk(str(path)), str(path)
-    builder = _builder(ref, files)
-    if builder == "json":
-        spec = fields
-        if spec is None:
-            columns = _first_columns(files[0])
-            if not columns and check_json_rows(files[0], {}) == 0:
-                raise UserError(f"{files[0]}: no examples")
-            spec = field_spec(mapping, columns, str(files[0]))
-        required = {r: c for r, c in spec.mapping.items() if r in spec.required}
-        if sum(check_json_rows(f, required) for f in files) == 0:
-            raise UserError(f"{ref.location}: no examples")
-    try:
-        ds = datasets.load_dataset(
-            builder, data_files=[str(f) for f in files], split="train", cache_dir=str(cache_dir)
-        )
-    except Exception as exc:  # datasets raises many types for unreadable files
-        raise UserError(
-            f"{ref.location}: cannot be read as {builder} ({type(exc).__name__}: {exc})"
-        ) from None
-    return ds, str(ref.location)
 
 
 def _load_hub(ref: SourceRef) -> datasets.Dataset:
@@ -264,7 +294,7 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
         if column not in ds.column_names:
             raise UserError(
                 f"{where}: field '{column}' missing (field_mapping.{role}); "
-                f"columns are {ds.column_names}"
+                f"columns are {shown_names(ds.column_names)}"
             )
         _check_type(ds.features[column], role, column, where)
         if role in OPTIONAL_ROLES:

@@ -1,0 +1,155 @@
+"""The one data reader of `check` and the build: any JSON layout, streamed, errors that name
+the file and the place and never quote the file's data; `check` and `pretokenize` agree on
+every data fault generated here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from train_helpers import run_cli, write_expert
+
+from expert_cli.data.reader import read_rows, shown_names
+from expert_cli.errors import UserError
+
+SECRET = "HF_TOKEN=hf_topsecretvalue0123456789"
+INSTRUCTIONS = [
+    {"instruction": f"Say {i}", "input": "", "output": f"{i} is a number"} for i in range(6)
+]
+
+
+def rows_of(path: Path, fmt: str = "json") -> list:
+    return [row for _, row in read_rows(path, fmt)]
+
+
+def test_every_json_layout_gives_the_same_rows(tmp_path: Path) -> None:
+    layouts = {
+        "lines.jsonl": "\n".join(json.dumps(r) for r in INSTRUCTIONS) + "\n",
+        "array.json": json.dumps(INSTRUCTIONS),
+        "pretty.json": json.dumps(INSTRUCTIONS, indent=4),  # how instruction sets ship
+        "lines.json": "\n".join(json.dumps(r) for r in INSTRUCTIONS),  # .json holding lines
+        "objects.json": "\n".join(json.dumps(r, indent=2) for r in INSTRUCTIONS),
+        "bom.jsonl": "\ufeff" + "\n".join(json.dumps(r) for r in INSTRUCTIONS),
+    }
+    for name, text in layouts.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        assert rows_of(tmp_path / name) == INSTRUCTIONS, name
+
+
+def test_values_cut_by_the_read_buffer_are_whole(tmp_path: Path, monkeypatch) -> None:
+    import expert_cli.data.reader as reader
+
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 7)  # every value spans several reads
+    rows = [{"n": 12345678901234, "text": "é" * 9}, {"n": 1.5e300, "text": "x"}, [1, 2]]
+    (tmp_path / "a.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    assert rows_of(tmp_path / "a.json") == rows
+    (tmp_path / "b.jsonl").write_text("\n".join(json.dumps(r) for r in rows), encoding="utf-8")
+    assert rows_of(tmp_path / "b.jsonl") == rows
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"text": "a"}\n{"text": "b"\n', ":2: invalid JSON"),
+        ('[{"text": "a"}, {"text": "b"}', ":1: the JSON array is not closed with ]"),
+        ('[{"text": "a"}] {"text": "b"}', ":1: text after the closing ] of the array"),
+        ("[" * 5000 + "]" * 5000, ":1: JSON nested too deeply"),
+    ],
+)
+def test_broken_json_names_the_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "d.json"
+    path.write_text(text)
+    with pytest.raises(UserError) as err:
+        rows_of(path)
+    assert err.value.lines[0].startswith(f"{path}{message}")
+
+
+def test_bytes_that_are_not_text_name_their_offset(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"text": "ok"}\n' * 7000 + b'{"text": "\xff"}\n')
+    with pytest.raises(UserError, match=rf"{path}: byte 105010: not UTF-8 text"):
+        rows_of(path)
+    path.write_text('{"text": "utf-16"}\n', encoding="utf-16")
+    with pytest.raises(UserError, match="byte 0: not UTF-8 text .* UTF-16"):
+        rows_of(path)
+
+
+def test_csv_rows_and_ragged_rows(tmp_path: Path) -> None:
+    path = tmp_path / "d.csv"
+    path.write_text('text,note\n"a, with comma",x\n"multi\nline",\nb,y,extra\n')
+    with pytest.raises(UserError, match=rf"{path}: row 3: 3 fields where the header has 2"):
+        rows_of(path, "csv")
+    path.write_text('text,note\n"a, with comma",x\n"multi\nline",\n')
+    assert rows_of(path, "csv") == [
+        {"text": "a, with comma", "note": "x"},
+        {"text": "multi\nline", "note": None},
+    ]
+
+
+def test_column_names_from_a_file_are_shown_only_when_they_look_like_names() -> None:
+    assert shown_names(["text", "my column"]) == "'text', 'my column'"
+    assert shown_names([SECRET]) == f"<a {len(SECRET)}-character name>"
+    assert shown_names([f"c{i}" for i in range(20)]).endswith("and 8 more")
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def _expert(tmp_path: Path, model_dir: Path, data: bytes | str, name: str, **dataset) -> Path:
+    manifest = write_expert(tmp_path / "e", model_dir, rows=4)
+    folder = manifest.parent
+    target = folder / "data" / name
+    target.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
+    spec = json.loads(manifest.read_text())
+    spec["training"]["dataset"] = {"path": f"data/{name}", **dataset}
+    manifest.write_text(json.dumps(spec))
+    return manifest
+
+
+def _agree(manifest: Path) -> tuple[int, str]:
+    """`check` and `pretokenize` on the same manifest: both usable, or both exit 2 naming the
+    same problem; never a traceback."""
+    check = run_cli("check", "--manifest", str(manifest))
+    build = run_cli("pretokenize", "--manifest", str(manifest))
+    for out in (check, build):
+        assert "Traceback" not in out.stdout + out.stderr, out.stderr
+        assert out.returncode in (0, 2), out.stdout + out.stderr
+    assert check.returncode == build.returncode, (check.stdout, build.stdout, build.stderr)
+    return check.returncode, check.stdout + build.stderr
+
+
+GOOD = "".join(json.dumps({"text": f"example {i}"}) + "\n" for i in range(500))
+FAULTS = {
+    "line_400": (GOOD[: 399 * 24] + '{"text": oops}\n' + GOOD[400 * 24 :], "data.jsonl", {}),
+    "pretty_array": (json.dumps(INSTRUCTIONS * 20, indent=4), "data.json", {}),
+    "json_of_lines": (GOOD, "data.json", {}),
+    "binary": (bytes(range(256)) * 40, "data.jsonl", {}),
+    "utf16": (GOOD.encode("utf-16"), "data.jsonl", {}),
+    "csv_on_jsonl": (GOOD, "data.jsonl", {"format": "csv"}),
+    "null_content": (
+        json.dumps({"messages": [{"role": "user", "content": None}]}) + "\n",
+        "data.jsonl",
+        {},
+    ),
+    "deep": ('{"text": ' + "[" * 990 + "]" * 990 + "}\n", "data.jsonl", {}),
+    "ragged_csv": ("text,x\na,1\nb,2,3\n", "data.csv", {}),
+    "environ_csv": (
+        SECRET.replace("=", "\x00") + "\x00PATH=/bin\x00",
+        "environ",
+        {"format": "csv"},
+    ),
+    "shadow_csv": ("root:$6$salt$hash:19000:0:99999:7:::\n", "shadow", {"format": "csv"}),
+}
+USABLE = {"pretty_array", "json_of_lines"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_check_and_pretokenize_agree(tmp_path: Path, tiny_model_dir: Path, fault: str) -> None:
+    data, name, dataset = FAULTS[fault]
+    code, output = _agree(_expert(tmp_path, tiny_model_dir, data, name, **dataset))
+    assert code == (0 if fault in USABLE else 2), output
+    assert "hf_topsecretvalue" not in output and "$6$salt" not in output
+    if code == 2:
+        assert "data/" in output  # the file is named
