@@ -5,6 +5,8 @@ every data fault generated here."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,7 +137,7 @@ FAULTS = {
     "deep": ('{"text": ' + "[" * 990 + "]" * 990 + "}\n", "data.jsonl", {}),
     "ragged_csv": ("text,x\na,1\nb,2,3\n", "data.csv", {}),
     "environ_csv": (
-        SECRET.replace("=", "\x00") + "\x00PATH=/bin\x00",
+        SECRET + "\x00PATH=/bin\x00",
         "environ",
         {"format": "csv"},
     ),
@@ -153,3 +155,28 @@ def test_check_and_pretokenize_agree(tmp_path: Path, tiny_model_dir: Path, fault
     assert "hf_topsecretvalue" not in output and "$6$salt" not in output
     if code == 2:
         assert "data/" in output  # the file is named
+
+
+@pytest.mark.slow
+def test_checking_a_1_gb_file_keeps_memory_bounded(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Peak memory of `check` over a 1 GB JSON Lines file stays far below the file's size."""
+    line = json.dumps({"text": "x" * 1000}) + "\n"
+    manifest = _expert(tmp_path, tiny_model_dir, line, "big.jsonl")
+    path = manifest.parent / "data" / "big.jsonl"
+    with path.open("a") as fh:
+        block = line * 1000
+        for _ in range((1 << 30) // len(block) + 1):
+            fh.write(block)
+    assert path.stat().st_size >= 1 << 30
+    code = (
+        "import resource, sys; from expert_cli.data.checks import check_manifest;"
+        f"r = check_manifest(__import__('pathlib').Path({str(manifest)!r}));"
+        "print(sum(r.rows_checked.values()), r.problems,"
+        " resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    rows, peak_kib = int(out.stdout.split()[0]), int(out.stdout.split()[-1])
+    assert rows > 1_000_000
+    assert "[]" in out.stdout  # no problems
+    assert peak_kib < 600 * 1024  # KiB: under 600 MB while reading 1 GB (torch included)
