@@ -116,8 +116,9 @@ def load_adapter(output: Path) -> Any:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    config = json.loads((output / "adapter_config.json").read_text(encoding="utf-8"))
-    base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
+    from expert_cli.train.merge import adapter_base
+
+    base = AutoModelForCausalLM.from_pretrained(adapter_base(output))
     return PeftModel.from_pretrained(base, output).eval()
 
 

@@ -15,7 +15,8 @@ from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
 from expert_cli.train.args import planned_steps, training_args_kwargs
 from expert_cli.train.callbacks import Interrupt
-from expert_cli.train.trainer import COUNTS_KEY, CountingCollator, latest_checkpoint
+from expert_cli.train.run_folder import COMPLETE, complete_checkpoints
+from expert_cli.train.trainer import COUNTS_KEY, CountingCollator
 
 GPU = Environment(
     gpu_count=1,
@@ -232,11 +233,17 @@ def test_counting_collator_counts_real_tokens_and_examples() -> None:
     assert batch[COUNTS_KEY] == (7, 3, 4, 17) and batch["n"] == 2
 
 
-def test_latest_checkpoint(tmp_path: Path) -> None:
-    assert latest_checkpoint(tmp_path / "none") is None
+def test_only_complete_checkpoints_count(tmp_path: Path) -> None:
+    assert complete_checkpoints(tmp_path / "none") == []
     for n in (5, 40, 100, 9):
         (tmp_path / f"checkpoint-{n}").mkdir()
-    assert latest_checkpoint(tmp_path).name == "checkpoint-100"
+        if n != 100:  # checkpoint-100 was cut off before its marker
+            (tmp_path / f"checkpoint-{n}" / COMPLETE).write_text("{}")
+    assert [p.name for p in complete_checkpoints(tmp_path)] == [
+        "checkpoint-5",
+        "checkpoint-9",
+        "checkpoint-40",
+    ]
 
 
 def test_interrupt_sets_flag_and_exit_code() -> None:

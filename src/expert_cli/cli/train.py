@@ -25,6 +25,10 @@ def train(
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override a manifest field: key=value.")
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Replace the run OUTPUT already holds (else refused)."),
+    ] = False,
 ) -> None:
     """Train the manifest's adapter: token cache, Trainer, checkpoints, metrics.json."""
     from expert_cli.cli.render import console
@@ -38,6 +42,7 @@ def train(
         resume=resume,
         max_steps=max_steps,
         overrides=overrides or [],
+        overwrite=overwrite,
     )
     out = console()
     result = run_training(opts, RichReporter(out))

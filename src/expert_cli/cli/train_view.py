@@ -186,6 +186,14 @@ class RichReporter:
 def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None:
     """The run's last lines: status, speed, loss, and where to look (or how to resume)."""
     summary, status = result.summary, result.status
+    if status == "complete":
+        console.print(
+            f"[bold]complete[/bold]  {result.output_dir} holds a finished run of "
+            f"{summary['steps']} steps; nothing to resume (give a larger --max-steps to train "
+            "on)",
+            highlight=False,
+        )
+        return
     loss = summary["final_loss"] if summary["final_loss"] is not None else "-"
     console.print(
         f"[bold]{status}[/bold]  {summary['steps']} steps in "

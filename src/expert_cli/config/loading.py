@@ -28,21 +28,41 @@ def strip_comments(value: Any) -> Any:
     return value
 
 
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KB; anything this big is not one
+
+
 def read_manifest_json(path: Path) -> dict[str, Any]:
-    """Read the manifest file, with errors that name it and the line of a JSON mistake."""
-    if not path.exists():
-        raise UserError(f"{path}: manifest not found")
-    if path.is_dir():
-        raise UserError(f"{path}: is a folder; expected a manifest.json file")
+    """Read the manifest file, with errors that name it and the line of a JSON mistake (and
+    never its contents)."""
+    shown = _shown_path(path)
     try:
+        if not path.exists():
+            raise UserError(f"{shown}: manifest not found")
+        if path.is_dir():
+            raise UserError(f"{shown}: is a folder; expected a manifest.json file")
+        if not path.is_file():
+            raise UserError(f"{shown}: not a regular file (a device, pipe or socket)")
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise UserError(f"{shown}: over {MAX_MANIFEST_BYTES >> 20} MB; not a manifest")
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot be read ({exc})") from None
+        raise UserError(f"{shown}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise UserError(f"{shown}: JSON nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{shown}: byte {exc.start}: not UTF-8 text") from None
+    except (OSError, ValueError) as exc:  # too long a name, a symlink loop, a NUL byte
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise UserError(f"{shown}: cannot be read ({reason})") from None
     if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object at the top level")
+        raise UserError(f"{shown}: expected a JSON object at the top level")
     return data
+
+
+def _shown_path(path: Path, limit: int = 200) -> str:
+    """A path as an error shows it: printable, and at most `limit` characters."""
+    text = str(path).replace("\x00", "\\0")
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]}"
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

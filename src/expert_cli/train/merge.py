@@ -29,16 +29,20 @@ def adapter_base(adapter: Path) -> str:
             f"--adapter {adapter}: no adapter_config.json (expected the output "
             "folder of `expert-cli train`)"
         )
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    base = config.get("base_model_name_or_path")
-    if not base:
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise UserError(f"{config_path}: not a readable JSON adapter configuration") from None
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not isinstance(base, str) or not base:
         raise UserError(f"{config_path}: base_model_name_or_path is not set")
     if not any((adapter / name).is_file() for name in ADAPTER_WEIGHTS):
         raise UserError(
             f"--adapter {adapter}: no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})"
             " beside adapter_config.json"
         )
-    return str(base)
+    local = adapter / base  # a random-init base saved inside the run folder: a relative path
+    return str(local) if not Path(base).is_absolute() and local.is_dir() else base
 
 
 def _merge_dtype(adapter: Path) -> Any:

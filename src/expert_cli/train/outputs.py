@@ -7,14 +7,14 @@ base_model/ (the weights the adapter was trained on, so it can be loaded and mer
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
-from expert_cli.errors import RunError, UserError
-from expert_cli.train.trainer import latest_checkpoint
+from expert_cli.errors import RunError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -27,18 +27,6 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 def output_dir(manifest_path: Path, output: Path | None) -> Path:
     """`--output`, else `<manifest folder>/output`."""
     return (output or manifest_path.parent / "output").expanduser().resolve()
-
-
-def resume_checkpoint(checkpoints: Path) -> Path:
-    """The latest checkpoint to resume from; UserError when there is none."""
-
-    found = latest_checkpoint(checkpoints)
-    if found is None:
-        raise UserError(
-            f"--resume: no checkpoint under {checkpoints} (checkpoint-N folders "
-            "are written every save_steps and on Ctrl-C)"
-        )
-    return found
 
 
 def write_resolved(output: Path, resolved: ResolvedConfig, runtime: dict[str, Any]) -> Path:
@@ -72,4 +60,16 @@ def move_final_files(staging: Path, output: Path) -> list[Path]:
     missing = [name for name in ADAPTER_FILES if not (output / name).is_file()]
     if missing:
         raise RunError(f"{output}: the adapter was not saved ({', '.join(missing)} missing)")
+    _portable_base(output)
     return moved
+
+
+def _portable_base(output: Path) -> None:
+    """A base model saved inside the run folder (a random init) is recorded relative to it,
+    so the folder can be moved and still loaded and merged."""
+    path = output / "adapter_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    base = config.get("base_model_name_or_path")
+    if isinstance(base, str) and Path(base) == output / "base_model":
+        config["base_model_name_or_path"] = "base_model"
+        write_json_atomic(path, config)

@@ -7,9 +7,11 @@ The same code runs alone, under `torchrun --nproc_per_node N` and under `acceler
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,7 +27,7 @@ from expert_cli.config.resolve import ResolvedConfig, resolve
 from expert_cli.data import BuildProgress, PreparedData, prepare_data
 from expert_cli.data.collate import PackedCollator
 from expert_cli.data.tokenizer import load_tokenizer
-from expert_cli.errors import UserError
+from expert_cli.errors import RunError, UserError
 from expert_cli.train import distributed
 from expert_cli.train.args import planned_steps, training_args_kwargs
 from expert_cli.train.batch import plan_batch
@@ -44,11 +46,13 @@ from expert_cli.train.outputs import (
     materialize_random_base,
     move_final_files,
     output_dir,
-    resume_checkpoint,
     write_resolved,
 )
+from expert_cli.train.run_folder import CheckpointMarker, Previous, clear_run, decide
 from expert_cli.train.speed import compile_decision, compile_layers
 from expert_cli.train.trainer import Telemetry, build_trainer
+
+DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: the disk is full
 
 
 @dataclass
@@ -60,11 +64,13 @@ class TrainOptions:
     resume: bool = False
     max_steps: int | None = None
     overrides: list[str] = field(default_factory=list)
+    overwrite: bool = False
 
 
 @dataclass
 class TrainResult:
-    """How the run ended: `exit_code` 0, or 130/143 after SIGINT/SIGTERM."""
+    """How the run ended (completed, interrupted, or complete already: a `--resume` of a
+    finished run): `exit_code` 0, or 130/143 after SIGINT/SIGTERM."""
 
     output_dir: Path
     status: str
@@ -125,6 +131,7 @@ class Run:
     output: Path
     reporter: Reporter
     runtime: dict[str, Any] = field(default_factory=dict)
+    complete: Previous | None = None  # --resume of a run that has finished
 
     @property
     def is_main(self) -> bool:
@@ -148,12 +155,19 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     env = probe_environment()
     resolved = resolve(loaded, env)
     output = output_dir(loaded.path, opts.output)
-    resume = resume_checkpoint(output / "checkpoints") if opts.resume else None
+    decision = decide(output, resolved, opts.resume, opts.overwrite, opts.max_steps)
+    resume = decision.resume
     kwargs = training_args_kwargs(
         resolved, output / "checkpoints", max_steps=opts.max_steps, on_gpu=env.has_gpu
     )
     args = TrainingArguments(**kwargs)
     run = Run(resolved=resolved, args=args, output=output, reporter=reporter)
+    run.complete = decision.complete
+    if decision.clear and run.is_main:
+        reporter.note(f"--overwrite: removed {', '.join(clear_run(output))} of the earlier run")
+    distributed.barrier()
+    if resume is not None and run.is_main:
+        reporter.note(f"resuming from {resume.name} (step {resume.name.rsplit('-', 1)[-1]})")
     run.runtime.update(
         environment=env.to_dict(),
         world_size=args.world_size,
@@ -268,7 +282,7 @@ def make_trainer(
     trainer.remove_callback(PrinterCallback)  # the reporter shows progress instead
     stop = InterruptCallback(interrupt, distributed.any_rank)
     extra = run.reporter.callbacks() if run.is_main else []
-    for callback in [*extra, stop, _tensorboard(run)]:
+    for callback in [*extra, stop, CheckpointMarker(), _tensorboard(run)]:
         if callback is not None:
             trainer.add_callback(callback)
     if run.resolved.adapter_type == "adalora":
@@ -304,18 +318,37 @@ def _tensorboard(run: Run) -> TrainerCallback | None:
     return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(run.output / "runs")))
 
 
+def raise_if_disk_full(exc: BaseException, where: Path) -> None:
+    """A full disk is a RunError naming the folder (exit 1), not a traceback from deep in
+    torch's writer."""
+    full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+    if isinstance(exc, RuntimeError) and ("unexpected pos" in str(exc) or "No space" in str(exc)):
+        full = shutil.disk_usage(where).free < DISK_FULL_BYTES
+    if full:
+        raise RunError(
+            f"no space left on {where} (checkpoints and the adapter are written there); the "
+            "last complete checkpoint is intact: free space, then --resume"
+        ) from exc
+
+
 def save(run: Run, trainer: Any) -> None:
     """Adapter, adapter_config.json and tokenizer into OUTPUT (all ranks call, main writes)."""
     staging = run.output / f".final-{os.getpid()}"
-    trainer.save_model(str(staging))
-    if run.is_main:
-        move_final_files(staging, run.output)
-        write_resolved(run.output, run.resolved, run.runtime)
+    try:
+        trainer.save_model(str(staging))
+        if run.is_main:
+            move_final_files(staging, run.output)
+            write_resolved(run.output, run.resolved, run.runtime)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
     """Train the manifest's adapter; on SIGINT/SIGTERM save a checkpoint and stop."""
     run, resume = setup(opts, reporter or Silent())
+    if run.complete is not None:
+        summary = {"steps": run.complete.steps, "status": "complete"}
+        return TrainResult(run.output, "complete", 0, summary, None, run.is_main)
     tokenizer, data = load_data(run)
     model = load_model(run, tokenizer, data, resume)
     if run.is_main:
@@ -327,6 +360,10 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         except KeyboardInterrupt:
             throughput.finish(trainer.state.global_step, "interrupted")
+            raise
+        except BaseException as exc:
+            throughput.finish(trainer.state.global_step, "failed")
+            raise_if_disk_full(exc, run.output)
             raise
     status = "interrupted" if stop.stopped else "completed"
     summary = throughput.finish(trainer.state.global_step, status)

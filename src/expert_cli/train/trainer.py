@@ -138,15 +138,3 @@ def build_trainer(
     trainer.meter = meter
     trainer.callback_handler.callbacks.insert(0, throughput)  # first: its logs reach TB
     return trainer, throughput
-
-
-def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
-    """The `checkpoint-N` folder with the largest N, or None."""
-    if not checkpoints_dir.is_dir():
-        return None
-    found = [
-        (int(p.name.split("-")[-1]), p)
-        for p in checkpoints_dir.glob("checkpoint-*")
-        if p.is_dir() and p.name.split("-")[-1].isdigit()
-    ]
-    return max(found)[1] if found else None

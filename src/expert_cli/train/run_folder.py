@@ -1,0 +1,207 @@
+"""Whose work is in an output folder, and what `train` may do with it.
+
+A folder that holds a run's outputs is never written over silently: `train` into it refuses
+unless `--resume` (the same configuration, continued from its last complete checkpoint) or
+`--overwrite` (the old run's outputs removed first, nothing else in the folder touched). A
+checkpoint counts only once its `_COMPLETE` marker is written, after everything else in it, so
+a checkpoint half-written by a kill or a full disk is passed over.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from expert_cli.atomic import write_json_atomic
+from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.errors import UserError
+
+COMPLETE = "_COMPLETE"
+# what a run writes into its folder (--overwrite removes these and only these)
+RUN_OUTPUTS = (
+    "checkpoints",
+    "runs",
+    "base_model",
+    "metrics.json",
+    "manifest.resolved.json",
+    "adapter_model.safetensors",
+    "adapter_config.json",
+    "README.md",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+)
+RUN_MARKERS = ("manifest.resolved.json", "metrics.json", "checkpoints", "adapter_config.json")
+# resolved fields a resumed run must share with the run it continues
+SAME_RUN_FIELDS = (
+    "base_model",
+    "init",
+    "quantization",
+    "adapter_type",
+    "rank",
+    "alpha",
+    "dropout",
+    "target_modules",
+    "use_dora",
+    "train_sources",
+    "validation_sources",
+    "field_mapping",
+    "max_seq_length",
+    "packing",
+    "learning_rate",
+    "lr_scheduler",
+    "rows_per_step",
+    "seed",
+    "epochs",
+)
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The run an output folder already holds."""
+
+    status: str  # completed | interrupted | failed | running (killed) | unknown
+    steps: int
+    config: dict[str, Any]
+
+
+def previous_run(output: Path) -> Previous | None:
+    """What the folder holds, or None when it holds no run's outputs."""
+    if not output.is_dir() or not any((output / name).exists() for name in RUN_MARKERS):
+        return None
+    metrics = _read_json(output / "metrics.json").get("summary") or {}
+    status = metrics.get("status") or "unknown"
+    if status == "completed" and not (output / "adapter_model.safetensors").is_file():
+        status = "unknown"
+    config = _read_json(output / "manifest.resolved.json")
+    return Previous(status=status, steps=int(metrics.get("steps") or 0), config=config)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def changed_fields(previous: dict[str, Any], resolved: ResolvedConfig) -> list[str]:
+    """`field old -> new` for each field a resumed run must keep but does not."""
+    now = resolved.model_dump(mode="json")
+    return [
+        f"{key} {previous.get(key)!r} -> {now.get(key)!r}"
+        for key in SAME_RUN_FIELDS
+        if key in previous and previous.get(key) != now.get(key)
+    ]
+
+
+def refuse_occupied(output: Path, previous: Previous) -> None:
+    """`train` without --resume or --overwrite into a folder that holds a run."""
+    state = {"completed": "a finished run", "interrupted": "an interrupted run"}.get(
+        previous.status, "another run's outputs"
+    )
+    raise UserError(
+        f"--output {output}: holds {state} ({previous.steps} steps); continue it with "
+        "--resume, replace it with --overwrite, or choose another folder"
+    )
+
+
+def check_resumable(output: Path, previous: Previous | None, resolved: ResolvedConfig) -> None:
+    """A resumed run continues the same configuration."""
+    if previous is None:
+        return
+    changed = changed_fields(previous.config, resolved)
+    if changed:
+        raise UserError(
+            f"--resume: {output} was trained with another configuration (changed: "
+            f"{'; '.join(changed)}); resume with the same manifest, or use --overwrite"
+        )
+
+
+def clear_run(output: Path) -> list[str]:
+    """Remove the previous run's outputs (only those); the names removed."""
+    removed = []
+    for name in RUN_OUTPUTS:
+        path = output / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    for staging in output.glob(".final-*"):
+        shutil.rmtree(staging, ignore_errors=True)
+    return removed
+
+
+def complete_checkpoints(checkpoints: Path) -> list[Path]:
+    """`checkpoint-N` folders whose marker says they were written whole, by step."""
+    if not checkpoints.is_dir():
+        return []
+    found = []
+    for path in checkpoints.glob("checkpoint-*"):
+        step = path.name.rsplit("-", 1)[-1]
+        if path.is_dir() and step.isdigit() and (path / COMPLETE).is_file():
+            found.append((int(step), path))
+    return [p for _, p in sorted(found)]
+
+
+class CheckpointMarker(TrainerCallback):
+    """Writes `_COMPLETE` into each checkpoint once the Trainer has finished writing it."""
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            write_json_atomic(folder / COMPLETE, {"step": state.global_step})
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `train` does with its output folder."""
+
+    resume: Path | None = None  # the checkpoint to continue from
+    complete: Previous | None = None  # the folder's run is finished: nothing to train
+    clear: bool = False  # remove the previous run's outputs first (--overwrite)
+
+
+def decide(
+    output: Path, resolved: ResolvedConfig, resume: bool, overwrite: bool, max_steps: int | None
+) -> Decision:
+    """Refuse, resume, finish at once, or start (clearing with --overwrite)."""
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite: choose one")
+    previous = previous_run(output)
+    if not resume:
+        if previous is not None and not overwrite:
+            refuse_occupied(output, previous)
+        return Decision(clear=previous is not None)
+    check_resumable(output, previous, resolved)
+    if previous and previous.status == "completed" and (max_steps or 0) <= previous.steps:
+        return Decision(complete=previous)
+    return Decision(resume=_last_complete(output / "checkpoints"))
+
+
+def _last_complete(checkpoints: Path) -> Path:
+    complete = complete_checkpoints(checkpoints)
+    if complete:
+        return complete[-1]
+    partial = (
+        sorted(p.name for p in checkpoints.glob("checkpoint-*")) if checkpoints.is_dir() else []
+    )
+    detail = f" ({', '.join(partial)} not written whole)" if partial else ""
+    raise UserError(
+        f"--resume: no checkpoint to resume from under {checkpoints}{detail}; checkpoint-N "
+        "folders are written every save_steps and on Ctrl-C"
+    )

@@ -1,0 +1,96 @@
+"""A run folder is never written over silently: a second train refuses, --overwrite replaces,
+--resume continues the same configuration from its last complete checkpoint, and a finished
+run resumed is reported complete without training."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from train_helpers import read_metrics, run_cli, window_losses, write_expert
+
+from expert_cli.train.run_folder import COMPLETE
+
+
+def _train(manifest: Path, out: Path, *extra: str):
+    return run_cli("train", "--manifest", str(manifest), "--output", str(out), *extra)
+
+
+@pytest.fixture
+def finished(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, Path]:
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=16, config={"save_steps": 3})
+    out = tmp_path / "out"
+    first = _train(manifest, out, "--max-steps", "6")
+    assert first.returncode == 0, first.stdout + first.stderr
+    return manifest, out
+
+
+@pytest.mark.slow
+def test_a_second_train_into_a_finished_folder_is_refused(finished) -> None:
+    manifest, out = finished
+    adapter = (out / "adapter_model.safetensors").read_bytes()
+    again = _train(manifest, out, "--max-steps", "6")
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert f"--output {out}: holds a finished run (6 steps); continue it with --resume" in " ".join(
+        again.stderr.split()
+    )
+    assert (out / "adapter_model.safetensors").read_bytes() == adapter  # untouched
+    (out / "notes.txt").write_text("mine")
+    replaced = _train(manifest, out, "--max-steps", "4", "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert "--overwrite: removed" in replaced.stdout
+    assert read_metrics(out)["summary"]["steps"] == 4
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "checkpoint-3",
+        "checkpoint-4",
+    ]
+    assert (out / "notes.txt").read_text() == "mine"  # not a run output: left alone
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_trains_nothing(finished) -> None:
+    manifest, out = finished
+    metrics = (out / "metrics.json").read_text()
+    done = _train(manifest, out, "--resume")
+    assert done.returncode == 0, done.stderr
+    assert "holds a finished run of 6 steps; nothing to resume" in " ".join(done.stdout.split())
+    assert (out / "metrics.json").read_text() == metrics
+
+
+@pytest.mark.slow
+def test_resume_skips_a_half_written_checkpoint_and_honours_max_steps(finished) -> None:
+    manifest, out = finished
+    before = window_losses(out)
+    (out / "checkpoints" / "checkpoint-6" / COMPLETE).unlink()  # as if killed mid-write
+    more = _train(manifest, out, "--resume", "--max-steps", "8")
+    assert more.returncode == 0, more.stdout + more.stderr
+    assert "resuming from checkpoint-3 (step 3)" in more.stdout
+    after = window_losses(out)
+    assert max(after) == 8 and {s: after[s] for s in (1, 2, 3)} == {s: before[s] for s in (1, 2, 3)}
+
+
+@pytest.mark.slow
+def test_resume_with_another_configuration_is_refused(finished) -> None:
+    manifest, out = finished
+    changed = _train(manifest, out, "--resume", "--set", "learning_rate=0.01")
+    assert changed.returncode == 2
+    assert "was trained with another configuration (changed: learning_rate 0.002 -> 0.01)" in (
+        " ".join(changed.stderr.split())
+    )
+
+
+@pytest.mark.slow
+def test_a_moved_run_folder_still_merges(tmp_path: Path, tiny_model_dir: Path) -> None:
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8, base={"init": "random"})
+    out = tmp_path / "out"
+    assert _train(manifest, out, "--max-steps", "2").returncode == 0
+    moved = tmp_path / "elsewhere" / "run"
+    moved.parent.mkdir()
+    shutil.move(str(out), str(moved))
+    config = json.loads((moved / "adapter_config.json").read_text())
+    assert not Path(config["base_model_name_or_path"]).is_absolute()
+    merged = run_cli("merge", "--adapter", str(moved), "--output", str(tmp_path / "merged"))
+    assert merged.returncode == 0, merged.stderr
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
