@@ -18,6 +18,7 @@ from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
 from expert_cli.data import prepare_data
 from expert_cli.data.tokenizer import load_tokenizer
+from expert_cli.errors import UserError
 
 # builds the cache in a subprocess; its progress callback sleeps DELAY seconds each time a
 # shard's examples are tokenized, so the build can be killed (or raced) between shards
@@ -66,6 +67,23 @@ class Recorder:
 
     def advance(self, examples: int) -> None:
         self.done += examples
+
+
+def load_instruction_expert(folder: Path):
+    """An expert on the tiny tokenizer whose data is folder/train.jsonl (instruction rows)."""
+    from conftest import TINY_TOKENIZER_DIR
+
+    manifest = {
+        "name": "e",
+        "schema_version": "2.0",
+        "base_models": [{"name": str(TINY_TOKENIZER_DIR), "init": "random"}],
+        "training": {
+            "dataset": {"path": "train.jsonl", "eval_fraction": 0.0},
+            "config": {"evaluation_strategy": "no", "max_seq_length": 64},
+        },
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return prepare(folder / "manifest.json")
 
 
 def rows(data) -> list[tuple]:
@@ -268,3 +286,26 @@ def test_worker_processes_give_the_same_rows_as_one_process(demo_expert_dir) -> 
     assert progress.total == progress.done == examples
     one = prepare_data(resolved, tokenizer, num_proc=1, force=True)
     assert rows(one) == rows(two)
+
+
+def test_a_failed_build_leaves_only_the_folders_lock(demo_expert_dir) -> None:
+    manifest = demo_expert_dir / "manifest.json"
+    root = demo_expert_dir / ".cache" / "pretokenized"
+    root.mkdir(parents=True)
+    (root / ".tmp-killed-123").mkdir()  # leftovers of processes killed earlier
+    (root / ".build-0123456789abcdef").mkdir()
+    (root / "0123456789abcdef.lock").write_text("")
+    with pytest.raises(UserError, match="no training example is left"):
+        prepare(manifest, "max_seq_length=16", "training.dataset.overlong=drop")
+    assert sorted(p.name for p in root.iterdir()) == [".lock"]
+
+
+def test_empty_answers_are_not_trained_on(tmp_path, write_jsonl) -> None:
+    rows = [{"instruction": f"q{i}", "response": " " if i % 2 else f"a{i}"} for i in range(8)]
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    data = load_instruction_expert(tmp_path)
+    assert data.stats["train"]["kept"] == 4
+    assert data.stats["train"]["dropped_no_completion"] == 4
+    write_jsonl(tmp_path / "train.jsonl", [{**r, "response": ""} for r in rows])
+    with pytest.raises(UserError, match="8 with no completion tokens"):
+        load_instruction_expert(tmp_path)

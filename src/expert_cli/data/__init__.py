@@ -29,6 +29,7 @@ from expert_cli.data.cache import (
     plan_cache,
     shard_examples_default,
 )
+from expert_cli.errors import UserError
 
 __all__ = ["BuildProgress", "PreparedData", "prepare_data"]
 log = logging.getLogger(__name__)
@@ -84,16 +85,21 @@ def prepare_data(
                 "built by another process while this one waited for the lock",
                 [],
             )
+        _sweep(plan)
         if force:
             _discard(plan)
-        build_cache(
-            plan,
-            resolved,
-            tokenizer,
-            num_proc or default_num_proc(),
-            shard_examples or shard_examples_default(),
-            progress,
-        )
+        try:
+            build_cache(
+                plan,
+                resolved,
+                tokenizer,
+                num_proc or default_num_proc(),
+                shard_examples or shard_examples_default(),
+                progress,
+            )
+        except UserError:  # the data must change to build: its finished shards are no use
+            shutil.rmtree(plan.work_dir, ignore_errors=True)
+            raise
         _point_latest(plan)
     finally:
         lock.release()
@@ -113,6 +119,20 @@ def _why(plan: CachePlan, force: bool) -> tuple[str, str, list[str]]:
         return "built", "no finished cache with this fingerprint (removed or never finished)", []
     changes = changed_inputs(previous.get("inputs", {}), plan.inputs)
     return "rebuilt", "changed: " + "; ".join(changes or ["(inputs differ)"]), changes
+
+
+def _sweep(plan: CachePlan) -> None:
+    """Leftovers of builds killed earlier (the caller holds the folder's lock, so no build is
+    running): temporary folders, other fingerprints' unfinished builds, old lock files. This
+    fingerprint's own unfinished build stays: the build resumes from its shards."""
+    for path in plan.root.iterdir():
+        stale = path.name.startswith(".tmp-") or path.name == ".datasets"
+        stale |= path.name.startswith(".build-") and path != plan.work_dir
+        stale |= path.suffix == ".lock" and path != plan.lock_path
+        if stale and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif stale:
+            path.unlink(missing_ok=True)
 
 
 def _discard(plan: CachePlan) -> None:

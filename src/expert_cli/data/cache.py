@@ -73,7 +73,9 @@ class CachePlan:
 
     @property
     def lock_path(self) -> Path:
-        return self.root / f"{self.fingerprint}.lock"
+        """One lock for the whole cache folder: one build at a time writes in it, and only
+        this one file stays behind."""
+        return self.root / ".lock"
 
     @property
     def work_dir(self) -> Path:

@@ -174,7 +174,7 @@ class Formatter:
     def render(self, batch: dict[str, list[Any]]) -> tuple[list[str], list[list[Span]], list[str]]:
         """Texts, trained character spans and the masking rule used for each row."""
         if self.kind == "instruction":
-            texts, spans = [], []
+            texts, spans, styles = [], [], []
             n = len(batch["instruction"])
             inputs = batch.get("input") or [None] * n
             systems = batch.get("system") or [None] * n
@@ -184,7 +184,8 @@ class Formatter:
                 prompt, suffix = render_instruction(self.prompt_template, str(ins), inp, sys_)
                 texts.append(prompt + str(resp) + suffix)
                 spans.append([(len(prompt), len(texts[-1]))])
-            return texts, spans, ["template"] * n
+                styles.append("template" if str(resp).strip() else "empty")
+            return texts, spans, styles
         if self.kind == "messages":
             texts = [
                 self.tokenizer.apply_chat_template(m, tokenize=False) for m in batch["messages"]
@@ -192,7 +193,11 @@ class Formatter:
         else:
             texts = [str(t) for t in batch["text"]]
         found = [assistant_spans(t, self.response_template) for t in texts]
-        return texts, [f[0] for f in found], [f[1] for f in found]
+        styles = [
+            style if _has_content(t, row_spans, self.tokenizer.eos_token) else "empty"
+            for t, (row_spans, style) in zip(texts, found, strict=True)
+        ]
+        return texts, [f[0] for f in found], styles
 
     def encode(
         self, texts: list[str], encodings: list[Any], spans: list[list[Span]], styles: list[str]
@@ -211,6 +216,8 @@ class Formatter:
             code = KEPT
             if style == "missing":
                 code = DROPPED_NO_MARKER
+            elif style == "empty":  # an empty answer would train only its end-of-turn tokens
+                code = DROPPED_NO_COMPLETION
             elif len(ids) > self.max_seq_length:
                 code = TRUNCATED if self.overlong == "truncate" else DROPPED_OVERLONG
                 ids, mask = ids[: self.max_seq_length], mask[: self.max_seq_length]
@@ -232,6 +239,21 @@ class Formatter:
                 "no_marker": pa.array(no_marker, pa.bool_()),
             }
         )
+
+
+END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>")
+
+
+def _has_content(text: str, spans: list[Span], eos: str | None) -> bool:
+    """Whether the trained spans hold anything but whitespace and end-of-turn markers."""
+    for start, end in spans:
+        part = text[start:end]
+        for marker in (*END_MARKERS, eos or ""):
+            if marker:
+                part = part.replace(marker, "")
+        if part.strip():
+            return True
+    return not spans  # no spans: the "missing" / whole-text rules decide
 
 
 def _span_mask(enc: Any, n_tokens: int, spans: list[Span]) -> Any:
