@@ -175,3 +175,12 @@ def test_evaluation_without_validation_rows_stops_before_the_model(
     )
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "out" / "base_model").exists()  # no model was loaded
+
+
+def test_a_negative_max_steps_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from train_helpers import write_expert
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir)
+    out = run_cli("train", "--manifest", str(manifest), "--max-steps", "-3")
+    assert out.returncode == 2 and "--max-steps" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 from pathlib import Path
@@ -183,7 +184,7 @@ def test_length_column_is_what_the_cache_writes() -> None:
     assert packed.column(LENGTH_COLUMN).to_pylist() == [3]
 
 
-def test_fsdp_and_deepspeed_blocks(tmp_path: Path) -> None:
+def test_fsdp_and_deepspeed_blocks(tmp_path: Path, monkeypatch) -> None:
     fsdp = _resolved(
         tmp_path,
         {},
@@ -200,6 +201,13 @@ def test_fsdp_and_deepspeed_blocks(tmp_path: Path) -> None:
         {},
         distributed={"strategy": "deepspeed", "deepspeed": {"zero_optimization": {"stage": 2}}},
     )
+    if importlib.util.find_spec("deepspeed") is None:
+        with pytest.raises(UserError, match=r"deepspeed is not installed.*expert-cli\[deepspeed\]"):
+            training_args_kwargs(ds, tmp_path, on_gpu=True)
+        real = importlib.util.find_spec  # pretend it is installed to check the mapping
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda n, *a: object() if n == "deepspeed" else real(n, *a)
+        )
     assert training_args_kwargs(ds, tmp_path, on_gpu=True)["deepspeed"] == {
         "zero_optimization": {"stage": 2}
     }

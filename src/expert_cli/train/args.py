@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,11 @@ def training_args_kwargs(
             raise UserError(
                 "training.distributed.deepspeed: strategy deepspeed needs a config "
                 "(file path or object)"
+            )
+        if importlib.util.find_spec("deepspeed") is None:
+            raise UserError(
+                "training.distributed.strategy: deepspeed is not installed; install it with "
+                "pip install 'expert-cli[deepspeed]', or use strategy ddp or fsdp"
             )
         kwargs["deepspeed"] = dist["deepspeed"]
     return kwargs
