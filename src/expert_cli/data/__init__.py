@@ -8,6 +8,7 @@ under a file lock, the others wait and load. The eval split is packed like the t
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from expert_cli.data.cache import (
     plan_cache,
     shard_examples_default,
 )
-from expert_cli.errors import UserError
+from expert_cli.errors import RunError, UserError
 
 __all__ = ["BuildProgress", "PreparedData", "prepare_data"]
 log = logging.getLogger(__name__)
@@ -99,6 +100,13 @@ def prepare_data(
             )
         except UserError:  # the data must change to build: its finished shards are no use
             shutil.rmtree(plan.work_dir, ignore_errors=True)
+            raise
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC or "No space left" in str(exc):
+                raise RunError(
+                    f"no space left on {plan.root} (the token cache is written there); "
+                    "finished shards are kept: free space and run again"
+                ) from exc
             raise
         _point_latest(plan)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +64,13 @@ class ThroughputCallback(TrainerCallback):
             if self.on_window is not None:
                 self.on_window(record)
         return self.write(steps, status)
+
+    def record_failure(self, steps: int) -> None:
+        """Mark metrics.json "failed", best effort: on a full disk that write fails too, and
+        the error that stopped the run is the one to report (the file keeps its last whole
+        state, as every write replaces it atomically)."""
+        with contextlib.suppress(OSError):
+            self.finish(steps, "failed")
 
 
 class Interrupt:

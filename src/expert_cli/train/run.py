@@ -321,8 +321,11 @@ def _tensorboard(run: Run) -> TrainerCallback | None:
 def raise_if_disk_full(exc: BaseException, where: Path) -> None:
     """A full disk is a RunError naming the folder (exit 1), not a traceback from deep in
     torch's writer."""
+    message = str(exc)
     full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
-    if isinstance(exc, RuntimeError) and ("unexpected pos" in str(exc) or "No space" in str(exc)):
+    # the tokenizers library (Rust) raises a bare Exception: "No space left ... (os error 28)"
+    full = full or "No space left on device" in message or "os error 28" in message
+    if isinstance(exc, RuntimeError) and "unexpected pos" in message:  # torch's zip writer
         full = shutil.disk_usage(where).free < DISK_FULL_BYTES
     if full:
         raise RunError(
@@ -362,13 +365,17 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
             throughput.finish(trainer.state.global_step, "interrupted")
             raise
         except BaseException as exc:
-            throughput.finish(trainer.state.global_step, "failed")
+            throughput.record_failure(trainer.state.global_step)
             raise_if_disk_full(exc, run.output)
             raise
     status = "interrupted" if stop.stopped else "completed"
     summary = throughput.finish(trainer.state.global_step, status)
     if status == "completed":
-        save(run, trainer)
+        try:
+            save(run, trainer)
+        except Exception as exc:
+            raise_if_disk_full(exc, run.output)
+            raise
     distributed.barrier()
     code = interrupt.exit_code if stop.stopped else 0
     return TrainResult(run.output, status, code, summary, resume, run.is_main)
