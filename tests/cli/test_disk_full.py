@@ -14,10 +14,20 @@ from train_helpers import run_cli, write_expert
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "small"
+    """256 KiB: too small for the tiny model's first checkpoint or the data cache."""
+    yield from _tmpfs(tmp_path / "small", "256k")
+
+
+@pytest.fixture
+def disk_for_one_checkpoint(tmp_path: Path) -> Iterator[Path]:
+    """600 KiB: the tiny model's first checkpoint (~530 KiB) fits, the second does not."""
+    yield from _tmpfs(tmp_path / "small", "600k")
+
+
+def _tmpfs(mount: Path, size: str) -> Iterator[Path]:
     mount.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
     )
     if done.returncode != 0:
         pytest.skip("a tmpfs cannot be mounted here (needs root on Linux)")
@@ -46,20 +56,29 @@ def test_a_full_disk_while_building_the_cache(
 
 @pytest.mark.slow
 def test_a_full_disk_while_saving_a_checkpoint(
-    small_disk: Path, tmp_path: Path, tiny_model_dir: Path
+    disk_for_one_checkpoint: Path, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     manifest = write_expert(tmp_path / "e", tiny_model_dir, config={"save_steps": 2})
-    out = small_disk / "run"
+    out = disk_for_one_checkpoint / "run"
     done = run_cli("train", "--manifest", str(manifest), "--output", str(out), "--max-steps", "8")
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"no space left on {out}" in " ".join(done.stderr.split())
     assert "Traceback" not in done.stderr
-    # metrics.json keeps its last whole state (it cannot be rewritten on a full disk)
-    assert json.loads((out / "metrics.json").read_text())["summary"]["status"] == "running"
+    # the checkpoint the full disk cut short is removed, which makes room to record the end
+    assert json.loads((out / "metrics.json").read_text())["summary"]["status"] == "failed"
     assert not list(out.rglob(".tmp-*")) and not list(out.glob(".final-*"))
-    checkpoints = list((out / "checkpoints").glob("checkpoint-*"))
-    marked = [p for p in checkpoints if (p / "_COMPLETE").exists()]
-    unmarked = [p for p in checkpoints if not (p / "_COMPLETE").exists()]
-    assert checkpoints
-    assert len(unmarked) <= 1  # at most the one that was being written when the disk filled
-    assert all((p / "adapter_model.safetensors").stat().st_size > 0 for p in marked)
+    checkpoints = sorted(p.name for p in (out / "checkpoints").glob("checkpoint-*"))
+    assert checkpoints == ["checkpoint-2"]
+    assert (out / "checkpoints" / "checkpoint-2" / "_COMPLETE").is_file()
+    # space freed (the disk grown), --resume goes on from the last good checkpoint to the end
+    grown = subprocess.run(
+        ["mount", "-o", "remount,size=8m", str(disk_for_one_checkpoint)], capture_output=True
+    )
+    assert grown.returncode == 0, grown.stderr
+    args = ("--output", str(out), "--max-steps", "8", "--resume")
+    again = run_cli("train", "--manifest", str(manifest), *args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resuming from checkpoint-2 (step 2)" in again.stdout + again.stderr
+    summary = json.loads((out / "metrics.json").read_text())["summary"]
+    assert (summary["status"], summary["steps"]) == ("completed", 8)
+    assert (out / "adapter_model.safetensors").stat().st_size > 0

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +20,13 @@ from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
 from expert_cli.train.args import planned_steps, training_args_kwargs
 from expert_cli.train.callbacks import Interrupt
-from expert_cli.train.run_folder import COMPLETE, complete_checkpoints
+from expert_cli.train.run_folder import (
+    COMPLETE,
+    complete_checkpoints,
+    disk_full,
+    remove_incomplete_checkpoints,
+    sweep_leftovers,
+)
 from expert_cli.train.trainer import COUNTS_KEY, CountingCollator
 
 GPU = Environment(
@@ -260,3 +270,47 @@ def test_interrupt_sets_flag_and_exit_code() -> None:
         assert interrupt.signum == signal.SIGTERM
     assert interrupt.exit_code == 143
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_incomplete_checkpoints_are_removed_and_complete_ones_kept(tmp_path: Path) -> None:
+    for n in (3, 6):
+        (tmp_path / f"checkpoint-{n}").mkdir()
+    (tmp_path / "checkpoint-3" / COMPLETE).write_text("{}")
+    (tmp_path / "checkpoint-6" / "optimizer.pt").write_bytes(b"cut")
+    assert remove_incomplete_checkpoints(tmp_path) == ["checkpoint-6"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]
+    assert remove_incomplete_checkpoints(tmp_path / "missing") == []
+
+
+def test_leftovers_of_dead_processes_are_swept_and_live_ones_kept(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    live = str(os.getpid())
+    for name in (f".final-{dead}", f".tmp-base_model-{dead}"):
+        (tmp_path / name).mkdir()
+    (tmp_path / f".tmp-metrics.json-{dead}").write_text("{")
+    (tmp_path / f".final-{live}").mkdir()  # this process's own staging: in use
+    (tmp_path / ".hidden-notes").write_text("mine")  # not ours: left alone
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"x")
+    removed = sweep_leftovers(tmp_path)
+    assert sorted(removed) == sorted(
+        [f".final-{dead}", f".tmp-base_model-{dead}", f".tmp-metrics.json-{dead}"]
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f".final-{live}", ".hidden-notes", "adapter_model.safetensors"]
+    )
+
+
+def test_what_counts_as_a_full_disk(tmp_path: Path) -> None:
+    assert disk_full(OSError(errno.ENOSPC, "No space left on device"), tmp_path)
+    assert disk_full(Exception("No space left on device (os error 28)"), tmp_path)
+    assert not disk_full(OSError(errno.EACCES, "Permission denied"), tmp_path)
+    assert not disk_full(ValueError("bad value"), tmp_path)
+    # torch's zip writer: a full disk only if the folder really has (almost) no space left
+    assert not disk_full(
+        RuntimeError("[enforce fail at inline_container.cc] unexpected pos"), tmp_path
+    )

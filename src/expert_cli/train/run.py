@@ -7,7 +7,6 @@ The same code runs alone, under `torchrun --nproc_per_node N` and under `acceler
 
 from __future__ import annotations
 
-import errno
 import importlib.util
 import json
 import os
@@ -48,11 +47,17 @@ from expert_cli.train.outputs import (
     output_dir,
     write_resolved,
 )
-from expert_cli.train.run_folder import CheckpointMarker, Previous, clear_run, decide
+from expert_cli.train.run_folder import (
+    CheckpointMarker,
+    Previous,
+    clear_run,
+    decide,
+    disk_full,
+    remove_incomplete_checkpoints,
+    sweep_leftovers,
+)
 from expert_cli.train.speed import compile_decision, compile_layers
 from expert_cli.train.trainer import Telemetry, build_trainer
-
-DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: the disk is full
 
 
 @dataclass
@@ -165,6 +170,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     run.complete = decision.complete
     if decision.clear and run.is_main:
         reporter.note(f"--overwrite: removed {', '.join(clear_run(output))} of the earlier run")
+    if run.is_main and (swept := sweep_leftovers(output)):
+        reporter.note(f"removed what a killed run left in {output}: {', '.join(swept)}")
     distributed.barrier()
     if resume is not None and run.is_main:
         reporter.note(f"resuming from {resume.name} (step {resume.name.rsplit('-', 1)[-1]})")
@@ -318,19 +325,17 @@ def _tensorboard(run: Run) -> TrainerCallback | None:
     return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(run.output / "runs")))
 
 
-def raise_if_disk_full(exc: BaseException, where: Path) -> None:
-    """A full disk is a RunError naming the folder (exit 1), not a traceback from deep in
-    torch's writer."""
-    message = str(exc)
-    full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
-    # the tokenizers library (Rust) raises a bare Exception: "No space left ... (os error 28)"
-    full = full or "No space left on device" in message or "os error 28" in message
-    if isinstance(exc, RuntimeError) and "unexpected pos" in message:  # torch's zip writer
-        full = shutil.disk_usage(where).free < DISK_FULL_BYTES
+def on_failure(run: Run, throughput: Any, steps: int, exc: BaseException) -> None:
+    """Record "failed" in metrics.json; a full disk (after removing the checkpoint it cut
+    short, to make room for that record) is a RunError naming the folder, exit 1."""
+    full = disk_full(exc, run.output)
+    if full and run.is_main:
+        remove_incomplete_checkpoints(run.output / "checkpoints")
+    throughput.record_failure(steps)
     if full:
         raise RunError(
-            f"no space left on {where} (checkpoints and the adapter are written there); the "
-            "last complete checkpoint is intact: free space, then --resume"
+            f"no space left on {run.output} (checkpoints and the adapter are written there); "
+            "the last complete checkpoint is intact: free space, then --resume"
         ) from exc
 
 
@@ -365,8 +370,7 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
             throughput.finish(trainer.state.global_step, "interrupted")
             raise
         except BaseException as exc:
-            throughput.record_failure(trainer.state.global_step)
-            raise_if_disk_full(exc, run.output)
+            on_failure(run, throughput, trainer.state.global_step, exc)
             raise
     status = "interrupted" if stop.stopped else "completed"
     summary = throughput.finish(trainer.state.global_step, status)
@@ -374,7 +378,11 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
         try:
             save(run, trainer)
         except Exception as exc:
-            raise_if_disk_full(exc, run.output)
+            if disk_full(exc, run.output):
+                raise RunError(
+                    f"no space left on {run.output} to save the adapter: free space, then "
+                    "train again with --resume"
+                ) from exc
             raise
     distributed.barrier()
     code = interrupt.exit_code if stop.stopped else 0

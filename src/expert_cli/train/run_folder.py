@@ -9,7 +9,9 @@ a checkpoint half-written by a kill or a full disk is passed over.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import UserError
 
 COMPLETE = "_COMPLETE"
+DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: the disk is full
 # what a run writes into its folder (--overwrite removes these and only these)
 RUN_OUTPUTS = (
     "checkpoints",
@@ -141,6 +144,63 @@ def clear_run(output: Path) -> list[str]:
         removed.append(name)
     for staging in output.glob(".final-*"):
         shutil.rmtree(staging, ignore_errors=True)
+    return removed
+
+
+def disk_full(exc: BaseException, where: Path) -> bool:
+    """Whether `exc` is a write that failed for want of space (raised as OSError 28 by Python,
+    as a bare Exception by the tokenizers library, as "unexpected pos" by torch's writer)."""
+    message = str(exc)
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    if "No space left on device" in message or "os error 28" in message:
+        return True
+    if isinstance(exc, RuntimeError) and "unexpected pos" in message:
+        try:
+            return shutil.disk_usage(where).free < DISK_FULL_BYTES
+        except OSError:
+            return False
+    return False
+
+
+def sweep_leftovers(output: Path) -> list[str]:
+    """Remove what killed runs left in `output`: staging folders (`.final-<pid>`) and
+    temporary files (`.tmp-<name>-<pid>`) of processes that no longer run."""
+    removed = []
+    for path in output.glob(".*-*") if output.is_dir() else []:
+        pid = path.name.rsplit("-", 1)[-1]
+        ours = path.name.startswith((".final-", ".tmp-")) and pid.isdigit()
+        if not ours or _running(int(pid)):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def remove_incomplete_checkpoints(checkpoints: Path) -> list[str]:
+    """Remove `checkpoint-N` folders without their marker (a resume passes them over anyway):
+    after a full disk this frees the space to record how the run ended."""
+    complete = set(complete_checkpoints(checkpoints))
+    removed = []
+    for path in checkpoints.glob("checkpoint-*") if checkpoints.is_dir() else []:
+        if path.is_dir() and path not in complete:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
     return removed
 
 
