@@ -1,7 +1,7 @@
 """The package's shape, checked: layers import only downwards, no import cycles, only cli/
 prints, modules and signatures stay small, imports sit at the top of modules.
 
-Layers (docs/architecture.md): errors/atomic at the base; config; telemetry; data (config);
+Layers (docs/architecture.md): errors/atomic/paths at the base; config; telemetry; data (config);
 train (config, data, telemetry); benchmark (telemetry); cli (everything).
 """
 

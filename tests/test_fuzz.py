@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import Environment
 from expert_cli.config.resolve import SourceRef, resolve
-from expert_cli.data.sources import scan_local
+from expert_cli.data.rows import scan_local
 from expert_cli.errors import UserError
 
 ENV = Environment(cpu_count=2)

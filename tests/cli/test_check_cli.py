@@ -108,7 +108,7 @@ def test_missing_model_folder_and_empty_data(tmp_path: Path, tiny_model_dir: Pat
     out = run_cli("check", "--manifest", str(folder / "manifest.json"))
     assert out.returncode == 2
     assert "F:/models/Qwen3-0.6B is not a folder" in out.stdout
-    assert "train.jsonl: no examples (the file is empty)" in out.stdout
+    assert "train.jsonl: no examples (the file has no rows)" in out.stdout
     assert "Traceback" not in out.stdout + out.stderr
 
 

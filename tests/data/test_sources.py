@@ -10,7 +10,8 @@ import pytest
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
-from expert_cli.data.sources import apply_weight, field_spec, hold_out, load_sources
+from expert_cli.data.rows import field_spec
+from expert_cli.data.sources import apply_weight, hold_out, load_sources
 from expert_cli.errors import UserError
 
 
@@ -101,7 +102,7 @@ def test_empty_file_and_missing_file(tmp_path) -> None:
     (tmp_path / "train.jsonl").write_text("\n")
     assert (
         error_of(tmp_path, {"path": "train.jsonl"})
-        == f"{tmp_path / 'train.jsonl'}: no examples (the file is empty)"
+        == f"{tmp_path / 'train.jsonl'}: no examples (the file has no rows)"
     )
     assert (
         error_of(tmp_path, {"path": "nope.jsonl"})

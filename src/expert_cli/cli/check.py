@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from expert_cli.cli.options import ManifestOpt
+from expert_cli.paths import shown_path
 
 if TYPE_CHECKING:
     from expert_cli.data.checks import CheckReport
@@ -44,6 +45,7 @@ def render_report(report: CheckReport) -> None:
     """The report as rich tables: manifest, resolved configuration, environment, decisions,
     downloads, problems, and the verdict."""
     from rich.table import Table
+    from rich.text import Text
 
     from expert_cli.cli.render import console as make_console
 
@@ -51,18 +53,19 @@ def render_report(report: CheckReport) -> None:
     man = report.manifest
     if "name" in man:
         console.print(
-            f"{man['name']} {man['version']} (schema {man['schema_version']}) from {man['path']}",
+            f"{man['name']} {man['version']} (schema {man['schema_version']}) "
+            f"from {shown_path(man['path'])}",
             markup=False,
             style="bold",
         )
     else:  # the manifest did not load: the problems below say why
-        console.print(str(man["path"]), markup=False, style="bold")
+        console.print(shown_path(man["path"]), markup=False, style="bold")
     if report.config:
         table = Table("setting", "value", title="resolved configuration", show_lines=False)
         for key, value in report.config.items():
             if key in ("train_sources", "validation_sources"):
-                value = ", ".join(s["location"] for s in value) or "-"
-            table.add_row(key, str(value))
+                value = ", ".join(shown_path(s["location"]) for s in value) or "-"
+            table.add_row(key, Text(shown_path(str(value), 400)))
         console.print(table)
         env = Table("environment", "value")
         for key, value in report.environment.items():

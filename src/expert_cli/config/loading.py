@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from expert_cli.config.models import DatasetSpec, LoadedManifest, Manifest
 from expert_cli.errors import UserError
+from expert_cli.paths import resolved_path, shown_path
 
 # --------------------------------------------------------------------------- loading
 
@@ -34,7 +35,7 @@ MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KB; anything this big is no
 def read_manifest_json(path: Path) -> dict[str, Any]:
     """Read the manifest file, with errors that name it and the line of a JSON mistake (and
     never its contents)."""
-    shown = _shown_path(path)
+    shown = shown_path(path)
     try:
         if not path.exists():
             raise UserError(f"{shown}: manifest not found")
@@ -57,12 +58,6 @@ def read_manifest_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"{shown}: expected a JSON object at the top level")
     return data
-
-
-def _shown_path(path: Path, limit: int = 200) -> str:
-    """A path as an error shows it: printable, and at most `limit` characters."""
-    text = str(path).replace("\x00", "\\0")
-    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]}"
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -123,7 +118,7 @@ def load_dataset_block(path: Path) -> tuple[str | None, DatasetSpec]:
 
 def load_manifest(path: str | Path, overrides: list[str] | None = None) -> LoadedManifest:
     """Read, de-comment, override and validate a manifest; UserError lists every problem."""
-    path = Path(path).expanduser().resolve()
+    path = resolved_path(path, "--manifest")
     raw = read_manifest_json(path)
     data = strip_comments(apply_overrides(raw, overrides or []))
     try:

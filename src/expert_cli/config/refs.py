@@ -6,6 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from expert_cli.errors import UserError
+from expert_cli.paths import path_exists, resolved_path, shown_path
+
 # data file suffix -> the manifest's `format` value
 FILE_FORMATS = {
     ".jsonl": "jsonl",
@@ -33,10 +36,13 @@ def looks_like_hub_id(value: str) -> bool:
     return bool(_HUB_ID.match(value)) and ".." not in value
 
 
-def local_path(folder: Path, value: str) -> Path:
-    """`value` as a path: absolute, or relative to the manifest's folder."""
+def local_path(folder: Path, value: str, label: str = "path") -> Path:
+    """`value` as a path: absolute, or relative to the manifest's folder (UserError naming
+    `label` for one that cannot be resolved)."""
+    if "\x00" in value:
+        raise UserError(f"{label} {shown_path(value)}: contains a NUL byte; expected a path")
     path = Path(value).expanduser()
-    return path if path.is_absolute() else (folder / path).resolve()
+    return path if path.is_absolute() else resolved_path(folder / path, label)
 
 
 def is_local(folder: Path, name: str) -> bool:
@@ -44,7 +50,7 @@ def is_local(folder: Path, name: str) -> bool:
     exists, or it cannot be a hub id, or its suffix is a data file's."""
     suffix = Path(name).suffix.lower()
     return (
-        local_path(folder, name).exists()
+        path_exists(local_path(folder, name))
         or not looks_like_hub_id(name)
         or suffix in FILE_FORMATS
         or suffix in OTHER_LOCAL_SUFFIXES

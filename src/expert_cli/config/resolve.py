@@ -24,6 +24,7 @@ from expert_cli.config.refs import (
     split_hub_spec,
 )
 from expert_cli.errors import UserError
+from expert_cli.paths import path_exists
 
 # Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
 DEFAULT_RANK = 16
@@ -142,7 +143,7 @@ def _source(
 ) -> SourceRef:
     """A local path when it exists (or looks like one), else a hub id."""
     name, split, config = split_hub_spec(spec)
-    path = local_path(folder, name)
+    path = local_path(folder, name, "training.dataset")
     if fmt != "huggingface" and is_local(folder, name):
         return SourceRef(
             kind="local",
@@ -210,8 +211,8 @@ def _adapter(lm: LoadedManifest, notes: list[str]) -> dict[str, Any]:
 
 def _base_model(lm: LoadedManifest) -> dict[str, Any]:
     bm = lm.manifest.primary_base_model
-    path = local_path(lm.folder, bm.name)
-    local = bm.init == "random" or path.exists() or not looks_like_hub_id(bm.name)
+    path = local_path(lm.folder, bm.name, "base_models[0].name")
+    local = bm.init == "random" or path_exists(path) or not looks_like_hub_id(bm.name)
     return dict(
         base_model=str(path) if local else bm.name,
         base_model_kind="local" if local else "hub",
@@ -278,8 +279,14 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     dist = lm.manifest.training.distributed
     dist_dict = dist.model_dump(exclude_none=True) if dist else None
     if dist_dict and isinstance(dist_dict.get("deepspeed"), str):
-        dist_dict["deepspeed"] = str(local_path(lm.folder, dist_dict["deepspeed"]))
-    cache = local_path(lm.folder, cfg.pretokenized_cache or ".cache/pretokenized")
+        dist_dict["deepspeed"] = str(
+            local_path(lm.folder, dist_dict["deepspeed"], "training.distributed.deepspeed")
+        )
+    cache = local_path(
+        lm.folder,
+        cfg.pretokenized_cache or ".cache/pretokenized",
+        "training.config.pretokenized_cache",
+    )
     return ResolvedConfig(
         expert=lm.manifest.name,
         expert_version=lm.manifest.version,

@@ -34,7 +34,7 @@ import datasets
 import xxhash
 
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
-from expert_cli.data.sources import source_files
+from expert_cli.data.rows import source_files
 from expert_cli.errors import RunError
 
 if TYPE_CHECKING:

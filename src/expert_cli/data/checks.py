@@ -17,7 +17,7 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
 from expert_cli.data.build import BuildProgress, NoProgress
-from expert_cli.data.sources import FieldSpec, Scan, scan_local
+from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.errors import UserError
 
 PROGRESS_ROWS = 10_000
@@ -140,7 +140,7 @@ class DataCheck:
                 "(or read from its cache)"
             )
             return
-        if (Path(src.location) / "state.json").exists():  # a saved dataset: the build checks it
+        if is_saved_dataset(Path(src.location)):  # the build checks a saved dataset
             return
         try:
             scan = scan_local(src, self.fields, self.mapping)

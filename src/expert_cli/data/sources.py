@@ -2,8 +2,8 @@
 
 Every problem a user can fix (a missing file, a malformed line, a row without a mapped field or
 with the wrong type, an empty dataset) is a `UserError` raised here, before any model is
-loaded. Local files go through `reader.read_rows` (streamed, any JSON layout, CSV, Parquet,
-Arrow), every row is checked, and the mapped columns are written, renamed to their roles
+loaded. Local files are scanned by `rows.scan_local` (streamed, any JSON layout, CSV, Parquet,
+Arrow; every row checked), and the mapped columns are written, renamed to their roles
 (`text`, `messages`, `instruction`, `input`, `response`, `system`), to an Arrow file that the
 build reads memory-mapped. `check` runs the same scan without writing. Hub datasets and saved
 dataset folders are read through `datasets` and checked by column.
@@ -11,7 +11,7 @@ dataset folders are read through `datasets` and checked by column.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,29 +21,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from expert_cli.config.refs import FILE_FORMATS
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
-from expert_cli.data.reader import read_rows, shown_name, shown_names
+from expert_cli.data.reader import shown_names
+from expert_cli.data.rows import (
+    OPTIONAL_ROLES,
+    FieldSpec,
+    Scan,
+    expected_shape,
+    field_spec,
+    is_saved_dataset,
+    scan_local,
+)
 from expert_cli.errors import UserError
 
-ROLES = ("text", "messages", "instruction", "input", "response", "system")
-OPTIONAL_ROLES = {"input", "system"}
-MESSAGES_SHAPE = 'a list of {"role": "...", "content": "..."} objects'
 WRITE_BATCH_ROWS = 4096
 MAX_EXAMPLES = 100_000_000  # after task weights: more than any run trains on
 MESSAGE_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """Which column holds each role, and which of the three formats that makes."""
-
-    kind: str  # "text" | "messages" | "instruction"
-    mapping: dict[str, str]  # role -> column
-
-    @property
-    def required(self) -> list[str]:
-        return [r for r in self.mapping if r not in OPTIONAL_ROLES]
 
 
 @dataclass
@@ -55,173 +48,6 @@ class LoadedSources:
     fields: FieldSpec
     read: dict[str, int]
     notes: list[str]
-
-
-def field_spec(mapping: dict[str, str] | None, columns: list[str], where: str) -> FieldSpec:
-    """Validate `field_mapping`, or detect it from the columns when unset."""
-    if mapping is None:
-        mapping = _detect_mapping(columns, where)
-    unknown = sorted(set(mapping) - set(ROLES))
-    if unknown:
-        raise UserError(
-            f"training.dataset.field_mapping: unknown key(s) {unknown}; "
-            f"expected some of {list(ROLES)}"
-        )
-    if "text" in mapping:
-        kind = "text"
-    elif "messages" in mapping:
-        kind = "messages"
-    elif "instruction" in mapping and "response" in mapping:
-        kind = "instruction"
-    else:
-        raise UserError(
-            "training.dataset.field_mapping: needs `text`, `messages`, or "
-            "`instruction` + `response` (optionally `input`, `system`)"
-        )
-    return FieldSpec(kind=kind, mapping=dict(mapping))
-
-
-def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
-    cols = set(columns)
-    if "text" in cols:
-        return {"text": "text"}
-    if "messages" in cols:
-        return {"messages": "messages"}
-    response = next((c for c in ("response", "output", "completion") if c in cols), None)
-    prompt = next((c for c in ("instruction", "prompt", "question") if c in cols), None)
-    if prompt and response:
-        found = {"instruction": prompt, "response": response}
-        if "input" in cols:
-            found["input"] = "input"
-        return found
-    raise UserError(
-        f"{where}: cannot tell which column holds the data (columns: "
-        f"{shown_names(sorted(cols))}); set training.dataset.field_mapping, e.g. "
-        '{"text": "<column>"}'
-    )
-
-
-def source_files(ref: SourceRef) -> list[Path]:
-    """The local files of a source (a file, or the data files of a folder), sorted."""
-    path = Path(ref.location)
-    if not path.exists():
-        raise UserError(f"{path}: not found (training.dataset)")
-    if path.is_file():
-        return [path]
-    if (path / "state.json").exists():  # a dataset folder written by save_to_disk
-        return sorted(p for p in path.iterdir() if p.is_file())
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in FILE_FORMATS)
-    if not files:
-        raise UserError(f"{path}: folder has no data files ({', '.join(FILE_FORMATS)})")
-    return files
-
-
-def file_format(ref: SourceRef, files: list[Path]) -> str:
-    """The format of a local source's files: the manifest's, else their suffix's."""
-    if ref.format in ("jsonl", "json", "csv", "parquet", "arrow"):
-        return ref.format
-    kinds = {FILE_FORMATS[f.suffix] for f in files if f.suffix in FILE_FORMATS}
-    kinds = {"json" if k == "jsonl" else k for k in kinds}  # one reader reads both layouts
-    if len(kinds) != 1:
-        raise UserError(
-            f"{ref.location}: cannot tell the file format (found "
-            f"{sorted(kinds) or 'no known suffix'}); set training.dataset.format"
-        )
-    return kinds.pop()
-
-
-def _value_problem(role: str, value: Any) -> str | None:
-    """What is wrong with a mapped field's value (None when it is right)."""
-    if role in OPTIONAL_ROLES and value is None:
-        return None
-    if role != "messages":
-        return None if isinstance(value, str) else f"is {_kind(value)}, expected a string"
-    if not isinstance(value, list):
-        return f"is {_kind(value)}, expected {MESSAGES_SHAPE}"
-    for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            return f"item {i} is {_kind(message)}, expected an object with role and content"
-        for key in ("role", "content"):
-            if not isinstance(message.get(key), str):
-                return f"item {i}: {key} is {_kind(message.get(key))}, expected a string"
-    return None
-
-
-KINDS = {
-    "dict": "an object",
-    "list": "a list",
-    "int": "a number",
-    "float": "a number",
-    "bool": "a boolean",
-    "str": "a string",
-}
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "missing (null)"
-    return KINDS.get(type(value).__name__, f"a {type(value).__name__}")
-
-
-def check_row(row: Any, fields: FieldSpec, where: str) -> dict[str, Any]:
-    """The row's mapped values by role, or a UserError naming the place and the field."""
-    if not isinstance(row, dict):
-        raise UserError(f"{where}: expected an object with named fields, found {_kind(row)}")
-    out = {}
-    for role, column in fields.mapping.items():
-        value = row.get(column)
-        if value is None and role not in OPTIONAL_ROLES:
-            present = "" if column in row else f"; this row has {shown_names(list(row))}"
-            raise UserError(
-                f"{where}: field {shown_name(column)} missing (field_mapping.{role}){present}"
-            )
-        problem = _value_problem(role, value)
-        if problem:
-            raise UserError(f"{where}: field {shown_name(column)} (field_mapping.{role}) {problem}")
-        out[role] = value
-    return out
-
-
-def _expected(role: str) -> str:
-    return MESSAGES_SHAPE if role == "messages" else "a string"
-
-
-@dataclass
-class Scan:
-    """The checked rows of one local source, by role, and the field mapping they follow."""
-
-    fields: FieldSpec
-    rows: Iterator[dict[str, Any]]
-
-
-def _file_rows(files: list[Path], fmt: str) -> Iterator[tuple[str, Any]]:
-    for path in files:
-        for where, row in read_rows(path, fmt):
-            yield (f"{path}:{where[5:]}" if where.startswith("line ") else f"{path}: {where}"), row
-
-
-def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None) -> Scan:
-    """Every row of a local source, checked against the field mapping (detected from the
-    first row when the manifest has none), streamed."""
-    files = source_files(ref)
-    rows = _file_rows(files, file_format(ref, files))
-    first = next(rows, None)
-    if first is None:
-        why = "the file is empty" if len(files) == 1 else f"none of its {len(files)} files has rows"
-        raise UserError(f"{ref.location}: no examples ({why})")
-    where, row = first
-    if fields is None:
-        if not isinstance(row, dict):
-            raise UserError(f"{where}: expected an object with named fields, found {_kind(row)}")
-        fields = field_spec(mapping, list(row), where)
-    spec = fields
-
-    def checked() -> Iterator[dict[str, Any]]:
-        yield check_row(row, spec, where)
-        for at, value in rows:
-            yield check_row(value, spec, at)
-
-    return Scan(fields, checked())
 
 
 def _arrow_value(role: str, value: Any) -> Any:
@@ -256,7 +82,7 @@ def load_source(
     ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None, work_dir: Path
 ) -> tuple[datasets.Dataset, FieldSpec]:
     """One source as a Dataset whose columns are the mapped roles."""
-    if ref.kind == "local" and not (Path(ref.location) / "state.json").exists():
+    if ref.kind == "local" and not is_saved_dataset(Path(ref.location)):
         scan = scan_local(ref, fields, mapping)
         dest = work_dir / f"source-{abs(hash((ref.location, ref.task))):x}.arrow"
         write_arrow(scan, dest)
@@ -324,7 +150,7 @@ def _check_type(feature: Any, role: str, column: str, where: str) -> None:
     if not ok:
         raise UserError(
             f"{where}: field '{column}' (field_mapping.{role}) holds {feature}, "
-            f"expected {_expected(role)} in every row"
+            f"expected {expected_shape(role)} in every row"
         )
 
 

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from expert_cli.atomic import atomic_folder
 from expert_cli.errors import UserError
+from expert_cli.paths import resolved_path
 
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # what peft loads
 
@@ -60,8 +61,8 @@ def _merge_dtype(adapter: Path) -> Any:
 def merge_adapter(adapter: Path, output: Path) -> Path:
     """Load base + adapter (full precision weights, even if trained quantized), merge, save."""
 
-    adapter = adapter.expanduser().resolve()
-    output = output.expanduser().resolve()
+    adapter = resolved_path(adapter, "--adapter")
+    output = resolved_path(output, "--output")
     base_name = adapter_base(adapter)
     if output.exists() and any(output.iterdir()):
         raise UserError(f"--output {output}: exists and is not empty; choose a new folder")

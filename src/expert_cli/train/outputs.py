@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
 from expert_cli.errors import RunError
+from expert_cli.paths import resolved_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -26,7 +27,7 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 
 def output_dir(manifest_path: Path, output: Path | None) -> Path:
     """`--output`, else `<manifest folder>/output`."""
-    return (output or manifest_path.parent / "output").expanduser().resolve()
+    return resolved_path(output or manifest_path.parent / "output", "--output")
 
 
 def write_resolved(output: Path, resolved: ResolvedConfig, runtime: dict[str, Any]) -> Path:

@@ -1,0 +1,216 @@
+"""A local data source, row by row: which files it is, which columns hold which role, and
+every row checked against that mapping, with errors that name file, line, field and shape.
+
+`check` counts the checked rows; the build writes them to Arrow (`sources.write_arrow`). Both
+read through `reader.read_rows`, so they agree on every file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from expert_cli.config.refs import FILE_FORMATS
+from expert_cli.config.resolve import SourceRef
+from expert_cli.data.reader import read_rows, shown_name, shown_names
+from expert_cli.errors import UserError
+from expert_cli.paths import path_exists, shown_path
+
+ROLES = ("text", "messages", "instruction", "input", "response", "system")
+OPTIONAL_ROLES = {"input", "system"}
+MESSAGES_SHAPE = 'a list of {"role": "...", "content": "..."} objects'
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Which column holds each role, and which of the three formats that makes."""
+
+    kind: str  # "text" | "messages" | "instruction"
+    mapping: dict[str, str]  # role -> column
+
+    @property
+    def required(self) -> list[str]:
+        return [r for r in self.mapping if r not in OPTIONAL_ROLES]
+
+
+def field_spec(mapping: dict[str, str] | None, columns: list[str], where: str) -> FieldSpec:
+    """Validate `field_mapping`, or detect it from the columns when unset."""
+    if mapping is None:
+        mapping = _detect_mapping(columns, where)
+    unknown = sorted(set(mapping) - set(ROLES))
+    if unknown:
+        raise UserError(
+            f"training.dataset.field_mapping: unknown key(s) {unknown}; "
+            f"expected some of {list(ROLES)}"
+        )
+    if "text" in mapping:
+        kind = "text"
+    elif "messages" in mapping:
+        kind = "messages"
+    elif "instruction" in mapping and "response" in mapping:
+        kind = "instruction"
+    else:
+        raise UserError(
+            "training.dataset.field_mapping: needs `text`, `messages`, or "
+            "`instruction` + `response` (optionally `input`, `system`)"
+        )
+    return FieldSpec(kind=kind, mapping=dict(mapping))
+
+
+def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
+    cols = set(columns)
+    if "text" in cols:
+        return {"text": "text"}
+    if "messages" in cols:
+        return {"messages": "messages"}
+    response = next((c for c in ("response", "output", "completion") if c in cols), None)
+    prompt = next((c for c in ("instruction", "prompt", "question") if c in cols), None)
+    if prompt and response:
+        found = {"instruction": prompt, "response": response}
+        if "input" in cols:
+            found["input"] = "input"
+        return found
+    raise UserError(
+        f"{where}: cannot tell which column holds the data (columns: "
+        f"{shown_names(sorted(cols))}); set training.dataset.field_mapping, e.g. "
+        '{"text": "<column>"}'
+    )
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """Whether `path` is a dataset folder written by `Dataset.save_to_disk`."""
+    return path_exists(path / "state.json")
+
+
+def source_files(ref: SourceRef) -> list[Path]:
+    """The local files of a source (a file, or the data files of a folder), sorted."""
+    path = Path(ref.location)
+    try:
+        if not path.exists():
+            raise UserError(f"{shown_path(path)}: not found (training.dataset)")
+    except OSError as exc:  # a name too long, a folder that cannot be entered
+        raise UserError(f"{shown_path(path)}: cannot be read ({exc.strerror})") from None
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise UserError(f"{path}: not a regular file (a device, pipe or socket)")
+    if is_saved_dataset(path):
+        return sorted(p for p in path.iterdir() if p.is_file())
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in FILE_FORMATS)
+    if not files:
+        raise UserError(f"{path}: folder has no data files ({', '.join(FILE_FORMATS)})")
+    return files
+
+
+def file_format(ref: SourceRef, files: list[Path]) -> str:
+    """The format of a local source's files: the manifest's, else their suffix's."""
+    if ref.format in ("jsonl", "json", "csv", "parquet", "arrow"):
+        return ref.format
+    kinds = {FILE_FORMATS[f.suffix] for f in files if f.suffix in FILE_FORMATS}
+    kinds = {"json" if k == "jsonl" else k for k in kinds}  # one reader reads both layouts
+    if len(kinds) != 1:
+        raise UserError(
+            f"{ref.location}: cannot tell the file format (found "
+            f"{sorted(kinds) or 'no known suffix'}); set training.dataset.format"
+        )
+    return kinds.pop()
+
+
+def _value_problem(role: str, value: Any) -> str | None:
+    """What is wrong with a mapped field's value (None when it is right)."""
+    if role in OPTIONAL_ROLES and value is None:
+        return None
+    if role != "messages":
+        return None if isinstance(value, str) else f"is {_kind(value)}, expected a string"
+    if not isinstance(value, list):
+        return f"is {_kind(value)}, expected {MESSAGES_SHAPE}"
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            return f"item {i} is {_kind(message)}, expected an object with role and content"
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                return f"item {i}: {key} is {_kind(message.get(key))}, expected a string"
+    return None
+
+
+KINDS = {
+    "dict": "an object",
+    "list": "a list",
+    "int": "a number",
+    "float": "a number",
+    "bool": "a boolean",
+    "str": "a string",
+}
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "missing (null)"
+    return KINDS.get(type(value).__name__, f"a {type(value).__name__}")
+
+
+def check_row(row: Any, fields: FieldSpec, where: str) -> dict[str, Any]:
+    """The row's mapped values by role, or a UserError naming the place and the field."""
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: expected an object with named fields, found {_kind(row)}")
+    out = {}
+    for role, column in fields.mapping.items():
+        value = row.get(column)
+        if value is None and role not in OPTIONAL_ROLES:
+            present = "" if column in row else f"; this row has {shown_names(list(row))}"
+            raise UserError(
+                f"{where}: field {shown_name(column)} missing (field_mapping.{role}){present}"
+            )
+        problem = _value_problem(role, value)
+        if problem:
+            raise UserError(f"{where}: field {shown_name(column)} (field_mapping.{role}) {problem}")
+        out[role] = value
+    return out
+
+
+def expected_shape(role: str) -> str:
+    return MESSAGES_SHAPE if role == "messages" else "a string"
+
+
+@dataclass
+class Scan:
+    """The checked rows of one local source, by role, and the field mapping they follow."""
+
+    fields: FieldSpec
+    rows: Iterator[dict[str, Any]]
+
+
+def _file_rows(files: list[Path], fmt: str) -> Iterator[tuple[str, Any]]:
+    for path in files:
+        for where, row in read_rows(path, fmt):
+            yield (f"{path}:{where[5:]}" if where.startswith("line ") else f"{path}: {where}"), row
+
+
+def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None) -> Scan:
+    """Every row of a local source, checked against the field mapping (detected from the
+    first row when the manifest has none), streamed."""
+    files = source_files(ref)
+    rows = _file_rows(files, file_format(ref, files))
+    first = next(rows, None)
+    if first is None:
+        why = (
+            "the file has no rows"
+            if len(files) == 1
+            else f"none of its {len(files)} files has rows"
+        )
+        raise UserError(f"{ref.location}: no examples ({why})")
+    where, row = first
+    if fields is None:
+        if not isinstance(row, dict):
+            raise UserError(f"{where}: expected an object with named fields, found {_kind(row)}")
+        fields = field_spec(mapping, list(row), where)
+    spec = fields
+
+    def checked() -> Iterator[dict[str, Any]]:
+        yield check_row(row, spec, where)
+        for at, value in rows:
+            yield check_row(value, spec, at)
+
+    return Scan(fields, checked())
