@@ -89,7 +89,9 @@ scalars = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=30),
-    st.sampled_from(["auto", "sdpa", "lora", "2.0", "/dev/zero", "../../etc/shadow", "a\x00b"]),
+    st.sampled_from(
+        ["auto", "sdpa", "lora", "2.0", "/dev/zero", "../../etc/shadow", "a\x00b", "x" * 5000]
+    ),
 )
 values = st.recursive(
     scalars,
