@@ -7,15 +7,12 @@ python scripts/gen_manifest_docs.py --check  # exit 1 if docs/manifest.md is sta
 from __future__ import annotations
 
 import sys
-import types
-import typing
 from pathlib import Path
 
 from pydantic import BaseModel
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from expert_cli import config
+from expert_cli.config.fields import describe_fields
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "manifest.md"
 
@@ -70,58 +67,7 @@ This page is generated from the Pydantic models in `src/expert_cli/config/` by
 """
 
 
-def _type_name(annotation: object) -> str:
-    """A short readable type: `int`, `list[str]`, `"lora" | "dora"`, `float >= 0, < 1`."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if annotation is type(None):
-        return "null"
-    if origin is typing.Annotated:
-        return _type_name(args[0])
-    if origin is typing.Literal:
-        return " \\| ".join(f'"{a}"' for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return " \\| ".join(_type_name(a) for a in args)
-    if origin is not None:
-        inner = ", ".join(_type_name(a) for a in args)
-        return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
-    if annotation is typing.Any:
-        return "any"
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def _annotated_bounds(annotation: object) -> list[object]:
-    """Constraints hidden inside Annotated aliases such as `Probability`."""
-    found: list[object] = []
-    if typing.get_origin(annotation) is typing.Annotated:
-        for meta in typing.get_args(annotation)[1:]:
-            found += getattr(meta, "metadata", [meta])
-    for arg in typing.get_args(annotation):
-        if typing.get_origin(annotation) is not typing.Annotated:
-            found += _annotated_bounds(arg)
-    return found
-
-
-def _default(info: FieldInfo) -> str:
-    if info.default_factory is not None:
-        value = info.default_factory()
-        return "`{}`" if isinstance(value, BaseModel) else f"`{value!r}`"
-    if info.default is PydanticUndefined:
-        return "required"
-    return f"`{info.default!r}`" if info.default is not None else "unset"
-
-
-def _bounds(info: FieldInfo, annotation: object) -> str:
-    parts = []
-    for item in [*info.metadata, *_annotated_bounds(annotation)]:
-        for key, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-            value = getattr(item, key, None)
-            if value is not None:
-                parts.append(f"{sign} {value}")
-    return ", ".join(parts)
-
-
 def section(title: str, model: type[BaseModel], intro: str) -> str:
-    hints = typing.get_type_hints(model, include_extras=True)
     lines = [
         f"## {title}",
         "",
@@ -130,12 +76,11 @@ def section(title: str, model: type[BaseModel], intro: str) -> str:
         "| field | type | default | limits | meaning |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for name, info in model.model_fields.items():
-        alias = f" (alias `{info.alias}`)" if info.alias else ""
-        lines.append(
-            f"| `{name}`{alias} | {_type_name(hints[name])} | {_default(info)} | "
-            f"{_bounds(info, hints[name])} | {info.description or ''} |"
-        )
+    for doc in describe_fields(model):
+        alias = f" (alias `{doc.alias}`)" if doc.alias else ""
+        default = doc.default if doc.default in ("required", "unset") else f"`{doc.default}`"
+        kind = doc.type.replace(" | ", " \\| ")
+        lines.append(f"| `{doc.name}`{alias} | {kind} | {default} | {doc.limits} | {doc.meaning} |")
     return "\n".join(lines) + "\n"
 
 

@@ -102,13 +102,50 @@ def test_short_command_ends_the_benchmark_early(tmp_path: Path) -> None:
     assert report["stats"]["host"]["process_cpu_percent"] is not None
 
 
-def test_long_command_is_stopped_at_duration(tmp_path: Path) -> None:
+def test_a_longer_command_runs_to_its_end_and_the_report_covers_the_window(
+    tmp_path: Path,
+) -> None:
+    """The monitoring use: sample the first seconds of a run, never cut the run short."""
+    script = (
+        "import pathlib, sys, time\n"
+        "time.sleep(6)\n"
+        "pathlib.Path('finished').write_text('yes')\n"
+        "print('the command still prints after the window')\n"
+        "sys.exit(4)\n"
+    )
+    out = run_cli(
+        "benchmark",
+        "--duration",
+        "2",
+        "--interval",
+        "0.5",
+        "--output",
+        "r.json",
+        "--",
+        sys.executable,
+        "-c",
+        script,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 4, out.stdout + out.stderr  # the command's own exit code
+    assert (tmp_path / "finished").read_text() == "yes"  # it ran to its end
+    assert "the command still prints after the window" in out.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert (report["exit_code"], report["command_ended_by"]) == (4, "command_exit")
+    assert report["stopped_by"] == "duration" and 1.5 < report["elapsed_s"] < 3.5
+    assert max(s["t"] for s in report["samples"]) < 3  # the samples cover the window only
+    assert report["command_elapsed_s"] >= 6
+    assert "command exited with code 4 after" in " ".join(out.stdout.split())
+
+
+def test_stop_at_end_stops_the_command_with_the_window(tmp_path: Path) -> None:
     out = run_cli(
         "benchmark",
         "--duration",
         "1",
         "--interval",
         "0.5",
+        "--stop-at-end",
         "--output",
         "r.json",
         "--",
@@ -118,7 +155,8 @@ def test_long_command_is_stopped_at_duration(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert out.returncode == 130, out.stderr  # stopped with SIGINT
-    assert json.loads((tmp_path / "r.json").read_text())["stopped_by"] == "duration"
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["stopped_by"] == "duration" and report["settings"]["stop_at_end"] is True
 
 
 METRICS = {

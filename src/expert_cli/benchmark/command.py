@@ -27,10 +27,11 @@ class Command:
     def pid(self) -> int:
         return self.proc.pid
 
-    def wait(self, timeout: float) -> int | None:
-        """Wait up to `timeout` seconds; the exit code if it ended, else None."""
+    def wait(self, timeout: float | None) -> int | None:
+        """Wait up to `timeout` seconds (None: to its end); the exit code if it ended."""
         try:
-            return self._code(self.proc.wait(timeout=max(timeout, 0.0)))
+            limit = None if timeout is None else max(timeout, 0.0)
+            return self._code(self.proc.wait(timeout=limit))
         except subprocess.TimeoutExpired:
             return None
 

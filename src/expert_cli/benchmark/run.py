@@ -71,6 +71,7 @@ class BenchmarkOptions:
     metrics: Path | None = None
     workload: str | None = None
     command: list[str] = field(default_factory=list)
+    stop_at_end: bool = False  # stop the command when the window closes (else it runs on)
 
 
 def validate_options(opts: BenchmarkOptions) -> None:
@@ -200,6 +201,7 @@ class Sampling:
     exit_code: int | None = None
     elapsed_s: float = 0.0
     workload: dict[str, Any] | None = None
+    running: Command | None = None  # the command, still running after the window closed
 
 
 def take_sample(
@@ -239,9 +241,21 @@ def sample_loop(
     except KeyboardInterrupt:
         out.stopped_by = "interrupt"
     if command is not None and out.exit_code is None:
-        out.exit_code = command.stop()
+        if opts.stop_at_end or out.stopped_by == "interrupt":
+            out.exit_code = command.stop()
+        else:
+            out.running = command
     out.elapsed_s = time.monotonic() - start
     return out
+
+
+def wait_for_command(command: Command) -> tuple[int, str]:
+    """Wait for a command that outlived the sampling window: its exit code and how it ended
+    (Ctrl-C stops it politely, as a command stopped at the window's end would be)."""
+    try:
+        return command.wait(None), "command_exit"
+    except KeyboardInterrupt:
+        return command.stop(), "interrupt"
 
 
 def _run_sampling(
@@ -276,6 +290,7 @@ def run_benchmark(
     """Validate, sample, assess, and write the report and plot; return the report."""
     hooks = hooks or Hooks()
     validate_options(opts)
+    started = time.monotonic()
     source, reason = open_source(source_factory)
     try:
         indices = select_gpus(opts.gpu, source.device_count() if source else 0, reason)
@@ -305,6 +320,7 @@ def run_benchmark(
             "interval_s": opts.interval,
             "gpus": indices,
             "workload": opts.workload,
+            "stop_at_end": opts.stop_at_end,
         },
         "gpu_available": source is not None,
         "no_gpu_reason": reason,
@@ -321,8 +337,22 @@ def run_benchmark(
         "active_stats": analysis["active_stats"],
         "assessment": analysis["assessment"],
     }
+    _write(report, opts)
+    if sampling.running is not None:
+        hooks.note(
+            f"sampling window closed after {sampling.elapsed_s:.0f} s"
+            + (" (report written)" if opts.output or opts.plot else "")
+            + "; the command runs on to its end (--stop-at-end stops it with the window)"
+        )
+        report["exit_code"], report["command_ended_by"] = wait_for_command(sampling.running)
+        report["command_elapsed_s"] = time.monotonic() - started
+        if opts.output is not None:
+            write_json_atomic(opts.output, report)
+    return report
+
+
+def _write(report: dict[str, Any], opts: BenchmarkOptions) -> None:
     if opts.output is not None:
         write_json_atomic(opts.output, report)
     if opts.plot is not None:
         write_plot(report, opts.plot)
-    return report

@@ -14,7 +14,9 @@ from typing import Annotated
 
 import typer
 
+from expert_cli import __version__
 from expert_cli.cli import benchmark, check, data, train
+from expert_cli.cli.help import Command, Group, examples
 from expert_cli.cli.render import print_error
 from expert_cli.errors import RunError, UserError
 
@@ -24,23 +26,72 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
-app.command()(check.check)
-app.command()(train.train)
-app.command()(train.merge)
-app.command()(data.pretokenize)
-app.command("find-datasets")(data.find_datasets)
-app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-    benchmark.benchmark
-)
+DEMO = "experts/demo/manifest.json"
+app.command(
+    cls=Command,
+    epilog=examples(
+        f"expert-cli check -m {DEMO}",
+        "expert-cli check -m experts/expert-sql/manifest.json --json",
+        f"expert-cli check -m {DEMO} --set learning_rate=1e-3 --set max_seq_length=1024",
+        "expert-cli check --list-settings",
+    ),
+)(check.check)
+app.command(
+    cls=Command,
+    epilog=examples(
+        f"expert-cli train -m {DEMO}",
+        f"expert-cli train -m {DEMO} --set learning_rate=1e-3 --set epochs=1",
+        f"expert-cli train -m {DEMO} --resume --max-steps 200",
+        f"torchrun --nproc_per_node 2 -m expert_cli.cli train -m {DEMO}",
+    ),
+)(train.train)
+app.command(
+    cls=Command,
+    epilog=examples("expert-cli merge --adapter experts/demo/output --output merged-demo"),
+)(train.merge)
+app.command(
+    cls=Command,
+    epilog=examples(
+        f"expert-cli pretokenize -m {DEMO}",
+        "expert-cli pretokenize --all experts --num-proc 8",
+    ),
+)(data.pretokenize)
+app.command(
+    "find-datasets",
+    cls=Command,
+    epilog=examples(
+        "expert-cli find-datasets --experts experts", "expert-cli find-datasets --json"
+    ),
+)(data.find_datasets)
+app.command(
+    cls=Command,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    epilog=examples(
+        f"expert-cli benchmark --duration 60 -- expert-cli train -m {DEMO}",
+        "expert-cli benchmark --duration 30 --output report.json --plot util.png",
+        "expert-cli benchmark --workload qwen3-0.6b-lora --duration 120",
+    ),
+)(benchmark.benchmark)
 
 _state = {"verbose": False}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"expert-cli {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
 def _root(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show tracebacks for failures.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_version, help="Print the version."),
     ] = False,
 ) -> None:
     _state["verbose"] = verbose
@@ -60,7 +111,7 @@ def main() -> None:
         "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
     )
     try:
-        app(standalone_mode=True)
+        app(standalone_mode=True, prog_name="expert-cli")
     except UserError as exc:
         if _state["verbose"]:
             raise

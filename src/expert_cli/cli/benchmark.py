@@ -14,23 +14,41 @@ if TYPE_CHECKING:
 
 def benchmark(
     duration: Annotated[
-        float, typer.Option(help="Seconds to sample (a command is stopped after this).")
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            help="The sampling window: the report covers it; a command runs on to its end.",
+        ),
     ] = 60.0,
-    interval: Annotated[float, typer.Option(help="Seconds between samples.")] = 1.0,
+    interval: Annotated[
+        float, typer.Option(metavar="SECONDS", help="Seconds between samples.")
+    ] = 1.0,
     output: Annotated[Path | None, typer.Option(help="Write the JSON report here.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here.")] = None,
-    gpu: Annotated[str, typer.Option(help="GPU index (or 0,1,...) or 'all'.")] = "all",
+    gpu: Annotated[
+        str, typer.Option(metavar="INDEX", help="GPU index (or 0,1,...) or 'all'.")
+    ] = "all",
     metrics: Annotated[
         Path | None, typer.Option(help="A training run's metrics.json to read.")
     ] = None,
     workload: Annotated[
-        str | None, typer.Option(help="Synthetic workload: qwen3-0.6b-lora or tiny.")
+        str | None,
+        typer.Option(metavar="NAME", help="Synthetic workload: qwen3-0.6b-lora or tiny."),
     ] = None,
+    stop_at_end: Annotated[
+        bool,
+        typer.Option("--stop-at-end", help="Stop the command when the window closes."),
+    ] = False,
     command: Annotated[
-        list[str] | None, typer.Argument(help="-- CMD ARGS...: run and sample this command.")
+        list[str] | None,
+        typer.Argument(metavar="-- CMD ...", hidden=True, help="The command to run and sample."),
     ] = None,
 ) -> None:
-    """Sample GPU, CPU and RAM (optionally while a command or workload runs), and assess."""
+    """Sample GPU, CPU and RAM (optionally while a command or workload runs), and assess.
+
+    After `--`, a command to run and sample: it runs to its end (its exit code is the
+    benchmark's); the report covers the first --duration seconds.
+    """
     from expert_cli.benchmark.run import BenchmarkOptions, Hooks, run_benchmark
     from expert_cli.cli.benchmark_view import LiveView, render_summary
     from expert_cli.cli.render import console
@@ -44,6 +62,7 @@ def benchmark(
         metrics=metrics,
         workload=workload,
         command=command or [],
+        stop_at_end=stop_at_end,
     )
     out = console()
     hooks = Hooks(

@@ -127,8 +127,24 @@ def _extras_lines(report: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"run metrics: {report['metrics_path']} not (yet) readable")
     if report.get("command"):
-        lines.append(f"command exit code {report['exit_code']} (stopped by {report['stopped_by']})")
+        lines.append(_command_line(report))
     return lines
+
+
+def _command_line(report: dict[str, Any]) -> str:
+    """How the command ended, in words, and what the samples cover."""
+    code, window = report["exit_code"], f"{report['elapsed_s']:.0f} s"
+    ended = report.get("command_ended_by") or report["stopped_by"]
+    if ended == "command_exit" and report.get("command_elapsed_s") is not None:
+        return (
+            f"command exited with code {code} after {report['command_elapsed_s']:.0f} s; "
+            f"the samples cover its first {window}"
+        )
+    if ended == "command_exit":
+        return f"command exited with code {code}; sampled for {window}"
+    if ended == "interrupt":
+        return f"command stopped by Ctrl-C (exit code {code}); sampled for {window}"
+    return f"command stopped when the {window} window closed (--stop-at-end), exit code {code}"
 
 
 def render_summary(report: dict[str, Any], console: Any) -> None:

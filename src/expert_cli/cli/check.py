@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from expert_cli.cli.options import ManifestOpt
+from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
 
 if TYPE_CHECKING:
@@ -15,7 +16,10 @@ if TYPE_CHECKING:
 
 
 def check(
-    manifest: ManifestOpt,
+    manifest: Annotated[
+        Path | None,
+        typer.Option("--manifest", "-m", help="Path to the expert's manifest.json."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     quick: Annotated[
         int | None,
@@ -27,18 +31,64 @@ def check(
             help="Check only the first ROWS rows of each data file (default: every row).",
         ),
     ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", metavar="KEY=VALUE", help="Check with a field overridden, as train would."
+        ),
+    ] = None,
+    list_settings: Annotated[
+        bool,
+        typer.Option(
+            "--list-settings", help="List the training.config keys that --set accepts, and exit."
+        ),
+    ] = False,
 ) -> None:
     """Validate a manifest and everything it points at, without training."""
+    if list_settings:
+        render_settings(as_json)
+        return
+    if manifest is None:
+        raise UserError("--manifest: required (or --list-settings)")
     from expert_cli.cli.render import BuildBar
     from expert_cli.data.checks import check_manifest
 
-    report = check_manifest(manifest, quick, BuildBar())
+    report = check_manifest(manifest, quick, BuildBar(), overrides or [])
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
     else:
         render_report(report)
     if not report.usable:
         raise typer.Exit(code=2)
+
+
+def render_settings(as_json: bool) -> None:
+    """The `training.config` fields: what `--set KEY=VALUE` (a bare KEY) can change."""
+    from dataclasses import asdict
+
+    from rich.table import Table
+    from rich.text import Text
+
+    from expert_cli.cli.render import console
+    from expert_cli.config import TrainingConfig
+    from expert_cli.config.fields import describe_fields
+
+    docs = describe_fields(TrainingConfig)
+    if as_json:
+        typer.echo(json.dumps([asdict(d) for d in docs], indent=2))
+        return
+    table = Table("key", "type", "default", "limits", "meaning", title="--set KEY=VALUE")
+    for doc in docs:
+        table.add_row(
+            *(Text(v) for v in (doc.name, doc.type, doc.default, doc.limits, doc.meaning))
+        )
+    out = console()
+    out.print(table)
+    out.print(
+        "A bare KEY sets training.config.KEY; a dotted path sets any field, e.g. "
+        "--set base_models.0.quantization=int4. Values are JSON where they parse as JSON.",
+        markup=False,
+    )
 
 
 def render_report(report: CheckReport) -> None:

@@ -19,7 +19,8 @@ def pretokenize(
         typer.Option("--manifest", "-m", help="A manifest.json; repeat for several."),
     ] = None,
     all_dir: Annotated[
-        Path | None, typer.Option("--all", help="Every manifest.json under this folder.")
+        Path | None,
+        typer.Option("--all", metavar="DIR", help="Every manifest.json under this folder."),
     ] = None,
     num_proc: Annotated[
         int | None,

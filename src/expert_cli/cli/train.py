@@ -13,7 +13,8 @@ from expert_cli.cli.options import ManifestOpt
 def train(
     manifest: ManifestOpt,
     output: Annotated[
-        Path | None, typer.Option(help="Output folder (default: <manifest folder>/output).")
+        Path | None,
+        typer.Option(metavar="DIR", help="Output folder (default: <manifest folder>/output)."),
     ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the latest checkpoint in OUTPUT.")
@@ -23,7 +24,12 @@ def train(
         typer.Option("--max-steps", min=1, max=10_000_000, help="Stop after N optimizer steps."),
     ] = None,
     overrides: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a manifest field: key=value.")
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="KEY=VALUE",
+            help="Override a manifest field (keys: expert-cli check --list-settings).",
+        ),
     ] = None,
     overwrite: Annotated[
         bool,
@@ -53,8 +59,13 @@ def train(
 
 
 def merge(
-    adapter: Annotated[Path, typer.Option("--adapter", help="A trained adapter folder.")],
-    output: Annotated[Path, typer.Option("--output", help="Folder for the merged model.")],
+    adapter: Annotated[
+        Path,
+        typer.Option("--adapter", metavar="RUN_DIR", help="A trained run (or adapter) folder."),
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", metavar="DIR", help="Folder for the merged model.")
+    ],
 ) -> None:
     """Merge an adapter into its base model and save a standalone safetensors model."""
     from expert_cli.cli.render import console

@@ -124,8 +124,24 @@ def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Loade
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as exc:
-        raise UserError([f"{path.name}: " + line for line in format_errors(exc)]) from None
+        raise UserError(_attributed(format_errors(exc), path.name, overrides or [])) from None
     return LoadedManifest(manifest=manifest, path=path, raw=raw)
+
+
+def _attributed(lines: list[str], file_name: str, overrides: list[str]) -> list[str]:
+    """Each `json.path: message` line prefixed by where the value came from: the `--set` that
+    set that path (or a path inside it), else the manifest file."""
+    sources = [(_loc_text(tuple(parse_override(item)[0])), item) for item in overrides]
+    out = []
+    for line in lines:
+        where = line.partition(": ")[0]
+        by = [
+            item
+            for loc, item in sources
+            if where == loc or where.startswith((loc + ".", loc + "["))
+        ]
+        out.append(f"--set {by[-1]}: {line}" if by else f"{file_name}: {line}")
+    return out
 
 
 # --------------------------------------------------------------------------- error messages
@@ -166,12 +182,42 @@ def _unwrap_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+# names people carry over from other trainers, and the field each means here
+SHORT_NAMES = {
+    "lr": "learning_rate",
+    "bs": "batch_size",
+    "batch": "batch_size",
+    "per_device_train_batch_size": "batch_size",
+    "micro_batch_size": "batch_size",
+    "seq_len": "max_seq_length",
+    "max_len": "max_seq_length",
+    "sequence_len": "max_seq_length",
+    "cutoff_len": "max_seq_length",
+    "grad_accum": "gradient_accumulation_steps",
+    "accumulation_steps": "gradient_accumulation_steps",
+    "r": "rank",
+    "lora_r": "rank",
+    "lora_alpha": "alpha",
+    "lora_dropout": "dropout",
+    "warmup": "warmup_steps",
+    "scheduler": "lr_scheduler",
+    "lr_scheduler_type": "lr_scheduler",
+    "num_workers": "dataloader_num_workers",
+    "workers": "dataloader_num_workers",
+    "steps": "max_steps",
+    "num_train_epochs": "epochs",
+}
+
+
 def _suggest(loc: tuple[Any, ...]) -> str:
     model = _model_at(loc[:-1])
     if model is None:
         return ""
     names = list(model.model_fields) + [f.alias for f in model.model_fields.values() if f.alias]
-    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    wrong = str(loc[-1])
+    if SHORT_NAMES.get(wrong.lower()) in names:
+        return f"; did you mean {SHORT_NAMES[wrong.lower()]}?"
+    close = difflib.get_close_matches(wrong, names, n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
 
 

@@ -45,14 +45,17 @@ class CheckReport:
 
 
 def check_manifest(
-    path: Path, quick: int | None = None, progress: BuildProgress | None = None
+    path: Path,
+    quick: int | None = None,
+    progress: BuildProgress | None = None,
+    overrides: list[str] | None = None,
 ) -> CheckReport:
-    """Everything `check` reports about one manifest; never raises for bad input. Every row
-    of the local data is read (the first `quick` rows of each source with `quick`)."""
+    """Everything `check` reports about one manifest (with `--set` overrides); never raises for
+    bad input. Every row of the local data is read (the first `quick` rows with `quick`)."""
     env = probe_environment()
     report = CheckReport(manifest={"path": str(path)}, environment=env.to_dict())
     try:
-        loaded = load_manifest(path)
+        loaded = load_manifest(path, overrides)
         resolved = resolve(loaded, env)
     except UserError as exc:
         report.problems = exc.lines

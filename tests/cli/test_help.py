@@ -1,0 +1,66 @@
+"""Help that reads well: an example under every command, value names instead of Python types,
+`--version`, the keys `--set` accepts, and `--set` mistakes blamed on the option."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from train_helpers import run_cli
+
+from expert_cli import __version__
+from expert_cli.cli.app import app
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = str(ROOT / "experts" / "demo" / "manifest.json")
+COMMANDS = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
+
+
+def test_version() -> None:
+    out = run_cli("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"expert-cli {__version__}"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_examples_and_readable_value_names(command: str) -> None:
+    out = run_cli(command, "--help")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "Examples:" in text and f"expert-cli {command}" in text.split("Examples:")[1]
+    assert not re.search(r"<(bool|int|float|str|path|list\[\w+\]|int range|float range)>", text)
+
+
+def test_the_settings_set_accepts() -> None:
+    out = run_cli("check", "--list-settings", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {row["name"]: row for row in json.loads(out.stdout)}
+    assert rows["learning_rate"]["limits"] == "> 0, <= 1"
+    assert {"rank", "batch_size", "max_seq_length", "pretokenized_cache"} <= set(rows)
+    table = run_cli("check", "--list-settings")
+    assert table.returncode == 0 and "learning_rate" in table.stdout
+
+
+def test_set_mistakes_are_blamed_on_the_option_with_a_suggestion() -> None:
+    out = run_cli("check", "-m", DEMO, "--set", "lr=1e-3", "--set", "rank=0", "--set", "seq_len=9")
+    assert out.returncode == 2
+    text = " ".join(out.stdout.split())
+    assert "--set lr=1e-3: training.config.lr: unknown field; did you mean learning_rate?" in text
+    assert (
+        "--set seq_len=9: training.config.seq_len: unknown field; did you mean max_seq_length?"
+        in text
+    )
+    assert "--set rank=0: training.config.rank:" in text
+    assert "manifest.json: training.config.lr" not in text
+
+
+def test_set_values_reach_the_resolved_configuration() -> None:
+    out = run_cli("check", "-m", DEMO, "--json", "--set", "learning_rate=0.0005")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["config"]["learning_rate"] == 0.0005
+
+
+def test_check_without_a_manifest_says_what_it_needs() -> None:
+    out = run_cli("check")
+    assert out.returncode == 2 and "--manifest: required" in out.stderr
