@@ -89,15 +89,20 @@ def cli_env() -> dict[str, str]:
 
 
 def run_cli(
-    *args: str, timeout: int = 240, cwd: Path | None = None
+    *args: str,
+    timeout: int = 240,
+    cwd: Path | None = None,
+    env: dict[str, str | None] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m expert_cli.cli ARGS` with the hub switched off, wide tables, output kept."""
+    """`python -m expert_cli.cli ARGS` with the hub switched off, wide tables, output kept.
+    `env` adds variables (None removes one, e.g. to switch the hub back on)."""
+    merged: dict[str, str | None] = {**cli_env(), "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "expert_cli.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**cli_env(), "COLUMNS": "200"},
+        env={k: v for k, v in merged.items() if v is not None},
         cwd=cwd or ROOT,
     )
 

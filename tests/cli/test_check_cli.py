@@ -53,14 +53,20 @@ def test_demo_manifest_is_usable() -> None:
 
 
 @pytest.mark.parametrize("expert", REAL_EXPERTS)
-def test_real_experts_only_need_downloads(expert: str) -> None:
-    out = run_cli("check", "--manifest", str(ROOT / "experts" / expert / "manifest.json"), "--json")
-    assert out.returncode == 0, out.stdout + out.stderr
+def test_real_experts_offline_name_what_is_missing(expert: str, tmp_path: Path) -> None:
+    """HF_HUB_OFFLINE with an empty cache: not usable, naming the model and the dataset and
+    how to point at a local folder (the rest of the manifest is fine)."""
+    manifest = ROOT / "experts" / expert / "manifest.json"
+    out = run_cli("check", "--manifest", str(manifest), "--json", env={"HF_HOME": str(tmp_path)})
+    assert out.returncode == 2, out.stdout + out.stderr
     report = json.loads(out.stdout)
-    assert report["problems"] == []
-    assert report["config"]["base_model"] == "Qwen/Qwen3-0.6B"
-    assert any("Qwen/Qwen3-0.6B will be downloaded" in d for d in report["downloads"])
-    assert any(d.startswith("dataset: ") for d in report["downloads"])
+    assert report["config"]["base_model"] == "Qwen/Qwen3-0.6B" and report["downloads"] == []
+    dataset = report["config"]["train_sources"][0]["location"]
+    assert len(report["problems"]) == 2
+    model_line, data_line = report["problems"]
+    assert model_line.startswith("base_models[0].name: model Qwen/Qwen3-0.6B is not in the local")
+    assert "HF_HUB_OFFLINE" in model_line and "set base_models[0].name to that folder" in model_line
+    assert data_line.startswith(f"training.dataset: dataset {dataset} is not in the local cache")
 
 
 def _hivellm_dir(tmp_path: Path, tiny_model_dir: Path) -> Path:

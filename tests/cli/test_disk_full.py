@@ -78,7 +78,7 @@ def test_a_full_disk_while_saving_a_checkpoint(
     args = ("--output", str(out), "--max-steps", "8", "--resume")
     again = run_cli("train", "--manifest", str(manifest), *args)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "resuming from checkpoint-2 (step 2)" in again.stdout + again.stderr
+    assert "resuming from checkpoint-2 (step 2 of 8)" in again.stdout + again.stderr
     summary = json.loads((out / "metrics.json").read_text())["summary"]
     assert (summary["status"], summary["steps"]) == ("completed", 8)
     assert (out / "adapter_model.safetensors").stat().st_size > 0

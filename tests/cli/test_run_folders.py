@@ -66,7 +66,9 @@ def test_resume_skips_a_half_written_checkpoint_and_honours_max_steps(finished) 
     (out / "checkpoints" / "checkpoint-6" / COMPLETE).unlink()  # as if killed mid-write
     more = _train(manifest, out, "--resume", "--max-steps", "8")
     assert more.returncode == 0, more.stdout + more.stderr
-    assert "resuming from checkpoint-3 (step 3)" in more.stdout
+    assert "resuming from checkpoint-3 (step 3 of 8)" in more.stdout
+    assert "5 steps this run (step 8 reached)" in more.stdout
+    assert read_metrics(out)["summary"]["steps_this_run"] == 5
     after = window_losses(out)
     assert max(after) == 8 and {s: after[s] for s in (1, 2, 3)} == {s: before[s] for s in (1, 2, 3)}
 

@@ -18,6 +18,7 @@ WINDOW_KEYS = {
     "peak_memory_gb",
     "loss",
     "learning_rate",
+    "seconds",
     "time",
 }
 SUMMARY_KEYS = {
@@ -26,6 +27,7 @@ SUMMARY_KEYS = {
     "data_wait_fraction",
     "mfu",
     "steps",
+    "steps_this_run",
     "train_runtime_s",
     "tokens",
     "trained_tokens",
@@ -117,6 +119,12 @@ def test_loss_falls_and_metrics_schema(demo_run: tuple[Path, Path, str]) -> None
     assert summary["status"] == "completed" and summary["steps"] == STEPS
     assert summary["tokens_per_s"] > 0 and 0 <= summary["data_wait_fraction"] < 1
     assert 0 < summary["trained_tokens"] < summary["tokens"]
+    # one tokens/s: the run's is the windows' tokens over the windows' wall seconds
+    seconds = sum(w["seconds"] for w in windows)
+    assert summary["train_runtime_s"] == pytest.approx(seconds, abs=0.01)
+    tokens = sum(w["tokens_per_s"] * w["seconds"] for w in windows)
+    assert summary["tokens_per_s"] == pytest.approx(tokens / seconds, rel=0.01)
+    assert summary["steps_this_run"] == STEPS
 
 
 @pytest.mark.slow

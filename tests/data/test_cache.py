@@ -187,6 +187,8 @@ def test_sigkill_mid_build_then_resume(demo_expert_dir, tmp_path) -> None:
     assert not [p for p in root.iterdir() if p.name.startswith("expert-demo-")]
     resumed = prepare(manifest, shard=50)
     assert resumed.built and resumed.stats["resumed_shards"] == 1
+    assert resumed.status == "resumed"
+    assert resumed.reason == "1 of 9 shards reused from an interrupted build"
     assert resumed.stats["shards"] == 9  # 8 train shards of 50 + 1 eval shard
     assert not list(root.glob(".build-*")) and not list(root.glob(".tmp-*"))
     clean = prepare(manifest, f"pretokenized_cache={tmp_path / 'clean'}", shard=50)
@@ -219,10 +221,11 @@ def test_pretokenize_cli(demo_expert_dir) -> None:
     )
     assert first.returncode == 0, first.stderr
     assert "expert-demo: built (no earlier cache of this expert)" in first.stdout
-    assert "examples 400 read" in first.stdout
+    assert "examples 400 read" in first.stdout and "built in" in first.stdout
     again = run_cli("pretokenize", "--all", str(demo_expert_dir), cwd=demo_expert_dir)
     assert again.returncode == 0, again.stderr
     assert "expert-demo: current (no fingerprint input changed)" in again.stdout
+    assert "built in" not in again.stdout  # build figures only for a build
     data = demo_expert_dir / "data" / "train.jsonl"
     data.write_text(data.read_text() + "{broken\n")
     bad = run_cli("pretokenize", "-m", "manifest.json", cwd=demo_expert_dir)

@@ -44,19 +44,45 @@ def _step(
     meter.step_ended()
 
 
-def test_window_rates_and_data_wait() -> None:
+def test_window_rates_and_data_wait_over_wall_time() -> None:
     clock = FakeClock()
     meter = _meter(clock)
+    clock.t = 30.0  # start-up before the first step is not training time
     for i in range(4):
         _step(meter, clock, wait=0.1, compute=0.4)
         if i == 1:
-            clock.t += 5.0  # evaluation/saving between steps is not step time
+            clock.t += 5.0  # an evaluation inside the window is part of its wall time
     rec = meter.close_window(step=4, loss=2.5, lr=1e-4)
-    assert rec["tokens_per_s"] == pytest.approx(4000 / 2.0)
-    assert rec["samples_per_s"] == pytest.approx(16 / 2.0)
-    assert rec["data_wait_fraction"] == pytest.approx(0.2)
+    assert rec["seconds"] == pytest.approx(7.0)
+    assert rec["tokens_per_s"] == pytest.approx(4000 / 7.0)
+    assert rec["samples_per_s"] == pytest.approx(16 / 7.0)
+    assert rec["data_wait_fraction"] == pytest.approx(0.4 / 7.0)
     assert rec["peak_memory_gb"] == 1.5 and rec["mfu"] is None
     assert (rec["step"], rec["loss"], rec["learning_rate"]) == (4, 2.5, 1e-4)
+
+
+def test_windows_tile_the_run_and_the_summary_is_their_sum() -> None:
+    """Every console figure (window lines, the end line) is one definition: tokens over the
+    wall time; the run's figure is the windows' tokens over the windows' seconds."""
+    clock = FakeClock()
+    meter = _meter(clock)
+    records = []
+    for window in range(3):
+        for _ in range(window + 1):
+            _step(meter, clock, wait=0.05, compute=0.2 * (window + 1))
+        clock.t += 0.3  # logging, a checkpoint save
+        records.append(meter.close_window(window + 1, 1.0, None))
+    _step(meter, clock, wait=0.0, compute=1.0)
+    clock.t += 9.0  # the final save after the last step: not counted
+    records.append(meter.close_window(4, None, None, at_last_step=True))
+    summary = meter.summary(10, "completed")
+    seconds = sum(r["seconds"] for r in records)
+    assert seconds == pytest.approx(clock.t - 9.0)
+    assert summary["train_runtime_s"] == pytest.approx(seconds, abs=1e-3)
+    tokens = sum(r["tokens_per_s"] * r["seconds"] for r in records)
+    assert summary["tokens"] == pytest.approx(tokens) == 7000
+    assert summary["tokens_per_s"] == pytest.approx(7000 / seconds)
+    assert (summary["steps"], summary["steps_this_run"]) == (10, 7)
 
 
 def test_gpu_time_still_running_at_window_close_counts() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -60,6 +60,12 @@ def check(
         render_report(report)
     if not report.usable:
         raise typer.Exit(code=2)
+
+
+def _cached_line(hub: dict[str, Any]) -> str:
+    from expert_cli.data.discovery import human_size
+
+    return f"{hub['kind']}: {hub['repo']} ({human_size(hub['cached_bytes'])}) {hub['cache_path']}"
 
 
 def render_settings(as_json: bool) -> None:
@@ -122,8 +128,10 @@ def render_report(report: CheckReport) -> None:
             if key != "packages":
                 env.add_row(key, str(value))
         console.print(env)
+    cached = [_cached_line(h) for h in report.hub if h["cache_path"]]
     for title, style, items in (
         ("decisions", "cyan", report.notes),
+        ("in the local cache", "green", cached),
         ("downloads", "yellow", report.downloads),
         ("problems", "bold red", report.problems),
     ):

@@ -36,23 +36,58 @@ def pretokenize(
     """Tokenize, mask, pack and cache each manifest's data; say whether it was built or current."""
     from expert_cli.cli.render import BuildBar, console
     from expert_cli.data.pretokenize import find_manifests, pretokenize_all
-    from expert_cli.errors import UserError
+    from expert_cli.errors import RunError, UserError
 
     out = console()
+    manifests = find_manifests(manifest or [], all_dir)
+    several = len(manifests) > 1
 
     def show(outcome: Outcome) -> None:
-        if outcome.data is None:
-            out.print(f"{outcome.manifest}: failed (bad input, see below)", markup=False)
-            return
-        for line in summary_lines(outcome.data):
-            out.print(line, markup=False)
+        if outcome.data is not None:
+            for line in summary_lines(outcome.data):
+                out.print(line, markup=False)
+        elif several:  # one manifest's problems are the command's error below
+            out.print(f"{outcome.expert}: {outcome.failure} ({outcome.manifest})", markup=False)
+            for line in outcome.problems:
+                out.print(f"  {line}", markup=False)
 
-    outcomes = pretokenize_all(
-        find_manifests(manifest or [], all_dir), num_proc, force, BuildBar(), show
-    )
-    problems = [line for o in outcomes for line in o.problems]
-    if problems:
-        raise UserError(problems)
+    outcomes = pretokenize_all(manifests, num_proc, force, BuildBar(), show)
+    if several:
+        out.print(outcomes_table(outcomes))
+    bad = [o for o in outcomes if o.failure == "bad input"]
+    failed = [o for o in outcomes if o.failure == "failed"]
+    if several and (bad or failed):
+        summary = f"{len(bad) + len(failed)} of {len(outcomes)} manifests did not build (above)"
+        raise UserError(summary) if bad else RunError(summary)
+    if bad:
+        raise UserError(bad[0].problems)
+    if failed:
+        raise RunError("\n".join(failed[0].problems))
+
+
+def outcomes_table(outcomes: list[Outcome]) -> Any:
+    """One row per manifest: expert, result, rows and tokens, the cache or the first problem."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table("expert", "result", "rows", "tokens", "cache or problem", title="pretokenize")
+    for o in outcomes:
+        if o.data is None:
+            first = o.problems[0].split(";")[0] if o.problems else ""
+            first = first if len(first) <= 60 else first[:59] + "…"
+            more = f" (+{len(o.problems) - 1} more)" if len(o.problems) > 1 else ""
+            cells = (o.expert, o.failure or "", "-", "-", first + more)
+        else:
+            train = o.data.stats["train"]
+            cells = (
+                o.expert,
+                o.data.status,
+                f"{train['rows']:,}",
+                f"{train['tokens']:,}",
+                str(o.data.cache_dir),
+            )
+        table.add_row(*(Text(str(c)) for c in cells))
+    return table
 
 
 def summary_lines(data: PreparedData) -> list[str]:
@@ -68,11 +103,10 @@ def summary_lines(data: PreparedData) -> list[str]:
     if data.stats.get("eval"):
         ev = data.stats["eval"]
         lines.append(f"  eval: rows {ev['rows']:,}, tokens {ev['tokens']:,}")
-    speed = data.stats.get("tokens_per_second")
-    lines.append(
-        f"  built in {data.stats['build_seconds']:.1f} s ({speed:,.0f} tokens/s); "
-        f"cache {data.cache_dir}"
-    )
+    if data.built:
+        speed = data.stats.get("tokens_per_second") or 0.0
+        lines.append(f"  built in {data.stats['build_seconds']:.1f} s ({speed:,.0f} tokens/s)")
+    lines.append(f"  cache {data.cache_dir}")
     return lines
 
 

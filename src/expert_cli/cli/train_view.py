@@ -34,15 +34,16 @@ def _fmt(value: Any) -> str:
 
 
 def print_data(
-    console: Console, stats: dict[str, Any], built: bool, reason: str, cache_dir: Any
+    console: Console, stats: dict[str, Any], status: str, reason: str, cache_dir: Any
 ) -> None:
-    """Data: rows, tokens, packing efficiency, and whether the cache was built or reused."""
+    """Data: rows, tokens, packing efficiency, and whether the cache was built, resumed or
+    reused."""
     shown = {k: stats[k] for k in STAT_KEYS if k in stats}
     for name in ("train", "eval"):
         if isinstance(stats.get(name), dict):
             shown.update({f"{name}.{k}": v for k, v in stats[name].items() if k in STAT_KEYS})
     text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
-    state = "built" if built else "reused"
+    state = "reused" if status == "current" else status
     console.print(f"[bold]data[/bold]      {text}", highlight=False)
     console.print("[bold]cache[/bold]     ", end="")
     console.print(f"{state} ({reason}) {cache_dir}", highlight=False, markup=False)
@@ -98,7 +99,7 @@ def window_line(record: dict[str, Any], max_steps: int | None) -> str:
     """One logging window as a console line."""
     parts = [f"step {record['step']}" + (f"/{max_steps}" if max_steps else "")]
     if record.get("loss") is not None:
-        parts.append(f"loss {record['loss']:.4f}")
+        parts.append(f"loss {record['loss']:.4g}")
     if record.get("learning_rate") is not None:
         parts.append(f"lr {record['learning_rate']:.3g}")
     parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
@@ -145,7 +146,7 @@ class ProgressCallback(TrainerCallback):
     ) -> None:
         if logs and "eval_loss" in logs:
             self.console.print(
-                f"eval      step {state.global_step}  eval_loss {logs['eval_loss']:.4f}",
+                f"eval      step {state.global_step}  eval_loss {logs['eval_loss']:.4g}",
                 highlight=False,
             )
 
@@ -163,7 +164,7 @@ class RichReporter:
         self.progress = ProgressCallback(console)
 
     def data(self, data: PreparedData) -> None:
-        print_data(self.console, data.stats, data.built, data.reason, data.cache_dir)
+        print_data(self.console, data.stats, data.status, data.reason, data.cache_dir)
 
     def decisions(
         self, resolved: ResolvedConfig, choices: ModelChoices, params: tuple[int, int]
@@ -194,10 +195,12 @@ def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None
             highlight=False,
         )
         return
-    loss = summary["final_loss"] if summary["final_loss"] is not None else "-"
+    loss = "-" if summary["final_loss"] is None else f"{summary['final_loss']:.4g}"
+    ran, total = summary.get("steps_this_run", summary["steps"]), summary["steps"]
+    steps = f"{ran} steps" if ran == total else f"{ran} steps this run (step {total} reached)"
     console.print(
-        f"[bold]{status}[/bold]  {summary['steps']} steps in "
-        f"{summary['train_runtime_s']:.1f} s, {summary['tokens_per_s']:,.0f} tok/s, "
+        f"[bold]{status}[/bold]  {steps} in {summary['train_runtime_s']:.1f} s, "
+        f"{summary['tokens_per_s']:,.0f} tok/s, "
         f"data-wait {100 * summary['data_wait_fraction']:.1f}%, final loss {loss}",
         highlight=False,
     )

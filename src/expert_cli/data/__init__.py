@@ -46,7 +46,7 @@ class PreparedData:
     cache_dir: Path
     built: bool
     reason: str
-    status: str = "current"  # "built" | "rebuilt" | "current"
+    status: str = "current"  # "built" | "rebuilt" | "resumed" | "current"
     changes: list[str] = field(default_factory=list)
 
 
@@ -166,6 +166,12 @@ def _load(
         and plan.previous.get("fingerprint") != plan.fingerprint
     ):
         _point_latest(plan)  # switched back to an older, still finished cache
+    if built and stats.get("resumed_shards"):
+        status = "resumed"
+        reason = (
+            f"{stats['resumed_shards']} of {stats['shards']} shards reused from an interrupted "
+            "build"
+        )
     return PreparedData(
         train=train,
         eval=evaluation,

@@ -1,8 +1,9 @@
 """`expert-cli check`: validate a manifest and everything it points at, without training.
 
 The report says: the manifest (path, name, version, schema), the resolved configuration with
-the manifest's own field names, the decisions (notes), what a run would download from the hub,
-the problems that stop a run, and the machine.
+the manifest's own field names, the decisions (notes), each hub model and dataset (in the local
+cache with its size, or to be downloaded: the hub reachable or not), the problems that stop a
+run, and the machine.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
 from expert_cli.data.build import BuildProgress, NoProgress
+from expert_cli.data.hub import HubStatus, endpoint, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.errors import UserError
 
@@ -33,6 +35,7 @@ class CheckReport:
     config: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     downloads: list[str] = field(default_factory=list)
+    hub: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     rows_checked: dict[str, int] = field(default_factory=dict)
 
@@ -64,33 +67,40 @@ def check_manifest(
     report.manifest.update(name=m.name, version=m.version, schema_version=m.schema_version)
     report.config = resolved.model_dump(mode="json", exclude={"notes"})
     report.notes = resolved.notes
-    problems, downloads = _check_model(resolved)
+    statuses = hub_status(resolved)
+    report.hub = [s.to_dict() for s in statuses]
+    report.downloads = [line for s in statuses if (line := _download_line(s))]
     data = DataCheck(resolved.field_mapping, quick, progress)
     for source in resolved.train_sources + resolved.validation_sources:
         data.source(source)
-    report.problems = problems + data.problems
-    report.downloads = downloads + data.downloads
+    report.problems = _check_model(resolved) + missing_problems(statuses) + data.problems
     report.rows_checked = data.rows
     return report
+
+
+def _download_line(status: HubStatus) -> str | None:
+    """What a run would download, for a reference not in the cache that can be fetched."""
+    if status.reachable is not True:
+        return None
+    ref = status.ref
+    rev = f" at revision {ref.revision}" if ref.revision else ""
+    return f"{ref.kind}: {ref.repo}{rev} will be downloaded from {endpoint()} on first use"
 
 
 # --------------------------------------------------------------------------- base model
 
 
-def _check_model(cfg: ResolvedConfig) -> tuple[list[str], list[str]]:
+def _check_model(cfg: ResolvedConfig) -> list[str]:
+    """Problems with a local base model folder (a hub model is in `hub_status`)."""
     where = "base model"
     if cfg.base_model_kind == "hub":
-        rev = f" at revision {cfg.revision}" if cfg.revision else ""
-        return [], [
-            f"{where}: {cfg.base_model}{rev} will be downloaded from the Hugging Face "
-            "hub on first use (or read from its cache)"
-        ]
+        return []
     folder = Path(cfg.base_model)
     if not folder.is_dir():
         return [
             f"{where}: {folder} is not a folder (expected a local model folder with "
             "config.json, or a hub id such as Qwen/Qwen3-0.6B)"
-        ], []
+        ]
     problems = []
     if not (folder / "config.json").is_file():
         problems.append(f"{where}: {folder}/config.json is missing")
@@ -99,8 +109,7 @@ def _check_model(cfg: ResolvedConfig) -> tuple[list[str], list[str]]:
             f"{where}: {folder} has no weights (*.safetensors or *.bin); add them, "
             'or set "init": "random" to train from a random initialisation'
         )
-    problems += _check_tokenizer(folder, cfg)
-    return problems, []
+    return problems + _check_tokenizer(folder, cfg)
 
 
 def _check_tokenizer(folder: Path, cfg: ResolvedConfig) -> list[str]:
@@ -132,16 +141,10 @@ class DataCheck:
         self.progress = progress or NoProgress()
         self.fields: FieldSpec | None = None
         self.problems: list[str] = []
-        self.downloads: list[str] = []
         self.rows: dict[str, int] = {}
 
     def source(self, src: SourceRef) -> None:
-        if src.kind == "hub":
-            spec = src.location + (f" (split {src.split})" if src.split else "")
-            self.downloads.append(
-                f"dataset: {spec} will be downloaded from the Hugging Face hub on first use "
-                "(or read from its cache)"
-            )
+        if src.kind == "hub":  # reported by hub_status
             return
         if is_saved_dataset(Path(src.location)):  # the build checks a saved dataset
             return

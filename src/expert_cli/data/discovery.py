@@ -43,7 +43,7 @@ def _files(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file()]
 
 
-def _size_once(paths: list[Path]) -> int:
+def size_once(paths: list[Path]) -> int:
     """Total size of files, each real file (symlink target) counted once."""
     real = {os.path.realpath(p) for p in paths}
     return sum(os.path.getsize(p) for p in real)
@@ -67,7 +67,7 @@ def scan_datasets_cache(root: Path) -> list[dict[str, Any]]:
                 "name": name_dir.name.replace("___", "/"),
                 "config": hash_dir.parents[1].name,
                 "revision": f"{hash_dir.parent.name}/{hash_dir.name}",
-                "size_bytes": _size_once(files),
+                "size_bytes": size_once(files),
                 "path": str(hash_dir),
                 "layout": "datasets",
             }
@@ -92,7 +92,7 @@ def scan_hub_cache(root: Path) -> list[dict[str, Any]]:
                 "name": repo.name.removeprefix(HUB_PREFIX).replace("--", "/"),
                 "config": None,
                 "revision": revision,
-                "size_bytes": _size_once(files),
+                "size_bytes": size_once(files),
                 "path": str(repo),
                 "layout": "hub",
             }
@@ -123,7 +123,7 @@ def manifest_refs(path: Path) -> tuple[dict[str, Any], list[str]]:
     return {"manifest": str(path), "expert": name, "datasets": refs}, []
 
 
-def _human(size: int) -> str:
+def human_size(size: int) -> str:
     value = float(size)
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if value < 1024 or unit == "TB":
@@ -164,7 +164,7 @@ def discover(cache_dir: Path | None, experts: Path | None) -> dict[str, Any]:
     entries = scan_datasets_cache(roots["datasets"]) + scan_hub_cache(roots["hub"])
     entries.sort(key=lambda e: (-e["size_bytes"], e["name"], e["config"] or ""))
     for entry in entries:
-        entry["size"] = _human(entry["size_bytes"])
+        entry["size"] = human_size(entry["size_bytes"])
     manifests, problems = [], []
     for path in sorted(experts.rglob("manifest.json")) if experts is not None else []:
         found, errors = manifest_refs(path)

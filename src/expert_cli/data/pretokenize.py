@@ -8,10 +8,12 @@ from pathlib import Path
 
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
+from expert_cli.config.loading import read_manifest_json
 from expert_cli.config.resolve import resolve
 from expert_cli.data import BuildProgress, PreparedData, prepare_data
+from expert_cli.data.hub import require_hub
 from expert_cli.data.tokenizer import load_tokenizer
-from expert_cli.errors import UserError
+from expert_cli.errors import RunError, UserError
 
 SKIP_PARTS = {".cache", ".git", "node_modules", "checkpoints"}
 
@@ -38,18 +40,22 @@ def find_manifests(manifests: list[Path], all_dir: Path | None) -> list[Path]:
 
 @dataclass
 class Outcome:
-    """What became of one manifest's cache: the prepared data, or the problems that stopped it."""
+    """What became of one manifest's cache: the prepared data, or the problems that stopped it
+    (`failure`: "bad input", exit 2, or "failed", a run-time condition such as no network)."""
 
     manifest: Path
     data: PreparedData | None
     problems: list[str]
+    expert: str = ""
+    failure: str | None = None
 
 
 def pretokenize_one(
     manifest: Path, num_proc: int | None, force: bool, progress: BuildProgress | None = None
 ) -> PreparedData:
-    """Build or confirm the cache of one manifest."""
+    """Build or confirm the cache of one manifest (hub references checked first)."""
     resolved = resolve(load_manifest(manifest), cpu_environment())
+    require_hub(resolved)
     tokenizer = load_tokenizer(resolved)
     return prepare_data(resolved, tokenizer, num_proc=num_proc, force=force, progress=progress)
 
@@ -61,14 +67,27 @@ def pretokenize_all(
     progress: BuildProgress | None = None,
     on_done: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
-    """Pretokenize every manifest in turn; a bad one is reported and the others go on."""
+    """Pretokenize every manifest in turn; a bad or failing one is reported and the others go
+    on. Each outcome is labelled with its expert (its name, else its folder)."""
     outcomes = []
     for manifest in manifests:
+        expert = _expert_name(manifest)
         try:
-            outcome = Outcome(manifest, pretokenize_one(manifest, num_proc, force, progress), [])
+            data = pretokenize_one(manifest, num_proc, force, progress)
+            outcome = Outcome(manifest, data, [], expert)
         except UserError as exc:
-            outcome = Outcome(manifest, None, exc.lines)
+            outcome = Outcome(manifest, None, exc.lines, expert, "bad input")
+        except RunError as exc:
+            outcome = Outcome(manifest, None, str(exc).splitlines(), expert, "failed")
         outcomes.append(outcome)
         if on_done is not None:
             on_done(outcome)
     return outcomes
+
+
+def _expert_name(manifest: Path) -> str:
+    try:
+        name = read_manifest_json(manifest).get("name")
+    except UserError:
+        name = None
+    return name if isinstance(name, str) and name else manifest.parent.name

@@ -4,10 +4,12 @@
 end) and closes a window at every training log (expert_cli.train.callbacks drives it and
 writes metrics.json).
 
-Timing is honest without a GPU sync per step: a step is timed from the start of its batch
-fetch to its end, and at a window's close the GPU is synchronized once and the time the GPU was
-still busy is added to the window. Data wait is the time spent fetching batches (the Trainer
-syncs on the loss every micro-step, so the GPU is idle while the CPU fetches).
+One definition everywhere: tokens/s is non-padding tokens over the wall time of the window (from
+the previous window's close, or the first batch fetch, to this close) or of the run (the sum of
+its windows: evaluation and checkpoint saves inside a window count, start-up before the first
+step does not). At a window's close the GPU is synchronized once, so queued GPU work is counted
+without a sync per step. Data wait is the time spent fetching batches over the same wall time
+(the Trainer syncs on the loss every micro-step, so the GPU is idle while the CPU fetches).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ KIB_PER_GIB = 2**20
 BYTES_PER_GIB = 2**30
 
 # Per-window sums: real tokens, examples, trained tokens, sum of squared example lengths,
-# seconds waiting for data, seconds of step time.
-WINDOW_KEYS = ("tokens", "samples", "trained", "attended", "wait", "busy")
+# seconds waiting for data.
+WINDOW_KEYS = ("tokens", "samples", "trained", "attended", "wait")
 
 # all_reduce(values) -> the values summed over every training process.
 Reducer = Callable[[list[float]], list[float]]
@@ -95,6 +97,9 @@ class ThroughputMeter:
         self.started = clock()
         self.windows: list[dict[str, Any]] = []
         self.totals = dict.fromkeys(WINDOW_KEYS, 0.0)
+        self.seconds = 0.0  # wall time of the closed windows
+        self.steps = 0  # optimizer steps this process ran (a resumed run's earlier ones excluded)
+        self._window_start: float | None = None
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -105,6 +110,8 @@ class ThroughputMeter:
 
     def fetch_started(self) -> None:
         self._fetch_start = self.clock()
+        if self._window_start is None:  # the run's first step: start-up time is not counted
+            self._window_start = self._fetch_start
 
     def fetch_ended(self, tokens: int, samples: int, trained_tokens: int, attended: int) -> None:
         """The batches of one step arrived; `attended` = sum of squared example lengths."""
@@ -119,23 +126,17 @@ class ThroughputMeter:
     def step_ended(self) -> None:
         if self._fetch_start is None:
             return
-        now = self.clock()
-        self.win["busy"] += now - self._fetch_start
-        self._fetch_start, self._last_end = None, now
+        self._fetch_start, self._last_end = None, self.clock()
         self.steps_in_window += 1
 
     def _window_totals(self) -> dict[str, float]:
-        """This window's counts, summed over processes; busy/wait averaged over them."""
-        self.sync()
-        if self._last_end is not None:
-            self.win["busy"] += self.clock() - self._last_end
+        """This window's counts, summed over processes; the wait averaged over them."""
         values = [self.win[k] for k in WINDOW_KEYS]
         if self.reduce is not None and self.world_size > 1:
             values = self.reduce(values)
         totals = dict(zip(WINDOW_KEYS, values, strict=True))
         if self.reduce is not None and self.world_size > 1:
             totals["wait"] /= self.world_size
-            totals["busy"] /= self.world_size
         return totals
 
     def _mfu(self, tokens: float, attended: float, seconds: float) -> float | None:
@@ -144,10 +145,18 @@ class ThroughputMeter:
         per_token = self.flops.per_token(attended / tokens)
         return mfu(tokens / seconds, per_token, self.flops.peak_flops_per_device * self.world_size)
 
-    def close_window(self, step: int, loss: float | None, lr: float | None) -> dict[str, Any]:
-        """Finish the current window (call on every process) and return its record."""
+    def close_window(
+        self, step: int, loss: float | None, lr: float | None, at_last_step: bool = False
+    ) -> dict[str, Any]:
+        """Finish the current window (call on every process) and return its record. With
+        `at_last_step` (the run's end) the window ends at its last step, so what follows
+        training (the final save) is not counted."""
+        self.sync()
+        now = self.clock()
+        end = self._last_end if at_last_step and self._last_end is not None else now
+        start = self._window_start if self._window_start is not None else end
+        seconds = max(end - start, 1e-9)
         w = self._window_totals()
-        seconds = max(w["busy"], 1e-9)
         record = {
             "step": step,
             "tokens_per_s": w["tokens"] / seconds,
@@ -157,26 +166,31 @@ class ThroughputMeter:
             "peak_memory_gb": self.memory(),
             "loss": loss,
             "learning_rate": lr,
-            "time": round(self.clock() - self.started, 3),
+            "seconds": round(seconds, 3),
+            "time": round(now - self.started, 3),
         }
         for key in self.totals:
             self.totals[key] += w[key]
+        self.seconds += seconds
+        self.steps += self.steps_in_window
         self.windows.append(record)
+        self._window_start = now
         self._reset_window()
         return record
 
     def summary(self, steps: int, status: str) -> dict[str, Any]:
-        """Whole-run numbers over every closed window."""
-        t = self.totals
-        seconds = max(t["busy"], 1e-9)
+        """Whole-run numbers over every closed window of this process. `steps` is the run's
+        step count (a resumed run's included); `steps_this_run` the steps this process ran."""
+        t, seconds = self.totals, self.seconds
         losses = [w["loss"] for w in self.windows if w["loss"] is not None]
         return {
-            "tokens_per_s": t["tokens"] / seconds if t["busy"] else 0.0,
-            "samples_per_s": t["samples"] / seconds if t["busy"] else 0.0,
-            "data_wait_fraction": min(1.0, t["wait"] / seconds) if t["busy"] else 0.0,
-            "mfu": self._mfu(t["tokens"], t["attended"], seconds) if t["busy"] else None,
+            "tokens_per_s": t["tokens"] / seconds if seconds else 0.0,
+            "samples_per_s": t["samples"] / seconds if seconds else 0.0,
+            "data_wait_fraction": min(1.0, t["wait"] / seconds) if seconds else 0.0,
+            "mfu": self._mfu(t["tokens"], t["attended"], seconds) if seconds else None,
             "steps": steps,
-            "train_runtime_s": round(self.clock() - self.started, 3),
+            "steps_this_run": self.steps,
+            "train_runtime_s": round(seconds, 3),
             "tokens": int(t["tokens"]),
             "trained_tokens": int(t["trained"]),
             "final_loss": losses[-1] if losses else None,

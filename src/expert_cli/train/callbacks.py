@@ -60,7 +60,7 @@ class ThroughputCallback(TrainerCallback):
     def finish(self, steps: int, status: str) -> dict[str, Any]:
         """Close a last partial window (on every process) and write the final summary."""
         if self.meter.steps_in_window:
-            record = self.meter.close_window(steps, None, None)
+            record = self.meter.close_window(steps, None, None, at_last_step=True)
             if self.on_window is not None:
                 self.on_window(record)
         return self.write(steps, status)

@@ -25,6 +25,7 @@ from expert_cli.config.kernels import BOUNDARY_KERNELS
 from expert_cli.config.resolve import ResolvedConfig, resolve
 from expert_cli.data import BuildProgress, PreparedData, prepare_data
 from expert_cli.data.collate import PackedCollator
+from expert_cli.data.hub import require_hub
 from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import RunError, UserError
 from expert_cli.train import distributed
@@ -173,8 +174,6 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     if run.is_main and (swept := sweep_leftovers(output)):
         reporter.note(f"removed what a killed run left in {output}: {', '.join(swept)}")
     distributed.barrier()
-    if resume is not None and run.is_main:
-        reporter.note(f"resuming from {resume.name} (step {resume.name.rsplit('-', 1)[-1]})")
     run.runtime.update(
         environment=env.to_dict(),
         world_size=args.world_size,
@@ -185,7 +184,9 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
 
 
 def load_data(run: Run) -> tuple[Any, PreparedData]:
-    """Tokenizer, then the token cache (validates the data before any model is loaded)."""
+    """Tokenizer, then the token cache (validates the data before any model is loaded); hub
+    references that are neither cached nor downloadable fail first, in seconds."""
+    require_hub(run.resolved)
     tokenizer = load_tokenizer(run.resolved)
     progress = run.reporter.build_progress() if run.is_main else None
     with run.args.main_process_first(desc="token cache"):
@@ -221,6 +222,9 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
         distributed.barrier()
     model, choices = load_base_model(resolved, device, str(source) if source else None)
     steps = planned_steps(resolved, len(data.train), run.args.world_size, run.args.max_steps)
+    if resume is not None and run.is_main:
+        at = resume.name.rsplit("-", 1)[-1]
+        run.reporter.note(f"resuming from {resume.name} (step {at} of {steps})")
     peft_model = attach_adapter(model, resolved, steps)
     choices.adapter_precision = adapter_compute_dtype(resolved)
     if resolved.batch_auto and device.startswith("cuda"):

@@ -1,0 +1,175 @@
+"""The Hugging Face hub references of a manifest: is each in the local cache (and how big), and
+can the hub be reached for the ones that are not?
+
+`check` reports this per model and dataset. `train` and `pretokenize` call `require_hub` before
+anything is loaded, so that a missing reference fails in seconds with a message saying what to
+do, instead of a minute of the hub client's retries: offline mode (HF_HUB_OFFLINE) with a
+reference not in the cache is bad input (exit 2); a hub that cannot be reached is a run-time
+condition (exit 1).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.data.discovery import default_roots, size_once
+from expert_cli.errors import RunError, UserError
+
+PROBE_TIMEOUT_S = 5.0
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+TRUE = {"1", "on", "yes", "true"}
+
+
+@dataclass(frozen=True)
+class HubRef:
+    """A model or dataset the manifest names by hub id, and the manifest field naming it."""
+
+    kind: Literal["model", "dataset"]
+    repo: str
+    revision: str | None
+    field: str
+
+
+@dataclass(frozen=True)
+class HubStatus:
+    """Where a reference stands on this machine."""
+
+    ref: HubRef
+    cache_path: str | None  # its folder in the local cache, or None
+    cached_bytes: int  # 0 when not cached
+    reachable: bool | None  # None: not tried (cached, or offline)
+    why: str | None  # why the hub cannot be reached, or why it was not tried
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self.ref), **{k: v for k, v in asdict(self).items() if k != "ref"}}
+
+
+def offline() -> bool:
+    """Whether the user switched the hub off (any of the libraries' offline variables)."""
+    return any(os.environ.get(name, "").strip().lower() in TRUE for name in OFFLINE_VARIABLES)
+
+
+def endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def hub_refs(resolved: ResolvedConfig) -> list[HubRef]:
+    """The hub models and datasets a run needs (the base model unless it is a local folder or a
+    random init, the hub datasets among the sources)."""
+    refs = []
+    if resolved.base_model_kind == "hub":  # a random init still needs its config and tokenizer
+        refs.append(HubRef("model", resolved.base_model, resolved.revision, "base_models[0].name"))
+    seen = set()
+    for source in resolved.train_sources + resolved.validation_sources:
+        if source.kind == "hub" and source.location not in seen:
+            seen.add(source.location)
+            refs.append(HubRef("dataset", source.location, source.revision, "training.dataset"))
+    return refs
+
+
+def cached(ref: HubRef, roots: dict[str, Path] | None = None) -> tuple[Path, int] | None:
+    """The reference's folder in the local caches and its size, or None."""
+    roots = roots or default_roots()
+    owner_name = ref.repo.replace("/", "--")
+    repo = roots["hub"] / f"{ref.kind}s--{owner_name}"
+    snapshots = repo / "snapshots"
+    wanted = ref.revision
+    if snapshots.is_dir():
+        found = [p for p in snapshots.iterdir() if p.is_dir()]
+        if ref.kind == "model":
+            found = [p for p in found if (p / "config.json").exists()]
+        if wanted and not (repo / "refs" / wanted).is_file():
+            found = [p for p in found if p.name == wanted]
+        if found:
+            files = [p for part in ("blobs", "snapshots") for p in (repo / part).rglob("*")]
+            return repo, size_once([p for p in files if p.is_file()])
+    if ref.kind == "dataset":  # the datasets library's own Arrow cache: <owner>___<name>/
+        arrow = roots["datasets"] / ref.repo.replace("/", "___")
+        files = [p for p in arrow.rglob("*.arrow")] if arrow.is_dir() else []
+        if files:
+            return arrow, size_once([p for p in arrow.rglob("*") if p.is_file()])
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def unreachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why `url`'s host cannot be reached within `timeout` seconds, or None if it answered
+    (any HTTP status counts as an answer)."""
+    request = urllib.request.Request(url, method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except urllib.error.URLError as exc:
+        return str(getattr(exc, "reason", exc))
+    except (TimeoutError, OSError) as exc:
+        return str(exc) or type(exc).__name__
+
+
+def hub_status(resolved: ResolvedConfig, probe: bool = True) -> list[HubStatus]:
+    """Each hub reference: cached (with its size), else whether the hub can be reached."""
+    statuses = []
+    for ref in hub_refs(resolved):
+        found = cached(ref)
+        if found is not None:
+            statuses.append(HubStatus(ref, str(found[0]), found[1], None, None))
+        elif offline():
+            statuses.append(HubStatus(ref, None, 0, None, "the hub is switched off"))
+        elif probe:
+            why = unreachable(endpoint())
+            statuses.append(HubStatus(ref, None, 0, why is None, why))
+        else:
+            statuses.append(HubStatus(ref, None, 0, None, None))
+    return statuses
+
+
+def how_to_fix(ref: HubRef) -> str:
+    """What the user can do about a reference that is neither cached nor downloadable."""
+    if ref.kind == "model":
+        return (
+            f"download it where there is a network (hf download {ref.repo} --local-dir "
+            f"models/{ref.repo.split('/')[-1]}) and set {ref.field} to that folder"
+        )
+    return (
+        f"download it where there is a network (hf download {ref.repo} --repo-type dataset "
+        f"--local-dir data/{ref.repo.split('/')[-1]}) and set {ref.field}.path to the "
+        "folder or its files"
+    )
+
+
+def missing_problems(statuses: list[HubStatus]) -> list[str]:
+    """A line per reference that is neither cached nor downloadable here."""
+    lines = []
+    for s in statuses:
+        if s.cache_path is not None or not (s.reachable is False or offline()):
+            continue
+        why = (
+            "the hub is switched off (HF_HUB_OFFLINE)"
+            if s.reachable is None
+            else f"the hub cannot be reached at {endpoint()} ({s.why})"
+        )
+        lines.append(
+            f"{s.ref.field}: {s.ref.kind} {s.ref.repo} is not in the local cache and {why}; "
+            f"{how_to_fix(s.ref)}"
+        )
+    return lines
+
+
+def require_hub(resolved: ResolvedConfig) -> list[HubStatus]:
+    """Before a run loads anything: every hub reference cached or downloadable, else a
+    UserError (offline mode) or RunError (no network) naming each one."""
+    statuses = hub_status(resolved)
+    problems = missing_problems(statuses)
+    if problems and offline():
+        raise UserError(problems)
+    if problems:
+        raise RunError("\n".join(problems))
+    return statuses

@@ -1,0 +1,132 @@
+"""Hub references: in the local cache (with its size), downloadable, or neither, said in
+seconds: offline mode is exit 2, a hub that cannot be reached is exit 1, never a minute of
+retries."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from train_helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+SQL = ROOT / "experts" / "expert-sql" / "manifest.json"
+ONLINE = {"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None, "HF_DATASETS_OFFLINE": None}
+
+
+@pytest.fixture
+def blackhole() -> Iterator[str]:
+    """An endpoint that accepts connections and never answers (a dropped network)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)  # the kernel completes handshakes; nothing ever reads or replies
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def hub_endpoint() -> Iterator[str]:
+    """An endpoint that answers every request (the hub, reachable)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:  # noqa: N802 - the standard library's name
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def _cached_model(home: Path, repo: str = "Qwen/Qwen3-0.6B") -> Path:
+    """A hub-cache entry as huggingface_hub lays it out: blobs, a snapshot, refs/main."""
+    folder = home / "hub" / f"models--{repo.replace('/', '--')}"
+    (folder / "blobs").mkdir(parents=True)
+    (folder / "blobs" / "abc123").write_bytes(b"{}" * 5000)
+    snapshot = folder / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").symlink_to(folder / "blobs" / "abc123")
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text("0123abcd")
+    return folder
+
+
+def test_cached_model_and_offline_dataset(tmp_path: Path) -> None:
+    folder = _cached_model(tmp_path)
+    out = run_cli("check", "-m", str(SQL), "--json", env={"HF_HOME": str(tmp_path)})
+    assert out.returncode == 2, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    model, dataset = report["hub"]
+    assert (model["kind"], model["repo"], model["cache_path"]) == (
+        "model",
+        "Qwen/Qwen3-0.6B",
+        str(folder),
+    )
+    assert model["cached_bytes"] == 10_000  # the blob once, not again through its link
+    assert dataset["kind"] == "dataset" and dataset["cache_path"] is None
+    assert (
+        len(report["problems"]) == 1 and "gretelai/synthetic_text_to_sql" in report["problems"][0]
+    )
+    text = run_cli("check", "-m", str(SQL), env={"HF_HOME": str(tmp_path)})
+    assert "in the local cache:" in text.stdout and "Qwen/Qwen3-0.6B (9.8 KB)" in text.stdout
+
+
+def test_a_reachable_hub_means_downloads(tmp_path: Path, hub_endpoint: str) -> None:
+    env = {**ONLINE, "HF_HOME": str(tmp_path), "HF_ENDPOINT": hub_endpoint}
+    out = run_cli("check", "-m", str(SQL), "--json", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["problems"] == []
+    assert [h["reachable"] for h in report["hub"]] == [True, True]
+    assert report["downloads"] == [
+        f"model: Qwen/Qwen3-0.6B will be downloaded from {hub_endpoint} on first use",
+        f"dataset: gretelai/synthetic_text_to_sql will be downloaded from {hub_endpoint} on "
+        "first use",
+    ]
+
+
+@pytest.mark.parametrize("command", ["train", "pretokenize"])
+def test_no_network_fails_in_seconds(tmp_path: Path, blackhole: str, command: str) -> None:
+    env = {**ONLINE, "HF_HOME": str(tmp_path), "HF_ENDPOINT": blackhole}
+    args = ("--output", str(tmp_path / "out")) if command == "train" else ()
+    start = time.monotonic()
+    out = run_cli(command, "-m", str(SQL), *args, env=env, timeout=60)
+    elapsed = time.monotonic() - start
+    assert out.returncode == 1, out.stdout + out.stderr  # a run-time condition, not bad input
+    text = " ".join(out.stderr.split())
+    assert "model Qwen/Qwen3-0.6B is not in the local cache and the hub cannot be reached" in text
+    assert "Retry" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+    assert elapsed < 15, elapsed
+    assert not (tmp_path / "out").exists()  # nothing was started
+
+
+def test_pretokenize_all_labels_each_expert_and_ends_with_a_table(tmp_path: Path) -> None:
+    out = run_cli(
+        "pretokenize",
+        "-m",
+        str(ROOT / "experts" / "demo" / "manifest.json"),
+        "-m",
+        str(SQL),
+        env={"HF_HOME": str(tmp_path)},
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = out.stdout
+    assert "expert-sql: bad input (" in text  # offline and not cached: the user's setting
+    table = text[text.index("pretokenize") :]
+    assert "expert-demo" in table and "expert-sql" in table
+    assert "1 of 2 manifests did not build (above)" in " ".join(out.stderr.split())
