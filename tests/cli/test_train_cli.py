@@ -192,3 +192,42 @@ def test_a_negative_max_steps_is_refused(tmp_path: Path, tiny_model_dir: Path) -
     out = run_cli("train", "--manifest", str(manifest), "--max-steps", "-3")
     assert out.returncode == 2 and "--max-steps" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_generate_on_the_demo_run(demo_run: tuple[Path, Path, str]) -> None:
+    """One completion per prompt, streamed; the demo's random base is said to give noise."""
+    _, out, _ = demo_run
+    prompts = ("List the 5 most recent orders.", "How many customers are there?")
+    text = run_cli(
+        "generate",
+        "--adapter",
+        str(out),
+        "-p",
+        prompts[0],
+        "-p",
+        prompts[1],
+        "--max-new-tokens",
+        "8",
+    )
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert text.stdout.count("expert: ") == 2
+    assert "prompt 1" in text.stdout and "prompt 2" in text.stdout
+    assert "random initialisation: its answers are noise by design" in " ".join(text.stdout.split())
+    report = run_cli(
+        "generate",
+        "--adapter",
+        str(out),
+        "-p",
+        prompts[0],
+        "-p",
+        prompts[1],
+        "--max-new-tokens",
+        "8",
+        "--json",
+    )
+    assert report.returncode == 0, report.stderr
+    pairs = [(g["prompt"], g["output"]) for g in json.loads(report.stdout)["generations"]]
+    assert [p for p, _ in pairs] == list(prompts)
+    assert all(isinstance(o, str) and o for _, o in pairs)
+    assert all(g["new_tokens"] <= 8 for g in json.loads(report.stdout)["generations"])

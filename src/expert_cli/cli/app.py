@@ -54,6 +54,14 @@ app.command(
 app.command(
     cls=Command,
     epilog=examples(
+        'expert-cli generate --adapter experts/demo/output -p "List the 5 most recent orders."',
+        "expert-cli generate --adapter experts/demo/output --eval 5 --compare-base",
+        "expert-cli generate --adapter runs/sql --prompts prompts.txt --json",
+    ),
+)(train.generate)
+app.command(
+    cls=Command,
+    epilog=examples(
         f"expert-cli pretokenize -m {DEMO}",
         "expert-cli pretokenize --all experts --num-proc 8",
     ),

@@ -73,3 +73,65 @@ def merge(
 
     path = merge_adapter(adapter, output)
     console().print(f"wrote {path}", markup=False)
+
+
+def generate(
+    adapter: Annotated[
+        Path,
+        typer.Option("--adapter", metavar="RUN_DIR", help="A trained run folder (train's output)."),
+    ],
+    prompt: Annotated[
+        list[str] | None,
+        typer.Option("--prompt", "-p", metavar="TEXT", help="A prompt; repeat for several."),
+    ] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="A text file of prompts, one per line."),
+    ] = None,
+    eval_n: Annotated[
+        int | None,
+        typer.Option(
+            "--eval",
+            min=1,
+            max=10_000,
+            metavar="N",
+            help="Answer the first N validation examples; show references and exact match.",
+        ),
+    ] = None,
+    compare_base: Annotated[
+        bool, typer.Option("--compare-base", help="Also answer with the adapter switched off.")
+    ] = False,
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=32_768, metavar="N", help="Tokens to generate at most (default 256)."
+        ),
+    ] = None,
+    greedy: Annotated[
+        bool, typer.Option("--greedy", help="Greedy decoding, whatever the manifest says.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Try a trained expert: its prompt template and decoding settings, answers streamed."""
+    import json
+
+    from expert_cli.cli.render import console
+    from expert_cli.cli.train_view import GenerateView, print_generate_end
+    from expert_cli.train.generate import GenerateOptions
+    from expert_cli.train.generate import generate as run_generate
+
+    opts = GenerateOptions(
+        adapter=adapter,
+        prompts=prompt or [],
+        prompts_file=prompts,
+        eval_n=eval_n,
+        compare_base=compare_base,
+        max_new_tokens=max_new_tokens,
+        greedy=greedy,
+    )
+    if as_json:
+        typer.echo(json.dumps(run_generate(opts).to_dict(), indent=2, ensure_ascii=False))
+        return
+    out = console()
+    result = run_generate(opts, GenerateView(out))
+    print_generate_end(out, result)

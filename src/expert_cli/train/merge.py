@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from peft import PeftModel
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from expert_cli.atomic import atomic_folder
@@ -20,6 +21,7 @@ from expert_cli.errors import UserError
 from expert_cli.paths import resolved_path
 
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # what peft loads
+LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
 
 
 def adapter_base(adapter: Path) -> str:
@@ -46,6 +48,24 @@ def adapter_base(adapter: Path) -> str:
     return str(local) if not Path(base).is_absolute() and local.is_dir() else base
 
 
+def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
+    """The base model with the run's adapter on it; a base or adapter that cannot be loaded is
+    a UserError naming it (and the kind of failure, never the file's bytes)."""
+    try:
+        base = AutoModelForCausalLM.from_pretrained(base_name, dtype=dtype)
+    except LOAD_ERRORS as exc:
+        raise UserError(
+            f"{adapter / 'adapter_config.json'}: base model {base_name} cannot be loaded "
+            f"({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
+    try:
+        return PeftModel.from_pretrained(base, str(adapter))
+    except LOAD_ERRORS as exc:
+        raise UserError(
+            f"--adapter {adapter}: cannot load the adapter on {base_name} ({type(exc).__name__})"
+        ) from None
+
+
 def _merge_dtype(adapter: Path) -> Any:
     """Save in the dtype the run trained its base weights in (from manifest.resolved.json)."""
 
@@ -66,13 +86,7 @@ def merge_adapter(adapter: Path, output: Path) -> Path:
     base_name = adapter_base(adapter)
     if output.exists() and any(output.iterdir()):
         raise UserError(f"--output {output}: exists and is not empty; choose a new folder")
-    try:
-        base = AutoModelForCausalLM.from_pretrained(base_name, dtype=_merge_dtype(adapter))
-    except OSError as exc:
-        raise UserError(
-            f"{adapter / 'adapter_config.json'}: base model {base_name} cannot be loaded ({exc})"
-        ) from None
-    model = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    model = load_adapted(adapter, base_name, _merge_dtype(adapter)).merge_and_unload()
     output.parent.mkdir(parents=True, exist_ok=True)
     with atomic_folder(output) as tmp:  # an existing `output` is empty, checked above
         model.save_pretrained(tmp, safe_serialization=True)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from expert_cli.config.resolve import ResolvedConfig
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+SOURCE_MANIFEST = "manifest.source.json"
 
 
 def output_dir(manifest_path: Path, output: Path | None) -> Path:
@@ -30,12 +31,21 @@ def output_dir(manifest_path: Path, output: Path | None) -> Path:
     return resolved_path(output or manifest_path.parent / "output", "--output")
 
 
-def write_resolved(output: Path, resolved: ResolvedConfig, runtime: dict[str, Any]) -> Path:
-    """manifest.resolved.json: every resolved field, plus what the run decided at load time."""
+def write_resolved(
+    output: Path,
+    resolved: ResolvedConfig,
+    runtime: dict[str, Any],
+    source: dict[str, Any] | None = None,
+) -> Path:
+    """manifest.resolved.json: every resolved field, plus what the run decided at load time;
+    with `source`, also manifest.source.json: the manifest as its file holds it (so the run
+    folder alone can be tried and packaged after the expert's folder has moved)."""
     data = resolved.model_dump(mode="json")
     data["runtime"] = runtime
     path = output / "manifest.resolved.json"
     write_json_atomic(path, data)
+    if source is not None:
+        write_json_atomic(output / SOURCE_MANIFEST, source)
     return path
 
 

@@ -138,6 +138,7 @@ class Run:
     reporter: Reporter
     runtime: dict[str, Any] = field(default_factory=dict)
     complete: Previous | None = None  # --resume of a run that has finished
+    source: dict[str, Any] = field(default_factory=dict)  # the manifest as its file holds it
 
     @property
     def is_main(self) -> bool:
@@ -167,7 +168,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
         resolved, output / "checkpoints", max_steps=opts.max_steps, on_gpu=env.has_gpu
     )
     args = TrainingArguments(**kwargs)
-    run = Run(resolved=resolved, args=args, output=output, reporter=reporter)
+    run = Run(resolved=resolved, args=args, output=output, reporter=reporter, source=loaded.raw)
     run.complete = decision.complete
     if decision.clear and run.is_main:
         reporter.note(f"--overwrite: removed {', '.join(clear_run(output))} of the earlier run")
@@ -365,7 +366,7 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
     model = load_model(run, tokenizer, data, resume)
     if run.is_main:
         run.output.mkdir(parents=True, exist_ok=True)
-        write_resolved(run.output, run.resolved, run.runtime)
+        write_resolved(run.output, run.resolved, run.runtime, run.source)
     with Interrupt() as interrupt:
         trainer, throughput, stop = make_trainer(run, model, tokenizer, data, interrupt)
         try:

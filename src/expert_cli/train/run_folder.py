@@ -32,6 +32,7 @@ RUN_OUTPUTS = (
     "base_model",
     "metrics.json",
     "manifest.resolved.json",
+    "manifest.source.json",
     "adapter_model.safetensors",
     "adapter_config.json",
     "README.md",
@@ -81,18 +82,21 @@ def previous_run(output: Path) -> Previous | None:
     """What the folder holds, or None when it holds no run's outputs."""
     if not output.is_dir() or not any((output / name).exists() for name in RUN_MARKERS):
         return None
-    metrics = _read_json(output / "metrics.json").get("summary") or {}
+    metrics = read_json_file(output / "metrics.json").get("summary") or {}
     status = metrics.get("status") or "unknown"
     if status == "completed" and not (output / "adapter_model.safetensors").is_file():
         status = "unknown"
-    config = _read_json(output / "manifest.resolved.json")
+    config = read_json_file(output / "manifest.resolved.json")
     return Previous(status=status, steps=int(metrics.get("steps") or 0), config=config)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_file(path: Path) -> dict[str, Any]:
+    """A JSON object file the run wrote, or {} when it is missing, not a file or not one."""
     try:
+        if not path.is_file():
+            return {}
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 

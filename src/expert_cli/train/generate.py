@@ -1,0 +1,357 @@
+"""`expert-cli generate`: try a trained expert.
+
+Prompts are rendered as the run trained on them (the manifest's `prompt_template`, or the
+tokenizer's chat template for `messages` data) and generated with the manifest's
+`training.decoding` settings where it has them (greedy otherwise, or with `greedy`). `--eval N`
+takes the first N examples of the run's validation split from its token cache, exactly as
+they were tokenized for training: the tokens before the first trained token are the prompt, the
+trained ones the reference. `--compare-base` answers each prompt again with the adapter
+switched off. Text is handed to a `GenerationView` as it is produced, so the CLI can stream it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from transformers import AutoTokenizer, TextStreamer
+from transformers.utils import logging as hf_logging
+
+from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.data import prepare_data
+from expert_cli.data.formatting import IGNORE, render_instruction
+from expert_cli.errors import UserError
+from expert_cli.train.merge import LOAD_ERRORS, adapter_base, load_adapted
+from expert_cli.train.outputs import SOURCE_MANIFEST
+from expert_cli.train.run_folder import read_json_file
+
+MAX_PROMPTS = 10_000
+MAX_PROMPT_CHARS = 200_000
+MAX_NEW_TOKENS = 32_768
+DEFAULT_NEW_TOKENS = 256
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|end|>", "</s>")
+# training.decoding keys generate acts on, with their bounds
+DECODING_BOUNDS = {
+    "temperature": (0.0, 100.0),
+    "top_p": (0.0, 1.0),
+    "top_k": (0, 1_000_000),
+    "repetition_penalty": (0.0, 100.0),
+    "max_new_tokens": (1, MAX_NEW_TOKENS),
+    "max_tokens": (1, MAX_NEW_TOKENS),
+}
+
+
+@dataclass
+class GenerateOptions:
+    """What to generate for: prompts given, a file of prompts, or N validation examples."""
+
+    adapter: Path
+    prompts: list[str] = field(default_factory=list)
+    prompts_file: Path | None = None
+    eval_n: int | None = None
+    compare_base: bool = False
+    max_new_tokens: int | None = None
+    greedy: bool = False
+
+
+@dataclass
+class Case:
+    """One prompt: its text as shown, its token ids, and the reference answer (eval)."""
+
+    prompt: str
+    ids: list[int]
+    reference: str | None = None
+
+
+@dataclass
+class Generation:
+    """One answered prompt."""
+
+    prompt: str
+    output: str
+    new_tokens: int
+    seconds: float
+    base_output: str | None = None
+    reference: str | None = None
+    exact_match: bool | None = None
+
+
+@dataclass
+class GenerateResult:
+    generations: list[Generation]
+    settings: dict[str, Any]
+    notes: list[str]
+
+    @property
+    def exact_match_rate(self) -> float | None:
+        marks = [g.exact_match for g in self.generations if g.exact_match is not None]
+        return sum(marks) / len(marks) if marks else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "generations": [asdict(g) for g in self.generations],
+            "exact_match_rate": self.exact_match_rate,
+            "settings": self.settings,
+            "notes": self.notes,
+        }
+
+
+class GenerationView(Protocol):
+    """Hears each answer as it is produced (`which`: "expert" or "base")."""
+
+    def start(self, index: int, case: Case, which: str) -> None: ...
+
+    def text(self, piece: str) -> None: ...
+
+    def end(self, generation: Generation) -> None: ...
+
+
+class Silent:
+    def start(self, index: int, case: Case, which: str) -> None:
+        pass
+
+    def text(self, piece: str) -> None:
+        pass
+
+    def end(self, generation: Generation) -> None:
+        pass
+
+
+class _Streamer(TextStreamer):
+    """transformers' text streamer, handing finished pieces to the view."""
+
+    def __init__(self, tokenizer: Any, view: GenerationView) -> None:
+        super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
+        self.view = view
+
+    def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+        if text:
+            self.view.text(text)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class LoadedRun:
+    resolved: ResolvedConfig
+    decoding: dict[str, Any]
+    model: Any
+    tokenizer: Any
+    device: str
+
+
+def load_run(adapter: Path) -> LoadedRun:
+    """The run's resolved configuration, decoding settings, tokenizer and adapted model."""
+    base = adapter_base(adapter)  # UserError for a folder without an adapter
+    data = read_json_file(adapter / "manifest.resolved.json")
+    if not data:
+        raise UserError(f"--adapter {adapter}: no manifest.resolved.json (a train output folder)")
+    data.pop("runtime", None)
+    try:
+        resolved = ResolvedConfig.model_validate(data)
+    except ValueError:
+        raise UserError(
+            f"{adapter / 'manifest.resolved.json'}: not a run's configuration"
+        ) from None
+    training = read_json_file(adapter / SOURCE_MANIFEST).get("training")
+    decoding = (training or {}).get("decoding") if isinstance(training, dict) else None
+    hf_logging.disable_progress_bar()  # the loading bars would interleave with the answers
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(adapter))
+    except LOAD_ERRORS as exc:
+        raise UserError(
+            f"--adapter {adapter}: cannot load its tokenizer ({type(exc).__name__})"
+        ) from None
+    model = load_adapted(adapter, base, dtype or torch.float32).to(device).eval()
+    return LoadedRun(
+        resolved, decoding if isinstance(decoding, dict) else {}, model, tokenizer, device
+    )
+
+
+def decoding_settings(
+    decoding: dict[str, Any], greedy: bool, max_new_tokens: int | None
+) -> tuple[dict[str, Any], list[str]]:
+    """`generate()` keyword arguments from the manifest's decoding block, and notes on what
+    was not used; a value of the wrong type or out of bounds is a UserError naming it."""
+    notes, values = [], {}
+    for key, value in decoding.items():
+        if key.startswith("_"):
+            continue
+        if key not in DECODING_BOUNDS:
+            notes.append(f"training.decoding.{key}: not used by generate")
+            continue
+        low, high = DECODING_BOUNDS[key]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or not low <= value <= high:
+            raise UserError(
+                f"training.decoding.{key}: expected a number from {low} to {high}, got {value!r}"
+            )
+        values[key] = value
+    new = max_new_tokens or values.pop("max_new_tokens", None) or values.pop("max_tokens", None)
+    values.pop("max_new_tokens", None)
+    values.pop("max_tokens", None)
+    settings: dict[str, Any] = {"max_new_tokens": int(new or DEFAULT_NEW_TOKENS)}
+    sample = not greedy and values.get("temperature", 0) > 0
+    settings["do_sample"] = sample
+    if sample:
+        settings.update({k: values[k] for k in ("temperature", "top_p", "top_k") if k in values})
+    elif values and not greedy:
+        notes.append("training.decoding: no temperature above 0, so decoding is greedy")
+    if "repetition_penalty" in values:
+        settings["repetition_penalty"] = values["repetition_penalty"]
+    return settings, notes
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def render_prompt(resolved: ResolvedConfig, tokenizer: Any, text: str) -> list[int]:
+    """A user's prompt as the run's data presented prompts in training."""
+    if "messages" in resolved.field_mapping:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    prompt, _ = render_instruction(resolved.prompt_template, text, None, None)
+    return tokenizer(prompt)["input_ids"]
+
+
+def read_prompts(opts: GenerateOptions) -> list[str]:
+    """`--prompt` values, then the lines of `--prompts FILE` (blank lines skipped)."""
+    prompts = list(opts.prompts)
+    if opts.prompts_file is not None:
+        prompts += _prompt_lines(opts.prompts_file)
+    if len(prompts) > MAX_PROMPTS:
+        raise UserError(f"--prompts: more than {MAX_PROMPTS:,} prompts; split the file")
+    for i, prompt in enumerate(prompts, 1):
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise UserError(f"prompt {i}: over {MAX_PROMPT_CHARS:,} characters")
+    return prompts
+
+
+def _prompt_lines(path: Path) -> list[str]:
+    """One prompt per line (`\\n` in a line stands for a newline), read in bounded pieces."""
+    if not path.is_file():
+        raise UserError(f"--prompts {path}: not a file")
+    lines: list[str] = []
+    try:
+        with path.open(encoding="utf-8") as f:
+            while len(lines) <= MAX_PROMPTS and (line := f.readline(MAX_PROMPT_CHARS + 2)):
+                if len(line) > MAX_PROMPT_CHARS and not line.endswith("\n"):
+                    raise UserError(
+                        f"--prompts {path}:{len(lines) + 1}: a line over "
+                        f"{MAX_PROMPT_CHARS:,} characters"
+                    )
+                if line.strip():
+                    lines.append(line.rstrip("\n").replace("\\n", "\n"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--prompts {path}: byte {exc.start}: not UTF-8 text") from None
+    return lines
+
+
+def eval_cases(run: LoadedRun, n: int) -> list[Case]:
+    """The first `n` examples of the run's validation split, split into prompt and reference
+    by their labels."""
+    data = prepare_data(run.resolved, run.tokenizer)
+    if data.eval is None or not len(data.eval):
+        raise UserError(
+            "--eval: the run has no validation split (set training.dataset.validation_path "
+            "or training.config.eval_fraction and train again)"
+        )
+    cases: list[Case] = []
+    for row in data.eval:
+        for ids, labels in _examples(row):
+            trained = [i for i, label in enumerate(labels) if label != IGNORE]
+            if not trained:
+                continue
+            first = trained[0]
+            stop = next((i for i in range(first, len(labels)) if labels[i] == IGNORE), len(ids))
+            prompt = run.tokenizer.decode(ids[:first], skip_special_tokens=True).strip()
+            reference = run.tokenizer.decode(ids[first:stop], skip_special_tokens=True)
+            cases.append(Case(prompt, ids[:first], reference.strip()))
+            if len(cases) == n:
+                return cases
+    return cases
+
+
+def _examples(row: dict[str, Any]) -> list[tuple[list[int], list[int]]]:
+    """A packed row's examples (position ids restart at 0 for each)."""
+    ids, labels, positions = row["input_ids"], row["labels"], row["position_ids"]
+    starts = [i for i, p in enumerate(positions) if p == 0] + [len(ids)]
+    pairs = zip(starts, starts[1:], strict=False)
+    return [([int(t) for t in ids[a:b]], [int(t) for t in labels[a:b]]) for a, b in pairs if b > a]
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def stop_ids(tokenizer: Any) -> list[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    vocab = tokenizer.get_vocab()
+    ids |= {vocab[t] for t in STOP_TOKENS if t in vocab}
+    return sorted(ids)
+
+
+def answer(run: LoadedRun, case: Case, settings: dict[str, Any], view: GenerationView) -> tuple:
+    """(text, new tokens, seconds) of one generation, streamed to `view`."""
+    context = getattr(run.model.config, "max_position_embeddings", None) or 32_768
+    if len(case.ids) >= context:
+        raise UserError(
+            f"prompt {case.prompt[:40]!r}...: {len(case.ids):,} tokens, over the model's "
+            f"context of {context:,}"
+        )
+    limit = min(settings["max_new_tokens"], context - len(case.ids))
+    torch.manual_seed(run.resolved.seed)
+    inputs = torch.tensor([case.ids], device=run.device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = run.model.generate(
+            input_ids=inputs,
+            attention_mask=torch.ones_like(inputs),
+            **{**settings, "max_new_tokens": limit},
+            eos_token_id=stop_ids(run.tokenizer),
+            pad_token_id=run.tokenizer.pad_token_id or run.tokenizer.eos_token_id,
+            streamer=_Streamer(run.tokenizer, view),
+        )
+    seconds = time.perf_counter() - start
+    new = out[0, inputs.shape[1] :].tolist()
+    return run.tokenizer.decode(new, skip_special_tokens=True).strip(), len(new), seconds
+
+
+def generate(opts: GenerateOptions, view: GenerationView | None = None) -> GenerateResult:
+    """Answer every prompt (and with `compare_base` again without the adapter)."""
+    view = view or Silent()
+    prompts = read_prompts(opts)
+    if not prompts and not opts.eval_n:
+        raise UserError("generate: give --prompt TEXT, --prompts FILE or --eval N")
+    run = load_run(opts.adapter)
+    settings, notes = decoding_settings(run.decoding, opts.greedy, opts.max_new_tokens)
+    if run.resolved.init == "random":
+        notes.append(
+            "the base model is a random initialisation: its answers are noise by design "
+            "(the demo shows the mechanics; train on a pretrained base for real answers)"
+        )
+    cases = [Case(p, render_prompt(run.resolved, run.tokenizer, p)) for p in prompts]
+    cases += eval_cases(run, opts.eval_n) if opts.eval_n else []
+    generations = []
+    for index, case in enumerate(cases):
+        view.start(index, case, "expert")
+        text, new, seconds = answer(run, case, settings, view)
+        result = Generation(case.prompt, text, new, round(seconds, 3), reference=case.reference)
+        if case.reference is not None:
+            result.exact_match = text.strip() == case.reference.strip()
+        if opts.compare_base:
+            view.start(index, case, "base")
+            with run.model.disable_adapter():
+                result.base_output = answer(run, case, settings, view)[0]
+        view.end(result)
+        generations.append(result)
+    info = {**settings, "device": run.device, "base_model": run.resolved.base_model}
+    return GenerateResult(generations, info, notes)

@@ -1,0 +1,152 @@
+"""`expert-cli generate`: prompts rendered as in training, the manifest's decoding settings,
+validation examples split into prompt and reference exactly as they were trained, the base
+model for comparison, and clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import write_jsonl
+from train_helpers import run_cli
+
+from expert_cli.errors import UserError
+from expert_cli.train.generate import decoding_settings
+
+QUESTION, ANSWER = "Count the orders.", "SELECT COUNT(*) FROM orders;"
+
+
+@pytest.fixture(scope="module")
+def memorised(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A run that has learned one instruction example by heart (greedy decoding repeats its
+    answer with a logit margin of about 4 standard deviations at every token)."""
+    folder = tmp_path_factory.mktemp("memorised")
+    rows = [{"q": QUESTION, "a": ANSWER}] * 32
+    write_jsonl(folder / "data" / "train.jsonl", rows)
+    write_jsonl(folder / "data" / "valid.jsonl", rows[:2])
+    manifest = {
+        "name": "expert-memorised",
+        "version": "0.0.1",
+        "schema_version": "2.0",
+        "base_models": [
+            {
+                "name": str(tiny_model_dir),
+                "prompt_template": "chatml",
+                "adapters": [{"type": "lora", "target_modules": "all-linear"}],
+            }
+        ],
+        "training": {
+            "dataset": {
+                "path": "data/train.jsonl",
+                "validation_path": "data/valid.jsonl",
+                "field_mapping": {"instruction": "q", "response": "a"},
+            },
+            "config": {
+                "rank": 16,
+                "alpha": 32,
+                "dropout": 0.0,
+                "learning_rate": 1e-2,
+                "batch_size": 4,
+                "max_seq_length": 64,
+                "packing": False,
+                "warmup_steps": 0,
+                "lr_scheduler": "constant",
+                "save_steps": 1000,
+                "evaluation_strategy": "no",
+            },
+            "decoding": {"temperature": 0.0, "top_p": 0.8, "max_tokens": 24, "grammar": "x"},
+        },
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    out = folder / "out"
+    done = run_cli(
+        "train", "-m", str(folder / "manifest.json"), "--output", str(out), "--max-steps", "60"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def _json(*args: str) -> dict:
+    out = run_cli("generate", *args, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.slow
+def test_eval_splits_validation_examples_as_trained(memorised: Path) -> None:
+    report = _json("--adapter", str(memorised), "--eval", "2")
+    assert len(report["generations"]) == 2
+    for g in report["generations"]:
+        assert g["reference"] == ANSWER and QUESTION in g["prompt"]
+        assert g["output"] == ANSWER and g["exact_match"] is True
+    assert report["exact_match_rate"] == 1.0
+    # the manifest's decoding: temperature 0 is greedy, max_tokens is the budget
+    assert report["settings"]["do_sample"] is False and report["settings"]["max_new_tokens"] == 24
+    assert "training.decoding.grammar: not used by generate" in report["notes"]
+
+
+@pytest.mark.slow
+def test_a_prompt_is_rendered_as_in_training(memorised: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(f"{QUESTION}\n\nList every table.\n")
+    report = _json("--adapter", str(memorised), "--prompts", str(prompts), "--compare-base")
+    outputs = [(g["prompt"], g["output"]) for g in report["generations"]]
+    assert outputs[0] == (QUESTION, ANSWER)  # the memorised answer: same template as training
+    assert [p for p, _ in outputs] == [QUESTION, "List every table."]
+    first = report["generations"][0]
+    assert first["base_output"] is not None and first["base_output"] != ANSWER
+    text = run_cli("generate", "--adapter", str(memorised), "-p", QUESTION, "-p", "Hi.")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.count("expert: ") == 2 and "prompt 2" in text.stdout
+    assert f"expert: {ANSWER}" in text.stdout
+
+
+@pytest.mark.slow
+def test_generate_errors_are_exit_2(memorised: Path, tmp_path: Path) -> None:
+    long = run_cli("generate", "--adapter", str(memorised), "-p", "orders " * 3000)
+    assert long.returncode == 2 and "over the model's context of 2,048" in long.stderr
+    nothing = run_cli("generate", "--adapter", str(memorised))
+    assert (
+        nothing.returncode == 2
+        and "give --prompt TEXT, --prompts FILE or --eval N" in nothing.stderr
+    )
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("adapter_config.json", "manifest.resolved.json", "tokenizer.json"):
+        (broken / name).write_bytes((memorised / name).read_bytes())
+    (broken / "tokenizer_config.json").write_bytes(
+        (memorised / "tokenizer_config.json").read_bytes()
+    )
+    (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    bad = run_cli("generate", "--adapter", str(broken), "-p", "x")
+    assert bad.returncode == 2 and f"--adapter {broken}: cannot load the adapter" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    empty = run_cli("generate", "--adapter", str(tmp_path), "-p", "x")
+    assert empty.returncode == 2 and "no adapter_config.json" in empty.stderr
+
+
+def test_decoding_settings_from_the_manifest() -> None:
+    sampled, notes = decoding_settings({"temperature": 0.7, "top_p": 0.8, "top_k": 20}, False, None)
+    assert sampled == {
+        "max_new_tokens": 256,
+        "do_sample": True,
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+    }
+    assert notes == []
+    greedy, _ = decoding_settings({"temperature": 0.7, "top_p": 0.8}, True, 12)
+    assert greedy == {"max_new_tokens": 12, "do_sample": False}
+    default, notes = decoding_settings({}, False, None)
+    assert default == {"max_new_tokens": 256, "do_sample": False} and notes == []
+    penalised, _ = decoding_settings({"repetition_penalty": 1.1, "max_new_tokens": 40}, False, None)
+    assert penalised == {"max_new_tokens": 40, "do_sample": False, "repetition_penalty": 1.1}
+    for bad in (
+        {"temperature": -1},
+        {"top_p": float("nan")},
+        {"top_k": True},
+        {"max_tokens": 10**9},
+    ):
+        with pytest.raises(UserError, match=f"training.decoding.{next(iter(bad))}"):
+            decoding_settings(bad, False, None)
