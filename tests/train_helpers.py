@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +159,25 @@ def train_steps(
     trainer, _ = build_trainer(model, args, data, tokenizer, "sdpa")
     trainer.train()
     return trainer
+
+
+def png_facts(path: Path) -> tuple[int, int, dict[str, str]]:
+    """Width, height and text chunks of a PNG, checking its signature and every chunk's CRC."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, texts, size = 8, {}, None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        assert crc == zlib.crc32(kind + body), kind
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        elif kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            texts[key.decode()] = value.decode("latin-1")
+        pos += 12 + length
+        if kind == b"IEND":
+            break
+    assert size is not None
+    return size[0], size[1], texts

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from train_helpers import load_adapter, read_metrics, run_cli
+from train_helpers import load_adapter, png_facts, read_metrics, run_cli
 
 STEPS = 10
 WINDOW_KEYS = {
@@ -73,9 +73,12 @@ def test_outputs_written(demo_run: tuple[Path, Path, str]) -> None:
         "tokenizer.json",
         "tokenizer_config.json",
         "manifest.resolved.json",
+        "manifest.source.json",
         "metrics.json",
+        "training.png",
     ):
         assert (out / name).is_file(), name
+    assert png_facts(out / "training.png")[2]["Description"].count(",") == 3  # four panels
     assert (out / "checkpoints" / f"checkpoint-{STEPS}").is_dir()
     assert list((out / "runs").glob("events.out.tfevents.*"))
     assert (out / "base_model" / "model.safetensors").is_file()  # the random init
@@ -112,6 +115,8 @@ def test_loss_falls_and_metrics_schema(demo_run: tuple[Path, Path, str]) -> None
     metrics = read_metrics(out)
     windows = metrics["windows"]
     assert [w["step"] for w in windows] == [5, 10]
+    assert [e["step"] for e in metrics["evals"]] == [10]  # eval_steps=10
+    assert metrics["evals"][0]["eval_loss"] > 0
     assert all(set(w) == WINDOW_KEYS for w in windows)
     assert set(metrics["summary"]) == SUMMARY_KEYS
     assert windows[-1]["loss"] < windows[0]["loss"]

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from expert_cli import __version__
-from expert_cli.cli import benchmark, check, data, train
+from expert_cli.cli import benchmark, check, data, ship, train
 from expert_cli.cli.help import Command, Group, examples
 from expert_cli.cli.render import print_error
 from expert_cli.errors import RunError, UserError
@@ -58,7 +58,22 @@ app.command(
         "expert-cli generate --adapter experts/demo/output --eval 5 --compare-base",
         "expert-cli generate --adapter runs/sql --prompts prompts.txt --json",
     ),
-)(train.generate)
+)(ship.generate)
+app.command(
+    cls=Command,
+    epilog=examples(
+        "expert-cli package --adapter experts/demo/output",
+        "expert-cli package --adapter runs/sql --output dist/expert-sql.expert --force",
+        "expert-cli check --package experts/demo/expert-demo-model.v0.1.0.expert",
+    ),
+)(ship.package)
+app.command(
+    cls=Command,
+    epilog=examples(
+        "expert-cli report experts/demo/output",
+        "expert-cli report runs/sql --output sql-run.png",
+    ),
+)(ship.report)
 app.command(
     cls=Command,
     epilog=examples(

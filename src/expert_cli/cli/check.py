@@ -37,6 +37,14 @@ def check(
             "--set", metavar="KEY=VALUE", help="Check with a field overridden, as train would."
         ),
     ] = None,
+    package: Annotated[
+        Path | None,
+        typer.Option(
+            "--package",
+            metavar="FILE",
+            help="Check a .expert package instead: manifest, files, checksum.",
+        ),
+    ] = None,
     list_settings: Annotated[
         bool,
         typer.Option(
@@ -48,8 +56,11 @@ def check(
     if list_settings:
         render_settings(as_json)
         return
+    if package is not None:
+        check_package(package, as_json)
+        return
     if manifest is None:
-        raise UserError("--manifest: required (or --list-settings)")
+        raise UserError("--manifest: required (or --package FILE, or --list-settings)")
     from expert_cli.cli.render import BuildBar
     from expert_cli.data.checks import check_manifest
 
@@ -66,6 +77,24 @@ def _cached_line(hub: dict[str, Any]) -> str:
     from expert_cli.data.discovery import human_size
 
     return f"{hub['kind']}: {hub['repo']} ({human_size(hub['cached_bytes'])}) {hub['cache_path']}"
+
+
+def check_package(path: Path, as_json: bool) -> None:
+    """`check --package`: exit 2 when the package has problems."""
+    from expert_cli.cli.ship import render_package
+    from expert_cli.train.package import verify_package
+
+    report = verify_package(path)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        render_package(report, "checked")
+        verdict = "[bold green]sound[/]" if report.ok else "[bold red]not sound[/]"
+        from expert_cli.cli.render import console
+
+        console().print(f"package is {verdict}")
+    if not report.ok:
+        raise typer.Exit(code=2)
 
 
 def render_settings(as_json: bool) -> None:

@@ -15,7 +15,11 @@ METAVARS = {Path: "PATH", int: "N", float: "NUMBER", str: "TEXT"}
 
 def _readable(params: list[Any]) -> list[Any]:
     for param in params:
-        if getattr(param, "metavar", None) is not None or param.param_type_name == "argument":
+        if param.param_type_name == "argument":
+            if param.metavar is not None:  # its name says it all: no `<path>` type beside it
+                param.display_type_rich = lambda ctx: None
+            continue
+        if getattr(param, "metavar", None) is not None:
             continue
         if getattr(param, "is_flag", False):
             param.metavar = ""  # a flag takes no value: nothing to show

@@ -215,6 +215,13 @@ def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None
         )
     else:
         console.print(f"wrote {result.output_dir}", highlight=False, markup=False)
+    picture = result.output_dir / "training.png"
+    if picture.is_file():
+        console.print(
+            f"picture   {picture} (loss, learning rate, tokens/s, data wait)",
+            highlight=False,
+            markup=False,
+        )
 
 
 class GenerateView:

@@ -12,27 +12,30 @@ from transformers import TrainerCallback
 
 from expert_cli.atomic import write_json_atomic
 from expert_cli.telemetry.throughput import ThroughputMeter
+from expert_cli.train.run_folder import read_json_file
 
 # the window's numbers that also go into the Trainer's logs (so TensorBoard gets them)
 LOGGED = ("tokens_per_s", "samples_per_s", "data_wait_fraction", "mfu", "peak_memory_gb")
 
 
 class ThroughputCallback(TrainerCallback):
-    """Closes a throughput window at each training log and rewrites metrics.json atomically
-    (only where `metrics_path` is given: the main process). `earlier` (a resumed run's windows
-    up to its checkpoint) stay at the head of the file's list; the summary covers this run's."""
+    """Closes a throughput window at each training log, records each evaluation's loss, and
+    rewrites metrics.json atomically (only where `metrics_path` is given: the main process).
+    `earlier` (a resumed run's windows and evaluations up to its checkpoint) stay at the head
+    of the file's lists; the summary covers this run's."""
 
     def __init__(
         self,
         meter: ThroughputMeter,
         metrics_path: Path | None,
         on_window: Callable[[dict[str, Any]], None] | None = None,
-        earlier: list[dict[str, Any]] | None = None,
+        earlier: dict[str, list[dict[str, Any]]] | None = None,
     ) -> None:
         self.meter = meter
         self.metrics_path = metrics_path
         self.on_window = on_window
-        self.earlier = list(earlier or [])
+        self.earlier = {key: list((earlier or {}).get(key, [])) for key in ("windows", "evals")}
+        self.evals: list[dict[str, Any]] = []
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.meter.step_ended()
@@ -40,6 +43,9 @@ class ThroughputCallback(TrainerCallback):
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
     ) -> None:
+        if logs is not None and "eval_loss" in logs:
+            self.evals.append({"step": state.global_step, "eval_loss": logs["eval_loss"]})
+            self.write(state.global_step, "running")
         if logs is None or "loss" not in logs or self.meter.steps_in_window == 0:
             return
         record = self.meter.close_window(
@@ -53,7 +59,11 @@ class ThroughputCallback(TrainerCallback):
     def write(self, steps: int, status: str) -> dict[str, Any]:
         summary = self.meter.summary(steps, status)
         if self.metrics_path is not None:
-            data = {"windows": self.earlier + self.meter.windows, "summary": summary}
+            data = {
+                "windows": self.earlier["windows"] + self.meter.windows,
+                "evals": self.earlier["evals"] + self.evals,
+                "summary": summary,
+            }
             write_json_atomic(self.metrics_path, data)
         return summary
 
@@ -71,6 +81,19 @@ class ThroughputCallback(TrainerCallback):
         state, as every write replaces it atomically)."""
         with contextlib.suppress(OSError):
             self.finish(steps, "failed")
+
+
+def earlier_records(path: Path, resumed_from: str | None) -> dict[str, list[dict[str, Any]]]:
+    """The windows and evaluations of metrics.json up to the checkpoint a resumed run starts
+    from (none for a new run, or when the file is unreadable: a killed run's)."""
+    if resumed_from is None:
+        return {}
+    step = int(Path(resumed_from).name.rsplit("-", 1)[-1])
+    data = read_json_file(path)
+    return {
+        key: [r for r in data.get(key) or [] if isinstance(r, dict) and r.get("step", 0) <= step]
+        for key in ("windows", "evals")
+    }
 
 
 class Interrupt:

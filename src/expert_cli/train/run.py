@@ -8,7 +8,6 @@ The same code runs alone, under `torchrun --nproc_per_node N` and under `acceler
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -31,7 +30,12 @@ from expert_cli.errors import RunError, UserError
 from expert_cli.train import distributed
 from expert_cli.train.args import planned_steps, training_args_kwargs
 from expert_cli.train.batch import plan_batch
-from expert_cli.train.callbacks import AdaLoraCallback, Interrupt, InterruptCallback
+from expert_cli.train.callbacks import (
+    AdaLoraCallback,
+    Interrupt,
+    InterruptCallback,
+    earlier_records,
+)
 from expert_cli.train.model import (
     ModelChoices,
     adapter_compute_dtype,
@@ -48,6 +52,7 @@ from expert_cli.train.outputs import (
     output_dir,
     write_resolved,
 )
+from expert_cli.train.report import write_run_plot
 from expert_cli.train.run_folder import (
     CheckpointMarker,
     Previous,
@@ -285,7 +290,7 @@ def make_trainer(
     telemetry = Telemetry(
         metrics_path=metrics if run.is_main else None,
         on_window=run.reporter.window if run.is_main else None,
-        earlier_windows=_earlier_windows(metrics, run.runtime.get("resumed_from")),
+        earlier=earlier_records(metrics, run.runtime.get("resumed_from")),
         world_size=run.args.world_size,
         reduce=distributed.sum_over_ranks,
     )
@@ -300,18 +305,6 @@ def make_trainer(
     if run.resolved.adapter_type == "adalora":
         trainer.add_callback(AdaLoraCallback(model))
     return trainer, throughput, stop
-
-
-def _earlier_windows(path: Path, resumed_from: str | None) -> list[dict[str, Any]]:
-    """The windows of metrics.json up to the checkpoint a resumed run starts from."""
-    if resumed_from is None or not path.is_file():
-        return []
-    step = int(Path(resumed_from).name.rsplit("-", 1)[-1])
-    try:
-        windows = json.loads(path.read_text()).get("windows", [])
-    except (OSError, ValueError):  # a half-written file from a killed run: start a new list
-        return []
-    return [w for w in windows if isinstance(w, dict) and w.get("step", 0) <= step]
 
 
 def _tensorboard(run: Run) -> TrainerCallback | None:
@@ -379,6 +372,8 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
             raise
     status = "interrupted" if stop.stopped else "completed"
     summary = throughput.finish(trainer.state.global_step, status)
+    if run.is_main:
+        write_run_plot(run.output)  # training.png, where matplotlib is installed
     if status == "completed":
         try:
             save(run, trainer)

@@ -31,6 +31,7 @@ RUN_OUTPUTS = (
     "runs",
     "base_model",
     "metrics.json",
+    "training.png",
     "manifest.resolved.json",
     "manifest.source.json",
     "adapter_model.safetensors",

@@ -100,11 +100,11 @@ def flops_model(peft_model: Any) -> FlopsModel:
 @dataclass
 class Telemetry:
     """Where a run's throughput goes: metrics.json (main process only), a per-window hook,
-    the windows of the run it resumes, and how many processes to sum over."""
+    the windows and evaluations of the run it resumes, and how many processes to sum over."""
 
     metrics_path: Path | None = None
     on_window: Callable[[dict[str, Any]], None] | None = None
-    earlier_windows: list[dict[str, Any]] = field(default_factory=list)
+    earlier: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     world_size: int = 1
     reduce: Callable[[list[float]], list[float]] | None = None
 
@@ -125,7 +125,7 @@ def build_trainer(
     )
     meter = ThroughputMeter(flops_model(model), telemetry.world_size, reduce=telemetry.reduce)
     throughput = ThroughputCallback(
-        meter, telemetry.metrics_path, telemetry.on_window, telemetry.earlier_windows
+        meter, telemetry.metrics_path, telemetry.on_window, telemetry.earlier
     )
     trainer = ExpertTrainer(
         model=model,

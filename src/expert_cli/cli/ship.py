@@ -1,0 +1,157 @@
+"""`expert-cli generate`, `report` and `package`: try a trained run, picture it, ship it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from expert_cli.train.package import PackageReport
+
+
+def generate(
+    adapter: Annotated[
+        Path,
+        typer.Option("--adapter", metavar="RUN_DIR", help="A trained run folder (train's output)."),
+    ],
+    prompt: Annotated[
+        list[str] | None,
+        typer.Option("--prompt", "-p", metavar="TEXT", help="A prompt; repeat for several."),
+    ] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="A text file of prompts, one per line."),
+    ] = None,
+    eval_n: Annotated[
+        int | None,
+        typer.Option(
+            "--eval",
+            min=1,
+            max=10_000,
+            metavar="N",
+            help="Answer the first N validation examples; show references and exact match.",
+        ),
+    ] = None,
+    compare_base: Annotated[
+        bool, typer.Option("--compare-base", help="Also answer with the adapter switched off.")
+    ] = False,
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=32_768, metavar="N", help="Tokens to generate at most (default 256)."
+        ),
+    ] = None,
+    greedy: Annotated[
+        bool, typer.Option("--greedy", help="Greedy decoding, whatever the manifest says.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Try a trained expert: its prompt template and decoding settings, answers streamed."""
+    import json
+
+    from expert_cli.cli.render import console
+    from expert_cli.cli.train_view import GenerateView, print_generate_end
+    from expert_cli.train.generate import GenerateOptions
+    from expert_cli.train.generate import generate as run_generate
+
+    opts = GenerateOptions(
+        adapter=adapter,
+        prompts=prompt or [],
+        prompts_file=prompts,
+        eval_n=eval_n,
+        compare_base=compare_base,
+        max_new_tokens=max_new_tokens,
+        greedy=greedy,
+    )
+    if as_json:
+        typer.echo(json.dumps(run_generate(opts).to_dict(), indent=2, ensure_ascii=False))
+        return
+    out = console()
+    result = run_generate(opts, GenerateView(out))
+    print_generate_end(out, result)
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A train output folder.")],
+    output: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="Where to write the PNG (default RUN_DIR/training.png)."),
+    ] = None,
+) -> None:
+    """Draw a run's training.png (loss, learning rate, tokens/s, data wait) and summarise it."""
+    from expert_cli.cli.render import console
+    from expert_cli.train.report import PLOT_NAME, summarize
+
+    result = summarize(run_dir, output or run_dir / PLOT_NAME)
+    out = console()
+    speed = "-" if result.tokens_per_s is None else f"{result.tokens_per_s:,.0f}"
+    loss = "-" if result.final_loss is None else f"{result.final_loss:.4g}"
+    best = (
+        "-"
+        if result.best_eval_loss is None
+        else f"{result.best_eval_loss:.4g} at step {result.best_eval_step}"
+    )
+    out.print(
+        f"{result.status}: {result.steps} steps, {speed} tok/s, final loss {loss}, "
+        f"best eval loss {best}",
+        markup=False,
+    )
+    out.print(f"wrote {result.plot}", markup=False)
+
+
+def package(
+    adapter: Annotated[
+        Path,
+        typer.Option("--adapter", metavar="RUN_DIR", help="A trained run folder (train's output)."),
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="The package to write (default: {name}-{base}.v{version}.expert beside RUN_DIR).",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace a package (and .sha256) of that name.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Build the HiveLLM .expert package of a run, with its .sha256, and verify it."""
+    import json
+
+    from expert_cli.train.package import build_package
+
+    report = build_package(adapter, output, force)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    render_package(report, "wrote")
+
+
+def render_package(report: PackageReport, verb: str) -> None:
+    """A package's files, checksum and notes (and problems, for check --package)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from expert_cli.cli.render import console
+    from expert_cli.data.discovery import human_size
+
+    out = console()
+    man = report.manifest
+    table = Table(
+        "file",
+        "size",
+        title=f"{man.get('name')} {man.get('version')} (schema {man.get('schema_version')})",
+    )
+    for name, size in report.files.items():
+        table.add_row(Text(name), human_size(size))
+    out.print(table)
+    for note in report.notes:
+        out.print(f"[yellow]note[/yellow]  {note}", highlight=False)
+    for problem in report.problems:
+        out.print(f"[bold red]problem[/bold red]  {problem}", highlight=False)
+    out.print(f"{verb} {report.path} (sha256 {report.sha256})", markup=False)
+    if report.checksum_file is not None:
+        out.print(f"checksum {report.checksum_file}", markup=False)

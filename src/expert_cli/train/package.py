@@ -1,0 +1,385 @@
+"""`expert-cli package`: a trained run as a HiveLLM `.expert` package, and `check --package`.
+
+The package is a gzip-compressed tar with no top-level folder (the layout hivellm/expert's
+packager writes and its loader reads):
+
+- `manifest.json`: the expert's manifest as its file holds it, with a schema 2.0 `base_models`
+  reduced to the base model the adapter was trained on, and the adapter's `size_bytes` and
+  `sha256` filled in;
+- `adapter_model.safetensors` and `adapter_config.json` (its `base_model_name_or_path` set to
+  the manifest's base model), at the root, or under the adapter's `path` when the manifest
+  gives one (it is kept);
+- the run's tokenizer files;
+- from the expert's folder, when present: README.md, LICENSE, the grammar file
+  (`training.decoding.grammar_file`, else grammar.gbnf) and soft prompts, at the paths the
+  manifest names them by.
+
+Members are written in a fixed order with fixed times and owners, so the same run gives the
+same bytes. Beside the package, `<package>.sha256` holds `<hex>  <file name>` (`sha256sum -c`
+reads it). The package is read back and verified before it is reported written.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import tarfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import ValidationError
+
+from expert_cli.atomic import atomic_file
+from expert_cli.config import Manifest
+from expert_cli.config.loading import format_errors, read_manifest_json, strip_comments
+from expert_cli.errors import UserError
+from expert_cli.train.merge import adapter_base
+from expert_cli.train.outputs import SOURCE_MANIFEST
+from expert_cli.train.run_folder import read_json_file
+
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")
+MAX_FILE_BYTES = 20 << 30
+MAX_MEMBERS = 10_000
+CHUNK = 1 << 20
+
+
+@dataclass
+class PackageReport:
+    """What a package holds and whether it is sound (`problems` empty)."""
+
+    path: Path
+    files: dict[str, int] = field(default_factory=dict)  # member -> size
+    manifest: dict[str, Any] = field(default_factory=dict)
+    sha256: str = ""
+    checksum_file: Path | None = None
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "checksum_file": str(self.checksum_file) if self.checksum_file else None,
+            "files": self.files,
+            "name": self.manifest.get("name"),
+            "version": self.manifest.get("version"),
+            "schema_version": self.manifest.get("schema_version"),
+            "problems": self.problems,
+            "notes": self.notes,
+        }
+
+
+# --------------------------------------------------------------------------- building
+
+
+def package_name(manifest: dict[str, Any], base: str) -> str:
+    """`{name}-{base}.v{version}.expert` as hivellm/expert names it (schema 2.0: the base
+    model's last path part, lowercase, `.` and `_` as `-`; 1.0: `.` and `-` removed)."""
+    name, version = str(manifest.get("name") or ""), str(manifest.get("version") or "0.0.0")
+    for field_name, value in (("name", name), ("version", version)):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}", value):
+            raise UserError(f"{field_name}: {value[:40]!r} cannot be part of a file name")
+    last = base.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower()
+    if manifest.get("schema_version") == "2.0":
+        slug = last.replace(".", "-").replace("_", "-")
+    else:
+        slug = last.replace(".", "").replace("-", "")
+    return f"{name}-{slug}.v{version}.expert"
+
+
+def _relative(value: Any, where: str) -> PurePosixPath:
+    """A path the manifest gives for a file inside the package: relative, inside it."""
+    if not isinstance(value, str) or not value.strip():
+        raise UserError(f"{where}: expected a relative path, got {value!r}")
+    path = PurePosixPath(value.replace("\\", "/"))
+    if path.is_absolute() or ".." in path.parts or re.match(r"^[A-Za-z]:", value):
+        raise UserError(f"{where}: {value!r} must be a relative path inside the package")
+    return path
+
+
+def _adapters_of(manifest: dict[str, Any]) -> tuple[list[Any], str]:
+    """The adapter list the run trained (and its JSON path), in a manifest dict."""
+    if manifest.get("schema_version") == "2.0":
+        return manifest["base_models"][0].setdefault("adapters", []), "base_models[0].adapters"
+    return manifest.setdefault("adapters", []), "adapters"
+
+
+def _source_manifest(run_dir: Path, resolved: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """The manifest as its file holds it, and the expert's folder (for README, LICENSE, ...)."""
+    manifest_path = Path(str(resolved.get("manifest_path") or ""))
+    source = read_json_file(run_dir / SOURCE_MANIFEST)
+    if not source and manifest_path.is_file():
+        source = read_manifest_json(manifest_path)
+    if not source:
+        raise UserError(
+            f"--adapter {run_dir}: no {SOURCE_MANIFEST} and the manifest it was trained from "
+            f"({manifest_path}) is gone; train again with this version of expert-cli"
+        )
+    return source, manifest_path.parent
+
+
+def _file(path: Path, where: str) -> Path:
+    if not path.is_file():
+        raise UserError(f"{where}: {path} is not a file")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise UserError(f"{where}: {path} is over {MAX_FILE_BYTES >> 30} GB")
+    return path
+
+
+def plan_members(run_dir: Path) -> tuple[dict[str, Any], dict[str, bytes | Path], list[str]]:
+    """(packaged manifest, member name -> bytes or file, notes) of a run folder."""
+    adapter_base(run_dir)  # UserError when the folder has no adapter
+    resolved = read_json_file(run_dir / "manifest.resolved.json")
+    source, expert_dir = _source_manifest(run_dir, resolved)
+    manifest = copy.deepcopy(source)
+    try:
+        parsed = Manifest.model_validate(strip_comments(copy.deepcopy(source)))
+    except ValidationError as exc:
+        raise UserError([f"{SOURCE_MANIFEST}: {line}" for line in format_errors(exc)]) from None
+    base_name = parsed.primary_base_model.name
+    if manifest.get("schema_version") == "2.0":
+        manifest["base_models"] = manifest["base_models"][:1]
+    adapters, where = _adapters_of(manifest)
+    if not adapters:
+        adapters.append({"type": resolved.get("adapter_type") or "lora"})
+    adapter = adapters[0]
+    folder = _relative(adapter["path"], f"{where}[0].path") if adapter.get("path") else None
+    weights = _file(run_dir / ADAPTER_FILES[0], "--adapter")
+    adapter["size_bytes"], adapter["sha256"] = weights.stat().st_size, _sha256(weights)
+    config = json.loads(_file(run_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
+    config["base_model_name_or_path"] = base_name
+    prefix = f"{folder.as_posix()}/" if folder else ""
+    members: dict[str, bytes | Path] = {
+        "manifest.json": (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode(),
+        prefix + ADAPTER_FILES[0]: weights,
+        prefix + ADAPTER_FILES[1]: (json.dumps(config, indent=2) + "\n").encode(),
+    }
+    members.update({n: run_dir / n for n in TOKENIZER_FILES if (run_dir / n).is_file()})
+    notes = _expert_files(manifest, expert_dir, members)
+    return manifest, members, notes
+
+
+def _expert_files(
+    manifest: dict[str, Any], expert_dir: Path, members: dict[str, bytes | Path]
+) -> list[str]:
+    """README, LICENSE, grammar and soft prompts from the expert's folder, where present."""
+    if not expert_dir.is_dir():
+        return [f"the expert's folder {expert_dir} is gone: no README, LICENSE or grammar"]
+    notes = []
+    for name in EXPERT_FILES:
+        if (expert_dir / name).is_file():
+            members[name] = _file(expert_dir / name, name)
+    decoding = (manifest.get("training") or {}).get("decoding") or {}
+    grammar = decoding.get("grammar_file") if isinstance(decoding, dict) else None
+    wanted = [("training.decoding.grammar_file", grammar)] if grammar else []
+    for i, prompt in enumerate(manifest.get("soft_prompts") or []):
+        if isinstance(prompt, dict) and prompt.get("path"):
+            wanted.append((f"soft_prompts[{i}].path", prompt["path"]))
+    for where, value in wanted:
+        relative = _relative(value, where)
+        path = expert_dir / relative
+        if not path.is_file():
+            raise UserError(f"{where}: {path} is not a file")
+        members[relative.as_posix()] = _file(path, where)
+    if not grammar and (expert_dir / "grammar.gbnf").is_file():
+        members["grammar.gbnf"] = expert_dir / "grammar.gbnf"
+    if "README.md" not in members:
+        notes.append(f"{expert_dir} has no README.md: the package has none")
+    return notes
+
+
+def build_package(run_dir: Path, output: Path | None = None, force: bool = False) -> PackageReport:
+    """Write the package and its `.sha256`, read it back and verify it."""
+    manifest, members, notes = plan_members(run_dir)
+    base = (
+        manifest["base_models"][0]["name"]
+        if manifest.get("base_models")
+        else ((manifest.get("base_model") or {}).get("name", ""))
+    )
+    path = output or run_dir.parent / package_name(manifest, str(base))
+    if path.suffix != ".expert":
+        raise UserError(f"--output {path}: a package's name ends in .expert")
+    checksum = path.with_name(path.name + ".sha256")
+    for existing in (path, checksum):
+        if existing.exists() and not force:
+            raise UserError(f"--output {existing}: exists; choose another name or --force")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as tmp:
+        _write_tar(tmp, members)
+        digest = _sha256(tmp)
+        report = verify_package(tmp, expected=members, sidecar=False)
+        if report.problems:  # never leave a package that does not read back
+            raise UserError([f"{path}: {p}" for p in report.problems])
+    with atomic_file(checksum) as tmp:
+        tmp.write_text(f"{digest}  {path.name}\n", encoding="utf-8")
+    report.path, report.checksum_file, report.notes = path, checksum, notes + report.notes
+    return report
+
+
+def _write_tar(dest: Path, members: dict[str, bytes | Path]) -> None:
+    """The archive, byte-for-byte the same for the same members (no names, times or owners
+    from this machine in the gzip or tar headers)."""
+    order = ["manifest.json", *sorted(n for n in members if n != "manifest.json")]
+    with (
+        open(dest, "wb") as raw,
+        gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as zipped,
+        tarfile.open(fileobj=zipped, mode="w", format=tarfile.GNU_FORMAT) as tar,
+    ):
+        for name in order:
+            item = members[name]
+            info = tarfile.TarInfo(name)
+            info.mode, info.mtime, info.uid, info.gid = 0o644, 0, 0, 0
+            if isinstance(item, bytes):
+                info.size = len(item)
+                tar.addfile(info, io.BytesIO(item))
+            else:
+                info.size = item.stat().st_size
+                with item.open("rb") as f:
+                    tar.addfile(info, f)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- verifying
+
+
+def verify_package(
+    path: Path, expected: dict[str, bytes | Path] | None = None, sidecar: bool = True
+) -> PackageReport:
+    """Read a package without extracting it: safe member names, a manifest that validates,
+    the adapter files where the manifest says, hashes that match (and, with `expected`, every
+    member equal to what was meant to be written)."""
+    report = PackageReport(path=path)
+    if not path.is_file():
+        report.problems.append(f"{path}: not a file")
+        return report
+    report.sha256 = _sha256(path)
+    hashes: dict[str, str] = {}
+    try:
+        with tarfile.open(path, mode="r:gz") as tar:
+            for count, member in enumerate(tar, 1):
+                if count > MAX_MEMBERS:
+                    report.problems.append(f"more than {MAX_MEMBERS:,} files")
+                    break
+                problem = _member_problem(member)
+                if problem:
+                    report.problems.append(problem)
+                    continue
+                report.files[member.name] = member.size
+                hashes[member.name], data = _member_hash(tar, member)
+                if member.name == "manifest.json":
+                    report.manifest = _manifest_of(data, report)
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        report.problems.append(f"not a gzip-compressed tar archive ({type(exc).__name__})")
+        return report
+    _check_contents(report, hashes)
+    if sidecar:
+        _check_checksum_file(report)
+    if expected is not None:
+        for name, item in expected.items():
+            want = hashlib.sha256(item).hexdigest() if isinstance(item, bytes) else _sha256(item)
+            if hashes.get(name) != want:
+                report.problems.append(f"{name}: does not read back as written")
+    return report
+
+
+def _member_problem(member: tarfile.TarInfo) -> str | None:
+    name = member.name
+    if not member.isfile():
+        return f"{name}: not a regular file (links and folders do not belong in a package)"
+    if name.startswith("/") or ".." in PurePosixPath(name).parts or "\\" in name:
+        return f"{name}: a path outside the package"
+    if member.size > MAX_FILE_BYTES:
+        return f"{name}: over {MAX_FILE_BYTES >> 30} GB"
+    return None
+
+
+def _member_hash(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, bytes]:
+    """sha256 of a member, and its bytes when it is small JSON worth reading."""
+    digest, kept = hashlib.sha256(), io.BytesIO()
+    keep = member.name.endswith(".json") and member.size <= 16 << 20
+    stream = tar.extractfile(member)
+    assert stream is not None  # a regular file, checked above
+    while block := stream.read(CHUNK):
+        digest.update(block)
+        if keep:
+            kept.write(block)
+    return digest.hexdigest(), kept.getvalue()
+
+
+def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+        Manifest.model_validate(strip_comments(copy.deepcopy(manifest)))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        if isinstance(exc, ValidationError):
+            report.problems += [f"manifest.json: {line}" for line in format_errors(exc)]
+        else:
+            report.problems.append("manifest.json: not a JSON object")
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _check_contents(report: PackageReport, hashes: dict[str, str]) -> None:
+    if "manifest.json" not in report.files:
+        report.problems.append("manifest.json: missing at the package's root")
+    if not report.manifest:
+        return
+    try:
+        adapters, where = _adapters_of(copy.deepcopy(report.manifest))
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return
+    adapter = adapters[0] if adapters and isinstance(adapters[0], dict) else {}
+    folder = adapter.get("path")
+    prefix = f"{PurePosixPath(str(folder)).as_posix()}/" if folder else ""
+    for name in ADAPTER_FILES:
+        if prefix + name not in report.files:
+            report.problems.append(f"{prefix + name}: missing ({where}[0].path is {folder!r})")
+    weights = hashes.get(prefix + ADAPTER_FILES[0])
+    if weights and adapter.get("sha256") and adapter["sha256"] != weights:
+        report.problems.append(f"{where}[0].sha256: does not match {prefix}{ADAPTER_FILES[0]}")
+    size = report.files.get(prefix + ADAPTER_FILES[0])
+    if size is not None and adapter.get("size_bytes") and adapter["size_bytes"] != size:
+        report.problems.append(
+            f"{where}[0].size_bytes: {adapter['size_bytes']} but the file has {size}"
+        )
+
+
+def _check_checksum_file(report: PackageReport) -> None:
+    sidecar = report.path.with_name(report.path.name + ".sha256")
+    if not sidecar.is_file():
+        report.notes.append(f"no {sidecar.name} beside the package: its checksum is not checked")
+        return
+    report.checksum_file = sidecar
+    text = sidecar.read_text(encoding="utf-8", errors="replace")[:1024].split()
+    if not text or text[0].lower() != report.sha256:
+        report.problems.append(f"{sidecar.name}: the checksum does not match the package")
+    elif len(text) > 1 and os.path.basename(text[1]) != report.path.name:
+        report.notes.append(f"{sidecar.name} names {text[1][:80]!r}, not {report.path.name}")

@@ -1,0 +1,121 @@
+"""A run's picture: `training.png` from its metrics.json, four panels: training and evaluation
+loss by step, learning rate by step, tokens/s by window, data wait by window.
+
+`train` writes it at the end of a run (and of an interrupted one); `expert-cli report RUN_DIR`
+writes it again at any time, for example while a run is going on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from expert_cli.atomic import atomic_file
+from expert_cli.errors import UserError
+from expert_cli.train.run_folder import read_json_file
+
+PANELS = ("loss", "learning rate", "tokens/s", "data wait")
+PLOT_NAME = "training.png"
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What a run's metrics.json says, in short, and where its picture went."""
+
+    run_dir: Path
+    status: str
+    steps: int
+    tokens_per_s: float | None
+    final_loss: float | None
+    best_eval_loss: float | None
+    best_eval_step: int | None
+    plot: Path | None
+
+
+def read_metrics(run_dir: Path) -> dict[str, Any]:
+    """A run folder's metrics.json; UserError for a folder without one."""
+    path = run_dir / "metrics.json"
+    data = read_json_file(path)
+    if not isinstance(data.get("windows"), list):
+        raise UserError(f"{run_dir}: no readable metrics.json (expected a train output folder)")
+    return data
+
+
+def summarize(run_dir: Path, plot: Path | None = None) -> RunReport:
+    """The run's status, speed, final and best evaluation loss, and its picture (written when
+    `plot` is given)."""
+    data = read_metrics(run_dir)
+    summary = data.get("summary") or {}
+    evals = [e for e in data.get("evals") or [] if e.get("eval_loss") is not None]
+    best = min(evals, key=lambda e: e["eval_loss"]) if evals else None
+    if plot is not None:
+        write_training_plot(data, plot)
+    return RunReport(
+        run_dir=run_dir,
+        status=str(summary.get("status", "unknown")),
+        steps=int(summary.get("steps") or 0),
+        tokens_per_s=summary.get("tokens_per_s"),
+        final_loss=summary.get("final_loss"),
+        best_eval_loss=best["eval_loss"] if best else None,
+        best_eval_step=best["step"] if best else None,
+        plot=plot,
+    )
+
+
+def _points(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    pairs = [(r["step"], r[key]) for r in records if r.get(key) is not None and "step" in r]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def write_training_plot(data: dict[str, Any], path: Path) -> Path:
+    """The four-panel PNG of a run's metrics, written whole or not at all."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    windows, evals = data.get("windows") or [], data.get("evals") or []
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    loss, lr, speed, wait = axes.flat
+    steps, values = _points(windows, "loss")
+    loss.plot(steps, values, marker="." if len(steps) < 60 else None, label="training")
+    steps, values = _points(evals, "eval_loss")
+    if steps:
+        loss.plot(steps, values, marker="o", label="evaluation")
+    loss.set_ylabel("loss")
+    loss.legend(loc="upper right")
+    steps, values = _points(windows, "learning_rate")
+    lr.plot(steps, values, color="tab:purple")
+    lr.set_ylabel("learning rate")
+    steps, values = _points(windows, "tokens_per_s")
+    speed.plot(steps, values, color="tab:green", drawstyle="steps-pre")
+    speed.set_ylabel("tokens/s (non-padding)")
+    speed.set_ylim(bottom=0)
+    steps, values = _points(windows, "data_wait_fraction")
+    wait.plot(steps, [100 * v for v in values], color="tab:red", drawstyle="steps-pre")
+    wait.set_ylabel("data wait (% of wall time)")
+    wait.set_ylim(bottom=0)
+    for ax, name in zip(axes.flat, PANELS, strict=True):
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    for ax in axes[1]:
+        ax.set_xlabel("optimizer step")
+    status = (data.get("summary") or {}).get("status", "")
+    fig.suptitle(f"training run ({status})" if status else "training run")
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        fig.savefig(
+            tmp, format="png", dpi=100, metadata={"Description": "panels: " + ", ".join(PANELS)}
+        )
+    plt.close(fig)
+    return path
+
+
+def write_run_plot(run_dir: Path) -> Path | None:
+    """RUN_DIR/training.png, or None where matplotlib is not installed."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return None
+    return write_training_plot(read_metrics(run_dir), run_dir / PLOT_NAME)

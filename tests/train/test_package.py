@@ -1,0 +1,208 @@
+"""`expert-cli package` and `check --package`: a run becomes a HiveLLM .expert archive that
+unpacks to the run's own files, keeps the manifest's adapter path, carries a checksum
+`sha256sum -c` accepts, reads the same every time, and is checked without being unpacked."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from train_helpers import run_cli, write_expert
+
+from expert_cli.errors import UserError
+from expert_cli.train.package import package_name, verify_package
+
+ADAPTER_PATH = "weights/qwen3-tiny/adapter"
+
+
+def _unpack(package: Path) -> dict[str, bytes]:
+    with tarfile.open(package, "r:gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+
+
+@pytest.fixture(scope="module")
+def v2_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A trained schema 2.0 expert with an adapter path, two base models, a README, a
+    LICENSE, a grammar file and a soft prompt beside its manifest."""
+    folder = tmp_path_factory.mktemp("v2") / "expert-tiny"
+    manifest_path = write_expert(folder, tiny_model_dir)
+    manifest = json.loads(manifest_path.read_text())
+    manifest["base_models"][0]["adapters"][0].update(path=ADAPTER_PATH, size_bytes=0, sha256="")
+    manifest["base_models"][0]["_comment"] = "kept in the package"
+    manifest["base_models"].append(dict(manifest["base_models"][0], name="Qwen/Qwen3-1.7B"))
+    manifest["training"]["decoding"] = {"temperature": 0.2, "grammar_file": "grammars/sql.gbnf"}
+    manifest["soft_prompts"] = [{"name": "style", "path": "soft_prompts/style.bin"}]
+    manifest_path.write_text(json.dumps(manifest, indent=2))
+    (folder / "README.md").write_text("# expert-tiny\n")
+    (folder / "LICENSE").write_text("Apache-2.0\n")
+    (folder / "grammars").mkdir()
+    (folder / "grammars" / "sql.gbnf").write_text('root ::= "SELECT"\n')
+    (folder / "soft_prompts").mkdir()
+    (folder / "soft_prompts" / "style.bin").write_bytes(bytes(range(256)))
+    out = folder / "out"
+    done = run_cli("train", "-m", str(manifest_path), "--output", str(out), "--max-steps", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+@pytest.mark.slow
+def test_v2_package_round_trips(v2_run: Path, tiny_model_dir: Path) -> None:
+    done = run_cli("package", "--adapter", str(v2_run), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    base = tiny_model_dir.name.lower().replace(".", "-").replace("_", "-")
+    package = v2_run.parent / f"expert-test-{base}.v0.0.1.expert"
+    assert report["path"] == str(package) and report["problems"] == []
+    files = _unpack(package)
+    assert sorted(files) == sorted(
+        [
+            "manifest.json",
+            f"{ADAPTER_PATH}/adapter_model.safetensors",
+            f"{ADAPTER_PATH}/adapter_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+            "README.md",
+            "LICENSE",
+            "grammars/sql.gbnf",
+            "soft_prompts/style.bin",
+        ]
+    )
+    weights = (v2_run / "adapter_model.safetensors").read_bytes()
+    assert files[f"{ADAPTER_PATH}/adapter_model.safetensors"] == weights
+    assert files["tokenizer.json"] == (v2_run / "tokenizer.json").read_bytes()
+    assert files["soft_prompts/style.bin"] == bytes(range(256))
+    manifest = json.loads(files["manifest.json"])
+    assert len(manifest["base_models"]) == 1  # the base model the adapter was trained on
+    adapter = manifest["base_models"][0]["adapters"][0]
+    assert adapter["path"] == ADAPTER_PATH
+    assert adapter["sha256"] == hashlib.sha256(weights).hexdigest()
+    assert adapter["size_bytes"] == len(weights)
+    assert manifest["base_models"][0]["_comment"] == "kept in the package"
+    config = json.loads(files[f"{ADAPTER_PATH}/adapter_config.json"])
+    assert config["base_model_name_or_path"] == str(tiny_model_dir)
+    # the checksum file is what sha256sum writes and checks
+    sidecar = package.with_name(package.name + ".sha256")
+    digest = hashlib.sha256(package.read_bytes()).hexdigest()
+    assert sidecar.read_text() == f"{digest}  {package.name}\n"
+    if shutil.which("sha256sum"):
+        ok = subprocess.run(
+            ["sha256sum", "-c", sidecar.name], cwd=package.parent, capture_output=True
+        )
+        assert ok.returncode == 0, ok.stderr
+    checked = run_cli("check", "--package", str(package))
+    assert checked.returncode == 0 and "package is sound" in checked.stdout, checked.stdout
+    # the same run packs to the same bytes; an existing package is kept unless --force
+    again = run_cli("package", "--adapter", str(v2_run))
+    assert again.returncode == 2 and "exists; choose another name or --force" in again.stderr
+    assert package.read_bytes() and hashlib.sha256(package.read_bytes()).hexdigest() == digest
+    forced = run_cli("package", "--adapter", str(v2_run), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert hashlib.sha256(package.read_bytes()).hexdigest() == digest
+
+
+@pytest.mark.slow
+def test_v1_package_keeps_its_layout(tmp_path: Path, tiny_model_dir: Path) -> None:
+    folder = tmp_path / "expert-v1"
+    manifest_path = write_expert(folder, tiny_model_dir)
+    v2 = json.loads(manifest_path.read_text())
+    base = v2["base_models"][0]
+    adapters = base.pop("adapters")
+    v1 = {**v2, "schema_version": "1.0", "base_model": base, "adapters": adapters}
+    del v1["base_models"]
+    manifest_path.write_text(json.dumps(v1))
+    out = folder / "out"
+    done = run_cli("train", "-m", str(manifest_path), "--output", str(out), "--max-steps", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    target = tmp_path / "dist" / "tiny.expert"
+    packed = run_cli("package", "--adapter", str(out), "--output", str(target))
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+    files = _unpack(target)
+    assert {"manifest.json", "adapter_model.safetensors", "adapter_config.json"} <= set(files)
+    manifest = json.loads(files["manifest.json"])
+    assert manifest["schema_version"] == "1.0" and "base_models" not in manifest
+    assert manifest["adapters"][0]["size_bytes"] == len(files["adapter_model.safetensors"])
+    assert verify_package(target).ok
+
+
+def _repack(source: Path, dest: Path, change) -> Path:
+    """A copy of a package with its members changed by `change(dict) -> dict`."""
+    files = change(_unpack(source))
+    with tarfile.open(dest, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return dest
+
+
+@pytest.mark.slow
+def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None:
+    package = tmp_path / "good.expert"
+    done = run_cli("package", "--adapter", str(v2_run), "--output", str(package))
+    assert done.returncode == 0, done.stderr
+    weights = f"{ADAPTER_PATH}/adapter_model.safetensors"
+
+    def tampered(files: dict) -> dict:
+        return {**files, weights: files[weights][:-1] + b"\0"}
+
+    cases = {
+        "tampered": (tampered, "base_models[0].adapters[0].sha256: does not match"),
+        "missing": (lambda f: {k: v for k, v in f.items() if k != weights}, f"{weights}: missing"),
+        "escape": (lambda f: {**f, "../evil.sh": b"rm -rf /"}, "../evil.sh: a path outside"),
+        "no manifest": (
+            lambda f: {k: v for k, v in f.items() if k != "manifest.json"},
+            "manifest.json: missing",
+        ),
+    }
+    for name, (change, expected) in cases.items():
+        bad = _repack(package, tmp_path / f"{name}.expert", change)
+        out = run_cli("check", "--package", str(bad), "--json")
+        assert out.returncode == 2, (name, out.stdout)
+        problems = json.loads(out.stdout)["problems"]
+        assert any(expected in p for p in problems), (name, problems)
+    # a checksum file that does not match, and a file that is not an archive
+    (tmp_path / "good.expert.sha256").write_text("0" * 64 + "  good.expert\n")
+    out = run_cli("check", "--package", str(package), "--json")
+    assert out.returncode == 2 and "checksum does not match" in out.stdout
+    junk = tmp_path / "junk.expert"
+    junk.write_bytes(b"PK\x03\x04 not a tar")
+    out = run_cli("check", "--package", str(junk), "--json")
+    assert out.returncode == 2 and "not a gzip-compressed tar archive" in out.stdout
+
+
+def test_package_names_follow_hivellm() -> None:
+    v2 = {"name": "expert-sql", "version": "0.3.0", "schema_version": "2.0"}
+    assert package_name(v2, "Qwen/Qwen3-0.6B") == "expert-sql-qwen3-0-6b.v0.3.0.expert"
+    assert package_name(v2, "F:/models/Qwen3_0.6B/") == "expert-sql-qwen3-0-6b.v0.3.0.expert"
+    v1 = {"name": "expert-sql", "version": "0.3.0", "schema_version": "1.0"}
+    assert package_name(v1, "Qwen/Qwen3-0.6B") == "expert-sql-qwen306b.v0.3.0.expert"
+    for bad in ({"name": "../etc", "version": "1"}, {"name": "x", "version": "1/2"}):
+        with pytest.raises(UserError):
+            package_name(bad, "m")
+
+
+@pytest.mark.slow
+def test_paths_that_leave_the_expert_are_refused(v2_run: Path) -> None:
+    source = v2_run / "manifest.source.json"
+    original = source.read_text()
+    manifest = json.loads(original)
+    manifest["soft_prompts"] = [{"name": "x", "path": "../../etc/passwd"}]
+    source.write_text(json.dumps(manifest))
+    try:
+        out = run_cli(
+            "package", "--adapter", str(v2_run), "--output", str(v2_run.parent / "x.expert")
+        )
+        assert out.returncode == 2
+        assert (
+            "soft_prompts[0].path: '../../etc/passwd' must be a relative path inside" in out.stderr
+        )
+        assert not (v2_run.parent / "x.expert").exists()
+    finally:
+        source.write_text(original)
