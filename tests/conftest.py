@@ -6,6 +6,7 @@ Everything here works offline; nothing is downloaded from the Hugging Face hub.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from collections.abc import Callable, Iterable
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from expert_cli.cli.app import QUIET_LOGGERS
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
@@ -27,6 +30,10 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # as the CLI does (cli/app.py QUIET_LOGGERS): bitsandbytes' CPU backend logs on import that it
+    # could not fetch an optional kernel from the hub, and falls back to its own
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:

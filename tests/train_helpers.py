@@ -123,7 +123,7 @@ def load_adapter(output: Path) -> Any:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from expert_cli.train.merge import adapter_base
+    from expert_cli.train.outputs import adapter_base
 
     base = AutoModelForCausalLM.from_pretrained(adapter_base(output))
     return PeftModel.from_pretrained(base, output).eval()
@@ -181,3 +181,20 @@ def png_facts(path: Path) -> tuple[int, int, dict[str, str]]:
             break
     assert size is not None
     return size[0], size[1], texts
+
+
+def run_main(capsys: Any, monkeypatch: Any, *args: str) -> tuple[int, str, str]:
+    """`expert-cli ARGS` through the CLI's own entry point in this process (no interpreter
+    start-up and imports per call): (exit code, stdout, stderr). An exception escaping the
+    entry point fails the calling test with its traceback."""
+    from expert_cli.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["expert-cli", *args])
+    monkeypatch.setenv("COLUMNS", "200")
+    code: int | str | None = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return (code if isinstance(code, int) else 0 if code is None else 1), out.out, out.err

@@ -120,6 +120,7 @@ def test_command_startup_is_split_off_and_assessed_without_it(tmp_path: Path) ->
         interval=0.1,
         metrics=metrics,
         command=[sys.executable, "-c", "import time; time.sleep(30)"],
+        stop_at_end=True,  # the phases of the sampled window are the point here
     )
     report = bm.run_benchmark(opts, source_factory=lambda: fake)
     phases = report["phases"]

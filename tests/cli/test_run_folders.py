@@ -18,13 +18,25 @@ def _train(manifest: Path, out: Path, *extra: str):
     return run_cli("train", "--manifest", str(manifest), "--output", str(out), *extra)
 
 
-@pytest.fixture
-def finished(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, Path]:
-    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=16, config={"save_steps": 3})
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def trained_once(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("finished")
+    manifest = write_expert(folder / "e", tiny_model_dir, rows=16, config={"save_steps": 3})
+    out = folder / "out"
     first = _train(manifest, out, "--max-steps", "6")
     assert first.returncode == 0, first.stdout + first.stderr
     return manifest, out
+
+
+@pytest.fixture
+def finished(trained_once: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """A finished 6-step run (checkpoints at 3 and 6), a fresh copy for each test."""
+    manifest, out = trained_once
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy, symlinks=True)
+    return manifest, copy
 
 
 @pytest.mark.slow

@@ -204,33 +204,13 @@ def test_generate_on_the_demo_run(demo_run: tuple[Path, Path, str]) -> None:
     """One completion per prompt, streamed; the demo's random base is said to give noise."""
     _, out, _ = demo_run
     prompts = ("List the 5 most recent orders.", "How many customers are there?")
-    text = run_cli(
-        "generate",
-        "--adapter",
-        str(out),
-        "-p",
-        prompts[0],
-        "-p",
-        prompts[1],
-        "--max-new-tokens",
-        "8",
-    )
+    args = ("generate", "--adapter", str(out), "-p", prompts[0], "-p", prompts[1])
+    text = run_cli(*args, "--max-new-tokens", "8")
     assert text.returncode == 0, text.stdout + text.stderr
     assert text.stdout.count("expert: ") == 2
     assert "prompt 1" in text.stdout and "prompt 2" in text.stdout
     assert "random initialisation: its answers are noise by design" in " ".join(text.stdout.split())
-    report = run_cli(
-        "generate",
-        "--adapter",
-        str(out),
-        "-p",
-        prompts[0],
-        "-p",
-        prompts[1],
-        "--max-new-tokens",
-        "8",
-        "--json",
-    )
+    report = run_cli(*args, "--max-new-tokens", "8", "--json")
     assert report.returncode == 0, report.stderr
     pairs = [(g["prompt"], g["output"]) for g in json.loads(report.stdout)["generations"]]
     assert [p for p, _ in pairs] == list(prompts)

@@ -162,19 +162,15 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
         ),
     }
     for name, (change, expected) in cases.items():
-        bad = _repack(package, tmp_path / f"{name}.expert", change)
-        out = run_cli("check", "--package", str(bad), "--json")
-        assert out.returncode == 2, (name, out.stdout)
-        problems = json.loads(out.stdout)["problems"]
-        assert any(expected in p for p in problems), (name, problems)
-    # a checksum file that does not match, and a file that is not an archive
+        report = verify_package(_repack(package, tmp_path / f"{name}.expert", change))
+        assert not report.ok and any(expected in p for p in report.problems), (name, report)
+    junk = tmp_path / "junk.expert"
+    junk.write_bytes(b"PK\x03\x04 not a tar")
+    assert "not a gzip-compressed tar archive" in verify_package(junk).problems[0]
+    # through the command: a checksum file that does not match is exit 2
     (tmp_path / "good.expert.sha256").write_text("0" * 64 + "  good.expert\n")
     out = run_cli("check", "--package", str(package), "--json")
     assert out.returncode == 2 and "checksum does not match" in out.stdout
-    junk = tmp_path / "junk.expert"
-    junk.write_bytes(b"PK\x03\x04 not a tar")
-    out = run_cli("check", "--package", str(junk), "--json")
-    assert out.returncode == 2 and "not a gzip-compressed tar archive" in out.stdout
 
 
 def test_package_names_follow_hivellm() -> None:

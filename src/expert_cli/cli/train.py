@@ -37,6 +37,9 @@ def train(
     ] = False,
 ) -> None:
     """Train the manifest's adapter: token cache, Trainer, checkpoints, metrics.json."""
+    from expert_cli.data.hub import preflight
+
+    preflight(manifest, overrides or [])  # no network: fail before loading the trainer
     from expert_cli.cli.render import console
     from expert_cli.cli.train_view import RichReporter, print_end
     from expert_cli.train.run import TrainOptions

@@ -209,7 +209,7 @@ def _adapter(lm: LoadedManifest, notes: list[str]) -> dict[str, Any]:
     )
 
 
-def _base_model(lm: LoadedManifest) -> dict[str, Any]:
+def base_model_settings(lm: LoadedManifest) -> dict[str, Any]:
     bm = lm.manifest.primary_base_model
     path = local_path(lm.folder, bm.name, "base_models[0].name")
     local = bm.init == "random" or path_exists(path) or not looks_like_hub_id(bm.name)
@@ -291,7 +291,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         expert=lm.manifest.name,
         expert_version=lm.manifest.version,
         manifest_path=str(lm.path),
-        **_base_model(lm),
+        **base_model_settings(lm),
         **_adapter(lm, notes),
         train_sources=train,
         validation_sources=valid,

@@ -18,7 +18,7 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
 from expert_cli.data.build import BuildProgress, NoProgress
-from expert_cli.data.hub import HubStatus, endpoint, hub_status, missing_problems
+from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.errors import UserError
 
@@ -67,7 +67,7 @@ def check_manifest(
     report.manifest.update(name=m.name, version=m.version, schema_version=m.schema_version)
     report.config = resolved.model_dump(mode="json", exclude={"notes"})
     report.notes = resolved.notes
-    statuses = hub_status(resolved)
+    statuses = hub_status(hub_refs(resolved))
     report.hub = [s.to_dict() for s in statuses]
     report.downloads = [line for s in statuses if (line := _download_line(s))]
     data = DataCheck(resolved.field_mapping, quick, progress)

@@ -18,7 +18,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.config.loading import load_manifest
+from expert_cli.config.models import LoadedManifest
+from expert_cli.config.resolve import (
+    ResolvedConfig,
+    SourceRef,
+    base_model_settings,
+    resolve_sources,
+)
 from expert_cli.data.discovery import default_roots, size_once
 from expert_cli.errors import RunError, UserError
 
@@ -63,11 +70,23 @@ def endpoint() -> str:
 def hub_refs(resolved: ResolvedConfig) -> list[HubRef]:
     """The hub models and datasets a run needs (the base model unless it is a local folder or a
     random init, the hub datasets among the sources)."""
+    model = (resolved.base_model, resolved.base_model_kind, resolved.revision)
+    return _refs(*model, resolved.train_sources + resolved.validation_sources)
+
+
+def manifest_hub_refs(lm: LoadedManifest) -> list[HubRef]:
+    """`hub_refs` from the manifest alone (no machine probe, so without loading torch)."""
+    model = base_model_settings(lm)
+    train, valid = resolve_sources(lm)
+    return _refs(model["base_model"], model["base_model_kind"], model["revision"], train + valid)
+
+
+def _refs(model: str, kind: str, revision: str | None, sources: list[SourceRef]) -> list[HubRef]:
     refs = []
-    if resolved.base_model_kind == "hub":  # a random init still needs its config and tokenizer
-        refs.append(HubRef("model", resolved.base_model, resolved.revision, "base_models[0].name"))
+    if kind == "hub":  # a random init still needs its config and tokenizer
+        refs.append(HubRef("model", model, revision, "base_models[0].name"))
     seen = set()
-    for source in resolved.train_sources + resolved.validation_sources:
+    for source in sources:
         if source.kind == "hub" and source.location not in seen:
             seen.add(source.location)
             refs.append(HubRef("dataset", source.location, source.revision, "training.dataset"))
@@ -114,10 +133,10 @@ def unreachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
         return str(exc) or type(exc).__name__
 
 
-def hub_status(resolved: ResolvedConfig, probe: bool = True) -> list[HubStatus]:
+def hub_status(refs: list[HubRef], probe: bool = True) -> list[HubStatus]:
     """Each hub reference: cached (with its size), else whether the hub can be reached."""
     statuses = []
-    for ref in hub_refs(resolved):
+    for ref in refs:
         found = cached(ref)
         if found is not None:
             statuses.append(HubStatus(ref, str(found[0]), found[1], None, None))
@@ -163,13 +182,19 @@ def missing_problems(statuses: list[HubStatus]) -> list[str]:
     return lines
 
 
-def require_hub(resolved: ResolvedConfig) -> list[HubStatus]:
+def require_hub(refs: list[HubRef]) -> list[HubStatus]:
     """Before a run loads anything: every hub reference cached or downloadable, else a
     UserError (offline mode) or RunError (no network) naming each one."""
-    statuses = hub_status(resolved)
+    statuses = hub_status(refs)
     problems = missing_problems(statuses)
     if problems and offline():
         raise UserError(problems)
     if problems:
         raise RunError("\n".join(problems))
     return statuses
+
+
+def preflight(manifest: Path, overrides: list[str]) -> None:
+    """`require_hub` for a manifest file, before the training libraries are even imported:
+    with no network, `train` fails in seconds rather than after loading them."""
+    require_hub(manifest_hub_refs(load_manifest(manifest, overrides)))

@@ -11,7 +11,7 @@ from expert_cli.config.environment import cpu_environment
 from expert_cli.config.loading import read_manifest_json
 from expert_cli.config.resolve import resolve
 from expert_cli.data import BuildProgress, PreparedData, prepare_data
-from expert_cli.data.hub import require_hub
+from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import RunError, UserError
 
@@ -55,7 +55,7 @@ def pretokenize_one(
 ) -> PreparedData:
     """Build or confirm the cache of one manifest (hub references checked first)."""
     resolved = resolve(load_manifest(manifest), cpu_environment())
-    require_hub(resolved)
+    require_hub(hub_refs(resolved))
     tokenizer = load_tokenizer(resolved)
     return prepare_data(resolved, tokenizer, num_proc=num_proc, force=force, progress=progress)
 

@@ -12,7 +12,7 @@ from transformers import TrainerCallback
 
 from expert_cli.atomic import write_json_atomic
 from expert_cli.telemetry.throughput import ThroughputMeter
-from expert_cli.train.run_folder import read_json_file
+from expert_cli.train.outputs import read_json_file
 
 # the window's numbers that also go into the Trainer's logs (so TensorBoard gets them)
 LOGGED = ("tokens_per_s", "samples_per_s", "data_wait_fraction", "mfu", "peak_memory_gb")

@@ -25,9 +25,8 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import prepare_data
 from expert_cli.data.formatting import IGNORE, render_instruction
 from expert_cli.errors import UserError
-from expert_cli.train.merge import LOAD_ERRORS, adapter_base, load_adapted
-from expert_cli.train.outputs import SOURCE_MANIFEST
-from expert_cli.train.run_folder import read_json_file
+from expert_cli.train.merge import LOAD_ERRORS, load_adapted
+from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file
 
 MAX_PROMPTS = 10_000
 MAX_PROMPT_CHARS = 200_000

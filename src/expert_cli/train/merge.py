@@ -19,33 +19,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from expert_cli.atomic import atomic_folder
 from expert_cli.errors import UserError
 from expert_cli.paths import resolved_path
+from expert_cli.train.outputs import adapter_base
 
-ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # what peft loads
 LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
-
-
-def adapter_base(adapter: Path) -> str:
-    """The base model path or hub id recorded in the adapter's configuration."""
-    config_path = adapter / "adapter_config.json"
-    if not config_path.is_file():
-        raise UserError(
-            f"--adapter {adapter}: no adapter_config.json (expected the output "
-            "folder of `expert-cli train`)"
-        )
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        raise UserError(f"{config_path}: not a readable JSON adapter configuration") from None
-    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
-    if not isinstance(base, str) or not base:
-        raise UserError(f"{config_path}: base_model_name_or_path is not set")
-    if not any((adapter / name).is_file() for name in ADAPTER_WEIGHTS):
-        raise UserError(
-            f"--adapter {adapter}: no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})"
-            " beside adapter_config.json"
-        )
-    local = adapter / base  # a random-init base saved inside the run folder: a relative path
-    return str(local) if not Path(base).is_absolute() and local.is_dir() else base
 
 
 def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:

@@ -182,7 +182,7 @@ def _freeze_for_kbit(model: PreTrainedModel, resolved: ResolvedConfig, half: str
     for param in model.parameters():
         param.requires_grad_(False)
     if resolved.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
         model.enable_input_require_grads()
 
 
@@ -333,3 +333,14 @@ def matmul_parameters(model: PeftModel, total: int) -> int:
     embed = base.get_input_embeddings()
     tied = bool(getattr(base.config, "tie_word_embeddings", False))
     return total if tied else total - embed.weight.numel()
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Activation checkpointing, non-reentrant (transformers 5.x renamed the method from
+    gradient_checkpointing_enable, which now warns; older versions have only that one)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

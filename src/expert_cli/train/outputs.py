@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
-from expert_cli.errors import RunError
+from expert_cli.errors import RunError, UserError
 from expert_cli.paths import resolved_path
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 SOURCE_MANIFEST = "manifest.source.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # what peft loads
 
 
 def output_dir(manifest_path: Path, output: Path | None) -> Path:
@@ -84,3 +85,38 @@ def _portable_base(output: Path) -> None:
     if isinstance(base, str) and Path(base) == output / "base_model":
         config["base_model_name_or_path"] = "base_model"
         write_json_atomic(path, config)
+
+
+def read_json_file(path: Path) -> dict[str, Any]:
+    """A JSON object file the run wrote, or {} when it is missing, not a file or not one."""
+    try:
+        if not path.is_file():
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def adapter_base(adapter: Path) -> str:
+    """The base model path or hub id recorded in the adapter's configuration."""
+    config_path = adapter / "adapter_config.json"
+    if not config_path.is_file():
+        raise UserError(
+            f"--adapter {adapter}: no adapter_config.json (expected the output "
+            "folder of `expert-cli train`)"
+        )
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise UserError(f"{config_path}: not a readable JSON adapter configuration") from None
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not isinstance(base, str) or not base:
+        raise UserError(f"{config_path}: base_model_name_or_path is not set")
+    if not any((adapter / name).is_file() for name in ADAPTER_WEIGHTS):
+        raise UserError(
+            f"--adapter {adapter}: no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})"
+            " beside adapter_config.json"
+        )
+    local = adapter / base  # a random-init base saved inside the run folder: a relative path
+    return str(local) if not Path(base).is_absolute() and local.is_dir() else base

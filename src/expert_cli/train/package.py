@@ -40,9 +40,7 @@ from expert_cli.atomic import atomic_file
 from expert_cli.config import Manifest
 from expert_cli.config.loading import format_errors, read_manifest_json, strip_comments
 from expert_cli.errors import UserError
-from expert_cli.train.merge import adapter_base
-from expert_cli.train.outputs import SOURCE_MANIFEST
-from expert_cli.train.run_folder import read_json_file
+from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 TOKENIZER_FILES = (

@@ -13,7 +13,7 @@ from typing import Any
 
 from expert_cli.atomic import atomic_file
 from expert_cli.errors import UserError
-from expert_cli.train.run_folder import read_json_file
+from expert_cli.train.outputs import read_json_file
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")
 PLOT_NAME = "training.png"

@@ -24,7 +24,7 @@ from expert_cli.config.kernels import BOUNDARY_KERNELS
 from expert_cli.config.resolve import ResolvedConfig, resolve
 from expert_cli.data import BuildProgress, PreparedData, prepare_data
 from expert_cli.data.collate import PackedCollator
-from expert_cli.data.hub import require_hub
+from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import RunError, UserError
 from expert_cli.train import distributed
@@ -41,6 +41,7 @@ from expert_cli.train.model import (
     adapter_compute_dtype,
     attach_adapter,
     build_random_model,
+    enable_checkpointing,
     load_base_model,
     parameter_counts,
     training_device,
@@ -192,7 +193,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
 def load_data(run: Run) -> tuple[Any, PreparedData]:
     """Tokenizer, then the token cache (validates the data before any model is loaded); hub
     references that are neither cached nor downloadable fail first, in seconds."""
-    require_hub(run.resolved)
+    require_hub(hub_refs(run.resolved))
     tokenizer = load_tokenizer(run.resolved)
     progress = run.reporter.build_progress() if run.is_main else None
     with run.args.main_process_first(desc="token cache"):
@@ -267,9 +268,7 @@ def _plan_batch(
     rows = [data.train[i] for i in range(min(2, len(data.train)))] * 2
     dtype = torch.bfloat16 if resolved.bf16 else torch.float16 if resolved.fp16 else None
     if resolved.gradient_checkpointing:  # the Trainer turns it on too; the probe must see it
-        peft_model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False}
-        )
+        enable_checkpointing(peft_model)
     plan = plan_batch(peft_model, rows, collate, choices.device, resolved.rows_per_step, dtype)
     micro = distributed.min_over_ranks(plan.micro_batch)
     accumulation = resolved.rows_per_step // micro

@@ -10,7 +10,6 @@ a checkpoint half-written by a kill or a full disk is passed over.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from transformers import TrainerCallback
 from expert_cli.atomic import write_json_atomic
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import UserError
+from expert_cli.train.outputs import read_json_file
 
 COMPLETE = "_COMPLETE"
 DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: the disk is full
@@ -89,17 +89,6 @@ def previous_run(output: Path) -> Previous | None:
         status = "unknown"
     config = read_json_file(output / "manifest.resolved.json")
     return Previous(status=status, steps=int(metrics.get("steps") or 0), config=config)
-
-
-def read_json_file(path: Path) -> dict[str, Any]:
-    """A JSON object file the run wrote, or {} when it is missing, not a file or not one."""
-    try:
-        if not path.is_file():
-            return {}
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def changed_fields(previous: dict[str, Any], resolved: ResolvedConfig) -> list[str]:
