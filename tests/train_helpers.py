@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -107,6 +108,29 @@ def run_cli(
         env={k: v for k, v in merged.items() if v is not None},
         cwd=cwd or ROOT,
     )
+
+
+def launch(
+    launcher: list[str], *args: str, env: dict[str, str] | None = None, timeout: int = 240
+) -> subprocess.CompletedProcess[str]:
+    """`python -m <launcher> -m expert_cli.cli ARGS` (torchrun, accelerate launch) in its own
+    process group, killed whole if it outlives `timeout`."""
+    cmd = [sys.executable, "-m", *launcher, "-m", "expert_cli.cli", *args]
+    popen = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**cli_env(), **(env or {})},
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = popen.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(popen.pid, signal.SIGKILL)  # the launcher and its workers
+        raise
+    return subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
 
 
 def read_metrics(output: Path) -> dict[str, Any]:

@@ -10,9 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import ROOT, cli_env, read_metrics, run_cli, window_losses, write_expert
+from train_helpers import ROOT, cli_env, read_metrics, run_main, window_losses, write_expert
 
-STEPS = 60
+STEPS = 24  # long enough for Ctrl-C after step 3 to land mid-run
+
+
+def _train(manifest: Path, out: Path) -> tuple[str, ...]:
+    return ("train", "--manifest", str(manifest), "--output", str(out))
 
 
 def _interrupt_after(manifest: Path, out: Path, step: int) -> subprocess.CompletedProcess:
@@ -49,18 +53,15 @@ def _interrupt_after(manifest: Path, out: Path, step: int) -> subprocess.Complet
 
 
 @pytest.mark.slow
-def test_resume_matches_uninterrupted(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_resume_matches_uninterrupted(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48)
-    full = run_cli(
-        "train",
-        "--manifest",
-        str(manifest),
-        "--output",
-        str(tmp_path / "a"),
-        "--max-steps",
-        str(STEPS),
+    # the uninterrupted run and the resumed one in this process; Ctrl-C needs its own process
+    code, _, err = run_main(
+        capsys, monkeypatch, *_train(manifest, tmp_path / "a"), "--max-steps", str(STEPS)
     )
-    assert full.returncode == 0, full.stderr
+    assert code == 0, err
 
     out = tmp_path / "b"
     first = _interrupt_after(manifest, out, step=3)
@@ -71,17 +72,10 @@ def test_resume_matches_uninterrupted(tmp_path: Path, tiny_model_dir: Path) -> N
     assert 3 <= stopped < STEPS and (out / "checkpoints" / f"checkpoint-{stopped}").is_dir()
     before = window_losses(out)
 
-    second = run_cli(
-        "train",
-        "--manifest",
-        str(manifest),
-        "--output",
-        str(out),
-        "--resume",
-        "--max-steps",
-        str(STEPS),
+    code, second, err = run_main(
+        capsys, monkeypatch, *_train(manifest, out), "--resume", "--max-steps", str(STEPS)
     )
-    assert second.returncode == 0, second.stdout + second.stderr
+    assert code == 0, second + err
     after = window_losses(out)  # the resumed run keeps the windows up to its checkpoint
     assert {k: v for k, v in after.items() if k <= stopped} == before
     assert max(after) == STEPS and set(after) > set(before)
@@ -91,10 +85,9 @@ def test_resume_matches_uninterrupted(tmp_path: Path, tiny_model_dir: Path) -> N
 
 
 @pytest.mark.slow
-def test_resume_without_checkpoint_is_a_clean_error(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_resume_without_checkpoint_is_a_clean_error(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=4)
-    proc = run_cli(
-        "train", "--manifest", str(manifest), "--output", str(tmp_path / "o"), "--resume"
-    )
-    assert proc.returncode == 2 and "no checkpoint" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, _, err = run_main(capsys, monkeypatch, *_train(manifest, tmp_path / "o"), "--resume")
+    assert code == 2 and "no checkpoint" in err

@@ -9,13 +9,20 @@ import shutil
 from pathlib import Path
 
 import pytest
-from train_helpers import read_metrics, run_cli, window_losses, write_expert
+from train_helpers import read_metrics, run_cli, run_main, window_losses, write_expert
 
 from expert_cli.train.run_folder import COMPLETE
 
 
 def _train(manifest: Path, out: Path, *extra: str):
     return run_cli("train", "--manifest", str(manifest), "--output", str(out), *extra)
+
+
+def _here(capsys, monkeypatch, manifest: Path, out: Path, *extra: str) -> tuple[int, str, str]:
+    """`train` in this process, for runs refused or finished at once (no subprocess needed)."""
+    return run_main(
+        capsys, monkeypatch, "train", "--manifest", str(manifest), "--output", str(out), *extra
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,19 +47,19 @@ def finished(trained_once: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Pat
 
 
 @pytest.mark.slow
-def test_a_second_train_into_a_finished_folder_is_refused(finished) -> None:
+def test_a_second_train_into_a_finished_folder_is_refused(capsys, monkeypatch, finished) -> None:
     manifest, out = finished
     adapter = (out / "adapter_model.safetensors").read_bytes()
-    again = _train(manifest, out, "--max-steps", "6")
-    assert again.returncode == 2 and "Traceback" not in again.stderr
+    code, _, err = _here(capsys, monkeypatch, manifest, out, "--max-steps", "6")
+    assert code == 2
     assert f"--output {out}: holds a finished run (6 steps); continue it with --resume" in " ".join(
-        again.stderr.split()
+        err.split()
     )
     assert (out / "adapter_model.safetensors").read_bytes() == adapter  # untouched
     (out / "notes.txt").write_text("mine")
-    replaced = _train(manifest, out, "--max-steps", "4", "--overwrite")
-    assert replaced.returncode == 0, replaced.stderr
-    assert "--overwrite: removed" in replaced.stdout
+    code, stdout, err = _here(capsys, monkeypatch, manifest, out, "--max-steps", "4", "--overwrite")
+    assert code == 0, err
+    assert "--overwrite: removed" in stdout
     assert read_metrics(out)["summary"]["steps"] == 4
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "checkpoint-3",
@@ -62,12 +69,12 @@ def test_a_second_train_into_a_finished_folder_is_refused(finished) -> None:
 
 
 @pytest.mark.slow
-def test_resuming_a_finished_run_trains_nothing(finished) -> None:
+def test_resuming_a_finished_run_trains_nothing(capsys, monkeypatch, finished) -> None:
     manifest, out = finished
     metrics = (out / "metrics.json").read_text()
-    done = _train(manifest, out, "--resume")
-    assert done.returncode == 0, done.stderr
-    assert "holds a finished run of 6 steps; nothing to resume" in " ".join(done.stdout.split())
+    code, stdout, err = _here(capsys, monkeypatch, manifest, out, "--resume")
+    assert code == 0, err
+    assert "holds a finished run of 6 steps; nothing to resume" in " ".join(stdout.split())
     assert (out / "metrics.json").read_text() == metrics
 
 
@@ -86,20 +93,23 @@ def test_resume_skips_a_half_written_checkpoint_and_honours_max_steps(finished) 
 
 
 @pytest.mark.slow
-def test_resume_with_another_configuration_is_refused(finished) -> None:
+def test_resume_with_another_configuration_is_refused(capsys, monkeypatch, finished) -> None:
     manifest, out = finished
-    changed = _train(manifest, out, "--resume", "--set", "learning_rate=0.01")
-    assert changed.returncode == 2
+    args = ("--resume", "--set", "learning_rate=0.01")
+    code, _, err = _here(capsys, monkeypatch, manifest, out, *args)
+    assert code == 2
     assert "was trained with another configuration (changed: learning_rate 0.002 -> 0.01)" in (
-        " ".join(changed.stderr.split())
+        " ".join(err.split())
     )
 
 
 @pytest.mark.slow
-def test_a_moved_run_folder_still_merges(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_a_moved_run_folder_still_merges(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8, base={"init": "random"})
     out = tmp_path / "out"
-    assert _train(manifest, out, "--max-steps", "2").returncode == 0
+    assert _here(capsys, monkeypatch, manifest, out, "--max-steps", "2")[0] == 0
     moved = tmp_path / "elsewhere" / "run"
     moved.parent.mkdir()
     shutil.move(str(out), str(moved))

@@ -129,16 +129,34 @@ def test_mfu_attention_is_weighted_by_example_length() -> None:
     assert summary["mfu"] == pytest.approx(rec["mfu"])
 
 
-def test_world_size_sums_counts_and_scales_peak() -> None:
+def test_ranks_sum_tokens_take_the_slowest_wait_and_keep_their_own_figures() -> None:
+    """Two processes: this one (1000 tokens, 0.25 s wait) and a slower one (500 tokens, 0.5 s
+    wait, 2.5 GB): tokens/s summed, data wait of the slowest, MFU against both peaks."""
     clock = FakeClock()
     fm = FlopsModel(1_000_000, 10_000, 2, 64, 128, 1e12)
-    meter = _meter(clock, fm, world_size=2, reduce=lambda v: [2 * x for x in v])
+    other = [500.0, 2.0, 300.0, 500 * 250.0, 0.5, 2.5]
+    meter = _meter(clock, fm, world_size=2, gather=lambda v: [v, other])
     _step(meter, clock, wait=0.25, compute=0.75)
     rec = meter.close_window(1, None, None)
-    assert rec["tokens_per_s"] == pytest.approx(2000 / 1.0)
-    assert rec["data_wait_fraction"] == pytest.approx(0.25)
+    assert rec["tokens_per_s"] == pytest.approx(1500 / 1.0)
+    assert rec["samples_per_s"] == pytest.approx(6 / 1.0)
+    assert rec["data_wait_fraction"] == pytest.approx(0.5)
+    assert rec["mfu"] == pytest.approx(1500 * fm.per_token(250) / 2e12)
+    assert [(r["rank"], r["tokens_per_s"], r["data_wait_fraction"]) for r in rec["ranks"]] == [
+        (0, 1000.0, 0.25),
+        (1, 500.0, 0.5),
+    ]
+    assert [r["peak_memory_gb"] for r in rec["ranks"]] == [1.5, 2.5]
+    _step(meter, clock, wait=0.0, compute=1.0)
+    meter.close_window(2, None, None)
+    summary = meter.summary(2, "completed")
+    assert summary["tokens"] == 3000 and summary["tokens_per_s"] == pytest.approx(1500.0)
+    assert summary["data_wait_fraction"] == pytest.approx(1.0 / 2.0)  # 0.5 s + 0.5 s of 2 s
+    assert [r["tokens"] for r in summary["ranks"]] == [2000, 1000]
+    assert summary["ranks"][0]["data_wait_fraction"] == pytest.approx(0.25 / 2.0)
     single = _meter(FakeClock(), fm)
-    assert rec["mfu"] == pytest.approx(2000 * fm.per_token(250) / 2e12) and single.world_size == 1
+    _step(single, FakeClock(), wait=0.0, compute=1.0)
+    assert "ranks" not in single.close_window(1, None, None)
 
 
 def test_summary_over_windows() -> None:

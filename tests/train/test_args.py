@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from transformers import TrainingArguments
 
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import Environment, cpu_environment
@@ -205,7 +206,31 @@ def test_fsdp_and_deepspeed_blocks(tmp_path: Path, monkeypatch) -> None:
         },
     )
     kw = training_args_kwargs(fsdp, tmp_path, on_gpu=True)
-    assert kw["fsdp"] == "full_shard" and kw["fsdp_config"] == {"min_num_params": 1}
+    assert kw["fsdp"] is True
+    assert kw["fsdp_config"] == {
+        "version": 2,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "reshard_after_forward": True,
+        "state_dict_type": "SHARDED_STATE_DICT",
+        "min_num_params": 1,
+    }
+    # transformers takes it as it is (no deprecated string form)
+    TrainingArguments(**training_args_kwargs(fsdp, tmp_path))
+    for words, field in (("shard_grad_op offload", "reshard_after_forward"), ("zero3", "fsdp")):
+        other = _resolved(tmp_path, {}, distributed={"strategy": "fsdp", "fsdp": words})
+        if field == "fsdp":
+            with pytest.raises(
+                UserError, match=r"training.distributed.fsdp: unknown option 'zero3'"
+            ):
+                training_args_kwargs(other, tmp_path, on_gpu=True)
+        else:
+            config = training_args_kwargs(other, tmp_path, on_gpu=True)["fsdp_config"]
+            assert config["reshard_after_forward"] is False and config["cpu_offload"] is True
+    fsdp1 = _resolved(
+        tmp_path, {}, distributed={"strategy": "fsdp", "fsdp_config": {"fsdp_version": 1}}
+    )
+    with pytest.raises(UserError, match="fsdp_config.version: expert-cli runs FSDP2"):
+        training_args_kwargs(fsdp1, tmp_path, on_gpu=True)
     ds = _resolved(
         tmp_path,
         {},

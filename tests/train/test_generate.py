@@ -67,15 +67,16 @@ def memorised(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) ->
     return out
 
 
-def _json(*args: str) -> dict:
-    out = run_cli("generate", *args, "--json")
-    assert out.returncode == 0, out.stdout + out.stderr
-    return json.loads(out.stdout)
+def _json(capsys, monkeypatch, *args: str) -> dict:
+    """`generate ARGS --json` in this process (the CLI's output path is tested by run_cli)."""
+    code, out, err = run_main(capsys, monkeypatch, "generate", *args, "--json")
+    assert code == 0, out + err
+    return json.loads(out)
 
 
 @pytest.mark.slow
-def test_eval_splits_validation_examples_as_trained(memorised: Path) -> None:
-    report = _json("--adapter", str(memorised), "--eval", "2")
+def test_eval_splits_validation_examples_as_trained(capsys, monkeypatch, memorised: Path) -> None:
+    report = _json(capsys, monkeypatch, "--adapter", str(memorised), "--eval", "2")
     assert len(report["generations"]) == 2
     for g in report["generations"]:
         assert g["reference"] == ANSWER and QUESTION in g["prompt"]
@@ -87,10 +88,20 @@ def test_eval_splits_validation_examples_as_trained(memorised: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_prompt_is_rendered_as_in_training(memorised: Path, tmp_path: Path) -> None:
+def test_a_prompt_is_rendered_as_in_training(
+    capsys, monkeypatch, memorised: Path, tmp_path: Path
+) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(f"{QUESTION}\n\nList every table.\n")
-    report = _json("--adapter", str(memorised), "--prompts", str(prompts), "--compare-base")
+    report = _json(
+        capsys,
+        monkeypatch,
+        "--adapter",
+        str(memorised),
+        "--prompts",
+        str(prompts),
+        "--compare-base",
+    )
     outputs = [(g["prompt"], g["output"]) for g in report["generations"]]
     assert outputs[0] == (QUESTION, ANSWER)  # the memorised answer: same template as training
     assert [p for p, _ in outputs] == [QUESTION, "List every table."]

@@ -108,26 +108,28 @@ def test_v2_package_round_trips(v2_run: Path, tiny_model_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_v1_package_keeps_its_layout(tmp_path: Path, tiny_model_dir: Path) -> None:
-    folder = tmp_path / "expert-v1"
-    manifest_path = write_expert(folder, tiny_model_dir)
-    v2 = json.loads(manifest_path.read_text())
-    base = v2["base_models"][0]
-    adapters = base.pop("adapters")
+def test_v1_package_keeps_its_layout(v2_run: Path, tmp_path: Path) -> None:
+    """The same run, as if trained from a schema 1.0 manifest (package reads the manifest the
+    run kept, manifest.source.json)."""
+    run = tmp_path / "run"
+    shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    v2 = json.loads((run / "manifest.source.json").read_text())
+    base = dict(v2["base_models"][0])
+    adapters = [{"type": "lora", "target_modules": "all-linear"}]
+    base.pop("adapters")
     v1 = {**v2, "schema_version": "1.0", "base_model": base, "adapters": adapters}
-    del v1["base_models"]
-    manifest_path.write_text(json.dumps(v1))
-    out = folder / "out"
-    done = run_cli("train", "-m", str(manifest_path), "--output", str(out), "--max-steps", "1")
-    assert done.returncode == 0, done.stdout + done.stderr
+    for key in ("base_models", "soft_prompts"):
+        v1.pop(key)
+    (run / "manifest.source.json").write_text(json.dumps(v1))
     target = tmp_path / "dist" / "tiny.expert"
-    packed = run_cli("package", "--adapter", str(out), "--output", str(target))
+    packed = run_cli("package", "--adapter", str(run), "--output", str(target))
     assert packed.returncode == 0, packed.stdout + packed.stderr
     files = _unpack(target)
     assert {"manifest.json", "adapter_model.safetensors", "adapter_config.json"} <= set(files)
     manifest = json.loads(files["manifest.json"])
     assert manifest["schema_version"] == "1.0" and "base_models" not in manifest
     assert manifest["adapters"][0]["size_bytes"] == len(files["adapter_model.safetensors"])
+    assert "weights/qwen3-tiny/adapter/adapter_model.safetensors" not in files  # no path: root
     assert verify_package(target).ok
 
 

@@ -10,6 +10,10 @@ its windows: evaluation and checkpoint saves inside a window count, start-up bef
 step does not). At a window's close the GPU is synchronized once, so queued GPU work is counted
 without a sync per step. Data wait is the time spent fetching batches over the same wall time
 (the Trainer syncs on the loss every micro-step, so the GPU is idle while the CPU fetches).
+
+Across processes (DDP, FSDP, several nodes) each window's counts are gathered from every rank:
+tokens/s and samples/s are the sums over ranks, data wait is the slowest rank's (a step waits
+for it), MFU is against the sum of the ranks' peaks, and `ranks` keeps each rank's own figures.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ BYTES_PER_GIB = 2**30
 # seconds waiting for data.
 WINDOW_KEYS = ("tokens", "samples", "trained", "attended", "wait")
 
-# all_reduce(values) -> the values summed over every training process.
-Reducer = Callable[[list[float]], list[float]]
+# all_gather(values) -> every training process's values, in rank order.
+Gatherer = Callable[[list[float]], list[list[float]]]
+NO_MEMORY = -1.0  # a rank without a peak-memory figure (gathered as a number)
 
 
 @dataclass(frozen=True)
@@ -85,18 +90,19 @@ class ThroughputMeter:
         self,
         flops: FlopsModel | None,
         world_size: int = 1,
-        reduce: Reducer | None = None,
+        gather: Gatherer | None = None,
         clock: Callable[[], float] = time.perf_counter,
         sync: Callable[[], None] = _cuda_sync,
         memory: Callable[[], float | None] = peak_memory_gb,
     ) -> None:
         self.flops = flops
         self.world_size = world_size
-        self.reduce = reduce
+        self.gather = gather
         self.clock, self.sync, self.memory = clock, sync, memory
         self.started = clock()
         self.windows: list[dict[str, Any]] = []
         self.totals = dict.fromkeys(WINDOW_KEYS, 0.0)
+        self.rank_totals: list[dict[str, float]] = []  # per rank, over the closed windows
         self.seconds = 0.0  # wall time of the closed windows
         self.steps = 0  # optimizer steps this process ran (a resumed run's earlier ones excluded)
         self._window_start: float | None = None
@@ -129,15 +135,12 @@ class ThroughputMeter:
         self._fetch_start, self._last_end = None, self.clock()
         self.steps_in_window += 1
 
-    def _window_totals(self) -> dict[str, float]:
-        """This window's counts, summed over processes; the wait averaged over them."""
-        values = [self.win[k] for k in WINDOW_KEYS]
-        if self.reduce is not None and self.world_size > 1:
-            values = self.reduce(values)
-        totals = dict(zip(WINDOW_KEYS, values, strict=True))
-        if self.reduce is not None and self.world_size > 1:
-            totals["wait"] /= self.world_size
-        return totals
+    def _per_rank(self, memory: float | None) -> list[dict[str, float]]:
+        """This window's counts and peak memory of every process, in rank order."""
+        values = [self.win[k] for k in WINDOW_KEYS] + [NO_MEMORY if memory is None else memory]
+        several = self.gather is not None and self.world_size > 1
+        rows = self.gather(values) if several and self.gather else [values]
+        return [dict(zip((*WINDOW_KEYS, "memory"), row, strict=True)) for row in rows]
 
     def _mfu(self, tokens: float, attended: float, seconds: float) -> float | None:
         if self.flops is None or not self.flops.peak_flops_per_device or not tokens:
@@ -156,19 +159,29 @@ class ThroughputMeter:
         end = self._last_end if at_last_step and self._last_end is not None else now
         start = self._window_start if self._window_start is not None else end
         seconds = max(end - start, 1e-9)
-        w = self._window_totals()
+        ranks = self._per_rank(self.memory())
+        w = {k: sum(r[k] for r in ranks) for k in WINDOW_KEYS}
+        w["wait"] = max(r["wait"] for r in ranks)  # the slowest rank's wait holds every step
+        memory = ranks[0]["memory"]
         record = {
             "step": step,
             "tokens_per_s": w["tokens"] / seconds,
             "samples_per_s": w["samples"] / seconds,
             "data_wait_fraction": min(1.0, w["wait"] / seconds),
             "mfu": self._mfu(w["tokens"], w["attended"], seconds),
-            "peak_memory_gb": self.memory(),
+            "peak_memory_gb": None if memory == NO_MEMORY else memory,
             "loss": loss,
             "learning_rate": lr,
             "seconds": round(seconds, 3),
             "time": round(now - self.started, 3),
         }
+        if len(ranks) > 1:
+            record["ranks"] = [_rank_figures(i, r, seconds) for i, r in enumerate(ranks)]
+        if not self.rank_totals:
+            self.rank_totals = [dict.fromkeys(WINDOW_KEYS, 0.0) for _ in ranks]
+        for total, r in zip(self.rank_totals, ranks, strict=False):
+            for key in WINDOW_KEYS:
+                total[key] += r[key]
         for key in self.totals:
             self.totals[key] += w[key]
         self.seconds += seconds
@@ -195,4 +208,23 @@ class ThroughputMeter:
             "trained_tokens": int(t["trained"]),
             "final_loss": losses[-1] if losses else None,
             "status": status,
+            **(
+                {"ranks": [_rank_figures(i, r, seconds) for i, r in enumerate(self.rank_totals)]}
+                if len(self.rank_totals) > 1 and seconds
+                else {}
+            ),
         }
+
+
+def _rank_figures(rank: int, counts: dict[str, float], seconds: float) -> dict[str, Any]:
+    """One process's own tokens/s, samples/s, data wait (and peak memory) over `seconds`."""
+    figures: dict[str, Any] = {
+        "rank": rank,
+        "tokens": int(counts["tokens"]),
+        "tokens_per_s": counts["tokens"] / seconds,
+        "samples_per_s": counts["samples"] / seconds,
+        "data_wait_fraction": min(1.0, counts["wait"] / seconds),
+    }
+    if counts.get("memory", NO_MEMORY) != NO_MEMORY:
+        figures["peak_memory_gb"] = counts["memory"]
+    return figures

@@ -84,9 +84,7 @@ def training_args_kwargs(
         use_cpu=not on_gpu,  # also what makes torchrun on CPU run DDP over gloo
     )
     if strategy == "fsdp":
-        kwargs.update(
-            fsdp=dist.get("fsdp") or "full_shard auto_wrap", fsdp_config=dist.get("fsdp_config")
-        )
+        kwargs.update(fsdp=True, fsdp_config=fsdp_config(dist))
     elif strategy == "deepspeed":
         if not dist.get("deepspeed"):
             raise UserError(
@@ -100,6 +98,38 @@ def training_args_kwargs(
             )
         kwargs["deepspeed"] = dist["deepspeed"]
     return kwargs
+
+
+FSDP_WORDS = {"full_shard", "shard_grad_op", "offload", "auto_wrap"}
+
+
+def fsdp_config(dist: dict[str, Any]) -> dict[str, Any]:
+    """The Trainer's `fsdp_config` for `training.distributed`: FSDP2, one unit per decoder
+    layer (the model's `_no_split_modules`), sharded checkpoints (each rank writes its part;
+    resume reads them back), the manifest's `fsdp` words ("full_shard", "shard_grad_op",
+    "offload", "auto_wrap") translated, and its `fsdp_config` on top."""
+    words = (dist.get("fsdp") or "full_shard auto_wrap").split()
+    unknown = [w for w in words if w not in FSDP_WORDS]
+    if unknown:
+        raise UserError(
+            f"training.distributed.fsdp: unknown option {unknown[0][:40]!r}; expected some of "
+            f"{', '.join(sorted(FSDP_WORDS))}"
+        )
+    config: dict[str, Any] = {
+        "version": 2,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "reshard_after_forward": "shard_grad_op" not in words,
+        "state_dict_type": "SHARDED_STATE_DICT",
+    }
+    if "offload" in words:
+        config["cpu_offload"] = True
+    user = {k.removeprefix("fsdp_"): v for k, v in (dist.get("fsdp_config") or {}).items()}
+    if user.get("version", 2) != 2:
+        raise UserError(
+            "training.distributed.fsdp_config.version: expert-cli runs FSDP2 (version 2); "
+            "FSDP1 is deprecated in transformers"
+        )
+    return {**config, **user}
 
 
 def _checkpointing(enabled: bool) -> dict[str, Any]:

@@ -1,7 +1,11 @@
 """What the training processes agree on under torchrun / accelerate launch (DDP, FSDP,
-DeepSpeed): sums, any-of, the minimum, a barrier. Alone, each is a no-op."""
+DeepSpeed): sums, every rank's figures, any-of, the minimum, a barrier (alone, each is a
+no-op); and what the Trainer really runs (engine, processes, nodes)."""
 
 from __future__ import annotations
+
+import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,6 +29,16 @@ def sum_over_ranks(values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def gather_over_ranks(values: list[float]) -> list[list[float]]:
+    """Every process's `values`, in rank order (all_gather)."""
+    if not initialized():
+        return [values]
+    t = torch.tensor(values, dtype=torch.float64, device=_device())
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [row.tolist() for row in out]
+
+
 def any_rank(flag: bool) -> bool:
     """True when `flag` is true on any process."""
     return sum_over_ranks([1.0 if flag else 0.0])[0] > 0
@@ -43,3 +57,38 @@ def barrier() -> None:
     """Wait for every process."""
     if initialized():
         dist.barrier()
+
+
+def engine(trainer: Any) -> str | None:
+    """What the Trainer really runs: "fsdp", "deepspeed", "ddp", or None (one process)."""
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return "fsdp"
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        return "deepspeed"
+    return "ddp" if trainer.args.world_size > 1 else None
+
+
+def topology(trainer: Any) -> dict[str, Any]:
+    """The run's engine, processes, nodes and backend, for manifest.resolved.json."""
+    world = trainer.args.world_size
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
+    return {
+        "engine": engine(trainer),
+        "world_size": world,
+        "nodes": max(1, world // max(1, per_node)),
+        "backend": dist.get_backend() if initialized() else None,
+    }
+
+
+def describe(topology: dict[str, Any], asked: str, on_cpu: bool) -> str:
+    """What a multi-process run is, and why it is not the engine the manifest `asked` for."""
+    engine, world, nodes = topology["engine"], topology["world_size"], topology["nodes"]
+    text = (
+        f"distributed: {engine} over {world} processes on {nodes} node{'s' * (nodes > 1)} "
+        f"({topology['backend']}); tokens/s are summed over ranks, data-wait is the slowest "
+        "rank's, metrics.json has each rank's"
+    )
+    if asked != engine:
+        why = "accelerate runs FSDP and DeepSpeed on GPUs only, so " if on_cpu else ""
+        text += f"; training.distributed.strategy {asked} asked, but {why}this run is {engine}"
+    return text

@@ -291,11 +291,15 @@ def make_trainer(
         on_window=run.reporter.window if run.is_main else None,
         earlier=earlier_records(metrics, run.runtime.get("resumed_from")),
         world_size=run.args.world_size,
-        reduce=distributed.sum_over_ranks,
+        gather=distributed.gather_over_ranks,
     )
     kernel = run.runtime["model"]["attn_implementation"]
     trainer, throughput = build_trainer(model, run.args, data, tokenizer, kernel, telemetry)
     trainer.remove_callback(PrinterCallback)  # the reporter shows progress instead
+    run.runtime["distributed"] = topology = distributed.topology(trainer)
+    if run.is_main and topology["world_size"] > 1:
+        asked = (run.resolved.distributed or {}).get("strategy", "ddp")
+        run.reporter.note(distributed.describe(topology, asked, on_cpu=run.device == "cpu"))
     stop = InterruptCallback(interrupt, distributed.any_rank)
     extra = run.reporter.callbacks() if run.is_main else []
     for callback in [*extra, stop, CheckpointMarker(), _tensorboard(run)]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments
 
 from expert_cli.config.kernels import BOUNDARY_KERNELS
@@ -79,6 +80,27 @@ class ExpertTrainer(Trainer):
         inputs.pop(COUNTS_KEY, None)
         return super()._prepare_inputs(inputs)
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Under FSDP every rank takes part in gathering the adapter's full tensors (only the
+        trainable ones: the frozen base is never gathered) and the main process saves them
+        with peft, loadable by `PeftModel.from_pretrained`; otherwise the Trainer's save."""
+        if not self.is_fsdp_enabled:
+            super().save_model(output_dir, _internal_call)
+            return
+        options = StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=True
+        )
+        state = get_model_state_dict(self.model_wrapped, options=options)
+        if not self.args.should_save:
+            return
+        output = output_dir or self.args.output_dir
+        Path(output).mkdir(parents=True, exist_ok=True)
+        peft_model = self.accelerator.unwrap_model(self.model)
+        # clone: the gathered tensors may share storage that peft's save cannot address
+        peft_model.save_pretrained(output, state_dict={k: v.clone() for k, v in state.items()})
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output)
+
 
 def flops_model(peft_model: Any) -> FlopsModel:
     """What MFU needs to know of the model, and this GPU's peak (None on CPU/unknown GPUs)."""
@@ -106,7 +128,7 @@ class Telemetry:
     on_window: Callable[[dict[str, Any]], None] | None = None
     earlier: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     world_size: int = 1
-    reduce: Callable[[list[float]], list[float]] | None = None
+    gather: Callable[[list[float]], list[list[float]]] | None = None
 
 
 def build_trainer(
@@ -123,7 +145,7 @@ def build_trainer(
     collator = CountingCollator(
         PackedCollator(tokenizer.pad_token_id, boundaries=kernel in BOUNDARY_KERNELS)
     )
-    meter = ThroughputMeter(flops_model(model), telemetry.world_size, reduce=telemetry.reduce)
+    meter = ThroughputMeter(flops_model(model), telemetry.world_size, gather=telemetry.gather)
     throughput = ThroughputCallback(
         meter, telemetry.metrics_path, telemetry.on_window, telemetry.earlier
     )
