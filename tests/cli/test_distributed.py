@@ -4,9 +4,14 @@ node-local caches, accelerate launch, and the DeepSpeed path."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,50 +93,50 @@ def test_two_nodes_over_localhost_with_node_local_caches(
 ) -> None:
     """torchrun --nnodes 2 --nproc_per_node 1 twice (node ranks 0 and 1): one adapter, rank 0
     prints, each node builds the token cache in its own root, every rank's figures recorded."""
-    import subprocess
-    import sys
-
     from train_helpers import cli_env
 
     manifest = write_expert(tmp_path / "e", tiny_model_dir)
     out, port = tmp_path / "out", _free_port()
-    nodes = []
-    for node in (0, 1):
-        launcher = [
-            "torch.distributed.run",
-            "--nnodes",
-            "2",
-            "--nproc_per_node",
-            "1",
-            "--node_rank",
-            str(node),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(port),
-        ]
-        cache = f"pretokenized_cache={tmp_path / f'node{node}-disk' / 'cache'}"
-        args = _train(out, manifest, "--max-steps", "3", "--set", cache)
-        nodes.append(
-            subprocess.Popen(
-                [sys.executable, "-m", *launcher, "-m", "expert_cli.cli", *args],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=cli_env(),
-                cwd=ROOT,
-                start_new_session=True,
-            )
-        )
-    results = []
-    for popen in nodes:
-        try:
-            results.append(popen.communicate(timeout=240))
-        finally:
-            if popen.poll() is None:
-                popen.kill()
-    for popen, (stdout, stderr) in zip(nodes, results, strict=True):
-        assert popen.returncode == 0, stdout + stderr
+    nodes, logs = [], []
+    try:
+        for node in (0, 1):
+            launcher = [
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc_per_node",
+                "1",
+                "--node_rank",
+                str(node),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(port),
+            ]
+            cache = f"pretokenized_cache={tmp_path / f'node{node}-disk' / 'cache'}"
+            args = _train(out, manifest, "--max-steps", "3", "--set", cache)
+            log = (tmp_path / f"node{node}.out", tmp_path / f"node{node}.err")
+            logs.append(log)
+            with log[0].open("w") as stdout, log[1].open("w") as stderr:  # no pipe to fill
+                nodes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", *launcher, "-m", "expert_cli.cli", *args],
+                        stdout=stdout,
+                        stderr=stderr,
+                        text=True,
+                        env=cli_env(),
+                        cwd=ROOT,
+                        start_new_session=True,
+                    )
+                )
+        codes = [popen.wait(timeout=240) for popen in nodes]
+    finally:
+        for popen in nodes:  # torchrun and its worker, whatever happened
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGKILL)
+    results = [(o.read_text(), e.read_text()) for o, e in logs]
+    for code, (stdout, stderr) in zip(codes, results, strict=True):
+        assert code == 0, stdout + stderr
     printed = results[0][0] + results[1][0]
     assert printed.count("completed") == 1 and printed.count("trainable of") == 1
     assert "distributed: ddp over 2 processes on 2 nodes (gloo)" in " ".join(printed.split())

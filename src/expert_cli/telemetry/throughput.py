@@ -142,11 +142,12 @@ class ThroughputMeter:
         rows = self.gather(values) if several and self.gather else [values]
         return [dict(zip((*WINDOW_KEYS, "memory"), row, strict=True)) for row in rows]
 
-    def _mfu(self, tokens: float, attended: float, seconds: float) -> float | None:
+    def _mfu(self, tokens: float, attended: float, seconds: float, devices: int) -> float | None:
+        """MFU of `tokens` counted on `devices` processes, against the sum of their peaks."""
         if self.flops is None or not self.flops.peak_flops_per_device or not tokens:
             return None
         per_token = self.flops.per_token(attended / tokens)
-        return mfu(tokens / seconds, per_token, self.flops.peak_flops_per_device * self.world_size)
+        return mfu(tokens / seconds, per_token, self.flops.peak_flops_per_device * devices)
 
     def close_window(
         self, step: int, loss: float | None, lr: float | None, at_last_step: bool = False
@@ -168,7 +169,7 @@ class ThroughputMeter:
             "tokens_per_s": w["tokens"] / seconds,
             "samples_per_s": w["samples"] / seconds,
             "data_wait_fraction": min(1.0, w["wait"] / seconds),
-            "mfu": self._mfu(w["tokens"], w["attended"], seconds),
+            "mfu": self._mfu(w["tokens"], w["attended"], seconds, len(ranks)),
             "peak_memory_gb": None if memory == NO_MEMORY else memory,
             "loss": loss,
             "learning_rate": lr,
@@ -177,9 +178,9 @@ class ThroughputMeter:
         }
         if len(ranks) > 1:
             record["ranks"] = [_rank_figures(i, r, seconds) for i, r in enumerate(ranks)]
-        if not self.rank_totals:
+        if len(self.rank_totals) != len(ranks):  # the first window (ranks never change in a run)
             self.rank_totals = [dict.fromkeys(WINDOW_KEYS, 0.0) for _ in ranks]
-        for total, r in zip(self.rank_totals, ranks, strict=False):
+        for total, r in zip(self.rank_totals, ranks, strict=True):
             for key in WINDOW_KEYS:
                 total[key] += r[key]
         for key in self.totals:
@@ -200,7 +201,9 @@ class ThroughputMeter:
             "tokens_per_s": t["tokens"] / seconds if seconds else 0.0,
             "samples_per_s": t["samples"] / seconds if seconds else 0.0,
             "data_wait_fraction": min(1.0, t["wait"] / seconds) if seconds else 0.0,
-            "mfu": self._mfu(t["tokens"], t["attended"], seconds) if seconds else None,
+            "mfu": self._mfu(t["tokens"], t["attended"], seconds, max(1, len(self.rank_totals)))
+            if seconds
+            else None,
             "steps": steps,
             "steps_this_run": self.steps,
             "train_runtime_s": round(seconds, 3),

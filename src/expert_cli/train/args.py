@@ -124,12 +124,12 @@ def fsdp_config(dist: dict[str, Any]) -> dict[str, Any]:
     if "offload" in words:
         config["cpu_offload"] = True
     user = {k.removeprefix("fsdp_"): v for k, v in (dist.get("fsdp_config") or {}).items()}
-    if user.get("version", 2) != 2:
+    if str(user.get("version", 2)).strip() != "2":
         raise UserError(
             "training.distributed.fsdp_config.version: expert-cli runs FSDP2 (version 2); "
             "FSDP1 is deprecated in transformers"
         )
-    return {**config, **user}
+    return {**config, **user, "version": 2}
 
 
 def _checkpointing(enabled: bool) -> dict[str, Any]:

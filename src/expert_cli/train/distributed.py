@@ -10,6 +10,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# processes per node, as torchrun / accelerate, MPI and Slurm launchers say it
+LOCAL_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+
 
 def initialized() -> bool:
     """Whether this process is one of several (a process group is up)."""
@@ -71,11 +74,14 @@ def engine(trainer: Any) -> str | None:
 def topology(trainer: Any) -> dict[str, Any]:
     """The run's engine, processes, nodes and backend, for manifest.resolved.json."""
     world = trainer.args.world_size
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
+    per_node = next(
+        (int(os.environ[k]) for k in LOCAL_SIZE_VARIABLES if os.environ.get(k, "").isdigit()),
+        None if world > 1 else 1,
+    )
     return {
         "engine": engine(trainer),
         "world_size": world,
-        "nodes": max(1, world // max(1, per_node)),
+        "nodes": max(1, world // per_node) if per_node else None,  # None: the launcher hid it
         "backend": dist.get_backend() if initialized() else None,
     }
 
@@ -83,8 +89,9 @@ def topology(trainer: Any) -> dict[str, Any]:
 def describe(topology: dict[str, Any], asked: str, on_cpu: bool) -> str:
     """What a multi-process run is, and why it is not the engine the manifest `asked` for."""
     engine, world, nodes = topology["engine"], topology["world_size"], topology["nodes"]
+    where = f" on {nodes} node{'s' * (nodes > 1)}" if nodes else ""
     text = (
-        f"distributed: {engine} over {world} processes on {nodes} node{'s' * (nodes > 1)} "
+        f"distributed: {engine} over {world} processes{where} "
         f"({topology['backend']}); tokens/s are summed over ranks, data-wait is the slowest "
         "rank's, metrics.json has each rank's"
     )

@@ -362,9 +362,10 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
     model = load_model(run, tokenizer, data, resume)
     if run.is_main:
         run.output.mkdir(parents=True, exist_ok=True)
-        write_resolved(run.output, run.resolved, run.runtime, run.source)
     with Interrupt() as interrupt:
         trainer, throughput, stop = make_trainer(run, model, tokenizer, data, interrupt)
+        if run.is_main:  # with runtime.distributed, known once the Trainer is built
+            write_resolved(run.output, run.resolved, run.runtime, run.source)
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         except KeyboardInterrupt:

@@ -87,19 +87,32 @@ class ExpertTrainer(Trainer):
         if not self.is_fsdp_enabled:
             super().save_model(output_dir, _internal_call)
             return
+        peft_model = self.accelerator.unwrap_model(self.model)
         options = StateDictOptions(
-            full_state_dict=True, cpu_offload=True, ignore_frozen_params=True
+            full_state_dict=True,
+            cpu_offload=True,  # the full tensors land on global rank 0 only
+            ignore_frozen_params=not _saves_embeddings(peft_model),
         )
         state = get_model_state_dict(self.model_wrapped, options=options)
-        if not self.args.should_save:
+        if self.args.process_index != 0:
             return
         output = output_dir or self.args.output_dir
         Path(output).mkdir(parents=True, exist_ok=True)
-        peft_model = self.accelerator.unwrap_model(self.model)
         # clone: the gathered tensors may share storage that peft's save cannot address
         peft_model.save_pretrained(output, state_dict={k: v.clone() for k, v in state.items()})
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output)
+
+
+def _saves_embeddings(peft_model: Any) -> bool:
+    """Whether peft saves the (frozen) embedding layers with the adapter: when they are among
+    its targets (then a gather must include frozen tensors too)."""
+    configs = getattr(peft_model, "peft_config", {}) or {}
+    for config in configs.values():
+        targets = getattr(config, "target_modules", None)
+        if isinstance(targets, list | set | tuple) and {"embed_tokens", "lm_head"} & set(targets):
+            return True
+    return False
 
 
 def flops_model(peft_model: Any) -> FlopsModel:
