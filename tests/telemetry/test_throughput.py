@@ -178,3 +178,16 @@ def test_write_json_atomic_leaves_no_temporary(tmp_path: Path) -> None:
     write_json_atomic(path, {"windows": [], "summary": {"status": "running"}})
     assert json.loads(path.read_text())["summary"]["status"] == "running"
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+
+
+def test_a_failing_rank_closes_its_window_without_the_others() -> None:
+    """`alone`: no gather (the other ranks may be stuck in a step or gone), own counts only."""
+    clock = FakeClock()
+
+    def gather(values: list[float]) -> list[list[float]]:
+        raise AssertionError("a failing rank must not wait for the others")
+
+    meter = _meter(clock, world_size=2, gather=gather)
+    _step(meter, clock, wait=0.0, compute=1.0)
+    rec = meter.close_window(1, None, None, at_last_step=True, alone=True)
+    assert rec["tokens_per_s"] == pytest.approx(1000.0) and "ranks" not in rec

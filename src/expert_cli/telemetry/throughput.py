@@ -135,10 +135,11 @@ class ThroughputMeter:
         self._fetch_start, self._last_end = None, self.clock()
         self.steps_in_window += 1
 
-    def _per_rank(self, memory: float | None) -> list[dict[str, float]]:
-        """This window's counts and peak memory of every process, in rank order."""
+    def _per_rank(self, memory: float | None, alone: bool) -> list[dict[str, float]]:
+        """This window's counts and peak memory of every process, in rank order (this
+        process's only when `alone`)."""
         values = [self.win[k] for k in WINDOW_KEYS] + [NO_MEMORY if memory is None else memory]
-        several = self.gather is not None and self.world_size > 1
+        several = self.gather is not None and self.world_size > 1 and not alone
         rows = self.gather(values) if several and self.gather else [values]
         return [dict(zip((*WINDOW_KEYS, "memory"), row, strict=True)) for row in rows]
 
@@ -150,17 +151,23 @@ class ThroughputMeter:
         return mfu(tokens / seconds, per_token, self.flops.peak_flops_per_device * devices)
 
     def close_window(
-        self, step: int, loss: float | None, lr: float | None, at_last_step: bool = False
+        self,
+        step: int,
+        loss: float | None,
+        lr: float | None,
+        at_last_step: bool = False,
+        alone: bool = False,
     ) -> dict[str, Any]:
-        """Finish the current window (call on every process) and return its record. With
-        `at_last_step` (the run's end) the window ends at its last step, so what follows
-        training (the final save) is not counted."""
+        """Finish the current window (call on every process, as it gathers from them all) and
+        return its record. With `at_last_step` (the run's end) the window ends at its last step,
+        so what follows training (the final save) is not counted. `alone`: this process's own
+        counts, without waiting for the others (a failure on one rank must not hang it)."""
         self.sync()
         now = self.clock()
         end = self._last_end if at_last_step and self._last_end is not None else now
         start = self._window_start if self._window_start is not None else end
         seconds = max(end - start, 1e-9)
-        ranks = self._per_rank(self.memory())
+        ranks = self._per_rank(self.memory(), alone)
         w = {k: sum(r[k] for r in ranks) for k in WINDOW_KEYS}
         w["wait"] = max(r["wait"] for r in ranks)  # the slowest rank's wait holds every step
         memory = ranks[0]["memory"]

@@ -67,20 +67,21 @@ class ThroughputCallback(TrainerCallback):
             write_json_atomic(self.metrics_path, data)
         return summary
 
-    def finish(self, steps: int, status: str) -> dict[str, Any]:
-        """Close a last partial window (on every process) and write the final summary."""
+    def finish(self, steps: int, status: str, alone: bool = False) -> dict[str, Any]:
+        """Close a last partial window and write the final summary: on every process, or with
+        `alone` on this one without waiting for the others (it failed, they may not have)."""
         if self.meter.steps_in_window:
-            record = self.meter.close_window(steps, None, None, at_last_step=True)
+            record = self.meter.close_window(steps, None, None, at_last_step=True, alone=alone)
             if self.on_window is not None:
                 self.on_window(record)
         return self.write(steps, status)
 
     def record_failure(self, steps: int) -> None:
-        """Mark metrics.json "failed", best effort: on a full disk that write fails too, and
-        the error that stopped the run is the one to report (the file keeps its last whole
-        state, as every write replaces it atomically)."""
+        """Mark metrics.json "failed" without waiting for other processes, best effort: on a
+        full disk that write fails too, and the error that stopped the run is the one to
+        report (the file keeps its last whole state, as every write replaces it atomically)."""
         with contextlib.suppress(OSError):
-            self.finish(steps, "failed")
+            self.finish(steps, "failed", alone=True)
 
 
 def earlier_records(path: Path, resumed_from: str | None) -> dict[str, list[dict[str, Any]]]:

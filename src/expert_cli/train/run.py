@@ -369,7 +369,7 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         except KeyboardInterrupt:
-            throughput.finish(trainer.state.global_step, "interrupted")
+            throughput.finish(trainer.state.global_step, "interrupted", alone=True)
             raise
         except BaseException as exc:
             on_failure(run, throughput, trainer.state.global_step, exc)
