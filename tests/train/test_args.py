@@ -232,6 +232,12 @@ def test_fsdp_and_deepspeed_blocks(tmp_path: Path, monkeypatch) -> None:
     )
     with pytest.raises(UserError, match="fsdp_config.version: expert-cli runs FSDP2"):
         training_args_kwargs(fsdp1, tmp_path, on_gpu=True)
+    assert not [n for n in fsdp.notes if "distributed" in n]  # a GPU machine: FSDP runs
+    on_cpu = _resolved(tmp_path, {}, cpu_environment(), distributed={"strategy": "fsdp"})
+    assert (
+        "training.distributed.strategy: fsdp runs on GPUs only (accelerate); several processes "
+        "on this machine would run DDP" in on_cpu.notes
+    )
     as_text = _resolved(
         tmp_path, {}, distributed={"strategy": "fsdp", "fsdp_config": {"version": "2"}}
     )

@@ -278,6 +278,11 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     choices.hints(cfg, env, notes)
     dist = lm.manifest.training.distributed
     dist_dict = dist.model_dump(exclude_none=True) if dist else None
+    if dist and dist.strategy != "ddp" and not env.has_gpu:
+        notes.append(
+            f"training.distributed.strategy: {dist.strategy} runs on GPUs only (accelerate); "
+            "several processes on this machine would run DDP"
+        )
     if dist_dict and isinstance(dist_dict.get("deepspeed"), str):
         dist_dict["deepspeed"] = str(
             local_path(lm.folder, dist_dict["deepspeed"], "training.distributed.deepspeed")
