@@ -50,6 +50,11 @@ def print_data(
     console.print(f"{state} ({reason}) {cache_dir}", highlight=False, markup=False)
 
 
+def _fused(choices: Any) -> str:
+    layers = getattr(choices, "fused_lora_layers", 0)
+    return f", {layers} layers fused" if layers else ""
+
+
 def _loss_name(fused: str) -> str:
     return "standard (full logits)" if fused == "off" else f"fused linear cross-entropy ({fused})"
 
@@ -72,7 +77,7 @@ def print_decisions(
     compiled = f"{choices.compiled_layers} layers" if choices.compiled_layers else "off"
     console.print(
         f"[bold]step[/bold]      loss {_loss_name(choices.fused_loss)}, adapters compute in "
-        f"{choices.adapter_precision} (fp32 weights), Liger layers "
+        f"{choices.adapter_precision} (fp32 weights{_fused(choices)}), Liger layers "
         f"{'on' if choices.liger_kernels else 'off'}, torch.compile {compiled}",
         highlight=False,
     )

@@ -94,6 +94,7 @@ def kernels(cfg: TrainingConfig, env: Environment, half: bool, notes: list[str])
     return dict(
         attn_implementation=_attention(cfg, env, half, notes),
         adapter_precision=first(cfg.adapter_precision, "compute" if half else "fp32"),
+        adapter_kernel=first(cfg.adapter_kernel, "peft"),
         fused_loss=_fused_loss(cfg, env, notes),
         liger_kernels=liger,
         torch_compile=bool(cfg.torch_compile),

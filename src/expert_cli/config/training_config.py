@@ -194,6 +194,14 @@ class TrainingConfig(Strict):
         "bf16/fp16): the mixed-precision dtype, no fp32 copy of each adapter's input; fp32: "
         "peft's upcast. Adapter weights and optimizer state stay fp32 either way.",
     )
+    adapter_kernel: Literal["peft", "fused"] | None = Field(
+        None,
+        description="Extension: how LoRA linear layers run. peft (default): peft's forward "
+        "(three matmuls, then a scale and an add over the output); fused: one autograd "
+        "function that accumulates the scaled update into the base projection's matmul, "
+        "forward and backward (plain LoRA on unquantized layers without dropout; others keep "
+        "peft's).",
+    )
     fused_loss: FusedLoss | None = Field(
         None,
         description="Extension: the loss without full-vocabulary logits. auto (default): "

@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, s
 
 from expert_cli.errors import RunError, UserError
 from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
+from expert_cli.train.fused_lora import fuse_lora_linears
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
 
@@ -46,6 +47,7 @@ class ModelChoices:
     fused_loss: str = "off"
     liger_kernels: bool = False
     adapter_precision: str = "fp32"
+    fused_lora_layers: int = 0
     compiled_layers: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -310,6 +312,8 @@ def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps
         peft_model.enable_input_require_grads()
     if adapter_compute_dtype(resolved) != "fp32":
         adapters_in_compute_dtype(peft_model)
+    if resolved.adapter_kernel == "fused":
+        fuse_lora_linears(peft_model)
     return peft_model
 
 

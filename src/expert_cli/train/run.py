@@ -36,6 +36,7 @@ from expert_cli.train.callbacks import (
     InterruptCallback,
     earlier_records,
 )
+from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.model import (
     ModelChoices,
     adapter_compute_dtype,
@@ -234,6 +235,7 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
         run.reporter.note(f"resuming from {resume.name} (step {at} of {steps})")
     peft_model = attach_adapter(model, resolved, steps)
     choices.adapter_precision = adapter_compute_dtype(resolved)
+    choices.fused_lora_layers = sum(1 for m in peft_model.modules() if is_fused(m))
     if resolved.batch_auto and device.startswith("cuda"):
         _plan_batch(run, peft_model, tokenizer, data, choices)
     compile_on, why = compile_decision(resolved.torch_compile, device.startswith("cuda"))

@@ -1,0 +1,126 @@
+"""LoRA linear layers as one autograd function: the adapter's scale-and-add folded into a GEMM.
+
+peft computes `base(x) + lora_B(lora_A(dropout(x))) * scaling`: three GEMMs, then a scale and
+an add over the whole output, each a pass over an activation-sized tensor, in the forward and
+again in the backward. Here the update is accumulated into the base projection's output by
+the GEMM itself (`addmm_` with `alpha=scaling`, beta 1), and the backward does the same for the
+input gradient:
+
+    xa = x A^T                      y  = x W^T + b;   y += s * xa B^T   (one GEMM, accumulating)
+    g  = dy B                       dx = dy W;        dx += s * g A     (one GEMM, accumulating)
+    dA = s * g^T x                  dB = s * dy^T xa
+
+Only plain LoRA on a frozen `nn.Linear` base is fused (no dropout, no DoRA or other variant,
+one active adapter, not merged); any other layer, or a call with adapters disabled or merged,
+runs peft's own forward. The matmuls run in the autocast dtype when autocast is on (adapter
+weights and their gradients stay fp32), else in the inputs' dtype.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from peft.tuners.lora.layer import Linear as LoraLinear
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
+class LoraLinearFunction(torch.autograd.Function):
+    """y = x W^T + b + s (x A^T) B^T with the scaled update accumulated by the GEMM."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        lora_a: torch.Tensor,
+        lora_b: torch.Tensor,
+        scaling: float,
+    ) -> torch.Tensor:
+        dtype = _compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            x2 = x.reshape(-1, x.shape[-1]).to(dtype)
+            w = weight.to(dtype)
+            xa = x2 @ lora_a.to(dtype).t()
+            y = torch.addmm(bias.to(dtype), x2, w.t()) if bias is not None else x2 @ w.t()
+            y.addmm_(xa, lora_b.to(dtype).t(), alpha=scaling)
+        ctx.save_for_backward(x2, xa, weight, lora_a, lora_b)
+        ctx.scaling, ctx.dtype, ctx.x_shape, ctx.x_dtype = scaling, dtype, x.shape, x.dtype
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x2, xa, weight, lora_a, lora_b = ctx.saved_tensors
+        s, dtype = ctx.scaling, ctx.dtype
+        with torch.autocast(dy.device.type, enabled=False):
+            dy2 = dy.reshape(-1, dy.shape[-1]).to(dtype)
+            a, b = lora_a.to(dtype), lora_b.to(dtype)
+            g = dy2 @ b
+            dx = None
+            if ctx.needs_input_grad[0]:
+                dx = dy2 @ weight.to(dtype)
+                dx.addmm_(g, a, alpha=s)
+                dx = dx.view(ctx.x_shape).to(ctx.x_dtype)
+            d_a = (g.t() @ x2).mul_(s).to(lora_a.dtype) if ctx.needs_input_grad[3] else None
+            d_b = (dy2.t() @ xa).mul_(s).to(lora_b.dtype) if ctx.needs_input_grad[4] else None
+        return dx, None, None, d_a, d_b, None
+
+
+def fusable(module: torch.nn.Module) -> bool:
+    """Plain LoRA on a frozen nn.Linear with one adapter and no dropout."""
+    if not isinstance(module, LoraLinear) or type(module.base_layer) is not torch.nn.Linear:
+        return False
+    if module.fan_in_fan_out or module.base_layer.weight.requires_grad:
+        return False
+    names = list(module.lora_A.keys())
+    if len(names) != 1 or names[0] in getattr(module, "lora_variant", {}):
+        return False
+    return isinstance(module.lora_dropout[names[0]], torch.nn.Identity)
+
+
+def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    active = self.active_adapters
+    if (
+        self.disable_adapters
+        or self.merged
+        or args
+        or kwargs
+        or len(active) != 1
+        or active[0] not in self.lora_A
+    ):
+        return LoraLinear.forward(self, x, *args, **kwargs)
+    name = active[0]
+    base = self.base_layer
+    return LoraLinearFunction.apply(
+        x,
+        base.weight,
+        base.bias,
+        self.lora_A[name].weight,
+        self.lora_B[name].weight,
+        float(self.scaling[name]),
+    )
+
+
+def is_fused(module: torch.nn.Module) -> bool:
+    """Whether `module` runs the fused forward."""
+    forward = module.__dict__.get("forward")
+    return getattr(forward, "__func__", None) is _fused_forward
+
+
+def fuse_lora_linears(model: torch.nn.Module) -> int:
+    """Give every fusable LoRA linear layer of `model` the fused forward (in place); returns
+    how many were switched."""
+    switched = 0
+    for module in model.modules():
+        if fusable(module):
+            module.forward = types.MethodType(_fused_forward, module)
+            switched += 1
+    return switched

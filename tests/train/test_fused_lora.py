@@ -1,0 +1,114 @@
+"""The fused LoRA linear gives peft's outputs and gradients (the same math, the scaled update
+accumulated by the GEMM), falls back to peft wherever it does not apply, and trains the tiny
+model to the same losses."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from expert_cli.train.fused_lora import LoraLinearFunction, fusable, fuse_lora_linears
+
+
+def _peft(model_dir: Path, **config: object) -> torch.nn.Module:
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", **config)
+    )
+    for name, p in model.named_parameters():  # B starts at zero: give it values to test
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    return model
+
+
+def _loss_and_grads(model: torch.nn.Module, ids: torch.Tensor) -> tuple[float, dict]:
+    model.zero_grad()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return loss.item(), grads
+
+
+def test_function_matches_the_unfused_math_in_fp32() -> None:
+    torch.manual_seed(1)
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    w, bias = torch.randn(6, 8), torch.randn(6)
+    a = torch.randn(3, 8, requires_grad=True)
+    b = torch.randn(6, 3, requires_grad=True)
+    y = LoraLinearFunction.apply(x, w, bias, a, b, 0.5)
+    dy = torch.randn_like(y)
+    (y * dy).sum().backward()
+    got = (y.detach(), x.grad, a.grad, b.grad)
+    x2, a2, b2 = (t.detach().clone().requires_grad_() for t in (x, a, b))
+    ref = x2 @ w.t() + bias + (x2 @ a2.t()) @ b2.t() * 0.5
+    (ref * dy).sum().backward()
+    for mine, theirs in zip(got, (ref.detach(), x2.grad, a2.grad, b2.grad), strict=True):
+        assert torch.allclose(mine, theirs, atol=1e-5), (mine - theirs).abs().max()
+
+
+def test_fused_model_equals_peft_loss_and_gradients(tiny_model_dir: Path) -> None:
+    ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(3))
+    plain = _peft(tiny_model_dir)
+    fused = copy.deepcopy(plain)
+    assert fuse_lora_linears(fused) == 14  # 2 layers x (q, k, v, o, gate, up, down)
+    want_loss, want = _loss_and_grads(plain, ids)
+    got_loss, got = _loss_and_grads(fused, ids)
+    assert got_loss == pytest.approx(want_loss, rel=1e-6)
+    assert got.keys() == want.keys() and len(got) == 28
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-7), name
+    with fused.disable_adapter():  # peft's own forward: the base model alone
+        base_loss = fused(input_ids=ids, labels=ids).loss.item()
+    with plain.disable_adapter():
+        assert base_loss == pytest.approx(plain(input_ids=ids, labels=ids).loss.item())
+    assert base_loss != pytest.approx(got_loss)
+
+
+def test_bf16_autocast_keeps_fp32_gradients_close_to_peft(tiny_model_dir: Path) -> None:
+    ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(4))
+    plain = _peft(tiny_model_dir)
+    fused = copy.deepcopy(plain)
+    fuse_lora_linears(fused)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want_loss, want = _loss_and_grads(plain, ids)
+        got_loss, got = _loss_and_grads(fused, ids)
+    assert got_loss == pytest.approx(want_loss, rel=1e-2)
+    for name in want:
+        assert got[name].dtype == torch.float32  # master weights' gradients stay fp32
+        scale = want[name].abs().max().item() or 1.0
+        assert (got[name] - want[name]).abs().max().item() <= 0.05 * scale, name
+
+
+def test_only_plain_lora_on_a_frozen_linear_is_fused(tiny_model_dir: Path) -> None:
+    assert fuse_lora_linears(_peft(tiny_model_dir, lora_dropout=0.1)) == 0
+    assert fuse_lora_linears(_peft(tiny_model_dir, use_dora=True)) == 0
+    model = _peft(tiny_model_dir)
+    assert not any(fusable(m) for m in model.modules() if not hasattr(m, "lora_A"))
+
+
+@pytest.mark.slow
+def test_the_manifest_lever_trains_to_peft_losses(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`adapter_kernel: fused` through the recipe's own model set-up and the Trainer."""
+    from train_helpers import prepared_cpu_run, train_steps, write_expert
+
+    from expert_cli.train.fused_lora import is_fused
+
+    losses = {}
+    for kernel in ("peft", "fused"):
+        manifest = write_expert(
+            tmp_path / kernel, tiny_model_dir, rows=32, config={"adapter_kernel": kernel}
+        )
+        resolved, tokenizer, data, model = prepared_cpu_run(manifest, total_steps=6)
+        assert resolved.adapter_kernel == kernel
+        fused = sum(is_fused(m) for m in model.modules())
+        assert fused == (14 if kernel == "fused" else 0)
+        trainer = train_steps(resolved, tokenizer, data, model, tmp_path / f"ckpt-{kernel}", 6)
+        losses[kernel] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses["fused"]) == 6
+    assert losses["fused"] == pytest.approx(losses["peft"], rel=1e-4)
