@@ -70,6 +70,7 @@ if [ "$STAGE" = stage1 ]; then
   bench parity 220 --variants e_default,f_old_path --long e_default,f_old_path --long-steps 200
   bench kernels 180 --variants f_attention_torch_varlen,f_loss_liger,f_loss_chunked,f_liger_off,f_attention_flex --steps 25
   bench quant 90 --variants q_int4,q_dora --steps 25
+  bench fused 120 --variants e_default,f_adapters_fused --steps 25
 else
   if [ -f "$SITE/.fa4" ]; then
     log "check flash-attention 4"
