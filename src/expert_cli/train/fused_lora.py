@@ -39,12 +39,13 @@ class LoraLinearFunction(torch.autograd.Function):
     def forward(
         ctx: Any,
         x: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
+        base: torch.nn.Linear,
         lora_a: torch.Tensor,
         lora_b: torch.Tensor,
         scaling: float,
     ) -> torch.Tensor:
+        """`base` is frozen: its weight and bias get no gradient."""
+        weight, bias = base.weight, base.bias
         dtype = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             x2 = x.reshape(-1, x.shape[-1]).to(dtype)
@@ -69,9 +70,9 @@ class LoraLinearFunction(torch.autograd.Function):
                 dx = dy2 @ weight.to(dtype)
                 dx.addmm_(g, a, alpha=s)
                 dx = dx.view(ctx.x_shape).to(ctx.x_dtype)
-            d_a = (g.t() @ x2).mul_(s).to(lora_a.dtype) if ctx.needs_input_grad[3] else None
-            d_b = (dy2.t() @ xa).mul_(s).to(lora_b.dtype) if ctx.needs_input_grad[4] else None
-        return dx, None, None, d_a, d_b, None
+            d_a = (g.t() @ x2).mul_(s).to(lora_a.dtype) if ctx.needs_input_grad[2] else None
+            d_b = (dy2.t() @ xa).mul_(s).to(lora_b.dtype) if ctx.needs_input_grad[3] else None
+        return dx, None, d_a, d_b, None
 
 
 def fusable(module: torch.nn.Module) -> bool:
@@ -98,11 +99,9 @@ def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any)
     ):
         return LoraLinear.forward(self, x, *args, **kwargs)
     name = active[0]
-    base = self.base_layer
     return LoraLinearFunction.apply(
         x,
-        base.weight,
-        base.bias,
+        self.base_layer,
         self.lora_A[name].weight,
         self.lora_B[name].weight,
         float(self.scaling[name]),
