@@ -5,6 +5,7 @@ every data fault generated here."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,12 +118,17 @@ def _agree(capsys, monkeypatch, manifest: Path) -> tuple[int, str]:
     for code, out, err in (check, build):
         assert code in (0, 2), out + err
     assert check[0] == build[0], (check, build)
-    return check[0], check[1] + build[2]
+    if check[0] == 2:  # check's first problem is what pretokenize stopped on
+        problems = check[1].split("problems:", 1)[1].split("\n  - ")[1:]
+        first = " ".join(problems[0].split("\n")[0].split())
+        assert first in " ".join((build[1] + build[2]).split()), (first, build)
+    return check[0], check[1] + build[1] + build[2]
 
 
 GOOD = "".join(json.dumps({"text": f"example {i}"}) + "\n" for i in range(500))
+_LINES = GOOD.splitlines(keepends=True)
 FAULTS = {
-    "line_400": (GOOD[: 399 * 24] + '{"text": oops}\n' + GOOD[400 * 24 :], "data.jsonl", {}),
+    "line_400": ("".join(_LINES[:399] + ['{"text": oops}\n'] + _LINES[400:]), "data.jsonl", {}),
     "pretty_array": (json.dumps(INSTRUCTIONS * 20, indent=4), "data.json", {}),
     "json_of_lines": (GOOD, "data.json", {}),
     "binary": (bytes(range(256)) * 40, "data.jsonl", {}),
@@ -157,6 +163,14 @@ def test_check_and_pretokenize_agree(
     assert "hf_topsecretvalue" not in output and "$6$salt" not in output
     if code == 2:
         assert "data/" in output  # the file is named
+    if fault == "line_400":
+        assert "data.jsonl:400: invalid JSON" in output, output
+    if fault == "pretty_array":  # read as instruction data: prompts are masked, not trained
+        tokens, trained = (
+            int(n.replace(",", ""))
+            for n in re.search(r"tokens ([\d,]+), trained ([\d,]+)", output).groups()
+        )
+        assert 0 < trained < tokens / 2, output
 
 
 @pytest.mark.slow
