@@ -16,6 +16,16 @@ from train_helpers import run_cli
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def _benchmark(
+    cwd: Path, duration: str, *args: str, interval: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`expert-cli benchmark --duration D [--interval I] --output r.json ARGS` in `cwd`."""
+    timing = ("--interval", interval) if interval else ()
+    return run_cli(
+        "benchmark", "--duration", duration, *timing, "--output", "r.json", *args, cwd=cwd
+    )
+
+
 def has_nvml_gpu() -> bool:
     from expert_cli.telemetry.gpu import NoGpu, open_nvml
 
@@ -29,18 +39,7 @@ def has_nvml_gpu() -> bool:
 def test_no_gpu_path_reports_cpu_ram_and_plot(tmp_path: Path) -> None:
     if has_nvml_gpu():
         pytest.skip("this machine has an NVIDIA GPU; the no-GPU path cannot be exercised")
-    out = run_cli(
-        "benchmark",
-        "--duration",
-        "2",
-        "--interval",
-        "0.5",
-        "--output",
-        "r.json",
-        "--plot",
-        "u.png",
-        cwd=tmp_path,
-    )
+    out = _benchmark(tmp_path, "2", "--plot", "u.png", interval="0.5")
     assert out.returncode == 0, out.stderr
     assert "no NVIDIA GPU found (" in out.stdout
     report = json.loads((tmp_path / "r.json").read_text())
@@ -59,19 +58,8 @@ def test_no_gpu_path_reports_cpu_ram_and_plot(tmp_path: Path) -> None:
 
 
 def test_command_exit_code_is_returned(tmp_path: Path) -> None:
-    out = run_cli(
-        "benchmark",
-        "--duration",
-        "20",
-        "--interval",
-        "0.2",
-        "--output",
-        "r.json",
-        "--",
-        sys.executable,
-        "-c",
-        "import sys; sys.exit(3)",
-        cwd=tmp_path,
+    out = _benchmark(
+        tmp_path, "20", "--", sys.executable, "-c", "import sys; sys.exit(3)", interval="0.2"
     )
     assert out.returncode == 3, out.stderr
     report = json.loads((tmp_path / "r.json").read_text())
@@ -83,18 +71,7 @@ def test_command_exit_code_is_returned(tmp_path: Path) -> None:
 
 def test_short_command_ends_the_benchmark_early(tmp_path: Path) -> None:
     t = time.monotonic()
-    out = run_cli(
-        "benchmark",
-        "--duration",
-        "30",
-        "--output",
-        "r.json",
-        "--",
-        sys.executable,
-        "-c",
-        "import time; time.sleep(1)",
-        cwd=tmp_path,
-    )
+    out = _benchmark(tmp_path, "30", "--", sys.executable, "-c", "import time; time.sleep(1)")
     assert out.returncode == 0, out.stderr
     assert time.monotonic() - t < 10
     report = json.loads((tmp_path / "r.json").read_text())
@@ -113,20 +90,7 @@ def test_a_longer_command_runs_to_its_end_and_the_report_covers_the_window(
         "print('the command still prints after the window')\n"
         "sys.exit(4)\n"
     )
-    out = run_cli(
-        "benchmark",
-        "--duration",
-        "2",
-        "--interval",
-        "0.5",
-        "--output",
-        "r.json",
-        "--",
-        sys.executable,
-        "-c",
-        script,
-        cwd=tmp_path,
-    )
+    out = _benchmark(tmp_path, "2", "--", sys.executable, "-c", script, interval="0.5")
     assert out.returncode == 4, out.stdout + out.stderr  # the command's own exit code
     assert (tmp_path / "finished").read_text() == "yes"  # it ran to its end
     assert "the command still prints after the window" in out.stdout
@@ -139,20 +103,15 @@ def test_a_longer_command_runs_to_its_end_and_the_report_covers_the_window(
 
 
 def test_stop_at_end_stops_the_command_with_the_window(tmp_path: Path) -> None:
-    out = run_cli(
-        "benchmark",
-        "--duration",
+    out = _benchmark(
+        tmp_path,
         "1",
-        "--interval",
-        "0.5",
         "--stop-at-end",
-        "--output",
-        "r.json",
         "--",
         sys.executable,
         "-c",
         "import time; time.sleep(60)",
-        cwd=tmp_path,
+        interval="0.5",
     )
     assert out.returncode == 130, out.stderr  # stopped with SIGINT
     report = json.loads((tmp_path / "r.json").read_text())
@@ -184,18 +143,7 @@ METRICS = {
 
 def test_metrics_file_is_read_into_report(tmp_path: Path) -> None:
     (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
-    out = run_cli(
-        "benchmark",
-        "--duration",
-        "1",
-        "--interval",
-        "0.5",
-        "--metrics",
-        "metrics.json",
-        "--output",
-        "r.json",
-        cwd=tmp_path,
-    )
+    out = _benchmark(tmp_path, "1", "--metrics", "metrics.json", interval="0.5")
     assert out.returncode == 0, out.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["run_metrics"]["summary"]["tokens_per_s"] == 5100.0
@@ -215,14 +163,9 @@ def test_train_command_output_dir_metrics_are_found(tmp_path: Path) -> None:
     )
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     (tmp_path / "run").mkdir()
-    out = run_cli(
-        "benchmark",
-        "--duration",
+    out = _benchmark(
+        tmp_path,
         "10",
-        "--interval",
-        "0.2",
-        "--output",
-        "r.json",
         "--",
         str(fake),
         "train",
@@ -230,7 +173,7 @@ def test_train_command_output_dir_metrics_are_found(tmp_path: Path) -> None:
         "m.json",
         "--output",
         "run",
-        cwd=tmp_path,
+        interval="0.2",
     )
     assert out.returncode == 0, out.stderr
     report = json.loads((tmp_path / "r.json").read_text())
@@ -299,20 +242,7 @@ def test_tiny_workload_reports_tokens_per_second(tmp_path: Path) -> None:
 def test_real_gpu_is_sampled(tmp_path: Path) -> None:
     if not has_nvml_gpu():
         pytest.skip("no NVIDIA GPU")
-    out = run_cli(
-        "benchmark",
-        "--duration",
-        "2",
-        "--interval",
-        "0.5",
-        "--gpu",
-        "0",
-        "--output",
-        "r.json",
-        "--plot",
-        "u.png",
-        cwd=tmp_path,
-    )
+    out = _benchmark(tmp_path, "2", "--gpu", "0", "--plot", "u.png", interval="0.5")
     assert out.returncode == 0, out.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["gpu_available"] is True

@@ -21,18 +21,7 @@ def _train(manifest: Path, out: Path) -> tuple[str, ...]:
 
 def _interrupt_after(manifest: Path, out: Path, step: int) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "expert_cli.cli",
-            "train",
-            "--manifest",
-            str(manifest),
-            "--output",
-            str(out),
-            "--max-steps",
-            str(STEPS),
-        ],
+        [sys.executable, "-m", "expert_cli.cli", *_train(manifest, out), "--max-steps", str(STEPS)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
