@@ -301,7 +301,7 @@ def make_trainer(
     run.runtime["distributed"] = topology = distributed.topology(trainer)
     if run.is_main and topology["world_size"] > 1:
         asked = (run.resolved.distributed or {}).get("strategy", "ddp")
-        run.reporter.note(distributed.describe(topology, asked, on_cpu=run.device == "cpu"))
+        run.reporter.note(distributed.describe(topology, asked))
     stop = InterruptCallback(interrupt, distributed.any_rank)
     extra = run.reporter.callbacks() if run.is_main else []
     for callback in [*extra, stop, CheckpointMarker(), _tensorboard(run)]:
