@@ -113,3 +113,22 @@ def test_the_manifest_lever_trains_to_peft_losses(tmp_path: Path, tiny_model_dir
         losses[kernel] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses["fused"]) == 6
     assert losses["fused"] == pytest.approx(losses["peft"], rel=1e-4)
+
+
+def test_fused_layers_dispatch_fewer_operations_than_peft(tiny_model_dir: Path) -> None:
+    """Forward and backward under bf16 autocast: the fused layers leave out peft's scale and
+    add over each output and their backward, and reuse the forward's bf16 adapter weights."""
+    from expert_cli.telemetry.ops import OpCounter
+
+    ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(5))
+    plain = _peft(tiny_model_dir)
+    fused = copy.deepcopy(plain)
+    fuse_lora_linears(fused)
+    counts = {}
+    for name, model in (("peft", plain), ("fused", fused)):
+        with torch.autocast("cpu", dtype=torch.bfloat16), OpCounter() as counter:
+            model(input_ids=ids, labels=ids).loss.backward()
+        counts[name] = counter
+    peft_ops, fused_ops = counts["peft"].total, counts["fused"].total
+    assert fused_ops <= peft_ops - 4 * 14, (fused_ops, peft_ops)
+    assert counts["fused"].ops["aten::mul_"] == 0  # the scaling rides on the GEMMs

@@ -50,28 +50,35 @@ class LoraLinearFunction(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             x2 = x.reshape(-1, x.shape[-1]).to(dtype)
             w = weight.to(dtype)
-            xa = x2 @ lora_a.to(dtype).t()
+            a, b = lora_a.to(dtype), lora_b.to(dtype)
+            xa = x2 @ a.t()
             y = torch.addmm(bias.to(dtype), x2, w.t()) if bias is not None else x2 @ w.t()
-            y.addmm_(xa, lora_b.to(dtype).t(), alpha=scaling)
-        ctx.save_for_backward(x2, xa, weight, lora_a, lora_b)
-        ctx.scaling, ctx.dtype, ctx.x_shape, ctx.x_dtype = scaling, dtype, x.shape, x.dtype
+            y.addmm_(xa, b.t(), alpha=scaling)
+        # the adapter weights in the compute dtype are kept for the backward (r x features:
+        # small), so that it casts nothing but the two gradients back
+        ctx.save_for_backward(x2, xa, weight, a, b)
+        ctx.scaling, ctx.x_shape, ctx.x_dtype = scaling, x.shape, x.dtype
+        ctx.master = (lora_a.dtype, lora_b.dtype)
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x2, xa, weight, lora_a, lora_b = ctx.saved_tensors
-        s, dtype = ctx.scaling, ctx.dtype
+        x2, xa, weight, a, b = ctx.saved_tensors
+        s, (a_dtype, b_dtype) = ctx.scaling, ctx.master
         with torch.autocast(dy.device.type, enabled=False):
-            dy2 = dy.reshape(-1, dy.shape[-1]).to(dtype)
-            a, b = lora_a.to(dtype), lora_b.to(dtype)
+            dy2 = dy.reshape(-1, dy.shape[-1]).to(x2.dtype)
             g = dy2 @ b
             dx = None
             if ctx.needs_input_grad[0]:
-                dx = dy2 @ weight.to(dtype)
+                dx = dy2 @ weight.to(x2.dtype)
                 dx.addmm_(g, a, alpha=s)
                 dx = dx.view(ctx.x_shape).to(ctx.x_dtype)
-            d_a = (g.t() @ x2).mul_(s).to(lora_a.dtype) if ctx.needs_input_grad[2] else None
-            d_b = (dy2.t() @ xa).mul_(s).to(lora_b.dtype) if ctx.needs_input_grad[3] else None
+            # s * (g^T x) and s * (dy^T xa) as one GEMM each: with beta 0 the first argument
+            # (a tensor of the result's shape) only gives the shape and is not read
+            d_a = torch.addmm(a, g.t(), x2, beta=0, alpha=s) if ctx.needs_input_grad[2] else None
+            d_b = torch.addmm(b, dy2.t(), xa, beta=0, alpha=s) if ctx.needs_input_grad[3] else None
+        d_a = d_a.to(a_dtype) if d_a is not None else None
+        d_b = d_b.to(b_dtype) if d_b is not None else None
         return dx, None, d_a, d_b, None
 
 
