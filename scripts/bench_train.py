@@ -9,6 +9,9 @@ same data, LoRA r=16 on all linear layers, the same tokens per step, each in a f
                  longest, group_by_length, 4 workers, pinned memory, fused AdamW, bf16, SDPA
   c_trl          TRL's SFTTrainer: packing (bfd), padding-free, use_liger_kernel, its fused
                  LM head; the attention kernel of e_default (gradient checkpointing off)
+  d_unsloth      Unsloth (FastLanguageModel, its LoRA and patched SFTTrainer, packing), in a
+                 process whose PYTHONPATH is $UNSLOTH_PYTHONPATH when set (Unsloth pins older
+                 transformers, TRL and datasets than expert-cli; scripts/make_gpu_carry.sh)
   e_default      `expert-cli train` as a user runs it, every choice automatic
   f_*            `expert-cli train` with one lever of the fast path changed (--set ...)
 
@@ -44,6 +47,7 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
     "a_naive": ("naive", [], "tokenize in __getitem__, pad to max, no workers"),
     "b_hf": ("hf", [], "plain Trainer + peft, well configured"),
     "c_trl": ("trl", [], "TRL SFTTrainer, packing + padding-free + Liger"),
+    "d_unsloth": ("unsloth", [], "Unsloth FastLanguageModel + its SFTTrainer, packing"),
     "e_default": ("cli", [], "expert-cli, automatic choices"),
     "f_old_path": (
         "cli",
@@ -69,6 +73,12 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
     "f_liger_on": ("cli", [f"{C}liger_kernels=true"], "Liger RMSNorm/SwiGLU/RoPE"),
     "f_compile_on": ("cli", [f"{C}torch_compile=true"], "regional torch.compile"),
     "f_compile_off": ("cli", [f"{C}torch_compile=false"], "no torch.compile"),
+    "f_batch_auto": ("cli", [f"{C}batch_size=auto"], "rows per step from the memory probe"),
+    "f_fused_auto": (
+        "cli",
+        [f"{C}adapter_kernel=fused", f"{C}batch_size=auto"],
+        "fused LoRA linear layers, rows from the memory probe",
+    ),
     "f_batch_16": ("cli", [f"{C}batch_size=16"], "16 rows per step"),
     "f_batch_32": ("cli", [f"{C}batch_size=32"], "32 rows per step"),
     "q_int4": ("cli", ["base_models.0.quantization=int4"], "QLoRA: NF4 base, bf16 compute"),
@@ -138,7 +148,10 @@ def run_cli_variant(
     for item in sets:
         cmd += ["--set", item]
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    env = dict(os.environ)
+    if name == "d_unsloth" and os.environ.get("UNSLOTH_PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["UNSLOTH_PYTHONPATH"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         return {"error": (proc.stdout + proc.stderr)[-3000:], "wall_s": wall}
@@ -218,9 +231,12 @@ def _finish(trainer: Any, model: Any, steps: int) -> dict[str, Any]:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - trainer.t0
     tokens, attended = int(trainer.tokens), int(trainer.attended)
-    flops = _flops(model)
-    per_token = flops.per_token(attended / max(tokens, 1))
     tps = tokens / seconds
+    try:
+        flops = _flops(model)
+    except ImportError as exc:  # expert-cli's trainer under another stack's versions
+        return {"tokens_per_s": tps, "mfu": None, "mfu_missing": str(exc), "losses": {}}
+    per_token = flops.per_token(attended / max(tokens, 1))
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     return {
         "tokens_per_s": tps,
@@ -405,6 +421,78 @@ def _run_trl(
     return result
 
 
+UNSLOTH_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def run_unsloth(manifest: Path, steps: int, work: Path) -> dict[str, Any]:
+    """(d), in this process: the same architecture and seed saved to a folder (Unsloth loads
+    weights from one), Unsloth's LoRA r16 on the seven projections, its SFTTrainer packing
+    the raw text like c_trl, no gradient checkpointing."""
+    import unsloth  # first: it patches transformers, peft and trl as they are imported
+    from unsloth import FastLanguageModel
+
+    version = getattr(unsloth, "__version__", None)
+    import datasets
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import probe_environment
+    from expert_cli.config.resolve import resolve
+
+    resolved = resolve(load_manifest(manifest), probe_environment())
+    seq = resolved.max_seq_length
+    folder = work / "d_unsloth-base"
+    torch.manual_seed(resolved.seed)
+    with torch.device("cuda"):
+        base = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(resolved.base_model), dtype=torch.bfloat16
+        )
+    base.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(resolved.base_model).save_pretrained(folder)
+    del base
+    torch.cuda.empty_cache()
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=str(folder), max_seq_length=seq, dtype=torch.bfloat16, load_in_4bit=False
+    )
+    model = FastLanguageModel.get_peft_model(
+        model,
+        r=16,
+        lora_alpha=32,
+        lora_dropout=0,
+        target_modules=UNSLOTH_TARGETS,
+        bias="none",
+        use_gradient_checkpointing=False,
+        random_state=resolved.seed,
+    )
+    raw = datasets.load_dataset(
+        "json", data_files=resolved.train_sources[0].location, split="train"
+    )
+    config = SFTConfig(
+        **_args(
+            resolved,
+            work / "d_unsloth",
+            steps,
+            packing=True,
+            padding_free=True,
+            max_length=seq,
+            dataset_text_field="text",
+            gradient_checkpointing=False,
+            dataloader_num_workers=4,
+            dataloader_pin_memory=True,
+            optim="adamw_torch_fused",
+        )
+    )
+    trainer = _measuring_trainer(SFTTrainer)(
+        model=model, args=config, train_dataset=raw, processing_class=tokenizer
+    )
+    trainer.train()
+    result = _finish(trainer, trainer.model, steps)
+    result["choices"] = {"unsloth": version}
+    return result
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -490,7 +578,10 @@ def main() -> int:
     a = p.parse_args()
     manifest = a.expert / "manifest.json"
     if a.one:
-        result = run_baseline(a.one, manifest, a.steps, a.work)
+        if a.one == "d_unsloth":
+            result = run_unsloth(manifest, a.steps, a.work)
+        else:
+            result = run_baseline(a.one, manifest, a.steps, a.work)
         a.result.write_text(json.dumps(result))
         return 0
     names = _variant_names("quick" if a.quick and a.variants == "table" else a.variants)
@@ -556,7 +647,10 @@ def _baseline_subprocess(
         "--work",
         str(work),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    env = dict(os.environ)
+    if name == "d_unsloth" and os.environ.get("UNSLOTH_PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["UNSLOTH_PYTHONPATH"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     if proc.returncode != 0 or not result_path.is_file():
         return {"error": (proc.stdout + proc.stderr)[-3000:]}
     return json.loads(result_path.read_text())

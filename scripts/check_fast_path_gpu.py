@@ -5,6 +5,8 @@
    the collator's explicit sequence boundaries).
 2. Loss: each fused linear cross-entropy backend (liger, chunked) gives the standard loss
    and the same adapter gradients on a small Qwen3 in bf16.
+3. Adapters: the fused LoRA linear (`adapter_kernel: fused`) gives peft's loss and adapter
+   gradients on the same model in bf16.
 
     python scripts/check_fast_path_gpu.py [--json]
 """
@@ -126,6 +128,41 @@ def loss_parity(backend: str) -> dict[str, float]:
     }
 
 
+def fused_lora_parity() -> dict[str, float]:
+    """Relative difference of the loss and of the adapter gradients, fused LoRA vs peft."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from expert_cli.train.fused_lora import fuse_lora_linears
+
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 32768, (4, 1024), generator=gen).to(DEVICE)
+    torch.manual_seed(3)
+    plain = get_peft_model(
+        _model("sdpa", torch.bfloat16).train(),
+        LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False),
+    )
+    fused = copy.deepcopy(plain)
+    switched = fuse_lora_linears(fused)
+    out = {}
+    for name, model in (("peft", plain), ("fused", fused)):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.requires_grad])
+        out[name] = (loss.float().item(), grads)
+    (ref_loss, ref_grad), (loss, grad) = out["peft"], out["fused"]
+    return {
+        "layers_fused": switched,
+        "loss": loss,
+        "peft_loss": ref_loss,
+        "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
+        "grad_rel_diff": ((grad - ref_grad).norm() / ref_grad.norm()).item(),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -197,13 +234,20 @@ def main() -> int:
                     "error": f"{type(exc).__name__}: {exc}"[:800],
                 }
             )
+    try:
+        parity = fused_lora_parity()
+        ok = parity["loss_rel_diff"] < 2e-3 and parity["grad_rel_diff"] < 5e-2
+        results.append({"check": "fused_lora", **parity, "ok": ok})
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:800]
+        results.append({"check": "fused_lora", "ok": False, "error": error})
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else None
     report = {"gpu": gpu, "results": results, "skipped": skipped}
     if args.json:
         print(json.dumps(report))
     else:
         for r in results:
-            what = r.get("attn", r.get("backend"))
+            what = r.get("attn", r.get("backend", "peft"))
             detail = r.get("error") or {
                 k: v for k, v in r.items() if k.endswith("diff") or k == "dtype"
             }

@@ -9,6 +9,9 @@
 #   .carry/common/expert.tar.xz  the benchmark expert (scripts/make_bench_expert.py)
 #   .carry/fa4a, .carry/fa4b     the CuTe DSL's CUDA 13 library (92 MB as a wheel, 64 MB as
 #                                xz), in two parts that travel in two calls to the same machine
+#   .carry/unsloth/site.tar.xz   Unsloth and what it pins apart from expert-cli's stack (TRL
+#                                1.15, datasets 4.3; transformers 5.17 is the machine's own),
+#                                unpacked to its own folder for bench_train.py's d_unsloth
 #
 #   bash scripts/make_gpu_carry.sh        # about 3 minutes on 2 cores
 set -euo pipefail
@@ -19,7 +22,7 @@ PLATFORM=(--python-version 3.12 --implementation cp --only-binary=:all:
           --platform manylinux2014_x86_64)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-mkdir -p .carry/common .carry/fa4a .carry/fa4b
+mkdir -p .carry/common .carry/fa4a .carry/fa4b .carry/unsloth
 grep -qs '^/.carry/' .git/info/exclude || { mkdir -p .git/info; echo '/.carry/' >> .git/info/exclude; }
 
 python -m pip install -q --no-deps "${PLATFORM[@]}" --target "$WORK/site" \
@@ -43,6 +46,19 @@ unzip -q "$WORK"/cu13/*.whl -d "$WORK/cu13/x"
 tar -C "$WORK/cu13/x" -cf - . | xz -9e -T0 > "$WORK/cu13.tar.xz"
 head -c 41000000 "$WORK/cu13.tar.xz" > .carry/fa4a/cu13.part1
 tail -c +41000001 "$WORK/cu13.tar.xz" > .carry/fa4b/cu13.part2
+
+python -m pip install -q --no-deps "${PLATFORM[@]}" --target "$WORK/usite" \
+  unsloth==2026.10.9 unsloth-zoo==2026.10.9 trl==1.15.0 datasets==4.3.0 dill==0.3.8 \
+  multiprocess==0.70.16 fsspec==2025.9.0 peft==0.21.2 bitsandbytes==0.50.2 torchao==0.18.0 \
+  cut-cross-entropy==25.1.1 tyro==1.0.17 docstring-parser==0.17.0 typeguard==4.4.4 \
+  msgspec==0.22.0 hf-transfer==0.1.9 json5==0.17.3 nest-asyncio==1.6.0 structlog==26.1.0 \
+  pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.8.0 typing-inspection==0.4.5
+# Unsloth Studio (a web UI, 82 MB) is not needed to train
+rm -rf "$WORK/usite/studio" "$WORK/usite/bin"
+find "$WORK/usite/bitsandbytes" -name 'libbitsandbytes_*.so' ! -name '*_cpu.so' \
+  ! -name '*_cuda130.so' -delete
+find "$WORK/usite" -name __pycache__ -type d -prune -exec rm -rf {} +
+tar -C "$WORK" -cf - usite | xz -6 -T0 > .carry/unsloth/site.tar.xz
 
 if [ ! -f bench_results/tmp/qwen3-expert/manifest.json ]; then
   python scripts/make_bench_expert.py --out bench_results/tmp/qwen3-expert --examples 4000
