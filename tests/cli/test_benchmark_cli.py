@@ -189,6 +189,8 @@ def test_train_command_output_dir_metrics_are_found(tmp_path: Path) -> None:
         (["--gpu", "first"], "--gpu"),
         (["--gpu", "99"], "--gpu"),
         (["--output", "no/such/dir/r.json"], "--output"),
+        (["--output", "."], "--output"),  # a folder
+        (["--plot", "/dev/null"], "--plot"),  # a device: renaming over it would replace it
         (["--workload", "resnet"], "--workload"),
     ],
 )
@@ -197,6 +199,8 @@ def test_bad_arguments_exit_2(tmp_path: Path, args: list[str], flag: str) -> Non
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert f"{flag}:" in out.stderr
     assert "Traceback" not in out.stderr
+    if args[1] in (".", "/dev/null"):
+        assert f"{flag}: {args[1]} is not a regular file" in out.stderr
 
 
 def test_help_does_not_import_torch() -> None:

@@ -118,3 +118,30 @@ def test_a_moved_run_folder_still_merges(
     merged = run_cli("merge", "--adapter", str(moved), "--output", str(tmp_path / "merged"))
     assert merged.returncode == 0, merged.stderr
     assert (tmp_path / "merged" / "model.safetensors").is_file()
+
+
+def test_a_folder_of_someone_elses_files_is_refused(capsys, monkeypatch, tmp_path, tiny_model_dir):
+    """A repository, a model's folder or a user's notes: no earlier run, but files a run would
+    write. Refused with and without --overwrite, every file as it was; a file given as the
+    folder (or inside its path) is refused by name too."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "README.md").write_text("my notes")
+    (mine / "tokenizer_config.json").write_text('{"mine": 1}')
+    for extra in ((), ("--overwrite",)):
+        code, _, err = _here(capsys, monkeypatch, manifest, mine, "--max-steps", "1", *extra)
+        assert code == 2, err
+        assert (
+            f"--output {mine}: holds README.md, tokenizer_config.json, which a run would write"
+            in (" ".join(err.split()))
+        )
+    assert sorted(p.name for p in mine.iterdir()) == ["README.md", "tokenizer_config.json"]
+    assert (mine / "README.md").read_text() == "my notes"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out in (afile, afile / "sub"):
+        code, _, err = _here(capsys, monkeypatch, manifest, out, "--max-steps", "1")
+        assert code == 2, err
+        assert f"{afile} is a file, not a folder" in " ".join(err.split())
+    assert afile.read_text() == "x"

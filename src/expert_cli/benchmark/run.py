@@ -90,6 +90,9 @@ def validate_options(opts: BenchmarkOptions) -> None:
     for flag, path in (("--output", opts.output), ("--plot", opts.plot)):
         if path is not None and not path.parent.resolve().is_dir():
             problems.append(f"{flag}: folder {path.parent} does not exist")
+        elif path is not None and path.exists() and not path.is_file():
+            # the report is renamed into place: a folder fails late, a device node is replaced
+            problems.append(f"{flag}: {path} is not a regular file; give a file path")
     if opts.plot is not None and importlib.util.find_spec("matplotlib") is None:
         problems.append("--plot: needs matplotlib (pip install 'expert-cli[plot]')")
     if opts.gpu != "all" and not all(p.strip().isdigit() for p in opts.gpu.split(",")):

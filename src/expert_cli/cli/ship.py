@@ -81,10 +81,11 @@ def report(
     ] = None,
 ) -> None:
     """Draw a run's training.png (loss, learning rate, tokens/s, data wait) and summarise it."""
+    from expert_cli.cli.options import output_file
     from expert_cli.cli.render import console
     from expert_cli.train.report import PLOT_NAME, summarize
 
-    result = summarize(run_dir, output or run_dir / PLOT_NAME)
+    result = summarize(run_dir, output_file(output, "--output") or run_dir / PLOT_NAME)
     out = console()
     speed = "-" if result.tokens_per_s is None else f"{result.tokens_per_s:,.0f}"
     loss = "-" if result.final_loss is None else f"{result.final_loss:.4g}"

@@ -112,6 +112,26 @@ def refuse_occupied(output: Path, previous: Previous) -> None:
     )
 
 
+def refuse_foreign(output: Path) -> None:
+    """A folder that holds no run but files a run would write (a repository, a model's
+    folder, a user's notes): training there would replace them, so it is refused, with or
+    without --overwrite (which replaces only an earlier run's outputs)."""
+    existing = next((p for p in (output, *output.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UserError(
+            f"--output {output}: {existing} is a file, not a folder; give a new or empty folder"
+        )
+    if not output.is_dir():
+        return
+    clash = sorted(name for name in RUN_OUTPUTS if (output / name).exists())
+    if clash:
+        shown = ", ".join(clash[:4]) + (f" and {len(clash) - 4} more" if len(clash) > 4 else "")
+        raise UserError(
+            f"--output {output}: holds {shown}, which a run would write, and no earlier run; "
+            "choose a new or empty folder"
+        )
+
+
 def check_resumable(output: Path, previous: Previous | None, resolved: ResolvedConfig) -> None:
     """A resumed run continues the same configuration."""
     if previous is None:
@@ -238,7 +258,9 @@ def decide(
         raise UserError("--resume and --overwrite: choose one")
     previous = previous_run(output)
     if not resume:
-        if previous is not None and not overwrite:
+        if previous is None:
+            refuse_foreign(output)
+        elif not overwrite:
             refuse_occupied(output, previous)
         return Decision(clear=previous is not None)
     check_resumable(output, previous, resolved)
