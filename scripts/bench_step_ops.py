@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import TrainerCallback
 
 from expert_cli.telemetry.ops import OpCounter
+from expert_cli.train.callbacks import CountStepOps
 from expert_cli.train.run import Silent, TrainOptions, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,32 +72,6 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
 }
 
 
-class Window(TrainerCallback):
-    """Counts the operations of optimizer step STEP (forward, loss, backward, clipping,
-    optimizer, zero_grad) in `counter`."""
-
-    def __init__(self, counter: OpCounter) -> None:
-        self.counter = counter
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step == STEP - 1:
-            self.counter.__enter__()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step == STEP:
-            self.counter.__exit__(None, None, None)
-
-
-class Counting(Silent):
-    """A silent reporter whose run carries the counting window."""
-
-    def __init__(self, counter: OpCounter) -> None:
-        self.counter = counter
-
-    def callbacks(self) -> list[TrainerCallback]:
-        return [Window(self.counter)]
-
-
 def child(overrides: list[str], work: Path) -> dict[str, Any]:
     """Train the deepened demo for STEP steps in this process; count the STEP-th step."""
     counter = OpCounter()
@@ -109,7 +83,7 @@ def child(overrides: list[str], work: Path) -> dict[str, Any]:
         overrides=[*overrides, *QUICK],
         overwrite=True,
     )
-    train(opts, Counting(counter))
+    train(opts, Silent([CountStepOps(counter, STEP)]))
     return {
         "ops": counter.total,
         "by_op": dict(counter.ops.most_common()),

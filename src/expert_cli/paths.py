@@ -34,6 +34,17 @@ def resolved_path(path: Path | str, label: str) -> Path:
         raise UserError(f"{label} {shown_path(text)}: cannot be used ({reason})") from None
 
 
+def output_file_problem(path: Path, label: str) -> str | None:
+    """Why `path` cannot take a file a command writes (its folder is missing, or it is a
+    folder, a device or another special file: the write renames a new file over it, which
+    would replace such a node), or None."""
+    if not path.parent.resolve().is_dir():
+        return f"{label}: folder {path.parent} does not exist"
+    if path.exists() and not path.is_file():
+        return f"{label}: {path} is not a regular file; give a file path"
+    return None
+
+
 def path_exists(path: Path) -> bool:
     """`path.exists()`, False (not an exception) for a name too long or a NUL byte."""
     try:

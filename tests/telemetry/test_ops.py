@@ -4,12 +4,11 @@ training step of the fast path asks the device for no value from expert-cli's ow
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
-from transformers import TrainerCallback
 
 from expert_cli.telemetry.ops import OpCounter
+from expert_cli.train.callbacks import CountStepOps
 from expert_cli.train.run import Silent, TrainOptions, train
 
 
@@ -35,29 +34,6 @@ def test_counts_operations_that_work_and_traces_host_syncs() -> None:
     assert counter.syncs_from("expert_cli") == {}
 
 
-class _Window(TrainerCallback):
-    """Counts optimizer step 2 whole: forward, loss, backward, clipping, AdamW, zero_grad."""
-
-    def __init__(self, counter: OpCounter) -> None:
-        self.counter = counter
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step == 1:
-            self.counter.__enter__()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step == 2:
-            self.counter.__exit__(None, None, None)
-
-
-class _Counting(Silent):
-    def __init__(self, counter: OpCounter) -> None:
-        self.counter = counter
-
-    def callbacks(self) -> list[TrainerCallback]:
-        return [_Window(self.counter)]
-
-
 def test_a_fast_path_step_has_no_host_sync_from_our_code(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -81,7 +57,7 @@ def test_a_fast_path_step_has_no_host_sync_from_our_code(
     )
     counter = OpCounter()
     opts = TrainOptions(manifest=manifest, output=tmp_path / "run", max_steps=2)
-    result = train(opts, _Counting(counter))
+    result = train(opts, Silent([CountStepOps(counter, 2)]))
     assert result.status == "completed"
     assert counter.ops["aten::_fused_adamw_"] == 1  # the optimizer step was inside the window
     assert counter.ops["aten::addmm"] >= 2 * 14  # the fused adapters' weight gradients

@@ -33,6 +33,7 @@ from expert_cli.benchmark.metrics import (
 from expert_cli.benchmark.plot import write_plot
 from expert_cli.benchmark.stats import compute_stats, split_phases
 from expert_cli.errors import UserError
+from expert_cli.paths import output_file_problem
 from expert_cli.telemetry.flops import peak_bf16_flops
 from expert_cli.telemetry.gpu import HostSampler, NoGpu, NvmlSource, open_nvml
 from expert_cli.telemetry.workload import WORKLOADS, WorkloadRunner, WorkloadSpec, get_workload
@@ -88,11 +89,9 @@ def validate_options(opts: BenchmarkOptions) -> None:
             f"got {opts.interval}"
         )
     for flag, path in (("--output", opts.output), ("--plot", opts.plot)):
-        if path is not None and not path.parent.resolve().is_dir():
-            problems.append(f"{flag}: folder {path.parent} does not exist")
-        elif path is not None and path.exists() and not path.is_file():
-            # the report is renamed into place: a folder fails late, a device node is replaced
-            problems.append(f"{flag}: {path} is not a regular file; give a file path")
+        problem = output_file_problem(path, flag) if path is not None else None
+        if problem:
+            problems.append(problem)
     if opts.plot is not None and importlib.util.find_spec("matplotlib") is None:
         problems.append("--plot: needs matplotlib (pip install 'expert-cli[plot]')")
     if opts.gpu != "all" and not all(p.strip().isdigit() for p in opts.gpu.split(",")):

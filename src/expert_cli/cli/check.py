@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from expert_cli.cli.options import JsonOpt
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
 
@@ -20,7 +21,7 @@ def check(
         Path | None,
         typer.Option("--manifest", "-m", help="Path to the expert's manifest.json."),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOpt = False,
     quick: Annotated[
         int | None,
         typer.Option(

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from expert_cli.cli.options import JsonOpt
+
 if TYPE_CHECKING:
     from expert_cli.data import PreparedData
     from expert_cli.data.pretokenize import Outcome
@@ -117,7 +119,7 @@ def find_datasets(
     experts: Annotated[
         Path | None, typer.Option(help="Folder with */manifest.json to match against.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """List datasets in the Hugging Face cache, and which expert manifests use them."""
     from expert_cli.data.discovery import discover

@@ -7,15 +7,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from expert_cli.cli.options import AdapterOpt, JsonOpt
+
 if TYPE_CHECKING:
     from expert_cli.train.package import PackageReport
 
 
 def generate(
-    adapter: Annotated[
-        Path,
-        typer.Option("--adapter", metavar="RUN_DIR", help="A trained run folder (train's output)."),
-    ],
+    adapter: AdapterOpt,
     prompt: Annotated[
         list[str] | None,
         typer.Option("--prompt", "-p", metavar="TEXT", help="A prompt; repeat for several."),
@@ -46,7 +45,7 @@ def generate(
     greedy: Annotated[
         bool, typer.Option("--greedy", help="Greedy decoding, whatever the manifest says.")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Try a trained expert: its prompt template and decoding settings, answers streamed."""
     import json
@@ -81,11 +80,10 @@ def report(
     ] = None,
 ) -> None:
     """Draw a run's training.png (loss, learning rate, tokens/s, data wait) and summarise it."""
-    from expert_cli.cli.options import output_file
     from expert_cli.cli.render import console
     from expert_cli.train.report import PLOT_NAME, summarize
 
-    result = summarize(run_dir, output_file(output, "--output") or run_dir / PLOT_NAME)
+    result = summarize(run_dir, output or run_dir / PLOT_NAME)
     out = console()
     speed = "-" if result.tokens_per_s is None else f"{result.tokens_per_s:,.0f}"
     loss = "-" if result.final_loss is None else f"{result.final_loss:.4g}"
@@ -103,10 +101,7 @@ def report(
 
 
 def package(
-    adapter: Annotated[
-        Path,
-        typer.Option("--adapter", metavar="RUN_DIR", help="A trained run folder (train's output)."),
-    ],
+    adapter: AdapterOpt,
     output: Annotated[
         Path | None,
         typer.Option(
@@ -117,7 +112,7 @@ def package(
     force: Annotated[
         bool, typer.Option("--force", help="Replace a package (and .sha256) of that name.")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Build the HiveLLM .expert package of a run, with its .sha256, and verify it."""
     import json

@@ -1,4 +1,5 @@
-"""Trainer callbacks of a run: throughput windows and metrics.json, Ctrl-C, AdaLoRA."""
+"""Trainer callbacks of a run: throughput windows and metrics.json, Ctrl-C, AdaLoRA; and the
+window in which scripts and tests count a step's operations."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from expert_cli.atomic import write_json_atomic
+from expert_cli.telemetry.ops import OpCounter
 from expert_cli.telemetry.throughput import ThroughputMeter
 from expert_cli.train.outputs import read_json_file
 
@@ -154,3 +156,19 @@ class AdaLoraCallback(TrainerCallback):
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.peft_model.base_model.update_and_allocate(state.global_step)
+
+
+class CountStepOps(TrainerCallback):
+    """Counts in `counter` the operations of optimizer step `step` (1-based) whole: forward,
+    loss, backward, clipping, optimizer and zero_grad (scripts/bench_step_ops.py, tests)."""
+
+    def __init__(self, counter: OpCounter, step: int) -> None:
+        self.counter, self.step = counter, step
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step - 1:
+            self.counter.__enter__()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            self.counter.__exit__(None, None, None)

@@ -13,6 +13,7 @@ from typing import Any
 
 from expert_cli.atomic import atomic_file
 from expert_cli.errors import UserError
+from expert_cli.paths import output_file_problem
 from expert_cli.train.outputs import read_json_file
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")
@@ -45,6 +46,9 @@ def read_metrics(run_dir: Path) -> dict[str, Any]:
 def summarize(run_dir: Path, plot: Path | None = None) -> RunReport:
     """The run's status, speed, final and best evaluation loss, and its picture (written when
     `plot` is given)."""
+    problem = output_file_problem(plot, "--output") if plot is not None else None
+    if problem:
+        raise UserError(problem)
     data = read_metrics(run_dir)
     summary = data.get("summary") or {}
     evals = [e for e in data.get("evals") or [] if e.get("eval_loss") is not None]

@@ -112,7 +112,10 @@ class Reporter(Protocol):
 
 
 class Silent:
-    """A Reporter that shows nothing (scripts, tests)."""
+    """A Reporter that shows nothing (scripts, tests); `callbacks` join the run's own."""
+
+    def __init__(self, callbacks: list[TrainerCallback] | None = None) -> None:
+        self._callbacks = list(callbacks or [])
 
     def data(self, data: PreparedData) -> None:
         return None
@@ -129,7 +132,7 @@ class Silent:
         return None
 
     def callbacks(self) -> list[TrainerCallback]:
-        return []
+        return self._callbacks
 
     def build_progress(self) -> BuildProgress | None:
         return None
