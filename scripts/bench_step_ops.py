@@ -91,6 +91,19 @@ def child(overrides: list[str], work: Path) -> dict[str, Any]:
     }
 
 
+def _cpu() -> str:
+    """The processor as /proc/cpuinfo names it, and the cores this process may use."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {len(os.sched_getaffinity(0))} cores"
+
+
 def deepened_demo(work: Path) -> None:
     """The demo expert with its model at LAYERS decoder layers."""
     import shutil
@@ -139,7 +152,7 @@ def main() -> None:
         "what": "aten operations per optimizer step (views and empty allocations left out)",
         "model": f"demo expert's Qwen3 with {LAYERS} decoder layers, LoRA r16 all-linear, bf16",
         "step": STEP,
-        "machine": platform.processor() or platform.machine(),
+        "machine": _cpu(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "variants": results,
