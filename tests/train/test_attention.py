@@ -157,3 +157,73 @@ def test_without_restarting_positions_examples_do_mix(tiny_model_dir) -> None:
         packed = model(input_ids=torch.tensor([first + second]), use_cache=False).logits[0]
         alone = model(input_ids=torch.tensor([second]), use_cache=False).logits[0]
     assert not torch.allclose(packed[4:], alone, atol=1e-4)
+
+
+def test_boundary_kernels_skip_transformers_packed_row_check(tiny_model_dir, monkeypatch) -> None:
+    """flash-attention 2/4 have a mask function in transformers, so before every forward it
+    asks whether the positions restart (a host sync). torch_varlen, registered here the same
+    way, shows it: with the mask-free mapping the trainer adds, the question is never asked
+    and the logits are the same."""
+    from transformers import AutoModelForCausalLM
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    from expert_cli.telemetry.ops import OpCounter
+
+    monkeypatch.setattr(varlen_module(), "varlen_attn", reference_varlen)
+    monkeypatch.setitem(
+        AttentionMaskInterface._global_mapping, attention.TORCH_VARLEN, flash_attention_mask
+    )
+    attention._varlen_fn.cache_clear()
+    attention.register_torch_varlen()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            tiny_model_dir, attn_implementation=attention.TORCH_VARLEN, dtype=torch.float32
+        ).eval()
+        mapping = attention.mask_free_mapping(model, attention.TORCH_VARLEN)
+        assert mapping == {"full_attention": None}
+        assert attention.mask_free_mapping(model, "sdpa") is None  # sdpa needs its mask
+        gen = torch.Generator().manual_seed(0)
+        examples = [torch.randint(10, 3000, (n,), generator=gen).tolist() for n in LENGTHS]
+        batch = PackedCollator(pad_token_id=0, boundaries=True)(packed_rows(examples))
+        with OpCounter() as default:
+            built = _logits(model, batch)
+        with_mapping = attention.skip_mask_building(dict(batch), mapping)
+        assert with_mapping["attention_mask"] == {"full_attention": None}
+        with OpCounter() as skipped, torch.no_grad():
+            given = model(use_cache=False, **with_mapping).logits
+    finally:
+        attention._varlen_fn.cache_clear()
+    asked = default.syncs_from("transformers")
+    assert any("find_packed_sequence_indices" in k for k in asked), default.syncs
+    assert skipped.syncs_from("transformers") == {}, skipped.syncs
+    torch.testing.assert_close(given, built, atol=0, rtol=0)
+
+
+def test_the_mask_mapping_is_found_under_a_peft_adapter(tiny_model_dir) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    for kernel in sorted(attention.BOUNDARY_KERNELS):
+        assert attention.mask_free_mapping(peft_model, kernel) == {"full_attention": None}
+    for kernel in ("sdpa", "eager", "flex_attention"):
+        assert attention.mask_free_mapping(peft_model, kernel) is None
+    model.config.use_sliding_window, model.config.sliding_window = True, 4
+    assert attention.mask_free_mapping(peft_model, "flash_attention_2") is None
+
+
+def test_the_mask_mapping_is_only_added_to_a_batch_with_boundaries_and_no_mask() -> None:
+    mapping = {"full_attention": None}
+    plain = {"input_ids": torch.ones(1, 3)}
+    assert "attention_mask" not in attention.skip_mask_building(dict(plain), mapping)
+    own = {"cu_seq_lens_q": torch.tensor([0, 3]), "attention_mask": torch.ones(1, 3)}
+    assert torch.is_tensor(attention.skip_mask_building(dict(own), mapping)["attention_mask"])
+    bounded = {"cu_seq_lens_q": torch.tensor([0, 3])}
+    assert "attention_mask" not in attention.skip_mask_building(dict(bounded), None)
+
+
+def varlen_module():
+    import torch.nn.attention.varlen as varlen
+
+    return varlen

@@ -21,7 +21,14 @@ from transformers import AttentionInterface
 
 from expert_cli.config.kernels import BOUNDARY_KERNELS, TORCH_VARLEN
 
-__all__ = ["BOUNDARY_KERNELS", "TORCH_VARLEN", "register_torch_varlen", "torch_varlen_attention"]
+__all__ = [
+    "BOUNDARY_KERNELS",
+    "TORCH_VARLEN",
+    "mask_free_mapping",
+    "register_torch_varlen",
+    "torch_varlen_attention",
+    "skip_mask_building",
+]
 
 
 @lru_cache(maxsize=1)
@@ -107,3 +114,50 @@ def check_model_config(kernel: str, config: Any) -> None:
         raise ValueError("attention torch_varlen: this model uses sliding-window attention")
     if getattr(config, "attention_dropout", 0.0):
         raise ValueError("attention torch_varlen: this model trains with attention dropout")
+
+
+def _decoder(model: Any) -> Any:
+    """The decoder stack under a peft wrapper and a causal-LM head, or None."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    getter = getattr(inner, "get_decoder", None)
+    return getter() if callable(getter) else None
+
+
+def mask_free_mapping(model: Any, kernel: str) -> dict[str, None] | None:
+    """The attention-mask mapping that tells the decoder "no mask" for a boundary kernel, or
+    None where it cannot be given.
+
+    Before each forward transformers builds a mask from the positions, and for packed rows it
+    first asks whether the positions restart at all (`find_packed_sequence_indices`, a host
+    sync: the step waits for the GPU there). The boundary kernels need no mask (for them the
+    built mask is None anyway: they read the collator's boundaries), so a precomputed mapping
+    of each layer type to None skips the question. Only decoders that take such a mapping
+    (the transformers 5 ones: `causal_mask_mapping`) get it; any other keeps the default.
+    """
+    if kernel not in BOUNDARY_KERNELS:
+        return None
+    decoder = _decoder(model)
+    if decoder is None or not _takes_mask_mapping(type(decoder)):
+        return None
+    config = decoder.config
+    types = getattr(config, "layer_types", None) or ["full_attention"]
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        return None  # a sliding window is a mask the kernels read from it: keep the default
+    return dict.fromkeys(sorted(set(types)))
+
+
+@lru_cache(maxsize=32)
+def _takes_mask_mapping(cls: type) -> bool:
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "causal_mask_mapping" in source and "isinstance(" in source
+
+
+def skip_mask_building(inputs: dict[str, Any], mapping: dict[str, None] | None) -> dict[str, Any]:
+    """`inputs` with the mask-free mapping as its attention mask, when the batch carries the
+    sequence boundaries and no mask of its own (else unchanged)."""
+    if mapping is not None and "cu_seq_lens_q" in inputs and inputs.get("attention_mask") is None:
+        inputs["attention_mask"] = dict(mapping)
+    return inputs

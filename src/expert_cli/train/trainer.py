@@ -20,6 +20,7 @@ from expert_cli.data.collate import PackedCollator
 from expert_cli.data.formatting import IGNORE
 from expert_cli.telemetry.flops import peak_bf16_flops
 from expert_cli.telemetry.throughput import FlopsModel, ThroughputMeter
+from expert_cli.train.attention import mask_free_mapping, skip_mask_building
 from expert_cli.train.callbacks import ThroughputCallback
 from expert_cli.train.model import matmul_parameters, parameter_counts
 
@@ -61,9 +62,11 @@ class CountingCollator:
 
 
 class ExpertTrainer(Trainer):
-    """The Trainer with throughput telemetry around the batch fetch."""
+    """The Trainer with throughput telemetry around the batch fetch, and (for the boundary
+    kernels) the attention masks given as "none" so transformers does not look for them."""
 
     meter: ThroughputMeter | None = None
+    mask_mapping: dict[str, None] | None = None
 
     def get_batch_samples(
         self, epoch_iterator: Any, num_batches: int, device: Any
@@ -78,7 +81,7 @@ class ExpertTrainer(Trainer):
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         inputs.pop(COUNTS_KEY, None)
-        return super()._prepare_inputs(inputs)
+        return super()._prepare_inputs(skip_mask_building(inputs, self.mask_mapping))
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Under FSDP every rank takes part in gathering the adapter's full tensors (only the
@@ -171,5 +174,6 @@ def build_trainer(
         processing_class=tokenizer,
     )
     trainer.meter = meter
+    trainer.mask_mapping = mask_free_mapping(model, kernel)
     trainer.callback_handler.callbacks.insert(0, throughput)  # first: its logs reach TB
     return trainer, throughput
