@@ -140,3 +140,20 @@ def test_misspelt_key_exits_2_naming_the_path(tmp_path: Path) -> None:
         "gradient_accumulation_steps?"
     ) in out.stdout
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_adapter_targets_missing_from_the_model_are_a_problem() -> None:
+    """Found as a run would find it (the architecture built without weights): a module name
+    the model does not have, alone or beside real ones (peft would adapt the others and say
+    nothing)."""
+    demo = str(ROOT / "experts/demo/manifest.json")
+    for targets in ('["nope_proj"]', '["q_proj", "nope_proj", "v_prj"]'):
+        out = run_cli("check", "--manifest", demo, "--json", "--set", f"target_modules={targets}")
+        assert out.returncode == 2, out.stdout + out.stderr
+        (problem,) = json.loads(out.stdout)["problems"]
+        assert problem.startswith("adapter (lora, target_modules=[")
+        assert "no layer of the model is named 'nope_proj'" in problem
+        assert ("'v_prj'" in problem) == ("v_prj" in targets)
+    good = '["q_proj", "v_proj"]'
+    out = run_cli("check", "--manifest", demo, "--json", "--set", f"target_modules={good}")
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -59,13 +59,65 @@ def test_a_second_train_into_a_finished_folder_is_refused(capsys, monkeypatch, f
     (out / "notes.txt").write_text("mine")
     code, stdout, err = _here(capsys, monkeypatch, manifest, out, "--max-steps", "4", "--overwrite")
     assert code == 0, err
-    assert "--overwrite: removed" in stdout
+    assert "--overwrite: the earlier run's checkpoints, runs, metrics.json" in stdout
+    assert "set aside" in stdout
+    assert not list(out.glob(".overwritten-*"))  # removed once training began
     assert read_metrics(out)["summary"]["steps"] == 4
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "checkpoint-3",
         "checkpoint-4",
     ]
     assert (out / "notes.txt").read_text() == "mine"  # not a run output: left alone
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_an_overwrite_that_fails_before_training_puts_the_earlier_run_back(
+    capsys, monkeypatch, finished
+) -> None:
+    """The manifest's adapter targets no layer of the model: found only once the model is
+    loaded, after --overwrite has set the finished run aside. The run is back, byte for byte."""
+    manifest, out = finished
+    before = _files(out)
+    bad = '[{"type": "lora", "target_modules": ["no_such_proj"]}]'
+    code, stdout, err = _here(
+        capsys, monkeypatch, manifest, out, "--overwrite", "--set", f"base_models.0.adapters={bad}"
+    )
+    assert code == 2, err
+    assert "no_such_proj" in err and "Traceback" not in err
+    assert "the earlier run is back" in stdout
+    assert _files(out) == before
+    assert not list(out.glob(".overwritten-*"))
+
+
+@pytest.mark.slow
+def test_an_earlier_run_set_aside_by_a_killed_overwrite_is_put_back(
+    capsys, monkeypatch, finished
+) -> None:
+    """Killed (SIGKILL, power cut) after setting the run aside and writing part of a new
+    random base: the next train in the folder puts the earlier run back first."""
+    manifest, out = finished
+    before = _files(out)
+    aside = out / ".overwritten-4194000"  # a process that no longer runs
+    aside.mkdir()
+    for name in ("checkpoints", "runs", "metrics.json", "manifest.resolved.json"):
+        if (out / name).exists():
+            (out / name).rename(aside / name)
+    for p in list(out.iterdir()):
+        if p.is_file():
+            p.rename(aside / p.name)
+    (out / "base_model").mkdir()
+    (out / "base_model" / "config.json").write_text("{}")  # half written
+    code, stdout, err = _here(capsys, monkeypatch, manifest, out, "--resume")
+    assert code == 0, err
+    assert ".overwritten-4194000 (an earlier run, put back)" in " ".join(stdout.split())
+    assert "holds a finished run of 6 steps; nothing to resume" in " ".join(stdout.split())
+    assert _files(out) == before
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from expert_cli.data.build import BuildProgress, NoProgress
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.errors import UserError
+from expert_cli.train.model import adapter_problem
 
 PROGRESS_ROWS = 10_000
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
@@ -74,6 +75,8 @@ def check_manifest(
     for source in resolved.train_sources + resolved.validation_sources:
         data.source(source)
     report.problems = _check_model(resolved) + missing_problems(statuses) + data.problems
+    if not report.problems and (problem := adapter_problem(resolved, resolved.base_model)):
+        report.problems.append(problem)
     report.rows_checked = data.rows
     return report
 

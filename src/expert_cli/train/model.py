@@ -294,20 +294,63 @@ def adapter_config(resolved: ResolvedConfig, total_steps: int) -> PeftConfig:
     raise UserError(f"adapter_type: {kind!r} is not supported (lora, dora, ia3, lokr, adalora)")
 
 
+def _adapter_error(resolved: ResolvedConfig, exc: ValueError | str) -> str:
+    return f"adapter ({resolved.adapter_type}, target_modules={resolved.target_modules}): {exc}"
+
+
+def unmatched_targets(model: Any, resolved: ResolvedConfig) -> str | None:
+    """The named targets that match no module of `model` (peft's rule: the module's name, or
+    its last dotted parts): peft adapts the others and says nothing, so a misspelt name
+    would silently train a smaller adapter. None when every name matches."""
+    targets = resolved.target_modules
+    if isinstance(targets, str):
+        return None
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if not missing:
+        return None
+    return _adapter_error(
+        resolved, f"no layer of the model is named {', '.join(map(repr, missing))}"
+    )
+
+
+def adapter_problem(resolved: ResolvedConfig, source: str) -> str | None:
+    """Why the manifest's adapter cannot attach to the architecture at `source` (a local
+    folder or a cached hub id), found as a run finds it (peft on the model built on the meta
+    device: no weights read, no memory used); None when it attaches, or when the
+    architecture cannot be read here (the model checks report that)."""
+    try:
+        config = AutoConfig.from_pretrained(
+            source, trust_remote_code=resolved.trust_remote_code, local_files_only=True
+        )
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                config, trust_remote_code=resolved.trust_remote_code
+            )
+    except Exception:  # noqa: BLE001 - an unreadable config is reported by the model checks
+        return None
+    if missing := unmatched_targets(model, resolved):
+        return missing
+    try:
+        get_peft_model(model, adapter_config(resolved, total_steps=1))
+    except ValueError as exc:
+        return _adapter_error(resolved, exc)
+    return None
+
+
 def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps: int) -> PeftModel:
     """Wrap `model` with the manifest's adapter (seeded init). Adapter weights are fp32; they
     compute in the mixed-precision dtype unless `adapter_precision` is fp32."""
 
     set_seed(resolved.seed)
-
+    if missing := unmatched_targets(model, resolved):
+        raise UserError(missing)
     try:
         peft_model = get_peft_model(
             model, adapter_config(resolved, total_steps), autocast_adapter_dtype=True
         )
     except ValueError as exc:
-        raise UserError(
-            f"adapter ({resolved.adapter_type}, target_modules={resolved.target_modules}): {exc}"
-        ) from None
+        raise UserError(_adapter_error(resolved, exc)) from None
     if resolved.gradient_checkpointing and resolved.quantization not in ("int4", "int8"):
         peft_model.enable_input_require_grads()
     if adapter_compute_dtype(resolved) != "fp32":

@@ -58,10 +58,12 @@ from expert_cli.train.report import write_run_plot
 from expert_cli.train.run_folder import (
     CheckpointMarker,
     Previous,
-    clear_run,
     decide,
     disk_full,
+    drop_aside,
     remove_incomplete_checkpoints,
+    restore_aside,
+    set_aside,
     sweep_leftovers,
 )
 from expert_cli.train.speed import compile_decision, compile_layers
@@ -149,6 +151,20 @@ class Run:
     runtime: dict[str, Any] = field(default_factory=dict)
     complete: Previous | None = None  # --resume of a run that has finished
     source: dict[str, Any] = field(default_factory=dict)  # the manifest as its file holds it
+    aside: Path | None = None  # the earlier run's outputs, set aside by --overwrite
+
+    def restore_earlier(self) -> None:
+        """The run stopped before training: the earlier run's outputs go back."""
+        if self.aside is not None and self.is_main:
+            restore_aside(self.output, self.aside)
+            self.reporter.note("--overwrite: stopped before training; the earlier run is back")
+        self.aside = None
+
+    def discard_earlier(self) -> None:
+        """Training begins: the earlier run's outputs go for good."""
+        if self.aside is not None and self.is_main:
+            drop_aside(self.aside)
+        self.aside = None
 
     @property
     def is_main(self) -> bool:
@@ -172,19 +188,24 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     env = probe_environment()
     resolved = resolve(loaded, env)
     output = output_dir(loaded.path, opts.output)
-    decision = decide(output, resolved, opts.resume, opts.overwrite, opts.max_steps)
-    resume = decision.resume
     kwargs = training_args_kwargs(
         resolved, output / "checkpoints", max_steps=opts.max_steps, on_gpu=env.has_gpu
     )
     args = TrainingArguments(**kwargs)
     run = Run(resolved=resolved, args=args, output=output, reporter=reporter, source=loaded.raw)
-    run.complete = decision.complete
-    if decision.clear and run.is_main:
-        reporter.note(f"--overwrite: removed {', '.join(clear_run(output))} of the earlier run")
     if run.is_main and (swept := sweep_leftovers(output)):
-        reporter.note(f"removed what a killed run left in {output}: {', '.join(swept)}")
-    distributed.barrier()
+        reporter.note(f"cleaned up after a killed run in {output}: {', '.join(swept)}")
+    distributed.barrier()  # every rank decides on the same folder
+    decision = decide(output, resolved, opts.resume, opts.overwrite, opts.max_steps)
+    resume = decision.resume
+    run.complete = decision.complete
+    distributed.barrier()  # and before the main process sets the earlier run aside
+    if decision.clear and run.is_main:
+        run.aside, moved = set_aside(output)
+        reporter.note(
+            f"--overwrite: the earlier run's {', '.join(moved)} set aside; removed once this "
+            "run starts training, put back if it stops before"
+        )
     run.runtime.update(
         environment=env.to_dict(),
         world_size=args.world_size,
@@ -363,12 +384,21 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
     if run.complete is not None:
         summary = {"steps": run.complete.steps, "status": "complete"}
         return TrainResult(run.output, "complete", 0, summary, None, run.is_main)
-    tokenizer, data = load_data(run)
-    model = load_model(run, tokenizer, data, resume)
-    if run.is_main:
-        run.output.mkdir(parents=True, exist_ok=True)
+    try:
+        tokenizer, data = load_data(run)
+        model = load_model(run, tokenizer, data, resume)
+        if run.is_main:
+            run.output.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        run.restore_earlier()
+        raise
     with Interrupt() as interrupt:
-        trainer, throughput, stop = make_trainer(run, model, tokenizer, data, interrupt)
+        try:
+            trainer, throughput, stop = make_trainer(run, model, tokenizer, data, interrupt)
+        except BaseException:
+            run.restore_earlier()
+            raise
+        run.discard_earlier()
         if run.is_main:  # with runtime.distributed, known once the Trainer is built
             write_resolved(run.output, run.resolved, run.runtime, run.source)
         try:

@@ -2,7 +2,9 @@
 
 A folder that holds a run's outputs is never written over silently: `train` into it refuses
 unless `--resume` (the same configuration, continued from its last complete checkpoint) or
-`--overwrite` (the old run's outputs removed first, nothing else in the folder touched). A
+`--overwrite` (the old run's outputs replaced, nothing else in the folder touched). The old
+outputs are only set aside (`.overwritten-<pid>`) until the new run has its data, model and
+adapter and begins training; a run that fails or is stopped before that puts them back. A
 checkpoint counts only once its `_COMPLETE` marker is written, after everything else in it, so
 a checkpoint half-written by a kill or a full disk is passed over.
 """
@@ -161,6 +163,42 @@ def clear_run(output: Path) -> list[str]:
     return removed
 
 
+ASIDE_PREFIX = ".overwritten-"
+
+
+def set_aside(output: Path) -> tuple[Path, list[str]]:
+    """Move the previous run's outputs into `output/.overwritten-<pid>` (a rename on the same
+    disk: instant, and nothing is lost if the new run fails); the folder and the names."""
+    aside = output / f"{ASIDE_PREFIX}{os.getpid()}"
+    aside.mkdir()
+    moved = []
+    for name in RUN_OUTPUTS:
+        path = output / name
+        if path.exists() or path.is_symlink():
+            path.rename(aside / name)
+            moved.append(name)
+    for staging in output.glob(".final-*"):
+        shutil.rmtree(staging, ignore_errors=True)
+    return aside, moved
+
+
+def restore_aside(output: Path, aside: Path) -> list[str]:
+    """Undo `set_aside`: remove what the new run wrote, put the previous run's outputs back;
+    the names restored."""
+    clear_run(output)
+    restored = []
+    for path in sorted(aside.iterdir()):
+        path.rename(output / path.name)
+        restored.append(path.name)
+    aside.rmdir()
+    return restored
+
+
+def drop_aside(aside: Path) -> None:
+    """The new run is under way: the previous run's outputs go for good."""
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def disk_full(exc: BaseException, where: Path) -> bool:
     """Whether `exc` is a write that failed for want of space (raised as OSError 28 by Python,
     as a bare Exception by the tokenizers library, as "unexpected pos" by torch's writer)."""
@@ -179,13 +217,21 @@ def disk_full(exc: BaseException, where: Path) -> bool:
 
 def sweep_leftovers(output: Path) -> list[str]:
     """Remove what killed runs left in `output`: staging folders (`.final-<pid>`) and
-    temporary files (`.tmp-<name>-<pid>`) of processes that no longer run."""
+    temporary files (`.tmp-<name>-<pid>`) of processes that no longer run. An earlier run set
+    aside by an `--overwrite` that was killed before training began is put back when the
+    folder holds no newer run (a later `--overwrite` then sets it aside again), else removed."""
     removed = []
     for path in output.glob(".*-*") if output.is_dir() else []:
         pid = path.name.rsplit("-", 1)[-1]
-        ours = path.name.startswith((".final-", ".tmp-")) and pid.isdigit()
+        ours = path.name.startswith((".final-", ".tmp-", ASIDE_PREFIX)) and pid.isdigit()
         if not ours or _running(int(pid)):
             continue
+        if path.name.startswith(ASIDE_PREFIX) and path.is_dir() and not path.is_symlink():
+            newer = any((output / name).exists() for name in RUN_MARKERS)
+            if not newer:
+                restore_aside(output, path)
+                removed.append(f"{path.name} (an earlier run, put back)")
+                continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
