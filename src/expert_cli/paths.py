@@ -34,14 +34,16 @@ def resolved_path(path: Path | str, label: str) -> Path:
         raise UserError(f"{label} {shown_path(text)}: cannot be used ({reason})") from None
 
 
-def output_file_problem(path: Path, label: str) -> str | None:
-    """Why `path` cannot take a file a command writes (its folder is missing, or it is a
-    folder, a device or another special file: the write renames a new file over it, which
-    would replace such a node), or None."""
+def output_file_problem(path: Path, label: str, replace: bool = False) -> str | None:
+    """Why `path` cannot take a file a command writes (its folder is missing; it is a folder,
+    a device or another special file: the write renames a new file over it, which would
+    replace such a node; it is a file already and `replace` was not asked for), or None."""
     if not path.parent.resolve().is_dir():
         return f"{label}: folder {path.parent} does not exist"
     if path.exists() and not path.is_file():
         return f"{label}: {path} is not a regular file; give a file path"
+    if path.exists() and not replace:
+        return f"{label}: {path} already exists; add --force to replace it"
     return None
 
 

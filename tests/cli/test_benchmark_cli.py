@@ -188,6 +188,9 @@ def test_train_command_output_dir_metrics_are_found(tmp_path: Path) -> None:
         (["--interval", "0"], "--interval"),
         (["--gpu", "first"], "--gpu"),
         (["--gpu", "99"], "--gpu"),
+        (["--gpu", "\u00b2"], "--gpu"),  # a superscript two: str.isdigit() says True
+        (["--gpu", "0,\u0663"], "--gpu"),  # an Arabic-Indic three
+        (["--output", "mine.json"], "--output"),  # exists: replaced only with --force
         (["--output", "no/such/dir/r.json"], "--output"),
         (["--output", "."], "--output"),  # a folder
         (["--plot", "/dev/null"], "--plot"),  # a device: renaming over it would replace it
@@ -195,12 +198,24 @@ def test_train_command_output_dir_metrics_are_found(tmp_path: Path) -> None:
     ],
 )
 def test_bad_arguments_exit_2(tmp_path: Path, args: list[str], flag: str) -> None:
+    (tmp_path / "mine.json").write_text("my earlier report")
     out = run_cli("benchmark", "--duration", "1", *args, cwd=tmp_path)
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert f"{flag}:" in out.stderr
     assert "Traceback" not in out.stderr
     if args[1] in (".", "/dev/null"):
         assert f"{flag}: {args[1]} is not a regular file" in out.stderr
+    if args[1] == "mine.json":
+        assert "--output: mine.json already exists; add --force to replace it" in out.stderr
+    assert (tmp_path / "mine.json").read_text() == "my earlier report"
+
+
+def test_force_replaces_an_earlier_report(tmp_path: Path) -> None:
+    (tmp_path / "r.json").write_text("my earlier report")
+    args = ("--duration", "1", "--interval", "0.5", "--output", "r.json", "--force")
+    out = run_cli("benchmark", *args, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert len(json.loads((tmp_path / "r.json").read_text())["samples"]) >= 1
 
 
 def test_help_does_not_import_torch() -> None:

@@ -45,3 +45,22 @@ def test_report_draws_four_panels_and_summarises(tmp_path: Path) -> None:
 def test_report_of_a_folder_without_metrics_is_exit_2(tmp_path: Path) -> None:
     out = run_cli("report", str(tmp_path))
     assert out.returncode == 2 and "no readable metrics.json" in out.stderr
+
+
+def test_report_redraws_its_own_picture_but_asks_before_replacing_another_file(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
+    for _ in range(2):  # RUN_DIR/training.png is the run's own: redrawn without asking
+        assert run_cli("report", str(tmp_path)).returncode == 0
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"my picture")
+    out = run_cli("report", str(tmp_path), "--output", str(mine))
+    assert out.returncode == 2
+    assert f"--output: {mine} already exists; add --force to replace it" in " ".join(
+        out.stderr.split()
+    )
+    assert mine.read_bytes() == b"my picture"
+    out = run_cli("report", str(tmp_path), "--output", str(mine), "--force")
+    assert out.returncode == 0, out.stderr
+    assert png_facts(mine)[:2] == (1100, 700)

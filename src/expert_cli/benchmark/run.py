@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import platform
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from expert_cli.telemetry.workload import WORKLOADS, WorkloadRunner, WorkloadSpe
 
 SCHEMA_VERSION = 1
 MAX_DURATION_S = 7 * 24 * 3600.0
+GPU_INDEX = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() takes '²'
 MIN_INTERVAL_S = 0.05  # NVML's own sampling period is about this
 MAX_INTERVAL_S = 3600.0
 # a workload's step and what it chose, built by the caller (the CLI: the training fast path)
@@ -73,6 +75,7 @@ class BenchmarkOptions:
     workload: str | None = None
     command: list[str] = field(default_factory=list)
     stop_at_end: bool = False  # stop the command when the window closes (else it runs on)
+    force: bool = False  # replace an existing --output / --plot file
 
 
 def validate_options(opts: BenchmarkOptions) -> None:
@@ -89,12 +92,12 @@ def validate_options(opts: BenchmarkOptions) -> None:
             f"got {opts.interval}"
         )
     for flag, path in (("--output", opts.output), ("--plot", opts.plot)):
-        problem = output_file_problem(path, flag) if path is not None else None
+        problem = output_file_problem(path, flag, opts.force) if path is not None else None
         if problem:
             problems.append(problem)
     if opts.plot is not None and importlib.util.find_spec("matplotlib") is None:
         problems.append("--plot: needs matplotlib (pip install 'expert-cli[plot]')")
-    if opts.gpu != "all" and not all(p.strip().isdigit() for p in opts.gpu.split(",")):
+    if opts.gpu != "all" and not all(GPU_INDEX.fullmatch(p.strip()) for p in opts.gpu.split(",")):
         problems.append(
             f"--gpu: expected a GPU index (0, 1, ... or 0,1) or 'all', got {opts.gpu!r}"
         )

@@ -39,6 +39,9 @@ def benchmark(
         bool,
         typer.Option("--stop-at-end", help="Stop the command when the window closes."),
     ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace existing --output / --plot files.")
+    ] = False,
     command: Annotated[
         list[str] | None,
         typer.Argument(metavar="-- CMD ...", hidden=True, help="The command to run and sample."),
@@ -63,6 +66,7 @@ def benchmark(
         workload=workload,
         command=command or [],
         stop_at_end=stop_at_end,
+        force=force,
     )
     out = console()
     hooks = Hooks(

@@ -78,12 +78,16 @@ def report(
         Path | None,
         typer.Option(metavar="FILE", help="Where to write the PNG (default RUN_DIR/training.png)."),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Replace an existing FILE (RUN_DIR/training.png always)."),
+    ] = False,
 ) -> None:
     """Draw a run's training.png (loss, learning rate, tokens/s, data wait) and summarise it."""
     from expert_cli.cli.render import console
     from expert_cli.train.report import PLOT_NAME, summarize
 
-    result = summarize(run_dir, output or run_dir / PLOT_NAME)
+    result = summarize(run_dir, output or run_dir / PLOT_NAME, force)
     out = console()
     speed = "-" if result.tokens_per_s is None else f"{result.tokens_per_s:,.0f}"
     loss = "-" if result.final_loss is None else f"{result.final_loss:.4g}"

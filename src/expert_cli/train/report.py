@@ -43,10 +43,12 @@ def read_metrics(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def summarize(run_dir: Path, plot: Path | None = None) -> RunReport:
+def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) -> RunReport:
     """The run's status, speed, final and best evaluation loss, and its picture (written when
-    `plot` is given)."""
-    problem = output_file_problem(plot, "--output") if plot is not None else None
+    `plot` is given; an existing file there is replaced only with `replace`, or when it is the
+    run's own training.png, which a report redraws)."""
+    own = plot is not None and plot.parent.resolve() == run_dir.resolve() and plot.name == PLOT_NAME
+    problem = output_file_problem(plot, "--output", replace or own) if plot is not None else None
     if problem:
         raise UserError(problem)
     data = read_metrics(run_dir)
