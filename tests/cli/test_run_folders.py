@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from train_helpers import read_metrics, run_cli, run_main, window_losses, write_expert
 
-from expert_cli.train.run_folder import COMPLETE
+from expert_cli.train.checkpoints import COMPLETE
 
 
 def _train(manifest: Path, out: Path, *extra: str):
@@ -71,9 +71,7 @@ def test_a_second_train_into_a_finished_folder_is_refused(capsys, monkeypatch, f
 
 
 def _files(folder: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()
-    }
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
 @pytest.mark.slow
@@ -142,6 +140,75 @@ def test_resume_skips_a_half_written_checkpoint_and_honours_max_steps(finished) 
     assert read_metrics(out)["summary"]["steps_this_run"] == 5
     after = window_losses(out)
     assert max(after) == 8 and {s: after[s] for s in (1, 2, 3)} == {s: before[s] for s in (1, 2, 3)}
+
+
+DAMAGE = {
+    "adapter_model.safetensors": "adapter_model.safetensors is damaged",
+    "optimizer.pt": "optimizer.pt is damaged (cut short)",
+    "scheduler.pt": "scheduler.pt is damaged (cut short)",
+    "trainer_state.json": "trainer_state.json is missing or not the Trainer's state",
+}
+
+
+def _cut(file: Path) -> None:
+    """Cut a file to half its size, as an interrupted copy or a failing disk would."""
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.slow
+def test_damaged_checkpoint_files_are_found(finished) -> None:
+    """A checkpoint marked complete whose files were damaged since: each file the Trainer
+    reads on resume is checked (cut in half here), in milliseconds."""
+    from expert_cli.train.checkpoints import checkpoint_problem, resume_point
+
+    _, out = finished
+    checkpoints = out / "checkpoints"
+    assert checkpoint_problem(checkpoints / "checkpoint-6") is None
+    for name, problem in DAMAGE.items():
+        damaged = checkpoints / f"checkpoint-{name}"
+        shutil.copytree(checkpoints / "checkpoint-6", damaged)
+        _cut(damaged / name)
+        assert (checkpoint_problem(damaged) or "").startswith(problem), name
+        shutil.rmtree(damaged)
+    _cut(checkpoints / "checkpoint-6" / "optimizer.pt")
+    point = resume_point(checkpoints)
+    assert point.checkpoint.name == "checkpoint-3"
+    assert point.passed_over == ("checkpoint-6: optimizer.pt is damaged (cut short)",)
+
+
+@pytest.mark.slow
+def test_resume_passes_over_a_damaged_checkpoint(capsys, monkeypatch, finished) -> None:
+    manifest, out = finished
+    _cut(out / "checkpoints" / "checkpoint-6" / "adapter_model.safetensors")
+    more = _train(manifest, out, "--resume", "--max-steps", "8")
+    assert more.returncode == 0, more.stdout + more.stderr
+    stdout = " ".join(more.stdout.split())
+    assert "--resume: passing over checkpoint-6: adapter_model.safetensors is damaged" in stdout
+    assert "resuming from checkpoint-3 (step 3 of 8)" in stdout
+    assert read_metrics(out)["summary"]["steps"] == 8
+
+
+@pytest.mark.slow
+def test_resume_without_a_sound_checkpoint_or_configuration_is_refused(
+    capsys, monkeypatch, finished
+) -> None:
+    """Nothing is trained and metrics.json keeps what the run reached."""
+    manifest, out = finished
+    metrics = (out / "metrics.json").read_bytes()
+    for n in (3, 6):
+        _cut(out / "checkpoints" / f"checkpoint-{n}" / "trainer_state.json")
+    code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "8")
+    assert code == 2, err
+    err = " ".join(err.split())
+    assert "--resume: no checkpoint to resume from under" in err
+    assert "checkpoint-6: trainer_state.json is missing" in err
+    assert "checkpoint-3: trainer_state.json is missing" in err
+    (out / "manifest.resolved.json").write_text("not json")
+    code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "8")
+    assert code == 2, err
+    assert "manifest.resolved.json is missing or unreadable" in err
+    assert (out / "metrics.json").read_bytes() == metrics
 
 
 @pytest.mark.slow

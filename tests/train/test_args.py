@@ -22,13 +22,12 @@ from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
 from expert_cli.train.args import planned_steps, training_args_kwargs
 from expert_cli.train.callbacks import Interrupt
-from expert_cli.train.run_folder import (
+from expert_cli.train.checkpoints import (
     COMPLETE,
     complete_checkpoints,
-    disk_full,
     remove_incomplete_checkpoints,
-    sweep_leftovers,
 )
+from expert_cli.train.run_folder import disk_full, sweep_leftovers
 from expert_cli.train.trainer import COUNTS_KEY, CountingCollator
 
 GPU = Environment(

@@ -36,6 +36,11 @@ from expert_cli.train.callbacks import (
     InterruptCallback,
     earlier_records,
 )
+from expert_cli.train.checkpoints import (
+    CheckpointMarker,
+    checkpoint_step,
+    remove_incomplete_checkpoints,
+)
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.model import (
     ModelChoices,
@@ -56,12 +61,10 @@ from expert_cli.train.outputs import (
 )
 from expert_cli.train.report import write_run_plot
 from expert_cli.train.run_folder import (
-    CheckpointMarker,
     Previous,
     decide,
     disk_full,
     drop_aside,
-    remove_incomplete_checkpoints,
     restore_aside,
     set_aside,
     sweep_leftovers,
@@ -199,6 +202,9 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     decision = decide(output, resolved, opts.resume, opts.overwrite, opts.max_steps)
     resume = decision.resume
     run.complete = decision.complete
+    if run.is_main:
+        for damaged in decision.passed_over:
+            reporter.note(f"--resume: passing over {damaged}")
     distributed.barrier()  # and before the main process sets the earlier run aside
     if decision.clear and run.is_main:
         run.aside, moved = set_aside(output)
@@ -407,7 +413,9 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
             throughput.finish(trainer.state.global_step, "interrupted", alone=True)
             raise
         except BaseException as exc:
-            on_failure(run, throughput, trainer.state.global_step, exc)
+            # a resume that fails while loading its checkpoint has trained 0 steps of its own
+            reached = trainer.state.global_step or (checkpoint_step(resume) or 0 if resume else 0)
+            on_failure(run, throughput, reached, exc)
             raise
     status = "interrupted" if stop.stopped else "completed"
     summary = throughput.finish(trainer.state.global_step, status)

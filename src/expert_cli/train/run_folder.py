@@ -4,9 +4,8 @@ A folder that holds a run's outputs is never written over silently: `train` into
 unless `--resume` (the same configuration, continued from its last complete checkpoint) or
 `--overwrite` (the old run's outputs replaced, nothing else in the folder touched). The old
 outputs are only set aside (`.overwritten-<pid>`) until the new run has its data, model and
-adapter and begins training; a run that fails or is stopped before that puts them back. A
-checkpoint counts only once its `_COMPLETE` marker is written, after everything else in it, so
-a checkpoint half-written by a kill or a full disk is passed over.
+adapter and begins training; a run that fails or is stopped before that puts them back. Which
+checkpoint a resumed run continues from is decided in expert_cli.train.checkpoints.
 """
 
 from __future__ import annotations
@@ -18,14 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
-from expert_cli.atomic import write_json_atomic
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import UserError
+from expert_cli.train.checkpoints import resume_point
 from expert_cli.train.outputs import read_json_file
 
-COMPLETE = "_COMPLETE"
 DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: the disk is full
 # what a run writes into its folder (--overwrite removes these and only these)
 RUN_OUTPUTS = (
@@ -36,6 +32,7 @@ RUN_OUTPUTS = (
     "training.png",
     "manifest.resolved.json",
     "manifest.source.json",
+    "training_args.bin",
     "adapter_model.safetensors",
     "adapter_config.json",
     "README.md",
@@ -138,6 +135,12 @@ def check_resumable(output: Path, previous: Previous | None, resolved: ResolvedC
     """A resumed run continues the same configuration."""
     if previous is None:
         return
+    if not previous.config:
+        raise UserError(
+            f"--resume: {output / 'manifest.resolved.json'} is missing or unreadable, so the "
+            "configuration this run would continue cannot be compared with the manifest's; "
+            "put the file back, or start again with --overwrite"
+        )
     changed = changed_fields(previous.config, resolved)
     if changed:
         raise UserError(
@@ -252,46 +255,12 @@ def _running(pid: int) -> bool:
     return True
 
 
-def remove_incomplete_checkpoints(checkpoints: Path) -> list[str]:
-    """Remove `checkpoint-N` folders without their marker (a resume passes them over anyway):
-    after a full disk this frees the space to record how the run ended."""
-    complete = set(complete_checkpoints(checkpoints))
-    removed = []
-    for path in checkpoints.glob("checkpoint-*") if checkpoints.is_dir() else []:
-        if path.is_dir() and path not in complete:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path.name)
-    return removed
-
-
-def complete_checkpoints(checkpoints: Path) -> list[Path]:
-    """`checkpoint-N` folders whose marker says they were written whole, by step."""
-    if not checkpoints.is_dir():
-        return []
-    found = []
-    for path in checkpoints.glob("checkpoint-*"):
-        step = path.name.rsplit("-", 1)[-1]
-        if path.is_dir() and step.isdigit() and (path / COMPLETE).is_file():
-            found.append((int(step), path))
-    return [p for _, p in sorted(found)]
-
-
-class CheckpointMarker(TrainerCallback):
-    """Writes `_COMPLETE` into each checkpoint once the Trainer has finished writing it."""
-
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not state.is_world_process_zero:
-            return
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if folder.is_dir():
-            write_json_atomic(folder / COMPLETE, {"step": state.global_step})
-
-
 @dataclass(frozen=True)
 class Decision:
     """What `train` does with its output folder."""
 
     resume: Path | None = None  # the checkpoint to continue from
+    passed_over: tuple[str, ...] = ()  # newer checkpoints found damaged, with what is wrong
     complete: Previous | None = None  # the folder's run is finished: nothing to train
     clear: bool = False  # remove the previous run's outputs first (--overwrite)
 
@@ -312,18 +281,5 @@ def decide(
     check_resumable(output, previous, resolved)
     if previous and previous.status == "completed" and (max_steps or 0) <= previous.steps:
         return Decision(complete=previous)
-    return Decision(resume=_last_complete(output / "checkpoints"))
-
-
-def _last_complete(checkpoints: Path) -> Path:
-    complete = complete_checkpoints(checkpoints)
-    if complete:
-        return complete[-1]
-    partial = (
-        sorted(p.name for p in checkpoints.glob("checkpoint-*")) if checkpoints.is_dir() else []
-    )
-    detail = f" ({', '.join(partial)} not written whole)" if partial else ""
-    raise UserError(
-        f"--resume: no checkpoint to resume from under {checkpoints}{detail}; checkpoint-N "
-        "folders are written every save_steps and on Ctrl-C"
-    )
+    point = resume_point(output / "checkpoints")
+    return Decision(resume=point.checkpoint, passed_over=point.passed_over)

@@ -1,0 +1,124 @@
+"""Checkpoints a run can continue from.
+
+A checkpoint counts only once its `_COMPLETE` marker is written, after everything else in it,
+so one half-written by a kill or a full disk is passed over. A marked checkpoint whose files
+were damaged since (truncated by a copy, a bad disk, a hand edit) is passed over too: each file
+the Trainer reads on resume is opened far enough to know it is whole (the safetensors header
+against the file's size, the zip directory at the end of torch's files, trainer_state.json as
+JSON), which costs milliseconds, not a load of the optimizer state.
+"""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError, safe_open
+from transformers import TrainerCallback
+
+from expert_cli.atomic import write_json_atomic
+from expert_cli.errors import UserError
+from expert_cli.train.outputs import read_json_file
+
+COMPLETE = "_COMPLETE"
+# files the Trainer reads to resume that torch.save wrote (zip archives); which of them a
+# checkpoint holds depends on the run (FSDP shards the optimizer state into a folder)
+ZIPPED = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "scaler.pt", "adapter_model.bin")
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """N of a `checkpoint-N` folder (ASCII digits only), or None."""
+    step = path.name.rsplit("-", 1)[-1]
+    return int(step) if step.isascii() and step.isdigit() else None
+
+
+def complete_checkpoints(checkpoints: Path) -> list[Path]:
+    """`checkpoint-N` folders whose marker says they were written whole, by step."""
+    if not checkpoints.is_dir():
+        return []
+    found = []
+    for path in checkpoints.glob("checkpoint-*"):
+        step = checkpoint_step(path)
+        if path.is_dir() and step is not None and (path / COMPLETE).is_file():
+            found.append((step, path))
+    return [p for _, p in sorted(found)]
+
+
+def remove_incomplete_checkpoints(checkpoints: Path) -> list[str]:
+    """Remove `checkpoint-N` folders without their marker (a resume passes them over anyway):
+    after a full disk this frees the space to record how the run ended."""
+    complete = set(complete_checkpoints(checkpoints))
+    removed = []
+    for path in checkpoints.glob("checkpoint-*") if checkpoints.is_dir() else []:
+        if path.is_dir() and path not in complete:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    return removed
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """What in a marked checkpoint is missing or damaged (the first file found), or None."""
+    state = read_json_file(path / "trainer_state.json")
+    if not isinstance(state.get("global_step"), int):
+        return "trainer_state.json is missing or not the Trainer's state"
+    adapter = path / "adapter_model.safetensors"
+    if adapter.is_file():
+        try:
+            with safe_open(str(adapter), framework="pt") as f:
+                f.keys()
+        except (SafetensorError, OSError):
+            return f"{adapter.name} is damaged (its header does not match its size)"
+    for name in ZIPPED:
+        file = path / name
+        if not file.is_file():
+            continue
+        try:
+            with zipfile.ZipFile(file):
+                pass
+        except (zipfile.BadZipFile, OSError):
+            return f"{name} is damaged (cut short)"
+    return None
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a resumed run continues from, and the newer ones it passed over."""
+
+    checkpoint: Path
+    passed_over: tuple[str, ...] = ()
+
+
+def resume_point(checkpoints: Path) -> ResumePoint:
+    """The newest complete, undamaged checkpoint; UserError when there is none."""
+    complete = complete_checkpoints(checkpoints)
+    passed_over = []
+    for path in reversed(complete):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return ResumePoint(path, tuple(passed_over))
+        passed_over.append(f"{path.name}: {problem}")
+    partial = (
+        sorted(p.name for p in checkpoints.glob("checkpoint-*") if p.is_dir() and p not in complete)
+        if checkpoints.is_dir()
+        else []
+    )
+    detail = [f"{name} not written whole" for name in partial] + passed_over
+    shown = f" ({'; '.join(detail)})" if detail else ""
+    raise UserError(
+        f"--resume: no checkpoint to resume from under {checkpoints}{shown}; checkpoint-N "
+        "folders are written every save_steps and on Ctrl-C"
+    )
+
+
+class CheckpointMarker(TrainerCallback):
+    """Writes `_COMPLETE` into each checkpoint once the Trainer has finished writing it."""
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            write_json_atomic(folder / COMPLETE, {"step": state.global_step})
