@@ -144,10 +144,28 @@ def test_broken_manifest_is_reported(hf_home: Path, tmp_path: Path) -> None:
 
 
 def test_missing_folders_name_the_option(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="--cache-dir: folder .*nope does not exist"):
+    with pytest.raises(UserError, match="--cache-dir: .*nope does not exist; expected a folder"):
         discover(tmp_path / "nope", None)
-    with pytest.raises(UserError, match="--experts: folder .*nope does not exist"):
+    with pytest.raises(UserError, match="--experts: .*nope does not exist; expected a folder"):
         discover(tmp_path, tmp_path / "nope")
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(UserError, match="--cache-dir: .*a-file is not a folder; expected a folder"):
+        discover(tmp_path / "a-file", None)
+
+
+def test_unreadable_places_are_passed_over(tmp_path: Path) -> None:
+    """/proc as a cache: entries that cannot be listed or looked at (EINVAL, EACCES) are
+    passed over, and nothing there looks like a dataset."""
+    result = discover(Path("/proc"), None)
+    assert result["datasets"] == []
+    hub = tmp_path / "hub" / "datasets--o--n"
+    (hub / "refs").mkdir(parents=True)
+    (hub / "refs" / "main").write_bytes(b"\x1b[2J" + b"x" * 10_000)  # not a ref
+    (hub / "blobs").mkdir()
+    (hub / "blobs" / "b").write_bytes(b"12345")
+    (hub / "blobs" / "dangling").symlink_to(tmp_path / "gone")
+    (entry,) = discover(tmp_path, None)["datasets"]
+    assert (entry["name"], entry["revision"], entry["size_bytes"]) == ("o/n", None, 5)
 
 
 def test_cli_json_and_table(hf_home: Path, experts: Path) -> None:

@@ -133,10 +133,11 @@ def find_datasets(
 
 def render_discovery(result: dict[str, Any]) -> None:
     """Print the cached datasets, the manifests' datasets and what is missing, as tables."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False)  # tables wrap long names themselves
+    from expert_cli.cli.render import SafeConsole
+
+    console = SafeConsole(highlight=False)  # tables wrap long names themselves
     roots = result["cache_roots"]
     table = Table(
         title=f"cached datasets (datasets: {roots['datasets']}, hub: {roots['hub']})",

@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+from rich.text import Text
 
 from expert_cli.errors import UserError
 
+# Characters a terminal acts on rather than shows: C0 and C1 controls (an ESC starts a
+# sequence that can recolour, clear or retitle the terminal) and the bidirectional overrides
+# that reorder what is shown. Tab and newline stay.
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """`text` with every control character shown as an escape (`\x1b`, `\u202e`)."""
+    return CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+class SafeConsole(Console):
+    """A rich console that shows control characters in what it prints (names, paths and
+    values come from users' files and arguments) as escapes instead of sending them to the
+    terminal. Every string printed or put in a table passes through `render_str`."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(visible(text), **kwargs)
+
 
 def console(stderr: bool = False) -> Console:
-    """A console for plain text: no highlighting, long lines wrap instead of being cut."""
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    """A console for plain text: no highlighting, long lines wrap instead of being cut,
+    control characters shown, not obeyed."""
+    return SafeConsole(stderr=stderr, highlight=False, soft_wrap=True)
 
 
 class BuildBar:

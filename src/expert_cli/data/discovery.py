@@ -32,36 +32,64 @@ def cache_roots(cache_dir: Path | None) -> dict[str, Path]:
     any other --cache-dir is scanned for both layouts."""
     if cache_dir is None:
         return default_roots()
-    if not cache_dir.is_dir():
-        raise UserError(f"--cache-dir: folder {cache_dir} does not exist")
-    if (cache_dir / "hub").is_dir() or (cache_dir / "datasets").is_dir():
+    _require_folder(cache_dir, "--cache-dir")
+    if _is_dir(cache_dir / "hub") or _is_dir(cache_dir / "datasets"):
         return {"datasets": cache_dir / "datasets", "hub": cache_dir / "hub"}
     return {"datasets": cache_dir, "hub": cache_dir}
 
 
+def _require_folder(path: Path, label: str) -> None:
+    if _is_dir(path):
+        return
+    what = "is not a folder" if os.path.lexists(path) else "does not exist"
+    raise UserError(f"{label}: {path} {what}; expected a folder")
+
+
+def _is_dir(path: Path) -> bool:
+    """`path.is_dir()`, False where it cannot be looked at (no permission, /proc's links)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def _files(folder: Path) -> list[Path]:
-    return [p for p in folder.rglob("*") if p.is_file()]
+    """The files under `folder` (links to files included); folders that cannot be read are
+    passed over."""
+    found = []
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            path = Path(parent) / name
+            try:
+                if path.is_file():
+                    found.append(path)
+            except OSError:
+                continue
+    return found
 
 
 def size_once(paths: list[Path]) -> int:
-    """Total size of files, each real file (symlink target) counted once."""
-    real = {os.path.realpath(p) for p in paths}
-    return sum(os.path.getsize(p) for p in real)
+    """Total size of files, each real file (symlink target) counted once; a file that
+    vanishes or cannot be looked at while counting counts 0."""
+    total = 0
+    for real in {os.path.realpath(p) for p in paths}:
+        try:
+            total += os.path.getsize(real)
+        except OSError:
+            continue
+    return total
 
 
 def scan_datasets_cache(root: Path) -> list[dict[str, Any]]:
     """Entries of the `datasets` Arrow cache: <owner>___<name>/<config>/<version>/<hash>/."""
     entries = []
-    if not root.is_dir():
+    if not _is_dir(root):
         return entries
-    for hash_dir in sorted(root.glob("*/*/*/*")):
+    for hash_dir in _version_folders(root):
         name_dir = hash_dir.parents[2]
-        skip = name_dir.name in DATASETS_SKIP or name_dir.name.startswith(HUB_REPO_PREFIXES)
-        if skip or not hash_dir.is_dir():
+        if not _holds_dataset(hash_dir):
             continue
         files = _files(hash_dir)
-        if not any(f.suffix == ".arrow" or f.name == "dataset_info.json" for f in files):
-            continue
         entries.append(
             {
                 "name": name_dir.name.replace("___", "/"),
@@ -78,14 +106,13 @@ def scan_datasets_cache(root: Path) -> list[dict[str, Any]]:
 def scan_hub_cache(root: Path) -> list[dict[str, Any]]:
     """Entries of the hub cache: datasets--<owner>--<name>/ with blobs/, snapshots/, refs/."""
     entries = []
-    if not root.is_dir():
+    if not _is_dir(root):
         return entries
-    for repo in sorted(root.glob(f"{HUB_PREFIX}*")):
-        if not repo.is_dir():
+    for repo in _subfolders(root):
+        if not repo.name.startswith(HUB_PREFIX):
             continue
-        main = repo / "refs" / "main"
-        snapshots = sorted(p.name for p in (repo / "snapshots").glob("*") if p.is_dir())
-        revision = main.read_text().strip() if main.is_file() else ",".join(snapshots) or None
+        snapshots = [p.name for p in _subfolders(repo / "snapshots")]
+        revision = _ref(repo / "refs" / "main") or ",".join(snapshots) or None
         files = _files(repo / "blobs") + _files(repo / "snapshots")
         entries.append(
             {
@@ -98,6 +125,48 @@ def scan_hub_cache(root: Path) -> list[dict[str, Any]]:
             }
         )
     return entries
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    """The folders in `folder` (not through links), sorted; none where it cannot be listed."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(Path(e.path) for e in entries if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def _version_folders(root: Path) -> list[Path]:
+    """<name>/<config>/<version>/<hash> folders of a datasets cache."""
+    found = []
+    for name_dir in _subfolders(root):
+        if name_dir.name in DATASETS_SKIP or name_dir.name.startswith(HUB_REPO_PREFIXES):
+            continue
+        for config in _subfolders(name_dir):
+            for version in _subfolders(config):
+                found += _subfolders(version)
+    return found
+
+
+def _holds_dataset(folder: Path) -> bool:
+    """A datasets-cache version folder: its dataset_info.json or an .arrow file directly in
+    it (checked before its tree is walked, so a folder that is no cache costs one listing)."""
+    try:
+        with os.scandir(folder) as entries:
+            return any(e.name == "dataset_info.json" or e.name.endswith(".arrow") for e in entries)
+    except OSError:
+        return False
+
+
+def _ref(path: Path) -> str | None:
+    """The revision a hub ref file names (a commit hash), or None for a missing file or one
+    that holds anything else (a short single printable word is all a ref is)."""
+    try:
+        with path.open("rb") as f:
+            text = f.read(100).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return text if 0 < len(text) <= 64 and text.isprintable() and " " not in text else None
 
 
 def parse_dataset_ref(ref: str, manifest_dir: Path) -> dict[str, Any]:
@@ -159,8 +228,8 @@ def _match_manifests(entries: list[dict[str, Any]], manifests: list[dict[str, An
 def discover(cache_dir: Path | None, experts: Path | None) -> dict[str, Any]:
     """Cached datasets (largest first), manifests' datasets, and hub datasets not cached."""
     roots = cache_roots(cache_dir)
-    if experts is not None and not experts.is_dir():
-        raise UserError(f"--experts: folder {experts} does not exist")
+    if experts is not None:
+        _require_folder(experts, "--experts")
     entries = scan_datasets_cache(roots["datasets"]) + scan_hub_cache(roots["hub"])
     entries.sort(key=lambda e: (-e["size_bytes"], e["name"], e["config"] or ""))
     for entry in entries:
