@@ -64,3 +64,43 @@ def test_report_redraws_its_own_picture_but_asks_before_replacing_another_file(
     out = run_cli("report", str(tmp_path), "--output", str(mine), "--force")
     assert out.returncode == 0, out.stderr
     assert png_facts(mine)[:2] == (1100, 700)
+
+
+def test_a_damaged_or_hand_edited_metrics_file_is_reported_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """Non-finite numbers, strings where numbers go and a status holding terminal escape
+    sequences: what is not a finite number is neither drawn nor summarised, and the escapes
+    are shown, not sent to the terminal."""
+    windows = [
+        {"step": 1, "loss": 2.0, "tokens_per_s": 10.0},
+        {"step": 2, "loss": float("nan"), "tokens_per_s": float("inf")},
+        {"step": "3", "loss": "high", "learning_rate": [1]},
+        {"step": 4, "loss": 1e308, "data_wait_fraction": -1e308},
+        "not a record",
+    ]
+    metrics = {
+        "windows": windows,
+        "evals": [{"step": 2, "eval_loss": float("nan")}, {"step": 4, "eval_loss": 1.5}, None],
+        "summary": {
+            "status": "completed\x1b[2J\x1b]0;pwned\x07",
+            "steps": "many",
+            "tokens_per_s": float("inf"),
+            "final_loss": float("nan"),
+        },
+    }
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    out = run_cli("report", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout
+    expected = "completed\\x1b[2J\\x1b]0;pwned\\x07: 0 steps, - tok/s, final loss -, "
+    assert expected + "best eval loss 1.5 at step 4" in out.stdout
+    assert png_facts(tmp_path / "training.png")[:2] == (1100, 700)
+
+
+def test_control_characters_are_shown_as_escapes() -> None:
+    from expert_cli.cli.render import visible
+
+    assert visible("a\x1b[31mb\x9b\u202ec\td\ne") == "a\\x1b[31mb\\x9b\\u202ec\td\ne"
+    assert visible("plain naïve 日本") == "plain naïve 日本"

@@ -7,6 +7,7 @@ writes it again at any time, for example while a run is going on.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,26 +53,47 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
     if problem:
         raise UserError(problem)
     data = read_metrics(run_dir)
-    summary = data.get("summary") or {}
-    evals = [e for e in data.get("evals") or [] if e.get("eval_loss") is not None]
-    best = min(evals, key=lambda e: e["eval_loss"]) if evals else None
+    summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
+    eval_steps, eval_losses = _points(data.get("evals") or [], "eval_loss")
+    best = min(zip(eval_losses, eval_steps, strict=True)) if eval_losses else None
     if plot is not None:
         write_training_plot(data, plot)
+    steps = _finite(summary.get("steps"))
     return RunReport(
         run_dir=run_dir,
-        status=str(summary.get("status", "unknown")),
-        steps=int(summary.get("steps") or 0),
-        tokens_per_s=summary.get("tokens_per_s"),
-        final_loss=summary.get("final_loss"),
-        best_eval_loss=best["eval_loss"] if best else None,
-        best_eval_step=best["step"] if best else None,
+        status=str(summary.get("status", "unknown"))[:40],
+        steps=int(steps) if steps is not None and steps >= 0 else 0,
+        tokens_per_s=_finite(summary.get("tokens_per_s")),
+        final_loss=_finite(summary.get("final_loss")),
+        best_eval_loss=best[0] if best else None,
+        best_eval_step=int(best[1]) if best else None,
         plot=plot,
     )
 
 
-def _points(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    pairs = [(r["step"], r[key]) for r in records if r.get(key) is not None and "step" in r]
+def _finite(value: Any) -> float | None:
+    """A finite number from metrics.json, else None (a hand-edited or damaged file may hold
+    strings, NaN or 1e400; those are not drawn or summarised)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _points(records: list[Any], key: str) -> tuple[list[float], list[float]]:
+    pairs = [
+        (step, value)
+        for r in records
+        if isinstance(r, dict)
+        and (step := _finite(r.get("step"))) is not None
+        and (value := _finite(r.get(key))) is not None
+    ]
     return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _records(data: dict[str, Any], key: str) -> list[Any]:
+    value = data.get(key)
+    return value if isinstance(value, list) else []
 
 
 def write_training_plot(data: dict[str, Any], path: Path) -> Path:
@@ -81,7 +103,7 @@ def write_training_plot(data: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    windows, evals = data.get("windows") or [], data.get("evals") or []
+    windows, evals = _records(data, "windows"), _records(data, "evals")
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     loss, lr, speed, wait = axes.flat
     steps, values = _points(windows, "loss")
@@ -107,7 +129,8 @@ def write_training_plot(data: dict[str, Any], path: Path) -> Path:
         ax.grid(alpha=0.3)
     for ax in axes[1]:
         ax.set_xlabel("optimizer step")
-    status = (data.get("summary") or {}).get("status", "")
+    summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
+    status = str(summary.get("status", ""))[:40]
     fig.suptitle(f"training run ({status})" if status else "training run")
     fig.tight_layout()
     with atomic_file(path) as tmp:
