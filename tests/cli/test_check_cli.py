@@ -157,3 +157,20 @@ def test_adapter_targets_missing_from_the_model_are_a_problem() -> None:
     good = '["q_proj", "v_proj"]'
     out = run_cli("check", "--manifest", demo, "--json", "--set", f"target_modules={good}")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-m", "m.json", "--package", "p.expert"], "--manifest and --package: give one of them"),
+        (["-m", "m.json", "--list-settings"], "--manifest and --list-settings: give one of them"),
+        (["--package", "p.expert", "--set", "rank=4"], "--package: --set and --quick apply to"),
+    ],
+)
+def test_one_kind_of_check_at_a_time(capsys, monkeypatch, args, message) -> None:
+    """`check -m M --package P` checked the package alone and said nothing of M."""
+    from train_helpers import run_main
+
+    code, _, err = run_main(capsys, monkeypatch, "check", *args)
+    assert code == 2
+    assert message in " ".join(err.split())

@@ -54,6 +54,19 @@ def check(
     ] = False,
 ) -> None:
     """Validate a manifest and everything it points at, without training."""
+    given = [
+        flag
+        for flag, on in (
+            ("--manifest", manifest is not None),
+            ("--package", package is not None),
+            ("--list-settings", list_settings),
+        )
+        if on
+    ]
+    if len(given) > 1:
+        raise UserError(f"{' and '.join(given)}: give one of them (each is a check of its own)")
+    if package is not None and (overrides or quick):
+        raise UserError("--package: --set and --quick apply to a manifest check, not a package")
     if list_settings:
         render_settings(as_json)
         return
