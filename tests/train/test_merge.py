@@ -49,3 +49,33 @@ def test_adapter_without_weights_is_a_user_error(tmp_path: Path) -> None:
     (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": "x"}')
     with pytest.raises(UserError, match="no adapter weights"):
         merge_adapter(tmp_path, tmp_path / "merged")
+
+
+@pytest.mark.parametrize(
+    ("recorded", "gone"),
+    [
+        ("/nowhere/models/qwen3-base", True),  # a local folder, since moved or deleted
+        ("base_model", True),  # the run's own random-init base, deleted
+        ("../models/base", True),
+        ("Qwen/Qwen3-0.6B", False),  # a hub id: loaded from the cache or the hub
+        ("gpt2", False),
+    ],
+)
+def test_a_base_model_that_is_gone_is_named(tmp_path: Path, recorded: str, gone: bool) -> None:
+    """Without this, a deleted local base was looked up on the hub under its path."""
+    import json
+
+    from expert_cli.errors import UserError
+    from expert_cli.train.outputs import adapter_base
+
+    config = {"base_model_name_or_path": recorded}
+    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    if not gone:
+        assert adapter_base(tmp_path) == recorded
+        return
+    with pytest.raises(UserError) as caught:
+        adapter_base(tmp_path)
+    message = " ".join(caught.value.lines)
+    assert f"the base model it was trained on, {recorded}, is not there any more" in message
+    assert "set base_model_name_or_path to where it is now" in message

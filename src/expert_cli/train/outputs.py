@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
 from expert_cli.errors import RunError, UserError
-from expert_cli.paths import resolved_path
+from expert_cli.paths import resolved_path, shown_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 SOURCE_MANIFEST = "manifest.source.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # what peft loads
+
+RANDOM_BASE = "base_model"  # where a random-init base is saved, inside the run folder
 
 
 def output_dir(manifest_path: Path, output: Path | None) -> Path:
@@ -82,8 +84,8 @@ def _portable_base(output: Path) -> None:
     path = output / "adapter_config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     base = config.get("base_model_name_or_path")
-    if isinstance(base, str) and Path(base) == output / "base_model":
-        config["base_model_name_or_path"] = "base_model"
+    if isinstance(base, str) and Path(base) == output / RANDOM_BASE:
+        config["base_model_name_or_path"] = RANDOM_BASE
         write_json_atomic(path, config)
 
 
@@ -98,8 +100,10 @@ def read_json_file(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def adapter_base(adapter: Path) -> str:
-    """The base model path or hub id recorded in the adapter's configuration."""
+def adapter_base(adapter: Path, base_needed: bool = True) -> str:
+    """The base model path or hub id recorded in the adapter's configuration; UserError for
+    a local base that is gone when `base_needed` (generate and merge load it; package does
+    not)."""
     config_path = adapter / "adapter_config.json"
     if not config_path.is_file():
         raise UserError(
@@ -119,4 +123,24 @@ def adapter_base(adapter: Path) -> str:
             " beside adapter_config.json"
         )
     local = adapter / base  # a random-init base saved inside the run folder: a relative path
-    return str(local) if not Path(base).is_absolute() and local.is_dir() else base
+    if not Path(base).is_absolute() and local.is_dir():
+        return str(local)
+    if base_needed and _names_a_folder(base) and not Path(base).expanduser().is_dir():
+        raise UserError(
+            f"{config_path}: the base model it was trained on, {shown_path(base)}, is not "
+            "there any more; put it back, or set base_model_name_or_path to where it is now "
+            "(a local folder or a hub id)"
+        )
+    return base
+
+
+def _names_a_folder(base: str) -> bool:
+    """A recorded base that can only be a local folder (a hub id is `name` or `owner/name`):
+    an absolute path, one starting with . or ~, one of three parts or more, or the run
+    folder's own random-init base."""
+    return (
+        Path(base).is_absolute()
+        or base.startswith((".", "~"))
+        or base.count("/") > 1
+        or base == RANDOM_BASE
+    )

@@ -54,6 +54,7 @@ from expert_cli.train.model import (
     weight_dtype,
 )
 from expert_cli.train.outputs import (
+    RANDOM_BASE,
     materialize_random_base,
     move_final_files,
     output_dir,
@@ -251,7 +252,7 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     resolved, device = run.resolved, run.device
     source = None
     if resolved.init == "random":
-        source = run.output / "base_model"
+        source = run.output / RANDOM_BASE
         if run.is_main and not (resume and (source / "config.json").is_file()):
             dtype = weight_dtype(resolved, device.startswith("cuda"))
             random_model = build_random_model(resolved, dtype, "eager", device)
