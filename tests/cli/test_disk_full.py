@@ -82,3 +82,17 @@ def test_a_full_disk_while_saving_a_checkpoint(
     summary = json.loads((out / "metrics.json").read_text())["summary"]
     assert (summary["status"], summary["steps"]) == ("completed", 8)
     assert (out / "adapter_model.safetensors").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_saving_the_random_init_base(
+    small_disk: Path, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The random-init base is saved into the run folder before training: a disk too small
+    for it is exit 1 naming the folder, and the folder this run created is gone again."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8, base={"init": "random"})
+    out = run_cli("train", "--manifest", str(manifest), "--output", str(small_disk / "run"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"no space left on {small_disk / 'run'}" in " ".join(out.stderr.split())
+    assert "Traceback" not in out.stderr
+    assert list(small_disk.iterdir()) == []  # no run folder, no temporary base

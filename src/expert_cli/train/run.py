@@ -156,6 +156,20 @@ class Run:
     complete: Previous | None = None  # --resume of a run that has finished
     source: dict[str, Any] = field(default_factory=dict)  # the manifest as its file holds it
     aside: Path | None = None  # the earlier run's outputs, set aside by --overwrite
+    fresh: bool = False  # the output folder did not exist before this run
+
+    def stopped_before_training(self, exc: BaseException) -> None:
+        """Undo what the run did to its folder (an earlier run set aside goes back, a folder
+        it created goes), and name a full disk (RunError, exit 1)."""
+        self.restore_earlier()
+        full = disk_full(exc, self.output)
+        if self.fresh and self.is_main:
+            shutil.rmtree(self.output, ignore_errors=True)
+        if full:
+            raise RunError(
+                f"no space left on {self.output} (a random-init base model is saved there "
+                "before training); free space or choose another --output, then train again"
+            ) from exc
 
     def restore_earlier(self) -> None:
         """The run stopped before training: the earlier run's outputs go back."""
@@ -197,6 +211,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     )
     args = TrainingArguments(**kwargs)
     run = Run(resolved=resolved, args=args, output=output, reporter=reporter, source=loaded.raw)
+    run.fresh = not os.path.lexists(output)
     if run.is_main and (swept := sweep_leftovers(output)):
         reporter.note(f"cleaned up after a killed run in {output}: {', '.join(swept)}")
     distributed.barrier()  # every rank decides on the same folder
@@ -396,14 +411,14 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
         model = load_model(run, tokenizer, data, resume)
         if run.is_main:
             run.output.mkdir(parents=True, exist_ok=True)
-    except BaseException:
-        run.restore_earlier()
+    except BaseException as exc:
+        run.stopped_before_training(exc)
         raise
     with Interrupt() as interrupt:
         try:
             trainer, throughput, stop = make_trainer(run, model, tokenizer, data, interrupt)
-        except BaseException:
-            run.restore_earlier()
+        except BaseException as exc:
+            run.stopped_before_training(exc)
             raise
         run.discard_earlier()
         if run.is_main:  # with runtime.distributed, known once the Trainer is built
