@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,6 +129,7 @@ def test_a_manifest_nested_990_deep(capsys, monkeypatch, tmp_path) -> None:
         ("bad byte", "byte 100000"),
         ("csv on jsonl", "csv"),
         ("empty parquet", "no examples (the file has no rows)"),
+        ("parquet not utf-8", "row 3: column 'text' holds bytes that are not UTF-8 text"),
     ],
 )
 def test_hostile_data_files(capsys, monkeypatch, tmp_path, case: str, expected: str) -> None:
@@ -169,6 +171,11 @@ def _data_file(tmp_path: Path, case: str) -> tuple[str, str]:
         target = tmp_path / "train.parquet"
         pq.write_table(pa.table({"text": pa.array([], pa.string())}), target)
         return str(target), "parquet"
+    elif case == "parquet not utf-8":  # Arrow keeps a string's bytes as they were written
+        target = tmp_path / "train.parquet"
+        raw = [b"ok", SECRET.encode(), SECRET.encode() + b"\xff"]
+        pq.write_table(pa.table({"text": pa.array(raw, pa.binary()).view(pa.string())}), target)
+        return str(target), "parquet"
     return str(target), "jsonl"
 
 
@@ -181,6 +188,113 @@ def test_chat_messages_with_null_content(capsys, monkeypatch, tmp_path) -> None:
     manifest = demo_copy(tmp_path, {"path": str(path), "field_mapping": {"messages": "messages"}})
     text = run(capsys, monkeypatch, "check", "--manifest", str(manifest))
     assert f"{path}:2" in text and "content" in text
+
+
+def _leftovers(folder: Path) -> list[str]:
+    """What a failed build left under `folder`: unfinished builds, temporary folders."""
+    return sorted(str(p) for p in folder.rglob("*") if p.name.startswith((".build-", ".tmp-")))
+
+
+def _chat(answer: str) -> dict[str, Any]:
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": answer}]
+    return {"messages": turns}
+
+
+@pytest.mark.parametrize(
+    ("rows", "mapping", "expected"),
+    [
+        (
+            [{"text": "fine"}, {"text": SECRET + "\ud800 and on"}],
+            {"text": "text"},
+            "field 'text' (field_mapping.text) contains a lone surrogate at character "
+            f"{len(SECRET)} (a \\ud800-\\udfff escape without its pair)",
+        ),
+        (
+            [_chat("fine"), _chat("\udfff")],
+            {"messages": "messages"},
+            "field 'messages' (field_mapping.messages) item 1: content contains a lone surrogate",
+        ),
+    ],
+    ids=["text", "chat content"],
+)
+def test_a_lone_surrogate_in_the_data(
+    capsys, monkeypatch, tmp_path, rows: list, mapping: dict, expected: str
+) -> None:
+    """`"\\ud800"` is valid JSON but not Unicode: Arrow cannot write it as UTF-8. `check`
+    said usable and the build crashed, leaving its `.build-*` folder behind."""
+    path = tmp_path / "train.jsonl"  # json.dumps writes the surrogate as its \\u escape
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="ascii")
+    manifest = demo_copy(tmp_path, {"path": str(path), "field_mapping": mapping})
+    out = tmp_path / "run"
+    for command in ("check", "pretokenize", "train"):
+        extra = ("--output", str(out)) if command == "train" else ()
+        text = run(capsys, monkeypatch, command, "--manifest", str(manifest), *extra)
+        assert f"{path}:2: {expected}" in text, (command, text)
+        assert "expected valid Unicode text" in text, (command, text)
+    assert _leftovers(tmp_path) == []
+    assert [p.name for p in (tmp_path / ".cache" / "pretokenized").iterdir()] == [".lock"]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("case", ["device", "under a file", "proc", "default under a file"])
+def test_a_token_cache_folder_that_cannot_be_written(
+    capsys, monkeypatch, tmp_path, case: str
+) -> None:
+    """`training.config.pretokenized_cache` on a device, under a regular file, in /proc, or a
+    default `.cache/pretokenized` where `.cache` is a file: `check` says so, and `pretokenize`
+    and `train` stop with the same message (an OSError traceback before; /proc/self made the
+    build wait forever for a lock file it could not create)."""
+    (tmp_path / "notes.txt").write_text("not a folder")
+    cache, expected = {
+        "device": ("/dev/null", "/dev/null is not a folder"),
+        "under a file": (
+            str(tmp_path / "notes.txt" / "cache"),
+            f"{tmp_path}/notes.txt/cache is under {tmp_path}/notes.txt, which is not a folder",
+        ),
+        "proc": ("/proc/self", "/proc/self is not writable"),
+        "default under a file": (
+            None,
+            f"{tmp_path}/.cache/pretokenized is under {tmp_path}/.cache, which is not a folder",
+        ),
+    }[case]
+    manifest = demo_copy(tmp_path)
+    data = json.loads(manifest.read_text(encoding="utf-8"))
+    if cache is None:
+        (tmp_path / ".cache").write_text("a file where the default cache folder goes")
+    else:
+        data["training"]["config"]["pretokenized_cache"] = cache
+    manifest.write_text(json.dumps(data), encoding="utf-8")
+    out = tmp_path / "run"
+    for command in ("check", "pretokenize", "train"):
+        extra = ("--output", str(out)) if command == "train" else ()
+        text = run(capsys, monkeypatch, command, "--manifest", str(manifest), *extra)
+        assert f"training.config.pretokenized_cache: {expected}; expected a writable folder" in (
+            text
+        ), (command, text)
+    assert _leftovers(tmp_path) == [] and not out.exists()
+
+
+def test_a_token_cache_on_a_read_only_file_system(capsys, monkeypatch, tmp_path) -> None:
+    """A folder of mode 555 does not stop root (these tests' user); a read-only mount does."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    cmd = ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mount)]
+    if subprocess.run(cmd, capture_output=True).returncode != 0:
+        pytest.skip("a tmpfs cannot be mounted here (needs root on Linux)")
+    try:
+        manifest = demo_copy(tmp_path)
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        data["training"]["config"]["pretokenized_cache"] = str(mount / "cache")
+        manifest.write_text(json.dumps(data), encoding="utf-8")
+        expected = (
+            f"training.config.pretokenized_cache: {mount}/cache would be created in {mount}, "
+            "which is not writable; expected a writable folder"
+        )
+        for command in ("check", "pretokenize"):
+            text = run(capsys, monkeypatch, command, "--manifest", str(manifest))
+            assert expected in text, (command, text)
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
 
 
 # --------------------------------------------------------------------------- outputs

@@ -17,6 +17,7 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
 from expert_cli.data import prepare_data
+from expert_cli.data.cache import cache_root_problem, open_cache_root
 from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import UserError
 
@@ -26,6 +27,7 @@ RUNNER = """
 import json, sys, time
 from expert_cli.config import load_manifest
 from expert_cli.data import prepare_data
+from expert_cli.data.cache import cache_root_problem, open_cache_root
 from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
@@ -295,12 +297,71 @@ def test_a_failed_build_leaves_only_the_folders_lock(demo_expert_dir) -> None:
     manifest = demo_expert_dir / "manifest.json"
     root = demo_expert_dir / ".cache" / "pretokenized"
     root.mkdir(parents=True)
-    (root / ".tmp-killed-123").mkdir()  # leftovers of processes killed earlier
+    (root / ".tmp-expert-demo-0123456789abcdef-123").mkdir()  # leftovers of killed builds
+    (root / ".tmp-expert-demo.latest.json-123").write_text("")
     (root / ".build-0123456789abcdef").mkdir()
     (root / "0123456789abcdef.lock").write_text("")
+    # not the build's: the folder may be one that holds other files (a project's)
+    (root / "uv.lock").write_text("")
+    (root / ".tmp-notes").mkdir()
+    (root / ".build-notes").mkdir()
+    (root / "expert-demo.latest.json").write_text('{"cut short')  # read as no pointer
     with pytest.raises(UserError, match="no training example is left"):
         prepare(manifest, "max_seq_length=16", "training.dataset.overlong=drop")
-    assert sorted(p.name for p in root.iterdir()) == [".lock"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        ".build-notes",
+        ".lock",
+        ".tmp-notes",
+        "expert-demo.latest.json",
+        "uv.lock",
+    ]
+
+
+def test_where_a_token_cache_cannot_be_built(tmp_path, monkeypatch) -> None:
+    """What `check` can tell without writing: not a folder, under a file, a link to nothing,
+    not writable (unless it holds a finished cache of the expert, which can still be read)."""
+    (tmp_path / "file").write_text("")
+    (tmp_path / "link").symlink_to(tmp_path / "missing")
+    expected = "; expected a writable folder (set training.config.pretokenized_cache"
+    cases = {
+        tmp_path / "file": f"{tmp_path}/file is not a folder",
+        tmp_path / "file" / "a" / "b": f"{tmp_path}/file/a/b is under {tmp_path}/file, which",
+        Path("/dev/null"): "/dev/null is not a folder",
+        Path("/proc/self"): "/proc/self is not writable",
+        Path("/proc/self/cache"): "/proc/self/cache would be created in /proc/self, which is not",
+        tmp_path / "link" / "cache": f"{tmp_path}/link/cache: {tmp_path}/link is a symbolic link",
+    }
+    for root, message in cases.items():
+        problem = cache_root_problem(root, "expert-demo")
+        assert problem is not None and problem.startswith(
+            f"training.config.pretokenized_cache: {message}"
+        ), (root, problem)
+        assert expected in problem
+        with pytest.raises(UserError) as err:
+            open_cache_root(root)
+        assert err.value.lines == [problem]
+    assert cache_root_problem(tmp_path / "new" / "cache", "expert-demo") is None
+    # root may write to a folder of mode 555: its answer to access() stands in for a user's
+    read_only = tmp_path / "shared"
+    (read_only / "expert-demo-0123456789abcdef").mkdir(parents=True)
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != read_only)
+    assert "shared is not writable" in cache_root_problem(read_only, "expert-demo")
+    (read_only / "expert-demo-0123456789abcdef" / "_COMPLETE").write_text("")
+    assert cache_root_problem(read_only, "expert-demo") is None
+    assert "shared is not writable" in cache_root_problem(read_only, "other-expert")
+
+
+def test_a_cache_folder_that_fails_when_written_is_a_user_error(tmp_path, monkeypatch) -> None:
+    """Where access() says yes and the write says no (another process's race, a file system
+    that answers differently), the write's error names the field; a lock file that cannot be
+    created made the build wait for the lock forever."""
+    import expert_cli.data.cache as cache
+
+    monkeypatch.setattr(cache, "cache_root_problem", lambda root: None)
+    with pytest.raises(UserError, match=r"^training.config.pretokenized_cache: /proc/self "):
+        open_cache_root(Path("/proc/self"))
+    open_cache_root(tmp_path / "a" / "cache")
+    assert [p.name for p in (tmp_path / "a" / "cache").iterdir()] == [".lock"]
 
 
 def test_empty_answers_are_not_trained_on(tmp_path, write_jsonl) -> None:

@@ -68,14 +68,46 @@ def test_broken_json_names_the_line(tmp_path: Path, text: str, message: str) -> 
     assert err.value.lines[0].startswith(f"{path}{message}")
 
 
-def test_bytes_that_are_not_text_name_their_offset(tmp_path: Path) -> None:
+def test_bytes_that_are_not_text_name_their_line_and_offset(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "d.jsonl"
     path.write_bytes(b'{"text": "ok"}\n' * 7000 + b'{"text": "\xff"}\n')
-    with pytest.raises(UserError, match=rf"{path}: byte 105010: not UTF-8 text"):
+    with pytest.raises(UserError, match=rf"^{path}:7001: byte 105010: not UTF-8 text"):
         rows_of(path)
     path.write_text('{"text": "utf-16"}\n', encoding="utf-16")
-    with pytest.raises(UserError, match="byte 0: not UTF-8 text .* UTF-16"):
+    with pytest.raises(UserError, match=rf"^{path}:1: byte 0: not UTF-8 text .* UTF-16"):
         rows_of(path)
+    # after a byte order mark, in a CSV record over two lines, a character cut by the buffer
+    path.write_bytes(b'\xef\xbb\xbftext\nok\n"two\nlines"\n\xc3\xa9\xc3\n')
+    import expert_cli.data.reader as reader
+
+    for chunk in (reader.CHUNK_BYTES, 4):
+        monkeypatch.setattr(reader, "CHUNK_BYTES", chunk)
+        with pytest.raises(UserError, match=rf"^{path}:5: byte 25: not UTF-8 text"):
+            rows_of(path, "csv")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_strings_that_are_not_utf8_in_parquet_and_arrow(tmp_path: Path, fmt: str) -> None:
+    """Arrow keeps a string's bytes as written: reading them was a UnicodeDecodeError."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = [SECRET.encode()] * 1500 + [SECRET.encode() + b"\xff"]
+    table = pa.table(
+        {"id": list(range(1501)), "body": pa.array(raw, pa.binary()).view(pa.string())}
+    )
+    path = tmp_path / f"d.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    else:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=1000)
+    with pytest.raises(UserError) as err:
+        rows_of(path, fmt)
+    assert err.value.lines == [
+        f"{path}: row 1501: column 'body' holds bytes that are not UTF-8 text; "
+        "expected UTF-8 strings"
+    ]
 
 
 def test_csv_rows_and_ragged_rows(tmp_path: Path) -> None:
@@ -147,6 +179,7 @@ FAULTS = {
         {"format": "csv"},
     ),
     "shadow_csv": ("root:$6$salt$hash:19000:0:99999:7:::\n", "shadow", {"format": "csv"}),
+    "lone_surrogate": (GOOD + json.dumps({"text": SECRET + "\ud800"}) + "\n", "data.jsonl", {}),
 }
 USABLE = {"pretty_array", "json_of_lines"}
 
@@ -165,6 +198,9 @@ def test_check_and_pretokenize_agree(
         assert "data/" in output  # the file is named
     if fault == "line_400":
         assert "data.jsonl:400: invalid JSON" in output, output
+    if fault == "lone_surrogate":  # the build crashed writing Arrow, leaving .build-* behind
+        assert "data.jsonl:501: field 'text' (field_mapping.text) contains a lone" in output
+        assert not list(manifest.parent.rglob(".build-*"))
     if fault == "pretty_array":  # read as instruction data: prompts are masked, not trained
         tokens, trained = (
             int(n.replace(",", ""))

@@ -62,6 +62,33 @@ def test_field_of_the_wrong_type_names_line_and_mapping(tmp_path, write_jsonl) -
     )
 
 
+def test_a_lone_surrogate_names_line_field_and_place(tmp_path) -> None:
+    """JSON's `\\ud800` escape decodes to a string Arrow cannot write as UTF-8: the row check
+    (shared by `check` and the build) refuses it, in optional roles and chat turns too; a
+    surrogate pair is a character like any other."""
+    path = tmp_path / "train.jsonl"
+    rows = [
+        {"q": "\U0001f600 pair", "a": "\u00e9t\u00e9", "i": "\ud83d\ude00"},
+        {"q": "q", "a": "a", "i": "ab\udc80"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="ascii")
+    assert json.loads(path.read_text().splitlines()[0])["i"] == "\U0001f600"
+    mapping = {"instruction": "q", "response": "a", "input": "i"}
+    msg = error_of(tmp_path, {"path": "train.jsonl", "field_mapping": mapping})
+    assert msg == (
+        f"{path}:2: field 'i' (field_mapping.input) contains a lone surrogate at character 2 "
+        "(a \\ud800-\\udfff escape without its pair); expected valid Unicode text"
+    )
+    turns = [{"role": "user", "content": "x"}, {"role": "assistant\ud800", "content": "y"}]
+    path.write_text(json.dumps({"messages": turns}) + "\n", encoding="ascii")
+    msg = error_of(tmp_path, {"path": "train.jsonl"})
+    assert msg.startswith(
+        f"{path}:1: field 'messages' (field_mapping.messages) item 1: role contains a lone "
+        "surrogate at character 9"
+    )
+    assert not list(tmp_path.glob(".ds/*"))  # nothing written before the row was checked
+
+
 def test_column_of_the_wrong_type_in_parquet(tmp_path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from expert_cli.data.cache import (
     changed_inputs,
     is_complete,
     load_cache,
+    open_cache_root,
     plan_cache,
     shard_examples_default,
 )
@@ -34,6 +36,11 @@ from expert_cli.errors import RunError, UserError
 
 __all__ = ["BuildProgress", "PreparedData", "prepare_data"]
 log = logging.getLogger(__name__)
+# what killed builds leave: `.tmp-<cache or pointer>-<pid>` (atomic.py), `.build-<fp>`, and
+# the `<fp>.lock` files of earlier versions
+STALE = re.compile(
+    r"\.tmp-.+-[0-9a-f]{16}-\d+|\.tmp-.+\.latest\.json-\d+|\.build-[0-9a-f]+|[0-9a-f]+\.lock"
+)
 
 
 @dataclass
@@ -70,7 +77,7 @@ def prepare_data(
     status, reason, changes = _why(plan, force)
     if not force and is_complete(plan.final_dir):
         return _load(plan, False, "current", reason, [])
-    plan.root.mkdir(parents=True, exist_ok=True)
+    open_cache_root(plan.root)
     lock = FileLock(str(plan.lock_path))
     try:
         lock.acquire(timeout=0)
@@ -132,11 +139,11 @@ def _why(plan: CachePlan, force: bool) -> tuple[str, str, list[str]]:
 def _sweep(plan: CachePlan) -> None:
     """Leftovers of builds killed earlier (the caller holds the folder's lock, so no build is
     running): temporary folders, other fingerprints' unfinished builds, old lock files. This
-    fingerprint's own unfinished build stays: the build resumes from its shards."""
+    fingerprint's own unfinished build stays: the build resumes from its shards. Only names
+    this module writes are removed: the cache folder may be one that holds other files."""
     for path in plan.root.iterdir():
-        stale = path.name.startswith(".tmp-") or path.name == ".datasets"
-        stale |= path.name.startswith(".build-") and path != plan.work_dir
-        stale |= path.suffix == ".lock" and path != plan.lock_path
+        stale = STALE.fullmatch(path.name) is not None
+        stale &= path not in (plan.work_dir, plan.lock_path)
         if stale and path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         elif stale:

@@ -6,10 +6,13 @@ Layout under the cache root (`training.config.pretokenized_cache`, default
     <expert>-<fp16>/            a finished cache: train/, eval/ (save_to_disk), stats.json,
                                 _COMPLETE (written last; readers require it)
     <expert>.latest.json        the most recent cache of the expert and its inputs
-    <fp>.lock                   file lock: one builder per fingerprint, the others wait
+    .lock                       file lock: one build at a time in the folder, the others wait
     .build-<fp>/<split>/shard-NNNNN/   finished shards of a build in progress (resume)
-    .tmp-<fp>-<pid>/            a cache being assembled; renamed into place when complete
-    .datasets/                  the `datasets` library's own cache of the source files
+    .tmp-<expert>-<fp16>-<pid>/ a cache being assembled; renamed into place when complete
+
+The cache root must be a writable folder (`open_cache_root`; `check` reports what it can tell
+without writing, `cache_root_problem`); a build removes only the names above that killed
+builds left, so the folder may hold other files.
 
 The fingerprint is sha256 over canonical JSON of everything that changes the content: source
 files (path, size, and an xxh3-128 hash of the whole file up to 256 MiB, of its first and last
@@ -22,8 +25,10 @@ shard size, and CACHE_FORMAT_VERSION.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -35,10 +40,13 @@ import xxhash
 
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.rows import source_files
-from expert_cli.errors import RunError
+from expert_cli.errors import RunError, UserError
+from expert_cli.paths import shown_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
+
+log = logging.getLogger(__name__)
 
 CACHE_FORMAT_VERSION = 2  # 2: the first token of every example is masked
 FULL_HASH_LIMIT = 256 * 2**20
@@ -59,6 +67,12 @@ MODEL_OPTIONS = (
     "ignore_merges",
     "max_input_chars_per_word",
 )
+CACHE_FIELD = "training.config.pretokenized_cache"
+WRITABLE = (
+    f"expected a writable folder (set {CACHE_FIELD}; the default is .cache/pretokenized "
+    "beside the manifest)"
+)
+LOCK_NAME = ".lock"
 
 
 @dataclass(frozen=True)
@@ -75,7 +89,7 @@ class CachePlan:
     def lock_path(self) -> Path:
         """One lock for the whole cache folder: one build at a time writes in it, and only
         this one file stays behind."""
-        return self.root / ".lock"
+        return self.root / LOCK_NAME
 
     @property
     def work_dir(self) -> Path:
@@ -222,7 +236,7 @@ def plan_cache(
     fp = fingerprint_of(inputs)
     root = Path(resolved.pretokenized_cache)
     pointer = root / f"{_safe(resolved.expert)}.latest.json"
-    previous = json.loads(pointer.read_text()) if pointer.exists() else None
+    previous = _read_pointer(pointer)
     return CachePlan(
         root=root,
         fingerprint=fp,
@@ -230,6 +244,71 @@ def plan_cache(
         final_dir=root / f"{_safe(resolved.expert)}-{fp[:16]}",
         previous=previous,
     )
+
+
+def _read_pointer(pointer: Path) -> dict[str, Any] | None:
+    """The expert's latest-cache pointer; None when there is none, or (logged) when it is not
+    a JSON object: it only explains what changed since the last build."""
+    try:
+        if not pointer.exists():
+            return None
+        value = json.loads(pointer.read_bytes())
+    except (OSError, ValueError) as exc:
+        log.warning("%s: not read (%s); a new pointer is written", pointer, type(exc).__name__)
+        return None
+    if not isinstance(value, dict):
+        log.warning("%s: not a JSON object; a new pointer is written", pointer)
+        return None
+    return value
+
+
+def cache_root_problem(root: Path, expert: str | None = None) -> str | None:
+    """Why no token cache can be built under `root`, where that can be told without writing:
+    it (or the nearest part of its path that exists) is not a folder, or that folder is not
+    writable and holds no finished cache of `expert` (one that is there may still be read)."""
+    existing = root
+    try:
+        while not existing.exists() and existing != existing.parent:
+            if existing.is_symlink():  # a link to a path that is missing, or a loop of links
+                return (
+                    f"{CACHE_FIELD}: {shown_path(root)}: {shown_path(existing)} is a symbolic "
+                    f"link that leads nowhere; {WRITABLE}"
+                )
+            existing = existing.parent
+        if not existing.is_dir():
+            where = "" if existing == root else f" is under {shown_path(existing)}, which"
+            return f"{CACHE_FIELD}: {shown_path(root)}{where} is not a folder; {WRITABLE}"
+        if os.access(existing, os.W_OK | os.X_OK):
+            return None
+        if expert is not None and existing == root and _has_finished(root, expert):
+            return None
+    except OSError as exc:  # a folder that cannot be looked into
+        return f"{CACHE_FIELD}: {shown_path(root)}: cannot be used ({exc.strerror}); {WRITABLE}"
+    where = "" if existing == root else f" would be created in {shown_path(existing)}, which"
+    return f"{CACHE_FIELD}: {shown_path(root)}{where} is not writable; {WRITABLE}"
+
+
+def _has_finished(root: Path, expert: str) -> bool:
+    return any((d / COMPLETE).is_file() for d in root.glob(f"{_safe(expert)}-*"))
+
+
+def open_cache_root(root: Path) -> None:
+    """Create the cache folder and its lock file: a UserError naming the field for a place
+    that cannot take them (a lock file that cannot be created would make the lock wait
+    forever), a RunError for a full disk."""
+    problem = cache_root_problem(root)
+    if problem:
+        raise UserError(problem)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(root / LOCK_NAME, os.O_WRONLY | os.O_CREAT, 0o644))
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise RunError(f"no space left on {root} (the token cache is written there)") from None
+        reason = exc.strerror or type(exc).__name__
+        raise UserError(
+            f"{CACHE_FIELD}: {shown_path(root)} cannot be written ({reason}); {WRITABLE}"
+        ) from None
 
 
 def is_complete(cache_dir: Path) -> bool:

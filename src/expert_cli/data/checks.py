@@ -3,7 +3,8 @@
 The report says: the manifest (path, name, version, schema), the resolved configuration with
 the manifest's own field names, the decisions (notes), each hub model and dataset (in the local
 cache with its size, or to be downloaded: the hub reachable or not), the problems that stop a
-run, and the machine.
+run (a token cache folder that cannot be written among them, where that shows without
+writing), and the machine.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
 from expert_cli.data.build import BuildProgress, NoProgress
+from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.errors import UserError
@@ -74,7 +76,13 @@ def check_manifest(
     data = DataCheck(resolved.field_mapping, quick, progress)
     for source in resolved.train_sources + resolved.validation_sources:
         data.source(source)
-    report.problems = _check_model(resolved) + missing_problems(statuses) + data.problems
+    cache = cache_root_problem(Path(resolved.pretokenized_cache), resolved.expert)
+    report.problems = [
+        *_check_model(resolved),
+        *missing_problems(statuses),
+        *([cache] if cache else []),
+        *data.problems,
+    ]
     if not report.problems and (problem := adapter_problem(resolved, resolved.base_model)):
         report.problems.append(problem)
     report.rows_checked = data.rows

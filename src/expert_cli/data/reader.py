@@ -69,25 +69,33 @@ def read_rows(path: Path, fmt: str) -> Iterator[Row]:
 
 
 class _Text:
-    """UTF-8 text of a binary file, a chunk at a time, with the byte offset of each chunk and
-    errors that say where the bytes stop being text."""
+    """UTF-8 text of a binary file, a chunk at a time (a byte order mark is skipped), with the
+    byte offset of each chunk and errors that say where the bytes stop being text: the byte
+    offset and the line it is on."""
 
     def __init__(self, path: Path, fh: BinaryIO) -> None:
         self.path, self.fh = path, fh
-        self.decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="strict")
-        self.offset = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+        self.offset = 0  # bytes read
+        self.newlines = 0  # in the bytes decoded before the last chunk read
         self.eof = False
 
     def read(self) -> str:
         data = self.fh.read(CHUNK_BYTES)
         self.eof = not data
+        skip = len(codecs.BOM_UTF8) if self.offset == 0 and data.startswith(codecs.BOM_UTF8) else 0
+        pending = self.decoder.getstate()[0]  # the start of a character cut by the last read
         try:
-            text = self.decoder.decode(data, final=self.eof)
+            text = self.decoder.decode(data[skip:], final=self.eof)
         except UnicodeDecodeError as exc:
+            start = self.offset + skip - len(pending) + exc.start  # exc.start: in pending+data
+            before = (pending + data[skip:])[: exc.start]
+            line = self.newlines + before.count(b"\n") + 1
             raise UserError(
-                f"{self.path}: byte {self.offset + exc.start}: not UTF-8 text (is the file "
-                "binary, compressed or UTF-16? save it as UTF-8)"
+                f"{self.path}:{line}: byte {start}: not UTF-8 text (is the file binary, "
+                "compressed or UTF-16? save it as UTF-8)"
             ) from None
+        self.newlines += text.count("\n")
         self.offset += len(data)
         return text
 
@@ -232,13 +240,31 @@ def _batches_as_rows(path: Path, batches: Iterator[pa.RecordBatch]) -> Iterator[
     number = 0
     try:
         for batch in batches:
-            for row in batch.to_pylist():
+            try:
+                rows = batch.to_pylist()
+            except UnicodeDecodeError:  # Arrow keeps the bytes of a string as written
+                raise UserError(_not_text(path, batch, number)) from None
+            for row in rows:
                 number += 1
                 yield f"row {number}", row
     except (pa.ArrowException, OSError) as exc:
         raise UserError(
             f"{path}: row {number + 1}: cannot be read ({type(exc).__name__})"
         ) from None
+
+
+def _not_text(path: Path, batch: pa.RecordBatch, before: int) -> str:
+    """Where in `batch` (after `before` rows) a string column holds bytes that are not UTF-8."""
+    for i in range(batch.num_rows):
+        for name in batch.column_names:
+            try:
+                batch.column(name).slice(i, 1).to_pylist()
+            except UnicodeDecodeError:
+                return (
+                    f"{path}: row {before + i + 1}: column {shown_name(name)} holds bytes that "
+                    "are not UTF-8 text; expected UTF-8 strings"
+                )
+    return f"{path}: row {before + 1}: holds bytes that are not UTF-8 text"
 
 
 def _parquet_rows(path: Path) -> Iterator[Row]:

@@ -123,15 +123,35 @@ def _value_problem(role: str, value: Any) -> str | None:
     if role in OPTIONAL_ROLES and value is None:
         return None
     if role != "messages":
-        return None if isinstance(value, str) else f"is {_kind(value)}, expected a string"
+        if not isinstance(value, str):
+            return f"is {_kind(value)}, expected a string"
+        return _text_problem(value)
     if not isinstance(value, list):
         return f"is {_kind(value)}, expected {MESSAGES_SHAPE}"
     for i, message in enumerate(value):
         if not isinstance(message, dict):
             return f"item {i} is {_kind(message)}, expected an object with role and content"
         for key in ("role", "content"):
-            if not isinstance(message.get(key), str):
-                return f"item {i}: {key} is {_kind(message.get(key))}, expected a string"
+            text = message.get(key)
+            if not isinstance(text, str):
+                return f"item {i}: {key} is {_kind(text)}, expected a string"
+            if problem := _text_problem(text):
+                return f"item {i}: {key} {problem}"
+    return None
+
+
+def _text_problem(text: str) -> str | None:
+    """A string that cannot be written as UTF-8: JSON's `\\ud800` escape without its pair
+    decodes to a lone surrogate, which Arrow (and the tokenizer) cannot take."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"contains a lone surrogate at character {exc.start} (a \\ud800-\\udfff escape "
+            "without its pair); expected valid Unicode text"
+        )
     return None
 
 

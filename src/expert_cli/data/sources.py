@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from expert_cli.atomic import atomic_file
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.reader import shown_names
 from expert_cli.data.rows import (
@@ -57,12 +58,17 @@ def _arrow_value(role: str, value: Any) -> Any:
 
 
 def write_arrow(scan: Scan, dest: Path, on_rows: Callable[[int], None] | None = None) -> int:
-    """Write the scan's rows to an Arrow stream file (what `datasets` memory-maps); the count."""
+    """Write the scan's rows to an Arrow stream file (what `datasets` memory-maps); the count.
+    The file appears only when every row was read and checked."""
     roles = list(scan.fields.mapping)
     schema = pa.schema([(r, MESSAGE_TYPE if r == "messages" else pa.string()) for r in roles])
     dest.parent.mkdir(parents=True, exist_ok=True)
     count = 0
-    with pa.OSFile(str(dest), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+    with (
+        atomic_file(dest) as tmp,
+        pa.OSFile(str(tmp), "wb") as sink,
+        pa.ipc.new_stream(sink, schema) as writer,
+    ):
         columns: dict[str, list[Any]] = {r: [] for r in roles}
         for row in scan.rows:
             for role in roles:
