@@ -148,6 +148,32 @@ def _edit_chat_template(folder: Path) -> None:
         (_edit_chat_template, "tokenizer.chat_template_sha256"),
     ],
 )
+class StopAfterFirstBatch(Recorder):
+    """A person pressing Ctrl-C once the build is under way."""
+
+    def advance(self, examples: int) -> None:
+        raise KeyboardInterrupt
+
+
+def test_an_interrupted_force_keeps_the_finished_cache(demo_expert_dir) -> None:
+    manifest = demo_expert_dir / "manifest.json"
+    first = prepare(manifest)
+    before = {p: p.read_bytes() for p in first.cache_dir.rglob("*") if p.is_file()}
+    resolved = resolve(load_manifest(manifest), cpu_environment())
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data(
+            resolved,
+            load_tokenizer(resolved),
+            num_proc=1,
+            force=True,
+            progress=StopAfterFirstBatch(),
+        )
+    assert {p: p.read_bytes() for p in first.cache_dir.rglob("*") if p.is_file()} == before
+    again = prepare(manifest)
+    assert (again.built, again.cache_dir) == (False, first.cache_dir)
+    assert rows(again) == rows(first)
+
+
 def test_each_fingerprint_input_gives_a_new_cache(demo_expert_dir, change, key) -> None:
     manifest = demo_expert_dir / "manifest.json"
     first = prepare(manifest)

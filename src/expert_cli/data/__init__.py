@@ -151,7 +151,9 @@ def _sweep(plan: CachePlan) -> None:
 
 
 def _discard(plan: CachePlan) -> None:
-    shutil.rmtree(plan.final_dir, ignore_errors=True)
+    """--force: the finished shards of an earlier build go, so every shard is built again;
+    the finished cache stays until the new one replaces it whole (an interrupted --force
+    leaves it as it was)."""
     shutil.rmtree(plan.work_dir, ignore_errors=True)
 
 
