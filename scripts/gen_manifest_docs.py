@@ -40,6 +40,14 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
         "Keys other than these (for example `trained_on`, `checkpoint`, "
         "`alternative_checkpoints`) are kept, not acted on.",
     ),
+    (
+        "`training.decoding`",
+        config.DecodingSpec,
+        "Inference settings. `expert-cli generate` samples with `temperature`, `top_p`, "
+        "`top_k`, `repetition_penalty` and `max_new_tokens` (a key it does not use is named in a "
+        "note); `package` carries `grammar_file`; the rest is kept for HiveLLM's runtime. "
+        "Bounds are the format's; other keys are kept (the format allows them).",
+    ),
     ("`training.dataset`", config.DatasetSpec, "Unknown keys are errors."),
     ("`training.dataset.tasks.<name>`", config.TaskSpec, "For `type: multi_task`."),
     (
@@ -61,6 +69,11 @@ expert-cli reads HiveLLM expert manifests (`schema_version` "1.0" or "2.0") unch
 that start with `_` are comments at any depth. In the blocks the trainer acts on, an unknown key
 is an error naming its JSON path and the nearest valid key. Relative paths resolve against the
 manifest's folder. Fields marked *extension* are expert-cli's additions to the format.
+
+Anywhere in the manifest, metadata and comments included (a package carries them), a number
+must be finite (no `NaN`, `Infinity`, or `1e400`, which reads as infinity) and an integer must
+fit in 64 bits, and text must be valid Unicode (no lone `\\ud800`-`\\udfff` escape); otherwise
+the error names the JSON path.
 
 This page is generated from the Pydantic models in `src/expert_cli/config/` by
 `python scripts/gen_manifest_docs.py`; a test fails when it is out of date.

@@ -68,7 +68,7 @@ def test_hivellm_v2_loads_unchanged_and_keeps_metadata(v2_dir: Path) -> None:
     assert m.primary_adapter.r == 14 and m.primary_adapter.type == "dora"
     assert m.routing["keywords"] == ["sql", "select"]
     assert m.limitations[0]["pattern"] == "no_recursive_cte"
-    assert m.training.decoding["top_k"] == 20
+    assert m.training.decoding.top_k == 20 and m.training.decoding.model_extra == {}
     assert m.training.alternative_checkpoints["checkpoint-1250"]["step"] == 1250
     assert m.training.dataset.distributions == {
         "task_distribution": {"generation": 9, "correction": 1},

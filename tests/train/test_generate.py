@@ -164,6 +164,11 @@ def test_decoding_settings_from_the_manifest() -> None:
         {"top_p": float("nan")},
         {"top_k": True},
         {"max_tokens": 10**9},
+        {"max_new_tokens": 10**12},
+        {"temperature": 2.5},  # HiveLLM's format: 0 to 2
+        {"top_k": 0},  # the format's minimum is 1
+        {"repetition_penalty": 0},  # transformers needs it above 0
+        {"stop_sequences": ";"},
     ):
         with pytest.raises(UserError, match=f"training.decoding.{next(iter(bad))}"):
             decoding_settings(bad, False, None)

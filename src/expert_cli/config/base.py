@@ -1,10 +1,15 @@
-"""What every manifest block is built from: the strict base model and the shared field types."""
+"""What every manifest block is built from: the strict base model, the shared field types, and
+the rules every JSON value of a manifest follows wherever it sits (comments dropped, numbers
+finite and within 64 bits, text valid Unicode)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import math
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 AdapterType = Literal["lora", "dora", "ia3", "lokr", "adalora"]
 Quantization = Literal["int4", "int8", "fp16", "bf16", "none"]
@@ -12,6 +17,27 @@ PromptTemplate = Literal["chatml", "llama2", "alpaca", "vicuna", "custom"]
 # Names used by existing manifests for a template we implement under another name.
 PROMPT_TEMPLATE_ALIASES = {"qwen": "chatml", "qwen2": "chatml", "qwen3": "chatml"}
 Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+# `name` and `version` become part of the package's file name (`{name}-{base}.v{version}.expert`)
+FILE_NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+FILE_NAME_PART_RULE = (
+    "1 to 128 letters, digits, '.', '_', '+' or '-', starting with a letter or digit (it "
+    "becomes part of the package's file name)"
+)
+# integers beyond 64 bits do not survive JSON readers in other languages (HiveLLM's is Rust)
+MAX_JSON_INT = 2**63 - 1
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+TEXT = "expected valid Unicode text"
+MAX_VALUE_ERRORS = 20
+
+
+def _file_name_part(value: str) -> str:
+    if not FILE_NAME_PART.fullmatch(value):
+        raise ValueError(f"expected {FILE_NAME_PART_RULE}, e.g. expert-sql or 0.1.0")
+    return value
+
+
+FileNamePart = Annotated[str, AfterValidator(_file_name_part)]
 
 
 class Strict(BaseModel):
@@ -21,3 +47,69 @@ class Strict(BaseModel):
     model_config = ConfigDict(
         extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False
     )
+
+
+def strip_comments(value: Any) -> Any:
+    """Drop keys that start with `_` at any depth (they are comments in this format)."""
+    if isinstance(value, dict):
+        return {k: strip_comments(v) for k, v in value.items() if not str(k).startswith("_")}
+    if isinstance(value, list):
+        return [strip_comments(v) for v in value]
+    return value
+
+
+def _value_problem(value: Any) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return (
+            "not a finite number (NaN, Infinity, or too large for a double such as 1e400); "
+            "expected a finite number"
+        )
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_JSON_INT:
+        return "an integer beyond 64 bits (over 2**63 - 1); expected a smaller number"
+    if isinstance(value, str) and _LONE_SURROGATE.search(value):
+        return (
+            "contains a lone surrogate (a \\ud800-\\udfff escape without its pair); "
+            "expected valid Unicode text"
+        )
+    return None
+
+
+def value_errors(data: Any) -> list[InitErrorDetails]:
+    """Every value of a JSON document (comments included) that cannot be written back as
+    JSON every reader accepts: a non-finite number, an integer beyond 64 bits, a string or key
+    with a lone surrogate; in document order, at most MAX_VALUE_ERRORS of them. Walked without
+    recursion (JSON may be nested ~1000 deep)."""
+    found: list[InitErrorDetails] = []
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), data)]
+    while stack:
+        loc, value = stack.pop()
+        if isinstance(value, dict):
+            children = []
+            for key, item in value.items():
+                if isinstance(key, str) and _LONE_SURROGATE.search(key):
+                    found.append(_error(loc, "a key here contains a lone surrogate; " + TEXT))
+                else:
+                    children.append(((*loc, key), item))
+            stack.extend(reversed(children))
+        elif isinstance(value, list):
+            stack.extend(reversed([((*loc, i), item) for i, item in enumerate(value)]))
+        elif (problem := _value_problem(value)) is not None:
+            found.append(_error(loc, problem))
+    if len(found) > MAX_VALUE_ERRORS:
+        more = len(found) - MAX_VALUE_ERRORS
+        found = [*found[:MAX_VALUE_ERRORS], _error((), f"{more} more values like these")]
+    return found
+
+
+def _error(loc: tuple[str | int, ...], message: str) -> InitErrorDetails:
+    # "value_error", so that the loader prints it as `json.path: message`
+    return InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=None)
+
+
+def plain_json(title: str, data: Any) -> Any:
+    """`data` without comments, after checking every value in it (comments included, since
+    they are written back into packages); a ValidationError naming each bad value's path."""
+    errors = value_errors(data)
+    if errors:
+        raise ValidationError.from_exception_data(title, errors)
+    return strip_comments(data)

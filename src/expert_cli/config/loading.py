@@ -13,21 +13,12 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from expert_cli.config.base import strip_comments
 from expert_cli.config.models import DatasetSpec, LoadedManifest, Manifest
 from expert_cli.errors import UserError
 from expert_cli.paths import resolved_path, shown_path
 
 # --------------------------------------------------------------------------- loading
-
-
-def strip_comments(value: Any) -> Any:
-    """Drop keys that start with `_` at any depth (they are comments in this format)."""
-    if isinstance(value, dict):
-        return {k: strip_comments(v) for k, v in value.items() if not str(k).startswith("_")}
-    if isinstance(value, list):
-        return [strip_comments(v) for v in value]
-    return value
-
 
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KB; anything this big is not one
 
@@ -120,12 +111,34 @@ def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Loade
     """Read, de-comment, override and validate a manifest; UserError lists every problem."""
     path = resolved_path(path, "--manifest")
     raw = read_manifest_json(path)
-    data = strip_comments(apply_overrides(raw, overrides or []))
+    data = apply_overrides(raw, overrides or [])  # comments too: the model checks them
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as exc:
         raise UserError(_attributed(format_errors(exc), path.name, overrides or [])) from None
+    missing = missing_files(manifest, path.parent)
+    if missing:
+        raise UserError(_attributed(missing, path.name, overrides or []))
     return LoadedManifest(manifest=manifest, path=path, raw=raw)
+
+
+def missing_files(manifest: Manifest, folder: Path) -> list[str]:
+    """`json.path: message` for each file the manifest names beside it that is not there (the
+    grammar file, which `package` carries): found now, not after training."""
+    decoding = manifest.training.decoding
+    if decoding is None or decoding.grammar_file is None:
+        return []
+    path = folder / decoding.grammar_file
+    try:
+        found = path.is_file()
+    except (OSError, ValueError):  # a name too long
+        found = False
+    if found:
+        return []
+    return [
+        f"training.decoding.grammar_file: {shown_path(path)} is not a file; expected a "
+        "grammar file, relative to the manifest's folder"
+    ]
 
 
 def _attributed(lines: list[str], file_name: str, overrides: list[str]) -> list[str]:

@@ -9,22 +9,30 @@ machine are made in `expert_cli.config.resolve`, not here.
 
 from __future__ import annotations
 
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from expert_cli.config.base import (
+    FILE_NAME_PART_RULE,
     PROMPT_TEMPLATE_ALIASES,
     AdapterType,
+    FileNamePart,
     Probability,
     PromptTemplate,
     Quantization,
     Strict,
+    plain_json,
 )
 from expert_cli.config.training_config import DistributedSpec, TrainingConfig
 
 MAX_TASK_WEIGHT = 100
+MAX_NEW_TOKENS = 32_768
+MAX_TOP_K = 1_000_000
+MAX_REPETITION_PENALTY = 100.0
+MAX_STOP_SEQUENCES = 64
 
 # --------------------------------------------------------------------------- base model
 
@@ -174,6 +182,73 @@ class DatasetSpec(Strict):
         return self
 
 
+class DecodingSpec(BaseModel):
+    """`training.decoding`: inference settings. `generate` samples with temperature, top_p,
+    top_k, repetition_penalty and max_new_tokens; `package` carries the grammar file; the rest
+    is kept for HiveLLM's runtime. Keys the format does not name are kept (it allows them)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description="Sampling temperature; 0 is greedy."
+    )
+    top_p: float | None = Field(None, ge=0.0, le=1.0, description="Nucleus sampling threshold.")
+    top_k: int | None = Field(None, ge=1, le=MAX_TOP_K, description="Top-k sampling limit.")
+    min_p: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Minimum token probability (generate does not use it); kept.",
+    )
+    repetition_penalty: float | None = Field(
+        None,
+        gt=0.0,
+        le=MAX_REPETITION_PENALTY,
+        description="Extension: penalty on repeated tokens (1 is none); generate uses it.",
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=MAX_NEW_TOKENS, description="Extension: tokens to generate at most."
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, le=MAX_NEW_TOKENS, description="Extension: as max_new_tokens."
+    )
+    use_grammar: bool | None = Field(None, description="Grammar-constrained decoding; kept.")
+    grammar_type: str | None = Field(
+        None, description="Grammar kind (json, gbnf, sql, cypher, ...); kept."
+    )
+    grammar_file: str | None = Field(
+        None,
+        description="GBNF grammar file, relative to the manifest's folder (it must exist); "
+        "packaged at that path.",
+    )
+    validation: str | None = Field(None, description="Post-generation check; kept.")
+    validation_cmd: str | None = Field(None, description="Command of that check; kept.")
+    stop_sequences: list[str] | None = Field(
+        None,
+        max_length=MAX_STOP_SEQUENCES,
+        description=f"Sequences that end an answer (at most {MAX_STOP_SEQUENCES}); kept.",
+    )
+
+    @field_validator("grammar_file")
+    @classmethod
+    def _inside_the_expert(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        parts = PurePosixPath(value.replace("\\", "/")).parts
+        if (
+            not value.strip()
+            or value.startswith(("/", "\\"))
+            or re.match(r"^[A-Za-z]:", value)
+            or ".." in parts
+            or any(ord(c) < 32 or ord(c) == 127 for c in value)
+        ):
+            raise ValueError(
+                "expected a relative path inside the expert's folder (not absolute, no '..', "
+                "no control characters), e.g. grammar.gbnf"
+            )
+        return value
+
+
 class TrainingSpec(BaseModel):
     """`training`: dataset and config are acted on; the format's descriptive keys are kept;
     any other key is an error (a misspelt `confg` would otherwise train on every default)."""
@@ -182,7 +257,9 @@ class TrainingSpec(BaseModel):
 
     dataset: DatasetSpec
     config: TrainingConfig = Field(default_factory=TrainingConfig)
-    decoding: dict[str, Any] | None = Field(None, description="Inference settings; kept.")
+    decoding: DecodingSpec | None = Field(
+        None, description="Inference settings (see `training.decoding`)."
+    )
     distributed: DistributedSpec | None = Field(None, description="Extension: multi-GPU.")
     # descriptive keys of the HiveLLM format (its schema's `Training` and the experts' own)
     trained_on: Any = Field(None, description="Descriptive (date of training); kept.")
@@ -203,8 +280,13 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field(description="Expert name, e.g. expert-sql.")
-    version: str = Field("0.0.0", description="Expert version.")
+    name: FileNamePart = Field(
+        description=f"Expert name, e.g. expert-sql: {FILE_NAME_PART_RULE}. HiveLLM's own "
+        "experts are named expert- and lowercase letters, digits and dashes."
+    )
+    version: FileNamePart = Field(
+        "0.0.0", description="Expert version, e.g. 0.1.0 (HiveLLM: major.minor.patch); as name."
+    )
     schema_version: Literal["1.0", "2.0"] = Field("1.0", description="Manifest schema.")
     description: str | None = None
     author: str | None = None
@@ -227,6 +309,13 @@ class Manifest(BaseModel):
     evaluation: Any = None
     integrity: Any = None
     soft_prompts: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_json(cls, data: Any) -> Any:
+        """Every value, comments included (packages carry them), finite and valid Unicode;
+        then the comments dropped."""
+        return plain_json(cls.__name__, data)
 
     @model_validator(mode="after")
     def _one_base_model(self) -> Manifest:

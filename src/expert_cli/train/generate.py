@@ -11,16 +11,18 @@ switched off. Text is handed to a `GenerationView` as it is produced, so the CLI
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from pydantic import ValidationError
 from transformers import AutoTokenizer, TextStreamer
 from transformers.utils import logging as hf_logging
 
+from expert_cli.config.loading import format_errors, strip_comments
+from expert_cli.config.models import DecodingSpec
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import prepare_data
 from expert_cli.data.formatting import IGNORE, render_instruction
@@ -30,18 +32,17 @@ from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_fi
 
 MAX_PROMPTS = 10_000
 MAX_PROMPT_CHARS = 200_000
-MAX_NEW_TOKENS = 32_768
 DEFAULT_NEW_TOKENS = 256
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|end|>", "</s>")
-# training.decoding keys generate acts on, with their bounds
-DECODING_BOUNDS = {
-    "temperature": (0.0, 100.0),
-    "top_p": (0.0, 1.0),
-    "top_k": (0, 1_000_000),
-    "repetition_penalty": (0.0, 100.0),
-    "max_new_tokens": (1, MAX_NEW_TOKENS),
-    "max_tokens": (1, MAX_NEW_TOKENS),
-}
+# training.decoding keys generate acts on (their bounds are DecodingSpec's)
+USED_DECODING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "max_new_tokens",
+    "max_tokens",
+)
 
 
 @dataclass
@@ -178,21 +179,19 @@ def decoding_settings(
     decoding: dict[str, Any], greedy: bool, max_new_tokens: int | None
 ) -> tuple[dict[str, Any], list[str]]:
     """`generate()` keyword arguments from the manifest's decoding block, and notes on what
-    was not used; a value of the wrong type or out of bounds is a UserError naming it."""
-    notes, values = [], {}
-    for key, value in decoding.items():
-        if key.startswith("_"):
-            continue
-        if key not in DECODING_BOUNDS:
-            notes.append(f"training.decoding.{key}: not used by generate")
-            continue
-        low, high = DECODING_BOUNDS[key]
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or not math.isfinite(value) or not low <= value <= high:
-            raise UserError(
-                f"training.decoding.{key}: expected a number from {low} to {high}, got {value!r}"
-            )
-        values[key] = value
+    was not used; a value of the wrong type or out of bounds is a UserError naming it (the
+    block is checked as the manifest's loader checks it)."""
+    try:
+        spec = DecodingSpec.model_validate(strip_comments(decoding))
+    except ValidationError as exc:
+        raise UserError([f"training.decoding.{line}" for line in format_errors(exc)]) from None
+    given = spec.model_dump(exclude_none=True)
+    notes = [
+        f"training.decoding.{key}: not used by generate"
+        for key in given
+        if key not in USED_DECODING
+    ]
+    values = {key: value for key, value in given.items() if key in USED_DECODING}
     new = max_new_tokens or values.pop("max_new_tokens", None) or values.pop("max_tokens", None)
     values.pop("max_new_tokens", None)
     values.pop("max_tokens", None)

@@ -1,0 +1,232 @@
+"""Values `check` used to pass and a later command tripped over: `training.decoding` settings
+out of bounds or of the wrong type, a grammar file that is not there, a `name` or `version`
+that is no file name, lone surrogates and non-finite numbers anywhere in the manifest (metadata
+and comments too: `package` writes them back). Each is a UserError naming the JSON path and
+what is expected, at load time, so `check`, `train` and `package` refuse it alike."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from expert_cli.config import DecodingSpec, Manifest, load_manifest
+from expert_cli.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "QQsecretQQ"
+
+
+def _data(**top) -> dict:
+    data = {
+        "name": "expert-e",
+        "version": "0.1.0",
+        "schema_version": "2.0",
+        "base_models": [{"name": "org/model", "adapters": [{"type": "lora"}]}],
+        "training": {"dataset": {"path": "train.jsonl"}},
+    }
+    decoding = top.pop("decoding", None)
+    if decoding is not None:
+        data["training"]["decoding"] = decoding
+    return {**data, **top}
+
+
+def _write(tmp_path: Path, data: dict | str) -> Path:
+    (tmp_path / "train.jsonl").write_text('{"text": "x"}\n')
+    path = tmp_path / "manifest.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
+    return path
+
+
+def _error(tmp_path: Path, data: dict | str, overrides: list[str] | None = None) -> str:
+    with pytest.raises(UserError) as err:
+        load_manifest(_write(tmp_path, data), overrides)
+    text = "\n".join(err.value.lines)
+    assert SECRET not in text  # never the manifest's own text
+    return text
+
+
+# --------------------------------------------------------------------------- training.decoding
+
+
+@pytest.mark.parametrize(
+    ("decoding", "expected"),
+    [
+        ({"temperature": -1}, "training.decoding.temperature: Input should be greater than or"),
+        ({"temperature": 2.5}, "training.decoding.temperature: Input should be less than or"),
+        ({"temperature": "hot"}, "training.decoding.temperature: Input should be a valid number"),
+        ({"temperature": True}, "training.decoding.temperature: Input should be a valid number"),
+        ({"top_p": 2}, "training.decoding.top_p: Input should be less than or equal to 1"),
+        ({"top_k": -5}, "training.decoding.top_k: Input should be greater than or equal to 1"),
+        ({"top_k": 2.5}, "training.decoding.top_k: Input should be a valid integer"),
+        ({"max_new_tokens": 10**12}, "training.decoding.max_new_tokens: Input should be less"),
+        ({"max_tokens": 0}, "training.decoding.max_tokens: Input should be greater than or"),
+        ({"repetition_penalty": 0}, "training.decoding.repetition_penalty: Input should be"),
+        ({"min_p": 1.5}, "training.decoding.min_p: Input should be less than or equal to 1"),
+        ({"use_grammar": "yes"}, "training.decoding.use_grammar: Input should be a valid bool"),
+        ({"stop_sequences": ";"}, "training.decoding.stop_sequences: Input should be a valid"),
+        ({"stop_sequences": [";"] * 65}, "training.decoding.stop_sequences: List should have"),
+        ("not an object", "training.decoding: Input should be a valid dictionary"),
+    ],
+)
+def test_decoding_values_are_bounded_and_typed(tmp_path: Path, decoding, expected: str) -> None:
+    assert expected in _error(tmp_path, _data(decoding=decoding))
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_decoding_numbers_are_finite(tmp_path: Path, literal: str) -> None:
+    text = json.dumps(_data(decoding={"temperature": 0.5})).replace("0.5", literal)
+    assert "training.decoding.temperature: not a finite number" in _error(tmp_path, text)
+
+
+def test_published_decoding_blocks_load_and_keep_their_extensions(tmp_path: Path) -> None:
+    """hivellm/expert-sql's block (grammar_type, validation, stop_sequences, min_p), and a key
+    the format does not name: kept, as the format allows."""
+    decoding = {
+        "use_grammar": True,
+        "grammar_type": "sql-postgres",
+        "validation": "parser-strict",
+        "stop_sequences": [";", "\n\n"],
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+        "min_p": 0,
+        "_comment": "kept out of the models",
+        "beam_width": 4,
+    }
+    spec = load_manifest(_write(tmp_path, _data(decoding=decoding))).manifest.training.decoding
+    assert isinstance(spec, DecodingSpec)
+    assert (spec.temperature, spec.top_k, spec.stop_sequences) == (0.7, 20, [";", "\n\n"])
+    assert spec.model_extra == {"beam_width": 4}
+    for path in [*sorted((ROOT / "experts").glob("*/manifest.json")), ROOT / "tests/fixtures"]:
+        for manifest in [path] if path.is_file() else sorted(path.glob("*.json")):
+            Manifest.model_validate(json.loads(manifest.read_text(encoding="utf-8")))
+
+
+def test_the_grammar_file_must_be_beside_the_manifest(tmp_path: Path) -> None:
+    data = _data(decoding={"grammar_file": "grammars/sql.gbnf"})
+    missing = tmp_path / "grammars" / "sql.gbnf"
+    assert (
+        f"manifest.json: training.decoding.grammar_file: {missing} is not a file; expected a "
+        "grammar file, relative to the manifest's folder"
+    ) in _error(tmp_path, data)
+    missing.parent.mkdir()
+    missing.mkdir()  # a folder is no grammar file either
+    assert "training.decoding.grammar_file" in _error(tmp_path, data)
+    missing.rmdir()
+    missing.write_text('root ::= "SELECT"\n')
+    assert load_manifest(_write(tmp_path, data)).manifest.training.decoding.grammar_file
+    # through --set, the option is blamed
+    text = _error(tmp_path, data, ["training.decoding.grammar_file=nope.gbnf"])
+    assert text.startswith("--set training.decoding.grammar_file=nope.gbnf: training.decoding")
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["../grammar.gbnf", "a/../../g.gbnf", "/etc/passwd", "C:/g.gbnf", "\\\\host\\g", "", "g\x00"],
+)
+def test_the_grammar_file_stays_inside_the_expert(tmp_path: Path, value: str) -> None:
+    text = _error(tmp_path, _data(decoding={"grammar_file": value}))
+    assert (
+        "training.decoding.grammar_file: expected a relative path inside the expert's folder"
+    ) in text
+
+
+# --------------------------------------------------------------------------- name, version
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("name", "../evil"),
+        ("name", "a/b"),
+        ("name", "a\\b"),
+        ("name", "a\x00b"),
+        ("name", "a\nb"),
+        ("name", "a\x7fb"),
+        ("name", ""),
+        ("name", ".hidden"),
+        ("name", "-rf"),
+        ("name", "x" * 129),
+        ("name", "ünïcode"),
+        ("version", "1/2"),
+        ("version", ".."),
+        ("version", "1.0\t"),
+    ],
+)
+def test_name_and_version_become_file_names_safely(tmp_path: Path, field: str, value: str) -> None:
+    text = _error(tmp_path, _data(**{field: value}))
+    assert (
+        f"manifest.json: {field}: expected 1 to 128 letters, digits, '.', '_', '+' or '-'" in text
+    )
+    assert "starting with a letter or digit" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "version"),
+    [("expert-sql", "0.3.0"), ("e", "1"), ("Expert_v2.1", "1.0.0-rc.1+build.5"), ("x" * 128, "0")],
+)
+def test_real_names_still_pass(tmp_path: Path, name: str, version: str) -> None:
+    manifest = load_manifest(_write(tmp_path, _data(name=name, version=version))).manifest
+    assert (manifest.name, manifest.version) == (name, version)
+
+
+# --------------------------------------------------------------------------- any string, any number
+
+
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [
+        ('"description": "' + SECRET + '\\ud800"', "description"),
+        ('"tags": ["ok", "\\udfff' + SECRET + '"]', "tags[1]"),
+        ('"_comment": "\\ud800"', "_comment"),  # comments are written into packages too
+        ('"routing": {"keywords": ["sql"], "router_hint": "\\udc00"}', "routing.router_hint"),
+        ('"limitations": [{"pattern": "\\ud83d"}]', "limitations[0].pattern"),
+    ],
+)
+def test_lone_surrogates_are_refused_anywhere(tmp_path: Path, raw: str, where: str) -> None:
+    text = json.dumps(_data())[:-1] + ", " + raw + "}"
+    assert f"manifest.json: {where}: contains a lone surrogate" in _error(tmp_path, text)
+
+
+def test_a_lone_surrogate_in_a_key_names_its_block(tmp_path: Path) -> None:
+    text = json.dumps(_data())[:-1] + ', "constraints": {"\\ud800": 1}}'
+    assert "manifest.json: constraints: a key here contains a lone surrogate" in _error(
+        tmp_path, text
+    )
+
+
+def test_a_surrogate_pair_is_text(tmp_path: Path) -> None:
+    text = json.dumps(_data())[:-1] + ', "description": "SQL \\ud83d\\ude00"}'
+    assert load_manifest(_write(tmp_path, text)).manifest.description == "SQL \U0001f600"
+
+
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [
+        ('"constraints": {"load_order": NaN}', "constraints.load_order"),
+        ('"constraints": {"load_order": 1e400}', "constraints.load_order"),
+        ('"perf": {"latency_ms_overhead": Infinity}', "perf.latency_ms_overhead"),
+        ('"routing": {"priority": -Infinity}', "routing.priority"),
+        ('"quality_metrics": {"scores": [1, 2, NaN]}', "quality_metrics.scores[2]"),
+        ('"_note": NaN', "_note"),
+        ('"constraints": {"max_chain": 18446744073709551616}', "constraints.max_chain"),
+    ],
+)
+def test_non_finite_numbers_are_refused_anywhere(tmp_path: Path, raw: str, where: str) -> None:
+    text = json.dumps(_data())[:-1] + ", " + raw + "}"
+    error = _error(tmp_path, text)
+    assert error.startswith(f"manifest.json: {where}: ")
+    assert "not a finite number" in error or "an integer beyond 64 bits" in error
+
+
+def test_a_non_finite_number_from_set_blames_the_option(tmp_path: Path) -> None:
+    text = _error(tmp_path, _data(), ["constraints.load_order=NaN"])
+    assert text.startswith("--set constraints.load_order=NaN: constraints.load_order: not a")
+
+
+def test_many_bad_values_are_listed_at_most_twenty(tmp_path: Path) -> None:
+    text = json.dumps(_data())[:-1] + ', "perf": {"x": [' + ", ".join(["NaN"] * 50) + "]}}"
+    lines = _error(tmp_path, text).splitlines()
+    assert len(lines) == 21 and lines[-1] == "manifest.json: (top level): 30 more values like these"
