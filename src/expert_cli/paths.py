@@ -7,6 +7,8 @@ these turn into a UserError (exit 2) naming the argument or field, with the path
 from __future__ import annotations
 
 import errno
+import os
+import tempfile
 from pathlib import Path
 
 from expert_cli.errors import UserError
@@ -45,6 +47,45 @@ def output_file_problem(path: Path, label: str, replace: bool = False) -> str | 
     if path.exists() and not replace:
         return f"{label}: {path} already exists; add --force to replace it"
     return None
+
+
+def place_problem(path: Path, label: str) -> str | None:
+    """Why nothing can be created at `path` (folders on the way made as needed), or None: one
+    of its parents is a file, or the nearest existing folder cannot be written to (tried with
+    an empty temporary file, removed at once: a read-only disk, /proc, no permission)."""
+    existing = next((p for p in path.parents if path_exists(p)), None)
+    if existing is None:  # only a path that cannot be looked up at all
+        return f"{label} {shown_path(path)}: cannot be used; give a path in a folder"
+    if not existing.is_dir():
+        kind = "a file, not a folder" if existing.is_file() else "not a folder"
+        return (
+            f"{label} {shown_path(path)}: {shown_path(existing)} is {kind}; give a path in a folder"
+        )
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".tmp-probe-", dir=existing)
+    except OSError as exc:
+        return (
+            f"{label} {shown_path(path)}: {shown_path(existing)} cannot be written to "
+            f"({exc.strerror or type(exc).__name__}); give a path in a folder you can write"
+        )
+    os.close(handle)
+    os.unlink(probe)
+    return None
+
+
+def new_file_problem(path: Path, label: str, replace: bool = False) -> str | None:
+    """Why a command cannot write a file at `path`, making the folders on the way, or None:
+    `place_problem`'s reasons; a folder or a special file there (the write renames a new file
+    over it: never replaced, even with --force); a file there and `replace` not asked."""
+    problem = place_problem(path, label)
+    if problem is None and path_exists(path) and not path.is_file():
+        problem = (
+            f"{label} {shown_path(path)}: is a folder or a special file, which --force does "
+            "not replace; give a file path"
+        )
+    if problem is None and path_exists(path) and not replace:
+        problem = f"{label} {shown_path(path)}: exists; choose another name or --force"
+    return problem
 
 
 def path_exists(path: Path) -> bool:

@@ -17,8 +17,8 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from expert_cli.atomic import atomic_folder
-from expert_cli.errors import UserError
-from expert_cli.paths import resolved_path
+from expert_cli.errors import RunError, UserError
+from expert_cli.paths import place_problem, resolved_path, shown_path
 from expert_cli.train.outputs import adapter_base
 
 LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
@@ -54,17 +54,43 @@ def _merge_dtype(adapter: Path) -> Any:
     return torch.float32
 
 
+def _refuse_output(output: Path) -> None:
+    """UserError naming --output unless it is a new or empty folder that can be written (checked
+    before the model is loaded, which takes minutes)."""
+    shown = shown_path(output)
+    if output.exists() and not output.is_dir():
+        raise UserError(f"--output {shown}: is not a folder; give a new or empty folder")
+    try:
+        occupied = output.is_dir() and any(output.iterdir())
+    except OSError as exc:
+        raise UserError(f"--output {shown}: cannot be listed ({exc.strerror})") from None
+    if occupied:
+        raise UserError(f"--output {shown}: exists and is not empty; choose a new folder")
+    problem = place_problem(output, "--output")
+    if problem:
+        raise UserError(problem)
+
+
 def merge_adapter(adapter: Path, output: Path) -> Path:
     """Load base + adapter (full precision weights, even if trained quantized), merge, save."""
 
     adapter = resolved_path(adapter, "--adapter")
     output = resolved_path(output, "--output")
     base_name = adapter_base(adapter)
-    if output.exists() and any(output.iterdir()):
-        raise UserError(f"--output {output}: exists and is not empty; choose a new folder")
+    _refuse_output(output)
     model = load_adapted(adapter, base_name, _merge_dtype(adapter)).merge_and_unload()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_folder(output) as tmp:  # an existing `output` is empty, checked above
-        model.save_pretrained(tmp, safe_serialization=True)
-        AutoTokenizer.from_pretrained(adapter).save_pretrained(tmp)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(adapter)
+    except LOAD_ERRORS as exc:
+        raise UserError(
+            f"--adapter {adapter}: cannot load its tokenizer ({type(exc).__name__})"
+        ) from None
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_folder(output) as tmp:  # an existing `output` is empty, checked above
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+    except OSError as exc:  # a full disk: not the user's input; nothing half-written is kept
+        shown = shown_path(output)
+        raise RunError(f"--output {shown}: cannot be written ({exc.strerror})") from None
     return output

@@ -38,8 +38,10 @@ from pydantic import ValidationError
 
 from expert_cli.atomic import atomic_file
 from expert_cli.config import Manifest
-from expert_cli.config.loading import format_errors, read_manifest_json, strip_comments
-from expert_cli.errors import UserError
+from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
+from expert_cli.config.loading import format_errors, read_manifest_json
+from expert_cli.errors import RunError, UserError
+from expert_cli.paths import new_file_problem, resolved_path, shown_path
 from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
@@ -56,6 +58,7 @@ EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")
 MAX_FILE_BYTES = 20 << 30
 MAX_MEMBERS = 10_000
 CHUNK = 1 << 20
+Members = dict[str, bytes | Path]  # member name -> its bytes, or the file that holds them
 
 
 @dataclass
@@ -96,8 +99,8 @@ def package_name(manifest: dict[str, Any], base: str) -> str:
     model's last path part, lowercase, `.` and `_` as `-`; 1.0: `.` and `-` removed)."""
     name, version = str(manifest.get("name") or ""), str(manifest.get("version") or "0.0.0")
     for field_name, value in (("name", name), ("version", version)):
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}", value):
-            raise UserError(f"{field_name}: {value[:40]!r} cannot be part of a file name")
+        if not FILE_NAME_PART.fullmatch(value):
+            raise UserError(f"{field_name}: expected {FILE_NAME_PART_RULE}")
     last = base.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower()
     if manifest.get("schema_version") == "2.0":
         slug = last.replace(".", "-").replace("_", "-")
@@ -147,12 +150,12 @@ def _file(path: Path, where: str) -> Path:
 
 def plan_members(run_dir: Path) -> tuple[dict[str, Any], dict[str, bytes | Path], list[str]]:
     """(packaged manifest, member name -> bytes or file, notes) of a run folder."""
-    adapter_base(run_dir)  # UserError when the folder has no adapter
+    adapter_base(run_dir, base_needed=False)  # UserError when the folder has no adapter
     resolved = read_json_file(run_dir / "manifest.resolved.json")
     source, expert_dir = _source_manifest(run_dir, resolved)
     manifest = copy.deepcopy(source)
-    try:
-        parsed = Manifest.model_validate(strip_comments(copy.deepcopy(source)))
+    try:  # comments included: they are written into the package
+        parsed = Manifest.model_validate(copy.deepcopy(source))
     except ValidationError as exc:
         raise UserError([f"{SOURCE_MANIFEST}: {line}" for line in format_errors(exc)]) from None
     base_name = parsed.primary_base_model.name
@@ -174,12 +177,13 @@ def plan_members(run_dir: Path) -> tuple[dict[str, Any], dict[str, bytes | Path]
         prefix + ADAPTER_FILES[1]: (json.dumps(config, indent=2) + "\n").encode(),
     }
     members.update({n: run_dir / n for n in TOKENIZER_FILES if (run_dir / n).is_file()})
-    notes = _expert_files(manifest, expert_dir, members)
+    grammar = parsed.training.decoding.grammar_file if parsed.training.decoding else None
+    notes = _expert_files(manifest, grammar, expert_dir, members)
     return manifest, members, notes
 
 
 def _expert_files(
-    manifest: dict[str, Any], expert_dir: Path, members: dict[str, bytes | Path]
+    manifest: dict[str, Any], grammar: str | None, expert_dir: Path, members: Members
 ) -> list[str]:
     """README, LICENSE, grammar and soft prompts from the expert's folder, where present."""
     if not expert_dir.is_dir():
@@ -188,8 +192,6 @@ def _expert_files(
     for name in EXPERT_FILES:
         if (expert_dir / name).is_file():
             members[name] = _file(expert_dir / name, name)
-    decoding = (manifest.get("training") or {}).get("decoding") or {}
-    grammar = decoding.get("grammar_file") if isinstance(decoding, dict) else None
     wanted = [("training.decoding.grammar_file", grammar)] if grammar else []
     for i, prompt in enumerate(manifest.get("soft_prompts") or []):
         if isinstance(prompt, dict) and prompt.get("path"):
@@ -215,24 +217,38 @@ def build_package(run_dir: Path, output: Path | None = None, force: bool = False
         if manifest.get("base_models")
         else ((manifest.get("base_model") or {}).get("name", ""))
     )
-    path = output or run_dir.parent / package_name(manifest, str(base))
-    if path.suffix != ".expert":
-        raise UserError(f"--output {path}: a package's name ends in .expert")
+    default = package_name(manifest, str(base))
+    path = resolved_path(output, "--output") if output else run_dir.parent / default
     checksum = path.with_name(path.name + ".sha256")
-    for existing in (path, checksum):
-        if existing.exists() and not force:
-            raise UserError(f"--output {existing}: exists; choose another name or --force")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as tmp:
-        _write_tar(tmp, members)
-        digest = _sha256(tmp)
-        report = verify_package(tmp, expected=members, sidecar=False)
-        if report.problems:  # never leave a package that does not read back
-            raise UserError([f"{path}: {p}" for p in report.problems])
-    with atomic_file(checksum) as tmp:
-        tmp.write_text(f"{digest}  {path.name}\n", encoding="utf-8")
+    _refuse_output(path, checksum, default, force)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path) as tmp:
+            _write_tar(tmp, members)
+            digest = _sha256(tmp)
+            report = verify_package(tmp, expected=members, sidecar=False)
+            if report.problems:  # never leave a package that does not read back
+                raise UserError([f"{path}: {p}" for p in report.problems])
+        with atomic_file(checksum) as tmp:
+            tmp.write_text(f"{digest}  {path.name}\n", encoding="utf-8")
+    except OSError as exc:  # a full disk, a folder gone since the check: not the user's input
+        raise RunError(f"--output {shown_path(path)}: cannot be written ({exc.strerror})") from None
     report.path, report.checksum_file, report.notes = path, checksum, notes + report.notes
     return report
+
+
+def _refuse_output(path: Path, checksum: Path, default: str, force: bool) -> None:
+    """UserError naming --output where the package and its .sha256 cannot be written."""
+    if path.is_dir():
+        raise UserError(
+            f"--output {shown_path(path)}: is a folder; give the package's file name, "
+            f"e.g. {shown_path(path / default)}"
+        )
+    if path.suffix != ".expert":
+        raise UserError(f"--output {shown_path(path)}: a package's name ends in .expert")
+    for target in (path, checksum):
+        if problem := new_file_problem(target, "--output", force):
+            raise UserError(problem)
 
 
 def _write_tar(dest: Path, members: dict[str, bytes | Path]) -> None:
@@ -335,7 +351,7 @@ def _member_hash(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, by
 def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
     try:
         manifest = json.loads(data.decode("utf-8"))
-        Manifest.model_validate(strip_comments(copy.deepcopy(manifest)))
+        Manifest.model_validate(copy.deepcopy(manifest))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         if isinstance(exc, ValidationError):
             report.problems += [f"manifest.json: {line}" for line in format_errors(exc)]

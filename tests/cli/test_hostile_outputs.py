@@ -1,0 +1,239 @@
+"""What `check` passed and `package` or `merge` then crashed on: a manifest value no JSON
+writer can write back (a lone surrogate, NaN), a name that is no file name, and `--output`
+paths that cannot take what the command writes (a file among its folders, a folder, a special
+file, /proc). Each is exit 2 naming the field or --output and what is expected, without a
+traceback, and nothing is written or left behind.
+
+Run folders are built by hand (an adapter the commands never load), so no test trains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from train_helpers import run_main
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "experts" / "demo"
+SECRET = "QQsecretQQ"
+
+
+def _exit_2(capsys, monkeypatch, *args: str) -> str:
+    code, out, err = run_main(capsys, monkeypatch, *args)
+    text = " ".join((out + err).split())
+    assert code == 2, text
+    assert "Traceback" not in text and SECRET not in text
+    return text
+
+
+def _manifest(**top) -> dict:
+    return {
+        "name": "expert-x",
+        "version": "0.1.0",
+        "schema_version": "2.0",
+        "base_models": [{"name": "org/model", "adapters": [{"type": "lora"}]}],
+        "training": {"dataset": {"path": "org/data"}, "decoding": {"temperature": 0.2}},
+        **top,
+    }
+
+
+def _run_folder(tmp_path: Path, source: dict | str | None = None) -> Path:
+    """A run folder as train leaves it (the adapter is bytes no command here loads)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {"base_model_name_or_path": "org/model", "peft_type": "LORA"}
+    (run / "adapter_config.json").write_text(json.dumps(config))
+    (run / "adapter_model.safetensors").write_bytes(b"\0" * 16)
+    (run / "manifest.resolved.json").write_text("{}")
+    source = _manifest() if source is None else source
+    text = source if isinstance(source, str) else json.dumps(source)
+    (run / "manifest.source.json").write_text(text, encoding="utf-8")
+    return run
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+# --------------------------------------------------------------------------- check
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        ({"training.decoding": {"temperature": float("nan")}}, "training.decoding.temperature:"),
+        ({"training.decoding": {"top_p": 2, "top_k": -5}}, "training.decoding.top_k:"),
+        ({"training.decoding": {"grammar_file": "gone.gbnf"}}, "training.decoding.grammar_file:"),
+        ({"name": "../" + SECRET}, "name: expected 1 to 128 letters"),
+        ({"description": SECRET + "\ud800"}, "description: contains a lone surrogate"),
+        ({"constraints": {"load_order": float("inf")}}, "constraints.load_order: not a finite"),
+    ],
+)
+def test_check_refuses_what_later_commands_failed_on(
+    capsys, monkeypatch, tmp_path: Path, edit: dict, expected: str
+) -> None:
+    data = json.loads((DEMO / "manifest.json").read_text(encoding="utf-8"))
+    data["base_models"][0]["name"] = str(DEMO / "model")
+    data["training"]["dataset"]["path"] = str(DEMO / "data" / "train.jsonl")
+    data["training"]["dataset"].pop("validation_path", None)
+    for key, value in edit.items():
+        if key == "training.decoding":
+            data["training"]["decoding"] = value
+        else:
+            data[key] = value
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(data), encoding="utf-8")  # NaN and \ud800 as JSON writes them
+    text = _exit_2(capsys, monkeypatch, "check", "--manifest", str(manifest))
+    assert f"manifest.json: {expected}" in text and "manifest is not usable" in text
+
+
+# --------------------------------------------------------------------------- package: the manifest
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (
+            _manifest(description=SECRET + "\ud800", _comment="\udc00"),
+            [
+                "manifest.source.json: description: contains a lone surrogate",
+                "manifest.source.json: _comment: contains a lone surrogate",
+            ],
+        ),
+        (
+            json.dumps(_manifest(constraints={"load_order": 6}, perf={"x": 1})).replace(
+                '"load_order": 6', '"load_order": NaN'
+            ),
+            ["manifest.source.json: constraints.load_order: not a finite number"],
+        ),
+        (
+            json.dumps(_manifest(perf={"latency_ms_overhead": 3})).replace("3}", "1e400}"),
+            ["manifest.source.json: perf.latency_ms_overhead: not a finite number"],
+        ),
+        (_manifest(name="../../" + SECRET), ["manifest.source.json: name: expected 1 to 128"]),
+        (_manifest(version="1/../2"), ["manifest.source.json: version: expected 1 to 128"]),
+        (
+            _manifest(training={"dataset": {"path": "d"}, "decoding": {"top_k": True}}),
+            ["manifest.source.json: training.decoding.top_k: Input should be a valid integer"],
+        ),
+    ],
+)
+def test_package_refuses_a_manifest_it_cannot_write_back(
+    capsys, monkeypatch, tmp_path: Path, source, expected: list[str]
+) -> None:
+    run = _run_folder(tmp_path, source)
+    before = _tree(tmp_path)
+    for output in ([], ["--output", str(tmp_path / "x.expert")]):
+        text = _exit_2(capsys, monkeypatch, "package", "--adapter", str(run), *output)
+        for fragment in expected:
+            assert fragment in text, text
+        assert _tree(tmp_path) == before  # no package, no checksum, no temporary file
+
+
+# --------------------------------------------------------------------------- package --output
+
+
+def test_package_output_under_a_file(capsys, monkeypatch, tmp_path: Path) -> None:
+    run = _run_folder(tmp_path)
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("mine\n")
+    for output in (blocker / "x.expert", blocker / "deeper" / "x.expert"):
+        text = _exit_2(
+            capsys, monkeypatch, "package", "--adapter", str(run), "--output", str(output)
+        )
+        assert (
+            f"--output {output}: {blocker} is a file, not a folder; give a path in a folder" in text
+        )
+    assert blocker.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+@pytest.mark.parametrize("name", ["dist", "old.expert"])
+def test_package_output_at_a_folder(capsys, monkeypatch, tmp_path: Path, name, force) -> None:
+    run = _run_folder(tmp_path)
+    folder = tmp_path / name
+    (folder / "keep").mkdir(parents=True)
+    args = ("package", "--adapter", str(run), "--output", str(folder), *force)
+    text = _exit_2(capsys, monkeypatch, *args)
+    assert f"--output {folder}: is a folder; give the package's file name, e.g. {folder}/" in text
+    assert [p.name for p in folder.iterdir()] == ["keep"]
+
+
+def test_package_checksum_path_taken_by_a_folder(capsys, monkeypatch, tmp_path: Path) -> None:
+    run = _run_folder(tmp_path)
+    package = tmp_path / "x.expert"
+    (tmp_path / "x.expert.sha256").mkdir()
+    args = ("package", "--adapter", str(run), "--output", str(package), "--force")
+    text = _exit_2(capsys, monkeypatch, *args)
+    assert f"--output {package}.sha256: is a folder or a special file, which --force" in text
+    assert not package.exists()
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("/proc/x.expert", "--output /proc/x.expert: /proc cannot be written to"),
+        ("/proc/new/x.expert", "--output /proc/new/x.expert: /proc cannot be written to"),
+        ("/proc/self/x.expert", "cannot be written to (No such file or directory)"),
+    ],
+)
+def test_package_output_where_nothing_can_be_written(
+    capsys, monkeypatch, tmp_path: Path, output: str, expected: str
+) -> None:
+    run = _run_folder(tmp_path)
+    text = _exit_2(capsys, monkeypatch, "package", "--adapter", str(run), "--output", output)
+    assert expected in text and "give a path in a folder you can write" in text
+
+
+def test_package_output_in_new_folders_is_made(capsys, monkeypatch, tmp_path: Path) -> None:
+    """The refusals above are not refusing everything: new folders are made, nothing is left
+    but the package and its checksum, and a second run needs --force."""
+    run = _run_folder(tmp_path)
+    package = tmp_path / "dist" / "v1" / "x.expert"
+    code, out, err = run_main(
+        capsys, monkeypatch, "package", "--adapter", str(run), "--output", str(package)
+    )
+    assert code == 0, out + err
+    assert sorted(p.name for p in package.parent.iterdir()) == ["x.expert", "x.expert.sha256"]
+    text = _exit_2(capsys, monkeypatch, "package", "--adapter", str(run), "--output", str(package))
+    assert f"--output {package}: exists; choose another name or --force" in text
+
+
+# --------------------------------------------------------------------------- merge --output
+
+
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        ("file", "is not a folder; give a new or empty folder"),
+        ("under a file", "is a file, not a folder; give a path in a folder"),
+        ("busy folder", "exists and is not empty; choose a new folder"),
+        ("/proc", "/proc cannot be written to"),
+        ("/dev/null", "is not a folder; give a new or empty folder"),
+    ],
+)
+def test_merge_output_is_refused_before_loading(
+    capsys, monkeypatch, tmp_path: Path, where: str, expected: str
+) -> None:
+    """Refused before the base model is loaded (org/model is not in any cache: loading it
+    would fail differently)."""
+    run = _run_folder(tmp_path)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "model.safetensors").write_bytes(b"theirs")
+    output = {
+        "file": notes,
+        "under a file": notes / "merged",
+        "busy folder": busy,
+        "/proc": Path("/proc/merged"),
+        "/dev/null": Path("/dev/null"),
+    }[where]
+    text = _exit_2(capsys, monkeypatch, "merge", "--adapter", str(run), "--output", str(output))
+    assert f"--output {output}: " in text and expected in text
+    assert notes.read_text() == "mine\n" and (busy / "model.safetensors").read_bytes() == b"theirs"
