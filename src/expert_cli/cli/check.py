@@ -77,8 +77,15 @@ def check(
         raise UserError("--manifest: required (or --package FILE, or --list-settings)")
     from expert_cli.cli.render import BuildBar
     from expert_cli.data.checks import check_manifest
+    from expert_cli.train.model import adapter_problem
 
-    report = check_manifest(manifest, quick, BuildBar(), overrides or [])
+    report = check_manifest(
+        manifest,
+        quick,
+        BuildBar(),
+        overrides or [],
+        model_check=lambda resolved: adapter_problem(resolved, resolved.base_model),
+    )
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
     else:

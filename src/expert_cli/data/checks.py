@@ -9,6 +9,7 @@ writing), and the machine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,6 @@ from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.errors import UserError
-from expert_cli.train.model import adapter_problem
 
 PROGRESS_ROWS = 10_000
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
@@ -55,9 +55,12 @@ def check_manifest(
     quick: int | None = None,
     progress: BuildProgress | None = None,
     overrides: list[str] | None = None,
+    model_check: Callable[[ResolvedConfig], str | None] | None = None,
 ) -> CheckReport:
     """Everything `check` reports about one manifest (with `--set` overrides); never raises for
-    bad input. Every row of the local data is read (the first `quick` rows with `quick`)."""
+    bad input. Every row of the local data is read (the first `quick` rows with `quick`).
+    `model_check` (the train layer's adapter check, which this layer cannot import) runs last,
+    once nothing else is wrong, and its answer is a problem."""
     env = probe_environment()
     report = CheckReport(manifest={"path": str(path)}, environment=env.to_dict())
     try:
@@ -83,7 +86,7 @@ def check_manifest(
         *([cache] if cache else []),
         *data.problems,
     ]
-    if not report.problems and (problem := adapter_problem(resolved, resolved.base_model)):
+    if model_check is not None and not report.problems and (problem := model_check(resolved)):
         report.problems.append(problem)
     report.rows_checked = data.rows
     return report

@@ -1,0 +1,138 @@
+"""What the steps of a `train` run share: its options and result, the `Reporter` a person
+sees it through, and `Run`, the state the recipe in expert_cli.train.run passes from step to
+step (with what the run did to its folder, so a run that stops before training can undo it).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from transformers import TrainerCallback, TrainingArguments
+
+from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.data import BuildProgress, PreparedData
+from expert_cli.errors import RunError
+from expert_cli.train.model import ModelChoices, training_device
+from expert_cli.train.run_folder import Previous, disk_full, drop_aside, restore_aside
+
+
+@dataclass
+class TrainOptions:
+    """The `train` command's arguments."""
+
+    manifest: Path
+    output: Path | None = None
+    resume: bool = False
+    max_steps: int | None = None
+    overrides: list[str] = field(default_factory=list)
+    overwrite: bool = False
+
+
+@dataclass
+class TrainResult:
+    """How the run ended (completed, interrupted, or complete already: a `--resume` of a
+    finished run): `exit_code` 0, or 130/143 after SIGINT/SIGTERM."""
+
+    output_dir: Path
+    status: str
+    exit_code: int
+    summary: dict[str, Any]
+    resumed_from: Path | None = None
+    is_main: bool = True  # the process that reports and writes (rank 0)
+
+
+class Reporter(Protocol):
+    """What a person sees of a run (the main process calls it; the CLI draws it)."""
+
+    def data(self, data: PreparedData) -> None: ...
+
+    def decisions(
+        self, resolved: ResolvedConfig, choices: ModelChoices, params: tuple[int, int]
+    ) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+    def window(self, record: dict[str, Any]) -> None: ...
+
+    def callbacks(self) -> list[TrainerCallback]: ...
+
+    def build_progress(self) -> BuildProgress | None: ...
+
+
+class Silent:
+    """A Reporter that shows nothing (scripts, tests); `callbacks` join the run's own."""
+
+    def __init__(self, callbacks: list[TrainerCallback] | None = None) -> None:
+        self._callbacks = list(callbacks or [])
+
+    def data(self, data: PreparedData) -> None:
+        return None
+
+    def decisions(
+        self, resolved: ResolvedConfig, choices: ModelChoices, params: tuple[int, int]
+    ) -> None:
+        return None
+
+    def note(self, text: str) -> None:
+        return None
+
+    def window(self, record: dict[str, Any]) -> None:
+        return None
+
+    def callbacks(self) -> list[TrainerCallback]:
+        return self._callbacks
+
+    def build_progress(self) -> BuildProgress | None:
+        return None
+
+
+@dataclass
+class Run:
+    """What the steps of one run share."""
+
+    resolved: ResolvedConfig
+    args: TrainingArguments
+    output: Path
+    reporter: Reporter
+    runtime: dict[str, Any] = field(default_factory=dict)
+    complete: Previous | None = None  # --resume of a run that has finished
+    source: dict[str, Any] = field(default_factory=dict)  # the manifest as its file holds it
+    aside: Path | None = None  # the earlier run's outputs, set aside by --overwrite
+    fresh: bool = False  # the output folder did not exist before this run
+
+    def stopped_before_training(self, exc: BaseException) -> None:
+        """Undo what the run did to its folder (an earlier run set aside goes back, a folder
+        it created goes), and name a full disk (RunError, exit 1)."""
+        self.restore_earlier()
+        full = disk_full(exc, self.output)
+        if self.fresh and self.is_main:
+            shutil.rmtree(self.output, ignore_errors=True)
+        if full:
+            raise RunError(
+                f"no space left on {self.output} (a random-init base model is saved there "
+                "before training); free space or choose another --output, then train again"
+            ) from exc
+
+    def restore_earlier(self) -> None:
+        """The run stopped before training: the earlier run's outputs go back."""
+        if self.aside is not None and self.is_main:
+            restore_aside(self.output, self.aside)
+            self.reporter.note("--overwrite: stopped before training; the earlier run is back")
+        self.aside = None
+
+    def discard_earlier(self) -> None:
+        """Training begins: the earlier run's outputs go for good."""
+        if self.aside is not None and self.is_main:
+            drop_aside(self.aside)
+        self.aside = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.args.process_index == 0
+
+    @property
+    def device(self) -> str:
+        return training_device(self.args.local_process_index)
