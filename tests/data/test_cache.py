@@ -135,19 +135,6 @@ def _edit_chat_template(folder: Path) -> None:
     path.write_text(path.read_text() + " ")
 
 
-@pytest.mark.parametrize(
-    ("change", "key"),
-    [
-        (["max_seq_length=256"], "max_seq_length 512 -> 256"),
-        (["packing=false"], "packing True -> False"),
-        (["training.dataset.overlong=drop"], "formatting.overlong truncate -> drop"),
-        (["training.dataset.response_template=SELECT"], "formatting.response_template"),
-        (["seed=7"], "seed 42 -> 7"),
-        (["base_models.0.prompt_template=alpaca"], "formatting.prompt_template chatml -> alpaca"),
-        (_append_row, "sources.train[0].files.data/train.jsonl.size"),
-        (_edit_chat_template, "tokenizer.chat_template_sha256"),
-    ],
-)
 class StopAfterFirstBatch(Recorder):
     """A person pressing Ctrl-C once the build is under way."""
 
@@ -174,6 +161,19 @@ def test_an_interrupted_force_keeps_the_finished_cache(demo_expert_dir) -> None:
     assert rows(again) == rows(first)
 
 
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (["max_seq_length=256"], "max_seq_length 512 -> 256"),
+        (["packing=false"], "packing True -> False"),
+        (["training.dataset.overlong=drop"], "formatting.overlong truncate -> drop"),
+        (["training.dataset.response_template=SELECT"], "formatting.response_template"),
+        (["seed=7"], "seed 42 -> 7"),
+        (["base_models.0.prompt_template=alpaca"], "formatting.prompt_template chatml -> alpaca"),
+        (_append_row, "sources.train[0].files.data/train.jsonl.size"),
+        (_edit_chat_template, "tokenizer.chat_template_sha256"),
+    ],
+)
 def test_each_fingerprint_input_gives_a_new_cache(demo_expert_dir, change, key) -> None:
     manifest = demo_expert_dir / "manifest.json"
     first = prepare(manifest)
