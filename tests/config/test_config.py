@@ -327,6 +327,22 @@ def test_overrides_apply_before_validation(v2_dir: Path) -> None:
         load_manifest(v2_dir / "manifest.json", ["learning_rate"])
 
 
+def test_a_set_that_would_add_an_unknown_block_is_refused(v2_dir: Path) -> None:
+    """The manifest keeps unknown top-level keys, so a misspelt block was kept and the value
+    never reached training."""
+    manifest = v2_dir / "manifest.json"
+    with pytest.raises(UserError) as caught:
+        load_manifest(manifest, ["trainng.config.rank=4"])
+    assert caught.value.lines == [
+        "--set trainng.config.rank=4: trainng is not a block of the manifest; did you mean "
+        "training? (a bare key such as rank=4 sets training.config.rank)"
+    ]
+    with pytest.raises(UserError, match="zzz is not a block of the manifest \\("):
+        load_manifest(manifest, ["zzz.q=1"])
+    loaded = load_manifest(manifest, ["training.distributed.strategy=ddp", "routing.x=1"])
+    assert loaded.manifest.training.distributed.strategy == "ddp"  # known blocks may be added
+
+
 def test_load_best_model_needs_matching_steps(tmp_path: Path) -> None:
     path = _mutate(tmp_path, lambda d: d["training"]["config"].__setitem__("eval_steps", 100))
     with pytest.raises(UserError, match="save_steps: 250 must be a multiple of eval_steps"):

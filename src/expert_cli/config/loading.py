@@ -71,6 +71,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     data = json.loads(json.dumps(data))
     for item in overrides:
         parts, value = parse_override(item)
+        _refuse_unknown_top(item, parts[0], data)
         node: Any = data
         for part in parts[:-1]:
             if isinstance(node, list) and part.isdigit() and int(part) < len(node):
@@ -87,6 +88,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         else:
             raise UserError(f"--set {item}: cannot set {last} there")
     return data
+
+
+def _refuse_unknown_top(item: str, top: str, data: dict[str, Any]) -> None:
+    """A `--set` that would add a top-level block the manifest format does not know (the
+    manifest keeps unknown top-level keys, so `trainng.config.rank=4` was kept and did
+    nothing): refused, with the nearest known name."""
+    if top in data or top in Manifest.model_fields:
+        return
+    close = difflib.get_close_matches(top, list(Manifest.model_fields), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise UserError(
+        f"--set {item}: {top} is not a block of the manifest{hint} (a bare key such as "
+        "rank=4 sets training.config.rank)"
+    )
 
 
 def load_dataset_block(path: Path) -> tuple[str | None, DatasetSpec]:
