@@ -120,10 +120,21 @@ def test_generate_errors_are_exit_2(capsys, monkeypatch, memorised: Path, tmp_pa
         assert code == 2, out + err
         return " ".join(err.split())
 
-    long = exit_2("--adapter", str(memorised), "-p", "orders " * 3000)
-    assert "over the model's context of 2,048" in long
+    long = exit_2("--adapter", str(memorised), "-p", "Hi.", "-p", "orders " * 3000)
+    assert "prompt 2: 3,0" in long and "tokens, over the model's context of 2,048" in long
+    assert "orders" not in long  # named by number: a prompt may be a file's contents
     nothing = exit_2("--adapter", str(memorised))
     assert "give --prompt TEXT, --prompts FILE or --eval N" in nothing
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n\n")
+    assert f"--prompts {blank}: holds no prompt; expected one prompt per line" in exit_2(
+        "--adapter", str(memorised), "--prompts", str(blank)
+    )
+    too_long = tmp_path / "long.txt"
+    too_long.write_text("\n\nfirst\n\n" + "x" * 200_001)
+    assert f"--prompts {too_long}:5: a line over 200,000 characters" in exit_2(
+        "--adapter", str(memorised), "--prompts", str(too_long)
+    )
     broken = tmp_path / "broken"
     broken.mkdir()
     for name in ("adapter_config.json", "manifest.resolved.json", "tokenizer.json"):

@@ -239,18 +239,26 @@ def _prompt_lines(path: Path) -> list[str]:
     if not path.is_file():
         raise UserError(f"--prompts {path}: not a file")
     lines: list[str] = []
+    number = 0  # the file's line number, blank lines counted
     try:
         with path.open(encoding="utf-8") as f:
             while len(lines) <= MAX_PROMPTS and (line := f.readline(MAX_PROMPT_CHARS + 2)):
+                number += 1
                 if len(line) > MAX_PROMPT_CHARS and not line.endswith("\n"):
                     raise UserError(
-                        f"--prompts {path}:{len(lines) + 1}: a line over "
-                        f"{MAX_PROMPT_CHARS:,} characters"
+                        f"--prompts {path}:{number}: a line over {MAX_PROMPT_CHARS:,} characters"
                     )
                 if line.strip():
                     lines.append(line.rstrip("\n").replace("\\n", "\n"))
     except UnicodeDecodeError as exc:
         raise UserError(f"--prompts {path}: byte {exc.start}: not UTF-8 text") from None
+    except OSError as exc:
+        raise UserError(f"--prompts {path}: cannot be read ({exc.strerror})") from None
+    if not lines:
+        raise UserError(
+            f"--prompts {path}: holds no prompt; expected one prompt per line (blank lines "
+            "are skipped, \\n in a line stands for a newline)"
+        )
     return lines
 
 
@@ -297,14 +305,25 @@ def stop_ids(tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
+def model_context(run: LoadedRun) -> int:
+    return getattr(run.model.config, "max_position_embeddings", None) or 32_768
+
+
+def check_lengths(run: LoadedRun, cases: list[Case]) -> None:
+    """Every prompt fits the model's context, checked before any is answered; a prompt is
+    named by its number (its text may be a file's contents)."""
+    context = model_context(run)
+    for number, case in enumerate(cases, 1):
+        if len(case.ids) >= context:
+            raise UserError(
+                f"prompt {number}: {len(case.ids):,} tokens, over the model's context of "
+                f"{context:,}; shorten it"
+            )
+
+
 def answer(run: LoadedRun, case: Case, settings: dict[str, Any], view: GenerationView) -> tuple:
     """(text, new tokens, seconds) of one generation, streamed to `view`."""
-    context = getattr(run.model.config, "max_position_embeddings", None) or 32_768
-    if len(case.ids) >= context:
-        raise UserError(
-            f"prompt {case.prompt[:40]!r}...: {len(case.ids):,} tokens, over the model's "
-            f"context of {context:,}"
-        )
+    context = model_context(run)
     limit = min(settings["max_new_tokens"], context - len(case.ids))
     torch.manual_seed(run.resolved.seed)
     inputs = torch.tensor([case.ids], device=run.device)
@@ -338,6 +357,7 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
         )
     cases = [Case(p, render_prompt(run.resolved, run.tokenizer, p)) for p in prompts]
     cases += eval_cases(run, opts.eval_n) if opts.eval_n else []
+    check_lengths(run, cases)
     generations = []
     for index, case in enumerate(cases):
         view.start(index, case, "expert")
