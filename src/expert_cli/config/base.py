@@ -58,6 +58,15 @@ def strip_comments(value: Any) -> Any:
     return value
 
 
+def lone_surrogate_at(text: str) -> int | None:
+    """Where `text` holds a lone surrogate (JSON's `\\ud800` escape without its pair decodes
+    to one; nothing can write it as UTF-8), or None."""
+    if text.isascii():
+        return None
+    found = _LONE_SURROGATE.search(text)
+    return found.start() if found else None
+
+
 def _value_problem(value: Any) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return (
@@ -66,7 +75,7 @@ def _value_problem(value: Any) -> str | None:
         )
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_JSON_INT:
         return "an integer beyond 64 bits (over 2**63 - 1); expected a smaller number"
-    if isinstance(value, str) and _LONE_SURROGATE.search(value):
+    if isinstance(value, str) and lone_surrogate_at(value) is not None:
         return (
             "contains a lone surrogate (a \\ud800-\\udfff escape without its pair); "
             "expected valid Unicode text"
@@ -86,7 +95,7 @@ def value_errors(data: Any) -> list[InitErrorDetails]:
         if isinstance(value, dict):
             children = []
             for key, item in value.items():
-                if isinstance(key, str) and _LONE_SURROGATE.search(key):
+                if isinstance(key, str) and lone_surrogate_at(key) is not None:
                     found.append(_error(loc, "a key here contains a lone surrogate; " + TEXT))
                 else:
                     children.append(((*loc, key), item))

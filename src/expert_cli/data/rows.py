@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expert_cli.config.base import lone_surrogate_at
 from expert_cli.config.refs import FILE_FORMATS
 from expert_cli.config.resolve import SourceRef
 from expert_cli.data.reader import read_rows, shown_name, shown_names
@@ -143,16 +144,13 @@ def _value_problem(role: str, value: Any) -> str | None:
 def _text_problem(text: str) -> str | None:
     """A string that cannot be written as UTF-8: JSON's `\\ud800` escape without its pair
     decodes to a lone surrogate, which Arrow (and the tokenizer) cannot take."""
-    if text.isascii():
+    at = lone_surrogate_at(text)
+    if at is None:
         return None
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return (
-            f"contains a lone surrogate at character {exc.start} (a \\ud800-\\udfff escape "
-            "without its pair); expected valid Unicode text"
-        )
-    return None
+    return (
+        f"contains a lone surrogate at character {at} (a \\ud800-\\udfff escape without its "
+        "pair); expected valid Unicode text"
+    )
 
 
 KINDS = {

@@ -21,7 +21,8 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer, TextStreamer
 from transformers.utils import logging as hf_logging
 
-from expert_cli.config.loading import format_errors, strip_comments
+from expert_cli.config.base import strip_comments
+from expert_cli.config.loading import format_errors
 from expert_cli.config.models import DecodingSpec
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import prepare_data
