@@ -79,3 +79,14 @@ def test_a_base_model_that_is_gone_is_named(tmp_path: Path, recorded: str, gone:
     message = " ".join(caught.value.lines)
     assert f"the base model it was trained on, {recorded}, is not there any more" in message
     assert "set base_model_name_or_path to where it is now" in message
+
+
+def test_an_adapter_folder_that_is_not_there_is_named(tmp_path: Path) -> None:
+    from expert_cli.errors import UserError
+    from expert_cli.train.outputs import adapter_base
+
+    with pytest.raises(UserError, match="nope: does not exist; expected the output folder"):
+        adapter_base(tmp_path / "nope")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="file: is not a folder; expected the output folder"):
+        adapter_base(tmp_path / "file")

@@ -105,6 +105,12 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
     a local base that is gone when `base_needed` (generate and merge load it; package does
     not)."""
     config_path = adapter / "adapter_config.json"
+    if not adapter.is_dir():
+        what = "is not a folder" if os.path.lexists(adapter) else "does not exist"
+        raise UserError(
+            f"--adapter {shown_path(adapter)}: {what}; expected the output folder of "
+            "`expert-cli train`"
+        )
     if not config_path.is_file():
         raise UserError(
             f"--adapter {adapter}: no adapter_config.json (expected the output "
