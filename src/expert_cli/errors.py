@@ -17,3 +17,23 @@ class UserError(Exception):
 
 class RunError(Exception):
     """A failure at run time that is not the user's input. The CLI prints it and exits 1."""
+
+
+def value_kind(value: object) -> str:
+    """What a value is, without quoting it: errors name the place, never the contents of a
+    user's file (a string there may be a secret, a page of text or terminal escapes)."""
+    if isinstance(value, bool):
+        return "true or false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return "a whole number"
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, str):
+        return "an empty string" if not value else f"a string of {len(value)} characters"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)} items" if value else "an empty list"
+    if isinstance(value, dict):
+        return "an object"
+    return "a value of another kind"

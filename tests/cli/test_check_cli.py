@@ -151,9 +151,14 @@ def test_adapter_targets_missing_from_the_model_are_a_problem() -> None:
         out = run_cli("check", "--manifest", demo, "--json", "--set", f"target_modules={targets}")
         assert out.returncode == 2, out.stdout + out.stderr
         (problem,) = json.loads(out.stdout)["problems"]
-        assert problem.startswith("adapter (lora, target_modules=[")
-        assert "no layer of the model is named 'nope_proj'" in problem
-        assert ("'v_prj'" in problem) == ("v_prj" in targets)
+        assert problem.startswith("adapter (lora): target_modules[")
+        first = json.loads(targets).index("nope_proj")
+        assert f"target_modules[{first}] names no layer of the model" in problem
+        has_typo = "v_prj" in targets
+        assert (
+            "target_modules[2] names no layer of the model; did you mean v_proj?" in problem
+        ) == has_typo
+        assert "nope_proj" not in problem and "v_prj" not in problem
     good = '["q_proj", "v_proj"]'
     out = run_cli("check", "--manifest", demo, "--json", "--set", f"target_modules={good}")
     assert out.returncode == 0, out.stdout + out.stderr

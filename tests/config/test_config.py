@@ -115,15 +115,15 @@ def test_comments_are_dropped_at_any_depth() -> None:
         ),
         (
             lambda d: d["training"]["config"].__setitem__("rank", 0),
-            "training.config.rank: Input should be greater than or equal to 1 (got 0)",
+            "training.config.rank: Input should be greater than or equal to 1",
         ),
         (
             lambda d: d["training"]["config"].__setitem__("dropout", 1.5),
-            "training.config.dropout: Input should be less than 1 (got 1.5)",
+            "training.config.dropout: Input should be less than 1",
         ),
         (
             lambda d: d["training"]["config"].__setitem__("learning_rate", -0.001),
-            "training.config.learning_rate: Input should be greater than 0 (got -0.001)",
+            "training.config.learning_rate: Input should be greater than 0",
         ),
         (
             lambda d: d["training"]["config"].__setitem__("batch_size", "two"),
@@ -135,7 +135,7 @@ def test_comments_are_dropped_at_any_depth() -> None:
         ),
         (
             lambda d: d["training"]["config"].__setitem__("num_epochs", 3),
-            "training.config: epochs (1.5) and num_epochs (3.0) differ",
+            "training.config: epochs and num_epochs differ; give one of them",
         ),
         (
             lambda d: d["training"]["config"].__setitem__("adapter_type", "lorax"),

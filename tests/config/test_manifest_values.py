@@ -230,3 +230,41 @@ def test_many_bad_values_are_listed_at_most_twenty(tmp_path: Path) -> None:
     text = json.dumps(_data())[:-1] + ', "perf": {"x": [' + ", ".join(["NaN"] * 50) + "]}}"
     lines = _error(tmp_path, text).splitlines()
     assert len(lines) == 21 and lines[-1] == "manifest.json: (top level): 30 more values like these"
+
+
+# --------------------------------------------------------------------------- values are not quoted
+
+
+@pytest.mark.parametrize(
+    ("decoding", "expected"),
+    [
+        (
+            {"temperature": SECRET},
+            "temperature: Input should be a valid number (got a string of 10",
+        ),
+        ({"top_k": SECRET * 3}, "(got a string of 30 characters)"),
+        ({"top_k": [SECRET, SECRET]}, "top_k: Input should be a valid integer (got a list of 2"),
+        ({"top_k": {SECRET: 1}}, "top_k: Input should be a valid integer (got an object)"),
+        ({"use_grammar": SECRET}, "use_grammar: Input should be a valid boolean"),
+        ({"stop_sequences": [SECRET, 7]}, "stop_sequences[1]: Input should be a valid string"),
+        ({"top_p": 7.5}, "top_p: Input should be less than or equal to 1\n"),
+    ],
+)
+def test_a_wrong_value_is_described_not_quoted(tmp_path: Path, decoding, expected: str) -> None:
+    """Errors name the place and the kind of value found, never the value: a manifest string
+    may hold a token, a page of text or terminal escapes (STYLE 12)."""
+    text = _error(tmp_path, _data(decoding=decoding, metadata={"x": SECRET}))
+    assert expected in text + "\n"
+    assert "7.5" not in text
+
+
+def test_a_wrong_choice_lists_the_choices_not_the_value(tmp_path: Path) -> None:
+    data = _data()
+    data["training"]["config"] = {"lr_scheduler": SECRET, "attention": SECRET, "rank": SECRET}
+    lines = sorted(_error(tmp_path, data).splitlines())
+    assert lines[0].startswith("manifest.json: training.config.attention: Input should be 'auto'")
+    assert lines[1].startswith("manifest.json: training.config.lr_scheduler: Input should be 'li")
+    assert lines[2] == (
+        "manifest.json: training.config.rank: Input should be a valid integer "
+        "(got a string of 10 characters)"
+    )

@@ -220,7 +220,7 @@ def test_fsdp_and_deepspeed_blocks(tmp_path: Path, monkeypatch) -> None:
         other = _resolved(tmp_path, {}, distributed={"strategy": "fsdp", "fsdp": words})
         if field == "fsdp":
             with pytest.raises(
-                UserError, match=r"training.distributed.fsdp: unknown option 'zero3'"
+                UserError, match=r"training.distributed.fsdp: word 1 is not an FSDP option"
             ):
                 training_args_kwargs(other, tmp_path, on_gpu=True)
         else:

@@ -198,9 +198,8 @@ def test_paths_that_leave_the_expert_are_refused(v2_run: Path) -> None:
             "package", "--adapter", str(v2_run), "--output", str(v2_run.parent / "x.expert")
         )
         assert out.returncode == 2
-        assert (
-            "soft_prompts[0].path: '../../etc/passwd' must be a relative path inside" in out.stderr
-        )
+        assert "soft_prompts[0].path: expected a relative path inside the package" in out.stderr
+        assert "passwd" not in out.stderr
         assert not (v2_run.parent / "x.expert").exists()
     finally:
         source.write_text(original)

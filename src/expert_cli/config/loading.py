@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from expert_cli.config.base import strip_comments
 from expert_cli.config.models import DatasetSpec, LoadedManifest, Manifest
-from expert_cli.errors import UserError
+from expert_cli.errors import UserError, value_kind
 from expert_cli.paths import resolved_path, shown_path
 
 # --------------------------------------------------------------------------- loading
@@ -250,7 +250,8 @@ def _suggest(loc: tuple[Any, ...]) -> str:
 
 
 def format_errors(exc: ValidationError) -> list[str]:
-    """Pydantic errors as `json.path: message` lines, with a suggestion for unknown keys."""
+    """Pydantic errors as `json.path: message` lines, with a suggestion for unknown keys; a
+    value is described by its kind, never quoted."""
     lines = []
     for err in exc.errors(include_url=False):
         loc = tuple(p for p in err["loc"] if not _is_union_tag(p))
@@ -262,9 +263,32 @@ def format_errors(exc: ValidationError) -> list[str]:
             lines.append(f"{where}: required field is missing")
         elif kind == "value_error":
             lines.append(f"{where}: {str(err['msg']).removeprefix('Value error, ')}")
+        elif kind in SAYS_ENOUGH:
+            lines.append(f"{where}: {err['msg']}")
         else:
-            lines.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"{where}: {err['msg']} (got {value_kind(err.get('input'))})")
     return _dedupe(lines)
+
+
+# errors whose message says all there is (a bound, or the values allowed) when the value is of
+# the right kind: the value itself is not quoted (it is the user's file's contents)
+SAYS_ENOUGH = frozenset(
+    {
+        "greater_than",
+        "greater_than_equal",
+        "less_than",
+        "less_than_equal",
+        "multiple_of",
+        "finite_number",
+        "too_short",
+        "too_long",
+        "string_too_short",
+        "string_too_long",
+        "string_pattern_mismatch",
+        "literal_error",
+        "enum",
+    }
+)
 
 
 def _is_union_tag(part: Any) -> bool:

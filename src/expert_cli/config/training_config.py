@@ -57,9 +57,7 @@ def _rows_or_auto(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH_ROWS:
-        raise ValueError(
-            f'expected a whole number of rows from 1 to {MAX_BATCH_ROWS}, or "auto" (got {value!r})'
-        )
+        raise ValueError(f'expected a whole number of rows from 1 to {MAX_BATCH_ROWS}, or "auto"')
     return value
 
 
@@ -220,7 +218,7 @@ class TrainingConfig(Strict):
         if self.fp16 and self.bf16:
             raise ValueError("fp16 and bf16 are both true; choose one")
         if self.epochs and self.num_epochs and self.epochs != self.num_epochs:
-            raise ValueError(f"epochs ({self.epochs}) and num_epochs ({self.num_epochs}) differ")
+            raise ValueError("epochs and num_epochs differ; give one of them")
         if self.load_best_model_at_end and self.evaluation_strategy == "no":
             raise ValueError("load_best_model_at_end needs evaluation_strategy steps or epoch")
         return self

@@ -112,8 +112,8 @@ def fsdp_config(dist: dict[str, Any]) -> dict[str, Any]:
     unknown = [w for w in words if w not in FSDP_WORDS]
     if unknown:
         raise UserError(
-            f"training.distributed.fsdp: unknown option {unknown[0][:40]!r}; expected some of "
-            f"{', '.join(sorted(FSDP_WORDS))}"
+            f"training.distributed.fsdp: word {words.index(unknown[0]) + 1} is not an FSDP "
+            f"option; expected some of {', '.join(sorted(FSDP_WORDS))}"
         )
     config: dict[str, Any] = {
         "version": 2,

@@ -7,6 +7,7 @@ torch, transformers and peft are imported inside the functions.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -295,23 +296,29 @@ def adapter_config(resolved: ResolvedConfig, total_steps: int) -> PeftConfig:
 
 
 def _adapter_error(resolved: ResolvedConfig, exc: ValueError | str) -> str:
-    return f"adapter ({resolved.adapter_type}, target_modules={resolved.target_modules}): {exc}"
+    return f"adapter ({resolved.adapter_type}): {exc}"
 
 
 def unmatched_targets(model: Any, resolved: ResolvedConfig) -> str | None:
     """The named targets that match no module of `model` (peft's rule: the module's name, or
     its last dotted parts): peft adapts the others and says nothing, so a misspelt name
-    would silently train a smaller adapter. None when every name matches."""
+    would silently train a smaller adapter. None when every name matches. Each is named by
+    its place in the list (not quoted), with the nearest layer name the model has."""
     targets = resolved.target_modules
     if isinstance(targets, str):
         return None
     names = [name for name, _ in model.named_modules()]
-    missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
-    if not missing:
+    layers = sorted({n.rsplit(".", 1)[-1] for n in names if n and not n[-1].isdigit()})
+    lines = []
+    for i, target in enumerate(targets):
+        if any(n == target or n.endswith(f".{target}") for n in names):
+            continue
+        close = difflib.get_close_matches(target, layers, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        lines.append(f"target_modules[{i}] names no layer of the model{hint}")
+    if not lines:
         return None
-    return _adapter_error(
-        resolved, f"no layer of the model is named {', '.join(map(repr, missing))}"
-    )
+    return _adapter_error(resolved, "; ".join(lines))
 
 
 def adapter_problem(resolved: ResolvedConfig, source: str) -> str | None:

@@ -40,7 +40,7 @@ from expert_cli.atomic import atomic_file
 from expert_cli.config import Manifest
 from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
 from expert_cli.config.loading import format_errors, read_manifest_json
-from expert_cli.errors import RunError, UserError
+from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import new_file_problem, resolved_path, shown_path
 from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file
 
@@ -112,10 +112,12 @@ def package_name(manifest: dict[str, Any], base: str) -> str:
 def _relative(value: Any, where: str) -> PurePosixPath:
     """A path the manifest gives for a file inside the package: relative, inside it."""
     if not isinstance(value, str) or not value.strip():
-        raise UserError(f"{where}: expected a relative path, got {value!r}")
+        raise UserError(f"{where}: expected a relative path (got {value_kind(value)})")
     path = PurePosixPath(value.replace("\\", "/"))
     if path.is_absolute() or ".." in path.parts or re.match(r"^[A-Za-z]:", value):
-        raise UserError(f"{where}: {value!r} must be a relative path inside the package")
+        raise UserError(
+            f"{where}: expected a relative path inside the package (no leading /, drive or ..)"
+        )
     return path
 
 
@@ -375,7 +377,7 @@ def _check_contents(report: PackageReport, hashes: dict[str, str]) -> None:
     prefix = f"{PurePosixPath(str(folder)).as_posix()}/" if folder else ""
     for name in ADAPTER_FILES:
         if prefix + name not in report.files:
-            report.problems.append(f"{prefix + name}: missing ({where}[0].path is {folder!r})")
+            report.problems.append(f"{prefix + name}: missing (the folder {where}[0].path names)")
     weights = hashes.get(prefix + ADAPTER_FILES[0])
     if weights and adapter.get("sha256") and adapter["sha256"] != weights:
         report.problems.append(f"{where}[0].sha256: does not match {prefix}{ADAPTER_FILES[0]}")
@@ -396,4 +398,4 @@ def _check_checksum_file(report: PackageReport) -> None:
     if not text or text[0].lower() != report.sha256:
         report.problems.append(f"{sidecar.name}: the checksum does not match the package")
     elif len(text) > 1 and os.path.basename(text[1]) != report.path.name:
-        report.notes.append(f"{sidecar.name} names {text[1][:80]!r}, not {report.path.name}")
+        report.notes.append(f"{sidecar.name} names another file, not {report.path.name}")

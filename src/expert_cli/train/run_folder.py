@@ -11,6 +11,7 @@ checkpoint a resumed run continues from is decided in expert_cli.train.checkpoin
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -91,13 +92,20 @@ def previous_run(output: Path) -> Previous | None:
 
 
 def changed_fields(previous: dict[str, Any], resolved: ResolvedConfig) -> list[str]:
-    """`field old -> new` for each field a resumed run must keep but does not."""
+    """`field old -> new` for each field a resumed run must keep but does not (numbers and
+    true/false; a text or list field is named alone, its values are not quoted)."""
     now = resolved.model_dump(mode="json")
     return [
-        f"{key} {previous.get(key)!r} -> {now.get(key)!r}"
+        _change(key, previous.get(key), now.get(key))
         for key in SAME_RUN_FIELDS
         if key in previous and previous.get(key) != now.get(key)
     ]
+
+
+def _change(key: str, old: Any, new: Any) -> str:
+    if all(isinstance(v, (int, float, bool)) or v is None for v in (old, new)):
+        return f"{key} {json.dumps(old)} -> {json.dumps(new)}"
+    return key
 
 
 def refuse_occupied(output: Path, previous: Previous) -> None:
