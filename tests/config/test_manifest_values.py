@@ -268,3 +268,32 @@ def test_a_wrong_choice_lists_the_choices_not_the_value(tmp_path: Path) -> None:
         "manifest.json: training.config.rank: Input should be a valid integer "
         "(got a string of 10 characters)"
     )
+
+
+# --------------------------------------------------------------------------- repeated keys
+
+
+def test_a_key_given_twice_is_refused_where_it_is(tmp_path: Path) -> None:
+    """JSON keeps the last of two equal keys without a word: a second `learning_rate` lower
+    down would silently win. Each repeat is named by its path, in document order."""
+    text = json.dumps(_data())
+    text = text.replace('"type": "lora"', '"type": "lora", "r": 8, "r": 16', 1)
+    text = text.replace('"path": "train.jsonl"', '"path": "train.jsonl", "path": "b.jsonl"', 1)
+    text = text[:-1] + ', "name": "other"}'
+    assert _error(tmp_path, text).splitlines() == [
+        f"manifest.json: {where}: given more than once; keep one (JSON would silently use the last)"
+        for where in ("base_models[0].adapters[0].r", "training.dataset.path", "name")
+    ]
+
+
+def test_repeated_comment_keys_are_notes_not_settings(tmp_path: Path) -> None:
+    text = json.dumps(_data())[:-1] + ', "_note": "a", "_note": "b"}'
+    assert load_manifest(_write(tmp_path, text)).manifest.name == "expert-e"
+
+
+def test_many_repeated_keys_are_listed_at_most_twenty(tmp_path: Path) -> None:
+    many = ", ".join(f'"k{i}": 1, "k{i}": 2' for i in range(30))
+    text = json.dumps(_data())[:-1] + f', "metadata": {{{many}}}}}'
+    lines = _error(tmp_path, text).splitlines()
+    assert len(lines) == 21 and lines[0].startswith("manifest.json: metadata.k0: given more")
+    assert lines[-1] == "manifest.json: 10 more keys like these"

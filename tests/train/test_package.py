@@ -158,6 +158,10 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
         "tampered": (tampered, "base_models[0].adapters[0].sha256: does not match"),
         "missing": (lambda f: {k: v for k, v in f.items() if k != weights}, f"{weights}: missing"),
         "escape": (lambda f: {**f, "../evil.sh": b"rm -rf /"}, "../evil.sh: a path outside"),
+        "repeated key": (
+            lambda f: {**f, "manifest.json": b'{"version": "9.9.9", ' + f["manifest.json"][1:]},
+            "manifest.json: version: given more than once",
+        ),
         "no manifest": (
             lambda f: {k: v for k, v in f.items() if k != "manifest.json"},
             "manifest.json: missing",

@@ -13,7 +13,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from expert_cli.config.base import strip_comments
+from expert_cli.config.base import MAX_VALUE_ERRORS, strip_comments
 from expert_cli.config.models import DatasetSpec, LoadedManifest, Manifest
 from expert_cli.errors import UserError, value_kind
 from expert_cli.paths import resolved_path, shown_path
@@ -36,7 +36,7 @@ def read_manifest_json(path: Path) -> dict[str, Any]:
             raise UserError(f"{shown}: not a regular file (a device, pipe or socket)")
         if path.stat().st_size > MAX_MANIFEST_BYTES:
             raise UserError(f"{shown}: over {MAX_MANIFEST_BYTES >> 20} MB; not a manifest")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data, repeated = parse_manifest_text(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise UserError(f"{shown}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
     except RecursionError:
@@ -48,7 +48,61 @@ def read_manifest_json(path: Path) -> dict[str, Any]:
         raise UserError(f"{shown}: cannot be read ({reason})") from None
     if not isinstance(data, dict):
         raise UserError(f"{shown}: expected a JSON object at the top level")
+    if repeated:
+        raise UserError([f"{path.name}: {line}" for line in repeated])
     return data
+
+
+def parse_manifest_text(text: str) -> tuple[Any, list[str]]:
+    """The JSON value of a manifest's text, and a `json.path: ...` line for each key given
+    twice in one object (JSON keeps the last silently: a second `learning_rate` further down
+    would win unseen). Raises what `json.loads` raises."""
+    repeated: list[tuple[dict[str, Any], str]] = []
+    data = json.loads(text, object_pairs_hook=_keeping(repeated))
+    return data, _repeated_keys(data, repeated) if repeated else []
+
+
+def _keeping(repeated: list[tuple[dict[str, Any], str]]) -> Any:
+    """A JSON object hook that notes each key given twice in one object. Comment keys (`_...`)
+    may repeat: they are notes, not settings."""
+
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in obj and not key.startswith("_"):
+                repeated.append((obj, key))
+            obj[key] = value
+        return obj
+
+    return build
+
+
+def _repeated_keys(data: dict[str, Any], repeated: list[tuple[dict[str, Any], str]]) -> list[str]:
+    """`json.path: ...` for each repeated key, at most 20, found by walking to its object."""
+    where = {id(obj): loc for loc, obj in _objects(data, ())}
+    lines = list(
+        dict.fromkeys(
+            f"{_loc_text((*where.get(id(obj), ()), key))}: given more than once; keep one "
+            "(JSON would silently use the last)"
+            for obj, key in repeated
+        )
+    )
+    if len(lines) > MAX_VALUE_ERRORS:
+        lines = [*lines[:MAX_VALUE_ERRORS], f"{len(lines) - MAX_VALUE_ERRORS} more keys like these"]
+    return lines
+
+
+def _objects(value: Any, loc: tuple[Any, ...]) -> Any:
+    """(location, object) for every JSON object in `value`, depth first, without recursion
+    (a manifest may nest deeply)."""
+    stack = [(loc, value)]
+    while stack:
+        loc, value = stack.pop()
+        if isinstance(value, dict):
+            yield loc, value
+            stack.extend(((*loc, k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend(((*loc, i), v) for i, v in enumerate(value))
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from expert_cli.atomic import atomic_file
 from expert_cli.config import Manifest
 from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
-from expert_cli.config.loading import format_errors, read_manifest_json
+from expert_cli.config.loading import format_errors, parse_manifest_text, read_manifest_json
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import new_file_problem, resolved_path, shown_path
 from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file
@@ -352,7 +352,8 @@ def _member_hash(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, by
 
 def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
     try:
-        manifest = json.loads(data.decode("utf-8"))
+        manifest, repeated = parse_manifest_text(data.decode("utf-8"))
+        report.problems += [f"manifest.json: {line}" for line in repeated]
         Manifest.model_validate(copy.deepcopy(manifest))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         if isinstance(exc, ValidationError):
