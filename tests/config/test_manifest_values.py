@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from expert_cli.config import DecodingSpec, Manifest, load_manifest
+from expert_cli.config.environment import Environment
+from expert_cli.config.resolve import resolve
 from expert_cli.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -297,3 +299,18 @@ def test_many_repeated_keys_are_listed_at_most_twenty(tmp_path: Path) -> None:
     lines = _error(tmp_path, text).splitlines()
     assert len(lines) == 21 and lines[0].startswith("manifest.json: metadata.k0: given more")
     assert lines[-1] == "manifest.json: 10 more keys like these"
+
+
+def test_a_misspelt_decoding_key_is_kept_but_noted(tmp_path: Path) -> None:
+    """The format allows keys it does not name, so a misspelt `temprature` loads; `check` and
+    `train` note it with the nearest known key instead of keeping it unseen."""
+    decoding = {"temprature": 0.7, "top-p": 0.9, "beam_width": 4, "_comment": "x", "a b": 1}
+    loaded = load_manifest(_write(tmp_path, _data(decoding=decoding)))
+    notes = [n for n in resolve(loaded, Environment(cpu_count=2)).notes if "decoding" in n]
+    assert notes == [
+        "training.decoding.temprature: not a key the format names; kept as it is; did you mean "
+        "temperature?",
+        "training.decoding.top-p: not a key the format names; kept as it is; did you mean top_p?",
+        "training.decoding.beam_width: not a key the format names; kept as it is",
+        "training.decoding: not a key the format names; kept as it is",
+    ]

@@ -9,6 +9,7 @@ machine are made in `expert_cli.config.resolve`, not here.
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -247,6 +248,25 @@ class DecodingSpec(BaseModel):
                 "no control characters), e.g. grammar.gbnf"
             )
         return value
+
+    def unknown_key_notes(self) -> list[str]:
+        """A note for each key the format does not name (kept: HiveLLM's runtime may read
+        it), with the nearest known key, since a misspelt `temprature` would otherwise be
+        kept and never used. Comment keys (`_...`) are not noted."""
+        known = list(type(self).model_fields)
+        notes = []
+        for key in self.model_extra or {}:
+            if key.startswith("_"):
+                continue
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            where = f"training.decoding.{key}" if NAME_LIKE.fullmatch(key) else "training.decoding"
+            notes.append(f"{where}: not a key the format names; kept as it is{hint}")
+        return notes
+
+
+# a key shown in a message only when it reads as a name (not a line of text)
+NAME_LIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
 
 class TrainingSpec(BaseModel):

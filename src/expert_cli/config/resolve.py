@@ -277,6 +277,8 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
             "read memory-mapped, so streaming is not needed"
         )
     choices.hints(cfg, env, notes)
+    if lm.manifest.training.decoding is not None:
+        notes += lm.manifest.training.decoding.unknown_key_notes()
     dist = lm.manifest.training.distributed
     dist_dict = dist.model_dump(exclude_none=True) if dist else None
     if dist and dist.strategy != "ddp" and not env.has_gpu:
