@@ -16,7 +16,8 @@ import pytest
 from train_helpers import run_cli, write_expert
 
 from expert_cli.errors import UserError
-from expert_cli.train.package import package_name, verify_package
+from expert_cli.train.package import package_name
+from expert_cli.train.package_check import verify_package
 
 ADAPTER_PATH = "weights/qwen3-tiny/adapter"
 

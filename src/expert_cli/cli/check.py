@@ -103,7 +103,7 @@ def _cached_line(hub: dict[str, Any]) -> str:
 def check_package(path: Path, as_json: bool) -> None:
     """`check --package`: exit 2 when the package has problems."""
     from expert_cli.cli.ship import render_package
-    from expert_cli.train.package import verify_package
+    from expert_cli.train.package_check import verify_package
 
     report = verify_package(path)
     if as_json:

@@ -10,7 +10,7 @@ import typer
 from expert_cli.cli.options import AdapterOpt, JsonOpt
 
 if TYPE_CHECKING:
-    from expert_cli.train.package import PackageReport
+    from expert_cli.train.package_check import PackageReport
 
 
 def generate(

@@ -1,0 +1,186 @@
+"""`check --package`: a HiveLLM `.expert` package read without extracting it (member names,
+the manifest, the adapter files where it says, hashes, the `.sha256` beside it). `package`
+reads each package it writes back through this before reporting it written."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import os
+import tarfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import ValidationError
+
+from expert_cli.config import Manifest
+from expert_cli.config.loading import format_errors, parse_manifest_text
+
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+MAX_FILE_BYTES = 20 << 30
+MAX_MEMBERS = 10_000
+CHUNK = 1 << 20
+
+
+@dataclass
+class PackageReport:
+    """What a package holds and whether it is sound (`problems` empty)."""
+
+    path: Path
+    files: dict[str, int] = field(default_factory=dict)  # member -> size
+    manifest: dict[str, Any] = field(default_factory=dict)
+    sha256: str = ""
+    checksum_file: Path | None = None
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "checksum_file": str(self.checksum_file) if self.checksum_file else None,
+            "files": self.files,
+            "name": self.manifest.get("name"),
+            "version": self.manifest.get("version"),
+            "schema_version": self.manifest.get("schema_version"),
+            "problems": self.problems,
+            "notes": self.notes,
+        }
+
+
+def adapters_of(manifest: dict[str, Any]) -> tuple[list[Any], str]:
+    """The adapter list the run trained (and its JSON path), in a manifest dict."""
+    if manifest.get("schema_version") == "2.0":
+        return manifest["base_models"][0].setdefault("adapters", []), "base_models[0].adapters"
+    return manifest.setdefault("adapters", []), "adapters"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_package(
+    path: Path, expected: dict[str, bytes | Path] | None = None, sidecar: bool = True
+) -> PackageReport:
+    """Read a package without extracting it: safe member names, a manifest that validates,
+    the adapter files where the manifest says, hashes that match (and, with `expected`, every
+    member equal to what was meant to be written)."""
+    report = PackageReport(path=path)
+    if not path.is_file():
+        report.problems.append(f"{path}: not a file")
+        return report
+    report.sha256 = sha256_of(path)
+    hashes: dict[str, str] = {}
+    try:
+        with tarfile.open(path, mode="r:gz") as tar:
+            for count, member in enumerate(tar, 1):
+                if count > MAX_MEMBERS:
+                    report.problems.append(f"more than {MAX_MEMBERS:,} files")
+                    break
+                problem = _member_problem(member)
+                if problem:
+                    report.problems.append(problem)
+                    continue
+                report.files[member.name] = member.size
+                hashes[member.name], data = _member_hash(tar, member)
+                if member.name == "manifest.json":
+                    report.manifest = _manifest_of(data, report)
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        report.problems.append(f"not a gzip-compressed tar archive ({type(exc).__name__})")
+        return report
+    _check_contents(report, hashes)
+    if sidecar:
+        _check_checksum_file(report)
+    if expected is not None:
+        for name, item in expected.items():
+            want = hashlib.sha256(item).hexdigest() if isinstance(item, bytes) else sha256_of(item)
+            if hashes.get(name) != want:
+                report.problems.append(f"{name}: does not read back as written")
+    return report
+
+
+def _member_problem(member: tarfile.TarInfo) -> str | None:
+    name = member.name
+    if not member.isfile():
+        return f"{name}: not a regular file (links and folders do not belong in a package)"
+    if name.startswith("/") or ".." in PurePosixPath(name).parts or "\\" in name:
+        return f"{name}: a path outside the package"
+    if member.size > MAX_FILE_BYTES:
+        return f"{name}: over {MAX_FILE_BYTES >> 30} GB"
+    return None
+
+
+def _member_hash(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, bytes]:
+    """sha256 of a member, and its bytes when it is small JSON worth reading."""
+    digest, kept = hashlib.sha256(), io.BytesIO()
+    keep = member.name.endswith(".json") and member.size <= 16 << 20
+    stream = tar.extractfile(member)
+    assert stream is not None  # a regular file, checked above
+    while block := stream.read(CHUNK):
+        digest.update(block)
+        if keep:
+            kept.write(block)
+    return digest.hexdigest(), kept.getvalue()
+
+
+def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
+    try:
+        manifest, repeated = parse_manifest_text(data.decode("utf-8"))
+        report.problems += [f"manifest.json: {line}" for line in repeated]
+        Manifest.model_validate(copy.deepcopy(manifest))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        if isinstance(exc, ValidationError):
+            report.problems += [f"manifest.json: {line}" for line in format_errors(exc)]
+        else:
+            report.problems.append("manifest.json: not a JSON object")
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _check_contents(report: PackageReport, hashes: dict[str, str]) -> None:
+    if "manifest.json" not in report.files:
+        report.problems.append("manifest.json: missing at the package's root")
+    if not report.manifest:
+        return
+    try:
+        adapters, where = adapters_of(copy.deepcopy(report.manifest))
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return
+    adapter = adapters[0] if adapters and isinstance(adapters[0], dict) else {}
+    folder = adapter.get("path")
+    prefix = f"{PurePosixPath(str(folder)).as_posix()}/" if folder else ""
+    for name in ADAPTER_FILES:
+        if prefix + name not in report.files:
+            report.problems.append(f"{prefix + name}: missing (the folder {where}[0].path names)")
+    weights = hashes.get(prefix + ADAPTER_FILES[0])
+    if weights and adapter.get("sha256") and adapter["sha256"] != weights:
+        report.problems.append(f"{where}[0].sha256: does not match {prefix}{ADAPTER_FILES[0]}")
+    size = report.files.get(prefix + ADAPTER_FILES[0])
+    if size is not None and adapter.get("size_bytes") and adapter["size_bytes"] != size:
+        report.problems.append(
+            f"{where}[0].size_bytes: {adapter['size_bytes']} but the file has {size}"
+        )
+
+
+def _check_checksum_file(report: PackageReport) -> None:
+    sidecar = report.path.with_name(report.path.name + ".sha256")
+    if not sidecar.is_file():
+        report.notes.append(f"no {sidecar.name} beside the package: its checksum is not checked")
+        return
+    report.checksum_file = sidecar
+    text = sidecar.read_text(encoding="utf-8", errors="replace")[:1024].split()
+    if not text or text[0].lower() != report.sha256:
+        report.problems.append(f"{sidecar.name}: the checksum does not match the package")
+    elif len(text) > 1 and os.path.basename(text[1]) != report.path.name:
+        report.notes.append(f"{sidecar.name} names another file, not {report.path.name}")
