@@ -28,7 +28,14 @@ def resolved_path(path: Path | str, label: str) -> Path:
     if "\x00" in text:
         raise UserError(f"{label} {shown_path(text)}: contains a NUL byte; expected a path")
     try:
-        return Path(text).expanduser().resolve()
+        expanded = Path(text).expanduser()
+    except RuntimeError:  # `~name` of no such user, or no home folder at all
+        raise UserError(
+            f"{label} {shown_path(text)}: that home folder (~) is not known here; give the "
+            "path in full"
+        ) from None
+    try:
+        return expanded.resolve()
     except RuntimeError:  # Python's message for a loop of symbolic links
         raise UserError(f"{label} {shown_path(text)}: a loop of symbolic links") from None
     except OSError as exc:
@@ -93,4 +100,13 @@ def path_exists(path: Path) -> bool:
     try:
         return path.exists()
     except (OSError, ValueError):
+        return False
+
+
+def path_is_dir(path: Path | str) -> bool:
+    """Whether `path` (`~` expanded) is a folder; False (not an exception) for a `~name` of
+    no known user, a name too long or a NUL byte."""
+    try:
+        return Path(path).expanduser().is_dir()
+    except (OSError, ValueError, RuntimeError):
         return False

@@ -15,6 +15,7 @@ from expert_cli.config import DecodingSpec, Manifest, load_manifest
 from expert_cli.config.environment import Environment
 from expert_cli.config.resolve import resolve
 from expert_cli.errors import UserError
+from expert_cli.paths import path_is_dir, resolved_path
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "QQsecretQQ"
@@ -314,3 +315,55 @@ def test_a_misspelt_decoding_key_is_kept_but_noted(tmp_path: Path) -> None:
         "training.decoding.beam_width: not a key the format names; kept as it is",
         "training.decoding: not a key the format names; kept as it is",
     ]
+
+
+# --------------------------------------------------------------------------- dataset references
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("path", "::::", "training.dataset.path: names no dataset before its '::'"),
+        ("path", "::train", "training.dataset.path: names no dataset before its '::'"),
+        ("path", "   ", "training.dataset: `path` is required"),
+        ("path", "a\nb.jsonl", "training.dataset.path: contains a control character"),
+        ("path", "~no_such_user_qq/t.jsonl", "training.dataset.path: starts with ~ but that"),
+        ("path", ".", "training.dataset.path: " + "{folder} is the folder that holds the manifest"),
+        (
+            "path",
+            "./",
+            "training.dataset.path: " + "{folder} is the folder that holds the manifest",
+        ),
+        (
+            "path",
+            "..",
+            "training.dataset.path: " + "{parent} is the folder that holds the manifest",
+        ),
+        ("validation_path", "::x", "training.dataset.validation_path: names no dataset before"),
+    ],
+)
+def test_a_dataset_reference_that_names_no_data_says_so(
+    tmp_path: Path, field: str, value: str, expected: str
+) -> None:
+    """`"path": "::::"` or `"."` read the manifest's own folder as data (the manifest, the
+    token cache and the run's outputs among the rows); `~user` of no such user was a
+    traceback."""
+    data = _data()
+    data["training"]["dataset"][field] = value
+    with pytest.raises(UserError) as err:
+        resolve(load_manifest(_write(tmp_path, data)), Environment(cpu_count=2))
+    text = "\n".join(err.value.lines)
+    assert expected.format(folder=tmp_path, parent=tmp_path.parent) in text, text
+
+
+def test_a_task_reference_is_named_by_its_task(tmp_path: Path) -> None:
+    data = _data()
+    data["training"]["dataset"] = {"type": "multi_task", "tasks": {"sql": {"train": "::a"}}}
+    with pytest.raises(UserError, match=r"^training.dataset.tasks.sql.train: names no dataset"):
+        resolve(load_manifest(_write(tmp_path, data)), Environment(cpu_count=2))
+
+
+def test_a_home_folder_that_is_not_known_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"^--output ~no_such_user_qq/x: that home folder"):
+        resolved_path("~no_such_user_qq/x", "--output")
+    assert not path_is_dir("~no_such_user_qq/x") and path_is_dir(tmp_path)

@@ -9,8 +9,8 @@ import pytest
 
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
-from expert_cli.config.resolve import resolve
-from expert_cli.data.rows import field_spec
+from expert_cli.config.resolve import SourceRef, resolve
+from expert_cli.data.rows import field_spec, source_files
 from expert_cli.data.sources import apply_weight, hold_out, load_sources
 from expert_cli.errors import UserError
 
@@ -198,3 +198,19 @@ def test_weight_and_holdout_helpers() -> None:
     assert len(apply_weight(ds, 1.3, 0)) == 13
     train, held = hold_out(ds, 0.2, 0)
     assert sorted(list(train["x"]) + list(held["x"])) == list(range(10)) and len(held) == 2
+
+
+def test_a_data_folder_leaves_hidden_files_out(tmp_path: Path) -> None:
+    """Notebook checkpoints and caches inside a data folder are not data (a copy of every
+    row, or the token cache's own files)."""
+    for name in (
+        "a.jsonl",
+        "sub/b.jsonl",
+        ".cache/c.jsonl",
+        ".ipynb_checkpoints/a.jsonl",
+        ".d.json",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text('{"text": "x"}\n')
+    ref = SourceRef(kind="local", location=str(tmp_path))
+    assert source_files(ref) == [tmp_path / "a.jsonl", tmp_path / "sub/b.jsonl"]

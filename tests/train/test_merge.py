@@ -57,6 +57,7 @@ def test_adapter_without_weights_is_a_user_error(tmp_path: Path) -> None:
         ("/nowhere/models/qwen3-base", True),  # a local folder, since moved or deleted
         ("base_model", True),  # the run's own random-init base, deleted
         ("../models/base", True),
+        ("~no_such_user_qq/base", True),  # was a traceback (no such home folder)
         ("Qwen/Qwen3-0.6B", False),  # a hub id: loaded from the cache or the hub
         ("gpt2", False),
     ],

@@ -178,7 +178,7 @@ class DatasetSpec(Strict):
     def _source_given(self) -> DatasetSpec:
         if self.type == "multi_task" and not self.tasks:
             raise ValueError("type multi_task needs a non-empty `tasks` object")
-        if self.type == "single" and not self.path:
+        if self.type == "single" and not (self.path or "").strip():
             raise ValueError("`path` is required (a local file or a hub dataset id)")
         return self
 

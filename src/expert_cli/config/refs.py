@@ -41,7 +41,15 @@ def local_path(folder: Path, value: str, label: str = "path") -> Path:
     `label` for one that cannot be resolved)."""
     if "\x00" in value:
         raise UserError(f"{label} {shown_path(value)}: contains a NUL byte; expected a path")
-    path = Path(value).expanduser()
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise UserError(f"{label}: contains a control character (a line break?); expected a path")
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:  # `~name` of no such user, or no home folder at all
+        raise UserError(
+            f"{label}: starts with ~ but that home folder is not known here; give the path "
+            "in full, or relative to the manifest's folder"
+        ) from None
     return path if path.is_absolute() else resolved_path(folder / path, label)
 
 

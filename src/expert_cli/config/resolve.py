@@ -24,7 +24,7 @@ from expert_cli.config.refs import (
     split_hub_spec,
 )
 from expert_cli.errors import UserError
-from expert_cli.paths import path_exists
+from expert_cli.paths import path_exists, shown_path
 
 # Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
 DEFAULT_RANK = 16
@@ -135,25 +135,25 @@ class ResolvedConfig(BaseModel):
 
 
 def _source(
-    folder: Path,
-    spec: str,
-    fmt: str | None,
-    revision: str | None,
-    weight: float = 1.0,
-    task: str | None = None,
+    folder: Path, spec: str, fmt: str | None, revision: str | None, label: str
 ) -> SourceRef:
-    """A local path when it exists (or looks like one), else a hub id."""
+    """A local path when it exists (or looks like one), else a hub id. `label` is the
+    manifest field that names it."""
     name, split, config = split_hub_spec(spec)
-    path = local_path(folder, name, "training.dataset")
+    if not name.strip():
+        raise UserError(
+            f"{label}: names no dataset before its '::'; expected a local file or folder, or "
+            "a hub id, e.g. data/train.jsonl or org/name::train"
+        )
+    path = local_path(folder, name, label)
     if fmt != "huggingface" and is_local(folder, name):
+        _refuse_manifest_folder(path, folder, label)
         return SourceRef(
             kind="local",
             location=str(path),
             split=split,
             config=config,
             format=fmt or FILE_FORMATS.get(path.suffix),
-            weight=weight,
-            task=task,
         )
     return SourceRef(
         kind="hub",
@@ -162,9 +162,21 @@ def _source(
         config=config,
         revision=revision,
         format="huggingface",
-        weight=weight,
-        task=task,
     )
+
+
+def _refuse_manifest_folder(path: Path, folder: Path, label: str) -> None:
+    """A data folder that holds the manifest (`"path": "."`) would read the manifest, the
+    token cache and the run's outputs as data: refused."""
+    try:
+        holds = path.is_dir() and folder.resolve().is_relative_to(path.resolve())
+    except (OSError, RuntimeError):
+        return  # the data check names what cannot be read
+    if holds:
+        raise UserError(
+            f"{label}: {shown_path(path)} is the folder that holds the manifest; put the data "
+            "in a folder of its own (e.g. data/) or name the file"
+        )
 
 
 def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef]]:
@@ -175,13 +187,26 @@ def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef
         train, valid = [], []
         for name, task in (ds.tasks or {}).items():
             fmt = task.format if task.format in FILE_FORMATS.values() else ds.format
-            train.append(_source(folder, task.train, fmt, ds.revision, task.weight, name))
+            at = f"training.dataset.tasks.{name}"
+            ref = _source(folder, task.train, fmt, ds.revision, f"{at}.train")
+            train.append(ref.model_copy(update={"weight": task.weight, "task": name}))
             if task.valid:
-                valid.append(_source(folder, task.valid, fmt, ds.revision, 1.0, name))
+                ref = _source(folder, task.valid, fmt, ds.revision, f"{at}.valid")
+                valid.append(ref.model_copy(update={"task": name}))
         return train, valid
-    train = [_source(folder, ds.path or "", ds.format, ds.revision)]
+    train = [_source(folder, ds.path or "", ds.format, ds.revision, "training.dataset.path")]
     valid = (
-        [_source(folder, ds.validation_path, ds.format, ds.revision)] if ds.validation_path else []
+        [
+            _source(
+                folder,
+                ds.validation_path,
+                ds.format,
+                ds.revision,
+                label="training.dataset.validation_path",
+            )
+        ]
+        if ds.validation_path
+        else []
     )
     return train, valid
 

@@ -86,7 +86,8 @@ def is_saved_dataset(path: Path) -> bool:
 
 
 def source_files(ref: SourceRef) -> list[Path]:
-    """The local files of a source (a file, or the data files of a folder), sorted."""
+    """The local files of a source (a file, or the data files of a folder, hidden ones such as
+    .cache/ or .ipynb_checkpoints/ left out), sorted."""
     path = Path(ref.location)
     try:
         if not path.exists():
@@ -99,7 +100,13 @@ def source_files(ref: SourceRef) -> list[Path]:
         raise UserError(f"{path}: not a regular file (a device, pipe or socket)")
     if is_saved_dataset(path):
         return sorted(p for p in path.iterdir() if p.is_file())
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in FILE_FORMATS)
+    files = sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file()
+        and p.suffix in FILE_FORMATS
+        and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
     if not files:
         raise UserError(f"{path}: folder has no data files ({', '.join(FILE_FORMATS)})")
     return files

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
 from expert_cli.errors import RunError, UserError
-from expert_cli.paths import resolved_path, shown_path
+from expert_cli.paths import path_is_dir, resolved_path, shown_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -131,7 +131,7 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
     local = adapter / base  # a random-init base saved inside the run folder: a relative path
     if not Path(base).is_absolute() and local.is_dir():
         return str(local)
-    if base_needed and _names_a_folder(base) and not Path(base).expanduser().is_dir():
+    if base_needed and _names_a_folder(base) and not path_is_dir(base):
         raise UserError(
             f"{config_path}: the base model it was trained on, {shown_path(base)}, is not "
             "there any more; put it back, or set base_model_name_or_path to where it is now "
