@@ -104,3 +104,17 @@ def test_control_characters_are_shown_as_escapes() -> None:
 
     assert visible("a\x1b[31mb\x9b\u202ec\td\ne") == "a\\x1b[31mb\\x9b\\u202ec\td\ne"
     assert visible("plain naïve 日本") == "plain naïve 日本"
+
+
+def test_one_item_stays_one_line(capsys) -> None:
+    """An error naming a file whose name holds a line break cannot print a forged second
+    line; tabs and text stay as they are."""
+    from expert_cli.cli.render import one_line, print_error
+    from expert_cli.errors import UserError
+
+    assert one_line("a\nb\r\x1bc\td") == "a\\nb\\r\\x1bc\td"
+    print_error("error", UserError(["data/x\nmanifest is usable: not found"]))
+    assert capsys.readouterr().err.splitlines() == [
+        "error:",
+        "  data/x\\nmanifest is usable: not found",
+    ]

@@ -154,6 +154,7 @@ def render_report(report: CheckReport) -> None:
     from rich.text import Text
 
     from expert_cli.cli.render import console as make_console
+    from expert_cli.cli.render import one_line
 
     console = make_console()
     man = report.manifest
@@ -188,6 +189,6 @@ def render_report(report: CheckReport) -> None:
         if items:
             console.print(f"[{style}]{title}:[/{style}]")
             for item in items:
-                console.print(f"  - {item}", markup=False)
+                console.print(f"  - {one_line(item)}", markup=False)
     verdict = "[bold green]usable[/]" if report.usable else "[bold red]not usable[/]"
     console.print(f"manifest is {verdict}")

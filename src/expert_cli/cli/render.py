@@ -22,6 +22,13 @@ def visible(text: str) -> str:
     return CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
+def one_line(text: str) -> str:
+    """`text` as one line: control characters and line breaks shown as escapes (an item of a
+    list, such as an error naming a file whose name holds a line break, cannot forge a
+    second item)."""
+    return visible(text).replace("\r", "\\r").replace("\n", "\\n")
+
+
 class SafeConsole(Console):
     """A rich console that shows control characters in what it prints (names, paths and
     values come from users' files and arguments) as escapes instead of sending them to the
@@ -72,7 +79,7 @@ class BuildBar:
 def print_error(kind: str, exc: BaseException) -> None:
     """`kind:` and the error's lines on stderr (a UserError's `location: message` lines)."""
     out = console(stderr=True)
-    lines = exc.lines if isinstance(exc, UserError) else [str(exc)]
+    lines = exc.lines if isinstance(exc, UserError) else str(exc).splitlines()
     out.print(f"[bold red]{kind}:[/bold red]")
     for line in lines:
-        out.print(f"  {line}", markup=False)
+        out.print(f"  {one_line(line)}", markup=False)
