@@ -4,6 +4,7 @@ intact. Needs a small tmpfs (root on Linux); skipped where one cannot be mounted
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,3 +97,43 @@ def test_a_full_disk_while_saving_the_random_init_base(
     assert f"no space left on {small_disk / 'run'}" in " ".join(out.stderr.split())
     assert "Traceback" not in out.stderr
     assert list(small_disk.iterdir()) == []  # no run folder, no temporary base
+
+
+def _fill(mount: Path, leave: int) -> None:
+    """Fill the tmpfs at `mount` until `leave` bytes are free."""
+    stat = os.statvfs(mount)
+    (mount / "filler").write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - leave))
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_packaging(
+    disk_for_one_checkpoint: Path, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Too little room for the package, or for its .sha256 once the package fits: exit 1
+    naming --output, and neither file (nor a temporary one) is left; an earlier package
+    given with --force is still the one there, with its own checksum."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8)
+    run = tmp_path / "e" / "out"
+    done = run_cli("train", "-m", str(manifest), "--output", str(run), "--max-steps", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    reference = tmp_path / "ref.expert"
+    assert run_cli("package", "--adapter", str(run), "--output", str(reference)).returncode == 0
+    pages = -(-reference.stat().st_size // 4096) * 4096
+    disk = disk_for_one_checkpoint
+    assert pages < 400 << 10
+    earlier = disk / "x.expert"
+    earlier.write_bytes(b"an earlier package")
+    earlier.with_name("x.expert.sha256").write_text("0" * 64 + "  x.expert\n")
+    for leave in (pages // 2, pages):  # the package does not fit; only it fits
+        _fill(disk, leave)
+        out = run_cli("package", "--adapter", str(run), "--output", str(earlier), "--force")
+        assert out.returncode == 1, (leave, out.stdout + out.stderr)
+        assert f"--output {earlier}: cannot be written" in " ".join(out.stderr.split())
+        assert "Traceback" not in out.stderr
+        assert sorted(p.name for p in disk.iterdir()) == [
+            "filler",
+            "x.expert",
+            "x.expert.sha256",
+        ]
+        assert earlier.read_bytes() == b"an earlier package"
+        (disk / "filler").unlink()

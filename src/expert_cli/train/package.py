@@ -188,14 +188,14 @@ def build_package(run_dir: Path, output: Path | None = None, force: bool = False
     _refuse_output(path, checksum, default, force)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path) as tmp:
+        # both written in full before either is renamed into place: a disk that fills up
+        # leaves neither, and never a package beside a checksum of another
+        with atomic_file(path) as tmp, atomic_file(checksum) as tmp_sum:
             _write_tar(tmp, members)
-            digest = sha256_of(tmp)
             report = verify_package(tmp, expected=members, sidecar=False)
             if report.problems:  # never leave a package that does not read back
                 raise UserError([f"{path}: {p}" for p in report.problems])
-        with atomic_file(checksum) as tmp:
-            tmp.write_text(f"{digest}  {path.name}\n", encoding="utf-8")
+            tmp_sum.write_text(f"{report.sha256}  {path.name}\n", encoding="utf-8")
     except OSError as exc:  # a full disk, a folder gone since the check: not the user's input
         raise RunError(f"--output {shown_path(path)}: cannot be written ({exc.strerror})") from None
     report.path, report.checksum_file, report.notes = path, checksum, notes + report.notes
