@@ -77,7 +77,7 @@ def check(
         raise UserError("--manifest: required (or --package FILE, or --list-settings)")
     from expert_cli.cli.render import BuildBar
     from expert_cli.data.checks import check_manifest
-    from expert_cli.train.model import adapter_problem
+    from expert_cli.train.adapter import adapter_problem
 
     report = check_manifest(
         manifest,

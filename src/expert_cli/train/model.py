@@ -7,30 +7,26 @@ torch, transformers and peft are imported inside the functions.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from peft import (
-    AdaLoraConfig,
-    IA3Config,
-    LoKrConfig,
-    LoraConfig,
     get_peft_model,
     prepare_model_for_kbit_training,
 )
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, set_seed
 
 from expert_cli.errors import RunError, UserError
+from expert_cli.train.adapter import adapter_config, adapter_error, unmatched_targets
 from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
 from expert_cli.train.fused_lora import fuse_lora_linears
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
 
 if TYPE_CHECKING:
-    from peft import PeftConfig, PeftModel
+    from peft import PeftModel
     from transformers import PreTrainedModel
 
     from expert_cli.config.resolve import ResolvedConfig
@@ -251,100 +247,6 @@ def load_base_model(
     return model, choices
 
 
-def adapter_config(resolved: ResolvedConfig, total_steps: int) -> PeftConfig:
-    """The peft configuration for the manifest's adapter type."""
-
-    targets = resolved.target_modules
-    kind = resolved.adapter_type
-    if kind in ("lora", "dora"):
-        return LoraConfig(
-            r=resolved.rank,
-            lora_alpha=resolved.alpha,
-            lora_dropout=resolved.dropout,
-            target_modules=targets,
-            use_dora=resolved.use_dora,
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
-    if kind == "ia3":
-        return IA3Config(
-            target_modules=targets,
-            feedforward_modules=resolved.feedforward_modules or [],
-            task_type="CAUSAL_LM",
-        )
-    if kind == "lokr":
-        return LoKrConfig(
-            r=resolved.rank,
-            alpha=resolved.alpha,
-            rank_dropout=resolved.dropout,
-            target_modules=targets,
-            task_type="CAUSAL_LM",
-        )
-    if kind == "adalora":
-        if total_steps <= 0:
-            raise UserError("adapter_type adalora: needs a known number of training steps")
-        return AdaLoraConfig(
-            init_r=resolved.rank,
-            target_r=max(1, resolved.rank // 2),
-            lora_alpha=resolved.alpha,
-            lora_dropout=resolved.dropout,
-            target_modules=targets,
-            total_step=total_steps,
-            task_type="CAUSAL_LM",
-        )
-    raise UserError(f"adapter_type: {kind!r} is not supported (lora, dora, ia3, lokr, adalora)")
-
-
-def _adapter_error(resolved: ResolvedConfig, exc: ValueError | str) -> str:
-    return f"adapter ({resolved.adapter_type}): {exc}"
-
-
-def unmatched_targets(model: Any, resolved: ResolvedConfig) -> str | None:
-    """The named targets that match no module of `model` (peft's rule: the module's name, or
-    its last dotted parts): peft adapts the others and says nothing, so a misspelt name
-    would silently train a smaller adapter. None when every name matches. Each is named by
-    its place in the list (not quoted), with the nearest layer name the model has."""
-    targets = resolved.target_modules
-    if isinstance(targets, str):
-        return None
-    names = [name for name, _ in model.named_modules()]
-    layers = sorted({n.rsplit(".", 1)[-1] for n in names if n and not n[-1].isdigit()})
-    lines = []
-    for i, target in enumerate(targets):
-        if any(n == target or n.endswith(f".{target}") for n in names):
-            continue
-        close = difflib.get_close_matches(target, layers, n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        lines.append(f"target_modules[{i}] names no layer of the model{hint}")
-    if not lines:
-        return None
-    return _adapter_error(resolved, "; ".join(lines))
-
-
-def adapter_problem(resolved: ResolvedConfig, source: str) -> str | None:
-    """Why the manifest's adapter cannot attach to the architecture at `source` (a local
-    folder or a cached hub id), found as a run finds it (peft on the model built on the meta
-    device: no weights read, no memory used); None when it attaches, or when the
-    architecture cannot be read here (the model checks report that)."""
-    try:
-        config = AutoConfig.from_pretrained(
-            source, trust_remote_code=resolved.trust_remote_code, local_files_only=True
-        )
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(
-                config, trust_remote_code=resolved.trust_remote_code
-            )
-    except Exception:  # noqa: BLE001 - an unreadable config is reported by the model checks
-        return None
-    if missing := unmatched_targets(model, resolved):
-        return missing
-    try:
-        get_peft_model(model, adapter_config(resolved, total_steps=1))
-    except ValueError as exc:
-        return _adapter_error(resolved, exc)
-    return None
-
-
 def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps: int) -> PeftModel:
     """Wrap `model` with the manifest's adapter (seeded init). Adapter weights are fp32; they
     compute in the mixed-precision dtype unless `adapter_precision` is fp32."""
@@ -357,7 +259,7 @@ def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps
             model, adapter_config(resolved, total_steps), autocast_adapter_dtype=True
         )
     except ValueError as exc:
-        raise UserError(_adapter_error(resolved, exc)) from None
+        raise UserError(adapter_error(resolved, exc)) from None
     if resolved.gradient_checkpointing and resolved.quantization not in ("int4", "int8"):
         peft_model.enable_input_require_grads()
     if adapter_compute_dtype(resolved) != "fp32":

@@ -27,6 +27,7 @@ from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import RunError, UserError
 from expert_cli.train import distributed
+from expert_cli.train.adapter import adapter_problem
 from expert_cli.train.args import planned_steps, training_args_kwargs
 from expert_cli.train.batch import plan_batch
 from expert_cli.train.callbacks import (
@@ -118,8 +119,11 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
 
 def load_data(run: Run) -> tuple[Any, PreparedData]:
     """Tokenizer, then the token cache (validates the data before any model is loaded); hub
-    references that are neither cached nor downloadable fail first, in seconds."""
+    references that are neither cached nor downloadable, and a base model that cannot take
+    the adapter (its architecture built without weights), fail first, in seconds."""
     require_hub(hub_refs(run.resolved))
+    if problem := adapter_problem(run.resolved, run.resolved.base_model):
+        raise UserError(problem)  # before any data is tokenized or weights read
     tokenizer = load_tokenizer(run.resolved)
     progress = run.reporter.build_progress() if run.is_main else None
     with run.args.main_process_first(desc="token cache"):

@@ -1,0 +1,112 @@
+"""The manifest's adapter as peft configures it, and what it asks of the base model: target
+names that match its layers, checked on the architecture built without weights."""
+
+from __future__ import annotations
+
+import difflib
+from typing import TYPE_CHECKING, Any
+
+from peft import AdaLoraConfig, IA3Config, LoKrConfig, LoraConfig, get_peft_model
+
+from expert_cli.errors import UserError
+from expert_cli.train.architecture import device_memory, memory_problem, meta_model
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
+
+    from expert_cli.config.resolve import ResolvedConfig
+
+
+def adapter_config(resolved: ResolvedConfig, total_steps: int) -> PeftConfig:
+    """The peft configuration for the manifest's adapter type."""
+
+    targets = resolved.target_modules
+    kind = resolved.adapter_type
+    if kind in ("lora", "dora"):
+        return LoraConfig(
+            r=resolved.rank,
+            lora_alpha=resolved.alpha,
+            lora_dropout=resolved.dropout,
+            target_modules=targets,
+            use_dora=resolved.use_dora,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+    if kind == "ia3":
+        return IA3Config(
+            target_modules=targets,
+            feedforward_modules=resolved.feedforward_modules or [],
+            task_type="CAUSAL_LM",
+        )
+    if kind == "lokr":
+        return LoKrConfig(
+            r=resolved.rank,
+            alpha=resolved.alpha,
+            rank_dropout=resolved.dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+        )
+    if kind == "adalora":
+        if total_steps <= 0:
+            raise UserError("adapter_type adalora: needs a known number of training steps")
+        return AdaLoraConfig(
+            init_r=resolved.rank,
+            target_r=max(1, resolved.rank // 2),
+            lora_alpha=resolved.alpha,
+            lora_dropout=resolved.dropout,
+            target_modules=targets,
+            total_step=total_steps,
+            task_type="CAUSAL_LM",
+        )
+    raise UserError(f"adapter_type: {kind!r} is not supported (lora, dora, ia3, lokr, adalora)")
+
+
+def adapter_error(resolved: ResolvedConfig, exc: ValueError | str) -> str:
+    """A line naming the adapter and what is wrong with it."""
+    return f"adapter ({resolved.adapter_type}): {exc}"
+
+
+def unmatched_targets(model: Any, resolved: ResolvedConfig) -> str | None:
+    """The named targets that match no module of `model` (peft's rule: the module's name, or
+    its last dotted parts): peft adapts the others and says nothing, so a misspelt name
+    would silently train a smaller adapter. None when every name matches. Each is named by
+    its place in the list (not quoted), with the nearest layer name the model has."""
+    targets = resolved.target_modules
+    if isinstance(targets, str):
+        return None
+    names = [name for name, _ in model.named_modules()]
+    layers = sorted({n.rsplit(".", 1)[-1] for n in names if n and not n[-1].isdigit()})
+    lines = []
+    for i, target in enumerate(targets):
+        if any(n == target or n.endswith(f".{target}") for n in names):
+            continue
+        close = difflib.get_close_matches(target, layers, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        lines.append(f"target_modules[{i}] names no layer of the model{hint}")
+    if not lines:
+        return None
+    return adapter_error(resolved, "; ".join(lines))
+
+
+def adapter_problem(
+    resolved: ResolvedConfig, source: str, memory_bytes: int | None = None
+) -> str | None:
+    """Why the base model at `source` (a local folder or a cached hub id) cannot take the
+    manifest's adapter, found as a run finds it, on the architecture built on the meta
+    device: no model can be built from its configuration, its weights cannot fit this
+    machine (`memory_bytes`, this machine's by default), a target names no layer, or peft
+    refuses the adapter. None when it attaches, or when the configuration is not here to
+    read (a hub model not yet downloaded)."""
+    model, problem = meta_model(resolved, source)
+    if model is None:
+        return problem
+    memory = memory_bytes if memory_bytes is not None else device_memory()
+    if problem := memory_problem(resolved, model, memory):
+        return problem
+    if missing := unmatched_targets(model, resolved):
+        return missing
+    try:
+        get_peft_model(model, adapter_config(resolved, total_steps=1))
+    except ValueError as exc:
+        return adapter_error(resolved, exc)
+    return None

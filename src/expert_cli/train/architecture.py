@@ -1,0 +1,88 @@
+"""The base model's architecture, built from its config.json on the meta device (no weights
+read, no memory used), so that `check` and `train` find a configuration no model can be built
+from, or one whose weights alone cannot fit this machine, before any weights load or any data
+is tokenized. A malformed config used to surface as a traceback from deep inside transformers
+(a negative size, zero attention heads) or as the process killed for memory."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from expert_cli.paths import shown_path
+
+if TYPE_CHECKING:
+    from expert_cli.config.resolve import ResolvedConfig
+
+# bytes per weight at the least, by quantization: a lower bound, so the check never refuses
+# a model that would fit
+WEIGHT_BYTES = {"int4": 0.5, "int8": 1.0}
+HALF_BYTES = 2.0
+SHARDED = ("fsdp", "deepspeed")
+SIZES = "hidden_size, intermediate_size, num_attention_heads, num_hidden_layers, vocab_size"
+
+
+def meta_model(resolved: ResolvedConfig, source: str) -> tuple[Any | None, str | None]:
+    """(the architecture at `source` on the meta device, None), or (None, why it cannot be
+    built). (None, None) when its configuration is not here to read: a hub model not yet in
+    the cache, reported by the hub checks."""
+    local = Path(source).is_dir()
+    shown = f"base model {shown_path(source)}"
+    try:
+        config = AutoConfig.from_pretrained(
+            source, trust_remote_code=resolved.trust_remote_code, local_files_only=True
+        )
+    except Exception as exc:  # noqa: BLE001 - whatever the user's config.json makes it raise
+        if not local:
+            return None, None
+        field = re.search(r"field '(\w+)'", str(exc))
+        what = f"; {field.group(1)} has the wrong type" if field else ""
+        return None, (
+            f"{shown}: config.json cannot be read as a model configuration "
+            f"({type(exc).__name__}{what})"
+        )
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                config, trust_remote_code=resolved.trust_remote_code
+            )
+    except Exception as exc:  # noqa: BLE001 - a negative size, no heads, an unknown type...
+        return None, (
+            f"{shown}: no model can be built from its config.json ({type(exc).__name__}); "
+            f"check its sizes ({SIZES})"
+        )
+    return model, None
+
+
+def memory_problem(resolved: ResolvedConfig, model: Any, memory_bytes: int | None) -> str | None:
+    """Why the weights alone (at their least: half precision, or the quantized size) cannot
+    fit `memory_bytes`, the memory of the device that will hold them; None when they can,
+    and for a strategy that shards them (FSDP, DeepSpeed)."""
+    strategy = (resolved.distributed or {}).get("strategy")
+    if not memory_bytes or strategy in SHARDED:
+        return None  # sharded over GPUs (or offloaded): no one device holds them all
+    params = sum(p.numel() for p in model.parameters())
+    need = params * WEIGHT_BYTES.get(resolved.quantization, HALF_BYTES)
+    if need <= memory_bytes:
+        return None
+    return (
+        f"base model {shown_path(resolved.base_model)}: its config.json describes "
+        f"{params / 1e9:,.1f} B parameters, at least {need / 2**30:,.0f} GiB of weights; this "
+        f"machine's {'GPU' if torch.cuda.is_available() else 'memory'} holds "
+        f"{memory_bytes / 2**30:,.0f} GiB. Check its sizes ({SIZES}), or use a smaller model"
+    )
+
+
+def device_memory() -> int | None:
+    """Bytes of memory of the device the weights will live on: the first GPU, else RAM."""
+    if torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return None

@@ -1,0 +1,104 @@
+"""A base model configuration no model can be built from, or too big for the machine, is
+found on the architecture built without weights: `check` and `train` name config.json and
+exit 2 before any data is tokenized (it was a traceback from inside transformers, or the
+process killed for memory)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from train_helpers import run_main, write_expert
+
+from expert_cli.config import load_manifest
+from expert_cli.config.environment import Environment
+from expert_cli.config.resolve import resolve
+from expert_cli.train.adapter import adapter_problem
+
+
+def _model_with(tmp_path: Path, tiny_model_dir: Path, config: str | None) -> Path:
+    """A copy of the tiny model's config and tokenizer (no weights) with config.json
+    replaced by `config` (kept when None)."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    if config is not None:
+        (folder / "config.json").write_text(config)
+    return folder
+
+
+def _resolved(tmp_path: Path, model: Path):
+    manifest = write_expert(tmp_path / "e", model, rows=8, base={"init": "random"})
+    return resolve(load_manifest(manifest), Environment(cpu_count=2))
+
+
+def _edited(tiny_model_dir: Path, **changes: object) -> str:
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    return json.dumps({**config, **changes})
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"hidden_size": -1}, "no model can be built from its config.json (RuntimeError)"),
+        ({"num_attention_heads": 0}, "no model can be built from its config.json (ZeroDivision"),
+        ({"vocab_size": 1e12}, "cannot be read as a model configuration (StrictDataclassField"),
+        ({"model_type": "no-such-model"}, "cannot be read as a model configuration (ValueError)"),
+    ],
+)
+def test_a_config_no_model_can_be_built_from_is_named(
+    tmp_path: Path, tiny_model_dir: Path, changes: dict, expected: str
+) -> None:
+    model = _model_with(tmp_path, tiny_model_dir, _edited(tiny_model_dir, **changes))
+    problem = adapter_problem(_resolved(tmp_path, model), str(model))
+    assert problem is not None and problem.startswith(f"base model {model}: "), problem
+    assert expected in problem
+    assert "1000000000000" not in problem  # the value is not quoted
+
+
+@pytest.mark.parametrize("text", ["not json", "[]", ""])
+def test_a_config_that_is_not_a_json_object_is_named(
+    tmp_path: Path, tiny_model_dir: Path, text: str
+) -> None:
+    model = _model_with(tmp_path, tiny_model_dir, None)
+    resolved = _resolved(tmp_path, model)
+    (model / "config.json").write_text(text)
+    problem = adapter_problem(resolved, str(model))
+    assert problem is not None and "config.json cannot be read as a model configuration" in problem
+
+
+def test_weights_that_cannot_fit_the_machine_are_refused(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    model = _model_with(tmp_path, tiny_model_dir, None)
+    resolved = _resolved(tmp_path, model)
+    assert adapter_problem(resolved, str(model)) is None  # this machine holds it
+    assert adapter_problem(resolved, str(model), memory_bytes=1 << 30) is None
+    problem = adapter_problem(resolved, str(model), memory_bytes=4096)
+    assert problem is not None and "B parameters, at least 0 GiB of weights" in problem
+    sharded = resolved.model_copy(update={"distributed": {"strategy": "fsdp"}})
+    assert adapter_problem(sharded, str(model), memory_bytes=4096) is None  # no one GPU holds it
+    # 64 x 4e9 embedding and head weights: 1 TiB at 2 bytes each, more than any machine here
+    (model / "config.json").write_text(_edited(tiny_model_dir, vocab_size=4 * 10**9))
+    problem = adapter_problem(resolved, str(model))
+    assert problem is not None and "its config.json describes" in problem, problem
+
+
+def test_train_and_check_refuse_it_before_reading_data(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    model = _model_with(tmp_path, tiny_model_dir, _edited(tiny_model_dir, num_attention_heads=0))
+    manifest = write_expert(tmp_path / "e", model, rows=8, base={"init": "random"})
+    out = tmp_path / "e" / "out"
+    code, _, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(out))
+    assert code == 2, err
+    assert f"base model {model}: no model can be built from its config.json" in " ".join(
+        err.split()
+    )
+    assert not out.exists()
+    assert not (tmp_path / "e" / ".cache").exists()  # no token cache was built
+    code, stdout, _ = run_main(capsys, monkeypatch, "check", "-m", str(manifest), "--json")
+    assert code == 2
+    (problem,) = json.loads(stdout)["problems"]
+    assert "no model can be built from its config.json (ZeroDivisionError)" in problem
