@@ -9,11 +9,13 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from train_helpers import run_main
 
 from expert_cli.cli.app import QUIET_LOGGERS
 
@@ -108,3 +110,15 @@ def demo_expert_dir(tmp_path: Path) -> Path:
     dest = tmp_path / "demo"
     shutil.copytree(DEMO_EXPERT_DIR, dest, ignore=shutil.ignore_patterns(".cache", "output"))
     return dest
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """`expert-cli ARGS` in this process (no interpreter start-up and imports per call), with
+    what it returned as `run_cli` gives it."""
+
+    def call(*args: str) -> subprocess.CompletedProcess[str]:
+        code, stdout, stderr = run_main(capsys, monkeypatch, *args)
+        return subprocess.CompletedProcess(list(args), code, stdout, stderr)
+
+    return call

@@ -36,8 +36,8 @@ def test_help_is_instant_and_imports_no_torch() -> None:
     assert probe.stdout.strip() == "[]"
 
 
-def test_demo_manifest_is_usable() -> None:
-    out = run_cli("check", "--manifest", str(ROOT / "experts/demo/manifest.json"), "--json")
+def test_demo_manifest_is_usable(cli) -> None:
+    out = cli("check", "--manifest", str(ROOT / "experts/demo/manifest.json"), "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["manifest"] == {
@@ -81,21 +81,23 @@ def _hivellm_dir(tmp_path: Path, tiny_model_dir: Path) -> Path:
     return tmp_path
 
 
-def test_hivellm_manifest_checks_once_files_exist(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_hivellm_manifest_checks_once_files_exist(
+    cli, tmp_path: Path, tiny_model_dir: Path
+) -> None:
     folder = _hivellm_dir(tmp_path, tiny_model_dir)
-    out = run_cli("check", "--manifest", str(folder / "manifest.json"), "--json")
+    out = cli("check", "--manifest", str(folder / "manifest.json"), "--json")
     assert out.returncode == 0, out.stdout
     report = json.loads(out.stdout)
     assert report["config"]["rank"] == 14 and report["config"]["gradient_accumulation_steps"] == 45
     assert any(n.startswith("use_unsloth:") for n in report["notes"])
 
 
-def test_bad_data_and_model_are_problems(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_bad_data_and_model_are_problems(cli, tmp_path: Path, tiny_model_dir: Path) -> None:
     folder = _hivellm_dir(tmp_path, tiny_model_dir)
     (folder / "datasets" / "train.jsonl").write_text('{"text": "ok"}\n{"text": oops}\n')
     (folder / "datasets" / "validation.jsonl").write_text('{"prompt": "no text here"}\n')
     (folder / "datasets" / "test.jsonl").unlink()
-    out = run_cli("check", "--manifest", str(folder / "manifest.json"), "--json")
+    out = cli("check", "--manifest", str(folder / "manifest.json"), "--json")
     assert out.returncode == 2
     problems = json.loads(out.stdout)["problems"]
     assert problems[0] == f"{folder}/datasets/train.jsonl:2: invalid JSON (Expecting value)"
@@ -105,35 +107,35 @@ def test_bad_data_and_model_are_problems(tmp_path: Path, tiny_model_dir: Path) -
     )
 
 
-def test_missing_model_folder_and_empty_data(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_missing_model_folder_and_empty_data(cli, tmp_path: Path, tiny_model_dir: Path) -> None:
     folder = _hivellm_dir(tmp_path, tiny_model_dir)
     data = json.loads((folder / "manifest.json").read_text())
     data["base_models"][0]["name"] = "F:/models/Qwen3-0.6B"
     (folder / "manifest.json").write_text(json.dumps(data))
     (folder / "datasets" / "train.jsonl").write_text("")
-    out = run_cli("check", "--manifest", str(folder / "manifest.json"))
+    out = cli("check", "--manifest", str(folder / "manifest.json"))
     assert out.returncode == 2
     assert "F:/models/Qwen3-0.6B is not a folder" in out.stdout
     assert "train.jsonl: no examples (the file has no rows)" in out.stdout
     assert "Traceback" not in out.stdout + out.stderr
 
 
-def test_weights_missing_without_random_init(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_weights_missing_without_random_init(cli, tmp_path: Path, tiny_model_dir: Path) -> None:
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
     for weights in model.glob("*.safetensors"):
         weights.unlink()
     folder = _hivellm_dir(tmp_path / "expert", model)
-    out = run_cli("check", "--manifest", str(folder / "manifest.json"), "--json")
+    out = cli("check", "--manifest", str(folder / "manifest.json"), "--json")
     assert out.returncode == 2
     assert any("has no weights" in p for p in json.loads(out.stdout)["problems"])
 
 
-def test_misspelt_key_exits_2_naming_the_path(tmp_path: Path) -> None:
+def test_misspelt_key_exits_2_naming_the_path(cli, tmp_path: Path) -> None:
     data = json.loads((FIXTURES / "hivellm_v2.json").read_text())
     data["training"]["config"]["gradient_acumulation_steps"] = 4
     (tmp_path / "manifest.json").write_text(json.dumps(data))
-    out = run_cli("check", "--manifest", str(tmp_path / "manifest.json"))
+    out = cli("check", "--manifest", str(tmp_path / "manifest.json"))
     assert out.returncode == 2
     assert (
         "training.config.gradient_acumulation_steps: unknown field; did you mean "
@@ -142,13 +144,13 @@ def test_misspelt_key_exits_2_naming_the_path(tmp_path: Path) -> None:
     assert "Traceback" not in out.stdout + out.stderr
 
 
-def test_adapter_targets_missing_from_the_model_are_a_problem() -> None:
+def test_adapter_targets_missing_from_the_model_are_a_problem(cli) -> None:
     """Found as a run would find it (the architecture built without weights): a module name
     the model does not have, alone or beside real ones (peft would adapt the others and say
     nothing)."""
     demo = str(ROOT / "experts/demo/manifest.json")
     for targets in ('["nope_proj"]', '["q_proj", "nope_proj", "v_prj"]'):
-        out = run_cli("check", "--manifest", demo, "--json", "--set", f"target_modules={targets}")
+        out = cli("check", "--manifest", demo, "--json", "--set", f"target_modules={targets}")
         assert out.returncode == 2, out.stdout + out.stderr
         (problem,) = json.loads(out.stdout)["problems"]
         assert problem.startswith("adapter (lora): target_modules[")
@@ -160,7 +162,7 @@ def test_adapter_targets_missing_from_the_model_are_a_problem() -> None:
         ) == has_typo
         assert "nope_proj" not in problem and "v_prj" not in problem
     good = '["q_proj", "v_proj"]'
-    out = run_cli("check", "--manifest", demo, "--json", "--set", f"target_modules={good}")
+    out = cli("check", "--manifest", demo, "--json", "--set", f"target_modules={good}")
     assert out.returncode == 0, out.stdout + out.stderr
 
 

@@ -32,18 +32,18 @@ def test_every_command_has_examples_and_readable_value_names(command: str) -> No
     assert not re.search(r"<(bool|int|float|str|path|list\[\w+\]|int range|float range)>", text)
 
 
-def test_the_settings_set_accepts() -> None:
-    out = run_cli("check", "--list-settings", "--json")
+def test_the_settings_set_accepts(cli) -> None:
+    out = cli("check", "--list-settings", "--json")
     assert out.returncode == 0, out.stderr
     rows = {row["name"]: row for row in json.loads(out.stdout)}
     assert rows["learning_rate"]["limits"] == "> 0, <= 1"
     assert {"rank", "batch_size", "max_seq_length", "pretokenized_cache"} <= set(rows)
-    table = run_cli("check", "--list-settings")
+    table = cli("check", "--list-settings")
     assert table.returncode == 0 and "learning_rate" in table.stdout
 
 
-def test_set_mistakes_are_blamed_on_the_option_with_a_suggestion() -> None:
-    out = run_cli("check", "-m", DEMO, "--set", "lr=1e-3", "--set", "rank=0", "--set", "seq_len=9")
+def test_set_mistakes_are_blamed_on_the_option_with_a_suggestion(cli) -> None:
+    out = cli("check", "-m", DEMO, "--set", "lr=1e-3", "--set", "rank=0", "--set", "seq_len=9")
     assert out.returncode == 2
     text = " ".join(out.stdout.split())
     assert "--set lr=1e-3: training.config.lr: unknown field; did you mean learning_rate?" in text
@@ -55,12 +55,12 @@ def test_set_mistakes_are_blamed_on_the_option_with_a_suggestion() -> None:
     assert "manifest.json: training.config.lr" not in text
 
 
-def test_set_values_reach_the_resolved_configuration() -> None:
-    out = run_cli("check", "-m", DEMO, "--json", "--set", "learning_rate=0.0005")
+def test_set_values_reach_the_resolved_configuration(cli) -> None:
+    out = cli("check", "-m", DEMO, "--json", "--set", "learning_rate=0.0005")
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["config"]["learning_rate"] == 0.0005
 
 
-def test_check_without_a_manifest_says_what_it_needs() -> None:
-    out = run_cli("check")
+def test_check_without_a_manifest_says_what_it_needs(cli) -> None:
+    out = cli("check")
     assert out.returncode == 2 and "--manifest: required" in out.stderr
