@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import run_cli
+from train_helpers import run_cli, write_expert
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -181,3 +181,23 @@ def test_one_kind_of_check_at_a_time(capsys, monkeypatch, args, message) -> None
     code, _, err = run_main(capsys, monkeypatch, "check", *args)
     assert code == 2
     assert message in " ".join(err.split())
+
+
+def test_evaluation_with_no_row_to_hold_out_fails_in_check_as_in_train(
+    cli, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Evaluation on (the default) and one row: nothing can be held out for it. `check` used
+    to call this usable, and `train` then stopped after tokenizing."""
+    auto = {"evaluation_strategy": None}
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=1, config=auto)
+    out = cli("check", "-m", str(manifest), "--json")
+    assert out.returncode == 2
+    (problem,) = json.loads(out.stdout)["problems"]
+    assert problem.startswith("training.config.evaluation_strategy: evaluation is on but the")
+    done = cli("train", "-m", str(manifest), "--output", str(tmp_path / "out"))
+    assert done.returncode == 2 and problem in " ".join(done.stderr.split())
+    assert cli("check", "-m", str(manifest), "--quick", "1").returncode == 0  # 1 row at least
+    off = write_expert(tmp_path / "f", tiny_model_dir, rows=1)  # evaluation_strategy "no"
+    assert cli("check", "-m", str(off)).returncode == 0
+    two = write_expert(tmp_path / "g", tiny_model_dir, rows=2, config=auto)
+    assert cli("check", "-m", str(two)).returncode == 0

@@ -23,6 +23,7 @@ from expert_cli.data.build import BuildProgress, NoProgress
 from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
+from expert_cli.data.sources import NO_EVAL_ROWS, holds_nothing_out
 from expert_cli.errors import UserError
 
 PROGRESS_ROWS = 10_000
@@ -86,6 +87,11 @@ def check_manifest(
         *([cache] if cache else []),
         *data.problems,
     ]
+    counted = [data.rows.get(src.location) for src in resolved.train_sources]
+    if quick:  # a count cut at --quick rows says only "at least that many"
+        counted = [None if n is not None and n >= quick else n for n in counted]
+    if not report.problems and None not in counted and holds_nothing_out(resolved, counted):
+        report.problems.append(NO_EVAL_ROWS)  # as train would find once the data is read
     if model_check is not None and not report.problems and (problem := model_check(resolved)):
         report.problems.append(problem)
     report.rows_checked = data.rows

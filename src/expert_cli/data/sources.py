@@ -187,6 +187,19 @@ def apply_weight(ds: datasets.Dataset, weight: float, seed: int) -> datasets.Dat
     return ds.select(index)
 
 
+NO_EVAL_ROWS = (
+    "training.config.evaluation_strategy: evaluation is on but the data has no validation rows "
+    "(set validation_path or eval_fraction, or give each source 2 rows or more)"
+)
+
+
+def holds_nothing_out(resolved: ResolvedConfig, rows: list[int]) -> bool:
+    """Whether evaluation is on but, with no validation source, no training source of these
+    row counts has an example to spare for it (`hold_out` needs 2 rows)."""
+    wants = resolved.evaluation_strategy != "no" and not resolved.validation_sources
+    return wants and all(n < 2 for n in rows)
+
+
 def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
     """Read every training and validation source of the resolved config."""
     fields: FieldSpec | None = None

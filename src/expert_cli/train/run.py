@@ -24,6 +24,7 @@ from expert_cli.config.resolve import resolve
 from expert_cli.data import PreparedData, prepare_data
 from expert_cli.data.collate import PackedCollator
 from expert_cli.data.hub import hub_refs, require_hub
+from expert_cli.data.sources import NO_EVAL_ROWS
 from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import RunError, UserError
 from expert_cli.train import distributed
@@ -131,10 +132,7 @@ def load_data(run: Run) -> tuple[Any, PreparedData]:
     if run.is_main:
         run.reporter.data(data)
     if run.args.eval_strategy != "no" and data.eval is None:
-        raise UserError(
-            "training.config.evaluation_strategy: evaluation is on but the data "
-            "has no validation rows (set validation_path or eval_fraction)"
-        )
+        raise UserError(NO_EVAL_ROWS)
     run.runtime["data"] = {
         "stats": data.stats,
         "cache_dir": str(data.cache_dir),
