@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from train_helpers import read_metrics, run_cli, run_main, window_losses, write_expert
 
 from expert_cli.train.checkpoints import COMPLETE
@@ -264,3 +265,30 @@ def test_a_folder_of_someone_elses_files_is_refused(capsys, monkeypatch, tmp_pat
         assert code == 2, err
         assert f"{afile} is a file, not a folder" in " ".join(err.split())
     assert afile.read_text() == "x"
+
+
+@pytest.mark.slow
+def test_a_folder_another_train_is_writing_to_is_refused(capsys, monkeypatch, finished) -> None:
+    """While one `train` holds the folder (a second terminal, or --overwrite of a run still
+    going), another is refused before it moves or writes anything; once the first lets go,
+    the folder is usable again."""
+    manifest, out = finished
+    before = _files(out)
+    running = FileLock(str(out / ".train.lock"))
+    running.acquire(timeout=0)  # as the live process holds it
+    try:
+        for extra in (("--overwrite",), ("--resume", "--max-steps", "9")):
+            code, _, err = _here(capsys, monkeypatch, manifest, out, *extra)
+            assert code == 2, err
+            assert f"--output {out}: another `expert-cli train` is writing to this folder" in (
+                " ".join(err.split())
+            )
+            assert _files(out) == before and not list(out.glob(".overwritten-*"))
+    finally:
+        running.release()
+    code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "7")
+    assert code == 0, err
+    fresh = out.parent / "new"
+    code, _, err = _here(capsys, monkeypatch, manifest, fresh, "--set", 'target_modules=["x"]')
+    assert code == 2 and "names no layer" in err
+    assert not fresh.exists()  # the folder this run created (to hold it) is gone again

@@ -62,6 +62,7 @@ from expert_cli.train.outputs import (
 )
 from expert_cli.train.report import write_run_plot
 from expert_cli.train.run_folder import (
+    claim,
     decide,
     disk_full,
     set_aside,
@@ -97,6 +98,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
         reporter.note(f"cleaned up after a killed run in {output}: {', '.join(swept)}")
     distributed.barrier()  # every rank decides on the same folder
     decision = decide(output, resolved, opts.resume, opts.overwrite, opts.max_steps)
+    if run.is_main and decision.complete is None:
+        run.hold = claim(output)  # before anything in the folder is moved or written
     resume = decision.resume
     run.complete = decision.complete
     if run.is_main:
@@ -287,6 +290,14 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
     if run.complete is not None:
         summary = {"steps": run.complete.steps, "status": "complete"}
         return TrainResult(run.output, "complete", 0, summary, None, run.is_main)
+    try:
+        return _train(run, resume)
+    finally:
+        run.release()
+
+
+def _train(run: Run, resume: Path | None) -> TrainResult:
+    """The run from data to saved adapter, once its folder is held."""
     try:
         tokenizer, data = load_data(run)
         model = load_model(run, tokenizer, data, resume)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import UserError
 from expert_cli.train.checkpoints import resume_point
@@ -45,6 +47,7 @@ RUN_OUTPUTS = (
     "vocab.json",
     "merges.txt",
 )
+LOCK_NAME = ".train.lock"  # held by the process training in the folder
 RUN_MARKERS = ("manifest.resolved.json", "metrics.json", "checkpoints", "adapter_config.json")
 # resolved fields a resumed run must share with the run it continues
 SAME_RUN_FIELDS = (
@@ -249,6 +252,25 @@ def sweep_leftovers(output: Path) -> list[str]:
             path.unlink(missing_ok=True)
         removed.append(path.name)
     return removed
+
+
+def claim(output: Path) -> FileLock:
+    """This process's hold on its run folder (created when new) while it trains. A second
+    `train` into the same folder (from a second terminal, or an --overwrite of a run still
+    going) is refused, instead of writing its checkpoints beside the first one's or setting
+    that run's outputs aside under it. The hold ends with the process, however it ends."""
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(output / LOCK_NAME))
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise UserError(
+            f"--output {output}: another `expert-cli train` is writing to this folder; wait "
+            "for it to end, or choose another --output"
+        ) from None
+    except OSError as exc:
+        raise UserError(f"--output {output}: cannot be written ({exc.strerror})") from None
+    return lock
 
 
 def _running(pid: int) -> bool:

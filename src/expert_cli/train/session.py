@@ -102,6 +102,13 @@ class Run:
     source: dict[str, Any] = field(default_factory=dict)  # the manifest as its file holds it
     aside: Path | None = None  # the earlier run's outputs, set aside by --overwrite
     fresh: bool = False  # the output folder did not exist before this run
+    hold: Any = None  # the lock on the output folder while this process trains in it
+
+    def release(self) -> None:
+        """Let another `train` into the folder (this one is done with it)."""
+        if self.hold is not None:
+            self.hold.release()
+            self.hold = None
 
     def stopped_before_training(self, exc: BaseException) -> None:
         """Undo what the run did to its folder (an earlier run set aside goes back, a folder
