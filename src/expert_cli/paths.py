@@ -27,13 +27,12 @@ def resolved_path(path: Path | str, label: str) -> Path:
     text = str(path)
     if "\x00" in text:
         raise UserError(f"{label} {shown_path(text)}: contains a NUL byte; expected a path")
-    try:
-        expanded = Path(text).expanduser()
-    except RuntimeError:  # `~name` of no such user, or no home folder at all
+    expanded = home_expanded(text)
+    if expanded is None:
         raise UserError(
             f"{label} {shown_path(text)}: that home folder (~) is not known here; give the "
             "path in full"
-        ) from None
+        )
     try:
         return expanded.resolve()
     except RuntimeError:  # Python's message for a loop of symbolic links
@@ -103,10 +102,20 @@ def path_exists(path: Path) -> bool:
         return False
 
 
+def home_expanded(path: Path | str) -> Path | None:
+    """`path` with a leading `~` or `~name` expanded; None when that home folder is not
+    known here (no such user, or no home at all: Python raises RuntimeError)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        return None
+
+
 def path_is_dir(path: Path | str) -> bool:
     """Whether `path` (`~` expanded) is a folder; False (not an exception) for a `~name` of
     no known user, a name too long or a NUL byte."""
+    expanded = home_expanded(path)
     try:
-        return Path(path).expanduser().is_dir()
-    except (OSError, ValueError, RuntimeError):
+        return expanded is not None and expanded.is_dir()
+    except (OSError, ValueError):
         return False

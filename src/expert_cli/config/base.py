@@ -49,6 +49,12 @@ class Strict(BaseModel):
     )
 
 
+def has_control_character(text: str) -> bool:
+    """Whether `text` holds an ASCII control character (a line break, a tab, ESC, DEL): no
+    file name a manifest gives should."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
 def strip_comments(value: Any) -> Any:
     """Drop keys that start with `_` at any depth (they are comments in this format)."""
     if isinstance(value, dict):

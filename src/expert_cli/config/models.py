@@ -25,6 +25,7 @@ from expert_cli.config.base import (
     PromptTemplate,
     Quantization,
     Strict,
+    has_control_character,
     plain_json,
 )
 from expert_cli.config.training_config import DistributedSpec, TrainingConfig
@@ -241,7 +242,7 @@ class DecodingSpec(BaseModel):
             or value.startswith(("/", "\\"))
             or re.match(r"^[A-Za-z]:", value)
             or ".." in parts
-            or any(ord(c) < 32 or ord(c) == 127 for c in value)
+            or has_control_character(value)
         ):
             raise ValueError(
                 "expected a relative path inside the expert's folder (not absolute, no '..', "

@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from expert_cli.config.base import has_control_character
 from expert_cli.errors import UserError
-from expert_cli.paths import path_exists, resolved_path, shown_path
+from expert_cli.paths import home_expanded, path_exists, resolved_path, shown_path
 
 # data file suffix -> the manifest's `format` value
 FILE_FORMATS = {
@@ -41,15 +42,14 @@ def local_path(folder: Path, value: str, label: str = "path") -> Path:
     `label` for one that cannot be resolved)."""
     if "\x00" in value:
         raise UserError(f"{label} {shown_path(value)}: contains a NUL byte; expected a path")
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if has_control_character(value):
         raise UserError(f"{label}: contains a control character (a line break?); expected a path")
-    try:
-        path = Path(value).expanduser()
-    except RuntimeError:  # `~name` of no such user, or no home folder at all
+    path = home_expanded(value)
+    if path is None:
         raise UserError(
             f"{label}: starts with ~ but that home folder is not known here; give the path "
             "in full, or relative to the manifest's folder"
-        ) from None
+        )
     return path if path.is_absolute() else resolved_path(folder / path, label)
 
 
