@@ -1,7 +1,9 @@
-"""Shared by the training tests: a small expert on the tiny model, the CLI in a subprocess."""
+"""Shared by the training tests: a small expert on the tiny model, the CLI in a subprocess or
+in this process."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -9,8 +11,11 @@ import struct
 import subprocess
 import sys
 import zlib
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL_ROW = (
@@ -222,3 +227,33 @@ def run_main(capsys: Any, monkeypatch: Any, *args: str) -> tuple[int, str, str]:
         code = exc.code
     out = capsys.readouterr()
     return (code if isinstance(code, int) else 0 if code is None else 1), out.out, out.err
+
+
+def run_here(
+    *args: str, cwd: Path | None = None, env: dict[str, str | None] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`run_cli` in this process, usable where no capsys is (module-scoped fixtures): the CLI's
+    own entry point with argv, COLUMNS, `cwd` and `env` set for the call and put back after,
+    stdout and stderr captured. Each subprocess costs ~10 s of imports on a 2-core machine;
+    keep `run_cli` for what needs a fresh interpreter (import-time settings, signals,
+    launchers, the console script itself)."""
+    from expert_cli.cli.app import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code: int | str | None = 0
+    with pytest.MonkeyPatch.context() as patch, redirect_stdout(out), redirect_stderr(err):
+        patch.setattr(sys, "argv", ["expert-cli", *args])
+        patch.setenv("COLUMNS", "200")
+        for name, value in (env or {}).items():
+            if value is None:
+                patch.delenv(name, raising=False)
+            else:
+                patch.setenv(name, value)
+        if cwd is not None:
+            patch.chdir(cwd)
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code
+    code = code if isinstance(code, int) else 0 if code is None else 1
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())

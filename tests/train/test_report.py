@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from train_helpers import png_facts, run_cli
+import pytest
+from train_helpers import png_facts, run_here
 
 from expert_cli.train.report import PANELS
 
@@ -32,7 +33,7 @@ METRICS = {
 
 def test_report_draws_four_panels_and_summarises(tmp_path: Path) -> None:
     (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
-    out = run_cli("report", str(tmp_path))
+    out = run_here("report", str(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
     assert (
         "completed: 50 steps, 925 tok/s, final loss 1, best eval loss 1.2 at step 40" in out.stdout
@@ -43,7 +44,7 @@ def test_report_draws_four_panels_and_summarises(tmp_path: Path) -> None:
 
 
 def test_report_of_a_folder_without_metrics_is_exit_2(tmp_path: Path) -> None:
-    out = run_cli("report", str(tmp_path))
+    out = run_here("report", str(tmp_path))
     assert out.returncode == 2 and "no readable metrics.json" in out.stderr
 
 
@@ -52,26 +53,27 @@ def test_report_redraws_its_own_picture_but_asks_before_replacing_another_file(
 ) -> None:
     (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
     for _ in range(2):  # RUN_DIR/training.png is the run's own: redrawn without asking
-        assert run_cli("report", str(tmp_path)).returncode == 0
+        assert run_here("report", str(tmp_path)).returncode == 0
     mine = tmp_path / "mine.png"
     mine.write_bytes(b"my picture")
-    out = run_cli("report", str(tmp_path), "--output", str(mine))
+    out = run_here("report", str(tmp_path), "--output", str(mine))
     assert out.returncode == 2
     assert f"--output: {mine} already exists; add --force to replace it" in " ".join(
         out.stderr.split()
     )
     assert mine.read_bytes() == b"my picture"
-    out = run_cli("report", str(tmp_path), "--output", str(mine), "--force")
+    out = run_here("report", str(tmp_path), "--output", str(mine), "--force")
     assert out.returncode == 0, out.stderr
     assert png_facts(mine)[:2] == (1100, 700)
 
 
+@pytest.mark.filterwarnings("error")  # nor a warning: a glyph the font lacks, an axis overflow
 def test_a_damaged_or_hand_edited_metrics_file_is_reported_without_a_traceback(
     tmp_path: Path,
 ) -> None:
-    """Non-finite numbers, strings where numbers go and a status holding terminal escape
-    sequences: what is not a finite number is neither drawn nor summarised, and the escapes
-    are shown, not sent to the terminal."""
+    """Non-finite numbers, numbers no run records (1e308), strings where numbers go and a
+    status holding terminal escape sequences: what is not a plausible number is neither drawn
+    nor summarised, and the escapes are shown, not sent to the terminal."""
     windows = [
         {"step": 1, "loss": 2.0, "tokens_per_s": 10.0},
         {"step": 2, "loss": float("nan"), "tokens_per_s": float("inf")},
@@ -90,7 +92,7 @@ def test_a_damaged_or_hand_edited_metrics_file_is_reported_without_a_traceback(
         },
     }
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
-    out = run_cli("report", str(tmp_path))
+    out = run_here("report", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr
     assert "\x1b" not in out.stdout and "\x07" not in out.stdout

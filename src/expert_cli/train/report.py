@@ -19,6 +19,9 @@ from expert_cli.train.outputs import read_json_file
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")
 PLOT_NAME = "training.png"
+# No value a run records comes near this (loss, learning rate, tokens/s, a fraction); past it a
+# hand-edited number (1e308) would overflow the axis arithmetic, so it is not drawn.
+PLOTTED_MAX = 1e12
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,16 @@ def _points(records: list[Any], key: str) -> tuple[list[float], list[float]]:
         if isinstance(r, dict)
         and (step := _finite(r.get("step"))) is not None
         and (value := _finite(r.get(key))) is not None
+        and abs(step) <= PLOTTED_MAX
+        and abs(value) <= PLOTTED_MAX
     ]
     return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _escaped(text: str) -> str:
+    """Text from metrics.json as the picture shows it: control characters as escapes (the font
+    has no glyph for them, and a hand-edited file may hold any)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def _records(data: dict[str, Any], key: str) -> list[Any]:
@@ -130,7 +141,7 @@ def write_training_plot(data: dict[str, Any], path: Path) -> Path:
     for ax in axes[1]:
         ax.set_xlabel("optimizer step")
     summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
-    status = str(summary.get("status", ""))[:40]
+    status = _escaped(str(summary.get("status", ""))[:40])
     fig.suptitle(f"training run ({status})" if status else "training run")
     fig.tight_layout()
     with atomic_file(path) as tmp:
