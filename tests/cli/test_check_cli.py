@@ -53,11 +53,14 @@ def test_demo_manifest_is_usable(cli) -> None:
 
 
 @pytest.mark.parametrize("expert", REAL_EXPERTS)
-def test_real_experts_offline_name_what_is_missing(expert: str, tmp_path: Path) -> None:
+def test_real_experts_offline_name_what_is_missing(
+    cli, monkeypatch, expert: str, tmp_path: Path
+) -> None:
     """HF_HUB_OFFLINE with an empty cache: not usable, naming the model and the dataset and
     how to point at a local folder (the rest of the manifest is fine)."""
     manifest = ROOT / "experts" / expert / "manifest.json"
-    out = run_cli("check", "--manifest", str(manifest), "--json", env={"HF_HOME": str(tmp_path)})
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    out = cli("check", "--manifest", str(manifest), "--json")
     assert out.returncode == 2, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["config"]["base_model"] == "Qwen/Qwen3-0.6B" and report["downloads"] == []

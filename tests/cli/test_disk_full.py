@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from train_helpers import run_cli, write_expert
+from train_helpers import run_here, write_expert
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_a_full_disk_while_building_the_cache(
     data = json.loads(manifest.read_text())
     data["training"]["config"]["pretokenized_cache"] = str(small_disk / "cache")
     manifest.write_text(json.dumps(data))
-    out = run_cli("pretokenize", "--manifest", str(manifest))
+    out = run_here("pretokenize", "--manifest", str(manifest))
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"no space left on {small_disk / 'cache'}" in " ".join(out.stderr.split())
     assert "Traceback" not in out.stderr
@@ -61,7 +61,7 @@ def test_a_full_disk_while_saving_a_checkpoint(
 ) -> None:
     manifest = write_expert(tmp_path / "e", tiny_model_dir, config={"save_steps": 2})
     out = disk_for_one_checkpoint / "run"
-    done = run_cli("train", "--manifest", str(manifest), "--output", str(out), "--max-steps", "8")
+    done = run_here("train", "--manifest", str(manifest), "--output", str(out), "--max-steps", "8")
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"no space left on {out}" in " ".join(done.stderr.split())
     assert "Traceback" not in done.stderr
@@ -77,7 +77,7 @@ def test_a_full_disk_while_saving_a_checkpoint(
     )
     assert grown.returncode == 0, grown.stderr
     args = ("--output", str(out), "--max-steps", "8", "--resume")
-    again = run_cli("train", "--manifest", str(manifest), *args)
+    again = run_here("train", "--manifest", str(manifest), *args)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming from checkpoint-2 (step 2 of 8)" in again.stdout + again.stderr
     summary = json.loads((out / "metrics.json").read_text())["summary"]
@@ -92,7 +92,7 @@ def test_a_full_disk_while_saving_the_random_init_base(
     """The random-init base is saved into the run folder before training: a disk too small
     for it is exit 1 naming the folder, and the folder this run created is gone again."""
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8, base={"init": "random"})
-    out = run_cli("train", "--manifest", str(manifest), "--output", str(small_disk / "run"))
+    out = run_here("train", "--manifest", str(manifest), "--output", str(small_disk / "run"))
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"no space left on {small_disk / 'run'}" in " ".join(out.stderr.split())
     assert "Traceback" not in out.stderr
@@ -114,10 +114,10 @@ def test_a_full_disk_while_packaging(
     given with --force is still the one there, with its own checksum."""
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8)
     run = tmp_path / "e" / "out"
-    done = run_cli("train", "-m", str(manifest), "--output", str(run), "--max-steps", "1")
+    done = run_here("train", "-m", str(manifest), "--output", str(run), "--max-steps", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     reference = tmp_path / "ref.expert"
-    assert run_cli("package", "--adapter", str(run), "--output", str(reference)).returncode == 0
+    assert run_here("package", "--adapter", str(run), "--output", str(reference)).returncode == 0
     pages = -(-reference.stat().st_size // 4096) * 4096
     disk = disk_for_one_checkpoint
     assert pages < 400 << 10
@@ -126,7 +126,7 @@ def test_a_full_disk_while_packaging(
     earlier.with_name("x.expert.sha256").write_text("0" * 64 + "  x.expert\n")
     for leave in (pages // 2, pages):  # the package does not fit; only it fits
         _fill(disk, leave)
-        out = run_cli("package", "--adapter", str(run), "--output", str(earlier), "--force")
+        out = run_here("package", "--adapter", str(run), "--output", str(earlier), "--force")
         assert out.returncode == 1, (leave, out.stdout + out.stderr)
         assert f"--output {earlier}: cannot be written" in " ".join(out.stderr.split())
         assert "Traceback" not in out.stderr

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from train_helpers import read_metrics, run_cli, text_rows
+from train_helpers import read_metrics, run_here, text_rows
 
 
 def _hivellm_manifest(folder: Path, model_dir: Path) -> Path:
@@ -116,7 +116,7 @@ def _hivellm_manifest(folder: Path, model_dir: Path) -> Path:
 def test_hivellm_manifest_trains_unchanged(tmp_path: Path, tiny_model_dir: Path) -> None:
     manifest = _hivellm_manifest(tmp_path / "expert-sql", tiny_model_dir)
     out = tmp_path / "out"
-    proc = run_cli("train", "--manifest", str(manifest), "--output", str(out), "--max-steps", "1")
+    proc = run_here("train", "--manifest", str(manifest), "--output", str(out), "--max-steps", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "use_unsloth: not applicable" in proc.stdout
     assert "r=14 alpha=28" in proc.stdout and "dora" in proc.stdout

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
-from train_helpers import read_metrics, run_cli, run_main, window_losses, write_expert
+from train_helpers import read_metrics, run_here, run_main, window_losses, write_expert
 
 from expert_cli.train.checkpoints import COMPLETE
 
 
 def _train(manifest: Path, out: Path, *extra: str):
-    return run_cli("train", "--manifest", str(manifest), "--output", str(out), *extra)
+    return run_here("train", "--manifest", str(manifest), "--output", str(out), *extra)
 
 
 def _here(capsys, monkeypatch, manifest: Path, out: Path, *extra: str) -> tuple[int, str, str]:
@@ -235,7 +235,7 @@ def test_a_moved_run_folder_still_merges(
     shutil.move(str(out), str(moved))
     config = json.loads((moved / "adapter_config.json").read_text())
     assert not Path(config["base_model_name_or_path"]).is_absolute()
-    merged = run_cli("merge", "--adapter", str(moved), "--output", str(tmp_path / "merged"))
+    merged = run_here("merge", "--adapter", str(moved), "--output", str(tmp_path / "merged"))
     assert merged.returncode == 0, merged.stderr
     assert (tmp_path / "merged" / "model.safetensors").is_file()
 

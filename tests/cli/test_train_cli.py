@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from train_helpers import load_adapter, png_facts, read_metrics, run_cli, run_main
+from train_helpers import load_adapter, png_facts, read_metrics, run_cli, run_here, run_main
 
 STEPS = 10
 WINDOW_KEYS = {
@@ -195,7 +195,7 @@ def test_a_negative_max_steps_is_refused(tmp_path: Path, tiny_model_dir: Path) -
     from train_helpers import write_expert
 
     manifest = write_expert(tmp_path / "e", tiny_model_dir)
-    out = run_cli("train", "--manifest", str(manifest), "--max-steps", "-3")
+    out = run_here("train", "--manifest", str(manifest), "--max-steps", "-3")
     assert out.returncode == 2 and "--max-steps" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -206,7 +206,7 @@ def test_generate_on_the_demo_run(capsys, monkeypatch, demo_run: tuple[Path, Pat
     _, out, _ = demo_run
     prompts = ("List the 5 most recent orders.", "How many customers are there?")
     args = ("generate", "--adapter", str(out), "-p", prompts[0], "-p", prompts[1])
-    text = run_cli(*args, "--max-new-tokens", "8")
+    text = run_here(*args, "--max-new-tokens", "8")
     assert text.returncode == 0, text.stdout + text.stderr
     assert text.stdout.count("expert: ") == 2
     assert "prompt 1" in text.stdout and "prompt 2" in text.stdout

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import run_cli
+from train_helpers import run_here
 
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
@@ -244,19 +244,19 @@ def test_two_processes_build_once(demo_expert_dir) -> None:
 
 @pytest.mark.slow
 def test_pretokenize_cli(demo_expert_dir) -> None:
-    first = run_cli(
+    first = run_here(
         "pretokenize", "--manifest", "manifest.json", "--num-proc", "2", cwd=demo_expert_dir
     )
     assert first.returncode == 0, first.stderr
     assert "expert-demo: built (no earlier cache of this expert)" in first.stdout
     assert "examples 400 read" in first.stdout and "built in" in first.stdout
-    again = run_cli("pretokenize", "--all", str(demo_expert_dir), cwd=demo_expert_dir)
+    again = run_here("pretokenize", "--all", str(demo_expert_dir), cwd=demo_expert_dir)
     assert again.returncode == 0, again.stderr
     assert "expert-demo: current (no fingerprint input changed)" in again.stdout
     assert "built in" not in again.stdout  # build figures only for a build
     data = demo_expert_dir / "data" / "train.jsonl"
     data.write_text(data.read_text() + "{broken\n")
-    bad = run_cli("pretokenize", "-m", "manifest.json", cwd=demo_expert_dir)
+    bad = run_here("pretokenize", "-m", "manifest.json", cwd=demo_expert_dir)
     assert bad.returncode == 2
     assert f"{data}:401: invalid JSON" in bad.stderr
     assert "Traceback" not in bad.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write_jsonl
-from train_helpers import run_cli, run_main
+from train_helpers import run_here, run_main
 
 from expert_cli.errors import UserError
 from expert_cli.train.generate import decoding_settings
@@ -60,7 +60,7 @@ def memorised(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) ->
     }
     (folder / "manifest.json").write_text(json.dumps(manifest))
     out = folder / "out"
-    done = run_cli(
+    done = run_here(
         "train", "-m", str(folder / "manifest.json"), "--output", str(out), "--max-steps", "60"
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -68,7 +68,7 @@ def memorised(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) ->
 
 
 def _json(capsys, monkeypatch, *args: str) -> dict:
-    """`generate ARGS --json` in this process (the CLI's output path is tested by run_cli)."""
+    """`generate ARGS --json` in this process (the CLI's output path is tested by run_here)."""
     code, out, err = run_main(capsys, monkeypatch, "generate", *args, "--json")
     assert code == 0, out + err
     return json.loads(out)
@@ -107,7 +107,7 @@ def test_a_prompt_is_rendered_as_in_training(
     assert [p for p, _ in outputs] == [QUESTION, "List every table."]
     first = report["generations"][0]
     assert first["base_output"] is not None and first["base_output"] != ANSWER
-    text = run_cli("generate", "--adapter", str(memorised), "-p", QUESTION, "-p", "Hi.")
+    text = run_here("generate", "--adapter", str(memorised), "-p", QUESTION, "-p", "Hi.")
     assert text.returncode == 0, text.stderr
     assert text.stdout.count("expert: ") == 2 and "prompt 2" in text.stdout
     assert f"expert: {ANSWER}" in text.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from train_helpers import load_adapter, run_cli, write_expert
+from train_helpers import load_adapter, run_here, write_expert
 
 
 @pytest.mark.slow
@@ -37,7 +37,7 @@ def test_merged_model_matches_adapter_logits(tmp_path: Path, tiny_model_dir: Pat
 
 @pytest.mark.slow
 def test_merge_errors_are_clean(tmp_path: Path) -> None:
-    proc = run_cli("merge", "--adapter", str(tmp_path), "--output", str(tmp_path / "m"))
+    proc = run_here("merge", "--adapter", str(tmp_path), "--output", str(tmp_path / "m"))
     assert proc.returncode == 2 and "adapter_config.json" in proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -13,7 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from train_helpers import run_cli, write_expert
+from train_helpers import run_here, write_expert
 
 from expert_cli.errors import UserError
 from expert_cli.train.package import package_name
@@ -47,14 +47,14 @@ def v2_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Pa
     (folder / "soft_prompts").mkdir()
     (folder / "soft_prompts" / "style.bin").write_bytes(bytes(range(256)))
     out = folder / "out"
-    done = run_cli("train", "-m", str(manifest_path), "--output", str(out), "--max-steps", "2")
+    done = run_here("train", "-m", str(manifest_path), "--output", str(out), "--max-steps", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 
 
 @pytest.mark.slow
 def test_v2_package_round_trips(v2_run: Path, tiny_model_dir: Path) -> None:
-    done = run_cli("package", "--adapter", str(v2_run), "--json")
+    done = run_here("package", "--adapter", str(v2_run), "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     base = tiny_model_dir.name.lower().replace(".", "-").replace("_", "-")
@@ -97,13 +97,13 @@ def test_v2_package_round_trips(v2_run: Path, tiny_model_dir: Path) -> None:
             ["sha256sum", "-c", sidecar.name], cwd=package.parent, capture_output=True
         )
         assert ok.returncode == 0, ok.stderr
-    checked = run_cli("check", "--package", str(package))
+    checked = run_here("check", "--package", str(package))
     assert checked.returncode == 0 and "package is sound" in checked.stdout, checked.stdout
     # the same run packs to the same bytes; an existing package is kept unless --force
-    again = run_cli("package", "--adapter", str(v2_run))
+    again = run_here("package", "--adapter", str(v2_run))
     assert again.returncode == 2 and "exists; choose another name or --force" in again.stderr
     assert package.read_bytes() and hashlib.sha256(package.read_bytes()).hexdigest() == digest
-    forced = run_cli("package", "--adapter", str(v2_run), "--force")
+    forced = run_here("package", "--adapter", str(v2_run), "--force")
     assert forced.returncode == 0, forced.stderr
     assert hashlib.sha256(package.read_bytes()).hexdigest() == digest
 
@@ -123,7 +123,7 @@ def test_v1_package_keeps_its_layout(v2_run: Path, tmp_path: Path) -> None:
         v1.pop(key)
     (run / "manifest.source.json").write_text(json.dumps(v1))
     target = tmp_path / "dist" / "tiny.expert"
-    packed = run_cli("package", "--adapter", str(run), "--output", str(target))
+    packed = run_here("package", "--adapter", str(run), "--output", str(target))
     assert packed.returncode == 0, packed.stdout + packed.stderr
     files = _unpack(target)
     assert {"manifest.json", "adapter_model.safetensors", "adapter_config.json"} <= set(files)
@@ -148,7 +148,7 @@ def _repack(source: Path, dest: Path, change) -> Path:
 @pytest.mark.slow
 def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None:
     package = tmp_path / "good.expert"
-    done = run_cli("package", "--adapter", str(v2_run), "--output", str(package))
+    done = run_here("package", "--adapter", str(v2_run), "--output", str(package))
     assert done.returncode == 0, done.stderr
     weights = f"{ADAPTER_PATH}/adapter_model.safetensors"
 
@@ -176,7 +176,7 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
     assert "not a gzip-compressed tar archive" in verify_package(junk).problems[0]
     # through the command: a checksum file that does not match is exit 2
     (tmp_path / "good.expert.sha256").write_text("0" * 64 + "  good.expert\n")
-    out = run_cli("check", "--package", str(package), "--json")
+    out = run_here("check", "--package", str(package), "--json")
     assert out.returncode == 2 and "checksum does not match" in out.stdout
 
 
@@ -199,7 +199,7 @@ def test_paths_that_leave_the_expert_are_refused(v2_run: Path) -> None:
     manifest["soft_prompts"] = [{"name": "x", "path": "../../etc/passwd"}]
     source.write_text(json.dumps(manifest))
     try:
-        out = run_cli(
+        out = run_here(
             "package", "--adapter", str(v2_run), "--output", str(v2_run.parent / "x.expert")
         )
         assert out.returncode == 2
