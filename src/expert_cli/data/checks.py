@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import datasets
 from transformers import AutoTokenizer
 
 from expert_cli.config import load_manifest
@@ -23,7 +24,7 @@ from expert_cli.data.build import BuildProgress, NoProgress
 from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
-from expert_cli.data.sources import NO_EVAL_ROWS, holds_nothing_out
+from expert_cli.data.sources import NO_EVAL_ROWS, checked_columns, holds_nothing_out
 from expert_cli.errors import UserError
 
 PROGRESS_ROWS = 10_000
@@ -166,9 +167,12 @@ class DataCheck:
     def source(self, src: SourceRef) -> None:
         if src.kind == "hub":  # reported by hub_status
             return
-        if is_saved_dataset(Path(src.location)):  # the build checks a saved dataset
-            return
         try:
+            if is_saved_dataset(Path(src.location)):  # memory-mapped: checked by column
+                ds = datasets.load_from_disk(src.location)
+                ds, self.fields = checked_columns(ds, src.location, self.fields, self.mapping)
+                self.rows[src.location] = len(ds)
+                return
             scan = scan_local(src, self.fields, self.mapping)
             self.fields = scan.fields
             self.rows[src.location] = self._count(src, scan)

@@ -93,10 +93,15 @@ def load_source(
         dest = work_dir / f"source-{abs(hash((ref.location, ref.task))):x}.arrow"
         write_arrow(scan, dest)
         return datasets.Dataset.from_file(str(dest)), scan.fields
-    if ref.kind == "hub":
-        ds, where = _load_hub(ref), ref.location
-    else:
-        ds, where = datasets.load_from_disk(ref.location), ref.location
+    ds = _load_hub(ref) if ref.kind == "hub" else datasets.load_from_disk(ref.location)
+    return checked_columns(ds, ref.location, fields, mapping)
+
+
+def checked_columns(
+    ds: datasets.Dataset, where: str, fields: FieldSpec | None, mapping: dict[str, str] | None
+) -> tuple[datasets.Dataset, FieldSpec]:
+    """A hub or saved dataset's mapped columns, checked (present, of the role's type, no
+    missing value, UTF-8 text) and renamed to their roles."""
     if fields is None:
         fields = field_spec(mapping, ds.column_names, where)
     _check_columns(ds, fields, where)
@@ -113,11 +118,37 @@ def _load_hub(ref: SourceRef) -> datasets.Dataset:
         return datasets.load_dataset(
             ref.location, ref.config, split=ref.split or "train", revision=ref.revision
         )
+    except datasets.exceptions.DatasetGenerationError as exc:
+        # its files were fetched but not read: the causes' messages may quote a row (a CSV
+        # parse error does), so only their kind is said, and where to get each row named
+        raise UserError(
+            f"{ref.location}: its data files could not be read into a dataset "
+            f"({_unreadable_because(exc)}); download them (hf download {ref.location} "
+            f"--repo-type dataset --local-dir data/{ref.location.split('/')[-1]}) and set "
+            "training.dataset.path to that folder: expert-cli's own reader names the file, "
+            "line and field"
+        ) from None
     except Exception as exc:  # offline, unknown id, unknown split: all the user's to fix
         raise UserError(
             f"{ref.location}: cannot load from the hub or its local cache "
             f"({type(exc).__name__}: {exc})"
         ) from None
+
+
+def _unreadable_because(exc: BaseException) -> str:
+    """What the first cause of a generation error was, by kind, never by message."""
+    causes: list[BaseException] = []
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and len(causes) < 8:
+        causes.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if any(isinstance(c, UnicodeDecodeError) for c in causes):
+        return "a file is not UTF-8 text"
+    if isinstance(exc, datasets.exceptions.DatasetGenerationCastError) or any(
+        isinstance(c, datasets.table.CastError) for c in causes
+    ):
+        return "its files do not all have the same columns"
+    return f"{type(causes[0]).__name__} while parsing" if causes else "no cause given"
 
 
 def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
@@ -129,12 +160,67 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
                 f"columns are {shown_names(ds.column_names)}"
             )
         _check_type(ds.features[column], role, column, where)
+        values = ds.data.column(column)
+        row = _first_not_utf8(values)
+        if row is not None:
+            raise UserError(
+                f"{where}: row {row + 1}: field '{column}' (field_mapping.{role}) holds bytes "
+                "that are not UTF-8 text; expected UTF-8 strings"
+            )
         if role in OPTIONAL_ROLES:
             continue
-        values = ds.data.column(column)
         if values.null_count:
             row = pc.indices_nonzero(pc.is_null(values)).to_pylist()[0] + 1
             raise UserError(f"{where}: row {row}: field '{column}' missing (field_mapping.{role})")
+
+
+def _first_not_utf8(values: pa.ChunkedArray) -> int | None:
+    """The first row whose strings are not valid UTF-8, or None. Arrow keeps a string's bytes
+    as written, so a dataset generated from a file in another encoding loads, and would fail
+    with a traceback only when the build reads that row."""
+    before = 0
+    for chunk in values.chunks:
+        row = _first_bad_utf8(chunk)
+        if row is not None:
+            return before + row
+        before += len(chunk)
+    return None
+
+
+def _first_bad_utf8(array: pa.Array) -> int | None:
+    """The first index of `array` holding a string that is not UTF-8: one full validation per
+    string leaf, then halving only where one fails; a list or struct maps its children's
+    index back to its own rows."""
+    kind = array.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        if _valid(array):
+            return None
+        low, high = 0, len(array)  # the first bad index is in [low, high)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if _valid(array.slice(low, middle - low)):
+                low = middle
+            else:
+                high = middle
+        return low
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        inner = _first_bad_utf8(array.flatten())  # the rows' items, this slice's only
+        if inner is None:
+            return None
+        offsets = array.offsets.to_numpy()
+        return int(np.searchsorted(offsets, offsets[0] + inner, side="right")) - 1
+    if pa.types.is_struct(kind):
+        found = [i for f in array.flatten() if (i := _first_bad_utf8(f)) is not None]
+        return min(found) if found else None
+    return None
+
+
+def _valid(array: pa.Array) -> bool:
+    try:
+        array.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
 
 
 def _check_type(feature: Any, role: str, column: str, where: str) -> None:
