@@ -19,7 +19,7 @@ from expert_cli.config.resolve import resolve
 from expert_cli.data import prepare_data
 from expert_cli.data.cache import cache_root_problem, open_cache_root
 from expert_cli.data.tokenizer import load_tokenizer
-from expert_cli.errors import UserError
+from expert_cli.errors import RunError, UserError
 
 # builds the cache in a subprocess; its progress callback sleeps DELAY seconds each time a
 # shard's examples are tokenized, so the build can be killed (or raced) between shards
@@ -197,6 +197,28 @@ def test_incomplete_cache_is_never_read(demo_expert_dir) -> None:
     second = prepare(manifest)
     assert second.built is True and second.cache_dir == first.cache_dir
     assert rows(second) == rows(first)
+
+
+def test_a_finished_cache_damaged_since_is_a_run_error_until_rebuilt(demo_expert_dir) -> None:
+    """An Arrow file cut short or stats.json overwritten after the build finished (a disk
+    error, a hand edit): exit 1 naming the folder and how to rebuild, not a traceback."""
+    manifest = demo_expert_dir / "manifest.json"
+    first = prepare(manifest)
+    expected = rows(first)
+    arrow = next((first.cache_dir / "train").glob("*.arrow"))
+    arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
+    with pytest.raises(RunError) as info:
+        prepare(manifest)
+    assert str(info.value) == (
+        f"{first.cache_dir / 'train'}: not a readable saved dataset (an Arrow file in it is "
+        f"damaged or cut short: OSError); delete {first.cache_dir} (or run pretokenize "
+        "--force) to rebuild"
+    )
+    again = prepare(manifest, force=True)
+    assert again.built is True and rows(again) == expected
+    (again.cache_dir / "stats.json").write_text("{not json")
+    with pytest.raises(RunError, match="stats.json is unreadable or its fingerprint"):
+        prepare(manifest)
 
 
 @pytest.mark.slow

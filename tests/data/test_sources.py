@@ -301,3 +301,32 @@ def test_hub_files_that_cannot_be_read(monkeypatch, tmp_path: Path, files, why) 
         message
     )
     assert "set training.dataset.path to that folder" in message and "SECRET" not in message
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        ("state", "its state.json or dataset_info.json is not JSON"),
+        ("cut", "an Arrow file in it is damaged or cut short"),
+        ("gone", "data-00000-of-00001.arrow is missing"),
+    ],
+)
+def test_a_damaged_saved_dataset(cli, tmp_path: Path, damage: str, why: str) -> None:
+    """state.json not JSON, an Arrow file cut short or gone: exit 2 naming the folder, in
+    load_sources and in check (both were tracebacks)."""
+    import datasets
+
+    folder = tmp_path / "saved"
+    datasets.Dataset.from_dict({"text": ["a", "b", "c"]}).save_to_disk(folder)
+    arrow = folder / "data-00000-of-00001.arrow"
+    if damage == "state":
+        (folder / "state.json").write_text("{not json")
+    elif damage == "cut":
+        arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
+    else:
+        arrow.unlink()
+    message = error_of(tmp_path, {"path": "saved"})
+    assert message.startswith(f"{folder}: not a readable saved dataset (") and why in message
+    assert "save it again with Dataset.save_to_disk" in message
+    out = cli("check", "-m", str(tmp_path / "manifest.json"), "--json")
+    assert out.returncode == 2 and message in json.loads(out.stdout)["problems"]

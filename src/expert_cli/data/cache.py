@@ -40,6 +40,7 @@ import xxhash
 
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.rows import source_files
+from expert_cli.data.sources import load_saved
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
 
@@ -354,15 +355,20 @@ def load_cache(plan: CachePlan) -> tuple[datasets.Dataset, datasets.Dataset | No
 
     if not is_complete(plan.final_dir):
         raise RunError(f"{plan.final_dir}: the cache is not complete; it will not be read")
-    stats = json.loads((plan.final_dir / STATS).read_text())
-    if stats.get("fingerprint") != plan.fingerprint:
+    rebuild = f"delete {plan.final_dir} (or run pretokenize --force) to rebuild"
+    try:
+        stats = json.loads((plan.final_dir / STATS).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        stats = None
+    if not isinstance(stats, dict) or stats.get("fingerprint") != plan.fingerprint:
         raise RunError(
-            f"{plan.final_dir}: stats.json fingerprint does not match the folder; "
-            "delete the folder to rebuild"
+            f"{plan.final_dir}: stats.json is unreadable or its fingerprint does not match the "
+            f"folder; {rebuild}"
         )
-    train = datasets.load_from_disk(str(plan.final_dir / "train")).with_format("numpy")
+    # damaged after it was finished (a disk error, a hand edit): exit 1, as a run-time fault
+    train = load_saved(plan.final_dir / "train", rebuild, RunError).with_format("numpy")
     eval_dir = plan.final_dir / "eval"
     evaluation = (
-        datasets.load_from_disk(str(eval_dir)).with_format("numpy") if eval_dir.exists() else None
+        load_saved(eval_dir, rebuild, RunError).with_format("numpy") if eval_dir.exists() else None
     )
     return train, evaluation, stats

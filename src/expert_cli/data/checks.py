@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import datasets
 from transformers import AutoTokenizer
 
 from expert_cli.config import load_manifest
@@ -24,7 +23,7 @@ from expert_cli.data.build import BuildProgress, NoProgress
 from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
-from expert_cli.data.sources import NO_EVAL_ROWS, checked_columns, holds_nothing_out
+from expert_cli.data.sources import NO_EVAL_ROWS, checked_columns, holds_nothing_out, load_saved
 from expert_cli.errors import UserError
 
 PROGRESS_ROWS = 10_000
@@ -169,7 +168,7 @@ class DataCheck:
             return
         try:
             if is_saved_dataset(Path(src.location)):  # memory-mapped: checked by column
-                ds = datasets.load_from_disk(src.location)
+                ds = load_saved(src.location)
                 ds, self.fields = checked_columns(ds, src.location, self.fields, self.mapping)
                 self.rows[src.location] = len(ds)
                 return

@@ -11,6 +11,7 @@ dataset folders are read through `datasets` and checked by column.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +34,21 @@ from expert_cli.data.rows import (
     is_saved_dataset,
     scan_local,
 )
-from expert_cli.errors import UserError
+from expert_cli.errors import RunError, UserError
+from expert_cli.paths import shown_path
 
 WRITE_BATCH_ROWS = 4096
 MAX_EXAMPLES = 100_000_000  # after task weights: more than any run trains on
+# what datasets.load_from_disk raises on a damaged folder: state.json not JSON or of another
+# shape, an Arrow file missing or cut short
+SAVED_DATASET_FAILURES = (
+    OSError,
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+    pa.ArrowException,
+)
 MESSAGE_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 
 
@@ -93,8 +105,38 @@ def load_source(
         dest = work_dir / f"source-{abs(hash((ref.location, ref.task))):x}.arrow"
         write_arrow(scan, dest)
         return datasets.Dataset.from_file(str(dest)), scan.fields
-    ds = _load_hub(ref) if ref.kind == "hub" else datasets.load_from_disk(ref.location)
+    ds = _load_hub(ref) if ref.kind == "hub" else load_saved(ref.location)
     return checked_columns(ds, ref.location, fields, mapping)
+
+
+def load_saved(
+    folder: Path | str,
+    fix: str = "save it again with Dataset.save_to_disk, or point training.dataset.path at "
+    "its source files",
+    error: type[UserError] | type[RunError] = UserError,
+) -> datasets.Dataset:
+    """A `save_to_disk` folder, memory-mapped; `error` naming the folder (and the file it
+    lacks) and saying `fix` where it is damaged: state.json not JSON, an Arrow file cut short
+    or gone."""
+    try:
+        return datasets.load_from_disk(str(folder))
+    except SAVED_DATASET_FAILURES as exc:
+        raise error(
+            f"{shown_path(folder)}: not a readable saved dataset ({_damage(exc)}); {fix}"
+        ) from None
+
+
+def _damage(exc: BaseException) -> str:
+    """What is wrong in a saved dataset folder, from what loading it raised (by kind: the
+    messages are the libraries')."""
+    lacks = getattr(exc, "filename", None) if isinstance(exc, FileNotFoundError) else None
+    if lacks:
+        return f"{shown_path(lacks)} is missing"
+    if isinstance(exc, json.JSONDecodeError):
+        return "its state.json or dataset_info.json is not JSON"
+    if isinstance(exc, (OSError, pa.ArrowException)):
+        return f"an Arrow file in it is damaged or cut short: {type(exc).__name__}"
+    return type(exc).__name__
 
 
 def checked_columns(
