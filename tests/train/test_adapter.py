@@ -1,7 +1,8 @@
-"""A base model configuration no model can be built from, or too big for the machine, is
-found on the architecture built without weights: `check` and `train` name config.json and
-exit 2 before any data is tokenized (it was a traceback from inside transformers, or the
-process killed for memory)."""
+"""A base model configuration no model can be built from, too big for the machine, or with
+fewer embedding rows than its tokenizer has ids, is found on the architecture built without
+weights, and weights cut short from their headers: `check` and `train` name the file and exit 2
+before any data is tokenized (each was a traceback from inside transformers or safetensors, or
+the process killed for memory)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,51 @@ def test_train_and_check_refuse_it_before_reading_data(
     assert code == 2
     (problem,) = json.loads(stdout)["problems"]
     assert "no model can be built from its config.json (ZeroDivisionError)" in problem
+
+
+def test_a_tokenizer_with_more_ids_than_the_embedding_has_rows(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A tokenizer from another model, or a config.json with a smaller vocab_size: the first
+    example holding a larger id stopped the run with an IndexError inside the embedding. Now
+    check and train name both sizes, before any data is tokenized."""
+    small = {"vocab_size": 256, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}
+    model = _model_with(tmp_path, tiny_model_dir, _edited(tiny_model_dir, **small))
+    manifest = write_expert(tmp_path / "e", model, rows=8, base={"init": "random"})
+    resolved = resolve(load_manifest(manifest), Environment(cpu_count=2))
+    tokens = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    assert adapter_problem(resolved, str(model), tokens=256) is None  # exactly fits
+    problem = adapter_problem(resolved, str(model), tokens=257)
+    assert problem == (
+        f"base model {model}: its tokenizer has 257 token ids, its embedding 256 rows "
+        "(config.json vocab_size); ids from 256 up have no embedding. Use the tokenizer saved "
+        "with the model, or a config.json whose vocab_size is at least 257"
+    )
+    out = tmp_path / "e" / "out"
+    code, _, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(out))
+    assert code == 2 and "its embedding 256 rows" in err, err
+    assert not out.exists() and not (tmp_path / "e" / ".cache").exists()
+    code, stdout, _ = run_main(capsys, monkeypatch, "check", "-m", str(manifest), "--json")
+    (problem,) = json.loads(stdout)["problems"]
+    assert code == 2 and problem.startswith(f"base model {model}: its tokenizer has "), problem
+    assert tokens >= 257  # the tiny tokenizer's own model has room for every id
+
+
+def test_weights_cut_short_are_named_by_check_and_train(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """An interrupted download or copy: the safetensors header claims more bytes than the file
+    holds. Was a SafetensorError traceback after the data was tokenized."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    manifest = write_expert(tmp_path / "e", model, rows=8)
+    expected = "model.safetensors is damaged (its header does not match its size)"
+    code, stdout, _ = run_main(capsys, monkeypatch, "check", "-m", str(manifest), "--json")
+    assert code == 2 and json.loads(stdout)["problems"] == [f"base model: {model}: {expected}"]
+    out = tmp_path / "e" / "out"
+    code, _, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(out))
+    assert code == 2
+    assert f"base model {model}: {expected}; download or copy it again" in " ".join(err.split())
+    assert not out.exists() and not (tmp_path / "e" / ".cache").exists()

@@ -77,6 +77,7 @@ def check(
         raise UserError("--manifest: required (or --package FILE, or --list-settings)")
     from expert_cli.cli.render import BuildBar
     from expert_cli.data.checks import check_manifest
+    from expert_cli.data.tokenizer import tokenizer_size
     from expert_cli.train.adapter import adapter_problem
 
     report = check_manifest(
@@ -84,7 +85,9 @@ def check(
         quick,
         BuildBar(),
         overrides or [],
-        model_check=lambda resolved: adapter_problem(resolved, resolved.base_model),
+        model_check=lambda resolved: adapter_problem(
+            resolved, resolved.base_model, tokens=tokenizer_size(resolved)
+        ),
     )
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))

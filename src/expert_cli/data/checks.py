@@ -25,6 +25,7 @@ from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missi
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import NO_EVAL_ROWS, checked_columns, holds_nothing_out, load_saved
 from expert_cli.errors import UserError
+from expert_cli.weights import damaged_weights
 
 PROGRESS_ROWS = 10_000
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
@@ -129,6 +130,8 @@ def _check_model(cfg: ResolvedConfig) -> list[str]:
             f"{where}: {folder} has no weights (*.safetensors or *.bin); add them, "
             'or set "init": "random" to train from a random initialisation'
         )
+    if cfg.init == "pretrained":
+        problems += [f"{where}: {folder}: {line}" for line in damaged_weights(folder)]
     return problems + _check_tokenizer(folder, cfg)
 
 

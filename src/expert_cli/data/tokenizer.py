@@ -49,3 +49,19 @@ def load_tokenizer(resolved: ResolvedConfig) -> PreTrainedTokenizerFast:
         tokenizer.pad_token = tokenizer.eos_token
         log.info("tokenizer has no pad token; using eos %r as pad", tokenizer.eos_token)
     return tokenizer
+
+
+def tokenizer_size(resolved: ResolvedConfig) -> int | None:
+    """How many token ids the base model's tokenizer can produce, from the files already on
+    this machine (nothing is downloaded); None when it cannot be loaded here (the tokenizer
+    checks say why)."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            resolved.base_model,
+            revision=resolved.revision,
+            trust_remote_code=resolved.trust_remote_code,
+            local_files_only=True,
+        )
+    except Exception:  # noqa: BLE001 - reported by the tokenizer checks, not here
+        return None
+    return len(tokenizer)

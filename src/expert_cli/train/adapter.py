@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING, Any
 from peft import AdaLoraConfig, IA3Config, LoKrConfig, LoraConfig, get_peft_model
 
 from expert_cli.errors import UserError
-from expert_cli.train.architecture import device_memory, memory_problem, meta_model
+from expert_cli.train.architecture import (
+    device_memory,
+    memory_problem,
+    meta_model,
+    vocabulary_problem,
+)
 
 if TYPE_CHECKING:
     from peft import PeftConfig
@@ -89,16 +94,22 @@ def unmatched_targets(model: Any, resolved: ResolvedConfig) -> str | None:
 
 
 def adapter_problem(
-    resolved: ResolvedConfig, source: str, memory_bytes: int | None = None
+    resolved: ResolvedConfig,
+    source: str,
+    memory_bytes: int | None = None,
+    tokens: int | None = None,
 ) -> str | None:
     """Why the base model at `source` (a local folder or a cached hub id) cannot take the
     manifest's adapter, found as a run finds it, on the architecture built on the meta
-    device: no model can be built from its configuration, its weights cannot fit this
-    machine (`memory_bytes`, this machine's by default), a target names no layer, or peft
-    refuses the adapter. None when it attaches, or when the configuration is not here to
-    read (a hub model not yet downloaded)."""
+    device: no model can be built from its configuration, the tokenizer's `tokens` ids do
+    not fit its embedding, its weights cannot fit this machine (`memory_bytes`, this
+    machine's by default), a target names no layer, or peft refuses the adapter. None when
+    it attaches, or when the configuration is not here to read (a hub model not yet
+    downloaded)."""
     model, problem = meta_model(resolved, source)
     if model is None:
+        return problem
+    if tokens is not None and (problem := vocabulary_problem(model, tokens, source)):
         return problem
     memory = memory_bytes if memory_bytes is not None else device_memory()
     if problem := memory_problem(resolved, model, memory):

@@ -59,6 +59,22 @@ def meta_model(resolved: ResolvedConfig, source: str) -> tuple[Any | None, str |
     return model, None
 
 
+def vocabulary_problem(model: Any, tokens: int, source: str) -> str | None:
+    """Why the tokenizer's ids (`tokens` of them) cannot all index the model's embedding (a
+    tokenizer from another model, a config.json with another vocab_size): the first example
+    holding a larger id would stop the run with an IndexError. None when they fit."""
+    embedding = model.get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)
+    if not isinstance(rows, int) or tokens <= rows:
+        return None
+    return (
+        f"base model {shown_path(source)}: its tokenizer has {tokens:,} token ids, its "
+        f"embedding {rows:,} rows (config.json vocab_size); ids from {rows:,} up have no "
+        "embedding. Use the tokenizer saved with the model, or a config.json whose "
+        f"vocab_size is at least {tokens:,}"
+    )
+
+
 def memory_problem(resolved: ResolvedConfig, model: Any, memory_bytes: int | None) -> str | None:
     """Why the weights alone (at their least: half precision, or the quantized size) cannot
     fit `memory_bytes`, the memory of the device that will hold them; None when they can,

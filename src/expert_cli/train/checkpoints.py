@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError, safe_open
 from transformers import TrainerCallback
 
 from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import UserError
 from expert_cli.train.outputs import read_json_file
+from expert_cli.weights import safetensors_problem
 
 COMPLETE = "_COMPLETE"
 # files the Trainer reads to resume that torch.save wrote (zip archives); which of them a
@@ -65,12 +65,8 @@ def checkpoint_problem(path: Path) -> str | None:
     if not isinstance(state.get("global_step"), int):
         return "trainer_state.json is missing or not the Trainer's state"
     adapter = path / "adapter_model.safetensors"
-    if adapter.is_file():
-        try:
-            with safe_open(str(adapter), framework="pt") as f:
-                f.keys()
-        except (SafetensorError, OSError):
-            return f"{adapter.name} is damaged (its header does not match its size)"
+    if adapter.is_file() and (problem := safetensors_problem(adapter)):
+        return problem
     for name in ZIPPED:
         file = path / name
         if not file.is_file():

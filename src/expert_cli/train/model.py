@@ -16,6 +16,7 @@ from peft import (
     get_peft_model,
     prepare_model_for_kbit_training,
 )
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, set_seed
 
 from expert_cli.errors import RunError, UserError
@@ -24,6 +25,7 @@ from expert_cli.train.attention import TORCH_VARLEN, check_model_config, registe
 from expert_cli.train.fused_lora import fuse_lora_linears
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
+from expert_cli.weights import damaged_weights, weights_error
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -134,6 +136,11 @@ def _from_pretrained(
         return AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as exc:
         raise UserError(f"base model {source}: cannot be loaded ({exc})") from None
+    except SafetensorError:  # a weights file cut short: name it, from its header
+        damaged = damaged_weights(Path(source)) if Path(source).is_dir() else []
+        raise UserError(
+            weights_error(source, damaged or ["a .safetensors file is damaged"])
+        ) from None
 
 
 def _with_attention_fallback(load: Any, chosen: str, notes: list[str]) -> tuple[Any, str]:

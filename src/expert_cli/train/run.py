@@ -71,6 +71,7 @@ from expert_cli.train.run_folder import (
 from expert_cli.train.session import Reporter, Run, Silent, TrainOptions, TrainResult
 from expert_cli.train.speed import compile_decision, compile_layers
 from expert_cli.train.trainer import Telemetry, build_trainer
+from expert_cli.weights import damaged_weights, weights_error
 
 __all__ = ["Reporter", "Run", "Silent", "TrainOptions", "TrainResult", "train"]
 
@@ -126,9 +127,13 @@ def load_data(run: Run) -> tuple[Any, PreparedData]:
     references that are neither cached nor downloadable, and a base model that cannot take
     the adapter (its architecture built without weights), fail first, in seconds."""
     require_hub(hub_refs(run.resolved))
-    if problem := adapter_problem(run.resolved, run.resolved.base_model):
-        raise UserError(problem)  # before any data is tokenized or weights read
     tokenizer = load_tokenizer(run.resolved)
+    tokens = len(tokenizer)
+    if problem := adapter_problem(run.resolved, run.resolved.base_model, tokens=tokens):
+        raise UserError(problem)  # before any data is tokenized or weights read
+    folder = Path(run.resolved.base_model)
+    if run.resolved.init == "pretrained" and folder.is_dir() and (bad := damaged_weights(folder)):
+        raise UserError(weights_error(run.resolved.base_model, bad))
     progress = run.reporter.build_progress() if run.is_main else None
     with run.args.main_process_first(desc="token cache"):
         data = prepare_data(run.resolved, tokenizer, progress=progress)
