@@ -143,7 +143,7 @@ def test_generate_errors_are_exit_2(capsys, monkeypatch, memorised: Path, tmp_pa
         (memorised / "tokenizer_config.json").read_bytes()
     )
     (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
-    assert f"--adapter {broken}: cannot load the adapter" in exit_2(
+    assert f"--adapter {broken}: adapter_model.safetensors is damaged" in exit_2(
         "--adapter", str(broken), "-p", "x"
     )
     assert "no adapter_config.json" in exit_2("--adapter", str(tmp_path), "-p", "x")

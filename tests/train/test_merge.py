@@ -71,7 +71,8 @@ def test_a_base_model_that_is_gone_is_named(tmp_path: Path, recorded: str, gone:
 
     config = {"base_model_name_or_path": recorded}
     (tmp_path / "adapter_config.json").write_text(json.dumps(config))
-    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    empty = (2).to_bytes(8, "little") + b"{}"  # a whole safetensors file of no tensors
+    (tmp_path / "adapter_model.safetensors").write_bytes(empty)
     if not gone:
         assert adapter_base(tmp_path) == recorded
         return

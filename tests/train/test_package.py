@@ -159,6 +159,10 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
         "tampered": (tampered, "base_models[0].adapters[0].sha256: does not match"),
         "missing": (lambda f: {k: v for k, v in f.items() if k != weights}, f"{weights}: missing"),
         "escape": (lambda f: {**f, "../evil.sh": b"rm -rf /"}, "../evil.sh: a path outside"),
+        "cut short": (
+            lambda f: {**f, weights: f[weights][: len(f[weights]) // 2]},
+            f"{weights} is damaged (its header does not match its size)",
+        ),
         "repeated key": (
             lambda f: {**f, "manifest.json": b'{"version": "9.9.9", ' + f["manifest.json"][1:]},
             "manifest.json: version: given more than once",
@@ -208,3 +212,28 @@ def test_paths_that_leave_the_expert_are_refused(v2_run: Path) -> None:
         assert not (v2_run.parent / "x.expert").exists()
     finally:
         source.write_text(original)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["package", "generate", "merge"])
+def test_an_adapter_cut_short_is_named_before_anything_loads(
+    v2_run: Path, tmp_path: Path, command: str
+) -> None:
+    """A run folder whose adapter file was cut short (a full disk, an interrupted copy):
+    package used to ship it as sound; generate and merge ended in a SafetensorError."""
+    run = tmp_path / "run"
+    shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    weights = run / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    extra = {
+        "package": ("--output", str(tmp_path / "x.expert")),
+        "generate": ("-p", "hi"),
+        "merge": ("--output", str(tmp_path / "merged")),
+    }[command]
+    out = run_here(command, "--adapter", str(run), *extra)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert (
+        f"--adapter {run}: adapter_model.safetensors is damaged (its header does not match its "
+        "size); restore it from a copy, or train again"
+    ) in " ".join(out.stderr.split())
+    assert not (tmp_path / "x.expert").exists() and not (tmp_path / "merged").exists()

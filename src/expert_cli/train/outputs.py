@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from expert_cli.atomic import atomic_folder, write_json_atomic
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import path_is_dir, resolved_path, shown_path
+from expert_cli.weights import safetensors_problem
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -128,6 +129,9 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
             f"--adapter {adapter}: no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})"
             " beside adapter_config.json"
         )
+    safetensors = adapter / ADAPTER_WEIGHTS[0]
+    if safetensors.is_file() and (problem := safetensors_problem(safetensors)):
+        raise UserError(f"--adapter {adapter}: {problem}; restore it from a copy, or train again")
     local = adapter / base  # a random-init base saved inside the run folder: a relative path
     if not Path(base).is_absolute() and local.is_dir():
         return str(local)

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from expert_cli.config import Manifest
 from expert_cli.config.loading import format_errors, parse_manifest_text
+from expert_cli.weights import HEAD_BYTES, header_problem
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 MAX_FILE_BYTES = 20 << 30
@@ -96,6 +97,10 @@ def verify_package(
                 hashes[member.name], data = _member_hash(tar, member)
                 if member.name == "manifest.json":
                     report.manifest = _manifest_of(data, report)
+                elif member.name.endswith(".safetensors") and (
+                    damaged := header_problem(data, member.size)
+                ):
+                    report.problems.append(f"{member.name} {damaged}")
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         report.problems.append(f"not a gzip-compressed tar archive ({type(exc).__name__})")
         return report
@@ -122,15 +127,17 @@ def _member_problem(member: tarfile.TarInfo) -> str | None:
 
 
 def _member_hash(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, bytes]:
-    """sha256 of a member, and its bytes when it is small JSON worth reading."""
+    """sha256 of a member, and its bytes when it is small JSON worth reading (the first
+    HEAD_BYTES of a safetensors file: its header)."""
     digest, kept = hashlib.sha256(), io.BytesIO()
-    keep = member.name.endswith(".json") and member.size <= 16 << 20
+    keep = 16 << 20 if member.name.endswith(".json") and member.size <= 16 << 20 else 0
+    keep = HEAD_BYTES if member.name.endswith(".safetensors") else keep
     stream = tar.extractfile(member)
     assert stream is not None  # a regular file, checked above
     while block := stream.read(CHUNK):
         digest.update(block)
-        if keep:
-            kept.write(block)
+        if kept.tell() < keep:
+            kept.write(block[: keep - kept.tell()])
     return digest.hexdigest(), kept.getvalue()
 
 
