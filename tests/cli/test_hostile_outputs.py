@@ -44,7 +44,8 @@ def _run_folder(tmp_path: Path, source: dict | str | None = None) -> Path:
     run.mkdir()
     config = {"base_model_name_or_path": "org/model", "peft_type": "LORA"}
     (run / "adapter_config.json").write_text(json.dumps(config))
-    (run / "adapter_model.safetensors").write_bytes(b"\0" * 16)
+    empty = (2).to_bytes(8, "little") + b"{}"  # a whole safetensors file of no tensors
+    (run / "adapter_model.safetensors").write_bytes(empty)
     (run / "manifest.resolved.json").write_text("{}")
     source = _manifest() if source is None else source
     text = source if isinstance(source, str) else json.dumps(source)
