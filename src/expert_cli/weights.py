@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 DAMAGED = "is damaged (its header does not match its size)"
-HEADER_LIMIT = 100 << 20  # the format's own bound on a header
+HEADER_LIMIT = 100_000_000  # the loader's own bound on a header
 HEAD_BYTES = 1 << 20  # what a reader of a stream keeps to judge it: any adapter's header fits
 
 
@@ -41,7 +41,8 @@ def safetensors_problem(path: Path) -> str | None:
         with path.open("rb") as f:
             start = f.read(8)
             length = int.from_bytes(start, "little") if len(start) == 8 else 0
-            head = start + f.read(min(length, HEADER_LIMIT))
+            fits = length <= HEADER_LIMIT and 8 + length <= size  # else judged on `start`
+            head = start + f.read(length if fits else 0)
     except OSError:
         return f"{path.name} cannot be read"
     problem = header_problem(head, size)

@@ -269,6 +269,13 @@ def test_the_first_row_not_utf8_is_found_across_chunks() -> None:
     assert _first_not_utf8(pa.chunked_array([_text_column([b"\xff"] + [b"a"] * 6)])) == 0
     assert _first_not_utf8(pa.chunked_array([_text_column([b"a"] * 7)])) is None
     assert _first_not_utf8(pa.chunked_array([], pa.string())) is None
+    # a null list row keeps items behind it that flatten() leaves out: rows still line up
+    items = _text_column([b"a", b"b", b"c", b"\xff"])
+    lists = pa.ListArray.from_arrays(
+        pa.array([0, 2, 3, 4], pa.int32()), items, mask=pa.array([False, True, False])
+    )
+    assert _first_not_utf8(pa.chunked_array([lists])) == 2
+    assert _first_not_utf8(pa.chunked_array([lists.slice(1)])) == 1
 
 
 @pytest.mark.parametrize(

@@ -119,17 +119,17 @@ def test_a_tokenizer_with_more_ids_than_the_embedding_has_rows(
     assert adapter_problem(resolved, str(model), tokens=256) is None  # exactly fits
     problem = adapter_problem(resolved, str(model), tokens=257)
     assert problem == (
-        f"base model {model}: its tokenizer has 257 token ids, its embedding 256 rows "
+        f"base model {model}: its tokenizer uses 257 token ids, its embedding has 256 rows "
         "(config.json vocab_size); ids from 256 up have no embedding. Use the tokenizer saved "
         "with the model, or a config.json whose vocab_size is at least 257"
     )
     out = tmp_path / "e" / "out"
     code, _, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(out))
-    assert code == 2 and "its embedding 256 rows" in err, err
+    assert code == 2 and "its embedding has 256 rows" in " ".join(err.split()), err
     assert not out.exists() and not (tmp_path / "e" / ".cache").exists()
     code, stdout, _ = run_main(capsys, monkeypatch, "check", "-m", str(manifest), "--json")
     (problem,) = json.loads(stdout)["problems"]
-    assert code == 2 and problem.startswith(f"base model {model}: its tokenizer has "), problem
+    assert code == 2 and problem.startswith(f"base model {model}: its tokenizer uses "), problem
     assert tokens >= 257  # the tiny tokenizer's own model has room for every id
 
 
@@ -151,3 +151,43 @@ def test_weights_cut_short_are_named_by_check_and_train(
     assert code == 2
     assert f"base model {model}: {expected}; download or copy it again" in " ".join(err.split())
     assert not out.exists() and not (tmp_path / "e" / ".cache").exists()
+
+
+def test_an_added_token_past_the_embedding_is_refused_only_when_the_data_holds_it(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Some models ship a tokenizer with an added token past their embedding that text never
+    produces (Gemma 3's image token): such a model trains. When the data does hold it (here
+    ChatML markers, ids 4001-4002, with 4001 embedding rows), train names the id after
+    tokenizing instead of an IndexError in the first step."""
+    model = _model_with(tmp_path, tiny_model_dir, _edited(tiny_model_dir, vocab_size=4001))
+    plain = tmp_path / "plain"
+    manifest = write_expert(plain, model, rows=8, base={"init": "random"})
+    (plain / "data" / "train.jsonl").write_text(
+        "".join(json.dumps({"text": f"select {i} from orders"}) + "\n" for i in range(8))
+    )
+    code, _, err = run_main(
+        capsys,
+        monkeypatch,
+        "train",
+        "-m",
+        str(manifest),
+        "--output",
+        str(plain / "out"),
+        "--max-steps",
+        "1",
+        "--set",
+        "evaluation_strategy=no",
+    )
+    assert code == 0, err
+    code, stdout, _ = run_main(capsys, monkeypatch, "check", "-m", str(manifest), "--json")
+    assert code == 0 and json.loads(stdout)["problems"] == []
+    chat = write_expert(tmp_path / "chat", model, rows=8, base={"init": "random"})
+    out = tmp_path / "chat" / "out"
+    code, _, err = run_main(capsys, monkeypatch, "train", "-m", str(chat), "--output", str(out))
+    assert code == 2
+    assert (
+        f"base model {model}: the tokenized data holds token id 4,002, its embedding has 4,001 "
+        "rows: a token the tokenizer added past the model's vocabulary appears in the data"
+    ) in " ".join(err.split())
+    assert not out.exists()

@@ -77,7 +77,7 @@ def check(
         raise UserError("--manifest: required (or --package FILE, or --list-settings)")
     from expert_cli.cli.render import BuildBar
     from expert_cli.data.checks import check_manifest
-    from expert_cli.data.tokenizer import tokenizer_size
+    from expert_cli.data.tokenizer import local_ids_in_use
     from expert_cli.train.adapter import adapter_problem
 
     report = check_manifest(
@@ -86,7 +86,7 @@ def check(
         BuildBar(),
         overrides or [],
         model_check=lambda resolved: adapter_problem(
-            resolved, resolved.base_model, tokens=tokenizer_size(resolved)
+            resolved, resolved.base_model, tokens=local_ids_in_use(resolved)
         ),
     )
     if as_json:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow.compute as pc
 from filelock import FileLock, Timeout
 from transformers import PreTrainedTokenizerFast
 
@@ -55,6 +56,16 @@ class PreparedData:
     reason: str
     status: str = "current"  # "built" | "rebuilt" | "resumed" | "current"
     changes: list[str] = field(default_factory=list)
+
+    def largest_id(self) -> int | None:
+        """The largest token id in the cache (train and eval), None for no tokens: one pass
+        over the memory-mapped ids."""
+        found = [
+            pc.max(pc.list_flatten(ds.data.column("input_ids"))).as_py()
+            for ds in (self.train, self.eval)
+            if ds is not None
+        ]
+        return max((i for i in found if i is not None), default=None)
 
 
 def prepare_data(

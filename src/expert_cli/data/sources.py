@@ -246,11 +246,13 @@ def _first_bad_utf8(array: pa.Array) -> int | None:
                 high = middle
         return low
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        inner = _first_bad_utf8(array.flatten())  # the rows' items, this slice's only
+        inner = _first_bad_utf8(array.flatten())  # the items of this slice's valid rows
         if inner is None:
             return None
-        offsets = array.offsets.to_numpy()
-        return int(np.searchsorted(offsets, offsets[0] + inner, side="right")) - 1
+        # the row of each flattened item (a null row's items are not flattened: leave them out)
+        parents = pc.list_parent_indices(array)
+        parents = parents.filter(array.is_valid().take(parents))
+        return int(parents[inner].as_py())
     if pa.types.is_struct(kind):
         found = [i for f in array.flatten() if (i := _first_bad_utf8(f)) is not None]
         return min(found) if found else None

@@ -51,10 +51,20 @@ def load_tokenizer(resolved: ResolvedConfig) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def tokenizer_size(resolved: ResolvedConfig) -> int | None:
-    """How many token ids the base model's tokenizer can produce, from the files already on
-    this machine (nothing is downloaded); None when it cannot be loaded here (the tokenizer
-    checks say why)."""
+def ids_in_use(tokenizer: PreTrainedTokenizerFast) -> int:
+    """One past the largest id every run uses: the base vocabulary (ordinary text) and the
+    end, padding and start tokens the pipeline inserts. Tokens added beyond the base vocabulary
+    are left out: some models ship one past their embedding that text never produces (Gemma 3's
+    image token); the token cache's own largest id is checked once data is tokenized."""
+    base = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=False)
+    inserted = [tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.bos_token_id]
+    return max([base, *(i + 1 for i in inserted if isinstance(i, int))])
+
+
+def local_ids_in_use(resolved: ResolvedConfig) -> int | None:
+    """`ids_in_use` of the base model's tokenizer from the files already on this machine
+    (nothing is downloaded); None when it cannot be loaded here (the tokenizer checks say
+    why)."""
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             resolved.base_model,
@@ -62,6 +72,6 @@ def tokenizer_size(resolved: ResolvedConfig) -> int | None:
             trust_remote_code=resolved.trust_remote_code,
             local_files_only=True,
         )
+        return ids_in_use(tokenizer)
     except Exception:  # noqa: BLE001 - reported by the tokenizer checks, not here
         return None
-    return len(tokenizer)

@@ -59,19 +59,43 @@ def meta_model(resolved: ResolvedConfig, source: str) -> tuple[Any | None, str |
     return model, None
 
 
+def embedding_rows(model: Any) -> int | None:
+    """Rows of the model's input embedding; None where the architecture does not say (some
+    remote-code models raise NotImplementedError for get_input_embeddings)."""
+    try:
+        rows = getattr(model.get_input_embeddings(), "num_embeddings", None)
+    except (NotImplementedError, AttributeError):
+        return None
+    return rows if isinstance(rows, int) else None
+
+
 def vocabulary_problem(model: Any, tokens: int, source: str) -> str | None:
-    """Why the tokenizer's ids (`tokens` of them) cannot all index the model's embedding (a
-    tokenizer from another model, a config.json with another vocab_size): the first example
-    holding a larger id would stop the run with an IndexError. None when they fit."""
-    embedding = model.get_input_embeddings()
-    rows = getattr(embedding, "num_embeddings", None)
-    if not isinstance(rows, int) or tokens <= rows:
+    """Why ids below `tokens` (those every run uses: `data.tokenizer.ids_in_use`) cannot all
+    index the model's embedding (a tokenizer from another model, a config.json with another
+    vocab_size): the first example holding a larger id would stop the run with an IndexError.
+    None when they fit, or when the embedding's size is not known."""
+    rows = embedding_rows(model)
+    if rows is None or tokens <= rows:
         return None
     return (
-        f"base model {shown_path(source)}: its tokenizer has {tokens:,} token ids, its "
-        f"embedding {rows:,} rows (config.json vocab_size); ids from {rows:,} up have no "
+        f"base model {shown_path(source)}: its tokenizer uses {tokens:,} token ids, its "
+        f"embedding has {rows:,} rows (config.json vocab_size); ids from {rows:,} up have no "
         "embedding. Use the tokenizer saved with the model, or a config.json whose "
         f"vocab_size is at least {tokens:,}"
+    )
+
+
+def cache_id_problem(model: Any, largest: int | None, source: str) -> str | None:
+    """Why the token cache's `largest` id has no row in the model's embedding (a token the
+    tokenizer added past the model's vocabulary appears in the data); None when it has."""
+    rows = embedding_rows(model)
+    if rows is None or largest is None or largest < rows:
+        return None
+    return (
+        f"base model {shown_path(source)}: the tokenized data holds token id {largest:,}, its "
+        f"embedding has {rows:,} rows: a token the tokenizer added past the model's "
+        "vocabulary appears in the data. Use the tokenizer saved with the model, or remove "
+        "that token from the data"
     )
 
 

@@ -25,10 +25,11 @@ from expert_cli.data import PreparedData, prepare_data
 from expert_cli.data.collate import PackedCollator
 from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.sources import NO_EVAL_ROWS
-from expert_cli.data.tokenizer import load_tokenizer
+from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
 from expert_cli.errors import RunError, UserError
 from expert_cli.train import distributed
 from expert_cli.train.adapter import adapter_problem
+from expert_cli.train.architecture import cache_id_problem
 from expert_cli.train.args import planned_steps, training_args_kwargs
 from expert_cli.train.batch import plan_batch
 from expert_cli.train.callbacks import (
@@ -128,7 +129,7 @@ def load_data(run: Run) -> tuple[Any, PreparedData]:
     the adapter (its architecture built without weights), fail first, in seconds."""
     require_hub(hub_refs(run.resolved))
     tokenizer = load_tokenizer(run.resolved)
-    tokens = len(tokenizer)
+    tokens = ids_in_use(tokenizer)
     if problem := adapter_problem(run.resolved, run.resolved.base_model, tokens=tokens):
         raise UserError(problem)  # before any data is tokenized or weights read
     folder = Path(run.resolved.base_model)
@@ -164,6 +165,8 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
             del random_model
         distributed.barrier()
     model, choices = load_base_model(resolved, device, str(source) if source else None)
+    if problem := cache_id_problem(model, data.largest_id(), resolved.base_model):
+        raise UserError(problem)
     steps = planned_steps(resolved, len(data.train), run.args.world_size, run.args.max_steps)
     if resume is not None and run.is_main:
         at = resume.name.rsplit("-", 1)[-1]
