@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def load_tokenizer(resolved: ResolvedConfig) -> PreTrainedTokenizerFast:
+def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTrainedTokenizerFast:
     """The fast tokenizer of `resolved.base_model`; pad = eos when it has no pad token (logged).
+    With `local_only`, from the files already on this machine (nothing is downloaded).
 
     Only fast (Rust) tokenizers are accepted: batched encoding and character offsets, which
     exact completion-only masking relies on, exist only there.
@@ -29,6 +30,7 @@ def load_tokenizer(resolved: ResolvedConfig) -> PreTrainedTokenizerFast:
             revision=resolved.revision,
             trust_remote_code=resolved.trust_remote_code,
             use_fast=True,
+            local_files_only=local_only,
         )
     except (OSError, ValueError) as exc:
         raise UserError(
@@ -66,12 +68,6 @@ def local_ids_in_use(resolved: ResolvedConfig) -> int | None:
     (nothing is downloaded); None when it cannot be loaded here (the tokenizer checks say
     why)."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            resolved.base_model,
-            revision=resolved.revision,
-            trust_remote_code=resolved.trust_remote_code,
-            local_files_only=True,
-        )
-        return ids_in_use(tokenizer)
+        return ids_in_use(load_tokenizer(resolved, local_only=True))
     except Exception:  # noqa: BLE001 - reported by the tokenizer checks, not here
         return None

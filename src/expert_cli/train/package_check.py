@@ -130,8 +130,8 @@ def _member_hash(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, by
     """sha256 of a member, and its bytes when it is small JSON worth reading (the first
     HEAD_BYTES of a safetensors file: its header)."""
     digest, kept = hashlib.sha256(), io.BytesIO()
-    keep = 16 << 20 if member.name.endswith(".json") and member.size <= 16 << 20 else 0
-    keep = HEAD_BYTES if member.name.endswith(".safetensors") else keep
+    small_json = member.name.endswith(".json") and member.size <= 16 << 20
+    keep = HEAD_BYTES if member.name.endswith(".safetensors") else member.size if small_json else 0
     stream = tar.extractfile(member)
     assert stream is not None  # a regular file, checked above
     while block := stream.read(CHUNK):
