@@ -91,7 +91,8 @@ def test_outputs_written(demo_run: tuple[Path, Path, str]) -> None:
         model["adapter_precision"],
         model["liger_kernels"],
         model["compiled_layers"],
-    ) == ("sdpa", "off", "fp32", False, 0)
+        model["attention_isolation"],
+    ) == ("sdpa", "off", "fp32", False, 0, "verified")
     assert (
         resolved["attn_implementation"],
         resolved["fused_loss"],
@@ -99,7 +100,7 @@ def test_outputs_written(demo_run: tuple[Path, Path, str]) -> None:
         resolved["torch_compile"],
     ) == ("sdpa", "off", False, False)
     for text in (
-        "attention sdpa",
+        "attention sdpa (causal, packed examples apart: checked)",
         "loss standard (full logits)",
         "trainable of",
         "data ",

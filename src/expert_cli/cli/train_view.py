@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 from expert_cli.cli.render import BuildBar
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import PreparedData
+from expert_cli.train.causality import ISOLATED
 from expert_cli.train.generate import Case, GenerateResult, Generation
 from expert_cli.train.model import ModelChoices
 from expert_cli.train.run import TrainOptions, TrainResult
@@ -59,6 +60,12 @@ def _loss_name(fused: str) -> str:
     return "standard (full logits)" if fused == "off" else f"fused linear cross-entropy ({fused})"
 
 
+def _isolation(verdict: str, packing: bool) -> str:
+    if verdict == ISOLATED:
+        return " (causal, packed examples apart: checked)" if packing else " (causal: checked)"
+    return f" ({verdict})"
+
+
 def print_decisions(
     console: Console, resolved: ResolvedConfig, choices: ModelChoices, trainable: int, total: int
 ) -> None:
@@ -69,7 +76,8 @@ def print_decisions(
         f"[bold]model[/bold]     {resolved.base_model}{init} on {choices.device}", highlight=False
     )
     console.print(
-        f"[bold]kernels[/bold]   attention {choices.attn_implementation}, weights "
+        f"[bold]kernels[/bold]   attention {choices.attn_implementation}"
+        f"{_isolation(choices.attention_isolation, resolved.packing)}, weights "
         f"{choices.dtype}, mixed precision {mixed}, TF32 {'on' if choices.tf32 else 'off'}, "
         f"quantization {choices.quantization}",
         highlight=False,

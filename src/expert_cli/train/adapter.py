@@ -11,6 +11,7 @@ from peft import AdaLoraConfig, IA3Config, LoKrConfig, LoraConfig, get_peft_mode
 from expert_cli.errors import UserError
 from expert_cli.train.architecture import (
     device_memory,
+    encoder_problem,
     memory_problem,
     meta_model,
     vocabulary_problem,
@@ -108,6 +109,8 @@ def adapter_problem(
     downloaded)."""
     model, problem = meta_model(resolved, source)
     if model is None:
+        return problem
+    if problem := encoder_problem(model, source):
         return problem
     if tokens is not None and (problem := vocabulary_problem(model, tokens, source)):
         return problem

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from expert_cli.paths import shown_path
 
@@ -46,6 +48,8 @@ def meta_model(resolved: ResolvedConfig, source: str) -> tuple[Any | None, str |
             f"{shown}: config.json cannot be read as a model configuration "
             f"({type(exc).__name__}{what})"
         )
+    if problem := no_causal_class(config, resolved.trust_remote_code, shown):
+        return None, problem
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
@@ -57,6 +61,61 @@ def meta_model(resolved: ResolvedConfig, source: str) -> tuple[Any | None, str |
             f"check its sizes ({SIZES})"
         )
     return model, None
+
+
+def model_type(model_or_config: Any) -> str:
+    """' (model type X)' for an architecture transformers knows, else '' (a remote-code
+    config's type is the file's text, never quoted)."""
+    config = getattr(model_or_config, "config", model_or_config)
+    kind = getattr(config, "model_type", None)
+    return f" (model type {kind})" if isinstance(kind, str) and kind in CONFIG_MAPPING_NAMES else ""
+
+
+def no_causal_class(config: Any, remote_code: bool, shown: str) -> str | None:
+    """Why transformers has no causal-LM class for `config` (an encoder-decoder such as T5, a
+    vision or audio model); None when it has one (or remote code may bring its own)."""
+    auto_map = getattr(config, "auto_map", None) or {}
+    if remote_code and "AutoModelForCausalLM" in auto_map:
+        return None
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return None
+    what = (
+        "an encoder-decoder model"
+        if getattr(config, "is_encoder_decoder", False)
+        else "a model transformers cannot load as a causal language model"
+    )
+    return (
+        f"{shown}{model_type(config)}: {what} (AutoModelForCausalLM has no class for it). "
+        "expert-cli trains adapters for decoder-only language models (Qwen3, Llama, Mistral, "
+        "...)"
+    )
+
+
+def not_causal(shown: str) -> str:
+    """The refusal of an encoder given as the base model (`shown` names it)."""
+    return (
+        f"{shown}: every position attends to the tokens after it (an encoder such as BERT, "
+        "not a causal language model), so an adapter trained on it learns to copy the next "
+        "token, not to predict it. Use a decoder-only model (Qwen3, Llama, Mistral, ...)"
+    )
+
+
+def encoder_problem(model: Any, source: str) -> str | None:
+    """Why `model` (built on the meta device) is an encoder: its config keeps transformers'
+    `is_decoder` switch off and none of its attention layers is causal (BERT, RoBERTa,
+    ELECTRA... built as a causal LM). None otherwise; the loaded model's probe
+    (`causality.attention_isolation`) is the final word."""
+    config = model.config
+    if getattr(config, "is_decoder", None) is not False or getattr(
+        config, "is_encoder_decoder", False
+    ):
+        return None
+    flags = [
+        m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)
+    ]
+    if not flags or any(flags):
+        return None
+    return not_causal(f"base model {shown_path(source)}{model_type(config)}")
 
 
 def embedding_rows(model: Any) -> int | None:

@@ -48,6 +48,7 @@ class ModelChoices:
     adapter_precision: str = "fp32"
     fused_lora_layers: int = 0
     compiled_layers: int = 0
+    attention_isolation: str = "not probed"
     notes: list[str] = field(default_factory=list)
 
 

@@ -38,6 +38,7 @@ from expert_cli.train.callbacks import (
     InterruptCallback,
     earlier_records,
 )
+from expert_cli.train.causality import attention_isolation, isolation_problem
 from expert_cli.train.checkpoints import (
     CheckpointMarker,
     checkpoint_step,
@@ -167,6 +168,12 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     model, choices = load_base_model(resolved, device, str(source) if source else None)
     if problem := cache_id_problem(model, data.largest_id(), resolved.base_model):
         raise UserError(problem)
+    kernel = choices.attn_implementation
+    autocast = torch.bfloat16 if resolved.bf16 else torch.float16 if resolved.fp16 else None
+    verdict = attention_isolation(model, kernel, resolved.packing, autocast)
+    if problem := isolation_problem(verdict, model, resolved.base_model, kernel):
+        raise UserError(problem)
+    choices.attention_isolation = verdict
     steps = planned_steps(resolved, len(data.train), run.args.world_size, run.args.max_steps)
     if resume is not None and run.is_main:
         at = resume.name.rsplit("-", 1)[-1]
