@@ -5,6 +5,10 @@ every decoder the tests can build is verified, and the probe leaves the model as
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +207,46 @@ def test_train_refuses_packing_where_examples_would_see_each_other(
     assert "attention sdpa (causal: checked)" in proc.stdout
     resolved = json.loads((manifest.parent / "output" / "manifest.resolved.json").read_text())
     assert resolved["runtime"]["model"]["attention_isolation"] == ISOLATED
+
+
+def test_one_process_keeps_its_own_verdict() -> None:
+    from expert_cli.train.causality import agreed
+
+    for verdict in (ISOLATED, PACKED_LEAK, SEES_FUTURE, "not probed: x"):
+        assert agreed(verdict) == verdict
+
+
+AGREE = """
+import sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+from expert_cli.train.causality import agreed
+print(agreed(sys.argv[1]))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_every_process_stops_where_one_would(tmp_path: Path) -> None:
+    """Two gloo processes: the one that could not probe (its weights on the meta device)
+    takes the leak the other found, so neither waits for the other at the next collective."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank, verdict in enumerate(("not probed: weights not loaded on this rank", PACKED_LEAK)):
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", AGREE, verdict], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
+    outs = [p.communicate(timeout=300)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outs == [PACKED_LEAK, PACKED_LEAK]

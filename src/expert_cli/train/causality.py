@@ -27,6 +27,7 @@ import torch
 from expert_cli.data.collate import PackedCollator
 from expert_cli.data.formatting import IGNORE
 from expert_cli.paths import shown_path
+from expert_cli.train import distributed
 from expert_cli.train.architecture import embedding_rows, model_type, not_causal
 from expert_cli.train.attention import BOUNDARY_KERNELS, mask_free_mapping, skip_mask_building
 
@@ -41,6 +42,7 @@ SEES_FUTURE = "sees later tokens"
 PACKED_LEAK = "packed examples attend to each other"
 ISOLATED = "verified"
 MASK_PROXY = {"flex_attention": "sdpa"}
+SEVERITY = {SEES_FUTURE: 2, PACKED_LEAK: 1}
 
 
 def _not_probed(model: Any) -> str | None:
@@ -131,6 +133,13 @@ def attention_isolation(
         model.train(was_training)
         if probed != kernel:
             model.set_attn_implementation(kernel)
+
+
+def agreed(verdict: str) -> str:
+    """The worst verdict of any process, so that every rank stops where one would (a rank
+    whose weights are not loaded yet cannot probe; the others can)."""
+    worst = -distributed.min_over_ranks(-SEVERITY.get(verdict, 0))
+    return next((v for v, level in SEVERITY.items() if level == worst), verdict)
 
 
 def isolation_problem(verdict: str, model: Any, source: str, kernel: str) -> str | None:

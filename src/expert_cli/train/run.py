@@ -38,7 +38,7 @@ from expert_cli.train.callbacks import (
     InterruptCallback,
     earlier_records,
 )
-from expert_cli.train.causality import attention_isolation, isolation_problem
+from expert_cli.train.causality import agreed, attention_isolation, isolation_problem
 from expert_cli.train.checkpoints import (
     CheckpointMarker,
     checkpoint_step,
@@ -170,7 +170,7 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
         raise UserError(problem)
     kernel = choices.attn_implementation
     autocast = torch.bfloat16 if resolved.bf16 else torch.float16 if resolved.fp16 else None
-    verdict = attention_isolation(model, kernel, resolved.packing, autocast)
+    verdict = agreed(attention_isolation(model, kernel, resolved.packing, autocast))
     if problem := isolation_problem(verdict, model, resolved.base_model, kernel):
         raise UserError(problem)
     choices.attention_isolation = verdict
