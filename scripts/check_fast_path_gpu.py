@@ -7,6 +7,8 @@
    and the same adapter gradients on a small Qwen3 in bf16.
 3. Adapters: the fused LoRA linear (`adapter_kernel: fused`) gives peft's loss and adapter
    gradients on the same model in bf16.
+4. The attention probe `train` runs on the loaded model (train/causality.py) says "verified"
+   for every kernel and precision here: no false refusal from a kernel that rounds.
 
     python scripts/check_fast_path_gpu.py [--json]
 """
@@ -92,6 +94,18 @@ def packed_vs_alone(attn: str, dtype_name: str) -> float:
                 worst = max(worst, (part - alone).abs().max().item())
                 start += len(seq)
     return worst
+
+
+def isolation(attn: str, dtype_name: str) -> str:
+    """The verdict of the probe `train` runs, with the run's autocast for half precision."""
+    import torch
+
+    from expert_cli.train.causality import attention_isolation
+
+    dtype = getattr(torch, dtype_name)
+    model = _model(attn, dtype).train()
+    half = dtype if dtype != torch.float32 else None
+    return attention_isolation(model, attn, packing=True, dtype=half)
 
 
 def loss_parity(backend: str) -> dict[str, float]:
@@ -219,6 +233,19 @@ def main() -> int:
                         "error": f"{type(exc).__name__}: {exc}"[:800],
                     }
                 )
+            try:
+                verdict = isolation(attn, dtype)
+            except Exception as exc:  # the model does not build with this kernel: said above
+                verdict = f"error: {type(exc).__name__}"
+            results.append(
+                {
+                    "check": "attention_probe",
+                    "attn": attn,
+                    "dtype": dtype,
+                    "verdict": verdict,
+                    "ok": verdict == "verified",
+                }
+            )
     backends = ("liger", "chunked") if DEVICE == "cuda" else ("chunked",)
     for backend in () if args.no_loss else backends:
         try:
@@ -249,7 +276,7 @@ def main() -> int:
         for r in results:
             what = r.get("attn", r.get("backend", "peft"))
             detail = r.get("error") or {
-                k: v for k, v in r.items() if k.endswith("diff") or k == "dtype"
+                k: v for k, v in r.items() if k.endswith("diff") or k in ("dtype", "verdict")
             }
             print(f"{r['check']:16s} {what:18s} {'ok' if r['ok'] else 'FAIL'} {detail}")
         for attn, why in skipped.items():
