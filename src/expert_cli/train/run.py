@@ -45,6 +45,7 @@ from expert_cli.train.checkpoints import (
     remove_incomplete_checkpoints,
 )
 from expert_cli.train.fused_lora import is_fused
+from expert_cli.train.memory import Stopped, oom_error, out_of_memory
 from expert_cli.train.model import (
     ModelChoices,
     adapter_compute_dtype,
@@ -165,7 +166,12 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
             materialize_random_base(random_model, tokenizer, source)
             del random_model
         distributed.barrier()
-    model, choices = load_base_model(resolved, device, str(source) if source else None)
+    try:
+        model, choices = load_base_model(resolved, device, str(source) if source else None)
+    except Exception as exc:
+        if out_of_memory(exc):
+            raise oom_error(resolved, Stopped("load", device=device), None) from exc
+        raise
     if problem := cache_id_problem(model, data.largest_id(), resolved.base_model):
         raise UserError(problem)
     kernel = choices.attn_implementation
@@ -182,7 +188,12 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     choices.adapter_precision = adapter_compute_dtype(resolved)
     choices.fused_lora_layers = sum(1 for m in peft_model.modules() if is_fused(m))
     if resolved.batch_auto and device.startswith("cuda"):
-        _plan_batch(run, peft_model, tokenizer, data, choices)
+        try:
+            _plan_batch(run, peft_model, tokenizer, data, choices)
+        except Exception as exc:
+            if out_of_memory(exc):
+                raise oom_error(resolved, Stopped("probe", 0, 1, 1, device), None) from exc
+            raise
     compile_on, why = compile_decision(resolved.torch_compile, device.startswith("cuda"))
     if compile_on:
         choices.compiled_layers = compile_layers(
@@ -280,6 +291,11 @@ def on_failure(run: Run, throughput: Any, steps: int, exc: BaseException) -> Non
     if full and run.is_main:
         remove_incomplete_checkpoints(run.output / "checkpoints")
     throughput.record_failure(steps)
+    if out_of_memory(exc):
+        args = run.args
+        micro, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
+        at = Stopped("step", steps, micro, accumulation, run.device)
+        raise oom_error(run.resolved, at, run.output) from exc
     if full:
         raise RunError(
             f"no space left on {run.output} (checkpoints and the adapter are written there); "
