@@ -183,3 +183,22 @@ def test_decoding_settings_from_the_manifest() -> None:
     ):
         with pytest.raises(UserError, match=f"training.decoding.{next(iter(bad))}"):
             decoding_settings(bad, False, None)
+
+
+def test_out_of_memory_is_one_line_not_a_traceback(
+    memorised: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any command that runs out of memory (here generate, in the model's own generate) exits
+    1 with one message; torch's allocation details stay out of it."""
+    import torch
+    from transformers import GenerationMixin
+
+    def no_memory(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+
+    monkeypatch.setattr(GenerationMixin, "generate", no_memory)
+    proc = run_here("generate", "--adapter", str(memorised), "-p", "Hi.")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text
+    assert "out of memory: this command needs more memory than the device has" in text
+    assert "Traceback" not in text and "Tried to allocate" not in text

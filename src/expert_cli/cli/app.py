@@ -125,6 +125,23 @@ def _root(
 QUIET_LOGGERS = ("bitsandbytes.backends.cpu.ops",)
 
 
+OUT_OF_MEMORY = (
+    "out of memory: this command needs more memory than the device has (torch's "
+    "OutOfMemoryError). Free the GPU of other processes (nvidia-smi lists them), or run it "
+    "where there is more memory"
+)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation that failed (`train` says more itself); only torch
+    raises one, so no torch import is paid where it was not loaded."""
+    if "torch" not in sys.modules:
+        return False
+    from expert_cli.train.memory import out_of_memory
+
+    return out_of_memory(exc)
+
+
 def main() -> None:
     """Console-script entry point."""
     for name in QUIET_LOGGERS:
@@ -147,3 +164,8 @@ def main() -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:
+        if _state["verbose"] or not _out_of_memory(exc):
+            raise
+        print_error("failed", RunError(OUT_OF_MEMORY))
+        sys.exit(1)
