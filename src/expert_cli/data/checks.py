@@ -14,8 +14,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
@@ -24,6 +22,7 @@ from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import NO_EVAL_ROWS, checked_columns, holds_nothing_out, load_saved
+from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import UserError
 from expert_cli.weights import damaged_weights
 
@@ -132,21 +131,15 @@ def _check_model(cfg: ResolvedConfig) -> list[str]:
         )
     if cfg.init == "pretrained":
         problems += [f"{where}: {folder}: {line}" for line in damaged_weights(folder)]
-    return problems + _check_tokenizer(folder, cfg)
+    return problems + _check_tokenizer(cfg)
 
 
-def _check_tokenizer(folder: Path, cfg: ResolvedConfig) -> list[str]:
+def _check_tokenizer(cfg: ResolvedConfig) -> list[str]:
+    """The problems `train` would find loading the tokenizer (the same loader, no download)."""
     try:
-        tok = AutoTokenizer.from_pretrained(
-            str(folder), trust_remote_code=cfg.trust_remote_code, local_files_only=True
-        )
-    except Exception as exc:  # noqa: BLE001 - any loader failure is the user's folder
-        return [f"tokenizer: cannot load from {folder} ({type(exc).__name__}: {exc})"]
-    if not tok.is_fast:
-        return [
-            f"tokenizer: {folder} has only a slow tokenizer; expert-cli needs a fast one "
-            "(tokenizer.json)"
-        ]
+        load_tokenizer(cfg, local_only=True)
+    except UserError as exc:
+        return exc.lines
     return []
 
 

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 log = logging.getLogger(__name__)
+# Fewer tokens than this is no language model's tokenizer: transformers 5 builds an empty one
+# (no tokens, or only its end token) from a folder whose vocabulary files are missing.
+MIN_VOCABULARY = 32
 
 
 def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTrainedTokenizerFast:
@@ -32,15 +35,28 @@ def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTra
             use_fast=True,
             local_files_only=local_only,
         )
-    except (OSError, ValueError) as exc:
+    except OSError as exc:  # files missing here or on the hub: the loader says which
         raise UserError(
             f"base_model.name: cannot load a tokenizer from {resolved.base_model} ({exc})"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - a file the loader cannot parse is the user's
+        raise UserError(
+            f"base_model.name: the tokenizer files of {resolved.base_model} are damaged "
+            f"({type(exc).__name__} while reading them); copy tokenizer.json and "
+            "tokenizer_config.json from the model again"
         ) from None
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(
             f"base_model.name: {resolved.base_model} has no fast tokenizer "
             "(tokenizer.json); expert-cli needs one for batched, offset-exact "
             "tokenization"
+        )
+    words = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=False)
+    if words < MIN_VOCABULARY:
+        raise UserError(
+            f"base_model.name: the tokenizer of {resolved.base_model} has {words} "
+            f"token{'' if words == 1 else 's'}: its vocabulary files (tokenizer.json, or vocab.json and merges.txt) are missing, and "
+            "transformers built an empty tokenizer. Copy the model's tokenizer files into it"
         )
     if tokenizer.eos_token_id is None:
         raise UserError(

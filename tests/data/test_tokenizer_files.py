@@ -1,0 +1,71 @@
+"""A base model folder whose tokenizer files are damaged or missing: `check` and `train` say so
+in the same words (exit 2, no traceback, nothing written). transformers 5 builds an *empty*
+tokenizer from a folder without vocabulary files, which used to train on nothing but the end
+token (or, with ChatML data, to drop every example as having no completion)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from train_helpers import run_here, write_expert
+
+
+def _cut(folder: Path) -> None:
+    data = (folder / "tokenizer.json").read_bytes()
+    (folder / "tokenizer.json").write_bytes(data[: len(data) // 3])
+
+
+def _not_utf8(folder: Path) -> None:
+    (folder / "tokenizer.json").write_bytes(b"\x00\xff not a tokenizer")
+
+
+def _wrong_shape(folder: Path) -> None:
+    (folder / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"vocab": 5}}))
+
+
+def _gone(folder: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+
+
+def _no_eos(folder: Path) -> None:
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["eos_token"] = config["pad_token"] = None
+    path.write_text(json.dumps(config))
+
+
+CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "cut short": (_cut, "are damaged (JSONDecodeError while reading them)"),
+    "not UTF-8": (_not_utf8, "are damaged (UnicodeDecodeError while reading them)"),
+    "wrong structure": (_wrong_shape, "are damaged (KeyError while reading them)"),
+    "missing": (_gone, "has 1 token: its vocabulary files"),
+    "no end token": (_no_eos, "has no EOS token"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_check_and_train_name_the_tokenizer(
+    case: str, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    damage, expected = CASES[case]
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    damage(model)
+    manifest = write_expert(tmp_path / "expert", model, rows=8)
+
+    check = run_here("check", "--manifest", str(manifest))
+    said = " ".join(check.stdout.split())  # rich wraps long lines
+    assert "base_model.name: the tokenizer" in said and expected in said
+    assert "manifest is not usable" in said
+
+    proc = run_here("train", "--manifest", str(manifest))
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2, text
+    assert expected in text and "Traceback" not in text
+    assert "not a tokenizer" not in text  # the file's bytes are never quoted
+    assert sorted(p.name for p in manifest.parent.iterdir()) == ["data", "manifest.json"]
