@@ -69,3 +69,45 @@ def test_check_and_train_name_the_tokenizer(
     assert expected in text and "Traceback" not in text
     assert "not a tokenizer" not in text  # the file's bytes are never quoted
     assert sorted(p.name for p in manifest.parent.iterdir()) == ["data", "manifest.json"]
+
+
+def _messages_expert(tmp_path: Path, model: Path) -> Path:
+    manifest = write_expert(tmp_path / "expert", model, rows=4)
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}
+        for i in range(8)
+    ]
+    lines = "\n".join(json.dumps(r) for r in rows) + "\n"
+    (manifest.parent / "data" / "train.jsonl").write_text(lines)
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["field_mapping"] = {"messages": "messages"}
+    manifest.write_text(json.dumps(data))
+    return manifest
+
+
+PLAIN_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        (None, "field_mapping.messages: the tokenizer has no chat template"),
+        (PLAIN_TEMPLATE, "response_template: the chat template renders no assistant marker"),
+    ],
+)
+def test_messages_data_needs_a_chat_template_that_marks_replies(
+    template: str | None, expected: str, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """check says what the build would refuse (it said usable, and train refused)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").unlink()
+    if template is not None:
+        (model / "chat_template.jinja").write_text(template)
+    manifest = _messages_expert(tmp_path, model)
+    said = " ".join(run_here("check", "--manifest", str(manifest)).stdout.split())
+    assert expected in said and "manifest is not usable" in said
+    proc = run_here("train", "--manifest", str(manifest))
+    assert proc.returncode == 2
+    assert expected in " ".join((proc.stdout + proc.stderr).split())
+    assert not (manifest.parent / "output").exists()

@@ -19,6 +19,7 @@ from expert_cli.config.environment import probe_environment
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
 from expert_cli.data.build import BuildProgress, NoProgress
 from expert_cli.data.cache import cache_root_problem
+from expert_cli.data.formatting import check_chat_template, check_prompt_template
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import NO_EVAL_ROWS, checked_columns, holds_nothing_out, load_saved
@@ -86,6 +87,7 @@ def check_manifest(
         *missing_problems(statuses),
         *([cache] if cache else []),
         *data.problems,
+        *_format_problems(resolved, data.fields),
     ]
     counted = [data.rows.get(src.location) for src in resolved.train_sources]
     if quick:  # a count cut at --quick rows says only "at least that many"
@@ -138,6 +140,24 @@ def _check_tokenizer(cfg: ResolvedConfig) -> list[str]:
     """The problems `train` would find loading the tokenizer (the same loader, no download)."""
     try:
         load_tokenizer(cfg, local_only=True)
+    except UserError as exc:
+        return exc.lines
+    return []
+
+
+def _format_problems(cfg: ResolvedConfig, fields: FieldSpec | None) -> list[str]:
+    """What the build would refuse before formatting a row: instruction data without a
+    prompt template, `messages` data with a tokenizer whose chat template is missing or marks
+    no assistant reply (a tokenizer that does not load is reported by the tokenizer checks)."""
+    try:
+        if fields is not None and fields.kind == "instruction":
+            check_prompt_template(cfg.prompt_template)
+        if fields is not None and fields.kind == "messages":
+            try:
+                tokenizer = load_tokenizer(cfg, local_only=True)
+            except UserError:
+                return []
+            check_chat_template(tokenizer, cfg.response_template)
     except UserError as exc:
         return exc.lines
     return []

@@ -55,8 +55,9 @@ def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTra
     if words < MIN_VOCABULARY:
         raise UserError(
             f"base_model.name: the tokenizer of {resolved.base_model} has {words} "
-            f"token{'' if words == 1 else 's'}: its vocabulary files (tokenizer.json, or vocab.json and merges.txt) are missing, and "
-            "transformers built an empty tokenizer. Copy the model's tokenizer files into it"
+            f"token{'' if words == 1 else 's'}: its vocabulary files (tokenizer.json, or "
+            "vocab.json and merges.txt) are missing, and transformers built an empty "
+            "tokenizer. Copy the model's tokenizer files into it"
         )
     if tokenizer.eos_token_id is None:
         raise UserError(
