@@ -311,6 +311,36 @@ def test_hub_files_that_cannot_be_read(monkeypatch, tmp_path: Path, files, why) 
 
 
 @pytest.mark.parametrize(
+    ("files", "split", "said"),
+    [
+        ({"a.jsonl": b""}, None, "its data files hold no rows"),
+        (
+            {"a.jsonl": b'{"text": "SECRET"}\n'},
+            "validation",
+            "cannot load from the hub or its local cache (ValueError: Unknown split",
+        ),
+    ],
+)
+def test_hub_datasets_without_the_rows_asked_for(
+    monkeypatch, tmp_path: Path, files, split, said
+) -> None:
+    """An empty file was `(StopIteration: )`; a missing split keeps the library's first line,
+    which names the splits there are, never a row."""
+    import datasets
+
+    from expert_cli.data.sources import _load_hub
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "repo").mkdir()
+    for name, data in files.items():
+        (tmp_path / "repo" / name).write_bytes(data)
+    with pytest.raises(UserError) as info:
+        _load_hub(SourceRef(kind="hub", location=str(tmp_path / "repo"), split=split))
+    message = "\n".join(info.value.lines)
+    assert said in message and "SECRET" not in message and len(info.value.lines) == 1
+
+
+@pytest.mark.parametrize(
     ("damage", "why"),
     [
         ("state", "its state.json or dataset_info.json is not JSON"),

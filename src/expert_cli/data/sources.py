@@ -154,6 +154,11 @@ def checked_columns(
     return ds, fields
 
 
+# the first line of the hub library's message for a dataset it cannot find or split (names of
+# splits and configurations, not rows), cut to this length
+HUB_MESSAGE_CHARS = 300
+
+
 def _load_hub(ref: SourceRef) -> datasets.Dataset:
 
     try:
@@ -170,10 +175,14 @@ def _load_hub(ref: SourceRef) -> datasets.Dataset:
             "training.dataset.path to that folder: expert-cli's own reader names the file, "
             "line and field"
         ) from None
+    except StopIteration:  # the builder found files but not one row in them
+        raise UserError(f"{ref.location}: its data files hold no rows") from None
     except Exception as exc:  # offline, unknown id, unknown split: all the user's to fix
+        said = str(exc).strip().splitlines()
+        detail = f": {said[0][:HUB_MESSAGE_CHARS]}" if said else ""
         raise UserError(
             f"{ref.location}: cannot load from the hub or its local cache "
-            f"({type(exc).__name__}: {exc})"
+            f"({type(exc).__name__}{detail})"
         ) from None
 
 
