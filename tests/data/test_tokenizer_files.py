@@ -111,3 +111,19 @@ def test_messages_data_needs_a_chat_template_that_marks_replies(
     assert proc.returncode == 2
     assert expected in " ".join((proc.stdout + proc.stderr).split())
     assert not (manifest.parent / "output").exists()
+
+
+def test_a_chat_template_that_does_not_parse(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A template with a syntax error (or one that raises): check was a jinja2 traceback;
+    both commands now name the field and the kind of error, not the template's text."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text("{% for m in messages %}{{ SECRET ")
+    manifest = _messages_expert(tmp_path, model)
+    expected = "the tokenizer's chat template cannot render a conversation (TemplateSyntaxError)"
+    check = run_here("check", "--manifest", str(manifest))
+    said = " ".join(check.stdout.split())
+    assert expected in said and "SECRET" not in said and "Traceback" not in said
+    proc = run_here("train", "--manifest", str(manifest))
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2 and expected in text and "SECRET" not in text

@@ -200,5 +200,24 @@ def test_out_of_memory_is_one_line_not_a_traceback(
     proc = run_here("generate", "--adapter", str(memorised), "-p", "Hi.")
     text = proc.stdout + proc.stderr
     assert proc.returncode == 1, text
-    assert "out of memory: this command needs more memory than the device has" in text
+    assert "out of memory: this command needs more memory than the GPU" in text
     assert "Traceback" not in text and "Tried to allocate" not in text
+
+
+def test_merge_out_of_memory_is_a_run_failure_not_bad_input(
+    memorised: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """merge maps a base that does not load to exit 2 (the user's input); an allocation that
+    fails while loading it is not the user's input: exit 1, one line, nothing written."""
+    import torch
+    import transformers
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_memory)
+    proc = run_here("merge", "--adapter", str(memorised), "--output", str(tmp_path / "merged"))
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text
+    assert "out of memory: this command needs more memory" in text and "Traceback" not in text
+    assert not (tmp_path / "merged").exists()

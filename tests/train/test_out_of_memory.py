@@ -122,3 +122,23 @@ def test_a_step_out_of_memory_is_one_message_and_resume_finishes_the_run(
     summary = read_metrics(output)["summary"]
     assert (summary["status"], summary["steps"]) == ("completed", 6)
     assert (output / "adapter_model.safetensors").is_file()
+
+
+def test_out_of_memory_while_loading_names_the_stage(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The base model's weights do not fit: exit 1 naming loading (no micro-batch, no
+    --resume: nothing ran), with int4 and a smaller model as the ways out."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8)
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError(CUDA_OOM)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_memory)
+    proc = run_here("train", "--manifest", str(manifest))
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1, text
+    assert "out of memory while loading the base model: it needs more than" in text
+    assert 'quantization "int4" (QLoRA)' in text and "--resume" not in text
+    assert "Traceback" not in text and "Tried to allocate" not in text
+    assert not (manifest.parent / "output").exists()

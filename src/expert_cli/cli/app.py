@@ -126,9 +126,9 @@ QUIET_LOGGERS = ("bitsandbytes.backends.cpu.ops",)
 
 
 OUT_OF_MEMORY = (
-    "out of memory: this command needs more memory than the device has (torch's "
-    "OutOfMemoryError). Free the GPU of other processes (nvidia-smi lists them), or run it "
-    "where there is more memory"
+    "out of memory: this command needs more memory than the GPU (or, without one, this "
+    "machine) has. Free it of other processes (nvidia-smi lists a GPU's), or run it where "
+    "there is more memory"
 )
 
 

@@ -145,7 +145,15 @@ def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: s
             "template; use `text` data or a tokenizer with one"
         )
     sample = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    text = tokenizer.apply_chat_template(sample, tokenize=False)
+    try:
+        text = tokenizer.apply_chat_template(sample, tokenize=False)
+    except Exception as exc:  # noqa: BLE001 - a template that does not parse or run is the user's
+        # its error may quote the template (raise_exception's text): only its kind is said
+        raise UserError(
+            "training.dataset.field_mapping.messages: the tokenizer's chat template cannot "
+            f"render a conversation ({type(exc).__name__}); fix chat_template.jinja or the "
+            "chat_template in tokenizer_config.json"
+        ) from None
     if assistant_spans(text, response_template)[1] in ("none", "missing"):
         raise UserError(
             "training.dataset.response_template: the chat template renders no "

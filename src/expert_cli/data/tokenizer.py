@@ -19,6 +19,13 @@ log = logging.getLogger(__name__)
 MIN_VOCABULARY = 32
 
 
+def _damaged(model: str, exc: BaseException) -> UserError:
+    return UserError(
+        f"base_model.name: the tokenizer files of {model} are damaged ({type(exc).__name__} "
+        "while reading them); copy tokenizer.json and tokenizer_config.json from the model again"
+    )
+
+
 def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTrainedTokenizerFast:
     """The fast tokenizer of `resolved.base_model`; pad = eos when it has no pad token (logged).
     With `local_only`, from the files already on this machine (nothing is downloaded).
@@ -39,12 +46,20 @@ def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTra
         raise UserError(
             f"base_model.name: cannot load a tokenizer from {resolved.base_model} ({exc})"
         ) from None
-    except Exception as exc:  # noqa: BLE001 - a file the loader cannot parse is the user's
+    except ImportError as exc:  # a slow tokenizer converted with a package not installed
         raise UserError(
-            f"base_model.name: the tokenizer files of {resolved.base_model} are damaged "
-            f"({type(exc).__name__} while reading them); copy tokenizer.json and "
-            "tokenizer_config.json from the model again"
+            f"base_model.name: the tokenizer of {resolved.base_model} needs the Python package "
+            f"{exc.name or 'its loader names'} (pip install it), or a tokenizer.json"
         ) from None
+    except ValueError as exc:
+        if "trust_remote_code" not in str(exc):
+            raise _damaged(resolved.base_model, exc) from None
+        raise UserError(
+            f"base_model.name: the tokenizer of {resolved.base_model} is custom code; set "
+            '"trust_remote_code": true on the base model entry if you trust it'
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - a file the loader cannot parse is the user's
+        raise _damaged(resolved.base_model, exc) from None
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(
             f"base_model.name: {resolved.base_model} has no fast tokenizer "

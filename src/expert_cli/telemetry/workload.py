@@ -16,6 +16,14 @@ from typing import Any
 from expert_cli.errors import RunError, UserError
 from expert_cli.telemetry.flops import lora_train_flops_per_token, mfu, peak_bf16_flops
 
+
+def _allocation_failed(error: BaseException | None) -> bool:
+    """torch's OutOfMemoryError (by name: this module does not import torch) or MemoryError."""
+    return error is not None and any(
+        c.__name__ in ("OutOfMemoryError", "MemoryError") for c in type(error).__mro__
+    )
+
+
 WARMUP_STEPS = 3  # steps left out of tokens/s (allocator, kernel selection, autotuning)
 TIMING_WINDOW = 5  # steps between device syncs (one sync a step would cost the overlap)
 SEED = 0
@@ -139,6 +147,8 @@ class WorkloadRunner:
 
     def _raise_error(self) -> None:
         if isinstance(self._error, UserError):  # e.g. a GPU workload on a machine without one
+            raise self._error
+        if _allocation_failed(self._error):  # the CLI says so in one line
             raise self._error
         if self._error is not None:
             raise RunError(f"workload {self.spec.name} failed: {self._error!r}") from self._error

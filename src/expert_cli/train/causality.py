@@ -49,6 +49,10 @@ def _not_probed(model: Any) -> str | None:
     """Why the model cannot run a forward outside the trainer here, or None when it can."""
     if any(p.is_meta for p in model.parameters()):
         return "weights not loaded on this rank"
+    if getattr(model, "is_loaded_in_8bit", False):
+        # LLM.int8 picks outlier columns over every token of a matmul: other tokens move a
+        # token's result, so a leak cannot be told from the quantization's own effect
+        return "int8 weights mix tokens in each matmul"
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     return "DeepSpeed ZeRO-3 partitions the weights" if is_deepspeed_zero3_enabled() else None
@@ -84,8 +88,8 @@ def attention_isolation(
     model: Any, kernel: str, packing: bool, dtype: torch.dtype | None = None
 ) -> str:
     """ISOLATED, SEES_FUTURE, PACKED_LEAK, or "not probed: <why>" for `model` (before the
-    adapter is attached) with attention `kernel`; `dtype` is the run's autocast dtype on a GPU
-    (None: no autocast)."""
+    adapter is attached) with attention `kernel`; `dtype` is the run's autocast dtype (None:
+    no autocast). Every module's training mode is put back as it was."""
     if why := _not_probed(model):
         return f"not probed: {why}"
     rows = embedding_rows(model) or PROBE_IDS
@@ -108,10 +112,9 @@ def attention_isolation(
     one = list(range(FIRST + SECOND))
     two = list(range(FIRST)) + list(range(SECOND))
     device = next(model.parameters()).device
-    on_gpu = dtype is not None and device.type == "cuda"
-    autocast = torch.autocast(device.type, dtype=dtype) if on_gpu else nullcontext()
-    tolerance = _tolerance(model, on_gpu)
-    was_training = model.training
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+    tolerance = _tolerance(model, dtype is not None)
+    modes = {module: module.training for module in model.modules()}
     model.eval()
     try:
         if probed != kernel:
@@ -130,7 +133,8 @@ def attention_isolation(
     except Exception as exc:  # noqa: BLE001 - a model the probe cannot drive; the run decides
         return f"not probed: {type(exc).__name__}"
     finally:
-        model.train(was_training)
+        for module, mode in modes.items():
+            module.training = mode
         if probed != kernel:
             model.set_attn_implementation(kernel)
 

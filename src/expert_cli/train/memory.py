@@ -23,7 +23,13 @@ from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
 if TYPE_CHECKING:
     from expert_cli.config.resolve import ResolvedConfig
 
-CPU_ALLOCATOR = ("DefaultCPUAllocator: can't allocate memory", "not enough memory")
+# allocation failures torch reports as a plain RuntimeError: the CPU allocator's, and CUDA's own
+# when it is not the caching allocator that runs out (a cuBLAS workspace, a kernel's launch)
+ALLOCATION_FAILED = (
+    "DefaultCPUAllocator: can't allocate memory",
+    "CUDA error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+)
 CONFIG = "training.config."
 
 
@@ -32,9 +38,9 @@ def out_of_memory(exc: BaseException) -> bool:
     seen = 0
     current: BaseException | None = exc
     while current is not None and seen < 8:
-        if isinstance(current, torch.OutOfMemoryError):
+        if isinstance(current, (torch.OutOfMemoryError, MemoryError)):
             return True
-        if isinstance(current, RuntimeError) and any(m in str(current) for m in CPU_ALLOCATOR):
+        if isinstance(current, RuntimeError) and any(m in str(current) for m in ALLOCATION_FAILED):
             return True
         current = current.__cause__ or current.__context__
         seen += 1
@@ -75,9 +81,9 @@ def _smaller_batch(at: Stopped) -> str | None:
 
 def remedies(resolved: ResolvedConfig, at: Stopped) -> list[str]:
     """The settings that lower the memory of what ran out that this run does not use yet."""
-    int4 = resolved.quantization not in ("int4", "int8")
+    unquantized = resolved.quantization not in ("int4", "int8")
     if at.stage == "load":
-        out = ['the base model\'s quantization "int4" (QLoRA)'] if int4 else []
+        out = ['the base model\'s quantization "int4" (QLoRA)'] if unquantized else []
         return [*out, "a smaller base model, or FSDP over several GPUs (docs/distributed.md)"]
     out = []
     if at.device.startswith("cuda") and not resolved.batch_auto and at.micro_batch > 1:
@@ -90,7 +96,7 @@ def remedies(resolved: ResolvedConfig, at: Stopped) -> list[str]:
         out.append(f"{CONFIG}gradient_checkpointing true (recomputes activations)")
     if resolved.fused_loss == "off":
         out.append(f'{CONFIG}fused_loss "chunked" (no full-vocabulary logits)')
-    if int4:
+    if unquantized:
         out.append('the base model\'s quantization "int4" (QLoRA; a new run)')
     out.append(f"a smaller {CONFIG}max_seq_length (a new run)")
     return out

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from expert_cli.atomic import atomic_folder
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import place_problem, resolved_path, shown_path
+from expert_cli.train.memory import out_of_memory
 from expert_cli.train.outputs import adapter_base
 
 LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
@@ -30,6 +31,8 @@ def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
     try:
         base = AutoModelForCausalLM.from_pretrained(base_name, dtype=dtype)
     except LOAD_ERRORS as exc:
+        if out_of_memory(exc):  # not the user's input: the CLI says so in one line
+            raise
         raise UserError(
             f"{adapter / 'adapter_config.json'}: base model {base_name} cannot be loaded "
             f"({type(exc).__name__}: {str(exc)[:200]})"
@@ -37,6 +40,8 @@ def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
     try:
         return PeftModel.from_pretrained(base, str(adapter))
     except LOAD_ERRORS as exc:
+        if out_of_memory(exc):
+            raise
         raise UserError(
             f"--adapter {adapter}: cannot load the adapter on {base_name} ({type(exc).__name__})"
         ) from None

@@ -180,6 +180,10 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     if problem := isolation_problem(verdict, model, resolved.base_model, kernel):
         raise UserError(problem)
     choices.attention_isolation = verdict
+    if verdict.startswith("not probed"):
+        choices.notes.append(
+            f"attention: {verdict}; whether packed examples stay apart is not checked"
+        )
     steps = planned_steps(resolved, len(data.train), run.args.world_size, run.args.max_steps)
     if resume is not None and run.is_main:
         at = resume.name.rsplit("-", 1)[-1]
@@ -192,7 +196,7 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
             _plan_batch(run, peft_model, tokenizer, data, choices)
         except Exception as exc:
             if out_of_memory(exc):
-                raise oom_error(resolved, Stopped("probe", 0, 1, 1, device), None) from exc
+                raise oom_error(resolved, Stopped("probe", device=device), None) from exc
             raise
     compile_on, why = compile_decision(resolved.torch_compile, device.startswith("cuda"))
     if compile_on:
