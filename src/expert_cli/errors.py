@@ -37,3 +37,14 @@ def value_kind(value: object) -> str:
     if isinstance(value, dict):
         return "an object"
     return "a value of another kind"
+
+
+def exception_chain(exc: BaseException, limit: int = 8) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from or while handling (`__cause__`, else
+    `__context__`), at most `limit` of them: a library's wrapper hides the failure that matters."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(chain) < limit:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain

@@ -77,7 +77,6 @@ def check(
         raise UserError("--manifest: required (or --package FILE, or --list-settings)")
     from expert_cli.cli.render import BuildBar
     from expert_cli.data.checks import check_manifest
-    from expert_cli.data.tokenizer import local_ids_in_use
     from expert_cli.train.adapter import adapter_problem
 
     report = check_manifest(
@@ -85,8 +84,8 @@ def check(
         quick,
         BuildBar(),
         overrides or [],
-        model_check=lambda resolved: adapter_problem(
-            resolved, resolved.base_model, tokens=local_ids_in_use(resolved)
+        model_check=lambda resolved, tokens: adapter_problem(
+            resolved, resolved.base_model, tokens=tokens
         ),
     )
     if as_json:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment
@@ -23,9 +23,12 @@ from expert_cli.data.formatting import check_chat_template, check_prompt_templat
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import NO_EVAL_ROWS, checked_columns, holds_nothing_out, load_saved
-from expert_cli.data.tokenizer import load_tokenizer
+from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
 from expert_cli.errors import UserError
 from expert_cli.weights import damaged_weights
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 PROGRESS_ROWS = 10_000
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
@@ -57,12 +60,13 @@ def check_manifest(
     quick: int | None = None,
     progress: BuildProgress | None = None,
     overrides: list[str] | None = None,
-    model_check: Callable[[ResolvedConfig], str | None] | None = None,
+    model_check: Callable[[ResolvedConfig, int | None], str | None] | None = None,
 ) -> CheckReport:
     """Everything `check` reports about one manifest (with `--set` overrides); never raises for
     bad input. Every row of the local data is read (the first `quick` rows with `quick`).
     `model_check` (the train layer's adapter check, which this layer cannot import) runs last,
-    once nothing else is wrong, and its answer is a problem."""
+    once nothing else is wrong, with the ids the tokenizer uses (None where it does not load
+    here), and its answer is a problem. The tokenizer is loaded once, from local files."""
     env = probe_environment()
     report = CheckReport(manifest={"path": str(path)}, environment=env.to_dict())
     try:
@@ -82,20 +86,23 @@ def check_manifest(
     for source in resolved.train_sources + resolved.validation_sources:
         data.source(source)
     cache = cache_root_problem(Path(resolved.pretokenized_cache), resolved.expert)
+    tokenizer, tokenizer_problems = _local_tokenizer(resolved)
     report.problems = [
-        *_check_model(resolved),
+        *_check_model(resolved, tokenizer_problems),
         *missing_problems(statuses),
         *([cache] if cache else []),
         *data.problems,
-        *_format_problems(resolved, data.fields),
+        *_format_problems(resolved, data.fields, tokenizer),
     ]
     counted = [data.rows.get(src.location) for src in resolved.train_sources]
     if quick:  # a count cut at --quick rows says only "at least that many"
         counted = [None if n is not None and n >= quick else n for n in counted]
     if not report.problems and None not in counted and holds_nothing_out(resolved, counted):
         report.problems.append(NO_EVAL_ROWS)  # as train would find once the data is read
-    if model_check is not None and not report.problems and (problem := model_check(resolved)):
-        report.problems.append(problem)
+    tokens = ids_in_use(tokenizer) if tokenizer is not None else None
+    if model_check is not None and not report.problems:
+        problem = model_check(resolved, tokens)
+        report.problems += [problem] if problem else []
     report.rows_checked = data.rows
     return report
 
@@ -112,8 +119,9 @@ def _download_line(status: HubStatus) -> str | None:
 # --------------------------------------------------------------------------- base model
 
 
-def _check_model(cfg: ResolvedConfig) -> list[str]:
-    """Problems with a local base model folder (a hub model is in `hub_status`)."""
+def _check_model(cfg: ResolvedConfig, tokenizer_problems: list[str]) -> list[str]:
+    """Problems with a local base model folder, its tokenizer's among them (a hub model is in
+    `hub_status`)."""
     where = "base model"
     if cfg.base_model_kind == "hub":
         return []
@@ -133,30 +141,28 @@ def _check_model(cfg: ResolvedConfig) -> list[str]:
         )
     if cfg.init == "pretrained":
         problems += [f"{where}: {folder}: {line}" for line in damaged_weights(folder)]
-    return problems + _check_tokenizer(cfg)
+    return problems + tokenizer_problems
 
 
-def _check_tokenizer(cfg: ResolvedConfig) -> list[str]:
-    """The problems `train` would find loading the tokenizer (the same loader, no download)."""
+def _local_tokenizer(cfg: ResolvedConfig) -> tuple[PreTrainedTokenizerFast | None, list[str]]:
+    """The tokenizer from the files on this machine, or None and the problems `train` would
+    find loading it (the same loader, no download)."""
     try:
-        load_tokenizer(cfg, local_only=True)
+        return load_tokenizer(cfg, local_only=True), []
     except UserError as exc:
-        return exc.lines
-    return []
+        return None, exc.lines
 
 
-def _format_problems(cfg: ResolvedConfig, fields: FieldSpec | None) -> list[str]:
+def _format_problems(
+    cfg: ResolvedConfig, fields: FieldSpec | None, tokenizer: PreTrainedTokenizerFast | None
+) -> list[str]:
     """What the build would refuse before formatting a row: instruction data without a
     prompt template, `messages` data with a tokenizer whose chat template is missing or marks
     no assistant reply (a tokenizer that does not load is reported by the tokenizer checks)."""
     try:
         if fields is not None and fields.kind == "instruction":
             check_prompt_template(cfg.prompt_template)
-        if fields is not None and fields.kind == "messages":
-            try:
-                tokenizer = load_tokenizer(cfg, local_only=True)
-            except UserError:
-                return []
+        if fields is not None and fields.kind == "messages" and tokenizer is not None:
             check_chat_template(tokenizer, cfg.response_template)
     except UserError as exc:
         return exc.lines

@@ -34,7 +34,7 @@ from expert_cli.data.rows import (
     is_saved_dataset,
     scan_local,
 )
-from expert_cli.errors import RunError, UserError
+from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path
 
 WRITE_BATCH_ROWS = 4096
@@ -188,11 +188,7 @@ def _load_hub(ref: SourceRef) -> datasets.Dataset:
 
 def _unreadable_because(exc: BaseException) -> str:
     """What the first cause of a generation error was, by kind, never by message."""
-    causes: list[BaseException] = []
-    cause = exc.__cause__ or exc.__context__
-    while cause is not None and len(causes) < 8:
-        causes.append(cause)
-        cause = cause.__cause__ or cause.__context__
+    causes = exception_chain(exc, limit=9)[1:]
     if any(isinstance(c, UnicodeDecodeError) for c in causes):
         return "a file is not UTF-8 text"
     if isinstance(exc, datasets.exceptions.DatasetGenerationCastError) or any(

@@ -93,13 +93,3 @@ def ids_in_use(tokenizer: PreTrainedTokenizerFast) -> int:
     base = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=False)
     inserted = [tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.bos_token_id]
     return max([base, *(i + 1 for i in inserted if isinstance(i, int))])
-
-
-def local_ids_in_use(resolved: ResolvedConfig) -> int | None:
-    """`ids_in_use` of the base model's tokenizer from the files already on this machine
-    (nothing is downloaded); None when it cannot be loaded here (the tokenizer checks say
-    why)."""
-    try:
-        return ids_in_use(load_tokenizer(resolved, local_only=True))
-    except Exception:  # noqa: BLE001 - reported by the tokenizer checks, not here
-        return None

@@ -11,13 +11,15 @@ is the same run.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from expert_cli.errors import RunError
+from expert_cli.errors import RunError, exception_chain
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
 
 if TYPE_CHECKING:
@@ -35,16 +37,11 @@ CONFIG = "training.config."
 
 def out_of_memory(exc: BaseException) -> bool:
     """Whether `exc` (or an exception it was raised from) is an allocation that failed."""
-    seen = 0
-    current: BaseException | None = exc
-    while current is not None and seen < 8:
-        if isinstance(current, (torch.OutOfMemoryError, MemoryError)):
-            return True
-        if isinstance(current, RuntimeError) and any(m in str(current) for m in ALLOCATION_FAILED):
-            return True
-        current = current.__cause__ or current.__context__
-        seen += 1
-    return False
+    return any(
+        isinstance(e, (torch.OutOfMemoryError, MemoryError))
+        or (isinstance(e, RuntimeError) and any(m in str(e) for m in ALLOCATION_FAILED))
+        for e in exception_chain(exc)
+    )
 
 
 @dataclass(frozen=True)
@@ -111,6 +108,19 @@ def _resume_from(output: Path) -> str:
         f"{last.name} (step {checkpoint_step(last)}) is complete: train again with --resume "
         "to continue from it"
     )
+
+
+@contextmanager
+def stage_out_of_memory(
+    resolved: ResolvedConfig, at: Stopped, output: Path | None = None
+) -> Iterator[None]:
+    """Inside it, an allocation that fails is `oom_error` for `at`; any other error passes."""
+    try:
+        yield
+    except Exception as exc:
+        if out_of_memory(exc):
+            raise oom_error(resolved, at, output) from exc
+        raise
 
 
 def oom_error(resolved: ResolvedConfig, at: Stopped, output: Path | None) -> RunError:

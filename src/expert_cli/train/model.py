@@ -73,6 +73,11 @@ def weight_dtype(resolved: ResolvedConfig, on_gpu: bool) -> torch.dtype:
     return torch.float32
 
 
+def autocast_dtype(resolved: ResolvedConfig) -> torch.dtype | None:
+    """The mixed-precision dtype the Trainer autocasts to (bf16, fp16), or None for fp32."""
+    return torch.bfloat16 if resolved.bf16 else torch.float16 if resolved.fp16 else None
+
+
 def apply_tf32(enabled: bool) -> bool:
     """Turn TF32 matmuls/convolutions on or off on CUDA; returns whether it is on."""
 

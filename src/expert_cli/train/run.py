@@ -13,7 +13,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
@@ -45,11 +44,12 @@ from expert_cli.train.checkpoints import (
     remove_incomplete_checkpoints,
 )
 from expert_cli.train.fused_lora import is_fused
-from expert_cli.train.memory import Stopped, oom_error, out_of_memory
+from expert_cli.train.memory import Stopped, oom_error, out_of_memory, stage_out_of_memory
 from expert_cli.train.model import (
     ModelChoices,
     adapter_compute_dtype,
     attach_adapter,
+    autocast_dtype,
     build_random_model,
     enable_checkpointing,
     load_base_model,
@@ -166,17 +166,13 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
             materialize_random_base(random_model, tokenizer, source)
             del random_model
         distributed.barrier()
-    try:
+    with stage_out_of_memory(resolved, Stopped("load", device=device)):
         model, choices = load_base_model(resolved, device, str(source) if source else None)
-    except Exception as exc:
-        if out_of_memory(exc):
-            raise oom_error(resolved, Stopped("load", device=device), None) from exc
-        raise
     if problem := cache_id_problem(model, data.largest_id(), resolved.base_model):
         raise UserError(problem)
     kernel = choices.attn_implementation
-    autocast = torch.bfloat16 if resolved.bf16 else torch.float16 if resolved.fp16 else None
-    verdict = agreed(attention_isolation(model, kernel, resolved.packing, autocast))
+    probe = attention_isolation(model, kernel, resolved.packing, autocast_dtype(resolved))
+    verdict = agreed(probe)
     if problem := isolation_problem(verdict, model, resolved.base_model, kernel):
         raise UserError(problem)
     choices.attention_isolation = verdict
@@ -192,12 +188,8 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     choices.adapter_precision = adapter_compute_dtype(resolved)
     choices.fused_lora_layers = sum(1 for m in peft_model.modules() if is_fused(m))
     if resolved.batch_auto and device.startswith("cuda"):
-        try:
+        with stage_out_of_memory(resolved, Stopped("probe", device=device)):
             _plan_batch(run, peft_model, tokenizer, data, choices)
-        except Exception as exc:
-            if out_of_memory(exc):
-                raise oom_error(resolved, Stopped("probe", device=device), None) from exc
-            raise
     compile_on, why = compile_decision(resolved.torch_compile, device.startswith("cuda"))
     if compile_on:
         choices.compiled_layers = compile_layers(
@@ -228,7 +220,7 @@ def _plan_batch(
         pad_to_multiple_of=resolved.max_seq_length,
     )
     rows = [data.train[i] for i in range(min(2, len(data.train)))] * 2
-    dtype = torch.bfloat16 if resolved.bf16 else torch.float16 if resolved.fp16 else None
+    dtype = autocast_dtype(resolved)
     if resolved.gradient_checkpointing:  # the Trainer turns it on too; the probe must see it
         enable_checkpointing(peft_model)
     plan = plan_batch(peft_model, rows, collate, choices.device, resolved.rows_per_step, dtype)
