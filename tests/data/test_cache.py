@@ -316,7 +316,8 @@ def test_custom_prompt_template_without_text_is_a_user_error(demo_expert_dir, wr
 def test_every_example_dropped_is_a_user_error(demo_expert_dir) -> None:
     from expert_cli.errors import UserError
 
-    with pytest.raises(UserError, match="400 read: 400 over max_seq_length=16 with overlong"):
+    said = "400 read, every one dropped: 400 over max_seq_length=16 with overlong: drop"
+    with pytest.raises(UserError, match=said):
         prepare(
             demo_expert_dir / "manifest.json", "max_seq_length=16", "training.dataset.overlong=drop"
         )

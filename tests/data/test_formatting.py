@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from expert_cli.data.formatting import (
     DROPPED_NO_COMPLETION,
     DROPPED_NO_MARKER,
     DROPPED_OVERLONG,
+    DROPPED_TEMPLATE,
     IGNORE,
     KEPT,
     TRUNCATED,
@@ -174,6 +177,41 @@ def test_messages_use_the_chat_template(tiny_tokenizer) -> None:
     trained, _ = split(tiny_tokenizer, row)
     assert trained == "b c<|im_end|>e<|im_end|><|endoftext|>"
     check_chat_template(tiny_tokenizer, None)
+
+
+ALTERNATING = (
+    "{%- for m in messages %}{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('SECRET roles must alternate') }}{%- endif %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+)
+
+
+def test_a_conversation_the_chat_template_refuses_is_dropped(tiny_tokenizer) -> None:
+    """A template's raise_exception on one conversation (roles that do not alternate) was a
+    jinja traceback that stopped the build; that row alone is dropped, with the error's kind and
+    the conversation's roles, never the template's message."""
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = ALTERNATING
+    good = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b c"}]
+    bad = [{"role": "system", "content": "s"}, *good]
+    rows = run(tok, "messages", {"messages": [good, bad, good]})
+    assert [r["status"] for r in rows] == [KEPT, DROPPED_TEMPLATE, KEPT]
+    assert rows[1]["input_ids"] == rows[1]["labels"] == [] and rows[1]["trained"] == 0
+    assert rows[1]["refused"] == "TemplateError, roles system, user, assistant"
+    assert rows[0]["refused"] is None and rows[0] == {**rows[2]}
+    assert split(tok, rows[0])[0] == "b c<|im_end|><|endoftext|>"
+
+
+def test_the_roles_of_a_refused_conversation_are_bounded(tiny_tokenizer) -> None:
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = ALTERNATING
+    long = [{"role": "user", "content": "q"}] * 20 + [{"role": "x" * 300, "content": "a"}]
+    why = run(tok, "messages", {"messages": [long]})[0]["refused"]
+    assert why == "TemplateError, roles " + ", ".join(["user"] * 8) + " and 13 more"
+    odd = [{"role": "x" * 300, "content": "a"}]
+    assert run(tok, "messages", {"messages": [odd]})[0]["refused"] == (
+        "TemplateError, roles <a 300-character name>"
+    )
 
 
 def test_overlong_truncate_and_drop(tiny_tokenizer) -> None:

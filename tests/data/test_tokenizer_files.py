@@ -127,3 +127,71 @@ def test_a_chat_template_that_does_not_parse(tmp_path: Path, tiny_model_dir: Pat
     proc = run_here("train", "--manifest", str(manifest))
     text = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 2 and expected in text and "SECRET" not in text
+
+
+ALTERNATING = (
+    "{%- for m in messages %}{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('SECRET roles must alternate') }}{%- endif %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+)
+
+
+def _refusing_expert(tmp_path: Path, tiny_model_dir: Path, refused: list[int]) -> Path:
+    """Ten conversations for a template that refuses roles that do not alternate; the rows
+    numbered in `refused` open with a system turn."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text(ALTERNATING)
+    manifest = _messages_expert(tmp_path, model)
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a b"}]
+    rows = [
+        {"messages": ([{"role": "system", "content": "s"}] if i in refused else []) + turns}
+        for i in range(10)
+    ]
+    (manifest.parent / "data" / "train.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows)
+    )
+    return manifest
+
+
+def test_conversations_the_chat_template_refuses_are_dropped_and_named(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The build stopped in a jinja traceback at the first conversation the template refused
+    (raise_exception). check names the first one by file and line; train drops them, counts
+    them and trains on the rest; the template's own message is never shown."""
+    manifest = _refusing_expert(tmp_path, tiny_model_dir, refused=[3, 6])
+    check = run_here("check", "--manifest", str(manifest))
+    said = " ".join(check.stdout.split())
+    assert check.returncode == 0 and "manifest is usable" in said
+    assert (
+        "train.jsonl:4: the tokenizer's chat template refuses this conversation (TemplateError, "
+        "roles system, user, assistant); 2 of 10 conversations are refused and train drops them"
+    ) in said
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0
+    assert "dropped: 2 refused by the chat template" in " ".join(built.stdout.split())
+    proc = run_here("train", "--manifest", str(manifest))  # reads that cache, says the same
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, text
+    assert "dropped 2 refused by the chat template (the first: TemplateError, roles system" in text
+    assert "SECRET" not in text + said and "Traceback" not in text
+    (stats,) = (manifest.parent / ".cache" / "pretokenized").glob("*/stats.json")
+    train = json.loads(stats.read_text())["train"]
+    assert (train["examples"], train["kept"], train["dropped"]) == (10, 8, 2)
+    assert train["dropped_template"] == 2
+
+
+def test_a_template_that_refuses_every_conversation(tmp_path: Path, tiny_model_dir: Path) -> None:
+    manifest = _refusing_expert(tmp_path, tiny_model_dir, refused=list(range(10)))
+    check = run_here("check", "--manifest", str(manifest))
+    said = " ".join(check.stdout.split())
+    assert "10 of 10 conversations are refused" in said and "manifest is not usable" in said
+    proc = run_here("train", "--manifest", str(manifest))
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2, text
+    assert (
+        "no training example is left after formatting (10 read, every one dropped: 10 refused "
+        "by the chat template (the first: TemplateError, roles system, user, assistant))"
+    ) in text
+    assert not (manifest.parent / "output").exists() and "SECRET" not in text

@@ -94,6 +94,8 @@ def outcomes_table(outcomes: list[Outcome]) -> Any:
 
 def summary_lines(data: PreparedData) -> list[str]:
     """What happened to one cache, with its train stats, as printable lines."""
+    from expert_cli.data.build import drop_reasons
+
     train: dict[str, Any] = data.stats["train"]
     lines = [f"{data.stats['inputs']['expert']}: {data.status} ({data.reason})"]
     lines.append(
@@ -102,6 +104,8 @@ def summary_lines(data: PreparedData) -> list[str]:
         f"examples {train['examples_read']:,} read / {train['kept']:,} kept / "
         f"{train['truncated']:,} truncated / {train['dropped']:,} dropped"
     )
+    if train["dropped"]:
+        lines.append(f"  dropped: {drop_reasons(train)}")
     if data.stats.get("eval"):
         ev = data.stats["eval"]
         lines.append(f"  eval: rows {ev['rows']:,}, tokens {ev['tokens']:,}")

@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 from expert_cli.cli.render import BuildBar
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import PreparedData
+from expert_cli.data.build import drop_reasons
 from expert_cli.train.causality import ISOLATED
 from expert_cli.train.generate import Case, GenerateResult, Generation
 from expert_cli.train.model import ModelChoices
@@ -47,6 +48,10 @@ def print_data(
     text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
     state = "reused" if status == "current" else status
     console.print(f"[bold]data[/bold]      {text}", highlight=False)
+    train = stats.get("train")
+    if isinstance(train, dict) and train.get("dropped"):
+        console.print("[bold]dropped[/bold]   ", end="")
+        console.print(drop_reasons(train), highlight=False, markup=False)
     console.print("[bold]cache[/bold]     ", end="")
     console.print(f"{state} ({reason}) {cache_dir}", highlight=False, markup=False)
 

@@ -33,6 +33,7 @@ from expert_cli.data.formatting import (
     DROPPED_NO_COMPLETION,
     DROPPED_NO_MARKER,
     DROPPED_OVERLONG,
+    DROPPED_TEMPLATE,
     KEPT,
     TRUNCATED,
     Formatter,
@@ -154,10 +155,26 @@ def _require_rows(stats: list[dict[str, Any]], resolved: ResolvedConfig) -> None
     total = _sum(stats, sum(s["examples_read"] for s in stats))
     raise UserError(
         f"training.dataset: no training example is left after formatting ({total['examples']} "
-        f"read: {total['dropped_overlong']} over max_seq_length={resolved.max_seq_length} with "
-        f"overlong=drop, {total['dropped_no_marker']} without response_template, "
-        f"{total['dropped_no_completion']} with no completion tokens)"
+        f"read, every one dropped: {drop_reasons(total, resolved.max_seq_length)})"
     )
+
+
+def drop_reasons(split: dict[str, Any], max_seq_length: int | None = None) -> str:
+    """Why a split's examples were dropped, one count per reason that dropped any ("none" when
+    no example was): the words `train` and `pretokenize` show, and the empty-data error."""
+    limit = f"={max_seq_length}" if max_seq_length else ""
+    parts = [
+        (split.get("dropped_overlong", 0), f"over max_seq_length{limit} with overlong: drop"),
+        (split.get("dropped_no_marker", 0), "without response_template"),
+        (split.get("dropped_no_completion", 0), "with no completion tokens"),
+        (
+            split.get("dropped_template", 0),
+            "refused by the chat template (the first: "
+            f"{split.get('template_refusal') or 'not recorded'})",
+        ),
+    ]
+    said = [f"{n:,} {why}" for n, why in parts if n]
+    return "; ".join(said) or "none"
 
 
 def _remove_stale(plan: CachePlan) -> None:
@@ -201,6 +218,8 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
         "dropped_overlong": int((status == DROPPED_OVERLONG).sum()),
         "dropped_no_completion": int((status == DROPPED_NO_COMPLETION).sum()),
         "dropped_no_marker": int((status == DROPPED_NO_MARKER).sum()),
+        "dropped_template": int((status == DROPPED_TEMPLATE).sum()),
+        "template_refusal": _first(table.column("refused")),
         "no_marker": int(table.column("no_marker").to_numpy(zero_copy_only=False).sum()),
         "tokens": pack.tokens,
         "trained_tokens": int(np.asarray(table.column("trained")).sum()),
@@ -215,25 +234,25 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
     return stats
 
 
+def _first(column: Any) -> str | None:
+    """The first non-null value of a string column."""
+    valid = column.drop_null()
+    return str(valid[0]) if len(valid) else None
+
+
+DROP_KEYS = ("dropped_overlong", "dropped_no_completion", "dropped_no_marker", "dropped_template")
+
+
 def _sum(stats: list[dict[str, Any]], examples_read: int) -> dict[str, Any]:
-    keys = (
-        "kept",
-        "truncated",
-        "dropped_overlong",
-        "dropped_no_completion",
-        "dropped_no_marker",
-        "no_marker",
-        "tokens",
-        "trained_tokens",
-        "rows",
-        "capacity",
+    keys = ("kept", "truncated", *DROP_KEYS, "no_marker", "tokens", "trained_tokens", "rows")
+    # .get: shards finished by an earlier version have no dropped_template
+    total = {k: sum(s.get(k, 0) for s in stats) for k in (*keys, "capacity")}
+    total["template_refusal"] = next(
+        (s["template_refusal"] for s in stats if s.get("template_refusal")), None
     )
-    total = {k: sum(s[k] for s in stats) for k in keys}
     total["examples"] = sum(s["examples_read"] for s in stats)
     total["examples_read"] = examples_read
-    total["dropped"] = (
-        total["dropped_overlong"] + total["dropped_no_completion"] + total["dropped_no_marker"]
-    )
+    total["dropped"] = sum(total[k] for k in DROP_KEYS)
     total["packing_efficiency"] = (
         round(total["tokens"] / total["capacity"], 6) if total["capacity"] else 0.0
     )

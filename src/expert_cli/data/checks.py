@@ -19,7 +19,11 @@ from expert_cli.config.environment import probe_environment
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
 from expert_cli.data.build import BuildProgress, NoProgress
 from expert_cli.data.cache import cache_root_problem
-from expert_cli.data.formatting import check_chat_template, check_prompt_template
+from expert_cli.data.formatting import (
+    check_chat_template,
+    check_prompt_template,
+    render_conversation,
+)
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import NO_EVAL_ROWS, checked_columns, holds_nothing_out, load_saved
@@ -82,11 +86,12 @@ def check_manifest(
     statuses = hub_status(hub_refs(resolved))
     report.hub = [s.to_dict() for s in statuses]
     report.downloads = [line for s in statuses if (line := _download_line(s))]
-    data = DataCheck(resolved.field_mapping, quick, progress)
+    tokenizer, tokenizer_problems = _local_tokenizer(resolved)
+    verdict = _template_verdict(resolved, tokenizer)
+    data = DataCheck(resolved.field_mapping, quick, progress, verdict)
     for source in resolved.train_sources + resolved.validation_sources:
         data.source(source)
     cache = cache_root_problem(Path(resolved.pretokenized_cache), resolved.expert)
-    tokenizer, tokenizer_problems = _local_tokenizer(resolved)
     report.problems = [
         *_check_model(resolved, tokenizer_problems),
         *missing_problems(statuses),
@@ -94,6 +99,11 @@ def check_manifest(
         *data.problems,
         *_format_problems(resolved, data.fields, tokenizer),
     ]
+    refusals = data.refusals(complete=not quick)
+    if refusals and refusals.every:
+        report.problems.append(refusals.line)
+    elif refusals:
+        report.notes = [*report.notes, refusals.line]
     counted = [data.rows.get(src.location) for src in resolved.train_sources]
     if quick:  # a count cut at --quick rows says only "at least that many"
         counted = [None if n is not None and n >= quick else n for n in counted]
@@ -169,21 +179,65 @@ def _format_problems(
     return []
 
 
+def _template_verdict(
+    cfg: ResolvedConfig, tokenizer: PreTrainedTokenizerFast | None
+) -> Callable[[list[Any]], str | None] | None:
+    """Why the chat template refuses one conversation (None when it renders it), where the
+    template itself works; the build drops what it refuses."""
+    if tokenizer is None:
+        return None
+    try:
+        check_chat_template(tokenizer, cfg.response_template)
+    except UserError:  # said by _format_problems
+        return None
+    return lambda messages: render_conversation(tokenizer, messages)[1]
+
+
 # --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class Refusals:
+    """Conversations the chat template refused, as one line of `check`'s report."""
+
+    line: str
+    every: bool  # no conversation rendered: train would have no example left
 
 
 class DataCheck:
     """Reads every row of the manifest's local sources with the build's own reader and row
-    checks (the field mapping carries from one source to the next, as in the build)."""
+    checks (the field mapping carries from one source to the next, as in the build); `messages`
+    rows also go through `verdict`, the chat template, as the build renders them."""
 
     def __init__(
-        self, mapping: dict[str, str] | None, quick: int | None, progress: BuildProgress | None
+        self,
+        mapping: dict[str, str] | None,
+        quick: int | None,
+        progress: BuildProgress | None,
+        verdict: Callable[[list[Any]], str | None] | None = None,
     ) -> None:
         self.mapping, self.quick = mapping, quick
         self.progress = progress or NoProgress()
+        self.verdict = verdict
         self.fields: FieldSpec | None = None
         self.problems: list[str] = []
         self.rows: dict[str, int] = {}
+        self.rendered = self.refused = 0
+        self.first_refused: tuple[str, str] | None = None  # place, why
+
+    def refusals(self, complete: bool) -> Refusals | None:
+        """The refused conversations, if any; `complete`: every row was read (no --quick)."""
+        if not self.refused:
+            return None
+        every = complete and self.refused == self.rendered
+        read = "conversations" if complete else "conversations read (--quick)"
+        at, why = self.first_refused or ("", "")
+        return Refusals(
+            f"{at}: the tokenizer's chat template refuses this conversation ({why}); "
+            f"{self.refused:,} of {self.rendered:,} {read} are refused and train drops them: "
+            "fix their roles, or use a base model whose template takes them",
+            every,
+        )
 
     def source(self, src: SourceRef) -> None:
         if src.kind == "hub":  # reported by hub_status
@@ -203,11 +257,21 @@ class DataCheck:
     def _count(self, src: SourceRef, scan: Scan) -> int:
         self.progress.start(f"checking {Path(src.location).name}", self.quick or 0)
         count = 0
-        for _ in scan.rows:
+        verdict = self.verdict if scan.fields.kind == "messages" else None
+        for row in scan.rows:
             count += 1
+            if verdict is not None:
+                self._render(verdict, row["messages"], scan.at)
             if count % PROGRESS_ROWS == 0:
                 self.progress.advance(PROGRESS_ROWS)
             if self.quick and count >= self.quick:
                 break
         self.progress.advance(count % PROGRESS_ROWS)
         return count
+
+    def _render(self, verdict: Callable[[list[Any]], str | None], messages: Any, at: str) -> None:
+        self.rendered += 1
+        why = verdict(messages)
+        if why is not None:
+            self.refused += 1
+            self.first_refused = self.first_refused or (at, why)

@@ -14,7 +14,10 @@ tokenization. Rules (docs/data.md has examples):
 - `text` with no marker and no `response_template`: the whole text is trained, counted as
   `no_marker` in the stats.
 - instruction/input/response: rendered with `prompt_template`; the response is trained.
-- `messages`: rendered with the tokenizer's chat template, then the `text` rules apply.
+- `messages`: rendered with the tokenizer's chat template, then the `text` rules apply. A
+  conversation the template refuses (its `raise_exception`, e.g. roles that do not alternate or
+  a role it does not know) is dropped and counted (`dropped_template`), with the error's kind
+  and the roles of the first one refused: never the template's message, which may quote it.
 
 Every example ends with EOS: the tokenizer's EOS token is appended (and trained) unless the
 text already ends with it, trailing whitespace aside (Qwen instruct tokenizers use `<|im_end|>` as
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from expert_cli.data.reader import shown_name
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -47,7 +51,10 @@ MARKER_END = "<|end|>"
 MARKER_TURNS = ("<|user|>", "<|system|>")
 IGNORE = -100
 # status codes of the `status` column
-KEPT, TRUNCATED, DROPPED_OVERLONG, DROPPED_NO_COMPLETION, DROPPED_NO_MARKER = range(5)
+KEPT, TRUNCATED, DROPPED_OVERLONG, DROPPED_NO_COMPLETION, DROPPED_NO_MARKER, DROPPED_TEMPLATE = (
+    range(6)
+)
+SHOWN_ROLES = 8  # roles of a refused conversation named in its note
 
 VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "
@@ -174,13 +181,19 @@ class Formatter:
     response_template: str | None = None
 
     def __call__(self, batch: dict[str, list[Any]]) -> pa.Table:
-        texts, spans, styles = self.render(batch)
+        texts, spans, styles, refused = self.render(batch)
         backend = self.tokenizer.backend_tokenizer
         encodings = backend.encode_batch(texts, add_special_tokens=self.kind != "messages")
-        return self.encode(texts, encodings, spans, styles)
+        table = self.encode(texts, encodings, spans, styles)
+        return table.append_column("refused", pa.array(refused, pa.string()))
 
-    def render(self, batch: dict[str, list[Any]]) -> tuple[list[str], list[list[Span]], list[str]]:
-        """Texts, trained character spans and the masking rule used for each row."""
+    def render(
+        self, batch: dict[str, list[Any]]
+    ) -> tuple[list[str], list[list[Span]], list[str], list[str | None]]:
+        """Texts, trained character spans, the masking rule used for each row, and why the chat
+        template refused a row (None for every row it rendered)."""
+        n = len(next(iter(batch.values()), []))
+        refused: list[str | None] = [None] * n
         if self.kind == "instruction":
             texts, spans, styles = [], [], []
             n = len(batch["instruction"])
@@ -193,19 +206,23 @@ class Formatter:
                 texts.append(prompt + str(resp) + suffix)
                 spans.append([(len(prompt), len(texts[-1]))])
                 styles.append("template" if str(resp).strip() else "empty")
-            return texts, spans, styles
+            return texts, spans, styles, refused
         if self.kind == "messages":
-            texts = [
-                self.tokenizer.apply_chat_template(m, tokenize=False) for m in batch["messages"]
-            ]
+            rendered = [render_conversation(self.tokenizer, m) for m in batch["messages"]]
+            texts = [text for text, _ in rendered]
+            refused = [why for _, why in rendered]
         else:
             texts = [str(t) for t in batch["text"]]
         found = [assistant_spans(t, self.response_template) for t in texts]
         styles = [
-            style if _has_content(t, row_spans, self.tokenizer.eos_token) else "empty"
-            for t, (row_spans, style) in zip(texts, found, strict=True)
+            "refused"
+            if why is not None
+            else style
+            if _has_content(t, row_spans, self.tokenizer.eos_token)
+            else "empty"
+            for t, (row_spans, style), why in zip(texts, found, refused, strict=True)
         ]
-        return texts, [f[0] for f in found], styles
+        return texts, [f[0] for f in found], styles, refused
 
     def encode(
         self, texts: list[str], encodings: list[Any], spans: list[list[Span]], styles: list[str]
@@ -222,7 +239,9 @@ class Formatter:
                 mask = np.append(mask, True)
             mask[:1] = False  # an example's first token is never a prediction target
             code = KEPT
-            if style == "missing":
+            if style == "refused":
+                code = DROPPED_TEMPLATE
+            elif style == "missing":
                 code = DROPPED_NO_MARKER
             elif style == "empty":  # an empty answer would train only its end-of-turn tokens
                 code = DROPPED_NO_COMPLETION
@@ -250,6 +269,23 @@ class Formatter:
 
 
 END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>")
+
+
+def render_conversation(
+    tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, Any]]
+) -> tuple[str, str | None]:
+    """One conversation through the chat template: (text, None), or ("", why) when the template
+    refuses it. `why` is the error's kind and the conversation's roles, never the error's text
+    (a template's own message may quote the template or the conversation)."""
+    try:
+        return str(tokenizer.apply_chat_template(messages, tokenize=False)), None
+    except Exception as exc:  # noqa: BLE001 - the template's verdict on the user's row
+        roles = [str(m.get("role")) if isinstance(m, dict) else "?" for m in messages]
+        more = len(roles) - SHOWN_ROLES
+        shown = ", ".join(shown_name(r).strip("'") for r in roles[:SHOWN_ROLES])
+        if more > 0:
+            shown += f" and {more} more"
+        return "", f"{type(exc).__name__}, roles {shown or 'none'}"
 
 
 def _has_content(text: str, spans: list[Span], eos: str | None) -> bool:

@@ -201,10 +201,12 @@ def expected_shape(role: str) -> str:
 
 @dataclass
 class Scan:
-    """The checked rows of one local source, by role, and the field mapping they follow."""
+    """The checked rows of one local source, by role, and the field mapping they follow; `at`
+    names the place (file:line) of the row last yielded."""
 
     fields: FieldSpec
     rows: Iterator[dict[str, Any]]
+    at: str = ""
 
 
 def _file_rows(files: list[Path], fmt: str) -> Iterator[tuple[str, Any]]:
@@ -231,11 +233,13 @@ def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str]
         if not isinstance(row, dict):
             raise UserError(f"{where}: expected an object with named fields, found {_kind(row)}")
         fields = field_spec(mapping, list(row), where)
-    spec = fields
+    scan = Scan(fields, iter(()), where)
 
     def checked() -> Iterator[dict[str, Any]]:
-        yield check_row(row, spec, where)
+        yield check_row(row, scan.fields, where)
         for at, value in rows:
-            yield check_row(value, spec, at)
+            scan.at = at
+            yield check_row(value, scan.fields, at)
 
-    return Scan(fields, checked())
+    scan.rows = checked()
+    return scan
