@@ -8,6 +8,7 @@ The temporary name is `.tmp-<name>-<pid>`, so leftovers of a killed writer are e
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from collections.abc import Iterator
@@ -51,6 +52,19 @@ def atomic_folder(dest: Path) -> Iterator[Path]:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write `data` as indented JSON to `path`, all or nothing."""
+    """Write `data` as indented JSON to `path`, all or nothing; a float that is not finite
+    (a diverged loss) is written as null, as JSON has no NaN or infinity."""
     with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+        text = json.dumps(json_numbers(data), indent=2, default=str, allow_nan=False)
+        tmp.write_text(text + "\n", encoding="utf-8")
+
+
+def json_numbers(data: Any) -> Any:
+    """`data` with every float that is not finite replaced by None, in dicts, lists, tuples."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: json_numbers(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [json_numbers(value) for value in data]
+    return data

@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, set_seed
 
 from expert_cli.errors import RunError, UserError
+from expert_cli.paths import shown_path
 from expert_cli.train.adapter import adapter_config, adapter_error, unmatched_targets
 from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
 from expert_cli.train.fused_lora import fuse_lora_linears
@@ -244,6 +245,13 @@ def load_base_model(
             notes,
         )
     model.config.use_cache = False
+    if resolved.init == "pretrained" and (bad := non_finite_weights(model)):
+        more = f" and {len(bad) - SHOWN_TENSORS} more" if len(bad) > SHOWN_TENSORS else ""
+        raise UserError(
+            f"base model {shown_path(source or resolved.base_model)}: its weights hold NaN or "
+            f"infinity ({', '.join(bad[:SHOWN_TENSORS])}{more}), so every loss would be NaN. "
+            "The files are damaged, or were saved from a run that diverged: use intact weights"
+        )
     compute = "fp16" if on_gpu and resolved.fp16 and not resolved.bf16 else "bf16"
     if resolved.quantization in ("int4", "int8"):
         _freeze_for_kbit(model, resolved, compute)
@@ -258,6 +266,28 @@ def load_base_model(
     )
     _speedups(model, resolved, on_gpu, choices)
     return model, choices
+
+
+SHOWN_TENSORS = 3  # weights named in the non-finite weights error
+SCAN_ELEMENTS = 1 << 24  # elements per isfinite pass: a bounded temporary, whatever the tensor
+
+
+def non_finite_weights(model: Any) -> list[str]:
+    """Names of the floating-point parameters holding a NaN or an infinity (a quantized
+    weight's packed integers and tensors without storage are not read). One pass over the
+    weights where they are, a piece at a time; a synchronisation per piece, at load only."""
+    bad = []
+    for name, param in model.named_parameters():
+        data = param.data
+        if not data.is_floating_point() or data.is_meta or type(data) is not torch.Tensor:
+            continue
+        flat = data.reshape(-1)
+        if not all(
+            bool(flat[i : i + SCAN_ELEMENTS].isfinite().all())
+            for i in range(0, flat.numel(), SCAN_ELEMENTS)
+        ):
+            bad.append(name)
+    return bad
 
 
 def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps: int) -> PeftModel:

@@ -43,6 +43,7 @@ from expert_cli.train.checkpoints import (
     checkpoint_step,
     remove_incomplete_checkpoints,
 )
+from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.memory import Stopped, oom_error, out_of_memory, stage_out_of_memory
 from expert_cli.train.model import (
@@ -237,8 +238,9 @@ def _plan_batch(
 
 def make_trainer(
     run: Run, model: Any, tokenizer: Any, data: PreparedData, interrupt: Interrupt
-) -> tuple[Any, Any, InterruptCallback]:
-    """The Trainer with telemetry, the reporter's callbacks, Ctrl-C and TensorBoard."""
+) -> tuple[Any, Any, InterruptCallback, DivergenceWatch]:
+    """The Trainer with telemetry, the reporter's callbacks, Ctrl-C, the divergence watch and
+    TensorBoard."""
     metrics = run.output / "metrics.json"
     telemetry = Telemetry(
         metrics_path=metrics if run.is_main else None,
@@ -255,13 +257,14 @@ def make_trainer(
         asked = (run.resolved.distributed or {}).get("strategy", "ddp")
         run.reporter.note(distributed.describe(topology, asked))
     stop = InterruptCallback(interrupt, distributed.any_rank)
+    watch = DivergenceWatch()
     extra = run.reporter.callbacks() if run.is_main else []
-    for callback in [*extra, stop, CheckpointMarker(), _tensorboard(run)]:
+    for callback in [*extra, stop, watch, CheckpointMarker(), _tensorboard(run)]:
         if callback is not None:
             trainer.add_callback(callback)
     if run.resolved.adapter_type == "adalora":
         trainer.add_callback(AdaLoraCallback(model))
-    return trainer, throughput, stop
+    return trainer, throughput, stop, watch
 
 
 def _tensorboard(run: Run) -> TrainerCallback | None:
@@ -335,7 +338,7 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
         raise
     with Interrupt() as interrupt:
         try:
-            trainer, throughput, stop = make_trainer(run, model, tokenizer, data, interrupt)
+            trainer, throughput, stop, watch = make_trainer(run, model, tokenizer, data, interrupt)
         except BaseException as exc:
             run.stopped_before_training(exc)
             raise
@@ -352,10 +355,13 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
             reached = trainer.state.global_step or (checkpoint_step(resume) or 0 if resume else 0)
             on_failure(run, throughput, reached, exc)
             raise
-    status = "interrupted" if stop.stopped else "completed"
+    status = "diverged" if watch.diverged else "interrupted" if stop.stopped else "completed"
     summary = throughput.finish(trainer.state.global_step, status)
     if run.is_main:
         write_run_plot(run.output)  # training.png, where matplotlib is installed
+    if watch.diverged is not None:
+        distributed.barrier()  # every process stopped at the same window
+        raise diverged_error(run.resolved, watch.diverged, run.output)
     if status == "completed":
         try:
             save(run, trainer)

@@ -77,7 +77,7 @@ SAME_RUN_FIELDS = (
 class Previous:
     """The run an output folder already holds."""
 
-    status: str  # completed | interrupted | failed | running (killed) | unknown
+    status: str  # completed | interrupted | diverged | failed | running (killed) | unknown
     steps: int
     config: dict[str, Any]
 
@@ -113,9 +113,11 @@ def _change(key: str, old: Any, new: Any) -> str:
 
 def refuse_occupied(output: Path, previous: Previous) -> None:
     """`train` without --resume or --overwrite into a folder that holds a run."""
-    state = {"completed": "a finished run", "interrupted": "an interrupted run"}.get(
-        previous.status, "another run's outputs"
-    )
+    state = {
+        "completed": "a finished run",
+        "interrupted": "an interrupted run",
+        "diverged": "a run that diverged",
+    }.get(previous.status, "another run's outputs")
     raise UserError(
         f"--output {output}: holds {state} ({previous.steps} steps); continue it with "
         "--resume, replace it with --overwrite, or choose another folder"
