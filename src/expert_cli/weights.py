@@ -1,6 +1,7 @@
 """Whether a safetensors file is whole, from its header alone (milliseconds, whatever its size).
 A leaf module: `check` looks at a base model's weights with it, resume at a checkpoint's,
-`package` and `check --package` at the adapter's.
+`package` and `check --package` at the adapter's. And whether an adapter's numbers are numbers
+(`non_finite_tensors`, which reads the whole file: for adapters, not base models).
 
 A safetensors file is an 8-byte header length, a JSON header giving each tensor's byte range,
 then the tensors. A file cut short (an interrupted download or copy, a full disk) has a header
@@ -57,3 +58,20 @@ def damaged_weights(folder: Path) -> list[str]:
 def weights_error(model: str, damaged: list[str]) -> str:
     """The error for a base model whose weight files are damaged."""
     return f"base model {model}: {'; '.join(damaged)}; download or copy it again"
+
+
+def non_finite_tensors(file: Path) -> list[str] | None:
+    """Names of the floating-point tensors of a safetensors file that hold NaN or infinity ([]
+    when none do); None when the file cannot be read as safetensors (said by
+    `safetensors_problem`)."""
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(file))
+    except Exception:  # noqa: BLE001 - damaged, or not safetensors at all
+        return None
+    return sorted(
+        name
+        for name, tensor in tensors.items()
+        if tensor.is_floating_point() and not bool(tensor.isfinite().all())
+    )

@@ -237,3 +237,31 @@ def test_an_adapter_cut_short_is_named_before_anything_loads(
         "size); restore it from a copy, or train again"
     ) in " ".join(out.stderr.split())
     assert not (tmp_path / "x.expert").exists() and not (tmp_path / "merged").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["package", "generate", "merge"])
+def test_an_adapter_holding_nan_is_refused(v2_run: Path, tmp_path: Path, command: str) -> None:
+    """An adapter a diverged run wrote (expert-cli wrote such runs as completed until it
+    watched the loss; other tools still may) was packaged as sound, generated from and merged
+    into the base."""
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    weights = run / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    name = sorted(tensors)[0]
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    extra = {
+        "package": ("--output", str(tmp_path / "x.expert")),
+        "generate": ("-p", "hi"),
+        "merge": ("--output", str(tmp_path / "merged")),
+    }[command]
+    out = run_here(command, "--adapter", str(run), *extra)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert (
+        f"--adapter {run}: 1 tensor of adapter_model.safetensors holds NaN or infinity ({name})"
+    ) in " ".join(out.stderr.split())
+    assert not (tmp_path / "x.expert").exists() and not (tmp_path / "merged").exists()

@@ -21,6 +21,7 @@ from transformers import TrainerCallback
 
 from expert_cli.errors import RunError
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
+from expert_cli.weights import non_finite_tensors
 
 if TYPE_CHECKING:
     from expert_cli.config.resolve import ResolvedConfig
@@ -69,15 +70,9 @@ class DivergenceWatch(TrainerCallback):
 
 def finite_checkpoint(output: Path) -> Path | None:
     """The newest complete checkpoint whose adapter weights are all finite numbers."""
-    from safetensors.torch import load_file
-
     for path in reversed(complete_checkpoints(output / "checkpoints")):
         file = path / ADAPTER_FILE
-        try:
-            tensors = load_file(str(file)) if file.is_file() else None
-        except Exception:  # noqa: BLE001 - a damaged file is simply not the one to name
-            tensors = None
-        if tensors and all(t.isfinite().all() for t in tensors.values()):
+        if file.is_file() and non_finite_tensors(file) == []:
             return path
     return None
 
