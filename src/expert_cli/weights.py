@@ -60,14 +60,14 @@ def weights_error(model: str, damaged: list[str]) -> str:
     return f"base model {model}: {'; '.join(damaged)}; download or copy it again"
 
 
-def non_finite_tensors(file: Path) -> list[str] | None:
-    """Names of the floating-point tensors of a safetensors file that hold NaN or infinity ([]
-    when none do); None when the file cannot be read as safetensors (said by
-    `safetensors_problem`)."""
-    from safetensors.torch import load_file
+def non_finite_tensors(file: Path | bytes) -> list[str] | None:
+    """Names of the floating-point tensors of a safetensors file (a path, or the file's bytes)
+    that hold NaN or infinity ([] when none do); None when it cannot be read as safetensors
+    (said by `safetensors_problem` / `header_problem`)."""
+    from safetensors.torch import load, load_file
 
     try:
-        tensors = load_file(str(file))
+        tensors = load(file) if isinstance(file, bytes) else load_file(str(file))
     except Exception:  # noqa: BLE001 - damaged, or not safetensors at all
         return None
     return sorted(
@@ -75,3 +75,11 @@ def non_finite_tensors(file: Path) -> list[str] | None:
         for name, tensor in tensors.items()
         if tensor.is_floating_point() and not bool(tensor.isfinite().all())
     )
+
+
+def non_finite_line(bad: list[str], shown: int = 3) -> str:
+    """`N tensor(s) ... NaN or infinity (names)` for the names `non_finite_tensors` found."""
+    more = f" and {len(bad) - shown} more" if len(bad) > shown else ""
+    verb = "hold" if len(bad) > 1 else "holds"
+    plural = "s" if len(bad) > 1 else ""
+    return f"{len(bad)} tensor{plural} {verb} NaN or infinity ({', '.join(bad[:shown])}{more})"

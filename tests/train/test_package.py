@@ -155,8 +155,16 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
     def tampered(files: dict) -> dict:
         return {**files, weights: files[weights][:-1] + b"\0"}
 
+    def holds_nan(files: dict) -> dict:
+        from safetensors.torch import load, save
+
+        tensors = load(files[weights])
+        tensors[sorted(tensors)[-1]].view(-1)[1] = float("inf")
+        return {**files, weights: save(tensors, metadata={"format": "pt"})}
+
     cases = {
         "tampered": (tampered, "base_models[0].adapters[0].sha256: does not match"),
+        "nan": (holds_nan, f"{weights}: 1 tensor holds NaN or infinity (base_model.model."),
         "missing": (lambda f: {k: v for k, v in f.items() if k != weights}, f"{weights}: missing"),
         "escape": (lambda f: {**f, "../evil.sh": b"rm -rf /"}, "../evil.sh: a path outside"),
         "cut short": (
@@ -262,6 +270,6 @@ def test_an_adapter_holding_nan_is_refused(v2_run: Path, tmp_path: Path, command
     out = run_here(command, "--adapter", str(run), *extra)
     assert out.returncode == 2, out.stdout + out.stderr
     assert (
-        f"--adapter {run}: 1 tensor of adapter_model.safetensors holds NaN or infinity ({name})"
+        f"--adapter {run}: adapter_model.safetensors: 1 tensor holds NaN or infinity ({name})"
     ) in " ".join(out.stderr.split())
     assert not (tmp_path / "x.expert").exists() and not (tmp_path / "merged").exists()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from expert_cli.atomic import atomic_folder, write_json_atomic
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import path_is_dir, resolved_path, shown_path
-from expert_cli.weights import non_finite_tensors, safetensors_problem
+from expert_cli.weights import non_finite_line, non_finite_tensors, safetensors_problem
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -133,12 +133,9 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
     if safetensors.is_file() and (problem := safetensors_problem(safetensors)):
         raise UserError(f"--adapter {adapter}: {problem}; restore it from a copy, or train again")
     if safetensors.is_file() and (bad := non_finite_tensors(safetensors)):
-        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         raise UserError(
-            f"--adapter {adapter}: {len(bad)} tensor{'s' if len(bad) > 1 else ''} of "
-            f"{ADAPTER_WEIGHTS[0]} {'hold' if len(bad) > 1 else 'holds'} NaN or infinity "
-            f"({', '.join(bad[:3])}{more}): the run "
-            "that wrote it diverged; train again (docs/training.md, a loss that is not a number)"
+            f"--adapter {adapter}: {ADAPTER_WEIGHTS[0]}: {non_finite_line(bad)}: the run that "
+            "wrote it diverged; train again (docs/training.md, a loss that is not a number)"
         )
     local = adapter / base  # a random-init base saved inside the run folder: a relative path
     if not Path(base).is_absolute() and local.is_dir():

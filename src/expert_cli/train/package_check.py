@@ -18,11 +18,12 @@ from pydantic import ValidationError
 
 from expert_cli.config import Manifest
 from expert_cli.config.loading import format_errors, parse_manifest_text
-from expert_cli.weights import HEAD_BYTES, header_problem
+from expert_cli.weights import HEAD_BYTES, header_problem, non_finite_line, non_finite_tensors
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 MAX_FILE_BYTES = 20 << 30
 MAX_MEMBERS = 10_000
+FINITE_CHECK_BYTES = 1 << 30  # safetensors members up to this size are read to check for NaN
 CHUNK = 1 << 20
 
 
@@ -97,10 +98,17 @@ def verify_package(
                 hashes[member.name], data = _member_hash(tar, member)
                 if member.name == "manifest.json":
                     report.manifest = _manifest_of(data, report)
-                elif member.name.endswith(".safetensors") and (
-                    damaged := header_problem(data, member.size)
-                ):
-                    report.problems.append(f"{member.name} {damaged}")
+                elif member.name.endswith(".safetensors"):
+                    if damaged := header_problem(data, member.size):
+                        report.problems.append(f"{member.name} {damaged}")
+                    elif member.size <= FINITE_CHECK_BYTES:
+                        if bad := non_finite_tensors(data):
+                            report.problems.append(f"{member.name}: {non_finite_line(bad)}")
+                    else:
+                        report.notes.append(
+                            f"{member.name}: over {FINITE_CHECK_BYTES >> 30} GiB, its numbers "
+                            "are not checked for NaN"
+                        )
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         report.problems.append(f"not a gzip-compressed tar archive ({type(exc).__name__})")
         return report
@@ -127,11 +135,14 @@ def _member_problem(member: tarfile.TarInfo) -> str | None:
 
 
 def _member_hash(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, bytes]:
-    """sha256 of a member, and its bytes when it is small JSON worth reading (the first
-    HEAD_BYTES of a safetensors file: its header)."""
+    """sha256 of a member, and its bytes when it is small JSON worth reading, or safetensors
+    (whole up to FINITE_CHECK_BYTES, to check its numbers; else the first HEAD_BYTES: its
+    header)."""
     digest, kept = hashlib.sha256(), io.BytesIO()
     small_json = member.name.endswith(".json") and member.size <= 16 << 20
-    keep = HEAD_BYTES if member.name.endswith(".safetensors") else member.size if small_json else 0
+    weights = member.name.endswith(".safetensors")
+    whole = weights and member.size <= FINITE_CHECK_BYTES  # read whole: its numbers are checked
+    keep = member.size if whole or small_json else HEAD_BYTES if weights else 0
     stream = tar.extractfile(member)
     assert stream is not None  # a regular file, checked above
     while block := stream.read(CHUNK):
