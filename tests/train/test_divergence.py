@@ -97,3 +97,45 @@ def test_base_weights_holding_nan_are_refused_at_load(tmp_path: Path, tiny_model
         "(model.layers.1.mlp.down_proj.weight), so every loss would be NaN"
     ) in text
     assert not (manifest.parent / "output").exists()
+
+
+@pytest.mark.parametrize(
+    ("poisoned", "config", "expected"),
+    [
+        # the last step's update: every logged loss was finite
+        (3, {}, "the adapter's weights hold NaN or infinity after step 3"),
+        # no window is ever logged (logging_steps above the run's steps): the Trainer's
+        # closing log has the run's mean loss
+        (1, {"logging_steps": 50}, "the loss is nan in the window of steps 1-3 (from the start)"),
+    ],
+)
+def test_nan_weights_the_windows_did_not_show_are_not_saved(
+    poisoned: int,
+    config: dict,
+    expected: str,
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manifest = write_expert(
+        tmp_path / "e", tiny_model_dir, rows=24, config={"batch_size": 1, **config}
+    )
+    step = torch.optim.AdamW.step
+    calls = []
+
+    def poisons(self, *args, **kwargs):
+        result = step(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == poisoned:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].fill_(math.nan)
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", poisons)
+    proc = run_here("train", "--manifest", str(manifest), "--max-steps", "3")
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1, text
+    assert f"training diverged: {expected}, so the run stopped and wrote no adapter." in text
+    output = manifest.parent / "output"
+    assert not (output / "adapter_model.safetensors").exists()
+    assert strict_json(output / "metrics.json")["summary"]["status"] == "diverged"

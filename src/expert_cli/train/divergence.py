@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from transformers import TrainerCallback
 
 from expert_cli.errors import RunError
@@ -33,11 +34,14 @@ ADAPTER_FILE = "adapter_model.safetensors"
 @dataclass(frozen=True)
 class Diverged:
     """The logging window whose loss was not finite: it ended at `step`, and the window before
-    it (finite) ended at `last_finite`."""
+    it (finite) ended at `last_finite`. A finite `loss` means every logged loss was finite but
+    the adapter's weights are not (the last step's update, or a window never logged):
+    `weights_only`."""
 
     step: int
     last_finite: int
     loss: float
+    weights_only: bool = False
 
 
 class DivergenceWatch(TrainerCallback):
@@ -55,7 +59,10 @@ class DivergenceWatch(TrainerCallback):
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
     ) -> Any:
-        loss = (logs or {}).get("loss")
+        logs = logs or {}
+        # a window's loss, or the whole run's in the Trainer's closing log (the only loss a run
+        # sees when logging_steps is above its steps)
+        loss = logs.get("loss", logs.get("train_loss"))
         if not isinstance(loss, (int, float)) or self.diverged is not None:
             return control
         if math.isfinite(loss):
@@ -66,6 +73,39 @@ class DivergenceWatch(TrainerCallback):
         control.should_save = False  # the weights after this window are not worth keeping
         control.should_evaluate = False
         return control
+
+    def check_weights(self, model: Any, step: int, any_rank: Any) -> None:
+        """After the last step: the adapter's weights must be numbers before they are saved
+        (a NaN update in the last step, or in a window no log showed). Every process looks
+        at its own (sharded) weights; `any_rank` makes it one verdict."""
+        if self.diverged is not None:
+            return
+        if any_rank(bool(non_finite_weights(model, trainable_only=True))):
+            self.diverged = Diverged(step, self._last_finite, math.nan, weights_only=True)
+
+
+SCAN_ELEMENTS = 1 << 24  # elements per isfinite pass: a bounded temporary, whatever the tensor
+
+
+def non_finite_weights(model: Any, trainable_only: bool = False) -> list[str]:
+    """Names of the floating-point parameters (only those that train, with `trainable_only`)
+    holding a NaN or an infinity; a quantized weight's packed integers and tensors without
+    local storage are not read. A piece at a time, a synchronisation per piece: at load and
+    after the last step only."""
+    bad = []
+    for name, param in model.named_parameters():
+        data = param.data
+        if trainable_only and not param.requires_grad:
+            continue
+        if not data.is_floating_point() or data.is_meta or type(data) is not torch.Tensor:
+            continue
+        flat = data.reshape(-1)
+        if not all(
+            bool(flat[i : i + SCAN_ELEMENTS].isfinite().all())
+            for i in range(0, flat.numel(), SCAN_ELEMENTS)
+        ):
+            bad.append(name)
+    return bad
 
 
 def finite_checkpoint(output: Path) -> Path | None:
@@ -97,6 +137,9 @@ def diverged_error(resolved: ResolvedConfig, at: Diverged, output: Path) -> RunE
         else f"step {at.step}"
     )
     since = "from the start" if at.last_finite == 0 else f"finite up to step {at.last_finite}"
+    what = f"the loss is {at.loss} in {steps} ({since})"
+    if at.weights_only:
+        what = f"the adapter's weights hold NaN or infinity after step {at.step}"
     kept = finite_checkpoint(output)
     salvage = (
         f" {kept.name} (step {checkpoint_step(kept)}) holds the last finite adapter weights."
@@ -104,7 +147,7 @@ def diverged_error(resolved: ResolvedConfig, at: Diverged, output: Path) -> RunE
         else ""
     )
     return RunError(
-        f"training diverged: the loss is {at.loss} in {steps} ({since}), so the run stopped "
-        f"and wrote no adapter.{salvage} Train again with --overwrite and one of: "
+        f"training diverged: {what}, so the run stopped and wrote no adapter.{salvage} "
+        "Train again with --overwrite and one of: "
         f"{'; '.join(remedies(resolved))}."
     )

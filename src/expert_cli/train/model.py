@@ -23,6 +23,7 @@ from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train.adapter import adapter_config, adapter_error, unmatched_targets
 from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
+from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_lora import fuse_lora_linears
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
@@ -269,25 +270,6 @@ def load_base_model(
 
 
 SHOWN_TENSORS = 3  # weights named in the non-finite weights error
-SCAN_ELEMENTS = 1 << 24  # elements per isfinite pass: a bounded temporary, whatever the tensor
-
-
-def non_finite_weights(model: Any) -> list[str]:
-    """Names of the floating-point parameters holding a NaN or an infinity (a quantized
-    weight's packed integers and tensors without storage are not read). One pass over the
-    weights where they are, a piece at a time; a synchronisation per piece, at load only."""
-    bad = []
-    for name, param in model.named_parameters():
-        data = param.data
-        if not data.is_floating_point() or data.is_meta or type(data) is not torch.Tensor:
-            continue
-        flat = data.reshape(-1)
-        if not all(
-            bool(flat[i : i + SCAN_ELEMENTS].isfinite().all())
-            for i in range(0, flat.numel(), SCAN_ELEMENTS)
-        ):
-            bad.append(name)
-    return bad
 
 
 def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps: int) -> PeftModel:

@@ -355,6 +355,8 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
             reached = trainer.state.global_step or (checkpoint_step(resume) or 0 if resume else 0)
             on_failure(run, throughput, reached, exc)
             raise
+    if not stop.stopped:  # an adapter about to be saved: its numbers must be numbers
+        watch.check_weights(model, trainer.state.global_step, distributed.any_rank)
     status = "diverged" if watch.diverged else "interrupted" if stop.stopped else "completed"
     summary = throughput.finish(trainer.state.global_step, status)
     if run.is_main:
