@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from train_helpers import run_here, write_expert
 
 from expert_cli.atomic import write_json_atomic
+from expert_cli.train.divergence import non_finite_weights
 
 
 def strict_json(path: Path) -> dict:
@@ -31,6 +32,21 @@ def test_metrics_files_are_json_without_nan(tmp_path: Path) -> None:
     path = tmp_path / "m.json"
     write_json_atomic(path, {"a": [1.5, math.nan, {"b": -math.inf}], "c": (math.inf, 2)})
     assert strict_json(path) == {"a": [1.5, None, {"b": None}], "c": [None, 2]}
+
+
+def test_non_finite_weights_are_named_and_large_finite_ones_are_not() -> None:
+    """The scan sums each tensor first: a sum that overflows (fp16 weights of 60000) must not
+    count as NaN; a NaN or an infinity anywhere must."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4)).half()
+    with torch.no_grad():
+        model[0].weight.fill_(60000.0)
+    assert non_finite_weights(model) == []
+    with torch.no_grad():
+        model[1].bias[2] = -math.inf
+        model[0].weight[5, 7] = math.nan
+    assert non_finite_weights(model) == ["0.weight", "1.bias"]
+    model[0].weight.requires_grad_(False)
+    assert non_finite_weights(model, trainable_only=True) == ["1.bias"]
 
 
 def test_a_loss_that_turns_nan_stops_the_run(
