@@ -154,6 +154,28 @@ def test_generate_errors_are_exit_2(capsys, monkeypatch, memorised: Path, tmp_pa
     )
 
 
+@pytest.mark.slow
+def test_a_chat_template_that_refuses_the_prompt(
+    capsys, monkeypatch, memorised: Path, tmp_path: Path
+) -> None:
+    """A messages run whose template raises on a generation prompt was a jinja traceback."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    resolved = json.loads((run / "manifest.resolved.json").read_text())
+    resolved["field_mapping"] = {"messages": "messages"}
+    (run / "manifest.resolved.json").write_text(json.dumps(resolved))
+    (run / "chat_template.jinja").write_text(
+        "{% if add_generation_prompt %}{{ raise_exception('SECRET no prompts') }}{% endif %}"
+    )
+    code, out, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "x")
+    said = " ".join(err.split())
+    assert code == 2, out + err
+    assert "the run's chat template (chat_template.jinja beside the adapter) refuses a " in said
+    assert "(TemplateError)" in said and "SECRET" not in said + out
+
+
 def test_decoding_settings_from_the_manifest() -> None:
     sampled, notes = decoding_settings({"temperature": 0.7, "top_p": 0.8, "top_k": 20}, False, None)
     assert sampled == {

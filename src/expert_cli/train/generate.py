@@ -214,9 +214,16 @@ def decoding_settings(
 def render_prompt(resolved: ResolvedConfig, tokenizer: Any, text: str) -> list[int]:
     """A user's prompt as the run's data presented prompts in training."""
     if "messages" in resolved.field_mapping:
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
+        try:
+            rendered = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # noqa: BLE001 - the run folder's template; its text unquoted
+            raise UserError(
+                "the run's chat template (chat_template.jinja beside the adapter) refuses a "
+                f"conversation of one user turn with a generation prompt ({type(exc).__name__})"
+                "; fix the template in the run folder"
+            ) from None
         return tokenizer(rendered, add_special_tokens=False)["input_ids"]
     prompt, _ = render_instruction(resolved.prompt_template, text, None, None)
     return tokenizer(prompt)["input_ids"]
