@@ -202,6 +202,29 @@ def test_a_conversation_the_chat_template_refuses_is_dropped(tiny_tokenizer) -> 
     assert split(tok, rows[0])[0] == "b c<|im_end|><|endoftext|>"
 
 
+def test_keys_arrow_adds_as_null_are_not_shown_to_the_template(tiny_tokenizer) -> None:
+    """In Arrow every message has every key some message has: a template asking whether
+    `tool_calls` is defined saw a null one in the row without tool calls, iterated it and
+    refused the row. Null keys are left out, as the file wrote the row."""
+    import datasets
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = (
+        "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
+        "{%- if m.tool_calls is defined %}{% for t in m.tool_calls %}<call {{ t.name }}>"
+        "{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}{%- endfor %}"
+    )
+    user = {"role": "user", "content": "q"}
+    calls = {"role": "assistant", "content": "a", "tool_calls": [{"name": "f"}]}
+    plain = {"role": "assistant", "content": "b"}
+    rows = datasets.Dataset.from_list([{"messages": [user, calls]}, {"messages": [user, plain]}])
+    assert rows[1]["messages"][1]["tool_calls"] is None  # what Arrow hands the formatter
+    out = run(tok, "messages", rows[:2])
+    assert [r["status"] for r in out] == [KEPT, KEPT]
+    assert split(tok, out[0])[0] == "a<call f><|im_end|><|endoftext|>"
+    assert split(tok, out[1])[0] == "b<|im_end|><|endoftext|>"
+
+
 def test_the_roles_of_a_refused_conversation_are_bounded(tiny_tokenizer) -> None:
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template = ALTERNATING

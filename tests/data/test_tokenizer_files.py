@@ -182,11 +182,23 @@ def test_conversations_the_chat_template_refuses_are_dropped_and_named(
     assert train["dropped_template"] == 2
 
 
-def test_a_template_that_refuses_every_conversation(tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("validation", [False, True])
+def test_a_template_that_refuses_every_conversation(
+    validation: bool, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Every training conversation refused is a problem for check, whatever the validation
+    file holds (check counted both together and said usable)."""
     manifest = _refusing_expert(tmp_path, tiny_model_dir, refused=list(range(10)))
+    if validation:
+        good = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+        (manifest.parent / "data" / "valid.jsonl").write_text(json.dumps({"messages": good}) + "\n")
+        data = json.loads(manifest.read_text())
+        data["training"]["dataset"]["validation_path"] = "data/valid.jsonl"
+        manifest.write_text(json.dumps(data))
     check = run_here("check", "--manifest", str(manifest))
     said = " ".join(check.stdout.split())
-    assert "10 of 10 conversations are refused" in said and "manifest is not usable" in said
+    total = 11 if validation else 10
+    assert f"10 of {total} conversations are refused" in said and "manifest is not usable" in said
     proc = run_here("train", "--manifest", str(manifest))
     text = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 2, text

@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 from train_helpers import run_here, write_expert
 
 from expert_cli.atomic import write_json_atomic
-from expert_cli.train.divergence import non_finite_weights
+from expert_cli.train.divergence import Diverged, DivergenceWatch, non_finite_weights
+from expert_cli.weights import non_finite_line, non_finite_tensors, tensor_is_finite
 
 
 def strict_json(path: Path) -> dict:
@@ -94,7 +95,19 @@ def test_a_loss_that_turns_nan_stops_the_run(
     assert all(t.isfinite().all() for t in finite.values())
     again = run_here("train", "--manifest", str(manifest))
     assert again.returncode == 2
-    assert "holds a run that diverged (4 steps)" in " ".join((again.stdout + again.stderr).split())
+    said = " ".join((again.stdout + again.stderr).split())
+    assert "holds a run that diverged (4 steps); start again there with --overwrite" in said
+    assert "--resume" not in said  # it would keep the learning rate that diverged
+    monkeypatch.undo()  # the optimizer steps as it should again
+    resumed = run_here("train", "--manifest", str(manifest), "--max-steps", "8", "--resume")
+    said = " ".join((resumed.stdout + resumed.stderr).split())
+    assert resumed.returncode == 0, said
+    assert (
+        "--resume: passing over checkpoint-3: adapter_model.safetensors: 28 tensors hold NaN or "
+        "infinity"
+    ) in said
+    assert "resum" in said and "checkpoint-2" in said
+    assert strict_json(output / "metrics.json")["summary"]["status"] == "completed"
 
 
 def test_base_weights_holding_nan_are_refused_at_load(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -109,7 +122,7 @@ def test_base_weights_holding_nan_are_refused_at_load(tmp_path: Path, tiny_model
     text = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 2, text
     assert (
-        f"base model {model}: its weights hold NaN or infinity "
+        f"base model {model}: 1 tensor holds NaN or infinity "
         "(model.layers.1.mlp.down_proj.weight), so every loss would be NaN"
     ) in text
     assert not (manifest.parent / "output").exists()
@@ -155,3 +168,100 @@ def test_nan_weights_the_windows_did_not_show_are_not_saved(
     output = manifest.parent / "output"
     assert not (output / "adapter_model.safetensors").exists()
     assert strict_json(output / "metrics.json")["summary"]["status"] == "diverged"
+
+
+def test_an_epoch_strategy_saves_and_evaluates_nothing_after_the_nan(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the loop stops the Trainer asks again at the epoch's end: an epoch save_strategy
+    or eval_strategy would save and evaluate the NaN weights there."""
+    config = {
+        "batch_size": 1,
+        "save_strategy": "epoch",
+        "evaluation_strategy": "epoch",
+        "logging_steps": 1,
+    }
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=24, valid_rows=4, config=config)
+    step = torch.optim.AdamW.step
+    calls = []
+
+    def poisons_the_first_step(self, *args, **kwargs):
+        result = step(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].fill_(math.nan)
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", poisons_the_first_step)
+    proc = run_here("train", "--manifest", str(manifest))
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1, text
+    assert "training diverged: the loss is nan in step 2 (finite up to step 1)" in text
+    output = manifest.parent / "output"
+    assert not list((output / "checkpoints").glob("checkpoint-*"))
+    assert strict_json(output / "metrics.json")["evals"] == []
+
+
+def test_the_closing_check_is_one_collective_on_every_process() -> None:
+    """Each process's closing loss is its own: the verdict is one sum over every process,
+    called on every process (a process that decided alone would wait in another collective)."""
+    model = torch.nn.Linear(4, 4)
+    calls: list[list[float]] = []
+
+    def one_rank_of_two(flags: list[float]) -> list[float]:
+        calls.append(flags)
+        return [flags[0] + 1.0, flags[1]]  # the other process saw a NaN closing loss
+
+    watch = DivergenceWatch()
+    watch.check_weights(model, 7, one_rank_of_two)
+    assert calls == [[0.0, 0.0]]
+    assert watch.diverged is not None and not watch.diverged.weights_only
+
+    quiet = DivergenceWatch()
+    quiet.check_weights(model, 7, lambda flags: flags)
+    assert quiet.diverged is None
+    with torch.no_grad():
+        model.weight[0, 0] = math.inf
+    quiet.check_weights(model, 7, lambda flags: flags)
+    assert quiet.diverged is not None and quiet.diverged.weights_only
+
+    stopped, calls = DivergenceWatch(), []
+    stopped.diverged = Diverged(3, 2, math.nan)  # a window's loss: every process has it
+    stopped.check_weights(model, 3, one_rank_of_two)
+    assert calls == []
+
+
+def test_each_process_judges_the_shard_it_holds(tmp_path: Path) -> None:
+    """FSDP2 parameters are DTensors: the scan reads the local shard (it skipped them all)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        layer = torch.nn.Linear(8, 8)
+        fully_shard(layer)
+        assert type(layer.weight.data).__name__ == "DTensor"
+        assert non_finite_weights(layer) == []
+        with torch.no_grad():
+            layer.weight.to_local()[1, 2] = math.nan
+        assert non_finite_weights(layer) == ["weight"]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_float8_and_odd_names(tmp_path: Path) -> None:
+    """torch can neither sum nor test float8; a name in a file's header is the file's text."""
+    from safetensors.torch import save_file
+
+    good = torch.tensor([1.0, 2.0]).to(torch.float8_e4m3fn)
+    bad = torch.tensor([1.0, math.nan]).to(torch.float8_e4m3fn)
+    assert tensor_is_finite(good) and not tensor_is_finite(bad)
+    path = tmp_path / "w.safetensors"
+    odd = "x" * 300
+    save_file({"fine": good, "broken": bad, odd: bad.clone()}, str(path))
+    found = non_finite_tensors(path)
+    assert found == sorted(["broken", odd])
+    assert non_finite_line(found) == (
+        "2 tensors hold NaN or infinity (broken, <a 300-character name>)"
+    )

@@ -172,7 +172,7 @@ def test_a_chat_template_that_refuses_the_prompt(
     code, out, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "x")
     said = " ".join(err.split())
     assert code == 2, out + err
-    assert "the run's chat template (chat_template.jinja beside the adapter) refuses a " in said
+    assert "the run's chat template (its tokenizer files beside the adapter) refuses a " in said
     assert "(TemplateError)" in said and "SECRET" not in said + out
 
 

@@ -89,8 +89,10 @@ def check_manifest(
     tokenizer, tokenizer_problems = _local_tokenizer(resolved)
     verdict = _template_verdict(resolved, tokenizer)
     data = DataCheck(resolved.field_mapping, quick, progress, verdict)
-    for source in resolved.train_sources + resolved.validation_sources:
+    for source in resolved.train_sources:
         data.source(source)
+    for source in resolved.validation_sources:
+        data.source(source, train=False)
     cache = cache_root_problem(Path(resolved.pretokenized_cache), resolved.expert)
     report.problems = [
         *_check_model(resolved, tokenizer_problems),
@@ -99,7 +101,7 @@ def check_manifest(
         *data.problems,
         *_format_problems(resolved, data.fields, tokenizer),
     ]
-    refusals = data.refusals(complete=not quick)
+    refusals = data.refusals()
     if refusals and refusals.every:
         report.problems.append(refusals.line)
     elif refusals:
@@ -223,14 +225,20 @@ class DataCheck:
         self.problems: list[str] = []
         self.rows: dict[str, int] = {}
         self.rendered = self.refused = 0
+        self._train = True
         self.first_refused: tuple[str, str] | None = None  # place, why
+        # training conversations: rendered, refused, and whether every training example was
+        # rendered (all local files, read to their end)
+        self.train = [0, 0]
+        self.all_train_rendered = True
 
-    def refusals(self, complete: bool) -> Refusals | None:
-        """The refused conversations, if any; `complete`: every row was read (no --quick)."""
+    def refusals(self) -> Refusals | None:
+        """The refused conversations, if any."""
         if not self.refused:
             return None
-        every = complete and self.refused == self.rendered
-        read = "conversations" if complete else "conversations read (--quick)"
+        rendered, refused = self.train
+        every = self.all_train_rendered and rendered > 0 and refused == rendered
+        read = "conversations read (--quick)" if self.quick else "conversations"
         at, why = self.first_refused or ("", "")
         return Refusals(
             f"{at}: the tokenizer's chat template refuses this conversation ({why}); "
@@ -239,7 +247,11 @@ class DataCheck:
             every,
         )
 
-    def source(self, src: SourceRef) -> None:
+    def source(self, src: SourceRef, train: bool = True) -> None:
+        """Read one source (`train`: a training one, not validation)."""
+        self._train = train
+        if src.kind == "hub" or is_saved_dataset(Path(src.location)):
+            self.all_train_rendered = self.all_train_rendered and not train
         if src.kind == "hub":  # reported by hub_status
             return
         try:
@@ -265,13 +277,16 @@ class DataCheck:
             if count % PROGRESS_ROWS == 0:
                 self.progress.advance(PROGRESS_ROWS)
             if self.quick and count >= self.quick:
+                self.all_train_rendered = self.all_train_rendered and not self._train
                 break
         self.progress.advance(count % PROGRESS_ROWS)
         return count
 
     def _render(self, verdict: Callable[[list[Any]], str | None], messages: Any, at: str) -> None:
         self.rendered += 1
+        self.train[0] += self._train
         why = verdict(messages)
         if why is not None:
             self.refused += 1
+            self.train[1] += self._train
             self.first_refused = self.first_refused or (at, why)

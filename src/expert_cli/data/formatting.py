@@ -276,9 +276,19 @@ def render_conversation(
 ) -> tuple[str, str | None]:
     """One conversation through the chat template: (text, None), or ("", why) when the template
     refuses it. `why` is the error's kind and the conversation's roles, never the error's text
-    (a template's own message may quote the template or the conversation)."""
+    (a template's own message may quote the template or the conversation).
+
+    Keys whose value is null are left out of each message: in Arrow every message carries
+    every key any message has (a `tool_calls` of one row is a null `tool_calls` in all the
+    others), and a template that asks `is defined` must see the row as its file wrote it."""
+    given = [
+        {k: v for k, v in m.items() if v is not None} if isinstance(m, dict) else m
+        for m in messages
+    ]
     try:
-        return str(tokenizer.apply_chat_template(messages, tokenize=False)), None
+        return str(tokenizer.apply_chat_template(given, tokenize=False)), None
+    except MemoryError:
+        raise
     except Exception as exc:  # noqa: BLE001 - the template's verdict on the user's row
         roles = [str(m.get("role")) if isinstance(m, dict) else "?" for m in messages]
         more = len(roles) - SHOWN_ROLES

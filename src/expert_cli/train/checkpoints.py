@@ -5,7 +5,9 @@ so one half-written by a kill or a full disk is passed over. A marked checkpoint
 were damaged since (truncated by a copy, a bad disk, a hand edit) is passed over too: each file
 the Trainer reads on resume is opened far enough to know it is whole (the safetensors header
 against the file's size, the zip directory at the end of torch's files, trainer_state.json as
-JSON), which costs milliseconds, not a load of the optimizer state.
+JSON), which costs milliseconds, not a load of the optimizer state. The adapter's weights are
+read once, a tensor at a time, to know they are numbers: a checkpoint saved as the run diverged
+is passed over as well.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from transformers import TrainerCallback
 from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import UserError
 from expert_cli.train.outputs import read_json_file
-from expert_cli.weights import safetensors_problem
+from expert_cli.weights import non_finite_line, non_finite_tensors, safetensors_problem
 
 COMPLETE = "_COMPLETE"
 # files the Trainer reads to resume that torch.save wrote (zip archives); which of them a
@@ -67,6 +69,8 @@ def checkpoint_problem(path: Path) -> str | None:
     adapter = path / "adapter_model.safetensors"
     if adapter.is_file() and (problem := safetensors_problem(adapter)):
         return problem
+    if adapter.is_file() and (bad := non_finite_tensors(adapter)):
+        return f"adapter_model.safetensors: {non_finite_line(bad)} (saved as the run diverged)"
     for name in ZIPPED:
         file = path / name
         if not file.is_file():

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from transformers import TrainerCallback
 
 from expert_cli.errors import RunError
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
-from expert_cli.weights import non_finite_tensors
+from expert_cli.weights import non_finite_tensors, tensor_is_finite
 
 if TYPE_CHECKING:
     from expert_cli.config.resolve import ResolvedConfig
@@ -46,11 +45,14 @@ class Diverged:
 
 class DivergenceWatch(TrainerCallback):
     """Stops training, with no checkpoint or evaluation of the step, at the first logged loss
-    that is not finite."""
+    that is not finite. A window's loss is gathered over every process, so all of them stop
+    at the same window; the Trainer's closing log holds each process's own loss since the
+    last window, so it is only noted here and judged in `check_weights` with one collective."""
 
     def __init__(self) -> None:
         self.diverged: Diverged | None = None
         self._last_finite = 0
+        self._closing_loss: float | None = None  # this process's, not yet agreed
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self._last_finite = state.global_step  # a resumed run starts at its checkpoint's step
@@ -60,54 +62,72 @@ class DivergenceWatch(TrainerCallback):
         self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
     ) -> Any:
         logs = logs or {}
-        # a window's loss, or the whole run's in the Trainer's closing log (the only loss a run
-        # sees when logging_steps is above its steps)
-        loss = logs.get("loss", logs.get("train_loss"))
+        closing = logs.get("train_loss")  # the Trainer's last log: the run's mean loss
+        if isinstance(closing, (int, float)) and not math.isfinite(closing):
+            self._closing_loss = float(closing)
+        loss = logs.get("loss")
         if not isinstance(loss, (int, float)) or self.diverged is not None:
-            return control
+            return self._hold(control)
         if math.isfinite(loss):
             self._last_finite = state.global_step
             return control
         self.diverged = Diverged(state.global_step, self._last_finite, float(loss))
         control.should_training_stop = True
-        control.should_save = False  # the weights after this window are not worth keeping
-        control.should_evaluate = False
+        return self._hold(control)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        return self._hold(control)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # after the loop stops, the Trainer asks once more at the epoch's end: an epoch
+        # save_strategy or eval_strategy would save and evaluate the NaN weights
+        return self._hold(control)
+
+    def _hold(self, control: Any) -> Any:
+        """Once diverged: nothing more is saved, evaluated or logged."""
+        if self.diverged is not None:
+            control.should_save = control.should_evaluate = control.should_log = False
         return control
 
-    def check_weights(self, model: Any, step: int, any_rank: Any) -> None:
-        """After the last step: the adapter's weights must be numbers before they are saved
-        (a NaN update in the last step, or in a window no log showed). Every process looks
-        at its own (sharded) weights; `any_rank` makes it one verdict."""
+    def check_weights(self, model: Any, step: int, sum_over_ranks: Any) -> None:
+        """After the last step, before the adapter is saved: a closing loss that is not finite
+        on any process, or adapter weights that are not (a NaN update in the last step, or a
+        window no log showed). Every process looks at its own (sharded) weights and calls
+        `sum_over_ranks` once, unless a window already stopped them all alike."""
         if self.diverged is not None:
             return
-        if any_rank(bool(non_finite_weights(model, trainable_only=True))):
+        flags = [
+            1.0 if self._closing_loss is not None else 0.0,
+            1.0 if non_finite_weights(model, trainable_only=True) else 0.0,
+        ]
+        closing, weights = sum_over_ranks(flags)
+        if closing:
+            self.diverged = Diverged(step, self._last_finite, math.nan)
+        elif weights:
             self.diverged = Diverged(step, self._last_finite, math.nan, weights_only=True)
 
 
-SCAN_ELEMENTS = 1 << 24  # elements per isfinite pass: a bounded temporary, whatever the tensor
+def local_data(param: Any) -> Any:
+    """The part of a parameter this process holds: a DTensor's local shard (FSDP2), DeepSpeed
+    ZeRO-3's partition (`ds_tensor`; its `data` is an empty placeholder), else the tensor."""
+    shard = getattr(param, "ds_tensor", None)
+    if shard is not None:
+        return shard
+    data = param.data
+    return data.to_local() if hasattr(data, "to_local") else data
 
 
 def non_finite_weights(model: Any, trainable_only: bool = False) -> list[str]:
     """Names of the floating-point parameters (only those that train, with `trainable_only`)
-    holding a NaN or an infinity; a quantized weight's packed integers and tensors without
-    local storage are not read. One synchronisation per tensor, at load and after the last
-    step only: a finite sum proves every element finite (NaN and infinity propagate), at the
-    speed of a read (0.1 s per 600M fp32 weights on 2 CPU cores, 20x `isfinite`); only a sum
-    that overflows is looked at element by element, a piece at a time."""
+    holding a NaN or an infinity, each process judging the shard it holds; a quantized
+    weight's packed integers and tensors without storage are not read. One synchronisation
+    per tensor, at load and after the last step only (see `weights.tensor_is_finite`)."""
     bad = []
     for name, param in model.named_parameters():
-        data = param.data
         if trainable_only and not param.requires_grad:
             continue
-        if not data.is_floating_point() or data.is_meta or type(data) is not torch.Tensor:
-            continue
-        if bool(data.sum().isfinite()):
-            continue
-        flat = data.reshape(-1)
-        if not all(
-            bool(flat[i : i + SCAN_ELEMENTS].isfinite().all())
-            for i in range(0, flat.numel(), SCAN_ELEMENTS)
-        ):
+        data = local_data(param)
+        if not data.is_meta and not tensor_is_finite(data):
             bad.append(name)
     return bad
 
@@ -133,8 +153,9 @@ def remedies(resolved: ResolvedConfig) -> list[str]:
     return out
 
 
-def diverged_error(resolved: ResolvedConfig, at: Diverged, output: Path) -> RunError:
-    """The RunError of a run stopped by `DivergenceWatch` (its adapter was not written)."""
+def diverged_error(resolved: ResolvedConfig, at: Diverged, output: Path | None) -> RunError:
+    """The RunError of a run stopped by `DivergenceWatch` (its adapter was not written); the
+    last finite checkpoint in `output` is looked for where it is given (the main process)."""
     steps = (
         f"the window of steps {at.last_finite + 1}-{at.step}"
         if at.step > at.last_finite + 1
@@ -144,7 +165,7 @@ def diverged_error(resolved: ResolvedConfig, at: Diverged, output: Path) -> RunE
     what = f"the loss is {at.loss} in {steps} ({since})"
     if at.weights_only:
         what = f"the adapter's weights hold NaN or infinity after step {at.step}"
-    kept = finite_checkpoint(output)
+    kept = finite_checkpoint(output) if output is not None else None
     salvage = (
         f" {kept.name} (step {checkpoint_step(kept)}) holds the last finite adapter weights."
         if kept is not None

@@ -220,9 +220,9 @@ def render_prompt(resolved: ResolvedConfig, tokenizer: Any, text: str) -> list[i
             )
         except Exception as exc:  # noqa: BLE001 - the run folder's template; its text unquoted
             raise UserError(
-                "the run's chat template (chat_template.jinja beside the adapter) refuses a "
+                "the run's chat template (its tokenizer files beside the adapter) refuses a "
                 f"conversation of one user turn with a generation prompt ({type(exc).__name__})"
-                "; fix the template in the run folder"
+                "; fix chat_template.jinja (or the chat_template of tokenizer_config.json) there"
             ) from None
         return tokenizer(rendered, add_special_tokens=False)["input_ids"]
     prompt, _ = render_instruction(resolved.prompt_template, text, None, None)

@@ -21,13 +21,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, s
 
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
+from expert_cli.train import distributed
 from expert_cli.train.adapter import adapter_config, adapter_error, unmatched_targets
 from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
 from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_lora import fuse_lora_linears
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
-from expert_cli.weights import damaged_weights, weights_error
+from expert_cli.weights import damaged_weights, non_finite_line, weights_error
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -246,12 +247,13 @@ def load_base_model(
             notes,
         )
     model.config.use_cache = False
-    if resolved.init == "pretrained" and (bad := non_finite_weights(model)):
-        more = f" and {len(bad) - SHOWN_TENSORS} more" if len(bad) > SHOWN_TENSORS else ""
+    bad = non_finite_weights(model) if resolved.init == "pretrained" else []
+    if distributed.any_rank(bool(bad)):  # one verdict: a process may hold no weights yet
         raise UserError(
-            f"base model {shown_path(source or resolved.base_model)}: its weights hold NaN or "
-            f"infinity ({', '.join(bad[:SHOWN_TENSORS])}{more}), so every loss would be NaN. "
-            "The files are damaged, or were saved from a run that diverged: use intact weights"
+            f"base model {shown_path(source or resolved.base_model)}: "
+            f"{non_finite_line(bad) if bad else 'its weights hold NaN or infinity'}, so every "
+            "loss would be NaN. The files are damaged, or were saved from a run that diverged: "
+            "use intact weights"
         )
     compute = "fp16" if on_gpu and resolved.fp16 and not resolved.bf16 else "bf16"
     if resolved.quantization in ("int4", "int8"):
@@ -267,9 +269,6 @@ def load_base_model(
     )
     _speedups(model, resolved, on_gpu, choices)
     return model, choices
-
-
-SHOWN_TENSORS = 3  # weights named in the non-finite weights error
 
 
 def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps: int) -> PeftModel:

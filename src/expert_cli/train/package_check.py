@@ -9,10 +9,11 @@ import hashlib
 import io
 import os
 import tarfile
+import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from pydantic import ValidationError
 
@@ -23,7 +24,7 @@ from expert_cli.weights import HEAD_BYTES, header_problem, non_finite_line, non_
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 MAX_FILE_BYTES = 20 << 30
 MAX_MEMBERS = 10_000
-FINITE_CHECK_BYTES = 1 << 30  # safetensors members up to this size are read to check for NaN
+FINITE_CHECK_BYTES = 4 << 30  # safetensors members up to this size are checked for NaN
 CHUNK = 1 << 20
 
 
@@ -95,20 +96,12 @@ def verify_package(
                     report.problems.append(problem)
                     continue
                 report.files[member.name] = member.size
+                if member.name.endswith(".safetensors"):
+                    hashes[member.name] = _check_weights(tar, member, report)
+                    continue
                 hashes[member.name], data = _member_hash(tar, member)
                 if member.name == "manifest.json":
                     report.manifest = _manifest_of(data, report)
-                elif member.name.endswith(".safetensors"):
-                    if damaged := header_problem(data, member.size):
-                        report.problems.append(f"{member.name} {damaged}")
-                    elif member.size <= FINITE_CHECK_BYTES:
-                        if bad := non_finite_tensors(data):
-                            report.problems.append(f"{member.name}: {non_finite_line(bad)}")
-                    else:
-                        report.notes.append(
-                            f"{member.name}: over {FINITE_CHECK_BYTES >> 30} GiB, its numbers "
-                            "are not checked for NaN"
-                        )
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         report.problems.append(f"not a gzip-compressed tar archive ({type(exc).__name__})")
         return report
@@ -134,22 +127,46 @@ def _member_problem(member: tarfile.TarInfo) -> str | None:
     return None
 
 
-def _member_hash(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, bytes]:
-    """sha256 of a member, and its bytes when it is small JSON worth reading, or safetensors
-    (whole up to FINITE_CHECK_BYTES, to check its numbers; else the first HEAD_BYTES: its
-    header)."""
+def _member_hash(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, copy_to: IO[bytes] | None = None
+) -> tuple[str, bytes]:
+    """sha256 of a member, and its bytes when it is small JSON worth reading (the first
+    HEAD_BYTES of a safetensors file: its header); with `copy_to`, the whole member is
+    written there too."""
     digest, kept = hashlib.sha256(), io.BytesIO()
     small_json = member.name.endswith(".json") and member.size <= 16 << 20
-    weights = member.name.endswith(".safetensors")
-    whole = weights and member.size <= FINITE_CHECK_BYTES  # read whole: its numbers are checked
-    keep = member.size if whole or small_json else HEAD_BYTES if weights else 0
+    keep = HEAD_BYTES if member.name.endswith(".safetensors") else member.size if small_json else 0
     stream = tar.extractfile(member)
     assert stream is not None  # a regular file, checked above
     while block := stream.read(CHUNK):
         digest.update(block)
+        if copy_to is not None:
+            copy_to.write(block)
         if kept.tell() < keep:
             kept.write(block[: keep - kept.tell()])
     return digest.hexdigest(), kept.getvalue()
+
+
+def _check_weights(tar: tarfile.TarFile, member: tarfile.TarInfo, report: PackageReport) -> str:
+    """A safetensors member: whole by its header, and (up to FINITE_CHECK_BYTES) its numbers
+    finite, read from a temporary copy one tensor at a time; its sha256."""
+    if member.size > FINITE_CHECK_BYTES:
+        digest, head = _member_hash(tar, member)
+        report.notes.append(
+            f"{member.name}: over {FINITE_CHECK_BYTES >> 30} GiB, its numbers are not checked "
+            "for NaN"
+        )
+    else:
+        with tempfile.NamedTemporaryFile(suffix=".safetensors") as copy:
+            digest, head = _member_hash(tar, member, copy)
+            copy.flush()
+            damaged = header_problem(head, member.size)
+            bad = None if damaged else non_finite_tensors(Path(copy.name))
+        if bad:
+            report.problems.append(f"{member.name}: {non_finite_line(bad)}")
+    if damaged := header_problem(head, member.size):
+        report.problems.append(f"{member.name} {damaged}")
+    return digest
 
 
 def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:

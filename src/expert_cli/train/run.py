@@ -356,14 +356,14 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
             on_failure(run, throughput, reached, exc)
             raise
     if not stop.stopped:  # an adapter about to be saved: its numbers must be numbers
-        watch.check_weights(model, trainer.state.global_step, distributed.any_rank)
+        watch.check_weights(model, trainer.state.global_step, distributed.sum_over_ranks)
     status = "diverged" if watch.diverged else "interrupted" if stop.stopped else "completed"
     summary = throughput.finish(trainer.state.global_step, status)
     if run.is_main:
         write_run_plot(run.output)  # training.png, where matplotlib is installed
     if watch.diverged is not None:
         distributed.barrier()  # every process stopped at the same window
-        raise diverged_error(run.resolved, watch.diverged, run.output)
+        raise diverged_error(run.resolved, watch.diverged, run.output if run.is_main else None)
     if status == "completed":
         try:
             save(run, trainer)

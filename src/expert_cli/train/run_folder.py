@@ -118,6 +118,11 @@ def refuse_occupied(output: Path, previous: Previous) -> None:
         "interrupted": "an interrupted run",
         "diverged": "a run that diverged",
     }.get(previous.status, "another run's outputs")
+    if previous.status == "diverged":  # --resume would keep the learning rate that diverged
+        raise UserError(
+            f"--output {output}: holds {state} ({previous.steps} steps); start again there "
+            "with --overwrite (with the change its error named), or choose another folder"
+        )
     raise UserError(
         f"--output {output}: holds {state} ({previous.steps} steps); continue it with "
         "--resume, replace it with --overwrite, or choose another folder"
