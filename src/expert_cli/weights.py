@@ -1,7 +1,8 @@
 """Whether a safetensors file is whole, from its header alone (milliseconds, whatever its size).
 A leaf module: `check` looks at a base model's weights with it, resume at a checkpoint's,
-`package` and `check --package` at the adapter's. And whether an adapter's numbers are numbers
-(`non_finite_tensors`, which reads the whole file: for adapters, not base models).
+`package` and `check --package` at the adapter's. And whether a tensor's numbers are numbers
+(`tensor_is_finite`; `non_finite_tensors` reads a whole file, a tensor at a time: for adapters
+and checkpoints, not base models).
 
 A safetensors file is an 8-byte header length, a JSON header giving each tensor's byte range,
 then the tensors. A file cut short (an interrupted download or copy, a full disk) has a header
@@ -14,6 +15,9 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+
+import torch
+from safetensors import safe_open
 
 DAMAGED = "is damaged (its header does not match its size)"
 HEADER_LIMIT = 100_000_000  # the loader's own bound on a header
@@ -72,8 +76,6 @@ def tensor_is_finite(tensor: Any) -> bool:
     propagate) at the speed of a read: 0.1 s per 600M fp32 weights on 2 CPU cores, 20x
     `isfinite`. Only a sum that overflows is looked at element by element, a piece at a time;
     one-byte floats (float8), which torch can neither sum nor test, are looked at in float16."""
-    import torch
-
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return True
     one_byte = tensor.element_size() == 1
@@ -91,8 +93,6 @@ def non_finite_tensors(file: Path) -> list[str] | None:
     """Names of the tensors of a safetensors file that hold NaN or infinity ([] when none do),
     one tensor in memory at a time; None when it cannot be read as safetensors (said by
     `safetensors_problem` / `header_problem`) or holds a tensor torch cannot test."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(file), framework="pt") as f:
             names = f.keys()  # noqa: SIM118 - safe_open is not iterable
