@@ -106,7 +106,7 @@ def test_a_loss_that_turns_nan_stops_the_run(
         "--resume: passing over checkpoint-3: adapter_model.safetensors: 28 tensors hold NaN or "
         "infinity"
     ) in said
-    assert "resum" in said and "checkpoint-2" in said
+    assert "resuming from checkpoint-2 (step 2 of 8)" in said
     assert strict_json(output / "metrics.json")["summary"]["status"] == "completed"
 
 
@@ -232,15 +232,17 @@ def test_the_closing_check_is_one_collective_on_every_process() -> None:
     assert calls == []
 
 
-def test_each_process_judges_the_shard_it_holds(tmp_path: Path) -> None:
+def test_each_process_judges_the_shard_it_holds() -> None:
     """FSDP2 parameters are DTensors: the scan reads the local shard (it skipped them all)."""
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    assert not dist.is_initialized()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         layer = torch.nn.Linear(8, 8)
-        fully_shard(layer)
+        fully_shard(layer, mesh=init_device_mesh("cpu", (1,)))
         assert type(layer.weight.data).__name__ == "DTensor"
         assert non_finite_weights(layer) == []
         with torch.no_grad():
@@ -250,6 +252,34 @@ def test_each_process_judges_the_shard_it_holds(tmp_path: Path) -> None:
         dist.destroy_process_group()
 
 
+class ZeroThreeParam:
+    """What DeepSpeed ZeRO-3 makes of a parameter of 10 elements over 4 processes: this
+    process's partition (`ds_tensor`, 3 elements, padded to the same size on every process
+    with memory never written) and the full size (`ds_numel`)."""
+
+    def __init__(self, partition: torch.Tensor, numel: int) -> None:
+        self.ds_tensor = partition
+        self.ds_tensor.ds_numel = partition.numel()
+        self.ds_numel = numel
+        self.ds_process_group = None
+
+
+def test_zero3_padding_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last process's partition holds 1 real element and 2 of padding, which may read as
+    NaN: only the real ones are judged."""
+    import torch.distributed as dist
+
+    from expert_cli.train.divergence import local_data
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 3)
+    last = ZeroThreeParam(torch.tensor([1.0, math.nan, math.nan]), 10)
+    assert local_data(last).tolist() == [1.0]
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    middle = ZeroThreeParam(torch.tensor([1.0, math.nan, 2.0]), 10)
+    assert not tensor_is_finite(local_data(middle))  # a real NaN is found
+
+
 def test_float8_and_odd_names(tmp_path: Path) -> None:
     """torch can neither sum nor test float8; a name in a file's header is the file's text."""
     from safetensors.torch import save_file
@@ -257,6 +287,9 @@ def test_float8_and_odd_names(tmp_path: Path) -> None:
     good = torch.tensor([1.0, 2.0]).to(torch.float8_e4m3fn)
     bad = torch.tensor([1.0, math.nan]).to(torch.float8_e4m3fn)
     assert tensor_is_finite(good) and not tensor_is_finite(bad)
+    # e8m0 reaches 2^127: finite values over float16's range are not infinities
+    assert tensor_is_finite(torch.tensor([2.0**20, 2.0**100]).to(torch.float8_e8m0fnu))
+    assert tensor_is_finite(torch.zeros(4, dtype=torch.float4_e2m1fn_x2))  # packed: not read
     path = tmp_path / "w.safetensors"
     odd = "x" * 300
     save_file({"fine": good, "broken": bad, odd: bad.clone()}, str(path))

@@ -192,6 +192,30 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
     assert out.returncode == 2 and "checksum does not match" in out.stdout
 
 
+def test_no_room_to_copy_the_adapter_is_a_note_not_a_damaged_package(
+    v2_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """check --package copies each safetensors member to a temporary file to read its numbers;
+    a temporary folder that is full said the package was not a tar archive."""
+    import errno
+    import tempfile
+
+    package = tmp_path / "good.expert"
+    assert run_here("package", "--adapter", str(v2_run), "--output", str(package)).returncode == 0
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", full)
+    report = verify_package(package)
+    assert report.ok, report.problems
+    note = (
+        f"{ADAPTER_PATH}/adapter_model.safetensors: no room for a temporary copy, its numbers "
+        "are not checked for NaN"
+    )
+    assert note in report.notes
+
+
 def test_package_names_follow_hivellm() -> None:
     v2 = {"name": "expert-sql", "version": "0.3.0", "schema_version": "2.0"}
     assert package_name(v2, "Qwen/Qwen3-0.6B") == "expert-sql-qwen3-0-6b.v0.3.0.expert"

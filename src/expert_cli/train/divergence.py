@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
 from transformers import TrainerCallback
 
 from expert_cli.errors import RunError
@@ -108,11 +109,17 @@ class DivergenceWatch(TrainerCallback):
 
 
 def local_data(param: Any) -> Any:
-    """The part of a parameter this process holds: a DTensor's local shard (FSDP2), DeepSpeed
-    ZeRO-3's partition (`ds_tensor`; its `data` is an empty placeholder), else the tensor."""
+    """The part of a parameter this process holds: a DTensor's local shard (FSDP2), the real
+    elements of DeepSpeed ZeRO-3's partition (`ds_tensor`, whose `data` is an empty
+    placeholder; the partition is padded to an equal size with memory never written, which
+    may read as NaN), else the tensor."""
     shard = getattr(param, "ds_tensor", None)
     if shard is not None:
-        return shard
+        part = int(getattr(shard, "ds_numel", shard.numel()))
+        group = getattr(param, "ds_process_group", None)
+        rank = dist.get_rank(group=group) if dist.is_available() and dist.is_initialized() else 0
+        real = max(0, min(part, int(getattr(param, "ds_numel", part)) - rank * part))
+        return shard.reshape(-1).narrow(0, 0, real)
     data = param.data
     return data.to_local() if hasattr(data, "to_local") else data
 

@@ -150,22 +150,28 @@ def _member_hash(
 def _check_weights(tar: tarfile.TarFile, member: tarfile.TarInfo, report: PackageReport) -> str:
     """A safetensors member: whole by its header, and (up to FINITE_CHECK_BYTES) its numbers
     finite, read from a temporary copy one tensor at a time; its sha256."""
+    why_unchecked, bad = None, None
     if member.size > FINITE_CHECK_BYTES:
         digest, head = _member_hash(tar, member)
-        report.notes.append(
-            f"{member.name}: over {FINITE_CHECK_BYTES >> 30} GiB, its numbers are not checked "
-            "for NaN"
-        )
+        why_unchecked = f"over {FINITE_CHECK_BYTES >> 30} GiB"
     else:
-        with tempfile.NamedTemporaryFile(suffix=".safetensors") as copy:
-            digest, head = _member_hash(tar, member, copy)
-            copy.flush()
-            damaged = header_problem(head, member.size)
-            bad = None if damaged else non_finite_tensors(Path(copy.name))
-        if bad:
-            report.problems.append(f"{member.name}: {non_finite_line(bad)}")
+        try:
+            with tempfile.NamedTemporaryFile(suffix=".safetensors") as copy:
+                digest, head = _member_hash(tar, member, copy)
+                copy.flush()
+                if header_problem(head, member.size) is None:
+                    bad = non_finite_tensors(Path(copy.name))
+                    why_unchecked = "its tensors cannot be read" if bad is None else None
+        except OSError:  # no room for the copy, most likely: read it again without one (an
+            # archive that cannot be read fails again there, and is said to be damaged)
+            digest, head = _member_hash(tar, member)
+            why_unchecked = "no room for a temporary copy"
     if damaged := header_problem(head, member.size):
         report.problems.append(f"{member.name} {damaged}")
+    elif bad:
+        report.problems.append(f"{member.name}: {non_finite_line(bad)}")
+    elif why_unchecked:
+        report.notes.append(f"{member.name}: {why_unchecked}, its numbers are not checked for NaN")
     return digest
 
 
