@@ -244,3 +244,67 @@ def test_check_renders_each_shape_of_conversation_once(
     assert set(answers) == {None, "TemplateError, roles system, user, assistant"}
     verdict([*good, {"role": "user", "content": "x", "name": "n"}])  # a key more: a new shape
     assert len(renders) == 4
+
+
+KEYED = (
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}"
+    "{%- if m.reasoning_content is defined %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+    "{{ m['content'] }}{%- if m.tool_calls is defined %}{% for t in m.tool_calls %}"
+    "<call {{ t.function.name }}>{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}{%- endfor %}"
+)
+
+
+def test_every_key_of_a_local_message_reaches_the_chat_template(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A local file's messages were written to Arrow with role and content only: a Qwen3
+    thinking trace in `reasoning_content` or a tool call in `tool_calls` was silently left
+    out of what was trained. Mixed with a saved dataset's conversations (an Arrow struct with
+    null-filled keys), both render as their files wrote them."""
+    import datasets
+
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data import prepare_data
+    from expert_cli.data.tokenizer import load_tokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text(KEYED)
+    manifest = _messages_expert(tmp_path, model)
+    user = {"role": "user", "content": "q"}
+    call = {"type": "function", "function": {"name": "lookup", "arguments": {"k": 1}}}
+    local = [
+        {"messages": [user, {"role": "assistant", "content": "a", "reasoning_content": "r"}]},
+        {"messages": [user, {"role": "assistant", "content": "b", "tool_calls": [call]}]},
+    ]
+    (manifest.parent / "data" / "train.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in local)
+    )
+    saved = [{"messages": [user, {"role": "assistant", "content": "c", "name": None}]}]
+    datasets.Dataset.from_list(saved).save_to_disk(str(tmp_path / "saved"))
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"] = {
+        "type": "multi_task",
+        "tasks": {
+            "local": {"train": "data/train.jsonl"},
+            "saved": {"train": str(tmp_path / "saved")},
+        },
+        "field_mapping": {"messages": "messages"},
+        "eval_fraction": 0.0,
+    }
+    data["training"]["config"]["packing"] = False
+    manifest.write_text(json.dumps(data))
+    resolved = resolve(load_manifest(manifest), cpu_environment())
+    tokenizer = load_tokenizer(resolved)
+    prepared = prepare_data(resolved, tokenizer, num_proc=1)
+    trained = sorted(
+        tokenizer.decode([i for i, lab in zip(ids, labels, strict=True) if lab != -100])
+        for ids, labels in zip(prepared.train["input_ids"], prepared.train["labels"], strict=True)
+    )
+    assert trained == [
+        "<think>r</think>a<|im_end|><|endoftext|>",
+        "b<call lookup><|im_end|><|endoftext|>",
+        "c<|im_end|><|endoftext|>",
+    ]

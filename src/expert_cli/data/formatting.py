@@ -32,6 +32,7 @@ from the previous example's last token.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -272,7 +273,7 @@ END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>")
 
 
 def render_conversation(
-    tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, Any]]
+    tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, Any]] | str
 ) -> tuple[str, str | None]:
     """One conversation through the chat template: (text, None), or ("", why) when the template
     refuses it. `why` is the error's kind and the conversation's roles, never the error's text
@@ -281,6 +282,8 @@ def render_conversation(
     Keys whose value is null are left out of each message: in Arrow every message carries
     every key any message has (a `tool_calls` of one row is a null `tool_calls` in all the
     others), and a template that asks `is defined` must see the row as its file wrote it."""
+    if isinstance(messages, str):  # a local source's conversation, kept whole as JSON text
+        messages = json.loads(messages)
     given = [
         {k: v for k, v in m.items() if v is not None} if isinstance(m, dict) else m
         for m in messages

@@ -49,7 +49,10 @@ SAVED_DATASET_FAILURES = (
     AttributeError,
     pa.ArrowException,
 )
-MESSAGE_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+# a local conversation is kept whole, as JSON text: every key of every message as the file
+# wrote it (tool_calls, reasoning_content, name...), for the chat template to use; an Arrow
+# struct has one fixed set of keys, and kept only role and content
+MESSAGES_AS_TEXT = pa.string()
 
 
 @dataclass
@@ -65,7 +68,7 @@ class LoadedSources:
 
 def _arrow_value(role: str, value: Any) -> Any:
     if role == "messages":
-        return [{"role": m["role"], "content": m["content"]} for m in value]
+        return json.dumps(value, ensure_ascii=False, default=str)
     return value
 
 
@@ -73,7 +76,7 @@ def write_arrow(scan: Scan, dest: Path, on_rows: Callable[[int], None] | None = 
     """Write the scan's rows to an Arrow stream file (what `datasets` memory-maps); the count.
     The file appears only when every row was read and checked."""
     roles = list(scan.fields.mapping)
-    schema = pa.schema([(r, MESSAGE_TYPE if r == "messages" else pa.string()) for r in roles])
+    schema = pa.schema([(r, MESSAGES_AS_TEXT if r == "messages" else pa.string()) for r in roles])
     dest.parent.mkdir(parents=True, exist_ok=True)
     count = 0
     with (
@@ -371,7 +374,35 @@ def _concat(parts: list[datasets.Dataset]) -> datasets.Dataset:
 
     if len(parts) == 1:
         return parts[0]
+    if any(_text_messages(p) for p in parts):  # local sources with hub or saved ones
+        parts = [p if _text_messages(p) else _messages_to_text(p) for p in parts]
     try:
         return datasets.concatenate_datasets(parts)
     except ValueError as exc:
         raise UserError(f"training.dataset: sources have different column types ({exc})") from None
+
+
+def _text_messages(ds: datasets.Dataset) -> bool:
+    """Whether a source's conversations are JSON text (a local source's)."""
+    feature = ds.features.get("messages")
+    return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+
+
+def _messages_to_text(ds: datasets.Dataset) -> datasets.Dataset:
+    """A hub or saved source's conversations as JSON text, to be concatenated with local
+    ones (null keys, which Arrow gives every message that lacks a key another has, left
+    out)."""
+    if "messages" not in ds.column_names:
+        return ds
+
+    def as_text(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        return {
+            "messages": [
+                json.dumps([{k: v for k, v in m.items() if v is not None} for m in row])
+                for row in batch["messages"]
+            ]
+        }
+
+    features = ds.features.copy()
+    features["messages"] = datasets.Value("string")
+    return ds.map(as_text, batched=True, features=features, desc=None)
