@@ -278,6 +278,8 @@ def test_every_key_of_a_local_message_reaches_the_chat_template(
     local = [
         {"messages": [user, {"role": "assistant", "content": "a", "reasoning_content": "r"}]},
         {"messages": [user, {"role": "assistant", "content": "b", "tool_calls": [call]}]},
+        # OpenAI's form of a turn that only calls a tool: content null
+        {"messages": [user, {"role": "assistant", "content": None, "tool_calls": [call]}]},
     ]
     (manifest.parent / "data" / "train.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in local)
@@ -304,6 +306,7 @@ def test_every_key_of_a_local_message_reaches_the_chat_template(
         for ids, labels in zip(prepared.train["input_ids"], prepared.train["labels"], strict=True)
     )
     assert trained == [
+        "<call lookup><|im_end|><|endoftext|>",
         "<think>r</think>a<|im_end|><|endoftext|>",
         "b<call lookup><|im_end|><|endoftext|>",
         "c<|im_end|><|endoftext|>",

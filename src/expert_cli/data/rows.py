@@ -21,7 +21,10 @@ from expert_cli.paths import path_exists, shown_path
 
 ROLES = ("text", "messages", "instruction", "input", "response", "system")
 OPTIONAL_ROLES = {"input", "system"}
-MESSAGES_SHAPE = 'a list of {"role": "...", "content": "..."} objects'
+MESSAGES_SHAPE = (
+    'a list of {"role": "...", "content": "..."} objects (content may be null in a turn '
+    "with tool_calls)"
+)
 
 
 @dataclass(frozen=True)
@@ -141,11 +144,19 @@ def _value_problem(role: str, value: Any) -> str | None:
             return f"item {i} is {_kind(message)}, expected an object with role and content"
         for key in ("role", "content"):
             text = message.get(key)
+            if key == "content" and text is None and _calls_tools(message):
+                continue  # a turn that only calls tools (OpenAI's format): content null
             if not isinstance(text, str):
                 return f"item {i}: {key} is {_kind(text)}, expected a string"
             if problem := _text_problem(text):
                 return f"item {i}: {key} {problem}"
     return None
+
+
+def _calls_tools(message: dict[str, Any]) -> bool:
+    """Whether a message calls tools: a non-empty `tool_calls` list."""
+    calls = message.get("tool_calls")
+    return isinstance(calls, list) and len(calls) > 0
 
 
 def _text_problem(text: str) -> str | None:
