@@ -202,27 +202,53 @@ def test_a_conversation_the_chat_template_refuses_is_dropped(tiny_tokenizer) -> 
     assert split(tok, rows[0])[0] == "b c<|im_end|><|endoftext|>"
 
 
-def test_keys_arrow_adds_as_null_are_not_shown_to_the_template(tiny_tokenizer) -> None:
+def test_keys_arrow_adds_as_null_are_not_shown_to_the_template(tiny_tokenizer, tmp_path) -> None:
     """In Arrow every message has every key some message has: a template asking whether
     `tool_calls` is defined saw a null one in the row without tool calls, iterated it and
-    refused the row. Null keys are left out, as the file wrote the row."""
+    refused the row. A hub or saved dataset's conversations become JSON text without those
+    fill-ins (content stays, null or not), in the build's work folder."""
     import datasets
+
+    from expert_cli.data.conversations import as_text
 
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template = (
-        "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
+        "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}"
+        "{%- if m['content'] is not none %}{{ m['content'] }}{% endif %}"
         "{%- if m.tool_calls is defined %}{% for t in m.tool_calls %}<call {{ t.name }}>"
         "{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}{%- endfor %}"
     )
     user = {"role": "user", "content": "q"}
-    calls = {"role": "assistant", "content": "a", "tool_calls": [{"name": "f"}]}
+    calls = {"role": "assistant", "content": None, "tool_calls": [{"name": "f"}]}
     plain = {"role": "assistant", "content": "b"}
     rows = datasets.Dataset.from_list([{"messages": [user, calls]}, {"messages": [user, plain]}])
-    assert rows[1]["messages"][1]["tool_calls"] is None  # what Arrow hands the formatter
-    out = run(tok, "messages", rows[:2])
+    assert rows[1]["messages"][1]["tool_calls"] is None  # Arrow's fill-in
+    text = as_text(rows, tmp_path / "work")
+    assert [p.parent for p in (tmp_path / "work").glob("*.arrow")] == [tmp_path / "work"]
+    out = run(tok, "messages", text[:2])
     assert [r["status"] for r in out] == [KEPT, KEPT]
-    assert split(tok, out[0])[0] == "a<call f><|im_end|><|endoftext|>"
+    assert split(tok, out[0])[0] == "<call f><|im_end|><|endoftext|>"
     assert split(tok, out[1])[0] == "b<|im_end|><|endoftext|>"
+
+
+def test_a_template_that_leaves_tool_calls_out_refuses_the_turn(tiny_tokenizer) -> None:
+    """A turn that only calls a tool, through a template that ignores tool_calls, rendered as
+    an empty reply, which was trained."""
+    user = {"role": "user", "content": "q"}
+    calls = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"type": "function", "function": {"name": "lookup", "arguments": "{}"}}],
+    }
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = (
+        "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}"
+        "{{ m['content'] or '' }}{{ '<|im_end|>\\n' }}{%- endfor %}"
+    )
+    (row,) = run(tok, "messages", {"messages": [[user, calls, user, {**calls, "content": "x"}]]})
+    assert row["status"] == DROPPED_TEMPLATE
+    roles = "roles user, assistant, user, assistant"
+    assert row["refused"] == f"its tool_calls are not rendered, {roles}"
 
 
 def test_the_roles_of_a_refused_conversation_are_bounded(tiny_tokenizer) -> None:

@@ -300,7 +300,11 @@ def test_every_key_of_a_local_message_reaches_the_chat_template(
     manifest.write_text(json.dumps(data))
     resolved = resolve(load_manifest(manifest), cpu_environment())
     tokenizer = load_tokenizer(resolved)
+    before = sorted(p.name for p in (tmp_path / "saved").iterdir())
     prepared = prepare_data(resolved, tokenizer, num_proc=1)
+    # the saved folder is the user's: nothing is written beside it, so its fingerprint holds
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == before
+    assert prepare_data(resolved, tokenizer, num_proc=1).status == "current"
     trained = sorted(
         tokenizer.decode([i for i, lab in zip(ids, labels, strict=True) if lab != -100])
         for ids, labels in zip(prepared.train["input_ids"], prepared.train["labels"], strict=True)
@@ -311,3 +315,23 @@ def test_every_key_of_a_local_message_reaches_the_chat_template(
         "b<call lookup><|im_end|><|endoftext|>",
         "c<|im_end|><|endoftext|>",
     ]
+
+
+def test_a_lone_surrogate_in_any_key_of_a_message(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Every key now reaches Arrow and the template: a `\\ud800` escape in reasoning_content
+    was a UnicodeEncodeError traceback in the build while check said usable."""
+    manifest = _messages_expert(tmp_path, tiny_model_dir)
+    row = (
+        '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", '
+        '"tool_calls": [{"function": {"name": "f", "arguments": "\\ud800"}}]}]}\n'
+    )
+    (manifest.parent / "data" / "train.jsonl").write_text(row)
+    expected = (
+        "train.jsonl:1: field 'messages' (field_mapping.messages) item 1: "
+        "tool_calls[0].function.arguments contains a lone surrogate at character 0"
+    )
+    check = run_here("check", "--manifest", str(manifest))
+    assert expected in " ".join(check.stdout.split()) and check.returncode == 2
+    proc = run_here("train", "--manifest", str(manifest))
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2 and expected in text and "Traceback" not in text

@@ -19,6 +19,7 @@ from expert_cli.config.environment import probe_environment
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
 from expert_cli.data.build import BuildProgress, NoProgress
 from expert_cli.data.cache import cache_root_problem
+from expert_cli.data.conversations import conversation_shape
 from expert_cli.data.formatting import (
     check_chat_template,
     check_prompt_template,
@@ -189,10 +190,11 @@ def _template_verdict(
     template itself works; the build drops what it refuses.
 
     Templates refuse by a conversation's shape (roles that do not alternate, a system turn
-    where none may be, a role or key they do not know), so each shape (its roles and keys, in
-    order) is rendered once: `check` stays about as fast as reading the rows (a render costs
-    30-60 us, a million rows were a minute more). A template that refuses by a message's text
-    is found by the build, which counts every row it drops."""
+    where none may be, a role or key they do not know, more tool calls than one), so each
+    shape (`conversations.conversation_shape`) is rendered once: `check` stays about as fast
+    as reading the rows (a render costs 30-60 us, a million rows were a minute more). A
+    template that refuses by a message's text is found by the build, which counts every row
+    it drops."""
     if tokenizer is None:
         return None
     try:
@@ -211,17 +213,6 @@ def _template_verdict(
         return why
 
     return verdict
-
-
-def conversation_shape(messages: list[Any]) -> tuple[Any, ...]:
-    """Each message's role and the keys it gives (null ones left out, as the template sees
-    them), in order."""
-    return tuple(
-        (m.get("role"), tuple(sorted(k for k, v in m.items() if v is not None)))
-        if isinstance(m, dict)
-        else (None, ())
-        for m in messages
-    )
 
 
 # --------------------------------------------------------------------------- data
@@ -277,7 +268,7 @@ class DataCheck:
         )
         return Refusals(
             f"{at}: the tokenizer's chat template refuses this conversation ({why}); {share}: "
-            "fix their roles, or use a base model whose template takes them",
+            "fix their roles or keys, or use a base model whose template takes them",
             every,
         )
 

@@ -32,13 +32,13 @@ from the previous example's last token.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
+from expert_cli.data.conversations import conversation
 from expert_cli.data.reader import shown_name
 from expert_cli.errors import UserError
 
@@ -279,26 +279,49 @@ def render_conversation(
     refuses it. `why` is the error's kind and the conversation's roles, never the error's text
     (a template's own message may quote the template or the conversation).
 
-    Keys whose value is null are left out of each message: in Arrow every message carries
-    every key any message has (a `tool_calls` of one row is a null `tool_calls` in all the
-    others), and a template that asks `is defined` must see the row as its file wrote it."""
-    if isinstance(messages, str):  # a local source's conversation, kept whole as JSON text
-        messages = json.loads(messages)
-    given = [
-        {k: v for k, v in m.items() if v is not None} if isinstance(m, dict) else m
-        for m in messages
-    ]
+    A stored row is JSON text (data/conversations.py): the template sees every key as the
+    source gave it. A message that calls tools must have them rendered: a template that
+    leaves `tool_calls` out would train an empty reply, so such a conversation is refused."""
+    messages = conversation(messages)
     try:
-        return str(tokenizer.apply_chat_template(given, tokenize=False)), None
+        text = str(tokenizer.apply_chat_template(messages, tokenize=False))
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - the template's verdict on the user's row
-        roles = [str(m.get("role")) if isinstance(m, dict) else "?" for m in messages]
-        more = len(roles) - SHOWN_ROLES
-        shown = ", ".join(shown_name(r).strip("'") for r in roles[:SHOWN_ROLES])
-        if more > 0:
-            shown += f" and {more} more"
-        return "", f"{type(exc).__name__}, roles {shown or 'none'}"
+        return "", f"{type(exc).__name__}, roles {_roles(messages)}"
+    if not _calls_rendered(messages, text):
+        return "", f"its tool_calls are not rendered, roles {_roles(messages)}"
+    return text, None
+
+
+def _roles(messages: list[Any]) -> str:
+    """The roles of a conversation, bounded, as a refusal names them."""
+    roles = [str(m.get("role")) if isinstance(m, dict) else "?" for m in messages]
+    more = len(roles) - SHOWN_ROLES
+    shown = ", ".join(shown_name(r).strip("'") for r in roles[:SHOWN_ROLES])
+    return (shown or "none") + (f" and {more} more" if more > 0 else "")
+
+
+def _calls_rendered(messages: list[Any], text: str) -> bool:
+    """Whether every message that calls tools without text has a called function's name in
+    the rendered conversation (a template that ignores `tool_calls` renders an empty turn)."""
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if not calls or not isinstance(calls, list) or m.get("content"):
+            continue
+        names = [_call_name(c) for c in calls]
+        if not any(name and name in text for name in names):
+            return False
+    return True
+
+
+def _call_name(call: Any) -> str:
+    """The function a tool call names (`{"function": {"name": ...}}`, or `{"name": ...}`)."""
+    if not isinstance(call, dict):
+        return ""
+    function = call.get("function")
+    name = function.get("name") if isinstance(function, dict) else call.get("name")
+    return name if isinstance(name, str) else ""
 
 
 def _has_content(text: str, spans: list[Span], eos: str | None) -> bool:

@@ -7,6 +7,7 @@ read through `reader.read_rows`, so they agree on every file.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from expert_cli.paths import path_exists, shown_path
 
 ROLES = ("text", "messages", "instruction", "input", "response", "system")
 OPTIONAL_ROLES = {"input", "system"}
+SHOWN_PATH = re.compile(r"[\w.\[\]-]{1,100}", re.ASCII)  # a key path an error may show
 MESSAGES_SHAPE = (
     'a list of {"role": "...", "content": "..."} objects (content may be null in a turn '
     "with tool_calls)"
@@ -150,7 +152,29 @@ def _value_problem(role: str, value: Any) -> str | None:
                 return f"item {i}: {key} is {_kind(text)}, expected a string"
             if problem := _text_problem(text):
                 return f"item {i}: {key} {problem}"
+        others = {k: v for k, v in message.items() if k not in ("role", "content")}
+        if others and (found := _surrogate_inside(others)):  # every key reaches the template
+            where, text = found
+            shown = where if where == "a key" or SHOWN_PATH.fullmatch(where) else "a value"
+            return f"item {i}: {shown} {_text_problem(text)}"
     return None
+
+
+def _surrogate_inside(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(the path, such as `tool_calls[0].function.arguments`, and the text) of the first
+    string or key inside `value` holding a lone surrogate, or None."""
+    if isinstance(value, str):
+        return (path or "a value", value) if lone_surrogate_at(value) is not None else None
+    items: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = str(key)
+            if lone_surrogate_at(name) is not None:
+                return ("a key", name)
+            items.append((f"{path}.{name}" if path else name, item))
+    elif isinstance(value, list):
+        items = [(f"{path}[{n}]", item) for n, item in enumerate(value)]
+    return next((found for sub, item in items if (found := _surrogate_inside(item, sub))), None)
 
 
 def _calls_tools(message: dict[str, Any]) -> bool:

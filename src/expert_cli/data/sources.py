@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from expert_cli.atomic import atomic_file
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
+from expert_cli.data.conversations import as_text, conversation_text
 from expert_cli.data.reader import shown_names
 from expert_cli.data.rows import (
     OPTIONAL_ROLES,
@@ -49,10 +50,6 @@ SAVED_DATASET_FAILURES = (
     AttributeError,
     pa.ArrowException,
 )
-# a local conversation is kept whole, as JSON text: every key of every message as the file
-# wrote it (tool_calls, reasoning_content, name...), for the chat template to use; an Arrow
-# struct has one fixed set of keys, and kept only role and content
-MESSAGES_AS_TEXT = pa.string()
 
 
 @dataclass
@@ -67,16 +64,15 @@ class LoadedSources:
 
 
 def _arrow_value(role: str, value: Any) -> Any:
-    if role == "messages":
-        return json.dumps(value, ensure_ascii=False, default=str)
-    return value
+    # a conversation is kept whole, as JSON text (data/conversations.py)
+    return conversation_text(value) if role == "messages" else value
 
 
 def write_arrow(scan: Scan, dest: Path, on_rows: Callable[[int], None] | None = None) -> int:
     """Write the scan's rows to an Arrow stream file (what `datasets` memory-maps); the count.
     The file appears only when every row was read and checked."""
     roles = list(scan.fields.mapping)
-    schema = pa.schema([(r, MESSAGES_AS_TEXT if r == "messages" else pa.string()) for r in roles])
+    schema = pa.schema([(r, pa.string()) for r in roles])
     dest.parent.mkdir(parents=True, exist_ok=True)
     count = 0
     with (
@@ -109,7 +105,8 @@ def load_source(
         write_arrow(scan, dest)
         return datasets.Dataset.from_file(str(dest)), scan.fields
     ds = _load_hub(ref) if ref.kind == "hub" else load_saved(ref.location)
-    return checked_columns(ds, ref.location, fields, mapping)
+    ds, fields = checked_columns(ds, ref.location, fields, mapping)
+    return (as_text(ds, work_dir) if fields.kind == "messages" else ds), fields
 
 
 def load_saved(
@@ -374,35 +371,7 @@ def _concat(parts: list[datasets.Dataset]) -> datasets.Dataset:
 
     if len(parts) == 1:
         return parts[0]
-    if any(_text_messages(p) for p in parts):  # local sources with hub or saved ones
-        parts = [p if _text_messages(p) else _messages_to_text(p) for p in parts]
     try:
         return datasets.concatenate_datasets(parts)
     except ValueError as exc:
         raise UserError(f"training.dataset: sources have different column types ({exc})") from None
-
-
-def _text_messages(ds: datasets.Dataset) -> bool:
-    """Whether a source's conversations are JSON text (a local source's)."""
-    feature = ds.features.get("messages")
-    return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
-
-
-def _messages_to_text(ds: datasets.Dataset) -> datasets.Dataset:
-    """A hub or saved source's conversations as JSON text, to be concatenated with local
-    ones (null keys, which Arrow gives every message that lacks a key another has, left
-    out)."""
-    if "messages" not in ds.column_names:
-        return ds
-
-    def as_text(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        return {
-            "messages": [
-                json.dumps([{k: v for k, v in m.items() if v is not None} for m in row])
-                for row in batch["messages"]
-            ]
-        }
-
-    features = ds.features.copy()
-    features["messages"] = datasets.Value("string")
-    return ds.map(as_text, batched=True, features=features, desc=None)
