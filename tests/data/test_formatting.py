@@ -223,6 +223,11 @@ def test_keys_arrow_adds_as_null_are_not_shown_to_the_template(tiny_tokenizer, t
     plain = {"role": "assistant", "content": "b"}
     rows = datasets.Dataset.from_list([{"messages": [user, calls]}, {"messages": [user, plain]}])
     assert rows[1]["messages"][1]["tool_calls"] is None  # Arrow's fill-in
+    holed = datasets.Dataset.from_list([{"messages": [user, calls]}, {"messages": [user, None]}])
+    assert (
+        as_text(holed, tmp_path / "holed")[1]["messages"]
+        == '[{"role": "user", "content": "q"}, null]'
+    )
     text = as_text(rows, tmp_path / "work")
     assert [p.parent for p in (tmp_path / "work").glob("*.arrow")] == [tmp_path / "work"]
     out = run(tok, "messages", text[:2])
@@ -247,6 +252,19 @@ def test_a_template_that_leaves_tool_calls_out_refuses_the_turn(tiny_tokenizer) 
     )
     (row,) = run(tok, "messages", {"messages": [[user, calls, user, {**calls, "content": "x"}]]})
     assert row["status"] == DROPPED_TEMPLATE
+    # the tool named elsewhere (a system prompt listing it) does not make the turn rendered
+    system = {"role": "system", "content": "tools: lookup"}
+    (named,) = run(tok, "messages", {"messages": [[system, user, calls]]})
+    assert named["status"] == DROPPED_TEMPLATE
+    # a template that renders a call's arguments only, no name: rendered, kept
+    tok.chat_template = (
+        "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}{{ m['content'] or '' }}"
+        "{%- for t in m.tool_calls or [] %}<args {{ t.function.arguments }}>{% endfor %}"
+        "{{ '<|im_end|>\\n' }}{%- endfor %}"
+    )
+    nameless = {**calls, "tool_calls": [{"function": {"arguments": "{}"}}]}
+    (kept,) = run(tok, "messages", {"messages": [[user, nameless]]})
+    assert kept["status"] == KEPT and split(tok, kept)[0] == "<args {}><|im_end|><|endoftext|>"
     roles = "roles user, assistant, user, assistant"
     assert row["refused"] == f"its tool_calls are not rendered, {roles}"
 
@@ -284,3 +302,22 @@ def test_eos_that_ends_the_text_already_is_not_appended(tiny_tokenizer) -> None:
     row = run(tok, "text", {"text": [CHATML]})[0]
     assert row["input_ids"] == tok(CHATML)["input_ids"]
     assert split(tok, row)[0] == "Hello world<|im_end|>OK then<|im_end|>"
+
+
+def test_a_lone_surrogate_however_deep_is_named_without_a_traceback() -> None:
+    """The walk of a message's other keys recursed: 600 levels, which the JSON reader takes,
+    were a RecursionError traceback. A key of the user's own is not shown."""
+    from expert_cli.data.rows import _value_problem
+
+    deep: dict = {}
+    inner = deep
+    for _ in range(3000):
+        inner["a"] = {}
+        inner = inner["a"]
+    inner["b"] = "\ud800"
+    said = _value_problem("messages", [{"role": "user", "content": "q", "extra": deep}])
+    assert said is not None and said.startswith("item 0: a value contains a lone surrogate")
+    args = {"role": "assistant", "content": "a", "tool_calls": [{"arguments": {"sk-1": "\ud800"}}]}
+    said = _value_problem("messages", [args])
+    assert said is not None and said.startswith("item 0: tool_calls[0].arguments.<key> contains")
+    assert "sk-1" not in said

@@ -244,6 +244,13 @@ def test_check_renders_each_shape_of_conversation_once(
     assert set(answers) == {None, "TemplateError, roles system, user, assistant"}
     verdict([*good, {"role": "user", "content": "x", "name": "n"}])  # a key more: a new shape
     assert len(renders) == 4
+    call = {"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}
+    from expert_cli.data.conversations import conversation_shape
+
+    # a turn that only calls tools is its own shape: the template may leave its calls out
+    assert conversation_shape([{**call, "content": ""}]) != conversation_shape(
+        [{**call, "content": "Let me look."}]
+    )
 
 
 KEYED = (
@@ -278,8 +285,14 @@ def test_every_key_of_a_local_message_reaches_the_chat_template(
     local = [
         {"messages": [user, {"role": "assistant", "content": "a", "reasoning_content": "r"}]},
         {"messages": [user, {"role": "assistant", "content": "b", "tool_calls": [call]}]},
-        # OpenAI's form of a turn that only calls a tool: content null
-        {"messages": [user, {"role": "assistant", "content": None, "tool_calls": [call]}]},
+        # OpenAI's form of a turn that only calls a tool: content null; an SDK dump's explicit
+        # "tool_calls": null on the user turn is absent for the template
+        {
+            "messages": [
+                {**user, "tool_calls": None},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+            ]
+        },
     ]
     (manifest.parent / "data" / "train.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in local)

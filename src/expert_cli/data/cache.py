@@ -50,8 +50,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT_VERSION = 3  # 2: the first token of every example is masked; 3: a chat
-# template sees every key of a local message (it saw role and content) and none of the null
-# keys Arrow gives messages, and a conversation it refuses is dropped
+# template sees every key of a local message (it saw role and content) but null-valued ones,
+# and a conversation it refuses is dropped
 FULL_HASH_LIMIT = 256 * 2**20
 EDGE_BYTES = 2**20
 COMPLETE = "_COMPLETE"

@@ -19,7 +19,7 @@ from expert_cli.config.environment import probe_environment
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
 from expert_cli.data.build import BuildProgress, NoProgress
 from expert_cli.data.cache import cache_root_problem
-from expert_cli.data.conversations import conversation_shape
+from expert_cli.data.conversations import conversation_shape, conversation_text
 from expert_cli.data.formatting import (
     check_chat_template,
     check_prompt_template,
@@ -207,7 +207,7 @@ def _template_verdict(
         shape = conversation_shape(messages)
         if shape in seen:
             return seen[shape]
-        why = render_conversation(tokenizer, messages)[1]
+        why = render_conversation(tokenizer, conversation_text(messages))[1]  # as the build
         if len(seen) < MAX_SHAPES:
             seen[shape] = why
         return why

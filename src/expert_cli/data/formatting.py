@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from expert_cli.data.conversations import conversation
+from expert_cli.data.conversations import conversation, has_text
 from expert_cli.data.reader import shown_name
 from expert_cli.errors import UserError
 
@@ -289,7 +289,7 @@ def render_conversation(
         raise
     except Exception as exc:  # noqa: BLE001 - the template's verdict on the user's row
         return "", f"{type(exc).__name__}, roles {_roles(messages)}"
-    if not _calls_rendered(messages, text):
+    if not _calls_rendered(tokenizer, messages, text):
         return "", f"its tool_calls are not rendered, roles {_roles(messages)}"
     return text, None
 
@@ -302,26 +302,25 @@ def _roles(messages: list[Any]) -> str:
     return (shown or "none") + (f" and {more} more" if more > 0 else "")
 
 
-def _calls_rendered(messages: list[Any], text: str) -> bool:
-    """Whether every message that calls tools without text has a called function's name in
-    the rendered conversation (a template that ignores `tool_calls` renders an empty turn)."""
-    for m in messages:
-        calls = m.get("tool_calls") if isinstance(m, dict) else None
-        if not calls or not isinstance(calls, list) or m.get("content"):
-            continue
-        names = [_call_name(c) for c in calls]
-        if not any(name and name in text for name in names):
-            return False
-    return True
-
-
-def _call_name(call: Any) -> str:
-    """The function a tool call names (`{"function": {"name": ...}}`, or `{"name": ...}`)."""
-    if not isinstance(call, dict):
-        return ""
-    function = call.get("function")
-    name = function.get("name") if isinstance(function, dict) else call.get("name")
-    return name if isinstance(name, str) else ""
+def _calls_rendered(tokenizer: PreTrainedTokenizerFast, messages: list[Any], text: str) -> bool:
+    """Whether the template renders the tool calls of the turns that have nothing else (no
+    text): rendered again without those calls, the conversation must change (a template
+    that ignores `tool_calls` renders such a turn as an empty reply)."""
+    silent = [
+        i
+        for i, m in enumerate(messages)
+        if isinstance(m, dict) and m.get("tool_calls") and not has_text(m.get("content"))
+    ]
+    if not silent:
+        return True
+    without = [
+        {k: v for k, v in m.items() if k != "tool_calls"} if i in silent else m
+        for i, m in enumerate(messages)
+    ]
+    try:
+        return str(tokenizer.apply_chat_template(without, tokenize=False)) != text
+    except Exception:  # noqa: BLE001 - a template that needs the calls to render uses them
+        return True
 
 
 def _has_content(text: str, spans: list[Span], eos: str | None) -> bool:

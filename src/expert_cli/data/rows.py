@@ -7,6 +7,7 @@ read through `reader.read_rows`, so they agree on every file.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +23,24 @@ from expert_cli.paths import path_exists, shown_path
 
 ROLES = ("text", "messages", "instruction", "input", "response", "system")
 OPTIONAL_ROLES = {"input", "system"}
-SHOWN_PATH = re.compile(r"[\w.\[\]-]{1,100}", re.ASCII)  # a key path an error may show
+SHOWN_PATH = re.compile(r"[\w.\[\]<>-]{1,200}", re.ASCII)  # a key path an error may show
+# keys of the chat message format (OpenAI's, Qwen's), shown by name in a path; others: <key>
+MESSAGE_KEYS = frozenset(
+    {
+        "tool_calls",
+        "function",
+        "arguments",
+        "name",
+        "id",
+        "type",
+        "reasoning_content",
+        "thinking",
+        "tool_call_id",
+        "content",
+        "role",
+        "text",
+    }
+)
 MESSAGES_SHAPE = (
     'a list of {"role": "...", "content": "..."} objects (content may be null in a turn '
     "with tool_calls)"
@@ -160,21 +178,34 @@ def _value_problem(role: str, value: Any) -> str | None:
     return None
 
 
-def _surrogate_inside(value: Any, path: str = "") -> tuple[str, str] | None:
+def _surrogate_inside(value: Any) -> tuple[str, str] | None:
     """(the path, such as `tool_calls[0].function.arguments`, and the text) of the first
-    string or key inside `value` holding a lone surrogate, or None."""
-    if isinstance(value, str):
-        return (path or "a value", value) if lone_surrogate_at(value) is not None else None
-    items: list[tuple[str, Any]] = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            name = str(key)
-            if lone_surrogate_at(name) is not None:
-                return ("a key", name)
-            items.append((f"{path}.{name}" if path else name, item))
-    elif isinstance(value, list):
-        items = [(f"{path}[{n}]", item) for n, item in enumerate(value)]
-    return next((found for sub, item in items if (found := _surrogate_inside(item, sub))), None)
+    string or key inside `value` holding a lone surrogate, or None. One JSON encoding tells
+    the common case (none) at C speed; only then is the value walked, without recursion (a
+    file may nest as deep as the JSON reader goes). A key that is not one of the message
+    format's own is shown as `<key>`: keys inside `arguments` are the user's data."""
+    try:
+        if lone_surrogate_at(json.dumps(value, ensure_ascii=False)) is None:
+            return None
+    except (RecursionError, ValueError, TypeError):
+        pass
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if lone_surrogate_at(item) is not None:
+                return path or "a value", item
+        elif isinstance(item, dict):
+            entries = list(item.items())
+            for key, _ in entries:
+                if lone_surrogate_at(str(key)) is not None:
+                    return "a key", str(key)
+            for key, sub in reversed(entries):
+                name = str(key) if str(key) in MESSAGE_KEYS else "<key>"
+                stack.append((f"{path}.{name}" if path else name, sub))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{n}]", sub) for n, sub in reversed(list(enumerate(item))))
+    return None
 
 
 def _calls_tools(message: dict[str, Any]) -> bool:
