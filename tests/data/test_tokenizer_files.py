@@ -348,3 +348,39 @@ def test_a_lone_surrogate_in_any_key_of_a_message(tmp_path: Path, tiny_model_dir
     proc = run_here("train", "--manifest", str(manifest))
     text = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 2 and expected in text and "Traceback" not in text
+
+
+def test_content_given_as_text_parts(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """OpenAI's content parts (`[{"type": "text", "text": ...}]`) were exit 2 ("content is a
+    list"); text parts are joined into one text, as multimodal templates render them, and a
+    part that is not text (an image) is exit 2 naming the row and the part."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data import prepare_data
+    from expert_cli.data.tokenizer import load_tokenizer
+
+    manifest = _messages_expert(tmp_path, tiny_model_dir)
+    parts = [{"type": "text", "text": "SELECT "}, {"type": "text", "text": "1;"}]
+    row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": parts}]}
+    (manifest.parent / "data" / "train.jsonl").write_text(json.dumps(row) + "\n")
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["eval_fraction"] = 0.0
+    manifest.write_text(json.dumps(data))
+    resolved = resolve(load_manifest(manifest), cpu_environment())
+    tokenizer = load_tokenizer(resolved)
+    prepared = prepare_data(resolved, tokenizer, num_proc=1)
+    ids, labels = prepared.train["input_ids"][0], prepared.train["labels"][0]
+    trained = [i for i, label in zip(ids, labels, strict=True) if label != -100]
+    assert tokenizer.decode(trained) == "SELECT 1;<|im_end|><|endoftext|>"
+
+    image = {"type": "image_url", "image_url": {"url": "data:SECRET"}}
+    row["messages"][1]["content"] = [parts[0], image]
+    (manifest.parent / "data" / "train.jsonl").write_text(json.dumps(row) + "\n")
+    check = run_here("check", "--manifest", str(manifest))
+    said = " ".join(check.stdout.split())
+    assert check.returncode == 2 and "SECRET" not in said
+    assert (
+        "train.jsonl:1: field 'messages' (field_mapping.messages) item 1: content part 1 is of "
+        "type 'image_url', expected a text part"
+    ) in said

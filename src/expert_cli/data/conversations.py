@@ -30,10 +30,11 @@ NULL_DEPTH = 64  # nested objects deeper than this keep their nulls (no template
 def without_fill_ins(messages: list[Any]) -> list[Any]:
     """The conversation without null-valued keys (Arrow's fill-ins, a Parquet file's, an SDK
     dump's `"tool_calls": null`), in nested objects too; a message's role and content are
-    kept as given, null or not, and anything that is not an object is left as it is."""
+    kept as given, null or not, content given as text parts is joined into one text, and
+    anything that is not an object is left as it is."""
     return [
         {
-            k: v if k in KEPT_WHEN_NULL else _drop_nulls(v, 1)
+            k: _joined(v) if k == "content" else v if k == "role" else _drop_nulls(v, 1)
             for k, v in m.items()
             if v is not None or k in KEPT_WHEN_NULL
         }
@@ -41,6 +42,18 @@ def without_fill_ins(messages: list[Any]) -> list[Any]:
         else m
         for m in messages
     ]
+
+
+def _joined(content: Any) -> Any:
+    """Content given as text parts (`[{"type": "text", "text": "..."}]`, OpenAI's form) as
+    one text, the parts one after another, as multimodal chat templates render them; content
+    with any other part is left as it is (for the template to take or refuse)."""
+    if not isinstance(content, list):
+        return content
+    texts = [p.get("text") if isinstance(p, dict) else None for p in content]
+    if all(isinstance(t, str) for t in texts):
+        return "".join(texts)
+    return content
 
 
 def _drop_nulls(value: Any, depth: int) -> Any:

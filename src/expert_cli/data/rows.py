@@ -42,8 +42,8 @@ MESSAGE_KEYS = frozenset(
     }
 )
 MESSAGES_SHAPE = (
-    'a list of {"role": "...", "content": "..."} objects (content may be null in a turn '
-    "with tool_calls)"
+    'a list of {"role": "...", "content": "..."} objects (content may be a list of text parts, '
+    "or null in a turn with tool_calls)"
 )
 
 
@@ -166,6 +166,10 @@ def _value_problem(role: str, value: Any) -> str | None:
             text = message.get(key)
             if key == "content" and text is None and _calls_tools(message):
                 continue  # a turn that only calls tools (OpenAI's format): content null
+            if key == "content" and isinstance(text, list):  # OpenAI's content parts
+                if problem := _parts_problem(text):
+                    return f"item {i}: content {problem}"
+                continue
             if not isinstance(text, str):
                 return f"item {i}: {key} is {_kind(text)}, expected a string"
             if problem := _text_problem(text):
@@ -205,6 +209,22 @@ def _surrogate_inside(value: Any) -> tuple[str, str] | None:
                 stack.append((f"{path}.{name}" if path else name, sub))
         elif isinstance(item, list):
             stack.extend((f"{path}[{n}]", sub) for n, sub in reversed(list(enumerate(item))))
+    return None
+
+
+def _parts_problem(parts: list[Any]) -> str | None:
+    """What is wrong with content given as parts (`[{"type": "text", "text": "..."}]`):
+    expert-cli trains on text, so every part must be a text part."""
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else None
+            what = f"of type {shown_name(kind)}" if isinstance(kind, str) else _kind(part)
+            return (
+                f"part {j} is {what}, expected a text part "
+                '({"type": "text", "text": "..."}): expert-cli trains on text'
+            )
+        if problem := _text_problem(part["text"]):
+            return f"part {j} {problem}"
     return None
 
 
