@@ -384,3 +384,23 @@ def test_content_given_as_text_parts(tmp_path: Path, tiny_model_dir: Path) -> No
         "train.jsonl:1: field 'messages' (field_mapping.messages) item 1: content part 1 is of "
         "type 'image_url', expected a text part"
     ) in said
+    # a part that says it is not text is refused, whatever else it holds
+    row["messages"][1]["content"] = [parts[0], {"type": "image_url", "text": "x"}]
+    (manifest.parent / "data" / "train.jsonl").write_text(json.dumps(row) + "\n")
+    check = run_here("check", "--manifest", str(manifest))
+    assert check.returncode == 2 and "content part 1 is of type 'image_url'" in " ".join(
+        check.stdout.split()
+    )
+
+
+def test_check_judges_a_tool_turn_by_its_joined_text() -> None:
+    """check keyed its verdicts by the raw conversation, where text parts are a list: a tool
+    turn with empty parts and one with text shared a verdict the build does not share."""
+    from expert_cli.data.conversations import conversation_shape, without_fill_ins
+
+    call = {"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}
+    empty = [{**call, "content": [{"type": "text", "text": ""}]}]
+    spoken = [{**call, "content": [{"type": "text", "text": "hi"}]}]
+    assert conversation_shape(without_fill_ins(empty)) != conversation_shape(
+        without_fill_ins(spoken)
+    )

@@ -19,7 +19,11 @@ from expert_cli.config.environment import probe_environment
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
 from expert_cli.data.build import BuildProgress, NoProgress
 from expert_cli.data.cache import cache_root_problem
-from expert_cli.data.conversations import conversation_shape, conversation_text
+from expert_cli.data.conversations import (
+    conversation_shape,
+    conversation_text,
+    without_fill_ins,
+)
 from expert_cli.data.formatting import (
     check_chat_template,
     check_prompt_template,
@@ -204,7 +208,7 @@ def _template_verdict(
     seen: dict[tuple[Any, ...], str | None] = {}
 
     def verdict(messages: list[Any]) -> str | None:
-        shape = conversation_shape(messages)
+        shape = conversation_shape(without_fill_ins(messages))  # as the template will see it
         if shape in seen:
             return seen[shape]
         why = render_conversation(tokenizer, conversation_text(messages))[1]  # as the build

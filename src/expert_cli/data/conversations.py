@@ -21,7 +21,8 @@ from typing import Any
 import datasets
 
 KEPT_WHEN_NULL = ("role", "content")
-FORM = 1  # the stored form's version, in the name of a converted file a resumed build reuses
+FORM = 2  # the stored form's version, in the name of a converted file a resumed build reuses
+# (2: text parts joined)
 
 
 NULL_DEPTH = 64  # nested objects deeper than this keep their nulls (no template looks there)
@@ -48,12 +49,19 @@ def _joined(content: Any) -> Any:
     """Content given as text parts (`[{"type": "text", "text": "..."}]`, OpenAI's form) as
     one text, the parts one after another, as multimodal chat templates render them; content
     with any other part is left as it is (for the template to take or refuse)."""
-    if not isinstance(content, list):
-        return content
-    texts = [p.get("text") if isinstance(p, dict) else None for p in content]
-    if all(isinstance(t, str) for t in texts):
-        return "".join(texts)
+    if isinstance(content, list) and all(is_text_part(p) for p in content):
+        return "".join(p["text"] for p in content)
     return content
+
+
+def is_text_part(part: Any) -> bool:
+    """Whether a content part is text: `{"type": "text", "text": "..."}` (type may be left
+    out)."""
+    return (
+        isinstance(part, dict)
+        and isinstance(part.get("text"), str)
+        and part.get("type", "text") == "text"
+    )
 
 
 def _drop_nulls(value: Any, depth: int) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 from expert_cli.config.base import lone_surrogate_at
 from expert_cli.config.refs import FILE_FORMATS
 from expert_cli.config.resolve import SourceRef
+from expert_cli.data.conversations import is_text_part
 from expert_cli.data.reader import read_rows, shown_name, shown_names
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, shown_path
@@ -216,7 +217,7 @@ def _parts_problem(parts: list[Any]) -> str | None:
     """What is wrong with content given as parts (`[{"type": "text", "text": "..."}]`):
     expert-cli trains on text, so every part must be a text part."""
     for j, part in enumerate(parts):
-        if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+        if not is_text_part(part):
             kind = part.get("type") if isinstance(part, dict) else None
             what = f"of type {shown_name(kind)}" if isinstance(kind, str) else _kind(part)
             return (
