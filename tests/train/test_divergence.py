@@ -29,6 +29,28 @@ def strict_json(path: Path) -> dict:
     return json.loads(path.read_text(), parse_constant=refuse)
 
 
+def poison_optimizer(
+    monkeypatch: pytest.MonkeyPatch, at: int, every_param: bool = False
+) -> list[int]:
+    """After the optimizer's `at`-th step, fill its first parameter (or every one) with NaN, as
+    a learning rate too high does in one step; the list that counts the steps taken."""
+    step = torch.optim.AdamW.step
+    calls: list[int] = []
+
+    def poisons(self, *args, **kwargs):
+        result = step(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == at:
+            params = [p for g in self.param_groups for p in g["params"]]
+            with torch.no_grad():
+                for param in params if every_param else params[:1]:
+                    param.fill_(math.nan)
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", poisons)
+    return calls
+
+
 def test_metrics_files_are_json_without_nan(tmp_path: Path) -> None:
     path = tmp_path / "m.json"
     write_json_atomic(path, {"a": [1.5, math.nan, {"b": -math.inf}], "c": (math.inf, 2)})
@@ -61,20 +83,7 @@ def test_a_loss_that_turns_nan_stops_the_run(
         tmp_path / "e", tiny_model_dir, rows=48, config={"save_steps": 1, "batch_size": 1}
     )
     output = manifest.parent / "output"
-    step = torch.optim.AdamW.step
-    calls = []
-
-    def poisons_the_third_step(self, *args, **kwargs):
-        result = step(self, *args, **kwargs)
-        calls.append(1)
-        if len(calls) == 3:
-            with torch.no_grad():
-                for group in self.param_groups:
-                    for param in group["params"]:
-                        param.fill_(math.nan)
-        return result
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", poisons_the_third_step)
+    calls = poison_optimizer(monkeypatch, 3, every_param=True)
     proc = run_here("train", "--manifest", str(manifest), "--max-steps", "8")
     text = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 1, text
@@ -149,18 +158,7 @@ def test_nan_weights_the_windows_did_not_show_are_not_saved(
     manifest = write_expert(
         tmp_path / "e", tiny_model_dir, rows=24, config={"batch_size": 1, **config}
     )
-    step = torch.optim.AdamW.step
-    calls = []
-
-    def poisons(self, *args, **kwargs):
-        result = step(self, *args, **kwargs)
-        calls.append(1)
-        if len(calls) == poisoned:
-            with torch.no_grad():
-                self.param_groups[0]["params"][0].fill_(math.nan)
-        return result
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", poisons)
+    poison_optimizer(monkeypatch, poisoned)
     proc = run_here("train", "--manifest", str(manifest), "--max-steps", "3")
     text = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 1, text
@@ -182,18 +180,7 @@ def test_an_epoch_strategy_saves_and_evaluates_nothing_after_the_nan(
         "logging_steps": 1,
     }
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=24, valid_rows=4, config=config)
-    step = torch.optim.AdamW.step
-    calls = []
-
-    def poisons_the_first_step(self, *args, **kwargs):
-        result = step(self, *args, **kwargs)
-        calls.append(1)
-        if len(calls) == 1:
-            with torch.no_grad():
-                self.param_groups[0]["params"][0].fill_(math.nan)
-        return result
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", poisons_the_first_step)
+    poison_optimizer(monkeypatch, 1)
     proc = run_here("train", "--manifest", str(manifest))
     text = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 1, text

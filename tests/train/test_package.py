@@ -246,17 +246,15 @@ def test_paths_that_leave_the_expert_are_refused(v2_run: Path) -> None:
         source.write_text(original)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("command", ["package", "generate", "merge"])
-def test_an_adapter_cut_short_is_named_before_anything_loads(
-    v2_run: Path, tmp_path: Path, command: str
-) -> None:
-    """A run folder whose adapter file was cut short (a full disk, an interrupted copy):
-    package used to ship it as sound; generate and merge ended in a SafetensorError."""
+def _adapter_copy(v2_run: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the run (without checkpoints and events) and its adapter weights file."""
     run = tmp_path / "run"
     shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
-    weights = run / "adapter_model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:-100])
+    return run, run / "adapter_model.safetensors"
+
+
+def _refused(command: str, run: Path, tmp_path: Path) -> str:
+    """`COMMAND --adapter RUN` that must exit 2 writing nothing; what it said, on one line."""
     extra = {
         "package": ("--output", str(tmp_path / "x.expert")),
         "generate": ("-p", "hi"),
@@ -264,11 +262,23 @@ def test_an_adapter_cut_short_is_named_before_anything_loads(
     }[command]
     out = run_here(command, "--adapter", str(run), *extra)
     assert out.returncode == 2, out.stdout + out.stderr
+    assert not (tmp_path / "x.expert").exists() and not (tmp_path / "merged").exists()
+    return " ".join(out.stderr.split())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["package", "generate", "merge"])
+def test_an_adapter_cut_short_is_named_before_anything_loads(
+    v2_run: Path, tmp_path: Path, command: str
+) -> None:
+    """A run folder whose adapter file was cut short (a full disk, an interrupted copy):
+    package used to ship it as sound; generate and merge ended in a SafetensorError."""
+    run, weights = _adapter_copy(v2_run, tmp_path)
+    weights.write_bytes(weights.read_bytes()[:-100])
     assert (
         f"--adapter {run}: adapter_model.safetensors is damaged (its header does not match its "
         "size); restore it from a copy, or train again"
-    ) in " ".join(out.stderr.split())
-    assert not (tmp_path / "x.expert").exists() and not (tmp_path / "merged").exists()
+    ) in _refused(command, run, tmp_path)
 
 
 @pytest.mark.slow
@@ -279,21 +289,11 @@ def test_an_adapter_holding_nan_is_refused(v2_run: Path, tmp_path: Path, command
     into the base."""
     from safetensors.torch import load_file, save_file
 
-    run = tmp_path / "run"
-    shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
-    weights = run / "adapter_model.safetensors"
+    run, weights = _adapter_copy(v2_run, tmp_path)
     tensors = load_file(str(weights))
     name = sorted(tensors)[0]
     tensors[name].view(-1)[0] = float("nan")
     save_file(tensors, str(weights), metadata={"format": "pt"})
-    extra = {
-        "package": ("--output", str(tmp_path / "x.expert")),
-        "generate": ("-p", "hi"),
-        "merge": ("--output", str(tmp_path / "merged")),
-    }[command]
-    out = run_here(command, "--adapter", str(run), *extra)
-    assert out.returncode == 2, out.stdout + out.stderr
     assert (
         f"--adapter {run}: adapter_model.safetensors: 1 tensor holds NaN or infinity ({name})"
-    ) in " ".join(out.stderr.split())
-    assert not (tmp_path / "x.expert").exists() and not (tmp_path / "merged").exists()
+    ) in _refused(command, run, tmp_path)

@@ -53,7 +53,7 @@ class DivergenceWatch(TrainerCallback):
     def __init__(self) -> None:
         self.diverged: Diverged | None = None
         self._last_finite = 0
-        self._closing_loss: float | None = None  # this process's, not yet agreed
+        self._closing_nonfinite = False  # this process's closing loss, not yet agreed
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self._last_finite = state.global_step  # a resumed run starts at its checkpoint's step
@@ -65,7 +65,7 @@ class DivergenceWatch(TrainerCallback):
         logs = logs or {}
         closing = logs.get("train_loss")  # the Trainer's last log: the run's mean loss
         if isinstance(closing, (int, float)) and not math.isfinite(closing):
-            self._closing_loss = float(closing)
+            self._closing_nonfinite = True
         loss = logs.get("loss")
         if not isinstance(loss, (int, float)) or self.diverged is not None:
             return self._hold(control)
@@ -98,7 +98,7 @@ class DivergenceWatch(TrainerCallback):
         if self.diverged is not None:
             return
         flags = [
-            1.0 if self._closing_loss is not None else 0.0,
+            1.0 if self._closing_nonfinite else 0.0,
             1.0 if non_finite_weights(model, trainable_only=True) else 0.0,
         ]
         closing, weights = sum_over_ranks(flags)

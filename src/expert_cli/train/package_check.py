@@ -159,9 +159,8 @@ def _check_weights(tar: tarfile.TarFile, member: tarfile.TarInfo, report: Packag
             with tempfile.NamedTemporaryFile(suffix=".safetensors") as copy:
                 digest, head = _member_hash(tar, member, copy)
                 copy.flush()
-                if header_problem(head, member.size) is None:
-                    bad = non_finite_tensors(Path(copy.name))
-                    why_unchecked = "its tensors cannot be read" if bad is None else None
+                bad = non_finite_tensors(Path(copy.name))  # None when damaged: said below
+                why_unchecked = "its tensors cannot be read" if bad is None else None
         except OSError:  # no room for the copy, most likely: read it again without one (an
             # archive that cannot be read fails again there, and is said to be damaged)
             digest, head = _member_hash(tar, member)
