@@ -277,7 +277,7 @@ def test_a_folder_another_train_is_writing_to_is_refused(capsys, monkeypatch, fi
     running = FileLock(str(out / ".train.lock"))
     running.acquire(timeout=0)  # as the live process holds it
     try:
-        for extra in (("--overwrite",), ("--resume", "--max-steps", "9")):
+        for extra in ((), ("--overwrite",), ("--resume", "--max-steps", "9")):
             code, _, err = _here(capsys, monkeypatch, manifest, out, *extra)
             assert code == 2, err
             assert f"--output {out}: another `expert-cli train` is writing to this folder" in (

@@ -271,13 +271,33 @@ def claim(output: Path) -> FileLock:
         lock = FileLock(str(output / LOCK_NAME))
         lock.acquire(timeout=0)
     except Timeout:
-        raise UserError(
-            f"--output {output}: another `expert-cli train` is writing to this folder; wait "
-            "for it to end, or choose another --output"
-        ) from None
+        raise _busy(output) from None
     except OSError as exc:
         raise UserError(f"--output {output}: cannot be written ({exc.strerror})") from None
     return lock
+
+
+def _busy(output: Path) -> UserError:
+    return UserError(
+        f"--output {output}: another `expert-cli train` is writing to this folder; wait for it "
+        "to end, or choose another --output"
+    )
+
+
+def _held(output: Path) -> bool:
+    """Whether a live `train` holds `output` (its lock file exists and cannot be taken)."""
+    path = output / LOCK_NAME
+    if not path.is_file():
+        return False
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    except OSError:  # not ours to judge here: `claim` names what is wrong with the folder
+        return False
+    lock.release()
+    return False
 
 
 def _running(pid: int) -> bool:
@@ -308,6 +328,8 @@ def decide(
     """Refuse, resume, finish at once, or start (clearing with --overwrite)."""
     if resume and overwrite:
         raise UserError("--resume and --overwrite: choose one")
+    if _held(output):  # a run still going: say so, not what its half-written folder holds
+        raise _busy(output)
     previous = previous_run(output)
     if not resume:
         if previous is None:
