@@ -69,6 +69,7 @@ from expert_cli.train.run_folder import (
     claim,
     decide,
     disk_full,
+    refuse_held,
     set_aside,
     sweep_leftovers,
 )
@@ -101,6 +102,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     run.fresh = not os.path.lexists(output)
     if run.is_main and (swept := sweep_leftovers(output)):
         reporter.note(f"cleaned up after a killed run in {output}: {', '.join(swept)}")
+    if run.is_main:
+        refuse_held(output)
     distributed.barrier()  # every rank decides on the same folder
     decision = decide(output, resolved, opts.resume, opts.overwrite, opts.max_steps)
     if run.is_main and decision.complete is None:
@@ -223,7 +226,7 @@ def _plan_batch(
     rows = [data.train[i] for i in range(min(2, len(data.train)))] * 2
     dtype = autocast_dtype(resolved)
     if resolved.gradient_checkpointing:  # the Trainer turns it on too; the probe must see it
-        enable_checkpointing(peft_model)
+        enable_checkpointing(peft_model, resolved.gradient_checkpointing_kwargs)
     plan = plan_batch(peft_model, rows, collate, choices.device, resolved.rows_per_step, dtype)
     micro = distributed.min_over_ranks(plan.micro_batch)
     accumulation = resolved.rows_per_step // micro

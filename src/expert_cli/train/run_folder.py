@@ -67,6 +67,7 @@ SAME_RUN_FIELDS = (
     "packing",
     "learning_rate",
     "lr_scheduler",
+    "lr_scheduler_kwargs",
     "rows_per_step",
     "seed",
     "epochs",
@@ -284,20 +285,21 @@ def _busy(output: Path) -> UserError:
     )
 
 
-def _held(output: Path) -> bool:
-    """Whether a live `train` holds `output` (its lock file exists and cannot be taken)."""
+def refuse_held(output: Path) -> None:
+    """A live `train` holds `output` (its lock file exists and cannot be taken): say so, not
+    what its half-written folder holds. Main process only, before any rank decides (the
+    main process's own hold, taken after deciding, would look like another's)."""
     path = output / LOCK_NAME
     if not path.is_file():
-        return False
+        return
     lock = FileLock(str(path))
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        return True
+        raise _busy(output) from None
     except OSError:  # not ours to judge here: `claim` names what is wrong with the folder
-        return False
+        return
     lock.release()
-    return False
 
 
 def _running(pid: int) -> bool:
@@ -328,8 +330,6 @@ def decide(
     """Refuse, resume, finish at once, or start (clearing with --overwrite)."""
     if resume and overwrite:
         raise UserError("--resume and --overwrite: choose one")
-    if _held(output):  # a run still going: say so, not what its half-written folder holds
-        raise _busy(output)
     previous = previous_run(output)
     if not resume:
         if previous is None:
