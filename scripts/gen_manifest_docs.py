@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from expert_cli import config
 from expert_cli.config.fields import describe_fields
+from expert_cli.config.training_config import CheckpointingKwargs
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "manifest.md"
 
@@ -57,6 +58,11 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
         "`expert-cli check`; the choices are saved in `manifest.resolved.json`.",
     ),
     (
+        "`training.config.gradient_checkpointing_kwargs`",
+        CheckpointingKwargs,
+        "Options of the recomputation; unknown keys are errors.",
+    ),
+    (
         "`training.distributed` (extension)",
         config.DistributedSpec,
         "Passed to the Hugging Face Trainer; launch with torchrun or accelerate.",
@@ -68,7 +74,9 @@ HEADER = """# Manifest reference
 expert-cli reads HiveLLM expert manifests (`schema_version` "1.0" or "2.0") unchanged. Keys
 that start with `_` are comments at any depth. In the blocks the trainer acts on, an unknown key
 is an error naming its JSON path and the nearest valid key. Relative paths resolve against the
-manifest's folder. Fields marked *extension* are expert-cli's additions to the format.
+manifest's folder (written with `\\` on Windows, they are found too); a Windows drive path
+such as `F:/models/Qwen3-0.6B` is refused on Linux and macOS with a message naming it. Fields
+marked *extension* are expert-cli's additions to the format.
 
 Anywhere in the manifest, metadata and comments included (a package carries them), a number
 must be finite (no `NaN`, `Infinity`, or `1e400`, which reads as infinity) and an integer must

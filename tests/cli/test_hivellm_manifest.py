@@ -125,3 +125,42 @@ def test_hivellm_manifest_trains_unchanged(tmp_path: Path, tiny_model_dir: Path)
     resolved = json.loads((out / "manifest.resolved.json").read_text())
     assert resolved["gradient_accumulation_steps"] == 45 and resolved["bf16"] is True
     assert read_metrics(out)["summary"]["steps"] == 1
+
+
+@pytest.mark.slow
+def test_hivellm_tools_manifest_trains_with_its_schedule(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The fields of HiveLLM's newer manifests act in a real run: `lr_scheduler_kwargs`
+    restarts the cosine 3 times (the learning rate climbs back to its peak), `"full"`
+    checkpointing recomputes, `validation_split` gives way to `validation_path`."""
+    from conftest import write_jsonl
+
+    folder = tmp_path / "expert-tools"
+    manifest = json.loads(
+        (Path(__file__).parents[1] / "fixtures" / "hivellm_tools.json").read_text()
+    )
+    manifest["base_models"][0]["name"] = str(tiny_model_dir)
+    write_jsonl(folder / "datasets" / "train.jsonl", text_rows(48))
+    write_jsonl(folder / "datasets" / "validation.jsonl", text_rows(6))
+    path = folder / "manifest.json"
+    path.write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    proc = run_here(
+        "train", "--manifest", str(path), "--output", str(out), "--max-steps", "9",
+        "--set", "max_seq_length=128", "--set", "batch_size=2",
+        "--set", "gradient_accumulation_steps=1",
+        "--set", "warmup_ratio=0", "--set", "warmup_steps=0",
+        "--set", "logging_steps=1", "--set", "evaluation_strategy=no",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cosine_with_restarts" in proc.stdout
+    assert "validation_split/eval_fraction: not applied" in proc.stdout
+    rates = [w["learning_rate"] for w in read_metrics(out)["windows"]]
+    assert len(rates) == 9
+    peak = max(rates)
+    # three cycles of three steps: the peak comes back at the start of each
+    assert [i for i, r in enumerate(rates) if r == pytest.approx(peak)] == [0, 3, 6], rates
+    resolved = json.loads((out / "manifest.resolved.json").read_text())
+    assert resolved["lr_scheduler_kwargs"] == {"num_cycles": 3}
+    assert resolved["gradient_checkpointing"] is True

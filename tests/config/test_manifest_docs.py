@@ -31,3 +31,27 @@ def test_every_training_config_field_is_documented() -> None:
     ):
         for name in model.model_fields:
             assert f"| `{name}`" in text, name
+
+
+def test_every_schedule_argument_is_documented() -> None:
+    """docs/training.md's table of schedules names each argument the manifest accepts, on
+    the schedule's own row."""
+    from expert_cli.config.training_config import SCHEDULER_ARGUMENTS
+
+    rows = {
+        line.split("|")[1].strip(): line
+        for line in (ROOT / "docs" / "training.md").read_text().splitlines()
+        if line.startswith("| ") and line.count("|") == 3
+    }
+    for schedule, arguments in SCHEDULER_ARGUMENTS.items():
+        row = next(
+            (
+                line
+                for names, line in rows.items()
+                if schedule in names.split(", ") or names.startswith(schedule + " ")
+            ),
+            None,
+        )
+        assert row is not None, schedule
+        for name in arguments:
+            assert f"`{name}`" in row, (schedule, name)

@@ -1,6 +1,7 @@
-"""The manifest and what a run is made of: the Pydantic models (models.py), reading a file into
-them (loading.py), what its references mean (refs.py), the machine (environment.py), the
-kernels it can run (kernels.py), and the resolved run configuration (resolve.py).
+"""The manifest and what a run is made of: the Pydantic models (models.py, with decoding.py and
+training_config.py), reading a file into them (loading.py), what its references mean
+(refs.py), the machine (environment.py), the kernels it can run (kernels.py), and the resolved
+run configuration (resolve.py).
 
 The manifest becomes these models once, here; nothing else reads raw manifest dicts.
 """
@@ -11,6 +12,7 @@ from expert_cli.config.base import (
     PromptTemplate,
     Quantization,
 )
+from expert_cli.config.decoding import DecodingSpec
 from expert_cli.config.loading import (
     apply_overrides,
     format_errors,
@@ -23,7 +25,6 @@ from expert_cli.config.models import (
     AdapterSpec,
     BaseModelSpec,
     DatasetSpec,
-    DecodingSpec,
     LoadedManifest,
     Manifest,
     TaskSpec,

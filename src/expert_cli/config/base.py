@@ -29,6 +29,8 @@ MAX_JSON_INT = 2**63 - 1
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 TEXT = "expected valid Unicode text"
 MAX_VALUE_ERRORS = 20
+# a key shown in a message only when it reads as a name (not a line of text)
+NAME_LIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
 
 def _file_name_part(value: str) -> str:

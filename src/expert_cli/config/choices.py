@@ -11,7 +11,7 @@ from typing import Any
 
 from expert_cli.config.environment import Environment
 from expert_cli.config.kernels import choose_kernel
-from expert_cli.config.training_config import TrainingConfig
+from expert_cli.config.training_config import CHECKPOINTING_NAMES, TrainingConfig
 from expert_cli.errors import UserError
 
 # Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
@@ -156,6 +156,44 @@ def hints(cfg: TrainingConfig, env: Environment, notes: list[str]) -> None:
         notes.append("group_by_length: not applicable to packed rows (all the same length)")
     if cfg.torch_compile_backend and not cfg.torch_compile:
         notes.append("torch_compile_backend/mode: not applicable, torch_compile is off")
+    if cfg.gradient_checkpointing in ("selective", "unsloth"):
+        notes.append(
+            f"gradient_checkpointing: {cfg.gradient_checkpointing} recomputation is not built; "
+            "whole decoder layers are recomputed (gradient_checkpointing true)"
+        )
+    kwargs = cfg.gradient_checkpointing_kwargs
+    if kwargs is not None and kwargs.use_reentrant:
+        notes.append(
+            "gradient_checkpointing_kwargs.use_reentrant: true is not applied; layers are "
+            "recomputed with torch's non-reentrant checkpoint (it works with frozen base "
+            "weights and DDP)"
+        )
+
+
+def checkpointing(cfg: TrainingConfig) -> dict[str, Any]:
+    """Whether activations are recomputed, and the options of the recomputation."""
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    given = cfg.gradient_checkpointing_kwargs
+    if given is not None and given.preserve_rng_state is not None:
+        kwargs["preserve_rng_state"] = given.preserve_rng_state
+    on = cfg.gradient_checkpointing
+    return dict(
+        gradient_checkpointing=CHECKPOINTING_NAMES.get(on, on) if isinstance(on, str) else bool(on),
+        gradient_checkpointing_kwargs=kwargs,
+    )
+
+
+def _schedule_arguments(cfg: TrainingConfig, learning_rate: float) -> dict[str, Any]:
+    """`lr_scheduler_kwargs` (checked against the schedule by the manifest's model); a final
+    learning rate at or above the peak is refused here, where the peak is known."""
+    kwargs = dict(cfg.lr_scheduler_kwargs or {})
+    for key in ("lr_end", "min_lr"):
+        if key in kwargs and kwargs[key] >= learning_rate:
+            raise UserError(
+                f"training.config.lr_scheduler_kwargs.{key}: {kwargs[key]:g} is the final "
+                f"learning rate and must be below the peak learning_rate ({learning_rate:g})"
+            )
+    return kwargs
 
 
 def schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
@@ -180,11 +218,13 @@ def schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[st
         ratio = DEFAULT_WARMUP_RATIO
     if cfg.warmup_ratio and cfg.warmup_steps:
         notes.append("warmup_steps: warmup_ratio is set and wins")
+    learning_rate = first(cfg.learning_rate, DEFAULT_LR)
     return dict(
         epochs=float(first(cfg.epochs, cfg.num_epochs, 1.0)),
         max_steps=cfg.max_steps if cfg.max_steps else -1,
-        learning_rate=first(cfg.learning_rate, DEFAULT_LR),
+        learning_rate=learning_rate,
         lr_scheduler=first(cfg.lr_scheduler, "cosine"),
+        lr_scheduler_kwargs=_schedule_arguments(cfg, learning_rate),
         warmup_steps=steps,
         warmup_ratio=ratio,
         **_batch(cfg, env, notes),

@@ -9,15 +9,14 @@ machine are made in `expert_cli.config.resolve`, not here.
 
 from __future__ import annotations
 
-import difflib
-import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from expert_cli.config.base import (
     FILE_NAME_PART_RULE,
+    MAX_JSON_INT,
     PROMPT_TEMPLATE_ALIASES,
     AdapterType,
     FileNamePart,
@@ -25,16 +24,12 @@ from expert_cli.config.base import (
     PromptTemplate,
     Quantization,
     Strict,
-    has_control_character,
     plain_json,
 )
+from expert_cli.config.decoding import DecodingSpec
 from expert_cli.config.training_config import DistributedSpec, TrainingConfig
 
 MAX_TASK_WEIGHT = 100
-MAX_NEW_TOKENS = 32_768
-MAX_TOP_K = 1_000_000
-MAX_REPETITION_PENALTY = 100.0
-MAX_STOP_SEQUENCES = 64
 
 # --------------------------------------------------------------------------- base model
 
@@ -136,7 +131,23 @@ class DatasetSpec(Strict):
         '"input": col, "response": col} or {"messages": col}.',
     )
     validation_path: str | None = Field(None, description="Validation file or hub id.")
+    validation_split: float | None = Field(
+        None,
+        ge=0.0,
+        lt=0.5,
+        description="Fraction of the training examples held out for evaluation when there is "
+        "no validation_path (as eval_fraction).",
+    )
     test_path: str | None = Field(None, description="Test file; kept, not used in training.")
+    max_in_memory_samples: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_JSON_INT,
+        description="Streaming hint; not needed: the token cache is read memory-mapped.",
+    )
+    use_pretokenized: bool | None = Field(
+        None, description="Train from the token cache; it is always used (false is reported)."
+    )
     # expert-cli extensions
     revision: str | None = Field(None, description="Extension: hub dataset revision.")
     eval_fraction: float | None = Field(
@@ -160,6 +171,8 @@ class DatasetSpec(Strict):
     preprocessing: Any = Field(None, description="Descriptive; kept.")
     validation: Any = Field(None, description="Descriptive validation rules; kept.")
     augmentation: Any = Field(None, description="Descriptive; kept.")
+    generation: Any = Field(None, description="Descriptive (how the data was generated); kept.")
+    error_injection_ratio: Any = Field(None, description="Descriptive; kept.")
     distributions: dict[str, Any] = Field(
         default_factory=dict, description="Every `*_distribution` key, kept."
     )
@@ -181,93 +194,18 @@ class DatasetSpec(Strict):
             raise ValueError("type multi_task needs a non-empty `tasks` object")
         if self.type == "single" and not (self.path or "").strip():
             raise ValueError("`path` is required (a local file or a hub dataset id)")
+        split, fraction = self.validation_split, self.eval_fraction
+        if split is not None and fraction is not None and split != fraction:
+            raise ValueError(
+                f"validation_split ({split:g}) and eval_fraction ({fraction:g}) differ; give "
+                "one of them"
+            )
         return self
 
-
-class DecodingSpec(BaseModel):
-    """`training.decoding`: inference settings. `generate` samples with temperature, top_p,
-    top_k, repetition_penalty and max_new_tokens; `package` carries the grammar file; the rest
-    is kept for HiveLLM's runtime. Keys the format does not name are kept (it allows them)."""
-
-    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
-
-    temperature: float | None = Field(
-        None, ge=0.0, le=2.0, description="Sampling temperature; 0 is greedy."
-    )
-    top_p: float | None = Field(None, ge=0.0, le=1.0, description="Nucleus sampling threshold.")
-    top_k: int | None = Field(None, ge=1, le=MAX_TOP_K, description="Top-k sampling limit.")
-    min_p: float | None = Field(
-        None,
-        ge=0.0,
-        le=1.0,
-        description="Minimum token probability (generate does not use it); kept.",
-    )
-    repetition_penalty: float | None = Field(
-        None,
-        gt=0.0,
-        le=MAX_REPETITION_PENALTY,
-        description="Extension: penalty on repeated tokens (1 is none); generate uses it.",
-    )
-    max_new_tokens: int | None = Field(
-        None, ge=1, le=MAX_NEW_TOKENS, description="Extension: tokens to generate at most."
-    )
-    max_tokens: int | None = Field(
-        None, ge=1, le=MAX_NEW_TOKENS, description="Extension: as max_new_tokens."
-    )
-    use_grammar: bool | None = Field(None, description="Grammar-constrained decoding; kept.")
-    grammar_type: str | None = Field(
-        None, description="Grammar kind (json, gbnf, sql, cypher, ...); kept."
-    )
-    grammar_file: str | None = Field(
-        None,
-        description="GBNF grammar file, relative to the manifest's folder (it must exist); "
-        "packaged at that path.",
-    )
-    validation: str | None = Field(None, description="Post-generation check; kept.")
-    validation_cmd: str | None = Field(None, description="Command of that check; kept.")
-    stop_sequences: list[str] | None = Field(
-        None,
-        max_length=MAX_STOP_SEQUENCES,
-        description=f"Sequences that end an answer (at most {MAX_STOP_SEQUENCES}); kept.",
-    )
-
-    @field_validator("grammar_file")
-    @classmethod
-    def _inside_the_expert(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        parts = PurePosixPath(value.replace("\\", "/")).parts
-        if (
-            not value.strip()
-            or value.startswith(("/", "\\"))
-            or re.match(r"^[A-Za-z]:", value)
-            or ".." in parts
-            or has_control_character(value)
-        ):
-            raise ValueError(
-                "expected a relative path inside the expert's folder (not absolute, no '..', "
-                "no control characters), e.g. grammar.gbnf"
-            )
-        return value
-
-    def unknown_key_notes(self) -> list[str]:
-        """A note for each key the format does not name (kept: HiveLLM's runtime may read
-        it), with the nearest known key, since a misspelt `temprature` would otherwise be
-        kept and never used. Comment keys (`_...`) are not noted."""
-        known = list(type(self).model_fields)
-        notes = []
-        for key in self.model_extra or {}:
-            if key.startswith("_"):
-                continue
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            where = f"training.decoding.{key}" if NAME_LIKE.fullmatch(key) else "training.decoding"
-            notes.append(f"{where}: not a key the format names; kept as it is{hint}")
-        return notes
-
-
-# a key shown in a message only when it reads as a name (not a line of text)
-NAME_LIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+    @property
+    def held_out(self) -> float | None:
+        """The fraction to hold out, as either name gives it (None when neither does)."""
+        return self.eval_fraction if self.eval_fraction is not None else self.validation_split
 
 
 class TrainingSpec(BaseModel):

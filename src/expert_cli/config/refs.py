@@ -3,6 +3,7 @@ data format a file suffix stands for. Every module that resolves a reference use
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -22,6 +23,7 @@ FILE_FORMATS = {
 BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
 # other suffixes that only a local file has (compressed or plain-text data)
 OTHER_LOCAL_SUFFIXES = {".tsv", ".txt", ".gz", ".zst", ".xz", ".bz2"}
+WINDOWS_DRIVE = re.compile(r"[A-Za-z]:[\\/]")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -44,6 +46,10 @@ def local_path(folder: Path, value: str, label: str = "path") -> Path:
         raise UserError(f"{label} {shown_path(value)}: contains a NUL byte; expected a path")
     if has_control_character(value):
         raise UserError(f"{label}: contains a control character (a line break?); expected a path")
+    if on_another_system(value):
+        return Path(value)  # as written: the checks that find it missing say why (windows_note)
+    if os.sep == "/" and "\\" in value and not path_exists(folder / value):
+        value = value.replace("\\", "/")  # written on Windows, datasets\train.jsonl
     path = home_expanded(value)
     if path is None:
         raise UserError(
@@ -53,12 +59,33 @@ def local_path(folder: Path, value: str, label: str = "path") -> Path:
     return path if path.is_absolute() else resolved_path(folder / path, label)
 
 
+def on_another_system(value: str) -> bool:
+    """Whether `value` is a Windows drive path (`F:/models/...`) on a system that has none."""
+    return os.name != "nt" and bool(WINDOWS_DRIVE.match(value))
+
+
+def windows_note(path: Path | str) -> str:
+    """What to add where `path` is not found: why, when it is a Windows drive path."""
+    text = str(path)
+    if not on_another_system(text):
+        return ""
+    return (
+        f" (a Windows path, drive {text[0]}:, which this machine cannot open; give the path "
+        "on this machine, absolute or relative to the manifest's folder)"
+    )
+
+
 def is_local(folder: Path, name: str) -> bool:
     """Whether a reference (without its `::split::config`) names a local file or folder: it
-    exists, or it cannot be a hub id, or its suffix is a data file's."""
+    exists, or it cannot be a hub id, or its suffix is a data file's. A path this machine
+    cannot use (a NUL byte) is local too: no hub id looks like one."""
     suffix = Path(name).suffix.lower()
+    try:
+        exists = path_exists(local_path(folder, name))
+    except UserError:
+        return True
     return (
-        path_exists(local_path(folder, name))
+        exists
         or not looks_like_hub_id(name)
         or suffix in FILE_FORMATS
         or suffix in OTHER_LOCAL_SUFFIXES

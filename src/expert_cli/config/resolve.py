@@ -85,6 +85,7 @@ class ResolvedConfig(BaseModel):
     max_steps: int
     learning_rate: float
     lr_scheduler: str
+    lr_scheduler_kwargs: dict[str, Any] = Field(default_factory=dict)
     warmup_steps: int
     warmup_ratio: float
     batch_size: int
@@ -110,6 +111,9 @@ class ResolvedConfig(BaseModel):
     fused_loss: Literal["liger", "chunked", "off"]
     liger_kernels: bool
     gradient_checkpointing: bool
+    gradient_checkpointing_kwargs: dict[str, Any] = Field(
+        default_factory=lambda: {"use_reentrant": False}
+    )
     torch_compile: bool
     torch_compile_backend: str | None
     torch_compile_mode: str | None
@@ -255,9 +259,7 @@ def _evaluation(lm: LoadedManifest, has_validation: bool) -> dict[str, Any]:
     ds = lm.manifest.training.dataset
     wants_eval = cfg.evaluation_strategy != "no"
     fraction = (
-        0.0
-        if has_validation
-        else first(ds.eval_fraction, DEFAULT_EVAL_FRACTION if wants_eval else 0.0)
+        0.0 if has_validation else first(ds.held_out, DEFAULT_EVAL_FRACTION if wants_eval else 0.0)
     )
     has_eval = has_validation or fraction > 0
     save_steps = first(cfg.save_steps, DEFAULT_SAVE_STEPS)
@@ -296,10 +298,17 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     tf32 = bool(first(cfg.use_tf32, env.tf32)) and env.tf32
     if cfg.use_tf32 and not env.tf32:
         notes.append("use_tf32: not applicable on this machine (needs an Ampere or newer GPU)")
-    if ds.streaming:
+    if ds.streaming or ds.max_in_memory_samples is not None:
         notes.append(
-            "streaming: the token cache is built once from the whole dataset and "
-            "read memory-mapped, so streaming is not needed"
+            "streaming, max_in_memory_samples: the token cache is built once from the whole "
+            "dataset and read memory-mapped, so streaming is not needed"
+        )
+    if ds.use_pretokenized is False:
+        notes.append("use_pretokenized: false is not applied; training reads the token cache")
+    if ds.held_out and valid:
+        notes.append(
+            "validation_split/eval_fraction: not applied; validation_path gives the "
+            "validation examples"
         )
     choices.hints(cfg, env, notes)
     if lm.manifest.training.decoding is not None:
@@ -339,7 +348,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         fp16=fp16,
         use_tf32=tf32,
         **choices.kernels(cfg, env, bf16 or fp16, notes),
-        gradient_checkpointing=bool(cfg.gradient_checkpointing),
+        **choices.checkpointing(cfg),
         torch_compile_backend=cfg.torch_compile_backend,
         torch_compile_mode=cfg.torch_compile_mode,
         **choices.loader(cfg, env, notes),

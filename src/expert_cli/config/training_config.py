@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from expert_cli.config.base import AdapterType, Probability, Strict
+from expert_cli.config.base import NAME_LIKE, AdapterType, Probability, Strict
 
 Scheduler = Literal[
     "linear",
@@ -50,6 +50,73 @@ MAX_SEQ_LENGTH = 1 << 20  # tokens in one packed row
 MAX_WORKERS = 512  # the machine's own bound (4 per CPU) is checked when resolving
 
 
+# what each schedule takes in `lr_scheduler_kwargs` (transformers' names; a test holds these to
+# the installed transformers' scheduler functions): name -> (kind, low, high, what it is), kind
+# "int", "float" or a tuple of the texts allowed; low and high are inclusive
+SCHEDULER_ARGUMENTS: dict[str, dict[str, tuple[Any, float, float, str]]] = {
+    "linear": {},
+    "constant": {},
+    "constant_with_warmup": {},
+    "cosine": {"num_cycles": ("float", 0.0, 1000.0, "cosine waves; 0.5 falls once to 0")},
+    "cosine_with_restarts": {"num_cycles": ("int", 1, 1000, "hard restarts")},
+    "polynomial": {
+        "lr_end": ("float", 0.0, 1.0, "the final learning rate (below the peak)"),
+        "power": ("float", 1e-6, 100.0, "the polynomial's power"),
+    },
+    "inverse_sqrt": {"timescale": ("int", 1, MAX_STEPS, "steps per decay unit")},
+    "cosine_with_min_lr": {
+        "num_cycles": ("float", 0.0, 1000.0, "cosine waves"),
+        "min_lr": ("float", 0.0, 1.0, "the final learning rate"),
+        "min_lr_rate": ("float", 0.0, 1.0, "the final learning rate as a share of the peak"),
+    },
+    "warmup_stable_decay": {
+        "num_decay_steps": ("int", 0, MAX_STEPS, "steps of the final decay"),
+        "num_stable_steps": ("int", 0, MAX_STEPS, "steps at the peak"),
+        "warmup_type": (("linear", "cosine", "1-sqrt"), 0, 0, "shape of the warmup"),
+        "decay_type": (("linear", "cosine", "1-sqrt"), 0, 0, "shape of the decay"),
+        "min_lr_ratio": ("float", 0.0, 1.0, "the final learning rate as a share of the peak"),
+        "num_cycles": ("float", 0.0, 1000.0, "cosine waves of the decay"),
+    },
+}
+# schedules that cannot run without one of these arguments, and an example
+SCHEDULER_NEEDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "cosine_with_min_lr": (("min_lr", "min_lr_rate"), '{"min_lr_rate": 0.1}'),
+    "warmup_stable_decay": (("num_decay_steps",), '{"num_decay_steps": 100}'),
+}
+# `gradient_checkpointing` as HiveLLM manifests write it: true/false, or a name
+CHECKPOINTING_NAMES = {"full": True, "selective": True, "unsloth": True, "none": False}
+
+
+def _checkpointing(value: Any) -> Any:
+    """`gradient_checkpointing`: true, false, or one of CHECKPOINTING_NAMES (kept as given, so
+    that resolving can say what a name becomes)."""
+    if value is None or isinstance(value, bool) or value in CHECKPOINTING_NAMES:
+        return value
+    names = ", ".join(f'"{n}"' for n in CHECKPOINTING_NAMES)
+    raise ValueError(f"expected true, false or one of {names}")
+
+
+def _scheduler_argument(schedule: str, key: str, value: Any) -> str | None:
+    """What is wrong with `key: value` in the kwargs of `schedule`; None when it is usable."""
+    takes = SCHEDULER_ARGUMENTS.get(schedule, {})
+    shown = key if NAME_LIKE.fullmatch(key) else "a key"
+    if key not in takes:
+        names = ", ".join(takes) if takes else "none"
+        return f"{shown}: not an argument of the {schedule} schedule (it takes: {names})"
+    kind, low, high, what = takes[key]
+    if isinstance(kind, tuple):
+        if value not in kind:
+            return f"{key}: expected one of {', '.join(kind)} ({what})"
+        return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or (kind == "int" and not isinstance(value, int)):
+        whole = "a whole number" if kind == "int" else "a number"
+        return f"{key}: expected {whole} from {low:g} to {high:g} ({what})"
+    if not low <= value <= high:
+        return f"{key}: {value:g} is out of range; expected {low:g} to {high:g} ({what})"
+    return None
+
+
 def _rows_or_auto(value: Any) -> Any:
     """`batch_size`: a whole number of rows (1 to 4096) or "auto"; one clear error otherwise."""
     if value is None or value == "auto":
@@ -59,6 +126,20 @@ def _rows_or_auto(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH_ROWS:
         raise ValueError(f'expected a whole number of rows from 1 to {MAX_BATCH_ROWS}, or "auto"')
     return value
+
+
+class CheckpointingKwargs(Strict):
+    """`training.config.gradient_checkpointing_kwargs`: options of the recomputation."""
+
+    use_reentrant: bool | None = Field(
+        None,
+        description="Accepted; expert-cli always recomputes with torch's non-reentrant "
+        "checkpoint (the one that works with frozen base weights and DDP), and says so when "
+        "this is true.",
+    )
+    preserve_rng_state: bool | None = Field(
+        None, description="Replay the random state (dropout) in the recomputation (default true)."
+    )
 
 
 class TrainingConfig(Strict):
@@ -99,6 +180,12 @@ class TrainingConfig(Strict):
         None, ge=0, le=1, description="Warmup as a fraction of all steps; wins over warmup_steps."
     )
     lr_scheduler: Scheduler | None = Field(None, description="Learning-rate schedule.")
+    lr_scheduler_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="Arguments of the schedule (transformers' names), e.g. "
+        '{"num_cycles": 3} for cosine_with_restarts; cosine_with_min_lr needs min_lr or '
+        "min_lr_rate, warmup_stable_decay needs num_decay_steps. See docs/training.md.",
+    )
     max_seq_length: int | None = Field(
         None, ge=16, le=MAX_SEQ_LENGTH, description="Tokens per packed row (and per example)."
     )
@@ -120,7 +207,14 @@ class TrainingConfig(Strict):
     group_by_length: bool | None = Field(
         None, description="Batch similar lengths; not needed with packing."
     )
-    gradient_checkpointing: bool | None = Field(None, description="Recompute activations.")
+    gradient_checkpointing: Annotated[bool | str, BeforeValidator(_checkpointing)] | None = Field(
+        None,
+        description='Recompute activations: true, false, or "full" (true), "selective" or '
+        '"unsloth" (both run as true: whole decoder layers are recomputed), "none" (false).',
+    )
+    gradient_checkpointing_kwargs: CheckpointingKwargs | None = Field(
+        None, description="Options of the recomputation (see its fields)."
+    )
     logging_steps: int | None = Field(
         None, ge=1, le=MAX_STEPS, description="Steps per logging window."
     )
@@ -215,6 +309,7 @@ class TrainingConfig(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingConfig:
+        self._schedule_arguments()
         if self.fp16 and self.bf16:
             raise ValueError("fp16 and bf16 are both true; choose one")
         if self.epochs and self.num_epochs and self.epochs != self.num_epochs:
@@ -222,6 +317,29 @@ class TrainingConfig(Strict):
         if self.load_best_model_at_end and self.evaluation_strategy == "no":
             raise ValueError("load_best_model_at_end needs evaluation_strategy steps or epoch")
         return self
+
+    def _schedule_arguments(self) -> None:
+        """`lr_scheduler_kwargs` holds only arguments the schedule takes, each in its range,
+        and every argument the schedule cannot run without (transformers would stop the run
+        when it builds the schedule, after the model has loaded)."""
+        schedule = self.lr_scheduler or "cosine"
+        given = self.lr_scheduler_kwargs or {}
+        problems = [
+            problem
+            for key, value in given.items()
+            if (problem := _scheduler_argument(schedule, key, value)) is not None
+        ]
+        if problems:
+            raise ValueError("lr_scheduler_kwargs: " + "; ".join(problems[:4]))
+        needs, example = SCHEDULER_NEEDS.get(schedule, ((), ""))
+        found = [key for key in needs if key in given]
+        if needs and not found:
+            raise ValueError(
+                f"lr_scheduler {schedule} needs lr_scheduler_kwargs with "
+                f"{' or '.join(needs)}, e.g. {example}"
+            )
+        if len(found) > 1:
+            raise ValueError(f"lr_scheduler_kwargs: give one of {' or '.join(found)}, not both")
 
 
 class DistributedSpec(Strict):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment
+from expert_cli.config.refs import windows_note
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
 from expert_cli.data.build import BuildProgress, NoProgress
 from expert_cli.data.cache import cache_root_problem
@@ -145,10 +146,10 @@ def _check_model(cfg: ResolvedConfig, tokenizer_problems: list[str]) -> list[str
         return []
     folder = Path(cfg.base_model)
     if not folder.is_dir():
-        return [
-            f"{where}: {folder} is not a folder (expected a local model folder with "
-            "config.json, or a hub id such as Qwen/Qwen3-0.6B)"
-        ]
+        why = windows_note(folder) or (
+            " (expected a local model folder with config.json, or a hub id such as Qwen/Qwen3-0.6B)"
+        )
+        return [f"{where}: {folder} is not a folder{why}"]
     problems = []
     if not (folder / "config.json").is_file():
         problems.append(f"{where}: {folder}/config.json is missing")

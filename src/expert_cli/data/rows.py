@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from expert_cli.config.base import lone_surrogate_at
-from expert_cli.config.refs import FILE_FORMATS
+from expert_cli.config.refs import FILE_FORMATS, windows_note
 from expert_cli.config.resolve import SourceRef
 from expert_cli.data.conversations import is_text_part
 from expert_cli.data.reader import read_rows, shown_name, shown_names
@@ -115,7 +115,7 @@ def source_files(ref: SourceRef) -> list[Path]:
     path = Path(ref.location)
     try:
         if not path.exists():
-            raise UserError(f"{shown_path(path)}: not found (training.dataset)")
+            raise UserError(f"{shown_path(path)}: not found (training.dataset){windows_note(path)}")
     except OSError as exc:  # a name too long, a folder that cannot be entered
         raise UserError(f"{shown_path(path)}: cannot be read ({exc.strerror})") from None
     if path.is_file():

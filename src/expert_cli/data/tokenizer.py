@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING
 
 from transformers import AutoTokenizer
 
+from expert_cli.config.refs import windows_note
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import UserError
+from expert_cli.paths import path_is_dir, shown_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -33,7 +35,10 @@ def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTra
     Only fast (Rust) tokenizers are accepted: batched encoding and character offsets, which
     exact completion-only masking relies on, exist only there.
     """
-
+    where = resolved.base_model
+    if resolved.base_model_kind == "local" and not path_is_dir(where):
+        why = windows_note(where) or " (expected a local model folder with its tokenizer files)"
+        raise UserError(f"base_model.name: {shown_path(where)} is not a folder{why}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             resolved.base_model,

@@ -36,6 +36,7 @@ def training_args_kwargs(
         max_steps=max_steps if max_steps is not None else resolved.max_steps,
         learning_rate=resolved.learning_rate,
         lr_scheduler_type=resolved.lr_scheduler,
+        lr_scheduler_kwargs=dict(resolved.lr_scheduler_kwargs),
         # transformers 5: a float below 1 is a ratio of all steps
         warmup_steps=resolved.warmup_ratio if resolved.warmup_ratio else resolved.warmup_steps,
         per_device_train_batch_size=resolved.batch_size,
@@ -49,7 +50,7 @@ def training_args_kwargs(
         bf16=resolved.bf16,
         fp16=resolved.fp16,
         tf32=resolved.use_tf32 if on_gpu else None,
-        **_checkpointing(resolved.gradient_checkpointing),
+        **_checkpointing(resolved.gradient_checkpointing, resolved.gradient_checkpointing_kwargs),
         torch_compile=False,  # expert-cli compiles each decoder layer itself (train/speed.py)
         dataloader_num_workers=resolved.dataloader_num_workers,
         dataloader_pin_memory=resolved.dataloader_pin_memory,
@@ -132,7 +133,7 @@ def fsdp_config(dist: dict[str, Any]) -> dict[str, Any]:
     return {**config, **user, "version": 2}
 
 
-def _checkpointing(enabled: bool) -> dict[str, Any]:
+def _checkpointing(enabled: bool, options: dict[str, Any]) -> dict[str, Any]:
     """Gradient checkpointing under the installed transformers' name (renamed in 5.2x)."""
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
     key = (
@@ -140,7 +141,7 @@ def _checkpointing(enabled: bool) -> dict[str, Any]:
         if "activation_checkpointing" in names
         else "gradient_checkpointing"
     )
-    return {key: enabled, f"{key}_kwargs": {"use_reentrant": False}}
+    return {key: enabled, f"{key}_kwargs": dict(options)}
 
 
 def planned_steps(

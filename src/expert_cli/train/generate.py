@@ -22,8 +22,8 @@ from transformers import AutoTokenizer, TextStreamer
 from transformers.utils import logging as hf_logging
 
 from expert_cli.config.base import strip_comments
+from expert_cli.config.decoding import DecodingSpec
 from expert_cli.config.loading import format_errors
-from expert_cli.config.models import DecodingSpec
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import prepare_data
 from expert_cli.data.formatting import IGNORE, render_instruction
@@ -277,7 +277,7 @@ def eval_cases(run: LoadedRun, n: int) -> list[Case]:
     if data.eval is None or not len(data.eval):
         raise UserError(
             "--eval: the run has no validation split (set training.dataset.validation_path "
-            "or training.config.eval_fraction and train again)"
+            "or training.dataset.eval_fraction and train again)"
         )
     cases: list[Case] = []
     for row in data.eval:

@@ -191,13 +191,13 @@ def _freeze_for_kbit(model: PreTrainedModel, resolved: ResolvedConfig, half: str
         prepare_model_for_kbit_training(
             model,
             use_gradient_checkpointing=resolved.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
+            gradient_checkpointing_kwargs=resolved.gradient_checkpointing_kwargs,
         )
         return
     for param in model.parameters():
         param.requires_grad_(False)
     if resolved.gradient_checkpointing:
-        enable_checkpointing(model)
+        enable_checkpointing(model, resolved.gradient_checkpointing_kwargs)
         model.enable_input_require_grads()
 
 
@@ -315,12 +315,11 @@ def matmul_parameters(model: PeftModel, total: int) -> int:
     return total if tied else total - embed.weight.numel()
 
 
-def enable_checkpointing(model: Any) -> None:
-    """Activation checkpointing, non-reentrant (transformers 5.x renamed the method from
-    gradient_checkpointing_enable, which now warns; older versions have only that one)."""
+def enable_checkpointing(model: Any, kwargs: dict[str, Any]) -> None:
+    """Activation checkpointing with `kwargs` (the resolved options: non-reentrant always;
+    transformers 5.x renamed the method from gradient_checkpointing_enable, which now warns;
+    older versions have only that one)."""
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}
-        )
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=dict(kwargs))
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(kwargs))
