@@ -132,18 +132,20 @@ def window_line(record: dict[str, Any], max_steps: int | None) -> str:
 
 
 class ProgressCallback(TrainerCallback):
-    """Progress bar over optimizer steps; evaluations are printed above it."""
+    """Progress bar over optimizer steps, and one over the batches of each evaluation while it
+    runs (an evaluation of a large validation set takes minutes); results are printed above."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
         self.progress: Progress | None = None
         self.task: Any = None
+        self.eval_task: Any = None
         self.max_steps: int | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.max_steps = state.max_steps
         self.progress = Progress(
-            TextColumn("training"),
+            TextColumn("{task.description:<10}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
@@ -153,8 +155,26 @@ class ProgressCallback(TrainerCallback):
         )
         self.progress.start()
         self.task = self.progress.add_task(
-            "train", total=state.max_steps, completed=state.global_step
+            "training", total=state.max_steps, completed=state.global_step
         )
+
+    def on_prediction_step(
+        self, args: Any, state: Any, control: Any, eval_dataloader: Any = None, **kw: Any
+    ) -> None:
+        if self.progress is None:
+            return
+        if self.eval_task is None:
+            try:
+                total = len(eval_dataloader) if eval_dataloader is not None else None
+            except TypeError:  # an iterable without a length
+                total = None
+            self.eval_task = self.progress.add_task("evaluating", total=total)
+        self.progress.advance(self.eval_task)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.progress is not None and self.eval_task is not None:
+            self.progress.remove_task(self.eval_task)
+        self.eval_task = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.progress is not None:
@@ -173,6 +193,7 @@ class ProgressCallback(TrainerCallback):
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+        self.eval_task = None
 
 
 class RichReporter:
