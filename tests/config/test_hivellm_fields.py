@@ -130,8 +130,8 @@ def test_every_schedule_runs_with_what_the_manifest_allows(schedule: str) -> Non
         ),
         (
             {"lr_scheduler": "cosine_with_min_lr", "lr_scheduler_kwargs": None},
-            "lr_scheduler cosine_with_min_lr needs lr_scheduler_kwargs with min_lr or "
-            'min_lr_rate, e.g. {"min_lr_rate": 0.1}',
+            "training.config.lr_scheduler_kwargs: lr_scheduler cosine_with_min_lr needs "
+            'min_lr or min_lr_rate here, e.g. {"min_lr_rate": 0.1}',
         ),
         (
             {
@@ -142,7 +142,8 @@ def test_every_schedule_runs_with_what_the_manifest_allows(schedule: str) -> Non
         ),
         (
             {"lr_scheduler": "warmup_stable_decay", "lr_scheduler_kwargs": {}},
-            "lr_scheduler warmup_stable_decay needs lr_scheduler_kwargs with num_decay_steps",
+            "training.config.lr_scheduler_kwargs: lr_scheduler warmup_stable_decay needs "
+            "num_decay_steps here",
         ),
         (
             {
@@ -165,6 +166,8 @@ def test_every_schedule_runs_with_what_the_manifest_allows(schedule: str) -> Non
             'training.config.gradient_checkpointing: expected true, false or one of "full", '
             '"selective", "unsloth", "none"',
         ),
+        ({"gradient_checkpointing": []}, "training.config.gradient_checkpointing: expected true"),
+        ({"gradient_checkpointing": {}}, "training.config.gradient_checkpointing: expected true"),
         (
             {"gradient_checkpointing_kwargs": {"use_reentrent": False}},
             "training.config.gradient_checkpointing_kwargs.use_reentrent: unknown field; did "
@@ -181,14 +184,24 @@ def test_a_wrong_value_names_the_field_and_what_is_expected(
 
 
 def test_a_schedule_changed_from_the_command_line_is_checked_too(tmp_path: Path) -> None:
-    """`--set lr_scheduler=...` meets the manifest's kwargs: the pair is checked, not the
-    manifest alone."""
+    """`--set lr_scheduler=...` meets the manifest's kwargs: the pair is checked, and the error
+    says how to match them; an error in a value `--set` gave is blamed on that `--set`."""
     path = _manifest(tmp_path)
-    assert "not an argument of the polynomial schedule" in _errors(
-        path, ["lr_scheduler=polynomial"]
-    )
+    text = _errors(path, ["lr_scheduler=polynomial"])
+    assert "json: training.config.lr_scheduler_kwargs: num_cycles: not an argument of" in text
+    assert "set lr_scheduler_kwargs to null" in text
     text = _errors(path, ["lr_scheduler=warmup_stable_decay", "lr_scheduler_kwargs=null"])
-    assert "needs lr_scheduler_kwargs with num_decay_steps" in text
+    assert (
+        "--set lr_scheduler_kwargs=null: training.config.lr_scheduler_kwargs: lr_scheduler "
+        "warmup_stable_decay needs num_decay_steps here" in text
+    )
+    text = _errors(path, ["training.config.lr_scheduler_kwargs.num_cycles=2.5"])
+    assert text.startswith(
+        "--set training.config.lr_scheduler_kwargs.num_cycles=2.5: "
+        "training.config.lr_scheduler_kwargs: num_cycles: expected a whole number"
+    ), text
+    text = _errors(path, ["training.dataset.eval_fraction=0.1"])
+    assert text.startswith("--set training.dataset.eval_fraction=0.1: training.dataset."), text
     resolved = resolve(
         load_manifest(
             path,
@@ -197,6 +210,19 @@ def test_a_schedule_changed_from_the_command_line_is_checked_too(tmp_path: Path)
         cpu_environment(),
     )
     assert resolved.lr_scheduler_kwargs == {"num_decay_steps": 50}
+
+
+def test_the_final_rate_of_the_polynomial_is_checked_at_its_default(tmp_path: Path) -> None:
+    """transformers' polynomial ends at 1e-7 unless told: a peak at or below it would stop the
+    run after the model loaded."""
+    low = _config(lr_scheduler="polynomial", lr_scheduler_kwargs=None, learning_rate=1e-7)
+    text = _errors(_manifest(tmp_path, low))
+    assert "lr_end: 1e-07 (transformers' default) is the final learning rate" in text
+    usual = _config(lr_scheduler="polynomial", lr_scheduler_kwargs=None, learning_rate=1e-4)
+    assert (
+        resolve(load_manifest(_manifest(tmp_path, usual)), cpu_environment()).lr_scheduler_kwargs
+        == {}
+    )
 
 
 @pytest.mark.parametrize(
@@ -245,6 +271,15 @@ def test_checkpointing_options(tmp_path: Path) -> None:
     assert kwargs[key] == {"use_reentrant": False, "preserve_rng_state": False}
 
 
+def test_checkpointing_options_without_checkpointing_are_reported(tmp_path: Path) -> None:
+    off = _config(
+        gradient_checkpointing=False, gradient_checkpointing_kwargs={"use_reentrant": True}
+    )
+    notes = resolve(load_manifest(_manifest(tmp_path, off)), cpu_environment()).notes
+    assert "gradient_checkpointing_kwargs: not applicable, gradient_checkpointing is off" in notes
+    assert not [n for n in notes if "use_reentrant" in n]
+
+
 def test_validation_split_holds_out_without_a_validation_file(tmp_path: Path) -> None:
     def edit(data: dict) -> None:
         data["training"]["dataset"].pop("validation_path")
@@ -267,7 +302,12 @@ def test_validation_split_holds_out_without_a_validation_file(tmp_path: Path) ->
         ),
         (
             {"validation_split": 0.1, "eval_fraction": 0.2},
-            "validation_split (0.1) and eval_fraction (0.2) differ; give one of them",
+            "training.dataset.eval_fraction: 0.2 differs from validation_split (0.1), which "
+            "means the same; give one of them",
+        ),
+        (
+            {"error_injection_ratio": 1.5},
+            "training.dataset.error_injection_ratio: Input should be less than or equal to 1",
         ),
         (
             {"max_in_memory_samples": -1},
@@ -291,11 +331,20 @@ def test_dataset_hints_are_reported(tmp_path: Path) -> None:
         data["training"]["dataset"].update(use_pretokenized=False, max_in_memory_samples=1000)
 
     notes = resolve(load_manifest(_manifest(tmp_path, edit)), cpu_environment()).notes
+    assert any(n.startswith("error_injection_ratio: not applied") for n in notes)
     assert any(n.startswith("use_pretokenized: false is not applied") for n in notes)
     assert any(n.startswith("streaming, max_in_memory_samples: the token cache") for n in notes)
 
 
-@pytest.mark.parametrize("name", ["F:/Node/hivellm/expert/models/Qwen3-0.6B", "C:\\models\\qwen"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "F:/Node/hivellm/expert/models/Qwen3-0.6B",
+        "C:\\models\\qwen",
+        "C:models\\qwen",
+        "\\\\server\\share\\qwen",
+    ],
+)
 def test_a_windows_drive_path_is_named_as_one(tmp_path: Path, name: str) -> None:
     """HiveLLM's published manifests name the base model by a Windows drive path: `check`
     says so beside the other problems (the data's too), and `train`'s data step names it."""
@@ -308,12 +357,21 @@ def test_a_windows_drive_path_is_named_as_one(tmp_path: Path, name: str) -> None
 
     report = check_manifest(_manifest(tmp_path, edit))
     shown = " ".join(" ".join(report.problems).split())
-    assert f"base model: {name} is not a folder (a Windows path, drive {name[0]}:, which" in shown
+    kind = "network path" if name.startswith("\\\\") else f"path, drive {name[0]}:"
+    assert f"base model: {name} is not a folder (a Windows {kind}, which" in shown
     assert "D:/data/train.jsonl: not found (training.dataset) (a Windows path, drive D:" in shown
     assert str(tmp_path / "F:") not in shown  # not glued to the manifest's folder
     resolved = resolve(load_manifest(tmp_path / "manifest.json"), cpu_environment())
-    with pytest.raises(UserError, match=r"is not a folder \(a Windows path, drive"):
+    with pytest.raises(UserError, match=r"is not a folder \(a Windows (path|network)"):
         load_tokenizer(resolved)  # where `train` first needs the model's folder
+
+
+@pytest.mark.parametrize("value", ["F:/cache", "\\\\nas\\cache"])
+def test_a_windows_path_where_expert_cli_writes_is_refused(tmp_path: Path, value: str) -> None:
+    """The token cache would be made under the current folder, in a folder named `F:`."""
+    text = _errors(_manifest(tmp_path, _config(pretokenized_cache=value)))
+    assert f"training.config.pretokenized_cache {value}: a Windows" in text
+    assert not (Path.cwd() / "F:").exists() and not list(tmp_path.glob("F:*"))
 
 
 def test_a_relative_path_written_with_backslashes_is_found(tmp_path: Path) -> None:

@@ -150,6 +150,8 @@ def main() -> None:
     warnings.filterwarnings(
         "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
     )
+    # warmup_stable_decay given num_stable_steps (the Trainer always passes the step count too)
+    warnings.filterwarnings("ignore", message="Both num_training_steps and num_stable_steps")
     try:
         app(standalone_mode=True, prog_name="expert-cli")
     except UserError as exc:

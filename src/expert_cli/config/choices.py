@@ -16,6 +16,7 @@ from expert_cli.errors import UserError
 
 # Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
 DEFAULT_LR = 2e-4
+POLYNOMIAL_LR_END = 1e-7  # transformers' default final rate of the polynomial schedule
 DEFAULT_MAX_SEQ = 2048
 DEFAULT_TOKENS_PER_STEP = 32_768  # batch_size auto: rows per optimizer step = this / seq
 DEFAULT_CPU_BATCH = 2
@@ -162,7 +163,9 @@ def hints(cfg: TrainingConfig, env: Environment, notes: list[str]) -> None:
             "whole decoder layers are recomputed (gradient_checkpointing true)"
         )
     kwargs = cfg.gradient_checkpointing_kwargs
-    if kwargs is not None and kwargs.use_reentrant:
+    if kwargs is not None and cfg.gradient_checkpointing in (None, False, "none"):
+        notes.append("gradient_checkpointing_kwargs: not applicable, gradient_checkpointing is off")
+    elif kwargs is not None and kwargs.use_reentrant:
         notes.append(
             "gradient_checkpointing_kwargs.use_reentrant: true is not applied; layers are "
             "recomputed with torch's non-reentrant checkpoint (it works with frozen base "
@@ -187,11 +190,16 @@ def _schedule_arguments(cfg: TrainingConfig, learning_rate: float) -> dict[str, 
     """`lr_scheduler_kwargs` (checked against the schedule by the manifest's model); a final
     learning rate at or above the peak is refused here, where the peak is known."""
     kwargs = dict(cfg.lr_scheduler_kwargs or {})
+    finals = dict(kwargs)
+    if first(cfg.lr_scheduler, "cosine") == "polynomial":
+        finals.setdefault("lr_end", POLYNOMIAL_LR_END)  # transformers' default, checked too
     for key in ("lr_end", "min_lr"):
-        if key in kwargs and kwargs[key] >= learning_rate:
+        if key in finals and finals[key] >= learning_rate:
+            given = "" if key in kwargs else " (transformers' default)"
             raise UserError(
-                f"training.config.lr_scheduler_kwargs.{key}: {kwargs[key]:g} is the final "
-                f"learning rate and must be below the peak learning_rate ({learning_rate:g})"
+                f"training.config.lr_scheduler_kwargs.{key}: {finals[key]:g}{given} is the "
+                f"final learning rate and must be below the peak learning_rate "
+                f"({learning_rate:g})"
             )
     return kwargs
 

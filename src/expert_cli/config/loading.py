@@ -212,7 +212,8 @@ def missing_files(manifest: Manifest, folder: Path) -> list[str]:
 
 def _attributed(lines: list[str], file_name: str, overrides: list[str]) -> list[str]:
     """Each `json.path: message` line prefixed by where the value came from: the `--set` that
-    set that path (or a path inside it), else the manifest file."""
+    set that path, a path inside it, or a value inside the object the line is about (the
+    last such), else the manifest file."""
     sources = [(_loc_text(tuple(parse_override(item)[0])), item) for item in overrides]
     out = []
     for line in lines:
@@ -220,7 +221,9 @@ def _attributed(lines: list[str], file_name: str, overrides: list[str]) -> list[
         by = [
             item
             for loc, item in sources
-            if where == loc or where.startswith((loc + ".", loc + "["))
+            if where == loc
+            or where.startswith((loc + ".", loc + "["))
+            or loc.startswith((where + ".", where + "["))
         ]
         out.append(f"--set {by[-1]}: {line}" if by else f"{file_name}: {line}")
     return out

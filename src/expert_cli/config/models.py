@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from expert_cli.config.base import (
     FILE_NAME_PART_RULE,
@@ -172,7 +172,13 @@ class DatasetSpec(Strict):
     validation: Any = Field(None, description="Descriptive validation rules; kept.")
     augmentation: Any = Field(None, description="Descriptive; kept.")
     generation: Any = Field(None, description="Descriptive (how the data was generated); kept.")
-    error_injection_ratio: Any = Field(None, description="Descriptive; kept.")
+    error_injection_ratio: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Share of examples with injected errors, as the data was made; reported, "
+        "not applied (the data is trained as it is).",
+    )
     distributions: dict[str, Any] = Field(
         default_factory=dict, description="Every `*_distribution` key, kept."
     )
@@ -194,13 +200,18 @@ class DatasetSpec(Strict):
             raise ValueError("type multi_task needs a non-empty `tasks` object")
         if self.type == "single" and not (self.path or "").strip():
             raise ValueError("`path` is required (a local file or a hub dataset id)")
-        split, fraction = self.validation_split, self.eval_fraction
-        if split is not None and fraction is not None and split != fraction:
-            raise ValueError(
-                f"validation_split ({split:g}) and eval_fraction ({fraction:g}) differ; give "
-                "one of them"
-            )
         return self
+
+    @field_validator("eval_fraction")
+    @classmethod
+    def _one_fraction(cls, value: float | None, info: ValidationInfo) -> float | None:
+        split = info.data.get("validation_split")
+        if split is not None and value is not None and split != value:
+            raise ValueError(
+                f"{value:g} differs from validation_split ({split:g}), which means the same; "
+                "give one of them"
+            )
+        return value
 
     @property
     def held_out(self) -> float | None:

@@ -23,7 +23,7 @@ FILE_FORMATS = {
 BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
 # other suffixes that only a local file has (compressed or plain-text data)
 OTHER_LOCAL_SUFFIXES = {".tsv", ".txt", ".gz", ".zst", ".xz", ".bz2"}
-WINDOWS_DRIVE = re.compile(r"[A-Za-z]:[\\/]")
+WINDOWS_PATH = re.compile(r"[A-Za-z]:|\\\\")  # a drive (F:/x, F:x), or a share: two backslashes
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -46,7 +46,7 @@ def local_path(folder: Path, value: str, label: str = "path") -> Path:
         raise UserError(f"{label} {shown_path(value)}: contains a NUL byte; expected a path")
     if has_control_character(value):
         raise UserError(f"{label}: contains a control character (a line break?); expected a path")
-    if on_another_system(value):
+    if on_another_system(value) and not path_exists(folder / value):
         return Path(value)  # as written: the checks that find it missing say why (windows_note)
     if os.sep == "/" and "\\" in value and not path_exists(folder / value):
         value = value.replace("\\", "/")  # written on Windows, datasets\train.jsonl
@@ -60,19 +60,27 @@ def local_path(folder: Path, value: str, label: str = "path") -> Path:
 
 
 def on_another_system(value: str) -> bool:
-    """Whether `value` is a Windows drive path (`F:/models/...`) on a system that has none."""
-    return os.name != "nt" and bool(WINDOWS_DRIVE.match(value))
+    """Whether `value` is a Windows path (`F:/models`, `F:models`, `\\\\server\\share`) on a
+    system that has no drives."""
+    return os.name != "nt" and bool(WINDOWS_PATH.match(value))
+
+
+def windows_reason(path: Path | str) -> str | None:
+    """Why `path` cannot be opened here, when it is a Windows path; None otherwise."""
+    text = str(path)
+    if not on_another_system(text):
+        return None
+    kind = "network path" if text.startswith("\\\\") else f"path, drive {text[0]}:"
+    return (
+        f"a Windows {kind}, which this machine cannot open; give the path on this machine, "
+        "absolute or relative to the manifest's folder"
+    )
 
 
 def windows_note(path: Path | str) -> str:
-    """What to add where `path` is not found: why, when it is a Windows drive path."""
-    text = str(path)
-    if not on_another_system(text):
-        return ""
-    return (
-        f" (a Windows path, drive {text[0]}:, which this machine cannot open; give the path "
-        "on this machine, absolute or relative to the manifest's folder)"
-    )
+    """What to add where `path` is not found: why, when it is a Windows path."""
+    reason = windows_reason(path)
+    return f" ({reason})" if reason else ""
 
 
 def is_local(folder: Path, name: str) -> bool:

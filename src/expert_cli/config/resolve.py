@@ -21,7 +21,9 @@ from expert_cli.config.refs import (
     is_local,
     local_path,
     looks_like_hub_id,
+    on_another_system,
     split_hub_spec,
+    windows_reason,
 )
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, shown_path
@@ -303,6 +305,11 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
             "streaming, max_in_memory_samples: the token cache is built once from the whole "
             "dataset and read memory-mapped, so streaming is not needed"
         )
+    if ds.error_injection_ratio:
+        notes.append(
+            "error_injection_ratio: not applied; the examples are trained as the data holds "
+            "them (inject errors when making the data)"
+        )
     if ds.use_pretokenized is False:
         notes.append("use_pretokenized: false is not applied; training reads the token cache")
     if ds.held_out and valid:
@@ -320,6 +327,12 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
             f"training.distributed.strategy: {dist.strategy} runs on GPUs only (accelerate); "
             "several processes on this machine would run DDP"
         )
+    for value, label in (
+        (cfg.pretokenized_cache, "training.config.pretokenized_cache"),
+        ((dist_dict or {}).get("deepspeed"), "training.distributed.deepspeed"),
+    ):
+        if isinstance(value, str) and on_another_system(value):
+            raise UserError(f"{label} {shown_path(value)}: {windows_reason(value)}")
     if dist_dict and isinstance(dist_dict.get("deepspeed"), str):
         dist_dict["deepspeed"] = str(
             local_path(lm.folder, dist_dict["deepspeed"], "training.distributed.deepspeed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from expert_cli.config.base import NAME_LIKE, AdapterType, Probability, Strict
 
@@ -90,7 +90,9 @@ CHECKPOINTING_NAMES = {"full": True, "selective": True, "unsloth": True, "none":
 def _checkpointing(value: Any) -> Any:
     """`gradient_checkpointing`: true, false, or one of CHECKPOINTING_NAMES (kept as given, so
     that resolving can say what a name becomes)."""
-    if value is None or isinstance(value, bool) or value in CHECKPOINTING_NAMES:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in CHECKPOINTING_NAMES:
         return value
     names = ", ".join(f'"{n}"' for n in CHECKPOINTING_NAMES)
     raise ValueError(f"expected true, false or one of {names}")
@@ -182,6 +184,7 @@ class TrainingConfig(Strict):
     lr_scheduler: Scheduler | None = Field(None, description="Learning-rate schedule.")
     lr_scheduler_kwargs: dict[str, Any] | None = Field(
         None,
+        validate_default=True,  # a schedule that needs arguments is checked without them too
         description="Arguments of the schedule (transformers' names), e.g. "
         '{"num_cycles": 3} for cosine_with_restarts; cosine_with_min_lr needs min_lr or '
         "min_lr_rate, warmup_stable_decay needs num_decay_steps. See docs/training.md.",
@@ -307,9 +310,41 @@ class TrainingConfig(Strict):
         "(GPU, liger-kernel installed, a model type Liger supports). Default: on where usable.",
     )
 
+    @field_validator("lr_scheduler_kwargs")
+    @classmethod
+    def _schedule_arguments(
+        cls, value: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        """Only arguments the schedule takes, each in its range, and every argument the
+        schedule cannot run without (transformers would stop the run when it builds the
+        schedule, after the model has loaded). Checked here, at this field, so that an error
+        names it (and the `--set` that gave it)."""
+        if "lr_scheduler" not in info.data:
+            return value  # the schedule itself is wrong: that error is enough
+        schedule = info.data["lr_scheduler"] or "cosine"
+        given = value or {}
+        problems = [
+            problem
+            for key, item in given.items()
+            if (problem := _scheduler_argument(schedule, key, item)) is not None
+        ]
+        if problems:
+            raise ValueError(
+                "; ".join(problems[:4]) + " (they must match lr_scheduler: change both, or "
+                "set lr_scheduler_kwargs to null)"
+            )
+        needs, example = SCHEDULER_NEEDS.get(schedule, ((), ""))
+        found = [key for key in needs if key in given]
+        if needs and not found:
+            raise ValueError(
+                f"lr_scheduler {schedule} needs {' or '.join(needs)} here, e.g. {example}"
+            )
+        if len(found) > 1:
+            raise ValueError(f"give one of {' or '.join(found)}, not both")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainingConfig:
-        self._schedule_arguments()
         if self.fp16 and self.bf16:
             raise ValueError("fp16 and bf16 are both true; choose one")
         if self.epochs and self.num_epochs and self.epochs != self.num_epochs:
@@ -317,29 +352,6 @@ class TrainingConfig(Strict):
         if self.load_best_model_at_end and self.evaluation_strategy == "no":
             raise ValueError("load_best_model_at_end needs evaluation_strategy steps or epoch")
         return self
-
-    def _schedule_arguments(self) -> None:
-        """`lr_scheduler_kwargs` holds only arguments the schedule takes, each in its range,
-        and every argument the schedule cannot run without (transformers would stop the run
-        when it builds the schedule, after the model has loaded)."""
-        schedule = self.lr_scheduler or "cosine"
-        given = self.lr_scheduler_kwargs or {}
-        problems = [
-            problem
-            for key, value in given.items()
-            if (problem := _scheduler_argument(schedule, key, value)) is not None
-        ]
-        if problems:
-            raise ValueError("lr_scheduler_kwargs: " + "; ".join(problems[:4]))
-        needs, example = SCHEDULER_NEEDS.get(schedule, ((), ""))
-        found = [key for key in needs if key in given]
-        if needs and not found:
-            raise ValueError(
-                f"lr_scheduler {schedule} needs lr_scheduler_kwargs with "
-                f"{' or '.join(needs)}, e.g. {example}"
-            )
-        if len(found) > 1:
-            raise ValueError(f"lr_scheduler_kwargs: give one of {' or '.join(found)}, not both")
 
 
 class DistributedSpec(Strict):

@@ -66,10 +66,11 @@ from expert_cli.train.outputs import (
 )
 from expert_cli.train.report import write_run_plot
 from expert_cli.train.run_folder import (
+    busy,
     claim,
     decide,
     disk_full,
-    refuse_held,
+    held_by_another,
     set_aside,
     sweep_leftovers,
 )
@@ -102,9 +103,10 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     run.fresh = not os.path.lexists(output)
     if run.is_main and (swept := sweep_leftovers(output)):
         reporter.note(f"cleaned up after a killed run in {output}: {', '.join(swept)}")
-    if run.is_main:
-        refuse_held(output)
-    distributed.barrier()  # every rank decides on the same folder
+    # a run still going there: say so on every rank (not what its half-written folder holds);
+    # the collective is also the barrier before every rank decides on the same folder
+    if distributed.any_rank(run.is_main and held_by_another(output)):
+        raise busy(output)
     decision = decide(output, resolved, opts.resume, opts.overwrite, opts.max_steps)
     if run.is_main and decision.complete is None:
         run.hold = claim(output)  # before anything in the folder is moved or written

@@ -272,34 +272,35 @@ def claim(output: Path) -> FileLock:
         lock = FileLock(str(output / LOCK_NAME))
         lock.acquire(timeout=0)
     except Timeout:
-        raise _busy(output) from None
+        raise busy(output) from None
     except OSError as exc:
         raise UserError(f"--output {output}: cannot be written ({exc.strerror})") from None
     return lock
 
 
-def _busy(output: Path) -> UserError:
+def busy(output: Path) -> UserError:
     return UserError(
         f"--output {output}: another `expert-cli train` is writing to this folder; wait for it "
         "to end, or choose another --output"
     )
 
 
-def refuse_held(output: Path) -> None:
-    """A live `train` holds `output` (its lock file exists and cannot be taken): say so, not
-    what its half-written folder holds. Main process only, before any rank decides (the
-    main process's own hold, taken after deciding, would look like another's)."""
+def held_by_another(output: Path) -> bool:
+    """Whether a live `train` holds `output` (its lock file exists and cannot be taken). Asked
+    by the main process before any rank decides: its own hold, taken after deciding, would
+    look like another's."""
     path = output / LOCK_NAME
     if not path.is_file():
-        return
+        return False
     lock = FileLock(str(path))
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        raise _busy(output) from None
+        return True
     except OSError:  # not ours to judge here: `claim` names what is wrong with the folder
-        return
+        return False
     lock.release()
+    return False
 
 
 def _running(pid: int) -> bool:
