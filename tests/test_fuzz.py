@@ -52,6 +52,10 @@ PATHS = [
     ("training", "dataset", "tasks"),
     ("training", "dataset", "field_mapping"),
     ("training", "dataset", "eval_fraction"),
+    ("training", "dataset", "validation_split"),
+    ("training", "dataset", "use_pretokenized"),
+    ("training", "dataset", "max_in_memory_samples"),
+    ("training", "dataset", "error_injection_ratio"),
     ("training", "config"),
     *[
         ("training", "config", key)
@@ -76,6 +80,11 @@ PATHS = [
             "save_total_limit",
             "target_modules",
             "learing_rate",
+            "lr_scheduler",
+            "lr_scheduler_kwargs",
+            "gradient_checkpointing",
+            "gradient_checkpointing_kwargs",
+            "pretokenized_cache",
         )
     ],
     ("training", "confg"),
@@ -90,7 +99,22 @@ scalars = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=30),
     st.sampled_from(
-        ["auto", "sdpa", "lora", "2.0", "/dev/zero", "../../etc/shadow", "a\x00b", "x" * 5000]
+        [
+            "auto",
+            "sdpa",
+            "lora",
+            "2.0",
+            "/dev/zero",
+            "../../etc/shadow",
+            "a\x00b",
+            "x" * 5000,
+            "F:/models/x",
+            "\\\\srv\\x",
+            "full",
+            "warmup_stable_decay",
+            "cosine_with_min_lr",
+            "num_cycles",
+        ]
     ),
 )
 values = st.recursive(
