@@ -297,3 +297,94 @@ def test_an_adapter_holding_nan_is_refused(v2_run: Path, tmp_path: Path, command
     assert (
         f"--adapter {run}: adapter_model.safetensors: 1 tensor holds NaN or infinity ({name})"
     ) in _refused(command, run, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_chosen_checkpoint_is_shipped(v2_run: Path, tmp_path: Path) -> None:
+    """HiveLLM's `training.packaging_checkpoint` (read from the manifest file as it is when
+    packaging: compare the checkpoints, then name the best) or `--checkpoint` ships that
+    checkpoint's adapter, recorded in the packaged manifest. It used to be kept and ignored:
+    the final adapter shipped whatever the manifest said."""
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("runs"))
+    chosen = run / "checkpoints" / "checkpoint-2"
+    assert (chosen / "_COMPLETE").is_file()
+    final = run / "adapter_model.safetensors"
+    tensors = {k: v * 2 for k, v in load_file(str(final)).items()}  # the final differs now
+    save_file(tensors, str(final), metadata={"format": "pt"})
+    manifest = json.loads((run / "manifest.source.json").read_text())
+    expert = tmp_path / "expert"  # the expert's folder, where its manifest file is edited
+    shutil.copytree(v2_run.parent, expert, ignore=shutil.ignore_patterns("out", ".cache"))
+    manifest_path = expert / "manifest.json"
+    resolved = json.loads((run / "manifest.resolved.json").read_text())
+    resolved["manifest_path"] = str(manifest_path)
+    (run / "manifest.resolved.json").write_text(json.dumps(resolved))
+
+    def shipped(*extra: str) -> tuple[dict[str, bytes], str]:
+        package = tmp_path / "x.expert"
+        out = run_here(
+            "package", "--adapter", str(run), "--output", str(package), "--force", *extra
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        return _unpack(package), " ".join(out.stdout.split())
+
+    manifest["training"]["packaging_checkpoint"] = "checkpoint-2"
+    manifest_path.write_text(json.dumps(manifest))
+    members, said = shipped()
+    weights = next(v for k, v in members.items() if k.endswith("adapter_model.safetensors"))
+    assert weights == (chosen / "adapter_model.safetensors").read_bytes() != final.read_bytes()
+    packaged = json.loads(members["manifest.json"])
+    assert packaged["training"]["packaging_checkpoint"] == "checkpoint-2"
+    assert packaged["base_models"][0]["adapters"][0]["checkpoint_step"] == 2
+    assert "shipped checkpoint-2 (training.packaging_checkpoint of manifest.json)" in said
+    members, said = shipped("--checkpoint", "final")  # the option wins
+    weights = next(v for k, v in members.items() if k.endswith("adapter_model.safetensors"))
+    assert weights == final.read_bytes() and "shipped" not in said
+    # a run without its final adapter (one that diverged) still ships a sound checkpoint
+    final.unlink()
+    members, _ = shipped("--checkpoint", "checkpoint-2")
+    assert "manifest.json" in members
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            ("--checkpoint", "checkpoint-9"),
+            "holds no complete checkpoint-9 (it holds: checkpoint-2)",
+        ),
+        (
+            ("--checkpoint", "best"),
+            "--checkpoint: expected checkpoint-N (e.g. checkpoint-500) or final",
+        ),
+    ],
+)
+def test_a_checkpoint_that_is_not_there_is_named(
+    v2_run: Path, tmp_path: Path, extra: tuple[str, ...], expected: str
+) -> None:
+    out = run_here(
+        "package", "--adapter", str(v2_run), "--output", str(tmp_path / "x.expert"), *extra
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert expected in " ".join(out.stderr.split())
+    assert not (tmp_path / "x.expert").exists()
+
+
+@pytest.mark.slow
+def test_generate_tries_a_checkpoint_of_the_run(v2_run: Path) -> None:
+    """To choose a checkpoint to ship, each is tried with the run's settings: `--adapter
+    RUN/checkpoints/checkpoint-N` reads the run's configuration (it used to be exit 2, no
+    manifest.resolved.json). The last checkpoint is the final adapter: the same answer."""
+
+    def answer(adapter: Path) -> str:
+        out = run_here(
+            "generate", "--adapter", str(adapter), "-p", "List orders", "--greedy",
+            "--max-new-tokens", "6", "--json",
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)["generations"][0]["output"]
+
+    assert answer(v2_run / "checkpoints" / "checkpoint-2") == answer(v2_run)

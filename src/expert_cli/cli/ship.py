@@ -116,6 +116,14 @@ def package(
     force: Annotated[
         bool, typer.Option("--force", help="Replace a package (and .sha256) of that name.")
     ] = False,
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="Ship checkpoint-N of the run, or final (default: the manifest's "
+            "training.packaging_checkpoint, else final).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Build the HiveLLM .expert package of a run, with its .sha256, and verify it."""
@@ -123,7 +131,7 @@ def package(
 
     from expert_cli.train.package import build_package
 
-    report = build_package(adapter, output, force)
+    report = build_package(adapter, output, force, checkpoint)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return

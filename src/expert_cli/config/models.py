@@ -9,10 +9,19 @@ machine are made in `expert_cli.config.resolve`, not here.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from expert_cli.config.base import (
     FILE_NAME_PART_RULE,
@@ -219,6 +228,12 @@ class DatasetSpec(Strict):
         return self.eval_fraction if self.eval_fraction is not None else self.validation_split
 
 
+def _checkpoint_name(value: str) -> str:
+    if not re.fullmatch(r"checkpoint-[0-9]{1,12}|final", value):
+        raise ValueError("expected checkpoint-N (e.g. checkpoint-500) or final")
+    return value
+
+
 class TrainingSpec(BaseModel):
     """`training`: dataset and config are acted on; the format's descriptive keys are kept;
     any other key is an error (a misspelt `confg` would otherwise train on every default)."""
@@ -234,7 +249,11 @@ class TrainingSpec(BaseModel):
     # descriptive keys of the HiveLLM format (its schema's `Training` and the experts' own)
     trained_on: Any = Field(None, description="Descriptive (date of training); kept.")
     base_model_version: Any = Field(None, description="Descriptive; kept.")
-    packaging_checkpoint: Any = Field(None, description="Checkpoint a package uses; kept.")
+    packaging_checkpoint: Annotated[str, AfterValidator(_checkpoint_name)] | None = Field(
+        None,
+        description="What `package` ships: checkpoint-N (that checkpoint's adapter) or final "
+        "(the run's adapter, the default); read from the manifest file as it is when packaging.",
+    )
     checkpoint: Any = Field(None, description="Descriptive; kept.")
     alternative_checkpoints: Any = Field(None, description="Descriptive; kept.")
     quality_score: Any = Field(None, description="Descriptive; kept.")

@@ -38,6 +38,7 @@ from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
 from expert_cli.config.loading import format_errors, read_manifest_json
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import new_file_problem, resolved_path, shown_path
+from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
 from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file
 from expert_cli.train.package_check import (
     ADAPTER_FILES,
@@ -59,6 +60,7 @@ TOKENIZER_FILES = (
 )
 EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")
 Members = dict[str, bytes | Path]  # member name -> its bytes, or the file that holds them
+CHECKPOINT_NAME = re.compile(r"checkpoint-[0-9]{1,12}|final")  # HiveLLM's packaging_checkpoint
 
 
 # --------------------------------------------------------------------------- building
@@ -113,16 +115,88 @@ def _file(path: Path, where: str) -> Path:
     return path
 
 
-def plan_members(run_dir: Path) -> tuple[dict[str, Any], dict[str, bytes | Path], list[str]]:
-    """(packaged manifest, member name -> bytes or file, notes) of a run folder."""
-    adapter_base(run_dir, base_needed=False)  # UserError when the folder has no adapter
+def _chosen_checkpoint(
+    checkpoint: str | None, manifest_path: Path, source: dict[str, Any]
+) -> tuple[str, str]:
+    """Which adapter to ship, and who chose it: `--checkpoint`, else the manifest file's
+    `training.packaging_checkpoint` as it is now (HiveLLM's way: compare the checkpoints, then
+    name the best in the manifest), else the one the run was trained with, else final."""
+    if checkpoint is not None:
+        if not CHECKPOINT_NAME.fullmatch(checkpoint):
+            raise UserError("--checkpoint: expected checkpoint-N (e.g. checkpoint-500) or final")
+        return checkpoint, "--checkpoint"
+    now = _packaging_checkpoint(manifest_path) if manifest_path.is_file() else None
+    if now is not None:
+        return now, f"training.packaging_checkpoint of {manifest_path.name}"
+    then = (source.get("training") or {}).get("packaging_checkpoint")
+    if isinstance(then, str) and CHECKPOINT_NAME.fullmatch(then):
+        return then, "training.packaging_checkpoint"
+    return "final", ""
+
+
+def _packaging_checkpoint(manifest_path: Path) -> str | None:
+    """`training.packaging_checkpoint` of the manifest file (None when it names none)."""
+    try:
+        raw = read_manifest_json(manifest_path)
+    except UserError:
+        return None  # not readable now: the run's own copy decides
+    training = raw.get("training") if isinstance(raw, dict) else None
+    value = training.get("packaging_checkpoint") if isinstance(training, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, str) or not CHECKPOINT_NAME.fullmatch(value):
+        raise UserError(
+            f"{manifest_path.name}: training.packaging_checkpoint: expected checkpoint-N "
+            "(e.g. checkpoint-500) or final"
+        )
+    return value
+
+
+def _checkpoint_folder(run_dir: Path, name: str, chosen_by: str) -> Path:
+    """The folder of a complete `checkpoint-N` of the run; UserError listing the ones there."""
+    complete = complete_checkpoints(run_dir / "checkpoints")
+    folder = run_dir / "checkpoints" / name
+    if folder not in complete:
+        kept = ", ".join(p.name for p in complete[-8:]) or "none"
+        raise UserError(
+            f"{chosen_by} {name}: {shown_path(run_dir / 'checkpoints')} holds no complete "
+            f"{name} (it holds: {kept}); name one of those, or final"
+        )
+    return folder
+
+
+def plan_members(
+    run_dir: Path, checkpoint: str | None = None
+) -> tuple[dict[str, Any], dict[str, bytes | Path], list[str]]:
+    """(packaged manifest, member name -> bytes or file, notes) of a run folder; the adapter
+    of `checkpoint` (checkpoint-N or final) when given, else as `_chosen_checkpoint` says."""
+    try:
+        adapter_base(run_dir, base_needed=False)  # UserError when the folder has no adapter
+        final_problem = None
+    except UserError as exc:  # a checkpoint may still be shipped (a run that diverged)
+        if not run_dir.is_dir():
+            raise
+        final_problem = exc
     resolved = read_json_file(run_dir / "manifest.resolved.json")
+    if final_problem and not resolved:
+        raise final_problem
     source, expert_dir = _source_manifest(run_dir, resolved)
     manifest = copy.deepcopy(source)
     try:  # comments included: they are written into the package
         parsed = Manifest.model_validate(copy.deepcopy(source))
     except ValidationError as exc:
         raise UserError([f"{SOURCE_MANIFEST}: {line}" for line in format_errors(exc)]) from None
+    manifest_path = Path(str(resolved.get("manifest_path") or ""))
+    name, chosen_by = _chosen_checkpoint(checkpoint, manifest_path, source)
+    weights_dir = run_dir
+    notes = []
+    if name == "final" and final_problem:
+        raise final_problem
+    if name != "final":
+        weights_dir = _checkpoint_folder(run_dir, name, chosen_by)
+        adapter_base(weights_dir, base_needed=False)  # a checkpoint holding NaN is refused
+        manifest.setdefault("training", {})["packaging_checkpoint"] = name
+        notes.append(f"shipped {name} ({chosen_by}), not the run's final adapter")
     base_name = parsed.primary_base_model.name
     if manifest.get("schema_version") == "2.0":
         manifest["base_models"] = manifest["base_models"][:1]
@@ -131,9 +205,11 @@ def plan_members(run_dir: Path) -> tuple[dict[str, Any], dict[str, bytes | Path]
         adapters.append({"type": resolved.get("adapter_type") or "lora"})
     adapter = adapters[0]
     folder = _relative(adapter["path"], f"{where}[0].path") if adapter.get("path") else None
-    weights = _file(run_dir / ADAPTER_FILES[0], "--adapter")
+    weights = _file(weights_dir / ADAPTER_FILES[0], "--adapter")
     adapter["size_bytes"], adapter["sha256"] = weights.stat().st_size, sha256_of(weights)
-    config = json.loads(_file(run_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
+    if name != "final":
+        adapter["checkpoint_step"] = checkpoint_step(weights_dir)
+    config = json.loads(_file(weights_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
     config["base_model_name_or_path"] = base_name
     prefix = f"{folder.as_posix()}/" if folder else ""
     members: dict[str, bytes | Path] = {
@@ -143,7 +219,7 @@ def plan_members(run_dir: Path) -> tuple[dict[str, Any], dict[str, bytes | Path]
     }
     members.update({n: run_dir / n for n in TOKENIZER_FILES if (run_dir / n).is_file()})
     grammar = parsed.training.decoding.grammar_file if parsed.training.decoding else None
-    notes = _expert_files(manifest, grammar, expert_dir, members)
+    notes += _expert_files(manifest, grammar, expert_dir, members)
     return manifest, members, notes
 
 
@@ -174,9 +250,11 @@ def _expert_files(
     return notes
 
 
-def build_package(run_dir: Path, output: Path | None = None, force: bool = False) -> PackageReport:
+def build_package(
+    run_dir: Path, output: Path | None = None, force: bool = False, checkpoint: str | None = None
+) -> PackageReport:
     """Write the package and its `.sha256`, read it back and verify it."""
-    manifest, members, notes = plan_members(run_dir)
+    manifest, members, notes = plan_members(run_dir, checkpoint)
     base = (
         manifest["base_models"][0]["name"]
         if manifest.get("base_models")
