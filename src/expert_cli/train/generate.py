@@ -146,10 +146,21 @@ class LoadedRun:
     device: str
 
 
+def run_of(adapter: Path) -> Path:
+    """The run folder `adapter` belongs to: itself, or for one of its checkpoints
+    (RUN/checkpoints/checkpoint-N, to compare them before choosing one to ship) the run's."""
+    if (adapter / "manifest.resolved.json").is_file() or adapter.parent.name != "checkpoints":
+        return adapter
+    run = adapter.parent.parent
+    return run if (run / "manifest.resolved.json").is_file() else adapter
+
+
 def load_run(adapter: Path) -> LoadedRun:
-    """The run's resolved configuration, decoding settings, tokenizer and adapted model."""
+    """The run's resolved configuration, decoding settings, tokenizer and adapted model
+    (`adapter`: a run folder, or one of its checkpoints)."""
     base = adapter_base(adapter)  # UserError for a folder without an adapter
-    data = read_json_file(adapter / "manifest.resolved.json")
+    run_dir = run_of(adapter)
+    data = read_json_file(run_dir / "manifest.resolved.json")
     if not data:
         raise UserError(f"--adapter {adapter}: no manifest.resolved.json (a train output folder)")
     data.pop("runtime", None)
@@ -157,15 +168,16 @@ def load_run(adapter: Path) -> LoadedRun:
         resolved = ResolvedConfig.model_validate(data)
     except ValueError:
         raise UserError(
-            f"{adapter / 'manifest.resolved.json'}: not a run's configuration"
+            f"{run_dir / 'manifest.resolved.json'}: not a run's configuration"
         ) from None
-    training = read_json_file(adapter / SOURCE_MANIFEST).get("training")
+    training = read_json_file(run_dir / SOURCE_MANIFEST).get("training")
     decoding = (training or {}).get("decoding") if isinstance(training, dict) else None
     hf_logging.disable_progress_bar()  # the loading bars would interleave with the answers
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(adapter))
+        saved = adapter if (adapter / "tokenizer_config.json").is_file() else run_dir
+        tokenizer = AutoTokenizer.from_pretrained(str(saved))
     except LOAD_ERRORS as exc:
         raise UserError(
             f"--adapter {adapter}: cannot load its tokenizer ({type(exc).__name__})"
