@@ -338,14 +338,38 @@ def test_a_chosen_checkpoint_is_shipped(v2_run: Path, tmp_path: Path) -> None:
     packaged = json.loads(members["manifest.json"])
     assert packaged["training"]["packaging_checkpoint"] == "checkpoint-2"
     assert packaged["base_models"][0]["adapters"][0]["checkpoint_step"] == 2
-    assert "shipped checkpoint-2 (training.packaging_checkpoint of manifest.json)" in said
+    assert f"shipped checkpoint-2 (training.packaging_checkpoint in {manifest_path})" in said
     members, said = shipped("--checkpoint", "final")  # the option wins
     weights = next(v for k, v in members.items() if k.endswith("adapter_model.safetensors"))
     assert weights == final.read_bytes() and "shipped" not in said
-    # a run without its final adapter (one that diverged) still ships a sound checkpoint
-    final.unlink()
+    packaged = json.loads(members["manifest.json"])  # and the package says so
+    assert packaged["training"]["packaging_checkpoint"] == "final"
+    assert "checkpoint_step" not in packaged["base_models"][0]["adapters"][0]
+    del manifest["training"]["packaging_checkpoint"]  # taken out of the file: final again
+    manifest_path.write_text(json.dumps(manifest))
+    members, said = shipped()
+    assert (
+        "shipped" not in said
+        and json.loads(members["manifest.json"])["training"]["packaging_checkpoint"] == "final"
+    )
+    manifest_path.write_text("{ not json")  # a file that cannot say is not guessed at
+    out = run_here("package", "--adapter", str(run), "--output", str(tmp_path / "y.expert"))
+    assert out.returncode == 2 and "pass --checkpoint NAME" in " ".join(out.stderr.split())
+    manifest_path.write_text(json.dumps(manifest))
+    # a run that diverged wrote no adapter or tokenizer at its end; its checkpoints hold both
+    for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json"):
+        (run / name).unlink()
+    (run / "tokenizer_config.json").unlink()
+    out = run_here("package", "--adapter", str(run), "--output", str(tmp_path / "y.expert"))
+    assert out.returncode == 2
+    assert "ship a checkpoint: --checkpoint NAME (checkpoint-2)" in " ".join(out.stderr.split())
     members, _ = shipped("--checkpoint", "checkpoint-2")
-    assert "manifest.json" in members
+    assert members["tokenizer.json"] == (chosen / "tokenizer.json").read_bytes()
+    weights = next(v for k, v in members.items() if k.endswith("adapter_model.safetensors"))
+    assert weights == (chosen / "adapter_model.safetensors").read_bytes()
+    checkpoint = run_here("package", "--adapter", str(chosen))  # the checkpoint itself
+    assert checkpoint.returncode == 2
+    assert f"--adapter {run} --checkpoint checkpoint-2" in " ".join(checkpoint.stderr.split())
 
 
 @pytest.mark.slow
@@ -374,10 +398,10 @@ def test_a_checkpoint_that_is_not_there_is_named(
 
 
 @pytest.mark.slow
-def test_generate_tries_a_checkpoint_of_the_run(v2_run: Path) -> None:
+def test_generate_tries_a_checkpoint_of_the_run(v2_run: Path, tmp_path: Path) -> None:
     """To choose a checkpoint to ship, each is tried with the run's settings: `--adapter
     RUN/checkpoints/checkpoint-N` reads the run's configuration (it used to be exit 2, no
-    manifest.resolved.json). The last checkpoint is the final adapter: the same answer."""
+    manifest.resolved.json) and answers with that checkpoint's weights."""
 
     def answer(adapter: Path) -> str:
         out = run_here(
@@ -387,4 +411,11 @@ def test_generate_tries_a_checkpoint_of_the_run(v2_run: Path) -> None:
         assert out.returncode == 0, out.stdout + out.stderr
         return json.loads(out.stdout)["generations"][0]["output"]
 
-    assert answer(v2_run / "checkpoints" / "checkpoint-2") == answer(v2_run)
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("runs"))
+    final = run / "adapter_model.safetensors"
+    tensors = {k: v * 1000 for k, v in load_file(str(final)).items()}  # the final differs now
+    save_file(tensors, str(final), metadata={"format": "pt"})
+    assert answer(run / "checkpoints" / "checkpoint-2") == answer(v2_run) != answer(run)

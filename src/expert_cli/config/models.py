@@ -228,8 +228,11 @@ class DatasetSpec(Strict):
         return self.eval_fraction if self.eval_fraction is not None else self.validation_split
 
 
+CHECKPOINT_NAME = re.compile(r"checkpoint-[0-9]{1,12}|final")  # HiveLLM's packaging_checkpoint
+
+
 def _checkpoint_name(value: str) -> str:
-    if not re.fullmatch(r"checkpoint-[0-9]{1,12}|final", value):
+    if not CHECKPOINT_NAME.fullmatch(value):
         raise ValueError("expected checkpoint-N (e.g. checkpoint-500) or final")
     return value
 

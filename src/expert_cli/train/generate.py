@@ -29,7 +29,7 @@ from expert_cli.data import prepare_data
 from expert_cli.data.formatting import IGNORE, render_instruction
 from expert_cli.errors import UserError
 from expert_cli.train.merge import LOAD_ERRORS, load_adapted
-from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file
+from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file, run_of
 
 MAX_PROMPTS = 10_000
 MAX_PROMPT_CHARS = 200_000
@@ -144,15 +144,6 @@ class LoadedRun:
     model: Any
     tokenizer: Any
     device: str
-
-
-def run_of(adapter: Path) -> Path:
-    """The run folder `adapter` belongs to: itself, or for one of its checkpoints
-    (RUN/checkpoints/checkpoint-N, to compare them before choosing one to ship) the run's."""
-    if (adapter / "manifest.resolved.json").is_file() or adapter.parent.name != "checkpoints":
-        return adapter
-    run = adapter.parent.parent
-    return run if (run / "manifest.resolved.json").is_file() else adapter
 
 
 def load_run(adapter: Path) -> LoadedRun:

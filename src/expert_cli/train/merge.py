@@ -20,7 +20,7 @@ from expert_cli.atomic import atomic_folder
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import place_problem, resolved_path, shown_path
 from expert_cli.train.memory import out_of_memory
-from expert_cli.train.outputs import adapter_base
+from expert_cli.train.outputs import adapter_base, run_of
 
 LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
 
@@ -50,7 +50,7 @@ def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
 def _merge_dtype(adapter: Path) -> Any:
     """Save in the dtype the run trained its base weights in (from manifest.resolved.json)."""
 
-    resolved = adapter / "manifest.resolved.json"
+    resolved = run_of(adapter) / "manifest.resolved.json"  # a checkpoint's run says
     if resolved.is_file():
         runtime = json.loads(resolved.read_text(encoding="utf-8")).get("runtime", {})
         name = runtime.get("model", {}).get("dtype")

@@ -159,3 +159,13 @@ def _names_a_folder(base: str) -> bool:
         or base.count("/") > 1
         or base == RANDOM_BASE
     )
+
+
+def run_of(adapter: Path) -> Path:
+    """The run folder `adapter` belongs to: itself, or for one of its checkpoints
+    (RUN/checkpoints/checkpoint-N, to compare them before choosing one to ship) the run's."""
+    adapter = adapter.absolute()  # `.` inside a checkpoint has a parent too
+    if (adapter / "manifest.resolved.json").is_file() or adapter.parent.name != "checkpoints":
+        return adapter
+    run = adapter.parent.parent
+    return run if (run / "manifest.resolved.json").is_file() else adapter

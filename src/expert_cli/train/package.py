@@ -36,6 +36,7 @@ from expert_cli.atomic import atomic_file
 from expert_cli.config import Manifest
 from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
 from expert_cli.config.loading import format_errors, read_manifest_json
+from expert_cli.config.models import CHECKPOINT_NAME
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import new_file_problem, resolved_path, shown_path
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
@@ -60,7 +61,6 @@ TOKENIZER_FILES = (
 )
 EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")
 Members = dict[str, bytes | Path]  # member name -> its bytes, or the file that holds them
-CHECKPOINT_NAME = re.compile(r"checkpoint-[0-9]{1,12}|final")  # HiveLLM's packaging_checkpoint
 
 
 # --------------------------------------------------------------------------- building
@@ -118,50 +118,62 @@ def _file(path: Path, where: str) -> Path:
 def _chosen_checkpoint(
     checkpoint: str | None, manifest_path: Path, source: dict[str, Any]
 ) -> tuple[str, str]:
-    """Which adapter to ship, and who chose it: `--checkpoint`, else the manifest file's
-    `training.packaging_checkpoint` as it is now (HiveLLM's way: compare the checkpoints, then
-    name the best in the manifest), else the one the run was trained with, else final."""
+    """Which adapter to ship, and who chose it: `--checkpoint`, else the manifest file as it
+    is now (HiveLLM's way: compare the checkpoints, then name the best in the manifest; no
+    `training.packaging_checkpoint` there is final), else, the file gone, the run's copy."""
     if checkpoint is not None:
         if not CHECKPOINT_NAME.fullmatch(checkpoint):
             raise UserError("--checkpoint: expected checkpoint-N (e.g. checkpoint-500) or final")
         return checkpoint, "--checkpoint"
-    now = _packaging_checkpoint(manifest_path) if manifest_path.is_file() else None
-    if now is not None:
-        return now, f"training.packaging_checkpoint of {manifest_path.name}"
+    if manifest_path.is_file():
+        where = f"training.packaging_checkpoint in {shown_path(manifest_path)}"
+        return _packaging_checkpoint(manifest_path) or "final", where
     then = (source.get("training") or {}).get("packaging_checkpoint")
     if isinstance(then, str) and CHECKPOINT_NAME.fullmatch(then):
-        return then, "training.packaging_checkpoint"
+        return then, f"training.packaging_checkpoint in the run's {SOURCE_MANIFEST}"
     return "final", ""
 
 
 def _packaging_checkpoint(manifest_path: Path) -> str | None:
-    """`training.packaging_checkpoint` of the manifest file (None when it names none)."""
+    """`training.packaging_checkpoint` of the manifest file (None when it names none); a file
+    that cannot say is exit 2 (the choice it holds is not guessed)."""
+    retry = "; fix it, or pass --checkpoint NAME"
     try:
         raw = read_manifest_json(manifest_path)
-    except UserError:
-        return None  # not readable now: the run's own copy decides
-    training = raw.get("training") if isinstance(raw, dict) else None
-    value = training.get("packaging_checkpoint") if isinstance(training, dict) else None
-    if value is None:
-        return None
-    if not isinstance(value, str) or not CHECKPOINT_NAME.fullmatch(value):
+    except UserError as exc:
+        raise UserError([*exc.lines[:-1], exc.lines[-1] + retry]) from None
+    training = raw.get("training")
+    if not isinstance(training, dict):
         raise UserError(
-            f"{manifest_path.name}: training.packaging_checkpoint: expected checkpoint-N "
-            "(e.g. checkpoint-500) or final"
+            f"{shown_path(manifest_path)}: training is not an object, so which checkpoint "
+            f"to ship cannot be read{retry}"
+        )
+    value = training.get("packaging_checkpoint")
+    if value is not None and not (isinstance(value, str) and CHECKPOINT_NAME.fullmatch(value)):
+        raise UserError(
+            f"{shown_path(manifest_path)}: training.packaging_checkpoint: expected "
+            "checkpoint-N (e.g. checkpoint-500) or final"
         )
     return value
 
 
 def _checkpoint_folder(run_dir: Path, name: str, chosen_by: str) -> Path:
-    """The folder of a complete `checkpoint-N` of the run; UserError listing the ones there."""
+    """The folder of a complete `checkpoint-N` of the run with sound adapter weights;
+    UserError naming who chose it and listing the ones the run holds."""
     complete = complete_checkpoints(run_dir / "checkpoints")
     folder = run_dir / "checkpoints" / name
+    kept = ", ".join(p.name for p in complete[-8:]) or "none"
     if folder not in complete:
-        kept = ", ".join(p.name for p in complete[-8:]) or "none"
         raise UserError(
-            f"{chosen_by} {name}: {shown_path(run_dir / 'checkpoints')} holds no complete "
+            f"{chosen_by}: {name}: {shown_path(run_dir / 'checkpoints')} holds no complete "
             f"{name} (it holds: {kept}); name one of those, or final"
         )
+    try:
+        adapter_base(folder, base_needed=False)  # a checkpoint holding NaN is refused
+    except UserError as exc:
+        raise UserError(
+            [*exc.lines[:-1], f"{exc.lines[-1]} ({chosen_by}: choose another of: {kept})"]
+        ) from None
     return folder
 
 
@@ -170,6 +182,12 @@ def plan_members(
 ) -> tuple[dict[str, Any], dict[str, bytes | Path], list[str]]:
     """(packaged manifest, member name -> bytes or file, notes) of a run folder; the adapter
     of `checkpoint` (checkpoint-N or final) when given, else as `_chosen_checkpoint` says."""
+    run_dir = run_dir.absolute()
+    if run_dir.parent.name == "checkpoints" and (run_dir.parents[1] / SOURCE_MANIFEST).is_file():
+        raise UserError(
+            f"--adapter {shown_path(run_dir)}: a checkpoint of a run; give the run and the "
+            f"checkpoint: --adapter {shown_path(run_dir.parents[1])} --checkpoint {run_dir.name}"
+        )
     try:
         adapter_base(run_dir, base_needed=False)  # UserError when the folder has no adapter
         final_problem = None
@@ -191,12 +209,14 @@ def plan_members(
     weights_dir = run_dir
     notes = []
     if name == "final" and final_problem:
-        raise final_problem
+        held = [p.name for p in complete_checkpoints(run_dir / "checkpoints")[-8:]]
+        ship = f"; ship a checkpoint: --checkpoint NAME ({', '.join(held)})" if held else ""
+        raise UserError([*final_problem.lines[:-1], final_problem.lines[-1] + ship])
     if name != "final":
         weights_dir = _checkpoint_folder(run_dir, name, chosen_by)
-        adapter_base(weights_dir, base_needed=False)  # a checkpoint holding NaN is refused
-        manifest.setdefault("training", {})["packaging_checkpoint"] = name
         notes.append(f"shipped {name} ({chosen_by}), not the run's final adapter")
+    if isinstance(manifest.get("training"), dict):  # the package says which adapter it holds
+        manifest["training"]["packaging_checkpoint"] = name
     base_name = parsed.primary_base_model.name
     if manifest.get("schema_version") == "2.0":
         manifest["base_models"] = manifest["base_models"][:1]
@@ -209,6 +229,8 @@ def plan_members(
     adapter["size_bytes"], adapter["sha256"] = weights.stat().st_size, sha256_of(weights)
     if name != "final":
         adapter["checkpoint_step"] = checkpoint_step(weights_dir)
+    else:
+        adapter.pop("checkpoint_step", None)  # a step the run's copy named, not this adapter's
     config = json.loads(_file(weights_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
     config["base_model_name_or_path"] = base_name
     prefix = f"{folder.as_posix()}/" if folder else ""
@@ -217,7 +239,9 @@ def plan_members(
         prefix + ADAPTER_FILES[0]: weights,
         prefix + ADAPTER_FILES[1]: (json.dumps(config, indent=2) + "\n").encode(),
     }
-    members.update({n: run_dir / n for n in TOKENIZER_FILES if (run_dir / n).is_file()})
+    # a run that stopped before its end (diverged) saved its tokenizer in the checkpoints only
+    tokens = weights_dir if (weights_dir / "tokenizer_config.json").is_file() else run_dir
+    members.update({n: tokens / n for n in TOKENIZER_FILES if (tokens / n).is_file()})
     grammar = parsed.training.decoding.grammar_file if parsed.training.decoding else None
     notes += _expert_files(manifest, grammar, expert_dir, members)
     return manifest, members, notes
