@@ -419,3 +419,26 @@ def test_generate_tries_a_checkpoint_of_the_run(v2_run: Path, tmp_path: Path) ->
     tensors = {k: v * 1000 for k, v in load_file(str(final)).items()}  # the final differs now
     save_file(tensors, str(final), metadata={"format": "pt"})
     assert answer(run / "checkpoints" / "checkpoint-2") == answer(v2_run) != answer(run)
+
+
+@pytest.mark.slow
+def test_merge_of_a_checkpoint_keeps_the_runs_dtype(v2_run: Path, tmp_path: Path) -> None:
+    """`merge --adapter RUN/checkpoints/checkpoint-N` saves in the dtype the run trained in,
+    read from the run's configuration (the checkpoint has none: it saved float32 whatever the
+    run was). The run here says bf16, as a GPU run would."""
+    from safetensors import safe_open
+
+    run = tmp_path / "run"
+    shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("runs"))
+    resolved = json.loads((run / "manifest.resolved.json").read_text())
+    resolved.setdefault("runtime", {}).setdefault("model", {})["dtype"] = "bfloat16"
+    (run / "manifest.resolved.json").write_text(json.dumps(resolved))
+    out = tmp_path / "merged"
+    done = run_here(
+        "merge", "--adapter", str(run / "checkpoints" / "checkpoint-2"), "--output", str(out)
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    weights = next(out.glob("*.safetensors"))
+    with safe_open(str(weights), "pt") as f:
+        dtypes = {f.get_slice(name).get_dtype() for name in f.keys()}  # noqa: SIM118
+    assert dtypes == {"BF16"}, dtypes
