@@ -212,21 +212,33 @@ def missing_files(manifest: Manifest, folder: Path) -> list[str]:
 
 def _attributed(lines: list[str], file_name: str, overrides: list[str]) -> list[str]:
     """Each `json.path: message` line prefixed by where the value came from: the `--set` that
-    set that path, a path inside it, or a value inside the object the line is about (the
-    last such), else the manifest file."""
+    set that path, a path inside it, a value inside the object the line is about, or a key
+    beside it that the message names (`lr_scheduler` for its kwargs; the last such), else the
+    manifest file."""
     sources = [(_loc_text(tuple(parse_override(item)[0])), item) for item in overrides]
     out = []
     for line in lines:
-        where = line.partition(": ")[0]
+        where, _, message = line.partition(": ")
         by = [
             item
             for loc, item in sources
             if where == loc
             or where.startswith((loc + ".", loc + "["))
             or loc.startswith((where + ".", where + "["))
+            or _names_sibling(where, loc, message)
         ]
         out.append(f"--set {by[-1]}: {line}" if by else f"{file_name}: {line}")
     return out
+
+
+def _names_sibling(where: str, loc: str, message: str) -> bool:
+    """Whether `loc` is a key beside `where` (same object) that `message` names as a word."""
+    parent, _, key = loc.rpartition(".")
+    return bool(
+        parent
+        and parent == where.rpartition(".")[0]
+        and re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", message)
+    )
 
 
 # --------------------------------------------------------------------------- error messages
