@@ -4,12 +4,12 @@ reads, bounded here as the format bounds them."""
 from __future__ import annotations
 
 import difflib
-import re
 from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from expert_cli.config.base import NAME_LIKE, has_control_character
+from expert_cli.config.refs import WINDOWS_PATH
 
 MAX_NEW_TOKENS = 32_768
 MAX_TOP_K = 1_000_000
@@ -73,7 +73,7 @@ class DecodingSpec(BaseModel):
         if (
             not value.strip()
             or value.startswith(("/", "\\"))
-            or re.match(r"^[A-Za-z]:", value)
+            or WINDOWS_PATH.match(value)
             or ".." in parts
             or has_control_character(value)
         ):

@@ -25,7 +25,6 @@ import copy
 import gzip
 import io
 import json
-import re
 import tarfile
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -37,10 +36,11 @@ from expert_cli.config import Manifest
 from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
 from expert_cli.config.loading import format_errors, read_manifest_json
 from expert_cli.config.models import CHECKPOINT_NAME
+from expert_cli.config.refs import WINDOWS_PATH
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import new_file_problem, resolved_path, shown_path
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
-from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file
+from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file, run_of
 from expert_cli.train.package_check import (
     ADAPTER_FILES,
     MAX_FILE_BYTES,
@@ -86,7 +86,7 @@ def _relative(value: Any, where: str) -> PurePosixPath:
     if not isinstance(value, str) or not value.strip():
         raise UserError(f"{where}: expected a relative path (got {value_kind(value)})")
     path = PurePosixPath(value.replace("\\", "/"))
-    if path.is_absolute() or ".." in path.parts or re.match(r"^[A-Za-z]:", value):
+    if path.is_absolute() or ".." in path.parts or WINDOWS_PATH.match(value):
         raise UserError(
             f"{where}: expected a relative path inside the package (no leading /, drive or ..)"
         )
@@ -183,10 +183,10 @@ def plan_members(
     """(packaged manifest, member name -> bytes or file, notes) of a run folder; the adapter
     of `checkpoint` (checkpoint-N or final) when given, else as `_chosen_checkpoint` says."""
     run_dir = run_dir.absolute()
-    if run_dir.parent.name == "checkpoints" and (run_dir.parents[1] / SOURCE_MANIFEST).is_file():
+    if (run := run_of(run_dir)) != run_dir:
         raise UserError(
             f"--adapter {shown_path(run_dir)}: a checkpoint of a run; give the run and the "
-            f"checkpoint: --adapter {shown_path(run_dir.parents[1])} --checkpoint {run_dir.name}"
+            f"checkpoint: --adapter {shown_path(run)} --checkpoint {run_dir.name}"
         )
     try:
         adapter_base(run_dir, base_needed=False)  # UserError when the folder has no adapter
