@@ -100,7 +100,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     )
     args = TrainingArguments(**kwargs)
     run = Run(resolved=resolved, args=args, output=output, reporter=reporter, source=loaded.raw)
-    run.fresh = not os.path.lexists(output)
+    missing = [p for p in (output, *output.parents) if not os.path.lexists(p)]
+    run.created = missing[-1] if missing else None  # runs/a/b new: runs goes if it stops
     if run.is_main and (swept := sweep_leftovers(output)):
         reporter.note(f"cleaned up after a killed run in {output}: {', '.join(swept)}")
     # a run still going there: say so on every rank (not what its half-written folder holds);

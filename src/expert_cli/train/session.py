@@ -101,7 +101,7 @@ class Run:
     complete: Previous | None = None  # --resume of a run that has finished
     source: dict[str, Any] = field(default_factory=dict)  # the manifest as its file holds it
     aside: Path | None = None  # the earlier run's outputs, set aside by --overwrite
-    fresh: bool = False  # the output folder did not exist before this run
+    created: Path | None = None  # the outermost folder of --output this run made (if any)
     hold: Any = None  # the lock on the output folder while this process trains in it
 
     def release(self) -> None:
@@ -115,8 +115,8 @@ class Run:
         it created goes), and name a full disk (RunError, exit 1)."""
         self.restore_earlier()
         full = disk_full(exc, self.output)
-        if self.fresh and self.is_main:
-            shutil.rmtree(self.output, ignore_errors=True)
+        if self.created is not None and self.is_main:
+            shutil.rmtree(self.created, ignore_errors=True)
         if full:
             raise RunError(
                 f"no space left on {self.output} (a random-init base model is saved there "
