@@ -83,6 +83,7 @@ def test_outputs_written(demo_run: tuple[Path, Path, str]) -> None:
     assert list((out / "runs").glob("events.out.tfevents.*"))
     assert (out / "base_model" / "model.safetensors").is_file()  # the random init
     resolved = json.loads((out / "manifest.resolved.json").read_text())
+    assert resolved["runtime"]["final_step"] == STEPS  # the step the final adapter holds
     model = resolved["runtime"]["model"]
     # a CPU run takes the portable path, and both the config and the run record it
     assert (

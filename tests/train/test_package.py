@@ -20,6 +20,7 @@ from expert_cli.train.package import package_name
 from expert_cli.train.package_check import verify_package
 
 ADAPTER_PATH = "weights/qwen3-tiny/adapter"
+ADAPTER_FILE = "adapter_model.safetensors"
 
 
 def _unpack(package: Path) -> dict[str, bytes]:
@@ -373,6 +374,75 @@ def test_a_chosen_checkpoint_is_shipped(v2_run: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_checkpoint_of_lowest_eval_loss_is_named_and_shipped_as_best(
+    v2_run: Path, tmp_path: Path
+) -> None:
+    """`package` says when the run keeps an adapter evaluated lower than the one it ships
+    (final, by default: a run that overfits ends worse than it was), and `--checkpoint best`
+    ships that one, recorded in the packaged manifest."""
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("runs"))
+    assert json.loads((run / "manifest.resolved.json").read_text())["runtime"]["final_step"] == 2
+    earlier = run / "checkpoints" / "checkpoint-1"  # a checkpoint of another step, other weights
+    shutil.copytree(run / "checkpoints" / "checkpoint-2", earlier)
+    tensors = {k: v / 2 for k, v in load_file(str(earlier / ADAPTER_FILE)).items()}
+    save_file(tensors, str(earlier / ADAPTER_FILE), metadata={"format": "pt"})
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["evals"] = [{"step": 1, "eval_loss": 0.5}, {"step": 2, "eval_loss": 0.9}]
+    (run / "metrics.json").write_text(json.dumps(metrics))
+
+    def package(*extra: str) -> tuple[subprocess.CompletedProcess[str], dict[str, bytes]]:
+        out = run_here(
+            "package",
+            "--adapter",
+            str(run),
+            "--output",
+            str(tmp_path / "x.expert"),
+            "--force",
+            *extra,
+        )
+        members = _unpack(tmp_path / "x.expert") if out.returncode == 0 else {}
+        return out, members
+
+    out, members = package()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert members[f"{ADAPTER_PATH}/{ADAPTER_FILE}"] == (run / ADAPTER_FILE).read_bytes()
+    assert (
+        "checkpoint-1 has a lower eval loss (0.5 at step 1) than final (0.9): --checkpoint best "
+        "ships it" in " ".join(out.stdout.split())
+    )
+    out, members = package("--checkpoint", "best")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert members[f"{ADAPTER_PATH}/{ADAPTER_FILE}"] == (earlier / ADAPTER_FILE).read_bytes()
+    packaged = json.loads(members["manifest.json"])
+    assert packaged["training"]["packaging_checkpoint"] == "checkpoint-1"
+    assert packaged["base_models"][0]["adapters"][0]["checkpoint_step"] == 1
+    said = " ".join(out.stdout.split())
+    assert "shipped checkpoint-1 (--checkpoint best: eval loss 0.5 at step 1)" in said
+    assert "lower eval loss" not in said
+    metrics["evals"] = [{"step": 1, "eval_loss": 0.9}, {"step": 2, "eval_loss": 0.5}]
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    out, members = package("--checkpoint", "best")  # a tie goes to the final adapter
+    assert members[f"{ADAPTER_PATH}/{ADAPTER_FILE}"] == (run / ADAPTER_FILE).read_bytes()
+    assert "shipped the run's final adapter (--checkpoint best: eval loss 0.5 at step 2)" in (
+        " ".join(out.stdout.split())
+    )
+    metrics["evals"] = []  # nothing to compare by: not guessed
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    (tmp_path / "x.expert").unlink()
+    out, _ = package("--checkpoint", "best")
+    assert out.returncode == 2
+    assert (
+        "--checkpoint best: the run evaluated at no step it kept an adapter of (it keeps: "
+        "checkpoint-1, checkpoint-2, final); name one: --checkpoint NAME"
+        in " ".join(out.stderr.split())
+    )
+    assert not (tmp_path / "x.expert").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
@@ -381,8 +451,9 @@ def test_a_chosen_checkpoint_is_shipped(v2_run: Path, tmp_path: Path) -> None:
             "holds no complete checkpoint-9 (it holds: checkpoint-2)",
         ),
         (
-            ("--checkpoint", "best"),
-            "--checkpoint: expected checkpoint-N (e.g. checkpoint-500) or final",
+            ("--checkpoint", "latest"),
+            "--checkpoint: expected checkpoint-N (e.g. checkpoint-500), final, or best (the "
+            "lowest eval loss)",
         ),
     ],
 )

@@ -120,3 +120,219 @@ def test_one_item_stays_one_line(capsys) -> None:
         "error:",
         "  data/x\\nmanifest is usable: not found",
     ]
+
+
+def _fake_run(
+    run: Path,
+    checkpoints: list[int],
+    evals: list[tuple[int, float]],
+    final_step: int | None = None,
+    packaging_checkpoint: str | None = None,
+) -> Path:
+    """A run folder as `report` and `package` read it: complete checkpoints, a final adapter
+    (when `final_step` is given), the eval losses, and the manifest file it was trained from."""
+    for step in checkpoints:
+        (run / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
+        (run / "checkpoints" / f"checkpoint-{step}" / "_COMPLETE").write_text("")
+    (run / "checkpoints" / "checkpoint-999").mkdir(parents=True)  # killed while written
+    manifest = {"name": "expert-x", "training": {}}
+    if packaging_checkpoint:
+        manifest["training"]["packaging_checkpoint"] = packaging_checkpoint
+    (run.parent / "manifest.json").write_text(json.dumps(manifest))
+    (run / "manifest.source.json").write_text(json.dumps(manifest))
+    resolved = {"manifest_path": str(run.parent / "manifest.json"), "runtime": {}}
+    if final_step is not None:
+        (run / "adapter_model.safetensors").write_bytes(b"weights")
+        resolved["runtime"]["final_step"] = final_step
+    (run / "manifest.resolved.json").write_text(json.dumps(resolved))
+    metrics = {
+        "windows": [],
+        "evals": [{"step": s, "eval_loss": v} for s, v in evals],
+        "summary": {"status": "completed", "steps": max(checkpoints + [final_step or 0])},
+    }
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    return run
+
+
+def test_the_adapters_a_run_keeps_with_their_eval_losses(tmp_path: Path) -> None:
+    from expert_cli.train.choice import KeptAdapter, eval_losses, kept_adapters, lowest
+
+    run = _fake_run(tmp_path / "run", [20, 40, 60], [(20, 1.5), (40, 1.2), (60, 1.3)], 60)
+    assert kept_adapters(run) == [
+        KeptAdapter("checkpoint-20", 20, 1.5),
+        KeptAdapter("checkpoint-40", 40, 1.2),
+        KeptAdapter("checkpoint-60", 60, 1.3),
+        KeptAdapter("final", 60, 1.3),
+    ]
+    assert lowest(kept_adapters(run)) == KeptAdapter("checkpoint-40", 40, 1.2)
+    # a tie goes to the final adapter, then to the later checkpoint
+    assert lowest([KeptAdapter("checkpoint-60", 60, 1.3), KeptAdapter("final", 60, 1.3)]).name == (
+        "final"
+    )
+    assert lowest([KeptAdapter("checkpoint-1", 1, 2.0), KeptAdapter("checkpoint-3", 3, 2.0)]) == (
+        KeptAdapter("checkpoint-3", 3, 2.0)
+    )
+    assert lowest([KeptAdapter("final", None, None)]) is None
+    # a resumed run evaluates a step again: the last record wins; implausible ones are left out
+    records = [
+        {"step": 10, "eval_loss": 2.0},
+        {"step": 10, "eval_loss": 1.8},
+        {"step": 20, "eval_loss": float("nan")},
+        {"step": 2.5, "eval_loss": 1.0},
+        {"step": -1, "eval_loss": 1.0},
+        {"step": True, "eval_loss": 1.0},
+        {"step": 30, "eval_loss": "low"},
+        "not a record",
+    ]
+    assert eval_losses({"evals": records}) == {10: 1.8}
+    assert eval_losses({"evals": "damaged"}) == {}
+
+
+def test_the_final_adapters_step_of_a_run_that_did_not_record_it(tmp_path: Path) -> None:
+    """A run of an earlier version has no runtime.final_step: a completed run's last step,
+    unless it loaded its best checkpoint at the end (then it is not known)."""
+    from expert_cli.train.choice import final_step
+
+    run = _fake_run(tmp_path / "run", [5], [(5, 1.0)], 5)
+    assert final_step(run) == 5
+    resolved = json.loads((run / "manifest.resolved.json").read_text())
+    resolved["runtime"] = {}
+    (run / "manifest.resolved.json").write_text(json.dumps(resolved))
+    assert final_step(run) == 5  # summary.steps of the completed run
+    resolved["load_best_model_at_end"] = True
+    (run / "manifest.resolved.json").write_text(json.dumps(resolved))
+    assert final_step(run) is None
+
+
+def test_report_lists_the_adapters_and_says_how_to_ship_the_lowest(tmp_path: Path) -> None:
+    run = _fake_run(
+        tmp_path / "run", [20, 40, 60], [(10, 0.9), (20, 1.5), (40, 1.2), (60, 1.3)], 60
+    )
+    out = run_here("report", str(run))
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [" ".join(line.split()) for line in out.stdout.splitlines()]
+    assert lines[1:5] == [
+        "adapters checkpoint-20 step 20 eval loss 1.5",
+        "checkpoint-40 step 40 eval loss 1.2 lowest",
+        "checkpoint-60 step 60 eval loss 1.3",
+        "final step 60 eval loss 1.3 package ships it",
+    ]
+    assert lines[5] == (
+        "note checkpoint-40 has a lower eval loss (1.2 at step 40) than final (1.3): "
+        f"expert-cli package --adapter {run} --checkpoint best ships it"
+    )
+    assert lines[6] == (
+        "note the lowest eval loss, 0.9 at step 10, has no checkpoint: save_steps equal to "
+        "eval_steps keeps one at each evaluation"
+    )
+
+
+def test_report_follows_the_manifests_packaging_checkpoint_and_bounds_its_list(
+    tmp_path: Path,
+) -> None:
+    steps = list(range(10, 210, 10))  # 20 checkpoints, evaluated at each
+    evals = [(s, 2.0 - s / 1000) for s in steps]
+    evals[2] = (30, 0.5)
+    run = _fake_run(tmp_path / "run", steps, evals, 200, packaging_checkpoint="checkpoint-190")
+    out = run_here("report", str(run))
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [" ".join(line.split()) for line in out.stdout.splitlines()]
+    # the lowest, then the last 8 adapters (the final one among them), then how many are not
+    assert lines[1] == "adapters checkpoint-30 step 30 eval loss 0.5 lowest"
+    assert [line.split()[0] for line in lines[2:9]] == [f"checkpoint-{s}" for s in steps[-7:]]
+    assert lines[7].endswith(
+        f"package ships it (training.packaging_checkpoint in {tmp_path / 'manifest.json'})"
+    )
+    assert lines[9] == "final step 200 eval loss 1.8"
+    assert lines[10] == "and 12 more checkpoints"
+    assert "checkpoint-30 has a lower eval loss (0.5 at step 30) than checkpoint-190" in lines[11]
+    # a checkpoint the manifest names and the run does not keep is said before package fails
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["training"]["packaging_checkpoint"] = "checkpoint-1250"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    said = " ".join(run_here("report", str(run)).stdout.split())
+    assert "package ships checkpoint-1250 (training.packaging_checkpoint in" in said
+    assert "which the run does not keep: name one it keeps, or final" in said
+
+
+@pytest.mark.slow
+def test_load_best_model_at_end_records_the_step_its_final_adapter_holds(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """With load_best_model_at_end the final adapter is the best checkpoint's weights: the run
+    records that checkpoint's step (here the last, as the loss falls), and `report` shows it."""
+    from train_helpers import write_expert
+
+    manifest = write_expert(
+        tmp_path / "e",
+        tiny_model_dir,
+        valid_rows=8,
+        config={
+            "evaluation_strategy": "steps",
+            "eval_steps": 2,
+            "save_steps": 2,
+            "load_best_model_at_end": True,
+        },
+    )
+    out = tmp_path / "out"
+    done = run_here("train", "-m", str(manifest), "--output", str(out), "--max-steps", "6")
+    assert done.returncode == 0, done.stdout + done.stderr
+    state = json.loads((out / "checkpoints" / "checkpoint-6" / "trainer_state.json").read_text())
+    best = state["best_global_step"]
+    resolved = json.loads((out / "manifest.resolved.json").read_text())
+    assert resolved["runtime"]["final_step"] == best
+    final = (out / "adapter_model.safetensors").read_bytes()
+    chosen = out / "checkpoints" / f"checkpoint-{best}" / "adapter_model.safetensors"
+    assert final == chosen.read_bytes()
+    said = [" ".join(line.split()) for line in run_here("report", str(out)).stdout.splitlines()]
+    assert any(line.startswith(f"final step {best} eval loss") for line in said), said
+
+
+def test_the_final_adapters_step_is_the_best_checkpoints_when_it_was_loaded_at_the_end() -> None:
+    """The eval loss shown beside the final adapter is the one measured at the step of its
+    weights: with load_best_model_at_end, the best checkpoint's step, not the last."""
+    from transformers import TrainerState
+
+    from expert_cli.train.choice import final_adapter_step
+
+    state = TrainerState(global_step=6, best_global_step=2)
+    assert final_adapter_step(True, state) == 2
+    assert final_adapter_step(False, state) == 6
+    assert final_adapter_step(True, TrainerState(global_step=6)) == 6  # evaluated nothing
+
+
+def test_train_ends_by_naming_a_checkpoint_evaluated_lower_than_its_final_adapter(
+    tmp_path: Path,
+) -> None:
+    """A run that overfits ends worse than it was: its last lines say which checkpoint was
+    lower and how to ship it (else the final adapter is shipped without a word)."""
+    import io
+
+    from rich.console import Console
+
+    from expert_cli.cli.train_view import print_end
+    from expert_cli.train.session import TrainOptions, TrainResult
+
+    run = _fake_run(tmp_path / "run", [20, 40], [(20, 1.1), (40, 1.4)], 40)
+    summary = {
+        "steps": 40,
+        "final_loss": 0.2,
+        "train_runtime_s": 10.0,
+        "tokens_per_s": 1000.0,
+        "data_wait_fraction": 0.01,
+    }
+
+    def said(status: str) -> str:
+        console = Console(file=io.StringIO(), width=400)
+        print_end(console, TrainResult(run, status, 0, summary), TrainOptions(Path("m.json")))
+        return console.file.getvalue()
+
+    assert (
+        "note      checkpoint-20 has a lower eval loss (1.1 at step 20) than final (1.4): "
+        f"expert-cli package --adapter {run} --checkpoint best ships it" in said("completed")
+    )
+    assert "lower eval loss" not in said("interrupted")  # no final adapter of its own yet
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["evals"] = [{"step": 20, "eval_loss": 1.4}, {"step": 40, "eval_loss": 1.1}]
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    assert "note" not in said("completed")

@@ -9,6 +9,8 @@ import typer
 
 from expert_cli.cli.options import AdapterOpt, JsonOpt
 
+SHOWN_ADAPTERS = 8  # report lists the last checkpoints, the lowest and the shipped one
+
 if TYPE_CHECKING:
     from expert_cli.train.package_check import PackageReport
 
@@ -101,7 +103,65 @@ def report(
         f"best eval loss {best}",
         markup=False,
     )
+    for line in _adapter_lines(run_dir, result.best_eval_step, result.best_eval_loss):
+        out.print(line, markup=False)
     out.print(f"wrote {result.plot}", markup=False)
+
+
+def _adapter_lines(run_dir: Path, best_step: int | None, best_loss: float | None) -> list[str]:
+    """The adapters the run keeps with their eval losses, which one is lowest, which one
+    `package` ships and how to ship another (the last steps of HiveLLM's way: compare the
+    checkpoints, then name one)."""
+    import math
+
+    from expert_cli.errors import UserError
+    from expert_cli.paths import shown_path
+    from expert_cli.train.choice import kept_adapters, lowest
+    from expert_cli.train.package import default_choice, lower_loss_note
+
+    adapters = kept_adapters(run_dir)
+    if not adapters:
+        return ["adapters  none kept (no final adapter, no complete checkpoint)"]
+    try:
+        ships, chosen_by = default_choice(run_dir)
+    except UserError as exc:
+        ships, chosen_by = None, ""
+        lines = [f"package   cannot tell which adapter it ships: {exc.lines[-1]}"]
+    else:
+        lines = []
+    low, who = lowest(adapters), f" ({chosen_by})" if chosen_by else ""
+    shown = {a.name for a in adapters[-SHOWN_ADAPTERS:]} | {ships, low.name if low else None}
+    hidden = sum(a.name not in shown for a in adapters)
+    first = True
+    for a in adapters:
+        if a.name not in shown:
+            continue
+        marks = ["lowest"] if low and a.name == low.name else []
+        if a.name == ships:
+            marks.append(f"package ships it{who}")
+        step = "-" if a.step is None else str(a.step)
+        loss = "-" if a.eval_loss is None else f"{a.eval_loss:.4g}"
+        label, first = ("adapters" if first else ""), False
+        row = f"{label:<9} {a.name:<18} step {step:>7}  eval loss {loss:>8}"
+        lines.append(row + ("  " + "; ".join(marks) if marks else ""))
+    if hidden:
+        lines.append(f"{'':<9} and {hidden} more checkpoints")
+    if ships is not None and ships not in {a.name for a in adapters}:
+        lines.append(
+            f"package   ships {ships}{who}, which the run does not keep: name one "
+            "it keeps, or final"
+        )
+    elif ships is not None:
+        ship = f"expert-cli package --adapter {shown_path(run_dir)} --checkpoint best"
+        if note := lower_loss_note(run_dir, ships, ship):
+            lines.append(f"note      {note}")
+    kept_low = low.eval_loss if low and low.eval_loss is not None else math.inf
+    if best_loss is not None and best_loss < kept_low:
+        lines.append(
+            f"note      the lowest eval loss, {best_loss:.4g} at step {best_step}, has no "
+            "checkpoint: save_steps equal to eval_steps keeps one at each evaluation"
+        )
+    return lines
 
 
 def package(
@@ -120,8 +180,8 @@ def package(
         str | None,
         typer.Option(
             metavar="NAME",
-            help="Ship checkpoint-N of the run, or final (default: the manifest's "
-            "training.packaging_checkpoint, else final).",
+            help="Ship checkpoint-N of the run, final, or best (the lowest eval loss; "
+            "default: the manifest's training.packaging_checkpoint, else final).",
         ),
     ] = None,
     as_json: JsonOpt = False,

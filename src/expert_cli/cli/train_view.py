@@ -23,6 +23,7 @@ from expert_cli.data.build import drop_reasons
 from expert_cli.train.causality import ISOLATED
 from expert_cli.train.generate import Case, GenerateResult, Generation
 from expert_cli.train.model import ModelChoices
+from expert_cli.train.package import lower_loss_note
 from expert_cli.train.run import TrainOptions, TrainResult
 
 STAT_KEYS = ("examples", "rows", "tokens", "packing_efficiency", "truncated", "dropped")
@@ -254,6 +255,9 @@ def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None
         )
     else:
         console.print(f"wrote {result.output_dir}", highlight=False, markup=False)
+    ship = f"expert-cli package --adapter {result.output_dir} --checkpoint best"
+    if status == "completed" and (note := lower_loss_note(result.output_dir, "final", ship)):
+        console.print(f"note      {note}", highlight=False, markup=False)
     picture = result.output_dir / "training.png"
     if picture.is_file():
         console.print(

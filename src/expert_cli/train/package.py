@@ -40,6 +40,7 @@ from expert_cli.config.refs import WINDOWS_PATH
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import new_file_problem, resolved_path, shown_path
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
+from expert_cli.train.choice import kept_adapters, lowest
 from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file, run_of
 from expert_cli.train.package_check import (
     ADAPTER_FILES,
@@ -50,6 +51,7 @@ from expert_cli.train.package_check import (
     verify_package,
 )
 
+BEST = "best"  # --checkpoint best: the kept adapter of lowest eval loss
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -115,23 +117,72 @@ def _file(path: Path, where: str) -> Path:
     return path
 
 
-def _chosen_checkpoint(
-    checkpoint: str | None, manifest_path: Path, source: dict[str, Any]
+def chosen_checkpoint(
+    run_dir: Path, checkpoint: str | None, manifest_path: Path, source: dict[str, Any]
 ) -> tuple[str, str]:
-    """Which adapter to ship, and who chose it: `--checkpoint`, else the manifest file as it
-    is now (HiveLLM's way: compare the checkpoints, then name the best in the manifest; no
-    `training.packaging_checkpoint` there is final), else, the file gone, the run's copy."""
+    """Which adapter to ship, and who chose it: `--checkpoint` (`best`: the kept adapter of
+    lowest eval loss), else the manifest file as it is now (HiveLLM's way: compare the
+    checkpoints, then name the best in the manifest; no `training.packaging_checkpoint` there
+    is final), else, the file gone, the run's copy."""
+    if checkpoint == BEST:
+        return _best(run_dir)
     if checkpoint is not None:
         if not CHECKPOINT_NAME.fullmatch(checkpoint):
-            raise UserError("--checkpoint: expected checkpoint-N (e.g. checkpoint-500) or final")
+            raise UserError(
+                "--checkpoint: expected checkpoint-N (e.g. checkpoint-500), final, or best "
+                "(the lowest eval loss)"
+            )
         return checkpoint, "--checkpoint"
     if manifest_path.is_file():
+        named = _packaging_checkpoint(manifest_path)
         where = f"training.packaging_checkpoint in {shown_path(manifest_path)}"
-        return _packaging_checkpoint(manifest_path) or "final", where
+        return (named, where) if named else ("final", "")
     then = (source.get("training") or {}).get("packaging_checkpoint")
     if isinstance(then, str) and CHECKPOINT_NAME.fullmatch(then):
         return then, f"training.packaging_checkpoint in the run's {SOURCE_MANIFEST}"
     return "final", ""
+
+
+def default_choice(run_dir: Path) -> tuple[str, str]:
+    """What `package` ships without `--checkpoint`, and who chose it ("" for final by default);
+    UserError when that cannot be told (the manifest file unreadable, no copy of it)."""
+    resolved = read_json_file(run_dir / "manifest.resolved.json")
+    source, _ = _source_manifest(run_dir, resolved)
+    manifest_path = Path(str(resolved.get("manifest_path") or ""))
+    return chosen_checkpoint(run_dir, None, manifest_path, source)
+
+
+def _best(run_dir: Path) -> tuple[str, str]:
+    adapters = kept_adapters(run_dir)
+    best = lowest(adapters)
+    if best is None:
+        held = ", ".join(a.name for a in adapters[-8:]) or "none"
+        raise UserError(
+            f"--checkpoint best: the run evaluated at no step it kept an adapter of (it keeps: "
+            f"{held}); name one: --checkpoint NAME"
+        )
+    return best.name, f"--checkpoint best: eval loss {best.eval_loss:.4g} at step {best.step}"
+
+
+def lower_loss_note(run_dir: Path, name: str, ship_with: str = "--checkpoint best") -> str | None:
+    """A note when the run keeps an adapter of lower eval loss than `name`, the one shipped,
+    saying that `ship_with` ships it."""
+    adapters = kept_adapters(run_dir)
+    best = lowest(adapters)
+    shipped = next((a for a in adapters if a.name == name), None)
+    if best is None or best.name == name or shipped is None:
+        return None
+    if shipped.eval_loss is None:
+        return (
+            f"{name} was not evaluated at its step; {best.name} has eval loss "
+            f"{best.eval_loss:.4g} (step {best.step}): {ship_with} ships it"
+        )
+    if best.eval_loss is not None and best.eval_loss < shipped.eval_loss:
+        return (
+            f"{best.name} has a lower eval loss ({best.eval_loss:.4g} at step {best.step}) "
+            f"than {name} ({shipped.eval_loss:.4g}): {ship_with} ships it"
+        )
+    return None
 
 
 def _packaging_checkpoint(manifest_path: Path) -> str | None:
@@ -181,7 +232,7 @@ def plan_members(
     run_dir: Path, checkpoint: str | None = None
 ) -> tuple[dict[str, Any], dict[str, bytes | Path], list[str]]:
     """(packaged manifest, member name -> bytes or file, notes) of a run folder; the adapter
-    of `checkpoint` (checkpoint-N or final) when given, else as `_chosen_checkpoint` says."""
+    of `checkpoint` (checkpoint-N or final) when given, else as `chosen_checkpoint` says."""
     run_dir = run_dir.absolute()
     if (run := run_of(run_dir)) != run_dir:
         raise UserError(
@@ -205,9 +256,9 @@ def plan_members(
     except ValidationError as exc:
         raise UserError([f"{SOURCE_MANIFEST}: {line}" for line in format_errors(exc)]) from None
     manifest_path = Path(str(resolved.get("manifest_path") or ""))
-    name, chosen_by = _chosen_checkpoint(checkpoint, manifest_path, source)
+    name, chosen_by = chosen_checkpoint(run_dir, checkpoint, manifest_path, source)
     weights_dir = run_dir
-    notes = []
+    notes = [note] if (note := lower_loss_note(run_dir, name)) else []
     if name == "final" and final_problem:
         held = [p.name for p in complete_checkpoints(run_dir / "checkpoints")[-8:]]
         ship = f"; ship a checkpoint: --checkpoint NAME ({', '.join(held)})" if held else ""
@@ -215,6 +266,8 @@ def plan_members(
     if name != "final":
         weights_dir = _checkpoint_folder(run_dir, name, chosen_by)
         notes.append(f"shipped {name} ({chosen_by}), not the run's final adapter")
+    elif checkpoint == BEST:
+        notes.append(f"shipped the run's final adapter ({chosen_by})")
     if isinstance(manifest.get("training"), dict):  # the package says which adapter it holds
         manifest["training"]["packaging_checkpoint"] = name
     base_name = parsed.primary_base_model.name

@@ -43,6 +43,7 @@ from expert_cli.train.checkpoints import (
     checkpoint_step,
     remove_incomplete_checkpoints,
 )
+from expert_cli.train.choice import FINAL_STEP, final_adapter_step
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.memory import Stopped, oom_error, out_of_memory, stage_out_of_memory
@@ -315,6 +316,8 @@ def save(run: Run, trainer: Any) -> None:
         trainer.save_model(str(staging))
         if run.is_main:
             move_final_files(staging, run.output)
+            step = final_adapter_step(trainer.args.load_best_model_at_end, trainer.state)
+            run.runtime[FINAL_STEP] = step
             write_resolved(run.output, run.resolved, run.runtime)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
