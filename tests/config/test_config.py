@@ -349,6 +349,39 @@ def test_load_best_model_needs_matching_steps(tmp_path: Path) -> None:
         resolve(load_manifest(path), cpu_environment())
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        # the evaluation measures the loss only: another metric was a KeyError traceback from
+        # the Trainer at the first evaluation, after the model had loaded and a run folder begun
+        (
+            "metric_for_best_model",
+            "eval_accuracy",
+            "training.config.metric_for_best_model: Input should be 'eval_loss' or 'loss'",
+        ),
+        # the checkpoint of the highest loss would be kept as the best and shipped
+        (
+            "greater_is_better",
+            True,
+            "training.config: greater_is_better: true would call the checkpoint of the highest "
+            "loss the best; a loss is better lower: false, or leave it unset",
+        ),
+    ],
+)
+def test_the_best_checkpoint_is_the_one_of_lowest_loss(
+    tmp_path: Path, key: str, value: object, expected: str
+) -> None:
+    path = _mutate(tmp_path, lambda d: d["training"]["config"].__setitem__(key, value))
+    with pytest.raises(UserError) as caught:
+        load_manifest(path)
+    assert any(expected in line for line in caught.value.lines), caught.value.lines
+    for fine in ("loss", "eval_loss"):
+        path = _mutate(
+            tmp_path, lambda d, f=fine: d["training"]["config"].update(metric_for_best_model=f)
+        )
+        assert load_manifest(path).manifest.training.config.metric_for_best_model == fine
+
+
 def test_eval_fraction_defaults_only_without_validation(tmp_path: Path) -> None:
     path = _mutate(tmp_path, lambda d: d["training"]["dataset"].pop("validation_path"))
     cfg = resolve(load_manifest(path), cpu_environment())

@@ -236,9 +236,19 @@ class TrainingConfig(Strict):
     eval_steps: int | None = Field(
         None, ge=1, le=MAX_STEPS, description="Steps between evaluations."
     )
-    load_best_model_at_end: bool | None = Field(None, description="Keep the best checkpoint.")
-    metric_for_best_model: str | None = Field(None, description="Metric for the best model.")
-    greater_is_better: bool | None = Field(None, description="Direction of that metric.")
+    load_best_model_at_end: bool | None = Field(
+        None,
+        description="End with the checkpoint of the lowest eval loss as the final adapter "
+        "(checkpoints must fall on evaluations: save_steps a multiple of eval_steps).",
+    )
+    metric_for_best_model: Literal["eval_loss", "loss"] | None = Field(
+        None,
+        description="Metric for the best checkpoint: the evaluation measures the loss only "
+        "(another name stopped the run at its first evaluation).",
+    )
+    greater_is_better: bool | None = Field(
+        None, description="Direction of that metric: false (a loss is better lower)."
+    )
     torch_compile: bool | None = Field(
         None,
         description="torch.compile each decoder layer (regional). Default: off (measured "
@@ -351,6 +361,11 @@ class TrainingConfig(Strict):
             raise ValueError("epochs and num_epochs differ; give one of them")
         if self.load_best_model_at_end and self.evaluation_strategy == "no":
             raise ValueError("load_best_model_at_end needs evaluation_strategy steps or epoch")
+        if self.greater_is_better:
+            raise ValueError(
+                "greater_is_better: true would call the checkpoint of the highest loss the "
+                "best; a loss is better lower: false, or leave it unset"
+            )
         return self
 
 
