@@ -253,6 +253,14 @@ def test_report_follows_the_manifests_packaging_checkpoint_and_bounds_its_list(
     said = " ".join(run_here("report", str(run)).stdout.split())
     assert "package ships checkpoint-1250 (training.packaging_checkpoint in" in said
     assert "which the run does not keep: name one it keeps, or final" in said
+    # a run that stopped before its end (diverged) wrote no final adapter
+    run = _fake_run(tmp_path / "stopped" / "run", [10, 20], [(10, 1.0), (20, 0.9)])
+    said = " ".join(run_here("report", str(run)).stdout.split())
+    assert "checkpoint-20 step 20 eval loss 0.9 lowest" in said and "final step" not in said
+    assert (
+        "package ships the final adapter, which the run did not write (it stopped before its "
+        "end): --checkpoint NAME ships one it keeps" in said
+    )
 
 
 @pytest.mark.slow

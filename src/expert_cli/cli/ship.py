@@ -146,7 +146,12 @@ def _adapter_lines(run_dir: Path, best_step: int | None, best_loss: float | None
         lines.append(row + ("  " + "; ".join(marks) if marks else ""))
     if hidden:
         lines.append(f"{'':<9} and {hidden} more checkpoints")
-    if ships is not None and ships not in {a.name for a in adapters}:
+    if ships == "final" and ships not in {a.name for a in adapters}:
+        lines.append(
+            f"package   ships the final adapter{who}, which the run did not write (it stopped "
+            "before its end): --checkpoint NAME ships one it keeps"
+        )
+    elif ships is not None and ships not in {a.name for a in adapters}:
         lines.append(
             f"package   ships {ships}{who}, which the run does not keep: name one "
             "it keeps, or final"
