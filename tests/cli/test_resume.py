@@ -72,6 +72,18 @@ def test_resume_matches_uninterrupted(
     for step, loss in {**before, **after}.items():
         assert loss == pytest.approx(expected[step], rel=1e-4, abs=1e-5), step
 
+    # resuming a finished run to train on: its final adapter (of step STEPS) stays in the
+    # folder until the new one is saved, and the record of its step stays with it
+    from expert_cli.train.run import setup
+    from expert_cli.train.session import Silent, TrainOptions
+
+    more = TrainOptions(manifest, tmp_path / "a", resume=True, max_steps=STEPS + 4)
+    run, resume = setup(more, Silent())
+    try:
+        assert resume is not None and run.runtime["final_step"] == STEPS
+    finally:
+        run.release()
+
 
 @pytest.mark.slow
 def test_resume_without_checkpoint_is_a_clean_error(

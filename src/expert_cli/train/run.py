@@ -43,7 +43,7 @@ from expert_cli.train.checkpoints import (
     checkpoint_step,
     remove_incomplete_checkpoints,
 )
-from expert_cli.train.choice import FINAL_STEP, final_adapter_step
+from expert_cli.train.choice import ADAPTER_WEIGHTS, FINAL_STEP, final_adapter_step, final_step
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.memory import Stopped, oom_error, out_of_memory, stage_out_of_memory
@@ -130,6 +130,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
         has_eval=resolved.evaluation_strategy != "no",
         resumed_from=str(resume) if resume else None,
     )
+    if resume and (output / ADAPTER_WEIGHTS).is_file() and (step := final_step(output)):
+        run.runtime[FINAL_STEP] = step  # the resumed run's final adapter stays until one is saved
     return run, resume
 
 
