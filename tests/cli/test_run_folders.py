@@ -292,3 +292,59 @@ def test_a_folder_another_train_is_writing_to_is_refused(capsys, monkeypatch, fi
     code, _, err = _here(capsys, monkeypatch, manifest, fresh, "--set", 'target_modules=["x"]')
     assert code == 2 and "names no layer" in err
     assert not fresh.parent.exists()  # the folders this run created (to hold it) are gone
+
+
+@pytest.mark.slow
+def test_resume_on_data_edited_since_the_run_began_is_refused(
+    capsys, monkeypatch, finished
+) -> None:
+    """The checkpoint's position in the data means nothing on other data: a resume after the
+    training file was edited is exit 2 naming the file (it continued on the new data, silently),
+    and the run is left as it was."""
+    manifest, out = finished
+    data = manifest.parent / "data" / "train.jsonl"
+    original = data.read_bytes()
+    before = _files(out)
+    try:
+        data.write_bytes(
+            original.replace(b"\n", b"\n" + json.dumps({"text": "new"}).encode() + b"\n", 1)
+        )
+        code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "7")
+        assert code == 2, err
+        assert (
+            f"--resume: {out} was trained on other data (changed since it began: "
+            "data/train.jsonl); resume with the data it began with, or start again with "
+            "--overwrite" in " ".join(err.split())
+        )
+        assert _files(out) == before
+    finally:
+        data.write_bytes(original)
+    code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "7")
+    assert code == 0, err  # the same data again: it goes on
+    assert read_metrics(out)["summary"]["steps"] == 7
+
+
+@pytest.mark.parametrize(
+    ("summary", "status", "steps"),
+    [
+        ({"status": "completed", "steps": "abc"}, "completed", 0),
+        ({"status": "interrupted", "steps": [1]}, "interrupted", 0),
+        ({"status": ["completed"], "steps": 1e400}, "unknown", 0),
+        ({"status": {"a": 1}, "steps": 1.5e300}, "unknown", 0),
+        ({"status": "\x1b[2J", "steps": -3}, "unknown", 0),
+        ({"status": "failed", "steps": 12}, "failed", 12),
+        ("not an object", "unknown", 0),
+    ],
+)
+def test_a_hand_edited_metrics_file_is_read_without_a_traceback(
+    tmp_path: Path, summary: object, status: str, steps: int
+) -> None:
+    """`train` into a folder reads its metrics.json to say what it holds; strings, lists,
+    1e400 or objects where a number or a status goes were tracebacks."""
+    from expert_cli.train.run_folder import previous_run
+
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"x")
+    text = json.dumps({"summary": summary}).replace("Infinity", "1e400")
+    (tmp_path / "metrics.json").write_text(text)
+    found = previous_run(tmp_path)
+    assert (found.status, found.steps) == (status, steps)

@@ -68,7 +68,9 @@ from expert_cli.train.outputs import (
 from expert_cli.train.report import write_run_plot
 from expert_cli.train.run_folder import (
     busy,
+    changed_data,
     claim,
+    data_changed,
     decide,
     disk_full,
     held_by_another,
@@ -341,6 +343,8 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
     """The run from data to saved adapter, once its folder is held."""
     try:
         tokenizer, data = load_data(run)
+        if resume and (changed := changed_data(run.output, run.runtime["data"])):
+            raise UserError(data_changed(run.output, changed))
         model = load_model(run, tokenizer, data, resume)
         if run.is_main:
             run.output.mkdir(parents=True, exist_ok=True)
