@@ -44,8 +44,15 @@ def test_report_draws_four_panels_and_summarises(tmp_path: Path) -> None:
 
 
 def test_report_of_a_folder_without_metrics_is_exit_2(tmp_path: Path) -> None:
-    out = run_here("report", str(tmp_path))
-    assert out.returncode == 2 and "no readable metrics.json" in out.stderr
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "file").write_text("x")
+    # a RUN_DIR that is missing, a file or a link loop was blamed on --output, or a traceback
+    for run_dir in (tmp_path, tmp_path / "missing", tmp_path / "file", tmp_path / "loop"):
+        out = run_here("report", str(run_dir))
+        assert out.returncode == 2, out.stderr
+        assert f"{run_dir}: no readable metrics.json (expected a train output folder)" in (
+            " ".join(out.stderr.split())
+        )
 
 
 def test_report_redraws_its_own_picture_but_asks_before_replacing_another_file(

@@ -51,11 +51,13 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
     """The run's status, speed, final and best evaluation loss, and its picture (written when
     `plot` is given; an existing file there is replaced only with `replace`, or when it is the
     run's own training.png, which a report redraws)."""
-    own = plot is not None and plot.parent.resolve() == run_dir.resolve() and plot.name == PLOT_NAME
+    data = read_metrics(run_dir)  # first: a RUN_DIR that is no run is named as such
+    own = (
+        plot is not None and plot.parent.absolute() == run_dir.absolute() and plot.name == PLOT_NAME
+    )
     problem = output_file_problem(plot, "--output", replace or own) if plot is not None else None
     if problem:
         raise UserError(problem)
-    data = read_metrics(run_dir)
     summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
     eval_steps, eval_losses = _points(data.get("evals") or [], "eval_loss")
     best = min(zip(eval_losses, eval_steps, strict=True)) if eval_losses else None
