@@ -215,6 +215,8 @@ def test_a_surrogate_pair_is_text(tmp_path: Path) -> None:
         ('"quality_metrics": {"scores": [1, 2, NaN]}', "quality_metrics.scores[2]"),
         ('"_note": NaN', "_note"),
         ('"constraints": {"max_chain": 18446744073709551616}', "constraints.max_chain"),
+        # past Python's 4,300-digit limit: "cannot be read (ValueError)", naming nothing
+        ('"constraints": {"max_chain": ' + "9" * 5000 + "}", "constraints.max_chain"),
     ],
 )
 def test_non_finite_numbers_are_refused_anywhere(tmp_path: Path, raw: str, where: str) -> None:
@@ -227,6 +229,17 @@ def test_non_finite_numbers_are_refused_anywhere(tmp_path: Path, raw: str, where
 def test_a_non_finite_number_from_set_blames_the_option(tmp_path: Path) -> None:
     text = _error(tmp_path, _data(), ["constraints.load_order=NaN"])
     assert text.startswith("--set constraints.load_order=NaN: constraints.load_order: not a")
+
+
+def test_a_number_of_thousands_of_digits_from_set_is_named_and_cut(tmp_path: Path) -> None:
+    """Python's 4,300-digit limit was a ValueError traceback from inside the JSON parser; and
+    the option, quoted whole, filled the terminal."""
+    text = _error(tmp_path, _data(), ["constraints.max_chain=" + "9" * 5000])
+    assert text == (
+        "--set constraints.max_chain=99999999999999999999999999999999999999... (5,022 "
+        "characters): constraints.max_chain: not a finite number (NaN, Infinity, or too large "
+        "for a double such as 1e400); expected a finite number"
+    )
 
 
 def test_many_bad_values_are_listed_at_most_twenty(tmp_path: Path) -> None:

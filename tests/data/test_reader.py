@@ -40,6 +40,16 @@ def test_every_json_layout_gives_the_same_rows(tmp_path: Path) -> None:
         assert rows_of(tmp_path / name) == INSTRUCTIONS, name
 
 
+def test_a_number_past_pythons_digit_limit_does_not_stop_the_read(tmp_path: Path) -> None:
+    """A field of 5,000 digits beside the text (Python refuses to read over 4,300 into an int)
+    was a ValueError traceback in check and train; it reads as infinity, the row as a row."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"text": "a", "id": ' + "9" * 5000 + '}\n{"text": "b", "id": 7}\n')
+    rows = rows_of(path)
+    assert [r["text"] for r in rows] == ["a", "b"]
+    assert rows[0]["id"] == float("inf") and rows[1]["id"] == 7
+
+
 def test_values_cut_by_the_read_buffer_are_whole(tmp_path: Path, monkeypatch) -> None:
     import expert_cli.data.reader as reader
 

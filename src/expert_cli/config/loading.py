@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from expert_cli.config.base import MAX_VALUE_ERRORS, strip_comments
 from expert_cli.config.models import DatasetSpec, LoadedManifest, Manifest
 from expert_cli.errors import UserError, value_kind
+from expert_cli.jsontext import json_int
 from expert_cli.paths import resolved_path, shown_path
 
 # --------------------------------------------------------------------------- loading
@@ -58,7 +59,7 @@ def parse_manifest_text(text: str) -> tuple[Any, list[str]]:
     twice in one object (JSON keeps the last silently: a second `learning_rate` further down
     would win unseen). Raises what `json.loads` raises."""
     repeated: list[tuple[dict[str, Any], str]] = []
-    data = json.loads(text, object_pairs_hook=_keeping(repeated))
+    data = json.loads(text, object_pairs_hook=_keeping(repeated), parse_int=json_int)
     return data, _repeated_keys(data, repeated) if repeated else []
 
 
@@ -105,13 +106,26 @@ def _objects(value: Any, loc: tuple[Any, ...]) -> Any:
             stack.extend(((*loc, i), v) for i, v in enumerate(value))
 
 
+SHOWN_SET_CHARS = 80
+
+
+def _shown_set(item: str) -> str:
+    """A `--set` as an error names it: a long value cut, with its length (a 5,000-digit
+    number filled the terminal)."""
+    if len(item) <= SHOWN_SET_CHARS:
+        return item
+    return f"{item[: SHOWN_SET_CHARS - 20]}... ({len(item):,} characters)"
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Parse one `--set key=value`. A bare key means `training.config.<key>`."""
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
-        raise UserError(f"--set {item}: expected key=value, e.g. --set learning_rate=1e-4")
+        raise UserError(
+            f"--set {_shown_set(item)}: expected key=value, e.g. --set learning_rate=1e-4"
+        )
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_int=json_int)
     except json.JSONDecodeError:
         value = text
     parts = key.strip().split(".")
@@ -133,14 +147,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             elif isinstance(node, dict):
                 node = node.setdefault(part, {})
             else:
-                raise UserError(f"--set {item}: {part} is not an object in the manifest")
+                raise UserError(
+                    f"--set {_shown_set(item)}: {part} is not an object in the manifest"
+                )
         last = parts[-1]
         if isinstance(node, list) and last.isdigit() and int(last) < len(node):
             node[int(last)] = value
         elif isinstance(node, dict):
             node[last] = value
         else:
-            raise UserError(f"--set {item}: cannot set {last} there")
+            raise UserError(f"--set {_shown_set(item)}: cannot set {last} there")
     return data
 
 
@@ -153,7 +169,7 @@ def _refuse_unknown_top(item: str, top: str, data: dict[str, Any]) -> None:
     close = difflib.get_close_matches(top, list(Manifest.model_fields), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]}?" if close else ""
     raise UserError(
-        f"--set {item}: {top} is not a block of the manifest{hint} (a bare key such as "
+        f"--set {_shown_set(item)}: {top} is not a block of the manifest{hint} (a bare key such as "
         "rank=4 sets training.config.rank)"
     )
 
@@ -227,7 +243,7 @@ def _attributed(lines: list[str], file_name: str, overrides: list[str]) -> list[
             or loc.startswith((where + ".", where + "["))
             or _names_sibling(where, loc, message)
         ]
-        out.append(f"--set {by[-1]}: {line}" if by else f"{file_name}: {line}")
+        out.append(f"--set {_shown_set(by[-1])}: {line}" if by else f"{file_name}: {line}")
     return out
 
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from expert_cli.errors import UserError
+from expert_cli.jsontext import json_int
 
 CHUNK_BYTES = 1 << 20
 MAX_ITEM_BYTES = 256 << 20  # one example (a JSON value, a CSV record) at most this big
@@ -117,7 +118,7 @@ def _open(path: Path) -> BinaryIO:
 def _json_rows(path: Path) -> Iterator[Row]:
     """JSON values one after another (JSON Lines, concatenated objects), or the items of one
     top-level array; each with the line it starts on."""
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(parse_int=json_int)
     with _open(path) as fh:
         text = _Text(path, fh)
         buf, pos, line = "", 0, 1

@@ -1,0 +1,18 @@
+"""JSON numbers as expert-cli reads them from users' files and options.
+
+Python refuses to turn a string of more than 4,300 digits into an int (a guard against slow
+conversions), and `json` raises that ValueError from inside the parser, so a data row or a
+`--set` value holding such a number ended in a traceback. Read as a float instead, it is
+infinity: the row's other fields are still read, and a field that needs a number is refused
+by the same checks as `1e400`, naming its place.
+"""
+
+from __future__ import annotations
+
+INT_DIGITS = 4000  # below Python's default limit of 4,300 (sys.get_int_max_str_digits)
+
+
+def json_int(text: str) -> int | float:
+    """`parse_int` for `json`: an int, or for one of more than INT_DIGITS digits a float
+    (infinity), never the ValueError of Python's digit limit."""
+    return int(text) if len(text) <= INT_DIGITS else float(text)
