@@ -348,3 +348,30 @@ def test_a_hand_edited_metrics_file_is_read_without_a_traceback(
     (tmp_path / "metrics.json").write_text(text)
     found = previous_run(tmp_path)
     assert (found.status, found.steps) == (status, steps)
+
+
+def test_outputs_inside_a_data_folder_are_refused(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A data folder is read whole: a run's files or a token cache inside it were read back as
+    data by the next build (check then failed on adapter_config.json, or "cannot tell the file
+    format" with the cache's Arrow files beside the JSON)."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8)
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["path"] = "data"  # the folder, not the file
+    manifest.write_text(json.dumps(data))
+    folder = manifest.parent / "data"
+    for out in (folder, folder / "runs" / "a"):
+        code, _, err = _here(capsys, monkeypatch, manifest, out, "--max-steps", "1")
+        assert code == 2, err
+        assert f"--output {out}: is inside the data folder {folder}" in " ".join(err.split())
+    assert sorted(p.name for p in folder.iterdir()) == ["train.jsonl"]  # nothing written
+    code, said, _ = run_main(
+        capsys, monkeypatch, "check", "-m", str(manifest), "--set", "pretokenized_cache=data/c"
+    )
+    assert code == 2
+    assert (
+        f"training.config.pretokenized_cache: {folder / 'c'} is inside the data folder {folder}"
+        in " ".join(said.split())
+    )
+    assert sorted(p.name for p in folder.iterdir()) == ["train.jsonl"]

@@ -185,6 +185,21 @@ def _refuse_manifest_folder(path: Path, folder: Path, label: str) -> None:
         )
 
 
+def data_folder_holding(path: Path, sources: list[SourceRef]) -> str | None:
+    """The local data folder among `sources` that `path` is (or lies in), if any: what is
+    written there (a token cache, a run's outputs) would be read back as data."""
+    for ref in sources:
+        if ref.kind != "local":
+            continue
+        try:
+            folder = Path(ref.location)
+            if folder.is_dir() and path.resolve().is_relative_to(folder.resolve()):
+                return ref.location
+        except (OSError, RuntimeError):
+            continue  # the data check names what cannot be read
+    return None
+
+
 def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef]]:
     """Training and validation sources of the manifest's dataset block."""
     ds = lm.manifest.training.dataset
@@ -342,6 +357,12 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         cfg.pretokenized_cache or ".cache/pretokenized",
         "training.config.pretokenized_cache",
     )
+    if held := data_folder_holding(cache, train + valid):
+        raise UserError(
+            f"training.config.pretokenized_cache: {shown_path(cache)} is inside the data folder "
+            f"{shown_path(held)}; the cache's files would be read as data: put it elsewhere "
+            "(the default is .cache/pretokenized beside the manifest)"
+        )
     return ResolvedConfig(
         expert=lm.manifest.name,
         expert_version=lm.manifest.version,

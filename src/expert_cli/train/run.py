@@ -19,7 +19,7 @@ from transformers.utils import logging as hf_logging
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment
 from expert_cli.config.kernels import BOUNDARY_KERNELS
-from expert_cli.config.resolve import resolve
+from expert_cli.config.resolve import data_folder_holding, resolve
 from expert_cli.data import PreparedData, prepare_data
 from expert_cli.data.collate import PackedCollator
 from expert_cli.data.hub import hub_refs, require_hub
@@ -98,6 +98,11 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     env = probe_environment()
     resolved = resolve(loaded, env)
     output = output_dir(loaded.path, opts.output)
+    if held := data_folder_holding(output, resolved.train_sources + resolved.validation_sources):
+        raise UserError(
+            f"--output {output}: is inside the data folder {held}; the run's files would be "
+            "read as data by the next build: choose a folder outside it"
+        )
     kwargs = training_args_kwargs(
         resolved, output / "checkpoints", max_steps=opts.max_steps, on_gpu=env.has_gpu
     )
