@@ -56,6 +56,21 @@ def safetensors_problem(path: Path) -> str | None:
     return f"{path.name} {problem}" if problem else None
 
 
+def tensor_names(path: Path) -> list[str] | None:
+    """The tensor names a safetensors file's header lists (None when it cannot be read)."""
+    try:
+        with path.open("rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if length > HEADER_LIMIT:
+                return None
+            header = json.loads(f.read(length))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    return [str(k) for k in header if k != "__metadata__"]
+
+
 def damaged_weights(folder: Path) -> list[str]:
     """A line per damaged `*.safetensors` file directly in `folder` (a model's shards)."""
     return [p for f in sorted(folder.glob("*.safetensors")) if (p := safetensors_problem(f))]

@@ -42,7 +42,8 @@ def _run_folder(tmp_path: Path, source: dict | str | None = None) -> Path:
     """A run folder as train leaves it (the adapter is bytes no command here loads)."""
     run = tmp_path / "run"
     run.mkdir()
-    config = {"base_model_name_or_path": "org/model", "peft_type": "LORA"}
+    config = {"base_model_name_or_path": "org/model", "peft_type": "LORA", "r": 8}
+    config["target_modules"] = ["q_proj"]
     (run / "adapter_config.json").write_text(json.dumps(config))
     empty = (2).to_bytes(8, "little") + b"{}"  # a whole safetensors file of no tensors
     (run / "adapter_model.safetensors").write_bytes(empty)

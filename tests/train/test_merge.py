@@ -69,7 +69,8 @@ def test_a_base_model_that_is_gone_is_named(tmp_path: Path, recorded: str, gone:
     from expert_cli.errors import UserError
     from expert_cli.train.outputs import adapter_base
 
-    config = {"base_model_name_or_path": recorded}
+    config = {"base_model_name_or_path": recorded, "peft_type": "LORA", "r": 8, "lora_alpha": 16}
+    config["target_modules"] = ["q_proj"]
     (tmp_path / "adapter_config.json").write_text(json.dumps(config))
     empty = (2).to_bytes(8, "little") + b"{}"  # a whole safetensors file of no tensors
     (tmp_path / "adapter_model.safetensors").write_bytes(empty)

@@ -374,6 +374,45 @@ def test_a_chosen_checkpoint_is_shipped(v2_run: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        # merged NaN into every adapted weight of the base, exit 0
+        (
+            {"lora_alpha": float("nan")},
+            "lora_alpha: expected a number above 0 and at most 1e+06 (got a decimal number)",
+        ),
+        # a TypeError traceback from inside peft
+        ({"r": "16"}, "r: expected a number above 0 and at most 1024 (got a string of 2"),
+        # grew past 7 GB while generate built the layers
+        ({"r": 10**6}, "r: expected a number above 0 and at most 1024 (got a whole number)"),
+        # applied silently: answers without the adapter, or with a wrong one
+        ({"peft_type": "IA3"}, "peft_type: IA3, but the adapter weights beside it are of another"),
+        ({"use_dora": True}, "use_dora is on, but the weights beside it do not hold DoRA's"),
+        ({"peft_type": "FOO"}, "peft_type: expected one of LORA, ADALORA, IA3, LOKR (got a"),
+        ({"task_type": "SEQ_CLS"}, "task_type: expected CAUSAL_LM (got a string of 7"),
+        ({"target_modules": []}, "target_modules: expected the names of the adapted layers"),
+    ],
+)
+def test_an_adapter_config_that_cannot_describe_its_weights_is_refused(
+    v2_run: Path, tmp_path: Path, edit: dict, expected: str
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("runs", "checkpoints"))
+    config = json.loads((run / "adapter_config.json").read_text())
+    (run / "adapter_config.json").write_text(json.dumps({**config, **edit}))
+    for command in (
+        ("package", "--adapter", str(run), "--output", str(tmp_path / "x.expert")),
+        ("merge", "--adapter", str(run), "--output", str(tmp_path / "merged")),
+    ):
+        out = run_here(*command)
+        assert out.returncode == 2, out.stdout + out.stderr
+        said = " ".join(out.stderr.split())
+        assert f"{run / 'adapter_config.json'}: {expected}" in said, said
+    assert not (tmp_path / "x.expert").exists() and not (tmp_path / "merged").exists()
+
+
+@pytest.mark.slow
 def test_the_checkpoint_of_lowest_eval_loss_is_named_and_shipped_as_best(
     v2_run: Path, tmp_path: Path
 ) -> None:

@@ -14,9 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
-from expert_cli.errors import RunError, UserError
+from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import path_is_dir, resolved_path, shown_path
-from expert_cli.weights import non_finite_line, non_finite_tensors, safetensors_problem
+from expert_cli.weights import (
+    non_finite_line,
+    non_finite_tensors,
+    safetensors_problem,
+    tensor_names,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -137,6 +142,9 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
             f"--adapter {adapter}: {ADAPTER_WEIGHTS[0]}: {non_finite_line(bad)}: the run that "
             "wrote it diverged; train again (docs/training.md, a loss that is not a number)"
         )
+    names = tensor_names(safetensors) if safetensors.is_file() else None
+    if problem := adapter_config_problem(config, names):
+        raise UserError(f"{config_path}: {problem}; restore the file the run wrote")
     local = adapter / base  # a random-init base saved inside the run folder: a relative path
     if not Path(base).is_absolute() and local.is_dir():
         return str(local)
@@ -147,6 +155,46 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
             "(a local folder or a hub id)"
         )
     return base
+
+
+# what a tensor name of each peft type's weights holds (peft's own parameter names)
+WEIGHT_MARKERS = {"LORA": "lora_A", "ADALORA": "lora_E", "IA3": "ia3_l", "LOKR": "lokr_"}
+MAX_RANK, MAX_ALPHA = 1024, 1e6  # the manifest's bounds
+
+
+def adapter_config_problem(config: dict[str, Any], names: list[str] | None) -> str | None:
+    """What in an adapter_config.json cannot be the configuration of the adapter weights
+    beside it (`names`: their tensor names; not compared when none were read): an adapter
+    type expert-cli does not train, a rank or alpha that is no number in the manifest's
+    bounds, no target modules, or a type or DoRA setting the weights were not trained with.
+    A hand edit or a file from elsewhere: peft would apply it silently (NaN merged into the
+    base), fail in a traceback (a rank given as text), or take memory without bound (a rank
+    of 10^6)."""
+    kind = config.get("peft_type")
+    if kind not in WEIGHT_MARKERS:
+        return f"peft_type: expected one of {', '.join(WEIGHT_MARKERS)} (got {value_kind(kind)})"
+    if config.get("task_type") not in (None, "CAUSAL_LM"):
+        return f"task_type: expected CAUSAL_LM (got {value_kind(config.get('task_type'))})"
+    for key, top in (("r", MAX_RANK), ("lora_alpha", MAX_ALPHA), ("alpha", MAX_ALPHA)):
+        if key not in config or (key == "r" and kind == "IA3"):
+            continue
+        value = config[key]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not 0 < value <= top or (key == "r" and not isinstance(value, int)):
+            return f"{key}: expected a number above 0 and at most {top:g} (got {value_kind(value)})"
+    targets = config.get("target_modules")
+    if not targets or not isinstance(targets, str | list):
+        return (
+            f"target_modules: expected the names of the adapted layers (got {value_kind(targets)})"
+        )
+    if names and not any(WEIGHT_MARKERS[kind] in n for n in names):
+        return f"peft_type: {kind}, but the adapter weights beside it are of another kind"
+    dora = any("lora_magnitude_vector" in n for n in names or [])
+    if names and kind == "LORA" and bool(config.get("use_dora")) != dora:
+        said = "on" if config.get("use_dora") else "off"
+        held = "hold" if dora else "do not hold"
+        return f"use_dora is {said}, but the weights beside it {held} DoRA's magnitudes"
+    return None
 
 
 def _names_a_folder(base: str) -> bool:
