@@ -22,6 +22,23 @@ def shown_path(path: Path | str, limit: int = SHOWN_PATH_CHARS) -> str:
     return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]}"
 
 
+NAME_MAX_BYTES, PATH_MAX_BYTES = 255, 4096  # Linux's limits (and most file systems')
+
+
+def name_length_problem(text: str) -> str | None:
+    """Why no file system takes `text` as a path (a name in it over 255 bytes, or the whole
+    over 4,096), or None: found before anything is created on the way to it."""
+    try:
+        encoded = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return None  # the OS call names what it cannot encode
+    if len(encoded) > PATH_MAX_BYTES:
+        return f"over {PATH_MAX_BYTES:,} bytes; give a shorter path"
+    if any(len(part) > NAME_MAX_BYTES for part in encoded.split(b"/")):
+        return f"a name in it is over {NAME_MAX_BYTES} bytes; give a shorter one"
+    return None
+
+
 def resolved_path(path: Path | str, label: str) -> Path:
     """`path` absolute, `~` expanded, links followed; UserError for a path that cannot be."""
     text = str(path)
@@ -33,6 +50,8 @@ def resolved_path(path: Path | str, label: str) -> Path:
             f"{label} {shown_path(text)}: that home folder (~) is not known here; give the "
             "path in full"
         )
+    if problem := name_length_problem(str(expanded)):
+        raise UserError(f"{label} {shown_path(text)}: {problem}")
     try:
         return expanded.resolve()
     except RuntimeError:  # Python's message for a loop of symbolic links

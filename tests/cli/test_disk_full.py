@@ -137,3 +137,35 @@ def test_a_full_disk_while_packaging(
         ]
         assert earlier.read_bytes() == b"an earlier package"
         (disk / "filler").unlink()
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_merge_report_and_benchmark(
+    small_disk: Path, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Each was a traceback (SafetensorError, PIL's OSError, json's); now exit 1 saying the
+    disk is full, and nothing is left where the output went."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8)
+    run = tmp_path / "e" / "out"
+    done = run_here("train", "-m", str(manifest), "--output", str(run), "--max-steps", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    full = "no space left on the device; free space and run it again"
+    merged = small_disk / "merged"
+    bench = ("benchmark", "--duration", "1", "--interval", "0.5")
+    for leave, command, expected in (
+        (0, ("report", str(run), "--output", str(small_disk / "t.png")), full),
+        (0, (*bench, "--output", str(small_disk / "b.json")), full),
+        # room for the folder, not for the weights: safetensors' own error
+        (
+            64 << 10,
+            ("merge", "--adapter", str(run), "--output", str(merged)),
+            f"--output {merged}: cannot be written (No space left on device)",
+        ),
+    ):
+        _fill(small_disk, leave)
+        out = run_here(*command)
+        assert out.returncode == 1, (command[0], out.stdout + out.stderr)
+        assert expected in " ".join(out.stderr.split()), (command[0], out.stderr)
+        assert "Traceback" not in out.stderr
+        assert sorted(p.name for p in small_disk.iterdir()) == ["filler"], command[0]
+        (small_disk / "filler").unlink()

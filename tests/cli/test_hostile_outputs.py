@@ -239,3 +239,50 @@ def test_merge_output_is_refused_before_loading(
     text = _exit_2(capsys, monkeypatch, "merge", "--adapter", str(run), "--output", str(output))
     assert f"--output {output}: " in text and expected in text
     assert notes.read_text() == "mine\n" and (busy / "model.safetensors").read_bytes() == b"theirs"
+
+
+# --------------------------------------------------------------------------- paths the OS refuses
+
+LONG = "a" * 300  # a name over the 255 bytes file systems take
+
+
+def test_paths_the_file_system_refuses_are_named_not_tracebacks(
+    capsys, monkeypatch, tmp_path: Path
+) -> None:
+    """A name over 255 bytes or a link loop on the way: each was an OSError or RuntimeError
+    traceback in some command; now exit 2 with one line, and nothing is created on the way."""
+    run = _run_folder(tmp_path)
+    (run / "metrics.json").write_text(json.dumps({"windows": [], "evals": [], "summary": {}}))
+    (tmp_path / "loop").symlink_to("loop")
+    cases = [
+        (("report", str(run), "--output", str(tmp_path / f"{LONG}.png")), "is too long"),
+        (("generate", "--adapter", str(run), "--prompts", str(tmp_path / LONG)), "over 255 bytes"),
+        (("package", "--adapter", str(run), "--output", str(tmp_path / f"{LONG}.expert")), "255"),
+        (("merge", "--adapter", str(run), "--output", str(tmp_path / "new" / LONG)), "255"),
+        (("report", str(run), "--output", str(tmp_path / "loop" / "x.png")), "a link loop"),
+    ]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for args, expected in cases:
+        code, out, err = run_main(capsys, monkeypatch, *args)
+        assert code == 2, (args[0], out + err)
+        assert expected in " ".join(err.split()), (args[0], err)
+        assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.slow
+def test_a_path_of_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    """`--output $'x\\xffy'` was a UnicodeEncodeError traceback while the tokenizer was saved
+    (a fresh process: the bytes reach argv as they do from a shell)."""
+    import shutil
+
+    from conftest import DEMO_EXPERT_DIR
+    from train_helpers import run_cli
+
+    expert = tmp_path / "expert"
+    shutil.copytree(DEMO_EXPERT_DIR, expert, ignore=shutil.ignore_patterns(".cache", "output"))
+    out = tmp_path / "runs" / "x\udcffy"
+    done = run_cli("train", "-m", str(expert / "manifest.json"), "--output", str(out))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "a path or text given holds bytes that are not UTF-8 text" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "runs").exists()

@@ -154,6 +154,19 @@ def test_generate_errors_are_exit_2(capsys, monkeypatch, memorised: Path, tmp_pa
     )
 
 
+def test_prompts_are_text(tmp_path: Path) -> None:
+    """A prompt of bytes that are not UTF-8 (argv keeps them as lone surrogates) was a
+    TypeError traceback from the tokenizer; a BOM stayed in the first prompt of a file."""
+    from expert_cli.errors import UserError
+    from expert_cli.train.generate import GenerateOptions, read_prompts
+
+    with pytest.raises(UserError, match="prompt 2: holds bytes that are not UTF-8 text"):
+        read_prompts(GenerateOptions(tmp_path, prompts=["fine", "ab\udcffcd"]))
+    file = tmp_path / "prompts.txt"
+    file.write_text("\ufefffirst\nsecond\n", encoding="utf-8")
+    assert read_prompts(GenerateOptions(tmp_path, prompts_file=file)) == ["first", "second"]
+
+
 @pytest.mark.slow
 def test_a_chat_template_that_refuses_the_prompt(
     capsys, monkeypatch, memorised: Path, tmp_path: Path

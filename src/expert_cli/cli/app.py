@@ -7,6 +7,7 @@ Every command module imports its library code inside the command's body, so that
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 import warnings
@@ -17,8 +18,9 @@ import typer
 from expert_cli import __version__
 from expert_cli.cli import benchmark, check, data, ship, train
 from expert_cli.cli.help import Command, Group, examples
-from expert_cli.cli.render import print_error
+from expert_cli.cli.render import one_line, print_error
 from expert_cli.errors import RunError, UserError
+from expert_cli.paths import shown_path
 
 app = typer.Typer(
     name="expert-cli",
@@ -167,7 +169,37 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:
-        if _state["verbose"] or not _out_of_memory(exc):
+        if _state["verbose"]:
             raise
-        print_error("failed", RunError(OUT_OF_MEMORY))
-        sys.exit(1)
+        if _out_of_memory(exc):
+            print_error("failed", RunError(OUT_OF_MEMORY))
+            sys.exit(1)
+        said = _system_error(exc)
+        if said is None:
+            raise
+        print_error("error" if isinstance(said, UserError) else "failed", said)
+        sys.exit(2 if isinstance(said, UserError) else 1)
+
+
+def _system_error(exc: BaseException) -> UserError | RunError | None:
+    """What the file system refused, where no command said it better: a name over the file
+    system's limit or a link loop in a path the user gave (exit 2), a full disk (exit 1).
+    Every write goes through a temporary name first, so nothing half-written is left."""
+    if isinstance(exc, RuntimeError) and "Symlink loop" in str(exc):  # pathlib's resolve()
+        return UserError("a path given holds a link loop (a link that leads back to itself)")
+    if isinstance(exc, UnicodeEncodeError) and exc.reason == "surrogates not allowed":
+        return UserError("a path or text given holds bytes that are not UTF-8 text")
+    if not isinstance(exc, OSError):
+        return None
+    where = exc.filename if isinstance(exc.filename, str) else None
+    place = f"{one_line(shown_path(where))}: " if where else ""
+    if exc.errno == errno.ENAMETOOLONG:
+        return UserError(
+            f"{place}a name in this path is too long for the file system (over "
+            "255 bytes, or the whole path over 4,096); give a shorter one"
+        )
+    if exc.errno == errno.ELOOP:
+        return UserError(f"{place}holds a link loop (a link that leads back to itself)")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return RunError(f"{place}no space left on the device; free space and run it again")
+    return None

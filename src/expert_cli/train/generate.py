@@ -242,6 +242,8 @@ def read_prompts(opts: GenerateOptions) -> list[str]:
     for i, prompt in enumerate(prompts, 1):
         if len(prompt) > MAX_PROMPT_CHARS:
             raise UserError(f"prompt {i}: over {MAX_PROMPT_CHARS:,} characters")
+        if any("\ud800" <= c <= "\udfff" for c in prompt):  # argv bytes that are not UTF-8
+            raise UserError(f"prompt {i}: holds bytes that are not UTF-8 text")
     return prompts
 
 
@@ -252,7 +254,7 @@ def _prompt_lines(path: Path) -> list[str]:
     lines: list[str] = []
     number = 0  # the file's line number, blank lines counted
     try:
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:  # a BOM is no part of the first prompt
             while len(lines) <= MAX_PROMPTS and (line := f.readline(MAX_PROMPT_CHARS + 2)):
                 number += 1
                 if len(line) > MAX_PROMPT_CHARS and not line.endswith("\n"):

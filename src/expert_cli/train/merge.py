@@ -95,7 +95,10 @@ def merge_adapter(adapter: Path, output: Path) -> Path:
         with atomic_folder(output) as tmp:  # an existing `output` is empty, checked above
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-    except OSError as exc:  # a full disk: not the user's input; nothing half-written is kept
-        shown = shown_path(output)
-        raise RunError(f"--output {shown}: cannot be written ({exc.strerror})") from None
+    except (OSError, SafetensorError) as exc:  # a full disk: not the user's input; nothing
+        # half-written is kept (safetensors' writer raises its own error for it)
+        reason = getattr(exc, "strerror", None) or (
+            "No space left on device" if "No space left" in str(exc) else type(exc).__name__
+        )
+        raise RunError(f"--output {shown_path(output)}: cannot be written ({reason})") from None
     return output
