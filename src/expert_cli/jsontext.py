@@ -9,10 +9,12 @@ by the same checks as `1e400`, naming its place.
 
 from __future__ import annotations
 
-INT_DIGITS = 4000  # below Python's default limit of 4,300 (sys.get_int_max_str_digits)
+import sys
 
 
 def json_int(text: str) -> int | float:
-    """`parse_int` for `json`: an int, or for one of more than INT_DIGITS digits a float
-    (infinity), never the ValueError of Python's digit limit."""
-    return int(text) if len(text) <= INT_DIGITS else float(text)
+    """`parse_int` for `json`: an int, or for one past Python's digit limit (4,300 unless
+    PYTHONINTMAXSTRDIGITS says otherwise; 0 is none) a float (infinity), never its
+    ValueError."""
+    limit = sys.get_int_max_str_digits()
+    return int(text) if not limit or len(text.lstrip("-")) <= limit else float(text)

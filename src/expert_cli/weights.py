@@ -60,15 +60,25 @@ def tensor_names(path: Path) -> list[str] | None:
     """The tensor names a safetensors file's header lists (None when it cannot be read)."""
     try:
         with path.open("rb") as f:
-            length = int.from_bytes(f.read(8), "little")
-            if length > HEADER_LIMIT:
-                return None
-            header = json.loads(f.read(length))
-    except (OSError, ValueError, RecursionError):
+            start = f.read(8)
+            length = int.from_bytes(start, "little") if len(start) == 8 else 0
+            head = start + f.read(length if length <= HEADER_LIMIT else 0)
+    except OSError:
         return None
-    if not isinstance(header, dict):
+    return header_names(head)
+
+
+def header_names(head: bytes) -> list[str] | None:
+    """The tensor names of the header at the start of `head` (a safetensors file's first
+    bytes); None when `head` does not hold a whole, readable header."""
+    length = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
+    if length < 0 or len(head) < 8 + length:
         return None
-    return [str(k) for k in header if k != "__metadata__"]
+    try:
+        header = json.loads(head[8 : 8 + length])
+    except (ValueError, RecursionError):
+        return None
+    return [str(k) for k in header if k != "__metadata__"] if isinstance(header, dict) else None
 
 
 def damaged_weights(folder: Path) -> list[str]:

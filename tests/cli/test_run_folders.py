@@ -375,3 +375,31 @@ def test_outputs_inside_a_data_folder_are_refused(
         in " ".join(said.split())
     )
     assert sorted(p.name for p in folder.iterdir()) == ["train.jsonl"]
+    # a hidden folder inside it is passed over by the reader: a cache there is fine
+    code, said, _ = run_main(
+        capsys, monkeypatch, "check", "-m", str(manifest), "--set", "pretokenized_cache=data/.c"
+    )
+    assert "is inside the data folder" not in said
+
+
+def test_data_is_compared_by_content_not_by_name_or_time(tmp_path: Path) -> None:
+    """Files are named relative to the manifest's folder (moving the manifest renames them),
+    and a file over 256 MiB is known by its edges and mtime (a plain copy changes the mtime):
+    neither is a change of data. An edit, an addition and a removal are."""
+    from expert_cli.train.data_record import changed_data
+
+    def record(files: dict[str, dict]) -> dict:
+        sources = {"train": [{"kind": "local", "location": "data", "files": files}]}
+        return {"stats": {"inputs": {"sources": sources}}}
+
+    a = {"size": 10, "xxh3": "aa"}
+    big = {"size": 1 << 29, "xxh3_edges": "bb", "mtime_ns": 1}
+    runtime = {"data": record({"data/a.jsonl": a, "data/big.jsonl": big})}
+    (tmp_path / "manifest.resolved.json").write_text(json.dumps({"runtime": runtime}))
+    moved = {"/elsewhere/data/a.jsonl": a, "/elsewhere/data/big.jsonl": {**big, "mtime_ns": 2}}
+    assert changed_data(tmp_path, record(moved)) == []
+    edited = {"data/a.jsonl": {"size": 11, "xxh3": "cc"}, "data/big.jsonl": big}
+    assert changed_data(tmp_path, record(edited)) == ["data/a.jsonl"]
+    added = {"data/a.jsonl": a, "data/big.jsonl": big, "data/c.jsonl": {"size": 1, "xxh3": "d"}}
+    assert changed_data(tmp_path, record(added)) == ["data/c.jsonl"]
+    assert changed_data(tmp_path, record({"data/a.jsonl": a})) == ["1 file(s) no longer there"]

@@ -191,3 +191,33 @@ def test_an_added_token_past_the_embedding_is_refused_only_when_the_data_holds_i
         "rows: a token the tokenizer added past the model's vocabulary appears in the data"
     ) in " ".join(err.split())
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["lora", "dora", "ia3", "lokr", "adalora"])
+def test_every_adapter_expert_cli_trains_passes_the_configuration_check(
+    tmp_path: Path, tiny_model_dir: Path, kind: str
+) -> None:
+    """`generate`, `merge` and `package` refuse an adapter_config.json that cannot describe
+    its weights; what peft saves for each adapter type expert-cli trains must pass."""
+    from peft import AdaLoraConfig, IA3Config, LoKrConfig, LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from expert_cli.train.outputs import adapter_config_problem
+    from expert_cli.weights import tensor_names
+
+    targets = ["q_proj", "v_proj"]
+    config = {
+        "lora": LoraConfig(r=4, target_modules=targets, task_type="CAUSAL_LM"),
+        "dora": LoraConfig(r=4, target_modules=targets, use_dora=True, task_type="CAUSAL_LM"),
+        "ia3": IA3Config(target_modules=targets, feedforward_modules=[], task_type="CAUSAL_LM"),
+        "lokr": LoKrConfig(r=4, target_modules=targets, task_type="CAUSAL_LM"),
+        "adalora": AdaLoraConfig(r=4, target_modules=targets, total_step=10, task_type="CAUSAL_LM"),
+    }[kind]
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), config)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "adapter_config.json").read_text())
+    names = tensor_names(tmp_path / "adapter_model.safetensors")
+    assert names, kind
+    assert adapter_config_problem(saved, names) is None
+    saved["lora_alpha" if "lora_alpha" in saved else "target_modules"] = None  # and it can fail
+    assert adapter_config_problem(saved, names) is not None

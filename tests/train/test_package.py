@@ -380,12 +380,12 @@ def test_a_chosen_checkpoint_is_shipped(v2_run: Path, tmp_path: Path) -> None:
         # merged NaN into every adapted weight of the base, exit 0
         (
             {"lora_alpha": float("nan")},
-            "lora_alpha: expected a number above 0 and at most 1e+06 (got a decimal number)",
+            "lora_alpha: expected a number above 0 and at most 1,000,000 (got a decimal number)",
         ),
         # a TypeError traceback from inside peft
-        ({"r": "16"}, "r: expected a number above 0 and at most 1024 (got a string of 2"),
+        ({"r": "16"}, "r: expected a whole number above 0 and at most 1,024 (got a string of 2"),
         # grew past 7 GB while generate built the layers
-        ({"r": 10**6}, "r: expected a number above 0 and at most 1024 (got a whole number)"),
+        ({"r": 10**6}, "r: expected a whole number above 0 and at most 1,024 (got a whole number)"),
         # applied silently: answers without the adapter, or with a wrong one
         ({"peft_type": "IA3"}, "peft_type: IA3, but the adapter weights beside it are of another"),
         ({"use_dora": True}, "use_dora is on, but the weights beside it do not hold DoRA's"),

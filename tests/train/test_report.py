@@ -311,9 +311,15 @@ def test_the_final_adapters_step_is_the_best_checkpoints_when_it_was_loaded_at_t
     from expert_cli.train.choice import final_adapter_step
 
     state = TrainerState(global_step=6, best_global_step=2)
+    state.best_model_checkpoint = "/runs/a/checkpoints/checkpoint-2"
     assert final_adapter_step(True, state) == 2
     assert final_adapter_step(False, state) == 6
     assert final_adapter_step(True, TrainerState(global_step=6)) == 6  # evaluated nothing
+    # evaluations every 2 steps, checkpoints every 4: the best evaluation (step 6) was not
+    # saved, and the Trainer loads the best checkpoint that was (step 4)
+    state = TrainerState(global_step=8, best_global_step=6)
+    state.best_model_checkpoint = "/runs/a/checkpoints/checkpoint-4"
+    assert final_adapter_step(True, state) == 4
 
 
 def test_train_ends_by_naming_a_checkpoint_evaluated_lower_than_its_final_adapter(

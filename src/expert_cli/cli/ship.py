@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -112,8 +113,6 @@ def _adapter_lines(run_dir: Path, best_step: int | None, best_loss: float | None
     """The adapters the run keeps with their eval losses, which one is lowest, which one
     `package` ships and how to ship another (the last steps of HiveLLM's way: compare the
     checkpoints, then name one)."""
-    import math
-
     from expert_cli.errors import UserError
     from expert_cli.paths import shown_path
     from expert_cli.train.choice import kept_adapters, lowest

@@ -186,14 +186,17 @@ def _refuse_manifest_folder(path: Path, folder: Path, label: str) -> None:
 
 
 def data_folder_holding(path: Path, sources: list[SourceRef]) -> str | None:
-    """The local data folder among `sources` that `path` is (or lies in), if any: what is
-    written there (a token cache, a run's outputs) would be read back as data."""
+    """The local data folder among `sources` that `path` is (or lies in, not under a hidden
+    folder, which the reader passes over), if any: what is written there (a token cache, a
+    run's outputs) would be read back as data."""
     for ref in sources:
         if ref.kind != "local":
             continue
         try:
-            folder = Path(ref.location)
-            if folder.is_dir() and path.resolve().is_relative_to(folder.resolve()):
+            folder, target = Path(ref.location).resolve(), path.resolve()
+            if not (folder.is_dir() and target.is_relative_to(folder)):
+                continue
+            if not any(part.startswith(".") for part in target.relative_to(folder).parts):
                 return ref.location
         except (OSError, RuntimeError):
             continue  # the data check names what cannot be read

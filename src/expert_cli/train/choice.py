@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
 from expert_cli.train.outputs import read_json_file
 
@@ -22,7 +23,7 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # the step a run's final adapter holds, recorded in manifest.resolved.json's runtime when it is
 # saved (with load_best_model_at_end, the best checkpoint's step, not the last one)
 FINAL_STEP = "final_step"
-MAX_STEP = 10**12
+MAX_STEP = MAX_STEPS
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,12 @@ def kept_adapters(run_dir: Path) -> list[KeptAdapter]:
 
 
 def final_adapter_step(load_best_model_at_end: bool, state: Any) -> int:
-    """The step of the weights a finished Trainer holds: the best checkpoint's when it loaded
-    that at the end (transformers' TrainerState.best_global_step), else the last step."""
-    best = getattr(state, "best_global_step", None) if load_best_model_at_end else None
-    return int(best or state.global_step)
+    """The step of the weights a finished Trainer holds: with load_best_model_at_end, that of
+    the checkpoint it loaded (`best_model_checkpoint`: the best evaluation that was saved;
+    `best_global_step` may be an evaluation between checkpoints), else the last step."""
+    best = getattr(state, "best_model_checkpoint", None) if load_best_model_at_end else None
+    step = checkpoint_step(Path(best)) if best else None
+    return step if step is not None else int(state.global_step)
 
 
 def final_step(run_dir: Path) -> int | None:

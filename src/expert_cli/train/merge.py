@@ -98,7 +98,9 @@ def merge_adapter(adapter: Path, output: Path) -> Path:
     except (OSError, SafetensorError) as exc:  # a full disk: not the user's input; nothing
         # half-written is kept (safetensors' writer raises its own error for it)
         reason = getattr(exc, "strerror", None) or (
-            "No space left on device" if "No space left" in str(exc) else type(exc).__name__
+            "No space left on device" if "No space left" in str(exc) else None
         )
+        if reason is None:  # safetensors refusing the tensors: not the disk, shown as it is
+            raise
         raise RunError(f"--output {shown_path(output)}: cannot be written ({reason})") from None
     return output

@@ -178,10 +178,12 @@ def adapter_config_problem(config: dict[str, Any], names: list[str] | None) -> s
     for key, top in (("r", MAX_RANK), ("lora_alpha", MAX_ALPHA), ("alpha", MAX_ALPHA)):
         if key not in config or (key == "r" and kind == "IA3"):
             continue
-        value = config[key]
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or not 0 < value <= top or (key == "r" and not isinstance(value, int)):
-            return f"{key}: expected a number above 0 and at most {top:g} (got {value_kind(value)})"
+        value, whole = config[key], key == "r"
+        kinds = int if whole else int | float
+        if isinstance(value, bool) or not isinstance(value, kinds) or not 0 < value <= top:
+            what = "a whole number" if whole else "a number"
+            got = value_kind(value)
+            return f"{key}: expected {what} above 0 and at most {top:,.0f} (got {got})"
     targets = config.get("target_modules")
     if not targets or not isinstance(targets, str | list):
         return (

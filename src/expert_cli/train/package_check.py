@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import io
+import json
 import os
 import tarfile
 import tempfile
@@ -19,7 +20,15 @@ from pydantic import ValidationError
 
 from expert_cli.config import Manifest
 from expert_cli.config.loading import format_errors, parse_manifest_text
-from expert_cli.weights import HEAD_BYTES, header_problem, non_finite_line, non_finite_tensors
+from expert_cli.jsontext import json_int
+from expert_cli.train.outputs import adapter_config_problem
+from expert_cli.weights import (
+    HEAD_BYTES,
+    header_names,
+    header_problem,
+    non_finite_line,
+    non_finite_tensors,
+)
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 MAX_FILE_BYTES = 20 << 30
@@ -85,6 +94,7 @@ def verify_package(
         return report
     report.sha256 = sha256_of(path)
     hashes: dict[str, str] = {}
+    heads: dict[str, bytes] = {}  # adapter configurations, and the weights' headers
     try:
         with tarfile.open(path, mode="r:gz") as tar:
             for count, member in enumerate(tar, 1):
@@ -97,15 +107,17 @@ def verify_package(
                     continue
                 report.files[member.name] = member.size
                 if member.name.endswith(".safetensors"):
-                    hashes[member.name] = _check_weights(tar, member, report)
+                    hashes[member.name], heads[member.name] = _check_weights(tar, member, report)
                     continue
                 hashes[member.name], data = _member_hash(tar, member)
                 if member.name == "manifest.json":
                     report.manifest = _manifest_of(data, report)
+                elif member.name.endswith(ADAPTER_FILES[1]):
+                    heads[member.name] = data
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         report.problems.append(f"not a gzip-compressed tar archive ({type(exc).__name__})")
         return report
-    _check_contents(report, hashes)
+    _check_contents(report, hashes, heads)
     if sidecar:
         _check_checksum_file(report)
     if expected is not None:
@@ -147,7 +159,9 @@ def _member_hash(
     return digest.hexdigest(), kept.getvalue()
 
 
-def _check_weights(tar: tarfile.TarFile, member: tarfile.TarInfo, report: PackageReport) -> str:
+def _check_weights(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, report: PackageReport
+) -> tuple[str, bytes]:
     """A safetensors member: whole by its header, and (up to FINITE_CHECK_BYTES) its numbers
     finite, read from a temporary copy one tensor at a time; its sha256."""
     why_unchecked, bad = None, None
@@ -171,7 +185,7 @@ def _check_weights(tar: tarfile.TarFile, member: tarfile.TarInfo, report: Packag
         report.problems.append(f"{member.name}: {non_finite_line(bad)}")
     elif why_unchecked:
         report.notes.append(f"{member.name}: {why_unchecked}, its numbers are not checked for NaN")
-    return digest
+    return digest, head
 
 
 def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
@@ -188,7 +202,7 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
     return manifest if isinstance(manifest, dict) else {}
 
 
-def _check_contents(report: PackageReport, hashes: dict[str, str]) -> None:
+def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[str, bytes]) -> None:
     if "manifest.json" not in report.files:
         report.problems.append("manifest.json: missing at the package's root")
     if not report.manifest:
@@ -203,6 +217,10 @@ def _check_contents(report: PackageReport, hashes: dict[str, str]) -> None:
     for name in ADAPTER_FILES:
         if prefix + name not in report.files:
             report.problems.append(f"{prefix + name}: missing (the folder {where}[0].path names)")
+    if (config := heads.get(prefix + ADAPTER_FILES[1])) is not None:
+        names = header_names(heads.get(prefix + ADAPTER_FILES[0], b""))
+        if problem := _config_problem(config, names):
+            report.problems.append(f"{prefix}{ADAPTER_FILES[1]}: {problem}")
     weights = hashes.get(prefix + ADAPTER_FILES[0])
     if weights and adapter.get("sha256") and adapter["sha256"] != weights:
         report.problems.append(f"{where}[0].sha256: does not match {prefix}{ADAPTER_FILES[0]}")
@@ -211,6 +229,17 @@ def _check_contents(report: PackageReport, hashes: dict[str, str]) -> None:
         report.problems.append(
             f"{where}[0].size_bytes: {adapter['size_bytes']} but the file has {size}"
         )
+
+
+def _config_problem(data: bytes, names: list[str] | None) -> str | None:
+    """What `generate` and `merge` would refuse in the package's adapter configuration."""
+    try:
+        config = json.loads(data.decode("utf-8"), parse_int=json_int)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return "not readable JSON"
+    if not isinstance(config, dict):
+        return "not a JSON object"
+    return adapter_config_problem(config, names)
 
 
 def _check_checksum_file(report: PackageReport) -> None:

@@ -8,6 +8,7 @@ writes it again at any time, for example while a run is going on.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,10 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
     `plot` is given; an existing file there is replaced only with `replace`, or when it is the
     run's own training.png, which a report redraws)."""
     data = read_metrics(run_dir)  # first: a RUN_DIR that is no run is named as such
-    own = (
-        plot is not None and plot.parent.absolute() == run_dir.absolute() and plot.name == PLOT_NAME
+    own = (  # realpath: links followed, and no RuntimeError on a link loop
+        plot is not None
+        and os.path.realpath(plot.parent) == os.path.realpath(run_dir)
+        and plot.name == PLOT_NAME
     )
     problem = output_file_problem(plot, "--output", replace or own) if plot is not None else None
     if problem:

@@ -26,6 +26,7 @@ from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.sources import NO_EVAL_ROWS
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
 from expert_cli.errors import RunError, UserError
+from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.adapter import adapter_problem
 from expert_cli.train.architecture import cache_id_problem
@@ -44,6 +45,7 @@ from expert_cli.train.checkpoints import (
     remove_incomplete_checkpoints,
 )
 from expert_cli.train.choice import ADAPTER_WEIGHTS, FINAL_STEP, final_adapter_step, final_step
+from expert_cli.train.data_record import changed_data, data_changed
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.memory import Stopped, oom_error, out_of_memory, stage_out_of_memory
@@ -68,9 +70,7 @@ from expert_cli.train.outputs import (
 from expert_cli.train.report import write_run_plot
 from expert_cli.train.run_folder import (
     busy,
-    changed_data,
     claim,
-    data_changed,
     decide,
     disk_full,
     held_by_another,
@@ -100,8 +100,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     output = output_dir(loaded.path, opts.output)
     if held := data_folder_holding(output, resolved.train_sources + resolved.validation_sources):
         raise UserError(
-            f"--output {output}: is inside the data folder {held}; the run's files would be "
-            "read as data by the next build: choose a folder outside it"
+            f"--output {shown_path(output)}: is inside the data folder {shown_path(held)}; "
+            "the run's files would be read as data by the next build: choose a folder outside it"
         )
     kwargs = training_args_kwargs(
         resolved, output / "checkpoints", max_steps=opts.max_steps, on_gpu=env.has_gpu

@@ -51,7 +51,6 @@ RUN_OUTPUTS = (
 LOCK_NAME = ".train.lock"  # held by the process training in the folder
 RUN_MARKERS = ("manifest.resolved.json", "metrics.json", "checkpoints", "adapter_config.json")
 # resolved fields a resumed run must share with the run it continues
-KNOWN_STATUSES = ("completed", "interrupted", "diverged", "failed", "running")
 SAME_RUN_FIELDS = (
     "base_model",
     "init",
@@ -85,6 +84,9 @@ class Previous:
     config: dict[str, Any]
 
 
+KNOWN_STATUSES = ("completed", "interrupted", "diverged", "failed", "running")
+
+
 def previous_run(output: Path) -> Previous | None:
     """What the folder holds, or None when it holds no run's outputs."""
     if not output.is_dir() or not any((output / name).exists() for name in RUN_MARKERS):
@@ -110,50 +112,6 @@ def changed_fields(previous: dict[str, Any], resolved: ResolvedConfig) -> list[s
         for key in SAME_RUN_FIELDS
         if key in previous and previous.get(key) != now.get(key)
     ]
-
-
-def changed_data(output: Path, data: dict[str, Any]) -> list[str]:
-    """What a resumed run's data files changed in since the run began (a local file edited,
-    added or removed: its name; another source: its place), from the inputs both recorded;
-    nothing for a run of a version that did not record them."""
-    before = _inputs(read_json_file(output / "manifest.resolved.json").get("runtime"))
-    now = _inputs(data and {"data": data})
-    if before is None or now is None or before == now:
-        return []
-    old, new = _named_files(before), _named_files(now)
-    named = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    return named or ["the data sources"]
-
-
-def data_changed(output: Path, changed: list[str]) -> str:
-    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-    return (
-        f"--resume: {output} was trained on other data (changed since it began: {shown}); "
-        "resume with the data it began with, or start again with --overwrite"
-    )
-
-
-def _inputs(runtime: Any) -> dict[str, Any] | None:
-    try:
-        sources = runtime["data"]["stats"]["inputs"]["sources"]
-    except (KeyError, TypeError):
-        return None
-    return sources if isinstance(sources, dict) else None
-
-
-def _named_files(sources: dict[str, Any]) -> dict[str, Any]:
-    """Each source's files by name (a hub source by its place), with what identifies them."""
-    named: dict[str, Any] = {}
-    for entries in sources.values():
-        for entry in entries if isinstance(entries, list) else []:
-            if not isinstance(entry, dict):
-                continue
-            files = entry.get("files")
-            if isinstance(files, dict):
-                named.update({str(name): value for name, value in files.items()})
-            else:
-                named[str(entry.get("location"))] = entry
-    return named
 
 
 def _change(key: str, old: Any, new: Any) -> str:

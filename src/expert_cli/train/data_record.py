@@ -1,0 +1,72 @@
+"""Whether a resumed run reads the data the run began with: each run records what identifies
+its data files (`runtime.data.stats.inputs` in manifest.resolved.json: sizes and hashes, hub
+ids and revisions); a checkpoint's place in other data means nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from expert_cli.train.outputs import read_json_file
+
+
+def changed_data(output: Path, data: dict[str, Any]) -> list[str]:
+    """What a resumed run's data files changed in since the run began (a local file edited,
+    added or removed: its name; another source: its place), from the inputs both recorded;
+    nothing for a run of a version that did not record them."""
+    before = _inputs(read_json_file(output / "manifest.resolved.json").get("runtime"))
+    now = _inputs(data and {"data": data})
+    if before is None or now is None or before == now:
+        return []
+    old, new = _named_files(before), _named_files(now)
+    # by content: a file's name is relative to the manifest's folder (moving the manifest
+    # renames every file), and a large file's mtime changes with a plain copy
+    kept = [_content(v) for v in old.values()]
+    named = []
+    for name, value in sorted(new.items()):
+        if _content(value) in kept:
+            kept.remove(_content(value))
+        else:
+            named.append(name)
+    if (gone := len(kept) - len(named)) > 0:  # an edited file pairs a new one with an old
+        named.append(f"{gone} file(s) no longer there")
+    return named
+
+
+def data_changed(output: Path, changed: list[str]) -> str:
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return (
+        f"--resume: {output} was trained on other data (changed since it began: {shown}); "
+        "resume with the data it began with, or start again with --overwrite"
+    )
+
+
+def _content(value: Any) -> Any:
+    """What identifies a data file's content in the recorded inputs (its mtime left out)."""
+    if isinstance(value, dict):
+        return sorted((k, str(v)) for k, v in value.items() if k != "mtime_ns")
+    return value
+
+
+def _inputs(runtime: Any) -> dict[str, Any] | None:
+    try:
+        sources = runtime["data"]["stats"]["inputs"]["sources"]
+    except (KeyError, TypeError):
+        return None
+    return sources if isinstance(sources, dict) else None
+
+
+def _named_files(sources: dict[str, Any]) -> dict[str, Any]:
+    """Each source's files by name (a hub source by its place), with what identifies them."""
+    named: dict[str, Any] = {}
+    for entries in sources.values():
+        for entry in entries if isinstance(entries, list) else []:
+            if not isinstance(entry, dict):
+                continue
+            files = entry.get("files")
+            if isinstance(files, dict):
+                named.update({str(name): value for name, value in files.items()})
+            else:
+                named[str(entry.get("location"))] = entry
+    return named
