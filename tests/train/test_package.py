@@ -552,3 +552,28 @@ def test_merge_of_a_checkpoint_keeps_the_runs_dtype(v2_run: Path, tmp_path: Path
     with safe_open(str(weights), "pt") as f:
         dtypes = {f.get_slice(name).get_dtype() for name in f.keys()}  # noqa: SIM118
     assert dtypes == {"BF16"}, dtypes
+
+
+@pytest.mark.slow
+def test_check_package_judges_the_adapter_configuration(v2_run: Path, tmp_path: Path) -> None:
+    """A package whose adapter_config.json holds `lora_alpha: NaN` was "sound"; generate and
+    merge of such an adapter are refused, and so is the package now."""
+    package = tmp_path / "x.expert"
+    assert run_here("package", "--adapter", str(v2_run), "--output", str(package)).returncode == 0
+    members = _unpack(package)
+    name = f"{ADAPTER_PATH}/adapter_config.json"
+    config = json.loads(members[name])
+    members[name] = json.dumps({**config, "lora_alpha": float("nan")}).encode()
+    bad = tmp_path / "bad.expert"
+    with tarfile.open(bad, "w:gz") as tar:
+        for member, data in members.items():
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out = run_here("check", "--package", str(bad))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert (
+        f"{name}: lora_alpha: expected a number above 0 and at most 1,000,000 (got a decimal "
+        "number)" in " ".join(out.stdout.split())
+    )
+    assert run_here("check", "--package", str(package)).returncode == 0  # the one written
