@@ -231,6 +231,14 @@ def test_a_non_finite_number_from_set_blames_the_option(tmp_path: Path) -> None:
     assert text.startswith("--set constraints.load_order=NaN: constraints.load_order: not a")
 
 
+def test_a_manifest_saved_with_a_bom_is_read(tmp_path: Path) -> None:
+    """Windows editors start a UTF-8 file with a BOM; it was exit 2 ("Unexpected UTF-8 BOM")
+    while data files with one were read."""
+    path = tmp_path / "manifest.json"
+    path.write_text("\ufeff" + json.dumps(_data()), encoding="utf-8")
+    assert load_manifest(path).manifest.name == _data()["name"]
+
+
 def test_a_number_of_thousands_of_digits_from_set_is_named_and_cut(tmp_path: Path) -> None:
     """Python's 4,300-digit limit was a ValueError traceback from inside the JSON parser; and
     the option, quoted whole, filled the terminal."""

@@ -37,7 +37,8 @@ def read_manifest_json(path: Path) -> dict[str, Any]:
             raise UserError(f"{shown}: not a regular file (a device, pipe or socket)")
         if path.stat().st_size > MAX_MANIFEST_BYTES:
             raise UserError(f"{shown}: over {MAX_MANIFEST_BYTES >> 20} MB; not a manifest")
-        data, repeated = parse_manifest_text(path.read_text(encoding="utf-8"))
+        # utf-8-sig: a BOM (Windows editors write one) is no part of the JSON
+        data, repeated = parse_manifest_text(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
         raise UserError(f"{shown}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
     except RecursionError:
