@@ -41,15 +41,21 @@ def header_problem(head: bytes, size: int) -> str | None:
     return None if 8 + length + max(ends, default=0) == size else DAMAGED
 
 
+def _head(path: Path) -> tuple[bytes, int]:
+    """A safetensors file's header bytes (its first 8 alone where the length they give cannot
+    be a header of this file), and the file's size; OSError as raised."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        start = f.read(8)
+        length = int.from_bytes(start, "little") if len(start) == 8 else 0
+        fits = length <= HEADER_LIMIT and 8 + length <= size  # else judged on `start`
+        return start + f.read(length if fits else 0), size
+
+
 def safetensors_problem(path: Path) -> str | None:
     """Why the safetensors file at `path` cannot be loaded (`<name> is damaged ...`), or None."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            start = f.read(8)
-            length = int.from_bytes(start, "little") if len(start) == 8 else 0
-            fits = length <= HEADER_LIMIT and 8 + length <= size  # else judged on `start`
-            head = start + f.read(length if fits else 0)
+        head, size = _head(path)
     except OSError:
         return f"{path.name} cannot be read"
     problem = header_problem(head, size)
@@ -59,13 +65,9 @@ def safetensors_problem(path: Path) -> str | None:
 def tensor_names(path: Path) -> list[str] | None:
     """The tensor names a safetensors file's header lists (None when it cannot be read)."""
     try:
-        with path.open("rb") as f:
-            start = f.read(8)
-            length = int.from_bytes(start, "little") if len(start) == 8 else 0
-            head = start + f.read(length if length <= HEADER_LIMIT else 0)
+        return header_names(_head(path)[0])
     except OSError:
         return None
-    return header_names(head)
 
 
 def header_names(head: bytes) -> list[str] | None:

@@ -9,14 +9,13 @@ see the same weights: the Trainer evaluates at the end of a step, then saves.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
-from expert_cli.train.outputs import read_json_file
+from expert_cli.train.outputs import finite_number, read_json_file
 
 FINAL = "final"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -43,7 +42,7 @@ def eval_losses(metrics: dict[str, Any]) -> dict[int, float]:
     for record in records if isinstance(records, list) else []:
         if not isinstance(record, dict):
             continue
-        step, loss = _number(record.get("step")), _number(record.get("eval_loss"))
+        step, loss = finite_number(record.get("step")), finite_number(record.get("eval_loss"))
         if step is not None and loss is not None and step == int(step) and 0 <= step <= MAX_STEP:
             found[int(step)] = loss
     return found
@@ -79,13 +78,13 @@ def final_step(run_dir: Path) -> int | None:
     end; None when that cannot be told."""
     resolved = read_json_file(run_dir / "manifest.resolved.json")
     runtime = resolved.get("runtime") if isinstance(resolved.get("runtime"), dict) else {}
-    step = _number(runtime.get(FINAL_STEP))
+    step = finite_number(runtime.get(FINAL_STEP))
     if step is None:
         metrics = read_json_file(run_dir / "metrics.json")
         summary = metrics.get("summary") if isinstance(metrics.get("summary"), dict) else {}
         if summary.get("status") != "completed" or resolved.get("load_best_model_at_end"):
             return None
-        step = _number(summary.get("steps"))
+        step = finite_number(summary.get("steps"))
     return int(step) if step is not None and step == int(step) and 0 <= step <= MAX_STEP else None
 
 
@@ -95,10 +94,3 @@ def lowest(adapters: list[KeptAdapter]) -> KeptAdapter | None:
     if not scored:
         return None
     return min(scored, key=lambda a: (a.eval_loss, a.name != FINAL, -(a.step or 0)))
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None

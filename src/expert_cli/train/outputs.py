@@ -8,6 +8,7 @@ base_model/ (the weights the adapter was trained on, so it can be loaded and mer
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -104,6 +105,15 @@ def read_json_file(path: Path) -> dict[str, Any]:
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def finite_number(value: Any) -> float | None:
+    """A finite number from a file the run wrote, else None (a hand-edited or damaged file may
+    hold strings, true/false, NaN or 1e400 where a number goes)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def adapter_base(adapter: Path, base_needed: bool = True) -> str:

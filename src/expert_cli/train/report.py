@@ -7,7 +7,6 @@ writes it again at any time, for example while a run is going on.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 from expert_cli.atomic import atomic_file
 from expert_cli.errors import UserError
 from expert_cli.paths import output_file_problem
-from expert_cli.train.outputs import read_json_file
+from expert_cli.train.outputs import finite_number, read_json_file
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")
 PLOT_NAME = "training.png"
@@ -66,26 +65,17 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
     best = min(zip(eval_losses, eval_steps, strict=True)) if eval_losses else None
     if plot is not None:
         write_training_plot(data, plot)
-    steps = _finite(summary.get("steps"))
+    steps = finite_number(summary.get("steps"))
     return RunReport(
         run_dir=run_dir,
         status=str(summary.get("status", "unknown"))[:40],
         steps=int(steps) if steps is not None and steps >= 0 else 0,
-        tokens_per_s=_finite(summary.get("tokens_per_s")),
-        final_loss=_finite(summary.get("final_loss")),
+        tokens_per_s=finite_number(summary.get("tokens_per_s")),
+        final_loss=finite_number(summary.get("final_loss")),
         best_eval_loss=best[0] if best else None,
         best_eval_step=int(best[1]) if best else None,
         plot=plot,
     )
-
-
-def _finite(value: Any) -> float | None:
-    """A finite number from metrics.json, else None (a hand-edited or damaged file may hold
-    strings, NaN or 1e400; those are not drawn or summarised)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 def _points(records: list[Any], key: str) -> tuple[list[float], list[float]]:
@@ -93,8 +83,8 @@ def _points(records: list[Any], key: str) -> tuple[list[float], list[float]]:
         (step, value)
         for r in records
         if isinstance(r, dict)
-        and (step := _finite(r.get("step"))) is not None
-        and (value := _finite(r.get(key))) is not None
+        and (step := finite_number(r.get("step"))) is not None
+        and (value := finite_number(r.get(key))) is not None
         and abs(step) <= PLOTTED_MAX
         and abs(value) <= PLOTTED_MAX
     ]
