@@ -15,10 +15,9 @@ from typing import Any
 
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
-from expert_cli.train.outputs import finite_number, read_json_file
+from expert_cli.train.outputs import ADAPTER_WEIGHTS, finite_number, read_json_file
 
 FINAL = "final"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # the step a run's final adapter holds, recorded in manifest.resolved.json's runtime when it is
 # saved (with load_best_model_at_end, the best checkpoint's step, not the last one)
 FINAL_STEP = "final_step"
@@ -57,7 +56,7 @@ def kept_adapters(run_dir: Path) -> list[KeptAdapter]:
         for path in complete_checkpoints(run_dir / "checkpoints")
         if (step := checkpoint_step(path)) is not None
     ]
-    if (run_dir / ADAPTER_WEIGHTS).is_file():
+    if (run_dir / ADAPTER_WEIGHTS[0]).is_file():
         step = final_step(run_dir)
         kept.append(KeptAdapter(FINAL, step, losses.get(step) if step is not None else None))
     return kept

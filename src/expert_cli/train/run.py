@@ -44,7 +44,7 @@ from expert_cli.train.checkpoints import (
     checkpoint_step,
     remove_incomplete_checkpoints,
 )
-from expert_cli.train.choice import ADAPTER_WEIGHTS, FINAL_STEP, final_adapter_step, final_step
+from expert_cli.train.choice import FINAL_STEP, final_adapter_step, final_step
 from expert_cli.train.data_record import changed_data, data_changed
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
@@ -61,6 +61,7 @@ from expert_cli.train.model import (
     weight_dtype,
 )
 from expert_cli.train.outputs import (
+    ADAPTER_WEIGHTS,
     RANDOM_BASE,
     materialize_random_base,
     move_final_files,
@@ -137,7 +138,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
         has_eval=resolved.evaluation_strategy != "no",
         resumed_from=str(resume) if resume else None,
     )
-    if resume and (output / ADAPTER_WEIGHTS).is_file() and (step := final_step(output)):
+    if resume and (output / ADAPTER_WEIGHTS[0]).is_file() and (step := final_step(output)):
         run.runtime[FINAL_STEP] = step  # the resumed run's final adapter stays until one is saved
     return run, resume
 
