@@ -115,6 +115,24 @@ def test_control_characters_are_shown_as_escapes() -> None:
     assert visible("plain naïve 日本") == "plain naïve 日本"
 
 
+def test_names_that_look_like_markup_are_shown_as_they_are(capsys) -> None:
+    """A path or member name holding `[/x]` (rich's closing tag) was a MarkupError traceback
+    wherever it was put in a note, a table cell or a title; `[red]` coloured the rest."""
+    from rich.table import Table
+
+    from expert_cli.cli.render import console, plain, quoted
+
+    out = console()
+    out.print(f"[yellow]note[/yellow]  {quoted('/data/[/x]/[red]a.jsonl')}")
+    out.print("unquoted [/x] still prints")
+    table = Table("file", title=plain("[/x]"))
+    table.add_row(plain("[red]b\x1bc"))
+    out.print(table)
+    text = capsys.readouterr().out
+    assert "note  /data/[/x]/[red]a.jsonl" in text and "unquoted [/x] still prints" in text
+    assert "[red]b\\x1bc" in text and "[/x]" in text.splitlines()[2]
+
+
 def test_one_item_stays_one_line(capsys) -> None:
     """An error naming a file whose name holds a line break cannot print a forged second
     line; tabs and text stay as they are."""

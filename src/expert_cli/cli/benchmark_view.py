@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.table import Table
 
 from expert_cli.benchmark.metrics import read_run_metrics
+from expert_cli.cli.render import quoted
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95")
 HOST_ROWS = (
@@ -168,7 +169,7 @@ def render_summary(report: dict[str, Any], console: Any) -> None:
     for line in _extras_lines(report):
         console.print(line, markup=False)
     a = report["assessment"]
-    console.print(f"\n[bold]assessment:[/bold] {a['summary']}")
+    console.print(f"\n[bold]assessment:[/bold] {quoted(a['summary'])}")
     for line in a["evidence"]:
         console.print(f"  - {line}", markup=False)
     console.print("[bold]what to change:[/bold]")

@@ -153,10 +153,9 @@ def render_report(report: CheckReport) -> None:
     """The report as rich tables: manifest, resolved configuration, environment, decisions,
     downloads, problems, and the verdict."""
     from rich.table import Table
-    from rich.text import Text
 
     from expert_cli.cli.render import console as make_console
-    from expert_cli.cli.render import one_line
+    from expert_cli.cli.render import one_line, plain
 
     console = make_console()
     man = report.manifest
@@ -174,12 +173,12 @@ def render_report(report: CheckReport) -> None:
         for key, value in report.config.items():
             if key in ("train_sources", "validation_sources"):
                 value = ", ".join(shown_path(s["location"]) for s in value) or "-"
-            table.add_row(key, Text(shown_path(str(value), 400)))
+            table.add_row(key, plain(shown_path(str(value), 400)))
         console.print(table)
         env = Table("environment", "value")
         for key, value in report.environment.items():
             if key != "packages":
-                env.add_row(key, str(value))
+                env.add_row(key, plain(value))
         console.print(env)
     cached = [_cached_line(h) for h in report.hub if h["cache_path"]]
     for title, style, items in (

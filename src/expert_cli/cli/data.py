@@ -70,7 +70,8 @@ def pretokenize(
 def outcomes_table(outcomes: list[Outcome]) -> Any:
     """One row per manifest: expert, result, rows and tokens, the cache or the first problem."""
     from rich.table import Table
-    from rich.text import Text
+
+    from expert_cli.cli.render import plain
 
     table = Table("expert", "result", "rows", "tokens", "cache or problem", title="pretokenize")
     for o in outcomes:
@@ -88,7 +89,7 @@ def outcomes_table(outcomes: list[Outcome]) -> Any:
                 f"{train['tokens']:,}",
                 str(o.data.cache_dir),
             )
-        table.add_row(*(Text(str(c)) for c in cells))
+        table.add_row(*(plain(c) for c in cells))
     return table
 
 
@@ -139,7 +140,7 @@ def render_discovery(result: dict[str, Any]) -> None:
     """Print the cached datasets, the manifests' datasets and what is missing, as tables."""
     from rich.table import Table
 
-    from expert_cli.cli.render import SafeConsole
+    from expert_cli.cli.render import SafeConsole, plain
 
     console = SafeConsole(highlight=False)  # tables wrap long names themselves
     roots = result["cache_roots"]
@@ -157,15 +158,8 @@ def render_discovery(result: dict[str, Any]) -> None:
         )
     for e in result["datasets"]:
         used = ", ".join(Path(m).parent.name for m in e.get("used_by", []))
-        table.add_row(
-            e["name"],
-            e["config"] or "-",
-            (e["revision"] or "-")[:40],
-            e["size"],
-            e["layout"],
-            used or "-",
-            e["path"],
-        )
+        cells = (e["name"], e["config"] or "-", (e["revision"] or "-")[:40], e["size"])
+        table.add_row(*(plain(c) for c in (*cells, e["layout"], used or "-", e["path"])))
     console.print(table)
     if result["manifests"]:
         usage = Table(title="datasets named by manifests", title_justify="left")
@@ -174,7 +168,8 @@ def render_discovery(result: dict[str, Any]) -> None:
         for m in result["manifests"]:
             for ref in m["datasets"]:
                 cached = {True: "yes", False: "NO", None: "-"}[ref["cached"]]
-                usage.add_row(m["manifest"], ref["field"], ref["id"], ref["kind"], cached)
+                cells = (m["manifest"], ref["field"], ref["id"], ref["kind"])
+                usage.add_row(*(plain(c) for c in cells), cached)
         console.print(usage)
     for item in result["missing"]:
         console.print(

@@ -6,6 +6,8 @@ import re
 from typing import Any
 
 from rich.console import Console
+from rich.errors import MarkupError
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.text import Text
 
@@ -29,13 +31,29 @@ def one_line(text: str) -> str:
     return visible(text).replace("\r", "\\r").replace("\n", "\\n")
 
 
+def plain(value: Any) -> Text:
+    """`value` as text shown as it is: no markup (a file named `[/x]` or `[red]` is shown,
+    not obeyed), control characters as escapes."""
+    return Text(visible(str(value)))
+
+
+def quoted(value: Any) -> str:
+    """`value` for a markup string: its brackets escaped, so `[/x]` is shown, not obeyed."""
+    return escape(str(value))
+
+
 class SafeConsole(Console):
     """A rich console that shows control characters in what it prints (names, paths and
     values come from users' files and arguments) as escapes instead of sending them to the
-    terminal. Every string printed or put in a table passes through `render_str`."""
+    terminal. Every string printed or put in a table passes through `render_str`. A string
+    that is not valid markup (a user's value put in a markup string unquoted) is shown as
+    plain text, not a traceback."""
 
     def render_str(self, text: str, **kwargs: Any) -> Text:
-        return super().render_str(visible(text), **kwargs)
+        try:
+            return super().render_str(visible(text), **kwargs)
+        except MarkupError:
+            return super().render_str(visible(text), **{**kwargs, "markup": False})
 
 
 def console(stderr: bool = False) -> Console:

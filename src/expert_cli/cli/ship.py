@@ -205,9 +205,8 @@ def package(
 def render_package(report: PackageReport, verb: str) -> None:
     """A package's files, checksum and notes (and problems, for check --package)."""
     from rich.table import Table
-    from rich.text import Text
 
-    from expert_cli.cli.render import console
+    from expert_cli.cli.render import console, plain, quoted
     from expert_cli.data.discovery import human_size
 
     out = console()
@@ -215,15 +214,19 @@ def render_package(report: PackageReport, verb: str) -> None:
     table = Table(
         "file",
         "size",
-        title=f"{man.get('name')} {man.get('version')} (schema {man.get('schema_version')})",
+        title=plain(
+            f"{man.get('name')} {man.get('version')} (schema {man.get('schema_version')})"
+            if man
+            else "no manifest that can be read"
+        ),
     )
     for name, size in report.files.items():
-        table.add_row(Text(name), human_size(size))
+        table.add_row(plain(name), human_size(size))
     out.print(table)
     for note in report.notes:
-        out.print(f"[yellow]note[/yellow]  {note}", highlight=False)
+        out.print(f"[yellow]note[/yellow]  {quoted(note)}", highlight=False)
     for problem in report.problems:
-        out.print(f"[bold red]problem[/bold red]  {problem}", highlight=False)
+        out.print(f"[bold red]problem[/bold red]  {quoted(problem)}", highlight=False)
     out.print(f"{verb} {report.path} (sha256 {report.sha256})", markup=False)
     if report.checksum_file is not None:
         out.print(f"checksum {report.checksum_file}", markup=False)
