@@ -577,3 +577,114 @@ def test_check_package_judges_the_adapter_configuration(v2_run: Path, tmp_path: 
         "number)" in " ".join(out.stdout.split())
     )
     assert run_here("check", "--package", str(package)).returncode == 0  # the one written
+
+
+def _tar_bytes(members: list[tuple[str, bytes | None]]) -> bytes:
+    """An uncompressed tar of (name, bytes) members; None: a folder."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+                continue
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.mark.slow
+def test_check_package_reads_member_names_as_unpacking_does(v2_run: Path, tmp_path: Path) -> None:
+    """`./` names (tar -C run .) and folders unpack to the same files and are sound; a file
+    given twice, a name holding control characters, and bytes after the archive's end (tar
+    lists none of them) are problems, never a sound package."""
+    import gzip
+
+    good = tmp_path / "good.expert"
+    assert run_here("package", "--adapter", str(v2_run), "--output", str(good)).returncode == 0
+    members = list(_unpack(good).items())
+    tar = _tar_bytes(members)
+
+    def check(name: str, data: bytes) -> list[str]:
+        (tmp_path / name).write_bytes(data)
+        return verify_package(tmp_path / name, sidecar=False).problems
+
+    dotted = [("./", None)] + [(f"./{n}", d) for n, d in members]
+    (tmp_path / "dotted.expert").write_bytes(gzip.compress(_tar_bytes(dotted)))
+    report = verify_package(tmp_path / "dotted.expert", sidecar=False)
+    assert report.ok, report.problems
+    assert sorted(report.files) == sorted(n for n, _ in members)
+    manifest = dict(members)["manifest.json"]
+    other = manifest.replace(b'"version": "', b'"version": "9')
+    twice = gzip.compress(_tar_bytes([*members, ("./manifest.json", other)]))
+    assert "manifest.json: in the package twice (unpacking keeps the last, this check the " in (
+        " ".join(check("twice.expert", twice))
+    )
+    control = gzip.compress(_tar_bytes([*members, ("a\x1b[2Jb\udcff", b"x")]))
+    assert check("control.expert", control) == [
+        "a\\x1b[2Jb\\udcff: a name holding control characters or bytes that are not UTF-8"
+    ]
+    after = (
+        "after the end of the archive (two files joined, or a damaged copy): no package holds them"
+    )
+    hidden = gzip.compress(tar + b"#!/bin/sh\n")
+    assert check("hidden.expert", hidden) == [f"10 bytes that are not zeros {after}"]
+    joined = gzip.compress(tar) + gzip.compress(b"a second archive")
+    assert check("joined.expert", joined) == [f"16 bytes that are not zeros {after}"]
+    junk = gzip.compress(tar) + b"junk"
+    assert check("junk.expert", junk) == [f"bytes that are no gzip stream {after}"]
+    zeros = gzip.compress(tar + bytes(3 << 20))
+    assert check("zeros.expert", zeros) == [f"over 1 MiB of zeros {after}"]
+    assert check("padded.expert", gzip.compress(tar) + bytes(4096)) == []  # gzip's padding
+    assert check("zeros-in.expert", gzip.compress(tar + bytes(8192))) == []  # tar's padding
+
+
+def test_check_package_shows_names_that_look_like_markup(tmp_path: Path) -> None:
+    """A member named `[/x]evil` (rich's closing tag) ended check --package in a MarkupError
+    traceback; it is shown as it is."""
+    import gzip
+
+    link = tarfile.TarInfo("[/x]evil")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.addfile(link)
+    package = tmp_path / "m.expert"
+    package.write_bytes(gzip.compress(buffer.getvalue()))
+    out = run_here("check", "--package", str(package))
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = " ".join(out.stdout.split())
+    assert "problem [/x]evil: not a regular file (links and devices do not belong" in text
+    assert "no manifest that can be read" in text and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_a_damaged_tokenizer_is_named_in_package_and_check(v2_run: Path, tmp_path: Path) -> None:
+    """A tokenizer.json that no loader can read was shipped, and check --package said the
+    package was sound; a run that holds no tokenizer ships without one, saying so."""
+    good = tmp_path / "good.expert"
+    assert run_here("package", "--adapter", str(v2_run), "--output", str(good)).returncode == 0
+    members = _unpack(good)
+    assert "tokenizer.json" in members and verify_package(good).ok
+    damaged = {
+        "tokenizer.json": (
+            b'{"version": "1.0"}',
+            "not a tokenizer the tokenizers library can read",
+        ),
+        "tokenizer_config.json": (b"[1, 2]", "not a JSON object"),
+        "special_tokens_map.json": (b"{'a': 1}", "not readable JSON"),
+    }
+    for name, (data, expected) in damaged.items():
+        bad = _repack(good, tmp_path / "bad.expert", lambda f, n=name, d=data: {**f, n: d})
+        assert verify_package(bad).problems == [f"{name}: {expected}"]
+        run, _ = _adapter_copy(v2_run, tmp_path / name)
+        (run / name).write_bytes(data)
+        assert f"{run / name}: {expected}" in _refused("package", run, tmp_path), name
+    run, _ = _adapter_copy(v2_run, tmp_path / "none")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (run / name).unlink(missing_ok=True)
+    out = run_here("package", "--adapter", str(run), "--output", str(tmp_path / "n.expert"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{run} holds no tokenizer files: the package has none" in " ".join(out.stdout.split())
+    assert "tokenizer.json" not in _unpack(tmp_path / "n.expert")

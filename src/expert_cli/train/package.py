@@ -48,19 +48,11 @@ from expert_cli.train.package_check import (
     PackageReport,
     adapters_of,
     sha256_of,
+    tokenizer_members,
     verify_package,
 )
 
 BEST = "best"  # --checkpoint best: the kept adapter of lowest eval loss
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
 EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")
 Members = dict[str, bytes | Path]  # member name -> its bytes, or the file that holds them
 
@@ -294,7 +286,9 @@ def plan_members(
     }
     # a run that stopped before its end (diverged) saved its tokenizer in the checkpoints only
     tokens = weights_dir if (weights_dir / "tokenizer_config.json").is_file() else run_dir
-    members.update({n: tokens / n for n in TOKENIZER_FILES if (tokens / n).is_file()})
+    tokenizer, missing = tokenizer_members(tokens)
+    members.update(tokenizer)
+    notes += missing
     grammar = parsed.training.decoding.grammar_file if parsed.training.decoding else None
     notes += _expert_files(manifest, grammar, expert_dir, members)
     return manifest, members, notes

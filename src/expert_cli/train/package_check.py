@@ -20,7 +20,9 @@ from pydantic import ValidationError
 
 from expert_cli.config import Manifest
 from expert_cli.config.loading import format_errors, parse_manifest_text
+from expert_cli.errors import UserError
 from expert_cli.jsontext import json_int
+from expert_cli.paths import shown_path
 from expert_cli.train.outputs import adapter_config_problem
 from expert_cli.weights import (
     HEAD_BYTES,
@@ -31,6 +33,17 @@ from expert_cli.weights import (
 )
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+TOKENIZER_FILES = (  # as the run saves them; at the package's root
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+TOKENIZER_CHECK_BYTES = 64 << 20  # larger tokenizer files are noted, not read
+TAIL_BYTES = 1 << 20  # zeros after the archive's end beyond this are not padding
 MAX_FILE_BYTES = 20 << 30
 MAX_MEMBERS = 10_000
 FINITE_CHECK_BYTES = 4 << 30  # safetensors members up to this size are checked for NaN
@@ -101,19 +114,26 @@ def verify_package(
                 if count > MAX_MEMBERS:
                     report.problems.append(f"more than {MAX_MEMBERS:,} files")
                     break
-                problem = _member_problem(member)
+                problem = _member_problem(member, report.files)
                 if problem:
                     report.problems.append(problem)
                     continue
-                report.files[member.name] = member.size
-                if member.name.endswith(".safetensors"):
-                    hashes[member.name], heads[member.name] = _check_weights(tar, member, report)
+                if member.isdir():  # unpacking makes the folder: harmless, not listed
                     continue
-                hashes[member.name], data = _member_hash(tar, member)
-                if member.name == "manifest.json":
+                name = member.name = PurePosixPath(member.name).as_posix()  # ./a unpacks as a
+                report.files[name] = member.size
+                if name.endswith(".safetensors"):
+                    hashes[name], heads[name] = _check_weights(tar, member, report)
+                    continue
+                hashes[name], data = _member_hash(tar, member)
+                if name == "manifest.json":
                     report.manifest = _manifest_of(data, report)
-                elif member.name.endswith(ADAPTER_FILES[1]):
-                    heads[member.name] = data
+                elif name.endswith(ADAPTER_FILES[1]):
+                    heads[name] = data
+                elif name in TOKENIZER_FILES:
+                    _check_tokenizer_file(name, data, member.size, report)
+            else:
+                _check_end(tar, report)
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         report.problems.append(f"not a gzip-compressed tar archive ({type(exc).__name__})")
         return report
@@ -128,15 +148,99 @@ def verify_package(
     return report
 
 
-def _member_problem(member: tarfile.TarInfo) -> str | None:
-    name = member.name
-    if not member.isfile():
-        return f"{name}: not a regular file (links and folders do not belong in a package)"
+def shown_name(name: str) -> str:
+    """A member's name with what a terminal cannot show plainly (control characters, bytes
+    that are not UTF-8) as escapes."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in name)
+
+
+def _member_problem(member: tarfile.TarInfo, seen: dict[str, int]) -> str | None:
+    """Why a member does not belong in a package (None: it does). `seen`: the files so far,
+    by their names as unpacked (`./a` and `a` are one file)."""
+    name, shown = member.name, shown_name(member.name)
+    if name != shown:
+        return f"{shown}: a name holding control characters or bytes that are not UTF-8"
     if name.startswith("/") or ".." in PurePosixPath(name).parts or "\\" in name:
         return f"{name}: a path outside the package"
+    if member.isdir():
+        return None
+    if not member.isfile():
+        return f"{name}: not a regular file (links and devices do not belong in a package)"
+    if (unpacked := PurePosixPath(name).as_posix()) in seen:
+        return f"{unpacked}: in the package twice (unpacking keeps the last, this check the first)"
     if member.size > MAX_FILE_BYTES:
         return f"{name}: over {MAX_FILE_BYTES >> 30} GB"
     return None
+
+
+def _check_end(tar: tarfile.TarFile, report: PackageReport) -> None:
+    """After the archive's end: only zeros (a tar's padding), nothing else, not past
+    TAIL_BYTES. Bytes there are not files, are not listed by tar, and are no package's."""
+    stream, read, data = tar.fileobj, 0, 0
+    assert stream is not None
+    try:
+        while read <= TAIL_BYTES and (block := stream.read(CHUNK)):
+            read, data = read + len(block), data + len(block) - block.count(0)
+    except (OSError, EOFError, zlib.error):  # bytes after the gzip stream that are no gzip
+        data = -1
+    if data or read > TAIL_BYTES:
+        what = (
+            "bytes that are no gzip stream"
+            if data < 0
+            else f"{data:,} bytes that are not zeros"
+            if data
+            else f"over {TAIL_BYTES >> 20} MiB of zeros"
+        )
+        report.problems.append(
+            f"{what} after the end of the archive (two files joined, or a damaged copy): "
+            "no package holds them"
+        )
+
+
+def tokenizer_problem(name: str, data: bytes) -> str | None:
+    """What a loader would fail on in one of the tokenizer files (None: it reads)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    if name == "tokenizer.json":
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_str(text)
+        except Exception:  # the library's own error, whatever it is: never quoted
+            return "not a tokenizer the tokenizers library can read"
+    elif name.endswith(".json"):
+        try:
+            value = json.loads(text, parse_int=json_int)
+        except (ValueError, RecursionError):
+            return "not readable JSON"
+        if not isinstance(value, dict):
+            return "not a JSON object"
+    return None
+
+
+def tokenizer_members(folder: Path) -> tuple[dict[str, Path], list[str]]:
+    """The tokenizer files a run saved in `folder`, to ship, and a note when it holds none;
+    UserError naming a file a loader could not read."""
+    files = {n: folder / n for n in TOKENIZER_FILES if (folder / n).is_file()}
+    for name, path in files.items():
+        small = path.stat().st_size <= TOKENIZER_CHECK_BYTES
+        if small and (problem := tokenizer_problem(name, path.read_bytes())):
+            raise UserError(
+                f"{shown_path(path)}: {problem}; copy the base model's tokenizer files "
+                f"into {shown_path(folder)} (they are what the run trained with)"
+            )
+    if "tokenizer.json" in files or "tokenizer_config.json" in files:
+        return files, []
+    return files, [f"{shown_path(folder)} holds no tokenizer files: the package has none"]
+
+
+def _check_tokenizer_file(name: str, data: bytes, size: int, report: PackageReport) -> None:
+    if size > TOKENIZER_CHECK_BYTES:
+        report.notes.append(f"{name}: over {TOKENIZER_CHECK_BYTES >> 20} MiB, not checked")
+    elif problem := tokenizer_problem(name, data):
+        report.problems.append(f"{name}: {problem}")
 
 
 def _member_hash(
@@ -147,7 +251,9 @@ def _member_hash(
     written there too."""
     digest, kept = hashlib.sha256(), io.BytesIO()
     small_json = member.name.endswith(".json") and member.size <= 16 << 20
-    keep = HEAD_BYTES if member.name.endswith(".safetensors") else member.size if small_json else 0
+    tokenizer = member.name in TOKENIZER_FILES and member.size <= TOKENIZER_CHECK_BYTES
+    keep = HEAD_BYTES if member.name.endswith(".safetensors") else 0
+    keep = member.size if small_json or tokenizer else keep
     stream = tar.extractfile(member)
     assert stream is not None  # a regular file, checked above
     while block := stream.read(CHUNK):
