@@ -300,11 +300,14 @@ def test_resume_on_data_edited_since_the_run_began_is_refused(
 ) -> None:
     """The checkpoint's position in the data means nothing on other data: a resume after the
     training file was edited is exit 2 naming the file (it continued on the new data, silently),
-    and the run is left as it was."""
+    and the run is left as it was. The edited data is not tokenized first (a build that can
+    take hours on a large file)."""
     manifest, out = finished
     data = manifest.parent / "data" / "train.jsonl"
     original = data.read_bytes()
     before = _files(out)
+    cache = manifest.parent / ".cache" / "pretokenized"
+    caches = sorted(p.name for p in cache.iterdir())
     try:
         data.write_bytes(
             original.replace(b"\n", b"\n" + json.dumps({"text": "new"}).encode() + b"\n", 1)
@@ -317,6 +320,7 @@ def test_resume_on_data_edited_since_the_run_began_is_refused(
             "--overwrite" in " ".join(err.split())
         )
         assert _files(out) == before
+        assert sorted(p.name for p in cache.iterdir()) == caches  # no cache of the new data
     finally:
         data.write_bytes(original)
     code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "7")

@@ -8,7 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from expert_cli.data.cache import fingerprint_inputs
+from expert_cli.errors import UserError
 from expert_cli.train.outputs import read_json_file
+
+
+def refuse_changed_data(output: Path, resolved: Any, tokenizer: Any) -> None:
+    """UserError when the data files of a run resumed into `output` changed since it began;
+    called before the token cache is built, so edited data costs no build."""
+    inputs = fingerprint_inputs(resolved, tokenizer, 1)  # the shard size is not compared
+    if changed := changed_data(output, {"stats": {"inputs": inputs}}):
+        raise UserError(data_changed(output, changed))
 
 
 def changed_data(output: Path, data: dict[str, Any]) -> list[str]:

@@ -45,7 +45,7 @@ from expert_cli.train.checkpoints import (
     remove_incomplete_checkpoints,
 )
 from expert_cli.train.choice import FINAL_STEP, final_adapter_step, final_step
-from expert_cli.train.data_record import changed_data, data_changed
+from expert_cli.train.data_record import refuse_changed_data
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.memory import Stopped, oom_error, out_of_memory, stage_out_of_memory
@@ -143,10 +143,10 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     return run, resume
 
 
-def load_data(run: Run) -> tuple[Any, PreparedData]:
-    """Tokenizer, then the token cache (validates the data before any model is loaded); hub
-    references that are neither cached nor downloadable, and a base model that cannot take
-    the adapter (its architecture built without weights), fail first, in seconds."""
+def load_data(run: Run, resume: Path | None = None) -> tuple[Any, PreparedData]:
+    """Tokenizer, then the token cache (the data validated before any model loads); hub refs
+    neither cached nor downloadable, a base model that cannot take the adapter (built with no
+    weights), and a resume on edited data fail first, in seconds."""
     require_hub(hub_refs(run.resolved))
     tokenizer = load_tokenizer(run.resolved)
     tokens = ids_in_use(tokenizer)
@@ -155,6 +155,8 @@ def load_data(run: Run) -> tuple[Any, PreparedData]:
     folder = Path(run.resolved.base_model)
     if run.resolved.init == "pretrained" and folder.is_dir() and (bad := damaged_weights(folder)):
         raise UserError(weights_error(run.resolved.base_model, bad))
+    if resume:
+        refuse_changed_data(run.output, run.resolved, tokenizer)
     progress = run.reporter.build_progress() if run.is_main else None
     with run.args.main_process_first(desc="token cache"):
         data = prepare_data(run.resolved, tokenizer, progress=progress)
@@ -348,9 +350,7 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
 def _train(run: Run, resume: Path | None) -> TrainResult:
     """The run from data to saved adapter, once its folder is held."""
     try:
-        tokenizer, data = load_data(run)
-        if resume and (changed := changed_data(run.output, run.runtime["data"])):
-            raise UserError(data_changed(run.output, changed))
+        tokenizer, data = load_data(run, resume)
         model = load_model(run, tokenizer, data, resume)
         if run.is_main:
             run.output.mkdir(parents=True, exist_ok=True)
