@@ -288,6 +288,26 @@ def test_report_follows_the_manifests_packaging_checkpoint_and_bounds_its_list(
     )
 
 
+def test_report_says_when_it_cannot_tell_which_adapter_package_ships(tmp_path: Path) -> None:
+    """The manifest file that names the adapter to ship cannot be read: report lists the
+    adapters, says package cannot tell, and marks none as shipped."""
+    from expert_cli.train.report import AdapterRow, adapter_list
+
+    run = _fake_run(tmp_path / "run", [20], [(20, 1.5)], 40)
+    (tmp_path / "manifest.json").write_text("{ not json")
+    listing = adapter_list(run, (1.5, 20))
+    assert listing.rows == (
+        AdapterRow("checkpoint-20", 20, 1.5, ("lowest",)),
+        AdapterRow("final", 40, None, ()),
+    )
+    assert listing.hidden == 0 and len(listing.notes) == 1
+    label, text = listing.notes[0]
+    assert label == "package" and text.startswith("cannot tell which adapter it ships: ")
+    assert text.endswith("; fix it, or pass --checkpoint NAME")
+    said = [" ".join(line.split()) for line in run_here("report", str(run)).stdout.splitlines()]
+    assert said[3].startswith("package cannot tell which adapter it ships:")
+
+
 @pytest.mark.slow
 def test_load_best_model_at_end_records_the_step_its_final_adapter_holds(
     tmp_path: Path, tiny_model_dir: Path

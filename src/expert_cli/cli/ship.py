@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from expert_cli.cli.options import AdapterOpt, JsonOpt
-
-SHOWN_ADAPTERS = 8  # report lists the last checkpoints, the lowest and the shipped one
 
 if TYPE_CHECKING:
     from expert_cli.train.package_check import PackageReport
@@ -104,68 +101,21 @@ def report(
         f"best eval loss {best}",
         markup=False,
     )
-    for line in _adapter_lines(run_dir, result.best_eval_step, result.best_eval_loss):
-        out.print(line, markup=False)
+    listing = result.adapters
+    if not listing.rows:
+        out.print("adapters  none kept (no final adapter, no complete checkpoint)")
+    for i, row in enumerate(listing.rows):
+        step = "-" if row.step is None else str(row.step)
+        loss = "-" if row.eval_loss is None else f"{row.eval_loss:.4g}"
+        line = (
+            f"{'adapters' if i == 0 else '':<9} {row.name:<18} step {step:>7}  eval loss {loss:>8}"
+        )
+        out.print(line + ("  " + "; ".join(row.marks) if row.marks else ""), markup=False)
+    if listing.hidden:
+        out.print(f"{'':<9} and {listing.hidden} more checkpoints", markup=False)
+    for label, text in listing.notes:
+        out.print(f"{label:<9} {text}", markup=False)
     out.print(f"wrote {result.plot}", markup=False)
-
-
-def _adapter_lines(run_dir: Path, best_step: int | None, best_loss: float | None) -> list[str]:
-    """The adapters the run keeps with their eval losses, which one is lowest, which one
-    `package` ships and how to ship another (the last steps of HiveLLM's way: compare the
-    checkpoints, then name one)."""
-    from expert_cli.errors import UserError
-    from expert_cli.paths import shown_path
-    from expert_cli.train.choice import kept_adapters, lowest
-    from expert_cli.train.package import default_choice, lower_loss_note
-
-    adapters = kept_adapters(run_dir)
-    if not adapters:
-        return ["adapters  none kept (no final adapter, no complete checkpoint)"]
-    try:
-        ships, chosen_by = default_choice(run_dir)
-    except UserError as exc:
-        ships, chosen_by = None, ""
-        lines = [f"package   cannot tell which adapter it ships: {exc.lines[-1]}"]
-    else:
-        lines = []
-    low, who = lowest(adapters), f" ({chosen_by})" if chosen_by else ""
-    shown = {a.name for a in adapters[-SHOWN_ADAPTERS:]} | {ships, low.name if low else None}
-    hidden = sum(a.name not in shown for a in adapters)
-    first = True
-    for a in adapters:
-        if a.name not in shown:
-            continue
-        marks = ["lowest"] if low and a.name == low.name else []
-        if a.name == ships:
-            marks.append(f"package ships it{who}")
-        step = "-" if a.step is None else str(a.step)
-        loss = "-" if a.eval_loss is None else f"{a.eval_loss:.4g}"
-        label, first = ("adapters" if first else ""), False
-        row = f"{label:<9} {a.name:<18} step {step:>7}  eval loss {loss:>8}"
-        lines.append(row + ("  " + "; ".join(marks) if marks else ""))
-    if hidden:
-        lines.append(f"{'':<9} and {hidden} more checkpoints")
-    if ships == "final" and ships not in {a.name for a in adapters}:
-        lines.append(
-            f"package   ships the final adapter{who}, which the run did not write (it stopped "
-            "before its end): --checkpoint NAME ships one it keeps"
-        )
-    elif ships is not None and ships not in {a.name for a in adapters}:
-        lines.append(
-            f"package   ships {ships}{who}, which the run does not keep: name one "
-            "it keeps, or final"
-        )
-    elif ships is not None:
-        ship = f"expert-cli package --adapter {shown_path(run_dir)} --checkpoint best"
-        if note := lower_loss_note(run_dir, ships, ship):
-            lines.append(f"note      {note}")
-    kept_low = low.eval_loss if low and low.eval_loss is not None else math.inf
-    if best_loss is not None and best_loss < kept_low:
-        lines.append(
-            f"note      the lowest eval loss, {best_loss:.4g} at step {best_step}, has no "
-            "checkpoint: save_steps equal to eval_steps keeps one at each evaluation"
-        )
-    return lines
 
 
 def package(

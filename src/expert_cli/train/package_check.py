@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from pydantic import ValidationError
+from tokenizers import Tokenizer
 
 from expert_cli.config import Manifest
 from expert_cli.config.loading import format_errors, parse_manifest_text
@@ -204,8 +205,6 @@ def tokenizer_problem(name: str, data: bytes) -> str | None:
     except UnicodeDecodeError:
         return "not UTF-8 text"
     if name == "tokenizer.json":
-        from tokenizers import Tokenizer
-
         try:
             Tokenizer.from_str(text)
         except Exception:  # the library's own error, whatever it is: never quoted

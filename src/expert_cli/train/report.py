@@ -1,12 +1,14 @@
-"""A run's picture: `training.png` from its metrics.json, four panels: training and evaluation
-loss by step, learning rate by step, tokens/s by window, data wait by window.
+"""`expert-cli report RUN_DIR`: a run in short, the adapters it keeps (which is lowest, which
+`package` ships), and its picture: `training.png` from its metrics.json, four panels: training
+and evaluation loss by step, learning rate by step, tokens/s by window, data wait by window.
 
-`train` writes it at the end of a run (and of an interrupted one); `expert-cli report RUN_DIR`
-writes it again at any time, for example while a run is going on.
+`train` writes the picture at the end of a run (and of an interrupted one); `report` writes it
+again at any time, for example while a run is going on.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,14 +16,39 @@ from typing import Any
 
 from expert_cli.atomic import atomic_file
 from expert_cli.errors import UserError
-from expert_cli.paths import output_file_problem
+from expert_cli.paths import output_file_problem, shown_path
+from expert_cli.train.choice import FINAL, KeptAdapter, kept_adapters, lowest
 from expert_cli.train.outputs import finite_number, read_json_file
+from expert_cli.train.package import default_choice, lower_loss_note
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")
 PLOT_NAME = "training.png"
 # No value a run records comes near this (loss, learning rate, tokens/s, a fraction); past it a
 # hand-edited number (1e308) would overflow the axis arithmetic, so it is not drawn.
 PLOTTED_MAX = 1e12
+SHOWN_ADAPTERS = 8  # the last checkpoints listed, besides the lowest and the shipped one
+
+
+@dataclass(frozen=True)
+class AdapterRow:
+    """One adapter in the list: its name, step and eval loss, and what is said of it
+    ("lowest", "package ships it (who chose it)")."""
+
+    name: str
+    step: int | None
+    eval_loss: float | None
+    marks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AdapterList:
+    """The adapters a run keeps (the last SHOWN_ADAPTERS, the lowest and the shipped one),
+    how many more it keeps, and (label, text) notes: what `package` ships and how to ship the
+    lowest (the last steps of HiveLLM's way: compare the checkpoints, then name one)."""
+
+    rows: tuple[AdapterRow, ...]
+    hidden: int
+    notes: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -36,6 +63,7 @@ class RunReport:
     best_eval_loss: float | None
     best_eval_step: int | None
     plot: Path | None
+    adapters: AdapterList
 
 
 def read_metrics(run_dir: Path) -> dict[str, Any]:
@@ -75,7 +103,69 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         best_eval_loss=best[0] if best else None,
         best_eval_step=int(best[1]) if best else None,
         plot=plot,
+        adapters=adapter_list(run_dir, best),
     )
+
+
+def adapter_list(run_dir: Path, best_eval: tuple[float, float] | None) -> AdapterList:
+    """The adapters `run_dir` keeps and what to say of them; `best_eval`: the lowest eval
+    loss of the run and its step (it may have no checkpoint)."""
+    adapters = kept_adapters(run_dir)
+    if not adapters:
+        return AdapterList((), 0, ())
+    notes: list[tuple[str, str]] = []
+    try:
+        ships, chosen_by = default_choice(run_dir)
+    except UserError as exc:
+        ships, chosen_by = None, ""
+        notes.append(("package", f"cannot tell which adapter it ships: {exc.lines[-1]}"))
+    low, who = lowest(adapters), f" ({chosen_by})" if chosen_by else ""
+    shown = {a.name for a in adapters[-SHOWN_ADAPTERS:]} | {ships, low.name if low else None}
+    rows = tuple(_row(a, low, ships, who) for a in adapters if a.name in shown)
+    notes += _ship_notes(run_dir, adapters, ships, who)
+    kept_low = low.eval_loss if low and low.eval_loss is not None else math.inf
+    if best_eval is not None and best_eval[0] < kept_low:
+        notes.append(
+            (
+                "note",
+                f"the lowest eval loss, {best_eval[0]:.4g} at step {int(best_eval[1])}, has no "
+                "checkpoint: save_steps equal to eval_steps keeps one at each evaluation",
+            )
+        )
+    return AdapterList(rows, len(adapters) - len(rows), tuple(notes))
+
+
+def _row(a: KeptAdapter, low: KeptAdapter | None, ships: str | None, who: str) -> AdapterRow:
+    marks = ["lowest"] if low and a.name == low.name else []
+    if a.name == ships:
+        marks.append(f"package ships it{who}")
+    return AdapterRow(a.name, a.step, a.eval_loss, tuple(marks))
+
+
+def _ship_notes(
+    run_dir: Path, adapters: list[KeptAdapter], ships: str | None, who: str
+) -> list[tuple[str, str]]:
+    """What `package` would ship when the run does not keep it; else how to ship a lower one."""
+    if ships is None:
+        return []
+    if ships not in {a.name for a in adapters}:
+        if ships == FINAL:
+            return [
+                (
+                    "package",
+                    f"ships the final adapter{who}, which the run did not write (it stopped "
+                    "before its end): --checkpoint NAME ships one it keeps",
+                )
+            ]
+        return [
+            (
+                "package",
+                f"ships {ships}{who}, which the run does not keep: name one it keeps, or final",
+            )
+        ]
+    ship = f"expert-cli package --adapter {shown_path(run_dir)} --checkpoint best"
+    note = lower_loss_note(run_dir, ships, ship)
+    return [("note", note)] if note else []
 
 
 def _points(records: list[Any], key: str) -> tuple[list[float], list[float]]:
