@@ -112,6 +112,20 @@ def test_an_earlier_run_set_aside_by_a_killed_overwrite_is_put_back(
             p.rename(aside / p.name)
     (out / "base_model").mkdir()
     (out / "base_model" / "config.json").write_text("{}")  # half written
+    # the commands that read a run say where it went (they said the folder was no run)
+    said = (
+        f"{out}: its run was set aside in .overwritten-4194000 by a `train --overwrite` that was "
+        "stopped before training began; the next `expert-cli train` into it puts the run back, "
+        f"or move it back: mv {aside}/* {out}/"
+    )
+    for command in (
+        ("generate", "--adapter", str(out), "-p", "hi"),
+        ("package", "--adapter", str(out), "--output", str(out.parent / "x.expert")),
+        ("report", str(out)),
+    ):
+        code, _, err = run_main(capsys, monkeypatch, *command)
+        assert code == 2 and said in " ".join(err.split()), (command, err)
+    assert not (out.parent / "x.expert").exists() and not (out / "training.png").exists()
     code, stdout, err = _here(capsys, monkeypatch, manifest, out, "--resume")
     assert code == 0, err
     assert ".overwritten-4194000 (an earlier run, put back)" in " ".join(stdout.split())
@@ -407,3 +421,23 @@ def test_data_is_compared_by_content_not_by_name_or_time(tmp_path: Path) -> None
     added = {"data/a.jsonl": a, "data/big.jsonl": big, "data/c.jsonl": {"size": 1, "xxh3": "d"}}
     assert changed_data(tmp_path, record(added)) == ["data/c.jsonl"]
     assert changed_data(tmp_path, record({"data/a.jsonl": a})) == ["1 file(s) no longer there"]
+
+
+def test_a_run_set_aside_by_an_overwrite_still_preparing_is_named(tmp_path: Path) -> None:
+    """While a `train --overwrite` loads its data and model, the run it replaces is set aside
+    under its pid: generate and package say so (not "no adapter_config.json")."""
+    import os
+
+    from expert_cli.errors import UserError
+    from expert_cli.train.outputs import adapter_base, set_aside_line
+
+    assert set_aside_line(tmp_path) is None
+    (tmp_path / ".overwritten-12x").mkdir()  # not ours: no pid
+    assert set_aside_line(tmp_path) is None
+    (tmp_path / f".overwritten-{os.getpid()}").mkdir()
+    with pytest.raises(UserError) as caught:
+        adapter_base(tmp_path)
+    assert caught.value.lines == [
+        f"{tmp_path}: a `train --overwrite` into it is preparing; the run it held is in "
+        f".overwritten-{os.getpid()} until training begins (then it is removed)"
+    ]

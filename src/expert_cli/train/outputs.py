@@ -34,6 +34,7 @@ SOURCE_MANIFEST = "manifest.source.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # what peft loads
 
 RANDOM_BASE = "base_model"  # where a random-init base is saved, inside the run folder
+ASIDE_PREFIX = ".overwritten-"  # + pid: a run `train --overwrite` set aside until it trains
 
 
 def output_dir(manifest_path: Path, output: Path | None) -> Path:
@@ -116,6 +117,43 @@ def finite_number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def process_running(pid: int) -> bool:
+    """Whether process `pid` runs (one of another user counts)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def set_aside_line(folder: Path) -> str | None:
+    """Where the run `folder` held went, when a `train --overwrite` set it aside and has not
+    begun training (it puts the run back if it fails; one that was killed could not)."""
+    asides = [
+        p
+        for p in (sorted(folder.glob(f"{ASIDE_PREFIX}*")) if folder.is_dir() else [])
+        if p.name[len(ASIDE_PREFIX) :].isdigit() and p.is_dir() and not p.is_symlink()
+    ]
+    if not asides:
+        return None
+    aside = asides[-1]
+    if process_running(int(aside.name[len(ASIDE_PREFIX) :])):
+        return (
+            f"{shown_path(folder)}: a `train --overwrite` into it is preparing; the run it "
+            f"held is in {aside.name} until training begins (then it is removed)"
+        )
+    return (
+        f"{shown_path(folder)}: its run was set aside in {aside.name} by a `train "
+        "--overwrite` that was stopped before training began; the next `expert-cli train` "
+        f"into it puts the run back, or move it back: mv {shown_path(aside)}/* "
+        f"{shown_path(folder)}/"
+    )
+
+
 def adapter_base(adapter: Path, base_needed: bool = True) -> str:
     """The base model path or hub id recorded in the adapter's configuration; UserError for
     a local base that is gone when `base_needed` (generate and merge load it; package does
@@ -129,8 +167,9 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
         )
     if not config_path.is_file():
         raise UserError(
-            f"--adapter {adapter}: no adapter_config.json (expected the output "
-            "folder of `expert-cli train`)"
+            set_aside_line(adapter)
+            or f"--adapter {adapter}: no adapter_config.json (expected the output folder of "
+            "`expert-cli train`)"
         )
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))

@@ -18,7 +18,7 @@ from expert_cli.atomic import atomic_file
 from expert_cli.errors import UserError
 from expert_cli.paths import output_file_problem, shown_path
 from expert_cli.train.choice import FINAL, KeptAdapter, kept_adapters, lowest
-from expert_cli.train.outputs import finite_number, read_json_file
+from expert_cli.train.outputs import finite_number, read_json_file, set_aside_line
 from expert_cli.train.package import default_choice, lower_loss_note
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")
@@ -71,7 +71,10 @@ def read_metrics(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "metrics.json"
     data = read_json_file(path)
     if not isinstance(data.get("windows"), list):
-        raise UserError(f"{run_dir}: no readable metrics.json (expected a train output folder)")
+        raise UserError(
+            set_aside_line(run_dir)
+            or f"{run_dir}: no readable metrics.json (expected a train output folder)"
+        )
     return data
 
 

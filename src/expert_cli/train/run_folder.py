@@ -24,7 +24,7 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
 from expert_cli.train.checkpoints import resume_point
-from expert_cli.train.outputs import read_json_file
+from expert_cli.train.outputs import ASIDE_PREFIX, process_running, read_json_file
 
 DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: the disk is full
 # what a run writes into its folder (--overwrite removes these and only these)
@@ -193,9 +193,6 @@ def clear_run(output: Path) -> list[str]:
     return removed
 
 
-ASIDE_PREFIX = ".overwritten-"
-
-
 def set_aside(output: Path) -> tuple[Path, list[str]]:
     """Move the previous run's outputs into `output/.overwritten-<pid>` (a rename on the same
     disk: instant, and nothing is lost if the new run fails); the folder and the names."""
@@ -254,7 +251,7 @@ def sweep_leftovers(output: Path) -> list[str]:
     for path in output.glob(".*-*") if output.is_dir() else []:
         pid = path.name.rsplit("-", 1)[-1]
         ours = path.name.startswith((".final-", ".tmp-", ASIDE_PREFIX)) and pid.isdigit()
-        if not ours or _running(int(pid)):
+        if not ours or process_running(int(pid)):
             continue
         if path.name.startswith(ASIDE_PREFIX) and path.is_dir() and not path.is_symlink():
             newer = any((output / name).exists() for name in RUN_MARKERS)
@@ -309,18 +306,6 @@ def held_by_another(output: Path) -> bool:
         return False
     lock.release()
     return False
-
-
-def _running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 @dataclass(frozen=True)
