@@ -19,6 +19,12 @@ class RunError(Exception):
     """A failure at run time that is not the user's input. The CLI prints it and exits 1."""
 
 
+class Terminated(BaseException):
+    """SIGTERM where a command stops at once, as it does for Ctrl-C (undoing what it began);
+    the CLI exits 143 (128 + SIGTERM). Like KeyboardInterrupt, no `except Exception` stops
+    it; unlike it, typer does not turn it into exit 130."""
+
+
 def value_kind(value: object) -> str:
     """What a value is, without quoting it: errors name the place, never the contents of a
     user's file (a string there may be a secret, a page of text or terminal escapes)."""

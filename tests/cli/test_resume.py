@@ -92,3 +92,36 @@ def test_resume_without_checkpoint_is_a_clean_error(
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=4)
     code, _, err = run_main(capsys, monkeypatch, *_train(manifest, tmp_path / "o"), "--resume")
     assert code == 2 and "no checkpoint" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_while_tokenizing_leaves_nothing_behind(
+    tmp_path: Path, tiny_model_dir: Path, sig: int, code: int
+) -> None:
+    """SIGTERM (a scheduler's stop, `kill`) while the token cache is built killed train where
+    it stood: a new --output folder stayed behind holding only `.train.lock`. Now the folder
+    it created goes, as it does for Ctrl-C, with 128 + the signal's number and no traceback."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=150_000)
+    out = tmp_path / "runs" / "new"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expert_cli.cli", *_train(manifest, out), "--max-steps", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+    )
+    builds = tmp_path / "e" / ".cache" / "pretokenized"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if builds.is_dir() and any(p.name.startswith(".build-") for p in builds.iterdir()):
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)  # well into the build
+    assert proc.poll() is None, "the build ended before the signal: give it more rows"
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stdout + stderr
+    assert not (tmp_path / "runs").exists()
+    assert "Traceback" not in stderr, stderr

@@ -19,7 +19,7 @@ from expert_cli import __version__
 from expert_cli.cli import benchmark, check, data, ship, train
 from expert_cli.cli.help import Command, Group, examples
 from expert_cli.cli.render import one_line, print_error
-from expert_cli.errors import RunError, UserError
+from expert_cli.errors import RunError, Terminated, UserError
 from expert_cli.paths import shown_path
 
 app = typer.Typer(
@@ -166,6 +166,8 @@ def main() -> None:
             raise
         print_error("failed", exc)
         sys.exit(1)
+    except Terminated:
+        sys.exit(143)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:

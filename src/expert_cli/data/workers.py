@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -72,8 +73,10 @@ def _in_workers(
 
 
 def _start_worker(*work: Any) -> None:
-    """Worker set-up: one Rust thread (the processes are the cores); the work when not forked."""
+    """Worker set-up: one Rust thread (the processes are the cores); the work when not forked;
+    SIGTERM (the pool's way to stop its workers) ends the worker, whatever the parent set."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if work:
         _WORK.update(formatter=work[0], ds=work[1])
 

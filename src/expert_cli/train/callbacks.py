@@ -1,17 +1,20 @@
-"""Trainer callbacks of a run: throughput windows and metrics.json, Ctrl-C, AdaLoRA; and the
-window in which scripts and tests count a step's operations."""
+"""Trainer callbacks of a run: throughput windows and metrics.json, Ctrl-C and SIGTERM,
+AdaLoRA; and the window in which scripts and tests count a step's operations."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
 from expert_cli.atomic import write_json_atomic
+from expert_cli.errors import Terminated
 from expert_cli.telemetry.ops import OpCounter
 from expert_cli.telemetry.throughput import ThroughputMeter
 from expert_cli.train.outputs import read_json_file
@@ -129,6 +132,25 @@ class Interrupt:
     def exit_code(self) -> int:
         """130 for SIGINT, 143 for SIGTERM (128 + signal number)."""
         return 128 + (self.signum or signal.SIGINT)
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises Terminated in the main thread, as SIGINT raises KeyboardInterrupt, so
+    that what a command does on its way out runs (its default ends the process where it
+    stands). Elsewhere than the main thread, nothing changes."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class InterruptCallback(TrainerCallback):

@@ -37,6 +37,7 @@ from expert_cli.train.callbacks import (
     Interrupt,
     InterruptCallback,
     earlier_records,
+    sigterm_raises,
 )
 from expert_cli.train.causality import agreed, attention_isolation, isolation_problem
 from expert_cli.train.checkpoints import (
@@ -86,15 +87,10 @@ from expert_cli.weights import damaged_weights, weights_error
 __all__ = ["Reporter", "Run", "Silent", "TrainOptions", "TrainResult", "train"]
 
 
-def quiet_transformers() -> None:
-    """Our reporter shows progress; transformers' own bars and info logs would interleave."""
-    hf_logging.set_verbosity_warning()
-    hf_logging.disable_progress_bar()
-
-
 def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     """Manifest -> resolved config, output folder, TrainingArguments (starts distributed)."""
-    quiet_transformers()
+    hf_logging.set_verbosity_warning()  # our reporter shows progress: transformers' own
+    hf_logging.disable_progress_bar()  # bars and info logs would interleave with it
     loaded = load_manifest(opts.manifest, opts.overrides)
     env = probe_environment()
     resolved = resolve(loaded, env)
@@ -336,15 +332,17 @@ def save(run: Run, trainer: Any) -> None:
 
 
 def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
-    """Train the manifest's adapter; on SIGINT/SIGTERM save a checkpoint and stop."""
-    run, resume = setup(opts, reporter or Silent())
-    if run.complete is not None:
-        summary = {"steps": run.complete.steps, "status": "complete"}
-        return TrainResult(run.output, "complete", 0, summary, None, run.is_main)
-    try:
-        return _train(run, resume)
-    finally:
-        run.release()
+    """Train the manifest's adapter; on SIGINT/SIGTERM save a checkpoint and stop (before
+    training begins: stop at once, the folder left as it was)."""
+    with sigterm_raises():  # as SIGINT does: what the run did to its folder is undone
+        run, resume = setup(opts, reporter or Silent())
+        if run.complete is not None:
+            summary = {"steps": run.complete.steps, "status": "complete"}
+            return TrainResult(run.output, "complete", 0, summary, None, run.is_main)
+        try:
+            return _train(run, resume)
+        finally:
+            run.release()
 
 
 def _train(run: Run, resume: Path | None) -> TrainResult:
