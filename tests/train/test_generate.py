@@ -88,6 +88,37 @@ def test_eval_splits_validation_examples_as_trained(capsys, monkeypatch, memoris
 
 
 @pytest.mark.slow
+def test_eval_reads_the_token_cache_the_run_trained_with(
+    capsys, monkeypatch, memorised: Path, tmp_path: Path
+) -> None:
+    """--eval tokenized the data files again: moved since the run, it failed; edited, it
+    answered other examples than the run held out. It reads the run's own cache now, and says
+    so when that cache is gone and the files are read again."""
+    import shutil
+
+    valid = memorised.parent / "data" / "valid.jsonl"
+    original = valid.read_bytes()
+    record = json.loads((memorised / "manifest.resolved.json").read_text())["runtime"]["data"]
+    cache, away = Path(record["cache_dir"]), tmp_path / "away"
+    again = (
+        "--eval: the token cache the run trained with is gone or damaged; the data files were "
+        "tokenized again, as they are now"
+    )
+    try:
+        valid.unlink()
+        report = _json(capsys, monkeypatch, "--adapter", str(memorised), "--eval", "1")
+        assert report["generations"][0]["reference"] == ANSWER and again not in report["notes"]
+        write_jsonl(valid, [{"q": "Name a table.", "a": "SELECT 1;"}] * 2)
+        shutil.move(cache, away)
+        report = _json(capsys, monkeypatch, "--adapter", str(memorised), "--eval", "1")
+        assert report["generations"][0]["reference"] == "SELECT 1;" and again in report["notes"]
+    finally:
+        valid.write_bytes(original)
+        if away.exists():
+            shutil.move(away, cache)
+
+
+@pytest.mark.slow
 def test_a_prompt_is_rendered_as_in_training(
     capsys, monkeypatch, memorised: Path, tmp_path: Path
 ) -> None:

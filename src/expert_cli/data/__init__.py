@@ -132,6 +132,24 @@ def prepare_data(
     return _load(plan, True, status, reason, changes)
 
 
+def load_recorded(record: Any) -> PreparedData | None:
+    """The finished cache a run recorded (`runtime.data` of its manifest.resolved.json: the
+    folder and its stats), read without the data files (which may have changed or gone since);
+    None when the record says no folder, or the cache there is gone, unfinished or another."""
+    try:
+        cache_dir, fingerprint = Path(record["cache_dir"]), record["stats"]["fingerprint"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not isinstance(fingerprint, str) or not is_complete(cache_dir):
+        return None
+    plan = CachePlan(cache_dir.parent, fingerprint, {}, cache_dir, None)
+    try:
+        train, evaluation, stats = load_cache(plan)
+    except RunError:
+        return None
+    return PreparedData(train, evaluation, stats, cache_dir, False, "the run's own cache")
+
+
 def _why(plan: CachePlan, force: bool) -> tuple[str, str, list[str]]:
     """(status, reason, changed inputs) of this cache relative to the expert's latest one."""
     previous = plan.previous

@@ -25,7 +25,7 @@ from expert_cli.config.base import strip_comments
 from expert_cli.config.decoding import DecodingSpec
 from expert_cli.config.loading import format_errors
 from expert_cli.config.resolve import ResolvedConfig
-from expert_cli.data import prepare_data
+from expert_cli.data import load_recorded, prepare_data
 from expert_cli.data.formatting import IGNORE, render_instruction
 from expert_cli.errors import UserError
 from expert_cli.train.merge import LOAD_ERRORS, load_adapted
@@ -144,6 +144,7 @@ class LoadedRun:
     model: Any
     tokenizer: Any
     device: str
+    data_record: Any = None  # runtime.data of manifest.resolved.json: the run's token cache
 
 
 def load_run(adapter: Path) -> LoadedRun:
@@ -154,7 +155,7 @@ def load_run(adapter: Path) -> LoadedRun:
     data = read_json_file(run_dir / "manifest.resolved.json")
     if not data:
         raise UserError(f"--adapter {adapter}: no manifest.resolved.json (a train output folder)")
-    data.pop("runtime", None)
+    runtime = data.pop("runtime", None)
     try:
         resolved = ResolvedConfig.model_validate(data)
     except ValueError:
@@ -174,9 +175,9 @@ def load_run(adapter: Path) -> LoadedRun:
             f"--adapter {adapter}: cannot load its tokenizer ({type(exc).__name__})"
         ) from None
     model = load_adapted(adapter, base, dtype or torch.float32).to(device).eval()
-    return LoadedRun(
-        resolved, decoding if isinstance(decoding, dict) else {}, model, tokenizer, device
-    )
+    decoding = decoding if isinstance(decoding, dict) else {}
+    record = runtime.get("data") if isinstance(runtime, dict) else None
+    return LoadedRun(resolved, decoding, model, tokenizer, device, record)
 
 
 def decoding_settings(
@@ -275,10 +276,18 @@ def _prompt_lines(path: Path) -> list[str]:
     return lines
 
 
-def eval_cases(run: LoadedRun, n: int) -> list[Case]:
+def eval_cases(run: LoadedRun, n: int, notes: list[str]) -> list[Case]:
     """The first `n` examples of the run's validation split, split into prompt and reference
-    by their labels."""
-    data = prepare_data(run.resolved, run.tokenizer)
+    by their labels: from the token cache the run trained with, else (and then `notes` says
+    so) tokenized again from the data files as they are now."""
+    data = load_recorded(run.data_record)
+    if data is None:
+        data = prepare_data(run.resolved, run.tokenizer)
+        if run.data_record is not None:
+            notes.append(
+                "--eval: the token cache the run trained with is gone or damaged; the data "
+                "files were tokenized again, as they are now"
+            )
     if data.eval is None or not len(data.eval):
         raise UserError(
             "--eval: the run has no validation split (set training.dataset.validation_path "
@@ -369,7 +378,7 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
             "(the demo shows the mechanics; train on a pretrained base for real answers)"
         )
     cases = [Case(p, render_prompt(run.resolved, run.tokenizer, p)) for p in prompts]
-    cases += eval_cases(run, opts.eval_n) if opts.eval_n else []
+    cases += eval_cases(run, opts.eval_n, notes) if opts.eval_n else []
     check_lengths(run, cases)
     generations = []
     for index, case in enumerate(cases):
