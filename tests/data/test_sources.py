@@ -89,6 +89,42 @@ def test_a_lone_surrogate_names_line_field_and_place(tmp_path) -> None:
     assert not list(tmp_path.glob(".ds/*"))  # nothing written before the row was checked
 
 
+def test_a_field_given_twice_in_a_row_is_refused(tmp_path) -> None:
+    """`{"text": "a", "text": "b"}` (a bad merge of two files, a hand edit) was read as its
+    last value without a word, as was a CSV or Parquet file with two columns of one name.
+    A field the run trains on, given twice, is now named; a repeated field it does not use,
+    or one inside a value, is read as before."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    twice = "is given more than once in this row; expected once (which value to train on"
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"text": "a", "id": 1, "id": 2}\n{"text": "b", "meta": {"k": 1, "k": 2}}\n')
+    assert load(tmp_path, {"path": "train.jsonl"}).read["train"] == 2  # fields it does not use
+    path.write_text('{"text": "a"}\n{"text": "b",\n "text": "c"}\n')
+    assert error_of(tmp_path, {"path": "train.jsonl"}).startswith(
+        f"{path}:2: field 'text' (field_mapping.text) {twice}"
+    )
+    turn = '{"role": "user", "content": "a", "content": "b"}'
+    path.write_text('{"messages": [{"role": "user", "content": "x"}, ' + turn + "]}\n")
+    assert error_of(tmp_path, {"path": "train.jsonl"}).startswith(
+        f"{path}:1: field 'messages' (field_mapping.messages) item 1: content {twice}"
+    )
+    csv_path = tmp_path / "train.csv"
+    csv_path.write_text("text,text,x\na,b,1\n")
+    assert error_of(tmp_path, {"path": "train.csv", "field_mapping": {"text": "text"}}).startswith(
+        f"{csv_path}: row 1: field 'text' (field_mapping.text) {twice}"
+    )
+    csv_path.write_text("text,x,x\na,1,2\n")
+    assert load(tmp_path, {"path": "train.csv", "field_mapping": {"text": "text"}}).read["train"]
+    parquet = tmp_path / "train.parquet"
+    table = pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["text", "text"])
+    pq.write_table(table, parquet)
+    assert error_of(tmp_path, {"path": "train.parquet"}).startswith(
+        f"{parquet}: row 1: field 'text' (field_mapping.text) {twice}"
+    )
+
+
 def test_column_of_the_wrong_type_in_parquet(tmp_path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq

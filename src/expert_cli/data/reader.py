@@ -35,6 +35,34 @@ _WHITESPACE = " \t\r\n"
 Row = tuple[str, Any]  # (where: "line 12" / "row 3", the value read)
 
 
+class RepeatedKeys(dict):  # type: ignore[type-arg]
+    """An object (a JSON object, a CSV or Arrow row) that gave a key more than once: the last
+    value is kept, as every JSON reader does; `repeated` names the keys, so that a field the
+    run trains on is refused rather than read as one of its values."""
+
+    repeated: frozenset[str] = frozenset()
+
+
+def repeated_keys(value: Any) -> frozenset[str]:
+    """The keys `value` (a row or an object in it) was given more than once."""
+    return value.repeated if isinstance(value, RepeatedKeys) else frozenset()
+
+
+def _with_repeats(row: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """`row`, marked with the keys of `keys` that appear more than once (when any do)."""
+    if len(row) == len(keys):
+        return row
+    marked = RepeatedKeys(row)
+    marked.repeated = frozenset(k for k in keys if keys.count(k) > 1)
+    return marked
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict (`object_pairs_hook`: the pairs as written, repeats included)."""
+    row = dict(pairs)
+    return row if len(row) == len(pairs) else _with_repeats(row, [k for k, _ in pairs])
+
+
 def shown_name(name: str) -> str:
     """A column name as an error may show it: itself when it looks like a name, else only its
     length (a "column" read from a file that is not tabular is the file's data)."""
@@ -118,7 +146,7 @@ def _open(path: Path) -> BinaryIO:
 def _json_rows(path: Path) -> Iterator[Row]:
     """JSON values one after another (JSON Lines, concatenated objects), or the items of one
     top-level array; each with the line it starts on."""
-    decoder = json.JSONDecoder(parse_int=json_int)
+    decoder = json.JSONDecoder(parse_int=json_int, object_pairs_hook=_object)
     with _open(path) as fh:
         text = _Text(path, fh)
         buf, pos, line = "", 0, 1
@@ -229,7 +257,7 @@ def _csv_rows(path: Path) -> Iterator[Row]:
                     )
                 # an empty field is a missing value (CSV has no null)
                 row = {k: (v if v != "" else None) for k, v in zip(header, fields, strict=True)}
-                yield f"row {number}", row
+                yield f"row {number}", _with_repeats(row, header)
         except csv.Error as exc:
             raise UserError(f"{path}: line {reader.line_num}: not valid CSV ({exc})") from None
 
@@ -245,9 +273,10 @@ def _batches_as_rows(path: Path, batches: Iterator[pa.RecordBatch]) -> Iterator[
                 rows = batch.to_pylist()
             except UnicodeDecodeError:  # Arrow keeps the bytes of a string as written
                 raise UserError(_not_text(path, batch, number)) from None
+            names = batch.schema.names
             for row in rows:
                 number += 1
-                yield f"row {number}", row
+                yield f"row {number}", _with_repeats(row, names)
     except (pa.ArrowException, OSError) as exc:
         raise UserError(
             f"{path}: row {number + 1}: cannot be read ({type(exc).__name__})"

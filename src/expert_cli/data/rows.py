@@ -18,12 +18,13 @@ from expert_cli.config.base import lone_surrogate_at
 from expert_cli.config.refs import FILE_FORMATS, windows_note
 from expert_cli.config.resolve import SourceRef
 from expert_cli.data.conversations import is_text_part
-from expert_cli.data.reader import read_rows, shown_name, shown_names
+from expert_cli.data.reader import read_rows, repeated_keys, shown_name, shown_names
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, shown_path
 
 ROLES = ("text", "messages", "instruction", "input", "response", "system")
 OPTIONAL_ROLES = {"input", "system"}
+TWICE = "is given more than once in this row; expected once (which value to train on is unclear)"
 SHOWN_PATH = re.compile(r"[\w.\[\]<>-]{1,200}", re.ASCII)  # a key path an error may show
 # keys of the chat message format (OpenAI's, Qwen's), shown by name in a path; others: <key>
 MESSAGE_KEYS = frozenset(
@@ -164,6 +165,8 @@ def _value_problem(role: str, value: Any) -> str | None:
         if not isinstance(message, dict):
             return f"item {i} is {_kind(message)}, expected an object with role and content"
         for key in ("role", "content"):
+            if key in repeated_keys(message):
+                return f"item {i}: {key} {TWICE}"
             text = message.get(key)
             if key == "content" and text is None and _calls_tools(message):
                 continue  # a turn that only calls tools (OpenAI's format): content null
@@ -268,7 +271,10 @@ def check_row(row: Any, fields: FieldSpec, where: str) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise UserError(f"{where}: expected an object with named fields, found {_kind(row)}")
     out = {}
+    repeated = repeated_keys(row)
     for role, column in fields.mapping.items():
+        if column in repeated:
+            raise UserError(f"{where}: field {shown_name(column)} (field_mapping.{role}) {TWICE}")
         value = row.get(column)
         if value is None and role not in OPTIONAL_ROLES:
             present = "" if column in row else f"; this row has {shown_names(list(row))}"
