@@ -41,9 +41,14 @@ from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import new_file_problem, resolved_path, shown_path
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
 from expert_cli.train.choice import kept_adapters, lowest
-from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file, run_of
-from expert_cli.train.package_check import (
+from expert_cli.train.outputs import (
     ADAPTER_FILES,
+    SOURCE_MANIFEST,
+    adapter_base,
+    read_json_file,
+    run_of,
+)
+from expert_cli.train.package_check import (
     MAX_FILE_BYTES,
     PackageReport,
     adapters_of,

@@ -24,7 +24,7 @@ from expert_cli.config.loading import format_errors, parse_manifest_text
 from expert_cli.errors import UserError
 from expert_cli.jsontext import json_int
 from expert_cli.paths import shown_path
-from expert_cli.train.outputs import adapter_config_problem
+from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
 from expert_cli.weights import (
     HEAD_BYTES,
     header_names,
@@ -33,7 +33,6 @@ from expert_cli.weights import (
     non_finite_tensors,
 )
 
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 TOKENIZER_FILES = (  # as the run saves them; at the package's root
     "tokenizer.json",
     "tokenizer_config.json",
