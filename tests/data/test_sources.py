@@ -110,6 +110,12 @@ def test_a_field_given_twice_in_a_row_is_refused(tmp_path) -> None:
     assert error_of(tmp_path, {"path": "train.jsonl"}).startswith(
         f"{path}:1: field 'messages' (field_mapping.messages) item 1: content {twice}"
     )
+    turn = '{"role": "assistant", "content": "a", "name": "x", "name": "y"}'
+    path.write_text('{"messages": [{"role": "user", "content": "x"}, ' + turn + "]}\n")
+    assert f"item 1: name {twice}" in error_of(tmp_path, {"path": "train.jsonl"})
+    parts = '[{"type": "text", "text": "a", "text": "b"}]'
+    path.write_text('{"messages": [{"role": "user", "content": ' + parts + "}]}\n")
+    assert f"item 0: content part 0: text {twice}" in error_of(tmp_path, {"path": "train.jsonl"})
     csv_path = tmp_path / "train.csv"
     csv_path.write_text("text,text,x\na,b,1\n")
     assert error_of(tmp_path, {"path": "train.csv", "field_mapping": {"text": "text"}}).startswith(

@@ -14,6 +14,7 @@ import codecs
 import csv
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,19 +49,24 @@ def repeated_keys(value: Any) -> frozenset[str]:
     return value.repeated if isinstance(value, RepeatedKeys) else frozenset()
 
 
-def _with_repeats(row: dict[str, Any], keys: list[str]) -> dict[str, Any]:
-    """`row`, marked with the keys of `keys` that appear more than once (when any do)."""
-    if len(row) == len(keys):
+def repeats(keys: list[str]) -> frozenset[str]:
+    """The keys that appear more than once in `keys`."""
+    return frozenset(k for k, n in Counter(keys).items() if n > 1)
+
+
+def _marked(row: dict[str, Any], repeated: frozenset[str]) -> dict[str, Any]:
+    """`row`, marked with the keys it was given more than once (when there are any)."""
+    if not repeated:
         return row
     marked = RepeatedKeys(row)
-    marked.repeated = frozenset(k for k in keys if keys.count(k) > 1)
+    marked.repeated = repeated
     return marked
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object as a dict (`object_pairs_hook`: the pairs as written, repeats included)."""
     row = dict(pairs)
-    return row if len(row) == len(pairs) else _with_repeats(row, [k for k, _ in pairs])
+    return row if len(row) == len(pairs) else _marked(row, repeats([k for k, _ in pairs]))
 
 
 def shown_name(name: str) -> str:
@@ -247,6 +253,7 @@ def _csv_rows(path: Path) -> Iterator[Row]:
             header = next(reader, None)
             if header is None:
                 return
+            twice = repeats(header)
             for number, fields in enumerate(reader, start=1):
                 if not fields:
                     continue
@@ -257,7 +264,7 @@ def _csv_rows(path: Path) -> Iterator[Row]:
                     )
                 # an empty field is a missing value (CSV has no null)
                 row = {k: (v if v != "" else None) for k, v in zip(header, fields, strict=True)}
-                yield f"row {number}", _with_repeats(row, header)
+                yield f"row {number}", _marked(row, twice)
         except csv.Error as exc:
             raise UserError(f"{path}: line {reader.line_num}: not valid CSV ({exc})") from None
 
@@ -273,10 +280,10 @@ def _batches_as_rows(path: Path, batches: Iterator[pa.RecordBatch]) -> Iterator[
                 rows = batch.to_pylist()
             except UnicodeDecodeError:  # Arrow keeps the bytes of a string as written
                 raise UserError(_not_text(path, batch, number)) from None
-            names = batch.schema.names
+            twice = repeats(batch.schema.names)
             for row in rows:
                 number += 1
-                yield f"row {number}", _with_repeats(row, names)
+                yield f"row {number}", _marked(row, twice)
     except (pa.ArrowException, OSError) as exc:
         raise UserError(
             f"{path}: row {number + 1}: cannot be read ({type(exc).__name__})"

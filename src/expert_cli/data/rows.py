@@ -164,9 +164,10 @@ def _value_problem(role: str, value: Any) -> str | None:
     for i, message in enumerate(value):
         if not isinstance(message, dict):
             return f"item {i} is {_kind(message)}, expected an object with role and content"
+        if twice := repeated_keys(message):  # every key of a turn reaches the template
+            key = min(twice)
+            return f"item {i}: {key if key in MESSAGE_KEYS else shown_name(key)} {TWICE}"
         for key in ("role", "content"):
-            if key in repeated_keys(message):
-                return f"item {i}: {key} {TWICE}"
             text = message.get(key)
             if key == "content" and text is None and _calls_tools(message):
                 continue  # a turn that only calls tools (OpenAI's format): content null
@@ -227,6 +228,8 @@ def _parts_problem(parts: list[Any]) -> str | None:
                 f"part {j} is {what}, expected a text part "
                 '({"type": "text", "text": "..."}): expert-cli trains on text'
             )
+        if "text" in repeated_keys(part):
+            return f"part {j}: text {TWICE}"
         if problem := _text_problem(part["text"]):
             return f"part {j} {problem}"
     return None
