@@ -595,7 +595,9 @@ def _tar_bytes(members: list[tuple[str, bytes | None]]) -> bytes:
 
 
 @pytest.mark.slow
-def test_check_package_reads_member_names_as_unpacking_does(v2_run: Path, tmp_path: Path) -> None:
+def test_check_package_reads_member_names_as_unpacking_does(
+    v2_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`./` names (tar -C run .) and folders unpack to the same files and are sound; a file
     given twice, a name holding control characters, and bytes after the archive's end (tar
     lists none of them) are problems, never a sound package."""
@@ -634,9 +636,31 @@ def test_check_package_reads_member_names_as_unpacking_does(v2_run: Path, tmp_pa
     assert check("joined.expert", joined) == [f"16 bytes that are not zeros {after}"]
     junk = gzip.compress(tar) + b"junk"
     assert check("junk.expert", junk) == [f"bytes that are no gzip stream {after}"]
-    zeros = gzip.compress(tar + bytes(3 << 20))
-    assert check("zeros.expert", zeros) == [f"over 1 MiB of zeros {after}"]
+    padded = gzip.compress(tar + bytes(3 << 20))  # GNU tar -b 4096 pads to 2 MiB records
+    assert check("zeros.expert", padded) == []
+    import expert_cli.train.package_check as package_check
+
+    monkeypatch.setattr(package_check, "TAIL_BYTES", 1 << 20)  # a bomb of zeros, smaller
+    assert check("zeros.expert", padded) == [f"over 1 MiB of zeros {after}"]
+    monkeypatch.undo()
     assert check("padded.expert", gzip.compress(tar) + bytes(4096)) == []  # gzip's padding
+    # the block that ends tar's listing is checked too: no end marker, junk in its place
+    with tarfile.open(fileobj=io.BytesIO(tar)) as listed:
+        last = listed.getmembers()[-1]
+    unmarked = tar[: last.offset_data + -(-last.size // 512) * 512]  # to the last file's end
+    assert check("unmarked.expert", gzip.compress(unmarked)) == []  # tar -A style: no end
+    junk_block = gzip.compress(unmarked + b"\x01" * 512)
+    assert check("junk-block.expert", junk_block) == [f"512 bytes that are not zeros {after}"]
+    # names one file system keeps apart and another does not, and a file where a folder is
+    nfd = "caf\u0065\u0301.md"
+    for clash, said in (
+        ([("Manifest.json", b"{}")], "Manifest.json: the same file as manifest.json where names"),
+        ([("caf\u00e9.md", b"a"), (nfd, b"b")], f"{nfd}: the same file as caf\u00e9.md where"),
+        ([("README.md/x", b"a")], "README.md/x: lies under README.md, which the package holds"),
+        ([("docs/a", b"a"), ("docs", b"b")], "docs: a file where the package has a folder of"),
+    ):
+        problems = check("clash.expert", gzip.compress(_tar_bytes([*members, *clash])))
+        assert len(problems) == 1 and problems[0].startswith(said), problems
     assert check("zeros-in.expert", gzip.compress(tar + bytes(8192))) == []  # tar's padding
 
 
@@ -663,6 +687,8 @@ def test_check_package_shows_names_that_look_like_markup(tmp_path: Path) -> None
 def test_a_damaged_tokenizer_is_named_in_package_and_check(v2_run: Path, tmp_path: Path) -> None:
     """A tokenizer.json that no loader can read was shipped, and check --package said the
     package was sound; a run that holds no tokenizer ships without one, saying so."""
+    import tokenizers
+
     good = tmp_path / "good.expert"
     assert run_here("package", "--adapter", str(v2_run), "--output", str(good)).returncode == 0
     members = _unpack(good)
@@ -670,7 +696,7 @@ def test_a_damaged_tokenizer_is_named_in_package_and_check(v2_run: Path, tmp_pat
     damaged = {
         "tokenizer.json": (
             b'{"version": "1.0"}',
-            "not a tokenizer the tokenizers library can read",
+            f"not a tokenizer the tokenizers library ({tokenizers.__version__}) can read",
         ),
         "tokenizer_config.json": (b"[1, 2]", "not a JSON object"),
         "special_tokens_map.json": (b"{'a': 1}", "not readable JSON"),
@@ -680,7 +706,8 @@ def test_a_damaged_tokenizer_is_named_in_package_and_check(v2_run: Path, tmp_pat
         assert verify_package(bad).problems == [f"{name}: {expected}"]
         run, _ = _adapter_copy(v2_run, tmp_path / name)
         (run / name).write_bytes(data)
-        assert f"{run / name}: {expected}" in _refused("package", run, tmp_path), name
+        said = _refused("package", run, tmp_path)
+        assert f"{run / name}: {expected}; copy the run's tokenizer files back from one" in said
     run, _ = _adapter_copy(v2_run, tmp_path / "none")
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (run / name).unlink(missing_ok=True)

@@ -53,9 +53,9 @@ from expert_cli.train.package_check import (
     PackageReport,
     adapters_of,
     sha256_of,
-    tokenizer_members,
     verify_package,
 )
+from expert_cli.train.tokenizer_files import tokenizer_members
 
 BEST = "best"  # --checkpoint best: the kept adapter of lowest eval loss
 EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")

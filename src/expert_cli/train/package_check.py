@@ -5,26 +5,30 @@ reads each package it writes back through this before reporting it written."""
 from __future__ import annotations
 
 import copy
+import gzip
 import hashlib
 import io
 import json
 import os
 import tarfile
 import tempfile
+import unicodedata
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from pydantic import ValidationError
-from tokenizers import Tokenizer
 
 from expert_cli.config import Manifest
 from expert_cli.config.loading import format_errors, parse_manifest_text
-from expert_cli.errors import UserError
 from expert_cli.jsontext import json_int
-from expert_cli.paths import shown_path
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
+from expert_cli.train.tokenizer_files import (
+    TOKENIZER_CHECK_BYTES,
+    TOKENIZER_FILES,
+    tokenizer_problem,
+)
 from expert_cli.weights import (
     HEAD_BYTES,
     header_names,
@@ -33,17 +37,8 @@ from expert_cli.weights import (
     non_finite_tensors,
 )
 
-TOKENIZER_FILES = (  # as the run saves them; at the package's root
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
-TOKENIZER_CHECK_BYTES = 64 << 20  # larger tokenizer files are noted, not read
-TAIL_BYTES = 1 << 20  # zeros after the archive's end beyond this are not padding
+TAIL_BYTES = 64 << 20  # zeros after the archive's end beyond this are not padding (GNU
+# tar pads to its record size: 10 KiB by default, 2 MiB with -b 4096)
 MAX_FILE_BYTES = 20 << 30
 MAX_MEMBERS = 10_000
 FINITE_CHECK_BYTES = 4 << 30  # safetensors members up to this size are checked for NaN
@@ -108,32 +103,22 @@ def verify_package(
     report.sha256 = sha256_of(path)
     hashes: dict[str, str] = {}
     heads: dict[str, bytes] = {}  # adapter configurations, and the weights' headers
+    seen: dict[str, tuple[str, bool]] = {}  # name as unpacked -> (first name, a folder)
     try:
-        with tarfile.open(path, mode="r:gz") as tar:
+        with (
+            gzip.GzipFile(path, mode="rb") as unzipped,
+            tarfile.open(fileobj=(blocks := _Blocks(unzipped)), mode="r:") as tar,
+        ):
             for count, member in enumerate(tar, 1):
                 if count > MAX_MEMBERS:
                     report.problems.append(f"more than {MAX_MEMBERS:,} files")
                     break
-                problem = _member_problem(member, report.files)
-                if problem:
+                if problem := _admit(member, seen):
                     report.problems.append(problem)
-                    continue
-                if member.isdir():  # unpacking makes the folder: harmless, not listed
-                    continue
-                name = member.name = PurePosixPath(member.name).as_posix()  # ./a unpacks as a
-                report.files[name] = member.size
-                if name.endswith(".safetensors"):
-                    hashes[name], heads[name] = _check_weights(tar, member, report)
-                    continue
-                hashes[name], data = _member_hash(tar, member)
-                if name == "manifest.json":
-                    report.manifest = _manifest_of(data, report)
-                elif name.endswith(ADAPTER_FILES[1]):
-                    heads[name] = data
-                elif name in TOKENIZER_FILES:
-                    _check_tokenizer_file(name, data, member.size, report)
+                elif not member.isdir():  # unpacking makes a folder: harmless, not listed
+                    _read_member(tar, member, report, hashes, heads)
             else:
-                _check_end(tar, report)
+                _check_end(blocks, report)
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         report.problems.append(f"not a gzip-compressed tar archive ({type(exc).__name__})")
         return report
@@ -148,38 +133,102 @@ def verify_package(
     return report
 
 
-def shown_name(name: str) -> str:
+def _escaped(name: str) -> str:
     """A member's name with what a terminal cannot show plainly (control characters, bytes
     that are not UTF-8) as escapes."""
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in name)
 
 
-def _member_problem(member: tarfile.TarInfo, seen: dict[str, int]) -> str | None:
-    """Why a member does not belong in a package (None: it does). `seen`: the files so far,
-    by their names as unpacked (`./a` and `a` are one file)."""
-    name, shown = member.name, shown_name(member.name)
+def _read_member(
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    report: PackageReport,
+    hashes: dict[str, str],
+    heads: dict[str, bytes],
+) -> None:
+    """A regular file of the package: its size and hash, and what it holds checked where the
+    kind of file says how (weights, the manifest, adapter and tokenizer configurations)."""
+    name = member.name = PurePosixPath(member.name).as_posix()  # ./a unpacks as a
+    report.files[name] = member.size
+    if name.endswith(".safetensors"):
+        hashes[name], heads[name] = _check_weights(tar, member, report)
+        return
+    hashes[name], data = _member_hash(tar, member)
+    if name == "manifest.json":
+        report.manifest = _manifest_of(data, report)
+    elif name.endswith(ADAPTER_FILES[1]):
+        heads[name] = data
+    elif name in TOKENIZER_FILES:
+        _check_tokenizer_file(name, data, member.size, report)
+
+
+def _unpacked(name: str) -> str:
+    """What a file system that ignores case and Unicode forms (macOS, Windows) makes of a
+    member's name: `./A.json` and `a.json` are one file there."""
+    return unicodedata.normalize("NFC", PurePosixPath(name).as_posix()).casefold()
+
+
+def _admit(member: tarfile.TarInfo, seen: dict[str, tuple[str, bool]]) -> str | None:
+    """Why a member does not belong in a package; None when it does, and then it is recorded
+    in `seen` (name as unpacked -> (its name, whether a folder)), with the folders it lies in."""
+    name, shown = member.name, _escaped(member.name)
     if name != shown:
         return f"{shown}: a name holding control characters or bytes that are not UTF-8"
     if name.startswith("/") or ".." in PurePosixPath(name).parts or "\\" in name:
         return f"{name}: a path outside the package"
-    if member.isdir():
-        return None
-    if not member.isfile():
+    if not member.isfile() and not member.isdir():
         return f"{name}: not a regular file (links and devices do not belong in a package)"
-    if (unpacked := PurePosixPath(name).as_posix()) in seen:
-        return f"{unpacked}: in the package twice (unpacking keeps the last, this check the first)"
+    path = PurePosixPath(name)
+    for folder in [*reversed(path.parents[:-1]), path]:
+        first, is_folder = seen.get(_unpacked(str(folder)), (None, folder != path))
+        if folder != path and first is not None and not is_folder:
+            return f"{path}: lies under {first}, which the package holds as a file"
+        if folder == path and first is not None and not (is_folder and member.isdir()):
+            return _clash(path.as_posix(), first, is_folder, member.isdir())
+        seen.setdefault(_unpacked(str(folder)), (folder.as_posix(), folder != path))
+    seen[_unpacked(name)] = (path.as_posix(), member.isdir())
     if member.size > MAX_FILE_BYTES:
         return f"{name}: over {MAX_FILE_BYTES >> 30} GB"
     return None
 
 
-def _check_end(tar: tarfile.TarFile, report: PackageReport) -> None:
-    """After the archive's end: only zeros (a tar's padding), nothing else, not past
-    TAIL_BYTES. Bytes there are not files, are not listed by tar, and are no package's."""
-    stream, read, data = tar.fileobj, 0, 0
-    assert stream is not None
+def _clash(name: str, first: str, first_folder: bool, folder: bool) -> str:
+    if first_folder != folder:
+        return f"{name}: a {'folder' if folder else 'file'} where the package has a " + (
+            f"{'folder' if first_folder else 'file'} of that name ({first})"
+        )
+    if first == name:
+        return f"{name}: in the package twice (unpacking keeps the last, this check the first)"
+    return (
+        f"{name}: the same file as {first} where names ignore case or Unicode form (macOS, "
+        "Windows): unpacking there keeps only one"
+    )
+
+
+class _Blocks:
+    """The unzipped archive as tarfile reads it, keeping the last piece it read: once the
+    listing has ended, the block that ended it (zeros, or bytes after the archive's end)."""
+
+    def __init__(self, stream: gzip.GzipFile) -> None:
+        self.stream, self.last = stream, b""
+
+    def read(self, size: int = -1) -> bytes:
+        self.last = self.stream.read(size)
+        return self.last
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.stream.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.stream.tell()
+
+
+def _check_end(blocks: _Blocks, report: PackageReport) -> None:
+    """From the block that ended the listing on: only zeros (a tar's end and padding), and
+    not past TAIL_BYTES. Bytes there are not files, tar lists none, and no package has them."""
+    read, data = len(blocks.last), len(blocks.last) - blocks.last.count(0)
     try:
-        while read <= TAIL_BYTES and (block := stream.read(CHUNK)):
+        while read <= TAIL_BYTES and (block := blocks.read(CHUNK)):
             read, data = read + len(block), data + len(block) - block.count(0)
     except (OSError, EOFError, zlib.error):  # bytes after the gzip stream that are no gzip
         data = -1
@@ -195,43 +244,6 @@ def _check_end(tar: tarfile.TarFile, report: PackageReport) -> None:
             f"{what} after the end of the archive (two files joined, or a damaged copy): "
             "no package holds them"
         )
-
-
-def tokenizer_problem(name: str, data: bytes) -> str | None:
-    """What a loader would fail on in one of the tokenizer files (None: it reads)."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return "not UTF-8 text"
-    if name == "tokenizer.json":
-        try:
-            Tokenizer.from_str(text)
-        except Exception:  # the library's own error, whatever it is: never quoted
-            return "not a tokenizer the tokenizers library can read"
-    elif name.endswith(".json"):
-        try:
-            value = json.loads(text, parse_int=json_int)
-        except (ValueError, RecursionError):
-            return "not readable JSON"
-        if not isinstance(value, dict):
-            return "not a JSON object"
-    return None
-
-
-def tokenizer_members(folder: Path) -> tuple[dict[str, Path], list[str]]:
-    """The tokenizer files a run saved in `folder`, to ship, and a note when it holds none;
-    UserError naming a file a loader could not read."""
-    files = {n: folder / n for n in TOKENIZER_FILES if (folder / n).is_file()}
-    for name, path in files.items():
-        small = path.stat().st_size <= TOKENIZER_CHECK_BYTES
-        if small and (problem := tokenizer_problem(name, path.read_bytes())):
-            raise UserError(
-                f"{shown_path(path)}: {problem}; copy the base model's tokenizer files "
-                f"into {shown_path(folder)} (they are what the run trained with)"
-            )
-    if "tokenizer.json" in files or "tokenizer_config.json" in files:
-        return files, []
-    return files, [f"{shown_path(folder)} holds no tokenizer files: the package has none"]
 
 
 def _check_tokenizer_file(name: str, data: bytes, size: int, report: PackageReport) -> None:

@@ -1,0 +1,63 @@
+"""The tokenizer files a run saves beside its adapter: which of them a package ships, and
+whether a loader can read each one (`package` refuses a run whose files cannot be read, and
+`check --package` a package holding one)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import tokenizers
+from tokenizers import Tokenizer
+
+from expert_cli.errors import UserError
+from expert_cli.jsontext import json_int
+from expert_cli.paths import shown_path
+
+TOKENIZER_FILES = (  # as the run saves them; at the package's root
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+TOKENIZER_CHECK_BYTES = 64 << 20  # larger tokenizer files are noted, not read
+
+
+def tokenizer_problem(name: str, data: bytes) -> str | None:
+    """What a loader would fail on in one of the tokenizer files (None: it reads)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    if name == "tokenizer.json":
+        try:
+            Tokenizer.from_str(text)
+        except Exception:  # the library's own error, whatever it is: never quoted
+            return f"not a tokenizer the tokenizers library ({tokenizers.__version__}) can read"
+    elif name.endswith(".json"):
+        try:
+            value = json.loads(text, parse_int=json_int)
+        except (ValueError, RecursionError):
+            return "not readable JSON"
+        if not isinstance(value, dict):
+            return "not a JSON object"
+    return None
+
+
+def tokenizer_members(folder: Path) -> tuple[dict[str, Path], list[str]]:
+    """The tokenizer files a run saved in `folder`, to ship, and a note when it holds none;
+    UserError naming a file a loader could not read."""
+    files = {n: folder / n for n in TOKENIZER_FILES if (folder / n).is_file()}
+    for name, path in files.items():
+        small = path.stat().st_size <= TOKENIZER_CHECK_BYTES
+        if small and (problem := tokenizer_problem(name, path.read_bytes())):
+            raise UserError(
+                f"{shown_path(path)}: {problem}; copy the run's tokenizer files back from one "
+                "of its checkpoints (checkpoints/checkpoint-N/ holds them), or train again"
+            )
+    if "tokenizer.json" in files or "tokenizer_config.json" in files:
+        return files, []
+    return files, [f"{shown_path(folder)} holds no tokenizer files: the package has none"]
