@@ -307,6 +307,23 @@ def test_interrupt_sets_flag_and_exit_code() -> None:
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
+def test_sigterm_raises_before_training_and_a_second_one_stops_training() -> None:
+    """Under `train`, SIGTERM raises Terminated (so the folder is tidied), the first one in
+    training only sets the flag, and a second stops at once (as a second Ctrl-C does)."""
+    from expert_cli.errors import Terminated
+    from expert_cli.train.callbacks import sigterm_raises
+
+    with sigterm_raises():
+        with pytest.raises(Terminated):
+            signal.raise_signal(signal.SIGTERM)
+        with Interrupt() as interrupt:
+            signal.raise_signal(signal.SIGTERM)
+            assert interrupt.signum == signal.SIGTERM
+            with pytest.raises(Terminated):
+                signal.raise_signal(signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_incomplete_checkpoints_are_removed_and_complete_ones_kept(tmp_path: Path) -> None:
     for n in (3, 6):
         (tmp_path / f"checkpoint-{n}").mkdir()

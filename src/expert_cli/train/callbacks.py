@@ -105,7 +105,9 @@ def earlier_records(path: Path, resumed_from: str | None) -> dict[str, list[dict
 class Interrupt:
     """SIGINT/SIGTERM set a flag; training stops with a checkpoint at the next step end.
 
-    A second signal restores the default behaviour (so a second Ctrl-C aborts at once).
+    A second signal stops at once: the handlers from before are back (KeyboardInterrupt for
+    SIGINT; for SIGTERM Terminated under `sigterm_raises`, else the default, which ends the
+    process).
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)

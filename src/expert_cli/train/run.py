@@ -25,7 +25,7 @@ from expert_cli.data.collate import PackedCollator
 from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.sources import NO_EVAL_ROWS
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
-from expert_cli.errors import RunError, UserError
+from expert_cli.errors import RunError, Terminated, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.adapter import adapter_problem
@@ -43,13 +43,12 @@ from expert_cli.train.causality import agreed, attention_isolation, isolation_pr
 from expert_cli.train.checkpoints import (
     CheckpointMarker,
     checkpoint_step,
-    remove_incomplete_checkpoints,
 )
 from expert_cli.train.choice import FINAL_STEP, final_adapter_step, final_step
 from expert_cli.train.data_record import refuse_changed_data
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
-from expert_cli.train.memory import Stopped, oom_error, out_of_memory, stage_out_of_memory
+from expert_cli.train.memory import Stopped, stage_out_of_memory
 from expert_cli.train.model import (
     ModelChoices,
     adapter_compute_dtype,
@@ -121,13 +120,18 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     if run.is_main:
         for damaged in decision.passed_over:
             reporter.note(f"--resume: passing over {damaged}")
-    distributed.barrier()  # and before the main process sets the earlier run aside
-    if decision.clear and run.is_main:
-        run.aside, moved = set_aside(output)
-        reporter.note(
-            f"--overwrite: the earlier run's {', '.join(moved)} set aside; removed once this "
-            "run starts training, put back if it stops before"
-        )
+    try:  # a signal from here on: the folder as it was (claim made it, set_aside moved it)
+        distributed.barrier()  # and before the main process sets the earlier run aside
+        if decision.clear and run.is_main:
+            run.aside, moved = set_aside(output)
+            reporter.note(
+                f"--overwrite: the earlier run's {', '.join(moved)} set aside; removed once "
+                "this run starts training, put back if it stops before"
+            )
+    except BaseException as exc:
+        run.release()
+        run.stopped_before_training(exc)
+        raise
     run.runtime.update(
         environment=env.to_dict(),
         world_size=args.world_size,
@@ -298,25 +302,6 @@ def _tensorboard(run: Run) -> TrainerCallback | None:
     return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(run.output / "runs")))
 
 
-def on_failure(run: Run, throughput: Any, steps: int, exc: BaseException) -> None:
-    """Record "failed" in metrics.json; a full disk (after removing the checkpoint it cut
-    short, to make room for that record) is a RunError naming the folder, exit 1."""
-    full = disk_full(exc, run.output)
-    if full and run.is_main:
-        remove_incomplete_checkpoints(run.output / "checkpoints")
-    throughput.record_failure(steps)
-    if out_of_memory(exc):
-        args = run.args
-        micro, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
-        at = Stopped("step", steps, micro, accumulation, run.device)
-        raise oom_error(run.resolved, at, run.output) from exc
-    if full:
-        raise RunError(
-            f"no space left on {run.output} (checkpoints and the adapter are written there); "
-            "the last complete checkpoint is intact: free space, then --resume"
-        ) from exc
-
-
 def save(run: Run, trainer: Any) -> None:
     """Adapter, adapter_config.json and tokenizer into OUTPUT (all ranks call, main writes)."""
     staging = run.output / f".final-{os.getpid()}"
@@ -366,13 +351,13 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
             write_resolved(run.output, run.resolved, run.runtime, run.source)
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Terminated):  # a second signal: stop at once
             throughput.finish(trainer.state.global_step, "interrupted", alone=True)
             raise
         except BaseException as exc:
             # a resume that fails while loading its checkpoint has trained 0 steps of its own
             reached = trainer.state.global_step or (checkpoint_step(resume) or 0 if resume else 0)
-            on_failure(run, throughput, reached, exc)
+            run.on_failure(throughput, reached, exc)
             raise
     if not stop.stopped:  # an adapter about to be saved: its numbers must be numbers
         watch.check_weights(model, trainer.state.global_step, distributed.sum_over_ranks)

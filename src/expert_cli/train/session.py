@@ -15,6 +15,8 @@ from transformers import TrainerCallback, TrainingArguments
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import BuildProgress, PreparedData
 from expert_cli.errors import RunError
+from expert_cli.train.checkpoints import remove_incomplete_checkpoints
+from expert_cli.train.memory import Stopped, oom_error, out_of_memory
 from expert_cli.train.model import ModelChoices, training_device
 from expert_cli.train.run_folder import Previous, disk_full, drop_aside, restore_aside
 
@@ -103,6 +105,25 @@ class Run:
     aside: Path | None = None  # the earlier run's outputs, set aside by --overwrite
     created: Path | None = None  # the outermost folder of --output this run made (if any)
     hold: Any = None  # the lock on the output folder while this process trains in it
+
+    def on_failure(self, throughput: Any, steps: int, exc: BaseException) -> None:
+        """Record "failed" in metrics.json; out of memory is a RunError saying what to change,
+        a full disk (after removing the checkpoint it cut short, to make room for that record)
+        one naming the folder: exit 1."""
+        full = disk_full(exc, self.output)
+        if full and self.is_main:
+            remove_incomplete_checkpoints(self.output / "checkpoints")
+        throughput.record_failure(steps)
+        if out_of_memory(exc):
+            args = self.args
+            micro, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
+            at = Stopped("step", steps, micro, accumulation, self.device)
+            raise oom_error(self.resolved, at, self.output) from exc
+        if full:
+            raise RunError(
+                f"no space left on {self.output} (checkpoints and the adapter are written "
+                "there); the last complete checkpoint is intact: free space, then --resume"
+            ) from exc
 
     def release(self) -> None:
         """Let another `train` into the folder (this one is done with it)."""
