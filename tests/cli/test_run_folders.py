@@ -115,8 +115,8 @@ def test_an_earlier_run_set_aside_by_a_killed_overwrite_is_put_back(
     # the commands that read a run say where it went (they said the folder was no run)
     said = (
         f"{out}: its run was set aside in .overwritten-4194000 by a `train --overwrite` that was "
-        "stopped before training began; the next `expert-cli train` into it puts the run back, "
-        f"or move it back: mv {aside}/* {out}/"
+        "stopped before training began; the next `expert-cli train` into this folder puts the "
+        "run back (and, with neither --resume nor --overwrite, stops there: nothing is trained)"
     )
     for command in (
         ("generate", "--adapter", str(out), "-p", "hi"),
@@ -433,6 +433,10 @@ def test_a_run_set_aside_by_an_overwrite_still_preparing_is_named(tmp_path: Path
 
     assert set_aside_line(tmp_path) is None
     (tmp_path / ".overwritten-12x").mkdir()  # not ours: no pid
+    (tmp_path / ".overwritten-\u00b2").mkdir()  # a digit to str.isdigit, not to int()
+    from expert_cli.train.run_folder import sweep_leftovers
+
+    assert set_aside_line(tmp_path) is None and sweep_leftovers(tmp_path) == []
     assert set_aside_line(tmp_path) is None
     (tmp_path / f".overwritten-{os.getpid()}").mkdir()
     with pytest.raises(UserError) as caught:

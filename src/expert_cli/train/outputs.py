@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -130,18 +131,24 @@ def process_running(pid: int) -> bool:
     return True
 
 
+def aside_pid(path: Path) -> int | None:
+    """The pid in the name of a folder `train --overwrite` set a run aside in, else None."""
+    digits = path.name[len(ASIDE_PREFIX) :] if path.name.startswith(ASIDE_PREFIX) else ""
+    return int(digits) if re.fullmatch(r"[0-9]{1,10}", digits) else None
+
+
 def set_aside_line(folder: Path) -> str | None:
     """Where the run `folder` held went, when a `train --overwrite` set it aside and has not
     begun training (it puts the run back if it fails; one that was killed could not)."""
     asides = [
         p
         for p in (sorted(folder.glob(f"{ASIDE_PREFIX}*")) if folder.is_dir() else [])
-        if p.name[len(ASIDE_PREFIX) :].isdigit() and p.is_dir() and not p.is_symlink()
+        if aside_pid(p) is not None and p.is_dir() and not p.is_symlink()
     ]
     if not asides:
         return None
     aside = asides[-1]
-    if process_running(int(aside.name[len(ASIDE_PREFIX) :])):
+    if process_running(aside_pid(aside) or 0):
         return (
             f"{shown_path(folder)}: a `train --overwrite` into it is preparing; the run it "
             f"held is in {aside.name} until training begins (then it is removed)"
@@ -149,8 +156,8 @@ def set_aside_line(folder: Path) -> str | None:
     return (
         f"{shown_path(folder)}: its run was set aside in {aside.name} by a `train "
         "--overwrite` that was stopped before training began; the next `expert-cli train` "
-        f"into it puts the run back, or move it back: mv {shown_path(aside)}/* "
-        f"{shown_path(folder)}/"
+        "into this folder puts the run back (and, with neither --resume nor --overwrite, "
+        "stops there: nothing is trained)"
     )
 
 

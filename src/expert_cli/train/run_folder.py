@@ -13,7 +13,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -214,11 +218,30 @@ def restore_aside(output: Path, aside: Path) -> list[str]:
     the names restored."""
     clear_run(output)
     restored = []
-    for path in sorted(aside.iterdir()):
-        path.rename(output / path.name)
-        restored.append(path.name)
-    aside.rmdir()
+    # the files that say a folder holds a run go back last: a restore cut short by a kill is
+    # still seen as one to finish (`sweep_leftovers`), never as a newer run
+    paths = sorted(aside.iterdir(), key=lambda p: (p.name in RUN_MARKERS, p.name))
+    with _signals_held():
+        for path in paths:
+            path.rename(output / path.name)
+            restored.append(path.name)
+        aside.rmdir()
     return restored
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends (renames that must not stop half way)."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, OSError, ValueError):  # no signal masks here: go on without
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 
 
 def drop_aside(aside: Path) -> None:
@@ -250,8 +273,8 @@ def sweep_leftovers(output: Path) -> list[str]:
     removed = []
     for path in output.glob(".*-*") if output.is_dir() else []:
         pid = path.name.rsplit("-", 1)[-1]
-        ours = path.name.startswith((".final-", ".tmp-", ASIDE_PREFIX)) and pid.isdigit()
-        if not ours or process_running(int(pid)):
+        ours = path.name.startswith((".final-", ".tmp-", ASIDE_PREFIX))
+        if not ours or not re.fullmatch(r"[0-9]{1,10}", pid) or process_running(int(pid)):
             continue
         if path.name.startswith(ASIDE_PREFIX) and path.is_dir() and not path.is_symlink():
             newer = any((output / name).exists() for name in RUN_MARKERS)
