@@ -120,16 +120,17 @@ def test_names_that_look_like_markup_are_shown_as_they_are(capsys) -> None:
     wherever it was put in a note, a table cell or a title; `[red]` coloured the rest."""
     from rich.table import Table
 
-    from expert_cli.cli.render import console, plain, quoted
+    from expert_cli.cli.render import console, labelled, plain
 
     out = console()
-    out.print(f"[yellow]note[/yellow]  {quoted('/data/[/x]/[red]a.jsonl')}")
+    out.print(labelled("note", "yellow", "/data/[/x]/[red]a.jsonl C:\\dir\\", 6))
     out.print("unquoted [/x] still prints")
     table = Table("file", title=plain("[/x]"))
     table.add_row(plain("[red]b\x1bc"))
     out.print(table)
     text = capsys.readouterr().out
-    assert "note  /data/[/x]/[red]a.jsonl" in text and "unquoted [/x] still prints" in text
+    assert "note  /data/[/x]/[red]a.jsonl C:\\dir\\\n" in text  # one backslash, as written
+    assert "unquoted [/x] still prints" in text
     assert "[red]b\\x1bc" in text and "[/x]" in text.splitlines()[2]
 
 

@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.table import Table
 
 from expert_cli.benchmark.metrics import read_run_metrics
-from expert_cli.cli.render import quoted
+from expert_cli.cli.render import labelled
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95")
 HOST_ROWS = (
@@ -169,7 +169,8 @@ def render_summary(report: dict[str, Any], console: Any) -> None:
     for line in _extras_lines(report):
         console.print(line, markup=False)
     a = report["assessment"]
-    console.print(f"\n[bold]assessment:[/bold] {quoted(a['summary'])}")
+    console.print()
+    console.print(labelled("assessment:", "bold", a["summary"]))
     for line in a["evidence"]:
         console.print(f"  - {line}", markup=False)
     console.print("[bold]what to change:[/bold]")

@@ -7,7 +7,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.errors import MarkupError
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.text import Text
 
@@ -37,9 +36,11 @@ def plain(value: Any) -> Text:
     return Text(visible(str(value)))
 
 
-def quoted(value: Any) -> str:
-    """`value` for a markup string: its brackets escaped, so `[/x]` is shown, not obeyed."""
-    return escape(str(value))
+def labelled(label: str, style: str, text: Any, width: int = 0) -> Text:
+    """`label` in `style`, padded to `width`, then `text` as it is: no markup is parsed in it
+    (a path holding `[/x]` or `[red]`, or ending in a backslash, is shown as written), control
+    characters as escapes."""
+    return Text.assemble((label, style), " " * max(width - len(label), 1), visible(str(text)))
 
 
 class SafeConsole(Console):

@@ -156,7 +156,7 @@ def render_package(report: PackageReport, verb: str) -> None:
     """A package's files, checksum and notes (and problems, for check --package)."""
     from rich.table import Table
 
-    from expert_cli.cli.render import console, plain, quoted
+    from expert_cli.cli.render import console, labelled, plain
     from expert_cli.data.discovery import human_size
 
     out = console()
@@ -174,9 +174,9 @@ def render_package(report: PackageReport, verb: str) -> None:
         table.add_row(plain(name), human_size(size))
     out.print(table)
     for note in report.notes:
-        out.print(f"[yellow]note[/yellow]  {quoted(note)}", highlight=False)
+        out.print(labelled("note", "yellow", note, 6))
     for problem in report.problems:
-        out.print(f"[bold red]problem[/bold red]  {quoted(problem)}", highlight=False)
+        out.print(labelled("problem", "bold red", problem, 9))
     out.print(f"{verb} {report.path} (sha256 {report.sha256})", markup=False)
     if report.checksum_file is not None:
         out.print(f"checksum {report.checksum_file}", markup=False)

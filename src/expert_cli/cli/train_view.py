@@ -16,7 +16,7 @@ from rich.progress import (
 )
 from transformers import TrainerCallback
 
-from expert_cli.cli.render import BuildBar, quoted
+from expert_cli.cli.render import BuildBar, labelled
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import PreparedData
 from expert_cli.data.build import drop_reasons
@@ -26,6 +26,7 @@ from expert_cli.train.model import ModelChoices
 from expert_cli.train.package import lower_loss_note
 from expert_cli.train.run import TrainOptions, TrainResult
 
+WIDTH = 10  # the label column: "model     ", "note      "
 STAT_KEYS = ("examples", "rows", "tokens", "packing_efficiency", "truncated", "dropped")
 
 
@@ -48,7 +49,7 @@ def print_data(
             shown.update({f"{name}.{k}": v for k, v in stats[name].items() if k in STAT_KEYS})
     text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
     state = "reused" if status == "current" else status
-    console.print(f"[bold]data[/bold]      {quoted(text)}", highlight=False)
+    console.print(labelled("data", "bold", text, WIDTH))
     train = stats.get("train")
     if isinstance(train, dict) and train.get("dropped"):
         console.print("[bold]dropped[/bold]   ", end="")
@@ -78,8 +79,9 @@ def print_decisions(
     """Model, kernels, precision, adapter and every note of the resolution."""
     mixed = "bf16" if resolved.bf16 else "fp16" if resolved.fp16 else "fp32"
     init = " (random init)" if resolved.init == "random" else ""
-    model = quoted(resolved.base_model)
-    console.print(f"[bold]model[/bold]     {model}{init} on {choices.device}", highlight=False)
+    console.print(
+        labelled("model", "bold", f"{resolved.base_model}{init} on {choices.device}", WIDTH)
+    )
     console.print(
         f"[bold]kernels[/bold]   attention {choices.attn_implementation}"
         f"{_isolation(choices.attention_isolation, resolved.packing)}, weights "
@@ -111,7 +113,7 @@ def print_decisions(
         highlight=False,
     )
     for note in [*resolved.notes, *choices.notes]:
-        console.print(f"[yellow]note[/yellow]      {quoted(note)}", highlight=False)
+        console.print(labelled("note", "yellow", note, WIDTH))
 
 
 def window_line(record: dict[str, Any], max_steps: int | None) -> str:
@@ -212,7 +214,7 @@ class RichReporter:
         print_decisions(self.console, resolved, choices, *params)
 
     def note(self, text: str) -> None:
-        self.console.print(f"[yellow]note[/yellow]      {quoted(text)}", highlight=False)
+        self.console.print(labelled("note", "yellow", text, WIDTH))
 
     def window(self, record: dict[str, Any]) -> None:
         self.console.print(window_line(record, self.progress.max_steps), highlight=False)
@@ -228,11 +230,14 @@ def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None
     """The run's last lines: status, speed, loss, and where to look (or how to resume)."""
     summary, status = result.summary, result.status
     if status == "complete":
+        done = f"{result.output_dir} holds a finished run of {summary['steps']} steps"
         console.print(
-            f"[bold]complete[/bold]  {quoted(result.output_dir)} holds a finished run of "
-            f"{summary['steps']} steps; nothing to resume (give a larger --max-steps to train "
-            "on)",
-            highlight=False,
+            labelled(
+                "complete",
+                "bold",
+                f"{done}; nothing to resume (give a larger --max-steps to train on)",
+                WIDTH,
+            )
         )
         return
     loss = "-" if summary["final_loss"] is None else f"{summary['final_loss']:.4g}"
@@ -302,4 +307,4 @@ def print_generate_end(console: Console, result: GenerateResult) -> None:
             f"\n[bold]exact match[/bold] {sum(marks)}/{len(marks)} ({rate:.0%})", highlight=False
         )
     for note in result.notes:
-        console.print(f"[yellow]note[/yellow]      {quoted(note)}", highlight=False)
+        console.print(labelled("note", "yellow", note, WIDTH))
