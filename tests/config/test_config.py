@@ -350,6 +350,50 @@ def test_load_best_model_needs_matching_steps(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        # the Trainer refused these at its start: a ValueError traceback after the model loaded
+        (
+            ["load_best_model_at_end=true", "save_strategy=no"],
+            "save_strategy: no with load_best_model_at_end: checkpoints must be saved when the "
+            "evaluations run (save_strategy steps, or best)",
+        ),
+        (["load_best_model_at_end=true", "save_strategy=epoch"], "save_strategy: epoch with"),
+        # it saved no checkpoint at all, and said nothing
+        (
+            ["save_strategy=best", "evaluation_strategy=no", "load_best_model_at_end=false"],
+            "save_strategy: best saves at each new best evaluation, and evaluation is off",
+        ),
+    ],
+)
+def test_checkpoint_settings_the_trainer_refuses_are_named(
+    v2_dir: Path, sets: list[str], expected: str
+) -> None:
+    with pytest.raises(UserError) as caught:
+        resolve(load_manifest(v2_dir / "manifest.json", sets), cpu_environment())
+    assert caught.value.lines[0].startswith(f"manifest.json: training.config.{expected}")
+    best = ["load_best_model_at_end=true", "save_strategy=best"]
+    assert resolve(load_manifest(v2_dir / "manifest.json", best), cpu_environment())
+
+
+def test_a_torch_compile_backend_or_mode_torch_lacks_is_named(v2_dir: Path) -> None:
+    """A backend name dynamo does not know was its InvalidBackend traceback at the first step."""
+    from expert_cli.train.speed import compile_problem
+
+    def problem(*sets: str) -> str | None:
+        loaded = load_manifest(v2_dir / "manifest.json", ["torch_compile=true", *sets])
+        return compile_problem(resolve(loaded, cpu_environment()))
+
+    assert problem("torch_compile_backend=foo").startswith(
+        "training.config.torch_compile_backend: not a torch.compile backend of torch "
+    )
+    assert problem("torch_compile_mode=bogus").startswith(
+        "training.config.torch_compile_mode: expected one of default,"
+    )
+    assert problem("torch_compile_backend=aot_eager", "torch_compile_mode=max-autotune") is None
+
+
+@pytest.mark.parametrize(
     ("key", "value", "expected"),
     [
         # the evaluation measures the loss only: another metric was a KeyError traceback from

@@ -285,3 +285,28 @@ def _batch(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str,
             rows_per_step=rows,
         )
     return dict(batch_size=rows, gradient_accumulation_steps=1, batch_auto=True, rows_per_step=rows)
+
+
+def checkpoint_problem(
+    best: bool, save: str, evaluation: str, save_steps: int, eval_steps: int
+) -> str | None:
+    """`field: what is wrong` in the resolved checkpoint settings: what the Trainer refuses (a
+    traceback at its start) or silently skips; None when they work together."""
+    if save == "best" and evaluation == "no":
+        return (
+            "save_strategy: best saves at each new best evaluation, and evaluation is off; "
+            "set evaluation_strategy steps or epoch, or save_strategy steps"
+        )
+    if not best or save == "best":
+        return None
+    if save != evaluation:
+        return (
+            f"save_strategy: {save} with load_best_model_at_end: checkpoints must be saved "
+            f"when the evaluations run (save_strategy {evaluation}, or best)"
+        )
+    if save == "steps" and save_steps % eval_steps:
+        return (
+            f"save_steps: {save_steps} must be a multiple of eval_steps ({eval_steps}) for "
+            "load_best_model_at_end"
+        )
+    return None

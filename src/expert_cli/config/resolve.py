@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from expert_cli.config import choices
-from expert_cli.config.choices import DEFAULT_MAX_SEQ, first
+from expert_cli.config.choices import DEFAULT_MAX_SEQ, checkpoint_problem, first
 from expert_cli.config.environment import Environment
 from expert_cli.config.models import AdapterType, LoadedManifest
 from expert_cli.config.refs import (
@@ -287,11 +287,8 @@ def _evaluation(lm: LoadedManifest, has_validation: bool) -> dict[str, Any]:
     eval_steps = first(cfg.eval_steps, save_steps)
     best = bool(cfg.load_best_model_at_end) and strategy != "no"
     save_strategy = first(cfg.save_strategy, "steps")
-    if best and save_strategy == "steps" and strategy == "steps" and save_steps % eval_steps:
-        raise UserError(
-            f"{lm.path.name}: training.config.save_steps: {save_steps} must be a "
-            f"multiple of eval_steps ({eval_steps}) for load_best_model_at_end"
-        )
+    if problem := checkpoint_problem(best, save_strategy, strategy, save_steps, eval_steps):
+        raise UserError(f"{lm.path.name}: training.config.{problem}")
     return dict(
         eval_fraction=fraction,
         evaluation_strategy=strategy,
