@@ -78,14 +78,16 @@ def check(
     from expert_cli.cli.render import BuildBar
     from expert_cli.data.checks import check_manifest
     from expert_cli.train.adapter import adapter_problem
+    from expert_cli.train.speed import compile_problem
 
     report = check_manifest(
         manifest,
         quick,
         BuildBar(),
         overrides or [],
-        model_check=lambda resolved, tokens: adapter_problem(
-            resolved, resolved.base_model, tokens=tokens
+        model_check=lambda resolved, tokens: (
+            compile_problem(resolved)
+            or adapter_problem(resolved, resolved.base_model, tokens=tokens)
         ),
     )
     if as_json:

@@ -79,7 +79,7 @@ from expert_cli.train.run_folder import (
     sweep_leftovers,
 )
 from expert_cli.train.session import Reporter, Run, Silent, TrainOptions, TrainResult
-from expert_cli.train.speed import compile_decision, compile_layers
+from expert_cli.train.speed import compile_decision, compile_layers, compile_problem
 from expert_cli.train.trainer import Telemetry, build_trainer
 from expert_cli.weights import damaged_weights, weights_error
 
@@ -150,7 +150,9 @@ def load_data(run: Run, resume: Path | None = None) -> tuple[Any, PreparedData]:
     require_hub(hub_refs(run.resolved))
     tokenizer = load_tokenizer(run.resolved)
     tokens = ids_in_use(tokenizer)
-    if problem := adapter_problem(run.resolved, run.resolved.base_model, tokens=tokens):
+    resolved = run.resolved
+    problem = compile_problem(resolved)
+    if problem or (problem := adapter_problem(resolved, resolved.base_model, tokens=tokens)):
         raise UserError(problem)  # before any data is tokenized or weights read
     folder = Path(run.resolved.base_model)
     if run.resolved.init == "pretrained" and folder.is_dir() and (bad := damaged_weights(folder)):

@@ -10,7 +10,30 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch._dynamo
+import torch._inductor
 from peft.tuners.tuners_utils import BaseTunerLayer
+
+from expert_cli.config.resolve import ResolvedConfig
+
+SHOWN_BACKENDS = ("inductor", "aot_eager", "eager", "cudagraphs")
+
+
+def compile_problem(resolved: ResolvedConfig) -> str | None:
+    """A torch.compile backend or mode this torch does not have, named before any data is
+    tokenized (it was dynamo's traceback at the first step); None when they are known."""
+    if not resolved.torch_compile:
+        return None
+    backend, mode = resolved.torch_compile_backend, resolved.torch_compile_mode
+    if backend is not None and backend not in torch._dynamo.list_backends(exclude_tags=()):
+        return (
+            f"training.config.torch_compile_backend: not a torch.compile backend of torch "
+            f"{torch.__version__}; expected one such as {', '.join(SHOWN_BACKENDS)}"
+        )
+    modes = list(torch._inductor.list_mode_options())
+    if mode is not None and mode not in modes:
+        return f"training.config.torch_compile_mode: expected one of {', '.join(modes)}"
+    return None
 
 
 def adapters_in_compute_dtype(model: torch.nn.Module) -> int:
