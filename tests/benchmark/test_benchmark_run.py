@@ -114,7 +114,8 @@ def util_sequence(utils: list[float]) -> list[GpuSample]:
 def test_command_startup_is_split_off_and_assessed_without_it(tmp_path: Path) -> None:
     fake = FakeNvml({0: util_sequence([0.0] * 4 + [99.0])})  # the last reading repeats
     metrics = tmp_path / "metrics.json"
-    metrics.write_text(json.dumps({"summary": {"data_wait_fraction": 0.002, "mfu": 0.08}}))
+    summary = {"data_wait_fraction": 0.002, "mfu": 0.08}
+    metrics.write_text(json.dumps({"windows": [], "summary": summary}))
     opts = bm.BenchmarkOptions(
         duration=1.0,
         interval=0.1,
@@ -231,6 +232,31 @@ def test_run_metrics_read_tolerantly(tmp_path: Path) -> None:
     assert run_metrics.data_wait_fraction(run) == pytest.approx(0.4)  # mean of windows
     path.write_text(json.dumps({"windows": windows, "summary": {"data_wait_fraction": 0.1}}))
     assert run_metrics.data_wait_fraction(run_metrics.read_run_metrics(path)) == 0.1  # summary wins
+
+
+def test_a_metrics_file_that_is_no_runs_is_refused_and_its_numbers_bounded(
+    tmp_path: Path,
+) -> None:
+    """`--metrics manifest.json` ran and said the data wait was unknown; a data wait of 7 (a
+    hand-edited file) was reported as "7.00 of step time"."""
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"name": "x", "training": {}}))
+    with pytest.raises(UserError) as err:
+        bm.validate_options(bm.BenchmarkOptions(metrics=manifest))
+    assert err.value.lines == [
+        f"--metrics {manifest}: not a training run's metrics.json (it has no list of windows); "
+        "give OUTPUT/metrics.json of `expert-cli train`"
+    ]
+    with pytest.raises(UserError, match="is a folder"):
+        bm.validate_options(bm.BenchmarkOptions(metrics=tmp_path))
+    bm.validate_options(bm.BenchmarkOptions(metrics=tmp_path / "later" / "metrics.json"))
+    path = tmp_path / "metrics.json"
+    windows = [{"data_wait_fraction": v, "mfu": v} for v in (7, float("nan"), True, "a", 0.0, 0.2)]
+    path.write_text(json.dumps({"windows": windows, "summary": {"data_wait_fraction": -1}}))
+    run = run_metrics.read_run_metrics(path)
+    assert run_metrics.data_wait_fraction(run) == pytest.approx(0.1)  # 0.0 and 0.2 only
+    assert run_metrics.run_mfu(run, {"mfu": 3.0}) == pytest.approx(0.1)
+    assert run_metrics.run_mfu(None, {"mfu": 3.0}) is None
 
 
 def test_train_metrics_path_from_command() -> None:

@@ -4,8 +4,36 @@ data-wait fraction and MFU (read tolerantly: the file is rewritten as the run go
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
+
+
+def fraction(value: Any) -> float | None:
+    """`value` when it is a finite number from 0 to 1 (a share of time or of the peak), else
+    None: a hand-edited or foreign file's numbers are not reported as the run's."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and 0 <= value <= 1 else None
+
+
+def metrics_file_problem(path: Path) -> str | None:
+    """Why `--metrics FILE` is no training run's metrics.json (None: it is one, or it is not
+    written yet: the run may start after the benchmark)."""
+    if path.is_dir():
+        return f"--metrics {path}: is a folder; give the run's metrics.json (OUTPUT/metrics.json)"
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None  # being rewritten, most likely: read again as the run goes
+    if not isinstance(data, dict) or not isinstance(data.get("windows"), list):
+        return (
+            f"--metrics {path}: not a training run's metrics.json (it has no list of windows); "
+            "give OUTPUT/metrics.json of `expert-cli train`"
+        )
+    return None
 
 
 def _option_value(command: list[str], names: tuple[str, ...]) -> str | None:
@@ -54,27 +82,20 @@ def data_wait_fraction(run_metrics: dict[str, Any] | None) -> float | None:
     if not run_metrics:
         return None
     summary = run_metrics.get("summary") or {}
-    if isinstance(summary.get("data_wait_fraction"), (int, float)):
-        return float(summary["data_wait_fraction"])
-    values = [
-        w["data_wait_fraction"]
-        for w in run_metrics["windows"]
-        if isinstance(w.get("data_wait_fraction"), (int, float))
-    ]
+    if (found := fraction(summary.get("data_wait_fraction"))) is not None:
+        return found
+    windows = run_metrics["windows"]
+    values = [v for w in windows if (v := fraction(w.get("data_wait_fraction"))) is not None]
     return sum(values) / len(values) if values else None
 
 
 def run_mfu(run_metrics: dict[str, Any] | None, workload: dict[str, Any] | None) -> float | None:
     """The run's MFU: its summary's, else the mean over its windows; else the workload's."""
     summary = (run_metrics or {}).get("summary") or {}
-    if isinstance(summary.get("mfu"), (int, float)):
-        return float(summary["mfu"])
-    values = [
-        w["mfu"]
-        for w in (run_metrics or {}).get("windows", [])
-        if isinstance(w.get("mfu"), (int, float))
-    ]
+    if (found := fraction(summary.get("mfu"))) is not None:
+        return found
+    windows = (run_metrics or {}).get("windows", [])
+    values = [v for w in windows if (v := fraction(w.get("mfu"))) is not None]
     if values:
         return sum(values) / len(values)
-    mfu = (workload or {}).get("mfu")
-    return float(mfu) if isinstance(mfu, (int, float)) else None
+    return fraction((workload or {}).get("mfu"))

@@ -27,6 +27,7 @@ from expert_cli.benchmark.assessment import assess
 from expert_cli.benchmark.command import Command
 from expert_cli.benchmark.metrics import (
     data_wait_fraction,
+    metrics_file_problem,
     read_run_metrics,
     run_mfu,
     train_metrics_path,
@@ -101,6 +102,8 @@ def validate_options(opts: BenchmarkOptions) -> None:
         problems.append(
             f"--gpu: expected a GPU index (0, 1, ... or 0,1) or 'all', got {opts.gpu!r}"
         )
+    if opts.metrics is not None and (problem := metrics_file_problem(opts.metrics)):
+        problems.append(problem)
     if opts.workload is not None and opts.command:
         problems.append("--workload: give either a workload or a command after --, not both")
     if opts.workload is not None and opts.workload not in WORKLOADS:
