@@ -56,6 +56,7 @@ def test_resume_matches_uninterrupted(
     first = _interrupt_after(manifest, out, step=3)
     assert first.returncode == 130, first.stdout + first.stderr
     assert "--resume" in first.stdout
+    assert "SIGINT: stopping at the end of this optimizer step" in " ".join(first.stdout.split())
     assert read_metrics(out)["summary"]["status"] == "interrupted"
     stopped = read_metrics(out)["summary"]["steps"]
     assert 3 <= stopped < STEPS and (out / "checkpoints" / f"checkpoint-{stopped}").is_dir()

@@ -313,12 +313,17 @@ def test_sigterm_raises_before_training_and_a_second_one_stops_training() -> Non
     from expert_cli.errors import Terminated
     from expert_cli.train.callbacks import sigterm_raises
 
+    heard: list[str] = []
     with sigterm_raises():
         with pytest.raises(Terminated):
             signal.raise_signal(signal.SIGTERM)
-        with Interrupt() as interrupt:
+        with Interrupt(heard.append) as interrupt:
             signal.raise_signal(signal.SIGTERM)
             assert interrupt.signum == signal.SIGTERM
+            assert heard == [  # said at once: the step may be minutes from its end
+                "SIGTERM: stopping at the end of this optimizer step, with a checkpoint; the "
+                "same signal again stops at once, without one"
+            ]
             with pytest.raises(Terminated):
                 signal.raise_signal(signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -112,14 +112,20 @@ class Interrupt:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+    def __init__(self, heard: Callable[[str], None] | None = None) -> None:
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
+        self.heard = heard  # told at once: a step of many micro-batches can take minutes
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.signum = signum
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if self.heard is not None:
+            self.heard(
+                f"{signal.Signals(signum).name}: stopping at the end of this optimizer step, "
+                "with a checkpoint; the same signal again stops at once, without one"
+            )
 
     def __enter__(self) -> Interrupt:
         for sig in self.SIGNALS:

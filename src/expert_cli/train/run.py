@@ -342,7 +342,7 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
     except BaseException as exc:
         run.stopped_before_training(exc)
         raise
-    with Interrupt() as interrupt:
+    with Interrupt(run.reporter.note if run.is_main else None) as interrupt:
         try:
             trainer, throughput, stop, watch = make_trainer(run, model, tokenizer, data, interrupt)
         except BaseException as exc:
