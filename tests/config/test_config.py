@@ -439,3 +439,29 @@ def test_eval_fraction_defaults_only_without_validation(tmp_path: Path) -> None:
     )
     cfg = resolve(load_manifest(path), cpu_environment())
     assert (cfg.eval_fraction, cfg.evaluation_strategy) == (0.0, "no")
+
+
+def test_a_validation_source_also_read_for_training_is_noted(v2_dir: Path) -> None:
+    """A validation file that is also the training file (or a task's valid that is its train)
+    passed check and trained without a word: its eval loss measures the training data."""
+    manifest = load_manifest(v2_dir / "manifest.json")
+    assert not [n for n in resolve(manifest, cpu_environment()).notes if "also read" in n]
+    same = ["training.dataset.validation_path=datasets/train.jsonl"]
+    notes = resolve(load_manifest(v2_dir / "manifest.json", same), cpu_environment()).notes
+    assert (
+        f"training.dataset.validation_path: {v2_dir / 'datasets' / 'train.jsonl'} is also read "
+        "for training; the eval loss then measures examples the run trains on"
+    ) in notes
+    tasks = {
+        "sql": {"train": "a.jsonl", "valid": "./a.jsonl"},
+        "json": {"train": "b.jsonl", "valid": "c.jsonl"},
+    }
+    path = _mutate(
+        v2_dir,
+        lambda d: d["training"].__setitem__("dataset", {"type": "multi_task", "tasks": tasks}),
+    )
+    notes = resolve(load_manifest(path), cpu_environment()).notes
+    assert [n for n in notes if "also read for training" in n] == [
+        f"training.dataset.tasks.sql.valid: {v2_dir / 'a.jsonl'} is also read for training; the "
+        "eval loss then measures examples the run trains on"
+    ]

@@ -7,12 +7,14 @@ from what the manifest asked for, so nothing is dropped silently.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from expert_cli.config.environment import Environment
 from expert_cli.config.kernels import choose_kernel
 from expert_cli.config.training_config import CHECKPOINTING_NAMES, TrainingConfig
 from expert_cli.errors import UserError
+from expert_cli.paths import shown_path
 
 # Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
 DEFAULT_LR = 2e-4
@@ -310,3 +312,23 @@ def checkpoint_problem(
             "load_best_model_at_end"
         )
     return None
+
+
+def shared_sources(train: list[Any], valid: list[Any]) -> list[str]:
+    """A note for each validation source that is also read for training (the same file, or
+    the same hub split): its eval loss then measures examples the run trains on."""
+
+    def key(ref: Any) -> tuple[Any, ...]:
+        place = os.path.realpath(ref.location) if ref.kind == "local" else ref.location
+        return ref.kind, place, ref.split, ref.config
+
+    def field(ref: Any) -> str:
+        return f"tasks.{ref.task}.valid" if ref.task else "validation_path"
+
+    trained = {key(ref) for ref in train}
+    return [
+        f"training.dataset.{field(ref)}: {shown_path(ref.location)} is also read for "
+        "training; the eval loss then measures examples the run trains on"
+        for ref in valid
+        if key(ref) in trained
+    ]
