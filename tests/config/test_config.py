@@ -465,3 +465,19 @@ def test_a_validation_source_also_read_for_training_is_noted(v2_dir: Path) -> No
         f"training.dataset.tasks.sql.valid: {v2_dir / 'a.jsonl'} is also read for training; the "
         "eval loss then measures examples the run trains on"
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("[]", "training.config.target_modules: List should have at least 1 item"),
+        ('[""]', "training.config.target_modules[0]: String should have at least 1 character"),
+    ],
+)
+def test_target_modules_that_name_nothing_are_refused(
+    v2_dir: Path, value: str, expected: str
+) -> None:
+    """An empty list reached peft, whose message named its own arguments (`target_parameters`)."""
+    with pytest.raises(UserError) as caught:
+        load_manifest(v2_dir / "manifest.json", [f"target_modules={value}"])
+    assert any(expected in line for line in caught.value.lines), caught.value.lines

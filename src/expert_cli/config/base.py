@@ -17,6 +17,9 @@ PromptTemplate = Literal["chatml", "llama2", "alpaca", "vicuna", "custom"]
 # Names used by existing manifests for a template we implement under another name.
 PROMPT_TEMPLATE_ALIASES = {"qwen": "chatml", "qwen2": "chatml", "qwen3": "chatml"}
 Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
+# module names to adapt: at least one (an empty list reached peft, which named its own
+# arguments), each a name
+ModuleNames = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
 
 # `name` and `version` become part of the package's file name (`{name}-{base}.v{version}.expert`)
 FILE_NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")

@@ -29,6 +29,7 @@ from expert_cli.config.base import (
     PROMPT_TEMPLATE_ALIASES,
     AdapterType,
     FileNamePart,
+    ModuleNames,
     Probability,
     PromptTemplate,
     Quantization,
@@ -47,7 +48,7 @@ class AdapterSpec(Strict):
     """One entry of `adapters[]` (v1.0 top level, v2.0 inside `base_models[]`)."""
 
     type: AdapterType = Field("lora", description="Adapter type.")
-    target_modules: list[str] | Literal["all-linear"] | None = Field(
+    target_modules: ModuleNames | Literal["all-linear"] | None = Field(
         None, description='Module names to adapt, or "all-linear".'
     )
     feedforward_modules: list[str] | None = Field(

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
-from expert_cli.config.base import NAME_LIKE, AdapterType, Probability, Strict
+from expert_cli.config.base import NAME_LIKE, AdapterType, ModuleNames, Probability, Strict
 
 Scheduler = Literal[
     "linear",
@@ -156,7 +156,7 @@ class TrainingConfig(Strict):
         None, gt=0, le=1e6, description="LoRA alpha (scale = alpha / rank)."
     )
     dropout: Probability | None = Field(None, description="Adapter dropout.")
-    target_modules: list[str] | Literal["all-linear"] | None = Field(
+    target_modules: ModuleNames | Literal["all-linear"] | None = Field(
         None, description='Modules to adapt, or "all-linear".'
     )
     feedforward_modules: list[str] | None = Field(None, description="IA3 feed-forward modules.")
