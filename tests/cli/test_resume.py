@@ -126,3 +126,31 @@ def test_a_signal_while_tokenizing_leaves_nothing_behind(
     assert proc.returncode == code, stdout + stderr
     assert not (tmp_path / "runs").exists()
     assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.slow
+def test_pretokenize_stopped_says_what_is_kept(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """SIGTERM or Ctrl-C in `pretokenize` ended it without a word; it says the finished shards
+    are kept (the same command resumes from them), and exits 143."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=150_000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expert_cli.cli", "pretokenize", "--manifest", str(manifest)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+    )
+    builds = tmp_path / "e" / ".cache" / "pretokenized"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if builds.is_dir() and any(p.name.startswith(".build-") for p in builds.iterdir()):
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert proc.poll() is None, "the build ended before the signal: give it more rows"
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stdout + stderr
+    assert "interrupted: the shards finished so far are kept" in stdout
+    assert "Traceback" not in stderr, stderr

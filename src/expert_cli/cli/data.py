@@ -38,7 +38,8 @@ def pretokenize(
     """Tokenize, mask, pack and cache each manifest's data; say whether it was built or current."""
     from expert_cli.cli.render import BuildBar, console
     from expert_cli.data.pretokenize import find_manifests, pretokenize_all
-    from expert_cli.errors import RunError, UserError
+    from expert_cli.errors import RunError, Terminated, UserError
+    from expert_cli.train.callbacks import sigterm_raises
 
     out = console()
     manifests = find_manifests(manifest or [], all_dir)
@@ -53,7 +54,16 @@ def pretokenize(
             for line in outcome.problems:
                 out.print(f"  {line}", markup=False)
 
-    outcomes = pretokenize_all(manifests, num_proc, force, BuildBar(), show)
+    try:
+        with sigterm_raises():  # SIGTERM as Ctrl-C: a line saying what is kept, exit 143
+            outcomes = pretokenize_all(manifests, num_proc, force, BuildBar(), show)
+    except (KeyboardInterrupt, Terminated):
+        out.print(
+            "interrupted: the shards finished so far are kept; the same command resumes the "
+            "build from them",
+            markup=False,
+        )
+        raise
     if several:
         out.print(outcomes_table(outcomes))
     bad = [o for o in outcomes if o.failure == "bad input"]
