@@ -219,3 +219,21 @@ def test_generate_on_the_demo_run(capsys, monkeypatch, demo_run: tuple[Path, Pat
     assert [p for p, _ in pairs] == list(prompts)
     assert all(isinstance(o, str) and o for _, o in pairs)
     assert all(g["new_tokens"] <= 8 for g in json.loads(report)["generations"])
+
+
+@pytest.mark.slow
+def test_a_run_shorter_than_logging_steps_reports_its_loss(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`--max-steps 2` with logging_steps 50 (a quick try) ended with `final loss -`: no
+    window had logged a loss. The run logs at its last step at the latest."""
+    from train_helpers import write_expert
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, config={"logging_steps": 50})
+    out = tmp_path / "out"
+    code, stdout, err = run_main(
+        capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(out), "--max-steps", "2"
+    )
+    assert code == 0, err
+    loss = read_metrics(out)["summary"]["final_loss"]
+    assert isinstance(loss, float) and loss > 0 and "final loss -" not in stdout

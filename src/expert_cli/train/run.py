@@ -203,6 +203,7 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
             f"attention: {verdict}; whether packed examples stay apart is not checked"
         )
     steps = planned_steps(resolved, len(data.train), run.args.world_size, run.args.max_steps)
+    run.args.logging_steps = min(run.args.logging_steps, steps)  # a loss for a short run too
     if resume is not None and run.is_main:
         at = resume.name.rsplit("-", 1)[-1]
         run.reporter.note(f"resuming from {resume.name} (step {at} of {steps})")
