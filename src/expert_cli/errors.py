@@ -25,6 +25,12 @@ class Terminated(BaseException):
     it; unlike it, typer does not turn it into exit 130."""
 
 
+def escaped(text: str) -> str:
+    """`text` with what a terminal or a font cannot show plainly (control characters, bytes
+    that are not UTF-8) as escapes: `\x1b`, `\udcff`."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def value_kind(value: object) -> str:
     """What a value is, without quoting it: errors name the place, never the contents of a
     user's file (a string there may be a secret, a page of text or terminal escapes)."""

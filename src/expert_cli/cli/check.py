@@ -77,18 +77,14 @@ def check(
         raise UserError("--manifest: required (or --package FILE, or --list-settings)")
     from expert_cli.cli.render import BuildBar
     from expert_cli.data.checks import check_manifest
-    from expert_cli.train.adapter import adapter_problem
-    from expert_cli.train.speed import compile_problem
+    from expert_cli.train.adapter import start_problem
 
     report = check_manifest(
         manifest,
         quick,
         BuildBar(),
         overrides or [],
-        model_check=lambda resolved, tokens: (
-            compile_problem(resolved)
-            or adapter_problem(resolved, resolved.base_model, tokens=tokens)
-        ),
+        model_check=start_problem,
     )
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))

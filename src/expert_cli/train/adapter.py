@@ -16,6 +16,7 @@ from expert_cli.train.architecture import (
     meta_model,
     vocabulary_problem,
 )
+from expert_cli.train.speed import compile_problem
 
 if TYPE_CHECKING:
     from peft import PeftConfig
@@ -124,3 +125,9 @@ def adapter_problem(
     except ValueError as exc:
         return adapter_error(resolved, exc)
     return None
+
+
+def start_problem(resolved: ResolvedConfig, tokens: int | None = None) -> str | None:
+    """What stops a run before its data is tokenized, as `check` and `train` both find it: a
+    torch.compile setting this torch lacks, or a base model that cannot take the adapter."""
+    return compile_problem(resolved) or adapter_problem(resolved, resolved.base_model, None, tokens)

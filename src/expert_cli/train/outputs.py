@@ -36,6 +36,7 @@ ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # what pef
 
 RANDOM_BASE = "base_model"  # where a random-init base is saved, inside the run folder
 ASIDE_PREFIX = ".overwritten-"  # + pid: a run `train --overwrite` set aside until it trains
+PID = re.compile(r"[0-9]{1,10}")  # the pid ending a leftover's name (ASCII digits only)
 
 
 def output_dir(manifest_path: Path, output: Path | None) -> Path:
@@ -134,7 +135,7 @@ def process_running(pid: int) -> bool:
 def aside_pid(path: Path) -> int | None:
     """The pid in the name of a folder `train --overwrite` set a run aside in, else None."""
     digits = path.name[len(ASIDE_PREFIX) :] if path.name.startswith(ASIDE_PREFIX) else ""
-    return int(digits) if re.fullmatch(r"[0-9]{1,10}", digits) else None
+    return int(digits) if PID.fullmatch(digits) else None
 
 
 def set_aside_line(folder: Path) -> str | None:

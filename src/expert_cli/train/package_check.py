@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from expert_cli.config import Manifest
 from expert_cli.config.loading import format_errors, parse_manifest_text
+from expert_cli.errors import escaped
 from expert_cli.jsontext import json_int
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
 from expert_cli.train.tokenizer_files import (
@@ -133,12 +134,6 @@ def verify_package(
     return report
 
 
-def _escaped(name: str) -> str:
-    """A member's name with what a terminal cannot show plainly (control characters, bytes
-    that are not UTF-8) as escapes."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in name)
-
-
 def _read_member(
     tar: tarfile.TarFile,
     member: tarfile.TarInfo,
@@ -171,7 +166,7 @@ def _unpacked(name: str) -> str:
 def _admit(member: tarfile.TarInfo, seen: dict[str, tuple[str, bool]]) -> str | None:
     """Why a member does not belong in a package; None when it does, and then it is recorded
     in `seen` (name as unpacked -> (its name, whether a folder)), with the folders it lies in."""
-    name, shown = member.name, _escaped(member.name)
+    name, shown = member.name, escaped(member.name)
     if name != shown:
         return f"{shown}: a name holding control characters or bytes that are not UTF-8"
     if name.startswith("/") or ".." in PurePosixPath(name).parts or "\\" in name:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from expert_cli.atomic import atomic_file
-from expert_cli.errors import UserError
+from expert_cli.errors import UserError, escaped
 from expert_cli.paths import output_file_problem, shown_path
 from expert_cli.train.choice import FINAL, KeptAdapter, kept_adapters, lowest
 from expert_cli.train.outputs import finite_number, read_json_file, set_aside_line
@@ -184,12 +184,6 @@ def _points(records: list[Any], key: str) -> tuple[list[float], list[float]]:
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def _escaped(text: str) -> str:
-    """Text from metrics.json as the picture shows it: control characters as escapes (the font
-    has no glyph for them, and a hand-edited file may hold any)."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
-
-
 def _records(data: dict[str, Any], key: str) -> list[Any]:
     value = data.get(key)
     return value if isinstance(value, list) else []
@@ -229,7 +223,7 @@ def write_training_plot(data: dict[str, Any], path: Path) -> Path:
     for ax in axes[1]:
         ax.set_xlabel("optimizer step")
     summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
-    status = _escaped(str(summary.get("status", ""))[:40])
+    status = escaped(str(summary.get("status", ""))[:40])
     fig.suptitle(f"training run ({status})" if status else "training run")
     fig.tight_layout()
     with atomic_file(path) as tmp:

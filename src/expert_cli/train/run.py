@@ -28,7 +28,7 @@ from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
 from expert_cli.errors import RunError, Terminated, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
-from expert_cli.train.adapter import adapter_problem
+from expert_cli.train.adapter import start_problem
 from expert_cli.train.architecture import cache_id_problem
 from expert_cli.train.args import planned_steps, training_args_kwargs
 from expert_cli.train.batch import plan_batch
@@ -79,7 +79,7 @@ from expert_cli.train.run_folder import (
     sweep_leftovers,
 )
 from expert_cli.train.session import Reporter, Run, Silent, TrainOptions, TrainResult
-from expert_cli.train.speed import compile_decision, compile_layers, compile_problem
+from expert_cli.train.speed import compile_decision, compile_layers
 from expert_cli.train.trainer import Telemetry, build_trainer
 from expert_cli.weights import damaged_weights, weights_error
 
@@ -147,18 +147,16 @@ def load_data(run: Run, resume: Path | None = None) -> tuple[Any, PreparedData]:
     """Tokenizer, then the token cache (the data validated before any model loads); hub refs
     neither cached nor downloadable, a base model that cannot take the adapter (built with no
     weights), and a resume on edited data fail first, in seconds."""
-    require_hub(hub_refs(run.resolved))
-    tokenizer = load_tokenizer(run.resolved)
-    tokens = ids_in_use(tokenizer)
     resolved = run.resolved
-    problem = compile_problem(resolved)
-    if problem or (problem := adapter_problem(resolved, resolved.base_model, tokens=tokens)):
+    require_hub(hub_refs(resolved))
+    tokenizer = load_tokenizer(resolved)
+    if problem := start_problem(resolved, ids_in_use(tokenizer)):
         raise UserError(problem)  # before any data is tokenized or weights read
-    folder = Path(run.resolved.base_model)
-    if run.resolved.init == "pretrained" and folder.is_dir() and (bad := damaged_weights(folder)):
-        raise UserError(weights_error(run.resolved.base_model, bad))
+    folder = Path(resolved.base_model)
+    if resolved.init == "pretrained" and folder.is_dir() and (bad := damaged_weights(folder)):
+        raise UserError(weights_error(resolved.base_model, bad))
     if resume:
-        refuse_changed_data(run.output, run.resolved, tokenizer)
+        refuse_changed_data(run.output, resolved, tokenizer)
     progress = run.reporter.build_progress() if run.is_main else None
     with run.args.main_process_first(desc="token cache"):
         data = prepare_data(run.resolved, tokenizer, progress=progress)

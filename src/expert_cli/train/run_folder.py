@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import shutil
 import signal
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
 from expert_cli.train.checkpoints import resume_point
-from expert_cli.train.outputs import ASIDE_PREFIX, process_running, read_json_file
+from expert_cli.train.outputs import ASIDE_PREFIX, PID, process_running, read_json_file
 
 DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: the disk is full
 # what a run writes into its folder (--overwrite removes these and only these)
@@ -274,7 +273,7 @@ def sweep_leftovers(output: Path) -> list[str]:
     for path in output.glob(".*-*") if output.is_dir() else []:
         pid = path.name.rsplit("-", 1)[-1]
         ours = path.name.startswith((".final-", ".tmp-", ASIDE_PREFIX))
-        if not ours or not re.fullmatch(r"[0-9]{1,10}", pid) or process_running(int(pid)):
+        if not ours or not PID.fullmatch(pid) or process_running(int(pid)):
             continue
         if path.name.startswith(ASIDE_PREFIX) and path.is_dir() and not path.is_symlink():
             newer = any((output / name).exists() for name in RUN_MARKERS)
