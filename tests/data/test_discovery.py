@@ -50,7 +50,10 @@ def experts(tmp_path: Path) -> Path:
             {
                 "name": "a",
                 "training": {
-                    "dataset": {"path": "HuggingFaceH4/ultrachat_200k::train_sft::default"}
+                    "dataset": {
+                        "path": "HuggingFaceH4/ultrachat_200k::train_sft::default",
+                        "validation_path": "squad::validation",
+                    }
                 },
             }
         )
@@ -67,7 +70,10 @@ def experts(tmp_path: Path) -> Path:
                         "tasks": {
                             "x": {"train": "tatsu-lab/alpaca"},
                             "y": {"train": "data/local.jsonl"},
-                            "z": {"train": "openai/gsm8k::train::main"},
+                            "z": {
+                                "train": "openai/gsm8k::train::main",
+                                "valid": "openai/gsm8k::test::main",
+                            },
                         },
                     }
                 },
@@ -107,12 +113,12 @@ def test_manifest_usage_and_missing(hf_home: Path, experts: Path) -> None:
     by_name = {d["name"]: d for d in result["datasets"]}
     assert by_name["HuggingFaceH4/ultrachat_200k"]["used_by"] == [str(experts / "a/manifest.json")]
     assert by_name["tatsu-lab/alpaca"]["used_by"] == [str(experts / "b/manifest.json")]
-    assert by_name["squad"]["used_by"] == []
-    refs = {r["id"]: r for m in result["manifests"] for r in m["datasets"]}
-    assert refs["HuggingFaceH4/ultrachat_200k"]["split"] == "train_sft"
-    assert refs["data/local.jsonl"]["kind"] == "local"
-    assert refs["data/local.jsonl"]["cached"] is None
-    assert refs["openai/gsm8k"] == {
+    assert by_name["squad"]["used_by"] == [str(experts / "a/manifest.json")]  # validation only
+    refs = {r["field"]: r for m in result["manifests"] for r in m["datasets"]}
+    assert refs["training.dataset.path"]["split"] == "train_sft"
+    assert refs["training.dataset.tasks.y.train"]["kind"] == "local"
+    assert refs["training.dataset.tasks.y.train"]["cached"] is None
+    assert refs["training.dataset.tasks.z.train"] == {
         "id": "openai/gsm8k",
         "split": "train",
         "config": "main",
@@ -120,6 +126,14 @@ def test_manifest_usage_and_missing(hf_home: Path, experts: Path) -> None:
         "cached": False,
         "field": "training.dataset.tasks.z.train",
     }
+    fields = [r["field"] for r in result["manifests"][1]["datasets"]]
+    assert fields == [
+        "training.dataset.tasks.x.train",
+        "training.dataset.tasks.y.train",
+        "training.dataset.tasks.z.train",
+        "training.dataset.tasks.z.valid",
+    ]
+    assert result["manifests"][0]["datasets"][1]["field"] == "training.dataset.validation_path"
     assert result["missing"] == [
         {"id": "openai/gsm8k", "needed_by": [str(experts / "b/manifest.json")]}
     ]

@@ -177,7 +177,8 @@ def parse_dataset_ref(ref: str, manifest_dir: Path) -> dict[str, Any]:
 
 
 def manifest_refs(path: Path) -> tuple[dict[str, Any], list[str]]:
-    """The datasets one manifest names (training.dataset.path, tasks.*.train)."""
+    """The datasets one manifest names: training.dataset.path and validation_path, and each
+    task's train and valid."""
     try:
         name, dataset = load_dataset_block(path)
     except UserError as exc:
@@ -186,8 +187,12 @@ def manifest_refs(path: Path) -> tuple[dict[str, Any], list[str]]:
     found = []
     if dataset.path:
         found.append(("training.dataset.path", dataset.path))
+    if dataset.validation_path:
+        found.append(("training.dataset.validation_path", dataset.validation_path))
     for task, spec in (dataset.tasks or {}).items():
         found.append((f"training.dataset.tasks.{task}.train", spec.train))
+        if spec.valid:
+            found.append((f"training.dataset.tasks.{task}.valid", spec.valid))
     refs = [dict(parse_dataset_ref(ref, path.parent), field=f) for f, ref in found]
     return {"manifest": str(path), "expert": name, "datasets": refs}, []
 
