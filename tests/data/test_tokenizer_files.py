@@ -60,7 +60,7 @@ def test_check_and_train_name_the_tokenizer(
 
     check = run_here("check", "--manifest", str(manifest))
     said = " ".join(check.stdout.split())  # rich wraps long lines
-    assert "base_model.name: the tokenizer" in said and expected in said
+    assert "base_models[0].name: the tokenizer" in said and expected in said
     assert "manifest is not usable" in said
 
     proc = run_here("train", "--manifest", str(manifest))

@@ -23,7 +23,7 @@ MIN_VOCABULARY = 32
 
 def _damaged(model: str, exc: BaseException) -> UserError:
     return UserError(
-        f"base_model.name: the tokenizer files of {model} are damaged ({type(exc).__name__} "
+        f"base_models[0].name: the tokenizer files of {model} are damaged ({type(exc).__name__} "
         "while reading them); copy tokenizer.json and tokenizer_config.json from the model again"
     )
 
@@ -38,7 +38,7 @@ def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTra
     where = resolved.base_model
     if resolved.base_model_kind == "local" and not path_is_dir(where):
         why = windows_note(where) or " (expected a local model folder with its tokenizer files)"
-        raise UserError(f"base_model.name: {shown_path(where)} is not a folder{why}")
+        raise UserError(f"base_models[0].name: {shown_path(where)} is not a folder{why}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             resolved.base_model,
@@ -49,39 +49,39 @@ def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTra
         )
     except OSError as exc:  # files missing here or on the hub: the loader says which
         raise UserError(
-            f"base_model.name: cannot load a tokenizer from {resolved.base_model} ({exc})"
+            f"base_models[0].name: cannot load a tokenizer from {resolved.base_model} ({exc})"
         ) from None
     except ImportError as exc:  # a slow tokenizer converted with a package not installed
         raise UserError(
-            f"base_model.name: the tokenizer of {resolved.base_model} needs the Python package "
+            f"base_models[0].name: the tokenizer of {resolved.base_model} needs the Python package "
             f"{exc.name or 'its loader names'} (pip install it), or a tokenizer.json"
         ) from None
     except ValueError as exc:
         if "trust_remote_code" not in str(exc):
             raise _damaged(resolved.base_model, exc) from None
         raise UserError(
-            f"base_model.name: the tokenizer of {resolved.base_model} is custom code; set "
+            f"base_models[0].name: the tokenizer of {resolved.base_model} is custom code; set "
             '"trust_remote_code": true on the base model entry if you trust it'
         ) from None
     except Exception as exc:  # noqa: BLE001 - a file the loader cannot parse is the user's
         raise _damaged(resolved.base_model, exc) from None
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(
-            f"base_model.name: {resolved.base_model} has no fast tokenizer "
+            f"base_models[0].name: {resolved.base_model} has no fast tokenizer "
             "(tokenizer.json); expert-cli needs one for batched, offset-exact "
             "tokenization"
         )
     words = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=False)
     if words < MIN_VOCABULARY:
         raise UserError(
-            f"base_model.name: the tokenizer of {resolved.base_model} has {words} "
+            f"base_models[0].name: the tokenizer of {resolved.base_model} has {words} "
             f"token{'' if words == 1 else 's'}: its vocabulary files (tokenizer.json, or "
             "vocab.json and merges.txt) are missing, and transformers built an empty "
             "tokenizer. Copy the model's tokenizer files into it"
         )
     if tokenizer.eos_token_id is None:
         raise UserError(
-            f"base_model.name: the tokenizer of {resolved.base_model} has no EOS "
+            f"base_models[0].name: the tokenizer of {resolved.base_model} has no EOS "
             "token; every example must end with one"
         )
     if tokenizer.pad_token_id is None:
