@@ -132,3 +132,29 @@ def test_pretokenize_all_labels_each_expert_and_ends_with_a_table(tmp_path: Path
     table = text[text.index("pretokenize") :]
     assert "expert-demo" in table and "expert-sql" in table
     assert "1 of 2 manifests did not build (above)" in " ".join(out.stderr.split())
+
+
+@pytest.mark.parametrize("command", ["train", "pretokenize"])
+def test_every_missing_input_in_one_message(tmp_path: Path, command: str) -> None:
+    """Offline, a hub model not cached and two local files not there: one try names all
+    three (it named the model alone, and the files one run later)."""
+    manifest = json.loads((ROOT / "experts" / "demo" / "manifest.json").read_text())
+    manifest["base_models"][0]["name"] = "Qwen/Qwen3-0.6B"
+    manifest["training"]["dataset"]["path"] = "data/none.jsonl"
+    manifest["training"]["dataset"]["validation_path"] = "gone.jsonl"
+    path = tmp_path / "expert" / "manifest.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(manifest))
+    args = ("--output", str(tmp_path / "out")) if command == "train" else ()
+    out = run_here(command, "-m", str(path), *args, env={"HF_HOME": str(tmp_path / "hf")})
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [line.strip() for line in out.stderr.splitlines()[1:]]
+    assert [line.split(":")[0] for line in lines] == [
+        "base_models[0].name",
+        str(path.parent / "data" / "none.jsonl"),
+        str(path.parent / "gone.jsonl"),
+    ]
+    assert lines[1].endswith("not found (training.dataset)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["expert"]  # nothing started
+    assert sorted(p.name for p in path.parent.iterdir()) == ["manifest.json"]
+

@@ -5,7 +5,8 @@ can the hub be reached for the ones that are not?
 anything is loaded, so that a missing reference fails in seconds with a message saying what to
 do, instead of a minute of the hub client's retries: offline mode (HF_HUB_OFFLINE) with a
 reference not in the cache is bad input (exit 2); a hub that cannot be reached is a run-time
-condition (exit 1).
+condition (exit 1). A local data file that is not there is named in the same message, so one
+try shows every missing input.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from expert_cli.config.resolve import (
     resolve_sources,
 )
 from expert_cli.data.discovery import default_roots, size_once
+from expert_cli.data.rows import missing_sources
 from expert_cli.errors import RunError, UserError
 
 PROBE_TIMEOUT_S = 5.0
@@ -182,13 +184,15 @@ def missing_problems(statuses: list[HubStatus]) -> list[str]:
     return lines
 
 
-def require_hub(refs: list[HubRef]) -> list[HubStatus]:
-    """Before a run loads anything: every hub reference cached or downloadable, else a
-    UserError (offline mode) or RunError (no network) naming each one."""
+def require_hub(refs: list[HubRef], sources: list[SourceRef] | None = None) -> list[HubStatus]:
+    """Before a run loads anything: every hub reference cached or downloadable and every local
+    source in `sources` there, else a UserError (offline mode, or a local file missing: bad
+    input) or RunError (no network) naming each one."""
     statuses = hub_status(refs)
     problems = missing_problems(statuses)
-    if problems and offline():
-        raise UserError(problems)
+    local = missing_sources(sources or [])
+    if local or (problems and offline()):
+        raise UserError([*problems, *local])
     if problems:
         raise RunError("\n".join(problems))
     return statuses
@@ -197,4 +201,6 @@ def require_hub(refs: list[HubRef]) -> list[HubStatus]:
 def preflight(manifest: Path, overrides: list[str]) -> None:
     """`require_hub` for a manifest file, before the training libraries are even imported:
     with no network, `train` fails in seconds rather than after loading them."""
-    require_hub(manifest_hub_refs(load_manifest(manifest, overrides)))
+    loaded = load_manifest(manifest, overrides)
+    train, valid = resolve_sources(loaded)
+    require_hub(manifest_hub_refs(loaded), train + valid)

@@ -55,7 +55,7 @@ def pretokenize_one(
 ) -> PreparedData:
     """Build or confirm the cache of one manifest (hub references checked first)."""
     resolved = resolve(load_manifest(manifest), cpu_environment())
-    require_hub(hub_refs(resolved))
+    require_hub(hub_refs(resolved), resolved.train_sources + resolved.validation_sources)
     tokenizer = load_tokenizer(resolved)
     return prepare_data(resolved, tokenizer, num_proc=num_proc, force=force, progress=progress)
 

@@ -110,6 +110,18 @@ def is_saved_dataset(path: Path) -> bool:
     return path_exists(path / "state.json")
 
 
+def missing_sources(refs: list[SourceRef]) -> list[str]:
+    """The problem of each local source that is not there or cannot be listed, all at once."""
+    lines = []
+    for ref in refs:
+        if ref.kind == "local":
+            try:
+                source_files(ref)
+            except UserError as exc:
+                lines += exc.lines
+    return lines
+
+
 def source_files(ref: SourceRef) -> list[Path]:
     """The local files of a source (a file, or the data files of a folder, hidden ones such as
     .cache/ or .ipynb_checkpoints/ left out), sorted."""

@@ -148,7 +148,7 @@ def load_data(run: Run, resume: Path | None = None) -> tuple[Any, PreparedData]:
     neither cached nor downloadable, a base model that cannot take the adapter (built with no
     weights), and a resume on edited data fail first, in seconds."""
     resolved = run.resolved
-    require_hub(hub_refs(resolved))
+    require_hub(hub_refs(resolved), resolved.train_sources + resolved.validation_sources)
     tokenizer = load_tokenizer(resolved)
     if problem := start_problem(resolved, ids_in_use(tokenizer)):
         raise UserError(problem)  # before any data is tokenized or weights read
