@@ -158,3 +158,41 @@ def test_every_missing_input_in_one_message(tmp_path: Path, command: str) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["expert"]  # nothing started
     assert sorted(p.name for p in path.parent.iterdir()) == ["manifest.json"]
 
+
+def test_random_init_of_a_hub_model(tmp_path: Path) -> None:
+    """`init: random` with a hub id builds that model's architecture from its config.json in
+    the hub cache (no weights needed); it was taken for a local folder beside the manifest."""
+    snapshot = tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc")
+    demo = ROOT / "experts" / "demo"
+    for item in (demo / "model").iterdir():
+        (snapshot / item.name).write_bytes(item.read_bytes())
+    manifest = json.loads((demo / "manifest.json").read_text())
+    manifest["base_models"][0]["name"] = "org/tiny"
+    manifest["training"]["dataset"]["path"] = str(demo / "data" / "train.jsonl")
+    manifest["training"]["dataset"]["validation_path"] = str(demo / "data" / "valid.jsonl")
+    manifest["training"]["config"].update(max_steps=2, save_strategy="no")
+    path = tmp_path / "expert" / "manifest.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(manifest))
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    report = json.loads(run_here("check", "-m", str(path), "--json", env=env).stdout)
+    assert report["problems"] == []
+    assert (report["config"]["base_model"], report["config"]["base_model_kind"]) == (
+        "org/tiny",
+        "hub",
+    )
+    assert report["hub"][0]["cache_path"] == str(snapshot.parents[1])
+    # a fresh interpreter: the hub library reads HF_HOME when it is imported
+    out = run_cli("train", "-m", str(path), "--output", str(tmp_path / "run"), env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    built = json.loads((tmp_path / "run" / "base_model" / "config.json").read_text())
+    wanted = json.loads((snapshot / "config.json").read_text())
+    assert (built["num_hidden_layers"], built["hidden_size"]) == (
+        wanted["num_hidden_layers"],
+        wanted["hidden_size"],
+    )
+    summary = json.loads((tmp_path / "run" / "metrics.json").read_text())["summary"]
+    assert (summary["steps"], summary["status"]) == (2, "completed")

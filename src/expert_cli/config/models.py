@@ -88,7 +88,8 @@ class BaseModelSpec(Strict):
     init: Literal["pretrained", "random"] = Field(
         "pretrained",
         description="Extension: 'random' builds the architecture in `name`'s config.json "
-        "with random weights (demo and benchmarks).",
+        "(a folder, or a hub model: no weights downloaded) with random weights (demo and "
+        "benchmarks).",
     )
 
     @model_validator(mode="before")

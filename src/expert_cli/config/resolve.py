@@ -262,7 +262,7 @@ def _adapter(lm: LoadedManifest, notes: list[str]) -> dict[str, Any]:
 def base_model_settings(lm: LoadedManifest) -> dict[str, Any]:
     bm = lm.manifest.primary_base_model
     path = local_path(lm.folder, bm.name, "base_models[0].name")
-    local = bm.init == "random" or path_exists(path) or not looks_like_hub_id(bm.name)
+    local = path_exists(path) or not looks_like_hub_id(bm.name)
     return dict(
         base_model=str(path) if local else bm.name,
         base_model_kind="local" if local else "hub",

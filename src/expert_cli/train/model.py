@@ -110,13 +110,18 @@ def quantization_config(resolved: ResolvedConfig, on_gpu: bool) -> Any:
 def build_random_model(
     resolved: ResolvedConfig, dtype: torch.dtype, attn: str, device: str = "cpu"
 ) -> PreTrainedModel:
-    """The architecture of `base_model/config.json` with seeded random weights, initialised
-    directly on `device` (a 0.6B model takes most of a minute to initialise on a CPU)."""
+    """The architecture of the base model's config.json (a local folder's, or a hub model's: no
+    weights are downloaded) with seeded random weights, initialised directly on `device` (a
+    0.6B model takes most of a minute to initialise on a CPU)."""
 
-    folder = Path(resolved.base_model)
-    if not (folder / "config.json").is_file():
+    on_hub = resolved.base_model_kind == "hub"
+    if not on_hub and not (Path(resolved.base_model) / "config.json").is_file():
         raise UserError(f"{resolved.base_model}: init 'random' needs a config.json in this folder")
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=resolved.trust_remote_code)
+    config = AutoConfig.from_pretrained(
+        resolved.base_model,
+        revision=resolved.revision if on_hub else None,
+        trust_remote_code=resolved.trust_remote_code,
+    )
     torch.manual_seed(resolved.seed)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(
