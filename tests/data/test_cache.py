@@ -422,3 +422,20 @@ def test_empty_answers_are_not_trained_on(tmp_path, write_jsonl) -> None:
     write_jsonl(tmp_path / "train.jsonl", [{**r, "response": ""} for r in rows])
     with pytest.raises(UserError, match="8 with no completion tokens"):
         load_instruction_expert(tmp_path)
+
+
+def test_pretokenize_counts_examples_after_task_weights(demo_expert_dir) -> None:
+    """With a task weight of 2 the kept count is twice the count read; the line says what
+    was trained on, so it does not read as more kept than read."""
+    path = demo_expert_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["training"]["dataset"] = {
+        "type": "multi_task",
+        "tasks": {"sql": {"train": "data/train.jsonl", "valid": "data/valid.jsonl", "weight": 2}},
+    }
+    path.write_text(json.dumps(manifest))
+    out = run_here("pretokenize", "-m", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "examples 400 read (800 to train on) / 780 kept / 20 truncated / 0 dropped" in (
+        out.stdout
+    )

@@ -109,10 +109,13 @@ def summary_lines(data: PreparedData) -> list[str]:
 
     train: dict[str, Any] = data.stats["train"]
     lines = [f"{data.stats['inputs']['expert']}: {data.status} ({data.reason})"]
+    read = f"{train['examples_read']:,} read"
+    if train.get("examples", train["examples_read"]) != train["examples_read"]:
+        read += f" ({train['examples']:,} to train on)"
     lines.append(
         f"  rows {train['rows']:,}, tokens {train['tokens']:,}, trained "
         f"{train['trained_tokens']:,}, packing efficiency {train['packing_efficiency']:.1%}, "
-        f"examples {train['examples_read']:,} read / {train['kept']:,} kept / "
+        f"examples {read} / {train['kept']:,} kept / "
         f"{train['truncated']:,} truncated / {train['dropped']:,} dropped"
     )
     if train["dropped"]:
