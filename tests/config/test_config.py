@@ -470,14 +470,42 @@ def test_a_validation_source_also_read_for_training_is_noted(v2_dir: Path) -> No
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        ("[]", "training.config.target_modules: List should have at least 1 item"),
-        ('[""]', "training.config.target_modules[0]: String should have at least 1 character"),
+        (
+            "[]",
+            "training.config.target_modules: List should have at least 1 item after validation, "
+            "not 0; or Input should be 'all-linear'",
+        ),
+        (
+            '[""]',
+            "training.config.target_modules: String should have at least 1 character (at [0]); "
+            "or Input should be 'all-linear'",
+        ),
+        (
+            "5",
+            "training.config.target_modules: Input should be a valid list (got a whole number); "
+            "or Input should be 'all-linear'",
+        ),
     ],
 )
 def test_target_modules_that_name_nothing_are_refused(
     v2_dir: Path, value: str, expected: str
 ) -> None:
-    """An empty list reached peft, whose message named its own arguments (`target_parameters`)."""
+    """An empty list reached peft, whose message named its own arguments (`target_parameters`).
+    What each branch of the union expects is one line, not one line per branch."""
     with pytest.raises(UserError) as caught:
         load_manifest(v2_dir / "manifest.json", [f"target_modules={value}"])
-    assert any(expected in line for line in caught.value.lines), caught.value.lines
+    assert [line.split(": ", 1)[1] for line in caught.value.lines] == [expected]
+
+
+def test_a_value_no_branch_of_a_union_takes_is_one_line(v2_dir: Path) -> None:
+    """`rope_scaling` is a name or an object: a number is refused in one line naming the
+    field, not one per branch with pydantic's branch name (`rope_scaling.str`) in the path."""
+    manifest = json.loads((v2_dir / "manifest.json").read_text())
+    manifest["base_models"][0]["rope_scaling"] = 5
+    (v2_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError) as caught:
+        load_manifest(v2_dir / "manifest.json")
+    assert caught.value.lines == [
+        "manifest.json: base_models[0].rope_scaling: Input should be a valid string (got a "
+        "whole number); or Input should be a valid dictionary (got a whole number)"
+    ]

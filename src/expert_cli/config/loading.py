@@ -337,23 +337,32 @@ def _suggest(loc: tuple[Any, ...]) -> str:
 
 def format_errors(exc: ValidationError) -> list[str]:
     """Pydantic errors as `json.path: message` lines, with a suggestion for unknown keys; a
-    value is described by its kind, never quoted."""
-    lines = []
-    for err in exc.errors(include_url=False):
+    value is described by its kind, never quoted. The branches of a union that all refused a
+    value make one line ("...; or ...")."""
+    lines: dict[tuple[str, int], list[str]] = {}  # a union's branches share one entry
+    for index, err in enumerate(exc.errors(include_url=False)):
         loc = tuple(p for p in err["loc"] if not _is_union_tag(p))
-        where = _loc_text(loc)
+        tag = next((i for i, p in enumerate(err["loc"]) if _is_union_tag(p)), None)
+        where = _loc_text(loc if tag is None else err["loc"][:tag])
         kind = err["type"]
         if kind == "extra_forbidden":
-            lines.append(f"{where}: unknown field{_suggest(loc)}")
+            text = f"unknown field{_suggest(loc)}"
         elif kind == "missing":
-            lines.append(f"{where}: required field is missing")
+            text = "required field is missing"
         elif kind == "value_error":
-            lines.append(f"{where}: {str(err['msg']).removeprefix('Value error, ')}")
+            text = str(err["msg"]).removeprefix("Value error, ")
         elif kind in SAYS_ENOUGH:
-            lines.append(f"{where}: {err['msg']}")
+            text = str(err["msg"])
         else:
-            lines.append(f"{where}: {err['msg']} (got {value_kind(err.get('input'))})")
-    return _dedupe(lines)
+            text = f"{err['msg']} (got {value_kind(err.get('input'))})"
+        if tag is not None and len(loc) > tag:  # inside one branch: say where
+            text += f" (at {_loc_text(loc[tag:]).lstrip('.')})"
+        said = lines.setdefault((where, index if tag is None else -1), [])
+        if text not in said:
+            said.append(text)
+    return list(
+        dict.fromkeys(f"{where}: {'; or '.join(said)}" for (where, _), said in lines.items())
+    )
 
 
 # errors whose message says all there is (a bound, or the values allowed) when the value is of
@@ -378,12 +387,11 @@ SAYS_ENOUGH = frozenset(
 
 
 def _is_union_tag(part: Any) -> bool:
-    """Pydantic adds union member names (e.g. 'list[str]') to locations; they are noise."""
-    return isinstance(part, str) and bool(re.search(r"[\[\]']|^function-", part))
+    """Pydantic adds union member names ('list[str]', 'str') to locations; they are noise (a
+    task named `str` is taken for one: its line then names the tasks block)."""
+    return isinstance(part, str) and (
+        part in PLAIN_TYPES or bool(re.search(r"[\[\]']|^function-", part))
+    )
 
 
-def _dedupe(lines: list[str]) -> list[str]:
-    seen: dict[str, None] = {}
-    for line in lines:
-        seen.setdefault(line, None)
-    return list(seen)
+PLAIN_TYPES = frozenset({"str", "int", "float", "bool", "bytes"})
