@@ -17,6 +17,7 @@ from expert_cli.benchmark import command as command_module
 from expert_cli.benchmark import metrics as run_metrics
 from expert_cli.benchmark import run as bm
 from expert_cli.benchmark.command import Command
+from expert_cli.benchmark.plot import write_plot
 from expert_cli.errors import UserError
 from expert_cli.telemetry.flops import lora_train_flops_per_token, mfu, peak_bf16_flops
 from expert_cli.telemetry.gpu import GpuSample, NoGpu, PynvmlSource
@@ -215,6 +216,18 @@ def test_bad_options_name_the_option(kwargs: dict, flag: str) -> None:
     with pytest.raises(UserError) as err:
         bm.validate_options(bm.BenchmarkOptions(**kwargs))
     assert err.value.lines[0].startswith(f"{flag}:")
+
+
+@pytest.mark.parametrize(("name", "magic"), [("u.svg", b"<?xml"), ("u.PDF", b"%PDF")])
+def test_the_plot_is_written_in_the_format_its_name_says(
+    tmp_path: Path, name: str, magic: bytes
+) -> None:
+    fake = FakeNvml({0: thermal_sequence(0)})
+    opts = bm.BenchmarkOptions(duration=0.3, interval=0.1)
+    report = bm.run_benchmark(opts, source_factory=lambda: fake)
+    write_plot(report, tmp_path / name)
+    assert (tmp_path / name).read_bytes().startswith(magic)
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no temporary file left
 
 
 def test_run_metrics_read_tolerantly(tmp_path: Path) -> None:

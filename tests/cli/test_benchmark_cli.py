@@ -195,6 +195,7 @@ def test_train_command_output_dir_metrics_are_found(tmp_path: Path) -> None:
         (["--output", "no/such/dir/r.json"], "--output"),
         (["--output", "."], "--output"),  # a folder
         (["--plot", "/dev/null"], "--plot"),  # a device: renaming over it would replace it
+        (["--plot", "u.txt"], "--plot"),  # a PNG under a text file's name
         (["--workload", "resnet"], "--workload"),
     ],
 )
@@ -206,6 +207,9 @@ def test_bad_arguments_exit_2(tmp_path: Path, args: list[str], flag: str) -> Non
     assert "Traceback" not in out.stderr
     if args[1] in (".", "/dev/null"):
         assert f"{flag}: {args[1]} is not a regular file" in out.stderr
+    if args[1] == "u.txt":
+        assert "--plot: u.txt should end in .png, .svg, .pdf" in out.stderr
+        assert not (tmp_path / "u.txt").exists()
     if args[1] == "mine.json":
         assert "--output: mine.json already exists; add --force to replace it" in out.stderr
     assert (tmp_path / "mine.json").read_text() == "my earlier report"

@@ -28,9 +28,19 @@ def _shade_phases(ax: Any, phases: dict[str, Any] | None, t: list[float]) -> Non
         ax.axvspan(phases["end_t"], t[-1], color="grey", alpha=0.15, label="tail")
 
 
+PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+
+
+def plot_file_problem(path: Path) -> str | None:
+    """A --plot name whose suffix says no format matplotlib is asked to write."""
+    if path.suffix.lower() in PLOT_FORMATS:
+        return None
+    return f"--plot: {path.name} should end in {', '.join(PLOT_FORMATS)} (the format written)"
+
+
 def write_plot(report: dict[str, Any], path: Path) -> None:
-    """PNG of GPU utilization, memory and temperature over time (CPU and RAM without a GPU),
-    written to a temporary file and renamed into place."""
+    """A PNG, SVG or PDF (by `path`'s suffix) of GPU utilization, memory and temperature over
+    time (CPU and RAM without a GPU), written to a temporary file and renamed into place."""
     import matplotlib  # optional dependency (expert-cli[plot])
 
     matplotlib.use("Agg")
@@ -78,5 +88,5 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
     fig.suptitle(title)
     fig.tight_layout()
     with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
+        fig.savefig(tmp, format=PLOT_FORMATS[path.suffix.lower()], dpi=100)
     plt.close(fig)

@@ -32,7 +32,7 @@ from expert_cli.benchmark.metrics import (
     run_mfu,
     train_metrics_path,
 )
-from expert_cli.benchmark.plot import write_plot
+from expert_cli.benchmark.plot import plot_file_problem, write_plot
 from expert_cli.benchmark.stats import compute_stats, split_phases
 from expert_cli.errors import UserError
 from expert_cli.paths import output_file_problem
@@ -96,6 +96,8 @@ def validate_options(opts: BenchmarkOptions) -> None:
         problem = output_file_problem(path, flag, opts.force) if path is not None else None
         if problem:
             problems.append(problem)
+    if opts.plot is not None and (problem := plot_file_problem(opts.plot)):
+        problems.append(problem)
     if opts.plot is not None and importlib.util.find_spec("matplotlib") is None:
         problems.append("--plot: needs matplotlib (pip install 'expert-cli[plot]')")
     if opts.gpu != "all" and not all(GPU_INDEX.fullmatch(p.strip()) for p in opts.gpu.split(",")):

@@ -24,7 +24,9 @@ def benchmark(
         float, typer.Option(metavar="SECONDS", help="Seconds between samples.")
     ] = 1.0,
     output: Annotated[Path | None, typer.Option(help="Write the JSON report here.")] = None,
-    plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here.")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a plot here (.png, .svg or .pdf).")
+    ] = None,
     gpu: Annotated[
         str, typer.Option(metavar="INDEX", help="GPU index (or 0,1,...) or 'all'.")
     ] = "all",
