@@ -23,6 +23,7 @@ from expert_cli.train.causality import (
     PACKED_LEAK,
     SEES_FUTURE,
     attention_isolation,
+    copy_isolation,
     isolation_problem,
 )
 
@@ -101,6 +102,43 @@ def test_verdicts(name: str, attn: str, packed: str, alone: str, dtype: torch.dt
     assert torch.equal(torch.get_rng_state(), rng)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize(
+    ("name", "attn", "verdict"),
+    [
+        ("qwen3", "sdpa", ISOLATED),
+        ("gpt2", "flex_attention", ISOLATED),
+        ("opt", "sdpa", PACKED_LEAK),
+        ("bloom", "sdpa", PACKED_LEAK),  # takes no sdpa: eager, as a run falls back
+        ("mpt", "eager", PACKED_LEAK),
+        ("falcon", "sdpa", PACKED_LEAK),
+        ("bert", "eager", SEES_FUTURE),
+    ],
+)
+def test_a_one_layer_copy_gives_the_loaded_models_verdict(
+    name: str, attn: str, verdict: str
+) -> None:
+    """What `check` and `train` say before any weight is read; the config and the global
+    random state are left as they were."""
+    config = configs()[name]
+    before, rng = config.to_dict(), torch.get_rng_state()
+    assert copy_isolation(config, attn, packing=True) == verdict
+    assert config.to_dict() == before and torch.equal(torch.get_rng_state(), rng)
+
+
+def test_a_copy_is_not_built_where_it_cannot_tell() -> None:
+    big = T.LlamaConfig(
+        vocab_size=128_256,
+        hidden_size=8192,
+        intermediate_size=28_672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+    )  # one layer: 150M parameters
+    assert copy_isolation(big, "sdpa", packing=True).endswith("too large to build here")
+    gpu = copy_isolation(configs()["opt"], "flash_attention_2", packing=True)
+    assert gpu == "not probed: flash_attention_2 runs on a GPU only"
 
 
 def test_int8_weights_are_not_probed() -> None:
@@ -208,16 +246,23 @@ def test_train_refuses_an_encoder_before_tokenizing(
 def test_train_refuses_packing_where_examples_would_see_each_other(
     tmp_path: Path, tiny_tokenizer_dir: Path
 ) -> None:
-    """OPT passes check (the architecture is a decoder) and is refused once loaded, naming
-    the field; with packing off the same model trains, and the run records the probe."""
+    """OPT is refused by check and by train before its data is tokenized (the probe on a
+    one-layer copy), naming the field; with packing off the same model trains, and the run
+    records the probe of the loaded model."""
     folder = save_model(tmp_path / "opt", build("opt"), tiny_tokenizer_dir)
     manifest = write_expert(tmp_path / "expert", folder, rows=16)
+    check = run_here("check", "--manifest", str(manifest))
+    assert check.returncode == 2, check.stdout + check.stderr
+    assert "(model type opt): with packing on" in " ".join(check.stdout.split())
+    assert "manifest is not usable" in check.stdout
     proc = run_here("train", "--manifest", str(manifest), "--max-steps", "1")
     text = proc.stdout + proc.stderr
     assert proc.returncode == 2, text
     assert "(model type opt): with packing on" in text
     assert "training.config.packing to false" in text and "Traceback" not in text
+    assert "tokenizing" not in text  # refused before the data was read
     assert not (manifest.parent / "output").exists()
+    assert not (manifest.parent / ".cache").exists()
 
     data = json.loads(manifest.read_text())
     data["training"]["config"]["packing"] = False

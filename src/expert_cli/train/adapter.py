@@ -16,6 +16,7 @@ from expert_cli.train.architecture import (
     meta_model,
     vocabulary_problem,
 )
+from expert_cli.train.causality import copy_isolation, isolation_problem
 from expert_cli.train.speed import compile_problem
 
 if TYPE_CHECKING:
@@ -103,8 +104,9 @@ def adapter_problem(
 ) -> str | None:
     """Why the base model at `source` (a local folder or a cached hub id) cannot take the
     manifest's adapter, found as a run finds it, on the architecture built on the meta
-    device: no model can be built from its configuration, the tokenizer's `tokens` ids do
-    not fit its embedding, its weights cannot fit this machine (`memory_bytes`, this
+    device: no model can be built from its configuration, it is an encoder, its attention lets
+    packed examples see each other (the probe on a one-layer copy), the tokenizer's `tokens`
+    ids do not fit its embedding, its weights cannot fit this machine (`memory_bytes`, this
     machine's by default), a target names no layer, or peft refuses the adapter. None when
     it attaches, or when the configuration is not here to read (a hub model not yet
     downloaded)."""
@@ -112,6 +114,10 @@ def adapter_problem(
     if model is None:
         return problem
     if problem := encoder_problem(model, source):
+        return problem
+    kernel = resolved.attn_implementation
+    verdict = copy_isolation(model.config, kernel, resolved.packing, resolved.trust_remote_code)
+    if problem := isolation_problem(verdict, model, source, kernel):
         return problem
     if tokens is not None and (problem := vocabulary_problem(model, tokens, source)):
         return problem

@@ -15,14 +15,21 @@ prefix must not change with what follows it, and with packing on, the logits of 
 must not change with the example packed before it. An isolated model gives exactly equal
 logits (the compared positions see the same tokens through the same kernels), so the
 tolerance only absorbs rounding.
+
+`copy_isolation` runs the same probe before any weight is read (in `check`, and in `train`
+before the data is tokenized): on a copy of the architecture cut to one layer, a small
+vocabulary and a short feed-forward, with random weights on the CPU. Attention is what the
+probe tests, and the cut leaves it as it is.
 """
 
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from expert_cli.data.collate import PackedCollator
 from expert_cli.data.formatting import IGNORE
@@ -42,6 +49,9 @@ SEES_FUTURE = "sees later tokens"
 PACKED_LEAK = "packed examples attend to each other"
 ISOLATED = "verified"
 MASK_PROXY = {"flex_attention": "sdpa"}
+CPU_KERNELS = ("eager", "sdpa", "flex_attention")  # what the copy can run here
+COPY_MAX_PARAMS = 100_000_000  # a copy larger than this is not built (seconds, not minutes)
+FEED_FORWARD_KEYS = ("intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner")
 SEVERITY = {SEES_FUTURE: 2, PACKED_LEAK: 1}
 
 
@@ -160,3 +170,49 @@ def isolation_problem(verdict: str, model: Any, source: str, kernel: str) -> str
             "(each example then has its row)"
         )
     return None
+
+
+def copy_isolation(config: Any, kernel: str, packing: bool, remote_code: bool = False) -> str:
+    """`attention_isolation` on a copy of `config`'s architecture with one layer, a
+    PROBE_IDS-row vocabulary, a 256-wide feed-forward and random fp32 weights on the CPU (the
+    global random state kept), with the kernel the run would load it with (a model that
+    refuses sdpa falls back to eager, as a run does). "not probed: <why>" for a kernel the
+    CPU cannot run, a copy over COPY_MAX_PARAMS, or an architecture the cut breaks: the loaded
+    model's probe decides then."""
+    if kernel not in CPU_KERNELS:
+        return f"not probed: {kernel} runs on a GPU only"
+    small = copy.deepcopy(config)
+    small.num_hidden_layers = 1  # transformers maps the name (n_layer, n_layers...)
+    small.vocab_size = PROBE_IDS
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):  # ids past the small vocabulary
+        setattr(small, key, None)
+    for key in FEED_FORWARD_KEYS:
+        if isinstance(getattr(small, key, None), int):
+            setattr(small, key, 256)
+    try:
+        with torch.device("meta"):
+            meta = AutoModelForCausalLM.from_config(small, trust_remote_code=remote_code)
+        if sum(p.numel() for p in meta.parameters()) > COPY_MAX_PARAMS:
+            return "not probed: one layer of this architecture is too large to build here"
+        model, kernel = _built(small, kernel, remote_code)
+    except Exception as exc:  # noqa: BLE001 - a cut this architecture does not take
+        return f"not probed: {type(exc).__name__}"
+    return attention_isolation(model.float(), kernel, packing)
+
+
+def _built(config: Any, kernel: str, remote_code: bool) -> tuple[Any, str]:
+    """The model of `config` with seeded random weights and the first kernel it takes of
+    `kernel`, sdpa, eager (a ValueError when none)."""
+    order = list(dict.fromkeys([kernel, "sdpa", "eager"]))
+    for attn in order:
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                model = AutoModelForCausalLM.from_config(
+                    config, attn_implementation=attn, trust_remote_code=remote_code
+                )
+            return model, attn
+        except (ValueError, ImportError):
+            if attn == order[-1]:
+                raise
+    raise ValueError("no attention kernel to try")
