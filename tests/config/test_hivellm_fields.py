@@ -362,7 +362,9 @@ def test_a_windows_drive_path_is_named_as_one(tmp_path: Path, name: str) -> None
     shown = " ".join(" ".join(report.problems).split())
     kind = "network path" if name.startswith("\\\\") else f"path, drive {name[0]}:"
     assert f"base model: {name} is not a folder (a Windows {kind}, which" in shown
-    assert "D:/data/train.jsonl: not found (training.dataset) (a Windows path, drive D:" in shown
+    assert (
+        "D:/data/train.jsonl: not found (training.dataset.path) (a Windows path, drive D:" in shown
+    )
     assert str(tmp_path / "F:") not in shown  # not glued to the manifest's folder
     resolved = resolve(load_manifest(tmp_path / "manifest.json"), cpu_environment())
     with pytest.raises(UserError, match=r"is not a folder \(a Windows (path|network)"):

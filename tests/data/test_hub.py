@@ -154,7 +154,8 @@ def test_every_missing_input_in_one_message(tmp_path: Path, command: str) -> Non
         str(path.parent / "data" / "none.jsonl"),
         str(path.parent / "gone.jsonl"),
     ]
-    assert lines[1].endswith("not found (training.dataset)")
+    assert lines[1].endswith("not found (training.dataset.path)")
+    assert lines[2].endswith("not found (training.dataset.validation_path)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["expert"]  # nothing started
     assert sorted(p.name for p in path.parent.iterdir()) == ["manifest.json"]
 

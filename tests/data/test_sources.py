@@ -175,7 +175,13 @@ def test_empty_file_and_missing_file(tmp_path) -> None:
     )
     assert (
         error_of(tmp_path, {"path": "nope.jsonl"})
-        == f"{tmp_path / 'nope.jsonl'}: not found (training.dataset)"
+        == f"{tmp_path / 'nope.jsonl'}: not found (training.dataset.path)"
+    )
+    tasks = {"type": "multi_task", "tasks": {"a": {"train": "train.jsonl", "valid": "v.jsonl"}}}
+    (tmp_path / "train.jsonl").write_text('{"text": "x"}\n{"text": "y"}\n')
+    assert (
+        error_of(tmp_path, tasks)
+        == f"{tmp_path / 'v.jsonl'}: not found (training.dataset.tasks.a.valid)"
     )
 
 

@@ -48,6 +48,7 @@ class SourceRef(BaseModel):
     format: str | None = None
     weight: float = 1.0
     task: str | None = None
+    field: str = Field("training.dataset", exclude=True, description="The field naming it.")
 
 
 class ResolvedConfig(BaseModel):
@@ -160,6 +161,7 @@ def _source(
             split=split,
             config=config,
             format=fmt or FILE_FORMATS.get(path.suffix),
+            field=label,
         )
     return SourceRef(
         kind="hub",

@@ -128,7 +128,7 @@ def source_files(ref: SourceRef) -> list[Path]:
     path = Path(ref.location)
     try:
         if not path.exists():
-            raise UserError(f"{shown_path(path)}: not found (training.dataset){windows_note(path)}")
+            raise UserError(f"{shown_path(path)}: not found ({ref.field}){windows_note(path)}")
     except OSError as exc:  # a name too long, a folder that cannot be entered
         raise UserError(f"{shown_path(path)}: cannot be read ({exc.strerror})") from None
     if path.is_file():
