@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from train_helpers import run_here
 
@@ -439,3 +440,56 @@ def test_pretokenize_counts_examples_after_task_weights(demo_expert_dir) -> None
     assert "examples 400 read (800 to train on) / 780 kept / 20 truncated / 0 dropped" in (
         out.stdout
     )
+
+
+@pytest.mark.parametrize(
+    ("dataset", "where"),
+    [
+        ({"validation_path": "data/empty.jsonl"}, "training.dataset.validation_path"),
+        (
+            {"validation_path": None, "eval_fraction": 0.1},
+            "training.dataset.eval_fraction (the held-out examples)",
+        ),
+    ],
+)
+def test_an_evaluation_split_with_no_example_left_is_a_user_error(
+    demo_expert_dir, dataset: dict, where: str
+) -> None:
+    """Every evaluation example dropped (empty texts) was a cache marked complete whose eval
+    folder no loader reads: an IndexError on every later run. Now exit 2 naming the field,
+    and no cache is written."""
+    data = demo_expert_dir / "data"
+    (data / "empty.jsonl").write_text('{"text": ""}\n' * 2)
+    if "eval_fraction" in dataset:  # 20 rows, the 2 held out (seed 42) made empty
+        rows = (data / "train.jsonl").read_text().splitlines()[:20]
+        for index in np.random.default_rng(42).permutation(20)[:2]:
+            rows[index] = '{"text": ""}'
+        (data / "train.jsonl").write_text("\n".join(rows) + "\n")
+    path = demo_expert_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["training"]["dataset"].update(dataset)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(UserError) as err:
+        prepare(path)
+    assert err.value.lines == [
+        f"{where}: no evaluation example is left after formatting (2 read, every one dropped: "
+        "2 with no completion tokens)"
+    ]
+    root = demo_expert_dir / ".cache" / "pretokenized"
+    assert [p.name for p in root.iterdir() if p.name.startswith("expert-demo-")] == []
+
+
+def test_an_evaluation_folder_without_rows_reads_as_a_damaged_cache(demo_expert_dir) -> None:
+    """A cache an earlier version finished with an empty eval split: a RunError saying how to
+    rebuild, not an IndexError from the datasets library."""
+    data = prepare(demo_expert_dir / "manifest.json")
+    eval_dir = data.cache_dir / "eval"
+    for arrow in eval_dir.glob("*.arrow"):
+        arrow.unlink()
+    state = json.loads((eval_dir / "state.json").read_text())
+    state["_data_files"] = []
+    (eval_dir / "state.json").write_text(json.dumps(state))
+    with pytest.raises(
+        RunError, match=r"eval: not a readable saved dataset \(IndexError\); delete"
+    ):
+        prepare(demo_expert_dir / "manifest.json")

@@ -143,20 +143,27 @@ def _build(
         stats, done = _build_split(job, split, ds)
         shard_stats[split] = stats
         resumed += done
-    _require_rows(shard_stats["train"], resolved)
+    _require_rows(shard_stats, resolved)
     extra = {"num_proc": job.num_proc, "notes": sources.notes}
     return _assemble(plan, shard_stats, sources.read, resumed, time.perf_counter() - started, extra)
 
 
-def _require_rows(stats: list[dict[str, Any]], resolved: ResolvedConfig) -> None:
-    """Every training example dropped is the user's to fix: say why they were dropped."""
-    if sum(s["rows"] for s in stats):
-        return
-    total = _sum(stats, sum(s["examples_read"] for s in stats))
-    raise UserError(
-        f"training.dataset: no training example is left after formatting ({total['examples']} "
-        f"read, every one dropped: {drop_reasons(total, resolved.max_seq_length)})"
-    )
+def _require_rows(shard_stats: dict[str, list[dict[str, Any]]], resolved: ResolvedConfig) -> None:
+    """A split whose every example was dropped is the user's to fix (an evaluation split of no
+    rows would be written as a folder no loader reads): say which and why."""
+    for split, stats in shard_stats.items():
+        if sum(s["rows"] for s in stats):
+            continue
+        total = _sum(stats, sum(s["examples_read"] for s in stats))
+        why = (
+            f"({total['examples']} read, every one dropped: "
+            f"{drop_reasons(total, resolved.max_seq_length)})"
+        )
+        if split == "train":
+            raise UserError(f"training.dataset: no training example is left after formatting {why}")
+        fields = dict.fromkeys(ref.field for ref in resolved.validation_sources)
+        where = ", ".join(fields) or "training.dataset.eval_fraction (the held-out examples)"
+        raise UserError(f"{where}: no evaluation example is left after formatting {why}")
 
 
 def drop_reasons(split: dict[str, Any], max_seq_length: int | None = None) -> str:

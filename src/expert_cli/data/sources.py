@@ -43,6 +43,7 @@ MAX_EXAMPLES = 100_000_000  # after task weights: more than any run trains on
 # what datasets.load_from_disk raises on a damaged folder: state.json not JSON or of another
 # shape, an Arrow file missing or cut short
 SAVED_DATASET_FAILURES = (
+    IndexError,  # a split saved with no rows has no Arrow file (earlier versions wrote one)
     OSError,
     ValueError,
     TypeError,
