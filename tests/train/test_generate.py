@@ -5,6 +5,7 @@ model for comparison, and clear errors."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,74 @@ def test_generate_errors_are_exit_2(capsys, monkeypatch, memorised: Path, tmp_pa
     )
 
 
+@pytest.mark.slow
+def test_an_answer_the_context_cuts_short_is_noted(capsys, monkeypatch, memorised: Path) -> None:
+    """A prompt that leaves less room than the budget (24 new tokens here) was answered short
+    with no word; and transformers' own too-long warning no longer reaches the terminal."""
+    from transformers import AutoTokenizer
+
+    from expert_cli.config.resolve import ResolvedConfig
+    from expert_cli.train.generate import render_prompt
+
+    data = json.loads((memorised / "manifest.resolved.json").read_text())
+    data.pop("runtime")
+    resolved = ResolvedConfig.model_validate(data)
+    tokenizer = AutoTokenizer.from_pretrained(memorised)
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("transformers").addHandler(handler)
+    words = next(
+        n
+        for n in range(2040, 1500, -1)
+        if 0 < 2048 - len(render_prompt(resolved, tokenizer, "orders " * n)) < 24
+    )
+    room = 2048 - len(render_prompt(resolved, tokenizer, "orders " * words))
+    logging.getLogger("transformers").removeHandler(handler)
+    assert not [line for line in said if "Token indices sequence length" in line]
+    code, out, err = run_main(
+        capsys,
+        monkeypatch,
+        "generate",
+        "--adapter",
+        str(memorised),
+        "-p",
+        "orders " * words,
+        "--json",
+    )
+    assert code == 0, out + err
+    report = json.loads(out)
+    assert (
+        f"prompt 1: room for {room} new tokens of 24 in the model's context of 2,048"
+        in (report["notes"])
+    )
+    assert report["generations"][0]["new_tokens"] <= room
+
+
+@pytest.mark.slow
+def test_logits_that_overflow_are_one_line(
+    capsys, monkeypatch, memorised: Path, tmp_path: Path
+) -> None:
+    """Finite adapter weights so large the logits overflow: sampling met NaN probabilities
+    and torch's RuntimeError was a traceback."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints"))
+    weights = run / "adapter_model.safetensors"
+    save_file({k: torch.full_like(v, 1e30) for k, v in load_file(weights).items()}, weights)
+    source = json.loads((run / "manifest.source.json").read_text())
+    source["training"]["decoding"] = {"temperature": 0.7}
+    (run / "manifest.source.json").write_text(json.dumps(source))
+    code, out, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "x")
+    assert code == 1, out + err
+    assert "sampling met probabilities that are NaN or infinite" in " ".join(err.split())
+    assert "Traceback" not in err
+
+
 def test_prompts_are_text(tmp_path: Path) -> None:
     """A prompt of bytes that are not UTF-8 (argv keeps them as lone surrogates) was a
     TypeError traceback from the tokenizer; a BOM stayed in the first prompt of a file."""
@@ -245,10 +314,51 @@ def test_decoding_settings_from_the_manifest() -> None:
         {"temperature": 2.5},  # HiveLLM's format: 0 to 2
         {"top_k": 0},  # the format's minimum is 1
         {"repetition_penalty": 0},  # transformers needs it above 0
+        {"repetition_penalty": 1e-300},  # its inverse overflows the logits: a traceback
+        {"temperature": 1e-300},  # the logits divided by it overflow: a traceback
         {"stop_sequences": ";"},
     ):
         with pytest.raises(UserError, match=f"training.decoding.{next(iter(bad))}"):
             decoding_settings(bad, False, None)
+
+
+def test_the_smallest_sampling_settings_are_taken() -> None:
+    settings, _ = decoding_settings({"temperature": 0.01, "repetition_penalty": 0.01}, False, 5)
+    assert settings == {
+        "max_new_tokens": 5,
+        "do_sample": True,
+        "temperature": 0.01,
+        "repetition_penalty": 0.01,
+    }
+
+
+def test_eval_leaves_out_examples_cut_in_training(demo_expert_dir: Path) -> None:
+    """The demo's validation file has 4 examples over max_seq_length=512: their references
+    stopped mid-answer, so no answer could match them. They are left out and counted, and
+    asking for more examples than remain says so."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data.tokenizer import load_tokenizer
+    from expert_cli.train.eval_cases import eval_cases
+
+    resolved = resolve(load_manifest(demo_expert_dir / "manifest.json"), cpu_environment())
+    tokenizer = load_tokenizer(resolved)
+    notes: list[str] = []
+    cases = eval_cases(resolved, tokenizer, None, 100, notes)
+    assert notes == [
+        "--eval: 4 validation examples were cut at max_seq_length=512 in training and left out "
+        "(a reference that stops mid-answer matches no answer)",
+        "--eval 100: the validation split has 36 whole examples",
+    ]
+    assert len(cases) == 36 and all(case.reference for case in cases)
+    assert all(case.reference.rstrip().endswith(";") for case in cases)  # whole SQL statements
+    notes = []
+    assert len(eval_cases(resolved, tokenizer, None, 3, notes)) == 3
+    assert notes == [  # only those met before the third whole one
+        "--eval: 1 validation example was cut at max_seq_length=512 in training and left out "
+        "(a reference that stops mid-answer matches no answer)"
+    ]
 
 
 def test_out_of_memory_is_one_line_not_a_traceback(

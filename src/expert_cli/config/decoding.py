@@ -14,6 +14,8 @@ from expert_cli.config.refs import WINDOWS_PATH
 MAX_NEW_TOKENS = 32_768
 MAX_TOP_K = 1_000_000
 MAX_REPETITION_PENALTY = 100.0
+MIN_REPETITION_PENALTY = 0.01  # its inverse scales the logits: smaller overflows them
+MIN_TEMPERATURE = 0.01  # logits divided by less overflow to infinity; 0 means greedy
 MAX_STOP_SEQUENCES = 64
 
 
@@ -25,7 +27,10 @@ class DecodingSpec(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     temperature: float | None = Field(
-        None, ge=0.0, le=2.0, description="Sampling temperature; 0 is greedy."
+        None,
+        ge=0.0,
+        le=2.0,
+        description=f"Sampling temperature; 0 is greedy, else at least {MIN_TEMPERATURE}.",
     )
     top_p: float | None = Field(None, ge=0.0, le=1.0, description="Nucleus sampling threshold.")
     top_k: int | None = Field(None, ge=1, le=MAX_TOP_K, description="Top-k sampling limit.")
@@ -37,7 +42,7 @@ class DecodingSpec(BaseModel):
     )
     repetition_penalty: float | None = Field(
         None,
-        gt=0.0,
+        ge=MIN_REPETITION_PENALTY,
         le=MAX_REPETITION_PENALTY,
         description="Extension: penalty on repeated tokens (1 is none); generate uses it.",
     )
@@ -63,6 +68,16 @@ class DecodingSpec(BaseModel):
         max_length=MAX_STOP_SEQUENCES,
         description=f"Sequences that end an answer (at most {MAX_STOP_SEQUENCES}); kept.",
     )
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_or_sampled(cls, value: float | None) -> float | None:
+        if value is not None and 0 < value < MIN_TEMPERATURE:
+            raise ValueError(
+                f"expected 0 (greedy) or from {MIN_TEMPERATURE} to 2; a smaller temperature "
+                "divides the logits past what a float holds"
+            )
+        return value
 
     @field_validator("grammar_file")
     @classmethod

@@ -3,9 +3,8 @@
 Prompts are rendered as the run trained on them (the manifest's `prompt_template`, or the
 tokenizer's chat template for `messages` data) and generated with the manifest's
 `training.decoding` settings where it has them (greedy otherwise, or with `greedy`). `--eval N`
-takes the first N examples of the run's validation split from its token cache, exactly as
-they were tokenized for training: the tokens before the first trained token are the prompt, the
-trained ones the reference. `--compare-base` answers each prompt again with the adapter
+takes the first N whole examples of the run's validation split (train/eval_cases.py).
+`--compare-base` answers each prompt again with the adapter
 switched off. Text is handed to a `GenerationView` as it is produced, so the CLI can stream it.
 """
 
@@ -25,9 +24,9 @@ from expert_cli.config.base import strip_comments
 from expert_cli.config.decoding import DecodingSpec
 from expert_cli.config.loading import format_errors
 from expert_cli.config.resolve import ResolvedConfig
-from expert_cli.data import load_recorded, prepare_data
-from expert_cli.data.formatting import IGNORE, render_instruction
-from expert_cli.errors import UserError
+from expert_cli.data.formatting import render_instruction
+from expert_cli.errors import RunError, UserError
+from expert_cli.train.eval_cases import Case, eval_cases
 from expert_cli.train.merge import LOAD_ERRORS, load_adapted
 from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file, run_of
 
@@ -57,15 +56,6 @@ class GenerateOptions:
     compare_base: bool = False
     max_new_tokens: int | None = None
     greedy: bool = False
-
-
-@dataclass
-class Case:
-    """One prompt: its text as shown, its token ids, and the reference answer (eval)."""
-
-    prompt: str
-    ids: list[int]
-    reference: str | None = None
 
 
 @dataclass
@@ -228,9 +218,9 @@ def render_prompt(resolved: ResolvedConfig, tokenizer: Any, text: str) -> list[i
                 f"conversation of one user turn with a generation prompt ({type(exc).__name__})"
                 "; fix chat_template.jinja (or the chat_template of tokenizer_config.json) there"
             ) from None
-        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        return tokenizer(rendered, add_special_tokens=False, verbose=False)["input_ids"]
     prompt, _ = render_instruction(resolved.prompt_template, text, None, None)
-    return tokenizer(prompt)["input_ids"]
+    return tokenizer(prompt, verbose=False)["input_ids"]  # check_lengths says what is too long
 
 
 def read_prompts(opts: GenerateOptions) -> list[str]:
@@ -276,47 +266,6 @@ def _prompt_lines(path: Path) -> list[str]:
     return lines
 
 
-def eval_cases(run: LoadedRun, n: int, notes: list[str]) -> list[Case]:
-    """The first `n` examples of the run's validation split, split into prompt and reference
-    by their labels: from the token cache the run trained with, else (and then `notes` says
-    so) tokenized again from the data files as they are now."""
-    data = load_recorded(run.data_record)
-    if data is None:
-        data = prepare_data(run.resolved, run.tokenizer)
-        if run.data_record is not None:
-            notes.append(
-                "--eval: the token cache the run trained with is gone or damaged; the data "
-                "files were tokenized again, as they are now"
-            )
-    if data.eval is None or not len(data.eval):
-        raise UserError(
-            "--eval: the run has no validation split (set training.dataset.validation_path "
-            "or training.dataset.eval_fraction and train again)"
-        )
-    cases: list[Case] = []
-    for row in data.eval:
-        for ids, labels in _examples(row):
-            trained = [i for i, label in enumerate(labels) if label != IGNORE]
-            if not trained:
-                continue
-            first = trained[0]
-            stop = next((i for i in range(first, len(labels)) if labels[i] == IGNORE), len(ids))
-            prompt = run.tokenizer.decode(ids[:first], skip_special_tokens=True).strip()
-            reference = run.tokenizer.decode(ids[first:stop], skip_special_tokens=True)
-            cases.append(Case(prompt, ids[:first], reference.strip()))
-            if len(cases) == n:
-                return cases
-    return cases
-
-
-def _examples(row: dict[str, Any]) -> list[tuple[list[int], list[int]]]:
-    """A packed row's examples (position ids restart at 0 for each)."""
-    ids, labels, positions = row["input_ids"], row["labels"], row["position_ids"]
-    starts = [i for i, p in enumerate(positions) if p == 0] + [len(ids)]
-    pairs = zip(starts, starts[1:], strict=False)
-    return [([int(t) for t in ids[a:b]], [int(t) for t in labels[a:b]]) for a, b in pairs if b > a]
-
-
 # --------------------------------------------------------------------------- generation
 
 
@@ -331,16 +280,24 @@ def model_context(run: LoadedRun) -> int:
     return getattr(run.model.config, "max_position_embeddings", None) or 32_768
 
 
-def check_lengths(run: LoadedRun, cases: list[Case]) -> None:
-    """Every prompt fits the model's context, checked before any is answered; a prompt is
-    named by its number (its text may be a file's contents)."""
+def check_lengths(run: LoadedRun, cases: list[Case], wanted: int) -> list[str]:
+    """Every prompt fits the model's context, checked before any is answered (a prompt is
+    named by its number: its text may be a file's contents); a note for each whose answer the
+    context cuts short of `wanted` new tokens."""
     context = model_context(run)
+    notes = []
     for number, case in enumerate(cases, 1):
         if len(case.ids) >= context:
             raise UserError(
                 f"prompt {number}: {len(case.ids):,} tokens, over the model's context of "
                 f"{context:,}; shorten it"
             )
+        if (room := context - len(case.ids)) < wanted:
+            notes.append(
+                f"prompt {number}: room for {room:,} new tokens of {wanted:,} in the model's "
+                f"context of {context:,}"
+            )
+    return notes
 
 
 def answer(run: LoadedRun, case: Case, settings: dict[str, Any], view: GenerationView) -> tuple:
@@ -350,15 +307,23 @@ def answer(run: LoadedRun, case: Case, settings: dict[str, Any], view: Generatio
     torch.manual_seed(run.resolved.seed)
     inputs = torch.tensor([case.ids], device=run.device)
     start = time.perf_counter()
-    with torch.inference_mode():
-        out = run.model.generate(
-            input_ids=inputs,
-            attention_mask=torch.ones_like(inputs),
-            **{**settings, "max_new_tokens": limit},
-            eos_token_id=stop_ids(run.tokenizer),
-            pad_token_id=run.tokenizer.pad_token_id or run.tokenizer.eos_token_id,
-            streamer=_Streamer(run.tokenizer, view),
-        )
+    try:
+        with torch.inference_mode():
+            out = run.model.generate(
+                input_ids=inputs,
+                attention_mask=torch.ones_like(inputs),
+                **{**settings, "max_new_tokens": limit},
+                eos_token_id=stop_ids(run.tokenizer),
+                pad_token_id=run.tokenizer.pad_token_id or run.tokenizer.eos_token_id,
+                streamer=_Streamer(run.tokenizer, view),
+            )
+    except RuntimeError as exc:
+        if "probability tensor" not in str(exc):
+            raise
+        raise RunError(
+            "sampling met probabilities that are NaN or infinite: the model's logits are not "
+            "finite (adapter weights that overflow, or a run that diverged); train again"
+        ) from None
     seconds = time.perf_counter() - start
     new = out[0, inputs.shape[1] :].tolist()
     return run.tokenizer.decode(new, skip_special_tokens=True).strip(), len(new), seconds
@@ -378,8 +343,9 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
             "(the demo shows the mechanics; train on a pretrained base for real answers)"
         )
     cases = [Case(p, render_prompt(run.resolved, run.tokenizer, p)) for p in prompts]
-    cases += eval_cases(run, opts.eval_n, notes) if opts.eval_n else []
-    check_lengths(run, cases)
+    if opts.eval_n:
+        cases += eval_cases(run.resolved, run.tokenizer, run.data_record, opts.eval_n, notes)
+    notes += check_lengths(run, cases, settings["max_new_tokens"])
     generations = []
     for index, case in enumerate(cases):
         view.start(index, case, "expert")

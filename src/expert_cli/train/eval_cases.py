@@ -1,0 +1,91 @@
+"""`generate --eval N`: prompts and reference answers from a run's validation split.
+
+The split is read from the token cache the run trained with, exactly as it was tokenized: the
+tokens before an example's first trained token are its prompt, the trained ones its reference.
+Examples come in the packed rows' order (the cache keeps no file order). An example cut at
+`max_seq_length` in training is left out: its reference stops mid-answer, so no answer could
+match it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.data import load_recorded, prepare_data
+from expert_cli.data.formatting import IGNORE
+from expert_cli.errors import UserError
+
+
+@dataclass
+class Case:
+    """One prompt: its text as shown, its token ids, and the reference answer (eval)."""
+
+    prompt: str
+    ids: list[int]
+    reference: str | None = None
+
+
+def eval_cases(
+    resolved: ResolvedConfig, tokenizer: Any, record: Any, n: int, notes: list[str]
+) -> list[Case]:
+    """The first `n` whole examples of the run's validation split, split into prompt and
+    reference by their labels: from the token cache `record` names, else (and then `notes`
+    says so) tokenized again from the data files as they are now. `notes` also says how many
+    examples were cut in training and left out, and when fewer than `n` remain."""
+    data = load_recorded(record)
+    if data is None:
+        data = prepare_data(resolved, tokenizer)
+        if record is not None:
+            notes.append(
+                "--eval: the token cache the run trained with is gone or damaged; the data "
+                "files were tokenized again, as they are now"
+            )
+    if data.eval is None or not len(data.eval):
+        raise UserError(
+            "--eval: the run has no validation split (set training.dataset.validation_path "
+            "or training.dataset.eval_fraction and train again)"
+        )
+    cases: list[Case] = []
+    cut = 0
+    for row in data.eval:
+        for ids, labels in _examples(row):
+            trained = [i for i, label in enumerate(labels) if label != IGNORE]
+            if not trained:
+                continue
+            if resolved.overlong == "truncate" and len(ids) >= resolved.max_seq_length:
+                cut += 1
+                continue
+            first = trained[0]
+            stop = next((i for i in range(first, len(labels)) if labels[i] == IGNORE), len(ids))
+            prompt = tokenizer.decode(ids[:first], skip_special_tokens=True).strip()
+            reference = tokenizer.decode(ids[first:stop], skip_special_tokens=True)
+            cases.append(Case(prompt, ids[:first], reference.strip()))
+            if len(cases) == n:
+                break
+        if len(cases) == n:
+            break
+    notes += _eval_notes(len(cases), n, cut, resolved.max_seq_length)
+    return cases
+
+
+def _eval_notes(found: int, wanted: int, cut: int, limit: int) -> list[str]:
+    notes = []
+    if cut:
+        notes.append(
+            f"--eval: {cut:,} validation example{'s were' if cut > 1 else ' was'} cut at "
+            f"max_seq_length={limit:,} in training and left out (a reference that stops "
+            "mid-answer matches no answer)"
+        )
+    if found < wanted:
+        notes.append(f"--eval {wanted:,}: the validation split has {found:,} whole examples")
+    return notes
+
+
+def _examples(row: dict[str, Any]) -> list[tuple[list[int], list[int]]]:
+    """A packed row's examples (position ids restart at 0 for each)."""
+    ids, labels, positions = row["input_ids"], row["labels"], row["position_ids"]
+    starts = [i for i, p in enumerate(positions) if p == 0] + [len(ids)]
+    pairs = zip(starts, starts[1:], strict=False)
+    return [([int(t) for t in ids[a:b]], [int(t) for t in labels[a:b]]) for a, b in pairs if b > a]
