@@ -74,6 +74,18 @@ def output_file_problem(path: Path, label: str, replace: bool = False) -> str | 
     return None
 
 
+PICTURE_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}  # by the file's suffix
+
+
+def picture_problem(path: Path, label: str) -> str | None:
+    """A picture's file name whose suffix names no format it is written in (a PNG under
+    `metrics.json` or `u.txt`), or None."""
+    if path.suffix.lower() in PICTURE_FORMATS:
+        return None
+    *first, last = PICTURE_FORMATS
+    return f"{label}: {path.name} should end in {', '.join(first)} or {last} (the format written)"
+
+
 def place_problem(path: Path, label: str) -> str | None:
     """Why nothing can be created at `path` (folders on the way made as needed), or None: one
     of its parents is a file, or the nearest existing folder cannot be written to (tried with

@@ -208,7 +208,7 @@ def test_bad_arguments_exit_2(tmp_path: Path, args: list[str], flag: str) -> Non
     if args[1] in (".", "/dev/null"):
         assert f"{flag}: {args[1]} is not a regular file" in out.stderr
     if args[1] == "u.txt":
-        assert "--plot: u.txt should end in .png, .svg, .pdf" in out.stderr
+        assert "--plot: u.txt should end in .png, .svg or .pdf" in out.stderr
         assert not (tmp_path / "u.txt").exists()
     if args[1] == "mine.json":
         assert "--output: mine.json already exists; add --force to replace it" in out.stderr

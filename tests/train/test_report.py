@@ -74,6 +74,24 @@ def test_report_redraws_its_own_picture_but_asks_before_replacing_another_file(
     assert png_facts(mine)[:2] == (1100, 700)
 
 
+def test_the_picture_is_written_in_the_format_its_name_says(tmp_path: Path) -> None:
+    """--output metrics.json --force wrote a PNG over the run's own metrics (then read them
+    back: the summary lost its eval loss); a name must say a picture's format now."""
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps(METRICS))
+    for name in ("metrics.json", "adapter_model.safetensors", "plot.txt"):
+        out = run_here("report", str(tmp_path), "--output", str(tmp_path / name), "--force")
+        assert out.returncode == 2, out.stdout
+        assert f"--output: {name} should end in .png, .svg or .pdf (the format written)" in (
+            " ".join(out.stderr.split())
+        )
+    assert json.loads(metrics.read_text()) == METRICS
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
+    for name, magic in (("a.svg", b"<?xml"), ("a.PDF", b"%PDF")):
+        assert run_here("report", str(tmp_path), "--output", str(tmp_path / name)).returncode == 0
+        assert (tmp_path / name).read_bytes().startswith(magic)
+
+
 @pytest.mark.filterwarnings("error")  # nor a warning: a glyph the font lacks, an axis overflow
 def test_a_damaged_or_hand_edited_metrics_file_is_reported_without_a_traceback(
     tmp_path: Path,

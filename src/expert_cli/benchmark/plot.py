@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from expert_cli.atomic import atomic_file
+from expert_cli.paths import PICTURE_FORMATS
 
 PLOT_MARKERS_BELOW = 60  # draw a dot per sample when there are this few
 
@@ -26,16 +27,6 @@ def _shade_phases(ax: Any, phases: dict[str, Any] | None, t: list[float]) -> Non
         ax.axvspan(0, phases["startup_s"], color="grey", alpha=0.15, label="start-up")
     if phases["tail_s"]:
         ax.axvspan(phases["end_t"], t[-1], color="grey", alpha=0.15, label="tail")
-
-
-PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
-
-
-def plot_file_problem(path: Path) -> str | None:
-    """A --plot name whose suffix says no format matplotlib is asked to write."""
-    if path.suffix.lower() in PLOT_FORMATS:
-        return None
-    return f"--plot: {path.name} should end in {', '.join(PLOT_FORMATS)} (the format written)"
 
 
 def write_plot(report: dict[str, Any], path: Path) -> None:
@@ -88,5 +79,5 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
     fig.suptitle(title)
     fig.tight_layout()
     with atomic_file(path) as tmp:
-        fig.savefig(tmp, format=PLOT_FORMATS[path.suffix.lower()], dpi=100)
+        fig.savefig(tmp, format=PICTURE_FORMATS[path.suffix.lower()], dpi=100)
     plt.close(fig)

@@ -32,10 +32,10 @@ from expert_cli.benchmark.metrics import (
     run_mfu,
     train_metrics_path,
 )
-from expert_cli.benchmark.plot import plot_file_problem, write_plot
+from expert_cli.benchmark.plot import write_plot
 from expert_cli.benchmark.stats import compute_stats, split_phases
 from expert_cli.errors import UserError
-from expert_cli.paths import output_file_problem
+from expert_cli.paths import output_file_problem, picture_problem
 from expert_cli.telemetry.flops import peak_bf16_flops
 from expert_cli.telemetry.gpu import HostSampler, NoGpu, NvmlSource, open_nvml
 from expert_cli.telemetry.workload import WORKLOADS, WorkloadRunner, WorkloadSpec, get_workload
@@ -96,7 +96,7 @@ def validate_options(opts: BenchmarkOptions) -> None:
         problem = output_file_problem(path, flag, opts.force) if path is not None else None
         if problem:
             problems.append(problem)
-    if opts.plot is not None and (problem := plot_file_problem(opts.plot)):
+    if opts.plot is not None and (problem := picture_problem(opts.plot, "--plot")):
         problems.append(problem)
     if opts.plot is not None and importlib.util.find_spec("matplotlib") is None:
         problems.append("--plot: needs matplotlib (pip install 'expert-cli[plot]')")

@@ -76,7 +76,10 @@ def report(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A train output folder.")],
     output: Annotated[
         Path | None,
-        typer.Option(metavar="FILE", help="Where to write the PNG (default RUN_DIR/training.png)."),
+        typer.Option(
+            metavar="FILE",
+            help="Where to write the picture: .png, .svg or .pdf (default RUN_DIR/training.png).",
+        ),
     ] = None,
     force: Annotated[
         bool,

@@ -16,7 +16,7 @@ from typing import Any
 
 from expert_cli.atomic import atomic_file
 from expert_cli.errors import UserError, escaped
-from expert_cli.paths import output_file_problem, shown_path
+from expert_cli.paths import PICTURE_FORMATS, output_file_problem, picture_problem, shown_path
 from expert_cli.train.choice import FINAL, KeptAdapter, kept_adapters, lowest
 from expert_cli.train.outputs import finite_number, read_json_file, set_aside_line
 from expert_cli.train.package import default_choice, lower_loss_note
@@ -88,7 +88,10 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         and os.path.realpath(plot.parent) == os.path.realpath(run_dir)
         and plot.name == PLOT_NAME
     )
-    problem = output_file_problem(plot, "--output", replace or own) if plot is not None else None
+    problem = None
+    if plot is not None:  # a suffix check first: --force wrote a PNG over the run's metrics.json
+        problem = picture_problem(plot, "--output")
+        problem = problem or output_file_problem(plot, "--output", replace or own)
     if problem:
         raise UserError(problem)
     summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
@@ -190,7 +193,8 @@ def _records(data: dict[str, Any], key: str) -> list[Any]:
 
 
 def write_training_plot(data: dict[str, Any], path: Path) -> Path:
-    """The four-panel PNG of a run's metrics, written whole or not at all."""
+    """The four-panel picture of a run's metrics (PNG, SVG or PDF by `path`'s suffix),
+    written whole or not at all."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -226,10 +230,10 @@ def write_training_plot(data: dict[str, Any], path: Path) -> Path:
     status = escaped(str(summary.get("status", ""))[:40])
     fig.suptitle(f"training run ({status})" if status else "training run")
     fig.tight_layout()
+    kind = PICTURE_FORMATS.get(path.suffix.lower(), "png")
+    about = {"Description": "panels: " + ", ".join(PANELS)} if kind == "png" else None
     with atomic_file(path) as tmp:
-        fig.savefig(
-            tmp, format="png", dpi=100, metadata={"Description": "panels: " + ", ".join(PANELS)}
-        )
+        fig.savefig(tmp, format=kind, dpi=100, metadata=about)
     plt.close(fig)
     return path
 
