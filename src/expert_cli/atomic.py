@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,8 @@ def atomic_file(dest: Path) -> Iterator[Path]:
         yield tmp
         os.replace(tmp, dest)
     finally:
-        tmp.unlink(missing_ok=True)
+        with suppress(OSError):  # a read-only disk answers EROFS, not "no such file"
+            tmp.unlink(missing_ok=True)
 
 
 @contextmanager

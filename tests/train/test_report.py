@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 from train_helpers import png_facts, run_here
 
+from expert_cli.atomic import atomic_file
 from expert_cli.train.report import PANELS
 
 METRICS = {
@@ -414,3 +416,36 @@ def test_train_ends_by_naming_a_checkpoint_evaluated_lower_than_its_final_adapte
     metrics["evals"] = [{"step": 20, "eval_loss": 1.4}, {"step": 40, "eval_loss": 1.1}]
     (run / "metrics.json").write_text(json.dumps(metrics))
     assert "note" not in said("completed")
+
+
+def test_a_run_on_a_read_only_disk_is_still_summarised(tmp_path: Path) -> None:
+    """The run's own folder on a read-only mount: the summary, then a line saying the picture
+    was not written (it was two chained tracebacks: the temporary file's clean-up raised
+    EROFS). An --output there is exit 2 before anything is drawn."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("a tmpfs cannot be mounted here (needs root on Linux)")
+    try:
+        run = mount / "run"
+        run.mkdir()
+        (run / "metrics.json").write_text(json.dumps(METRICS))
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        out = run_here("report", str(run))
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.startswith("completed: 50 steps, 925 tok/s, final loss 1")
+        assert f"picture {run / 'training.png'} not written (Read-only file system)" in (
+            " ".join(out.stdout.split())
+        )
+        other = run_here("report", str(tmp_path / "ro" / "run"), "--output", str(mount / "x.png"))
+        assert other.returncode == 2, other.stdout + other.stderr
+        assert f"--output {mount / 'x.png'}: {mount} cannot be written to" in " ".join(
+            other.stderr.split()
+        )
+        assert "Traceback" not in out.stderr + other.stderr
+        assert sorted(p.name for p in run.iterdir()) == ["metrics.json"]
+        with pytest.raises(OSError) as caught, atomic_file(run / "x.json") as tmp:
+            tmp.write_text("x")
+        assert caught.value.__context__ is None  # the write's error, not the clean-up's on it
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)

@@ -118,7 +118,10 @@ def report(
         out.print(f"{'':<9} and {listing.hidden} more checkpoints", markup=False)
     for label, text in listing.notes:
         out.print(f"{label:<9} {text}", markup=False)
-    out.print(f"wrote {result.plot}", markup=False)
+    if result.plot is not None:
+        out.print(f"wrote {result.plot}", markup=False)
+    if result.plot_problem:
+        out.print(f"picture   {result.plot_problem}", markup=False)
 
 
 def package(

@@ -16,7 +16,13 @@ from typing import Any
 
 from expert_cli.atomic import atomic_file
 from expert_cli.errors import UserError, escaped
-from expert_cli.paths import PICTURE_FORMATS, output_file_problem, picture_problem, shown_path
+from expert_cli.paths import (
+    PICTURE_FORMATS,
+    output_file_problem,
+    picture_problem,
+    place_problem,
+    shown_path,
+)
 from expert_cli.train.choice import FINAL, KeptAdapter, kept_adapters, lowest
 from expert_cli.train.outputs import finite_number, read_json_file, set_aside_line
 from expert_cli.train.package import default_choice, lower_loss_note
@@ -64,6 +70,7 @@ class RunReport:
     best_eval_step: int | None
     plot: Path | None
     adapters: AdapterList
+    plot_problem: str | None = None  # why RUN_DIR/training.png could not be written
 
 
 def read_metrics(run_dir: Path) -> dict[str, Any]:
@@ -92,13 +99,19 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
     if plot is not None:  # a suffix check first: --force wrote a PNG over the run's metrics.json
         problem = picture_problem(plot, "--output")
         problem = problem or output_file_problem(plot, "--output", replace or own)
+        problem = problem or (None if own else place_problem(plot, "--output"))
     if problem:
         raise UserError(problem)
     summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
     eval_steps, eval_losses = _points(data.get("evals") or [], "eval_loss")
     best = min(zip(eval_losses, eval_steps, strict=True)) if eval_losses else None
+    unwritten = None
     if plot is not None:
-        write_training_plot(data, plot)
+        try:
+            write_training_plot(data, plot)
+        except OSError as exc:  # the run's own folder, read-only: the summary still stands
+            unwritten = f"{shown_path(plot)} not written ({exc.strerror or type(exc).__name__})"
+            plot = None
     steps = finite_number(summary.get("steps"))
     return RunReport(
         run_dir=run_dir,
@@ -110,6 +123,7 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         best_eval_step=int(best[1]) if best else None,
         plot=plot,
         adapters=adapter_list(run_dir, best),
+        plot_problem=unwritten,
     )
 
 
