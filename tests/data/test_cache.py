@@ -493,3 +493,12 @@ def test_an_evaluation_folder_without_rows_reads_as_a_damaged_cache(demo_expert_
         RunError, match=r"eval: not a readable saved dataset \(IndexError\); delete"
     ):
         prepare(demo_expert_dir / "manifest.json")
+
+
+def test_where_a_source_is_named_is_no_fingerprint_input(demo_expert_dir) -> None:
+    """A source's manifest field (shown in messages) is not its content: moving the same
+    file from `path` to a task's `train` must not be what rebuilds a cache."""
+    data = prepare(demo_expert_dir / "manifest.json")
+    sources = data.stats["inputs"]["sources"]
+    assert [set(s) for s in sources["train"]] == [{"kind", "location", "format", "weight", "files"}]
+    assert all("field" not in s for s in sources["validation"])

@@ -48,7 +48,7 @@ class SourceRef(BaseModel):
     format: str | None = None
     weight: float = 1.0
     task: str | None = None
-    field: str = Field("training.dataset", exclude=True, description="The field naming it.")
+    field: str = Field("training.dataset", description="The manifest field naming it.")
 
 
 class ResolvedConfig(BaseModel):

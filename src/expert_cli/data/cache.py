@@ -125,7 +125,7 @@ def file_hash(path: Path) -> dict[str, Any]:
 
 def _source_inputs(ref: SourceRef, folder: Path) -> dict[str, Any]:
 
-    entry = ref.model_dump(exclude_none=True)
+    entry = ref.model_dump(exclude_none=True, exclude={"field"})  # where it is named: no input
     if ref.kind == "local":
         files = {}
         for f in source_files(ref):
