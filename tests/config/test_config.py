@@ -509,3 +509,51 @@ def test_a_value_no_branch_of_a_union_takes_is_one_line(v2_dir: Path) -> None:
         "manifest.json: base_models[0].rope_scaling: Input should be a valid string (got a "
         "whole number); or Input should be a valid dictionary (got a whole number)"
     ]
+
+
+def _adapter_notes(tmp_path: Path, edit) -> list[str]:
+    cfg = resolve(load_manifest(_mutate(tmp_path, edit)), cpu_environment())
+    return [n for n in cfg.notes if n.startswith(("adapter_type", "use_dora", "base_models"))]
+
+
+def test_adapter_values_not_acted_on_are_noted(tmp_path: Path) -> None:
+    """A conflicting type, DoRA asked of IA3, a second adapter entry and a second base model
+    were dropped without a word (a conflicting rank already had its note)."""
+
+    def conflict(data: dict) -> None:
+        data["training"]["config"]["adapter_type"] = "lora"
+
+    assert _adapter_notes(tmp_path, conflict) == [
+        "adapter_type: training.config.adapter_type=lora is used; the adapter entry says type=dora"
+    ]
+
+    def ia3_with_dora(data: dict) -> None:
+        data["training"]["config"]["adapter_type"] = "ia3"
+        data["base_models"][0]["adapters"][0].update(type="ia3", use_dora=True)
+
+    assert _adapter_notes(tmp_path, ia3_with_dora) == [
+        "use_dora: DoRA decomposes LoRA weights; not applied to ia3"
+    ]
+
+    def more(data: dict) -> None:
+        entry = data["base_models"][0]["adapters"][0]
+        data["base_models"][0]["adapters"].append({**entry, "r": 4})
+        data["base_models"].append({**data["base_models"][0], "name": "models/other"})
+
+    assert _adapter_notes(tmp_path, more) == [
+        "base_models[0].adapters: the first entry is the adapter trained; 1 more entry is kept "
+        "as written, not trained",
+        "base_models: the adapter is trained on base_models[0] only; 1 more entry is kept as "
+        "written (the package lists them too), with no adapter trained for them",
+    ]
+
+    def adalora(data: dict) -> None:
+        data["training"]["config"]["adapter_type"] = "adalora"
+        data["base_models"][0]["adapters"][0]["type"] = "adalora"
+
+    assert _adapter_notes(tmp_path, adalora) == [
+        "adapter_type: adalora's training loss includes peft's orthogonal regulariser "
+        "(orth_reg_weight 0.5); eval_loss is the language-model loss alone, as for the other "
+        "adapter types"
+    ]
+    assert _adapter_notes(tmp_path, lambda data: None) == []

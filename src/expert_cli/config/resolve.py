@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from expert_cli.config import choices
+from expert_cli.config.adapters import adapter_settings
 from expert_cli.config.choices import DEFAULT_MAX_SEQ, checkpoint_problem, first
 from expert_cli.config.environment import Environment
 from expert_cli.config.models import AdapterType, LoadedManifest
@@ -29,8 +30,6 @@ from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, shown_path
 
 # Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
-DEFAULT_RANK = 16
-DEFAULT_DROPOUT = 0.05
 DEFAULT_EVAL_FRACTION = 0.02
 DEFAULT_SAVE_STEPS = 500
 DEFAULT_SAVE_LIMIT = 3
@@ -237,30 +236,6 @@ def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef
     return train, valid
 
 
-def _adapter(lm: LoadedManifest, notes: list[str]) -> dict[str, Any]:
-    cfg = lm.manifest.training.config
-    spec = lm.manifest.primary_adapter
-    kind = first(cfg.adapter_type, spec.type if spec else None, "lora")
-    rank = first(cfg.rank, spec.r if spec else None, DEFAULT_RANK)
-    if spec and spec.r and cfg.rank and spec.r != cfg.rank:
-        notes.append(
-            f"rank: training.config.rank={cfg.rank} is used; the adapter entry says r={spec.r}"
-        )
-    targets = first(cfg.target_modules, spec.target_modules if spec else None, "all-linear")
-    use_dora = kind == "dora" or bool(spec and spec.use_dora and kind == "lora")
-    return dict(
-        adapter_type=kind,
-        rank=rank,
-        alpha=float(first(cfg.alpha, spec.alpha if spec else None, 2 * rank)),
-        dropout=float(first(cfg.dropout, spec.dropout if spec else None, DEFAULT_DROPOUT)),
-        target_modules=targets,
-        feedforward_modules=first(
-            cfg.feedforward_modules, spec.feedforward_modules if spec else None
-        ),
-        use_dora=use_dora,
-    )
-
-
 def base_model_settings(lm: LoadedManifest) -> dict[str, Any]:
     bm = lm.manifest.primary_base_model
     path = local_path(lm.folder, bm.name, "base_models[0].name")
@@ -371,7 +346,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         expert_version=lm.manifest.version,
         manifest_path=str(lm.path),
         **base_model_settings(lm),
-        **_adapter(lm, notes),
+        **adapter_settings(lm.manifest, notes),
         train_sources=train,
         validation_sources=valid,
         field_mapping=ds.field_mapping,

@@ -1,0 +1,78 @@
+"""The adapter a run trains, from `training.config` and the manifest's adapter entries, with a
+note for every value of the entries that is not acted on: a conflicting type or rank, DoRA
+asked of an adapter that is not LoRA, entries or base models beyond the first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from expert_cli.config.choices import first
+from expert_cli.config.models import Manifest
+
+DEFAULT_RANK = 16
+DEFAULT_DROPOUT = 0.05
+
+
+def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
+    """The resolved adapter fields (type, rank, alpha, dropout, targets, DoRA)."""
+    cfg = manifest.training.config
+    spec = manifest.primary_adapter
+    kind = first(cfg.adapter_type, spec.type if spec else None, "lora")
+    rank = first(cfg.rank, spec.r if spec else None, DEFAULT_RANK)
+    if spec and spec.r and cfg.rank and spec.r != cfg.rank:
+        notes.append(
+            f"rank: training.config.rank={cfg.rank} is used; the adapter entry says r={spec.r}"
+        )
+    if spec and "type" in spec.model_fields_set and cfg.adapter_type and spec.type != kind:
+        notes.append(
+            f"adapter_type: training.config.adapter_type={kind} is used; the adapter entry "
+            f"says type={spec.type}"
+        )
+    if spec and spec.use_dora and kind not in ("lora", "dora"):
+        notes.append(f"use_dora: DoRA decomposes LoRA weights; not applied to {kind}")
+    notes += _unused_entries(manifest)
+    if kind == "adalora":
+        notes.append(
+            "adapter_type: adalora's training loss includes peft's orthogonal regulariser "
+            "(orth_reg_weight 0.5); eval_loss is the language-model loss alone, as for the "
+            "other adapter types"
+        )
+    targets = first(cfg.target_modules, spec.target_modules if spec else None, "all-linear")
+    use_dora = kind == "dora" or bool(spec and spec.use_dora and kind == "lora")
+    return dict(
+        adapter_type=kind,
+        rank=rank,
+        alpha=float(first(cfg.alpha, spec.alpha if spec else None, 2 * rank)),
+        dropout=float(first(cfg.dropout, spec.dropout if spec else None, DEFAULT_DROPOUT)),
+        target_modules=targets,
+        feedforward_modules=first(
+            cfg.feedforward_modules, spec.feedforward_modules if spec else None
+        ),
+        use_dora=use_dora,
+    )
+
+
+def _unused_entries(manifest: Manifest) -> list[str]:
+    """Adapter entries after the first, and base models after the first: kept as written
+    (and packaged so), not trained."""
+    notes = []
+    base = manifest.primary_base_model
+    entries, where = (
+        (base.adapters, "base_models[0].adapters")
+        if base.adapters
+        else (manifest.adapters, "adapters")
+    )
+    if entries and len(entries) > 1:
+        extra = len(entries) - 1
+        notes.append(
+            f"{where}: the first entry is the adapter trained; {extra} more "
+            f"entr{'ies are' if extra > 1 else 'y is'} kept as written, not trained"
+        )
+    if manifest.base_models and len(manifest.base_models) > 1:
+        extra = len(manifest.base_models) - 1
+        notes.append(
+            f"base_models: the adapter is trained on base_models[0] only; {extra} more "
+            f"entr{'ies are' if extra > 1 else 'y is'} kept as written (the package lists "
+            "them too), with no adapter trained for them"
+        )
+    return notes
