@@ -449,3 +449,23 @@ def test_a_run_on_a_read_only_disk_is_still_summarised(tmp_path: Path) -> None:
         assert caught.value.__context__ is None  # the write's error, not the clean-up's on it
     finally:
         subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def test_a_run_whose_process_is_gone_reads_as_stopped(tmp_path: Path) -> None:
+    """A run killed with SIGKILL leaves metrics.json saying running: report said `running:`
+    of a run nobody trains. While a train holds the folder it is running."""
+    from filelock import FileLock
+
+    (tmp_path / "metrics.json").write_text(
+        json.dumps({**METRICS, "summary": {**METRICS["summary"], "status": "running"}})
+    )
+    (tmp_path / ".train.lock").write_text("")  # left by the killed run, held by nobody
+    out = run_here("report", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert text.startswith("stopped: 50 steps")
+    assert "status its metrics say running, but no train holds the folder" in text
+    assert "--resume continues it from its last checkpoint" in text
+    with FileLock(str(tmp_path / ".train.lock")):  # a live train
+        out = run_here("report", str(tmp_path))
+    assert out.stdout.startswith("running: 50 steps") and "no train holds" not in out.stdout

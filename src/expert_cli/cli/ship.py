@@ -104,6 +104,8 @@ def report(
         f"best eval loss {best}",
         markup=False,
     )
+    if result.status_note:
+        out.print(f"status    {result.status_note}", markup=False)
     listing = result.adapters
     if not listing.rows:
         out.print("adapters  none kept (no final adapter, no complete checkpoint)")

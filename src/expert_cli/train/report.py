@@ -26,6 +26,7 @@ from expert_cli.paths import (
 from expert_cli.train.choice import FINAL, KeptAdapter, kept_adapters, lowest
 from expert_cli.train.outputs import finite_number, read_json_file, set_aside_line
 from expert_cli.train.package import default_choice, lower_loss_note
+from expert_cli.train.run_folder import held_by_another
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")
 PLOT_NAME = "training.png"
@@ -71,6 +72,14 @@ class RunReport:
     plot: Path | None
     adapters: AdapterList
     plot_problem: str | None = None  # why RUN_DIR/training.png could not be written
+    status_note: str | None = None  # a "running" run whose process is gone
+
+
+STOPPED_NOTE = (
+    "its metrics say running, but no train holds the folder: the process ended without a word "
+    "(killed, or the machine stopped); train with the same --output and --resume continues it "
+    "from its last checkpoint"
+)
 
 
 def read_metrics(run_dir: Path) -> dict[str, Any]:
@@ -113,9 +122,12 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
             unwritten = f"{shown_path(plot)} not written ({exc.strerror or type(exc).__name__})"
             plot = None
     steps = finite_number(summary.get("steps"))
+    status, status_note = str(summary.get("status", "unknown"))[:40], None
+    if status == "running" and not held_by_another(run_dir):  # killed: no word written
+        status, status_note = "stopped", STOPPED_NOTE
     return RunReport(
         run_dir=run_dir,
-        status=str(summary.get("status", "unknown"))[:40],
+        status=status,
         steps=int(steps) if steps is not None and steps >= 0 else 0,
         tokens_per_s=finite_number(summary.get("tokens_per_s")),
         final_loss=finite_number(summary.get("final_loss")),
@@ -124,6 +136,7 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         plot=plot,
         adapters=adapter_list(run_dir, best),
         plot_problem=unwritten,
+        status_note=status_note,
     )
 
 
