@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,13 +14,22 @@ def test_merged_model_matches_adapter_logits(tmp_path: Path, tiny_model_dir: Pat
     import torch
     from transformers import AutoModelForCausalLM
 
+    from expert_cli.errors import UserError
     from expert_cli.train.merge import merge_adapter
     from expert_cli.train.run import TrainOptions, train
 
     manifest = write_expert(tmp_path / "e", tiny_model_dir, config={"learning_rate": 2e-2})
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["path"] = "data"  # a data folder
+    manifest.write_text(json.dumps(data))
     out = tmp_path / "out"
     train(TrainOptions(manifest=manifest, output=out, max_steps=3))
-    merged_dir = merge_adapter(out, tmp_path / "merged")
+    inside = manifest.parent / "data" / "merged"  # train refuses such an output; merge did not
+    with pytest.raises(UserError, match=r"is inside the run's data folder .*/e/data; the merged"):
+        merge_adapter(out, inside)
+    assert not inside.exists()
+    merged_dir, notes = merge_adapter(out, tmp_path / "merged")
+    assert notes == []
     assert (merged_dir / "model.safetensors").is_file()
     assert (merged_dir / "tokenizer.json").is_file()
 

@@ -16,6 +16,7 @@ def test_int4_loads_nf4_and_trains(tmp_path: Path, tiny_model_dir: Path) -> None
     from expert_cli.config import load_manifest
     from expert_cli.config.environment import cpu_environment
     from expert_cli.config.resolve import resolve
+    from expert_cli.train.merge import merge_adapter
     from expert_cli.train.model import load_base_model
     from expert_cli.train.run import TrainOptions, train
 
@@ -34,3 +35,9 @@ def test_int4_loads_nf4_and_trains(tmp_path: Path, tiny_model_dir: Path) -> None
     assert sorted(losses) == [1, 2, 3] and all(math.isfinite(v) for v in losses.values())
     adapter = json.loads((out / "adapter_config.json").read_text())
     assert adapter["r"] == 8 and (out / "adapter_model.safetensors").is_file()
+    merged, notes = merge_adapter(out, tmp_path / "merged")
+    assert notes == [
+        "quantization: the run trained against int4 base weights; they are merged at full "
+        "precision (the adapter on the unquantized base)"
+    ]
+    assert (merged / "model.safetensors").is_file()

@@ -74,5 +74,8 @@ def merge(
     from expert_cli.cli.render import console
     from expert_cli.train.merge import merge_adapter
 
-    path = merge_adapter(adapter, output)
-    console().print(f"wrote {path}", markup=False)
+    path, notes = merge_adapter(adapter, output)
+    out = console()
+    for note in notes:
+        out.print(f"note      {note}", markup=False)
+    out.print(f"wrote {path}", markup=False)

@@ -13,14 +13,16 @@ from typing import Any
 
 import torch
 from peft import PeftModel
+from pydantic import ValidationError
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from expert_cli.atomic import atomic_folder
+from expert_cli.config.resolve import SourceRef, data_folder_holding
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import place_problem, resolved_path, shown_path
 from expert_cli.train.memory import out_of_memory
-from expert_cli.train.outputs import adapter_base, run_of
+from expert_cli.train.outputs import adapter_base, read_json_file, run_of
 
 LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
 
@@ -76,13 +78,43 @@ def _refuse_output(output: Path) -> None:
         raise UserError(problem)
 
 
-def merge_adapter(adapter: Path, output: Path) -> Path:
-    """Load base + adapter (full precision weights, even if trained quantized), merge, save."""
+def _run_facts(adapter: Path) -> tuple[list[SourceRef], str | None]:
+    """The run's data sources and base-weight quantization, from its manifest.resolved.json
+    (nothing where it cannot be read: the adapter's own files decide the rest)."""
+    data = read_json_file(run_of(adapter) / "manifest.resolved.json")
+    sources = []
+    for item in [*(data.get("train_sources") or []), *(data.get("validation_sources") or [])]:
+        try:
+            sources.append(SourceRef.model_validate(item))
+        except ValidationError:
+            continue
+    quantization = data.get("quantization")
+    return sources, quantization if quantization in ("int4", "int8") else None
+
+
+def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
+    """Load base + adapter (full precision weights, even if trained quantized), merge, save;
+    the folder written and notes (a base trained quantized is merged at full precision)."""
 
     adapter = resolved_path(adapter, "--adapter")
     output = resolved_path(output, "--output")
     base_name = adapter_base(adapter)
     _refuse_output(output)
+    sources, quantization = _run_facts(adapter)
+    if held := data_folder_holding(output, sources):
+        raise UserError(
+            f"--output {shown_path(output)}: is inside the run's data folder {shown_path(held)}; "
+            "the merged model's files would be read as data by the next build: choose a folder "
+            "outside it"
+        )
+    notes = (
+        [
+            f"quantization: the run trained against {quantization} base weights; they are "
+            "merged at full precision (the adapter on the unquantized base)"
+        ]
+        if quantization
+        else []
+    )
     model = load_adapted(adapter, base_name, _merge_dtype(adapter)).merge_and_unload()
     try:
         tokenizer = AutoTokenizer.from_pretrained(adapter)
@@ -103,4 +135,4 @@ def merge_adapter(adapter: Path, output: Path) -> Path:
         if reason is None:  # safetensors refusing the tensors: not the disk, shown as it is
             raise
         raise RunError(f"--output {shown_path(output)}: cannot be written ({reason})") from None
-    return output
+    return output, notes
