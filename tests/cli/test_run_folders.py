@@ -279,6 +279,13 @@ def test_a_folder_of_someone_elses_files_is_refused(capsys, monkeypatch, tmp_pat
         assert code == 2, err
         assert f"{afile} is a file, not a folder" in " ".join(err.split())
     assert afile.read_text() == "x"
+    before = sorted(p.name for p in manifest.parent.iterdir())
+    code, _, err = _here(capsys, monkeypatch, manifest, manifest.parent / ".", "--max-steps", "1")
+    assert code == 2, err  # the expert's own folder: peft's README became the expert's
+    assert "is the folder that holds the manifest; give the run a folder of its own" in (
+        " ".join(err.split())
+    )
+    assert sorted(p.name for p in manifest.parent.iterdir()) == before
 
 
 @pytest.mark.slow

@@ -99,6 +99,11 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
             f"--output {shown_path(output)}: is inside the data folder {shown_path(held)}; "
             "the run's files would be read as data by the next build: choose a folder outside it"
         )
+    if output.resolve() == loaded.folder.resolve():  # its README would become the expert's
+        raise UserError(
+            f"--output {shown_path(output)}: is the folder that holds the manifest; give the run "
+            "a folder of its own (the default is its output/ folder)"
+        )
     kwargs = training_args_kwargs(
         resolved, output / "checkpoints", max_steps=opts.max_steps, on_gpu=env.has_gpu
     )
