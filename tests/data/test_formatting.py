@@ -321,3 +321,54 @@ def test_a_lone_surrogate_however_deep_is_named_without_a_traceback() -> None:
     said = _value_problem("messages", [args])
     assert said is not None and said.startswith("item 0: tool_calls[0].arguments.<key> contains")
     assert "sk-1" not in said
+
+
+@pytest.mark.parametrize("overlong", ["truncate", "drop"])
+def test_a_huge_example_is_tokenized_from_its_start_with_the_same_result(
+    tiny_tokenizer, monkeypatch: pytest.MonkeyPatch, overlong: str
+) -> None:
+    """A 40 MB example took 10 GB and two minutes to keep 512 tokens. Texts past 32 characters
+    per token of the limit are tokenized from their start: the rows (ids, labels, fate) equal
+    those of tokenizing every text whole, including a long answer whose trained span runs past
+    the cut, and a text whose start is too short to decide falls back to the whole text."""
+    import expert_cli.data.formatting as formatting
+
+    tok = tiny_tokenizer
+
+    words = " ".join(f"w{i % 97}" for i in range(4000))  # ~20k characters
+    rows = {
+        "instruction": ["Short question?", "Long question " + words, "q"],
+        "response": [words, "short answer", "a " * 200],
+    }
+    texts = {"text": [words, "tiny", "x" * 3000]}
+    seen: list[int] = []
+    real = tok.backend_tokenizer.encode_batch
+
+    class Counting:  # the tokenizer's own work, counted in characters
+        def __getattr__(self, name: str):
+            return getattr(tok.backend_tokenizer, name)
+
+        def encode_batch(self, batch: list[str], **kwargs):
+            seen.append(sum(len(t) for t in batch))
+            return real(batch, **kwargs)
+
+    got = {}
+    real_cut = formatting.CUT_CHARS_PER_TOKEN
+    for cut in (real_cut, 1, 10**9):  # 1: every start too short to decide
+        monkeypatch.setattr(formatting, "CUT_CHARS_PER_TOKEN", cut)
+        monkeypatch.setattr(type(tok), "backend_tokenizer", property(lambda self: Counting()))
+        seen.clear()
+        got[cut] = (
+            run(tok, "instruction", rows, max_len=64, overlong=overlong),
+            run(tok, "text", texts, max_len=64, overlong=overlong),
+            sum(seen),
+        )
+    cut_rows, whole_rows = got[real_cut], got[10**9]
+    assert cut_rows[:2] == whole_rows[:2]
+    assert cut_rows[2] < whole_rows[2] / 4  # the long texts were read to their cut only
+    assert got[1][:2] == whole_rows[:2] and got[1][2] > whole_rows[2]  # read again, whole
+    assert [r["status"] for r in cut_rows[1]] == (
+        [TRUNCATED, KEPT, TRUNCATED]
+        if overlong == "truncate"
+        else [DROPPED_OVERLONG, KEPT, DROPPED_OVERLONG]
+    )

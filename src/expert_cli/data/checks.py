@@ -23,13 +23,10 @@ from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.conversations import (
     conversation_shape,
     conversation_text,
+    render_conversation,
     without_fill_ins,
 )
-from expert_cli.data.formatting import (
-    check_chat_template,
-    check_prompt_template,
-    render_conversation,
-)
+from expert_cli.data.formatting import check_chat_template, check_prompt_template
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import NO_EVAL_ROWS, checked_columns, holds_nothing_out, load_saved

@@ -16,9 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import datasets
+
+from expert_cli.data.reader import shown_name
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 KEPT_WHEN_NULL = ("role", "content")
 FORM = 2  # the stored form's version, in the name of a converted file a resumed build reuses
@@ -141,3 +146,57 @@ def conversation_shape(messages: list[Any]) -> tuple[Any, ...]:
 def has_text(content: Any) -> bool:
     """Whether a message's content holds text (not null, empty or blank)."""
     return isinstance(content, str) and bool(content.strip())
+
+
+SHOWN_ROLES = 8  # roles of a refused conversation named in its note
+
+
+def render_conversation(
+    tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, Any]] | str
+) -> tuple[str, str | None]:
+    """One conversation through the chat template: (text, None), or ("", why) when the template
+    refuses it. `why` is the error's kind and the conversation's roles, never the error's text
+    (a template's own message may quote the template or the conversation).
+
+    A stored row is JSON text (data/conversations.py): the template sees every key as the
+    source gave it. A message that calls tools must have them rendered: a template that
+    leaves `tool_calls` out would train an empty reply, so such a conversation is refused."""
+    messages = conversation(messages)
+    try:
+        text = str(tokenizer.apply_chat_template(messages, tokenize=False))
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the template's verdict on the user's row
+        return "", f"{type(exc).__name__}, roles {_roles(messages)}"
+    if not _calls_rendered(tokenizer, messages, text):
+        return "", f"its tool_calls are not rendered, roles {_roles(messages)}"
+    return text, None
+
+
+def _roles(messages: list[Any]) -> str:
+    """The roles of a conversation, bounded, as a refusal names them."""
+    roles = [str(m.get("role")) if isinstance(m, dict) else "?" for m in messages]
+    more = len(roles) - SHOWN_ROLES
+    shown = ", ".join(shown_name(r).strip("'") for r in roles[:SHOWN_ROLES])
+    return (shown or "none") + (f" and {more} more" if more > 0 else "")
+
+
+def _calls_rendered(tokenizer: PreTrainedTokenizerFast, messages: list[Any], text: str) -> bool:
+    """Whether the template renders the tool calls of the turns that have nothing else (no
+    text): rendered again without those calls, the conversation must change (a template
+    that ignores `tool_calls` renders such a turn as an empty reply)."""
+    silent = [
+        i
+        for i, m in enumerate(messages)
+        if isinstance(m, dict) and m.get("tool_calls") and not has_text(m.get("content"))
+    ]
+    if not silent:
+        return True
+    without = [
+        {k: v for k, v in m.items() if k != "tool_calls"} if i in silent else m
+        for i, m in enumerate(messages)
+    ]
+    try:
+        return str(tokenizer.apply_chat_template(without, tokenize=False)) != text
+    except Exception:  # noqa: BLE001 - a template that needs the calls to render uses them
+        return True

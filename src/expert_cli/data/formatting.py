@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from expert_cli.data.conversations import conversation, has_text
-from expert_cli.data.reader import shown_name
+from expert_cli.data.conversations import render_conversation
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -55,7 +54,6 @@ IGNORE = -100
 KEPT, TRUNCATED, DROPPED_OVERLONG, DROPPED_NO_COMPLETION, DROPPED_NO_MARKER, DROPPED_TEMPLATE = (
     range(6)
 )
-SHOWN_ROLES = 8  # roles of a refused conversation named in its note
 
 VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "
@@ -170,6 +168,13 @@ def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: s
         )
 
 
+# A text longer than this many characters per token of max_seq_length is tokenized from its
+# start (no tokenizer here averages a quarter of it), kept when that start runs CUT_MARGIN tokens
+# past the limit, so the cut changes no token an example keeps.
+CUT_CHARS_PER_TOKEN = 32
+CUT_MARGIN = 64
+
+
 @dataclass
 class Formatter:
     """A picklable batched function: rows of roles (a dict of columns) -> token columns."""
@@ -183,10 +188,34 @@ class Formatter:
 
     def __call__(self, batch: dict[str, list[Any]]) -> pa.Table:
         texts, spans, styles, refused = self.render(batch)
-        backend = self.tokenizer.backend_tokenizer
-        encodings = backend.encode_batch(texts, add_special_tokens=self.kind != "messages")
+        encodings, spans = self.tokenize(texts, spans)
         table = self.encode(texts, encodings, spans, styles)
         return table.append_column("refused", pa.array(refused, pa.string()))
+
+    def tokenize(
+        self, texts: list[str], spans: list[list[Span]]
+    ) -> tuple[list[Any], list[list[Span]]]:
+        """The encodings, and the spans clipped to what was tokenized. A text of more than
+        CUT_CHARS_PER_TOKEN characters per token of `max_seq_length` is tokenized from its
+        start only (a 40 MB example took 10 GB and two minutes to keep 512 tokens): when that
+        start gives CUT_MARGIN tokens past the limit, the example's fate (truncated or
+        dropped) and its first tokens are those of the whole text; otherwise the whole text
+        is tokenized."""
+        backend = self.tokenizer.backend_tokenizer
+        special = self.kind != "messages"
+        cut = self.max_seq_length * CUT_CHARS_PER_TOKEN
+        heads = [text[:cut] for text in texts]
+        encodings = backend.encode_batch(heads, add_special_tokens=special)
+        long = [i for i, text in enumerate(texts) if len(text) > cut]
+        whole = [i for i in long if len(encodings[i].ids) < self.max_seq_length + CUT_MARGIN]
+        if whole:
+            again = backend.encode_batch([texts[i] for i in whole], add_special_tokens=special)
+            for i, enc in zip(whole, again, strict=True):
+                encodings[i] = enc
+        spans = list(spans)
+        for i in set(long) - set(whole):  # clipped: no character past the cut is looked up
+            spans[i] = [(min(a, cut), min(b, cut)) for a, b in spans[i]]
+        return encodings, spans
 
     def render(
         self, batch: dict[str, list[Any]]
@@ -270,57 +299,6 @@ class Formatter:
 
 
 END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>")
-
-
-def render_conversation(
-    tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, Any]] | str
-) -> tuple[str, str | None]:
-    """One conversation through the chat template: (text, None), or ("", why) when the template
-    refuses it. `why` is the error's kind and the conversation's roles, never the error's text
-    (a template's own message may quote the template or the conversation).
-
-    A stored row is JSON text (data/conversations.py): the template sees every key as the
-    source gave it. A message that calls tools must have them rendered: a template that
-    leaves `tool_calls` out would train an empty reply, so such a conversation is refused."""
-    messages = conversation(messages)
-    try:
-        text = str(tokenizer.apply_chat_template(messages, tokenize=False))
-    except MemoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the template's verdict on the user's row
-        return "", f"{type(exc).__name__}, roles {_roles(messages)}"
-    if not _calls_rendered(tokenizer, messages, text):
-        return "", f"its tool_calls are not rendered, roles {_roles(messages)}"
-    return text, None
-
-
-def _roles(messages: list[Any]) -> str:
-    """The roles of a conversation, bounded, as a refusal names them."""
-    roles = [str(m.get("role")) if isinstance(m, dict) else "?" for m in messages]
-    more = len(roles) - SHOWN_ROLES
-    shown = ", ".join(shown_name(r).strip("'") for r in roles[:SHOWN_ROLES])
-    return (shown or "none") + (f" and {more} more" if more > 0 else "")
-
-
-def _calls_rendered(tokenizer: PreTrainedTokenizerFast, messages: list[Any], text: str) -> bool:
-    """Whether the template renders the tool calls of the turns that have nothing else (no
-    text): rendered again without those calls, the conversation must change (a template
-    that ignores `tool_calls` renders such a turn as an empty reply)."""
-    silent = [
-        i
-        for i, m in enumerate(messages)
-        if isinstance(m, dict) and m.get("tool_calls") and not has_text(m.get("content"))
-    ]
-    if not silent:
-        return True
-    without = [
-        {k: v for k, v in m.items() if k != "tool_calls"} if i in silent else m
-        for i, m in enumerate(messages)
-    ]
-    try:
-        return str(tokenizer.apply_chat_template(without, tokenize=False)) != text
-    except Exception:  # noqa: BLE001 - a template that needs the calls to render uses them
-        return True
 
 
 def _has_content(text: str, spans: list[Span], eos: str | None) -> bool:
