@@ -267,6 +267,27 @@ def test_prompts_are_text(tmp_path: Path) -> None:
     assert read_prompts(GenerateOptions(tmp_path, prompts_file=file)) == ["first", "second"]
 
 
+def test_prompts_from_standard_input_and_no_empty_prompt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--prompts -` said "not a file"; `-p ""` generated from an empty user turn."""
+    import io
+    import sys
+
+    from expert_cli.train.generate import GenerateOptions, read_prompts
+
+    stdin = io.TextIOWrapper(io.BytesIO("\ufefffirst\n\n a\\nb \n".encode()), encoding="ascii")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    got = read_prompts(GenerateOptions(tmp_path, prompts_file=Path("-")))
+    assert got == ["first", " a\nb "]
+    assert not stdin.closed  # standard input is not the command's to close
+    for empty in ("", "  \n "):
+        with pytest.raises(UserError, match="prompt 2: empty; give the text to answer"):
+            read_prompts(GenerateOptions(tmp_path, prompts=["fine", empty]))
+    with pytest.raises(UserError, match=r"--prompts .*nope.txt: not a file \(- reads standard"):
+        read_prompts(GenerateOptions(tmp_path, prompts_file=tmp_path / "nope.txt"))
+
+
 @pytest.mark.slow
 def test_a_chat_template_that_refuses_the_prompt(
     capsys, monkeypatch, memorised: Path, tmp_path: Path

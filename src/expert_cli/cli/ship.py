@@ -21,7 +21,7 @@ def generate(
     ] = None,
     prompts: Annotated[
         Path | None,
-        typer.Option(metavar="FILE", help="A text file of prompts, one per line."),
+        typer.Option(metavar="FILE", help="A text file of prompts, one per line (- for stdin)."),
     ] = None,
     eval_n: Annotated[
         int | None,

@@ -10,7 +10,11 @@ switched off. Text is handed to a `GenerationView` as it is produced, so the CLI
 
 from __future__ import annotations
 
+import io
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -231,6 +235,8 @@ def read_prompts(opts: GenerateOptions) -> list[str]:
     if len(prompts) > MAX_PROMPTS:
         raise UserError(f"--prompts: more than {MAX_PROMPTS:,} prompts; split the file")
     for i, prompt in enumerate(prompts, 1):
+        if not prompt.strip():
+            raise UserError(f"prompt {i}: empty; give the text to answer")
         if len(prompt) > MAX_PROMPT_CHARS:
             raise UserError(f"prompt {i}: over {MAX_PROMPT_CHARS:,} characters")
         if any("\ud800" <= c <= "\udfff" for c in prompt):  # argv bytes that are not UTF-8
@@ -239,13 +245,15 @@ def read_prompts(opts: GenerateOptions) -> list[str]:
 
 
 def _prompt_lines(path: Path) -> list[str]:
-    """One prompt per line (`\\n` in a line stands for a newline), read in bounded pieces."""
-    if not path.is_file():
-        raise UserError(f"--prompts {path}: not a file")
+    """One prompt per line (`\\n` in a line stands for a newline), read in bounded pieces;
+    `-` reads standard input."""
+    stdin = str(path) == "-"
+    if not stdin and not path.is_file():
+        raise UserError(f"--prompts {path}: not a file (- reads standard input)")
     lines: list[str] = []
     number = 0  # the file's line number, blank lines counted
     try:
-        with path.open(encoding="utf-8-sig") as f:  # a BOM is no part of the first prompt
+        with _opened(path, stdin) as f:  # a BOM is no part of the first prompt
             while len(lines) <= MAX_PROMPTS and (line := f.readline(MAX_PROMPT_CHARS + 2)):
                 number += 1
                 if len(line) > MAX_PROMPT_CHARS and not line.endswith("\n"):
@@ -264,6 +272,20 @@ def _prompt_lines(path: Path) -> list[str]:
             "are skipped, \\n in a line stands for a newline)"
         )
     return lines
+
+
+@contextmanager
+def _opened(path: Path, stdin: bool) -> Iterator[Any]:
+    """The prompts file, or standard input as UTF-8 text (left open: it is not ours)."""
+    if not stdin:
+        with path.open(encoding="utf-8-sig") as f:
+            yield f
+        return
+    wrapper = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig")
+    try:
+        yield wrapper
+    finally:
+        wrapper.detach()
 
 
 # --------------------------------------------------------------------------- generation
