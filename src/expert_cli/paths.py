@@ -11,14 +11,15 @@ import os
 import tempfile
 from pathlib import Path
 
-from expert_cli.errors import UserError
+from expert_cli.errors import UserError, escaped
 
 SHOWN_PATH_CHARS = 200
 
 
 def shown_path(path: Path | str, limit: int = SHOWN_PATH_CHARS) -> str:
-    """A path as an error shows it: NUL bytes visible, at most `limit` characters."""
-    text = str(path).replace("\x00", "\\0")
+    """A path as an error shows it: NUL bytes and other control characters visible (a newline
+    as `\\n`), at most `limit` characters."""
+    text = escaped(str(path).replace("\x00", "\\0"))
     return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]}"
 
 

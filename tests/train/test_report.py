@@ -469,3 +469,15 @@ def test_a_run_whose_process_is_gone_reads_as_stopped(tmp_path: Path) -> None:
     with FileLock(str(tmp_path / ".train.lock")):  # a live train
         out = run_here("report", str(tmp_path))
     assert out.stdout.startswith("running: 50 steps") and "no train holds" not in out.stdout
+
+
+def test_a_path_with_control_characters_is_shown_escaped(tmp_path: Path) -> None:
+    """A newline or an escape in a folder's name was printed raw: `wrote` split over two
+    lines, and an escape sequence reached the terminal."""
+    run = tmp_path / "a\nb\x1b[31m"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps(METRICS))
+    out = run_here("report", str(run))
+    assert out.returncode == 0, out.stderr
+    assert f"wrote {tmp_path}/a\\nb\\x1b[31m/training.png\n" in out.stdout
+    assert "\x1b" not in out.stdout

@@ -57,6 +57,7 @@ def benchmark(
     from expert_cli.benchmark.run import BenchmarkOptions, Hooks, run_benchmark
     from expert_cli.cli.benchmark_view import LiveView, render_summary
     from expert_cli.cli.render import console
+    from expert_cli.errors import escaped
 
     opts = BenchmarkOptions(
         duration=duration,
@@ -80,7 +81,7 @@ def benchmark(
     render_summary(report, out)
     for path in (output, plot):
         if path is not None:
-            out.print(f"wrote {path}", markup=False)
+            out.print(f"wrote {escaped(str(path))}", markup=False)
     # a command --stop-at-end stopped with the window ended as asked: its 130 is no failure
     asked = stop_at_end and report["stopped_by"] == "duration"
     if report["exit_code"] and not asked:

@@ -106,6 +106,7 @@ def outcomes_table(outcomes: list[Outcome]) -> Any:
 def summary_lines(data: PreparedData) -> list[str]:
     """What happened to one cache, with its train stats, as printable lines."""
     from expert_cli.data.build import drop_reasons
+    from expert_cli.errors import escaped
 
     train: dict[str, Any] = data.stats["train"]
     lines = [f"{data.stats['inputs']['expert']}: {data.status} ({data.reason})"]
@@ -126,7 +127,7 @@ def summary_lines(data: PreparedData) -> list[str]:
     if data.built:
         speed = data.stats.get("tokens_per_second") or 0.0
         lines.append(f"  built in {data.stats['build_seconds']:.1f} s ({speed:,.0f} tokens/s)")
-    lines.append(f"  cache {data.cache_dir}")
+    lines.append(f"  cache {escaped(str(data.cache_dir))}")
     return lines
 
 

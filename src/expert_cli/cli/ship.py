@@ -88,6 +88,7 @@ def report(
 ) -> None:
     """Draw a run's training.png (loss, learning rate, tokens/s, data wait) and summarise it."""
     from expert_cli.cli.render import console
+    from expert_cli.errors import escaped
     from expert_cli.train.report import PLOT_NAME, summarize
 
     result = summarize(run_dir, output or run_dir / PLOT_NAME, force)
@@ -121,7 +122,7 @@ def report(
     for label, text in listing.notes:
         out.print(f"{label:<9} {text}", markup=False)
     if result.plot is not None:
-        out.print(f"wrote {result.plot}", markup=False)
+        out.print(f"wrote {escaped(str(result.plot))}", markup=False)
     if result.plot_problem:
         out.print(f"picture   {result.plot_problem}", markup=False)
 

@@ -72,10 +72,11 @@ def merge(
 ) -> None:
     """Merge an adapter into its base model and save a standalone safetensors model."""
     from expert_cli.cli.render import console
+    from expert_cli.errors import escaped
     from expert_cli.train.merge import merge_adapter
 
     path, notes = merge_adapter(adapter, output)
     out = console()
     for note in notes:
         out.print(f"note      {note}", markup=False)
-    out.print(f"wrote {path}", markup=False)
+    out.print(f"wrote {escaped(str(path))}", markup=False)

@@ -20,6 +20,7 @@ from expert_cli.cli.render import BuildBar, labelled
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import PreparedData
 from expert_cli.data.build import drop_reasons
+from expert_cli.errors import escaped
 from expert_cli.train.causality import ISOLATED
 from expert_cli.train.generate import Case, GenerateResult, Generation
 from expert_cli.train.model import ModelChoices
@@ -55,7 +56,7 @@ def print_data(
         console.print("[bold]dropped[/bold]   ", end="")
         console.print(drop_reasons(train), highlight=False, markup=False)
     console.print("[bold]cache[/bold]     ", end="")
-    console.print(f"{state} ({reason}) {cache_dir}", highlight=False, markup=False)
+    console.print(f"{state} ({reason}) {escaped(str(cache_dir))}", highlight=False, markup=False)
 
 
 def _fused(choices: Any) -> str:
@@ -258,14 +259,14 @@ def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None
             markup=False,
         )
     else:
-        console.print(f"wrote {result.output_dir}", highlight=False, markup=False)
+        console.print(f"wrote {escaped(str(result.output_dir))}", highlight=False, markup=False)
     ship = f"expert-cli package --adapter {result.output_dir} --checkpoint best"
     if status == "completed" and (note := lower_loss_note(result.output_dir, "final", ship)):
         console.print(f"note      {note}", highlight=False, markup=False)
     picture = result.output_dir / "training.png"
     if picture.is_file():
         console.print(
-            f"picture   {picture} (loss, learning rate, tokens/s, data wait)",
+            f"picture   {escaped(str(picture))} (loss, learning rate, tokens/s, data wait)",
             highlight=False,
             markup=False,
         )
