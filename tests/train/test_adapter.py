@@ -253,3 +253,26 @@ def test_adalora_eval_loss_is_the_language_model_loss(tmp_path: Path, tiny_model
             assert "adalora's training loss includes peft's orthogonal regulariser" in text
     assert losses["adalora"][1] == pytest.approx(losses["lora"][1], abs=1e-4)
     assert losses["adalora"][0] > losses["lora"][0] + 0.1
+
+
+def test_an_adalora_run_loads_without_peft_warnings(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """AdaLoRA saves its rank pattern under the adapted weights' names; peft read them as
+    module names and warned of every one when generate or merge loaded the run (~40 lines)."""
+    import warnings
+
+    import torch
+
+    from expert_cli.train.merge import load_adapted
+    from expert_cli.train.outputs import adapter_base
+
+    manifest = write_expert(
+        tmp_path / "e", tiny_model_dir, rows=16, config={"adapter_type": "adalora"}
+    )
+    run = tmp_path / "run"
+    done = run_here("train", "-m", str(manifest), "--output", str(run), "--max-steps", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((run / "adapter_config.json").read_text())["rank_pattern"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_adapted(run, adapter_base(run), torch.float32)
+    assert not [w for w in caught if "rank_pattern" in str(w.message)]

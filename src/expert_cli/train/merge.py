@@ -8,6 +8,7 @@ is saved as safetensors with the adapter's tokenizer, written to a temporary fol
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,10 @@ def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
             f"({type(exc).__name__}: {str(exc)[:200]})"
         ) from None
     try:
-        return PeftModel.from_pretrained(base, str(adapter))
+        with warnings.catch_warnings():  # AdaLoRA saves its rank pattern under the adapted
+            # weights' names, which peft's check reads as module names: noise, shapes are right
+            warnings.filterwarnings("ignore", "The following rank_pattern keys", RuntimeWarning)
+            return PeftModel.from_pretrained(base, str(adapter))
     except LOAD_ERRORS as exc:
         if out_of_memory(exc):
             raise
