@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -502,3 +503,27 @@ def test_where_a_source_is_named_is_no_fingerprint_input(demo_expert_dir) -> Non
     sources = data.stats["inputs"]["sources"]
     assert [set(s) for s in sources["train"]] == [{"kind", "location", "format", "weight", "files"}]
     assert all("field" not in s for s in sources["validation"])
+
+
+def test_a_rebuild_reason_names_a_few_changes_shortly(demo_expert_dir) -> None:
+    """Every changed fingerprint input on one line of several hundred characters: the reason
+    names three, each value cut to 40 characters, and says how many more (stats keep all)."""
+    manifest = demo_expert_dir / "manifest.json"
+    prepare(manifest)
+    moved = demo_expert_dir / "data" / ("a_folder_with_a_long_name_" * 3) / "train.jsonl"
+    moved.parent.mkdir()
+    shutil.copy(demo_expert_dir / "data" / "train.jsonl", moved)
+    where = str(moved.relative_to(demo_expert_dir))
+    second = prepare(
+        manifest,
+        "max_seq_length=256",
+        "packing=false",
+        "seed=7",
+        f"training.dataset.path={where}",
+    )
+    assert len(second.changes) == 8  # the location; size and hash of each file name
+    assert second.reason == (
+        "changed: max_seq_length 512 -> 256; packing True -> False; seed 42 -> 7; and 5 more"
+    )
+    location = next(c for c in second.changes if c.startswith("sources.train[0].location"))
+    assert location == f"sources.train[0].location data/train.jsonl -> {where[:40]}…"

@@ -39,6 +39,7 @@ __all__ = ["BuildProgress", "PreparedData", "prepare_data"]
 log = logging.getLogger(__name__)
 # what killed builds leave: `.tmp-<cache or pointer>-<pid>` (atomic.py), `.build-<fp>`, and
 # the `<fp>.lock` files of earlier versions
+SHOWN_CHANGES = 3  # changed inputs named in the reason (stats.json keeps them all)
 STALE = re.compile(
     r"\.tmp-.+-[0-9a-f]{16}-\d+|\.tmp-.+\.latest\.json-\d+|\.build-[0-9a-f]+|[0-9a-f]+\.lock"
 )
@@ -162,7 +163,9 @@ def _why(plan: CachePlan, force: bool) -> tuple[str, str, list[str]]:
     if previous.get("fingerprint") == plan.fingerprint:
         return "built", "no finished cache with this fingerprint (removed or never finished)", []
     changes = changed_inputs(previous.get("inputs", {}), plan.inputs)
-    return "rebuilt", "changed: " + "; ".join(changes or ["(inputs differ)"]), changes
+    shown = changes[:SHOWN_CHANGES] or ["(inputs differ)"]
+    more = f"; and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
+    return "rebuilt", "changed: " + "; ".join(shown) + more, changes
 
 
 def _sweep(plan: CachePlan) -> None:

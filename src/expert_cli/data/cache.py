@@ -41,7 +41,7 @@ import xxhash
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.rows import source_files
 from expert_cli.data.sources import load_saved
-from expert_cli.errors import RunError, UserError
+from expert_cli.errors import RunError, UserError, escaped
 from expert_cli.paths import shown_path
 
 if TYPE_CHECKING:
@@ -319,6 +319,9 @@ def is_complete(cache_dir: Path) -> bool:
     return (cache_dir / COMPLETE).is_file()
 
 
+SHOWN_VALUE_CHARS = 40
+
+
 def changed_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """`key old -> new` for each leaf that differs between two fingerprint input dicts."""
     a, b = _flatten(old), _flatten(new)
@@ -344,8 +347,12 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _short(value: Any) -> str:
-    text = str(value)
-    return text[:12] + "…" if len(text) > 16 and re.fullmatch(r"[0-9a-f]+", text) else text
+    """A value as a change shows it: a hash by its first 12 digits, text by its first 40
+    characters (a path, a custom prompt template), control characters escaped."""
+    text = escaped(str(value))
+    if len(text) > 16 and re.fullmatch(r"[0-9a-f]+", text):
+        return text[:12] + "…"
+    return text if len(text) <= SHOWN_VALUE_CHARS else text[:SHOWN_VALUE_CHARS] + "…"
 
 
 def load_cache(plan: CachePlan) -> tuple[datasets.Dataset, datasets.Dataset | None, dict[str, Any]]:
