@@ -207,3 +207,23 @@ def test_evaluation_with_no_row_to_hold_out_fails_in_check_as_in_train(
     assert cli("check", "-m", str(off)).returncode == 0
     two = write_expert(tmp_path / "g", tiny_model_dir, rows=2, config=auto)
     assert cli("check", "-m", str(two)).returncode == 0
+
+
+def test_examples_with_nothing_to_train_on(demo_expert_dir: Path) -> None:
+    """A validation file of empty texts passed check, then train stopped on it (before the
+    fix, a traceback); some empty training examples are a note: train drops them."""
+    from expert_cli.data.checks import check_manifest
+
+    data = demo_expert_dir / "data"
+    (data / "valid.jsonl").write_text('{"text": ""}\n{"text": " "}\n')
+    with (data / "train.jsonl").open("a") as f:
+        f.write('{"text": ""}\n' * 2)
+    report = check_manifest(demo_expert_dir / "manifest.json")
+    assert report.problems == [
+        "training.dataset.validation_path: no evaluation example is left after formatting "
+        "(2 read, every one dropped: 2 with no completion tokens)"
+    ]
+    assert (
+        "training.dataset: 2 of 402 training examples read have an empty text or response; "
+        "train drops them (no completion tokens)"
+    ) in report.notes

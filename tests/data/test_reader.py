@@ -190,6 +190,7 @@ FAULTS = {
     ),
     "shadow_csv": ("root:$6$salt$hash:19000:0:99999:7:::\n", "shadow", {"format": "csv"}),
     "lone_surrogate": (GOOD + json.dumps({"text": SECRET + "\ud800"}) + "\n", "data.jsonl", {}),
+    "all_empty": ('{"text": ""}\n{"text": "  "}\n' * 3, "data.jsonl", {}),  # check said usable
 }
 USABLE = {"pretty_array", "json_of_lines"}
 
@@ -211,6 +212,10 @@ def test_check_and_pretokenize_agree(
     if fault == "lone_surrogate":  # the build crashed writing Arrow, leaving .build-* behind
         assert "data.jsonl:501: field 'text' (field_mapping.text) contains a lone" in output
         assert not list(manifest.parent.rglob(".build-*"))
+    if fault == "all_empty":
+        assert "training.dataset: no training example is left after formatting (6 read, every " in (
+            " ".join(output.split())
+        )
     if fault == "pretty_array":  # read as instruction data: prompts are masked, not trained
         tokens, trained = (
             int(n.replace(",", ""))

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 PROGRESS_ROWS = 10_000
 MAX_SHAPES = 4096  # conversation shapes whose template verdict is remembered
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
+TRAINED_ROLE = {"text": "text", "instruction": "response"}  # what an example trains on
 
 
 @dataclass
@@ -105,6 +106,11 @@ def check_manifest(
         *data.problems,
         *_format_problems(resolved, data.fields, tokenizer),
     ]
+    blank_problems, blank_notes = data.blank_lines(
+        list(dict.fromkeys(src.field for src in resolved.validation_sources))
+    )
+    report.problems += blank_problems
+    report.notes = [*report.notes, *blank_notes]
     refusals = data.refusals()
     if refusals and refusals.every:
         report.problems.append(refusals.line)
@@ -253,6 +259,10 @@ class DataCheck:
         # rendered (all local files, read to their end)
         self.train = [0, 0]
         self.all_train_rendered = True
+        # per split (True: training): rows with nothing to train on (an empty text or
+        # response), rows read, and whether every row of the split was read
+        self.blank = {True: [0, 0], False: [0, 0]}
+        self.whole = {True: True, False: True}
 
     def refusals(self) -> Refusals | None:
         """The refused conversations, if any."""
@@ -279,6 +289,7 @@ class DataCheck:
         self._train = train
         if src.kind == "hub" or is_saved_dataset(Path(src.location)):
             self.all_train_rendered = self.all_train_rendered and not train
+            self.whole[train] = False
         if src.kind == "hub":  # reported by hub_status
             return
         try:
@@ -297,17 +308,45 @@ class DataCheck:
         self.progress.start(f"checking {Path(src.location).name}", self.quick or 0)
         count = 0
         verdict = self.verdict if scan.fields.kind == "messages" else None
+        trained = TRAINED_ROLE.get(scan.fields.kind)
+        blank = self.blank[self._train]
         for row in scan.rows:
             count += 1
             if verdict is not None:
                 self._render(verdict, row["messages"], scan.at)
+            if trained is not None:
+                blank[0] += not str(row.get(trained) or "").strip()
             if count % PROGRESS_ROWS == 0:
                 self.progress.advance(PROGRESS_ROWS)
             if self.quick and count >= self.quick:
                 self.all_train_rendered = self.all_train_rendered and not self._train
+                self.whole[self._train] = False
                 break
+        blank[1] += count if trained is not None else 0
         self.progress.advance(count % PROGRESS_ROWS)
         return count
+
+    def blank_lines(self, eval_fields: list[str]) -> tuple[list[str], list[str]]:
+        """(problems, notes) on examples with nothing to train on (an empty text or response,
+        which the build drops): a problem where it is every example of a split read whole,
+        else a note. `eval_fields` name the validation sources."""
+        problems, notes = [], []
+        for train, (blank, rows) in self.blank.items():
+            if not blank:
+                continue
+            what = "training" if train else "evaluation"
+            where = "training.dataset" if train else ", ".join(eval_fields)
+            if blank == rows and self.whole[train]:  # in the build's words
+                problems.append(
+                    f"{where}: no {what} example is left after formatting ({rows} read, every "
+                    f"one dropped: {rows} with no completion tokens)"
+                )
+            else:
+                notes.append(
+                    f"{where}: {blank:,} of {rows:,} {what} examples read have an empty text "
+                    "or response; train drops them (no completion tokens)"
+                )
+        return problems, notes
 
     def _render(self, verdict: Callable[[list[Any]], str | None], messages: Any, at: str) -> None:
         self.rendered += 1
