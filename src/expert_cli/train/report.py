@@ -8,6 +8,7 @@ again at any time, for example while a run is going on.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 from dataclasses import dataclass
@@ -118,7 +119,9 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
     if plot is not None:
         try:
             write_training_plot(data, plot)
-        except OSError as exc:  # the run's own folder, read-only: the summary still stands
+        except OSError as exc:  # the run's own folder read-only: the summary still stands
+            if not own or exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise  # a full disk is exit 1 saying so; an --output was checked before
             unwritten = f"{shown_path(plot)} not written ({exc.strerror or type(exc).__name__})"
             plot = None
     steps = finite_number(summary.get("steps"))
