@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
 from expert_cli.data.formatting import (
+    COMPLETION_PREFIX,
     DROPPED_NO_COMPLETION,
     DROPPED_NO_MARKER,
     DROPPED_OVERLONG,
@@ -21,6 +23,7 @@ from expert_cli.data.formatting import (
 )
 from expert_cli.errors import UserError
 
+ROOT = Path(__file__).resolve().parents[2]
 CHATML = (
     "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n"
     "<|im_start|>assistant\nHello world<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n"
@@ -150,11 +153,30 @@ def test_instruction_templates_train_exactly_the_response(tiny_tokenizer, templa
     rows = {"instruction": ["Count"], "input": ["1 2"], "response": ["3 4 5"]}
     row = run(tiny_tokenizer, "instruction", rows, max_len=2048, template=template)[0]
     prompt, suffix = render_instruction(template, "Count", "1 2", None)
+    lead = COMPLETION_PREFIX.get(template, "")
     trained, masked = split(tiny_tokenizer, row)
-    assert trained == "3 4 5" + suffix + "<|endoftext|>"
-    assert masked == prompt
-    expected = tiny_tokenizer(prompt + "3 4 5" + suffix)["input_ids"]
+    assert trained == lead + "3 4 5" + suffix + "<|endoftext|>"
+    assert masked == prompt and not prompt.endswith(" ")
+    expected = tiny_tokenizer(prompt + lead + "3 4 5" + suffix)["input_ids"]
     assert row["input_ids"] == expected + [tiny_tokenizer.eos_token_id]
+
+
+@pytest.mark.parametrize("template", ["llama2", "vicuna"])
+def test_an_answers_first_word_is_trained(template: str) -> None:
+    """With a tokenizer that joins the space before a word to it (" Yes", as Qwen's and
+    Llama's do), llama2 and vicuna left the answer's first token on the prompt side: a yes/no
+    dataset trained only the end-of-text. Likewise a response_template ending in a space."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ROOT / "experts" / "demo" / "model")
+    assert tok.tokenize(" Yes")[0].endswith("Y")  # one token holds the space and the Y
+    rows = {"instruction": ["Is 7 prime?"], "response": ["Yes"]}
+    row = run(tok, "instruction", rows, template=template)[0]
+    trained, _ = split(tok, row)
+    assert trained == " Yes<|endoftext|>"
+    text = {"text": ["Q: Is 7 prime?\n### Answer: Yes"]}
+    row = run(tok, "text", text, response_template="### Answer: ")[0]
+    assert split(tok, row)[0] == " Yes<|endoftext|>"  # the straddling token counts as answer
 
 
 def test_alpaca_without_input_and_custom_template(tiny_tokenizer) -> None:

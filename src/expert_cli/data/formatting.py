@@ -63,6 +63,10 @@ VICUNA_SYSTEM = (
 ALPACA_HEAD = "Below is an instruction that describes a task"
 ALPACA_TAIL = "Write a response that appropriately completes the request.\n\n"
 TEMPLATES = ("chatml", "alpaca", "llama2", "vicuna")
+# The space between a prompt and its answer belongs to the answer: BPE joins it to the first
+# word (" Yes"), so at the prompt's end it left that token on the prompt side, never trained,
+# and a generation prompt ending in a space asked for a token training never showed.
+COMPLETION_PREFIX = {"llama2": " ", "vicuna": " "}
 
 Span = tuple[int, int]
 
@@ -128,9 +132,9 @@ def render_instruction(
         )
     if template == "llama2":
         head = f"<<SYS>>\n{system}\n<</SYS>>\n\n" if system else ""
-        return f"[INST] {head}{user} [/INST] ", ""
+        return f"[INST] {head}{user} [/INST]", ""
     if template == "vicuna":
-        return f"{system or VICUNA_SYSTEM} USER: {user} ASSISTANT: ", ""
+        return f"{system or VICUNA_SYSTEM} USER: {user} ASSISTANT:", ""
     raise UserError(
         f"base_model.prompt_template: {template!r} needs a template text, which "
         f"the manifest does not give; use one of {list(TEMPLATES)} or put the "
@@ -233,7 +237,8 @@ class Formatter:
                 batch["instruction"], inputs, systems, batch["response"], strict=True
             ):
                 prompt, suffix = render_instruction(self.prompt_template, str(ins), inp, sys_)
-                texts.append(prompt + str(resp) + suffix)
+                lead = COMPLETION_PREFIX.get(self.prompt_template, "")
+                texts.append(prompt + lead + str(resp) + suffix)
                 spans.append([(len(prompt), len(texts[-1]))])
                 styles.append("template" if str(resp).strip() else "empty")
             return texts, spans, styles, refused
@@ -263,7 +268,7 @@ class Formatter:
         ids_out, labels_out, status, trained, no_marker = [], [], [], [], []
         for text, enc, row_spans, style in zip(texts, encodings, spans, styles, strict=True):
             ids = np.asarray(enc.ids, dtype=np.int32)
-            mask = _span_mask(enc, len(ids), row_spans)
+            mask = _span_mask(text, enc, len(ids), row_spans)
             if not (len(ids) and ids[-1] == eos) and not text.rstrip().endswith(eos_text):
                 ids = np.append(ids, np.int32(eos))
                 mask = np.append(mask, True)
@@ -313,12 +318,13 @@ def _has_content(text: str, spans: list[Span], eos: str | None) -> bool:
     return not spans  # no spans: the "missing" / whole-text rules decide
 
 
-def _span_mask(enc: Any, n_tokens: int, spans: list[Span]) -> Any:
-    """Boolean mask of tokens whose first character lies inside one of `spans`."""
+def _span_mask(text: str, enc: Any, n_tokens: int, spans: list[Span]) -> Any:
+    """Boolean mask of tokens whose first character lies inside one of `spans`, or whose
+    part before a span is only whitespace (a response template ending in a space)."""
 
     mask = np.zeros(n_tokens, dtype=bool)
     for start, stop in spans:
-        first = _token_at_or_after(enc, start, stop)
+        first = _token_at_or_after(text, enc, start, stop)
         if first is None:
             continue
         last = enc.char_to_token(stop - 1)
@@ -330,13 +336,16 @@ def _span_mask(enc: Any, n_tokens: int, spans: list[Span]) -> Any:
     return mask
 
 
-def _token_at_or_after(enc: Any, start: int, stop: int) -> int | None:
-    """Index of the first token that starts at or after character `start` (before `stop`)."""
+def _token_at_or_after(text: str, enc: Any, start: int, stop: int) -> int | None:
+    """Index of the first token of the span from character `start` (before `stop`): one that
+    starts there or after, or one that straddles `start` with only whitespace before it (BPE
+    joins a template's trailing space to the answer's first word: " Yes")."""
     pos = start
     while pos < stop:
         token = enc.char_to_token(pos)
         if token is not None:
-            if enc.token_to_chars(token)[0] < start:  # straddles the boundary: prompt side
+            begins = enc.token_to_chars(token)[0]
+            if begins < start and not text[begins:start].isspace():  # mostly prompt
                 token += 1
             return token
         pos += 1
