@@ -87,19 +87,29 @@ class ExpertTrainer(Trainer):
         """The eval loss is the language-model loss alone: peft adds AdaLoRA's orthogonal
         regulariser to every loss given labels, eval's too, which made eval losses read ~20%
         higher than another adapter type's on the same data."""
-        configs = getattr(self.accelerator.unwrap_model(self.model), "peft_config", None) or {}
-        weights = {
-            name: config.orth_reg_weight
-            for name, config in configs.items()
-            if hasattr(config, "orth_reg_weight")
-        }
-        for name in weights:
-            configs[name].orth_reg_weight = 0.0
+        configs = regularised(self.model, self.accelerator)
+        weights = {name: config.orth_reg_weight for name, config in configs.items()}
+        for config in configs.values():
+            config.orth_reg_weight = 0.0
         try:
             return super().evaluation_loop(*args, **kwargs)
         finally:
             for name, weight in weights.items():
                 configs[name].orth_reg_weight = weight
+
+    def share_regulariser(self) -> None:
+        """AdaLoRA's regulariser once per optimizer step, as its weight says: with the loss
+        normalised by the step's token count, the Trainer neither divides a micro-batch's
+        loss by the accumulation steps nor keeps it per process (it multiplies it by the
+        process count), so the term peft adds to each micro-batch counted accumulation steps
+        x processes times (3x its weight at 4 micro-batches, gradients 3x off)."""
+        if not self.model_accepts_loss_kwargs:
+            return  # each micro-batch's loss is divided by the accumulation steps already
+        share = self.args.gradient_accumulation_steps
+        if self.args.average_tokens_across_devices:
+            share *= self.accelerator.num_processes
+        for config in regularised(self.model, self.accelerator).values():
+            config.orth_reg_weight /= share
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Under FSDP every rank takes part in gathering the adapter's full tensors (only the
@@ -123,6 +133,12 @@ class ExpertTrainer(Trainer):
         peft_model.save_pretrained(output, state_dict={k: v.clone() for k, v in state.items()})
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output)
+
+
+def regularised(model: Any, accelerator: Any) -> dict[str, Any]:
+    """The peft configurations of `model` that carry AdaLoRA's orthogonal regulariser."""
+    configs = getattr(accelerator.unwrap_model(model), "peft_config", None) or {}
+    return {name: c for name, c in configs.items() if hasattr(c, "orth_reg_weight")}
 
 
 def _saves_embeddings(peft_model: Any) -> bool:
@@ -193,5 +209,6 @@ def build_trainer(
     )
     trainer.meter = meter
     trainer.mask_mapping = mask_free_mapping(model, kernel)
+    trainer.share_regulariser()
     trainer.callback_handler.callbacks.insert(0, throughput)  # first: its logs reach TB
     return trainer, throughput
