@@ -109,6 +109,12 @@ def test_models_that_scale_logits_keep_the_standard_loss(tiny_model_dir) -> None
     model.config.final_logit_softcapping = 30.0
     assert "final_logit_softcapping" in fused.fused_loss_unsupported(model)
     assert "lm_head" in fused.fused_loss_unsupported(torch.nn.Linear(2, 2))
+    model.config.final_logit_softcapping = None
+    # an adapter on the head: the fused loss reads the head's weight, the adapter's term unseen
+    assert fused.fused_loss_unsupported(model, ["q_proj", "lm_head"]) == (
+        "target_modules adapts lm_head, whose adapter it would leave out"
+    )
+    assert fused.fused_loss_unsupported(model, "all-linear") is None  # peft leaves the head
 
 
 def test_unknown_backend_is_refused() -> None:

@@ -130,11 +130,15 @@ def causal_lm_loss(
     return total / num_items_in_batch
 
 
-def fused_loss_unsupported(model: Any) -> str | None:
-    """Why a causal LM cannot take the fused loss (None when it can)."""
+def fused_loss_unsupported(model: Any, targets: Any = ()) -> str | None:
+    """Why a causal LM cannot take the fused loss (None when it can): `targets`, the adapter's
+    target modules, may name the LM head, whose adapter the fused loss (reading the head's
+    weight) would leave out of the loss and untrained."""
     config = getattr(model, "config", None)
     if not (hasattr(model, "lm_head") and hasattr(model, "model")):
         return "the model has no `model` body and `lm_head` to split"
+    if not isinstance(targets, str) and any("lm_head" in str(t) for t in targets):
+        return "target_modules adapts lm_head, whose adapter it would leave out"
     if getattr(model.lm_head, "bias", None) is not None:
         return "the LM head has a bias"
     for field in ("final_logit_softcapping", "logit_scale", "logits_scaling"):

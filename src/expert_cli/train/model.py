@@ -217,7 +217,7 @@ def _speedups(
         if why:
             choices.notes.append(f"liger_kernels: {why}; using the model's own layers")
     if resolved.fused_loss != "off":
-        why = fused_loss_unsupported(model)
+        why = fused_loss_unsupported(model, resolved.target_modules)
         if why is None:
             install_fused_loss(model, resolved.fused_loss)
             choices.fused_loss = resolved.fused_loss
