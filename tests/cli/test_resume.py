@@ -62,10 +62,13 @@ def test_resume_matches_uninterrupted(
     assert 3 <= stopped < STEPS and (out / "checkpoints" / f"checkpoint-{stopped}").is_dir()
     before = window_losses(out)
 
-    code, second, err = run_main(
-        capsys, monkeypatch, *_train(manifest, out), "--resume", "--max-steps", str(STEPS)
-    )
+    # the printed command, as a user copies it: no --max-steps, which the run keeps (it
+    # resumed as a run of the manifest's epochs, its learning rate jumping back up)
+    command = first.stdout.split("continue with:\n", 1)[1].splitlines()[0].split()
+    assert command[:2] == ["expert-cli", "train"] and command[-1] == "--resume"
+    code, second, err = run_main(capsys, monkeypatch, *command[1:])
     assert code == 0, second + err
+    assert f"--resume: --max-steps {STEPS}, as the run began" in " ".join(second.split())
     after = window_losses(out)  # the resumed run keeps the windows up to its checkpoint
     assert {k: v for k, v in after.items() if k <= stopped} == before
     assert max(after) == STEPS and set(after) > set(before)
@@ -82,6 +85,7 @@ def test_resume_matches_uninterrupted(
     run, resume = setup(more, Silent())
     try:
         assert resume is not None and run.runtime["final_step"] == STEPS
+        assert run.runtime["max_steps"] == STEPS + 4 and run.args.max_steps == STEPS + 4
     finally:
         run.release()
 

@@ -3,6 +3,7 @@ line per logging window, evaluations, and the end of the run (the main process o
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from rich.console import Console
@@ -251,10 +252,11 @@ def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None
         highlight=False,
     )
     if status == "interrupted":
+        sets = "".join(f" --set {shlex.quote(item)}" for item in opts.overrides)
         console.print(
             f"checkpoint saved under {result.output_dir / 'checkpoints'}; continue with:\n"
-            f"  expert-cli train --manifest {opts.manifest} --output {result.output_dir} "
-            "--resume",
+            f"  expert-cli train --manifest {shlex.quote(str(opts.manifest))} --output "
+            f"{shlex.quote(str(result.output_dir))}{sets} --resume",
             highlight=False,
             markup=False,
         )

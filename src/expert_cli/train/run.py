@@ -70,11 +70,13 @@ from expert_cli.train.outputs import (
 )
 from expert_cli.train.report import write_run_plot
 from expert_cli.train.run_folder import (
+    MAX_STEPS_KEY,
     busy,
     claim,
     decide,
     disk_full,
     held_by_another,
+    resumed_max_steps,
     set_aside,
     sweep_leftovers,
 )
@@ -104,11 +106,15 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
             f"--output {shown_path(output)}: is the folder that holds the manifest; give the run "
             "a folder of its own (the default is its output/ folder)"
         )
+    max_steps, said = resumed_max_steps(output, opts.resume, opts.max_steps)
     kwargs = training_args_kwargs(
-        resolved, output / "checkpoints", max_steps=opts.max_steps, on_gpu=env.has_gpu
+        resolved, output / "checkpoints", max_steps=max_steps, on_gpu=env.has_gpu
     )
     args = TrainingArguments(**kwargs)
     run = Run(resolved=resolved, args=args, output=output, reporter=reporter, source=loaded.raw)
+    run.runtime[MAX_STEPS_KEY] = max_steps
+    if said and run.is_main:
+        reporter.note(said)
     missing = [p for p in (output, *output.parents) if not os.path.lexists(p)]
     run.created = missing[-1] if missing else None  # runs/a/b new: runs goes if it stops
     if run.is_main and (swept := sweep_leftovers(output)):
@@ -117,7 +123,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     # the collective is also the barrier before every rank decides on the same folder
     if distributed.any_rank(run.is_main and held_by_another(output)):
         raise busy(output)
-    decision = decide(output, resolved, opts.resume, opts.overwrite, opts.max_steps)
+    decision = decide(output, resolved, opts.resume, opts.overwrite, max_steps)
     if run.is_main and decision.complete is None:
         run.hold = claim(output)  # before anything in the folder is moved or written
     resume = decision.resume

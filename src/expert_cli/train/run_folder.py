@@ -106,6 +106,31 @@ def previous_run(output: Path) -> Previous | None:
     return Previous(status=status, steps=steps if plausible else 0, config=config)
 
 
+MAX_STEPS_KEY = "max_steps"  # runtime: the --max-steps a run began with (None: its epochs)
+
+
+def resumed_max_steps(output: Path, resume: bool, asked: int | None) -> tuple[int | None, str]:
+    """The --max-steps a run trains to, and a note: a --resume without one keeps the value
+    the run began with (the learning-rate schedule is built for the run's length; without it
+    a 40-step run resumed as a 118-step one, its rate jumping back up); a different one is
+    said to rebuild the schedule."""
+    runtime = read_json_file(output / "manifest.resolved.json").get("runtime") if resume else None
+    if not isinstance(runtime, dict) or MAX_STEPS_KEY not in runtime:
+        return asked, ""
+    began = runtime[MAX_STEPS_KEY]
+    began = began if isinstance(began, int) and 0 < began <= MAX_STEPS else None
+    if asked is None:
+        kept = f"--resume: --max-steps {began}, as the run began (the learning-rate schedule"
+        return began, f"{kept} stays)" if began else ""
+    if asked != began:
+        was = f"--max-steps {began}" if began else "the manifest's epochs"
+        return asked, (
+            f"--max-steps {asked}: the run began with {was}; the learning-rate schedule is "
+            "built again for the new length"
+        )
+    return asked, ""
+
+
 def changed_fields(previous: dict[str, Any], resolved: ResolvedConfig) -> list[str]:
     """`field old -> new` for each field a resumed run must keep but does not (numbers and
     true/false; a text or list field is named alone, its values are not quoted)."""
