@@ -452,3 +452,20 @@ def test_a_run_set_aside_by_an_overwrite_still_preparing_is_named(tmp_path: Path
         f"{tmp_path}: a `train --overwrite` into it is preparing; the run it held is in "
         f".overwritten-{os.getpid()} until training begins (then it is removed)"
     ]
+
+
+def test_a_run_recorded_before_sources_named_their_field_resumes(demo_expert_dir: Path) -> None:
+    """manifest.resolved.json of runs before this version has no `field` in its sources:
+    every --resume of such a run was refused as "trained with another configuration"."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.train.run_folder import changed_fields
+
+    resolved = resolve(load_manifest(demo_expert_dir / "manifest.json"), cpu_environment())
+    old = resolved.model_dump(mode="json")
+    for key in ("train_sources", "validation_sources"):
+        old[key] = [{k: v for k, v in s.items() if k != "field"} for s in old[key]]
+    assert changed_fields(old, resolved) == []
+    old["train_sources"][0]["location"] = "/elsewhere/train.jsonl"
+    assert changed_fields(old, resolved) == ["train_sources"]

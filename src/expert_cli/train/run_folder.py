@@ -138,8 +138,19 @@ def changed_fields(previous: dict[str, Any], resolved: ResolvedConfig) -> list[s
     return [
         _change(key, previous.get(key), now.get(key))
         for key in SAME_RUN_FIELDS
-        if key in previous and previous.get(key) != now.get(key)
+        if key in previous and _compared(previous.get(key)) != _compared(now.get(key))
     ]
+
+
+def _compared(value: Any) -> Any:
+    """A resolved value as a resume compares it: a data source without the manifest field
+    that names it (runs before it was recorded have none; where it is named is no change)."""
+    if isinstance(value, list):
+        return [
+            {k: v for k, v in s.items() if k != "field"} if isinstance(s, dict) else s
+            for s in value
+        ]
+    return value
 
 
 def _change(key: str, old: Any, new: Any) -> str:
