@@ -286,7 +286,7 @@ def _adalora_step(rows: list, batch: int, accumulation: int, tmp_path: Path):
     import datasets
     import torch
     from peft import AdaLoraConfig, get_peft_model
-    from transformers import AutoConfig, AutoModelForCausalLM, TrainingArguments
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
     from expert_cli.train.trainer import build_trainer
 
@@ -319,11 +319,15 @@ def _adalora_step(rows: list, batch: int, accumulation: int, tmp_path: Path):
         seed=0,
     )
     data = types.SimpleNamespace(train=datasets.Dataset.from_list(rows), eval=None)
-    trainer, _ = build_trainer(model, args, data, types.SimpleNamespace(pad_token_id=0), "sdpa")
+    tokenizer = AutoTokenizer.from_pretrained(Path(__file__).parents[2] / "experts/demo/model")
+    trainer, _ = build_trainer(model, args, data, tokenizer, "sdpa")
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     trainer.train()
     after = dict(model.named_parameters())
     change = torch.cat([(before[n] - after[n].detach()).flatten() for n in before])
+    trainer.save_model(str(tmp_path / f"saved-{accumulation}"))  # the weight as configured
+    saved = json.loads((tmp_path / f"saved-{accumulation}" / "adapter_config.json").read_text())
+    assert saved["orth_reg_weight"] == 0.5
     return change, trainer.state.log_history[0]["loss"]
 
 

@@ -4,7 +4,8 @@ wires them together (the train command and the benchmark scripts both use it).""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,10 @@ class ExpertTrainer(Trainer):
     meter: ThroughputMeter | None = None
     mask_mapping: dict[str, None] | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.regulariser_weights: dict[str, float] = {}  # AdaLoRA's, as configured
+
     def get_batch_samples(
         self, epoch_iterator: Any, num_batches: int, device: Any
     ) -> tuple[list, Any]:
@@ -108,10 +113,29 @@ class ExpertTrainer(Trainer):
         share = self.args.gradient_accumulation_steps
         if self.args.average_tokens_across_devices:
             share *= self.accelerator.num_processes
-        for config in regularised(self.model, self.accelerator).values():
+        for name, config in regularised(self.model, self.accelerator).items():
+            self.regulariser_weights[name] = config.orth_reg_weight
             config.orth_reg_weight /= share
 
+    @contextmanager
+    def _weights_as_configured(self) -> Iterator[None]:
+        """The regulariser's weight as the manifest set it while the adapter is saved: peft
+        writes the live configuration into adapter_config.json."""
+        configs = regularised(self.model, self.accelerator)
+        shared = {name: configs[name].orth_reg_weight for name in self.regulariser_weights}
+        for name, weight in self.regulariser_weights.items():
+            configs[name].orth_reg_weight = weight
+        try:
+            yield
+        finally:
+            for name, weight in shared.items():
+                configs[name].orth_reg_weight = weight
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        with self._weights_as_configured():
+            self._save_adapter(output_dir, _internal_call)
+
+    def _save_adapter(self, output_dir: str | None, _internal_call: bool) -> None:
         """Under FSDP every rank takes part in gathering the adapter's full tensors (only the
         trainable ones: the frozen base is never gathered) and the main process saves them
         with peft, loadable by `PeftModel.from_pretrained`; otherwise the Trainer's save."""
