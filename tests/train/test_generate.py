@@ -382,6 +382,29 @@ def test_eval_leaves_out_examples_cut_in_training(demo_expert_dir: Path) -> None
     ]
 
 
+def test_eval_keeps_an_example_exactly_as_long_as_the_limit(demo_expert_dir: Path) -> None:
+    """An example of exactly max_seq_length tokens (its EOS the last) is whole, not cut."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data.formatting import Formatter
+    from expert_cli.data.tokenizer import load_tokenizer
+    from expert_cli.train.eval_cases import eval_cases
+
+    valid = demo_expert_dir / "data" / "valid.jsonl"
+    row = json.loads(valid.read_text().splitlines()[0])
+    valid.write_text(json.dumps(row) + "\n")
+    manifest = demo_expert_dir / "manifest.json"
+    resolved = resolve(load_manifest(manifest), cpu_environment())
+    tokenizer = load_tokenizer(resolved)
+    formatter = Formatter(tokenizer=tokenizer, kind="text", max_seq_length=4096, overlong="drop")
+    length = len(formatter({"text": [row["text"]]}).to_pylist()[0]["input_ids"])
+    resolved = resolve(load_manifest(manifest, [f"max_seq_length={length}"]), cpu_environment())
+    notes: list[str] = []
+    assert len(eval_cases(resolved, tokenizer, None, 5, notes)) == 1
+    assert notes == ["--eval 5: the validation split has 1 whole example"]
+
+
 def test_out_of_memory_is_one_line_not_a_traceback(
     memorised: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -54,8 +54,8 @@ def eval_cases(
             trained = [i for i, label in enumerate(labels) if label != IGNORE]
             if not trained:
                 continue
-            if resolved.overlong == "truncate" and len(ids) >= resolved.max_seq_length:
-                cut += 1
+            if len(ids) >= resolved.max_seq_length and ids[-1] != tokenizer.eos_token_id:
+                cut += 1  # a whole example ends with EOS, one cut at the limit does not
                 continue
             first = trained[0]
             stop = next((i for i in range(first, len(labels)) if labels[i] == IGNORE), len(ids))
@@ -79,7 +79,8 @@ def _eval_notes(found: int, wanted: int, cut: int, limit: int) -> list[str]:
             "mid-answer matches no answer)"
         )
     if found < wanted:
-        notes.append(f"--eval {wanted:,}: the validation split has {found:,} whole examples")
+        plural = "" if found == 1 else "s"
+        notes.append(f"--eval {wanted:,}: the validation split has {found:,} whole example{plural}")
     return notes
 
 
