@@ -70,7 +70,7 @@ def test_real_experts_offline_name_what_is_missing(
     assert model_line.startswith("base_models[0].name: model Qwen/Qwen3-0.6B is not in the local")
     assert "HF_HUB_OFFLINE" in model_line and "set base_models[0].name to that folder" in model_line
     assert data_line.startswith(
-        f"training.dataset: dataset {dataset} (no file or folder of that name beside the "
+        f"training.dataset.path: dataset {dataset} (no file or folder of that name beside the "
         "manifest, so it is read as a hub id) is not in the local cache"
     )  # a mistyped local folder (`mydata/train`) reads as a hub id: say so
 

@@ -169,6 +169,7 @@ def _source(
         config=config,
         revision=revision,
         format="huggingface",
+        field=label,
     )
 
 

@@ -91,7 +91,7 @@ def _refs(model: str, kind: str, revision: str | None, sources: list[SourceRef])
     for source in sources:
         if source.kind == "hub" and source.location not in seen:
             seen.add(source.location)
-            refs.append(HubRef("dataset", source.location, source.revision, "training.dataset"))
+            refs.append(HubRef("dataset", source.location, source.revision, source.field))
     return refs
 
 
@@ -161,8 +161,8 @@ def how_to_fix(ref: HubRef) -> str:
         )
     return (
         f"download it where there is a network (hf download {ref.repo} --repo-type dataset "
-        f"--local-dir data/{ref.repo.split('/')[-1]}) and set {ref.field}.path to the "
-        "folder or its files"
+        f"--local-dir data/{ref.repo.split('/')[-1]}) and set {ref.field} to the folder or "
+        "its files"
     )
 
 
