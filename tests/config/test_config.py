@@ -557,3 +557,15 @@ def test_adapter_values_not_acted_on_are_noted(tmp_path: Path) -> None:
         "adapter types"
     ]
     assert _adapter_notes(tmp_path, lambda data: None) == []
+
+    def overridden(data: dict) -> None:
+        data["training"]["config"].update(alpha=64, target_modules=["q_proj"])
+
+    cfg = resolve(load_manifest(_mutate(tmp_path, overridden)), cpu_environment())
+    assert "alpha: training.config.alpha=64.0 is used; the adapter entry says alpha=28.0" in (
+        cfg.notes
+    )
+    assert (
+        "target_modules: training.config.target_modules is used; the adapter entry gives other "
+        "target_modules"
+    ) in cfg.notes

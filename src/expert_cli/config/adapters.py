@@ -19,10 +19,19 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
     spec = manifest.primary_adapter
     kind = first(cfg.adapter_type, spec.type if spec else None, "lora")
     rank = first(cfg.rank, spec.r if spec else None, DEFAULT_RANK)
-    if spec and spec.r and cfg.rank and spec.r != cfg.rank:
-        notes.append(
-            f"rank: training.config.rank={cfg.rank} is used; the adapter entry says r={spec.r}"
-        )
+    for name, ours, theirs in (
+        ("rank", cfg.rank, spec.r if spec else None),
+        ("alpha", cfg.alpha, spec.alpha if spec else None),
+        ("dropout", cfg.dropout, spec.dropout if spec else None),
+        ("target_modules", cfg.target_modules, spec.target_modules if spec else None),
+        (
+            "feedforward_modules",
+            cfg.feedforward_modules,
+            spec.feedforward_modules if spec else None,
+        ),
+    ):
+        if ours is not None and theirs is not None and ours != theirs:
+            notes.append(_overridden(name, ours, theirs))
     if spec and "type" in spec.model_fields_set and cfg.adapter_type and spec.type != kind:
         notes.append(
             f"adapter_type: training.config.adapter_type={kind} is used; the adapter entry "
@@ -50,6 +59,15 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
         ),
         use_dora=use_dora,
     )
+
+
+def _overridden(name: str, ours: Any, theirs: Any) -> str:
+    """The note of an adapter entry's value that training.config overrides (lists named, not
+    quoted in full)."""
+    entry = {"rank": "r"}.get(name, name)
+    if isinstance(ours, list) or isinstance(theirs, list):
+        return f"{name}: training.config.{name} is used; the adapter entry gives other {name}"
+    return f"{name}: training.config.{name}={ours} is used; the adapter entry says {entry}={theirs}"
 
 
 def _unused_entries(manifest: Manifest) -> list[str]:
