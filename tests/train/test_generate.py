@@ -281,6 +281,9 @@ def test_prompts_from_standard_input_and_no_empty_prompt(
     got = read_prompts(GenerateOptions(tmp_path, prompts_file=Path("-")))
     assert got == ["first", " a\nb "]
     assert not stdin.closed  # standard input is not the command's to close
+    monkeypatch.setattr(sys, "stdin", None)  # `--prompts - <&-`: was an AttributeError
+    with pytest.raises(UserError, match="--prompts -: standard input is closed"):
+        read_prompts(GenerateOptions(tmp_path, prompts_file=Path("-")))
     for empty in ("", "  \n "):
         with pytest.raises(UserError, match="prompt 2: empty; give the text to answer"):
             read_prompts(GenerateOptions(tmp_path, prompts=["fine", empty]))

@@ -464,11 +464,11 @@ def test_a_run_whose_process_is_gone_reads_as_stopped(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     assert text.startswith("stopped: 50 steps")
-    assert "status its metrics say running, but no train holds the folder" in text
+    assert "status its metrics say running, but no train on this machine holds the folder" in text
     assert "--resume continues it from its last checkpoint" in text
     with FileLock(str(tmp_path / ".train.lock")):  # a live train
         out = run_here("report", str(tmp_path))
-    assert out.stdout.startswith("running: 50 steps") and "no train holds" not in out.stdout
+    assert out.stdout.startswith("running: 50 steps") and "no train on" not in out.stdout
 
 
 def test_a_path_with_control_characters_is_shown_escaped(tmp_path: Path) -> None:

@@ -228,11 +228,16 @@ class RichReporter:
         return BuildBar()
 
 
+def _quoted(text: str) -> str:
+    """A value of a command to copy: quoted for the shell, control characters escaped."""
+    return escaped(shlex.quote(text))
+
+
 def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None:
     """The run's last lines: status, speed, loss, and where to look (or how to resume)."""
     summary, status = result.summary, result.status
     if status == "complete":
-        done = f"{result.output_dir} holds a finished run of {summary['steps']} steps"
+        done = f"{escaped(str(result.output_dir))} holds a finished run of {summary['steps']} steps"
         console.print(
             labelled(
                 "complete",
@@ -252,17 +257,17 @@ def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None
         highlight=False,
     )
     if status == "interrupted":
-        sets = "".join(f" --set {shlex.quote(item)}" for item in opts.overrides)
+        sets = "".join(f" --set {_quoted(item)}" for item in opts.overrides)
         console.print(
-            f"checkpoint saved under {result.output_dir / 'checkpoints'}; continue with:\n"
-            f"  expert-cli train --manifest {shlex.quote(str(opts.manifest))} --output "
-            f"{shlex.quote(str(result.output_dir))}{sets} --resume",
+            f"checkpoint saved under {escaped(str(result.output_dir / 'checkpoints'))}; "
+            f"continue with:\n  expert-cli train --manifest {_quoted(str(opts.manifest))} "
+            f"--output {_quoted(str(result.output_dir))}{sets} --resume",
             highlight=False,
             markup=False,
         )
     else:
         console.print(f"wrote {escaped(str(result.output_dir))}", highlight=False, markup=False)
-    ship = f"expert-cli package --adapter {result.output_dir} --checkpoint best"
+    ship = f"expert-cli package --adapter {_quoted(str(result.output_dir))} --checkpoint best"
     if status == "completed" and (note := lower_loss_note(result.output_dir, "final", ship)):
         console.print(f"note      {note}", highlight=False, markup=False)
     picture = result.output_dir / "training.png"

@@ -70,8 +70,9 @@ def endpoint() -> str:
 
 
 def hub_refs(resolved: ResolvedConfig) -> list[HubRef]:
-    """The hub models and datasets a run needs (the base model unless it is a local folder or a
-    random init, the hub datasets among the sources)."""
+    """The hub models and datasets a run needs (the base model unless it is a local folder; a
+    random init of a hub model needs its config and tokenizer; the hub datasets among the
+    sources)."""
     model = (resolved.base_model, resolved.base_model_kind, resolved.revision)
     return _refs(*model, resolved.train_sources + resolved.validation_sources)
 

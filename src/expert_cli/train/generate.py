@@ -281,7 +281,10 @@ def _opened(path: Path, stdin: bool) -> Iterator[Any]:
         with path.open(encoding="utf-8-sig") as f:
             yield f
         return
-    wrapper = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig")
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # standard input closed (`<&-`)
+        raise UserError("--prompts -: standard input is closed; give a file or pipe prompts in")
+    wrapper = io.TextIOWrapper(stream, encoding="utf-8-sig")
     try:
         yield wrapper
     finally:

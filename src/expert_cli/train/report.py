@@ -77,9 +77,9 @@ class RunReport:
 
 
 STOPPED_NOTE = (
-    "its metrics say running, but no train holds the folder: the process ended without a word "
-    "(killed, or the machine stopped); train with the same --output and --resume continues it "
-    "from its last checkpoint"
+    "its metrics say running, but no train on this machine holds the folder: the process "
+    "ended without a word (killed, or the machine stopped); train with the same --output and "
+    "--resume continues it from its last checkpoint"
 )
 
 
