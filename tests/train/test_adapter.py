@@ -349,3 +349,26 @@ def test_adaloras_regulariser_counts_once_per_optimizer_step(tmp_path: Path) -> 
         change, logged = _adalora_step(rows, batch, accumulation, tmp_path)
         assert logged == pytest.approx(loss, rel=1e-5)
         assert ((change - whole).norm() / whole.norm()).item() < 1e-4
+
+
+def test_ia3_scales_the_feed_forward_input_by_default(tmp_path: Path) -> None:
+    """IA3 with all-linear and no feedforward_modules scaled the down projection's output;
+    IA3 scales a feed-forward layer's input (peft's mapping for the architecture)."""
+    import transformers as T
+    from peft import get_peft_model
+
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.train.adapter import adapter_config
+
+    demo = Path(__file__).parents[2] / "experts" / "demo"
+    overrides = ["adapter_type=ia3", "base_models.0.adapters.0.type=ia3"]
+    resolved = resolve(load_manifest(demo / "manifest.json", overrides), cpu_environment())
+    config = T.AutoConfig.from_pretrained(demo / "model")
+    model = get_peft_model(
+        T.AutoModelForCausalLM.from_config(config),
+        adapter_config(resolved, 1, config.model_type),
+    )
+    layer = model.base_model.model.model.layers[0]
+    assert layer.mlp.down_proj.is_feedforward
+    assert tuple(layer.mlp.down_proj.ia3_l["default"].shape) == (1, config.intermediate_size)
+    assert not layer.self_attn.v_proj.is_feedforward  # an attention output is scaled

@@ -7,6 +7,9 @@ import difflib
 from typing import TYPE_CHECKING, Any
 
 from peft import AdaLoraConfig, IA3Config, LoKrConfig, LoraConfig, get_peft_model
+from peft.utils.constants import (
+    TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING as IA3_FEEDFORWARD,
+)
 
 from expert_cli.errors import UserError
 from expert_cli.train.architecture import (
@@ -25,8 +28,12 @@ if TYPE_CHECKING:
     from expert_cli.config.resolve import ResolvedConfig
 
 
-def adapter_config(resolved: ResolvedConfig, total_steps: int) -> PeftConfig:
-    """The peft configuration for the manifest's adapter type."""
+def adapter_config(
+    resolved: ResolvedConfig, total_steps: int, model_type: str | None = None
+) -> PeftConfig:
+    """The peft configuration for the manifest's adapter type. IA3 without feed-forward
+    modules takes peft's for the architecture (`model_type`): with none, its down projection
+    was scaled at its output, not its input as IA3 scales feed-forward layers."""
 
     targets = resolved.target_modules
     kind = resolved.adapter_type
@@ -43,7 +50,8 @@ def adapter_config(resolved: ResolvedConfig, total_steps: int) -> PeftConfig:
     if kind == "ia3":
         return IA3Config(
             target_modules=targets,
-            feedforward_modules=resolved.feedforward_modules or [],
+            feedforward_modules=resolved.feedforward_modules
+            or [m for m in IA3_FEEDFORWARD.get(model_type or "", []) if _targeted(m, targets)],
             task_type="CAUSAL_LM",
         )
     if kind == "lokr":
@@ -67,6 +75,10 @@ def adapter_config(resolved: ResolvedConfig, total_steps: int) -> PeftConfig:
             task_type="CAUSAL_LM",
         )
     raise UserError(f"adapter_type: {kind!r} is not supported (lora, dora, ia3, lokr, adalora)")
+
+
+def _targeted(name: str, targets: Any) -> bool:
+    return targets == "all-linear" or name in targets
 
 
 def adapter_error(resolved: ResolvedConfig, exc: ValueError | str) -> str:
@@ -127,7 +139,7 @@ def adapter_problem(
     if missing := unmatched_targets(model, resolved):
         return missing
     try:
-        get_peft_model(model, adapter_config(resolved, total_steps=1))
+        get_peft_model(model, adapter_config(resolved, 1, model.config.model_type))
     except ValueError as exc:
         return adapter_error(resolved, exc)
     return None

@@ -285,7 +285,9 @@ def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps
         raise UserError(missing)
     try:
         peft_model = get_peft_model(
-            model, adapter_config(resolved, total_steps), autocast_adapter_dtype=True
+            model,
+            adapter_config(resolved, total_steps, getattr(model.config, "model_type", None)),
+            autocast_adapter_dtype=True,
         )
     except ValueError as exc:
         raise UserError(adapter_error(resolved, exc)) from None
