@@ -67,7 +67,10 @@ def test_real_experts_offline_name_what_is_missing(
     dataset = report["config"]["train_sources"][0]["location"]
     assert len(report["problems"]) == 2
     model_line, data_line = report["problems"]
-    assert model_line.startswith("base_models[0].name: model Qwen/Qwen3-0.6B is not in the local")
+    assert model_line.startswith(
+        "base_models[0].name: model Qwen/Qwen3-0.6B (no folder of that name beside the manifest, "
+        "so it is read as a hub id) is not in the local"
+    )
     assert "HF_HUB_OFFLINE" in model_line and "set base_models[0].name to that folder" in model_line
     assert data_line.startswith(
         f"training.dataset.path: dataset {dataset} (no file or folder of that name beside the "

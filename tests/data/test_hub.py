@@ -111,7 +111,10 @@ def test_no_network_fails_in_seconds(tmp_path: Path, blackhole: str, command: st
     elapsed = time.monotonic() - start
     assert out.returncode == 1, out.stdout + out.stderr  # a run-time condition, not bad input
     text = " ".join(out.stderr.split())
-    assert "model Qwen/Qwen3-0.6B is not in the local cache and the hub cannot be reached" in text
+    assert "model Qwen/Qwen3-0.6B (no folder of that name beside the manifest, so it is read " in (
+        text
+    )
+    assert "is not in the local cache and the hub cannot be reached" in text
     assert "Retry" not in out.stdout + out.stderr and "Traceback" not in out.stderr
     assert elapsed < 15, elapsed
     assert not (tmp_path / "out").exists()  # nothing was started

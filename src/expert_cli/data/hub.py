@@ -178,11 +178,9 @@ def missing_problems(statuses: list[HubStatus]) -> list[str]:
             if s.reachable is None
             else f"the hub cannot be reached at {endpoint()} ({s.why})"
         )
-        read_as = (  # a mistyped local folder reads as a hub id: say which it was taken for
-            " (no file or folder of that name beside the manifest, so it is read as a hub id)"
-            if s.ref.kind == "dataset"
-            else ""
-        )
+        thing = "file or folder" if s.ref.kind == "dataset" else "folder"
+        # a mistyped local folder reads as a hub id: say what it was taken for
+        read_as = f" (no {thing} of that name beside the manifest, so it is read as a hub id)"
         lines.append(
             f"{s.ref.field}: {s.ref.kind} {s.ref.repo}{read_as} is not in the local cache and "
             f"{why}; {how_to_fix(s.ref)}"
