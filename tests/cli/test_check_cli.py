@@ -230,3 +230,11 @@ def test_examples_with_nothing_to_train_on(demo_expert_dir: Path) -> None:
         "training.dataset: 2 of 402 training examples read have an empty text or response; "
         "train drops them (no completion tokens)"
     ) in report.notes
+    # an assistant turn with nothing in it: the build drops it too, check said usable
+    empty_turn = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n <|im_end|>\n"
+    (data / "valid.jsonl").write_text(json.dumps({"text": empty_turn}) + "\n")
+    report = check_manifest(demo_expert_dir / "manifest.json")
+    assert report.problems == [
+        "training.dataset.validation_path: no evaluation example is left after formatting "
+        "(1 read, every one dropped: 1 with no completion tokens)"
+    ]

@@ -26,7 +26,12 @@ from expert_cli.data.conversations import (
     render_conversation,
     without_fill_ins,
 )
-from expert_cli.data.formatting import check_chat_template, check_prompt_template
+from expert_cli.data.formatting import (
+    assistant_spans,
+    check_chat_template,
+    check_prompt_template,
+    has_content,
+)
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import NO_EVAL_ROWS, checked_columns, holds_nothing_out, load_saved
@@ -94,6 +99,7 @@ def check_manifest(
     tokenizer, tokenizer_problems = _local_tokenizer(resolved)
     verdict = _template_verdict(resolved, tokenizer)
     data = DataCheck(resolved.field_mapping, quick, progress, verdict)
+    data.response_template = resolved.response_template
     for source in resolved.train_sources:
         data.source(source)
     for source in resolved.validation_sources:
@@ -263,6 +269,7 @@ class DataCheck:
         # response), rows read, and whether every row of the split was read
         self.blank = {True: [0, 0], False: [0, 0]}
         self.whole = {True: True, False: True}
+        self.response_template: str | None = None
 
     def refusals(self) -> Refusals | None:
         """The refused conversations, if any."""
@@ -315,7 +322,7 @@ class DataCheck:
             if verdict is not None:
                 self._render(verdict, row["messages"], scan.at)
             if trained is not None:
-                blank[0] += not str(row.get(trained) or "").strip()
+                blank[0] += self._blank(str(row.get(trained) or ""), scan.fields.kind)
             if count % PROGRESS_ROWS == 0:
                 self.progress.advance(PROGRESS_ROWS)
             if self.quick and count >= self.quick:
@@ -325,6 +332,15 @@ class DataCheck:
         blank[1] += count if trained is not None else 0
         self.progress.advance(count % PROGRESS_ROWS)
         return count
+
+    def _blank(self, text: str, kind: str) -> bool:
+        """Whether an example has nothing to train on: an empty response, or a text whose
+        trained part (after the response template or an assistant marker) is empty. A text
+        without the response template is counted by the build as such, not here."""
+        if kind != "text":
+            return not text.strip()
+        spans, style = assistant_spans(text, self.response_template)
+        return style != "missing" and not has_content(text, spans, None)
 
     def blank_lines(self, eval_fields: list[str]) -> tuple[list[str], list[str]]:
         """(problems, notes) on examples with nothing to train on (an empty text or response,

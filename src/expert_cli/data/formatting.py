@@ -253,7 +253,7 @@ class Formatter:
             "refused"
             if why is not None
             else style
-            if _has_content(t, row_spans, self.tokenizer.eos_token)
+            if has_content(t, row_spans, self.tokenizer.eos_token)
             else "empty"
             for t, (row_spans, style), why in zip(texts, found, refused, strict=True)
         ]
@@ -306,7 +306,7 @@ class Formatter:
 END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>")
 
 
-def _has_content(text: str, spans: list[Span], eos: str | None) -> bool:
+def has_content(text: str, spans: list[Span], eos: str | None) -> bool:
     """Whether the trained spans hold anything but whitespace and end-of-turn markers."""
     for start, end in spans:
         part = text[start:end]
