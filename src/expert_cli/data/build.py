@@ -155,15 +155,26 @@ def _require_rows(shard_stats: dict[str, list[dict[str, Any]]], resolved: Resolv
         if sum(s["rows"] for s in stats):
             continue
         total = _sum(stats, sum(s["examples_read"] for s in stats))
-        why = (
-            f"({total['examples']} read, every one dropped: "
-            f"{drop_reasons(total, resolved.max_seq_length)})"
-        )
-        if split == "train":
-            raise UserError(f"training.dataset: no training example is left after formatting {why}")
-        fields = dict.fromkeys(ref.field for ref in resolved.validation_sources)
-        where = ", ".join(fields) or "training.dataset.eval_fraction (the held-out examples)"
-        raise UserError(f"{where}: no evaluation example is left after formatting {why}")
+        why = drop_reasons(total, resolved.max_seq_length)
+        raise UserError(nothing_left(resolved, split == "train", total["examples"], why))
+
+
+def split_fields(resolved: ResolvedConfig, train: bool) -> str:
+    """The manifest fields a split's examples come from."""
+    if train:
+        return "training.dataset"
+    fields = dict.fromkeys(ref.field for ref in resolved.validation_sources)
+    return ", ".join(fields) or "training.dataset.eval_fraction (the held-out examples)"
+
+
+def nothing_left(resolved: ResolvedConfig, train: bool, read: int, why: str) -> str:
+    """The line for a split whose every example is dropped (the build's, and `check`'s where
+    it finds the same without tokenizing)."""
+    what = "training" if train else "evaluation"
+    return (
+        f"{split_fields(resolved, train)}: no {what} example is left after formatting "
+        f"({read} read, every one dropped: {why})"
+    )
 
 
 def drop_reasons(split: dict[str, Any], max_seq_length: int | None = None) -> str:
@@ -173,7 +184,7 @@ def drop_reasons(split: dict[str, Any], max_seq_length: int | None = None) -> st
     parts = [
         (split.get("dropped_overlong", 0), f"over max_seq_length{limit} with overlong: drop"),
         (split.get("dropped_no_marker", 0), "without response_template"),
-        (split.get("dropped_no_completion", 0), "with no completion tokens"),
+        (split.get("dropped_no_completion", 0), NO_COMPLETION),
         (
             split.get("dropped_template", 0),
             "refused by the chat template (the first: "
@@ -247,6 +258,7 @@ def _first(column: Any) -> str | None:
     return str(valid[0]) if len(valid) else None
 
 
+NO_COMPLETION = "with no completion tokens"
 DROP_KEYS = ("dropped_overlong", "dropped_no_completion", "dropped_no_marker", "dropped_template")
 
 

@@ -18,7 +18,13 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment
 from expert_cli.config.refs import windows_note
 from expert_cli.config.resolve import ResolvedConfig, SourceRef, resolve
-from expert_cli.data.build import BuildProgress, NoProgress
+from expert_cli.data.build import (
+    NO_COMPLETION,
+    BuildProgress,
+    NoProgress,
+    nothing_left,
+    split_fields,
+)
 from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.conversations import (
     conversation_shape,
@@ -98,8 +104,7 @@ def check_manifest(
     report.downloads = [line for s in statuses if (line := _download_line(s))]
     tokenizer, tokenizer_problems = _local_tokenizer(resolved)
     verdict = _template_verdict(resolved, tokenizer)
-    data = DataCheck(resolved.field_mapping, quick, progress, verdict)
-    data.response_template = resolved.response_template
+    data = DataCheck(resolved.field_mapping, quick, progress, verdict, resolved.response_template)
     for source in resolved.train_sources:
         data.source(source)
     for source in resolved.validation_sources:
@@ -112,9 +117,7 @@ def check_manifest(
         *data.problems,
         *_format_problems(resolved, data.fields, tokenizer),
     ]
-    blank_problems, blank_notes = data.blank_lines(
-        list(dict.fromkeys(src.field for src in resolved.validation_sources))
-    )
+    blank_problems, blank_notes = data.blank_lines(resolved)
     report.problems += blank_problems
     report.notes = [*report.notes, *blank_notes]
     refusals = data.refusals()
@@ -251,8 +254,9 @@ class DataCheck:
         quick: int | None,
         progress: BuildProgress | None,
         verdict: Callable[[list[Any]], str | None] | None = None,
+        response_template: str | None = None,
     ) -> None:
-        self.mapping, self.quick = mapping, quick
+        self.mapping, self.quick, self.response_template = mapping, quick, response_template
         self.progress = progress or NoProgress()
         self.verdict = verdict
         self.fields: FieldSpec | None = None
@@ -269,7 +273,6 @@ class DataCheck:
         # response), rows read, and whether every row of the split was read
         self.blank = {True: [0, 0], False: [0, 0]}
         self.whole = {True: True, False: True}
-        self.response_template: str | None = None
 
     def refusals(self) -> Refusals | None:
         """The refused conversations, if any."""
@@ -342,25 +345,21 @@ class DataCheck:
         spans, style = assistant_spans(text, self.response_template)
         return style != "missing" and not has_content(text, spans, None)
 
-    def blank_lines(self, eval_fields: list[str]) -> tuple[list[str], list[str]]:
+    def blank_lines(self, resolved: ResolvedConfig) -> tuple[list[str], list[str]]:
         """(problems, notes) on examples with nothing to train on (an empty text or response,
-        which the build drops): a problem where it is every example of a split read whole,
-        else a note. `eval_fields` name the validation sources."""
+        which the build drops): a problem in the build's words where it is every example of a
+        split read whole, else a note."""
         problems, notes = [], []
         for train, (blank, rows) in self.blank.items():
             if not blank:
                 continue
-            what = "training" if train else "evaluation"
-            where = "training.dataset" if train else ", ".join(eval_fields)
-            if blank == rows and self.whole[train]:  # in the build's words
-                problems.append(
-                    f"{where}: no {what} example is left after formatting ({rows} read, every "
-                    f"one dropped: {rows} with no completion tokens)"
-                )
+            if blank == rows and self.whole[train]:
+                problems.append(nothing_left(resolved, train, rows, f"{rows} {NO_COMPLETION}"))
             else:
+                what = "training" if train else "evaluation"
                 notes.append(
-                    f"{where}: {blank:,} of {rows:,} {what} examples read have an empty text "
-                    "or response; train drops them (no completion tokens)"
+                    f"{split_fields(resolved, train)}: {blank:,} of {rows:,} {what} examples "
+                    f"read have an empty text or response; train drops them (no completion tokens)"
                 )
         return problems, notes
 

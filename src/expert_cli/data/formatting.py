@@ -233,11 +233,11 @@ class Formatter:
             n = len(batch["instruction"])
             inputs = batch.get("input") or [None] * n
             systems = batch.get("system") or [None] * n
+            lead = COMPLETION_PREFIX.get(self.prompt_template, "")
             for ins, inp, sys_, resp in zip(
                 batch["instruction"], inputs, systems, batch["response"], strict=True
             ):
                 prompt, suffix = render_instruction(self.prompt_template, str(ins), inp, sys_)
-                lead = COMPLETION_PREFIX.get(self.prompt_template, "")
                 texts.append(prompt + lead + str(resp) + suffix)
                 spans.append([(len(prompt), len(texts[-1]))])
                 styles.append("template" if str(resp).strip() else "empty")

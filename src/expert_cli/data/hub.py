@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from expert_cli.config.loading import load_manifest
-from expert_cli.config.models import LoadedManifest
 from expert_cli.config.resolve import (
     ResolvedConfig,
     SourceRef,
@@ -75,13 +74,6 @@ def hub_refs(resolved: ResolvedConfig) -> list[HubRef]:
     sources)."""
     model = (resolved.base_model, resolved.base_model_kind, resolved.revision)
     return _refs(*model, resolved.train_sources + resolved.validation_sources)
-
-
-def manifest_hub_refs(lm: LoadedManifest) -> list[HubRef]:
-    """`hub_refs` from the manifest alone (no machine probe, so without loading torch)."""
-    model = base_model_settings(lm)
-    train, valid = resolve_sources(lm)
-    return _refs(model["base_model"], model["base_model_kind"], model["revision"], train + valid)
 
 
 def _refs(model: str, kind: str, revision: str | None, sources: list[SourceRef]) -> list[HubRef]:
@@ -206,5 +198,7 @@ def preflight(manifest: Path, overrides: list[str]) -> None:
     """`require_hub` for a manifest file, before the training libraries are even imported:
     with no network, `train` fails in seconds rather than after loading them."""
     loaded = load_manifest(manifest, overrides)
+    model = base_model_settings(loaded)  # from the manifest alone: no machine probe, no torch
     train, valid = resolve_sources(loaded)
-    require_hub(manifest_hub_refs(loaded), train + valid)
+    refs = _refs(model["base_model"], model["base_model_kind"], model["revision"], train + valid)
+    require_hub(refs, train + valid)

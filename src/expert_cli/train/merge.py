@@ -7,7 +7,6 @@ is saved as safetensors with the adapter's tokenizer, written to a temporary fol
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -53,18 +52,6 @@ def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
         ) from None
 
 
-def _merge_dtype(adapter: Path) -> Any:
-    """Save in the dtype the run trained its base weights in (from manifest.resolved.json)."""
-
-    resolved = run_of(adapter) / "manifest.resolved.json"  # a checkpoint's run says
-    if resolved.is_file():
-        runtime = json.loads(resolved.read_text(encoding="utf-8")).get("runtime", {})
-        name = runtime.get("model", {}).get("dtype")
-        if name in ("bfloat16", "float16", "float32"):
-            return getattr(torch, name)
-    return torch.float32
-
-
 def _refuse_output(output: Path) -> None:
     """UserError naming --output unless it is a new or empty folder that can be written (checked
     before the model is loaded, which takes minutes)."""
@@ -82,9 +69,10 @@ def _refuse_output(output: Path) -> None:
         raise UserError(problem)
 
 
-def _run_facts(adapter: Path) -> tuple[list[SourceRef], str | None]:
-    """The run's data sources and base-weight quantization, from its manifest.resolved.json
-    (nothing where it cannot be read: the adapter's own files decide the rest)."""
+def _run_facts(adapter: Path) -> tuple[list[SourceRef], str | None, Any]:
+    """From the run's manifest.resolved.json (a checkpoint's run says): its data sources, its
+    base-weight quantization, and the dtype its base weights trained in, which the merged
+    model is saved in (nothing, and float32, where it cannot be read)."""
     data = read_json_file(run_of(adapter) / "manifest.resolved.json")
     sources = []
     for item in [*(data.get("train_sources") or []), *(data.get("validation_sources") or [])]:
@@ -93,7 +81,11 @@ def _run_facts(adapter: Path) -> tuple[list[SourceRef], str | None]:
         except ValidationError:
             continue
     quantization = data.get("quantization")
-    return sources, quantization if quantization in ("int4", "int8") else None
+    runtime = data.get("runtime")
+    model = runtime.get("model") if isinstance(runtime, dict) else None
+    name = model.get("dtype") if isinstance(model, dict) else None
+    dtype = getattr(torch, name) if name in ("bfloat16", "float16", "float32") else torch.float32
+    return sources, quantization if quantization in ("int4", "int8") else None, dtype
 
 
 def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
@@ -104,7 +96,7 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
     output = resolved_path(output, "--output")
     base_name = adapter_base(adapter)
     _refuse_output(output)
-    sources, quantization = _run_facts(adapter)
+    sources, quantization, dtype = _run_facts(adapter)
     if held := data_folder_holding(output, sources):
         raise UserError(
             f"--output {shown_path(output)}: is inside the run's data folder {shown_path(held)}; "
@@ -119,7 +111,7 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
         if quantization
         else []
     )
-    model = load_adapted(adapter, base_name, _merge_dtype(adapter)).merge_and_unload()
+    model = load_adapted(adapter, base_name, dtype).merge_and_unload()
     try:
         tokenizer = AutoTokenizer.from_pretrained(adapter)
     except LOAD_ERRORS as exc:

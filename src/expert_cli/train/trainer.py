@@ -92,15 +92,9 @@ class ExpertTrainer(Trainer):
         """The eval loss is the language-model loss alone: peft adds AdaLoRA's orthogonal
         regulariser to every loss given labels, eval's too, which made eval losses read ~20%
         higher than another adapter type's on the same data."""
-        configs = regularised(self.model, self.accelerator)
-        weights = {name: config.orth_reg_weight for name, config in configs.items()}
-        for config in configs.values():
-            config.orth_reg_weight = 0.0
-        try:
+        off = dict.fromkeys(regularised(self.model, self.accelerator), 0.0)
+        with self._regulariser_weights(off):
             return super().evaluation_loop(*args, **kwargs)
-        finally:
-            for name, weight in weights.items():
-                configs[name].orth_reg_weight = weight
 
     def share_regulariser(self) -> None:
         """AdaLoRA's regulariser once per optimizer step, as its weight says: with the loss
@@ -118,21 +112,21 @@ class ExpertTrainer(Trainer):
             config.orth_reg_weight /= share
 
     @contextmanager
-    def _weights_as_configured(self) -> Iterator[None]:
-        """The regulariser's weight as the manifest set it while the adapter is saved: peft
-        writes the live configuration into adapter_config.json."""
+    def _regulariser_weights(self, weights: dict[str, float]) -> Iterator[None]:
+        """AdaLoRA's regulariser at `weights` (by adapter name) for the block, then as it was."""
         configs = regularised(self.model, self.accelerator)
-        shared = {name: configs[name].orth_reg_weight for name in self.regulariser_weights}
-        for name, weight in self.regulariser_weights.items():
+        before = {name: configs[name].orth_reg_weight for name in weights}
+        for name, weight in weights.items():
             configs[name].orth_reg_weight = weight
         try:
             yield
         finally:
-            for name, weight in shared.items():
+            for name, weight in before.items():
                 configs[name].orth_reg_weight = weight
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        with self._weights_as_configured():
+        # the weight as the manifest set it: peft writes the live configuration to the file
+        with self._regulariser_weights(self.regulariser_weights):
             self._save_adapter(output_dir, _internal_call)
 
     def _save_adapter(self, output_dir: str | None, _internal_call: bool) -> None:
