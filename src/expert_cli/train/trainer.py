@@ -72,6 +72,8 @@ class ExpertTrainer(Trainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.regulariser_weights: dict[str, float] = {}  # AdaLoRA's, as configured
+        # (loss, trained tokens) of each evaluation batch while an evaluation runs
+        self._eval_tally: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def get_batch_samples(
         self, epoch_iterator: Any, num_batches: int, device: Any
@@ -88,13 +90,67 @@ class ExpertTrainer(Trainer):
         inputs.pop(COUNTS_KEY, None)
         return super()._prepare_inputs(skip_mask_building(inputs, self.mask_mapping))
 
-    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
-        """The eval loss is the language-model loss alone: peft adds AdaLoRA's orthogonal
-        regulariser to every loss given labels, eval's too, which made eval losses read ~20%
-        higher than another adapter type's on the same data."""
+    def evaluation_loop(
+        self,
+        dataloader: Any,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> Any:
+        """The eval loss is the language-model loss alone, per trained token.
+
+        peft adds AdaLoRA's orthogonal regulariser to every loss given labels, eval's too,
+        which made eval losses read ~20% higher than another adapter type's on the same data;
+        it is off here. The Trainer averages each batch's loss with every batch weighted the
+        same, so a batch of short answers counted as much as one of long ones; the loss here
+        is summed over the split's trained tokens and divided by their number."""
         off = dict.fromkeys(regularised(self.model, self.accelerator), 0.0)
-        with self._regulariser_weights(off):
-            return super().evaluation_loop(*args, **kwargs)
+        self._eval_tally = []
+        try:
+            with self._regulariser_weights(off):
+                output = super().evaluation_loop(
+                    dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+                )
+            per_token = self._per_token_loss(self._eval_tally)
+        finally:
+            self._eval_tally = None
+        if per_token is not None and f"{metric_key_prefix}_loss" in output.metrics:
+            output.metrics[f"{metric_key_prefix}_loss"] = per_token
+        return output
+
+    def compute_loss(
+        self,
+        model: Any,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> Any:
+        result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self._eval_tally is not None and torch.is_tensor(num_items_in_batch):
+            loss = result[0] if return_outputs else result
+            self._eval_tally.append((loss.detach().float(), num_items_in_batch.float()))
+        return result
+
+    def _per_token_loss(self, tally: list[tuple[torch.Tensor, torch.Tensor]]) -> float | None:
+        """Summed loss over trained tokens from each batch's (loss, trained tokens); None
+        where the Trainer's own average must stand (no counts, or counts kept per process).
+
+        Each batch's loss is its sum divided by the batch's trained tokens over all
+        processes, times the process count, so the mean over processes of loss x count
+        summed over batches is the split's summed loss. Under several processes the rows
+        the last batch repeats to fill every process's batch count again, as in the
+        Trainer's own average."""
+        spread = self.args.world_size > 1
+        if not tally or (spread and not self.args.average_tokens_across_devices):
+            return None
+        count = torch.stack([c for _, c in tally]).sum()
+        if count.item() <= 0:
+            return None
+        summed = torch.stack([torch.nan_to_num(loss) * c for loss, c in tally]).sum()
+        if spread:
+            summed = self.accelerator.gather(summed.reshape(1)).mean()
+        return (summed / count).item()
 
     def share_regulariser(self) -> None:
         """AdaLoRA's regulariser once per optimizer step, as its weight says: with the loss

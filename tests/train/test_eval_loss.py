@@ -1,0 +1,72 @@
+"""The eval loss is summed over the split's trained tokens and divided by their number. The
+Trainer weighted every evaluation batch the same, so an answer of one token counted as much
+as one of twenty-nine."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainingArguments
+
+from expert_cli.train.trainer import build_trainer
+
+DEMO_MODEL = Path(__file__).parents[2] / "experts" / "demo" / "model"
+
+
+def _rows() -> list[dict[str, list[int]]]:
+    draw = torch.Generator().manual_seed(1)
+    rows = []
+    for length, trained in ((30, 1), (30, 29), (12, 6), (20, 3), (25, 24)):
+        ids = torch.randint(1, 4000, (length,), generator=draw).tolist()
+        labels = [-100] * (length - trained) + ids[length - trained :]
+        rows.append({"input_ids": ids, "labels": labels, "position_ids": list(range(length))})
+    return rows
+
+
+def _by_hand(model: torch.nn.Module, rows: list[dict[str, list[int]]]) -> tuple[float, float]:
+    """(summed loss / trained tokens, mean of each row's mean) computed one row at a time."""
+    summed, count, means = 0.0, 0, []
+    with torch.no_grad():
+        for row in rows:
+            logits = model(input_ids=torch.tensor([row["input_ids"]])).logits[0, :-1].float()
+            targets = torch.tensor(row["labels"][1:])
+            losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+            kept = losses[targets != -100]
+            summed, count = summed + kept.sum().item(), count + kept.numel()
+            means.append(kept.mean().item())
+    return summed / count, sum(means) / len(means)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_eval_loss_is_per_trained_token(tmp_path: Path, batch: int) -> None:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(DEMO_MODEL), attn_implementation="sdpa"
+    )
+    with torch.no_grad():  # sharp logits: tokens' losses differ widely, as a trained model's do
+        model.get_output_embeddings().weight.mul_(8)
+    model.eval()
+    rows = _rows()
+    exact, mean_of_rows = _by_hand(model, rows)
+    adapter = LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM")  # B = 0: no change
+    model = get_peft_model(model, adapter)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_eval_batch_size=batch,
+        use_cpu=True,
+        report_to="none",
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
+    data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows))
+    args.eval_strategy = "steps"  # build_trainer passes the eval split when evaluation is on
+    trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(DEMO_MODEL), "sdpa")
+    print("ACCEPTS", trainer.model_accepts_loss_kwargs)
+    got = trainer.evaluate()["eval_loss"]
+    assert abs(exact - mean_of_rows) > 0.01 * exact  # the two averages differ on these rows
+    assert got == pytest.approx(exact, rel=1e-4)
