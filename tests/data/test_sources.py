@@ -214,8 +214,25 @@ def test_columns_renamed_to_roles_and_seeded_holdout(tmp_path, write_jsonl) -> N
     assert (len(first.train), len(first.eval)) == (45, 5)
     assert list(first.eval["instruction"]) == list(again.eval["instruction"])
     assert first.read == {"train": 50, "eval": 0}
-    other = load(tmp_path, dataset, seed=4)
+    # the held-out examples follow eval_seed, not the training seed: a seed sweep is
+    # evaluated on the same examples
+    assert list(load(tmp_path, dataset, seed=4).eval["instruction"]) == list(
+        first.eval["instruction"]
+    )
+    other = load(tmp_path, {**dataset, "eval_seed": 4}, seed=3)
     assert list(other.eval["instruction"]) != list(first.eval["instruction"])
+    every = [*first.train["instruction"], *first.eval["instruction"]]
+    assert sorted([*other.train["instruction"], *other.eval["instruction"]]) == sorted(every)
+
+
+def test_eval_seed_is_noted_where_a_validation_file_gives_the_examples(
+    tmp_path, write_jsonl
+) -> None:
+    write_jsonl(tmp_path / "t.jsonl", [{"text": f"t{i}"} for i in range(4)])
+    write_jsonl(tmp_path / "v.jsonl", [{"text": "v"}])
+    dataset = {"path": "t.jsonl", "validation_path": "v.jsonl", "eval_seed": 0}
+    notes = resolved_for(tmp_path, dataset).notes
+    assert "eval_seed: not applied; validation_path gives the validation examples" in notes
 
 
 def test_validation_file_and_multi_task_weights(tmp_path, write_jsonl) -> None:

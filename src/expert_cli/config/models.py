@@ -167,6 +167,13 @@ class DatasetSpec(Strict):
         lt=0.5,
         description="Extension: fraction held out for evaluation when no validation_path.",
     )
+    eval_seed: int | None = Field(
+        None,
+        ge=0,
+        lt=2**32,
+        description="Extension: seed of the held-out examples (default 42, whatever "
+        "training.config.seed is: runs that differ only in seed evaluate on the same examples).",
+    )
     overlong: Literal["truncate", "drop"] = Field(
         "truncate", description="Extension: what to do with examples over max_seq_length."
     )

@@ -31,6 +31,7 @@ from expert_cli.paths import path_exists, shown_path
 
 # Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
 DEFAULT_EVAL_FRACTION = 0.02
+DEFAULT_EVAL_SEED = 42  # the held-out examples do not follow training.config.seed
 DEFAULT_SAVE_STEPS = 500
 DEFAULT_SAVE_LIMIT = 3
 DEFAULT_LOGGING_STEPS = 10
@@ -76,6 +77,7 @@ class ResolvedConfig(BaseModel):
     train_sources: list[SourceRef]
     validation_sources: list[SourceRef]
     eval_fraction: float
+    eval_seed: int = DEFAULT_EVAL_SEED
     field_mapping: dict[str, str] | None
     overlong: Literal["truncate", "drop"]
     response_template: str | None
@@ -269,6 +271,7 @@ def _evaluation(lm: LoadedManifest, has_validation: bool) -> dict[str, Any]:
         raise UserError(f"{lm.path.name}: training.config.{problem}")
     return dict(
         eval_fraction=fraction,
+        eval_seed=first(ds.eval_seed, DEFAULT_EVAL_SEED),
         evaluation_strategy=strategy,
         eval_steps=eval_steps,
         save_strategy=save_strategy,
@@ -306,10 +309,11 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         )
     if ds.use_pretokenized is False:
         notes.append("use_pretokenized: false is not applied; training reads the token cache")
-    if ds.held_out and valid:
+    unused = ["validation_split/eval_fraction"] if ds.held_out else []
+    unused += ["eval_seed"] if ds.eval_seed is not None else []
+    if valid and unused:
         notes.append(
-            "validation_split/eval_fraction: not applied; validation_path gives the "
-            "validation examples"
+            f"{', '.join(unused)}: not applied; validation_path gives the validation examples"
         )
     choices.hints(cfg, env, notes)
     if lm.manifest.training.decoding is not None:

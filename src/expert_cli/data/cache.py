@@ -221,6 +221,7 @@ def fingerprint_inputs(
         "max_seq_length": resolved.max_seq_length,
         "packing": resolved.packing,
         "eval_fraction": resolved.eval_fraction,
+        "eval_seed": resolved.eval_seed,
         "seed": resolved.seed,
         "shard_examples": shard_examples,
     }

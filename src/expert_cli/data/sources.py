@@ -345,7 +345,7 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
         ds, fields = load_source(ref, fields, resolved.field_mapping, cache_dir)
         read["train"] += len(ds)
         if not resolved.validation_sources:
-            ds, held = hold_out(ds, resolved.eval_fraction, resolved.seed + i)
+            ds, held = hold_out(ds, resolved.eval_fraction, resolved.eval_seed + i)
             if held is not None:
                 eval_parts.append(held)
         weighted = apply_weight(ds, ref.weight, resolved.seed + i)
