@@ -372,3 +372,44 @@ def test_ia3_scales_the_feed_forward_input_by_default(tmp_path: Path) -> None:
     assert layer.mlp.down_proj.is_feedforward
     assert tuple(layer.mlp.down_proj.ia3_l["default"].shape) == (1, config.intermediate_size)
     assert not layer.self_attn.v_proj.is_feedforward  # an attention output is scaled
+
+
+def test_added_tokens_the_base_model_never_trained_get_a_note(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A base model can ship chat markers whose embedding rows pretraining never reached (zero,
+    as Llama 3's base model has them); the adapter leaves those rows frozen, so a run on chat
+    data cannot teach them. It trained without a word; now a note names them."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from expert_cli.train.architecture import untrained_added_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    trained = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert untrained_added_tokens(trained, tokenizer) == {}
+    with torch.no_grad():  # tied: the output rows are these too
+        trained.get_input_embeddings().weight[4001].zero_()
+    assert untrained_added_tokens(trained, tokenizer) == {4001: "<|im_start|>"}
+    model = tmp_path / "model"
+    trained.save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    for folder, base in (("chat", model), ("plain", tiny_model_dir)):
+        manifest = write_expert(tmp_path / folder, base, rows=8)
+        out = tmp_path / folder / "out"
+        code, stdout, err = run_main(
+            capsys,
+            monkeypatch,
+            "train",
+            "-m",
+            str(manifest),
+            "--output",
+            str(out),
+            "--max-steps",
+            "1",
+        )
+        assert code == 0, err
+        said = "tokens '<|im_start|>' (4,001) appear in the data, but their embedding rows" in (
+            " ".join(stdout.split())
+        )
+        assert said == (folder == "chat"), stdout

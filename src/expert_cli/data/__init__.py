@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
 import pyarrow.compute as pc
 from filelock import FileLock, Timeout
 from transformers import PreTrainedTokenizerFast
@@ -67,6 +68,18 @@ class PreparedData:
             if ds is not None
         ]
         return max((i for i in found if i is not None), default=None)
+
+    def ids_present(self, ids: list[int]) -> set[int]:
+        """Which of `ids` the cache holds (train and eval): one pass over the memory-mapped
+        ids."""
+        found: set[int] = set()
+        for ds in (self.train, self.eval):
+            if ds is None or not ids:
+                continue
+            flat = pc.list_flatten(ds.data.column("input_ids"))
+            kept = pc.filter(flat, pc.is_in(flat, value_set=pa.array(ids, flat.type)))
+            found |= set(pc.unique(kept).to_pylist())
+        return found
 
 
 def prepare_data(

@@ -158,6 +158,56 @@ def cache_id_problem(model: Any, largest: int | None, source: str) -> str | None
     )
 
 
+# An embedding row whose largest magnitude is under this share of the median row's: a row
+# pretraining never reached (zero, or decayed towards it)
+UNTRAINED_SHARE = 1e-3
+SHOWN_TOKENS = 3
+
+
+def untrained_added_tokens(model: Any, tokenizer: Any) -> dict[int, str]:
+    """Tokens added past the tokenizer's base vocabulary whose input or output embedding row
+    is all but zero beside the base vocabulary's rows (Llama 3's base model ships its chat
+    markers so): by id, their text. The embedding's padding row is zero by design."""
+    base = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=False)
+    rows = embedding_rows(model) or 0
+    padding = getattr(model.get_input_embeddings(), "padding_idx", None)
+    added = {
+        i: str(t)
+        for i, t in tokenizer.added_tokens_decoder.items()
+        if base <= i < rows and i != padding
+    }
+    if not added or base < 1:
+        return {}
+    untrained: set[int] = set()
+    for layer in (model.get_input_embeddings(), model.get_output_embeddings()):
+        weight = getattr(layer, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.ndim != 2 or weight.shape[0] != rows:
+            continue  # not a plain matrix here (quantized, sharded, on the meta device)
+        with torch.no_grad():
+            peak = weight.detach().abs().amax(dim=1).float()
+            ids = torch.tensor(sorted(added), device=peak.device)
+            small = ids[peak[ids] <= UNTRAINED_SHARE * peak[:base].median()]
+        untrained |= set(small.tolist())
+    return {i: added[i] for i in sorted(untrained)}
+
+
+def untrained_tokens_note(model: Any, tokenizer: Any, present: Any) -> str | None:
+    """A note when the data holds added tokens whose embedding rows training never reached:
+    an adapter leaves those rows as they are, so the run cannot teach them. `present(ids)`
+    says which of `ids` the data holds."""
+    untrained = untrained_added_tokens(model, tokenizer)
+    held = sorted(present(list(untrained))) if untrained else []
+    if not held:
+        return None
+    named = ", ".join(f"{untrained[i]!r} ({i:,})" for i in held[:SHOWN_TOKENS])
+    more = f" and {len(held) - SHOWN_TOKENS} more" if len(held) > SHOWN_TOKENS else ""
+    return (
+        f"tokens {named}{more} appear in the data, but their embedding rows in the base model "
+        "are all but zero (never trained), and an adapter leaves them as they are: use a base "
+        "model trained with them (its instruct version) or data without them"
+    )
+
+
 def memory_problem(resolved: ResolvedConfig, model: Any, memory_bytes: int | None) -> str | None:
     """Why the weights alone (at their least: half precision, or the quantized size) cannot
     fit `memory_bytes`, the memory of the device that will hold them; None when they can,

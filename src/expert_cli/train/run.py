@@ -29,7 +29,7 @@ from expert_cli.errors import RunError, Terminated, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.adapter import start_problem
-from expert_cli.train.architecture import cache_id_problem
+from expert_cli.train.architecture import cache_id_problem, untrained_tokens_note
 from expert_cli.train.args import planned_steps, training_args_kwargs
 from expert_cli.train.batch import plan_batch
 from expert_cli.train.callbacks import (
@@ -201,6 +201,10 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
         model, choices = load_base_model(resolved, device, str(source) if source else None)
     if problem := cache_id_problem(model, data.largest_id(), resolved.base_model):
         raise UserError(problem)
+    if resolved.init != "random" and (
+        note := untrained_tokens_note(model, tokenizer, data.ids_present)
+    ):
+        choices.notes.append(note)
     kernel = choices.attn_implementation
     probe = attention_isolation(model, kernel, resolved.packing, autocast_dtype(resolved))
     verdict = agreed(probe)
