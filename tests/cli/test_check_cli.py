@@ -227,8 +227,8 @@ def test_examples_with_nothing_to_train_on(demo_expert_dir: Path) -> None:
         "(2 read, every one dropped: 2 with no completion tokens)"
     ]
     assert (
-        "training.dataset: 2 of 402 training examples read have an empty text or response; "
-        "train drops them (no completion tokens)"
+        "training.dataset: 2 of 402 training examples read have an empty text, response or "
+        "assistant turn; train drops them (no completion tokens)"
     ) in report.notes
     # an assistant turn with nothing in it: the build drops it too, check said usable
     empty_turn = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n <|im_end|>\n"
@@ -238,3 +238,38 @@ def test_examples_with_nothing_to_train_on(demo_expert_dir: Path) -> None:
         "training.dataset.validation_path: no evaluation example is left after formatting "
         "(1 read, every one dropped: 1 with no completion tokens)"
     ]
+
+
+def test_conversations_with_nothing_to_train_on(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A conversation whose assistant turn is empty or blank: the build drops it, and check
+    counted none of them (it said usable, then train stopped on the validation split)."""
+    from train_helpers import run_main
+
+    from expert_cli.data.checks import check_manifest
+
+    def chat(answer: str) -> str:
+        turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": answer}]
+        return json.dumps({"messages": turns}) + "\n"
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=1, valid_rows=1)
+    data = manifest.parent / "data"
+    (data / "train.jsonl").write_text(chat("a") * 6 + chat(" ") + chat(""))
+    (data / "valid.jsonl").write_text(chat("\n") + chat(""))
+    config = json.loads(manifest.read_text())
+    config["training"]["dataset"]["field_mapping"] = {"messages": "messages"}
+    manifest.write_text(json.dumps(config))
+    problem = (
+        "training.dataset.validation_path: no evaluation example is left after formatting "
+        "(2 read, every one dropped: 2 with no completion tokens)"
+    )
+    report = check_manifest(manifest)
+    assert report.problems == [problem]
+    assert (
+        "training.dataset: 2 of 8 training examples read have an empty text, response or "
+        "assistant turn; train drops them (no completion tokens)"
+    ) in report.notes
+    out = tmp_path / "out"
+    code, _, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(out))
+    assert code == 2 and problem in " ".join(err.split())

@@ -219,7 +219,7 @@ def test_check_renders_each_shape_of_conversation_once(
     from expert_cli.config import load_manifest
     from expert_cli.config.environment import cpu_environment
     from expert_cli.config.resolve import resolve
-    from expert_cli.data.checks import _template_verdict
+    from expert_cli.data.row_checks import template_verdict
 
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template = ALTERNATING
@@ -232,7 +232,7 @@ def test_check_renders_each_shape_of_conversation_once(
 
     monkeypatch.setattr(type(tok), "apply_chat_template", counted)
     resolved = resolve(load_manifest(_messages_expert(tmp_path, tiny_model_dir)), cpu_environment())
-    verdict = _template_verdict(resolved, tok)
+    verdict = template_verdict(resolved, tok)
     assert verdict is not None and len(renders) == 1  # the template's own sample
     good = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     bad = [{"role": "system", "content": "s"}, *good]
