@@ -13,9 +13,9 @@ from expert_cli.config.base import (
     Quantization,
 )
 from expert_cli.config.decoding import DecodingSpec
+from expert_cli.config.error_lines import format_errors
 from expert_cli.config.loading import (
     apply_overrides,
-    format_errors,
     load_manifest,
     parse_override,
     read_manifest_json,
