@@ -511,6 +511,32 @@ def test_a_value_no_branch_of_a_union_takes_is_one_line(v2_dir: Path) -> None:
     ]
 
 
+def test_keys_named_like_types_stay_in_the_path(v2_dir: Path) -> None:
+    """Tasks named `str` and `int` were taken for pydantic's union branch names: their four
+    errors read as one line about the tasks block, each a bogus alternative ("; or")."""
+    manifest = json.loads((v2_dir / "manifest.json").read_text())
+    tasks = {"str": {"train": 5}, "int": {"train": "a.jsonl", "weight": "x"}}
+    manifest["training"]["dataset"] = {"type": "multi_task", "tasks": tasks}
+    (v2_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError) as caught:
+        load_manifest(v2_dir / "manifest.json")
+    assert caught.value.lines == [
+        "manifest.json: training.dataset.tasks.str.train: Input should be a valid string (got a "
+        "whole number)",
+        "manifest.json: training.dataset.tasks.int.weight: Input should be a valid number (got "
+        "a string of 1 characters)",
+    ]
+
+
+def test_errors_within_one_branch_of_a_union_are_joined_with_and(v2_dir: Path) -> None:
+    with pytest.raises(UserError) as caught:
+        load_manifest(v2_dir / "manifest.json", ['target_modules=["", ""]'])
+    assert [line.split(": ", 1)[1] for line in caught.value.lines] == [
+        "training.config.target_modules: String should have at least 1 character (at [0]) and "
+        "String should have at least 1 character (at [1]); or Input should be 'all-linear'"
+    ]
+
+
 def _adapter_notes(tmp_path: Path, edit) -> list[str]:
     cfg = resolve(load_manifest(_mutate(tmp_path, edit)), cpu_environment())
     return [n for n in cfg.notes if n.startswith(("adapter_type", "use_dora", "base_models"))]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -92,30 +93,39 @@ def format_errors(exc: ValidationError) -> list[str]:
     """Pydantic errors as `json.path: message` lines, with a suggestion for unknown keys; a
     value is described by its kind, never quoted. The branches of a union that all refused a
     value make one line ("...; or ...")."""
-    lines: dict[tuple[str, int], list[str]] = {}  # a union's branches share one entry
+    # a union's branches share one entry (by branch, what each refused)
+    lines: dict[tuple[str, int], dict[Any, list[str]]] = {}
     for index, err in enumerate(exc.errors(include_url=False)):
-        loc = tuple(p for p in err["loc"] if not _is_union_tag(p))
-        tag = next((i for i, p in enumerate(err["loc"]) if _is_union_tag(p)), None)
+        tags = _tag_positions(err["loc"])
+        loc = tuple(p for i, p in enumerate(err["loc"]) if i not in tags)
+        tag = tags[0] if tags else None
         where = loc_text(loc if tag is None else err["loc"][:tag])
-        kind = err["type"]
-        if kind == "extra_forbidden":
-            text = f"unknown field{_suggest(loc)}"
-        elif kind == "missing":
-            text = "required field is missing"
-        elif kind == "value_error":
-            text = str(err["msg"]).removeprefix("Value error, ")
-        elif kind in SAYS_ENOUGH:
-            text = str(err["msg"])
-        else:
-            text = f"{err['msg']} (got {value_kind(err.get('input'))})"
+        text = _message(err, loc)
         if tag is not None and len(loc) > tag:  # inside one branch: say where
             text += f" (at {loc_text(loc[tag:]).lstrip('.')})"
-        said = lines.setdefault((where, index if tag is None else -1), [])
+        branches = lines.setdefault((where, index if tag is None else -1), {})
+        said = branches.setdefault(None if tag is None else err["loc"][tag], [])
         if text not in said:
             said.append(text)
     return list(
-        dict.fromkeys(f"{where}: {'; or '.join(said)}" for (where, _), said in lines.items())
+        dict.fromkeys(
+            f"{where}: {'; or '.join(' and '.join(said) for said in branches.values())}"
+            for (where, _), branches in lines.items()
+        )
     )
+
+
+def _message(err: Any, loc: tuple[Any, ...]) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"unknown field{_suggest(loc)}"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "value_error":
+        return str(err["msg"]).removeprefix("Value error, ")
+    if kind in SAYS_ENOUGH:
+        return str(err["msg"])
+    return f"{err['msg']} (got {value_kind(err.get('input'))})"
 
 
 # errors whose message says all there is (a bound, or the values allowed) when the value is of
@@ -139,12 +149,58 @@ SAYS_ENOUGH = frozenset(
 )
 
 
-def _is_union_tag(part: Any) -> bool:
-    """Pydantic adds union member names ('list[str]', 'str') to locations; they are noise (a
-    task named `str` is taken for one: its line then names the tasks block)."""
-    return isinstance(part, str) and (
-        part in PLAIN_TYPES or bool(re.search(r"[\[\]']|^function-", part))
-    )
+def _tag_positions(loc: tuple[Any, ...]) -> list[int]:
+    """Where in `loc` pydantic put a union member's name ('list[str]', 'str', 'TaskSpec'):
+    noise in a path. Found by walking the manifest's schema, so that a dict key that reads
+    like one (a task named `str`) stays a key; below a place the schema does not describe,
+    only names no key would have ('list[str]', 'function-after[...]') are taken."""
+    positions = []
+    annotation: Any = Manifest
+    for i, part in enumerate(loc):
+        annotation = _plain(annotation)
+        members = _union_members(annotation)
+        if members and isinstance(part, str):
+            positions.append(i)
+            annotation = next((m for m in members if getattr(m, "__name__", "") == part), None)
+        elif annotation is None:
+            if isinstance(part, str) and re.search(r"[\[\]']|^function-", part):
+                positions.append(i)
+        else:
+            annotation = _step(annotation, part)
+    return positions
 
 
-PLAIN_TYPES = frozenset({"str", "int", "float", "bool", "bytes"})
+def _plain(annotation: Any) -> Any:
+    """`annotation` without Annotated's metadata and an Optional's None."""
+    while True:
+        if get_origin(annotation) is Annotated:
+            annotation = get_args(annotation)[0]
+            continue
+        members = _union_members(annotation, with_none=True)
+        kept = [m for m in members or () if m is not type(None)]
+        if members and len(kept) == 1:
+            annotation = kept[0]
+            continue
+        return annotation
+
+
+def _union_members(annotation: Any, with_none: bool = False) -> list[Any] | None:
+    """The members of a union (None left out unless `with_none`), None for anything else."""
+    if get_origin(annotation) not in (Union, UnionType):
+        return None
+    return [a for a in get_args(annotation) if with_none or a is not type(None)]
+
+
+def _step(annotation: Any, part: Any) -> Any:
+    """The annotation one step down `part` (a field, a dict key, a list index); None where the
+    schema does not say."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        fields = annotation.model_fields
+        field = fields.get(part) or next((f for f in fields.values() if f.alias == part), None)
+        return field.annotation if field is not None else None
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is dict and len(args) == 2:
+        return args[1]
+    if origin in (list, tuple) and args:
+        return args[0]
+    return None
