@@ -413,3 +413,64 @@ def test_added_tokens_the_base_model_never_trained_get_a_note(
             " ".join(stdout.split())
         )
         assert said == (folder == "chat"), stdout
+
+
+def test_adaloras_schedule_prunes_between_a_warm_up_and_a_final_phase(tiny_model_dir: Path) -> None:
+    """peft's defaults (tinit 0, tfinal 0) pruned ranks from the first step, on importance
+    scores of one step, and kept pruning to the last."""
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.train.adapter import adapter_config
+
+    demo = Path(__file__).parents[2] / "experts" / "demo"
+    overrides = ["adapter_type=adalora", "base_models.0.adapters.0.type=adalora"]
+    resolved = resolve(load_manifest(demo / "manifest.json", overrides), cpu_environment())
+    config = adapter_config(resolved, 118)
+    assert (config.total_step, config.tinit, config.tfinal) == (118, 11, 23)
+    short = adapter_config(resolved, 3)  # too short for either phase: peft still accepts it
+    assert (short.tinit, short.tfinal) == (0, 0)
+
+
+def test_adaloras_regulariser_share_follows_each_windows_micro_batches(tmp_path: Path) -> None:
+    """An epoch of 3 micro-batches at 2 per step ends on a window of 1: its regulariser was
+    still divided by 2, half its weight for that step."""
+    import types
+
+    import datasets
+    import torch
+    from peft import AdaLoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainingArguments
+
+    from expert_cli.train.trainer import build_trainer
+
+    demo = Path(__file__).parents[2] / "experts" / "demo" / "model"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(demo))
+    adapter = AdaLoraConfig(
+        init_r=4, target_modules=["q_proj"], total_step=2, task_type="CAUSAL_LM"
+    )
+    model = get_peft_model(model, adapter)
+    ids = list(range(1, 9))
+    rows = [{"input_ids": ids, "labels": ids, "position_ids": list(range(8))}] * 3
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=2,
+        num_train_epochs=1,
+        use_cpu=True,
+        report_to="none",
+        remove_unused_columns=False,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    data = types.SimpleNamespace(train=datasets.Dataset.from_list(rows), eval=None)
+    trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(demo), "sdpa")
+    seen = []
+    forward = model.forward
+
+    def watched(*a, **k):
+        seen.append(model.peft_config["default"].orth_reg_weight)
+        return forward(*a, **k)
+
+    model.forward = watched
+    trainer.train()
+    assert seen == [0.25, 0.25, 0.5]

@@ -28,6 +28,11 @@ if TYPE_CHECKING:
     from expert_cli.config.resolve import ResolvedConfig
 
 
+# AdaLoRA's schedule: the first tenth of the steps at the initial rank, the last fifth at the
+# final rank pattern (divisors of the step count)
+ADALORA_WARMUP, ADALORA_FINAL = 10, 5
+
+
 def adapter_config(
     resolved: ResolvedConfig, total_steps: int, model_type: str | None = None
 ) -> PeftConfig:
@@ -72,6 +77,11 @@ def adapter_config(
             lora_dropout=resolved.dropout,
             target_modules=targets,
             total_step=total_steps,
+            # ranks are first learnt whole, then pruned, then trained at their final pattern
+            # (peft's 0 and 0 pruned from the first step, on importance scores of one step,
+            # and kept pruning to the last)
+            tinit=total_steps // ADALORA_WARMUP,
+            tfinal=total_steps // ADALORA_FINAL,
             task_type="CAUSAL_LM",
         )
     raise UserError(f"adapter_type: {kind!r} is not supported (lora, dora, ia3, lokr, adalora)")

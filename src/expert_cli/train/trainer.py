@@ -81,6 +81,8 @@ class ExpertTrainer(Trainer):
         if self.meter is not None:
             self.meter.fetch_started()
         batches, n_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.regulariser_weights and batches:
+            self._share_regulariser(len(batches))
         counts = [b.pop(COUNTS_KEY, (0, 0, 0, 0)) for b in batches]
         if self.meter is not None:
             self.meter.fetch_ended(*(sum(c[i] for c in counts) for i in range(4)))
@@ -157,15 +159,22 @@ class ExpertTrainer(Trainer):
         normalised by the step's token count, the Trainer neither divides a micro-batch's
         loss by the accumulation steps nor keeps it per process (it multiplies it by the
         process count), so the term peft adds to each micro-batch counted accumulation steps
-        x processes times (3x its weight at 4 micro-batches, gradients 3x off)."""
+        x processes times (3x its weight at 4 micro-batches, gradients 3x off). Each window
+        shares it by the micro-batches it holds (`get_batch_samples`): an epoch's last window
+        may hold fewer."""
         if not self.model_accepts_loss_kwargs:
             return  # each micro-batch's loss is divided by the accumulation steps already
-        share = self.args.gradient_accumulation_steps
-        if self.args.average_tokens_across_devices:
-            share *= self.accelerator.num_processes
         for name, config in regularised(self.model, self.accelerator).items():
             self.regulariser_weights[name] = config.orth_reg_weight
-            config.orth_reg_weight /= share
+        self._share_regulariser(self.args.gradient_accumulation_steps)
+
+    def _share_regulariser(self, micro_batches: int) -> None:
+        share = max(1, micro_batches)
+        if self.args.average_tokens_across_devices:
+            share *= self.accelerator.num_processes
+        configs = regularised(self.model, self.accelerator)
+        for name, weight in self.regulariser_weights.items():
+            configs[name].orth_reg_weight = weight / share
 
     @contextmanager
     def _regulariser_weights(self, weights: dict[str, float]) -> Iterator[None]:
