@@ -351,6 +351,34 @@ def test_adaloras_regulariser_counts_once_per_optimizer_step(tmp_path: Path) -> 
         assert ((change - whole).norm() / whole.norm()).item() < 1e-4
 
 
+def test_an_ia3_run_on_all_linear_loads(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """peft saves all-linear as the layers' full names; the feed-forward modules stayed short
+    names, so peft refused the run's own adapter_config.json: generate and merge exit 2, and
+    package shipped it as sound. Such a file is now a problem by name."""
+    from train_helpers import load_adapter
+
+    from expert_cli.train.outputs import adapter_config_problem
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8)
+    out = tmp_path / "run"
+    code, _, err = run_main(
+        capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(out),
+        "--max-steps", "1", "--set", "adapter_type=ia3",
+    )  # fmt: skip
+    assert code == 0, err
+    saved = json.loads((out / "adapter_config.json").read_text())
+    assert "model.layers.1.mlp.down_proj" in saved["feedforward_modules"]
+    layer = load_adapter(out).base_model.model.model.layers[1]
+    assert layer.mlp.down_proj.is_feedforward and not layer.self_attn.v_proj.is_feedforward
+    assert adapter_config_problem(saved, None) is None
+    saved["feedforward_modules"] = ["down_proj"]  # as runs before this fix wrote it
+    assert adapter_config_problem(saved, None) == (
+        "peft refuses it as a configuration of type IA3 (ValueError)"
+    )
+
+
 def test_ia3_scales_the_feed_forward_input_by_default(tmp_path: Path) -> None:
     """IA3 with all-linear and no feedforward_modules scaled the down projection's output;
     IA3 scales a feed-forward layer's input (peft's mapping for the architecture)."""

@@ -22,7 +22,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, s
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
-from expert_cli.train.adapter import adapter_config, adapter_error, unmatched_targets
+from expert_cli.train.adapter import (
+    adapter_config,
+    adapter_error,
+    loadable_ia3,
+    unmatched_targets,
+)
 from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
 from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_lora import fuse_lora_linears
@@ -291,6 +296,7 @@ def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps
         )
     except ValueError as exc:
         raise UserError(adapter_error(resolved, exc)) from None
+    loadable_ia3(peft_model)
     if resolved.gradient_checkpointing and resolved.quantization not in ("int4", "int8"):
         peft_model.enable_input_require_grads()
     if adapter_compute_dtype(resolved) != "fp32":

@@ -12,8 +12,11 @@ import math
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from peft import PeftConfig
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
 from expert_cli.errors import RunError, UserError, value_kind
@@ -253,6 +256,20 @@ def adapter_config_problem(config: dict[str, Any], names: list[str] | None) -> s
         said = "on" if config.get("use_dora") else "off"
         held = "hold" if dora else "do not hold"
         return f"use_dora is {said}, but the weights beside it {held} DoRA's magnitudes"
+    return _refused_by_peft(config)
+
+
+def _refused_by_peft(config: dict[str, Any]) -> str | None:
+    """Whether peft's own configuration class refuses the file as loading it would (IA3's
+    feed-forward modules not among its targets, ...): named by the error's kind, not its
+    message, which may quote the file's values."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # keys of another peft version are left out
+            PeftConfig.from_peft_type(**{k: v for k, v in config.items() if isinstance(k, str)})
+    except Exception as exc:  # noqa: BLE001 - peft's verdict on the file
+        kind = config.get("peft_type")
+        return f"peft refuses it as a configuration of type {kind} ({type(exc).__name__})"
     return None
 
 
