@@ -45,6 +45,32 @@ def test_merged_model_matches_adapter_logits(tmp_path: Path, tiny_model_dir: Pat
     assert not torch.allclose(untouched, want, atol=1e-4)  # the adapter did change something
 
 
+@pytest.mark.parametrize("target", ["lm_head", "embed_tokens"])
+def test_an_adapter_on_tied_embeddings_merges_to_the_adapted_model(
+    tmp_path: Path, tiny_model_dir: Path, target: str
+) -> None:
+    """The tiny model ties its input and output embeddings, as Qwen3-0.6B does. An adapter on
+    one of them was merged into the shared matrix, which changed the other too."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from expert_cli.train.merge import merge_adapter
+    from expert_cli.train.run import TrainOptions, train
+
+    config = {"learning_rate": 5e-2, "target_modules": ["q_proj", target]}
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=16, config=config)
+    out = tmp_path / "out"
+    train(TrainOptions(manifest=manifest, output=out, max_steps=3))
+    merged_dir, _ = merge_adapter(out, tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+    ids = torch.randint(5, 3900, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = load_adapter(out)(input_ids=ids).logits
+        got = merged(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+    assert merged.config.tie_word_embeddings is False
+
+
 @pytest.mark.slow
 def test_merge_errors_are_clean(tmp_path: Path) -> None:
     proc = run_here("merge", "--adapter", str(tmp_path), "--output", str(tmp_path / "m"))
@@ -103,3 +129,33 @@ def test_an_adapter_folder_that_is_not_there_is_named(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserError, match="file: is not a folder; expected the output folder"):
         adapter_base(tmp_path / "file")
+
+
+def test_how_the_run_loaded_its_base_is_how_merge_and_generate_load_it(tmp_path: Path) -> None:
+    """A pinned hub revision (main may be another model by now) and trust_remote_code were
+    left out when merge and generate loaded the base; a quantized run's base was merged in
+    float32 (twice the base's bf16 size), its dtype being no torch name."""
+    import torch
+
+    from expert_cli.train.merge import _base_options, _run_facts
+
+    runtime = {"model": {"dtype": "nf4 + double quantization, bf16 compute"}}
+    resolved = {
+        "base_model": "Qwen/Qwen3-0.6B",
+        "base_model_kind": "hub",
+        "revision": "c1899de",
+        "trust_remote_code": True,
+        "quantization": "int4",
+        "runtime": runtime,
+    }
+    (tmp_path / "manifest.resolved.json").write_text(json.dumps(resolved))
+    (tmp_path / "adapter_config.json").write_text("{}")
+    assert _base_options(tmp_path, "Qwen/Qwen3-0.6B") == {
+        "trust_remote_code": True,
+        "revision": "c1899de",
+    }
+    assert _base_options(tmp_path, "/elsewhere") == {"trust_remote_code": True}
+    assert _run_facts(tmp_path)[1:] == ("int4", "auto")
+    resolved.update(quantization=None, runtime={"model": {"dtype": "bfloat16"}})
+    (tmp_path / "manifest.resolved.json").write_text(json.dumps(resolved))
+    assert _run_facts(tmp_path)[1:] == (None, torch.bfloat16)

@@ -28,10 +28,13 @@ LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
 
 
 def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
-    """The base model with the run's adapter on it; a base or adapter that cannot be loaded is
+    """The base model with the run's adapter on it (a hub base at the revision the run pinned,
+    with its remote code where the run trusted it); a base or adapter that cannot be loaded is
     a UserError naming it (and the kind of failure, never the file's bytes)."""
     try:
-        base = AutoModelForCausalLM.from_pretrained(base_name, dtype=dtype)
+        base = AutoModelForCausalLM.from_pretrained(
+            base_name, dtype=dtype, **_base_options(adapter, base_name)
+        )
     except LOAD_ERRORS as exc:
         if out_of_memory(exc):  # not the user's input: the CLI says so in one line
             raise
@@ -50,6 +53,33 @@ def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
         raise UserError(
             f"--adapter {adapter}: cannot load the adapter on {base_name} ({type(exc).__name__})"
         ) from None
+
+
+def _base_options(adapter: Path, base_name: str) -> dict[str, Any]:
+    """How the run loaded its base (manifest.resolved.json): the revision of a hub base (the
+    hub's main may be another model by now) and trust_remote_code."""
+    data = read_json_file(run_of(adapter) / "manifest.resolved.json")
+    options: dict[str, Any] = {"trust_remote_code": data.get("trust_remote_code") is True}
+    revision = data.get("revision")
+    on_hub = data.get("base_model_kind") == "hub" and data.get("base_model") == base_name
+    if on_hub and isinstance(revision, str) and revision:
+        options["revision"] = revision
+    return options
+
+
+def merged(peft_model: PeftModel) -> Any:
+    """The adapter folded into its base. On a model whose input and output embeddings share
+    one matrix, an adapter on either trained that one alone: folded into the shared matrix it
+    changed both (top-token agreement with the adapted model fell to 88%), so the output
+    embedding gets its own copy first (the merged model holds both matrices)."""
+    base = peft_model.get_base_model()
+    out, into = base.get_output_embeddings(), base.get_input_embeddings()
+    adapted = hasattr(out, "base_layer") or hasattr(into, "base_layer")
+    if adapted and getattr(base.config, "tie_word_embeddings", False):
+        layer = getattr(out, "base_layer", out)
+        layer.weight = torch.nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
+        base.config.tie_word_embeddings = False
+    return peft_model.merge_and_unload()
 
 
 def _refuse_output(output: Path) -> None:
@@ -72,7 +102,8 @@ def _refuse_output(output: Path) -> None:
 def _run_facts(adapter: Path) -> tuple[list[SourceRef], str | None, Any]:
     """From the run's manifest.resolved.json (a checkpoint's run says): its data sources, its
     base-weight quantization, and the dtype its base weights trained in, which the merged
-    model is saved in (nothing, and float32, where it cannot be read)."""
+    model is saved in (a quantized run: the precision the base is published in; nothing, and
+    float32, where it cannot be read)."""
     data = read_json_file(run_of(adapter) / "manifest.resolved.json")
     sources = []
     for item in [*(data.get("train_sources") or []), *(data.get("validation_sources") or [])]:
@@ -84,8 +115,12 @@ def _run_facts(adapter: Path) -> tuple[list[SourceRef], str | None, Any]:
     runtime = data.get("runtime")
     model = runtime.get("model") if isinstance(runtime, dict) else None
     name = model.get("dtype") if isinstance(model, dict) else None
-    dtype = getattr(torch, name) if name in ("bfloat16", "float16", "float32") else torch.float32
-    return sources, quantization if quantization in ("int4", "int8") else None, dtype
+    quantized = quantization if quantization in ("int4", "int8") else None
+    if name in ("bfloat16", "float16", "float32"):
+        dtype: Any = getattr(torch, name)
+    else:  # a quantized run's weights: the precision the base model is published in
+        dtype = "auto" if quantized else torch.float32
+    return sources, quantized, dtype
 
 
 def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
@@ -111,7 +146,7 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
         if quantization
         else []
     )
-    model = load_adapted(adapter, base_name, dtype).merge_and_unload()
+    model = merged(load_adapted(adapter, base_name, dtype))
     try:
         tokenizer = AutoTokenizer.from_pretrained(adapter)
     except LOAD_ERRORS as exc:
