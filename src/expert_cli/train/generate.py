@@ -10,11 +10,7 @@ switched off. Text is handed to a `GenerationView` as it is produced, so the CLI
 
 from __future__ import annotations
 
-import io
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,16 +22,15 @@ from transformers.utils import logging as hf_logging
 
 from expert_cli.config.base import strip_comments
 from expert_cli.config.decoding import DecodingSpec
-from expert_cli.config.loading import format_errors
+from expert_cli.config.error_lines import format_errors
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.formatting import render_instruction
 from expert_cli.errors import RunError, UserError
 from expert_cli.train.eval_cases import Case, eval_cases
 from expert_cli.train.merge import LOAD_ERRORS, load_adapted
 from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file, run_of
+from expert_cli.train.prompts import prompt_texts
 
-MAX_PROMPTS = 10_000
-MAX_PROMPT_CHARS = 200_000
 DEFAULT_NEW_TOKENS = 256
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|end|>", "</s>")
 # training.decoding keys generate acts on (their bounds are DecodingSpec's)
@@ -229,66 +224,7 @@ def render_prompt(resolved: ResolvedConfig, tokenizer: Any, text: str) -> list[i
 
 def read_prompts(opts: GenerateOptions) -> list[str]:
     """`--prompt` values, then the lines of `--prompts FILE` (blank lines skipped)."""
-    prompts = list(opts.prompts)
-    if opts.prompts_file is not None:
-        prompts += _prompt_lines(opts.prompts_file)
-    if len(prompts) > MAX_PROMPTS:
-        raise UserError(f"--prompts: more than {MAX_PROMPTS:,} prompts; split the file")
-    for i, prompt in enumerate(prompts, 1):
-        if not prompt.strip():
-            raise UserError(f"prompt {i}: empty; give the text to answer")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise UserError(f"prompt {i}: over {MAX_PROMPT_CHARS:,} characters")
-        if any("\ud800" <= c <= "\udfff" for c in prompt):  # argv bytes that are not UTF-8
-            raise UserError(f"prompt {i}: holds bytes that are not UTF-8 text")
-    return prompts
-
-
-def _prompt_lines(path: Path) -> list[str]:
-    """One prompt per line (`\\n` in a line stands for a newline), read in bounded pieces;
-    `-` reads standard input."""
-    stdin = str(path) == "-"
-    if not stdin and not path.is_file():
-        raise UserError(f"--prompts {path}: not a file (- reads standard input)")
-    lines: list[str] = []
-    number = 0  # the file's line number, blank lines counted
-    try:
-        with _opened(path, stdin) as f:  # a BOM is no part of the first prompt
-            while len(lines) <= MAX_PROMPTS and (line := f.readline(MAX_PROMPT_CHARS + 2)):
-                number += 1
-                if len(line) > MAX_PROMPT_CHARS and not line.endswith("\n"):
-                    raise UserError(
-                        f"--prompts {path}:{number}: a line over {MAX_PROMPT_CHARS:,} characters"
-                    )
-                if line.strip():
-                    lines.append(line.rstrip("\n").replace("\\n", "\n"))
-    except UnicodeDecodeError as exc:
-        raise UserError(f"--prompts {path}: byte {exc.start}: not UTF-8 text") from None
-    except OSError as exc:
-        raise UserError(f"--prompts {path}: cannot be read ({exc.strerror})") from None
-    if not lines:
-        raise UserError(
-            f"--prompts {path}: holds no prompt; expected one prompt per line (blank lines "
-            "are skipped, \\n in a line stands for a newline)"
-        )
-    return lines
-
-
-@contextmanager
-def _opened(path: Path, stdin: bool) -> Iterator[Any]:
-    """The prompts file, or standard input as UTF-8 text (left open: it is not ours)."""
-    if not stdin:
-        with path.open(encoding="utf-8-sig") as f:
-            yield f
-        return
-    stream = getattr(sys.stdin, "buffer", None)
-    if stream is None:  # standard input closed (`<&-`)
-        raise UserError("--prompts -: standard input is closed; give a file or pipe prompts in")
-    wrapper = io.TextIOWrapper(stream, encoding="utf-8-sig")
-    try:
-        yield wrapper
-    finally:
-        wrapper.detach()
+    return prompt_texts(list(opts.prompts), opts.prompts_file)
 
 
 # --------------------------------------------------------------------------- generation

@@ -1,0 +1,80 @@
+"""The prompts `generate` answers: `--prompt` values and the lines of `--prompts FILE` (or
+standard input), bounded and checked before any model loads."""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from expert_cli.errors import UserError
+
+MAX_PROMPTS = 10_000
+MAX_PROMPT_CHARS = 200_000
+
+
+def prompt_texts(prompts: list[str], prompts_file: Path | None) -> list[str]:
+    """`--prompt` values, then the lines of `--prompts FILE` (blank lines skipped), each
+    checked: bounded, not empty, UTF-8 text."""
+    if prompts_file is not None:
+        prompts = [*prompts, *_prompt_lines(prompts_file)]
+    if len(prompts) > MAX_PROMPTS:
+        raise UserError(f"--prompts: more than {MAX_PROMPTS:,} prompts; split the file")
+    for i, prompt in enumerate(prompts, 1):
+        if not prompt.strip():
+            raise UserError(f"prompt {i}: empty; give the text to answer")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise UserError(f"prompt {i}: over {MAX_PROMPT_CHARS:,} characters")
+        if any("\ud800" <= c <= "\udfff" for c in prompt):  # argv bytes that are not UTF-8
+            raise UserError(f"prompt {i}: holds bytes that are not UTF-8 text")
+    return prompts
+
+
+def _prompt_lines(path: Path) -> list[str]:
+    """One prompt per line (`\\n` in a line stands for a newline), read in bounded pieces;
+    `-` reads standard input."""
+    stdin = str(path) == "-"
+    if not stdin and not path.is_file():
+        raise UserError(f"--prompts {path}: not a file (- reads standard input)")
+    lines: list[str] = []
+    number = 0  # the file's line number, blank lines counted
+    try:
+        with _opened(path, stdin) as f:  # a BOM is no part of the first prompt
+            while len(lines) <= MAX_PROMPTS and (line := f.readline(MAX_PROMPT_CHARS + 2)):
+                number += 1
+                if len(line) > MAX_PROMPT_CHARS and not line.endswith("\n"):
+                    raise UserError(
+                        f"--prompts {path}:{number}: a line over {MAX_PROMPT_CHARS:,} characters"
+                    )
+                if line.strip():
+                    lines.append(line.rstrip("\n").replace("\\n", "\n"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--prompts {path}: byte {exc.start}: not UTF-8 text") from None
+    except OSError as exc:
+        raise UserError(f"--prompts {path}: cannot be read ({exc.strerror})") from None
+    if not lines:
+        raise UserError(
+            f"--prompts {path}: holds no prompt; expected one prompt per line (blank lines "
+            "are skipped, \\n in a line stands for a newline)"
+        )
+    return lines
+
+
+@contextmanager
+def _opened(path: Path, stdin: bool) -> Iterator[Any]:
+    """The prompts file, or standard input as UTF-8 text (left open: it is not ours)."""
+    if not stdin:
+        with path.open(encoding="utf-8-sig") as f:
+            yield f
+        return
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # standard input closed (`<&-`)
+        raise UserError("--prompts -: standard input is closed; give a file or pipe prompts in")
+    wrapper = io.TextIOWrapper(stream, encoding="utf-8-sig")
+    try:
+        yield wrapper
+    finally:
+        wrapper.detach()
