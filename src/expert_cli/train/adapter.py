@@ -87,7 +87,6 @@ def adapter_config(
     raise UserError(f"adapter_type: {kind!r} is not supported (lora, dora, ia3, lokr, adalora)")
 
 
-
 def loadable_ia3(peft_model: Any) -> None:
     """IA3's feed-forward modules named as its targets are once `all-linear` is expanded (the
     layers' full names): peft saves those, and refused its own adapter_config.json on load
@@ -100,6 +99,7 @@ def loadable_ia3(peft_model: Any) -> None:
             config.feedforward_modules = {
                 t for t in targets if any(t == f or t.endswith(f".{f}") for f in short)
             }
+
 
 def _targeted(name: str, targets: Any) -> bool:
     return targets == "all-linear" or name in targets
