@@ -444,3 +444,30 @@ def test_merge_out_of_memory_is_a_run_failure_not_bad_input(
     assert proc.returncode == 1, text
     assert "out of memory: this command needs more memory" in text and "Traceback" not in text
     assert not (tmp_path / "merged").exists()
+
+
+def test_sampling_values_the_base_model_sets_are_said() -> None:
+    """Qwen3's generation_config.json sets top_k 20 and top_p 0.95; transformers applies
+    them where the manifest's decoding leaves them unset, and generate's settings hid them."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    from expert_cli.train.generate import inherited_settings
+
+    base = SimpleNamespace(
+        generation_config=GenerationConfig(top_k=20, top_p=0.95, repetition_penalty=1.3)
+    )
+    sampling = {"do_sample": True, "temperature": 0.7, "max_new_tokens": 8}
+    assert inherited_settings(base, sampling) == {
+        "top_k": 20,
+        "top_p": 0.95,
+        "repetition_penalty": 1.3,
+    }
+    greedy = {"do_sample": False, "max_new_tokens": 8}  # sampling values do nothing then
+    assert inherited_settings(base, greedy) == {"repetition_penalty": 1.3}
+    assert inherited_settings(base, {**sampling, "top_k": 5, "repetition_penalty": 1.0}) == {
+        "top_p": 0.95
+    }
+    plain = SimpleNamespace(generation_config=GenerationConfig(top_k=50, temperature=1.0))
+    assert inherited_settings(plain, sampling) == {}

@@ -204,6 +204,35 @@ def decoding_settings(
 # --------------------------------------------------------------------------- prompts
 
 
+# what transformers does with each sampling value a base model's generation_config.json leaves
+# unset; a value set there is applied wherever generate's own settings do not set it
+UNSET_MEANS = {
+    "temperature": 1.0,
+    "top_k": 50,
+    "top_p": 1.0,
+    "min_p": None,
+    "typical_p": 1.0,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+}
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "min_p", "typical_p")
+
+
+def inherited_settings(model: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """Values of the base model's generation_config.json that transformers applies because
+    `settings` leave them unset (the sampling ones only when sampling): Qwen3 ships top_k 20
+    and top_p 0.95, which changed answers without being shown."""
+    config = getattr(model, "generation_config", None)
+    found = {}
+    for key, unset in UNSET_MEANS.items():
+        if key in settings or (key in SAMPLING_ONLY and not settings.get("do_sample")):
+            continue
+        value = getattr(config, key, None)
+        if value is not None and value != unset:
+            found[key] = value
+    return found
+
+
 def render_prompt(resolved: ResolvedConfig, tokenizer: Any, text: str) -> list[int]:
     """A user's prompt as the run's data presented prompts in training."""
     if "messages" in resolved.field_mapping:
@@ -303,6 +332,12 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
             "the base model is a random initialisation: its answers are noise by design "
             "(the demo shows the mechanics; train on a pretrained base for real answers)"
         )
+    if inherited := inherited_settings(run.model, settings):
+        shown = ", ".join(f"{key} {value}" for key, value in inherited.items())
+        notes.append(
+            f"the base model's generation_config.json sets {shown}: transformers applies them "
+            "where training.decoding does not (set them there to choose)"
+        )
     cases = [Case(p, render_prompt(run.resolved, run.tokenizer, p)) for p in prompts]
     if opts.eval_n:
         cases += eval_cases(run.resolved, run.tokenizer, run.data_record, opts.eval_n, notes)
@@ -321,4 +356,5 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
         view.end(result)
         generations.append(result)
     info = {**settings, "device": run.device, "base_model": run.resolved.base_model}
+    info.update({f"{key} (base model's generation_config)": v for key, v in inherited.items()})
     return GenerateResult(generations, info, notes)
