@@ -158,15 +158,18 @@ def test_adapter_reloads_with_the_end_of_training_loss(demo_run: tuple[Path, Pat
     data = prepare_data(resolved, tokenizer)
     collate = PackedCollator(tokenizer.pad_token_id)
     model = load_adapter(out)
-    losses = []
+    summed, trained = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(data.eval), resolved.batch_size):
             rows = [
                 data.eval[i] for i in range(start, min(start + resolved.batch_size, len(data.eval)))
             ]
-            loss = model(**collate(rows), use_cache=False).loss
-            losses += [loss.item()] * len(rows)
-    assert sum(losses) / len(losses) == pytest.approx(final_eval[0], abs=1e-4)
+            batch = collate(rows)
+            count = int((batch["labels"][:, 1:] != -100).sum())
+            summed += model(**batch, use_cache=False).loss.item() * count
+            trained += count
+    # the eval loss is per trained token over the whole split, not a mean of batch means
+    assert summed / trained == pytest.approx(final_eval[0], abs=1e-4)
 
 
 def test_evaluation_without_validation_rows_stops_before_the_model(
