@@ -193,12 +193,13 @@ def test_an_answer_the_context_cuts_short_is_noted(capsys, monkeypatch, memorise
     from transformers import AutoTokenizer
 
     from expert_cli.config.resolve import ResolvedConfig
-    from expert_cli.train.generate import render_prompt
+    from expert_cli.train.prompt_format import PromptFormat
 
     data = json.loads((memorised / "manifest.resolved.json").read_text())
     data.pop("runtime")
     resolved = ResolvedConfig.model_validate(data)
     tokenizer = AutoTokenizer.from_pretrained(memorised)
+    layout = PromptFormat("instruction", resolved.prompt_template)
     said: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
@@ -206,9 +207,9 @@ def test_an_answer_the_context_cuts_short_is_noted(capsys, monkeypatch, memorise
     words = next(
         n
         for n in range(2040, 1500, -1)
-        if 0 < 2048 - len(render_prompt(resolved, tokenizer, "orders " * n)) < 24
+        if 0 < 2048 - len(layout.render(tokenizer, "orders " * n)) < 24
     )
-    room = 2048 - len(render_prompt(resolved, tokenizer, "orders " * words))
+    room = 2048 - len(layout.render(tokenizer, "orders " * words))
     logging.getLogger("transformers").removeHandler(handler)
     assert not [line for line in said if "Token indices sequence length" in line]
     code, out, err = run_main(

@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -144,7 +145,12 @@ def _build(
         shard_stats[split] = stats
         resumed += done
     _require_rows(shard_stats, resolved)
-    extra = {"num_proc": job.num_proc, "notes": sources.notes}
+    extra = {
+        "num_proc": job.num_proc,
+        "notes": sources.notes,
+        # the data's kind and columns, detected where field_mapping is unset (generate reads it)
+        "fields": {"kind": sources.fields.kind, "mapping": sources.fields.mapping},
+    }
     return _assemble(plan, shard_stats, sources.read, resumed, time.perf_counter() - started, extra)
 
 
@@ -239,6 +245,7 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
         "dropped_template": int((status == DROPPED_TEMPLATE).sum()),
         "template_refusal": _first(table.column("refused")),
         "no_marker": int(table.column("no_marker").to_numpy(zero_copy_only=False).sum()),
+        "styles": _styles(table, status),
         "tokens": pack.tokens,
         "trained_tokens": int(np.asarray(table.column("trained")).sum()),
         "rows": pack.rows,
@@ -250,6 +257,13 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
         write_json_atomic(tmp / STATS, stats)
         (tmp / COMPLETE).write_text("")
     return stats
+
+
+def _styles(table: Any, status: Any) -> dict[str, int]:
+    """How many of the shard's kept examples each masking rule found (formatting.py)."""
+    kept = (status == KEPT) | (status == TRUNCATED)
+    found = Counter(s for s, k in zip(table.column("style").to_pylist(), kept, strict=True) if k)
+    return dict(sorted(found.items()))
 
 
 def _first(column: Any) -> str | None:
@@ -269,6 +283,10 @@ def _sum(stats: list[dict[str, Any]], examples_read: int) -> dict[str, Any]:
     total["template_refusal"] = next(
         (s["template_refusal"] for s in stats if s.get("template_refusal")), None
     )
+    styles: Counter[str] = Counter()
+    for shard in stats:  # shards finished by an earlier version have none
+        styles.update(shard.get("styles") or {})
+    total["styles"] = dict(sorted(styles.items()))
     total["examples"] = sum(s["examples_read"] for s in stats)
     total["examples_read"] = examples_read
     total["dropped"] = sum(total[k] for k in DROP_KEYS)

@@ -13,6 +13,10 @@ tokenization. Rules (docs/data.md has examples):
   example without it is dropped and counted (`dropped_no_marker`).
 - `text` with no marker and no `response_template`: the whole text is trained, counted as
   `no_marker` in the stats.
+
+Each row's rule (`chatml`, `marker`, `template`, `none`; `empty`, `missing`, `refused` for
+dropped ones) is kept in its `style` column, and the build counts the kept rows' rules
+(`styles` in the stats): `generate` presents a prompt the way most of the data was laid out.
 - instruction/input/response: rendered with `prompt_template`; the response is trained.
 - `messages`: rendered with the tokenizer's chat template, then the `text` rules apply. A
   conversation the template refuses (its `raise_exception`, e.g. roles that do not alternate or
@@ -299,6 +303,7 @@ class Formatter:
                 "status": pa.array(status, pa.int8()),
                 "trained": pa.array(trained, pa.int32()),
                 "no_marker": pa.array(no_marker, pa.bool_()),
+                "style": pa.array(styles, pa.string()),
             }
         )
 

@@ -1,11 +1,10 @@
 """`expert-cli generate`: try a trained expert.
 
-Prompts are rendered as the run trained on them (the manifest's `prompt_template`, or the
-tokenizer's chat template for `messages` data) and generated with the manifest's
-`training.decoding` settings where it has them (greedy otherwise, or with `greedy`). `--eval N`
-takes the first N whole examples of the run's validation split (train/eval_cases.py).
-`--compare-base` answers each prompt again with the adapter
-switched off. Text is handed to a `GenerationView` as it is produced, so the CLI can stream it.
+Prompts are laid out as the run's data laid out its prompts (train/prompt_format.py) and
+generated with the manifest's `training.decoding` settings where it has them (greedy otherwise,
+or with `greedy`). `--eval N` takes the first N whole examples of the run's validation split
+(train/eval_cases.py). `--compare-base` answers each prompt again with the adapter switched
+off. Text is handed to a `GenerationView` as it is produced, so the CLI can stream it.
 """
 
 from __future__ import annotations
@@ -24,11 +23,11 @@ from expert_cli.config.base import strip_comments
 from expert_cli.config.decoding import DecodingSpec
 from expert_cli.config.error_lines import format_errors
 from expert_cli.config.resolve import ResolvedConfig
-from expert_cli.data.formatting import render_instruction
 from expert_cli.errors import RunError, UserError
 from expert_cli.train.eval_cases import Case, eval_cases
 from expert_cli.train.merge import LOAD_ERRORS, load_adapted
 from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file, run_of
+from expert_cli.train.prompt_format import prompt_format
 from expert_cli.train.prompts import prompt_texts
 
 DEFAULT_NEW_TOKENS = 256
@@ -233,24 +232,6 @@ def inherited_settings(model: Any, settings: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-def render_prompt(resolved: ResolvedConfig, tokenizer: Any, text: str) -> list[int]:
-    """A user's prompt as the run's data presented prompts in training."""
-    if "messages" in resolved.field_mapping:
-        try:
-            rendered = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-            )
-        except Exception as exc:  # noqa: BLE001 - the run folder's template; its text unquoted
-            raise UserError(
-                "the run's chat template (its tokenizer files beside the adapter) refuses a "
-                f"conversation of one user turn with a generation prompt ({type(exc).__name__})"
-                "; fix chat_template.jinja (or the chat_template of tokenizer_config.json) there"
-            ) from None
-        return tokenizer(rendered, add_special_tokens=False, verbose=False)["input_ids"]
-    prompt, _ = render_instruction(resolved.prompt_template, text, None, None)
-    return tokenizer(prompt, verbose=False)["input_ids"]  # check_lengths says what is too long
-
-
 def read_prompts(opts: GenerateOptions) -> list[str]:
     """`--prompt` values, then the lines of `--prompts FILE` (blank lines skipped)."""
     return prompt_texts(list(opts.prompts), opts.prompts_file)
@@ -338,7 +319,10 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
             f"the base model's generation_config.json sets {shown}: transformers applies them "
             "where training.decoding does not (set them there to choose)"
         )
-    cases = [Case(p, render_prompt(run.resolved, run.tokenizer, p)) for p in prompts]
+    layout, said = prompt_format(run.resolved, run.tokenizer, run.data_record)
+    if prompts:
+        notes += said
+    cases = [Case(p, layout.render(run.tokenizer, p)) for p in prompts]
     if opts.eval_n:
         cases += eval_cases(run.resolved, run.tokenizer, run.data_record, opts.eval_n, notes)
     notes += check_lengths(run, cases, settings["max_new_tokens"])
@@ -356,5 +340,7 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
         view.end(result)
         generations.append(result)
     info = {**settings, "device": run.device, "base_model": run.resolved.base_model}
+    if prompts:
+        info["prompt_layout"] = layout.described
     info.update({f"{key} (base model's generation_config)": v for key, v in inherited.items()})
     return GenerateResult(generations, info, notes)

@@ -1,0 +1,150 @@
+"""How `generate` lays out a prompt: as the run's data laid out the prompts it trained on.
+
+- instruction data: the manifest's `prompt_template` around the prompt;
+- `messages` data: the run's chat template, one user turn and the generation prompt;
+- `text` data: the layout most of its kept examples had (the build counts the masking rule
+  each example was trained by: `styles` in the cache's stats): ChatML turns,
+  `<|user|>`/`<|assistant|>` turns, the text then `response_template`, or the text continued
+  as written where whole texts were trained. A prompt that already holds the layout's markers
+  is used as written, so a user can give the whole layout.
+
+A manifest without `field_mapping` has its data's kind detected from the columns; the build
+records what it detected (`fields` in the stats). A run built before that (or the layouts)
+was recorded gets a stated guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.data.formatting import (
+    CHATML_ASSISTANT,
+    CHATML_END,
+    MARKER_ASSISTANT,
+    MARKER_END,
+    render_instruction,
+)
+from expert_cli.errors import UserError
+
+TEXT_STYLES = ("chatml", "marker", "none")  # the ones a text without response_template has
+DESCRIBED = {
+    "messages": "the run's chat template (one user turn)",
+    "chatml": "a ChatML user turn, as the text data's",
+    "marker": "a <|user|> turn then <|assistant|>, as the text data's",
+    "template": "the prompt then training.dataset.response_template",
+    "none": "as written (the text data was trained whole)",
+}
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """One run's prompt layout: `style` is "instruction", "messages" or a text layout."""
+
+    style: str
+    template: str | None = None  # the prompt_template, or the response_template
+
+    @property
+    def described(self) -> str:
+        if self.style == "instruction":
+            return f"base_model.prompt_template {self.template}"
+        return DESCRIBED[self.style]
+
+    def render(self, tokenizer: Any, text: str) -> list[int]:
+        """The prompt's token ids, ready for the answer's first token."""
+        if self.style == "messages":
+            return _chat(tokenizer, text)
+        if self.style == "instruction":
+            prompt = render_instruction(self.template or "chatml", text, None, None)[0]
+        elif self.style == "chatml" and "<|im_start|>" not in text:
+            prompt = f"<|im_start|>user\n{text}{CHATML_END}\n{CHATML_ASSISTANT}\n"
+        elif self.style == "marker" and MARKER_ASSISTANT not in text:
+            prompt = f"<|user|>\n{text}{MARKER_END}\n{MARKER_ASSISTANT}\n"
+        elif self.style == "template" and self.template and self.template not in text:
+            prompt = text + self.template
+        else:
+            prompt = text
+        return _encoded(tokenizer, prompt)
+
+
+def prompt_format(
+    resolved: ResolvedConfig, tokenizer: Any, record: Any
+) -> tuple[PromptFormat, list[str]]:
+    """The run's prompt layout, and notes where it is a guess or may surprise."""
+    stats = record.get("stats") if isinstance(record, Mapping) else None
+    stats = stats if isinstance(stats, Mapping) else {}
+    kind = _data_kind(resolved.field_mapping, stats)
+    if kind is None:
+        guess = "messages" if getattr(tokenizer, "chat_template", None) else "instruction"
+        layout = PromptFormat(guess, resolved.prompt_template)
+        return layout, [
+            "the run does not record its data's kind (field_mapping unset, trained before "
+            f"expert-cli recorded it): prompts are laid out with {layout.described}"
+        ]
+    if kind != "text":
+        return PromptFormat(kind, resolved.prompt_template), []
+    if resolved.response_template:
+        return PromptFormat("template", resolved.response_template), [
+            "prompts are followed by training.dataset.response_template as written; give "
+            "the whole layout of the data's prompts where it holds more"
+        ]
+    counts = _style_counts(stats)
+    if not counts:
+        return PromptFormat("chatml"), [
+            "the run does not record how its text data was laid out (trained before expert-cli "
+            "recorded it): prompts are wrapped as a ChatML user turn (give the whole layout in "
+            "the prompt to choose)"
+        ]
+    style = max(TEXT_STYLES, key=lambda s: counts.get(s, 0))
+    notes = []
+    if style == "none":
+        notes.append(
+            "the run trained whole texts (its text data has no assistant marker): each prompt "
+            "is continued as written"
+        )
+    return PromptFormat(style), notes
+
+
+def _data_kind(mapping: dict[str, str] | None, stats: Mapping[str, Any]) -> str | None:
+    if mapping is None:
+        fields = stats.get("fields")
+        kind = fields.get("kind") if isinstance(fields, Mapping) else None
+        return kind if kind in ("text", "messages", "instruction") else None
+    if "text" in mapping:
+        return "text"
+    return "messages" if "messages" in mapping else "instruction"
+
+
+def _style_counts(stats: Mapping[str, Any]) -> dict[str, int]:
+    train = stats.get("train")
+    styles = train.get("styles") if isinstance(train, Mapping) else None
+    if not isinstance(styles, Mapping):
+        return {}
+    return {s: n for s, n in styles.items() if s in TEXT_STYLES and isinstance(n, int) and n > 0}
+
+
+def _chat(tokenizer: Any, text: str) -> list[int]:
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+    except Exception as exc:  # noqa: BLE001 - the run folder's template; its text unquoted
+        raise UserError(
+            "the run's chat template (its tokenizer files beside the adapter) refuses a "
+            f"conversation of one user turn with a generation prompt ({type(exc).__name__})"
+            "; fix chat_template.jinja (or the chat_template of tokenizer_config.json) there"
+        ) from None
+    return tokenizer(rendered, add_special_tokens=False, verbose=False)["input_ids"]
+
+
+def _encoded(tokenizer: Any, prompt: str) -> list[int]:
+    """The ids as the build tokenized examples (with the tokenizer's special tokens), less
+    any the tokenizer puts after the text: an EOS there would end the prompt's turn."""
+    ids = tokenizer(prompt, verbose=False)["input_ids"]
+    plain = tokenizer(prompt, add_special_tokens=False, verbose=False)["input_ids"]
+    for start in range(len(ids) - len(plain) + 1):
+        if ids[start : start + len(plain)] == plain:
+            return ids[: start + len(plain)]
+    return ids

@@ -1,0 +1,153 @@
+"""`generate` lays out a prompt as the run's data laid out its prompts: the build records the
+data's kind (detected where field_mapping is unset) and the layouts of its text examples, and
+a run trained on `<|user|>`/`<|assistant|>` text answers a bare prompt as it was taught."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TINY_TOKENIZER_DIR, write_jsonl
+from train_helpers import run_here
+
+from expert_cli.config import load_manifest
+from expert_cli.config.environment import cpu_environment
+from expert_cli.config.resolve import resolve
+from expert_cli.data import prepare_data
+from expert_cli.data.tokenizer import load_tokenizer
+from expert_cli.train.prompt_format import PromptFormat, prompt_format
+
+QUESTION, ANSWER = "Count the orders.", "SELECT COUNT(*) FROM orders;"
+CHATML = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
+MARKER = "<|user|>\nQ<|end|>\n<|assistant|>\nA<|end|>"
+
+
+def _manifest(folder: Path, rows: list[dict], dataset: dict | None = None) -> Path:
+    write_jsonl(folder / "train.jsonl", rows)
+    manifest = {
+        "name": "e",
+        "schema_version": "2.0",
+        "base_models": [{"name": str(TINY_TOKENIZER_DIR), "init": "random"}],
+        "training": {
+            "dataset": {"path": "train.jsonl", "eval_fraction": 0.0, **(dataset or {})},
+            "config": {"evaluation_strategy": "no", "max_seq_length": 64},
+        },
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder / "manifest.json"
+
+
+def _prepared(manifest: Path):
+    resolved = resolve(load_manifest(manifest), cpu_environment())
+    tokenizer = load_tokenizer(resolved)
+    return resolved, tokenizer, prepare_data(resolved, tokenizer, num_proc=1)
+
+
+def test_the_build_records_the_detected_kind_and_each_layout(tmp_path: Path) -> None:
+    rows = [{"text": CHATML}] * 3 + [{"text": MARKER}] * 2 + [{"text": "plain words"}]
+    rows.append({"text": CHATML.replace("\nA<", "\n<")})  # an empty answer: dropped
+    resolved, tokenizer, data = _prepared(_manifest(tmp_path, rows))
+    assert data.stats["fields"] == {"kind": "text", "mapping": {"text": "text"}}
+    assert data.stats["train"]["styles"] == {"chatml": 3, "marker": 2, "none": 1}
+    assert data.stats["train"]["dropped_no_completion"] == 1
+    layout, notes = prompt_format(resolved, tokenizer, {"stats": data.stats})
+    assert layout == PromptFormat("chatml") and notes == []
+    (tmp_path / "qa").mkdir()
+    rows = [{"prompt": "Q", "completion": "A"}] * 4
+    resolved, tokenizer, data = _prepared(_manifest(tmp_path / "qa", rows))
+    assert data.stats["fields"]["mapping"] == {"instruction": "prompt", "response": "completion"}
+    assert data.stats["train"]["styles"] == {"template": 4}
+    layout, notes = prompt_format(resolved, tokenizer, {"stats": data.stats})
+    assert layout == PromptFormat("instruction", "chatml") and notes == []
+
+
+def _layout(tmp_path: Path, stats: dict | None, dataset: dict | None = None):
+    resolved = resolve(
+        load_manifest(_manifest(tmp_path, [{"text": "x"}], dataset)), cpu_environment()
+    )
+    tokenizer = load_tokenizer(resolved)
+    record = None if stats is None else {"stats": stats}
+    return (*prompt_format(resolved, tokenizer, record), tokenizer)
+
+
+def _text(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids)
+
+
+def test_text_prompts_follow_the_layout_most_examples_had(tmp_path: Path) -> None:
+    fields = {"kind": "text", "mapping": {"text": "text"}}
+    stats = {"fields": fields, "train": {"styles": {"chatml": 2, "marker": 5, "none": 1}}}
+    layout, notes, tok = _layout(tmp_path, stats)
+    assert layout.style == "marker" and notes == []
+    assert _text(tok, layout.render(tok, "Hi")) == "<|user|>\nHi<|end|>\n<|assistant|>\n"
+    given = "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
+    assert _text(tok, layout.render(tok, given)) == given  # the whole layout: as written
+    stats["train"]["styles"] = {"none": 4, "chatml": 1}
+    layout, notes, tok = _layout(tmp_path, stats)
+    assert _text(tok, layout.render(tok, "Once upon")) == "Once upon"
+    assert notes and "continued as written" in notes[0]
+    layout, notes, tok = _layout(tmp_path, {"fields": fields, "train": {"styles": {}}})
+    assert layout.style == "chatml" and "does not record how" in notes[0]
+    chat = _text(tok, layout.render(tok, "Hi"))
+    assert chat == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_response_template_follows_the_prompt_once(tmp_path: Path) -> None:
+    dataset = {"response_template": "### Answer:", "field_mapping": {"text": "text"}}
+    layout, notes, tok = _layout(tmp_path, None, dataset)
+    assert layout == PromptFormat("template", "### Answer:")
+    assert "response_template" in notes[0]
+    assert _text(tok, layout.render(tok, "Q: 2+2?\n")) == "Q: 2+2?\n### Answer:"
+    assert _text(tok, layout.render(tok, "Q: 2+2?\n### Answer:")) == "Q: 2+2?\n### Answer:"
+
+
+def test_an_unrecorded_kind_is_a_stated_guess(tmp_path: Path) -> None:
+    layout, notes, tok = _layout(tmp_path, {"train": {}})  # field_mapping unset, no record
+    assert layout.style == "messages" and "does not record its data's kind" in notes[0]
+    assert _text(tok, layout.render(tok, "Hi")).endswith("<|im_start|>assistant\n")
+
+
+def test_what_the_tokenizer_appends_after_a_prompt_is_left_off(tmp_path: Path) -> None:
+    """A tokenizer whose special tokens add BOS and EOS around a text (as the build adds them
+    to every example) keeps the BOS; the EOS would end the prompt before the answer."""
+    from tokenizers.processors import TemplateProcessing
+
+    tok = load_tokenizer(
+        resolve(load_manifest(_manifest(tmp_path, [{"text": "x"}])), cpu_environment())
+    )
+    start, end = tok.convert_tokens_to_ids(["<|im_start|>", "<|endoftext|>"])
+    tok.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|im_start|> $A <|endoftext|>",
+        special_tokens=[("<|im_start|>", start), ("<|endoftext|>", end)],
+    )
+    ids = PromptFormat("none").render(tok, "Once upon")
+    plain = tok("Once upon", add_special_tokens=False)["input_ids"]
+    assert tok("Once upon")["input_ids"] == [start, *plain, end]
+    assert ids == [start, *plain]
+
+
+@pytest.mark.slow
+def test_a_run_on_marker_text_without_field_mapping_answers_a_bare_prompt(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Text data in `<|user|>`/`<|assistant|>` turns, its column found by name: `generate -p`
+    wraps the prompt in those turns and the memorised answer comes back (it stopped with a
+    traceback on the unset field_mapping, and a ChatML wrapping is a layout never trained)."""
+    text = MARKER.replace("\nQ<", f"\n{QUESTION}<").replace("\nA<", f"\n{ANSWER}<")
+    manifest = _manifest(tmp_path, [{"text": text}] * 32)
+    data = json.loads(manifest.read_text())
+    data["base_models"][0] = {"name": str(tiny_model_dir)}
+    data["training"]["config"].update(
+        {"learning_rate": 1e-2, "batch_size": 4, "packing": False, "warmup_steps": 0}
+    )
+    data["training"]["config"].update({"lr_scheduler": "constant", "save_steps": 1000})
+    manifest.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    done = run_here("train", "-m", str(manifest), "--output", str(out), "--max-steps", "60")
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = run_here("generate", "--adapter", str(out), "-p", QUESTION, "--json", "--greedy")
+    assert said.returncode == 0, said.stderr
+    report = json.loads(said.stdout)
+    assert report["generations"][0]["output"].startswith(ANSWER)
+    assert report["settings"]["prompt_layout"].startswith("a <|user|> turn")
