@@ -715,3 +715,39 @@ def test_a_damaged_tokenizer_is_named_in_package_and_check(v2_run: Path, tmp_pat
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{run} holds no tokenizer files: the package has none" in " ".join(out.stdout.split())
     assert "tokenizer.json" not in _unpack(tmp_path / "n.expert")
+
+
+@pytest.mark.slow
+def test_the_packaged_adapter_entry_describes_the_adapter_shipped(
+    v2_run: Path, tmp_path: Path
+) -> None:
+    """A manifest whose adapter entry says DoRA at rank 32 while training.config trained LoRA
+    at rank 8 (it wins) shipped that entry beside the rank-8 LoRA: the package now says what it
+    holds and names each value it changed; check names a package whose entry disagrees."""
+    run, _ = _adapter_copy(v2_run, tmp_path)
+    source = json.loads((run / "manifest.source.json").read_text())
+    entry = source["base_models"][0]["adapters"][0]
+    entry.update(type="dora", r=32, alpha=64)
+    (run / "manifest.source.json").write_text(json.dumps(source))
+    package = tmp_path / "x.expert"
+    done = run_here("package", "--adapter", str(run), "--output", str(package), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    notes = " ".join(json.loads(done.stdout)["notes"])
+    for said in ("type: dora in the manifest, lora", ".r: 32 in the manifest, 8", "alpha: 64"):
+        assert said in notes
+    members = _unpack(package)
+    shipped = json.loads(members["manifest.json"])["base_models"][0]["adapters"][0]
+    config = json.loads(members[f"{ADAPTER_PATH}/adapter_config.json"])
+    assert (shipped["type"], shipped["r"], shipped["alpha"]) == ("lora", 8, 16)
+    assert (config["r"], config["lora_alpha"], config.get("use_dora")) == (8, 16, False)
+    assert run_here("check", "--package", str(package)).returncode == 0
+
+    def edited(files: dict[str, bytes]) -> dict[str, bytes]:
+        manifest = json.loads(files["manifest.json"])
+        manifest["base_models"][0]["adapters"][0]["r"] = 64
+        return {**files, "manifest.json": json.dumps(manifest).encode()}
+
+    out = run_here("check", "--package", str(_repack(package, tmp_path / "bad.expert", edited)))
+    assert out.returncode == 2, out.stdout + out.stderr
+    line = f"base_models[0].adapters[0].r: 64 in manifest.json, 8 in {ADAPTER_PATH}/adapter_config"
+    assert line in " ".join(out.stdout.split())

@@ -346,7 +346,9 @@ class LoadedManifest(BaseModel):
 
     manifest: Manifest
     path: Path
-    raw: dict[str, Any] = Field(description="The JSON as read, comments included.")
+    raw: dict[str, Any] = Field(
+        description="The JSON as read, comments included, with the --set overrides applied."
+    )
 
     @property
     def folder(self) -> Path:

@@ -39,6 +39,7 @@ from expert_cli.config.models import CHECKPOINT_NAME
 from expert_cli.config.refs import WINDOWS_PATH
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import new_file_problem, resolved_path, shown_path
+from expert_cli.train.adapter_entry import reconciled
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
 from expert_cli.train.choice import kept_adapters, lowest
 from expert_cli.train.outputs import (
@@ -283,6 +284,7 @@ def plan_members(
         adapter.pop("checkpoint_step", None)  # a step the run's copy named, not this adapter's
     config = json.loads(_file(weights_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
     config["base_model_name_or_path"] = base_name
+    notes += reconciled(adapter, config, f"{where}[0]")  # the entry describes what ships
     prefix = f"{folder.as_posix()}/" if folder else ""
     members: dict[str, bytes | Path] = {
         "manifest.json": (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode(),

@@ -24,6 +24,7 @@ from expert_cli.config import Manifest
 from expert_cli.config.loading import format_errors, parse_manifest_text
 from expert_cli.errors import escaped
 from expert_cli.jsontext import json_int
+from expert_cli.train.adapter_entry import disagreements
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
 from expert_cli.train.tokenizer_files import (
     TOKENIZER_CHECK_BYTES,
@@ -332,6 +333,8 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
         names = header_names(heads.get(prefix + ADAPTER_FILES[0], b""))
         if problem := _config_problem(config, names):
             report.problems.append(f"{prefix}{ADAPTER_FILES[1]}: {problem}")
+        else:
+            report.problems += _entry_problems(adapter, config, where, prefix)
     weights = hashes.get(prefix + ADAPTER_FILES[0])
     if weights and adapter.get("sha256") and adapter["sha256"] != weights:
         report.problems.append(f"{where}[0].sha256: does not match {prefix}{ADAPTER_FILES[0]}")
@@ -340,6 +343,16 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
         report.problems.append(
             f"{where}[0].size_bytes: {adapter['size_bytes']} but the file has {size}"
         )
+
+
+def _entry_problems(adapter: dict[str, Any], data: bytes, where: str, prefix: str) -> list[str]:
+    """Each type, rank or alpha of the manifest's adapter entry that the adapter_config.json
+    shipped with it gives otherwise (the manifest would describe an adapter not shipped)."""
+    config = json.loads(data.decode("utf-8"), parse_int=json_int)  # read by _config_problem
+    return [
+        f"{where}[0].{field}: {given} in manifest.json, {value} in {prefix}{ADAPTER_FILES[1]}"
+        for field, given, value in disagreements(adapter, config)
+    ]
 
 
 def _config_problem(data: bytes, names: list[str] | None) -> str | None:
