@@ -16,6 +16,7 @@ def test_int4_loads_nf4_and_trains(tmp_path: Path, tiny_model_dir: Path) -> None
     from expert_cli.config import load_manifest
     from expert_cli.config.environment import cpu_environment
     from expert_cli.config.resolve import resolve
+    from expert_cli.train.generate import GenerateOptions, generate
     from expert_cli.train.merge import merge_adapter
     from expert_cli.train.model import load_base_model
     from expert_cli.train.run import TrainOptions, train
@@ -41,3 +42,6 @@ def test_int4_loads_nf4_and_trains(tmp_path: Path, tiny_model_dir: Path) -> None
         "precision (the adapter on the unquantized base)"
     ]
     assert (merged / "model.safetensors").is_file()
+    said = generate(GenerateOptions(adapter=out, prompts=["hi"], max_new_tokens=2))
+    assert any(n.startswith("quantization: the run trained against int4") for n in said.notes)
+    assert said.generations[0].new_tokens > 0

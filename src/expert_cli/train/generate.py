@@ -313,6 +313,12 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
             "the base model is a random initialisation: its answers are noise by design "
             "(the demo shows the mechanics; train on a pretrained base for real answers)"
         )
+    if run.resolved.quantization in ("int4", "int8"):
+        notes.append(
+            f"quantization: the run trained against {run.resolved.quantization} base weights; "
+            "the adapter answers here on the unquantized base, as merge ships it (answers can "
+            "differ a little from the quantized model's)"
+        )
     if inherited := inherited_settings(run.model, settings):
         shown = ", ".join(f"{key} {value}" for key, value in inherited.items())
         notes.append(
