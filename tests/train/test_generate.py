@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -472,3 +473,55 @@ def test_sampling_values_the_base_model_sets_are_said() -> None:
     }
     plain = SimpleNamespace(generation_config=GenerationConfig(top_k=50, temperature=1.0))
     assert inherited_settings(plain, sampling) == {}
+
+
+def test_a_reference_longer_than_the_budget_gets_room_or_a_note(demo_expert_dir: Path) -> None:
+    """A reference longer than the new-token budget could never be matched: without
+    --max-new-tokens its case may run to the reference's length; with it, a note says how
+    many references the user's budget cuts."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data.tokenizer import load_tokenizer
+    from expert_cli.train.eval_cases import eval_budgets, eval_cases
+
+    resolved = resolve(load_manifest(demo_expert_dir / "manifest.json"), cpu_environment())
+    tokenizer = load_tokenizer(resolved)
+    cases = eval_cases(resolved, tokenizer, None, 3, [])
+    for case in cases:  # the trained tokens: the answer's, then its end-of-turn token
+        answer = tokenizer(case.reference, add_special_tokens=False)["input_ids"]
+        assert case.reference_tokens in (len(answer) + 1, len(answer) + 2)
+    lengths = sorted(c.reference_tokens for c in cases)
+    budget = lengths[1] - 1  # two of the three are longer
+    assert eval_budgets(cases, budget, chosen=True) == [
+        f"--eval: 2 references are longer than --max-new-tokens {budget} (the longest "
+        f"{lengths[2]} tokens): their answers stop before matching"
+    ]
+    assert all(c.budget is None for c in cases)
+    notes = eval_budgets(cases, budget, chosen=False)
+    assert notes[0].startswith(f"--eval: 2 references are longer than the {budget}-token budget")
+    assert sorted(c.budget or 0 for c in cases) == [0, *lengths[1:]]
+    assert eval_budgets(cases, lengths[2], chosen=False) == []
+
+
+@pytest.mark.slow
+def test_eval_decodes_greedily_whatever_the_manifest_samples(
+    capsys, monkeypatch, memorised: Path, tmp_path: Path
+) -> None:
+    """A manifest that samples (temperature 0.7) made --eval's exact match change from call to
+    call; --eval is greedy and says so, while a prompt alone still samples."""
+    run = tmp_path / "run"
+    shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    source = json.loads((run / "manifest.source.json").read_text())
+    source["training"]["decoding"] = {"temperature": 0.7, "max_tokens": 24}
+    (run / "manifest.source.json").write_text(json.dumps(source))
+    report = _json(capsys, monkeypatch, "--adapter", str(run), "--eval", "2")
+    assert report["settings"]["do_sample"] is False and report["exact_match_rate"] == 1.0
+    assert any(n.startswith("--eval: decoding is greedy") for n in report["notes"])
+    report = _json(capsys, monkeypatch, "--adapter", str(run), "-p", QUESTION)
+    assert report["settings"]["do_sample"] is True and report["settings"]["temperature"] == 0.7
+    report = _json(
+        capsys, monkeypatch, "--adapter", str(run), "--eval", "1", "--max-new-tokens", "2"
+    )
+    assert report["generations"][0]["exact_match"] is False
+    assert any("longer than --max-new-tokens 2" in n for n in report["notes"])

@@ -25,6 +25,8 @@ class Case:
     prompt: str
     ids: list[int]
     reference: str | None = None
+    reference_tokens: int = 0  # the reference's length in tokens, its end-of-turn included
+    budget: int | None = None  # new tokens for this case, where not the run's budget
 
 
 def eval_cases(
@@ -61,7 +63,7 @@ def eval_cases(
             stop = next((i for i in range(first, len(labels)) if labels[i] == IGNORE), len(ids))
             prompt = tokenizer.decode(ids[:first], skip_special_tokens=True).strip()
             reference = tokenizer.decode(ids[first:stop], skip_special_tokens=True)
-            cases.append(Case(prompt, ids[:first], reference.strip()))
+            cases.append(Case(prompt, ids[:first], reference.strip(), stop - first))
             if len(cases) == n:
                 break
         if len(cases) == n:
@@ -90,3 +92,26 @@ def _examples(row: dict[str, Any]) -> list[tuple[list[int], list[int]]]:
     starts = [i for i, p in enumerate(positions) if p == 0] + [len(ids)]
     pairs = zip(starts, starts[1:], strict=False)
     return [([int(t) for t in ids[a:b]], [int(t) for t in labels[a:b]]) for a, b in pairs if b > a]
+
+
+def eval_budgets(cases: list[Case], budget: int, chosen: bool) -> list[str]:
+    """A reference longer than the new-token budget can never be matched: without a
+    `--max-new-tokens` such a case may run to its reference's length (`chosen`: the user's
+    budget stands), and a note says which."""
+    long = [c for c in cases if c.reference is not None and c.reference_tokens > budget]
+    if not long:
+        return []
+    longest = max(c.reference_tokens for c in long)
+    if chosen:
+        return [
+            f"--eval: {len(long):,} reference{'s are' if len(long) > 1 else ' is'} longer than "
+            f"--max-new-tokens {budget:,} (the longest {longest:,} tokens): "
+            f"{'their answers' if len(long) > 1 else 'its answer'} stop before matching"
+        ]
+    for case in long:
+        case.budget = case.reference_tokens
+    return [
+        f"--eval: {len(long):,} reference{'s are' if len(long) > 1 else ' is'} longer than the "
+        f"{budget:,}-token budget: {'their answers' if len(long) > 1 else 'its answer'} may run "
+        f"to the reference's length (the longest {longest:,} tokens)"
+    ]

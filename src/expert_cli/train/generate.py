@@ -24,7 +24,7 @@ from expert_cli.config.decoding import DecodingSpec
 from expert_cli.config.error_lines import format_errors
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import RunError, UserError
-from expert_cli.train.eval_cases import Case, eval_cases
+from expert_cli.train.eval_cases import Case, eval_budgets, eval_cases
 from expert_cli.train.merge import LOAD_ERRORS, load_adapted
 from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file, run_of
 from expert_cli.train.prompt_format import prompt_format
@@ -254,7 +254,7 @@ def model_context(run: LoadedRun) -> int:
 def check_lengths(run: LoadedRun, cases: list[Case], wanted: int) -> list[str]:
     """Every prompt fits the model's context, checked before any is answered (a prompt is
     named by its number: its text may be a file's contents); a note for each whose answer the
-    context cuts short of `wanted` new tokens."""
+    context cuts short of its budget (`wanted`, or the case's own)."""
     context = model_context(run)
     notes = []
     for number, case in enumerate(cases, 1):
@@ -263,9 +263,10 @@ def check_lengths(run: LoadedRun, cases: list[Case], wanted: int) -> list[str]:
                 f"prompt {number}: {len(case.ids):,} tokens, over the model's context of "
                 f"{context:,}; shorten it"
             )
-        if (room := context - len(case.ids)) < wanted:
+        budget = case.budget or wanted
+        if (room := context - len(case.ids)) < budget:
             notes.append(
-                f"prompt {number}: room for {room:,} new tokens of {wanted:,} in the model's "
+                f"prompt {number}: room for {room:,} new tokens of {budget:,} in the model's "
                 f"context of {context:,}"
             )
     return notes
@@ -274,7 +275,7 @@ def check_lengths(run: LoadedRun, cases: list[Case], wanted: int) -> list[str]:
 def answer(run: LoadedRun, case: Case, settings: dict[str, Any], view: GenerationView) -> tuple:
     """(text, new tokens, seconds) of one generation, streamed to `view`."""
     context = model_context(run)
-    limit = min(settings["max_new_tokens"], context - len(case.ids))
+    limit = min(case.budget or settings["max_new_tokens"], context - len(case.ids))
     torch.manual_seed(run.resolved.seed)
     inputs = torch.tensor([case.ids], device=run.device)
     start = time.perf_counter()
@@ -307,7 +308,14 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
     if not prompts and not opts.eval_n:
         raise UserError("generate: give --prompt TEXT, --prompts FILE or --eval N")
     run = load_run(opts.adapter)
-    settings, notes = decoding_settings(run.decoding, opts.greedy, opts.max_new_tokens)
+    # exact match of a sampled answer changes from one call to the next: --eval is greedy
+    greedy = opts.greedy or bool(opts.eval_n)
+    settings, notes = decoding_settings(run.decoding, greedy, opts.max_new_tokens)
+    if greedy and not opts.greedy and decoding_settings(run.decoding, False, 1)[0]["do_sample"]:
+        notes.append(
+            "--eval: decoding is greedy (an exact match of sampled answers changes from run to "
+            "run); training.decoding's sampling applies to prompts given without --eval"
+        )
     if run.resolved.init == "random":
         notes.append(
             "the base model is a random initialisation: its answers are noise by design "
@@ -330,7 +338,9 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
         notes += said
     cases = [Case(p, layout.render(run.tokenizer, p)) for p in prompts]
     if opts.eval_n:
-        cases += eval_cases(run.resolved, run.tokenizer, run.data_record, opts.eval_n, notes)
+        evals = eval_cases(run.resolved, run.tokenizer, run.data_record, opts.eval_n, notes)
+        notes += eval_budgets(evals, settings["max_new_tokens"], opts.max_new_tokens is not None)
+        cases += evals
     notes += check_lengths(run, cases, settings["max_new_tokens"])
     generations = []
     for index, case in enumerate(cases):
