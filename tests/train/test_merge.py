@@ -12,7 +12,7 @@ from train_helpers import load_adapter, run_here, write_expert
 @pytest.mark.slow
 def test_merged_model_matches_adapter_logits(tmp_path: Path, tiny_model_dir: Path) -> None:
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from expert_cli.errors import UserError
     from expert_cli.train.merge import merge_adapter
@@ -29,9 +29,19 @@ def test_merged_model_matches_adapter_logits(tmp_path: Path, tiny_model_dir: Pat
         merge_adapter(out, inside)
     assert not inside.exists()
     merged_dir, notes = merge_adapter(out, tmp_path / "merged")
-    assert notes == []
+    # the base stops at <|endoftext|> alone; the merged model at ChatML's end of turn too
+    assert notes == [
+        "generation_config.json: the merged model stops at <|im_end|> too, as generate does"
+    ]
     assert (merged_dir / "model.safetensors").is_file()
     assert (merged_dir / "tokenizer.json").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(merged_dir)
+    ends = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    assert (
+        json.loads((tiny_model_dir / "generation_config.json").read_text())["eos_token_id"]
+        == ends[0]
+    )
+    assert json.loads((merged_dir / "generation_config.json").read_text())["eos_token_id"] == ends
 
     ids = torch.randint(5, 3900, (2, 24), generator=torch.Generator().manual_seed(0))
     merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()

@@ -29,9 +29,9 @@ from expert_cli.train.merge import LOAD_ERRORS, load_adapted
 from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file, run_of
 from expert_cli.train.prompt_format import prompt_format
 from expert_cli.train.prompts import prompt_texts
+from expert_cli.train.tokenizer_files import stop_ids
 
 DEFAULT_NEW_TOKENS = 256
-STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|end|>", "</s>")
 # training.decoding keys generate acts on (their bounds are DecodingSpec's)
 USED_DECODING = (
     "temperature",
@@ -238,13 +238,6 @@ def read_prompts(opts: GenerateOptions) -> list[str]:
 
 
 # --------------------------------------------------------------------------- generation
-
-
-def stop_ids(tokenizer: Any) -> list[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    vocab = tokenizer.get_vocab()
-    ids |= {vocab[t] for t in STOP_TOKENS if t in vocab}
-    return sorted(ids)
 
 
 def model_context(run: LoadedRun) -> int:

@@ -23,6 +23,7 @@ from expert_cli.errors import RunError, UserError
 from expert_cli.paths import place_problem, resolved_path, shown_path
 from expert_cli.train.memory import out_of_memory
 from expert_cli.train.outputs import adapter_base, read_json_file, run_of
+from expert_cli.train.tokenizer_files import stop_ids
 
 LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
 
@@ -123,6 +124,23 @@ def _run_facts(adapter: Path) -> tuple[list[SourceRef], str | None, Any]:
     return sources, quantized, dtype
 
 
+def _stop_at_end_of_turn(model: Any, tokenizer: Any) -> list[str]:
+    """The merged model's generation_config.json stops where `generate` stops: a base whose
+    config stops at <|endoftext|> alone answered a ChatML expert's turn past its <|im_end|>
+    in any runtime that reads the file."""
+    config = getattr(model, "generation_config", None)
+    if config is None:
+        return []
+    eos = config.eos_token_id
+    given = [eos] if isinstance(eos, int) else list(eos or [])
+    added = [i for i in stop_ids(tokenizer) if i not in given]
+    if not added:
+        return []
+    config.eos_token_id = given + added if given or len(added) > 1 else added[0]
+    shown = ", ".join(tokenizer.convert_ids_to_tokens(added))
+    return [f"generation_config.json: the merged model stops at {shown} too, as generate does"]
+
+
 def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
     """Load base + adapter (full precision weights, even if trained quantized), merge, save;
     the folder written and notes (a base trained quantized is merged at full precision)."""
@@ -153,6 +171,7 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
         raise UserError(
             f"--adapter {adapter}: cannot load its tokenizer ({type(exc).__name__})"
         ) from None
+    notes += _stop_at_end_of_turn(model, tokenizer)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         with atomic_folder(output) as tmp:  # an existing `output` is empty, checked above

@@ -1,11 +1,12 @@
 """The tokenizer files a run saves beside its adapter: which of them a package ships, and
 whether a loader can read each one (`package` refuses a run whose files cannot be read, and
-`check --package` a package holding one)."""
+`check --package` a package holding one); and the tokens an answer stops at."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import tokenizers
 from tokenizers import Tokenizer
@@ -24,6 +25,16 @@ TOKENIZER_FILES = (  # as the run saves them; at the package's root
     "chat_template.jinja",
 )
 TOKENIZER_CHECK_BYTES = 64 << 20  # larger tokenizer files are noted, not read
+# end-of-turn tokens of the layouts the data may have (ChatML, <|user|> markers, Llama 2)
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|end|>", "</s>")
+
+
+def stop_ids(tokenizer: Any) -> list[int]:
+    """The ids an answer stops at: the tokenizer's EOS and each end-of-turn token it has."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    vocab = tokenizer.get_vocab()
+    ids |= {vocab[t] for t in STOP_TOKENS if t in vocab}
+    return sorted(ids)
 
 
 def tokenizer_problem(name: str, data: bytes) -> str | None:
