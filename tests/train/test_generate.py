@@ -185,6 +185,9 @@ def test_generate_errors_are_exit_2(capsys, monkeypatch, memorised: Path, tmp_pa
     assert f"--prompts {prompts}: byte 5: not UTF-8 text" in exit_2(
         "--adapter", str(memorised), "--prompts", str(prompts)
     )
+    assert "--system: empty" in exit_2("--adapter", str(memorised), "-p", "x", "--system", " ")
+    alone = exit_2("--adapter", str(memorised), "--eval", "1", "--system", "Be brief.")
+    assert "--system: goes before --prompt or --prompts" in alone
 
 
 @pytest.mark.slow

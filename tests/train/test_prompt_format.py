@@ -16,6 +16,7 @@ from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
 from expert_cli.data import prepare_data
 from expert_cli.data.tokenizer import load_tokenizer
+from expert_cli.errors import UserError
 from expert_cli.train.prompt_format import PromptFormat, prompt_format
 
 QUESTION, ANSWER = "Count the orders.", "SELECT COUNT(*) FROM orders;"
@@ -151,3 +152,25 @@ def test_a_run_on_marker_text_without_field_mapping_answers_a_bare_prompt(
     report = json.loads(said.stdout)
     assert report["generations"][0]["output"].startswith(ANSWER)
     assert report["settings"]["prompt_layout"].startswith("a <|user|> turn")
+
+
+def test_a_system_turn_is_laid_out_as_the_datas(tmp_path: Path) -> None:
+    """`--system` goes where the layout puts a system turn; a layout without one (whole
+    texts, a response_template, a prompt holding its own markers) is exit 2, not guessed."""
+    fields = {"kind": "text", "mapping": {"text": "text"}}
+    layout, _, tok = _layout(tmp_path, {"fields": fields, "train": {"styles": {"chatml": 1}}})
+    assert _text(tok, layout.render(tok, "Hi", "Be brief.")) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    marker = PromptFormat("marker")
+    assert _text(tok, marker.render(tok, "Hi", "Be brief.")) == (
+        "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
+    )
+    alpaca = _text(tok, PromptFormat("instruction", "alpaca").render(tok, "Hi", "Be brief."))
+    assert alpaca.startswith("Be brief.\n\nBelow is an instruction")
+    chat = _text(tok, PromptFormat("messages").render(tok, "Hi", "Be brief."))
+    assert chat.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi")
+    for kept, prompt in ((PromptFormat("none"), "Once"), (layout, "<|im_start|>user\nHi")):
+        with pytest.raises(UserError, match="--system: the prompt is used as written"):
+            kept.render(tok, prompt, "Be brief.")

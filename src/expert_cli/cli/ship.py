@@ -45,6 +45,12 @@ def generate(
     greedy: Annotated[
         bool, typer.Option("--greedy", help="Greedy decoding, whatever the manifest says.")
     ] = False,
+    system: Annotated[
+        str | None,
+        typer.Option(
+            metavar="TEXT", help="A system turn before each prompt, laid out as the data's."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Try a trained expert: its prompt template and decoding settings, answers streamed."""
@@ -63,6 +69,7 @@ def generate(
         compare_base=compare_base,
         max_new_tokens=max_new_tokens,
         greedy=greedy,
+        system=system,
     )
     if as_json:
         typer.echo(json.dumps(run_generate(opts).to_dict(), indent=2, ensure_ascii=False))

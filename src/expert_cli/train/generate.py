@@ -28,7 +28,7 @@ from expert_cli.train.eval_cases import Case, eval_budgets, eval_cases
 from expert_cli.train.merge import LOAD_ERRORS, load_adapted
 from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file, run_of
 from expert_cli.train.prompt_format import prompt_format
-from expert_cli.train.prompts import prompt_texts
+from expert_cli.train.prompts import prompt_texts, system_text
 from expert_cli.train.tokenizer_files import stop_ids
 
 DEFAULT_NEW_TOKENS = 256
@@ -54,6 +54,7 @@ class GenerateOptions:
     compare_base: bool = False
     max_new_tokens: int | None = None
     greedy: bool = False
+    system: str | None = None  # the system turn before each prompt
 
 
 @dataclass
@@ -297,9 +298,11 @@ def answer(run: LoadedRun, case: Case, settings: dict[str, Any], view: Generatio
 def generate(opts: GenerateOptions, view: GenerationView | None = None) -> GenerateResult:
     """Answer every prompt (and with `compare_base` again without the adapter)."""
     view = view or Silent()
-    prompts = read_prompts(opts)
+    prompts, system = read_prompts(opts), system_text(opts.system)
     if not prompts and not opts.eval_n:
         raise UserError("generate: give --prompt TEXT, --prompts FILE or --eval N")
+    if system and not prompts:
+        raise UserError("--system: goes before --prompt or --prompts (--eval's have their own)")
     run = load_run(opts.adapter)
     # exact match of a sampled answer changes from one call to the next: --eval is greedy
     greedy = opts.greedy or bool(opts.eval_n)
@@ -329,7 +332,7 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
     layout, said = prompt_format(run.resolved, run.tokenizer, run.data_record)
     if prompts:
         notes += said
-    cases = [Case(p, layout.render(run.tokenizer, p)) for p in prompts]
+    cases = [Case(p, layout.render(run.tokenizer, p, system)) for p in prompts]
     if opts.eval_n:
         evals = eval_cases(run.resolved, run.tokenizer, run.data_record, opts.eval_n, notes)
         notes += eval_budgets(evals, settings["max_new_tokens"], opts.max_new_tokens is not None)

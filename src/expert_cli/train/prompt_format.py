@@ -52,16 +52,24 @@ class PromptFormat:
             return f"base_model.prompt_template {self.template}"
         return DESCRIBED[self.style]
 
-    def render(self, tokenizer: Any, text: str) -> list[int]:
-        """The prompt's token ids, ready for the answer's first token."""
+    def render(self, tokenizer: Any, text: str, system: str | None = None) -> list[int]:
+        """The prompt's token ids, ready for the answer's first token; `system` is the
+        system turn before it, where the layout has one."""
         if self.style == "messages":
-            return _chat(tokenizer, text)
+            return _chat(tokenizer, text, system)
         if self.style == "instruction":
-            prompt = render_instruction(self.template or "chatml", text, None, None)[0]
+            prompt = render_instruction(self.template or "chatml", text, None, system)[0]
         elif self.style == "chatml" and "<|im_start|>" not in text:
-            prompt = f"<|im_start|>user\n{text}{CHATML_END}\n{CHATML_ASSISTANT}\n"
+            head = f"<|im_start|>system\n{system}{CHATML_END}\n" if system else ""
+            prompt = f"{head}<|im_start|>user\n{text}{CHATML_END}\n{CHATML_ASSISTANT}\n"
         elif self.style == "marker" and MARKER_ASSISTANT not in text:
-            prompt = f"<|user|>\n{text}{MARKER_END}\n{MARKER_ASSISTANT}\n"
+            head = f"<|system|>\n{system}{MARKER_END}\n" if system else ""
+            prompt = f"{head}<|user|>\n{text}{MARKER_END}\n{MARKER_ASSISTANT}\n"
+        elif system:
+            raise UserError(
+                "--system: the prompt is used as written (it holds the layout's markers, or "
+                "the run's text data has no system turn); put the system text in the prompt"
+            )
         elif self.style == "template" and self.template and self.template not in text:
             prompt = text + self.template
         else:
@@ -125,15 +133,16 @@ def _style_counts(stats: Mapping[str, Any]) -> dict[str, int]:
     return {s: n for s, n in styles.items() if s in TEXT_STYLES and isinstance(n, int) and n > 0}
 
 
-def _chat(tokenizer: Any, text: str) -> list[int]:
+def _chat(tokenizer: Any, text: str, system: str | None) -> list[int]:
+    turns = [{"role": "system", "content": system}] if system else []
+    turns.append({"role": "user", "content": text})
     try:
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
+        rendered = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
     except Exception as exc:  # noqa: BLE001 - the run folder's template; its text unquoted
+        which = "a system turn and a user turn" if system else "one user turn"
         raise UserError(
             "the run's chat template (its tokenizer files beside the adapter) refuses a "
-            f"conversation of one user turn with a generation prompt ({type(exc).__name__})"
+            f"conversation of {which} with a generation prompt ({type(exc).__name__})"
             "; fix chat_template.jinja (or the chat_template of tokenizer_config.json) there"
         ) from None
     return tokenizer(rendered, add_special_tokens=False, verbose=False)["input_ids"]

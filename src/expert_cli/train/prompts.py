@@ -33,6 +33,19 @@ def prompt_texts(prompts: list[str], prompts_file: Path | None) -> list[str]:
     return prompts
 
 
+def system_text(system: str | None) -> str | None:
+    """`--system`, checked as a prompt is."""
+    if system is None:
+        return None
+    if not system.strip():
+        raise UserError("--system: empty; give the system turn's text or leave it out")
+    if len(system) > MAX_PROMPT_CHARS:
+        raise UserError(f"--system: over {MAX_PROMPT_CHARS:,} characters")
+    if any("\ud800" <= c <= "\udfff" for c in system):
+        raise UserError("--system: holds bytes that are not UTF-8 text")
+    return system
+
+
 def _prompt_lines(path: Path) -> list[str]:
     """One prompt per line (`\\n` in a line stands for a newline), read in bounded pieces;
     `-` reads standard input."""
