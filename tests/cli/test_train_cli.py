@@ -84,9 +84,9 @@ def test_outputs_written(demo_run: tuple[Path, Path, str]) -> None:
     assert (out / "base_model" / "model.safetensors").is_file()  # the random init
     resolved = json.loads((out / "manifest.resolved.json").read_text())
     assert resolved["runtime"]["final_step"] == STEPS  # the step the final adapter holds
-    # the manifest as trained, --set applied (package ships it), and the --set values named
-    trained = json.loads((out / "manifest.source.json").read_text())["training"]["config"]
-    assert (trained["save_steps"], trained["eval_steps"], trained["logging_steps"]) == (10, 10, 5)
+    # the manifest as its file holds it, and the --set values the run applied to it
+    config = json.loads((out / "manifest.source.json").read_text())["training"]["config"]
+    assert config["save_steps"] != 10 and resolved["save_steps"] == 10
     assert resolved["runtime"]["overrides"] == ["save_steps=10", "eval_steps=10", "logging_steps=5"]
     model = resolved["runtime"]["model"]
     # a CPU run takes the portable path, and both the config and the run record it

@@ -491,9 +491,9 @@ def test_a_reference_longer_than_the_budget_gets_room_or_a_note(demo_expert_dir:
     resolved = resolve(load_manifest(demo_expert_dir / "manifest.json"), cpu_environment())
     tokenizer = load_tokenizer(resolved)
     cases = eval_cases(resolved, tokenizer, None, 3, [])
-    for case in cases:  # the trained tokens: the answer's, then its end-of-turn token
+    for case in cases:  # the answer's tokens, its end-of-turn tokens not counted
         answer = tokenizer(case.reference, add_special_tokens=False)["input_ids"]
-        assert case.reference_tokens in (len(answer) + 1, len(answer) + 2)
+        assert abs(case.reference_tokens - len(answer)) <= 1 and len(answer) > 5
     lengths = sorted(c.reference_tokens for c in cases)
     budget = lengths[1] - 1  # two of the three are longer
     assert eval_budgets(cases, budget, chosen=True) == [
@@ -520,7 +520,7 @@ def test_eval_decodes_greedily_whatever_the_manifest_samples(
     (run / "manifest.source.json").write_text(json.dumps(source))
     report = _json(capsys, monkeypatch, "--adapter", str(run), "--eval", "2")
     assert report["settings"]["do_sample"] is False and report["exact_match_rate"] == 1.0
-    assert any(n.startswith("--eval: decoding is greedy") for n in report["notes"])
+    assert any(n.startswith("--eval: this call decodes greedily") for n in report["notes"])
     report = _json(capsys, monkeypatch, "--adapter", str(run), "-p", QUESTION)
     assert report["settings"]["do_sample"] is True and report["settings"]["temperature"] == 0.7
     report = _json(

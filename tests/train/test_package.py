@@ -751,3 +751,28 @@ def test_the_packaged_adapter_entry_describes_the_adapter_shipped(
     assert out.returncode == 2, out.stdout + out.stderr
     line = f"base_models[0].adapters[0].r: 64 in manifest.json, 8 in {ADAPTER_PATH}/adapter_config"
     assert line in " ".join(out.stdout.split())
+
+
+def test_an_adapter_entry_takes_the_values_of_each_adapter_kind() -> None:
+    """AdaLoRA's rank is its initial rank, LoKr's alpha its own key; an IA3 adapter has
+    neither, so an entry's rank and alpha do not stay beside it."""
+    from expert_cli.train.adapter_entry import described, reconciled
+
+    adalora = {"peft_type": "ADALORA", "r": 8, "init_r": 12, "lora_alpha": 24.0}
+    assert described(adalora) == {"type": "adalora", "r": 12, "alpha": 24}
+    assert described({"peft_type": "LOKR", "r": 4, "alpha": 8}) == {
+        "type": "lokr",
+        "r": 4,
+        "alpha": 8,
+    }
+    entry = {"type": "lora", "r": 16, "alpha": 32, "use_dora": False}
+    notes = reconciled(entry, {"peft_type": "IA3", "target_modules": ["q"]}, "adapters[0]")
+    assert entry == {"type": "ia3"} and notes == [
+        "adapters[0].type: lora in the manifest, ia3 in the adapter it ships (training.config "
+        "or --set chose it): the package says the adapter's"
+    ]
+    same = {"type": "lora", "use_dora": True, "r": 8, "alpha": 16.0}
+    assert (
+        reconciled(same, {"peft_type": "LORA", "use_dora": True, "r": 8, "lora_alpha": 16}, "a")
+        == []
+    )

@@ -84,6 +84,7 @@ def test_text_prompts_follow_the_layout_most_examples_had(tmp_path: Path) -> Non
     assert _text(tok, layout.render(tok, "Hi")) == "<|user|>\nHi<|end|>\n<|assistant|>\n"
     given = "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
     assert _text(tok, layout.render(tok, given)) == given  # the whole layout: as written
+    assert _text(tok, layout.render(tok, "<|user|>\nHi")) == "<|user|>\nHi"  # not wrapped twice
     stats["train"]["styles"] = {"none": 4, "chatml": 1}
     layout, notes, tok = _layout(tmp_path, stats)
     assert _text(tok, layout.render(tok, "Once upon")) == "Once upon"
@@ -101,6 +102,9 @@ def test_a_response_template_follows_the_prompt_once(tmp_path: Path) -> None:
     assert "response_template" in notes[0]
     assert _text(tok, layout.render(tok, "Q: 2+2?\n")) == "Q: 2+2?\n### Answer:"
     assert _text(tok, layout.render(tok, "Q: 2+2?\n### Answer:")) == "Q: 2+2?\n### Answer:"
+    # a space ending the template belongs to the answer's first token, as in training
+    spaced = PromptFormat("template", "### Answer: ")
+    assert _text(tok, spaced.render(tok, "Q: 2+2?\n")) == "Q: 2+2?\n### Answer:"
 
 
 def test_an_unrecorded_kind_is_a_stated_guess(tmp_path: Path) -> None:

@@ -206,7 +206,7 @@ def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Loade
     missing = missing_files(manifest, path.parent)
     if missing:
         raise UserError(_attributed(missing, path.name, overrides or []))
-    return LoadedManifest(manifest=manifest, path=path, raw=data)
+    return LoadedManifest(manifest=manifest, path=path, raw=raw)
 
 
 def missing_files(manifest: Manifest, folder: Path) -> list[str]:

@@ -346,9 +346,7 @@ class LoadedManifest(BaseModel):
 
     manifest: Manifest
     path: Path
-    raw: dict[str, Any] = Field(
-        description="The JSON as read, comments included, with the --set overrides applied."
-    )
+    raw: dict[str, Any] = Field(description="The JSON as read, comments included.")
 
     @property
     def folder(self) -> Path:

@@ -13,10 +13,6 @@ tokenization. Rules (docs/data.md has examples):
   example without it is dropped and counted (`dropped_no_marker`).
 - `text` with no marker and no `response_template`: the whole text is trained, counted as
   `no_marker` in the stats.
-
-Each row's rule (`chatml`, `marker`, `template`, `none`; `empty`, `missing`, `refused` for
-dropped ones) is kept in its `style` column, and the build counts the kept rows' rules
-(`styles` in the stats): `generate` presents a prompt the way most of the data was laid out.
 - instruction/input/response: rendered with `prompt_template`; the response is trained.
 - `messages`: rendered with the tokenizer's chat template, then the `text` rules apply. A
   conversation the template refuses (its `raise_exception`, e.g. roles that do not alternate or
@@ -28,6 +24,10 @@ text already ends with it, trailing whitespace aside (Qwen instruct tokenizers u
 EOS, which ChatML turns already end with). An example over `max_seq_length`
 is cut to its first `max_seq_length` tokens (then it has no EOS: the text did not end there), or
 dropped, as `overlong` says; one whose trained tokens were all cut away is dropped too.
+
+Each row's rule (`chatml`, `marker`, `template`, `none`; `empty`, `missing`, `refused` for
+dropped ones) is kept in its `style` column, and the build counts the kept rows' rules
+(`styles` in the stats): `generate` presents a prompt the way most of the data was laid out.
 
 An example's first token is never trained (label -100): the model shifts labels by one, so
 nothing inside the example predicts it, and in a packed row it would otherwise be predicted

@@ -65,4 +65,6 @@ def reconciled(entry: dict[str, Any], config: dict[str, Any], where: str) -> lis
     for field in ("r", "alpha"):
         if field in adapter:
             entry[field] = adapter[field]
+        elif adapter.get("type") == "ia3":  # IA3 has neither: a value left would mislead
+            entry.pop(field, None)
     return notes

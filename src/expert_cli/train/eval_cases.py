@@ -25,7 +25,7 @@ class Case:
     prompt: str
     ids: list[int]
     reference: str | None = None
-    reference_tokens: int = 0  # the reference's length in tokens, its end-of-turn included
+    reference_tokens: int = 0  # the reference's length in tokens, special tokens left out
     budget: int | None = None  # new tokens for this case, where not the run's budget
 
 
@@ -51,6 +51,7 @@ def eval_cases(
         )
     cases: list[Case] = []
     cut = 0
+    special = set(tokenizer.all_special_ids)  # the end-of-turn tokens match no answer's text
     for row in data.eval:
         for ids, labels in _examples(row):
             trained = [i for i, label in enumerate(labels) if label != IGNORE]
@@ -63,7 +64,8 @@ def eval_cases(
             stop = next((i for i in range(first, len(labels)) if labels[i] == IGNORE), len(ids))
             prompt = tokenizer.decode(ids[:first], skip_special_tokens=True).strip()
             reference = tokenizer.decode(ids[first:stop], skip_special_tokens=True)
-            cases.append(Case(prompt, ids[:first], reference.strip(), stop - first))
+            text_tokens = sum(1 for t in ids[first:stop] if t not in special)
+            cases.append(Case(prompt, ids[:first], reference.strip(), text_tokens))
             if len(cases) == n:
                 break
         if len(cases) == n:

@@ -218,6 +218,23 @@ UNSET_MEANS = {
 SAMPLING_ONLY = ("temperature", "top_k", "top_p", "min_p", "typical_p")
 
 
+def base_notes(resolved: ResolvedConfig) -> list[str]:
+    """What the answers are given by: a random-init base, or a base the run trained quantized."""
+    notes = []
+    if resolved.init == "random":
+        notes.append(
+            "the base model is a random initialisation: its answers are noise by design "
+            "(the demo shows the mechanics; train on a pretrained base for real answers)"
+        )
+    if resolved.quantization in ("int4", "int8"):
+        notes.append(
+            f"quantization: the run trained against {resolved.quantization} base weights; "
+            "the adapter answers here on the unquantized base, as merge ships it (answers can "
+            "differ a little from the quantized model's)"
+        )
+    return notes
+
+
 def inherited_settings(model: Any, settings: dict[str, Any]) -> dict[str, Any]:
     """Values of the base model's generation_config.json that transformers applies because
     `settings` leave them unset (the sampling ones only when sampling): Qwen3 ships top_k 20
@@ -309,20 +326,10 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
     settings, notes = decoding_settings(run.decoding, greedy, opts.max_new_tokens)
     if greedy and not opts.greedy and decoding_settings(run.decoding, False, 1)[0]["do_sample"]:
         notes.append(
-            "--eval: decoding is greedy (an exact match of sampled answers changes from run to "
-            "run); training.decoding's sampling applies to prompts given without --eval"
+            "--eval: this call decodes greedily (an exact match of sampled answers changes "
+            "from run to run); training.decoding's sampling applies to calls without --eval"
         )
-    if run.resolved.init == "random":
-        notes.append(
-            "the base model is a random initialisation: its answers are noise by design "
-            "(the demo shows the mechanics; train on a pretrained base for real answers)"
-        )
-    if run.resolved.quantization in ("int4", "int8"):
-        notes.append(
-            f"quantization: the run trained against {run.resolved.quantization} base weights; "
-            "the adapter answers here on the unquantized base, as merge ships it (answers can "
-            "differ a little from the quantized model's)"
-        )
+    notes += base_notes(run.resolved)
     if inherited := inherited_settings(run.model, settings):
         shown = ", ".join(f"{key} {value}" for key, value in inherited.items())
         notes.append(

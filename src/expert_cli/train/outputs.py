@@ -54,9 +54,8 @@ def write_resolved(
     source: dict[str, Any] | None = None,
 ) -> Path:
     """manifest.resolved.json: every resolved field, plus what the run decided at load time;
-    with `source`, also manifest.source.json: the manifest as trained, its file with the
-    `--set` overrides applied (so the run folder alone can be tried and packaged after the
-    expert's folder has moved, and the package describes what was trained)."""
+    with `source`, also manifest.source.json: the manifest as its file holds it (so the run
+    folder alone can be tried and packaged after the expert's folder has moved)."""
     data = resolved.model_dump(mode="json")
     data["runtime"] = runtime
     path = output / "manifest.resolved.json"

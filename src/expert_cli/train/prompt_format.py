@@ -29,6 +29,7 @@ from expert_cli.data.formatting import (
 )
 from expert_cli.errors import UserError
 
+MARKER_HOLDS = (MARKER_ASSISTANT, "<|user|>", "<|system|>")  # a prompt holding one: as written
 TEXT_STYLES = ("chatml", "marker", "none")  # the ones a text without response_template has
 DESCRIBED = {
     "messages": "the run's chat template (one user turn)",
@@ -62,7 +63,7 @@ class PromptFormat:
         elif self.style == "chatml" and "<|im_start|>" not in text:
             head = f"<|im_start|>system\n{system}{CHATML_END}\n" if system else ""
             prompt = f"{head}<|im_start|>user\n{text}{CHATML_END}\n{CHATML_ASSISTANT}\n"
-        elif self.style == "marker" and MARKER_ASSISTANT not in text:
+        elif self.style == "marker" and not any(m in text for m in MARKER_HOLDS):
             head = f"<|system|>\n{system}{MARKER_END}\n" if system else ""
             prompt = f"{head}<|user|>\n{text}{MARKER_END}\n{MARKER_ASSISTANT}\n"
         elif system:
@@ -71,7 +72,8 @@ class PromptFormat:
                 "the run's text data has no system turn); put the system text in the prompt"
             )
         elif self.style == "template" and self.template and self.template not in text:
-            prompt = text + self.template
+            # a space ending the template went into the answer's first token in training
+            prompt = text + self.template.rstrip()
         else:
             prompt = text
         return _encoded(tokenizer, prompt)

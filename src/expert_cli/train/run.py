@@ -112,7 +112,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     )
     args = TrainingArguments(**kwargs)
     run = Run(resolved=resolved, args=args, output=output, reporter=reporter, source=loaded.raw)
-    run.runtime["overrides"] = list(opts.overrides)  # the --set values manifest.source.json has
+    run.runtime["overrides"] = list(opts.overrides)  # the --set values, not in manifest.source.json
     run.runtime[MAX_STEPS_KEY] = max_steps
     if said and run.is_main:
         reporter.note(said)

@@ -101,8 +101,7 @@ class Run:
     reporter: Reporter
     runtime: dict[str, Any] = field(default_factory=dict)
     complete: Previous | None = None  # --resume of a run that has finished
-    # the manifest as trained: as its file holds it, with the --set overrides applied
-    source: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)  # the manifest as its file holds it
     aside: Path | None = None  # the earlier run's outputs, set aside by --overwrite
     created: Path | None = None  # the outermost folder of --output this run made (if any)
     hold: Any = None  # the lock on the output folder while this process trains in it
