@@ -104,16 +104,17 @@ def eval_budgets(cases: list[Case], budget: int, chosen: bool) -> list[str]:
     if not long:
         return []
     longest = max(c.reference_tokens for c in long)
+    many = len(long) > 1
+    which = f"--eval: {len(long):,} reference{'s are' if many else ' is'} longer than"
+    answers = "their answers" if many else "its answer"
     if chosen:
         return [
-            f"--eval: {len(long):,} reference{'s are' if len(long) > 1 else ' is'} longer than "
-            f"--max-new-tokens {budget:,} (the longest {longest:,} tokens): "
-            f"{'their answers' if len(long) > 1 else 'its answer'} stop before matching"
+            f"{which} --max-new-tokens {budget:,} (the longest {longest:,} tokens): "
+            f"{answers} stop before matching"
         ]
     for case in long:
         case.budget = case.reference_tokens
     return [
-        f"--eval: {len(long):,} reference{'s are' if len(long) > 1 else ' is'} longer than the "
-        f"{budget:,}-token budget: {'their answers' if len(long) > 1 else 'its answer'} may run "
-        f"to the reference's length (the longest {longest:,} tokens)"
+        f"{which} the {budget:,}-token budget: {answers} may run to the reference's length "
+        f"(the longest {longest:,} tokens)"
     ]

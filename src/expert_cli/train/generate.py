@@ -321,14 +321,15 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
     if system and not prompts:
         raise UserError("--system: goes before --prompt or --prompts (--eval's have their own)")
     run = load_run(opts.adapter)
-    # exact match of a sampled answer changes from one call to the next: --eval is greedy
-    greedy = opts.greedy or bool(opts.eval_n)
-    settings, notes = decoding_settings(run.decoding, greedy, opts.max_new_tokens)
-    if greedy and not opts.greedy and decoding_settings(run.decoding, False, 1)[0]["do_sample"]:
-        notes.append(
-            "--eval: this call decodes greedily (an exact match of sampled answers changes "
-            "from run to run); training.decoding's sampling applies to calls without --eval"
-        )
+    settings, notes = decoding_settings(run.decoding, opts.greedy, opts.max_new_tokens)
+    if opts.eval_n and not opts.greedy:  # exact match of sampled answers varies: greedy
+        sampled = settings["do_sample"]
+        settings, notes = decoding_settings(run.decoding, True, opts.max_new_tokens)
+        if sampled:
+            notes.append(
+                "--eval: this call decodes greedily (an exact match of sampled answers changes "
+                "from run to run); training.decoding's sampling applies to calls without --eval"
+            )
     notes += base_notes(run.resolved)
     if inherited := inherited_settings(run.model, settings):
         shown = ", ".join(f"{key} {value}" for key, value in inherited.items())

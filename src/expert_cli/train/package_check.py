@@ -329,9 +329,10 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
     for name in ADAPTER_FILES:
         if prefix + name not in report.files:
             report.problems.append(f"{prefix + name}: missing (the folder {where}[0].path names)")
-    if (config := heads.get(prefix + ADAPTER_FILES[1])) is not None:
+    if (data := heads.get(prefix + ADAPTER_FILES[1])) is not None:
         names = header_names(heads.get(prefix + ADAPTER_FILES[0], b""))
-        if problem := _config_problem(config, names):
+        config, problem = _read_config(data, names)
+        if problem:
             report.problems.append(f"{prefix}{ADAPTER_FILES[1]}: {problem}")
         else:
             report.problems += _entry_problems(adapter, config, where, prefix)
@@ -345,25 +346,27 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
         )
 
 
-def _entry_problems(adapter: dict[str, Any], data: bytes, where: str, prefix: str) -> list[str]:
+def _entry_problems(
+    adapter: dict[str, Any], config: dict[str, Any], where: str, prefix: str
+) -> list[str]:
     """Each type, rank or alpha of the manifest's adapter entry that the adapter_config.json
     shipped with it gives otherwise (the manifest would describe an adapter not shipped)."""
-    config = json.loads(data.decode("utf-8"), parse_int=json_int)  # read by _config_problem
     return [
         f"{where}[0].{field}: {given} in manifest.json, {value} in {prefix}{ADAPTER_FILES[1]}"
         for field, given, value in disagreements(adapter, config)
     ]
 
 
-def _config_problem(data: bytes, names: list[str] | None) -> str | None:
-    """What `generate` and `merge` would refuse in the package's adapter configuration."""
+def _read_config(data: bytes, names: list[str] | None) -> tuple[dict[str, Any], str | None]:
+    """The package's adapter configuration, and what `generate` and `merge` would refuse in
+    it (None: nothing)."""
     try:
         config = json.loads(data.decode("utf-8"), parse_int=json_int)
     except (UnicodeDecodeError, ValueError, RecursionError):
-        return "not readable JSON"
+        return {}, "not readable JSON"
     if not isinstance(config, dict):
-        return "not a JSON object"
-    return adapter_config_problem(config, names)
+        return {}, "not a JSON object"
+    return config, adapter_config_problem(config, names)
 
 
 def _check_checksum_file(report: PackageReport) -> None:

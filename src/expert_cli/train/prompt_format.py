@@ -27,6 +27,7 @@ from expert_cli.data.formatting import (
     MARKER_END,
     render_instruction,
 )
+from expert_cli.data.rows import field_spec
 from expert_cli.errors import UserError
 
 MARKER_HOLDS = (MARKER_ASSISTANT, "<|user|>", "<|system|>")  # a prompt holding one: as written
@@ -118,13 +119,13 @@ def prompt_format(
 
 
 def _data_kind(mapping: dict[str, str] | None, stats: Mapping[str, Any]) -> str | None:
-    if mapping is None:
-        fields = stats.get("fields")
-        kind = fields.get("kind") if isinstance(fields, Mapping) else None
-        return kind if kind in ("text", "messages", "instruction") else None
-    if "text" in mapping:
-        return "text"
-    return "messages" if "messages" in mapping else "instruction"
+    """The kind the manifest's field_mapping says (as the build read it), else the one the
+    build recorded detecting."""
+    if mapping is not None:
+        return field_spec(mapping, [], "manifest.resolved.json field_mapping").kind
+    fields = stats.get("fields")
+    kind = fields.get("kind") if isinstance(fields, Mapping) else None
+    return kind if kind in ("text", "messages", "instruction") else None
 
 
 def _style_counts(stats: Mapping[str, Any]) -> dict[str, int]:
