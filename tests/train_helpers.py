@@ -85,6 +85,35 @@ def write_expert(
     return path
 
 
+def hand_built_manifest(**top) -> dict:
+    return {
+        "name": "expert-x",
+        "version": "0.1.0",
+        "schema_version": "2.0",
+        "base_models": [{"name": "org/model", "adapters": [{"type": "lora"}]}],
+        "training": {"dataset": {"path": "org/data"}, "decoding": {"temperature": 0.2}},
+        **top,
+    }
+
+
+def hand_built_run(tmp_path: Path, source: dict | str | None = None) -> Path:
+    """A run folder as train leaves it, built by hand (the adapter holds no tensors: no
+    command that loads it is run on it), trained from a manifest whose folder is gone."""
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {"base_model_name_or_path": "org/model", "peft_type": "LORA", "r": 8}
+    config["target_modules"] = ["q_proj"]
+    (run / "adapter_config.json").write_text(json.dumps(config))
+    empty = (2).to_bytes(8, "little") + b"{}"  # a whole safetensors file of no tensors
+    (run / "adapter_model.safetensors").write_bytes(empty)
+    resolved = {"manifest_path": str(tmp_path / "expert" / "manifest.json")}  # a folder gone
+    (run / "manifest.resolved.json").write_text(json.dumps(resolved))
+    source = hand_built_manifest() if source is None else source
+    text = source if isinstance(source, str) else json.dumps(source)
+    (run / "manifest.source.json").write_text(text, encoding="utf-8")
+    return run
+
+
 def cli_env() -> dict[str, str]:
     return {
         **os.environ,

@@ -62,17 +62,19 @@ def safetensors_problem(path: Path) -> str | None:
     return f"{path.name} {problem}" if problem else None
 
 
-def tensor_names(path: Path) -> list[str] | None:
-    """The tensor names a safetensors file's header lists (None when it cannot be read)."""
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """Each tensor's shape by name, as a safetensors file's header lists them (None when it
+    cannot be read)."""
     try:
-        return header_names(_head(path)[0])
+        return header_shapes(_head(path)[0])
     except OSError:
         return None
 
 
-def header_names(head: bytes) -> list[str] | None:
-    """The tensor names of the header at the start of `head` (a safetensors file's first
-    bytes); None when `head` does not hold a whole, readable header."""
+def header_shapes(head: bytes) -> dict[str, tuple[int, ...]] | None:
+    """Each tensor's shape by name, from the header at the start of `head` (a safetensors
+    file's first bytes); None when `head` does not hold a whole, readable header. A shape
+    that is not a list of whole numbers is given as ()."""
     length = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
     if length < 0 or len(head) < 8 + length:
         return None
@@ -80,7 +82,16 @@ def header_names(head: bytes) -> list[str] | None:
         header = json.loads(head[8 : 8 + length])
     except (ValueError, RecursionError):
         return None
-    return [str(k) for k in header if k != "__metadata__"] if isinstance(header, dict) else None
+    if not isinstance(header, dict):
+        return None
+    return {str(k): _shape(v) for k, v in header.items() if k != "__metadata__"}
+
+
+def _shape(entry: Any) -> tuple[int, ...]:
+    shape = entry.get("shape") if isinstance(entry, dict) else None
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        return ()
+    return tuple(shape)
 
 
 def damaged_weights(folder: Path) -> list[str]:

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
+from train_helpers import hand_built_manifest as _manifest
+from train_helpers import hand_built_run as _run_folder
 from train_helpers import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,33 +27,6 @@ def _exit_2(capsys, monkeypatch, *args: str) -> str:
     assert code == 2, text
     assert "Traceback" not in text and SECRET not in text
     return text
-
-
-def _manifest(**top) -> dict:
-    return {
-        "name": "expert-x",
-        "version": "0.1.0",
-        "schema_version": "2.0",
-        "base_models": [{"name": "org/model", "adapters": [{"type": "lora"}]}],
-        "training": {"dataset": {"path": "org/data"}, "decoding": {"temperature": 0.2}},
-        **top,
-    }
-
-
-def _run_folder(tmp_path: Path, source: dict | str | None = None) -> Path:
-    """A run folder as train leaves it (the adapter is bytes no command here loads)."""
-    run = tmp_path / "run"
-    run.mkdir()
-    config = {"base_model_name_or_path": "org/model", "peft_type": "LORA", "r": 8}
-    config["target_modules"] = ["q_proj"]
-    (run / "adapter_config.json").write_text(json.dumps(config))
-    empty = (2).to_bytes(8, "little") + b"{}"  # a whole safetensors file of no tensors
-    (run / "adapter_model.safetensors").write_bytes(empty)
-    (run / "manifest.resolved.json").write_text("{}")
-    source = _manifest() if source is None else source
-    text = source if isinstance(source, str) else json.dumps(source)
-    (run / "manifest.source.json").write_text(text, encoding="utf-8")
-    return run
 
 
 def _tree(folder: Path) -> dict[str, bytes | None]:

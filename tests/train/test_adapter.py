@@ -203,7 +203,7 @@ def test_every_adapter_expert_cli_trains_passes_the_configuration_check(
     from transformers import AutoModelForCausalLM
 
     from expert_cli.train.outputs import adapter_config_problem
-    from expert_cli.weights import tensor_names
+    from expert_cli.weights import tensor_shapes
 
     targets = ["q_proj", "v_proj"]
     config = {
@@ -216,11 +216,43 @@ def test_every_adapter_expert_cli_trains_passes_the_configuration_check(
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), config)
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "adapter_config.json").read_text())
-    names = tensor_names(tmp_path / "adapter_model.safetensors")
+    names = tensor_shapes(tmp_path / "adapter_model.safetensors")
     assert names, kind
     assert adapter_config_problem(saved, names) is None
     saved["lora_alpha" if "lora_alpha" in saved else "target_modules"] = None  # and it can fail
     assert adapter_config_problem(saved, names) is not None
+
+
+def test_a_configuration_that_does_not_fit_the_weights_is_named(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """An adapter_config.json whose rank or target modules are not the weights' (a hand edit,
+    a file copied from another run): peft loaded the first in a size-mismatch traceback and
+    the second by dropping the weights of the layers left out. Both are named; what peft
+    itself writes for a rank pattern or a regular expression passes."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from expert_cli.train.outputs import adapter_config_problem
+    from expert_cli.weights import tensor_shapes
+
+    config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], rank_pattern={"v_proj": 2})
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), config)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "adapter_config.json").read_text())
+    shapes = tensor_shapes(tmp_path / "adapter_model.safetensors")
+    assert adapter_config_problem(saved, shapes) is None
+    for edit, expected in [
+        ({"r": 8}, "r: 8, but the weights beside it are of rank 4 (base_model.model.model."),
+        ({"rank_pattern": {}}, "r: 4, but the weights beside it are of rank 2"),
+        ({"target_modules": ["q_proj"]}, "target_modules does not name model.layers.0.self_"),
+        ({"target_modules": r".*\.q_proj"}, "v_proj and 1 more, which the weights beside"),
+        ({"target_modules": "(["}, "target_modules: not a regular expression"),
+    ]:
+        problem = adapter_config_problem({**saved, **edit}, shapes)
+        assert problem is not None and expected in problem, (edit, problem)
+    for fits in ({"target_modules": r".*\.(q|v)_proj"}, {"target_modules": ["v_proj", "q_proj"]}):
+        assert adapter_config_problem({**saved, **fits}, shapes) is None
 
 
 def test_adalora_eval_loss_is_the_language_model_loss(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -347,7 +347,8 @@ def test_decoding_settings_from_the_manifest() -> None:
         {"temperature": 1e-300},  # the logits divided by it overflow: a traceback
         {"stop_sequences": ";"},
     ):
-        with pytest.raises(UserError, match=f"training.decoding.{next(iter(bad))}"):
+        where = f"manifest.source.json: training.decoding.{next(iter(bad))}"
+        with pytest.raises(UserError, match=where):
             decoding_settings(bad, False, None)
 
 

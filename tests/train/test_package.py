@@ -392,6 +392,10 @@ def test_a_chosen_checkpoint_is_shipped(v2_run: Path, tmp_path: Path) -> None:
         ({"peft_type": "FOO"}, "peft_type: expected one of LORA, ADALORA, IA3, LOKR (got a"),
         ({"task_type": "SEQ_CLS"}, "task_type: expected CAUSAL_LM (got a string of 7"),
         ({"target_modules": []}, "target_modules: expected the names of the adapted layers"),
+        # a size-mismatch traceback from inside peft
+        ({"r": 16}, "r: 16, but the weights beside it are of rank 8 (base_model.model.model."),
+        # loaded with the weights of every layer but q_proj dropped
+        ({"target_modules": ["q_proj"]}, "target_modules does not name model.layers.0."),
     ],
 )
 def test_an_adapter_config_that_cannot_describe_its_weights_is_refused(
@@ -556,26 +560,27 @@ def test_merge_of_a_checkpoint_keeps_the_runs_dtype(v2_run: Path, tmp_path: Path
 
 @pytest.mark.slow
 def test_check_package_judges_the_adapter_configuration(v2_run: Path, tmp_path: Path) -> None:
-    """A package whose adapter_config.json holds `lora_alpha: NaN` was "sound"; generate and
-    merge of such an adapter are refused, and so is the package now."""
+    """A package whose adapter_config.json holds `lora_alpha: NaN`, or a rank its weights do
+    not have, was "sound"; generate and merge of such an adapter are refused, and so is the
+    package now."""
     package = tmp_path / "x.expert"
     assert run_here("package", "--adapter", str(v2_run), "--output", str(package)).returncode == 0
     members = _unpack(package)
     name = f"{ADAPTER_PATH}/adapter_config.json"
     config = json.loads(members[name])
-    members[name] = json.dumps({**config, "lora_alpha": float("nan")}).encode()
-    bad = tmp_path / "bad.expert"
-    with tarfile.open(bad, "w:gz") as tar:
-        for member, data in members.items():
-            info = tarfile.TarInfo(member)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    out = run_here("check", "--package", str(bad))
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert (
-        f"{name}: lora_alpha: expected a number above 0 and at most 1,000,000 (got a decimal "
-        "number)" in " ".join(out.stdout.split())
-    )
+    for edit, expected in [
+        ({"lora_alpha": float("nan")}, "lora_alpha: expected a number above 0 and at most 1,"),
+        ({"r": 4}, "r: 4, but the weights beside it are of rank 8"),  # generate failed on it
+    ]:
+        bad = tmp_path / "bad.expert"
+        with tarfile.open(bad, "w:gz") as tar:
+            for member, data in {**members, name: json.dumps({**config, **edit}).encode()}.items():
+                info = tarfile.TarInfo(member)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        out = run_here("check", "--package", str(bad))
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert f"{name}: {expected}" in " ".join(out.stdout.split())
     assert run_here("check", "--package", str(package)).returncode == 0  # the one written
 
 

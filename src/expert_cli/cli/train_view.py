@@ -23,9 +23,9 @@ from expert_cli.data import PreparedData
 from expert_cli.data.build import drop_reasons
 from expert_cli.errors import escaped
 from expert_cli.train.causality import ISOLATED
+from expert_cli.train.choice import lower_loss_note
 from expert_cli.train.generate import Case, GenerateResult, Generation
 from expert_cli.train.model import ModelChoices
-from expert_cli.train.package import lower_loss_note
 from expert_cli.train.run import TrainOptions, TrainResult
 
 WIDTH = 10  # the label column: "model     ", "note      "

@@ -13,11 +13,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expert_cli.config.loading import read_manifest_json
+from expert_cli.config.models import CHECKPOINT_NAME
 from expert_cli.config.training_config import MAX_STEPS
+from expert_cli.errors import UserError
+from expert_cli.paths import shown_path
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
-from expert_cli.train.outputs import ADAPTER_WEIGHTS, finite_number, read_json_file
+from expert_cli.train.outputs import (
+    ADAPTER_WEIGHTS,
+    SOURCE_MANIFEST,
+    finite_number,
+    read_json_file,
+    run_manifest,
+)
 
 FINAL = "final"
+BEST = "best"  # --checkpoint best: the kept adapter of lowest eval loss
 # the step a run's final adapter holds, recorded in manifest.resolved.json's runtime when it is
 # saved (with load_best_model_at_end, the best checkpoint's step, not the last one)
 FINAL_STEP = "final_step"
@@ -93,3 +104,93 @@ def lowest(adapters: list[KeptAdapter]) -> KeptAdapter | None:
     if not scored:
         return None
     return min(scored, key=lambda a: (a.eval_loss, a.name != FINAL, -(a.step or 0)))
+
+
+def chosen_checkpoint(
+    run_dir: Path, checkpoint: str | None, manifest_path: Path, source: dict[str, Any]
+) -> tuple[str, str]:
+    """Which adapter to ship, and who chose it: `--checkpoint` (`best`: the kept adapter of
+    lowest eval loss), else the manifest file as it is now (HiveLLM's way: compare the
+    checkpoints, then name the best in the manifest; no `training.packaging_checkpoint` there
+    is final), else, the file gone, the run's copy."""
+    if checkpoint == BEST:
+        return _best(run_dir)
+    if checkpoint is not None:
+        if not CHECKPOINT_NAME.fullmatch(checkpoint):
+            raise UserError(
+                "--checkpoint: expected checkpoint-N (e.g. checkpoint-500), final, or best "
+                "(the lowest eval loss)"
+            )
+        return checkpoint, "--checkpoint"
+    if manifest_path.is_file():
+        named = _packaging_checkpoint(manifest_path)
+        where = f"training.packaging_checkpoint in {shown_path(manifest_path)}"
+        return (named, where) if named else ("final", "")
+    then = (source.get("training") or {}).get("packaging_checkpoint")
+    if isinstance(then, str) and CHECKPOINT_NAME.fullmatch(then):
+        return then, f"training.packaging_checkpoint in the run's {SOURCE_MANIFEST}"
+    return "final", ""
+
+
+def default_choice(run_dir: Path) -> tuple[str, str]:
+    """What `package` ships without `--checkpoint`, and who chose it ("" for final by default);
+    UserError when that cannot be told (the manifest file unreadable, no copy of it)."""
+    resolved = read_json_file(run_dir / "manifest.resolved.json")
+    source, manifest_path = run_manifest(run_dir, resolved)
+    return chosen_checkpoint(run_dir, None, manifest_path, source)
+
+
+def _best(run_dir: Path) -> tuple[str, str]:
+    adapters = kept_adapters(run_dir)
+    best = lowest(adapters)
+    if best is None:
+        held = ", ".join(a.name for a in adapters[-8:]) or "none"
+        raise UserError(
+            f"--checkpoint best: the run evaluated at no step it kept an adapter of (it keeps: "
+            f"{held}); name one: --checkpoint NAME"
+        )
+    return best.name, f"--checkpoint best: eval loss {best.eval_loss:.4g} at step {best.step}"
+
+
+def lower_loss_note(run_dir: Path, name: str, ship_with: str = "--checkpoint best") -> str | None:
+    """A note when the run keeps an adapter of lower eval loss than `name`, the one shipped,
+    saying that `ship_with` ships it."""
+    adapters = kept_adapters(run_dir)
+    best = lowest(adapters)
+    shipped = next((a for a in adapters if a.name == name), None)
+    if best is None or best.name == name or shipped is None:
+        return None
+    if shipped.eval_loss is None:
+        return (
+            f"{name} was not evaluated at its step; {best.name} has eval loss "
+            f"{best.eval_loss:.4g} (step {best.step}): {ship_with} ships it"
+        )
+    if best.eval_loss is not None and best.eval_loss < shipped.eval_loss:
+        return (
+            f"{best.name} has a lower eval loss ({best.eval_loss:.4g} at step {best.step}) "
+            f"than {name} ({shipped.eval_loss:.4g}): {ship_with} ships it"
+        )
+    return None
+
+
+def _packaging_checkpoint(manifest_path: Path) -> str | None:
+    """`training.packaging_checkpoint` of the manifest file (None when it names none); a file
+    that cannot say is exit 2 (the choice it holds is not guessed)."""
+    retry = "; fix it, or pass --checkpoint NAME"
+    try:
+        raw = read_manifest_json(manifest_path)
+    except UserError as exc:
+        raise UserError([*exc.lines[:-1], exc.lines[-1] + retry]) from None
+    training = raw.get("training")
+    if not isinstance(training, dict):
+        raise UserError(
+            f"{shown_path(manifest_path)}: training is not an object, so which checkpoint "
+            f"to ship cannot be read{retry}"
+        )
+    value = training.get("packaging_checkpoint")
+    if value is not None and not (isinstance(value, str) and CHECKPOINT_NAME.fullmatch(value)):
+        raise UserError(
+            f"{shown_path(manifest_path)}: training.packaging_checkpoint: expected "
+            "checkpoint-N (e.g. checkpoint-500) or final"
+        )
+    return value

@@ -26,7 +26,13 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import RunError, UserError
 from expert_cli.train.eval_cases import Case, eval_budgets, eval_cases
 from expert_cli.train.merge import LOAD_ERRORS, load_adapted
-from expert_cli.train.outputs import SOURCE_MANIFEST, adapter_base, read_json_file, run_of
+from expert_cli.train.outputs import (
+    SOURCE_MANIFEST,
+    adapter_base,
+    read_json_file,
+    run_of,
+    source_manifest,
+)
 from expert_cli.train.prompt_format import prompt_format
 from expert_cli.train.prompts import prompt_texts, system_text
 from expert_cli.train.tokenizer_files import stop_ids
@@ -151,7 +157,7 @@ def load_run(adapter: Path) -> LoadedRun:
         raise UserError(
             f"{run_dir / 'manifest.resolved.json'}: not a run's configuration"
         ) from None
-    training = read_json_file(run_dir / SOURCE_MANIFEST).get("training")
+    training = source_manifest(run_dir).get("training")  # a damaged copy: exit 2 naming it
     decoding = (training or {}).get("decoding") if isinstance(training, dict) else None
     hf_logging.disable_progress_bar()  # the loading bars would interleave with the answers
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -173,12 +179,14 @@ def decoding_settings(
     decoding: dict[str, Any], greedy: bool, max_new_tokens: int | None
 ) -> tuple[dict[str, Any], list[str]]:
     """`generate()` keyword arguments from the manifest's decoding block, and notes on what
-    was not used; a value of the wrong type or out of bounds is a UserError naming it (the
-    block is checked as the manifest's loader checks it)."""
+    was not used; a value of the wrong type or out of bounds is a UserError naming it and the
+    run's manifest.source.json it came from (the block is checked as the manifest's loader
+    checks it)."""
     try:
         spec = DecodingSpec.model_validate(strip_comments(decoding))
     except ValidationError as exc:
-        raise UserError([f"training.decoding.{line}" for line in format_errors(exc)]) from None
+        where = f"{SOURCE_MANIFEST}: training.decoding"  # the run's copy of the manifest
+        raise UserError([f"{where}.{line}" for line in format_errors(exc)]) from None
     given = spec.model_dump(exclude_none=True)
     notes = [
         f"training.decoding.{key}: not used by generate"

@@ -19,13 +19,15 @@ from typing import TYPE_CHECKING, Any
 from peft import PeftConfig
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
+from expert_cli.config.loading import read_manifest_json
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import path_is_dir, resolved_path, shown_path
+from expert_cli.train.adapter_fit import Shapes, fit_problem
 from expert_cli.weights import (
     non_finite_line,
     non_finite_tensors,
     safetensors_problem,
-    tensor_names,
+    tensor_shapes,
 )
 
 if TYPE_CHECKING:
@@ -113,12 +115,53 @@ def read_json_file(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def source_manifest(run_dir: Path) -> dict[str, Any]:
+    """The manifest as the run found it (its manifest.source.json), or {} for a run of an
+    earlier version that kept no copy; a copy that cannot be read is exit 2 naming the file
+    and what is wrong (it is not taken for a missing one)."""
+    path = run_dir / SOURCE_MANIFEST
+    if not path.exists() and not path.is_symlink():
+        return {}
+    return read_manifest_json(path)
+
+
+def manifest_path_of(run_dir: Path, resolved: dict[str, Any]) -> Path:
+    """The manifest file the run was trained from, as manifest.resolved.json records it; a
+    folder without that record is not a run `train` wrote (its expert folder, where README,
+    LICENSE and grammar are, would be a guess)."""
+    recorded = resolved.get("manifest_path")
+    if not isinstance(recorded, str) or not recorded.strip():
+        raise UserError(
+            f"--adapter {shown_path(run_dir)}: its manifest.resolved.json is missing, unreadable "
+            "or names no manifest_path; give a folder `expert-cli train` wrote"
+        )
+    return Path(recorded)
+
+
+def run_manifest(run_dir: Path, resolved: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """The manifest as the run found it, and the manifest file it was trained from (its
+    folder holds README, LICENSE, ...)."""
+    manifest_path = manifest_path_of(run_dir, resolved)
+    source = source_manifest(run_dir)
+    if not source and manifest_path.is_file():
+        source = read_manifest_json(manifest_path)
+    if not source:
+        raise UserError(
+            f"--adapter {run_dir}: no {SOURCE_MANIFEST} and the manifest it was trained from "
+            f"({manifest_path}) is gone; train again with this version of expert-cli"
+        )
+    return source, manifest_path
+
+
 def finite_number(value: Any) -> float | None:
     """A finite number from a file the run wrote, else None (a hand-edited or damaged file may
-    hold strings, true/false, NaN or 1e400 where a number goes)."""
+    hold strings, true/false, NaN, 1e400 or an integer of 400 digits where a number goes)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    value = float(value)
+    try:
+        value = float(value)  # an integer of 400 digits is no float
+    except OverflowError:
+        return None
     return value if math.isfinite(value) else None
 
 
@@ -202,8 +245,8 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
             f"--adapter {adapter}: {ADAPTER_WEIGHTS[0]}: {non_finite_line(bad)}: the run that "
             "wrote it diverged; train again (docs/training.md, a loss that is not a number)"
         )
-    names = tensor_names(safetensors) if safetensors.is_file() else None
-    if problem := adapter_config_problem(config, names):
+    shapes = tensor_shapes(safetensors) if safetensors.is_file() else None
+    if problem := adapter_config_problem(config, shapes):
         raise UserError(f"{config_path}: {problem}; restore the file the run wrote")
     local = adapter / base  # a random-init base saved inside the run folder: a relative path
     if not Path(base).is_absolute() and local.is_dir():
@@ -222,11 +265,12 @@ WEIGHT_MARKERS = {"LORA": "lora_A", "ADALORA": "lora_E", "IA3": "ia3_l", "LOKR":
 MAX_RANK, MAX_ALPHA = 1024, 1e6  # the manifest's bounds
 
 
-def adapter_config_problem(config: dict[str, Any], names: list[str] | None) -> str | None:
+def adapter_config_problem(config: dict[str, Any], shapes: Shapes | None) -> str | None:
     """What in an adapter_config.json cannot be the configuration of the adapter weights
-    beside it (`names`: their tensor names; not compared when none were read): an adapter
-    type expert-cli does not train, a rank or alpha that is no number in the manifest's
-    bounds, no target modules, or a type or DoRA setting the weights were not trained with.
+    beside it (`shapes`: their tensors' shapes by name; not compared when none were read): an
+    adapter type expert-cli does not train, a rank or alpha that is no number in the
+    manifest's bounds, no target modules, or a type, DoRA setting, rank or target modules
+    the weights were not trained with.
     A hand edit or a file from elsewhere: peft would apply it silently (NaN merged into the
     base), fail in a traceback (a rank given as text), or take memory without bound (a rank
     of 10^6)."""
@@ -249,14 +293,14 @@ def adapter_config_problem(config: dict[str, Any], names: list[str] | None) -> s
         return (
             f"target_modules: expected the names of the adapted layers (got {value_kind(targets)})"
         )
-    if names and not any(WEIGHT_MARKERS[kind] in n for n in names):
+    if shapes and not any(WEIGHT_MARKERS[kind] in n for n in shapes):
         return f"peft_type: {kind}, but the adapter weights beside it are of another kind"
-    dora = any("lora_magnitude_vector" in n for n in names or [])
-    if names and kind == "LORA" and bool(config.get("use_dora")) != dora:
+    dora = any("lora_magnitude_vector" in n for n in shapes or {})
+    if shapes and kind == "LORA" and bool(config.get("use_dora")) != dora:
         said = "on" if config.get("use_dora") else "off"
         held = "hold" if dora else "do not hold"
         return f"use_dora is {said}, but the weights beside it {held} DoRA's magnitudes"
-    return _refused_by_peft(config)
+    return fit_problem(config, shapes) or _refused_by_peft(config)
 
 
 def _refused_by_peft(config: dict[str, Any]) -> str | None:

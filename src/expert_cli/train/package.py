@@ -34,19 +34,19 @@ from pydantic import ValidationError
 from expert_cli.atomic import atomic_file
 from expert_cli.config import Manifest
 from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
-from expert_cli.config.loading import format_errors, read_manifest_json
-from expert_cli.config.models import CHECKPOINT_NAME
+from expert_cli.config.loading import format_errors
 from expert_cli.config.refs import WINDOWS_PATH
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import new_file_problem, resolved_path, shown_path
 from expert_cli.train.adapter_entry import reconciled
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
-from expert_cli.train.choice import kept_adapters, lowest
+from expert_cli.train.choice import BEST, chosen_checkpoint, lower_loss_note
 from expert_cli.train.outputs import (
     ADAPTER_FILES,
     SOURCE_MANIFEST,
     adapter_base,
     read_json_file,
+    run_manifest,
     run_of,
 )
 from expert_cli.train.package_check import (
@@ -58,7 +58,6 @@ from expert_cli.train.package_check import (
 )
 from expert_cli.train.tokenizer_files import tokenizer_members
 
-BEST = "best"  # --checkpoint best: the kept adapter of lowest eval loss
 EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")
 Members = dict[str, bytes | Path]  # member name -> its bytes, or the file that holds them
 
@@ -93,117 +92,12 @@ def _relative(value: Any, where: str) -> PurePosixPath:
     return path
 
 
-def _source_manifest(run_dir: Path, resolved: dict[str, Any]) -> tuple[dict[str, Any], Path]:
-    """The manifest as its file holds it, and the expert's folder (for README, LICENSE, ...)."""
-    manifest_path = Path(str(resolved.get("manifest_path") or ""))
-    source = read_json_file(run_dir / SOURCE_MANIFEST)
-    if not source and manifest_path.is_file():
-        source = read_manifest_json(manifest_path)
-    if not source:
-        raise UserError(
-            f"--adapter {run_dir}: no {SOURCE_MANIFEST} and the manifest it was trained from "
-            f"({manifest_path}) is gone; train again with this version of expert-cli"
-        )
-    return source, manifest_path.parent
-
-
 def _file(path: Path, where: str) -> Path:
     if not path.is_file():
         raise UserError(f"{where}: {path} is not a file")
     if path.stat().st_size > MAX_FILE_BYTES:
         raise UserError(f"{where}: {path} is over {MAX_FILE_BYTES >> 30} GB")
     return path
-
-
-def chosen_checkpoint(
-    run_dir: Path, checkpoint: str | None, manifest_path: Path, source: dict[str, Any]
-) -> tuple[str, str]:
-    """Which adapter to ship, and who chose it: `--checkpoint` (`best`: the kept adapter of
-    lowest eval loss), else the manifest file as it is now (HiveLLM's way: compare the
-    checkpoints, then name the best in the manifest; no `training.packaging_checkpoint` there
-    is final), else, the file gone, the run's copy."""
-    if checkpoint == BEST:
-        return _best(run_dir)
-    if checkpoint is not None:
-        if not CHECKPOINT_NAME.fullmatch(checkpoint):
-            raise UserError(
-                "--checkpoint: expected checkpoint-N (e.g. checkpoint-500), final, or best "
-                "(the lowest eval loss)"
-            )
-        return checkpoint, "--checkpoint"
-    if manifest_path.is_file():
-        named = _packaging_checkpoint(manifest_path)
-        where = f"training.packaging_checkpoint in {shown_path(manifest_path)}"
-        return (named, where) if named else ("final", "")
-    then = (source.get("training") or {}).get("packaging_checkpoint")
-    if isinstance(then, str) and CHECKPOINT_NAME.fullmatch(then):
-        return then, f"training.packaging_checkpoint in the run's {SOURCE_MANIFEST}"
-    return "final", ""
-
-
-def default_choice(run_dir: Path) -> tuple[str, str]:
-    """What `package` ships without `--checkpoint`, and who chose it ("" for final by default);
-    UserError when that cannot be told (the manifest file unreadable, no copy of it)."""
-    resolved = read_json_file(run_dir / "manifest.resolved.json")
-    source, _ = _source_manifest(run_dir, resolved)
-    manifest_path = Path(str(resolved.get("manifest_path") or ""))
-    return chosen_checkpoint(run_dir, None, manifest_path, source)
-
-
-def _best(run_dir: Path) -> tuple[str, str]:
-    adapters = kept_adapters(run_dir)
-    best = lowest(adapters)
-    if best is None:
-        held = ", ".join(a.name for a in adapters[-8:]) or "none"
-        raise UserError(
-            f"--checkpoint best: the run evaluated at no step it kept an adapter of (it keeps: "
-            f"{held}); name one: --checkpoint NAME"
-        )
-    return best.name, f"--checkpoint best: eval loss {best.eval_loss:.4g} at step {best.step}"
-
-
-def lower_loss_note(run_dir: Path, name: str, ship_with: str = "--checkpoint best") -> str | None:
-    """A note when the run keeps an adapter of lower eval loss than `name`, the one shipped,
-    saying that `ship_with` ships it."""
-    adapters = kept_adapters(run_dir)
-    best = lowest(adapters)
-    shipped = next((a for a in adapters if a.name == name), None)
-    if best is None or best.name == name or shipped is None:
-        return None
-    if shipped.eval_loss is None:
-        return (
-            f"{name} was not evaluated at its step; {best.name} has eval loss "
-            f"{best.eval_loss:.4g} (step {best.step}): {ship_with} ships it"
-        )
-    if best.eval_loss is not None and best.eval_loss < shipped.eval_loss:
-        return (
-            f"{best.name} has a lower eval loss ({best.eval_loss:.4g} at step {best.step}) "
-            f"than {name} ({shipped.eval_loss:.4g}): {ship_with} ships it"
-        )
-    return None
-
-
-def _packaging_checkpoint(manifest_path: Path) -> str | None:
-    """`training.packaging_checkpoint` of the manifest file (None when it names none); a file
-    that cannot say is exit 2 (the choice it holds is not guessed)."""
-    retry = "; fix it, or pass --checkpoint NAME"
-    try:
-        raw = read_manifest_json(manifest_path)
-    except UserError as exc:
-        raise UserError([*exc.lines[:-1], exc.lines[-1] + retry]) from None
-    training = raw.get("training")
-    if not isinstance(training, dict):
-        raise UserError(
-            f"{shown_path(manifest_path)}: training is not an object, so which checkpoint "
-            f"to ship cannot be read{retry}"
-        )
-    value = training.get("packaging_checkpoint")
-    if value is not None and not (isinstance(value, str) and CHECKPOINT_NAME.fullmatch(value)):
-        raise UserError(
-            f"{shown_path(manifest_path)}: training.packaging_checkpoint: expected "
-            "checkpoint-N (e.g. checkpoint-500) or final"
-        )
-    return value
 
 
 def _checkpoint_folder(run_dir: Path, name: str, chosen_by: str) -> Path:
@@ -247,13 +141,12 @@ def plan_members(
     resolved = read_json_file(run_dir / "manifest.resolved.json")
     if final_problem and not resolved:
         raise final_problem
-    source, expert_dir = _source_manifest(run_dir, resolved)
+    source, manifest_path = run_manifest(run_dir, resolved)
     manifest = copy.deepcopy(source)
     try:  # comments included: they are written into the package
         parsed = Manifest.model_validate(copy.deepcopy(source))
     except ValidationError as exc:
         raise UserError([f"{SOURCE_MANIFEST}: {line}" for line in format_errors(exc)]) from None
-    manifest_path = Path(str(resolved.get("manifest_path") or ""))
     name, chosen_by = chosen_checkpoint(run_dir, checkpoint, manifest_path, source)
     weights_dir = run_dir
     notes = [note] if (note := lower_loss_note(run_dir, name)) else []
@@ -297,7 +190,7 @@ def plan_members(
     members.update(tokenizer)
     notes += missing
     grammar = parsed.training.decoding.grammar_file if parsed.training.decoding else None
-    notes += _expert_files(manifest, grammar, expert_dir, members)
+    notes += _expert_files(manifest, grammar, manifest_path.parent, members)
     return manifest, members, notes
 
 

@@ -25,6 +25,7 @@ from expert_cli.config.loading import format_errors, parse_manifest_text
 from expert_cli.errors import escaped
 from expert_cli.jsontext import json_int
 from expert_cli.train.adapter_entry import disagreements
+from expert_cli.train.adapter_fit import Shapes
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
 from expert_cli.train.tokenizer_files import (
     TOKENIZER_CHECK_BYTES,
@@ -33,8 +34,8 @@ from expert_cli.train.tokenizer_files import (
 )
 from expert_cli.weights import (
     HEAD_BYTES,
-    header_names,
     header_problem,
+    header_shapes,
     non_finite_line,
     non_finite_tensors,
 )
@@ -330,8 +331,8 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
         if prefix + name not in report.files:
             report.problems.append(f"{prefix + name}: missing (the folder {where}[0].path names)")
     if (data := heads.get(prefix + ADAPTER_FILES[1])) is not None:
-        names = header_names(heads.get(prefix + ADAPTER_FILES[0], b""))
-        config, problem = _read_config(data, names)
+        shapes = header_shapes(heads.get(prefix + ADAPTER_FILES[0], b""))
+        config, problem = _read_config(data, shapes)
         if problem:
             report.problems.append(f"{prefix}{ADAPTER_FILES[1]}: {problem}")
         else:
@@ -357,7 +358,7 @@ def _entry_problems(
     ]
 
 
-def _read_config(data: bytes, names: list[str] | None) -> tuple[dict[str, Any], str | None]:
+def _read_config(data: bytes, shapes: Shapes | None) -> tuple[dict[str, Any], str | None]:
     """The package's adapter configuration, and what `generate` and `merge` would refuse in
     it (None: nothing)."""
     try:
@@ -366,7 +367,7 @@ def _read_config(data: bytes, names: list[str] | None) -> tuple[dict[str, Any], 
         return {}, "not readable JSON"
     if not isinstance(config, dict):
         return {}, "not a JSON object"
-    return config, adapter_config_problem(config, names)
+    return config, adapter_config_problem(config, shapes)
 
 
 def _check_checksum_file(report: PackageReport) -> None:

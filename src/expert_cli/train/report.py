@@ -24,9 +24,15 @@ from expert_cli.paths import (
     place_problem,
     shown_path,
 )
-from expert_cli.train.choice import FINAL, KeptAdapter, kept_adapters, lowest
+from expert_cli.train.choice import (
+    FINAL,
+    KeptAdapter,
+    default_choice,
+    kept_adapters,
+    lower_loss_note,
+    lowest,
+)
 from expert_cli.train.outputs import finite_number, read_json_file, set_aside_line
-from expert_cli.train.package import default_choice, lower_loss_note
 from expert_cli.train.run_folder import held_by_another
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")

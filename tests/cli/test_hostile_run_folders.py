@@ -1,0 +1,95 @@
+"""A run folder that a hand edit, a crash or another tool left other than `train` wrote it,
+given to the commands that read one afterwards (`report`, `package`, `generate`, `merge`):
+each says what is wrong with which file, exit 2 where the command cannot go on, and never
+reads what it needs from somewhere the run did not record (the current directory).
+
+Run folders are built by hand (an adapter of no tensors), so no test here trains."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from train_helpers import hand_built_run, run_main
+
+SECRET = "QQsecretQQ"
+
+
+def _said(capsys, monkeypatch, *args: str) -> tuple[int, str]:
+    code, out, err = run_main(capsys, monkeypatch, *args)
+    text = " ".join((out + err).split())
+    assert "Traceback" not in text and SECRET not in text
+    return code, text
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_a_number_no_float_holds_is_left_out(capsys, monkeypatch, tmp_path: Path) -> None:
+    """An integer of 400 digits where metrics.json has a step or a loss was an OverflowError
+    traceback in `report` and `package`; it is left out, as text or NaN there is."""
+    run = hand_built_run(tmp_path)
+    big = "1" + "0" * 400
+    summary = f'{{"status": "completed", "steps": {big}, "final_loss": {big}}}'
+    evals = f'[{{"step": {big}, "eval_loss": 0.5}}, {{"step": 3, "eval_loss": {big}}}]'
+    metrics = f'{{"summary": {summary}, "evals": {evals}, "windows": [{{"step": {big}}}]}}'
+    (run / "metrics.json").write_text(metrics)
+    code, text = _said(capsys, monkeypatch, "report", str(run))
+    assert code == 0, text
+    assert "completed: 0 steps, - tok/s, final loss -, best eval loss -" in text
+    assert "final step - eval loss - package ships it" in text
+    out = tmp_path / "x.expert"
+    code, text = _said(capsys, monkeypatch, "package", "--adapter", str(run), "--output", str(out))
+    assert code == 0 and out.is_file(), text
+    code, text = _said(
+        capsys, monkeypatch, "package", "--adapter", str(run), "--checkpoint", "best"
+    )
+    assert code == 2 and "--checkpoint best: the run evaluated at no step it kept" in text
+
+
+@pytest.mark.parametrize(
+    "resolved", [None, "{}", '{"manifest_path": ""}', '{"manifest_path": 7}', "not json"]
+)
+def test_package_of_a_folder_train_did_not_write(
+    capsys, monkeypatch, tmp_path: Path, resolved: str | None
+) -> None:
+    """Without the record of the manifest it was trained from, `package` took README, LICENSE
+    and a grammar from the current directory (the folder of the path ""). It is refused."""
+    run = hand_built_run(tmp_path)
+    if resolved is None:
+        (run / "manifest.resolved.json").unlink()
+    else:
+        (run / "manifest.resolved.json").write_text(resolved)
+    here = tmp_path / "somewhere"
+    here.mkdir()
+    (here / "README.md").write_text(SECRET)
+    (here / "LICENSE").write_text(SECRET)
+    monkeypatch.chdir(here)
+    before = _files(tmp_path)
+    code, text = _said(capsys, monkeypatch, "package", "--adapter", str(run))
+    assert code == 2, text
+    assert (
+        f"--adapter {run}: its manifest.resolved.json is missing, unreadable or names no "
+        "manifest_path; give a folder `expert-cli train` wrote" in text
+    )
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (b'{"name": ', "manifest.source.json:1:10: invalid JSON"),
+        (b"\xff\xfe{}", "manifest.source.json: byte 0: not UTF-8 text"),
+        (b"[1, 2]", "manifest.source.json: expected a JSON object at the top level"),
+    ],
+)
+def test_a_damaged_copy_of_the_manifest_is_named_not_called_gone(
+    capsys, monkeypatch, tmp_path: Path, damage: bytes, expected: str
+) -> None:
+    run = hand_built_run(tmp_path)
+    (run / "manifest.source.json").write_bytes(damage)
+    before = _files(tmp_path)
+    code, text = _said(capsys, monkeypatch, "package", "--adapter", str(run))
+    assert code == 2 and expected in text and "is gone" not in text, text
+    assert _files(tmp_path) == before
