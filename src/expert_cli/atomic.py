@@ -2,11 +2,13 @@
 beside its destination, then renamed into place in one step. A leaf module: the data path,
 training outputs, telemetry and the benchmark all write through it.
 
-The temporary name is `.tmp-<name>-<pid>`, so leftovers of a killed writer are easy to find.
+The temporary name starts `.tmp-` and ends in the writer's pid, so leftovers of a killed
+writer are easy to find.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -16,10 +18,18 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+NAME_MAX = 255  # bytes in one file name on Linux and macOS file systems
+
 
 def temporary_path(dest: Path) -> Path:
-    """Where `dest` is built before it is renamed into place."""
-    return dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
+    """Where `dest` is built before it is renamed into place: `.tmp-<name>-<pid>`, or, where
+    that would pass the file system's limit on a name (a legal name of 250 bytes),
+    `.tmp-<hash of the name>-<pid>`."""
+    name = f".tmp-{dest.name}-{os.getpid()}"
+    if len(os.fsencode(name)) > NAME_MAX:
+        digest = hashlib.sha256(os.fsencode(dest.name)).hexdigest()[:16]
+        name = f".tmp-{digest}-{os.getpid()}"
+    return dest.with_name(name)
 
 
 @contextmanager
@@ -36,16 +46,18 @@ def atomic_file(dest: Path) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_folder(dest: Path) -> Iterator[Path]:
-    """Yield an empty temporary folder beside `dest`; when the block ends it replaces `dest`
-    (the caller decides beforehand whether an existing `dest` may be replaced), and it is
-    removed if the block fails."""
+def atomic_folder(dest: Path, replace: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary folder beside `dest`; when the block ends it takes the place
+    of `dest`, and it is removed if the block fails. An existing `dest` is removed first only
+    when `replace` (the caller decided it may be); otherwise only an empty folder is taken
+    over, and a `dest` that holds files by then (made while the block ran) is left as it is:
+    OSError (ENOTEMPTY, EEXIST or ENOTDIR), the temporary folder removed."""
     tmp = temporary_path(dest)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         yield tmp
-        if dest.exists():
+        if replace and dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
     finally:

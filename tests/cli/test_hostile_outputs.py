@@ -8,6 +8,7 @@ Run folders are built by hand (an adapter the commands never load), so no test t
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -164,6 +165,41 @@ def test_package_output_where_nothing_can_be_written(
     run = _run_folder(tmp_path)
     text = _exit_2(capsys, monkeypatch, "package", "--adapter", str(run), "--output", output)
     assert expected in text and "give a path in a folder you can write" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # `sha256sum -c` read the checksum file's line as two
+        ("x\ny.expert", "a name holding a control character (a newline, a tab) cannot be given"),
+        ("a\tb.expert", "a name holding a control character"),
+        # 249 bytes: its .sha256 is 256, which no file system takes (exit 1 after the build)
+        ("a" * 242 + ".expert", "a name of at most 248 bytes (the checksum file beside it adds"),
+    ],
+)
+def test_package_output_names_its_checksum_file_cannot_hold(
+    capsys, monkeypatch, tmp_path: Path, name: str, expected: str
+) -> None:
+    run = _run_folder(tmp_path)
+    before = _tree(tmp_path)
+    text = _exit_2(capsys, monkeypatch, "package", "--adapter", str(run), "--output", name)
+    assert expected in text
+    assert _tree(tmp_path) == before
+
+
+def test_the_longest_package_name_is_written(capsys, monkeypatch, tmp_path: Path) -> None:
+    """248 bytes, its checksum file 255: the temporary name it is built under (`.tmp-NAME-PID`,
+    over 255) failed with exit 1 after the build; it is shortened."""
+    run = _run_folder(tmp_path)
+    name = "é" * 120 + "a.expert"  # 248 bytes in UTF-8
+    assert len(name.encode()) == 248
+    code, out, err = run_main(
+        capsys, monkeypatch, "package", "--adapter", str(run), "--output", str(tmp_path / name)
+    )
+    assert code == 0, out + err
+    digest = hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+    assert (tmp_path / f"{name}.sha256").read_text(encoding="utf-8") == f"{digest}  {name}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, f"{name}.sha256", "run"])
 
 
 def test_package_output_in_new_folders_is_made(capsys, monkeypatch, tmp_path: Path) -> None:

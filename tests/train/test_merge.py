@@ -10,7 +10,9 @@ from train_helpers import load_adapter, run_here, write_expert
 
 
 @pytest.mark.slow
-def test_merged_model_matches_adapter_logits(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_merged_model_matches_adapter_logits(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -53,6 +55,22 @@ def test_merged_model_matches_adapter_logits(tmp_path: Path, tiny_model_dir: Pat
         untouched = base(input_ids=ids).logits
     assert torch.allclose(got, want, atol=1e-4)
     assert not torch.allclose(untouched, want, atol=1e-4)  # the adapter did change something
+
+    # a folder the user makes at --output while merge runs was deleted when it ended
+    raced = tmp_path / "raced"
+    load = AutoTokenizer.from_pretrained
+
+    def made_meanwhile(*args, **kwargs):
+        (raced / "mine").mkdir(parents=True)
+        (raced / "mine" / "notes.txt").write_text("mine")
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", made_meanwhile)
+    with pytest.raises(UserError, match="something was put there while merge ran; it is left"):
+        merge_adapter(out, raced)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+    assert (raced / "mine" / "notes.txt").read_text() == "mine"
+    assert [p.name for p in raced.iterdir()] == ["mine"]
 
 
 @pytest.mark.parametrize("target", ["lm_head", "embed_tokens"])

@@ -252,7 +252,7 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
         "capacity": pack.capacity,
     }
     final.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_folder(final) as tmp:
+    with atomic_folder(final, replace=True) as tmp:
         datasets.Dataset(packed).save_to_disk(str(tmp / "data"))
         write_json_atomic(tmp / STATS, stats)
         (tmp / COMPLETE).write_text("")
@@ -319,8 +319,9 @@ def _assemble(
         **extra,
         "inputs": plan.inputs,
     }
-    with atomic_folder(plan.final_dir) as tmp:  # replaces an earlier copy (--force; we hold
-        for split in shard_stats:  # the lock)
+    # replaces an earlier copy (--force; we hold the lock)
+    with atomic_folder(plan.final_dir, replace=True) as tmp:
+        for split in shard_stats:
             shards = sorted((plan.work_dir / split).glob("shard-*"))
             if len(shards) == 1:  # already the split's Arrow folder: move it, not rewrite it
                 os.replace(shards[0] / "data", tmp / split)

@@ -7,6 +7,8 @@ is saved as safetensors with the adapter's tokenizer, written to a temporary fol
 
 from __future__ import annotations
 
+import errno
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,8 @@ from expert_cli.train.memory import out_of_memory
 from expert_cli.train.outputs import adapter_base, read_json_file, run_of
 from expert_cli.train.tokenizer_files import stop_ids
 
+# what renaming the merged model over --output answers when files were put there meanwhile
+TAKEN = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
 LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
 
 
@@ -179,6 +183,11 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
             tokenizer.save_pretrained(tmp)
     except (OSError, SafetensorError) as exc:  # a full disk: not the user's input; nothing
         # half-written is kept (safetensors' writer raises its own error for it)
+        if isinstance(exc, OSError) and exc.errno in TAKEN and os.path.lexists(output):
+            raise UserError(
+                f"--output {shown_path(output)}: something was put there while merge ran; it "
+                "is left as it is and the merged model was not kept; give a new or empty folder"
+            ) from None
         reason = getattr(exc, "strerror", None) or (
             "No space left on device" if "No space left" in str(exc) else None
         )

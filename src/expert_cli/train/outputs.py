@@ -71,7 +71,7 @@ def materialize_random_base(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dest: Path
 ) -> Path:
     """Save a random-init base model (safetensors + tokenizer), all or nothing."""
-    with atomic_folder(dest) as tmp:
+    with atomic_folder(dest, replace=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     return dest

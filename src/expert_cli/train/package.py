@@ -25,6 +25,7 @@ import copy
 import gzip
 import io
 import json
+import os
 import tarfile
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -37,7 +38,7 @@ from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
 from expert_cli.config.loading import format_errors
 from expert_cli.config.refs import WINDOWS_PATH
 from expert_cli.errors import RunError, UserError, value_kind
-from expert_cli.paths import new_file_problem, resolved_path, shown_path
+from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, resolved_path, shown_path
 from expert_cli.train.adapter_entry import reconciled
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
 from expert_cli.train.choice import BEST, chosen_checkpoint, lower_loss_note
@@ -58,6 +59,7 @@ from expert_cli.train.package_check import (
 )
 from expert_cli.train.tokenizer_files import tokenizer_members
 
+CHECKSUM_SUFFIX = ".sha256"
 EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")
 Members = dict[str, bytes | Path]  # member name -> its bytes, or the file that holds them
 
@@ -233,7 +235,7 @@ def build_package(
     )
     default = package_name(manifest, str(base))
     path = resolved_path(output, "--output") if output else run_dir.parent / default
-    checksum = path.with_name(path.name + ".sha256")
+    checksum = path.with_name(path.name + CHECKSUM_SUFFIX)
     _refuse_output(path, checksum, default, force)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -260,6 +262,17 @@ def _refuse_output(path: Path, checksum: Path, default: str, force: bool) -> Non
         )
     if path.suffix != ".expert":
         raise UserError(f"--output {shown_path(path)}: a package's name ends in .expert")
+    if any(ord(c) < 32 or ord(c) == 127 for c in path.name):  # `sha256sum -c` misread it
+        raise UserError(
+            f"--output {shown_path(path)}: a name holding a control character (a newline, a "
+            "tab) cannot be given in its checksum file; choose another name"
+        )
+    if len(os.fsencode(checksum.name)) > NAME_MAX_BYTES:  # found after the build, it was exit 1
+        most = NAME_MAX_BYTES - len(CHECKSUM_SUFFIX)
+        raise UserError(
+            f"--output {shown_path(path)}: a name of at most {most} bytes (the checksum file "
+            f"beside it adds {CHECKSUM_SUFFIX}, and a file name is at most {NAME_MAX_BYTES})"
+        )
     for target in (path, checksum):
         if problem := new_file_problem(target, "--output", force):
             raise UserError(problem)
