@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -188,6 +189,98 @@ def test_generate_errors_are_exit_2(capsys, monkeypatch, memorised: Path, tmp_pa
     assert "--system: empty" in exit_2("--adapter", str(memorised), "-p", "x", "--system", " ")
     alone = exit_2("--adapter", str(memorised), "--eval", "1", "--system", "Be brief.")
     assert "--system: goes before --prompt or --prompts" in alone
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        # was "cannot load its tokenizer (JSONDecodeError)", naming no file
+        ({"tokenizer_config.json": b'{"a":'}, "tokenizer_config.json: not readable JSON; copy"),
+        ({"tokenizer.json": b'{"version": "1.0"}'}, "tokenizer.json: not a tokenizer the"),
+        ({"tokenizer.json": None}, ": tokenizer.json: missing beside tokenizer_config.json"),
+        (
+            {"tokenizer.json": None, "tokenizer_config.json": None},
+            "no tokenizer files (tokenizer.json, tokenizer_config.json) in it or its run folder",
+        ),
+    ],
+)
+def test_a_tokenizer_that_cannot_load_is_named(
+    capsys, monkeypatch, memorised: Path, tmp_path: Path, damage: dict, expected: str
+) -> None:
+    """generate and merge said `cannot load its tokenizer (JSONDecodeError)`: the file and
+    what is wrong with it are named, before the model loads, and merge writes nothing."""
+    run = tmp_path / "run"
+    shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    for name, data in damage.items():
+        (run / name).unlink() if data is None else (run / name).write_bytes(data)
+    for command in (["generate", "-p", "x"], ["merge", "--output", str(tmp_path / "merged")]):
+        code, out, err = run_main(capsys, monkeypatch, *command, "--adapter", str(run))
+        said = " ".join(err.split())
+        assert code == 2 and expected in said and "Traceback" not in said, out + err
+    assert not (tmp_path / "merged").exists()
+
+
+def test_a_checkpoint_without_its_marker_is_not_loaded(
+    capsys, monkeypatch, memorised: Path, tmp_path: Path
+) -> None:
+    """A checkpoint the run was stopped while writing (no `_COMPLETE`) was loaded by generate
+    and merge, while package refused it as incomplete; it is refused alike, naming those kept."""
+    run = tmp_path / "run"
+    shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    for step in (1, 2):
+        folder = run / "checkpoints" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        for name in ("adapter_config.json", "adapter_model.safetensors", "tokenizer.json"):
+            shutil.copy(run / name, folder / name)
+    (run / "checkpoints" / "checkpoint-1" / "_COMPLETE").write_text('{"step": 1}')
+    half = run / "checkpoints" / "checkpoint-2"
+    for command in (["generate", "-p", "x"], ["merge", "--output", str(tmp_path / "merged")]):
+        code, out, err = run_main(capsys, monkeypatch, *command, "--adapter", str(half))
+        said = " ".join(err.split())
+        assert code == 2, out + err
+        assert f"--adapter {half}: no _COMPLETE marker: the run was stopped while writing" in said
+        assert "(the run keeps: checkpoint-1)" in said
+    assert not (tmp_path / "merged").exists()
+    whole = run / "checkpoints" / "checkpoint-1"
+    code, out, err = run_main(
+        capsys, monkeypatch, "generate", "-p", "x", "--max-new-tokens", "2", "--adapter", str(whole)
+    )
+    assert code == 0, out + err
+
+
+def test_a_damaged_copy_of_the_manifest_is_named(
+    capsys, monkeypatch, memorised: Path, tmp_path: Path
+) -> None:
+    """generate read the decoding settings from a damaged manifest.source.json as none at all,
+    without a word, and named a bad value there as if it were in the manifest."""
+    run = tmp_path / "run"
+    shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    source = run / "manifest.source.json"
+    good = json.loads(source.read_text())
+    for text, expected in [
+        ('{"training": ', "manifest.source.json:1:14: invalid JSON"),
+        (
+            json.dumps({**good, "training": {**good["training"], "decoding": {"top_k": 0}}}),
+            "manifest.source.json: training.decoding.top_k: Input should be greater than",
+        ),
+    ]:
+        source.write_text(text)
+        code, out, err = run_main(capsys, monkeypatch, "generate", "-p", "x", "--adapter", str(run))
+        assert code == 2 and expected in " ".join(err.split()), out + err
+
+
+def test_a_run_folder_whose_path_is_not_utf8(capsys, monkeypatch, memorised: Path) -> None:
+    """The tokenizers library opens files by UTF-8 paths: a folder named in other bytes was
+    `cannot load its tokenizer (UnicodeEncodeError)`."""
+    parent = Path(os.fsdecode(bytes(memorised.parent) + b"/\xff"))
+    run = parent / "run"
+    shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    try:
+        code, out, err = run_main(capsys, monkeypatch, "generate", "-p", "x", "--adapter", str(run))
+    finally:
+        shutil.rmtree(parent)
+    said = " ".join(err.split())
+    assert code == 2 and "its path holds bytes that are not UTF-8, which the tokenizers" in said
 
 
 @pytest.mark.slow

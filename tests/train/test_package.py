@@ -691,7 +691,8 @@ def test_check_package_shows_names_that_look_like_markup(tmp_path: Path) -> None
 @pytest.mark.slow
 def test_a_damaged_tokenizer_is_named_in_package_and_check(v2_run: Path, tmp_path: Path) -> None:
     """A tokenizer.json that no loader can read was shipped, and check --package said the
-    package was sound; a run that holds no tokenizer ships without one, saying so."""
+    package was sound; so was one missing tokenizer.json alone. A run that holds no tokenizer
+    ships without one, saying so."""
     import tokenizers
 
     good = tmp_path / "good.expert"
@@ -713,6 +714,14 @@ def test_a_damaged_tokenizer_is_named_in_package_and_check(v2_run: Path, tmp_pat
         (run / name).write_bytes(data)
         said = _refused("package", run, tmp_path)
         assert f"{run / name}: {expected}; copy the run's tokenizer files back from one" in said
+    # tokenizer.json alone missing: the rest was shipped and called sound; no loader reads it
+    missing = "tokenizer.json: missing beside tokenizer_config.json (a loader cannot build"
+    gone = lambda files: {n: d for n, d in files.items() if n != "tokenizer.json"}  # noqa: E731
+    problems = verify_package(_repack(good, tmp_path / "bad.expert", gone)).problems
+    assert len(problems) == 1 and problems[0].startswith(missing), problems
+    run, _ = _adapter_copy(v2_run, tmp_path / "no-tokenizer-json")
+    (run / "tokenizer.json").unlink()
+    assert f"{run}: {missing}" in _refused("package", run, tmp_path)
     run, _ = _adapter_copy(v2_run, tmp_path / "none")
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (run / name).unlink(missing_ok=True)

@@ -22,6 +22,7 @@ from transformers import TrainerCallback
 
 from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import UserError
+from expert_cli.paths import shown_path
 from expert_cli.train.outputs import read_json_file
 from expert_cli.weights import non_finite_line, non_finite_tensors, safetensors_problem
 
@@ -47,6 +48,24 @@ def complete_checkpoints(checkpoints: Path) -> list[Path]:
         if path.is_dir() and step is not None and (path / COMPLETE).is_file():
             found.append((step, path))
     return [p for _, p in sorted(found)]
+
+
+def refuse_incomplete(adapter: Path) -> None:
+    """UserError when `adapter` is a checkpoint of a run (RUN/checkpoints/checkpoint-N)
+    without its `_COMPLETE` marker: written in part when the run was stopped, as `package`
+    and `--resume` judge it, so `generate` and `merge` do not load it either."""
+    adapter = adapter.absolute()
+    if adapter.parent.name != "checkpoints" or checkpoint_step(adapter) is None:
+        return
+    if not (adapter.parent.parent / "manifest.resolved.json").is_file():
+        return  # not inside a run folder: an adapter saved elsewhere under that name
+    if (adapter / COMPLETE).is_file():
+        return
+    kept = ", ".join(p.name for p in complete_checkpoints(adapter.parent)[-8:]) or "none"
+    raise UserError(
+        f"--adapter {shown_path(adapter)}: no {COMPLETE} marker: the run was stopped while "
+        f"writing it, so its files may be partial; give a complete one (the run keeps: {kept})"
+    )
 
 
 def remove_incomplete_checkpoints(checkpoints: Path) -> list[str]:

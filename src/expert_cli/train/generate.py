@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 from pydantic import ValidationError
-from transformers import AutoTokenizer, TextStreamer
+from transformers import TextStreamer
 from transformers.utils import logging as hf_logging
 
 from expert_cli.config.base import strip_comments
@@ -24,8 +24,9 @@ from expert_cli.config.decoding import DecodingSpec
 from expert_cli.config.error_lines import format_errors
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import RunError, UserError
+from expert_cli.train.checkpoints import refuse_incomplete
 from expert_cli.train.eval_cases import Case, eval_budgets, eval_cases
-from expert_cli.train.merge import LOAD_ERRORS, load_adapted
+from expert_cli.train.merge import load_adapted
 from expert_cli.train.outputs import (
     SOURCE_MANIFEST,
     adapter_base,
@@ -35,7 +36,7 @@ from expert_cli.train.outputs import (
 )
 from expert_cli.train.prompt_format import prompt_format
 from expert_cli.train.prompts import prompt_texts, system_text
-from expert_cli.train.tokenizer_files import stop_ids
+from expert_cli.train.tokenizer_files import saved_tokenizer, stop_ids
 
 DEFAULT_NEW_TOKENS = 256
 # training.decoding keys generate acts on (their bounds are DecodingSpec's)
@@ -146,6 +147,7 @@ def load_run(adapter: Path) -> LoadedRun:
     """The run's resolved configuration, decoding settings, tokenizer and adapted model
     (`adapter`: a run folder, or one of its checkpoints)."""
     base = adapter_base(adapter)  # UserError for a folder without an adapter
+    refuse_incomplete(adapter)
     run_dir = run_of(adapter)
     data = read_json_file(run_dir / "manifest.resolved.json")
     if not data:
@@ -162,13 +164,7 @@ def load_run(adapter: Path) -> LoadedRun:
     hf_logging.disable_progress_bar()  # the loading bars would interleave with the answers
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else None
-    try:
-        saved = adapter if (adapter / "tokenizer_config.json").is_file() else run_dir
-        tokenizer = AutoTokenizer.from_pretrained(str(saved))
-    except LOAD_ERRORS as exc:
-        raise UserError(
-            f"--adapter {adapter}: cannot load its tokenizer ({type(exc).__name__})"
-        ) from None
+    tokenizer = saved_tokenizer(adapter, run_dir)
     model = load_adapted(adapter, base, dtype or torch.float32).to(device).eval()
     decoding = decoding if isinstance(decoding, dict) else {}
     record = runtime.get("data") if isinstance(runtime, dict) else None

@@ -17,15 +17,16 @@ import torch
 from peft import PeftModel
 from pydantic import ValidationError
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from expert_cli.atomic import atomic_folder
 from expert_cli.config.resolve import SourceRef, data_folder_holding
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import place_problem, resolved_path, shown_path
+from expert_cli.train.checkpoints import refuse_incomplete
 from expert_cli.train.memory import out_of_memory
 from expert_cli.train.outputs import adapter_base, read_json_file, run_of
-from expert_cli.train.tokenizer_files import stop_ids
+from expert_cli.train.tokenizer_files import saved_tokenizer, stop_ids
 
 # what renaming the merged model over --output answers when files were put there meanwhile
 TAKEN = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
@@ -152,6 +153,7 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
     adapter = resolved_path(adapter, "--adapter")
     output = resolved_path(output, "--output")
     base_name = adapter_base(adapter)
+    refuse_incomplete(adapter)
     _refuse_output(output)
     sources, quantization, dtype = _run_facts(adapter)
     if held := data_folder_holding(output, sources):
@@ -168,13 +170,8 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
         if quantization
         else []
     )
+    tokenizer = saved_tokenizer(adapter, run_of(adapter))  # before the model: errors first
     model = merged(load_adapted(adapter, base_name, dtype))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(adapter)
-    except LOAD_ERRORS as exc:
-        raise UserError(
-            f"--adapter {adapter}: cannot load its tokenizer ({type(exc).__name__})"
-        ) from None
     notes += _stop_at_end_of_turn(model, tokenizer)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
 from expert_cli.train.tokenizer_files import (
     TOKENIZER_CHECK_BYTES,
     TOKENIZER_FILES,
+    missing_tokenizer_file,
     tokenizer_problem,
 )
 from expert_cli.weights import (
@@ -318,6 +319,8 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
 def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[str, bytes]) -> None:
     if "manifest.json" not in report.files:
         report.problems.append("manifest.json: missing at the package's root")
+    if missing := missing_tokenizer_file(report.files):
+        report.problems.append(missing)
     if not report.manifest:
         return
     try:

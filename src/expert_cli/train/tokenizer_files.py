@@ -5,11 +5,13 @@ whether a loader can read each one (`package` refuses a run whose files cannot b
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import tokenizers
 from tokenizers import Tokenizer
+from transformers import AutoTokenizer
 
 from expert_cli.errors import UserError
 from expert_cli.jsontext import json_int
@@ -58,9 +60,23 @@ def tokenizer_problem(name: str, data: bytes) -> str | None:
     return None
 
 
+def missing_tokenizer_file(names: Collection[str]) -> str | None:
+    """The file a loader needs that is missing from a set of tokenizer files (a run's or a
+    package's): tokenizer.json beside tokenizer_config.json, unless vocab.json and merges.txt
+    are there to build it from; None when nothing is missing (or no tokenizer is there)."""
+    if "tokenizer_config.json" not in names or "tokenizer.json" in names:
+        return None
+    if "vocab.json" in names and "merges.txt" in names:
+        return None
+    return (
+        "tokenizer.json: missing beside tokenizer_config.json (a loader cannot build the "
+        "tokenizer from the rest)"
+    )
+
+
 def tokenizer_members(folder: Path) -> tuple[dict[str, Path], list[str]]:
     """The tokenizer files a run saved in `folder`, to ship, and a note when it holds none;
-    UserError naming a file a loader could not read."""
+    UserError naming a file a loader could not read, or one it needs that is missing."""
     files = {n: folder / n for n in TOKENIZER_FILES if (folder / n).is_file()}
     for name, path in files.items():
         small = path.stat().st_size <= TOKENIZER_CHECK_BYTES
@@ -69,6 +85,45 @@ def tokenizer_members(folder: Path) -> tuple[dict[str, Path], list[str]]:
                 f"{shown_path(path)}: {problem}; copy the run's tokenizer files back from one "
                 "of its checkpoints (checkpoints/checkpoint-N/ holds them), or train again"
             )
+    if missing := missing_tokenizer_file(files):
+        raise UserError(
+            f"{shown_path(folder)}: {missing}; copy it back from one of the run's checkpoints "
+            "(checkpoints/checkpoint-N/ holds it), or train again"
+        )
     if "tokenizer.json" in files or "tokenizer_config.json" in files:
         return files, []
     return files, [f"{shown_path(folder)} holds no tokenizer files: the package has none"]
+
+
+TOKENIZER_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, TypeError)
+
+
+def saved_tokenizer(adapter: Path, run_dir: Path) -> Any:
+    """The tokenizer a run saved, from `adapter` (the run or one of its checkpoints) when it
+    holds one, else from the run folder. UserError naming the file a loader cannot read or
+    needs and is missing, a folder without tokenizer files, or a path the tokenizers library
+    cannot open (bytes that are not UTF-8), before anything else is loaded."""
+    folder = adapter if (adapter / "tokenizer_config.json").is_file() else run_dir
+    files, none = tokenizer_members(folder)
+    if none:
+        raise UserError(
+            f"--adapter {shown_path(adapter)}: no tokenizer files (tokenizer.json, "
+            "tokenizer_config.json) in it or its run folder; copy them back from one of the "
+            "run's checkpoints, or train again"
+        )
+    try:
+        str(folder).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(
+            f"--adapter {shown_path(adapter)}: its path holds bytes that are not UTF-8, which "
+            "the tokenizers library cannot open; rename or move the folder"
+        ) from None
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except TOKENIZER_LOAD_ERRORS as exc:  # the loader's message may quote a file: not shown
+        names = ", ".join(sorted(files))
+        raise UserError(
+            f"--adapter {shown_path(adapter)}: its tokenizer ({names} in "
+            f"{shown_path(folder)}) cannot be loaded ({type(exc).__name__}); copy the files "
+            "back from one of the run's checkpoints, or train again"
+        ) from None
