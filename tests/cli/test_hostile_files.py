@@ -139,6 +139,8 @@ def test_hostile_data_files(capsys, monkeypatch, tmp_path, case: str, expected: 
         text = run(capsys, monkeypatch, command, "--manifest", str(manifest))
         assert expected.lower() in text.lower(), (command, text)
         assert "x" * 300 not in text  # no long path or data quoted
+    # a first build stopped by its data left .cache/pretokenized/.lock beside the manifest
+    assert not (manifest.parent / ".cache").exists()
 
 
 def _data_file(tmp_path: Path, case: str) -> tuple[str, str]:

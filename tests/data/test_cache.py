@@ -527,3 +527,47 @@ def test_a_rebuild_reason_names_a_few_changes_shortly(demo_expert_dir) -> None:
     )
     location = next(c for c in second.changes if c.startswith("sources.train[0].location"))
     assert location == f"sources.train[0].location data/train.jsonl -> {where[:40]}…"
+
+
+HOLD_THEN_REMOVE = """
+import os, sys, time
+from filelock import FileLock
+root = sys.argv[1]
+os.makedirs(root)
+lock = FileLock(os.path.join(root, ".lock"))
+lock.acquire()
+print("held", flush=True)
+time.sleep(1.5)
+os.unlink(os.path.join(root, ".lock"))  # a first build stopped by its data tidies up
+os.rmdir(root)
+lock.release()
+"""
+
+
+def test_a_waiting_build_survives_the_first_one_removing_its_folder(tmp_path: Path) -> None:
+    """A first build that stops on its data removes the cache folder it made, lock file and
+    all, while it still holds the lock. A build waiting on that lock makes the folder again
+    and holds a lock on the file now there (not on the unlinked one: two builders)."""
+    from expert_cli.data import _acquire
+    from expert_cli.data.cache import CachePlan
+
+    root = tmp_path / ".cache" / "pretokenized"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THEN_REMOVE, str(root)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        plan = CachePlan(root, "0" * 16, {}, root / "x", None)
+        lock = _acquire(plan)
+        try:
+            assert holder.wait(timeout=30) == 0
+            assert lock.is_locked and plan.lock_path.is_file()
+            # the file at the path is the one locked: a fresh lock on it cannot be taken
+            from filelock import FileLock, Timeout
+
+            with pytest.raises(Timeout):
+                FileLock(str(plan.lock_path), is_singleton=False).acquire(timeout=0.2)
+        finally:
+            lock.release()
+    finally:
+        holder.kill()

@@ -26,6 +26,7 @@ from expert_cli.atomic import write_json_atomic
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.build import BuildProgress, build_cache, default_num_proc
 from expert_cli.data.cache import (
+    LOCK_NAME,
     CachePlan,
     changed_inputs,
     is_complete,
@@ -102,13 +103,8 @@ def prepare_data(
     status, reason, changes = _why(plan, force)
     if not force and is_complete(plan.final_dir):
         return _load(plan, False, "current", reason, [])
-    open_cache_root(plan.root)
-    lock = FileLock(str(plan.lock_path))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log.warning("another process is building %s; waiting for it", plan.final_dir.name)
-        lock.acquire()
+    made = _absent_folders(plan.root)
+    lock = _acquire(plan)
     try:
         if not force and is_complete(plan.final_dir):
             return _load(
@@ -132,6 +128,7 @@ def prepare_data(
             )
         except UserError:  # the data must change to build: its finished shards are no use
             shutil.rmtree(plan.work_dir, ignore_errors=True)
+            _remove_made(plan, made)
             raise
         except OSError as exc:
             if exc.errno == errno.ENOSPC or "No space left" in str(exc):
@@ -144,6 +141,51 @@ def prepare_data(
     finally:
         lock.release()
     return _load(plan, True, status, reason, changes)
+
+
+def _acquire(plan: CachePlan, tries: int = 5) -> FileLock:
+    """The cache folder's lock, held, its folder made first. A first build that stopped on
+    its data removes the folder it made, lock file and all, while a process waits on it: that
+    one makes the folder again and waits anew (filelock starts over on an unlinked lock)."""
+    for _ in range(tries):
+        open_cache_root(plan.root)
+        lock = FileLock(str(plan.lock_path))
+        try:
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                log.warning("another process is building %s; waiting for it", plan.final_dir.name)
+                lock.acquire()
+        except FileNotFoundError:  # the folder went while this process waited
+            continue
+        return lock
+    raise RunError(f"{plan.root}: the cache folder keeps disappearing; is something removing it?")
+
+
+def _absent_folders(root: Path) -> list[Path]:
+    """`root` and the folders above it that do not exist yet, deepest first."""
+    missing = []
+    while not root.exists() and root != root.parent:
+        missing.append(root)
+        root = root.parent
+    return missing
+
+
+def _remove_made(plan: CachePlan, made: list[Path]) -> None:
+    """After a build stopped on the user's data, the folders this call made (`made`, deepest
+    first) when they hold nothing but the lock file: a first `train` of a manifest whose data
+    is empty left `.cache/pretokenized/.lock` beside it. The lock file goes while it is held,
+    so a process waiting on it starts over (it sees the inode it waited on unlinked)."""
+    if not made:
+        return
+    try:
+        if [p.name for p in plan.root.iterdir()] != [LOCK_NAME]:
+            return
+        plan.lock_path.unlink()
+        for folder in made:
+            folder.rmdir()  # a folder something else wrote into meanwhile stays (ENOTEMPTY)
+    except OSError:
+        return
 
 
 def load_recorded(record: Any) -> PreparedData | None:
