@@ -7,6 +7,8 @@ Run folders are built by hand (an adapter of no tensors), so no test here trains
 
 from __future__ import annotations
 
+import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,37 @@ def test_a_damaged_copy_of_the_manifest_is_named_not_called_gone(
     code, text = _said(capsys, monkeypatch, "package", "--adapter", str(run))
     assert code == 2 and expected in text and "is gone" not in text, text
     assert _files(tmp_path) == before
+
+
+def test_the_packaged_manifest_holds_the_set_values_train_was_given(
+    capsys, monkeypatch, tmp_path: Path
+) -> None:
+    """A run trained with `--set base_models.0.prompt_template=alpaca` was shipped with the
+    manifest's chatml template: a consumer prompted it in a layout it never saw. The recorded
+    --set values are applied, but those naming places on the training machine."""
+    run = hand_built_run(tmp_path)
+    resolved = json.loads((run / "manifest.resolved.json").read_text())
+    resolved["runtime"] = {
+        "overrides": [
+            "base_models.0.prompt_template=alpaca",
+            "learning_rate=0.0005",
+            "base_models.0.name=/home/me/models/qwen",
+            "training.dataset.path=/home/me/data.jsonl",
+            "pretokenized_cache=/scratch/cache",
+        ]
+    }
+    (run / "manifest.resolved.json").write_text(json.dumps(resolved))
+    out = tmp_path / "x.expert"
+    code, text = _said(capsys, monkeypatch, "package", "--adapter", str(run), "--output", str(out))
+    assert code == 0, text
+    assert (
+        "the packaged manifest holds the --set values train was given: "
+        "base_models.0.prompt_template, training.config.learning_rate" in text
+    )
+    with tarfile.open(out) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+    base = manifest["base_models"][0]
+    assert base["prompt_template"] == "alpaca" and base["name"] == "org/model"
+    assert manifest["training"]["config"] == {"learning_rate": 0.0005}
+    assert manifest["training"]["dataset"] == {"path": "org/data"}
+    assert manifest["training"]["decoding"] == {"temperature": 0.2}

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from expert_cli.atomic import atomic_file
 from expert_cli.config import Manifest
 from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
-from expert_cli.config.loading import format_errors
+from expert_cli.config.loading import apply_overrides, format_errors, parse_override
 from expert_cli.config.refs import WINDOWS_PATH
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, resolved_path, shown_path
@@ -122,6 +122,37 @@ def _checkpoint_folder(run_dir: Path, name: str, chosen_by: str) -> Path:
     return folder
 
 
+def _machine_bound(parts: list[str]) -> bool:
+    """A `--set` key naming where something was on the training machine: the base model's
+    path or hub id, the data, the token cache (the package keeps the manifest's own)."""
+    if parts[:2] == ["training", "dataset"] or parts[-1] == "pretokenized_cache":
+        return True
+    return parts[0] in ("base_models", "base_model") and parts[-1] == "name"
+
+
+def as_trained(source: dict[str, Any], resolved: dict[str, Any]) -> tuple[dict[str, Any], list]:
+    """The manifest as written with the `--set` values train was given (recorded as
+    runtime.overrides) applied, but those naming places on the training machine; and a note
+    naming what was applied. A `--set base_models.0.prompt_template=...` changes how the
+    adapter must be prompted: the package says so."""
+    runtime = resolved.get("runtime")
+    recorded = runtime.get("overrides") if isinstance(runtime, dict) else None
+    if not isinstance(recorded, list) or not all(isinstance(i, str) for i in recorded):
+        return source, []
+    try:
+        keyed = [(".".join(parse_override(item)[0]), item) for item in recorded]
+        applied = [(key, item) for key, item in keyed if not _machine_bound(key.split("."))]
+        changed = apply_overrides(source, [item for _, item in applied])
+    except UserError as exc:  # the file was edited since train wrote it
+        where = "manifest.resolved.json: runtime.overrides"
+        raise UserError([f"{where}: {line}" for line in exc.lines]) from None
+    if not applied:
+        return source, []
+    keys = ", ".join(key for key, _ in applied[:6])
+    more = f" and {len(applied) - 6} more" if len(applied) > 6 else ""
+    return changed, [f"the packaged manifest holds the --set values train was given: {keys}{more}"]
+
+
 def plan_members(
     run_dir: Path, checkpoint: str | None = None
 ) -> tuple[dict[str, Any], dict[str, bytes | Path], list[str]]:
@@ -144,6 +175,7 @@ def plan_members(
     if final_problem and not resolved:
         raise final_problem
     source, manifest_path = run_manifest(run_dir, resolved)
+    source, notes = as_trained(source, resolved)
     manifest = copy.deepcopy(source)
     try:  # comments included: they are written into the package
         parsed = Manifest.model_validate(copy.deepcopy(source))
@@ -151,7 +183,7 @@ def plan_members(
         raise UserError([f"{SOURCE_MANIFEST}: {line}" for line in format_errors(exc)]) from None
     name, chosen_by = chosen_checkpoint(run_dir, checkpoint, manifest_path, source)
     weights_dir = run_dir
-    notes = [note] if (note := lower_loss_note(run_dir, name)) else []
+    notes += [note] if (note := lower_loss_note(run_dir, name)) else []
     if name == "final" and final_problem:
         held = [p.name for p in complete_checkpoints(run_dir / "checkpoints")[-8:]]
         ship = f"; ship a checkpoint: --checkpoint NAME ({', '.join(held)})" if held else ""
