@@ -269,6 +269,26 @@ def test_a_damaged_copy_of_the_manifest_is_named(
         assert code == 2 and expected in " ".join(err.split()), out + err
 
 
+def test_decoding_values_given_to_train_by_set_apply(
+    capsys, monkeypatch, memorised: Path, tmp_path: Path
+) -> None:
+    """`train --set training.decoding.max_tokens=5` trained a run that generate answered with
+    the manifest's 24-token budget: the recorded --set values apply, as package ships them."""
+    run = tmp_path / "run"
+    shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    resolved = json.loads((run / "manifest.resolved.json").read_text())
+    resolved.setdefault("runtime", {})["overrides"] = ["training.decoding.max_tokens=5"]
+    (run / "manifest.resolved.json").write_text(json.dumps(resolved))
+    report = _json(capsys, monkeypatch, "--adapter", str(run), "-p", "x")
+    assert report["settings"]["max_new_tokens"] == 5
+    assert (
+        _json(capsys, monkeypatch, "--adapter", str(memorised), "-p", "x")["settings"][
+            "max_new_tokens"
+        ]
+        == 24
+    )
+
+
 def test_a_run_folder_whose_path_is_not_utf8(capsys, monkeypatch, memorised: Path) -> None:
     """The tokenizers library opens files by UTF-8 paths: a folder named in other bytes was
     `cannot load its tokenizer (UnicodeEncodeError)`."""

@@ -24,8 +24,8 @@ from expert_cli.train.outputs import (
     SOURCE_MANIFEST,
     finite_number,
     read_json_file,
-    run_manifest,
 )
+from expert_cli.train.run_source import run_manifest
 
 FINAL = "final"
 BEST = "best"  # --checkpoint best: the kept adapter of lowest eval loss

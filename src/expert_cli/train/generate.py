@@ -32,10 +32,10 @@ from expert_cli.train.outputs import (
     adapter_base,
     read_json_file,
     run_of,
-    source_manifest,
 )
 from expert_cli.train.prompt_format import prompt_format
 from expert_cli.train.prompts import prompt_texts, system_text
+from expert_cli.train.run_source import as_trained, source_manifest
 from expert_cli.train.tokenizer_files import saved_tokenizer, stop_ids
 
 DEFAULT_NEW_TOKENS = 256
@@ -159,7 +159,9 @@ def load_run(adapter: Path) -> LoadedRun:
         raise UserError(
             f"{run_dir / 'manifest.resolved.json'}: not a run's configuration"
         ) from None
-    training = source_manifest(run_dir).get("training")  # a damaged copy: exit 2 naming it
+    # a damaged copy is exit 2 naming it; a --set training.decoding... train was given applies
+    source, _ = as_trained(source_manifest(run_dir), {"runtime": runtime})
+    training = source.get("training")
     decoding = (training or {}).get("decoding") if isinstance(training, dict) else None
     hf_logging.disable_progress_bar()  # the loading bars would interleave with the answers
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from peft import PeftConfig
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
-from expert_cli.config.loading import read_manifest_json
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import path_is_dir, resolved_path, shown_path
 from expert_cli.train.adapter_fit import Shapes, fit_problem
@@ -113,44 +112,6 @@ def read_json_file(path: Path) -> dict[str, Any]:
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def source_manifest(run_dir: Path) -> dict[str, Any]:
-    """The manifest as the run found it (its manifest.source.json), or {} for a run of an
-    earlier version that kept no copy; a copy that cannot be read is exit 2 naming the file
-    and what is wrong (it is not taken for a missing one)."""
-    path = run_dir / SOURCE_MANIFEST
-    if not path.exists() and not path.is_symlink():
-        return {}
-    return read_manifest_json(path)
-
-
-def manifest_path_of(run_dir: Path, resolved: dict[str, Any]) -> Path:
-    """The manifest file the run was trained from, as manifest.resolved.json records it; a
-    folder without that record is not a run `train` wrote (its expert folder, where README,
-    LICENSE and grammar are, would be a guess)."""
-    recorded = resolved.get("manifest_path")
-    if not isinstance(recorded, str) or not recorded.strip():
-        raise UserError(
-            f"--adapter {shown_path(run_dir)}: its manifest.resolved.json is missing, unreadable "
-            "or names no manifest_path; give a folder `expert-cli train` wrote"
-        )
-    return Path(recorded)
-
-
-def run_manifest(run_dir: Path, resolved: dict[str, Any]) -> tuple[dict[str, Any], Path]:
-    """The manifest as the run found it, and the manifest file it was trained from (its
-    folder holds README, LICENSE, ...)."""
-    manifest_path = manifest_path_of(run_dir, resolved)
-    source = source_manifest(run_dir)
-    if not source and manifest_path.is_file():
-        source = read_manifest_json(manifest_path)
-    if not source:
-        raise UserError(
-            f"--adapter {run_dir}: no {SOURCE_MANIFEST} and the manifest it was trained from "
-            f"({manifest_path}) is gone; train again with this version of expert-cli"
-        )
-    return source, manifest_path
 
 
 def finite_number(value: Any) -> float | None:

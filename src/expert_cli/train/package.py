@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from expert_cli.atomic import atomic_file
 from expert_cli.config import Manifest
 from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
-from expert_cli.config.loading import apply_overrides, format_errors, parse_override
+from expert_cli.config.loading import format_errors
 from expert_cli.config.refs import WINDOWS_PATH
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, resolved_path, shown_path
@@ -47,7 +47,6 @@ from expert_cli.train.outputs import (
     SOURCE_MANIFEST,
     adapter_base,
     read_json_file,
-    run_manifest,
     run_of,
 )
 from expert_cli.train.package_check import (
@@ -57,6 +56,7 @@ from expert_cli.train.package_check import (
     sha256_of,
     verify_package,
 )
+from expert_cli.train.run_source import as_trained, run_manifest
 from expert_cli.train.tokenizer_files import tokenizer_members
 
 CHECKSUM_SUFFIX = ".sha256"
@@ -120,37 +120,6 @@ def _checkpoint_folder(run_dir: Path, name: str, chosen_by: str) -> Path:
             [*exc.lines[:-1], f"{exc.lines[-1]} ({chosen_by}: choose another of: {kept})"]
         ) from None
     return folder
-
-
-def _machine_bound(parts: list[str]) -> bool:
-    """A `--set` key naming where something was on the training machine: the base model's
-    path or hub id, the data, the token cache (the package keeps the manifest's own)."""
-    if parts[:2] == ["training", "dataset"] or parts[-1] == "pretokenized_cache":
-        return True
-    return parts[0] in ("base_models", "base_model") and parts[-1] == "name"
-
-
-def as_trained(source: dict[str, Any], resolved: dict[str, Any]) -> tuple[dict[str, Any], list]:
-    """The manifest as written with the `--set` values train was given (recorded as
-    runtime.overrides) applied, but those naming places on the training machine; and a note
-    naming what was applied. A `--set base_models.0.prompt_template=...` changes how the
-    adapter must be prompted: the package says so."""
-    runtime = resolved.get("runtime")
-    recorded = runtime.get("overrides") if isinstance(runtime, dict) else None
-    if not isinstance(recorded, list) or not all(isinstance(i, str) for i in recorded):
-        return source, []
-    try:
-        keyed = [(".".join(parse_override(item)[0]), item) for item in recorded]
-        applied = [(key, item) for key, item in keyed if not _machine_bound(key.split("."))]
-        changed = apply_overrides(source, [item for _, item in applied])
-    except UserError as exc:  # the file was edited since train wrote it
-        where = "manifest.resolved.json: runtime.overrides"
-        raise UserError([f"{where}: {line}" for line in exc.lines]) from None
-    if not applied:
-        return source, []
-    keys = ", ".join(key for key, _ in applied[:6])
-    more = f" and {len(applied) - 6} more" if len(applied) > 6 else ""
-    return changed, [f"the packaged manifest holds the --set values train was given: {keys}{more}"]
 
 
 def plan_members(
