@@ -48,9 +48,10 @@ def _prepared(manifest: Path):
 def test_the_build_records_the_detected_kind_and_each_layout(tmp_path: Path) -> None:
     rows = [{"text": CHATML}] * 3 + [{"text": MARKER}] * 2 + [{"text": "plain words"}]
     rows.append({"text": CHATML.replace("\nA<", "\n<")})  # an empty answer: dropped
+    rows.append({"text": MARKER.replace("<|end|>", "</s>")})  # Zephyr's turns end with </s>
     resolved, tokenizer, data = _prepared(_manifest(tmp_path, rows))
     assert data.stats["fields"] == {"kind": "text", "mapping": {"text": "text"}}
-    assert data.stats["train"]["styles"] == {"chatml": 3, "marker": 2, "none": 1}
+    assert data.stats["train"]["styles"] == {"chatml": 3, "marker": 2, "marker_eos": 1, "none": 1}
     assert data.stats["train"]["dropped_no_completion"] == 1
     layout, notes = prompt_format(resolved, tokenizer, {"stats": data.stats})
     assert layout == PromptFormat("chatml") and notes == []
@@ -170,6 +171,10 @@ def test_a_system_turn_is_laid_out_as_the_datas(tmp_path: Path) -> None:
     marker = PromptFormat("marker")
     assert _text(tok, marker.render(tok, "Hi", "Be brief.")) == (
         "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
+    )
+    zephyr = PromptFormat("marker_eos")  # data ending its turns with </s>: prompted alike
+    assert _text(tok, zephyr.render(tok, "Hi", "Be brief.")) == (
+        "<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\n"
     )
     alpaca = _text(tok, PromptFormat("instruction", "alpaca").render(tok, "Hi", "Be brief."))
     assert alpaca.startswith("Be brief.\n\nBelow is an instruction")

@@ -8,7 +8,8 @@ tokenization. Rules (docs/data.md has examples):
 - `text` with ChatML: every assistant turn is trained from after `<|im_start|>assistant\\n`
   through its `<|im_end|>`; system and user turns are masked.
 - `text` with `<|assistant|>` markers: trained from after `<|assistant|>` (and one newline)
-  through the turn's `<|end|>` (or up to the next `<|user|>`/`<|system|>`, or the end).
+  through the turn's `<|end|>` (or up to the next `<|user|>`/`<|system|>`, or the end); a
+  text whose turns end with `</s>` and hold no `<|end|>` (Zephyr's layout) is `marker_eos`.
 - `response_template` set: trained from after its first occurrence to the end of the text; an
   example without it is dropped and counted (`dropped_no_marker`).
 - `text` with no marker and no `response_template`: the whole text is trained, counted as
@@ -25,8 +26,8 @@ EOS, which ChatML turns already end with). An example over `max_seq_length`
 is cut to its first `max_seq_length` tokens (then it has no EOS: the text did not end there), or
 dropped, as `overlong` says; one whose trained tokens were all cut away is dropped too.
 
-Each row's rule (`chatml`, `marker`, `template`, `none`; `empty`, `missing`, `refused` for
-dropped ones) is kept in its `style` column, and the build counts the kept rows' rules
+Each row's rule (`chatml`, `marker`, `marker_eos`, `template`, `none`; `empty`, `missing`,
+`refused` for dropped ones) is kept in its `style` column, and the build counts the kept rows' rules
 (`styles` in the stats): `generate` presents a prompt the way most of the data was laid out.
 
 An example's first token is never trained (label -100): the model shifts labels by one, so
@@ -52,6 +53,7 @@ CHATML_ASSISTANT = "<|im_start|>assistant"
 CHATML_END = "<|im_end|>"
 MARKER_ASSISTANT = "<|assistant|>"
 MARKER_END = "<|end|>"
+EOS_TURN_END = "</s>"  # what some <|user|>/<|assistant|> data ends its turns with instead
 MARKER_TURNS = ("<|user|>", "<|system|>")
 IGNORE = -100
 # status codes of the `status` column
@@ -85,7 +87,9 @@ def assistant_spans(text: str, response_template: str | None) -> tuple[list[Span
     if CHATML_ASSISTANT in text:
         return _turn_spans(text, CHATML_ASSISTANT, (CHATML_END,), ()), "chatml"
     if MARKER_ASSISTANT in text:
-        return _turn_spans(text, MARKER_ASSISTANT, (MARKER_END,), MARKER_TURNS), "marker"
+        spans = _turn_spans(text, MARKER_ASSISTANT, (MARKER_END,), MARKER_TURNS)
+        ended_by_eos = MARKER_END not in text and EOS_TURN_END in text  # Zephyr's layout
+        return spans, "marker_eos" if ended_by_eos else "marker"
     return [(0, len(text))], "none"
 
 

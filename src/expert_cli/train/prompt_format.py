@@ -4,8 +4,9 @@
 - `messages` data: the run's chat template, one user turn and the generation prompt;
 - `text` data: the layout most of its kept examples had (the build counts the masking rule
   each example was trained by: `styles` in the cache's stats): ChatML turns,
-  `<|user|>`/`<|assistant|>` turns, the text then `response_template`, or the text continued
-  as written where whole texts were trained. A prompt that already holds the layout's markers
+  `<|user|>`/`<|assistant|>` turns (ended by `<|end|>`, or by `</s>` where the data's were),
+  the text then `response_template`, or the text continued as written where whole texts were
+  trained. A prompt that already holds the layout's markers
   is used as written, so a user can give the whole layout.
 
 A manifest without `field_mapping` has its data's kind detected from the columns; the build
@@ -23,6 +24,7 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.formatting import (
     CHATML_ASSISTANT,
     CHATML_END,
+    EOS_TURN_END,
     MARKER_ASSISTANT,
     MARKER_END,
     render_instruction,
@@ -31,11 +33,13 @@ from expert_cli.data.rows import field_spec
 from expert_cli.errors import UserError
 
 MARKER_HOLDS = (MARKER_ASSISTANT, "<|user|>", "<|system|>")  # a prompt holding one: as written
-TEXT_STYLES = ("chatml", "marker", "none")  # the ones a text without response_template has
+# the layouts a text without response_template has
+TEXT_STYLES = ("chatml", "marker", "marker_eos", "none")
 DESCRIBED = {
     "messages": "the run's chat template (one user turn)",
     "chatml": "a ChatML user turn, as the text data's",
     "marker": "a <|user|> turn then <|assistant|>, as the text data's",
+    "marker_eos": "a <|user|> turn ended by </s> then <|assistant|>, as the text data's",
     "template": "the prompt then training.dataset.response_template",
     "none": "as written (the text data was trained whole)",
 }
@@ -64,9 +68,10 @@ class PromptFormat:
         elif self.style == "chatml" and "<|im_start|>" not in text:
             head = f"<|im_start|>system\n{system}{CHATML_END}\n" if system else ""
             prompt = f"{head}<|im_start|>user\n{text}{CHATML_END}\n{CHATML_ASSISTANT}\n"
-        elif self.style == "marker" and not any(m in text for m in MARKER_HOLDS):
-            head = f"<|system|>\n{system}{MARKER_END}\n" if system else ""
-            prompt = f"{head}<|user|>\n{text}{MARKER_END}\n{MARKER_ASSISTANT}\n"
+        elif self.style.startswith("marker") and not any(m in text for m in MARKER_HOLDS):
+            end = EOS_TURN_END if self.style == "marker_eos" else MARKER_END
+            head = f"<|system|>\n{system}{end}\n" if system else ""
+            prompt = f"{head}<|user|>\n{text}{end}\n{MARKER_ASSISTANT}\n"
         elif system:
             raise UserError(
                 "--system: the prompt is used as written (it holds the layout's markers, or "
