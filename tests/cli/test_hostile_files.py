@@ -234,7 +234,7 @@ def test_a_lone_surrogate_in_the_data(
         assert f"{path}:2: {expected}" in text, (command, text)
         assert "expected valid Unicode text" in text, (command, text)
     assert _leftovers(tmp_path) == []
-    assert [p.name for p in (tmp_path / ".cache" / "pretokenized").iterdir()] == [".lock"]
+    assert not (tmp_path / ".cache").exists()  # the build made it: it goes, lock file and all
     assert not out.exists()
 
 
