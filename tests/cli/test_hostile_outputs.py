@@ -174,7 +174,7 @@ def test_package_output_where_nothing_can_be_written(
         ("x\ny.expert", "a name holding a control character (a newline, a tab) cannot be given"),
         ("a\tb.expert", "a name holding a control character"),
         # 249 bytes: its .sha256 is 256, which no file system takes (exit 1 after the build)
-        ("a" * 242 + ".expert", "a name of at most 248 bytes (the checksum file beside it adds"),
+        ("a" * 242 + ".expert", "a name of at most 248 bytes (its checksum file adds .sha256"),
     ],
 )
 def test_package_output_names_its_checksum_file_cannot_hold(
@@ -184,6 +184,19 @@ def test_package_output_names_its_checksum_file_cannot_hold(
     before = _tree(tmp_path)
     text = _exit_2(capsys, monkeypatch, "package", "--adapter", str(run), "--output", name)
     assert expected in text
+    assert _tree(tmp_path) == before
+
+
+def test_a_default_package_name_too_long_names_where_it_comes_from(
+    capsys, monkeypatch, tmp_path: Path
+) -> None:
+    """A name and a version of 120 characters each make a default name of over 248 bytes:
+    exit 2 saying it comes from the manifest (no --output was given to blame)."""
+    run = _run_folder(tmp_path, _manifest(name="n" * 120, version="1." + "0" * 118))
+    before = _tree(tmp_path)
+    text = _exit_2(capsys, monkeypatch, "package", "--adapter", str(run))
+    assert "the package's name, from the manifest's name, version and base model, is over" in text
+    assert "give a shorter one with --output" in text and "--output /" not in text
     assert _tree(tmp_path) == before
 
 

@@ -51,7 +51,9 @@ def test_a_number_no_float_holds_is_left_out(capsys, monkeypatch, tmp_path: Path
 
 
 @pytest.mark.parametrize(
-    "resolved", [None, "{}", '{"manifest_path": ""}', '{"manifest_path": 7}', "not json"]
+    "resolved",
+    [None, "{}", '{"manifest_path": ""}', '{"manifest_path": 7}', "not json"]
+    + ['{"manifest_path": "manifest.json"}'],  # relative: the current directory's again
 )
 def test_package_of_a_folder_train_did_not_write(
     capsys, monkeypatch, tmp_path: Path, resolved: str | None
@@ -73,7 +75,7 @@ def test_package_of_a_folder_train_did_not_write(
     assert code == 2, text
     assert (
         f"--adapter {run}: its manifest.resolved.json is missing, unreadable or names no "
-        "manifest_path; give a folder `expert-cli train` wrote" in text
+        "absolute manifest_path; give a folder `expert-cli train` wrote" in text
     )
     assert _files(tmp_path) == before
 
@@ -112,6 +114,8 @@ def test_the_packaged_manifest_holds_the_set_values_train_was_given(
             "base_models.0.name=/home/me/models/qwen",
             "training.dataset.path=/home/me/data.jsonl",
             "pretokenized_cache=/scratch/cache",
+            "training.dataset.response_template=### Answer:",  # how it must be prompted
+            'training.distributed={"strategy": "deepspeed", "deepspeed": "/home/me/ds.json"}',
         ]
     }
     (run / "manifest.resolved.json").write_text(json.dumps(resolved))
@@ -120,12 +124,37 @@ def test_the_packaged_manifest_holds_the_set_values_train_was_given(
     assert code == 0, text
     assert (
         "the packaged manifest holds the --set values train was given: "
-        "base_models.0.prompt_template, training.config.learning_rate" in text
+        "base_models.0.prompt_template, training.config.learning_rate, "
+        "training.dataset.response_template, training.distributed" in text
     )
+    assert "/home/me" not in text and "/scratch" not in text
     with tarfile.open(out) as tar:
         manifest = json.load(tar.extractfile("manifest.json"))
     base = manifest["base_models"][0]
     assert base["prompt_template"] == "alpaca" and base["name"] == "org/model"
     assert manifest["training"]["config"] == {"learning_rate": 0.0005}
-    assert manifest["training"]["dataset"] == {"path": "org/data"}
+    assert manifest["training"]["dataset"] == {
+        "path": "org/data",
+        "response_template": "### Answer:",
+    }
     assert manifest["training"]["decoding"] == {"temperature": 0.2}
+    assert manifest["training"]["distributed"] == {"strategy": "deepspeed"}  # no local file
+
+
+@pytest.mark.parametrize(
+    "recorded",
+    [["notablock.x=1"], ["base_models.7.name=/x"], [3], "training.config.rank=4"],
+)
+def test_recorded_set_values_that_no_longer_apply(
+    capsys, monkeypatch, tmp_path: Path, recorded
+) -> None:
+    """runtime.overrides edited by hand, or a manifest.source.json edited so they no longer
+    apply: exit 2 naming the record, never quoting a value."""
+    run = hand_built_run(tmp_path)
+    resolved = json.loads((run / "manifest.resolved.json").read_text())
+    resolved["runtime"] = {"overrides": recorded}
+    (run / "manifest.resolved.json").write_text(json.dumps(resolved))
+    code, text = _said(capsys, monkeypatch, "package", "--adapter", str(run))
+    assert code == 2, text
+    assert "manifest.resolved.json: runtime.overrides: the --set values train recorded no" in text
+    assert "/x" not in text and "notablock" not in text

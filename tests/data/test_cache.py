@@ -557,9 +557,10 @@ def test_a_waiting_build_survives_the_first_one_removing_its_folder(tmp_path: Pa
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         plan = CachePlan(root, "0" * 16, {}, root / "x", None)
-        lock = _acquire(plan)
+        lock, made = _acquire(plan)
         try:
             assert holder.wait(timeout=30) == 0
+            assert made == [root]  # made again by this process: its own to remove
             assert lock.is_locked and plan.lock_path.is_file()
             # the file at the path is the one locked: a fresh lock on it cannot be taken
             from filelock import FileLock, Timeout

@@ -243,15 +243,29 @@ def test_a_configuration_that_does_not_fit_the_weights_is_named(
     shapes = tensor_shapes(tmp_path / "adapter_model.safetensors")
     assert adapter_config_problem(saved, shapes) is None
     for edit, expected in [
-        ({"r": 8}, "r: 8, but the weights beside it are of rank 4 (base_model.model.model."),
-        ({"rank_pattern": {}}, "r: 4, but the weights beside it are of rank 2"),
+        (
+            {"r": 8},
+            "r: 8 for model.layers.0.self_attn.q_proj, but its weights are of rank 4 (base_",
+        ),
+        ({"rank_pattern": {}}, "r: 4 for model.layers.0.self_attn.v_proj, but its weights are of"),
+        # a pattern naming the wrong layer: each layer's rank is the one peft gives it
+        ({"rank_pattern": {"q_proj": 2}}, "rank_pattern: 2 for model.layers.0.self_attn.q_proj,"),
+        ({"rank_pattern": {"v_proj": [2]}}, "rank_pattern: a list"),  # was a TypeError
+        ({"rank_pattern": {"(": 2}}, "rank_pattern: a key that is no regular expression"),
         ({"target_modules": ["q_proj"]}, "target_modules does not name model.layers.0.self_"),
         ({"target_modules": r".*\.q_proj"}, "v_proj and 1 more, which the weights beside"),
         ({"target_modules": "(["}, "target_modules: not a regular expression"),
+        ({"target_modules": "a{99999999999}"}, "target_modules: not a regular expression"),
+        ({"target_modules": "(.*)*x"}, "(or one too long, or with a repeated group holding a"),
     ]:
         problem = adapter_config_problem({**saved, **edit}, shapes)
         assert problem is not None and expected in problem, (edit, problem)
-    for fits in ({"target_modules": r".*\.(q|v)_proj"}, {"target_modules": ["v_proj", "q_proj"]}):
+    for fits in (
+        {"target_modules": r".*\.(q|v)_proj"},
+        {"target_modules": ["v_proj", "q_proj"]},
+        {"target_modules": "ALL-LINEAR"},  # peft compares it in lower case
+        {"r": 2, "rank_pattern": {"q_proj": 4}},
+    ):
         assert adapter_config_problem({**saved, **fits}, shapes) is None
 
 

@@ -393,7 +393,7 @@ def test_a_chosen_checkpoint_is_shipped(v2_run: Path, tmp_path: Path) -> None:
         ({"task_type": "SEQ_CLS"}, "task_type: expected CAUSAL_LM (got a string of 7"),
         ({"target_modules": []}, "target_modules: expected the names of the adapted layers"),
         # a size-mismatch traceback from inside peft
-        ({"r": 16}, "r: 16, but the weights beside it are of rank 8 (base_model.model.model."),
+        ({"r": 16}, "r: 16 for model.layers.0.mlp.down_proj, but its weights are of rank 8"),
         # loaded with the weights of every layer but q_proj dropped
         ({"target_modules": ["q_proj"]}, "target_modules does not name model.layers.0."),
     ],
@@ -570,7 +570,10 @@ def test_check_package_judges_the_adapter_configuration(v2_run: Path, tmp_path: 
     config = json.loads(members[name])
     for edit, expected in [
         ({"lora_alpha": float("nan")}, "lora_alpha: expected a number above 0 and at most 1,"),
-        ({"r": 4}, "r: 4, but the weights beside it are of rank 8"),  # generate failed on it
+        (
+            {"r": 4},
+            "r: 4 for model.layers.0.mlp.down_proj, but its weights are of",
+        ),  # generate failed
     ]:
         bad = tmp_path / "bad.expert"
         with tarfile.open(bad, "w:gz") as tar:

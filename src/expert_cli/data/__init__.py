@@ -103,8 +103,7 @@ def prepare_data(
     status, reason, changes = _why(plan, force)
     if not force and is_complete(plan.final_dir):
         return _load(plan, False, "current", reason, [])
-    made = _absent_folders(plan.root)
-    lock = _acquire(plan)
+    lock, made = _acquire(plan)
     try:
         if not force and is_complete(plan.final_dir):
             return _load(
@@ -143,11 +142,13 @@ def prepare_data(
     return _load(plan, True, status, reason, changes)
 
 
-def _acquire(plan: CachePlan, tries: int = 5) -> FileLock:
-    """The cache folder's lock, held, its folder made first. A first build that stopped on
-    its data removes the folder it made, lock file and all, while a process waits on it: that
-    one makes the folder again and waits anew (filelock starts over on an unlinked lock)."""
+def _acquire(plan: CachePlan, tries: int = 5) -> tuple[FileLock, list[Path]]:
+    """The cache folder's lock, held, its folder made first; and the folders this call made.
+    A first build that stopped on its data removes the folder it made, lock file and all,
+    while a process waits on it: that one makes the folder again (then the folders it made
+    are its own to remove) and waits anew (filelock starts over on an unlinked lock)."""
     for _ in range(tries):
+        made = _absent_folders(plan.root)
         open_cache_root(plan.root)
         lock = FileLock(str(plan.lock_path))
         try:
@@ -158,7 +159,7 @@ def _acquire(plan: CachePlan, tries: int = 5) -> FileLock:
                 lock.acquire()
         except FileNotFoundError:  # the folder went while this process waited
             continue
-        return lock
+        return lock, made
     raise RunError(f"{plan.root}: the cache folder keeps disappearing; is something removing it?")
 
 

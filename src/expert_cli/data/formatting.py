@@ -9,7 +9,8 @@ tokenization. Rules (docs/data.md has examples):
   through its `<|im_end|>`; system and user turns are masked.
 - `text` with `<|assistant|>` markers: trained from after `<|assistant|>` (and one newline)
   through the turn's `<|end|>` (or up to the next `<|user|>`/`<|system|>`, or the end); a
-  text whose turns end with `</s>` and hold no `<|end|>` (Zephyr's layout) is `marker_eos`.
+  text whose user turn ends with `</s>` before `<|assistant|>` and that holds no `<|end|>`
+  (Zephyr's layout) is `marker_eos`.
 - `response_template` set: trained from after its first occurrence to the end of the text; an
   example without it is dropped and counted (`dropped_no_marker`).
 - `text` with no marker and no `response_template`: the whole text is trained, counted as
@@ -37,6 +38,7 @@ from the previous example's last token.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,7 @@ CHATML_END = "<|im_end|>"
 MARKER_ASSISTANT = "<|assistant|>"
 MARKER_END = "<|end|>"
 EOS_TURN_END = "</s>"  # what some <|user|>/<|assistant|> data ends its turns with instead
+EOS_BEFORE_ASSISTANT = re.compile(r"</s>\s*<\|assistant\|>")
 MARKER_TURNS = ("<|user|>", "<|system|>")
 IGNORE = -100
 # status codes of the `status` column
@@ -88,7 +91,8 @@ def assistant_spans(text: str, response_template: str | None) -> tuple[list[Span
         return _turn_spans(text, CHATML_ASSISTANT, (CHATML_END,), ()), "chatml"
     if MARKER_ASSISTANT in text:
         spans = _turn_spans(text, MARKER_ASSISTANT, (MARKER_END,), MARKER_TURNS)
-        ended_by_eos = MARKER_END not in text and EOS_TURN_END in text  # Zephyr's layout
+        # Zephyr's layout: the user turn before <|assistant|> ends with </s>, no <|end|> at all
+        ended_by_eos = MARKER_END not in text and EOS_BEFORE_ASSISTANT.search(text) is not None
         return spans, "marker_eos" if ended_by_eos else "marker"
     return [(0, len(text))], "none"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from expert_cli.errors import value_kind
 from expert_cli.weights import shown_tensor
 
 Shapes = dict[str, tuple[int, ...]]
@@ -20,6 +21,7 @@ PEFT_PREFIX = "base_model.model."  # what peft puts before a base model's module
 ADAPTER_PARTS = ("lora_", "ia3_", "lokr_")  # the first name part of an adapter's own tensor
 RANK_FIRST = ("lora_A", "lora_embedding_A")  # shape (r, in)
 RANK_SECOND = ("lora_B", "lora_embedding_B")  # shape (out, r, ...)
+DEFAULT_RANK = 8  # peft's LoraConfig.r
 
 
 def adapted_modules(shapes: Shapes) -> dict[str, str]:
@@ -34,17 +36,32 @@ def adapted_modules(shapes: Shapes) -> dict[str, str]:
     return modules
 
 
+PATTERN_ERRORS = (re.error, OverflowError, RecursionError, TypeError)
+# a repeated group that holds a repetition ((a+)+, (.*)*): matching it can take exponential time
+NESTED_REPEAT = re.compile(r"\([^()]*[*+}][^()]*\)\s*[*+{]")
+MAX_PATTERN_CHARS = 1000
+
+
+def _pattern(text: str) -> re.Pattern[str]:
+    """A pattern of the configuration compiled; re.error for one too long, or one whose
+    matching could run for ever on a hostile package (peft's own matching would too)."""
+    if len(text) > MAX_PATTERN_CHARS or NESTED_REPEAT.search(text):
+        raise re.error("too long, or a repeated group holding a repetition")
+    return re.compile(text)
+
+
 def _targets(targets: Any, module: str) -> bool:
     """Whether peft's matching of `target_modules` picks `module` (a list: a name equal to
-    it or to its last parts; a text: a regular expression matching it whole)."""
+    it or to its last parts; a text: "all-linear" in any case, else a regular expression
+    matching it whole)."""
     if isinstance(targets, str):
-        return targets == "all-linear" or re.fullmatch(targets, module) is not None
+        return targets.lower() == "all-linear" or _pattern(targets).fullmatch(module) is not None
     return any(isinstance(t, str) and (module == t or module.endswith("." + t)) for t in targets)
 
 
 def targets_problem(config: dict[str, Any], shapes: Shapes) -> str | None:
     """A layer the weights adapt that `target_modules` does not name, or a pattern that is no
-    regular expression."""
+    regular expression (or one that could take for ever to match)."""
     targets = config.get("target_modules")
     try:
         left_out = [
@@ -52,8 +69,11 @@ def targets_problem(config: dict[str, Any], shapes: Shapes) -> str | None:
             for module, tensor in adapted_modules(shapes).items()
             if not _targets(targets, module)
         ]
-    except re.error:
-        return "target_modules: not a regular expression peft can match layer names with"
+    except PATTERN_ERRORS:
+        return (
+            "target_modules: not a regular expression peft can match layer names with (or one "
+            "too long, or with a repeated group holding a repetition)"
+        )
     if not left_out:
         return None
     module, tensor = left_out[0]
@@ -64,26 +84,46 @@ def targets_problem(config: dict[str, Any], shapes: Shapes) -> str | None:
     )
 
 
+def _layer_rank(config: dict[str, Any], module: str) -> Any:
+    """The rank peft gives `module`: the value of the first `rank_pattern` key matching the
+    end of its name (peft's `get_pattern_key`), else `r` (8 where the file gives none)."""
+    pattern = config.get("rank_pattern")
+    for key, value in pattern.items() if isinstance(pattern, dict) else ():
+        if _pattern(rf"(.*\.)?({key})$").match(module):
+            return value
+    return config.get("r", DEFAULT_RANK)
+
+
 def rank_problem(config: dict[str, Any], shapes: Shapes) -> str | None:
-    """A LoRA matrix whose rank is neither `r` nor one `rank_pattern` gives."""
+    """A LoRA matrix whose rank is not the one peft would build its layer with."""
     if config.get("peft_type") != "LORA":
         return None  # AdaLoRA's rank is init_r; LoKr's factors are not of rank r
-    rank, pattern = config.get("r"), config.get("rank_pattern")
-    allowed = {rank, *(pattern.values() if isinstance(pattern, dict) else ())}
-    for name, shape in shapes.items():
-        parts = set(name.split("."))
-        axis = 0 if parts & set(RANK_FIRST) else 1 if parts & set(RANK_SECOND) else None
-        if axis is not None and len(shape) > axis and shape[axis] not in allowed:
-            return (
-                f"r: {rank}, but the weights beside it are of rank {shape[axis]} "
-                f"({shown_tensor(name)})"
-            )
+    try:
+        for name, shape in shapes.items():
+            parts = name.split(".")
+            names = set(parts)
+            axis = 0 if names & set(RANK_FIRST) else 1 if names & set(RANK_SECOND) else None
+            if axis is None or len(shape) <= axis:
+                continue
+            cut = next(i for i, p in enumerate(parts) if p.startswith(ADAPTER_PARTS))
+            module = ".".join(parts[:cut]).removeprefix(PEFT_PREFIX)
+            rank = _layer_rank(config, module)
+            if shape[axis] != rank:
+                where = "rank_pattern" if rank != config.get("r", DEFAULT_RANK) else "r"
+                return (
+                    f"{where}: {value_kind(rank) if type(rank) is not int else rank} for "
+                    f"{shown_tensor(module)}, but its weights are of rank {shape[axis]} "
+                    f"({shown_tensor(name)})"
+                )
+    except PATTERN_ERRORS:
+        return "rank_pattern: a key that is no regular expression peft can match layer names with"
     return None
 
 
 def fit_problem(config: dict[str, Any], shapes: Shapes | None) -> str | None:
     """What in the configuration does not fit the weights (None: it fits, or no shapes were
-    read)."""
+    read). Left out: exclude_modules, layers_to_transform and modules_to_save, which narrow
+    or add to what the targets pick."""
     if not shapes:
         return None
     return rank_problem(config, shapes) or targets_problem(config, shapes)

@@ -57,6 +57,8 @@ def refuse_incomplete(adapter: Path) -> None:
     adapter = adapter.absolute()
     if adapter.parent.name != "checkpoints" or checkpoint_step(adapter) is None:
         return
+    if not adapter.is_dir():
+        return  # a folder that is not there: adapter_base names it
     if not (adapter.parent.parent / "manifest.resolved.json").is_file():
         return  # not inside a run folder: an adapter saved elsewhere under that name
     if (adapter / COMPLETE).is_file():

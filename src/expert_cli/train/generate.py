@@ -146,8 +146,8 @@ class LoadedRun:
 def load_run(adapter: Path) -> LoadedRun:
     """The run's resolved configuration, decoding settings, tokenizer and adapted model
     (`adapter`: a run folder, or one of its checkpoints)."""
+    refuse_incomplete(adapter)  # a checkpoint written in part: before its files are judged
     base = adapter_base(adapter)  # UserError for a folder without an adapter
-    refuse_incomplete(adapter)
     run_dir = run_of(adapter)
     data = read_json_file(run_dir / "manifest.resolved.json")
     if not data:

@@ -152,8 +152,8 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
 
     adapter = resolved_path(adapter, "--adapter")
     output = resolved_path(output, "--output")
+    refuse_incomplete(adapter)  # a checkpoint written in part: before its files are judged
     base_name = adapter_base(adapter)
-    refuse_incomplete(adapter)
     _refuse_output(output)
     sources, quantization, dtype = _run_facts(adapter)
     if held := data_folder_holding(output, sources):

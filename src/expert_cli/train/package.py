@@ -237,7 +237,7 @@ def build_package(
     default = package_name(manifest, str(base))
     path = resolved_path(output, "--output") if output else run_dir.parent / default
     checksum = path.with_name(path.name + CHECKSUM_SUFFIX)
-    _refuse_output(path, checksum, default, force)
+    _refuse_output(path, checksum, default, force, given=output is not None)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # both written in full before either is renamed into place: a disk that fills up
@@ -254,7 +254,9 @@ def build_package(
     return report
 
 
-def _refuse_output(path: Path, checksum: Path, default: str, force: bool) -> None:
+def _refuse_output(
+    path: Path, checksum: Path, default: str, force: bool, given: bool = True
+) -> None:
     """UserError naming --output where the package and its .sha256 cannot be written."""
     if path.is_dir():
         raise UserError(
@@ -270,10 +272,13 @@ def _refuse_output(path: Path, checksum: Path, default: str, force: bool) -> Non
         )
     if len(os.fsencode(checksum.name)) > NAME_MAX_BYTES:  # found after the build, it was exit 1
         most = NAME_MAX_BYTES - len(CHECKSUM_SUFFIX)
-        raise UserError(
-            f"--output {shown_path(path)}: a name of at most {most} bytes (the checksum file "
-            f"beside it adds {CHECKSUM_SUFFIX}, and a file name is at most {NAME_MAX_BYTES})"
-        )
+        why = f"(its checksum file adds {CHECKSUM_SUFFIX}; a file name is at most {NAME_MAX_BYTES})"
+        if not given:
+            raise UserError(
+                f"the package's name, from the manifest's name, version and base model, is over "
+                f"{most} bytes {why}; give a shorter one with --output"
+            )
+        raise UserError(f"--output {shown_path(path)}: a name of at most {most} bytes {why}")
     for target in (path, checksum):
         if problem := new_file_problem(target, "--output", force):
             raise UserError(problem)

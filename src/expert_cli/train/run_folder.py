@@ -50,6 +50,7 @@ RUN_OUTPUTS = (
     "added_tokens.json",
     "vocab.json",
     "merges.txt",
+    "tokenizer.model",
 )
 LOCK_NAME = ".train.lock"  # held by the process training in the folder
 RUN_MARKERS = ("manifest.resolved.json", "metrics.json", "checkpoints", "adapter_config.json")

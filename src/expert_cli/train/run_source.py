@@ -31,10 +31,10 @@ def manifest_path_of(run_dir: Path, resolved: dict[str, Any]) -> Path:
     folder without that record is not a run `train` wrote (its expert folder, where README,
     LICENSE and grammar are, would be a guess)."""
     recorded = resolved.get("manifest_path")
-    if not isinstance(recorded, str) or not recorded.strip():
+    if not isinstance(recorded, str) or not Path(recorded).is_absolute():  # train writes it so
         raise UserError(
             f"--adapter {shown_path(run_dir)}: its manifest.resolved.json is missing, unreadable "
-            "or names no manifest_path; give a folder `expert-cli train` wrote"
+            "or names no absolute manifest_path; give a folder `expert-cli train` wrote"
         )
     return Path(recorded)
 
@@ -48,40 +48,89 @@ def run_manifest(run_dir: Path, resolved: dict[str, Any]) -> tuple[dict[str, Any
         source = read_manifest_json(manifest_path)
     if not source:
         raise UserError(
-            f"--adapter {run_dir}: no {SOURCE_MANIFEST} and the manifest it was trained from "
-            f"({manifest_path}) is gone; train again with this version of expert-cli"
+            f"--adapter {shown_path(run_dir)}: no {SOURCE_MANIFEST} and the manifest it was "
+            f"trained from ({shown_path(manifest_path)}) is gone; train again with this version "
+            "of expert-cli"
         )
     return source, manifest_path
 
 
-def _machine_bound(parts: list[str]) -> bool:
-    """A `--set` key naming where something was on the training machine: the base model's
-    path or hub id, the data, the token cache (the package keeps the manifest's own)."""
-    if parts[:2] == ["training", "dataset"] or parts[-1] == "pretokenized_cache":
-        return True
-    return parts[0] in ("base_models", "base_model") and parts[-1] == "name"
+Where = tuple[str | int, ...]
+MISSING = object()
+DATA_FILES = ("path", "validation_path", "test_path")
+TASK_FILES = ("train", "valid", "test")
+
+
+def _at(data: Any, where: Where) -> Any:
+    for step in where:
+        listed = isinstance(step, int) and isinstance(data, list) and step < len(data)
+        if not listed and not (isinstance(step, str) and isinstance(data, dict) and step in data):
+            return MISSING
+        data = data[step]
+    return data
+
+
+def _machine_bound(manifest: dict[str, Any]) -> list[Where]:
+    """Where a manifest names places on the training machine: each base model's name (a hub id
+    or a local folder), the data files, the token cache, a DeepSpeed configuration file."""
+    bases = _at(manifest, ("base_models",))
+    found: list[Where] = [("base_model", "name")]
+    found += [
+        ("base_models", i, "name") for i in range(len(bases) if isinstance(bases, list) else 0)
+    ]
+    found += [("training", "dataset", key) for key in DATA_FILES]
+    tasks = _at(manifest, ("training", "dataset", "tasks"))
+    for task in tasks if isinstance(tasks, dict) else {}:
+        found += [("training", "dataset", "tasks", task, key) for key in TASK_FILES]
+    found += [
+        ("training", "config", "pretokenized_cache"),
+        ("training", "distributed", "deepspeed"),
+    ]
+    return found
+
+
+def _keep_as_written(changed: dict[str, Any], source: dict[str, Any]) -> list[str]:
+    """Put back in `changed` each place on the training machine as `source` gives it (a
+    `--set` of a whole block holding one included); the keys put back."""
+    kept = []
+    for where in _machine_bound(changed):
+        now, then = _at(changed, where), _at(source, where)
+        holder, key = _at(changed, where[:-1]), str(where[-1])
+        if now is MISSING or now == then or not isinstance(holder, dict):
+            continue
+        if then is MISSING:
+            del holder[key]
+        else:
+            holder[key] = then
+        kept.append(".".join(str(step) for step in where))
+    return kept
 
 
 def as_trained(
     source: dict[str, Any], resolved: dict[str, Any]
 ) -> tuple[dict[str, Any], list[str]]:
     """The manifest as written with the `--set` values train was given (recorded as
-    runtime.overrides) applied, but those naming places on the training machine; and a note
-    naming what was applied. A `--set base_models.0.prompt_template=...` changes how the
-    adapter must be prompted: the package says so."""
+    runtime.overrides) applied, but for the places on the training machine they name (kept
+    as the manifest wrote them); and a note naming what was applied. A `--set
+    base_models.0.prompt_template=...` changes how the adapter must be prompted."""
     runtime = resolved.get("runtime")
     recorded = runtime.get("overrides") if isinstance(runtime, dict) else None
-    if not isinstance(recorded, list) or not all(isinstance(i, str) for i in recorded):
+    if not recorded:
         return source, []
     try:
-        keyed = [(".".join(parse_override(item)[0]), item) for item in recorded]
-        applied = [(key, item) for key, item in keyed if not _machine_bound(key.split("."))]
-        changed = apply_overrides(source, [item for _, item in applied])
-    except UserError as exc:  # the file was edited since train wrote it
-        where = "manifest.resolved.json: runtime.overrides"
-        raise UserError([f"{where}: {line}" for line in exc.lines]) from None
+        if not isinstance(recorded, list) or not all(isinstance(i, str) for i in recorded):
+            raise UserError("runtime.overrides: expected a list of the --set values")
+        keys = [".".join(parse_override(item)[0]) for item in recorded]
+        changed = apply_overrides(source, recorded)
+    except UserError:  # never the values: they are the file's contents
+        raise UserError(
+            f"manifest.resolved.json: runtime.overrides: the --set values train recorded no "
+            f"longer apply to {SOURCE_MANIFEST} (a file edited since); train again"
+        ) from None
+    kept = set(_keep_as_written(changed, source))
+    applied = [key for key in keys if key not in kept]
     if not applied:
-        return source, []
-    keys = ", ".join(key for key, _ in applied[:6])
+        return changed, []
     more = f" and {len(applied) - 6} more" if len(applied) > 6 else ""
-    return changed, [f"the packaged manifest holds the --set values train was given: {keys}{more}"]
+    note = f"the packaged manifest holds the --set values train was given: {', '.join(applied[:6])}"
+    return changed, [note + more]

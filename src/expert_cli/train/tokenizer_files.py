@@ -24,6 +24,7 @@ TOKENIZER_FILES = (  # as the run saves them; at the package's root
     "added_tokens.json",
     "vocab.json",
     "merges.txt",
+    "tokenizer.model",  # a SentencePiece model (Llama, Mistral): binary, not read here
     "chat_template.jinja",
 )
 TOKENIZER_CHECK_BYTES = 64 << 20  # larger tokenizer files are noted, not read
@@ -41,6 +42,8 @@ def stop_ids(tokenizer: Any) -> list[int]:
 
 def tokenizer_problem(name: str, data: bytes) -> str | None:
     """What a loader would fail on in one of the tokenizer files (None: it reads)."""
+    if name == "tokenizer.model":
+        return None  # SentencePiece's protobuf: the loader alone judges it
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -62,9 +65,10 @@ def tokenizer_problem(name: str, data: bytes) -> str | None:
 
 def missing_tokenizer_file(names: Collection[str]) -> str | None:
     """The file a loader needs that is missing from a set of tokenizer files (a run's or a
-    package's): tokenizer.json beside tokenizer_config.json, unless vocab.json and merges.txt
-    are there to build it from; None when nothing is missing (or no tokenizer is there)."""
-    if "tokenizer_config.json" not in names or "tokenizer.json" in names:
+    package's): tokenizer.json beside tokenizer_config.json, unless vocab.json and merges.txt,
+    or a SentencePiece tokenizer.model, are there to build it from; None when nothing is
+    missing (or no tokenizer is there)."""
+    if "tokenizer_config.json" not in names or {"tokenizer.json", "tokenizer.model"} & {*names}:
         return None
     if "vocab.json" in names and "merges.txt" in names:
         return None
