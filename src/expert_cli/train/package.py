@@ -122,12 +122,10 @@ def _checkpoint_folder(run_dir: Path, name: str, chosen_by: str) -> Path:
     return folder
 
 
-def plan_members(
-    run_dir: Path, checkpoint: str | None = None
-) -> tuple[dict[str, Any], dict[str, bytes | Path], list[str]]:
-    """(packaged manifest, member name -> bytes or file, notes) of a run folder; the adapter
-    of `checkpoint` (checkpoint-N or final) when given, else as `chosen_checkpoint` says."""
-    run_dir = run_dir.absolute()
+def _final_problem(run_dir: Path) -> UserError | None:
+    """Why the run folder's own adapter cannot ship (None: it can): a run that diverged may
+    still ship one of its checkpoints. UserError for a checkpoint given as the run, or a
+    folder that is not there."""
     if (run := run_of(run_dir)) != run_dir:
         raise UserError(
             f"--adapter {shown_path(run_dir)}: a checkpoint of a run; give the run and the "
@@ -135,11 +133,66 @@ def plan_members(
         )
     try:
         adapter_base(run_dir, base_needed=False)  # UserError when the folder has no adapter
-        final_problem = None
-    except UserError as exc:  # a checkpoint may still be shipped (a run that diverged)
+    except UserError as exc:
         if not run_dir.is_dir():
             raise
-        final_problem = exc
+        return exc
+    return None
+
+
+def _shipped(
+    run_dir: Path, checkpoint: str | None, chosen: tuple[str, str], final_problem: Any
+) -> tuple[Path, list[str]]:
+    """The folder of the adapter chosen (`chosen`: its name and who chose it), and notes."""
+    name, chosen_by = chosen
+    notes = [note] if (note := lower_loss_note(run_dir, name)) else []
+    if name == "final" and final_problem:
+        held = [p.name for p in complete_checkpoints(run_dir / "checkpoints")[-8:]]
+        ship = f"; ship a checkpoint: --checkpoint NAME ({', '.join(held)})" if held else ""
+        raise UserError([*final_problem.lines[:-1], final_problem.lines[-1] + ship])
+    if name != "final":
+        notes.append(f"shipped {name} ({chosen_by}), not the run's final adapter")
+        return _checkpoint_folder(run_dir, name, chosen_by), notes
+    if checkpoint == BEST:
+        notes.append(f"shipped the run's final adapter ({chosen_by})")
+    return run_dir, notes
+
+
+def _adapter_members(
+    manifest: dict[str, Any], adapter_type: Any, weights_dir: Path, base_name: str, step: Any
+) -> tuple[Members, list[str]]:
+    """manifest.json and the adapter's files, the manifest's adapter entry filled in (size,
+    sha256, the checkpoint's step) and reconciled with the configuration shipped."""
+    adapters, where = adapters_of(manifest)
+    if not adapters:
+        adapters.append({"type": adapter_type or "lora"})
+    adapter = adapters[0]
+    folder = _relative(adapter["path"], f"{where}[0].path") if adapter.get("path") else None
+    weights = _file(weights_dir / ADAPTER_FILES[0], "--adapter")
+    adapter["size_bytes"], adapter["sha256"] = weights.stat().st_size, sha256_of(weights)
+    if step is not None:  # a checkpoint's: the entry says which step it holds
+        adapter["checkpoint_step"] = step
+    else:
+        adapter.pop("checkpoint_step", None)  # a step the run's copy named, not this adapter's
+    config = json.loads(_file(weights_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
+    config["base_model_name_or_path"] = base_name
+    notes = reconciled(adapter, config, f"{where}[0]")  # the entry describes what ships
+    prefix = f"{folder.as_posix()}/" if folder else ""
+    members: Members = {
+        "manifest.json": (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode(),
+        prefix + ADAPTER_FILES[0]: weights,
+        prefix + ADAPTER_FILES[1]: (json.dumps(config, indent=2) + "\n").encode(),
+    }
+    return members, notes
+
+
+def plan_members(
+    run_dir: Path, checkpoint: str | None = None
+) -> tuple[dict[str, Any], Members, list[str]]:
+    """(packaged manifest, member name -> bytes or file, notes) of a run folder; the adapter
+    of `checkpoint` (checkpoint-N or final) when given, else as `chosen_checkpoint` says."""
+    run_dir = run_dir.absolute()
+    final_problem = _final_problem(run_dir)
     resolved = read_json_file(run_dir / "manifest.resolved.json")
     if final_problem and not resolved:
         raise final_problem
@@ -150,43 +203,19 @@ def plan_members(
         parsed = Manifest.model_validate(copy.deepcopy(source))
     except ValidationError as exc:
         raise UserError([f"{SOURCE_MANIFEST}: {line}" for line in format_errors(exc)]) from None
-    name, chosen_by = chosen_checkpoint(run_dir, checkpoint, manifest_path, source)
-    weights_dir = run_dir
-    notes += [note] if (note := lower_loss_note(run_dir, name)) else []
-    if name == "final" and final_problem:
-        held = [p.name for p in complete_checkpoints(run_dir / "checkpoints")[-8:]]
-        ship = f"; ship a checkpoint: --checkpoint NAME ({', '.join(held)})" if held else ""
-        raise UserError([*final_problem.lines[:-1], final_problem.lines[-1] + ship])
-    if name != "final":
-        weights_dir = _checkpoint_folder(run_dir, name, chosen_by)
-        notes.append(f"shipped {name} ({chosen_by}), not the run's final adapter")
-    elif checkpoint == BEST:
-        notes.append(f"shipped the run's final adapter ({chosen_by})")
+    chosen = chosen_checkpoint(run_dir, checkpoint, manifest_path, source)
+    weights_dir, shipped_notes = _shipped(run_dir, checkpoint, chosen, final_problem)
+    notes += shipped_notes
     if isinstance(manifest.get("training"), dict):  # the package says which adapter it holds
-        manifest["training"]["packaging_checkpoint"] = name
-    base_name = parsed.primary_base_model.name
+        manifest["training"]["packaging_checkpoint"] = chosen[0]
     if manifest.get("schema_version") == "2.0":
         manifest["base_models"] = manifest["base_models"][:1]
-    adapters, where = adapters_of(manifest)
-    if not adapters:
-        adapters.append({"type": resolved.get("adapter_type") or "lora"})
-    adapter = adapters[0]
-    folder = _relative(adapter["path"], f"{where}[0].path") if adapter.get("path") else None
-    weights = _file(weights_dir / ADAPTER_FILES[0], "--adapter")
-    adapter["size_bytes"], adapter["sha256"] = weights.stat().st_size, sha256_of(weights)
-    if name != "final":
-        adapter["checkpoint_step"] = checkpoint_step(weights_dir)
-    else:
-        adapter.pop("checkpoint_step", None)  # a step the run's copy named, not this adapter's
-    config = json.loads(_file(weights_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
-    config["base_model_name_or_path"] = base_name
-    notes += reconciled(adapter, config, f"{where}[0]")  # the entry describes what ships
-    prefix = f"{folder.as_posix()}/" if folder else ""
-    members: dict[str, bytes | Path] = {
-        "manifest.json": (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode(),
-        prefix + ADAPTER_FILES[0]: weights,
-        prefix + ADAPTER_FILES[1]: (json.dumps(config, indent=2) + "\n").encode(),
-    }
+    base_name = parsed.primary_base_model.name
+    step = checkpoint_step(weights_dir) if chosen[0] != "final" else None
+    members, entry_notes = _adapter_members(
+        manifest, resolved.get("adapter_type"), weights_dir, base_name, step
+    )
+    notes += entry_notes
     # a run that stopped before its end (diverged) saved its tokenizer in the checkpoints only
     tokens = weights_dir if (weights_dir / "tokenizer_config.json").is_file() else run_dir
     tokenizer, missing = tokenizer_members(tokens)
