@@ -784,7 +784,7 @@ def test_an_adapter_entry_takes_the_values_of_each_adapter_kind() -> None:
     }
     entry = {"type": "lora", "r": 16, "alpha": 32, "use_dora": False}
     notes = reconciled(entry, {"peft_type": "IA3", "target_modules": ["q"]}, "adapters[0]")
-    assert entry == {"type": "ia3"} and notes == [
+    assert entry == {"type": "ia3", "target_modules": ["q"]} and notes == [
         "adapters[0].type: lora in the manifest, ia3 in the adapter it ships (training.config "
         "or --set chose it): the package says the adapter's"
     ]
@@ -793,3 +793,33 @@ def test_an_adapter_entry_takes_the_values_of_each_adapter_kind() -> None:
         reconciled(same, {"peft_type": "LORA", "use_dora": True, "r": 8, "lora_alpha": 16}, "a")
         == []
     )
+
+
+def test_an_adapter_entry_takes_the_targets_and_dropout_trained() -> None:
+    """`train --set target_modules=[q_proj,v_proj] --set dropout=0.1` on a manifest whose entry
+    says all-linear and 0.0 shipped that entry beside a q/v adapter: a loader applying it
+    would look for layers the adapter does not hold. An all-linear run keeps all-linear (peft
+    saves the layers it found), and check --package names a target list that differs."""
+    from expert_cli.train.adapter_entry import disagreements, reconciled
+
+    config = {
+        "peft_type": "LORA", "use_dora": True, "r": 4, "lora_alpha": 8, "lora_dropout": 0.1,
+        "target_modules": ["v_proj", "q_proj"],
+    }  # fmt: skip
+    entry = {"type": "lora", "r": 16, "target_modules": "all-linear", "dropout": 0.0}
+    notes = reconciled(entry, config, "a", ["q_proj", "v_proj"])
+    assert entry == {
+        "type": "dora", "r": 4, "target_modules": ["q_proj", "v_proj"], "dropout": 0.1,
+        "alpha": 8,
+    }  # fmt: skip
+    assert [n.split(":")[0] for n in notes] == ["a.type", "a.r", "a.dropout", "a.target_modules"]
+    assert "a.target_modules: all-linear in the manifest, q_proj, v_proj in the adapter" in notes[3]
+    kept = {"type": "lora", "target_modules": "all-linear"}
+    expanded = {**config, "use_dora": False, "target_modules": ["q_proj", "k_proj", "v_proj"]}
+    reconciled(kept, expanded, "a", "all-linear")
+    assert kept["target_modules"] == "all-linear" and kept["dropout"] == 0.1
+    assert disagreements({"type": "dora", "target_modules": ["q_proj"]}, config) == [
+        ("target_modules", "q_proj", "q_proj, v_proj")
+    ]
+    same = {"type": "dora", "target_modules": ["v_proj", "q_proj"], "dropout": 0.1}
+    assert disagreements(same, config) == []

@@ -1,6 +1,7 @@
 """The manifest's adapter entry against the adapter it describes.
 
-A package's `manifest.json` names the adapter's type, rank and alpha in its adapter entry
+A package's `manifest.json` names the adapter's type, rank, alpha, dropout and target modules
+in its adapter entry
 (`base_models[0].adapters[0]`); its `adapter_config.json` holds what the weights were trained
 with. They part when `training.config` overrode the entry (it wins, with a note at train time)
 or a file was edited: a loader that reads the manifest then describes, or sizes, an adapter
@@ -15,21 +16,42 @@ from typing import Any
 # peft's key for each entry field, per peft type (AdaLoRA's r is its initial rank)
 RANK_KEYS = {"LORA": "r", "LOKR": "r", "ADALORA": "init_r"}
 ALPHA_KEYS = {"LORA": "lora_alpha", "LOKR": "alpha", "ADALORA": "lora_alpha"}
+DROPOUT_KEYS = {"LORA": "lora_dropout", "ADALORA": "lora_dropout"}  # LoKr's are its own
+ALL_LINEAR = "all-linear"
 
 
 def described(config: dict[str, Any]) -> dict[str, Any]:
-    """The entry fields (`type`, `r`, `alpha`) an adapter_config.json says; none it lacks."""
+    """The entry fields (`type`, `r`, `alpha`, `dropout`, `target_modules`) an
+    adapter_config.json says; none it lacks."""
     kind = config.get("peft_type")
     if not isinstance(kind, str):
         return {}
     found: dict[str, Any] = {"type": kind.lower()}
     if kind == "LORA" and config.get("use_dora") is True:
         found["type"] = "dora"
-    for field, keys in (("r", RANK_KEYS), ("alpha", ALPHA_KEYS)):
+    for field, keys in (("r", RANK_KEYS), ("alpha", ALPHA_KEYS), ("dropout", DROPOUT_KEYS)):
         value = config.get(keys.get(kind, ""))
         if isinstance(value, int | float) and not isinstance(value, bool):
-            found[field] = int(value) if float(value).is_integer() else value
+            found[field] = int(value) if float(value).is_integer() and field != "dropout" else value
+    targets = config.get("target_modules")
+    if isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets):
+        found["target_modules"] = sorted(targets)  # peft saves a set: its order means nothing
+    elif isinstance(targets, str) and targets:
+        found["target_modules"] = targets
     return found
+
+
+def _same(field: str, given: Any, value: Any) -> bool:
+    """Whether the entry's value says what the adapter's does (target lists in any order;
+    an entry's `all-linear` cannot be told from the list peft saved for it)."""
+    if field == "target_modules":
+        if isinstance(given, str) and given.lower() == ALL_LINEAR:
+            return True
+        if isinstance(given, list) and isinstance(value, list):
+            return sorted(map(str, given)) == value
+    if field == "dropout" and isinstance(given, int | float) and isinstance(value, int | float):
+        return float(given) == float(value)
+    return given == value
 
 
 def entry_type(entry: dict[str, Any]) -> Any:
@@ -45,26 +67,49 @@ def disagreements(entry: dict[str, Any], config: dict[str, Any]) -> list[tuple[s
         given = entry_type(entry) if field == "type" else entry.get(field)
         if given is None and field != "type":
             continue
-        if given != value:
-            found.append((field, given, value))
+        if not _same(field, given, value):
+            found.append((field, _shown(given), _shown(value)))
     return found
 
 
-def reconciled(entry: dict[str, Any], config: dict[str, Any], where: str) -> list[str]:
-    """Write the adapter's type, rank and alpha into `entry`; a note for each value changed
-    (a field the entry left out is added without one)."""
-    notes = [
-        f"{where}.{field}: {given} in the manifest, {value} in the adapter it ships "
-        "(training.config or --set chose it): the package says the adapter's"
-        for field, given, value in disagreements(entry, config)
-    ]
+def _shown(value: Any) -> Any:
+    return ", ".join(map(str, value)) if isinstance(value, list) else value
+
+
+def reconciled(
+    entry: dict[str, Any], config: dict[str, Any], where: str, trained_targets: Any = None
+) -> list[str]:
+    """Write the adapter's type, rank, alpha, dropout and target modules into `entry`; a note
+    for each value changed (a field the entry left out is added without one).
+    `trained_targets`: the target_modules the run resolved; `all-linear` stays so in the
+    entry (peft saves the layers it found), a list or an entry's `all-linear` for a run that
+    trained fewer layers becomes the adapter's list."""
+    conflicts = disagreements(entry, config)
     adapter = described(config)
+    given = entry.get("target_modules")
+    if (
+        isinstance(given, str)
+        and given.lower() == ALL_LINEAR
+        and "target_modules" in adapter
+        and not (isinstance(trained_targets, str) and trained_targets.lower() == ALL_LINEAR)
+    ):
+        conflicts.append(("target_modules", given, _shown(adapter["target_modules"])))
+    notes = [
+        f"{where}.{field}: {was} in the manifest, {value} in the adapter it ships "
+        "(training.config or --set chose it): the package says the adapter's"
+        for field, was, value in conflicts
+    ]
     if "type" in adapter and entry_type(entry) != adapter["type"]:
         entry["type"] = adapter["type"]
         entry.pop("use_dora", None)  # the type says it
-    for field in ("r", "alpha"):
+    for field in ("r", "alpha", "dropout"):
         if field in adapter:
             entry[field] = adapter[field]
-        elif adapter.get("type") == "ia3":  # IA3 has neither: a value left would mislead
+        elif adapter.get("type") == "ia3":  # IA3 has none: a value left would mislead
             entry.pop(field, None)
+    if "target_modules" in adapter and any(c[0] == "target_modules" for c in conflicts):
+        entry["target_modules"] = adapter["target_modules"]
+    elif "target_modules" in adapter and given is None:
+        trained_all = isinstance(trained_targets, str) and trained_targets.lower() == ALL_LINEAR
+        entry["target_modules"] = ALL_LINEAR if trained_all else adapter["target_modules"]
     return notes

@@ -159,13 +159,14 @@ def _shipped(
 
 
 def _adapter_members(
-    manifest: dict[str, Any], adapter_type: Any, weights_dir: Path, base_name: str, step: Any
+    manifest: dict[str, Any], resolved: dict[str, Any], weights_dir: Path, base_name: str, step: Any
 ) -> tuple[Members, list[str]]:
     """manifest.json and the adapter's files, the manifest's adapter entry filled in (size,
     sha256, the checkpoint's step) and reconciled with the configuration shipped."""
     adapters, where = adapters_of(manifest)
     if not adapters:
-        adapters.append({"type": adapter_type or "lora"})
+        adapters.append({"type": resolved.get("adapter_type") or "lora"})
+    trained_targets = resolved.get("target_modules")
     adapter = adapters[0]
     folder = _relative(adapter["path"], f"{where}[0].path") if adapter.get("path") else None
     weights = _file(weights_dir / ADAPTER_FILES[0], "--adapter")
@@ -176,7 +177,8 @@ def _adapter_members(
         adapter.pop("checkpoint_step", None)  # a step the run's copy named, not this adapter's
     config = json.loads(_file(weights_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
     config["base_model_name_or_path"] = base_name
-    notes = reconciled(adapter, config, f"{where}[0]")  # the entry describes what ships
+    # the entry describes what ships
+    notes = reconciled(adapter, config, f"{where}[0]", trained_targets)
     prefix = f"{folder.as_posix()}/" if folder else ""
     members: Members = {
         "manifest.json": (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode(),
@@ -212,9 +214,7 @@ def plan_members(
         manifest["base_models"] = manifest["base_models"][:1]
     base_name = parsed.primary_base_model.name
     step = checkpoint_step(weights_dir) if chosen[0] != "final" else None
-    members, entry_notes = _adapter_members(
-        manifest, resolved.get("adapter_type"), weights_dir, base_name, step
-    )
+    members, entry_notes = _adapter_members(manifest, resolved, weights_dir, base_name, step)
     notes += entry_notes
     # a run that stopped before its end (diverged) saved its tokenizer in the checkpoints only
     tokens = weights_dir if (weights_dir / "tokenizer_config.json").is_file() else run_dir
