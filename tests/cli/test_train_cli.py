@@ -244,3 +244,15 @@ def test_a_run_shorter_than_logging_steps_reports_its_loss(
     assert code == 0, err
     loss = read_metrics(out)["summary"]["final_loss"]
     assert isinstance(loss, float) and loss > 0 and "final loss -" not in stdout
+    # 3 steps logged every 2: the last window (step 3) had no loss, and the final loss was
+    # the window before it (steps 1-2); the last step's loss is logged now
+    manifest = write_expert(tmp_path / "f", tiny_model_dir, config={"logging_steps": 2})
+    out = tmp_path / "out3"
+    code, stdout, err = run_main(
+        capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(out), "--max-steps", "3"
+    )
+    assert code == 0, err
+    metrics = read_metrics(out)
+    windows = [(w["step"], w["loss"]) for w in metrics["windows"]]
+    assert [step for step, _ in windows] == [2, 3] and all(loss for _, loss in windows), windows
+    assert metrics["summary"]["final_loss"] == windows[-1][1] != windows[0][1]

@@ -44,6 +44,11 @@ class ThroughputCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.meter.step_ended()
+        if state.max_steps and state.global_step >= state.max_steps:
+            # the last steps' loss is logged, so the last window (and the run's final loss)
+            # has one: where the step count is no multiple of logging_steps, the final loss
+            # was the window before it, and the last window had none
+            control.should_log = True
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
