@@ -228,6 +228,11 @@ def test_multi_task_sources_and_weights(tmp_path: Path) -> None:
     cfg = resolve(load_manifest(_mutate(tmp_path, edit)), cpu_environment())
     assert [(s.task, s.weight) for s in cfg.train_sources] == [("gen", 0.5), ("fix", 2.0)]
     assert [s.task for s in cfg.validation_sources] == ["gen"]
+    # fix has no valid file, and nothing of it is held out: the eval loss leaves it out
+    assert (
+        "training.dataset.tasks: fix has no valid file, and none of its examples is held out "
+        "when another task has one: the eval loss measures only gen"
+    ) in cfg.notes
 
 
 def test_resolved_config_round_trips_through_json(v2_dir: Path) -> None:

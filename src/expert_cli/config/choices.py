@@ -332,3 +332,19 @@ def shared_sources(train: list[Any], valid: list[Any]) -> list[str]:
         for ref in valid
         if key(ref) in trained
     ]
+
+
+def unevaluated_tasks(train: list[Any], valid: list[Any]) -> list[str]:
+    """A note naming the tasks of a multi_task dataset without a `valid` file when another
+    has one: none of their examples is held out then, so the eval loss leaves them out."""
+    evaluated = {ref.task for ref in valid}
+    left = sorted({ref.task for ref in train if ref.task and ref.task not in evaluated})
+    if not valid or not left:
+        return []
+    shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+    verb = "has" if len(left) == 1 else "have"
+    return [
+        f"training.dataset.tasks: {shown} {verb} no valid file, and none of its examples is "
+        "held out when another task has one: the eval loss measures only "
+        f"{', '.join(sorted(str(t) for t in evaluated)[:5])}"
+    ]

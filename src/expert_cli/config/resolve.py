@@ -292,7 +292,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     ds = lm.manifest.training.dataset
     notes: list[str] = []
     train, valid = resolve_sources(lm)
-    notes += choices.shared_sources(train, valid)
+    notes += choices.shared_sources(train, valid) + choices.unevaluated_tasks(train, valid)
     bf16, fp16 = choices.precision(cfg, env, notes)
     tf32 = bool(first(cfg.use_tf32, env.tf32)) and env.tf32
     if cfg.use_tf32 and not env.tf32:
