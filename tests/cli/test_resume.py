@@ -91,6 +91,24 @@ def test_resume_matches_uninterrupted(
 
 
 @pytest.mark.slow
+def test_an_interrupt_keeps_its_checkpoint_under_a_limit_of_one(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """save_total_limit 1 with evaluations: the Trainer's end of training deleted every
+    checkpoint but the best, the one Ctrl-C had just saved included, so --resume went back
+    to the best evaluation's step and the steps since were lost."""
+    config = {"evaluation_strategy": "steps", "eval_steps": 2, "save_steps": 2}
+    config |= {"save_total_limit": 1, "learning_rate": 0.3}  # the loss soon stops falling
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48, valid_rows=4, config=config)
+    out = tmp_path / "b"
+    first = _interrupt_after(manifest, out, step=7)
+    assert first.returncode == 130, first.stdout + first.stderr
+    stopped = read_metrics(out)["summary"]["steps"]
+    kept = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert f"checkpoint-{stopped}" in kept, (stopped, kept)
+
+
+@pytest.mark.slow
 def test_resume_without_checkpoint_is_a_clean_error(
     capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
 ) -> None:

@@ -182,6 +182,14 @@ class InterruptCallback(TrainerCallback):
             control.should_training_stop = True
         return control
 
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.stopped:
+            # with save_total_limit 1 and a best checkpoint, the Trainer's end of training
+            # deletes every checkpoint but the best: the one just saved to resume from too
+            # (the steps since the best evaluation were lost). The limit has been applied to
+            # this save already; none is left for the end.
+            args.save_total_limit = None
+
 
 class AdaLoraCallback(TrainerCallback):
     """AdaLoRA reallocates ranks after each optimizer step, while gradients still exist."""
