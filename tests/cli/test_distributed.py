@@ -245,3 +245,36 @@ def test_deepspeed_zero2_trains_on_gpus(tmp_path: Path, tiny_model_dir: Path) ->
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (out / "adapter_model.safetensors").is_file()
     assert _runtime(out)["distributed"]["engine"] == "deepspeed"
+
+
+def test_a_resume_on_another_number_of_processes_is_refused() -> None:
+    """A run of 2 processes resumed as one trained at half the rows a step, its loss curve
+    parting from the uninterrupted run's without a word (and 1 resumed on 2 at twice)."""
+    from expert_cli.errors import UserError
+    from expert_cli.train.distributed import refuse_world_change
+
+    began_on_two = {"runtime": {"world_size": 2}}
+    with pytest.raises(UserError) as err:
+        refuse_world_change(began_on_two, 1, 2)
+    assert err.value.lines == [
+        "--resume: the run trained on 2 processes (4 rows a step), this one has 1 (2 rows a "
+        "step); continue it as it began: torchrun --nproc_per_node 2 -m expert_cli.cli train "
+        "... --resume"
+    ]
+    with pytest.raises(UserError, match="trained on 1 process .2 rows a step.*: expert-cli train"):
+        refuse_world_change({"runtime": {"world_size": 1}}, 2, 2)
+    refuse_world_change(began_on_two, 2, 2)  # the same: nothing to say
+    for unknown in ({}, {"runtime": {"world_size": "2"}}, {"runtime": None}):
+        refuse_world_change(unknown, 1, 2)  # not recorded (an earlier version): not refused
+
+
+def test_the_printed_continue_command_keeps_the_launcher(monkeypatch) -> None:
+    """An interrupted torchrun run printed `expert-cli train ... --resume`, which resumed on
+    one process at half the rows a step; it prints the launcher it needs."""
+    from expert_cli.cli.train_view import _launcher
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert _launcher() == "expert-cli"
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert _launcher() == "torchrun --nproc_per_node 2 -m expert_cli.cli"

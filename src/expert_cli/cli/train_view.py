@@ -3,6 +3,7 @@ line per logging window, evaluations, and the end of the run (the main process o
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Any
 
@@ -260,7 +261,7 @@ def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None
         sets = "".join(f" --set {_quoted(item)}" for item in opts.overrides)
         console.print(
             f"checkpoint saved under {escaped(str(result.output_dir / 'checkpoints'))}; "
-            f"continue with:\n  expert-cli train --manifest {_quoted(str(opts.manifest))} "
+            f"continue with:\n  {_launcher()} train --manifest {_quoted(str(opts.manifest))} "
             f"--output {_quoted(str(result.output_dir))}{sets} --resume",
             highlight=False,
             markup=False,
@@ -316,3 +317,13 @@ def print_generate_end(console: Console, result: GenerateResult) -> None:
         )
     for note in result.notes:
         console.print(labelled("note", "yellow", note, WIDTH))
+
+
+def _launcher() -> str:
+    """How to start the run again: on as many processes as this one (a resume on another
+    number is refused: every step would take another count of rows)."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not world.isdigit() or int(world) <= 1:
+        return "expert-cli"
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", world)
+    return f"torchrun --nproc_per_node {per_node} -m expert_cli.cli"

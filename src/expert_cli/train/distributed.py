@@ -10,6 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from expert_cli.errors import UserError
+
 # processes per node, as torchrun / accelerate, MPI and Slurm launchers say it
 LOCAL_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
 
@@ -99,3 +101,20 @@ def describe(topology: dict[str, Any], asked: str) -> str:
     if asked != engine:
         text += f"; training.distributed.strategy {asked} was asked, this run is {engine}"
     return text
+
+
+def refuse_world_change(previous: dict[str, Any], world: int, rows: int) -> None:
+    """UserError for a `--resume` on `world` processes of `rows` rows a step each when the run
+    began on another number (`previous`: its manifest.resolved.json): every optimizer step
+    would take another count of rows, and the loss curve part from the uninterrupted run's.
+    Nothing when the number is the same, or was not recorded."""
+    runtime = previous.get("runtime") if isinstance(previous.get("runtime"), dict) else {}
+    began = runtime.get("world_size")
+    if type(began) is not int or began < 1 or began == world:
+        return
+    launch = f"torchrun --nproc_per_node {began} -m expert_cli.cli" if began > 1 else "expert-cli"
+    raise UserError(
+        f"--resume: the run trained on {began} process{'es' * (began > 1)} ({began * rows} rows "
+        f"a step), this one has {world} ({world * rows} rows a step); continue it as it began: "
+        f"{launch} train ... --resume"
+    )

@@ -124,7 +124,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     # the collective is also the barrier before every rank decides on the same folder
     if distributed.any_rank(run.is_main and held_by_another(output)):
         raise busy(output)
-    decision = decide(output, resolved, opts.resume, opts.overwrite, max_steps)
+    decision = decide(output, resolved, opts.resume, opts.overwrite, max_steps, args.world_size)
     if run.is_main and decision.complete is None:
         run.hold = claim(output)  # before anything in the folder is moved or written
     resume = decision.resume

@@ -27,6 +27,7 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
 from expert_cli.train.checkpoints import resume_point
+from expert_cli.train.distributed import refuse_world_change
 from expert_cli.train.outputs import ASIDE_PREFIX, PID, process_running, read_json_file
 
 DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: the disk is full
@@ -378,9 +379,10 @@ class Decision:
 
 
 def decide(
-    output: Path, resolved: ResolvedConfig, resume: bool, overwrite: bool, max_steps: int | None
-) -> Decision:
-    """Refuse, resume, finish at once, or start (clearing with --overwrite)."""
+    output: Path, resolved: ResolvedConfig, resume: bool, overwrite: bool, max_steps: int | None,
+    world: int = 1,
+) -> Decision:  # fmt: skip
+    """Refuse, resume (on the processes it began with), finish at once, or start anew."""
     if resume and overwrite:
         raise UserError("--resume and --overwrite: choose one")
     previous = previous_run(output)
@@ -391,6 +393,7 @@ def decide(
             refuse_occupied(output, previous)
         return Decision(clear=previous is not None)
     check_resumable(output, previous, resolved)
+    refuse_world_change(previous.config if previous else {}, world, resolved.rows_per_step)
     if previous and previous.status == "completed" and (max_steps or 0) <= previous.steps:
         return Decision(complete=previous)
     point = resume_point(output / "checkpoints")
