@@ -278,3 +278,18 @@ def test_the_printed_continue_command_keeps_the_launcher(monkeypatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert _launcher() == "torchrun --nproc_per_node 2 -m expert_cli.cli"
+
+
+def test_a_collective_failing_for_a_lost_peer_is_named(monkeypatch) -> None:
+    """Another rank killed mid-run: rank 0 printed gloo's raw traceback from inside the
+    Trainer's all_gather. A collective error under a process group is one line, exit 1."""
+    import torch.distributed as dist
+
+    from expert_cli.train import distributed
+
+    lost = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection reset by peer")
+    assert not distributed.peer_lost(lost)  # no process group: not a collective's
+    monkeypatch.setattr(distributed, "initialized", lambda: True)
+    assert distributed.peer_lost(lost) and distributed.peer_lost(dist.DistBackendError("x"))
+    assert not distributed.peer_lost(RuntimeError("shape mismatch"))
+    assert not distributed.peer_lost(ValueError("Connection reset by peer"))

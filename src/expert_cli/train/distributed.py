@@ -118,3 +118,16 @@ def refuse_world_change(previous: dict[str, Any], world: int, rows: int) -> None
         f"a step), this one has {world} ({world * rows} rows a step); continue it as it began: "
         f"{launch} train ... --resume"
     )
+
+
+# what a collective says when another process of the run went away (killed, out of memory)
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether `exc` is a collective failing because another process of the run stopped."""
+    if not initialized() or not isinstance(exc, RuntimeError):
+        return False
+    return isinstance(exc, getattr(dist, "DistError", ())) or any(
+        text in str(exc) for text in PEER_GONE
+    )

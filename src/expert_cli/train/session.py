@@ -15,6 +15,7 @@ from transformers import TrainerCallback, TrainingArguments
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import BuildProgress, PreparedData
 from expert_cli.errors import RunError
+from expert_cli.train import distributed
 from expert_cli.train.checkpoints import remove_incomplete_checkpoints
 from expert_cli.train.memory import Stopped, oom_error, out_of_memory
 from expert_cli.train.model import ModelChoices, training_device
@@ -123,6 +124,12 @@ class Run:
             raise RunError(
                 f"no space left on {self.output} (checkpoints and the adapter are written "
                 "there); the last complete checkpoint is intact: free space, then --resume"
+            ) from exc
+        if distributed.peer_lost(exc):  # its own error is the one to read, in its output
+            raise RunError(
+                f"another process of the run stopped ({type(exc).__name__} in a collective), "
+                f"so this one did at step {steps}; the last complete checkpoint is intact: "
+                "continue with the same launcher and --resume"
             ) from exc
 
     def release(self) -> None:
