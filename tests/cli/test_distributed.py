@@ -293,3 +293,22 @@ def test_a_collective_failing_for_a_lost_peer_is_named(monkeypatch) -> None:
     assert distributed.peer_lost(lost) and distributed.peer_lost(dist.DistBackendError("x"))
     assert not distributed.peer_lost(RuntimeError("shape mismatch"))
     assert not distributed.peer_lost(ValueError("Connection reset by peer"))
+
+
+def test_processes_reading_other_data_are_stopped(monkeypatch) -> None:
+    """Two nodes with node-local data that differ trained on other examples without a word,
+    or hung at the end of the shorter epoch. The caches are compared before training (the
+    gather is faked here: the two-node test above runs the real one on equal data)."""
+    from types import SimpleNamespace
+
+    from expert_cli.errors import UserError
+    from expert_cli.train import distributed
+
+    data = SimpleNamespace(stats={"fingerprint": "ab" * 32}, train=[0] * 400, eval=None)
+    monkeypatch.setattr(distributed, "initialized", lambda: True)
+    other = [float(int("cd" * 6, 16)), 200.0, 0.0]
+    monkeypatch.setattr(distributed, "gather_over_ranks", lambda mine: [mine, other])
+    with pytest.raises(UserError, match="rank 1's token cache holds 200 training rows, rank 0's"):
+        distributed.refuse_differing_data(data)
+    monkeypatch.setattr(distributed, "gather_over_ranks", lambda mine: [mine, list(mine)])
+    distributed.refuse_differing_data(data)  # the same cache on both: nothing to say

@@ -131,3 +131,23 @@ def peer_lost(exc: BaseException) -> bool:
     return isinstance(exc, getattr(dist, "DistError", ())) or any(
         text in str(exc) for text in PEER_GONE
     )
+
+
+def refuse_differing_data(data: Any) -> None:
+    """UserError on every process when the processes' token caches differ (node-local copies
+    of the data that are not the same files): they trained on other examples without a word,
+    or one ran out of rows first and the others waited for it for ever."""
+    if not initialized():
+        return
+    fingerprint = str(data.stats.get("fingerprint") or "0")
+    key = int(fingerprint[:12], 16) if all(c in "0123456789abcdef" for c in fingerprint) else -1
+    evaluated = len(data.eval) if data.eval is not None else 0
+    ranks = gather_over_ranks([float(key), float(len(data.train)), float(evaluated)])
+    differ = [i for i, row in enumerate(ranks) if row != ranks[0]]
+    if differ:
+        first = differ[0]
+        raise UserError(
+            f"the processes do not read the same data: rank {first}'s token cache holds "
+            f"{int(ranks[first][1])} training rows, rank 0's {int(ranks[0][1])} (or other "
+            "examples); give every node the same data files (and the same manifest)"
+        )

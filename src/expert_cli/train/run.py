@@ -176,12 +176,9 @@ def load_data(run: Run, resume: Path | None = None) -> tuple[Any, PreparedData]:
         run.reporter.data(data)
     if run.args.eval_strategy != "no" and data.eval is None:
         raise UserError(NO_EVAL_ROWS)
-    run.runtime["data"] = {
-        "stats": data.stats,
-        "cache_dir": str(data.cache_dir),
-        "built": data.built,
-        "reason": data.reason,
-    }
+    distributed.refuse_differing_data(data)  # node-local copies that are not the same
+    run.runtime["data"] = {"stats": data.stats, "cache_dir": str(data.cache_dir)}
+    run.runtime["data"] |= {"built": data.built, "reason": data.reason}
     return tokenizer, data
 
 
