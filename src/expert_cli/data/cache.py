@@ -307,13 +307,14 @@ def open_cache_root(root: Path) -> None:
     if problem:
         raise UserError(problem)
     try:
-        for _ in range(5):  # a first build stopped by its data may remove the folder meanwhile
+        for attempt in range(5):  # a first build stopped by its data may remove the folder
             root.mkdir(parents=True, exist_ok=True)
             try:
                 os.close(os.open(root / LOCK_NAME, os.O_WRONLY | os.O_CREAT, 0o644))
                 break
             except FileNotFoundError:
-                continue
+                if attempt == 4 or root.is_dir():  # the folder is there: not that race
+                    raise
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise RunError(f"no space left on {root} (the token cache is written there)") from None
