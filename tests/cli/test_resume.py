@@ -109,6 +109,35 @@ def test_an_interrupt_keeps_its_checkpoint_under_a_limit_of_one(
 
 
 @pytest.mark.slow
+def test_a_resume_from_the_last_steps_checkpoint_saves_it_as_the_final_adapter(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Killed between its last checkpoint and its final save, a run resumed from that
+    checkpoint trained one step more (step 5 of 4, an evaluation and a checkpoint of its
+    own); it saves the checkpoint's adapter as the final one and trains nothing."""
+    from safetensors.torch import load_file
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=16, config={"save_steps": 2})
+    out = tmp_path / "o"
+    args = (*_train(manifest, out), "--max-steps", "4")
+    assert run_main(capsys, monkeypatch, *args)[0] == 0
+    (out / "adapter_model.safetensors").unlink()  # as a kill before the final save leaves it
+    code, stdout, err = run_main(capsys, monkeypatch, *args, "--resume")
+    assert code == 0, stdout + err
+    assert "resuming from checkpoint-4 (step 4 of 4)" in stdout
+    assert read_metrics(out)["summary"]["steps"] == 4
+    resolved = json.loads((out / "manifest.resolved.json").read_text())
+    assert resolved["runtime"]["final_step"] == 4
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "checkpoint-2",
+        "checkpoint-4",
+    ]
+    final = load_file(out / "adapter_model.safetensors")
+    kept = load_file(out / "checkpoints" / "checkpoint-4" / "adapter_model.safetensors")
+    assert final.keys() == kept.keys() and all(final[k].equal(kept[k]) for k in kept)
+
+
+@pytest.mark.slow
 def test_resume_without_checkpoint_is_a_clean_error(
     capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
 ) -> None:

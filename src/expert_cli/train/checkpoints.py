@@ -18,15 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+from peft import set_peft_model_state_dict
+from safetensors.torch import load_file
+from transformers import TrainerCallback, TrainerState
 
 from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
+from expert_cli.train import distributed
 from expert_cli.train.outputs import read_json_file
 from expert_cli.weights import non_finite_line, non_finite_tensors, safetensors_problem
 
 COMPLETE = "_COMPLETE"
+ADAPTER_FILE = "adapter_model.safetensors"
 # files the Trainer reads to resume that torch.save wrote (zip archives); which of them a
 # checkpoint holds depends on the run (FSDP shards the optimizer state into a folder)
 ZIPPED = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "scaler.pt", "adapter_model.bin")
@@ -143,3 +147,28 @@ class CheckpointMarker(TrainerCallback):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if folder.is_dir():
             write_json_atomic(folder / COMPLETE, {"step": state.global_step})
+
+
+def finished_from(trainer: Any, resume: Path | None) -> bool:
+    """Whether `resume` already holds the run's last step (a run killed between its last
+    checkpoint and its final save): then its adapter (with load_best_model_at_end, the best
+    checkpoint's) is put into the trainer's model and its state taken, so the run is saved
+    as it ended. Resumed, the Trainer trained one step more (at a learning rate of 0, with
+    an evaluation and a checkpoint of its own). One process only: sharded checkpoints of
+    several are left to the Trainer."""
+    if resume is None or distributed.initialized():
+        return False
+    try:
+        state = TrainerState.load_from_json(str(resume / "trainer_state.json"))
+    except (OSError, ValueError, TypeError):
+        return False
+    last = trainer.args.max_steps if trainer.args.max_steps > 0 else state.max_steps
+    if not last or state.global_step < last:
+        return False
+    best = state.best_model_checkpoint if trainer.args.load_best_model_at_end else None
+    folder = Path(best) if best and Path(best).is_dir() else resume
+    if not (folder / ADAPTER_FILE).is_file():
+        return False
+    set_peft_model_state_dict(trainer.model, load_file(str(folder / ADAPTER_FILE)))
+    trainer.state = state
+    return True

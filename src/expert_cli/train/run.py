@@ -40,10 +40,7 @@ from expert_cli.train.callbacks import (
     sigterm_raises,
 )
 from expert_cli.train.causality import agreed, attention_isolation, isolation_problem
-from expert_cli.train.checkpoints import (
-    CheckpointMarker,
-    checkpoint_step,
-)
+from expert_cli.train.checkpoints import CheckpointMarker, checkpoint_step, finished_from
 from expert_cli.train.choice import FINAL_STEP, final_adapter_step, final_step
 from expert_cli.train.data_record import refuse_changed_data
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
@@ -364,7 +361,8 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
         if run.is_main:  # with runtime.distributed, known once the Trainer is built
             write_resolved(run.output, run.resolved, run.runtime, run.source)
         try:
-            trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+            if not finished_from(trainer, resume):  # a checkpoint of the last step: saved as is
+                trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         except (KeyboardInterrupt, Terminated):  # a second signal: stop at once
             throughput.finish(trainer.state.global_step, "interrupted", alone=True)
             raise
