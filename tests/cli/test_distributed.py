@@ -264,6 +264,9 @@ def test_a_resume_on_another_number_of_processes_is_refused() -> None:
     with pytest.raises(UserError, match="trained on 1 process .2 rows a step.*: expert-cli train"):
         refuse_world_change({"runtime": {"world_size": 1}}, 2, 2)
     refuse_world_change(began_on_two, 2, 2)  # the same: nothing to say
+    two_nodes = {"runtime": {"world_size": 16, "distributed": {"nodes": 2}}}
+    with pytest.raises(UserError, match="torchrun --nnodes 2 --nproc_per_node 8 -m expert_cli"):
+        refuse_world_change(two_nodes, 8, 2)
     for unknown in ({}, {"runtime": {"world_size": "2"}}, {"runtime": None}):
         refuse_world_change(unknown, 1, 2)  # not recorded (an earlier version): not refused
 
@@ -290,7 +293,8 @@ def test_a_collective_failing_for_a_lost_peer_is_named(monkeypatch) -> None:
     lost = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection reset by peer")
     assert not distributed.peer_lost(lost)  # no process group: not a collective's
     monkeypatch.setattr(distributed, "initialized", lambda: True)
-    assert distributed.peer_lost(lost) and distributed.peer_lost(dist.DistBackendError("x"))
+    assert distributed.peer_lost(lost) and distributed.peer_lost(dist.DistNetworkError("x"))
+    assert not distributed.peer_lost(dist.DistBackendError("unhandled cuda error"))  # its own
     assert not distributed.peer_lost(RuntimeError("shape mismatch"))
     assert not distributed.peer_lost(ValueError("Connection reset by peer"))
 
@@ -304,11 +308,16 @@ def test_processes_reading_other_data_are_stopped(monkeypatch) -> None:
     from expert_cli.errors import UserError
     from expert_cli.train import distributed
 
-    data = SimpleNamespace(stats={"fingerprint": "ab" * 32}, train=[0] * 400, eval=None)
+    stats = {"fingerprint": "ab" * 32, "train": {"tokens": 1000, "trained_tokens": 100}}
+    data = SimpleNamespace(stats=stats, train=[0] * 400, eval=None)
     monkeypatch.setattr(distributed, "initialized", lambda: True)
-    other = [float(int("cd" * 6, 16)), 200.0, 0.0]
+    other = [200.0, 0.0, 500.0, 50.0]
     monkeypatch.setattr(distributed, "gather_over_ranks", lambda mine: [mine, other])
-    with pytest.raises(UserError, match="rank 1's token cache holds 200 training rows, rank 0's"):
+    with pytest.raises(UserError, match="rank 1's token cache holds 200 training rows of 500 "):
         distributed.refuse_differing_data(data)
+    # the same rows and tokens under another fingerprint (a large file copied to each node
+    # gets another mtime, which the fingerprint takes in): the same data, not refused
+    monkeypatch.setattr(distributed, "gather_over_ranks", lambda mine: [mine, list(mine)])
+    distributed.refuse_differing_data(data)
     monkeypatch.setattr(distributed, "gather_over_ranks", lambda mine: [mine, list(mine)])
     distributed.refuse_differing_data(data)  # the same cache on both: nothing to say

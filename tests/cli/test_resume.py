@@ -126,6 +126,7 @@ def test_a_resume_from_the_last_steps_checkpoint_saves_it_as_the_final_adapter(
     assert code == 0, stdout + err
     assert "resuming from checkpoint-4 (step 4 of 4)" in stdout
     assert read_metrics(out)["summary"]["steps"] == 4
+    assert read_metrics(out)["summary"]["final_loss"] == window_losses(out)[4]  # the run's own
     resolved = json.loads((out / "manifest.resolved.json").read_text())
     assert resolved["runtime"]["final_step"] == 4
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [

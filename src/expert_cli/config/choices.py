@@ -342,9 +342,11 @@ def unevaluated_tasks(train: list[Any], valid: list[Any]) -> list[str]:
     if not valid or not left:
         return []
     shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
-    verb = "has" if len(left) == 1 else "have"
+    one = len(left) == 1
+    named = sorted(str(t) for t in evaluated)
+    rest = f" and {len(named) - 5} more" if len(named) > 5 else ""
     return [
-        f"training.dataset.tasks: {shown} {verb} no valid file, and none of its examples is "
-        "held out when another task has one: the eval loss measures only "
-        f"{', '.join(sorted(str(t) for t in evaluated)[:5])}"
+        f"training.dataset.tasks: {shown} {'has' if one else 'have'} no valid file, and none "
+        f"of {'its' if one else 'their'} examples is held out when another task has one: the "
+        f"eval loss measures only {', '.join(named[:5])}{rest}"
     ]

@@ -68,6 +68,9 @@ class ThroughputCallback(TrainerCallback):
 
     def write(self, steps: int, status: str) -> dict[str, Any]:
         summary = self.meter.summary(steps, status)
+        if summary["final_loss"] is None:  # a resume that trained nothing: the run's own last
+            earlier = [w.get("loss") for w in self.earlier["windows"] if w.get("loss") is not None]
+            summary["final_loss"] = earlier[-1] if earlier else None
         if self.metrics_path is not None:
             data = {
                 "windows": self.earlier["windows"] + self.meter.windows,

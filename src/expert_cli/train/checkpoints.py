@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback, TrainerState
 
 from expert_cli.atomic import write_json_atomic
-from expert_cli.errors import UserError
+from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.outputs import read_json_file
@@ -158,6 +158,8 @@ def finished_from(trainer: Any, resume: Path | None) -> bool:
     several are left to the Trainer."""
     if resume is None or distributed.initialized():
         return False
+    if getattr(trainer.model, "peft_type", None) == "ADALORA":
+        return False  # its pruned ranks need the model rebuilt: left to the Trainer
     try:
         state = TrainerState.load_from_json(str(resume / "trainer_state.json"))
     except (OSError, ValueError, TypeError):
@@ -169,6 +171,8 @@ def finished_from(trainer: Any, resume: Path | None) -> bool:
     folder = Path(best) if best and Path(best).is_dir() else resume
     if not (folder / ADAPTER_FILE).is_file():
         return False
-    set_peft_model_state_dict(trainer.model, load_file(str(folder / ADAPTER_FILE)))
+    loaded = set_peft_model_state_dict(trainer.model, load_file(str(folder / ADAPTER_FILE)))
+    if getattr(loaded, "unexpected_keys", None):
+        raise RunError(f"{shown_path(folder)}: its adapter does not fit the run's model")
     trainer.state = state
     return True

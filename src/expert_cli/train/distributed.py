@@ -112,7 +112,11 @@ def refuse_world_change(previous: dict[str, Any], world: int, rows: int) -> None
     began = runtime.get("world_size")
     if type(began) is not int or began < 1 or began == world:
         return
-    launch = f"torchrun --nproc_per_node {began} -m expert_cli.cli" if began > 1 else "expert-cli"
+    topology = runtime.get("distributed") if isinstance(runtime.get("distributed"), dict) else {}
+    nodes = topology.get("nodes") if type(topology.get("nodes")) is int else 1
+    per_node = f"--nnodes {nodes} --nproc_per_node {began // nodes}" if nodes > 1 else ""
+    launch = f"torchrun {per_node or f'--nproc_per_node {began}'} -m expert_cli.cli"
+    launch = launch if began > 1 else "expert-cli"
     raise UserError(
         f"--resume: the run trained on {began} process{'es' * (began > 1)} ({began * rows} rows "
         f"a step), this one has {world} ({world * rows} rows a step); continue it as it began: "
@@ -128,26 +132,28 @@ def peer_lost(exc: BaseException) -> bool:
     """Whether `exc` is a collective failing because another process of the run stopped."""
     if not initialized() or not isinstance(exc, RuntimeError):
         return False
-    return isinstance(exc, getattr(dist, "DistError", ())) or any(
-        text in str(exc) for text in PEER_GONE
-    )
+    gone = (getattr(dist, "DistNetworkError", ()), getattr(dist, "DistStoreError", ()))
+    return isinstance(exc, gone) or any(text in str(exc) for text in PEER_GONE)
 
 
 def refuse_differing_data(data: Any) -> None:
     """UserError on every process when the processes' token caches differ (node-local copies
     of the data that are not the same files): they trained on other examples without a word,
-    or one ran out of rows first and the others waited for it for ever."""
+    or one ran out of rows first and the others waited for it for ever. Compared by what the
+    data holds (rows and tokens of each split), not the fingerprint, which also takes in
+    where the files are and, for large ones, when they were written."""
     if not initialized():
         return
-    fingerprint = str(data.stats.get("fingerprint") or "0")
-    key = int(fingerprint[:12], 16) if all(c in "0123456789abcdef" for c in fingerprint) else -1
-    evaluated = len(data.eval) if data.eval is not None else 0
-    ranks = gather_over_ranks([float(key), float(len(data.train)), float(evaluated)])
+    split = data.stats.get("train") if isinstance(data.stats.get("train"), dict) else {}
+    counts = [len(data.train), len(data.eval) if data.eval is not None else 0]
+    counts += [split.get("tokens") or 0, split.get("trained_tokens") or 0]
+    ranks = gather_over_ranks([float(n) for n in counts])
     differ = [i for i, row in enumerate(ranks) if row != ranks[0]]
     if differ:
-        first = differ[0]
+        first, other, base = differ[0], ranks[differ[0]], ranks[0]
         raise UserError(
             f"the processes do not read the same data: rank {first}'s token cache holds "
-            f"{int(ranks[first][1])} training rows, rank 0's {int(ranks[0][1])} (or other "
-            "examples); give every node the same data files (and the same manifest)"
+            f"{int(other[0])} training rows of {int(other[2])} tokens, rank 0's {int(base[0])} "
+            f"of {int(base[2])} (evaluation rows: {int(other[1])} and {int(base[1])}); give "
+            "every node the same data files (and the same manifest)"
         )

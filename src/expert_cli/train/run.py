@@ -171,9 +171,9 @@ def load_data(run: Run, resume: Path | None = None) -> tuple[Any, PreparedData]:
         data = prepare_data(run.resolved, tokenizer, progress=progress)
     if run.is_main:
         run.reporter.data(data)
+    distributed.refuse_differing_data(data)  # node-local copies that are not the same
     if run.args.eval_strategy != "no" and data.eval is None:
         raise UserError(NO_EVAL_ROWS)
-    distributed.refuse_differing_data(data)  # node-local copies that are not the same
     run.runtime["data"] = {"stats": data.stats, "cache_dir": str(data.cache_dir)}
     run.runtime["data"] |= {"built": data.built, "reason": data.reason}
     return tokenizer, data

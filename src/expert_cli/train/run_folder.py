@@ -393,8 +393,8 @@ def decide(
             refuse_occupied(output, previous)
         return Decision(clear=previous is not None)
     check_resumable(output, previous, resolved)
-    refuse_world_change(previous.config if previous else {}, world, resolved.rows_per_step)
     if previous and previous.status == "completed" and (max_steps or 0) <= previous.steps:
         return Decision(complete=previous)
+    refuse_world_change(previous.config if previous else {}, world, resolved.rows_per_step)
     point = resume_point(output / "checkpoints")
     return Decision(resume=point.checkpoint, passed_over=point.passed_over)
