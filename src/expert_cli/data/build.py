@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from transformers import PreTrainedTokenizerFast
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
@@ -261,9 +263,9 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
 
 def _styles(table: Any, status: Any) -> dict[str, int]:
     """How many of the shard's kept examples each masking rule found (formatting.py)."""
-    kept = (status == KEPT) | (status == TRUNCATED)
-    found = Counter(s for s, k in zip(table.column("style").to_pylist(), kept, strict=True) if k)
-    return dict(sorted(found.items()))
+    kept = pa.array((status == KEPT) | (status == TRUNCATED))
+    counts = pc.value_counts(table.column("style").filter(kept)).to_pylist()
+    return dict(sorted((c["values"], c["counts"]) for c in counts))
 
 
 def _first(column: Any) -> str | None:

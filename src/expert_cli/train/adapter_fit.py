@@ -24,15 +24,21 @@ RANK_SECOND = ("lora_B", "lora_embedding_B")  # shape (out, r, ...)
 DEFAULT_RANK = 8  # peft's LoraConfig.r
 
 
+def module_of(name: str) -> str | None:
+    """The base model's module a tensor of the adapter adapts, as peft matches module names
+    against target_modules (None for a tensor of no adapted module)."""
+    parts = name.split(".")
+    cut = next((i for i, p in enumerate(parts) if p.startswith(ADAPTER_PARTS)), 0)
+    return ".".join(parts[:cut]).removeprefix(PEFT_PREFIX) if cut else None
+
+
 def adapted_modules(shapes: Shapes) -> dict[str, str]:
-    """The base model's module names the weights adapt (as peft matches them against
-    target_modules), each with one tensor's name that adapts it."""
+    """The base model's module names the weights adapt, each with one tensor's name that
+    adapts it."""
     modules: dict[str, str] = {}
     for name in shapes:
-        parts = name.split(".")
-        cut = next((i for i, p in enumerate(parts) if p.startswith(ADAPTER_PARTS)), 0)
-        if cut:
-            modules.setdefault(".".join(parts[:cut]).removeprefix(PEFT_PREFIX), name)
+        if (module := module_of(name)) is not None:
+            modules.setdefault(module, name)
     return modules
 
 
@@ -100,13 +106,11 @@ def rank_problem(config: dict[str, Any], shapes: Shapes) -> str | None:
         return None  # AdaLoRA's rank is init_r; LoKr's factors are not of rank r
     try:
         for name, shape in shapes.items():
-            parts = name.split(".")
-            names = set(parts)
-            axis = 0 if names & set(RANK_FIRST) else 1 if names & set(RANK_SECOND) else None
-            if axis is None or len(shape) <= axis:
+            parts = set(name.split("."))
+            axis = 0 if parts & set(RANK_FIRST) else 1 if parts & set(RANK_SECOND) else None
+            module = module_of(name)
+            if axis is None or len(shape) <= axis or module is None:
                 continue
-            cut = next(i for i, p in enumerate(parts) if p.startswith(ADAPTER_PARTS))
-            module = ".".join(parts[:cut]).removeprefix(PEFT_PREFIX)
             rank = _layer_rank(config, module)
             if shape[axis] != rank:
                 where = "rank_pattern" if rank != config.get("r", DEFAULT_RANK) else "r"

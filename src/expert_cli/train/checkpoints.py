@@ -26,11 +26,10 @@ from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
-from expert_cli.train.outputs import read_json_file
+from expert_cli.train.outputs import ADAPTER_WEIGHTS, read_json_file, run_of
 from expert_cli.weights import non_finite_line, non_finite_tensors, safetensors_problem
 
 COMPLETE = "_COMPLETE"
-ADAPTER_FILE = "adapter_model.safetensors"
 # files the Trainer reads to resume that torch.save wrote (zip archives); which of them a
 # checkpoint holds depends on the run (FSDP shards the optimizer state into a folder)
 ZIPPED = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "scaler.pt", "adapter_model.bin")
@@ -59,14 +58,10 @@ def refuse_incomplete(adapter: Path) -> None:
     without its `_COMPLETE` marker: written in part when the run was stopped, as `package`
     and `--resume` judge it, so `generate` and `merge` do not load it either."""
     adapter = adapter.absolute()
-    if adapter.parent.name != "checkpoints" or checkpoint_step(adapter) is None:
-        return
-    if not adapter.is_dir():
+    if run_of(adapter) == adapter or checkpoint_step(adapter) is None:
+        return  # not a checkpoint inside a run folder
+    if not adapter.is_dir() or (adapter / COMPLETE).is_file():
         return  # a folder that is not there: adapter_base names it
-    if not (adapter.parent.parent / "manifest.resolved.json").is_file():
-        return  # not inside a run folder: an adapter saved elsewhere under that name
-    if (adapter / COMPLETE).is_file():
-        return
     kept = ", ".join(p.name for p in complete_checkpoints(adapter.parent)[-8:]) or "none"
     raise UserError(
         f"--adapter {shown_path(adapter)}: no {COMPLETE} marker: the run was stopped while "
@@ -169,9 +164,9 @@ def finished_from(trainer: Any, resume: Path | None) -> bool:
         return False
     best = state.best_model_checkpoint if trainer.args.load_best_model_at_end else None
     folder = Path(best) if best and Path(best).is_dir() else resume
-    if not (folder / ADAPTER_FILE).is_file():
+    if not (folder / ADAPTER_WEIGHTS[0]).is_file():
         return False
-    loaded = set_peft_model_state_dict(trainer.model, load_file(str(folder / ADAPTER_FILE)))
+    loaded = set_peft_model_state_dict(trainer.model, load_file(str(folder / ADAPTER_WEIGHTS[0])))
     if getattr(loaded, "unexpected_keys", None):
         raise RunError(f"{shown_path(folder)}: its adapter does not fit the run's model")
     trainer.state = state

@@ -57,7 +57,7 @@ from expert_cli.train.package_check import (
     verify_package,
 )
 from expert_cli.train.run_source import as_trained, run_manifest
-from expert_cli.train.tokenizer_files import tokenizer_members
+from expert_cli.train.tokenizer_files import tokenizer_folder, tokenizer_members
 
 CHECKSUM_SUFFIX = ".sha256"
 EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")
@@ -216,9 +216,7 @@ def plan_members(
     step = checkpoint_step(weights_dir) if chosen[0] != "final" else None
     members, entry_notes = _adapter_members(manifest, resolved, weights_dir, base_name, step)
     notes += entry_notes
-    # a run that stopped before its end (diverged) saved its tokenizer in the checkpoints only
-    tokens = weights_dir if (weights_dir / "tokenizer_config.json").is_file() else run_dir
-    tokenizer, missing = tokenizer_members(tokens)
+    tokenizer, missing = tokenizer_members(tokenizer_folder(weights_dir, run_dir))
     members.update(tokenizer)
     notes += missing
     grammar = parsed.training.decoding.grammar_file if parsed.training.decoding else None

@@ -102,12 +102,19 @@ def tokenizer_members(folder: Path) -> tuple[dict[str, Path], list[str]]:
 TOKENIZER_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, TypeError)
 
 
+def tokenizer_folder(adapter: Path, run_dir: Path) -> Path:
+    """Where the tokenizer of `adapter` (the run or one of its checkpoints) is: beside it when
+    saved there, else in the run folder (a run that stopped before its end, diverged, saved
+    it in its checkpoints only)."""
+    return adapter if (adapter / "tokenizer_config.json").is_file() else run_dir
+
+
 def saved_tokenizer(adapter: Path, run_dir: Path) -> Any:
     """The tokenizer a run saved, from `adapter` (the run or one of its checkpoints) when it
     holds one, else from the run folder. UserError naming the file a loader cannot read or
     needs and is missing, a folder without tokenizer files, or a path the tokenizers library
     cannot open (bytes that are not UTF-8), before anything else is loaded."""
-    folder = adapter if (adapter / "tokenizer_config.json").is_file() else run_dir
+    folder = tokenizer_folder(adapter, run_dir)
     files, none = tokenizer_members(folder)
     if none:
         raise UserError(
