@@ -121,11 +121,22 @@ def test_a_resume_from_the_last_steps_checkpoint_saves_it_as_the_final_adapter(
     out = tmp_path / "o"
     args = (*_train(manifest, out), "--max-steps", "4")
     assert run_main(capsys, monkeypatch, *args)[0] == 0
+    speed = read_metrics(out)["summary"]["tokens_per_s"]
     (out / "adapter_model.safetensors").unlink()  # as a kill before the final save leaves it
+    code, stdout, _ = run_main(capsys, monkeypatch, "report", str(out))
+    assert code == 0 and " ".join(stdout.split()).startswith("stopped: 4 steps")
+    assert "--resume saves it" in " ".join(stdout.split())
     code, stdout, err = run_main(capsys, monkeypatch, *args, "--resume")
     assert code == 0, stdout + err
     assert "resuming from checkpoint-4 (step 4 of 4)" in stdout
-    assert read_metrics(out)["summary"]["steps"] == 4
+    assert "step 4 of 4 was in checkpoint-4: its adapter saved as the final one" in " ".join(
+        stdout.split()
+    )
+    summary = read_metrics(out)["summary"]
+    assert summary["steps"] == 4 and summary["steps_this_run"] == 0
+    assert summary["tokens_per_s"] == pytest.approx(speed, rel=0.01)  # the run's, not 0
+    code, stdout, _ = run_main(capsys, monkeypatch, "report", str(out))
+    assert " ".join(stdout.split()).startswith("completed: 4 steps") and " 0 tok/s" not in stdout
     assert read_metrics(out)["summary"]["final_loss"] == window_losses(out)[4]  # the run's own
     resolved = json.loads((out / "manifest.resolved.json").read_text())
     assert resolved["runtime"]["final_step"] == 4

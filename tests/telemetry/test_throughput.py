@@ -10,6 +10,7 @@ import pytest
 from expert_cli.atomic import write_json_atomic
 from expert_cli.telemetry.flops import lora_train_flops_per_token
 from expert_cli.telemetry.throughput import FlopsModel, ThroughputMeter
+from expert_cli.train.callbacks import over_windows
 
 
 class FakeClock:
@@ -171,6 +172,25 @@ def test_summary_over_windows() -> None:
     assert s["tokens_per_s"] == pytest.approx(2000 / 3.0)
     assert s["data_wait_fraction"] == pytest.approx(1 / 3)
     assert s["final_loss"] == 2.0 and s["status"] == "completed"
+
+
+def test_a_resume_that_trains_nothing_keeps_the_runs_figures() -> None:
+    """A resume from the last step's checkpoint trains no window of its own: its summary said
+    0 tok/s for the run. The figures come from the windows it resumed, weighted by their
+    seconds as the meter's own summary is; hand-edited records are left out, not raised on."""
+    clock = FakeClock()
+    meter = _meter(clock)
+    _step(meter, clock, wait=0.0, compute=1.0)
+    windows = [meter.close_window(1, 3.0, 1e-3)]
+    _step(meter, clock, wait=1.0, compute=1.0)
+    windows.append(meter.close_window(2, 2.0, 1e-3))
+    whole = meter.summary(steps=2, status="completed")
+    figures = over_windows([*windows, "x", {"seconds": 10**400, "tokens_per_s": 1.0}])
+    for key in ("tokens_per_s", "samples_per_s", "data_wait_fraction"):
+        assert figures[key] == pytest.approx(whole[key]), key
+    assert "mfu" not in figures  # no window had one (no GPU peak known)
+    assert over_windows([{"seconds": 1e308, "tokens_per_s": 1e308}]) == {}  # overflows: out
+    assert over_windows([{"seconds": 0, "tokens_per_s": 5.0}, {"seconds": True}]) == {}
 
 
 def test_write_json_atomic_leaves_no_temporary(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ METRICS = {
 
 def test_report_draws_four_panels_and_summarises(tmp_path: Path) -> None:
     (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")  # the final adapter's place
     out = run_here("report", str(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
     assert (
@@ -430,6 +431,7 @@ def test_a_run_on_a_read_only_disk_is_still_summarised(tmp_path: Path) -> None:
         run = mount / "run"
         run.mkdir()
         (run / "metrics.json").write_text(json.dumps(METRICS))
+        (run / "adapter_model.safetensors").write_bytes(b"")
         subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
         out = run_here("report", str(run))
         assert out.returncode == 0, out.stdout + out.stderr
@@ -443,7 +445,10 @@ def test_a_run_on_a_read_only_disk_is_still_summarised(tmp_path: Path) -> None:
             other.stderr.split()
         )
         assert "Traceback" not in out.stderr + other.stderr
-        assert sorted(p.name for p in run.iterdir()) == ["metrics.json"]
+        assert sorted(p.name for p in run.iterdir()) == [
+            "adapter_model.safetensors",
+            "metrics.json",
+        ]
         with pytest.raises(OSError) as caught, atomic_file(run / "x.json") as tmp:
             tmp.write_text("x")
         assert caught.value.__context__ is None  # the write's error, not the clean-up's on it
@@ -469,6 +474,36 @@ def test_a_run_whose_process_is_gone_reads_as_stopped(tmp_path: Path) -> None:
     with FileLock(str(tmp_path / ".train.lock")):  # a live train
         out = run_here("report", str(tmp_path))
     assert out.stdout.startswith("running: 50 steps") and "no train on" not in out.stdout
+
+
+def test_a_completed_run_without_its_final_adapter_reads_as_stopped(tmp_path: Path) -> None:
+    """Killed after its last step and before the final save, a run's metrics say completed:
+    report said "completed" beside "ships the final adapter, which the run did not write".
+    It is stopped, and says how to save the adapter (--resume where a checkpoint is kept,
+    else train again); while a train holds the folder it is saving."""
+    from filelock import FileLock
+
+    (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
+    (tmp_path / ".train.lock").write_text("")
+    text = " ".join(run_here("report", str(tmp_path)).stdout.split())
+    assert text.startswith("stopped: 50 steps, 925 tok/s")
+    assert "its metrics say completed, but the folder holds no final adapter" in text
+    assert "it keeps no checkpoint to save it from: train again" in text
+    kept = tmp_path / "checkpoints" / "checkpoint-50"
+    kept.mkdir(parents=True)
+    (kept / "adapter_model.safetensors").write_bytes(b"weights")
+    (kept / "_COMPLETE").write_text("")
+    out = run_here("report", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert text.startswith("stopped: 50 steps") and "completed:" not in text
+    assert "train with the same --output and --resume saves it" in text
+    with FileLock(str(tmp_path / ".train.lock")):  # the final save going on
+        text = " ".join(run_here("report", str(tmp_path)).stdout.split())
+    assert text.startswith("saving: 50 steps") and "is saving the final adapter" in text
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"weights")
+    text = " ".join(run_here("report", str(tmp_path)).stdout.split())
+    assert text.startswith("completed: 50 steps") and "status" not in text.split("adapters")[0]
 
 
 def test_a_path_with_control_characters_is_shown_escaped(tmp_path: Path) -> None:

@@ -234,6 +234,25 @@ def _quoted(text: str) -> str:
     return escaped(shlex.quote(text))
 
 
+def _status_line(result: TrainResult) -> str:
+    """The run's first closing line (rich markup): how it ended, its steps, speed and loss."""
+    summary, status = result.summary, result.status
+    loss = "-" if summary["final_loss"] is None else f"{summary['final_loss']:.4g}"
+    ran, total = summary.get("steps_this_run", summary["steps"]), summary["steps"]
+    if ran == 0 and status == "completed" and result.resumed_from is not None:
+        saved = escaped(result.resumed_from.name)  # killed before its final save
+        return (
+            f"[bold]{status}[/bold]  step {total} of {total} was in {saved}: its adapter saved "
+            f"as the final one, no step trained; final loss {loss}"
+        )
+    steps = f"{ran} steps" if ran == total else f"{ran} steps this run (step {total} reached)"
+    return (
+        f"[bold]{status}[/bold]  {steps} in {summary['train_runtime_s']:.1f} s, "
+        f"{summary['tokens_per_s']:,.0f} tok/s, "
+        f"data-wait {100 * summary['data_wait_fraction']:.1f}%, final loss {loss}"
+    )
+
+
 def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None:
     """The run's last lines: status, speed, loss, and where to look (or how to resume)."""
     summary, status = result.summary, result.status
@@ -248,15 +267,7 @@ def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None
             )
         )
         return
-    loss = "-" if summary["final_loss"] is None else f"{summary['final_loss']:.4g}"
-    ran, total = summary.get("steps_this_run", summary["steps"]), summary["steps"]
-    steps = f"{ran} steps" if ran == total else f"{ran} steps this run (step {total} reached)"
-    console.print(
-        f"[bold]{status}[/bold]  {steps} in {summary['train_runtime_s']:.1f} s, "
-        f"{summary['tokens_per_s']:,.0f} tok/s, "
-        f"data-wait {100 * summary['data_wait_fraction']:.1f}%, final loss {loss}",
-        highlight=False,
-    )
+    console.print(_status_line(result), highlight=False)
     if status == "interrupted":
         sets = "".join(f" --set {_quoted(item)}" for item in opts.overrides)
         console.print(

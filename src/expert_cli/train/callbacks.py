@@ -4,6 +4,7 @@ AdaLoRA; and the window in which scripts and tests count a step's operations."""
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import Terminated
 from expert_cli.telemetry.ops import OpCounter
 from expert_cli.telemetry.throughput import ThroughputMeter
-from expert_cli.train.outputs import read_json_file
+from expert_cli.train.outputs import finite_number, read_json_file
 
 # the window's numbers that also go into the Trainer's logs (so TensorBoard gets them)
 LOGGED = ("tokens_per_s", "samples_per_s", "data_wait_fraction", "mfu", "peak_memory_gb")
@@ -71,6 +72,8 @@ class ThroughputCallback(TrainerCallback):
         if summary["final_loss"] is None:  # a resume that trained nothing: the run's own last
             earlier = [w.get("loss") for w in self.earlier["windows"] if w.get("loss") is not None]
             summary["final_loss"] = earlier[-1] if earlier else None
+        if summary["steps_this_run"] == 0:  # no window of its own: 0 tok/s said nothing true
+            summary.update(over_windows(self.earlier["windows"]))
         if self.metrics_path is not None:
             data = {
                 "windows": self.earlier["windows"] + self.meter.windows,
@@ -95,6 +98,28 @@ class ThroughputCallback(TrainerCallback):
         report (the file keeps its last whole state, as every write replaces it atomically)."""
         with contextlib.suppress(OSError):
             self.finish(steps, "failed", alone=True)
+
+
+def over_windows(windows: list[Any]) -> dict[str, float]:
+    """Tokens/s, samples/s, data wait and MFU over a run's recorded windows (metrics.json's,
+    each weighted by its seconds; records without finite numbers left out): the figures of a
+    resumed run that trained no step of its own are those of the run it resumed."""
+    figures: dict[str, float] = {}
+    for key in ("tokens_per_s", "samples_per_s", "data_wait_fraction", "mfu"):
+        pairs = [
+            (seconds, value)
+            for w in windows
+            if isinstance(w, dict)
+            and (seconds := finite_number(w.get("seconds"))) is not None
+            and (value := finite_number(w.get(key))) is not None
+            and seconds > 0
+            and value >= 0
+        ]
+        total = sum(s for s, _ in pairs)
+        value = sum(s * v for s, v in pairs) / total if pairs else math.nan
+        if math.isfinite(value):  # a hand-edited 1e308 overflows: left out, not Infinity
+            figures[key] = value
+    return figures
 
 
 def earlier_records(path: Path, resumed_from: str | None) -> dict[str, list[dict[str, Any]]]:

@@ -24,6 +24,7 @@ from expert_cli.paths import (
     place_problem,
     shown_path,
 )
+from expert_cli.train.checkpoints import complete_checkpoints
 from expert_cli.train.choice import (
     FINAL,
     KeptAdapter,
@@ -32,7 +33,7 @@ from expert_cli.train.choice import (
     lower_loss_note,
     lowest,
 )
-from expert_cli.train.outputs import finite_number, read_json_file, set_aside_line
+from expert_cli.train.outputs import ADAPTER_WEIGHTS, finite_number, read_json_file, set_aside_line
 from expert_cli.train.run_folder import held_by_another
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")
@@ -79,7 +80,8 @@ class RunReport:
     plot: Path | None
     adapters: AdapterList
     plot_problem: str | None = None  # why RUN_DIR/training.png could not be written
-    status_note: str | None = None  # a "running" run whose process is gone
+    status_note: str | None = None  # a "running" run whose process is gone, or "completed"
+    # one that never saved its final adapter
 
 
 STOPPED_NOTE = (
@@ -87,6 +89,13 @@ STOPPED_NOTE = (
     "ended without a word (killed, or the machine stopped); train with the same --output and "
     "--resume continues it from its last checkpoint"
 )
+
+
+UNSAVED_NOTE = (
+    "its metrics say completed, but the folder holds no final adapter: the process ended "
+    "after its last step, before the adapter was saved (or the file was removed)"
+)
+SAVING_NOTE = "a train on this machine holds the folder and is saving the final adapter"
 
 
 def read_metrics(run_dir: Path) -> dict[str, Any]:
@@ -131,9 +140,7 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
             unwritten = f"{shown_path(plot)} not written ({exc.strerror or type(exc).__name__})"
             plot = None
     steps = finite_number(summary.get("steps"))
-    status, status_note = str(summary.get("status", "unknown"))[:40], None
-    if status == "running" and not held_by_another(run_dir):  # killed: no word written
-        status, status_note = "stopped", STOPPED_NOTE
+    status, status_note = _status(run_dir, str(summary.get("status", "unknown"))[:40])
     return RunReport(
         run_dir=run_dir,
         status=status,
@@ -147,6 +154,21 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         plot_problem=unwritten,
         status_note=status_note,
     )
+
+
+def _status(run_dir: Path, written: str) -> tuple[str, str | None]:
+    """The run's status and a note, where what metrics.json says is not the whole story: a
+    run killed leaves "running" behind, and one killed between the end of training and the
+    final save leaves "completed" without the adapter."""
+    if written == "running" and not held_by_another(run_dir):  # killed: no word written
+        return "stopped", STOPPED_NOTE
+    if written != "completed" or (run_dir / ADAPTER_WEIGHTS[0]).is_file():
+        return written, None
+    if held_by_another(run_dir):
+        return "saving", SAVING_NOTE
+    if complete_checkpoints(run_dir / "checkpoints"):
+        return "stopped", f"{UNSAVED_NOTE}; train with the same --output and --resume saves it"
+    return "stopped", f"{UNSAVED_NOTE}; it keeps no checkpoint to save it from: train again"
 
 
 def adapter_list(run_dir: Path, best_eval: tuple[float, float] | None) -> AdapterList:
