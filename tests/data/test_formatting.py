@@ -394,3 +394,95 @@ def test_a_huge_example_is_tokenized_from_its_start_with_the_same_result(
         if overlong == "truncate"
         else [DROPPED_OVERLONG, KEPT, DROPPED_OVERLONG]
     )
+
+
+def _with_post_processor(tok, single: str):
+    """The tokenizer with a post-processor that adds special tokens (`single`, in the
+    tokenizers library's template form), as Llama-style tokenizers add `<s>` or EOS."""
+    from tokenizers.processors import TemplateProcessing
+
+    tok = copy.deepcopy(tok)
+    names = [t for t in ("<|im_start|>", "<|endoftext|>") if t in single]
+    tok.backend_tokenizer.post_processor = TemplateProcessing(
+        single=single, special_tokens=[(t, tok.convert_tokens_to_ids(t)) for t in names]
+    )
+    return tok
+
+
+@pytest.mark.parametrize("template", ["alpaca", "llama2", "chatml"])
+def test_an_answers_last_character_is_trained_whole(tiny_tokenizer, template: str) -> None:
+    """A character of several byte tokens (é is two, an emoji four) that ends the answer had
+    only its first token trained: the model learnt the first byte, then EOS."""
+    rows = {"instruction": ["Say it", "Smile"], "response": ["café", "ok 🙂"]}
+    for row, answer in zip(
+        run(tiny_tokenizer, "instruction", rows, template=template), rows["response"], strict=True
+    ):
+        trained, masked = split(tiny_tokenizer, row)
+        assert answer in trained and "\ufffd" not in trained + masked
+        assert trained.endswith("<|endoftext|>") or trained.endswith("<|im_end|><|endoftext|>")
+    row = run(tiny_tokenizer, "text", {"text": ["Q: x\nA: naïve é"]}, response_template="A:")[0]
+    assert split(tiny_tokenizer, row)[0] == " naïve é<|endoftext|>"
+
+
+def test_a_line_break_after_a_marker_is_not_trained_as_the_answer(tiny_tokenizer) -> None:
+    """Text from a spreadsheet keeps \\r\\n: every answer began with a trained \\r\\n."""
+    text = "<|im_start|>user\r\nq<|im_end|>\r\n<|im_start|>assistant\r\nSELECT 1<|im_end|>\r\n"
+    trained, _ = split(tiny_tokenizer, run(tiny_tokenizer, "text", {"text": [text]})[0])
+    assert trained.startswith("SELECT 1<|im_end|>")
+    marker = "<|user|>\r\nq\r\n<|end|>\r\n<|assistant|>\r\nSELECT 2\r\n<|end|>"
+    assert split(tiny_tokenizer, run(tiny_tokenizer, "text", {"text": [marker]})[0])[0].startswith(
+        "SELECT 2"
+    )
+
+
+def test_a_bos_the_tokenizer_adds_to_a_rendered_text_is_not_doubled(tiny_tokenizer) -> None:
+    """A text rendered with the chat template's `{{ bos_token }}`, under a tokenizer whose
+    post-processor adds it too, began with two: `messages` data gives one."""
+    tok = _with_post_processor(tiny_tokenizer, "<|im_start|> $A")
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    row = run(tok, "text", {"text": ["<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na"]})[0]
+    assert row["input_ids"][:2] == [start, tok.convert_tokens_to_ids("user")]
+    plain = run(tok, "text", {"text": ["plain words"]})[0]  # the added one stays where alone
+    assert plain["input_ids"][0] == start and plain["input_ids"].count(start) == 1
+
+
+def test_an_eos_the_tokenizer_adds_is_trained_once(tiny_tokenizer) -> None:
+    """A post-processor that appends EOS (Llama's add_eos_token): that EOS was never trained
+    (it has no character, so no span covered it) and a text ending in EOS got two."""
+    tok = _with_post_processor(tiny_tokenizer, "$A <|endoftext|>")
+    eos = tok.eos_token_id
+    rows = run(
+        tok, "instruction", {"instruction": ["q"], "response": ["hi there"]}, template="alpaca"
+    )
+    assert split(tok, rows[0])[0] == "hi there<|endoftext|>"
+    for text in ("a whole document", "a document<|endoftext|>"):
+        row = run(tok, "text", {"text": [text]})[0]
+        assert row["input_ids"].count(eos) == 1 and row["labels"][-1] == eos, text
+
+
+def test_an_eos_after_a_prompt_is_not_trained(tiny_tokenizer) -> None:
+    """A ChatML text ending with a user turn: the EOS appended after it would teach the model
+    to stop after a question. After an answer (its <|im_end|> and a newline between) it is."""
+    asked = CHATML + "<|im_start|>user\nand?<|im_end|>\n"
+    trained = split(tiny_tokenizer, run(tiny_tokenizer, "text", {"text": [asked]})[0])[0]
+    assert trained == "Hello world<|im_end|>OK then<|im_end|>"
+    trained = split(tiny_tokenizer, run(tiny_tokenizer, "text", {"text": [CHATML]})[0])[0]
+    assert trained == "Hello world<|im_end|>OK then<|im_end|><|endoftext|>"
+    ended = CHATML + "<|endoftext|>"  # the text's own EOS right after the answer: trained
+    row = run(tiny_tokenizer, "text", {"text": [ended]})[0]
+    assert row["labels"][-1] == tiny_tokenizer.eos_token_id
+
+
+def test_a_conversation_without_an_assistant_turn_is_dropped(tiny_tokenizer) -> None:
+    """ShareGPT's "gpt" role, Gemma's "model", or only a user turn: the template renders no
+    assistant marker, and the whole conversation (prompts too) was trained as plain text."""
+    conversations = [
+        [{"role": "user", "content": "What is 2+2?"}, {"role": "gpt", "content": "4"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+    ]
+    rows = run(tiny_tokenizer, "messages", {"messages": conversations})
+    assert [r["status"] for r in rows] == [DROPPED_TEMPLATE, DROPPED_TEMPLATE, KEPT]
+    assert rows[0]["refused"] == "no assistant turn, roles user, gpt"
+    assert rows[1]["refused"] == "no assistant turn, roles system, user"
+    assert rows[0]["input_ids"] == [] and split(tiny_tokenizer, rows[2])[0].startswith("a")

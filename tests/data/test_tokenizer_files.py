@@ -165,16 +165,22 @@ def test_conversations_the_chat_template_refuses_are_dropped_and_named(
     said = " ".join(check.stdout.split())
     assert check.returncode == 0 and "manifest is usable" in said
     assert (
-        "train.jsonl:4: the tokenizer's chat template refuses this conversation (TemplateError, "
-        "roles system, user, assistant); 2 of 10 conversations are refused and train drops them"
+        "train.jsonl:4: this conversation is refused by the tokenizer's chat template "
+        "(TemplateError, roles system, user, assistant); 2 of 10 conversations are refused and "
+        "train drops them"
     ) in said
     built = run_here("pretokenize", "--manifest", str(manifest))
     assert built.returncode == 0
-    assert "dropped: 2 refused by the chat template" in " ".join(built.stdout.split())
+    assert "dropped: 2 refused by the chat template or with no assistant turn" in " ".join(
+        built.stdout.split()
+    )
     proc = run_here("train", "--manifest", str(manifest))  # reads that cache, says the same
     text = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 0, text
-    assert "dropped 2 refused by the chat template (the first: TemplateError, roles system" in text
+    assert (
+        "dropped 2 refused by the chat template or with no assistant turn (the first: "
+        "TemplateError, roles system"
+    ) in text
     assert "SECRET" not in text + said and "Traceback" not in text
     (stats,) = (manifest.parent / ".cache" / "pretokenized").glob("*/stats.json")
     train = json.loads(stats.read_text())["train"]

@@ -195,7 +195,7 @@ def drop_reasons(split: dict[str, Any], max_seq_length: int | None = None) -> st
         (split.get("dropped_no_completion", 0), NO_COMPLETION),
         (
             split.get("dropped_template", 0),
-            "refused by the chat template (the first: "
+            "refused by the chat template or with no assistant turn (the first: "
             f"{split.get('template_refusal') or 'not recorded'})",
         ),
     ]

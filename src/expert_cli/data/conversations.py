@@ -173,6 +173,12 @@ def render_conversation(
     return text, None
 
 
+def roles_of(stored: list[Any] | str) -> str:
+    """The roles of a stored conversation (JSON text or parsed), bounded, as a refusal names
+    them."""
+    return _roles(conversation(stored))
+
+
 def _roles(messages: list[Any]) -> str:
     """The roles of a conversation, bounded, as a refusal names them."""
     roles = [str(m.get("role")) if isinstance(m, dict) else "?" for m in messages]

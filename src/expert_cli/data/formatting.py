@@ -21,9 +21,12 @@ tokenization. Rules (docs/data.md has examples):
   a role it does not know) is dropped and counted (`dropped_template`), with the error's kind
   and the roles of the first one refused: never the template's message, which may quote it.
 
-Every example ends with EOS: the tokenizer's EOS token is appended (and trained) unless the
-text already ends with it, trailing whitespace aside (Qwen instruct tokenizers use `<|im_end|>` as
-EOS, which ChatML turns already end with). An example over `max_seq_length`
+Every example ends with EOS: the tokenizer's EOS token is appended unless the text already
+ends with it, trailing whitespace aside (Qwen instruct tokenizers use `<|im_end|>` as EOS, which
+ChatML turns already end with), and trained when the last trained span reaches the text's end
+(so an EOS a tokenizer's post-processor adds is trained too; a BOS or EOS it adds to a text that
+already holds one is dropped). A `messages` conversation that renders no assistant turn is
+dropped with the template's refusals (`dropped_template`). An example over `max_seq_length`
 is cut to its first `max_seq_length` tokens (then it has no EOS: the text did not end there), or
 dropped, as `overlong` says; one whose trained tokens were all cut away is dropped too.
 
@@ -45,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from expert_cli.data.conversations import render_conversation
+from expert_cli.data.conversations import render_conversation, roles_of
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -105,8 +108,10 @@ def _turn_spans(
     at = text.find(marker)
     while at >= 0:
         start = at + len(marker)
-        if text.startswith("\n", start):
-            start += 1
+        for newline in ("\r\n", "\n"):  # a CSV cell from Excel keeps \r\n
+            if text.startswith(newline, start):
+                start += len(newline)
+                break
         stop = len(text)
         for token in ends:
             hit = text.find(token, start)
@@ -119,6 +124,13 @@ def _turn_spans(
         spans.append((start, stop))
         at = text.find(marker, stop)
     return spans
+
+
+def unanswered(style: str, stored: list[Any] | str) -> str | None:
+    """Why a rendered conversation is not trained: its chat template rendered no assistant
+    turn (a ShareGPT "gpt" role, Gemma's "model", only system and user turns), so no part
+    of it is an answer (the whole text, prompts too, was trained); None when it has one."""
+    return f"no assistant turn, roles {roles_of(stored)}" if style == "none" else None
 
 
 def render_instruction(
@@ -261,6 +273,9 @@ class Formatter:
         else:
             texts = [str(t) for t in batch["text"]]
         found = [assistant_spans(t, self.response_template) for t in texts]
+        if self.kind == "messages":
+            for i, (_, style) in enumerate(found):
+                refused[i] = refused[i] or unanswered(style, batch["messages"][i])
         styles = [
             "refused"
             if why is not None
@@ -281,9 +296,13 @@ class Formatter:
         for text, enc, row_spans, style in zip(texts, encodings, spans, styles, strict=True):
             ids = np.asarray(enc.ids, dtype=np.int32)
             mask = _span_mask(text, enc, len(ids), row_spans)
-            if not (len(ids) and ids[-1] == eos) and not text.rstrip().endswith(eos_text):
+            ids, mask = _once(ids, mask, enc.special_tokens_mask)
+            ends = runs_to_end(text, row_spans, eos_text)
+            if len(ids) and ids[-1] == eos:  # the text's own, or one its tokenizer adds
+                mask[-1] = mask[-1] or ends
+            elif not text.rstrip().endswith(eos_text):
                 ids = np.append(ids, np.int32(eos))
-                mask = np.append(mask, True)
+                mask = np.append(mask, ends)
             mask[:1] = False  # an example's first token is never a prediction target
             code = KEPT
             if style == "refused":
@@ -331,6 +350,32 @@ def has_content(text: str, spans: list[Span], eos: str | None) -> bool:
     return not spans  # no spans: the "missing" / whole-text rules decide
 
 
+def runs_to_end(text: str, spans: list[Span], eos: str | None) -> bool:
+    """Whether the last trained span reaches the text's end (end-of-turn markers and
+    whitespace aside): then the example's EOS is trained, as the answer's end. A text that
+    ends with a prompt (a user turn after the last answer) does not teach the model to stop
+    there."""
+    if not spans:
+        return False
+    rest = text[max(stop for _, stop in spans) :]
+    for marker in (*END_MARKERS, eos or ""):
+        if marker:
+            rest = rest.replace(marker, "")
+    return not rest.strip()
+
+
+def _once(ids: Any, mask: Any, special: list[int]) -> tuple[Any, Any]:
+    """The ids without a BOS or EOS the tokenizer adds to a text that already holds it
+    (`text` rendered by a chat template that writes `{{ bos_token }}`, under a tokenizer
+    whose post-processor adds `<s>` too): the model sees one, as from `messages`."""
+    keep = np.ones(len(ids), dtype=bool)
+    if len(ids) > 1 and special[0] and ids[0] == ids[1]:
+        keep[0] = False
+    if len(ids) > 1 and special[-1] and ids[-1] == ids[-2]:
+        keep[-1] = False
+    return (ids, mask) if keep.all() else (ids[keep], mask[keep])
+
+
 def _span_mask(text: str, enc: Any, n_tokens: int, spans: list[Span]) -> Any:
     """Boolean mask of tokens whose first character lies inside one of `spans`, or whose
     part before a span is only whitespace (a response template ending in a space)."""
@@ -344,6 +389,13 @@ def _span_mask(text: str, enc: Any, n_tokens: int, spans: list[Span]) -> Any:
         while last is None and stop - 1 > start:
             stop -= 1
             last = enc.char_to_token(stop - 1)
+        # a character of several byte tokens (an emoji, an accented letter under byte-level
+        # BPE): char_to_token names its first; the span runs through its last
+        while last is not None and last + 1 < n_tokens:
+            chars = enc.token_to_chars(last + 1)  # None for a special token the tokenizer adds
+            if chars is None or chars[0] >= stop:
+                break
+            last += 1
         if last is not None and last >= first:
             mask[first : last + 1] = True
     return mask

@@ -24,7 +24,12 @@ from expert_cli.data.conversations import (
     render_conversation,
     without_fill_ins,
 )
-from expert_cli.data.formatting import assistant_spans, check_chat_template, has_content
+from expert_cli.data.formatting import (
+    assistant_spans,
+    check_chat_template,
+    has_content,
+    unanswered,
+)
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import checked_columns, load_saved
 from expert_cli.errors import UserError
@@ -61,7 +66,9 @@ def template_verdict(
         shape = conversation_shape(without_fill_ins(messages))  # as the template will see it
         if shape in seen:
             return seen[shape]
-        why = render_conversation(tokenizer, conversation_text(messages))[1]  # as the build
+        text, why = render_conversation(tokenizer, conversation_text(messages))  # as the build
+        if why is None:
+            why = unanswered(assistant_spans(text, cfg.response_template)[1], messages)
         if len(seen) < MAX_SHAPES:
             seen[shape] = why
         return why
@@ -162,9 +169,14 @@ class DataCheck:
             if every
             else f"{self.refused:,} of {self.rendered:,} {read} are refused and train drops them"
         )
+        said = (
+            "holds no assistant turn the template renders (the answers' role is `assistant`)"
+            if why.startswith("no assistant turn")
+            else "is refused by the tokenizer's chat template"
+        )
         return Refusals(
-            f"{at}: the tokenizer's chat template refuses this conversation ({why}); {share}: "
-            "fix their roles or keys, or use a base model whose template takes them",
+            f"{at}: this conversation {said} ({why}); {share}: fix their roles or keys, or "
+            "use a base model whose template takes them",
             every,
         )
 
