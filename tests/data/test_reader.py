@@ -132,6 +132,25 @@ def test_csv_rows_and_ragged_rows(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_csv_lines_end_only_at_cr_and_lf(tmp_path: Path, monkeypatch, chunk: int | None) -> None:
+    """pandas writes a field holding a form feed, \\u2028 or \\x85 unquoted: the reader ended
+    lines there too (str.splitlines), so one example became two, or the row was refused as
+    ragged. \\r\\n cut by the read buffer between \\r and \\n is one line end."""
+    from expert_cli.data import reader
+
+    if chunk:
+        monkeypatch.setattr(reader, "CHUNK_BYTES", chunk)
+    path = tmp_path / "d.csv"
+    path.write_bytes("text,note\r\npage\x0cbreak,a\r\nsep\u2028line\x85x,b\r\nc,f\rd,e\n".encode())
+    assert rows_of(path, "csv") == [
+        {"text": "page\x0cbreak", "note": "a"},
+        {"text": "sep\u2028line\x85x", "note": "b"},
+        {"text": "c", "note": "f"},
+        {"text": "d", "note": "e"},
+    ]
+
+
 def test_column_names_from_a_file_are_shown_only_when_they_look_like_names() -> None:
     assert shown_names(["text", "my column"]) == "'text', 'my column'"
     assert shown_names([SECRET]) == f"<a {len(SECRET)}-character name>"

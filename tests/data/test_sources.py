@@ -194,10 +194,54 @@ def test_field_mapping_detection_and_validation() -> None:
     assert field_spec(None, ["question", "answer", "output"], "f").mapping == {
         "instruction": "question",
         "response": "output",
+        "input": "input",
+        "system": "system",
     }
     assert field_spec(None, ["messages"], "f").kind == "messages"
     with pytest.raises(UserError, match="unknown key"):
         field_spec({"txt": "a"}, ["a"], "f")
+
+
+def test_input_and_system_are_read_where_the_first_row_lacks_them(tmp_path, write_jsonl) -> None:
+    """The mapping was detected from a JSONL file's first row: a later row's `input` or
+    `system` was dropped without a word (the Parquet copy of the same rows kept them). A hub
+    or saved dataset without those columns reads them as empty."""
+    import datasets
+
+    rows = [
+        {"instruction": "Say hi", "output": "hi"},
+        {"instruction": "Translate", "input": "bonjour", "output": "hello"},
+        {"instruction": "Greet", "output": "hey", "system": "Be kind."},
+    ]
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    loaded = load(tmp_path, {"path": "train.jsonl"})
+    assert loaded.fields.kind == "instruction"
+    read = [*loaded.train, *(loaded.eval or [])]  # wherever the held-out example went
+    assert {r["instruction"]: (r["input"], r["system"]) for r in read} == {
+        "Say hi": (None, None),
+        "Translate": ("bonjour", None),
+        "Greet": (None, "Be kind."),
+    }
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list([{"instruction": "a", "output": "b"}]).save_to_disk(str(saved))
+    loaded = load(tmp_path, {"path": "saved"})
+    assert loaded.train.column_names == ["instruction", "response", "input", "system"]
+    assert loaded.train[0] == {"instruction": "a", "response": "b", "input": None, "system": None}
+
+
+@pytest.mark.parametrize(
+    ("mapping", "said"),
+    [
+        ({"text": "text", "response": "answer"}, "`text` holds the whole example, so `response`"),
+        ({"messages": "messages", "system": "sys"}, "conversation (its system turn too), so"),
+    ],
+)
+def test_roles_that_would_not_be_used_are_refused(mapping: dict, said: str) -> None:
+    """`text` with `response`: the response was required in every row, then never trained
+    (only the text was); `messages` with `system`: the system prompt was dropped."""
+    with pytest.raises(UserError) as info:
+        field_spec(mapping, [], "f")
+    assert said in info.value.lines[0] and "field_mapping" in info.value.lines[0]
 
 
 def test_columns_renamed_to_roles_and_seeded_holdout(tmp_path, write_jsonl) -> None:

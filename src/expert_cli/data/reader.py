@@ -230,12 +230,19 @@ def _more(text: _Text, buf: str, pos: int, line: int) -> tuple[str, int]:
 # --------------------------------------------------------------------------- CSV
 
 
+# after \n, \r\n or a lone \r: CSV's line ends. str.splitlines also ends lines at \x0b, \x0c,
+# \x1c-\x1e, \x85, \u2028 and \u2029, which pandas leaves unquoted inside a field.
+LINE_END = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")
+
+
 def _lines(text: _Text) -> Iterator[str]:
     rest = ""
     while not text.eof:
         chunk = rest + text.read()
-        lines = chunk.splitlines(keepends=True)
-        rest = lines.pop() if lines and not lines[-1].endswith(("\n", "\r")) else ""
+        lines = LINE_END.split(chunk)
+        rest = lines.pop()  # "" after a line end, else a line the next chunk goes on with
+        if lines and lines[-1].endswith("\r") and not text.eof:  # its \n may come next
+            rest = lines.pop() + rest
         if len(rest) > MAX_ITEM_BYTES:
             raise UserError(f"{text.path}: a line longer than {MAX_ITEM_BYTES >> 20} MB")
         yield from lines

@@ -55,6 +55,9 @@ class FieldSpec:
 
     kind: str  # "text" | "messages" | "instruction"
     mapping: dict[str, str]  # role -> column
+    # detected optional roles (input, system) a source may not have as a column at all: a
+    # local file's mapping is detected from its first row, which may lack them
+    maybe: frozenset[str] = frozenset()
 
     @property
     def required(self) -> list[str]:
@@ -63,8 +66,10 @@ class FieldSpec:
 
 def field_spec(mapping: dict[str, str] | None, columns: list[str], where: str) -> FieldSpec:
     """Validate `field_mapping`, or detect it from the columns when unset."""
+    maybe: frozenset[str] = frozenset()
     if mapping is None:
         mapping = _detect_mapping(columns, where)
+        maybe = frozenset(OPTIONAL_ROLES & set(mapping))
     unknown = sorted(set(mapping) - set(ROLES))
     if unknown:
         raise UserError(
@@ -82,7 +87,16 @@ def field_spec(mapping: dict[str, str] | None, columns: list[str], where: str) -
             "training.dataset.field_mapping: needs `text`, `messages`, or "
             "`instruction` + `response` (optionally `input`, `system`)"
         )
-    return FieldSpec(kind=kind, mapping=dict(mapping))
+    unused = sorted(set(mapping) - {kind}) if kind in ("text", "messages") else []
+    if unused:  # they were required in every row, then never read
+        whole = "example" if kind == "text" else "conversation (its system turn too)"
+        raise UserError(
+            f"training.dataset.field_mapping: `{kind}` holds the whole {whole}, so "
+            f"{', '.join(f'`{r}`' for r in unused)} would not be used; remove "
+            + ("it" if len(unused) == 1 else "them")
+            + (", or map `instruction` + `response` without `text`" if kind == "text" else "")
+        )
+    return FieldSpec(kind=kind, mapping=dict(mapping), maybe=maybe)
 
 
 def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
@@ -93,11 +107,8 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
         return {"messages": "messages"}
     response = next((c for c in ("response", "output", "completion") if c in cols), None)
     prompt = next((c for c in ("instruction", "prompt", "question") if c in cols), None)
-    if prompt and response:
-        found = {"instruction": prompt, "response": response}
-        if "input" in cols:
-            found["input"] = "input"
-        return found
+    if prompt and response:  # input and system read in every row: the first may lack them
+        return {"instruction": prompt, "response": response, "input": "input", "system": "system"}
     raise UserError(
         f"{where}: cannot tell which column holds the data (columns: "
         f"{shown_names(sorted(cols))}); set training.dataset.field_mapping, e.g. "

@@ -148,8 +148,11 @@ def checked_columns(
     if fields is None:
         fields = field_spec(mapping, ds.column_names, where)
     _check_columns(ds, fields, where)
-    keep = {col: role for role, col in fields.mapping.items()}
+    keep = {col: role for role, col in fields.mapping.items() if col in ds.column_names}
     ds = ds.select_columns(list(keep)).rename_columns({c: r for c, r in keep.items() if c != r})
+    for role in fields.mapping:  # a detected input/system it has not: empty, as in a file
+        if role not in ds.column_names:
+            ds = ds.add_column(role, pa.nulls(len(ds), pa.string()))
     if len(ds) == 0:
         raise UserError(f"{where}: no examples")
     return ds, fields
@@ -202,6 +205,8 @@ def _unreadable_because(exc: BaseException) -> str:
 def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
 
     for role, column in fields.mapping.items():
+        if column not in ds.column_names and role in fields.maybe:
+            continue
         if column not in ds.column_names:
             raise UserError(
                 f"{where}: field '{column}' missing (field_mapping.{role}); "
