@@ -269,6 +269,58 @@ def test_columns_renamed_to_roles_and_seeded_holdout(tmp_path, write_jsonl) -> N
     assert sorted([*other.train["instruction"], *other.eval["instruction"]]) == sorted(every)
 
 
+@pytest.mark.parametrize("name", ["eval_fraction", "validation_split"])
+def test_nothing_is_held_out_when_nothing_is_evaluated(tmp_path, write_jsonl, name) -> None:
+    """evaluation_strategy "no" with a fraction to hold out: those examples were neither
+    trained nor evaluated, said only by "20 read (16 to train on)"."""
+    write_jsonl(tmp_path / "train.jsonl", [{"text": f"t{i}"} for i in range(20)])
+    dataset = {"path": "train.jsonl", name: 0.2}
+    resolved = resolved_for(tmp_path, dataset, evaluation_strategy="no")
+    assert resolved.eval_fraction == 0.0 and resolved.evaluation_strategy == "no"
+    assert any(n.startswith(f"training.dataset.{name}: not used") for n in resolved.notes)
+    loaded = load(tmp_path, dataset, evaluation_strategy="no")
+    assert (len(loaded.train), loaded.eval) == (20, None)
+    assert len(load(tmp_path, dataset).train) == 16  # evaluated: held out as asked
+
+
+def test_a_folder_of_split_files_trains_on_its_training_files(tmp_path, write_jsonl) -> None:
+    """The folder `hf download --local-dir` makes (data/train-*.parquet beside
+    data/test-*.parquet), which the hub error tells users to name: every split was read, so
+    the test rows were trained on. The same folder as validation_path reads the test files;
+    a validation file in the training folder under another name is noted."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, n in (("train", 6), ("test", 3)):
+        table = pa.table({"text": [f"{split} {i}" for i in range(n)]})
+        pq.write_table(table, data / f"{split}-00000-of-00001.parquet")
+    dataset = {"path": "data", "eval_fraction": 0.0}
+    resolved = resolved_for(tmp_path, dataset)
+    assert resolved.notes[0] == (
+        "training.dataset.path: 1 file(s) named for a held-out split are left out of training "
+        "(test-00000-of-00001.parquet)"
+    )
+    loaded = load(tmp_path, dataset, evaluation_strategy="no")
+    assert sorted(loaded.train["text"]) == [f"train {i}" for i in range(6)]
+    loaded = load(tmp_path, {"path": "data", "validation_path": "data"})
+    assert sorted(loaded.eval["text"]) == [f"test {i}" for i in range(3)]
+    assert not any(
+        "also read for training" in n
+        for n in resolved_for(tmp_path, {"path": "data", "validation_path": "data"}).notes
+    )
+    write_jsonl(data / "holdout.jsonl", [{"text": "h"}])
+    notes = resolved_for(tmp_path, {"path": "data", "validation_path": "data/holdout.jsonl"}).notes
+    assert any(
+        n.startswith("training.dataset.validation_path: ") and "also read for training" in n
+        for n in notes
+    )
+    (data / "train-00000-of-00001.parquet").unlink()
+    (data / "holdout.jsonl").unlink()
+    assert "every data file in it is named for a held-out split" in error_of(tmp_path, dataset)
+
+
 def test_eval_seed_is_noted_where_a_validation_file_gives_the_examples(
     tmp_path, write_jsonl
 ) -> None:

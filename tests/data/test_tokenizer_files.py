@@ -210,7 +210,8 @@ def test_a_template_that_refuses_every_conversation(
     assert proc.returncode == 2, text
     assert (
         "no training example is left after formatting (10 read, every one dropped: 10 refused "
-        "by the chat template (the first: TemplateError, roles system, user, assistant))"
+        "by the chat template or with no assistant turn (the first: TemplateError, roles "
+        "system, user, assistant))"
     ) in text
     assert not (manifest.parent / "output").exists() and "SECRET" not in text
 

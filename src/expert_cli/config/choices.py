@@ -326,11 +326,11 @@ def shared_sources(train: list[Any], valid: list[Any]) -> list[str]:
         return f"tasks.{ref.task}.valid" if ref.task else "validation_path"
 
     trained = {key(ref) for ref in train}
-    return [
+    return [  # local sources: by the files they read (refs.held_out_notes)
         f"training.dataset.{field(ref)}: {shown_path(ref.location)} is also read for "
         "training; the eval loss then measures examples the run trains on"
         for ref in valid
-        if key(ref) in trained
+        if key(ref) in trained and ref.kind != "local"
     ]
 
 

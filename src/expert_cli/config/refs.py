@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from expert_cli.config.base import has_control_character
 from expert_cli.errors import UserError
@@ -23,6 +24,20 @@ FILE_FORMATS = {
 BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
 # other suffixes that only a local file has (compressed or plain-text data)
 OTHER_LOCAL_SUFFIXES = {".tsv", ".txt", ".gz", ".zst", ".xz", ".bz2"}
+# words that name a split in a data file's path (the Hub's file layout: data/train-00000-of-
+# 00001.parquet, data/test-*.parquet, validation/part-0.jsonl)
+SPLIT_WORDS = {
+    "train": "train",
+    "training": "train",
+    "validation": "validation",
+    "valid": "validation",
+    "val": "validation",
+    "dev": "validation",
+    "eval": "validation",
+    "test": "test",
+    "testing": "test",
+}
+HELD_OUT_SPLITS = ("validation", "test")
 WINDOWS_PATH = re.compile(r"[A-Za-z]:|\\\\")  # a drive (F:/x, F:x), or a share: two backslashes
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -98,3 +113,91 @@ def is_local(folder: Path, name: str) -> bool:
         or suffix in FILE_FORMATS
         or suffix in OTHER_LOCAL_SUFFIXES
     )
+
+
+def folder_data_files(path: Path) -> list[Path]:
+    """The data files of a folder (by suffix), hidden ones such as .cache/ or
+    .ipynb_checkpoints/ left out, sorted."""
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file()
+        and p.suffix in FILE_FORMATS
+        and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
+
+
+def split_named(relative: Path) -> str | None:
+    """The split a data file's path names (train, validation, test), the word nearest its
+    name deciding (data/test/train-0.jsonl is train); None when no word names one."""
+    words = re.split(r"[^a-z]+", str(relative.with_suffix("")).lower())
+    found = [SPLIT_WORDS[w] for w in words if w in SPLIT_WORDS]
+    return found[-1] if found else None
+
+
+def is_training_field(field: str) -> bool:
+    """Whether a source's manifest field names training data (not validation data)."""
+    return not field.endswith((".valid", ".validation_path"))
+
+
+def split_files(path: Path, files: list[Path], training: bool) -> tuple[list[Path], list[Path]]:
+    """(files read, files left out) of a data folder whose files are named for splits: a
+    training source leaves out those named for validation or test (an `hf download` folder
+    holds data/test-*.parquet beside data/train-*.parquet, and the test rows were trained
+    on); a validation source reads those named for validation, else those named for test.
+    A folder whose files name no held-out split is read whole."""
+    named = {f: split_named(f.relative_to(path)) for f in files}
+    if not any(s in HELD_OUT_SPLITS for s in named.values()):
+        return files, []
+    if training:
+        keep = [f for f in files if named[f] not in HELD_OUT_SPLITS]
+    else:
+        wanted = "validation" if "validation" in named.values() else "test"
+        keep = [f for f in files if named[f] == wanted]
+    return keep, [f for f in files if f not in keep]
+
+
+SHOWN_FILES = 3  # files named in a note
+
+
+def held_out_notes(train: list[Any], valid: list[Any]) -> list[str]:
+    """A note for each local training folder that holds files named for a held-out split
+    (left out of training: split_files), and for each local validation source whose files
+    are read for training too (the same file; a file in the training folder under a name
+    that names no split): its eval loss would measure examples the run trains on."""
+    notes, trained = [], set()
+    for ref in train:
+        files, left = _local_files(ref, training=True)
+        trained |= files
+        if left:
+            names = ", ".join(shown_path(f.relative_to(ref.location)) for f in left[:SHOWN_FILES])
+            more = f" and {len(left) - SHOWN_FILES} more" if len(left) > SHOWN_FILES else ""
+            notes.append(
+                f"{ref.field}: {len(left)} file(s) named for a held-out split are left out of "
+                f"training ({names}{more})"
+            )
+    for ref in valid:
+        if _local_files(ref, training=False)[0] & trained:
+            notes.append(
+                f"{ref.field}: {shown_path(ref.location)} is also read for training; the eval "
+                "loss then measures examples the run trains on (a validation file in the "
+                "training folder is left out of training when its name says its split: "
+                "valid.jsonl)"
+            )
+    return notes
+
+
+def _local_files(ref: Any, training: bool) -> tuple[set[str], list[Path]]:
+    """The real paths of the files a local source reads, and the files of its folder it
+    leaves out; nothing for a hub source, a saved dataset or a path that cannot be read (the
+    data check names it)."""
+    path = Path(ref.location)
+    try:
+        if ref.kind != "local" or path_exists(path / "state.json"):
+            return set(), []
+        if not path.is_dir():  # a file (or one not there yet: the data check says so)
+            return {os.path.realpath(path)}, []
+        kept, left = split_files(path, folder_data_files(path), training)
+        return {os.path.realpath(f) for f in kept}, left
+    except (OSError, ValueError):
+        return set(), []

@@ -19,6 +19,7 @@ from expert_cli.config.environment import Environment
 from expert_cli.config.models import AdapterType, LoadedManifest
 from expert_cli.config.refs import (
     FILE_FORMATS,
+    held_out_notes,
     is_local,
     local_path,
     looks_like_hub_id,
@@ -254,13 +255,18 @@ def base_model_settings(lm: LoadedManifest) -> dict[str, Any]:
     )
 
 
-def _evaluation(lm: LoadedManifest, has_validation: bool) -> dict[str, Any]:
+def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> dict[str, Any]:
     cfg = lm.manifest.training.config
     ds = lm.manifest.training.dataset
     wants_eval = cfg.evaluation_strategy != "no"
-    fraction = (
-        0.0 if has_validation else first(ds.held_out, DEFAULT_EVAL_FRACTION if wants_eval else 0.0)
-    )
+    fraction = 0.0 if has_validation else first(ds.held_out, DEFAULT_EVAL_FRACTION)
+    if not wants_eval and fraction > 0:  # held out, never evaluated: examples lost
+        if ds.held_out:
+            notes.append(
+                f"training.dataset.{'eval_fraction' if ds.eval_fraction else 'validation_split'}"
+                ': not used, as evaluation_strategy is "no"; every example is trained on'
+            )
+        fraction = 0.0
     has_eval = has_validation or fraction > 0
     save_steps = first(cfg.save_steps, DEFAULT_SAVE_STEPS)
     strategy = first(cfg.evaluation_strategy, "steps" if has_eval else "no")
@@ -293,6 +299,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     notes: list[str] = []
     train, valid = resolve_sources(lm)
     notes += choices.shared_sources(train, valid) + choices.unevaluated_tasks(train, valid)
+    notes += held_out_notes(train, valid)
     bf16, fp16 = choices.precision(cfg, env, notes)
     tf32 = bool(first(cfg.use_tf32, env.tf32)) and env.tf32
     if cfg.use_tf32 and not env.tf32:
@@ -370,7 +377,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         torch_compile_mode=cfg.torch_compile_mode,
         **choices.loader(cfg, env, notes),
         group_by_length=bool(cfg.group_by_length) and cfg.packing is False,
-        **_evaluation(lm, bool(valid)),
+        **_evaluation(lm, bool(valid), notes),
         memory_clear_every=(cfg.memory_clear_every or 0) if env.has_gpu else 0,
         distributed=dist_dict,
         notes=notes,

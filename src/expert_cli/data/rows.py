@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from expert_cli.config.base import lone_surrogate_at
-from expert_cli.config.refs import FILE_FORMATS, windows_note
+from expert_cli.config.refs import (
+    FILE_FORMATS,
+    folder_data_files,
+    is_training_field,
+    split_files,
+    windows_note,
+)
 from expert_cli.config.resolve import SourceRef
 from expert_cli.data.conversations import is_text_part
 from expert_cli.data.reader import read_rows, repeated_keys, shown_name, shown_names
@@ -135,7 +141,8 @@ def missing_sources(refs: list[SourceRef]) -> list[str]:
 
 def source_files(ref: SourceRef) -> list[Path]:
     """The local files of a source (a file, or the data files of a folder, hidden ones such as
-    .cache/ or .ipynb_checkpoints/ left out), sorted."""
+    .cache/ or .ipynb_checkpoints/ left out, and those named for another split: see
+    config.refs.split_files), sorted."""
     path = Path(ref.location)
     try:
         if not path.exists():
@@ -148,16 +155,20 @@ def source_files(ref: SourceRef) -> list[Path]:
         raise UserError(f"{path}: not a regular file (a device, pipe or socket)")
     if is_saved_dataset(path):
         return sorted(p for p in path.iterdir() if p.is_file())
-    files = sorted(
-        p
-        for p in path.rglob("*")
-        if p.is_file()
-        and p.suffix in FILE_FORMATS
-        and not any(part.startswith(".") for part in p.relative_to(path).parts)
-    )
+    files = folder_data_files(path)
     if not files:
         raise UserError(f"{path}: folder has no data files ({', '.join(FILE_FORMATS)})")
-    return files
+    training = is_training_field(ref.field)
+    kept, left = split_files(path, files, training)
+    if not kept:
+        raise UserError(
+            f"{ref.field}: {shown_path(path)}: every data file in it is named for "
+            + ("a held-out split (validation, test)" if training else "training")
+            + f", e.g. {shown_path(left[0].relative_to(path))}; name the "
+            + ("training" if training else "validation")
+            + " files' folder or file"
+        )
+    return kept
 
 
 def file_format(ref: SourceRef, files: list[Path]) -> str:
