@@ -321,6 +321,27 @@ def test_a_folder_of_split_files_trains_on_its_training_files(tmp_path, write_js
     assert "every data file in it is named for a held-out split" in error_of(tmp_path, dataset)
 
 
+def test_a_folder_of_saved_splits_names_one_to_choose(tmp_path) -> None:
+    """DatasetDict.save_to_disk writes a folder of split folders: it was refused with "cannot
+    tell the file format; set training.dataset.format", and that advice failed next."""
+    import datasets
+
+    splits = {"train": ["a", "b"], "test": ["c"]}
+    datasets.DatasetDict(
+        {k: datasets.Dataset.from_dict({"text": v}) for k, v in splits.items()}
+    ).save_to_disk(str(tmp_path / "data"))
+    said = error_of(tmp_path, {"path": "data"})
+    assert said == (
+        f"training.dataset.path: {tmp_path / 'data'} holds several saved splits ('test', "
+        f"'train'); name one split's folder, e.g. {tmp_path / 'data' / 'train'}"
+    )
+    assert not any("held-out" in n for n in resolved_for(tmp_path, {"path": "data"}).notes)
+    assert sorted(load(tmp_path, {"path": "data/train", "eval_fraction": 0}).train["text"]) == [
+        "a",
+        "b",
+    ]
+
+
 def test_eval_seed_is_noted_where_a_validation_file_gives_the_examples(
     tmp_path, write_jsonl
 ) -> None:

@@ -189,11 +189,12 @@ def held_out_notes(train: list[Any], valid: list[Any]) -> list[str]:
 
 def _local_files(ref: Any, training: bool) -> tuple[set[str], list[Path]]:
     """The real paths of the files a local source reads, and the files of its folder it
-    leaves out; nothing for a hub source, a saved dataset or a path that cannot be read (the
-    data check names it)."""
+    leaves out; nothing for a hub source, a saved dataset (or a folder of saved splits) or a
+    path that cannot be read (the data check names it)."""
     path = Path(ref.location)
     try:
-        if ref.kind != "local" or path_exists(path / "state.json"):
+        saved = path_exists(path / "state.json") or path_exists(path / "dataset_dict.json")
+        if ref.kind != "local" or saved:
             return set(), []
         if not path.is_dir():  # a file (or one not there yet: the data check says so)
             return {os.path.realpath(path)}, []

@@ -155,6 +155,13 @@ def source_files(ref: SourceRef) -> list[Path]:
         raise UserError(f"{path}: not a regular file (a device, pipe or socket)")
     if is_saved_dataset(path):
         return sorted(p for p in path.iterdir() if p.is_file())
+    if path_exists(path / "dataset_dict.json"):  # DatasetDict.save_to_disk: a folder a split
+        splits = sorted(p.name for p in path.iterdir() if is_saved_dataset(p))
+        raise UserError(
+            f"{ref.field}: {shown_path(path)} holds several saved splits "
+            f"({shown_names(splits[:8]) or 'none readable'}); name one split's folder, e.g. "
+            f"{shown_path(path / ('train' if 'train' in splits or not splits else splits[0]))}"
+        )
     files = folder_data_files(path)
     if not files:
         raise UserError(f"{path}: folder has no data files ({', '.join(FILE_FORMATS)})")
