@@ -486,3 +486,26 @@ def test_a_conversation_without_an_assistant_turn_is_dropped(tiny_tokenizer) -> 
     assert rows[0]["refused"] == "no assistant turn, roles user, gpt"
     assert rows[1]["refused"] == "no assistant turn, roles system, user"
     assert rows[0]["input_ids"] == [] and split(tiny_tokenizer, rows[2])[0].startswith("a")
+
+
+def test_pretokenize_says_when_examples_are_trained_whole(tmp_path: Path, tiny_model_dir) -> None:
+    """Text without an assistant marker (alpaca's `text` column, detected before its
+    instruction/output pair) trains the prompt too: it was counted in stats.json only."""
+    import json
+
+    from train_helpers import run_here, write_expert
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=6)
+    train = manifest.parent / "data" / "train.jsonl"
+    plain = {"text": "### Instruction:\nSay hi\n\n### Response:\nhi"}
+    train.write_text(train.read_text() + json.dumps(plain) + "\n")
+    out = run_here("pretokenize", "--manifest", str(manifest))
+    said = " ".join(out.stdout.split())
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (
+        "loss on: ChatML assistant turns 6, whole text 1 (no assistant marker: the prompt" in said
+    )
+    assert "set training.dataset.response_template" in said
+    train.write_text("".join(train.read_text().splitlines(keepends=True)[:6]))
+    out = run_here("pretokenize", "--manifest", str(manifest))
+    assert out.returncode == 0 and "loss on" not in out.stdout  # answers only: nothing to say

@@ -105,7 +105,7 @@ def outcomes_table(outcomes: list[Outcome]) -> Any:
 
 def summary_lines(data: PreparedData) -> list[str]:
     """What happened to one cache, with its train stats, as printable lines."""
-    from expert_cli.data.build import drop_reasons
+    from expert_cli.data.build import drop_reasons, masking_words
     from expert_cli.errors import escaped
 
     train: dict[str, Any] = data.stats["train"]
@@ -121,6 +121,8 @@ def summary_lines(data: PreparedData) -> list[str]:
     )
     if train["dropped"]:
         lines.append(f"  dropped: {drop_reasons(train)}")
+    if masking := masking_words(train):
+        lines.append(f"  loss on: {masking}")
     if data.stats.get("eval"):
         ev = data.stats["eval"]
         lines.append(f"  eval: rows {ev['rows']:,}, tokens {ev['tokens']:,}")

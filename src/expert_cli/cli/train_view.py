@@ -21,7 +21,7 @@ from transformers import TrainerCallback
 from expert_cli.cli.render import BuildBar, labelled
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import PreparedData
-from expert_cli.data.build import drop_reasons
+from expert_cli.data.build import drop_reasons, masking_words
 from expert_cli.errors import escaped
 from expert_cli.train.causality import ISOLATED
 from expert_cli.train.choice import lower_loss_note
@@ -57,6 +57,9 @@ def print_data(
     if isinstance(train, dict) and train.get("dropped"):
         console.print("[bold]dropped[/bold]   ", end="")
         console.print(drop_reasons(train), highlight=False, markup=False)
+    if isinstance(train, dict) and (masking := masking_words(train)):
+        console.print("[bold]loss on[/bold]   ", end="")
+        console.print(masking, highlight=False, markup=False)
     console.print("[bold]cache[/bold]     ", end="")
     console.print(f"{state} ({reason}) {escaped(str(cache_dir))}", highlight=False, markup=False)
 

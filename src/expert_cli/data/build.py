@@ -185,6 +185,30 @@ def nothing_left(resolved: ResolvedConfig, train: bool, read: int, why: str) -> 
     )
 
 
+STYLE_WORDS = {
+    "chatml": "ChatML assistant turns",
+    "marker": "<|assistant|> turns",
+    "marker_eos": "<|assistant|> turns ended by </s>",
+    "template": "answers after the prompt",
+}
+
+
+def masking_words(split: dict[str, Any]) -> str | None:
+    """What the loss of a split's kept examples is on, by masking rule ("ChatML assistant
+    turns 230, whole text 5 (...)"), where any example is trained whole: a text without an
+    assistant marker trains its prompt too, which only plain documents want. None when every
+    example trains its answers only, or the stats have no rules (an older cache)."""
+    styles = split.get("styles")
+    if not isinstance(styles, dict) or not styles.get("none"):
+        return None
+    parts = [f"{STYLE_WORDS[k]} {n:,}" for k, n in styles.items() if k in STYLE_WORDS and n]
+    parts.append(
+        f"whole text {styles['none']:,} (no assistant marker: the prompt is trained too; "
+        "set training.dataset.response_template to train what follows it)"
+    )
+    return ", ".join(parts)
+
+
 def drop_reasons(split: dict[str, Any], max_seq_length: int | None = None) -> str:
     """Why a split's examples were dropped, one count per reason that dropped any ("none" when
     no example was): the words `train` and `pretokenize` show, and the empty-data error."""
