@@ -460,7 +460,7 @@ def test_a_run_recorded_before_sources_named_their_field_resumes(demo_expert_dir
     from expert_cli.config import load_manifest
     from expert_cli.config.environment import cpu_environment
     from expert_cli.config.resolve import resolve
-    from expert_cli.train.run_folder import changed_fields
+    from expert_cli.train.same_run import changed_fields
 
     resolved = resolve(load_manifest(demo_expert_dir / "manifest.json"), cpu_environment())
     old = resolved.model_dump(mode="json")
@@ -469,3 +469,25 @@ def test_a_run_recorded_before_sources_named_their_field_resumes(demo_expert_dir
     assert changed_fields(old, resolved) == []
     old["train_sources"][0]["location"] = "/elsewhere/train.jsonl"
     assert changed_fields(old, resolved) == ["train_sources"]
+
+
+def test_a_resume_keeps_the_schedule_and_the_optimizer(demo_expert_dir: Path) -> None:
+    """--resume --set warmup_steps=25 said "the learning-rate schedule stays" and went on at
+    another rate; optim sgd after adamw failed in the optimizer (KeyError 'momentum'). The
+    fused and plain AdamW a GPU and a CPU choose keep the same state: no change."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.train.same_run import changed_fields
+
+    resolved = resolve(load_manifest(demo_expert_dir / "manifest.json"), cpu_environment())
+    old = resolved.model_dump(mode="json")
+    assert resolved.optim == "adamw_torch"
+    assert changed_fields({**old, "optim": "adamw_torch_fused"}, resolved) == []
+    changed = {**old, "warmup_steps": 25, "weight_decay": 0.5, "max_grad_norm": 0.001}
+    assert changed_fields({**changed, "optim": "sgd"}, resolved) == [
+        f"warmup_steps 25 -> {resolved.warmup_steps}",
+        f"weight_decay 0.5 -> {json.dumps(resolved.weight_decay)}",
+        f"max_grad_norm 0.001 -> {json.dumps(resolved.max_grad_norm)}",
+        "optim",
+    ]

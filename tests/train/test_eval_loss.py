@@ -70,3 +70,31 @@ def test_eval_loss_is_per_trained_token(tmp_path: Path, batch: int) -> None:
     got = trainer.evaluate()["eval_loss"]
     assert abs(exact - mean_of_rows) > 0.01 * exact  # the two averages differ on these rows
     assert got == pytest.approx(exact, rel=1e-4)
+
+
+def test_an_eval_loss_that_is_nan_stays_nan(tmp_path: Path) -> None:
+    """A model whose loss is NaN (fp16 overflow, divergence) was evaluated at 0: the Trainer's
+    per-batch NaN was zeroed with the 0/0 of batches that train nothing, so report called it
+    the best checkpoint and `--checkpoint best` picked it."""
+    import math
+
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(DEMO_MODEL), attn_implementation="sdpa"
+    )
+    with torch.no_grad():
+        model.get_output_embeddings().weight.fill_(float("nan"))
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_eval_batch_size=2,
+        use_cpu=True,
+        report_to="none",
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
+    rows = _rows()
+    rows.append({**rows[0], "labels": [-100] * len(rows[0]["labels"])})  # trains nothing
+    data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows))
+    args.eval_strategy = "steps"
+    trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(DEMO_MODEL), "sdpa")
+    assert math.isnan(trainer.evaluate()["eval_loss"])

@@ -59,7 +59,12 @@ def test_the_build_records_the_detected_kind_and_each_layout(tmp_path: Path) -> 
     (tmp_path / "qa").mkdir()
     rows = [{"prompt": "Q", "completion": "A"}] * 4
     resolved, tokenizer, data = _prepared(_manifest(tmp_path / "qa", rows))
-    assert data.stats["fields"]["mapping"] == {"instruction": "prompt", "response": "completion"}
+    assert data.stats["fields"]["mapping"] == {
+        "instruction": "prompt",
+        "response": "completion",
+        "input": "input",  # detected: read in the rows that have one
+        "system": "system",
+    }
     assert data.stats["train"]["styles"] == {"template": 4}
     layout, notes = prompt_format(resolved, tokenizer, {"stats": data.stats})
     assert layout == PromptFormat("instruction", "chatml") and notes == []

@@ -24,14 +24,10 @@ from expert_cli.data.conversations import (
     render_conversation,
     without_fill_ins,
 )
-from expert_cli.data.formatting import (
-    assistant_spans,
-    check_chat_template,
-    has_content,
-    unanswered,
-)
+from expert_cli.data.formatting import check_chat_template, unanswered
 from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import checked_columns, load_saved
+from expert_cli.data.spans import assistant_spans, has_content
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:

@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from expert_cli.config.resolve import ResolvedConfig
-from expert_cli.data.formatting import (
+from expert_cli.data.formatting import render_instruction
+from expert_cli.data.rows import field_spec
+from expert_cli.data.spans import (
     CHATML_ASSISTANT,
     CHATML_END,
     EOS_TURN_END,
     MARKER_ASSISTANT,
     MARKER_END,
-    render_instruction,
 )
-from expert_cli.data.rows import field_spec
 from expert_cli.errors import UserError
 
 MARKER_HOLDS = (MARKER_ASSISTANT, "<|user|>", "<|system|>")  # a prompt holding one: as written

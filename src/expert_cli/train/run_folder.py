@@ -11,7 +11,6 @@ checkpoint a resumed run continues from is decided in expert_cli.train.checkpoin
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import signal
@@ -29,6 +28,7 @@ from expert_cli.errors import UserError
 from expert_cli.train.checkpoints import resume_point
 from expert_cli.train.distributed import refuse_world_change
 from expert_cli.train.outputs import ASIDE_PREFIX, PID, process_running, read_json_file
+from expert_cli.train.same_run import changed_fields
 
 DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: the disk is full
 # what a run writes into its folder (--overwrite removes these and only these)
@@ -55,29 +55,6 @@ RUN_OUTPUTS = (
 )
 LOCK_NAME = ".train.lock"  # held by the process training in the folder
 RUN_MARKERS = ("manifest.resolved.json", "metrics.json", "checkpoints", "adapter_config.json")
-# resolved fields a resumed run must share with the run it continues
-SAME_RUN_FIELDS = (
-    "base_model",
-    "init",
-    "quantization",
-    "adapter_type",
-    "rank",
-    "alpha",
-    "dropout",
-    "target_modules",
-    "use_dora",
-    "train_sources",
-    "validation_sources",
-    "field_mapping",
-    "max_seq_length",
-    "packing",
-    "learning_rate",
-    "lr_scheduler",
-    "lr_scheduler_kwargs",
-    "rows_per_step",
-    "seed",
-    "epochs",
-)
 
 
 @dataclass(frozen=True)
@@ -131,34 +108,6 @@ def resumed_max_steps(output: Path, resume: bool, asked: int | None) -> tuple[in
             "built again for the new length"
         )
     return asked, ""
-
-
-def changed_fields(previous: dict[str, Any], resolved: ResolvedConfig) -> list[str]:
-    """`field old -> new` for each field a resumed run must keep but does not (numbers and
-    true/false; a text or list field is named alone, its values are not quoted)."""
-    now = resolved.model_dump(mode="json")
-    return [
-        _change(key, previous.get(key), now.get(key))
-        for key in SAME_RUN_FIELDS
-        if key in previous and _compared(previous.get(key)) != _compared(now.get(key))
-    ]
-
-
-def _compared(value: Any) -> Any:
-    """A resolved value as a resume compares it: a data source without the manifest field
-    that names it (runs before it was recorded have none; where it is named is no change)."""
-    if isinstance(value, list):
-        return [
-            {k: v for k, v in s.items() if k != "field"} if isinstance(s, dict) else s
-            for s in value
-        ]
-    return value
-
-
-def _change(key: str, old: Any, new: Any) -> str:
-    if all(isinstance(v, (int, float, bool)) or v is None for v in (old, new)):
-        return f"{key} {json.dumps(old)} -> {json.dumps(new)}"
-    return key
 
 
 def refuse_occupied(output: Path, previous: Previous) -> None:

@@ -149,7 +149,10 @@ class ExpertTrainer(Trainer):
         count = torch.stack([c for _, c in tally]).sum()
         if count.item() <= 0:
             return None
-        summed = torch.stack([torch.nan_to_num(loss) * c for loss, c in tally]).sum()
+        # a batch with no trained token has a loss of 0/0 and counts nothing; a NaN loss of a
+        # batch that trains tokens is the model's (diverged, or fp16 overflow): it stays NaN
+        # (it was zeroed, and an eval loss of 0 read as the best checkpoint)
+        summed = torch.stack([torch.where(c > 0, loss * c, 0.0) for loss, c in tally]).sum()
         if spread:
             summed = self.accelerator.gather(summed.reshape(1)).mean()
         return (summed / count).item()

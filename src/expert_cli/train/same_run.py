@@ -1,0 +1,71 @@
+"""What a resumed run must share with the run it continues: the resolved fields compared,
+and the changes named (`train --resume` refuses a run trained with another configuration)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from expert_cli.config.resolve import ResolvedConfig
+
+# resolved fields a resumed run must share with the run it continues
+SAME_RUN_FIELDS = (
+    "base_model",
+    "init",
+    "quantization",
+    "adapter_type",
+    "rank",
+    "alpha",
+    "dropout",
+    "target_modules",
+    "use_dora",
+    "train_sources",
+    "validation_sources",
+    "field_mapping",
+    "max_seq_length",
+    "packing",
+    "learning_rate",
+    "lr_scheduler",
+    "lr_scheduler_kwargs",
+    "rows_per_step",
+    "seed",
+    "epochs",
+    # the schedule and the optimizer: a resume that changed them went on at another rate
+    # (warmup) or failed in the optimizer's state (sgd after adamw: KeyError 'momentum')
+    "warmup_steps",
+    "warmup_ratio",
+    "weight_decay",
+    "max_grad_norm",
+    "optim",
+)
+
+
+def changed_fields(previous: dict[str, Any], resolved: ResolvedConfig) -> list[str]:
+    """`field old -> new` for each field a resumed run must keep but does not (numbers and
+    true/false; a text or list field is named alone, its values are not quoted)."""
+    now = resolved.model_dump(mode="json")
+    return [
+        _change(key, previous.get(key), now.get(key))
+        for key in SAME_RUN_FIELDS
+        if key in previous and _compared(key, previous.get(key)) != _compared(key, now.get(key))
+    ]
+
+
+def _compared(key: str, value: Any) -> Any:
+    """A resolved value as a resume compares it: a data source without the manifest field
+    that names it (runs before it was recorded have none; where it is named is no change);
+    an optimizer without its `_fused` (the same state, chosen for a GPU or a CPU)."""
+    if key == "optim" and isinstance(value, str):
+        return value.removesuffix("_fused")
+    if isinstance(value, list):
+        return [
+            {k: v for k, v in s.items() if k != "field"} if isinstance(s, dict) else s
+            for s in value
+        ]
+    return value
+
+
+def _change(key: str, old: Any, new: Any) -> str:
+    if all(isinstance(v, (int, float, bool)) or v is None for v in (old, new)):
+        return f"{key} {json.dumps(old)} -> {json.dumps(new)}"
+    return key
