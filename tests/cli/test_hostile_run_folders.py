@@ -50,6 +50,23 @@ def test_a_number_no_float_holds_is_left_out(capsys, monkeypatch, tmp_path: Path
     assert code == 2 and "--checkpoint best: the run evaluated at no step it kept" in text
 
 
+def test_a_package_of_a_random_init_run_says_its_base_is_not_in_it(
+    capsys, monkeypatch, tmp_path: Path
+) -> None:
+    """The demo's base is built with random weights, kept in RUN/base_model/: a package names
+    the config folder, so whoever loads it gets other random weights. Said as a note."""
+    run = hand_built_run(tmp_path)
+    resolved = json.loads((run / "manifest.resolved.json").read_text())
+    out = tmp_path / "x.expert"
+    args = ("package", "--adapter", str(run), "--output", str(out))
+    code, text = _said(capsys, monkeypatch, *args)
+    assert code == 0 and "random weights" not in text, text
+    (run / "manifest.resolved.json").write_text(json.dumps({**resolved, "init": "random"}))
+    code, text = _said(capsys, monkeypatch, *args, "--force")
+    assert code == 0, text
+    assert "the base was built with random weights (init: random)" in text
+
+
 @pytest.mark.parametrize(
     "resolved",
     [None, "{}", '{"manifest_path": ""}', '{"manifest_path": 7}', "not json"]

@@ -548,3 +548,39 @@ def test_adaloras_regulariser_share_follows_each_windows_micro_batches(tmp_path:
     model.forward = watched
     trainer.train()
     assert seen == [0.25, 0.25, 0.5]
+
+
+def test_a_pruned_adalora_checkpoint_is_not_resumed(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Once AdaLoRA prunes ranks its checkpoints hold the pruned shapes (and a rank_pattern):
+    --resume rebuilt the adapter at its first rank and died in a size-mismatch traceback,
+    after Ctrl-C had said --resume continues. It is exit 2 saying what can be done."""
+    manifest = write_expert(
+        tmp_path / "e",
+        tiny_model_dir,
+        rows=48,
+        config={"adapter_type": "adalora", "save_steps": 10},
+    )
+    out = tmp_path / "run"
+    done = run_here("train", "-m", str(manifest), "--output", str(out), "--max-steps", "20")
+    assert done.returncode == 0, done.stdout + done.stderr
+    saved = json.loads((out / "checkpoints" / "checkpoint-20" / "adapter_config.json").read_text())
+    assert saved["rank_pattern"]  # pruned by step 20
+    (out / "adapter_model.safetensors").unlink()  # killed before the final save
+    again = run_here("train", "-m", str(manifest), "--output", str(out), "--resume")
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert (
+        "--resume: checkpoint-20 holds an AdaLoRA adapter whose ranks were pruned, which "
+        "training cannot continue from"
+    ) in " ".join(again.stderr.split())
+    assert "package --checkpoint checkpoint-20" in " ".join(again.stderr.split())
+
+
+def test_the_ia3_line_names_no_rank(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """IA3 scales activations; `adapter ia3 r=8 alpha=16 dropout=0` named settings it has not."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8, config={"adapter_type": "ia3"})
+    done = run_here(
+        "train", "-m", str(manifest), "--output", str(tmp_path / "o"), "--max-steps", "1"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("adapter ")]
+    assert line.split()[1:3] == ["ia3", "targets=all-linear:"] and "r=" not in line

@@ -516,3 +516,13 @@ def test_a_path_with_control_characters_is_shown_escaped(tmp_path: Path) -> None
     assert out.returncode == 0, out.stderr
     assert f"wrote {tmp_path}/a\\nb\\x1b[31m/training.png\n" in out.stdout
     assert "\x1b" not in out.stdout
+
+
+def test_two_losses_are_shown_apart() -> None:
+    """The note said "checkpoint-10 has a lower eval loss (8.074 at step 10) than final
+    (8.074)": 8.07408 and 8.07447 at four digits."""
+    from expert_cli.train.choice import apart
+
+    assert apart(8.07408, 8.07447) == ("8.0741", "8.0745")
+    assert apart(1.2, 1.3) == ("1.2", "1.3")
+    assert apart(2.0, 2.0 + 1e-12) == ("2", "2")  # no closer than 8 digits: as they are

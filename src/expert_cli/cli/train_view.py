@@ -104,9 +104,13 @@ def print_decisions(
     )
     kind = "dora" if resolved.use_dora else resolved.adapter_type
     console.print("[bold]adapter[/bold]   ", end="")
+    shape = (  # IA3 scales activations: no rank, alpha or dropout
+        ""
+        if kind == "ia3"
+        else f" r={resolved.rank} alpha={resolved.alpha:g} dropout={resolved.dropout:g}"
+    )
     console.print(
-        f"{kind} r={resolved.rank} alpha={resolved.alpha:g} "
-        f"dropout={resolved.dropout:g} targets={resolved.target_modules}: "
+        f"{kind}{shape} targets={resolved.target_modules}: "
         f"{trainable:,} trainable of {total:,} ({100 * trainable / max(total, 1):.3f}%)",
         highlight=False,
         markup=False,

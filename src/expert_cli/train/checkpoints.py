@@ -133,6 +133,21 @@ def resume_point(checkpoints: Path) -> ResumePoint:
     )
 
 
+def refuse_pruned(checkpoint: Path, adapter_type: str) -> None:
+    """An AdaLoRA checkpoint written after its ranks were first pruned (its adapter_config.json
+    holds a `rank_pattern`) cannot be resumed: the run builds the adapter at its initial rank,
+    which the pruned weights do not fit (a size-mismatch traceback), and the rank allocator's
+    importance scores are not in the checkpoint."""
+    if adapter_type != "adalora":
+        return
+    if read_json_file(checkpoint / "adapter_config.json").get("rank_pattern"):
+        raise UserError(
+            f"--resume: {checkpoint.name} holds an AdaLoRA adapter whose ranks were pruned, "
+            "which training cannot continue from (its rank allocator's state is not saved); "
+            f"ship or try it as it is (package --checkpoint {checkpoint.name}), or train again"
+        )
+
+
 class CheckpointMarker(TrainerCallback):
     """Writes `_COMPLETE` into each checkpoint once the Trainer has finished writing it."""
 

@@ -166,11 +166,21 @@ def lower_loss_note(run_dir: Path, name: str, ship_with: str = "--checkpoint bes
             f"{best.eval_loss:.4g} (step {best.step}): {ship_with} ships it"
         )
     if best.eval_loss is not None and best.eval_loss < shipped.eval_loss:
+        low, high = apart(best.eval_loss, shipped.eval_loss)
         return (
-            f"{best.name} has a lower eval loss ({best.eval_loss:.4g} at step {best.step}) "
-            f"than {name} ({shipped.eval_loss:.4g}): {ship_with} ships it"
+            f"{best.name} has a lower eval loss ({low} at step {best.step}) "
+            f"than {name} ({high}): {ship_with} ships it"
         )
     return None
+
+
+def apart(low: float, high: float) -> tuple[str, str]:
+    """Two different losses with as many significant digits as it takes to show them apart
+    (4, up to 8): "8.074 ... than 8.074" read as equal."""
+    digits = 4
+    while digits < 8 and f"{low:.{digits}g}" == f"{high:.{digits}g}":
+        digits += 1
+    return f"{low:.{digits}g}", f"{high:.{digits}g}"
 
 
 def _packaging_checkpoint(manifest_path: Path) -> str | None:

@@ -221,6 +221,12 @@ def plan_members(
     notes += missing
     grammar = parsed.training.decoding.grammar_file if parsed.training.decoding else None
     notes += _expert_files(manifest, grammar, manifest_path.parent, members)
+    if resolved.get("init") == "random":  # the demo's kind of run
+        notes.append(
+            "the base was built with random weights (init: random), kept in the run's "
+            "base_model/ and not in the package: whoever loads it gets other random weights, "
+            "on which the adapter means nothing; train on a pretrained base to ship"
+        )
     return manifest, members, notes
 
 

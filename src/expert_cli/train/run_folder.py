@@ -25,7 +25,7 @@ from filelock import FileLock, Timeout
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
-from expert_cli.train.checkpoints import resume_point
+from expert_cli.train.checkpoints import refuse_pruned, resume_point
 from expert_cli.train.distributed import refuse_world_change
 from expert_cli.train.outputs import ASIDE_PREFIX, PID, process_running, read_json_file
 from expert_cli.train.same_run import changed_fields
@@ -346,4 +346,5 @@ def decide(
         return Decision(complete=previous)
     refuse_world_change(previous.config if previous else {}, world, resolved.rows_per_step)
     point = resume_point(output / "checkpoints")
+    refuse_pruned(point.checkpoint, resolved.adapter_type)
     return Decision(resume=point.checkpoint, passed_over=point.passed_over)
