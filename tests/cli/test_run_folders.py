@@ -272,6 +272,17 @@ def test_a_folder_of_someone_elses_files_is_refused(capsys, monkeypatch, tmp_pat
         )
     assert sorted(p.name for p in mine.iterdir()) == ["README.md", "tokenizer_config.json"]
     assert (mine / "README.md").read_text() == "my notes"
+    (mine / "checkpoints").mkdir()  # a folder of the user's: it read as a run of 0 steps, and
+    (mine / "checkpoints" / "notes.txt").write_text("mine")  # --overwrite replaced README.md
+    for extra in ((), ("--overwrite",)):
+        code, _, err = _here(capsys, monkeypatch, manifest, mine, "--max-steps", "1", *extra)
+        assert code == 2 and "which a run would write, and no earlier run" in " ".join(
+            err.split()
+        ), err
+    assert (mine / "README.md").read_text() == "my notes"
+    assert (mine / "checkpoints" / "notes.txt").read_text() == "mine"
+    (mine / "checkpoints").joinpath("notes.txt").unlink()
+    (mine / "checkpoints").rmdir()
     afile = tmp_path / "afile"
     afile.write_text("x")
     for out in (afile, afile / "sub"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import signal
 from collections.abc import Iterator
@@ -55,6 +56,23 @@ RUN_OUTPUTS = (
 )
 LOCK_NAME = ".train.lock"  # held by the process training in the folder
 RUN_MARKERS = ("manifest.resolved.json", "metrics.json", "checkpoints", "adapter_config.json")
+CHECKPOINT_NAME = re.compile(r"checkpoint-[0-9]{1,12}")
+RUN_RECORDS = ("manifest.resolved.json", "metrics.json")  # train writes them before the rest
+
+
+def holds_run(output: Path) -> bool:
+    """Whether `output` holds a run's outputs: its records, or a `checkpoints/checkpoint-N`
+    folder. A `checkpoints/` folder of anything else, or an adapter_config.json alone (a
+    folder of a user's own, a peft adapter), is not one: `--overwrite` would replace what
+    a run never wrote (a README was replaced by peft's model card)."""
+    if not output.is_dir():
+        return False
+    if any((output / name).exists() for name in RUN_RECORDS):
+        return True
+    checkpoints = output / "checkpoints"
+    return checkpoints.is_dir() and any(
+        p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name) for p in checkpoints.iterdir()
+    )
 
 
 @dataclass(frozen=True)
@@ -71,7 +89,7 @@ KNOWN_STATUSES = ("completed", "interrupted", "diverged", "failed", "running")
 
 def previous_run(output: Path) -> Previous | None:
     """What the folder holds, or None when it holds no run's outputs."""
-    if not output.is_dir() or not any((output / name).exists() for name in RUN_MARKERS):
+    if not holds_run(output):
         return None
     metrics = read_json_file(output / "metrics.json").get("summary")
     metrics = metrics if isinstance(metrics, dict) else {}  # a hand-edited file may hold anything
@@ -263,7 +281,7 @@ def sweep_leftovers(output: Path) -> list[str]:
         if not ours or not PID.fullmatch(pid) or process_running(int(pid)):
             continue
         if path.name.startswith(ASIDE_PREFIX) and path.is_dir() and not path.is_symlink():
-            newer = any((output / name).exists() for name in RUN_MARKERS)
+            newer = holds_run(output)
             if not newer:
                 restore_aside(output, path)
                 removed.append(f"{path.name} (an earlier run, put back)")
