@@ -270,6 +270,18 @@ def test_a_metrics_file_that_is_no_runs_is_refused_and_its_numbers_bounded(
     assert run_metrics.data_wait_fraction(run) == pytest.approx(0.1)  # 0.0 and 0.2 only
     assert run_metrics.run_mfu(run, {"mfu": 3.0}) == pytest.approx(0.1)
     assert run_metrics.run_mfu(None, {"mfu": 3.0}) is None
+    for value in (7, True, "high"):  # in the summary: no run writes it; refused up front
+        path.write_text(json.dumps({"windows": [], "summary": {"data_wait_fraction": value}}))
+        with pytest.raises(UserError) as err:
+            bm.validate_options(bm.BenchmarkOptions(metrics=path))
+        assert "its summary's data_wait_fraction is no fraction from 0 to 1" in err.value.lines[0]
+    from expert_cli.cli.benchmark_view import _extras_lines
+
+    report = {
+        "metrics_path": str(path),
+        "run_metrics": {"summary": {"data_wait_fraction": 7, "tokens_per_s": "x", "mfu": 2.0}},
+    }
+    assert _extras_lines(report) == ["run metrics: tokens/s -, data wait -, MFU -"]
 
 
 def test_train_metrics_path_from_command() -> None:

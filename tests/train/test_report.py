@@ -127,6 +127,10 @@ def test_a_damaged_or_hand_edited_metrics_file_is_reported_without_a_traceback(
     expected = "completed\\x1b[2J\\x1b]0;pwned\\x07: 0 steps, - tok/s, final loss -, "
     assert expected + "best eval loss 1.5 at step 4" in out.stdout
     assert png_facts(tmp_path / "training.png")[:2] == (1100, 700)
+    huge = {"steps": 1e300, "tokens_per_s": 1e308, "final_loss": -1e308, "status": "failed"}
+    (tmp_path / "metrics.json").write_text(json.dumps({**metrics, "summary": huge}))
+    out = run_here("report", str(tmp_path))  # a 309-digit tok/s was printed
+    assert out.returncode == 0 and "failed: 0 steps, - tok/s, final loss -," in out.stdout
 
 
 def test_control_characters_are_shown_as_escapes() -> None:

@@ -33,6 +33,13 @@ def metrics_file_problem(path: Path) -> str | None:
             f"--metrics {path}: not a training run's metrics.json (it has no list of windows); "
             "give OUTPUT/metrics.json of `expert-cli train`"
         )
+    summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
+    for key in ("data_wait_fraction", "mfu"):
+        if summary.get(key) is not None and fraction(summary[key]) is None:
+            return (
+                f"--metrics {path}: its summary's {key} is no fraction from 0 to 1, which "
+                "no run writes; give OUTPUT/metrics.json of `expert-cli train` as it wrote it"
+            )
     return None
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from rich.live import Live
 from rich.table import Table
 
-from expert_cli.benchmark.metrics import read_run_metrics
+from expert_cli.benchmark.metrics import fraction, read_run_metrics
 from expert_cli.cli.render import labelled
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95")
@@ -32,8 +32,10 @@ GPU_ROWS = (
 )
 
 
-def _num(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+def _num(value: Any, digits: int = 0) -> str:
+    """A figure, or "-" for none (or for what is no finite number of plausible size)."""
+    plain = isinstance(value, int | float) and not isinstance(value, bool)
+    return f"{value:.{digits}f}" if plain and abs(value) < 1e15 else "-"
 
 
 class LiveView:
@@ -118,12 +120,11 @@ def _extras_lines(report: dict[str, Any]) -> list[str]:
         )
     if report.get("metrics_path"):
         summary = (report.get("run_metrics") or {}).get("summary")
-        if summary:
-            mfu = summary.get("mfu")
+        if summary:  # a figure counts only as a fraction from 0 to 1 (7 read "7.00")
+            mfu, wait = fraction(summary.get("mfu")), fraction(summary.get("data_wait_fraction"))
             lines.append(
                 f"run metrics: tokens/s {_num(summary.get('tokens_per_s'))}, data wait "
-                f"{_num(summary.get('data_wait_fraction'), 2)}, MFU "
-                f"{'-' if mfu is None else f'{mfu:.1%}'}"
+                f"{_num(wait, 2)}, MFU {'-' if mfu is None else f'{mfu:.1%}'}"
             )
         else:
             lines.append(f"run metrics: {report['metrics_path']} not (yet) readable")

@@ -139,14 +139,14 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
                 raise  # a full disk is exit 1 saying so; an --output was checked before
             unwritten = f"{shown_path(plot)} not written ({exc.strerror or type(exc).__name__})"
             plot = None
-    steps = finite_number(summary.get("steps"))
+    steps = _plausible(summary.get("steps"))
     status, status_note = _status(run_dir, str(summary.get("status", "unknown"))[:40])
     return RunReport(
         run_dir=run_dir,
         status=status,
         steps=int(steps) if steps is not None and steps >= 0 else 0,
-        tokens_per_s=finite_number(summary.get("tokens_per_s")),
-        final_loss=finite_number(summary.get("final_loss")),
+        tokens_per_s=_plausible(summary.get("tokens_per_s")),
+        final_loss=_plausible(summary.get("final_loss")),
         best_eval_loss=best[0] if best else None,
         best_eval_step=int(best[1]) if best else None,
         plot=plot,
@@ -154,6 +154,13 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         plot_problem=unwritten,
         status_note=status_note,
     )
+
+
+def _plausible(value: Any) -> float | None:
+    """A summary number as drawn: finite and of a size a run records (a hand-edited 1e308 was
+    printed as a 309-digit tok/s)."""
+    number = finite_number(value)
+    return number if number is not None and abs(number) <= PLOTTED_MAX else None
 
 
 def _status(run_dir: Path, written: str) -> tuple[str, str | None]:
