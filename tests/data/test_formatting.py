@@ -509,3 +509,11 @@ def test_pretokenize_says_when_examples_are_trained_whole(tmp_path: Path, tiny_m
     train.write_text("".join(train.read_text().splitlines(keepends=True)[:6]))
     out = run_here("pretokenize", "--manifest", str(manifest))
     assert out.returncode == 0 and "loss on" not in out.stdout  # answers only: nothing to say
+
+
+def test_a_template_without_text_names_no_field_that_is_not_there() -> None:
+    """The message named `base_model.prompt_template`, which a schema 2.0 manifest has not
+    (its field is base_models[0].prompt_template)."""
+    with pytest.raises(UserError) as info:
+        render_instruction("custom", "q", None, None)
+    assert info.value.lines[0].startswith("the base model's prompt_template 'custom' needs")

@@ -39,7 +39,13 @@ def generate(
     max_new_tokens: Annotated[
         int | None,
         typer.Option(
-            min=1, max=32_768, metavar="N", help="Tokens to generate at most (default 256)."
+            min=1,
+            max=32_768,
+            metavar="N",
+            help=(
+                "Tokens to generate at most (default: the manifest's "
+                "training.decoding.max_new_tokens, else 256)."
+            ),
         ),
     ] = None,
     greedy: Annotated[

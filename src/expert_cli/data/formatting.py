@@ -116,7 +116,7 @@ def render_instruction(
     if template == "vicuna":
         return f"{system or VICUNA_SYSTEM} USER: {user} ASSISTANT:", ""
     raise UserError(
-        f"base_model.prompt_template: {template!r} needs a template text, which "
+        f"the base model's prompt_template {template!r} needs a template text, which "
         f"the manifest does not give; use one of {list(TEMPLATES)} or put the "
         "rendered prompt in a `text` field"
     )

@@ -55,7 +55,7 @@ class PromptFormat:
     @property
     def described(self) -> str:
         if self.style == "instruction":
-            return f"base_model.prompt_template {self.template}"
+            return f"the base model's prompt_template {self.template}"
         return DESCRIBED[self.style]
 
     def render(self, tokenizer: Any, text: str, system: str | None = None) -> list[int]:
