@@ -342,6 +342,22 @@ def test_a_folder_of_saved_splits_names_one_to_choose(tmp_path) -> None:
     ]
 
 
+def test_a_folder_of_several_formats_reads_the_one_named(tmp_path, write_jsonl) -> None:
+    """A folder of .jsonl and .csv said "set training.dataset.format", and with `format:
+    jsonl` the CSV file was read as JSON (invalid JSON at its first line)."""
+    data = tmp_path / "data"
+    write_jsonl(data / "a.jsonl", [{"text": "from json"}])
+    (data / "b.csv").write_text("text\nfrom csv\n")
+    said = error_of(tmp_path, {"path": "data"})
+    assert said == (
+        f"{data}: holds data files of several formats (csv, json); keep one format in the "
+        "folder, or set training.dataset.format to the one to read"
+    )
+    for fmt, text in (("jsonl", "from json"), ("csv", "from csv")):
+        loaded = load(tmp_path, {"path": "data", "format": fmt, "eval_fraction": 0})
+        assert list(loaded.train["text"]) == [text]
+
+
 def test_eval_seed_is_noted_where_a_validation_file_gives_the_examples(
     tmp_path, write_jsonl
 ) -> None:

@@ -165,6 +165,11 @@ def source_files(ref: SourceRef) -> list[Path]:
     files = folder_data_files(path)
     if not files:
         raise UserError(f"{path}: folder has no data files ({', '.join(FILE_FORMATS)})")
+    if ref.format in FILE_FORMATS.values():  # a folder of several formats: the one named
+        same = {"json", "jsonl"} if ref.format in ("json", "jsonl") else {ref.format}
+        files = [f for f in files if FILE_FORMATS[f.suffix] in same]
+        if not files:
+            raise UserError(f"{path}: folder has no {ref.format} files ({ref.field})")
     training = is_training_field(ref.field)
     kept, left = split_files(path, files, training)
     if not kept:
@@ -184,10 +189,15 @@ def file_format(ref: SourceRef, files: list[Path]) -> str:
         return ref.format
     kinds = {FILE_FORMATS[f.suffix] for f in files if f.suffix in FILE_FORMATS}
     kinds = {"json" if k == "jsonl" else k for k in kinds}  # one reader reads both layouts
-    if len(kinds) != 1:
+    if len(kinds) > 1:  # a format set reads only its own files (source_files)
         raise UserError(
-            f"{ref.location}: cannot tell the file format (found "
-            f"{sorted(kinds) or 'no known suffix'}); set training.dataset.format"
+            f"{ref.location}: holds data files of several formats ({', '.join(sorted(kinds))}); "
+            "keep one format in the folder, or set training.dataset.format to the one to read"
+        )
+    if not kinds:
+        raise UserError(
+            f"{ref.location}: cannot tell the file format (no known suffix); set "
+            "training.dataset.format"
         )
     return kinds.pop()
 
