@@ -214,6 +214,9 @@ def test_deepspeed_runs_where_it_can_or_says_what_is_missing(
     assert "training.distributed.strategy: deepspeed is not installed" in text
     assert "pip install 'expert-cli[deepspeed]'" in text
     assert not (tmp_path / "out").exists()
+    code, out, err = run_main(capsys, monkeypatch, "check", "--manifest", str(manifest))
+    said = " ".join(out.split())  # it said "manifest is usable"
+    assert code == 2 and "training.distributed.strategy: deepspeed is not installed" in said
 
 
 @pytest.mark.gpu

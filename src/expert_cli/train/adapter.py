@@ -19,6 +19,7 @@ from expert_cli.train.architecture import (
     meta_model,
     vocabulary_problem,
 )
+from expert_cli.train.args import deepspeed_problem
 from expert_cli.train.causality import copy_isolation, isolation_problem
 from expert_cli.train.speed import compile_problem
 
@@ -171,5 +172,10 @@ def adapter_problem(
 
 def start_problem(resolved: ResolvedConfig, tokens: int | None = None) -> str | None:
     """What stops a run before its data is tokenized, as `check` and `train` both find it: a
-    torch.compile setting this torch lacks, or a base model that cannot take the adapter."""
-    return compile_problem(resolved) or adapter_problem(resolved, resolved.base_model, None, tokens)
+    torch.compile setting this torch lacks, strategy deepspeed without DeepSpeed, or a base
+    model that cannot take the adapter."""
+    return (
+        compile_problem(resolved)
+        or deepspeed_problem(resolved)
+        or adapter_problem(resolved, resolved.base_model, None, tokens)
+    )

@@ -87,18 +87,29 @@ def training_args_kwargs(
     if strategy == "fsdp":
         kwargs.update(fsdp=True, fsdp_config=fsdp_config(dist))
     elif strategy == "deepspeed":
-        if not dist.get("deepspeed"):
-            raise UserError(
-                "training.distributed.deepspeed: strategy deepspeed needs a config "
-                "(file path or object)"
-            )
-        if importlib.util.find_spec("deepspeed") is None:
-            raise UserError(
-                "training.distributed.strategy: deepspeed is not installed; install it with "
-                "pip install 'expert-cli[deepspeed]', or use strategy ddp or fsdp"
-            )
+        if problem := deepspeed_problem(resolved):
+            raise UserError(problem)
         kwargs["deepspeed"] = dist["deepspeed"]
     return kwargs
+
+
+def deepspeed_problem(resolved: ResolvedConfig) -> str | None:
+    """Why strategy deepspeed cannot run (no config, or DeepSpeed not installed), as `check`
+    and `train` both say it (check called such a manifest usable)."""
+    dist = resolved.distributed or {}
+    if dist.get("strategy") != "deepspeed":
+        return None
+    if not dist.get("deepspeed"):
+        return (
+            "training.distributed.deepspeed: strategy deepspeed needs a config (file path or "
+            "object)"
+        )
+    if importlib.util.find_spec("deepspeed") is None:
+        return (
+            "training.distributed.strategy: deepspeed is not installed; install it with "
+            "pip install 'expert-cli[deepspeed]', or use strategy ddp or fsdp"
+        )
+    return None
 
 
 FSDP_WORDS = {"full_shard", "shard_grad_op", "offload", "auto_wrap"}
