@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from expert_cli import config
 from expert_cli.config.fields import describe_fields
-from expert_cli.config.training_config import CheckpointingKwargs
+from expert_cli.config.training_config import MAX_BATCH_ROWS, CheckpointingKwargs
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "manifest.md"
 
@@ -38,8 +38,9 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     (
         "`training`",
         config.TrainingSpec,
-        "Keys other than these (for example `trained_on`, `checkpoint`, "
-        "`alternative_checkpoints`) are kept, not acted on.",
+        "The descriptive keys (for example `trained_on`, `checkpoint`, "
+        "`alternative_checkpoints`) are kept, not acted on. A key not listed here is an error "
+        "(`training.foo: unknown field`).",
     ),
     (
         "`training.decoding`",
@@ -68,6 +69,11 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
         "Passed to the Hugging Face Trainer; launch with torchrun or accelerate.",
     ),
 ]
+
+# limits a validator enforces (not a Field bound, so describe_fields does not see them)
+VALIDATOR_LIMITS: dict[tuple[type[BaseModel], str], str] = {
+    (config.TrainingConfig, "batch_size"): f'>= 1, <= {MAX_BATCH_ROWS}, or "auto"',
+}
 
 HEADER = """# Manifest reference
 
@@ -101,7 +107,8 @@ def section(title: str, model: type[BaseModel], intro: str) -> str:
         alias = f" (alias `{doc.alias}`)" if doc.alias else ""
         default = doc.default if doc.default in ("required", "unset") else f"`{doc.default}`"
         kind = doc.type.replace(" | ", " \\| ")
-        lines.append(f"| `{doc.name}`{alias} | {kind} | {default} | {doc.limits} | {doc.meaning} |")
+        limits = doc.limits or VALIDATOR_LIMITS.get((model, doc.name), "")
+        lines.append(f"| `{doc.name}`{alias} | {kind} | {default} | {limits} | {doc.meaning} |")
     return "\n".join(lines) + "\n"
 
 

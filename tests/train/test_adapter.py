@@ -42,8 +42,10 @@ def _edited(tiny_model_dir: Path, **changes: object) -> str:
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ({"hidden_size": -1}, "no model can be built from its config.json (RuntimeError)"),
-        ({"num_attention_heads": 0}, "no model can be built from its config.json (ZeroDivision"),
+        ({"hidden_size": -1}, "config.json gives hidden_size below 1"),
+        ({"num_attention_heads": 0}, "config.json gives num_attention_heads below 1"),
+        ({"intermediate_size": 0}, "config.json gives intermediate_size below 1"),  # it trained
+        ({"num_attention_heads": "x"}, "(StrictDataclassFieldValidationError; num_attention_heads"),
         ({"vocab_size": 1e12}, "cannot be read as a model configuration (StrictDataclassField"),
         ({"model_type": "no-such-model"}, "cannot be read as a model configuration (ValueError)"),
     ],
@@ -66,7 +68,12 @@ def test_a_config_that_is_not_a_json_object_is_named(
     resolved = _resolved(tmp_path, model)
     (model / "config.json").write_text(text)
     problem = adapter_problem(resolved, str(model))
-    assert problem is not None and "config.json cannot be read as a model configuration" in problem
+    expected = "cannot be read as a model configuration" if text == "[]" else "is not JSON"
+    assert problem is not None and f"config.json {expected}" in problem
+    tokenizer = run_here("pretokenize", "--manifest", str(tmp_path / "e" / "manifest.json"))
+    said = " ".join(tokenizer.stderr.split())  # the tokenizer loader reads config.json too,
+    assert tokenizer.returncode == 2 and f"config.json {expected}" in said  # and was blamed
+    assert "tokenizer" not in said
 
 
 def test_weights_that_cannot_fit_the_machine_are_refused(

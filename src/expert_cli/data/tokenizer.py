@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from expert_cli.config.refs import windows_note
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import UserError
-from expert_cli.paths import path_is_dir, shown_path
+from expert_cli.paths import path_exists, path_is_dir, shown_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -28,6 +31,42 @@ def _damaged(model: str, exc: BaseException) -> UserError:
     )
 
 
+SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers")
+
+
+def config_problem(source: str, trust_remote_code: bool) -> str | None:
+    """Why a local model folder's config.json is no model configuration (not JSON, a field of
+    the wrong type, a size below 1), naming the field, never its value; None when it is one
+    or is not here (a hub model not yet cached). The tokenizer loader reads config.json too,
+    and its failure was blamed on the tokenizer files."""
+    shown = f"base model {shown_path(source)}"
+    if not path_exists(Path(source) / "config.json"):
+        return None  # a hub id, or a folder without one: said where the model is loaded
+    try:
+        json.loads((Path(source) / "config.json").read_bytes())
+    except (OSError, ValueError) as exc:
+        at = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+        return f"{shown}: config.json is not JSON{at} ({type(exc).__name__})"
+    try:
+        config = AutoConfig.from_pretrained(
+            source, trust_remote_code=trust_remote_code, local_files_only=True
+        )
+    except Exception as exc:  # noqa: BLE001 - whatever the user's config.json makes it raise
+        if not path_is_dir(source):
+            return None
+        field = re.search(r"field '(\w+)'", str(exc))
+        what = f"; {field.group(1)} has the wrong type" if field else ""
+        return (
+            f"{shown}: config.json cannot be read as a model configuration "
+            f"({type(exc).__name__}{what})"
+        )
+    for name in SIZE_FIELDS:  # a size of 0 built a model of empty layers that "trained"
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            return f"{shown}: config.json gives {name} below 1; a model needs at least one"
+    return None
+
+
 def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTrainedTokenizerFast:
     """The fast tokenizer of `resolved.base_model`; pad = eos when it has no pad token (logged).
     With `local_only`, from the files already on this machine (nothing is downloaded).
@@ -39,6 +78,10 @@ def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTra
     if resolved.base_model_kind == "local" and not path_is_dir(where):
         why = windows_note(where) or " (expected a local model folder with its tokenizer files)"
         raise UserError(f"base_models[0].name: {shown_path(where)} is not a folder{why}")
+    if resolved.base_model_kind == "local" and (
+        problem := config_problem(where, resolved.trust_remote_code)
+    ):
+        raise UserError(problem)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             resolved.base_model,

@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+from expert_cli.data.tokenizer import config_problem
 from expert_cli.paths import shown_path
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ def meta_model(resolved: ResolvedConfig, source: str) -> tuple[Any | None, str |
     the cache, reported by the hub checks."""
     local = Path(source).is_dir()
     shown = f"base model {shown_path(source)}"
+    if local and (problem := config_problem(source, resolved.trust_remote_code)):
+        return None, problem
     try:
         config = AutoConfig.from_pretrained(
             source, trust_remote_code=resolved.trust_remote_code, local_files_only=True
