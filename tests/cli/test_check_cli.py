@@ -240,6 +240,32 @@ def test_examples_with_nothing_to_train_on(demo_expert_dir: Path) -> None:
     ]
 
 
+def test_texts_without_the_response_template_fail_in_check_as_in_train(
+    demo_expert_dir: Path,
+) -> None:
+    """A response_template no text holds: check said usable, then pretokenize and train
+    dropped every example (exit 2). Some texts without it are a note."""
+    from expert_cli.data.checks import check_manifest
+
+    manifest = demo_expert_dir / "manifest.json"
+    report = check_manifest(manifest, overrides=["training.dataset.response_template=### A:"])
+    assert report.problems == [
+        "training.dataset: no training example is left after formatting (400 read, every one "
+        "dropped: 400 without response_template)",
+        "training.dataset.validation_path: no evaluation example is left after formatting (40 "
+        "read, every one dropped: 40 without response_template)",
+    ]
+    with (demo_expert_dir / "data" / "train.jsonl").open("a") as f:
+        f.write(json.dumps({"text": "Q\n### A: yes"}) + "\n")
+    (demo_expert_dir / "data" / "valid.jsonl").write_text(json.dumps({"text": "### A: ok"}))
+    report = check_manifest(manifest, overrides=["training.dataset.response_template=### A:"])
+    assert report.problems == []
+    assert (
+        "training.dataset: 400 of 401 training texts read hold no response_template; train "
+        "drops them"
+    ) in report.notes
+
+
 def test_conversations_with_nothing_to_train_on(
     capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
 ) -> None:

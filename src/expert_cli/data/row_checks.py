@@ -149,6 +149,7 @@ class DataCheck:
         # per split (True: training): rows with nothing to train on (an empty text,
         # response or assistant turn), rows read, and whether every row of the split was read
         self.blank = {True: [0, 0], False: [0, 0]}
+        self.unmarked = {True: 0, False: 0}  # texts without the response template, by split
         self.whole = {True: True, False: True}
 
     def refusals(self) -> Refusals | None:
@@ -208,7 +209,9 @@ class DataCheck:
             if verdict is not None:
                 self._render(verdict, row["messages"], scan.at)
             if trained is not None:
-                blank[0] += self._blank(str(row.get(trained) or ""), scan.fields.kind)
+                found = self._blank(str(row.get(trained) or ""), scan.fields.kind)
+                blank[0] += found is True
+                self.unmarked[self._train] += found is None
             elif turns is not None:
                 blank[0] += turns(row["messages"])
             if count % PROGRESS_ROWS == 0:
@@ -221,31 +224,37 @@ class DataCheck:
         self.progress.advance(count % PROGRESS_ROWS)
         return count
 
-    def _blank(self, text: str, kind: str) -> bool:
+    def _blank(self, text: str, kind: str) -> bool | None:
         """Whether an example has nothing to train on: an empty response, or a text whose
-        trained part (after the response template or an assistant marker) is empty. A text
-        without the response template is counted by the build as such, not here."""
+        trained part (after the response template or an assistant marker) is empty; None for
+        a text without the response template (the build drops it as such)."""
         if kind != "text":
             return not text.strip()
         spans, style = assistant_spans(text, self.response_template)
-        return style != "missing" and not has_content(text, spans, None)
+        return None if style == "missing" else not has_content(text, spans, None)
 
     def blank_lines(self, resolved: ResolvedConfig) -> tuple[list[str], list[str]]:
-        """(problems, notes) on examples with nothing to train on (an empty text or response,
-        which the build drops): a problem in the build's words where it is every example of a
-        split read whole, else a note."""
+        """(problems, notes) on examples the build drops before training (an empty text or
+        response; a text without the response template): a problem in the build's words where
+        that is every example of a split read whole, else a note per reason."""
         problems, notes = [], []
         for train, (blank, rows) in self.blank.items():
-            if not blank:
+            unmarked, what = self.unmarked[train], "training" if train else "evaluation"
+            fields = split_fields(resolved, train)
+            if rows and blank + unmarked == rows and self.whole[train]:
+                why = [f"{unmarked:,} without response_template"] if unmarked else []
+                why += [f"{blank:,} {NO_COMPLETION}"] if blank else []
+                problems.append(nothing_left(resolved, train, rows, "; ".join(why)))
                 continue
-            if blank == rows and self.whole[train]:
-                problems.append(nothing_left(resolved, train, rows, f"{rows} {NO_COMPLETION}"))
-            else:
-                what = "training" if train else "evaluation"
+            if unmarked:
                 notes.append(
-                    f"{split_fields(resolved, train)}: {blank:,} of {rows:,} {what} examples "
-                    "read have an empty text, response or assistant turn; train drops them (no "
-                    "completion tokens)"
+                    f"{fields}: {unmarked:,} of {rows:,} {what} texts read hold no "
+                    "response_template; train drops them"
+                )
+            if blank:
+                notes.append(
+                    f"{fields}: {blank:,} of {rows:,} {what} examples read have an empty text, "
+                    "response or assistant turn; train drops them (no completion tokens)"
                 )
         return problems, notes
 
