@@ -18,7 +18,7 @@ from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import Terminated
 from expert_cli.telemetry.ops import OpCounter
 from expert_cli.telemetry.throughput import ThroughputMeter
-from expert_cli.train.outputs import finite_number, read_json_file
+from expert_cli.train.outputs import number_pairs, read_json_file
 
 # the window's numbers that also go into the Trainer's logs (so TensorBoard gets them)
 LOGGED = ("tokens_per_s", "samples_per_s", "data_wait_fraction", "mfu", "peak_memory_gb")
@@ -106,15 +106,7 @@ def over_windows(windows: list[Any]) -> dict[str, float]:
     resumed run that trained no step of its own are those of the run it resumed."""
     figures: dict[str, float] = {}
     for key in ("tokens_per_s", "samples_per_s", "data_wait_fraction", "mfu"):
-        pairs = [
-            (seconds, value)
-            for w in windows
-            if isinstance(w, dict)
-            and (seconds := finite_number(w.get("seconds"))) is not None
-            and (value := finite_number(w.get(key))) is not None
-            and seconds > 0
-            and value >= 0
-        ]
+        pairs = [(s, v) for s, v in number_pairs(windows, "seconds", key) if s > 0 and v >= 0]
         total = sum(s for s, _ in pairs)
         value = sum(s * v for s, v in pairs) / total if pairs else math.nan
         if math.isfinite(value):  # a hand-edited 1e308 overflows: left out, not Infinity

@@ -126,6 +126,18 @@ def finite_number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def number_pairs(records: list[Any], first: str, second: str) -> list[tuple[float, float]]:
+    """(records[first], records[second]) of each record (a dict) where both are finite
+    numbers (finite_number): what metrics.json's windows or evaluations hold, read as pairs."""
+    return [
+        (a, b)
+        for r in records
+        if isinstance(r, dict)
+        and (a := finite_number(r.get(first))) is not None
+        and (b := finite_number(r.get(second))) is not None
+    ]
+
+
 def process_running(pid: int) -> bool:
     """Whether process `pid` runs (one of another user counts)."""
     if pid == os.getpid():

@@ -33,7 +33,13 @@ from expert_cli.train.choice import (
     lower_loss_note,
     lowest,
 )
-from expert_cli.train.outputs import ADAPTER_WEIGHTS, finite_number, read_json_file, set_aside_line
+from expert_cli.train.outputs import (
+    ADAPTER_WEIGHTS,
+    finite_number,
+    number_pairs,
+    read_json_file,
+    set_aside_line,
+)
 from expert_cli.train.run_folder import held_by_another
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")
@@ -242,12 +248,8 @@ def _ship_notes(
 def _points(records: list[Any], key: str) -> tuple[list[float], list[float]]:
     pairs = [
         (step, value)
-        for r in records
-        if isinstance(r, dict)
-        and (step := finite_number(r.get("step"))) is not None
-        and (value := finite_number(r.get(key))) is not None
-        and abs(step) <= PLOTTED_MAX
-        and abs(value) <= PLOTTED_MAX
+        for step, value in number_pairs(records, "step", key)
+        if abs(step) <= PLOTTED_MAX and abs(value) <= PLOTTED_MAX
     ]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
