@@ -10,7 +10,8 @@ import pytest
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import SourceRef, resolve
-from expert_cli.data.rows import field_spec, source_files
+from expert_cli.data.fields import field_spec
+from expert_cli.data.rows import source_files
 from expert_cli.data.sources import apply_weight, hold_out, load_sources
 from expert_cli.errors import UserError
 
@@ -229,6 +230,19 @@ def test_input_and_system_are_read_where_the_first_row_lacks_them(tmp_path, writ
     assert loaded.train[0] == {"instruction": "a", "response": "b", "input": None, "system": None}
 
 
+def test_a_detected_column_of_the_wrong_type_says_how_to_leave_it_out(
+    tmp_path, write_jsonl
+) -> None:
+    """A detected `system` column that holds no text named field_mapping.system, which the
+    user never wrote."""
+    write_jsonl(tmp_path / "train.jsonl", [{"instruction": "q", "output": "a", "system": 3}])
+    said = error_of(tmp_path, {"path": "train.jsonl"})
+    assert (
+        "field 'system' (read as system: set training.dataset.field_mapping to leave it out)"
+        in said
+    )
+
+
 @pytest.mark.parametrize(
     ("mapping", "said"),
     [
@@ -316,8 +330,18 @@ def test_a_folder_of_split_files_trains_on_its_training_files(tmp_path, write_js
         n.startswith("training.dataset.validation_path: ") and "also read for training" in n
         for n in notes
     )
-    (data / "train-00000-of-00001.parquet").unlink()
     (data / "holdout.jsonl").unlink()
+    pq.write_table(pa.table({"text": ["v"]}), data / "validation-0.parquet")
+    pq.write_table(pa.table({"text": ["e"]}), data / "evaluation-0.parquet")  # the Hub's test
+    notes = resolved_for(tmp_path, {"path": "data", "validation_path": "data"}).notes
+    assert notes[0].startswith("training.dataset.path: 3 file(s) named for a held-out split")
+    assert notes[1] == (
+        "training.dataset.validation_path: 2 file(s) named for another split are left out of "
+        "evaluation (evaluation-0.parquet, test-00000-of-00001.parquet)"
+    )
+    assert list(load(tmp_path, {"path": "data", "validation_path": "data"}).eval["text"]) == ["v"]
+    for name in ("train-00000-of-00001.parquet", "validation-0.parquet", "evaluation-0.parquet"):
+        (data / name).unlink()
     assert "every data file in it is named for a held-out split" in error_of(tmp_path, dataset)
 
 
@@ -336,6 +360,8 @@ def test_a_folder_of_saved_splits_names_one_to_choose(tmp_path) -> None:
         f"'train'); name one split's folder, e.g. {tmp_path / 'data' / 'train'}"
     )
     assert not any("held-out" in n for n in resolved_for(tmp_path, {"path": "data"}).notes)
+    same = {"path": "data/train", "validation_path": "data/train"}  # a saved dataset twice
+    assert any("is also read for training" in n for n in resolved_for(tmp_path, same).notes)
     assert sorted(load(tmp_path, {"path": "data/train", "eval_fraction": 0}).train["text"]) == [
         "a",
         "b",

@@ -591,3 +591,26 @@ def test_the_ia3_line_names_no_rank(tmp_path: Path, tiny_model_dir: Path) -> Non
     assert done.returncode == 0, done.stdout + done.stderr
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("adapter ")]
     assert line.split()[1:3] == ["ia3", "targets=all-linear:"] and "r=" not in line
+
+
+def test_a_config_names_its_own_fields_and_custom_code(tmp_path: Path) -> None:
+    """A GPT-2 config.json with n_layer 0 was named by transformers' alias num_hidden_layers;
+    a custom-code config lost the trust_remote_code advice to "cannot be read"."""
+    from transformers import GPT2Config
+
+    from expert_cli.data.tokenizer import config_problem
+
+    GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=64).save_pretrained(tmp_path / "g")
+    config = json.loads((tmp_path / "g" / "config.json").read_text())
+    (tmp_path / "g" / "config.json").write_text(json.dumps({**config, "n_layer": 0}))
+    assert config_problem(str(tmp_path / "g"), False) == (
+        f"base model {tmp_path / 'g'}: config.json gives n_layer below 1; a model needs at "
+        "least one"
+    )
+    (tmp_path / "c").mkdir()
+    custom = {"model_type": "mine", "auto_map": {"AutoConfig": "conf.MyConfig"}}
+    (tmp_path / "c" / "config.json").write_text(json.dumps(custom))
+    (tmp_path / "c" / "conf.py").write_text("raise SystemExit('never run')\n")
+    assert 'is custom code; set "trust_remote_code": true' in (
+        config_problem(str(tmp_path / "c"), False) or ""
+    )

@@ -189,3 +189,14 @@ def test_a_system_turn_is_laid_out_as_the_datas(tmp_path: Path) -> None:
     for kept, prompt in ((PromptFormat("none"), "Once"), (layout, "<|im_start|>user\nHi")):
         with pytest.raises(UserError, match="--system: the prompt is used as written"):
             kept.render(tok, prompt, "Be brief.")
+
+
+def test_a_runs_recorded_mapping_is_read_for_its_kind_alone() -> None:
+    """A run trained with `{"text": "text", "system": "sys"}` (accepted then) could not be
+    tried: its mapping went through the manifest's check, which now refuses roles beside
+    `text`."""
+    from expert_cli.data.fields import mapping_kind
+
+    assert mapping_kind({"text": "text", "system": "sys"}) == "text"
+    assert mapping_kind({"messages": "m", "system": "s"}) == "messages"
+    assert mapping_kind({"instruction": "q", "response": "a"}) == "instruction"

@@ -24,8 +24,8 @@ FILE_FORMATS = {
 BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
 # other suffixes that only a local file has (compressed or plain-text data)
 OTHER_LOCAL_SUFFIXES = {".tsv", ".txt", ".gz", ".zst", ".xz", ".bz2"}
-# words that name a split in a data file's path (the Hub's file layout: data/train-00000-of-
-# 00001.parquet, data/test-*.parquet, validation/part-0.jsonl)
+# words that name a split in a data file's path, as the datasets library reads a Hub folder
+# (data/train-00000-of-00001.parquet, data/test-*.parquet, validation/part-0.jsonl)
 SPLIT_WORDS = {
     "train": "train",
     "training": "train",
@@ -33,9 +33,10 @@ SPLIT_WORDS = {
     "valid": "validation",
     "val": "validation",
     "dev": "validation",
-    "eval": "validation",
     "test": "test",
     "testing": "test",
+    "eval": "test",  # as the datasets library splits a Hub folder
+    "evaluation": "test",
 }
 HELD_OUT_SPLITS = ("validation", "test")
 WINDOWS_PATH = re.compile(r"[A-Za-z]:|\\\\")  # a drive (F:/x, F:x), or a share: two backslashes
@@ -127,6 +128,15 @@ def folder_data_files(path: Path) -> list[Path]:
     )
 
 
+def of_format(files: list[Path], fmt: str | None) -> list[Path]:
+    """The files of a manifest `format` (json and jsonl alike: one reader reads both); all of
+    them where the format is not a file format (unset, huggingface)."""
+    if fmt not in FILE_FORMATS.values():
+        return files
+    same = {"json", "jsonl"} if fmt in ("json", "jsonl") else {fmt}
+    return [f for f in files if FILE_FORMATS.get(f.suffix) in same]
+
+
 def split_named(relative: Path) -> str | None:
     """The split a data file's path names (train, validation, test), the word nearest its
     name deciding (data/test/train-0.jsonl is train); None when no word names one."""
@@ -170,14 +180,19 @@ def held_out_notes(train: list[Any], valid: list[Any]) -> list[str]:
         files, left = _local_files(ref, training=True)
         trained |= files
         if left:
-            names = ", ".join(shown_path(f.relative_to(ref.location)) for f in left[:SHOWN_FILES])
-            more = f" and {len(left) - SHOWN_FILES} more" if len(left) > SHOWN_FILES else ""
             notes.append(
                 f"{ref.field}: {len(left)} file(s) named for a held-out split are left out of "
-                f"training ({names}{more})"
+                f"training ({_named(left, ref.location)})"
             )
     for ref in valid:
-        if _local_files(ref, training=False)[0] & trained:
+        files, left = _local_files(ref, training=False)
+        left = [f for f in left if split_named(f.relative_to(ref.location)) in HELD_OUT_SPLITS]
+        if left:  # a folder of validation and test files evaluates the validation ones
+            notes.append(
+                f"{ref.field}: {len(left)} file(s) named for another split are left out of "
+                f"evaluation ({_named(left, ref.location)})"
+            )
+        if files & trained:
             notes.append(
                 f"{ref.field}: {shown_path(ref.location)} is also read for training; the eval "
                 "loss then measures examples the run trains on (a validation file in the "
@@ -187,18 +202,25 @@ def held_out_notes(train: list[Any], valid: list[Any]) -> list[str]:
     return notes
 
 
+def _named(files: list[Path], folder: str) -> str:
+    """The first SHOWN_FILES files, relative to `folder`, and how many more there are."""
+    names = ", ".join(shown_path(f.relative_to(folder)) for f in files[:SHOWN_FILES])
+    return names + (f" and {len(files) - SHOWN_FILES} more" if len(files) > SHOWN_FILES else "")
+
+
 def _local_files(ref: Any, training: bool) -> tuple[set[str], list[Path]]:
     """The real paths of the files a local source reads, and the files of its folder it
     leaves out; nothing for a hub source, a saved dataset (or a folder of saved splits) or a
     path that cannot be read (the data check names it)."""
     path = Path(ref.location)
     try:
-        saved = path_exists(path / "state.json") or path_exists(path / "dataset_dict.json")
-        if ref.kind != "local" or saved:
+        if ref.kind != "local":
             return set(), []
-        if not path.is_dir():  # a file (or one not there yet: the data check says so)
+        saved = path_exists(path / "state.json") or path_exists(path / "dataset_dict.json")
+        if saved or not path.is_dir():  # a file (or one not there yet), a saved dataset
             return {os.path.realpath(path)}, []
-        kept, left = split_files(path, folder_data_files(path), training)
+        files = of_format(folder_data_files(path), ref.format)
+        kept, left = split_files(path, files, training)
         return {os.path.realpath(f) for f in kept}, left
     except (OSError, ValueError):
         return set(), []

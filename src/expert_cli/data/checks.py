@@ -22,13 +22,13 @@ from expert_cli.data.build import (
     BuildProgress,
 )
 from expert_cli.data.cache import cache_root_problem
+from expert_cli.data.fields import FieldSpec
 from expert_cli.data.formatting import (
     check_chat_template,
     check_prompt_template,
 )
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.row_checks import DataCheck, blank_conversation, template_verdict
-from expert_cli.data.rows import FieldSpec
 from expert_cli.data.sources import NO_EVAL_ROWS, holds_nothing_out
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
 from expert_cli.errors import UserError

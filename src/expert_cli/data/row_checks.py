@@ -24,8 +24,9 @@ from expert_cli.data.conversations import (
     render_conversation,
     without_fill_ins,
 )
+from expert_cli.data.fields import FieldSpec
 from expert_cli.data.formatting import check_chat_template, unanswered
-from expert_cli.data.rows import FieldSpec, Scan, is_saved_dataset, scan_local
+from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import checked_columns, load_saved
 from expert_cli.data.spans import assistant_spans, has_content
 from expert_cli.errors import UserError

@@ -19,17 +19,17 @@ from expert_cli.config.refs import (
     FILE_FORMATS,
     folder_data_files,
     is_training_field,
+    of_format,
     split_files,
     windows_note,
 )
 from expert_cli.config.resolve import SourceRef
 from expert_cli.data.conversations import is_text_part
+from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec
 from expert_cli.data.reader import read_rows, repeated_keys, shown_name, shown_names
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, shown_path
 
-ROLES = ("text", "messages", "instruction", "input", "response", "system")
-OPTIONAL_ROLES = {"input", "system"}
 TWICE = "is given more than once in this row; expected once (which value to train on is unclear)"
 SHOWN_PATH = re.compile(r"[\w.\[\]<>-]{1,200}", re.ASCII)  # a key path an error may show
 # keys of the chat message format (OpenAI's, Qwen's), shown by name in a path; others: <key>
@@ -53,73 +53,6 @@ MESSAGES_SHAPE = (
     'a list of {"role": "...", "content": "..."} objects (content may be a list of text parts, '
     "or null in a turn with tool_calls)"
 )
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """Which column holds each role, and which of the three formats that makes."""
-
-    kind: str  # "text" | "messages" | "instruction"
-    mapping: dict[str, str]  # role -> column
-    # detected optional roles (input, system) a source may not have as a column at all: a
-    # local file's mapping is detected from its first row, which may lack them
-    maybe: frozenset[str] = frozenset()
-
-    @property
-    def required(self) -> list[str]:
-        return [r for r in self.mapping if r not in OPTIONAL_ROLES]
-
-
-def field_spec(mapping: dict[str, str] | None, columns: list[str], where: str) -> FieldSpec:
-    """Validate `field_mapping`, or detect it from the columns when unset."""
-    maybe: frozenset[str] = frozenset()
-    if mapping is None:
-        mapping = _detect_mapping(columns, where)
-        maybe = frozenset(OPTIONAL_ROLES & set(mapping))
-    unknown = sorted(set(mapping) - set(ROLES))
-    if unknown:
-        raise UserError(
-            f"training.dataset.field_mapping: unknown key(s) {unknown}; "
-            f"expected some of {list(ROLES)}"
-        )
-    if "text" in mapping:
-        kind = "text"
-    elif "messages" in mapping:
-        kind = "messages"
-    elif "instruction" in mapping and "response" in mapping:
-        kind = "instruction"
-    else:
-        raise UserError(
-            "training.dataset.field_mapping: needs `text`, `messages`, or "
-            "`instruction` + `response` (optionally `input`, `system`)"
-        )
-    unused = sorted(set(mapping) - {kind}) if kind in ("text", "messages") else []
-    if unused:  # they were required in every row, then never read
-        whole = "example" if kind == "text" else "conversation (its system turn too)"
-        raise UserError(
-            f"training.dataset.field_mapping: `{kind}` holds the whole {whole}, so "
-            f"{', '.join(f'`{r}`' for r in unused)} would not be used; remove "
-            + ("it" if len(unused) == 1 else "them")
-            + (", or map `instruction` + `response` without `text`" if kind == "text" else "")
-        )
-    return FieldSpec(kind=kind, mapping=dict(mapping), maybe=maybe)
-
-
-def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
-    cols = set(columns)
-    if "text" in cols:
-        return {"text": "text"}
-    if "messages" in cols:
-        return {"messages": "messages"}
-    response = next((c for c in ("response", "output", "completion") if c in cols), None)
-    prompt = next((c for c in ("instruction", "prompt", "question") if c in cols), None)
-    if prompt and response:  # input and system read in every row: the first may lack them
-        return {"instruction": prompt, "response": response, "input": "input", "system": "system"}
-    raise UserError(
-        f"{where}: cannot tell which column holds the data (columns: "
-        f"{shown_names(sorted(cols))}); set training.dataset.field_mapping, e.g. "
-        '{"text": "<column>"}'
-    )
 
 
 def is_saved_dataset(path: Path) -> bool:
@@ -166,19 +99,16 @@ def source_files(ref: SourceRef) -> list[Path]:
     if not files:
         raise UserError(f"{path}: folder has no data files ({', '.join(FILE_FORMATS)})")
     if ref.format in FILE_FORMATS.values():  # a folder of several formats: the one named
-        same = {"json", "jsonl"} if ref.format in ("json", "jsonl") else {ref.format}
-        files = [f for f in files if FILE_FORMATS[f.suffix] in same]
+        files = of_format(files, ref.format)
         if not files:
             raise UserError(f"{path}: folder has no {ref.format} files ({ref.field})")
     training = is_training_field(ref.field)
     kept, left = split_files(path, files, training)
-    if not kept:
+    if not kept:  # a validation source keeps its validation (else test) files: never empty
         raise UserError(
-            f"{ref.field}: {shown_path(path)}: every data file in it is named for "
-            + ("a held-out split (validation, test)" if training else "training")
-            + f", e.g. {shown_path(left[0].relative_to(path))}; name the "
-            + ("training" if training else "validation")
-            + " files' folder or file"
+            f"{ref.field}: {shown_path(path)}: every data file in it is named for a held-out "
+            f"split (validation, test), e.g. {shown_path(left[0].relative_to(path))}; name the "
+            "training files' folder or file"
         )
     return kept
 
@@ -337,7 +267,12 @@ def check_row(row: Any, fields: FieldSpec, where: str) -> dict[str, Any]:
             )
         problem = _value_problem(role, value)
         if problem:
-            raise UserError(f"{where}: field {shown_name(column)} (field_mapping.{role}) {problem}")
+            named = (  # a detected input or system: the user wrote no mapping to blame
+                f"read as {role}: set training.dataset.field_mapping to leave it out"
+                if role in fields.maybe
+                else f"field_mapping.{role}"
+            )
+            raise UserError(f"{where}: field {shown_name(column)} ({named}) {problem}")
         out[role] = value
     return out
 

@@ -25,16 +25,9 @@ import pyarrow.compute as pc
 from expert_cli.atomic import atomic_file
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.conversations import as_text, conversation_text
+from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec
 from expert_cli.data.reader import shown_names
-from expert_cli.data.rows import (
-    OPTIONAL_ROLES,
-    FieldSpec,
-    Scan,
-    expected_shape,
-    field_spec,
-    is_saved_dataset,
-    scan_local,
-)
+from expert_cli.data.rows import Scan, expected_shape, is_saved_dataset, scan_local
 from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path
 

@@ -6,7 +6,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from transformers import AutoConfig, AutoTokenizer
 
@@ -54,6 +54,11 @@ def config_problem(source: str, trust_remote_code: bool) -> str | None:
     except Exception as exc:  # noqa: BLE001 - whatever the user's config.json makes it raise
         if not path_is_dir(source):
             return None
+        if "trust_remote_code" in str(exc):
+            return (
+                f'{shown}: its config.json is custom code; set "trust_remote_code": true on '
+                "the base model entry if you trust it"
+            )
         field = re.search(r"field '(\w+)'", str(exc))
         what = f"; {field.group(1)} has the wrong type" if field else ""
         return (
@@ -63,7 +68,8 @@ def config_problem(source: str, trust_remote_code: bool) -> str | None:
     for name in SIZE_FIELDS:  # a size of 0 built a model of empty layers that "trained"
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-            return f"{shown}: config.json gives {name} below 1; a model needs at least one"
+            named = getattr(type(config), "attribute_map", {}).get(name, name)  # GPT-2: n_layer
+            return f"{shown}: config.json gives {named} below 1; a model needs at least one"
     return None
 
 
@@ -108,29 +114,35 @@ def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTra
         ) from None
     except Exception as exc:  # noqa: BLE001 - a file the loader cannot parse is the user's
         raise _damaged(resolved.base_model, exc) from None
+    _refuse_unusable(tokenizer, resolved.base_model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        log.info("tokenizer has no pad token; using eos %r as pad", tokenizer.eos_token)
+    return tokenizer
+
+
+def _refuse_unusable(tokenizer: Any, model: str) -> None:
+    """A tokenizer the pipeline cannot use: not fast, empty (its vocabulary files missing),
+    or without an EOS token."""
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(
-            f"base_models[0].name: {resolved.base_model} has no fast tokenizer "
+            f"base_models[0].name: {model} has no fast tokenizer "
             "(tokenizer.json); expert-cli needs one for batched, offset-exact "
             "tokenization"
         )
     words = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=False)
     if words < MIN_VOCABULARY:
         raise UserError(
-            f"base_models[0].name: the tokenizer of {resolved.base_model} has {words} "
+            f"base_models[0].name: the tokenizer of {model} has {words} "
             f"token{'' if words == 1 else 's'}: its vocabulary files (tokenizer.json, or "
             "vocab.json and merges.txt) are missing, and transformers built an empty "
             "tokenizer. Copy the model's tokenizer files into it"
         )
     if tokenizer.eos_token_id is None:
         raise UserError(
-            f"base_models[0].name: the tokenizer of {resolved.base_model} has no EOS "
+            f"base_models[0].name: the tokenizer of {model} has no EOS "
             "token; every example must end with one"
         )
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-        log.info("tokenizer has no pad token; using eos %r as pad", tokenizer.eos_token)
-    return tokenizer
 
 
 def ids_in_use(tokenizer: PreTrainedTokenizerFast) -> int:

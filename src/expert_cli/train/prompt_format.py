@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.data.fields import mapping_kind
 from expert_cli.data.formatting import render_instruction
-from expert_cli.data.rows import field_spec
 from expert_cli.data.spans import (
     CHATML_ASSISTANT,
     CHATML_END,
@@ -127,7 +127,7 @@ def _data_kind(mapping: dict[str, str] | None, stats: Mapping[str, Any]) -> str 
     """The kind the manifest's field_mapping says (as the build read it), else the one the
     build recorded detecting."""
     if mapping is not None:
-        return field_spec(mapping, [], "manifest.resolved.json field_mapping").kind
+        return mapping_kind(mapping)
     fields = stats.get("fields")
     kind = fields.get("kind") if isinstance(fields, Mapping) else None
     return kind if kind in ("text", "messages", "instruction") else None

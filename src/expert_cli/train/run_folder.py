@@ -55,7 +55,8 @@ RUN_OUTPUTS = (
     "tokenizer.model",
 )
 LOCK_NAME = ".train.lock"  # held by the process training in the folder
-RUN_MARKERS = ("manifest.resolved.json", "metrics.json", "checkpoints", "adapter_config.json")
+# what says a folder holds a run (holds_run) goes back last when a set-aside run is restored
+RUN_MARKERS = ("manifest.resolved.json", "metrics.json", "checkpoints")
 CHECKPOINT_NAME = re.compile(r"checkpoint-[0-9]{1,12}")
 RUN_RECORDS = ("manifest.resolved.json", "metrics.json")  # train writes them before the rest
 
@@ -70,9 +71,12 @@ def holds_run(output: Path) -> bool:
     if any((output / name).exists() for name in RUN_RECORDS):
         return True
     checkpoints = output / "checkpoints"
-    return checkpoints.is_dir() and any(
-        p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name) for p in checkpoints.iterdir()
-    )
+    try:
+        return checkpoints.is_dir() and any(
+            p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name) for p in checkpoints.iterdir()
+        )
+    except OSError:  # cannot be listed: taken as a run's, so nothing in it is replaced unasked
+        return True
 
 
 @dataclass(frozen=True)

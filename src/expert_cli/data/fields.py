@@ -1,0 +1,85 @@
+"""Which column of a data source holds each role (text, messages, instruction, input,
+response, system): the manifest's `field_mapping` checked, or one detected from the columns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from expert_cli.data.reader import shown_names
+from expert_cli.errors import UserError
+
+ROLES = ("text", "messages", "instruction", "input", "response", "system")
+OPTIONAL_ROLES = {"input", "system"}
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Which column holds each role, and which of the three formats that makes."""
+
+    kind: str  # "text" | "messages" | "instruction"
+    mapping: dict[str, str]  # role -> column
+    # detected optional roles (input, system) a source may not have as a column at all: a
+    # local file's mapping is detected from its first row, which may lack them
+    maybe: frozenset[str] = frozenset()
+
+    @property
+    def required(self) -> list[str]:
+        return [r for r in self.mapping if r not in OPTIONAL_ROLES]
+
+
+def field_spec(mapping: dict[str, str] | None, columns: list[str], where: str) -> FieldSpec:
+    """Validate `field_mapping`, or detect it from the columns when unset."""
+    maybe: frozenset[str] = frozenset()
+    if mapping is None:
+        mapping = _detect_mapping(columns, where)
+        maybe = frozenset(OPTIONAL_ROLES & set(mapping))
+    kind = mapping_kind(mapping)
+    unused = sorted(set(mapping) - {kind}) if kind in ("text", "messages") else []
+    if unused:  # a required role was required in every row, then never read
+        whole = "example" if kind == "text" else "conversation (its system turn too)"
+        raise UserError(
+            f"training.dataset.field_mapping: `{kind}` holds the whole {whole}, so "
+            f"{', '.join(f'`{r}`' for r in unused)} would not be used; remove "
+            + ("it" if len(unused) == 1 else "them")
+            + (", or map `instruction` + `response` without `text`" if kind == "text" else "")
+        )
+    return FieldSpec(kind=kind, mapping=dict(mapping), maybe=maybe)
+
+
+def mapping_kind(mapping: dict[str, str]) -> str:
+    """The data kind a field mapping names (text, messages, instruction); UserError for an
+    unknown role or a mapping that names none. A run's recorded mapping is read with this
+    alone: one trained before roles beside `text` were refused still has its kind."""
+    unknown = sorted(set(mapping) - set(ROLES))
+    if unknown:
+        raise UserError(
+            f"training.dataset.field_mapping: unknown key(s) {unknown}; "
+            f"expected some of {list(ROLES)}"
+        )
+    if "text" in mapping:
+        return "text"
+    if "messages" in mapping:
+        return "messages"
+    if "instruction" in mapping and "response" in mapping:
+        return "instruction"
+    raise UserError(
+        "training.dataset.field_mapping: needs `text`, `messages`, or "
+        "`instruction` + `response` (optionally `input`, `system`)"
+    )
+
+
+def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
+    cols = set(columns)
+    if "text" in cols:
+        return {"text": "text"}
+    if "messages" in cols:
+        return {"messages": "messages"}
+    response = next((c for c in ("response", "output", "completion") if c in cols), None)
+    prompt = next((c for c in ("instruction", "prompt", "question") if c in cols), None)
+    if prompt and response:  # input and system read in every row: the first may lack them
+        return {"instruction": prompt, "response": response, "input": "input", "system": "system"}
+    raise UserError(
+        f"{where}: cannot tell which column holds the data (columns: "
+        f"{shown_names(sorted(cols))}); set training.dataset.field_mapping, e.g. "
+        '{"text": "<column>"}'
+    )
