@@ -32,6 +32,10 @@ def _gone(folder: Path) -> None:
         (folder / name).unlink()
 
 
+def _json_gone(folder: Path) -> None:  # tokenizer_config.json left: it read "damaged"
+    (folder / "tokenizer.json").unlink()
+
+
 def _no_eos(folder: Path) -> None:
     path = folder / "tokenizer_config.json"
     config = json.loads(path.read_text())
@@ -44,6 +48,7 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "not UTF-8": (_not_utf8, "are damaged (UnicodeDecodeError while reading them)"),
     "wrong structure": (_wrong_shape, "are damaged (KeyError while reading them)"),
     "missing": (_gone, "has 1 token: its vocabulary files"),
+    "tokenizer.json missing": (_json_gone, "has no tokenizer.json (nor vocab.json"),
     "no end token": (_no_eos, "has no EOS token"),
 }
 

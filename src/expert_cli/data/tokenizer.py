@@ -25,6 +25,14 @@ MIN_VOCABULARY = 32
 
 
 def _damaged(model: str, exc: BaseException) -> UserError:
+    folder = Path(model)
+    vocabulary = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model")
+    if path_is_dir(model) and not any(path_exists(folder / n) for n in vocabulary):
+        return UserError(  # tokenizer_config.json alone: transformers fails in a conversion
+            f"base_models[0].name: the tokenizer of {shown_path(model)} has no "
+            "tokenizer.json (nor vocab.json or tokenizer.model); copy the model's tokenizer "
+            "files into it"
+        )
     return UserError(
         f"base_models[0].name: the tokenizer files of {model} are damaged ({type(exc).__name__} "
         "while reading them); copy tokenizer.json and tokenizer_config.json from the model again"
