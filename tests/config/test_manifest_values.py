@@ -358,7 +358,7 @@ def test_a_misspelt_decoding_key_is_kept_but_noted(tmp_path: Path) -> None:
         (
             "path",
             "..",
-            "training.dataset.path: " + "{parent} is the folder that holds the manifest",
+            "training.dataset.path: " + "{parent} holds the manifest's folder",
         ),
         ("validation_path", "::x", "training.dataset.validation_path: names no dataset before"),
     ],

@@ -7,6 +7,7 @@ recorded in `notes` ("field: what was decided and why"), so nothing is dropped s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -184,9 +185,11 @@ def _refuse_manifest_folder(path: Path, folder: Path, label: str) -> None:
     except (OSError, RuntimeError):
         return  # the data check names what cannot be read
     if holds:
+        same = os.path.realpath(path) == os.path.realpath(folder)
         raise UserError(
-            f"{label}: {shown_path(path)} is the folder that holds the manifest; put the data "
-            "in a folder of its own (e.g. data/) or name the file"
+            f"{label}: {shown_path(path)} "
+            + ("is the folder that holds the manifest" if same else "holds the manifest's folder")
+            + "; put the data in a folder of its own (e.g. data/) or name the file"
         )
 
 
