@@ -299,3 +299,35 @@ def test_conversations_with_nothing_to_train_on(
     out = tmp_path / "out"
     code, _, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(out))
     assert code == 2 and problem in " ".join(err.split())
+
+
+def test_conversations_without_the_response_template_fail_in_check_as_in_train(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`messages` whose rendered text holds no response_template: the build drops every one
+    (exit 2), and check called the manifest usable."""
+    from expert_cli.data.checks import check_manifest
+
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=1)
+    (manifest.parent / "data" / "train.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
+    config = json.loads(manifest.read_text())
+    config["training"]["dataset"]["field_mapping"] = {"messages": "messages"}
+    config["training"]["dataset"]["response_template"] = "<|im_start|>assistant\n"
+    manifest.write_text(json.dumps(config))
+    assert check_manifest(manifest).problems == []  # the template renders it: trained
+    asked = [{"role": "user", "content": "hi"}]  # no reply: the build drops it, as no marker
+    with (manifest.parent / "data" / "train.jsonl").open("a") as f:
+        f.write(json.dumps({"messages": asked}) + "\n")
+    report = check_manifest(manifest)
+    assert report.problems == [] and any(
+        "train.jsonl:2: this conversation is dropped by train (no response_template in the "
+        "rendered text)" in n
+        for n in report.notes
+    ), report.notes
+    config["training"]["dataset"]["response_template"] = "### Answer:"
+    manifest.write_text(json.dumps(config))
+    (problem,) = check_manifest(manifest).problems  # it said to set what was set
+    assert problem.startswith(
+        "training.dataset.response_template: the chat template does not write it"
+    )

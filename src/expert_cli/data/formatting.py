@@ -144,7 +144,13 @@ def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: s
             f"render a conversation ({type(exc).__name__}); fix chat_template.jinja or the "
             "chat_template in tokenizer_config.json"
         ) from None
-    if assistant_spans(text, response_template)[1] in ("none", "missing"):
+    if assistant_spans(text, response_template)[1] == "missing":
+        raise UserError(
+            "training.dataset.response_template: the chat template does not write it (a "
+            "user/assistant exchange rendered holds no such text), so every conversation "
+            "would be dropped; set it to the text the template writes before replies"
+        )
+    if assistant_spans(text, response_template)[1] == "none":
         raise UserError(
             "training.dataset.response_template: the chat template renders no "
             "assistant marker expert-cli knows (<|im_start|>assistant, "

@@ -64,8 +64,10 @@ def template_verdict(
         if shape in seen:
             return seen[shape]
         text, why = render_conversation(tokenizer, conversation_text(messages))  # as the build
-        if why is None:
-            why = unanswered(assistant_spans(text, cfg.response_template)[1], messages)
+        if why is None:  # rendered: with an answer to train? (the build drops it if not)
+            style = assistant_spans(text, cfg.response_template)[1]
+            missing = style == "missing" and "no response_template in the rendered text"
+            why = unanswered(style, messages) or missing or None
         if len(seen) < MAX_SHAPES:
             seen[shape] = why
         return why
@@ -170,6 +172,8 @@ class DataCheck:
         said = (
             "holds no assistant turn the template renders (the answers' role is `assistant`)"
             if why.startswith("no assistant turn")
+            else "is dropped by train"
+            if why.startswith("no response_template")
             else "is refused by the tokenizer's chat template"
         )
         return Refusals(
