@@ -144,13 +144,14 @@ def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: s
             f"render a conversation ({type(exc).__name__}); fix chat_template.jinja or the "
             "chat_template in tokenizer_config.json"
         ) from None
-    if assistant_spans(text, response_template)[1] == "missing":
+    style = assistant_spans(text, response_template)[1]
+    if style == "missing":
         raise UserError(
             "training.dataset.response_template: the chat template does not write it (a "
             "user/assistant exchange rendered holds no such text), so every conversation "
             "would be dropped; set it to the text the template writes before replies"
         )
-    if assistant_spans(text, response_template)[1] == "none":
+    if style == "none":
         raise UserError(
             "training.dataset.response_template: the chat template renders no "
             "assistant marker expert-cli knows (<|im_start|>assistant, "
@@ -258,7 +259,7 @@ class Formatter:
         for text, enc, row_spans, style in zip(texts, encodings, spans, styles, strict=True):
             ids = np.asarray(enc.ids, dtype=np.int32)
             mask = span_mask(text, enc, len(ids), row_spans)
-            ids, mask = _once(ids, mask, enc.special_tokens_mask)
+            ids, mask = _once(ids, mask, enc)
             ends = runs_to_end(text, row_spans, eos_text)
             if len(ids) and ids[-1] == eos:  # the text's own, or one its tokenizer adds
                 mask[-1] = mask[-1] or ends
@@ -297,16 +298,18 @@ class Formatter:
         )
 
 
-def _once(ids: Any, mask: Any, special: list[int]) -> tuple[Any, Any]:
+def _once(ids: Any, mask: Any, enc: Any) -> tuple[Any, Any]:
     """The ids without a BOS or EOS the tokenizer adds to a text that already holds it
     (`text` rendered by a chat template that writes `{{ bos_token }}`, under a tokenizer
-    whose post-processor adds `<s>` too): the model sees one, as from `messages`."""
-    keep = np.ones(len(ids), dtype=bool)
-    if len(ids) > 1 and special[0] and ids[0] == ids[1]:
-        keep[0] = False
-    if len(ids) > 1 and special[-1] and ids[-1] == ids[-2]:
-        keep[-1] = False
-    return (ids, mask) if keep.all() else (ids[keep], mask[keep])
+    whose post-processor adds `<s>` too): the model sees one, as from `messages`. The
+    encoding's special-token mask (a list built on each access) is read only where the ids
+    repeat at an end; the result is a view of the ids."""
+    lo, hi = 0, len(ids)
+    if hi > 1 and ids[0] == ids[1] and enc.special_tokens_mask[0]:
+        lo = 1
+    if hi - lo > 1 and ids[-1] == ids[-2] and enc.special_tokens_mask[-1]:
+        hi -= 1
+    return ids[lo:hi], mask[lo:hi]
 
 
 def _list_array(rows: list[Any]) -> pa.Array:

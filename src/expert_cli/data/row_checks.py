@@ -66,8 +66,9 @@ def template_verdict(
         text, why = render_conversation(tokenizer, conversation_text(messages))  # as the build
         if why is None:  # rendered: with an answer to train? (the build drops it if not)
             style = assistant_spans(text, cfg.response_template)[1]
-            missing = style == "missing" and "no response_template in the rendered text"
-            why = unanswered(style, messages) or missing or None
+            why = unanswered(style, messages)
+            if style == "missing":
+                why = "no response_template in the rendered text"
         if len(seen) < MAX_SHAPES:
             seen[shape] = why
         return why

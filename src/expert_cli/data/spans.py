@@ -67,15 +67,18 @@ def _turn_spans(
 END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>")
 
 
+def _bare(part: str, eos: str | None) -> str:
+    """`part` without end-of-turn markers (and the tokenizer's EOS) and surrounding space."""
+    for marker in (*END_MARKERS, eos or ""):
+        if marker:
+            part = part.replace(marker, "")
+    return part.strip()
+
+
 def has_content(text: str, spans: list[Span], eos: str | None) -> bool:
     """Whether the trained spans hold anything but whitespace and end-of-turn markers."""
-    for start, end in spans:
-        part = text[start:end]
-        for marker in (*END_MARKERS, eos or ""):
-            if marker:
-                part = part.replace(marker, "")
-        if part.strip():
-            return True
+    if any(_bare(text[start:end], eos) for start, end in spans):
+        return True
     return not spans  # no spans: the "missing" / whole-text rules decide
 
 
@@ -84,13 +87,7 @@ def runs_to_end(text: str, spans: list[Span], eos: str | None) -> bool:
     whitespace aside): then the example's EOS is trained, as the answer's end. A text that
     ends with a prompt (a user turn after the last answer) does not teach the model to stop
     there."""
-    if not spans:
-        return False
-    rest = text[max(stop for _, stop in spans) :]
-    for marker in (*END_MARKERS, eos or ""):
-        if marker:
-            rest = rest.replace(marker, "")
-    return not rest.strip()
+    return bool(spans) and not _bare(text[max(stop for _, stop in spans) :], eos)
 
 
 def span_mask(text: str, enc: Any, n_tokens: int, spans: list[Span]) -> Any:

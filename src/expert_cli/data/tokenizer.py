@@ -43,33 +43,41 @@ SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_h
 
 
 def config_problem(source: str, trust_remote_code: bool) -> str | None:
-    """Why a local model folder's config.json is no model configuration (not JSON, a field of
-    the wrong type, a size below 1), naming the field, never its value; None when it is one
-    or is not here (a hub model not yet cached). The tokenizer loader reads config.json too,
-    and its failure was blamed on the tokenizer files."""
-    shown = f"base model {shown_path(source)}"
+    """Why a local model folder's config.json is no model configuration (read_config); None
+    when it is one or is not there (a hub model; a folder without one is said where the model
+    is loaded). The tokenizer loader reads config.json too, and its failure was blamed on the
+    tokenizer files."""
     if not path_exists(Path(source) / "config.json"):
-        return None  # a hub id, or a folder without one: said where the model is loaded
-    try:
-        json.loads((Path(source) / "config.json").read_bytes())
-    except (OSError, ValueError) as exc:
-        at = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
-        return f"{shown}: config.json is not JSON{at} ({type(exc).__name__})"
+        return None
+    return read_config(source, trust_remote_code)[1]
+
+
+def read_config(source: str, trust_remote_code: bool) -> tuple[Any | None, str | None]:
+    """(the model configuration at `source`, None), or (None, why a local folder's config.json
+    is none: not JSON, custom code not trusted, a field of the wrong type, a size below 1),
+    naming the field, never its value. (None, None) for a hub model not in the cache."""
+    local, shown = path_is_dir(source), f"base model {shown_path(source)}"
+    if local and path_exists(Path(source) / "config.json"):
+        try:
+            json.loads((Path(source) / "config.json").read_bytes())
+        except (OSError, ValueError) as exc:
+            at = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+            return None, f"{shown}: config.json is not JSON{at} ({type(exc).__name__})"
     try:
         config = AutoConfig.from_pretrained(
             source, trust_remote_code=trust_remote_code, local_files_only=True
         )
     except Exception as exc:  # noqa: BLE001 - whatever the user's config.json makes it raise
-        if not path_is_dir(source):
-            return None
+        if not local:
+            return None, None
         if "trust_remote_code" in str(exc):
-            return (
+            return None, (
                 f'{shown}: its config.json is custom code; set "trust_remote_code": true on '
                 "the base model entry if you trust it"
             )
         field = re.search(r"field '(\w+)'", str(exc))
         what = f"; {field.group(1)} has the wrong type" if field else ""
-        return (
+        return None, (
             f"{shown}: config.json cannot be read as a model configuration "
             f"({type(exc).__name__}{what})"
         )
@@ -77,8 +85,8 @@ def config_problem(source: str, trust_remote_code: bool) -> str | None:
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
             named = getattr(type(config), "attribute_map", {}).get(name, name)  # GPT-2: n_layer
-            return f"{shown}: config.json gives {named} below 1; a model needs at least one"
-    return None
+            return None, f"{shown}: config.json gives {named} below 1; a model needs at least one"
+    return config, None
 
 
 def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTrainedTokenizerFast:

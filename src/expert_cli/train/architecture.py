@@ -7,16 +7,14 @@ is tokenized. A malformed config used to surface as a traceback from deep inside
 from __future__ import annotations
 
 import os
-import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-from expert_cli.data.tokenizer import config_problem
+from expert_cli.data.tokenizer import read_config
 from expert_cli.paths import shown_path
 
 if TYPE_CHECKING:
@@ -34,23 +32,10 @@ def meta_model(resolved: ResolvedConfig, source: str) -> tuple[Any | None, str |
     """(the architecture at `source` on the meta device, None), or (None, why it cannot be
     built). (None, None) when its configuration is not here to read: a hub model not yet in
     the cache, reported by the hub checks."""
-    local = Path(source).is_dir()
-    shown = f"base model {shown_path(source)}"
-    if local and (problem := config_problem(source, resolved.trust_remote_code)):
+    config, problem = read_config(source, resolved.trust_remote_code)
+    if config is None:
         return None, problem
-    try:
-        config = AutoConfig.from_pretrained(
-            source, trust_remote_code=resolved.trust_remote_code, local_files_only=True
-        )
-    except Exception as exc:  # noqa: BLE001 - whatever the user's config.json makes it raise
-        if not local:
-            return None, None
-        field = re.search(r"field '(\w+)'", str(exc))
-        what = f"; {field.group(1)} has the wrong type" if field else ""
-        return None, (
-            f"{shown}: config.json cannot be read as a model configuration "
-            f"({type(exc).__name__}{what})"
-        )
+    shown = f"base model {shown_path(source)}"
     if problem := no_causal_class(config, resolved.trust_remote_code, shown):
         return None, problem
     try:
