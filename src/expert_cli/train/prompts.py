@@ -58,7 +58,7 @@ def _prompt_lines(path: Path) -> list[str]:
         with _opened(path, stdin) as f:  # a BOM is no part of the first prompt
             while len(lines) <= MAX_PROMPTS and (line := f.readline(MAX_PROMPT_CHARS + 2)):
                 number += 1
-                if len(line) > MAX_PROMPT_CHARS and not line.endswith("\n"):
+                if len(line.rstrip("\n")) > MAX_PROMPT_CHARS:  # 200,001 + "\n" fits the read
                     raise UserError(
                         f"--prompts {path}:{number}: a line over {MAX_PROMPT_CHARS:,} characters"
                     )
