@@ -48,17 +48,50 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
         )
     targets = first(cfg.target_modules, spec.target_modules if spec else None, "all-linear")
     use_dora = kind == "dora" or bool(spec and spec.use_dora and kind == "lora")
+    alpha = float(first(cfg.alpha, spec.alpha if spec else None, 2 * rank))
+    dropout = float(first(cfg.dropout, spec.dropout if spec else None, DEFAULT_DROPOUT))
+    quantized = manifest.primary_base_model.quantization in ("int4", "int8")
+    kernel = cfg.adapter_kernel
+    notes += _not_applied(kernel, spec.scaling if spec else None, kind, use_dora)
+    if kernel == "fused" and quantized and kind == "lora" and not use_dora:
+        notes.append(
+            "adapter_kernel: fused runs LoRA on unquantized layers; the int4/int8 base's "
+            "layers run peft's own"
+        )
+    if kind == "lora" and not use_dora and kernel == "fused" and not quantized and dropout > 0:
+        notes.append(
+            f"adapter_kernel: fused runs LoRA layers without dropout; with dropout {dropout:g} "
+            "they run peft's own (set dropout 0 to fuse them)"
+        )
     return dict(
         adapter_type=kind,
         rank=rank,
-        alpha=float(first(cfg.alpha, spec.alpha if spec else None, 2 * rank)),
-        dropout=float(first(cfg.dropout, spec.dropout if spec else None, DEFAULT_DROPOUT)),
+        alpha=alpha,
+        dropout=dropout,
         target_modules=targets,
         feedforward_modules=first(
             cfg.feedforward_modules, spec.feedforward_modules if spec else None
         ),
         use_dora=use_dora,
     )
+
+
+def _not_applied(kernel: str | None, scaling: str | None, kind: str, dora: bool) -> list[str]:
+    """Notes for the fused adapter kernel asked of layers it does not run (DoRA, another
+    adapter type), and a `scaling` name other than the alpha/r scaling that is trained."""
+    notes = []
+    if kernel == "fused" and (dora or kind != "lora"):
+        notes.append(
+            f"adapter_kernel: fused runs plain LoRA layers; {'DoRA' if dora else kind} "
+            "layers run peft's own"
+        )
+    if scaling and scaling not in ("standard", "default", *(("dora",) if dora else ())):
+        notes.append(
+            "scaling: kept as written, not applied: the adapter's output is scaled by "
+            "alpha / r (peft's standard LoRA scaling; standard, default and, for DoRA, dora "
+            "name it)"
+        )
+    return notes
 
 
 def _overridden(name: str, ours: Any, theirs: Any) -> str:

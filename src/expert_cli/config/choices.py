@@ -231,11 +231,21 @@ def schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[st
     if cfg.warmup_ratio and cfg.warmup_steps:
         notes.append("warmup_steps: warmup_ratio is set and wins")
     learning_rate = first(cfg.learning_rate, DEFAULT_LR)
+    scheduler = first(cfg.lr_scheduler, "cosine")
+    if scheduler == "constant":  # transformers' constant schedule passes over any warmup
+        if cfg.warmup_ratio or cfg.warmup_steps:
+            scheduler = "constant_with_warmup"
+            notes.append(
+                "lr_scheduler: constant with the manifest's warmup runs as "
+                "constant_with_warmup (the constant schedule has none)"
+            )
+        else:  # the default warmup is not the manifest's: constant is what it asked
+            ratio = 0.0
     return dict(
         epochs=float(first(cfg.epochs, cfg.num_epochs, 1.0)),
         max_steps=cfg.max_steps if cfg.max_steps else -1,
         learning_rate=learning_rate,
-        lr_scheduler=first(cfg.lr_scheduler, "cosine"),
+        lr_scheduler=scheduler,
         lr_scheduler_kwargs=_schedule_arguments(cfg, learning_rate),
         warmup_steps=steps,
         warmup_ratio=ratio,

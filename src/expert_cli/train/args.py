@@ -93,6 +93,12 @@ def training_args_kwargs(
     return kwargs
 
 
+def warmup_count(ratio: float, total_steps: int) -> int:
+    """Warmup steps of a ratio of the run's optimizer steps: the product rounded up, after
+    the float error of the product is rounded away (0.07 x 100 is 7 steps, not 8)."""
+    return math.ceil(round(ratio * total_steps, 9))
+
+
 def deepspeed_problem(resolved: ResolvedConfig) -> str | None:
     """Why strategy deepspeed cannot run (no config, or DeepSpeed not installed), as `check`
     and `train` both say it (check called such a manifest usable)."""

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments
+from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, get_scheduler
 
 from expert_cli.config.kernels import BOUNDARY_KERNELS
 from expert_cli.data import PreparedData
@@ -21,12 +21,16 @@ from expert_cli.data.collate import PackedCollator
 from expert_cli.data.formatting import IGNORE
 from expert_cli.telemetry.flops import peak_bf16_flops
 from expert_cli.telemetry.throughput import FlopsModel, ThroughputMeter
+from expert_cli.train.args import warmup_count
 from expert_cli.train.attention import mask_free_mapping, skip_mask_building
 from expert_cli.train.callbacks import ThroughputCallback
 from expert_cli.train.model import matmul_parameters, parameter_counts
 
 # Key the counting collator adds to each batch; removed before the model sees the batch.
 COUNTS_KEY = "expert_cli_counts"
+# DoRA's per-row magnitudes start at the frozen weight's norms: decay would shrink the base
+# layer's output, not pull the adapter toward it (as it does LoRA's A and B)
+NO_DECAY = "lora_magnitude_vector"
 
 
 def _example_lengths(row: dict[str, Any]) -> np.ndarray:
@@ -87,6 +91,24 @@ class ExpertTrainer(Trainer):
         if self.meter is not None:
             self.meter.fetch_ended(*(sum(c[i] for c in counts) for i in range(4)))
         return batches, n_items
+
+    def get_decay_parameter_names(self, model: Any) -> list[str]:
+        return [n for n in super().get_decay_parameter_names(model) if NO_DECAY not in n]
+
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        """The Trainer's schedule, with a warmup ratio's steps counted exactly (it rounds
+        0.07 x 100 = 7.000000000000001 up to 8)."""
+        ratio = self.args.warmup_steps
+        if self.lr_scheduler is None and 0 < ratio < 1:
+            self.lr_scheduler = get_scheduler(
+                self.args.lr_scheduler_type,
+                optimizer=optimizer if optimizer is not None else self.optimizer,
+                num_warmup_steps=warmup_count(ratio, num_training_steps),
+                num_training_steps=num_training_steps,
+                scheduler_specific_kwargs=self.args.lr_scheduler_kwargs,
+            )
+            self._created_lr_scheduler = True
+        return super().create_scheduler(num_training_steps, optimizer)
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         inputs.pop(COUNTS_KEY, None)

@@ -1,0 +1,124 @@
+"""The optimizer and schedule a run really gets: warmup counted exactly, the constant schedule
+with the manifest's warmup, DoRA's magnitudes kept out of weight decay, and the adapter values
+that are not applied said in notes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, TrainingArguments
+
+from expert_cli.config import load_manifest
+from expert_cli.config.environment import cpu_environment
+from expert_cli.config.resolve import resolve
+from expert_cli.train.args import training_args_kwargs, warmup_count
+from expert_cli.train.trainer import ExpertTrainer
+
+
+def _resolved(tmp_path: Path, config: dict, entry: dict | None = None):
+    (tmp_path / "train.jsonl").write_text('{"text": "x"}\n')
+    adapter = {"type": "lora", "target_modules": ["q_proj"], **(entry or {})}
+    manifest = {
+        "name": "e",
+        "schema_version": "2.0",
+        "base_models": [{"name": "org/model", "adapters": [adapter]}],
+        "training": {"dataset": {"path": "train.jsonl"}, "config": config},
+    }
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(manifest))
+    return resolve(load_manifest(path), cpu_environment())
+
+
+@pytest.mark.parametrize(
+    "ratio,total,expected", [(0.07, 100, 7), (0.07, 300, 21), (0.05, 100, 5), (0.03, 233, 7)]
+)
+def test_warmup_of_a_ratio_is_the_product_rounded_up(ratio, total, expected) -> None:
+    assert warmup_count(ratio, total) == expected
+
+
+def test_constant_schedule_keeps_the_manifests_warmup_only(tmp_path: Path) -> None:
+    given = _resolved(tmp_path, {"lr_scheduler": "constant", "warmup_ratio": 0.2})
+    assert given.lr_scheduler == "constant_with_warmup" and given.warmup_ratio == 0.2
+    assert any("runs as constant_with_warmup" in n for n in given.notes)
+    steps = _resolved(tmp_path, {"lr_scheduler": "constant", "warmup_steps": 3})
+    assert steps.lr_scheduler == "constant_with_warmup" and steps.warmup_steps == 3
+    plain = _resolved(tmp_path, {"lr_scheduler": "constant"})  # no default warmup added
+    assert (plain.lr_scheduler, plain.warmup_ratio, plain.warmup_steps) == ("constant", 0, 0)
+    assert not any("constant_with_warmup" in n for n in plain.notes)
+    cosine = _resolved(tmp_path, {"lr_scheduler": "cosine"})
+    assert cosine.warmup_ratio == 0.03  # the default warmup of every other schedule stays
+
+
+def _trainer(tmp_path: Path, model, config: dict) -> ExpertTrainer:
+    resolved = _resolved(tmp_path, {**config, "evaluation_strategy": "no"})
+    kwargs = training_args_kwargs(resolved, tmp_path / "ckpt", max_steps=100)
+    return ExpertTrainer(model=model, args=TrainingArguments(**kwargs))
+
+
+def test_warmup_ratio_steps_and_dora_decay_in_the_trainer(tmp_path: Path, tiny_model_dir) -> None:
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], use_dora=True)
+    model = get_peft_model(base, config)
+    trainer = _trainer(
+        tmp_path,
+        model,
+        {"lr_scheduler": "linear", "warmup_ratio": 0.07, "learning_rate": 1.0, "weight_decay": 0.1},
+    )
+    decayed = trainer.get_decay_parameter_names(model)
+    assert any("lora_A" in n for n in decayed) and any("lora_B" in n for n in decayed)
+    assert not any("lora_magnitude_vector" in n for n in decayed)
+    trainer.create_optimizer_and_scheduler(num_training_steps=100)
+    groups = trainer.optimizer.param_groups
+    magnitudes = {id(p) for n, p in model.named_parameters() if "lora_magnitude_vector" in n}
+    assert magnitudes and all(
+        g["weight_decay"] == 0 for g in groups if {id(p) for p in g["params"]} & magnitudes
+    )
+    rates = []
+    for _ in range(9):
+        rates.append(trainer.lr_scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    # 7 warmup steps (the Trainer counted 8: 0.07 x 100 = 7.000000000000001, rounded up)
+    assert rates[7] == pytest.approx(1.0) and rates[6] == pytest.approx(6 / 7)
+    assert rates[8] < 1.0
+
+
+def test_constant_with_the_manifests_warmup_warms_up(tmp_path: Path, tiny_model_dir) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    trainer = _trainer(
+        tmp_path, model, {"lr_scheduler": "constant", "warmup_steps": 4, "learning_rate": 1.0}
+    )
+    trainer.create_optimizer_and_scheduler(num_training_steps=100)
+    rates = []
+    for _ in range(6):
+        rates.append(trainer.lr_scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    assert rates == pytest.approx([0, 0.25, 0.5, 0.75, 1.0, 1.0])
+    assert torch.isfinite(torch.tensor(rates)).all()
+
+
+def test_adapter_values_not_applied_are_noted(tmp_path: Path) -> None:
+    def notes(config: dict, entry: dict | None = None) -> str:
+        return " | ".join(_resolved(tmp_path, config, entry).notes)
+
+    dora = notes({"adapter_kernel": "fused", "adapter_type": "dora", "dropout": 0})
+    assert "adapter_kernel: fused runs plain LoRA layers; DoRA layers run peft's own" in dora
+    dropout = notes({"adapter_kernel": "fused", "dropout": 0.1})
+    assert "with dropout 0.1 they run peft's own (set dropout 0 to fuse them)" in dropout
+    assert "adapter_kernel" not in notes({"adapter_kernel": "fused", "dropout": 0})
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["base_models"][0]["quantization"] = "int4"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    quantized = " | ".join(
+        resolve(load_manifest(tmp_path / "manifest.json"), cpu_environment()).notes
+    )
+    assert "the int4/int8 base's layers run peft's own" in quantized
+    scaled = notes({"dropout": 0}, {"scaling": "rslora"})
+    assert "scaling: kept as written, not applied" in scaled and "rslora" not in scaled
+    assert "scaling" not in notes({"dropout": 0}, {"scaling": "standard"})
+    assert "scaling" not in notes({"adapter_type": "dora", "dropout": 0}, {"scaling": "dora"})
