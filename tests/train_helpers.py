@@ -25,6 +25,14 @@ SQL_ROW = (
 )
 
 
+# what only an expert's author can give, and HiveLLM's loader needs in a package
+HIVE_METADATA: dict[str, Any] = {
+    "description": "A test expert.",
+    "capabilities": ["test"],
+    "constraints": {"load_order": 5, "incompatible_with": [], "requires": []},
+}
+
+
 def text_rows(n: int) -> list[dict[str, str]]:
     """ChatML text examples of varying length (deterministic)."""
     return [{"text": SQL_ROW.format(n=i % 7 + 1, c=i * 37 % 1000) * (1 + i % 3)} for i in range(n)]
@@ -70,6 +78,7 @@ def write_expert(
         "name": "expert-test",
         "version": "0.0.1",
         "schema_version": "2.0",
+        **HIVE_METADATA,
         "base_models": [
             {
                 "name": str(model_dir),
@@ -90,6 +99,7 @@ def hand_built_manifest(**top) -> dict:
         "name": "expert-x",
         "version": "0.1.0",
         "schema_version": "2.0",
+        **HIVE_METADATA,
         "base_models": [{"name": "org/model", "adapters": [{"type": "lora"}]}],
         "training": {"dataset": {"path": "org/data"}, "decoding": {"temperature": 0.2}},
         **top,
@@ -107,6 +117,9 @@ def hand_built_run(tmp_path: Path, source: dict | str | None = None) -> Path:
     empty = (2).to_bytes(8, "little") + b"{}"  # a whole safetensors file of no tensors
     (run / "adapter_model.safetensors").write_bytes(empty)
     resolved = {"manifest_path": str(tmp_path / "expert" / "manifest.json")}  # a folder gone
+    resolved |= {"adapter_type": "lora", "rank": 8, "alpha": 16.0, "epochs": 1.0}
+    resolved |= {"learning_rate": 2e-4, "batch_size": 4, "gradient_accumulation_steps": 1}
+    resolved |= {"warmup_steps": 0, "warmup_ratio": 0.03, "lr_scheduler": "cosine"}
     (run / "manifest.resolved.json").write_text(json.dumps(resolved))
     source = hand_built_manifest() if source is None else source
     text = source if isinstance(source, str) else json.dumps(source)

@@ -1,5 +1,6 @@
 """`expert-cli package` and `check --package`: a run becomes a HiveLLM .expert archive that
-unpacks to the run's own files, keeps the manifest's adapter path, carries a checksum
+unpacks to the run's own files with the adapter at its root (where HiveLLM's loader looks), and a
+manifest that loader reads, carries a checksum
 `sha256sum -c` accepts, reads the same every time, and is checked without being unpacked."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from train_helpers import run_here, write_expert
 
 from expert_cli.errors import UserError
+from expert_cli.train.hive_loader import loader_problems
 from expert_cli.train.package import package_name
 from expert_cli.train.package_check import verify_package
 
@@ -39,7 +41,7 @@ def v2_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Pa
     manifest["base_models"][0]["_comment"] = "kept in the package"
     manifest["base_models"].append(dict(manifest["base_models"][0], name="Qwen/Qwen3-1.7B"))
     manifest["training"]["decoding"] = {"temperature": 0.2, "grammar_file": "grammars/sql.gbnf"}
-    manifest["soft_prompts"] = [{"name": "style", "path": "soft_prompts/style.bin"}]
+    manifest["soft_prompts"] = [{"name": "style", "path": "soft_prompts/style.bin", "tokens": 8}]
     manifest_path.write_text(json.dumps(manifest, indent=2))
     (folder / "README.md").write_text("# expert-tiny\n")
     (folder / "LICENSE").write_text("Apache-2.0\n")
@@ -65,8 +67,8 @@ def test_v2_package_round_trips(v2_run: Path, tiny_model_dir: Path) -> None:
     assert sorted(files) == sorted(
         [
             "manifest.json",
-            f"{ADAPTER_PATH}/adapter_model.safetensors",
-            f"{ADAPTER_PATH}/adapter_config.json",
+            "adapter_model.safetensors",  # at the root, the entry's path left out
+            "adapter_config.json",
             "tokenizer.json",
             "tokenizer_config.json",
             "chat_template.jinja",
@@ -77,17 +79,26 @@ def test_v2_package_round_trips(v2_run: Path, tiny_model_dir: Path) -> None:
         ]
     )
     weights = (v2_run / "adapter_model.safetensors").read_bytes()
-    assert files[f"{ADAPTER_PATH}/adapter_model.safetensors"] == weights
+    assert files["adapter_model.safetensors"] == weights
     assert files["tokenizer.json"] == (v2_run / "tokenizer.json").read_bytes()
     assert files["soft_prompts/style.bin"] == bytes(range(256))
     manifest = json.loads(files["manifest.json"])
     assert len(manifest["base_models"]) == 1  # the base model the adapter was trained on
     adapter = manifest["base_models"][0]["adapters"][0]
-    assert adapter["path"] == ADAPTER_PATH
+    assert "path" not in adapter and any("adapter path" in n for n in report["notes"])
+    # HiveLLM's loader reads it: the modules all-linear adapted as a list, warmup_steps given
+    assert loader_problems(manifest) == []
+    assert (
+        adapter["target_modules"]
+        == sorted(json.loads(files["adapter_config.json"])["target_modules"])
+        and len(adapter["target_modules"]) >= 7
+    )
+    assert manifest["training"]["config"]["target_modules"] == adapter["target_modules"]
+    assert manifest["training"]["config"]["warmup_steps"] == 0
     assert adapter["sha256"] == hashlib.sha256(weights).hexdigest()
     assert adapter["size_bytes"] == len(weights)
     assert manifest["base_models"][0]["_comment"] == "kept in the package"
-    config = json.loads(files[f"{ADAPTER_PATH}/adapter_config.json"])
+    config = json.loads(files["adapter_config.json"])
     assert config["base_model_name_or_path"] == str(tiny_model_dir)
     # the checksum file is what sha256sum writes and checks
     sidecar = package.with_name(package.name + ".sha256")
@@ -151,7 +162,7 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
     package = tmp_path / "good.expert"
     done = run_here("package", "--adapter", str(v2_run), "--output", str(package))
     assert done.returncode == 0, done.stderr
-    weights = f"{ADAPTER_PATH}/adapter_model.safetensors"
+    weights = "adapter_model.safetensors"
 
     def tampered(files: dict) -> dict:
         return {**files, weights: files[weights][:-1] + b"\0"}
@@ -211,7 +222,7 @@ def test_no_room_to_copy_the_adapter_is_a_note_not_a_damaged_package(
     report = verify_package(package)
     assert report.ok, report.problems
     note = (
-        f"{ADAPTER_PATH}/adapter_model.safetensors: no room for a temporary copy, its numbers "
+        "adapter_model.safetensors: no room for a temporary copy, its numbers "
         "are not checked for NaN"
     )
     assert note in report.notes
@@ -451,14 +462,14 @@ def test_the_checkpoint_of_lowest_eval_loss_is_named_and_shipped_as_best(
 
     out, members = package()
     assert out.returncode == 0, out.stdout + out.stderr
-    assert members[f"{ADAPTER_PATH}/{ADAPTER_FILE}"] == (run / ADAPTER_FILE).read_bytes()
+    assert members[ADAPTER_FILE] == (run / ADAPTER_FILE).read_bytes()
     assert (
         "checkpoint-1 has a lower eval loss (0.5 at step 1) than final (0.9): --checkpoint best "
         "ships it" in " ".join(out.stdout.split())
     )
     out, members = package("--checkpoint", "best")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert members[f"{ADAPTER_PATH}/{ADAPTER_FILE}"] == (earlier / ADAPTER_FILE).read_bytes()
+    assert members[ADAPTER_FILE] == (earlier / ADAPTER_FILE).read_bytes()
     packaged = json.loads(members["manifest.json"])
     assert packaged["training"]["packaging_checkpoint"] == "checkpoint-1"
     assert packaged["base_models"][0]["adapters"][0]["checkpoint_step"] == 1
@@ -468,7 +479,7 @@ def test_the_checkpoint_of_lowest_eval_loss_is_named_and_shipped_as_best(
     metrics["evals"] = [{"step": 1, "eval_loss": 0.9}, {"step": 2, "eval_loss": 0.5}]
     (run / "metrics.json").write_text(json.dumps(metrics))
     out, members = package("--checkpoint", "best")  # a tie goes to the final adapter
-    assert members[f"{ADAPTER_PATH}/{ADAPTER_FILE}"] == (run / ADAPTER_FILE).read_bytes()
+    assert members[ADAPTER_FILE] == (run / ADAPTER_FILE).read_bytes()
     assert "shipped the run's final adapter (--checkpoint best: eval loss 0.5 at step 2)" in (
         " ".join(out.stdout.split())
     )
@@ -566,7 +577,7 @@ def test_check_package_judges_the_adapter_configuration(v2_run: Path, tmp_path: 
     package = tmp_path / "x.expert"
     assert run_here("package", "--adapter", str(v2_run), "--output", str(package)).returncode == 0
     members = _unpack(package)
-    name = f"{ADAPTER_PATH}/adapter_config.json"
+    name = "adapter_config.json"
     config = json.loads(members[name])
     for edit, expected in [
         ({"lora_alpha": float("nan")}, "lora_alpha: expected a number above 0 and at most 1,"),
@@ -754,7 +765,7 @@ def test_the_packaged_adapter_entry_describes_the_adapter_shipped(
         assert said in notes
     members = _unpack(package)
     shipped = json.loads(members["manifest.json"])["base_models"][0]["adapters"][0]
-    config = json.loads(members[f"{ADAPTER_PATH}/adapter_config.json"])
+    config = json.loads(members["adapter_config.json"])
     assert (shipped["type"], shipped["r"], shipped["alpha"]) == ("lora", 8, 16)
     assert (config["r"], config["lora_alpha"], config.get("use_dora")) == (8, 16, False)
     assert run_here("check", "--package", str(package)).returncode == 0
@@ -766,7 +777,7 @@ def test_the_packaged_adapter_entry_describes_the_adapter_shipped(
 
     out = run_here("check", "--package", str(_repack(package, tmp_path / "bad.expert", edited)))
     assert out.returncode == 2, out.stdout + out.stderr
-    line = f"base_models[0].adapters[0].r: 64 in manifest.json, 8 in {ADAPTER_PATH}/adapter_config"
+    line = "base_models[0].adapters[0].r: 64 in manifest.json, 8 in adapter_config"
     assert line in " ".join(out.stdout.split())
 
 

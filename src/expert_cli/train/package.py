@@ -4,11 +4,12 @@ The package is a gzip-compressed tar with no top-level folder (the layout hivell
 packager writes and its loader reads):
 
 - `manifest.json`: the expert's manifest as its file holds it, with a schema 2.0 `base_models`
-  reduced to the base model the adapter was trained on, and the adapter's `size_bytes` and
-  `sha256` filled in;
+  reduced to the base model the adapter was trained on, the adapter's `size_bytes` and
+  `sha256` filled in, and completed for HiveLLM's loader from what the run trained
+  (train/hive_loader.py);
 - `adapter_model.safetensors` and `adapter_config.json` (its `base_model_name_or_path` set to
-  the manifest's base model), at the root, or under the adapter's `path` when the manifest
-  gives one (it is kept);
+  the manifest's base model), at the root, the only place HiveLLM's loader looks (an adapter
+  entry's `path` is left out);
 - the run's tokenizer files;
 - from the expert's folder, when present: README.md, LICENSE, the grammar file
   (`training.decoding.grammar_file`, else grammar.gbnf) and soft prompts, at the paths the
@@ -42,6 +43,7 @@ from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, resolved_path, sh
 from expert_cli.train.adapter_entry import reconciled
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
 from expert_cli.train.choice import BEST, chosen_checkpoint, lower_loss_note
+from expert_cli.train.hive_loader import for_hive_loader, refuse_unloadable
 from expert_cli.train.outputs import (
     ADAPTER_FILES,
     SOURCE_MANIFEST,
@@ -168,7 +170,6 @@ def _adapter_members(
         adapters.append({"type": resolved.get("adapter_type") or "lora"})
     trained_targets = resolved.get("target_modules")
     adapter = adapters[0]
-    folder = _relative(adapter["path"], f"{where}[0].path") if adapter.get("path") else None
     weights = _file(weights_dir / ADAPTER_FILES[0], "--adapter")
     adapter["size_bytes"], adapter["sha256"] = weights.stat().st_size, sha256_of(weights)
     if step is not None:  # a checkpoint's: the entry says which step it holds
@@ -179,11 +180,11 @@ def _adapter_members(
     config["base_model_name_or_path"] = base_name
     # the entry describes what ships
     notes = reconciled(adapter, config, f"{where}[0]", trained_targets)
-    prefix = f"{folder.as_posix()}/" if folder else ""
-    members: Members = {
+    notes += for_hive_loader(manifest, adapters, resolved, config)
+    members: Members = {  # at the root: the only place HiveLLM's loader looks
         "manifest.json": (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode(),
-        prefix + ADAPTER_FILES[0]: weights,
-        prefix + ADAPTER_FILES[1]: (json.dumps(config, indent=2) + "\n").encode(),
+        ADAPTER_FILES[0]: weights,
+        ADAPTER_FILES[1]: (json.dumps(config, indent=2) + "\n").encode(),
     }
     return members, notes
 
@@ -227,6 +228,7 @@ def plan_members(
             "base_model/ and not in the package: whoever loads it gets other random weights, "
             "on which the adapter means nothing; train on a pretrained base to ship"
         )
+    refuse_unloadable(manifest)  # last: the files the manifest names are refused first
     return manifest, members, notes
 
 

@@ -26,6 +26,7 @@ from expert_cli.errors import escaped
 from expert_cli.jsontext import json_int
 from expert_cli.train.adapter_entry import disagreements
 from expert_cli.train.adapter_fit import Shapes
+from expert_cli.train.hive_loader import loader_problems
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
 from expert_cli.train.tokenizer_files import (
     TOKENIZER_CHECK_BYTES,
@@ -266,10 +267,14 @@ def _member_hash(
     assert stream is not None  # a regular file, checked above
     while block := stream.read(CHUNK):
         digest.update(block)
-        if copy_to is not None:
-            copy_to.write(block)
         if kept.tell() < keep:
             kept.write(block[: keep - kept.tell()])
+            # a safetensors header that is damaged is said from it: no copy of the whole
+            # member (2 GiB of zeros packs into 2 MB, and was copied before it was said)
+            if copy_to is not None and header_problem(kept.getvalue(), member.size):
+                copy_to = None
+        if copy_to is not None:
+            copy_to.write(block)
     return digest.hexdigest(), kept.getvalue()
 
 
@@ -306,7 +311,9 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
     try:
         manifest, repeated = parse_manifest_text(data.decode("utf-8"))
         report.problems += [f"manifest.json: {line}" for line in repeated]
-        Manifest.model_validate(copy.deepcopy(manifest))
+        # a field the writer left null is one it left out (HiveLLM's packager writes its
+        # unset fields as null)
+        Manifest.model_validate(_without_nulls(manifest))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         if isinstance(exc, ValidationError):
             report.problems += [f"manifest.json: {line}" for line in format_errors(exc)]
@@ -314,6 +321,12 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
             report.problems.append("manifest.json: not a JSON object")
         return {}
     return manifest if isinstance(manifest, dict) else {}
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return [_without_nulls(v) for v in value] if isinstance(value, list) else value
 
 
 def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[str, bytes]) -> None:
@@ -327,36 +340,36 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
         adapters, where = adapters_of(copy.deepcopy(report.manifest))
     except (KeyError, IndexError, TypeError, AttributeError):
         return
+    refused = loader_problems(report.manifest)
+    report.problems += [f"manifest.json: {line} (HiveLLM's loader refuses it)" for line in refused]
     adapter = adapters[0] if adapters and isinstance(adapters[0], dict) else {}
-    folder = adapter.get("path")
-    prefix = f"{PurePosixPath(str(folder)).as_posix()}/" if folder else ""
     for name in ADAPTER_FILES:
-        if prefix + name not in report.files:
-            report.problems.append(f"{prefix + name}: missing (the folder {where}[0].path names)")
-    if (data := heads.get(prefix + ADAPTER_FILES[1])) is not None:
-        shapes = header_shapes(heads.get(prefix + ADAPTER_FILES[0], b""))
+        if name not in report.files:
+            report.problems.append(
+                f"{name}: missing at the package's root (where HiveLLM's loader looks for it)"
+            )
+    if (data := heads.get(ADAPTER_FILES[1])) is not None:
+        shapes = header_shapes(heads.get(ADAPTER_FILES[0], b""))
         config, problem = _read_config(data, shapes)
         if problem:
-            report.problems.append(f"{prefix}{ADAPTER_FILES[1]}: {problem}")
+            report.problems.append(f"{ADAPTER_FILES[1]}: {problem}")
         else:
-            report.problems += _entry_problems(adapter, config, where, prefix)
-    weights = hashes.get(prefix + ADAPTER_FILES[0])
+            report.problems += _entry_problems(adapter, config, where)
+    weights = hashes.get(ADAPTER_FILES[0])
     if weights and adapter.get("sha256") and adapter["sha256"] != weights:
-        report.problems.append(f"{where}[0].sha256: does not match {prefix}{ADAPTER_FILES[0]}")
-    size = report.files.get(prefix + ADAPTER_FILES[0])
+        report.problems.append(f"{where}[0].sha256: does not match {ADAPTER_FILES[0]}")
+    size = report.files.get(ADAPTER_FILES[0])
     if size is not None and adapter.get("size_bytes") and adapter["size_bytes"] != size:
         report.problems.append(
             f"{where}[0].size_bytes: {adapter['size_bytes']} but the file has {size}"
         )
 
 
-def _entry_problems(
-    adapter: dict[str, Any], config: dict[str, Any], where: str, prefix: str
-) -> list[str]:
+def _entry_problems(adapter: dict[str, Any], config: dict[str, Any], where: str) -> list[str]:
     """Each type, rank or alpha of the manifest's adapter entry that the adapter_config.json
     shipped with it gives otherwise (the manifest would describe an adapter not shipped)."""
     return [
-        f"{where}[0].{field}: {given} in manifest.json, {value} in {prefix}{ADAPTER_FILES[1]}"
+        f"{where}[0].{field}: {given} in manifest.json, {value} in {ADAPTER_FILES[1]}"
         for field, given, value in disagreements(adapter, config)
     ]
 

@@ -1,0 +1,347 @@
+"""What HiveLLM's own loader requires of a package's `manifest.json`, and a run's manifest
+completed from what the run trained so that it meets it.
+
+hivellm/expert's CLI (Rust; read at commit 9cd24b1, `cli/src/manifest.rs` and
+`commands/validate.rs`) parses `manifest.json` into typed records before `install`,
+`validate`, `sign` or `chat` does anything else. Keys it does not know pass, and a field it
+marks optional may be missing or null; every other field must be there with its type: a list
+of module names where expert-cli accepts `"all-linear"`, whole numbers for ranks, alphas, batch
+sizes and step counts (`32.0` is refused), an object for `repository`. Then a few rules: a
+rank for every adapter type but ia3, epochs and a learning rate above 0, at least one target
+module. Its `validate` and `chat` look for `adapter_model.safetensors` and
+`adapter_config.json` at the package's root only (the adapter entry's `path` field is gone
+from its records): elsewhere, chat answers with the base model alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from expert_cli.errors import UserError, value_kind
+from expert_cli.train.adapter_entry import described
+
+TEXT, WHOLE, BIG, NUMBER, FLAG, ANY = "text", "whole", "big", "number", "flag", "any"
+WHOLE_MAX, BIG_MAX = (1 << 32) - 1, (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class Record:
+    """An object the loader reads: fields it needs, and fields it takes when given."""
+
+    needed: dict[str, Any]
+    optional: dict[str, Any] = field(default_factory=dict)
+
+
+def _many(names: str, kind: Any) -> dict[str, Any]:
+    return dict.fromkeys(names.split(), kind)
+
+
+ADAPTER = Record(
+    {"type": TEXT, "target_modules": ("list", TEXT)},
+    {"r": WHOLE, "alpha": WHOLE, "scaling": TEXT, "dropout": NUMBER, "use_dora": FLAG}
+    | {"size_bytes": BIG, "sha256": TEXT},
+)
+ROPE = (
+    "either",
+    TEXT,
+    Record(
+        _many("type", TEXT)
+        | {"factor": NUMBER, "fine_grained": FLAG}
+        | _many("max_position_embeddings original_max_position_embeddings", BIG)
+    ),
+)
+BASE = {"sha256": TEXT, "quantization": TEXT, "rope_scaling": ROPE}
+TRAINING_CONFIG = Record(
+    _many("method adapter_type lr_scheduler", TEXT)
+    | {"target_modules": ("list", TEXT), "epochs": NUMBER, "learning_rate": NUMBER}
+    | _many("batch_size gradient_accumulation_steps warmup_steps", WHOLE),
+    _many("rank alpha max_seq_length dataloader_num_workers dataloader_prefetch_factor", WHOLE)
+    | _many("save_steps save_total_limit eval_steps logging_steps", WHOLE)
+    | {"feedforward_modules": ("list", TEXT)}
+    | _many(
+        "use_unsloth dataloader_pin_memory dataloader_persistent_workers fp16 bf16 use_tf32 "
+        "use_sdpa flash_attention_2 memory_efficient_attention packing torch_compile "
+        "group_by_length load_best_model_at_end greater_is_better",
+        FLAG,
+    )
+    | _many(
+        "activation_checkpointing torch_compile_backend torch_compile_mode optim save_strategy "
+        "evaluation_strategy metric_for_best_model pretokenized_cache",
+        TEXT,
+    ),
+)
+DATASET = Record(
+    {},
+    _many("path validation_path test_path type format", TEXT)
+    | {"tasks": ANY, "streaming": FLAG, "use_pretokenized": FLAG, "max_in_memory_samples": WHOLE}
+    | {"field_mapping": Record({}, _many("instruction input response text", TEXT))}
+    | {
+        "generation": Record(
+            _many("domain task provider", TEXT) | {"count": BIG},
+            _many("temperature diversity_threshold", NUMBER)
+            | {"difficulty_distribution": Record(_many("easy medium hard", NUMBER))},
+        )
+    },
+)
+DECODING = Record(
+    {},
+    _many("grammar_type grammar_file validation validation_cmd", TEXT)
+    | {"use_grammar": FLAG, "stop_sequences": ("list", TEXT), "top_k": BIG}
+    | _many("temperature top_p", NUMBER),
+)
+MANIFEST = Record(
+    _many("name version description", TEXT)
+    | {"capabilities": ("list", TEXT)}
+    | {
+        "constraints": Record(
+            {"load_order": WHOLE, "incompatible_with": ("list", TEXT), "requires": ("list", TEXT)},
+            {"max_chain": WHOLE},
+        )
+    }
+    | {
+        "training": Record(
+            {"dataset": DATASET, "config": TRAINING_CONFIG},
+            {"decoding": DECODING, "packaging_checkpoint": TEXT}
+            | {
+                "metadata": Record(
+                    {},
+                    _many("trained_on base_model_version gpu", TEXT)
+                    | {"training_time_hours": NUMBER},
+                )
+            },
+        )
+    },
+    _many("schema_version author homepage license", TEXT)
+    | {"tags": ("list", TEXT), "adapters": ("list", ADAPTER)}
+    | {"repository": Record(_many("type url", TEXT))}
+    | {"base_model": Record({"name": TEXT}, BASE)}
+    | {
+        "base_models": (
+            "list",
+            Record({"name": TEXT, "adapters": ("list", ADAPTER)}, BASE | {"prompt_template": TEXT}),
+        )
+    }
+    | {"soft_prompts": ("list", Record(_many("name path", TEXT) | {"tokens": WHOLE}))}
+    | {
+        "routing": Record(
+            {"keywords": ("list", TEXT)},
+            {"exclude_keywords": ("list", TEXT), "router_hint": TEXT, "priority": NUMBER},
+        )
+    }
+    | {
+        "perf": Record(
+            {
+                "latency_ms_overhead": NUMBER,
+                "vram_mb_overhead": WHOLE,
+                "supported_batch_sizes": ("list", WHOLE),
+            }
+        )
+    }
+    | {
+        "runtime": Record(
+            {},
+            _many("candle_compatible requires_kv_cache_persistence", FLAG)
+            | {"attention_kernel": TEXT},
+        )
+    }
+    | {"evaluation": Record({"test_set_size": WHOLE, "metrics": ("map", NUMBER)})}
+    | {
+        "integrity": Record(
+            _many("publisher signature_algorithm", TEXT) | {"files": ("map", TEXT)},
+            _many("created_at pubkey signature", TEXT),
+        )
+    },
+)
+
+
+def _expected(kind: Any) -> str:
+    if isinstance(kind, Record):
+        return "an object"
+    if isinstance(kind, tuple):
+        if kind[0] == "either":
+            return " or ".join(_expected(k) for k in kind[1:])
+        plural = {TEXT: "strings", WHOLE: "whole numbers", NUMBER: "numbers"}
+        inner = plural.get(kind[1], "objects")
+        return f"a list of {inner}" if kind[0] == "list" else f"an object of {inner}"
+    return {
+        TEXT: "a string",
+        WHOLE: f"a whole number from 0 to {WHOLE_MAX:,}",
+        BIG: "a whole number of 0 or more",
+        NUMBER: "a number",
+        FLAG: "true or false",
+    }.get(kind, "a value")
+
+
+def _fits(kind: Any, value: Any) -> bool:
+    """Whether a value (not an object or list) has the type the loader reads."""
+    if kind == ANY:
+        return True
+    if kind == TEXT:
+        return isinstance(value, str)
+    if kind == FLAG:
+        return isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if kind == NUMBER:
+        return True
+    return isinstance(value, int) and 0 <= value <= (WHOLE_MAX if kind == WHOLE else BIG_MAX)
+
+
+def _shape(kind: Any, value: Any, where: str, out: list[str]) -> None:
+    """Each place in `value` the loader refuses, as `where: ...` lines."""
+    if isinstance(kind, tuple) and kind[0] == "either":
+        if not any(_fits_all(k, value) for k in kind[1:]):
+            out.append(f"{where}: {value_kind(value)}; expected {_expected(kind)}")
+        return
+    if isinstance(kind, Record):
+        if not isinstance(value, dict):
+            out.append(f"{where}: {value_kind(value)}; expected an object")
+            return
+        for name, inner in (kind.needed | kind.optional).items():
+            if name not in value or (value[name] is None and name not in kind.needed):
+                if name in kind.needed:
+                    out.append(f"{where}.{name}: missing; expected {_expected(inner)}")
+                continue
+            _shape(inner, value[name], f"{where}.{name}", out)
+        return
+    if isinstance(kind, tuple):
+        if not isinstance(value, list if kind[0] == "list" else dict):
+            out.append(f"{where}: {value_kind(value)}; expected {_expected(kind)}")
+            return
+        items = enumerate(value) if isinstance(value, list) else value.items()
+        for key, item in items:
+            place = f"{where}[{key}]" if isinstance(value, list) else f"{where}.{key}"
+            _shape(kind[1], item, place, out)
+        return
+    if not _fits(kind, value):
+        out.append(f"{where}: {value_kind(value)}; expected {_expected(kind)}")
+
+
+def _fits_all(kind: Any, value: Any) -> bool:
+    found: list[str] = []
+    _shape(kind, value, "", found)
+    return not found
+
+
+def loader_problems(manifest: dict[str, Any]) -> list[str]:
+    """Why HiveLLM's loader would refuse `manifest` (a package's manifest.json), one line
+    per field by its JSON path; empty when it reads it."""
+    out: list[str] = []
+    _shape(MANIFEST, manifest, "manifest", out)
+    out = [line.removeprefix("manifest.") for line in out]
+    if out:
+        return out
+    if not manifest["name"] or not manifest["version"]:
+        out.append(f"{'name' if not manifest['name'] else 'version'}: empty")
+    v2 = manifest.get("schema_version", "1.0") == "2.0"
+    if v2 and not manifest.get("base_models"):
+        out.append("base_models: missing or empty; schema 2.0 names its base models there")
+    elif not v2 and (manifest.get("base_model") is None or not manifest.get("adapters")):
+        out.append("base_model, adapters: schema 1.0 needs both")
+    if manifest.get("base_model") is not None and manifest.get("base_models") is not None:
+        out.append("base_model, base_models: give one of them")
+    for i, base in enumerate(manifest.get("base_models") or [] if v2 else []):
+        if not base["adapters"]:
+            out.append(f"base_models[{i}].adapters: empty; expected the adapter it ships")
+    config = manifest["training"]["config"]
+    for key in ("epochs", "learning_rate"):
+        if config[key] <= 0:
+            out.append(f"training.config.{key}: expected a number above 0")
+    if config.get("rank") == 0 or (config.get("rank") is None and config["adapter_type"] != "ia3"):
+        out.append("training.config.rank: expected a whole number above 0 (all but ia3 have one)")
+    if not config["target_modules"]:
+        out.append("training.config.target_modules: empty; expected the modules adapted")
+    return out
+
+
+def _whole(kind: Any, value: Any) -> Any:
+    """`value` with every whole number the loader reads written as one (32.0 as 32); objects
+    and lists are changed in place."""
+    if isinstance(kind, Record) and isinstance(value, dict):
+        fields = kind.needed | kind.optional
+        for key in [k for k in value if k in fields]:
+            value[key] = _whole(fields[key], value[key])
+    elif isinstance(kind, tuple) and kind[0] == "list" and isinstance(value, list):
+        value[:] = [_whole(kind[1], v) for v in value]
+    elif kind in (WHOLE, BIG) and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _trained(resolved: dict[str, Any], targets: Any) -> dict[str, Any]:
+    """The training.config fields the loader needs, as the run trained them."""
+    kind = resolved.get("adapter_type") or "lora"
+    values = {
+        "method": "sft",
+        "adapter_type": kind,
+        "target_modules": targets,
+        "epochs": resolved.get("epochs"),
+        "learning_rate": resolved.get("learning_rate"),
+        "batch_size": resolved.get("batch_size"),
+        "gradient_accumulation_steps": resolved.get("gradient_accumulation_steps"),
+        # a ratio ran: 0 steps beside it, as HiveLLM's own manifests write it
+        "warmup_steps": 0 if resolved.get("warmup_ratio") else resolved.get("warmup_steps"),
+        "lr_scheduler": resolved.get("lr_scheduler"),
+    }
+    if kind != "ia3":
+        values |= {"rank": resolved.get("rank"), "alpha": resolved.get("alpha")}
+    return _whole(TRAINING_CONFIG, values)
+
+
+def for_hive_loader(
+    manifest: dict[str, Any], entries: list[Any], resolved: dict[str, Any], adapter: dict
+) -> list[str]:
+    """Complete the package's manifest for HiveLLM's loader (in place) from what the run
+    trained: the adapter entry's and training.config's target modules as the adapter's list,
+    the training.config fields it needs and the manifest left out or wrote otherwise, whole
+    numbers as such; the entry's `path` and an `integrity` section (of other files) dropped.
+    Notes for each (what only the expert's author can give, `refuse_unloadable` names)."""
+    notes = []
+    targets = described(adapter).get("target_modules")
+    entry = entries[0] if entries and isinstance(entries[0], dict) else {}
+    if isinstance(entry.get("target_modules"), str) and isinstance(targets, list):
+        entry["target_modules"] = targets
+        notes.append(
+            f"target_modules: all-linear written as the {len(targets)} module "
+            "names the adapter holds (HiveLLM's loader reads a list)"
+        )
+    if entry.pop("path", None) is not None:
+        notes.append(
+            "adapter path: the adapter ships at the package's root, where HiveLLM's loader "
+            "looks (the entry's path is left out)"
+        )
+    if manifest.pop("integrity", None) is not None:
+        notes.append("integrity: the manifest's section describes other files; left out")
+    training = manifest.get("training")
+    config = training.setdefault("config", {}) if isinstance(training, dict) else None
+    if isinstance(config, dict):
+        filled = []
+        for key, value in _trained(resolved, targets).items():
+            kind = TRAINING_CONFIG.needed.get(key, TRAINING_CONFIG.optional.get(key))
+            given = config.get(key)
+            if value is not None and (given is None or not _fits_all(kind, _whole(kind, given))):
+                config[key] = value
+                filled.append(key)
+        if filled:
+            notes.append(
+                f"training.config: {', '.join(filled)} written as the run trained "
+                f"{'them' if len(filled) > 1 else 'it'} (HiveLLM's loader needs "
+                f"{'them' if len(filled) > 1 else 'it'})"
+            )
+    _whole(MANIFEST, manifest)
+    return notes
+
+
+def refuse_unloadable(manifest: dict[str, Any]) -> None:
+    """UserError naming each field of a package's manifest HiveLLM's loader would refuse,
+    and where to give it."""
+    if problems := loader_problems(manifest):
+        raise UserError(
+            [
+                "the package's manifest.json would not load in HiveLLM's loader:",
+                *(f"  {line}" for line in problems[:12]),
+                "give these in the run's manifest.source.json (the manifest package reads) "
+                "or in the manifest before training, then run package again",
+            ]
+        )
