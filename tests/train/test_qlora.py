@@ -45,3 +45,44 @@ def test_int4_loads_nf4_and_trains(tmp_path: Path, tiny_model_dir: Path) -> None
     said = generate(GenerateOptions(adapter=out, prompts=["hi"], max_new_tokens=2))
     assert any(n.startswith("quantization: the run trained against int4") for n in said.notes)
     assert said.generations[0].new_tokens > 0
+
+
+@pytest.mark.slow
+def test_an_evaluation_forward_leaves_int4_gradients_as_they_were(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """On a CPU, bitsandbytes repacked 4-bit weights at the first evaluation-mode forward (the
+    causality probe, each evaluation); later training forwards took its inference kernel,
+    which gives no gradient to a layer's input: every adapter below a 4-bit layer trained on
+    a wrong gradient (up to 108% off) with a loss that looked right."""
+    import torch
+
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.train.model import attach_adapter, load_base_model
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, base={"quantization": "int4"})
+    resolved = resolve(load_manifest(manifest), cpu_environment())
+    ids = torch.arange(3, 35).reshape(2, 16)
+
+    def gradients(evaluated_first: bool) -> dict[str, torch.Tensor]:
+        model, _ = load_base_model(resolved, "cpu")
+        peft_model = attach_adapter(model, resolved, total_steps=1)
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:  # B starts at 0: A's gradient would be 0 whatever the kernel
+                torch.nn.init.normal_(param, std=0.02, generator=torch.Generator().manual_seed(1))
+        if evaluated_first:
+            peft_model.eval()
+            with torch.no_grad():
+                peft_model(input_ids=ids)
+        peft_model.train()
+        peft_model(input_ids=ids, labels=ids).loss.backward()
+        return {n: p.grad.clone() for n, p in peft_model.named_parameters() if p.grad is not None}
+
+    plain, evaluated = gradients(False), gradients(True)
+    assert plain.keys() == evaluated.keys() and len(plain) > 8
+    first_layer = [n for n in plain if ".layers.0." in n and "lora_A" in n]
+    assert first_layer and all(plain[n].abs().sum() > 0 for n in first_layer)
+    for name in plain:
+        assert torch.allclose(plain[name], evaluated[name], rtol=1e-4, atol=1e-7), name

@@ -211,6 +211,17 @@ def _freeze_for_kbit(model: PreTrainedModel, resolved: ResolvedConfig, half: str
         model.enable_input_require_grads()
 
 
+def no_cpu_repack(model: torch.nn.Module) -> None:
+    """bitsandbytes (0.50) repacks a CPU 4-bit layer's weights for its inference kernel at the
+    first evaluation-mode forward (the causality probe, each evaluation); training forwards
+    then took that kernel, which passes no gradient to the layer's input (every adapter before
+    it trained on a wrong gradient, the loss looking right) and cannot add a bias under
+    autograd (a traceback). Off for the run: its forwards stay on the training kernel."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+
+
 def _speedups(
     model: PreTrainedModel, resolved: ResolvedConfig, on_gpu: bool, choices: ModelChoices
 ) -> None:
@@ -268,6 +279,8 @@ def load_base_model(
     compute = "fp16" if on_gpu and resolved.fp16 and not resolved.bf16 else "bf16"
     if resolved.quantization in ("int4", "int8"):
         _freeze_for_kbit(model, resolved, compute)
+        if not on_gpu:
+            no_cpu_repack(model)
     shown = {"int4": f"nf4 + double quantization, {compute} compute", "int8": "int8"}
     choices = ModelChoices(
         dtype=shown.get(resolved.quantization, str(dtype).removeprefix("torch.")),
