@@ -20,6 +20,7 @@ from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
 from expert_cli.data import prepare_data
 from expert_cli.data.cache import cache_root_problem, open_cache_root
+from expert_cli.data.sources import load_sources
 from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import RunError, UserError
 
@@ -236,6 +237,13 @@ def test_sigkill_mid_build_then_resume(demo_expert_dir, tmp_path) -> None:
     proc.wait()
     finished = list(root.glob(".build-*/*/shard-*"))
     assert len(finished) == 1
+    # the killed process's copies of the data files are the ones another process writes
+    # (they were named by a per-process str hash: each retry added a full copy beside them)
+    copies = next(root.glob(".build-*")) / "sources"
+    before = sorted(p.name for p in copies.iterdir())
+    assert len(before) == 2  # train.jsonl and valid.jsonl
+    load_sources(resolve(load_manifest(manifest), cpu_environment()), copies)
+    assert sorted(p.name for p in copies.iterdir()) == before
     assert not [p for p in root.iterdir() if p.name.startswith("expert-demo-")]
     resumed = prepare(manifest, shard=50)
     assert resumed.built and resumed.stats["resumed_shards"] == 1
@@ -571,3 +579,29 @@ def test_a_waiting_build_survives_the_first_one_removing_its_folder(tmp_path: Pa
             lock.release()
     finally:
         holder.kill()
+
+
+def test_a_data_file_written_while_it_is_read_leaves_no_cache(demo_expert_dir, monkeypatch) -> None:
+    """A data-prep script rewriting the file while a build read it: the cache was stamped
+    with the fingerprint of the file as hashed before the read, holding what the read saw (a
+    cut file: 300,000 of 500,000 examples), and reused once the file was back as it was."""
+    import expert_cli.data.build as build
+
+    manifest = demo_expert_dir / "manifest.json"
+    real = build.load_sources
+
+    def read_then_cut(resolved, cache_dir):
+        loaded = real(resolved, cache_dir)
+        path = demo_expert_dir / "data" / "train.jsonl"
+        path.write_text(path.read_text().split("\n", 1)[1])  # another program's write
+        return loaded
+
+    monkeypatch.setattr(build, "load_sources", read_then_cut)
+    with pytest.raises(RunError) as caught:
+        prepare(manifest)
+    assert "train.jsonl: changed while the token cache read it" in str(caught.value)
+    cache_root = demo_expert_dir / ".cache" / "pretokenized"
+    assert not [p for p in cache_root.iterdir() if p.name != ".lock"]  # nothing kept
+    monkeypatch.setattr(build, "load_sources", real)
+    again = prepare(manifest)  # the file as it is now, whole
+    assert again.built and again.stats["train"]["examples_read"] == 399

@@ -28,13 +28,13 @@ from expert_cli.data.build import BuildProgress, build_cache, default_num_proc
 from expert_cli.data.cache import (
     LOCK_NAME,
     CachePlan,
-    changed_inputs,
     is_complete,
     load_cache,
     open_cache_root,
     plan_cache,
     shard_examples_default,
 )
+from expert_cli.data.changes import changed_inputs
 from expert_cli.errors import RunError, UserError
 
 __all__ = ["BuildProgress", "PreparedData", "prepare_data"]

@@ -46,7 +46,8 @@ from expert_cli.data.formatting import (
 from expert_cli.data.packing import pack_table
 from expert_cli.data.sources import load_sources
 from expert_cli.data.workers import tokenize_rows
-from expert_cli.errors import UserError
+from expert_cli.errors import RunError, UserError
+from expert_cli.paths import shown_path
 
 log = logging.getLogger(__name__)
 MIN_EXAMPLES_PER_PROC = 512  # below this a worker process costs more than it saves
@@ -124,6 +125,12 @@ def _build(
     started = time.perf_counter()
     _remove_stale(plan)
     sources = load_sources(resolved, plan.work_dir / "sources")
+    if changed := plan.changed_files():  # written while it was read: not what was hashed
+        shutil.rmtree(plan.work_dir, ignore_errors=True)
+        raise RunError(
+            f"{shown_path(changed[0])}: changed while the token cache read it (written by "
+            "another program?); nothing of this build is kept: run again once it is written"
+        )
     if sources.fields.kind == "messages":
         check_chat_template(tokenizer, resolved.response_template)
     if sources.fields.kind == "instruction":

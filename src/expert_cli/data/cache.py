@@ -31,7 +31,7 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,7 @@ import xxhash
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.rows import source_files
 from expert_cli.data.sources import load_saved
-from expert_cli.errors import RunError, UserError, escaped
+from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
 
 if TYPE_CHECKING:
@@ -92,6 +92,13 @@ class CachePlan:
     inputs: dict[str, Any]
     final_dir: Path
     previous: dict[str, Any] | None  # the expert's latest pointer, if any
+    # each local data file's (size, mtime) before it was hashed: a file written while the
+    # build read it is found by them (the cache would carry the fingerprint of what was hashed)
+    marks: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def changed_files(self) -> list[str]:
+        """The data files whose size or modification time is not what it was when planned."""
+        return [f for f, mark in self.marks.items() if _mark(Path(f)) != mark]
 
     @property
     def lock_path(self) -> Path:
@@ -241,6 +248,8 @@ def plan_cache(
     resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast, shard_examples: int
 ) -> CachePlan:
     """Fingerprint the inputs and locate the cache (reads no data, builds nothing)."""
+    refs = [*resolved.train_sources, *resolved.validation_sources]
+    marks = {str(f): _mark(f) for r in refs if r.kind == "local" for f in source_files(r)}
     inputs = fingerprint_inputs(resolved, tokenizer, shard_examples)
     fp = fingerprint_of(inputs)
     root = Path(resolved.pretokenized_cache)
@@ -252,7 +261,16 @@ def plan_cache(
         inputs=inputs,
         final_dir=root / f"{_safe(resolved.expert)}-{fp[:16]}",
         previous=previous,
+        marks=marks,
     )
+
+
+def _mark(path: Path) -> tuple[int, int]:
+    try:
+        stat = path.stat()
+    except OSError:
+        return (-1, -1)
+    return (stat.st_size, stat.st_mtime_ns)
 
 
 def _read_pointer(pointer: Path) -> dict[str, Any] | None:
@@ -329,42 +347,6 @@ def open_cache_root(root: Path) -> None:
 def is_complete(cache_dir: Path) -> bool:
     """True for a finished cache folder (its `_COMPLETE` marker is written last)."""
     return (cache_dir / COMPLETE).is_file()
-
-
-SHOWN_VALUE_CHARS = 40
-
-
-def changed_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """`key old -> new` for each leaf that differs between two fingerprint input dicts."""
-    a, b = _flatten(old), _flatten(new)
-    lines = []
-    for key in sorted(set(a) | set(b)):
-        if a.get(key) != b.get(key):
-            lines.append(f"{key} {_short(a.get(key, '(none)'))} -> {_short(b.get(key, '(none)'))}")
-    return lines
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    if isinstance(value, list):
-        out = {}
-        for i, v in enumerate(value):
-            out.update(_flatten(v, f"{prefix}[{i}]"))
-        return out
-    return {prefix: value}
-
-
-def _short(value: Any) -> str:
-    """A value as a change shows it: a hash by its first 12 digits, text by its first 40
-    characters (a path, a custom prompt template), control characters escaped."""
-    text = escaped(str(value))
-    if len(text) > 16 and re.fullmatch(r"[0-9a-f]+", text):
-        return text[:12] + "…"
-    return text if len(text) <= SHOWN_VALUE_CHARS else text[:SHOWN_VALUE_CHARS] + "…"
 
 
 def load_cache(plan: CachePlan) -> tuple[datasets.Dataset, datasets.Dataset | None, dict[str, Any]]:

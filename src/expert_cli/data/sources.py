@@ -11,6 +11,7 @@ dataset folders are read through `datasets` and checked by column.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,7 +96,10 @@ def load_source(
     """One source as a Dataset whose columns are the mapped roles."""
     if ref.kind == "local" and not is_saved_dataset(Path(ref.location)):
         scan = scan_local(ref, fields, mapping)
-        dest = work_dir / f"source-{abs(hash((ref.location, ref.task))):x}.arrow"
+        # named the same in every process (str hashes differ per process): a resumed or
+        # retried build writes over its copy, never a second one beside it
+        named = hashlib.sha256(f"{ref.location}\0{ref.task}".encode()).hexdigest()[:16]
+        dest = work_dir / f"source-{named}.arrow"
         write_arrow(scan, dest)
         return datasets.Dataset.from_file(str(dest)), scan.fields
     ds = _load_hub(ref) if ref.kind == "hub" else load_saved(ref.location)
