@@ -227,3 +227,34 @@ def varlen_module():
     import torch.nn.attention.varlen as varlen
 
     return varlen
+
+
+def test_torch_varlen_is_refused_where_its_kernel_would_attend_otherwise() -> None:
+    """Mistral and Gemma 2/3 configs have no `use_sliding_window` switch: the sliding window
+    went unseen (a traceback at the first step), and Gemma 2's attention soft-capping was
+    dropped by torch's varlen kernel (logits 0.43 off on a scale of 0.63, silently)."""
+    from transformers import (
+        Gemma2Config,
+        Gemma3TextConfig,
+        LlamaConfig,
+        MistralConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
+
+    refused = {
+        "window": [
+            MistralConfig(),
+            Gemma3TextConfig(),
+            Qwen2Config(use_sliding_window=True, sliding_window=64),
+        ],
+        "soft-caps": [Gemma2Config(layer_types=["full_attention"] * 26, sliding_window=None)],
+    }
+    for why, configs in refused.items():
+        for config in configs:
+            with pytest.raises(ValueError, match="sliding-window" if why == "window" else why):
+                attention.check_model_config(attention.TORCH_VARLEN, config)
+    for config in (LlamaConfig(), Qwen3Config(), Qwen2Config(), MistralConfig(sliding_window=None)):
+        attention.check_model_config(attention.TORCH_VARLEN, config)  # nothing to refuse
+        assert not attention.uses_sliding_window(config)
+    attention.check_model_config("sdpa", MistralConfig())  # sdpa reads the window's mask

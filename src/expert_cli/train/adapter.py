@@ -17,6 +17,7 @@ from expert_cli.train.architecture import (
     encoder_problem,
     memory_problem,
     meta_model,
+    positions_problem,
     vocabulary_problem,
 )
 from expert_cli.train.args import deepspeed_problem
@@ -157,6 +158,8 @@ def adapter_problem(
     if problem := isolation_problem(verdict, model, source, kernel):
         return problem
     if tokens is not None and (problem := vocabulary_problem(model, tokens, source)):
+        return problem
+    if problem := positions_problem(model, resolved.max_seq_length, source):
         return problem
     memory = memory_bytes if memory_bytes is not None else device_memory()
     if problem := memory_problem(resolved, model, memory):

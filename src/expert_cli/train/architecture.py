@@ -132,6 +132,28 @@ def vocabulary_problem(model: Any, tokens: int, source: str) -> str | None:
     )
 
 
+POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")  # GPT-2, OPT, GPT-Neo...
+
+
+def positions_problem(model: Any, max_seq_length: int, source: str) -> str | None:
+    """Why rows of `max_seq_length` tokens cannot run on a model whose positions are a table
+    of learned embeddings (GPT-2, OPT, GPT-Neo, BioGPT) shorter than the rows: a longer
+    example indexes past it mid-step. Rotary and ALiBi models run past their configured
+    length, so they are not judged. None when the rows fit."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    learned = any(
+        name.rsplit(".", 1)[-1] in POSITION_TABLES and isinstance(module, torch.nn.Embedding)
+        for name, module in model.named_modules()
+    )
+    if not learned or not isinstance(limit, int) or max_seq_length <= limit:
+        return None
+    return (
+        f"training.config.max_seq_length: {max_seq_length:,} is over the {limit:,} positions "
+        f"base model {shown_path(source)} has learned (its position table ends there: a "
+        f"longer example would index past it); use {limit:,} or less"
+    )
+
+
 def cache_id_problem(model: Any, largest: int | None, source: str) -> str | None:
     """Why the token cache's `largest` id has no row in the model's embedding (a token the
     tokenizer added past the model's vocabulary appears in the data); None when it has."""

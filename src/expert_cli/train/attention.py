@@ -110,10 +110,23 @@ def check_model_config(kernel: str, config: Any) -> None:
     attention, so the loader falls back to the next kernel)."""
     if kernel != TORCH_VARLEN:
         return
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+    if uses_sliding_window(config):
         raise ValueError("attention torch_varlen: this model uses sliding-window attention")
+    if getattr(config, "attn_logit_softcapping", None):  # Gemma 2: its kernel caps no logits
+        raise ValueError("attention torch_varlen: this model soft-caps its attention logits")
     if getattr(config, "attention_dropout", 0.0):
         raise ValueError("attention torch_varlen: this model trains with attention dropout")
+
+
+def uses_sliding_window(config: Any) -> bool:
+    """Whether some layer of the model attends within a sliding window: a layer type says so
+    (Gemma 2 and 3), or the window is set and, where the config has the switch (Qwen2/3),
+    switched on; Mistral's configs have no switch and use a window whenever one is set."""
+    if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        return True
+    if not getattr(config, "sliding_window", None):
+        return False
+    return bool(getattr(config, "use_sliding_window", True))
 
 
 def _decoder(model: Any) -> Any:
@@ -141,7 +154,7 @@ def mask_free_mapping(model: Any, kernel: str) -> dict[str, None] | None:
         return None
     config = decoder.config
     types = getattr(config, "layer_types", None) or ["full_attention"]
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+    if uses_sliding_window(config):
         return None  # a sliding window is a mask the kernels read from it: keep the default
     return dict.fromkeys(sorted(set(types)))
 
