@@ -299,3 +299,16 @@ def run_here(
             code = exc.code
     code = code if isinstance(code, int) else 0 if code is None else 1
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def write_tar_gz(dest: Path, members: dict[str, bytes]) -> Path:
+    """A gzip-compressed tar of `members` (name -> bytes), in their order."""
+    import io
+    import tarfile
+
+    with tarfile.open(dest, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return dest

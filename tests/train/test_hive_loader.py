@@ -5,13 +5,11 @@ author can give, and `check --package` on packages laid out as HiveLLM's package
 from __future__ import annotations
 
 import copy
-import io
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
-from train_helpers import HIVE_METADATA, hand_built_manifest, hand_built_run
+from train_helpers import HIVE_METADATA, hand_built_manifest, hand_built_run, write_tar_gz
 
 from expert_cli.errors import UserError
 from expert_cli.train.hive_loader import for_hive_loader, loader_problems, refuse_unloadable
@@ -115,12 +113,7 @@ def _hive_package(path: Path, run: Path, manifest: dict, adapter_folder: str = "
     for name in ("adapter_model.safetensors", "adapter_config.json"):
         members[adapter_folder + name] = (run / name).read_bytes()
     members["tokenizer.json"] = b'{"model": {"type": "BPE", "vocab": {}, "merges": []}}'
-    with tarfile.open(path, "w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
+    return write_tar_gz(path, members)
 
 
 def test_check_package_reads_hivellms_packages_as_its_loader_does(tmp_path: Path) -> None:

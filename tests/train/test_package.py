@@ -14,7 +14,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from train_helpers import run_here, write_expert
+from train_helpers import run_here, write_expert, write_tar_gz
 
 from expert_cli.errors import UserError
 from expert_cli.train.hive_loader import loader_problems
@@ -148,13 +148,7 @@ def test_v1_package_keeps_its_layout(v2_run: Path, tmp_path: Path) -> None:
 
 def _repack(source: Path, dest: Path, change) -> Path:
     """A copy of a package with its members changed by `change(dict) -> dict`."""
-    files = change(_unpack(source))
-    with tarfile.open(dest, "w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return dest
+    return write_tar_gz(dest, change(_unpack(source)))
 
 
 @pytest.mark.slow
