@@ -23,7 +23,9 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
         config.Manifest,
         "Metadata blocks (`capabilities`, `routing`, `constraints`, `perf`, `runtime`, "
         "`limitations`, `quality_metrics`, `evaluation`, `integrity`, `soft_prompts`) are accepted "
-        "and kept whole; unknown top-level keys are kept too.",
+        "and kept whole (a package leaves `integrity` out: it describes other files); unknown "
+        "top-level keys are kept too. `package` needs `description`, `capabilities` and "
+        "`constraints` (HiveLLM's loader reads no package without them; docs/packaging.md).",
     ),
     (
         "Base model: `base_model` (1.0) or `base_models[]` (2.0)",

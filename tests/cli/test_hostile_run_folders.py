@@ -124,6 +124,7 @@ def test_the_packaged_manifest_holds_the_set_values_train_was_given(
     --set values are applied, but those naming places on the training machine."""
     run = hand_built_run(tmp_path)
     resolved = json.loads((run / "manifest.resolved.json").read_text())
+    resolved["learning_rate"] = 0.0005  # as train resolved the --set value
     resolved["runtime"] = {
         "overrides": [
             "base_models.0.prompt_template=alpaca",

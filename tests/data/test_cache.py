@@ -599,7 +599,7 @@ def test_a_data_file_written_while_it_is_read_leaves_no_cache(demo_expert_dir, m
     monkeypatch.setattr(build, "load_sources", read_then_cut)
     with pytest.raises(RunError) as caught:
         prepare(manifest)
-    assert "train.jsonl: changed while the token cache read it" in str(caught.value)
+    assert "train.jsonl: written, added or removed while the token cache read" in str(caught.value)
     cache_root = demo_expert_dir / ".cache" / "pretokenized"
     assert not [p for p in cache_root.iterdir() if p.name != ".lock"]  # nothing kept
     monkeypatch.setattr(build, "load_sources", real)

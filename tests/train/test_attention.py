@@ -209,7 +209,8 @@ def test_the_mask_mapping_is_found_under_a_peft_adapter(tiny_model_dir) -> None:
         assert attention.mask_free_mapping(peft_model, kernel) == {"full_attention": None}
     for kernel in ("sdpa", "eager", "flex_attention"):
         assert attention.mask_free_mapping(peft_model, kernel) is None
-    model.config.use_sliding_window, model.config.sliding_window = True, 4
+    model.config.sliding_window = 4
+    model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
     assert attention.mask_free_mapping(peft_model, "flash_attention_2") is None
 
 
@@ -235,6 +236,7 @@ def test_torch_varlen_is_refused_where_its_kernel_would_attend_otherwise() -> No
     dropped by torch's varlen kernel (logits 0.43 off on a scale of 0.63, silently)."""
     from transformers import (
         Gemma2Config,
+        Gemma3Config,
         Gemma3TextConfig,
         LlamaConfig,
         MistralConfig,
@@ -244,6 +246,7 @@ def test_torch_varlen_is_refused_where_its_kernel_would_attend_otherwise() -> No
 
     refused = {
         "window": [
+            Gemma3Config(),
             MistralConfig(),
             Gemma3TextConfig(),
             Qwen2Config(use_sliding_window=True, sliding_window=64),
@@ -254,7 +257,14 @@ def test_torch_varlen_is_refused_where_its_kernel_would_attend_otherwise() -> No
         for config in configs:
             with pytest.raises(ValueError, match="sliding-window" if why == "window" else why):
                 attention.check_model_config(attention.TORCH_VARLEN, config)
-    for config in (LlamaConfig(), Qwen3Config(), Qwen2Config(), MistralConfig(sliding_window=None)):
+    every_layer_full = Qwen2Config(use_sliding_window=True, sliding_window=64, max_window_layers=99)
+    for config in (
+        LlamaConfig(),
+        Qwen3Config(),
+        Qwen2Config(),
+        MistralConfig(sliding_window=None),
+        every_layer_full,  # its layer types say no layer slides
+    ):
         attention.check_model_config(attention.TORCH_VARLEN, config)  # nothing to refuse
         assert not attention.uses_sliding_window(config)
     attention.check_model_config("sdpa", MistralConfig())  # sdpa reads the window's mask

@@ -17,19 +17,19 @@ from expert_cli.train.package import build_package
 from expert_cli.train.package_check import verify_package
 
 EXPERTS = Path(__file__).parents[2] / "experts"
-RESOLVED = {
+RESOLVED = {  # the demo's run, with batch_size auto resolved to 8 rows x 2
     "adapter_type": "lora",
-    "rank": 12,
-    "alpha": 24.0,
-    "epochs": 3.0,
-    "learning_rate": 2e-4,
+    "rank": 16,
+    "alpha": 32.0,
+    "epochs": 2.0,
+    "learning_rate": 0.002,
     "batch_size": 8,
     "gradient_accumulation_steps": 2,
     "warmup_steps": 0,
-    "warmup_ratio": 0.03,
+    "warmup_ratio": 0.05,
     "lr_scheduler": "cosine",
 }
-ADAPTER = {"peft_type": "LORA", "r": 12, "lora_alpha": 24.0, "target_modules": ["v", "q"]}
+ADAPTER = {"peft_type": "LORA", "r": 16, "lora_alpha": 32.0, "target_modules": ["v", "q"]}
 
 
 def test_what_the_loader_refuses_is_named_by_its_path() -> None:
@@ -63,6 +63,18 @@ def test_what_the_loader_refuses_is_named_by_its_path() -> None:
         "training.config.rank: expected a whole number above 0 (all but ia3 have one)",
     ]
     assert loader_problems({**manifest, "tags": None, "integrity": None}) == []  # null: unset
+    # serde's `default` fields may be left out, never null; validate's own rules
+    assert loader_problems({**manifest, "soft_prompts": None, "schema_version": None}) == [
+        "schema_version: null; expected a string",
+        "soft_prompts: null; expected a list of objects",
+    ]
+    nameless = copy.deepcopy(manifest)
+    nameless["base_models"][0]["name"] = ""
+    nameless["training"]["dataset"] = {"format": "jsonl"}
+    assert loader_problems(nameless) == [
+        "base_models[0].name: empty",
+        "training.dataset: expected a path, generation or tasks",
+    ]
 
 
 def test_the_run_completes_what_it_trained_and_nothing_else() -> None:
@@ -76,14 +88,28 @@ def test_the_run_completes_what_it_trained_and_nothing_else() -> None:
     assert loader_problems(manifest) == []
     assert entries[0]["target_modules"] == config["target_modules"] == ["q", "v"]
     assert "path" not in entries[0] and "integrity" not in manifest
-    assert config["warmup_steps"] == 0 and config["batch_size"] == 8  # what the run used
-    assert config["alpha"] == 32 and isinstance(config["alpha"], int)  # whole, not replaced
-    assert config["rank"] == 16 and config["learning_rate"] == 0.002  # given: kept
+    # what the run used: the probe's rows and accumulation, the ratio beside 0 steps
+    assert (config["batch_size"], config["gradient_accumulation_steps"]) == (8, 2)
+    assert (config["warmup_steps"], config["warmup_ratio"]) == (0, 0.05)
+    assert config["alpha"] == 32 and isinstance(config["alpha"], int)  # whole
+    assert config["rank"] == 16 and config["learning_rate"] == 0.002  # given as trained: kept
     said = " | ".join(notes)
     assert "target_modules: all-linear written as the 2 module names" in said
     assert "adapter path: the adapter ships at the package's root" in said
     assert "integrity: the manifest's section describes other files; left out" in said
-    assert "training.config: target_modules, batch_size, warmup_steps written as" in said
+    assert (
+        "training.config: target_modules, batch_size, gradient_accumulation_steps, "
+        "warmup_steps written as the run trained them" in said
+    )
+    constant = json.loads((EXPERTS / "demo" / "manifest.json").read_text())
+    constant["training"]["config"].update(lr_scheduler="constant", warmup_ratio=0.1)
+    trained = {**RESOLVED, "lr_scheduler": "constant_with_warmup", "warmup_ratio": 0.1}
+    for_hive_loader(constant, constant["base_models"][0]["adapters"], trained, ADAPTER)
+    assert constant["training"]["config"]["lr_scheduler"] == "constant_with_warmup"
+    default = json.loads((EXPERTS / "demo" / "manifest.json").read_text())
+    del default["training"]["config"]["warmup_ratio"]  # the run warmed up 3% by default
+    for_hive_loader(default, default["base_models"][0]["adapters"], RESOLVED, ADAPTER)
+    assert default["training"]["config"]["warmup_ratio"] == 0.05
 
 
 def test_what_only_the_author_gives_is_asked_for(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, TrainingArguments
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
+from expert_cli.errors import UserError
 from expert_cli.train.args import training_args_kwargs, warmup_count
 from expert_cli.train.trainer import ExpertTrainer
 
@@ -122,3 +123,24 @@ def test_adapter_values_not_applied_are_noted(tmp_path: Path) -> None:
     assert "scaling: kept as written, not applied" in scaled and "rslora" not in scaled
     assert "scaling" not in notes({"dropout": 0}, {"scaling": "standard"})
     assert "scaling" not in notes({"adapter_type": "dora", "dropout": 0}, {"scaling": "dora"})
+
+
+def test_a_checkpoint_whose_optimizer_groups_differ_is_refused_in_a_line(
+    tmp_path: Path, tiny_model_dir
+) -> None:
+    """A DoRA run checkpointed by an earlier expert-cli (magnitude vectors in the decayed
+    group) resumed into a torch ValueError traceback about parameter groups."""
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], use_dora=True))
+    trainer = _trainer(tmp_path, model, {"weight_decay": 0.1})
+    trainer.create_optimizer_and_scheduler(num_training_steps=10)
+    old = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    checkpoint = tmp_path / "checkpoint-4"
+    checkpoint.mkdir()
+    torch.save(old.state_dict(), checkpoint / "optimizer.pt")
+    torch.save(trainer.lr_scheduler.state_dict(), checkpoint / "scheduler.pt")
+    with pytest.raises(UserError) as caught:
+        trainer._load_optimizer_and_scheduler(str(checkpoint))
+    assert caught.value.lines[0].startswith(
+        "--resume: checkpoint-4 holds an optimizer whose parameter groups are not this run's"
+    )

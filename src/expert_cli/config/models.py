@@ -59,7 +59,11 @@ class AdapterSpec(Strict):
     scaling: str | None = Field(None, description="Descriptive scaling name; kept, not acted on.")
     dropout: Probability | None = Field(None, description="Dropout on the adapter input.")
     use_dora: bool | None = Field(None, description="Weight-decomposed LoRA (DoRA).")
-    path: str | None = Field(None, description="Where packaged weights live; kept.")
+    path: str | None = Field(
+        None,
+        description="Where packaged weights lived (HiveLLM's loader reads them at the "
+        "package root); accepted, left out of a package.",
+    )
     checkpoint_step: int | None = Field(None, ge=0, description="Packaged checkpoint; kept.")
     size_bytes: int | None = Field(None, ge=0, description="Packaged size; kept.")
     sha256: str | None = Field(None, description="Packaged hash; kept.")

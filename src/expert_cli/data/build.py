@@ -44,6 +44,7 @@ from expert_cli.data.formatting import (
     check_prompt_template,
 )
 from expert_cli.data.packing import pack_table
+from expert_cli.data.rows import source_files
 from expert_cli.data.sources import load_sources
 from expert_cli.data.workers import tokenize_rows
 from expert_cli.errors import RunError, UserError
@@ -125,12 +126,7 @@ def _build(
     started = time.perf_counter()
     _remove_stale(plan)
     sources = load_sources(resolved, plan.work_dir / "sources")
-    if changed := plan.changed_files():  # written while it was read: not what was hashed
-        shutil.rmtree(plan.work_dir, ignore_errors=True)
-        raise RunError(
-            f"{shown_path(changed[0])}: changed while the token cache read it (written by "
-            "another program?); nothing of this build is kept: run again once it is written"
-        )
+    _unchanged_since_planned(plan, resolved)
     if sources.fields.kind == "messages":
         check_chat_template(tokenizer, resolved.response_template)
     if sources.fields.kind == "instruction":
@@ -153,6 +149,7 @@ def _build(
         stats, done = _build_split(job, split, ds)
         shard_stats[split] = stats
         resumed += done
+    _unchanged_since_planned(plan, resolved)  # a saved dataset is read while tokenizing
     _require_rows(shard_stats, resolved)
     extra = {
         "num_proc": job.num_proc,
@@ -161,6 +158,22 @@ def _build(
         "fields": {"kind": sources.fields.kind, "mapping": sources.fields.mapping},
     }
     return _assemble(plan, shard_stats, sources.read, resumed, time.perf_counter() - started, extra)
+
+
+def _unchanged_since_planned(plan: CachePlan, resolved: ResolvedConfig) -> None:
+    """RunError, with nothing of the build kept, when a data file was written, added or
+    removed since it was hashed: the cache would carry the fingerprint of files it did not
+    read."""
+    refs = [*resolved.train_sources, *resolved.validation_sources]
+    listed = {str(f) for r in refs if r.kind == "local" for f in source_files(r)}
+    changed = plan.changed_files() + sorted(listed ^ set(plan.marks))
+    if changed:
+        shutil.rmtree(plan.work_dir, ignore_errors=True)
+        raise RunError(
+            f"{shown_path(changed[0])}: written, added or removed while the token cache read "
+            "the data (by another program?); nothing of this build is kept: run again once "
+            "the data is written"
+        )
 
 
 def _require_rows(shard_stats: dict[str, list[dict[str, Any]]], resolved: ResolvedConfig) -> None:

@@ -40,7 +40,7 @@ def without_fill_ins(messages: list[Any]) -> list[Any]:
     anything that is not an object is left as it is."""
     return [
         {
-            k: _joined(v) if k == "content" else v if k == "role" else _drop_nulls(v, 1)
+            k: _joined(v) if k == "content" else v if k == "role" else drop_nulls(v, 1)
             for k, v in m.items()
             if v is not None or k in KEPT_WHEN_NULL
         }
@@ -69,13 +69,14 @@ def is_text_part(part: Any) -> bool:
     )
 
 
-def _drop_nulls(value: Any, depth: int) -> Any:
+def drop_nulls(value: Any, depth: int = 0) -> Any:
+    """`value` without the keys whose value is null, at every depth up to NULL_DEPTH."""
     if depth > NULL_DEPTH:
         return value
     if isinstance(value, dict):
-        return {k: _drop_nulls(v, depth + 1) for k, v in value.items() if v is not None}
+        return {k: drop_nulls(v, depth + 1) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_drop_nulls(v, depth + 1) for v in value]
+        return [drop_nulls(v, depth + 1) for v in value]
     return value
 
 

@@ -110,6 +110,7 @@ def check_model_config(kernel: str, config: Any) -> None:
     attention, so the loader falls back to the next kernel)."""
     if kernel != TORCH_VARLEN:
         return
+    config = text_config(config)  # Gemma 3's own sits under its multimodal config
     if uses_sliding_window(config):
         raise ValueError("attention torch_varlen: this model uses sliding-window attention")
     if getattr(config, "attn_logit_softcapping", None):  # Gemma 2: its kernel caps no logits
@@ -122,11 +123,18 @@ def uses_sliding_window(config: Any) -> bool:
     """Whether some layer of the model attends within a sliding window: a layer type says so
     (Gemma 2 and 3), or the window is set and, where the config has the switch (Qwen2/3),
     switched on; Mistral's configs have no switch and use a window whenever one is set."""
-    if "sliding_attention" in (getattr(config, "layer_types", None) or []):
-        return True
+    config = text_config(config)
+    if layer_types := getattr(config, "layer_types", None):  # each layer's, where it says
+        return "sliding_attention" in layer_types
     if not getattr(config, "sliding_window", None):
         return False
     return bool(getattr(config, "use_sliding_window", True))
+
+
+def text_config(config: Any) -> Any:
+    """The language model's own configuration (a multimodal one holds it: Gemma 3's)."""
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
 
 
 def _decoder(model: Any) -> Any:

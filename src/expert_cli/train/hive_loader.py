@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from expert_cli.errors import UserError, value_kind
+from expert_cli.errors import UserError, escaped, value_kind
 from expert_cli.train.adapter_entry import described
 
 TEXT, WHOLE, BIG, NUMBER, FLAG, ANY = "text", "whole", "big", "number", "flag", "any"
@@ -31,6 +31,7 @@ class Record:
 
     needed: dict[str, Any]
     optional: dict[str, Any] = field(default_factory=dict)
+    defaulted: frozenset[str] = frozenset()  # optional, but not null (serde's `default`)
 
 
 def _many(names: str, kind: Any) -> dict[str, Any]:
@@ -152,6 +153,7 @@ MANIFEST = Record(
             _many("created_at pubkey signature", TEXT),
         )
     },
+    defaulted=frozenset({"schema_version", "soft_prompts"}),
 )
 
 
@@ -162,7 +164,7 @@ def _expected(kind: Any) -> str:
         if kind[0] == "either":
             return " or ".join(_expected(k) for k in kind[1:])
         plural = {TEXT: "strings", WHOLE: "whole numbers", NUMBER: "numbers"}
-        inner = plural.get(kind[1], "objects")
+        inner = plural.get(kind[1], "objects") if isinstance(kind[1], str) else "objects"
         return f"a list of {inner}" if kind[0] == "list" else f"an object of {inner}"
     return {
         TEXT: "a string",
@@ -199,7 +201,8 @@ def _shape(kind: Any, value: Any, where: str, out: list[str]) -> None:
             out.append(f"{where}: {value_kind(value)}; expected an object")
             return
         for name, inner in (kind.needed | kind.optional).items():
-            if name not in value or (value[name] is None and name not in kind.needed):
+            unset = value.get(name) is None and name not in {*kind.needed, *kind.defaulted}
+            if name not in value or unset:
                 if name in kind.needed:
                     out.append(f"{where}.{name}: missing; expected {_expected(inner)}")
                 continue
@@ -211,11 +214,17 @@ def _shape(kind: Any, value: Any, where: str, out: list[str]) -> None:
             return
         items = enumerate(value) if isinstance(value, list) else value.items()
         for key, item in items:
-            place = f"{where}[{key}]" if isinstance(value, list) else f"{where}.{key}"
+            place = f"{where}[{key}]" if isinstance(value, list) else f"{where}.{_key(key)}"
             _shape(kind[1], item, place, out)
         return
     if not _fits(kind, value):
         out.append(f"{where}: {value_kind(value)}; expected {_expected(kind)}")
+
+
+def _key(key: str) -> str:
+    """A map's key as a place names it: a user's text, so escaped and cut short."""
+    shown = escaped(str(key))
+    return shown if len(shown) <= 40 else shown[:40] + "…"
 
 
 def _fits_all(kind: Any, value: Any) -> bool:
@@ -242,8 +251,13 @@ def loader_problems(manifest: dict[str, Any]) -> list[str]:
     if manifest.get("base_model") is not None and manifest.get("base_models") is not None:
         out.append("base_model, base_models: give one of them")
     for i, base in enumerate(manifest.get("base_models") or [] if v2 else []):
+        if not base["name"]:
+            out.append(f"base_models[{i}].name: empty")
         if not base["adapters"]:
             out.append(f"base_models[{i}].adapters: empty; expected the adapter it ships")
+    dataset = manifest["training"]["dataset"]
+    if all(dataset.get(k) is None for k in ("path", "generation", "tasks")):  # its validate's
+        out.append("training.dataset: expected a path, generation or tasks")
     config = manifest["training"]["config"]
     for key in ("epochs", "learning_rate"):
         if config[key] <= 0:
@@ -282,6 +296,7 @@ def _trained(resolved: dict[str, Any], targets: Any) -> dict[str, Any]:
         "gradient_accumulation_steps": resolved.get("gradient_accumulation_steps"),
         # a ratio ran: 0 steps beside it, as HiveLLM's own manifests write it
         "warmup_steps": 0 if resolved.get("warmup_ratio") else resolved.get("warmup_steps"),
+        "warmup_ratio": resolved.get("warmup_ratio") or None,  # HiveLLM's trainer reads it
         "lr_scheduler": resolved.get("lr_scheduler"),
     }
     if kind != "ia3":
@@ -311,6 +326,9 @@ def for_hive_loader(
             "adapter path: the adapter ships at the package's root, where HiveLLM's loader "
             "looks (the entry's path is left out)"
         )
+    if not manifest.get("version"):  # the package's name says 0.0.0 already
+        manifest["version"] = "0.0.0"
+        notes.append("version: the manifest gives none; the package says 0.0.0")
     if manifest.pop("integrity", None) is not None:
         notes.append("integrity: the manifest's section describes other files; left out")
     training = manifest.get("training")
@@ -318,16 +336,20 @@ def for_hive_loader(
     if isinstance(config, dict):
         filled = []
         for key, value in _trained(resolved, targets).items():
-            kind = TRAINING_CONFIG.needed.get(key, TRAINING_CONFIG.optional.get(key))
+            kind = TRAINING_CONFIG.needed.get(key, TRAINING_CONFIG.optional.get(key, NUMBER))
             given = config.get(key)
-            if value is not None and (given is None or not _fits_all(kind, _whole(kind, given))):
+            # the run's choice where it made one (batch_size auto, a default warmup, constant
+            # with a warmup); else what the manifest gave, where the loader reads it
+            decided = key not in ("method", "target_modules", "adapter_type")
+            fits = given is not None and _fits_all(kind, _whole(kind, given))
+            if value is not None and (not fits or (decided and given != value)):
                 config[key] = value
                 filled.append(key)
         if filled:
             notes.append(
                 f"training.config: {', '.join(filled)} written as the run trained "
-                f"{'them' if len(filled) > 1 else 'it'} (HiveLLM's loader needs "
-                f"{'them' if len(filled) > 1 else 'it'})"
+                f"{'them' if len(filled) > 1 else 'it'} (the manifest left "
+                f"{'them' if len(filled) > 1 else 'it'} out, or the run chose otherwise)"
             )
     _whole(MANIFEST, manifest)
     return notes
@@ -341,6 +363,7 @@ def refuse_unloadable(manifest: dict[str, Any]) -> None:
             [
                 "the package's manifest.json would not load in HiveLLM's loader:",
                 *(f"  {line}" for line in problems[:12]),
+                *([f"  and {len(problems) - 12:,} more"] if len(problems) > 12 else []),
                 "give these in the run's manifest.source.json (the manifest package reads) "
                 "or in the manifest before training, then run package again",
             ]

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from expert_cli.config import Manifest
 from expert_cli.config.loading import format_errors, parse_manifest_text
+from expert_cli.data.conversations import drop_nulls
 from expert_cli.errors import escaped
 from expert_cli.jsontext import json_int
 from expert_cli.train.adapter_entry import disagreements
@@ -313,7 +314,7 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
         report.problems += [f"manifest.json: {line}" for line in repeated]
         # a field the writer left null is one it left out (HiveLLM's packager writes its
         # unset fields as null)
-        Manifest.model_validate(_without_nulls(manifest))
+        Manifest.model_validate(drop_nulls(manifest))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         if isinstance(exc, ValidationError):
             report.problems += [f"manifest.json: {line}" for line in format_errors(exc)]
@@ -321,12 +322,6 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
             report.problems.append("manifest.json: not a JSON object")
         return {}
     return manifest if isinstance(manifest, dict) else {}
-
-
-def _without_nulls(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    return [_without_nulls(v) for v in value] if isinstance(value, list) else value
 
 
 def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[str, bytes]) -> None:

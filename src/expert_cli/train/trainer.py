@@ -19,6 +19,7 @@ from expert_cli.config.kernels import BOUNDARY_KERNELS
 from expert_cli.data import PreparedData
 from expert_cli.data.collate import PackedCollator
 from expert_cli.data.formatting import IGNORE
+from expert_cli.errors import UserError
 from expert_cli.telemetry.flops import peak_bf16_flops
 from expert_cli.telemetry.throughput import FlopsModel, ThroughputMeter
 from expert_cli.train.args import warmup_count
@@ -94,6 +95,18 @@ class ExpertTrainer(Trainer):
 
     def get_decay_parameter_names(self, model: Any) -> list[str]:
         return [n for n in super().get_decay_parameter_names(model) if NO_DECAY not in n]
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        try:
+            super()._load_optimizer_and_scheduler(checkpoint)
+        except ValueError as exc:  # torch: "... parameter group that doesn't match the size"
+            if "parameter group" not in str(exc):
+                raise
+            raise UserError(
+                f"--resume: {Path(str(checkpoint)).name} holds an optimizer whose parameter "
+                "groups are not this run's (an earlier expert-cli decayed DoRA's magnitude "
+                "vectors); train again, or resume with the version that wrote it"
+            ) from None
 
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
         """The Trainer's schedule, with a warmup ratio's steps counted exactly (it rounds
