@@ -48,25 +48,22 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
         )
     targets = first(cfg.target_modules, spec.target_modules if spec else None, "all-linear")
     use_dora = kind == "dora" or bool(spec and spec.use_dora and kind == "lora")
-    alpha = float(first(cfg.alpha, spec.alpha if spec else None, 2 * rank))
     dropout = float(first(cfg.dropout, spec.dropout if spec else None, DEFAULT_DROPOUT))
-    quantized = manifest.primary_base_model.quantization in ("int4", "int8")
-    kernel = cfg.adapter_kernel
-    notes += _not_applied(kernel, spec.scaling if spec else None, kind, use_dora)
-    if kernel == "fused" and quantized and kind == "lora" and not use_dora:
+    if cfg.adapter_kernel == "fused" and (
+        unfused := _unfused(kind, use_dora, manifest.primary_base_model.quantization, dropout)
+    ):
+        notes.append(f"adapter_kernel: {unfused}")
+    scaling = spec.scaling if spec else None
+    if scaling and scaling not in ("standard", "default", *(("dora",) if use_dora else ())):
         notes.append(
-            "adapter_kernel: fused runs LoRA on unquantized layers; the int4/int8 base's "
-            "layers run peft's own"
-        )
-    if kind == "lora" and not use_dora and kernel == "fused" and not quantized and dropout > 0:
-        notes.append(
-            f"adapter_kernel: fused runs LoRA layers without dropout; with dropout {dropout:g} "
-            "they run peft's own (set dropout 0 to fuse them)"
+            "scaling: kept as written, not applied: the adapter's output is scaled by "
+            "alpha / r (peft's standard LoRA scaling; standard, default and, for DoRA, dora "
+            "name it)"
         )
     return dict(
         adapter_type=kind,
         rank=rank,
-        alpha=alpha,
+        alpha=float(first(cfg.alpha, spec.alpha if spec else None, 2 * rank)),
         dropout=dropout,
         target_modules=targets,
         feedforward_modules=first(
@@ -76,22 +73,19 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
     )
 
 
-def _not_applied(kernel: str | None, scaling: str | None, kind: str, dora: bool) -> list[str]:
-    """Notes for the fused adapter kernel asked of layers it does not run (DoRA, another
-    adapter type), and a `scaling` name other than the alpha/r scaling that is trained."""
-    notes = []
-    if kernel == "fused" and (dora or kind != "lora"):
-        notes.append(
-            f"adapter_kernel: fused runs plain LoRA layers; {'DoRA' if dora else kind} "
-            "layers run peft's own"
+def _unfused(kind: str, dora: bool, quantization: str | None, dropout: float) -> str | None:
+    """Why the fused adapter kernel runs none of the run's layers (it runs plain LoRA on
+    unquantized layers without dropout; the others keep peft's forward); None where it runs."""
+    if dora or kind != "lora":
+        return f"fused runs plain LoRA layers; {'DoRA' if dora else kind} layers run peft's own"
+    if quantization in ("int4", "int8"):
+        return "fused runs LoRA on unquantized layers; the int4/int8 base's layers run peft's own"
+    if dropout > 0:
+        return (
+            f"fused runs LoRA layers without dropout; with dropout {dropout:g} they run peft's "
+            "own (set dropout 0 to fuse them)"
         )
-    if scaling and scaling not in ("standard", "default", *(("dora",) if dora else ())):
-        notes.append(
-            "scaling: kept as written, not applied: the adapter's output is scaled by "
-            "alpha / r (peft's standard LoRA scaling; standard, default and, for DoRA, dora "
-            "name it)"
-        )
-    return notes
+    return None
 
 
 def _overridden(name: str, ours: Any, theirs: Any) -> str:

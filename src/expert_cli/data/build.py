@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerFast
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
 from expert_cli.config.resolve import ResolvedConfig
-from expert_cli.data.cache import COMPLETE, STATS, CachePlan
+from expert_cli.data.cache import COMPLETE, STATS, CachePlan, local_data_files
 from expert_cli.data.formatting import (
     DROPPED_NO_COMPLETION,
     DROPPED_NO_MARKER,
@@ -44,7 +44,6 @@ from expert_cli.data.formatting import (
     check_prompt_template,
 )
 from expert_cli.data.packing import pack_table
-from expert_cli.data.rows import source_files
 from expert_cli.data.sources import load_sources
 from expert_cli.data.workers import tokenize_rows
 from expert_cli.errors import RunError, UserError
@@ -164,8 +163,7 @@ def _unchanged_since_planned(plan: CachePlan, resolved: ResolvedConfig) -> None:
     """RunError, with nothing of the build kept, when a data file was written, added or
     removed since it was hashed: the cache would carry the fingerprint of files it did not
     read."""
-    refs = [*resolved.train_sources, *resolved.validation_sources]
-    listed = {str(f) for r in refs if r.kind == "local" for f in source_files(r)}
+    listed = {str(f) for f in local_data_files(resolved)}
     changed = plan.changed_files() + sorted(listed ^ set(plan.marks))
     if changed:
         shutil.rmtree(plan.work_dir, ignore_errors=True)

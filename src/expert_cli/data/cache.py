@@ -248,8 +248,7 @@ def plan_cache(
     resolved: ResolvedConfig, tokenizer: PreTrainedTokenizerFast, shard_examples: int
 ) -> CachePlan:
     """Fingerprint the inputs and locate the cache (reads no data, builds nothing)."""
-    refs = [*resolved.train_sources, *resolved.validation_sources]
-    marks = {str(f): _mark(f) for r in refs if r.kind == "local" for f in source_files(r)}
+    marks = {str(f): _mark(f) for f in local_data_files(resolved)}
     inputs = fingerprint_inputs(resolved, tokenizer, shard_examples)
     fp = fingerprint_of(inputs)
     root = Path(resolved.pretokenized_cache)
@@ -263,6 +262,12 @@ def plan_cache(
         previous=previous,
         marks=marks,
     )
+
+
+def local_data_files(resolved: ResolvedConfig) -> list[Path]:
+    """Every local data file the run's train and validation sources read."""
+    refs = [*resolved.train_sources, *resolved.validation_sources]
+    return [f for r in refs if r.kind == "local" for f in source_files(r)]
 
 
 def _mark(path: Path) -> tuple[int, int]:

@@ -283,6 +283,10 @@ def _whole(kind: Any, value: Any) -> Any:
     return value
 
 
+DESCRIBED = ("method", "adapter_type", "target_modules")  # training.config's, as the manifest
+# names them; the other fields `_trained` gives are the run's choices
+
+
 def _trained(resolved: dict[str, Any], targets: Any) -> dict[str, Any]:
     """The training.config fields the loader needs, as the run trained them."""
     kind = resolved.get("adapter_type") or "lora"
@@ -336,20 +340,22 @@ def for_hive_loader(
     if isinstance(config, dict):
         filled = []
         for key, value in _trained(resolved, targets).items():
-            kind = TRAINING_CONFIG.needed.get(key, TRAINING_CONFIG.optional.get(key, NUMBER))
             given = config.get(key)
-            # the run's choice where it made one (batch_size auto, a default warmup, constant
-            # with a warmup); else what the manifest gave, where the loader reads it
-            decided = key not in ("method", "target_modules", "adapter_type")
-            fits = given is not None and _fits_all(kind, _whole(kind, given))
-            if value is not None and (not fits or (decided and given != value)):
+            # what the manifest names where the loader reads it (method, adapter_type,
+            # target_modules); else the run's own choice (batch_size auto, a default warmup,
+            # constant with a warmup)
+            if key in DESCRIBED:
+                kept = given is not None and _fits_all(TRAINING_CONFIG.needed[key], given)
+            else:
+                kept = given == value and not isinstance(given, bool)
+            if value is not None and not kept:
                 config[key] = value
                 filled.append(key)
         if filled:
+            them = "them" if len(filled) > 1 else "it"
             notes.append(
-                f"training.config: {', '.join(filled)} written as the run trained "
-                f"{'them' if len(filled) > 1 else 'it'} (the manifest left "
-                f"{'them' if len(filled) > 1 else 'it'} out, or the run chose otherwise)"
+                f"training.config: {', '.join(filled)} written as the run trained {them} (the "
+                f"manifest left {them} out, or the run chose otherwise)"
             )
     _whole(MANIFEST, manifest)
     return notes
