@@ -125,6 +125,18 @@ def _root(
 # bitsandbytes' CPU backend warns on every import that it could not fetch an optional kernel
 # from the hub; it falls back to its own kernel, and hub fetches cannot happen offline anyway.
 QUIET_LOGGERS = ("bitsandbytes.backends.cpu.ops",)
+# transformers' advice no user of expert-cli can act on: batches are built here (packed rows
+# kept apart by the checked attention, padding out of the loss), and every model without a
+# loss type of its own gets the standard causal loss
+QUIET_ADVICE = (
+    "We strongly recommend passing in an `attention_mask`",
+    "`loss_type=None` was set in the config but it is unrecognized",
+)
+
+
+class _DropAdvice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(QUIET_ADVICE)
 
 
 OUT_OF_MEMORY = (
@@ -148,10 +160,13 @@ def main() -> None:
     """Console-script entry point."""
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("transformers.modeling_utils").addFilter(_DropAdvice())
     # raised inside peft/transformers for every model; nothing a user of expert-cli can act on
     warnings.filterwarnings(
         "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
     )
+    # peft switching the layout for GPT-2's Conv1D layers, as it must
+    warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False but the target")
     # warmup_stable_decay given num_stable_steps (the Trainer always passes the step count too)
     warnings.filterwarnings("ignore", message="Both num_training_steps and num_stable_steps")
     try:

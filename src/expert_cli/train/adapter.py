@@ -10,6 +10,8 @@ from peft import AdaLoraConfig, IA3Config, LoKrConfig, LoraConfig, get_peft_mode
 from peft.utils.constants import (
     TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING as IA3_FEEDFORWARD,
 )
+from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from expert_cli.errors import UserError
 from expert_cli.train.architecture import (
@@ -30,6 +32,26 @@ if TYPE_CHECKING:
     from expert_cli.config.resolve import ResolvedConfig
 
 
+# the layer types each adapter type's peft layers wrap (peft 0.21); `all-linear` picks the
+# nn.Linear and Conv1D layers (GPT-2's) but the output layer
+ADAPTABLE: dict[str, tuple[type[nn.Module], ...]] = {
+    "lora": (
+        nn.Linear,
+        nn.Embedding,
+        nn.Conv1d,
+        nn.Conv2d,
+        nn.Conv3d,
+        Conv1D,
+        nn.MultiheadAttention,
+    ),
+    "adalora": (nn.Linear, Conv1D, nn.Conv2d),
+    "ia3": (nn.Linear, Conv1D, nn.Conv2d),
+    "lokr": (nn.Linear, nn.Conv1d, nn.Conv2d),
+}
+# IA3's feed-forward output layer for the model types peft names none for (OLMo-2, Granite,
+# SmolLM3, Phi-3 ...): the llama family's name, which peft uses for every such type it lists
+IA3_FEEDFORWARD_FALLBACK = "down_proj"
+
 # AdaLoRA's schedule: the first tenth of the steps at the initial rank, the last fifth at the
 # final rank pattern (divisors of the step count)
 ADALORA_WARMUP, ADALORA_FINAL = 10, 5
@@ -39,8 +61,9 @@ def adapter_config(
     resolved: ResolvedConfig, total_steps: int, model_type: str | None = None
 ) -> PeftConfig:
     """The peft configuration for the manifest's adapter type. IA3 without feed-forward
-    modules takes peft's for the architecture (`model_type`): with none, its down projection
-    was scaled at its output, not its input as IA3 scales feed-forward layers."""
+    modules takes peft's for the architecture (`model_type`), or down_proj for a type peft
+    names none for: with none, its down projection was scaled at its output, not its input as
+    IA3 scales feed-forward layers."""
 
     targets = resolved.target_modules
     kind = resolved.adapter_type
@@ -58,7 +81,7 @@ def adapter_config(
         return IA3Config(
             target_modules=targets,
             feedforward_modules=resolved.feedforward_modules
-            or [m for m in IA3_FEEDFORWARD.get(model_type or "", []) if _targeted(m, targets)],
+            or [m for m in _ia3_feedforward(model_type) if _targeted(m, targets)],
             task_type="CAUSAL_LM",
         )
     if kind == "lokr":
@@ -103,13 +126,83 @@ def loadable_ia3(peft_model: Any) -> None:
             }
 
 
+def _ia3_feedforward(model_type: str | None) -> list[str]:
+    return IA3_FEEDFORWARD.get(model_type or "", [IA3_FEEDFORWARD_FALLBACK])
+
+
 def _targeted(name: str, targets: Any) -> bool:
     return targets == "all-linear" or name in targets
+
+
+def ia3_note(peft_model: Any, resolved: ResolvedConfig, model_type: str | None) -> str | None:
+    """What IA3 took for feed-forward layers where peft names none for the model type (the
+    manifest naming none either): down_proj where the model has it, else nothing, every
+    target then scaled at its output."""
+    if resolved.adapter_type != "ia3" or resolved.feedforward_modules:
+        return None
+    if (model_type or "") in IA3_FEEDFORWARD:
+        return None
+    scaled = sum(1 for m in peft_model.modules() if getattr(m, "is_feedforward", False))
+    if scaled:
+        return (
+            f"adapter_type: ia3: peft names no feed-forward layers for this model type; its "
+            f"{scaled} {IA3_FEEDFORWARD_FALLBACK} layers are scaled at their input, as IA3 "
+            "scales feed-forward layers (feedforward_modules names others)"
+        )
+    return (
+        "adapter_type: ia3: peft names no feed-forward layers for this model type and no "
+        f"target is a {IA3_FEEDFORWARD_FALLBACK}: every target is scaled at its output; name "
+        "the feed-forward output layers in training.config.feedforward_modules"
+    )
 
 
 def adapter_error(resolved: ResolvedConfig, exc: ValueError | str) -> str:
     """A line naming the adapter and what is wrong with it."""
     return f"adapter ({resolved.adapter_type}): {exc}"
+
+
+def target_problem(model: Any, resolved: ResolvedConfig) -> str | None:
+    """A named target that matches no layer, or one of a type the adapter cannot adapt."""
+    return unmatched_targets(model, resolved) or unadaptable_targets(model, resolved)
+
+
+def unadaptable_targets(model: Any, resolved: ResolvedConfig) -> str | None:
+    """The targets that name layers of a type the adapter cannot adapt (a LayerNorm, a block;
+    GPT-2's Conv1D for LoKr), each by its place in the list, or `all-linear` when it picks
+    such layers: peft's error quoted the layer's repr (LoKr's was a traceback)."""
+    kind = resolved.adapter_type
+    kinds = ADAPTABLE.get("lora" if kind == "dora" else kind)
+    if kinds is None:
+        return None
+    targets = resolved.target_modules
+    can = ", ".join(k.__name__ for k in kinds)
+    if isinstance(targets, str):
+        picked = _types(model, lambda n, m: isinstance(m, nn.Linear | Conv1D), kinds)
+        if not picked:
+            return None
+        return adapter_error(
+            resolved,
+            f"target_modules all-linear picks the model's {picked} layers, which {kind} cannot "
+            f"adapt (it adapts {can}): use lora, dora, ia3 or adalora, or name its other layers",
+        )
+    lines = []
+    for i, target in enumerate(targets):
+        if wrong := _types(model, lambda n, m, t=target: n == t or n.endswith(f".{t}"), kinds):
+            lines.append(f"target_modules[{i}] names {wrong} layers, which {kind} cannot adapt")
+    if not lines:
+        return None
+    return adapter_error(resolved, "; ".join(lines) + f" (it adapts {can})")
+
+
+def _types(model: Any, picks: Any, kinds: tuple[type[nn.Module], ...]) -> str:
+    """The type names, joined, of `model`'s layers `picks(name, module)` selects that are not
+    among `kinds`; empty when there are none."""
+    wrong = {
+        type(m).__name__
+        for n, m in model.named_modules()
+        if n and picks(n, m) and not isinstance(m, kinds)
+    }
+    return " and ".join(sorted(wrong))
 
 
 def unmatched_targets(model: Any, resolved: ResolvedConfig) -> str | None:
@@ -164,7 +257,7 @@ def adapter_problem(
     memory = memory_bytes if memory_bytes is not None else device_memory()
     if problem := memory_problem(resolved, model, memory):
         return problem
-    if missing := unmatched_targets(model, resolved):
+    if missing := target_problem(model, resolved):
         return missing
     try:
         get_peft_model(model, adapter_config(resolved, 1, model.config.model_type))

@@ -130,3 +130,14 @@ def fuse_lora_linears(model: torch.nn.Module) -> int:
             module.forward = types.MethodType(_fused_forward, module)
             switched += 1
     return switched
+
+
+def unfused_bases(model: torch.nn.Module) -> str:
+    """The type names, joined, of the base layers of `model`'s LoRA layers that do not run
+    the fused forward, with how many of each ("12 Conv1D"); empty when every one does."""
+    left: dict[str, int] = {}
+    for module in model.modules():
+        if hasattr(module, "lora_A") and hasattr(module, "get_base_layer") and not is_fused(module):
+            name = type(module.get_base_layer()).__name__
+            left[name] = left.get(name, 0) + 1
+    return " and ".join(f"{n} {name}" for name, n in sorted(left.items()))

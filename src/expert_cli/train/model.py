@@ -19,18 +19,20 @@ from peft import (
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, set_seed
 
+from expert_cli.config.adapters import unfused_reason
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.adapter import (
     adapter_config,
     adapter_error,
+    ia3_note,
     loadable_ia3,
-    unmatched_targets,
+    target_problem,
 )
 from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
 from expert_cli.train.divergence import non_finite_weights
-from expert_cli.train.fused_lora import fuse_lora_linears
+from expert_cli.train.fused_lora import fuse_lora_linears, unfused_bases
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
 from expert_cli.weights import damaged_weights, non_finite_line, weights_error
@@ -299,7 +301,7 @@ def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps
     compute in the mixed-precision dtype unless `adapter_precision` is fp32."""
 
     set_seed(resolved.seed)
-    if missing := unmatched_targets(model, resolved):
+    if missing := target_problem(model, resolved):
         raise UserError(missing)
     try:
         peft_model = get_peft_model(
@@ -317,6 +319,24 @@ def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps
     if resolved.adapter_kernel == "fused":
         fuse_lora_linears(peft_model)
     return peft_model
+
+
+def adapter_notes(peft_model: PeftModel, resolved: ResolvedConfig) -> list[str]:
+    """Notes on the attached adapter: IA3's feed-forward layers where peft names none for
+    the model type; the LoRA layers the fused kernel cannot take for their base layer's type
+    (GPT-2's Conv1D), where the configuration's own note did not say it runs none."""
+    notes = []
+    if note := ia3_note(peft_model, resolved, getattr(peft_model.config, "model_type", None)):
+        notes.append(note)
+    plain = not unfused_reason(
+        resolved.adapter_type, resolved.use_dora, resolved.quantization, resolved.dropout
+    )
+    if resolved.adapter_kernel == "fused" and plain and (left := unfused_bases(peft_model)):
+        notes.append(
+            f"adapter_kernel: fused runs LoRA on nn.Linear layers; the adapters of the "
+            f"model's {left} layers run peft's own"
+        )
+    return notes
 
 
 def adapter_compute_dtype(resolved: ResolvedConfig) -> str:

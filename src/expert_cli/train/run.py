@@ -49,6 +49,7 @@ from expert_cli.train.memory import Stopped, stage_out_of_memory
 from expert_cli.train.model import (
     ModelChoices,
     adapter_compute_dtype,
+    adapter_notes,
     attach_adapter,
     autocast_dtype,
     build_random_model,
@@ -218,6 +219,7 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     peft_model = attach_adapter(model, resolved, steps)
     choices.adapter_precision = adapter_compute_dtype(resolved)
     choices.fused_lora_layers = sum(1 for m in peft_model.modules() if is_fused(m))
+    choices.notes += adapter_notes(peft_model, resolved)
     if resolved.batch_auto and device.startswith("cuda"):
         with stage_out_of_memory(resolved, Stopped("probe", device=device)):
             _plan_batch(run, peft_model, tokenizer, data, choices)
