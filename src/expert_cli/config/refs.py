@@ -20,6 +20,14 @@ FILE_FORMATS = {
     ".parquet": "parquet",
     ".arrow": "arrow",
 }
+# other names for a format's files
+SUFFIX_ALIASES = {".ndjson": "jsonl", ".jsonlines": "jsonl"}
+# compressed files the reader opens (the text formats only), by suffix
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz"}
+TEXT_FORMATS = ("jsonl", "json", "csv")
+# files a data folder commonly holds beside its data, not named as files left unread
+NOT_DATA_SUFFIXES = {".md", ".py", ".sh", ".yaml", ".yml", ".toml", ".cfg", ".ipynb", ".lock"}
+NOT_DATA_NAMES = ("readme", "license", "licence", "changelog")
 # the manifest's `format` value -> the `datasets` builder that reads it
 BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
 # other suffixes that only a local file has (compressed or plain-text data)
@@ -112,20 +120,69 @@ def is_local(folder: Path, name: str) -> bool:
         exists
         or not looks_like_hub_id(name)
         or suffix in FILE_FORMATS
+        or suffix in SUFFIX_ALIASES
         or suffix in OTHER_LOCAL_SUFFIXES
     )
 
 
+def suffix_format(path: Path | str) -> str | None:
+    """The format a data file's name stands for: its suffix in any case (.JSONL), .ndjson
+    as jsonl, a text format's under a compression suffix (data.jsonl.gz); None otherwise."""
+    suffixes = [s.lower() for s in Path(path).suffixes[-2:]]
+    if not suffixes:
+        return None
+    if suffixes[-1] in COMPRESSIONS:
+        inner = suffixes[0] if len(suffixes) == 2 else ""
+        fmt = FILE_FORMATS.get(inner) or SUFFIX_ALIASES.get(inner)
+        return fmt if fmt in TEXT_FORMATS else None
+    return FILE_FORMATS.get(suffixes[-1]) or SUFFIX_ALIASES.get(suffixes[-1])
+
+
+def compression(path: Path | str) -> str | None:
+    """The compression a file's suffix says (gzip, bz2, xz), or None."""
+    return COMPRESSIONS.get(Path(path).suffix.lower())
+
+
+def folder_files(path: Path) -> list[Path]:
+    """Every file of a folder, sorted: linked subfolders followed (each real folder once, so
+    a link back up is not a loop), hidden ones such as .cache/ or .ipynb_checkpoints/ left
+    out. A subfolder that cannot be read is a UserError naming it."""
+    found, seen = [], {os.path.realpath(path)}
+
+    def unreadable(exc: OSError) -> None:
+        raise UserError(f"{shown_path(exc.filename)}: cannot be read ({exc.strerror})")
+
+    for root, dirs, files in os.walk(path, onerror=unreadable, followlinks=True):
+        kept = []
+        for name in sorted(dirs):
+            real = os.path.realpath(os.path.join(root, name))
+            if not name.startswith(".") and real not in seen:
+                seen.add(real)
+                kept.append(name)
+        dirs[:] = kept
+        found += [
+            Path(root, name)
+            for name in files
+            if not name.startswith(".") and os.path.isfile(os.path.join(root, name))
+        ]
+    return sorted(found)
+
+
 def folder_data_files(path: Path) -> list[Path]:
-    """The data files of a folder (by suffix), hidden ones such as .cache/ or
-    .ipynb_checkpoints/ left out, sorted."""
-    return sorted(
+    """The data files of a folder (by suffix: suffix_format), as folder_files lists them."""
+    return [p for p in folder_files(path) if suffix_format(p)]
+
+
+def unread_files(path: Path) -> list[Path]:
+    """The files of a data folder that no format reads (a .tsv, a .zst, a compressed Parquet
+    file), those a data folder commonly holds beside its data (README, scripts) left out."""
+    return [
         p
-        for p in path.rglob("*")
-        if p.is_file()
-        and p.suffix in FILE_FORMATS
-        and not any(part.startswith(".") for part in p.relative_to(path).parts)
-    )
+        for p in folder_files(path)
+        if not suffix_format(p)
+        and p.suffix.lower() not in NOT_DATA_SUFFIXES
+        and not p.name.lower().startswith(NOT_DATA_NAMES)
+    ]
 
 
 def of_format(files: list[Path], fmt: str | None) -> list[Path]:
@@ -134,7 +191,7 @@ def of_format(files: list[Path], fmt: str | None) -> list[Path]:
     if fmt not in FILE_FORMATS.values():
         return files
     same = {"json", "jsonl"} if fmt in ("json", "jsonl") else {fmt}
-    return [f for f in files if FILE_FORMATS.get(f.suffix) in same]
+    return [f for f in files if suffix_format(f) in same]
 
 
 def split_named(relative: Path) -> str | None:
@@ -198,6 +255,30 @@ def held_out_notes(train: list[Any], valid: list[Any]) -> list[str]:
                 "loss then measures examples the run trains on (a validation file in the "
                 "training folder is left out of training when its name says its split: "
                 "valid.jsonl)"
+            )
+    return notes
+
+
+def unread_notes(refs: list[Any]) -> list[str]:
+    """A note for each local data folder holding files no format reads (data.tsv,
+    data.jsonl.zst): the run trains without them, so each is named (at most SHOWN_FILES)."""
+    notes, done = [], set()
+    for ref in refs:
+        path = Path(ref.location)
+        try:
+            if ref.kind != "local" or ref.location in done or not path.is_dir():
+                continue
+            done.add(ref.location)
+            if path_exists(path / "state.json") or path_exists(path / "dataset_dict.json"):
+                continue
+            left = unread_files(path)
+        except (OSError, UserError):  # the data check names a folder that cannot be read
+            continue
+        if left:
+            notes.append(
+                f"{ref.field}: {len(left)} file(s) in {shown_path(path)} are not read "
+                f"({_named(left, ref.location)}): jsonl, json, csv, parquet and arrow files "
+                "are, the first three also as .gz, .bz2 or .xz"
             )
     return notes
 

@@ -26,6 +26,8 @@ from expert_cli.config.refs import (
     looks_like_hub_id,
     on_another_system,
     split_hub_spec,
+    suffix_format,
+    unread_notes,
     windows_reason,
 )
 from expert_cli.errors import UserError
@@ -163,7 +165,7 @@ def _source(
             location=str(path),
             split=split,
             config=config,
-            format=fmt or FILE_FORMATS.get(path.suffix),
+            format=fmt or suffix_format(path),
             field=label,
         )
     return SourceRef(
@@ -302,7 +304,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     notes: list[str] = []
     train, valid = resolve_sources(lm)
     notes += choices.shared_sources(train, valid) + choices.unevaluated_tasks(train, valid)
-    notes += held_out_notes(train, valid)
+    notes += held_out_notes(train, valid) + unread_notes(train + valid)
     bf16, fp16 = choices.precision(cfg, env, notes)
     tf32 = bool(first(cfg.use_tf32, env.tf32)) and env.tf32
     if cfg.use_tf32 and not env.tf32:

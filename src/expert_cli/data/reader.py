@@ -10,21 +10,30 @@ names are shown only when they look like names, and never more than a few.
 
 from __future__ import annotations
 
+import bz2
 import codecs
 import csv
+import gzip
 import json
+import lzma
 import re
+import zlib
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from expert_cli.config.refs import TEXT_FORMATS, compression
 from expert_cli.errors import UserError
 from expert_cli.jsontext import json_int
 
+OPENERS = {"gzip": gzip.open, "bz2": bz2.open, "xz": lzma.open}
+# what a damaged or cut-short compressed stream raises on read
+STREAM_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)
 CHUNK_BYTES = 1 << 20
 MAX_ITEM_BYTES = 256 << 20  # one example (a JSON value, a CSV record) at most this big
 ARROW_BATCH_ROWS = 1024
@@ -83,19 +92,43 @@ def shown_names(names: list[str]) -> str:
     return head + (f" and {more} more" if more > 0 else "") if names else "none"
 
 
-def read_rows(path: Path, fmt: str) -> Iterator[Row]:
+@dataclass(frozen=True)
+class Columns:
+    """The columns a run reads of a Parquet or Arrow file: those it maps, of which `required`
+    must be in every row. Only they are decoded (a wide file's other columns, images or long
+    metadata, were read whole), unless one is missing or given twice: then every column is
+    read, so the row's check names the field among the row's others."""
+
+    wanted: frozenset[str]
+    required: frozenset[str]
+
+    def of(self, names: list[str]) -> list[str] | None:
+        """The columns of a file with `names` to read, None for all of them."""
+        if any(names.count(c) > 1 for c in self.wanted) or not self.required <= set(names):
+            return None
+        return [n for n in names if n in self.wanted]
+
+
+def read_rows(path: Path, fmt: str, columns: Columns | None = None) -> Iterator[Row]:
     """Every row (example) of one local file, in order, for format jsonl/json/csv/parquet/
-    arrow."""
+    arrow; of a Parquet or Arrow file only `columns` where they are given."""
     if path.is_dir() or not path.exists():
         raise UserError(f"{path}: not a data file")
+    if path.suffix.lower() == ".zst":
+        raise UserError(f"{path}: zstd-compressed; decompress it, or compress it with gzip")
+    if compression(path) and fmt not in TEXT_FORMATS:
+        raise UserError(
+            f"{path}: a compressed {fmt} file; only jsonl, json and csv are read compressed: "
+            "decompress it"
+        )
     if fmt in ("jsonl", "json"):
         yield from _json_rows(path)
     elif fmt == "csv":
         yield from _csv_rows(path)
     elif fmt == "parquet":
-        yield from _parquet_rows(path)
+        yield from _parquet_rows(path, columns)
     elif fmt == "arrow":
-        yield from _arrow_rows(path)
+        yield from _arrow_rows(path, columns)
     else:
         raise UserError(f"{path}: cannot read format {fmt!r} (jsonl, json, csv, parquet, arrow)")
 
@@ -116,7 +149,13 @@ class _Text:
         self.eof = False
 
     def read(self) -> str:
-        data = self.fh.read(CHUNK_BYTES)
+        try:
+            data = self.fh.read(CHUNK_BYTES)
+        except STREAM_ERRORS as exc:
+            kind = compression(self.path)
+            what = f"its {kind} data is damaged or cut short" if kind else "cannot be read"
+            at = f" after {self.offset} bytes of text" if self.offset else ""
+            raise UserError(f"{self.path}: {what}{at} ({type(exc).__name__})") from None
         self.eof = not data
         skip = len(codecs.BOM_UTF8) if self.offset == 0 and data.startswith(codecs.BOM_UTF8) else 0
         pending = self.decoder.getstate()[0]  # the start of a character cut by the last read
@@ -139,7 +178,8 @@ def _open(path: Path) -> BinaryIO:
     try:
         if not path.is_file():
             raise UserError(f"{path}: not a regular file (a device, pipe or socket)")
-        return path.open("rb")
+        kind = compression(path)
+        return OPENERS[kind](path, "rb") if kind else path.open("rb")  # type: ignore[return-value]
     except OSError as exc:
         raise UserError(
             f"{path}: cannot be opened ({exc.strerror or type(exc).__name__})"
@@ -279,10 +319,15 @@ def _csv_rows(path: Path) -> Iterator[Row]:
 # --------------------------------------------------------------------------- Arrow
 
 
-def _batches_as_rows(path: Path, batches: Iterator[pa.RecordBatch]) -> Iterator[Row]:
+def _batches_as_rows(
+    path: Path, batches: Iterator[pa.RecordBatch], columns: Columns | None
+) -> Iterator[Row]:
     number = 0
     try:
         for batch in batches:
+            chosen = columns.of(batch.schema.names) if columns else None
+            if chosen is not None:
+                batch = batch.select(chosen)
             try:
                 rows = batch.to_pylist()
             except UnicodeDecodeError:  # Arrow keeps the bytes of a string as written
@@ -311,15 +356,34 @@ def _not_text(path: Path, batch: pa.RecordBatch, before: int) -> str:
     return f"{path}: row {before + 1}: holds bytes that are not UTF-8 text"
 
 
-def _parquet_rows(path: Path) -> Iterator[Row]:
+def column_names(path: Path, fmt: str) -> list[str] | None:
+    """The column names of a Parquet or Arrow file, read from its schema alone; None for
+    another format or a file that cannot be read (reading its rows names the problem)."""
+    try:
+        if fmt == "parquet":
+            return list(pq.read_schema(path).names)
+        if fmt == "arrow":
+            with pa.memory_map(str(path)) as source:
+                try:
+                    return list(pa.ipc.open_stream(source).schema.names)
+                except pa.ArrowInvalid:
+                    return list(pa.ipc.open_file(source).schema.names)
+    except (pa.ArrowException, OSError):
+        return None
+    return None
+
+
+def _parquet_rows(path: Path, columns: Columns | None) -> Iterator[Row]:
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
         raise UserError(f"{path}: not a Parquet file ({type(exc).__name__})") from None
-    yield from _batches_as_rows(path, parquet.iter_batches(batch_size=ARROW_BATCH_ROWS))
+    chosen = columns.of(parquet.schema_arrow.names) if columns else None
+    batches = parquet.iter_batches(batch_size=ARROW_BATCH_ROWS, columns=chosen)
+    yield from _batches_as_rows(path, batches, columns)
 
 
-def _arrow_rows(path: Path) -> Iterator[Row]:
+def _arrow_rows(path: Path, columns: Columns | None) -> Iterator[Row]:
     """An Arrow IPC stream (what `datasets` writes) or file."""
     source = pa.memory_map(str(path))
     try:
@@ -331,4 +395,4 @@ def _arrow_rows(path: Path) -> Iterator[Row]:
         except pa.ArrowException as exc:
             raise UserError(f"{path}: not an Arrow file ({type(exc).__name__})") from None
         batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-    yield from _batches_as_rows(path, batches)
+    yield from _batches_as_rows(path, batches, columns)

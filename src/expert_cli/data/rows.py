@@ -17,16 +17,25 @@ from typing import Any
 from expert_cli.config.base import lone_surrogate_at
 from expert_cli.config.refs import (
     FILE_FORMATS,
+    compression,
     folder_data_files,
     is_training_field,
     of_format,
     split_files,
+    suffix_format,
     windows_note,
 )
 from expert_cli.config.resolve import SourceRef
 from expert_cli.data.conversations import is_text_part
 from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec
-from expert_cli.data.reader import read_rows, repeated_keys, shown_name, shown_names
+from expert_cli.data.reader import (
+    Columns,
+    column_names,
+    read_rows,
+    repeated_keys,
+    shown_name,
+    shown_names,
+)
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, shown_path
 
@@ -117,12 +126,18 @@ def file_format(ref: SourceRef, files: list[Path]) -> str:
     """The format of a local source's files: the manifest's, else their suffix's."""
     if ref.format in ("jsonl", "json", "csv", "parquet", "arrow"):
         return ref.format
-    kinds = {FILE_FORMATS[f.suffix] for f in files if f.suffix in FILE_FORMATS}
+    kinds = {k for k in map(suffix_format, files) if k}
     kinds = {"json" if k == "jsonl" else k for k in kinds}  # one reader reads both layouts
     if len(kinds) > 1:  # a format set reads only its own files (source_files)
         raise UserError(
             f"{ref.location}: holds data files of several formats ({', '.join(sorted(kinds))}); "
             "keep one format in the folder, or set training.dataset.format to the one to read"
+        )
+    if not kinds and any(compression(f) or f.suffix.lower() == ".zst" for f in files):
+        raise UserError(
+            f"{ref.location}: a compressed file of no format the reader knows; jsonl, json and "
+            "csv files are read compressed with gzip, bz2 or xz, named for both "
+            "(data.jsonl.gz): rename it so, or decompress it"
         )
     if not kinds:
         raise UserError(
@@ -291,17 +306,29 @@ class Scan:
     at: str = ""
 
 
-def _file_rows(files: list[Path], fmt: str) -> Iterator[tuple[str, Any]]:
+def _file_rows(files: list[Path], fmt: str, columns: Columns | None) -> Iterator[tuple[str, Any]]:
     for path in files:
-        for where, row in read_rows(path, fmt):
+        for where, row in read_rows(path, fmt, columns):
             yield (f"{path}:{where[5:]}" if where.startswith("line ") else f"{path}: {where}"), row
+
+
+def _columns(fields: FieldSpec | None, mapping: dict[str, str] | None) -> Columns | None:
+    """The columns the mapping reads (None when it is detected from the first row)."""
+    roles = fields.mapping if fields else mapping
+    if not roles:
+        return None
+    required = {c for r, c in roles.items() if r not in OPTIONAL_ROLES}
+    return Columns(frozenset(roles.values()), frozenset(required))
 
 
 def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None) -> Scan:
     """Every row of a local source, checked against the field mapping (detected from the
     first row when the manifest has none), streamed."""
     files = source_files(ref)
-    rows = _file_rows(files, file_format(ref, files))
+    fmt = file_format(ref, files)
+    if fields is None and mapping is None and (names := column_names(files[0], fmt)):
+        fields = field_spec(None, names, f"{files[0]}: row 1")  # from the schema: as a row
+    rows = _file_rows(files, fmt, _columns(fields, mapping))
     first = next(rows, None)
     if first is None:
         why = (
