@@ -345,6 +345,33 @@ class Manifest(BaseModel):
         return adapters[0] if adapters else None
 
 
+# --------------------------------------------------------------------------- a package's
+
+
+class PackagedDecodingSpec(DecodingSpec):
+    """`training.decoding` of a package's manifest: a run's, but `top_k` as HiveLLM's loader
+    reads it (a usize: 0 and any larger limit load; `hive_loader` checks it). A run's bound
+    (1 to MAX_TOP_K) is what `generate` samples with, not what a package may ship."""
+
+    top_k: Any = Field(None, description="Top-k limit, as HiveLLM's loader reads it.")
+
+
+class PackagedTrainingSpec(TrainingSpec):
+    """`training` of a package's manifest: the dataset as HiveLLM's loader reads it (`tasks`
+    any JSON, no `path` needed; `hive_loader` checks it). It describes data the package does
+    not hold; a run's rules judge it as the data a run reads."""
+
+    dataset: Any = Field(description="The data the expert was trained on, described.")
+    decoding: PackagedDecodingSpec | None = Field(None, description="Inference settings.")
+
+
+class PackagedManifest(Manifest):
+    """A package's manifest.json as `check --package` holds it to expert-cli's own rules: a
+    run's manifest, less the rules of a run's inputs where HiveLLM's loader reads more."""
+
+    training: PackagedTrainingSpec
+
+
 class LoadedManifest(BaseModel):
     """A validated manifest with where it came from (paths resolve against `folder`)."""
 

@@ -113,3 +113,13 @@ def reconciled(
         trained_all = isinstance(trained_targets, str) and trained_targets.lower() == ALL_LINEAR
         entry["target_modules"] = ALL_LINEAR if trained_all else adapter["target_modules"]
     return notes
+
+
+def entry_problems(adapter: dict[str, Any], config: dict[str, Any], where: str) -> list[str]:
+    """`check --package`: each type, rank or alpha of the manifest's adapter entry (at `where`)
+    that the adapter_config.json shipped with it gives otherwise (the manifest would describe
+    an adapter not shipped)."""
+    return [
+        f"{where}[0].{field}: {given} in manifest.json, {value} in adapter_config.json"
+        for field, given, value in disagreements(adapter, config)
+    ]

@@ -281,7 +281,9 @@ def build_package(
             _write_tar(tmp, members)
             report = verify_package(tmp, expected=members, sidecar=False)
             if report.problems:  # never leave a package that does not read back
-                raise UserError([f"{path}: {p}" for p in report.problems])
+                # a line said of the whole archive names the temporary file: said of `path`
+                shown = f"{shown_path(tmp)}: "
+                raise UserError([f"{path}: {p.removeprefix(shown)}" for p in report.problems])
             tmp_sum.write_text(f"{report.sha256}  {path.name}\n", encoding="utf-8")
     except OSError as exc:  # a full disk, a folder gone since the check: not the user's input
         raise RunError(f"--output {shown_path(path)}: cannot be written ({exc.strerror})") from None

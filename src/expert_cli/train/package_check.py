@@ -12,7 +12,6 @@ import json
 import os
 import tarfile
 import tempfile
-import unicodedata
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -20,15 +19,16 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from expert_cli.config import Manifest
 from expert_cli.config.loading import format_errors, parse_manifest_text
+from expert_cli.config.models import PackagedManifest
 from expert_cli.data.conversations import drop_nulls
-from expert_cli.errors import escaped
 from expert_cli.jsontext import json_int
-from expert_cli.train.adapter_entry import disagreements
+from expert_cli.paths import shown_path
+from expert_cli.train.adapter_entry import entry_problems
 from expert_cli.train.adapter_fit import Shapes
 from expert_cli.train.hive_loader import loader_problems
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
+from expert_cli.train.package_members import member_problem
 from expert_cli.train.tokenizer_files import (
     TOKENIZER_CHECK_BYTES,
     TOKENIZER_FILES,
@@ -47,6 +47,15 @@ TAIL_BYTES = 64 << 20  # zeros after the archive's end beyond this are not paddi
 # tar pads to its record size: 10 KiB by default, 2 MiB with -b 4096)
 MAX_FILE_BYTES = 20 << 30
 MAX_MEMBERS = 10_000
+GZIP_MAGIC = b"\x1f\x8b"
+CUT_SHORT = (
+    "cut short (truncated): the archive stops part-way, as an interrupted download or copy, "
+    "or a full disk, leaves it; copy it again"
+)
+NO_TAR = (
+    "not a gzip-compressed tar archive (a gzip file that holds no tar: another kind of file, "
+    "or a damaged copy)"
+)
 FINITE_CHECK_BYTES = 4 << 30  # safetensors members up to this size are checked for NaN
 CHUNK = 1 << 20
 
@@ -109,25 +118,16 @@ def verify_package(
     report.sha256 = sha256_of(path)
     hashes: dict[str, str] = {}
     heads: dict[str, bytes] = {}  # adapter configurations, and the weights' headers
-    seen: dict[str, tuple[str, bool]] = {}  # name as unpacked -> (first name, a folder)
-    try:
-        with (
-            gzip.GzipFile(path, mode="rb") as unzipped,
-            tarfile.open(fileobj=(blocks := _Blocks(unzipped)), mode="r:") as tar,
-        ):
-            for count, member in enumerate(tar, 1):
-                if count > MAX_MEMBERS:
-                    report.problems.append(f"more than {MAX_MEMBERS:,} files")
-                    break
-                if problem := _admit(member, seen):
-                    report.problems.append(problem)
-                elif not member.isdir():  # unpacking makes a folder: harmless, not listed
-                    _read_member(tar, member, report, hashes, heads)
-            else:
-                _check_end(blocks, report)
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        report.problems.append(f"not a gzip-compressed tar archive ({type(exc).__name__})")
-        return report
+    with gzip.GzipFile(path, mode="rb") as unzipped:
+        blocks, opened = _Blocks(unzipped), False
+        try:
+            with tarfile.open(fileobj=blocks, mode="r:") as tar:
+                opened = True  # tar has read the first member's header
+                _read_members(tar, blocks, report, hashes, heads)
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            # said while the stream is open: whether it has ended tells a cut from damage
+            report.problems.append(_unreadable(path, exc, blocks, opened))
+            return report
     _check_contents(report, hashes, heads)
     if sidecar:
         _check_checksum_file(report)
@@ -137,6 +137,29 @@ def verify_package(
             if hashes.get(name) != want:
                 report.problems.append(f"{name}: does not read back as written")
     return report
+
+
+def _read_members(
+    tar: tarfile.TarFile,
+    blocks: _Blocks,
+    report: PackageReport,
+    hashes: dict[str, str],
+    heads: dict[str, bytes],
+) -> None:
+    """Each member in turn (names as unpacking reads them, at most MAX_MEMBERS), then what
+    follows the archive's end."""
+    seen: dict[str, tuple[str, bool]] = {}  # name as unpacked -> (first name, a folder)
+    for count, member in enumerate(tar, 1):
+        if count > MAX_MEMBERS:
+            report.problems.append(f"more than {MAX_MEMBERS:,} files")
+            return
+        if problem := member_problem(member, seen):
+            report.problems.append(problem)
+        elif member.size > MAX_FILE_BYTES:
+            report.problems.append(f"{member.name}: over {MAX_FILE_BYTES >> 30} GB")
+        elif not member.isdir():  # unpacking makes a folder: harmless, not listed
+            _read_member(tar, member, report, hashes, heads)
+    _check_end(blocks, report)
 
 
 def _read_member(
@@ -162,49 +185,6 @@ def _read_member(
         _check_tokenizer_file(name, data, member.size, report)
 
 
-def _unpacked(name: str) -> str:
-    """What a file system that ignores case and Unicode forms (macOS, Windows) makes of a
-    member's name: `./A.json` and `a.json` are one file there."""
-    return unicodedata.normalize("NFC", PurePosixPath(name).as_posix()).casefold()
-
-
-def _admit(member: tarfile.TarInfo, seen: dict[str, tuple[str, bool]]) -> str | None:
-    """Why a member does not belong in a package; None when it does, and then it is recorded
-    in `seen` (name as unpacked -> (its name, whether a folder)), with the folders it lies in."""
-    name, shown = member.name, escaped(member.name)
-    if name != shown:
-        return f"{shown}: a name holding control characters or bytes that are not UTF-8"
-    if name.startswith("/") or ".." in PurePosixPath(name).parts or "\\" in name:
-        return f"{name}: a path outside the package"
-    if not member.isfile() and not member.isdir():
-        return f"{name}: not a regular file (links and devices do not belong in a package)"
-    path = PurePosixPath(name)
-    for folder in [*reversed(path.parents[:-1]), path]:
-        first, is_folder = seen.get(_unpacked(str(folder)), (None, folder != path))
-        if folder != path and first is not None and not is_folder:
-            return f"{path}: lies under {first}, which the package holds as a file"
-        if folder == path and first is not None and not (is_folder and member.isdir()):
-            return _clash(path.as_posix(), first, is_folder, member.isdir())
-        seen.setdefault(_unpacked(str(folder)), (folder.as_posix(), folder != path))
-    seen[_unpacked(name)] = (path.as_posix(), member.isdir())
-    if member.size > MAX_FILE_BYTES:
-        return f"{name}: over {MAX_FILE_BYTES >> 30} GB"
-    return None
-
-
-def _clash(name: str, first: str, first_folder: bool, folder: bool) -> str:
-    if first_folder != folder:
-        return f"{name}: a {'folder' if folder else 'file'} where the package has a " + (
-            f"{'folder' if first_folder else 'file'} of that name ({first})"
-        )
-    if first == name:
-        return f"{name}: in the package twice (unpacking keeps the last, this check the first)"
-    return (
-        f"{name}: the same file as {first} where names ignore case or Unicode form (macOS, "
-        "Windows): unpacking there keeps only one"
-    )
-
-
 class _Blocks:
     """The unzipped archive as tarfile reads it, keeping the last piece it read: once the
     listing has ended, the block that ended it (zeros, or bytes after the archive's end)."""
@@ -223,6 +203,36 @@ class _Blocks:
         return self.stream.tell()
 
 
+def _unreadable(path: Path, exc: BaseException, blocks: _Blocks, opened: bool) -> str:
+    """What stopped the archive being read, said of the file: no gzip at all, a gzip stream or
+    the tar in it that stops part-way (`opened`: tar had read a first header), or damage."""
+    with path.open("rb") as f:
+        head = f.read(len(GZIP_MAGIC))
+    if head != GZIP_MAGIC:
+        what = f"{'an empty file, ' if not head else ''}not a gzip-compressed tar archive"
+    elif isinstance(exc, EOFError) or (
+        isinstance(exc, tarfile.TarError) and opened and _ended(blocks)
+    ):
+        what = CUT_SHORT
+    elif isinstance(exc, tarfile.TarError):
+        what = "damaged: a header of its tar cannot be read; copy it again" if opened else NO_TAR
+    elif isinstance(exc, gzip.BadGzipFile | zlib.error):
+        what = "damaged: its compressed data does not unpack; copy it again"
+    else:  # the disk's error, not the file's
+        what = f"cannot be read ({getattr(exc, 'strerror', None) or type(exc).__name__})"
+    return f"{shown_path(path)}: {what}"
+
+
+def _ended(blocks: _Blocks) -> bool:
+    """Whether the unzipped stream has nothing left (what tar read stopped part-way)."""
+    try:
+        return blocks.read(1) == b""
+    except EOFError:  # the gzip stream stops part-way too
+        return True
+    except (OSError, zlib.error):
+        return False
+
+
 def _check_end(blocks: _Blocks, report: PackageReport) -> None:
     """From the block that ended the listing on: only zeros (a tar's end and padding), and
     not past TAIL_BYTES. Bytes there are not files, tar lists none, and no package has them."""
@@ -230,7 +240,10 @@ def _check_end(blocks: _Blocks, report: PackageReport) -> None:
     try:
         while read <= TAIL_BYTES and (block := blocks.read(CHUNK)):
             read, data = read + len(block), data + len(block) - block.count(0)
-    except (OSError, EOFError, zlib.error):  # bytes after the gzip stream that are no gzip
+    except EOFError:  # the gzip stream stops before its end marker (its last 8 bytes)
+        report.problems.append(f"{shown_path(report.path)}: {CUT_SHORT}")
+        return
+    except (OSError, zlib.error):  # bytes after the gzip stream that are no gzip
         data = -1
     if data or read > TAIL_BYTES:
         what = (
@@ -313,8 +326,8 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
         manifest, repeated = parse_manifest_text(data.decode("utf-8"))
         report.problems += [f"manifest.json: {line}" for line in repeated]
         # a field the writer left null is one it left out (HiveLLM's packager writes its
-        # unset fields as null)
-        Manifest.model_validate(drop_nulls(manifest))
+        # unset fields as null); the dataset and top_k as HiveLLM's loader reads them, below
+        PackagedManifest.model_validate(drop_nulls(manifest))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         if isinstance(exc, ValidationError):
             report.problems += [f"manifest.json: {line}" for line in format_errors(exc)]
@@ -349,7 +362,7 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
         if problem:
             report.problems.append(f"{ADAPTER_FILES[1]}: {problem}")
         else:
-            report.problems += _entry_problems(adapter, config, where)
+            report.problems += entry_problems(adapter, config, where)
     weights = hashes.get(ADAPTER_FILES[0])
     if weights and adapter.get("sha256") and adapter["sha256"] != weights:
         report.problems.append(f"{where}[0].sha256: does not match {ADAPTER_FILES[0]}")
@@ -358,15 +371,6 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
         report.problems.append(
             f"{where}[0].size_bytes: {adapter['size_bytes']} but the file has {size}"
         )
-
-
-def _entry_problems(adapter: dict[str, Any], config: dict[str, Any], where: str) -> list[str]:
-    """Each type, rank or alpha of the manifest's adapter entry that the adapter_config.json
-    shipped with it gives otherwise (the manifest would describe an adapter not shipped)."""
-    return [
-        f"{where}[0].{field}: {given} in manifest.json, {value} in {ADAPTER_FILES[1]}"
-        for field, given, value in disagreements(adapter, config)
-    ]
 
 
 def _read_config(data: bytes, shapes: Shapes | None) -> tuple[dict[str, Any], str | None]:

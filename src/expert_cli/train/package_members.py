@@ -1,0 +1,53 @@
+"""The names inside a package's archive: which belong in a package (no path outside it, no
+link or device, no control characters), and which unpack onto one another (a name twice, a
+file under a file, names one file on a system that ignores case or Unicode form)."""
+
+from __future__ import annotations
+
+import tarfile
+import unicodedata
+from pathlib import PurePosixPath
+
+from expert_cli.errors import escaped
+
+
+def _unpacked(name: str) -> str:
+    """What a file system that ignores case and Unicode forms (macOS, Windows) makes of a
+    member's name: `./A.json` and `a.json` are one file there."""
+    return unicodedata.normalize("NFC", PurePosixPath(name).as_posix()).casefold()
+
+
+def member_problem(member: tarfile.TarInfo, seen: dict[str, tuple[str, bool]]) -> str | None:
+    """Why an archive's member does not belong in a package; None when it does, and then it is
+    recorded in `seen` (name as unpacked -> (its name, whether a folder)), with the folders it
+    lies in."""
+    name, shown = member.name, escaped(member.name)
+    if name != shown:
+        return f"{shown}: a name holding control characters or bytes that are not UTF-8"
+    if name.startswith("/") or ".." in PurePosixPath(name).parts or "\\" in name:
+        return f"{name}: a path outside the package"
+    if not member.isfile() and not member.isdir():
+        return f"{name}: not a regular file (links and devices do not belong in a package)"
+    path = PurePosixPath(name)
+    for folder in [*reversed(path.parents[:-1]), path]:
+        first, is_folder = seen.get(_unpacked(str(folder)), (None, folder != path))
+        if folder != path and first is not None and not is_folder:
+            return f"{path}: lies under {first}, which the package holds as a file"
+        if folder == path and first is not None and not (is_folder and member.isdir()):
+            return _clash(path.as_posix(), first, is_folder, member.isdir())
+        seen.setdefault(_unpacked(str(folder)), (folder.as_posix(), folder != path))
+    seen[_unpacked(name)] = (path.as_posix(), member.isdir())
+    return None
+
+
+def _clash(name: str, first: str, first_folder: bool, folder: bool) -> str:
+    if first_folder != folder:
+        return f"{name}: a {'folder' if folder else 'file'} where the package has a " + (
+            f"{'folder' if first_folder else 'file'} of that name ({first})"
+        )
+    if first == name:
+        return f"{name}: in the package twice (unpacking keeps the last, this check the first)"
+    return (
+        f"{name}: the same file as {first} where names ignore case or Unicode form (macOS, "
+        "Windows): unpacking there keeps only one"
+    )
