@@ -20,6 +20,7 @@ from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
 from expert_cli.data import prepare_data
 from expert_cli.data.cache import cache_root_problem, open_cache_root
+from expert_cli.data.discovery import human_size
 from expert_cli.data.sources import load_sources
 from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import RunError, UserError
@@ -237,6 +238,7 @@ def test_sigkill_mid_build_then_resume(demo_expert_dir, tmp_path) -> None:
     proc.wait()
     finished = list(root.glob(".build-*/*/shard-*"))
     assert len(finished) == 1
+    reused_tokens = json.loads((finished[0] / "stats.json").read_text())["tokens"]
     # the killed process's copies of the data files are the ones another process writes
     # (they were named by a per-process str hash: each retry added a full copy beside them)
     copies = next(root.glob(".build-*")) / "sources"
@@ -250,6 +252,12 @@ def test_sigkill_mid_build_then_resume(demo_expert_dir, tmp_path) -> None:
     assert resumed.status == "resumed"
     assert resumed.reason == "1 of 9 shards reused from an interrupted build"
     assert resumed.stats["shards"] == 9  # 8 train shards of 50 + 1 eval shard
+    made = resumed.stats["train"]["tokens"] + resumed.stats["eval"]["tokens"] - reused_tokens
+    assert reused_tokens > 0 and made > 0
+    # the speed of this build: the reused shard's tokens were not made in its seconds
+    assert resumed.stats["tokens_per_second"] == pytest.approx(
+        made / resumed.stats["build_seconds"], rel=0.01
+    )
     assert not list(root.glob(".build-*")) and not list(root.glob(".tmp-*"))
     clean = prepare(manifest, f"pretokenized_cache={tmp_path / 'clean'}", shard=50)
     assert clean.built and clean.stats["fingerprint"] == resumed.stats["fingerprint"]
@@ -605,3 +613,36 @@ def test_a_data_file_written_while_it_is_read_leaves_no_cache(demo_expert_dir, m
     monkeypatch.setattr(build, "load_sources", real)
     again = prepare(manifest)  # the file as it is now, whole
     assert again.built and again.stats["train"]["examples_read"] == 399
+
+
+def test_earlier_caches_are_counted_and_pruned_only_when_asked(demo_expert_dir) -> None:
+    """Every change of the data or settings left a finished cache beside the new one, never
+    removed: a run now counts them, and `pretokenize --prune` removes them (not another
+    expert's whose name begins with this one's, nor the current one)."""
+    manifest = demo_expert_dir / "manifest.json"
+    root = demo_expert_dir / ".cache" / "pretokenized"
+    first = prepare(manifest, "max_seq_length=256")
+    assert first.earlier.caches == 0
+    second = prepare(manifest, "max_seq_length=384")
+    assert second.earlier.caches == 1
+    size = sum(f.stat().st_size for f in first.cache_dir.rglob("*") if f.is_file())
+    assert second.earlier.size == size
+    other = root / f"{first.cache_dir.name.rsplit('-', 1)[0]}-x-{'0' * 16}"
+    shutil.copytree(first.cache_dir, other)  # expert "<name>-x": not this expert's
+    current = prepare(manifest)
+    assert (current.earlier.caches, current.pruned.caches) == (2, 0)
+    assert first.cache_dir.is_dir() and second.cache_dir.is_dir()  # kept unless asked
+
+    kept = run_here("pretokenize", "-m", str(manifest))
+    assert "kept 2 earlier caches of this expert" in " ".join(kept.stdout.split())
+    out = run_here("pretokenize", "-m", str(manifest), "--prune")
+    said = " ".join(out.stdout.split())
+    assert out.returncode == 0, said
+    assert f"pruned 2 earlier caches of this expert ({human_size(current.earlier.size)})" in said
+    assert "--prune removes them" not in said
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [".lock", current.cache_dir.name, other.name, "expert-demo.latest.json"]
+    )
+    again = prepare(manifest)
+    assert again.status == "current" and rows(again) == rows(current)
+    assert (again.earlier.caches, again.pruned.caches) == (0, 0)

@@ -86,6 +86,30 @@ def test_cached_model_and_offline_dataset(tmp_path: Path) -> None:
     assert "in the local cache:" in text.stdout and "Qwen/Qwen3-0.6B (9.8 KB)" in text.stdout
 
 
+@pytest.mark.parametrize("layout", ["empty", "dangling", "zero bytes"])
+def test_a_snapshot_without_a_byte_is_not_cached(tmp_path: Path, layout: str) -> None:
+    """A download stopped before its first byte left the snapshot folder (empty, or links to
+    blobs never finished): it read as cached, then the dataset's load failed offline."""
+    from expert_cli.data.hub import HubRef, cached
+
+    folder = tmp_path / "hub" / "datasets--org--rows"
+    snapshot = folder / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (folder / "blobs").mkdir()
+    if layout == "dangling":
+        (snapshot / "train.jsonl").symlink_to(folder / "blobs" / "abc.incomplete")
+    elif layout == "zero bytes":
+        (folder / "blobs" / "abc").write_bytes(b"")
+        (snapshot / "train.jsonl").symlink_to(folder / "blobs" / "abc")
+    roots = {"hub": tmp_path / "hub", "datasets": tmp_path / "datasets"}
+    ref = HubRef("dataset", "org/rows", None, "training.dataset.path")
+    assert cached(ref, roots) is None
+    (folder / "blobs" / "abc").write_bytes(b'{"text": "x"}')
+    (snapshot / "train.jsonl").unlink(missing_ok=True)
+    (snapshot / "train.jsonl").symlink_to(folder / "blobs" / "abc")
+    assert cached(ref, roots) == (folder, 13)
+
+
 def test_a_reachable_hub_means_downloads(tmp_path: Path, hub_endpoint: str) -> None:
     env = {**ONLINE, "HF_HOME": str(tmp_path), "HF_ENDPOINT": hub_endpoint}
     out = run_here("check", "-m", str(SQL), "--json", env=env)

@@ -12,6 +12,7 @@ from expert_cli.cli.options import JsonOpt
 
 if TYPE_CHECKING:
     from expert_cli.data import PreparedData
+    from expert_cli.data.earlier import Earlier
     from expert_cli.data.pretokenize import Outcome
 
 
@@ -34,6 +35,14 @@ def pretokenize(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if current.")] = False,
+    prune: Annotated[
+        bool,
+        typer.Option(
+            "--prune",
+            help="Remove each expert's earlier finished caches (other data, tokenizer or "
+            "settings) once its current one is ready.",
+        ),
+    ] = False,
 ) -> None:
     """Tokenize, mask, pack and cache each manifest's data; say whether it was built or current."""
     from expert_cli.cli.render import BuildBar, console
@@ -56,7 +65,7 @@ def pretokenize(
 
     try:
         with sigterm_raises():  # SIGTERM as Ctrl-C: a line saying what is kept, exit 143
-            outcomes = pretokenize_all(manifests, num_proc, force, BuildBar(), show)
+            outcomes = pretokenize_all(manifests, num_proc, force, BuildBar(), show, prune)
     except (KeyboardInterrupt, Terminated):
         out.print(
             "interrupted: the shards finished so far are kept; the same command resumes the "
@@ -127,10 +136,23 @@ def summary_lines(data: PreparedData) -> list[str]:
         ev = data.stats["eval"]
         lines.append(f"  eval: rows {ev['rows']:,}, tokens {ev['tokens']:,}")
     if data.built:
-        speed = data.stats.get("tokens_per_second") or 0.0
-        lines.append(f"  built in {data.stats['build_seconds']:.1f} s ({speed:,.0f} tokens/s)")
+        speed = data.stats.get("tokens_per_second")
+        rate = f"{speed:,.0f} tokens/s" if speed else "every shard reused"
+        lines.append(f"  built in {data.stats['build_seconds']:.1f} s ({rate})")
     lines.append(f"  cache {escaped(str(data.cache_dir))}")
+    if data.pruned.caches:
+        lines.append(f"  pruned {earlier_text(data.pruned)}")
+    if data.earlier.caches:
+        lines.append(f"  kept {earlier_text(data.earlier)}; --prune removes them")
     return lines
+
+
+def earlier_text(earlier: Earlier) -> str:
+    """`3 earlier caches of this expert (1.2 GB)`."""
+    from expert_cli.data.discovery import human_size
+
+    plural = "s" if earlier.caches != 1 else ""
+    return f"{earlier.caches} earlier cache{plural} of this expert ({human_size(earlier.size)})"
 
 
 def find_datasets(

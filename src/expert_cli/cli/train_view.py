@@ -18,10 +18,12 @@ from rich.progress import (
 )
 from transformers import TrainerCallback
 
+from expert_cli.cli.data import earlier_text
 from expert_cli.cli.render import BuildBar, labelled
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import PreparedData
 from expert_cli.data.build import drop_reasons, masking_words
+from expert_cli.data.earlier import Earlier
 from expert_cli.errors import escaped
 from expert_cli.train.causality import ISOLATED
 from expert_cli.train.choice import lower_loss_note
@@ -42,7 +44,12 @@ def _fmt(value: Any) -> str:
 
 
 def print_data(
-    console: Console, stats: dict[str, Any], status: str, reason: str, cache_dir: Any
+    console: Console,
+    stats: dict[str, Any],
+    status: str,
+    reason: str,
+    cache_dir: Any,
+    earlier: Earlier | None = None,
 ) -> None:
     """Data: rows, tokens, packing efficiency, and whether the cache was built, resumed or
     reused."""
@@ -62,6 +69,14 @@ def print_data(
         console.print(masking, highlight=False, markup=False)
     console.print("[bold]cache[/bold]     ", end="")
     console.print(f"{state} ({reason}) {escaped(str(cache_dir))}", highlight=False, markup=False)
+    if earlier is not None and earlier.caches:
+        console.print("[bold]note[/bold]      ", end="")
+        console.print(
+            f"{earlier_text(earlier)} kept beside it; `expert-cli pretokenize --manifest "
+            "MANIFEST --prune` removes them",
+            highlight=False,
+            markup=False,
+        )
 
 
 def _fused(choices: Any) -> str:
@@ -216,7 +231,7 @@ class RichReporter:
         self.progress = ProgressCallback(console)
 
     def data(self, data: PreparedData) -> None:
-        print_data(self.console, data.stats, data.status, data.reason, data.cache_dir)
+        print_data(self.console, data.stats, data.status, data.reason, data.cache_dir, data.earlier)
 
     def decisions(
         self, resolved: ResolvedConfig, choices: ModelChoices, params: tuple[int, int]

@@ -35,9 +35,10 @@ from expert_cli.data.cache import (
     shard_examples_default,
 )
 from expert_cli.data.changes import changed_inputs
+from expert_cli.data.earlier import Earlier, count_earlier, prune_earlier
 from expert_cli.errors import RunError, UserError
 
-__all__ = ["BuildProgress", "PreparedData", "prepare_data"]
+__all__ = ["BuildProgress", "PreparedData", "prepare_data", "prune_earlier_caches"]
 log = logging.getLogger(__name__)
 # what killed builds leave: `.tmp-<cache or pointer>-<pid>` (atomic.py), `.build-<fp>`, and
 # the `<fp>.lock` files of earlier versions
@@ -59,6 +60,8 @@ class PreparedData:
     reason: str
     status: str = "current"  # "built" | "rebuilt" | "resumed" | "current"
     changes: list[str] = field(default_factory=list)
+    earlier: Earlier = Earlier()  # the expert's other finished caches beside this one
+    pruned: Earlier = Earlier()  # those `prune` removed
 
     def largest_id(self) -> int | None:
         """The largest token id in the cache (train and eval), None for no tokens: one pass
@@ -100,6 +103,28 @@ def prepare_data(
     `progress` hears about a build as it goes (nothing is reported without one).
     """
     plan = plan_cache(resolved, tokenizer, shard_examples or shard_examples_default())
+    data = _prepare(plan, resolved, tokenizer, (num_proc, shard_examples), force, progress)
+    data.earlier = count_earlier(plan.final_dir)
+    return data
+
+
+def prune_earlier_caches(data: PreparedData) -> None:
+    """Remove the expert's other finished caches beside `data`'s, holding the folder's lock
+    (no build is writing one); `data.pruned` says what went."""
+    with FileLock(str(data.cache_dir.parent / LOCK_NAME)):
+        data.pruned = prune_earlier(data.cache_dir)
+    data.earlier = count_earlier(data.cache_dir)
+
+
+def _prepare(
+    plan: CachePlan,
+    resolved: ResolvedConfig,
+    tokenizer: PreTrainedTokenizerFast,
+    sizes: tuple[int | None, int | None],
+    force: bool,
+    progress: BuildProgress | None,
+) -> PreparedData:
+    num_proc, shard_examples = sizes
     status, reason, changes = _why(plan, force)
     if not force and is_complete(plan.final_dir):
         return _load(plan, False, "current", reason, [])

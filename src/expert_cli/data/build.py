@@ -142,12 +142,12 @@ def _build(
     splits = {"train": sources.train, "eval": sources.eval}
     splits = {k: v for k, v in splits.items() if v is not None}
     shard_stats: dict[str, list[dict[str, Any]]] = {}
-    resumed = 0
+    resumed = [0, 0]  # shards an interrupted build finished, and their tokens
     progress.start(f"tokenizing {resolved.expert}", sum(len(ds) for ds in splits.values()))
     for split, ds in splits.items():
         stats, done = _build_split(job, split, ds)
         shard_stats[split] = stats
-        resumed += done
+        resumed = [resumed[0] + len(done), resumed[1] + sum(s["tokens"] for s in done)]
     _unchanged_since_planned(plan, resolved)  # a saved dataset is read while tokenizing
     _require_rows(shard_stats, resolved)
     extra = {
@@ -253,23 +253,25 @@ def _remove_stale(plan: CachePlan) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _build_split(job: BuildJob, split: str, ds: datasets.Dataset) -> tuple[list[dict], int]:
-    """Build every missing shard of one split; return per-shard stats and how many existed."""
+def _build_split(job: BuildJob, split: str, ds: datasets.Dataset) -> tuple[list[dict], list[dict]]:
+    """Build every missing shard of one split; return per-shard stats, and those of the
+    shards an interrupted build had finished."""
     n_shards = max(1, math.ceil(len(ds) / job.shard_examples))
-    stats, resumed = [], 0
+    stats: list[dict[str, Any]] = []
+    resumed: list[dict[str, Any]] = []
     for k in range(n_shards):
         lo, hi = k * job.shard_examples, min(len(ds), (k + 1) * job.shard_examples)
         final = job.plan.work_dir / split / f"shard-{k:05d}"
         # a finished shard whose data was already moved into an assembled cache is redone
         if (final / COMPLETE).is_file() and (final / "data").is_dir():
             stats.append(json.loads((final / STATS).read_text()))
-            resumed += 1
+            resumed.append(stats[-1])
             job.progress.advance(hi - lo)
             continue
         seed = job.resolved.seed + 7919 * k + (0 if split == "train" else 1)
         stats.append(_build_shard(job, ds.select(range(lo, hi)), final, seed))
     if resumed:
-        log.info("%s: resumed from %d finished shard(s) of %d", split, resumed, n_shards)
+        log.info("%s: resumed from %d finished shard(s) of %d", split, len(resumed), n_shards)
     return stats, resumed
 
 
@@ -344,22 +346,23 @@ def _assemble(
     plan: CachePlan,
     shard_stats: dict[str, list[dict[str, Any]]],
     read: dict[str, int],
-    resumed: int,
+    resumed: list[int],
     seconds: float,
     extra: dict[str, Any],
 ) -> dict[str, Any]:
-    """Concatenate the shards into a temporary cache folder and rename it into place."""
+    """Concatenate the shards into a temporary cache folder and rename it into place. The
+    tokens/s counts the tokens this build made (not the shards `resumed` reused)."""
     splits = {s: _sum(st, read[s]) for s, st in shard_stats.items()}
-    tokens = sum(s["tokens"] for s in splits.values())
+    tokens = sum(s["tokens"] for s in splits.values()) - resumed[1]
     stats = {
         "fingerprint": plan.fingerprint,
         "format_version": plan.inputs["format_version"],
         "train": splits["train"],
         "eval": splits.get("eval"),
         "shards": sum(len(st) for st in shard_stats.values()),
-        "resumed_shards": resumed,
+        "resumed_shards": resumed[0],
         "build_seconds": round(seconds, 3),
-        "tokens_per_second": round(tokens / seconds, 1) if seconds > 0 else None,
+        "tokens_per_second": round(tokens / seconds, 1) if seconds > 0 and tokens else None,
         **extra,
         "inputs": plan.inputs,
     }

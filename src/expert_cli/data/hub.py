@@ -99,6 +99,7 @@ def cached(ref: HubRef, roots: dict[str, Path] | None = None) -> tuple[Path, int
         found = [p for p in snapshots.iterdir() if p.is_dir()]
         if ref.kind == "model":
             found = [p for p in found if (p / "config.json").exists()]
+        found = [p for p in found if _holds_bytes(p)]  # not a download stopped before a byte
         if wanted and not (repo / "refs" / wanted).is_file():
             found = [p for p in found if p.name == wanted]
         if found:
@@ -110,6 +111,15 @@ def cached(ref: HubRef, roots: dict[str, Path] | None = None) -> tuple[Path, int
         if files:
             return arrow, size_once([p for p in arrow.rglob("*") if p.is_file()])
     return None
+
+
+def _holds_bytes(snapshot: Path) -> bool:
+    """Whether a snapshot holds a file of at least one byte (its links lead to blobs); an
+    empty one, or one of links to blobs never finished, is not a download."""
+    try:
+        return any(p.is_file() and p.stat().st_size > 0 for p in snapshot.rglob("*"))
+    except OSError:
+        return False
 
 
 @functools.lru_cache(maxsize=8)

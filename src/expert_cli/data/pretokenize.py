@@ -10,7 +10,7 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.loading import read_manifest_json
 from expert_cli.config.resolve import resolve
-from expert_cli.data import BuildProgress, PreparedData, prepare_data
+from expert_cli.data import BuildProgress, PreparedData, prepare_data, prune_earlier_caches
 from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import RunError, UserError
@@ -51,13 +51,20 @@ class Outcome:
 
 
 def pretokenize_one(
-    manifest: Path, num_proc: int | None, force: bool, progress: BuildProgress | None = None
+    manifest: Path,
+    num_proc: int | None,
+    force: bool,
+    progress: BuildProgress | None = None,
+    prune: bool = False,
 ) -> PreparedData:
     """Build or confirm the cache of one manifest (hub references checked first)."""
     resolved = resolve(load_manifest(manifest), cpu_environment())
     require_hub(hub_refs(resolved), resolved.train_sources + resolved.validation_sources)
     tokenizer = load_tokenizer(resolved)
-    return prepare_data(resolved, tokenizer, num_proc=num_proc, force=force, progress=progress)
+    data = prepare_data(resolved, tokenizer, num_proc=num_proc, force=force, progress=progress)
+    if prune:
+        prune_earlier_caches(data)
+    return data
 
 
 def pretokenize_all(
@@ -66,6 +73,7 @@ def pretokenize_all(
     force: bool,
     progress: BuildProgress | None = None,
     on_done: Callable[[Outcome], None] | None = None,
+    prune: bool = False,
 ) -> list[Outcome]:
     """Pretokenize every manifest in turn; a bad or failing one is reported and the others go
     on. Each outcome is labelled with its expert (its name, else its folder)."""
@@ -73,7 +81,7 @@ def pretokenize_all(
     for manifest in manifests:
         expert = _expert_name(manifest)
         try:
-            data = pretokenize_one(manifest, num_proc, force, progress)
+            data = pretokenize_one(manifest, num_proc, force, progress, prune)
             outcome = Outcome(manifest, data, [], expert)
         except UserError as exc:
             outcome = Outcome(manifest, None, exc.lines, expert, "bad input")
