@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from train_helpers import HIVE_METADATA, hand_built_manifest, hand_built_run, write_tar_gz
+from train_helpers import (
+    HIVE_METADATA,
+    hand_built_manifest,
+    hand_built_run,
+    run_main,
+    write_tar_gz,
+)
 
 from expert_cli.errors import UserError
-from expert_cli.train.hive_loader import for_hive_loader, loader_problems, refuse_unloadable
-from expert_cli.train.package import build_package
+from expert_cli.train.hive_loader import author_notes, for_hive_loader, loader_problems
+from expert_cli.train.package import build_package, refuse_unloadable
 from expert_cli.train.package_check import verify_package
 
 EXPERTS = Path(__file__).parents[2] / "experts"
@@ -140,6 +147,32 @@ def _hive_package(path: Path, run: Path, manifest: dict, adapter_folder: str = "
         members[adapter_folder + name] = (run / name).read_bytes()
     members["tokenizer.json"] = b'{"model": {"type": "BPE", "vocab": {}, "merges": []}}'
     return write_tar_gz(path, members)
+
+
+def test_check_and_train_name_what_only_the_author_gives_before_training(
+    capsys, monkeypatch, tmp_path: Path
+) -> None:
+    """`package` asked for description, capabilities and constraints only after training;
+    the fields the run writes (all-linear, warmup_steps, 32.0) are not asked for."""
+    demo = json.loads((EXPERTS / "demo" / "manifest.json").read_text())
+    assert loader_problems(demo) and author_notes(demo) == []  # the run writes the rest
+    del demo["description"], demo["capabilities"]
+    demo["base_models"][0]["adapters"][0]["alpha"] = 32.0
+    demo["soft_prompts"] = [{"name": "s", "path": "s.bin"}]
+    note = (
+        "package: HiveLLM's loader needs description, capabilities and soft_prompts[0].tokens, "
+        "which only the expert's author can give: add them to the manifest before `expert-cli "
+        "package`, which stops without them"
+    )
+    assert author_notes(demo) == [note]
+    del demo["soft_prompts"]
+    folder = tmp_path / "demo"
+    shutil.copytree(EXPERTS / "demo", folder, ignore=shutil.ignore_patterns(".cache", "output"))
+    (folder / "manifest.json").write_text(json.dumps(demo))
+    code, out, _ = run_main(capsys, monkeypatch, "check", "-m", str(folder / "manifest.json"))
+    said = " ".join(out.split())
+    assert code == 0 and "HiveLLM's loader needs description and capabilities, which" in said
+    assert "constraints" not in said.split("HiveLLM's loader needs")[1][:40]
 
 
 def test_check_package_reads_hivellms_packages_as_its_loader_does(tmp_path: Path) -> None:

@@ -76,8 +76,10 @@ def check(
     if manifest is None:
         raise UserError("--manifest: required (or --package FILE, or --list-settings)")
     from expert_cli.cli.render import BuildBar
+    from expert_cli.config.loading import read_manifest_json
     from expert_cli.data.checks import check_manifest
     from expert_cli.train.adapter import start_problem
+    from expert_cli.train.hive_loader import author_notes
 
     report = check_manifest(
         manifest,
@@ -86,6 +88,8 @@ def check(
         overrides or [],
         model_check=start_problem,
     )
+    if report.config is not None:  # the manifest is valid: what `package` will ask of it
+        report.notes += author_notes(read_manifest_json(manifest))
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
     else:

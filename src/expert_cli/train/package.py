@@ -43,7 +43,7 @@ from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, resolved_path, sh
 from expert_cli.train.adapter_entry import reconciled
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
 from expert_cli.train.choice import BEST, chosen_checkpoint, lower_loss_note
-from expert_cli.train.hive_loader import for_hive_loader, refuse_unloadable
+from expert_cli.train.hive_loader import for_hive_loader, loader_problems
 from expert_cli.train.outputs import (
     ADAPTER_FILES,
     SOURCE_MANIFEST,
@@ -341,3 +341,18 @@ def _write_tar(dest: Path, members: dict[str, bytes | Path]) -> None:
                 info.size = item.stat().st_size
                 with item.open("rb") as f:
                     tar.addfile(info, f)
+
+
+def refuse_unloadable(manifest: dict[str, Any]) -> None:
+    """UserError naming each field of a package's manifest HiveLLM's loader would refuse,
+    and where to give it."""
+    if problems := loader_problems(manifest):
+        raise UserError(
+            [
+                "the package's manifest.json would not load in HiveLLM's loader:",
+                *(f"  {line}" for line in problems[:12]),
+                *([f"  and {len(problems) - 12:,} more"] if len(problems) > 12 else []),
+                "give these in the run's manifest.source.json (the manifest package reads) "
+                "or in the manifest before training, then run package again",
+            ]
+        )
