@@ -62,6 +62,10 @@ def test_a_top_k_of_0_is_read_as_hivellms_loader_reads_it(package: Path, tmp_pat
     )
     above = {"temperature": 0.2, "top_k": 2_000_000}  # over a run's bound: a usize loads it
     assert _checked(_with_training(package, tmp_path / "kbig.expert", "decoding", above))[0] == 0
+    hot = {"temperature": 3.0, "top_p": 1.5}  # over a run's bounds: any f64 loads
+    assert _checked(_with_training(package, tmp_path / "hot.expert", "decoding", hot)) == (0, [])
+    text = _with_training(package, tmp_path / "t.expert", "decoding", {"temperature": "hot"})
+    assert _checked(text)[0] == 2
     negative = _with_training(package, tmp_path / "k-1.expert", "decoding", {"top_k": -1})
     assert _checked(negative) == (
         2,

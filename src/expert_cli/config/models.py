@@ -349,11 +349,19 @@ class Manifest(BaseModel):
 
 
 class PackagedDecodingSpec(DecodingSpec):
-    """`training.decoding` of a package's manifest: a run's, but `top_k` as HiveLLM's loader
-    reads it (a usize: 0 and any larger limit load; `hive_loader` checks it). A run's bound
-    (1 to MAX_TOP_K) is what `generate` samples with, not what a package may ship."""
+    """`training.decoding` of a package's manifest: a run's, but `temperature`, `top_p` and
+    `top_k` as HiveLLM's loader reads them (any number; a usize: 0 and any larger limit
+    load; `hive_loader` checks them). A run's bounds are what `generate` samples with, not
+    what a package may ship."""
 
+    temperature: Any = Field(None, description="Sampling temperature, as HiveLLM reads it.")
+    top_p: Any = Field(None, description="Nucleus threshold, as HiveLLM's loader reads it.")
     top_k: Any = Field(None, description="Top-k limit, as HiveLLM's loader reads it.")
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_or_sampled(cls, value: Any) -> Any:  # a run's rule, replaced: any number
+        return value
 
 
 class PackagedTrainingSpec(TrainingSpec):
