@@ -629,19 +629,31 @@ def test_earlier_caches_are_counted_and_pruned_only_when_asked(demo_expert_dir) 
     assert second.earlier.size == size
     other = root / f"{first.cache_dir.name.rsplit('-', 1)[0]}-x-{'0' * 16}"
     shutil.copytree(first.cache_dir, other)  # expert "<name>-x": not this expert's
+    # another expert whose name makes the same folder name ("expert+demo" -> "expert_demo")
+    clash = root / f"{first.cache_dir.name.rsplit('-', 1)[0]}-{'1' * 16}"
+    shutil.copytree(first.cache_dir, clash)
+    stats = json.loads((clash / "stats.json").read_text())
+    stats["inputs"]["expert"] = "expert+demo"
+    (clash / "stats.json").write_text(json.dumps(stats))
     current = prepare(manifest)
     assert (current.earlier.caches, current.pruned.caches) == (2, 0)
     assert first.cache_dir.is_dir() and second.cache_dir.is_dir()  # kept unless asked
 
     kept = run_here("pretokenize", "-m", str(manifest))
     assert "kept 2 earlier caches of this expert" in " ".join(kept.stdout.split())
+    # caches a process reads (this one holds the first two) are left by a prune
+    busy = run_here("pretokenize", "-m", str(manifest), "--prune")
+    assert "kept 2 earlier caches of this expert" in " ".join(busy.stdout.split())
+    assert first.cache_dir.is_dir() and second.cache_dir.is_dir()
+    for data in (first, second):
+        data.hold.close()
     out = run_here("pretokenize", "-m", str(manifest), "--prune")
     said = " ".join(out.stdout.split())
     assert out.returncode == 0, said
     assert f"pruned 2 earlier caches of this expert ({human_size(current.earlier.size)})" in said
     assert "--prune removes them" not in said
     assert sorted(p.name for p in root.iterdir()) == sorted(
-        [".lock", current.cache_dir.name, other.name, "expert-demo.latest.json"]
+        [".lock", current.cache_dir.name, other.name, clash.name, "expert-demo.latest.json"]
     )
     again = prepare(manifest)
     assert again.status == "current" and rows(again) == rows(current)

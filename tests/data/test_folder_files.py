@@ -71,6 +71,7 @@ def test_a_folder_reads_every_data_file_and_names_those_it_does_not(tmp_path: Pa
     os.symlink(elsewhere, data / "linked")
     os.symlink(elsewhere, data / "again")  # the same folder twice: read once
     os.symlink(data, elsewhere / "up")  # a loop: not followed
+    os.symlink(tmp_path, data / "parent")  # a link up to a folder holding this one: not followed
     (data / "notes.tsv").write_text("a\tb\n")
     (data / "g.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd")
     (data / "README.md").write_text("about")
@@ -145,3 +146,17 @@ def test_only_the_mapped_columns_of_a_columnar_file_are_decoded(tmp_path: Path, 
     assert Columns(frozenset({"text", "system"}), frozenset({"text"})).of(["blob", "text"]) == [
         "text"
     ]
+
+
+def test_a_folder_of_too_many_files_is_named(tmp_path: Path, monkeypatch) -> None:
+    from expert_cli.config import refs
+
+    monkeypatch.setattr(refs, "MAX_FOLDER_FILES", 3)
+    for i in range(4):
+        write_jsonl(tmp_path / "data" / f"{i}.jsonl", text_rows(1))
+    with pytest.raises(UserError) as said:
+        folder_data_files(tmp_path / "data")
+    assert str(said.value) == (
+        f"{tmp_path / 'data'}: holds more than 3 files (a link to a large folder?); name a "
+        "folder that holds the data alone"
+    )

@@ -19,8 +19,8 @@ from train_helpers import (
 )
 
 from expert_cli.errors import UserError
-from expert_cli.train.hive_loader import author_notes, for_hive_loader, loader_problems
-from expert_cli.train.package import build_package, refuse_unloadable
+from expert_cli.train.hive_loader import for_hive_loader, loader_problems, refuse_unloadable
+from expert_cli.train.package import author_notes, build_package
 from expert_cli.train.package_check import verify_package
 
 EXPERTS = Path(__file__).parents[2] / "experts"
@@ -153,26 +153,38 @@ def test_check_and_train_name_what_only_the_author_gives_before_training(
     capsys, monkeypatch, tmp_path: Path
 ) -> None:
     """`package` asked for description, capabilities and constraints only after training;
-    the fields the run writes (all-linear, warmup_steps, 32.0) are not asked for."""
+    what it writes from the run (all-linear, warmup_steps, 32.0, a missing training.config or
+    adapter entry, a second base model it drops) is not asked for."""
     demo = json.loads((EXPERTS / "demo" / "manifest.json").read_text())
-    assert loader_problems(demo) and author_notes(demo) == []  # the run writes the rest
+    plan = {**RESOLVED, "target_modules": "all-linear", "dropout": 0.05}
+    assert loader_problems(demo) and author_notes(demo, plan) == []  # the run writes the rest
+    for change in (
+        lambda m: m["training"].pop("config"),
+        lambda m: m["base_models"][0].pop("adapters"),
+        lambda m: m["base_models"][0]["adapters"][0].pop("type"),
+        lambda m: m["base_models"].append({"name": "x", "adapters": [{"type": 5}]}),
+    ):
+        changed = copy.deepcopy(demo)
+        change(changed)
+        assert author_notes(changed, plan) == []
     del demo["description"], demo["capabilities"]
     demo["base_models"][0]["adapters"][0]["alpha"] = 32.0
     demo["soft_prompts"] = [{"name": "s", "path": "s.bin"}]
-    note = (
-        "package: HiveLLM's loader needs description, capabilities and soft_prompts[0].tokens, "
-        "which only the expert's author can give: add them to the manifest before `expert-cli "
-        "package`, which stops without them"
-    )
-    assert author_notes(demo) == [note]
-    del demo["soft_prompts"]
+    demo["training"]["config"]["activation_checkpointing"] = True  # valid here, not there
+    assert author_notes(demo, plan) == [
+        "package: HiveLLM's loader would refuse description, capabilities, "
+        "training.config.activation_checkpointing and soft_prompts[0].tokens (missing, or not "
+        "of its form), which the run cannot write: give them in the manifest before "
+        "`expert-cli package`, which stops on them"
+    ]
+    del demo["soft_prompts"], demo["training"]["config"]["activation_checkpointing"]
     folder = tmp_path / "demo"
     shutil.copytree(EXPERTS / "demo", folder, ignore=shutil.ignore_patterns(".cache", "output"))
     (folder / "manifest.json").write_text(json.dumps(demo))
     code, out, _ = run_main(capsys, monkeypatch, "check", "-m", str(folder / "manifest.json"))
     said = " ".join(out.split())
-    assert code == 0 and "HiveLLM's loader needs description and capabilities, which" in said
-    assert "constraints" not in said.split("HiveLLM's loader needs")[1][:40]
+    assert code == 0, said
+    assert "HiveLLM's loader would refuse description and capabilities (missing," in said
 
 
 def test_check_package_reads_hivellms_packages_as_its_loader_does(tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ def check(
     from expert_cli.config.loading import read_manifest_json
     from expert_cli.data.checks import check_manifest
     from expert_cli.train.adapter import start_problem
-    from expert_cli.train.hive_loader import author_notes
+    from expert_cli.train.package import author_notes
 
     report = check_manifest(
         manifest,
@@ -89,7 +89,7 @@ def check(
         model_check=start_problem,
     )
     if report.config is not None:  # the manifest is valid: what `package` will ask of it
-        report.notes += author_notes(read_manifest_json(manifest))
+        report.notes += author_notes(read_manifest_json(manifest), report.config)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
     else:

@@ -28,6 +28,7 @@ TEXT_FORMATS = ("jsonl", "json", "csv")
 # files a data folder commonly holds beside its data, not named as files left unread
 NOT_DATA_SUFFIXES = {".md", ".py", ".sh", ".yaml", ".yml", ".toml", ".cfg", ".ipynb", ".lock"}
 NOT_DATA_NAMES = ("readme", "license", "licence", "changelog")
+MAX_FOLDER_FILES = 1_000_000  # in a data folder, its subfolders and those it links to
 # the manifest's `format` value -> the `datasets` builder that reads it
 BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
 # other suffixes that only a local file has (compressed or plain-text data)
@@ -147,16 +148,20 @@ def folder_files(path: Path) -> list[Path]:
     """Every file of a folder, sorted: linked subfolders followed (each real folder once, so
     a link back up is not a loop), hidden ones such as .cache/ or .ipynb_checkpoints/ left
     out. A subfolder that cannot be read is a UserError naming it."""
-    found, seen = [], {os.path.realpath(path)}
+    top = os.path.realpath(path)
+    found: list[Path] = []
+    seen = {top}
 
     def unreadable(exc: OSError) -> None:
-        raise UserError(f"{shown_path(exc.filename)}: cannot be read ({exc.strerror})")
+        why = exc.strerror or type(exc).__name__
+        raise UserError(f"{shown_path(exc.filename or path)}: cannot be read ({why})")
 
     for root, dirs, files in os.walk(path, onerror=unreadable, followlinks=True):
         kept = []
         for name in sorted(dirs):
             real = os.path.realpath(os.path.join(root, name))
-            if not name.startswith(".") and real not in seen:
+            above = os.path.commonpath([real, top]) == real  # a link up: the folder again
+            if not name.startswith(".") and real not in seen and not above:
                 seen.add(real)
                 kept.append(name)
         dirs[:] = kept
@@ -165,6 +170,11 @@ def folder_files(path: Path) -> list[Path]:
             for name in files
             if not name.startswith(".") and os.path.isfile(os.path.join(root, name))
         ]
+        if len(found) > MAX_FOLDER_FILES:
+            raise UserError(
+                f"{shown_path(path)}: holds more than {MAX_FOLDER_FILES:,} files (a link to a "
+                "large folder?); name a folder that holds the data alone"
+            )
     return sorted(found)
 
 

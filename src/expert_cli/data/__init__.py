@@ -35,7 +35,7 @@ from expert_cli.data.cache import (
     shard_examples_default,
 )
 from expert_cli.data.changes import changed_inputs
-from expert_cli.data.earlier import Earlier, count_earlier, prune_earlier
+from expert_cli.data.earlier import Earlier, Hold, count_earlier, hold_shared, prune_earlier
 from expert_cli.errors import RunError, UserError
 
 __all__ = ["BuildProgress", "PreparedData", "prepare_data", "prune_earlier_caches"]
@@ -62,6 +62,7 @@ class PreparedData:
     changes: list[str] = field(default_factory=list)
     earlier: Earlier = Earlier()  # the expert's other finished caches beside this one
     pruned: Earlier = Earlier()  # those `prune` removed
+    hold: Hold | None = None  # the shared lock on the cache folder while it is read
 
     def largest_id(self) -> int | None:
         """The largest token id in the cache (train and eval), None for no tokens: one pass
@@ -104,16 +105,17 @@ def prepare_data(
     """
     plan = plan_cache(resolved, tokenizer, shard_examples or shard_examples_default())
     data = _prepare(plan, resolved, tokenizer, (num_proc, shard_examples), force, progress)
-    data.earlier = count_earlier(plan.final_dir)
+    data.earlier = count_earlier(plan.final_dir, resolved.expert)
     return data
 
 
 def prune_earlier_caches(data: PreparedData) -> None:
     """Remove the expert's other finished caches beside `data`'s, holding the folder's lock
     (no build is writing one); `data.pruned` says what went."""
+    expert = data.stats["inputs"]["expert"]
     with FileLock(str(data.cache_dir.parent / LOCK_NAME)):
-        data.pruned = prune_earlier(data.cache_dir)
-    data.earlier = count_earlier(data.cache_dir)
+        data.pruned = prune_earlier(data.cache_dir, expert)
+    data.earlier = count_earlier(data.cache_dir, expert)
 
 
 def _prepare(
@@ -127,7 +129,11 @@ def _prepare(
     num_proc, shard_examples = sizes
     status, reason, changes = _why(plan, force)
     if not force and is_complete(plan.final_dir):
-        return _load(plan, False, "current", reason, [])
+        try:
+            return _load(plan, False, "current", reason, [])
+        except (RunError, OSError):
+            if is_complete(plan.final_dir):  # damaged, not pruned away meanwhile
+                raise
     lock, made = _acquire(plan)
     try:
         if not force and is_complete(plan.final_dir):
@@ -162,9 +168,9 @@ def _prepare(
                 ) from exc
             raise
         _point_latest(plan)
+        return _load(plan, True, status, reason, changes)  # held: no prune between
     finally:
         lock.release()
-    return _load(plan, True, status, reason, changes)
 
 
 def _acquire(plan: CachePlan, tries: int = 5) -> tuple[FileLock, list[Path]]:
@@ -280,7 +286,13 @@ def _point_latest(plan: CachePlan) -> None:
 def _load(
     plan: CachePlan, built: bool, status: str, reason: str, changes: list[str]
 ) -> PreparedData:
-    train, evaluation, stats = load_cache(plan)
+    hold = hold_shared(plan.final_dir)  # before reading: a prune leaves a cache in use
+    try:
+        train, evaluation, stats = load_cache(plan)
+    except BaseException:
+        if hold is not None:
+            hold.close()
+        raise
     if (
         not built
         and status == "current"
@@ -303,4 +315,5 @@ def _load(
         reason=reason,
         status=status,
         changes=changes,
+        hold=hold,
     )

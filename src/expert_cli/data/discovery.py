@@ -53,7 +53,7 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
-def _files(folder: Path) -> list[Path]:
+def files_under(folder: Path) -> list[Path]:
     """The files under `folder` (links to files included); folders that cannot be read are
     passed over."""
     found = []
@@ -89,7 +89,7 @@ def scan_datasets_cache(root: Path) -> list[dict[str, Any]]:
         name_dir = hash_dir.parents[2]
         if not _holds_dataset(hash_dir):
             continue
-        files = _files(hash_dir)
+        files = files_under(hash_dir)
         entries.append(
             {
                 "name": name_dir.name.replace("___", "/"),
@@ -113,7 +113,7 @@ def scan_hub_cache(root: Path) -> list[dict[str, Any]]:
             continue
         snapshots = [p.name for p in _subfolders(repo / "snapshots")]
         revision = _ref(repo / "refs" / "main") or ",".join(snapshots) or None
-        files = _files(repo / "blobs") + _files(repo / "snapshots")
+        files = files_under(repo / "blobs") + files_under(repo / "snapshots")
         entries.append(
             {
                 "name": repo.name.removeprefix(HUB_PREFIX).replace("--", "/"),

@@ -165,8 +165,9 @@ class _Text:
             start = self.offset + skip - len(pending) + exc.start  # exc.start: in pending+data
             before = (pending + data[skip:])[: exc.start]
             line = self.newlines + before.count(b"\n") + 1
+            of = " of its uncompressed text" if compression(self.path) else ""
             raise UserError(
-                f"{self.path}:{line}: byte {start}: not UTF-8 text (is the file binary, "
+                f"{self.path}:{line}: byte {start}{of}: not UTF-8 text (is the file binary, "
                 "compressed or UTF-16? save it as UTF-8)"
             ) from None
         self.newlines += text.count("\n")

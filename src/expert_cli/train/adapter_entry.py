@@ -99,7 +99,7 @@ def reconciled(
         "(training.config or --set chose it): the package says the adapter's"
         for field, was, value in conflicts
     ]
-    if "type" in adapter and entry_type(entry) != adapter["type"]:
+    if "type" in adapter and ("type" not in entry or entry_type(entry) != adapter["type"]):
         entry["type"] = adapter["type"]
         entry.pop("use_dora", None)  # the type says it
     for field in ("r", "alpha", "dropout"):

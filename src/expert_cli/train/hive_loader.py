@@ -15,12 +15,10 @@ from its records): elsewhere, chat answers with the base model alone.
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from expert_cli.errors import escaped, value_kind
+from expert_cli.errors import UserError, escaped, value_kind
 from expert_cli.train.adapter_entry import described
 
 TEXT, WHOLE, BIG, NUMBER, FLAG, ANY = "text", "whole", "big", "number", "flag", "any"
@@ -317,7 +315,7 @@ def for_hive_loader(
     trained: the adapter entry's and training.config's target modules as the adapter's list,
     the training.config fields it needs and the manifest left out or wrote otherwise, whole
     numbers as such; the entry's `path` and an `integrity` section (of other files) dropped.
-    Notes for each (what only the expert's author can give, `package.refuse_unloadable` names)."""
+    Notes for each (what only the expert's author can give, `refuse_unloadable` names)."""
     notes = []
     targets = described(adapter).get("target_modules")
     entry = entries[0] if entries and isinstance(entries[0], dict) else {}
@@ -363,33 +361,16 @@ def for_hive_loader(
     return notes
 
 
-# what `package` writes from the run (for_hive_loader): its problems are not the author's
-RUN_WRITES = re.compile(
-    r"(training\.config\.|version:|integrity[.:]|base_models\[\d+\]\.adapters\[\d+\]\."
-    r"(target_modules|path)[.:\[])"
-)
-SHOWN_FIELDS = 6
-
-
-def author_notes(manifest: Any) -> list[str]:
-    """A note naming the fields HiveLLM's loader needs that `package` cannot write from a run
-    (description, capabilities, constraints, a soft prompt's tokens ...), said before training
-    so they can be given before `package` stops on them; none when there are none."""
-    if not isinstance(manifest, dict):
-        return []
-    whole = _whole(MANIFEST, json.loads(json.dumps(manifest, allow_nan=True)))  # a copy
-    fields = []
-    for line in loader_problems(whole):
-        name = line.split(":", 1)[0]
-        if not RUN_WRITES.match(line) and name not in fields:
-            fields.append(name)
-    if not fields:
-        return []
-    if len(fields) > SHOWN_FIELDS:
-        shown = f"{', '.join(fields[:SHOWN_FIELDS])} and {len(fields) - SHOWN_FIELDS} more"
-    else:
-        shown = " and ".join([", ".join(fields[:-1]), fields[-1]] if len(fields) > 1 else fields)
-    return [
-        f"package: HiveLLM's loader needs {shown}, which only the expert's author can "
-        "give: add them to the manifest before `expert-cli package`, which stops without them"
-    ]
+def refuse_unloadable(manifest: dict[str, Any]) -> None:
+    """UserError naming each field of a package's manifest HiveLLM's loader would refuse,
+    and where to give it."""
+    if problems := loader_problems(manifest):
+        raise UserError(
+            [
+                "the package's manifest.json would not load in HiveLLM's loader:",
+                *(f"  {line}" for line in problems[:12]),
+                *([f"  and {len(problems) - 12:,} more"] if len(problems) > 12 else []),
+                "give these in the run's manifest.source.json (the manifest package reads) "
+                "or in the manifest before training, then run package again",
+            ]
+        )

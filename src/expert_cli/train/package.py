@@ -40,10 +40,10 @@ from expert_cli.config.loading import format_errors
 from expert_cli.config.refs import WINDOWS_PATH
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, resolved_path, shown_path
-from expert_cli.train.adapter_entry import reconciled
+from expert_cli.train.adapter_entry import ALPHA_KEYS, DROPOUT_KEYS, RANK_KEYS, reconciled
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
 from expert_cli.train.choice import BEST, chosen_checkpoint, lower_loss_note
-from expert_cli.train.hive_loader import for_hive_loader, loader_problems
+from expert_cli.train.hive_loader import for_hive_loader, loader_problems, refuse_unloadable
 from expert_cli.train.outputs import (
     ADAPTER_FILES,
     SOURCE_MANIFEST,
@@ -63,6 +63,7 @@ from expert_cli.train.tokenizer_files import tokenizer_folder, tokenizer_members
 
 CHECKSUM_SUFFIX = ".sha256"
 EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")
+SHOWN_FIELDS = 6  # fields a note names
 Members = dict[str, bytes | Path]  # member name -> its bytes, or the file that holds them
 
 
@@ -165,28 +166,80 @@ def _adapter_members(
 ) -> tuple[Members, list[str]]:
     """manifest.json and the adapter's files, the manifest's adapter entry filled in (size,
     sha256, the checkpoint's step) and reconciled with the configuration shipped."""
-    adapters, where = adapters_of(manifest)
-    if not adapters:
-        adapters.append({"type": resolved.get("adapter_type") or "lora"})
-    trained_targets = resolved.get("target_modules")
-    adapter = adapters[0]
     weights = _file(weights_dir / ADAPTER_FILES[0], "--adapter")
+    config = json.loads(_file(weights_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
+    config["base_model_name_or_path"] = base_name
+    notes = completed_for_package(manifest, resolved, config)  # the entry describes what ships
+    adapter = adapters_of(manifest)[0][0]
     adapter["size_bytes"], adapter["sha256"] = weights.stat().st_size, sha256_of(weights)
     if step is not None:  # a checkpoint's: the entry says which step it holds
         adapter["checkpoint_step"] = step
     else:
         adapter.pop("checkpoint_step", None)  # a step the run's copy named, not this adapter's
-    config = json.loads(_file(weights_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
-    config["base_model_name_or_path"] = base_name
-    # the entry describes what ships
-    notes = reconciled(adapter, config, f"{where}[0]", trained_targets)
-    notes += for_hive_loader(manifest, adapters, resolved, config)
     members: Members = {  # at the root: the only place HiveLLM's loader looks
         "manifest.json": (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode(),
         ADAPTER_FILES[0]: weights,
         ADAPTER_FILES[1]: (json.dumps(config, indent=2) + "\n").encode(),
     }
     return members, notes
+
+
+def completed_for_package(
+    manifest: dict[str, Any], resolved: dict[str, Any], config: dict[str, Any]
+) -> list[str]:
+    """The manifest's adapter entry (made where there is none) reconciled with the adapter's
+    configuration, and the rest HiveLLM's loader needs written from the run (in place)."""
+    adapters, where = adapters_of(manifest)
+    if not adapters:
+        adapters.append({"type": resolved.get("adapter_type") or "lora"})
+    notes = reconciled(adapters[0], config, f"{where}[0]", resolved.get("target_modules"))
+    return notes + for_hive_loader(manifest, adapters, resolved, config)
+
+
+def _planned_config(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The adapter_config.json a run of `resolved` writes, as far as the package's manifest
+    reads it; all-linear's layers, known once the model is built, by a stand-in name."""
+    kind = resolved.get("adapter_type") or "lora"
+    peft = {"dora": "LORA"}.get(kind, kind.upper())
+    targets = resolved.get("target_modules")
+    config = {
+        "peft_type": peft,
+        "use_dora": kind == "dora" or resolved.get("use_dora") is True,
+        "target_modules": targets if isinstance(targets, list) else ["linear"],
+    }
+    for keys, value in ((RANK_KEYS, "rank"), (ALPHA_KEYS, "alpha"), (DROPOUT_KEYS, "dropout")):
+        if peft in keys:
+            config[keys[peft]] = resolved.get(value)
+    return config
+
+
+def author_notes(manifest: Any, resolved: dict[str, Any]) -> list[str]:
+    """A note naming the fields HiveLLM's loader needs that `package` cannot write from the
+    run (description, capabilities, constraints, a soft prompt's tokens ...), found as
+    `package` finds them: on a copy completed from the run `resolved` plans. Said before
+    training, so they can be given before `package` stops on them; none when none."""
+    if not isinstance(manifest, dict):
+        return []
+    filled = copy.deepcopy(manifest)
+    if filled.get("schema_version") == "2.0" and isinstance(filled.get("base_models"), list):
+        filled["base_models"] = filled["base_models"][:1]  # as plan_members ships it
+    try:
+        completed_for_package(filled, resolved, _planned_config(resolved))
+    except (AttributeError, TypeError, KeyError, IndexError):  # a shape `check` names
+        return []
+    fields = list(dict.fromkeys(line.split(":", 1)[0] for line in loader_problems(filled)))
+    if not fields:
+        return []
+    if len(fields) > SHOWN_FIELDS:
+        shown = f"{', '.join(fields[:SHOWN_FIELDS])} and {len(fields) - SHOWN_FIELDS} more"
+    else:
+        shown = " and ".join([", ".join(fields[:-1]), fields[-1]] if len(fields) > 1 else fields)
+    them = "them" if len(fields) > 1 else "it"
+    return [
+        f"package: HiveLLM's loader would refuse {shown} (missing, or not of its form), "
+        f"which the run cannot write: give {them} in the manifest before `expert-cli "
+        f"package`, which stops on {them}"
+    ]
 
 
 def plan_members(
@@ -341,18 +394,3 @@ def _write_tar(dest: Path, members: dict[str, bytes | Path]) -> None:
                 info.size = item.stat().st_size
                 with item.open("rb") as f:
                     tar.addfile(info, f)
-
-
-def refuse_unloadable(manifest: dict[str, Any]) -> None:
-    """UserError naming each field of a package's manifest HiveLLM's loader would refuse,
-    and where to give it."""
-    if problems := loader_problems(manifest):
-        raise UserError(
-            [
-                "the package's manifest.json would not load in HiveLLM's loader:",
-                *(f"  {line}" for line in problems[:12]),
-                *([f"  and {len(problems) - 12:,} more"] if len(problems) > 12 else []),
-                "give these in the run's manifest.source.json (the manifest package reads) "
-                "or in the manifest before training, then run package again",
-            ]
-        )

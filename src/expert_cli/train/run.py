@@ -45,7 +45,6 @@ from expert_cli.train.choice import FINAL_STEP, final_adapter_step, final_step
 from expert_cli.train.data_record import refuse_changed_data
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
-from expert_cli.train.hive_loader import author_notes
 from expert_cli.train.memory import Stopped, stage_out_of_memory
 from expert_cli.train.model import (
     ModelChoices,
@@ -67,6 +66,7 @@ from expert_cli.train.outputs import (
     output_dir,
     write_resolved,
 )
+from expert_cli.train.package import author_notes
 from expert_cli.train.report import write_run_plot
 from expert_cli.train.run_folder import (
     MAX_STEPS_KEY,
@@ -94,7 +94,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     loaded = load_manifest(opts.manifest, opts.overrides)
     env = probe_environment()
     resolved = resolve(loaded, env)
-    resolved.notes += author_notes(loaded.raw)  # said before training, not at `package`
+    resolved.notes += author_notes(loaded.raw, resolved.model_dump(mode="json"))
     output = output_dir(loaded.path, opts.output)
     if held := data_folder_holding(output, resolved.train_sources + resolved.validation_sources):
         raise UserError(
