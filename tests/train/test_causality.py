@@ -290,8 +290,9 @@ import sys
 import torch.distributed as dist
 dist.init_process_group("gloo")
 from expert_cli.train.causality import agreed
-print(agreed(sys.argv[1]))
-dist.destroy_process_group()
+print(agreed(sys.argv[1]), flush=True)
+dist.barrier()  # both past the collective before either tears gloo down (a peer gone first
+dist.destroy_process_group()  # aborted the other now and then: "terminate called ...")
 """
 
 
