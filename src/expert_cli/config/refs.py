@@ -279,7 +279,7 @@ def unread_notes(refs: list[Any]) -> list[str]:
             if ref.kind != "local" or ref.location in done or not path.is_dir():
                 continue
             done.add(ref.location)
-            if path_exists(path / "state.json") or path_exists(path / "dataset_dict.json"):
+            if _saved(path):
                 continue
             left = unread_files(path)
         except (OSError, UserError):  # the data check names a folder that cannot be read
@@ -291,6 +291,11 @@ def unread_notes(refs: list[Any]) -> list[str]:
                 "are, the first three also as .gz, .bz2 or .xz"
             )
     return notes
+
+
+def _saved(path: Path) -> bool:
+    """Whether `path` is a folder `save_to_disk` wrote (a dataset, or a dataset's splits)."""
+    return path_exists(path / "state.json") or path_exists(path / "dataset_dict.json")
 
 
 def _named(files: list[Path], folder: str) -> str:
@@ -307,8 +312,7 @@ def _local_files(ref: Any, training: bool) -> tuple[set[str], list[Path]]:
     try:
         if ref.kind != "local":
             return set(), []
-        saved = path_exists(path / "state.json") or path_exists(path / "dataset_dict.json")
-        if saved or not path.is_dir():  # a file (or one not there yet), a saved dataset
+        if _saved(path) or not path.is_dir():  # a file (or one not there yet), a saved dataset
             return {os.path.realpath(path)}, []
         files = of_format(folder_data_files(path), ref.format)
         kept, left = split_files(path, files, training)

@@ -26,7 +26,7 @@ from expert_cli.config.resolve import (
     base_model_settings,
     resolve_sources,
 )
-from expert_cli.data.discovery import default_roots, size_once
+from expert_cli.data.discovery import default_roots, files_under, size_once
 from expert_cli.data.rows import missing_sources
 from expert_cli.errors import RunError, UserError
 
@@ -116,10 +116,7 @@ def cached(ref: HubRef, roots: dict[str, Path] | None = None) -> tuple[Path, int
 def _holds_bytes(snapshot: Path) -> bool:
     """Whether a snapshot holds a file of at least one byte (its links lead to blobs); an
     empty one, or one of links to blobs never finished, is not a download."""
-    try:
-        return any(p.is_file() and p.stat().st_size > 0 for p in snapshot.rglob("*"))
-    except OSError:
-        return False
+    return size_once(files_under(snapshot)) > 0
 
 
 @functools.lru_cache(maxsize=8)

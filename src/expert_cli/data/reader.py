@@ -321,12 +321,13 @@ def _csv_rows(path: Path) -> Iterator[Row]:
 
 
 def _batches_as_rows(
-    path: Path, batches: Iterator[pa.RecordBatch], columns: Columns | None
+    path: Path, batches: Iterator[pa.RecordBatch], chosen: list[str] | None = None
 ) -> Iterator[Row]:
+    """Each batch's rows, of the `chosen` columns only where given (a Parquet reader's
+    batches hold only the columns it was asked for already)."""
     number = 0
     try:
         for batch in batches:
-            chosen = columns.of(batch.schema.names) if columns else None
             if chosen is not None:
                 batch = batch.select(chosen)
             try:
@@ -365,10 +366,7 @@ def column_names(path: Path, fmt: str) -> list[str] | None:
             return list(pq.read_schema(path).names)
         if fmt == "arrow":
             with pa.memory_map(str(path)) as source:
-                try:
-                    return list(pa.ipc.open_stream(source).schema.names)
-                except pa.ArrowInvalid:
-                    return list(pa.ipc.open_file(source).schema.names)
+                return list(_arrow_batches(source)[0].names)
     except (pa.ArrowException, OSError):
         return None
     return None
@@ -381,19 +379,22 @@ def _parquet_rows(path: Path, columns: Columns | None) -> Iterator[Row]:
         raise UserError(f"{path}: not a Parquet file ({type(exc).__name__})") from None
     chosen = columns.of(parquet.schema_arrow.names) if columns else None
     batches = parquet.iter_batches(batch_size=ARROW_BATCH_ROWS, columns=chosen)
-    yield from _batches_as_rows(path, batches, columns)
+    yield from _batches_as_rows(path, batches)
+
+
+def _arrow_batches(source: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """Schema and batches of an Arrow IPC stream (what `datasets` writes) or file."""
+    try:
+        stream = pa.ipc.open_stream(source)
+        return stream.schema, iter(stream)
+    except pa.ArrowInvalid:
+        reader = pa.ipc.open_file(source)
+        return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
 
 
 def _arrow_rows(path: Path, columns: Columns | None) -> Iterator[Row]:
-    """An Arrow IPC stream (what `datasets` writes) or file."""
-    source = pa.memory_map(str(path))
     try:
-        reader = pa.ipc.open_stream(source)
-        batches = iter(reader)
-    except pa.ArrowInvalid:
-        try:
-            reader = pa.ipc.open_file(source)
-        except pa.ArrowException as exc:
-            raise UserError(f"{path}: not an Arrow file ({type(exc).__name__})") from None
-        batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-    yield from _batches_as_rows(path, batches, columns)
+        schema, batches = _arrow_batches(pa.memory_map(str(path)))
+    except pa.ArrowException as exc:
+        raise UserError(f"{path}: not an Arrow file ({type(exc).__name__})") from None
+    yield from _batches_as_rows(path, batches, columns.of(schema.names) if columns else None)
