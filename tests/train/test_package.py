@@ -651,9 +651,9 @@ def test_check_package_reads_member_names_as_unpacking_does(
     assert check("junk.expert", junk) == [f"bytes that are no gzip stream {after}"]
     padded = gzip.compress(tar + bytes(3 << 20))  # GNU tar -b 4096 pads to 2 MiB records
     assert check("zeros.expert", padded) == []
-    import expert_cli.train.package_check as package_check
+    import expert_cli.train.package_stream as package_stream
 
-    monkeypatch.setattr(package_check, "TAIL_BYTES", 1 << 20)  # a bomb of zeros, smaller
+    monkeypatch.setattr(package_stream, "TAIL_BYTES", 1 << 20)  # a bomb of zeros, smaller
     assert check("zeros.expert", padded) == [f"over 1 MiB of zeros {after}"]
     monkeypatch.undo()
     assert check("padded.expert", gzip.compress(tar) + bytes(4096)) == []  # gzip's padding

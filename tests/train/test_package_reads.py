@@ -112,19 +112,29 @@ def test_an_archive_cut_short_is_said_so_naming_it(package: Path, tmp_path: Path
     tar = gzip.decompress(data)  # a whole gzip stream of a tar that stops in the manifest
     (inner := tmp_path / "inner.expert").write_bytes(gzip.compress(tar[:700]))
     assert _checked(inner) == (2, [_cut(inner)])
+    for end in (20, 100, 130, 300, 511):  # a whole gzip of a tar cut inside its first header
+        (first := tmp_path / f"first{end}.expert").write_bytes(gzip.compress(tar[:end]))
+        assert _checked(first) == (2, [_cut(first)]), end
     not_gzip = "not a gzip-compressed tar archive"
     (zip_file := tmp_path / "zip.expert").write_bytes(b"PK\x03\x04 not a tar")
     assert _checked(zip_file) == (2, [f"{zip_file}: {not_gzip}"])
     (empty := tmp_path / "empty.expert").write_bytes(b"")
     assert _checked(empty) == (2, [f"{empty}: an empty file, {not_gzip}"])
-    (text := tmp_path / "text.expert").write_bytes(gzip.compress(b"hello\n" * 200))
-    assert _checked(text) == (
-        2,
-        [
-            f"{text}: {not_gzip} (a gzip file that holds no tar: another kind of file, or a "
-            "damaged copy)"
-        ],
-    )
+    # short or long, text or binary: a gzip of what begins no tar header holds no tar
+    for name, held in {
+        "text": b"hello\n" * 200,
+        "short": b"hello\n" * 50,
+        "zip": b"PK\x03\x04\x14\x00\x00\x00\x08\x00" + bytes(range(256)),
+        "nothing": b"",
+    }.items():
+        (text := tmp_path / f"{name}.expert").write_bytes(gzip.compress(held))
+        assert _checked(text) == (
+            2,
+            [
+                f"{text}: {not_gzip} (a gzip file that holds no tar: another kind of file, or "
+                "a damaged copy)"
+            ],
+        ), name
 
 
 def test_package_says_its_own_archive_cut_short_of_the_package(

@@ -23,12 +23,12 @@ from expert_cli.config.loading import format_errors, parse_manifest_text
 from expert_cli.config.models import PackagedManifest
 from expert_cli.data.conversations import drop_nulls
 from expert_cli.jsontext import json_int
-from expert_cli.paths import shown_path
 from expert_cli.train.adapter_entry import entry_problems
 from expert_cli.train.adapter_fit import Shapes
 from expert_cli.train.hive_loader import loader_problems
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
 from expert_cli.train.package_members import member_problem
+from expert_cli.train.package_stream import CHUNK, Blocks, end_problem, unreadable
 from expert_cli.train.tokenizer_files import (
     TOKENIZER_CHECK_BYTES,
     TOKENIZER_FILES,
@@ -43,21 +43,9 @@ from expert_cli.weights import (
     non_finite_tensors,
 )
 
-TAIL_BYTES = 64 << 20  # zeros after the archive's end beyond this are not padding (GNU
-# tar pads to its record size: 10 KiB by default, 2 MiB with -b 4096)
 MAX_FILE_BYTES = 20 << 30
 MAX_MEMBERS = 10_000
-GZIP_MAGIC = b"\x1f\x8b"
-CUT_SHORT = (
-    "cut short (truncated): the archive stops part-way, as an interrupted download or copy, "
-    "or a full disk, leaves it; copy it again"
-)
-NO_TAR = (
-    "not a gzip-compressed tar archive (a gzip file that holds no tar: another kind of file, "
-    "or a damaged copy)"
-)
 FINITE_CHECK_BYTES = 4 << 30  # safetensors members up to this size are checked for NaN
-CHUNK = 1 << 20
 
 
 @dataclass
@@ -119,14 +107,14 @@ def verify_package(
     hashes: dict[str, str] = {}
     heads: dict[str, bytes] = {}  # adapter configurations, and the weights' headers
     with gzip.GzipFile(path, mode="rb") as unzipped:
-        blocks, opened = _Blocks(unzipped), False
+        blocks, opened = Blocks(unzipped), False
         try:
             with tarfile.open(fileobj=blocks, mode="r:") as tar:
                 opened = True  # tar has read the first member's header
                 _read_members(tar, blocks, report, hashes, heads)
         except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
             # said while the stream is open: whether it has ended tells a cut from damage
-            report.problems.append(_unreadable(path, exc, blocks, opened))
+            report.problems.append(unreadable(path, exc, blocks, opened))
             return report
     _check_contents(report, hashes, heads)
     if sidecar:
@@ -141,7 +129,7 @@ def verify_package(
 
 def _read_members(
     tar: tarfile.TarFile,
-    blocks: _Blocks,
+    blocks: Blocks,
     report: PackageReport,
     hashes: dict[str, str],
     heads: dict[str, bytes],
@@ -159,7 +147,8 @@ def _read_members(
             report.problems.append(f"{member.name}: over {MAX_FILE_BYTES >> 30} GB")
         elif not member.isdir():  # unpacking makes a folder: harmless, not listed
             _read_member(tar, member, report, hashes, heads)
-    _check_end(blocks, report)
+    if problem := end_problem(blocks, report.path):
+        report.problems.append(problem)
 
 
 def _read_member(
@@ -183,80 +172,6 @@ def _read_member(
         heads[name] = data
     elif name in TOKENIZER_FILES:
         _check_tokenizer_file(name, data, member.size, report)
-
-
-class _Blocks:
-    """The unzipped archive as tarfile reads it, keeping the last piece it read: once the
-    listing has ended, the block that ended it (zeros, or bytes after the archive's end)."""
-
-    def __init__(self, stream: gzip.GzipFile) -> None:
-        self.stream, self.last = stream, b""
-
-    def read(self, size: int = -1) -> bytes:
-        self.last = self.stream.read(size)
-        return self.last
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.stream.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self.stream.tell()
-
-
-def _unreadable(path: Path, exc: BaseException, blocks: _Blocks, opened: bool) -> str:
-    """What stopped the archive being read, said of the file: no gzip at all, a gzip stream or
-    the tar in it that stops part-way (`opened`: tar had read a first header), or damage."""
-    with path.open("rb") as f:
-        head = f.read(len(GZIP_MAGIC))
-    if head != GZIP_MAGIC:
-        what = f"{'an empty file, ' if not head else ''}not a gzip-compressed tar archive"
-    elif isinstance(exc, EOFError) or (
-        isinstance(exc, tarfile.TarError) and opened and _ended(blocks)
-    ):
-        what = CUT_SHORT
-    elif isinstance(exc, tarfile.TarError):
-        what = "damaged: a header of its tar cannot be read; copy it again" if opened else NO_TAR
-    elif isinstance(exc, gzip.BadGzipFile | zlib.error):
-        what = "damaged: its compressed data does not unpack; copy it again"
-    else:  # the disk's error, not the file's
-        what = f"cannot be read ({getattr(exc, 'strerror', None) or type(exc).__name__})"
-    return f"{shown_path(path)}: {what}"
-
-
-def _ended(blocks: _Blocks) -> bool:
-    """Whether the unzipped stream has nothing left (what tar read stopped part-way)."""
-    try:
-        return blocks.read(1) == b""
-    except EOFError:  # the gzip stream stops part-way too
-        return True
-    except (OSError, zlib.error):
-        return False
-
-
-def _check_end(blocks: _Blocks, report: PackageReport) -> None:
-    """From the block that ended the listing on: only zeros (a tar's end and padding), and
-    not past TAIL_BYTES. Bytes there are not files, tar lists none, and no package has them."""
-    read, data = len(blocks.last), len(blocks.last) - blocks.last.count(0)
-    try:
-        while read <= TAIL_BYTES and (block := blocks.read(CHUNK)):
-            read, data = read + len(block), data + len(block) - block.count(0)
-    except EOFError:  # the gzip stream stops before its end marker (its last 8 bytes)
-        report.problems.append(f"{shown_path(report.path)}: {CUT_SHORT}")
-        return
-    except (OSError, zlib.error):  # bytes after the gzip stream that are no gzip
-        data = -1
-    if data or read > TAIL_BYTES:
-        what = (
-            "bytes that are no gzip stream"
-            if data < 0
-            else f"{data:,} bytes that are not zeros"
-            if data
-            else f"over {TAIL_BYTES >> 20} MiB of zeros"
-        )
-        report.problems.append(
-            f"{what} after the end of the archive (two files joined, or a damaged copy): "
-            "no package holds them"
-        )
 
 
 def _check_tokenizer_file(name: str, data: bytes, size: int, report: PackageReport) -> None:
