@@ -587,9 +587,9 @@ def test_adapter_values_not_acted_on_are_noted(tmp_path: Path) -> None:
         data["base_models"][0]["adapters"][0]["type"] = "adalora"
 
     assert _adapter_notes(tmp_path, adalora) == [
-        "adapter_type: adalora's training loss includes peft's orthogonal regulariser "
-        "(orth_reg_weight 0.5); eval_loss is the language-model loss alone, as for the other "
-        "adapter types"
+        "adapter_type: adalora trains with peft's orthogonal regulariser (orth_reg_weight "
+        "0.5) added to its loss; the loss logged and eval_loss are the language-model loss "
+        "alone, as for the other adapter types"
     ]
     assert _adapter_notes(tmp_path, lambda data: None) == []
 

@@ -42,9 +42,9 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
     notes += _unused_entries(manifest)
     if kind == "adalora":
         notes.append(
-            "adapter_type: adalora's training loss includes peft's orthogonal regulariser "
-            "(orth_reg_weight 0.5); eval_loss is the language-model loss alone, as for the "
-            "other adapter types"
+            "adapter_type: adalora trains with peft's orthogonal regulariser (orth_reg_weight "
+            "0.5) added to its loss; the loss logged and eval_loss are the language-model loss "
+            "alone, as for the other adapter types"
         )
     targets = first(cfg.target_modules, spec.target_modules if spec else None, "all-linear")
     use_dora = kind == "dora" or bool(spec and spec.use_dora and kind == "lora")

@@ -22,6 +22,7 @@ from expert_cli.data.formatting import IGNORE
 from expert_cli.errors import UserError
 from expert_cli.telemetry.flops import peak_bf16_flops
 from expert_cli.telemetry.throughput import FlopsModel, ThroughputMeter
+from expert_cli.train.adalora import LanguageLoss, regularised
 from expert_cli.train.args import warmup_count
 from expert_cli.train.attention import mask_free_mapping, skip_mask_building
 from expert_cli.train.callbacks import ThroughputCallback
@@ -77,6 +78,7 @@ class ExpertTrainer(Trainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.regulariser_weights: dict[str, float] = {}  # AdaLoRA's, as configured
+        self.language_loss: LanguageLoss | None = None  # AdaLoRA's loss without it, logged
         # (loss, trained tokens) of each evaluation batch while an evaluation runs
         self._eval_tally: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -169,6 +171,14 @@ class ExpertTrainer(Trainer):
             self._eval_tally.append((loss.detach().float(), num_items_in_batch.float()))
         return result
 
+    def training_step(
+        self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> Any:
+        """The step as the Trainer takes it; the loss it returns for logging is AdaLoRA's
+        language-model loss alone (the gradients keep the regulariser)."""
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        return self.language_loss.logged(loss) if self.language_loss is not None else loss
+
     def _per_token_loss(self, tally: list[tuple[torch.Tensor, torch.Tensor]]) -> float | None:
         """Summed loss over trained tokens from each batch's (loss, trained tokens); None
         where the Trainer's own average must stand (no counts, or counts kept per process).
@@ -199,10 +209,13 @@ class ExpertTrainer(Trainer):
         process count), so the term peft adds to each micro-batch counted accumulation steps
         x processes times (3x its weight at 4 micro-batches, gradients 3x off). Each window
         shares it by the micro-batches it holds (`get_batch_samples`): an epoch's last window
-        may hold fewer."""
+        may hold fewer. The loss logged is the language-model loss alone (`LanguageLoss`)."""
+        configs = regularised(self.model, self.accelerator)
+        if configs and self.args.n_gpu <= 1:  # one model per process (not DataParallel)
+            self.language_loss = LanguageLoss(self.accelerator.unwrap_model(self.model).base_model)
         if not self.model_accepts_loss_kwargs:
             return  # each micro-batch's loss is divided by the accumulation steps already
-        for name, config in regularised(self.model, self.accelerator).items():
+        for name, config in configs.items():
             self.regulariser_weights[name] = config.orth_reg_weight
         self._share_regulariser(self.args.gradient_accumulation_steps)
 
@@ -254,12 +267,6 @@ class ExpertTrainer(Trainer):
         peft_model.save_pretrained(output, state_dict={k: v.clone() for k, v in state.items()})
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output)
-
-
-def regularised(model: Any, accelerator: Any) -> dict[str, Any]:
-    """The peft configurations of `model` that carry AdaLoRA's orthogonal regulariser."""
-    configs = getattr(accelerator.unwrap_model(model), "peft_config", None) or {}
-    return {name: c for name, c in configs.items() if hasattr(c, "orth_reg_weight")}
 
 
 def _saves_embeddings(peft_model: Any) -> bool:
