@@ -58,12 +58,15 @@ ADALORA_WARMUP, ADALORA_FINAL = 10, 5
 
 
 def adapter_config(
-    resolved: ResolvedConfig, total_steps: int, model_type: str | None = None
+    resolved: ResolvedConfig,
+    total_steps: int,
+    model_type: str | None = None,
+    kept: list[str] | None = None,
 ) -> PeftConfig:
     """The peft configuration for the manifest's adapter type. IA3 without feed-forward
     modules takes peft's for the architecture (`model_type`), or down_proj for a type peft
     names none for: with none, its down projection was scaled at its output, not its input as
-    IA3 scales feed-forward layers."""
+    IA3 scales feed-forward layers. `kept`: IA3's as a resumed checkpoint recorded them."""
 
     targets = resolved.target_modules
     kind = resolved.adapter_type
@@ -80,8 +83,7 @@ def adapter_config(
     if kind == "ia3":
         return IA3Config(
             target_modules=targets,
-            feedforward_modules=resolved.feedforward_modules
-            or [m for m in _ia3_feedforward(model_type) if _targeted(m, targets)],
+            feedforward_modules=kept if kept is not None else _feedforward(resolved, model_type),
             task_type="CAUSAL_LM",
         )
     if kind == "lokr":
@@ -126,6 +128,14 @@ def loadable_ia3(peft_model: Any) -> None:
             }
 
 
+def _feedforward(resolved: ResolvedConfig, model_type: str | None) -> list[str]:
+    """IA3's feed-forward modules for a new run: the manifest's, else those of the model type
+    among the targets."""
+    targets = resolved.target_modules
+    named = resolved.feedforward_modules
+    return named or [m for m in _ia3_feedforward(model_type) if _targeted(m, targets)]
+
+
 def _ia3_feedforward(model_type: str | None) -> list[str]:
     return IA3_FEEDFORWARD.get(model_type or "", [IA3_FEEDFORWARD_FALLBACK])
 
@@ -134,12 +144,26 @@ def _targeted(name: str, targets: Any) -> bool:
     return targets == "all-linear" or name in targets
 
 
-def ia3_note(peft_model: Any, resolved: ResolvedConfig, model_type: str | None) -> str | None:
+def ia3_note(
+    peft_model: Any,
+    resolved: ResolvedConfig,
+    model_type: str | None,
+    kept: list[str] | None = None,
+) -> str | None:
     """What IA3 took for feed-forward layers where peft names none for the model type (the
     manifest naming none either): down_proj where the model has it, else nothing, every
-    target then scaled at its output."""
+    target then scaled at its output; on a resume that `kept` none where a new run would
+    take some, that it goes on as it was trained."""
     if resolved.adapter_type != "ia3" or resolved.feedforward_modules:
         return None
+    if kept is not None:
+        if kept or not (new := _feedforward(resolved, model_type)):
+            return None
+        return (
+            "adapter_type: ia3: resumed as its checkpoint was trained, with no feed-forward "
+            f"layers (every target scaled at its output); a new run scales {', '.join(new)} "
+            "at its input"
+        )
     if (model_type or "") in IA3_FEEDFORWARD:
         return None
     scaled = sum(1 for m in peft_model.modules() if getattr(m, "is_feedforward", False))

@@ -33,6 +33,7 @@ from transformers import AutoModelForCausalLM
 
 from expert_cli.data.collate import PackedCollator
 from expert_cli.data.formatting import IGNORE
+from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.architecture import embedding_rows, model_type, not_causal
@@ -154,6 +155,15 @@ def agreed(verdict: str) -> str:
     whose weights are not loaded yet cannot probe; the others can)."""
     worst = -distributed.min_over_ranks(-SEVERITY.get(verdict, 0))
     return next((v for v, level in SEVERITY.items() if level == worst), verdict)
+
+
+def checked_isolation(model: Any, kernel: str, resolved: Any, dtype: Any) -> str:
+    """`attention_isolation` of the run's loaded model, as every process agrees it; a model
+    the run cannot train on (`isolation_problem`) is a UserError."""
+    verdict = agreed(attention_isolation(model, kernel, resolved.packing, dtype))
+    if problem := isolation_problem(verdict, model, resolved.base_model, kernel):
+        raise UserError(problem)
+    return verdict
 
 
 def isolation_problem(verdict: str, model: Any, source: str, kernel: str) -> str | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from peft import set_peft_model_state_dict
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import TrainerCallback, TrainerState
 
@@ -27,7 +27,13 @@ from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.outputs import ADAPTER_WEIGHTS, read_json_file, run_of
-from expert_cli.weights import non_finite_line, non_finite_tensors, safetensors_problem
+from expert_cli.weights import (
+    non_finite_line,
+    non_finite_tensors,
+    safetensors_problem,
+    shown_tensor,
+    tensor_shapes,
+)
 
 COMPLETE = "_COMPLETE"
 # files the Trainer reads to resume that torch.save wrote (zip archives); which of them a
@@ -146,6 +152,42 @@ def refuse_pruned(checkpoint: Path, adapter_type: str) -> None:
             "which training cannot continue from (its rank allocator's state is not saved); "
             f"ship or try it as it is (package --checkpoint {checkpoint.name}), or train again"
         )
+
+
+def recorded_feedforward(checkpoint: Path | None, resolved: Any) -> list[str] | None:
+    """IA3's feed-forward layers as `checkpoint` recorded training them, for a resume whose
+    manifest names none (None: a new run's choice stands). A run that began before IA3 took
+    down_proj on model types peft names none for scaled no layer at its input; a resume that
+    took down_proj then could not load its weights."""
+    if checkpoint is None or resolved.adapter_type != "ia3" or resolved.feedforward_modules:
+        return None
+    names = read_json_file(checkpoint / "adapter_config.json").get("feedforward_modules")
+    if isinstance(names, list) and all(isinstance(n, str) for n in names):
+        return names
+    return None
+
+
+def unfit_problem(peft_model: Any, checkpoint: Path | None) -> str | None:
+    """Whether the adapter in `checkpoint` fits the one this run built: every tensor both
+    hold of one shape (another IA3 feed-forward choice, a base replaced under its name: the
+    Trainer's load was a size-mismatch traceback). None where it fits or is not read here."""
+    # a damaged checkpoint is passed over by resume_point
+    if checkpoint is None or not (shapes := tensor_shapes(checkpoint / ADAPTER_WEIGHTS[0])):
+        return None
+    built = get_peft_model_state_dict(peft_model)
+    for name, shape in shapes.items():
+        if name in built and (own := tuple(built[name].shape)) != shape:
+            return (
+                f"--resume: {checkpoint.name} does not fit the adapter this run builds "
+                f"({shown_tensor(name)} is {_dims(shape)} there, {_dims(own)} here); resume "
+                "with the settings and base model it was trained with, or start again with "
+                "--overwrite"
+            )
+    return None
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) or "a scalar"
 
 
 class CheckpointMarker(TrainerCallback):

@@ -31,6 +31,7 @@ from expert_cli.train.adapter import (
     target_problem,
 )
 from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
+from expert_cli.train.checkpoints import recorded_feedforward, unfit_problem
 from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_lora import fuse_lora_linears, unfused_bases
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
@@ -296,9 +297,15 @@ def load_base_model(
     return model, choices
 
 
-def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps: int) -> PeftModel:
+def attach_adapter(
+    model: PreTrainedModel,
+    resolved: ResolvedConfig,
+    total_steps: int,
+    kept: list[str] | None = None,
+) -> PeftModel:
     """Wrap `model` with the manifest's adapter (seeded init). Adapter weights are fp32; they
-    compute in the mixed-precision dtype unless `adapter_precision` is fp32."""
+    compute in the mixed-precision dtype unless `adapter_precision` is fp32. `kept`: IA3's
+    feed-forward modules as a resumed checkpoint recorded them."""
 
     set_seed(resolved.seed)
     if missing := target_problem(model, resolved):
@@ -306,7 +313,7 @@ def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps
     try:
         peft_model = get_peft_model(
             model,
-            adapter_config(resolved, total_steps, getattr(model.config, "model_type", None)),
+            adapter_config(resolved, total_steps, getattr(model.config, "model_type", None), kept),
             autocast_adapter_dtype=True,
         )
     except ValueError as exc:
@@ -321,12 +328,29 @@ def attach_adapter(model: PreTrainedModel, resolved: ResolvedConfig, total_steps
     return peft_model
 
 
-def adapter_notes(peft_model: PeftModel, resolved: ResolvedConfig) -> list[str]:
+def attach_run_adapter(
+    model: PreTrainedModel, resolved: ResolvedConfig, total_steps: int, resume: Path | None
+) -> tuple[PeftModel, list[str]]:
+    """The run's adapter and the notes on it; on --resume, built as its checkpoint was
+    trained (IA3's feed-forward layers as recorded) and refused where the checkpoint's
+    weights do not fit it."""
+    kept = recorded_feedforward(resume, resolved)
+    peft_model = attach_adapter(model, resolved, total_steps, kept)
+    if problem := unfit_problem(peft_model, resume):
+        raise UserError(problem)
+    return peft_model, adapter_notes(peft_model, resolved, kept)
+
+
+def adapter_notes(
+    peft_model: PeftModel, resolved: ResolvedConfig, kept: list[str] | None = None
+) -> list[str]:
     """Notes on the attached adapter: IA3's feed-forward layers where peft names none for
-    the model type; the LoRA layers the fused kernel cannot take for their base layer's type
-    (GPT-2's Conv1D), where the configuration's own note did not say it runs none."""
+    the model type (or as a resumed checkpoint `kept` them); the LoRA layers the fused kernel
+    cannot take for their base layer's type (GPT-2's Conv1D), where the configuration's own
+    note did not say it runs none."""
     notes = []
-    if note := ia3_note(peft_model, resolved, getattr(peft_model.config, "model_type", None)):
+    model_type = getattr(peft_model.config, "model_type", None)
+    if note := ia3_note(peft_model, resolved, model_type, kept):
         notes.append(note)
     plain = not unfused_reason(
         resolved.adapter_type, resolved.use_dora, resolved.quantization, resolved.dropout

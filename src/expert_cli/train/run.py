@@ -39,7 +39,7 @@ from expert_cli.train.callbacks import (
     earlier_records,
     sigterm_raises,
 )
-from expert_cli.train.causality import agreed, attention_isolation, isolation_problem
+from expert_cli.train.causality import checked_isolation
 from expert_cli.train.checkpoints import CheckpointMarker, checkpoint_step, finished_from
 from expert_cli.train.choice import FINAL_STEP, final_adapter_step, final_step
 from expert_cli.train.data_record import refuse_changed_data
@@ -49,8 +49,7 @@ from expert_cli.train.memory import Stopped, stage_out_of_memory
 from expert_cli.train.model import (
     ModelChoices,
     adapter_compute_dtype,
-    adapter_notes,
-    attach_adapter,
+    attach_run_adapter,
     autocast_dtype,
     build_random_model,
     enable_checkpointing,
@@ -203,12 +202,8 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
         note := untrained_tokens_note(model, tokenizer, data.ids_present)
     ):
         choices.notes.append(note)
-    kernel = choices.attn_implementation
-    probe = attention_isolation(model, kernel, resolved.packing, autocast_dtype(resolved))
-    verdict = agreed(probe)
-    if problem := isolation_problem(verdict, model, resolved.base_model, kernel):
-        raise UserError(problem)
-    choices.attention_isolation = verdict
+    dtype, kernel = autocast_dtype(resolved), choices.attn_implementation
+    verdict = choices.attention_isolation = checked_isolation(model, kernel, resolved, dtype)
     if verdict.startswith("not probed"):
         choices.notes.append(
             f"attention: {verdict}; whether packed examples stay apart is not checked"
@@ -218,10 +213,10 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     if resume is not None and run.is_main:
         at = resume.name.rsplit("-", 1)[-1]
         run.reporter.note(f"resuming from {resume.name} (step {at} of {steps})")
-    peft_model = attach_adapter(model, resolved, steps)
+    peft_model, notes = attach_run_adapter(model, resolved, steps, resume)
     choices.adapter_precision = adapter_compute_dtype(resolved)
     choices.fused_lora_layers = sum(1 for m in peft_model.modules() if is_fused(m))
-    choices.notes += adapter_notes(peft_model, resolved)
+    choices.notes += notes
     if resolved.batch_auto and device.startswith("cuda"):
         with stage_out_of_memory(resolved, Stopped("probe", device=device)):
             _plan_batch(run, peft_model, tokenizer, data, choices)

@@ -19,6 +19,7 @@ SAME_RUN_FIELDS = (
     "dropout",
     "target_modules",
     "use_dora",
+    "feedforward_modules",
     "train_sources",
     "validation_sources",
     "field_mapping",
