@@ -70,9 +70,7 @@ def test_an_ia3_run_begun_with_no_feed_forward_layers_resumes_as_trained(
         code, said = _train(capsys, monkeypatch, olmo_ia3, out, "--max-steps", "2")
     assert code == 0, said
     checkpoint = out / "checkpoints" / "checkpoint-2"
-    assert json.loads((checkpoint / "adapter_config.json").read_text())[
-        "feedforward_modules"
-    ] == []
+    assert json.loads((checkpoint / "adapter_config.json").read_text())["feedforward_modules"] == []
     assert _down_proj_shape(checkpoint) == (64, 1)  # scaled at its output
     (out / ADAPTER).unlink()  # killed before its final save
     code, said = _train(capsys, monkeypatch, olmo_ia3, out, "--resume", "--max-steps", "4")
