@@ -154,3 +154,105 @@ def test_package_says_its_own_archive_cut_short_of_the_package(
         build_package(hand_built_run(tmp_path), target)
     assert caught.value.lines == [_cut(target)]
     assert list(target.parent.iterdir()) == []  # neither the package nor its checksum
+
+
+def _with_text(package: Path, dest: Path, change: object, *raw: tuple[str, str]) -> Path:
+    """A copy of `package` whose manifest `change(manifest)` edits, its text then given each
+    `(old, new)` of `raw` (what json.dumps cannot write: -0, NaN, a key twice)."""
+    members = _members(package)
+    manifest = json.loads(members["manifest.json"])
+    change(manifest)  # type: ignore[operator]
+    text = json.dumps(manifest)
+    for old, new in raw:
+        assert old in text
+        text = text.replace(old, new, 1)
+    return write_tar_gz(dest, {**members, "manifest.json": text.encode()})
+
+
+def test_what_only_a_run_bounds_is_read_in_a_package_as_hivellms_loader_reads_it(
+    package: Path, tmp_path: Path
+) -> None:
+    """A package's manifest is HiveLLM's: its loader reads any text where a run takes a few
+    names, any number where a run has bounds, and skips keys it does not know. check
+    --package refused each of these (a run's rules), and HiveLLM's loader reads them all."""
+
+    def loose(m: dict) -> None:
+        m.update(name="my expert", version="1.0.0 beta", notes=0.5, _c="\ud800")
+        base = m["base_models"][0]
+        base.update(quantization="q4_k_m", prompt_template="mistral", dtype="bf16")
+        base["adapters"][0]["init_std"] = 0.02
+        m["training"]["notes"] = "A100"
+        m["training"]["packaging_checkpoint"] = "best"
+        m["training"]["distributed"] = {"strategy": "horovod"}
+        m["training"]["config"].update(
+            rank=2048, epochs=20000, learning_rate=2.0, batch_size=0, warmup_steps=200_000_000,
+            lr_scheduler="reduce_lr_on_plateau", optim="adamw_hf", max_seq_length=8,
+            save_strategy="STEPS", metric_for_best_model="eval_accuracy",
+            greater_is_better=True, fp16=True, bf16=True, seed=-1, warmup_ratio=1.5,
+            use_rslora=True, lr_scheduler_kwargs={"foo": 1},
+        )  # fmt: skip
+        m["training"]["decoding"] = {"stop_sequences": ["x"] * 65, "min_p": 1.5}
+
+    twice = ('"notes": 0.5', '"notes": 1, "notes": 1e400')  # past a double: a key it skips
+    copy = _with_text(package, tmp_path / "loose.expert", loose, twice)
+    done = run_here("check", "--package", str(copy), "--json")
+    report = json.loads(done.stdout)
+    assert (done.returncode, report["problems"]) == (0, []), report["problems"]
+    assert (
+        "manifest.json: notes: given more than once; HiveLLM's loader uses the last"
+        in (report["notes"])
+    )
+    assert report["name"] == "my expert"
+
+
+def test_what_hivellms_loader_refuses_past_its_types_is_named(
+    package: Path, tmp_path: Path
+) -> None:
+    """serde_json's reading, which Python's json does not share: a learning rate that is 0
+    as an f32, -0 where a whole number is read, NaN, nesting past 128 levels, a lone
+    surrogate, a number past a double's range, a field of its own given twice. Each was
+    accepted; each is named now. Paths out of the package are refused too."""
+
+    def deep(m: dict) -> None:
+        nested: object = 1
+        for _ in range(130):
+            nested = [nested]
+        m["training"]["dataset"] = {"tasks": {"a": nested}}
+
+    def keep(m: dict) -> None:
+        return None
+
+    cases = {
+        "tiny": (lambda m: m["training"]["config"].update(learning_rate=1e-50), ()),
+        "zero": (keep, (('"warmup_steps": 0', '"warmup_steps": -0'),)),
+        "nan": (keep, (('"description"', '"x": NaN, "description"'),)),
+        "deep": (deep, ()),
+        "surrogate": (lambda m: m.update(description="\ud800"), ()),
+        "huge": (
+            lambda m: m.update(routing={"keywords": ["k"], "priority": 0.5}),
+            (('"priority": 0.5', '"priority": 1e400'),),
+        ),
+        "twice": (keep, (('"rank"', '"rank": 4, "rank"'),)),
+        "outside": (lambda m: m["training"].update(decoding={"grammar_file": "../g.gbnf"}), ()),
+    }
+    expected = {
+        "tiny": "manifest.json: training.config.learning_rate: expected a number above 0 (it "
+        "is 0 as the 32-bit float the loader reads) (HiveLLM's loader refuses it)",
+        "zero": "manifest.json: training.config.warmup_steps: -0, a decimal number to the "
+        "loader; expected a whole number from 0 to 4,294,967,295 (HiveLLM's loader refuses it)",
+        "nan": "manifest.json: holds NaN or Infinity, which is not JSON (HiveLLM's loader "
+        "refuses it)",
+        "deep": "manifest.json: training.dataset.tasks: nested over 128 levels deep, past what "
+        "the loader reads (HiveLLM's loader refuses it)",
+        "surrogate": "manifest.json: description: a string that is no Unicode text (a lone "
+        "surrogate); expected a string (HiveLLM's loader refuses it)",
+        "huge": "manifest.json: routing.priority: a number out of a double's range; expected a "
+        "number (HiveLLM's loader refuses it)",
+        "twice": "manifest.json: training.config.rank: given more than once (HiveLLM's loader "
+        "refuses it)",
+        "outside": "manifest.json: training.decoding.grammar_file: leads out of the package; "
+        "expected a file inside it",
+    }
+    for name, (change, raw) in cases.items():
+        copy = _with_text(package, tmp_path / f"{name}.expert", change, *raw)
+        assert _checked(copy) == (2, [expected[name]]), name

@@ -187,7 +187,8 @@ def render_package(report: PackageReport, verb: str) -> None:
         "file",
         "size",
         title=plain(
-            f"{man.get('name')} {man.get('version')} (schema {man.get('schema_version')})"
+            " ".join(_cut(man.get(k)) for k in ("name", "version"))
+            + f" (schema {_cut(man.get('schema_version'))})"
             if man
             else "no manifest that can be read"
         ),
@@ -202,3 +203,10 @@ def render_package(report: PackageReport, verb: str) -> None:
     out.print(f"{verb} {report.path} (sha256 {report.sha256})", markup=False)
     if report.checksum_file is not None:
         out.print(f"checksum {report.checksum_file}", markup=False)
+
+
+def _cut(text: str | None, most: int = 80) -> str:
+    """A manifest's name, version or schema as a title shows it: HiveLLM's loader reads any
+    string there, so a long one is cut."""
+    text = str(text)
+    return text if len(text) <= most else f"{text[: most - 1]}…"

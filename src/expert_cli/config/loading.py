@@ -60,14 +60,30 @@ def parse_manifest_text(text: str) -> tuple[Any, list[str]]:
     """The JSON value of a manifest's text, and a `json.path: ...` line for each key given
     twice in one object (JSON keeps the last silently: a second `learning_rate` further down
     would win unseen). Raises what `json.loads` raises."""
+    data, repeated = parse_json_text(text)
+    lines = [
+        f"{loc_text(loc)}: given more than once; keep one (JSON would silently use the last)"
+        for loc in repeated
+    ]
+    if len(lines) > MAX_VALUE_ERRORS:
+        lines = [*lines[:MAX_VALUE_ERRORS], f"{len(lines) - MAX_VALUE_ERRORS} more keys like these"]
+    return data, lines
+
+
+def parse_json_text(text: str, **read: Any) -> tuple[Any, list[tuple[Any, ...]]]:
+    """The JSON value of `text` (`read`: json.loads's number and constant hooks; whole
+    numbers as `json_int` reads them unless given), and the place of each key given twice in
+    one object. Comment keys (`_...`) may repeat: they are notes, not settings."""
     repeated: list[tuple[dict[str, Any], str]] = []
-    data = json.loads(text, object_pairs_hook=_keeping(repeated), parse_int=json_int)
-    return data, _repeated_keys(data, repeated) if repeated else []
+    data = json.loads(text, object_pairs_hook=_keeping(repeated), **{"parse_int": json_int, **read})
+    if not repeated:
+        return data, []
+    where = {id(obj): loc for loc, obj in _objects(data, ())}
+    return data, list(dict.fromkeys((*where.get(id(obj), ()), key) for obj, key in repeated))
 
 
 def _keeping(repeated: list[tuple[dict[str, Any], str]]) -> Any:
-    """A JSON object hook that notes each key given twice in one object. Comment keys (`_...`)
-    may repeat: they are notes, not settings."""
+    """A JSON object hook that notes each key given twice in one object, but comment keys."""
 
     def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         obj: dict[str, Any] = {}
@@ -78,21 +94,6 @@ def _keeping(repeated: list[tuple[dict[str, Any], str]]) -> Any:
         return obj
 
     return build
-
-
-def _repeated_keys(data: dict[str, Any], repeated: list[tuple[dict[str, Any], str]]) -> list[str]:
-    """`json.path: ...` for each repeated key, at most 20, found by walking to its object."""
-    where = {id(obj): loc for loc, obj in _objects(data, ())}
-    lines = list(
-        dict.fromkeys(
-            f"{loc_text((*where.get(id(obj), ()), key))}: given more than once; keep one "
-            "(JSON would silently use the last)"
-            for obj, key in repeated
-        )
-    )
-    if len(lines) > MAX_VALUE_ERRORS:
-        lines = [*lines[:MAX_VALUE_ERRORS], f"{len(lines) - MAX_VALUE_ERRORS} more keys like these"]
-    return lines
 
 
 def _objects(value: Any, loc: tuple[Any, ...]) -> Any:

@@ -348,38 +348,6 @@ class Manifest(BaseModel):
 # --------------------------------------------------------------------------- a package's
 
 
-class PackagedDecodingSpec(DecodingSpec):
-    """`training.decoding` of a package's manifest: a run's, but `temperature`, `top_p` and
-    `top_k` as HiveLLM's loader reads them (any number; a usize: 0 and any larger limit
-    load; `hive_loader` checks them). A run's bounds are what `generate` samples with, not
-    what a package may ship."""
-
-    temperature: Any = Field(None, description="Sampling temperature, as HiveLLM reads it.")
-    top_p: Any = Field(None, description="Nucleus threshold, as HiveLLM's loader reads it.")
-    top_k: Any = Field(None, description="Top-k limit, as HiveLLM's loader reads it.")
-
-    @field_validator("temperature")
-    @classmethod
-    def _greedy_or_sampled(cls, value: Any) -> Any:  # a run's rule, replaced: any number
-        return value
-
-
-class PackagedTrainingSpec(TrainingSpec):
-    """`training` of a package's manifest: the dataset as HiveLLM's loader reads it (`tasks`
-    any JSON, no `path` needed; `hive_loader` checks it). It describes data the package does
-    not hold; a run's rules judge it as the data a run reads."""
-
-    dataset: Any = Field(description="The data the expert was trained on, described.")
-    decoding: PackagedDecodingSpec | None = Field(None, description="Inference settings.")
-
-
-class PackagedManifest(Manifest):
-    """A package's manifest.json as `check --package` holds it to expert-cli's own rules: a
-    run's manifest, less the rules of a run's inputs where HiveLLM's loader reads more."""
-
-    training: PackagedTrainingSpec
-
-
 class LoadedManifest(BaseModel):
     """A validated manifest with where it came from (paths resolve against `folder`)."""
 

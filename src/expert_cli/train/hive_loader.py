@@ -15,145 +15,25 @@ from its records): elsewhere, chat answers with the base model alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import ctypes
+import math
 from typing import Any
 
 from expert_cli.errors import UserError, escaped, value_kind
 from expert_cli.train.adapter_entry import described
-
-TEXT, WHOLE, BIG, NUMBER, FLAG, ANY = "text", "whole", "big", "number", "flag", "any"
-WHOLE_MAX, BIG_MAX = (1 << 32) - 1, (1 << 64) - 1
-
-
-@dataclass(frozen=True)
-class Record:
-    """An object the loader reads: fields it needs, and fields it takes when given."""
-
-    needed: dict[str, Any]
-    optional: dict[str, Any] = field(default_factory=dict)
-    defaulted: frozenset[str] = frozenset()  # optional, but not null (serde's `default`)
-
-
-def _many(names: str, kind: Any) -> dict[str, Any]:
-    return dict.fromkeys(names.split(), kind)
-
-
-ADAPTER = Record(
-    {"type": TEXT, "target_modules": ("list", TEXT)},
-    {"r": WHOLE, "alpha": WHOLE, "scaling": TEXT, "dropout": NUMBER, "use_dora": FLAG}
-    | {"size_bytes": BIG, "sha256": TEXT},
-)
-ROPE = (
-    "either",
+from expert_cli.train.hive_schema import (
+    ANY,
+    BIG,
+    BIG_MAX,
+    DEPTH_LIMIT,
+    FLAG,
+    MANIFEST,
+    NUMBER,
     TEXT,
-    Record(
-        _many("type", TEXT)
-        | {"factor": NUMBER, "fine_grained": FLAG}
-        | _many("max_position_embeddings original_max_position_embeddings", BIG)
-    ),
-)
-BASE = {"sha256": TEXT, "quantization": TEXT, "rope_scaling": ROPE}
-TRAINING_CONFIG = Record(
-    _many("method adapter_type lr_scheduler", TEXT)
-    | {"target_modules": ("list", TEXT), "epochs": NUMBER, "learning_rate": NUMBER}
-    | _many("batch_size gradient_accumulation_steps warmup_steps", WHOLE),
-    _many("rank alpha max_seq_length dataloader_num_workers dataloader_prefetch_factor", WHOLE)
-    | _many("save_steps save_total_limit eval_steps logging_steps", WHOLE)
-    | {"feedforward_modules": ("list", TEXT)}
-    | _many(
-        "use_unsloth dataloader_pin_memory dataloader_persistent_workers fp16 bf16 use_tf32 "
-        "use_sdpa flash_attention_2 memory_efficient_attention packing torch_compile "
-        "group_by_length load_best_model_at_end greater_is_better",
-        FLAG,
-    )
-    | _many(
-        "activation_checkpointing torch_compile_backend torch_compile_mode optim save_strategy "
-        "evaluation_strategy metric_for_best_model pretokenized_cache",
-        TEXT,
-    ),
-)
-DATASET = Record(
-    {},
-    _many("path validation_path test_path type format", TEXT)
-    | {"tasks": ANY, "streaming": FLAG, "use_pretokenized": FLAG, "max_in_memory_samples": WHOLE}
-    | {"field_mapping": Record({}, _many("instruction input response text", TEXT))}
-    | {
-        "generation": Record(
-            _many("domain task provider", TEXT) | {"count": BIG},
-            _many("temperature diversity_threshold", NUMBER)
-            | {"difficulty_distribution": Record(_many("easy medium hard", NUMBER))},
-        )
-    },
-)
-DECODING = Record(
-    {},
-    _many("grammar_type grammar_file validation validation_cmd", TEXT)
-    | {"use_grammar": FLAG, "stop_sequences": ("list", TEXT), "top_k": BIG}
-    | _many("temperature top_p", NUMBER),
-)
-MANIFEST = Record(
-    _many("name version description", TEXT)
-    | {"capabilities": ("list", TEXT)}
-    | {
-        "constraints": Record(
-            {"load_order": WHOLE, "incompatible_with": ("list", TEXT), "requires": ("list", TEXT)},
-            {"max_chain": WHOLE},
-        )
-    }
-    | {
-        "training": Record(
-            {"dataset": DATASET, "config": TRAINING_CONFIG},
-            {"decoding": DECODING, "packaging_checkpoint": TEXT}
-            | {
-                "metadata": Record(
-                    {},
-                    _many("trained_on base_model_version gpu", TEXT)
-                    | {"training_time_hours": NUMBER},
-                )
-            },
-        )
-    },
-    _many("schema_version author homepage license", TEXT)
-    | {"tags": ("list", TEXT), "adapters": ("list", ADAPTER)}
-    | {"repository": Record(_many("type url", TEXT))}
-    | {"base_model": Record({"name": TEXT}, BASE)}
-    | {
-        "base_models": (
-            "list",
-            Record({"name": TEXT, "adapters": ("list", ADAPTER)}, BASE | {"prompt_template": TEXT}),
-        )
-    }
-    | {"soft_prompts": ("list", Record(_many("name path", TEXT) | {"tokens": WHOLE}))}
-    | {
-        "routing": Record(
-            {"keywords": ("list", TEXT)},
-            {"exclude_keywords": ("list", TEXT), "router_hint": TEXT, "priority": NUMBER},
-        )
-    }
-    | {
-        "perf": Record(
-            {
-                "latency_ms_overhead": NUMBER,
-                "vram_mb_overhead": WHOLE,
-                "supported_batch_sizes": ("list", WHOLE),
-            }
-        )
-    }
-    | {
-        "runtime": Record(
-            {},
-            _many("candle_compatible requires_kv_cache_persistence", FLAG)
-            | {"attention_kernel": TEXT},
-        )
-    }
-    | {"evaluation": Record({"test_set_size": WHOLE, "metrics": ("map", NUMBER)})}
-    | {
-        "integrity": Record(
-            _many("publisher signature_algorithm", TEXT) | {"files": ("map", TEXT)},
-            _many("created_at pubkey signature", TEXT),
-        )
-    },
-    defaulted=frozenset({"schema_version", "soft_prompts"}),
+    TRAINING_CONFIG,
+    WHOLE,
+    WHOLE_MAX,
+    Record,
 )
 
 
@@ -176,29 +56,49 @@ def _expected(kind: Any) -> str:
 
 
 def _fits(kind: Any, value: Any) -> bool:
-    """Whether a value (not an object or list) has the type the loader reads."""
-    if kind == ANY:
-        return True
+    """Whether a value (not an object or list) has the type the loader reads: a string
+    without a lone surrogate, a number a double holds, a whole number in range."""
     if kind == TEXT:
-        return isinstance(value, str)
+        return isinstance(value, str) and _encodes(value)
     if kind == FLAG:
         return isinstance(value, bool)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     if kind == NUMBER:
-        return True
+        return _finite(value)
     return isinstance(value, int) and 0 <= value <= (WHOLE_MAX if kind == WHOLE else BIG_MAX)
 
 
-def _shape(kind: Any, value: Any, where: str, out: list[str]) -> None:
-    """Each place in `value` the loader refuses, as `where: ...` lines."""
+def _encodes(text: str) -> bool:
+    """Whether `text` is Unicode text (JSON's `\\ud800` alone reads as a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _finite(value: int | float) -> bool:
+    """Whether a JSON number is one a double holds (1e400 is out of range to the loader)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # a whole number past a double's range
+        return False
+
+
+def _shape(kind: Any, value: Any, where: str, out: list[str], depth: int = 1) -> None:
+    """Each place in `value` the loader refuses, as `where: ...` lines; `depth`: the objects
+    and lists open at `value` (itself one, when it is either)."""
     if isinstance(kind, tuple) and kind[0] == "either":
-        if not any(_fits_all(k, value) for k in kind[1:]):
-            out.append(f"{where}: {value_kind(value)}; expected {_expected(kind)}")
+        if not any(_fits_all(k, value, depth) for k in kind[1:]):
+            out.append(f"{where}: {_kind(value)}; expected {_expected(kind)}")
+        return
+    if isinstance(value, dict | list) and depth > DEPTH_LIMIT:
+        out.append(f"{where}: nested over {DEPTH_LIMIT} levels deep, past what the loader reads")
         return
     if isinstance(kind, Record):
         if not isinstance(value, dict):
-            out.append(f"{where}: {value_kind(value)}; expected an object")
+            out.append(f"{where}: {_kind(value)}; expected an object")
             return
         for name, inner in (kind.needed | kind.optional).items():
             unset = value.get(name) is None and name not in {*kind.needed, *kind.defaulted}
@@ -206,19 +106,57 @@ def _shape(kind: Any, value: Any, where: str, out: list[str]) -> None:
                 if name in kind.needed:
                     out.append(f"{where}.{name}: missing; expected {_expected(inner)}")
                 continue
-            _shape(inner, value[name], f"{where}.{name}", out)
+            _shape(inner, value[name], f"{where}.{name}", out, depth + 1)
         return
     if isinstance(kind, tuple):
         if not isinstance(value, list if kind[0] == "list" else dict):
-            out.append(f"{where}: {value_kind(value)}; expected {_expected(kind)}")
+            out.append(f"{where}: {_kind(value)}; expected {_expected(kind)}")
             return
         items = enumerate(value) if isinstance(value, list) else value.items()
         for key, item in items:
+            if isinstance(key, str) and not _encodes(key):
+                out.append(f"{where}: a key that is no Unicode text (a lone surrogate)")
+                continue
             place = f"{where}[{key}]" if isinstance(value, list) else f"{where}.{_key(key)}"
-            _shape(kind[1], item, place, out)
+            _shape(kind[1], item, place, out, depth + 1)
         return
-    if not _fits(kind, value):
-        out.append(f"{where}: {value_kind(value)}; expected {_expected(kind)}")
+    if kind == ANY:
+        if problem := _free_value_problem(value, depth):
+            out.append(f"{where}: {problem}")
+    elif not _fits(kind, value):
+        out.append(f"{where}: {_kind(value)}; expected {_expected(kind)}")
+
+
+def _kind(value: Any) -> str:
+    """`value_kind`, and -0 said as the loader reads it (a decimal, where a whole is read)."""
+    if isinstance(value, float) and value == 0 and math.copysign(1, value) < 0:
+        return "-0, a decimal number to the loader"
+    if isinstance(value, int | float) and not isinstance(value, bool) and not _finite(value):
+        return "a number out of a double's range"
+    if isinstance(value, str) and not _encodes(value):
+        return "a string that is no Unicode text (a lone surrogate)"
+    return value_kind(value)
+
+
+def _free_value_problem(value: Any, depth: int) -> str | None:
+    """What the loader refuses in a value it reads as free JSON: nesting past its limit, a
+    number out of a double's range, a string that is no Unicode text (None: nothing)."""
+    stack = [(value, depth)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            if level > DEPTH_LIMIT:
+                return f"nested over {DEPTH_LIMIT} levels deep, past what the loader reads"
+            inner = item.values() if isinstance(item, dict) else item
+            stack.extend((v, level + 1) for v in inner)
+            keys = item.keys() if isinstance(item, dict) else ()
+            if not all(_encodes(k) for k in keys):
+                return "a key that is no Unicode text (a lone surrogate)"
+        elif isinstance(item, str) and not _encodes(item):
+            return "a string that is no Unicode text (a lone surrogate)"
+        elif isinstance(item, int | float) and not isinstance(item, bool) and not _finite(item):
+            return "a number out of a double's range"
+    return None
 
 
 def _key(key: str) -> str:
@@ -227,9 +165,9 @@ def _key(key: str) -> str:
     return shown if len(shown) <= 40 else shown[:40] + "…"
 
 
-def _fits_all(kind: Any, value: Any) -> bool:
+def _fits_all(kind: Any, value: Any, depth: int = 1) -> bool:
     found: list[str] = []
-    _shape(kind, value, "", found)
+    _shape(kind, value, "", found, depth)
     return not found
 
 
@@ -259,9 +197,10 @@ def loader_problems(manifest: dict[str, Any]) -> list[str]:
     if all(dataset.get(k) is None for k in ("path", "generation", "tasks")):  # its validate's
         out.append("training.dataset: expected a path, generation or tasks")
     config = manifest["training"]["config"]
-    for key in ("epochs", "learning_rate"):
-        if config[key] <= 0:
-            out.append(f"training.config.{key}: expected a number above 0")
+    for key in ("epochs", "learning_rate"):  # read as f32: below ~7e-46 is 0 there
+        if ctypes.c_float(config[key]).value <= 0:
+            tiny = " (it is 0 as the 32-bit float the loader reads)" if config[key] > 0 else ""
+            out.append(f"training.config.{key}: expected a number above 0{tiny}")
     if config.get("rank") == 0 or (config.get("rank") is None and config["adapter_type"] != "ia3"):
         out.append("training.config.rank: expected a whole number above 0 (all but ia3 have one)")
     if not config["target_modules"]:

@@ -17,15 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from pydantic import ValidationError
-
-from expert_cli.config.loading import format_errors, parse_manifest_text
-from expert_cli.config.models import PackagedManifest
-from expert_cli.data.conversations import drop_nulls
+from expert_cli.config.base import MAX_VALUE_ERRORS
+from expert_cli.config.error_lines import loc_text
+from expert_cli.config.loading import parse_json_text
 from expert_cli.jsontext import json_int
 from expert_cli.train.adapter_entry import entry_problems
 from expert_cli.train.adapter_fit import Shapes
 from expert_cli.train.hive_loader import loader_problems
+from expert_cli.train.hive_schema import read_field
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
 from expert_cli.train.package_members import member_problem
 from expert_cli.train.package_stream import CHUNK, Blocks, end_problem, unreadable
@@ -54,7 +53,8 @@ class PackageReport:
 
     path: Path
     files: dict[str, int] = field(default_factory=dict)  # member -> size
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)  # as the loader reads it, else {}
+    read: dict[str, Any] | None = None  # manifest.json's object as read, whatever it holds
     sha256: str = ""
     checksum_file: Path | None = None
     problems: list[str] = field(default_factory=list)
@@ -167,7 +167,7 @@ def _read_member(
         return
     hashes[name], data = _member_hash(tar, member)
     if name == "manifest.json":
-        report.manifest = _manifest_of(data, report)
+        report.read = _manifest_of(data, report)
     elif name.endswith(ADAPTER_FILES[1]):
         heads[name] = data
     elif name in TOKENIZER_FILES:
@@ -236,41 +236,81 @@ def _check_weights(
     return digest, head
 
 
-def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any]:
+class _NotJson(ValueError):
+    """NaN or Infinity in a manifest's text: Python's json reads them, no JSON parser does."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(name)
+
+
+def _serde_int(text: str) -> int | float:
+    """A whole number as serde_json reads it: `-0` is a decimal there (refused where a
+    whole number is read)."""
+    return -0.0 if text == "-0" else json_int(text)
+
+
+def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any] | None:
+    """manifest.json's object as HiveLLM's loader reads the text, or None with the problem.
+    A key given twice is a problem where the loader reads that field (it refuses it), a note
+    where it skips the key or keeps the last (a key of its own, of a map, of free JSON)."""
     try:
-        manifest, repeated = parse_manifest_text(data.decode("utf-8"))
-        report.problems += [f"manifest.json: {line}" for line in repeated]
-        # a field the writer left null is one it left out (HiveLLM's packager writes its
-        # unset fields as null); the dataset and top_k as HiveLLM's loader reads them, below
-        PackagedManifest.model_validate(drop_nulls(manifest))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        if isinstance(exc, ValidationError):
-            report.problems += [f"manifest.json: {line}" for line in format_errors(exc)]
+        text = data.decode("utf-8")
+        manifest, repeated = parse_json_text(
+            text, parse_int=_serde_int, parse_constant=_no_constant
+        )
+    except _NotJson:
+        report.problems.append(
+            "manifest.json: holds NaN or Infinity, which is not JSON (HiveLLM's loader refuses it)"
+        )
+        return None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        manifest, repeated = None, []
+    if not isinstance(manifest, dict):
+        report.problems.append("manifest.json: not a JSON object")
+        return None
+    for loc in repeated[:MAX_VALUE_ERRORS]:
+        if read_field(loc):
+            report.problems.append(
+                f"manifest.json: {loc_text(loc)}: given more than once (HiveLLM's loader "
+                "refuses it)"
+            )
         else:
-            report.problems.append("manifest.json: not a JSON object")
-        return {}
-    return manifest if isinstance(manifest, dict) else {}
+            report.notes.append(
+                f"manifest.json: {loc_text(loc)}: given more than once; HiveLLM's loader "
+                "uses the last"
+            )
+    return manifest
 
 
 def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[str, bytes]) -> None:
+    """What the manifest says against what HiveLLM's loader reads and the package holds."""
     if "manifest.json" not in report.files:
         report.problems.append("manifest.json: missing at the package's root")
     if missing := missing_tokenizer_file(report.files):
         report.problems.append(missing)
-    if not report.manifest:
+    if report.read is None:
         return
-    try:
-        adapters, where = adapters_of(copy.deepcopy(report.manifest))
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return
-    refused = loader_problems(report.manifest)
-    report.problems += [f"manifest.json: {line} (HiveLLM's loader refuses it)" for line in refused]
-    adapter = adapters[0] if adapters and isinstance(adapters[0], dict) else {}
+    if refused := loader_problems(report.read):
+        report.problems += [
+            f"manifest.json: {line} (HiveLLM's loader refuses it)" for line in refused
+        ]
+    else:  # the fields compared below hold what the loader reads
+        report.manifest = report.read
+        _check_named_files(report)
     for name in ADAPTER_FILES:
         if name not in report.files:
             report.problems.append(
                 f"{name}: missing at the package's root (where HiveLLM's loader looks for it)"
             )
+    if not refused:
+        _check_entry(report, hashes, heads)
+
+
+def _check_entry(report: PackageReport, hashes: dict[str, str], heads: dict[str, bytes]) -> None:
+    """The manifest's adapter entry against adapter_config.json and the weights shipped."""
+    adapters, where = adapters_of(copy.deepcopy(report.manifest))
+    adapter = adapters[0] if adapters and isinstance(adapters[0], dict) else {}
     if (data := heads.get(ADAPTER_FILES[1])) is not None:
         shapes = header_shapes(heads.get(ADAPTER_FILES[0], b""))
         config, problem = _read_config(data, shapes)
@@ -286,6 +326,26 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
         report.problems.append(
             f"{where}[0].size_bytes: {adapter['size_bytes']} but the file has {size}"
         )
+
+
+def _check_named_files(report: PackageReport) -> None:
+    """The grammar and soft prompt files the manifest names, which HiveLLM's chat reads from
+    the package's folder: one that leads out of it is a problem (a file of the machine the
+    package is installed on would be read), one the package does not hold a note."""
+    decoding = report.manifest["training"].get("decoding") or {}
+    named = [("training.decoding.grammar_file", decoding.get("grammar_file"))]
+    for i, prompt in enumerate(report.manifest.get("soft_prompts") or []):
+        named.append((f"soft_prompts[{i}].path", prompt.get("path")))
+    for where, name in named:
+        if not isinstance(name, str):
+            continue
+        parts = PurePosixPath(name.replace("\\", "/")).parts
+        if not parts or parts[0] == "/" or ".." in parts or ":" in name:
+            report.problems.append(
+                f"manifest.json: {where}: leads out of the package; expected a file inside it"
+            )
+        elif PurePosixPath(*parts).as_posix() not in report.files:
+            report.notes.append(f"manifest.json: {where}: names a file the package does not hold")
 
 
 def _read_config(data: bytes, shapes: Shapes | None) -> tuple[dict[str, Any], str | None]:
