@@ -6,7 +6,8 @@
 #                                pydantic, trl, liger-kernel, bitsandbytes
 #                                (CUDA 13 library only), flash-attn-4 and its CuTe DSL (without
 #                                the CUDA 13 compiler library, see below)
-#   .carry/common/expert.tar.xz  the benchmark expert (scripts/make_bench_expert.py)
+#   .carry/expert/expert.tar.xz  the benchmark expert (scripts/make_bench_expert.py), carried
+#                                with the second half (the first is full)
 #   .carry/fa4a, .carry/fa4b     the CuTe DSL's CUDA 13 library (92 MB as a wheel, 64 MB as
 #                                xz), in two parts that travel in two calls to the same machine
 #   .carry/unsloth/site.tar.xz   Unsloth and what it pins apart from expert-cli's stack (TRL
@@ -22,7 +23,7 @@ PLATFORM=(--python-version 3.12 --implementation cp --only-binary=:all:
           --platform manylinux2014_x86_64)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-mkdir -p .carry/common .carry/fa4a .carry/fa4b .carry/unsloth
+mkdir -p .carry/common .carry/expert .carry/fa4a .carry/fa4b .carry/unsloth
 grep -qs '^/.carry/' .git/info/exclude || { mkdir -p .git/info; echo '/.carry/' >> .git/info/exclude; }
 
 python -m pip install -q --no-deps "${PLATFORM[@]}" --target "$WORK/site" \
@@ -64,5 +65,5 @@ if [ ! -f bench_results/tmp/qwen3-expert/manifest.json ]; then
   python scripts/make_bench_expert.py --out bench_results/tmp/qwen3-expert --examples 4000
 fi
 tar -C bench_results/tmp -cf - qwen3-expert/manifest.json qwen3-expert/model qwen3-expert/data \
-  | xz -6 -T0 > .carry/common/expert.tar.xz
+  | xz -6 -T0 > .carry/expert/expert.tar.xz
 du -sh .carry/*/*
