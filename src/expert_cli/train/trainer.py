@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from accelerate.utils import DistributedType
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, get_scheduler
 
@@ -27,6 +28,7 @@ from expert_cli.train.args import warmup_count
 from expert_cli.train.attention import mask_free_mapping, skip_mask_building
 from expert_cli.train.callbacks import ThroughputCallback
 from expert_cli.train.model import matmul_parameters, parameter_counts
+from expert_cli.train.step_walks import StepWalks
 
 # Key the counting collator adds to each batch; removed before the model sees the batch.
 COUNTS_KEY = "expert_cli_counts"
@@ -74,6 +76,7 @@ class ExpertTrainer(Trainer):
 
     meter: ThroughputMeter | None = None
     mask_mapping: dict[str, None] | None = None
+    walks: StepWalks | None = None  # the loop's model's modules, listed at its first step
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -171,13 +174,51 @@ class ExpertTrainer(Trainer):
             self._eval_tally.append((loss.detach().float(), num_items_in_batch.float()))
         return result
 
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self._release_walks()
+
+    def _release_walks(self) -> None:
+        if self.walks is not None:
+            self.walks.release()
+            self.walks = None
+
     def training_step(
         self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None
     ) -> Any:
         """The step as the Trainer takes it; the loss it returns for logging is AdaLoRA's
-        language-model loss alone (the gradients keep the regulariser)."""
+        language-model loss alone (the gradients keep the regulariser). The loop's walks over
+        every module are answered from lists made at the first step (train/step_walks.py)."""
+        if self.walks is None or self.walks.model is not model:
+            self._release_walks()
+            self.walks = StepWalks(model)
         loss = super().training_step(model, inputs, num_items_in_batch)
         return self.language_loss.logged(loss) if self.language_loss is not None else loss
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """The Trainer's estimate (6 x tokens x parameters but the embeddings), with the
+        parameters counted once, not at every micro-batch."""
+        main = getattr(self.model, "main_input_name", "input_ids")
+        if self.walks is None or main not in inputs or not hasattr(self.model, "num_parameters"):
+            return super().floating_point_ops(inputs)
+        return 6 * inputs[main].numel() * self.walks.flop_parameters(self.model)
+
+    def _clip_grad_norm(self, model: Any) -> Any:
+        """The Trainer's clipping, given the listed parameters where accelerate clips what it
+        is given (not under FSDP, DeepSpeed or XLA, which find the model's own)."""
+        walks = self.walks
+        mixed = getattr(self, "_has_mixed_mesh_grads", lambda _: True)
+        if (
+            walks is None
+            or walks.model is not model
+            or self.accelerator.distributed_type
+            in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.XLA)
+            or mixed(model)
+        ):
+            return super()._clip_grad_norm(model)
+        return self.accelerator.clip_grad_norm_(walks.parameters, self.args.max_grad_norm)
 
     def _per_token_loss(self, tally: list[tuple[torch.Tensor, torch.Tensor]]) -> float | None:
         """Summed loss over trained tokens from each batch's (loss, trained tokens); None
