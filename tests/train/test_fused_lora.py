@@ -53,6 +53,24 @@ def test_function_matches_the_unfused_math_in_fp32() -> None:
         assert torch.allclose(mine, theirs, atol=1e-5), (mine - theirs).abs().max()
 
 
+def test_a_backward_called_under_autocast_keeps_the_forwards_precision() -> None:
+    """The forward ran in fp32; a backward called inside a bf16 autocast region (the CPU runs
+    it on the calling thread, autocast on) still computes in fp32."""
+    torch.manual_seed(2)
+    base = torch.nn.Linear(16, 12).requires_grad_(False)
+    grads = []
+    for region in (False, True):
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(5), requires_grad=True)
+        a = torch.randn(4, 16, generator=torch.Generator().manual_seed(6), requires_grad=True)
+        b = torch.randn(12, 4, generator=torch.Generator().manual_seed(7), requires_grad=True)
+        y = LoraLinearFunction.apply(x, base, a, b, 0.5)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=region):
+            y.pow(2).sum().backward()
+        grads.append((x.grad, a.grad, b.grad))
+    for outside, inside in zip(*grads, strict=True):
+        assert inside.dtype == torch.float32 and torch.equal(outside, inside)
+
+
 def test_fused_model_equals_peft_loss_and_gradients(tiny_model_dir: Path) -> None:
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(3))
     plain = _peft(tiny_model_dir)

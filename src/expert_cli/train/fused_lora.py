@@ -46,14 +46,16 @@ class LoraLinearFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         """`base` is frozen: its weight and bias get no gradient."""
         weight, bias = base.weight, base.bias
+        # every operand is cast to the compute dtype here, which is autocast's own when it is
+        # on: its casts find nothing to do, so it is left on (entering a context to turn it
+        # off costs host time at each of 196 layers, forward and backward)
         dtype = _compute_dtype(x)
-        with torch.autocast(x.device.type, enabled=False):
-            x2 = x.reshape(-1, x.shape[-1]).to(dtype)
-            w = weight.to(dtype)
-            a, b = lora_a.to(dtype), lora_b.to(dtype)
-            xa = x2 @ a.t()
-            y = torch.addmm(bias.to(dtype), x2, w.t()) if bias is not None else x2 @ w.t()
-            y.addmm_(xa, b.t(), alpha=scaling)
+        x2 = x.reshape(-1, x.shape[-1]).to(dtype)
+        w = weight.to(dtype)
+        a, b = lora_a.to(dtype), lora_b.to(dtype)
+        xa = x2 @ a.t()
+        y = torch.addmm(bias.to(dtype), x2, w.t()) if bias is not None else x2 @ w.t()
+        y.addmm_(xa, b.t(), alpha=scaling)
         # the adapter weights in the compute dtype are kept for the backward (r x features:
         # small), so that it casts nothing but the two gradients back
         ctx.save_for_backward(x2, xa, weight, a, b)
@@ -63,20 +65,22 @@ class LoraLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        if torch.is_autocast_enabled(dy.device.type):  # a backward called under autocast
+            with torch.autocast(dy.device.type, enabled=False):
+                return LoraLinearFunction.backward(ctx, dy)
         x2, xa, weight, a, b = ctx.saved_tensors
         s, (a_dtype, b_dtype) = ctx.scaling, ctx.master
-        with torch.autocast(dy.device.type, enabled=False):
-            dy2 = dy.reshape(-1, dy.shape[-1]).to(x2.dtype)
-            g = dy2 @ b
-            dx = None
-            if ctx.needs_input_grad[0]:
-                dx = dy2 @ weight.to(x2.dtype)
-                dx.addmm_(g, a, alpha=s)
-                dx = dx.view(ctx.x_shape).to(ctx.x_dtype)
-            # s * (g^T x) and s * (dy^T xa) as one GEMM each: with beta 0 the first argument
-            # (a tensor of the result's shape) only gives the shape and is not read
-            d_a = torch.addmm(a, g.t(), x2, beta=0, alpha=s) if ctx.needs_input_grad[2] else None
-            d_b = torch.addmm(b, dy2.t(), xa, beta=0, alpha=s) if ctx.needs_input_grad[3] else None
+        dy2 = dy.reshape(-1, dy.shape[-1]).to(x2.dtype)
+        g = dy2 @ b
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = dy2 @ weight.to(x2.dtype)
+            dx.addmm_(g, a, alpha=s)
+            dx = dx.view(ctx.x_shape).to(ctx.x_dtype)
+        # s * (g^T x) and s * (dy^T xa) as one GEMM each: with beta 0 the first argument
+        # (a tensor of the result's shape) only gives the shape and is not read
+        d_a = torch.addmm(a, g.t(), x2, beta=0, alpha=s) if ctx.needs_input_grad[2] else None
+        d_b = torch.addmm(b, dy2.t(), xa, beta=0, alpha=s) if ctx.needs_input_grad[3] else None
         d_a = d_a.to(a_dtype) if d_a is not None else None
         d_b = d_b.to(b_dtype) if d_b is not None else None
         return dx, None, d_a, d_b, None
