@@ -2,8 +2,11 @@
 
 Builds the model the way `expert-cli train` does (automatic choices, or `--set` overrides),
 takes real packed batches from the expert's token cache, runs warm-up steps, then profiles a
-few forward + backward + AdamW steps under bf16 autocast. Writes the top kernels by GPU time
-and the step time as JSON.
+few forward + backward + AdamW steps under bf16 autocast. Writes the top kernels by GPU time,
+the step time, and how much of the profiled span the GPU ran no kernel (the gaps between
+kernels, where it waited for the host to launch the next: a launch-bound step has many) as
+JSON. The profiler slows the host's launches, so the gaps read larger than in training; the
+step without the profiler is timed too.
 
     python scripts/profile_step.py --expert bench_results/tmp/qwen3-expert --output prof.json
 """
@@ -15,6 +18,34 @@ import json
 import sys
 import time
 from pathlib import Path
+
+
+def gaps(intervals: list[tuple[float, float]], top: int = 5) -> dict[str, float | list[float]]:
+    """Of kernels' (start, end) times on the device: the span from the first start to the
+    last end, the time some kernel ran (overlaps merged), the idle rest and its share, the
+    number of gaps and the longest ones (same unit as the times)."""
+    if not intervals:
+        return {"span": 0.0, "busy": 0.0, "idle": 0.0, "idle_share": 0.0, "gaps": 0, "longest": []}
+    ordered = sorted(intervals)
+    busy, holes = 0.0, []
+    start, end = ordered[0]
+    for s, e in ordered[1:]:
+        if s > end:
+            busy += end - start
+            holes.append(s - end)
+            start, end = s, e
+        else:
+            end = max(end, e)
+    busy += end - start
+    span = end - ordered[0][0]
+    return {
+        "span": span,
+        "busy": busy,
+        "idle": span - busy,
+        "idle_share": (span - busy) / span if span > 0 else 0.0,
+        "gaps": len(holes),
+        "longest": sorted(holes, reverse=True)[:top],
+    }
 
 
 def main() -> int:
@@ -72,6 +103,11 @@ def main() -> int:
         step(i)
     torch.cuda.synchronize()
     start = time.perf_counter()
+    for i in range(a.steps):
+        step(3 + i)
+    torch.cuda.synchronize()
+    unprofiled = (time.perf_counter() - start) / a.steps
+    start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(a.steps):
             step(3 + i)
@@ -84,6 +120,12 @@ def main() -> int:
         if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0
     ]
     gpu_total = sum(e.self_device_time_total for e in events)
+    kernels = [
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
+    ]
+    timeline = gaps(kernels)  # microseconds
     top = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)[: a.top]
     rows = [
         {
@@ -101,12 +143,28 @@ def main() -> int:
         "batch_rows": n,
         "seq": resolved.max_seq_length,
         "step_wall_ms": wall * 1000,
+        "step_wall_ms_unprofiled": unprofiled * 1000,
         "gpu_busy_ms_per_step": gpu_total / 1000 / a.steps,
+        "timeline": {
+            "kernels_per_step": len(kernels) / a.steps,
+            "busy_ms_per_step": timeline["busy"] / 1000 / a.steps,
+            "idle_ms_per_step": timeline["idle"] / 1000 / a.steps,
+            "idle_share": timeline["idle_share"],
+            "gaps_per_step": timeline["gaps"] / a.steps,
+            "longest_gaps_ms": [g / 1000 for g in timeline["longest"]],
+        },
         "top_kernels": rows,
     }
     print(
-        f"step {wall * 1000:.0f} ms wall, {gpu_total / 1000 / a.steps:.0f} ms GPU kernels "
+        f"step {wall * 1000:.0f} ms wall ({unprofiled * 1000:.0f} ms unprofiled), "
+        f"{gpu_total / 1000 / a.steps:.0f} ms GPU kernels "
         f"({choices.attn_implementation}, loss {choices.fused_loss})"
+    )
+    t = report["timeline"]
+    print(
+        f"timeline: {t['kernels_per_step']:.0f} kernels/step, GPU idle between them "
+        f"{t['idle_ms_per_step']:.1f} ms/step ({100 * t['idle_share']:.1f}% of the span), "
+        f"longest gaps {', '.join(f'{g:.2f}' for g in t['longest_gaps_ms'])} ms"
     )
     for r in rows:
         print(
