@@ -71,6 +71,30 @@ def test_a_backward_called_under_autocast_keeps_the_forwards_precision() -> None
         assert inside.dtype == torch.float32 and torch.equal(outside, inside)
 
 
+def test_compiled_under_autocast() -> None:
+    """torch.compile traces the Function's backward with the forward's autocast on; a call of
+    the Function's own method inside it was refused (AssertionError: Expected
+    FakeBackwardCFunction)."""
+    torch.manual_seed(3)
+    base = torch.nn.Linear(32, 24).requires_grad_(False)
+    a = torch.nn.Parameter(torch.randn(8, 32) * 0.1)
+    b = torch.nn.Parameter(torch.randn(24, 8) * 0.1)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return LoraLinearFunction.apply(x, base, a, b, 2.0)
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, 32)
+    grads = []
+    for fn in (f, compiled):
+        a.grad = b.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fn(x).float().pow(2).sum().backward()
+        grads.append((a.grad.clone(), b.grad.clone()))
+    for eager, traced in zip(*grads, strict=True):
+        assert traced.dtype == torch.float32 and torch.allclose(eager, traced, atol=1e-2)
+
+
 def test_fused_model_equals_peft_loss_and_gradients(tiny_model_dir: Path) -> None:
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(3))
     plain = _peft(tiny_model_dir)

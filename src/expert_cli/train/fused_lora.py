@@ -67,23 +67,29 @@ class LoraLinearFunction(torch.autograd.Function):
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         if torch.is_autocast_enabled(dy.device.type):  # a backward called under autocast
             with torch.autocast(dy.device.type, enabled=False):
-                return LoraLinearFunction.backward(ctx, dy)
-        x2, xa, weight, a, b = ctx.saved_tensors
-        s, (a_dtype, b_dtype) = ctx.scaling, ctx.master
-        dy2 = dy.reshape(-1, dy.shape[-1]).to(x2.dtype)
-        g = dy2 @ b
-        dx = None
-        if ctx.needs_input_grad[0]:
-            dx = dy2 @ weight.to(x2.dtype)
-            dx.addmm_(g, a, alpha=s)
-            dx = dx.view(ctx.x_shape).to(ctx.x_dtype)
-        # s * (g^T x) and s * (dy^T xa) as one GEMM each: with beta 0 the first argument
-        # (a tensor of the result's shape) only gives the shape and is not read
-        d_a = torch.addmm(a, g.t(), x2, beta=0, alpha=s) if ctx.needs_input_grad[2] else None
-        d_b = torch.addmm(b, dy2.t(), xa, beta=0, alpha=s) if ctx.needs_input_grad[3] else None
-        d_a = d_a.to(a_dtype) if d_a is not None else None
-        d_b = d_b.to(b_dtype) if d_b is not None else None
-        return dx, None, d_a, d_b, None
+                return _backward(ctx, dy)
+        return _backward(ctx, dy)
+
+
+def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """LoraLinearFunction's backward (a function of its own: torch.compile traces a Function's
+    backward and refuses a call of the Function's own method inside it)."""
+    x2, xa, weight, a, b = ctx.saved_tensors
+    s, (a_dtype, b_dtype) = ctx.scaling, ctx.master
+    dy2 = dy.reshape(-1, dy.shape[-1]).to(x2.dtype)
+    g = dy2 @ b
+    dx = None
+    if ctx.needs_input_grad[0]:
+        dx = dy2 @ weight.to(x2.dtype)
+        dx.addmm_(g, a, alpha=s)
+        dx = dx.view(ctx.x_shape).to(ctx.x_dtype)
+    # s * (g^T x) and s * (dy^T xa) as one GEMM each: with beta 0 the first argument
+    # (a tensor of the result's shape) only gives the shape and is not read
+    d_a = torch.addmm(a, g.t(), x2, beta=0, alpha=s) if ctx.needs_input_grad[2] else None
+    d_b = torch.addmm(b, dy2.t(), xa, beta=0, alpha=s) if ctx.needs_input_grad[3] else None
+    d_a = d_a.to(a_dtype) if d_a is not None else None
+    d_b = d_b.to(b_dtype) if d_b is not None else None
+    return dx, None, d_a, d_b, None
 
 
 def fusable(module: torch.nn.Module) -> bool:
