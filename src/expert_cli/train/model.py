@@ -35,6 +35,7 @@ from expert_cli.train.checkpoints import recorded_feedforward, unfit_problem
 from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_lora import fuse_lora_linears, unfused_bases
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
+from expert_cli.train.placement import load_placement
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
 from expert_cli.weights import damaged_weights, non_finite_line, weights_error
 
@@ -154,6 +155,8 @@ def _from_pretrained(
         kwargs["revision"] = resolved.revision
     if quant is not None:
         kwargs.update(quantization_config=quant, device_map={"": device})
+    elif placed := load_placement(device, resolved.distributed):
+        kwargs.update(device_map=placed)
     try:
         return AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as exc:
