@@ -216,3 +216,67 @@ def test_the_micro_batch_is_the_largest_divisor_that_fits() -> None:
         "16 rows x 2 accumulation = 32 rows per optimizer step (probe: "
         "2.45 GB a row + 1.4 GB fixed, budget 67 GB)"
     )
+
+
+@pytest.mark.parametrize(
+    ("env", "config", "kernel"),
+    [
+        (H100, {}, "fused"),  # measured 1.22x peft's tokens/s on an H100 (docs/PERFORMANCE.md)
+        (H100, {"adapter_kernel": "peft"}, "peft"),
+        (cpu_environment(), {}, "peft"),
+        (cpu_environment(), {"adapter_kernel": "fused"}, "fused"),
+    ],
+)
+def test_the_fused_lora_linear_is_the_gpus_default(
+    tmp_path: Path, env: Environment, config: dict, kernel: str
+) -> None:
+    assert _resolved(tmp_path, env, **config).adapter_kernel == kernel
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
+def test_sharded_runs_keep_peft_layers_unless_asked(tmp_path: Path, strategy: str) -> None:
+    """Not measured under FSDP or DeepSpeed: peft's layers there by default."""
+    (tmp_path / "train.jsonl").write_text('{"text": "x"}\n')
+    for asked, kernel in ((None, "peft"), ("fused", "fused")):
+        config = {"evaluation_strategy": "no"} | ({"adapter_kernel": asked} if asked else {})
+        manifest = {
+            "name": "e",
+            "schema_version": "2.0",
+            "base_models": [{"name": "org/model"}],
+            "training": {
+                "dataset": {"path": "train.jsonl"},
+                "config": config,
+                "distributed": {"strategy": strategy},
+            },
+        }
+        path = tmp_path / "manifest.json"
+        path.write_text(json.dumps(manifest))
+        assert resolve(load_manifest(path), H100).adapter_kernel == kernel
+
+
+def test_accelerates_own_fsdp_or_deepspeed_config_counts_as_sharded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from expert_cli.config.choices import sharded
+
+    assert not sharded(None) and not sharded({"strategy": "ddp"})
+    assert sharded({"strategy": "fsdp"}) and sharded({"strategy": "deepspeed"})
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert sharded(None)
+    assert _resolved(tmp_path, H100).adapter_kernel == "peft"
+
+
+def test_weights_load_onto_the_runs_gpu_unless_sharded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the model is on it from the load on, so the attention probe and the
+    batch_size auto probe run there (they ran beside a model still on the CPU: the probe said
+    "not probed" and auto stopped with a device mismatch on an H100)."""
+    from expert_cli.train.placement import load_placement
+
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
+    assert load_placement("cuda:1", None) == {"": "cuda:1"}
+    assert load_placement("cuda:0", {"strategy": "ddp"}) == {"": "cuda:0"}
+    assert load_placement("cpu", None) is None
+    assert load_placement("cuda:0", {"strategy": "fsdp"}) is None
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "1")
+    assert load_placement("cuda:0", None) is None

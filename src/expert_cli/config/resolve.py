@@ -376,7 +376,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         bf16=bf16,
         fp16=fp16,
         use_tf32=tf32,
-        **choices.kernels(cfg, env, bf16 or fp16, notes),
+        **choices.kernels(cfg, env, bf16 or fp16, notes, sharded=choices.sharded(dist_dict)),
         **choices.checkpointing(cfg),
         torch_compile_backend=cfg.torch_compile_backend,
         torch_compile_mode=cfg.torch_compile_mode,

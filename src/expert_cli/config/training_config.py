@@ -301,11 +301,11 @@ class TrainingConfig(Strict):
     )
     adapter_kernel: Literal["peft", "fused"] | None = Field(
         None,
-        description="Extension: how LoRA linear layers run. peft (default): peft's forward "
-        "(three matmuls, then a scale and an add over the output); fused: one autograd "
-        "function that accumulates the scaled update into the base projection's matmul, "
-        "forward and backward (plain LoRA on unquantized layers without dropout; others keep "
-        "peft's).",
+        description="Extension: how LoRA linear layers run. fused (default on a GPU, but "
+        "not under FSDP or DeepSpeed): one autograd function that accumulates the scaled "
+        "update into the base projection's matmul, forward and backward (plain LoRA on "
+        "unquantized layers without dropout; others keep peft's); peft (default on a CPU): "
+        "peft's forward (three matmuls, then a scale and an add over the output).",
     )
     fused_loss: FusedLoss | None = Field(
         None,
