@@ -7,6 +7,9 @@
 #   bash scripts/gpu_suite.sh prep                  # there, carrying .carry/common + .carry/fa4a
 #   bash scripts/gpu_suite.sh main                  # there, next call, carrying .carry/fa4b
 #                                                   #   + .carry/unsloth + .carry/expert
+#   bash scripts/gpu_suite.sh single                # one call without flash-attention 4, when
+#                                                   #   the time left is short: .carry/common +
+#                                                   #   .carry/unsloth + .carry/expert
 #
 # prep: packages unpacked, the token cache built, every kernel's correctness without flash-
 #       attention 4 (scripts/check_fast_path_gpu.py: packed-vs-alone logits, the fused losses,
@@ -16,7 +19,7 @@
 #       under its own time limit so that the call ends inside the device's 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: gpu_suite.sh prep|main}
+STAGE=${1:?usage: gpu_suite.sh prep|main|single|auto}
 OUT=${OUT:-bench_results/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=true
@@ -55,6 +58,7 @@ if [ ! -f "$EXPERT/manifest.json" ] && [ -f .carry/expert/expert.tar.xz ]; then
   mkdir -p bench_results/tmp && untar bench_results/tmp < .carry/expert/expert.tar.xz
 fi
 
+if [ "$STAGE" != auto ]; then  # the auto stage's variants build the cache themselves
 { nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm \
     --format=csv; nproc; python3 -m pip list 2>/dev/null | grep -iE \
     "^(torch|triton|transformers|peft|accelerate|datasets|trl|liger|cut|flash|nvidia-cutlass|bitsandbytes|tokenizers) "
@@ -65,6 +69,7 @@ if [ -f "$EXPERT/manifest.json" ]; then
   log "pretokenize"
   python3 -m expert_cli.cli pretokenize --manifest "$EXPERT/manifest.json" 2>&1 | tail -3
 fi
+fi
 
 bench() {  # bench NAME TIMEOUT ARGS...
   local name=$1 limit=$2; shift 2
@@ -73,26 +78,31 @@ bench() {  # bench NAME TIMEOUT ARGS...
     --output "$OUT/bench-$name.json" "$@" 2>&1 | grep -v Warning
 }
 
-if [ "$STAGE" = prep ]; then
+if [ "$STAGE" = auto ]; then  # what little device time is left: the batch probe alone
+  bench auto 200 --variants f_fused_auto,f_batch_auto --steps 25
+  log "done"; exit 0
+fi
+if [ "$STAGE" = prep ] || [ "$STAGE" = single ]; then
   log "check fast path"
-  timeout 150 python3 scripts/check_fast_path_gpu.py --json > "$OUT/check-prep.json" \
+  timeout 80 python3 scripts/check_fast_path_gpu.py --json > "$OUT/check-prep.json" \
     2> "$OUT/check-prep.err"; tail -c 1500 "$OUT/check-prep.err"
   python3 -c "import json; [print(r) for r in json.load(open('$OUT/check-prep.json'))['results']]"
-else
+fi
+if [ "$STAGE" = main ] || [ "$STAGE" = single ]; then
   if [ -f "$SITE/.fa4" ]; then
     log "check flash-attention 4"
-    timeout 70 python3 scripts/check_fast_path_gpu.py --json --kernels flash_attention_4 \
+    timeout 60 python3 scripts/check_fast_path_gpu.py --json --kernels flash_attention_4 \
       --no-loss > "$OUT/check-main.json" 2> "$OUT/check-main.err"
     tail -c 800 "$OUT/check-main.err"; cat "$OUT/check-main.json"
   fi
-  bench fused 230 --variants e_default,f_adapters_fused,f_batch_auto,f_fused_auto --steps 25
+  bench fused 220 --variants e_default,f_adapters_fused,f_batch_auto,f_fused_auto --steps 25
   if [ -n "${UNSLOTH_PYTHONPATH:-}" ]; then
-    bench unsloth 110 --variants d_unsloth --steps 25
+    bench unsloth 100 --variants d_unsloth --steps 25
   else
     log "unsloth: .carry/unsloth not carried"
   fi
-  bench quant 60 --variants q_int4 --steps 25
+  bench quant 55 --variants q_int4 --steps 25
   log "profile"
-  timeout 45 python3 scripts/profile_step.py --expert "$EXPERT" --output "$OUT/profile.json" 2>&1 | tail -25
+  timeout 40 python3 scripts/profile_step.py --expert "$EXPERT" --output "$OUT/profile.json" 2>&1 | tail -25
 fi
 log "done"
