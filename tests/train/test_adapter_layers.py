@@ -137,9 +137,9 @@ def test_the_fused_kernel_names_the_layers_it_leaves_to_peft(tmp_path: Path) -> 
     ]
     qwen = _tiny(T.Qwen3Config, head_dim=16)
     assert adapter_notes(attach_adapter(qwen, resolved, 4), resolved) == []  # all fused
-    dropped = _resolved(tmp_path, "gpt2", adapter_kernel="fused", dropout=0.1)
+    dora = _resolved(tmp_path, "gpt2", adapter_kernel="fused", adapter_type="dora")
     gpt2 = T.AutoModelForCausalLM.from_config(T.GPT2Config(**GPT2))
-    assert adapter_notes(attach_adapter(gpt2, dropped, 4), dropped) == []  # said already
+    assert adapter_notes(attach_adapter(gpt2, dora, 4), dora) == []  # said already
 
 
 def test_a_gpt2_run_shows_no_library_advice_on_the_console(

@@ -95,6 +95,62 @@ def test_compiled_under_autocast() -> None:
         assert traced.dtype == torch.float32 and torch.allclose(eager, traced, atol=1e-2)
 
 
+def test_dropout_is_the_math_of_peft_with_the_same_mask() -> None:
+    """y = x W^T + b + s (dropout(x) A^T) B^T and its gradients, the mask as torch's dropout
+    kernel draws it (the same generator state gives the same mask)."""
+    torch.manual_seed(1)
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    base = torch.nn.Linear(8, 6).requires_grad_(False)
+    a = torch.randn(4, 8, requires_grad=True)
+    b = torch.randn(6, 4, requires_grad=True)
+    torch.manual_seed(7)
+    y = LoraLinearFunction.apply(x, base, a, b, 0.5, 0.3)
+    dy = torch.randn_like(y)
+    (y * dy).sum().backward()
+    got = (y.detach(), x.grad, a.grad, b.grad)
+    torch.manual_seed(7)
+    _, mask = torch.native_dropout(x.detach().reshape(-1, 8), 0.3, True)
+    assert 0 < mask.sum() < mask.numel()  # some entries dropped, some kept
+    x2, a2, b2 = (t.detach().clone().requires_grad_() for t in (x, a, b))
+    dropped = x2 * mask.view(3, 5, 8) / 0.7
+    ref = x2 @ base.weight.t() + base.bias + (dropped @ a2.t()) @ b2.t() * 0.5
+    (ref * dy).sum().backward()
+    for mine, theirs in zip(got, (ref.detach(), x2.grad, a2.grad, b2.grad), strict=True):
+        assert torch.allclose(mine, theirs, atol=1e-5), (mine - theirs).abs().max()
+
+
+def test_dropout_layers_are_fused_and_checkpointing_redraws_the_same_mask(
+    tiny_model_dir: Path,
+) -> None:
+    from expert_cli.train.model import enable_checkpointing
+
+    """With lora_dropout the layers fuse: evaluation (no dropout) equals peft's; training
+    drops (the loss moves); a checkpointed forward's recompute draws the mask it drew."""
+    ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(3))
+    plain = _peft(tiny_model_dir, lora_dropout=0.2)
+    fused = copy.deepcopy(plain)
+    assert fuse_lora_linears(fused) == 14
+    plain.eval(), fused.eval()
+    with torch.no_grad():
+        assert torch.allclose(fused(input_ids=ids).logits, plain(input_ids=ids).logits, atol=1e-5)
+    fused.train()
+    runs = []
+    for checkpointed in (False, True):
+        if checkpointed:
+            enable_checkpointing(fused.base_model.model, {"use_reentrant": False})
+        torch.manual_seed(11)
+        runs.append(_loss_and_grads(fused, ids))
+    (loss, grads), (loss_ckpt, grads_ckpt) = runs
+    assert loss == loss_ckpt
+    assert all(torch.allclose(grads[n], grads_ckpt[n], atol=1e-6) for n in grads)
+    fused.eval()
+    with torch.no_grad():
+        evaluated = torch.nn.functional.cross_entropy(
+            fused(input_ids=ids).logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()
+        ).item()
+    assert abs(loss - evaluated) > 1e-4  # training dropped entries: not the eval loss
+
+
 def test_fused_model_equals_peft_loss_and_gradients(tiny_model_dir: Path) -> None:
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(3))
     plain = _peft(tiny_model_dir)
@@ -129,7 +185,6 @@ def test_bf16_autocast_keeps_fp32_gradients_close_to_peft(tiny_model_dir: Path) 
 
 
 def test_only_plain_lora_on_a_frozen_linear_is_fused(tiny_model_dir: Path) -> None:
-    assert fuse_lora_linears(_peft(tiny_model_dir, lora_dropout=0.1)) == 0
     assert fuse_lora_linears(_peft(tiny_model_dir, use_dora=True)) == 0
     model = _peft(tiny_model_dir)
     assert not any(fusable(m) for m in model.modules() if not hasattr(m, "lora_A"))

@@ -50,7 +50,7 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
     use_dora = kind == "dora" or bool(spec and spec.use_dora and kind == "lora")
     dropout = float(first(cfg.dropout, spec.dropout if spec else None, DEFAULT_DROPOUT))
     if cfg.adapter_kernel == "fused" and (
-        unfused := unfused_reason(kind, use_dora, manifest.primary_base_model.quantization, dropout)
+        unfused := unfused_reason(kind, use_dora, manifest.primary_base_model.quantization)
     ):
         notes.append(f"adapter_kernel: {unfused}")
     scaling = spec.scaling if spec else None
@@ -73,18 +73,14 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
     )
 
 
-def unfused_reason(kind: str, dora: bool, quantization: str | None, dropout: float) -> str | None:
+def unfused_reason(kind: str, dora: bool, quantization: str | None) -> str | None:
     """Why the fused adapter kernel runs none of the run's layers (it runs plain LoRA on
-    unquantized layers without dropout; the others keep peft's forward); None where it runs."""
+    unquantized layers, with or without dropout; the others keep peft's forward); None where
+    it runs."""
     if dora or kind != "lora":
         return f"fused runs plain LoRA layers; {'DoRA' if dora else kind} layers run peft's own"
     if quantization in ("int4", "int8"):
         return "fused runs LoRA on unquantized layers; the int4/int8 base's layers run peft's own"
-    if dropout > 0:
-        return (
-            f"fused runs LoRA layers without dropout; with dropout {dropout:g} they run peft's "
-            "own (set dropout 0 to fuse them)"
-        )
     return None
 
 

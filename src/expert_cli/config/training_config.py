@@ -304,7 +304,8 @@ class TrainingConfig(Strict):
         description="Extension: how LoRA linear layers run. fused (default on a GPU, but "
         "not under FSDP or DeepSpeed): one autograd function that accumulates the scaled "
         "update into the base projection's matmul, forward and backward (plain LoRA on "
-        "unquantized layers without dropout; others keep peft's); peft (default on a CPU): "
+        "unquantized layers, with or without dropout; others keep peft's); peft (default on "
+        "a CPU): "
         "peft's forward (three matmuls, then a scale and an add over the output).",
     )
     fused_loss: FusedLoss | None = Field(

@@ -4,16 +4,22 @@ peft computes `base(x) + lora_B(lora_A(dropout(x))) * scaling`: three GEMMs, the
 an add over the whole output, each a pass over an activation-sized tensor, in the forward and
 again in the backward. Here the update is accumulated into the base projection's output by
 the GEMM itself (`addmm_` with `alpha=scaling`, beta 1), and the backward does the same for the
-input gradient:
+input gradient (d = dropout(x) with its mask m and keep-scale k = 1 / (1 - p); d = x without
+dropout):
 
-    xa = x A^T                      y  = x W^T + b;   y += s * xa B^T   (one GEMM, accumulating)
-    g  = dy B                       dx = dy W;        dx += s * g A     (one GEMM, accumulating)
-    dA = s * g^T x                  dB = s * dy^T xa
+    xa = d A^T                      y  = x W^T + b;   y += s * xa B^T   (one GEMM, accumulating)
+    g  = dy B                       dx = dy W;        dx += s * k * m * (g A)
+    dA = s * g^T d                  dB = s * dy^T xa
 
-Only plain LoRA on a frozen `nn.Linear` base is fused (no dropout, no DoRA or other variant,
-one active adapter, not merged); any other layer, or a call with adapters disabled or merged,
-runs peft's own forward. The matmuls run in the autocast dtype when autocast is on (adapter
-weights and their gradients stay fp32), else in the inputs' dtype.
+(without dropout `dx += s * g A` is one accumulating GEMM as well). The dropout mask is drawn
+by torch's own dropout kernel (`native_dropout`, which returns it) from the global generator,
+so a checkpointed layer's recomputed forward draws the same mask again (the checkpoint
+restores the generator's state); it is not the mask peft's layer would have drawn.
+
+Only plain LoRA on a frozen `nn.Linear` base is fused (no DoRA or other variant, one active
+adapter, not merged); any other layer, or a call with adapters disabled or merged, runs peft's
+own forward. The matmuls run in the autocast dtype when autocast is on (adapter weights and
+their gradients stay fp32), else in the inputs' dtype.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 class LoraLinearFunction(torch.autograd.Function):
-    """y = x W^T + b + s (x A^T) B^T with the scaled update accumulated by the GEMM."""
+    """y = x W^T + b + s (dropout_p(x) A^T) B^T with the scaled update accumulated by the
+    GEMM."""
 
     @staticmethod
     def forward(
@@ -43,8 +50,10 @@ class LoraLinearFunction(torch.autograd.Function):
         lora_a: torch.Tensor,
         lora_b: torch.Tensor,
         scaling: float,
+        dropout: float = 0.0,
     ) -> torch.Tensor:
-        """`base` is frozen: its weight and bias get no gradient."""
+        """`base` is frozen: its weight and bias get no gradient. `dropout`: the adapter
+        input's dropout probability (0 when the layer is not training)."""
         weight, bias = base.weight, base.bias
         # every operand is cast to the compute dtype here, which is autocast's own when it is
         # on: its casts find nothing to do, so it is left on (entering a context to turn it
@@ -53,14 +62,17 @@ class LoraLinearFunction(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
         w = weight.to(dtype)
         a, b = lora_a.to(dtype), lora_b.to(dtype)
-        xa = x2 @ a.t()
+        d, mask = torch.native_dropout(x2, dropout, True) if dropout > 0 else (x2, None)
+        xa = d @ a.t()
         y = torch.addmm(bias.to(dtype), x2, w.t()) if bias is not None else x2 @ w.t()
         y.addmm_(xa, b.t(), alpha=scaling)
         # the adapter weights in the compute dtype are kept for the backward (r x features:
-        # small), so that it casts nothing but the two gradients back
-        ctx.save_for_backward(x2, xa, weight, a, b)
+        # small), so that it casts nothing but the two gradients back; with dropout the
+        # dropped input (A's gradient needs it) and the mask, as peft's layers keep them
+        ctx.save_for_backward(d, xa, weight, a, b, mask)
         ctx.scaling, ctx.x_shape, ctx.x_dtype = scaling, x.shape, x.dtype
         ctx.master = (lora_a.dtype, lora_b.dtype)
+        ctx.keep_scale = 1.0 / (1.0 - dropout) if dropout > 0 else 1.0
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -74,26 +86,29 @@ class LoraLinearFunction(torch.autograd.Function):
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """LoraLinearFunction's backward (a function of its own: torch.compile traces a Function's
     backward and refuses a call of the Function's own method inside it)."""
-    x2, xa, weight, a, b = ctx.saved_tensors
+    d, xa, weight, a, b, mask = ctx.saved_tensors
     s, (a_dtype, b_dtype) = ctx.scaling, ctx.master
-    dy2 = dy.reshape(-1, dy.shape[-1]).to(x2.dtype)
+    dy2 = dy.reshape(-1, dy.shape[-1]).to(d.dtype)
     g = dy2 @ b
     dx = None
     if ctx.needs_input_grad[0]:
-        dx = dy2 @ weight.to(x2.dtype)
-        dx.addmm_(g, a, alpha=s)
+        dx = dy2 @ weight.to(d.dtype)
+        if mask is None:
+            dx.addmm_(g, a, alpha=s)
+        else:  # through the dropout: kept entries scaled by s / (1 - p), dropped ones 0
+            dx.add_(torch.ops.aten.native_dropout_backward(g @ a, mask, s * ctx.keep_scale))
         dx = dx.view(ctx.x_shape).to(ctx.x_dtype)
-    # s * (g^T x) and s * (dy^T xa) as one GEMM each: with beta 0 the first argument
+    # s * (g^T d) and s * (dy^T xa) as one GEMM each: with beta 0 the first argument
     # (a tensor of the result's shape) only gives the shape and is not read
-    d_a = torch.addmm(a, g.t(), x2, beta=0, alpha=s) if ctx.needs_input_grad[2] else None
+    d_a = torch.addmm(a, g.t(), d, beta=0, alpha=s) if ctx.needs_input_grad[2] else None
     d_b = torch.addmm(b, dy2.t(), xa, beta=0, alpha=s) if ctx.needs_input_grad[3] else None
     d_a = d_a.to(a_dtype) if d_a is not None else None
     d_b = d_b.to(b_dtype) if d_b is not None else None
-    return dx, None, d_a, d_b, None
+    return dx, None, d_a, d_b, None, None
 
 
 def fusable(module: torch.nn.Module) -> bool:
-    """Plain LoRA on a frozen nn.Linear with one adapter and no dropout."""
+    """Plain LoRA on a frozen nn.Linear with one adapter (dropout or none)."""
     if not isinstance(module, LoraLinear) or type(module.base_layer) is not torch.nn.Linear:
         return False
     if module.fan_in_fan_out or module.base_layer.weight.requires_grad:
@@ -101,7 +116,7 @@ def fusable(module: torch.nn.Module) -> bool:
     names = list(module.lora_A.keys())
     if len(names) != 1 or names[0] in getattr(module, "lora_variant", {}):
         return False
-    return isinstance(module.lora_dropout[names[0]], torch.nn.Identity)
+    return type(module.lora_dropout[names[0]]) in (torch.nn.Identity, torch.nn.Dropout)
 
 
 def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -116,12 +131,15 @@ def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any)
     ):
         return LoraLinear.forward(self, x, *args, **kwargs)
     name = active[0]
+    dropout = self.lora_dropout[name]
+    p = float(dropout.p) if isinstance(dropout, torch.nn.Dropout) and dropout.training else 0.0
     return LoraLinearFunction.apply(
         x,
         self.base_layer,
         self.lora_A[name].weight,
         self.lora_B[name].weight,
         float(self.scaling[name]),
+        p,
     )
 
 

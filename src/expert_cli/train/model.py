@@ -355,9 +355,7 @@ def adapter_notes(
     model_type = getattr(peft_model.config, "model_type", None)
     if note := ia3_note(peft_model, resolved, model_type, kept):
         notes.append(note)
-    plain = not unfused_reason(
-        resolved.adapter_type, resolved.use_dora, resolved.quantization, resolved.dropout
-    )
+    plain = not unfused_reason(resolved.adapter_type, resolved.use_dora, resolved.quantization)
     if resolved.adapter_kernel == "fused" and plain and (left := unfused_bases(peft_model)):
         notes.append(
             f"adapter_kernel: fused runs LoRA on nn.Linear layers; the adapters of the "
