@@ -95,9 +95,10 @@ if [ "$STAGE" = main ] || [ "$STAGE" = single ]; then
       --no-loss > "$OUT/check-main.json" 2> "$OUT/check-main.err"
     tail -c 800 "$OUT/check-main.err"; cat "$OUT/check-main.json"
   fi
-  bench fused 220 --variants e_default,f_adapters_fused,f_batch_auto,f_fused_auto --steps 25
+  bench fused 300 --variants e_default,f_adapters_peft,f_dropout,f_dropout_peft,f_batch_auto \
+    --steps 25
   if [ -n "${UNSLOTH_PYTHONPATH:-}" ]; then
-    bench unsloth 100 --variants d_unsloth --steps 25
+    bench unsloth 200 --variants d_unsloth --steps 25  # 100 s gave no result (2026-11-27)
   else
     log "unsloth: .carry/unsloth not carried"
   fi

@@ -280,3 +280,20 @@ def test_weights_load_onto_the_runs_gpu_unless_sharded(monkeypatch: pytest.Monke
     assert load_placement("cuda:0", {"strategy": "fsdp"}) is None
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "1")
     assert load_placement("cuda:0", None) is None
+
+
+def test_the_memory_probe_runs_the_model_in_training_mode() -> None:
+    """transformers checkpoints activations only in training mode; the loaded model is in
+    evaluation mode, so the probe measured every activation kept. Each module's mode is back
+    after it."""
+    import torch
+
+    from expert_cli.train.batch import training_mode
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)).eval()
+    model[1].train()  # one module apart from the rest
+    seen = []
+    with training_mode(model):
+        seen = [m.training for m in model.modules()]
+    assert seen == [True, True, True]
+    assert [m.training for m in model.modules()] == [False, False, True]

@@ -186,6 +186,7 @@ def test_bf16_autocast_keeps_fp32_gradients_close_to_peft(tiny_model_dir: Path) 
 
 def test_only_plain_lora_on_a_frozen_linear_is_fused(tiny_model_dir: Path) -> None:
     assert fuse_lora_linears(_peft(tiny_model_dir, use_dora=True)) == 0
+    assert fuse_lora_linears(_peft(tiny_model_dir, lora_bias=True)) == 0  # B has a bias
     model = _peft(tiny_model_dir)
     assert not any(fusable(m) for m in model.modules() if not hasattr(m, "lora_A"))
 

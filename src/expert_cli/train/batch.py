@@ -10,6 +10,8 @@ makes up the rest, so the optimization is the same whatever the GPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -92,6 +94,20 @@ def probe_memory(
     return peaks[0] - per_row, per_row
 
 
+@contextmanager
+def training_mode(model: torch.nn.Module) -> Iterator[None]:
+    """`model` in training mode inside, each module's own mode back after: the probe must
+    see the step as the Trainer runs it (transformers checkpoints activations only in
+    training mode, and the loaded model is in evaluation mode)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.train()
+    try:
+        yield
+    finally:
+        for module, mode in modes:
+            module.training = mode
+
+
 def plan_batch(
     model: torch.nn.Module,
     rows: list[dict[str, Any]],
@@ -101,7 +117,8 @@ def plan_batch(
     dtype: torch.dtype | None,
 ) -> BatchPlan:
     """Measure, then choose the micro-batch for `rows_per_step` on `device` (a CUDA device)."""
-    fixed, per_row = probe_memory(model, rows, collate, device, dtype)
+    with training_mode(model):
+        fixed, per_row = probe_memory(model, rows, collate, device, dtype)
     total = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
     budget = MEMORY_HEADROOM * total
     micro = largest_fitting_divisor(rows_per_step, fixed, per_row, budget)

@@ -69,7 +69,7 @@ class LoraLinearFunction(torch.autograd.Function):
         # the adapter weights in the compute dtype are kept for the backward (r x features:
         # small), so that it casts nothing but the two gradients back; with dropout the
         # dropped input (A's gradient needs it) and the mask, as peft's layers keep them
-        ctx.save_for_backward(d, xa, weight, a, b, mask)
+        ctx.save_for_backward(d, xa, weight, a, b, mask if ctx.needs_input_grad[0] else None)
         ctx.scaling, ctx.x_shape, ctx.x_dtype = scaling, x.shape, x.dtype
         ctx.master = (lora_a.dtype, lora_b.dtype)
         ctx.keep_scale = 1.0 / (1.0 - dropout) if dropout > 0 else 1.0
@@ -115,6 +115,8 @@ def fusable(module: torch.nn.Module) -> bool:
         return False
     names = list(module.lora_A.keys())
     if len(names) != 1 or names[0] in getattr(module, "lora_variant", {}):
+        return False
+    if getattr(module, "lora_bias", {}).get(names[0]):  # B with a bias: not this math
         return False
     return type(module.lora_dropout[names[0]]) in (torch.nn.Identity, torch.nn.Dropout)
 
