@@ -104,7 +104,7 @@ def test_dropout_is_the_math_of_peft_with_the_same_mask() -> None:
     a = torch.randn(4, 8, requires_grad=True)
     b = torch.randn(6, 4, requires_grad=True)
     torch.manual_seed(7)
-    y = LoraLinearFunction.apply(x, base, a, b, 0.5, 0.3)
+    y = LoraLinearFunction.apply(x, base, a, b, (0.5, 0.3))
     dy = torch.randn_like(y)
     (y * dy).sum().backward()
     got = (y.detach(), x.grad, a.grad, b.grad)

@@ -49,11 +49,12 @@ class LoraLinearFunction(torch.autograd.Function):
         base: torch.nn.Linear,
         lora_a: torch.Tensor,
         lora_b: torch.Tensor,
-        scaling: float,
-        dropout: float = 0.0,
+        scaling: float | tuple[float, float],
     ) -> torch.Tensor:
-        """`base` is frozen: its weight and bias get no gradient. `dropout`: the adapter
-        input's dropout probability (0 when the layer is not training)."""
+        """`base` is frozen: its weight and bias get no gradient. `scaling`: the adapter's
+        scale, or (scale, the adapter input's dropout probability: 0 when the layer is not
+        training)."""
+        scaling, dropout = scaling if isinstance(scaling, tuple) else (scaling, 0.0)
         weight, bias = base.weight, base.bias
         # every operand is cast to the compute dtype here, which is autocast's own when it is
         # on: its casts find nothing to do, so it is left on (entering a context to turn it
@@ -104,7 +105,7 @@ def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     d_b = torch.addmm(b, dy2.t(), xa, beta=0, alpha=s) if ctx.needs_input_grad[3] else None
     d_a = d_a.to(a_dtype) if d_a is not None else None
     d_b = d_b.to(b_dtype) if d_b is not None else None
-    return dx, None, d_a, d_b, None, None
+    return dx, None, d_a, d_b, None
 
 
 def fusable(module: torch.nn.Module) -> bool:
@@ -140,8 +141,7 @@ def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any)
         self.base_layer,
         self.lora_A[name].weight,
         self.lora_B[name].weight,
-        float(self.scaling[name]),
-        p,
+        (float(self.scaling[name]), p),
     )
 
 
