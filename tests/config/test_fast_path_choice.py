@@ -40,7 +40,7 @@ T4 = Environment(
 )
 
 
-def _resolved(tmp_path: Path, env: Environment, **config):
+def _resolved(tmp_path: Path, env: Environment, distributed: dict | None = None, **config):
     (tmp_path / "train.jsonl").write_text('{"text": "x"}\n')
     manifest = {
         "name": "e",
@@ -49,6 +49,7 @@ def _resolved(tmp_path: Path, env: Environment, **config):
         "training": {
             "dataset": {"path": "train.jsonl"},
             "config": {"evaluation_strategy": "no", **config},
+            **({"distributed": distributed} if distributed else {}),
         },
     }
     path = tmp_path / "manifest.json"
@@ -236,22 +237,9 @@ def test_the_fused_lora_linear_is_the_gpus_default(
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
 def test_sharded_runs_keep_peft_layers_unless_asked(tmp_path: Path, strategy: str) -> None:
     """Not measured under FSDP or DeepSpeed: peft's layers there by default."""
-    (tmp_path / "train.jsonl").write_text('{"text": "x"}\n')
-    for asked, kernel in ((None, "peft"), ("fused", "fused")):
-        config = {"evaluation_strategy": "no"} | ({"adapter_kernel": asked} if asked else {})
-        manifest = {
-            "name": "e",
-            "schema_version": "2.0",
-            "base_models": [{"name": "org/model"}],
-            "training": {
-                "dataset": {"path": "train.jsonl"},
-                "config": config,
-                "distributed": {"strategy": strategy},
-            },
-        }
-        path = tmp_path / "manifest.json"
-        path.write_text(json.dumps(manifest))
-        assert resolve(load_manifest(path), H100).adapter_kernel == kernel
+    sharded = {"strategy": strategy}
+    assert _resolved(tmp_path, H100, sharded).adapter_kernel == "peft"
+    assert _resolved(tmp_path, H100, sharded, adapter_kernel="fused").adapter_kernel == "fused"
 
 
 def test_accelerates_own_fsdp_or_deepspeed_config_counts_as_sharded(

@@ -3,21 +3,12 @@ kernels in which the GPU waited (a launch-bound step's signature)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 import pytest
+from train_helpers import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "profile_step.py"
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("profile_step_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _load():
+    return load_script("profile_step")
 
 
 def test_gaps_merges_overlaps_and_measures_the_holes() -> None:

