@@ -224,6 +224,8 @@ def test_the_micro_batch_is_the_largest_divisor_that_fits() -> None:
     [
         (H100, {}, "fused"),  # measured 1.22x peft's tokens/s on an H100 (docs/PERFORMANCE.md)
         (H100, {"adapter_kernel": "peft"}, "peft"),
+        (H100, {"adapter_precision": "fp32"}, "peft"),  # fused computes in bf16
+        (H100, {"adapter_precision": "fp32", "bf16": False}, "fused"),  # all fp32 anyway
         (cpu_environment(), {}, "peft"),
         (cpu_environment(), {"adapter_kernel": "fused"}, "fused"),
     ],
@@ -285,3 +287,9 @@ def test_the_memory_probe_runs_the_model_in_training_mode() -> None:
         seen = [m.training for m in model.modules()]
     assert seen == [True, True, True]
     assert [m.training for m in model.modules()] == [False, False, True]
+
+
+def test_fused_asked_with_fp32_adapters_says_which_layers_are_fp32(tmp_path: Path) -> None:
+    cfg = _resolved(tmp_path, H100, adapter_kernel="fused", adapter_precision="fp32")
+    assert cfg.adapter_kernel == "fused"
+    assert any(n.startswith("adapter_kernel: fused computes the adapters in") for n in cfg.notes)

@@ -99,7 +99,9 @@ def kernels(
 ) -> dict[str, Any]:
     """The step's kernels. The fused LoRA linear is the default on a GPU (1.22x peft's
     tokens/s at 8 rows, 1.13x at 16, on an H100: docs/PERFORMANCE.md) but not under FSDP or
-    DeepSpeed (`sharded`: not measured there); on a CPU peft's layers run."""
+    DeepSpeed (`sharded`: not measured there) nor with adapter_precision fp32 under mixed
+    precision (the fused layers compute in the mixed-precision dtype); on a CPU peft's
+    layers run."""
     liger = bool(first(cfg.liger_kernels, True)) and env.has_gpu and env.liger_kernel is not None
     if cfg.liger_kernels and not liger:
         why = "needs a CUDA GPU" if not env.has_gpu else "liger-kernel is not installed"
@@ -108,11 +110,21 @@ def kernels(
         notes.append(
             "torch_compile: on as the manifest asks (on a CPU the compile time rarely pays back)"
         )
+    precision = first(cfg.adapter_precision, "compute" if half else "fp32")
+    # the fused layers compute in the mixed-precision dtype: peft's fp32 adapter inputs,
+    # asked for under bf16/fp16, keep peft's layers
+    fp32_asked = half and precision == "fp32"
+    if cfg.adapter_kernel == "fused" and fp32_asked:
+        notes.append(
+            "adapter_kernel: fused computes the adapters in the mixed-precision dtype; "
+            "adapter_precision fp32 applies to the layers it leaves to peft only"
+        )
     return dict(
         attn_implementation=_attention(cfg, env, half, notes),
-        adapter_precision=first(cfg.adapter_precision, "compute" if half else "fp32"),
+        adapter_precision=precision,
         adapter_kernel=first(
-            cfg.adapter_kernel, "fused" if env.has_gpu and not sharded else "peft"
+            cfg.adapter_kernel,
+            "fused" if env.has_gpu and not sharded and not fp32_asked else "peft",
         ),
         fused_loss=_fused_loss(cfg, env, notes),
         liger_kernels=liger,

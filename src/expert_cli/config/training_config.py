@@ -302,7 +302,8 @@ class TrainingConfig(Strict):
     adapter_kernel: Literal["peft", "fused"] | None = Field(
         None,
         description="Extension: how LoRA linear layers run. fused (default on a GPU, but "
-        "not under FSDP or DeepSpeed): one autograd function that accumulates the scaled "
+        "not under FSDP or DeepSpeed, nor with adapter_precision fp32 under bf16/fp16): one "
+        "autograd function that accumulates the scaled "
         "update into the base projection's matmul, forward and backward (plain LoRA on "
         "unquantized layers, with or without dropout; others keep peft's); peft (default on "
         "a CPU): "
