@@ -61,6 +61,14 @@ QUICK = [
 VARIANTS: dict[str, tuple[list[str], str]] = {
     "peft": (FAST + [f"{C}adapter_kernel=peft"], "peft's LoRA layers (the default)"),
     "fused": (FAST + [f"{C}adapter_kernel=fused"], "fused LoRA linear layers"),
+    "peft_dropout": (
+        FAST + [f"{C}adapter_kernel=peft", f"{C}dropout=0.05"],
+        "peft's LoRA layers, lora dropout 0.05",
+    ),
+    "fused_dropout": (
+        FAST + [f"{C}adapter_kernel=fused", f"{C}dropout=0.05"],
+        "fused LoRA linear layers, lora dropout 0.05",
+    ),
     "fp32_adapters": (
         FAST + [f"{C}adapter_precision=fp32"],
         "peft's fp32 copies of each adapter input",
