@@ -293,3 +293,20 @@ def test_fused_asked_with_fp32_adapters_says_which_layers_are_fp32(tmp_path: Pat
     cfg = _resolved(tmp_path, H100, adapter_kernel="fused", adapter_precision="fp32")
     assert cfg.adapter_kernel == "fused"
     assert any(n.startswith("adapter_kernel: fused computes the adapters in") for n in cfg.notes)
+
+
+def test_each_process_gets_the_gpu_accelerate_gives_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights are read straight onto the run's GPU: a rank that sees one GPU (a launcher
+    setting CUDA_VISIBLE_DEVICES per process) is given cuda:0, as accelerate places it."""
+    import torch
+
+    from expert_cli.train.model import training_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert training_device(1) == "cuda:0"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert training_device(1) == "cuda:1" and training_device(5) == "cuda:1"
+    assert training_device(-1) == "cuda:0"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert training_device(3) == "cpu"

@@ -65,9 +65,12 @@ class ModelChoices:
 
 
 def training_device(local_rank: int) -> str:
-    """`cuda:<local rank>` when CUDA is available, else `cpu`."""
-
-    return f"cuda:{max(local_rank, 0)}" if torch.cuda.is_available() else "cpu"
+    """The GPU accelerate gives this process (`cuda:<local rank modulo the GPUs it sees>`:
+    a launcher that shows each process one GPU gives every rank cuda:0) when CUDA is
+    available, else `cpu`."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{max(local_rank, 0) % max(torch.cuda.device_count(), 1)}"
 
 
 def weight_dtype(resolved: ResolvedConfig, on_gpu: bool) -> torch.dtype:
