@@ -91,18 +91,18 @@ fi
 if [ "$STAGE" = main ] || [ "$STAGE" = single ]; then
   if [ -f "$SITE/.fa4" ]; then
     log "check flash-attention 4"
-    timeout 60 python3 scripts/check_fast_path_gpu.py --json --kernels flash_attention_4 \
+    timeout 50 python3 scripts/check_fast_path_gpu.py --json --kernels flash_attention_4 \
       --no-loss > "$OUT/check-main.json" 2> "$OUT/check-main.err"
     tail -c 800 "$OUT/check-main.err"; cat "$OUT/check-main.json"
   fi
-  bench fused 300 --variants e_default,f_adapters_peft,f_dropout,f_dropout_peft,f_batch_auto \
+  bench fused 280 --variants e_default,f_adapters_peft,f_dropout,f_dropout_peft,f_batch_auto \
     --steps 25
   if [ -n "${UNSLOTH_PYTHONPATH:-}" ]; then
-    bench unsloth 200 --variants d_unsloth --steps 25  # 100 s gave no result (2026-11-27)
+    bench unsloth 160 --variants d_unsloth --steps 25  # 100 s gave no result (2026-11-27)
   else
     log "unsloth: .carry/unsloth not carried"
   fi
-  bench quant 55 --variants q_int4 --steps 25
+  [ "$STAGE" = single ] && bench quant 55 --variants q_int4 --steps 25  # main: measured 11-27
   log "profile"
   timeout 40 python3 scripts/profile_step.py --expert "$EXPERT" --output "$OUT/profile.json" 2>&1 | tail -25
 fi
