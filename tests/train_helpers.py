@@ -324,3 +324,21 @@ def load_script(name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def lora_model(model_dir: Path, **config: object) -> Any:
+    """The tiny model of `model_dir` with LoRA r4 on all linear layers (seeded), B given
+    values (peft starts it at zero) so that every adapter weight gets a gradient."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", **config)
+    )
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    return model

@@ -9,22 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
+from train_helpers import lora_model
 
 from expert_cli.train.fused_lora import LoraLinearFunction, fusable, fuse_lora_linears
-
-
-def _peft(model_dir: Path, **config: object) -> torch.nn.Module:
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(model_dir)
-    model = get_peft_model(
-        base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", **config)
-    )
-    for name, p in model.named_parameters():  # B starts at zero: give it values to test
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.02)
-    return model
 
 
 def _loss_and_grads(model: torch.nn.Module, ids: torch.Tensor) -> tuple[float, dict]:
@@ -42,7 +29,7 @@ def test_function_matches_the_unfused_math_in_fp32() -> None:
     w, bias = base.weight, base.bias
     a = torch.randn(3, 8, requires_grad=True)
     b = torch.randn(6, 3, requires_grad=True)
-    y = LoraLinearFunction.apply(x, base, a, b, 0.5)
+    y = LoraLinearFunction.apply(x, base, a, b, (0.5, 0.0))
     dy = torch.randn_like(y)
     (y * dy).sum().backward()
     got = (y.detach(), x.grad, a.grad, b.grad)
@@ -63,7 +50,7 @@ def test_a_backward_called_under_autocast_keeps_the_forwards_precision() -> None
         x = torch.randn(4, 16, generator=torch.Generator().manual_seed(5), requires_grad=True)
         a = torch.randn(4, 16, generator=torch.Generator().manual_seed(6), requires_grad=True)
         b = torch.randn(12, 4, generator=torch.Generator().manual_seed(7), requires_grad=True)
-        y = LoraLinearFunction.apply(x, base, a, b, 0.5)
+        y = LoraLinearFunction.apply(x, base, a, b, (0.5, 0.0))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=region):
             y.pow(2).sum().backward()
         grads.append((x.grad, a.grad, b.grad))
@@ -81,7 +68,7 @@ def test_compiled_under_autocast() -> None:
     b = torch.nn.Parameter(torch.randn(24, 8) * 0.1)
 
     def f(x: torch.Tensor) -> torch.Tensor:
-        return LoraLinearFunction.apply(x, base, a, b, 2.0)
+        return LoraLinearFunction.apply(x, base, a, b, (2.0, 0.0))
 
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
     x = torch.randn(2, 32)
@@ -127,7 +114,7 @@ def test_dropout_layers_are_fused_and_checkpointing_redraws_the_same_mask(
     """With lora_dropout the layers fuse: evaluation (no dropout) equals peft's; training
     drops (the loss moves); a checkpointed forward's recompute draws the mask it drew."""
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(3))
-    plain = _peft(tiny_model_dir, lora_dropout=0.2)
+    plain = lora_model(tiny_model_dir, lora_dropout=0.2)
     fused = copy.deepcopy(plain)
     assert fuse_lora_linears(fused) == 14
     plain.eval(), fused.eval()
@@ -153,7 +140,7 @@ def test_dropout_layers_are_fused_and_checkpointing_redraws_the_same_mask(
 
 def test_fused_model_equals_peft_loss_and_gradients(tiny_model_dir: Path) -> None:
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(3))
-    plain = _peft(tiny_model_dir)
+    plain = lora_model(tiny_model_dir)
     fused = copy.deepcopy(plain)
     assert fuse_lora_linears(fused) == 14  # 2 layers x (q, k, v, o, gate, up, down)
     want_loss, want = _loss_and_grads(plain, ids)
@@ -169,9 +156,9 @@ def test_fused_model_equals_peft_loss_and_gradients(tiny_model_dir: Path) -> Non
     assert base_loss != pytest.approx(got_loss)
 
 
-def test_bf16_autocast_keeps_fp32_gradients_close_to_peft(tiny_model_dir: Path) -> None:
+def test_bf16_autocast_keeps_fp32_gradients_close_tolora_model(tiny_model_dir: Path) -> None:
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(4))
-    plain = _peft(tiny_model_dir)
+    plain = lora_model(tiny_model_dir)
     fused = copy.deepcopy(plain)
     fuse_lora_linears(fused)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -185,9 +172,9 @@ def test_bf16_autocast_keeps_fp32_gradients_close_to_peft(tiny_model_dir: Path) 
 
 
 def test_only_plain_lora_on_a_frozen_linear_is_fused(tiny_model_dir: Path) -> None:
-    assert fuse_lora_linears(_peft(tiny_model_dir, use_dora=True)) == 0
-    assert fuse_lora_linears(_peft(tiny_model_dir, lora_bias=True)) == 0  # B has a bias
-    model = _peft(tiny_model_dir)
+    assert fuse_lora_linears(lora_model(tiny_model_dir, use_dora=True)) == 0
+    assert fuse_lora_linears(lora_model(tiny_model_dir, lora_bias=True)) == 0  # B has a bias
+    model = lora_model(tiny_model_dir)
     assert not any(fusable(m) for m in model.modules() if not hasattr(m, "lora_A"))
 
 
@@ -213,13 +200,13 @@ def test_the_manifest_lever_trains_to_peft_losses(tmp_path: Path, tiny_model_dir
     assert losses["fused"] == pytest.approx(losses["peft"], rel=1e-4)
 
 
-def test_fused_layers_dispatch_fewer_operations_than_peft(tiny_model_dir: Path) -> None:
+def test_fused_layers_dispatch_fewer_operations_thanlora_model(tiny_model_dir: Path) -> None:
     """Forward and backward under bf16 autocast: the fused layers leave out peft's scale and
     add over each output and their backward, and reuse the forward's bf16 adapter weights."""
     from expert_cli.telemetry.ops import OpCounter
 
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(5))
-    plain = _peft(tiny_model_dir)
+    plain = lora_model(tiny_model_dir)
     fused = copy.deepcopy(plain)
     fuse_lora_linears(fused)
     counts = {}

@@ -8,34 +8,19 @@ from typing import Any
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, Qwen3Config, TrainerCallback
+from train_helpers import lora_model
+from transformers import TrainerCallback
 
 from expert_cli.train.step_walks import StepWalks
 
 
-def _lora_model(**lora: Any) -> Any:
-    config = Qwen3Config(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-    )
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_config(config)
-    return get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", **lora))
-
-
 def _backward(model: Any) -> None:
-    ids = torch.randint(0, 64, (2, 6))
+    ids = torch.randint(0, 200, (2, 6))
     model(input_ids=ids, labels=ids).loss.backward()
 
 
-def test_train_skips_the_walk_only_when_every_module_is_in_that_mode() -> None:
-    model = _lora_model()
+def test_train_skips_the_walk_only_when_every_module_is_in_that_mode(tiny_model_dir: Path) -> None:
+    model = lora_model(tiny_model_dir)
     model.train()
     walks = StepWalks(model)
     assert model.train() is model and all(m.training for m in model.modules())
@@ -53,9 +38,9 @@ def test_train_skips_the_walk_only_when_every_module_is_in_that_mode() -> None:
     assert model.train.__func__ is torch.nn.Module.train
 
 
-def test_dora_layers_always_get_their_own_train() -> None:
+def test_dora_layers_always_get_their_own_train(tiny_model_dir: Path) -> None:
     """peft's DoRA layers clear a cache in `train`: for them the walk always runs."""
-    model = _lora_model(use_dora=True)
+    model = lora_model(tiny_model_dir, use_dora=True)
     model.train()
     StepWalks(model)
     dora = next(m for m in model.modules() if hasattr(m, "_dora_cache"))
@@ -64,8 +49,8 @@ def test_dora_layers_always_get_their_own_train() -> None:
     assert dora._dora_cache == {}
 
 
-def test_zero_grad_and_clipping_as_torch_does() -> None:
-    model = _lora_model()
+def test_zero_grad_and_clipping_as_torch_does(tiny_model_dir: Path) -> None:
+    model = lora_model(tiny_model_dir)
     model.train()
     walks = StepWalks(model)
     _backward(model)
@@ -87,8 +72,8 @@ def test_zero_grad_and_clipping_as_torch_does() -> None:
     assert kept and not any(g.any() for g in kept)
 
 
-def test_flop_parameters_is_the_models_own_count() -> None:
-    model = _lora_model()
+def test_flop_parameters_is_the_models_own_count(tiny_model_dir: Path) -> None:
+    model = lora_model(tiny_model_dir)
     walks = StepWalks(model)
     expected = model.num_parameters(exclude_embeddings=True)
     assert walks.flop_parameters(model) == expected

@@ -49,12 +49,12 @@ class LoraLinearFunction(torch.autograd.Function):
         base: torch.nn.Linear,
         lora_a: torch.Tensor,
         lora_b: torch.Tensor,
-        scaling: float | tuple[float, float],
+        scale_dropout: tuple[float, float],
     ) -> torch.Tensor:
-        """`base` is frozen: its weight and bias get no gradient. `scaling`: the adapter's
-        scale, or (scale, the adapter input's dropout probability: 0 when the layer is not
+        """`base` is frozen: its weight and bias get no gradient. `scale_dropout`: the
+        adapter's scale and its input's dropout probability (0 when the layer is not
         training)."""
-        scaling, dropout = scaling if isinstance(scaling, tuple) else (scaling, 0.0)
+        scaling, dropout = scale_dropout
         weight, bias = base.weight, base.bias
         # every operand is cast to the compute dtype here, which is autocast's own when it is
         # on: its casts find nothing to do, so it is left on (entering a context to turn it
