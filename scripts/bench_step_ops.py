@@ -69,6 +69,16 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         FAST + [f"{C}adapter_kernel=fused", f"{C}dropout=0.05"],
         "fused LoRA linear layers, lora dropout 0.05",
     ),
+    "peft_int4": (
+        [*(o for o in FAST if "quantization" not in o)]
+        + ["base_models.0.quantization=int4", f"{C}adapter_kernel=peft"],
+        "QLoRA (NF4 base) through peft's 4-bit LoRA layers",
+    ),
+    "fused_int4": (
+        [*(o for o in FAST if "quantization" not in o)]
+        + ["base_models.0.quantization=int4", f"{C}adapter_kernel=fused"],
+        "QLoRA (NF4 base) through the fused LoRA linear",
+    ),
     "fp32_adapters": (
         FAST + [f"{C}adapter_precision=fp32"],
         "peft's fp32 copies of each adapter input",

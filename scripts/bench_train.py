@@ -89,6 +89,11 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
     "f_batch_16": ("cli", [f"{C}batch_size=16"], "16 rows per step"),
     "f_batch_32": ("cli", [f"{C}batch_size=32"], "32 rows per step"),
     "q_int4": ("cli", ["base_models.0.quantization=int4"], "QLoRA: NF4 base, bf16 compute"),
+    "q_int4_peft": (
+        "cli",
+        ["base_models.0.quantization=int4", f"{C}adapter_kernel=peft"],
+        "QLoRA through peft's 4-bit LoRA layers",
+    ),
     "q_dora": ("cli", [f"{C}adapter_type=dora"], "DoRA"),
 }
 GROUPS = {
@@ -114,7 +119,7 @@ GROUPS = {
         "f_liger_on",
         "f_adapters_fused",
     ],
-    "more": ["f_batch_16", "f_batch_32", "q_int4", "q_dora"],
+    "more": ["f_batch_16", "f_batch_32", "q_int4", "q_int4_peft", "q_dora"],
     "quick": ["a_naive", "b_hf", "e_default", "f_old_path"],
 }
 

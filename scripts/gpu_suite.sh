@@ -5,17 +5,19 @@
 #
 #   bash scripts/make_gpu_carry.sh                  # here: build .carry/ once
 #   bash scripts/gpu_suite.sh prep                  # there, carrying .carry/common + .carry/fa4a
+#                                                   #   + .carry/expert
 #   bash scripts/gpu_suite.sh main                  # there, next call, carrying .carry/fa4b
-#                                                   #   + .carry/unsloth + .carry/expert
+#                                                   #   + .carry/unsloth
 #   bash scripts/gpu_suite.sh single                # one call without flash-attention 4, when
 #                                                   #   the time left is short: .carry/common +
 #                                                   #   .carry/unsloth + .carry/expert
 #
 # prep: packages unpacked, the token cache built, every kernel's correctness without flash-
 #       attention 4 (scripts/check_fast_path_gpu.py: packed-vs-alone logits, the fused losses,
-#       the fused LoRA linear, the attention probe). main: flash-attention 4 assembled and
-#       checked, then the open measurements (docs/PERFORMANCE.md): the default against the fused
-#       LoRA linear and the batch probe, Unsloth (d), QLoRA, and a profile of the step; each
+#       the fused LoRA linear, the attention probe), then QLoRA through the fused layers and
+#       through peft's (about 3 minutes in all). main: flash-attention 4 assembled and
+#       checked, then the open measurements (docs/PERFORMANCE.md): the default against peft's
+#       layers, lora dropout and the batch probe, Unsloth (d), and a profile of the step; each
 #       under its own time limit so that the call ends inside the device's 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,6 +89,7 @@ if [ "$STAGE" = prep ] || [ "$STAGE" = single ]; then
   timeout 80 python3 scripts/check_fast_path_gpu.py --json > "$OUT/check-prep.json" \
     2> "$OUT/check-prep.err"; tail -c 1500 "$OUT/check-prep.err"
   python3 -c "import json; [print(r) for r in json.load(open('$OUT/check-prep.json'))['results']]"
+  bench quant 110 --variants q_int4,q_int4_peft --steps 25  # 0.72x of bf16 peft on 11-27
 fi
 if [ "$STAGE" = main ] || [ "$STAGE" = single ]; then
   if [ -f "$SITE/.fa4" ]; then
@@ -102,8 +105,8 @@ if [ "$STAGE" = main ] || [ "$STAGE" = single ]; then
   else
     log "unsloth: .carry/unsloth not carried"
   fi
-  [ "$STAGE" = single ] && bench quant 55 --variants q_int4 --steps 25  # main: measured 11-27
   log "profile"
-  timeout 40 python3 scripts/profile_step.py --expert "$EXPERT" --output "$OUT/profile.json" 2>&1 | tail -25
+  # 40 s was cut before its first figure on 2026-11-27 (imports, the model, Triton's compiles)
+  timeout 70 python3 scripts/profile_step.py --expert "$EXPERT" --output "$OUT/profile.json" 2>&1 | tail -25
 fi
 log "done"

@@ -7,9 +7,11 @@
 #                                (CUDA 13 library only), flash-attn-4 and its CuTe DSL (without
 #                                the CUDA 13 compiler library, see below)
 #   .carry/expert/expert.tar.xz  the benchmark expert (scripts/make_bench_expert.py), carried
-#                                with the second half (the first is full)
+#                                with the first half, so that the first call can measure too
 #   .carry/fa4a, .carry/fa4b     the CuTe DSL's CUDA 13 library (92 MB as a wheel, 64 MB as
 #                                xz), in two parts that travel in two calls to the same machine
+#                                (38 MB first: with common, expert and the repository the first
+#                                call carries 63 MB of its 64 MiB)
 #   .carry/unsloth/site.tar.xz   Unsloth and what it pins apart from expert-cli's stack (TRL
 #                                1.15, datasets 4.3; transformers 5.17 is the machine's own),
 #                                unpacked to its own folder for bench_train.py's d_unsloth
@@ -45,8 +47,8 @@ python -m pip download -q --no-deps "${PLATFORM[@]}" -d "$WORK/cu13" \
 mkdir -p "$WORK/cu13/x"
 unzip -q "$WORK"/cu13/*.whl -d "$WORK/cu13/x"
 tar -C "$WORK/cu13/x" -cf - . | xz -9e -T0 > "$WORK/cu13.tar.xz"
-head -c 41000000 "$WORK/cu13.tar.xz" > .carry/fa4a/cu13.part1
-tail -c +41000001 "$WORK/cu13.tar.xz" > .carry/fa4b/cu13.part2
+head -c 38000000 "$WORK/cu13.tar.xz" > .carry/fa4a/cu13.part1
+tail -c +38000001 "$WORK/cu13.tar.xz" > .carry/fa4b/cu13.part2
 
 python -m pip install -q --no-deps "${PLATFORM[@]}" --target "$WORK/usite" \
   unsloth==2026.10.9 unsloth-zoo==2026.10.9 trl==1.15.0 datasets==4.3.0 dill==0.3.8 \

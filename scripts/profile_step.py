@@ -52,7 +52,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--expert", type=Path, required=True)
     p.add_argument("--set", dest="overrides", action="append", default=[])
-    p.add_argument("--steps", type=int, default=3, help="profiled steps")
+    p.add_argument("--steps", type=int, default=2, help="profiled steps")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--output", type=Path, default=None)
     a = p.parse_args()
@@ -99,14 +99,17 @@ def main() -> int:
         optim.step()
         optim.zero_grad(set_to_none=True)
 
+    start = time.perf_counter()
     for i in range(3):
         step(i)
     torch.cuda.synchronize()
+    print(f"warm-up: 3 steps in {time.perf_counter() - start:.1f} s", flush=True)
     start = time.perf_counter()
     for i in range(a.steps):
         step(3 + i)
     torch.cuda.synchronize()
     unprofiled = (time.perf_counter() - start) / a.steps
+    print(f"step {unprofiled * 1000:.0f} ms unprofiled; profiling", flush=True)
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(a.steps):

@@ -326,15 +326,17 @@ def load_script(name: str) -> Any:
     return module
 
 
-def lora_model(model_dir: Path, **config: object) -> Any:
+def lora_model(model_dir: Path, quantization: Any = None, **config: object) -> Any:
     """The tiny model of `model_dir` with LoRA r4 on all linear layers (seeded), B given
-    values (peft starts it at zero) so that every adapter weight gets a gradient."""
+    values (peft starts it at zero) so that every adapter weight gets a gradient;
+    `quantization`: a BitsAndBytesConfig for the base (frozen, as a QLoRA run has it)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, quantization_config=quantization)
+    base.requires_grad_(False)
     model = get_peft_model(
         base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", **config)
     )

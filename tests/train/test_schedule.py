@@ -117,7 +117,13 @@ def test_adapter_values_not_applied_are_noted(tmp_path: Path) -> None:
     quantized = " | ".join(
         resolve(load_manifest(tmp_path / "manifest.json"), cpu_environment()).notes
     )
-    assert "the int4/int8 base's layers run peft's own" in quantized
+    assert "adapter_kernel" not in quantized  # int4 layers are fused
+    manifest["base_models"][0]["quantization"] = "int8"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    quantized = " | ".join(
+        resolve(load_manifest(tmp_path / "manifest.json"), cpu_environment()).notes
+    )
+    assert "the int8 base's layers run peft's own" in quantized
     scaled = notes({"dropout": 0}, {"scaling": "rslora"})
     assert "scaling: kept as written, not applied" in scaled and "rslora" not in scaled
     assert "scaling" not in notes({"dropout": 0}, {"scaling": "standard"})

@@ -75,12 +75,14 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
 
 def unfused_reason(kind: str, dora: bool, quantization: str | None) -> str | None:
     """Why the fused adapter kernel runs none of the run's layers (it runs plain LoRA on
-    unquantized layers, with or without dropout; the others keep peft's forward); None where
-    it runs."""
+    unquantized and int4 layers, with or without dropout; the others keep peft's forward);
+    None where it runs."""
     if dora or kind != "lora":
         return f"fused runs plain LoRA layers; {'DoRA' if dora else kind} layers run peft's own"
-    if quantization in ("int4", "int8"):
-        return "fused runs LoRA on unquantized layers; the int4/int8 base's layers run peft's own"
+    if quantization == "int8":
+        return (
+            "fused runs LoRA on unquantized and int4 layers; the int8 base's layers run peft's own"
+        )
     return None
 
 

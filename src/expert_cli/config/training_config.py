@@ -304,7 +304,7 @@ class TrainingConfig(Strict):
         description="Extension: how LoRA linear layers run. fused (default on a GPU, but "
         "not under FSDP or DeepSpeed, nor with adapter_precision fp32 under bf16/fp16): one "
         "autograd function that accumulates the scaled update into the base projection's "
-        "matmul, forward and backward (plain LoRA on unquantized layers, with or without "
+        "matmul, forward and backward (plain LoRA on unquantized or int4 layers, with or without "
         "dropout; others keep peft's); peft (default on a CPU): peft's forward (three "
         "matmuls, then a scale and an add over the output).",
     )

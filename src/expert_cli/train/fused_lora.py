@@ -16,10 +16,14 @@ by torch's own dropout kernel (`native_dropout`, which returns it) from the glob
 so a checkpointed layer's recomputed forward draws the same mask again (the checkpoint
 restores the generator's state); it is not the mask peft's layer would have drawn.
 
-Only plain LoRA on a frozen `nn.Linear` base is fused (no DoRA or other variant, one active
-adapter, not merged); any other layer, or a call with adapters disabled or merged, runs peft's
-own forward. The matmuls run in the autocast dtype when autocast is on (adapter weights and
-their gradients stay fp32), else in the inputs' dtype.
+Only plain LoRA on a frozen `nn.Linear` base, or on a bitsandbytes 4-bit one (QLoRA), is fused
+(no DoRA or other variant, one active adapter, not merged); any other layer, or a call with
+adapters disabled or merged, runs peft's own forward. A 4-bit base's weight W is dequantized
+where it is used, in the forward and again in the backward (nothing of its size is kept
+between them: the point of a 4-bit base is its memory), as bitsandbytes' own matmul does for
+a training-sized batch; peft's 4-bit layer adds a copy of the base output besides. The
+matmuls run in the autocast dtype when autocast is on (adapter weights and their gradients
+stay fp32), else in a 4-bit layer's compute dtype, else in the inputs' dtype.
 """
 
 from __future__ import annotations
@@ -28,14 +32,25 @@ import types
 from typing import Any
 
 import torch
+from bitsandbytes.functional import dequantize_4bit
+from bitsandbytes.nn import Linear4bit
+from peft.tuners.lora.bnb import Linear4bit as LoraLinear4bit
 from peft.tuners.lora.layer import Linear as LoraLinear
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+def _compute_dtype(x: torch.Tensor, base: torch.nn.Linear) -> torch.dtype:
     device = x.device.type
     if torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
-    return x.dtype
+    return getattr(base, "compute_dtype", None) or x.dtype
+
+
+def _dense(weight: torch.Tensor, quant_state: Any, dtype: torch.dtype) -> torch.Tensor:
+    """The base weight [out, in] in `dtype`: a 4-bit one (with its `quant_state`)
+    dequantized."""
+    if quant_state is None:
+        return weight.to(dtype)
+    return dequantize_4bit(weight, quant_state).to(dtype)
 
 
 class LoraLinearFunction(torch.autograd.Function):
@@ -56,12 +71,13 @@ class LoraLinearFunction(torch.autograd.Function):
         training)."""
         scaling, dropout = scale_dropout
         weight, bias = base.weight, base.bias
+        quant_state = getattr(weight, "quant_state", None)
         # every operand is cast to the compute dtype here, which is autocast's own when it is
         # on: its casts find nothing to do, so it is left on (entering a context to turn it
         # off costs host time at each of 196 layers, forward and backward)
-        dtype = _compute_dtype(x)
+        dtype = _compute_dtype(x, base)
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
-        w = weight.to(dtype)
+        w = _dense(weight, quant_state, dtype)
         a, b = lora_a.to(dtype), lora_b.to(dtype)
         d, mask = torch.native_dropout(x2, dropout, True) if dropout > 0 else (x2, None)
         xa = d @ a.t()
@@ -70,11 +86,14 @@ class LoraLinearFunction(torch.autograd.Function):
         # the adapter weights in the compute dtype are kept for the backward (r x features:
         # small), so that it casts nothing but the two gradients back; with dropout the
         # dropped input (A's gradient needs it) and the mask, as peft's layers keep them
+        # (a 4-bit weight is kept packed, with its quantization state)
         ctx.save_for_backward(d, xa, weight, a, b, mask if ctx.needs_input_grad[0] else None)
         ctx.scaling, ctx.x_shape, ctx.x_dtype = scaling, x.shape, x.dtype
-        ctx.master = (lora_a.dtype, lora_b.dtype)
+        ctx.master, ctx.quant_state = (lora_a.dtype, lora_b.dtype), quant_state
         ctx.keep_scale = 1.0 / (1.0 - dropout) if dropout > 0 else 1.0
-        return y.view(*x.shape[:-1], weight.shape[0])
+        if not torch.is_autocast_enabled(x.device.type):  # in the input's dtype, as peft's
+            y = y.to(x.dtype)
+        return y.view(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -93,7 +112,7 @@ def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     g = dy2 @ b
     dx = None
     if ctx.needs_input_grad[0]:
-        dx = dy2 @ weight.to(d.dtype)
+        dx = dy2 @ _dense(weight, ctx.quant_state, d.dtype)
         if mask is None:
             dx.addmm_(g, a, alpha=s)
         else:  # through the dropout: kept entries scaled by s / (1 - p), dropped ones 0
@@ -108,11 +127,28 @@ def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     return dx, None, d_a, d_b, None
 
 
-def fusable(module: torch.nn.Module) -> bool:
-    """Plain LoRA on a frozen nn.Linear with one adapter (dropout or none)."""
-    if not isinstance(module, LoraLinear) or type(module.base_layer) is not torch.nn.Linear:
+def _fusable_base(module: torch.nn.Module) -> bool:
+    """peft's LoRA linear on a frozen nn.Linear, or its 4-bit layer on a bitsandbytes 4-bit
+    linear whose weight is quantized as [out, in] (and not repacked for the CPU's inference
+    kernel)."""
+    base = getattr(module, "base_layer", None)
+    if isinstance(module, LoraLinear) and type(base) is torch.nn.Linear:
+        return not module.fan_in_fan_out and not base.weight.requires_grad
+    if not isinstance(module, LoraLinear4bit):
         return False
-    if module.fan_in_fan_out or module.base_layer.weight.requires_grad:
+    state = getattr(getattr(base, "weight", None), "quant_state", None)
+    return (
+        isinstance(base, Linear4bit)
+        and state is not None
+        and list(state.shape) == [base.out_features, base.in_features]
+        and not getattr(state, "packing_format_for_cpu", False)
+    )
+
+
+def fusable(module: torch.nn.Module) -> bool:
+    """Plain LoRA with one adapter (dropout or none) on a frozen nn.Linear or a bitsandbytes
+    4-bit linear."""
+    if not _fusable_base(module):
         return False
     names = list(module.lora_A.keys())
     if len(names) != 1 or names[0] in getattr(module, "lora_variant", {}):
@@ -131,8 +167,11 @@ def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any)
         or kwargs
         or len(active) != 1
         or active[0] not in self.lora_A
+        or getattr(
+            getattr(self.base_layer.weight, "quant_state", None), "packing_format_for_cpu", False
+        )
     ):
-        return LoraLinear.forward(self, x, *args, **kwargs)
+        return type(self).forward(self, x, *args, **kwargs)
     name = active[0]
     dropout = self.lora_dropout[name]
     p = float(dropout.p) if isinstance(dropout, torch.nn.Dropout) and dropout.training else 0.0
