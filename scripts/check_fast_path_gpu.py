@@ -6,7 +6,7 @@
 2. Loss: each fused linear cross-entropy backend (liger, chunked) gives the standard loss
    and the same adapter gradients on a small Qwen3 in bf16.
 3. Adapters: the fused LoRA linear (`adapter_kernel: fused`) gives peft's loss and adapter
-   gradients on the same model in bf16.
+   gradients on the same model in bf16, and on its NF4 quantization (QLoRA).
 4. The attention probe `train` runs on the loaded model (train/causality.py) says "verified"
    for every kernel and precision here: no false refusal from a kernel that rounds.
 
@@ -142,23 +142,50 @@ def loss_parity(backend: str) -> dict[str, float]:
     }
 
 
-def fused_lora_parity() -> dict[str, float]:
-    """Relative difference of the loss and of the adapter gradients, fused LoRA vs peft."""
+def _lora_pair(int4: bool) -> tuple:
+    """The same LoRA model twice (r16, all linear layers, B not zero), on bf16 weights or on
+    their NF4 quantization (double quantization, bf16 compute, as `quantization: int4`)."""
     import copy
+    import tempfile
 
     import torch
     from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+    base = _model("sdpa", torch.bfloat16).train()
+    if not int4:
+        torch.manual_seed(3)
+        plain = get_peft_model(base, config)
+        return plain, copy.deepcopy(plain)
+    nf4 = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+    pair = []
+    with tempfile.TemporaryDirectory() as folder:
+        base.save_pretrained(folder)
+        for _ in range(2):
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, quantization_config=nf4, device_map={"": DEVICE}, attn_implementation="sdpa"
+            ).requires_grad_(False)
+            torch.manual_seed(3)
+            pair.append(get_peft_model(model, config).train())
+    return tuple(pair)
+
+
+def fused_lora_parity(int4: bool = False) -> dict[str, float]:
+    """Relative difference of the loss and of the adapter gradients, fused LoRA vs peft, on
+    bf16 base layers or (`int4`) on bitsandbytes' NF4 ones."""
+    import torch
 
     from expert_cli.train.fused_lora import fuse_lora_linears
 
     gen = torch.Generator().manual_seed(4)
     ids = torch.randint(0, 32768, (4, 1024), generator=gen).to(DEVICE)
-    torch.manual_seed(3)
-    plain = get_peft_model(
-        _model("sdpa", torch.bfloat16).train(),
-        LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False),
-    )
-    fused = copy.deepcopy(plain)
+    plain, fused = _lora_pair(int4)
     switched = fuse_lora_linears(fused)
     out = {}
     for name, model in (("peft", plain), ("fused", fused)):
@@ -261,13 +288,15 @@ def main() -> int:
                     "error": f"{type(exc).__name__}: {exc}"[:800],
                 }
             )
-    try:
-        parity = fused_lora_parity()
-        ok = parity["loss_rel_diff"] < 2e-3 and parity["grad_rel_diff"] < 5e-2
-        results.append({"check": "fused_lora", **parity, "ok": ok})
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"[:800]
-        results.append({"check": "fused_lora", "ok": False, "error": error})
+    for int4 in (False, True):
+        check = "fused_lora_int4" if int4 else "fused_lora"
+        try:
+            parity = fused_lora_parity(int4)
+            ok = parity["loss_rel_diff"] < 2e-3 and parity["grad_rel_diff"] < 5e-2
+            results.append({"check": check, **parity, "ok": ok and parity["layers_fused"] > 0})
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:800]
+            results.append({"check": check, "ok": False, "error": error})
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else None
     report = {"gpu": gpu, "results": results, "skipped": skipped}
     if args.json:

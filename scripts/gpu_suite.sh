@@ -86,7 +86,7 @@ if [ "$STAGE" = auto ]; then  # what little device time is left: the batch probe
 fi
 if [ "$STAGE" = prep ] || [ "$STAGE" = single ]; then
   log "check fast path"
-  timeout 80 python3 scripts/check_fast_path_gpu.py --json > "$OUT/check-prep.json" \
+  timeout 100 python3 scripts/check_fast_path_gpu.py --json > "$OUT/check-prep.json" \
     2> "$OUT/check-prep.err"; tail -c 1500 "$OUT/check-prep.err"
   python3 -c "import json; [print(r) for r in json.load(open('$OUT/check-prep.json'))['results']]"
   bench quant 110 --variants q_int4,q_int4_peft --steps 25  # 0.72x of bf16 peft on 11-27
