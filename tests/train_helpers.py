@@ -337,6 +337,12 @@ def lora_model(model_dir: Path, quantization: Any = None, **config: object) -> A
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(model_dir, quantization_config=quantization)
     base.requires_grad_(False)
+    if quantization is not None:
+        # as a run has it: on a CPU with AVX512-BF16, bitsandbytes would repack the weights
+        # for its inference kernel at an evaluation-mode forward
+        from expert_cli.train.model import no_cpu_repack
+
+        no_cpu_repack(base)
     model = get_peft_model(
         base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", **config)
     )

@@ -13,6 +13,7 @@ from train_helpers import lora_model
 
 from expert_cli.train.fused_lora import (
     LoraLinearFunction,
+    _dense,
     fusable,
     fuse_lora_linears,
     is_fused,
@@ -304,3 +305,96 @@ def test_a_4bit_layer_repacked_for_the_cpu_runs_peft(tiny_model_dir: Path) -> No
     layer.base_layer.weight.quant_state.packing_format_for_cpu = True
     layer(x)
     assert calls == [1]  # peft's forward calls the base layer
+
+
+def _layer_4bit(tiny_model_dir: Path, compute: torch.dtype, fused: bool) -> torch.nn.Module:
+    """The first 4-bit q_proj LoRA layer of the tiny model (fused or peft's)."""
+    model = lora_model(tiny_model_dir, _nf4(compute))
+    if fused:
+        fuse_lora_linears(model)
+    return next(m for n, m in model.named_modules() if n.endswith("q_proj"))
+
+
+def test_4bit_without_mixed_precision_trains_the_adapters_in_fp32(tiny_model_dir: Path) -> None:
+    """No autocast, fp32 inputs, a bf16 compute dtype on the 4-bit layer: the adapters'
+    gradients are computed in fp32 as peft's are (they do not depend on the base output),
+    not in the layer's bf16 compute dtype."""
+    grads = []
+    for fused in (False, True):
+        layer = _layer_4bit(tiny_model_dir, torch.bfloat16, fused)
+        x = torch.randn(6, layer.in_features, generator=torch.Generator().manual_seed(8))
+        y = layer(x)
+        assert y.dtype == torch.float32
+        (y * torch.linspace(-1, 1, y.shape[-1])).sum().backward()
+        grads.append([p.grad for n, p in layer.named_parameters() if "lora_" in n])
+    for peft_grad, fused_grad in zip(*grads, strict=True):
+        assert torch.allclose(fused_grad, peft_grad, rtol=1e-5, atol=1e-8)
+
+
+def test_4bit_output_keeps_the_input_dtype_under_autocast(tiny_model_dir: Path) -> None:
+    """bitsandbytes' 4-bit layer returns its input's dtype (fp16 QLoRA keeps an fp32
+    residual stream); the fused one too, unlike an unquantized layer under autocast."""
+    for fused in (False, True):
+        layer = _layer_4bit(tiny_model_dir, torch.bfloat16, fused)
+        x = torch.randn(3, layer.in_features)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert layer(x).dtype == torch.float32, fused
+
+
+def test_4bit_weight_is_dequantized_straight_to_the_compute_dtype(tiny_model_dir: Path) -> None:
+    """One dequantization into the dtype asked for (not the stored dtype, then a cast), with
+    the layer's own quantization state left as it was."""
+    from bitsandbytes.functional import dequantize_4bit
+
+    layer = _layer_4bit(tiny_model_dir, torch.float32, fused=True)
+    weight = layer.base_layer.weight
+    state = weight.quant_state
+    stored = state.dtype
+    asked = torch.bfloat16 if stored != torch.bfloat16 else torch.float32
+    dense = _dense(weight, state, asked)
+    assert dense.dtype == asked and state.dtype == stored
+    want = dequantize_4bit(weight, state).to(asked)
+    assert dense.shape == (layer.out_features, layer.in_features)
+    assert torch.allclose(dense.float(), want.float(), rtol=1e-2, atol=1e-3)
+
+
+def test_a_4bit_weight_rewrapped_without_its_state_is_recovered(tiny_model_dir: Path) -> None:
+    """FSDP and ZeRO-3 re-wrap parameters as plain ones, losing `weight.quant_state`;
+    bitsandbytes recovers it from the layer, and so does the fused forward."""
+    layer = _layer_4bit(tiny_model_dir, torch.float32, fused=True)
+    x = torch.randn(3, layer.in_features)
+    want = layer(x)
+    packed = layer.base_layer.weight
+    layer.base_layer.weight = torch.nn.Parameter(packed.data, requires_grad=False)
+    assert getattr(layer.base_layer.weight, "quant_state", None) is None
+    assert torch.equal(layer(x), want)
+    assert layer.base_layer.weight.quant_state is not None
+
+
+def test_a_trained_base_bias_or_an_adapter_added_later_runs_peft(tiny_model_dir: Path) -> None:
+    """A base bias peft trains (bias="all") gets no gradient from the fused function: such a
+    layer is not fused. A DoRA adapter added after fusing and made active runs peft's own
+    forward: the same logits as the unfused model's."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    toy = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    model = get_peft_model(toy, LoraConfig(r=2, target_modules=["0", "2"], bias="all"))
+    assert fuse_lora_linears(model) == 0
+
+    ids = torch.randint(0, 200, (2, 16), generator=torch.Generator().manual_seed(9))
+    plain = lora_model(tiny_model_dir)
+    fused = copy.deepcopy(plain)
+    fuse_lora_linears(fused)
+    for model in (plain, fused):
+        torch.manual_seed(5)
+        dora = LoraConfig(r=4, target_modules="all-linear", use_dora=True, init_lora_weights=False)
+        model.add_adapter("d", dora)
+        model.set_adapter("d")
+    with torch.no_grad():
+        want = plain(input_ids=ids).logits
+        got = fused(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-5)
+    with torch.no_grad():  # the first adapter again: fused
+        plain.set_adapter("default"), fused.set_adapter("default")
+        assert torch.allclose(fused(input_ids=ids).logits, plain(input_ids=ids).logits, atol=1e-5)

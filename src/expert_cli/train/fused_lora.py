@@ -23,34 +23,41 @@ where it is used, in the forward and again in the backward (nothing of its size 
 between them: the point of a 4-bit base is its memory), as bitsandbytes' own matmul does for
 a training-sized batch; peft's 4-bit layer adds a copy of the base output besides. The
 matmuls run in the autocast dtype when autocast is on (adapter weights and their gradients
-stay fp32), else in a 4-bit layer's compute dtype, else in the inputs' dtype.
+stay fp32), else in the inputs' dtype (without mixed precision a 4-bit weight is dequantized
+to it: the adapters keep fp32 as peft's do). A 4-bit layer's output is in its input's dtype,
+as bitsandbytes' is; an unquantized one's in the autocast dtype, as nn.Linear's is.
 """
 
 from __future__ import annotations
 
+import copy
 import types
 from typing import Any
 
 import torch
 from bitsandbytes.functional import dequantize_4bit
 from bitsandbytes.nn import Linear4bit
+from bitsandbytes.nn.modules import fix_4bit_weight_quant_state_from_module
 from peft.tuners.lora.bnb import Linear4bit as LoraLinear4bit
 from peft.tuners.lora.layer import Linear as LoraLinear
 
 
-def _compute_dtype(x: torch.Tensor, base: torch.nn.Linear) -> torch.dtype:
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     device = x.device.type
     if torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
-    return getattr(base, "compute_dtype", None) or x.dtype
+    return x.dtype
 
 
 def _dense(weight: torch.Tensor, quant_state: Any, dtype: torch.dtype) -> torch.Tensor:
     """The base weight [out, in] in `dtype`: a 4-bit one (with its `quant_state`)
-    dequantized."""
+    dequantized straight to it (one allocation)."""
     if quant_state is None:
         return weight.to(dtype)
-    return dequantize_4bit(weight, quant_state).to(dtype)
+    if quant_state.dtype != dtype:
+        quant_state = copy.copy(quant_state)
+        quant_state.dtype = dtype
+    return dequantize_4bit(weight, quant_state)
 
 
 class LoraLinearFunction(torch.autograd.Function):
@@ -71,11 +78,11 @@ class LoraLinearFunction(torch.autograd.Function):
         training)."""
         scaling, dropout = scale_dropout
         weight, bias = base.weight, base.bias
-        quant_state = getattr(weight, "quant_state", None)
+        quant_state = weight.quant_state if isinstance(base, Linear4bit) else None
         # every operand is cast to the compute dtype here, which is autocast's own when it is
         # on: its casts find nothing to do, so it is left on (entering a context to turn it
         # off costs host time at each of 196 layers, forward and backward)
-        dtype = _compute_dtype(x, base)
+        dtype = _compute_dtype(x)
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
         w = _dense(weight, quant_state, dtype)
         a, b = lora_a.to(dtype), lora_b.to(dtype)
@@ -91,7 +98,7 @@ class LoraLinearFunction(torch.autograd.Function):
         ctx.scaling, ctx.x_shape, ctx.x_dtype = scaling, x.shape, x.dtype
         ctx.master, ctx.quant_state = (lora_a.dtype, lora_b.dtype), quant_state
         ctx.keep_scale = 1.0 / (1.0 - dropout) if dropout > 0 else 1.0
-        if not torch.is_autocast_enabled(x.device.type):  # in the input's dtype, as peft's
+        if quant_state is not None:  # in the input's dtype, as bitsandbytes' layer gives it
             y = y.to(x.dtype)
         return y.view(*x.shape[:-1], w.shape[0])
 
@@ -132,6 +139,8 @@ def _fusable_base(module: torch.nn.Module) -> bool:
     linear whose weight is quantized as [out, in] (and not repacked for the CPU's inference
     kernel)."""
     base = getattr(module, "base_layer", None)
+    if base is None or (base.bias is not None and base.bias.requires_grad):
+        return False  # a trained base bias: its gradient is not computed here
     if isinstance(module, LoraLinear) and type(base) is torch.nn.Linear:
         return not module.fan_in_fan_out and not base.weight.requires_grad
     if not isinstance(module, LoraLinear4bit):
@@ -145,21 +154,30 @@ def _fusable_base(module: torch.nn.Module) -> bool:
     )
 
 
+def _plain(module: torch.nn.Module, name: str) -> bool:
+    """Whether adapter `name` of `module` is plain LoRA: no variant (DoRA, ...), no bias on B,
+    dropout or none."""
+    if name in getattr(module, "lora_variant", {}) or getattr(module, "lora_bias", {}).get(name):
+        return False
+    return type(module.lora_dropout[name]) in (torch.nn.Identity, torch.nn.Dropout)
+
+
 def fusable(module: torch.nn.Module) -> bool:
     """Plain LoRA with one adapter (dropout or none) on a frozen nn.Linear or a bitsandbytes
     4-bit linear."""
     if not _fusable_base(module):
         return False
     names = list(module.lora_A.keys())
-    if len(names) != 1 or names[0] in getattr(module, "lora_variant", {}):
-        return False
-    if getattr(module, "lora_bias", {}).get(names[0]):  # B with a bias: not this math
-        return False
-    return type(module.lora_dropout[names[0]]) in (torch.nn.Identity, torch.nn.Dropout)
+    return len(names) == 1 and _plain(module, names[0])
 
 
 def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """peft's forward where the call is not plain LoRA of one adapter (disabled, merged, an
+    adapter added since, a 4-bit weight repacked for the CPU's inference kernel)."""
     active = self.active_adapters
+    base = self.base_layer
+    if isinstance(base, Linear4bit):  # its quant state, where FSDP re-wrapped the weight
+        fix_4bit_weight_quant_state_from_module(base)
     if (
         self.disable_adapters
         or self.merged
@@ -167,9 +185,8 @@ def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any)
         or kwargs
         or len(active) != 1
         or active[0] not in self.lora_A
-        or getattr(
-            getattr(self.base_layer.weight, "quant_state", None), "packing_format_for_cpu", False
-        )
+        or not _plain(self, active[0])
+        or getattr(getattr(base.weight, "quant_state", None), "packing_format_for_cpu", False)
     ):
         return type(self).forward(self, x, *args, **kwargs)
     name = active[0]
@@ -177,7 +194,7 @@ def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any)
     p = float(dropout.p) if isinstance(dropout, torch.nn.Dropout) and dropout.training else 0.0
     return LoraLinearFunction.apply(
         x,
-        self.base_layer,
+        base,
         self.lora_A[name].weight,
         self.lora_B[name].weight,
         (float(self.scaling[name]), p),
