@@ -29,6 +29,20 @@ def _loss_and_grads(model: torch.nn.Module, ids: torch.Tensor) -> tuple[float, d
     return loss.item(), grads
 
 
+def _same_loss_and_gradients(
+    plain: torch.nn.Module, fused: torch.nn.Module, ids: torch.Tensor
+) -> float:
+    """Asserts the fused model's loss and 28 adapter gradients are the peft model's (fp32);
+    returns the loss."""
+    want_loss, want = _loss_and_grads(plain, ids)
+    got_loss, got = _loss_and_grads(fused, ids)
+    assert got_loss == pytest.approx(want_loss, rel=1e-6)
+    assert got.keys() == want.keys() and len(got) == 28
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-7), name
+    return got_loss
+
+
 def test_function_matches_the_unfused_math_in_fp32() -> None:
     torch.manual_seed(1)
     x = torch.randn(2, 5, 8, requires_grad=True)
@@ -150,12 +164,7 @@ def test_fused_model_equals_peft_loss_and_gradients(tiny_model_dir: Path) -> Non
     plain = lora_model(tiny_model_dir)
     fused = copy.deepcopy(plain)
     assert fuse_lora_linears(fused) == 14  # 2 layers x (q, k, v, o, gate, up, down)
-    want_loss, want = _loss_and_grads(plain, ids)
-    got_loss, got = _loss_and_grads(fused, ids)
-    assert got_loss == pytest.approx(want_loss, rel=1e-6)
-    assert got.keys() == want.keys() and len(got) == 28
-    for name in want:
-        assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-7), name
+    got_loss = _same_loss_and_gradients(plain, fused, ids)
     with fused.disable_adapter():  # peft's own forward: the base model alone
         base_loss = fused(input_ids=ids, labels=ids).loss.item()
     with plain.disable_adapter():
@@ -255,12 +264,7 @@ def test_4bit_layers_are_fused_to_peft_loss_and_gradients(tiny_model_dir: Path) 
     assert len(layers) == 14
     assert fuse_lora_linears(fused) == 14
     assert unfused_bases(fused) == ""
-    want_loss, want = _loss_and_grads(plain, ids)
-    got_loss, got = _loss_and_grads(fused, ids)
-    assert got_loss == pytest.approx(want_loss, rel=1e-6)
-    assert got.keys() == want.keys() and len(got) == 28
-    for name in want:
-        assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-7), name
+    got_loss = _same_loss_and_gradients(plain, fused, ids)
     with fused.disable_adapter():  # the layer's own forward: the 4-bit base alone
         base_loss = fused(input_ids=ids, labels=ids).loss.item()
     assert base_loss != pytest.approx(got_loss)
