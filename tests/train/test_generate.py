@@ -251,6 +251,57 @@ def test_a_checkpoint_without_its_marker_is_not_loaded(
     assert code == 0, out + err
 
 
+def test_a_run_stopped_before_its_final_adapter_points_at_its_checkpoints(
+    capsys, monkeypatch, memorised: Path, tmp_path: Path
+) -> None:
+    """A run interrupted before its final adapter keeps complete checkpoints: generate and
+    merge said the folder was "not the output folder of expert-cli train"; they name the
+    checkpoint to give and how to finish the run."""
+    run = tmp_path / "run"
+    shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    folder = run / "checkpoints" / "checkpoint-3"
+    folder.mkdir(parents=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors", "tokenizer.json"):
+        shutil.move(run / name, folder / name)  # the final adapter was never written
+    (folder / "_COMPLETE").write_text('{"step": 3}')
+    for command in (["generate", "-p", "x"], ["merge", "--output", str(tmp_path / "merged")]):
+        code, out, err = run_main(capsys, monkeypatch, *command, "--adapter", str(run))
+        said = " ".join(err.split())
+        assert code == 2, out + err
+        assert f"--adapter {run}: the run stopped before writing its final adapter" in said
+        assert f"--adapter {folder}; it keeps checkpoint-3" in said and "--resume" in said
+    assert not (tmp_path / "merged").exists()
+
+
+def test_a_base_config_edited_since_the_run_is_named(
+    capsys, monkeypatch, memorised: Path, tmp_path: Path
+) -> None:
+    """A base whose config.json no longer makes a model (transformers' strict configuration
+    check: 1 layer, 2 layer types) was a traceback from generate and merge; it is named as
+    `check` names it, exit 2."""
+    run = tmp_path / "run"
+    shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    base = tmp_path / "base"
+    shutil.copytree(
+        json.loads((run / "adapter_config.json").read_text())["base_model_name_or_path"], base
+    )
+    adapter = json.loads((run / "adapter_config.json").read_text())
+    adapter["base_model_name_or_path"] = str(base)
+    (run / "adapter_config.json").write_text(json.dumps(adapter))
+    config = json.loads((base / "config.json").read_text())
+    config["num_hidden_layers"] = 1
+    config["layer_types"] = ["full_attention"] * 2
+    (base / "config.json").write_text(json.dumps(config))
+    for command in (["generate", "-p", "x"], ["merge", "--output", str(tmp_path / "merged")]):
+        code, out, err = run_main(capsys, monkeypatch, *command, "--adapter", str(run))
+        said = " ".join(err.split())
+        assert code == 2, out + err
+        assert "Traceback" not in err
+        assert "config.json cannot be read as a model configuration" in said
+        assert f"base model {base}" in said
+    assert not (tmp_path / "merged").exists()
+
+
 def test_a_damaged_copy_of_the_manifest_is_named(
     capsys, monkeypatch, memorised: Path, tmp_path: Path
 ) -> None:

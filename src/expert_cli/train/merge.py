@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from expert_cli.atomic import atomic_folder
 from expert_cli.config.resolve import SourceRef, data_folder_holding
+from expert_cli.data.tokenizer import config_problem
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import place_problem, resolved_path, shown_path
 from expert_cli.train.checkpoints import refuse_incomplete
@@ -37,10 +38,13 @@ def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
     """The base model with the run's adapter on it (a hub base at the revision the run pinned,
     with its remote code where the run trusted it); a base or adapter that cannot be loaded is
     a UserError naming it (and the kind of failure, never the file's bytes)."""
+    options = _base_options(adapter, base_name)
+    # a config.json edited or replaced since the run (transformers' strict configs raise
+    # errors of their own kind): named as check names it
+    if problem := config_problem(base_name, options["trust_remote_code"]):
+        raise UserError(problem)
     try:
-        base = AutoModelForCausalLM.from_pretrained(
-            base_name, dtype=dtype, **_base_options(adapter, base_name)
-        )
+        base = AutoModelForCausalLM.from_pretrained(base_name, dtype=dtype, **options)
     except LOAD_ERRORS as exc:
         if out_of_memory(exc):  # not the user's input: the CLI says so in one line
             raise
