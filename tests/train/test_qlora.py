@@ -86,3 +86,27 @@ def test_an_evaluation_forward_leaves_int4_gradients_as_they_were(
     assert first_layer and all(plain[n].abs().sum() > 0 for n in first_layer)
     for name in plain:
         assert torch.allclose(plain[name], evaluated[name], rtol=1e-4, atol=1e-7), name
+
+
+@pytest.mark.slow
+def test_an_int8_run_shows_no_repeated_library_warning(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """bitsandbytes logs "MatMul8bitLt: inputs will be cast ... to float16" at every int8
+    matmul: 196 lines for a 2-step run of the tiny model with an evaluation, tens of
+    thousands for Qwen3-0.6B; the console carries none."""
+    from train_helpers import run_cli
+
+    manifest = write_expert(
+        tmp_path / "e",
+        tiny_model_dir,
+        config={"max_steps": 2, "evaluation_strategy": "steps", "eval_steps": 2},
+        base={"quantization": "int8"},
+        rows=16,
+        valid_rows=4,
+    )
+    done = run_cli("train", "--manifest", str(manifest))
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-2000:]
+    assert "completed 2 steps" in " ".join(said.split())
+    assert "MatMul8bitLt" not in said

@@ -124,7 +124,12 @@ def _root(
 
 # bitsandbytes' CPU backend warns on every import that it could not fetch an optional kernel
 # from the hub; it falls back to its own kernel, and hub fetches cannot happen offline anyway.
-QUIET_LOGGERS = ("bitsandbytes.backends.cpu.ops",)
+QUIET_LOGGERS = (
+    "bitsandbytes.backends.cpu.ops",
+    # "MatMul8bitLt: inputs will be cast ... to float16" at every int8 matmul (tens of
+    # thousands of lines an evaluation of Qwen3-0.6B); its only message
+    "bitsandbytes.autograd._functions",
+)
 # transformers' advice no user of expert-cli can act on: batches are built here (packed rows
 # kept apart by the checked attention, padding out of the loss), and every model without a
 # loss type of its own gets the standard causal loss
