@@ -300,6 +300,18 @@ def test_a_base_config_edited_since_the_run_is_named(
         assert "config.json cannot be read as a model configuration" in said
         assert f"base model {base}" in said
     assert not (tmp_path / "merged").exists()
+    # a consistent config of fewer layers: the adapter's weights for the others matched no
+    # layer, and peft answered with the rest of the adapter, exit 0
+    config["layer_types"] = ["full_attention"]
+    (base / "config.json").write_text(json.dumps(config))
+    for command in (["generate", "-p", "x"], ["merge", "--output", str(tmp_path / "merged")]):
+        code, out, err = run_main(capsys, monkeypatch, *command, "--adapter", str(run))
+        said = " ".join(err.split())
+        assert code == 2, out + err
+        # one layer's 7 projections, A and B each
+        want = f"{run}/adapter_model.safetensors: 14 adapter weights match no layer of base model"
+        assert f"{want} {base}" in said
+    assert not (tmp_path / "merged").exists()
 
 
 def test_a_damaged_copy_of_the_manifest_is_named(

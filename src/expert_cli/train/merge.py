@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from peft import PeftModel
+from peft.utils import get_peft_model_state_dict
 from pydantic import ValidationError
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM
@@ -26,8 +27,9 @@ from expert_cli.errors import RunError, UserError
 from expert_cli.paths import place_problem, resolved_path, shown_path
 from expert_cli.train.checkpoints import refuse_incomplete
 from expert_cli.train.memory import out_of_memory
-from expert_cli.train.outputs import adapter_base, read_json_file, run_of
+from expert_cli.train.outputs import ADAPTER_WEIGHTS, adapter_base, read_json_file, run_of
 from expert_cli.train.tokenizer_files import saved_tokenizer, stop_ids
+from expert_cli.weights import tensor_shapes
 
 # what renaming the merged model over --output answers when files were put there meanwhile
 TAKEN = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
@@ -56,13 +58,34 @@ def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
         with warnings.catch_warnings():  # AdaLoRA saves its rank pattern under the adapted
             # weights' names, which peft's check reads as module names: noise, shapes are right
             warnings.filterwarnings("ignore", "The following rank_pattern keys", RuntimeWarning)
-            return PeftModel.from_pretrained(base, str(adapter))
+            peft_model = PeftModel.from_pretrained(base, str(adapter))
     except LOAD_ERRORS as exc:
         if out_of_memory(exc):
             raise
         raise UserError(
             f"--adapter {adapter}: cannot load the adapter on {base_name} ({type(exc).__name__})"
         ) from None
+    if unmatched := _unmatched_weights(peft_model, adapter):
+        raise UserError(
+            f"{adapter / ADAPTER_WEIGHTS[0]}: {unmatched} adapter weights match no layer of base "
+            f"model {shown_path(base_name)} (is it the model the run trained on? its config.json "
+            "may have changed since)"
+        )
+    return peft_model
+
+
+def _unmatched_weights(peft_model: PeftModel, adapter: Path) -> int:
+    """How many tensors of the adapter's safetensors file the loaded model has no place for:
+    peft loads the rest and leaves those out without a word (a base with fewer layers than
+    the run's answered with part of the adapter)."""
+    path = adapter / ADAPTER_WEIGHTS[0]
+    saved = tensor_shapes(path) if path.is_file() else None
+    if not saved:
+        return 0
+    # embedding layers named whether the run saved them or not (only names are compared);
+    # "auto" would look for the base's config.json on the hub
+    names = get_peft_model_state_dict(peft_model, save_embedding_layers=True)
+    return len(set(saved) - set(names))
 
 
 def _base_options(adapter: Path, base_name: str) -> dict[str, Any]:
