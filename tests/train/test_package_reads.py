@@ -256,3 +256,17 @@ def test_what_hivellms_loader_refuses_past_its_types_is_named(
     for name, (change, raw) in cases.items():
         copy = _with_text(package, tmp_path / f"{name}.expert", change, *raw)
         assert _checked(copy) == (2, [expected[name]]), name
+
+    # the bytes of the whole text: each was "not a JSON object", whatever was wrong
+    members = _members(package)
+    text = members["manifest.json"].decode()
+    cut = text.rstrip()[:-1]  # its last brace cut: the parser stops at the end of the text
+    encoded = {
+        "manifest.json: starts with a byte-order mark, which HiveLLM's loader refuses; save "
+        "it as UTF-8 without one": b"\xef\xbb\xbf" + text.encode(),
+        "manifest.json: not UTF-8 text (UTF-16?); expected UTF-8 JSON": text.encode("utf-16"),
+        f"manifest.json: not valid JSON (line {cut.count(chr(10)) + 1})": cut.encode(),
+    }
+    for i, (said, data) in enumerate(encoded.items()):
+        copy = write_tar_gz(tmp_path / f"enc{i}.expert", {**members, "manifest.json": data})
+        assert _checked(copy) == (2, [said]), said

@@ -254,6 +254,12 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any] | None:
     """manifest.json's object as HiveLLM's loader reads the text, or None with the problem.
     A key given twice is a problem where the loader reads that field (it refuses it), a note
     where it skips the key or keeps the last (a key of its own, of a map, of free JSON)."""
+    if data.startswith(b"\xef\xbb\xbf"):  # what a Windows editor writes
+        report.problems.append(
+            "manifest.json: starts with a byte-order mark, which HiveLLM's loader refuses; "
+            "save it as UTF-8 without one"
+        )
+        return None
     try:
         text = data.decode("utf-8")
         manifest, repeated = parse_json_text(
@@ -264,7 +270,13 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any] | None:
             "manifest.json: holds NaN or Infinity, which is not JSON (HiveLLM's loader refuses it)"
         )
         return None
-    except (UnicodeDecodeError, ValueError, RecursionError):
+    except UnicodeDecodeError:
+        report.problems.append("manifest.json: not UTF-8 text (UTF-16?); expected UTF-8 JSON")
+        return None
+    except json.JSONDecodeError as exc:
+        report.problems.append(f"manifest.json: not valid JSON (line {exc.lineno})")
+        return None
+    except (ValueError, RecursionError):
         manifest, repeated = None, []
     if not isinstance(manifest, dict):
         report.problems.append("manifest.json: not a JSON object")
