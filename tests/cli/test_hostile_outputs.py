@@ -46,7 +46,7 @@ def _tree(folder: Path) -> dict[str, bytes | None]:
         ({"training.decoding": {"temperature": float("nan")}}, "training.decoding.temperature:"),
         ({"training.decoding": {"top_p": 2, "top_k": -5}}, "training.decoding.top_k:"),
         ({"training.decoding": {"grammar_file": "gone.gbnf"}}, "training.decoding.grammar_file:"),
-        ({"name": "../" + SECRET}, "name: expected 1 to 128 letters"),
+        ({"name": "../" + SECRET}, "name: expected 1 to 128 ASCII letters"),
         ({"description": SECRET + "\ud800"}, "description: contains a lone surrogate"),
         ({"constraints": {"load_order": float("inf")}}, "constraints.load_order: not a finite"),
     ],

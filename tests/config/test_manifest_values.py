@@ -161,7 +161,8 @@ def test_the_grammar_file_stays_inside_the_expert(tmp_path: Path, value: str) ->
 def test_name_and_version_become_file_names_safely(tmp_path: Path, field: str, value: str) -> None:
     text = _error(tmp_path, _data(**{field: value}))
     assert (
-        f"manifest.json: {field}: expected 1 to 128 letters, digits, '.', '_', '+' or '-'" in text
+        f"manifest.json: {field}: expected 1 to 128 ASCII letters, digits, '.', '_', '+' or '-'"
+        in text
     )
     assert "starting with a letter or digit" in text
 

@@ -24,7 +24,7 @@ ModuleNames = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_len
 # `name` and `version` become part of the package's file name (`{name}-{base}.v{version}.expert`)
 FILE_NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 FILE_NAME_PART_RULE = (
-    "1 to 128 letters, digits, '.', '_', '+' or '-', starting with a letter or digit (it "
+    "1 to 128 ASCII letters, digits, '.', '_', '+' or '-', starting with a letter or digit (it "
     "becomes part of the package's file name)"
 )
 # integers beyond 64 bits do not survive JSON readers in other languages (HiveLLM's is Rust)
