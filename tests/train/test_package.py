@@ -306,6 +306,32 @@ def test_an_adapter_holding_nan_is_refused(v2_run: Path, tmp_path: Path, command
 
 
 @pytest.mark.slow
+def test_a_refused_checkpoint_is_not_offered_again(v2_run: Path, tmp_path: Path) -> None:
+    """`--checkpoint checkpoint-2` of a checkpoint holding NaN said "choose another of:
+    checkpoint-2", the one refused; the others are offered, or final where there are none."""
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("runs"))
+    sound = run / "checkpoints" / "checkpoint-1"
+    shutil.copytree(run / "checkpoints" / "checkpoint-2", sound)
+    weights = run / "checkpoints" / "checkpoint-2" / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    tensors[sorted(tensors)[0]].view(-1)[0] = float("nan")
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    package = ["package", "--adapter", str(run), "--checkpoint", "checkpoint-2"]
+    out = run_here(*package, "--output", str(tmp_path / "x.expert"))
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "holds NaN or infinity" in said
+    assert said.endswith("(--checkpoint: choose another of: checkpoint-1)"), said
+    shutil.rmtree(sound)
+    out = run_here(*package, "--output", str(tmp_path / "x.expert"))
+    said = " ".join(out.stderr.split())
+    assert said.endswith("(--checkpoint: the run holds no other complete one; name final)"), said
+    assert not (tmp_path / "x.expert").exists()
+
+
+@pytest.mark.slow
 def test_a_chosen_checkpoint_is_shipped(v2_run: Path, tmp_path: Path) -> None:
     """HiveLLM's `training.packaging_checkpoint` (read from the manifest file as it is when
     packaging: compare the checkpoints, then name the best) or `--checkpoint` ships that

@@ -119,9 +119,13 @@ def _checkpoint_folder(run_dir: Path, name: str, chosen_by: str) -> Path:
     try:
         adapter_base(folder, base_needed=False)  # a checkpoint holding NaN is refused
     except UserError as exc:
-        raise UserError(
-            [*exc.lines[:-1], f"{exc.lines[-1]} ({chosen_by}: choose another of: {kept})"]
-        ) from None
+        others = ", ".join(p.name for p in complete[-8:] if p != folder)
+        hint = (
+            f"choose another of: {others}"
+            if others
+            else "the run holds no other complete one; name final"
+        )
+        raise UserError([*exc.lines[:-1], f"{exc.lines[-1]} ({chosen_by}: {hint})"]) from None
     return folder
 
 
