@@ -196,6 +196,18 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
     (tmp_path / "good.expert.sha256").write_text("0" * 64 + "  good.expert\n")
     out = run_here("check", "--package", str(package), "--json")
     assert out.returncode == 2 and "checksum does not match" in out.stdout
+    # a folder where the checksum file goes was "no good.expert.sha256 beside the package";
+    # a checksum file past its first KiB is not read whole
+    sums = tmp_path / "good.expert.sha256"
+    sums.unlink()
+    sums.mkdir()
+    said = verify_package(package).notes
+    assert (
+        "good.expert.sha256 beside the package is not a file: its checksum is not checked" in said
+    )
+    sums.rmdir()
+    sums.write_text(verify_package(package).sha256 + "  good.expert\n" + " " * (1 << 20))
+    assert verify_package(package).ok
 
 
 def test_no_room_to_copy_the_adapter_is_a_note_not_a_damaged_package(

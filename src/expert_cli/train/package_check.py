@@ -375,10 +375,21 @@ def _read_config(data: bytes, shapes: Shapes | None) -> tuple[dict[str, Any], st
 def _check_checksum_file(report: PackageReport) -> None:
     sidecar = report.path.with_name(report.path.name + ".sha256")
     if not sidecar.is_file():
-        report.notes.append(f"no {sidecar.name} beside the package: its checksum is not checked")
+        what = (
+            f"{sidecar.name} beside the package is not a file"
+            if os.path.lexists(sidecar)
+            else f"no {sidecar.name} beside the package"
+        )
+        report.notes.append(f"{what}: its checksum is not checked")
         return
     report.checksum_file = sidecar
-    text = sidecar.read_text(encoding="utf-8", errors="replace")[:1024].split()
+    try:
+        with sidecar.open("rb") as sums:  # a line names it; a huge file is not read whole
+            head = sums.read(1024)
+    except OSError:
+        report.notes.append(f"{sidecar.name} cannot be read: its checksum is not checked")
+        return
+    text = head.decode("utf-8", errors="replace").split()
     if not text or text[0].lower() != report.sha256:
         report.problems.append(f"{sidecar.name}: the checksum does not match the package")
     elif len(text) > 1 and os.path.basename(text[1]) != report.path.name:
