@@ -240,6 +240,16 @@ def test_a_manifest_saved_with_a_bom_is_read(tmp_path: Path) -> None:
     assert load_manifest(path).manifest.name == _data()["name"]
 
 
+def test_a_manifest_in_utf16_without_a_bom_is_named_as_such(tmp_path: Path) -> None:
+    """UTF-16 without its byte-order mark decodes as UTF-8 with a NUL before each ASCII
+    character: it was "invalid JSON (Expecting property name ...)"."""
+    path = tmp_path / "manifest.json"
+    path.write_bytes(json.dumps(_data()).encode("utf-16-le"))
+    with pytest.raises(UserError) as info:
+        load_manifest(path)
+    assert info.value.lines == [f"{path}: not UTF-8 text (NUL bytes: UTF-16?); save it as UTF-8"]
+
+
 def test_a_number_of_thousands_of_digits_from_set_is_named_and_cut(tmp_path: Path) -> None:
     """Python's 4,300-digit limit was a ValueError traceback from inside the JSON parser; and
     the option, quoted whole, filled the terminal."""
