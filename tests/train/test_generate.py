@@ -256,21 +256,39 @@ def test_a_run_stopped_before_its_final_adapter_points_at_its_checkpoints(
 ) -> None:
     """A run interrupted before its final adapter keeps complete checkpoints: generate and
     merge said the folder was "not the output folder of expert-cli train"; they name the
-    checkpoint to give and how to finish the run."""
+    latest checkpoint with sound weights and how to finish the run, and a run being trained
+    now is said to be."""
+    from filelock import FileLock
+    from safetensors.torch import load_file, save_file
+
+    from expert_cli.train.run_folder import LOCK_NAME
+
     run = tmp_path / "run"
     shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
     folder = run / "checkpoints" / "checkpoint-3"
     folder.mkdir(parents=True)
     for name in ("adapter_config.json", "adapter_model.safetensors", "tokenizer.json"):
         shutil.move(run / name, folder / name)  # the final adapter was never written
+    (folder / "trainer_state.json").write_text('{"global_step": 3}')
     (folder / "_COMPLETE").write_text('{"step": 3}')
+    diverged = run / "checkpoints" / "checkpoint-4"  # saved as the run diverged: NaN
+    shutil.copytree(folder, diverged)
+    weights = diverged / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    tensors[sorted(tensors)[0]].view(-1)[0] = float("nan")
+    save_file(tensors, str(weights), metadata={"format": "pt"})
     for command in (["generate", "-p", "x"], ["merge", "--output", str(tmp_path / "merged")]):
         code, out, err = run_main(capsys, monkeypatch, *command, "--adapter", str(run))
         said = " ".join(err.split())
         assert code == 2, out + err
         assert f"--adapter {run}: the run stopped before writing its final adapter" in said
-        assert f"--adapter {folder}; it keeps checkpoint-3" in said and "--resume" in said
+        assert f"--adapter {folder}; sound: checkpoint-3" in said and "--resume" in said
     assert not (tmp_path / "merged").exists()
+    # a run `train` is writing now: said so, not "stopped"
+    with FileLock(str(run / LOCK_NAME)):
+        code, out, err = run_main(capsys, monkeypatch, "generate", "-p", "x", "--adapter", str(run))
+    said = " ".join(err.split())
+    assert code == 2 and f"--adapter {run}: an `expert-cli train` is writing this run now" in said
 
 
 def test_a_base_config_edited_since_the_run_is_named(

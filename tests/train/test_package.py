@@ -339,7 +339,7 @@ def test_a_refused_checkpoint_is_not_offered_again(v2_run: Path, tmp_path: Path)
     shutil.rmtree(sound)
     out = run_here(*package, "--output", str(tmp_path / "x.expert"))
     said = " ".join(out.stderr.split())
-    assert said.endswith("(--checkpoint: the run holds no other complete one; name final)"), said
+    assert said.endswith("(--checkpoint: the run holds no other sound one; name final)"), said
     assert not (tmp_path / "x.expert").exists()
 
 

@@ -264,7 +264,11 @@ def test_what_hivellms_loader_refuses_past_its_types_is_named(
     encoded = {
         "manifest.json: starts with a byte-order mark, which HiveLLM's loader refuses; save "
         "it as UTF-8 without one": b"\xef\xbb\xbf" + text.encode(),
-        "manifest.json: not UTF-8 text (UTF-16?); expected UTF-8 JSON": text.encode("utf-16"),
+        "manifest.json: UTF-16 text; expected UTF-8 JSON": text.encode("utf-16"),
+        "manifest.json: UTF-16 text (NUL bytes); expected UTF-8 JSON": text.encode("utf-16-le"),
+        "manifest.json: not UTF-8 text; expected UTF-8 JSON": text.replace(
+            '"', '"\u00e9', 1
+        ).encode("cp1252"),
         f"manifest.json: not valid JSON (line {cut.count(chr(10)) + 1})": cut.encode(),
     }
     for i, (said, data) in enumerate(encoded.items()):

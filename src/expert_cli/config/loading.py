@@ -41,7 +41,8 @@ def read_manifest_json(path: Path) -> dict[str, Any]:
         # utf-8-sig: a BOM (Windows editors write one) is no part of the JSON
         data, repeated = parse_manifest_text(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
-        if "\x00" in exc.doc:  # UTF-16 without its byte-order mark reads as UTF-8 with NULs
+        if exc.doc.count("\x00") * 4 >= len(exc.doc):  # UTF-16 without its byte-order
+            # mark reads as UTF-8 with a NUL beside each ASCII character
             raise UserError(
                 f"{shown}: not UTF-8 text (NUL bytes: UTF-16?); save it as UTF-8"
             ) from None

@@ -62,19 +62,8 @@ def complete_checkpoints(checkpoints: Path) -> list[Path]:
 def refuse_incomplete(adapter: Path) -> None:
     """UserError when `adapter` is a checkpoint of a run (RUN/checkpoints/checkpoint-N)
     without its `_COMPLETE` marker: written in part when the run was stopped, as `package`
-    and `--resume` judge it, so `generate` and `merge` do not load it either; and when it is
-    a run stopped before its final adapter that holds complete checkpoints (named, with how
-    to finish the run)."""
+    and `--resume` judge it, so `generate` and `merge` do not load it either."""
     adapter = adapter.absolute()
-    if run_of(adapter) == adapter:
-        held = complete_checkpoints(adapter / "checkpoints")
-        if held and adapter.is_dir() and not (adapter / "adapter_config.json").exists():
-            raise UserError(
-                f"--adapter {shown_path(adapter)}: the run stopped before writing its final "
-                f"adapter; give one of its checkpoints (--adapter "
-                f"{shown_path(held[-1])}; it keeps {', '.join(p.name for p in held[-8:])}) "
-                "or finish the run: `expert-cli train` with the same --output and --resume"
-            )
     if run_of(adapter) == adapter or checkpoint_step(adapter) is None:
         return  # not a checkpoint inside a run folder
     if not adapter.is_dir() or (adapter / COMPLETE).is_file():

@@ -26,7 +26,7 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import RunError, UserError
 from expert_cli.train.checkpoints import refuse_incomplete
 from expert_cli.train.eval_cases import Case, eval_budgets, eval_cases
-from expert_cli.train.merge import load_adapted
+from expert_cli.train.merge import load_adapted, refuse_unfinished
 from expert_cli.train.outputs import (
     SOURCE_MANIFEST,
     adapter_base,
@@ -146,6 +146,7 @@ class LoadedRun:
 def load_run(adapter: Path) -> LoadedRun:
     """The run's resolved configuration, decoding settings, tokenizer and adapted model
     (`adapter`: a run folder, or one of its checkpoints)."""
+    refuse_unfinished(adapter)  # a run without its final adapter, that has checkpoints
     refuse_incomplete(adapter)  # a checkpoint written in part: before its files are judged
     base = adapter_base(adapter)  # UserError for a folder without an adapter
     run_dir = run_of(adapter)

@@ -25,9 +25,10 @@ from expert_cli.config.resolve import SourceRef, data_folder_holding
 from expert_cli.data.tokenizer import config_problem
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import place_problem, resolved_path, shown_path
-from expert_cli.train.checkpoints import refuse_incomplete
+from expert_cli.train.checkpoints import checkpoint_problem, complete_checkpoints, refuse_incomplete
 from expert_cli.train.memory import out_of_memory
 from expert_cli.train.outputs import ADAPTER_WEIGHTS, adapter_base, read_json_file, run_of
+from expert_cli.train.run_folder import held_by_another
 from expert_cli.train.tokenizer_files import saved_tokenizer, stop_ids
 from expert_cli.weights import tensor_shapes
 
@@ -84,7 +85,9 @@ def _unmatched_weights(peft_model: PeftModel, adapter: Path) -> int:
         return 0
     # embedding layers named whether the run saved them or not (only names are compared);
     # "auto" would look for the base's config.json on the hub
-    names = get_peft_model_state_dict(peft_model, save_embedding_layers=True)
+    with warnings.catch_warnings():  # AdaLoRA's modules pruned to rank 0: shapes (0, in)
+        warnings.filterwarnings("ignore", "Adapter .* LoRA tensor")
+        names = get_peft_model_state_dict(peft_model, save_embedding_layers=True)
     return len(set(saved) - set(names))
 
 
@@ -179,6 +182,7 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
 
     adapter = resolved_path(adapter, "--adapter")
     output = resolved_path(output, "--output")
+    refuse_unfinished(adapter)  # a run without its final adapter, that has checkpoints
     refuse_incomplete(adapter)  # a checkpoint written in part: before its files are judged
     base_name = adapter_base(adapter)
     _refuse_output(output)
@@ -219,3 +223,33 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
             raise
         raise RunError(f"--output {shown_path(output)}: cannot be written ({reason})") from None
     return output, notes
+
+
+def refuse_unfinished(adapter: Path) -> None:
+    """UserError when `adapter` is a run folder without its final adapter that holds complete
+    checkpoints: a run `train` is writing now, or one stopped before its end (the latest
+    checkpoint with sound weights named, and how to finish the run). Other folders without
+    an adapter are left to `adapter_base`."""
+    adapter = adapter.absolute()
+    held = complete_checkpoints(adapter / "checkpoints")
+    if not held or not adapter.is_dir() or (adapter / "adapter_config.json").exists():
+        return
+    shown = shown_path(adapter)
+    if held_by_another(adapter):
+        raise UserError(
+            f"--adapter {shown}: an `expert-cli train` is writing this run now; its final "
+            f"adapter comes at its end (a checkpoint it wrote can be given meanwhile: "
+            f"--adapter {shown_path(held[-1])})"
+        )
+    sound = [p for p in held if checkpoint_problem(p) is None]
+    finish = "finish the run: `expert-cli train` with the same --output and --resume"
+    if not sound:
+        raise UserError(
+            f"--adapter {shown}: the run stopped before writing its final adapter, and none "
+            f"of its checkpoints holds sound weights; {finish}"
+        )
+    raise UserError(
+        f"--adapter {shown}: the run stopped before writing its final adapter; give one of "
+        f"its checkpoints (--adapter {shown_path(sound[-1])}; sound: "
+        f"{', '.join(p.name for p in sound[-8:])}) or {finish}"
+    )

@@ -271,10 +271,16 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any] | None:
         )
         return None
     except UnicodeDecodeError:
-        report.problems.append("manifest.json: not UTF-8 text (UTF-16?); expected UTF-8 JSON")
+        utf16 = data.startswith((b"\xff\xfe", b"\xfe\xff"))  # its byte-order mark
+        report.problems.append(
+            f"manifest.json: {'UTF-16' if utf16 else 'not UTF-8'} text; expected UTF-8 JSON"
+        )
         return None
     except json.JSONDecodeError as exc:
-        report.problems.append(f"manifest.json: not valid JSON (line {exc.lineno})")
+        if exc.doc.count("\x00") * 4 >= len(exc.doc):  # UTF-16 without its byte-order mark
+            report.problems.append("manifest.json: UTF-16 text (NUL bytes); expected UTF-8 JSON")
+        else:
+            report.problems.append(f"manifest.json: not valid JSON (line {exc.lineno})")
         return None
     except (ValueError, RecursionError):
         manifest, repeated = None, []
@@ -382,13 +388,13 @@ def _check_checksum_file(report: PackageReport) -> None:
         )
         report.notes.append(f"{what}: its checksum is not checked")
         return
-    report.checksum_file = sidecar
     try:
         with sidecar.open("rb") as sums:  # a line names it; a huge file is not read whole
             head = sums.read(1024)
     except OSError:
         report.notes.append(f"{sidecar.name} cannot be read: its checksum is not checked")
         return
+    report.checksum_file = sidecar
     text = head.decode("utf-8", errors="replace").split()
     if not text or text[0].lower() != report.sha256:
         report.problems.append(f"{sidecar.name}: the checksum does not match the package")
