@@ -202,9 +202,7 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
     sums.unlink()
     sums.mkdir()
     said = verify_package(package).notes
-    assert (
-        "good.expert.sha256 beside the package is not a file: its checksum is not checked" in said
-    )
+    assert "good.expert.sha256 beside the package: not a file; its checksum is not checked" in said
     sums.rmdir()
     sums.write_text(verify_package(package).sha256 + "  good.expert\n" + " " * (1 << 20))
     assert verify_package(package).ok

@@ -380,19 +380,15 @@ def _read_config(data: bytes, shapes: Shapes | None) -> tuple[dict[str, Any], st
 
 def _check_checksum_file(report: PackageReport) -> None:
     sidecar = report.path.with_name(report.path.name + ".sha256")
-    if not sidecar.is_file():
-        what = (
-            f"{sidecar.name} beside the package is not a file"
-            if os.path.lexists(sidecar)
-            else f"no {sidecar.name} beside the package"
-        )
-        report.notes.append(f"{what}: its checksum is not checked")
-        return
+    name, why = sidecar.name, "no such file" if not os.path.lexists(sidecar) else "not a file"
     try:
+        if not sidecar.is_file():
+            raise OSError
         with sidecar.open("rb") as sums:  # a line names it; a huge file is not read whole
             head = sums.read(1024)
     except OSError:
-        report.notes.append(f"{sidecar.name} cannot be read: its checksum is not checked")
+        why = "cannot be read" if sidecar.is_file() else why
+        report.notes.append(f"{name} beside the package: {why}; its checksum is not checked")
         return
     report.checksum_file = sidecar
     text = head.decode("utf-8", errors="replace").split()
