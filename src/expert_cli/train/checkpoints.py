@@ -117,6 +117,11 @@ class ResumePoint:
     passed_over: tuple[str, ...] = ()
 
 
+def sound_checkpoints(checkpoints: Path) -> list[Path]:
+    """The complete checkpoints with nothing missing or damaged (checkpoint_problem), by step."""
+    return [p for p in complete_checkpoints(checkpoints) if checkpoint_problem(p) is None]
+
+
 def resume_point(checkpoints: Path) -> ResumePoint:
     """The newest complete, undamaged checkpoint; UserError when there is none."""
     complete = complete_checkpoints(checkpoints)

@@ -25,7 +25,7 @@ from expert_cli.config.resolve import SourceRef, data_folder_holding
 from expert_cli.data.tokenizer import config_problem
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import place_problem, resolved_path, shown_path
-from expert_cli.train.checkpoints import checkpoint_problem, complete_checkpoints, refuse_incomplete
+from expert_cli.train.checkpoints import complete_checkpoints, refuse_incomplete, sound_checkpoints
 from expert_cli.train.memory import out_of_memory
 from expert_cli.train.outputs import ADAPTER_WEIGHTS, adapter_base, read_json_file, run_of
 from expert_cli.train.run_folder import held_by_another
@@ -241,7 +241,7 @@ def refuse_unfinished(adapter: Path) -> None:
             f"adapter comes at its end (a checkpoint it wrote can be given meanwhile: "
             f"--adapter {shown_path(held[-1])})"
         )
-    sound = [p for p in held if checkpoint_problem(p) is None]
+    sound = sound_checkpoints(adapter / "checkpoints")
     finish = "finish the run: `expert-cli train` with the same --output and --resume"
     if not sound:
         raise UserError(

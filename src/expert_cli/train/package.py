@@ -41,7 +41,7 @@ from expert_cli.config.refs import WINDOWS_PATH
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, resolved_path, shown_path
 from expert_cli.train.adapter_entry import ALPHA_KEYS, DROPOUT_KEYS, RANK_KEYS, reconciled
-from expert_cli.train.checkpoints import checkpoint_problem, checkpoint_step, complete_checkpoints
+from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints, sound_checkpoints
 from expert_cli.train.choice import BEST, chosen_checkpoint, lower_loss_note
 from expert_cli.train.hive_loader import for_hive_loader, loader_problems, refuse_unloadable
 from expert_cli.train.outputs import (
@@ -119,7 +119,7 @@ def _checkpoint_folder(run_dir: Path, name: str, chosen_by: str) -> Path:
     try:
         adapter_base(folder, base_needed=False)  # a checkpoint holding NaN is refused
     except UserError as exc:
-        sound = [p for p in complete if p != folder and checkpoint_problem(p) is None]
+        sound = [p for p in sound_checkpoints(run_dir / "checkpoints") if p != folder]
         if sound:
             hint = f"choose another of: {', '.join(p.name for p in sound[-8:])}"
         else:  # final only where the run wrote it
