@@ -330,6 +330,19 @@ def test_a_base_config_edited_since_the_run_is_named(
         want = f"{run}/adapter_model.safetensors: 14 adapter weights match no layer of base model"
         assert f"{want} {base}" in said
     assert not (tmp_path / "merged").exists()
+    # more layers than the files hold (they would start random), another size of a layer:
+    # named, where generate answered from a partly random model and merge was a traceback
+    for edit, expected in [
+        ({"num_hidden_layers": 3, "layer_types": ["full_attention"] * 3}, "would start random"),
+        ({"intermediate_size": 96}, "have another shape in its weights files"),
+    ]:
+        (base / "config.json").write_text(json.dumps({**config, **edit}))
+        for command in (["generate", "-p", "x"], ["merge", "--output", str(tmp_path / "merged")]):
+            code, out, err = run_main(capsys, monkeypatch, *command, "--adapter", str(run))
+            said = " ".join(err.split())
+            assert code == 2 and "Traceback" not in err, out + err
+            assert f"base model {base}: " in said and expected in said
+    assert not (tmp_path / "merged").exists()
 
 
 def test_a_damaged_copy_of_the_manifest_is_named(

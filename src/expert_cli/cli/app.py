@@ -139,9 +139,15 @@ QUIET_ADVICE = (
 )
 
 
+# transformers' table of the weights a base's files lack or hold beyond its config: the loading
+# code reads the same account and says it in a line (train/base_load.py)
+LOAD_REPORT = " LOAD REPORT"
+
+
 class _DropAdvice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(QUIET_ADVICE)
+        message = str(record.msg)
+        return not message.startswith(QUIET_ADVICE) and LOAD_REPORT not in message
 
 
 OUT_OF_MEMORY = (

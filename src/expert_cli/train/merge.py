@@ -18,13 +18,13 @@ from peft import PeftModel
 from peft.utils import get_peft_model_state_dict
 from pydantic import ValidationError
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM
 
 from expert_cli.atomic import atomic_folder
 from expert_cli.config.resolve import SourceRef, data_folder_holding
 from expert_cli.data.tokenizer import config_problem
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import place_problem, resolved_path, shown_path
+from expert_cli.train.base_load import load_pretrained
 from expert_cli.train.checkpoints import complete_checkpoints, refuse_incomplete, sound_checkpoints
 from expert_cli.train.memory import out_of_memory
 from expert_cli.train.outputs import ADAPTER_WEIGHTS, adapter_base, read_json_file, run_of
@@ -47,7 +47,8 @@ def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
     if problem := config_problem(base_name, options["trust_remote_code"]):
         raise UserError(problem)
     try:
-        base = AutoModelForCausalLM.from_pretrained(base_name, dtype=dtype, **options)
+        # weights missing from the files or of another shape than the config's: a UserError
+        base = load_pretrained(base_name, {"dtype": dtype, **options}, [])
     except LOAD_ERRORS as exc:
         if out_of_memory(exc):  # not the user's input: the CLI says so in one line
             raise

@@ -16,7 +16,6 @@ from peft import (
     get_peft_model,
     prepare_model_for_kbit_training,
 )
-from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, set_seed
 
 from expert_cli.config.adapters import unfused_reason
@@ -31,13 +30,14 @@ from expert_cli.train.adapter import (
     target_problem,
 )
 from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
+from expert_cli.train.base_load import load_pretrained
 from expert_cli.train.checkpoints import recorded_feedforward, unfit_problem
 from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_lora import fuse_lora_linears, unfused_bases
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.placement import load_placement
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
-from expert_cli.weights import damaged_weights, non_finite_line, weights_error
+from expert_cli.weights import non_finite_line
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -145,9 +145,14 @@ def build_random_model(
 
 
 def _from_pretrained(
-    resolved: ResolvedConfig, source: str, dtype: torch.dtype, attn: str, device: str
+    resolved: ResolvedConfig,
+    source: str,
+    dtype: torch.dtype,
+    attn: str,
+    device: str,
+    notes: list[str],
 ) -> PreTrainedModel:
-
+    """The pretrained base, its weights checked against its config (train/base_load.py)."""
     quant = quantization_config(resolved, device.startswith("cuda"))
     kwargs: dict[str, Any] = dict(
         dtype=dtype,
@@ -160,15 +165,7 @@ def _from_pretrained(
         kwargs.update(quantization_config=quant, device_map={"": device})
     elif placed := load_placement(device, resolved.distributed):
         kwargs.update(device_map=placed)
-    try:
-        return AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    except OSError as exc:
-        raise UserError(f"base model {source}: cannot be loaded ({exc})") from None
-    except SafetensorError:  # a weights file cut short: name it, from its header
-        damaged = damaged_weights(Path(source)) if Path(source).is_dir() else []
-        raise UserError(
-            weights_error(source, damaged or ["a .safetensors file is damaged"])
-        ) from None
+    return load_pretrained(source, kwargs, notes)
 
 
 def _with_attention_fallback(load: Any, chosen: str, notes: list[str]) -> tuple[Any, str]:
@@ -272,7 +269,7 @@ def load_base_model(
     else:
         path = source or resolved.base_model
         model, attn = _with_attention_fallback(
-            _checked(lambda a: _from_pretrained(resolved, path, dtype, a, device)),
+            _checked(lambda a: _from_pretrained(resolved, path, dtype, a, device, notes)),
             resolved.attn_implementation,
             notes,
         )

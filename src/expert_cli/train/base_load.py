@@ -1,0 +1,84 @@
+"""A pretrained base model read from its files, its weights held against its config.json.
+
+transformers loads a base whose files lack weights its config asks for (a config.json edited
+for more layers, a head missing) by giving those weights random values, and tells it only in
+a "LOAD REPORT" table on the console: training then went on on a partly random model and
+exited 0. Weights of another shape than the config gives ended in a traceback from inside the
+loader. Here the loader's account (`output_loading_info`) is read instead: weights missing or
+of another shape are a UserError naming the base and the first such weight (names and shapes
+only, from the model and the files' headers); weights in the files that the config has no
+place for are a note (a checkpoint may carry a part the causal LM does not use).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from expert_cli.errors import UserError
+from expert_cli.paths import shown_path
+from expert_cli.weights import damaged_weights, weights_error
+
+NAMED = 2  # weights named in a line; the rest counted
+
+
+def load_pretrained(source: str, kwargs: dict[str, Any], notes: list[str]) -> PreTrainedModel:
+    """`AutoModelForCausalLM.from_pretrained(source, **kwargs)` whose weights all came from
+    the files at the config's shapes; a note in `notes` for weights the config has no place
+    for. Files that cannot be read or are cut short are a UserError naming them."""
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            source, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+        )
+    except OSError as exc:
+        raise UserError(f"base model {source}: cannot be loaded ({exc})") from None
+    except SafetensorError:  # a weights file cut short: name it, from its header
+        damaged = damaged_weights(Path(source)) if Path(source).is_dir() else []
+        raise UserError(
+            weights_error(source, damaged or ["a .safetensors file is damaged"])
+        ) from None
+    if problem := weights_problem(source, info):
+        raise UserError(problem)
+    if extra := sorted(info.get("unexpected_keys") or ()):
+        note = (
+            f"base model {shown_path(source)}: {_named(extra)} in its weights files match no "
+            "layer of its config.json; not loaded (was config.json edited?)"
+        )
+        if note not in notes:  # the same files loaded again for another attention kernel
+            notes.append(note)
+    return model
+
+
+def weights_problem(source: str, info: dict[str, Any]) -> str | None:
+    """Why a model loaded with this loading info is not the base its files hold: weights its
+    config asks for that the files lack (they would start random), or weights of another
+    shape; None when neither."""
+    where = f"base model {shown_path(source)}"
+    if missing := sorted(info.get("missing_keys") or ()):
+        return (
+            f"{where}: {_named(missing)} of its config.json are not in its weights files, so "
+            "they would start random. Was config.json edited (more layers, another size), or "
+            "is a weights file missing? Use the config.json the weights were saved with"
+        )
+    if mismatched := sorted(info.get("mismatched_keys") or (), key=lambda m: m[0]):
+        name, in_files, in_config = mismatched[0]
+        count = f"{len(mismatched)} weights have" if len(mismatched) > 1 else "a weight has"
+        return (
+            f"{where}: {count} another shape in its weights files than its config.json gives "
+            f"({name}: {_shape(in_files)} in the files, {_shape(in_config)} by the config). "
+            "Was config.json edited? Use the config.json the weights were saved with"
+        )
+    return None
+
+
+def _named(names: list[str]) -> str:
+    """'3 weights (a, b, ...)': a count and the first NAMED names."""
+    shown = ", ".join(names[:NAMED]) + (", ..." if len(names) > NAMED else "")
+    return f"{len(names)} weight{'s' if len(names) != 1 else ''} ({shown})"
+
+
+def _shape(shape: Any) -> str:
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
