@@ -13,8 +13,11 @@ import json
 import math
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,57 @@ def atomic_file(dest: Path) -> Iterator[Path]:
     finally:
         with suppress(OSError):  # a read-only disk answers EROFS, not "no such file"
             tmp.unlink(missing_ok=True)
+
+
+@dataclass
+class Staged:
+    """The temporary paths of `atomic_files`, and whether they have all been put in place."""
+
+    paths: list[Path] = field(default_factory=list)
+    in_place: bool = False
+
+
+@contextmanager
+def atomic_files(dests: list[Path]) -> Iterator[Staged]:
+    """Temporary paths beside each of `dests` (`Staged.paths`); when the block ends they are
+    renamed into place with SIGINT and SIGTERM held until the last one is, so an interrupt
+    never leaves one without the others (a package beside a checksum of another). A signal
+    that came meanwhile is raised after, with `in_place` set. All removed if the block fails."""
+    staged = Staged([temporary_path(dest) for dest in dests])
+    try:
+        yield staged
+        with signals_held():
+            for tmp, dest in zip(staged.paths, dests, strict=True):
+                os.replace(tmp, dest)
+            staged.in_place = True
+    finally:
+        for tmp in staged.paths:
+            with suppress(OSError):
+                tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends (renames that must not stop half way);
+    one that came meanwhile is raised then, to the handlers from before. Python's handlers,
+    not a signal mask: the kernel gives a process's signal to any of its threads (torch's,
+    the tokenizers library's) that does not block it, and Python runs the handler in the
+    main thread all the same. Outside the main thread, a plain block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not None:  # None: set outside Python, cannot be put back
+            previous[signum] = signal.signal(signum, lambda got, frame: came.append(got))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(came):
+            signal.raise_signal(signum)
 
 
 @contextmanager

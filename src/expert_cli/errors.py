@@ -25,6 +25,16 @@ class Terminated(BaseException):
     it; unlike it, typer does not turn it into exit 130."""
 
 
+class Interrupted(BaseException):
+    """Ctrl-C or SIGTERM where a command can say what it left: its message says whether the
+    work was put in place or nothing was written. The CLI prints it and exits `code` (130
+    for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, code: int = 130) -> None:
+        self.code = code
+        super().__init__(message)
+
+
 def escaped(text: str) -> str:
     """`text` with what a terminal or a font cannot show plainly (control characters, bytes
     that are not UTF-8) as escapes: `\x1b`, `\udcff`."""

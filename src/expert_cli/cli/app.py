@@ -19,7 +19,7 @@ from expert_cli import __version__
 from expert_cli.cli import benchmark, check, data, ship, train
 from expert_cli.cli.help import Command, Group, examples
 from expert_cli.cli.render import one_line, print_error
-from expert_cli.errors import RunError, Terminated, UserError
+from expert_cli.errors import Interrupted, RunError, Terminated, UserError
 from expert_cli.paths import shown_path
 
 app = typer.Typer(
@@ -192,6 +192,9 @@ def main() -> None:
             raise
         print_error("failed", exc)
         sys.exit(1)
+    except Interrupted as exc:  # a command that says what the interrupt left
+        print_error("interrupted", exc)
+        sys.exit(exc.code)
     except Terminated:
         sys.exit(143)
     except KeyboardInterrupt:

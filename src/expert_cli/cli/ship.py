@@ -165,13 +165,22 @@ def package(
     """Build the HiveLLM .expert package of a run, with its .sha256, and verify it."""
     import json
 
+    from expert_cli.errors import Interrupted, Terminated
+    from expert_cli.train.callbacks import sigterm_raises
     from expert_cli.train.package import build_package
 
-    report = build_package(adapter, output, force, checkpoint)
-    if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
-        return
-    render_package(report, "wrote")
+    with sigterm_raises():  # SIGTERM as Ctrl-C: a line saying what was left
+        report = build_package(adapter, output, force, checkpoint)
+        try:
+            if as_json:
+                typer.echo(json.dumps(report.to_dict(), indent=2))
+                return
+            render_package(report, "wrote")
+        except (KeyboardInterrupt, Terminated) as exc:
+            raise Interrupted(
+                f"{report.path} and its .sha256 were written in full before it",
+                143 if isinstance(exc, Terminated) else 130,
+            ) from None
 
 
 def render_package(report: PackageReport, verb: str) -> None:

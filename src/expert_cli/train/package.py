@@ -23,22 +23,19 @@ reads it). The package is read back and verified before it is reported written.
 from __future__ import annotations
 
 import copy
-import gzip
-import io
 import json
 import os
-import tarfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
 
-from expert_cli.atomic import atomic_file
+from expert_cli.atomic import Staged, atomic_files
 from expert_cli.config import Manifest
 from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
 from expert_cli.config.loading import format_errors
 from expert_cli.config.refs import WINDOWS_PATH
-from expert_cli.errors import RunError, UserError, value_kind
+from expert_cli.errors import Interrupted, RunError, Terminated, UserError, value_kind
 from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, resolved_path, shown_path
 from expert_cli.train.adapter_entry import ALPHA_KEYS, DROPOUT_KEYS, RANK_KEYS, reconciled
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints, sound_checkpoints
@@ -58,6 +55,7 @@ from expert_cli.train.package_check import (
     sha256_of,
     verify_package,
 )
+from expert_cli.train.package_members import write_tar
 from expert_cli.train.run_source import as_trained, run_manifest
 from expert_cli.train.tokenizer_files import tokenizer_folder, tokenizer_members
 
@@ -330,12 +328,14 @@ def build_package(
     path = resolved_path(output, "--output") if output else run_dir.parent / default
     checksum = path.with_name(path.name + CHECKSUM_SUFFIX)
     _refuse_output(path, checksum, default, force, given=output is not None)
+    staged = Staged()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # both written in full before either is renamed into place: a disk that fills up
-        # leaves neither, and never a package beside a checksum of another
-        with atomic_file(path) as tmp, atomic_file(checksum) as tmp_sum:
-            _write_tar(tmp, members)
+        # both written in full, then renamed into place with signals held: a full disk or
+        # an interrupt leaves neither, and never a package beside a checksum of another
+        with atomic_files([path, checksum]) as staged:
+            tmp, tmp_sum = staged.paths
+            write_tar(tmp, members)
             report = verify_package(tmp, expected=members, sidecar=False)
             if report.problems:  # never leave a package that does not read back
                 # a line said of the whole archive names the temporary file: said of `path`
@@ -344,6 +344,13 @@ def build_package(
             tmp_sum.write_text(f"{report.sha256}  {path.name}\n", encoding="utf-8")
     except OSError as exc:  # a full disk, a folder gone since the check: not the user's input
         raise RunError(f"--output {shown_path(path)}: cannot be written ({exc.strerror})") from None
+    except (KeyboardInterrupt, Terminated) as exc:  # what the interrupt left, said
+        raise Interrupted(
+            f"{shown_path(path)} and its {CHECKSUM_SUFFIX} were written in full before it"
+            if staged.in_place
+            else f"before the package was in place: nothing written to {shown_path(path)}",
+            143 if isinstance(exc, Terminated) else 130,
+        ) from None
     report.path, report.checksum_file, report.notes = path, checksum, notes + report.notes
     return report
 
@@ -376,25 +383,3 @@ def _refuse_output(
     for target in (path, checksum):
         if problem := new_file_problem(target, "--output", force):
             raise UserError(problem)
-
-
-def _write_tar(dest: Path, members: dict[str, bytes | Path]) -> None:
-    """The archive, byte-for-byte the same for the same members (no names, times or owners
-    from this machine in the gzip or tar headers)."""
-    order = ["manifest.json", *sorted(n for n in members if n != "manifest.json")]
-    with (
-        open(dest, "wb") as raw,
-        gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as zipped,
-        tarfile.open(fileobj=zipped, mode="w", format=tarfile.GNU_FORMAT) as tar,
-    ):
-        for name in order:
-            item = members[name]
-            info = tarfile.TarInfo(name)
-            info.mode, info.mtime, info.uid, info.gid = 0o644, 0, 0, 0
-            if isinstance(item, bytes):
-                info.size = len(item)
-                tar.addfile(info, io.BytesIO(item))
-            else:
-                info.size = item.stat().st_size
-                with item.open("rb") as f:
-                    tar.addfile(info, f)

@@ -1,12 +1,15 @@
 """The names inside a package's archive: which belong in a package (no path outside it, no
 link or device, no control characters), and which unpack onto one another (a name twice, a
-file under a file, names one file on a system that ignores case or Unicode form)."""
+file under a file, names one file on a system that ignores case or Unicode form); and the
+archive written, byte-for-byte the same for the same members."""
 
 from __future__ import annotations
 
+import gzip
+import io
 import tarfile
 import unicodedata
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from expert_cli.errors import escaped
 
@@ -51,3 +54,25 @@ def _clash(name: str, first: str, first_folder: bool, folder: bool) -> str:
         f"{name}: the same file as {first} where names ignore case or Unicode form (macOS, "
         "Windows): unpacking there keeps only one"
     )
+
+
+def write_tar(dest: Path, members: dict[str, bytes | Path]) -> None:
+    """The archive, byte-for-byte the same for the same members (no names, times or owners
+    from this machine in the gzip or tar headers)."""
+    order = ["manifest.json", *sorted(n for n in members if n != "manifest.json")]
+    with (
+        open(dest, "wb") as raw,
+        gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as zipped,
+        tarfile.open(fileobj=zipped, mode="w", format=tarfile.GNU_FORMAT) as tar,
+    ):
+        for name in order:
+            item = members[name]
+            info = tarfile.TarInfo(name)
+            info.mode, info.mtime, info.uid, info.gid = 0o644, 0, 0, 0
+            if isinstance(item, bytes):
+                info.size = len(item)
+                tar.addfile(info, io.BytesIO(item))
+            else:
+                info.size = item.stat().st_size
+                with item.open("rb") as f:
+                    tar.addfile(info, f)

@@ -14,15 +14,13 @@ import errno
 import os
 import re
 import shutil
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
+from expert_cli.atomic import signals_held
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
@@ -229,27 +227,12 @@ def restore_aside(output: Path, aside: Path) -> list[str]:
     # the files that say a folder holds a run go back last: a restore cut short by a kill is
     # still seen as one to finish (`sweep_leftovers`), never as a newer run
     paths = sorted(aside.iterdir(), key=lambda p: (p.name in RUN_MARKERS, p.name))
-    with _signals_held():
+    with signals_held():
         for path in paths:
             path.rename(output / path.name)
             restored.append(path.name)
         aside.rmdir()
     return restored
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block ends (renames that must not stop half way)."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    except (AttributeError, OSError, ValueError):  # no signal masks here: go on without
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 
 
 def drop_aside(aside: Path) -> None:

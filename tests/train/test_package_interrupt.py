@@ -1,0 +1,91 @@
+"""Ctrl-C or SIGTERM during `package` (real signals, sent at chosen points of the standard
+library's work): the command says what it left, never a package beside a checksum of another
+(the package and its .sha256 are renamed into place with signals held). It exited 130 with
+nothing printed while a complete package was already in place."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tarfile
+from pathlib import Path
+
+import pytest
+from train_helpers import hand_built_run, run_here
+
+import expert_cli.atomic as atomic
+from expert_cli.atomic import atomic_files
+
+
+def _signal_once(monkeypatch, owner: object, name: str, signum: int) -> None:
+    """`owner.name` sends `signum` to this process the first time it is called, then runs."""
+    real = getattr(owner, name)
+    sent: list[int] = []
+
+    def call(*args, **kwargs):
+        if not sent:
+            sent.append(signum)
+            os.kill(os.getpid(), signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, call)
+
+
+def test_a_signal_between_the_renames_waits_for_the_last(monkeypatch, tmp_path: Path) -> None:
+    """SIGINT at the first rename: both files are in place before KeyboardInterrupt."""
+    _signal_once(monkeypatch, atomic.os, "replace", signal.SIGINT)
+    dests = [tmp_path / "a", tmp_path / "b"]
+    seen = []
+    with pytest.raises(KeyboardInterrupt), atomic_files(dests) as staged:
+        seen.append(staged)
+        for tmp, text in zip(staged.paths, "xy", strict=True):
+            tmp.write_text(text)
+    assert seen[0].in_place
+    assert [d.read_text() for d in dests] == ["x", "y"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # no .tmp- left
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupt_as_the_package_is_put_in_place_says_it_is_complete(
+    monkeypatch, tmp_path: Path, signum: int, code: int
+) -> None:
+    target = tmp_path / "x.expert"
+    _signal_once(monkeypatch, atomic.os, "replace", signum)
+    done = run_here("package", "--adapter", str(hand_built_run(tmp_path)), "--output", str(target))
+    said = " ".join(done.stderr.split())
+    assert done.returncode == code, done.stdout + done.stderr
+    assert f"interrupted: {target} and its .sha256 were written in full before it" in said
+    monkeypatch.undo()
+    checked = run_here("check", "--package", str(target))
+    assert checked.returncode == 0 and "package is sound" in checked.stdout, checked.stdout
+
+
+def test_an_interrupt_while_the_package_is_written_leaves_nothing(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """An earlier package of that name, replaced with --force, is left as it was."""
+    target = tmp_path / "x.expert"
+    run = hand_built_run(tmp_path)
+    assert run_here("package", "--adapter", str(run), "--output", str(target)).returncode == 0
+    before = {p.name: p.read_bytes() for p in (target, target.with_name("x.expert.sha256"))}
+    _signal_once(monkeypatch, tarfile.TarFile, "addfile", signal.SIGINT)
+    done = run_here("package", "--adapter", str(run), "--output", str(target), "--force")
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert f"interrupted: before the package was in place: nothing written to {target}" in said
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("x.expert*")} == before
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_an_interrupt_while_the_result_is_shown_says_the_package_is_complete(
+    monkeypatch, tmp_path: Path
+) -> None:
+    import rich.console
+
+    target = tmp_path / "x.expert"
+    _signal_once(monkeypatch, rich.console.Console, "print", signal.SIGINT)
+    done = run_here("package", "--adapter", str(hand_built_run(tmp_path)), "--output", str(target))
+    assert done.returncode == 130, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    assert f"interrupted: {target} and its .sha256 were written in full before it" in said
+    assert target.is_file() and target.with_name("x.expert.sha256").is_file()
