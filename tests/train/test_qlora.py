@@ -110,3 +110,96 @@ def test_an_int8_run_shows_no_repeated_library_warning(
     assert done.returncode == 0, said[-2000:]
     assert "completed 2 steps" in " ".join(said.split())
     assert "MatMul8bitLt" not in said
+
+
+def _stored_4bit(tiny_model_dir: Path, dest: Path) -> Path:
+    """The tiny base as a bitsandbytes 4-bit checkpoint (its config.json's
+    quantization_config), as a `...-bnb-4bit` model on the hub is."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, quantization_config=quant, device_map={"": "cpu"}
+    )
+    model.save_pretrained(dest)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(dest)
+    return dest
+
+
+@pytest.mark.slow
+def test_a_base_stored_in_4bit_is_trained_as_int4_and_merged_dequantized(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A base stored 4-bit trained as if unquantized ("quantization none, weights float32"
+    said, QLoRA's preparation skipped), and merge of its run was a NotImplementedError
+    traceback from transformers' saver. The manifest must say int4; generate and merge put
+    the adapter on the weights dequantized, the weights the run trained against."""
+    import torch
+    from safetensors import safe_open
+    from train_helpers import run_main
+
+    from expert_cli.train.merge import load_adapted
+
+    base = _stored_4bit(tiny_model_dir, tmp_path / "bnb4")
+    unset = write_expert(tmp_path / "unset", base, config={"max_steps": 2})
+    for command in ("check", "train"):
+        code, out, err = run_main(capsys, monkeypatch, command, "-m", str(unset))
+        said = " ".join((out + err).split())
+        assert code == 2, out + err
+        assert (
+            f"base model {base}: its weights are stored in 4-bit (bitsandbytes), but "
+            'base_models[0].quantization is "none": set it to "int4"'
+        ) in said
+    manifest = write_expert(
+        tmp_path / "e", base, config={"max_steps": 2}, base={"quantization": "int4"}
+    )
+    code, out, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest))
+    assert code == 0, out + err
+    run = tmp_path / "e" / "output"
+    code, out, err = run_main(
+        capsys, monkeypatch, "merge", "--adapter", str(run), "--output", str(tmp_path / "m")
+    )
+    said = " ".join((out + err).split())
+    assert code == 0, out + err
+    assert (
+        "its weights are stored quantized; the adapter is on them dequantized to bfloat16" in said
+    )
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert "quantization_config" not in config and config["dtype"] == "bfloat16"
+    with safe_open(tmp_path / "m" / "model.safetensors", "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118
+    # the merged model answers as the adapter on the dequantized weights
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.arange(5, 37).view(1, -1)
+    adapted = load_adapted(run, str(base), torch.bfloat16).eval()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "m").eval()
+    with torch.no_grad():
+        want, got = adapted(ids).logits.float(), merged(ids).logits.float()
+    assert torch.allclose(got, want, atol=0.05, rtol=0.02), (got - want).abs().max()
+
+
+def test_weights_stored_by_another_method_are_named(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    import shutil
+
+    from train_helpers import run_main
+
+    for method, named in (("gptq", "gptq"), ("fp8", "fp8"), ("secret-method", "another method")):
+        base = tmp_path / method
+        shutil.copytree(tiny_model_dir, base)
+        config = json.loads((base / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": method, "bits": 4}
+        (base / "config.json").write_text(json.dumps(config))
+        manifest = write_expert(tmp_path / f"e-{method}", base)
+        code, out, err = run_main(capsys, monkeypatch, "check", "-m", str(manifest))
+        said = " ".join((out + err).split())
+        assert code == 2, out + err
+        assert (
+            f"base model {base}: its weights are stored quantized ({named}, its config.json's "
+            "quantization_config), which expert-cli does not train on"
+        ) in said

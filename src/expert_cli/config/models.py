@@ -77,7 +77,10 @@ class BaseModelSpec(Strict):
     )
     sha256: str | None = Field(None, description="Hash of the weights; kept, not checked.")
     quantization: Quantization | None = Field(
-        None, description="int4 = QLoRA (NF4), int8 = 8-bit, else full weights in that dtype."
+        None,
+        description="int4 = QLoRA (NF4), int8 = 8-bit, else full weights in that dtype. A base "
+        "stored in bitsandbytes 4-bit or 8-bit (a `-bnb-4bit` model) needs int4 or int8; one "
+        "stored by another method (GPTQ, AWQ, FP8) is not trained on.",
     )
     rope_scaling: str | dict[str, Any] | None = Field(
         None, description="Inference-time RoPE scaling; kept, not applied when training."

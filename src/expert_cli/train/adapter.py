@@ -20,6 +20,7 @@ from expert_cli.train.architecture import (
     memory_problem,
     meta_model,
     positions_problem,
+    stored_quantization_problem,
     vocabulary_problem,
 )
 from expert_cli.train.args import deepspeed_problem
@@ -269,6 +270,8 @@ def adapter_problem(
     if model is None:
         return problem
     if problem := encoder_problem(model, source):
+        return problem
+    if problem := stored_quantization_problem(resolved, model.config):
         return problem
     kernel = resolved.attn_implementation
     verdict = copy_isolation(model.config, kernel, resolved.packing, resolved.trust_remote_code)

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+from transformers.utils.quantization_config import QuantizationMethod
 
 from expert_cli.data.tokenizer import read_config
 from expert_cli.paths import shown_path
@@ -234,6 +235,35 @@ def memory_problem(resolved: ResolvedConfig, model: Any, memory_bytes: int | Non
         f"{params / 1e9:,.1f} B parameters, at least {need / 2**30:,.0f} GiB of weights; this "
         f"machine's {'GPU' if torch.cuda.is_available() else 'memory'} holds "
         f"{memory_bytes / 2**30:,.0f} GiB. Check its sizes ({SIZES}), or use a smaller model"
+    )
+
+
+def stored_quantization_problem(resolved: ResolvedConfig, config: Any) -> str | None:
+    """Why a base whose config.json says its weights are stored quantized cannot be trained
+    as the manifest asks: bitsandbytes 4-bit or 8-bit weights need the manifest's
+    quantization to say so (loaded as they are, the run reported full weights in another
+    dtype, and skipped QLoRA's preparation); other methods (GPTQ, AWQ, FP8...) are not
+    trained on. None for full weights, and for a random init (built from the sizes alone)."""
+    stored = getattr(config, "quantization_config", None)
+    if stored is None or resolved.init != "pretrained":
+        return None
+    fields = stored if isinstance(stored, dict) else getattr(stored, "__dict__", {})
+    method = str(getattr(fields.get("quant_method"), "value", fields.get("quant_method")))
+    shown = f"base model {shown_path(resolved.base_model)}"
+    kind = "int4" if fields.get("load_in_4bit") else "int8" if fields.get("load_in_8bit") else ""
+    if method == QuantizationMethod.BITS_AND_BYTES.value and kind:
+        if resolved.quantization == kind:
+            return None
+        return (
+            f"{shown}: its weights are stored in {kind[3:]}-bit (bitsandbytes), but "
+            f'base_models[0].quantization is "{resolved.quantization}": set it to "{kind}" to '
+            "train on them, or use the model's full-precision weights"
+        )
+    named = method if method in {m.value for m in QuantizationMethod} else "another method"
+    return (
+        f"{shown}: its weights are stored quantized ({named}, its config.json's "
+        "quantization_config), which expert-cli does not train on: use the model's "
+        'full-precision weights (with quantization "int4" for QLoRA)'
     )
 
 

@@ -12,6 +12,7 @@ place for are a note (a checkpoint may carry a part the causal LM does not use).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,12 @@ def load_pretrained(source: str, kwargs: dict[str, Any], notes: list[str]) -> Pr
     the files at the config's shapes; a note in `notes` for weights the config has no place
     for. Files that cannot be read or are cut short are a UserError naming them."""
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            source, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
-        )
+        with warnings.catch_warnings():  # a base stored quantized: its own quantization
+            # applies, which the manifest's was checked to match (adapter.py)
+            warnings.filterwarnings("ignore", "You passed `quantization_config`")
+            model, info = AutoModelForCausalLM.from_pretrained(
+                source, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+            )
     except OSError as exc:
         raise UserError(f"base model {source}: cannot be loaded ({exc})") from None
     except SafetensorError:  # a weights file cut short: name it, from its header
@@ -82,3 +86,13 @@ def _named(names: list[str]) -> str:
 
 def _shape(shape: Any) -> str:
     return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def four_bit_kind(model: Any) -> str:
+    """How a model's 4-bit weights are quantized, from its first 4-bit layer ("nf4 + double
+    quantization"): the manifest's settings, or a base stored 4-bit's own."""
+    for module in model.modules():
+        state = getattr(getattr(module, "weight", None), "quant_state", None)
+        if state is not None:
+            return f"{state.quant_type}{' + double quantization' if state.nested else ''}"
+    return "4-bit"

@@ -141,6 +141,7 @@ class LoadedRun:
     tokenizer: Any
     device: str
     data_record: Any = None  # runtime.data of manifest.resolved.json: the run's token cache
+    notes: list[str] = field(default_factory=list)  # how the base was loaded (dequantized)
 
 
 def load_run(adapter: Path) -> LoadedRun:
@@ -168,10 +169,11 @@ def load_run(adapter: Path) -> LoadedRun:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else None
     tokenizer = saved_tokenizer(adapter, run_dir)
-    model = load_adapted(adapter, base, dtype or torch.float32).to(device).eval()
+    loaded: list[str] = []  # a base stored quantized: dequantized, said
+    model = load_adapted(adapter, base, dtype or torch.float32, loaded).to(device).eval()
     decoding = decoding if isinstance(decoding, dict) else {}
     record = runtime.get("data") if isinstance(runtime, dict) else None
-    return LoadedRun(resolved, decoding, model, tokenizer, device, record)
+    return LoadedRun(resolved, decoding, model, tokenizer, device, record, loaded)
 
 
 def decoding_settings(
@@ -337,7 +339,7 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
                 "--eval: this call decodes greedily (an exact match of sampled answers changes "
                 "from run to run); training.decoding's sampling applies to calls without --eval"
             )
-    notes += base_notes(run.resolved)
+    notes += run.notes or base_notes(run.resolved)
     if inherited := inherited_settings(run.model, settings):
         shown = ", ".join(f"{key} {value}" for key, value in inherited.items())
         notes.append(

@@ -37,10 +37,14 @@ TAKEN = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
 LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
 
 
-def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
+def load_adapted(
+    adapter: Path, base_name: str, dtype: Any, notes: list[str] | None = None
+) -> PeftModel:
     """The base model with the run's adapter on it (a hub base at the revision the run pinned,
     with its remote code where the run trusted it); a base or adapter that cannot be loaded is
-    a UserError naming it (and the kind of failure, never the file's bytes)."""
+    a UserError naming it (and the kind of failure, never the file's bytes). A base whose
+    weights are stored quantized (bitsandbytes) is dequantized first, with a note in `notes`:
+    the weights the run trained against, in a form merge can save."""
     options = _base_options(adapter, base_name)
     # a config.json edited or replaced since the run (transformers' strict configs raise
     # errors of their own kind): named as check names it
@@ -56,6 +60,7 @@ def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
             f"{adapter / 'adapter_config.json'}: base model {base_name} cannot be loaded "
             f"({type(exc).__name__}: {str(exc)[:200]})"
         ) from None
+    base = _dequantized(base, base_name, dtype, notes if notes is not None else [])
     try:
         with warnings.catch_warnings():  # AdaLoRA saves its rank pattern under the adapted
             # weights' names, which peft's check reads as module names: noise, shapes are right
@@ -74,6 +79,32 @@ def load_adapted(adapter: Path, base_name: str, dtype: Any) -> PeftModel:
             "may have changed since)"
         )
     return peft_model
+
+
+def _dequantized(base: Any, base_name: str, dtype: Any, notes: list[str]) -> Any:
+    """`base` with weights stored quantized (a bitsandbytes 4-bit or 8-bit checkpoint) in
+    `dtype` (else their compute dtype): transformers cannot save a model merged into 4-bit
+    weights (a NotImplementedError traceback), and these are the weights the run trained
+    against, which the adapter is then exact on."""
+    if not getattr(base, "is_quantized", False):
+        return base
+    stored = getattr(base.config, "quantization_config", None)
+    compute = getattr(stored, "bnb_4bit_compute_dtype", None)
+    to = dtype if isinstance(dtype, torch.dtype) else compute
+    to = to if isinstance(to, torch.dtype) else torch.bfloat16
+    try:
+        base = base.dequantize(dtype=to).to(to)  # its other weights (norms) in `to` too
+    except (ValueError, NotImplementedError, RuntimeError) as exc:
+        raise UserError(
+            f"base model {shown_path(base_name)}: its weights are stored quantized and cannot "
+            f"be dequantized ({type(exc).__name__}); use the model's full-precision weights"
+        ) from None
+    notes.append(
+        f"base model {shown_path(base_name)}: its weights are stored quantized; the adapter "
+        f"is on them dequantized to {str(to).removeprefix('torch.')} (the weights the run "
+        "trained against)"
+    )
+    return base
 
 
 def _unmatched_weights(peft_model: PeftModel, adapter: Path) -> int:
@@ -194,16 +225,14 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
             "the merged model's files would be read as data by the next build: choose a folder "
             "outside it"
         )
-    notes = (
-        [
+    tokenizer = saved_tokenizer(adapter, run_of(adapter))  # before the model: errors first
+    notes: list[str] = []
+    model = merged(load_adapted(adapter, base_name, dtype, notes))
+    if quantization and not notes:  # quantized by the run from full-precision weights
+        notes.append(
             f"quantization: the run trained against {quantization} base weights; they are "
             "merged at full precision (the adapter on the unquantized base)"
-        ]
-        if quantization
-        else []
-    )
-    tokenizer = saved_tokenizer(adapter, run_of(adapter))  # before the model: errors first
-    model = merged(load_adapted(adapter, base_name, dtype))
+        )
     notes += _stop_at_end_of_turn(model, tokenizer)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)

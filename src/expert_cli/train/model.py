@@ -30,7 +30,7 @@ from expert_cli.train.adapter import (
     target_problem,
 )
 from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
-from expert_cli.train.base_load import load_pretrained
+from expert_cli.train.base_load import four_bit_kind, load_pretrained
 from expert_cli.train.checkpoints import recorded_feedforward, unfit_problem
 from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_lora import fuse_lora_linears, unfused_bases
@@ -287,7 +287,7 @@ def load_base_model(
         _freeze_for_kbit(model, resolved, compute)
         if not on_gpu:
             no_cpu_repack(model)
-    shown = {"int4": f"nf4 + double quantization, {compute} compute", "int8": "int8"}
+    shown = {"int4": f"{four_bit_kind(model)}, {compute} compute", "int8": "int8"}
     choices = ModelChoices(
         dtype=shown.get(resolved.quantization, str(dtype).removeprefix("torch.")),
         attn_implementation=attn,
