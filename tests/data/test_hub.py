@@ -61,6 +61,9 @@ def _cached_model(home: Path, repo: str = "Qwen/Qwen3-0.6B") -> Path:
     snapshot = folder / "snapshots" / "0123abcd"
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").symlink_to(folder / "blobs" / "abc123")
+    # a whole safetensors file of no tensors (10 bytes): a snapshot with weights to load
+    (folder / "blobs" / "def456").write_bytes((2).to_bytes(8, "little") + b"{}")
+    (snapshot / "model.safetensors").symlink_to(folder / "blobs" / "def456")
     (folder / "refs").mkdir()
     (folder / "refs" / "main").write_text("0123abcd")
     return folder
@@ -77,7 +80,7 @@ def test_cached_model_and_offline_dataset(tmp_path: Path) -> None:
         "Qwen/Qwen3-0.6B",
         str(folder),
     )
-    assert model["cached_bytes"] == 10_000  # the blob once, not again through its link
+    assert model["cached_bytes"] == 10_010  # each blob once, not again through its link
     assert dataset["kind"] == "dataset" and dataset["cache_path"] is None
     assert (
         len(report["problems"]) == 1 and "gretelai/synthetic_text_to_sql" in report["problems"][0]

@@ -203,3 +203,28 @@ def test_weights_stored_by_another_method_are_named(
             f"base model {base}: its weights are stored quantized ({named}, its config.json's "
             "quantization_config), which expert-cli does not train on"
         ) in said
+
+
+@pytest.mark.slow
+def test_a_4bit_config_over_full_weights_is_named(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """config.json saying bitsandbytes 4-bit over full-precision files: transformers put the
+    weights in its 4-bit layers unquantized and peft failed on them (AttributeError)."""
+    import shutil
+
+    from train_helpers import run_main
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    config = json.loads((base / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (base / "config.json").write_text(json.dumps(config))
+    manifest = write_expert(tmp_path / "e", base, base={"quantization": "int4"})
+    code, out, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest))
+    said = " ".join((out + err).split())
+    assert code == 2 and "Traceback" not in err, out + err
+    assert (
+        f"base model {base}: its config.json says its weights are stored in 4-bit "
+        "(bitsandbytes), but its weights files hold full-precision weights"
+    ) in said

@@ -28,16 +28,14 @@ from expert_cli.data.formatting import (
     check_prompt_template,
 )
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
+from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.row_checks import DataCheck, blank_conversation, template_verdict
 from expert_cli.data.sources import NO_EVAL_ROWS, holds_nothing_out
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
 from expert_cli.errors import UserError
-from expert_cli.weights import damaged_weights
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
-
-WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 
 
 @dataclass
@@ -146,8 +144,9 @@ def _check_model(cfg: ResolvedConfig, tokenizer_problems: list[str]) -> list[str
     """Problems with a local base model folder, its tokenizer's among them (a hub model is in
     `hub_status`)."""
     where = "base model"
-    if cfg.base_model_kind == "hub":
-        return []
+    pretrained = cfg.init == "pretrained"
+    if cfg.base_model_kind == "hub":  # judged in its cached snapshot, where it is cached
+        return base_file_problems(cfg.base_model, "hub", cfg.revision) if pretrained else []
     folder = Path(cfg.base_model)
     if not folder.is_dir():
         why = windows_note(folder) or (
@@ -157,13 +156,8 @@ def _check_model(cfg: ResolvedConfig, tokenizer_problems: list[str]) -> list[str
     problems = []
     if not (folder / "config.json").is_file():
         problems.append(f"{where}: {folder}/config.json is missing")
-    if cfg.init == "pretrained" and not any(next(folder.glob(p), None) for p in WEIGHT_PATTERNS):
-        problems.append(
-            f"{where}: {folder} has no weights (*.safetensors or *.bin); add them, "
-            'or set "init": "random" to train from a random initialisation'
-        )
-    if cfg.init == "pretrained":
-        problems += [f"{where}: {folder}: {line}" for line in damaged_weights(folder)]
+    if pretrained:
+        problems += base_file_problems(cfg.base_model, "local")
     return problems + tokenizer_problems
 
 

@@ -27,6 +27,7 @@ from expert_cli.config.resolve import (
     resolve_sources,
 )
 from expert_cli.data.discovery import default_roots, files_under, size_once
+from expert_cli.data.model_files import snapshot
 from expert_cli.data.rows import missing_sources
 from expert_cli.errors import RunError, UserError
 
@@ -102,6 +103,8 @@ def cached(ref: HubRef, roots: dict[str, Path] | None = None) -> tuple[Path, int
         found = [p for p in found if _holds_bytes(p)]  # not a download stopped before a byte
         if wanted and not (repo / "refs" / wanted).is_file():
             found = [p for p in found if p.name == wanted]
+        if ref.kind == "model" and snapshot(ref.repo, wanted, roots["hub"]) is None:
+            found = []  # refs/main to a snapshot not there, or none: the loader finds nothing
         if found:
             files = [p for part in ("blobs", "snapshots") for p in (repo / part).rglob("*")]
             return repo, size_once([p for p in files if p.is_file()])

@@ -47,7 +47,7 @@ def meta_model(resolved: ResolvedConfig, source: str) -> tuple[Any | None, str |
     except Exception as exc:  # noqa: BLE001 - a negative size, no heads, an unknown type...
         return None, (
             f"{shown}: no model can be built from its config.json ({type(exc).__name__}); "
-            f"check its sizes ({SIZES})"
+            f"check its sizes ({SIZES}) and its other settings (rope_scaling, ...)"
         )
     return model, None
 

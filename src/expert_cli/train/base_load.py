@@ -12,6 +12,7 @@ place for are a note (a checkpoint may carry a part the causal LM does not use).
 
 from __future__ import annotations
 
+import pickle
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,17 +20,27 @@ from typing import Any
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from expert_cli.data.model_files import base_file_problems
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
+from expert_cli.train.memory import out_of_memory
 from expert_cli.weights import damaged_weights, weights_error
 
 NAMED = 2  # weights named in a line; the rest counted
+# what transformers' loader raises on files it cannot make a model of (a .bin archive cut
+# short, an index of the wrong shape, a generation_config.json out of bounds)
+LOADER_ERRORS = (RuntimeError, ValueError, AttributeError, KeyError, TypeError, EOFError)
 
 
 def load_pretrained(source: str, kwargs: dict[str, Any], notes: list[str]) -> PreTrainedModel:
     """`AutoModelForCausalLM.from_pretrained(source, **kwargs)` whose weights all came from
     the files at the config's shapes; a note in `notes` for weights the config has no place
-    for. Files that cannot be read or are cut short are a UserError naming them."""
+    for. Files that cannot be loaded are a UserError naming them, judged first from their
+    names and first bytes (data/model_files.py), else by the kind of error the loader raised
+    (its message can quote a file: a pickle's globals)."""
+    local = Path(source).is_dir()
+    if problems := base_file_problems(source, "local" if local else "hub", kwargs.get("revision")):
+        raise UserError(problems)
     try:
         with warnings.catch_warnings():  # a base stored quantized: its own quantization
             # applies, which the manifest's was checked to match (adapter.py)
@@ -37,14 +48,31 @@ def load_pretrained(source: str, kwargs: dict[str, Any], notes: list[str]) -> Pr
             model, info = AutoModelForCausalLM.from_pretrained(
                 source, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
             )
-    except OSError as exc:
+    except OSError as exc:  # transformers' own lines: a file it looked for and did not find
         raise UserError(f"base model {source}: cannot be loaded ({exc})") from None
     except SafetensorError:  # a weights file cut short: name it, from its header
-        damaged = damaged_weights(Path(source)) if Path(source).is_dir() else []
+        damaged = damaged_weights(Path(source)) if local else []
         raise UserError(
             weights_error(source, damaged or ["a .safetensors file is damaged"])
         ) from None
-    if problem := weights_problem(source, info):
+    except pickle.UnpicklingError:  # torch's weights_only refusing what is not a tensor
+        raise UserError(
+            f"base model {shown_path(source)}: its .bin weights hold objects other than "
+            "tensors, which torch does not load (weights_only); use its safetensors weights"
+        ) from None
+    except ImportError as exc:  # a library its configuration needs
+        raise UserError(
+            f"base model {shown_path(source)}: loading it needs a package that is not "
+            f"installed ({str(exc)[:200]})"
+        ) from None
+    except LOADER_ERRORS as exc:
+        if out_of_memory(exc):  # not the files: the CLI says so in one line
+            raise
+        raise UserError(
+            f"base model {shown_path(source)}: its files cannot be loaded "
+            f"({type(exc).__name__}); download or copy the model again"
+        ) from None
+    if problem := weights_problem(source, info) or _unquantized_problem(model, source):
         raise UserError(problem)
     if extra := sorted(info.get("unexpected_keys") or ()):
         note = (
@@ -75,6 +103,23 @@ def weights_problem(source: str, info: dict[str, Any]) -> str | None:
             f"({name}: {_shape(in_files)} in the files, {_shape(in_config)} by the config). "
             "Was config.json edited? Use the config.json the weights were saved with"
         )
+    return None
+
+
+def _unquantized_problem(model: Any, source: str) -> str | None:
+    """A config.json saying the weights are stored in bitsandbytes 4-bit over files of
+    full-precision weights: transformers put them in its 4-bit layers unquantized, and peft
+    failed on them (an AttributeError traceback)."""
+    for module in model.modules():
+        if type(module).__name__ == "Linear4bit":
+            if getattr(module.weight, "quant_state", None) is not None:
+                return None
+            return (
+                f"base model {shown_path(source)}: its config.json says its weights are stored "
+                "in 4-bit (bitsandbytes), but its weights files hold full-precision weights: "
+                "remove quantization_config from config.json (quantization int4 quantizes "
+                "them as they load)"
+            )
     return None
 
 

@@ -23,6 +23,7 @@ from expert_cli.config.resolve import data_folder_holding, resolve
 from expert_cli.data import PreparedData, prepare_data
 from expert_cli.data.collate import PackedCollator
 from expert_cli.data.hub import hub_refs, require_hub
+from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.sources import NO_EVAL_ROWS
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
 from expert_cli.errors import RunError, Terminated, UserError
@@ -81,7 +82,6 @@ from expert_cli.train.run_folder import (
 from expert_cli.train.session import Reporter, Run, Silent, TrainOptions, TrainResult
 from expert_cli.train.speed import compile_decision, compile_layers
 from expert_cli.train.trainer import Telemetry, build_trainer
-from expert_cli.weights import damaged_weights, weights_error
 
 __all__ = ["Reporter", "Run", "Silent", "TrainOptions", "TrainResult", "train"]
 
@@ -160,12 +160,13 @@ def load_data(run: Run, resume: Path | None = None) -> tuple[Any, PreparedData]:
     weights), and a resume on edited data fail first, in seconds."""
     resolved = run.resolved
     require_hub(hub_refs(resolved), resolved.train_sources + resolved.validation_sources)
+    if resolved.init == "pretrained" and (
+        bad := base_file_problems(resolved.base_model, resolved.base_model_kind, resolved.revision)
+    ):  # a shard missing, an LFS pointer...: before the tokenizer is read from them
+        raise UserError(bad)
     tokenizer = load_tokenizer(resolved)
     if problem := start_problem(resolved, ids_in_use(tokenizer)):
         raise UserError(problem)  # before any data is tokenized or weights read
-    folder = Path(resolved.base_model)
-    if resolved.init == "pretrained" and folder.is_dir() and (bad := damaged_weights(folder)):
-        raise UserError(weights_error(resolved.base_model, bad))
     if resume:
         refuse_changed_data(run.output, resolved, tokenizer)
     progress = run.reporter.build_progress() if run.is_main else None
