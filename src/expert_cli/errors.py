@@ -20,9 +20,14 @@ class RunError(Exception):
 
 
 class Terminated(BaseException):
-    """SIGTERM where a command stops at once, as it does for Ctrl-C (undoing what it began);
-    the CLI exits 143 (128 + SIGTERM). Like KeyboardInterrupt, no `except Exception` stops
-    it; unlike it, typer does not turn it into exit 130."""
+    """SIGTERM (or SIGHUP: the terminal closed) where a command stops at once, as it does
+    for Ctrl-C (undoing what it began); the CLI exits `code`, 128 + the signal's number (143
+    for SIGTERM). Like KeyboardInterrupt, no `except Exception` stops it; unlike it, typer
+    does not turn it into exit 130."""
+
+    def __init__(self, code: int = 143) -> None:
+        self.code = code
+        super().__init__(code)
 
 
 class Interrupted(BaseException):

@@ -7,6 +7,7 @@ Every command module imports its library code inside the command's body, so that
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import sys
@@ -180,6 +181,10 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False but the target")
     # warmup_stable_decay given num_stable_steps (the Trainer always passes the step count too)
     warnings.filterwarnings("ignore", message="Both num_training_steps and num_stable_steps")
+    for stream in (sys.stdout, sys.stderr):  # output that takes ASCII alone (an uncoerced C
+        # locale, PYTHONIOENCODING=ascii): a path's é was a UnicodeEncodeError traceback
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
     try:
         app(standalone_mode=True, prog_name="expert-cli")
     except UserError as exc:
@@ -195,8 +200,8 @@ def main() -> None:
     except Interrupted as exc:  # a command that says what the interrupt left
         print_error("interrupted", exc)
         sys.exit(exc.code)
-    except Terminated:
-        sys.exit(143)
+    except Terminated as exc:
+        sys.exit(exc.code)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:

@@ -45,11 +45,12 @@ def pretokenize(
     ] = False,
 ) -> None:
     """Tokenize, mask, pack and cache each manifest's data; say whether it was built or current."""
-    from expert_cli.cli.render import BuildBar, console
+    from expert_cli.cli.render import BuildBar, console, keep_going_without_output
     from expert_cli.data.pretokenize import find_manifests, pretokenize_all
     from expert_cli.errors import RunError, Terminated, UserError
     from expert_cli.train.callbacks import sigterm_raises
 
+    keep_going_without_output()  # a closed terminal or pipe stops the printing, not the build
     out = console()
     manifests = find_manifests(manifest or [], all_dir)
     several = len(manifests) > 1

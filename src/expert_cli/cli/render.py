@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+from contextlib import suppress
+from dataclasses import dataclass, field
+from errno import EPIPE
 from typing import Any
 
 from rich.console import Console
@@ -55,6 +60,65 @@ class SafeConsole(Console):
             return super().render_str(visible(text), **kwargs)
         except MarkupError:
             return super().render_str(visible(text), **{**kwargs, "markup": False})
+
+    def _check_buffer(self) -> None:
+        """rich's write of what was printed; a stderr that cannot be written any more (or,
+        under `keep_going_without_output`, stdout) stops the printing to it, not the
+        command."""
+        stream = "stderr" if self.stderr else "stdout"
+        if stream in OUTPUT.lost:
+            del self._buffer[:]
+            return
+        try:
+            super()._check_buffer()
+        except OSError as exc:  # EIO (the terminal hung up), EBADF (closed), ENOSPC (full)
+            if not (OUTPUT.keep_going or self.stderr):  # stdout is the product of the others
+                raise
+            self._give_up(stream, exc)
+
+    def on_broken_pipe(self) -> None:
+        """A pipe whose reader left (`| head`): rich's own answer is a silent exit 1."""
+        if not (OUTPUT.keep_going or self.stderr):
+            super().on_broken_pipe()
+            return
+        self._give_up("stderr" if self.stderr else "stdout", BrokenPipeError(EPIPE, "Broken pipe"))
+
+    def _give_up(self, stream: str, exc: OSError) -> None:
+        del self._buffer[:]
+        OUTPUT.lost[stream] = exc.strerror or type(exc).__name__
+        file = sys.stderr if stream == "stderr" else sys.stdout
+        with suppress(OSError, ValueError):  # later writes (logging, the flush at exit) go
+            devnull = os.open(os.devnull, os.O_WRONLY)  # nowhere instead of failing
+            os.dup2(devnull, file.fileno())
+        other = "stdout" if stream == "stderr" else "stderr"
+        if other not in OUTPUT.lost:
+            console(stderr=other == "stderr").print(
+                f"note: {STREAM_NAMES[stream]} cannot be written "
+                f"({OUTPUT.lost[stream]}); the command goes on without printing to it",
+                markup=False,
+            )
+
+
+STREAM_NAMES = {"stdout": "standard output", "stderr": "standard error"}
+
+
+@dataclass
+class Output:
+    """Whether a command goes on when its output cannot be written (train, pretokenize:
+    their product is files; a run lost its steps since the last checkpoint to a closed
+    pipe or a terminal that hung up), and which streams are lost."""
+
+    keep_going: bool = False
+    lost: dict[str, str] = field(default_factory=dict)
+
+
+OUTPUT = Output()
+
+
+def keep_going_without_output() -> None:
+    """From here on, a terminal that hangs up, a pipe whose reader left, or a closed or full
+    stdout or stderr stops the printing, not the command."""
+    OUTPUT.keep_going = True
 
 
 def console(stderr: bool = False) -> Console:

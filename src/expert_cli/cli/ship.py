@@ -179,7 +179,7 @@ def package(
         except (KeyboardInterrupt, Terminated) as exc:
             raise Interrupted(
                 f"{report.path} and its .sha256 were written in full before it",
-                143 if isinstance(exc, Terminated) else 130,
+                exc.code if isinstance(exc, Terminated) else 130,
             ) from None
 
 

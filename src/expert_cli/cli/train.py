@@ -40,7 +40,7 @@ def train(
     from expert_cli.data.hub import preflight
 
     preflight(manifest, overrides or [])  # no network: fail before loading the trainer
-    from expert_cli.cli.render import console
+    from expert_cli.cli.render import console, keep_going_without_output
     from expert_cli.cli.train_view import RichReporter, print_end
     from expert_cli.train.run import TrainOptions
     from expert_cli.train.run import train as run_training
@@ -53,6 +53,7 @@ def train(
         overrides=overrides or [],
         overwrite=overwrite,
     )
+    keep_going_without_output()  # a closed terminal or pipe stops the printing, not the run
     out = console()
     result = run_training(opts, RichReporter(out))
     if result.is_main:

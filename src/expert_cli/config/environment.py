@@ -11,6 +11,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -111,4 +112,33 @@ def probe_environment() -> Environment:
         bf16=torch.cuda.is_bf16_supported(),
         tf32=capability >= (8, 0),
         **common,
+    )
+
+
+# what each launcher of several processes sets in every process it starts: torchrun (and
+# accelerate launch, which uses it), DeepSpeed's launcher, Slurm's srun, MPI's mpirun
+LAUNCHER_VARIABLES = (
+    "TORCHELASTIC_RUN_ID",
+    "CROSS_RANK",
+    "SLURM_PROCID",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+)
+
+
+def unlaunched_world(env: Mapping[str, str]) -> str | None:
+    """A note when WORLD_SIZE asks for several processes in an environment no launcher made
+    (left over in the shell from an earlier job): a run waits for the others to join, for
+    as long as it is left. None for one process, or under a launcher."""
+    world = env.get("WORLD_SIZE", "")
+    if not world.isdigit() or int(world) < 2 or any(v in env for v in LAUNCHER_VARIABLES):
+        return None
+    rank = env.get("RANK", "unset")
+    rank = rank if rank.isdigit() else "not a number"
+    return (
+        f"WORLD_SIZE is {world} (RANK {rank}) in the environment, but no launcher (torchrun, "
+        f"accelerate launch, srun, mpirun, deepspeed) started this process: a run waits for "
+        f"the other {int(world) - 1} to join. To train in one process: unset WORLD_SIZE RANK "
+        "LOCAL_RANK MASTER_ADDR MASTER_PORT"
     )

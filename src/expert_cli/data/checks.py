@@ -9,13 +9,14 @@ writing), and the machine.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from expert_cli.config import load_manifest
-from expert_cli.config.environment import probe_environment
+from expert_cli.config.environment import probe_environment, unlaunched_world
 from expert_cli.config.refs import windows_note
 from expert_cli.config.resolve import ResolvedConfig, resolve
 from expert_cli.data.build import (
@@ -83,6 +84,8 @@ def check_manifest(
     report.manifest.update(name=m.name, version=m.version, schema_version=m.schema_version)
     report.config = resolved.model_dump(mode="json", exclude={"notes"})
     report.notes = resolved.notes
+    if note := unlaunched_world(os.environ):  # train would wait for processes never started
+        report.notes = [*report.notes, note]
     statuses = hub_status(hub_refs(resolved))
     report.hub = [s.to_dict() for s in statuses]
     report.downloads = [line for s in statuses if (line := _download_line(s))]

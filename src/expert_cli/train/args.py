@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ from transformers import TrainingArguments
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
+from expert_cli.train.callbacks import HANGUP
 
 
 def training_args_kwargs(
@@ -171,3 +175,30 @@ def planned_steps(
     batches = math.ceil(n_rows / (resolved.batch_size * world_size))
     per_epoch = max(1, math.ceil(batches / resolved.gradient_accumulation_steps))
     return math.ceil(per_epoch * resolved.epochs)
+
+
+def joined(kwargs: dict[str, Any]) -> TrainingArguments:
+    """`TrainingArguments(**kwargs)`, which, for several processes, waits there for all of
+    them to join (the rendezvous). While it waits, Ctrl-C, SIGTERM and SIGHUP end the
+    process at once (a Python handler runs only when the wait is over: the process was deaf
+    to them, for ever where the others were never started); a launch without MASTER_ADDR is
+    named, where accelerate's ValueError was a traceback."""
+    world = os.environ.get("WORLD_SIZE", "")
+    several = world.isdigit() and int(world) > 1
+    held: dict[int, Any] = {}
+    if several and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, *HANGUP):
+            held[sig] = signal.signal(sig, signal.SIG_DFL)
+    try:
+        return TrainingArguments(**kwargs)
+    except ValueError as exc:
+        if not several or "MASTER_ADDR" not in str(exc):
+            raise
+        raise UserError(
+            f"WORLD_SIZE is {world} in the environment, but MASTER_ADDR is not: start the run "
+            "with torchrun (or accelerate launch), or, to train in one process, unset "
+            "WORLD_SIZE RANK LOCAL_RANK"
+        ) from None
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)

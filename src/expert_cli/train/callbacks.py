@@ -127,6 +127,9 @@ def earlier_records(path: Path, resumed_from: str | None) -> dict[str, list[dict
     }
 
 
+HANGUP = (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()  # not on Windows
+
+
 class Interrupt:
     """SIGINT/SIGTERM set a flag; training stops with a checkpoint at the next step end.
 
@@ -135,7 +138,9 @@ class Interrupt:
     process).
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    # SIGHUP: the terminal closed (an ssh session dropped), the usual end of a run started
+    # by hand; it ended the process at once, losing the steps since the last checkpoint
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, *HANGUP)
 
     def __init__(self, heard: Callable[[str], None] | None = None) -> None:
         self.signum: int | None = None
@@ -169,21 +174,23 @@ class Interrupt:
 
 @contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises Terminated in the main thread, as SIGINT raises KeyboardInterrupt, so
+    """SIGTERM (and SIGHUP) raise Terminated in the main thread, as SIGINT raises
+    KeyboardInterrupt, so
     that what a command does on its way out runs (its default ends the process where it
     stands). Elsewhere than the main thread, nothing changes."""
 
     def stop(signum: int, frame: Any) -> None:
-        raise Terminated
+        raise Terminated(128 + signum)
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, *HANGUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class InterruptCallback(TrainerCallback):

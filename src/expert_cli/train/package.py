@@ -349,7 +349,7 @@ def build_package(
             f"{shown_path(path)} and its {CHECKSUM_SUFFIX} were written in full before it"
             if staged.in_place
             else f"before the package was in place: nothing written to {shown_path(path)}",
-            143 if isinstance(exc, Terminated) else 130,
+            exc.code if isinstance(exc, Terminated) else 130,
         ) from None
     report.path, report.checksum_file, report.notes = path, checksum, notes + report.notes
     return report

@@ -13,11 +13,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from transformers import PrinterCallback, TrainerCallback, TrainingArguments
+from transformers import PrinterCallback, TrainerCallback
 from transformers.utils import logging as hf_logging
 
 from expert_cli.config import load_manifest
-from expert_cli.config.environment import probe_environment
+from expert_cli.config.environment import probe_environment, unlaunched_world
 from expert_cli.config.kernels import BOUNDARY_KERNELS
 from expert_cli.config.resolve import data_folder_holding, resolve
 from expert_cli.data import PreparedData, prepare_data
@@ -31,7 +31,7 @@ from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.adapter import start_problem
 from expert_cli.train.architecture import cache_id_problem, untrained_tokens_note
-from expert_cli.train.args import planned_steps, training_args_kwargs
+from expert_cli.train.args import joined, planned_steps, training_args_kwargs
 from expert_cli.train.batch import plan_batch
 from expert_cli.train.callbacks import (
     AdaLoraCallback,
@@ -109,7 +109,9 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     kwargs = training_args_kwargs(
         resolved, output / "checkpoints", max_steps=max_steps, on_gpu=env.has_gpu
     )
-    args = TrainingArguments(**kwargs)
+    if (note := unlaunched_world(os.environ)) is not None:
+        reporter.note(note)
+    args = joined(kwargs)
     run = Run(resolved=resolved, args=args, output=output, reporter=reporter, source=loaded.raw)
     run.runtime["overrides"] = list(opts.overrides)  # the --set values, not in manifest.source.json
     run.runtime[MAX_STEPS_KEY] = max_steps

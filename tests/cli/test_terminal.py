@@ -1,0 +1,124 @@
+"""The environment and terminal a run meets: a terminal that hangs up (SIGHUP), a pipe whose
+reader leaves, a closed stderr, output that takes ASCII alone, a WORLD_SIZE left in the
+shell. Each lost work or ended in a traceback (found by a red-team pass, 2026-11-28)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from train_helpers import ROOT, cli_env, read_metrics, run_cli, write_expert
+
+STEPS = 40
+
+
+def _start(*args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "expert_cli.cli", *args],
+        text=True,
+        env={**cli_env(), "COLUMNS": "200", **(env or {})},
+        cwd=ROOT,
+        **popen,
+    )
+
+
+def _wait_for_step(out: Path, proc: subprocess.Popen, step: int) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if read_metrics(out)["windows"][-1]["step"] >= step:
+                return
+        except (FileNotFoundError, json.JSONDecodeError, IndexError, KeyError):
+            pass
+        time.sleep(0.02)
+    raise AssertionError("the run did not reach the step")
+
+
+@pytest.mark.slow
+def test_a_terminal_that_hangs_up_saves_a_checkpoint(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """SIGHUP (an ssh session dropped) ended the run at once, exit 129: the steps since the
+    last checkpoint lost, metrics.json left "running". It stops as SIGTERM does."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48)
+    out = tmp_path / "run"
+    args = ("train", "-m", str(manifest), "--output", str(out), "--max-steps", str(STEPS))
+    proc = _start(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for_step(out, proc, 3)
+    proc.send_signal(signal.SIGHUP)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 129, stdout + stderr
+    summary = read_metrics(out)["summary"]
+    assert summary["status"] == "interrupted"
+    assert (out / "checkpoints" / f"checkpoint-{summary['steps']}").is_dir()
+    assert "SIGHUP: stopping at the end of this optimizer step" in " ".join(stdout.split())
+
+
+@pytest.mark.slow
+def test_a_reader_that_leaves_stops_the_printing_not_the_run(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`train ... | head`: rich's answer to the broken pipe was a silent exit 1, the steps
+    since the last checkpoint lost."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48)
+    out = tmp_path / "run"
+    args = ("train", "-m", str(manifest), "--output", str(out), "--max-steps", str(STEPS))
+    proc = _start(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    _wait_for_step(out, proc, 2)
+    proc.stdout.close()  # the reader is gone: the next line printed meets a broken pipe
+    stderr = proc.stderr.read() if proc.stderr else ""
+    proc.wait(timeout=180)
+    assert proc.returncode == 0, stderr
+    assert "note: standard output cannot be written (Broken pipe)" in stderr
+    assert read_metrics(out)["summary"]["status"] == "completed"
+    assert read_metrics(out)["summary"]["steps"] == STEPS
+
+
+def test_a_closed_stderr_and_ascii_output(tmp_path: Path) -> None:
+    """check with stderr closed (its progress bar's write, EBADF) exited 1 with no output;
+    with output that takes ASCII alone, a path holding é was a UnicodeEncodeError traceback."""
+    folder = tmp_path / "dé"
+    shutil.copytree(ROOT / "experts" / "demo", folder, ignore=shutil.ignore_patterns(".cache"))
+    manifest = str(folder / "manifest.json")
+    proc = _start("check", "-m", manifest, stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2))
+    stdout, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0 and stdout.rstrip().endswith("manifest is usable"), stdout
+    done = run_cli("check", "-m", manifest, env={"PYTHONIOENCODING": "ascii"})
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert "d\\xe9" in done.stdout and done.stdout.rstrip().endswith("manifest is usable")
+
+
+def test_a_world_size_left_in_the_shell(tmp_path: Path) -> None:
+    """WORLD_SIZE=2 RANK=0 left over: train waited for ever for a process never started,
+    deaf to SIGTERM (the wait is inside the rendezvous), or, without MASTER_ADDR, ended in
+    accelerate's traceback; check said usable."""
+    manifest = str(ROOT / "experts" / "demo" / "manifest.json")
+    world = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    checked = run_cli("check", "-m", manifest, "--json", env=world)
+    notes = json.loads(checked.stdout)["notes"]
+    assert any(
+        n.startswith("WORLD_SIZE is 2 (RANK 0) in the environment, but no launcher") for n in notes
+    )
+    out = tmp_path / "run"
+    done = run_cli("train", "-m", manifest, "--output", str(out), env=world)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert "WORLD_SIZE is 2 in the environment, but MASTER_ADDR is not" in said
+    waiting = {**world, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}
+    args = ("train", "-m", manifest, "--output", str(out))
+    proc = _start(*args, env=waiting, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the note comes before the wait
+        if "a run waits for the other 1 to join" in line:
+            break
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)  # ended at once, where it was deaf to it
+    assert proc.returncode == -signal.SIGTERM
+    assert not out.exists()
