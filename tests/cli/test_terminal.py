@@ -122,3 +122,27 @@ def test_a_world_size_left_in_the_shell(tmp_path: Path) -> None:
     proc.wait(timeout=30)  # ended at once, where it was deaf to it
     assert proc.returncode == -signal.SIGTERM
     assert not out.exists()
+
+
+def test_a_piped_check_keeps_whole_values(tmp_path: Path) -> None:
+    """At 80 columns (a pipe, a log file) the resolved table cut paths with "…"."""
+    folder = tmp_path / ("a_rather_long_folder_name_for_experiments" * 2) / "demo"
+    shutil.copytree(ROOT / "experts" / "demo", folder, ignore=shutil.ignore_patterns(".cache"))
+    done = run_cli("check", "-m", str(folder / "manifest.json"), env={"COLUMNS": "80"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "…" not in done.stdout
+    rows = [line for line in done.stdout.splitlines() if line.startswith("│")]
+    start = next(i for i, row in enumerate(rows) if "manifest_path" in row)
+    cells = [row.split("│")[2].strip() for row in rows[start : start + 6]]
+    assert str(folder / "manifest.json") in "".join(cells)
+
+
+def test_library_chatter_is_kept_off_the_console(capsys, monkeypatch) -> None:
+    """matplotlib's lines about its cache folder (HOME or MPLCONFIGDIR not writable) reached
+    the console of train; training.png is drawn all the same."""
+    import logging
+
+    from train_helpers import run_main
+
+    run_main(capsys, monkeypatch, "--version")
+    assert logging.getLogger("matplotlib").getEffectiveLevel() == logging.ERROR

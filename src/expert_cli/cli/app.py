@@ -130,6 +130,9 @@ QUIET_LOGGERS = (
     # "MatMul8bitLt: inputs will be cast ... to float16" at every int8 matmul (tens of
     # thousands of lines an evaluation of Qwen3-0.6B); its only message
     "bitsandbytes.autograd._functions",
+    # where it keeps its font cache when HOME or MPLCONFIGDIR cannot be written (training.png
+    # is drawn all the same)
+    "matplotlib",
 )
 # transformers' advice no user of expert-cli can act on: batches are built here (packed rows
 # kept apart by the checked attention, padding out of the loss), and every model without a
@@ -181,6 +184,8 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False but the target")
     # warmup_stable_decay given num_stable_steps (the Trainer always passes the step count too)
     warnings.filterwarnings("ignore", message="Both num_training_steps and num_stable_steps")
+    # accelerate choosing CPU threads for a process of several (torchrun sets them itself)
+    warnings.filterwarnings("ignore", message="OMP_NUM_THREADS/MKL_NUM_THREADS unset")
     for stream in (sys.stdout, sys.stderr):  # output that takes ASCII alone (an uncoerced C
         # locale, PYTHONIOENCODING=ascii): a path's é was a UnicodeEncodeError traceback
         with contextlib.suppress(AttributeError, ValueError):

@@ -154,7 +154,7 @@ def render_settings(as_json: bool) -> None:
 def render_report(report: CheckReport) -> None:
     """The report as rich tables: manifest, resolved configuration, environment, decisions,
     downloads, problems, and the verdict."""
-    from rich.table import Table
+    from rich.table import Column, Table
 
     from expert_cli.cli.render import console as make_console
     from expert_cli.cli.render import one_line, plain
@@ -171,13 +171,16 @@ def render_report(report: CheckReport) -> None:
     else:  # the manifest did not load: the problems below say why
         console.print(shown_path(man["path"]), markup=False, style="bold")
     if report.config:
-        table = Table("setting", "value", title="resolved configuration", show_lines=False)
+        # values fold onto more lines, never cut with "…": a log of a piped check (80
+        # columns) kept the paths only in part
+        value = Column("value", overflow="fold")
+        table = Table("setting", value, title="resolved configuration", show_lines=False)
         for key, value in report.config.items():
             if key in ("train_sources", "validation_sources"):
                 value = ", ".join(shown_path(s["location"]) for s in value) or "-"
             table.add_row(key, plain(shown_path(str(value), 400)))
         console.print(table)
-        env = Table("environment", "value")
+        env = Table("environment", Column("value", overflow="fold"))
         for key, value in report.environment.items():
             if key != "packages":
                 env.add_row(key, plain(value))
