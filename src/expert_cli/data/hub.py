@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from huggingface_hub import try_to_load_from_cache
+
 from expert_cli.config.loading import load_manifest
 from expert_cli.config.resolve import (
     ResolvedConfig,
@@ -27,7 +29,6 @@ from expert_cli.config.resolve import (
     resolve_sources,
 )
 from expert_cli.data.discovery import default_roots, files_under, size_once
-from expert_cli.data.model_files import snapshot
 from expert_cli.data.rows import missing_sources
 from expert_cli.errors import RunError, UserError
 
@@ -114,6 +115,19 @@ def cached(ref: HubRef, roots: dict[str, Path] | None = None) -> tuple[Path, int
         if files:
             return arrow, size_once([p for p in arrow.rglob("*") if p.is_file()])
     return None
+
+
+def snapshot(repo: str, revision: str | None, hub: Path | None = None) -> Path | None:
+    """The folder of `repo`'s cached snapshot at `revision` (main) in the hub cache `hub`
+    (the default's), as the hub library finds it offline (refs/main, then the snapshot
+    holding config.json); None when none is (a ref to a snapshot not there, no refs)."""
+    try:
+        found = try_to_load_from_cache(
+            repo, "config.json", cache_dir=hub or default_roots()["hub"], revision=revision
+        )
+    except ValueError:  # not a hub id (a local path that is not there): said elsewhere
+        return None
+    return Path(found).parent if isinstance(found, str) else None
 
 
 def _holds_bytes(snapshot: Path) -> bool:

@@ -24,10 +24,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
-from huggingface_hub import try_to_load_from_cache
 from transformers import GenerationConfig
 
-from expert_cli.data.discovery import default_roots
+from expert_cli.data.hub import snapshot
 from expert_cli.paths import shown_path
 from expert_cli.weights import safetensors_problem, shown_tensor, tensor_shapes
 
@@ -50,19 +49,6 @@ def base_file_problems(base_model: str, kind: str, revision: str | None = None) 
         return []
     lines = weights_problems(folder) + _other_files(folder) + _generation_config_problems(folder)
     return [f"base model {shown_path(base_model)}: {line}" for line in lines]
-
-
-def snapshot(repo: str, revision: str | None, hub: Path | None = None) -> Path | None:
-    """The folder of `repo`'s cached snapshot at `revision` (main) in the hub cache `hub`
-    (the default's), as the hub library finds it offline (refs/main, then the snapshot
-    holding config.json); None when none is (a ref to a snapshot not there, no refs)."""
-    try:
-        found = try_to_load_from_cache(
-            repo, "config.json", cache_dir=hub or default_roots()["hub"], revision=revision
-        )
-    except ValueError:  # not a hub id (a local path that is not there): said elsewhere
-        return None
-    return Path(found).parent if isinstance(found, str) else None
 
 
 def weights_problems(folder: Path) -> list[str]:
