@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 NAME_MAX = 255  # bytes in one file name on Linux and macOS file systems
+HANGUP = (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()  # not on Windows
 
 
 def temporary_path(dest: Path) -> Path:
@@ -59,7 +60,7 @@ class Staged:
 @contextmanager
 def atomic_files(dests: list[Path]) -> Iterator[Staged]:
     """Temporary paths beside each of `dests` (`Staged.paths`); when the block ends they are
-    renamed into place with SIGINT and SIGTERM held until the last one is, so an interrupt
+    renamed into place with SIGINT, SIGTERM and SIGHUP held until the last one is, so an interrupt
     never leaves one without the others (a package beside a checksum of another). A signal
     that came meanwhile is raised after, with `in_place` set. All removed if the block fails."""
     staged = Staged([temporary_path(dest) for dest in dests])
@@ -77,7 +78,7 @@ def atomic_files(dests: list[Path]) -> Iterator[Staged]:
 
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block ends (renames that must not stop half way);
+    """SIGINT, SIGTERM and SIGHUP wait until the block ends (renames that must not stop half way);
     one that came meanwhile is raised then, to the handlers from before. Python's handlers,
     not a signal mask: the kernel gives a process's signal to any of its threads (torch's,
     the tokenizers library's) that does not block it, and Python runs the handler in the
@@ -87,8 +88,9 @@ def signals_held() -> Iterator[None]:
         return
     came: list[int] = []
     previous = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(signum) is not None:  # None: set outside Python, cannot be put back
+    for signum in (signal.SIGINT, signal.SIGTERM, *HANGUP):
+        # None: set outside Python, cannot be put back; SIG_IGN: ignored all along (nohup)
+        if signal.getsignal(signum) not in (None, signal.SIG_IGN):
             previous[signum] = signal.signal(signum, lambda got, frame: came.append(got))
     try:
         yield

@@ -152,7 +152,8 @@ def test_weights_cut_short_are_named_by_check_and_train(
     manifest = write_expert(tmp_path / "e", model, rows=8)
     expected = "model.safetensors is damaged (its header does not match its size)"
     code, stdout, _ = run_main(capsys, monkeypatch, "check", "-m", str(manifest), "--json")
-    assert code == 2 and json.loads(stdout)["problems"] == [f"base model: {model}: {expected}"]
+    said = f"base model {model}: {expected}; download or copy it again"  # check says as train
+    assert code == 2 and json.loads(stdout)["problems"] == [said]
     out = tmp_path / "e" / "out"
     code, _, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(out))
     assert code == 2

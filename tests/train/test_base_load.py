@@ -52,7 +52,7 @@ def test_train_refuses_a_base_its_files_do_not_fill(
     assert code == 2, out + err
     assert "Traceback" not in err
     assert f"base model {base}: {expected}" in said
-    assert "Use the config.json the weights were saved with" in said
+    assert "Use the config.json" in said and "the weights were saved with" in said
     assert not (tmp_path / "expert" / "output").exists()
 
 
@@ -82,3 +82,11 @@ def test_weights_problem_reads_the_loaders_account() -> None:
     shape = weights_problem("b", {"mismatched_keys": {("w", (2, 3), (2, 4))}})
     assert shape is not None and "a weight has another shape" in shape
     assert "(w: [2, 3] in the files, [2, 4] by the config)" in shape
+
+
+def test_names_from_the_files_are_shown_only_when_they_look_like_names() -> None:
+    from expert_cli.train.base_load import _named
+
+    assert _named(["\x1b[2J" + "A" * 300, "model.norm.weight"]) == (
+        "2 weights (<a 304-character name>, model.norm.weight)"
+    )

@@ -45,7 +45,9 @@ def test_a_signal_between_the_renames_waits_for_the_last(monkeypatch, tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # no .tmp- left
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+)
 def test_an_interrupt_as_the_package_is_put_in_place_says_it_is_complete(
     monkeypatch, tmp_path: Path, signum: int, code: int
 ) -> None:
@@ -89,3 +91,22 @@ def test_an_interrupt_while_the_result_is_shown_says_the_package_is_complete(
     said = " ".join(done.stderr.split())
     assert f"interrupted: {target} and its .sha256 were written in full before it" in said
     assert target.is_file() and target.with_name("x.expert.sha256").is_file()
+
+
+def test_a_signal_ignored_from_the_start_stays_ignored(tmp_path: Path) -> None:
+    """Under `nohup` SIGHUP is ignored from the start: the run is meant to outlive its
+    terminal. Neither the training loop's handlers nor the held renames take it over."""
+    from expert_cli.train.callbacks import Interrupt, sigterm_raises
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with Interrupt() as interrupt, sigterm_raises():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert interrupt.signum is None
+        with atomic_files([tmp_path / "a"]) as staged:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            staged.paths[0].write_text("x")
+        assert (tmp_path / "a").read_text() == "x"
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -228,3 +228,19 @@ def test_a_4bit_config_over_full_weights_is_named(
         f"base model {base}: its config.json says its weights are stored in 4-bit "
         "(bitsandbytes), but its weights files hold full-precision weights"
     ) in said
+
+
+def test_an_older_bitsandbytes_config_without_its_method_is_read_as_bitsandbytes() -> None:
+    """transformers reads load_in_4bit / load_in_8bit alone as bitsandbytes: it was refused
+    as "another method"."""
+    from types import SimpleNamespace
+
+    from expert_cli.train.architecture import stored_quantization_problem
+
+    for fields, kind in (({"load_in_8bit": True}, "int8"), ({"load_in_4bit": True}, "int4")):
+        config = SimpleNamespace(quantization_config=fields)
+        matching = SimpleNamespace(init="pretrained", quantization=kind, base_model="b")
+        assert stored_quantization_problem(matching, config) is None
+        other = SimpleNamespace(init="pretrained", quantization="none", base_model="b")
+        problem = stored_quantization_problem(other, config)
+        assert problem is not None and f'set it to "{kind}"' in problem

@@ -89,7 +89,10 @@ class SafeConsole(Console):
         file = sys.stderr if stream == "stderr" else sys.stdout
         with suppress(OSError, ValueError):  # later writes (logging, the flush at exit) go
             devnull = os.open(os.devnull, os.O_WRONLY)  # nowhere instead of failing
-            os.dup2(devnull, file.fileno())
+            try:
+                os.dup2(devnull, file.fileno())
+            finally:
+                os.close(devnull)
         other = "stdout" if stream == "stderr" else "stderr"
         if other not in OUTPUT.lost:
             console(stderr=other == "stderr").print(

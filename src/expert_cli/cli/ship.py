@@ -166,6 +166,7 @@ def package(
     import json
 
     from expert_cli.errors import Interrupted, Terminated
+    from expert_cli.paths import shown_path
     from expert_cli.train.callbacks import sigterm_raises
     from expert_cli.train.package import build_package
 
@@ -178,7 +179,7 @@ def package(
             render_package(report, "wrote")
         except (KeyboardInterrupt, Terminated) as exc:
             raise Interrupted(
-                f"{report.path} and its .sha256 were written in full before it",
+                f"{shown_path(report.path)} and its .sha256 were written in full before it",
                 exc.code if isinstance(exc, Terminated) else 130,
             ) from None
 

@@ -119,8 +119,9 @@ def cached(ref: HubRef, roots: dict[str, Path] | None = None) -> tuple[Path, int
 
 def snapshot(repo: str, revision: str | None, hub: Path | None = None) -> Path | None:
     """The folder of `repo`'s cached snapshot at `revision` (main) in the hub cache `hub`
-    (the default's), as the hub library finds it offline (refs/main, then the snapshot
-    holding config.json); None when none is (a ref to a snapshot not there, no refs)."""
+    (the default's), as the hub library finds it offline: through refs/ (or a commit hash
+    given), the snapshot holding config.json; None when none is (a ref to a snapshot not
+    there, no refs)."""
     try:
         found = try_to_load_from_cache(
             repo, "config.json", cache_dir=hub or default_roots()["hub"], revision=revision

@@ -7,7 +7,6 @@ transformers reads a folder's weights from `model.safetensors`, else the index o
 (`model.safetensors.index.json`), else `pytorch_model.bin` or its index, in that order. What
 stopped a load with a traceback, or only after the data was tokenized: a shard the index names
 that is missing, shards without their index, an index that is not JSON or not an index, an
-index placing tensors in a shard that does not hold them (their weights started random), an
 index naming a file outside the folder, GGUF weights alone, a Git LFS pointer in place of a
 file (a `git clone` without LFS), a zip-format `.bin` cut short, and a generation_config.json
 that transformers refuses. A file's contents are never quoted: a name read from the index is
@@ -26,9 +25,9 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from expert_cli.data.hub import snapshot
+from expert_cli.data.hub import offline, snapshot
 from expert_cli.paths import shown_path
-from expert_cli.weights import safetensors_problem, shown_tensor, tensor_shapes
+from expert_cli.weights import safetensors_problem
 
 SAFE, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
 BIN, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
@@ -38,6 +37,24 @@ INDEX_MOST = 64 << 20  # bytes: a 1,000-shard index of a large model is a few MB
 SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
 FILE_NAME = re.compile(r"[\w.\-]{1,200}", re.ASCII)
 SHOWN = 2  # names a line shows
+# the files besides the weights that the model, its tokenizer and its generation settings are
+# read from (and remote code, *.py)
+READ_FILES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tokenizer.model",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "chat_template.jinja",
+        "chat_template.json",
+    }
+)
 
 
 def base_file_problems(base_model: str, kind: str, revision: str | None = None) -> list[str]:
@@ -47,21 +64,28 @@ def base_file_problems(base_model: str, kind: str, revision: str | None = None) 
     folder = Path(base_model) if kind == "local" else snapshot(base_model, revision)
     if folder is None or not folder.is_dir():
         return []
-    lines = weights_problems(folder) + _other_files(folder) + _generation_config_problems(folder)
+    # a hub snapshot with the hub on: what is not there yet is downloaded as the model loads
+    # (the tokenizer's download leaves a snapshot of config and tokenizer alone), so only
+    # files that are there are judged
+    whole = kind == "local" or offline()
+    lines = weights_problems(folder, whole) + _other_files(folder, whole)
+    lines += _generation_config_problems(folder)
     return [f"base model {shown_path(base_model)}: {line}" for line in lines]
 
 
-def weights_problems(folder: Path) -> list[str]:
-    """What stops the weights in `folder` loading, a line each (none when they load)."""
+def weights_problems(folder: Path, whole: bool = True) -> list[str]:
+    """What stops the weights in `folder` loading, a line each (none when they load); files
+    that are not there are judged only where the folder must be `whole` (nothing will be
+    downloaded into it)."""
     for name in (SAFE, SAFE_INDEX, BIN, BIN_INDEX):
         path = folder / name
         if path.is_file():
             if name.endswith(".json"):
-                return _index_problems(folder, name)
+                return _index_problems(folder, name, whole)
             return [problem] if (problem := file_problem(path)) else []
-        if path.is_symlink():  # a hub snapshot's link to a blob that is not there
+        if path.is_symlink() and whole:  # a hub snapshot's link to a blob that is not there
             return [f"{name} is a link to a file that is not there (a download not finished?)"]
-    return [_no_weights(folder)]
+    return [_no_weights(folder)] if whole else []
 
 
 def file_problem(path: Path) -> str | None:
@@ -96,9 +120,10 @@ def file_problem(path: Path) -> str | None:
     return None  # torch's legacy format: read when loaded
 
 
-def _index_problems(folder: Path, name: str) -> list[str]:
-    """An index that is JSON mapping tensor names to files in `folder` that are there and
-    whole, each holding the tensors the index places in it (read from its header)."""
+def _index_problems(folder: Path, name: str, whole: bool) -> list[str]:
+    """An index that is JSON mapping tensor names to files in `folder` that are there (where
+    it must be `whole`) and undamaged. Which shard holds which tensor is not judged:
+    transformers reads the names from the shards themselves (a stale entry loads)."""
     index = folder / name
     weight_map = _weight_map(index)
     if isinstance(weight_map, str):
@@ -109,15 +134,13 @@ def _index_problems(folder: Path, name: str) -> list[str]:
     if outside:
         return [f"{name}: names a file outside the model's folder ({_shown_files(outside)})"]
     missing = [f for f in files if not (folder / f).is_file()]
-    if missing:
+    if missing and whole:
         are = "is" if len(missing) == 1 else "are"
         shown = _shown_files(missing)
         problems.append(f"{name}: names {_count(missing, 'file')} that {are} not there ({shown})")
     for file in (f for f in files if f not in missing):
         if problem := file_problem(folder / file):
             problems.append(problem)
-        elif file.endswith(".safetensors"):
-            problems += _misplaced(name, folder / file, weight_map)
     return problems
 
 
@@ -140,31 +163,17 @@ def _weight_map(index: Path) -> dict[str, str] | str:
     return weight_map
 
 
-def _misplaced(name: str, shard: Path, weight_map: dict[str, str]) -> list[str]:
-    """The tensors the index places in `shard` that its header does not hold."""
-    held = tensor_shapes(shard)
-    if held is None:
-        return []
-    wrong = sorted(t for t, f in weight_map.items() if f == shard.name and t not in held)
-    if not wrong:
-        return []
-    shown = ", ".join(shown_tensor(t) for t in wrong[:SHOWN]) + (
-        ", ..." if len(wrong) > SHOWN else ""
-    )
-    return [
-        f"{name}: places {_count(wrong, 'tensor')} in {_shown_files([shard.name])} that it does "
-        f"not hold ({shown}); download the index and its shards again"
-    ]
-
-
-def _other_files(folder: Path) -> list[str]:
-    """The folder's other files (config, tokenizer) that are links to nothing (a hub blob
-    deleted) or Git LFS pointers: the tokenizer was said to be damaged (JSONDecodeError)."""
+def _other_files(folder: Path, whole: bool) -> list[str]:
+    """The configuration, tokenizer and remote-code files that are links to nothing (a hub
+    blob deleted) or Git LFS pointers: the tokenizer was said to be damaged
+    (JSONDecodeError). Files nothing here reads (another framework's weights) are not."""
     problems = []
     for path in sorted(folder.iterdir()):
-        if path.name in (SAFE, SAFE_INDEX, BIN, BIN_INDEX) or SHARD.fullmatch(path.name):
-            continue  # judged with the weights
+        if path.name not in READ_FILES and path.suffix != ".py":
+            continue
         if path.is_symlink() and not path.exists():
+            if not whole:
+                continue  # downloaded again as the model loads
             problems.append(f"{_shown_files([path.name])} is a link to a file that is not there")
         elif path.is_file() and path.stat().st_size <= LFS_MOST:
             problem = file_problem(path)

@@ -249,6 +249,9 @@ def stored_quantization_problem(resolved: ResolvedConfig, config: Any) -> str | 
         return None
     fields = stored if isinstance(stored, dict) else getattr(stored, "__dict__", {})
     method = str(getattr(fields.get("quant_method"), "value", fields.get("quant_method")))
+    if "quant_method" not in fields and ("load_in_4bit" in fields or "load_in_8bit" in fields):
+        method = QuantizationMethod.BITS_AND_BYTES.value  # an older config: transformers reads
+        # load_in_4bit/load_in_8bit alone as bitsandbytes
     shown = f"base model {shown_path(resolved.base_model)}"
     kind = "int4" if fields.get("load_in_4bit") else "int8" if fields.get("load_in_8bit") else ""
     if method == QuantizationMethod.BITS_AND_BYTES.value and kind:

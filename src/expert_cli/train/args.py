@@ -16,7 +16,7 @@ from transformers import TrainingArguments
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
-from expert_cli.train.callbacks import HANGUP
+from expert_cli.train.callbacks import HANGUP, heard
 
 
 def training_args_kwargs(
@@ -187,7 +187,7 @@ def joined(kwargs: dict[str, Any]) -> TrainingArguments:
     several = world.isdigit() and int(world) > 1
     held: dict[int, Any] = {}
     if several and threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM, *HANGUP):
+        for sig in heard((signal.SIGINT, signal.SIGTERM, *HANGUP)):
             held[sig] = signal.signal(sig, signal.SIG_DFL)
     try:
         return TrainingArguments(**kwargs)

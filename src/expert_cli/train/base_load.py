@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pickle
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,14 @@ from expert_cli.data.model_files import base_file_problems
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
 from expert_cli.train.memory import out_of_memory
-from expert_cli.weights import damaged_weights, weights_error
+from expert_cli.weights import damaged_weights, shown_tensor, weights_error
 
 NAMED = 2  # weights named in a line; the rest counted
 # what transformers' loader raises on files it cannot make a model of (a .bin archive cut
-# short, an index of the wrong shape, a generation_config.json out of bounds)
-LOADER_ERRORS = (RuntimeError, ValueError, AttributeError, KeyError, TypeError, EOFError)
+# short or holding other objects, a generation_config.json out of bounds); TypeError,
+# AttributeError and KeyError are left to say a bug where one is (ours, a library's, remote
+# code's)
+LOADER_ERRORS = (RuntimeError, ValueError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError)
 
 
 def load_pretrained(source: str, kwargs: dict[str, Any], notes: list[str]) -> PreTrainedModel:
@@ -48,30 +51,10 @@ def load_pretrained(source: str, kwargs: dict[str, Any], notes: list[str]) -> Pr
             model, info = AutoModelForCausalLM.from_pretrained(
                 source, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
             )
-    except OSError as exc:  # transformers' own lines: a file it looked for and did not find
-        raise UserError(f"base model {source}: cannot be loaded ({exc})") from None
-    except SafetensorError:  # a weights file cut short: name it, from its header
-        damaged = damaged_weights(Path(source)) if local else []
-        raise UserError(
-            weights_error(source, damaged or ["a .safetensors file is damaged"])
-        ) from None
-    except pickle.UnpicklingError:  # torch's weights_only refusing what is not a tensor
-        raise UserError(
-            f"base model {shown_path(source)}: its .bin weights hold objects other than "
-            "tensors, which torch does not load (weights_only); use its safetensors weights"
-        ) from None
-    except ImportError as exc:  # a library its configuration needs
-        raise UserError(
-            f"base model {shown_path(source)}: loading it needs a package that is not "
-            f"installed ({str(exc)[:200]})"
-        ) from None
-    except LOADER_ERRORS as exc:
-        if out_of_memory(exc):  # not the files: the CLI says so in one line
-            raise
-        raise UserError(
-            f"base model {shown_path(source)}: its files cannot be loaded "
-            f"({type(exc).__name__}); download or copy the model again"
-        ) from None
+    except (OSError, SafetensorError, ImportError, *LOADER_ERRORS) as exc:
+        if (error := _load_error(source, local, exc)) is None:
+            raise  # an attention kernel the model refuses (the caller tries the next), memory
+        raise error from None
     if problem := weights_problem(source, info) or _unquantized_problem(model, source):
         raise UserError(problem)
     if extra := sorted(info.get("unexpected_keys") or ()):
@@ -84,6 +67,33 @@ def load_pretrained(source: str, kwargs: dict[str, Any], notes: list[str]) -> Pr
     return model
 
 
+def _load_error(source: str, local: bool, exc: BaseException) -> UserError | None:
+    """The UserError naming what in the base's files the loader refused, by the kind of
+    error (its message can quote a file: a pickle's globals); None for what is not the
+    files: an attention kernel the model does not take, memory."""
+    shown = f"base model {shown_path(source)}"
+    said = str(exc).lower()
+    kernel = isinstance(exc, (ValueError, ImportError)) and ("attn" in said or "attention" in said)
+    if kernel or out_of_memory(exc):  # as _with_attention_fallback reads a kernel refused
+        return None
+    if isinstance(exc, SafetensorError):  # a weights file cut short: named from its header
+        damaged = damaged_weights(Path(source)) if local else []
+        return UserError(weights_error(source, damaged or ["a .safetensors file is damaged"]))
+    if isinstance(exc, pickle.UnpicklingError):  # torch's weights_only refusing an object
+        return UserError(
+            f"{shown}: its .bin weights hold objects other than tensors, which torch does not "
+            "load (weights_only); use its safetensors weights"
+        )
+    if isinstance(exc, ImportError):  # a library its configuration needs
+        return UserError(f"{shown}: loading it needs a package that is not installed ({exc})")
+    if isinstance(exc, OSError):  # transformers' own lines: a file it looked for, not found
+        return UserError(f"base model {source}: cannot be loaded ({exc})")
+    return UserError(
+        f"{shown}: its files cannot be loaded ({type(exc).__name__}); download or copy the "
+        "model again"
+    )
+
+
 def weights_problem(source: str, info: dict[str, Any]) -> str | None:
     """Why a model loaded with this loading info is not the base its files hold: weights its
     config asks for that the files lack (they would start random), or weights of another
@@ -93,7 +103,8 @@ def weights_problem(source: str, info: dict[str, Any]) -> str | None:
         return (
             f"{where}: {_named(missing)} of its config.json are not in its weights files, so "
             "they would start random. Was config.json edited (more layers, another size), or "
-            "is a weights file missing? Use the config.json the weights were saved with"
+            "is a weights file missing (or left out of the shards' index)? Use the config.json "
+            "and the files the weights were saved with"
         )
     if mismatched := sorted(info.get("mismatched_keys") or (), key=lambda m: m[0]):
         name, in_files, in_config = mismatched[0]
@@ -125,7 +136,7 @@ def _unquantized_problem(model: Any, source: str) -> str | None:
 
 def _named(names: list[str]) -> str:
     """'3 weights (a, b, ...)': a count and the first NAMED names."""
-    shown = ", ".join(names[:NAMED]) + (", ..." if len(names) > NAMED else "")
+    shown = ", ".join(shown_tensor(n) for n in names[:NAMED]) + (", ..." * (len(names) > NAMED))
     return f"{len(names)} weight{'s' if len(names) != 1 else ''} ({shown})"
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from expert_cli.atomic import write_json_atomic
+from expert_cli.atomic import HANGUP, write_json_atomic
 from expert_cli.errors import Terminated
 from expert_cli.telemetry.ops import OpCounter
 from expert_cli.telemetry.throughput import ThroughputMeter
@@ -127,7 +127,11 @@ def earlier_records(path: Path, resumed_from: str | None) -> dict[str, list[dict
     }
 
 
-HANGUP = (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()  # not on Windows
+def heard(signals: tuple[int, ...]) -> list[int]:
+    """The `signals` this process takes: not one it was started ignoring (SIGHUP under
+    `nohup`: the run is meant to outlive its terminal), nor one whose handler was set
+    outside Python (it could not be put back)."""
+    return [s for s in signals if signal.getsignal(s) not in (signal.SIG_IGN, None)]
 
 
 class Interrupt:
@@ -158,7 +162,7 @@ class Interrupt:
             )
 
     def __enter__(self) -> Interrupt:
-        for sig in self.SIGNALS:
+        for sig in heard(self.SIGNALS):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -185,7 +189,7 @@ def sigterm_raises() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, *HANGUP)}
+    previous = {sig: signal.signal(sig, stop) for sig in heard((signal.SIGTERM, *HANGUP))}
     try:
         yield
     finally:
