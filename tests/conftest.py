@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_helpers import run_main
+from train_helpers import TINY_SIZES, run_main
 
 from expert_cli.cli.app import QUIET_LOGGERS
 
@@ -81,12 +81,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir:
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = Qwen3Config(
         vocab_size=-(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **TINY_SIZES,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         bos_token_id=eos,  # Qwen has no BOS token; its configs name <|endoftext|>

@@ -26,6 +26,16 @@ SQL_ROW = (
 
 
 # what only an expert's author can give, and HiveLLM's loader needs in a package
+# the tiny decoder's sizes (2 layers, hidden 64, 4 heads of 16 over 2 key/value heads): the
+# session's tiny Qwen3 and the other architectures built like it
+TINY_SIZES: dict[str, int] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
 HIVE_METADATA: dict[str, Any] = {
     "description": "A test expert.",
     "capabilities": ["test"],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import run_main, write_expert
+from train_helpers import TINY_SIZES, run_main, write_expert
 
 from expert_cli.data.hub import HubRef, cached
 from expert_cli.data.model_files import base_file_problems
@@ -216,17 +216,8 @@ def test_a_model_the_default_kernel_does_not_serve_falls_back(
     from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma2Config
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
-    config = Gemma2Config(
-        vocab_size=4032,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+    config = Gemma2Config(vocab_size=4032, **TINY_SIZES, **ids)
     base = tmp_path / "gemma2"
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(base)
