@@ -90,3 +90,28 @@ def test_names_from_the_files_are_shown_only_when_they_look_like_names() -> None
     assert _named(["\x1b[2J" + "A" * 300, "model.norm.weight"]) == (
         "2 weights (<a 304-character name>, model.norm.weight)"
     )
+
+
+def test_generate_and_merge_say_what_the_files_held_beyond_the_config(
+    capsys, monkeypatch, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """With transformers' LOAD REPORT kept off the console, generate and merge said nothing
+    of weights in the base's files that its config has no place for."""
+    from safetensors.torch import load_file, save_file
+
+    base = _base(tiny_model_dir, tmp_path / "base")
+    manifest = write_expert(tmp_path / "e", base, config={"max_steps": 1})
+    code, out, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest))
+    assert code == 0, out + err
+    tensors = load_file(base / "model.safetensors")
+    tensors["model.extra.weight"] = tensors["model.norm.weight"].clone()
+    save_file(tensors, base / "model.safetensors", metadata={"format": "pt"})
+    run = tmp_path / "e" / "output"
+    note = "1 weight (model.extra.weight) in its weights files matches no layer of its config.json"
+    for command in (
+        ["generate", "-p", "x", "--max-new-tokens", "2"],
+        ["merge", "--output", str(tmp_path / "m")],
+    ):
+        code, out, err = run_main(capsys, monkeypatch, *command, "--adapter", str(run))
+        assert code == 0, out + err
+        assert note in " ".join((out + err).split())

@@ -59,8 +59,9 @@ def load_pretrained(source: str, kwargs: dict[str, Any], notes: list[str]) -> Pr
         raise UserError(problem)
     if extra := sorted(info.get("unexpected_keys") or ()):
         note = (
-            f"base model {shown_path(source)}: {_named(extra)} in its weights files match no "
-            "layer of its config.json; not loaded (was config.json edited?)"
+            f"base model {shown_path(source)}: {_named(extra)} in its weights files "
+            f"{'match' if len(extra) > 1 else 'matches'} no layer of its config.json; not "
+            "loaded (was config.json edited?)"
         )
         if note not in notes:  # the same files loaded again for another attention kernel
             notes.append(note)

@@ -26,7 +26,7 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import RunError, UserError
 from expert_cli.train.checkpoints import refuse_incomplete
 from expert_cli.train.eval_cases import Case, eval_budgets, eval_cases
-from expert_cli.train.merge import load_adapted, refuse_unfinished
+from expert_cli.train.merge import dequantized, load_adapted, refuse_unfinished
 from expert_cli.train.outputs import (
     SOURCE_MANIFEST,
     adapter_base,
@@ -169,7 +169,7 @@ def load_run(adapter: Path) -> LoadedRun:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else None
     tokenizer = saved_tokenizer(adapter, run_dir)
-    loaded: list[str] = []  # a base stored quantized: dequantized, said
+    loaded: list[str] = []  # how the base loaded: dequantized, weights left out
     model = load_adapted(adapter, base, dtype or torch.float32, loaded).to(device).eval()
     decoding = decoding if isinstance(decoding, dict) else {}
     record = runtime.get("data") if isinstance(runtime, dict) else None
@@ -339,7 +339,7 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
                 "--eval: this call decodes greedily (an exact match of sampled answers changes "
                 "from run to run); training.decoding's sampling applies to calls without --eval"
             )
-    notes += run.notes or base_notes(run.resolved)
+    notes += run.notes + ([] if dequantized(run.notes) else base_notes(run.resolved))
     if inherited := inherited_settings(run.model, settings):
         shown = ", ".join(f"{key} {value}" for key, value in inherited.items())
         notes.append(

@@ -34,6 +34,7 @@ from expert_cli.weights import tensor_shapes
 
 # what renaming the merged model over --output answers when files were put there meanwhile
 TAKEN = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
+STORED = "its weights are stored quantized"  # said where load_adapted dequantized them
 LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
 
 
@@ -52,7 +53,8 @@ def load_adapted(
         raise UserError(problem)
     try:
         # weights missing from the files or of another shape than the config's: a UserError
-        base = load_pretrained(base_name, {"dtype": dtype, **options}, [])
+        noted = notes if notes is not None else []  # weights the config has no place for
+        base = load_pretrained(base_name, {"dtype": dtype, **options}, noted)
     except LOAD_ERRORS as exc:
         if out_of_memory(exc):  # not the user's input: the CLI says so in one line
             raise
@@ -100,11 +102,16 @@ def _dequantized(base: Any, base_name: str, dtype: Any, notes: list[str]) -> Any
             f"be dequantized ({type(exc).__name__}); use the model's full-precision weights"
         ) from None
     notes.append(
-        f"base model {shown_path(base_name)}: its weights are stored quantized; the adapter "
+        f"base model {shown_path(base_name)}: {STORED}; the adapter "
         f"is on them dequantized to {str(to).removeprefix('torch.')} (the weights the run "
         "trained against)"
     )
     return base
+
+
+def dequantized(notes: list[str]) -> bool:
+    """Whether `load_adapted`'s notes say it dequantized a base stored quantized."""
+    return any(STORED in note for note in notes)
 
 
 def _unmatched_weights(peft_model: PeftModel, adapter: Path) -> int:
@@ -228,7 +235,7 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
     tokenizer = saved_tokenizer(adapter, run_of(adapter))  # before the model: errors first
     notes: list[str] = []
     model = merged(load_adapted(adapter, base_name, dtype, notes))
-    if quantization and not notes:  # quantized by the run from full-precision weights
+    if quantization and not dequantized(notes):  # quantized by the run from full weights
         notes.append(
             f"quantization: the run trained against {quantization} base weights; they are "
             "merged at full precision (the adapter on the unquantized base)"
