@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
-from train_helpers import window_losses, write_expert
+from train_helpers import run_main, window_losses, write_expert
 
 
 @pytest.mark.slow
@@ -112,6 +114,21 @@ def test_an_int8_run_shows_no_repeated_library_warning(
     assert "MatMul8bitLt" not in said
 
 
+def _run(capsys: Any, monkeypatch: Any, *args: str) -> tuple[int, str]:
+    """`expert-cli ARGS` in this process: its exit code and all it printed, on one line."""
+    code, out, err = run_main(capsys, monkeypatch, *args)
+    return code, " ".join((out + err).split())
+
+
+def _with_quantization_config(tiny_model_dir: Path, dest: Path, stored: dict) -> Path:
+    """A copy of the tiny base whose config.json says its weights are stored quantized."""
+    shutil.copytree(tiny_model_dir, dest)
+    config = json.loads((dest / "config.json").read_text())
+    config["quantization_config"] = stored
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest
+
+
 def _stored_4bit(tiny_model_dir: Path, dest: Path) -> Path:
     """The tiny base as a bitsandbytes 4-bit checkpoint (its config.json's
     quantization_config), as a `...-bnb-4bit` model on the hub is."""
@@ -139,16 +156,14 @@ def test_a_base_stored_in_4bit_is_trained_as_int4_and_merged_dequantized(
     the adapter on the weights dequantized, the weights the run trained against."""
     import torch
     from safetensors import safe_open
-    from train_helpers import run_main
 
     from expert_cli.train.merge import load_adapted
 
     base = _stored_4bit(tiny_model_dir, tmp_path / "bnb4")
     unset = write_expert(tmp_path / "unset", base, config={"max_steps": 2})
     for command in ("check", "train"):
-        code, out, err = run_main(capsys, monkeypatch, command, "-m", str(unset))
-        said = " ".join((out + err).split())
-        assert code == 2, out + err
+        code, said = _run(capsys, monkeypatch, command, "-m", str(unset))
+        assert code == 2, said
         assert (
             f"base model {base}: its weights are stored in 4-bit (bitsandbytes), but "
             'base_models[0].quantization is "none": set it to "int4"'
@@ -156,14 +171,13 @@ def test_a_base_stored_in_4bit_is_trained_as_int4_and_merged_dequantized(
     manifest = write_expert(
         tmp_path / "e", base, config={"max_steps": 2}, base={"quantization": "int4"}
     )
-    code, out, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest))
-    assert code == 0, out + err
+    code, said = _run(capsys, monkeypatch, "train", "-m", str(manifest))
+    assert code == 0, said
     run = tmp_path / "e" / "output"
-    code, out, err = run_main(
+    code, said = _run(
         capsys, monkeypatch, "merge", "--adapter", str(run), "--output", str(tmp_path / "m")
     )
-    said = " ".join((out + err).split())
-    assert code == 0, out + err
+    assert code == 0, said
     assert (
         "its weights are stored quantized; the adapter is on them dequantized to bfloat16" in said
     )
@@ -185,20 +199,12 @@ def test_a_base_stored_in_4bit_is_trained_as_int4_and_merged_dequantized(
 def test_weights_stored_by_another_method_are_named(
     capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    import shutil
-
-    from train_helpers import run_main
-
     for method, named in (("gptq", "gptq"), ("fp8", "fp8"), ("secret-method", "another method")):
-        base = tmp_path / method
-        shutil.copytree(tiny_model_dir, base)
-        config = json.loads((base / "config.json").read_text())
-        config["quantization_config"] = {"quant_method": method, "bits": 4}
-        (base / "config.json").write_text(json.dumps(config))
+        stored = {"quant_method": method, "bits": 4}
+        base = _with_quantization_config(tiny_model_dir, tmp_path / method, stored)
         manifest = write_expert(tmp_path / f"e-{method}", base)
-        code, out, err = run_main(capsys, monkeypatch, "check", "-m", str(manifest))
-        said = " ".join((out + err).split())
-        assert code == 2, out + err
+        code, said = _run(capsys, monkeypatch, "check", "-m", str(manifest))
+        assert code == 2, said
         assert (
             f"base model {base}: its weights are stored quantized ({named}, its config.json's "
             "quantization_config), which expert-cli does not train on"
@@ -211,19 +217,11 @@ def test_a_4bit_config_over_full_weights_is_named(
 ) -> None:
     """config.json saying bitsandbytes 4-bit over full-precision files: transformers put the
     weights in its 4-bit layers unquantized and peft failed on them (AttributeError)."""
-    import shutil
-
-    from train_helpers import run_main
-
-    base = tmp_path / "base"
-    shutil.copytree(tiny_model_dir, base)
-    config = json.loads((base / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
-    (base / "config.json").write_text(json.dumps(config))
+    stored = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    base = _with_quantization_config(tiny_model_dir, tmp_path / "base", stored)
     manifest = write_expert(tmp_path / "e", base, base={"quantization": "int4"})
-    code, out, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest))
-    said = " ".join((out + err).split())
-    assert code == 2 and "Traceback" not in err, out + err
+    code, said = _run(capsys, monkeypatch, "train", "-m", str(manifest))
+    assert code == 2 and "Traceback" not in said, said
     assert (
         f"base model {base}: its config.json says its weights are stored in 4-bit "
         "(bitsandbytes), but its weights files hold full-precision weights"

@@ -144,8 +144,8 @@ def _download_line(status: HubStatus) -> str | None:
 
 
 def _check_model(cfg: ResolvedConfig, tokenizer_problems: list[str]) -> list[str]:
-    """Problems with a local base model folder, its tokenizer's among them (a hub model is in
-    `hub_status`)."""
+    """Problems with a local base model folder, its tokenizer's among them; a hub model's
+    cached snapshot is judged on its files (whether it is cached at all is `hub_status`)."""
     where = "base model"
     pretrained = cfg.init == "pretrained"
     if cfg.base_model_kind == "hub":  # judged in its cached snapshot, where it is cached

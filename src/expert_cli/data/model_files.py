@@ -19,6 +19,7 @@ import json
 import pickle
 import re
 import zipfile
+from contextlib import suppress
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -88,19 +89,30 @@ def weights_problems(folder: Path, whole: bool = True) -> list[str]:
     return [_no_weights(folder)] if whole else []
 
 
+def _head(path: Path) -> tuple[bytes, int]:
+    """A file's first bytes (as many as an LFS pointer has at most) and its size."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        return f.read(min(size, LFS_MOST)), size
+
+
+def _lfs_pointer(path: Path, head: bytes, size: int) -> str | None:
+    if size > LFS_MOST or not head.startswith(LFS_POINTER):
+        return None
+    return (
+        f"{path.name} is a Git LFS pointer, not the file: fetch the files with "
+        "`git lfs pull` in the model's folder, or download the model again"
+    )
+
+
 def file_problem(path: Path) -> str | None:
     """Why one weights file cannot be read (a Git LFS pointer, cut short, damaged), or None."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(min(size, LFS_MOST))
+        head, size = _head(path)
     except OSError as exc:
         return f"{path.name} cannot be read ({exc.strerror})"
-    if size <= LFS_MOST and head.startswith(LFS_POINTER):
-        return (
-            f"{path.name} is a Git LFS pointer, not the file: fetch the files with "
-            "`git lfs pull` in the model's folder, or download the model again"
-        )
+    if pointer := _lfs_pointer(path, head, size):
+        return pointer
     if path.suffix == ".safetensors":
         problem = safetensors_problem(path)
         return f"{problem}; download or copy it again" if problem else None
@@ -175,10 +187,10 @@ def _other_files(folder: Path, whole: bool) -> list[str]:
             if not whole:
                 continue  # downloaded again as the model loads
             problems.append(f"{_shown_files([path.name])} is a link to a file that is not there")
-        elif path.is_file() and path.stat().st_size <= LFS_MOST:
-            problem = file_problem(path)
-            if problem and "Git LFS pointer" in problem:
-                problems.append(problem)
+        elif path.is_file():
+            with suppress(OSError):  # one that cannot be read is said as its loader reads it
+                if pointer := _lfs_pointer(path, *_head(path)):
+                    problems.append(pointer)
     return problems
 
 

@@ -21,7 +21,6 @@ from typing import Any
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from expert_cli.data.model_files import base_file_problems
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
 from expert_cli.train.memory import out_of_memory
@@ -38,12 +37,11 @@ LOADER_ERRORS = (RuntimeError, ValueError, EOFError, zipfile.BadZipFile, pickle.
 def load_pretrained(source: str, kwargs: dict[str, Any], notes: list[str]) -> PreTrainedModel:
     """`AutoModelForCausalLM.from_pretrained(source, **kwargs)` whose weights all came from
     the files at the config's shapes; a note in `notes` for weights the config has no place
-    for. Files that cannot be loaded are a UserError naming them, judged first from their
-    names and first bytes (data/model_files.py), else by the kind of error the loader raised
-    (its message can quote a file: a pickle's globals)."""
+    for. Files the loader refuses are a UserError naming them by the kind of error it raised
+    (its message can quote a file: a pickle's globals); the files are judged before, once, by
+    the caller (`base_file_problems`: train's data step, `load_adapted`), not again at each
+    attention kernel tried."""
     local = Path(source).is_dir()
-    if problems := base_file_problems(source, "local" if local else "hub", kwargs.get("revision")):
-        raise UserError(problems)
     try:
         with warnings.catch_warnings():  # a base stored quantized: its own quantization
             # applies, which the manifest's was checked to match (adapter.py)

@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 
 from expert_cli.atomic import atomic_folder
 from expert_cli.config.resolve import SourceRef, data_folder_holding
+from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.tokenizer import config_problem
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import place_problem, resolved_path, shown_path
@@ -51,6 +52,9 @@ def load_adapted(
     # errors of their own kind): named as check names it
     if problem := config_problem(base_name, options["trust_remote_code"]):
         raise UserError(problem)
+    kind = "local" if Path(base_name).is_dir() else "hub"  # a shard missing, an LFS pointer
+    if problems := base_file_problems(base_name, kind, options.get("revision")):
+        raise UserError(problems)
     try:
         # weights missing from the files or of another shape than the config's: a UserError
         noted = notes if notes is not None else []  # weights the config has no place for
