@@ -116,7 +116,8 @@ def probe_environment() -> Environment:
 
 
 # what each launcher of several processes sets in every process it starts: torchrun (and
-# accelerate launch, which uses it), DeepSpeed's launcher, Slurm's srun, MPI's mpirun
+# accelerate launch, which uses it), DeepSpeed's launcher, Slurm's srun, MPI's mpirun, a Ray
+# worker (Ray Train sets WORLD_SIZE there itself), SageMaker's training toolkit
 LAUNCHER_VARIABLES = (
     "TORCHELASTIC_RUN_ID",
     "CROSS_RANK",
@@ -124,7 +125,19 @@ LAUNCHER_VARIABLES = (
     "OMPI_COMM_WORLD_RANK",
     "PMI_RANK",
     "PMIX_RANK",
+    "RAY_RAYLET_PID",
+    "SM_CURRENT_HOST",
 )
+# Kubeflow's PyTorchJob starts one process per pod and sets only torch's own variables: a pod
+# (Kubernetes' service variables) with the whole set is taken as launched
+POD_VARIABLES = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_PORT")
+RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK")
+
+
+def _launched(env: Mapping[str, str]) -> bool:
+    if any(v in env for v in LAUNCHER_VARIABLES):
+        return True
+    return any(v in env for v in POD_VARIABLES) and all(v in env for v in RENDEZVOUS_VARIABLES)
 
 
 def unlaunched_world(env: Mapping[str, str]) -> str | None:
@@ -132,7 +145,7 @@ def unlaunched_world(env: Mapping[str, str]) -> str | None:
     (left over in the shell from an earlier job): a run waits for the others to join, for
     as long as it is left. None for one process, or under a launcher."""
     world = env.get("WORLD_SIZE", "")
-    if not world.isdigit() or int(world) < 2 or any(v in env for v in LAUNCHER_VARIABLES):
+    if not world.isdigit() or int(world) < 2 or _launched(env):
         return None
     rank = env.get("RANK", "unset")
     rank = rank if rank.isdigit() else "not a number"
