@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from expert_cli.benchmark.assessment import assess
+from expert_cli.benchmark.assessment import RunFacts, assess
 from expert_cli.benchmark.stats import (
     ACTIVE_UTIL,
     compute_stats,
@@ -58,7 +58,8 @@ def recorded(
 
 
 def run(samples: list[dict[str, Any]], data_wait: float | None = None, **kw: Any) -> dict[str, Any]:
-    return assess(compute_stats(samples, [0]), data_wait, **kw)
+    facts = RunFacts.of(data_wait, kw.pop("mfu", None), kw.pop("metrics_given", False))
+    return assess(compute_stats(samples, [0]), facts, **kw)
 
 
 def mentions(lines: list[str], text: str) -> bool:
@@ -154,7 +155,7 @@ def test_worst_gpu_wins_and_others_are_listed() -> None:
     samples = recorded([97, 98, 99, 96])
     for s in samples:
         s["gpus"].append(dict(s["gpus"][0], index=1, gpu_util=0.0))
-    a = assess(compute_stats(samples, [0, 1]), None)
+    a = assess(compute_stats(samples, [0, 1]), RunFacts())
     assert a["bottleneck"] == "healthy"
     assert [f["bottleneck"] for f in a["per_gpu"]] == ["healthy", "idle"]
     assert "GPU 1: idle" in a["evidence"]
@@ -162,7 +163,7 @@ def test_worst_gpu_wins_and_others_are_listed() -> None:
 
 def test_no_gpu_reports_cpu_and_reason() -> None:
     samples = [dict(s, gpus=[]) for s in recorded([0, 0])]
-    a = assess(compute_stats(samples, []), None, no_gpu_reason="NVML Shared Library Not Found")
+    a = assess(compute_stats(samples, []), RunFacts(), "NVML Shared Library Not Found")
     assert a["bottleneck"] == "no_gpu"
     assert a["evidence"][0] == "no NVIDIA GPU found (NVML Shared Library Not Found)"
 
@@ -230,6 +231,23 @@ def test_busy_gpu_at_low_mfu_is_gpu_bound() -> None:
     assert not mentions(a["advice"], "batch_size")  # memory is 88% used
 
 
+def test_allocator_flushes_of_the_run_are_evidence() -> None:
+    """A run at its memory limit: the allocator's cache flushes (each a GPU stall) that the
+    run's metrics count are named beside its data-wait and MFU; none, nothing said."""
+    from expert_cli.benchmark.metrics import allocator_flushes
+
+    metrics = {"windows": [{"allocator_flushes": 2}, {"allocator_flushes": 1}, {}]}
+    assert allocator_flushes(metrics) == 3
+    assert allocator_flushes({"summary": {"allocator_flushes": 7}, "windows": []}) == 7
+    assert allocator_flushes({"windows": [{"allocator_flushes": "many"}]}) is None
+    assert allocator_flushes(None) is None
+    samples = recorded([97, 98, 99, 96], mem_percent=97.0)
+    flushed = assess(compute_stats(samples, [0]), RunFacts.of(0.002, 0.08, flushes=3))
+    assert mentions(flushed["evidence"], "the CUDA allocator freed its cache 3 time(s)")
+    clean = assess(compute_stats(samples, [0]), RunFacts.of(0.002, 0.08, flushes=0))
+    assert not mentions(clean["evidence"], "allocator")
+
+
 def test_gpu_bound_with_free_memory_suggests_a_bigger_batch() -> None:
     a = run(recorded([97, 98, 99, 96], mem_percent=40.0), data_wait=0.01)
     assert a["bottleneck"] == "gpu_bound"  # data-wait known and low, MFU unknown
@@ -282,7 +300,8 @@ def h100_assessment() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     summary = report["run_metrics"]["summary"]
     phases = split_phases(samples, [0])
     active = compute_stats(samples[phases["first"] : phases["last"] + 1], [0])
-    a = assess(active, summary["data_wait_fraction"], mfu=summary["mfu"], phases=phases)
+    facts = RunFacts.of(summary["data_wait_fraction"], summary["mfu"])
+    a = assess(active, facts, phases=phases)
     return phases, active, a
 
 

@@ -135,7 +135,7 @@ def test_ranks_sum_tokens_take_the_slowest_wait_and_keep_their_own_figures() -> 
     wait, 2.5 GB): tokens/s summed, data wait of the slowest, MFU against both peaks."""
     clock = FakeClock()
     fm = FlopsModel(1_000_000, 10_000, 2, 64, 128, 1e12)
-    other = [500.0, 2.0, 300.0, 500 * 250.0, 0.5, 2.5]
+    other = [500.0, 2.0, 300.0, 500 * 250.0, 0.5, 2.5, -1.0]  # -1: no allocator count
     meter = _meter(clock, fm, world_size=2, gather=lambda v: [v, other])
     _step(meter, clock, wait=0.25, compute=0.75)
     rec = meter.close_window(1, None, None)
@@ -211,3 +211,34 @@ def test_a_failing_rank_closes_its_window_without_the_others() -> None:
     _step(meter, clock, wait=0.0, compute=1.0)
     rec = meter.close_window(1, None, None, at_last_step=True, alone=True)
     assert rec["tokens_per_s"] == pytest.approx(1000.0) and "ranks" not in rec
+
+
+def test_allocator_flushes_are_counted_per_window_and_named(monkeypatch) -> None:
+    """A run whose memory is at its limit: each of the allocator's cache flushes stalls the
+    GPU, and nothing said so (a ~5 s dip of the H100 monitor run stayed unexplained). The
+    windows count them since the meter started (the model's load before it left out), the
+    summary totals them over every process, and the end of the run names the ways out."""
+    from expert_cli.cli.train_view import window_line
+    from expert_cli.telemetry.throughput import flush_note
+
+    counter = {"n": 3}  # three flushes while the model was loaded
+    monkeypatch.setattr(ThroughputMeter, "flushes", staticmethod(lambda: counter["n"]))
+    clock = FakeClock()
+    meter = _meter(clock, world_size=2, gather=lambda values: [values, values])
+    _step(meter, clock, wait=0.0, compute=1.0)
+    assert meter.close_window(step=1, loss=2.0, lr=1e-4)["allocator_flushes"] == 0
+    counter["n"] = 5
+    _step(meter, clock, wait=0.0, compute=1.0)
+    rec = meter.close_window(step=2, loss=2.0, lr=1e-4)
+    assert rec["allocator_flushes"] == 4  # 2 on each of the two processes
+    summary = meter.summary(2, "completed")
+    assert summary["allocator_flushes"] == 4
+    note = flush_note(summary)
+    assert note is not None and "4 time(s)" in note and "expandable_segments:True" in note
+    assert window_line(rec, 10).endswith("allocator flushes 4")  # the console's window line
+    # no CUDA: no figure at all, and no note
+    monkeypatch.setattr(ThroughputMeter, "flushes", staticmethod(lambda: None))
+    meter = _meter(FakeClock())
+    _step(meter, clock, wait=0.0, compute=1.0)
+    assert "allocator_flushes" not in meter.close_window(step=1, loss=2.0, lr=1e-4)
+    assert flush_note(meter.summary(1, "completed")) is None

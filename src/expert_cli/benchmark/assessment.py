@@ -131,7 +131,19 @@ class RunFacts:
 
     data_wait: float | None = None
     mfu: float | None = None
-    metrics_given: bool = False
+    metrics_given: bool = False  # a metrics file was given or found (even one without figures)
+    flushes: int | None = None  # the CUDA allocator's cache flushes in the run
+
+    @classmethod
+    def of(
+        cls,
+        data_wait: float | None = None,
+        mfu: float | None = None,
+        metrics_given: bool = False,
+        flushes: int | None = None,
+    ) -> RunFacts:
+        """The facts, with a known data-wait counting as metrics given."""
+        return cls(data_wait, mfu, metrics_given or data_wait is not None, flushes)
 
     @property
     def waiting(self) -> bool:
@@ -153,7 +165,15 @@ class RunFacts:
         else:
             wait = "data-wait fraction unknown (no run metrics; pass --metrics)"
         mfu = [] if self.mfu is None else [f"MFU {self.mfu:.1%} of the GPU's bf16 peak"]
-        return [wait, *mfu]
+        flushes = (
+            [
+                f"the CUDA allocator freed its cache {self.flushes} time(s) to retry an "
+                "allocation (memory at its limit), a stall of the GPU each (run metrics)"
+            ]
+            if self.flushes
+            else []
+        )
+        return [wait, *mfu, *flushes]
 
 
 def _throttle(g: dict[str, Any], reasons: tuple[str, ...]) -> tuple[float, list[str]]:
@@ -270,20 +290,17 @@ def assess_gpu(
 
 def assess(
     stats: dict[str, Any],
-    data_wait: float | None,
+    run: RunFacts,
     no_gpu_reason: str | None = None,
     *,
-    mfu: float | None = None,
-    metrics_given: bool = False,
     phases: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The overall assessment: the most severe per-GPU bottleneck, its evidence and advice.
 
-    `stats` are those of the active phase when `phases` split the run; `metrics_given` says a
-    run metrics file was given or found (even if it has no data-wait fraction yet).
+    `stats` are those of the active phase when `phases` split the run; `run` what the run's
+    own metrics say (`RunFacts.of`).
     """
     host = stats["host"]
-    run = RunFacts(data_wait, mfu, metrics_given or data_wait is not None)
     if no_gpu_reason is not None:
         _, lines = _host_evidence(host, run)
         ram = _stat(host, "ram_percent", "p95")
@@ -303,8 +320,8 @@ def assess(
             evidence.append(f"GPU {other['gpu']}: {other['bottleneck']}")
     name = worst["bottleneck"]
     summary = SUMMARY[name]
-    if name == "gpu_bound" and mfu is not None:
-        summary += f" (MFU {mfu:.1%}, far below peak)"
+    if name == "gpu_bound" and run.mfu is not None:
+        summary += f" (MFU {run.mfu:.1%}, far below peak)"
     return {
         "bottleneck": name,
         "summary": summary,

@@ -96,6 +96,17 @@ def data_wait_fraction(run_metrics: dict[str, Any] | None) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def allocator_flushes(run_metrics: dict[str, Any] | None) -> int | None:
+    """The CUDA allocator's cache flushes in the run: its summary's, else its windows' sum
+    (None where the metrics have no count: no CUDA, or a run from before it was counted)."""
+    summary = (run_metrics or {}).get("summary") or {}
+    counts = [summary.get("allocator_flushes")]
+    if counts[0] is None:
+        counts = [w.get("allocator_flushes") for w in (run_metrics or {}).get("windows", [])]
+    whole = [c for c in counts if isinstance(c, int) and not isinstance(c, bool) and c >= 0]
+    return sum(whole) if whole else None
+
+
 def run_mfu(run_metrics: dict[str, Any] | None, workload: dict[str, Any] | None) -> float | None:
     """The run's MFU: its summary's, else the mean over its windows; else the workload's."""
     summary = (run_metrics or {}).get("summary") or {}

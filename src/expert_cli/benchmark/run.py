@@ -23,9 +23,10 @@ from typing import Any
 import psutil
 
 from expert_cli.atomic import write_json_atomic
-from expert_cli.benchmark.assessment import assess
+from expert_cli.benchmark.assessment import RunFacts, assess
 from expert_cli.benchmark.command import Command
 from expert_cli.benchmark.metrics import (
+    allocator_flushes,
     data_wait_fraction,
     metrics_file_problem,
     read_run_metrics,
@@ -157,14 +158,13 @@ def analyse(samples: list[dict[str, Any]], indices: list[int], ctx: Context) -> 
     active = None
     if phases is not None and phases["active"]:
         active = compute_stats(samples[phases["first"] : phases["last"] + 1], indices)
-    assessment = assess(
-        active or stats,
+    facts = RunFacts.of(
         data_wait_fraction(ctx.run_metrics),
-        ctx.no_gpu_reason,
-        mfu=run_mfu(ctx.run_metrics, ctx.workload),
-        metrics_given=ctx.metrics_given or ctx.run_metrics is not None,
-        phases=phases,
+        run_mfu(ctx.run_metrics, ctx.workload),
+        ctx.metrics_given or ctx.run_metrics is not None,
+        allocator_flushes(ctx.run_metrics),
     )
+    assessment = assess(active or stats, facts, ctx.no_gpu_reason, phases=phases)
     return {"phases": phases, "stats": stats, "active_stats": active, "assessment": assessment}
 
 

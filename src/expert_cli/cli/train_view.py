@@ -25,6 +25,7 @@ from expert_cli.data import PreparedData
 from expert_cli.data.build import drop_reasons, masking_words
 from expert_cli.data.earlier import Earlier
 from expert_cli.errors import escaped
+from expert_cli.telemetry.throughput import flush_note
 from expert_cli.train.causality import ISOLATED
 from expert_cli.train.choice import lower_loss_note
 from expert_cli.train.generate import Case, GenerateResult, Generation
@@ -155,6 +156,8 @@ def window_line(record: dict[str, Any], max_steps: int | None) -> str:
         parts.append(f"mem {record['peak_memory_gb']:.2f} GB")
     if record.get("mfu") is not None:
         parts.append(f"MFU {100 * record['mfu']:.1f}%")
+    if record.get("allocator_flushes"):
+        parts.append(f"allocator flushes {record['allocator_flushes']}")
     return "  ".join(parts)
 
 
@@ -304,6 +307,8 @@ def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None
     ship = f"expert-cli package --adapter {_quoted(str(result.output_dir))} --checkpoint best"
     if status == "completed" and (note := lower_loss_note(result.output_dir, "final", ship)):
         console.print(f"note      {note}", highlight=False, markup=False)
+    if note := flush_note(summary):
+        console.print(labelled("note", "yellow", note, WIDTH))
     picture = result.output_dir / "training.png"
     if picture.is_file():
         console.print(

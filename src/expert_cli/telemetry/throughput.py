@@ -83,8 +83,33 @@ def peak_memory_gb(reset: bool = True) -> float | None:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / KIB_PER_GIB, 3)
 
 
+def allocator_flushes() -> int | None:
+    """How often, so far in this process, PyTorch's CUDA allocator found no cached block for
+    an allocation and freed its whole cache to retry: each time waits for the GPU to go idle
+    (a stall the host cannot hide), a sign of memory at its limit. None without CUDA. Reads the
+    allocator's counters on the host: no device sync."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
+    return None
+
+
+def flush_note(summary: dict[str, Any]) -> str | None:
+    """What a run's allocator cache flushes (`summary["allocator_flushes"]`) cost, and the
+    ways out; None when there were none."""
+    flushes = summary.get("allocator_flushes") or 0
+    if flushes <= 0:
+        return None
+    return (
+        f"the CUDA allocator ran out of cached memory {flushes} time(s) and freed its cache "
+        "to retry, each a stall of the GPU: lower training.config.batch_size (or let "
+        "batch_size auto choose), or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    )
+
+
 class ThroughputMeter:
     """Counts and timings of the current logging window and of the whole run."""
+
+    flushes: Callable[[], int | None] = staticmethod(allocator_flushes)
 
     def __init__(
         self,
@@ -100,11 +125,14 @@ class ThroughputMeter:
         self.gather = gather
         self.clock, self.sync, self.memory = clock, sync, memory
         self.started = clock()
+        self._flushes_at_start = self.flushes() or 0  # the model's load and probes before it
         self.windows: list[dict[str, Any]] = []
         self.totals = dict.fromkeys(WINDOW_KEYS, 0.0)
         self.rank_totals: list[dict[str, float]] = []  # per rank, over the closed windows
         self.seconds = 0.0  # wall time of the closed windows
         self.steps = 0  # optimizer steps this process ran (a resumed run's earlier ones excluded)
+        self.flushed = 0  # allocator cache flushes over the closed windows, every process
+        self._flushes_seen: int | None = None
         self._window_start: float | None = None
         self._reset_window()
 
@@ -139,9 +167,18 @@ class ThroughputMeter:
         """This window's counts and peak memory of every process, in rank order (this
         process's only when `alone`)."""
         values = [self.win[k] for k in WINDOW_KEYS] + [NO_MEMORY if memory is None else memory]
+        values.append(self._new_flushes())
         several = self.gather is not None and self.world_size > 1 and not alone
         rows = self.gather(values) if several and self.gather else [values]
-        return [dict(zip((*WINDOW_KEYS, "memory"), row, strict=True)) for row in rows]
+        return [dict(zip((*WINDOW_KEYS, "memory", "flushes"), row, strict=True)) for row in rows]
+
+    def _new_flushes(self) -> float:
+        """This process's allocator cache flushes since the last window (-1: not known)."""
+        now = self.flushes()
+        if now is None:
+            return NO_MEMORY
+        before, self._flushes_seen = self._flushes_seen, now
+        return float(now - (before if before is not None else self._flushes_at_start))
 
     def _mfu(self, tokens: float, attended: float, seconds: float, devices: int) -> float | None:
         """MFU of `tokens` counted on `devices` processes, against the sum of their peaks."""
@@ -183,6 +220,9 @@ class ThroughputMeter:
             "seconds": round(seconds, 3),
             "time": round(now - self.started, 3),
         }
+        if all(r["flushes"] != NO_MEMORY for r in ranks):
+            record["allocator_flushes"] = int(sum(r["flushes"] for r in ranks))
+            self.flushed += record["allocator_flushes"]
         if len(ranks) > 1:
             record["ranks"] = [_rank_figures(i, r, seconds) for i, r in enumerate(ranks)]
         if len(self.rank_totals) != len(ranks):  # the first window (ranks never change in a run)
@@ -218,6 +258,7 @@ class ThroughputMeter:
             "trained_tokens": int(t["trained"]),
             "final_loss": losses[-1] if losses else None,
             "status": status,
+            **({"allocator_flushes": self.flushed} if self.flushed else {}),
             **(
                 {"ranks": [_rank_figures(i, r, seconds) for i, r in enumerate(self.rank_totals)]}
                 if len(self.rank_totals) > 1 and seconds
