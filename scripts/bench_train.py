@@ -179,6 +179,7 @@ def run_cli_variant(
         "peak_memory_gb": max((w["peak_memory_gb"] or 0) for w in windows),
         "losses": {w["step"]: w["loss"] for w in windows if w["loss"] is not None},
         "first_window_s": windows[0]["time"] if windows else None,
+        "allocator_flushes": sum(w.get("allocator_flushes") or 0 for w in windows),
         "wall_s": wall,
         "choices": {
             k: model.get(k)
