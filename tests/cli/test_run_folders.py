@@ -193,6 +193,36 @@ def test_damaged_checkpoint_files_are_found(finished) -> None:
 
 
 @pytest.mark.slow
+def test_files_missing_from_a_checkpoint_are_found(capsys, monkeypatch, finished) -> None:
+    """A checkpoint marked complete with a file removed since: without its adapter weights the
+    Trainer's resume was a ValueError traceback (and metrics.json said failed); without
+    optimizer.pt, scheduler.pt or rng_state.pth it went on in silence with the optimizer's
+    moments, the schedule or the random draws started again. Such a checkpoint still ships
+    (package and merge read only its adapter)."""
+    from expert_cli.train.checkpoints import resume_point, sound_checkpoints
+
+    manifest, out = finished
+    checkpoints = out / "checkpoints"
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        (checkpoints / "checkpoint-6" / name).unlink()
+        point = resume_point(checkpoints)
+        assert point.checkpoint.name == "checkpoint-3"
+        assert point.passed_over[0].startswith(f"checkpoint-6: {name} is missing"), name
+        assert [p.name for p in sound_checkpoints(checkpoints)] == ["checkpoint-3", "checkpoint-6"]
+        shutil.copy2(checkpoints / "checkpoint-3" / name, checkpoints / "checkpoint-6" / name)
+    (checkpoints / "checkpoint-6" / "adapter_model.safetensors").unlink()
+    (checkpoints / "checkpoint-3" / "optimizer.pt").unlink()
+    assert [p.name for p in sound_checkpoints(checkpoints)] == ["checkpoint-3"]
+    metrics = (out / "metrics.json").read_bytes()
+    code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "8")
+    assert code == 2 and "Traceback" not in err, err
+    err = " ".join(err.split())
+    assert "checkpoint-6: adapter_model.safetensors is missing (the adapter's weights)" in err
+    assert "checkpoint-3: optimizer.pt is missing" in err
+    assert (out / "metrics.json").read_bytes() == metrics
+
+
+@pytest.mark.slow
 def test_resume_passes_over_a_damaged_checkpoint(capsys, monkeypatch, finished) -> None:
     manifest, out = finished
     _cut(out / "checkpoints" / "checkpoint-6" / "adapter_model.safetensors")

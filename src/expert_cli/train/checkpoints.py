@@ -39,6 +39,12 @@ COMPLETE = "_COMPLETE"
 # files the Trainer reads to resume that torch.save wrote (zip archives); which of them a
 # checkpoint holds depends on the run (FSDP shards the optimizer state into a folder)
 ZIPPED = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "scaler.pt", "adapter_model.bin")
+# folders DeepSpeed (global_stepN) and FSDP (optimizer_0, pytorch_model_fsdp_0) keep their
+# state in: a checkpoint with one holds its weights and optimizer state there
+SHARDED = ("global_step", "optimizer_0", "pytorch_model_fsdp")
+# what the Trainer reads to continue a run exactly, and skips without a word when missing (the
+# optimizer's moments and the schedule would start again from zero)
+RESUMED = ("optimizer.pt", "scheduler.pt")
 
 
 def checkpoint_step(path: Path) -> int | None:
@@ -87,12 +93,20 @@ def remove_incomplete_checkpoints(checkpoints: Path) -> list[str]:
     return removed
 
 
+def _sharded(path: Path) -> bool:
+    """Whether the checkpoint keeps its state in DeepSpeed's or FSDP's folders."""
+    return any(child.name.startswith(SHARDED) for child in path.iterdir())
+
+
 def checkpoint_problem(path: Path) -> str | None:
     """What in a marked checkpoint is missing or damaged (the first file found), or None."""
     state = read_json_file(path / "trainer_state.json")
     if not isinstance(state.get("global_step"), int):
         return "trainer_state.json is missing or not the Trainer's state"
     adapter = path / "adapter_model.safetensors"
+    weights = adapter.is_file() or (path / "adapter_model.bin").is_file()
+    if not weights and not _sharded(path):
+        return "adapter_model.safetensors is missing (the adapter's weights)"
     if adapter.is_file() and (problem := safetensors_problem(adapter)):
         return problem
     if adapter.is_file() and (bad := non_finite_tensors(adapter)):
@@ -122,12 +136,28 @@ def sound_checkpoints(checkpoints: Path) -> list[Path]:
     return [p for p in complete_checkpoints(checkpoints) if checkpoint_problem(p) is None]
 
 
+def resume_problem(path: Path) -> str | None:
+    """What a sound checkpoint lacks to continue its run exactly (the optimizer's and the
+    schedule's state, the random generators'), which the Trainer would pass over in silence;
+    None for DeepSpeed's and FSDP's checkpoints, which keep theirs in their own folders. A
+    checkpoint without them still ships (package, merge)."""
+    if _sharded(path):
+        return None
+    for name in RESUMED:
+        if not (path / name).is_file():
+            return f"{name} is missing (the run would go on with its state started again)"
+    if not any(path.glob("rng_state*.pth")):
+        return "rng_state.pth is missing (the run would not draw what it would have drawn)"
+    return None
+
+
 def resume_point(checkpoints: Path) -> ResumePoint:
-    """The newest complete, undamaged checkpoint; UserError when there is none."""
+    """The newest complete, undamaged checkpoint with what a resume reads; UserError when
+    there is none."""
     complete = complete_checkpoints(checkpoints)
     passed_over = []
     for path in reversed(complete):
-        problem = checkpoint_problem(path)
+        problem = checkpoint_problem(path) or resume_problem(path)
         if problem is None:
             return ResumePoint(path, tuple(passed_over))
         passed_over.append(f"{path.name}: {problem}")
