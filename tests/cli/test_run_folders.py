@@ -265,6 +265,20 @@ def test_resume_with_another_configuration_is_refused(capsys, monkeypatch, finis
     assert "was trained with another configuration (changed: learning_rate 0.002 -> 0.01)" in (
         " ".join(err.split())
     )
+    # a run begun with --set learning_rate=0.01, resumed without it: the refusal named only
+    # the manifest and --overwrite (which throws the run away); now the --set keys it began with
+    resolved = json.loads((out / "manifest.resolved.json").read_text())
+    resolved["learning_rate"] = 0.01
+    resolved["runtime"]["overrides"] = ["learning_rate=0.01", "\x1b[2J=1"]
+    (out / "manifest.resolved.json").write_text(json.dumps(resolved))
+    code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume")
+    said = " ".join(err.split())
+    assert code == 2 and "(changed: learning_rate 0.01 -> 0.002)" in said, said
+    assert (
+        "resume with the same manifest and the --set values it began with (on "
+        "training.config.learning_rate: see runtime.overrides in its manifest.resolved.json)"
+    ) in said
+    assert "\x1b" not in err and "0.01," not in said
 
 
 @pytest.mark.slow
@@ -388,6 +402,42 @@ def test_resume_on_data_edited_since_the_run_began_is_refused(
     code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "7")
     assert code == 0, err  # the same data again: it goes on
     assert read_metrics(out)["summary"]["steps"] == 7
+
+
+@pytest.mark.slow
+def test_resume_on_examples_built_otherwise_is_refused(capsys, monkeypatch, finished) -> None:
+    """The same data files built into other examples (another response template, overlong
+    examples dropped, another tokenizer) went on from the checkpoint in silence, after a note
+    that the cache was rebuilt; now exit 2 naming the change, before any tokenizing."""
+    manifest, out = finished
+    before = _files(out)
+    for setting, named in (
+        (
+            "training.dataset.response_template=Answer:",
+            "formatting.response_template None -> Answer:",
+        ),
+        ("training.dataset.overlong=drop", "formatting.overlong truncate -> drop"),
+    ):
+        args = ("--resume", "--max-steps", "7", "--set", setting)
+        code, _, err = _here(capsys, monkeypatch, manifest, out, *args)
+        assert code == 2 and "Traceback" not in err, err
+        said = " ".join(err.split())
+        assert f"--resume: {out} was trained on examples built otherwise (changed since it" in said
+        assert named in said, said
+    resolved = json.loads((out / "manifest.resolved.json").read_text())
+    recorded = resolved["runtime"]["data"]["stats"]["inputs"]
+    recorded["tokenizer"]["tokenizer_json_sha256"] = "0" * 64  # the base's tokenizer replaced
+    del recorded["tokenizer"]["chat_template_sha256"]  # a version that did not record it
+    (out / "manifest.resolved.json").write_text(json.dumps(resolved))
+    code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "7")
+    assert code == 2, err
+    said = " ".join(err.split())
+    assert "tokenizer.tokenizer_json_sha256 000000000000… ->" in said
+    assert "chat_template" not in said  # compared only where the run recorded it
+    assert _files(out) == {
+        **before,
+        "manifest.resolved.json": _files(out)["manifest.resolved.json"],
+    }
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,12 @@ from expert_cli.errors import escaped
 SHOWN_VALUE_CHARS = 40
 
 
-def changed_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """`key old -> new` for each leaf that differs between two fingerprint input dicts."""
+def changed_inputs(old: dict[str, Any], new: dict[str, Any], recorded: bool = False) -> list[str]:
+    """`key old -> new` for each leaf that differs between two fingerprint input dicts; with
+    `recorded`, only leaves `old` has (what a newer version records besides is no change)."""
     a, b = _flatten(old), _flatten(new)
     lines = []
-    for key in sorted(set(a) | set(b)):
+    for key in sorted(set(a) if recorded else set(a) | set(b)):
         if a.get(key) != b.get(key):
             lines.append(f"{key} {_short(a.get(key, '(none)'))} -> {_short(b.get(key, '(none)'))}")
     return lines

@@ -1,6 +1,8 @@
 """Whether a resumed run reads the data the run began with: each run records what identifies
 its data files (`runtime.data.stats.inputs` in manifest.resolved.json: sizes and hashes, hub
-ids and revisions); a checkpoint's place in other data means nothing.
+ids and revisions), and how its examples were built from them (the tokenizer's files, the
+formatting, the validation split); a checkpoint's place in other data, or in the same data
+built otherwise, means nothing.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from expert_cli.data.cache import fingerprint_inputs
+from expert_cli.data.changes import changed_inputs
 from expert_cli.errors import UserError
 from expert_cli.train.outputs import read_json_file
 
@@ -19,6 +22,33 @@ def refuse_changed_data(output: Path, resolved: Any, tokenizer: Any) -> None:
     inputs = fingerprint_inputs(resolved, tokenizer, 1)  # the shard size is not compared
     if changed := changed_data(output, {"stats": {"inputs": inputs}}):
         raise UserError(data_changed(output, changed))
+    if changed := changed_building(output, inputs):
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        shown = "; ".join(changed[:3]) + more
+        raise UserError(
+            f"--resume: {output} was trained on examples built otherwise (changed since it "
+            f"began: {shown}); resume with the manifest and base model it began with, or start "
+            "again with --overwrite"
+        )
+
+
+# what of the recorded inputs builds the examples from the data files: the tokenizer's files,
+# the formatting (prompt and response templates, field mapping, overlong examples), the split
+BUILDING = ("tokenizer", "formatting", "eval_fraction", "eval_seed")
+
+
+def changed_building(output: Path, inputs: dict[str, Any]) -> list[str]:
+    """`key old -> new` for what builds the examples that changed since the run began, from
+    the inputs it recorded; nothing for a run of a version that did not record them."""
+    runtime = read_json_file(output / "manifest.resolved.json").get("runtime")
+    try:
+        before = runtime["data"]["stats"]["inputs"]
+    except (KeyError, TypeError):
+        return []
+    if not isinstance(before, dict):
+        return []
+    old = {key: before[key] for key in BUILDING if key in before}
+    return changed_inputs(old, {key: inputs.get(key) for key in old}, recorded=True)
 
 
 def changed_data(output: Path, data: dict[str, Any]) -> list[str]:

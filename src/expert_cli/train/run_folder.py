@@ -27,7 +27,7 @@ from expert_cli.errors import UserError
 from expert_cli.train.checkpoints import refuse_pruned, resume_point
 from expert_cli.train.distributed import refuse_world_change
 from expert_cli.train.outputs import ASIDE_PREFIX, PID, process_running, read_json_file
-from expert_cli.train.same_run import changed_fields
+from expert_cli.train.same_run import changed_fields, recorded_set_keys
 
 DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: the disk is full
 # what a run writes into its folder (--overwrite removes these and only these)
@@ -180,9 +180,16 @@ def check_resumable(output: Path, previous: Previous | None, resolved: ResolvedC
         )
     changed = changed_fields(previous.config, resolved)
     if changed:
+        sets = recorded_set_keys(previous.config)
+        began = (
+            f" and the --set values it began with (on {', '.join(sets[:6])}: see runtime."
+            "overrides in its manifest.resolved.json)"
+            if sets
+            else ""
+        )
         raise UserError(
             f"--resume: {output} was trained with another configuration (changed: "
-            f"{'; '.join(changed)}); resume with the same manifest, or use --overwrite"
+            f"{'; '.join(changed)}); resume with the same manifest{began}, or use --overwrite"
         )
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from expert_cli.config.loading import parse_override
 from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.errors import UserError
 
 # resolved fields a resumed run must share with the run it continues
 SAME_RUN_FIELDS = (
@@ -70,3 +72,20 @@ def _change(key: str, old: Any, new: Any) -> str:
     if all(isinstance(v, (int, float, bool)) or v is None for v in (old, new)):
         return f"{key} {json.dumps(old)} -> {json.dumps(new)}"
     return key
+
+
+def recorded_set_keys(previous: dict[str, Any]) -> list[str]:
+    """The keys of the `--set` values a run began with (runtime.overrides of its
+    manifest.resolved.json), as a resume's refusal names them (the values are the file's
+    contents, not quoted); none where the record is missing or not of its form."""
+    runtime = previous.get("runtime")
+    recorded = runtime.get("overrides") if isinstance(runtime, dict) else None
+    if not isinstance(recorded, list):
+        return []
+    keys = []
+    for item in recorded:
+        try:
+            keys.append(".".join(parse_override(item)[0]) if isinstance(item, str) else "")
+        except UserError:
+            continue
+    return [key for key in dict.fromkeys(keys) if key.isprintable() and 0 < len(key) <= 80]
