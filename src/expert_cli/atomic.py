@@ -3,7 +3,8 @@ beside its destination, then renamed into place in one step. A leaf module: the 
 training outputs, telemetry and the benchmark all write through it.
 
 The temporary name starts `.tmp-` and ends in the writer's pid, so leftovers of a killed
-writer are easy to find.
+writer are easy to find. The signal handling such writes need lives here too: signals held
+during renames, and SIGTERM / SIGHUP raised as Ctrl-C is, so a command's way out runs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from expert_cli.errors import Terminated
 
 NAME_MAX = 255  # bytes in one file name on Linux and macOS file systems
 HANGUP = (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()  # not on Windows
@@ -137,3 +140,30 @@ def json_numbers(data: Any) -> Any:
     if isinstance(data, (list, tuple)):
         return [json_numbers(value) for value in data]
     return data
+
+
+def heard(signals: tuple[int, ...]) -> list[int]:
+    """The `signals` this process takes: not one it was started ignoring (SIGHUP under
+    `nohup`: the run is meant to outlive its terminal), nor one whose handler was set
+    outside Python (it could not be put back)."""
+    return [s for s in signals if signal.getsignal(s) not in (signal.SIG_IGN, None)]
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM (and SIGHUP) raise Terminated in the main thread, as SIGINT raises
+    KeyboardInterrupt, so that what a command does on its way out runs (its default ends the
+    process where it stands). Elsewhere than the main thread, nothing changes."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, stop) for sig in heard((signal.SIGTERM, *HANGUP))}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

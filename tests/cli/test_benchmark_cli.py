@@ -4,6 +4,8 @@ their exit codes, run metrics, bad arguments."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import stat
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import run_cli
+from train_helpers import cli_env, run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -117,6 +119,56 @@ def test_stop_at_end_stops_the_command_with_the_window(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["stopped_by"] == "duration" and report["settings"]["stop_at_end"] is True
     assert report["exit_code"] == 130  # the command's own, stopped with SIGINT
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("signum", "duration", "said"),
+    [(signal.SIGTERM, "30", "SIGTERM"), (signal.SIGHUP, "1", "SIGHUP")],
+    ids=["in-the-window", "after-the-window"],
+)
+def test_sigterm_or_sighup_stops_the_command_as_ctrl_c_does(
+    tmp_path: Path, signum: int, duration: str, said: str
+) -> None:
+    """A scheduler's SIGTERM (or a closed terminal's SIGHUP) to `benchmark -- CMD` ended the
+    benchmark at once with no report, and left the command running, re-parented to init
+    (a training run going on unsupervised); now the command is stopped and the report written,
+    as for Ctrl-C, within the window or while waiting for the command after it."""
+    child = (  # a command that ends quietly with 130 on Ctrl-C, as expert-cli train does
+        "import os, signal, time; signal.signal(signal.SIGINT, lambda *a: os._exit(130)); "
+        "open('pid', 'w').write(str(os.getpid())); time.sleep(120)"
+    )
+    args = ["benchmark", "--duration", duration, "--interval", "0.5", "--output", "r.json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expert_cli.cli", *args, "--", sys.executable, "-c", child],
+        cwd=tmp_path,
+        env={**cli_env(), "COLUMNS": "200"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "pid").is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(2.0)  # the second case: past its 1 s window, waiting for the command
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=60)
+    pid = int((tmp_path / "pid").read_text())
+    assert proc.returncode == 128 + signum, stdout + stderr
+    assert "Traceback" not in stderr, stderr
+    assert _pid_gone(pid)  # stopped, not left behind
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["signal_exit"] == 128 + signum
+    assert report.get("command_ended_by", report["stopped_by"]) == "interrupt"
+    assert report["exit_code"] == 130  # the command's own: stopped with SIGINT first
+    assert f"command stopped by {said} (exit code 130)" in " ".join(stdout.split())
 
 
 METRICS = {

@@ -310,8 +310,8 @@ def test_interrupt_sets_flag_and_exit_code() -> None:
 def test_sigterm_raises_before_training_and_a_second_one_stops_training() -> None:
     """Under `train`, SIGTERM raises Terminated (so the folder is tidied), the first one in
     training only sets the flag, and a second stops at once (as a second Ctrl-C does)."""
+    from expert_cli.atomic import sigterm_raises
     from expert_cli.errors import Terminated
-    from expert_cli.train.callbacks import sigterm_raises
 
     heard: list[str] = []
     with sigterm_raises():

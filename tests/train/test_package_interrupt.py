@@ -96,7 +96,8 @@ def test_an_interrupt_while_the_result_is_shown_says_the_package_is_complete(
 def test_a_signal_ignored_from_the_start_stays_ignored(tmp_path: Path) -> None:
     """Under `nohup` SIGHUP is ignored from the start: the run is meant to outlive its
     terminal. Neither the training loop's handlers nor the held renames take it over."""
-    from expert_cli.train.callbacks import Interrupt, sigterm_raises
+    from expert_cli.atomic import sigterm_raises
+    from expert_cli.train.callbacks import Interrupt
 
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from expert_cli.atomic import write_json_atomic
+from expert_cli.atomic import sigterm_raises, write_json_atomic
 from expert_cli.benchmark.assessment import RunFacts, assess
 from expert_cli.benchmark.command import Command
 from expert_cli.benchmark.metrics import (
@@ -35,7 +35,7 @@ from expert_cli.benchmark.metrics import (
 )
 from expert_cli.benchmark.plot import write_plot
 from expert_cli.benchmark.stats import compute_stats, split_phases
-from expert_cli.errors import UserError
+from expert_cli.errors import Terminated, UserError
 from expert_cli.paths import output_file_problem, picture_problem
 from expert_cli.telemetry.flops import peak_bf16_flops
 from expert_cli.telemetry.gpu import HostSampler, NoGpu, NvmlSource, open_nvml
@@ -212,6 +212,7 @@ class Sampling:
     elapsed_s: float = 0.0
     workload: dict[str, Any] | None = None
     running: Command | None = None  # the command, still running after the window closed
+    signal_exit: int | None = None  # SIGTERM/SIGHUP stopped it: the exit code they call for
 
 
 def take_sample(
@@ -250,6 +251,8 @@ def sample_loop(
                 break
     except KeyboardInterrupt:
         out.stopped_by = "interrupt"
+    except Terminated as stop:  # SIGTERM or SIGHUP (a scheduler, a closed terminal)
+        out.stopped_by, out.signal_exit = "interrupt", stop.code
     if command is not None and out.exit_code is None:
         if opts.stop_at_end or out.stopped_by == "interrupt":
             out.exit_code = command.stop()
@@ -259,13 +262,17 @@ def sample_loop(
     return out
 
 
-def wait_for_command(command: Command) -> tuple[int, str]:
-    """Wait for a command that outlived the sampling window: its exit code and how it ended
-    (Ctrl-C stops it politely, as a command stopped at the window's end would be)."""
+def wait_for_command(command: Command) -> tuple[int, str, int | None]:
+    """Wait for a command that outlived the sampling window: its exit code, how it ended
+    (Ctrl-C, SIGTERM or SIGHUP stop it politely, as a command stopped at the window's end
+    would be), and the exit code a SIGTERM or SIGHUP calls for."""
     try:
-        return command.wait(None), "command_exit"
+        with sigterm_raises():
+            return command.wait(None), "command_exit", None
     except KeyboardInterrupt:
-        return command.stop(), "interrupt"
+        return command.stop(), "interrupt", None
+    except Terminated as stop:
+        return command.stop(), "interrupt", stop.code
 
 
 def _run_sampling(
@@ -308,7 +315,8 @@ def run_benchmark(
             hooks.note(f"no NVIDIA GPU found ({reason}); sampling CPU and RAM only")
         machine = machine_info(source, indices)
         metrics_path = opts.metrics or train_metrics_path(opts.command)
-        sampling = _run_sampling(opts, source, indices, metrics_path, hooks)
+        with sigterm_raises():  # stops the command and writes the report, as Ctrl-C does
+            sampling = _run_sampling(opts, source, indices, metrics_path, hooks)
     finally:
         if source is not None:
             source.close()
@@ -337,6 +345,7 @@ def run_benchmark(
         "command": opts.command or None,
         "exit_code": sampling.exit_code,
         "stopped_by": sampling.stopped_by,
+        **({"signal_exit": sampling.signal_exit} if sampling.signal_exit else {}),
         "elapsed_s": sampling.elapsed_s,
         "metrics_path": None if metrics_path is None else str(metrics_path),
         "run_metrics": run_metrics,
@@ -354,7 +363,10 @@ def run_benchmark(
             + (" (report written)" if opts.output or opts.plot else "")
             + "; the command runs on to its end (--stop-at-end stops it with the window)"
         )
-        report["exit_code"], report["command_ended_by"] = wait_for_command(sampling.running)
+        code, how, signal_exit = wait_for_command(sampling.running)
+        report["exit_code"], report["command_ended_by"] = code, how
+        if signal_exit:
+            report["signal_exit"] = signal_exit
         report["command_elapsed_s"] = time.monotonic() - started
         if opts.output is not None:
             write_json_atomic(opts.output, report)

@@ -84,6 +84,8 @@ def benchmark(
             out.print(f"wrote {escaped(str(path))}", markup=False)
     # a command --stop-at-end stopped with the window ended as asked: its 130 is no failure
     asked = stop_at_end and report["stopped_by"] == "duration"
+    if report.get("signal_exit"):  # SIGTERM / SIGHUP: the command stopped, the report written
+        raise typer.Exit(code=report["signal_exit"])
     if report["exit_code"] and not asked:
         raise typer.Exit(code=report["exit_code"])
 

@@ -145,7 +145,8 @@ def _command_line(report: dict[str, Any]) -> str:
     if ended == "command_exit":
         return f"command exited with code {code}; sampled for {window}"
     if ended == "interrupt":
-        return f"command stopped by Ctrl-C (exit code {code}); sampled for {window}"
+        by = {143: "SIGTERM", 129: "SIGHUP"}.get(report.get("signal_exit") or 0, "Ctrl-C")
+        return f"command stopped by {by} (exit code {code}); sampled for {window}"
     return f"command stopped when the {window} window closed (--stop-at-end), exit code {code}"
 
 

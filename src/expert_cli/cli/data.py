@@ -45,10 +45,10 @@ def pretokenize(
     ] = False,
 ) -> None:
     """Tokenize, mask, pack and cache each manifest's data; say whether it was built or current."""
+    from expert_cli.atomic import sigterm_raises
     from expert_cli.cli.render import BuildBar, console, keep_going_without_output
     from expert_cli.data.pretokenize import find_manifests, pretokenize_all
     from expert_cli.errors import RunError, Terminated, UserError
-    from expert_cli.train.callbacks import sigterm_raises
 
     keep_going_without_output()  # a closed terminal or pipe stops the printing, not the build
     out = console()

@@ -165,9 +165,9 @@ def package(
     """Build the HiveLLM .expert package of a run, with its .sha256, and verify it."""
     import json
 
+    from expert_cli.atomic import sigterm_raises
     from expert_cli.errors import Interrupted, Terminated
     from expert_cli.paths import shown_path
-    from expert_cli.train.callbacks import sigterm_raises
     from expert_cli.train.package import build_package
 
     with sigterm_raises():  # SIGTERM as Ctrl-C: a line saying what was left

@@ -13,10 +13,10 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from expert_cli.atomic import HANGUP, heard
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
-from expert_cli.train.callbacks import HANGUP, heard
 
 
 def training_args_kwargs(

@@ -6,16 +6,13 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from expert_cli.atomic import HANGUP, write_json_atomic
-from expert_cli.errors import Terminated
+from expert_cli.atomic import HANGUP, heard, write_json_atomic
 from expert_cli.telemetry.ops import OpCounter
 from expert_cli.telemetry.throughput import ThroughputMeter
 from expert_cli.train.outputs import number_pairs, read_json_file
@@ -127,13 +124,6 @@ def earlier_records(path: Path, resumed_from: str | None) -> dict[str, list[dict
     }
 
 
-def heard(signals: tuple[int, ...]) -> list[int]:
-    """The `signals` this process takes: not one it was started ignoring (SIGHUP under
-    `nohup`: the run is meant to outlive its terminal), nor one whose handler was set
-    outside Python (it could not be put back)."""
-    return [s for s in signals if signal.getsignal(s) not in (signal.SIG_IGN, None)]
-
-
 class Interrupt:
     """SIGINT/SIGTERM set a flag; training stops with a checkpoint at the next step end.
 
@@ -174,27 +164,6 @@ class Interrupt:
     def exit_code(self) -> int:
         """130 for SIGINT, 143 for SIGTERM (128 + signal number)."""
         return 128 + (self.signum or signal.SIGINT)
-
-
-@contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """SIGTERM (and SIGHUP) raise Terminated in the main thread, as SIGINT raises
-    KeyboardInterrupt, so
-    that what a command does on its way out runs (its default ends the process where it
-    stands). Elsewhere than the main thread, nothing changes."""
-
-    def stop(signum: int, frame: Any) -> None:
-        raise Terminated(128 + signum)
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, stop) for sig in heard((signal.SIGTERM, *HANGUP))}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 class InterruptCallback(TrainerCallback):

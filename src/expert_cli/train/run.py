@@ -16,6 +16,7 @@ from typing import Any
 from transformers import PrinterCallback, TrainerCallback
 from transformers.utils import logging as hf_logging
 
+from expert_cli.atomic import sigterm_raises
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment, unlaunched_world
 from expert_cli.config.kernels import BOUNDARY_KERNELS
@@ -38,7 +39,6 @@ from expert_cli.train.callbacks import (
     Interrupt,
     InterruptCallback,
     earlier_records,
-    sigterm_raises,
 )
 from expert_cli.train.causality import checked_isolation
 from expert_cli.train.checkpoints import CheckpointMarker, checkpoint_step, finished_from
