@@ -149,3 +149,43 @@ def test_a_checkpoint_whose_optimizer_groups_differ_is_refused_in_a_line(
     assert caught.value.lines[0].startswith(
         "--resume: checkpoint-4 holds an optimizer whose parameter groups are not this run's"
     )
+
+
+def _said(tmp_path: Path, config: dict, total: int, step: int = 0) -> list[str]:
+    """What ScheduleNote says as a run of `total` steps (from `step`) begins, given the
+    manifest's `config` through the TrainingArguments a run gets."""
+    from transformers import TrainerControl, TrainerState
+
+    from expert_cli.train.callbacks import ScheduleNote
+
+    resolved = _resolved(tmp_path, config)
+    args = TrainingArguments(**training_args_kwargs(resolved, tmp_path / "out"))
+    said: list[str] = []
+    state = TrainerState(max_steps=total, global_step=step)
+    ScheduleNote(said.append).on_train_begin(args, state, TrainerControl())
+    return said
+
+
+def test_a_schedule_longer_than_the_run_is_said(tmp_path: Path) -> None:
+    """warmup_steps 500 in a 118-step run: the rate peaked at a quarter of the asked one,
+    never decayed, and nothing said so; a warmup-stable-decay schedule whose decay outlasts
+    the run fell from its first steps. A schedule that fits says nothing."""
+    said = _said(tmp_path, {"warmup_steps": 500, "learning_rate": 0.002}, 118)
+    assert said == [
+        "warmup_steps: 500 of a 118-step run: the learning rate climbs for the whole run and "
+        "never reaches its peak 0.002 (about 0.000472 at the last step); give fewer "
+        "warmup_steps or a warmup_ratio"
+    ]
+    assert _said(tmp_path, {"warmup_steps": 500}, 118, step=40) == []  # a resume: said before
+    assert _said(tmp_path, {"warmup_steps": 10}, 118) == []
+    assert _said(tmp_path, {"warmup_ratio": 0.5}, 118) == []
+    wsd = {
+        "lr_scheduler": "warmup_stable_decay",
+        "lr_scheduler_kwargs": {"num_decay_steps": 200},
+        "warmup_steps": 0,
+    }
+    said = _said(tmp_path, wsd, 20)
+    assert len(said) == 1 and said[0].startswith(
+        "lr_scheduler_kwargs.num_decay_steps: 200 of a 20-step run: the learning rate falls"
+    )
+    assert _said(tmp_path, {**wsd, "lr_scheduler_kwargs": {"num_decay_steps": 5}}, 20) == []

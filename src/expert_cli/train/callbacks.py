@@ -215,3 +215,36 @@ class CountStepOps(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step == self.step:
             self.counter.__exit__(None, None, None)
+
+
+class ScheduleNote(TrainerCallback):
+    """Says, as training begins, when the schedule is longer than the run: a warm-up of at
+    least the run's steps (the learning rate climbs for the whole run and never reaches its
+    peak) or a warmup-stable-decay schedule whose decay alone outlasts it (the rate falls
+    from the first steps). Both trained in silence."""
+
+    def __init__(self, note: Callable[[str], None]) -> None:
+        self.note = note
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        total = state.max_steps
+        if not total or state.global_step:  # a resume: said when the run began
+            return
+        warmup = args.warmup_steps
+        if isinstance(warmup, float) and 0 < warmup < 1:
+            warmup = math.ceil(round(warmup * total, 9))
+        if isinstance(warmup, int) and warmup >= total:
+            reached = args.learning_rate * total / warmup
+            self.note(
+                f"warmup_steps: {warmup} of a {total}-step run: the learning rate climbs for "
+                f"the whole run and never reaches its peak {args.learning_rate:g} (about "
+                f"{reached:.3g} at the last step); give fewer warmup_steps or a warmup_ratio"
+            )
+        decay = (args.lr_scheduler_kwargs or {}).get("num_decay_steps")
+        wsd = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+        if wsd == "warmup_stable_decay" and isinstance(decay, int) and decay >= total:
+            self.note(
+                f"lr_scheduler_kwargs.num_decay_steps: {decay} of a {total}-step run: the "
+                "learning rate falls from the first steps and the run has no stable phase; "
+                "give fewer decay steps (or num_decay_steps below the run's length)"
+            )

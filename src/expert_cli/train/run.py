@@ -38,6 +38,7 @@ from expert_cli.train.callbacks import (
     AdaLoraCallback,
     Interrupt,
     InterruptCallback,
+    ScheduleNote,
     earlier_records,
 )
 from expert_cli.train.causality import checked_isolation
@@ -290,7 +291,7 @@ def make_trainer(
         run.reporter.note(distributed.describe(topology, asked))
     stop = InterruptCallback(interrupt, distributed.any_rank)
     watch = DivergenceWatch()
-    extra = run.reporter.callbacks() if run.is_main else []
+    extra = [*run.reporter.callbacks(), ScheduleNote(run.reporter.note)] if run.is_main else []
     for callback in [*extra, stop, watch, CheckpointMarker(), _tensorboard(run)]:
         if callback is not None:
             trainer.add_callback(callback)
