@@ -43,6 +43,13 @@ def _no_eos(folder: Path) -> None:
     path.write_text(json.dumps(config))
 
 
+def _foreign_eos(folder: Path) -> None:  # named, but no token of the vocabulary
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["eos_token"] = "<|not-in-the-vocabulary|>"
+    path.write_text(json.dumps(config))
+
+
 CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "cut short": (_cut, "are damaged (JSONDecodeError while reading them)"),
     "not UTF-8": (_not_utf8, "are damaged (UnicodeDecodeError while reading them)"),
@@ -50,6 +57,8 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "missing": (_gone, "has 1 token: its vocabulary files"),
     "tokenizer.json missing": (_json_gone, "has no tokenizer.json (nor vocab.json"),
     "no end token": (_no_eos, "has no EOS token"),
+    # transformers added it as a new, untrained token and check said usable
+    "an end token not in the vocabulary": (_foreign_eos, "is not in its vocabulary"),
 }
 
 
@@ -65,7 +74,7 @@ def test_check_and_train_name_the_tokenizer(
 
     check = run_here("check", "--manifest", str(manifest))
     said = " ".join(check.stdout.split())  # rich wraps long lines
-    assert "base_models[0].name: the tokenizer" in said and expected in said
+    assert "base_models[0].name: the" in said and expected in said
     assert "manifest is not usable" in said
 
     proc = run_here("train", "--manifest", str(manifest))
@@ -73,6 +82,7 @@ def test_check_and_train_name_the_tokenizer(
     assert proc.returncode == 2, text
     assert expected in text and "Traceback" not in text
     assert "not a tokenizer" not in text  # the file's bytes are never quoted
+    assert "not-in-the-vocabulary" not in text
     assert sorted(p.name for p in manifest.parent.iterdir()) == ["data", "manifest.json"]
 
 

@@ -159,6 +159,32 @@ def _refuse_unusable(tokenizer: Any, model: str) -> None:
             f"base_models[0].name: the tokenizer of {model} has no EOS "
             "token; every example must end with one"
         )
+    if role := _special_not_in_vocabulary(tokenizer, words):
+        raise UserError(
+            f"base_models[0].name: the {role} token tokenizer_config.json names for {model} is "
+            "not in its vocabulary (tokenizer.json): transformers would add it as a new token "
+            "whose embedding the model never trained, and every example would end with it; "
+            "name one of the vocabulary's tokens there"
+        )
+
+
+def _special_not_in_vocabulary(tokenizer: Any, words: int) -> str | None:
+    """ "EOS" (or "BOS", "padding") where tokenizer_config.json names a token that the
+    folder's tokenizer.json does not hold: transformers 5 appends such a token to the
+    vocabulary as it loads. Tokens of the base vocabulary need no look; an added one is looked
+    for in the file (a local folder only: a hub tokenizer's files are the hub's)."""
+    roles = {"EOS": tokenizer.eos_token_id, "BOS": tokenizer.bos_token_id}
+    roles["padding"] = tokenizer.pad_token_id
+    added = {role: i for role, i in roles.items() if isinstance(i, int) and i >= words}
+    file = Path(str(tokenizer.name_or_path or "")) / "tokenizer.json"
+    if not added or not path_is_dir(file.parent) or not file.is_file():
+        return None
+    try:
+        saved = json.loads(file.read_text(encoding="utf-8")).get("added_tokens") or []
+    except (OSError, ValueError, AttributeError):
+        return None  # the loader read it: whatever this reader cannot is not judged here
+    held = {t.get("id") for t in saved if isinstance(t, dict)}
+    return next((role for role, i in added.items() if i not in held), None)
 
 
 def ids_in_use(tokenizer: PreTrainedTokenizerFast) -> int:
