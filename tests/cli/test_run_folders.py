@@ -4,6 +4,7 @@ run resumed is reported complete without training."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -434,6 +435,17 @@ def test_resume_on_examples_built_otherwise_is_refused(capsys, monkeypatch, fini
     said = " ".join(err.split())
     assert "tokenizer.tokenizer_json_sha256 000000000000… ->" in said
     assert "chat_template" not in said  # compared only where the run recorded it
+    # the base's config.json edited since (rope_theta, rms_norm_eps: shapes unchanged, so the
+    # checkpoint fits; a random-init base was built anew from it): the run records its hash
+    resolved = json.loads((out / "manifest.resolved.json").read_text())
+    base = Path(resolved["base_model"]) / "config.json"
+    digest = hashlib.sha256(base.read_bytes()).hexdigest()
+    assert resolved["runtime"]["base_config_sha256"] == digest
+    resolved["runtime"]["base_config_sha256"] = "0" * 64
+    (out / "manifest.resolved.json").write_text(json.dumps(resolved))
+    code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "7")
+    assert code == 2, err
+    assert "--resume: the base model's config.json" in " ".join(err.split())
     assert _files(out) == {
         **before,
         "manifest.resolved.json": _files(out)["manifest.resolved.json"],

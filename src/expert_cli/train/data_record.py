@@ -7,6 +7,7 @@ built otherwise, means nothing.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,15 @@ from expert_cli.train.outputs import read_json_file
 def refuse_changed_data(output: Path, resolved: Any, tokenizer: Any) -> None:
     """UserError when the data files of a run resumed into `output` changed since it began;
     called before the token cache is built, so edited data costs no build."""
+    recorded = read_json_file(output / "manifest.resolved.json").get("runtime")
+    before = recorded.get(BASE_CONFIG_KEY) if isinstance(recorded, dict) else None
+    if before and (now := base_config_digest(resolved)) and now != before:
+        raise UserError(
+            f"--resume: the base model's config.json ({resolved.base_model}) changed since "
+            f"{output} began (a model {'built' if resolved.init == 'random' else 'read'} from "
+            "it would not be the one the checkpoint was trained on); put the file back, or "
+            "start again with --overwrite"
+        )
     inputs = fingerprint_inputs(resolved, tokenizer, 1)  # the shard size is not compared
     if changed := changed_data(output, {"stats": {"inputs": inputs}}):
         raise UserError(data_changed(output, changed))
@@ -30,6 +40,20 @@ def refuse_changed_data(output: Path, resolved: Any, tokenizer: Any) -> None:
             f"began: {shown}); resume with the manifest and base model it began with, or start "
             "again with --overwrite"
         )
+
+
+BASE_CONFIG_KEY = "base_config_sha256"  # runtime: the local base's config.json as the run began
+
+
+def base_config_digest(resolved: Any) -> str | None:
+    """sha256 of a local base model's config.json (what a random-init base is built from, and
+    what a pretrained one is read as); None for a hub base or an unreadable file."""
+    if resolved.base_model_kind != "local":
+        return None
+    try:
+        return hashlib.sha256((Path(resolved.base_model) / "config.json").read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 # what of the recorded inputs builds the examples from the data files: the tokenizer's files,

@@ -44,7 +44,7 @@ from expert_cli.train.callbacks import (
 from expert_cli.train.causality import checked_isolation
 from expert_cli.train.checkpoints import CheckpointMarker, checkpoint_step, finished_from
 from expert_cli.train.choice import FINAL_STEP, final_adapter_step, final_step
-from expert_cli.train.data_record import refuse_changed_data
+from expert_cli.train.data_record import BASE_CONFIG_KEY, base_config_digest, refuse_changed_data
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.memory import Stopped, stage_out_of_memory
@@ -116,6 +116,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     run = Run(resolved=resolved, args=args, output=output, reporter=reporter, source=loaded.raw)
     run.runtime["overrides"] = list(opts.overrides)  # the --set values, not in manifest.source.json
     run.runtime[MAX_STEPS_KEY] = max_steps
+    run.runtime[BASE_CONFIG_KEY] = base_config_digest(resolved)
     if said and run.is_main:
         reporter.note(said)
     missing = [p for p in (output, *output.parents) if not os.path.lexists(p)]
