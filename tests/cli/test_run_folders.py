@@ -211,6 +211,18 @@ def test_files_missing_from_a_checkpoint_are_found(capsys, monkeypatch, finished
         assert point.passed_over[0].startswith(f"checkpoint-6: {name} is missing"), name
         assert [p.name for p in sound_checkpoints(checkpoints)] == ["checkpoint-3", "checkpoint-6"]
         shutil.copy2(checkpoints / "checkpoint-3" / name, checkpoints / "checkpoint-6" / name)
+    # a folder named for another step (a huge one, which resume took as the step reached),
+    # and a link to another run's checkpoint: neither is this run's
+    shutil.copytree(checkpoints / "checkpoint-6", checkpoints / f"checkpoint-{'9' * 25}")
+    (checkpoints / "checkpoint-8").symlink_to(checkpoints / "checkpoint-6")
+    point = resume_point(checkpoints)
+    assert point.checkpoint.name == "checkpoint-6"
+    assert point.passed_over == (
+        f"checkpoint-{'9' * 25}: trainer_state.json is of another step than the folder's name",
+        "checkpoint-8: is a link to another folder, not a checkpoint this run wrote",
+    )
+    shutil.rmtree(checkpoints / f"checkpoint-{'9' * 25}")
+    (checkpoints / "checkpoint-8").unlink()
     (checkpoints / "checkpoint-6" / "adapter_model.safetensors").unlink()
     (checkpoints / "checkpoint-3" / "optimizer.pt").unlink()
     assert [p.name for p in sound_checkpoints(checkpoints)] == ["checkpoint-3"]

@@ -100,9 +100,14 @@ def _sharded(path: Path) -> bool:
 
 def checkpoint_problem(path: Path) -> str | None:
     """What in a marked checkpoint is missing or damaged (the first file found), or None."""
+    if path.is_symlink():
+        return "is a link to another folder, not a checkpoint this run wrote"
     state = read_json_file(path / "trainer_state.json")
     if not isinstance(state.get("global_step"), int):
         return "trainer_state.json is missing or not the Trainer's state"
+    step = checkpoint_step(path)
+    if step is not None and state["global_step"] != step:  # renamed, or another run's copy
+        return "trainer_state.json is of another step than the folder's name"
     adapter = path / "adapter_model.safetensors"
     weights = adapter.is_file() or (path / "adapter_model.bin").is_file()
     if not weights and not _sharded(path):
