@@ -236,6 +236,23 @@ def test_files_missing_from_a_checkpoint_are_found(capsys, monkeypatch, finished
 
 
 @pytest.mark.slow
+def test_a_resume_to_fewer_steps_than_reached_is_refused(capsys, monkeypatch, finished) -> None:
+    """An interrupted run at step 6 resumed with --max-steps 4: it said "step 6 of 4" and
+    rebuilt the schedule for a length already passed; now exit 2 saying where it is."""
+    manifest, out = finished
+    metrics = json.loads((out / "metrics.json").read_text())
+    metrics["summary"]["status"] = "interrupted"
+    (out / "metrics.json").write_text(json.dumps(metrics))
+    (out / "adapter_model.safetensors").unlink()  # an interrupted run has no final adapter
+    code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "4")
+    assert code == 2, err
+    assert (
+        f"--max-steps 4: {out} is at step 6 already (checkpoint-6); give more steps to train "
+        "on, or ship it as it is: package --checkpoint checkpoint-6"
+    ) in " ".join(err.split())
+
+
+@pytest.mark.slow
 def test_resume_passes_over_a_damaged_checkpoint(capsys, monkeypatch, finished) -> None:
     manifest, out = finished
     _cut(out / "checkpoints" / "checkpoint-6" / "adapter_model.safetensors")

@@ -24,7 +24,7 @@ from expert_cli.atomic import signals_held
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
-from expert_cli.train.checkpoints import refuse_pruned, resume_point
+from expert_cli.train.checkpoints import checkpoint_step, refuse_pruned, resume_point
 from expert_cli.train.distributed import refuse_world_change
 from expert_cli.train.outputs import ASIDE_PREFIX, PID, process_running, read_json_file
 from expert_cli.train.same_run import changed_fields, recorded_set_keys
@@ -359,4 +359,11 @@ def decide(
     refuse_world_change(previous.config if previous else {}, world, resolved.rows_per_step)
     point = resume_point(output / "checkpoints")
     refuse_pruned(point.checkpoint, resolved.adapter_type)
+    reached = checkpoint_step(point.checkpoint) or 0
+    if max_steps is not None and reached > max_steps:  # the schedule would end before it
+        name = point.checkpoint.name
+        raise UserError(
+            f"--max-steps {max_steps}: {output} is at step {reached} already ({name}); give "
+            f"more steps to train on, or ship it as it is: package --checkpoint {name}"
+        )
     return Decision(resume=point.checkpoint, passed_over=point.passed_over)
