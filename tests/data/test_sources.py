@@ -49,6 +49,13 @@ def test_missing_field_names_line_and_mapping(tmp_path, write_jsonl) -> None:
     path = write_jsonl(tmp_path / "train.jsonl", [{"body": "a"}, {"other": "b"}])
     msg = error_of(tmp_path, {"path": "train.jsonl", "field_mapping": {"text": "body"}})
     assert msg == f"{path}:2: field 'body' missing (field_mapping.text); this row has 'other'"
+    # present but null: it said "missing" of a field the row has
+    path = write_jsonl(tmp_path / "train.jsonl", [{"body": "a"}, {"body": None}])
+    msg = error_of(tmp_path, {"path": "train.jsonl", "field_mapping": {"text": "body"}})
+    assert (
+        msg
+        == f"{path}:2: field 'body' is empty (null), where text is expected (field_mapping.text)"
+    )
 
 
 def test_field_of_the_wrong_type_names_line_and_mapping(tmp_path, write_jsonl) -> None:
@@ -155,7 +162,8 @@ def test_null_field_in_csv_names_the_row(tmp_path) -> None:
     path = tmp_path / "train.csv"
     path.write_text("text,x\nhello,1\n,2\n")
     msg = error_of(tmp_path, {"path": "train.csv", "field_mapping": {"text": "text"}})
-    assert msg == f"{path}: row 2: field 'text' missing (field_mapping.text)"
+    expected = "field 'text' is empty (null), where text is expected (field_mapping.text)"
+    assert msg == f"{path}: row 2: {expected}"
 
 
 def test_column_missing_in_parquet(tmp_path) -> None:

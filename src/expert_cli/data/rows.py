@@ -277,8 +277,10 @@ def check_row(row: Any, fields: FieldSpec, where: str) -> dict[str, Any]:
         value = row.get(column)
         if value is None and role not in OPTIONAL_ROLES:
             present = "" if column in row else f"; this row has {shown_names(list(row))}"
+            wanted = "a list of messages" if role == "messages" else "text"
+            how = f"is empty (null), where {wanted} is expected" if column in row else "missing"
             raise UserError(
-                f"{where}: field {shown_name(column)} missing (field_mapping.{role}){present}"
+                f"{where}: field {shown_name(column)} {how} (field_mapping.{role}){present}"
             )
         problem = _value_problem(role, value)
         if problem:
