@@ -325,6 +325,8 @@ def test_a_refused_checkpoint_is_not_offered_again(v2_run: Path, tmp_path: Path)
     shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("runs"))
     sound = run / "checkpoints" / "checkpoint-1"
     shutil.copytree(run / "checkpoints" / "checkpoint-2", sound)
+    state = json.loads((sound / "trainer_state.json").read_text())
+    (sound / "trainer_state.json").write_text(json.dumps({**state, "global_step": 1}))
     weights = run / "checkpoints" / "checkpoint-2" / "adapter_model.safetensors"
     tensors = load_file(str(weights))
     tensors[sorted(tensors)[0]].view(-1)[0] = float("nan")
@@ -471,6 +473,8 @@ def test_the_checkpoint_of_lowest_eval_loss_is_named_and_shipped_as_best(
     assert json.loads((run / "manifest.resolved.json").read_text())["runtime"]["final_step"] == 2
     earlier = run / "checkpoints" / "checkpoint-1"  # a checkpoint of another step, other weights
     shutil.copytree(run / "checkpoints" / "checkpoint-2", earlier)
+    state = json.loads((earlier / "trainer_state.json").read_text())
+    (earlier / "trainer_state.json").write_text(json.dumps({**state, "global_step": 1}))
     tensors = {k: v / 2 for k, v in load_file(str(earlier / ADAPTER_FILE)).items()}
     save_file(tensors, str(earlier / ADAPTER_FILE), metadata={"format": "pt"})
     metrics = json.loads((run / "metrics.json").read_text())

@@ -97,6 +97,13 @@ def test_a_checkpoint_that_does_not_fit_the_adapter_built_is_named(
     shutil.rmtree(tmp_path / "model")  # the base replaced under its name: a wider MLP
     _olmo(tmp_path / "model", tiny_tokenizer_dir, intermediate=96)
     code, said = _train(capsys, monkeypatch, olmo_ia3, out, "--resume", "--max-steps", "4")
+    assert code == 2  # the config.json the run recorded the hash of is not the one there now
+    assert "--resume: the base model's config.json" in said and "changed since" in said
+    # a run that recorded no hash (a hub base, an earlier version): the checkpoint's shapes
+    resolved = json.loads((out / "manifest.resolved.json").read_text())
+    del resolved["runtime"]["base_config_sha256"]
+    (out / "manifest.resolved.json").write_text(json.dumps(resolved))
+    code, said = _train(capsys, monkeypatch, olmo_ia3, out, "--resume", "--max-steps", "4")
     assert code == 2
     assert (
         "--resume: checkpoint-2 does not fit the adapter this run builds "
