@@ -132,6 +132,43 @@ def test_a_world_size_left_in_the_shell(capsys, monkeypatch, tmp_path: Path) -> 
     assert not out.exists()
 
 
+def test_a_resumes_argument_warning_from_transformers_is_kept_off(
+    capsys, monkeypatch, tmp_path: Path
+) -> None:
+    """A resume with another --max-steps printed transformers' "[transformers] Warning: The
+    following arguments do not match the ones in the `trainer_state.json`" (logging_steps),
+    where the run itself compares what makes it another run; the filter drops it, and the
+    same call without the filter shows it reaches the logger's handlers."""
+    import logging
+
+    from transformers import TrainerState, TrainingArguments
+    from transformers.trainer_utils import compare_trainer_and_checkpoint_args
+
+    from expert_cli.cli.app import _DropAdvice
+
+    run_main(capsys, monkeypatch, "--version")  # the entry point installs its filters
+    logger = logging.getLogger("transformers.trainer_utils")
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        args = TrainingArguments(output_dir=str(tmp_path), logging_steps=4137, save_steps=500)
+        state = TrainerState(logging_steps=4138, save_steps=500, train_batch_size=8)
+        compare_trainer_and_checkpoint_args(args, state)  # message unique: warning_once
+        assert not any("do not match" in m for m in seen), seen
+        filters = [f for f in logger.filters if isinstance(f, _DropAdvice)]
+        assert filters
+        for f in filters:
+            logger.removeFilter(f)
+        state = TrainerState(logging_steps=4139, save_steps=500, train_batch_size=8)
+        compare_trainer_and_checkpoint_args(args, state)
+        assert any("do not match" in m for m in seen), seen  # the check can fail
+    finally:
+        logger.removeHandler(handler)
+        logger.addFilter(_DropAdvice())
+
+
 def test_library_chatter_is_kept_off_the_console(capsys, monkeypatch) -> None:
     """matplotlib's lines about its cache folder (HOME or MPLCONFIGDIR not writable) reached
     the console of train; training.png is drawn all the same."""

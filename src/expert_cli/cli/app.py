@@ -140,6 +140,9 @@ QUIET_LOGGERS = (
 QUIET_ADVICE = (
     "We strongly recommend passing in an `attention_mask`",
     "`loss_type=None` was set in the config but it is unrecognized",
+    # a resume whose logging or save steps, or micro-batch, differ from the checkpoint's: the
+    # run compares what makes it another run itself (train/same_run.py), and says so
+    "Warning: The following arguments do not match the ones in the `trainer_state.json`",
 )
 
 
@@ -175,7 +178,8 @@ def main() -> None:
     """Console-script entry point."""
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
-    logging.getLogger("transformers.modeling_utils").addFilter(_DropAdvice())
+    for name in ("transformers.modeling_utils", "transformers.trainer_utils"):
+        logging.getLogger(name).addFilter(_DropAdvice())
     # raised inside peft/transformers for every model; nothing a user of expert-cli can act on
     warnings.filterwarnings(
         "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
