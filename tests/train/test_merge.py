@@ -187,3 +187,35 @@ def test_how_the_run_loaded_its_base_is_how_merge_and_generate_load_it(tmp_path:
     resolved.update(quantization=None, runtime={"model": {"dtype": "bfloat16"}})
     (tmp_path / "manifest.resolved.json").write_text(json.dumps(resolved))
     assert _run_facts(tmp_path)[1:] == (None, torch.bfloat16)
+
+
+@pytest.mark.slow
+def test_a_signal_during_merge_says_what_it_left(
+    monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """SIGTERM while the merged model was being written ended merge with exit 143 and not a
+    word (nothing was left, but the user could not know); now, as Ctrl-C does for package,
+    one line saying nothing was written, and the folder is not there."""
+    import signal
+
+    from transformers import PreTrainedModel
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8)
+    run = tmp_path / "run"
+    done = run_here("train", "-m", str(manifest), "--output", str(run), "--max-steps", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    save = PreTrainedModel.save_pretrained
+
+    def stopped_halfway(self, folder, *args, **kwargs):  # the signal comes mid-write
+        save(self, folder, *args, **kwargs)
+        signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", stopped_halfway)
+    merged = tmp_path / "merged"
+    out = run_here("merge", "--adapter", str(run), "--output", str(merged))
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 143, out.stdout + out.stderr
+    assert f"before the merged model was in place: nothing written to {merged}" in said
+    assert "Traceback" not in out.stderr
+    assert not merged.exists() and not list(tmp_path.glob(".tmp-*"))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back after the command

@@ -72,11 +72,30 @@ def merge(
     ],
 ) -> None:
     """Merge an adapter into its base model and save a standalone safetensors model."""
+    from expert_cli.atomic import sigterm_raises
     from expert_cli.cli.render import console
-    from expert_cli.errors import escaped
+    from expert_cli.errors import Interrupted, Terminated, escaped
     from expert_cli.train.merge import merge_adapter
 
-    path, notes = merge_adapter(adapter, output)
+    def holds_files() -> bool:  # one rename puts the whole merged model in place
+        try:
+            return output.is_dir() and any(output.iterdir())
+        except OSError:
+            return False
+
+    held = holds_files()  # a folder with files in it is refused, and left as it was
+    try:
+        with sigterm_raises():  # SIGTERM and SIGHUP as Ctrl-C: a line saying what was left
+            path, notes = merge_adapter(adapter, output)
+    except (KeyboardInterrupt, Terminated) as exc:
+        code = exc.code if isinstance(exc, Terminated) else 130
+        written = not held and holds_files()
+        raise Interrupted(
+            f"{escaped(str(output))} was written in full before it"
+            if written
+            else f"before the merged model was in place: nothing written to {escaped(str(output))}",
+            code,
+        ) from None
     out = console()
     for note in notes:
         out.print(f"note      {note}", markup=False)
