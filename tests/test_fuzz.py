@@ -209,7 +209,9 @@ def _data_case(tmp_path: Path, rows: list, layout: str, noise: bytes, fmt: str) 
         _check_lines([line.replace(str(path), "train.jsonl") for line in exc.lines])
 
 
-def _run(tmp_path_factory: pytest.TempPathFactory, n: int) -> None:
+def _run(
+    tmp_path_factory: pytest.TempPathFactory, n: int, which: tuple[str, ...] = ("manifests", "data")
+) -> None:
     @settings(
         max_examples=n,
         deadline=5000,
@@ -235,8 +237,10 @@ def _run(tmp_path_factory: pytest.TempPathFactory, n: int) -> None:
     def data_files(rows: list, layout: str, noise: bytes, fmt: str) -> None:
         _data_case(tmp_path_factory.mktemp("d"), rows, layout, noise, fmt)
 
-    manifests()
-    data_files()
+    if "manifests" in which:
+        manifests()
+    if "data" in which:
+        data_files()
 
 
 def test_fuzz_manifests_and_data(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -244,8 +248,11 @@ def test_fuzz_manifests_and_data(tmp_path_factory: pytest.TempPathFactory) -> No
 
 
 @pytest.mark.slow
-def test_fuzz_manifests_and_data_at_length(tmp_path_factory: pytest.TempPathFactory) -> None:
-    _run(tmp_path_factory, 800)
+@pytest.mark.parametrize("which", ["manifests", "data"])  # two tests: two workers share them
+def test_fuzz_manifests_and_data_at_length(
+    tmp_path_factory: pytest.TempPathFactory, which: str
+) -> None:
+    _run(tmp_path_factory, 800, (which,))
 
 
 def test_the_fuzzers_own_checks_can_fail() -> None:
