@@ -91,10 +91,8 @@ def signals_held() -> Iterator[None]:
         return
     came: list[int] = []
     previous = {}
-    for signum in (signal.SIGINT, signal.SIGTERM, *HANGUP):
-        # None: set outside Python, cannot be put back; SIG_IGN: ignored all along (nohup)
-        if signal.getsignal(signum) not in (None, signal.SIG_IGN):
-            previous[signum] = signal.signal(signum, lambda got, frame: came.append(got))
+    for signum in heard((signal.SIGINT, signal.SIGTERM, *HANGUP)):
+        previous[signum] = signal.signal(signum, lambda got, frame: came.append(got))
     try:
         yield
     finally:

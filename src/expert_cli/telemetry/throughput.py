@@ -125,14 +125,13 @@ class ThroughputMeter:
         self.gather = gather
         self.clock, self.sync, self.memory = clock, sync, memory
         self.started = clock()
-        self._flushes_at_start = self.flushes() or 0  # the model's load and probes before it
         self.windows: list[dict[str, Any]] = []
         self.totals = dict.fromkeys(WINDOW_KEYS, 0.0)
         self.rank_totals: list[dict[str, float]] = []  # per rank, over the closed windows
         self.seconds = 0.0  # wall time of the closed windows
         self.steps = 0  # optimizer steps this process ran (a resumed run's earlier ones excluded)
         self.flushed = 0  # allocator cache flushes over the closed windows, every process
-        self._flushes_seen: int | None = None
+        self._flushes_seen = self.flushes() or 0  # the model's load and probes before it
         self._window_start: float | None = None
         self._reset_window()
 
@@ -178,7 +177,7 @@ class ThroughputMeter:
         if now is None:
             return NO_MEMORY
         before, self._flushes_seen = self._flushes_seen, now
-        return float(now - (before if before is not None else self._flushes_at_start))
+        return float(now - before)
 
     def _mfu(self, tokens: float, attended: float, seconds: float, devices: int) -> float | None:
         """MFU of `tokens` counted on `devices` processes, against the sum of their peaks."""

@@ -15,6 +15,7 @@ from transformers import TrainerCallback
 from expert_cli.atomic import HANGUP, heard, write_json_atomic
 from expert_cli.telemetry.ops import OpCounter
 from expert_cli.telemetry.throughput import ThroughputMeter
+from expert_cli.train.args import warmup_count
 from expert_cli.train.outputs import number_pairs, read_json_file
 
 # the window's numbers that also go into the Trainer's logs (so TensorBoard gets them)
@@ -231,8 +232,8 @@ class ScheduleNote(TrainerCallback):
         if not total or state.global_step:  # a resume: said when the run began
             return
         warmup = args.warmup_steps
-        if isinstance(warmup, float) and 0 < warmup < 1:
-            warmup = math.ceil(round(warmup * total, 9))
+        if isinstance(warmup, float) and 0 < warmup < 1:  # a ratio, counted as the run counts it
+            warmup = warmup_count(warmup, total)
         if isinstance(warmup, int) and warmup >= total:
             reached = args.learning_rate * total / warmup
             self.note(

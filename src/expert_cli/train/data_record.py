@@ -20,8 +20,8 @@ from expert_cli.train.outputs import read_json_file
 def refuse_changed_data(output: Path, resolved: Any, tokenizer: Any) -> None:
     """UserError when the data files of a run resumed into `output` changed since it began;
     called before the token cache is built, so edited data costs no build."""
-    recorded = read_json_file(output / "manifest.resolved.json").get("runtime")
-    before = recorded.get(BASE_CONFIG_KEY) if isinstance(recorded, dict) else None
+    runtime = read_json_file(output / "manifest.resolved.json").get("runtime")
+    before = runtime.get(BASE_CONFIG_KEY) if isinstance(runtime, dict) else None
     if before and (now := base_config_digest(resolved)) and now != before:
         raise UserError(
             f"--resume: the base model's config.json ({resolved.base_model}) changed since "
@@ -32,7 +32,7 @@ def refuse_changed_data(output: Path, resolved: Any, tokenizer: Any) -> None:
     inputs = fingerprint_inputs(resolved, tokenizer, 1)  # the shard size is not compared
     if changed := changed_data(output, {"stats": {"inputs": inputs}}):
         raise UserError(data_changed(output, changed))
-    if changed := changed_building(output, inputs):
+    if changed := changed_building(_recorded_inputs(runtime), inputs):
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         shown = "; ".join(changed[:3]) + more
         raise UserError(
@@ -61,17 +61,10 @@ def base_config_digest(resolved: Any) -> str | None:
 BUILDING = ("tokenizer", "formatting", "eval_fraction", "eval_seed")
 
 
-def changed_building(output: Path, inputs: dict[str, Any]) -> list[str]:
+def changed_building(recorded: dict[str, Any] | None, inputs: dict[str, Any]) -> list[str]:
     """`key old -> new` for what builds the examples that changed since the run began, from
-    the inputs it recorded; nothing for a run of a version that did not record them."""
-    runtime = read_json_file(output / "manifest.resolved.json").get("runtime")
-    try:
-        before = runtime["data"]["stats"]["inputs"]
-    except (KeyError, TypeError):
-        return []
-    if not isinstance(before, dict):
-        return []
-    old = {key: before[key] for key in BUILDING if key in before}
+    the inputs it `recorded`; nothing for a run of a version that did not record them."""
+    old = {key: recorded[key] for key in BUILDING if key in (recorded or {})}
     return changed_inputs(old, {key: inputs.get(key) for key in old}, recorded=True)
 
 
@@ -113,11 +106,17 @@ def _content(value: Any) -> Any:
     return value
 
 
-def _inputs(runtime: Any) -> dict[str, Any] | None:
+def _recorded_inputs(runtime: Any) -> dict[str, Any] | None:
+    """The data inputs a run recorded (`runtime.data.stats.inputs`), or None."""
     try:
-        sources = runtime["data"]["stats"]["inputs"]["sources"]
+        inputs = runtime["data"]["stats"]["inputs"]
     except (KeyError, TypeError):
         return None
+    return inputs if isinstance(inputs, dict) else None
+
+
+def _inputs(runtime: Any) -> dict[str, Any] | None:
+    sources = (_recorded_inputs(runtime) or {}).get("sources")
     return sources if isinstance(sources, dict) else None
 
 
