@@ -192,6 +192,29 @@ def test_one_kind_of_check_at_a_time(capsys, monkeypatch, args, message) -> None
     assert message in " ".join(err.split())
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["package", "--adapter", "no-such-run"], "no-such-run: does not exist"),
+        (["generate", "--adapter", "no-such-run", "-p", "hi"], "no-such-run: does not exist"),
+        (["check", "-m", "m.json", "--package", "p.expert"], "--manifest and --package: give"),
+        (["find-datasets", "--cache-dir", "no-such-cache"], "no-such-cache"),
+    ],
+)
+def test_json_asked_gets_json_on_an_error_too(capsys, monkeypatch, args, message) -> None:
+    """`package --json` and `generate --json` printed nothing on stdout on an error: a script
+    parsing stdout met an empty string. The error is a JSON object there too, and stays on
+    stderr; without --json stdout stays empty."""
+    from train_helpers import run_main
+
+    code, out, err = run_main(capsys, monkeypatch, *args, "--json")
+    said = json.loads(out)["error"]
+    assert code == 2 and said["exit_code"] == 2 and said["kind"] == "error", (code, out, err)
+    assert message in " ".join(said["lines"]) and message in " ".join(err.split())
+    code, out, err = run_main(capsys, monkeypatch, *args)
+    assert (code, out) == (2, "") and message in " ".join(err.split())
+
+
 def test_evaluation_with_no_row_to_hold_out_fails_in_check_as_in_train(
     cli, tmp_path: Path, tiny_model_dir: Path
 ) -> None:

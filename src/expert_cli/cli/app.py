@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import sys
 import warnings
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
 from expert_cli import __version__
 from expert_cli.cli import benchmark, check, data, ship, train
 from expert_cli.cli.help import Command, Group, examples
+from expert_cli.cli.options import JSON_ASKED
 from expert_cli.cli.render import one_line, print_error
 from expert_cli.errors import Interrupted, RunError, Terminated, UserError
 from expert_cli.paths import shown_path
@@ -176,6 +178,7 @@ def _out_of_memory(exc: BaseException) -> bool:
 
 def main() -> None:
     """Console-script entry point."""
+    JSON_ASKED["on"] = False  # (a second call in one process: the tests')
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     for name in ("transformers.modeling_utils", "transformers.trainer_utils"):
@@ -199,16 +202,13 @@ def main() -> None:
     except UserError as exc:
         if _state["verbose"]:
             raise
-        print_error("error", exc)
-        sys.exit(2)
+        _fail("error", exc, 2)
     except RunError as exc:
         if _state["verbose"]:
             raise
-        print_error("failed", exc)
-        sys.exit(1)
+        _fail("failed", exc, 1)
     except Interrupted as exc:  # a command that says what the interrupt left
-        print_error("interrupted", exc)
-        sys.exit(exc.code)
+        _fail("interrupted", exc, exc.code)
     except Terminated as exc:
         sys.exit(exc.code)
     except KeyboardInterrupt:
@@ -217,13 +217,22 @@ def main() -> None:
         if _state["verbose"]:
             raise
         if _out_of_memory(exc):
-            print_error("failed", RunError(OUT_OF_MEMORY))
-            sys.exit(1)
+            _fail("failed", RunError(OUT_OF_MEMORY), 1)
         said = _system_error(exc)
         if said is None:
             raise
-        print_error("error" if isinstance(said, UserError) else "failed", said)
-        sys.exit(2 if isinstance(said, UserError) else 1)
+        _fail(*(("error", said, 2) if isinstance(said, UserError) else ("failed", said, 1)))
+
+
+def _fail(kind: str, exc: BaseException, code: int) -> NoReturn:
+    """Say `exc` on stderr (and, where --json was asked, as a JSON object on stdout) and exit
+    with `code`."""
+    print_error(kind, exc)
+    if JSON_ASKED["on"]:
+        lines = exc.lines if isinstance(exc, UserError) else str(exc).splitlines()
+        said = {"kind": kind, "exit_code": code, "lines": [one_line(line) for line in lines]}
+        typer.echo(json.dumps({"error": said}, indent=2, ensure_ascii=False))
+    sys.exit(code)
 
 
 def _system_error(exc: BaseException) -> UserError | RunError | None:

@@ -16,4 +16,23 @@ AdapterOpt = Annotated[
     Path,
     typer.Option("--adapter", metavar="RUN_DIR", help="A trained run folder (train's output)."),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+# whether this command line asked for --json: an error then prints a JSON object on stdout too
+# (`{"error": {...}}`), so that a script reading stdout gets JSON whatever happens
+JSON_ASKED = {"on": False}
+
+
+def _json_asked(value: bool) -> bool:
+    if value:
+        JSON_ASKED["on"] = True
+    return value
+
+
+JsonOpt = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="Print one JSON object (on an error: {\"error\": {kind, exit_code, lines}}).",
+        callback=_json_asked,
+    ),
+]
