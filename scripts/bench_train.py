@@ -67,6 +67,11 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
     "f_loss_standard": ("cli", [f"{C}fused_loss=off"], "full-vocabulary logits"),
     "f_loss_liger": ("cli", [f"{C}fused_loss=liger"], "Liger fused linear CE"),
     "f_loss_chunked": ("cli", [f"{C}fused_loss=chunked"], "expert-cli chunked CE"),
+    "f_loss_liger_library": (
+        "cli",
+        [f"{C}fused_loss=liger"],
+        "Liger's own fused linear CE function (two host syncs a step, 128-token slices)",
+    ),
     "f_adapters_fp32": ("cli", [f"{C}adapter_precision=fp32"], "peft's fp32 adapter inputs"),
     "f_adapters_fused": ("cli", [f"{C}adapter_kernel=fused"], "fused LoRA linear layers"),
     "f_adapters_peft": ("cli", [f"{C}adapter_kernel=peft"], "peft's LoRA layers"),
@@ -124,6 +129,9 @@ GROUPS = {
 }
 
 
+# variants that run `expert-cli train` with a module setting changed first
+PRELUDES = {"f_loss_liger_library": "import expert_cli.train.loss as m; m.LIGER_LOOP = False"}
+
 # --------------------------------------------------------------------------- CLI variants
 
 
@@ -146,10 +154,12 @@ def run_cli_variant(
     """`expert-cli train` with the variant's overrides; numbers from its metrics.json."""
     out = work / name
     sets = [f"{C}logging_steps=5", f"{C}save_strategy=no", *VARIANTS[name][1]]
+    entry = ["-m", "expert_cli.cli"]
+    if name in PRELUDES:
+        entry = ["-c", f"{PRELUDES[name]}; from expert_cli.cli.app import main; main()"]
     cmd = [
         sys.executable,
-        "-m",
-        "expert_cli.cli",
+        *entry,
         "train",
         "--manifest",
         str(manifest),

@@ -9,6 +9,9 @@
    gradients on the same model in bf16, and on its NF4 quantization (QLoRA).
 4. The attention probe `train` runs on the loaded model (train/causality.py) says "verified"
    for every kernel and precision here: no false refusal from a kernel that rounds.
+5. The loss at Qwen3-0.6B's size (16,384 tokens, 151,936-token vocabulary): Liger's own fused
+   function against expert-cli's loop over Liger's kernel: GPU time of a forward and backward,
+   the same loss and input gradient, and the host syncs each makes (CUDA's sync debug mode).
 
     python scripts/check_fast_path_gpu.py [--json]
 """
@@ -140,6 +143,82 @@ def loss_parity(backend: str) -> dict[str, float]:
         "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
         "grad_rel_diff": ((grad - ref_grad).norm() / ref_grad.norm()).item(),
     }
+
+
+def _loss_round(x, w, targets, items):
+    """One forward and backward of the summed loss over `items` trained tokens."""
+    from expert_cli.train import loss as fused
+
+    x.grad = None
+    loss = fused.summed_linear_cross_entropy("liger", x, w, targets) / items
+    loss.backward()
+    return loss
+
+
+def _timed_rounds(args: tuple, rounds: int = 5) -> float:
+    """Best GPU ms of `rounds` loss rounds, after two to warm up."""
+    import torch
+
+    for _ in range(2):
+        _loss_round(*args)
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        _loss_round(*args)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return round(min(times), 3)
+
+
+def _synced_round(args: tuple) -> tuple:
+    """One loss round under CUDA's sync debug mode: (loss, the syncs it warned of)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            loss = _loss_round(*args)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return loss, [str(c.message)[:120] for c in caught if "synchroniz" in str(c.message)]
+
+
+def loss_timing(tokens: int = 16_384, vocab: int = 151_936, hidden: int = 1024) -> dict:
+    """Liger's own fused linear cross-entropy against expert-cli's loop over Liger's kernel
+    (`LIGER_LOOP`), on a frozen head: ms per forward and backward (best of 5 after 2 warm-up
+    rounds, CUDA events), host syncs of one round (sync debug mode), and how far apart the
+    two losses and input gradients are."""
+    import torch
+
+    from expert_cli.train import loss as fused
+
+    gen = torch.Generator(device=DEVICE).manual_seed(4)
+    h = torch.randn(tokens, hidden, device=DEVICE, generator=gen, dtype=torch.bfloat16)
+    w = torch.randn(vocab, hidden, device=DEVICE, generator=gen, dtype=torch.bfloat16) * 0.02
+    targets = torch.randint(0, vocab, (tokens,), device=DEVICE, generator=gen)
+    targets[::10] = -100
+    items = (targets != -100).sum()
+    out: dict = {"tokens": tokens, "vocab": vocab}
+    out["chunk_tokens"] = fused._chunks(tokens, vocab)[0][1]
+    results = {}
+    for name, loop in (("library", False), ("loop", True)):
+        fused.LIGER_LOOP = loop
+        args = (h.clone().requires_grad_(), w, targets, items)
+        ms = _timed_rounds(args)
+        loss, syncs = _synced_round(args)
+        results[name] = (loss.float().item(), args[0].grad.float())
+        out[name] = {"ms": ms, "host_syncs": len(syncs), "sync_examples": syncs[:3]}
+    fused.LIGER_LOOP = True
+    (lib_loss, lib_grad), (loop_loss, loop_grad) = results["library"], results["loop"]
+    out["loss_rel_diff"] = abs(loop_loss - lib_loss) / abs(lib_loss)
+    out["grad_rel_diff"] = ((loop_grad - lib_grad).norm() / lib_grad.norm()).item()
+    out["speed_ratio"] = round(out["library"]["ms"] / out["loop"]["ms"], 3)
+    return out
 
 
 def _lora_pair(int4: bool) -> tuple:
@@ -287,6 +366,20 @@ def main() -> int:
                     "ok": False,
                     "error": f"{type(exc).__name__}: {exc}"[:800],
                 }
+            )
+    if DEVICE == "cuda" and not args.no_loss:
+        try:
+            timing = loss_timing()
+            ok = (
+                timing["loss_rel_diff"] < 1e-3
+                and timing["grad_rel_diff"] < 2e-2
+                and timing["loop"]["host_syncs"] == 0
+            )
+            results.append({"check": "loss_timing", "backend": "liger", **timing, "ok": ok})
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:800]
+            results.append(
+                {"check": "loss_timing", "backend": "liger", "ok": False, "error": error}
             )
     for int4 in (False, True):
         check = "fused_lora_int4" if int4 else "fused_lora"

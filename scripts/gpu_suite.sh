@@ -14,7 +14,8 @@
 #
 # prep: packages unpacked, the token cache built, every kernel's correctness without flash-
 #       attention 4 (scripts/check_fast_path_gpu.py: packed-vs-alone logits, the fused losses,
-#       the fused LoRA linear, the attention probe), then QLoRA through the fused layers and
+#       Liger's own loss function against expert-cli's loop over its kernel (time, host
+#       syncs), the fused LoRA linear, the attention probe), then QLoRA through the fused layers and
 #       through peft's (about 3 minutes in all). main: flash-attention 4 assembled and
 #       checked, then the open measurements (docs/PERFORMANCE.md): the default against peft's
 #       layers, lora dropout and the batch probe, Unsloth (d), and a profile of the step; each
@@ -86,7 +87,7 @@ if [ "$STAGE" = auto ]; then  # what little device time is left: the batch probe
 fi
 if [ "$STAGE" = prep ] || [ "$STAGE" = single ]; then
   log "check fast path"
-  timeout 100 python3 scripts/check_fast_path_gpu.py --json > "$OUT/check-prep.json" \
+  timeout 130 python3 scripts/check_fast_path_gpu.py --json > "$OUT/check-prep.json" \
     2> "$OUT/check-prep.err"; tail -c 1500 "$OUT/check-prep.err"
   python3 -c "import json; [print(r) for r in json.load(open('$OUT/check-prep.json'))['results']]"
   bench quant 110 --variants q_int4,q_int4_peft --steps 25  # 0.72x of bf16 peft on 11-27

@@ -1,10 +1,17 @@
 """The loss without full-vocabulary logits equals the standard loss, and so do its gradients.
 
-`chunked` (expert-cli's own, plain torch) runs on the CPU; Liger's is a Triton kernel and is
-compared the same way on a GPU (tests/train/test_fast_path_gpu.py).
+`chunked` (plain torch) runs on the CPU; `liger` drives Liger-Kernel's Triton cross-entropy
+kernel, which runs on the CPU in Triton's interpreter where triton and liger-kernel are
+installed (the `[gpu]` extra), and is compared the same way on a GPU
+(tests/train/test_fast_path_gpu.py, scripts/check_fast_path_gpu.py).
 """
 
 from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -122,3 +129,48 @@ def test_unknown_backend_is_refused() -> None:
         fused.summed_linear_cross_entropy(
             "nope", torch.zeros(1, 2), torch.zeros(3, 2), torch.zeros(1, dtype=torch.long)
         )
+
+
+LIGER_IN_INTERPRETER = """
+import torch
+from expert_cli.train import loss as fused
+
+assert fused.liger_kernel_fits()
+fused.CHUNK_ELEMENTS = 7 * 50  # 7 tokens a chunk: 4 chunks
+gen = torch.Generator().manual_seed(0)
+for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 5e-2)):
+    hidden = torch.randn(23, 16, generator=gen).to(dtype).requires_grad_()
+    weight = torch.randn(50, 16, generator=gen).to(dtype)
+    targets = torch.randint(0, 50, (23,), generator=gen)
+    targets[[0, 5, 9, 22]] = -100
+    got = fused.summed_linear_cross_entropy("liger", hidden, weight, targets)
+    assert got.grad_fn.name() == "LinearCrossEntropyBackward", got.grad_fn.name()
+    (grad,) = torch.autograd.grad(got * 1.7, (hidden,))
+    logits = hidden.detach().float() @ weight.float().t()
+    ref = torch.nn.functional.cross_entropy(logits.requires_grad_(), targets, reduction="sum")
+    (ref_logits,) = torch.autograd.grad(ref * 1.7, (logits,))
+    torch.testing.assert_close(got.float(), ref, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(grad.float(), ref_logits @ weight.float(), rtol=tol, atol=tol)
+    assert grad[[0, 5, 9, 22]].abs().max() == 0
+print("ok")
+"""
+
+
+@pytest.mark.skipif(
+    not (importlib.util.find_spec("triton") and importlib.util.find_spec("liger_kernel")),
+    reason="triton and liger-kernel are the [gpu] extra's",
+)
+def test_liger_kernel_loop_matches_cross_entropy_in_tritons_interpreter() -> None:
+    """Our loop over Liger's Triton cross-entropy kernel (its arguments as we pass them, the
+    summed loss, the gradient it writes over the logits, the ignored rows) against torch's
+    cross-entropy, run by Triton's CPU interpreter."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", LIGER_IN_INTERPRETER],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

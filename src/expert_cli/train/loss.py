@@ -3,10 +3,13 @@
 The standard path multiplies every hidden state by the vocabulary matrix (151,936 rows for
 Qwen3), keeps those logits, and upcasts them to fp32: about 10 GB per copy for 16k tokens. A
 linear cross-entropy computes the same loss and gradients a slice of tokens at a time and keeps
-only one number per token. Backends: Liger-Kernel's fused linear cross-entropy (`liger`,
-Triton, GPU) and `chunked`, this module's own portable version in plain torch (any device; the
-CPU tests' reference). cut-cross-entropy was measured too and left out: slower here, and its
-default gradient filtering moved the adapter gradients by 22% (docs/PERFORMANCE.md).
+only one number per token. `LinearCrossEntropy` does it with the gradient computed in the
+forward pass (no logits recomputed in the backward), each chunk's loss and logit gradient by
+Liger-Kernel's Triton cross-entropy kernel (`liger`, GPU) or in plain torch (`chunked`, any
+device: the CPU tests' reference). Liger's own fused function is not called: it reads two
+values back to the host each step (a wait for the GPU each time) and takes thin slices of
+about 128 tokens at a time. cut-cross-entropy was measured too and left out: slower here, and
+its default gradient filtering moved the adapter gradients by 22% (docs/PERFORMANCE.md).
 
 `install_fused_loss` rebinds a causal LM's `forward` so that, when labels are given, it runs the
 decoder body and returns the loss with no logits; the Trainer, DDP and peft see the same
@@ -15,6 +18,8 @@ module. Without labels it is the model's own forward.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from types import MethodType
 from typing import Any
 
@@ -23,7 +28,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from expert_cli.data.formatting import IGNORE
 
-# Logit elements computed at once by the chunked backend (2**28 fp32 values = 1 GiB).
+# Logit elements computed at once (2**28: 1,766 tokens of Qwen3's vocabulary; 512 MB in bf16,
+# and as much again in fp32 for the plain-torch rows). Liger's own function takes about 128 tokens
+# at a time for 16k: GEMMs too thin for a GPU's SMs.
 CHUNK_ELEMENTS = 1 << 28
 
 
@@ -39,56 +46,133 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     return hidden.dtype
 
 
-def _chunk_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return (h @ weight.t()).float()
+def _torch_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each row's cross-entropy against `targets` (0 where the target is -100, fp32), the
+    gradient of their sum written over `logits` (softmax minus one-hot, computed in fp32;
+    0 on ignored rows)."""
+    x = logits.float()  # `logits` itself when it is fp32
+    keep = (targets != IGNORE).unsqueeze(1)
+    picked = targets.clamp(min=0).unsqueeze(1)
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    rows = ((lse - x.gather(1, picked)) * keep).squeeze(1)
+    x.sub_(lse).exp_()
+    x.scatter_add_(1, picked, -torch.ones_like(lse))
+    x.mul_(keep)
+    if x is not logits:
+        logits.copy_(x)
+    return rows
 
 
-class ChunkedLinearCrossEntropy(torch.autograd.Function):
+def _liger_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """`_torch_rows` in one pass of Liger-Kernel's Triton cross-entropy kernel (GPU)."""
+    import triton
+    from liger_kernel.ops.cross_entropy import liger_cross_entropy_kernel
+
+    rows = torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
+    n_cols = logits.shape[1]
+    liger_cross_entropy_kernel[(logits.shape[0],)](
+        **_liger_arguments(logits, targets, rows),
+        BLOCK_SIZE=min(LIGER_BLOCK, triton.next_power_of_2(n_cols)),
+        num_warps=32,
+    )
+    return rows
+
+
+# the kernel's widest block, as Liger's own functions use it
+LIGER_BLOCK = 32_768
+
+
+def _liger_arguments(logits: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor) -> dict:
+    """The arguments of Liger's cross-entropy kernel (0.8.5's names) for a summed loss with
+    its gradient written over `logits`; with `reduction` "sum" the count of trained tokens is
+    not read (its "mean" needs it on the host: a sync)."""
+    return {
+        "X_ptr": logits,
+        "X_stride": logits.stride(-2),
+        "Y_ptr": targets,
+        "Y_stride": targets.stride(-1),
+        "weight_ptr": None,
+        "loss_ptr": rows,
+        "z_loss_ptr": None,
+        "loss_stride": rows.stride(-1),
+        "token_accuracy_ptr": None,
+        "token_accuracy_stride": 0,
+        "predicted_tokens_ptr": None,
+        "predicted_tokens_stride": 0,
+        "n_cols": logits.shape[1],
+        "n_non_ignore": 1,
+        "sum_non_ignore_weight": 1,
+        "weight_sum": 0.0,
+        "ignore_index": IGNORE,
+        "lse_square_scale": 0.0,
+        "label_smoothing": 0.0,
+        "reduction": "sum",
+        "softcap": None,
+        "RETURN_Z_LOSS": False,
+        "RETURN_TOKEN_ACCURACY": False,
+        "RETURN_PREDICTED_TOKENS": False,
+        "HAS_WEIGHT": False,
+        "HAS_SOFTCAPPING": False,
+        "HAS_GRADIENTS": True,
+    }
+
+
+@functools.cache
+def liger_kernel_fits() -> bool:
+    """Whether the installed Liger-Kernel's cross-entropy kernel takes the arguments
+    `_liger_arguments` gives (named as in 0.8.5); otherwise Liger's own function runs."""
+    try:
+        from liger_kernel.ops.cross_entropy import liger_cross_entropy_kernel
+    except ImportError:
+        return False
+    names = set(getattr(liger_cross_entropy_kernel, "arg_names", ()))
+    empty = torch.empty(1, 1)
+    return set(_liger_arguments(empty, empty[0], empty[0])) | {"BLOCK_SIZE"} == names
+
+
+class LinearCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of `hidden @ weight.T` against `targets`, a chunk of tokens at a
-    time, in the compute dtype with fp32 softmax; the backward pass recomputes each chunk's
-    logits instead of keeping them."""
+    time: each chunk's logits in the compute dtype, their loss and gradient by `rows` (one
+    kernel on a GPU), the input's gradient by one GEMM, all in the forward pass, as Liger's
+    fused linear cross-entropy does. Unlike Liger's own function nothing is read back to the
+    host (it reads the count of trained tokens in the forward, and compares the backward's
+    incoming gradient with 1.0: two waits for the GPU a step); the backward scales the kept
+    gradient by the incoming one on the device."""
 
     @staticmethod
     def forward(
-        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
         dtype = _compute_dtype(hidden)
-        with torch.autocast(hidden.device.type, enabled=False):
-            h, w = hidden.to(dtype), weight.to(dtype)
-            lse = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
-            total = torch.zeros((), dtype=torch.float32, device=h.device)
-            for start, end in _chunks(h.shape[0], w.shape[0]):
-                logits = _chunk_logits(h[start:end], w)
-                t = targets[start:end]
-                chunk_lse = torch.logsumexp(logits, dim=-1)
-                picked = logits.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
-                total += ((chunk_lse - picked) * (t != IGNORE)).sum()
-                lse[start:end] = chunk_lse
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.dtype = dtype
-        return total
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, Any, None]:
-        hidden, weight, targets, lse = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         with torch.autocast(hidden.device.type, enabled=False):
-            h, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
+            h, w = hidden.to(dtype), weight.to(dtype)
             grad_h = torch.empty_like(h) if need_h else None
             grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
+            losses = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
             for start, end in _chunks(h.shape[0], w.shape[0]):
-                t = targets[start:end]
-                keep = (t != IGNORE).unsqueeze(1)
-                probs = torch.exp(_chunk_logits(h[start:end], w) - lse[start:end, None])
-                probs.scatter_add_(1, t.clamp(min=0).unsqueeze(1), -keep.to(probs.dtype))
-                dlogits = (probs * keep * grad).to(ctx.dtype)
+                logits = h[start:end] @ w.t()
+                losses[start:end] = rows(logits, targets[start:end].contiguous())
                 if grad_h is not None:
-                    grad_h[start:end] = dlogits @ w
+                    torch.mm(logits, w, out=grad_h[start:end])
                 if grad_w is not None:
-                    grad_w += dlogits.t().float() @ h[start:end].float()
+                    grad_w.addmm_(logits.t().float(), h[start:end].float())
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        return losses.sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, Any, None, None]:
+        grad_h, grad_w = ctx.saved_tensors
+        h_dtype, w_dtype = ctx.dtypes
         return (
-            grad_h.to(hidden.dtype) if grad_h is not None else None,
-            grad_w.to(weight.dtype) if grad_w is not None else None,
+            (grad_h * grad.to(grad_h.dtype)).to(h_dtype) if grad_h is not None else None,
+            (grad_w * grad).to(w_dtype) if grad_w is not None else None,
+            None,
             None,
         )
 
@@ -99,16 +183,25 @@ def summed_linear_cross_entropy(
     """Sum over tokens whose target is not -100 of the cross-entropy of `hidden @ weight.T`.
 
     hidden: [tokens, hidden_size]; weight: [vocab, hidden_size]; targets: [tokens].
+    `liger`: Liger's kernel for each chunk's loss and gradient (Liger's own fused function
+    where the installed version's kernel takes other arguments); `chunked`: plain torch.
     """
     if backend == "liger":
+        if LIGER_LOOP and liger_kernel_fits():
+            return LinearCrossEntropy.apply(hidden, weight, targets, _liger_rows)
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
         return liger_fused_linear_cross_entropy(
             hidden, weight, targets, ignore_index=IGNORE, reduction="sum"
         )
     if backend == "chunked":
-        return ChunkedLinearCrossEntropy.apply(hidden, weight, targets)
+        return LinearCrossEntropy.apply(hidden, weight, targets, _torch_rows)
     raise ValueError(f"fused_loss: unknown backend {backend!r}")
+
+
+# False: `liger` runs Liger's own fused function, host syncs and all (scripts/bench_train.py
+# measures the two against each other)
+LIGER_LOOP = True
 
 
 def causal_lm_loss(
