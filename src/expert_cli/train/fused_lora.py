@@ -35,6 +35,7 @@ import types
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from bitsandbytes.functional import dequantize_4bit
 from bitsandbytes.nn import Linear4bit
 from bitsandbytes.nn.modules import fix_4bit_weight_quant_state_from_module
@@ -49,11 +50,16 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` in `dtype`: itself when it already is (no call into torch)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _dense(weight: torch.Tensor, quant_state: Any, dtype: torch.dtype) -> torch.Tensor:
     """The base weight [out, in] in `dtype`: a 4-bit one (with its `quant_state`)
     dequantized straight to it (one allocation)."""
     if quant_state is None:
-        return weight.to(dtype)
+        return _as(weight, dtype)
     if quant_state.dtype != dtype:
         quant_state = copy.copy(quant_state)
         quant_state.dtype = dtype
@@ -81,14 +87,16 @@ class LoraLinearFunction(torch.autograd.Function):
         quant_state = weight.quant_state if isinstance(base, Linear4bit) else None
         # every operand is cast to the compute dtype here, which is autocast's own when it is
         # on: its casts find nothing to do, so it is left on (entering a context to turn it
-        # off costs host time at each of 196 layers, forward and backward)
+        # off costs host time at each of 196 layers, forward and backward). A cast is asked
+        # for only where the dtype differs: on a launch-bound GPU step the host's time per
+        # call counts, and a cast to the same dtype still costs a call
         dtype = _compute_dtype(x)
-        x2 = x.reshape(-1, x.shape[-1]).to(dtype)
+        x2 = _as(x.reshape(-1, x.shape[-1]), dtype)
         w = _dense(weight, quant_state, dtype)
-        a, b = lora_a.to(dtype), lora_b.to(dtype)
+        a, b = _as(lora_a, dtype), _as(lora_b, dtype)
         d, mask = torch.native_dropout(x2, dropout, True) if dropout > 0 else (x2, None)
-        xa = d @ a.t()
-        y = torch.addmm(bias.to(dtype), x2, w.t()) if bias is not None else x2 @ w.t()
+        xa = F.linear(d, a)
+        y = F.linear(x2, w, None if bias is None else _as(bias, dtype))
         y.addmm_(xa, b.t(), alpha=scaling)
         # the adapter weights in the compute dtype are kept for the backward (r x features:
         # small), so that it casts nothing but the two gradients back; with dropout the
@@ -96,10 +104,10 @@ class LoraLinearFunction(torch.autograd.Function):
         # (a 4-bit weight is kept packed, with its quantization state)
         ctx.save_for_backward(d, xa, weight, a, b, mask if ctx.needs_input_grad[0] else None)
         ctx.scaling, ctx.x_shape, ctx.x_dtype = scaling, x.shape, x.dtype
-        ctx.master, ctx.quant_state = (lora_a.dtype, lora_b.dtype), quant_state
+        ctx.quant_state = quant_state
         ctx.keep_scale = 1.0 / (1.0 - dropout) if dropout > 0 else 1.0
         if quant_state is not None:  # in the input's dtype, as bitsandbytes' layer gives it
-            y = y.to(x.dtype)
+            y = _as(y, x.dtype)
         return y.view(*x.shape[:-1], w.shape[0])
 
     @staticmethod
@@ -114,8 +122,8 @@ def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """LoraLinearFunction's backward (a function of its own: torch.compile traces a Function's
     backward and refuses a call of the Function's own method inside it)."""
     d, xa, weight, a, b, mask = ctx.saved_tensors
-    s, (a_dtype, b_dtype) = ctx.scaling, ctx.master
-    dy2 = dy.reshape(-1, dy.shape[-1]).to(d.dtype)
+    s = ctx.scaling
+    dy2 = _as(dy.reshape(-1, dy.shape[-1]), d.dtype)
     g = dy2 @ b
     dx = None
     if ctx.needs_input_grad[0]:
@@ -124,13 +132,13 @@ def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
             dx.addmm_(g, a, alpha=s)
         else:  # through the dropout: kept entries scaled by s / (1 - p), dropped ones 0
             dx.add_(torch.ops.aten.native_dropout_backward(g @ a, mask, s * ctx.keep_scale))
-        dx = dx.view(ctx.x_shape).to(ctx.x_dtype)
+        dx = _as(dx.view(ctx.x_shape), ctx.x_dtype)
     # s * (g^T d) and s * (dy^T xa) as one GEMM each: with beta 0 the first argument
-    # (a tensor of the result's shape) only gives the shape and is not read
+    # (a tensor of the result's shape) only gives the shape and is not read. They are
+    # returned in the compute dtype: autograd casts a gradient to its parameter's dtype (the
+    # fp32 master weights) itself, without a Python call
     d_a = torch.addmm(a, g.t(), d, beta=0, alpha=s) if ctx.needs_input_grad[2] else None
     d_b = torch.addmm(b, dy2.t(), xa, beta=0, alpha=s) if ctx.needs_input_grad[3] else None
-    d_a = d_a.to(a_dtype) if d_a is not None else None
-    d_b = d_b.to(b_dtype) if d_b is not None else None
     return dx, None, d_a, d_b, None
 
 
