@@ -91,6 +91,16 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
         [f"{C}dropout=0.05", f"{C}adapter_kernel=peft"],
         "lora dropout 0.05 through peft's layers",
     ),
+    "f_batch_8x4": (
+        "cli",
+        [f"{C}gradient_accumulation_steps=4"],
+        "HiveLLM's 8 rows x 4 accumulation: 32 rows a step, the micro-batch probed",
+    ),
+    "f_batch_8x4_fixed": (
+        "cli",
+        [f"{C}gradient_accumulation_steps=4", f"{C}micro_batch=fixed"],
+        "HiveLLM's 8 rows x 4 accumulation, 8 rows a micro-step as given",
+    ),
     "f_batch_16": ("cli", [f"{C}batch_size=16"], "16 rows per step"),
     "f_batch_32": ("cli", [f"{C}batch_size=32"], "32 rows per step"),
     "q_int4": ("cli", ["base_models.0.quantization=int4"], "QLoRA: NF4 base, bf16 compute"),

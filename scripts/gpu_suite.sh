@@ -18,7 +18,8 @@
 #       syncs), the fused LoRA linear, the attention probe), then QLoRA through the fused layers and
 #       through peft's (about 3 minutes in all). main: flash-attention 4 assembled and
 #       checked, then the open measurements (docs/PERFORMANCE.md): the default against peft's
-#       layers, lora dropout and the batch probe, Unsloth (d), and a profile of the step; each
+#       layers, lora dropout and HiveLLM's 8 x 4 with its micro-batch probed (e_default is
+#       the same 8 rows a micro-step), Unsloth (d), and a profile of the step; each
 #       under its own time limit so that the call ends inside the device's 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -99,7 +100,7 @@ if [ "$STAGE" = main ] || [ "$STAGE" = single ]; then
       --no-loss > "$OUT/check-main.json" 2> "$OUT/check-main.err"
     tail -c 800 "$OUT/check-main.err"; cat "$OUT/check-main.json"
   fi
-  bench fused 280 --variants e_default,f_adapters_peft,f_dropout,f_dropout_peft,f_batch_auto \
+  bench fused 280 --variants e_default,f_adapters_peft,f_dropout,f_dropout_peft,f_batch_8x4 \
     --steps 25
   if [ -n "${UNSLOTH_PYTHONPATH:-}" ]; then
     bench unsloth 160 --variants d_unsloth --steps 25  # 100 s gave no result (2026-11-27)

@@ -65,6 +65,14 @@ def test_remedies_follow_what_the_run_does_not_use_yet(
     assert "batch_size" not in said and "gradient_checkpointing" not in said
     assert "fused_loss" not in said and "max_seq_length" in said
 
+    # HiveLLM's 8 x 4 with its micro-batch as given: the probe is offered for the same step
+    given = resolved_for(
+        tmp_path / "c", tiny_model_dir, batch_size=8, gradient_accumulation_steps=4
+    )
+    said = "; ".join(remedies(given, Stopped("step", 4, 8, 4, "cuda:0")))
+    assert 'micro_batch "auto" (the largest micro-batch that fits, same rows per step)' in said
+    assert 'batch_size "auto"' not in said
+
     load = "; ".join(remedies(plain, Stopped("load", device="cuda:0")))
     assert "int4" in load and "FSDP" in load and "batch_size" not in load
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from expert_cli.config.batching import batch_plan
 from expert_cli.config.environment import Environment
 from expert_cli.config.kernels import choose_kernel
 from expert_cli.config.training_config import CHECKPOINTING_NAMES, TrainingConfig
@@ -19,13 +20,9 @@ from expert_cli.paths import shown_path
 # Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
 DEFAULT_LR = 2e-4
 POLYNOMIAL_LR_END = 1e-7  # transformers' default final rate of the polynomial schedule
-DEFAULT_MAX_SEQ = 2048
-DEFAULT_TOKENS_PER_STEP = 32_768  # batch_size auto: rows per optimizer step = this / seq
-DEFAULT_CPU_BATCH = 2
 DEFAULT_WARMUP_RATIO = 0.03
 MAX_AUTO_WORKERS = 4
 WORKERS_PER_CPU = 4  # above this a manifest's worker count is refused
-MAX_TOKENS_PER_MICRO_STEP = 1 << 24  # batch_size x max_seq_length
 
 
 def first(*values: Any) -> Any:
@@ -277,54 +274,12 @@ def schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[st
         lr_scheduler_kwargs=_schedule_arguments(cfg, learning_rate),
         warmup_steps=steps,
         warmup_ratio=ratio,
-        **_batch(cfg, env, notes),
+        **batch_plan(cfg, env, notes),
         optim=optim,
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,
         seed=cfg.seed,
     )
-
-
-def _batch(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
-    """Micro-batch, accumulation and rows per optimizer step (see train/batch.py)."""
-    seq = first(cfg.max_seq_length, DEFAULT_MAX_SEQ)
-    auto = cfg.batch_size == "auto" or (cfg.batch_size is None and env.has_gpu)
-    if not auto:
-        batch = cfg.batch_size if isinstance(cfg.batch_size, int) else DEFAULT_CPU_BATCH
-        accumulation = first(cfg.gradient_accumulation_steps, 1)
-        if batch * seq > MAX_TOKENS_PER_MICRO_STEP:
-            raise UserError(
-                f"training.config.batch_size: {batch} rows of max_seq_length {seq} are "
-                f"{batch * seq:,} tokens per micro-step, more than any GPU holds "
-                f"(at most {MAX_TOKENS_PER_MICRO_STEP:,}); lower batch_size or set it to auto"
-            )
-        if cfg.tokens_per_step:
-            notes.append(
-                "tokens_per_step: not applicable; batch_size x "
-                "gradient_accumulation_steps set the step"
-            )
-        return dict(
-            batch_size=batch,
-            gradient_accumulation_steps=accumulation,
-            batch_auto=False,
-            rows_per_step=batch * accumulation,
-        )
-    rows = max(1, first(cfg.tokens_per_step, DEFAULT_TOKENS_PER_STEP) // seq)
-    if cfg.gradient_accumulation_steps:
-        notes.append(
-            "gradient_accumulation_steps: follows from batch_size auto "
-            f"({rows} rows per optimizer step)"
-        )
-    if not env.has_gpu:
-        micro = max(d for d in range(1, min(rows, DEFAULT_CPU_BATCH) + 1) if rows % d == 0)
-        notes.append(f"batch_size: auto on a CPU: {micro} rows x {rows // micro} accumulation")
-        return dict(
-            batch_size=micro,
-            gradient_accumulation_steps=rows // micro,
-            batch_auto=False,
-            rows_per_step=rows,
-        )
-    return dict(batch_size=rows, gradient_accumulation_steps=1, batch_auto=True, rows_per_step=rows)
 
 
 def checkpoint_problem(

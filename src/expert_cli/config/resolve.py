@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field
 
 from expert_cli.config import choices
 from expert_cli.config.adapters import adapter_settings
-from expert_cli.config.choices import DEFAULT_MAX_SEQ, checkpoint_problem, first
+from expert_cli.config.batching import DEFAULT_MAX_SEQ
+from expert_cli.config.choices import checkpoint_problem, first
 from expert_cli.config.environment import Environment
 from expert_cli.config.models import AdapterType, LoadedManifest
 from expert_cli.config.refs import (
@@ -103,6 +104,11 @@ class ResolvedConfig(BaseModel):
         "then provisional; the run's choice is in runtime.batch)"
     )
     rows_per_step: int = Field(description="Packed rows per optimizer step per device.")
+    micro_batch: Literal["auto", "fixed"] = Field(
+        "fixed",
+        description="auto: the rows of a micro-step probed from the GPU's memory at start, "
+        "rows_per_step kept; fixed: batch_size as resolved.",
+    )
     optim: str
     weight_decay: float
     max_grad_norm: float

@@ -287,6 +287,15 @@ class TrainingConfig(Strict):
         description="Extension: tokens per optimizer step per device "
         "when batch_size is auto (default 32768: 16 rows of 2048).",
     )
+    micro_batch: Literal["auto", "fixed"] | None = Field(
+        None,
+        description="Extension: with a numeric batch_size and gradient_accumulation_steps "
+        "above 1, on a GPU. auto (default): batch_size x gradient_accumulation_steps rows "
+        "make the optimizer step, and each micro-step takes as many of them as the GPU's "
+        "memory holds (a short probe at start; a larger micro-batch keeps the GPU busier, "
+        "and the same rows and loss make each step); fixed: batch_size rows a micro-step, as "
+        "given.",
+    )
     attention: AttentionKernel | None = Field(
         None,
         description="Extension: attention kernel for packed rows. auto (default): the "
@@ -311,7 +320,8 @@ class TrainingConfig(Strict):
     fused_loss: FusedLoss | None = Field(
         None,
         description="Extension: the loss without full-vocabulary logits. auto (default): "
-        "Liger's fused linear cross-entropy on a GPU where liger-kernel is installed, else "
+        "Liger's cross-entropy kernel, in expert-cli's own loop, on a GPU where liger-kernel "
+        "is installed, else "
         "chunked (expert-cli's own, plain torch); the standard loss on a CPU. off keeps the "
         "standard loss.",
     )

@@ -84,9 +84,8 @@ def remedies(resolved: ResolvedConfig, at: Stopped) -> list[str]:
         return [*out, "a smaller base model, or FSDP over several GPUs (docs/distributed.md)"]
     out = []
     if at.device.startswith("cuda") and not resolved.batch_auto and at.micro_batch > 1:
-        out.append(
-            f'{CONFIG}batch_size "auto" (the largest micro-batch that fits, same rows per step)'
-        )
+        key = "micro_batch" if resolved.gradient_accumulation_steps > 1 else "batch_size"
+        out.append(f'{CONFIG}{key} "auto" (the largest micro-batch that fits, same rows per step)')
     if at.micro_batch > 1 and (smaller := _smaller_batch(at)):
         out.append(smaller)
     if not resolved.gradient_checkpointing:

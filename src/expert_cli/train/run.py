@@ -267,7 +267,9 @@ def _plan_batch(
         update={"batch_size": micro, "gradient_accumulation_steps": accumulation}
     )
     run.runtime["batch"] = {**plan.to_dict(), "micro_batch": micro, "accumulation": accumulation}
-    choices.notes.append(f"batch_size: auto: {plan.describe()}")
+    given = f"{resolved.batch_size} x {resolved.gradient_accumulation_steps} run as"
+    auto = resolved.batch_size == resolved.rows_per_step  # else a number x accumulation
+    choices.notes.append(f"batch_size: {'auto:' if auto else given} {plan.describe()}")
 
 
 def make_trainer(

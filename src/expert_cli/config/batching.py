@@ -1,0 +1,88 @@
+"""The step's rows: micro-batch, accumulation and rows per optimizer step, as resolved before
+the run (train/batch.py probes the GPU's memory at start where `batch_auto` says so).
+
+`batch_size` auto (the GPU's default): rows per step = `tokens_per_step` / `max_seq_length`, the
+micro-batch probed. A number with `gradient_accumulation_steps` above 1 on a GPU: the step is
+batch_size x accumulation rows, the micro-batch probed too unless `micro_batch` is fixed (a
+larger micro-batch keeps the GPU busier; each step takes the same rows and loss). On a CPU the
+numbers are kept, and auto splits the step into micro-batches of at most 2 rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from expert_cli.config.environment import Environment
+from expert_cli.config.training_config import TrainingConfig
+from expert_cli.errors import UserError
+
+DEFAULT_MAX_SEQ = 2048
+DEFAULT_TOKENS_PER_STEP = 32_768  # batch_size auto: rows per optimizer step = this / seq
+DEFAULT_CPU_BATCH = 2
+MAX_TOKENS_PER_MICRO_STEP = 1 << 24  # batch_size x max_seq_length
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def batch_plan(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
+    """Micro-batch, accumulation and rows per optimizer step (see train/batch.py)."""
+    seq = _first(cfg.max_seq_length, DEFAULT_MAX_SEQ)
+    auto = cfg.batch_size == "auto" or (cfg.batch_size is None and env.has_gpu)
+    if not auto:
+        batch = cfg.batch_size if isinstance(cfg.batch_size, int) else DEFAULT_CPU_BATCH
+        accumulation = _first(cfg.gradient_accumulation_steps, 1)
+        if batch * seq > MAX_TOKENS_PER_MICRO_STEP:
+            raise UserError(
+                f"training.config.batch_size: {batch} rows of max_seq_length {seq} are "
+                f"{batch * seq:,} tokens per micro-step, more than any GPU holds "
+                f"(at most {MAX_TOKENS_PER_MICRO_STEP:,}); lower batch_size or set it to auto"
+            )
+        if cfg.tokens_per_step:
+            notes.append(
+                "tokens_per_step: not applicable; batch_size x "
+                "gradient_accumulation_steps set the step"
+            )
+        # the step is batch x accumulation rows; on a GPU the rows a micro-step takes at once
+        # are probed from its memory (the same rows per step, the same data in each step)
+        probe = env.has_gpu and accumulation > 1 and cfg.micro_batch != "fixed"
+        if probe:
+            notes.append(
+                f"batch_size: {batch} x gradient_accumulation_steps {accumulation} = "
+                f"{batch * accumulation} rows per optimizer step; the rows each micro-step "
+                "takes are probed from the GPU's memory at start (micro_batch fixed keeps "
+                f"{batch} x {accumulation})"
+            )
+        return dict(
+            batch_size=batch,
+            gradient_accumulation_steps=accumulation,
+            batch_auto=probe,
+            rows_per_step=batch * accumulation,
+            micro_batch="auto" if probe else "fixed",
+        )
+    rows = max(1, _first(cfg.tokens_per_step, DEFAULT_TOKENS_PER_STEP) // seq)
+    if cfg.micro_batch:
+        notes.append("micro_batch: not applicable; batch_size auto probes the micro-batch")
+    if cfg.gradient_accumulation_steps:
+        notes.append(
+            "gradient_accumulation_steps: follows from batch_size auto "
+            f"({rows} rows per optimizer step)"
+        )
+    if not env.has_gpu:
+        micro = max(d for d in range(1, min(rows, DEFAULT_CPU_BATCH) + 1) if rows % d == 0)
+        notes.append(f"batch_size: auto on a CPU: {micro} rows x {rows // micro} accumulation")
+        return dict(
+            batch_size=micro,
+            gradient_accumulation_steps=rows // micro,
+            batch_auto=False,
+            rows_per_step=rows,
+            micro_batch="fixed",
+        )
+    return dict(
+        batch_size=rows,
+        gradient_accumulation_steps=1,
+        batch_auto=True,
+        rows_per_step=rows,
+        micro_batch="auto",
+    )
