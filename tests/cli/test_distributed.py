@@ -42,7 +42,7 @@ def test_fsdp_two_processes_match_one_and_resume_from_sharded_checkpoints(
 ) -> None:
     """Same seed and global batch (1 x 4 rows against 2 x 2): the same loss curve; the FSDP
     run stops at step 2 and resumes from its sharded checkpoint to step 4."""
-    from train_helpers import run_cli
+    from train_helpers import run_here
 
     fsdp = {"strategy": "fsdp", "fsdp": "full_shard auto_wrap"}
     one = write_expert(tmp_path / "one", tiny_model_dir, config={"batch_size": 4, "save_steps": 2})
@@ -51,7 +51,7 @@ def test_fsdp_two_processes_match_one_and_resume_from_sharded_checkpoints(
     data["training"]["distributed"] = fsdp
     two.write_text(json.dumps(data))
 
-    single = run_cli(*_train(tmp_path / "a", one, "--max-steps", "4"))
+    single = run_here(*_train(tmp_path / "a", one, "--max-steps", "4"))
     assert single.returncode == 0, single.stdout + single.stderr
 
     env = {"PYTHONPATH": str(FSDP_ON_CPU)}
