@@ -157,3 +157,27 @@ def non_finite_line(bad: list[str], shown: int = 3) -> str:
     plural = "s" if len(bad) > 1 else ""
     names = ", ".join(shown_tensor(n) for n in bad[:shown])
     return f"{len(bad)} tensor{plural} {verb} NaN or infinity ({names}{more})"
+
+
+# the tensors that start at zero, by peft's names, so that a new adapter adds nothing: LoRA's
+# B (and its embedding's), AdaLoRA's singular values
+ZERO_AT_START = ("lora_B", "lora_embedding_B", "lora_E")
+
+
+def unchanged_adapter(file: Path) -> str | None:
+    """The name of the tensors that start at zero (`lora_B`, `lora_E`) when every one of them
+    still is, so that the adapter adds nothing to the base (a run whose every step had a
+    learning rate of 0); None otherwise, or when the file holds none of them, holds DoRA's
+    magnitudes (they change the output alone), or cannot be read."""
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            names = list(f.keys())  # noqa: SIM118 - safe_open is not iterable
+            if any("lora_magnitude_vector" in n for n in names):
+                return None
+            for marker in ZERO_AT_START:
+                zero = [n for n in names if marker in n]
+                if zero and not any(bool(f.get_tensor(n).any()) for n in zero):
+                    return marker
+    except Exception:  # noqa: BLE001 - damaged or not safetensors: said by the other checks
+        return None
+    return None

@@ -14,6 +14,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 from train_helpers import run_here, write_expert, write_tar_gz
 
 from expert_cli.errors import UserError
@@ -313,6 +314,27 @@ def test_an_adapter_holding_nan_is_refused(v2_run: Path, tmp_path: Path, command
     assert (
         f"--adapter {run}: adapter_model.safetensors: 1 tensor holds NaN or infinity ({name})"
     ) in _refused(command, run, tmp_path)
+
+
+@pytest.mark.slow
+def test_an_adapter_that_adds_nothing_is_not_shipped(v2_run: Path, tmp_path: Path) -> None:
+    """A 1-step run under a warm-up trained at a rate of 0: every lora_B stayed zero, the
+    adapter equal to the base, and package shipped it without a word."""
+    from safetensors.torch import load_file, save_file
+
+    run, weights = _adapter_copy(v2_run, tmp_path)
+    tensors = load_file(str(weights))
+    zeroed = {k: (v.zero_() if "lora_B" in k else v) for k, v in tensors.items()}
+    save_file(zeroed, str(weights), metadata={"format": "pt"})
+    assert (
+        f"--adapter {run}: adapter_model.safetensors: every lora_B weight is still zero, so "
+        "the adapter adds nothing to the base model"
+    ) in _refused("package", run, tmp_path)
+    tensors["base_model.model.x.lora_B.weight"] = torch.ones(1)  # one B moved: shipped
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    from expert_cli.weights import unchanged_adapter
+
+    assert unchanged_adapter(weights) is None
 
 
 @pytest.mark.slow

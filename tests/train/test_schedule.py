@@ -35,7 +35,8 @@ def _resolved(tmp_path: Path, config: dict, entry: dict | None = None):
 
 
 @pytest.mark.parametrize(
-    "ratio,total,expected", [(0.07, 100, 7), (0.07, 300, 21), (0.05, 100, 5), (0.03, 233, 7)]
+    "ratio,total,expected",
+    [(0.07, 100, 7), (0.07, 300, 21), (0.05, 100, 5), (0.03, 233, 7), (0.05, 1, 0), (1.0, 4, 3)],
 )
 def test_warmup_of_a_ratio_is_the_product_rounded_up(ratio, total, expected) -> None:
     assert warmup_count(ratio, total) == expected
@@ -173,9 +174,17 @@ def test_a_schedule_longer_than_the_run_is_said(tmp_path: Path) -> None:
     said = _said(tmp_path, {"warmup_steps": 500, "learning_rate": 0.002}, 118)
     assert said == [
         "warmup_steps: 500 of a 118-step run: the learning rate climbs for the whole run and "
-        "never reaches its peak 0.002 (about 0.000472 at the last step); give fewer "
+        "never reaches its peak 0.002 (about 0.000468 at the last step); give fewer "
         "warmup_steps or a warmup_ratio"
     ]
+    # the last step's rate is lr x (118 - 1) / 500: step k gets lr x (k - 1) / warmup
+    # a 1-step run under any warm-up: its only step has a rate of 0 (it said "about 0.002")
+    assert _said(tmp_path, {"warmup_steps": 1, "learning_rate": 0.002}, 1) == [
+        "warmup_steps: 1 of a 1-step run: a warm-up starts at a learning rate of 0, so the "
+        "run's only step changes nothing and the adapter adds nothing to the base model; give "
+        "warmup_steps 0, or more steps"
+    ]
+    assert _said(tmp_path, {"warmup_ratio": 0.05}, 1) == []  # 5% of 1 step: no warm-up now
     assert _said(tmp_path, {"warmup_steps": 500}, 118, step=40) == []  # a resume: said before
     assert _said(tmp_path, {"warmup_steps": 10}, 118) == []
     assert _said(tmp_path, {"warmup_ratio": 0.5}, 118) == []

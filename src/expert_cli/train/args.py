@@ -99,8 +99,10 @@ def training_args_kwargs(
 
 def warmup_count(ratio: float, total_steps: int) -> int:
     """Warmup steps of a ratio of the run's optimizer steps: the product rounded up, after
-    the float error of the product is rounded away (0.07 x 100 is 7 steps, not 8)."""
-    return math.ceil(round(ratio * total_steps, 9))
+    the float error of the product is rounded away (0.07 x 100 is 7 steps, not 8), and at
+    most the steps before the last: a linear warm-up gives its first step a rate of 0, so
+    the default 3% of a 1-step run (rounded up to 1) trained nothing at all."""
+    return min(math.ceil(round(ratio * total_steps, 9)), max(total_steps - 1, 0))
 
 
 def deepspeed_problem(resolved: ResolvedConfig) -> str | None:

@@ -235,11 +235,16 @@ class ScheduleNote(TrainerCallback):
         if isinstance(warmup, float) and 0 < warmup < 1:  # a ratio, counted as the run counts it
             warmup = warmup_count(warmup, total)
         if isinstance(warmup, int) and warmup >= total:
-            reached = args.learning_rate * total / warmup
+            # the scheduler gives step k (1-based) the rate lr x (k - 1) / warmup
+            reached = args.learning_rate * (total - 1) / warmup
             self.note(
                 f"warmup_steps: {warmup} of a {total}-step run: the learning rate climbs for "
                 f"the whole run and never reaches its peak {args.learning_rate:g} (about "
                 f"{reached:.3g} at the last step); give fewer warmup_steps or a warmup_ratio"
+                if total > 1
+                else f"warmup_steps: {warmup} of a 1-step run: a warm-up starts at a learning "
+                "rate of 0, so the run's only step changes nothing and the adapter adds "
+                "nothing to the base model; give warmup_steps 0, or more steps"
             )
         decay = (args.lr_scheduler_kwargs or {}).get("num_decay_steps")
         wsd = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))

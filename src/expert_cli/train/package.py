@@ -58,6 +58,7 @@ from expert_cli.train.package_check import (
 from expert_cli.train.package_members import write_tar
 from expert_cli.train.run_source import as_trained, run_manifest
 from expert_cli.train.tokenizer_files import tokenizer_folder, tokenizer_members
+from expert_cli.weights import unchanged_adapter
 
 CHECKSUM_SUFFIX = ".sha256"
 EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")
@@ -169,6 +170,13 @@ def _adapter_members(
     """manifest.json and the adapter's files, the manifest's adapter entry filled in (size,
     sha256, the checkpoint's step) and reconciled with the configuration shipped."""
     weights = _file(weights_dir / ADAPTER_FILES[0], "--adapter")
+    if zero := unchanged_adapter(weights):
+        raise UserError(
+            f"--adapter {shown_path(weights_dir)}: {ADAPTER_FILES[0]}: every {zero} weight is "
+            "still zero, so the adapter adds nothing to the base model (every step of its run "
+            "had a learning rate of 0: a warm-up as long as the run starts at 0); train with "
+            "more steps or warmup_steps 0"
+        )
     config = json.loads(_file(weights_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
     config["base_model_name_or_path"] = base_name
     notes = completed_for_package(manifest, resolved, config)  # the entry describes what ships
