@@ -284,6 +284,29 @@ def test_a_metrics_file_that_is_no_runs_is_refused_and_its_numbers_bounded(
     assert _extras_lines(report) == ["run metrics: tokens/s -, data wait -, MFU -"]
 
 
+def test_a_metrics_device_pipe_or_huge_file_is_refused_unread(tmp_path: Path, monkeypatch) -> None:
+    """`--metrics /dev/zero` read until memory ran out (a MemoryError traceback), a FIFO hung
+    the benchmark before its first sample; the same read was repeated while sampling."""
+    import os
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path in (Path("/dev/zero"), fifo):
+        with pytest.raises(UserError) as err:
+            bm.validate_options(bm.BenchmarkOptions(metrics=path))
+        assert err.value.lines == [
+            f"--metrics {path}: is not a regular file (a device, pipe or socket); give the "
+            "run's metrics.json (OUTPUT/metrics.json)"
+        ]
+        assert run_metrics.read_run_metrics(path) is None  # returns at once, nothing read
+    big = tmp_path / "metrics.json"
+    big.write_text(json.dumps({"windows": []}))
+    monkeypatch.setattr(run_metrics, "MAX_METRICS_BYTES", 4)
+    with pytest.raises(UserError, match="over 0 MB, larger than any run's metrics.json"):
+        bm.validate_options(bm.BenchmarkOptions(metrics=big))
+    assert run_metrics.read_run_metrics(big) is None
+
+
 def test_train_metrics_path_from_command() -> None:
     assert run_metrics.train_metrics_path(
         ["expert-cli", "train", "-m", "m.json", "--output", "runs/a"]

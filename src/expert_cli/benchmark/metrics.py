@@ -8,6 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+# a window is under 1 KB: a run of a million steps logged every 10 writes under 100 MB
+MAX_METRICS_BYTES = 256 << 20
+
 
 def fraction(value: Any) -> float | None:
     """`value` when it is a finite number from 0 to 1 (a share of time or of the peak), else
@@ -24,6 +27,16 @@ def metrics_file_problem(path: Path) -> str | None:
         return f"--metrics {path}: is a folder; give the run's metrics.json (OUTPUT/metrics.json)"
     if not path.exists():
         return None
+    if not path.is_file():  # opening a pipe waits for a writer; a device never ends
+        return (
+            f"--metrics {path}: is not a regular file (a device, pipe or socket); give the "
+            "run's metrics.json (OUTPUT/metrics.json)"
+        )
+    if path.stat().st_size > MAX_METRICS_BYTES:
+        return (
+            f"--metrics {path}: over {MAX_METRICS_BYTES >> 20} MB, larger than any run's "
+            "metrics.json; give OUTPUT/metrics.json of `expert-cli train`"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
@@ -69,6 +82,8 @@ def train_metrics_path(command: list[str]) -> Path | None:
 def read_run_metrics(path: Path) -> dict[str, Any] | None:
     """A training run's metrics.json, read tolerantly: None while missing or half-written."""
     try:
+        if not path.is_file() or path.stat().st_size > MAX_METRICS_BYTES:
+            return None  # said once by metrics_file_problem
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
