@@ -70,6 +70,9 @@ def test_a_full_disk_while_saving_a_checkpoint(
     assert not list(out.rglob(".tmp-*")) and not list(out.glob(".final-*"))
     checkpoints = sorted(p.name for p in (out / "checkpoints").glob("checkpoint-*"))
     assert checkpoints == ["checkpoint-2"]
+    assert "its last complete checkpoint, checkpoint-2, is intact: free space, then --resume" in (
+        " ".join(done.stderr.split())
+    )
     assert (out / "checkpoints" / "checkpoint-2" / "_COMPLETE").is_file()
     # space freed (the disk grown), --resume goes on from the last good checkpoint to the end
     grown = subprocess.run(
@@ -97,6 +100,26 @@ def test_a_full_disk_while_saving_the_random_init_base(
     assert f"no space left on {small_disk / 'run'}" in " ".join(out.stderr.split())
     assert "Traceback" not in out.stderr
     assert list(small_disk.iterdir()) == []  # no run folder, no temporary base
+
+
+@pytest.mark.slow
+def test_a_full_disk_before_the_first_checkpoint_says_to_start_again(
+    small_disk: Path, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The first checkpoint does not fit: the line said "the last complete checkpoint is
+    intact: free space, then --resume", and --resume then found none. It says to start
+    again, and that works once there is room."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, config={"save_steps": 2})
+    args = ("--manifest", str(manifest), "--output", str(small_disk / "run"), "--max-steps", "4")
+    done = run_here("train", *args)
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    assert "no checkpoint was written yet: free space, then train again with --overwrite" in said
+    assert "--resume" not in said
+    grown = subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], capture_output=True)
+    assert grown.returncode == 0, grown.stderr
+    again = run_here("train", *args, "--overwrite")
+    assert again.returncode == 0, again.stdout + again.stderr
 
 
 def _fill(mount: Path, leave: int) -> None:

@@ -16,7 +16,7 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import BuildProgress, PreparedData
 from expert_cli.errors import RunError
 from expert_cli.train import distributed
-from expert_cli.train.checkpoints import remove_incomplete_checkpoints
+from expert_cli.train.checkpoints import complete_checkpoints, remove_incomplete_checkpoints
 from expert_cli.train.memory import Stopped, oom_error, out_of_memory
 from expert_cli.train.model import ModelChoices, training_device
 from expert_cli.train.run_folder import Previous, disk_full, drop_aside, restore_aside
@@ -123,14 +123,23 @@ class Run:
         if full:
             raise RunError(
                 f"no space left on {self.output} (checkpoints and the adapter are written "
-                "there); the last complete checkpoint is intact: free space, then --resume"
+                f"there); {self._way_on('free space, then')}"
             ) from exc
         if distributed.peer_lost(exc):  # its own error is the one to read, in its output
             raise RunError(
                 f"another process of the run stopped ({type(exc).__name__} in a collective), "
-                f"so this one did at step {steps}; the last complete checkpoint is intact: "
-                "continue with the same launcher and --resume"
+                f"so this one did at step {steps}; "
+                f"{self._way_on('continue with the same launcher and')}"
             ) from exc
+
+    def _way_on(self, first: str) -> str:
+        """What the folder offers after a failure: its last complete checkpoint to resume
+        from, or (none written yet) a new start; "the last complete checkpoint is intact"
+        was said of a folder holding none, and --resume then refused."""
+        kept = complete_checkpoints(self.output / "checkpoints")
+        if kept:
+            return f"its last complete checkpoint, {kept[-1].name}, is intact: {first} --resume"
+        return f"no checkpoint was written yet: {first} train again with --overwrite"
 
     def release(self) -> None:
         """Let another `train` into the folder (this one is done with it)."""
