@@ -174,6 +174,10 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
         "nan": (holds_nan, f"{weights}: 1 tensor holds NaN or infinity (base_model.model."),
         "missing": (lambda f: {k: v for k, v in f.items() if k != weights}, f"{weights}: missing"),
         "escape": (lambda f: {**f, "../evil.sh": b"rm -rf /"}, "../evil.sh: a path outside"),
+        # members tar cannot write, called sound (round 11)
+        "dot": (lambda f: {**f, ".": b"x"}, ".: a member that names no file"),
+        "empty": (lambda f: {**f, "": b"x"}, "<an empty name>: a member that names no file"),
+        "long": (lambda f: {**f, "a" * 300 + ".txt": b"x"}, "a name over 255 bytes between"),
         "cut short": (
             lambda f: {**f, weights: f[weights][: len(f[weights]) // 2]},
             f"{weights} is damaged (its header does not match its size)",

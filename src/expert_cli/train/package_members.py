@@ -12,6 +12,7 @@ import unicodedata
 from pathlib import Path, PurePosixPath
 
 from expert_cli.errors import escaped
+from expert_cli.paths import NAME_MAX_BYTES
 
 
 def _unpacked(name: str) -> str:
@@ -29,6 +30,13 @@ def member_problem(member: tarfile.TarInfo, seen: dict[str, tuple[str, bool]]) -
         return f"{shown}: a name holding control characters or bytes that are not UTF-8"
     if name.startswith("/") or ".." in PurePosixPath(name).parts or "\\" in name:
         return f"{name}: a path outside the package"
+    if not PurePosixPath(name).parts:  # "" or "." (tar cannot unpack either)
+        return f"{name or '<an empty name>'}: a member that names no file"
+    if any(len(part.encode()) > NAME_MAX_BYTES for part in PurePosixPath(name).parts):
+        return (
+            f"{name[:40]}...: a name over {NAME_MAX_BYTES} bytes between slashes, which "
+            "file systems do not hold (tar cannot unpack it)"
+        )
     if not member.isfile() and not member.isdir():
         return f"{name}: not a regular file (links and devices do not belong in a package)"
     path = PurePosixPath(name)
