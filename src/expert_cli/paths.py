@@ -87,6 +87,45 @@ def picture_problem(path: Path, label: str) -> str | None:
     return f"{label}: {path.name} should end in {', '.join(first)} or {last} (the format written)"
 
 
+# what `train` writes into its output folder (train/run_folder.py sets these aside on
+# --overwrite; other commands refuse to write over them)
+RUN_OUTPUTS = (
+    "checkpoints",
+    "runs",
+    "base_model",
+    "metrics.json",
+    "training.png",
+    "manifest.resolved.json",
+    "manifest.source.json",
+    "training_args.bin",
+    "adapter_model.safetensors",
+    "adapter_config.json",
+    "README.md",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+RUN_RECORD = "manifest.resolved.json"  # the file that says a folder holds a run
+
+
+def run_file_problem(path: Path, label: str) -> str | None:
+    """Why another command must not write `path`: it is one of a training run's own files
+    (a name `train` writes, in a folder holding a run's manifest.resolved.json). `benchmark
+    --output RUN/metrics.json --force` replaced a run's record, and `report` then called the
+    folder no run."""
+    if path.name not in RUN_OUTPUTS or not path_exists(path.parent / RUN_RECORD):
+        return None
+    return (
+        f"{label} {shown_path(path)}: is the {path.name} of the training run in "
+        f"{shown_path(path.parent)}, not this command's to write; give another file name"
+    )
+
+
 def place_problem(path: Path, label: str) -> str | None:
     """Why nothing can be created at `path` (folders on the way made as needed), or None: one
     of its parents is a file, or the nearest existing folder cannot be written to (tried with

@@ -307,6 +307,26 @@ def test_a_metrics_device_pipe_or_huge_file_is_refused_unread(tmp_path: Path, mo
     assert run_metrics.read_run_metrics(big) is None
 
 
+def test_a_runs_own_files_are_not_a_report_to_write(tmp_path: Path) -> None:
+    """`benchmark --output RUN/metrics.json --force` wrote its report over the run's record,
+    and `report RUN` then called the folder no train output. A file of another name in the
+    run folder, or metrics.json in a folder holding no run, is the user's to write."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.resolved.json").write_text("{}")
+    (run / "metrics.json").write_text(json.dumps({"windows": []}))
+    for flag, name in (("output", "metrics.json"), ("plot", "training.png")):
+        with pytest.raises(UserError) as err:
+            bm.validate_options(bm.BenchmarkOptions(**{flag: run / name}, force=True))
+        assert err.value.lines == [
+            f"--{flag} {run / name}: is the {name} of the training run in {run}, not this "
+            "command's to write; give another file name"
+        ]
+    assert json.loads((run / "metrics.json").read_text()) == {"windows": []}
+    bm.validate_options(bm.BenchmarkOptions(output=run / "benchmark.json"))
+    bm.validate_options(bm.BenchmarkOptions(output=tmp_path / "metrics.json"))
+
+
 def test_train_metrics_path_from_command() -> None:
     assert run_metrics.train_metrics_path(
         ["expert-cli", "train", "-m", "m.json", "--output", "runs/a"]

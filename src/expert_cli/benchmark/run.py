@@ -36,7 +36,7 @@ from expert_cli.benchmark.metrics import (
 from expert_cli.benchmark.plot import write_plot
 from expert_cli.benchmark.stats import compute_stats, split_phases
 from expert_cli.errors import Terminated, UserError
-from expert_cli.paths import output_file_problem, picture_problem
+from expert_cli.paths import output_file_problem, picture_problem, run_file_problem
 from expert_cli.telemetry.flops import peak_bf16_flops
 from expert_cli.telemetry.gpu import HostSampler, NoGpu, NvmlSource, open_nvml
 from expert_cli.telemetry.workload import WORKLOADS, WorkloadRunner, WorkloadSpec, get_workload
@@ -94,8 +94,9 @@ def validate_options(opts: BenchmarkOptions) -> None:
             f"got {opts.interval}"
         )
     for flag, path in (("--output", opts.output), ("--plot", opts.plot)):
-        problem = output_file_problem(path, flag, opts.force) if path is not None else None
-        if problem:
+        if path is None:
+            continue
+        if problem := run_file_problem(path, flag) or output_file_problem(path, flag, opts.force):
             problems.append(problem)
     if opts.plot is not None and (problem := picture_problem(opts.plot, "--plot")):
         problems.append(problem)

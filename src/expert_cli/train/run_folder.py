@@ -24,6 +24,7 @@ from expert_cli.atomic import signals_held
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
+from expert_cli.paths import RUN_OUTPUTS
 from expert_cli.train.checkpoints import checkpoint_step, refuse_pruned, resume_point
 from expert_cli.train.distributed import refuse_world_change
 from expert_cli.train.outputs import ASIDE_PREFIX, PID, process_running, read_json_file
@@ -31,27 +32,6 @@ from expert_cli.train.same_run import changed_fields, recorded_set_keys
 
 DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: the disk is full
 # what a run writes into its folder (--overwrite removes these and only these)
-RUN_OUTPUTS = (
-    "checkpoints",
-    "runs",
-    "base_model",
-    "metrics.json",
-    "training.png",
-    "manifest.resolved.json",
-    "manifest.source.json",
-    "training_args.bin",
-    "adapter_model.safetensors",
-    "adapter_config.json",
-    "README.md",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
 LOCK_NAME = ".train.lock"  # held by the process training in the folder
 # what says a folder holds a run (holds_run) goes back last when a set-aside run is restored
 RUN_MARKERS = ("manifest.resolved.json", "metrics.json", "checkpoints")
