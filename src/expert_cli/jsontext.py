@@ -4,12 +4,14 @@ Python refuses to turn a string of more than 4,300 digits into an int (a guard a
 conversions), and `json` raises that ValueError from inside the parser, so a data row or a
 `--set` value holding such a number ended in a traceback. Read as a float instead, it is
 infinity: the row's other fields are still read, and a field that needs a number is refused
-by the same checks as `1e400`, naming its place.
+by the same checks as `1e400`, naming its place. And what HiveLLM's loader (serde_json) refuses
+or reads otherwise than Python's json: NaN and Infinity, `-0` as a whole number.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 
 def json_int(text: str) -> int | float:
@@ -18,3 +20,18 @@ def json_int(text: str) -> int | float:
     ValueError."""
     limit = sys.get_int_max_str_digits()
     return int(text) if not limit or len(text.lstrip("-")) <= limit else float(text)
+
+
+# HiveLLM's loader reads a manifest with serde_json: what it refuses that Python's json reads
+class NotJson(ValueError):
+    """NaN or Infinity in a manifest's text: Python's json reads them, no JSON parser does."""
+
+
+def no_constant(name: str) -> Any:
+    raise NotJson(name)
+
+
+def serde_int(text: str) -> int | float:
+    """A whole number as serde_json reads it: `-0` is a decimal there (refused where a
+    whole number is read)."""
+    return -0.0 if text == "-0" else json_int(text)

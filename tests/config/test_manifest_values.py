@@ -250,6 +250,16 @@ def test_a_manifest_in_utf16_without_a_bom_is_named_as_such(tmp_path: Path) -> N
     assert info.value.lines == [f"{path}: not UTF-8 text (NUL bytes: UTF-16?); save it as UTF-8"]
 
 
+@pytest.mark.parametrize("text", ["", "  \n"])
+def test_an_empty_manifest_is_called_empty(tmp_path: Path, text: str) -> None:
+    """An empty file was "not UTF-8 text (NUL bytes: UTF-16?)": no NUL in no characters."""
+    path = tmp_path / "manifest.json"
+    path.write_text(text)
+    with pytest.raises(UserError) as info:
+        load_manifest(path)
+    assert info.value.lines == [f"{path}: is empty; expected a JSON object"]
+
+
 def test_a_number_of_thousands_of_digits_from_set_is_named_and_cut(tmp_path: Path) -> None:
     """Python's 4,300-digit limit was a ValueError traceback from inside the JSON parser; and
     the option, quoted whole, filled the terminal."""

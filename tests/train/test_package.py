@@ -186,6 +186,15 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
             lambda f: {**f, "manifest.json": b'{"version": "9.9.9", ' + f["manifest.json"][1:]},
             "manifest.json: version: given more than once",
         ),
+        # called UTF-16 (round 11): no NUL in no characters; an over-16 MB one is not kept
+        "empty manifest": (
+            lambda f: {**f, "manifest.json": b""},
+            "manifest.json: is empty; expected a JSON object",
+        ),
+        "huge manifest": (
+            lambda f: {**f, "manifest.json": b" " * (17 << 20)},
+            "manifest.json: over 16 MB; not a manifest",
+        ),
         "no manifest": (
             lambda f: {k: v for k, v in f.items() if k != "manifest.json"},
             "manifest.json: missing",

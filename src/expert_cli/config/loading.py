@@ -41,6 +41,8 @@ def read_manifest_json(path: Path) -> dict[str, Any]:
         # utf-8-sig: a BOM (Windows editors write one) is no part of the JSON
         data, repeated = parse_manifest_text(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
+        if not exc.doc.strip():  # an empty file read as "UTF-16": 0 NULs >= 0 characters
+            raise UserError(f"{shown}: is empty; expected a JSON object") from None
         if exc.doc.count("\x00") * 4 >= len(exc.doc):  # UTF-16 without its byte-order
             # mark reads as UTF-8 with a NUL beside each ASCII character
             raise UserError(

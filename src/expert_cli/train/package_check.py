@@ -19,8 +19,8 @@ from typing import IO, Any
 
 from expert_cli.config.base import MAX_VALUE_ERRORS
 from expert_cli.config.error_lines import loc_text
-from expert_cli.config.loading import parse_json_text
-from expert_cli.jsontext import json_int
+from expert_cli.config.loading import MAX_MANIFEST_BYTES, parse_json_text
+from expert_cli.jsontext import NotJson, json_int, no_constant, serde_int
 from expert_cli.train.adapter_entry import entry_problems
 from expert_cli.train.adapter_fit import Shapes
 from expert_cli.train.hive_loader import loader_problems
@@ -166,7 +166,9 @@ def _read_member(
         hashes[name], heads[name] = _check_weights(tar, member, report)
         return
     hashes[name], data = _member_hash(tar, member)
-    if name == "manifest.json":
+    if name == "manifest.json" and member.size > MAX_MANIFEST_BYTES:  # its bytes not kept
+        report.problems.append(f"manifest.json: over {MAX_MANIFEST_BYTES >> 20} MB; not a manifest")
+    elif name == "manifest.json":
         report.read = _manifest_of(data, report)
     elif name.endswith(ADAPTER_FILES[1]):
         heads[name] = data
@@ -188,7 +190,7 @@ def _member_hash(
     HEAD_BYTES of a safetensors file: its header); with `copy_to`, the whole member is
     written there too."""
     digest, kept = hashlib.sha256(), io.BytesIO()
-    small_json = member.name.endswith(".json") and member.size <= 16 << 20
+    small_json = member.name.endswith(".json") and member.size <= MAX_MANIFEST_BYTES
     tokenizer = member.name in TOKENIZER_FILES and member.size <= TOKENIZER_CHECK_BYTES
     keep = HEAD_BYTES if member.name.endswith(".safetensors") else 0
     keep = member.size if small_json or tokenizer else keep
@@ -236,20 +238,6 @@ def _check_weights(
     return digest, head
 
 
-class _NotJson(ValueError):
-    """NaN or Infinity in a manifest's text: Python's json reads them, no JSON parser does."""
-
-
-def _no_constant(name: str) -> Any:
-    raise _NotJson(name)
-
-
-def _serde_int(text: str) -> int | float:
-    """A whole number as serde_json reads it: `-0` is a decimal there (refused where a
-    whole number is read)."""
-    return -0.0 if text == "-0" else json_int(text)
-
-
 def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any] | None:
     """manifest.json's object as HiveLLM's loader reads the text, or None with the problem.
     A key given twice is a problem where the loader reads that field (it refuses it), a note
@@ -262,10 +250,8 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any] | None:
         return None
     try:
         text = data.decode("utf-8")
-        manifest, repeated = parse_json_text(
-            text, parse_int=_serde_int, parse_constant=_no_constant
-        )
-    except _NotJson:
+        manifest, repeated = parse_json_text(text, parse_int=serde_int, parse_constant=no_constant)
+    except NotJson:
         report.problems.append(
             "manifest.json: holds NaN or Infinity, which is not JSON (HiveLLM's loader refuses it)"
         )
@@ -277,10 +263,14 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any] | None:
         )
         return None
     except json.JSONDecodeError as exc:
-        if exc.doc.count("\x00") * 4 >= len(exc.doc):  # UTF-16 without its byte-order mark
-            report.problems.append("manifest.json: UTF-16 text (NUL bytes); expected UTF-8 JSON")
-        else:
-            report.problems.append(f"manifest.json: not valid JSON (line {exc.lineno})")
+        empty, nul = not exc.doc.strip(), exc.doc.count("\x00") * 4 >= len(exc.doc)
+        report.problems.append(  # NUL bytes: UTF-16 without its byte-order mark
+            "manifest.json: is empty; expected a JSON object"
+            if empty
+            else "manifest.json: UTF-16 text (NUL bytes); expected UTF-8 JSON"
+            if nul
+            else f"manifest.json: not valid JSON (line {exc.lineno})"
+        )
         return None
     except (ValueError, RecursionError):
         manifest, repeated = None, []
