@@ -106,6 +106,20 @@ def test_env_variables_choose_the_caches(hf_home: Path, monkeypatch: pytest.Monk
     assert names == ["tatsu-lab/alpaca", "squad"]
     monkeypatch.setenv("HF_DATASETS_CACHE", str(hf_home / "hub"))
     assert [d["name"] for d in discover(None, None)["datasets"]] == []
+    # a variable naming a file was scanned as an empty cache, exit 0; a folder not made yet
+    # is an empty cache
+    (hf_home / "a-file").write_text("x")
+    for name in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE"):
+        with monkeypatch.context() as env:
+            env.setenv(name, str(hf_home / "a-file"))
+            with pytest.raises(UserError) as err:
+                discover(None, None)
+        assert err.value.lines == [
+            f"{name}: {hf_home / 'a-file'} is not a folder; expected the Hugging Face cache "
+            f"folder (or leave {name} unset)"
+        ]
+    monkeypatch.setenv("HF_HUB_CACHE", str(hf_home / "not-yet"))
+    assert [d["name"] for d in discover(None, None)["datasets"]] == []
 
 
 def test_manifest_usage_and_missing(hf_home: Path, experts: Path) -> None:
@@ -207,3 +221,12 @@ def test_cli_json_and_table(hf_home: Path, experts: Path) -> None:
     assert order == sorted(order)
     assert "19.6 KB" in out.output
     assert "not cached: openai/gsm8k" in out.output
+    # the manifests' table on a narrow terminal: its paths fold, never end in an ellipsis
+    narrow = runner.invoke(
+        app,
+        ["find-datasets", "--cache-dir", str(hf_home), "--experts", str(experts)],
+        env={"COLUMNS": "60"},
+    )
+    assert narrow.exit_code == 0, narrow.output
+    usage = narrow.output[narrow.output.index("datasets named by manifests") :]
+    assert "\u2026" not in usage and "manifest" in usage

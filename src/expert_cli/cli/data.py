@@ -203,7 +203,7 @@ def render_discovery(result: dict[str, Any]) -> None:
     if result["manifests"]:
         usage = Table(title="datasets named by manifests", title_justify="left")
         for col in ("manifest", "field", "dataset", "kind", "cached"):
-            usage.add_column(col)
+            usage.add_column(col, overflow="fold")  # paths are copied: never cut with "…"
         for m in result["manifests"]:
             for ref in m["datasets"]:
                 cached = {True: "yes", False: "NO", None: "-"}[ref["cached"]]

@@ -11,10 +11,12 @@ from typing import Any
 from expert_cli.config.loading import load_dataset_block
 from expert_cli.config.refs import is_local, split_hub_spec
 from expert_cli.errors import UserError
+from expert_cli.paths import shown_path
 
 HUB_PREFIX = "datasets--"
 DATASETS_SKIP = {"downloads"}  # folders of the datasets cache that are not datasets
 HUB_REPO_PREFIXES = ("datasets--", "models--", "spaces--")  # hub layout, not datasets layout
+CACHE_VARIABLES = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE")
 
 
 def default_roots() -> dict[str, Path]:
@@ -31,6 +33,13 @@ def cache_roots(cache_dir: Path | None) -> dict[str, Path]:
     """Which folders to scan. A --cache-dir with hub/ or datasets/ inside is an HF_HOME;
     any other --cache-dir is scanned for both layouts."""
     if cache_dir is None:
+        for name in CACHE_VARIABLES:  # a file there scanned as an empty cache, exit 0
+            value = os.environ.get(name)
+            if value and os.path.lexists(value) and not _is_dir(Path(value)):
+                raise UserError(
+                    f"{name}: {shown_path(value)} is not a folder; expected the Hugging Face "
+                    f"cache folder (or leave {name} unset)"
+                )
         return default_roots()
     _require_folder(cache_dir, "--cache-dir")
     if _is_dir(cache_dir / "hub") or _is_dir(cache_dir / "datasets"):
