@@ -30,6 +30,12 @@ def test_merged_model_matches_adapter_logits(
     with pytest.raises(UserError, match=r"is inside the run's data folder .*/e/data; the merged"):
         merge_adapter(out, inside)
     assert not inside.exists()
+    from expert_cli.train.package import build_package  # package did not either (round 11)
+
+    shipped = manifest.parent / "data" / "x.expert"
+    with pytest.raises(UserError, match=r"data folder .*/e/data; the package and its .sha256"):
+        build_package(out, shipped)
+    assert not list((manifest.parent / "data").glob("x.expert*"))
     merged_dir, notes = merge_adapter(out, tmp_path / "merged")
     # the base stops at <|endoftext|> alone; the merged model at ChatML's end of turn too
     assert notes == [
@@ -183,10 +189,10 @@ def test_how_the_run_loaded_its_base_is_how_merge_and_generate_load_it(tmp_path:
         "revision": "c1899de",
     }
     assert _base_options(tmp_path, "/elsewhere") == {"trust_remote_code": True}
-    assert _run_facts(tmp_path)[1:] == ("int4", "auto")
+    assert _run_facts(tmp_path) == ("int4", "auto")
     resolved.update(quantization=None, runtime={"model": {"dtype": "bfloat16"}})
     (tmp_path / "manifest.resolved.json").write_text(json.dumps(resolved))
-    assert _run_facts(tmp_path)[1:] == (None, torch.bfloat16)
+    assert _run_facts(tmp_path) == (None, torch.bfloat16)
 
 
 @pytest.mark.slow

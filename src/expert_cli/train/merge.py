@@ -16,11 +16,9 @@ from typing import Any
 import torch
 from peft import PeftModel
 from peft.utils import get_peft_model_state_dict
-from pydantic import ValidationError
 from safetensors import SafetensorError
 
 from expert_cli.atomic import atomic_folder
-from expert_cli.config.resolve import SourceRef, data_folder_holding
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.tokenizer import config_problem
 from expert_cli.errors import RunError, UserError
@@ -28,7 +26,13 @@ from expert_cli.paths import place_problem, resolved_path, shown_path
 from expert_cli.train.base_load import load_pretrained
 from expert_cli.train.checkpoints import complete_checkpoints, refuse_incomplete, sound_checkpoints
 from expert_cli.train.memory import out_of_memory
-from expert_cli.train.outputs import ADAPTER_WEIGHTS, adapter_base, read_json_file, run_of
+from expert_cli.train.outputs import (
+    ADAPTER_WEIGHTS,
+    adapter_base,
+    data_folder_problem,
+    read_json_file,
+    run_of,
+)
 from expert_cli.train.run_folder import held_by_another
 from expert_cli.train.tokenizer_files import saved_tokenizer, stop_ids
 from expert_cli.weights import tensor_shapes
@@ -178,18 +182,12 @@ def _refuse_output(output: Path) -> None:
         raise UserError(problem)
 
 
-def _run_facts(adapter: Path) -> tuple[list[SourceRef], str | None, Any]:
-    """From the run's manifest.resolved.json (a checkpoint's run says): its data sources, its
-    base-weight quantization, and the dtype its base weights trained in, which the merged
-    model is saved in (a quantized run: the precision the base is published in; nothing, and
-    float32, where it cannot be read)."""
+def _run_facts(adapter: Path) -> tuple[str | None, Any]:
+    """From the run's manifest.resolved.json (a checkpoint's run says): its base-weight
+    quantization, and the dtype its base weights trained in, which the merged model is saved
+    in (a quantized run: the precision the base is published in; nothing, and float32, where
+    it cannot be read)."""
     data = read_json_file(run_of(adapter) / "manifest.resolved.json")
-    sources = []
-    for item in [*(data.get("train_sources") or []), *(data.get("validation_sources") or [])]:
-        try:
-            sources.append(SourceRef.model_validate(item))
-        except ValidationError:
-            continue
     quantization = data.get("quantization")
     runtime = data.get("runtime")
     model = runtime.get("model") if isinstance(runtime, dict) else None
@@ -199,7 +197,7 @@ def _run_facts(adapter: Path) -> tuple[list[SourceRef], str | None, Any]:
         dtype: Any = getattr(torch, name)
     else:  # a quantized run's weights: the precision the base model is published in
         dtype = "auto" if quantized else torch.float32
-    return sources, quantized, dtype
+    return quantized, dtype
 
 
 def _stop_at_end_of_turn(model: Any, tokenizer: Any) -> list[str]:
@@ -229,13 +227,9 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
     refuse_incomplete(adapter)  # a checkpoint written in part: before its files are judged
     base_name = adapter_base(adapter)
     _refuse_output(output)
-    sources, quantization, dtype = _run_facts(adapter)
-    if held := data_folder_holding(output, sources):
-        raise UserError(
-            f"--output {shown_path(output)}: is inside the run's data folder {shown_path(held)}; "
-            "the merged model's files would be read as data by the next build: choose a folder "
-            "outside it"
-        )
+    quantization, dtype = _run_facts(adapter)
+    if problem := data_folder_problem(output, run_of(adapter), "the merged model's files"):
+        raise UserError(problem)
     tokenizer = saved_tokenizer(adapter, run_of(adapter))  # before the model: errors first
     notes: list[str] = []
     model = merged(load_adapted(adapter, base_name, dtype, notes))

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from peft import PeftConfig
+from pydantic import ValidationError
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
+from expert_cli.config.resolve import SourceRef, data_folder_holding
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import path_is_dir, resolved_path, shown_path
 from expert_cli.train.adapter_fit import Shapes, fit_problem
@@ -300,6 +302,25 @@ def _names_a_folder(base: str) -> bool:
         or base.count("/") > 1
         or base == RANDOM_BASE
     )
+
+
+def data_folder_problem(output: Path, run_dir: Path, what: str) -> str | None:
+    """Why `--output` cannot be `output`: it lies in a local data folder of the run (its
+    manifest.resolved.json says which), where `what` would be read back as data by the next
+    build, or at least be written among the user's training data."""
+    data = read_json_file(run_dir / "manifest.resolved.json")
+    sources = []
+    for item in [*(data.get("train_sources") or []), *(data.get("validation_sources") or [])]:
+        try:
+            sources.append(SourceRef.model_validate(item))
+        except ValidationError:
+            continue
+    if held := data_folder_holding(output, sources):
+        return (
+            f"--output {shown_path(output)}: is inside the run's data folder {shown_path(held)}; "
+            f"{what} would be written among the training data: choose a place outside it"
+        )
+    return None
 
 
 def run_of(adapter: Path) -> Path:

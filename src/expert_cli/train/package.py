@@ -45,6 +45,7 @@ from expert_cli.train.outputs import (
     ADAPTER_FILES,
     SOURCE_MANIFEST,
     adapter_base,
+    data_folder_problem,
     read_json_file,
     run_of,
 )
@@ -336,6 +337,8 @@ def build_package(
     path = resolved_path(output, "--output") if output else run_dir.parent / default
     checksum = path.with_name(path.name + CHECKSUM_SUFFIX)
     _refuse_output(path, checksum, default, force, given=output is not None)
+    if problem := data_folder_problem(path, run_dir, "the package and its .sha256"):
+        raise UserError(problem)
     staged = Staged()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
