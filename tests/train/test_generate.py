@@ -480,6 +480,14 @@ def test_prompts_are_text(tmp_path: Path) -> None:
     file = tmp_path / "prompts.txt"
     file.write_text("\ufefffirst\nsecond\n", encoding="utf-8")
     assert read_prompts(GenerateOptions(tmp_path, prompts_file=file)) == ["first", "second"]
+    # a missing file was "not a file", as if a folder or a device were there
+    with pytest.raises(UserError) as err:
+        read_prompts(GenerateOptions(tmp_path, prompts_file=tmp_path / "nope.txt"))
+    assert err.value.lines == [
+        f"--prompts {tmp_path / 'nope.txt'}: does not exist (- reads standard input)"
+    ]
+    with pytest.raises(UserError, match=r": not a file \(- reads standard input\)"):
+        read_prompts(GenerateOptions(tmp_path, prompts_file=tmp_path))
 
 
 def test_prompts_from_standard_input_and_no_empty_prompt(
@@ -502,7 +510,7 @@ def test_prompts_from_standard_input_and_no_empty_prompt(
     for empty in ("", "  \n "):
         with pytest.raises(UserError, match="prompt 2: empty; give the text to answer"):
             read_prompts(GenerateOptions(tmp_path, prompts=["fine", empty]))
-    with pytest.raises(UserError, match=r"--prompts .*nope.txt: not a file \(- reads standard"):
+    with pytest.raises(UserError, match=r"--prompts .*nope.txt: does not exist \(- reads standard"):
         read_prompts(GenerateOptions(tmp_path, prompts_file=tmp_path / "nope.txt"))
 
 

@@ -222,6 +222,20 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
     assert verify_package(package).ok
 
 
+@pytest.mark.slow
+def test_a_package_of_many_files_lists_the_first_fifty(v2_run: Path, tmp_path: Path) -> None:
+    """check --package of 20,000 members said "more than 10,000 files" after a table of
+    10,000 rows."""
+    package = tmp_path / "good.expert"
+    assert run_here("package", "--adapter", str(v2_run), "--output", str(package)).returncode == 0
+    extra = {f"notes/{i:03}.txt": b"x" for i in range(80)}
+    many = _repack(package, tmp_path / "many.expert", lambda f: {**f, **extra})
+    total = len(verify_package(many).files)
+    out = run_here("check", "--package", str(many))
+    assert f"and {total - 50:,} more files" in out.stdout, out.stdout
+    assert "notes/079.txt" not in out.stdout and out.stdout.count("notes/") < 50
+
+
 def test_no_room_to_copy_the_adapter_is_a_note_not_a_damaged_package(
     v2_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -184,6 +184,9 @@ def package(
             ) from None
 
 
+SHOWN_FILES = 50  # a package's files listed; a real package has about ten
+
+
 def render_package(report: PackageReport, verb: str) -> None:
     """A package's files, checksum and notes (and problems, for check --package)."""
     from rich.table import Table
@@ -203,8 +206,10 @@ def render_package(report: PackageReport, verb: str) -> None:
             else "no manifest that can be read"
         ),
     )
-    for name, size in report.files.items():
+    for name, size in list(report.files.items())[:SHOWN_FILES]:
         table.add_row(plain(name), human_size(size))
+    if len(report.files) > SHOWN_FILES:  # a package of 10,000 members printed them all
+        table.add_row(f"and {len(report.files) - SHOWN_FILES:,} more files", "")
     out.print(table)
     for note in report.notes:
         out.print(labelled("note", "yellow", note, 6))

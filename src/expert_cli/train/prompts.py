@@ -4,6 +4,7 @@ standard input), bounded and checked before any model loads."""
 from __future__ import annotations
 
 import io
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,7 +52,8 @@ def _prompt_lines(path: Path) -> list[str]:
     `-` reads standard input."""
     stdin = str(path) == "-"
     if not stdin and not path.is_file():
-        raise UserError(f"--prompts {path}: not a file (- reads standard input)")
+        what = "not a file" if os.path.lexists(path) else "does not exist"
+        raise UserError(f"--prompts {path}: {what} (- reads standard input)")
     lines: list[str] = []
     number = 0  # the file's line number, blank lines counted
     try:
