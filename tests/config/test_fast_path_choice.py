@@ -231,6 +231,9 @@ def test_the_micro_batch_is_the_largest_divisor_that_fits() -> None:
         "16 rows x 2 accumulation = 32 rows per optimizer step (probe: "
         "2.45 GB a row + 1.4 GB fixed, budget 67 GB)"
     )
+    # what it was made from: HiveLLM's 8 x 4, or rows per step from tokens_per_step
+    assert plan.describe((8, 4)).startswith("8 x 4 run as 16 rows x 2 accumulation = 32 rows")
+    assert plan.describe((32, 1)).startswith("auto: 16 rows x 2 accumulation")
 
 
 @pytest.mark.parametrize(

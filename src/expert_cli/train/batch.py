@@ -37,7 +37,13 @@ class BatchPlan:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def describe(self) -> str:
+    def describe(self, given: tuple[int, int] | None = None) -> str:
+        """The plan in words, after what it was made from: "auto:" where the rows per step
+        came from tokens_per_step, "8 x 4 run as" where a batch_size x accumulation gave
+        them (`given`, the numbers before the probe)."""
+        if given is not None:
+            what = "auto:" if given[0] == self.rows_per_step else f"{given[0]} x {given[1]} run as"
+            return f"{what} {self.describe()}"
         if self.per_row_gb is None:
             return (
                 f"{self.micro_batch} rows x {self.accumulation} accumulation "

@@ -65,14 +65,13 @@ def _torch_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def _liger_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """`_torch_rows` in one pass of Liger-Kernel's Triton cross-entropy kernel (GPU)."""
-    import triton
     from liger_kernel.ops.cross_entropy import liger_cross_entropy_kernel
 
     rows = torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
     n_cols = logits.shape[1]
     liger_cross_entropy_kernel[(logits.shape[0],)](
         **_liger_arguments(logits, targets, rows),
-        BLOCK_SIZE=min(LIGER_BLOCK, triton.next_power_of_2(n_cols)),
+        BLOCK_SIZE=min(LIGER_BLOCK, 1 << (n_cols - 1).bit_length()),  # a power of 2
         num_warps=32,
     )
     return rows

@@ -267,9 +267,8 @@ def _plan_batch(
         update={"batch_size": micro, "gradient_accumulation_steps": accumulation}
     )
     run.runtime["batch"] = {**plan.to_dict(), "micro_batch": micro, "accumulation": accumulation}
-    given = f"{resolved.batch_size} x {resolved.gradient_accumulation_steps} run as"
-    auto = resolved.batch_size == resolved.rows_per_step  # else a number x accumulation
-    choices.notes.append(f"batch_size: {'auto:' if auto else given} {plan.describe()}")
+    given = (resolved.batch_size, resolved.gradient_accumulation_steps)  # auto: (rows, 1)
+    choices.notes.append(f"batch_size: {plan.describe(given)}")
 
 
 def make_trainer(
