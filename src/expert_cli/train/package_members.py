@@ -30,7 +30,8 @@ def member_problem(member: tarfile.TarInfo, seen: dict[str, tuple[str, bool]]) -
         return f"{shown}: a name holding control characters or bytes that are not UTF-8"
     if name.startswith("/") or ".." in PurePosixPath(name).parts or "\\" in name:
         return f"{name}: a path outside the package"
-    if not PurePosixPath(name).parts:  # "" or "." (tar cannot unpack either)
+    if not PurePosixPath(name).parts and not member.isdir():  # a file "" or "." (the
+        # folder "./" is the package's root, as `tar -C run .` writes it)
         return f"{name or '<an empty name>'}: a member that names no file"
     if any(len(part.encode()) > NAME_MAX_BYTES for part in PurePosixPath(name).parts):
         return (
