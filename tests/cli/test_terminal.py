@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import ROOT, cli_env, read_metrics, run_cli, run_main, write_expert
+from train_helpers import ROOT, cli_env, read_metrics, run_here, run_main, write_expert
 
 STEPS = 40
 
@@ -114,7 +114,7 @@ def test_a_world_size_left_in_the_shell(capsys, monkeypatch, tmp_path: Path) -> 
         n.startswith("WORLD_SIZE is 2 (RANK 0) in the environment, but no launcher") for n in notes
     )
     out = tmp_path / "run"
-    done = run_cli("train", "-m", manifest, "--output", str(out), env=world)
+    done = run_here("train", "-m", manifest, "--output", str(out), env=world)
     said = " ".join(done.stderr.split())
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout + done.stderr
     assert "WORLD_SIZE is 2 in the environment, but MASTER_ADDR is not" in said
