@@ -174,10 +174,9 @@ def unchanged_adapter(file: Path) -> str | None:
             names = list(f.keys())  # noqa: SIM118 - safe_open is not iterable
             if any("lora_magnitude_vector" in n for n in names):
                 return None
-            for marker in ZERO_AT_START:
-                zero = [n for n in names if marker in n]
-                if zero and not any(bool(f.get_tensor(n).any()) for n in zero):
-                    return marker
+            zero = [n for n in names if any(m in n for m in ZERO_AT_START)]
+            if not zero or any(bool(f.get_tensor(n).any()) for n in zero):
+                return None  # one of them moved (an embedding's B may stay zero: not alone)
     except Exception:  # noqa: BLE001 - damaged or not safetensors: said by the other checks
         return None
-    return None
+    return " and ".join(m for m in ZERO_AT_START if any(m in n for n in zero))

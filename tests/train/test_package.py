@@ -364,6 +364,27 @@ def test_an_adapter_that_adds_nothing_is_not_shipped(v2_run: Path, tmp_path: Pat
     assert unchanged_adapter(weights) is None
 
 
+@pytest.mark.parametrize(
+    ("tensors", "said"),
+    [
+        ({"a.lora_A.weight": 1, "a.lora_B.weight": 0}, "lora_B"),
+        ({"a.lora_B.weight": 1, "e.lora_embedding_B": 0}, None),  # the linear layer moved
+        ({"a.lora_B.weight": 0, "e.lora_embedding_B": 0}, "lora_B and lora_embedding_B"),
+        ({"a.lora_B.weight": 0, "a.lora_magnitude_vector": 1}, None),  # DoRA's magnitudes
+        ({"a.lora_A.weight": 0, "a.lora_E": 0}, "lora_E"),  # AdaLoRA's singular values
+        ({"a.ia3_l": 1}, None),  # IA3 starts at ones: not judged
+    ],
+)
+def test_which_adapters_add_nothing(tmp_path: Path, tensors: dict, said: str | None) -> None:
+    from safetensors.torch import save_file
+
+    from expert_cli.weights import unchanged_adapter
+
+    file = tmp_path / "adapter_model.safetensors"
+    save_file({k: torch.full((2, 2), float(v)) for k, v in tensors.items()}, str(file))
+    assert unchanged_adapter(file) == said
+
+
 @pytest.mark.slow
 def test_a_refused_checkpoint_is_not_offered_again(v2_run: Path, tmp_path: Path) -> None:
     """`--checkpoint checkpoint-2` of a checkpoint holding NaN said "choose another of:
