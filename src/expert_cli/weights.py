@@ -159,24 +159,27 @@ def non_finite_line(bad: list[str], shown: int = 3) -> str:
     return f"{len(bad)} tensor{plural} {verb} NaN or infinity ({names}{more})"
 
 
-# the tensors that start at zero, by peft's names, so that a new adapter adds nothing: LoRA's
-# B (and its embedding's), AdaLoRA's singular values
-ZERO_AT_START = ("lora_B", "lora_embedding_B", "lora_E")
+# the tensors peft starts at zero, so that a new adapter adds nothing: LoRA's B of a linear
+# layer and A of an embedding; AdaLoRA's singular values (its A and B start random)
+ZERO_AT_START = {"LORA": ("lora_B", "lora_embedding_A"), "ADALORA": ("lora_E",)}
 
 
 def unchanged_adapter(file: Path) -> str | None:
-    """The name of the tensors that start at zero (`lora_B`, `lora_E`) when every one of them
-    still is, so that the adapter adds nothing to the base (a run whose every step had a
-    learning rate of 0); None otherwise, or when the file holds none of them, holds DoRA's
-    magnitudes (they change the output alone), or cannot be read."""
+    """The names of the tensors that start at zero when every one of them still is, so that
+    the adapter adds nothing to the base (a run whose every step had a learning rate of 0);
+    None otherwise, or when the file holds none of them, holds DoRA's magnitudes (they
+    change the output alone), or cannot be read."""
     try:
         with safe_open(str(file), framework="pt") as f:
             names = list(f.keys())  # noqa: SIM118 - safe_open is not iterable
-            if any("lora_magnitude_vector" in n for n in names):
+            parts = {n: set(n.split(".")) for n in names}
+            if any("lora_magnitude_vector" in p for p in parts.values()):
                 return None
-            zero = [n for n in names if any(m in n for m in ZERO_AT_START)]
+            kind = "ADALORA" if any("lora_E" in p for p in parts.values()) else "LORA"
+            markers = ZERO_AT_START[kind]
+            zero = [n for n in names if parts[n] & set(markers)]
             if not zero or any(bool(f.get_tensor(n).any()) for n in zero):
-                return None  # one of them moved (an embedding's B may stay zero: not alone)
+                return None  # one of them moved
     except Exception:  # noqa: BLE001 - damaged or not safetensors: said by the other checks
         return None
-    return " and ".join(m for m in ZERO_AT_START if any(m in n for n in zero))
+    return " and ".join(m for m in markers if any(m in parts[n] for n in zero))

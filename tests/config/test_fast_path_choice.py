@@ -203,6 +203,13 @@ def test_a_numeric_batch_size_x_accumulation_is_the_step_its_rows_probed(tmp_pat
     assert tuple(getattr(cpu, f) for f in fields) == (False, "fixed", 8, 4)
     auto = _resolved(tmp_path, H100, micro_batch="fixed")
     assert "micro_batch: not applicable; batch_size auto probes the micro-batch" in auto.notes
+    # FSDP or DeepSpeed: the probe would run the model whole before it is sharded, and
+    # DeepSpeed reads its sizes from the arguments first: kept, and micro_batch auto said so
+    for strategy in ("fsdp", "deepspeed"):
+        sharded = _resolved(tmp_path, H100, {"strategy": strategy, "deepspeed": {}}, **given)
+        assert tuple(getattr(sharded, f) for f in fields) == (False, "fixed", 8, 4)
+    asked = _resolved(tmp_path, H100, {"strategy": "fsdp"}, micro_batch="auto", **given)
+    assert any(n.startswith("micro_batch: auto applies to a batch_size") for n in asked.notes)
 
 
 def test_batch_auto_on_a_cpu_splits_the_step(tmp_path: Path) -> None:

@@ -368,10 +368,13 @@ def test_an_adapter_that_adds_nothing_is_not_shipped(v2_run: Path, tmp_path: Pat
     ("tensors", "said"),
     [
         ({"a.lora_A.weight": 1, "a.lora_B.weight": 0}, "lora_B"),
-        ({"a.lora_B.weight": 1, "e.lora_embedding_B": 0}, None),  # the linear layer moved
-        ({"a.lora_B.weight": 0, "e.lora_embedding_B": 0}, "lora_B and lora_embedding_B"),
+        # an embedding's A starts at zero (its B is random)
+        ({"a.lora_B.weight": 1, "e.lora_embedding_A": 0, "e.lora_embedding_B": 1}, None),
+        ({"a.lora_B.weight": 0, "e.lora_embedding_A": 0}, "lora_B and lora_embedding_A"),
         ({"a.lora_B.weight": 0, "a.lora_magnitude_vector": 1}, None),  # DoRA's magnitudes
-        ({"a.lora_A.weight": 0, "a.lora_E": 0}, "lora_E"),  # AdaLoRA's singular values
+        # AdaLoRA: its singular values start at zero, its A and B random
+        ({"a.lora_A": 1, "a.lora_B": 1, "a.lora_E": 0}, "lora_E"),
+        ({"a.lora_A": 1, "a.lora_B": 1, "a.lora_E": 1}, None),
         ({"a.ia3_l": 1}, None),  # IA3 starts at ones: not judged
     ],
 )

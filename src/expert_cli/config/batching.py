@@ -26,8 +26,12 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-def batch_plan(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
-    """Micro-batch, accumulation and rows per optimizer step (see train/batch.py)."""
+def batch_plan(
+    cfg: TrainingConfig, env: Environment, notes: list[str], sharded: bool = False
+) -> dict[str, Any]:
+    """Micro-batch, accumulation and rows per optimizer step (see train/batch.py). `sharded`
+    (FSDP, DeepSpeed): a numeric batch is kept, since the probe runs the model whole on one
+    GPU before it is sharded, and DeepSpeed takes its sizes from the arguments before that."""
     seq = _first(cfg.max_seq_length, DEFAULT_MAX_SEQ)
     auto = cfg.batch_size == "auto" or (cfg.batch_size is None and env.has_gpu)
     if not auto:
@@ -46,13 +50,18 @@ def batch_plan(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[
             )
         # the step is batch x accumulation rows; on a GPU the rows a micro-step takes at once
         # are probed from its memory (the same rows per step, the same data in each step)
-        probe = env.has_gpu and accumulation > 1 and cfg.micro_batch != "fixed"
+        probe = env.has_gpu and accumulation > 1 and cfg.micro_batch != "fixed" and not sharded
         if probe:
             notes.append(
                 f"batch_size: {batch} x gradient_accumulation_steps {accumulation} = "
                 f"{batch * accumulation} rows per optimizer step; the rows each micro-step "
                 "takes are probed from the GPU's memory at start (micro_batch fixed keeps "
                 f"{batch} x {accumulation})"
+            )
+        if cfg.micro_batch == "auto" and not probe:
+            notes.append(
+                "micro_batch: auto applies to a batch_size with gradient_accumulation_steps "
+                "above 1, on one GPU or under DDP; kept as given here"
             )
         return dict(
             batch_size=batch,

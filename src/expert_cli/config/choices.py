@@ -233,7 +233,9 @@ def _schedule_arguments(cfg: TrainingConfig, learning_rate: float) -> dict[str, 
     return kwargs
 
 
-def schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
+def schedule(
+    cfg: TrainingConfig, env: Environment, notes: list[str], sharded: bool = False
+) -> dict[str, Any]:
     optim = first(cfg.optim, "adamw_torch_fused" if env.has_gpu else "adamw_torch")
     if optim in {
         "adamw_bnb_8bit",
@@ -274,7 +276,7 @@ def schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[st
         lr_scheduler_kwargs=_schedule_arguments(cfg, learning_rate),
         warmup_steps=steps,
         warmup_ratio=ratio,
-        **batch_plan(cfg, env, notes),
+        **batch_plan(cfg, env, notes, sharded),
         optim=optim,
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,

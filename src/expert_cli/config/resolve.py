@@ -378,7 +378,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         max_seq_length=first(cfg.max_seq_length, DEFAULT_MAX_SEQ),
         packing=first(cfg.packing, True),
         pretokenized_cache=str(cache),
-        **choices.schedule(cfg, env, notes),
+        **choices.schedule(cfg, env, notes, sharded=choices.sharded(dist_dict)),
         bf16=bf16,
         fp16=fp16,
         use_tf32=tf32,

@@ -12,10 +12,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, astuple, dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from expert_cli.config.kernels import BOUNDARY_KERNELS
+from expert_cli.data.collate import PackedCollator
+from expert_cli.train import distributed
+from expert_cli.train.memory import out_of_memory
+from expert_cli.train.model import autocast_dtype, enable_checkpointing
+
+if TYPE_CHECKING:
+    from expert_cli.data import PreparedData
+    from expert_cli.train.model import ModelChoices
+    from expert_cli.train.session import Run
 
 # Share of the GPU's memory a planned micro-batch may use (fragmentation, the optimizer's
 # first allocation and the allocator's caches take the rest).
@@ -136,3 +147,53 @@ def plan_batch(
         per_row_gb=round(per_row, 3),
         budget_gb=round(budget, 1),
     )
+
+
+def plan_run_batch(
+    run: Run, peft_model: Any, tokenizer: Any, data: PreparedData, choices: ModelChoices
+) -> None:
+    """Probe the memory of a micro-step, choose the micro-batch (the same on every rank: the
+    smallest any rank can hold) and keep the rows per optimizer step. For a manifest's
+    numeric batch_size x accumulation the micro-batch is never below batch_size (it held
+    before the probe existed), and a probe that itself runs out of memory keeps the numbers
+    as given (a 1 x 16 run on a full GPU would have failed in the probe's two-row step)."""
+    resolved = run.resolved
+    given = (resolved.batch_size, resolved.gradient_accumulation_steps)  # auto: (rows, 1)
+    numeric = given[0] < resolved.rows_per_step
+    collate = PackedCollator(
+        tokenizer.pad_token_id,
+        boundaries=choices.attn_implementation in BOUNDARY_KERNELS,
+        pad_to_multiple_of=resolved.max_seq_length,
+    )
+    rows = [data.train[i] for i in range(min(2, len(data.train)))] * 2
+    if resolved.gradient_checkpointing:  # the Trainer turns it on too; the probe must see it
+        enable_checkpointing(peft_model, resolved.gradient_checkpointing_kwargs)
+    try:
+        plan = plan_batch(
+            peft_model,
+            rows,
+            collate,
+            choices.device,
+            resolved.rows_per_step,
+            autocast_dtype(resolved),
+        )
+    except Exception as exc:
+        if not (numeric and out_of_memory(exc)):
+            raise
+        peft_model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        choices.notes.append(
+            f"batch_size: {given[0]} x {given[1]} kept as given (the memory probe's two-row "
+            "step did not fit)"
+        )
+        return
+    micro = distributed.min_over_ranks(max(plan.micro_batch, given[0] if numeric else 1))
+    accumulation = resolved.rows_per_step // micro
+    run.args.per_device_train_batch_size = run.args.per_device_eval_batch_size = micro
+    run.args.gradient_accumulation_steps = accumulation
+    run.resolved = resolved.model_copy(
+        update={"batch_size": micro, "gradient_accumulation_steps": accumulation}
+    )
+    run.runtime["batch"] = {**plan.to_dict(), "micro_batch": micro, "accumulation": accumulation}
+    shown = BatchPlan(micro, accumulation, plan.rows_per_step, *astuple(plan)[3:])
+    choices.notes.append(f"batch_size: {shown.describe(given)}")

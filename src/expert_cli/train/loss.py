@@ -169,7 +169,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         h_dtype, w_dtype = ctx.dtypes
         return (
-            (grad_h * grad.to(grad_h.dtype)).to(h_dtype) if grad_h is not None else None,
+            (grad_h.float() * grad).to(h_dtype) if grad_h is not None else None,  # 1/n in fp32
             (grad_w * grad).to(w_dtype) if grad_w is not None else None,
             None,
             None,

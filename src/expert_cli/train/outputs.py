@@ -310,7 +310,8 @@ def data_folder_problem(output: Path, run_dir: Path, what: str) -> str | None:
     build, or at least be written among the user's training data."""
     data = read_json_file(run_dir / "manifest.resolved.json")
     sources = []
-    for item in [*(data.get("train_sources") or []), *(data.get("validation_sources") or [])]:
+    given = [data.get("train_sources"), data.get("validation_sources")]  # hand-edited: lists?
+    for item in [x for part in given if isinstance(part, list) for x in part]:
         try:
             sources.append(SourceRef.model_validate(item))
         except ValidationError:

@@ -19,10 +19,8 @@ from transformers.utils import logging as hf_logging
 from expert_cli.atomic import sigterm_raises
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment, unlaunched_world
-from expert_cli.config.kernels import BOUNDARY_KERNELS
 from expert_cli.config.resolve import data_folder_holding, resolve
 from expert_cli.data import PreparedData, prepare_data
-from expert_cli.data.collate import PackedCollator
 from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.sources import NO_EVAL_ROWS
@@ -33,7 +31,7 @@ from expert_cli.train import distributed
 from expert_cli.train.adapter import start_problem
 from expert_cli.train.architecture import cache_id_problem, untrained_tokens_note
 from expert_cli.train.args import joined, planned_steps, training_args_kwargs
-from expert_cli.train.batch import plan_batch
+from expert_cli.train.batch import plan_run_batch
 from expert_cli.train.callbacks import (
     AdaLoraCallback,
     Interrupt,
@@ -49,12 +47,10 @@ from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.memory import Stopped, stage_out_of_memory
 from expert_cli.train.model import (
-    ModelChoices,
     adapter_compute_dtype,
     attach_run_adapter,
     autocast_dtype,
     build_random_model,
-    enable_checkpointing,
     load_base_model,
     parameter_counts,
     weight_dtype,
@@ -224,7 +220,7 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     choices.notes += notes
     if resolved.batch_auto and device.startswith("cuda"):
         with stage_out_of_memory(resolved, Stopped("probe", device=device)):
-            _plan_batch(run, peft_model, tokenizer, data, choices)
+            plan_run_batch(run, peft_model, tokenizer, data, choices)
     compile_on, why = compile_decision(resolved.torch_compile, device.startswith("cuda"))
     if compile_on:
         choices.compiled_layers = compile_layers(
@@ -241,34 +237,6 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
         "base_weights": str(source or resolved.base_model),
     }
     return peft_model
-
-
-def _plan_batch(
-    run: Run, peft_model: Any, tokenizer: Any, data: PreparedData, choices: ModelChoices
-) -> None:
-    """batch_size auto: probe the memory of a micro-step, choose the micro-batch (the same on
-    every rank: the smallest any rank can hold) and keep the rows per optimizer step."""
-    resolved = run.resolved
-    collate = PackedCollator(
-        tokenizer.pad_token_id,
-        boundaries=choices.attn_implementation in BOUNDARY_KERNELS,
-        pad_to_multiple_of=resolved.max_seq_length,
-    )
-    rows = [data.train[i] for i in range(min(2, len(data.train)))] * 2
-    dtype = autocast_dtype(resolved)
-    if resolved.gradient_checkpointing:  # the Trainer turns it on too; the probe must see it
-        enable_checkpointing(peft_model, resolved.gradient_checkpointing_kwargs)
-    plan = plan_batch(peft_model, rows, collate, choices.device, resolved.rows_per_step, dtype)
-    micro = distributed.min_over_ranks(plan.micro_batch)
-    accumulation = resolved.rows_per_step // micro
-    run.args.per_device_train_batch_size = run.args.per_device_eval_batch_size = micro
-    run.args.gradient_accumulation_steps = accumulation
-    run.resolved = resolved.model_copy(
-        update={"batch_size": micro, "gradient_accumulation_steps": accumulation}
-    )
-    run.runtime["batch"] = {**plan.to_dict(), "micro_batch": micro, "accumulation": accumulation}
-    given = (resolved.batch_size, resolved.gradient_accumulation_steps)  # auto: (rows, 1)
-    choices.notes.append(f"batch_size: {plan.describe(given)}")
 
 
 def make_trainer(
