@@ -360,3 +360,19 @@ def lora_model(model_dir: Path, quantization: Any = None, **config: object) -> A
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.02)
     return model
+
+
+def h100_environment() -> Any:
+    """The machine as `probe_environment` describes one H100 (80 GB, bf16, 16 cores) with no
+    optional kernel installed: resolution on a GPU, decided on the CPU."""
+    from expert_cli.config.environment import Environment
+
+    return Environment(
+        gpu_count=1,
+        gpu_name="NVIDIA H100 80GB HBM3",
+        gpu_capability=(9, 0),
+        gpu_memory_gb=79.2,
+        bf16=True,
+        tf32=True,
+        cpu_count=16,
+    )

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from train_helpers import h100_environment
 
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import Environment, cpu_environment
@@ -17,15 +18,7 @@ from expert_cli.errors import UserError
 from expert_cli.train.batch import BatchPlan, largest_fitting_divisor
 from expert_cli.train.speed import compile_decision
 
-BARE_H100 = Environment(
-    gpu_count=1,
-    gpu_name="NVIDIA H100 80GB HBM3",
-    gpu_capability=(9, 0),
-    gpu_memory_gb=79.2,
-    bf16=True,
-    tf32=True,
-    cpu_count=16,
-)
+BARE_H100 = h100_environment()
 H100 = replace(BARE_H100, torch_varlen=True, flex_attention=True, liger_kernel="0.8.5")
 FULL_H100 = replace(H100, flash_attn_4="4.0.0b36", flash_attn="2.8.3")
 T4 = Environment(

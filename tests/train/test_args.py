@@ -10,9 +10,11 @@ import signal
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from train_helpers import h100_environment
 from transformers import TrainingArguments
 
 from expert_cli.config import load_manifest
@@ -30,17 +32,7 @@ from expert_cli.train.checkpoints import (
 from expert_cli.train.run_folder import disk_full, sweep_leftovers
 from expert_cli.train.trainer import COUNTS_KEY, CountingCollator
 
-GPU = Environment(
-    gpu_count=1,
-    gpu_name="NVIDIA H100 80GB HBM3",
-    gpu_capability=(9, 0),
-    gpu_memory_gb=80.0,
-    bf16=True,
-    tf32=True,
-    flash_attn=None,
-    bitsandbytes="0.50",
-    cpu_count=16,
-)
+GPU = replace(h100_environment(), gpu_memory_gb=80.0, bitsandbytes="0.50")
 
 CONFIG = {
     "epochs": 1.5,

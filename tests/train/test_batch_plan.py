@@ -10,22 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from train_helpers import h100_environment
 
 from expert_cli.config import load_manifest
-from expert_cli.config.environment import Environment
 from expert_cli.config.resolve import resolve
 from expert_cli.train import batch as batching
 from expert_cli.train.batch import BatchPlan, plan_run_batch
 
-GPU = Environment(
-    gpu_count=1,
-    gpu_name="NVIDIA H100 80GB HBM3",
-    gpu_capability=(9, 0),
-    gpu_memory_gb=79.2,
-    bf16=True,
-    tf32=True,
-    cpu_count=16,
-)
+GPU = h100_environment()
 
 
 def _run(tmp_path: Path, **config) -> SimpleNamespace:
