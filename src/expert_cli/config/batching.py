@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from expert_cli.config.choices import first
 from expert_cli.config.environment import Environment
 from expert_cli.config.training_config import TrainingConfig
 from expert_cli.errors import UserError
@@ -22,21 +23,17 @@ DEFAULT_CPU_BATCH = 2
 MAX_TOKENS_PER_MICRO_STEP = 1 << 24  # batch_size x max_seq_length
 
 
-def _first(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
-
-
 def batch_plan(
     cfg: TrainingConfig, env: Environment, notes: list[str], sharded: bool = False
 ) -> dict[str, Any]:
     """Micro-batch, accumulation and rows per optimizer step (see train/batch.py). `sharded`
     (FSDP, DeepSpeed): a numeric batch is kept, since the probe runs the model whole on one
     GPU before it is sharded, and DeepSpeed takes its sizes from the arguments before that."""
-    seq = _first(cfg.max_seq_length, DEFAULT_MAX_SEQ)
+    seq = first(cfg.max_seq_length, DEFAULT_MAX_SEQ)
     auto = cfg.batch_size == "auto" or (cfg.batch_size is None and env.has_gpu)
     if not auto:
         batch = cfg.batch_size if isinstance(cfg.batch_size, int) else DEFAULT_CPU_BATCH
-        accumulation = _first(cfg.gradient_accumulation_steps, 1)
+        accumulation = first(cfg.gradient_accumulation_steps, 1)
         if batch * seq > MAX_TOKENS_PER_MICRO_STEP:
             raise UserError(
                 f"training.config.batch_size: {batch} rows of max_seq_length {seq} are "
@@ -70,7 +67,7 @@ def batch_plan(
             rows_per_step=batch * accumulation,
             micro_batch="auto" if probe else "fixed",
         )
-    rows = max(1, _first(cfg.tokens_per_step, DEFAULT_TOKENS_PER_STEP) // seq)
+    rows = max(1, first(cfg.tokens_per_step, DEFAULT_TOKENS_PER_STEP) // seq)
     if cfg.micro_batch:
         notes.append("micro_batch: not applicable; batch_size auto probes the micro-batch")
     if cfg.gradient_accumulation_steps:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from expert_cli.config.batching import batch_plan
 from expert_cli.config.environment import Environment
 from expert_cli.config.kernels import choose_kernel
 from expert_cli.config.training_config import CHECKPOINTING_NAMES, TrainingConfig
@@ -233,9 +232,7 @@ def _schedule_arguments(cfg: TrainingConfig, learning_rate: float) -> dict[str, 
     return kwargs
 
 
-def schedule(
-    cfg: TrainingConfig, env: Environment, notes: list[str], sharded: bool = False
-) -> dict[str, Any]:
+def schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
     optim = first(cfg.optim, "adamw_torch_fused" if env.has_gpu else "adamw_torch")
     if optim in {
         "adamw_bnb_8bit",
@@ -276,7 +273,6 @@ def schedule(
         lr_scheduler_kwargs=_schedule_arguments(cfg, learning_rate),
         warmup_steps=steps,
         warmup_ratio=ratio,
-        **batch_plan(cfg, env, notes, sharded),
         optim=optim,
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,

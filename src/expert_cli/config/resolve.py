@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from expert_cli.config import choices
 from expert_cli.config.adapters import adapter_settings
-from expert_cli.config.batching import DEFAULT_MAX_SEQ
+from expert_cli.config.batching import DEFAULT_MAX_SEQ, batch_plan
 from expert_cli.config.choices import checkpoint_problem, first
 from expert_cli.config.environment import Environment
 from expert_cli.config.models import AdapterType, LoadedManifest
@@ -378,7 +378,8 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         max_seq_length=first(cfg.max_seq_length, DEFAULT_MAX_SEQ),
         packing=first(cfg.packing, True),
         pretokenized_cache=str(cache),
-        **choices.schedule(cfg, env, notes, sharded=choices.sharded(dist_dict)),
+        **choices.schedule(cfg, env, notes),
+        **batch_plan(cfg, env, notes, sharded=choices.sharded(dist_dict)),
         bf16=bf16,
         fp16=fp16,
         use_tf32=tf32,

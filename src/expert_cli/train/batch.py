@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, astuple, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -194,6 +194,6 @@ def plan_run_batch(
     run.resolved = resolved.model_copy(
         update={"batch_size": micro, "gradient_accumulation_steps": accumulation}
     )
-    run.runtime["batch"] = {**plan.to_dict(), "micro_batch": micro, "accumulation": accumulation}
-    shown = BatchPlan(micro, accumulation, plan.rows_per_step, *astuple(plan)[3:])
-    choices.notes.append(f"batch_size: {shown.describe(given)}")
+    chosen = replace(plan, micro_batch=micro, accumulation=accumulation)
+    run.runtime["batch"] = chosen.to_dict()
+    choices.notes.append(f"batch_size: {chosen.describe(given)}")

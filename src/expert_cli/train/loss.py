@@ -46,35 +46,33 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     return hidden.dtype
 
 
-def _torch_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Each row's cross-entropy against `targets` (0 where the target is -100, fp32), the
-    gradient of their sum written over `logits` (softmax minus one-hot, computed in fp32;
-    0 on ignored rows)."""
+def _torch_rows(logits: torch.Tensor, targets: torch.Tensor, out: torch.Tensor) -> None:
+    """Each row's cross-entropy against `targets` into `out` (0 where the target is -100,
+    fp32), the gradient of their sum written over `logits` (softmax minus one-hot, computed
+    in fp32; 0 on ignored rows)."""
     x = logits.float()  # `logits` itself when it is fp32
     keep = (targets != IGNORE).unsqueeze(1)
     picked = targets.clamp(min=0).unsqueeze(1)
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
-    rows = ((lse - x.gather(1, picked)) * keep).squeeze(1)
+    out.copy_(((lse - x.gather(1, picked)) * keep).squeeze(1))
     x.sub_(lse).exp_()
     x.scatter_add_(1, picked, -torch.ones_like(lse))
     x.mul_(keep)
     if x is not logits:
         logits.copy_(x)
-    return rows
 
 
-def _liger_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """`_torch_rows` in one pass of Liger-Kernel's Triton cross-entropy kernel (GPU)."""
+def _liger_rows(logits: torch.Tensor, targets: torch.Tensor, out: torch.Tensor) -> None:
+    """`_torch_rows` in one pass of Liger-Kernel's Triton cross-entropy kernel (GPU); an
+    ignored row's loss is not written: `out` comes zeroed."""
     from liger_kernel.ops.cross_entropy import liger_cross_entropy_kernel
 
-    rows = torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
     n_cols = logits.shape[1]
     liger_cross_entropy_kernel[(logits.shape[0],)](
-        **_liger_arguments(logits, targets, rows),
+        **_liger_arguments(logits, targets, out),
         BLOCK_SIZE=min(LIGER_BLOCK, 1 << (n_cols - 1).bit_length()),  # a power of 2
         num_warps=32,
     )
-    return rows
 
 
 # the kernel's widest block, as Liger's own functions use it
@@ -144,7 +142,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         hidden: torch.Tensor,
         weight: torch.Tensor,
         targets: torch.Tensor,
-        rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        rows: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None],
     ) -> torch.Tensor:
         dtype = _compute_dtype(hidden)
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -152,10 +150,10 @@ class LinearCrossEntropy(torch.autograd.Function):
             h, w = hidden.to(dtype), weight.to(dtype)
             grad_h = torch.empty_like(h) if need_h else None
             grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
-            losses = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
+            losses = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
             for start, end in _chunks(h.shape[0], w.shape[0]):
                 logits = h[start:end] @ w.t()
-                losses[start:end] = rows(logits, targets[start:end].contiguous())
+                rows(logits, targets[start:end].contiguous(), losses[start:end])
                 if grad_h is not None:
                     torch.mm(logits, w, out=grad_h[start:end])
                 if grad_w is not None:
