@@ -256,3 +256,15 @@ def test_a_run_shorter_than_logging_steps_reports_its_loss(
     windows = [(w["step"], w["loss"]) for w in metrics["windows"]]
     assert [step for step, _ in windows] == [2, 3] and all(loss for _, loss in windows), windows
     assert metrics["summary"]["final_loss"] == windows[-1][1] != windows[0][1]
+
+
+def test_a_flex_run_says_its_probe_read_sdpas_mask() -> None:
+    """flex_attention is probed through sdpa (flex compiles for every new shape); the line
+    said "checked" as if flex's own mask had been run."""
+    from expert_cli.cli.train_view import _isolation
+
+    assert _isolation("verified", True, "flex_attention") == (
+        " (causal, packed examples apart: checked with sdpa's mask)"
+    )
+    assert _isolation("verified", False, "sdpa") == " (causal: checked)"
+    assert _isolation("not probed: x", True, "flex_attention") == " (not probed: x)"

@@ -256,10 +256,8 @@ def test_checkpointing_names(tmp_path: Path, value, on: bool, note: str | None) 
 
 
 def test_checkpointing_options(tmp_path: Path) -> None:
-    path = _manifest(
-        tmp_path,
-        _config(gradient_checkpointing_kwargs={"use_reentrant": True, "preserve_rng_state": False}),
-    )
+    replay = {"use_reentrant": True, "preserve_rng_state": False}
+    path = _manifest(tmp_path, _config(gradient_checkpointing_kwargs=replay, dropout=0.0))
     resolved = resolve(load_manifest(path), cpu_environment())
     assert resolved.gradient_checkpointing_kwargs == {
         "use_reentrant": False,
@@ -272,6 +270,20 @@ def test_checkpointing_options(tmp_path: Path) -> None:
     kwargs = training_args_kwargs(resolved, tmp_path / "c")
     key = next(k for k in kwargs if k.endswith("checkpointing_kwargs"))
     assert kwargs[key] == {"use_reentrant": False, "preserve_rng_state": False}
+
+
+def test_recomputation_without_the_random_state_is_refused_with_dropout(tmp_path: Path) -> None:
+    """preserve_rng_state false recomputes each layer with other dropout masks than its
+    forward drew: gradients of another function than the loss, without a word."""
+    replay = {"preserve_rng_state": False}
+    assert _errors(_manifest(tmp_path, _config(gradient_checkpointing_kwargs=replay))) == (
+        "training.config.gradient_checkpointing_kwargs.preserve_rng_state: false recomputes "
+        "each layer with other adapter dropout masks (dropout 0.05) than its forward drew, so "
+        "the gradients are not those of the loss: set it true (the default), or dropout to 0"
+    )
+    off = _config(gradient_checkpointing=False, gradient_checkpointing_kwargs=replay)
+    (tmp_path / "off").mkdir()
+    resolve(load_manifest(_manifest(tmp_path / "off", off)), cpu_environment())  # nothing replays
 
 
 def test_checkpointing_options_without_checkpointing_are_reported(tmp_path: Path) -> None:

@@ -124,6 +124,60 @@ def test_models_that_scale_logits_keep_the_standard_loss(tiny_model_dir) -> None
     assert fused.fused_loss_unsupported(model, "all-linear") is None  # peft leaves the head
 
 
+@pytest.mark.parametrize(("multiplier", "fits"), [(0.078125, False), (1.0, True)])
+def test_a_head_scaled_in_the_forward_keeps_the_standard_loss(multiplier, fits) -> None:
+    """Falcon-H1 multiplies its head's output by lm_head_multiplier in its forward, a field no
+    list of names covered: the fused loss computed the loss of unscaled logits (5.60 where the
+    model's own was 5.55 at random init), and no note said so. The logits are now compared
+    with the head's product on the loaded model."""
+    from transformers import AutoModelForCausalLM, FalconH1Config
+
+    config = FalconH1Config(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        mamba_d_ssm=64,
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_d_state=16,
+        mamba_n_groups=1,
+        mamba_chunk_size=16,
+        lm_head_multiplier=multiplier,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    why = fused.fused_loss_unsupported(model, ["q_proj"])
+    assert why == (
+        None
+        if fits
+        else "the model's logits are not its LM head's product with the last hidden state"
+    )
+    assert model.training  # the check's eval mode is put back
+
+
+def test_a_moe_router_loss_keeps_the_standard_loss(tiny_model_dir) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.config.output_router_logits = True  # a MoE's config.json may turn it on
+    assert "output_router_logits" in fused.fused_loss_unsupported(model)
+
+
+def test_zero3_keeps_the_standard_loss(monkeypatch, tiny_model_dir) -> None:
+    """ZeRO-3 gathers a partitioned weight in its module's forward; the fused loss reads the
+    head's weight without calling the head (DeepSpeed is not installed here: its switch is
+    set as transformers' integration reports it)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    monkeypatch.setattr(fused, "is_deepspeed_zero3_enabled", lambda: True)
+    assert "ZeRO-3" in fused.fused_loss_unsupported(model)
+
+
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown backend"):
         fused.summed_linear_cross_entropy(

@@ -26,7 +26,7 @@ from expert_cli.data.build import drop_reasons, masking_words
 from expert_cli.data.earlier import Earlier
 from expert_cli.errors import escaped
 from expert_cli.telemetry.throughput import flush_note
-from expert_cli.train.causality import ISOLATED
+from expert_cli.train.causality import ISOLATED, MASK_PROXY
 from expert_cli.train.choice import lower_loss_note
 from expert_cli.train.generate import Case, GenerateResult, Generation
 from expert_cli.train.model import ModelChoices
@@ -89,10 +89,14 @@ def _loss_name(fused: str) -> str:
     return "standard (full logits)" if fused == "off" else f"fused linear cross-entropy ({fused})"
 
 
-def _isolation(verdict: str, packing: bool) -> str:
-    if verdict == ISOLATED:
-        return " (causal, packed examples apart: checked)" if packing else " (causal: checked)"
-    return f" ({verdict})"
+def _isolation(verdict: str, packing: bool, kernel: str) -> str:
+    if verdict != ISOLATED:
+        return f" ({verdict})"
+    # flex compiles for each shape: the probe ran sdpa, whose mask comes from the same positions
+    how = f" with {MASK_PROXY[kernel]}'s mask" if kernel in MASK_PROXY else ""
+    return (
+        f" (causal, packed examples apart: checked{how})" if packing else f" (causal: checked{how})"
+    )
 
 
 def print_decisions(
@@ -106,7 +110,8 @@ def print_decisions(
     )
     console.print(
         f"[bold]kernels[/bold]   attention {choices.attn_implementation}"
-        f"{_isolation(choices.attention_isolation, resolved.packing)}, weights "
+        f"{_isolation(choices.attention_isolation, resolved.packing, choices.attn_implementation)}"
+        ", weights "
         f"{choices.dtype}, mixed precision {mixed}, TF32 {'on' if choices.tf32 else 'off'}, "
         f"quantization {choices.quantization}",
         highlight=False,

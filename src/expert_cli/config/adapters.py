@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from expert_cli.config.choices import first
+from expert_cli.config.choices import checkpointing_on, first
 from expert_cli.config.models import Manifest
+from expert_cli.errors import UserError
 
 DEFAULT_RANK = 16
 DEFAULT_DROPOUT = 0.05
@@ -49,6 +50,14 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
     targets = first(cfg.target_modules, spec.target_modules if spec else None, "all-linear")
     use_dora = kind == "dora" or bool(spec and spec.use_dora and kind == "lora")
     dropout = float(first(cfg.dropout, spec.dropout if spec else None, DEFAULT_DROPOUT))
+    replay = cfg.gradient_checkpointing_kwargs
+    if dropout > 0 and checkpointing_on(cfg) and replay and replay.preserve_rng_state is False:
+        raise UserError(
+            "training.config.gradient_checkpointing_kwargs.preserve_rng_state: false recomputes "
+            f"each layer with other adapter dropout masks (dropout {dropout:g}) than its forward "
+            "drew, so the gradients are not those of the loss: set it true (the default), or "
+            "dropout to 0"
+        )
     if cfg.adapter_kernel == "fused" and (
         unfused := unfused_reason(kind, use_dora, manifest.primary_base_model.quantization)
     ):

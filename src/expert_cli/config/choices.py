@@ -189,7 +189,7 @@ def hints(cfg: TrainingConfig, env: Environment, notes: list[str]) -> None:
             "whole decoder layers are recomputed (gradient_checkpointing true)"
         )
     kwargs = cfg.gradient_checkpointing_kwargs
-    if kwargs is not None and not _checkpointing_on(cfg):
+    if kwargs is not None and not checkpointing_on(cfg):
         notes.append("gradient_checkpointing_kwargs: not applicable, gradient_checkpointing is off")
     elif kwargs is not None and kwargs.use_reentrant:
         notes.append(
@@ -199,7 +199,7 @@ def hints(cfg: TrainingConfig, env: Environment, notes: list[str]) -> None:
         )
 
 
-def _checkpointing_on(cfg: TrainingConfig) -> bool:
+def checkpointing_on(cfg: TrainingConfig) -> bool:
     """`gradient_checkpointing` as true/false (a name as CHECKPOINTING_NAMES reads it)."""
     on = cfg.gradient_checkpointing
     return CHECKPOINTING_NAMES[on] if isinstance(on, str) else bool(on)
@@ -211,7 +211,7 @@ def checkpointing(cfg: TrainingConfig) -> dict[str, Any]:
     given = cfg.gradient_checkpointing_kwargs
     if given is not None and given.preserve_rng_state is not None:
         kwargs["preserve_rng_state"] = given.preserve_rng_state
-    return dict(gradient_checkpointing=_checkpointing_on(cfg), gradient_checkpointing_kwargs=kwargs)
+    return dict(gradient_checkpointing=checkpointing_on(cfg), gradient_checkpointing_kwargs=kwargs)
 
 
 def _schedule_arguments(cfg: TrainingConfig, learning_rate: float) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from types import MethodType
 from typing import Any
 
 import torch
+from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from expert_cli.data.formatting import IGNORE
@@ -32,6 +33,11 @@ from expert_cli.data.formatting import IGNORE
 # and as much again in fp32 for the plain-torch rows). Liger's own function takes about 128 tokens
 # at a time for 16k: GEMMs too thin for a GPU's SMs.
 CHUNK_ELEMENTS = 1 << 28
+# head_problem: tokens run through the model, and the difference allowed between its logits and
+# the head's product, relative to the largest logit (the same GEMM on the same input gives none;
+# the margin absorbs rounding; a multiplier as Falcon-H1's 0.078 moves them by 92%)
+HEAD_TOKENS = 8
+HEAD_TOLERANCE = 1e-2
 
 
 def _chunks(n: int, vocab: int) -> list[tuple[int, int]]:
@@ -231,9 +237,44 @@ def fused_loss_unsupported(model: Any, targets: Any = ()) -> str | None:
         return "target_modules adapts lm_head, whose adapter it would leave out"
     if getattr(model.lm_head, "bias", None) is not None:
         return "the LM head has a bias"
+    if is_deepspeed_zero3_enabled():  # gathered only inside the head's own forward
+        return "DeepSpeed ZeRO-3 partitions the LM head's weight, which it reads directly"
     for field in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
         if getattr(config, field, None) not in (None, 1, 1.0):
             return f"the model scales its logits ({field})"
+    if getattr(config, "output_router_logits", False):
+        return "the model adds its router's balancing loss (output_router_logits), left out"
+    return head_problem(model)
+
+
+def head_problem(model: Any) -> str | None:
+    """Why the model's logits are not its LM head's weight times its body's last hidden state,
+    the product the fused loss computes (a multiplier or a transform of the head's input or
+    output that no config field above names: Falcon-H1's lm_head_multiplier), on HEAD_TOKENS
+    tokens in eval mode; None when they are, or when this process holds no weights to run."""
+    weight = model.lm_head.weight
+    if not weight.is_floating_point():
+        return "the LM head's weight is quantized"
+    if any(p.is_meta for p in model.parameters()):
+        return None
+    ids = torch.arange(HEAD_TOKENS, device=weight.device).unsqueeze(0) % weight.shape[0]
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad():
+            hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+            expected = torch.nn.functional.linear(hidden.to(weight.dtype), weight).float()
+            logits = model(input_ids=ids, use_cache=False).logits.float()
+    except Exception as exc:  # noqa: BLE001 - a model that cannot run here: the loss decides
+        return f"its logits could not be compared with its LM head's ({type(exc).__name__})"
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+    scale = expected.abs().max().item()
+    if logits.shape != expected.shape or (logits - expected).abs().max().item() > (
+        HEAD_TOLERANCE * max(scale, 1e-6)
+    ):
+        return "the model's logits are not its LM head's product with the last hidden state"
     return None
 
 

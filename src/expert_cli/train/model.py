@@ -240,6 +240,8 @@ def _speedups(
             choices.notes.append(f"liger_kernels: {why}; using the model's own layers")
     if resolved.fused_loss != "off":
         why = fused_loss_unsupported(model, resolved.target_modules)
+        if distributed.any_rank(why is not None):  # a process holding no weights cannot tell
+            why = why or "another process found the model's head unfit for it"
         if why is None:
             install_fused_loss(model, resolved.fused_loss)
             choices.fused_loss = resolved.fused_loss
