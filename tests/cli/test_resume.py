@@ -191,7 +191,7 @@ def test_a_signal_while_tokenizing_leaves_nothing_behind(
     """SIGTERM (a scheduler's stop, `kill`) while the token cache is built killed train where
     it stood: a new --output folder stayed behind holding only `.train.lock`. Now the folder
     it created goes, as it does for Ctrl-C, with 128 + the signal's number and no traceback."""
-    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=150_000)
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=20_000)
     args = [*_train(manifest, tmp_path / "runs" / "new"), "--max-steps", "2"]
     done = _signal_mid_build(args, tmp_path / "e", sig)
     assert done.returncode == code, done.stdout + done.stderr
@@ -202,7 +202,7 @@ def test_a_signal_while_tokenizing_leaves_nothing_behind(
 def test_pretokenize_stopped_says_what_is_kept(tmp_path: Path, tiny_model_dir: Path) -> None:
     """SIGTERM or Ctrl-C in `pretokenize` ended it without a word; it says the finished shards
     are kept (the same command resumes from them), and exits 143."""
-    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=150_000)
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=20_000)
     args = ["pretokenize", "--manifest", str(manifest)]
     done = _signal_mid_build(args, manifest.parent, signal.SIGTERM)
     assert done.returncode == 143, done.stdout + done.stderr

@@ -245,17 +245,17 @@ def test_check_and_pretokenize_agree(
 
 @pytest.mark.slow
 def test_checking_a_large_file_keeps_memory_bounded(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """Peak memory of `check` over a 512 MB JSON Lines file stays far below the file's size
+    """Peak memory of `check` over a 256 MB JSON Lines file stays below half the file's size
     (1 GB took half a minute of the suite to write and read; the bound does not depend on
-    the size)."""
+    the size, and a reader that held the file would pass it)."""
     line = json.dumps({"text": "x" * 1000}) + "\n"
     manifest = _expert(tmp_path, tiny_model_dir, line, "big.jsonl")
     path = manifest.parent / "data" / "big.jsonl"
     with path.open("a") as fh:
         block = line * 1000
-        for _ in range((1 << 29) // len(block) + 1):
+        for _ in range((1 << 28) // len(block) + 1):
             fh.write(block)
-    assert path.stat().st_size >= 1 << 29
+    assert path.stat().st_size >= 1 << 28
     code = (
         "import resource, sys; from pathlib import Path;"
         "from expert_cli.data.checks import check_manifest;"
@@ -268,6 +268,6 @@ def test_checking_a_large_file_keeps_memory_bounded(tmp_path: Path, tiny_model_d
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     rows, added_kib = int(out.stdout.split()[0]), int(out.stdout.split()[-1])
-    assert rows > 500_000
+    assert rows > 250_000
     assert "[]" in out.stdout  # no problems
-    assert added_kib < 128 * 1024  # reading 512 MB adds under 128 MB to the process's peak
+    assert added_kib < 128 * 1024  # reading 256 MB adds under 128 MB to the process's peak
