@@ -134,6 +134,23 @@ def test_no_example_start_is_trained_so_packing_never_links_examples(tiny_tokeni
         assert all(row["labels"][k] == IGNORE for k in starts)
 
 
+def test_an_empty_answer_in_an_empty_reasoning_block_is_dropped(tiny_tokenizer) -> None:
+    """Qwen3's template renders an empty answer as `<think>\\n\\n</think>\\n\\n<|im_end|>`: the
+    row was kept and trained to reply with nothing, where ChatML's empty answer is dropped."""
+    head = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+    rows = run(
+        tiny_tokenizer,
+        "text",
+        {
+            "text": [
+                f"{head}<think>\n\n</think>\n\n<|im_end|>\n",
+                f"{head}<think>\nr\n</think>\n\n<|im_end|>\n",
+            ]
+        },
+    )
+    assert [r["status"] for r in rows] == [DROPPED_NO_COMPLETION, KEPT]
+
+
 def test_response_template_missing_drops_the_example(tiny_tokenizer) -> None:
     rows = run(
         tiny_tokenizer, "text", {"text": ["Q: a\nA: b", "no answer here"]}, response_template="A:"

@@ -112,6 +112,14 @@ def test_a_response_template_follows_the_prompt_once(tmp_path: Path) -> None:
     # a space ending the template belongs to the answer's first token, as in training
     spaced = PromptFormat("template", "### Answer: ")
     assert _text(tok, spaced.render(tok, "Q: 2+2?\n")) == "Q: 2+2?\n### Answer:"
+    # a newline ending it stays: training's prompt ended with it (":\n" is one Qwen token, and
+    # generate's prompt ended ":", a token the adapter never saw there)
+    lined = PromptFormat("template", "### Response:\n")
+    assert _text(tok, lined.render(tok, "Q: 2+2?\n")) == "Q: 2+2?\n### Response:\n"
+    trained = tok("Q: 2+2?\n### Response:\nSELECT 1", add_special_tokens=False).input_ids
+    prompt = lined.render(tok, "Q: 2+2?\n")
+    assert trained[: len(prompt)] == prompt and len(prompt) < len(trained)
+    assert _text(tok, PromptFormat("template", "A:\n ").render(tok, "Q\n")) == "Q\nA:\n"
 
 
 def test_an_unrecorded_kind_is_a_stated_guess(tmp_path: Path) -> None:

@@ -65,14 +65,18 @@ def _turn_spans(
 
 
 END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>")
+# Qwen3's template writes an empty reasoning block into every answer after the last user turn:
+# an empty answer is still empty with it
+EMPTY_THINK = re.compile(r"<think>\s*</think>")
 
 
 def _bare(part: str, eos: str | None) -> str:
-    """`part` without end-of-turn markers (and the tokenizer's EOS) and surrounding space."""
+    """`part` without end-of-turn markers (and the tokenizer's EOS), an empty reasoning
+    block, and surrounding space."""
     for marker in (*END_MARKERS, eos or ""):
         if marker:
             part = part.replace(marker, "")
-    return part.strip()
+    return EMPTY_THINK.sub("", part).strip()
 
 
 def has_content(text: str, spans: list[Span], eos: str | None) -> bool:

@@ -78,8 +78,9 @@ class PromptFormat:
                 "the run's text data has no system turn); put the system text in the prompt"
             )
         elif self.style == "template" and self.template and self.template not in text:
-            # a space ending the template went into the answer's first token in training
-            prompt = text + self.template.rstrip()
+            # a space ending the template went into the answer's first token in training; a
+            # newline stayed with the template (BPE keeps ":\n" one token, on the prompt's side)
+            prompt = text + self.template.rstrip(" \t")
         else:
             prompt = text
         return _encoded(tokenizer, prompt)
