@@ -143,7 +143,9 @@ def test_no_network_fails_in_seconds(tmp_path: Path, blackhole: str, command: st
     )
     assert "is not in the local cache and the hub cannot be reached" in text
     assert "Retry" not in out.stdout + out.stderr and "Traceback" not in out.stderr
-    assert elapsed < 15, elapsed
+    # one 5 s probe; the hub library's own calls into a blackhole wait 10 s each, retried (the
+    # margin is for a fresh interpreter's imports on a loaded 2-core machine: 15 s failed)
+    assert elapsed < 40, elapsed
     assert not (tmp_path / "out").exists()  # nothing was started
 
 

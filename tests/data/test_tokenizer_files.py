@@ -255,17 +255,18 @@ def test_check_renders_each_shape_of_conversation_once(
     monkeypatch.setattr(type(tok), "apply_chat_template", counted)
     resolved = resolve(load_manifest(_messages_expert(tmp_path, tiny_model_dir)), cpu_environment())
     verdict = template_verdict(resolved, tok)
-    assert verdict is not None and len(renders) == 1  # the template's own sample
+    setup = len(renders)  # the template's own sample, and the probe of how it writes turns
+    assert verdict is not None and 1 <= setup <= 16
     good = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     bad = [{"role": "system", "content": "s"}, *good]
     answers = [
         verdict([dict(m, content=f"{i}") for m in (bad if i % 3 else good)]) for i in range(300)
     ]
-    assert len(renders) == 3  # one per shape
+    assert len(renders) == setup + 2  # one per shape
     assert answers.count(None) == 100
     assert set(answers) == {None, "TemplateError, roles system, user, assistant"}
     verdict([*good, {"role": "user", "content": "x", "name": "n"}])  # a key more: a new shape
-    assert len(renders) == 4
+    assert len(renders) == setup + 3
     call = {"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}
     from expert_cli.data.conversations import conversation_shape
 

@@ -208,7 +208,14 @@ STYLE_WORDS = {
     "marker": "<|assistant|> turns",
     "marker_eos": "<|assistant|> turns ended by </s>",
     "template": "answers after the prompt",
+    "turns": "assistant turns as the chat template writes them",
+    "last_turns": "conversations with earlier answers left as context",
 }
+# why a `last_turns` row trains only some of its answers
+LAST_TURNS_WHY = (
+    "the chat template writes their earlier answers otherwise than a last one, as a model "
+    "answers (Qwen3 leaves their reasoning out): those are context, not trained"
+)
 
 
 def masking_words(split: dict[str, Any]) -> str | None:
@@ -217,13 +224,18 @@ def masking_words(split: dict[str, Any]) -> str | None:
     assistant marker trains its prompt too, which only plain documents want. None when every
     example trains its answers only, or the stats have no rules (an older cache)."""
     styles = split.get("styles")
-    if not isinstance(styles, dict) or not styles.get("none"):
+    if not isinstance(styles, dict) or not (styles.get("none") or styles.get("last_turns")):
         return None
-    parts = [f"{STYLE_WORDS[k]} {n:,}" for k, n in styles.items() if k in STYLE_WORDS and n]
-    parts.append(
-        f"whole text {styles['none']:,} (no assistant marker: the prompt is trained too; "
-        "set training.dataset.response_template to train what follows it)"
-    )
+    parts = [
+        f"{STYLE_WORDS[k]} {n:,}" + (f" ({LAST_TURNS_WHY})" if k == "last_turns" else "")
+        for k, n in styles.items()
+        if k in STYLE_WORDS and n
+    ]
+    if styles.get("none"):
+        parts.append(
+            f"whole text {styles['none']:,} (no assistant marker: the prompt is trained too; "
+            "set training.dataset.response_template to train what follows it)"
+        )
     return ", ".join(parts)
 
 

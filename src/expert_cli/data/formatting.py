@@ -16,7 +16,8 @@ tokenization. Rules (docs/data.md has examples):
 - `text` with no marker and no `response_template`: the whole text is trained, counted as
   `no_marker` in the stats.
 - instruction/input/response: rendered with `prompt_template`; the response is trained.
-- `messages`: rendered with the tokenizer's chat template, then the `text` rules apply. A
+- `messages`: rendered with the tokenizer's chat template; each assistant turn as the
+  template writes it (data/turns.py), else the `text` rules apply. A
   conversation the template refuses (its `raise_exception`, e.g. roles that do not alternate or
   a role it does not know) is dropped and counted (`dropped_template`), with the error's kind
   and the roles of the first one refused: never the template's message, which may quote it.
@@ -47,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from expert_cli.data.conversations import render_conversation, roles_of
+from expert_cli.data.conversations import conversation, render_conversation, roles_of
 from expert_cli.data.spans import (
     CHATML_ASSISTANT,
     CHATML_END,
@@ -57,6 +58,7 @@ from expert_cli.data.spans import (
     runs_to_end,
     span_mask,
 )
+from expert_cli.data.turns import TurnLayout, conversation_spans, turn_layout
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -145,6 +147,8 @@ def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: s
             "chat_template in tokenizer_config.json"
         ) from None
     style = assistant_spans(text, response_template)[1]
+    if style != "missing" and turn_layout(tokenizer).follows:  # the template's own turns
+        return
     if style == "missing":
         raise UserError(
             "training.dataset.response_template: the chat template does not write it (a "
@@ -176,6 +180,7 @@ class Formatter:
     overlong: str  # "truncate" | "drop"
     prompt_template: str = "chatml"
     response_template: str | None = None
+    layout: TurnLayout | None = None  # how the chat template writes answers, asked once
 
     def __call__(self, batch: dict[str, list[Any]]) -> pa.Table:
         texts, spans, styles, refused = self.render(batch)
@@ -230,15 +235,23 @@ class Formatter:
                 styles.append("template" if str(resp).strip() else "empty")
             return texts, spans, styles, refused
         if self.kind == "messages":
-            rendered = [render_conversation(self.tokenizer, m) for m in batch["messages"]]
+            conversations = [conversation(m) for m in batch["messages"]]
+            rendered = [render_conversation(self.tokenizer, m) for m in conversations]
             texts = [text for text, _ in rendered]
             refused = [why for _, why in rendered]
+            if self.layout is None:
+                self.layout = turn_layout(self.tokenizer)
+            found = [
+                conversation_spans(self.tokenizer, m, t, self.response_template, self.layout)
+                if why is None
+                else ([], "refused")
+                for m, t, why in zip(conversations, texts, refused, strict=True)
+            ]
+            for i, (_, style) in enumerate(found):
+                refused[i] = refused[i] or unanswered(style, conversations[i])
         else:
             texts = [str(t) for t in batch["text"]]
-        found = [assistant_spans(t, self.response_template) for t in texts]
-        if self.kind == "messages":
-            for i, (_, style) in enumerate(found):
-                refused[i] = refused[i] or unanswered(style, batch["messages"][i])
+            found = [assistant_spans(t, self.response_template) for t in texts]
         styles = [
             "refused"
             if why is not None

@@ -18,6 +18,7 @@ from expert_cli.data.build import (
     split_fields,
 )
 from expert_cli.data.conversations import (
+    conversation,
     conversation_shape,
     conversation_text,
     has_text,
@@ -29,6 +30,7 @@ from expert_cli.data.formatting import check_chat_template, unanswered
 from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import checked_columns, load_saved
 from expert_cli.data.spans import assistant_spans, has_content
+from expert_cli.data.turns import conversation_spans, turn_layout
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -58,14 +60,17 @@ def template_verdict(
     except UserError:  # said by _format_problems
         return None
     seen: dict[tuple[Any, ...], str | None] = {}
+    layout = turn_layout(tokenizer)
 
     def verdict(messages: list[Any]) -> str | None:
         shape = conversation_shape(without_fill_ins(messages))  # as the template will see it
         if shape in seen:
             return seen[shape]
-        text, why = render_conversation(tokenizer, conversation_text(messages))  # as the build
+        stored = conversation(conversation_text(messages))  # as the build keeps it
+        text, why = render_conversation(tokenizer, stored)
         if why is None:  # rendered: with an answer to train? (the build drops it if not)
-            style = assistant_spans(text, cfg.response_template)[1]
+            found = conversation_spans(tokenizer, stored, text, cfg.response_template, layout)
+            style = found[1]
             why = unanswered(style, messages)
             if style == "missing":
                 why = "no response_template in the rendered text"
@@ -91,13 +96,16 @@ def blank_conversation(
     except UserError:  # said by _format_problems
         return None
 
+    layout = turn_layout(tokenizer)
+
     def blank(messages: Any) -> bool:
         if not isinstance(messages, list) or any(map(_says_something, without_fill_ins(messages))):
             return False
-        text, why = render_conversation(tokenizer, conversation_text(messages))
+        stored = conversation(conversation_text(messages))
+        text, why = render_conversation(tokenizer, stored)
         if why is not None:
             return False  # refused: counted as such
-        spans, style = assistant_spans(text, cfg.response_template)
+        spans, style = conversation_spans(tokenizer, stored, text, cfg.response_template, layout)
         return style != "missing" and not has_content(text, spans, tokenizer.eos_token)
 
     return blank

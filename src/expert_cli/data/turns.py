@@ -1,0 +1,139 @@
+"""The assistant turns of a conversation as its chat template writes them, for `messages` data.
+
+The marker rules of data/spans.py know ChatML and `<|assistant|>` turns. Other templates (Llama 3,
+Gemma, Mistral) write other markers, and a `response_template` trains from its first occurrence
+to the end of the text: the user turns of a multi-turn conversation after the first answer were
+trained. And a template may write an earlier assistant turn otherwise than the last one: Qwen3's
+leaves the reasoning block out of every answer before the last user turn, so an earlier answer
+was trained without the `<think>` block the model writes at inference, and the same prompt had
+two targets.
+
+`template_turns` asks the template itself. Assistant turn i is what rendering the conversation's
+first i+1 messages adds to the generation prompt of its first i (trailing whitespace aside). Where
+that is also how the whole conversation's text holds the turn, the turn is trained; where it is
+not (Qwen3's earlier answers), the turn is context, trained in no form, and the row is
+`last_turns`. A template that does not write a turn after its own generation prompt leaves the
+row to the marker rules.
+
+Rendering costs 30-60 us a time, twice per assistant turn. A template that writes every turn
+alike (`turn_layout`, asked once with a two-exchange conversation) and whose text the marker
+rules read gives the same spans, so `needs_turns` asks the template only where the answer can
+differ: no marker it knows, a `response_template`, or more than one answer under a template that
+writes turns otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from expert_cli.data.spans import Span, assistant_spans
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+PROBE = [
+    {"role": "user", "content": "Which is larger, 3 or 5?"},
+    {"role": "assistant", "content": "5"},
+    {"role": "user", "content": "And 7 or 2?"},
+    {"role": "assistant", "content": "7"},
+]
+
+
+def _render(tokenizer: PreTrainedTokenizerFast, messages: list[Any], prompt: bool) -> str:
+    return str(
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+    )
+
+
+def template_turns(
+    tokenizer: PreTrainedTokenizerFast, messages: list[Any], text: str
+) -> tuple[list[Span], int] | None:
+    """(character spans of the assistant turns `text` holds as the template writes a last
+    turn, how many it holds otherwise); None when the template refuses a part of the
+    conversation or writes a turn that does not begin with its generation prompt. Only for a
+    template whose `TurnLayout` says its answers follow its generation prompt."""
+    spans: list[Span] = []
+    otherwise = 0
+    for i, message in enumerate(messages):
+        if not (isinstance(message, dict) and message.get("role") == "assistant"):
+            continue
+        try:
+            prompt = _render(tokenizer, messages[:i], True)
+            whole = text if i == len(messages) - 1 else _render(tokenizer, messages[: i + 1], False)
+        except MemoryError:
+            raise
+        except Exception:  # noqa: BLE001 - a template that needs the whole conversation
+            return None
+        if not whole.startswith(prompt):
+            return None
+        end = max(len(whole.rstrip()), len(prompt))
+        if text.startswith(whole[:end]):
+            spans.append((len(prompt), end))
+        else:
+            otherwise += 1
+    return spans, otherwise
+
+
+@dataclass(frozen=True)
+class TurnLayout:
+    """How a chat template writes answers, asked once with PROBE: `follows`, an answer is its
+    generation prompt and then the answer's own text (the template writes a generation
+    prompt, the turn's header, or the answer begins right after the prompt: Mistral's
+    `[/INST]` ends the user turn; a template that writes `assistant: ` inside the turn and no
+    generation prompt would have that header trained); `consistent`, it writes an earlier
+    answer as it writes the last one."""
+
+    follows: bool = False
+    consistent: bool = False
+
+
+def turn_layout(tokenizer: PreTrainedTokenizerFast) -> TurnLayout:
+    """The template's TurnLayout (neither, for a template that refuses the probe)."""
+    try:
+        text = _render(tokenizer, PROBE, False)
+        found = template_turns(tokenizer, PROBE, text)
+        header = _render(tokenizer, PROBE[:1], True) != _render(tokenizer, PROBE[:1], False)
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - a template that cannot render the probe
+        return TurnLayout()
+    if found is None:
+        return TurnLayout()
+    spans, otherwise = found
+    begins = all(
+        text[a:b].lstrip().startswith(PROBE[k]["content"])
+        for k, (a, b) in zip((1, 3), spans, strict=False)
+    )
+    return TurnLayout(
+        follows=bool(spans) and (header or begins), consistent=otherwise == 0 and len(spans) == 2
+    )
+
+
+def needs_turns(style: str, messages: list[Any], layout: TurnLayout, template: str | None) -> bool:
+    """Whether the template must be asked for a conversation's turns (see the module doc)."""
+    if not layout.follows:
+        return False
+    if template or style in ("none", "missing"):
+        return True
+    answers = sum(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+    return answers > 1 and not layout.consistent
+
+
+def conversation_spans(
+    tokenizer: PreTrainedTokenizerFast,
+    messages: list[Any],
+    text: str,
+    response_template: str | None,
+    layout: TurnLayout,
+) -> tuple[list[Span], str]:
+    """The trained spans of a rendered conversation and their rule: `turns` (every answer as
+    the template writes it), `last_turns` (some answers written otherwise, left as context),
+    else the marker rules of data/spans.py."""
+    spans, style = assistant_spans(text, response_template)
+    if not needs_turns(style, messages, layout, response_template):
+        return spans, style
+    found = template_turns(tokenizer, messages, text)
+    if found is None or not (found[0] or found[1]):
+        return spans, style
+    return found[0], "last_turns" if found[1] else "turns"
