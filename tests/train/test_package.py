@@ -101,6 +101,10 @@ def test_v2_package_round_trips(v2_run: Path, tiny_model_dir: Path) -> None:
     assert manifest["base_models"][0]["_comment"] == "kept in the package"
     config = json.loads(files["adapter_config.json"])
     assert config["base_model_name_or_path"] == str(tiny_model_dir)
+    # HiveLLM's runtime reads lora_alpha as a whole number: 16.0 read as none, scale 1 not 2
+    assert type(config["lora_alpha"]) is int and config["lora_alpha"] == 2 * config["r"]
+    trained = json.loads((v2_run / "adapter_config.json").read_text())  # as the run saved it
+    assert type(trained["lora_alpha"]) is int
     # the checksum file is what sha256sum writes and checks
     sidecar = package.with_name(package.name + ".sha256")
     digest = hashlib.sha256(package.read_bytes()).hexdigest()
@@ -703,6 +707,37 @@ def test_check_package_judges_the_adapter_configuration(v2_run: Path, tmp_path: 
         assert out.returncode == 2, out.stdout + out.stderr
         assert f"{name}: {expected}" in " ".join(out.stdout.split())
     assert run_here("check", "--package", str(package)).returncode == 0  # the one written
+    decimal = _repack(
+        package,
+        tmp_path / "decimal.expert",
+        lambda m: {**m, name: json.dumps({**config, "lora_alpha": 16.0}).encode()},
+    )
+    out = run_here("check", "--package", str(decimal))
+    assert out.returncode == 0, out.stdout  # sound for peft; a note for HiveLLM's runtime
+    assert (
+        f"{name}: lora_alpha 16 is a decimal; HiveLLM's runtime reads a whole number only, and "
+        "applies the adapter at scale 1 instead of alpha / r"
+    ) in " ".join(out.stdout.split())
+
+
+def test_what_hivellms_runtime_would_not_apply_is_said() -> None:
+    from expert_cli.train.adapter_entry import runtime_notes, whole_alpha
+
+    lora = {"peft_type": "LORA", "r": 8, "lora_alpha": 16.0, "target_modules": ["q_proj"]}
+    assert whole_alpha(lora)["lora_alpha"] == 16 and type(whole_alpha(lora)["lora_alpha"]) is int
+    assert whole_alpha({**lora, "lora_alpha": 12.5})["lora_alpha"] == 12.5
+    assert runtime_notes(whole_alpha(lora)) == []
+    for config, held in [
+        ({**lora, "lora_alpha": 16, "use_dora": True}, "DoRA's magnitude vectors"),
+        ({"peft_type": "ADALORA", "lora_alpha": 16}, "AdaLoRA's singular values (lora_E)"),
+        ({"peft_type": "IA3"}, "IA3's scaling vectors"),
+        (
+            {**lora, "lora_alpha": 16, "target_modules": ["embed_tokens"]},
+            "the embedding's adapter (lora_embedding_A/B)",
+        ),
+    ]:
+        (note,) = runtime_notes(config)
+        assert f"; {held} are not applied there" in note, note
 
 
 def _tar_bytes(members: list[tuple[str, bytes | None]]) -> bytes:

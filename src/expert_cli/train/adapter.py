@@ -58,6 +58,12 @@ IA3_FEEDFORWARD_FALLBACK = "down_proj"
 ADALORA_WARMUP, ADALORA_FINAL = 10, 5
 
 
+def whole(alpha: float) -> float | int:
+    """A whole alpha as an integer: peft writes it to adapter_config.json as given, and
+    HiveLLM's runtime reads an alpha of 16.0 as none (see adapter_entry.NOT_APPLIED)."""
+    return int(alpha) if float(alpha).is_integer() else alpha
+
+
 def adapter_config(
     resolved: ResolvedConfig,
     total_steps: int,
@@ -74,7 +80,7 @@ def adapter_config(
     if kind in ("lora", "dora"):
         return LoraConfig(
             r=resolved.rank,
-            lora_alpha=resolved.alpha,
+            lora_alpha=whole(resolved.alpha),
             lora_dropout=resolved.dropout,
             target_modules=targets,
             use_dora=resolved.use_dora,
@@ -90,7 +96,7 @@ def adapter_config(
     if kind == "lokr":
         return LoKrConfig(
             r=resolved.rank,
-            alpha=resolved.alpha,
+            alpha=whole(resolved.alpha),
             rank_dropout=resolved.dropout,
             target_modules=targets,
             task_type="CAUSAL_LM",
@@ -101,7 +107,7 @@ def adapter_config(
         return AdaLoraConfig(
             init_r=resolved.rank,
             target_r=max(1, resolved.rank // 2),
-            lora_alpha=resolved.alpha,
+            lora_alpha=whole(resolved.alpha),
             lora_dropout=resolved.dropout,
             target_modules=targets,
             total_step=total_steps,

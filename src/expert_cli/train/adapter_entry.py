@@ -123,3 +123,48 @@ def entry_problems(adapter: dict[str, Any], config: dict[str, Any], where: str) 
         f"{where}[0].{field}: {given} in manifest.json, {value} in adapter_config.json"
         for field, given, value in disagreements(adapter, config)
     ]
+
+
+# HiveLLM's runtime (its `chat`) adds (lora_alpha / r) x B A to each adapted weight, reading
+# lora_alpha and r as whole numbers (a decimal reads as none: scale 1) and the A and B matrices
+# by name; what else an adapter holds is not applied there
+NOT_APPLIED = {
+    "ADALORA": "AdaLoRA's singular values (lora_E)",
+    "LOKR": "LoKr's Kronecker factors",
+    "IA3": "IA3's scaling vectors",
+}
+
+
+def whole_alpha(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with a whole alpha written as an integer (peft writes 16.0 for a float), as
+    HiveLLM's runtime reads it."""
+    key = ALPHA_KEYS.get(str(config.get("peft_type")))
+    value = config.get(key) if key else None
+    if isinstance(value, float) and value.is_integer():
+        return {**config, str(key): int(value)}
+    return config
+
+
+def runtime_notes(config: dict[str, Any]) -> list[str]:
+    """What of the adapter HiveLLM's runtime would not apply as trained (see NOT_APPLIED);
+    `generate` and `merge` here apply all of it."""
+    kind = str(config.get("peft_type"))
+    notes = []
+    key = ALPHA_KEYS.get(kind)
+    if key and isinstance(config.get(key), float):
+        notes.append(
+            f"adapter_config.json: {key} {config[key]:g} is a decimal; HiveLLM's runtime reads "
+            "a whole number only, and applies the adapter at scale 1 instead of alpha / r"
+        )
+    held = NOT_APPLIED.get(kind)
+    if kind == "LORA" and config.get("use_dora") is True:
+        held = "DoRA's magnitude vectors"
+    targets = config.get("target_modules")
+    if isinstance(targets, list) and "embed_tokens" in targets:
+        held = ", ".join(filter(None, [held, "the embedding's adapter (lora_embedding_A/B)"]))
+    if held:
+        notes.append(
+            f"adapter_config.json: HiveLLM's runtime adds alpha / r x B A to each weight; "
+            f"{held} are not applied there (generate and merge here apply them)"
+        )
+    return notes

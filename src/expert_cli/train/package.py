@@ -37,6 +37,7 @@ from expert_cli.config.loading import format_errors
 from expert_cli.config.refs import WINDOWS_PATH
 from expert_cli.errors import Interrupted, RunError, Terminated, UserError, value_kind
 from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, resolved_path, shown_path
+from expert_cli.train import adapter_entry as entry
 from expert_cli.train.adapter_entry import ALPHA_KEYS, DROPOUT_KEYS, RANK_KEYS, reconciled
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints, sound_checkpoints
 from expert_cli.train.choice import BEST, chosen_checkpoint, lower_loss_note
@@ -179,8 +180,8 @@ def _adapter_members(
             "more steps or warmup_steps 0"
         )
     config = json.loads(_file(weights_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
-    config["base_model_name_or_path"] = base_name
-    notes = completed_for_package(manifest, resolved, config)  # the entry describes what ships
+    config = entry.whole_alpha({**config, "base_model_name_or_path": base_name})  # 16, not 16.0
+    notes = completed_for_package(manifest, resolved, config) + entry.runtime_notes(config)
     adapter = adapters_of(manifest)[0][0]
     adapter["size_bytes"], adapter["sha256"] = weights.stat().st_size, sha256_of(weights)
     if step is not None:  # a checkpoint's: the entry says which step it holds
