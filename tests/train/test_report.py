@@ -386,6 +386,32 @@ def test_the_final_adapters_step_is_the_best_checkpoints_when_it_was_loaded_at_t
     assert final_adapter_step(True, state) == 4
 
 
+def test_a_moved_run_resumed_after_its_last_step_finds_its_best_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The state names the best checkpoint by the path the run had: moved before --resume,
+    that folder was gone, the last checkpoint was shipped, and its step recorded as the best's
+    (report said "eval loss 8.003 lowest; package ships it" of weights measured at 8.013)."""
+    from transformers import TrainerState
+
+    from expert_cli.train.checkpoints import best_checkpoint
+    from expert_cli.train.choice import final_adapter_step
+
+    checkpoints = tmp_path / "moved" / "checkpoints"
+    (checkpoints / "checkpoint-20").mkdir(parents=True)
+    (checkpoints / "checkpoint-40").mkdir()
+    state = TrainerState(global_step=40, best_global_step=20)
+    state.best_model_checkpoint = "/gone/run/checkpoints/checkpoint-20"
+    assert best_checkpoint(state, checkpoints / "checkpoint-40") == checkpoints / "checkpoint-20"
+    assert state.best_model_checkpoint == str(checkpoints / "checkpoint-20")
+    assert final_adapter_step(True, state) == 20
+    # the best one pruned since (a save_total_limit): the step recorded is the one saved
+    (checkpoints / "checkpoint-20").rmdir()
+    state.best_model_checkpoint = "/gone/run/checkpoints/checkpoint-20"
+    assert best_checkpoint(state, checkpoints / "checkpoint-40") is None
+    assert final_adapter_step(True, state) == 40
+
+
 def test_train_ends_by_naming_a_checkpoint_evaluated_lower_than_its_final_adapter(
     tmp_path: Path,
 ) -> None:

@@ -259,8 +259,8 @@ def finished_from(trainer: Any, resume: Path | None) -> bool:
     last = trainer.args.max_steps if trainer.args.max_steps > 0 else state.max_steps
     if not last or state.global_step < last:
         return False
-    best = state.best_model_checkpoint if trainer.args.load_best_model_at_end else None
-    folder = Path(best) if best and Path(best).is_dir() else resume
+    best = best_checkpoint(state, resume) if trainer.args.load_best_model_at_end else None
+    folder = best or resume
     if not (folder / ADAPTER_WEIGHTS[0]).is_file():
         return False
     loaded = set_peft_model_state_dict(trainer.model, load_file(str(folder / ADAPTER_WEIGHTS[0])))
@@ -268,3 +268,19 @@ def finished_from(trainer: Any, resume: Path | None) -> bool:
         raise RunError(f"{shown_path(folder)}: its adapter does not fit the run's model")
     trainer.state = state
     return True
+
+
+def best_checkpoint(state: Any, resume: Path) -> Path | None:
+    """The best checkpoint `state` names, found beside `resume` (the state holds the path the
+    run had when it was saved: a run folder moved since names a folder that is gone, and the
+    last checkpoint was shipped as the best); None, and the state's name cleared so that the
+    step recorded is the one saved, when it is not there."""
+    named = getattr(state, "best_model_checkpoint", None)
+    if not named:
+        return None
+    here = resume.parent / Path(named).name
+    if here.is_dir():
+        state.best_model_checkpoint = str(here)
+        return here
+    state.best_model_checkpoint = None
+    return None
