@@ -9,6 +9,7 @@ import pytest
 
 from expert_cli.data.formatting import (
     COMPLETION_PREFIX,
+    DROPPED_ANSWER_CUT,
     DROPPED_NO_COMPLETION,
     DROPPED_NO_MARKER,
     DROPPED_OVERLONG,
@@ -329,8 +330,15 @@ def test_overlong_truncate_and_drop(tiny_tokenizer) -> None:
     assert cut["labels"] == full["labels"][:20]
     dropped = run(tiny_tokenizer, "text", {"text": [text]}, max_len=20, overlong="drop")[0]
     assert dropped["status"] == DROPPED_OVERLONG and dropped["input_ids"] == []
+    # cut inside the prompt: counted apart from empty answers (it was "no completion tokens",
+    # with no word of max_seq_length)
     prompt_only = run(tiny_tokenizer, "text", {"text": [text]}, max_len=5)[0]
-    assert prompt_only["status"] == DROPPED_NO_COMPLETION and prompt_only["trained"] == 0
+    assert prompt_only["status"] == DROPPED_ANSWER_CUT and prompt_only["trained"] == 0
+    assert prompt_only["input_ids"] == []
+    from expert_cli.data.build import drop_reasons
+
+    said = drop_reasons({"dropped_answer_cut": 2, "dropped_no_completion": 1}, 5)
+    assert said == "1 with no completion tokens; 2 with the answer past max_seq_length=5"
 
 
 def test_eos_that_ends_the_text_already_is_not_appended(tiny_tokenizer) -> None:

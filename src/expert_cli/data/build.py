@@ -33,6 +33,7 @@ from expert_cli.atomic import atomic_folder, write_json_atomic
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.cache import COMPLETE, STATS, CachePlan, local_data_files
 from expert_cli.data.formatting import (
+    DROPPED_ANSWER_CUT,
     DROPPED_NO_COMPLETION,
     DROPPED_NO_MARKER,
     DROPPED_OVERLONG,
@@ -247,6 +248,7 @@ def drop_reasons(split: dict[str, Any], max_seq_length: int | None = None) -> st
         (split.get("dropped_overlong", 0), f"over max_seq_length{limit} with overlong: drop"),
         (split.get("dropped_no_marker", 0), "without response_template"),
         (split.get("dropped_no_completion", 0), NO_COMPLETION),
+        (split.get("dropped_answer_cut", 0), f"with the answer past max_seq_length{limit}"),
         (
             split.get("dropped_template", 0),
             "refused by the chat template or with no assistant turn (the first: "
@@ -301,6 +303,7 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
         "dropped_no_completion": int((status == DROPPED_NO_COMPLETION).sum()),
         "dropped_no_marker": int((status == DROPPED_NO_MARKER).sum()),
         "dropped_template": int((status == DROPPED_TEMPLATE).sum()),
+        "dropped_answer_cut": int((status == DROPPED_ANSWER_CUT).sum()),
         "template_refusal": _first(table.column("refused")),
         "no_marker": int(table.column("no_marker").to_numpy(zero_copy_only=False).sum()),
         "styles": _styles(table, status),
@@ -331,7 +334,8 @@ def _first(column: Any) -> str | None:
 
 
 NO_COMPLETION = "with no completion tokens"
-DROP_KEYS = ("dropped_overlong", "dropped_no_completion", "dropped_no_marker", "dropped_template")
+DROPPED = ("overlong", "no_completion", "no_marker", "template", "answer_cut")
+DROP_KEYS = tuple(f"dropped_{why}" for why in DROPPED)
 
 
 def _sum(stats: list[dict[str, Any]], examples_read: int) -> dict[str, Any]:

@@ -66,9 +66,15 @@ if TYPE_CHECKING:
 
 IGNORE = -100
 # status codes of the `status` column
-KEPT, TRUNCATED, DROPPED_OVERLONG, DROPPED_NO_COMPLETION, DROPPED_NO_MARKER, DROPPED_TEMPLATE = (
-    range(6)
-)
+(
+    KEPT,
+    TRUNCATED,
+    DROPPED_OVERLONG,
+    DROPPED_NO_COMPLETION,
+    DROPPED_NO_MARKER,
+    DROPPED_TEMPLATE,
+    DROPPED_ANSWER_CUT,  # truncated to nothing trained: the answer lay past max_seq_length
+) = range(7)
 
 VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "
@@ -290,8 +296,8 @@ class Formatter:
             elif len(ids) > self.max_seq_length:
                 code = TRUNCATED if self.overlong == "truncate" else DROPPED_OVERLONG
                 ids, mask = ids[: self.max_seq_length], mask[: self.max_seq_length]
-            if code in (KEPT, TRUNCATED) and not mask.any():
-                code = DROPPED_NO_COMPLETION
+            if code in (KEPT, TRUNCATED) and not mask.any():  # an answer with content, cut away
+                code = DROPPED_ANSWER_CUT if code == TRUNCATED else DROPPED_NO_COMPLETION
             if code not in (KEPT, TRUNCATED):
                 ids, mask = ids[:0], mask[:0]
             ids_out.append(ids)
