@@ -421,6 +421,38 @@ def test_validation_file_and_multi_task_weights(tmp_path, write_jsonl) -> None:
     assert list(loaded.eval["text"]) == ["v"]
 
 
+def test_validation_examples_that_are_training_examples_are_counted(tmp_path, write_jsonl) -> None:
+    """Nothing removes repeats, so a validation example may be trained on: its eval_loss
+    measures memory. The build says how many (it said nothing)."""
+    write_jsonl(tmp_path / "t.jsonl", [{"text": f"t{i}"} for i in range(6)] + [{"text": "t1"}])
+    write_jsonl(tmp_path / "v.jsonl", [{"text": "t1"}, {"text": "v"}, {"text": "t3"}])
+    loaded = load(tmp_path, {"path": "t.jsonl", "validation_path": "v.jsonl"})
+    assert loaded.notes == [
+        "2 of the 3 validation examples are training examples too (the same text): eval_loss "
+        "on them measures what the adapter memorized; remove the repeats from the data"
+    ]
+    write_jsonl(tmp_path / "v.jsonl", [{"text": "v"}])
+    assert load(tmp_path, {"path": "t.jsonl", "validation_path": "v.jsonl"}).notes == []
+
+
+def test_shared_rows_compare_every_column_of_held_out_rows() -> None:
+    from datasets import Dataset
+
+    from expert_cli.data.overlap import shared_rows
+
+    ds = Dataset.from_dict(
+        {
+            "instruction": ["a", "a", "b", "c", "a"],
+            "input": [None, "x", None, None, None],
+            "response": ["1", "1", "2", "3", "1"],
+        }
+    )
+    train, held = ds.select([0, 1, 2]), ds.select([3, 4])  # index mappings, as hold_out makes
+    assert shared_rows(train, held) == 1  # row 4 repeats row 0; row 1 differs by its input
+    assert shared_rows(ds.select([1, 2]), held) == 0
+    assert shared_rows(train, None) == 0
+
+
 def test_weight_and_holdout_helpers() -> None:
     from datasets import Dataset
 

@@ -133,6 +133,7 @@ def summary_lines(data: PreparedData) -> list[str]:
         lines.append(f"  dropped: {drop_reasons(train)}")
     if masking := masking_words(train):
         lines.append(f"  loss on: {masking}")
+    lines += [f"  note: {note}" for note in data.stats.get("notes") or []]
     if data.stats.get("eval"):
         ev = data.stats["eval"]
         lines.append(f"  eval: rows {ev['rows']:,}, tokens {ev['tokens']:,}")

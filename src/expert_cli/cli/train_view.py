@@ -68,6 +68,9 @@ def print_data(
     if isinstance(train, dict) and (masking := masking_words(train)):
         console.print("[bold]loss on[/bold]   ", end="")
         console.print(masking, highlight=False, markup=False)
+    for note in stats.get("notes") or []:  # the build's: task weights, shared examples
+        console.print("[bold]note[/bold]      ", end="")
+        console.print(str(note), highlight=False, markup=False)
     console.print("[bold]cache[/bold]     ", end="")
     console.print(f"{state} ({reason}) {escaped(str(cache_dir))}", highlight=False, markup=False)
     if earlier is not None and earlier.caches:

@@ -27,6 +27,7 @@ from expert_cli.atomic import atomic_file
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.conversations import as_text, conversation_text
 from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec
+from expert_cli.data.overlap import shared_note
 from expert_cli.data.reader import shown_names
 from expert_cli.data.rows import Scan, expected_shape, is_saved_dataset, scan_local
 from expert_cli.errors import RunError, UserError, exception_chain
@@ -361,9 +362,11 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
         read["eval"] += len(ds)
         eval_parts.append(ds)
     assert fields is not None  # the manifest model requires at least one source
+    train, held = _concat(train_parts), _concat(eval_parts) if eval_parts else None
+    notes += [note] if (note := shared_note(train, held)) else []
     return LoadedSources(
-        train=_concat(train_parts),
-        eval=_concat(eval_parts) if eval_parts else None,
+        train=train,
+        eval=held,
         fields=fields,
         read=read,
         notes=notes,

@@ -1,0 +1,59 @@
+"""Validation examples that are also training examples, counted before anything is tokenized.
+
+Datasets from the hub often hold the same example more than once, and nothing here removes
+duplicates (a repeat may be meant: a task weight repeats examples on purpose). A validation
+example held out of such data, or given in a validation file copied from the training one, is
+then trained on: its eval_loss measures what the adapter memorized, and a best checkpoint
+chosen by it is chosen by that. `shared_rows` counts them, comparing every column the two
+splits share as text, in Arrow batches (no row is turned into a Python object), so the build
+can say so.
+"""
+
+from __future__ import annotations
+
+import datasets
+import pyarrow as pa
+import pyarrow.compute as pc
+
+BATCH_ROWS = 100_000
+SEPARATOR = "\x1f"  # between a row's columns (the unit separator, which text does not hold)
+
+
+def _joined(table: pa.Table, columns: list[str]) -> pa.Array:
+    """Each row's columns as one text (null as empty)."""
+    parts = [pc.fill_null(pc.cast(table.column(c), pa.large_string()), "") for c in columns]
+    joined = (
+        pc.binary_join_element_wise(*parts, pa.scalar(SEPARATOR, pa.large_string()))
+        if len(parts) > 1
+        else parts[0]
+    )
+    return joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined
+
+
+def shared_rows(train: datasets.Dataset, held: datasets.Dataset | None) -> int:
+    """How many rows of `held` equal a row of `train` in every column they share."""
+    if held is None or len(held) == 0 or len(train) == 0:
+        return 0
+    columns = [c for c in held.column_names if c in train.column_names]
+    if not columns:
+        return 0
+    wanted = _joined(held.with_format("arrow")[:], columns)
+    found = [
+        pc.filter(joined, pc.is_in(joined, value_set=wanted))
+        for batch in train.with_format("arrow").iter(batch_size=BATCH_ROWS)
+        if len(joined := _joined(batch, columns))
+    ]
+    seen = pa.concat_arrays(found) if found else pa.array([], pa.large_string())
+    return int(pc.sum(pc.is_in(wanted, value_set=pc.unique(seen))).as_py() or 0)
+
+
+def shared_note(train: datasets.Dataset, held: datasets.Dataset | None) -> str | None:
+    """The build's note on validation examples that are training examples too, or None."""
+    n = shared_rows(train, held)
+    if not n or held is None:
+        return None
+    return (
+        f"{n:,} of the {len(held):,} validation examples are training examples too (the same "
+        "text): eval_loss on them measures what the adapter memorized; remove the repeats "
+        "from the data"
+    )
