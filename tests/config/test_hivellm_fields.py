@@ -284,6 +284,9 @@ def test_recomputation_without_the_random_state_is_refused_with_dropout(tmp_path
     off = _config(gradient_checkpointing=False, gradient_checkpointing_kwargs=replay)
     (tmp_path / "off").mkdir()
     resolve(load_manifest(_manifest(tmp_path / "off", off)), cpu_environment())  # nothing replays
+    ia3 = _config(gradient_checkpointing_kwargs=replay, adapter_type="ia3")  # no dropout
+    (tmp_path / "ia3").mkdir()
+    resolve(load_manifest(_manifest(tmp_path / "ia3", ia3)), cpu_environment())
 
 
 def test_checkpointing_options_without_checkpointing_are_reported(tmp_path: Path) -> None:

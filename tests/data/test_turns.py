@@ -9,7 +9,13 @@ import copy
 import pytest
 
 from expert_cli.data.build import masking_words
-from expert_cli.data.formatting import IGNORE, KEPT, Formatter, check_chat_template
+from expert_cli.data.formatting import (
+    DROPPED_NO_COMPLETION,
+    IGNORE,
+    KEPT,
+    Formatter,
+    check_chat_template,
+)
 from expert_cli.data.spans import assistant_spans
 from expert_cli.data.turns import TurnLayout, conversation_spans, template_turns, turn_layout
 from expert_cli.errors import UserError
@@ -24,14 +30,22 @@ MISTRAL = (
     "{{ '[INST] ' + m.content + ' [/INST]' }}{%- else %}{{ m.content + '</s>' }}{%- endif %}"
     "{%- endfor %}"
 )
-# Qwen3's rule: answers after the last user turn get an (empty) reasoning block, earlier ones not
+# Qwen3's rules: answers after the last user turn get a reasoning block when they are the last
+# message or have reasoning; earlier answers lose theirs
 QWEN3 = (
     "{%- set ns = namespace(last=-1) %}{%- for m in messages %}{%- if m.role == 'user' %}"
     "{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
     "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
-    "{%- if m.role == 'assistant' and loop.index0 > ns.last %}"
-    "{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{{ m.content + '<|im_end|>\\n' }}"
+    "{%- if m.role == 'assistant' and loop.index0 > ns.last and (loop.last or "
+    "m.reasoning_content) %}{{ '<think>\\n' + (m.reasoning_content or '') + '\\n</think>\\n\\n' }}"
+    "{%- endif %}{{ m.content + '<|im_end|>\\n' }}"
     "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# Phi-3's: an EOS after the whole conversation
+PHI3 = (
+    "{%- for m in messages %}{{ '<|' + m.role + '|>\\n' + m.content + '<|end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{ '<|assistant|>\\n' }}"
+    "{%- else %}{{ eos_token }}{%- endif %}"
 )
 PLAIN = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 TALK = [
@@ -88,38 +102,68 @@ def test_templates_without_chatml_markers_train_every_answer_and_no_question(
         assert squeezed == (trained + "<|endoftext|>").replace(" ", "")
 
 
-def test_a_template_that_writes_earlier_answers_otherwise_trains_them_as_context(
+def test_a_template_that_drops_earlier_reasoning_trains_those_answers_as_context(
     tiny_tokenizer,
 ) -> None:
-    """Qwen3 leaves the reasoning block out of answers before the last user turn: the first
-    answer was trained without the `<think>` block the model writes at inference, the same
-    prompt with two targets."""
+    """Qwen3 leaves the reasoning out of answers before the last user turn: such an answer
+    was trained without the reasoning the model writes at inference. Answers that differ only
+    by the empty reasoning block written into a last turn are trained as the text holds them,
+    a tool call before the tool's reply too."""
     tok = _tok(tiny_tokenizer, QWEN3)
-    assert turn_layout(tok) == TurnLayout(follows=True, consistent=False)
-    rows = _trained(tok, [TALK, TALK[:3]])
-    assert [r["style"] for r in rows] == ["last_turns", "chatml"]
-    squeezed = rows[0]["trained_text"].replace(" ", "")
-    assert squeezed == "<think>\n\n</think>\n\nsecondanswer<|im_end|><|endoftext|>"
-    assert "first answer" not in rows[0]["trained_text"]
-    # one answer: the ChatML rule's spans are the template's (not asked twice)
-    assert rows[1]["trained_text"].replace(" ", "").startswith("<think>")
+    assert turn_layout(tok) == TurnLayout(follows=True, consistent=False, end="<|im_end|>")
+    reasoned = [dict(m) for m in TALK]
+    reasoned[2]["reasoning_content"] = "thought one"
+    tools = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "call weather()"},
+        {"role": "tool", "content": "sunny"},
+        {"role": "assistant", "content": "It is sunny."},
+    ]
+    rows = _trained(tok, [reasoned, TALK, tools, TALK[:3]])
+    assert [r["style"] for r in rows] == ["last_turns", "turns", "turns", "chatml"]
+    squeezed = [r["trained_text"].replace(" ", "") for r in rows]
+    assert squeezed[0] == "<think>\n\n</think>\n\nsecondanswer<|im_end|><|endoftext|>"
+    assert "thought" not in rows[0]["trained_text"]
+    assert squeezed[1].startswith("firstanswer<|im_end|>")  # as the text holds it
+    assert squeezed[2].startswith("callweather()<|im_end|>") and "sunny." in squeezed[2]
+    assert squeezed[3].startswith("<think>")  # one answer, the last message
     words = masking_words({"styles": {"chatml": 1, "last_turns": 1}})
     assert words is not None and "earlier answers left as context 1 (the chat" in words
 
 
+def test_a_template_that_ends_a_conversation_with_eos_trains_every_answer(tiny_tokenizer) -> None:
+    """Phi-3 writes EOS after a whole conversation: an earlier answer rendered last ends with
+    it, where the conversation's text goes on."""
+    tok = _tok(tiny_tokenizer, PHI3)
+    assert turn_layout(tok).consistent
+    (row,) = _trained(tok, [TALK[1:4]])  # user, assistant, user: no last answer
+    assert row["status"] == KEPT and row["trained_text"].startswith("first answer<|end|>")
+
+
+def test_an_empty_answer_under_a_template_of_its_own_end_marker_is_dropped(
+    tiny_tokenizer,
+) -> None:
+    """Gemma ends a turn with `<end_of_turn>`, not its EOS: an empty answer's span held only
+    that marker, counted as content, and the row trained to say nothing."""
+    tok = _tok(tiny_tokenizer, GEMMA)
+    assert turn_layout(tok).end == "<end_of_turn>"
+    empty = [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]
+    assert [r["status"] for r in _trained(tok, [empty])] == [DROPPED_NO_COMPLETION]
+
+
 def test_templates_that_write_every_turn_alike_keep_the_marker_rules(tiny_tokenizer) -> None:
     tok = _tok(tiny_tokenizer, None)  # the tiny tokenizer's ChatML template
-    assert turn_layout(tok) == TurnLayout(follows=True, consistent=True)
+    layout = turn_layout(tok)
+    assert layout == TurnLayout(follows=True, consistent=True, end="<|im_end|>")
     text = tok.apply_chat_template(TALK, tokenize=False)
-    assert conversation_spans(tok, TALK, text, None, turn_layout(tok)) == assistant_spans(
-        text, None
-    )
+    assert conversation_spans(tok, TALK, text, None, layout) == assistant_spans(text, None)
     found = template_turns(tok, TALK, text)
     assert found is not None and found[1] == 0
     assert [text[a:b] for a, b in found[0]] == [
         "first answer<|im_end|>",
         "second answer<|im_end|>",
     ]
+    assert template_turns(tok, TALK, text, limit=10) == ([], 0)  # past what is tokenized
 
 
 def test_a_template_with_no_generation_prompt_and_a_header_in_the_turn(tiny_tokenizer) -> None:

@@ -159,6 +159,22 @@ def test_a_head_scaled_in_the_forward_keeps_the_standard_loss(multiplier, fits) 
     assert model.training  # the check's eval mode is put back
 
 
+def test_the_head_check_runs_under_a_varlen_kernel(tiny_model_dir) -> None:
+    """torch_varlen (the GPU default without flash-attn) needs the collator's boundaries: run
+    with it, the check failed and turned the fused loss off on every such run. It runs with
+    sdpa, and the run's kernel is put back."""
+    from transformers import AutoModelForCausalLM
+
+    from expert_cli.train import attention
+
+    attention.register_torch_varlen()
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, attn_implementation=attention.TORCH_VARLEN
+    )
+    assert fused.fused_loss_unsupported(model) is None
+    assert model.config._attn_implementation == attention.TORCH_VARLEN
+
+
 def test_a_moe_router_loss_keeps_the_standard_loss(tiny_model_dir) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -412,6 +412,31 @@ def test_a_moved_run_resumed_after_its_last_step_finds_its_best_checkpoint(
     assert final_adapter_step(True, state) == 40
 
 
+def test_a_moved_run_resumed_mid_training_keeps_its_best_checkpoint(tmp_path: Path) -> None:
+    """Resumed mid-training, the Trainer forgets a best checkpoint it cannot find at its old
+    path: it shipped the last weights and could rotate the best away."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerState
+
+    from expert_cli.train.checkpoints import CheckpointMarker
+
+    checkpoints = tmp_path / "moved" / "checkpoints"
+    (checkpoints / "checkpoint-2").mkdir(parents=True)
+    (checkpoints / "checkpoint-4").mkdir()
+    saved = TrainerState(global_step=4, best_global_step=2)
+    saved.best_model_checkpoint = "/gone/run/checkpoints/checkpoint-2"
+    saved.save_to_json(str(checkpoints / "checkpoint-4" / "trainer_state.json"))
+    state = TrainerState(global_step=4, best_global_step=2)  # as the Trainer left it
+    args = SimpleNamespace(load_best_model_at_end=True, output_dir=str(checkpoints))
+    CheckpointMarker().on_train_begin(args, state, None)
+    assert state.best_model_checkpoint == str(checkpoints / "checkpoint-2")
+    args.load_best_model_at_end = False  # nothing to find, nothing changed
+    state.best_model_checkpoint = None
+    CheckpointMarker().on_train_begin(args, state, None)
+    assert state.best_model_checkpoint is None
+
+
 def test_train_ends_by_naming_a_checkpoint_evaluated_lower_than_its_final_adapter(
     tmp_path: Path,
 ) -> None:

@@ -51,7 +51,8 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
     use_dora = kind == "dora" or bool(spec and spec.use_dora and kind == "lora")
     dropout = float(first(cfg.dropout, spec.dropout if spec else None, DEFAULT_DROPOUT))
     replay = cfg.gradient_checkpointing_kwargs
-    if dropout > 0 and checkpointing_on(cfg) and replay and replay.preserve_rng_state is False:
+    dropped = dropout > 0 and kind != "ia3"  # IA3 has no dropout
+    if dropped and checkpointing_on(cfg) and replay and replay.preserve_rng_state is False:
         raise UserError(
             "training.config.gradient_checkpointing_kwargs.preserve_rng_state: false recomputes "
             f"each layer with other adapter dropout masks (dropout {dropout:g}) than its forward "

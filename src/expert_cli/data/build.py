@@ -216,7 +216,7 @@ STYLE_WORDS = {
 LAST_TURNS_WHY = (
     "the chat template writes their earlier answers otherwise than a last one, as a model "
     "answers (Qwen3 leaves their reasoning out): those are context, not trained"
-)
+)  # an empty reasoning block alone (Qwen3's) or an EOS after the conversation (Phi-3's) is alike
 
 
 def masking_words(split: dict[str, Any]) -> str | None:

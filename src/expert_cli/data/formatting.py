@@ -188,6 +188,11 @@ class Formatter:
     response_template: str | None = None
     layout: TurnLayout | None = None  # how the chat template writes answers, asked once
 
+    @property
+    def _ends(self) -> tuple[str, ...]:
+        """The chat template's own end of an answer (Gemma's `<end_of_turn>`), no content."""
+        return (self.layout.end,) if self.layout is not None and self.layout.end else ()
+
     def __call__(self, batch: dict[str, list[Any]]) -> pa.Table:
         texts, spans, styles, refused = self.render(batch)
         encodings, spans = self.tokenize(texts, spans)
@@ -247,8 +252,9 @@ class Formatter:
             refused = [why for _, why in rendered]
             if self.layout is None:
                 self.layout = turn_layout(self.tokenizer)
+            limit = self.max_seq_length * CUT_CHARS_PER_TOKEN  # what is tokenized of a text
             found = [
-                conversation_spans(self.tokenizer, m, t, self.response_template, self.layout)
+                conversation_spans(self.tokenizer, m, t, self.response_template, self.layout, limit)
                 if why is None
                 else ([], "refused")
                 for m, t, why in zip(conversations, texts, refused, strict=True)
@@ -262,7 +268,7 @@ class Formatter:
             "refused"
             if why is not None
             else style
-            if has_content(t, row_spans, self.tokenizer.eos_token)
+            if has_content(t, row_spans, self.tokenizer.eos_token, self._ends)
             else "empty"
             for t, (row_spans, style), why in zip(texts, found, refused, strict=True)
         ]

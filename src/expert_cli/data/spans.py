@@ -70,18 +70,18 @@ END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>")
 EMPTY_THINK = re.compile(r"<think>\s*</think>")
 
 
-def _bare(part: str, eos: str | None) -> str:
-    """`part` without end-of-turn markers (and the tokenizer's EOS), an empty reasoning
-    block, and surrounding space."""
-    for marker in (*END_MARKERS, eos or ""):
+def _bare(part: str, eos: str | None, ends: tuple[str, ...] = ()) -> str:
+    """`part` without end-of-turn markers (and the tokenizer's EOS, and `ends`: a chat
+    template's own), an empty reasoning block, and surrounding space."""
+    for marker in (*END_MARKERS, eos or "", *ends):
         if marker:
             part = part.replace(marker, "")
     return EMPTY_THINK.sub("", part).strip()
 
 
-def has_content(text: str, spans: list[Span], eos: str | None) -> bool:
+def has_content(text: str, spans: list[Span], eos: str | None, ends: tuple[str, ...] = ()) -> bool:
     """Whether the trained spans hold anything but whitespace and end-of-turn markers."""
-    if any(_bare(text[start:end], eos) for start, end in spans):
+    if any(_bare(text[start:end], eos, ends) for start, end in spans):
         return True
     return not spans  # no spans: the "missing" / whole-text rules decide
 

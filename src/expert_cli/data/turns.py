@@ -24,6 +24,7 @@ writes turns otherwise.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +33,13 @@ from expert_cli.data.spans import Span, assistant_spans
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
+# Qwen3 writes an empty reasoning block into an answer after the last user turn only when it
+# is the conversation's last message (a tool call before the tool's reply is written without)
+LEADING_EMPTY_THINK = re.compile(r"<think>\s*</think>\s*")
 PROBE = [
     {"role": "user", "content": "Which is larger, 3 or 5?"},
-    {"role": "assistant", "content": "5"},
+    # reasoning: a template that leaves it out of earlier answers (Qwen3's) writes them otherwise
+    {"role": "assistant", "content": "5", "reasoning_content": "3 < 5"},
     {"role": "user", "content": "And 7 or 2?"},
     {"role": "assistant", "content": "7"},
 ]
@@ -47,31 +52,45 @@ def _render(tokenizer: PreTrainedTokenizerFast, messages: list[Any], prompt: boo
 
 
 def template_turns(
-    tokenizer: PreTrainedTokenizerFast, messages: list[Any], text: str
+    tokenizer: PreTrainedTokenizerFast, messages: list[Any], text: str, limit: int | None = None
 ) -> tuple[list[Span], int] | None:
     """(character spans of the assistant turns `text` holds as the template writes a last
     turn, how many it holds otherwise); None when the template refuses a part of the
     conversation or writes a turn that does not begin with its generation prompt. Only for a
-    template whose `TurnLayout` says its answers follow its generation prompt."""
+    template whose `TurnLayout` says its answers follow its generation prompt. Turns whose
+    prompt starts past `limit` characters are not asked (the text is tokenized to there).
+
+    A turn rendered last may end with what the template writes after a whole conversation
+    (Phi-3's EOS), and may begin with an empty reasoning block that the template writes only
+    into a last turn (Qwen3's): the text holding the turn without either is the same turn."""
     spans: list[Span] = []
     otherwise = 0
+    eos = getattr(tokenizer, "eos_token", None) or ""
     for i, message in enumerate(messages):
         if not (isinstance(message, dict) and message.get("role") == "assistant"):
             continue
         try:
             prompt = _render(tokenizer, messages[:i], True)
-            whole = text if i == len(messages) - 1 else _render(tokenizer, messages[: i + 1], False)
+            if limit is not None and len(prompt) > limit:
+                break
+            last = i == len(messages) - 1
+            whole = text if last else _render(tokenizer, messages[: i + 1], False)
         except MemoryError:
             raise
         except Exception:  # noqa: BLE001 - a template that needs the whole conversation
             return None
         if not whole.startswith(prompt):
             return None
-        end = max(len(whole.rstrip()), len(prompt))
-        if text.startswith(whole[:end]):
-            spans.append((len(prompt), end))
-        else:
+        turn = whole[len(prompt) :].rstrip()
+        if not last and eos and turn.endswith(eos):
+            turn = turn[: -len(eos)].rstrip()
+        held = [turn, LEADING_EMPTY_THINK.sub("", turn, count=1)]
+        at = len(prompt)
+        match = next((t for t in held if text.startswith(t, at)), None)
+        if match is None or not text.startswith(prompt):
             otherwise += 1
+        else:
+            spans.append((at, at + len(match)))
     return spans, otherwise
 
 
@@ -82,10 +101,12 @@ class TurnLayout:
     prompt, the turn's header, or the answer begins right after the prompt: Mistral's
     `[/INST]` ends the user turn; a template that writes `assistant: ` inside the turn and no
     generation prompt would have that header trained); `consistent`, it writes an earlier
-    answer as it writes the last one."""
+    answer as it writes the last one; `end`, what it writes after an answer (Gemma's
+    `<end_of_turn>`), which is no content of it."""
 
     follows: bool = False
     consistent: bool = False
+    end: str = ""
 
 
 def turn_layout(tokenizer: PreTrainedTokenizerFast) -> TurnLayout:
@@ -98,15 +119,15 @@ def turn_layout(tokenizer: PreTrainedTokenizerFast) -> TurnLayout:
         raise
     except Exception:  # noqa: BLE001 - a template that cannot render the probe
         return TurnLayout()
-    if found is None:
+    if not found or not found[0]:
         return TurnLayout()
     spans, otherwise = found
-    begins = all(
-        text[a:b].lstrip().startswith(PROBE[k]["content"])
-        for k, (a, b) in zip((1, 3), spans, strict=False)
-    )
+    last = text[spans[-1][0] : spans[-1][1]]  # the probe's last answer, "7", as written
+    answer = LEADING_EMPTY_THINK.sub("", last.lstrip(), count=1)
+    begins = answer.startswith(PROBE[-1]["content"])
+    end = answer[len(PROBE[-1]["content"]) :].strip() if begins else ""
     return TurnLayout(
-        follows=bool(spans) and (header or begins), consistent=otherwise == 0 and len(spans) == 2
+        follows=header or begins, consistent=otherwise == 0 and len(spans) == 2, end=end
     )
 
 
@@ -116,8 +137,11 @@ def needs_turns(style: str, messages: list[Any], layout: TurnLayout, template: s
         return False
     if template or style in ("none", "missing"):
         return True
-    answers = sum(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
-    return answers > 1 and not layout.consistent
+    answers = [
+        i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"
+    ]
+    # an answer that is not the last message may be written otherwise than a last one
+    return not layout.consistent and bool(answers) and answers[0] < len(messages) - 1
 
 
 def conversation_spans(
@@ -126,14 +150,15 @@ def conversation_spans(
     text: str,
     response_template: str | None,
     layout: TurnLayout,
+    limit: int | None = None,
 ) -> tuple[list[Span], str]:
     """The trained spans of a rendered conversation and their rule: `turns` (every answer as
     the template writes it), `last_turns` (some answers written otherwise, left as context),
-    else the marker rules of data/spans.py."""
+    else the marker rules of data/spans.py. `limit`: see `template_turns`."""
     spans, style = assistant_spans(text, response_template)
     if not needs_turns(style, messages, layout, response_template):
         return spans, style
-    found = template_turns(tokenizer, messages, text)
+    found = template_turns(tokenizer, messages, text, limit)
     if found is None or not (found[0] or found[1]):
         return spans, style
     return found[0], "last_turns" if found[1] else "turns"

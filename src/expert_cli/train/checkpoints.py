@@ -231,7 +231,23 @@ def _dims(shape: tuple[int, ...]) -> str:
 
 
 class CheckpointMarker(TrainerCallback):
-    """Writes `_COMPLETE` into each checkpoint once the Trainer has finished writing it."""
+    """Writes `_COMPLETE` into each checkpoint once the Trainer has finished writing it; on a
+    resume, finds the best checkpoint of a run folder moved since (`best_checkpoint`: the
+    Trainer forgets a best it cannot find at its old path, then ships the last weights and
+    may rotate the best away)."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not (
+            args.load_best_model_at_end and state.global_step and not state.best_model_checkpoint
+        ):
+            return
+        resume = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        try:
+            saved = TrainerState.load_from_json(str(resume / "trainer_state.json"))
+        except (OSError, ValueError, TypeError):
+            return
+        if (found := best_checkpoint(saved, resume)) is not None:
+            state.best_model_checkpoint = str(found)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:

@@ -250,32 +250,59 @@ def fused_loss_unsupported(model: Any, targets: Any = ()) -> str | None:
 def head_problem(model: Any) -> str | None:
     """Why the model's logits are not its LM head's weight times its body's last hidden state,
     the product the fused loss computes (a multiplier or a transform of the head's input or
-    output that no config field above names: Falcon-H1's lm_head_multiplier), on HEAD_TOKENS
-    tokens in eval mode; None when they are, or when this process holds no weights to run."""
+    output that no config field above names: Falcon-H1's lm_head_multiplier); None when they
+    are, or when this process holds no weights to run. One forward of HEAD_TOKENS tokens in
+    eval mode, the body's output and the head's input and output caught by hooks, with sdpa
+    where the run's kernel is a varlen or flex one (they need the collator's boundaries, or
+    compile for the shape), as the causality probe does."""
     weight = model.lm_head.weight
     if not weight.is_floating_point():
         return "the LM head's weight is quantized"
     if any(p.is_meta for p in model.parameters()):
         return None
     ids = torch.arange(HEAD_TOKENS, device=weight.device).unsqueeze(0) % weight.shape[0]
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [  # each returns None: a value returned would replace the module's output
+        model.model.register_forward_hook(
+            lambda _m, _a, out: seen.update(body=out.last_hidden_state)
+        ),
+        model.lm_head.register_forward_hook(
+            lambda _m, args, out: seen.update(head_in=args[0], head_out=out)
+        ),
+    ]
+    kernel = getattr(model.config, "_attn_implementation", None)
     modes = {module: module.training for module in model.modules()}
     model.eval()
     try:
+        if kernel not in ("sdpa", "eager"):
+            model.set_attn_implementation("sdpa")
         with torch.no_grad():
-            hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
-            expected = torch.nn.functional.linear(hidden.to(weight.dtype), weight).float()
-            logits = model(input_ids=ids, use_cache=False).logits.float()
+            logits = model(input_ids=ids, use_cache=False).logits
     except Exception as exc:  # noqa: BLE001 - a model that cannot run here: the loss decides
         return f"its logits could not be compared with its LM head's ({type(exc).__name__})"
     finally:
+        for hook in hooks:
+            hook.remove()
         for module, mode in modes.items():
             module.training = mode
-    scale = expected.abs().max().item()
-    if logits.shape != expected.shape or (logits - expected).abs().max().item() > (
-        HEAD_TOLERANCE * max(scale, 1e-6)
-    ):
+        if kernel not in ("sdpa", "eager", None):
+            model.set_attn_implementation(kernel)
+    if not (_close(seen.get("head_in"), seen.get("body")) and _close(logits, seen.get("head_out"))):
         return "the model's logits are not its LM head's product with the last hidden state"
     return None
+
+
+def _close(got: torch.Tensor | None, want: torch.Tensor | None) -> bool:
+    """Equal within HEAD_TOLERANCE of `want`'s largest value (rounding only)."""
+    if got is None or want is None or got.shape[-1] != want.shape[-1]:
+        return False
+    got, want = got.float(), want.float()
+    if got.shape != want.shape:  # the head ran on the last positions only (logits_to_keep)
+        want = want[..., -got.shape[-2] :, :]
+    if got.shape != want.shape:
+        return False
+    scale = max(want.abs().max().item(), 1e-6)
+    return (got - want).abs().max().item() <= HEAD_TOLERANCE * scale
 
 
 def fused_forward(self: Any, input_ids: Any = None, labels: Any = None, **kwargs: Any) -> Any:
