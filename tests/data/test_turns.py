@@ -110,6 +110,7 @@ def test_a_template_that_drops_earlier_reasoning_trains_those_answers_as_context
     by the empty reasoning block written into a last turn are trained as the text holds them,
     a tool call before the tool's reply too."""
     tok = _tok(tiny_tokenizer, QWEN3)
+    tok.eos_token = "<|im_end|>"  # as Qwen3's instruct tokenizer says (its turns end with it)
     assert turn_layout(tok) == TurnLayout(follows=True, consistent=False, end="<|im_end|>")
     reasoned = [dict(m) for m in TALK]
     reasoned[2]["reasoning_content"] = "thought one"
@@ -122,9 +123,10 @@ def test_a_template_that_drops_earlier_reasoning_trains_those_answers_as_context
     rows = _trained(tok, [reasoned, TALK, tools, TALK[:3]])
     assert [r["style"] for r in rows] == ["last_turns", "turns", "turns", "chatml"]
     squeezed = [r["trained_text"].replace(" ", "") for r in rows]
-    assert squeezed[0] == "<think>\n\n</think>\n\nsecondanswer<|im_end|><|endoftext|>"
+    assert squeezed[0] == "<think>\n\n</think>\n\nsecondanswer<|im_end|>"
     assert "thought" not in rows[0]["trained_text"]
     assert squeezed[1].startswith("firstanswer<|im_end|>")  # as the text holds it
+    assert squeezed[1].count("<|im_end|>") == 2  # each answer through its end of turn
     assert squeezed[2].startswith("callweather()<|im_end|>") and "sunny." in squeezed[2]
     assert squeezed[3].startswith("<think>")  # one answer, the last message
     words = masking_words({"styles": {"chatml": 1, "last_turns": 1}})

@@ -82,9 +82,13 @@ def template_turns(
         if not whole.startswith(prompt):
             return None
         turn = whole[len(prompt) :].rstrip()
+        # as written last; without an EOS written after a whole conversation (Phi-3's, where
+        # the text goes on: Qwen3's EOS is its <|im_end|>, which the text holds); without an
+        # empty reasoning block written into a last answer only
+        held = [turn]
         if not last and eos and turn.endswith(eos):
-            turn = turn[: -len(eos)].rstrip()
-        held = [turn, LEADING_EMPTY_THINK.sub("", turn, count=1)]
+            held.append(turn[: -len(eos)].rstrip())
+        held += [LEADING_EMPTY_THINK.sub("", t, count=1) for t in held]
         at = len(prompt)
         match = next((t for t in held if text.startswith(t, at)), None)
         if match is None or not text.startswith(prompt):
