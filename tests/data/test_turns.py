@@ -111,7 +111,9 @@ def test_a_template_that_drops_earlier_reasoning_trains_those_answers_as_context
     a tool call before the tool's reply too."""
     tok = _tok(tiny_tokenizer, QWEN3)
     tok.eos_token = "<|im_end|>"  # as Qwen3's instruct tokenizer says (its turns end with it)
-    assert turn_layout(tok) == TurnLayout(follows=True, consistent=False, end="<|im_end|>")
+    assert turn_layout(tok) == TurnLayout(
+        follows=True, consistent=False, end="<|im_end|>", plain=True
+    )
     reasoned = [dict(m) for m in TALK]
     reasoned[2]["reasoning_content"] = "thought one"
     tools = [
@@ -120,8 +122,13 @@ def test_a_template_that_drops_earlier_reasoning_trains_those_answers_as_context
         {"role": "tool", "content": "sunny"},
         {"role": "assistant", "content": "It is sunny."},
     ]
-    rows = _trained(tok, [reasoned, TALK, tools, TALK[:3]])
-    assert [r["style"] for r in rows] == ["last_turns", "turns", "turns", "chatml"]
+    keyed = [dict(m) for m in TALK]
+    keyed[2]["reasoning_content"] = ""  # asked turn by turn: the empty block is no difference
+    rows = _trained(tok, [reasoned, TALK, tools, TALK[:3], keyed])
+    # answers of role and content alone are written alike (the ChatML rule reads them, not
+    # asked again: a render of Qwen3's template costs about 0.25 ms)
+    assert [r["style"] for r in rows] == ["last_turns", "chatml", "chatml", "chatml", "turns"]
+    assert rows[4]["trained_text"] == rows[1]["trained_text"]
     squeezed = [r["trained_text"].replace(" ", "") for r in rows]
     assert squeezed[0] == "<think>\n\n</think>\n\nsecondanswer<|im_end|>"
     assert "thought" not in rows[0]["trained_text"]
@@ -156,7 +163,7 @@ def test_an_empty_answer_under_a_template_of_its_own_end_marker_is_dropped(
 def test_templates_that_write_every_turn_alike_keep_the_marker_rules(tiny_tokenizer) -> None:
     tok = _tok(tiny_tokenizer, None)  # the tiny tokenizer's ChatML template
     layout = turn_layout(tok)
-    assert layout == TurnLayout(follows=True, consistent=True, end="<|im_end|>")
+    assert layout == TurnLayout(follows=True, consistent=True, end="<|im_end|>", plain=True)
     text = tok.apply_chat_template(TALK, tokenize=False)
     assert conversation_spans(tok, TALK, text, None, layout) == assistant_spans(text, None)
     found = template_turns(tok, TALK, text)
@@ -172,6 +179,6 @@ def test_a_template_with_no_generation_prompt_and_a_header_in_the_turn(tiny_toke
     """`assistant: ` written inside the turn with no generation prompt would be trained as the
     answer's start: such a template still needs a response_template."""
     tok = _tok(tiny_tokenizer, PLAIN)
-    assert turn_layout(tok) == TurnLayout(follows=False, consistent=True)
+    assert not turn_layout(tok).follows
     with pytest.raises(UserError, match="renders no assistant marker"):
         check_chat_template(tok, None)

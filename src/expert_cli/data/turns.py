@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 # Qwen3 writes an empty reasoning block into an answer after the last user turn only when it
 # is the conversation's last message (a tool call before the tool's reply is written without)
+PLAIN_KEYS = {"role", "content"}
 LEADING_EMPTY_THINK = re.compile(r"<think>\s*</think>\s*")
 PROBE = [
     {"role": "user", "content": "Which is larger, 3 or 5?"},
@@ -111,6 +112,7 @@ class TurnLayout:
     follows: bool = False
     consistent: bool = False
     end: str = ""
+    plain: bool = False  # consistent for answers of role and content alone (Qwen3's are)
 
 
 def turn_layout(tokenizer: PreTrainedTokenizerFast) -> TurnLayout:
@@ -130,9 +132,13 @@ def turn_layout(tokenizer: PreTrainedTokenizerFast) -> TurnLayout:
     answer = LEADING_EMPTY_THINK.sub("", last.lstrip(), count=1)
     begins = answer.startswith(PROBE[-1]["content"])
     end = answer[len(PROBE[-1]["content"]) :].strip() if begins else ""
-    return TurnLayout(
-        follows=header or begins, consistent=otherwise == 0 and len(spans) == 2, end=end
-    )
+    consistent = otherwise == 0 and len(spans) == 2
+    plain = consistent
+    if not consistent:  # the reasoning made the difference, or every answer differs
+        bare = [{"role": m["role"], "content": m["content"]} for m in PROBE]
+        alike = template_turns(tokenizer, bare, _render(tokenizer, bare, False))
+        plain = alike is not None and alike[1] == 0 and len(alike[0]) == 2
+    return TurnLayout(follows=header or begins, consistent=consistent, end=end, plain=plain)
 
 
 def needs_turns(style: str, messages: list[Any], layout: TurnLayout, template: str | None) -> bool:
@@ -141,11 +147,12 @@ def needs_turns(style: str, messages: list[Any], layout: TurnLayout, template: s
         return False
     if template or style in ("none", "missing"):
         return True
-    answers = [
-        i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"
+    if layout.consistent:
+        return False
+    earlier = [  # answers that are not the last message: written otherwise than a last one?
+        m for m in messages[:-1] if isinstance(m, dict) and m.get("role") == "assistant"
     ]
-    # an answer that is not the last message may be written otherwise than a last one
-    return not layout.consistent and bool(answers) and answers[0] < len(messages) - 1
+    return bool(earlier) and not (layout.plain and all(m.keys() <= PLAIN_KEYS for m in earlier))
 
 
 def conversation_spans(
