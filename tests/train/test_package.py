@@ -96,6 +96,11 @@ def test_v2_package_round_trips(v2_run: Path, tiny_model_dir: Path) -> None:
     )
     assert manifest["training"]["config"]["target_modules"] == adapter["target_modules"]
     assert manifest["training"]["config"]["warmup_steps"] == 0
+    # a --max-steps 2 run: the epochs it trained, not the manifest's (it said 1.0)
+    ran = json.loads((v2_run / "manifest.resolved.json").read_text())
+    step_rows = ran["batch_size"] * ran["gradient_accumulation_steps"]
+    trained = 2 * step_rows / ran["runtime"]["data"]["stats"]["train"]["rows"]
+    assert manifest["training"]["config"]["epochs"] == round(trained, 2) < 1
     assert adapter["sha256"] == hashlib.sha256(weights).hexdigest()
     assert adapter["size_bytes"] == len(weights)
     assert manifest["base_models"][0]["_comment"] == "kept in the package"
