@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -363,22 +362,3 @@ def test_what_counts_as_a_full_disk(tmp_path: Path) -> None:
     assert not disk_full(
         RuntimeError("[enforce fail at inline_container.cc] unexpected pos"), tmp_path
     )
-
-
-def test_fsdp_gathers_frozen_tensors_only_when_peft_saves_embeddings(tiny_model_dir: Path) -> None:
-    """peft saves embed_tokens / lm_head with the adapter when it targets them: the FSDP save
-    must then gather frozen tensors too; otherwise only the trainable ones."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from expert_cli.train.trainer import _saves_embeddings
-
-    def peft(targets: object) -> object:
-        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-        return get_peft_model(base, LoraConfig(r=2, target_modules=targets))
-
-    with warnings.catch_warnings():  # peft: lm_head is tied to embed_tokens in this model
-        warnings.simplefilter("ignore", UserWarning)
-        assert _saves_embeddings(peft(["q_proj", "lm_head"])) is True
-    assert _saves_embeddings(peft(["q_proj", "v_proj"])) is False
-    assert _saves_embeddings(peft("all-linear")) is False

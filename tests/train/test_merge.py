@@ -103,6 +103,12 @@ def test_an_adapter_on_tied_embeddings_merges_to_the_adapted_model(
         got = merged(input_ids=ids).logits
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
     assert merged.config.tie_word_embeddings is False
+    # the adapter alone: peft's "auto" saved the base's whole matrix beside it (622 MB for
+    # Qwen3-0.6B in fp32), and the FSDP save gathered frozen tensors for it
+    from safetensors.torch import load_file
+
+    saved = load_file(out / "adapter_model.safetensors")
+    assert saved and all("lora_" in name for name in saved), sorted(saved)
 
 
 @pytest.mark.slow

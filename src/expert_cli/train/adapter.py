@@ -4,6 +4,7 @@ names that match its layers, checked on the architecture built without weights."
 from __future__ import annotations
 
 import difflib
+import functools
 from typing import TYPE_CHECKING, Any
 
 from peft import AdaLoraConfig, IA3Config, LoKrConfig, LoraConfig, get_peft_model
@@ -121,10 +122,17 @@ def adapter_config(
     raise UserError(f"adapter_type: {kind!r} is not supported (lora, dora, ia3, lokr, adalora)")
 
 
-def loadable_ia3(peft_model: Any) -> None:
-    """IA3's feed-forward modules named as its targets are once `all-linear` is expanded (the
-    layers' full names): peft saves those, and refused its own adapter_config.json on load
-    when the feed-forward modules stayed short names (not a subset of the targets)."""
+def saved_loadable(peft_model: Any) -> None:
+    """What `peft_model` saves, as plain peft loads it:
+    - no copy of the base model's embedding or LM head: peft saves the whole frozen matrix
+      beside an adapter on `embed_tokens` or `lm_head` ("auto"), 622 MB in fp32 for
+      Qwen3-0.6B, needed only for a vocabulary resized in training, which expert-cli never
+      does (the base's own matrix is used on load);
+    - IA3's feed-forward modules named as its targets are once `all-linear` is expanded (the
+      layers' full names): peft saves those, and refused its own adapter_config.json on load
+      when the feed-forward modules stayed short names (not a subset of the targets)."""
+    save = type(peft_model).save_pretrained
+    peft_model.save_pretrained = functools.partial(save, peft_model, save_embedding_layers=False)
     for config in peft_model.peft_config.values():
         short, targets = getattr(config, "feedforward_modules", None), config.target_modules
         if not isinstance(short, set | list) or not isinstance(targets, set):

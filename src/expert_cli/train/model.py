@@ -26,7 +26,7 @@ from expert_cli.train.adapter import (
     adapter_config,
     adapter_error,
     ia3_note,
-    loadable_ia3,
+    saved_loadable,
     target_problem,
 )
 from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
@@ -323,7 +323,7 @@ def attach_adapter(
         )
     except ValueError as exc:
         raise UserError(adapter_error(resolved, exc)) from None
-    loadable_ia3(peft_model)
+    saved_loadable(peft_model)
     if resolved.gradient_checkpointing and resolved.quantization not in ("int4", "int8"):
         peft_model.enable_input_require_grads()
     if adapter_compute_dtype(resolved) != "fp32":

@@ -297,7 +297,7 @@ class ExpertTrainer(Trainer):
         options = StateDictOptions(
             full_state_dict=True,
             cpu_offload=True,  # the full tensors land on global rank 0 only
-            ignore_frozen_params=not _saves_embeddings(peft_model),
+            ignore_frozen_params=True,  # the adapter alone is saved (adapter.saved_loadable)
         )
         state = get_model_state_dict(self.model_wrapped, options=options)
         if self.args.process_index != 0:
@@ -308,17 +308,6 @@ class ExpertTrainer(Trainer):
         peft_model.save_pretrained(output, state_dict={k: v.clone() for k, v in state.items()})
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output)
-
-
-def _saves_embeddings(peft_model: Any) -> bool:
-    """Whether peft saves the (frozen) embedding layers with the adapter: when they are among
-    its targets (then a gather must include frozen tensors too)."""
-    configs = getattr(peft_model, "peft_config", {}) or {}
-    for config in configs.values():
-        targets = getattr(config, "target_modules", None)
-        if isinstance(targets, list | set | tuple) and {"embed_tokens", "lm_head"} & set(targets):
-            return True
-    return False
 
 
 def flops_model(peft_model: Any) -> FlopsModel:
