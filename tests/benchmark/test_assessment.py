@@ -257,6 +257,13 @@ def test_gpu_bound_with_free_memory_suggests_a_bigger_batch() -> None:
     )
 
 
+def test_a_busy_gpu_at_low_mfu_is_never_healthy_whatever_the_wait() -> None:
+    """Utilization 95 %, MFU 8 %, the loader's wait a quarter of the time: it said "healthy:
+    nothing to change". The wait is the host's fetch time, overlapping queued GPU work."""
+    a = run(recorded([95, 96, 94, 95], mem_percent=60.0), data_wait=0.25, mfu=0.08)
+    assert a["bottleneck"] == "gpu_bound"
+
+
 def test_busy_gpu_at_good_mfu_is_healthy() -> None:
     a = run(recorded([97, 98, 99, 96]), data_wait=0.01, mfu=0.45)
     assert a["bottleneck"] == "healthy"

@@ -209,7 +209,9 @@ def classify(g: dict[str, Any], run: RunFacts, cpu_busy: bool) -> str:
     if mem_p95 is not None and mem_p95 >= MEMORY_PRESSURE and util < HEALTHY_UTIL:
         return "memory_pressure"
     if util >= HEALTHY_UTIL or ((util_p50 or 0) >= HEALTHY_UTIL and run.keeps_up):
-        limited = not run.waiting and (run.keeps_up if run.mfu is None else run.mfu < LOW_MFU)
+        # a known MFU under LOW_MFU is never healthy, whatever the loader's wait (the host's
+        # fetch time overlaps queued GPU work: with the GPU this busy it starves nothing)
+        limited = run.keeps_up if run.mfu is None else run.mfu < LOW_MFU
         return "gpu_bound" if limited else "healthy"
     if run.waiting or ((util < LOW_UTIL or bursty) and cpu_busy):
         return "data_loading"

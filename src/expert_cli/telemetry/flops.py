@@ -5,11 +5,13 @@ Shared by the benchmark's synthetic workload and the training throughput callbac
 
 from __future__ import annotations
 
+import re
+
 TFLOPS = 1e12
 
 # Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendors' data sheets.
-# Matched against the NVML/torch device name, case-insensitively, first match wins, so
-# the more specific names come first.
+# Matched against the NVML/torch device name's words, case-insensitively, first match wins,
+# so the more specific names come first.
 PEAK_BF16_TFLOPS: list[tuple[tuple[str, ...], float]] = [
     (("h100", "pcie"), 756.0),
     (("h100", "nvl"), 835.0),
@@ -28,10 +30,14 @@ PEAK_BF16_TFLOPS: list[tuple[tuple[str, ...], float]] = [
 
 
 def peak_bf16_flops(gpu_name: str) -> float | None:
-    """Dense bf16 peak FLOP/s of the named GPU, or None when it is not in the table."""
-    name = gpu_name.lower()
+    """Dense bf16 peak FLOP/s of the named GPU, or None when it is not in the table or is a
+    MIG slice (a part of the card's peak). Names match as whole words: "RTX A1000" took the
+    A100's 312 TFLOP/s by substring."""
+    words = set(re.findall(r"[a-z0-9]+", gpu_name.lower()))
+    if "mig" in words:
+        return None
     for needles, tflops in PEAK_BF16_TFLOPS:
-        if all(n in name for n in needles):
+        if all(word in words for needle in needles for word in needle.split()):
             return tflops * TFLOPS
     return None
 

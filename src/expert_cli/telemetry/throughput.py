@@ -7,9 +7,11 @@ writes metrics.json).
 One definition everywhere: tokens/s is non-padding tokens over the wall time of the window (from
 the previous window's close, or the first batch fetch, to this close) or of the run (the sum of
 its windows: evaluation and checkpoint saves inside a window count, start-up before the first
-step does not). At a window's close the GPU is synchronized once, so queued GPU work is counted
-without a sync per step. Data wait is the time spent fetching batches over the same wall time
-(the Trainer syncs on the loss every micro-step, so the GPU is idle while the CPU fetches).
+step does not; the first window holds the first step's kernel selection and compilation). At a
+window's close the GPU is synchronized once, so queued GPU work is counted without a sync per
+step. Data wait is the host's time fetching batches over the same wall time: an upper bound on
+the GPU's idle time, as nothing syncs a step of one process (the host may fetch while queued
+GPU work runs; several processes sync at every step's end, and then it is the wait).
 
 Across processes (DDP, FSDP, several nodes) each window's counts are gathered from every rank:
 tokens/s and samples/s are the sums over ranks, data wait is the slowest rank's (a step waits
