@@ -362,3 +362,18 @@ def test_what_counts_as_a_full_disk(tmp_path: Path) -> None:
     assert not disk_full(
         RuntimeError("[enforce fail at inline_container.cc] unexpected pos"), tmp_path
     )
+
+
+def test_a_one_process_run_on_several_gpus_keeps_to_one(tmp_path: Path) -> None:
+    """Several GPUs and no launcher: transformers wrapped the model in nn.DataParallel, which
+    splits each packed batch (and its boundaries) over them, and MFU read one GPU's peak."""
+    from transformers import TrainingArguments
+
+    from expert_cli.train.args import one_gpu
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    assert one_gpu(args) is None  # none visible here
+    args._n_gpu = 4  # what transformers sets on a node of 4 GPUs without torchrun
+    note = one_gpu(args)
+    assert args.n_gpu == 1 and note is not None
+    assert "torchrun --nproc_per_node 4 -m expert_cli.cli train" in note

@@ -204,3 +204,19 @@ def joined(kwargs: dict[str, Any]) -> TrainingArguments:
     finally:
         for sig, handler in held.items():
             signal.signal(sig, handler)
+
+
+def one_gpu(args: TrainingArguments) -> str | None:
+    """Keep a one-process run on one GPU, and say so, where several are visible: transformers
+    would wrap the model in nn.DataParallel, splitting each batch over them (the packed rows'
+    boundaries and the fused paths are one process's, and MFU would be one GPU's); None when
+    one is visible, or the run is distributed (n_gpu is then 1)."""
+    visible = args.n_gpu
+    if visible <= 1:
+        return None
+    args._n_gpu = 1  # as the Trainer itself does for a model spread over GPUs
+    return (
+        f"{visible} GPUs are visible and the run is one process: it trains on cuda:0. To train "
+        f"on all of them: torchrun --nproc_per_node {visible} -m expert_cli.cli train ... "
+        "(docs/distributed.md)"
+    )

@@ -30,7 +30,7 @@ from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.adapter import start_problem
 from expert_cli.train.architecture import cache_id_problem, untrained_tokens_note
-from expert_cli.train.args import joined, planned_steps, training_args_kwargs
+from expert_cli.train.args import joined, one_gpu, planned_steps, training_args_kwargs
 from expert_cli.train.batch import plan_run_batch
 from expert_cli.train.callbacks import (
     AdaLoraCallback,
@@ -109,6 +109,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     if (note := unlaunched_world(os.environ)) is not None:
         reporter.note(note)
     args = joined(kwargs)
+    if (note := one_gpu(args)) is not None:
+        reporter.note(note)
     run = Run(resolved=resolved, args=args, output=output, reporter=reporter, source=loaded.raw)
     run.runtime["overrides"] = list(opts.overrides)  # the --set values, not in manifest.source.json
     run.runtime[MAX_STEPS_KEY] = max_steps
