@@ -152,6 +152,15 @@ def test_an_empty_answer_in_an_empty_reasoning_block_is_dropped(tiny_tokenizer) 
     assert [r["status"] for r in rows] == [DROPPED_NO_COMPLETION, KEPT]
 
 
+def test_an_eos_followed_by_a_line_break_is_trained_as_the_end(tiny_tokenizer) -> None:
+    """`...<|im_end|>\\n<|endoftext|>\\n`: the EOS was kept but not trained (the same text
+    without the last line break trained it)."""
+    head = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\nok<|im_end|>\n<|endoftext|>"
+    bare, spaced = run(tiny_tokenizer, "text", {"text": [head, head + "\n"]})
+    assert split(tiny_tokenizer, bare)[0] == split(tiny_tokenizer, spaced)[0]
+    assert split(tiny_tokenizer, spaced)[0].endswith("<|endoftext|>")
+
+
 def test_response_template_missing_drops_the_example(tiny_tokenizer) -> None:
     rows = run(
         tiny_tokenizer, "text", {"text": ["Q: a\nA: b", "no answer here"]}, response_template="A:"

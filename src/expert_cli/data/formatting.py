@@ -291,6 +291,8 @@ class Formatter:
             elif not text.rstrip().endswith(eos_text):
                 ids = np.append(ids, np.int32(eos))
                 mask = np.append(mask, ends)
+            elif len(at := np.flatnonzero(ids == eos)):  # the text's own, whitespace after it
+                mask[at[-1]] = mask[at[-1]] or ends
             mask[:1] = False  # an example's first token is never a prediction target
             code = KEPT
             if style == "refused":
