@@ -10,6 +10,7 @@ import pytest
 
 from expert_cli.data.build import masking_words
 from expert_cli.data.formatting import (
+    DROPPED_ANSWER_CUT,
     DROPPED_NO_COMPLETION,
     IGNORE,
     KEPT,
@@ -31,14 +32,16 @@ MISTRAL = (
     "{%- endfor %}"
 )
 # Qwen3's rules: answers after the last user turn get a reasoning block when they are the last
-# message or have reasoning; earlier answers lose theirs
+# message or have reasoning; earlier answers lose theirs, also one written into their text
 QWEN3 = (
     "{%- set ns = namespace(last=-1) %}{%- for m in messages %}{%- if m.role == 'user' %}"
     "{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
     "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
     "{%- if m.role == 'assistant' and loop.index0 > ns.last and (loop.last or "
     "m.reasoning_content) %}{{ '<think>\\n' + (m.reasoning_content or '') + '\\n</think>\\n\\n' }}"
-    "{%- endif %}{{ m.content + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- if m.role == 'assistant' and loop.index0 < ns.last %}"
+    "{{ m.content.split('</think>')[-1].lstrip('\\n') }}{%- else %}{{ m.content }}{%- endif %}"
+    "{{ '<|im_end|>\\n' }}"
     "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 # Phi-3's: an EOS after the whole conversation
@@ -46,6 +49,15 @@ PHI3 = (
     "{%- for m in messages %}{{ '<|' + m.role + '|>\\n' + m.content + '<|end|>\\n' }}"
     "{%- endfor %}{%- if add_generation_prompt %}{{ '<|assistant|>\\n' }}"
     "{%- else %}{{ eos_token }}{%- endif %}"
+)
+# Mistral v0.3's: the system text goes into the last user turn only
+MISTRAL_V3 = (
+    "{%- set system = messages[0].content if messages[0].role == 'system' else none %}"
+    "{%- set talk = messages[1:] if system else messages %}{%- set ns = namespace(last=-1) %}"
+    "{%- for m in talk %}{%- if m.role == 'user' %}{%- set ns.last = loop.index0 %}{%- endif %}"
+    "{%- endfor %}{{ '<s>' }}{%- for m in talk %}{%- if m.role == 'user' %}{{ '[INST] ' }}"
+    "{%- if system and loop.index0 == ns.last %}{{ system + '\\n\\n' }}{%- endif %}"
+    "{{ m.content + ' [/INST]' }}{%- else %}{{ m.content + '</s>' }}{%- endif %}{%- endfor %}"
 )
 PLAIN = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 TALK = [
@@ -182,3 +194,33 @@ def test_a_template_with_no_generation_prompt_and_a_header_in_the_turn(tiny_toke
     assert not turn_layout(tok).follows
     with pytest.raises(UserError, match="renders no assistant marker"):
         check_chat_template(tok, None)
+
+
+def test_what_the_second_review_found(tiny_tokenizer) -> None:
+    """Reasoning written into an earlier answer's text is no plain answer (Qwen3 leaves it out
+    of the conversation); Mistral v0.3 writes the system text into the last user turn only,
+    so only the last answer follows its prompt (every such conversation was dropped as having
+    no assistant turn); Phi-3's EOS after a conversation is no end of an answer (an empty
+    answer trained `<|end|>`); answers past the tokenized text are dropped as cut away."""
+    qwen = _tok(tiny_tokenizer, QWEN3)
+    qwen.eos_token = "<|im_end|>"
+    inline = [dict(m) for m in TALK]
+    inline[2]["content"] = "<think>\nthought\n</think>\n\nfirst answer"
+    (row,) = _trained(qwen, [inline])
+    assert row["style"] == "last_turns" and "first answer" not in row["trained_text"]
+
+    mistral = _tok(tiny_tokenizer, MISTRAL_V3)
+    (row,) = _trained(mistral, [TALK])
+    assert row["status"] == KEPT and row["style"] == "last_turns"
+    assert row["trained_text"].replace(" ", "") == "secondanswer</s><|endoftext|>"
+
+    phi = _tok(tiny_tokenizer, PHI3)
+    assert turn_layout(phi).end == "<|end|>"
+    empty = [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]
+    assert [r["status"] for r in _trained(phi, [empty])] == [DROPPED_NO_COMPLETION]
+
+    gemma = _tok(tiny_tokenizer, GEMMA)
+    long_question = [{"role": "user", "content": "word " * 400}, TALK[2]]
+    fmt = Formatter(tokenizer=gemma, kind="messages", max_seq_length=16, overlong="truncate")
+    (row,) = fmt({"messages": [long_question]}).to_pylist()
+    assert row["status"] == DROPPED_ANSWER_CUT and row["style"] == "turns"

@@ -175,6 +175,18 @@ def test_the_head_check_runs_under_a_varlen_kernel(tiny_model_dir) -> None:
     assert model.config._attn_implementation == attention.TORCH_VARLEN
 
 
+def test_a_head_without_a_weight_matrix_keeps_the_standard_loss(tiny_model_dir) -> None:
+    """A head module with no `.weight` (ModernBERT's decoder) stopped the run with an
+    AttributeError; the fused loss reads that matrix, so the standard loss runs."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.lm_head = torch.nn.Sequential(model.lm_head)
+    assert fused.fused_loss_unsupported(model) == (
+        "the LM head is no linear layer with a weight matrix"
+    )
+
+
 def test_a_moe_router_loss_keeps_the_standard_loss(tiny_model_dir) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 # Qwen3 writes an empty reasoning block into an answer after the last user turn only when it
 # is the conversation's last message (a tool call before the tool's reply is written without)
 PLAIN_KEYS = {"role", "content"}
-LEADING_EMPTY_THINK = re.compile(r"<think>\s*</think>\s*")
+LEADING_EMPTY_THINK = re.compile(r"^<think>\s*</think>\s*")
 PROBE = [
     {"role": "user", "content": "Which is larger, 3 or 5?"},
     # reasoning: a template that leaves it out of earlier answers (Qwen3's) writes them otherwise
@@ -57,7 +57,7 @@ def template_turns(
 ) -> tuple[list[Span], int] | None:
     """(character spans of the assistant turns `text` holds as the template writes a last
     turn, how many it holds otherwise); None when the template refuses a part of the
-    conversation or writes a turn that does not begin with its generation prompt. Only for a
+    conversation. Only for a
     template whose `TurnLayout` says its answers follow its generation prompt. Turns whose
     prompt starts past `limit` characters are not asked (the text is tokenized to there).
 
@@ -80,8 +80,14 @@ def template_turns(
             raise
         except Exception:  # noqa: BLE001 - a template that needs the whole conversation
             return None
-        if not whole.startswith(prompt):
-            return None
+        if not whole.startswith(prompt):  # the template writes the turns before it otherwise
+            # (Mistral v0.3 puts the system text into the last user turn): an answer that is
+            # the last message is still the text after its generation prompt
+            if last and text.startswith(prompt):
+                spans.append((len(prompt), len(text.rstrip())))
+            else:
+                otherwise += 1
+            continue
         turn = whole[len(prompt) :].rstrip()
         # as written last; without an EOS written after a whole conversation (Phi-3's, where
         # the text goes on: Qwen3's EOS is its <|im_end|>, which the text holds); without an
@@ -132,6 +138,8 @@ def turn_layout(tokenizer: PreTrainedTokenizerFast) -> TurnLayout:
     answer = LEADING_EMPTY_THINK.sub("", last.lstrip(), count=1)
     begins = answer.startswith(PROBE[-1]["content"])
     end = answer[len(PROBE[-1]["content"]) :].strip() if begins else ""
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    end = end.removesuffix(eos).rstrip() if eos and end != eos else end  # Phi-3's, after it all
     consistent = otherwise == 0 and len(spans) == 2
     plain = consistent
     if not consistent:  # the reasoning made the difference, or every answer differs
@@ -152,7 +160,13 @@ def needs_turns(style: str, messages: list[Any], layout: TurnLayout, template: s
     earlier = [  # answers that are not the last message: written otherwise than a last one?
         m for m in messages[:-1] if isinstance(m, dict) and m.get("role") == "assistant"
     ]
-    return bool(earlier) and not (layout.plain and all(m.keys() <= PLAIN_KEYS for m in earlier))
+    return bool(earlier) and not (layout.plain and all(map(_plain, earlier)))
+
+
+def _plain(message: dict[str, Any]) -> bool:
+    """An answer of role and text alone, with no reasoning written into its text."""
+    content = message.get("content")
+    return message.keys() <= PLAIN_KEYS and isinstance(content, str) and "</think>" not in content
 
 
 def conversation_spans(
@@ -170,6 +184,8 @@ def conversation_spans(
     if not needs_turns(style, messages, layout, response_template):
         return spans, style
     found = template_turns(tokenizer, messages, text, limit)
+    if found == ([], 0) and limit is not None and len(text) > limit:
+        return [], "turns"  # its answers lie past what is tokenized: dropped as cut away
     if found is None or not (found[0] or found[1]):
         return spans, style
     return found[0], "last_turns" if found[1] else "turns"

@@ -24,6 +24,7 @@ from types import MethodType
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -255,7 +256,9 @@ def head_problem(model: Any) -> str | None:
     eval mode, the body's output and the head's input and output caught by hooks, with sdpa
     where the run's kernel is a varlen or flex one (they need the collator's boundaries, or
     compile for the shape), as the causality probe does."""
-    weight = model.lm_head.weight
+    weight = getattr(model.lm_head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return "the LM head is no linear layer with a weight matrix"
     if not weight.is_floating_point():
         return "the LM head's weight is quantized"
     if any(p.is_meta for p in model.parameters()):
@@ -274,7 +277,7 @@ def head_problem(model: Any) -> str | None:
     modes = {module: module.training for module in model.modules()}
     model.eval()
     try:
-        if kernel not in ("sdpa", "eager"):
+        if kernel not in ("sdpa", "eager", None):
             model.set_attn_implementation("sdpa")
         with torch.no_grad():
             logits = model(input_ids=ids, use_cache=False).logits
@@ -287,7 +290,12 @@ def head_problem(model: Any) -> str | None:
             module.training = mode
         if kernel not in ("sdpa", "eager", None):
             model.set_attn_implementation(kernel)
-    if not (_close(seen.get("head_in"), seen.get("body")) and _close(logits, seen.get("head_out"))):
+    head_in, head_out = seen.get("head_in"), seen.get("head_out")
+    with torch.no_grad():
+        product = None if head_in is None else F.linear(head_in.to(weight), weight)
+    if not (
+        _close(head_in, seen.get("body")) and _close(logits, head_out) and _close(head_out, product)
+    ):
         return "the model's logits are not its LM head's product with the last hidden state"
     return None
 
