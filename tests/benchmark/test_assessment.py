@@ -231,6 +231,19 @@ def test_busy_gpu_at_low_mfu_is_gpu_bound() -> None:
     assert not mentions(a["advice"], "batch_size")  # memory is 88% used
 
 
+def test_a_runs_figures_after_its_first_window_are_read_first() -> None:
+    """The recorded H100 run's data-wait was 0.44% with its first window (start-up) and
+    0.17% without: the verdict reads the run as it ran, its start-up aside."""
+    from expert_cli.benchmark.metrics import data_wait_fraction, run_mfu
+
+    summary = {"data_wait_fraction": 0.0044, "mfu": 0.078}
+    steady = {**summary, "steady": {"data_wait_fraction": 0.0017, "mfu": 0.08}}
+    assert data_wait_fraction({"summary": steady, "windows": []}) == 0.0017
+    assert run_mfu({"summary": steady, "windows": []}, None) == 0.08
+    hand_edited = {**summary, "steady": "fast"}
+    assert data_wait_fraction({"summary": hand_edited, "windows": []}) == 0.0044
+
+
 def test_allocator_flushes_of_the_run_are_evidence() -> None:
     """A run at its memory limit: the allocator's cache flushes (each a GPU stall) that the
     run's metrics count are named beside its data-wait and MFU; none, nothing said."""

@@ -99,13 +99,21 @@ def read_run_metrics(path: Path) -> dict[str, Any] | None:
     }
 
 
+def _steady_first(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The summary's figures after its first window (start-up aside), then its whole-run ones."""
+    steady = summary.get("steady")
+    return [steady, summary] if isinstance(steady, dict) else [summary]
+
+
 def data_wait_fraction(run_metrics: dict[str, Any] | None) -> float | None:
-    """The run's data-wait fraction: the summary's, else the mean over its windows."""
+    """The run's data-wait fraction: the summary's (after its first window where it says),
+    else the mean over its windows."""
     if not run_metrics:
         return None
     summary = run_metrics.get("summary") or {}
-    if (found := fraction(summary.get("data_wait_fraction"))) is not None:
-        return found
+    for figures in _steady_first(summary):
+        if (found := fraction(figures.get("data_wait_fraction"))) is not None:
+            return found
     windows = run_metrics["windows"]
     values = [v for w in windows if (v := fraction(w.get("data_wait_fraction"))) is not None]
     return sum(values) / len(values) if values else None
@@ -123,10 +131,12 @@ def allocator_flushes(run_metrics: dict[str, Any] | None) -> int | None:
 
 
 def run_mfu(run_metrics: dict[str, Any] | None, workload: dict[str, Any] | None) -> float | None:
-    """The run's MFU: its summary's, else the mean over its windows; else the workload's."""
+    """The run's MFU: its summary's (after its first window where it says), else the mean over
+    its windows; else the workload's."""
     summary = (run_metrics or {}).get("summary") or {}
-    if (found := fraction(summary.get("mfu"))) is not None:
-        return found
+    for figures in _steady_first(summary):
+        if (found := fraction(figures.get("mfu"))) is not None:
+            return found
     windows = (run_metrics or {}).get("windows", [])
     values = [v for w in windows if (v := fraction(w.get("mfu"))) is not None]
     if values:

@@ -279,9 +279,16 @@ def _status_line(result: TrainResult) -> str:
             f"as the final one, no step trained; final loss {loss}"
         )
     steps = f"{ran} steps" if ran == total else f"{ran} steps this run (step {total} reached)"
+    steady = summary.get("steady") or {}
+    rate = steady.get("tokens_per_s")
+    after = (  # the first window's start-up (compilation, autotuning) aside, where it shows
+        f" ({rate:,.0f} after step {steady.get('after_step')})"
+        if isinstance(rate, float) and abs(rate - summary["tokens_per_s"]) > 0.05 * rate
+        else ""
+    )
     return (
         f"[bold]{status}[/bold]  {steps} in {summary['train_runtime_s']:.1f} s, "
-        f"{summary['tokens_per_s']:,.0f} tok/s, "
+        f"{summary['tokens_per_s']:,.0f} tok/s{after}, "
         f"data-wait {100 * summary['data_wait_fraction']:.1f}%, final loss {loss}"
     )
 

@@ -133,6 +133,7 @@ class ThroughputMeter:
         self.seconds = 0.0  # wall time of the closed windows
         self.steps = 0  # optimizer steps this process ran (a resumed run's earlier ones excluded)
         self.flushed = 0  # allocator cache flushes over the closed windows, every process
+        self._first: tuple[dict[str, float], float] | None = None  # the first window's counts
         self._flushes_seen = self.flushes() or 0  # the model's load and probes before it
         self._window_start: float | None = None
         self._reset_window()
@@ -235,10 +236,30 @@ class ThroughputMeter:
             self.totals[key] += w[key]
         self.seconds += seconds
         self.steps += self.steps_in_window
+        if not self.windows:
+            self._first = (dict(w), seconds)
         self.windows.append(record)
         self._window_start = now
         self._reset_window()
         return record
+
+    def _steady(self) -> dict[str, Any] | None:
+        """The run's rates without its first window, which holds the first step's kernel
+        selection, autotuning and compilation and the loader's first batches (a short run's
+        figure reads low by them); None with fewer than two windows."""
+        if len(self.windows) < 2 or self._first is None:
+            return None
+        first, first_seconds = self._first
+        t = {k: self.totals[k] - first[k] for k in WINDOW_KEYS}
+        seconds = self.seconds - first_seconds
+        if seconds <= 0:
+            return None
+        return {
+            "after_step": self.windows[0]["step"],
+            "tokens_per_s": t["tokens"] / seconds,
+            "data_wait_fraction": min(1.0, t["wait"] / seconds),
+            "mfu": self._mfu(t["tokens"], t["attended"], seconds, max(1, len(self.rank_totals))),
+        }
 
     def summary(self, steps: int, status: str) -> dict[str, Any]:
         """Whole-run numbers over every closed window of this process. `steps` is the run's
@@ -259,6 +280,7 @@ class ThroughputMeter:
             "trained_tokens": int(t["trained"]),
             "final_loss": losses[-1] if losses else None,
             "status": status,
+            **({"steady": steady} if (steady := self._steady()) else {}),
             **({"allocator_flushes": self.flushed} if self.flushed else {}),
             **(
                 {"ranks": [_rank_figures(i, r, seconds) for i, r in enumerate(self.rank_totals)]}
