@@ -33,6 +33,7 @@ SUMMARY_KEYS = {
     "trained_tokens",
     "final_loss",
     "status",
+    "steady",  # with two windows or more: the rates without the first
 }
 
 
@@ -136,6 +137,14 @@ def test_loss_falls_and_metrics_schema(demo_run: tuple[Path, Path, str]) -> None
     tokens = sum(w["tokens_per_s"] * w["seconds"] for w in windows)
     assert summary["tokens_per_s"] == pytest.approx(tokens / seconds, rel=0.01)
     assert summary["steps_this_run"] == STEPS
+    # the rates without the first window: windows[1:] alone
+    rest = windows[1:]
+    steady_seconds = sum(w["seconds"] for w in rest)
+    steady_tokens = sum(w["tokens_per_s"] * w["seconds"] for w in rest)
+    assert summary["steady"]["after_step"] == windows[0]["step"]
+    assert summary["steady"]["tokens_per_s"] == pytest.approx(
+        steady_tokens / steady_seconds, rel=0.01
+    )
 
 
 @pytest.mark.slow
