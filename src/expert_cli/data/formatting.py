@@ -188,11 +188,6 @@ class Formatter:
     response_template: str | None = None
     layout: TurnLayout | None = None  # how the chat template writes answers, asked once
 
-    @property
-    def _ends(self) -> tuple[str, ...]:
-        """The chat template's own end of an answer (Gemma's `<end_of_turn>`), no content."""
-        return (self.layout.end,) if self.layout is not None and self.layout.end else ()
-
     def __call__(self, batch: dict[str, list[Any]]) -> pa.Table:
         texts, spans, styles, refused = self.render(batch)
         encodings, spans = self.tokenize(texts, spans)
@@ -264,11 +259,12 @@ class Formatter:
         else:
             texts = [str(t) for t in batch["text"]]
             found = [assistant_spans(t, self.response_template) for t in texts]
+        ends = self.layout.ends if self.layout is not None else ()  # Gemma's <end_of_turn>
         styles = [
             "refused"
             if why is not None
             else style
-            if has_content(t, row_spans, self.tokenizer.eos_token, self._ends)
+            if has_content(t, row_spans, self.tokenizer.eos_token, ends)
             else "empty"
             for t, (row_spans, style), why in zip(texts, found, refused, strict=True)
         ]

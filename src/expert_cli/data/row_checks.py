@@ -106,8 +106,7 @@ def blank_conversation(
         if why is not None:
             return False  # refused: counted as such
         spans, style = conversation_spans(tokenizer, stored, text, cfg.response_template, layout)
-        ends = (layout.end,) if layout.end else ()
-        return style != "missing" and not has_content(text, spans, tokenizer.eos_token, ends)
+        return style != "missing" and not has_content(text, spans, tokenizer.eos_token, layout.ends)
 
     return blank
 

@@ -12,14 +12,18 @@ two targets.
 first i+1 messages adds to the generation prompt of its first i (trailing whitespace aside). Where
 that is also how the whole conversation's text holds the turn, the turn is trained; where it is
 not (Qwen3's earlier answers), the turn is context, trained in no form, and the row is
-`last_turns`. A template that does not write a turn after its own generation prompt leaves the
-row to the marker rules.
+`last_turns`. Where a turn rendered last is not its generation prompt and then the answer
+(Mistral v0.3 writes the system text into the last user turn only), an answer that is the
+conversation's last message is the text after its generation prompt, and the others are
+context. A template that does not write answers after its generation prompt at all
+(`TurnLayout.follows`) leaves the rows to the marker rules.
 
-Rendering costs 30-60 us a time, twice per assistant turn. A template that writes every turn
-alike (`turn_layout`, asked once with a two-exchange conversation) and whose text the marker
-rules read gives the same spans, so `needs_turns` asks the template only where the answer can
-differ: no marker it knows, a `response_template`, or more than one answer under a template that
-writes turns otherwise.
+Rendering costs 30-60 us a time (about 0.25 ms for Qwen3's template), twice per assistant turn.
+A template that writes every turn alike (`turn_layout`, asked once with a two-exchange
+conversation) and whose text the marker rules read gives the same spans, so `needs_turns` asks
+the template only where the answer can differ: no marker it knows, a `response_template`, or an
+answer before the last message under a template that writes turns otherwise (unless it writes
+answers of role and content alike, and the conversation's earlier answers are such).
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from expert_cli.data.spans import Span, assistant_spans
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
+# an answer of these keys alone, under a template that writes answers of them alike (`plain`),
+# is not asked again
+PLAIN_KEYS = {"role", "content"}
 # Qwen3 writes an empty reasoning block into an answer after the last user turn only when it
 # is the conversation's last message (a tool call before the tool's reply is written without)
-PLAIN_KEYS = {"role", "content"}
 LEADING_EMPTY_THINK = re.compile(r"^<think>\s*</think>\s*")
 PROBE = [
     {"role": "user", "content": "Which is larger, 3 or 5?"},
@@ -119,6 +125,11 @@ class TurnLayout:
     consistent: bool = False
     end: str = ""
     plain: bool = False  # consistent for answers of role and content alone (Qwen3's are)
+
+    @property
+    def ends(self) -> tuple[str, ...]:
+        """`end` as the end-of-turn markers `spans.has_content` takes (none when empty)."""
+        return (self.end,) if self.end else ()
 
 
 def turn_layout(tokenizer: PreTrainedTokenizerFast) -> TurnLayout:

@@ -15,6 +15,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from expert_cli.errors import UserError
+from expert_cli.train.adapter_entry import whole
 from expert_cli.train.architecture import (
     device_memory,
     encoder_problem,
@@ -57,12 +58,6 @@ IA3_FEEDFORWARD_FALLBACK = "down_proj"
 # AdaLoRA's schedule: the first tenth of the steps at the initial rank, the last fifth at the
 # final rank pattern (divisors of the step count)
 ADALORA_WARMUP, ADALORA_FINAL = 10, 5
-
-
-def whole(alpha: float) -> float | int:
-    """A whole alpha as an integer: peft writes it to adapter_config.json as given, and
-    HiveLLM's runtime reads an alpha of 16.0 as none (see adapter_entry.NOT_APPLIED)."""
-    return int(alpha) if float(alpha).is_integer() else alpha
 
 
 def adapter_config(

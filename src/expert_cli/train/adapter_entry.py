@@ -32,7 +32,7 @@ def described(config: dict[str, Any]) -> dict[str, Any]:
     for field, keys in (("r", RANK_KEYS), ("alpha", ALPHA_KEYS), ("dropout", DROPOUT_KEYS)):
         value = config.get(keys.get(kind, ""))
         if isinstance(value, int | float) and not isinstance(value, bool):
-            found[field] = int(value) if float(value).is_integer() and field != "dropout" else value
+            found[field] = value if field == "dropout" else whole(value)
     targets = config.get("target_modules")
     if isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets):
         found["target_modules"] = sorted(targets)  # peft saves a set: its order means nothing
@@ -135,13 +135,18 @@ NOT_APPLIED = {
 }
 
 
+def whole(value: float) -> float | int:
+    """A whole number as an integer (16.0 as 16): peft writes an alpha to adapter_config.json
+    as it is given, and HiveLLM's runtime reads 16.0 as no alpha (see NOT_APPLIED)."""
+    return int(value) if float(value).is_integer() else value
+
+
 def whole_alpha(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` with a whole alpha written as an integer (peft writes 16.0 for a float), as
-    HiveLLM's runtime reads it."""
+    """`config` with a whole alpha written as an integer, as HiveLLM's runtime reads it."""
     key = ALPHA_KEYS.get(str(config.get("peft_type")))
     value = config.get(key) if key else None
-    if isinstance(value, float) and value.is_integer():
-        return {**config, str(key): int(value)}
+    if isinstance(value, float):
+        return {**config, str(key): whole(value)}
     return config
 
 

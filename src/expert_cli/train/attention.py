@@ -11,7 +11,8 @@ SDPA with that dense mask is the portable fallback.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
@@ -182,3 +183,23 @@ def skip_mask_building(inputs: dict[str, Any], mapping: dict[str, None] | None) 
     if mapping is not None and "cu_seq_lens_q" in inputs and inputs.get("attention_mask") is None:
         inputs["attention_mask"] = dict(mapping)
     return inputs
+
+
+@contextmanager
+def probing(model: Any, kernel: str | None, probed: str | None) -> Iterator[None]:
+    """`model` in eval mode with attention `probed` where it differs from the run's `kernel`
+    (a varlen kernel needs the collator's boundaries, flex compiles for every shape), for a
+    probe's forward outside the trainer; every module's training mode and the kernel are put
+    back after."""
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    switched = probed is not None and probed != kernel
+    try:
+        if switched:
+            model.set_attn_implementation(probed)
+        yield
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+        if switched:
+            model.set_attn_implementation(kernel)

@@ -37,7 +37,12 @@ from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.architecture import embedding_rows, model_type, not_causal
-from expert_cli.train.attention import BOUNDARY_KERNELS, mask_free_mapping, skip_mask_building
+from expert_cli.train.attention import (
+    BOUNDARY_KERNELS,
+    mask_free_mapping,
+    probing,
+    skip_mask_building,
+)
 
 FIRST, SECOND = 7, 9  # lengths of the two probe examples
 PROBE_IDS = 1000  # ids drawn below this (and below the embedding's rows)
@@ -125,12 +130,8 @@ def attention_isolation(
     device = next(model.parameters()).device
     autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
     tolerance = _tolerance(model, dtype is not None)
-    modes = {module: module.training for module in model.modules()}
-    model.eval()
     try:
-        if probed != kernel:
-            model.set_attn_implementation(probed)
-        with torch.no_grad(), autocast:
+        with probing(model, kernel, probed), torch.no_grad(), autocast:
             a = _logits(model, collate, mapping, first + second, one)
             b = _logits(model, collate, mapping, first + other_second, one)
             if _changed(a[:FIRST] - b[:FIRST], a[FIRST:] - b[FIRST:], tolerance):
@@ -143,11 +144,6 @@ def attention_isolation(
             return PACKED_LEAK if leaks else ISOLATED
     except Exception as exc:  # noqa: BLE001 - a model the probe cannot drive; the run decides
         return f"not probed: {type(exc).__name__}"
-    finally:
-        for module, mode in modes.items():
-            module.training = mode
-        if probed != kernel:
-            model.set_attn_implementation(kernel)
 
 
 def agreed(verdict: str) -> str:

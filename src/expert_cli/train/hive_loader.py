@@ -251,17 +251,16 @@ def _epochs(resolved: dict[str, Any]) -> Any:
     """The epochs the run trained: the manifest's, or for a `--max-steps` run its steps times
     the rows of a step over the training rows (it wrote the manifest's 1.0 for 20 steps of an
     epoch's 27)."""
-    runtime = resolved.get("runtime") if isinstance(resolved.get("runtime"), dict) else {}
-    steps = runtime.get("max_steps")
-    stats = (
-        (runtime.get("data") or {}).get("stats") if isinstance(runtime.get("data"), dict) else {}
-    )
-    rows = ((stats or {}).get("train") or {}).get("rows") if isinstance(stats, dict) else None
-    sizes = [resolved.get("batch_size"), resolved.get("gradient_accumulation_steps")]
-    sizes.append(runtime.get("world_size") or 1)
-    if not all(isinstance(n, int) and n > 0 for n in (steps, rows, *sizes)):
+    try:
+        runtime = resolved["runtime"]
+        steps, rows = runtime["max_steps"], runtime["data"]["stats"]["train"]["rows"]
+        sizes = (resolved["batch_size"], resolved["gradient_accumulation_steps"])
+        world = runtime.get("world_size") or 1
+    except (KeyError, TypeError, AttributeError):
         return resolved.get("epochs")
-    return round(steps * sizes[0] * sizes[1] * sizes[2] / rows, 2)
+    if not all(isinstance(n, int) and n > 0 for n in (steps, rows, *sizes, world)):
+        return resolved.get("epochs")
+    return round(steps * sizes[0] * sizes[1] * world / rows, 2)
 
 
 def for_hive_loader(

@@ -29,6 +29,7 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from expert_cli.data.formatting import IGNORE
+from expert_cli.train.attention import probing
 
 # Logit elements computed at once (2**28: 1,766 tokens of Qwen3's vocabulary; 512 MB in bf16,
 # and as much again in fp32 for the plain-torch rows). Liger's own function takes about 128 tokens
@@ -274,22 +275,15 @@ def head_problem(model: Any) -> str | None:
         ),
     ]
     kernel = getattr(model.config, "_attn_implementation", None)
-    modes = {module: module.training for module in model.modules()}
-    model.eval()
+    probed = kernel if kernel in ("sdpa", "eager", None) else "sdpa"
     try:
-        if kernel not in ("sdpa", "eager", None):
-            model.set_attn_implementation("sdpa")
-        with torch.no_grad():
+        with probing(model, kernel, probed), torch.no_grad():
             logits = model(input_ids=ids, use_cache=False).logits
     except Exception as exc:  # noqa: BLE001 - a model that cannot run here: the loss decides
         return f"its logits could not be compared with its LM head's ({type(exc).__name__})"
     finally:
         for hook in hooks:
             hook.remove()
-        for module, mode in modes.items():
-            module.training = mode
-        if kernel not in ("sdpa", "eager", None):
-            model.set_attn_implementation(kernel)
     head_in, head_out = seen.get("head_in"), seen.get("head_out")
     with torch.no_grad():
         product = None if head_in is None else F.linear(head_in.to(weight), weight)
