@@ -747,3 +747,58 @@ def test_eval_decodes_greedily_whatever_the_manifest_samples(
     )
     assert report["generations"][0]["exact_match"] is False
     assert any("longer than --max-new-tokens 2" in n for n in report["notes"])
+
+
+@pytest.mark.slow
+def test_an_answer_stops_at_a_turn_end_the_tokenizer_has_no_token_for(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Text data in `<|user|>`/`<|assistant|>` turns ended by `<|end|>`, on a tokenizer with no
+    `<|end|>` token: the model learns the marker as six tokens and goes on to the next turn.
+    generate answered "A<|end|>\\n<|user|>\\n..." up to its budget; it stops at the marker."""
+    first, second = "SELECT 1;", "SELECT 2;"
+    text = (
+        f"<|user|>\n{QUESTION}<|end|>\n<|assistant|>\n{first}<|end|>\n"
+        f"<|user|>\nAnd again.<|end|>\n<|assistant|>\n{second}<|end|>\n"
+    )
+    write_jsonl(tmp_path / "train.jsonl", [{"text": text}] * 32)
+    manifest = {
+        "name": "expert-markers",
+        "version": "0.0.1",
+        "schema_version": "2.0",
+        "base_models": [{"name": str(tiny_model_dir), "adapters": [{"type": "lora"}]}],
+        "training": {
+            "dataset": {"path": "train.jsonl", "field_mapping": {"text": "text"}},
+            "config": {
+                "rank": 16,
+                "alpha": 32,
+                "dropout": 0.0,
+                "learning_rate": 1e-2,
+                "batch_size": 4,
+                "max_seq_length": 96,
+                "packing": False,
+                "warmup_steps": 0,
+                "lr_scheduler": "constant",
+                "save_steps": 1000,
+                "evaluation_strategy": "no",
+            },
+            "decoding": {"temperature": 0.0, "max_tokens": 40},
+        },
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    done = run_here(
+        "train", "-m", str(tmp_path / "manifest.json"), "--output", str(out), "--max-steps", "60"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = _json(capsys, monkeypatch, "--adapter", str(out), "-p", QUESTION)
+    answer = report["generations"][0]
+    assert report["settings"]["stop_texts"] == ["<|end|>", "<|user|>"]
+    assert answer["output"] == first
+    # stopped as "<|end|>" was complete: the answer's tokens and the marker's six, no more
+    assert answer["new_tokens"] <= len(first) + 6 < 40
+    streamed = run_here("generate", "--adapter", str(out), "-p", QUESTION)
+    assert streamed.returncode == 0, streamed.stderr
+    assert (
+        f"expert: {first}\n" in streamed.stdout and "<|" not in streamed.stdout.split("expert: ")[1]
+    )

@@ -17,7 +17,9 @@ from expert_cli.config.resolve import resolve
 from expert_cli.data import prepare_data
 from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import UserError
+from expert_cli.train.generate import _Streamer
 from expert_cli.train.prompt_format import PromptFormat, prompt_format
+from expert_cli.train.tokenizer_files import layout_stops
 
 QUESTION, ANSWER = "Count the orders.", "SELECT COUNT(*) FROM orders;"
 CHATML = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
@@ -208,3 +210,46 @@ def test_a_runs_recorded_mapping_is_read_for_its_kind_alone() -> None:
     assert mapping_kind({"text": "text", "system": "sys"}) == "text"
     assert mapping_kind({"messages": "m", "system": "s"}) == "messages"
     assert mapping_kind({"instruction": "q", "response": "a"}) == "instruction"
+
+
+def test_each_layout_stops_at_its_turn_end_as_a_token_or_as_text(tiny_tokenizer) -> None:
+    """The tiny tokenizer has `<|im_end|>` and `<|im_start|>` tokens but no `<|end|>`: ChatML
+    stops are ids, the marker layout's are texts; instruction data in the chatml template stops
+    as ChatML, other templates and whole texts at the EOS alone."""
+    vocab = tiny_tokenizer.get_vocab()
+    eos = tiny_tokenizer.eos_token_id
+    chatml = layout_stops(tiny_tokenizer, PromptFormat("chatml").stops)
+    assert chatml.texts == () and {vocab["<|im_end|>"], vocab["<|im_start|>"], eos} <= {*chatml.ids}
+    assert layout_stops(tiny_tokenizer, PromptFormat("instruction", "chatml").stops) == chatml
+    marker = layout_stops(tiny_tokenizer, PromptFormat("marker").stops)
+    assert marker.texts == ("<|end|>", "<|user|>")
+    assert layout_stops(tiny_tokenizer, PromptFormat("marker_eos").stops).texts == (
+        "</s>",
+        "<|user|>",
+    )
+    for plain in (PromptFormat("none"), PromptFormat("instruction", "alpaca")):
+        assert layout_stops(tiny_tokenizer, plain.stops).texts == ()
+    # the answer is cut before the first stop text; a piece that may begin one is held back
+    assert marker.cut("SELECT 1;\n<|user|>\nQ<|end|>") == "SELECT 1;\n"
+    assert marker.cut("a <| b") == "a <| b"
+    assert [marker.held(t) for t in ("x<|e", "x<", "x<|u", "x|>", "x")] == [3, 1, 3, 0, 0]
+
+
+def test_the_stream_shows_nothing_of_a_stop_text(tiny_tokenizer) -> None:
+    shown: list[str] = []
+
+    class View:
+        def text(self, piece: str) -> None:
+            shown.append(piece)
+
+    stops = layout_stops(tiny_tokenizer, PromptFormat("marker").stops)
+    streamer = _Streamer(tiny_tokenizer, View(), stops)  # type: ignore[arg-type]
+    for piece in ("SELECT ", "1;<|e", "nd|>\n", "<|user|>\nmore"):
+        streamer.on_finalized_text(piece)
+    streamer.on_finalized_text("", stream_end=True)
+    assert "".join(shown) == "SELECT 1;"
+    shown.clear()
+    streamer = _Streamer(tiny_tokenizer, View(), stops)  # type: ignore[arg-type]
+    streamer.on_finalized_text("a <")
+    streamer.on_finalized_text("b> c", stream_end=True)  # "<" began no stop: shown at the end
+    assert "".join(shown) == "a <b> c"

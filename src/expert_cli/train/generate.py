@@ -36,7 +36,7 @@ from expert_cli.train.outputs import (
 from expert_cli.train.prompt_format import prompt_format
 from expert_cli.train.prompts import prompt_texts, system_text
 from expert_cli.train.run_source import as_trained, source_manifest
-from expert_cli.train.tokenizer_files import saved_tokenizer, stop_ids
+from expert_cli.train.tokenizer_files import Stops, layout_stops, saved_tokenizer
 
 DEFAULT_NEW_TOKENS = 256
 # training.decoding keys generate acts on (their bounds are DecodingSpec's)
@@ -119,13 +119,21 @@ class Silent:
 
 
 class _Streamer(TextStreamer):
-    """transformers' text streamer, handing finished pieces to the view."""
+    """transformers' text streamer, handing finished pieces to the view up to a stop text
+    (what may begin one is held back until the next piece)."""
 
-    def __init__(self, tokenizer: Any, view: GenerationView) -> None:
+    def __init__(self, tokenizer: Any, view: GenerationView, stops: Stops) -> None:
         super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        self.view = view
+        self.view, self.stops, self.pending, self.stopped = view, stops, "", False
 
     def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+        if self.stopped:
+            return
+        text, self.pending = self.pending + text, ""
+        if (shown := self.stops.cut(text)) != text:
+            text, self.stopped = shown, True
+        elif not stream_end and (held := self.stops.held(text)):
+            text, self.pending = text[:-held], text[-held:]
         if text:
             self.view.text(text)
 
@@ -292,8 +300,10 @@ def check_lengths(run: LoadedRun, cases: list[Case], wanted: int) -> list[str]:
     return notes
 
 
-def answer(run: LoadedRun, case: Case, settings: dict[str, Any], view: GenerationView) -> tuple:
-    """(text, new tokens, seconds) of one generation, streamed to `view`."""
+def answer(
+    run: LoadedRun, case: Case, settings: dict[str, Any], stops: Stops, view: GenerationView
+) -> tuple:
+    """(text, new tokens, seconds) of one generation, streamed to `view`, ended at `stops`."""
     context = model_context(run)
     limit = min(case.budget or settings["max_new_tokens"], context - len(case.ids))
     torch.manual_seed(run.resolved.seed)
@@ -305,9 +315,14 @@ def answer(run: LoadedRun, case: Case, settings: dict[str, Any], view: Generatio
                 input_ids=inputs,
                 attention_mask=torch.ones_like(inputs),
                 **{**settings, "max_new_tokens": limit},
-                eos_token_id=stop_ids(run.tokenizer),
+                eos_token_id=stops.ids,
                 pad_token_id=run.tokenizer.pad_token_id or run.tokenizer.eos_token_id,
-                streamer=_Streamer(run.tokenizer, view),
+                streamer=_Streamer(run.tokenizer, view, stops),
+                **(
+                    {"stop_strings": list(stops.texts), "tokenizer": run.tokenizer}
+                    if stops.texts
+                    else {}
+                ),
             )
     except RuntimeError as exc:
         if "probability tensor" not in str(exc):
@@ -318,7 +333,8 @@ def answer(run: LoadedRun, case: Case, settings: dict[str, Any], view: Generatio
         ) from None
     seconds = time.perf_counter() - start
     new = out[0, inputs.shape[1] :].tolist()
-    return run.tokenizer.decode(new, skip_special_tokens=True).strip(), len(new), seconds
+    text = stops.cut(run.tokenizer.decode(new, skip_special_tokens=True))
+    return text.strip(), len(new), seconds
 
 
 def generate(opts: GenerateOptions, view: GenerationView | None = None) -> GenerateResult:
@@ -355,21 +371,23 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
         notes += eval_budgets(evals, settings["max_new_tokens"], opts.max_new_tokens is not None)
         cases += evals
     notes += check_lengths(run, cases, settings["max_new_tokens"])
-    generations = []
+    generations, stops = [], layout_stops(run.tokenizer, layout.stops)
     for index, case in enumerate(cases):
         view.start(index, case, "expert")
-        text, new, seconds = answer(run, case, settings, view)
+        text, new, seconds = answer(run, case, settings, stops, view)
         result = Generation(case.prompt, text, new, round(seconds, 3), reference=case.reference)
         if case.reference is not None:
             result.exact_match = text.strip() == case.reference.strip()
         if opts.compare_base:
             view.start(index, case, "base")
             with run.model.disable_adapter():
-                result.base_output = answer(run, case, settings, view)[0]
+                result.base_output = answer(run, case, settings, stops, view)[0]
         view.end(result)
         generations.append(result)
     info = {**settings, "device": run.device, "base_model": run.resolved.base_model}
     if prompts:
         info["prompt_layout"] = layout.described
+    if stops.texts:  # markers the model writes as several tokens: stopped at as text
+        info["stop_texts"] = list(stops.texts)
     info.update({f"{key} (base model's generation_config)": v for key, v in inherited.items()})
     return GenerateResult(generations, info, notes)

@@ -9,6 +9,9 @@
   trained. A prompt that already holds the layout's markers
   is used as written, so a user can give the whole layout.
 
+An answer stops at its layout's turn end and at the next turn's opening, as text where the
+tokenizer has no token for them (`<|end|>` data trained on a tokenizer without that token).
+
 A manifest without `field_mapping` has its data's kind detected from the columns; the build
 records what it detected (`fields` in the stats). A run built before that (or the layouts)
 was recorded gets a stated guess.
@@ -35,6 +38,12 @@ from expert_cli.errors import UserError
 MARKER_HOLDS = (MARKER_ASSISTANT, "<|user|>", "<|system|>")  # a prompt holding one: as written
 # the layouts a text without response_template has
 TEXT_STYLES = ("chatml", "marker", "marker_eos", "none")
+# each text layout's turn end and the next turn's opening, where an answer stops
+LAYOUT_STOPS = {
+    "chatml": (CHATML_END, "<|im_start|>"),
+    "marker": (MARKER_END, "<|user|>"),
+    "marker_eos": (EOS_TURN_END, "<|user|>"),
+}
 DESCRIBED = {
     "messages": "the run's chat template (one user turn)",
     "chatml": "a ChatML user turn, as the text data's",
@@ -57,6 +66,14 @@ class PromptFormat:
         if self.style == "instruction":
             return f"the base model's prompt_template {self.template}"
         return DESCRIBED[self.style]
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        """The markers an answer ends at, as the data wrote them (a chat template's end is
+        its tokenizer's EOS or end-of-turn token)."""
+        if self.style == "instruction":
+            return LAYOUT_STOPS["chatml"] if self.template == "chatml" else ()
+        return LAYOUT_STOPS.get(self.style, ())
 
     def render(self, tokenizer: Any, text: str, system: str | None = None) -> list[int]:
         """The prompt's token ids, ready for the answer's first token; `system` is the

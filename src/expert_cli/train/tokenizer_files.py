@@ -5,7 +5,8 @@ whether a loader can read each one (`package` refuses a run whose files cannot b
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,41 @@ def stop_ids(tokenizer: Any) -> list[int]:
     vocab = tokenizer.get_vocab()
     ids |= {vocab[t] for t in STOP_TOKENS if t in vocab}
     return sorted(ids)
+
+
+@dataclass(frozen=True)
+class Stops:
+    """Where an answer ends: token ids, and texts the model learned as several tokens (a
+    layout's `<|end|>` where the tokenizer has no such token); the answer is cut before the
+    first text."""
+
+    ids: list[int]
+    texts: tuple[str, ...] = ()
+
+    def cut(self, text: str) -> str:
+        ends = [i for i in (text.find(s) for s in self.texts) if i >= 0]
+        return text[: min(ends)] if ends else text
+
+    def held(self, text: str) -> int:
+        """How many characters at the end of `text` may begin a stop text (held back from a
+        stream until the next piece says)."""
+        return max(
+            (n for s in self.texts for n in range(1, len(s)) if text.endswith(s[:n])), default=0
+        )
+
+
+def layout_stops(tokenizer: Any, markers: Sequence[str]) -> Stops:
+    """The answer's stops: `stop_ids`, and each of the prompt layout's `markers` (its turn end,
+    the next turn's opening) as an id where the tokenizer writes it as one token, else as a
+    text."""
+    ids, texts = set(stop_ids(tokenizer)), []
+    for marker in markers:
+        one = tokenizer(marker, add_special_tokens=False, verbose=False)["input_ids"]
+        if len(one) == 1:
+            ids.add(one[0])
+        else:
+            texts.append(marker)
+    return Stops(sorted(ids), tuple(texts))
 
 
 def tokenizer_problem(name: str, data: bytes) -> str | None:
