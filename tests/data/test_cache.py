@@ -457,6 +457,13 @@ def test_pretokenize_counts_examples_after_task_weights(demo_expert_dir) -> None
     assert "examples 400 read (800 to train on) / 780 kept / 20 truncated / 0 dropped" in (
         out.stdout
     )
+    # each example's two copies are in different rows (packed side by side, one step trained
+    # an example twice): the rows' examples, cut at their position restarts, are all distinct
+    data = prepare(path)
+    for ids, positions in zip(data.train["input_ids"], data.train["position_ids"], strict=True):
+        starts = [k for k, p in enumerate(positions) if p == 0] + [len(ids)]
+        examples = [tuple(ids[a:b]) for a, b in zip(starts, starts[1:], strict=False)]
+        assert len(examples) == len(set(examples))
 
 
 @pytest.mark.parametrize(

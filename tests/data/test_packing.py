@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from expert_cli.data.packing import best_fit_decreasing, pack_table
+from expert_cli.data import packing
+from expert_cli.data.packing import (
+    HASH_TOKENS,
+    best_fit_decreasing,
+    pack_table,
+    repeated_groups,
+)
 
 
 def examples_table(lengths: list[int]) -> pa.Table:
@@ -95,3 +102,44 @@ def test_a_million_examples_pack_quickly() -> None:
     assert time.perf_counter() - start < 20
     assert sum(len(b) for b in bins) == 1_000_000
     assert lengths.sum() / (len(bins) * 4096) > 0.99
+
+
+def test_copies_of_an_example_go_into_different_rows() -> None:
+    """A task of weight 3 repeats each example: sorted longest first, the copies of an example
+    of unique length came one after another and best fit put them into one row (3 of the 4
+    rows held one example three times). Each copy now gets a row of its own, as a weight
+    means, at no cost in rows here."""
+    lengths = [3, 4, 5, 6]
+    table = examples_table(lengths)
+    weighted = pa.concat_tables([table] * 3)
+    packed, stats = pack_table(weighted, 20, True, seed=0)
+    for row in packed.column("input_ids").to_pylist():
+        starts = [v for v in row if v % 1000 == 0]  # each example's first token
+        assert len(starts) == len(set(starts)), row
+    assert stats.tokens == 3 * sum(lengths) and stats.rows == 3  # 54 tokens, rows of 20
+
+
+@pytest.mark.parametrize("at_once", [HASH_TOKENS, 1, 4])
+def test_repeated_groups_mark_equal_examples_only(monkeypatch, at_once: int) -> None:
+    monkeypatch.setattr(packing, "HASH_TOKENS", at_once)  # hashed in pieces: the same groups
+    ids = [[1, 2, 3], [1, 2, 3], [1, 2], [3, 2, 1], [], [1, 2, 3], [7], [7]]
+    column = pa.array(ids, pa.list_(pa.int32()))
+    groups = repeated_groups(np.asarray(column.values), np.asarray(column.offsets))
+    assert groups[0] == groups[1] == groups[5] >= 0 and groups[6] == groups[7] >= 0
+    assert groups[0] != groups[6]
+    assert groups[2] == groups[3] == groups[4] == -1  # a prefix, the reverse, empty: unique
+    # a slice of a larger list column (offsets not starting at 0) reads the same examples
+    sliced = column.slice(1, 7)
+    again = repeated_groups(np.asarray(sliced.values), np.asarray(sliced.offsets))
+    assert (again >= 0).tolist() == (groups[1:] >= 0).tolist()
+
+
+def test_best_fit_keeps_a_group_apart_and_ignores_minus_one() -> None:
+    # without groups the two 5s share a row; with a group they go to the next best bin or a new one
+    assert best_fit_decreasing(np.array([5, 5]), 10) == [[0, 1]]
+    assert best_fit_decreasing(np.array([5, 5]), 10, np.array([0, 0])) == [[0], [1]]
+    assert best_fit_decreasing(np.array([5, 5]), 10, np.array([-1, -1])) == [[0, 1]]
+    # 6 and 5 (group 1) open two bins; the second 5 may not join its copy (room 5) and does
+    # not fit the other (room 4), so it opens a third; 4 then fills the tightest, room 4
+    bins = best_fit_decreasing(np.array([6, 5, 5, 4]), 10, np.array([-1, 1, 1, -1]))
+    assert sorted(map(sorted, bins)) == [[0, 3], [1], [2]]

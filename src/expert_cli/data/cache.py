@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT_VERSION = 9  # 2: the first token of every example is masked; 3: a chat
+CACHE_FORMAT_VERSION = 10  # 2: the first token of every example is masked; 3: a chat
 # template sees every key of a local message (it saw role and content) but null-valued ones,
 # and a conversation it refuses is dropped; 4: an answer's first token is trained when only
 # whitespace of it lies before the answer (llama2/vicuna put that space in the answer); 5: the
@@ -59,6 +59,7 @@ CACHE_FORMAT_VERSION = 9  # 2: the first token of every example is masked; 3: a 
 # doubled BOS/EOS dropped; conversations without an assistant turn dropped; `\r\n` after markers
 # 8: an answer of an empty reasoning block alone (Qwen3's `<think></think>`) is empty
 # 9: a conversation's answers as its chat template writes them (data/turns.py)
+# 10: examples of the same tokens (a task weight's copies) are packed into different rows
 FULL_HASH_LIMIT = 256 * 2**20
 EDGE_BYTES = 2**20
 COMPLETE = "_COMPLETE"

@@ -4,11 +4,17 @@ A row holds whole examples one after another; `position_ids` restart at 0 at eve
 is what lets the model (sdpa/eager without an attention mask, flash-attention varlen) keep each
 example's attention inside the example. Packing moves tokens, never drops or repeats them. Rows
 are shuffled with a seeded generator, so a build is deterministic.
+
+Examples of the same tokens (a task's `weight` repeats its examples; data may repeat rows) are
+kept out of one row: sorted longest first, an example's copies (of one length) came one after
+another, and best fit put them side by side, so a step trained one example twice where it meant
+the copies for two different steps.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +22,7 @@ import pyarrow as pa
 
 # Tokens per row; the Trainer's length-grouped sampler reads it instead of decoding every row.
 LENGTH_COLUMN = "num_tokens"
+HASH_TOKENS = 1 << 22  # tokens hashed at once when looking for repeated examples
 
 
 @dataclass(frozen=True)
@@ -27,12 +34,15 @@ class PackStats:
     capacity: int  # rows * max_seq_length
 
 
-def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
+def best_fit_decreasing(
+    lengths: np.ndarray, capacity: int, groups: np.ndarray | None = None
+) -> list[list[int]]:
     """Bins (lists of indices into `lengths`) of total length <= `capacity`.
 
     Items are placed longest first, each into the open bin with the least room that still fits
     it; open bins are kept in a sorted list of distinct remaining capacities, so a placement is a
-    bisect (fast for millions of items). Zero-length items are left out.
+    bisect (fast for millions of items). Zero-length items are left out. Items of one
+    `groups` value (-1: none) go into different bins: the next best bin, else a new one.
     """
 
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -46,18 +56,18 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     free: list[int] = []  # distinct remaining capacities of open bins, ascending
     at: dict[int, list[int]] = {}  # remaining capacity -> open bins with it
     bins: list[list[int]] = []
+    group_of = groups.tolist() if groups is not None else [-1] * len(lengths)
+    held: set[tuple[int, int]] = set()  # (bin, group) of the items that have a group
     for item, size in zip(order.tolist(), lengths[order].tolist(), strict=True):
-        pos = bisect.bisect_left(free, size)
-        if pos < len(free):
-            room = free[pos]
-            b = at[room].pop()
-            if not at[room]:
-                del at[room]
-                del free[pos]
+        group = group_of[item]
+        if found := _best_bin(free, at, size, lambda b, g=group: g < 0 or (b, g) not in held):
+            room, b = found
         else:
             room, b = capacity, len(bins)
             bins.append([])
         bins[b].append(item)
+        if group >= 0:
+            held.add((b, group))
         left = room - size
         if left >= smallest:
             if left not in at:
@@ -65,6 +75,55 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
                 bisect.insort(free, left)
             at[left].append(b)
     return bins
+
+
+def _best_bin(
+    free: list[int], at: dict[int, list[int]], size: int, allowed: Callable[[int], bool]
+) -> tuple[int, int] | None:
+    """(room, bin) of the open bin with the least room that fits `size` and is `allowed`,
+    taken out of the open bins; None when there is none."""
+    for pos in range(bisect.bisect_left(free, size), len(free)):
+        room = free[pos]
+        bins = at[room]
+        for k in range(len(bins) - 1, -1, -1):  # the latest opened first, as before groups
+            if allowed(bins[k]):
+                b = bins.pop(k)
+                if not bins:
+                    del at[room]
+                    del free[pos]
+                return room, b
+    return None
+
+
+def repeated_groups(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """A group number for each example whose tokens another example repeats exactly, -1 for
+    the rest: a seeded hash of each example's ids (a collision only keeps two examples apart),
+    computed HASH_TOKENS at a time so its temporaries stay small."""
+    values, offsets = values[offsets[0] : offsets[-1]], offsets - offsets[0]
+    lengths = np.diff(offsets)
+    groups = np.full(len(lengths), -1, dtype=np.int64)
+    filled = np.flatnonzero(lengths > 0)
+    if len(filled) < 2:
+        return groups
+    keys = np.random.default_rng(0).integers(1, 2**63, size=int(lengths.max()), dtype=np.uint64)
+    hashes = np.empty(len(filled), dtype=np.uint64)
+    ends, begin = offsets[filled + 1], 0
+    while begin < len(filled):  # examples whose tokens end within HASH_TOKENS of the first's
+        first = int(offsets[filled[begin]])
+        end = max(begin + 1, int(np.searchsorted(ends, first + HASH_TOKENS, "right")))
+        items = filled[begin:end]
+        span = values[first : int(ends[end - 1])].astype(np.uint64) + np.uint64(1)
+        starts = offsets[items] - first
+        span *= keys[np.arange(len(span), dtype=np.int64) - np.repeat(starts, lengths[items])]
+        hashes[begin:end] = np.add.reduceat(span, starts)  # the products wrap: a hash
+        begin = end
+    hashes ^= lengths[filled].astype(np.uint64)
+    _, first_of, inverse, counts = np.unique(
+        hashes, return_index=True, return_inverse=True, return_counts=True
+    )
+    repeated = counts[inverse] > 1
+    groups[filled[repeated]] = first_of[inverse[repeated]]
+    return groups
 
 
 def pack_table(
@@ -77,7 +136,8 @@ def pack_table(
     offsets = np.asarray(ids_col.offsets, dtype=np.int64)
     lengths = np.diff(offsets)
     if packing:
-        bins = best_fit_decreasing(lengths, max_seq_length)
+        groups = repeated_groups(ids_col.values.to_numpy(), offsets)
+        bins = best_fit_decreasing(lengths, max_seq_length, groups)
     else:
         bins = [[int(i)] for i in np.flatnonzero(lengths > 0)]
     perm = np.random.default_rng(seed).permutation(len(bins))
