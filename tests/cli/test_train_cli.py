@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
         "--set",
         "save_steps=10",
         "--set",
-        "eval_steps=10",
+        "eval_steps=5",
         "--set",
         "logging_steps=5",
     )
@@ -88,7 +89,7 @@ def test_outputs_written(demo_run: tuple[Path, Path, str]) -> None:
     # the manifest as its file holds it, and the --set values the run applied to it
     config = json.loads((out / "manifest.source.json").read_text())["training"]["config"]
     assert config["save_steps"] != 10 and resolved["save_steps"] == 10
-    assert resolved["runtime"]["overrides"] == ["save_steps=10", "eval_steps=10", "logging_steps=5"]
+    assert resolved["runtime"]["overrides"] == ["save_steps=10", "eval_steps=5", "logging_steps=5"]
     model = resolved["runtime"]["model"]
     # a CPU run takes the portable path, and both the config and the run record it
     assert (
@@ -118,14 +119,20 @@ def test_outputs_written(demo_run: tuple[Path, Path, str]) -> None:
 
 @pytest.mark.slow
 def test_loss_falls_and_metrics_schema(demo_run: tuple[Path, Path, str]) -> None:
-    _, out, _ = demo_run
+    _, out, stdout = demo_run
     metrics = read_metrics(out)
     windows = metrics["windows"]
     assert [w["step"] for w in windows] == [5, 10]
-    assert [e["step"] for e in metrics["evals"]] == [10]  # eval_steps=10
+    assert [e["step"] for e in metrics["evals"]] == [5, 10]  # eval_steps=5
     assert metrics["evals"][0]["eval_loss"] > 0
-    assert all(set(w) == WINDOW_KEYS for w in windows)
-    assert set(metrics["summary"]) == SUMMARY_KEYS
+    # the evaluation after step 5 is left out of the second window's seconds, recorded apart;
+    # the one after the last step is in no window
+    assert set(windows[0]) == WINDOW_KEYS and set(windows[1]) == WINDOW_KEYS | {"eval_s"}
+    assert windows[1]["eval_s"] > 0
+    assert set(metrics["summary"]) == SUMMARY_KEYS | {"eval_s"}
+    assert metrics["summary"]["eval_s"] == windows[1]["eval_s"]
+    assert f"step 10/{STEPS}" in stdout and "evaluation " in stdout.split("step 10/")[1]
+    assert re.search(r"completed\s+10 steps in [\d.]+ s \(evaluation [\d.]+ s apart\)", stdout)
     assert windows[-1]["loss"] < windows[0]["loss"]
     summary = metrics["summary"]
     assert summary["status"] == "completed" and summary["steps"] == STEPS

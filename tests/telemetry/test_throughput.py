@@ -265,3 +265,73 @@ def test_allocator_flushes_are_counted_per_window_and_named(monkeypatch) -> None
     _step(meter, clock, wait=0.0, compute=1.0)
     assert "allocator_flushes" not in meter.close_window(step=1, loss=2.0, lr=1e-4)
     assert flush_note(meter.summary(1, "completed")) is None
+
+
+def test_evaluations_and_saves_are_left_out_of_the_windows() -> None:
+    """An evaluation and a checkpoint save between steps were counted as training time: a run
+    evaluating often read as slow training. Each window now leaves them out and records them
+    apart; a save after the last step of a last window (Ctrl-C's checkpoint) is not in it."""
+    clock = FakeClock()
+    meter = _meter(clock)
+    _step(meter, clock, wait=0.1, compute=0.9)
+    first = meter.close_window(1, 2.0, None)  # the log closes the window; eval and save follow
+    with meter.leaving_out("eval"):
+        clock.t += 5.0
+    with meter.leaving_out("save"):
+        clock.t += 2.0
+    _step(meter, clock, wait=0.1, compute=0.9)
+    _step(meter, clock, wait=0.1, compute=0.9)
+    second = meter.close_window(3, 1.9, None)
+    assert first["seconds"] == pytest.approx(1.0) and "eval_s" not in first
+    assert second["seconds"] == pytest.approx(2.0)
+    assert (second["eval_s"], second["save_s"]) == (5.0, 2.0)
+    assert second["tokens_per_s"] == pytest.approx(1000.0)
+    _step(meter, clock, wait=0.1, compute=0.9)
+    with meter.leaving_out("save"):  # the interrupt's checkpoint, after the last step
+        clock.t += 30.0
+    last = meter.close_window(4, None, None, at_last_step=True)
+    assert last["seconds"] == pytest.approx(1.0) and "save_s" not in last
+    summary = meter.summary(4, "interrupted")
+    assert summary["train_runtime_s"] == pytest.approx(4.0)
+    assert (summary["eval_s"], summary["save_s"]) == (5.0, 2.0)
+    assert summary["tokens_per_s"] == pytest.approx(1000.0)
+
+
+class FakeMark:
+    """A CUDA event's stand-in: the time the GPU reaches it, on a clock of its own."""
+
+    def __init__(self, gpu_time: float) -> None:
+        self.gpu_time, self.waited = gpu_time, False
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+    def elapsed_time(self, end: FakeMark) -> float:
+        return (end.gpu_time - self.gpu_time) * 1000  # milliseconds, as torch's
+
+
+def test_a_last_window_ends_where_the_gpu_finished_its_last_step(monkeypatch) -> None:
+    """The host queues a step and goes on: a last window closed after its last step (the run's
+    end, an interrupt) ended at the host's step end, before the GPU ran the step, so its
+    tokens/s read high. It ends where the GPU reached the step's end (CUDA events)."""
+    clock = FakeClock()
+    behind = 2.0  # the GPU finishes each step 2 s after the host queued it
+    marks: list[FakeMark] = []
+
+    def mark() -> FakeMark:
+        queued_after = 0.0 if not marks else behind  # the window's start: the GPU is idle
+        marks.append(FakeMark(clock.t + queued_after))
+        return marks[-1]
+
+    monkeypatch.setattr(ThroughputMeter, "mark", staticmethod(mark))
+    meter = _meter(clock)
+    _step(meter, clock, wait=0.0, compute=1.0)  # host: 0 to 1; the GPU: done at 3
+    clock.t += 10.0  # the final save
+    last = meter.close_window(1, None, None, at_last_step=True)
+    assert last["seconds"] == pytest.approx(3.0) and marks[1].waited
+    # without CUDA (no marks) the host's step end stands
+    monkeypatch.setattr(ThroughputMeter, "mark", staticmethod(lambda: None))
+    meter = _meter(clock)
+    _step(meter, clock, wait=0.0, compute=1.0)
+    clock.t += 10.0
+    assert meter.close_window(1, None, None, at_last_step=True)["seconds"] == pytest.approx(1.0)

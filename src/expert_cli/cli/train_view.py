@@ -166,7 +166,16 @@ def window_line(record: dict[str, Any], max_steps: int | None) -> str:
         parts.append(f"MFU {100 * record['mfu']:.1f}%")
     if record.get("allocator_flushes"):
         parts.append(f"allocator flushes {record['allocator_flushes']}")
-    return "  ".join(parts)
+    return "  ".join(parts + _apart(record))
+
+
+def _apart(figures: dict[str, Any]) -> list[str]:
+    """The evaluation and checkpoint-save seconds a window (or the run) left out of its rates."""
+    return [
+        f"{name} {figures[key]:.1f} s apart"
+        for key, name in (("eval_s", "evaluation"), ("save_s", "saves"))
+        if isinstance(figures.get(key), float | int) and figures[key] > 0
+    ]
 
 
 class ProgressCallback(TrainerCallback):
@@ -286,8 +295,9 @@ def _status_line(result: TrainResult) -> str:
         if isinstance(rate, float) and abs(rate - summary["tokens_per_s"]) > 0.05 * rate
         else ""
     )
+    apart = f" ({', '.join(_apart(summary))})" if _apart(summary) else ""
     return (
-        f"[bold]{status}[/bold]  {steps} in {summary['train_runtime_s']:.1f} s, "
+        f"[bold]{status}[/bold]  {steps} in {summary['train_runtime_s']:.1f} s{apart}, "
         f"{summary['tokens_per_s']:,.0f} tok/s{after}, "
         f"data-wait {100 * summary['data_wait_fraction']:.1f}%, final loss {loss}"
     )

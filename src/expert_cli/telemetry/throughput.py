@@ -6,12 +6,15 @@ writes metrics.json).
 
 One definition everywhere: tokens/s is non-padding tokens over the wall time of the window (from
 the previous window's close, or the first batch fetch, to this close) or of the run (the sum of
-its windows: evaluation and checkpoint saves inside a window count, start-up before the first
-step does not; the first window holds the first step's kernel selection and compilation). At a
-window's close the GPU is synchronized once, so queued GPU work is counted without a sync per
-step. Data wait is the host's time fetching batches over the same wall time: an upper bound on
-the GPU's idle time, as nothing syncs a step of one process (the host may fetch while queued
-GPU work runs; several processes sync at every step's end, and then it is the wait).
+its windows: start-up before the first step is not counted, nor are evaluations and checkpoint
+saves, which each window records apart as `eval_s` and `save_s`; the first window holds the
+first step's kernel selection and compilation). At a window's close the GPU is synchronized
+once, so queued GPU work is counted without a sync per step. A last window closed after its
+last step (the run's end, a Ctrl-C and its checkpoint) ends where the GPU finished that step,
+timed by CUDA events (the host had queued it earlier). Data wait is the host's time fetching
+batches over the same wall time: an upper bound on the GPU's idle time, as nothing syncs a step
+of one process (the host may fetch while queued GPU work runs; several processes sync at every
+step's end, and then it is the wait).
 
 Across processes (DDP, FSDP, several nodes) each window's counts are gathered from every rank:
 tokens/s and samples/s are the sums over ranks, data wait is the slowest rank's (a step waits
@@ -22,7 +25,8 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +44,7 @@ WINDOW_KEYS = ("tokens", "samples", "trained", "attended", "wait")
 # all_gather(values) -> every training process's values, in rank order.
 Gatherer = Callable[[list[float]], list[list[float]]]
 NO_MEMORY = -1.0  # a rank without a peak-memory figure (gathered as a number)
+LEFT_OUT = ("eval", "save")  # work between steps left out of the windows' seconds
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,16 @@ class FlopsModel:
 def _cuda_sync() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
+
+
+def _cuda_mark() -> Any:
+    """A CUDA event recorded now, reached when the GPU has done the work queued before it;
+    None without CUDA."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return None
 
 
 def peak_memory_gb(reset: bool = True) -> float | None:
@@ -112,6 +127,7 @@ class ThroughputMeter:
     """Counts and timings of the current logging window and of the whole run."""
 
     flushes: Callable[[], int | None] = staticmethod(allocator_flushes)
+    mark: Callable[[], Any] = staticmethod(_cuda_mark)
 
     def __init__(
         self,
@@ -136,18 +152,39 @@ class ThroughputMeter:
         self._first: tuple[dict[str, float], float] | None = None  # the first window's counts
         self._flushes_seen = self.flushes() or 0  # the model's load and probes before it
         self._window_start: float | None = None
+        self._start_mark: Any = None  # a CUDA event at the window's start
+        self.left_out = dict.fromkeys(LEFT_OUT, 0.0)  # over the closed windows
         self._reset_window()
 
     def _reset_window(self) -> None:
         self.win = dict.fromkeys(WINDOW_KEYS, 0.0)
         self._fetch_start: float | None = None
         self._last_end: float | None = None
+        self._last_mark: Any = None  # a CUDA event at the last step's end
         self.steps_in_window = 0
+        self._left = dict.fromkeys(LEFT_OUT, 0.0)  # inside the window: before one of its steps
+        self._pending = dict.fromkeys(LEFT_OUT, 0.0)  # since its last step
 
     def fetch_started(self) -> None:
         self._fetch_start = self.clock()
         if self._window_start is None:  # the run's first step: start-up time is not counted
-            self._window_start = self._fetch_start
+            self._window_start, self._start_mark = self._fetch_start, self.mark()
+        for key, seconds in self._pending.items():  # a step follows: inside the window
+            self._left[key] += seconds
+        self._pending = dict.fromkeys(LEFT_OUT, 0.0)
+
+    @contextmanager
+    def leaving_out(self, kind: str) -> Iterator[None]:
+        """Time an evaluation or a checkpoint save (`kind` of LEFT_OUT) to leave it out of
+        the window's seconds: the GPU synchronized before and after, so the steps queued
+        before it are counted as training and its own work is not."""
+        self.sync()
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.sync()
+            self._pending[kind] += self.clock() - start
 
     def fetch_ended(self, tokens: int, samples: int, trained_tokens: int, attended: int) -> None:
         """The batches of one step arrived; `attended` = sum of squared example lengths."""
@@ -162,8 +199,18 @@ class ThroughputMeter:
     def step_ended(self) -> None:
         if self._fetch_start is None:
             return
-        self._fetch_start, self._last_end = None, self.clock()
+        self._fetch_start, self._last_end, self._last_mark = None, self.clock(), self.mark()
         self.steps_in_window += 1
+
+    def _end(self, at_last_step: bool, now: float, start: float) -> float:
+        """Where the window ends: now, or with `at_last_step` where the GPU finished the last
+        step (by CUDA events: the host queued it at `_last_end`, before the GPU ran it)."""
+        if not at_last_step or self._last_end is None:
+            return now
+        if self._start_mark is not None and self._last_mark is not None:
+            self._last_mark.synchronize()
+            return start + self._start_mark.elapsed_time(self._last_mark) / 1000
+        return self._last_end
 
     def _per_rank(self, memory: float | None, alone: bool) -> list[dict[str, float]]:
         """This window's counts and peak memory of every process, in rank order (this
@@ -203,9 +250,9 @@ class ThroughputMeter:
         counts, without waiting for the others (a failure on one rank must not hang it)."""
         self.sync()
         now = self.clock()
-        end = self._last_end if at_last_step and self._last_end is not None else now
-        start = self._window_start if self._window_start is not None else end
-        seconds = max(end - start, 1e-9)
+        start = self._window_start if self._window_start is not None else now
+        left = {k: v + (0.0 if at_last_step else self._pending[k]) for k, v in self._left.items()}
+        seconds = max(self._end(at_last_step, now, start) - start - sum(left.values()), 1e-9)
         ranks = self._per_rank(self.memory(), alone)
         w = {k: sum(r[k] for r in ranks) for k in WINDOW_KEYS}
         w["wait"] = max(r["wait"] for r in ranks)  # the slowest rank's wait holds every step
@@ -222,6 +269,10 @@ class ThroughputMeter:
             "seconds": round(seconds, 3),
             "time": round(now - self.started, 3),
         }
+        for key, value in left.items():
+            if value > 0:
+                record[f"{key}_s"] = round(value, 3)
+                self.left_out[key] += value
         if all(r["flushes"] != NO_MEMORY for r in ranks):
             record["allocator_flushes"] = int(sum(r["flushes"] for r in ranks))
             self.flushed += record["allocator_flushes"]
@@ -239,7 +290,7 @@ class ThroughputMeter:
         if not self.windows:
             self._first = (dict(w), seconds)
         self.windows.append(record)
-        self._window_start = now
+        self._window_start, self._start_mark = now, self.mark()  # the GPU idle: synchronized
         self._reset_window()
         return record
 
@@ -282,6 +333,7 @@ class ThroughputMeter:
             "status": status,
             **({"steady": steady} if (steady := self._steady()) else {}),
             **({"allocator_flushes": self.flushed} if self.flushed else {}),
+            **{f"{k}_s": round(v, 3) for k, v in self.left_out.items() if v > 0},
             **(
                 {"ranks": [_rank_figures(i, r, seconds) for i, r in enumerate(self.rank_totals)]}
                 if len(self.rank_totals) > 1 and seconds

@@ -4,6 +4,7 @@ wires them together (the train command and the benchmark scripts both use it).""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -280,6 +281,18 @@ class ExpertTrainer(Trainer):
         finally:
             for name, weight in before.items():
                 configs[name].orth_reg_weight = weight
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        with self._left_out("eval"):
+            return super().evaluate(*args, **kwargs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        with self._left_out("save"):
+            super()._save_checkpoint(model, trial)
+
+    def _left_out(self, kind: str) -> Any:
+        """Evaluations and checkpoint saves, timed apart from the throughput windows."""
+        return self.meter.leaving_out(kind) if self.meter is not None else contextlib.nullcontext()
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         # the weight as the manifest set it: peft writes the live configuration to the file
