@@ -22,6 +22,15 @@ from expert_cli.cli.app import QUIET_LOGGERS
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
 TINY_TOKENIZER_DIR = TESTS_DIR / "assets" / "tiny-tokenizer"
+# DeepSeek-R1 distills' shape: the generation prompt opens a reasoning block; answers are
+# written after the header without it, their reasoning (up to </think>) cut away
+R1_TEMPLATE = (
+    "{{ bos_token }}{%- for m in messages %}{%- if m.role == 'user' %}"
+    "{{ '<｜User｜>' + m.content }}{%- elif m.role == 'assistant' %}"
+    "{%- set content = m.content.split('</think>')[-1] %}"
+    "{{ '<｜Assistant｜>' + content + eos_token }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<｜Assistant｜><think>\\n' }}{%- endif %}"
+)
 DEMO_EXPERT_DIR = REPO_DIR / "experts" / "demo"
 VOCAB_MULTIPLE = 64
 

@@ -5,8 +5,11 @@ an earlier answer otherwise than the last one trains the answers as a model writ
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
+from conftest import R1_TEMPLATE
+from train_helpers import run_here
 
 from expert_cli.data.build import masking_words
 from expert_cli.data.formatting import (
@@ -224,3 +227,74 @@ def test_what_the_second_review_found(tiny_tokenizer) -> None:
     fmt = Formatter(tokenizer=gemma, kind="messages", max_seq_length=16, overlong="truncate")
     (row,) = fmt({"messages": [long_question]}).to_pylist()
     assert row["status"] == DROPPED_ANSWER_CUT and row["style"] == "turns"
+
+
+# QwQ's: ChatML whose generation prompt opens a reasoning block
+QWQ = (
+    "{%- for m in messages %}{%- if m.role == 'assistant' %}"
+    "{%- set content = m.content.split('</think>')[-1].lstrip('\\n') %}{%- else %}"
+    "{%- set content = m.content %}{%- endif %}"
+    "{{ '<|im_start|>' + m.role + '\\n' + content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "style", "trained"),
+    [
+        (R1_TEMPLATE, "turns", "first answer<|endoftext|>second answer<|endoftext|>"),
+        # its answers as the ChatML marker rules read them: the template is not asked
+        (QWQ, "chatml", "first answer<|im_end|>second answer<|im_end|><|endoftext|>"),
+    ],
+)
+def test_a_generation_prompt_that_opens_reasoning_reads_every_answer(
+    tiny_tokenizer, template: str, style: str, trained: str
+) -> None:
+    """R1 distills' generation prompt ends with `<think>\\n`, which no answer of a rendered
+    conversation follows: no turn was found, and the marker rules trained R1's whole text,
+    questions included (or check asked for a response_template, which trained from the first
+    answer on). Each answer is read after the header now, and the notes say what the template
+    does: the opening, and the reasoning it cuts out of answers."""
+    tok = _tok(tiny_tokenizer, template)
+    layout = turn_layout(tok)
+    assert (layout.follows, layout.opening, layout.drops_reasoning) == (True, "<think>\n", True)
+    notes = check_chat_template(tok, None)
+    assert len(notes) == 2 and "ends with <think>" in notes[0] and "</think>" in notes[1]
+    talk = TALK[1:3] + [TALK[3], {"role": "assistant", "content": "why</think>second answer"}]
+    (row,) = _trained(tok, [talk])
+    assert row["status"] == KEPT and row["style"] == style
+    assert row["trained_text"].replace(" ", "") == trained.replace(" ", "")
+
+
+def test_templates_that_keep_reasoning_say_nothing(tiny_tokenizer) -> None:
+    """Qwen3 writes a last answer's reasoning and opens no block in its generation prompt;
+    Gemma writes a content as it is: no notes."""
+    for template in (QWEN3, GEMMA):
+        layout = turn_layout(_tok(tiny_tokenizer, template))
+        assert (layout.opening, layout.drops_reasoning) == ("", False)
+        assert check_chat_template(_tok(tiny_tokenizer, template), None) == []
+
+
+def test_pretokenize_says_what_a_reasoning_template_does(tmp_path, tiny_tokenizer) -> None:
+    """The notes reach the user: the build keeps them in stats.json, `pretokenize` shows them."""
+    folder = tmp_path / "r1-tokenizer"
+    tok = _tok(tiny_tokenizer, R1_TEMPLATE)
+    tok.save_pretrained(folder)
+    rows = [{"messages": TALK[1:]}] * 4
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = {
+        "name": "e",
+        "schema_version": "2.0",
+        "base_models": [{"name": str(folder), "init": "random"}],
+        "training": {
+            "dataset": {"path": "train.jsonl", "eval_fraction": 0.0},
+            "config": {"evaluation_strategy": "no", "max_seq_length": 128},
+        },
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    done = run_here("pretokenize", "-m", str(tmp_path / "manifest.json"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = " ".join(done.stdout.split())
+    assert "generation prompt ends with <think>" in shown and "is not trained" in shown
+    checked = run_here("check", "-m", str(tmp_path / "manifest.json"))
+    assert "generation prompt ends with <think>" in " ".join(checked.stdout.split())

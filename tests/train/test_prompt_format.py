@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TOKENIZER_DIR, write_jsonl
+from conftest import R1_TEMPLATE, TINY_TOKENIZER_DIR, write_jsonl
 from train_helpers import run_here
 
 from expert_cli.config import load_manifest
@@ -253,3 +253,18 @@ def test_the_stream_shows_nothing_of_a_stop_text(tiny_tokenizer) -> None:
     streamer.on_finalized_text("a <")
     streamer.on_finalized_text("b> c", stream_end=True)  # "<" began no stop: shown at the end
     assert "".join(shown) == "a <b> c"
+
+
+def test_a_prompt_ends_before_a_reasoning_opening_training_prompts_lacked(tmp_path: Path) -> None:
+    """R1 distills' generation prompt ends with `<think>\\n`; the training conversations'
+    answers followed `<｜Assistant｜>` alone (the template writes no answer after the opening),
+    so generate lays the prompt out as trained, with a note."""
+    stats = {"fields": {"kind": "messages"}, "train": {"styles": {"turns": 4}}}
+    resolved = resolve(load_manifest(_manifest(tmp_path, [{"text": "x"}], {})), cpu_environment())
+    tokenizer = load_tokenizer(resolved)
+    tokenizer.chat_template = R1_TEMPLATE
+    layout, notes = prompt_format(resolved, tokenizer, {"stats": stats})
+    assert layout == PromptFormat("messages", opening="<think>\n")
+    assert notes and "prompts end before the chat template's <think>" in notes[0]
+    assert _text(tokenizer, layout.render(tokenizer, "Hi")).endswith("<｜User｜>Hi<｜Assistant｜>")
+    assert "<think>" not in _text(tokenizer, layout.render(tokenizer, "Hi"))

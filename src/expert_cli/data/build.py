@@ -127,8 +127,9 @@ def _build(
     _remove_stale(plan)
     sources = load_sources(resolved, plan.work_dir / "sources")
     _unchanged_since_planned(plan, resolved)
+    notes = sources.notes
     if sources.fields.kind == "messages":
-        check_chat_template(tokenizer, resolved.response_template)
+        notes = notes + check_chat_template(tokenizer, resolved.response_template)
     if sources.fields.kind == "instruction":
         check_prompt_template(resolved.prompt_template)
     formatter = Formatter(
@@ -153,7 +154,7 @@ def _build(
     _require_rows(shard_stats, resolved)
     extra = {
         "num_proc": job.num_proc,
-        "notes": sources.notes,
+        "notes": notes,
         # the data's kind and columns, detected where field_mapping is unset (generate reads it)
         "fields": {"kind": sources.fields.kind, "mapping": sources.fields.mapping},
     }

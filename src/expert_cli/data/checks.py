@@ -33,6 +33,7 @@ from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.row_checks import DataCheck, blank_conversation, template_verdict
 from expert_cli.data.sources import NO_EVAL_ROWS, holds_nothing_out
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
+from expert_cli.data.turns import template_notes, turn_layout
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -110,6 +111,8 @@ def check_manifest(
         *data.problems,
         *_format_problems(resolved, data.fields, tokenizer),
     ]
+    if data.fields is not None and data.fields.kind == "messages" and tokenizer is not None:
+        report.notes = [*report.notes, *template_notes(turn_layout(tokenizer))]
     blank_problems, blank_notes = data.blank_lines(resolved)
     report.problems += blank_problems
     report.notes = [*report.notes, *blank_notes]

@@ -58,7 +58,7 @@ from expert_cli.data.spans import (
     runs_to_end,
     span_mask,
 )
-from expert_cli.data.turns import TurnLayout, conversation_spans, turn_layout
+from expert_cli.data.turns import TurnLayout, conversation_spans, template_notes, turn_layout
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -135,8 +135,11 @@ def check_prompt_template(template: str) -> None:
     render_instruction(template, "", None, None)
 
 
-def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: str | None) -> None:
-    """Fail early when `messages` data cannot be masked with this tokenizer's chat template."""
+def check_chat_template(
+    tokenizer: PreTrainedTokenizerFast, response_template: str | None
+) -> list[str]:
+    """Fail early when `messages` data cannot be masked with this tokenizer's chat template;
+    notes on what it does to answers (data/turns.py's `template_notes`)."""
     if not tokenizer.chat_template:
         raise UserError(
             "training.dataset.field_mapping.messages: the tokenizer has no chat "
@@ -152,9 +155,9 @@ def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: s
             f"render a conversation ({type(exc).__name__}); fix chat_template.jinja or the "
             "chat_template in tokenizer_config.json"
         ) from None
-    style = assistant_spans(text, response_template)[1]
-    if style != "missing" and turn_layout(tokenizer).follows:  # the template's own turns
-        return
+    style, layout = assistant_spans(text, response_template)[1], turn_layout(tokenizer)
+    if style != "missing" and layout.follows:  # the template's own turns
+        return template_notes(layout)
     if style == "missing":
         raise UserError(
             "training.dataset.response_template: the chat template does not write it (a "
@@ -167,6 +170,7 @@ def check_chat_template(tokenizer: PreTrainedTokenizerFast, response_template: s
             "assistant marker expert-cli knows (<|im_start|>assistant, "
             "<|assistant|>); set response_template to the text before replies"
         )
+    return template_notes(layout)
 
 
 # A text longer than this many characters per token of max_seq_length is tokenized from its

@@ -43,6 +43,10 @@ PLAIN_KEYS = {"role", "content"}
 # Qwen3 writes an empty reasoning block into an answer after the last user turn only when it
 # is the conversation's last message (a tool call before the tool's reply is written without)
 LEADING_EMPTY_THINK = re.compile(r"^<think>\s*</think>\s*")
+# a generation prompt that ends by opening the answer's reasoning block, which the template
+# writes into no answer of a conversation (DeepSeek-R1 distills, QwQ): an answer is read after
+# the prompt without it
+THINK_OPENING = re.compile(r"<think>\s*$")
 PROBE = [
     {"role": "user", "content": "Which is larger, 3 or 5?"},
     # reasoning: a template that leaves it out of earlier answers (Qwen3's) writes them otherwise
@@ -86,6 +90,7 @@ def template_turns(
             raise
         except Exception:  # noqa: BLE001 - a template that needs the whole conversation
             return None
+        prompt = _without_opening(prompt, whole)
         if not whole.startswith(prompt):  # the template writes the turns before it otherwise
             # (Mistral v0.3 puts the system text into the last user turn): an answer that is
             # the last message is still the text after its generation prompt
@@ -111,6 +116,15 @@ def template_turns(
     return spans, otherwise
 
 
+def _without_opening(prompt: str, whole: str) -> str:
+    """The generation prompt less a reasoning block's opening that `whole` (the conversation
+    rendered with the answer) does not hold after it."""
+    opening = THINK_OPENING.search(prompt)
+    if opening and not whole.startswith(prompt) and whole.startswith(prompt[: opening.start()]):
+        return prompt[: opening.start()]
+    return prompt
+
+
 @dataclass(frozen=True)
 class TurnLayout:
     """How a chat template writes answers, asked once with PROBE: `follows`, an answer is its
@@ -125,6 +139,8 @@ class TurnLayout:
     consistent: bool = False
     end: str = ""
     plain: bool = False  # consistent for answers of role and content alone (Qwen3's are)
+    opening: str = ""  # the generation prompt's reasoning opening no answer is written after
+    drops_reasoning: bool = False  # a last answer's reasoning (up to </think>) is not written
 
     @property
     def ends(self) -> tuple[str, ...]:
@@ -157,7 +173,40 @@ def turn_layout(tokenizer: PreTrainedTokenizerFast) -> TurnLayout:
         bare = [{"role": m["role"], "content": m["content"]} for m in PROBE]
         alike = template_turns(tokenizer, bare, _render(tokenizer, bare, False))
         plain = alike is not None and alike[1] == 0 and len(alike[0]) == 2
-    return TurnLayout(follows=header or begins, consistent=consistent, end=end, plain=plain)
+    return TurnLayout(header or begins, consistent, end, plain, *_reasoning(tokenizer))
+
+
+def _reasoning(tokenizer: PreTrainedTokenizerFast) -> tuple[str, bool]:
+    """(the generation prompt's reasoning opening that no answer is written after, whether a
+    last answer's reasoning written into its content is left out)."""
+    reasoned = [PROBE[0], {"role": "assistant", "content": "<think>\n3 < 5\n</think>\n\n5"}]
+    try:
+        prompt = _render(tokenizer, PROBE[:1], True)
+        opening = prompt[len(_without_opening(prompt, _render(tokenizer, PROBE[:2], False))) :]
+        return opening, "3 < 5" not in _render(tokenizer, reasoned, False)
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - a template refusing reasoning in a content: kept as is
+        return "", False
+
+
+def template_notes(layout: TurnLayout) -> list[str]:
+    """What a chat template does to answers that a user may not expect."""
+    notes = []
+    if layout.opening:
+        notes.append(
+            f"the chat template's generation prompt ends with {layout.opening.strip()}, which "
+            "it writes before no answer of a conversation (DeepSeek-R1 distills, QwQ): answers "
+            "are trained right after the turn's header, and `generate` prompts end there too; "
+            f"a runtime using the template's generation prompt gives {layout.opening.strip()} "
+            "first"
+        )
+    if layout.drops_reasoning:
+        notes.append(
+            "the chat template leaves an answer's reasoning (its text up to </think>) out of "
+            "the conversation: reasoning in the data is not trained"
+        )
+    return notes
 
 
 def needs_turns(style: str, messages: list[Any], layout: TurnLayout, template: str | None) -> bool:

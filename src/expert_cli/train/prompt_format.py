@@ -33,6 +33,7 @@ from expert_cli.data.spans import (
     MARKER_ASSISTANT,
     MARKER_END,
 )
+from expert_cli.data.turns import turn_layout
 from expert_cli.errors import UserError
 
 MARKER_HOLDS = (MARKER_ASSISTANT, "<|user|>", "<|system|>")  # a prompt holding one: as written
@@ -60,6 +61,7 @@ class PromptFormat:
 
     style: str
     template: str | None = None  # the prompt_template, or the response_template
+    opening: str = ""  # a chat template's reasoning opening that training prompts did not end with
 
     @property
     def described(self) -> str:
@@ -79,7 +81,7 @@ class PromptFormat:
         """The prompt's token ids, ready for the answer's first token; `system` is the
         system turn before it, where the layout has one."""
         if self.style == "messages":
-            return _chat(tokenizer, text, system)
+            return _chat(tokenizer, text, system, self.opening)
         if self.style == "instruction":
             prompt = render_instruction(self.template or "chatml", text, None, system)[0]
         elif self.style == "chatml" and "<|im_start|>" not in text:
@@ -116,6 +118,12 @@ def prompt_format(
         return layout, [
             "the run does not record its data's kind (field_mapping unset, trained before "
             f"expert-cli recorded it): prompts are laid out with {layout.described}"
+        ]
+    if kind == "messages" and (opening := turn_layout(tokenizer).opening):
+        return PromptFormat(kind, opening=opening), [
+            f"prompts end before the chat template's {opening.strip()}, as the training "
+            "conversations' answers followed the turn's header (the template writes it before "
+            "no answer)"
         ]
     if kind != "text":
         return PromptFormat(kind, resolved.prompt_template), []
@@ -159,7 +167,7 @@ def _style_counts(stats: Mapping[str, Any]) -> dict[str, int]:
     return {s: n for s, n in styles.items() if s in TEXT_STYLES and isinstance(n, int) and n > 0}
 
 
-def _chat(tokenizer: Any, text: str, system: str | None) -> list[int]:
+def _chat(tokenizer: Any, text: str, system: str | None, opening: str) -> list[int]:
     turns = [{"role": "system", "content": system}] if system else []
     turns.append({"role": "user", "content": text})
     try:
@@ -171,6 +179,8 @@ def _chat(tokenizer: Any, text: str, system: str | None) -> list[int]:
             f"conversation of {which} with a generation prompt ({type(exc).__name__})"
             "; fix chat_template.jinja (or the chat_template of tokenizer_config.json) there"
         ) from None
+    if opening and rendered.endswith(opening):
+        rendered = rendered[: -len(opening)]
     return tokenizer(rendered, add_special_tokens=False, verbose=False)["input_ids"]
 
 
