@@ -344,7 +344,7 @@ def test_overlong_truncate_and_drop(tiny_tokenizer) -> None:
     prompt_only = run(tiny_tokenizer, "text", {"text": [text]}, max_len=5)[0]
     assert prompt_only["status"] == DROPPED_ANSWER_CUT and prompt_only["trained"] == 0
     assert prompt_only["input_ids"] == []
-    from expert_cli.data.build import drop_reasons
+    from expert_cli.data.stats_words import drop_reasons
 
     said = drop_reasons({"dropped_answer_cut": 2, "dropped_no_completion": 1}, 5)
     assert said == "1 with no completion tokens; 2 with the answer past max_seq_length=5"

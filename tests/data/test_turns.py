@@ -11,7 +11,6 @@ import pytest
 from conftest import R1_TEMPLATE
 from train_helpers import run_here
 
-from expert_cli.data.build import masking_words
 from expert_cli.data.formatting import (
     DROPPED_ANSWER_CUT,
     DROPPED_NO_COMPLETION,
@@ -21,6 +20,7 @@ from expert_cli.data.formatting import (
     check_chat_template,
 )
 from expert_cli.data.spans import assistant_spans
+from expert_cli.data.stats_words import masking_words
 from expert_cli.data.turns import TurnLayout, conversation_spans, template_turns, turn_layout
 from expert_cli.errors import UserError
 

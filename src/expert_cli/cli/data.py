@@ -115,7 +115,7 @@ def outcomes_table(outcomes: list[Outcome]) -> Any:
 
 def summary_lines(data: PreparedData) -> list[str]:
     """What happened to one cache, with its train stats, as printable lines."""
-    from expert_cli.data.build import drop_reasons, masking_words
+    from expert_cli.data.stats_words import drop_reasons, masking_words
     from expert_cli.errors import escaped
 
     train: dict[str, Any] = data.stats["train"]

@@ -22,8 +22,8 @@ from expert_cli.cli.data import earlier_text
 from expert_cli.cli.render import BuildBar, labelled
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import PreparedData
-from expert_cli.data.build import drop_reasons, masking_words
 from expert_cli.data.earlier import Earlier
+from expert_cli.data.stats_words import drop_reasons, masking_words
 from expert_cli.errors import escaped
 from expert_cli.telemetry.throughput import flush_note
 from expert_cli.train.causality import ISOLATED, MASK_PROXY

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.build import (
-    NO_COMPLETION,
     BuildProgress,
     NoProgress,
     nothing_left,
@@ -30,6 +29,7 @@ from expert_cli.data.formatting import check_chat_template, unanswered
 from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import checked_columns, load_saved
 from expert_cli.data.spans import assistant_spans, has_content
+from expert_cli.data.stats_words import NO_COMPLETION
 from expert_cli.data.turns import conversation_spans, turn_layout
 from expert_cli.errors import UserError
 

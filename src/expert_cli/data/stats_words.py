@@ -1,0 +1,62 @@
+"""The words the build's counts are shown in: what the loss of a split's examples is on, by
+masking rule, and why examples were dropped (`train`, `pretokenize` and the empty-data error
+say them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+NO_COMPLETION = "with no completion tokens"
+STYLE_WORDS = {
+    "chatml": "ChatML assistant turns",
+    "marker": "<|assistant|> turns",
+    "marker_eos": "<|assistant|> turns ended by </s>",
+    "template": "answers after the prompt",
+    "turns": "assistant turns as the chat template writes them",
+    "last_turns": "conversations with earlier answers left as context",
+}
+# why a `last_turns` row trains only some of its answers
+LAST_TURNS_WHY = (
+    "the chat template writes their earlier answers otherwise than a last one, as a model "
+    "answers (Qwen3 leaves their reasoning out): those are context, not trained"
+)  # an empty reasoning block alone (Qwen3's) or an EOS after the conversation (Phi-3's) is alike
+
+
+def masking_words(split: dict[str, Any]) -> str | None:
+    """What the loss of a split's kept examples is on, by masking rule ("ChatML assistant
+    turns 230, whole text 5 (...)"), where any example is trained whole: a text without an
+    assistant marker trains its prompt too, which only plain documents want. None when every
+    example trains its answers only, or the stats have no rules (an older cache)."""
+    styles = split.get("styles")
+    if not isinstance(styles, dict) or not (styles.get("none") or styles.get("last_turns")):
+        return None
+    parts = [
+        f"{STYLE_WORDS[k]} {n:,}" + (f" ({LAST_TURNS_WHY})" if k == "last_turns" else "")
+        for k, n in styles.items()
+        if k in STYLE_WORDS and n
+    ]
+    if styles.get("none"):
+        parts.append(
+            f"whole text {styles['none']:,} (no assistant marker: the prompt is trained too; "
+            "set training.dataset.response_template to train what follows it)"
+        )
+    return ", ".join(parts)
+
+
+def drop_reasons(split: dict[str, Any], max_seq_length: int | None = None) -> str:
+    """Why a split's examples were dropped, one count per reason that dropped any ("none" when
+    no example was): the words `train` and `pretokenize` show, and the empty-data error."""
+    limit = f"={max_seq_length}" if max_seq_length else ""
+    parts = [
+        (split.get("dropped_overlong", 0), f"over max_seq_length{limit} with overlong: drop"),
+        (split.get("dropped_no_marker", 0), "without response_template"),
+        (split.get("dropped_no_completion", 0), NO_COMPLETION),
+        (split.get("dropped_answer_cut", 0), f"with the answer past max_seq_length{limit}"),
+        (
+            split.get("dropped_template", 0),
+            "refused by the chat template or with no assistant turn (the first: "
+            f"{split.get('template_refusal') or 'not recorded'})",
+        ),
+    ]
+    said = [f"{n:,} {why}" for n, why in parts if n]
+    return "; ".join(said) or "none"
