@@ -21,7 +21,13 @@ from expert_cli.data.formatting import (
 )
 from expert_cli.data.spans import assistant_spans
 from expert_cli.data.stats_words import masking_words
-from expert_cli.data.turns import TurnLayout, conversation_spans, template_turns, turn_layout
+from expert_cli.data.turns import (
+    MAX_ASKED,
+    TurnLayout,
+    conversation_spans,
+    template_turns,
+    turn_layout,
+)
 from expert_cli.errors import UserError
 
 GEMMA = (
@@ -298,3 +304,33 @@ def test_pretokenize_says_what_a_reasoning_template_does(tmp_path, tiny_tokenize
     assert "generation prompt ends with <think>" in shown and "is not trained" in shown
     checked = run_here("check", "-m", str(tmp_path / "manifest.json"))
     assert "generation prompt ends with <think>" in " ".join(checked.stdout.split())
+
+
+@pytest.mark.parametrize("template", [GEMMA, QWEN3])
+def test_a_conversation_of_many_answers_asks_the_template_for_some(
+    tiny_tokenizer, template: str
+) -> None:
+    """Each answer asked costs two renders as long as the conversation up to it: 1,000
+    exchanges under Qwen3's template took 54 s for one row. Past MAX_ASKED answers the first
+    MAX_ASKED - 1 and the last are asked and trained, the others are context, and the row is
+    counted apart with the reason."""
+    tok = _tok(tiny_tokenizer, template)
+    layout = turn_layout(tok)
+    talk = []
+    for i in range(MAX_ASKED + 6):
+        answer = {"role": "assistant", "content": f"answer {i}", "reasoning_content": "r"}
+        talk += [{"role": "user", "content": f"question {i}"}, answer]
+    text = tok.apply_chat_template(talk, tokenize=False)
+    spans, style = conversation_spans(tok, talk, text, None, layout)
+    assert style == "many_turns"
+    trained = [text[a:b] for a, b in spans]
+    assert trained[-1].lstrip().split("</think>")[-1].strip().startswith(f"answer {MAX_ASKED + 5}")
+    if template == GEMMA:  # every answer is written alike: the first 63 and the last
+        assert [t.split("<")[0] for t in trained] == [
+            f"answer {i}" for i in [*range(MAX_ASKED - 1), MAX_ASKED + 5]
+        ]
+    fmt = Formatter(tokenizer=tok, kind="messages", max_seq_length=8192, overlong="truncate")
+    (row,) = fmt({"messages": [talk]}).to_pylist()  # as the build formats it
+    assert row["status"] == KEPT and row["style"] == "many_turns"
+    words = masking_words({"styles": {"turns": 3, "many_turns": 1}})
+    assert f"conversations of over {MAX_ASKED} answers 1 (their first {MAX_ASKED - 1}" in words

@@ -60,7 +60,8 @@ CACHE_FORMAT_VERSION = 10  # 2: the first token of every example is masked; 3: a
 # 8: an answer of an empty reasoning block alone (Qwen3's `<think></think>`) is empty
 # 9: a conversation's answers as its chat template writes them (data/turns.py)
 # 10: examples of the same tokens (a task weight's copies) are packed into different rows; a
-# generation prompt opening a reasoning block no answer follows is read without it (R1 distills)
+# generation prompt opening a reasoning block no answer follows is read without it (R1 distills);
+# past 64 answers a conversation has its first 63 and its last asked of the template
 FULL_HASH_LIMIT = 256 * 2**20
 EDGE_BYTES = 2**20
 COMPLETE = "_COMPLETE"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from expert_cli.data.turns import MAX_ASKED
+
 NO_COMPLETION = "with no completion tokens"
 STYLE_WORDS = {
     "chatml": "ChatML assistant turns",
@@ -14,7 +16,14 @@ STYLE_WORDS = {
     "template": "answers after the prompt",
     "turns": "assistant turns as the chat template writes them",
     "last_turns": "conversations with earlier answers left as context",
+    "many_turns": f"conversations of over {MAX_ASKED} answers",
 }
+# why a `many_turns` row trains only some of its answers
+MANY_TURNS_WHY = (
+    f"their first {MAX_ASKED - 1} answers and the last are trained, the others are context: "
+    "the chat template is asked for each answer, at a cost growing with the square of a "
+    "conversation's turns; split such conversations to train every answer"
+)
 # why a `last_turns` row trains only some of its answers
 LAST_TURNS_WHY = (
     "the chat template writes their earlier answers otherwise than a last one, as a model "
@@ -28,10 +37,11 @@ def masking_words(split: dict[str, Any]) -> str | None:
     assistant marker trains its prompt too, which only plain documents want. None when every
     example trains its answers only, or the stats have no rules (an older cache)."""
     styles = split.get("styles")
-    if not isinstance(styles, dict) or not (styles.get("none") or styles.get("last_turns")):
+    whys = {"last_turns": LAST_TURNS_WHY, "many_turns": MANY_TURNS_WHY}
+    if not isinstance(styles, dict) or not any(styles.get(k) for k in ("none", *whys)):
         return None
     parts = [
-        f"{STYLE_WORDS[k]} {n:,}" + (f" ({LAST_TURNS_WHY})" if k == "last_turns" else "")
+        f"{STYLE_WORDS[k]} {n:,}" + (f" ({whys[k]})" if k in whys else "")
         for k, n in styles.items()
         if k in STYLE_WORDS and n
     ]

@@ -47,6 +47,10 @@ LEADING_EMPTY_THINK = re.compile(r"^<think>\s*</think>\s*")
 # writes into no answer of a conversation (DeepSeek-R1 distills, QwQ): an answer is read after
 # the prompt without it
 THINK_OPENING = re.compile(r"<think>\s*$")
+# answers of one conversation asked of the template: two renders each, each as long as the
+# conversation up to it, so the cost grows with the square of its turns (1,000 exchanges under
+# Qwen3's template took 54 s); the others are context, the row counted as `many_turns`
+MAX_ASKED = 64
 PROBE = [
     {"role": "user", "content": "Which is larger, 3 or 5?"},
     # reasoning: a template that leaves it out of earlier answers (Qwen3's) writes them otherwise
@@ -77,9 +81,7 @@ def template_turns(
     spans: list[Span] = []
     otherwise = 0
     eos = getattr(tokenizer, "eos_token", None) or ""
-    for i, message in enumerate(messages):
-        if not (isinstance(message, dict) and message.get("role") == "assistant"):
-            continue
+    for i in _asked(messages):
         try:
             prompt = _render(tokenizer, messages[:i], True)
             if limit is not None and len(prompt) > limit:
@@ -114,6 +116,15 @@ def template_turns(
         else:
             spans.append((at, at + len(match)))
     return spans, otherwise
+
+
+def _asked(messages: list[Any]) -> list[int]:
+    """The indices of the answers asked of the template: every one, or past MAX_ASKED the first
+    MAX_ASKED - 1 and the last (the one a template like Qwen3's writes whole)."""
+    answers = [
+        i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"
+    ]
+    return answers if len(answers) <= MAX_ASKED else answers[: MAX_ASKED - 1] + answers[-1:]
 
 
 def _without_opening(prompt: str, whole: str) -> str:
@@ -239,6 +250,7 @@ def conversation_spans(
 ) -> tuple[list[Span], str]:
     """The trained spans of a rendered conversation and their rule: `turns` (every answer as
     the template writes it), `last_turns` (some answers written otherwise, left as context),
+    `many_turns` (the answers past MAX_ASKED left as context),
     else the marker rules of data/spans.py. `limit`: see `template_turns`."""
     spans, style = assistant_spans(text, response_template)
     if not needs_turns(style, messages, layout, response_template):
@@ -248,4 +260,6 @@ def conversation_spans(
         return [], "turns"  # its answers lie past what is tokenized: dropped as cut away
     if found is None or not (found[0] or found[1]):
         return spans, style
+    if sum(isinstance(m, dict) and m.get("role") == "assistant" for m in messages) > MAX_ASKED:
+        return found[0], "many_turns"  # the answers past MAX_ASKED: context
     return found[0], "last_turns" if found[1] else "turns"
