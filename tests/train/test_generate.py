@@ -797,6 +797,11 @@ def test_an_answer_stops_at_a_turn_end_the_tokenizer_has_no_token_for(
     assert answer["output"] == first
     # stopped as "<|end|>" was complete: the answer's tokens and the marker's six, no more
     assert answer["new_tokens"] <= len(first) + 6 < 40
+    # merge cannot write a text stop into generation_config.json: it says where to stop
+    merged = run_here("merge", "--adapter", str(out), "--output", str(tmp_path / "merged"))
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    said = " ".join(merged.stdout.split())
+    assert "answers end at <|end|>, <|user|>" in said and "stop_strings=['<|end|>'" in said
     streamed = run_here("generate", "--adapter", str(out), "-p", QUESTION)
     assert streamed.returncode == 0, streamed.stderr
     assert (

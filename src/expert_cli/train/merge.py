@@ -19,6 +19,7 @@ from peft.utils import get_peft_model_state_dict
 from safetensors import SafetensorError
 
 from expert_cli.atomic import atomic_folder
+from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.tokenizer import config_problem
 from expert_cli.errors import RunError, UserError
@@ -33,8 +34,9 @@ from expert_cli.train.outputs import (
     read_json_file,
     run_of,
 )
+from expert_cli.train.prompt_format import prompt_format
 from expert_cli.train.run_folder import held_by_another
-from expert_cli.train.tokenizer_files import saved_tokenizer, stop_ids
+from expert_cli.train.tokenizer_files import layout_stops, saved_tokenizer, stop_ids
 from expert_cli.weights import tensor_shapes
 
 # what renaming the merged model over --output answers when files were put there meanwhile
@@ -217,6 +219,30 @@ def _stop_at_end_of_turn(model: Any, tokenizer: Any) -> list[str]:
     return [f"generation_config.json: the merged model stops at {shown} too, as generate does"]
 
 
+def _text_stops(adapter: Path, tokenizer: Any) -> list[str]:
+    """A note where the run's answers end with a marker its tokenizer has no token for (text
+    data of `<|end|>` turns on Qwen's tokenizer): generate stops at it as text, which
+    generation_config.json cannot say (stop_strings there make transformers' generate ask for
+    the tokenizer on every call)."""
+    data = read_json_file(run_of(adapter) / "manifest.resolved.json")
+    runtime = data.pop("runtime", None)
+    try:
+        resolved = ResolvedConfig.model_validate(data)
+    except ValueError:  # generate names the file; merge needs none of it
+        return []
+    record = runtime.get("data") if isinstance(runtime, dict) else None
+    texts = layout_stops(tokenizer, prompt_format(resolved, tokenizer, record)[0].stops).texts
+    if not texts:
+        return []
+    shown = ", ".join(texts)
+    listed = ", ".join(repr(t) for t in texts)
+    return [
+        f"the run's answers end at {shown}, which the tokenizer writes as several tokens: "
+        "generation_config.json cannot stop there, so stop at it in the runtime (transformers: "
+        f"generate(..., stop_strings=[{listed}], tokenizer=tokenizer); vLLM: stop=[{listed}])"
+    ]
+
+
 def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
     """Load base + adapter (full precision weights, even if trained quantized), merge, save;
     the folder written and notes (a base trained quantized is merged at full precision)."""
@@ -238,7 +264,7 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
             f"quantization: the run trained against {quantization} base weights; they are "
             "merged at full precision (the adapter on the unquantized base)"
         )
-    notes += _stop_at_end_of_turn(model, tokenizer)
+    notes += _stop_at_end_of_turn(model, tokenizer) + _text_stops(adapter, tokenizer)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         with atomic_folder(output) as tmp:  # an existing `output` is empty, checked above
