@@ -126,13 +126,14 @@ def test_loss_falls_and_metrics_schema(demo_run: tuple[Path, Path, str]) -> None
     assert [e["step"] for e in metrics["evals"]] == [5, 10]  # eval_steps=5
     assert metrics["evals"][0]["eval_loss"] > 0
     # the evaluation after step 5 is left out of the second window's seconds, recorded apart;
-    # the one after the last step is in no window
+    # the evaluation and the save after the last step are in no window, and in the summary
     assert set(windows[0]) == WINDOW_KEYS and set(windows[1]) == WINDOW_KEYS | {"eval_s"}
     assert windows[1]["eval_s"] > 0
-    assert set(metrics["summary"]) == SUMMARY_KEYS | {"eval_s"}
-    assert metrics["summary"]["eval_s"] == windows[1]["eval_s"]
+    assert set(metrics["summary"]) == SUMMARY_KEYS | {"eval_s", "save_s"}
+    assert metrics["summary"]["eval_s"] > windows[1]["eval_s"] and metrics["summary"]["save_s"] > 0
     assert f"step 10/{STEPS}" in stdout and "evaluation " in stdout.split("step 10/")[1]
-    assert re.search(r"completed\s+10 steps in [\d.]+ s \(evaluation [\d.]+ s apart\)", stdout)
+    apart = r"\(evaluation [\d.]+ s apart, saves [\d.]+ s apart\)"
+    assert re.search(r"completed\s+10 steps in [\d.]+ s " + apart, stdout)
     assert windows[-1]["loss"] < windows[0]["loss"]
     summary = metrics["summary"]
     assert summary["status"] == "completed" and summary["steps"] == STEPS

@@ -333,4 +333,6 @@ def test_a_conversation_of_many_answers_asks_the_template_for_some(
     (row,) = fmt({"messages": [talk]}).to_pylist()  # as the build formats it
     assert row["status"] == KEPT and row["style"] == "many_turns"
     words = masking_words({"styles": {"turns": 3, "many_turns": 1}})
-    assert f"conversations of over {MAX_ASKED} answers 1 (their first {MAX_ASKED - 1}" in words
+    assert (
+        f"conversations of over {MAX_ASKED} answers 1 (at most their first {MAX_ASKED - 1}" in words
+    )

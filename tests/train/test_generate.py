@@ -762,13 +762,18 @@ def test_an_answer_stops_at_a_turn_end_the_tokenizer_has_no_token_for(
         f"<|user|>\nAnd again.<|end|>\n<|assistant|>\n{second}<|end|>\n"
     )
     write_jsonl(tmp_path / "train.jsonl", [{"text": text}] * 32)
+    write_jsonl(tmp_path / "valid.jsonl", [{"text": text}] * 2)
     manifest = {
         "name": "expert-markers",
         "version": "0.0.1",
         "schema_version": "2.0",
         "base_models": [{"name": str(tiny_model_dir), "adapters": [{"type": "lora"}]}],
         "training": {
-            "dataset": {"path": "train.jsonl", "field_mapping": {"text": "text"}},
+            "dataset": {
+                "path": "train.jsonl",
+                "validation_path": "valid.jsonl",
+                "field_mapping": {"text": "text"},
+            },
             "config": {
                 "rank": 16,
                 "alpha": 32,
@@ -797,6 +802,9 @@ def test_an_answer_stops_at_a_turn_end_the_tokenizer_has_no_token_for(
     assert answer["output"] == first
     # stopped as "<|end|>" was complete: the answer's tokens and the marker's six, no more
     assert answer["new_tokens"] <= len(first) + 6 < 40
+    # --eval: the reference holds the turn end as trained, the answer stops before it
+    (scored,) = _json(capsys, monkeypatch, "--adapter", str(out), "--eval", "1")["generations"]
+    assert scored["output"] == scored["reference"] == first and scored["exact_match"] is True
     # merge cannot write a text stop into generation_config.json: it says where to stop
     merged = run_here("merge", "--adapter", str(out), "--output", str(tmp_path / "merged"))
     assert merged.returncode == 0, merged.stdout + merged.stderr

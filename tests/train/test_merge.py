@@ -37,14 +37,16 @@ def test_merged_model_matches_adapter_logits(
         build_package(out, shipped)
     assert not list((manifest.parent / "data").glob("x.expert*"))
     merged_dir, notes = merge_adapter(out, tmp_path / "merged")
-    # the base stops at <|endoftext|> alone; the merged model at ChatML's end of turn too
+    # the base stops at <|endoftext|> alone; the merged model at ChatML's end of turn too, and
+    # at the next turn's opening, as generate does for the run's chatml prompt template
     assert notes == [
-        "generation_config.json: the merged model stops at <|im_end|> too, as generate does"
+        "generation_config.json: the merged model stops at <|im_start|>, <|im_end|> too, as "
+        "generate does"
     ]
     assert (merged_dir / "model.safetensors").is_file()
     assert (merged_dir / "tokenizer.json").is_file()
     tokenizer = AutoTokenizer.from_pretrained(merged_dir)
-    ends = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    ends = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     assert (
         json.loads((tiny_model_dir / "generation_config.json").read_text())["eos_token_id"]
         == ends[0]

@@ -4,6 +4,7 @@ a run trained on `<|user|>`/`<|assistant|>` text answers a bare prompt as it was
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -233,6 +234,12 @@ def test_each_layout_stops_at_its_turn_end_as_a_token_or_as_text(tiny_tokenizer)
     assert marker.cut("SELECT 1;\n<|user|>\nQ<|end|>") == "SELECT 1;\n"
     assert marker.cut("a <| b") == "a <| b"
     assert [marker.held(t) for t in ("x<|e", "x<", "x<|u", "x|>", "x")] == [3, 1, 3, 0, 0]
+    # a marker added as a token that is not special: a stop id, and cut where decoding keeps it
+    added = copy.deepcopy(tiny_tokenizer)
+    added.add_tokens(["<|end|>", "<|user|>"])
+    stops = layout_stops(added, PromptFormat("marker").stops)
+    assert stops.texts == () and added.convert_tokens_to_ids("<|end|>") in stops.ids
+    assert stops.cut("SELECT 1;<|end|>\n<|user|>") == "SELECT 1;"
 
 
 def test_the_stream_shows_nothing_of_a_stop_text(tiny_tokenizer) -> None:

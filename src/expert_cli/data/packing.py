@@ -6,9 +6,9 @@ example's attention inside the example. Packing moves tokens, never drops or rep
 are shuffled with a seeded generator, so a build is deterministic.
 
 Examples of the same tokens (a task's `weight` repeats its examples; data may repeat rows) are
-kept out of one row: sorted longest first, an example's copies (of one length) came one after
-another, and best fit put them side by side, so a step trained one example twice where it meant
-the copies for two different steps.
+kept out of one row, up to MAX_SPREAD copies: sorted longest first, an example's copies (of one
+length) came one after another, and best fit put them side by side, so a step trained one
+example twice where it meant the copies for two different steps.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ import pyarrow as pa
 # Tokens per row; the Trainer's length-grouped sampler reads it instead of decoding every row.
 LENGTH_COLUMN = "num_tokens"
 HASH_TOKENS = 1 << 22  # tokens hashed at once when looking for repeated examples
+# copies of one example kept in different rows, at most: a task weight's few; more (a row the
+# data repeats thousands of times) would each need a row of their own, and each copy a walk
+# past the rows holding the others
+MAX_SPREAD = 16
 
 
 @dataclass(frozen=True)
@@ -96,9 +100,9 @@ def _best_bin(
 
 
 def repeated_groups(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """A group number for each example whose tokens another example repeats exactly, -1 for
-    the rest: a seeded hash of each example's ids (a collision only keeps two examples apart),
-    computed HASH_TOKENS at a time so its temporaries stay small."""
+    """A group number for each example whose tokens up to MAX_SPREAD - 1 other examples
+    repeat exactly, -1 for the rest: a seeded hash of each example's ids (a collision only
+    keeps two examples apart), computed HASH_TOKENS at a time so its temporaries stay small."""
     values, offsets = values[offsets[0] : offsets[-1]], offsets - offsets[0]
     lengths = np.diff(offsets)
     groups = np.full(len(lengths), -1, dtype=np.int64)
@@ -121,7 +125,7 @@ def repeated_groups(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     _, first_of, inverse, counts = np.unique(
         hashes, return_index=True, return_inverse=True, return_counts=True
     )
-    repeated = counts[inverse] > 1
+    repeated = (counts[inverse] > 1) & (counts[inverse] <= MAX_SPREAD)
     groups[filled[repeated]] = first_of[inverse[repeated]]
     return groups
 

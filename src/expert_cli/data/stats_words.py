@@ -20,9 +20,9 @@ STYLE_WORDS = {
 }
 # why a `many_turns` row trains only some of its answers
 MANY_TURNS_WHY = (
-    f"their first {MAX_ASKED - 1} answers and the last are trained, the others are context: "
-    "the chat template is asked for each answer, at a cost growing with the square of a "
-    "conversation's turns; split such conversations to train every answer"
+    f"at most their first {MAX_ASKED - 1} answers and the last are trained, the others are "
+    "context: the chat template is asked for each answer, at a cost growing with the square of "
+    "a conversation's turns; split such conversations to train every answer"
 )
 # why a `last_turns` row trains only some of its answers
 LAST_TURNS_WHY = (

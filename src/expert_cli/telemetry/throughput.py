@@ -272,7 +272,8 @@ class ThroughputMeter:
         for key, value in left.items():
             if value > 0:
                 record[f"{key}_s"] = round(value, 3)
-                self.left_out[key] += value
+            # after the last step (an interrupt's checkpoint): the run's, in no window
+            self.left_out[key] += value + (self._pending[key] if at_last_step else 0.0)
         if all(r["flushes"] != NO_MEMORY for r in ranks):
             record["allocator_flushes"] = int(sum(r["flushes"] for r in ranks))
             self.flushed += record["allocator_flushes"]
@@ -312,6 +313,11 @@ class ThroughputMeter:
             "mfu": self._mfu(t["tokens"], t["attended"], seconds, max(1, len(self.rank_totals))),
         }
 
+    def _left_out_so_far(self) -> dict[str, float]:
+        """The evaluation and save seconds of the closed windows, and those since the last
+        step (after a run's last step: its last evaluation, the interrupt's checkpoint)."""
+        return {k: v + self._left[k] + self._pending[k] for k, v in self.left_out.items()}
+
     def summary(self, steps: int, status: str) -> dict[str, Any]:
         """Whole-run numbers over every closed window of this process. `steps` is the run's
         step count (a resumed run's included); `steps_this_run` the steps this process ran."""
@@ -333,7 +339,7 @@ class ThroughputMeter:
             "status": status,
             **({"steady": steady} if (steady := self._steady()) else {}),
             **({"allocator_flushes": self.flushed} if self.flushed else {}),
-            **{f"{k}_s": round(v, 3) for k, v in self.left_out.items() if v > 0},
+            **{f"{k}_s": round(v, 3) for k, v in self._left_out_so_far().items() if v > 0},
             **(
                 {"ranks": [_rank_figures(i, r, seconds) for i, r in enumerate(self.rank_totals)]}
                 if len(self.rank_totals) > 1 and seconds

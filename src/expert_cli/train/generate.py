@@ -375,9 +375,11 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
     for index, case in enumerate(cases):
         view.start(index, case, "expert")
         text, new, seconds = answer(run, case, settings, stops, view)
-        result = Generation(case.prompt, text, new, round(seconds, 3), reference=case.reference)
-        if case.reference is not None:
-            result.exact_match = text.strip() == case.reference.strip()
+        # a reference holds its turn end as trained; the answer is cut before it
+        reference = None if case.reference is None else stops.cut(case.reference).strip()
+        result = Generation(case.prompt, text, new, round(seconds, 3), reference=reference)
+        if reference is not None:
+            result.exact_match = text.strip() == reference
         if opts.compare_base:
             view.start(index, case, "base")
             with run.model.disable_adapter():

@@ -36,7 +36,7 @@ from expert_cli.train.outputs import (
 )
 from expert_cli.train.prompt_format import prompt_format
 from expert_cli.train.run_folder import held_by_another
-from expert_cli.train.tokenizer_files import layout_stops, saved_tokenizer, stop_ids
+from expert_cli.train.tokenizer_files import Stops, layout_stops, saved_tokenizer
 from expert_cli.weights import tensor_shapes
 
 # what renaming the merged model over --output answers when files were put there meanwhile
@@ -202,16 +202,16 @@ def _run_facts(adapter: Path) -> tuple[str | None, Any]:
     return quantized, dtype
 
 
-def _stop_at_end_of_turn(model: Any, tokenizer: Any) -> list[str]:
-    """The merged model's generation_config.json stops where `generate` stops: a base whose
-    config stops at <|endoftext|> alone answered a ChatML expert's turn past its <|im_end|>
-    in any runtime that reads the file."""
+def _stop_at_end_of_turn(model: Any, tokenizer: Any, ids: list[int]) -> list[str]:
+    """The merged model's generation_config.json stops where `generate` stops (`ids`): a base
+    whose config stops at <|endoftext|> alone answered a ChatML expert's turn past its
+    <|im_end|> in any runtime that reads the file."""
     config = getattr(model, "generation_config", None)
     if config is None:
         return []
     eos = config.eos_token_id
     given = [eos] if isinstance(eos, int) else list(eos or [])
-    added = [i for i in stop_ids(tokenizer) if i not in given]
+    added = [i for i in ids if i not in given]
     if not added:
         return []
     config.eos_token_id = given + added if given or len(added) > 1 else added[0]
@@ -219,19 +219,24 @@ def _stop_at_end_of_turn(model: Any, tokenizer: Any) -> list[str]:
     return [f"generation_config.json: the merged model stops at {shown} too, as generate does"]
 
 
-def _text_stops(adapter: Path, tokenizer: Any) -> list[str]:
-    """A note where the run's answers end with a marker its tokenizer has no token for (text
-    data of `<|end|>` turns on Qwen's tokenizer): generate stops at it as text, which
-    generation_config.json cannot say (stop_strings there make transformers' generate ask for
-    the tokenizer on every call)."""
+def _run_stops(adapter: Path, tokenizer: Any) -> Stops:
+    """Where `generate` ends this run's answers: its prompt layout's markers too (the
+    tokenizer's own stops where the run's configuration cannot be read)."""
     data = read_json_file(run_of(adapter) / "manifest.resolved.json")
     runtime = data.pop("runtime", None)
     try:
         resolved = ResolvedConfig.model_validate(data)
     except ValueError:  # generate names the file; merge needs none of it
-        return []
+        return layout_stops(tokenizer, ())
     record = runtime.get("data") if isinstance(runtime, dict) else None
-    texts = layout_stops(tokenizer, prompt_format(resolved, tokenizer, record)[0].stops).texts
+    return layout_stops(tokenizer, prompt_format(resolved, tokenizer, record)[0].stops)
+
+
+def _text_stops(texts: tuple[str, ...]) -> list[str]:
+    """A note where the run's answers end with a marker its tokenizer has no token for (text
+    data of `<|end|>` turns on Qwen's tokenizer): generate stops at it as text, which
+    generation_config.json cannot say (stop_strings there make transformers' generate ask for
+    the tokenizer on every call)."""
     if not texts:
         return []
     shown = ", ".join(texts)
@@ -264,7 +269,8 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
             f"quantization: the run trained against {quantization} base weights; they are "
             "merged at full precision (the adapter on the unquantized base)"
         )
-    notes += _stop_at_end_of_turn(model, tokenizer) + _text_stops(adapter, tokenizer)
+    stops = _run_stops(adapter, tokenizer)
+    notes += _stop_at_end_of_turn(model, tokenizer, stops.ids) + _text_stops(stops.texts)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         with atomic_folder(output) as tmp:  # an existing `output` is empty, checked above

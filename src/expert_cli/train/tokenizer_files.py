@@ -45,13 +45,15 @@ def stop_ids(tokenizer: Any) -> list[int]:
 class Stops:
     """Where an answer ends: token ids, and texts the model learned as several tokens (a
     layout's `<|end|>` where the tokenizer has no such token); the answer is cut before the
-    first text."""
+    first of the layout's `markers` (a text, or a token that is not special, which decoding
+    keeps)."""
 
     ids: list[int]
     texts: tuple[str, ...] = ()
+    markers: tuple[str, ...] = ()
 
     def cut(self, text: str) -> str:
-        ends = [i for i in (text.find(s) for s in self.texts) if i >= 0]
+        ends = [i for i in (text.find(s) for s in (*self.texts, *self.markers)) if i >= 0]
         return text[: min(ends)] if ends else text
 
     def held(self, text: str) -> int:
@@ -73,7 +75,7 @@ def layout_stops(tokenizer: Any, markers: Sequence[str]) -> Stops:
             ids.add(one[0])
         else:
             texts.append(marker)
-    return Stops(sorted(ids), tuple(texts))
+    return Stops(sorted(ids), tuple(texts), tuple(markers))
 
 
 def tokenizer_problem(name: str, data: bytes) -> str | None:
