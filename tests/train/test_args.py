@@ -320,6 +320,30 @@ def test_sigterm_raises_before_training_and_a_second_one_stops_training() -> Non
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
+def test_under_a_launcher_its_copy_of_the_signal_is_not_a_second_one(monkeypatch) -> None:
+    """A terminal's Ctrl-C reaches every process of its group: torchrun (or accelerate launch)
+    and each worker. torchrun sends it on to each worker a moment later, and that copy was a
+    second signal: every worker stopped at once, without its checkpoint (the steps since the
+    last one lost). Under a launcher a repeat within LAUNCHER_ECHO seconds is that copy; a
+    later one still stops at once. Without a launcher a quick second Ctrl-C stops at once."""
+    now = [100.0]
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run")
+    with Interrupt(clock=lambda: now[0]) as interrupt:
+        signal.raise_signal(signal.SIGINT)
+        now[0] += 0.05
+        signal.raise_signal(signal.SIGINT)  # the launcher's copy: ignored
+        assert interrupt.signum == signal.SIGINT
+        now[0] += Interrupt.LAUNCHER_ECHO
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    with Interrupt(clock=lambda: now[0]) as interrupt:
+        signal.raise_signal(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_incomplete_checkpoints_are_removed_and_complete_ones_kept(tmp_path: Path) -> None:
     for n in (3, 6):
         (tmp_path / f"checkpoint-{n}").mkdir()

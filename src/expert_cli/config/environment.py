@@ -134,7 +134,8 @@ POD_VARIABLES = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_PORT")
 RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK")
 
 
-def _launched(env: Mapping[str, str]) -> bool:
+def launched(env: Mapping[str, str]) -> bool:
+    """Whether a launcher of several processes started this one."""
     if any(v in env for v in LAUNCHER_VARIABLES):
         return True
     return any(v in env for v in POD_VARIABLES) and all(v in env for v in RENDEZVOUS_VARIABLES)
@@ -145,7 +146,7 @@ def unlaunched_world(env: Mapping[str, str]) -> str | None:
     (left over in the shell from an earlier job): a run waits for the others to join, for
     as long as it is left. None for one process, or under a launcher."""
     world = env.get("WORLD_SIZE", "")
-    if not world.isdigit() or int(world) < 2 or _launched(env):
+    if not world.isdigit() or int(world) < 2 or launched(env):
         return None
     rank = env.get("RANK", "unset")
     rank = rank if rank.isdigit() else "not a number"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from expert_cli.atomic import HANGUP, heard, write_json_atomic
+from expert_cli.config.environment import launched
 from expert_cli.telemetry.ops import OpCounter
 from expert_cli.telemetry.throughput import ThroughputMeter
 from expert_cli.train.args import warmup_count
@@ -128,29 +131,44 @@ def earlier_records(path: Path, resumed_from: str | None) -> dict[str, list[dict
 class Interrupt:
     """SIGINT/SIGTERM set a flag; training stops with a checkpoint at the next step end.
 
-    A second signal stops at once: the handlers from before are back (KeyboardInterrupt for
+    A second signal stops at once: the handlers from before take it (KeyboardInterrupt for
     SIGINT; for SIGTERM Terminated under `sigterm_raises`, else the default, which ends the
-    process).
+    process). Under a launcher a second signal within LAUNCHER_ECHO seconds of the first is
+    the launcher passing on what the process had already had: a terminal's Ctrl-C (or
+    Slurm's scancel) reaches every process of the group, torchrun and accelerate launch
+    included, which send it on to each worker, and that copy had stopped every worker at once,
+    without its checkpoint.
     """
 
     # SIGHUP: the terminal closed (an ssh session dropped), the usual end of a run started
     # by hand; it ended the process at once, losing the steps since the last checkpoint
     SIGNALS = (signal.SIGINT, signal.SIGTERM, *HANGUP)
+    LAUNCHER_ECHO = 5.0
 
-    def __init__(self, heard: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        heard: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
         self.heard = heard  # told at once: a step of many micro-batches can take minutes
+        self.clock, self._first = clock, 0.0
+        self.echo = self.LAUNCHER_ECHO if launched(os.environ) else 0.0
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.signum = signum
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        if self.heard is not None:
-            self.heard(
-                f"{signal.Signals(signum).name}: stopping at the end of this optimizer step, "
-                "with a checkpoint; the same signal again stops at once, without one"
-            )
+        if self.signum is None:
+            self.signum, self._first = signum, self.clock()
+            if self.heard is not None:
+                self.heard(
+                    f"{signal.Signals(signum).name}: stopping at the end of this optimizer "
+                    "step, with a checkpoint; the same signal again stops at once, without one"
+                )
+            return
+        if self.clock() - self._first < self.echo:
+            return  # the launcher passing the signal on
+        self.restore()
+        signal.raise_signal(signum)  # to the handler from before: stop at once
 
     def __enter__(self) -> Interrupt:
         for sig in heard(self.SIGNALS):
@@ -158,6 +176,10 @@ class Interrupt:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        """The handlers from before, back."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
