@@ -87,3 +87,24 @@ def test_a_probe_that_runs_out_of_memory_keeps_a_given_batch(
     assert run.runtime == {}
     with pytest.raises(torch.OutOfMemoryError):
         _plan(_run(tmp_path))
+
+
+def test_every_process_keeps_the_given_batch_when_one_probe_did_not_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process whose probe ran out of memory kept its numbers and left the others waiting in
+    the collective that takes the smallest micro-batch: the ranks' next collectives no longer
+    matched and the run hung at start-up. Every process now asks whether any probe failed
+    (here the other process's answer is the stand-in) and keeps the given numbers if so."""
+
+    def probe(model, rows, collate, device, rows_per_step, dtype):  # it fits here
+        return BatchPlan(16, rows_per_step // 16, rows_per_step, 1.2, 2.44, 67.3)
+
+    monkeypatch.setattr(batching, "plan_batch", probe)
+    monkeypatch.setattr(batching.distributed, "any_rank", lambda flag: True)
+    run = _run(tmp_path, batch_size=8, gradient_accumulation_steps=4)
+    assert _plan(run) == [
+        "batch_size: 8 x 4 kept as given (the memory probe's two-row step did not fit on "
+        "another process)"
+    ]
+    assert (run.args.per_device_train_batch_size, run.args.gradient_accumulation_steps) == (8, 4)

@@ -168,6 +168,7 @@ def plan_run_batch(
     rows = [data.train[i] for i in range(min(2, len(data.train)))] * 2
     if resolved.gradient_checkpointing:  # the Trainer turns it on too; the probe must see it
         enable_checkpointing(peft_model, resolved.gradient_checkpointing_kwargs)
+    plan = None
     try:
         plan = plan_batch(
             peft_model,
@@ -182,9 +183,13 @@ def plan_run_batch(
             raise
         peft_model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
+    # every rank keeps the numbers where one rank's probe did not fit (that rank had left
+    # the others waiting in the collective below)
+    if distributed.any_rank(plan is None) or plan is None:
+        where = "" if plan is None else " on another process"
         choices.notes.append(
             f"batch_size: {given[0]} x {given[1]} kept as given (the memory probe's two-row "
-            "step did not fit)"
+            f"step did not fit{where})"
         )
         return
     micro = distributed.min_over_ranks(max(plan.micro_batch, given[0] if numeric else 1))
