@@ -228,8 +228,8 @@ class ExpertTrainer(Trainer):
         Each batch's loss is its sum divided by the batch's trained tokens over all
         processes, times the process count, so the mean over processes of loss x count
         summed over batches is the split's summed loss. Under several processes the rows
-        the last batch repeats to fill every process's batch count again, as in the
-        Trainer's own average."""
+        the last batch repeats to fill every process's batch count again (the Trainer's own
+        average drops them: gather_for_metrics; the loss here is one number per batch)."""
         spread = self.args.world_size > 1
         if not tally or (spread and not self.args.average_tokens_across_devices):
             return None
