@@ -25,7 +25,6 @@ from transformers import TrainerCallback, TrainerState
 from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
-from expert_cli.train import distributed
 from expert_cli.train.outputs import ADAPTER_WEIGHTS, read_json_file, run_of
 from expert_cli.weights import (
     non_finite_line,
@@ -262,9 +261,13 @@ def finished_from(trainer: Any, resume: Path | None) -> bool:
     checkpoint and its final save): then its adapter (with load_best_model_at_end, the best
     checkpoint's) is put into the trainer's model and its state taken, so the run is saved
     as it ended. Resumed, the Trainer trained one step more (at a learning rate of 0, with
-    an evaluation and a checkpoint of its own). One process only: sharded checkpoints of
-    several are left to the Trainer."""
-    if resume is None or distributed.initialized():
+    an evaluation and a checkpoint of its own). Under DDP each process reads the whole
+    adapter (`run` trains unless every process found the run finished); the sharded
+    checkpoints of FSDP and DeepSpeed are left to the Trainer."""
+    sharded = getattr(trainer, "is_fsdp_enabled", False) or getattr(
+        trainer, "is_deepspeed_enabled", False
+    )
+    if resume is None or sharded:
         return False
     if getattr(trainer.model, "peft_type", None) == "ADALORA":
         return False  # its pruned ranks need the model rebuilt: left to the Trainer

@@ -336,7 +336,8 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
         if run.is_main:  # with runtime.distributed, known once the Trainer is built
             write_resolved(run.output, run.resolved, run.runtime, run.source)
         try:
-            if not finished_from(trainer, resume):  # a checkpoint of the last step: saved as is
+            # a checkpoint of the last step is saved as it is, where every process finds it so
+            if distributed.any_rank(not finished_from(trainer, resume)):
                 trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         except (KeyboardInterrupt, Terminated):  # a second signal: stop at once
             throughput.finish(trainer.state.global_step, "interrupted", alone=True)
