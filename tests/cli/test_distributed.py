@@ -189,7 +189,7 @@ def test_accelerate_launch_with_a_config_file(tmp_path: Path, tiny_model_dir: Pa
     assert _runtime(out)["distributed"]["world_size"] == 2
     assert [r["rank"] for r in read_metrics(out)["summary"]["ranks"]] == [0, 1]
     # killed after its last checkpoint, before its final save: --resume under the launcher
-    # saves that checkpoint's adapter (2 processes trained a step 3 at a learning rate of 0)
+    # saves that checkpoint's adapter (2 processes trained a step 3 and saved checkpoint-3)
     final = load_file(out / "adapter_model.safetensors")
     (out / "adapter_model.safetensors").unlink()
     again = launch(launcher, *_train(out, manifest, "--max-steps", "2", "--resume"))
