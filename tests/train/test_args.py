@@ -27,6 +27,7 @@ from expert_cli.train.checkpoints import (
     COMPLETE,
     complete_checkpoints,
     remove_incomplete_checkpoints,
+    resume_problem,
 )
 from expert_cli.train.run_folder import disk_full, sweep_leftovers
 from expert_cli.train.trainer import COUNTS_KEY, CountingCollator
@@ -342,6 +343,24 @@ def test_under_a_launcher_its_copy_of_the_signal_is_not_a_second_one(monkeypatch
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_checkpoint_lacking_one_process_random_state_is_not_resumed(tmp_path: Path) -> None:
+    """Each process of a run of several writes its own rng_state_N.pth; one missing went
+    unnoticed (any one file passed) and the resumed process drew other numbers (a dropout
+    run's losses differed from the uninterrupted one's). The marker now waits for every
+    process, and a gap in the ranks' files is named."""
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state_0.pth", "rng_state_2.pth"):
+        (tmp_path / name).write_bytes(b"x")
+    assert resume_problem(tmp_path) == (
+        "rng_state_1.pth is missing (that process would not draw what it would have drawn)"
+    )
+    (tmp_path / "rng_state_1.pth").write_bytes(b"x")
+    assert resume_problem(tmp_path) is None
+    for name in ("rng_state_0.pth", "rng_state_1.pth", "rng_state_2.pth"):
+        (tmp_path / name).unlink()
+    (tmp_path / "rng_state.pth").write_bytes(b"x")  # one process's
+    assert resume_problem(tmp_path) is None
 
 
 def test_incomplete_checkpoints_are_removed_and_complete_ones_kept(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ is passed over as well.
 
 from __future__ import annotations
 
+import re
 import shutil
 import zipfile
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from transformers import TrainerCallback, TrainerState
 from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
+from expert_cli.train import distributed
 from expert_cli.train.outputs import ADAPTER_WEIGHTS, read_json_file, run_of
 from expert_cli.weights import (
     non_finite_line,
@@ -44,6 +46,7 @@ SHARDED = ("global_step", "optimizer_0", "pytorch_model_fsdp")
 # what the Trainer reads to continue a run exactly, and skips without a word when missing (the
 # optimizer's moments and the schedule would start again from zero)
 RESUMED = ("optimizer.pt", "scheduler.pt")
+RANK_RNG = re.compile(r"rng_state_(\d+)\.pth$")  # one per process of a run of several
 
 
 def checkpoint_step(path: Path) -> int | None:
@@ -152,6 +155,13 @@ def resume_problem(path: Path) -> str | None:
             return f"{name} is missing (the run would go on with its state started again)"
     if not any(path.glob("rng_state*.pth")):
         return "rng_state.pth is missing (the run would not draw what it would have drawn)"
+    ranks = sorted(int(m[1]) for p in path.glob("rng_state_*.pth") if (m := RANK_RNG.match(p.name)))
+    if ranks and ranks != list(range(ranks[-1] + 1)):
+        missing = sorted(set(range(ranks[-1] + 1)) - set(ranks))
+        return (
+            f"rng_state_{missing[0]}.pth is missing (that process would not draw what it "
+            "would have drawn)"
+        )
     return None
 
 
@@ -249,6 +259,10 @@ class CheckpointMarker(TrainerCallback):
             state.best_model_checkpoint = str(found)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # every process has written its part (its random generators' rng_state_N.pth) before
+        # the checkpoint is marked whole: without the wait a resume could read a checkpoint
+        # marked complete that lacked another rank's file, and went on drawing other numbers
+        distributed.barrier()
         if not state.is_world_process_zero:
             return
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
