@@ -178,6 +178,13 @@ def test_ranks_sum_tokens_take_the_slowest_wait_and_keep_their_own_figures() -> 
     assert summary["data_wait_fraction"] == pytest.approx(1.0 / 2.0)  # 0.5 s + 0.5 s of 2 s
     assert [r["tokens"] for r in summary["ranks"]] == [2000, 1000]
     assert summary["ranks"][0]["data_wait_fraction"] == pytest.approx(0.25 / 2.0)
+    # a last window closed by this process alone (it failed): its counts go to its own
+    # totals; the summary kept only this process (MFU against one peak: 67% read for 40%)
+    _step(meter, clock, wait=0.0, compute=1.0)
+    meter.close_window(3, None, None, at_last_step=True, alone=True)
+    summary = meter.summary(3, "failed")
+    assert [r["tokens"] for r in summary["ranks"]] == [3000, 1000]
+    assert summary["mfu"] == pytest.approx(4000 / 3.0 * fm.per_token(250) / 2e12)
     single = _meter(FakeClock(), fm)
     _step(single, FakeClock(), wait=0.0, compute=1.0)
     assert "ranks" not in single.close_window(1, None, None)

@@ -80,6 +80,13 @@ def _cuda_sync() -> None:
         torch.cuda.synchronize()
 
 
+def _own_rank() -> int:
+    """This process's rank (0 without a process group)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return 0
+
+
 def _cuda_mark() -> Any:
     """A CUDA event recorded now, reached when the GPU has done the work queued before it;
     None without CUDA."""
@@ -279,11 +286,7 @@ class ThroughputMeter:
             self.flushed += record["allocator_flushes"]
         if len(ranks) > 1:
             record["ranks"] = [_rank_figures(i, r, seconds) for i, r in enumerate(ranks)]
-        if len(self.rank_totals) != len(ranks):  # the first window (ranks never change in a run)
-            self.rank_totals = [dict.fromkeys(WINDOW_KEYS, 0.0) for _ in ranks]
-        for total, r in zip(self.rank_totals, ranks, strict=True):
-            for key in WINDOW_KEYS:
-                total[key] += r[key]
+        self._add_to_ranks(ranks, alone)
         for key in self.totals:
             self.totals[key] += w[key]
         self.seconds += seconds
@@ -294,6 +297,19 @@ class ThroughputMeter:
         self._window_start, self._start_mark = now, self.mark()  # the GPU idle: synchronized
         self._reset_window()
         return record
+
+    def _add_to_ranks(self, ranks: list[dict[str, float]], alone: bool) -> None:
+        """Each process's totals, with a window's counts (`alone`: this process's only, to its
+        own totals: the run's other ranks and their MFU peaks are kept)."""
+        if not self.rank_totals:  # the first window (ranks never change in a run)
+            count = max(len(ranks), self.world_size if alone else 1)
+            self.rank_totals = [dict.fromkeys(WINDOW_KEYS, 0.0) for _ in range(count)]
+        rows = ranks if len(ranks) == len(self.rank_totals) else [{}] * len(self.rank_totals)
+        if alone and len(ranks) == 1 < len(self.rank_totals):
+            rows[min(_own_rank(), len(rows) - 1)] = ranks[0]
+        for total, r in zip(self.rank_totals, rows, strict=True):
+            for key in WINDOW_KEYS:
+                total[key] += r.get(key, 0.0)
 
     def _steady(self) -> dict[str, Any] | None:
         """The run's rates without its first window, which holds the first step's kernel
