@@ -89,15 +89,23 @@ class ExpertTrainer(Trainer):
     def get_batch_samples(
         self, epoch_iterator: Any, num_batches: int, device: Any
     ) -> tuple[list, Any]:
+        """The Trainer's: a step's batches, and their trained tokens over every process; the
+        fetch alone timed as data wait (the count's gather across processes waits for the
+        slowest one, which on gloo blocks the host: it read as data wait)."""
         if self.meter is not None:
             self.meter.fetch_started()
-        batches, n_items = super().get_batch_samples(epoch_iterator, num_batches, device)
-        if self.regulariser_weights and batches:
-            self._share_regulariser(len(batches))
+        batches = []
+        for _ in range(num_batches):
+            try:
+                batches.append(next(epoch_iterator))
+            except StopIteration:
+                break
         counts = [b.pop(COUNTS_KEY, (0, 0, 0, 0)) for b in batches]
         if self.meter is not None:
             self.meter.fetch_ended(*(sum(c[i] for c in counts) for i in range(4)))
-        return batches, n_items
+        if self.regulariser_weights and batches:
+            self._share_regulariser(len(batches))
+        return batches, self._get_num_items_in_batch(batches, device)
 
     def get_decay_parameter_names(self, model: Any) -> list[str]:
         return [n for n in super().get_decay_parameter_names(model) if NO_DECAY not in n]
