@@ -171,6 +171,7 @@ def test_ranks_sum_tokens_take_the_slowest_wait_and_keep_their_own_figures() -> 
         (1, 500.0, 0.5),
     ]
     assert [r["peak_memory_gb"] for r in rec["ranks"]] == [1.5, 2.5]
+    assert rec["peak_memory_gb"] == 2.5  # the largest of any process (it was rank 0's)
     _step(meter, clock, wait=0.0, compute=1.0)
     meter.close_window(2, None, None)
     summary = meter.summary(2, "completed")

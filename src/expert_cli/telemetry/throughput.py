@@ -263,7 +263,8 @@ class ThroughputMeter:
         ranks = self._per_rank(self.memory(), alone)
         w = {k: sum(r[k] for r in ranks) for k in WINDOW_KEYS}
         w["wait"] = max(r["wait"] for r in ranks)  # the slowest rank's wait holds every step
-        memory = ranks[0]["memory"]
+        # the largest of any process: the one nearest its limit
+        memory = max((r["memory"] for r in ranks), default=NO_MEMORY)
         record = {
             "step": step,
             "tokens_per_s": w["tokens"] / seconds,
