@@ -400,3 +400,28 @@ def test_a_relative_path_written_with_backslashes_is_found(tmp_path: Path) -> No
 
     resolved = resolve(load_manifest(_manifest(tmp_path, edit)), cpu_environment())
     assert resolved.train_sources[0].location == str(tmp_path / "datasets" / "train.jsonl")
+
+
+def test_adapters_a_quantized_base_cannot_train_are_refused(tmp_path: Path) -> None:
+    """LoKr on a 4-bit base and DoRA on an 8-bit one on a CPU passed `check` and failed in a
+    step with a traceback from peft (a reshape to the packed weight's shape) or bitsandbytes
+    (its 8-bit backward). They are exit 2 naming the quantization; on a GPU int8 DoRA is
+    left to run, and LoKr on int8 trains."""
+    from train_helpers import h100_environment
+
+    def quantized(quantization: str):
+        def edit(data: dict) -> None:
+            data["base_models"][0]["quantization"] = quantization
+
+        return edit
+
+    lokr = _manifest(tmp_path, quantized("int4"))
+    said = _errors(lokr, ["training.config.adapter_type=lokr"])
+    assert "base_models[0].quantization: int4 cannot carry adapter_type lokr" in said
+    int8 = _manifest(tmp_path, quantized("int8"))
+    said = _errors(int8, ["training.config.adapter_type=dora"])
+    assert "base_models[0].quantization: int8 with DoRA fails on a CPU" in said
+    on_gpu = resolve(load_manifest(int8, ["training.config.adapter_type=dora"]), h100_environment())
+    assert on_gpu.use_dora and on_gpu.quantization == "int8"
+    lokr8 = resolve(load_manifest(int8, ["training.config.adapter_type=lokr"]), cpu_environment())
+    assert lokr8.adapter_type == "lokr"

@@ -129,14 +129,16 @@ def _with_quantization_config(tiny_model_dir: Path, dest: Path, stored: dict) ->
     return dest
 
 
-def _stored_4bit(tiny_model_dir: Path, dest: Path) -> Path:
+def _stored_4bit(tiny_model_dir: Path, dest: Path, compute: str = "bfloat16") -> Path:
     """The tiny base as a bitsandbytes 4-bit checkpoint (its config.json's
     quantization_config), as a `...-bnb-4bit` model on the hub is."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
     quant = BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=getattr(torch, compute),
     )
     model = AutoModelForCausalLM.from_pretrained(
         tiny_model_dir, quantization_config=quant, device_map={"": "cpu"}
@@ -242,3 +244,21 @@ def test_an_older_bitsandbytes_config_without_its_method_is_read_as_bitsandbytes
         other = SimpleNamespace(init="pretrained", quantization="none", base_model="b")
         problem = stored_quantization_problem(other, config)
         assert problem is not None and f'set it to "{kind}"' in problem
+
+
+def test_a_base_stored_in_4bit_computes_in_the_runs_dtype(tmp_path: Path, tiny_model_dir) -> None:
+    """A base stored with float16 compute kept it: the run said "bf16 compute" while peft's
+    4-bit layers computed in float16 (Qwen's large activations overflow there)."""
+    import torch
+
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.train.model import load_base_model
+
+    base = _stored_4bit(tiny_model_dir, tmp_path / "bnb4", compute="float16")
+    manifest = write_expert(tmp_path / "e", base, base={"quantization": "int4"}, rows=8)
+    model, choices = load_base_model(resolve(load_manifest(manifest), cpu_environment()), "cpu")
+    layers = [m for m in model.modules() if hasattr(getattr(m, "weight", None), "quant_state")]
+    assert len(layers) == 14 and choices.dtype == "nf4, bf16 compute"
+    assert {m.compute_dtype for m in layers} == {torch.bfloat16}

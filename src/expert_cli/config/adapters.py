@@ -14,8 +14,9 @@ DEFAULT_RANK = 16
 DEFAULT_DROPOUT = 0.05
 
 
-def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
-    """The resolved adapter fields (type, rank, alpha, dropout, targets, DoRA)."""
+def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) -> dict[str, Any]:
+    """The resolved adapter fields (type, rank, alpha, dropout, targets, DoRA); UserError for
+    an adapter the base's quantization cannot train (`on_gpu`: the run's machine has one)."""
     cfg = manifest.training.config
     spec = manifest.primary_adapter
     kind = first(cfg.adapter_type, spec.type if spec else None, "lora")
@@ -59,9 +60,10 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
             "drew, so the gradients are not those of the loss: set it true (the default), or "
             "dropout to 0"
         )
-    if cfg.adapter_kernel == "fused" and (
-        unfused := unfused_reason(kind, use_dora, manifest.primary_base_model.quantization)
-    ):
+    quantization = manifest.primary_base_model.quantization
+    if problem := quantized_problem(kind, use_dora, quantization, on_gpu):
+        raise UserError(problem)
+    if cfg.adapter_kernel == "fused" and (unfused := unfused_reason(kind, use_dora, quantization)):
         notes.append(f"adapter_kernel: {unfused}")
     scaling = spec.scaling if spec else None
     if scaling and scaling not in ("standard", "default", *(("dora",) if use_dora else ())):
@@ -81,6 +83,24 @@ def adapter_settings(manifest: Manifest, notes: list[str]) -> dict[str, Any]:
         ),
         use_dora=use_dora,
     )
+
+
+def quantized_problem(kind: str, dora: bool, quantization: str | None, on_gpu: bool) -> str | None:
+    """An adapter a quantized base cannot train, which peft and bitsandbytes accept and then
+    fail on in a step (a traceback after `check` called the manifest usable)."""
+    where = "base_models[0].quantization"
+    if quantization == "int4" and kind == "lokr":
+        return (
+            f"{where}: int4 cannot carry adapter_type lokr (peft shapes the Kronecker update "
+            "as the 4-bit weight's packed storage and fails at the first step); use int8 or "
+            "none, or a LoRA adapter"
+        )
+    if quantization == "int8" and dora and not on_gpu:
+        return (
+            f"{where}: int8 with DoRA fails on a CPU at the second step (bitsandbytes' 8-bit "
+            "backward); use int4 or none, or LoRA without DoRA"
+        )
+    return None
 
 
 def unfused_reason(kind: str, dora: bool, quantization: str | None) -> str | None:

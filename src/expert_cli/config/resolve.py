@@ -369,7 +369,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         expert_version=lm.manifest.version,
         manifest_path=str(lm.path),
         **base_model_settings(lm),
-        **adapter_settings(lm.manifest, notes),
+        **adapter_settings(lm.manifest, notes, env.has_gpu),
         train_sources=train,
         validation_sources=valid,
         field_mapping=ds.field_mapping,

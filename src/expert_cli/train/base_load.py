@@ -151,3 +151,12 @@ def four_bit_kind(model: Any) -> str:
         if state is not None:
             return f"{state.quant_type}{' + double quantization' if state.nested else ''}"
     return "4-bit"
+
+
+def four_bit_compute(model: Any, dtype: Any) -> None:
+    """Every 4-bit layer computes in the run's `dtype`: a base stored in 4-bit brings its own
+    (float16, or bitsandbytes' float32 where its config gives none), so the run said "bf16
+    compute" while peft's layers computed in the stored one (and the fused kernel in bf16)."""
+    for module in model.modules():
+        if getattr(getattr(module, "weight", None), "quant_state", None) is not None:
+            module.compute_dtype = dtype

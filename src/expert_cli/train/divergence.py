@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
+from bitsandbytes.functional import dequantize_4bit
 from transformers import TrainerCallback
 
 from expert_cli.errors import RunError
@@ -126,17 +127,30 @@ def local_data(param: Any) -> Any:
 
 def non_finite_weights(model: Any, trainable_only: bool = False) -> list[str]:
     """Names of the floating-point parameters (only those that train, with `trainable_only`)
-    holding a NaN or an infinity, each process judging the shard it holds; a quantized
-    weight's packed integers and tensors without storage are not read. One synchronisation
-    per tensor, at load and after the last step only (see `weights.tensor_is_finite`)."""
+    holding a NaN or an infinity, each process judging the shard it holds; a 4-bit weight is
+    judged dequantized and an 8-bit one by its row scales (their packed integers hold no NaN,
+    and a NaN in the weights they were made from went into the scales: one NaN made a whole
+    4-bit layer NaN, and the run "diverged" at its first step). Tensors without storage are
+    not read. One synchronisation per tensor, at load and after the last step only (see
+    `weights.tensor_is_finite`)."""
     bad = []
     for name, param in model.named_parameters():
         if trainable_only and not param.requires_grad:
             continue
-        data = local_data(param)
+        data = _numbers(param)
         if not data.is_meta and not tensor_is_finite(data):
             bad.append(name)
     return bad
+
+
+def _numbers(param: Any) -> Any:
+    """The numbers a parameter stands for: a 4-bit weight dequantized, an 8-bit weight's row
+    scales, else its own (local) data."""
+    if (state := getattr(param, "quant_state", None)) is not None:
+        return dequantize_4bit(param.data, state)
+    if (scales := getattr(param, "SCB", None)) is not None:
+        return scales
+    return local_data(param)
 
 
 def finite_checkpoint(output: Path) -> Path | None:

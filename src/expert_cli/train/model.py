@@ -30,7 +30,7 @@ from expert_cli.train.adapter import (
     target_problem,
 )
 from expert_cli.train.attention import TORCH_VARLEN, check_model_config, register_torch_varlen
-from expert_cli.train.base_load import four_bit_kind, load_pretrained
+from expert_cli.train.base_load import four_bit_compute, four_bit_kind, load_pretrained
 from expert_cli.train.checkpoints import recorded_feedforward, unfit_problem
 from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_lora import fuse_lora_linears, unfused_bases
@@ -104,7 +104,8 @@ def apply_tf32(enabled: bool) -> bool:
 
 
 def quantization_config(resolved: ResolvedConfig, on_gpu: bool) -> Any:
-    """bitsandbytes settings for int4 (NF4, double quantization, bf16 compute) or int8."""
+    """bitsandbytes settings for int4 (NF4, double quantization, bf16 compute; fp16 in an fp16
+    GPU run) or int8."""
     if resolved.quantization not in ("int4", "int8"):
         return None
 
@@ -201,8 +202,9 @@ def _checked(load: Any) -> Any:
 def _freeze_for_kbit(model: PreTrainedModel, resolved: ResolvedConfig, half: str) -> None:
     """What QLoRA needs of a quantized base: frozen weights and, for gradient checkpointing,
     inputs that require grad. With bf16 compute the unquantized weights (norms, embeddings)
-    stay bf16; peft's prepare_model_for_kbit_training would upcast them all to fp32, which
-    makes every residual add and the LM head run in fp32."""
+    stay in the run's dtype; peft's prepare_model_for_kbit_training would upcast them to fp32,
+    making every residual add and the LM head run in fp32 on a GPU."""
+    four_bit_compute(model, torch.float16 if half == "fp16" else torch.bfloat16)
     if half != "bf16":
         prepare_model_for_kbit_training(
             model,
