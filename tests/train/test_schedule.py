@@ -229,3 +229,30 @@ def test_data_wait_times_the_fetch_not_the_exchange_of_token_counts(
     batches, items = trainer.get_batch_samples(fetched(), 1, "cpu")
     assert len(batches) == 1 and COUNTS_KEY not in batches[0] and int(items) == 3
     assert trainer.meter.win["wait"] == 0.5 and trainer.meter.win["tokens"] == 4
+
+
+def test_length_groups_are_made_of_the_global_batch(tmp_path: Path, tiny_model_dir, monkeypatch):
+    """transformers sizes group_by_length's megabatches by one process's batch: 2 processes x
+    2 rows grouped other rows together than 1 x 4, and the loss curve differed from step 1
+    (equal through the first epoch now, measured on gloo). The sampler takes the global one."""
+    import datasets
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=4, lora_alpha=8)
+    )
+    trainer = _trainer(
+        tmp_path,
+        model,
+        {
+            "packing": False,
+            "group_by_length": True,
+            "batch_size": 2,
+            "gradient_accumulation_steps": 3,
+        },
+    )
+    rows = datasets.Dataset.from_dict({"input_ids": [[1]] * 64, "num_tokens": list(range(64))})
+    alone = trainer._get_train_sampler(rows)
+    assert isinstance(alone, LengthGroupedSampler) and alone.batch_size == 6
+    monkeypatch.setattr(type(trainer.args), "world_size", property(lambda self: 2))
+    assert trainer._get_train_sampler(rows).batch_size == 12
