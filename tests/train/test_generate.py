@@ -18,6 +18,19 @@ from expert_cli.errors import UserError
 from expert_cli.train.generate import decoding_settings
 
 QUESTION, ANSWER = "Count the orders.", "SELECT COUNT(*) FROM orders;"
+# a tiny model learns one example by heart in 60 steps at this rate, without warmup or decay
+MEMORISING = {
+    "rank": 16,
+    "alpha": 32,
+    "dropout": 0.0,
+    "learning_rate": 1e-2,
+    "batch_size": 4,
+    "packing": False,
+    "warmup_steps": 0,
+    "lr_scheduler": "constant",
+    "save_steps": 1000,
+    "evaluation_strategy": "no",
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,19 +58,7 @@ def memorised(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) ->
                 "validation_path": "data/valid.jsonl",
                 "field_mapping": {"instruction": "q", "response": "a"},
             },
-            "config": {
-                "rank": 16,
-                "alpha": 32,
-                "dropout": 0.0,
-                "learning_rate": 1e-2,
-                "batch_size": 4,
-                "max_seq_length": 64,
-                "packing": False,
-                "warmup_steps": 0,
-                "lr_scheduler": "constant",
-                "save_steps": 1000,
-                "evaluation_strategy": "no",
-            },
+            "config": {**MEMORISING, "max_seq_length": 64},
             "decoding": {"temperature": 0.0, "top_p": 0.8, "max_tokens": 24, "grammar": "x"},
         },
     }
@@ -774,19 +775,7 @@ def test_an_answer_stops_at_a_turn_end_the_tokenizer_has_no_token_for(
                 "validation_path": "valid.jsonl",
                 "field_mapping": {"text": "text"},
             },
-            "config": {
-                "rank": 16,
-                "alpha": 32,
-                "dropout": 0.0,
-                "learning_rate": 1e-2,
-                "batch_size": 4,
-                "max_seq_length": 96,
-                "packing": False,
-                "warmup_steps": 0,
-                "lr_scheduler": "constant",
-                "save_steps": 1000,
-                "evaluation_strategy": "no",
-            },
+            "config": {**MEMORISING, "max_seq_length": 96},
             "decoding": {"temperature": 0.0, "max_tokens": 40},
         },
     }
