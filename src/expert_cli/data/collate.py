@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import datasets
 import numpy as np
 import torch
 
 from expert_cli.data.formatting import IGNORE
+from expert_cli.data.packing import LENGTH_COLUMN
 
 KEYS = ("input_ids", "labels", "position_ids")
 
@@ -76,3 +78,20 @@ class PackedCollator:
                 max_length_k=longest,
             )
         return result
+
+
+def filled_to(rows: datasets.Dataset, multiple: int) -> datasets.Dataset:
+    """`rows` with rows of one untrained token after them, up to a multiple of `multiple`
+    rows. Under several processes accelerate fills every process's last evaluation batch with
+    rows from the split's start, which counted again in eval_loss (the Trainer's own average
+    drops them, but the loss here is one number per batch); rows with nothing trained count
+    nothing."""
+    short = -len(rows) % max(1, multiple)
+    if short == 0:
+        return rows
+    blank = {"input_ids": [[0]], "labels": [[IGNORE]], "position_ids": [[0]], LENGTH_COLUMN: [1]}
+    fill = datasets.Dataset.from_dict(
+        {k: v * short for k, v in blank.items()}, features=rows.features
+    )
+    filled = datasets.concatenate_datasets([rows.with_format(None), fill])
+    return filled.with_format(**{k: v for k, v in rows.format.items() if k != "format_kwargs"})

@@ -19,7 +19,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from expert_cli.config.kernels import BOUNDARY_KERNELS
 from expert_cli.data import PreparedData
-from expert_cli.data.collate import PackedCollator
+from expert_cli.data.collate import PackedCollator, filled_to
 from expert_cli.data.formatting import IGNORE
 from expert_cli.errors import UserError
 from expert_cli.telemetry.flops import peak_bf16_flops
@@ -238,13 +238,11 @@ class ExpertTrainer(Trainer):
 
     def _per_token_loss(self, tally: list[tuple[torch.Tensor, torch.Tensor]]) -> float | None:
         """Summed loss over trained tokens from each batch's (loss, trained tokens); None
-        where the Trainer's own average must stand (no counts, or counts kept per process).
+        where the Trainer's own average must stand (no counts, or counts kept per process)
 
         Each batch's loss is its sum divided by the batch's trained tokens over all
         processes, times the process count, so the mean over processes of loss x count
-        summed over batches is the split's summed loss. Under several processes the rows
-        the last batch repeats to fill every process's batch count again (the Trainer's own
-        average drops them: gather_for_metrics; the loss here is one number per batch)."""
+        summed over batches is the split's summed loss (no row is repeated: `filled_to`)."""
         spread = self.args.world_size > 1
         if not tally or (spread and not self.args.average_tokens_across_devices):
             return None
@@ -382,6 +380,8 @@ def build_trainer(
         PackedCollator(tokenizer.pad_token_id, boundaries=kernel in BOUNDARY_KERNELS)
     )
     meter = ThroughputMeter(flops_model(model), telemetry.world_size, gather=telemetry.gather)
+    # no process's last evaluation batch filled with rows counted twice
+    fill = args.world_size * args.eval_batch_size if args.world_size > 1 else 1
     throughput = ThroughputCallback(
         meter, telemetry.metrics_path, telemetry.on_window, telemetry.earlier
     )
@@ -389,7 +389,7 @@ def build_trainer(
         model=model,
         args=args,
         train_dataset=data.train,
-        eval_dataset=data.eval if args.eval_strategy != "no" else None,
+        eval_dataset=None if args.eval_strategy == "no" else filled_to(data.eval, fill),
         data_collator=collator,
         processing_class=tokenizer,
     )
