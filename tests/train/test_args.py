@@ -337,6 +337,11 @@ def test_under_a_launcher_its_copy_of_the_signal_is_not_a_second_one(monkeypatch
         now[0] += Interrupt.LAUNCHER_ECHO
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
+    with Interrupt(clock=lambda: now[0]) as interrupt:  # another signal is no copy
+        signal.raise_signal(signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt):  # a second signal of another kind: at once
+            signal.raise_signal(signal.SIGINT)
+        assert interrupt.signum == signal.SIGTERM
     monkeypatch.delenv("TORCHELASTIC_RUN_ID")
     with Interrupt(clock=lambda: now[0]) as interrupt:
         signal.raise_signal(signal.SIGINT)

@@ -165,8 +165,8 @@ class Interrupt:
                     "step, with a checkpoint; the same signal again stops at once, without one"
                 )
             return
-        if self.clock() - self._first < self.echo:
-            return  # the launcher passing the signal on
+        if signum == self.signum and self.clock() - self._first < self.echo:
+            return  # the launcher passing the same signal on
         self.restore()
         signal.raise_signal(signum)  # to the handler from before: stop at once
 
