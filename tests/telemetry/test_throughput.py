@@ -326,7 +326,7 @@ def test_a_last_window_ends_where_the_gpu_finished_its_last_step(monkeypatch) ->
     behind = 2.0  # the GPU finishes each step 2 s after the host queued it
     marks: list[FakeMark] = []
 
-    def mark() -> FakeMark:
+    def mark(event: FakeMark | None = None) -> FakeMark:  # recorded anew: a new time
         queued_after = 0.0 if not marks else behind  # the window's start: the GPU is idle
         marks.append(FakeMark(clock.t + queued_after))
         return marks[-1]
@@ -338,7 +338,7 @@ def test_a_last_window_ends_where_the_gpu_finished_its_last_step(monkeypatch) ->
     last = meter.close_window(1, None, None, at_last_step=True)
     assert last["seconds"] == pytest.approx(3.0) and marks[1].waited
     # without CUDA (no marks) the host's step end stands
-    monkeypatch.setattr(ThroughputMeter, "mark", staticmethod(lambda: None))
+    monkeypatch.setattr(ThroughputMeter, "mark", staticmethod(lambda event=None: None))
     meter = _meter(clock)
     _step(meter, clock, wait=0.0, compute=1.0)
     clock.t += 10.0

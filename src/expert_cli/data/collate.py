@@ -94,4 +94,7 @@ def filled_to(rows: datasets.Dataset, multiple: int) -> datasets.Dataset:
         {k: v * short for k, v in blank.items()}, features=rows.features
     )
     filled = datasets.concatenate_datasets([rows.with_format(None), fill])
-    return filled.with_format(**{k: v for k, v in rows.format.items() if k != "format_kwargs"})
+    kind = rows.format  # as `rows` was read, its format's own arguments too
+    return filled.with_format(
+        kind["type"], kind["columns"], kind["output_all_columns"], **kind["format_kwargs"]
+    )

@@ -14,7 +14,6 @@ example twice where it meant the copies for two different steps.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,7 +63,7 @@ def best_fit_decreasing(
     held: set[tuple[int, int]] = set()  # (bin, group) of the items that have a group
     for item, size in zip(order.tolist(), lengths[order].tolist(), strict=True):
         group = group_of[item]
-        if found := _best_bin(free, at, size, lambda b, g=group: g < 0 or (b, g) not in held):
+        if found := _best_bin(free, at, size, group, held):
             room, b = found
         else:
             room, b = capacity, len(bins)
@@ -82,15 +81,16 @@ def best_fit_decreasing(
 
 
 def _best_bin(
-    free: list[int], at: dict[int, list[int]], size: int, allowed: Callable[[int], bool]
+    free: list[int], at: dict[int, list[int]], size: int, group: int, held: set[tuple[int, int]]
 ) -> tuple[int, int] | None:
-    """(room, bin) of the open bin with the least room that fits `size` and is `allowed`,
-    taken out of the open bins; None when there is none."""
+    """(room, bin) of the open bin with the least room that fits `size` and holds no item of
+    `group` (-1: any bin; `held` has each (bin, group) placed), taken out of the open bins;
+    None when there is none."""
     for pos in range(bisect.bisect_left(free, size), len(free)):
         room = free[pos]
         bins = at[room]
         for k in range(len(bins) - 1, -1, -1):  # the latest opened first, as before groups
-            if allowed(bins[k]):
+            if group < 0 or (bins[k], group) not in held:
                 b = bins.pop(k)
                 if not bins:
                     del at[room]

@@ -118,12 +118,17 @@ def template_turns(
     return spans, otherwise
 
 
+def _answers(messages: list[Any]) -> list[int]:
+    """The indices of a conversation's assistant turns."""
+    return [
+        i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"
+    ]
+
+
 def _asked(messages: list[Any]) -> list[int]:
     """The indices of the answers asked of the template: every one, or past MAX_ASKED the first
     MAX_ASKED - 1 and the last (the one a template like Qwen3's writes whole)."""
-    answers = [
-        i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"
-    ]
+    answers = _answers(messages)
     return answers if len(answers) <= MAX_ASKED else answers[: MAX_ASKED - 1] + answers[-1:]
 
 
@@ -228,9 +233,8 @@ def needs_turns(style: str, messages: list[Any], layout: TurnLayout, template: s
         return True
     if layout.consistent:
         return False
-    earlier = [  # answers that are not the last message: written otherwise than a last one?
-        m for m in messages[:-1] if isinstance(m, dict) and m.get("role") == "assistant"
-    ]
+    # answers that are not the last message: written otherwise than a last one?
+    earlier = [messages[i] for i in _answers(messages[:-1])]
     return bool(earlier) and not (layout.plain and all(map(_plain, earlier)))
 
 
@@ -260,6 +264,6 @@ def conversation_spans(
         return [], "turns"  # its answers lie past what is tokenized: dropped as cut away
     if found is None or not (found[0] or found[1]):
         return spans, style
-    if sum(isinstance(m, dict) and m.get("role") == "assistant" for m in messages) > MAX_ASKED:
+    if len(_answers(messages)) > MAX_ASKED:
         return found[0], "many_turns"  # the answers past MAX_ASKED: context
     return found[0], "last_turns" if found[1] else "turns"

@@ -87,11 +87,12 @@ def _own_rank() -> int:
     return 0
 
 
-def _cuda_mark() -> Any:
-    """A CUDA event recorded now, reached when the GPU has done the work queued before it;
-    None without CUDA."""
+def _cuda_mark(event: Any = None) -> Any:
+    """`event` (a new one where None) recorded now on CUDA: reached when the GPU has done the
+    work queued before it; None without CUDA. One event per use is recorded again at every
+    step, not made anew."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        event = torch.cuda.Event(enable_timing=True)
+        event = event if event is not None else torch.cuda.Event(enable_timing=True)
         event.record()
         return event
     return None
@@ -134,7 +135,7 @@ class ThroughputMeter:
     """Counts and timings of the current logging window and of the whole run."""
 
     flushes: Callable[[], int | None] = staticmethod(allocator_flushes)
-    mark: Callable[[], Any] = staticmethod(_cuda_mark)
+    mark: Callable[[Any], Any] = staticmethod(_cuda_mark)
 
     def __init__(
         self,
@@ -160,6 +161,7 @@ class ThroughputMeter:
         self._flushes_seen = self.flushes() or 0  # the model's load and probes before it
         self._window_start: float | None = None
         self._start_mark: Any = None  # a CUDA event at the window's start
+        self._step_mark: Any = None  # a CUDA event at the latest step's end
         self.left_out = dict.fromkeys(LEFT_OUT, 0.0)  # over the closed windows
         self._reset_window()
 
@@ -175,7 +177,8 @@ class ThroughputMeter:
     def fetch_started(self) -> None:
         self._fetch_start = self.clock()
         if self._window_start is None:  # the run's first step: start-up time is not counted
-            self._window_start, self._start_mark = self._fetch_start, self.mark()
+            self._window_start = self._fetch_start
+            self._start_mark = self.mark(self._start_mark)
         for key, seconds in self._pending.items():  # a step follows: inside the window
             self._left[key] += seconds
         self._pending = dict.fromkeys(LEFT_OUT, 0.0)
@@ -206,7 +209,8 @@ class ThroughputMeter:
     def step_ended(self) -> None:
         if self._fetch_start is None:
             return
-        self._fetch_start, self._last_end, self._last_mark = None, self.clock(), self.mark()
+        self._fetch_start, self._last_end = None, self.clock()
+        self._last_mark = self._step_mark = self.mark(self._step_mark)
         self.steps_in_window += 1
 
     def _end(self, at_last_step: bool, now: float, start: float) -> float:
@@ -295,7 +299,8 @@ class ThroughputMeter:
         if not self.windows:
             self._first = (dict(w), seconds)
         self.windows.append(record)
-        self._window_start, self._start_mark = now, self.mark()  # the GPU idle: synchronized
+        self._window_start = now
+        self._start_mark = self.mark(self._start_mark)  # the GPU idle: synchronized
         self._reset_window()
         return record
 

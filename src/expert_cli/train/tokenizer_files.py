@@ -49,11 +49,11 @@ class Stops:
     keeps)."""
 
     ids: list[int]
-    texts: tuple[str, ...] = ()
-    markers: tuple[str, ...] = ()
+    texts: tuple[str, ...]  # the markers written as several tokens
+    markers: tuple[str, ...]  # every marker, texts included
 
     def cut(self, text: str) -> str:
-        ends = [i for i in (text.find(s) for s in (*self.texts, *self.markers)) if i >= 0]
+        ends = [i for i in (text.find(s) for s in self.markers) if i >= 0]
         return text[: min(ends)] if ends else text
 
     def held(self, text: str) -> int:
