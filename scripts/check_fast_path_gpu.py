@@ -6,7 +6,8 @@
 2. Loss: each fused linear cross-entropy backend (liger, chunked) gives the standard loss
    and the same adapter gradients on a small Qwen3 in bf16.
 3. Adapters: the fused LoRA linear (`adapter_kernel: fused`) gives peft's loss and adapter
-   gradients on the same model in bf16, and on its NF4 quantization (QLoRA).
+   gradients on the same model in bf16, and on its NF4 quantization (QLoRA); with dropout
+   0.05 it is its math in fp32 given the same mask (peft draws another).
 4. The attention probe `train` runs on the loaded model (train/causality.py) says "verified"
    for every kernel and precision here: no false refusal from a kernel that rounds.
 5. The loss at Qwen3-0.6B's size (16,384 tokens, 151,936-token vocabulary): Liger's own fused
@@ -283,6 +284,43 @@ def fused_lora_parity(int4: bool = False) -> dict[str, float]:
     }
 
 
+def fused_lora_dropout(tokens: int = 4096) -> dict[str, float]:
+    """The fused LoRA linear with dropout 0.05 against its math in fp32 given the same mask
+    (drawn again from the same seed): output, input and adapter gradients, relative; and the
+    share of entries kept. peft draws its mask differently, so it is not the reference here."""
+    import torch
+
+    from expert_cli.train.fused_lora import LoraLinearFunction
+
+    torch.manual_seed(1)
+    dev, bf16 = DEVICE, torch.bfloat16
+    x = torch.randn(tokens, 1024, device=dev, dtype=bf16, requires_grad=True)
+    base = torch.nn.Linear(1024, 2048, bias=False, device=dev, dtype=bf16).requires_grad_(False)
+    a = (torch.randn(16, 1024, device=dev) * 0.02).requires_grad_()
+    b = (torch.randn(2048, 16, device=dev) * 0.02).requires_grad_()
+    torch.manual_seed(7)
+    with torch.autocast(dev, dtype=bf16):
+        y = LoraLinearFunction.apply(x, base, a, b, (2.0, 0.05))
+    dy = torch.randn(y.shape, device=dev)
+    (y.float() * dy).sum().backward()
+    torch.manual_seed(7)
+    mask = torch.empty(tokens, 1024, dtype=torch.bool, device=dev).bernoulli_(0.95)
+    x2, a2, b2 = (t.detach().float().requires_grad_() for t in (x, a, b))
+    ref = x2 @ base.weight.float().t() + 2.0 * ((x2 * mask / 0.95) @ a2.t()) @ b2.t()
+    (ref * dy).sum().backward()
+
+    def rel(mine: torch.Tensor, theirs: torch.Tensor) -> float:
+        return ((mine.float() - theirs).norm() / theirs.norm()).item()
+
+    return {
+        "y_rel_diff": rel(y, ref.detach()),
+        "x_grad_rel_diff": rel(x.grad, x2.grad),
+        "a_grad_rel_diff": rel(a.grad, a2.grad),
+        "b_grad_rel_diff": rel(b.grad, b2.grad),
+        "kept": mask.float().mean().item(),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -390,6 +428,14 @@ def main() -> int:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:800]
             results.append({"check": check, "ok": False, "error": error})
+    try:
+        dropped = fused_lora_dropout()
+        ok = max(v for k, v in dropped.items() if k != "kept") < 2e-2
+        ok = ok and abs(dropped["kept"] - 0.95) < 0.01
+        results.append({"check": "fused_lora_dropout", **dropped, "ok": ok})
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:800]
+        results.append({"check": "fused_lora_dropout", "ok": False, "error": error})
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else None
     report = {"gpu": gpu, "results": results, "skipped": skipped}
     if args.json:

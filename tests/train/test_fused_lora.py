@@ -11,6 +11,7 @@ import pytest
 import torch
 from train_helpers import lora_model
 
+from expert_cli.telemetry.ops import SavedForBackward
 from expert_cli.train.fused_lora import (
     LoraLinearFunction,
     _dense,
@@ -104,8 +105,8 @@ def test_compiled_under_autocast() -> None:
 
 
 def test_dropout_is_the_math_of_peft_with_the_same_mask() -> None:
-    """y = x W^T + b + s (dropout(x) A^T) B^T and its gradients, the mask as torch's dropout
-    kernel draws it (the same generator state gives the same mask)."""
+    """y = x W^T + b + s (dropout(x) A^T) B^T and its gradients, the mask as `bernoulli_`
+    draws it (the same generator state gives the same mask)."""
     torch.manual_seed(1)
     x = torch.randn(3, 5, 8, requires_grad=True)
     base = torch.nn.Linear(8, 6).requires_grad_(False)
@@ -117,7 +118,7 @@ def test_dropout_is_the_math_of_peft_with_the_same_mask() -> None:
     (y * dy).sum().backward()
     got = (y.detach(), x.grad, a.grad, b.grad)
     torch.manual_seed(7)
-    _, mask = torch.native_dropout(x.detach().reshape(-1, 8), 0.3, True)
+    mask = torch.empty(15, 8, dtype=torch.bool).bernoulli_(0.7)
     assert 0 < mask.sum() < mask.numel()  # some entries dropped, some kept
     x2, a2, b2 = (t.detach().clone().requires_grad_() for t in (x, a, b))
     dropped = x2 * mask.view(3, 5, 8) / 0.7
@@ -402,3 +403,32 @@ def test_a_trained_base_bias_or_an_adapter_added_later_runs_peft(tiny_model_dir:
     with torch.no_grad():  # the first adapter again: fused
         plain.set_adapter("default"), fused.set_adapter("default")
         assert torch.allclose(fused(input_ids=ids).logits, plain(input_ids=ids).logits, atol=1e-5)
+
+
+def _held(model: torch.nn.Module, ids: torch.Tensor) -> int:
+    """Bytes one training forward of `model` keeps for its backward (weights left out)."""
+    torch.manual_seed(5)
+    with SavedForBackward(model.parameters()) as saved:
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return saved.nbytes
+
+
+def test_dropout_keeps_the_mask_not_the_dropped_input(tiny_model_dir: Path) -> None:
+    """With lora dropout the fused layers keep one byte an element of each adapted input (the
+    mask) and not the dropped input: a step holds the masks more than without dropout, and
+    at least the dropped inputs less than peft's layers (which keep those, and their own
+    mask: a bool on a GPU, a float on a CPU)."""
+    ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(3))
+    held = {}
+    for p in (0.0, 0.2):
+        plain = lora_model(tiny_model_dir, lora_dropout=p)
+        fused = copy.deepcopy(plain)
+        fuse_lora_linears(fused)
+        held[p] = (_held(plain, ids), _held(fused, ids))
+    layers = [m for m in plain.modules() if hasattr(m, "lora_A")]
+    assert len(layers) == 14
+    assert held[0.0][0] == held[0.0][1]
+    masks = sum(48 * m.in_features for m in layers)  # 48 tokens, one byte each
+    assert held[0.2][1] - held[0.0][1] == masks
+    assert held[0.2][0] - held[0.2][1] >= 4 * masks  # the dropped inputs, fp32

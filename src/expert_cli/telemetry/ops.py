@@ -5,6 +5,9 @@ that does work launches at least one. How many a step dispatches depends on the 
 the device or the model's width, so it can be counted on a CPU (scripts/bench_step_ops.py).
 Operations that copy a device value to the host (`.item()`, `nonzero`, ...) stall the host
 until the device catches up; they are counted apart, with the Python line that asked.
+
+What a forward pass keeps for its backward (the activations, most of a LoRA step's memory)
+does not depend on the device either: `SavedForBackward` adds up the storages autograd keeps.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Operations that read a device value on the host (a GPU would synchronise).
@@ -88,3 +92,39 @@ class OpCounter(TorchDispatchMode):
     def syncs_from(self, package: str) -> dict[str, int]:
         """The host syncs whose innermost Python line outside torch is in `package`."""
         return {k: n for k, n in self.syncs.items() if f"<- {package}/" in k}
+
+
+class SavedForBackward:
+    """While active (`with SavedForBackward(model.parameters()) as s:` around one forward
+    pass), adds up the bytes of the distinct storages autograd keeps for the backward
+    (`nbytes`): each storage once however many tensors view it, the storages of `exclude`
+    (the model's own weights, kept anyway) left out. Storages are told apart by address, so
+    measure one forward pass, not several (a freed address may be used again)."""
+
+    def __init__(self, exclude: Any = ()) -> None:
+        self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
+        self.storages: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        address = storage.data_ptr()
+        if address and address not in self.exclude:
+            self.storages[address] = storage.nbytes()
+        return tensor
+
+    def __enter__(self) -> SavedForBackward:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes kept for the backward."""
+        return sum(self.storages.values())
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

@@ -11,10 +11,16 @@ dropout):
     g  = dy B                       dx = dy W;        dx += s * k * m * (g A)
     dA = s * g^T d                  dB = s * dy^T xa
 
-(without dropout `dx += s * g A` is one accumulating GEMM as well). The dropout mask is drawn
-by torch's own dropout kernel (`native_dropout`, which returns it) from the global generator,
+(without dropout `dx += s * g A` is one accumulating GEMM as well; with it `dx += s k m (g A)` is
+one element-wise pass). The dropout mask is drawn with `bernoulli_` from the global generator,
 so a checkpointed layer's recomputed forward draws the same mask again (the checkpoint
-restores the generator's state); it is not the mask peft's layer would have drawn.
+restores the generator's state); it is not the mask peft's layer would have drawn. Only the
+mask (one byte an element) is kept for the backward, not the dropped input d: the backward
+computes d again from x (kept anyway, and shared by the projections that read the same
+input) with the same kernel the forward used, so A's gradient sees the same d bit for bit.
+peft's layers keep d and its mask (three bytes an element in bf16) for each adapted
+projection: with HiveLLM's usual dropout of 0.05 that is most of the activations a LoRA step
+holds.
 
 Only plain LoRA on a frozen `nn.Linear` base, or on a bitsandbytes 4-bit one (QLoRA), is fused
 (no DoRA or other variant, one active adapter, not merged); any other layer, or a call with
@@ -66,6 +72,13 @@ def _dense(weight: torch.Tensor, quant_state: Any, dtype: torch.dtype) -> torch.
     return dequantize_4bit(weight, quant_state)
 
 
+def _dropped(x: torch.Tensor, mask: torch.Tensor, keep: float) -> torch.Tensor:
+    """x m / (1 - p): the dropped input, the same bits in the forward and when the backward
+    computes it again (one kernel for both: torch's own dropout kernel rounds differently
+    from its backward's on some devices)."""
+    return torch.ops.aten.native_dropout_backward(x, mask, keep)
+
+
 class LoraLinearFunction(torch.autograd.Function):
     """y = x W^T + b + s (dropout_p(x) A^T) B^T with the scaled update accumulated by the
     GEMM."""
@@ -94,18 +107,19 @@ class LoraLinearFunction(torch.autograd.Function):
         x2 = _as(x.reshape(-1, x.shape[-1]), dtype)
         w = _dense(weight, quant_state, dtype)
         a, b = _as(lora_a, dtype), _as(lora_b, dtype)
-        d, mask = torch.native_dropout(x2, dropout, True) if dropout > 0 else (x2, None)
+        keep = 1.0 / (1.0 - dropout) if dropout > 0 else 1.0
+        mask = torch.empty_like(x2, dtype=torch.bool).bernoulli_(1.0 - dropout) if dropout else None
+        d = x2 if mask is None else _dropped(x2, mask, keep)
         xa = F.linear(d, a)
         y = F.linear(x2, w, None if bias is None else _as(bias, dtype))
         y.addmm_(xa, b.t(), alpha=scaling)
         # the adapter weights in the compute dtype are kept for the backward (r x features:
         # small), so that it casts nothing but the two gradients back; with dropout the
-        # dropped input (A's gradient needs it) and the mask, as peft's layers keep them
-        # (a 4-bit weight is kept packed, with its quantization state)
-        ctx.save_for_backward(d, xa, weight, a, b, mask if ctx.needs_input_grad[0] else None)
+        # input and the mask, not the dropped input (a 4-bit weight is kept packed, with its
+        # quantization state)
+        ctx.save_for_backward(x2, xa, weight, a, b, mask)
         ctx.scaling, ctx.x_shape, ctx.x_dtype = scaling, x.shape, x.dtype
-        ctx.quant_state = quant_state
-        ctx.keep_scale = 1.0 / (1.0 - dropout) if dropout > 0 else 1.0
+        ctx.quant_state, ctx.keep_scale = quant_state, keep
         if quant_state is not None:  # in the input's dtype, as bitsandbytes' layer gives it
             y = _as(y, x.dtype)
         return y.view(*x.shape[:-1], w.shape[0])
@@ -121,23 +135,26 @@ class LoraLinearFunction(torch.autograd.Function):
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """LoraLinearFunction's backward (a function of its own: torch.compile traces a Function's
     backward and refuses a call of the Function's own method inside it)."""
-    d, xa, weight, a, b, mask = ctx.saved_tensors
+    x2, xa, weight, a, b, mask = ctx.saved_tensors
     s = ctx.scaling
-    dy2 = _as(dy.reshape(-1, dy.shape[-1]), d.dtype)
+    dy2 = _as(dy.reshape(-1, dy.shape[-1]), x2.dtype)
     g = dy2 @ b
     dx = None
     if ctx.needs_input_grad[0]:
-        dx = dy2 @ _dense(weight, ctx.quant_state, d.dtype)
+        dx = dy2 @ _dense(weight, ctx.quant_state, x2.dtype)
         if mask is None:
             dx.addmm_(g, a, alpha=s)
         else:  # through the dropout: kept entries scaled by s / (1 - p), dropped ones 0
-            dx.add_(torch.ops.aten.native_dropout_backward(g @ a, mask, s * ctx.keep_scale))
+            dx.addcmul_(g @ a, mask, value=s * ctx.keep_scale)
         dx = _as(dx.view(ctx.x_shape), ctx.x_dtype)
     # s * (g^T d) and s * (dy^T xa) as one GEMM each: with beta 0 the first argument
     # (a tensor of the result's shape) only gives the shape and is not read. They are
     # returned in the compute dtype: autograd casts a gradient to its parameter's dtype (the
     # fp32 master weights) itself, without a Python call
-    d_a = torch.addmm(a, g.t(), d, beta=0, alpha=s) if ctx.needs_input_grad[2] else None
+    d_a = None
+    if ctx.needs_input_grad[2]:
+        d = x2 if mask is None else _dropped(x2, mask, ctx.keep_scale)
+        d_a = torch.addmm(a, g.t(), d, beta=0, alpha=s)
     d_b = torch.addmm(b, dy2.t(), xa, beta=0, alpha=s) if ctx.needs_input_grad[3] else None
     return dx, None, d_a, d_b, None
 

@@ -1,0 +1,133 @@
+"""What one training forward of Qwen3-0.6B with LoRA keeps for its backward, counted on the CPU.
+
+The activations a step holds for its backward decide how many rows fit on the GPU
+(`batch_size: auto` sizes the micro-batch from them). They do not depend on the device, so
+they can be counted here: the Qwen3-0.6B architecture at full width (random init, bf16
+weights, bf16 autocast, adapters fp32 computing in bf16 as on the GPU path), LoRA r=16 on all
+seven projections of its 28 layers, one row of `--tokens` tokens through the decoder (the
+loss head is left out: the fused loss keeps no logits), counted with
+`expert_cli.telemetry.ops.SavedForBackward` (each storage autograd keeps, once; the weights
+left out). Each variant runs in its own process.
+
+A CPU run differs from a GPU's in two places, both said in the JSON: attention is sdpa's
+math kernel here (flash-attention keeps its own output and log-sum-exp), and peft's dropout
+on a CPU keeps its mask as a tensor of the input's dtype where a GPU keeps one byte an
+element. The fused LoRA linear's mask is one byte on both.
+
+    python scripts/bench_step_memory.py              # JSON to bench_results/step_memory.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS: dict[str, tuple[str, float]] = {
+    "peft": ("peft", 0.0),
+    "fused": ("fused", 0.0),
+    "peft_dropout": ("peft", 0.05),
+    "fused_dropout": ("fused", 0.05),
+}
+
+
+def child(kernel: str, dropout: float, tokens: int) -> dict[str, Any]:
+    """Bytes kept for the backward by one forward of the decoder, per token."""
+    from peft import LoraConfig, get_peft_model
+
+    from expert_cli.telemetry.ops import SavedForBackward
+    from expert_cli.telemetry.workload import LORA_TARGETS, QWEN3_0_6B
+    from expert_cli.train.fused_lora import fuse_lora_linears
+    from expert_cli.train.speed import adapters_in_compute_dtype
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(**QWEN3_0_6B, attn_implementation="sdpa")
+    base = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    base.requires_grad_(False)
+    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=dropout, target_modules=LORA_TARGETS)
+    model = get_peft_model(base, lora, autocast_adapter_dtype=True)
+    adapters_in_compute_dtype(model)
+    if kernel == "fused":
+        fuse_lora_linears(model)
+    model.train()
+    ids = torch.randint(
+        0, config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(1)
+    )
+    decoder = model.base_model.model.model
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16),
+        SavedForBackward(model.parameters()) as saved,
+    ):
+        hidden = decoder(input_ids=ids).last_hidden_state
+    layers = sum(1 for m in model.modules() if hasattr(m, "lora_A"))
+    del hidden
+    return {
+        "bytes": saved.nbytes,
+        "bytes_per_token": round(saved.nbytes / tokens),
+        "storages": len(saved.storages),
+        "adapted_layers": layers,
+    }
+
+
+def _cpu() -> str:
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {len(os.sched_getaffinity(0))} cores"
+    except OSError:
+        pass
+    return name
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--output", type=Path, default=ROOT / "bench_results" / "step_memory.json")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(*VARIANTS[args.child], args.tokens)))
+        return
+    results: dict[str, Any] = {}
+    for name, (kernel, dropout) in VARIANTS.items():
+        cmd = [sys.executable, __file__, "--child", name, "--tokens", str(args.tokens)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        results[name] = {"adapter_kernel": kernel, "lora_dropout": dropout, **result}
+        print(f"{name:14s} {result['bytes_per_token']:8d} bytes a token kept for the backward")
+    commit = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    report = {
+        "what": "bytes one training forward of the decoder keeps for its backward (weights "
+        "left out), per token",
+        "model": "Qwen3-0.6B architecture, random init, bf16 weights and autocast, LoRA r16 "
+        "alpha 32 on all seven projections (fp32 adapters computing in bf16)",
+        "tokens": args.tokens,
+        "cpu_differences": "attention: sdpa's math kernel; peft's dropout keeps a mask in "
+        "the input's dtype (a GPU keeps one byte an element)",
+        "machine": _cpu(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "commit": commit,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "variants": results,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
