@@ -109,7 +109,9 @@ def probe_environment() -> Environment:
         gpu_name=props.name,
         gpu_capability=capability,
         gpu_memory_gb=round(props.total_memory / 2**30, 1),
-        bf16=torch.cuda.is_bf16_supported(),
+        # bf16 in hardware: Ampere and newer (torch's own check also says yes where it only
+        # emulates bf16, as on a T4 or V100, at a fraction of fp16's speed); AMD's do
+        bf16=capability >= (8, 0) or torch.version.hip is not None,
         tf32=capability >= (8, 0),
         **common,
     )
