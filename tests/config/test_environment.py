@@ -29,3 +29,11 @@ def test_bf16_only_in_hardware(
     assert env.gpu_name == name and env.gpu_capability == capability
     assert env.bf16 is bf16
     assert env.tf32 is bf16
+
+
+def test_hardware_bf16_without_a_gpu_and_by_capability() -> None:
+    from expert_cli.config.environment import hardware_bf16
+
+    if not torch.cuda.is_available():
+        assert hardware_bf16() is False
+    assert hardware_bf16((7, 5)) is False and hardware_bf16((9, 0)) is True

@@ -79,6 +79,20 @@ def cpu_environment() -> Environment:
     return Environment(cpu_count=usable_cpus())
 
 
+def hardware_bf16(capability: tuple[int, int] | None = None) -> bool:
+    """Whether the GPU (`capability`, else the current one's) has bf16 in hardware: Ampere
+    and newer, or AMD's. torch's own `is_bf16_supported()` also says yes where it only emulates
+    bf16 (a T4, a V100), at a fraction of fp16's speed."""
+    if torch.version.hip is not None:
+        return True
+    if capability is None:
+        if not torch.cuda.is_available():
+            return False
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        capability = (props.major, props.minor)
+    return capability >= (8, 0)
+
+
 def probe_environment() -> Environment:
     """Inspect this machine (imports torch)."""
 
@@ -109,9 +123,7 @@ def probe_environment() -> Environment:
         gpu_name=props.name,
         gpu_capability=capability,
         gpu_memory_gb=round(props.total_memory / 2**30, 1),
-        # bf16 in hardware: Ampere and newer (torch's own check also says yes where it only
-        # emulates bf16, as on a T4 or V100, at a fraction of fp16's speed); AMD's do
-        bf16=capability >= (8, 0) or torch.version.hip is not None,
+        bf16=hardware_bf16(capability),
         tf32=capability >= (8, 0),
         **common,
     )

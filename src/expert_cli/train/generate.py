@@ -21,6 +21,7 @@ from transformers.utils import logging as hf_logging
 
 from expert_cli.config.base import strip_comments
 from expert_cli.config.decoding import DecodingSpec
+from expert_cli.config.environment import hardware_bf16
 from expert_cli.config.error_lines import format_errors
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import RunError, UserError
@@ -175,7 +176,7 @@ def load_run(adapter: Path) -> LoadedRun:
     decoding = (training or {}).get("decoding") if isinstance(training, dict) else None
     hf_logging.disable_progress_bar()  # the loading bars would interleave with the answers
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else None
+    dtype = torch.bfloat16 if device == "cuda" and hardware_bf16() else None
     tokenizer = saved_tokenizer(adapter, run_dir)
     loaded: list[str] = []  # how the base loaded: dequantized, weights left out
     model = load_adapted(adapter, base, dtype or torch.float32, loaded).to(device).eval()

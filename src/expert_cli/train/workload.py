@@ -12,7 +12,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from expert_cli.config.environment import probe_environment
+from expert_cli.config.environment import hardware_bf16, probe_environment
 from expert_cli.config.kernels import BOUNDARY_KERNELS, TORCH_VARLEN, choose_kernel
 from expert_cli.data.collate import sequence_boundaries
 from expert_cli.errors import UserError
@@ -86,7 +86,7 @@ def build_fast_step(spec: WorkloadSpec) -> tuple[Callable[[], torch.Tensor], dic
             "tiny on a CPU"
         )
     device = "cuda" if cuda else "cpu"
-    half = cuda and torch.cuda.is_bf16_supported()
+    half = cuda and hardware_bf16()
     dtype = torch.bfloat16 if half else torch.float32
     env = probe_environment()
     notes: list[str] = []
