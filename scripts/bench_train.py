@@ -222,7 +222,7 @@ def run_cli_variant(
 
 
 def _flops(model: Any) -> Any:
-    from expert_cli.train.trainer import flops_model
+    from expert_cli.train.model_flops import flops_model
 
     return flops_model(model)
 

@@ -207,3 +207,24 @@ def test_pretokenize_stopped_says_what_is_kept(tmp_path: Path, tiny_model_dir: P
     done = _signal_mid_build(args, manifest.parent, signal.SIGTERM)
     assert done.returncode == 143, done.stdout + done.stderr
     assert "interrupted: the shards finished so far are kept" in done.stdout
+
+
+def test_resume_of_an_fp16_checkpoint_in_another_precision(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A checkpoint holding an fp16 run's loss scale (scaler.pt: a T4 run), resumed where the
+    run is not fp16 (an A100 takes bf16; here the CPU's fp32): the scale is left unread. The
+    Trainer loaded it into the scaler such a run does not have: an AttributeError."""
+    import torch
+
+    from expert_cli.train.run import train
+    from expert_cli.train.session import Silent, TrainOptions
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=16, config={"save_steps": 2})
+    out = tmp_path / "run"
+    assert train(TrainOptions(manifest, out, max_steps=2), Silent()).status == "completed"
+    checkpoint = out / "checkpoints" / "checkpoint-2"
+    torch.save(torch.amp.GradScaler("cpu").state_dict(), checkpoint / "scaler.pt")
+    more = train(TrainOptions(manifest, out, resume=True, max_steps=4), Silent())
+    assert more.status == "completed"
+    assert read_metrics(out)["summary"]["steps"] == 4

@@ -205,6 +205,23 @@ def test_a_numeric_batch_size_x_accumulation_is_the_step_its_rows_probed(tmp_pat
     assert any(n.startswith("micro_batch: auto applies to a batch_size") for n in asked.notes)
 
 
+@pytest.mark.parametrize("batch", ["auto", None])
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
+def test_batch_auto_under_fsdp_or_deepspeed_is_a_fixed_split(
+    tmp_path: Path, batch: str | None, strategy: str
+) -> None:
+    """The probe cannot run before the model is sharded (it ran the unsharded model and
+    ended in a device-mismatch traceback): auto takes a fixed split of the step, said."""
+    given = {"batch_size": batch} if batch else {}
+    cfg = _resolved(tmp_path, H100, {"strategy": strategy, "deepspeed": {}}, **given)
+    assert (cfg.batch_auto, cfg.micro_batch) == (False, "fixed")
+    assert (cfg.batch_size, cfg.gradient_accumulation_steps, cfg.rows_per_step) == (4, 4, 16)
+    assert (
+        "batch_size: auto under FSDP or DeepSpeed (no memory probe): 4 rows x 4 accumulation; "
+        "give batch_size to choose"
+    ) in cfg.notes
+
+
 def test_batch_auto_on_a_cpu_splits_the_step(tmp_path: Path) -> None:
     cfg = _resolved(tmp_path, cpu_environment(), batch_size="auto", max_seq_length=4096)
     assert (cfg.batch_auto, cfg.batch_size, cfg.gradient_accumulation_steps) == (False, 2, 4)

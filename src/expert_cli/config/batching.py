@@ -20,6 +20,7 @@ from expert_cli.errors import UserError
 DEFAULT_MAX_SEQ = 2048
 DEFAULT_TOKENS_PER_STEP = 32_768  # batch_size auto: rows per optimizer step = this / seq
 DEFAULT_CPU_BATCH = 2
+DEFAULT_SHARDED_MICRO = 4  # batch_size auto under FSDP/DeepSpeed: rows a micro-step, at most
 MAX_TOKENS_PER_MICRO_STEP = 1 << 24  # batch_size x max_seq_length
 
 
@@ -27,8 +28,9 @@ def batch_plan(
     cfg: TrainingConfig, env: Environment, notes: list[str], sharded: bool = False
 ) -> dict[str, Any]:
     """Micro-batch, accumulation and rows per optimizer step (see train/batch.py). `sharded`
-    (FSDP, DeepSpeed): a numeric batch is kept, since the probe runs the model whole on one
-    GPU before it is sharded, and DeepSpeed takes its sizes from the arguments before that."""
+    (FSDP, DeepSpeed): a numeric batch is kept and auto takes a fixed split, since the probe
+    runs the model whole on one GPU before it is sharded, and DeepSpeed takes its sizes from
+    the arguments before that."""
     seq = first(cfg.max_seq_length, DEFAULT_MAX_SEQ)
     auto = cfg.batch_size == "auto" or (cfg.batch_size is None and env.has_gpu)
     if not auto:
@@ -75,9 +77,16 @@ def batch_plan(
             "gradient_accumulation_steps: follows from batch_size auto "
             f"({rows} rows per optimizer step)"
         )
-    if not env.has_gpu:
-        micro = max(d for d in range(1, min(rows, DEFAULT_CPU_BATCH) + 1) if rows % d == 0)
-        notes.append(f"batch_size: auto on a CPU: {micro} rows x {rows // micro} accumulation")
+    if not env.has_gpu or sharded:
+        # no probe: on a CPU, and under FSDP or DeepSpeed (the probe would run the model whole
+        # on one GPU before it is sharded; DeepSpeed reads its sizes before that)
+        most = DEFAULT_CPU_BATCH if not env.has_gpu else DEFAULT_SHARDED_MICRO
+        micro = max(d for d in range(1, min(rows, most) + 1) if rows % d == 0)
+        where = "on a CPU" if not env.has_gpu else "under FSDP or DeepSpeed (no memory probe)"
+        notes.append(
+            f"batch_size: auto {where}: {micro} rows x {rows // micro} accumulation"
+            + ("; give batch_size to choose" if env.has_gpu else "")
+        )
         return dict(
             batch_size=micro,
             gradient_accumulation_steps=rows // micro,

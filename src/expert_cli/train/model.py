@@ -376,20 +376,6 @@ def adapter_compute_dtype(resolved: ResolvedConfig) -> str:
     return "bf16" if resolved.bf16 else "fp16" if resolved.fp16 else "fp32"
 
 
-def parameter_counts(model: PeftModel) -> tuple[int, int]:
-    """(trainable, total) parameters; 4-bit weights counted at their unpacked size."""
-    trainable, total = model.get_nb_trainable_parameters()
-    return int(trainable), int(total)
-
-
-def matmul_parameters(model: PeftModel, total: int) -> int:
-    """Parameters that take part in matmuls: all but an untied input embedding (a lookup)."""
-    base = model.get_base_model()
-    embed = base.get_input_embeddings()
-    tied = bool(getattr(base.config, "tie_word_embeddings", False))
-    return total if tied else total - embed.weight.numel()
-
-
 def enable_checkpointing(model: Any, kwargs: dict[str, Any]) -> None:
     """Activation checkpointing with `kwargs` (the resolved options: non-reentrant always;
     transformers 5.x renamed the method from gradient_checkpointing_enable, which now warns;

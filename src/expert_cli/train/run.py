@@ -52,9 +52,9 @@ from expert_cli.train.model import (
     autocast_dtype,
     build_random_model,
     load_base_model,
-    parameter_counts,
     weight_dtype,
 )
+from expert_cli.train.model_flops import parameter_counts
 from expert_cli.train.outputs import (
     ADAPTER_WEIGHTS,
     RANDOM_BASE,

@@ -22,13 +22,12 @@ from expert_cli.data import PreparedData
 from expert_cli.data.collate import PackedCollator, filled_to
 from expert_cli.data.formatting import IGNORE
 from expert_cli.errors import UserError
-from expert_cli.telemetry.flops import peak_bf16_flops
-from expert_cli.telemetry.throughput import FlopsModel, ThroughputMeter
+from expert_cli.telemetry.throughput import ThroughputMeter
 from expert_cli.train.adalora import LanguageLoss, regularised
 from expert_cli.train.args import warmup_count
 from expert_cli.train.attention import mask_free_mapping, skip_mask_building
 from expert_cli.train.callbacks import ThroughputCallback
-from expert_cli.train.model import matmul_parameters, parameter_counts
+from expert_cli.train.model_flops import flops_model
 from expert_cli.train.step_walks import StepWalks
 
 # Key the counting collator adds to each batch; removed before the model sees the batch.
@@ -128,6 +127,13 @@ class ExpertTrainer(Trainer):
                 "groups are not this run's (an earlier expert-cli decayed DoRA's magnitude "
                 "vectors); train again, or resume with the version that wrote it"
             ) from None
+
+    def _load_scaler(self, checkpoint: str | None) -> None:
+        """The checkpoint's fp16 loss scale where this run is fp16 too; a run of another
+        precision (an fp16 run on a T4 resumed on an A100, which takes bf16) has no scaler,
+        and the Trainer's own load was an AttributeError there."""
+        if self.accelerator.scaler is not None:
+            super()._load_scaler(checkpoint)
 
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
         """The Trainer's schedule, with a warmup ratio's steps counted exactly (it rounds
@@ -336,23 +342,6 @@ class ExpertTrainer(Trainer):
             self.processing_class.save_pretrained(output)
 
 
-def flops_model(peft_model: Any) -> FlopsModel:
-    """What MFU needs to know of the model, and this GPU's peak (None on CPU/unknown GPUs)."""
-    cfg = peft_model.get_base_model().config
-    trainable, total = parameter_counts(peft_model)
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    peak = peak_bf16_flops(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
-    return FlopsModel(
-        matmul_params=matmul_parameters(peft_model, total),
-        trainable_params=trainable,
-        n_layers=cfg.num_hidden_layers,
-        hidden=cfg.hidden_size,
-        attn_dim=heads * head_dim,
-        peak_flops_per_device=peak,
-    )
-
-
 @dataclass
 class Telemetry:
     """Where a run's throughput goes: metrics.json (main process only), a per-window hook,
@@ -379,7 +368,10 @@ def build_trainer(
     collator = CountingCollator(
         PackedCollator(tokenizer.pad_token_id, boundaries=kernel in BOUNDARY_KERNELS)
     )
-    meter = ThroughputMeter(flops_model(model), telemetry.world_size, gather=telemetry.gather)
+    mixed = bool(args.bf16 or args.fp16)
+    meter = ThroughputMeter(
+        flops_model(model, mixed), telemetry.world_size, gather=telemetry.gather
+    )
     # no process's last evaluation batch filled with rows counted twice
     fill = args.world_size * args.eval_batch_size if args.world_size > 1 else 1
     throughput = ThroughputCallback(

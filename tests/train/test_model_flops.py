@@ -1,0 +1,27 @@
+"""MFU's peak: the GPU's bf16/fp16 tensor-core peak for a mixed-precision run, none for fp32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import lora_model
+
+from expert_cli.train.model_flops import flops_model
+
+
+def test_peak_only_for_mixed_precision(
+    monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path
+) -> None:
+    """An fp32 run (an explicit `bf16: false`, a GPU without bf16 or fp16 asked off) was
+    measured against the bf16 peak: its MFU read several times too low, and `benchmark` then
+    called the run compute-bound."""
+    model = lora_model(tiny_model_dir)
+    assert flops_model(model).peak_flops_per_device is None  # no GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert flops_model(model, mixed=True).peak_flops_per_device == 989e12
+    fp32 = flops_model(model, mixed=False)
+    assert fp32.peak_flops_per_device is None
+    assert fp32.n_layers == 2 and fp32.trainable_params > 0
