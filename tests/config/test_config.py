@@ -604,3 +604,32 @@ def test_adapter_values_not_acted_on_are_noted(tmp_path: Path) -> None:
         "target_modules: training.config.target_modules is used; the adapter entry gives other "
         "target_modules"
     ) in cfg.notes
+
+
+@pytest.mark.parametrize(
+    ("given", "on_h100", "on_t4"),
+    [
+        ({}, (True, False), (False, True)),
+        ({"fp16": False}, (True, False), (False, False)),
+        ({"bf16": False}, (False, False), (False, True)),
+        ({"fp16": True}, (False, True), (False, True)),
+        ({"bf16": False, "fp16": False}, (False, False), (False, False)),
+    ],
+)
+def test_an_unset_precision_flag_takes_the_machines(
+    tmp_path: Path, given: dict, on_h100: tuple, on_t4: tuple
+) -> None:
+    """One flag given `false`, the other unset: the unset one is the machine's choice (a lone
+    `fp16: false` had trained in fp32 on an H100); fp32 on a GPU is said."""
+
+    def edit(m: dict) -> None:
+        config = m["training"]["config"]
+        config.pop("bf16", None), config.pop("fp16", None)
+        config.update(given)
+
+    manifest = _mutate(tmp_path, edit)
+    for env, want in ((H100, on_h100), (T4, on_t4)):
+        cfg = resolve(load_manifest(manifest), env)
+        assert (cfg.bf16, cfg.fp16) == want, env.gpu_name
+        said = any(n.startswith("bf16 and fp16: off") for n in cfg.notes)
+        assert said == (want == (False, False))

@@ -40,9 +40,16 @@ def precision(cfg: TrainingConfig, env: Environment, notes: list[str]) -> tuple[
     if cfg.bf16 and not env.bf16:
         notes.append(f"bf16: {env.gpu_name} has no bf16; using fp16 instead")
         return False, True
-    if cfg.bf16 is None and cfg.fp16 is None:
-        return env.bf16, not env.bf16
-    return bool(cfg.bf16), bool(cfg.fp16)
+    # a flag left unset takes the machine's half precision (one `false` alone had turned
+    # mixed precision off: `fp16: false` trained an A100 run in fp32)
+    bf16 = first(cfg.bf16, env.bf16 and not cfg.fp16)
+    fp16 = first(cfg.fp16, not env.bf16 and not bf16)
+    if not bf16 and not fp16:
+        notes.append(
+            "bf16 and fp16: off, as the manifest says: training in fp32 on the GPU (several "
+            "times slower; no MFU)"
+        )
+    return bool(bf16), bool(fp16)
 
 
 def _attention(cfg: TrainingConfig, env: Environment, half: bool, notes: list[str]) -> str:

@@ -200,8 +200,16 @@ class TrainingConfig(Strict):
         None, ge=1, le=64, description="Batches per worker."
     )
     dataloader_persistent_workers: bool | None = Field(None, description="Keep workers alive.")
-    fp16: bool | None = Field(None, description="fp16 mixed precision.")
-    bf16: bool | None = Field(None, description="bf16 mixed precision.")
+    fp16: bool | None = Field(
+        None,
+        description="fp16 mixed precision. Unset: on where the GPU has no bf16 and bf16 is "
+        "not asked for.",
+    )
+    bf16: bool | None = Field(
+        None,
+        description="bf16 mixed precision. Unset: on where the GPU has it (Ampere and newer) "
+        "and fp16 is not asked for; true on a GPU without it runs fp16, with a note.",
+    )
     use_tf32: bool | None = Field(None, description="TF32 matmuls on Ampere and newer.")
     use_sdpa: bool | None = Field(None, description="PyTorch scaled-dot-product attention.")
     flash_attention_2: bool | None = Field(None, description="flash-attn 2 (varlen for packing).")
