@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from train_helpers import ROOT
 
 from expert_cli.config.environment import probe_environment
 
@@ -37,3 +38,26 @@ def test_hardware_bf16_without_a_gpu_and_by_capability() -> None:
     if not torch.cuda.is_available():
         assert hardware_bf16() is False
     assert hardware_bf16((7, 5)) is False and hardware_bf16((9, 0)) is True
+
+
+@pytest.mark.parametrize(
+    ("capability", "want"), [((7, 5), torch.float16), ((8, 0), torch.bfloat16)]
+)
+def test_bf16_weights_on_a_gpu_without_bf16_are_fp16(
+    monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], want: torch.dtype
+) -> None:
+    """`quantization: bf16` (HiveLLM's experts say it) on a T4, where the run is fp16: the
+    frozen weights are stored fp16 (bf16 weights were cast at every fp16-autocast matmul)."""
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.loading import load_manifest
+    from expert_cli.config.resolve import resolve
+    from expert_cli.train.model import weight_dtype
+
+    demo = resolve(load_manifest(ROOT / "experts" / "demo" / "manifest.json"), cpu_environment())
+    resolved = demo.model_copy(update={"quantization": "bf16"})
+    props = SimpleNamespace(major=capability[0], minor=capability[1])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: props)
+    assert weight_dtype(resolved, on_gpu=True) == want
+    assert weight_dtype(resolved, on_gpu=False) == torch.bfloat16

@@ -19,6 +19,7 @@ from peft import (
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, set_seed
 
 from expert_cli.config.adapters import unfused_reason
+from expert_cli.config.environment import hardware_bf16
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
@@ -75,10 +76,12 @@ def training_device(local_rank: int) -> str:
 
 def weight_dtype(resolved: ResolvedConfig, on_gpu: bool) -> torch.dtype:
     """dtype of the frozen weights: the manifest's bf16/fp16 quantization, else the mixed
-    precision on a GPU (bf16, fp16), else fp32 (CPU)."""
+    precision on a GPU (bf16, fp16), else fp32 (CPU). `quantization: bf16` on a GPU without
+    bf16 (a T4, a V100; the run is fp16 there) stores fp16: bf16 weights under fp16 autocast
+    were cast at every matmul, forward and backward, and the other layers ran emulated bf16."""
 
     if resolved.quantization == "bf16":
-        return torch.bfloat16
+        return torch.float16 if on_gpu and not hardware_bf16() else torch.bfloat16
     if resolved.quantization == "fp16":
         return torch.float16
     if on_gpu and resolved.bf16:
@@ -262,6 +265,8 @@ def load_base_model(
     on_gpu = device.startswith("cuda")
     dtype = weight_dtype(resolved, on_gpu)
     notes: list[str] = []
+    if resolved.quantization == "bf16" and dtype == torch.float16:
+        notes.append("quantization: bf16 weights stored as fp16, as this GPU has no bf16")
     if resolved.quantization in ("int4", "int8") and resolved.init == "random" and source is None:
         raise RunError("a random-init model must be saved before it can be quantized")
     if resolved.init == "random" and source is None:
