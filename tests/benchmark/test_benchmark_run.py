@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -371,7 +372,7 @@ def test_pynvml_wrapper_reads_and_decodes() -> None:
         raise NotSupported
 
     nv = SimpleNamespace(
-        NVMLError_NotSupported=NotSupported,
+        NVMLError=NotSupported,
         NVML_TEMPERATURE_GPU=0,
         NVML_CLOCK_SM=1,
         nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
@@ -391,6 +392,48 @@ def test_pynvml_wrapper_reads_and_decodes() -> None:
     assert (s.temperature_c, s.power_w, s.power_limit_w, s.sm_clock_mhz) == (71, None, 350, 1755)
     assert s.throttle_reasons == ["sw_power_cap", "sw_thermal_slowdown"]
     assert source.name(0) == "NVIDIA L4"
+
+
+def test_pynvml_wrapper_reads_past_any_nvml_error() -> None:
+    """A driver without a query (NVML's FunctionNotFound: the clock event reasons on an older
+    driver), or a metric it may not read (NoPermission), leaves that metric unknown; the
+    older throttle-reasons query is asked instead. Only NotSupported was caught: one such
+    reading ended `benchmark` with a traceback."""
+
+    class NVMLError(Exception):
+        pass
+
+    class FunctionNotFound(NVMLError):
+        pass
+
+    class NoPermission(NVMLError):
+        pass
+
+    def raises(kind: type) -> Any:
+        def query(*_: object) -> None:
+            raise kind
+
+        return query
+
+    nv = SimpleNamespace(
+        NVMLError=NVMLError,
+        NVML_TEMPERATURE_GPU=0,
+        NVML_CLOCK_SM=1,
+        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=50, memory=10),
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=1024**3, total=16 * 1024**3),
+        nvmlDeviceGetTemperature=raises(NoPermission),
+        nvmlDeviceGetPowerUsage=lambda h: 70_000,
+        nvmlDeviceGetEnforcedPowerLimit=raises(NoPermission),
+        nvmlDeviceGetClockInfo=lambda h, clock: 1590,
+        nvmlDeviceGetCurrentClocksEventReasons=raises(FunctionNotFound),
+        nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0x4,
+    )
+    s = PynvmlSource(nv).sample(0)
+    assert (s.gpu_util, s.temperature_c, s.power_w, s.power_limit_w) == (50.0, None, 70.0, None)
+    assert s.throttle_reasons == ["sw_power_cap"]
+    del nv.nvmlDeviceGetCurrentClocksThrottleReasons  # an older nvidia-ml-py has neither
+    assert PynvmlSource(nv).sample(0).throttle_reasons == []
 
 
 def test_lora_flops_by_hand() -> None:

@@ -119,11 +119,25 @@ class PynvmlSource:
         return _text(self._nv.nvmlDeviceGetName(self._handle(index)))
 
     def _read(self, fn: Any, *args: Any) -> Any:
-        """Call one NVML query; None when the device does not support that metric."""
+        """Call one NVML query; None when it gives nothing: a metric the device does not
+        support, a query this driver lacks (NVML's FunctionNotFound), no permission to read
+        it (one unreadable metric had ended the whole benchmark with a traceback)."""
         try:
             return fn(*args)
-        except self._nv.NVMLError_NotSupported:
+        except self._nv.NVMLError:
             return None
+
+    def _clock_events(self, handle: Any) -> Any:
+        """The clock event (throttle) reason mask: NVML's current query, else the older one
+        it replaced (a driver or nvidia-ml-py from before the rename has only that)."""
+        for name in (
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+        ):
+            query = getattr(self._nv, name, None)
+            if query is not None and (mask := self._read(query, handle)) is not None:
+                return mask
+        return None
 
     def sample(self, index: int) -> GpuSample:
         nv, h = self._nv, self._handle(index)
@@ -142,7 +156,7 @@ class PynvmlSource:
         s.power_limit_w = None if limit is None else limit / 1000.0
         clock = self._read(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
         s.sm_clock_mhz = None if clock is None else float(clock)
-        mask = self._read(nv.nvmlDeviceGetCurrentClocksEventReasons, h)
+        mask = self._clock_events(h)
         s.throttle_reasons = [] if mask is None else decode_throttle_reasons(int(mask))
         return s
 
