@@ -344,3 +344,23 @@ def test_each_process_gets_the_gpu_accelerate_gives_it(monkeypatch: pytest.Monke
     assert training_device(-1) == "cuda:0"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert training_device(3) == "cpu"
+
+
+def test_workers_share_the_machine_among_its_training_processes(tmp_path: Path) -> None:
+    """8 processes under torchrun on a 16-CPU machine: each takes 1 worker (it took 4 each,
+    32 workers beside 8 trainers); a count given past each process's share is said."""
+    from expert_cli.config.environment import local_processes
+
+    assert local_processes({"LOCAL_WORLD_SIZE": "8"}) == 8
+    assert local_processes({}) == local_processes({"LOCAL_WORLD_SIZE": "x"}) == 1
+    assert local_processes({"LOCAL_WORLD_SIZE": "0"}) == 1
+    assert _resolved(tmp_path, H100).dataloader_num_workers == 4
+    eight = replace(H100, local_processes=8)
+    assert _resolved(tmp_path, eight).dataloader_num_workers == 1
+    assert _resolved(tmp_path, replace(H100, local_processes=2)).dataloader_num_workers == 4
+    given = _resolved(tmp_path, eight, dataloader_num_workers=4)
+    assert given.dataloader_num_workers == 4
+    assert (
+        "dataloader_num_workers: 4 processes on 16 CPUs shared by 8 training processes; "
+        "more than one per CPU only adds memory and switching"
+    ) in given.notes

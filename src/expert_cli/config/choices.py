@@ -136,7 +136,10 @@ def kernels(
 
 
 def loader(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
-    auto_workers = min(MAX_AUTO_WORKERS, max(1, env.cpu_count // 2)) if env.has_gpu else 0
+    # the machine's CPUs are shared by its training processes (8 under torchrun on an 8-GPU
+    # machine took 4 workers each, 32 workers and 8 trainers on 16 CPUs)
+    cpus = max(1, env.cpu_count // env.local_processes)
+    auto_workers = min(MAX_AUTO_WORKERS, max(1, cpus // 2)) if env.has_gpu else 0
     workers = first(cfg.dataloader_num_workers, auto_workers)
     if workers > WORKERS_PER_CPU * env.cpu_count:
         raise UserError(
@@ -144,10 +147,13 @@ def loader(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str,
             f"{WORKERS_PER_CPU} per CPU on this machine ({env.cpu_count} CPUs); use at most "
             f"{env.cpu_count} (or leave it unset to choose automatically)"
         )
-    if workers > env.cpu_count:
+    if workers > cpus:
+        shared = (
+            f" shared by {env.local_processes} training processes" if cpus < env.cpu_count else ""
+        )
         notes.append(
-            f"dataloader_num_workers: {workers} processes on {env.cpu_count} CPUs; more than "
-            "one per CPU only adds memory and switching"
+            f"dataloader_num_workers: {workers} processes on {env.cpu_count} CPUs{shared}; "
+            "more than one per CPU only adds memory and switching"
         )
     if env.has_gpu and cfg.dataloader_num_workers == 0:
         notes.append(

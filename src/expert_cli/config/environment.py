@@ -37,6 +37,9 @@ class Environment:
     liger_kernel: str | None = None
     bitsandbytes: str | None = None
     cpu_count: int = 1
+    # training processes on this machine (torchrun's and accelerate's LOCAL_WORLD_SIZE), who
+    # share its CPUs
+    local_processes: int = 1
     packages: dict[str, str | None] = field(default_factory=dict)
 
     @property
@@ -72,6 +75,13 @@ def _has_module(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:
         return False
+
+
+def local_processes(env: Mapping[str, str]) -> int:
+    """Training processes a launcher started on this machine (LOCAL_WORLD_SIZE; 1 when unset
+    or not a number, at most 1024)."""
+    value = env.get("LOCAL_WORLD_SIZE", "")
+    return min(int(value), 1024) if value.isdigit() and int(value) > 0 else 1
 
 
 def cpu_environment() -> Environment:
@@ -112,6 +122,7 @@ def probe_environment() -> Environment:
         liger_kernel=package_version("liger-kernel"),
         bitsandbytes=packages["bitsandbytes"],
         cpu_count=usable_cpus(),
+        local_processes=local_processes(os.environ),
         packages=packages,
     )
     if not torch.cuda.is_available():

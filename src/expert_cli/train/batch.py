@@ -89,6 +89,9 @@ def _peak_of_step(
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() / GIB
     model.zero_grad(set_to_none=True)
+    # the run's first window reads its peak from the last reset: not from the probe's step
+    # (of 2 rows, where training may then take 1)
+    torch.cuda.reset_peak_memory_stats()
     return peak
 
 
