@@ -78,6 +78,20 @@ def test_flash_attention_4_needs_hopper_or_blackwell() -> None:
         == "runs on Hopper and Blackwell GPUs only"
     )
     assert kernel_unusable("torch_varlen", T4, half=True).startswith("needs compute capability")
+
+
+def test_below_ampere_auto_takes_sdpa_not_flex(tmp_path: Path) -> None:
+    """flex attention's Triton kernels ask for more shared memory than a T4 has: auto took
+    it there (the only usable kernel before sdpa); an explicit ask says why not."""
+    assert kernel_unusable("flex_attention", T4, half=True) == (
+        "needs compute capability 8.0 or newer (this GPU has 7.5)"
+    )
+    assert _resolved(tmp_path, T4).attn_implementation == "sdpa"
+    asked = _resolved(tmp_path, T4, attention="flex_attention")
+    assert asked.attn_implementation == "sdpa"
+    assert any(
+        n.startswith("attention: flex_attention needs compute capability") for n in asked.notes
+    )
     assert kernel_unusable("sdpa", cpu_environment(), half=False) is None
 
 

@@ -34,12 +34,21 @@ def kernel_unusable(kernel: str, env: Environment, half: bool) -> str | None:
         return None
     if not env.has_gpu:
         return "needs a CUDA GPU"
+    older = f"needs compute capability 8.0 or newer (this GPU has {cap[0]}.{cap[1]})"
     if kernel == "flex_attention":
-        return None if env.flex_attention else "this torch has no flex attention"
+        # its Triton kernels ask for more shared memory than a T4 has (64 KB an SM): out of
+        # resource there, as issues of torch and vLLM report; below Ampere sdpa runs
+        return (
+            older
+            if cap < (8, 0)
+            else None
+            if env.flex_attention
+            else "this torch has no flex attention"
+        )
     if not half:
         return "needs bf16 or fp16"
     if cap < (8, 0):
-        return f"needs compute capability 8.0 or newer (this GPU has {cap[0]}.{cap[1]})"
+        return older
     if kernel == "flash_attention_4":
         if env.flash_attn_4 is None:
             return "flash-attn-4 is not installed"
