@@ -61,3 +61,16 @@ def test_bf16_weights_on_a_gpu_without_bf16_are_fp16(
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: props)
     assert weight_dtype(resolved, on_gpu=True) == want
     assert weight_dtype(resolved, on_gpu=False) == torch.bfloat16
+
+
+def test_more_processes_than_the_gpus_they_see_is_refused() -> None:
+    from expert_cli.config.environment import Environment, crowded_gpus
+
+    four = Environment(gpu_count=4, local_processes=8)
+    assert crowded_gpus(four) == (
+        "8 training processes on this machine, and 4 GPUs: start at most 4 (torchrun "
+        "--nproc_per_node 4, accelerate launch --num_processes 4); each process takes a GPU"
+    )
+    assert crowded_gpus(Environment(gpu_count=4, local_processes=4)) is None
+    assert crowded_gpus(Environment(gpu_count=1, local_processes=4)) is None  # one GPU each
+    assert crowded_gpus(Environment(gpu_count=0, local_processes=2)) is None  # CPU, gloo

@@ -84,6 +84,21 @@ def local_processes(env: Mapping[str, str]) -> int:
     return min(int(value), 1024) if value.isdigit() and int(value) > 0 else 1
 
 
+def crowded_gpus(env: Environment) -> str | None:
+    """Why this machine cannot give each of its training processes a GPU of its own: more
+    processes than the several GPUs they see (`--nproc_per_node 8` on a 4-GPU machine put two
+    processes on a card, and NCCL stopped them with a traceback). None when each can have one;
+    processes that see one GPU each (a launcher that sets CUDA_VISIBLE_DEVICES) are not told
+    apart from ones that share it, and are let through."""
+    if 1 < env.gpu_count < env.local_processes:
+        return (
+            f"{env.local_processes} training processes on this machine, and {env.gpu_count} GPUs: "
+            f"start at most {env.gpu_count} (torchrun --nproc_per_node {env.gpu_count}, "
+            f"accelerate launch --num_processes {env.gpu_count}); each process takes a GPU"
+        )
+    return None
+
+
 def cpu_environment() -> Environment:
     """A machine with no GPU, for tests and for resolving without importing torch."""
     return Environment(cpu_count=usable_cpus())

@@ -18,7 +18,7 @@ from transformers.utils import logging as hf_logging
 
 from expert_cli.atomic import sigterm_raises
 from expert_cli.config import load_manifest
-from expert_cli.config.environment import probe_environment, unlaunched_world
+from expert_cli.config.environment import crowded_gpus, probe_environment, unlaunched_world
 from expert_cli.config.resolve import data_folder_holding, resolve
 from expert_cli.data import PreparedData, prepare_data
 from expert_cli.data.hub import hub_refs, require_hub
@@ -89,6 +89,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     hf_logging.disable_progress_bar()  # bars and info logs would interleave with it
     loaded = load_manifest(opts.manifest, opts.overrides)
     env = probe_environment()
+    if (crowded := crowded_gpus(env)) is not None:
+        raise UserError(crowded)
     resolved = resolve(loaded, env)
     resolved.notes += author_notes(loaded.raw, resolved.model_dump(mode="json"))
     output = output_dir(loaded.path, opts.output)
