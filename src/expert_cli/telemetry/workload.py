@@ -217,8 +217,9 @@ class WorkloadRunner:
                 self.spec.segment_len,
                 attn_dim=m["num_attention_heads"] * m["head_dim"],
             )
-            bf16 = self.info["dtype"] == "bfloat16"
-            peak = peak_bf16_flops(self.info["device"]) if bf16 else None
+            # the tensor cores' fp16 rate is their bf16 one on the GPUs of the table
+            half = self.info["dtype"] in ("bfloat16", "float16")
+            peak = peak_bf16_flops(self.info["device"]) if half else None
             out.update(
                 flops_per_token=fpt,
                 peak_flops=peak,

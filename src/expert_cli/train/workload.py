@@ -86,8 +86,9 @@ def build_fast_step(spec: WorkloadSpec) -> tuple[Callable[[], torch.Tensor], dic
             "tiny on a CPU"
         )
     device = "cuda" if cuda else "cpu"
-    half = cuda and hardware_bf16()
-    dtype = torch.bfloat16 if half else torch.float32
+    half = cuda  # bf16, or fp16 on a GPU without it (a T4, a V100), as `train` takes
+    dtype = (torch.bfloat16 if hardware_bf16() else torch.float16) if cuda else torch.float32
+    scaler = torch.amp.GradScaler(device, enabled=dtype == torch.float16)
     env = probe_environment()
     notes: list[str] = []
     attn = choose_kernel("auto", env, half, notes)
@@ -107,8 +108,9 @@ def build_fast_step(spec: WorkloadSpec) -> tuple[Callable[[], torch.Tensor], dic
     def step() -> torch.Tensor:
         with torch.autocast(device, dtype=dtype, enabled=half):
             out = model(**batch, use_cache=False).loss
-        out.backward()
-        opt.step()
+        scaler.scale(out).backward()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
         return out.detach()
 
@@ -117,7 +119,7 @@ def build_fast_step(spec: WorkloadSpec) -> tuple[Callable[[], torch.Tensor], dic
         "attention": attn,
         "fused_loss": loss,
         "liger_kernels": bool(liger),
-        "adapter_precision": "bf16" if half else "fp32",
+        "adapter_precision": ("bf16" if dtype == torch.bfloat16 else "fp16") if half else "fp32",
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
     }
