@@ -633,3 +633,21 @@ def test_an_unset_precision_flag_takes_the_machines(
         assert (cfg.bf16, cfg.fp16) == want, env.gpu_name
         said = any(n.startswith("bf16 and fp16: off") for n in cfg.notes)
         assert said == (want == (False, False))
+
+
+def test_a_set_warmup_steps_takes_the_place_of_the_manifests_ratio() -> None:
+    """The demo writes warmup_ratio, which wins over warmup_steps beside it: `--set
+    warmup_steps=500` was noted as losing and not applied. It now replaces the ratio, unless
+    a `--set` gives the ratio as well."""
+    from train_helpers import ROOT
+
+    demo = ROOT / "experts" / "demo" / "manifest.json"
+    assert load_manifest(demo).manifest.training.config.warmup_ratio == 0.05
+    given = load_manifest(demo, ["warmup_steps=500"])
+    config = given.manifest.training.config
+    assert (config.warmup_steps, config.warmup_ratio) == (500, None)
+    cfg = resolve(given, cpu_environment())
+    assert (cfg.warmup_steps, cfg.warmup_ratio) == (500, 0.0)
+    assert not any(n.startswith("warmup_steps: warmup_ratio is set") for n in cfg.notes)
+    both = load_manifest(demo, ["warmup_steps=500", "warmup_ratio=0.1"]).manifest.training
+    assert (both.config.warmup_steps, both.config.warmup_ratio) == (500, 0.1)

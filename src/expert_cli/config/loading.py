@@ -165,9 +165,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node[int(last)] = value
         elif isinstance(node, dict):
             node[last] = value
+            _given_warmup_wins(node, last, overrides)
         else:
             raise UserError(f"--set {_shown_set(item)}: cannot set {last} there")
     return data
+
+
+def _given_warmup_wins(config: dict[str, Any], key: str, overrides: list[str]) -> None:
+    """A `--set warmup_steps` takes the place of the manifest's warmup_ratio (which wins over
+    warmup_steps written beside it: the override was noted and not applied), unless a `--set`
+    gives the ratio too."""
+    if key != "warmup_steps" or "warmup_ratio" not in config:
+        return
+    if not any(parse_override(item)[0][-1] == "warmup_ratio" for item in overrides):
+        del config["warmup_ratio"]
 
 
 def _refuse_unknown_top(item: str, top: str, data: dict[str, Any]) -> None:
