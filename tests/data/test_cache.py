@@ -665,3 +665,27 @@ def test_earlier_caches_are_counted_and_pruned_only_when_asked(demo_expert_dir) 
     again = prepare(manifest)
     assert again.status == "current" and rows(again) == rows(current)
     assert (again.earlier.caches, again.pruned.caches) == (0, 0)
+
+
+def test_prepared_data_kept_to_the_interpreters_exit_prints_nothing(demo_expert_dir) -> None:
+    """docs/data.md's snippet keeps its PreparedData (and the shared lock on its cache) to the
+    end of the script: the lock's `__del__` ran after `os` was torn down and printed an
+    AttributeError under the snippet's output. A finalizer closes it at exit instead."""
+    script = (
+        "from expert_cli.config import load_manifest\n"
+        "from expert_cli.data import prepare_data\n"
+        "from expert_cli.data.tokenizer import load_tokenizer\n"
+        "from expert_cli.config.environment import cpu_environment\n"
+        "from expert_cli.config.resolve import resolve\n"
+        f"resolved = resolve(load_manifest({str(demo_expert_dir / 'manifest.json')!r}), "
+        "cpu_environment())\n"
+        "data = prepare_data(resolved, load_tokenizer(resolved))\n"
+        "print(data.status, len(data.train))\n"
+    )
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "built" and int(done.stdout.split()[1]) > 0
+    assert "Exception ignored" not in done.stderr and "Error" not in done.stderr, done.stderr

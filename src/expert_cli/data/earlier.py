@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,18 +55,19 @@ def _built_for(folder: Path) -> str | None:
 
 
 class Hold:
-    """A shared lock on a cache folder, held until closed or collected."""
+    """A shared lock on a cache folder, held until closed, collected or the interpreter
+    exits (a finalizer, not `__del__`: at exit that ran after `os` was torn down and printed
+    an AttributeError under every script that kept a prepared dataset to the end)."""
 
     def __init__(self, fd: int) -> None:
-        self.fd: int | None = fd
+        self._release = weakref.finalize(self, os.close, fd)
+
+    @property
+    def held(self) -> bool:
+        return self._release.alive
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def __del__(self) -> None:
-        self.close()
+        self._release()
 
 
 def hold_shared(cache_dir: Path) -> Hold | None:
