@@ -354,3 +354,19 @@ def test_conversations_without_the_response_template_fail_in_check_as_in_train(
     assert problem.startswith(
         "training.dataset.response_template: the chat template does not write it"
     )
+
+
+def test_a_mapping_problem_is_listed_once(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`text` beside `response` in field_mapping is found in the training file and again in
+    the validation file: check listed the same line twice."""
+    from expert_cli.data.checks import check_manifest
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=4, valid_rows=2)
+    config = json.loads(manifest.read_text())
+    config["training"]["dataset"]["field_mapping"] = {"text": "text", "response": "answer"}
+    manifest.write_text(json.dumps(config))
+    report = check_manifest(manifest)
+    assert report.problems == [
+        "training.dataset.field_mapping: `text` holds the whole example, so `response` would "
+        "not be used; remove it, or map `instruction` + `response` without `text`"
+    ]

@@ -131,6 +131,9 @@ def check_manifest(
         problem = model_check(resolved, tokens)
         report.problems += [problem] if problem else []
     report.rows_checked = data.rows
+    # one line once: a mapping problem is found in each source that reads it (the training
+    # and the validation file), and was listed twice
+    report.problems = list(dict.fromkeys(report.problems))
     return report
 
 
