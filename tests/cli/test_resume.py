@@ -228,3 +228,21 @@ def test_resume_of_an_fp16_checkpoint_in_another_precision(
     more = train(TrainOptions(manifest, out, resume=True, max_steps=4), Silent())
     assert more.status == "completed"
     assert read_metrics(out)["summary"]["steps"] == 4
+
+
+def test_resume_of_a_finished_run_to_fewer_steps_says_only_that(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A finished 2-step run resumed with --max-steps 1 has nothing to train: it said the
+    learning-rate schedule would be built again for the new length, then that nothing was
+    left to resume."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8)
+    out = tmp_path / "run"
+    code, _, err = run_main(capsys, monkeypatch, *_train(manifest, out), "--max-steps", "2")
+    assert code == 0, err
+    code, said, err = run_main(
+        capsys, monkeypatch, *_train(manifest, out), "--resume", "--max-steps", "1"
+    )
+    said = " ".join(said.split())
+    assert code == 0, err
+    assert "nothing to resume" in said and "schedule is built again" not in said

@@ -32,7 +32,8 @@ JsonOpt = Annotated[
     bool,
     typer.Option(
         "--json",
-        help='Print one JSON object (on an error: {"error": {kind, exit_code, lines}}).',
+        help="Print one JSON object (where the command cannot run, as for a refused "
+        'argument: {"error": {kind, exit_code, lines}}).',
         callback=_json_asked,
     ),
 ]
