@@ -28,7 +28,10 @@ def benchmark(
         Path | None, typer.Option(help="Write a plot here (.png, .svg or .pdf).")
     ] = None,
     gpu: Annotated[
-        str, typer.Option(metavar="INDEX", help="GPU index (or 0,1,...) or 'all'.")
+        str,
+        typer.Option(
+            metavar="INDEX", help="GPU index as nvidia-smi numbers them (or 0,1,...), or 'all'."
+        ),
     ] = "all",
     metrics: Annotated[
         Path | None, typer.Option(help="A training run's metrics.json to read.")
