@@ -14,11 +14,12 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from expert_cli.atomic import HANGUP, heard, write_json_atomic
+from expert_cli.atomic import HANGUP, heard
 from expert_cli.config.environment import launched
 from expert_cli.telemetry.ops import OpCounter
 from expert_cli.telemetry.throughput import ThroughputMeter
 from expert_cli.train.args import warmup_count
+from expert_cli.train.metrics_file import MetricsFile
 from expert_cli.train.outputs import number_pairs, read_json_file
 
 # the window's numbers that also go into the Trainer's logs (so TensorBoard gets them)
@@ -40,6 +41,7 @@ class ThroughputCallback(TrainerCallback):
     ) -> None:
         self.meter = meter
         self.metrics_path = metrics_path
+        self.file = MetricsFile(metrics_path) if metrics_path is not None else None
         self.on_window = on_window
         self.earlier = {key: list((earlier or {}).get(key, [])) for key in ("windows", "evals")}
         self.evals: list[dict[str, Any]] = []
@@ -75,13 +77,12 @@ class ThroughputCallback(TrainerCallback):
             summary["final_loss"] = earlier[-1] if earlier else None
         if summary["steps_this_run"] == 0:  # no window of its own: 0 tok/s said nothing true
             summary.update(over_windows(self.earlier["windows"]))
-        if self.metrics_path is not None:
-            data = {
-                "windows": self.earlier["windows"] + self.meter.windows,
-                "evals": self.earlier["evals"] + self.evals,
-                "summary": summary,
-            }
-            write_json_atomic(self.metrics_path, data)
+        if self.file is not None:
+            self.file.write(
+                self.earlier["windows"] + self.meter.windows,
+                {"evals": self.earlier["evals"] + self.evals, "summary": summary},
+                running=status == "running",
+            )
         return summary
 
     def finish(self, steps: int, status: str, alone: bool = False) -> dict[str, Any]:
