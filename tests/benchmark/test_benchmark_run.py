@@ -372,7 +372,7 @@ def test_pynvml_wrapper_reads_and_decodes() -> None:
         raise NotSupported
 
     nv = SimpleNamespace(
-        NVMLError=NotSupported,
+        NVMLError_NotSupported=NotSupported,
         NVML_TEMPERATURE_GPU=0,
         NVML_CLOCK_SM=1,
         nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
@@ -417,6 +417,8 @@ def test_pynvml_wrapper_reads_past_any_nvml_error() -> None:
 
     nv = SimpleNamespace(
         NVMLError=NVMLError,
+        NVMLError_FunctionNotFound=FunctionNotFound,
+        NVMLError_NoPermission=NoPermission,
         NVML_TEMPERATURE_GPU=0,
         NVML_CLOCK_SM=1,
         nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
@@ -434,6 +436,13 @@ def test_pynvml_wrapper_reads_past_any_nvml_error() -> None:
     assert s.throttle_reasons == ["sw_power_cap"]
     del nv.nvmlDeviceGetCurrentClocksThrottleReasons  # an older nvidia-ml-py has neither
     assert PynvmlSource(nv).sample(0).throttle_reasons == []
+
+    class GpuIsLost(NVMLError):
+        pass
+
+    nv.nvmlDeviceGetPowerUsage = raises(GpuIsLost)  # not a metric it cannot read: raised
+    with pytest.raises(GpuIsLost):
+        PynvmlSource(nv).sample(0)
 
 
 def test_lora_flops_by_hand() -> None:

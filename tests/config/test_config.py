@@ -619,8 +619,9 @@ def test_adapter_values_not_acted_on_are_noted(tmp_path: Path) -> None:
 def test_an_unset_precision_flag_takes_the_machines(
     tmp_path: Path, given: dict, on_h100: tuple, on_t4: tuple
 ) -> None:
-    """One flag given `false`, the other unset: the unset one is the machine's choice (a lone
-    `fp16: false` had trained in fp32 on an H100); fp32 on a GPU is said."""
+    """One flag given `false`, the other unset: the unset one is the machine's own choice (a
+    lone `fp16: false` had trained in fp32 on an H100; `bf16: false` there is fp32, as the
+    H100's choice of fp16 is no); fp32 on a GPU is said."""
 
     def edit(m: dict) -> None:
         config = m["training"]["config"]
@@ -631,7 +632,7 @@ def test_an_unset_precision_flag_takes_the_machines(
     for env, want in ((H100, on_h100), (T4, on_t4)):
         cfg = resolve(load_manifest(manifest), env)
         assert (cfg.bf16, cfg.fp16) == want, env.gpu_name
-        said = any(n.startswith("bf16 and fp16: off") for n in cfg.notes)
+        said = any(n.startswith("bf16, fp16: mixed precision off") for n in cfg.notes)
         assert said == (want == (False, False))
 
 

@@ -54,13 +54,15 @@ def test_bf16_weights_on_a_gpu_without_bf16_are_fp16(
     from expert_cli.train.model import weight_dtype
 
     demo = resolve(load_manifest(ROOT / "experts" / "demo" / "manifest.json"), cpu_environment())
-    resolved = demo.model_copy(update={"quantization": "bf16"})
+    resolved = demo.model_copy(update={"quantization": "bf16", "fp16": True, "bf16": False})
     props = SimpleNamespace(major=capability[0], minor=capability[1])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: props)
     assert weight_dtype(resolved, on_gpu=True) == want
     assert weight_dtype(resolved, on_gpu=False) == torch.bfloat16
+    fp32 = resolved.model_copy(update={"fp16": False})  # no autocast: bf16 weights kept
+    assert weight_dtype(fp32, on_gpu=True) == torch.bfloat16
 
 
 def test_more_processes_than_the_gpus_they_see_is_refused() -> None:

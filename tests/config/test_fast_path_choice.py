@@ -368,6 +368,8 @@ def test_workers_share_the_machine_among_its_training_processes(tmp_path: Path) 
     assert local_processes({"LOCAL_WORLD_SIZE": "8"}) == 8
     assert local_processes({}) == local_processes({"LOCAL_WORLD_SIZE": "x"}) == 1
     assert local_processes({"LOCAL_WORLD_SIZE": "0"}) == 1
+    assert local_processes({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}) == 4  # mpirun
+    assert local_processes({"SLURM_NTASKS_PER_NODE": "2"}) == 2  # srun
     assert _resolved(tmp_path, H100).dataloader_num_workers == 4
     eight = replace(H100, local_processes=8)
     assert _resolved(tmp_path, eight).dataloader_num_workers == 1

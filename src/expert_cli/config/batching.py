@@ -71,7 +71,8 @@ def batch_plan(
         )
     rows = max(1, first(cfg.tokens_per_step, DEFAULT_TOKENS_PER_STEP) // seq)
     if cfg.micro_batch:
-        notes.append("micro_batch: not applicable; batch_size auto probes the micro-batch")
+        how = "probes the micro-batch" if env.has_gpu and not sharded else "takes a fixed split"
+        notes.append(f"micro_batch: not applicable; batch_size auto {how}")
     if cfg.gradient_accumulation_steps:
         notes.append(
             "gradient_accumulation_steps: follows from batch_size auto "

@@ -46,8 +46,8 @@ def precision(cfg: TrainingConfig, env: Environment, notes: list[str]) -> tuple[
     fp16 = first(cfg.fp16, not env.bf16 and not bf16)
     if not bf16 and not fp16:
         notes.append(
-            "bf16 and fp16: off, as the manifest says: training in fp32 on the GPU (several "
-            "times slower; no MFU)"
+            "bf16, fp16: mixed precision off, training in fp32 on the GPU (several times "
+            "slower; no MFU): leave both unset for the GPU's own half precision"
         )
     return bool(bf16), bool(fp16)
 

@@ -77,11 +77,18 @@ def _has_module(name: str) -> bool:
         return False
 
 
+# processes per node, as torchrun / accelerate, MPI and Slurm launchers say it
+LOCAL_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+
+
 def local_processes(env: Mapping[str, str]) -> int:
-    """Training processes a launcher started on this machine (LOCAL_WORLD_SIZE; 1 when unset
-    or not a number, at most 1024)."""
-    value = env.get("LOCAL_WORLD_SIZE", "")
-    return min(int(value), 1024) if value.isdigit() and int(value) > 0 else 1
+    """Training processes a launcher started on this machine (the first of
+    LOCAL_SIZE_VARIABLES set to a number; 1 when none is, at most 1024)."""
+    for name in LOCAL_SIZE_VARIABLES:
+        value = env.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return min(int(value), 1024)
+    return 1
 
 
 def crowded_gpus(env: Environment) -> str | None:

@@ -121,10 +121,21 @@ class PynvmlSource:
     def _read(self, fn: Any, *args: Any) -> Any:
         """Call one NVML query; None when it gives nothing: a metric the device does not
         support, a query this driver lacks (NVML's FunctionNotFound), no permission to read
-        it (one unreadable metric had ended the whole benchmark with a traceback)."""
+        it (one unreadable metric had ended the whole benchmark with a traceback). Other NVML
+        errors (a GPU lost from the bus) are raised."""
+        nv = self._nv
+        unreadable = tuple(
+            getattr(nv, name)
+            for name in (
+                "NVMLError_NotSupported",
+                "NVMLError_FunctionNotFound",
+                "NVMLError_NoPermission",
+            )
+            if hasattr(nv, name)
+        )
         try:
             return fn(*args)
-        except self._nv.NVMLError:
+        except unreadable:
             return None
 
     def _clock_events(self, handle: Any) -> Any:

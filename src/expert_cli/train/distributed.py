@@ -10,10 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from expert_cli.config.environment import LOCAL_SIZE_VARIABLES
 from expert_cli.errors import UserError
-
-# processes per node, as torchrun / accelerate, MPI and Slurm launchers say it
-LOCAL_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
 
 
 def initialized() -> bool:

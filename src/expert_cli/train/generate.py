@@ -176,9 +176,9 @@ def load_run(adapter: Path) -> LoadedRun:
     decoding = (training or {}).get("decoding") if isinstance(training, dict) else None
     hf_logging.disable_progress_bar()  # the loading bars would interleave with the answers
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    # half precision on a GPU: bf16 where it has it, else fp16 (fp32 doubled the memory: a
-    # 7B base no longer fit a 16 GB T4)
-    dtype = (torch.bfloat16 if hardware_bf16() else torch.float16) if device == "cuda" else None
+    # bf16 on a GPU that has it; elsewhere fp32 (fp16 could overflow where the base was
+    # trained in bf16: NaN logits)
+    dtype = torch.bfloat16 if device == "cuda" and hardware_bf16() else None
     tokenizer = saved_tokenizer(adapter, run_dir)
     loaded: list[str] = []  # how the base loaded: dequantized, weights left out
     model = load_adapted(adapter, base, dtype or torch.float32, loaded).to(device).eval()

@@ -76,12 +76,14 @@ def training_device(local_rank: int) -> str:
 
 def weight_dtype(resolved: ResolvedConfig, on_gpu: bool) -> torch.dtype:
     """dtype of the frozen weights: the manifest's bf16/fp16 quantization, else the mixed
-    precision on a GPU (bf16, fp16), else fp32 (CPU). `quantization: bf16` on a GPU without
-    bf16 (a T4, a V100; the run is fp16 there) stores fp16: bf16 weights under fp16 autocast
-    were cast at every matmul, forward and backward, and the other layers ran emulated bf16."""
+    precision on a GPU (bf16, fp16), else fp32 (CPU). `quantization: bf16` in an fp16 run on a
+    GPU without bf16 (a T4, a V100) stores fp16: bf16 weights under fp16 autocast were cast at
+    every matmul, forward and backward, and the other layers ran emulated bf16 (an fp32 run
+    there keeps bf16 weights: fp16 ones without autocast or loss scaling could overflow)."""
 
     if resolved.quantization == "bf16":
-        return torch.float16 if on_gpu and not hardware_bf16() else torch.bfloat16
+        fp16_run = on_gpu and resolved.fp16 and not hardware_bf16()
+        return torch.float16 if fp16_run else torch.bfloat16
     if resolved.quantization == "fp16":
         return torch.float16
     if on_gpu and resolved.bf16:
