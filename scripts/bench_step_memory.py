@@ -12,7 +12,8 @@ left out). Each variant runs in its own process.
 A CPU run differs from a GPU's in two places, both said in the JSON: attention is sdpa's
 math kernel here (flash-attention keeps its own output and log-sum-exp), and peft's dropout
 on a CPU keeps its mask as a tensor of the input's dtype where a GPU keeps one byte an
-element. The fused LoRA linear's mask is one byte on both.
+element; `peft_dropout_gpu_mask` runs peft's layers with torch's own dropout kernel, as a GPU
+does, so its mask is one byte, as the fused LoRA linear's is on both.
 
     python scripts/bench_step_memory.py              # JSON to bench_results/step_memory.json
 """
@@ -36,8 +37,28 @@ VARIANTS: dict[str, tuple[str, float]] = {
     "peft": ("peft", 0.0),
     "fused": ("fused", 0.0),
     "peft_dropout": ("peft", 0.05),
+    "peft_dropout_gpu_mask": ("peft_gpu_mask", 0.05),
     "fused_dropout": ("fused", 0.05),
 }
+
+
+class NativeDropout(torch.nn.Module):
+    """nn.Dropout as it runs on a GPU: torch's own dropout kernel, whose backward keeps a
+    one-byte mask (on a CPU nn.Dropout keeps its mask in the input's dtype)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.native_dropout(x, self.p, self.training)[0]
+
+
+def _gpu_masks(model: torch.nn.Module) -> None:
+    for module in model.modules():
+        for name, dropout in getattr(module, "lora_dropout", {}).items():
+            if isinstance(dropout, torch.nn.Dropout):
+                module.lora_dropout[name] = NativeDropout(dropout.p)
 
 
 def child(kernel: str, dropout: float, tokens: int) -> dict[str, Any]:
@@ -58,6 +79,8 @@ def child(kernel: str, dropout: float, tokens: int) -> dict[str, Any]:
     adapters_in_compute_dtype(model)
     if kernel == "fused":
         fuse_lora_linears(model)
+    if kernel == "peft_gpu_mask":
+        _gpu_masks(model)
     model.train()
     ids = torch.randint(
         0, config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(1)
@@ -106,7 +129,7 @@ def main() -> None:
             raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
         result = json.loads(done.stdout.strip().splitlines()[-1])
         results[name] = {"adapter_kernel": kernel, "lora_dropout": dropout, **result}
-        print(f"{name:14s} {result['bytes_per_token']:8d} bytes a token kept for the backward")
+        print(f"{name:22s} {result['bytes_per_token']:8d} bytes a token kept for the backward")
     commit = subprocess.run(
         ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
@@ -117,7 +140,7 @@ def main() -> None:
         "alpha 32 on all seven projections (fp32 adapters computing in bf16)",
         "tokens": args.tokens,
         "cpu_differences": "attention: sdpa's math kernel; peft's dropout keeps a mask in "
-        "the input's dtype (a GPU keeps one byte an element)",
+        "the input's dtype (a GPU keeps one byte an element, as peft_dropout_gpu_mask does)",
         "machine": _cpu(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "commit": commit,
