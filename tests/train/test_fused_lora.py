@@ -80,23 +80,27 @@ def test_a_backward_called_under_autocast_keeps_the_forwards_precision() -> None
         assert inside.dtype == torch.float32 and torch.equal(outside, inside)
 
 
-def test_compiled_under_autocast() -> None:
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_compiled_under_autocast(dropout: float) -> None:
     """torch.compile traces the Function's backward with the forward's autocast on; a call of
     the Function's own method inside it was refused (AssertionError: Expected
-    FakeBackwardCFunction)."""
+    FakeBackwardCFunction). With dropout the traced mask is the one eager draws from the same
+    seed, and the dropped input computed again in the traced backward gives eager's
+    gradients."""
     torch.manual_seed(3)
     base = torch.nn.Linear(32, 24).requires_grad_(False)
     a = torch.nn.Parameter(torch.randn(8, 32) * 0.1)
     b = torch.nn.Parameter(torch.randn(24, 8) * 0.1)
 
     def f(x: torch.Tensor) -> torch.Tensor:
-        return LoraLinearFunction.apply(x, base, a, b, (2.0, 0.0))
+        return LoraLinearFunction.apply(x, base, a, b, (2.0, dropout))
 
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
-    x = torch.randn(2, 32)
+    x = torch.randn(16, 32)
     grads = []
     for fn in (f, compiled):
         a.grad = b.grad = None
+        torch.manual_seed(11)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             fn(x).float().pow(2).sum().backward()
         grads.append((a.grad.clone(), b.grad.clone()))
