@@ -409,6 +409,17 @@ def test_a_trained_base_bias_or_an_adapter_added_later_runs_peft(tiny_model_dir:
         assert torch.allclose(fused(input_ids=ids).logits, plain(input_ids=ids).logits, atol=1e-5)
 
 
+class _NativeDropout(torch.nn.Module):
+    """nn.Dropout as a GPU runs it: torch's own kernel, whose backward keeps a bool mask."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.native_dropout(x, self.p, self.training)[0]
+
+
 def _held(model: torch.nn.Module, ids: torch.Tensor) -> int:
     """Bytes one training forward of `model` keeps for its backward (weights left out)."""
     torch.manual_seed(5)
@@ -421,8 +432,8 @@ def _held(model: torch.nn.Module, ids: torch.Tensor) -> int:
 def test_dropout_keeps_the_mask_not_the_dropped_input(tiny_model_dir: Path) -> None:
     """With lora dropout the fused layers keep one byte an element of each adapted input (the
     mask) and not the dropped input: a step holds the masks more than without dropout, and
-    at least the dropped inputs less than peft's layers (which keep those, and their own
-    mask: a bool on a GPU, a float on a CPU)."""
+    less than peft's layers, which keep each dropped input and a mask (of one byte on a GPU,
+    as with torch's own dropout kernel here; of the input's dtype on a CPU)."""
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(3))
     held = {}
     for p in (0.0, 0.2):
@@ -436,3 +447,8 @@ def test_dropout_keeps_the_mask_not_the_dropped_input(tiny_model_dir: Path) -> N
     masks = sum(48 * m.in_features for m in layers)  # 48 tokens, one byte each
     assert held[0.2][1] - held[0.0][1] == masks
     assert held[0.2][0] - held[0.2][1] >= 4 * masks  # the dropped inputs, fp32
+    gpu_like = lora_model(tiny_model_dir, lora_dropout=0.2)  # peft with one-byte masks
+    for module in gpu_like.modules():
+        for name in getattr(module, "lora_dropout", {}):
+            module.lora_dropout[name] = _NativeDropout(0.2)
+    assert _held(gpu_like, ids) - held[0.2][1] > 0

@@ -14,13 +14,12 @@ dropout):
 (without dropout `dx += s * g A` is one accumulating GEMM as well; with it `dx += s k m (g A)` is
 one element-wise pass). The dropout mask is drawn with `bernoulli_` from the global generator,
 so a checkpointed layer's recomputed forward draws the same mask again (the checkpoint
-restores the generator's state); it is not the mask peft's layer would have drawn. Only the
-mask (one byte an element) is kept for the backward, not the dropped input d: the backward
-computes d again from x (kept anyway, and shared by the projections that read the same
-input) with the same kernel the forward used, so A's gradient sees the same d bit for bit.
-peft's layers keep d and its mask (three bytes an element in bf16) for each adapted
-projection: with HiveLLM's usual dropout of 0.05 that is most of the activations a LoRA step
-holds.
+restores the generator's state); it is not the mask peft's layer would have drawn. The input
+x and the mask (one byte an element) are kept for the backward, not the dropped input d: the
+backward computes d again with the same kernel the forward used, so A's gradient sees the
+same d bit for bit. peft's layers keep d and the mask for each adapted projection (three
+bytes an element in bf16 on a GPU); here the projections that read one input (q, k and v;
+gate and up) keep that x once, beside a mask each.
 
 Only plain LoRA on a frozen `nn.Linear` base, or on a bitsandbytes 4-bit one (QLoRA), is fused
 (no DoRA or other variant, one active adapter, not merged); any other layer, or a call with
