@@ -14,7 +14,6 @@ shared).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_step_ops import _cpu  # noqa: E402
+from bench_step_ops import provenance, write_report  # noqa: E402
 
 from expert_cli.atomic import write_json_atomic  # noqa: E402
 from expert_cli.train.metrics_file import MetricsFile  # noqa: E402
@@ -91,13 +90,10 @@ def main() -> None:
             print(results[-1])
     report = {
         "what": "ms of one metrics.json write at a logging window (best of rounds), CPU",
-        "machine": _cpu(),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        **provenance(),
         "results": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":

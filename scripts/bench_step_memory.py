@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +31,10 @@ import torch
 import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_step_ops import provenance, write_report  # noqa: E402
+
 VARIANTS: dict[str, tuple[str, float]] = {
     "peft": ("peft", 0.0),
     "fused": ("fused", 0.0),
@@ -101,17 +103,6 @@ def child(kernel: str, dropout: float, tokens: int) -> dict[str, Any]:
     }
 
 
-def _cpu() -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {len(os.sched_getaffinity(0))} cores"
-    except OSError:
-        pass
-    return name
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=512)
@@ -141,15 +132,11 @@ def main() -> None:
         "tokens": args.tokens,
         "cpu_differences": "attention: sdpa's math kernel; peft's dropout keeps a mask in "
         "the input's dtype (a GPU keeps one byte an element, as peft_dropout_gpu_mask does)",
-        "machine": _cpu(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        **provenance(),
         "commit": commit,
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "variants": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,21 @@ def _cpu() -> str:
     return f"{name}, {len(os.sched_getaffinity(0))} cores"
 
 
+def provenance() -> dict[str, Any]:
+    """What a result JSON says of where it was measured: machine, versions, command."""
+    return {
+        "machine": _cpu(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
 def deepened_demo(work: Path) -> None:
     """The demo expert with its model at LAYERS decoder layers."""
     import shutil
@@ -170,14 +185,10 @@ def main() -> None:
         "what": "aten operations per optimizer step (views and empty allocations left out)",
         "model": f"demo expert's Qwen3 with {LAYERS} decoder layers, LoRA r16 all-linear, bf16",
         "step": STEP,
-        "machine": _cpu(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        **provenance(),
         "variants": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":
