@@ -40,7 +40,7 @@ WINDOW: dict[str, Any] = {
     "loss": 1.2345,
     "learning_rate": 0.000198,
     "seconds": 3.634,
-    "time": "2026-12-05T22:00:00+00:00",
+    "time": 1234.567,  # seconds since the run's start
 }
 
 

@@ -21,7 +21,7 @@ from expert_cli.benchmark.command import Command
 from expert_cli.benchmark.plot import write_plot
 from expert_cli.errors import UserError
 from expert_cli.telemetry.flops import lora_train_flops_per_token, mfu, peak_bf16_flops
-from expert_cli.telemetry.gpu import GpuSample, NoGpu, PynvmlSource
+from expert_cli.telemetry.gpu import GpuSample, GpuUnreadable, NoGpu, PynvmlSource
 
 
 class FakeNvml:
@@ -441,7 +441,7 @@ def test_pynvml_wrapper_reads_past_any_nvml_error() -> None:
         pass
 
     nv.nvmlDeviceGetPowerUsage = raises(GpuIsLost)  # not a metric it cannot read: raised
-    with pytest.raises(GpuIsLost):
+    with pytest.raises(GpuUnreadable, match="GPU 0: NVML says"):
         PynvmlSource(nv).sample(0)
 
 
@@ -516,3 +516,27 @@ def test_qwen3_workload_builds_the_real_architecture() -> None:
     _, counts = build_lora_model(get_workload("qwen3-0.6b-lora"), "meta", torch.bfloat16)
     assert counts["trainable_params"] == 10_092_544
     assert counts["total_params"] - counts["trainable_params"] == 596_049_920  # Qwen3-0.6B
+
+
+def test_a_gpu_nvml_loses_ends_the_sampling_and_stops_the_command() -> None:
+    """NVML stops answering for a GPU mid-run (lost from the bus): the samples so far are
+    reported with why the sampling ended, and the benchmarked command is stopped (it ended
+    in a traceback, the command left running in its own session)."""
+    from expert_cli.cli.benchmark_view import _command_line
+
+    class Lost(FakeNvml):
+        def sample(self, index: int) -> GpuSample:
+            if self.calls[index] >= 2:
+                raise GpuUnreadable(f"GPU {index}: NVML says GPU is lost")
+            return super().sample(index)
+
+    opts = bm.BenchmarkOptions(
+        duration=20, interval=0.1, command=[sys.executable, "-c", "import time; time.sleep(30)"]
+    )
+    start = time.monotonic()
+    report = bm.run_benchmark(opts, source_factory=lambda: Lost({0: util_sequence([90.0])}))
+    assert time.monotonic() - start < 15  # not the whole window, nor the command's 30 s
+    assert report["stopped_by"] == "gpu_error" and len(report["samples"]) == 2
+    assert report["gpu_error"] == "GPU 0: NVML says GPU is lost"
+    assert report["exit_code"] is not None  # stopped, not left running
+    assert _command_line(report).startswith("sampling ended: GPU 0: NVML says GPU is lost;")

@@ -84,3 +84,33 @@ def test_each_window_is_serialised_once(tmp_path: Path, monkeypatch: pytest.Monk
         file.write(windows, {"evals": [], "summary": {"steps": step}}, running=True)
     assert sum(1 for d in serialised if isinstance(d, dict) and "step" in d) == 100
     assert len(serialised) == 200  # and each write's evaluations and summary
+
+
+def test_a_checkpoint_or_an_evaluation_writes_a_large_file_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large file waits between window writes, but not at a checkpoint: a --resume after
+    a kill reads the windows and evaluations up to its checkpoint from the file (a skipped
+    write had left a hole in the resumed run's windows and lost the checkpoint's eval loss)."""
+    from types import SimpleNamespace
+
+    from expert_cli.telemetry.throughput import ThroughputMeter
+    from expert_cli.train.callbacks import ThroughputCallback, earlier_records
+
+    monkeypatch.setattr(metrics_file, "MAX_EAGER_BYTES", 10)  # every file is large
+    path = tmp_path / "metrics.json"
+    meter = ThroughputMeter(None)
+    callback = ThroughputCallback(meter, path)
+    meter.windows.append(_window(10))
+    callback.write(10, "running")  # the first write
+    meter.windows.append(_window(20))
+    callback.write(20, "running")  # waits
+    assert [w["step"] for w in json.loads(path.read_text())["windows"]] == [10]
+    state = SimpleNamespace(global_step=20)
+    callback.on_log(None, state, None, logs={"eval_loss": 1.25})
+    assert json.loads(path.read_text())["evals"] == [{"step": 20, "eval_loss": 1.25}]
+    meter.windows.append(_window(30))
+    callback.on_save(None, SimpleNamespace(global_step=30), None)
+    resumed = earlier_records(path, "checkpoint-30")
+    assert [w["step"] for w in resumed["windows"]] == [10, 20, 30]
+    assert resumed["evals"] == [{"step": 20, "eval_loss": 1.25}]

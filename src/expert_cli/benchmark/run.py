@@ -38,7 +38,7 @@ from expert_cli.benchmark.stats import compute_stats, split_phases
 from expert_cli.errors import Terminated, UserError
 from expert_cli.paths import output_file_problem, picture_problem, run_file_problem
 from expert_cli.telemetry.flops import peak_bf16_flops
-from expert_cli.telemetry.gpu import HostSampler, NoGpu, NvmlSource, open_nvml
+from expert_cli.telemetry.gpu import GpuUnreadable, HostSampler, NoGpu, NvmlSource, open_nvml
 from expert_cli.telemetry.workload import WORKLOADS, WorkloadRunner, WorkloadSpec, get_workload
 
 SCHEMA_VERSION = 1
@@ -214,6 +214,7 @@ class Sampling:
     workload: dict[str, Any] | None = None
     running: Command | None = None  # the command, still running after the window closed
     signal_exit: int | None = None  # SIGTERM/SIGHUP stopped it: the exit code they call for
+    gpu_error: str | None = None  # NVML stopped answering: why the sampling ended
 
 
 def take_sample(
@@ -254,8 +255,10 @@ def sample_loop(
         out.stopped_by = "interrupt"
     except Terminated as stop:  # SIGTERM or SIGHUP (a scheduler, a closed terminal)
         out.stopped_by, out.signal_exit = "interrupt", stop.code
+    except GpuUnreadable as lost:  # the samples so far are reported, the command stopped
+        out.stopped_by, out.gpu_error = "gpu_error", str(lost)
     if command is not None and out.exit_code is None:
-        if opts.stop_at_end or out.stopped_by == "interrupt":
+        if opts.stop_at_end or out.stopped_by in ("interrupt", "gpu_error"):
             out.exit_code = command.stop()
         else:
             out.running = command
@@ -347,6 +350,7 @@ def run_benchmark(
         "exit_code": sampling.exit_code,
         "stopped_by": sampling.stopped_by,
         **({"signal_exit": sampling.signal_exit} if sampling.signal_exit else {}),
+        **({"gpu_error": sampling.gpu_error} if sampling.gpu_error else {}),
         "elapsed_s": sampling.elapsed_s,
         "metrics_path": None if metrics_path is None else str(metrics_path),
         "run_metrics": run_metrics,

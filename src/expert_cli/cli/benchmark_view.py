@@ -144,6 +144,8 @@ def _command_line(report: dict[str, Any]) -> str:
         )
     if ended == "command_exit":
         return f"command exited with code {code}; sampled for {window}"
+    if ended == "gpu_error":
+        return f"sampling ended: {report.get('gpu_error')}; command stopped (exit code {code})"
     if ended == "interrupt":
         by = {143: "SIGTERM", 129: "SIGHUP"}.get(report.get("signal_exit") or 0, "Ctrl-C")
         return f"command stopped by {by} (exit code {code}); sampled for {window}"

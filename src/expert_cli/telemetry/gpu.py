@@ -97,6 +97,11 @@ class NoGpu(Exception):
     """No NVIDIA GPU can be sampled; the message says why."""
 
 
+class GpuUnreadable(Exception):
+    """NVML stopped answering for a GPU (lost from the bus, its driver in trouble): the
+    message names the GPU and NVML's error."""
+
+
 class PynvmlSource:
     """`NvmlSource` over the real pynvml. Construct with `open_nvml()`."""
 
@@ -132,7 +137,7 @@ class PynvmlSource:
                 "NVMLError_NoPermission",
             )
             if hasattr(nv, name)
-        )
+        ) or (nv.NVMLError,)
         try:
             return fn(*args)
         except unreadable:
@@ -151,6 +156,12 @@ class PynvmlSource:
         return None
 
     def sample(self, index: int) -> GpuSample:
+        try:
+            return self._sample(index)
+        except self._nv.NVMLError as exc:
+            raise GpuUnreadable(f"GPU {index}: NVML says {exc}") from None
+
+    def _sample(self, index: int) -> GpuSample:
         nv, h = self._nv, self._handle(index)
         s = GpuSample(index=index)
         util = self._read(nv.nvmlDeviceGetUtilizationRates, h)

@@ -59,7 +59,7 @@ class ThroughputCallback(TrainerCallback):
     ) -> None:
         if logs is not None and "eval_loss" in logs:
             self.evals.append({"step": state.global_step, "eval_loss": logs["eval_loss"]})
-            self.write(state.global_step, "running")
+            self.write(state.global_step, "running", now=True)
         if logs is None or "loss" not in logs or self.meter.steps_in_window == 0:
             return
         record = self.meter.close_window(
@@ -70,7 +70,14 @@ class ThroughputCallback(TrainerCallback):
         if self.on_window is not None:
             self.on_window(record)
 
-    def write(self, steps: int, status: str) -> dict[str, Any]:
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # a checkpoint: the file holds its windows and evaluations now (a --resume after a
+        # kill reads them from here), whatever its size
+        self.write(state.global_step, "running", now=True)
+
+    def write(self, steps: int, status: str, now: bool = False) -> dict[str, Any]:
+        """metrics.json with `status`; a large file of a running run may wait (MetricsFile)
+        unless `now` (an evaluation, a checkpoint)."""
         summary = self.meter.summary(steps, status)
         if summary["final_loss"] is None:  # a resume that trained nothing: the run's own last
             earlier = [w.get("loss") for w in self.earlier["windows"] if w.get("loss") is not None]
@@ -81,7 +88,7 @@ class ThroughputCallback(TrainerCallback):
             self.file.write(
                 self.earlier["windows"] + self.meter.windows,
                 {"evals": self.earlier["evals"] + self.evals, "summary": summary},
-                running=status == "running",
+                running=status == "running" and not now,
             )
         return summary
 

@@ -5,8 +5,9 @@ long run's writes grow with its length: 160 ms for 10,000 windows on the trainin
 stall the GPU sees), 15 GB written over such a run. A window is not changed once closed, so
 its text is made once and the file is put together from those texts; the bytes are those
 `json.dumps(..., indent=2)` of the whole would give. Past MAX_EAGER_BYTES the file is rewritten
-while the run goes on at most every LARGE_INTERVAL_S seconds; any other status (the end, an
-interrupt, a failure) is written at once.
+while the run goes on at most every LARGE_INTERVAL_S seconds; an evaluation, a checkpoint (a
+resume after a kill reads the windows up to it from here) and any other status (the end, an
+interrupt, a failure) are written at once.
 """
 
 from __future__ import annotations
