@@ -100,6 +100,9 @@ def test_outputs_written(demo_run: tuple[Path, Path, str]) -> None:
         model["compiled_layers"],
         model["attention_isolation"],
     ) == ("sdpa", "off", "fp32", False, 0, "verified")
+    # the step line says "torch.compile off": no note repeats it
+    assert "torch.compile off" in stdout and "torch_compile: off" not in stdout
+    assert not any(n.startswith("torch_compile") for n in model["notes"])
     assert (
         resolved["attn_implementation"],
         resolved["fused_loss"],

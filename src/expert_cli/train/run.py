@@ -231,7 +231,8 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
         choices.compiled_layers = compile_layers(
             peft_model, resolved.torch_compile_backend, resolved.torch_compile_mode
         )
-    choices.notes.append(f"torch_compile: {why}")
+    if why != "off":  # a plain "off" repeated the step line's "torch.compile off"
+        choices.notes.append(f"torch_compile: {why}")
     trainable, total = parameter_counts(peft_model)
     if run.is_main:
         run.reporter.decisions(run.resolved, choices, (trainable, total))
