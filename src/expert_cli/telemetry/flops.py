@@ -9,7 +9,8 @@ import re
 
 TFLOPS = 1e12
 
-# Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendors' data sheets.
+# Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendors' data sheets (fp16 for
+# the GPUs without bf16, where a run's mixed precision is fp16; the two are equal on the rest).
 # Matched against the NVML/torch device name's words, case-insensitively, first match wins,
 # so the more specific names come first.
 PEAK_BF16_TFLOPS: list[tuple[tuple[str, ...], float]] = [
@@ -26,6 +27,11 @@ PEAK_BF16_TFLOPS: list[tuple[tuple[str, ...], float]] = [
     (("rtx 4090",), 165.0),
     (("a10g",), 125.0),
     (("a10",), 125.0),
+    # GPUs without bf16, where runs are fp16: their dense fp16 tensor-core peak
+    (("v100s",), 130.0),
+    (("v100", "pcie"), 112.0),
+    (("v100",), 125.0),  # SXM2
+    (("t4",), 65.0),
 ]
 
 
