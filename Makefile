@@ -6,7 +6,7 @@ install:
 demo:
 	expert-cli train --manifest experts/demo/manifest.json --output runs/demo
 
-test:  # the fast loop: everything but the tests that train (marked slow)
+test:  # the fast loop: everything but the tests marked slow (the longest ones; CI runs all)
 	python -m pytest -q -m "not slow"
 
 test-all:  # what CI runs (.ci/run)

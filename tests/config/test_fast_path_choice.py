@@ -126,8 +126,15 @@ def test_the_formats_attention_flags(tmp_path: Path) -> None:
 
 
 def test_every_kernel_name_is_a_manifest_value(tmp_path: Path) -> None:
+    """Each kernel is a value the manifest takes; on a CPU the GPU-only ones are replaced by
+    sdpa with a note naming them, the portable ones kept."""
     for kernel in KERNEL_ORDER:
-        assert _resolved(tmp_path, cpu_environment(), attention=kernel)
+        cfg = _resolved(tmp_path, cpu_environment(), attention=kernel)
+        if kernel in ("sdpa", "eager"):
+            assert cfg.attn_implementation == kernel
+        else:
+            assert cfg.attn_implementation == "sdpa"
+            assert any(n.startswith(f"attention: {kernel} needs a CUDA GPU") for n in cfg.notes)
     with pytest.raises(UserError, match="training.config.attention"):
         _resolved(tmp_path, H100, attention="flash_attention_3")
 

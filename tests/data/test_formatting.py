@@ -129,10 +129,12 @@ def test_no_example_start_is_trained_so_packing_never_links_examples(tiny_tokeni
     assert all(r["labels"][0] == IGNORE for r in table.to_pylist() if r["input_ids"])
     assert table.to_pylist()[3]["status"] == DROPPED_NO_COMPLETION  # a lone EOS trains nothing
     packed, _ = pack_table(table, 64, True, seed=0)
+    starts_per_row = []
     for row in packed.to_pylist():
         starts = [k for k, p in enumerate(row["position_ids"]) if p == 0]
-        assert len(starts) > 1 or len(packed) > 1
+        starts_per_row.append(len(starts))
         assert all(row["labels"][k] == IGNORE for k in starts)
+    assert max(starts_per_row) > 1  # a row holds several examples: the check means something
 
 
 def test_an_empty_answer_in_an_empty_reasoning_block_is_dropped(tiny_tokenizer) -> None:

@@ -89,6 +89,8 @@ def test_packing_is_deterministic_and_seeded() -> None:
     assert sorted(map(tuple, c.column("input_ids").to_pylist())) == sorted(
         map(tuple, a.column("input_ids").to_pylist())
     )
+    # the seed orders the rows: another seed, another order (the same rows)
+    assert c.column("input_ids").to_pylist() != a.column("input_ids").to_pylist()
 
 
 def test_efficiency_of_a_perfect_packing() -> None:

@@ -101,11 +101,16 @@ def test_fused_forward_equals_standard_loss_and_gradients(tiny_model_dir) -> Non
 
 
 def test_fused_forward_without_labels_is_the_models_own(tiny_model_dir) -> None:
+    """Without labels the fused forward gives the model's own logits, equal to those of the
+    same model without the fused loss installed."""
     model = _lora_model(tiny_model_dir, "chunked").eval()
+    plain = _lora_model(tiny_model_dir, None).eval()  # the same seed: the same adapter
     ids = torch.tensor([[11, 12, 13, 14]])
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=False)
+        want = plain(input_ids=ids, use_cache=False)
     assert out.logits.shape == (1, 4, model.config.vocab_size)
+    assert torch.equal(out.logits, want.logits)
 
 
 def test_models_that_scale_logits_keep_the_standard_loss(tiny_model_dir) -> None:
