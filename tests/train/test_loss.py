@@ -2,8 +2,9 @@
 
 `chunked` (plain torch) runs on the CPU; `liger` drives Liger-Kernel's Triton cross-entropy
 kernel, which runs on the CPU in Triton's interpreter where triton and liger-kernel are
-installed (the `[gpu]` extra), and is compared the same way on a GPU
-(tests/train/test_fast_path_gpu.py, scripts/check_fast_path_gpu.py).
+installed (the `[dev]` extra installs them, so CI runs it; the `[gpu]` extra too), and is
+compared the same way on a GPU (tests/train/test_fast_path_gpu.py,
+scripts/check_fast_path_gpu.py).
 """
 
 from __future__ import annotations
@@ -245,7 +246,7 @@ print("ok")
 
 @pytest.mark.skipif(
     not (importlib.util.find_spec("triton") and importlib.util.find_spec("liger_kernel")),
-    reason="triton and liger-kernel are the [gpu] extra's",
+    reason="triton and liger-kernel are not installed (the [dev] and [gpu] extras install them)",
 )
 def test_liger_kernel_loop_matches_cross_entropy_in_tritons_interpreter() -> None:
     """Our loop over Liger's Triton cross-entropy kernel (its arguments as we pass them, the
