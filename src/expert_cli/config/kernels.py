@@ -38,13 +38,9 @@ def kernel_unusable(kernel: str, env: Environment, half: bool) -> str | None:
     if kernel == "flex_attention":
         # its Triton kernels ask for more shared memory than a T4 has (64 KB an SM): out of
         # resource there, as issues of torch and vLLM report; below Ampere sdpa runs
-        return (
-            older
-            if cap < (8, 0)
-            else None
-            if env.flex_attention
-            else "this torch has no flex attention"
-        )
+        if cap < (8, 0):
+            return older
+        return None if env.flex_attention else "this torch has no flex attention"
     if not half:
         return "needs bf16 or fp16"
     if cap < (8, 0):

@@ -108,6 +108,17 @@ class PynvmlSource:
     def __init__(self, pynvml: Any) -> None:
         self._nv = pynvml
         self._handles: dict[int, Any] = {}
+        # errors that leave one metric unknown: not supported, a query this driver lacks
+        # (FunctionNotFound), no permission to read it; others (a GPU lost) are raised
+        self._unreadable = tuple(
+            getattr(pynvml, name)
+            for name in (
+                "NVMLError_NotSupported",
+                "NVMLError_FunctionNotFound",
+                "NVMLError_NoPermission",
+            )
+            if hasattr(pynvml, name)
+        ) or (pynvml.NVMLError,)
 
     def _handle(self, index: int) -> Any:
         if index not in self._handles:
@@ -124,23 +135,11 @@ class PynvmlSource:
         return _text(self._nv.nvmlDeviceGetName(self._handle(index)))
 
     def _read(self, fn: Any, *args: Any) -> Any:
-        """Call one NVML query; None when it gives nothing: a metric the device does not
-        support, a query this driver lacks (NVML's FunctionNotFound), no permission to read
-        it (one unreadable metric had ended the whole benchmark with a traceback). Other NVML
-        errors (a GPU lost from the bus) are raised."""
-        nv = self._nv
-        unreadable = tuple(
-            getattr(nv, name)
-            for name in (
-                "NVMLError_NotSupported",
-                "NVMLError_FunctionNotFound",
-                "NVMLError_NoPermission",
-            )
-            if hasattr(nv, name)
-        ) or (nv.NVMLError,)
+        """Call one NVML query; None when it gives nothing for this metric (one unreadable
+        metric had ended the whole benchmark with a traceback)."""
         try:
             return fn(*args)
-        except unreadable:
+        except self._unreadable:
             return None
 
     def _clock_events(self, handle: Any) -> Any:

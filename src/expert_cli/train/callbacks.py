@@ -40,7 +40,6 @@ class ThroughputCallback(TrainerCallback):
         earlier: dict[str, list[dict[str, Any]]] | None = None,
     ) -> None:
         self.meter = meter
-        self.metrics_path = metrics_path
         self.file = MetricsFile(metrics_path) if metrics_path is not None else None
         self.on_window = on_window
         self.earlier = {key: list((earlier or {}).get(key, [])) for key in ("windows", "evals")}

@@ -106,9 +106,11 @@ class LoraLinearFunction(torch.autograd.Function):
         x2 = _as(x.reshape(-1, x.shape[-1]), dtype)
         w = _dense(weight, quant_state, dtype)
         a, b = _as(lora_a, dtype), _as(lora_b, dtype)
-        keep = 1.0 / (1.0 - dropout) if dropout > 0 else 1.0
-        mask = torch.empty_like(x2, dtype=torch.bool).bernoulli_(1.0 - dropout) if dropout else None
-        d = x2 if mask is None else _dropped(x2, mask, keep)
+        d, mask, keep = x2, None, 1.0
+        if dropout > 0:
+            keep = 1.0 / (1.0 - dropout)
+            mask = torch.empty_like(x2, dtype=torch.bool).bernoulli_(1.0 - dropout)
+            d = _dropped(x2, mask, keep)
         xa = F.linear(d, a)
         y = F.linear(x2, w, None if bias is None else _as(bias, dtype))
         y.addmm_(xa, b.t(), alpha=scaling)

@@ -35,6 +35,7 @@ class MetricsFile:
         self.path = path
         self._texts: list[str] = []  # each window's text, indented as inside the file
         self._written_at: float | None = None
+        self._written_chars = 0  # the last write's length
 
     def text(self, windows: list[dict[str, Any]], rest: dict[str, Any]) -> str:
         """The file's text: `windows` (only appended to between calls) then `rest`."""
@@ -49,12 +50,15 @@ class MetricsFile:
     def write(self, windows: list[dict[str, Any]], rest: dict[str, Any], running: bool) -> bool:
         """Replace the file; while `running`, a file past MAX_EAGER_BYTES waits until
         LARGE_INTERVAL_S have passed since its last write. Returns whether it was written."""
-        text = self.text(windows, rest)
         now = time.monotonic()
         recent = self._written_at is not None and now - self._written_at < LARGE_INTERVAL_S
-        if running and recent and len(text) > MAX_EAGER_BYTES:
+        wait = running and recent
+        if wait and self._written_chars > MAX_EAGER_BYTES:  # it only grows: not put together
+            return False
+        text = self.text(windows, rest)
+        if wait and len(text) > MAX_EAGER_BYTES:
             return False
         with atomic_file(self.path) as tmp:
             tmp.write_text(text + "\n", encoding="utf-8")
-        self._written_at = now
+        self._written_at, self._written_chars = now, len(text)
         return True

@@ -117,9 +117,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     run.runtime["overrides"] = list(opts.overrides)  # the --set values, not in manifest.source.json
     run.runtime[MAX_STEPS_KEY] = max_steps
     run.runtime[BASE_CONFIG_KEY] = base_config_digest(resolved)
-    done = final_step(output) if opts.resume and opts.max_steps else None
-    if said and run.is_main and not (done is not None and max_steps and max_steps <= done):
-        reporter.note(said)  # not where nothing is left to train
+    if said and run.is_main:
+        reporter.note(said)
     missing = [p for p in (output, *output.parents) if not os.path.lexists(p)]
     run.created = missing[-1] if missing else None  # runs/a/b new: runs goes if it stops
     if run.is_main and (swept := sweep_leftovers(output)):

@@ -26,6 +26,7 @@ from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
 from expert_cli.paths import RUN_OUTPUTS
 from expert_cli.train.checkpoints import checkpoint_step, refuse_pruned, resume_point
+from expert_cli.train.choice import final_step
 from expert_cli.train.distributed import refuse_world_change
 from expert_cli.train.outputs import ASIDE_PREFIX, PID, process_running, read_json_file
 from expert_cli.train.same_run import changed_fields, recorded_set_keys
@@ -101,6 +102,8 @@ def resumed_max_steps(output: Path, resume: bool, asked: int | None) -> tuple[in
     if asked is None:
         kept = f"--resume: --max-steps {began}, as the run began (the learning-rate schedule"
         return began, f"{kept} stays)" if began else ""
+    if (done := final_step(output)) is not None and asked <= done:
+        return asked, ""  # a finished run with nothing left to train: nothing to rebuild
     if asked != began:
         was = f"--max-steps {began}" if began else "the manifest's epochs"
         return asked, (
