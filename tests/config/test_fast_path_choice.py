@@ -283,6 +283,7 @@ def test_the_micro_batch_is_the_largest_divisor_that_fits() -> None:
         (H100, {"adapter_precision": "fp32", "bf16": False}, "fused"),  # all fp32 anyway
         (cpu_environment(), {}, "peft"),
         (cpu_environment(), {"adapter_kernel": "fused"}, "fused"),
+        (H100, {"adapter_kernel": "grouped"}, "grouped"),  # not measured yet: asked for
     ],
 )
 def test_the_fused_lora_linear_is_the_gpus_default(
@@ -344,10 +345,14 @@ def test_the_memory_probe_runs_the_model_in_training_mode() -> None:
     assert [m.training for m in model.modules()] == [False, False, True]
 
 
-def test_fused_asked_with_fp32_adapters_says_which_layers_are_fp32(tmp_path: Path) -> None:
-    cfg = _resolved(tmp_path, H100, adapter_kernel="fused", adapter_precision="fp32")
-    assert cfg.adapter_kernel == "fused"
-    assert any(n.startswith("adapter_kernel: fused computes the adapters in") for n in cfg.notes)
+@pytest.mark.parametrize("kernel", ["fused", "grouped"])
+def test_fused_asked_with_fp32_adapters_says_which_layers_are_fp32(
+    tmp_path: Path, kernel: str
+) -> None:
+    cfg = _resolved(tmp_path, H100, adapter_kernel=kernel, adapter_precision="fp32")
+    assert cfg.adapter_kernel == kernel
+    want = f"adapter_kernel: {kernel} computes the adapters in"
+    assert any(n.startswith(want) for n in cfg.notes)
 
 
 def test_each_process_gets_the_gpu_accelerate_gives_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -204,13 +204,16 @@ def test_only_plain_lora_on_a_frozen_linear_is_fused(tiny_model_dir: Path) -> No
 def test_the_manifest_lever_trains_to_peft_losses(
     tmp_path: Path, tiny_model_dir: Path, quantization: str | None
 ) -> None:
-    """`adapter_kernel: fused` through the recipe's own model set-up and the Trainer, on the
-    tiny model's weights and on their NF4 quantization (QLoRA, bf16 compute)."""
+    """`adapter_kernel: fused` and `grouped` through the recipe's own model set-up and the
+    Trainer, on the tiny model's weights and on their NF4 quantization (QLoRA, bf16
+    compute)."""
     from train_helpers import prepared_cpu_run, train_steps, write_expert
+
+    from expert_cli.train.grouped_lora import is_grouped
 
     losses = {}
     base = {"quantization": quantization} if quantization else None
-    for kernel in ("peft", "fused"):
+    for kernel in ("peft", "fused", "grouped"):
         manifest = write_expert(
             tmp_path / kernel,
             tiny_model_dir,
@@ -220,12 +223,13 @@ def test_the_manifest_lever_trains_to_peft_losses(
         )
         resolved, tokenizer, data, model = prepared_cpu_run(manifest, total_steps=6)
         assert resolved.adapter_kernel == kernel
-        fused = sum(is_fused(m) for m in model.modules())
-        assert fused == (14 if kernel == "fused" else 0)
+        assert sum(is_fused(m) for m in model.modules()) == (0 if kernel == "peft" else 14)
+        assert sum(is_grouped(m) for m in model.modules()) == (10 if kernel == "grouped" else 0)
         trainer = train_steps(resolved, tokenizer, data, model, tmp_path / f"ckpt-{kernel}", 6)
         losses[kernel] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses["fused"]) == 6
     assert losses["fused"] == pytest.approx(losses["peft"], rel=1e-4)
+    assert losses["grouped"] == pytest.approx(losses["fused"], rel=1e-4)
 
 
 def test_fused_layers_dispatch_fewer_operations_thanlora_model(tiny_model_dir: Path) -> None:

@@ -110,6 +110,8 @@ def test_adapter_values_not_applied_are_noted(tmp_path: Path) -> None:
 
     dora = notes({"adapter_kernel": "fused", "adapter_type": "dora", "dropout": 0})
     assert "adapter_kernel: fused runs plain LoRA layers; DoRA layers run peft's own" in dora
+    grouped = notes({"adapter_kernel": "grouped", "adapter_type": "dora", "dropout": 0})
+    assert "adapter_kernel: grouped runs plain LoRA layers; DoRA layers run peft's own" in grouped
     assert "adapter_kernel" not in notes({"adapter_kernel": "fused", "dropout": 0.1})
     assert "adapter_kernel" not in notes({"adapter_kernel": "fused", "dropout": 0})
     manifest = json.loads((tmp_path / "manifest.json").read_text())

@@ -85,7 +85,10 @@ def print_data(
 
 def _fused(choices: Any) -> str:
     layers = getattr(choices, "fused_lora_layers", 0)
-    return f", {layers} layers fused" if layers else ""
+    grouped = getattr(choices, "grouped_lora_layers", 0)
+    if not layers:
+        return ""
+    return f", {layers} layers fused" + (f", {grouped} grouped by input" if grouped else "")
 
 
 def _loss_name(fused: str) -> str:

@@ -12,6 +12,8 @@ from expert_cli.errors import UserError
 
 DEFAULT_RANK = 16
 DEFAULT_DROPOUT = 0.05
+# adapter_kernel values that run train/fused_lora.py's function
+FUSED_KERNELS = ("fused", "grouped")
 
 
 def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) -> dict[str, Any]:
@@ -63,7 +65,8 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
     quantization = manifest.primary_base_model.quantization
     if problem := quantized_problem(kind, use_dora, quantization, on_gpu):
         raise UserError(problem)
-    if cfg.adapter_kernel == "fused" and (unfused := unfused_reason(kind, use_dora, quantization)):
+    unfused = unfused_reason(kind, use_dora, quantization, cfg.adapter_kernel or "fused")
+    if cfg.adapter_kernel in FUSED_KERNELS and unfused:
         notes.append(f"adapter_kernel: {unfused}")
     scaling = spec.scaling if spec else None
     if scaling and scaling not in ("standard", "default", *(("dora",) if use_dora else ())):
@@ -103,15 +106,18 @@ def quantized_problem(kind: str, dora: bool, quantization: str | None, on_gpu: b
     return None
 
 
-def unfused_reason(kind: str, dora: bool, quantization: str | None) -> str | None:
-    """Why the fused adapter kernel runs none of the run's layers (it runs plain LoRA on
-    unquantized and int4 layers, with or without dropout; the others keep peft's forward);
-    None where it runs."""
+def unfused_reason(
+    kind: str, dora: bool, quantization: str | None, kernel: str = "fused"
+) -> str | None:
+    """Why the fused adapter `kernel` (fused or grouped) runs none of the run's layers (it
+    runs plain LoRA on unquantized and int4 layers, with or without dropout; the others keep
+    peft's forward); None where it runs."""
     if dora or kind != "lora":
-        return f"fused runs plain LoRA layers; {'DoRA' if dora else kind} layers run peft's own"
+        return f"{kernel} runs plain LoRA layers; {'DoRA' if dora else kind} layers run peft's own"
     if quantization == "int8":
         return (
-            "fused runs LoRA on unquantized and int4 layers; the int8 base's layers run peft's own"
+            f"{kernel} runs LoRA on unquantized and int4 layers; the int8 base's layers run "
+            "peft's own"
         )
     return None
 

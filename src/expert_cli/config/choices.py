@@ -117,10 +117,10 @@ def kernels(
     # the fused layers compute in the mixed-precision dtype: peft's fp32 adapter inputs,
     # asked for under bf16/fp16, keep peft's layers
     fp32_asked = half and precision == "fp32"
-    if cfg.adapter_kernel == "fused" and fp32_asked:
+    if cfg.adapter_kernel in ("fused", "grouped") and fp32_asked:
         notes.append(
-            "adapter_kernel: fused computes the adapters in the mixed-precision dtype; "
-            "adapter_precision fp32 applies to the layers it leaves to peft only"
+            f"adapter_kernel: {cfg.adapter_kernel} computes the adapters in the mixed-precision "
+            "dtype; adapter_precision fp32 applies to the layers it leaves to peft only"
         )
     return dict(
         attn_implementation=_attention(cfg, env, half, notes),

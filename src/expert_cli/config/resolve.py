@@ -121,7 +121,7 @@ class ResolvedConfig(BaseModel):
         "flash_attention_4", "flash_attention_2", "torch_varlen", "flex_attention", "sdpa", "eager"
     ]
     adapter_precision: Literal["compute", "fp32"]
-    adapter_kernel: Literal["peft", "fused"] = "peft"
+    adapter_kernel: Literal["peft", "fused", "grouped"] = "peft"
     fused_loss: Literal["liger", "chunked", "off"]
     liger_kernels: bool
     gradient_checkpointing: bool

@@ -316,14 +316,14 @@ class TrainingConfig(Strict):
         "bf16/fp16): the mixed-precision dtype, no fp32 copy of each adapter's input; fp32: "
         "peft's upcast. Adapter weights and optimizer state stay fp32 either way.",
     )
-    adapter_kernel: Literal["peft", "fused"] | None = Field(
+    adapter_kernel: Literal["peft", "fused", "grouped"] | None = Field(
         None,
-        description="Extension: how LoRA linear layers run. fused (default on a GPU, but "
-        "not under FSDP or DeepSpeed, nor with adapter_precision fp32 under bf16/fp16): one "
-        "autograd function that accumulates the scaled update into the base projection's "
-        "matmul, forward and backward (plain LoRA on unquantized or int4 layers, with or without "
-        "dropout; others keep peft's); peft (default on a CPU): peft's forward (three "
-        "matmuls, then a scale and an add over the output).",
+        description="Extension: how LoRA linear layers run. fused (default on a GPU, not under "
+        "FSDP/DeepSpeed nor with adapter_precision fp32 under bf16/fp16): one autograd function "
+        "accumulating the scaled update into the base matmul, forward and backward (plain LoRA, "
+        "unquantized or int4, any dropout; others keep peft's); grouped: fused, and the layers "
+        "that read one input (q, k, v; gate, up) as one function; peft (default on a CPU): "
+        "peft's forward (three matmuls, then a scale and an add over the output).",
     )
     fused_loss: FusedLoss | None = Field(
         None,

@@ -197,9 +197,11 @@ def fusable(module: torch.nn.Module) -> bool:
     return len(names) == 1 and _plain(module, names[0])
 
 
-def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    """peft's forward where the call is not plain LoRA of one adapter (disabled, merged, an
-    adapter added since, a 4-bit weight repacked for the CPU's inference kernel)."""
+def fused_call(self: LoraLinear, args: tuple, kwargs: dict) -> tuple | None:
+    """The fused function's arguments after the input for a call of layer `self` (its base, A, B
+    and (scale, dropout)), or None where the call is not plain LoRA of one adapter (disabled,
+    merged, an adapter added since, extra arguments, a 4-bit weight repacked for the CPU's
+    inference kernel) and peft's forward runs."""
     active = self.active_adapters
     base = self.base_layer
     if isinstance(base, Linear4bit):  # its quant state, where FSDP re-wrapped the weight
@@ -214,23 +216,29 @@ def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any)
         or not _plain(self, active[0])
         or getattr(getattr(base.weight, "quant_state", None), "packing_format_for_cpu", False)
     ):
-        return type(self).forward(self, x, *args, **kwargs)
+        return None
     name = active[0]
     dropout = self.lora_dropout[name]
     p = float(dropout.p) if isinstance(dropout, torch.nn.Dropout) and dropout.training else 0.0
-    return LoraLinearFunction.apply(
-        x,
-        base,
-        self.lora_A[name].weight,
-        self.lora_B[name].weight,
-        (float(self.scaling[name]), p),
-    )
+    weights = self.lora_A[name].weight, self.lora_B[name].weight
+    return base, *weights, (float(self.scaling[name]), p)
+
+
+def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """The fused function, or peft's forward where the call is not plain LoRA of one adapter."""
+    call = fused_call(self, args, kwargs)
+    if call is None:
+        return type(self).forward(self, x, *args, **kwargs)
+    return LoraLinearFunction.apply(x, *call)
+
+
+_fused_forward.fused_lora = True  # type: ignore[attr-defined]
 
 
 def is_fused(module: torch.nn.Module) -> bool:
     """Whether `module` runs the fused forward."""
     forward = module.__dict__.get("forward")
-    return getattr(forward, "__func__", None) is _fused_forward
+    return getattr(getattr(forward, "__func__", None), "fused_lora", False)
 
 
 def fuse_lora_linears(model: torch.nn.Module) -> int:

@@ -18,7 +18,7 @@ from peft import (
 )
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, set_seed
 
-from expert_cli.config.adapters import unfused_reason
+from expert_cli.config.adapters import FUSED_KERNELS, unfused_reason
 from expert_cli.config.environment import hardware_bf16
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
@@ -35,6 +35,7 @@ from expert_cli.train.base_load import four_bit_compute, four_bit_kind, load_pre
 from expert_cli.train.checkpoints import recorded_feedforward, unfit_problem
 from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_lora import fuse_lora_linears, unfused_bases
+from expert_cli.train.grouped_lora import group_lora_linears
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.placement import load_placement
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
@@ -60,6 +61,7 @@ class ModelChoices:
     liger_kernels: bool = False
     adapter_precision: str = "fp32"
     fused_lora_layers: int = 0
+    grouped_lora_layers: int = 0
     compiled_layers: int = 0
     attention_isolation: str = "not probed"
     notes: list[str] = field(default_factory=list)
@@ -337,8 +339,10 @@ def attach_adapter(
         peft_model.enable_input_require_grads()
     if adapter_compute_dtype(resolved) != "fp32":
         adapters_in_compute_dtype(peft_model)
-    if resolved.adapter_kernel == "fused":
+    if resolved.adapter_kernel in FUSED_KERNELS:
         fuse_lora_linears(peft_model)
+    if resolved.adapter_kernel == "grouped":
+        group_lora_linears(peft_model)
     return peft_model
 
 
@@ -367,9 +371,10 @@ def adapter_notes(
     if note := ia3_note(peft_model, resolved, model_type, kept):
         notes.append(note)
     plain = not unfused_reason(resolved.adapter_type, resolved.use_dora, resolved.quantization)
-    if resolved.adapter_kernel == "fused" and plain and (left := unfused_bases(peft_model)):
+    kernel = resolved.adapter_kernel
+    if kernel in FUSED_KERNELS and plain and (left := unfused_bases(peft_model)):
         notes.append(
-            f"adapter_kernel: fused runs LoRA on nn.Linear layers; the adapters of the "
+            f"adapter_kernel: {kernel} runs LoRA on nn.Linear layers; the adapters of the "
             f"model's {left} layers run peft's own"
         )
     return notes

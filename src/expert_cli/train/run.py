@@ -45,6 +45,7 @@ from expert_cli.train.choice import FINAL_STEP, final_adapter_step, final_step
 from expert_cli.train.data_record import BASE_CONFIG_KEY, base_config_digest, refuse_changed_data
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
+from expert_cli.train.grouped_lora import is_grouped
 from expert_cli.train.memory import Stopped, stage_out_of_memory
 from expert_cli.train.model import (
     adapter_compute_dtype,
@@ -221,6 +222,7 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     peft_model, notes = attach_run_adapter(model, resolved, steps, resume)
     choices.adapter_precision = adapter_compute_dtype(resolved)
     choices.fused_lora_layers = sum(1 for m in peft_model.modules() if is_fused(m))
+    choices.grouped_lora_layers = sum(1 for m in peft_model.modules() if is_grouped(m))
     choices.notes += notes
     if resolved.batch_auto and device.startswith("cuda"):
         with stage_out_of_memory(resolved, Stopped("probe", device=device)):
