@@ -41,6 +41,8 @@ VARIANTS: dict[str, tuple[str, float]] = {
     "peft_dropout": ("peft", 0.05),
     "peft_dropout_gpu_mask": ("peft_gpu_mask", 0.05),
     "fused_dropout": ("fused", 0.05),
+    "grouped": ("grouped", 0.0),
+    "grouped_dropout": ("grouped", 0.05),
 }
 
 
@@ -70,6 +72,7 @@ def child(kernel: str, dropout: float, tokens: int) -> dict[str, Any]:
     from expert_cli.telemetry.ops import SavedForBackward
     from expert_cli.telemetry.workload import LORA_TARGETS, QWEN3_0_6B
     from expert_cli.train.fused_lora import fuse_lora_linears
+    from expert_cli.train.grouped_lora import group_lora_linears
     from expert_cli.train.speed import adapters_in_compute_dtype
 
     torch.manual_seed(0)
@@ -79,8 +82,10 @@ def child(kernel: str, dropout: float, tokens: int) -> dict[str, Any]:
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=dropout, target_modules=LORA_TARGETS)
     model = get_peft_model(base, lora, autocast_adapter_dtype=True)
     adapters_in_compute_dtype(model)
-    if kernel == "fused":
+    if kernel in ("fused", "grouped"):
         fuse_lora_linears(model)
+    if kernel == "grouped":
+        group_lora_linears(model)
     if kernel == "peft_gpu_mask":
         _gpu_masks(model)
     model.train()

@@ -61,6 +61,10 @@ QUICK = [
 VARIANTS: dict[str, tuple[list[str], str]] = {
     "peft": (FAST + [f"{C}adapter_kernel=peft"], "peft's LoRA layers (the default)"),
     "fused": (FAST + [f"{C}adapter_kernel=fused"], "fused LoRA linear layers"),
+    "grouped": (
+        FAST + [f"{C}adapter_kernel=grouped"],
+        "fused LoRA layers, those that read one input as one function",
+    ),
     "peft_dropout": (
         FAST + [f"{C}adapter_kernel=peft", f"{C}dropout=0.05"],
         "peft's LoRA layers, lora dropout 0.05",
@@ -68,6 +72,10 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
     "fused_dropout": (
         FAST + [f"{C}adapter_kernel=fused", f"{C}dropout=0.05"],
         "fused LoRA linear layers, lora dropout 0.05",
+    ),
+    "grouped_dropout": (
+        FAST + [f"{C}adapter_kernel=grouped", f"{C}dropout=0.05"],
+        "fused LoRA layers grouped by input, lora dropout 0.05",
     ),
     "peft_int4": (
         [*(o for o in FAST if "quantization" not in o)]

@@ -5,9 +5,10 @@
    the collator's explicit sequence boundaries).
 2. Loss: each fused linear cross-entropy backend (liger, chunked) gives the standard loss
    and the same adapter gradients on a small Qwen3 in bf16.
-3. Adapters: the fused LoRA linear (`adapter_kernel: fused`) gives peft's loss and adapter
-   gradients on the same model in bf16, and on its NF4 quantization (QLoRA); with dropout
-   0.05 it is its math in fp32 given the same mask (peft draws another).
+3. Adapters: the fused LoRA linear (`adapter_kernel: fused`), alone and grouped by input
+   (`grouped`), gives peft's loss and adapter gradients on the same model in bf16, and on
+   its NF4 quantization (QLoRA); with dropout 0.05 it is its math in fp32 given the same mask
+   (peft draws another).
 4. The attention probe `train` runs on the loaded model (train/causality.py) says "verified"
    for every kernel and precision here: no false refusal from a kernel that rounds.
 5. The loss at Qwen3-0.6B's size (16,384 tokens, 151,936-token vocabulary): Liger's own fused
@@ -256,17 +257,20 @@ def _lora_pair(int4: bool) -> tuple:
     return tuple(pair)
 
 
-def fused_lora_parity(int4: bool = False) -> dict[str, float]:
+def fused_lora_parity(int4: bool = False, grouped: bool = False) -> dict[str, float]:
     """Relative difference of the loss and of the adapter gradients, fused LoRA vs peft, on
-    bf16 base layers or (`int4`) on bitsandbytes' NF4 ones."""
+    bf16 base layers or (`int4`) on bitsandbytes' NF4 ones; `grouped`: the fused layers that
+    read one input computed as one function (`adapter_kernel: grouped`)."""
     import torch
 
     from expert_cli.train.fused_lora import fuse_lora_linears
+    from expert_cli.train.grouped_lora import group_lora_linears
 
     gen = torch.Generator().manual_seed(4)
     ids = torch.randint(0, 32768, (4, 1024), generator=gen).to(DEVICE)
     plain, fused = _lora_pair(int4)
     switched = fuse_lora_linears(fused)
+    in_groups = group_lora_linears(fused) if grouped else 0
     out = {}
     for name, model in (("peft", plain), ("fused", fused)):
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
@@ -277,6 +281,7 @@ def fused_lora_parity(int4: bool = False) -> dict[str, float]:
     (ref_loss, ref_grad), (loss, grad) = out["peft"], out["fused"]
     return {
         "layers_fused": switched,
+        "layers_grouped": in_groups,
         "loss": loss,
         "peft_loss": ref_loss,
         "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
@@ -419,12 +424,13 @@ def main() -> int:
             results.append(
                 {"check": "loss_timing", "backend": "liger", "ok": False, "error": error}
             )
-    for int4 in (False, True):
-        check = "fused_lora_int4" if int4 else "fused_lora"
+    for int4, grouped in ((False, False), (True, False), (False, True), (True, True)):
+        check = ("grouped_lora" if grouped else "fused_lora") + ("_int4" if int4 else "")
         try:
-            parity = fused_lora_parity(int4)
+            parity = fused_lora_parity(int4, grouped)
             ok = parity["loss_rel_diff"] < 2e-3 and parity["grad_rel_diff"] < 5e-2
-            results.append({"check": check, **parity, "ok": ok and parity["layers_fused"] > 0})
+            ok = ok and parity["layers_fused"] > 0 and (parity["layers_grouped"] > 0) == grouped
+            results.append({"check": check, **parity, "ok": ok})
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:800]
             results.append({"check": check, "ok": False, "error": error})

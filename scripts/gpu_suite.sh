@@ -15,8 +15,9 @@
 # prep: packages unpacked, the token cache built, every kernel's correctness without flash-
 #       attention 4 (scripts/check_fast_path_gpu.py: packed-vs-alone logits, the fused losses,
 #       Liger's own loss function against expert-cli's loop over its kernel (time, host
-#       syncs), the fused LoRA linear, the attention probe), then QLoRA through the fused layers and
-#       through peft's (about 3 minutes in all). main: flash-attention 4 assembled and
+#       syncs), the fused LoRA linear alone and grouped, the attention probe), then QLoRA
+#       through the fused layers and through peft's, and the grouped layers against the fused
+#       ones (about 5 minutes in all). main: flash-attention 4 assembled and
 #       checked, then the open measurements (docs/PERFORMANCE.md): the default against peft's
 #       layers, lora dropout and HiveLLM's 8 x 4 with its micro-batch probed (e_default is
 #       the same 8 rows a micro-step), Unsloth (d), and a profile of the step; each
@@ -92,6 +93,8 @@ if [ "$STAGE" = prep ] || [ "$STAGE" = single ]; then
     2> "$OUT/check-prep.err"; tail -c 1500 "$OUT/check-prep.err"
   python3 -c "import json; [print(r) for r in json.load(open('$OUT/check-prep.json'))['results']]"
   bench quant 110 --variants q_int4,q_int4_peft --steps 25  # 0.72x of bf16 peft on 11-27
+  # the layers that read one input as one function, against the fused layers one by one
+  bench grouped 110 --variants f_adapters_fused,f_adapters_grouped --steps 25
 fi
 if [ "$STAGE" = main ] || [ "$STAGE" = single ]; then
   if [ -f "$SITE/.fa4" ]; then
