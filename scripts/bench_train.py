@@ -578,10 +578,10 @@ def _row(name: str, r: dict[str, Any]) -> str:
     wait_s = f"{100 * wait:4.1f}%" if wait is not None else "   -"
     losses = r.get("losses") or {}
     last = f"{losses[max(losses, key=int)]:.4f}" if losses else "-"
-    return (
-        f"{name:26s} {r['tokens_per_s']:10,.0f} tok/s  MFU {mfu}  mem {mem}  "
-        f"wait {wait_s}  loss {last}"
-    )
+    # no figure where the run had no window after the warm-up steps (--steps too few)
+    speed = r.get("tokens_per_s")
+    speed_s = f"{speed:10,.0f}" if speed is not None else f"{'-':>10s}"
+    return f"{name:26s} {speed_s} tok/s  MFU {mfu}  mem {mem}  wait {wait_s}  loss {last}"
 
 
 def _variant_names(spec: str) -> list[str]:
@@ -626,6 +626,8 @@ def main() -> int:
         return 0
     names = _variant_names("quick" if a.quick and a.variants == "table" else a.variants)
     steps = a.steps or (WARMUP_STEPS + 10 if a.quick else 40)
+    if min(steps, a.long_steps) <= WARMUP_STEPS:
+        p.error(f"--steps and --long-steps: more than the {WARMUP_STEPS} warm-up steps left out")
     long = set(_variant_names(a.long)) if a.long else set()
     machine = _machine()
     where = "gpu" if machine["gpu"] else "cpu"
