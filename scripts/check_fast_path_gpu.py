@@ -11,7 +11,9 @@
    (peft draws another).
 4. The attention probe `train` runs on the loaded model (train/causality.py) says "verified"
    for every kernel and precision here: no false refusal from a kernel that rounds.
-5. The loss at Qwen3-0.6B's size (16,384 tokens, 151,936-token vocabulary): Liger's own fused
+5. QLoRA: one NF4 projection's dequantization and the GEMM it feeds, timed, and the
+   bitsandbytes library that ran (int4 trained at 0.72x of bf16 on an H100).
+6. The loss at Qwen3-0.6B's size (16,384 tokens, 151,936-token vocabulary): Liger's own fused
    function against expert-cli's loop over Liger's kernel: GPU time of a forward and backward,
    the same loss and input gradient, and the host syncs each makes (CUDA's sync debug mode).
 
@@ -326,6 +328,64 @@ def fused_lora_dropout(tokens: int = 4096) -> dict[str, float]:
     }
 
 
+def _gpu_ms(fn, rounds: int = 20) -> float:
+    """Median GPU ms of `fn()` over `rounds` calls, after three to warm up."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return round(sorted(times)[len(times) // 2], 4)
+
+
+def int4_timing(tokens: int = 16_384) -> dict:
+    """Where QLoRA's time goes, on one of Qwen3-0.6B's gate projections (3,072 x 1,024, NF4
+    with double quantization, as `quantization: int4`): GPU ms of dequantizing it to bf16 as
+    the fused layer does, the same with its block scales dequantized beforehand (what keeping
+    them would leave), and the bf16 GEMM it feeds at `tokens` tokens; the bitsandbytes
+    library that ran (a fallback that is not the CUDA one would explain a slow QLoRA)."""
+    import bitsandbytes.cextension as ext
+    import torch
+    from bitsandbytes.functional import (
+        QuantState,
+        dequantize_4bit,
+        dequantize_blockwise,
+        quantize_4bit,
+    )
+
+    torch.manual_seed(0)
+    w = torch.randn(3072, 1024, device=DEVICE, dtype=torch.bfloat16) * 0.02
+    packed, state = quantize_4bit(w, quant_type="nf4", compress_statistics=True)
+    scales = dequantize_blockwise(state.absmax, state.state2) + state.offset
+    flat = QuantState(
+        absmax=scales.float(),
+        shape=state.shape,
+        code=state.code,
+        blocksize=state.blocksize,
+        quant_type=state.quant_type,
+        dtype=torch.bfloat16,
+    )
+    x = torch.randn(tokens, 1024, device=DEVICE, dtype=torch.bfloat16)
+    dense = dequantize_4bit(packed, state)
+    lib = getattr(getattr(ext.lib, "_lib", None), "_name", None)
+    return {
+        "dequantize_ms": _gpu_ms(lambda: dequantize_4bit(packed, state)),
+        "dequantize_scales_kept_ms": _gpu_ms(lambda: dequantize_4bit(packed, flat)),
+        "gemm_ms": _gpu_ms(lambda: x @ dense.t()),
+        "same_weight": bool(torch.equal(dequantize_4bit(packed, flat), dense)),
+        "weight_rel_err": ((dense.float() - w.float()).norm() / w.float().norm()).item(),
+        "library": type(ext.lib).__name__ + (f" {lib}" if lib else ""),
+        "backend": getattr(ext, "BNB_BACKEND", None),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -424,6 +484,13 @@ def main() -> int:
             results.append(
                 {"check": "loss_timing", "backend": "liger", "ok": False, "error": error}
             )
+    if DEVICE == "cuda":
+        try:
+            timing = int4_timing()
+            results.append({"check": "int4_timing", **timing, "ok": timing["same_weight"]})
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:800]
+            results.append({"check": "int4_timing", "ok": False, "error": error})
     for int4, grouped in ((False, False), (True, False), (False, True), (True, True)):
         check = ("grouped_lora" if grouped else "fused_lora") + ("_int4" if int4 else "")
         try:
