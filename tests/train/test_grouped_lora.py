@@ -245,7 +245,17 @@ def test_a_run_asked_for_grouped_layers_says_so(tmp_path: Path, tiny_model_dir: 
     said = " ".join(done.stdout.split())
     assert done.returncode == 0, done.stderr[-2000:]
     assert "14 layers fused, 10 grouped by input" in said
+    assert "grouped found no" not in said
     resolved = json.loads((tmp_path / "run" / "manifest.resolved.json").read_text())
     assert resolved["adapter_kernel"] == "grouped"
     model = resolved["runtime"]["model"]
     assert (model["fused_lora_layers"], model["grouped_lora_layers"]) == (14, 10)
+    # no two targets that read one input: each layer runs alone, and a note says why
+    done = run_cli(
+        *("train", "--manifest", str(manifest), "--output", str(tmp_path / "alone")),
+        *("--set", 'training.config.target_modules=["q_proj","o_proj","down_proj"]'),
+    )
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "6 layers fused" in said and "grouped by input" not in said
+    assert "adapter_kernel: grouped found no two fused LoRA layers" in said

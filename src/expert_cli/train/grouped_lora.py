@@ -42,6 +42,10 @@ from expert_cli.train.fused_lora import (
 
 # sibling layers that a decoder layer calls with one input (Llama, Qwen, Mistral, Gemma)
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+NOTHING_GROUPED = (
+    "adapter_kernel: grouped found no two fused LoRA layers of one module named as layers that "
+    "read one input (q_proj, k_proj, v_proj; gate_proj, up_proj): each runs on its own, as fused"
+)
 
 
 class GroupedLoraFunction(torch.autograd.Function):

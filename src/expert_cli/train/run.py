@@ -45,7 +45,7 @@ from expert_cli.train.choice import FINAL_STEP, final_adapter_step, final_step
 from expert_cli.train.data_record import BASE_CONFIG_KEY, base_config_digest, refuse_changed_data
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
-from expert_cli.train.grouped_lora import is_grouped
+from expert_cli.train.grouped_lora import NOTHING_GROUPED, is_grouped
 from expert_cli.train.memory import Stopped, stage_out_of_memory
 from expert_cli.train.model import (
     adapter_compute_dtype,
@@ -223,6 +223,9 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     choices.adapter_precision = adapter_compute_dtype(resolved)
     choices.fused_lora_layers = sum(1 for m in peft_model.modules() if is_fused(m))
     choices.grouped_lora_layers = sum(1 for m in peft_model.modules() if is_grouped(m))
+    ungrouped = resolved.adapter_kernel == "grouped" and not choices.grouped_lora_layers
+    if ungrouped and choices.fused_lora_layers:
+        choices.notes.append(NOTHING_GROUPED)
     choices.notes += notes
     if resolved.batch_auto and device.startswith("cuda"):
         with stage_out_of_memory(resolved, Stopped("probe", device=device)):
