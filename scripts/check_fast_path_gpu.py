@@ -273,6 +273,9 @@ def fused_lora_parity(int4: bool = False, grouped: bool = False) -> dict[str, fl
     plain, fused = _lora_pair(int4)
     switched = fuse_lora_linears(fused)
     in_groups = group_lora_linears(fused) if grouped else 0
+    if grouped:  # a first forward shows the groups their order: they group from the next
+        with torch.no_grad():
+            fused(input_ids=ids[:1, :8], use_cache=False)
     out = {}
     for name, model in (("peft", plain), ("fused", fused)):
         with torch.autocast(DEVICE, dtype=torch.bfloat16):

@@ -26,19 +26,35 @@ def _loss_and_grads(model: torch.nn.Module, ids: torch.Tensor, seed: int = 11) -
     return loss.item(), grads
 
 
+def _groups(model: torch.nn.Module) -> list:
+    return model.__dict__["_lora_groups"]
+
+
+def _grouping(model: torch.nn.Module) -> bool:
+    """Whether every group computes its members together (order learned, not off)."""
+    return all(g.order is not None and not g.off for g in _groups(model))
+
+
 def _pair(model_dir: Path, quantization: object = None, **config: object) -> tuple:
-    """The tiny model's fused LoRA layers, and a copy with its siblings grouped."""
-    fused = lora_model(model_dir, quantization, **config)
+    """The tiny model's fused LoRA layers, and a copy with its siblings grouped, after the
+    forward that shows the groups their call order."""
+    fused = lora_model(model_dir, quantization, **config).train()  # dropout on
     assert fuse_lora_linears(fused) == 14
     grouped = copy.deepcopy(fused)
     assert group_lora_linears(grouped) == 10  # 2 layers x (q, k, v and gate, up)
     assert sum(is_fused(m) for m in grouped.modules()) == 14
+    assert all(g.order is None for g in _groups(grouped))  # one by one until a forward
+    with torch.no_grad():
+        grouped(input_ids=torch.zeros(1, 4, dtype=torch.long))
+    assert all(g.order is None for g in _groups(grouped))  # in effect from the next forward
     return fused, grouped
 
 
 def _assert_same(fused: torch.nn.Module, grouped: torch.nn.Module, ids: torch.Tensor) -> None:
     want_loss, want = _loss_and_grads(fused, ids)
     got_loss, got = _loss_and_grads(grouped, ids)
+    assert _grouping(grouped)
+    assert [g.order for g in _groups(grouped)] == [(0, 1, 2), (0, 1)] * 2
     assert got_loss == pytest.approx(want_loss, rel=1e-6)
     assert got.keys() == want.keys() and len(got) == 28
     for name in want:
@@ -112,8 +128,8 @@ def test_bf16_autocast_and_the_4bit_base(tiny_model_dir: Path) -> None:
 
 
 def test_falls_back_where_grouping_does_not_apply(tiny_model_dir: Path) -> None:
-    """Adapters disabled (the base alone), inference mode, and a member called alone with
-    another tensor than its siblings: each gives what the fused layers give."""
+    """Adapters disabled (the base alone) and inference mode run the layers one by one, as
+    fused, and leave the groups grouping."""
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(5))
     fused, grouped = _pair(tiny_model_dir)
     with torch.no_grad():
@@ -125,8 +141,26 @@ def test_falls_back_where_grouping_does_not_apply(tiny_model_dir: Path) -> None:
         assert not torch.allclose(base, want, atol=1e-3)
     with torch.inference_mode():
         assert torch.allclose(grouped(input_ids=ids).logits, want, atol=1e-5)
+    with torch.no_grad():
+        assert torch.allclose(grouped(input_ids=ids).logits, want, atol=1e-5)
+    assert _grouping(grouped)
+
+
+def test_a_layer_handed_another_tensor_runs_alone_and_grouping_stops(
+    tiny_model_dir: Path,
+) -> None:
+    """A module that hands k_proj another tensor than q_proj's (cross-attention's pattern):
+    k runs alone with the fused layer's result, v is still handed the group's output, an input
+    changed in place is not the group's; from the model's next forward on that group runs
+    its layers one by one, drawing the fused layers' dropout masks."""
+    ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(6))
+    fused, grouped = _pair(tiny_model_dir, lora_dropout=0.2)
+    with torch.no_grad():
+        grouped(input_ids=ids)  # the order learned in _pair in effect
+    assert _grouping(grouped)
     attention = grouped.base_model.model.model.layers[0].self_attn
     solo = fused.base_model.model.model.layers[0].self_attn
+    attention.eval(), solo.eval()  # no dropout in these direct calls
     x, other = torch.randn(2, 3, attention.q_proj.in_features), torch.randn(2, 3, 64)
     with torch.no_grad():
         q = attention.q_proj(x)  # the group computes k and v of x as well
@@ -134,9 +168,98 @@ def test_falls_back_where_grouping_does_not_apply(tiny_model_dir: Path) -> None:
         assert torch.allclose(attention.v_proj(x), solo.v_proj(x), atol=1e-6)
         assert torch.allclose(q, solo.q_proj(x), atol=1e-6)
         x.add_(1.0)  # changed in place: not the tensor the group computed
-        q = attention.q_proj(x)
+        attention.q_proj(x)
         x.add_(1.0)
         assert torch.allclose(attention.k_proj(x), solo.k_proj(x), atol=1e-6)
+    group = attention.q_proj._lora_group
+    assert group.order == (0, 1, 2) and not group.off  # until the next forward
+    attention.train(), solo.train()
+    want_loss, want = _loss_and_grads(fused, ids)
+    got_loss, got = _loss_and_grads(grouped, ids)
+    assert group.off and sum(g.off for g in _groups(grouped)) == 1
+    assert got_loss == pytest.approx(want_loss, rel=1e-6)
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-7), name
+
+
+def test_masks_are_drawn_in_the_order_the_module_calls_its_layers(tiny_model_dir: Path) -> None:
+    """An MLP that calls up_proj before gate_proj (Falcon-H1's does): the group learns that
+    order and draws the dropout masks in it, so the gradients are the fused layers'."""
+    ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(7))
+    fused = lora_model(tiny_model_dir, lora_dropout=0.2).train()
+    fuse_lora_linears(fused)
+    grouped = copy.deepcopy(fused)
+    group_lora_linears(grouped)
+    for model in (fused, grouped):
+        for layer in model.base_model.model.model.layers:
+            mlp = layer.mlp
+
+            def up_first(x: torch.Tensor, mlp: torch.nn.Module = mlp) -> torch.Tensor:
+                up = mlp.up_proj(x)
+                return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * up)
+
+            mlp.forward = up_first
+    with torch.no_grad():
+        grouped(input_ids=ids)
+    _loss_and_grads(grouped, ids)  # the order in effect
+    assert [g.order for g in _groups(grouped)] == [(0, 1, 2), (1, 0)] * 2
+    want_loss, want = _loss_and_grads(fused, ids)
+    got_loss, got = _loss_and_grads(grouped, ids)
+    assert _grouping(grouped)
+    assert got_loss == pytest.approx(want_loss, rel=1e-6)
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-7), name
+
+
+def test_ranks_and_scales_of_their_own(tiny_model_dir: Path) -> None:
+    """Layers of one group with other ranks and alphas (peft's rank and alpha patterns): the
+    stacked A's rows and the scales are each layer's."""
+    ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(8))
+    config = {"rank_pattern": {"k_proj": 2, "v_proj": 8, "up_proj": 6}}
+    fused, grouped = _pair(tiny_model_dir, **config, alpha_pattern={"v_proj": 4, "gate_proj": 3})
+    attention = grouped.base_model.model.model.layers[0].self_attn
+    assert [attention.v_proj.r["default"], attention.v_proj.scaling["default"]] == [8, 0.5]
+    _assert_same(fused, grouped, ids)
+
+
+def test_checkpointed_steps_from_the_first_and_accumulated(tiny_model_dir: Path) -> None:
+    """Checkpointed layers from the first forward, which runs the layers one by one and
+    learns the order: its recompute in the backward computes the same (grouping starts at the
+    next forward); two micro-steps accumulate the fused layers' gradients."""
+    ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(9))
+    fused = lora_model(tiny_model_dir, lora_dropout=0.2).train()
+    fuse_lora_linears(fused)
+    grouped = copy.deepcopy(fused)
+    group_lora_linears(grouped)
+    grads = []
+    for model in (fused, grouped):
+        enable_checkpointing(model.base_model.model, {"use_reentrant": False})
+        model.zero_grad()
+        for seed in (1, 2, 3):
+            torch.manual_seed(seed)
+            model(input_ids=ids, labels=ids).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    assert _grouping(grouped)
+    for name, want in grads[0].items():
+        assert torch.allclose(grads[1][name], want, rtol=1e-4, atol=1e-7), name
+
+
+def test_a_copy_of_the_model_keeps_its_own_groups(tiny_model_dir: Path) -> None:
+    """A deep copy's forward begins by letting go of its own groups' held outputs, not the
+    original's."""
+    _, grouped = _pair(tiny_model_dir)
+    copied = copy.deepcopy(grouped)
+    held = torch.zeros(1)
+    original, copy_group = _groups(grouped)[0], _groups(copied)[0]
+    assert original is not copy_group and copy_group.members[0] is not original.members[0]
+    original._waiting, copy_group._waiting = {1: held}, {1: held}
+    with torch.no_grad():
+        copied.base_model.model.model.embed_tokens.register_forward_hook(
+            lambda *_: seen.append((dict(original._waiting), dict(copy_group._waiting)))
+        )
+        seen: list = []
+        copied(input_ids=torch.zeros(1, 4, dtype=torch.long))
+    assert seen == [({1: held}, {})]
 
 
 def test_under_torch_compile_the_gradients_are_the_eager_groups(tiny_model_dir: Path) -> None:
@@ -259,3 +382,13 @@ def test_a_run_asked_for_grouped_layers_says_so(tmp_path: Path, tiny_model_dir: 
     assert done.returncode == 0, done.stderr[-2000:]
     assert "6 layers fused" in said and "grouped by input" not in said
     assert "adapter_kernel: grouped found no two fused LoRA layers" in said
+    # decoder layers traced by torch.compile run their layers one by one: not counted grouped
+    done = run_cli(
+        *("train", "--manifest", str(manifest), "--output", str(tmp_path / "compiled")),
+        *("--set", "training.config.torch_compile=true"),
+        *("--set", "training.config.torch_compile_backend=aot_eager"),
+    )
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "14 layers fused" in said and "grouped by input" not in said
+    assert "torch.compile traces each decoder layer, where the layers run one by one" in said

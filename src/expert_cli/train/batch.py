@@ -20,6 +20,7 @@ import torch
 from expert_cli.config.kernels import BOUNDARY_KERNELS
 from expert_cli.data.collate import PackedCollator
 from expert_cli.train import distributed
+from expert_cli.train.grouped_lora import clear_groups
 from expert_cli.train.memory import out_of_memory
 from expert_cli.train.model import autocast_dtype, enable_checkpointing
 
@@ -185,6 +186,7 @@ def plan_run_batch(
         if not (numeric and out_of_memory(exc)):
             raise
         peft_model.zero_grad(set_to_none=True)
+        clear_groups(peft_model)  # outputs the stopped forward left on grouped layers
         torch.cuda.empty_cache()
     # every rank keeps the numbers where one rank's probe did not fit (that rank had left
     # the others waiting in the collective below)

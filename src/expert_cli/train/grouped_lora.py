@@ -13,18 +13,23 @@ own that autograd then adds up. Computed together, with s the adapters' scale:
 
 so the input is read once for the adapters' forward and once for their weight gradients, and
 the input gradients accumulate in the GEMMs' output instead of in autograd's additions. An
-adapter with dropout reads its own dropped input (its own mask, drawn in the members' order:
-the masks the layers called one by one draw), so its A GEMMs stay its own.
+adapter with dropout reads its own dropped input, with its own mask, so its A GEMMs stay its
+own: with dropout on every layer (HiveLLM's 0.05) only the additions are saved.
 
-The function runs at the first call of any member; the others' outputs wait on the group
-until each member is called with that same tensor (a decoder layer calls them one after the
-other). A member called with another tensor (or with that one changed in place since), with
-adapters disabled or merged, under torch.compile or in inference mode runs on its own.
+The layers run one by one (as fused) until a forward of the model has shown the order its
+module calls them in, all with one tensor; from the next forward on, the first of them runs
+the function, drawing the dropout masks in that order (the masks the layers called one by one
+draw), and the others' outputs wait on the group until each is called with that same tensor.
+A layer called with another tensor (or with that one changed in place since) runs alone, and
+from the next forward on its group runs no more; adapters disabled or merged, torch.compile's
+tracing and inference mode run the layers alone. Nothing changes within a forward and its
+backward, so a checkpointed layer's recompute computes what its forward did.
 """
 
 from __future__ import annotations
 
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -42,6 +47,10 @@ from expert_cli.train.fused_lora import (
 
 # sibling layers that a decoder layer calls with one input (Llama, Qwen, Mistral, Gemma)
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+COMPILED_UNGROUPED = (
+    "adapter_kernel: grouped: torch.compile traces each decoder layer, where the layers run one "
+    "by one as fused"
+)
 NOTHING_GROUPED = (
     "adapter_kernel: grouped found no two fused LoRA layers of one module named as layers that "
     "read one input (q_proj, k_proj, v_proj; gate_proj, up_proj): each runs on its own, as fused"
@@ -145,44 +154,88 @@ def _backward(ctx: Any, dys: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor | N
 
 
 class LoraGroup:
-    """Fused LoRA layers called with one input: computed together at the first call, the
-    others' outputs held until each is called with that same tensor."""
+    """Fused LoRA layers a module calls with one input. They run one by one until a forward
+    has shown the order they are called in, all with one tensor; from the model's next
+    forward on the first of them computes the group (its dropout masks drawn in that order)
+    and the others' outputs are held until each is called with that same tensor. A member
+    called with another tensor runs alone, and from the next forward on the group runs no
+    more (a module that does not hand its layers one input). What a call does changes only
+    between forwards of the model, so that a checkpointed layer's recompute, within the
+    backward, computes what its forward computed."""
 
     def __init__(self, members: list[torch.nn.Module]) -> None:
         self.members = tuple(members)
+        self.order: tuple[int, ...] | None = None  # the call order, in use
+        self.off = False
+        self._next: tuple[tuple[int, ...] | None, bool] = (None, False)  # at the next forward
+        self._seen: list[int] = []  # calls with one input so far, while the order is not known
+        self._seen_input: weakref.ref | None = None
+        self._alone: weakref.ref | None = None  # the first member's input, run alone
         self._input: torch.Tensor | None = None
         self._version = -1
         self._waiting: dict[int, torch.Tensor] = {}
 
     def call(self, member: torch.nn.Module, x: torch.Tensor, args: tuple, kwargs: dict) -> Any:
         index = next((i for i, m in enumerate(self.members) if m is member), None)
-        waiting = index is not None and index in self._waiting and self._input is x
-        if waiting and x._version == self._version:  # x not changed in place since
-            out = self._waiting.pop(index)
+        if index is None or self.off or args or kwargs:
+            return _fused_forward(member, x, *args, **kwargs)
+        if index in self._waiting and self._input is x and x._version == self._version:
+            out = self._waiting.pop(index)  # x is the group's, not changed in place since
             if not self._waiting:
                 self._input = None
             return out
         self.clear()  # outputs nobody collected are let go
-        calls = self._calls(index, x, args, kwargs)
-        if calls is None:
-            return _fused_forward(member, x, *args, **kwargs)
+        if self.order is None:
+            self._learn(index, x)
+        elif index == self.order[0]:
+            calls = self._calls(x)
+            if calls is not None:
+                return self._run(x, calls)
+            self._alone = weakref.ref(x)  # this call's siblings run alone too
+        elif self._alone is None or self._alone() is not x:
+            self._next = (self._next[0], True)  # not handed the first member's input
+        return _fused_forward(member, x, *args, **kwargs)
+
+    def _run(self, x: torch.Tensor, calls: list) -> torch.Tensor:
+        """The group's outputs of x: the first member's returned, the others' held."""
         weights = [t for call in calls for t in call[1:3]]
         members = tuple((call[0], call[3]) for call in calls)
         outputs = GroupedLoraFunction.apply(x, members, *weights)
-        self._waiting = {i: y for i, y in enumerate(outputs) if i != index}
-        self._input, self._version = x, x._version
-        return outputs[index]
+        self._waiting = {i: y for i, y in zip(self.order[1:], outputs[1:], strict=True)}
+        self._input, self._version, self._alone = x, x._version, None
+        return outputs[0]
 
     def clear(self) -> None:
         """Let go of outputs not collected (a forward stopped part-way: an error, or a
         checkpointed layer's recompute, which stops once it has what the backward needs)."""
         self._waiting, self._input = {}, None
 
-    def _calls(self, index: int | None, x: torch.Tensor, args: tuple, kwargs: dict) -> Any:
-        """Each member's fused-call arguments, or None where the call runs alone."""
-        if index is None or x.is_inference() or torch.compiler.is_compiling():
+    def next_forward(self) -> None:
+        """A forward of the model begins: what the last one learned takes effect."""
+        order, off = self._next
+        self.order = self.order or order
+        self.off = self.off or off
+        self._alone = None
+        self.clear()
+
+    def _learn(self, index: int, x: torch.Tensor) -> None:
+        """The members called one after the other with one tensor, each once, give the order
+        (in effect from the model's next forward)."""
+        same = self._seen_input is not None and self._seen_input() is x
+        self._seen = [*self._seen, index] if same else [index]
+        self._seen_input = weakref.ref(x)
+        if len(self._seen) != len(set(self._seen)):
+            self._next = (None, True)  # one member called twice with one tensor
+        elif len(self._seen) == len(self.members):
+            self._next = (tuple(self._seen), self._next[1])
+            self._seen, self._seen_input = [], None
+
+    def _calls(self, x: torch.Tensor) -> list | None:
+        """Each member's fused-call arguments in call order, or None where this call runs
+        alone (inference mode, traced by torch.compile, adapters disabled or merged)."""
+        if x.is_inference() or torch.compiler.is_compiling():
             return None
-        calls = [fused_call(m, args, kwargs) for m in self.members]
+        calls = [fused_call(self.members[i], (), {}) for i in self.order]
         return None if any(call is None for call in calls) else calls
 
 
@@ -200,27 +253,31 @@ def is_grouped(module: torch.nn.Module) -> bool:
     return getattr(forward, "__func__", None) is _grouped_forward
 
 
+def clear_groups(model: torch.nn.Module, *_: Any) -> None:
+    """A forward of `model` begins: every output its groups hold is let go, and what the last
+    forward learned takes effect (a forward pre-hook: returns None, so the forward's
+    arguments stay as given)."""
+    for group in model.__dict__.get("_lora_groups", ()):
+        group.next_forward()
+
+
 def group_lora_linears(model: torch.nn.Module) -> int:
     """Group `model`'s fused LoRA layers that its modules call with one input (SHARED_INPUT
-    names, two or more fused siblings); returns how many layers were grouped. Each forward of
-    `model` starts with every group's uncollected outputs let go."""
+    names, two or more fused siblings of one input width); returns how many layers were
+    grouped. Each forward of `model` starts with every group's uncollected outputs let go."""
     groups: list[LoraGroup] = []
     for module in model.modules():
         for names in SHARED_INPUT:
             members = [getattr(module, n, None) for n in names]
             members = [m for m in members if m is not None and is_fused(m)]
-            if len(members) < 2:
+            if len(members) < 2 or len({m.in_features for m in members}) != 1:
                 continue
             group = LoraGroup(members)
             for member in members:
                 member._lora_group = group
                 member.forward = types.MethodType(_grouped_forward, member)
             groups.append(group)
-
-    def clear_groups(*_: Any) -> None:  # returns None: the forward's arguments stay as given
-        for group in groups:
-            group.clear()
-
     if groups:
+        model._lora_groups = groups  # read by the hook from its module: a copy clears its own
         model.register_forward_pre_hook(clear_groups)
     return sum(len(group.members) for group in groups)

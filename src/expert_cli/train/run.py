@@ -45,7 +45,7 @@ from expert_cli.train.choice import FINAL_STEP, final_adapter_step, final_step
 from expert_cli.train.data_record import BASE_CONFIG_KEY, base_config_digest, refuse_changed_data
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.fused_lora import is_fused
-from expert_cli.train.grouped_lora import NOTHING_GROUPED, is_grouped
+from expert_cli.train.grouped_lora import COMPILED_UNGROUPED, NOTHING_GROUPED, is_grouped
 from expert_cli.train.memory import Stopped, stage_out_of_memory
 from expert_cli.train.model import (
     adapter_compute_dtype,
@@ -235,6 +235,9 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
         choices.compiled_layers = compile_layers(
             peft_model, resolved.torch_compile_backend, resolved.torch_compile_mode
         )
+        if choices.grouped_lora_layers:  # traced, a group's layers run one by one
+            choices.grouped_lora_layers = 0
+            choices.notes.append(COMPILED_UNGROUPED)
     if why != "off":  # a plain "off" repeated the step line's "torch.compile off"
         choices.notes.append(f"torch_compile: {why}")
     trainable, total = parameter_counts(peft_model)
