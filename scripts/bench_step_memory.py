@@ -72,7 +72,7 @@ def child(kernel: str, dropout: float, tokens: int) -> dict[str, Any]:
     from expert_cli.telemetry.ops import SavedForBackward
     from expert_cli.telemetry.workload import LORA_TARGETS, QWEN3_0_6B
     from expert_cli.train.fused_lora import fuse_lora_linears
-    from expert_cli.train.grouped_lora import group_lora_linears
+    from expert_cli.train.grouped_lora import clear_groups, group_lora_linears
     from expert_cli.train.speed import adapters_in_compute_dtype
 
     torch.manual_seed(0)
@@ -92,6 +92,10 @@ def child(kernel: str, dropout: float, tokens: int) -> dict[str, Any]:
     ids = torch.randint(
         0, config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(1)
     )
+    if kernel == "grouped":  # a first forward shows the groups their order; it takes effect
+        with torch.no_grad():  # where the model's next forward begins (the decoder's here)
+            model(input_ids=ids[:, :8])
+        clear_groups(model)
     decoder = model.base_model.model.model
     with (
         torch.autocast("cpu", dtype=torch.bfloat16),
@@ -105,6 +109,7 @@ def child(kernel: str, dropout: float, tokens: int) -> dict[str, Any]:
         "bytes_per_token": round(saved.nbytes / tokens),
         "storages": len(saved.storages),
         "adapted_layers": layers,
+        "groups_in_use": sum(g.order is not None for g in model.__dict__.get("_lora_groups", [])),
     }
 
 
