@@ -362,6 +362,31 @@ def lora_model(model_dir: Path, quantization: Any = None, **config: object) -> A
     return model
 
 
+def assert_bf16_close(want: dict, got: dict, share: float = 0.05, where: object = "") -> None:
+    """Every gradient of `got` is fp32 and within `share` of the largest magnitude of the
+    same gradient in `want` (bf16 rounding, not a different function)."""
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name].dtype == want[name].dtype
+        scale = want[name].abs().max().item() or 1.0
+        assert (got[name] - want[name]).abs().max().item() <= share * scale, (where, name)
+
+
+def bf16_step_ops(models: dict[str, Any], ids: Any) -> dict[str, Any]:
+    """Each model's operations (an OpCounter) in one forward and backward under bf16
+    autocast on the CPU, by name."""
+    import torch
+
+    from expert_cli.telemetry.ops import OpCounter
+
+    counts = {}
+    for name, model in models.items():
+        with torch.autocast("cpu", dtype=torch.bfloat16), OpCounter() as counter:
+            model(input_ids=ids, labels=ids).loss.backward()
+        counts[name] = counter
+    return counts
+
+
 def h100_environment() -> Any:
     """The machine as `probe_environment` describes one H100 (80 GB, bf16, 16 cores) with no
     optional kernel installed: resolution on a GPU, decided on the CPU."""

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import lora_model
+from train_helpers import assert_bf16_close, bf16_step_ops, lora_model
 
-from expert_cli.telemetry.ops import OpCounter
 from expert_cli.train.fused_lora import fuse_lora_linears, is_fused
 from expert_cli.train.grouped_lora import GroupedLoraFunction, group_lora_linears
 from expert_cli.train.model import enable_checkpointing
@@ -117,10 +116,10 @@ def test_bf16_autocast_and_the_4bit_base(tiny_model_dir: Path) -> None:
         want_loss, want = _loss_and_grads(fused, ids)
         got_loss, got = _loss_and_grads(grouped, ids)
     assert got_loss == pytest.approx(want_loss, rel=1e-2)
-    for name in want:
-        assert got[name].dtype == torch.float32
-        scale = want[name].abs().max().item() or 1.0
-        assert (got[name] - want[name]).abs().max().item() <= 0.05 * scale, name
+    assert all(g.dtype == torch.float32 for g in got.values())
+    # the same bf16 operations, the input gradient's sums in another order (1.3% at most
+    # here, in the first layer): closer than the fused layers to peft's (5% allowed)
+    assert_bf16_close(want, got, share=0.02)
     nf4 = BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
     )
@@ -332,11 +331,7 @@ def test_grouped_layers_dispatch_fewer_operations(tiny_model_dir: Path) -> None:
     the input gradients are summed by the GEMMs, not by autograd."""
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(5))
     fused, grouped = _pair(tiny_model_dir)
-    counts = {}
-    for name, model in (("fused", fused), ("grouped", grouped)):
-        with torch.autocast("cpu", dtype=torch.bfloat16), OpCounter() as counter:
-            model(input_ids=ids, labels=ids).loss.backward()
-        counts[name] = counter
+    counts = bf16_step_ops({"fused": fused, "grouped": grouped}, ids)
     fused_ops, grouped_ops = counts["fused"].total, counts["grouped"].total
     assert grouped_ops <= fused_ops - 20, (grouped_ops, fused_ops)
     # a decoder layer: 3 fewer A GEMMs forward (q, k, v in one, gate and up in one), 3 fewer
