@@ -352,8 +352,9 @@ def int4_timing(tokens: int = 16_384) -> dict:
     """Where QLoRA's time goes, on one of Qwen3-0.6B's gate projections (3,072 x 1,024, NF4
     with double quantization, as `quantization: int4`): GPU ms of dequantizing it to bf16 as
     the fused layer does, the same with its block scales dequantized beforehand (what keeping
-    them would leave), and the bf16 GEMM it feeds at `tokens` tokens; the bitsandbytes
-    library that ran (a fallback that is not the CUDA one would explain a slow QLoRA)."""
+    them would leave), expert-cli's one-kernel dequantization (train/dequant.py: the same
+    bits?), and the bf16 GEMM it feeds at `tokens` tokens; the bitsandbytes library that ran
+    (a fallback that is not the CUDA one would explain a slow QLoRA)."""
     import bitsandbytes.cextension as ext
     import torch
     from bitsandbytes.functional import (
@@ -362,6 +363,8 @@ def int4_timing(tokens: int = 16_384) -> dict:
         dequantize_blockwise,
         quantize_4bit,
     )
+
+    from expert_cli.train import dequant
 
     torch.manual_seed(0)
     w = torch.randn(3072, 1024, device=DEVICE, dtype=torch.bfloat16) * 0.02
@@ -381,8 +384,12 @@ def int4_timing(tokens: int = 16_384) -> dict:
     return {
         "dequantize_ms": _gpu_ms(lambda: dequantize_4bit(packed, state)),
         "dequantize_scales_kept_ms": _gpu_ms(lambda: dequantize_4bit(packed, flat)),
+        "one_kernel_ms": _gpu_ms(lambda: dequant.dequantize_4bit(packed, state, torch.bfloat16)),
         "gemm_ms": _gpu_ms(lambda: x @ dense.t()),
         "same_weight": bool(torch.equal(dequantize_4bit(packed, flat), dense)),
+        "one_kernel_same": bool(
+            torch.equal(dequant.dequantize_4bit(packed, state, torch.bfloat16), dense)
+        ),
         "weight_rel_err": ((dense.float() - w.float()).norm() / w.float().norm()).item(),
         "library": type(ext.lib).__name__ + (f" {lib}" if lib else ""),
         "backend": getattr(ext, "BNB_BACKEND", None),
@@ -490,7 +497,8 @@ def main() -> int:
     if DEVICE == "cuda":
         try:
             timing = int4_timing()
-            results.append({"check": "int4_timing", **timing, "ok": timing["same_weight"]})
+            ok = timing["same_weight"] and timing["one_kernel_same"]
+            results.append({"check": "int4_timing", **timing, "ok": ok})
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:800]
             results.append({"check": "int4_timing", "ok": False, "error": error})

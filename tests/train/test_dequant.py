@@ -1,0 +1,60 @@
+"""The one-kernel 4-bit dequantization (train/dequant.py) gives bitsandbytes' weights bit for
+bit, run by Triton's CPU interpreter: NF4 and FP4, block scales double-quantized or not,
+block sizes 64 and 128, a size that is no multiple of the block, packed in uint8 or in bf16
+storage, to bf16, fp16 and fp32."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+IN_INTERPRETER = """
+import torch
+from bitsandbytes.functional import dequantize_4bit as bitsandbytes_dequantize
+from bitsandbytes.functional import quantize_4bit
+from expert_cli.train.dequant import dequantize_4bit
+
+gen = torch.Generator().manual_seed(0)
+cases = 0
+for quant_type in ("nf4", "fp4"):
+    for nested in (True, False):
+        for shape, blocksize, storage in (
+            ((96, 130), 64, torch.uint8),
+            ((64, 256), 128, torch.bfloat16),
+            ((300, 512), 64, torch.uint8),
+        ):
+            w = torch.randn(*shape, generator=gen) * 0.05
+            packed, state = quantize_4bit(
+                w, quant_type=quant_type, compress_statistics=nested, blocksize=blocksize,
+                quant_storage=storage,
+            )
+            assert (state.state2 is not None) == nested
+            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                state.dtype = dtype
+                want = bitsandbytes_dequantize(packed, state)
+                got = dequantize_4bit(packed, state, dtype)
+                assert got.dtype == dtype and got.shape == want.shape, (got.dtype, got.shape)
+                assert torch.equal(got, want), (quant_type, nested, shape, dtype)
+                cases += 1
+print("ok", cases)
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="triton is not installed (the [dev] and [gpu] extras install it)",
+)
+def test_one_kernel_equals_bitsandbytes_in_tritons_interpreter() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", IN_INTERPRETER],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.split() == ["ok", "36"], done.stderr[-3000:]
