@@ -396,6 +396,15 @@ def int4_timing(tokens: int = 16_384) -> dict:
     }
 
 
+class Results(list):
+    """The checks' results; each also written to stderr as one JSON line when it is added, so
+    that a run stopped by its time limit still leaves the ones it finished."""
+
+    def append(self, result: dict) -> None:
+        super().append(result)
+        print(json.dumps(result), file=sys.stderr, flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -417,7 +426,7 @@ def main() -> int:
     env = probe_environment()
     if DEVICE == "cpu":
         env = cpu_environment()
-    results, skipped = [], {}
+    results, skipped = Results(), {}
     wanted = args.kernels.split(",") if args.kernels else KERNEL_ORDER
     for attn in wanted:
         why = kernel_unusable(attn, env, half=True)
