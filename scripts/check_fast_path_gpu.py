@@ -11,8 +11,9 @@
    (peft draws another).
 4. The attention probe `train` runs on the loaded model (train/causality.py) says "verified"
    for every kernel and precision here: no false refusal from a kernel that rounds.
-5. QLoRA: one NF4 projection's dequantization and the GEMM it feeds, timed, and the
-   bitsandbytes library that ran (int4 trained at 0.72x of bf16 on an H100).
+5. QLoRA: one NF4 projection's dequantization (bitsandbytes', and expert-cli's one kernel)
+   and the GEMM it feeds, timed, and the bitsandbytes library that ran (int4 through peft's
+   layers trained at 0.72x of bf16 through peft's layers on an H100).
 6. The loss at Qwen3-0.6B's size (16,384 tokens, 151,936-token vocabulary): Liger's own fused
    function against expert-cli's loop over Liger's kernel: GPU time of a forward and backward,
    the same loss and input gradient, and the host syncs each makes (CUDA's sync debug mode).
@@ -284,9 +285,12 @@ def fused_lora_parity(int4: bool = False, grouped: bool = False) -> dict[str, fl
         grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.requires_grad])
         out[name] = (loss.float().item(), grads)
     (ref_loss, ref_grad), (loss, grad) = out["peft"], out["fused"]
+    groups = fused.__dict__.get("_lora_groups", [])
     return {
         "layers_fused": switched,
         "layers_grouped": in_groups,
+        # groups that computed their layers together in the measured forward
+        "groups_in_use": sum(g.order is not None and not g.off for g in groups),
         "loss": loss,
         "peft_loss": ref_loss,
         "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
@@ -331,30 +335,42 @@ def fused_lora_dropout(tokens: int = 4096) -> dict[str, float]:
     }
 
 
-def _gpu_ms(fn, rounds: int = 20) -> float:
-    """Median GPU ms of `fn()` over `rounds` calls, after three to warm up."""
+def _per_call(fn, calls: int = 100, rounds: int = 5) -> dict[str, float]:
+    """`fn()` called `calls` times back to back: the median over `rounds` of the GPU time per
+    call (device events around the whole run: launch gaps hidden, as in a training step) and
+    of the host's time per call to launch it (what a launch-bound step pays)."""
+    import time
+
     import torch
 
-    for _ in range(3):
+    for _ in range(3):  # compiles, allocator, library handles
         fn()
-    times = []
+    torch.cuda.synchronize()
+    gpu, host = [], []
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        began = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host.append((time.perf_counter() - began) / calls * 1e6)
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return round(sorted(times)[len(times) // 2], 4)
+        gpu.append(start.elapsed_time(end) / calls * 1e3)
+    return {
+        "gpu_us": round(sorted(gpu)[rounds // 2], 2),
+        "host_us": round(sorted(host)[rounds // 2], 2),
+    }
 
 
 def int4_timing(tokens: int = 16_384) -> dict:
     """Where QLoRA's time goes, on one of Qwen3-0.6B's gate projections (3,072 x 1,024, NF4
-    with double quantization, as `quantization: int4`): GPU ms of dequantizing it to bf16 as
-    the fused layer does, the same with its block scales dequantized beforehand (what keeping
-    them would leave), expert-cli's one-kernel dequantization (train/dequant.py: the same
-    bits?), and the bf16 GEMM it feeds at `tokens` tokens; the bitsandbytes library that ran
-    (a fallback that is not the CUDA one would explain a slow QLoRA)."""
+    with double quantization, as `quantization: int4`): GPU and host microseconds a call of
+    dequantizing it to bf16 as the fused layer does, the same with its block scales
+    dequantized beforehand (what keeping them would leave), expert-cli's one-kernel
+    dequantization (train/dequant.py: the same weight?), and the bf16 GEMM it feeds at
+    `tokens` tokens; the bitsandbytes library that ran (a fallback that is not the CUDA one
+    would explain a slow QLoRA)."""
     import bitsandbytes.cextension as ext
     import torch
     from bitsandbytes.functional import (
@@ -381,19 +397,27 @@ def int4_timing(tokens: int = 16_384) -> dict:
     x = torch.randn(tokens, 1024, device=DEVICE, dtype=torch.bfloat16)
     dense = dequantize_4bit(packed, state)
     lib = getattr(getattr(ext.lib, "_lib", None), "_name", None)
-    return {
-        "dequantize_ms": _gpu_ms(lambda: dequantize_4bit(packed, state)),
-        "dequantize_scales_kept_ms": _gpu_ms(lambda: dequantize_4bit(packed, flat)),
-        "one_kernel_ms": _gpu_ms(lambda: dequant.dequantize_4bit(packed, state, torch.bfloat16)),
-        "gemm_ms": _gpu_ms(lambda: x @ dense.t()),
+    out = {
+        "dequantize": _per_call(lambda: dequantize_4bit(packed, state)),
+        "dequantize_scales_kept": _per_call(lambda: dequantize_4bit(packed, flat)),
+        "gemm": _per_call(lambda: x @ dense.t(), calls=10),
         "same_weight": bool(torch.equal(dequantize_4bit(packed, flat), dense)),
-        "one_kernel_same": bool(
-            torch.equal(dequant.dequantize_4bit(packed, state, torch.bfloat16), dense)
-        ),
         "weight_rel_err": ((dense.float() - w.float()).norm() / w.float().norm()).item(),
         "library": type(ext.lib).__name__ + (f" {lib}" if lib else ""),
-        "backend": getattr(ext, "BNB_BACKEND", None),
+        "bnb_backend": getattr(ext, "BNB_BACKEND", None),
     }
+    try:  # its own: a Triton error here keeps bitsandbytes' figures
+        one = dequant.dequantize_4bit(packed, state, torch.bfloat16)
+        out["one_kernel_same"] = bool(torch.equal(one, dense))
+        out["one_kernel"] = _per_call(
+            lambda: dequant.dequantize_4bit(packed, state, torch.bfloat16)
+        )
+    except Exception as exc:
+        out["one_kernel_same"], out["one_kernel_error"] = (
+            False,
+            f"{type(exc).__name__}: {exc}"[:400],
+        )
+    return out
 
 
 class Results(list):
@@ -401,8 +425,9 @@ class Results(list):
     that a run stopped by its time limit still leaves the ones it finished."""
 
     def append(self, result: dict) -> None:
+        line = json.dumps(result)
         super().append(result)
-        print(json.dumps(result), file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
 
 
 def main() -> int:
@@ -516,7 +541,7 @@ def main() -> int:
         try:
             parity = fused_lora_parity(int4, grouped)
             ok = parity["loss_rel_diff"] < 2e-3 and parity["grad_rel_diff"] < 5e-2
-            ok = ok and parity["layers_fused"] > 0 and (parity["layers_grouped"] > 0) == grouped
+            ok = ok and parity["layers_fused"] > 0 and (parity["groups_in_use"] > 0) == grouped
             results.append({"check": check, **parity, "ok": ok})
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:800]

@@ -1,7 +1,7 @@
-"""The one-kernel 4-bit dequantization (train/dequant.py) gives bitsandbytes' weights bit for
-bit, run by Triton's CPU interpreter: NF4 and FP4, block scales double-quantized or not,
+"""The one-kernel 4-bit dequantization (train/dequant.py) gives bitsandbytes' weights
+(`torch.equal`), run by Triton's CPU interpreter: NF4 and FP4, block scales double-quantized or not,
 block sizes 64 and 128, a size that is no multiple of the block, packed in uint8 or in bf16
-storage, to bf16, fp16 and fp32."""
+storage, to bf16, fp16 and fp32; a NaN block scale stays NaN in bf16."""
 
 from __future__ import annotations
 
@@ -40,6 +40,13 @@ for quant_type in ("nf4", "fp4"):
                 assert got.dtype == dtype and got.shape == want.shape, (got.dtype, got.shape)
                 assert torch.equal(got, want), (quant_type, nested, shape, dtype)
                 cases += 1
+# a NaN block scale (the quiet NaN a GPU's multiply returns, all payload bits set) stays NaN
+# in bf16: rounding its bits up would carry into the sign (-0.0)
+w = torch.randn(4, 128, generator=gen)
+packed, state = quantize_4bit(w, quant_type="nf4", compress_statistics=False)
+state.absmax[0] = torch.tensor(0x7FFFFFFF, dtype=torch.int32).view(torch.float32)
+got = dequantize_4bit(packed, state, torch.bfloat16).flatten()
+assert got[:64].isnan().all() and not got[64:].isnan().any(), got[:4]
 print("ok", cases)
 """
 

@@ -10,8 +10,10 @@ and writes the weight once: for each element, high nibble first as bitsandbytes 
     w[i] = code[nibble(i)] * (code2[absmax[i // 64]] * absmax2[i // (64 * 256)] + offset)
 
 (or `code[nibble(i)] * absmax[i // 64]` where the scales are kept in fp32), computed in fp32
-and rounded once to the output dtype, as bitsandbytes' own kernels do. It equals
-bitsandbytes' result bit for bit in Triton's CPU interpreter (tests/train/test_dequant.py).
+and rounded once to the output dtype, as bitsandbytes' own kernels do (the scale rounded
+before its offset is added: no fused multiply-add). It equals bitsandbytes' result
+(`torch.equal`: FP4's zero may come out with the other sign) in Triton's CPU interpreter
+(tests/train/test_dequant.py).
 Not used by training yet: `scripts/check_fast_path_gpu.py` times it against bitsandbytes'
 path on a GPU first.
 """
@@ -68,6 +70,7 @@ def _kernel() -> Any:
         if BF16:  # rounded to nearest even by hand: the same bits on a GPU and in Triton's
             bits = w.to(tl.uint32, bitcast=True)  # interpreter, which truncates a cast
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            bits = tl.where(w != w, 0x7FC0, bits)  # NaN stays NaN (the carry would wrap it)
             tl.store(out + idx, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=inside)
         else:
             tl.store(out + idx, w.to(out.dtype.element_ty), mask=inside)
@@ -88,13 +91,14 @@ def dequantize_4bit(packed: torch.Tensor, state: Any, dtype: torch.dtype) -> tor
     out = torch.empty(tuple(state.shape), dtype=dtype, device=packed.device)
     n = out.numel()
     nested = state.state2 is not None
-    codes = packed.reshape(-1).view(torch.uint8)
+    codes = packed.contiguous().reshape(-1).view(torch.uint8)
     absmax = state.absmax if nested else state.absmax.float()
     code2 = state.state2.code if nested else absmax  # not read without nesting
     absmax2 = state.state2.absmax if nested else absmax
     offset = state.offset if nested else absmax
-    if not torch.is_tensor(offset):  # a number where a state was rebuilt from a dict
-        offset = torch.tensor([float(offset)], device=packed.device)
+    if not torch.is_tensor(offset):  # bitsandbytes keeps a tensor; a number, made one once
+        offset = state.offset = torch.tensor(float(offset), device=packed.device)
+    # no fused multiply-add: bitsandbytes rounds the block scale before adding its offset
     _KERNEL[0][(triton.cdiv(n, BLOCK),)](
         codes,
         state.code.float(),
@@ -109,5 +113,6 @@ def dequantize_4bit(packed: torch.Tensor, state: Any, dtype: torch.dtype) -> tor
         NESTED=nested,
         BF16=dtype == torch.bfloat16,
         BLOCK=BLOCK,
+        enable_fp_fusion=False,
     )
     return out
