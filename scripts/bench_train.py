@@ -626,7 +626,7 @@ def main() -> int:
         return 0
     names = _variant_names("quick" if a.quick and a.variants == "table" else a.variants)
     steps = a.steps or (WARMUP_STEPS + 10 if a.quick else 40)
-    if min(steps, a.long_steps) <= WARMUP_STEPS:
+    if min(steps, a.long_steps if a.long else steps) <= WARMUP_STEPS:
         p.error(f"--steps and --long-steps: more than the {WARMUP_STEPS} warm-up steps left out")
     long = set(_variant_names(a.long)) if a.long else set()
     machine = _machine()
