@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from expert_cli.config.choices import checkpointing_on, first
+from expert_cli.config.choices import FUSED_KERNELS, checkpointing_on, first
 from expert_cli.config.models import Manifest
 from expert_cli.errors import UserError
 
 DEFAULT_RANK = 16
 DEFAULT_DROPOUT = 0.05
-# adapter_kernel values that run train/fused_lora.py's function
-FUSED_KERNELS = ("fused", "grouped")
 
 
 def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) -> dict[str, Any]:
@@ -65,8 +63,10 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
     quantization = manifest.primary_base_model.quantization
     if problem := quantized_problem(kind, use_dora, quantization, on_gpu):
         raise UserError(problem)
-    unfused = unfused_reason(kind, use_dora, quantization, cfg.adapter_kernel or "fused")
-    if cfg.adapter_kernel in FUSED_KERNELS and unfused:
+    kernel = cfg.adapter_kernel
+    if kernel in FUSED_KERNELS and (
+        unfused := unfused_reason(kind, use_dora, quantization, kernel)
+    ):
         notes.append(f"adapter_kernel: {unfused}")
     scaling = spec.scaling if spec else None
     if scaling and scaling not in ("standard", "default", *(("dora",) if use_dora else ())):

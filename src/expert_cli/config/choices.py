@@ -22,6 +22,8 @@ POLYNOMIAL_LR_END = 1e-7  # transformers' default final rate of the polynomial s
 DEFAULT_WARMUP_RATIO = 0.03
 MAX_AUTO_WORKERS = 4
 WORKERS_PER_CPU = 4  # above this a manifest's worker count is refused
+# adapter_kernel values that run train/fused_lora.py's function
+FUSED_KERNELS = ("fused", "grouped")
 
 
 def first(*values: Any) -> Any:
@@ -117,7 +119,7 @@ def kernels(
     # the fused layers compute in the mixed-precision dtype: peft's fp32 adapter inputs,
     # asked for under bf16/fp16, keep peft's layers
     fp32_asked = half and precision == "fp32"
-    if cfg.adapter_kernel in ("fused", "grouped") and fp32_asked:
+    if cfg.adapter_kernel in FUSED_KERNELS and fp32_asked:
         notes.append(
             f"adapter_kernel: {cfg.adapter_kernel} computes the adapters in the mixed-precision "
             "dtype; adapter_precision fp32 applies to the layers it leaves to peft only"

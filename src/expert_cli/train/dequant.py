@@ -20,17 +20,11 @@ path on a GPU first.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import torch
 
 BLOCK = 1024  # output elements a program writes
-
-
-def available() -> bool:
-    """Whether Triton is installed (it comes with torch's CUDA builds)."""
-    return importlib.util.find_spec("triton") is not None
 
 
 def _kernel() -> Any:

@@ -127,10 +127,16 @@ class LoraLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        if torch.is_autocast_enabled(dy.device.type):  # a backward called under autocast
-            with torch.autocast(dy.device.type, enabled=False):
-                return _backward(ctx, dy)
-        return _backward(ctx, dy)
+        return outside_autocast(dy.device.type, _backward, ctx, dy)
+
+
+def outside_autocast(device: str, backward: Any, *args: Any) -> Any:
+    """`backward(*args)`, with autocast off where the backward was called under it (the
+    forward chose each dtype; autocast would cast again)."""
+    if torch.is_autocast_enabled(device):
+        with torch.autocast(device, enabled=False):
+            return backward(*args)
+    return backward(*args)
 
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

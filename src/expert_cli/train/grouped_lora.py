@@ -43,6 +43,7 @@ from expert_cli.train.fused_lora import (
     _fused_forward,
     fused_call,
     is_fused,
+    outside_autocast,
 )
 
 # sibling layers that a decoder layer calls with one input (Llama, Qwen, Mistral, Gemma)
@@ -99,10 +100,7 @@ class GroupedLoraFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *dys: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        if torch.is_autocast_enabled(dys[0].device.type):  # a backward called under autocast
-            with torch.autocast(dys[0].device.type, enabled=False):
-                return _backward(ctx, dys)
-        return _backward(ctx, dys)
+        return outside_autocast(dys[0].device.type, _backward, ctx, dys)
 
 
 def _backward(ctx: Any, dys: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor | None, ...]:

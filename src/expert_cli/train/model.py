@@ -18,7 +18,8 @@ from peft import (
 )
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, set_seed
 
-from expert_cli.config.adapters import FUSED_KERNELS, unfused_reason
+from expert_cli.config.adapters import unfused_reason
+from expert_cli.config.choices import FUSED_KERNELS
 from expert_cli.config.environment import hardware_bf16
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
