@@ -101,6 +101,22 @@ def test_fused_forward_equals_standard_loss_and_gradients(tiny_model_dir) -> Non
         torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_fused_forward_uses_no_deprecated_output_field(tiny_model_dir, monkeypatch) -> None:
+    """transformers 5.25 renamed the outputs' `past_key_values` to `cache` and warns, once a
+    process, on the console of every run that reads or writes the old name."""
+    import logging
+
+    said: list[str] = []
+    monkeypatch.setattr(
+        logging.Logger, "warning_once", lambda _self, msg, *a, **k: said.append(msg)
+    )
+    model = _lora_model(tiny_model_dir, "chunked")
+    ids = torch.tensor([[11, 12, 13, 14]])
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    assert out.loss > 0
+    assert not [m for m in said if "deprecated" in str(m)], said
+
+
 def test_fused_forward_without_labels_is_the_models_own(tiny_model_dir) -> None:
     """Without labels the fused forward gives the model's own logits, equal to those of the
     same model without the fused loss installed."""

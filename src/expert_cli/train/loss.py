@@ -40,6 +40,10 @@ CHUNK_ELEMENTS = 1 << 28
 # the margin absorbs rounding; a multiplier as Falcon-H1's 0.078 moves them by 92%)
 HEAD_TOKENS = 8
 HEAD_TOLERANCE = 1e-2
+# the outputs' KV cache field: `cache` since transformers 5.25 (`past_key_values`, its old
+# name, still read and written there, with a deprecation warning on the console)
+_FIELDS = CausalLMOutputWithPast.__dataclass_fields__
+CACHE_FIELD = "cache" if "cache" in _FIELDS else "past_key_values"
 
 
 def _chunks(n: int, vocab: int) -> list[tuple[int, int]]:
@@ -318,7 +322,7 @@ def fused_forward(self: Any, input_ids: Any = None, labels: Any = None, **kwargs
     loss = causal_lm_loss(
         self._expert_cli_loss, out.last_hidden_state, self.lm_head.weight, labels, num_items
     )
-    return CausalLMOutputWithPast(loss=loss, past_key_values=out.past_key_values)
+    return CausalLMOutputWithPast(loss=loss, **{CACHE_FIELD: getattr(out, CACHE_FIELD, None)})
 
 
 def install_fused_loss(model: Any, backend: str) -> None:
