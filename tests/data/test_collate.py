@@ -102,3 +102,22 @@ def test_an_evaluation_split_is_filled_with_rows_that_train_nothing(tmp_path) ->
     added = filled[9:]
     assert (np.stack(added["labels"]) == -100).all() and list(added["num_tokens"]) == [1, 1, 1]
     assert (np.stack(filled[:9]["input_ids"]) == np.stack(rows[:]["input_ids"])).all()
+
+
+def test_loss_positions_are_the_tokens_whose_next_label_is_trained() -> None:
+    out = PackedCollator(pad_token_id=0, loss_positions=True)(ROWS)
+    # row 0 labels [-100, 6, 7, -100, 9]: positions 0, 1 and 3 predict a trained token; row 1
+    # [1, 2, 3, -100, -100] (padded): positions 0 and 1, flat 5 + 0 and 5 + 1; a row's last
+    # position predicts nothing
+    assert out["loss_positions"].tolist() == [0, 1, 3, 5, 6]
+    assert out["loss_positions"].dtype == torch.long
+    shifted = torch.nn.functional.pad(out["labels"][:, 1:], (0, 1), value=-100).reshape(-1)
+    trained = torch.nonzero(shifted != -100).squeeze(1)
+    assert torch.equal(out["loss_positions"], trained)
+
+
+def test_no_loss_positions_unless_asked_and_none_when_nothing_is_trained() -> None:
+    assert "loss_positions" not in PackedCollator(pad_token_id=0)(ROWS)
+    blank = [{"input_ids": [4, 5], "labels": [-100, -100], "position_ids": [0, 1]}]
+    out = PackedCollator(pad_token_id=0, loss_positions=True, pad_to_multiple_of=8)(blank)
+    assert out["loss_positions"].shape == (0,)

@@ -153,6 +153,24 @@ def test_mfu_attention_is_weighted_by_example_length() -> None:
     assert summary["mfu"] == pytest.approx(rec["mfu"])
 
 
+def test_mfu_counts_the_head_on_trained_tokens_alone_when_the_loss_runs_it_there() -> None:
+    """With the LM head run on the trained tokens alone (`head_params`), its forward and
+    input-gradient FLOPs count for those: 600 of 1,000 tokens here."""
+    clock = FakeClock()
+    every = FlopsModel(1_000_000, 10_000, 2, 64, 128, 1e12)
+    fm = FlopsModel(1_000_000, 10_000, 2, 64, 128, 1e12, head_params=200_000)
+    meter = _meter(clock, fm)
+    _step(meter, clock, wait=0.0, compute=1.0, tokens=1000, trained=600)
+    rec = meter.close_window(1, None, None)
+    per_token = every.per_token(250) - 4 * 200_000 * 0.4
+    assert fm.per_token(250, 0.6) == pytest.approx(per_token)
+    assert rec["mfu"] == pytest.approx(1000 * per_token / 1e12)
+    assert meter.summary(1, "completed")["mfu"] == pytest.approx(rec["mfu"])
+    assert fm.per_token(250) == every.per_token(250)  # every token trained: no change
+    assert fm.per_token(250, 0.0) == every.per_token(250) - 4 * 200_000
+    assert every.per_token(250, 0.6) == every.per_token(250)  # the head on every token
+
+
 def test_ranks_sum_tokens_take_the_slowest_wait_and_keep_their_own_figures() -> None:
     """Two processes: this one (1000 tokens, 0.25 s wait) and a slower one (500 tokens, 0.5 s
     wait, 2.5 GB): tokens/s summed, data wait of the slowest, MFU against both peaks."""

@@ -101,6 +101,51 @@ def test_fused_forward_equals_standard_loss_and_gradients(tiny_model_dir) -> Non
         torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_the_head_on_the_trained_positions_alone_gives_the_same_loss_and_gradients(
+    tiny_model_dir,
+) -> None:
+    """The collator's loss positions (most of each row a prompt) change neither the loss nor
+    any gradient, with and without the Trainer's token count, over several loss chunks."""
+    from expert_cli.data.collate import PackedCollator
+
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    for length in (24, 17):
+        ids = torch.randint(10, 3000, (length,), generator=gen).tolist()
+        labels = [IGNORE] * (length - 4) + ids[-4:]  # four answer tokens after a prompt
+        rows.append({"input_ids": ids, "labels": labels, "position_ids": list(range(length))})
+    batch = PackedCollator(0, loss_positions=True)(rows)
+    positions = batch.pop("loss_positions")
+    # each row's last prompt token and first three answer tokens predict an answer token
+    assert positions.tolist() == [19, 20, 21, 22, 24 + 12, 24 + 13, 24 + 14, 24 + 15]
+    model = _lora_model(tiny_model_dir, "chunked")
+    for items in (torch.tensor(8), None):
+        results = []
+        for given in (None, positions):
+            model.zero_grad()
+            extra = {} if given is None else {"loss_positions": given}
+            out = model(**batch, use_cache=False, num_items_in_batch=items, **extra)
+            out.loss.backward()
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+            results.append((out.loss.detach(), grads))
+        (every, every_grads), (only, only_grads) = results
+        torch.testing.assert_close(only, every, rtol=1e-6, atol=1e-6)
+        assert all(g.abs().max() > 0 for g in every_grads.values())
+        for name, grad in every_grads.items():
+            torch.testing.assert_close(only_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_loss_positions_leave_a_forward_without_labels_alone(tiny_model_dir) -> None:
+    model = _lora_model(tiny_model_dir, "chunked").eval()
+    ids = torch.tensor([[11, 12, 13, 14]])
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=False, loss_positions=torch.tensor([1, 2]))
+        want = model(input_ids=ids, use_cache=False)
+    assert torch.equal(out.logits, want.logits)
+    assert fused.takes_loss_positions(model)
+    assert not fused.takes_loss_positions(_lora_model(tiny_model_dir, None))
+
+
 def test_fused_forward_uses_no_deprecated_output_field(tiny_model_dir, monkeypatch) -> None:
     """transformers 5.25 renamed the outputs' `past_key_values` to `cache` and warns, once a
     process, on the console of every run that reads or writes the old name."""

@@ -25,3 +25,12 @@ def test_peak_only_for_mixed_precision(
     fp32 = flops_model(model, mixed=False)
     assert fp32.peak_flops_per_device is None
     assert fp32.n_layers == 2 and fp32.trainable_params > 0
+
+
+def test_the_head_counted_apart_where_the_loss_runs_it_on_trained_tokens(
+    tiny_model_dir: Path,
+) -> None:
+    model = lora_model(tiny_model_dir)
+    head = model.get_base_model().lm_head.weight.numel()
+    assert flops_model(model).head_params == 0
+    assert flops_model(model, head_on_trained=True).head_params == head > 0

@@ -26,6 +26,7 @@ from expert_cli.data.earlier import Earlier
 from expert_cli.data.stats_words import drop_reasons, masking_words
 from expert_cli.errors import escaped
 from expert_cli.telemetry.throughput import flush_note
+from expert_cli.train import loss as fused_loss
 from expert_cli.train.causality import ISOLATED, MASK_PROXY
 from expert_cli.train.choice import lower_loss_note
 from expert_cli.train.generate import Case, GenerateResult, Generation
@@ -92,7 +93,10 @@ def _fused(choices: Any) -> str:
 
 
 def _loss_name(fused: str) -> str:
-    return "standard (full logits)" if fused == "off" else f"fused linear cross-entropy ({fused})"
+    if fused == "off":
+        return "standard (full logits)"
+    where = ", the LM head on trained tokens only" if fused_loss.TRAINED_ROWS_ONLY else ""
+    return f"fused linear cross-entropy ({fused}{where})"
 
 
 def _isolation(verdict: str, packing: bool, kernel: str) -> str:

@@ -5,8 +5,10 @@ flash-attention 4/2, torch_varlen) the batch also carries where every example st
 to end over all rows (`cu_seq_lens_q/k`, int32) and the longest example (`max_length_q/k`),
 computed here on the CPU so the step never has to find them on the GPU. Without it, and with
 no attention mask and no KV cache, transformers builds the block-diagonal mask from the
-restarting positions (sdpa, eager, flex). Tensors are plain CPU tensors; the DataLoader pins
-them when `pin_memory` is on.
+restarting positions (sdpa, eager, flex). With `loss_positions` on (the fused loss) the batch
+also carries the flat positions whose next token is trained, so the loss runs the LM head on
+those alone, with their count known on the host. Tensors are plain CPU tensors; the
+DataLoader pins them when `pin_memory` is on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from expert_cli.data.formatting import IGNORE
 from expert_cli.data.packing import LENGTH_COLUMN
 
 KEYS = ("input_ids", "labels", "position_ids")
+# the batch key, and the fused loss's argument, of the positions whose next token is trained
+LOSS_POSITIONS = "loss_positions"
 
 
 def sequence_boundaries(position_ids: np.ndarray) -> tuple[np.ndarray, int]:
@@ -33,20 +37,33 @@ def sequence_boundaries(position_ids: np.ndarray) -> tuple[np.ndarray, int]:
     return cu, int(np.diff(cu).max())
 
 
+def trained_positions(labels: np.ndarray) -> np.ndarray:
+    """Flat indices into [B, L] `labels` of the positions whose next token in the row is
+    trained: the tokens a causal LM's loss (labels shifted left by one) reads, in order."""
+    trained = np.zeros(labels.shape, dtype=bool)
+    trained[:, :-1] = labels[:, 1:] != IGNORE
+    return np.flatnonzero(trained)
+
+
 class PackedCollator:
     """Collate packed rows (`input_ids`, `labels`, `position_ids`) into [B, L] int64 tensors.
 
     L is the longest row (rounded up to `pad_to_multiple_of`); padding uses `pad_token_id`,
     label -100, and positions 0, 1, ... so the padding forms its own segment and never joins
-    the last example.
+    the last example. `loss_positions`: add `trained_positions` of the labels (int64).
     """
 
     def __init__(
-        self, pad_token_id: int, boundaries: bool = False, pad_to_multiple_of: int | None = None
+        self,
+        pad_token_id: int,
+        boundaries: bool = False,
+        pad_to_multiple_of: int | None = None,
+        loss_positions: bool = False,
     ) -> None:
         self.pad_token_id = pad_token_id
         self.boundaries = boundaries
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.loss_positions = loss_positions
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         if not features:
@@ -77,6 +94,8 @@ class PackedCollator:
                 max_length_q=longest,
                 max_length_k=longest,
             )
+        if self.loss_positions:
+            result[LOSS_POSITIONS] = torch.from_numpy(trained_positions(out["labels"]))
         return result
 
 

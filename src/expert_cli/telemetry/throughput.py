@@ -57,15 +57,19 @@ class FlopsModel:
     hidden: int
     attn_dim: int
     peak_flops_per_device: float | None
+    # the LM head's weights where it runs on the trained tokens alone (0: on every token)
+    head_params: int = 0
 
-    def per_token(self, attended_len: float) -> float:
+    def per_token(self, attended_len: float, trained_share: float = 1.0) -> float:
         """Training FLOPs per token (frozen weights get no weight gradients).
 
         `attended_len`: how many tokens a token attends over, averaged over tokens: sum of
         squared example lengths over the sum of lengths (a token of a long example costs more
         attention than one of a short example, so the plain mean example length undercounts).
+        `trained_share`: the share of tokens that are trained; with `head_params` the head's
+        forward and input-gradient FLOPs (2 + 2 a weight) count for those only.
         """
-        return lora_train_flops_per_token(
+        whole = lora_train_flops_per_token(
             self.matmul_params,
             self.trainable_params,
             self.n_layers,
@@ -73,6 +77,8 @@ class FlopsModel:
             max(1, round(attended_len)),
             attn_dim=self.attn_dim,
         )
+        skipped = 1.0 - min(max(trained_share, 0.0), 1.0)
+        return whole - 4.0 * self.head_params * skipped
 
 
 def _cuda_sync() -> None:
@@ -240,11 +246,13 @@ class ThroughputMeter:
         before, self._flushes_seen = self._flushes_seen, now
         return float(now - before)
 
-    def _mfu(self, tokens: float, attended: float, seconds: float, devices: int) -> float | None:
-        """MFU of `tokens` counted on `devices` processes, against the sum of their peaks."""
+    def _mfu(self, counts: dict[str, float], seconds: float, devices: int) -> float | None:
+        """MFU of the `counts` (tokens, attended, trained) of `devices` processes, against the
+        sum of their peaks."""
+        tokens = counts["tokens"]
         if self.flops is None or not self.flops.peak_flops_per_device or not tokens:
             return None
-        per_token = self.flops.per_token(attended / tokens)
+        per_token = self.flops.per_token(counts["attended"] / tokens, counts["trained"] / tokens)
         return mfu(tokens / seconds, per_token, self.flops.peak_flops_per_device * devices)
 
     def close_window(
@@ -274,7 +282,7 @@ class ThroughputMeter:
             "tokens_per_s": w["tokens"] / seconds,
             "samples_per_s": w["samples"] / seconds,
             "data_wait_fraction": min(1.0, w["wait"] / seconds),
-            "mfu": self._mfu(w["tokens"], w["attended"], seconds, len(ranks)),
+            "mfu": self._mfu(w, seconds, len(ranks)),
             "peak_memory_gb": None if memory == NO_MEMORY else memory,
             "loss": loss,
             "learning_rate": lr,
@@ -332,7 +340,7 @@ class ThroughputMeter:
             "after_step": self.windows[0]["step"],
             "tokens_per_s": t["tokens"] / seconds,
             "data_wait_fraction": min(1.0, t["wait"] / seconds),
-            "mfu": self._mfu(t["tokens"], t["attended"], seconds, max(1, len(self.rank_totals))),
+            "mfu": self._mfu(t, seconds, max(1, len(self.rank_totals))),
         }
 
     def _left_out_so_far(self) -> dict[str, float]:
@@ -349,9 +357,7 @@ class ThroughputMeter:
             "tokens_per_s": t["tokens"] / seconds if seconds else 0.0,
             "samples_per_s": t["samples"] / seconds if seconds else 0.0,
             "data_wait_fraction": min(1.0, t["wait"] / seconds) if seconds else 0.0,
-            "mfu": self._mfu(t["tokens"], t["attended"], seconds, max(1, len(self.rank_totals)))
-            if seconds
-            else None,
+            "mfu": self._mfu(t, seconds, max(1, len(self.rank_totals))) if seconds else None,
             "steps": steps,
             "steps_this_run": self.steps,
             "train_runtime_s": round(seconds, 3),

@@ -13,7 +13,11 @@ its default gradient filtering moved the adapter gradients by 22% (docs/PERFORMA
 
 `install_fused_loss` rebinds a causal LM's `forward` so that, when labels are given, it runs the
 decoder body and returns the loss with no logits; the Trainer, DDP and peft see the same
-module. Without labels it is the model's own forward.
+module. Without labels it is the model's own forward. Given the collator's `loss_positions`
+(the positions whose next token is trained, their count known on the host), the LM head runs
+on those rows alone: a prompt token's logits add nothing to the loss or the gradients, and
+the head (151,936 x 1,024 for Qwen3-0.6B) is about a quarter of the model's matmul work a
+token.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch.nn.functional as F
 from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from expert_cli.data.collate import LOSS_POSITIONS
 from expert_cli.data.formatting import IGNORE
 from expert_cli.train.attention import probing
 
@@ -211,6 +216,9 @@ def summed_linear_cross_entropy(
 # False: `liger` runs Liger's own fused function, host syncs and all (scripts/bench_train.py
 # measures the two against each other)
 LIGER_LOOP = True
+# False: the LM head runs on every token, as before loss positions (scripts/bench_train.py's
+# f_loss_every_token measures the two against each other)
+TRAINED_ROWS_ONLY = True
 
 
 def causal_lm_loss(
@@ -219,13 +227,24 @@ def causal_lm_loss(
     weight: torch.Tensor,
     labels: torch.Tensor,
     num_items_in_batch: Any = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The loss transformers' causal LMs compute (labels shifted left by one, -100 ignored;
-    summed over `num_items_in_batch` when given, else the mean over trained tokens)."""
+    summed over `num_items_in_batch` when given, else the mean over trained tokens).
+
+    `positions`: the flat indices of the tokens whose shifted label is trained (the
+    collator's `trained_positions`); only their hidden states meet the LM head, with the
+    same loss and gradients (the others' gradient is 0 either way)."""
     targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE).reshape(-1)
     flat = hidden.reshape(-1, hidden.shape[-1])
-    total = summed_linear_cross_entropy(backend, flat, weight, targets.to(flat.device))
+    targets = targets.to(flat.device)
+    if positions is not None:
+        positions = positions.to(flat.device, non_blocking=True)
+        flat, targets = flat.index_select(0, positions), targets.index_select(0, positions)
+    total = summed_linear_cross_entropy(backend, flat, weight, targets)
     if num_items_in_batch is None:
+        if positions is not None:  # every selected token is trained; the count is the host's
+            return total / max(positions.numel(), 1)
         return total / (targets != IGNORE).sum().clamp(min=1)
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
@@ -313,16 +332,29 @@ def _close(got: torch.Tensor | None, want: torch.Tensor | None) -> bool:
 
 def fused_forward(self: Any, input_ids: Any = None, labels: Any = None, **kwargs: Any) -> Any:
     """A causal LM's forward that, given labels, returns the loss and no logits (every other
-    argument goes to the model's body as it came)."""
+    argument but the collator's loss positions goes to the model's body as it came)."""
+    positions = kwargs.pop(LOSS_POSITIONS, None)
     if labels is None:
         return self._expert_cli_forward(input_ids=input_ids, **kwargs)
     num_items = kwargs.pop("num_items_in_batch", None)
     kwargs.pop("logits_to_keep", None)
     out = self.model(input_ids=input_ids, **kwargs)
     loss = causal_lm_loss(
-        self._expert_cli_loss, out.last_hidden_state, self.lm_head.weight, labels, num_items
+        self._expert_cli_loss,
+        out.last_hidden_state,
+        self.lm_head.weight,
+        labels,
+        num_items,
+        positions if TRAINED_ROWS_ONLY else None,
     )
     return CausalLMOutputWithPast(loss=loss, **{CACHE_FIELD: getattr(out, CACHE_FIELD, None)})
+
+
+def takes_loss_positions(model: Any) -> bool:
+    """Whether `model` (a causal LM, or peft's model around one) computes its loss through
+    `install_fused_loss`'s forward, which takes the collator's loss positions."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return TRAINED_ROWS_ONLY and getattr(base, "_expert_cli_loss", None) is not None
 
 
 def install_fused_loss(model: Any, backend: str) -> None:

@@ -27,6 +27,7 @@ from expert_cli.train.adalora import LanguageLoss, regularised
 from expert_cli.train.args import warmup_count
 from expert_cli.train.attention import mask_free_mapping, skip_mask_building
 from expert_cli.train.callbacks import ThroughputCallback
+from expert_cli.train.loss import takes_loss_positions
 from expert_cli.train.model_flops import flops_model
 from expert_cli.train.step_walks import StepWalks
 
@@ -365,12 +366,19 @@ def build_trainer(
     """The Trainer on the cache's packed rows (with the sequence boundaries `kernel` reads),
     its throughput meter and the callback that closes windows; evaluation when `args` asks."""
     telemetry = telemetry or Telemetry()
+    positions = takes_loss_positions(model)  # the LM head on the trained tokens alone
     collator = CountingCollator(
-        PackedCollator(tokenizer.pad_token_id, boundaries=kernel in BOUNDARY_KERNELS)
+        PackedCollator(
+            tokenizer.pad_token_id,
+            boundaries=kernel in BOUNDARY_KERNELS,
+            loss_positions=positions,
+        )
     )
     mixed = bool(args.bf16 or args.fp16)
     meter = ThroughputMeter(
-        flops_model(model, mixed), telemetry.world_size, gather=telemetry.gather
+        flops_model(model, mixed, head_on_trained=positions),
+        telemetry.world_size,
+        gather=telemetry.gather,
     )
     # no process's last evaluation batch filled with rows counted twice
     fill = args.world_size * args.eval_batch_size if args.world_size > 1 else 1
