@@ -40,19 +40,22 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 TINY_TOKENIZER = REPO / "tests" / "assets" / "tiny-tokenizer"
 SYSTEM = "You are an expert Python programmer. Answer with code only."
+# the prompt-heavy task: the code as the prompt, its documentation as the (short) answer
+EXPLAIN_SYSTEM = "You are an expert Python programmer. Say what the code does."
 MAX_RESPONSE_CHARS = 60_000  # whole modules are cut here: "tens of thousands of characters"
 NAIVE_EXAMPLES = 1500  # (b) is slow by design; measured on this many examples
 
 
-def chatml(prompt: str, response: str) -> str:
+def chatml(prompt: str, response: str, system: str = SYSTEM) -> str:
     return (
-        f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n"
+        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n"
         f"<|im_start|>assistant\n{response}<|im_end|>\n"
     )
 
 
-def module_examples(path: Path, root: Path) -> list[str]:
-    """ChatML examples from one stdlib file: each documented def/class, and the module."""
+def module_examples(path: Path, root: Path, explain: bool = False) -> list[str]:
+    """ChatML examples from one stdlib file: each documented def/class, and the module; the
+    documentation as the prompt and the code as the answer, or (`explain`) the other way."""
     source = path.read_text(encoding="utf-8", errors="replace")
     try:
         tree = ast.parse(source)
@@ -66,6 +69,11 @@ def module_examples(path: Path, root: Path) -> list[str]:
             code = ast.get_source_segment(source, node)
             if doc and code and len(code) > 200:
                 kind = "class" if isinstance(node, ast.ClassDef) else "function"
+                where = f"the Python module `{module}`"
+                if explain:
+                    ask = f"What does this {kind} of {where} do?\n\n{code}"
+                    out.append(chatml(ask, doc, EXPLAIN_SYSTEM))
+                    continue
                 out.append(
                     chatml(
                         f"Write the {kind} `{node.name}` of the Python module "
@@ -74,7 +82,10 @@ def module_examples(path: Path, root: Path) -> list[str]:
                     )
                 )
     doc = ast.get_docstring(tree)
-    if doc and len(source) > 2000:
+    if doc and len(source) > 2000 and explain:
+        ask = f"What does the Python module `{module}` do?\n\n{source[:MAX_RESPONSE_CHARS]}"
+        out.append(chatml(ask, doc, EXPLAIN_SYSTEM))
+    elif doc and len(source) > 2000:
         out.append(
             chatml(
                 f"Write the Python module `{module}`. Its documentation:\n\n{doc}",
@@ -84,8 +95,9 @@ def module_examples(path: Path, root: Path) -> list[str]:
     return out
 
 
-def build_corpus(n_examples: int, seed: int) -> list[str]:
-    """`n_examples` examples from the standard library's sources, files taken in seeded order."""
+def build_corpus(n_examples: int, seed: int, explain: bool = False) -> list[str]:
+    """`n_examples` examples from the standard library's sources, files taken in seeded order
+    (`explain`: the code as the prompt, see `module_examples`)."""
     import random
 
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -98,7 +110,7 @@ def build_corpus(n_examples: int, seed: int) -> list[str]:
     rng.shuffle(files)
     examples: list[str] = []
     for path in files:
-        examples += module_examples(path, root)
+        examples += module_examples(path, root, explain)
         if len(examples) >= n_examples:
             break
     rng.shuffle(examples)

@@ -72,6 +72,11 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
         [f"{C}fused_loss=liger"],
         "Liger's own fused linear CE function (two host syncs a step, 128-token slices)",
     ),
+    "f_loss_every_token": (
+        "cli",
+        [],
+        "the LM head run on every token, prompts too (before loss positions)",
+    ),
     "f_adapters_fp32": ("cli", [f"{C}adapter_precision=fp32"], "peft's fp32 adapter inputs"),
     "f_adapters_fused": ("cli", [f"{C}adapter_kernel=fused"], "fused LoRA linear layers"),
     "f_adapters_peft": ("cli", [f"{C}adapter_kernel=peft"], "peft's LoRA layers"),
@@ -146,7 +151,10 @@ GROUPS = {
 
 
 # variants that run `expert-cli train` with a module setting changed first
-PRELUDES = {"f_loss_liger_library": "import expert_cli.train.loss as m; m.LIGER_LOOP = False"}
+PRELUDES = {
+    "f_loss_liger_library": "import expert_cli.train.loss as m; m.LIGER_LOOP = False",
+    "f_loss_every_token": "import expert_cli.train.loss as m; m.TRAINED_ROWS_ONLY = False",
+}
 
 # --------------------------------------------------------------------------- CLI variants
 

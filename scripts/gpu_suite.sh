@@ -11,6 +11,9 @@
 #   bash scripts/gpu_suite.sh single                # one call without flash-attention 4, when
 #                                                   #   the time left is short: .carry/common +
 #                                                   #   .carry/unsloth + .carry/expert
+#   bash scripts/gpu_suite.sh prompts               # a call of its own (about 2 minutes):
+#                                                   #   .carry/common + .carry/expert +
+#                                                   #   .carry/explain
 #
 # prep: packages unpacked, the token cache built, every kernel's correctness without flash-
 #       attention 4 (scripts/check_fast_path_gpu.py: packed-vs-alone logits, the fused losses,
@@ -22,9 +25,12 @@
 #       layers, lora dropout and HiveLLM's 8 x 4 with its micro-batch probed (e_default is
 #       the same 8 rows a micro-step), Unsloth (d), and a profile of the step; each
 #       under its own time limit so that the call ends inside the device's 10 minutes.
+# prompts: on the prompt-heavy expert (86% of its tokens an untrained prompt, as in HiveLLM's
+#       SQL, JSON and Cypher experts), the default (the LM head on the trained tokens alone)
+#       against the head on every token.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: gpu_suite.sh prep|main|single|auto}
+STAGE=${1:?usage: gpu_suite.sh prep|main|single|auto|prompts}
 OUT=${OUT:-bench_results/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=true
@@ -62,6 +68,11 @@ EXPERT=bench_results/tmp/qwen3-expert
 if [ ! -f "$EXPERT/manifest.json" ] && [ -f .carry/expert/expert.tar.xz ]; then
   mkdir -p bench_results/tmp && untar bench_results/tmp < .carry/expert/expert.tar.xz
 fi
+EXPLAIN=bench_results/tmp/qwen3-explain  # its model folder is the first expert's
+if [ ! -f "$EXPLAIN/manifest.json" ] && [ -f .carry/explain/expert.tar.xz ]; then
+  untar bench_results/tmp < .carry/explain/expert.tar.xz
+  [ -d "$EXPERT/model" ] && cp -r "$EXPERT/model" "$EXPLAIN/model"
+fi
 
 if [ "$STAGE" != auto ]; then  # the auto stage's variants build the cache themselves
 { nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm \
@@ -70,7 +81,7 @@ if [ "$STAGE" != auto ]; then  # the auto stage's variants build the cache thems
   python3 -c "import transformers, peft, datasets; print('imported:', transformers.__version__, peft.__version__, datasets.__version__)"
 } > "$OUT/env-$STAGE.txt" 2>&1
 cat "$OUT/env-$STAGE.txt"
-if [ -f "$EXPERT/manifest.json" ]; then
+if [ -f "$EXPERT/manifest.json" ] && [ "$STAGE" != prompts ]; then
   log "pretokenize"
   python3 -m expert_cli.cli pretokenize --manifest "$EXPERT/manifest.json" 2>&1 | tail -3
 fi
@@ -85,6 +96,14 @@ bench() {  # bench NAME TIMEOUT ARGS...
 
 if [ "$STAGE" = auto ]; then  # what little device time is left: the batch probe alone
   bench auto 200 --variants f_fused_auto,f_batch_auto --steps 25
+  log "done"; exit 0
+fi
+if [ "$STAGE" = prompts ]; then
+  if [ -d "$EXPLAIN/model" ]; then
+    EXPERT=$EXPLAIN bench prompts 150 --variants e_default,f_loss_every_token --steps 25
+  else
+    log "prompts: the prompt-heavy expert or its model folder is not on this machine"
+  fi
   log "done"; exit 0
 fi
 if [ "$STAGE" = prep ] || [ "$STAGE" = single ]; then

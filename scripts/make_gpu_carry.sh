@@ -12,6 +12,9 @@
 #                                xz), in two parts that travel in two calls to the same machine
 #                                (38 MB first: with common, expert and the repository the first
 #                                call carries 63 MB of its 64 MiB)
+#   .carry/explain/expert.tar.xz the prompt-heavy benchmark expert (make_bench_expert.py --task
+#                                explain: the code as the prompt), its data and manifest; it
+#                                reads the first expert's model folder (gpu_suite.sh prompts)
 #   .carry/unsloth/site.tar.xz   Unsloth and what it pins apart from expert-cli's stack (TRL
 #                                1.15, datasets 4.3; transformers 5.17 is the machine's own),
 #                                unpacked to its own folder for bench_train.py's d_unsloth
@@ -25,7 +28,7 @@ PLATFORM=(--python-version 3.12 --implementation cp --only-binary=:all:
           --platform manylinux2014_x86_64)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-mkdir -p .carry/common .carry/expert .carry/fa4a .carry/fa4b .carry/unsloth
+mkdir -p .carry/common .carry/expert .carry/explain .carry/fa4a .carry/fa4b .carry/unsloth
 grep -qs '^/.carry/' .git/info/exclude || { mkdir -p .git/info; echo '/.carry/' >> .git/info/exclude; }
 
 python -m pip install -q --no-deps "${PLATFORM[@]}" --target "$WORK/site" \
@@ -68,4 +71,10 @@ if [ ! -f bench_results/tmp/qwen3-expert/manifest.json ]; then
 fi
 tar -C bench_results/tmp -cf - qwen3-expert/manifest.json qwen3-expert/model qwen3-expert/data \
   | xz -6 -T0 > .carry/expert/expert.tar.xz
+if [ ! -f bench_results/tmp/qwen3-explain/manifest.json ]; then
+  python scripts/make_bench_expert.py --out bench_results/tmp/qwen3-explain --examples 4000 \
+    --task explain
+fi
+tar -C bench_results/tmp -cf - qwen3-explain/manifest.json qwen3-explain/data \
+  | xz -6 -T0 > .carry/explain/expert.tar.xz
 du -sh .carry/*/*
