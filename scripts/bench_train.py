@@ -261,10 +261,14 @@ def _measuring_trainer(base: type) -> type:
                 self.t0 = time.perf_counter()
                 self.tokens = torch.zeros((), dtype=torch.int64, device=ids.device)
                 self.attended = torch.zeros((), dtype=torch.int64, device=ids.device)
+                self.trained = torch.zeros((), dtype=torch.int64, device=ids.device)
             if step >= WARMUP_STEPS:
                 self.tokens += mask.sum()
                 # sum over examples of length**2 = sum over real tokens of (2 * position + 1)
                 self.attended += ((2 * pos + 1) * mask).sum()
+                labels = inputs.get("labels")
+                # the tokens whose next token is trained (all, where no labels are given)
+                self.trained += mask.sum() if labels is None else (labels[..., 1:] != -100).sum()
             return super().training_step(model, inputs, *args)
 
     return Measured
@@ -284,7 +288,7 @@ def _finish(trainer: Any, model: Any, steps: int) -> dict[str, Any]:
         flops = _flops(model)
     except ImportError as exc:  # expert-cli's trainer under another stack's versions
         return {"tokens_per_s": tps, "mfu": None, "mfu_missing": str(exc), "losses": {}}
-    per_token = flops.per_token(attended / max(tokens, 1))
+    per_token = flops.per_token(attended / max(tokens, 1), int(trainer.trained) / max(tokens, 1))
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     return {
         "tokens_per_s": tps,

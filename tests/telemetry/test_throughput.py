@@ -153,9 +153,9 @@ def test_mfu_attention_is_weighted_by_example_length() -> None:
     assert summary["mfu"] == pytest.approx(rec["mfu"])
 
 
-def test_mfu_counts_the_head_on_trained_tokens_alone_when_the_loss_runs_it_there() -> None:
-    """With the LM head run on the trained tokens alone (`head_params`), its forward and
-    input-gradient FLOPs count for those: 600 of 1,000 tokens here."""
+def test_mfu_counts_the_head_for_the_trained_tokens_alone() -> None:
+    """The LM head's forward and input-gradient FLOPs (`head_params`) count for the trained
+    tokens alone: 600 of 1,000 tokens here."""
     clock = FakeClock()
     every = FlopsModel(1_000_000, 10_000, 2, 64, 128, 1e12)
     fm = FlopsModel(1_000_000, 10_000, 2, 64, 128, 1e12, head_params=200_000)
@@ -168,7 +168,7 @@ def test_mfu_counts_the_head_on_trained_tokens_alone_when_the_loss_runs_it_there
     assert meter.summary(1, "completed")["mfu"] == pytest.approx(rec["mfu"])
     assert fm.per_token(250) == every.per_token(250)  # every token trained: no change
     assert fm.per_token(250, 0.0) == every.per_token(250) - 4 * 200_000
-    assert every.per_token(250, 0.6) == every.per_token(250)  # the head on every token
+    assert every.per_token(250, 0.6) == every.per_token(250)  # no head counted apart
 
 
 def test_ranks_sum_tokens_take_the_slowest_wait_and_keep_their_own_figures() -> None:

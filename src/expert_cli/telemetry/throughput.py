@@ -57,7 +57,7 @@ class FlopsModel:
     hidden: int
     attn_dim: int
     peak_flops_per_device: float | None
-    # the LM head's weights where it runs on the trained tokens alone (0: on every token)
+    # the LM head's weights, whose FLOPs count for the trained tokens alone (0: every token)
     head_params: int = 0
 
     def per_token(self, attended_len: float, trained_share: float = 1.0) -> float:
@@ -66,8 +66,10 @@ class FlopsModel:
         `attended_len`: how many tokens a token attends over, averaged over tokens: sum of
         squared example lengths over the sum of lengths (a token of a long example costs more
         attention than one of a short example, so the plain mean example length undercounts).
-        `trained_share`: the share of tokens that are trained; with `head_params` the head's
-        forward and input-gradient FLOPs (2 + 2 a weight) count for those only.
+        `trained_share`: the share of tokens whose next token is trained; with `head_params`
+        the head's forward and input-gradient FLOPs (2 + 2 a weight) count for those only: a
+        prompt token's logits are no part of the loss, so computing them is no useful work
+        (the fused loss skips it; the standard loss does it and is not credited for it).
         """
         whole = lora_train_flops_per_token(
             self.matmul_params,

@@ -24,14 +24,10 @@ def matmul_parameters(model: PeftModel, total: int) -> int:
     return total if tied else total - embed.weight.numel()
 
 
-def flops_model(
-    peft_model: PeftModel, mixed: bool = True, head_on_trained: bool = False
-) -> FlopsModel:
+def flops_model(peft_model: PeftModel, mixed: bool = True) -> FlopsModel:
     """What MFU needs to know of the model, and this GPU's bf16/fp16 peak: None on a CPU, an
     unknown GPU, or for a run without mixed precision (`mixed` false: fp32 or TF32 matmuls
-    run at a fraction of that peak, so MFU against it would read several times too low).
-    `head_on_trained`: the loss runs the LM head on the trained tokens alone, so the head's
-    FLOPs count for those only."""
+    run at a fraction of that peak, so MFU against it would read several times too low)."""
     cfg = peft_model.get_base_model().config
     trainable, total = parameter_counts(peft_model)
     heads = cfg.num_attention_heads
@@ -45,12 +41,13 @@ def flops_model(
         hidden=cfg.hidden_size,
         attn_dim=heads * head_dim,
         peak_flops_per_device=peak,
-        head_params=head_parameters(peft_model) if head_on_trained else 0,
+        head_params=head_parameters(peft_model),
     )
 
 
 def head_parameters(model: PeftModel) -> int:
-    """The LM head's weights (the output embedding, tied or not)."""
+    """The LM head's weights (the output embedding, tied or not): MFU counts their FLOPs for
+    the trained tokens alone, the only ones whose logits the loss needs."""
     head = model.get_base_model().get_output_embeddings()
     weight = getattr(head, "weight", None)
     return int(weight.numel()) if isinstance(weight, torch.Tensor) else 0

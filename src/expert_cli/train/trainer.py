@@ -366,19 +366,16 @@ def build_trainer(
     """The Trainer on the cache's packed rows (with the sequence boundaries `kernel` reads),
     its throughput meter and the callback that closes windows; evaluation when `args` asks."""
     telemetry = telemetry or Telemetry()
-    positions = takes_loss_positions(model)  # the LM head on the trained tokens alone
     collator = CountingCollator(
         PackedCollator(
             tokenizer.pad_token_id,
             boundaries=kernel in BOUNDARY_KERNELS,
-            loss_positions=positions,
+            loss_positions=takes_loss_positions(model),  # the LM head on trained tokens alone
         )
     )
     mixed = bool(args.bf16 or args.fp16)
     meter = ThroughputMeter(
-        flops_model(model, mixed, head_on_trained=positions),
-        telemetry.world_size,
-        gather=telemetry.gather,
+        flops_model(model, mixed), telemetry.world_size, gather=telemetry.gather
     )
     # no process's last evaluation batch filled with rows counted twice
     fill = args.world_size * args.eval_batch_size if args.world_size > 1 else 1
