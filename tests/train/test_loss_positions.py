@@ -68,3 +68,28 @@ def test_the_step_line_says_where_the_head_runs(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(fused, "TRAINED_ROWS_ONLY", False)
     assert _loss_name("chunked") == "fused linear cross-entropy (chunked)"
     assert _loss_name("off") == "standard (full logits)"
+
+
+@pytest.mark.slow
+def test_two_processes_with_loss_positions_match_one(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """DDP over 2 CPU processes (2 rows each) against one process of 4 rows: each rank's
+    batches carry their own positions through DDP and accelerate's loader, same losses."""
+    from train_helpers import launch, run_here, window_losses
+
+    one = _prompt_heavy_expert(tmp_path / "one", tiny_model_dir)
+    data = json.loads(one.read_text())
+    data["training"]["config"]["batch_size"] = 4
+    one.write_text(json.dumps(data))
+    two = _prompt_heavy_expert(tmp_path / "two", tiny_model_dir)
+    steps = ["--max-steps", "3"]
+    single = run_here("train", "--manifest", str(one), "--output", str(tmp_path / "a"), *steps)
+    assert single.returncode == 0, single.stdout + single.stderr
+    assert "the LM head on trained tokens only" in single.stdout
+    torchrun = ["torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    both = launch(
+        torchrun, "train", "--manifest", str(two), "--output", str(tmp_path / "b"), *steps
+    )
+    assert both.returncode == 0, both.stdout + both.stderr
+    expected, got = window_losses(tmp_path / "a"), window_losses(tmp_path / "b")
+    assert sorted(got) == [1, 2, 3]
+    assert got == pytest.approx(expected, rel=1e-5)
