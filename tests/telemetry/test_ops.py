@@ -62,3 +62,23 @@ def test_a_fast_path_step_has_no_host_sync_from_our_code(
     assert counter.ops["aten::_fused_adamw_"] == 1  # the optimizer step was inside the window
     assert counter.ops["aten::addmm"] >= 2 * 14  # the fused adapters' weight gradients
     assert counter.syncs_from("expert_cli") == {}, counter.syncs
+
+
+def test_saved_for_backward_counts_what_the_graph_still_holds() -> None:
+    """A branch of the forward that is let go (detached, as peft's DoRA computes its weight
+    norm) saved tensors that the backward never sees: they are not counted, and what the
+    graph holds is counted once a storage."""
+    from expert_cli.telemetry.ops import SavedForBackward
+
+    w = torch.randn(64, 32, requires_grad=True)
+    x = torch.randn(16, 64)
+    with SavedForBackward() as saved:
+        side = (torch.eye(64) @ w).sin()  # its graph saves an eye, the product and w
+        norm = side.detach().norm()  # the branch is let go here
+        y = (x @ w) * norm  # keeps x (for w's gradient) and the norm (the product's)
+        del side
+    assert saved.nbytes == x.nbytes + norm.nbytes  # not the eye's 16 kB, nor the branch's
+    assert len(saved.storages) == 2
+    y.sum().backward()
+    del y
+    assert saved.nbytes == 0  # the graph is freed with its output

@@ -419,8 +419,9 @@ def _held(model: torch.nn.Module, ids: torch.Tensor) -> int:
     torch.manual_seed(5)
     with SavedForBackward(model.parameters()) as saved:
         loss = model(input_ids=ids, labels=ids).loss
+    held = saved.nbytes  # while the graph is alive
     loss.backward()
-    return saved.nbytes
+    return held
 
 
 def test_dropout_keeps_the_mask_not_the_dropped_input(tiny_model_dir: Path) -> None:

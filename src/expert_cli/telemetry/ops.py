@@ -13,6 +13,7 @@ does not depend on the device either: `SavedForBackward` adds up the storages au
 from __future__ import annotations
 
 import traceback
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -96,22 +97,22 @@ class OpCounter(TorchDispatchMode):
 
 class SavedForBackward:
     """While active (`with SavedForBackward(model.parameters()) as s:` around one forward
-    pass), adds up the bytes of the distinct storages autograd keeps for the backward
-    (`nbytes`): each storage once however many tensors view it, the storages of `exclude`
-    (the model's own weights, kept anyway) left out. Storages are told apart by address, so
-    measure one forward pass, not several (a freed address may be used again)."""
+    pass), records what autograd keeps for the backward; `nbytes` adds up the bytes of the
+    distinct storages of what the graph still holds when it is read (read it while the
+    forward's output is alive, before the backward): each storage once however many tensors
+    view it, the storages of `exclude` (the model's own weights, kept anyway) left out. A
+    tensor saved by a part of the graph that was let go within the forward (a detached
+    branch: peft's DoRA computes its weight norm so) is not kept, and is not counted."""
 
     def __init__(self, exclude: Any = ()) -> None:
         self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
-        self.storages: dict[int, int] = {}
+        self._kept: list[weakref.ref] = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
 
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        address = storage.data_ptr()
-        if address and address not in self.exclude:
-            self.storages[address] = storage.nbytes()
-        return tensor
+    def _pack(self, tensor: torch.Tensor) -> _Kept:
+        kept = _Kept(tensor)
+        self._kept.append(weakref.ref(kept))
+        return kept
 
     def __enter__(self) -> SavedForBackward:
         self._hooks.__enter__()
@@ -121,10 +122,33 @@ class SavedForBackward:
         self._hooks.__exit__(*exc)
 
     @property
+    def storages(self) -> dict[int, int]:
+        """Bytes of each distinct storage the graph holds now, by address."""
+        found: dict[int, int] = {}
+        for ref in self._kept:
+            kept = ref()
+            if kept is None:
+                continue
+            storage = kept.tensor.untyped_storage()
+            address = storage.data_ptr()
+            if address and address not in self.exclude:
+                found[address] = storage.nbytes()
+        return found
+
+    @property
     def nbytes(self) -> int:
         """Bytes kept for the backward."""
         return sum(self.storages.values())
 
 
-def _unpack(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
+class _Kept:
+    """A tensor as the graph holds it: alive while the part of the graph that saved it is."""
+
+    __slots__ = ("__weakref__", "tensor")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+def _unpack(kept: _Kept) -> torch.Tensor:
+    return kept.tensor
