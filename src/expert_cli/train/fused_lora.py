@@ -186,28 +186,31 @@ def _fusable_base(module: torch.nn.Module) -> bool:
     )
 
 
-def _plain(module: torch.nn.Module, name: str) -> bool:
-    """Whether adapter `name` of `module` is plain LoRA: no variant (DoRA, ...), no bias on B,
-    dropout or none."""
-    if name in getattr(module, "lora_variant", {}) or getattr(module, "lora_bias", {}).get(name):
+def _plain(module: torch.nn.Module, name: str, variant: type | None = None) -> bool:
+    """Whether adapter `name` of `module` is plain LoRA (or, with `variant`, LoRA with that
+    peft variant exactly: DoRA's): no other variant, no bias on B, dropout or none."""
+    variants = getattr(module, "lora_variant", {})
+    if type(variants.get(name)) is not (variant or type(None)):
+        return False
+    if getattr(module, "lora_bias", {}).get(name):
         return False
     return type(module.lora_dropout[name]) in (torch.nn.Identity, torch.nn.Dropout)
 
 
-def fusable(module: torch.nn.Module) -> bool:
-    """Plain LoRA with one adapter (dropout or none) on a frozen nn.Linear or a bitsandbytes
-    4-bit linear."""
+def fusable(module: torch.nn.Module, variant: type | None = None) -> bool:
+    """Plain LoRA (or LoRA with `variant`) with one adapter (dropout or none) on a frozen
+    nn.Linear or a bitsandbytes 4-bit linear."""
     if not _fusable_base(module):
         return False
     names = list(module.lora_A.keys())
-    return len(names) == 1 and _plain(module, names[0])
+    return len(names) == 1 and _plain(module, names[0], variant)
 
 
-def fused_call(self: LoraLinear, args: tuple, kwargs: dict) -> tuple | None:
-    """The fused function's arguments after the input for a call of layer `self` (its base, A, B
-    and (scale, dropout)), or None where the call is not plain LoRA of one adapter (disabled,
-    merged, an adapter added since, extra arguments, a 4-bit weight repacked for the CPU's
-    inference kernel) and peft's forward runs."""
+def active_adapter(self: LoraLinear, args: tuple, kwargs: dict, variant: type | None) -> str | None:
+    """The one adapter a call of layer `self` runs, where it is plain LoRA (or LoRA with
+    `variant`); None where it is not (disabled, merged, an adapter added since, extra
+    arguments, a 4-bit weight repacked for the CPU's inference kernel) and peft's forward
+    runs."""
     active = self.active_adapters
     base = self.base_layer
     if isinstance(base, Linear4bit):  # its quant state, where FSDP re-wrapped the weight
@@ -219,15 +222,29 @@ def fused_call(self: LoraLinear, args: tuple, kwargs: dict) -> tuple | None:
         or kwargs
         or len(active) != 1
         or active[0] not in self.lora_A
-        or not _plain(self, active[0])
+        or not _plain(self, active[0], variant)
         or getattr(getattr(base.weight, "quant_state", None), "packing_format_for_cpu", False)
     ):
         return None
-    name = active[0]
+    return active[0]
+
+
+def scale_dropout(self: LoraLinear, name: str) -> tuple[float, float]:
+    """Adapter `name`'s scale, and its input's dropout probability (0 when not training)."""
     dropout = self.lora_dropout[name]
     p = float(dropout.p) if isinstance(dropout, torch.nn.Dropout) and dropout.training else 0.0
+    return float(self.scaling[name]), p
+
+
+def fused_call(self: LoraLinear, args: tuple, kwargs: dict) -> tuple | None:
+    """The fused function's arguments after the input for a call of layer `self` (its base, A, B
+    and (scale, dropout)), or None where the call is not plain LoRA of one adapter and peft's
+    forward runs."""
+    name = active_adapter(self, args, kwargs, None)
+    if name is None:
+        return None
     weights = self.lora_A[name].weight, self.lora_B[name].weight
-    return base, *weights, (float(self.scaling[name]), p)
+    return self.base_layer, *weights, scale_dropout(self, name)
 
 
 def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -242,9 +259,15 @@ _fused_forward.fused_lora = True  # type: ignore[attr-defined]
 
 
 def is_fused(module: torch.nn.Module) -> bool:
-    """Whether `module` runs the fused forward."""
+    """Whether `module` runs a fused forward (plain LoRA's, grouped or not, or DoRA's)."""
     forward = module.__dict__.get("forward")
     return getattr(getattr(forward, "__func__", None), "fused_lora", False)
+
+
+def runs_plain_fused(module: torch.nn.Module) -> bool:
+    """Whether `module` runs the plain LoRA layers' fused forward (not grouped, not DoRA)."""
+    forward = module.__dict__.get("forward")
+    return getattr(forward, "__func__", None) is _fused_forward
 
 
 def fuse_lora_linears(model: torch.nn.Module) -> int:

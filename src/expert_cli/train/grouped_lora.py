@@ -42,8 +42,8 @@ from expert_cli.train.fused_lora import (
     _dropped,
     _fused_forward,
     fused_call,
-    is_fused,
     outside_autocast,
+    runs_plain_fused,
 )
 
 # sibling layers that a decoder layer calls with one input (Llama, Qwen, Mistral, Gemma)
@@ -267,7 +267,7 @@ def group_lora_linears(model: torch.nn.Module) -> int:
     for module in model.modules():
         for names in SHARED_INPUT:
             members = [getattr(module, n, None) for n in names]
-            members = [m for m in members if m is not None and is_fused(m)]
+            members = [m for m in members if m is not None and runs_plain_fused(m)]
             if len(members) < 2 or len({m.in_features for m in members}) != 1:
                 continue
             group = LoraGroup(members)
