@@ -131,15 +131,19 @@ def test_ia3_with_no_feed_forward_layer_targeted_says_so(tmp_path: Path) -> None
 def test_the_fused_kernel_names_the_layers_it_leaves_to_peft(tmp_path: Path) -> None:
     resolved = _resolved(tmp_path, "gpt2", adapter_kernel="fused")
     model = attach_adapter(T.AutoModelForCausalLM.from_config(T.GPT2Config(**GPT2)), resolved, 4)
-    assert adapter_notes(model, resolved) == [
-        "adapter_kernel: fused runs LoRA on nn.Linear layers; the adapters of the model's "
-        "4 Conv1D layers run peft's own"
+    said = [
+        "adapter_kernel: fused runs LoRA and DoRA on nn.Linear layers; the adapters of the "
+        "model's 4 Conv1D layers run peft's own"
     ]
+    assert adapter_notes(model, resolved) == said
     qwen = _tiny(T.Qwen3Config, head_dim=16)
     assert adapter_notes(attach_adapter(qwen, resolved, 4), resolved) == []  # all fused
     dora = _resolved(tmp_path, "gpt2", adapter_kernel="fused", adapter_type="dora")
     gpt2 = T.AutoModelForCausalLM.from_config(T.GPT2Config(**GPT2))
-    assert adapter_notes(attach_adapter(gpt2, dora, 4), dora) == []  # said already
+    assert adapter_notes(attach_adapter(gpt2, dora, 4), dora) == said  # DoRA is fused too
+    ia3 = _resolved(tmp_path, "gpt2", adapter_kernel="fused", adapter_type="ia3")
+    gpt2 = T.AutoModelForCausalLM.from_config(T.GPT2Config(**GPT2))
+    assert adapter_notes(attach_adapter(gpt2, ia3, 4), ia3) == []  # said in the config's note
 
 
 def test_a_gpt2_run_shows_no_library_advice_on_the_console(

@@ -109,9 +109,11 @@ def test_adapter_values_not_applied_are_noted(tmp_path: Path) -> None:
         return " | ".join(_resolved(tmp_path, config, entry).notes)
 
     dora = notes({"adapter_kernel": "fused", "adapter_type": "dora", "dropout": 0})
-    assert "adapter_kernel: fused runs plain LoRA layers; DoRA layers run peft's own" in dora
+    assert "adapter_kernel" not in dora  # DoRA layers are fused
     grouped = notes({"adapter_kernel": "grouped", "adapter_type": "dora", "dropout": 0})
-    assert "adapter_kernel: grouped runs plain LoRA layers; DoRA layers run peft's own" in grouped
+    assert "adapter_kernel: grouped groups plain LoRA layers; DoRA layers run fused" in grouped
+    ia3 = notes({"adapter_kernel": "fused", "adapter_type": "ia3", "dropout": 0})
+    assert "adapter_kernel: fused runs LoRA and DoRA layers; ia3 layers run peft's own" in ia3
     assert "adapter_kernel" not in notes({"adapter_kernel": "fused", "dropout": 0.1})
     assert "adapter_kernel" not in notes({"adapter_kernel": "fused", "dropout": 0})
     manifest = json.loads((tmp_path / "manifest.json").read_text())

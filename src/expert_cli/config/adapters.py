@@ -64,10 +64,12 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
     if problem := quantized_problem(kind, use_dora, quantization, on_gpu):
         raise UserError(problem)
     kernel = cfg.adapter_kernel
-    if kernel in FUSED_KERNELS and (
-        unfused := unfused_reason(kind, use_dora, quantization, kernel)
-    ):
+    if kernel in FUSED_KERNELS and (unfused := unfused_reason(kind, quantization, kernel)):
         notes.append(f"adapter_kernel: {unfused}")
+    elif kernel == "grouped" and use_dora:
+        notes.append(
+            "adapter_kernel: grouped groups plain LoRA layers; DoRA layers run fused, one by one"
+        )
     scaling = spec.scaling if spec else None
     if scaling and scaling not in ("standard", "default", *(("dora",) if use_dora else ())):
         notes.append(
@@ -106,18 +108,16 @@ def quantized_problem(kind: str, dora: bool, quantization: str | None, on_gpu: b
     return None
 
 
-def unfused_reason(
-    kind: str, dora: bool, quantization: str | None, kernel: str = "fused"
-) -> str | None:
+def unfused_reason(kind: str, quantization: str | None, kernel: str = "fused") -> str | None:
     """Why the fused adapter `kernel` (fused or grouped) runs none of the run's layers (it
-    runs plain LoRA on unquantized and int4 layers, with or without dropout; the others keep
-    peft's forward); None where it runs."""
-    if dora or kind != "lora":
-        return f"{kernel} runs plain LoRA layers; {'DoRA' if dora else kind} layers run peft's own"
+    runs LoRA and DoRA on unquantized and int4 layers, with or without dropout; the others
+    keep peft's forward); None where it runs."""
+    if kind not in ("lora", "dora"):
+        return f"{kernel} runs LoRA and DoRA layers; {kind} layers run peft's own"
     if quantization == "int8":
         return (
-            f"{kernel} runs LoRA on unquantized and int4 layers; the int8 base's layers run "
-            "peft's own"
+            f"{kernel} runs LoRA and DoRA on unquantized and int4 layers; the int8 base's "
+            "layers run peft's own"
         )
     return None
 

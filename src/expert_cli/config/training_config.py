@@ -318,12 +318,12 @@ class TrainingConfig(Strict):
     )
     adapter_kernel: Literal["peft", "fused", "grouped"] | None = Field(
         None,
-        description="Extension: how LoRA linear layers run. fused (default on a GPU, not under "
-        "FSDP/DeepSpeed nor with adapter_precision fp32 under bf16/fp16): one autograd function "
-        "accumulating the scaled update into the base matmul, forward and backward (plain LoRA, "
-        "unquantized or int4, any dropout; others keep peft's); grouped: fused, and the layers "
-        "that read one input (q, k, v; gate, up) as one function; peft (default on a CPU): "
-        "peft's forward (three matmuls, then a scale and an add over the output).",
+        description="Extension: how LoRA and DoRA linear layers run. fused (default on a GPU, "
+        "not under FSDP/DeepSpeed nor with adapter_precision fp32 under bf16/fp16): one autograd "
+        "function a layer, the scaled update accumulated into the base matmul (DoRA: its "
+        "magnitude applied to the weights), forward and backward (unquantized or int4, any "
+        "dropout; others keep peft's); grouped: fused, and the plain LoRA layers that read one "
+        "input (q, k, v; gate, up) as one function; peft (default on a CPU): peft's forward.",
     )
     fused_loss: FusedLoss | None = Field(
         None,

@@ -35,7 +35,8 @@ from expert_cli.train.attention import TORCH_VARLEN, check_model_config, registe
 from expert_cli.train.base_load import four_bit_compute, four_bit_kind, load_pretrained
 from expert_cli.train.checkpoints import recorded_feedforward, unfit_problem
 from expert_cli.train.divergence import non_finite_weights
-from expert_cli.train.fused_lora import fuse_lora_linears, unfused_bases
+from expert_cli.train.fused_dora import fuse_adapter_linears
+from expert_cli.train.fused_lora import unfused_bases
 from expert_cli.train.grouped_lora import group_lora_linears
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.placement import load_placement
@@ -341,7 +342,7 @@ def attach_adapter(
     if adapter_compute_dtype(resolved) != "fp32":
         adapters_in_compute_dtype(peft_model)
     if resolved.adapter_kernel in FUSED_KERNELS:
-        fuse_lora_linears(peft_model)
+        fuse_adapter_linears(peft_model)
     if resolved.adapter_kernel == "grouped":
         group_lora_linears(peft_model)
     return peft_model
@@ -371,11 +372,11 @@ def adapter_notes(
     model_type = getattr(peft_model.config, "model_type", None)
     if note := ia3_note(peft_model, resolved, model_type, kept):
         notes.append(note)
-    plain = not unfused_reason(resolved.adapter_type, resolved.use_dora, resolved.quantization)
+    plain = not unfused_reason(resolved.adapter_type, resolved.quantization)
     kernel = resolved.adapter_kernel
     if kernel in FUSED_KERNELS and plain and (left := unfused_bases(peft_model)):
         notes.append(
-            f"adapter_kernel: {kernel} runs LoRA on nn.Linear layers; the adapters of the "
+            f"adapter_kernel: {kernel} runs LoRA and DoRA on nn.Linear layers; the adapters of the "
             f"model's {left} layers run peft's own"
         )
     return notes

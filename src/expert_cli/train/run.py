@@ -224,7 +224,7 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     choices.fused_lora_layers = sum(1 for m in peft_model.modules() if is_fused(m))
     choices.grouped_lora_layers = sum(1 for m in peft_model.modules() if is_grouped(m))
     ungrouped = resolved.adapter_kernel == "grouped" and not choices.grouped_lora_layers
-    if ungrouped and choices.fused_lora_layers:
+    if ungrouped and choices.fused_lora_layers and not resolved.use_dora:  # DoRA's: noted
         choices.notes.append(NOTHING_GROUPED)
     choices.notes += notes
     if resolved.batch_auto and device.startswith("cuda"):

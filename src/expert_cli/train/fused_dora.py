@@ -1,0 +1,215 @@
+"""DoRA linear layers as one autograd function: the magnitude applied to the weights, not to
+the activations.
+
+peft's DoRA layer computes, with m the trained magnitude (one per output), n = ||W + s B A|| of
+each output row (detached from the gradient, as the DoRA paper's section 4.3 advises),
+c = m / n and d the dropped input:
+
+    y = x W^T + b + (c - 1) * (d W^T) + c * s * (d A^T) B^T
+
+Each term is an activation-sized tensor scaled and added in a pass of its own, forward and
+backward, and under bf16 autocast they come out in fp32 (the magnitude is fp32: the products
+are promoted), so what follows reads fp32 activations. HiveLLM's experts are DoRA. Here, with
+W_c = c W and B_c = c B (weight-sized, computed in fp32, written once in the compute dtype),
+and z = d W^T + s xa B^T:
+
+    no dropout (d = x):  xa = x A^T;  y = x W_c^T + b;  y += s xa B_c^T    (y - b = c z)
+    with dropout:        xa = d A^T;  z = d W^T;  z += s xa B^T
+                         y = x W^T + b;  y += s xa B^T;  y += (c - 1) * z
+
+    g  = dy B_c                       dA = s g^T d;    dB = s c * (dy^T xa)
+    dx = dy W_c;  dx += s g A         (no dropout)
+    dx = dy W;    dx += k M * (dy W_{c-1} + s g A)    (dropout: mask M, keep-scale k)
+    dm = colsum(dy * z) / n           (no dropout: colsum(dy * (y - b)) / m, from the output)
+
+Without dropout no activation-sized pass is added to the fused LoRA linear's GEMMs but the
+magnitude's column sums in the backward; the output itself is kept for them (the next layer
+often keeps it anyway). With dropout the base weight meets both x and d, in the forward and
+in the backward, as in peft's layer, and z is kept. A magnitude of exactly 0 gets no gradient
+here (its output is the bias alone, whatever z was); it starts at the weight's row norm and is
+not decayed, so only a row of zeros in the base weight starts there, and such a layer keeps
+peft's forward. The dropout mask is drawn as the fused LoRA linear draws it.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from bitsandbytes.nn import Linear4bit
+from peft.tuners.lora.variants import DoraLinearVariant
+
+from expert_cli.train.fused_lora import (
+    _as,
+    _compute_dtype,
+    _dense,
+    _dropped,
+    active_adapter,
+    fusable,
+    fuse_lora_linears,
+    outside_autocast,
+    scale_dropout,
+)
+
+
+def _scaled(t: torch.Tensor, c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Each row of `t` times c, computed in fp32 (c is), written in `dtype`: one kernel."""
+    return torch.mul(t, c[:, None], out=torch.empty(t.shape, dtype=dtype, device=t.device))
+
+
+def _row_norms(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """||W + s B A|| of each output row, summed in fp32 over W + s B A in the compute dtype
+    (as peft's layer computes it; no gradient: DoRA detaches it)."""
+    return torch.linalg.vector_norm(torch.addmm(w, b, a, alpha=scaling), dim=1, dtype=torch.float32)
+
+
+class DoraLinearFunction(torch.autograd.Function):
+    """y = x W^T + b + (c - 1) (d W^T) + c s (d A^T) B^T with c = m / ||W + s B A|| per
+    output, d = dropout_p(x) (y = c x (W + s B A)^T + b without dropout)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        lora_a: torch.Tensor,
+        lora_b: torch.Tensor,
+        magnitude: torch.Tensor,
+        layer: tuple[torch.nn.Module, float, float],
+    ) -> torch.Tensor:
+        """`layer`: the frozen base layer, the adapter's scale and its input's dropout
+        probability (0 when the layer is not training)."""
+        base, scaling, dropout = layer
+        weight, bias = base.weight, base.bias
+        quant_state = weight.quant_state if isinstance(base, Linear4bit) else None
+        dtype = _compute_dtype(x)
+        x2 = _as(x.reshape(-1, x.shape[-1]), dtype)
+        w = _dense(weight, quant_state, dtype)
+        a, b = _as(lora_a, dtype), _as(lora_b, dtype)
+        norms = _row_norms(w, a, b, scaling)  # fp32
+        c = magnitude.detach().float() / norms
+        b_c = _scaled(b, c, dtype)
+        bias = None if bias is None else _as(bias, dtype)
+        mask, keep, kept = None, 1.0, None
+        if dropout > 0:
+            keep = 1.0 / (1.0 - dropout)
+            mask = torch.empty_like(x2, dtype=torch.bool).bernoulli_(1.0 - dropout)
+            d = _dropped(x2, mask, keep)
+            xa = F.linear(d, a)
+            kept = F.linear(d, w)  # z
+            kept.addmm_(xa, b.t(), alpha=scaling)
+            y = F.linear(x2, w, bias)
+            y.addmm_(xa, b.t(), alpha=scaling)
+            y.addcmul_(kept, (c - 1.0)[None, :])
+        else:
+            xa = F.linear(x2, a)
+            y = F.linear(x2, _scaled(w, c, dtype), bias)
+            y.addmm_(xa, b_c.t(), alpha=scaling)
+            kept = y  # y - b = c z
+        ctx.save_for_backward(x2, xa, weight, a, b_c, magnitude, c, norms, mask, kept, bias)
+        ctx.scaling, ctx.x_shape, ctx.x_dtype = scaling, x.shape, x.dtype
+        ctx.quant_state, ctx.keep_scale = quant_state, keep
+        if quant_state is not None:  # in the input's dtype, as bitsandbytes' layer gives it
+            y = _as(y, x.dtype)
+        return y.view(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return outside_autocast(dy.device.type, _backward, ctx, dy)
+
+
+def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """DoraLinearFunction's backward."""
+    x2, xa, weight, a, b_c, magnitude, c, norms, mask, kept, bias = ctx.saved_tensors
+    s = ctx.scaling
+    dtype = x2.dtype
+    dy2 = _as(dy.reshape(-1, dy.shape[-1]), dtype)
+    g = dy2 @ b_c
+    w = _dense(weight, ctx.quant_state, dtype)
+    dx = None
+    if ctx.needs_input_grad[0]:
+        if mask is None:
+            dx = dy2 @ _scaled(w, c, dtype)
+            dx.addmm_(g, a, alpha=s)
+        else:
+            through = dy2 @ _scaled(w, c - 1.0, dtype)
+            through.addmm_(g, a, alpha=s)
+            dx = dy2 @ w
+            dx.addcmul_(through, mask, value=ctx.keep_scale)
+        dx = _as(dx.view(ctx.x_shape), ctx.x_dtype)
+    d_a = d_b = d_m = None
+    if ctx.needs_input_grad[1]:
+        d = x2 if mask is None else _dropped(x2, mask, ctx.keep_scale)
+        d_a = torch.addmm(a, g.t(), d, beta=0, alpha=s)
+    if ctx.needs_input_grad[2]:  # fp32: c is
+        d_b = torch.mul(torch.addmm(b_c, dy2.t(), xa, beta=0, alpha=s), c[:, None])
+    if ctx.needs_input_grad[3]:
+        d_m = _magnitude_grad(dy2, kept, bias, magnitude, norms, mask is None)
+    return dx, d_a, d_b, d_m, None
+
+
+def _magnitude_grad(
+    dy2: torch.Tensor,
+    kept: torch.Tensor,
+    bias: torch.Tensor | None,
+    magnitude: torch.Tensor,
+    norms: torch.Tensor,
+    from_output: bool,
+) -> torch.Tensor:
+    """colsum(dy z) / n: `kept` is z (dropout), or the output y = c z + b, when
+    colsum(dy (y - b)) / m is the same (0 where m is 0: y - b is 0 there, z not known)."""
+    dots = (dy2 * kept).sum(0, dtype=torch.float32)
+    if not from_output:
+        return dots / norms
+    m = magnitude.detach().float()
+    if bias is not None:
+        dots = dots - dy2.sum(0, dtype=torch.float32) * bias.float()
+    return torch.where(m == 0, 0.0, dots / m)
+
+
+def fusable_dora(module: torch.nn.Module) -> bool:
+    """DoRA with one adapter (dropout or none) on a frozen nn.Linear or a bitsandbytes 4-bit
+    linear, its magnitude in a layer of peft's, and no row of the base weight all zeros (a
+    magnitude of 0, whose gradient the output does not give)."""
+    if not fusable(module, DoraLinearVariant):
+        return False
+    name = next(iter(module.lora_A.keys()))
+    layer = module.lora_magnitude_vector[name]
+    magnitude = getattr(layer, "weight", None)
+    if not isinstance(magnitude, torch.Tensor) or getattr(module, "ephemeral_gpu_offload", False):
+        return False
+    return bool((magnitude.detach() != 0).all())
+
+
+def dora_call(self: torch.nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+    """DoraLinearFunction's arguments after the input for a call of layer `self`, or None where
+    the call is not DoRA of one adapter (disabled, merged, ...) and peft's forward runs."""
+    name = active_adapter(self, args, kwargs, DoraLinearVariant)
+    if name is None:
+        return None
+    weights = self.lora_A[name].weight, self.lora_B[name].weight
+    magnitude = self.lora_magnitude_vector[name].weight
+    return *weights, magnitude, (self.base_layer, *scale_dropout(self, name))
+
+
+def _dora_forward(self: torch.nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """The fused DoRA function, or peft's forward where the call is not DoRA of one adapter."""
+    call = dora_call(self, args, kwargs)
+    if call is None:
+        return type(self).forward(self, x, *args, **kwargs)
+    return DoraLinearFunction.apply(x, *call)
+
+
+_dora_forward.fused_lora = True  # type: ignore[attr-defined]
+
+
+def fuse_adapter_linears(model: torch.nn.Module) -> int:
+    """Give every fusable LoRA linear layer of `model` the fused forward, and every fusable
+    DoRA one the fused DoRA forward (in place); returns how many were switched."""
+    switched = fuse_lora_linears(model)
+    for module in model.modules():
+        if fusable_dora(module):
+            module.forward = types.MethodType(_dora_forward, module)
+            switched += 1
+    return switched
