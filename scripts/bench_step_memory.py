@@ -43,6 +43,11 @@ VARIANTS: dict[str, tuple[str, float]] = {
     "fused_dropout": ("fused", 0.05),
     "grouped": ("grouped", 0.0),
     "grouped_dropout": ("grouped", 0.05),
+    # DoRA (every HiveLLM expert here): peft's layers and the fused ones
+    "dora_peft": ("peft_dora", 0.0),
+    "dora_fused": ("fused_dora", 0.0),
+    "dora_peft_dropout_gpu_mask": ("peft_gpu_mask_dora", 0.05),
+    "dora_fused_dropout": ("fused_dora", 0.05),
 }
 
 
@@ -71,19 +76,23 @@ def child(kernel: str, dropout: float, tokens: int) -> dict[str, Any]:
 
     from expert_cli.telemetry.ops import SavedForBackward
     from expert_cli.telemetry.workload import LORA_TARGETS, QWEN3_0_6B
-    from expert_cli.train.fused_lora import fuse_lora_linears
+    from expert_cli.train.fused_dora import fuse_adapter_linears
     from expert_cli.train.grouped_lora import clear_groups, group_lora_linears
     from expert_cli.train.speed import adapters_in_compute_dtype
 
+    dora = kernel.endswith("_dora")
+    kernel = kernel.removesuffix("_dora")
     torch.manual_seed(0)
     config = transformers.Qwen3Config(**QWEN3_0_6B, attn_implementation="sdpa")
     base = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     base.requires_grad_(False)
-    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=dropout, target_modules=LORA_TARGETS)
+    lora = LoraConfig(
+        r=16, lora_alpha=32, lora_dropout=dropout, target_modules=LORA_TARGETS, use_dora=dora
+    )
     model = get_peft_model(base, lora, autocast_adapter_dtype=True)
     adapters_in_compute_dtype(model)
     if kernel in ("fused", "grouped"):
-        fuse_lora_linears(model)
+        fuse_adapter_linears(model)
     if kernel == "grouped":
         group_lora_linears(model)
     if kernel == "peft_gpu_mask":
@@ -103,11 +112,13 @@ def child(kernel: str, dropout: float, tokens: int) -> dict[str, Any]:
     ):
         hidden = decoder(input_ids=ids).last_hidden_state
     layers = sum(1 for m in model.modules() if hasattr(m, "lora_A"))
+    kept = saved.storages  # while the graph that holds them is alive
     del hidden
+    nbytes = sum(kept.values())
     return {
-        "bytes": saved.nbytes,
-        "bytes_per_token": round(saved.nbytes / tokens),
-        "storages": len(saved.storages),
+        "bytes": nbytes,
+        "bytes_per_token": round(nbytes / tokens),
+        "storages": len(kept),
         "adapted_layers": layers,
         "groups_in_use": sum(g.order is not None for g in model.__dict__.get("_lora_groups", [])),
     }
@@ -117,13 +128,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--output", type=Path, default=ROOT / "bench_results" / "step_memory.json")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*VARIANTS[args.child], args.tokens)))
         return
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    if unknown := [n for n in names if n not in VARIANTS]:
+        parser.error(f"--variants: unknown {unknown}; choose from {sorted(VARIANTS)}")
     results: dict[str, Any] = {}
-    for name, (kernel, dropout) in VARIANTS.items():
+    for name in names:
+        kernel, dropout = VARIANTS[name]
         cmd = [sys.executable, __file__, "--child", name, "--tokens", str(args.tokens)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -77,6 +77,22 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         FAST + [f"{C}adapter_kernel=grouped", f"{C}dropout=0.05"],
         "fused LoRA layers grouped by input, lora dropout 0.05",
     ),
+    "dora_peft": (
+        FAST + [f"{C}adapter_kernel=peft", f"{C}adapter_type=dora"],
+        "peft's DoRA layers",
+    ),
+    "dora": (
+        FAST + [f"{C}adapter_kernel=fused", f"{C}adapter_type=dora"],
+        "fused DoRA linear layers",
+    ),
+    "dora_peft_dropout": (
+        FAST + [f"{C}adapter_kernel=peft", f"{C}adapter_type=dora", f"{C}dropout=0.05"],
+        "peft's DoRA layers, lora dropout 0.05 (HiveLLM's experts)",
+    ),
+    "dora_dropout": (
+        FAST + [f"{C}adapter_kernel=fused", f"{C}adapter_type=dora", f"{C}dropout=0.05"],
+        "fused DoRA linear layers, lora dropout 0.05",
+    ),
     "peft_int4": (
         [*(o for o in FAST if "quantization" not in o)]
         + ["base_models.0.quantization=int4", f"{C}adapter_kernel=peft"],

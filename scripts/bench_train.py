@@ -119,7 +119,22 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
         ["base_models.0.quantization=int4", f"{C}adapter_kernel=peft"],
         "QLoRA through peft's 4-bit LoRA layers",
     ),
-    "q_dora": ("cli", [f"{C}adapter_type=dora"], "DoRA"),
+    "q_dora": ("cli", [f"{C}adapter_type=dora"], "DoRA (fused on a GPU)"),
+    "q_dora_peft": (
+        "cli",
+        [f"{C}adapter_type=dora", f"{C}adapter_kernel=peft"],
+        "DoRA through peft's layers",
+    ),
+    "q_dora_hive": (
+        "cli",
+        [f"{C}adapter_type=dora", f"{C}dropout=0.05"],
+        "DoRA with lora dropout 0.05, as HiveLLM's experts (fused on a GPU)",
+    ),
+    "q_dora_hive_peft": (
+        "cli",
+        [f"{C}adapter_type=dora", f"{C}dropout=0.05", f"{C}adapter_kernel=peft"],
+        "DoRA with lora dropout 0.05 through peft's layers",
+    ),
 }
 GROUPS = {
     "table": [

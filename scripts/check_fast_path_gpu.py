@@ -226,9 +226,10 @@ def loss_timing(tokens: int = 16_384, vocab: int = 151_936, hidden: int = 1024) 
     return out
 
 
-def _lora_pair(int4: bool) -> tuple:
-    """The same LoRA model twice (r16, all linear layers, B not zero), on bf16 weights or on
-    their NF4 quantization (double quantization, bf16 compute, as `quantization: int4`)."""
+def _lora_pair(int4: bool, dora: bool = False) -> tuple:
+    """The same LoRA (or DoRA) model twice (r16, all linear layers, B not zero), on bf16
+    weights or on their NF4 quantization (double quantization, bf16 compute, as
+    `quantization: int4`)."""
     import copy
     import tempfile
 
@@ -236,7 +237,9 @@ def _lora_pair(int4: bool) -> tuple:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+    config = LoraConfig(
+        r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False, use_dora=dora
+    )
     base = _model("sdpa", torch.bfloat16).train()
     if not int4:
         torch.manual_seed(3)
@@ -260,19 +263,20 @@ def _lora_pair(int4: bool) -> tuple:
     return tuple(pair)
 
 
-def fused_lora_parity(int4: bool = False, grouped: bool = False) -> dict[str, float]:
+def fused_lora_parity(int4: bool = False, grouped: bool = False, dora: bool = False) -> dict:
     """Relative difference of the loss and of the adapter gradients, fused LoRA vs peft, on
     bf16 base layers or (`int4`) on bitsandbytes' NF4 ones; `grouped`: the fused layers that
-    read one input computed as one function (`adapter_kernel: grouped`)."""
+    read one input computed as one function (`adapter_kernel: grouped`); `dora`: DoRA layers,
+    fused against peft's."""
     import torch
 
-    from expert_cli.train.fused_lora import fuse_lora_linears
+    from expert_cli.train.fused_dora import fuse_adapter_linears
     from expert_cli.train.grouped_lora import group_lora_linears
 
     gen = torch.Generator().manual_seed(4)
     ids = torch.randint(0, 32768, (4, 1024), generator=gen).to(DEVICE)
-    plain, fused = _lora_pair(int4)
-    switched = fuse_lora_linears(fused)
+    plain, fused = _lora_pair(int4, dora)
+    switched = fuse_adapter_linears(fused)
     in_groups = group_lora_linears(fused) if grouped else 0
     if grouped:  # a first forward shows the groups their order: they group from the next
         with torch.no_grad():
@@ -536,10 +540,12 @@ def main() -> int:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:800]
             results.append({"check": "int4_timing", "ok": False, "error": error})
-    for int4, grouped in ((False, False), (True, False), (False, True), (True, True)):
-        check = ("grouped_lora" if grouped else "fused_lora") + ("_int4" if int4 else "")
+    pairs = [(i, g, False) for g in (False, True) for i in (False, True)]
+    for int4, grouped, dora in [*pairs, (False, False, True), (True, False, True)]:
+        kind = "fused_dora" if dora else "grouped_lora" if grouped else "fused_lora"
+        check = kind + ("_int4" if int4 else "")
         try:
-            parity = fused_lora_parity(int4, grouped)
+            parity = fused_lora_parity(int4, grouped, dora)
             ok = parity["loss_rel_diff"] < 2e-3 and parity["grad_rel_diff"] < 5e-2
             ok = ok and parity["layers_fused"] > 0 and (parity["groups_in_use"] > 0) == grouped
             results.append({"check": check, **parity, "ok": ok})

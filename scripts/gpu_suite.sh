@@ -11,7 +11,7 @@
 #   bash scripts/gpu_suite.sh single                # one call without flash-attention 4, when
 #                                                   #   the time left is short: .carry/common +
 #                                                   #   .carry/unsloth + .carry/expert
-#   bash scripts/gpu_suite.sh prompts               # a call of its own (about 2 minutes):
+#   bash scripts/gpu_suite.sh hive                  # a call of its own (about 5 minutes):
 #                                                   #   .carry/common + .carry/expert +
 #                                                   #   .carry/explain
 #
@@ -25,12 +25,13 @@
 #       layers, lora dropout and HiveLLM's 8 x 4 with its micro-batch probed (e_default is
 #       the same 8 rows a micro-step), Unsloth (d), and a profile of the step; each
 #       under its own time limit so that the call ends inside the device's 10 minutes.
-# prompts: on the prompt-heavy expert (86% of its tokens an untrained prompt, as in HiveLLM's
-#       SQL, JSON and Cypher experts), the default (the LM head on the trained tokens alone)
-#       against the head on every token.
+# hive: HiveLLM's experts as they are: on the prompt-heavy expert (86% of its tokens an
+#       untrained prompt, as in the SQL, JSON and Cypher experts), the default (the LM head on
+#       the trained tokens alone) against the head on every token; then DoRA with lora dropout
+#       0.05 (every HiveLLM expert's adapter), fused against peft's layers, and without dropout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: gpu_suite.sh prep|main|single|auto|prompts}
+STAGE=${1:?usage: gpu_suite.sh prep|main|single|auto|hive}
 OUT=${OUT:-bench_results/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=true
@@ -81,7 +82,7 @@ if [ "$STAGE" != auto ]; then  # the auto stage's variants build the cache thems
   python3 -c "import transformers, peft, datasets; print('imported:', transformers.__version__, peft.__version__, datasets.__version__)"
 } > "$OUT/env-$STAGE.txt" 2>&1
 cat "$OUT/env-$STAGE.txt"
-if [ -f "$EXPERT/manifest.json" ] && [ "$STAGE" != prompts ]; then
+if [ -f "$EXPERT/manifest.json" ] && [ "$STAGE" != hive ]; then
   log "pretokenize"
   python3 -m expert_cli.cli pretokenize --manifest "$EXPERT/manifest.json" 2>&1 | tail -3
 fi
@@ -98,11 +99,13 @@ if [ "$STAGE" = auto ]; then  # what little device time is left: the batch probe
   bench auto 200 --variants f_fused_auto,f_batch_auto --steps 25
   log "done"; exit 0
 fi
-if [ "$STAGE" = prompts ]; then
+if [ "$STAGE" = hive ]; then
   if [ -d "$EXPLAIN/model" ]; then
     EXPERT=$EXPLAIN bench prompts 150 --variants e_default,f_loss_every_token --steps 25
+    EXPERT=$EXPLAIN bench dora 280 --variants q_dora_hive,q_dora_hive_peft,q_dora,q_dora_peft \
+      --steps 25
   else
-    log "prompts: the prompt-heavy expert or its model folder is not on this machine"
+    log "hive: the prompt-heavy expert or its model folder is not on this machine"
   fi
   log "done"; exit 0
 fi

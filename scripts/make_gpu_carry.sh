@@ -14,7 +14,7 @@
 #                                call carries 63 MB of its 64 MiB)
 #   .carry/explain/expert.tar.xz the prompt-heavy benchmark expert (make_bench_expert.py --task
 #                                explain: the code as the prompt), its data and manifest; it
-#                                reads the first expert's model folder (gpu_suite.sh prompts)
+#                                reads the first expert's model folder (gpu_suite.sh hive)
 #   .carry/unsloth/site.tar.xz   Unsloth and what it pins apart from expert-cli's stack (TRL
 #                                1.15, datasets 4.3; transformers 5.17 is the machine's own),
 #                                unpacked to its own folder for bench_train.py's d_unsloth
