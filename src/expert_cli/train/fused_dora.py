@@ -33,24 +33,25 @@ peft's forward. The dropout mask is drawn as the fused LoRA linear draws it.
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from bitsandbytes.nn import Linear4bit
 from peft.tuners.lora.variants import DoraLinearVariant
 
 from expert_cli.train.fused_lora import (
     _as,
-    _compute_dtype,
     _dense,
     _dropped,
     active_adapter,
+    compute_operands,
     fusable,
     fuse_lora_linears,
+    fused_forward,
+    layer_output,
     outside_autocast,
     scale_dropout,
+    switch_forwards,
 )
 
 
@@ -82,11 +83,8 @@ class DoraLinearFunction(torch.autograd.Function):
         probability (0 when the layer is not training)."""
         base, scaling, dropout = layer
         weight, bias = base.weight, base.bias
-        quant_state = weight.quant_state if isinstance(base, Linear4bit) else None
-        dtype = _compute_dtype(x)
-        x2 = _as(x.reshape(-1, x.shape[-1]), dtype)
-        w = _dense(weight, quant_state, dtype)
-        a, b = _as(lora_a, dtype), _as(lora_b, dtype)
+        x2, w, (a, b), quant_state = compute_operands(x, base, (lora_a, lora_b))
+        dtype = x2.dtype
         norms = _row_norms(w, a, b, scaling)  # fp32
         c = magnitude.detach().float() / norms
         b_c = _scaled(b, c, dtype)
@@ -108,11 +106,7 @@ class DoraLinearFunction(torch.autograd.Function):
             y.addmm_(xa, b_c.t(), alpha=scaling)
             kept = y  # y - b = c z
         ctx.save_for_backward(x2, xa, weight, a, b_c, magnitude, c, norms, mask, kept, bias)
-        ctx.scaling, ctx.x_shape, ctx.x_dtype = scaling, x.shape, x.dtype
-        ctx.quant_state, ctx.keep_scale = quant_state, keep
-        if quant_state is not None:  # in the input's dtype, as bitsandbytes' layer gives it
-            y = _as(y, x.dtype)
-        return y.view(*x.shape[:-1], w.shape[0])
+        return layer_output(ctx, x, y, quant_state, (scaling, keep))
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -193,23 +187,11 @@ def dora_call(self: torch.nn.Module, args: tuple, kwargs: dict) -> tuple | None:
     return *weights, magnitude, (self.base_layer, *scale_dropout(self, name))
 
 
-def _dora_forward(self: torch.nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    """The fused DoRA function, or peft's forward where the call is not DoRA of one adapter."""
-    call = dora_call(self, args, kwargs)
-    if call is None:
-        return type(self).forward(self, x, *args, **kwargs)
-    return DoraLinearFunction.apply(x, *call)
-
-
-_dora_forward.fused_lora = True  # type: ignore[attr-defined]
+# the fused DoRA function, or peft's forward where the call is not DoRA of one adapter
+_dora_forward = fused_forward(dora_call, DoraLinearFunction)
 
 
 def fuse_adapter_linears(model: torch.nn.Module) -> int:
     """Give every fusable LoRA linear layer of `model` the fused forward, and every fusable
     DoRA one the fused DoRA forward (in place); returns how many were switched."""
-    switched = fuse_lora_linears(model)
-    for module in model.modules():
-        if fusable_dora(module):
-            module.forward = types.MethodType(_dora_forward, module)
-            switched += 1
-    return switched
+    return fuse_lora_linears(model) + switch_forwards(model, fusable_dora, _dora_forward)

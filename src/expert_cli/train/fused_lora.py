@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -96,16 +97,8 @@ class LoraLinearFunction(torch.autograd.Function):
         training)."""
         scaling, dropout = scale_dropout
         weight, bias = base.weight, base.bias
-        quant_state = weight.quant_state if isinstance(base, Linear4bit) else None
-        # every operand is cast to the compute dtype here, which is autocast's own when it is
-        # on: its casts find nothing to do, so it is left on (entering a context to turn it
-        # off costs host time at each of 196 layers, forward and backward). A cast is asked
-        # for only where the dtype differs: on a launch-bound GPU step the host's time per
-        # call counts, and a cast to the same dtype still costs a call
-        dtype = _compute_dtype(x)
-        x2 = _as(x.reshape(-1, x.shape[-1]), dtype)
-        w = _dense(weight, quant_state, dtype)
-        a, b = _as(lora_a, dtype), _as(lora_b, dtype)
+        x2, w, (a, b), quant_state = compute_operands(x, base, (lora_a, lora_b))
+        dtype = x2.dtype
         d, mask, keep = x2, None, 1.0
         if dropout > 0:
             keep = 1.0 / (1.0 - dropout)
@@ -119,15 +112,45 @@ class LoraLinearFunction(torch.autograd.Function):
         # input and the mask, not the dropped input (a 4-bit weight is kept packed, with its
         # quantization state)
         ctx.save_for_backward(x2, xa, weight, a, b, mask)
-        ctx.scaling, ctx.x_shape, ctx.x_dtype = scaling, x.shape, x.dtype
-        ctx.quant_state, ctx.keep_scale = quant_state, keep
-        if quant_state is not None:  # in the input's dtype, as bitsandbytes' layer gives it
-            y = _as(y, x.dtype)
-        return y.view(*x.shape[:-1], w.shape[0])
+        return layer_output(ctx, x, y, quant_state, (scaling, keep))
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return outside_autocast(dy.device.type, _backward, ctx, dy)
+
+
+def compute_operands(x: torch.Tensor, base: torch.nn.Module, adapters: tuple) -> tuple:
+    """(x as [tokens, in], the base weight dense, the `adapters` weights), all in the compute
+    dtype, and the base weight's 4-bit quantization state (None unless 4-bit). Every operand
+    is cast to the compute dtype here, which is autocast's own when it is on: its casts find
+    nothing to do, so it is left on (entering a context to turn it off costs host time at
+    each of 196 layers, forward and backward). A cast is asked for only where the dtype
+    differs: on a launch-bound GPU step the host's time per call counts, and a cast to the
+    same dtype still costs a call."""
+    weight = base.weight
+    quant_state = weight.quant_state if isinstance(base, Linear4bit) else None
+    dtype = _compute_dtype(x)
+    x2 = _as(x.reshape(-1, x.shape[-1]), dtype)
+    return (
+        x2,
+        _dense(weight, quant_state, dtype),
+        tuple(_as(t, dtype) for t in adapters),
+        quant_state,
+    )
+
+
+def layer_output(
+    ctx: Any, x: torch.Tensor, y: torch.Tensor, quant_state: Any, scale_keep: tuple
+) -> torch.Tensor:
+    """`y` ([tokens, out]) as the layer's output for input `x`, with what the backward reads
+    of the call kept on `ctx`: the adapter's scale, the dropout's keep-scale, x's shape and
+    dtype and the 4-bit weight's quantization state. A 4-bit layer's output is in the
+    input's dtype, as bitsandbytes' layer gives it."""
+    ctx.scaling, ctx.keep_scale = scale_keep
+    ctx.x_shape, ctx.x_dtype, ctx.quant_state = x.shape, x.dtype, quant_state
+    if quant_state is not None:
+        y = _as(y, x.dtype)
+    return y.view(*x.shape[:-1], y.shape[-1])
 
 
 def outside_autocast(device: str, backward: Any, *args: Any) -> Any:
@@ -247,15 +270,22 @@ def fused_call(self: LoraLinear, args: tuple, kwargs: dict) -> tuple | None:
     return self.base_layer, *weights, scale_dropout(self, name)
 
 
-def _fused_forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    """The fused function, or peft's forward where the call is not plain LoRA of one adapter."""
-    call = fused_call(self, args, kwargs)
-    if call is None:
-        return type(self).forward(self, x, *args, **kwargs)
-    return LoraLinearFunction.apply(x, *call)
+def fused_forward(call: Callable[..., tuple | None], function: type) -> Callable[..., Any]:
+    """A layer's forward that runs the autograd `function` on the input and what `call`
+    gives for the call, or the layer's own (peft's) forward where `call` gives None."""
+
+    def forward(self: torch.nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        arguments = call(self, args, kwargs)
+        if arguments is None:
+            return type(self).forward(self, x, *args, **kwargs)
+        return function.apply(x, *arguments)
+
+    forward.fused_lora = True  # type: ignore[attr-defined]
+    return forward
 
 
-_fused_forward.fused_lora = True  # type: ignore[attr-defined]
+# the fused function, or peft's forward where the call is not plain LoRA of one adapter
+_fused_forward = fused_forward(fused_call, LoraLinearFunction)
 
 
 def is_fused(module: torch.nn.Module) -> bool:
@@ -273,10 +303,17 @@ def runs_plain_fused(module: torch.nn.Module) -> bool:
 def fuse_lora_linears(model: torch.nn.Module) -> int:
     """Give every fusable LoRA linear layer of `model` the fused forward (in place); returns
     how many were switched."""
+    return switch_forwards(model, fusable, _fused_forward)
+
+
+def switch_forwards(
+    model: torch.nn.Module, fits: Callable[[torch.nn.Module], bool], forward: Callable
+) -> int:
+    """Give every module of `model` that `fits` the `forward` (in place); how many."""
     switched = 0
     for module in model.modules():
-        if fusable(module):
-            module.forward = types.MethodType(_fused_forward, module)
+        if fits(module):
+            module.forward = types.MethodType(forward, module)
             switched += 1
     return switched
 
