@@ -193,29 +193,53 @@ def test_4bit_dora_layers_are_fused_to_peft_loss_and_gradients(tiny_model_dir: P
 
 
 def test_what_is_not_fused_runs_peft(tiny_model_dir: Path) -> None:
-    """A base weight with a row of zeros (a magnitude of 0, whose gradient the output does
-    not give) and a layer with a second adapter keep peft's forward."""
-    model = lora_model(tiny_model_dir, use_dora=True)
-    layer = model.base_model.model.model.layers[0].self_attn.q_proj
-    with torch.no_grad():
-        layer.base_layer.weight[3] = 0.0
-        layer.lora_magnitude_vector["default"].weight[3] = 0.0  # its norm, as peft starts it
-    assert not fusable_dora(layer)
-    assert fuse_adapter_linears(model) == 13 and not is_fused(layer)
+    """A layer with a second adapter keeps peft's forward."""
     two = lora_model(tiny_model_dir, use_dora=True)
     two.add_adapter("other", LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
     assert fuse_adapter_linears(two) == 12  # the q_proj layers hold two adapters
+    layer = two.base_model.model.model.layers[0].self_attn.q_proj
+    assert not fusable_dora(layer) and not is_fused(layer)
 
 
-def test_a_zero_magnitude_reached_in_training_gets_no_nan() -> None:
-    fused = _dora_layer(bias=True)
-    fuse_adapter_linears(fused)
-    magnitude = fused.base_model.model.proj.lora_magnitude_vector["default"].weight
+def test_a_zero_magnitude_gets_peft_gradient() -> None:
+    """A magnitude at 0 (its output the bias alone) still gets colsum(dy z) / n."""
+    plain = _dora_layer(bias=True)
     with torch.no_grad():
-        magnitude[5] = 0.0
-    _, _, grads = _run(fused, torch.randn(2, 3, 16))
-    assert all(torch.isfinite(g).all() for g in grads.values())
-    assert grads[next(n for n in grads if "magnitude" in n)][5] == 0
+        plain.base_model.model.proj.lora_magnitude_vector["default"].weight[5] = 0.0
+    fused = copy.deepcopy(plain)
+    fuse_adapter_linears(fused)
+    x = torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(8))
+    want, got = _run(plain, x), _run(fused, x)
+    _assert_same(want, got)
+    magnitude = next(g for n, g in got[2].items() if "magnitude" in n)
+    assert magnitude[5] != 0
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_an_output_written_over_after_the_forward_changes_no_gradient(dropout: float) -> None:
+    """The next layer may write over what it keeps, the layer's output among it: Liger's
+    SwiGLU backward stores the gate's and up projection's gradients in their outputs (a
+    Triton write: no version bump, as `.data` here). The gradients stay peft's."""
+    fused = _dora_layer(bias=False, dropout=dropout)
+    plain = copy.deepcopy(fused)
+    fuse_adapter_linears(fused)
+    x = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(6))
+    results = []
+    for model in (plain, fused):
+        torch.manual_seed(4)
+        if model is plain and dropout:
+            mask = torch.empty(15, 16, dtype=torch.bool).bernoulli_(1 - dropout)
+            plain.base_model.model.proj.lora_dropout["default"] = _FixedMask(mask, dropout)
+        xx = x.clone().requires_grad_(True)
+        y = model(xx)
+        dy = torch.linspace(-1, 1, y.shape[-1]).expand_as(y)
+        squared = y * y  # keeps y, as SwiGLU keeps its inputs
+        y.data.copy_(torch.full_like(y, 7.0))  # written over, unseen by autograd
+        torch.autograd.backward([squared], [dy])
+        results.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    want, got = results
+    for name, grad in want.items():  # y * y's gradient reads the written y: equal for both
+        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_the_manifest_trains_dora_fused_to_peft_losses(

@@ -9,26 +9,24 @@ c = m / n and d the dropped input:
 
 Each term is an activation-sized tensor scaled and added in a pass of its own, forward and
 backward, and under bf16 autocast they come out in fp32 (the magnitude is fp32: the products
-are promoted), so what follows reads fp32 activations. HiveLLM's experts are DoRA. Here, with
-W_c = c W and B_c = c B (weight-sized, computed in fp32, written once in the compute dtype),
-and z = d W^T + s xa B^T:
+are promoted), so what follows reads fp32 activations; B A is built every forward by passing
+an identity matrix of the input's width through both adapter weights. HiveLLM's experts are
+DoRA. Here, with z = d W^T + s xa B^T (xa = d A^T) accumulated by its GEMMs, and c applied to
+weights (W_c = c W, B_c = c B: weight-sized, computed in fp32, written in the compute dtype):
 
-    no dropout (d = x):  xa = x A^T;  y = x W_c^T + b;  y += s xa B_c^T    (y - b = c z)
-    with dropout:        xa = d A^T;  z = d W^T;  z += s xa B^T
-                         y = x W^T + b;  y += s xa B^T;  y += (c - 1) * z
+    no dropout (d = x):  y = c * z + b                               (one pass over z)
+    with dropout:        y = x W^T + b;  y += s xa B^T;  y += (c - 1) * z
 
     g  = dy B_c                       dA = s g^T d;    dB = s c * (dy^T xa)
     dx = dy W_c;  dx += s g A         (no dropout)
     dx = dy W;    dx += k M * (dy W_{c-1} + s g A)    (dropout: mask M, keep-scale k)
-    dm = colsum(dy * z) / n           (no dropout: colsum(dy * (y - b)) / m, from the output)
+    dm = colsum(dy * z) / n
 
-Without dropout no activation-sized pass is added to the fused LoRA linear's GEMMs but the
-magnitude's column sums in the backward; the output itself is kept for them (the next layer
-often keeps it anyway). With dropout the base weight meets both x and d, in the forward and
-in the backward, as in peft's layer, and z is kept. A magnitude of exactly 0 gets no gradient
-here (its output is the bias alone, whatever z was); it starts at the weight's row norm and is
-not decayed, so only a row of zeros in the base weight starts there, and such a layer keeps
-peft's forward. The dropout mask is drawn as the fused LoRA linear draws it.
+z is kept for the magnitude's gradient. The output y, from which z could be had, is not: the
+next layer may write over what it keeps (Liger's SwiGLU backward writes the gate's and the
+up projection's gradients into their outputs). With dropout the base weight meets both x and
+d, in the forward and in the backward, as in peft's layer. The dropout mask is drawn as the
+fused LoRA linear draws it.
 """
 
 from __future__ import annotations
@@ -88,24 +86,22 @@ class DoraLinearFunction(torch.autograd.Function):
         norms = _row_norms(w, a, b, scaling)  # fp32
         c = magnitude.detach().float() / norms
         b_c = _scaled(b, c, dtype)
-        bias = None if bias is None else _as(bias, dtype)
-        mask, keep, kept = None, 1.0, None
+        mask, keep, d = None, 1.0, x2
         if dropout > 0:
             keep = 1.0 / (1.0 - dropout)
             mask = torch.empty_like(x2, dtype=torch.bool).bernoulli_(1.0 - dropout)
             d = _dropped(x2, mask, keep)
-            xa = F.linear(d, a)
-            kept = F.linear(d, w)  # z
-            kept.addmm_(xa, b.t(), alpha=scaling)
-            y = F.linear(x2, w, bias)
+        xa = F.linear(d, a)
+        z = F.linear(d, w)
+        z.addmm_(xa, b.t(), alpha=scaling)
+        if mask is None:  # y = c z + b
+            y = torch.empty_like(z)
+            torch.mul(z, c, out=y) if bias is None else torch.addcmul(bias, z, c, out=y)
+        else:  # y = x W^T + b + s xa B^T + (c - 1) z
+            y = F.linear(x2, w, None if bias is None else _as(bias, dtype))
             y.addmm_(xa, b.t(), alpha=scaling)
-            y.addcmul_(kept, (c - 1.0)[None, :])
-        else:
-            xa = F.linear(x2, a)
-            y = F.linear(x2, _scaled(w, c, dtype), bias)
-            y.addmm_(xa, b_c.t(), alpha=scaling)
-            kept = y  # y - b = c z
-        ctx.save_for_backward(x2, xa, weight, a, b_c, magnitude, c, norms, mask, kept, bias)
+            y.addcmul_(z, c - 1.0)
+        ctx.save_for_backward(x2, xa, weight, a, b_c, c, norms, mask, z)
         return layer_output(ctx, x, y, quant_state, (scaling, keep))
 
     @staticmethod
@@ -115,7 +111,7 @@ class DoraLinearFunction(torch.autograd.Function):
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """DoraLinearFunction's backward."""
-    x2, xa, weight, a, b_c, magnitude, c, norms, mask, kept, bias = ctx.saved_tensors
+    x2, xa, weight, a, b_c, c, norms, mask, z = ctx.saved_tensors
     s = ctx.scaling
     dtype = x2.dtype
     dy2 = _as(dy.reshape(-1, dy.shape[-1]), dtype)
@@ -138,42 +134,18 @@ def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         d_a = torch.addmm(a, g.t(), d, beta=0, alpha=s)
     if ctx.needs_input_grad[2]:  # fp32: c is
         d_b = torch.mul(torch.addmm(b_c, dy2.t(), xa, beta=0, alpha=s), c[:, None])
-    if ctx.needs_input_grad[3]:
-        d_m = _magnitude_grad(dy2, kept, bias, magnitude, norms, mask is None)
+    if ctx.needs_input_grad[3]:  # colsum(dy z) / n, in fp32
+        d_m = (dy2 * z).sum(0, dtype=torch.float32) / norms
     return dx, d_a, d_b, d_m, None
-
-
-def _magnitude_grad(
-    dy2: torch.Tensor,
-    kept: torch.Tensor,
-    bias: torch.Tensor | None,
-    magnitude: torch.Tensor,
-    norms: torch.Tensor,
-    from_output: bool,
-) -> torch.Tensor:
-    """colsum(dy z) / n: `kept` is z (dropout), or the output y = c z + b, when
-    colsum(dy (y - b)) / m is the same (0 where m is 0: y - b is 0 there, z not known)."""
-    dots = (dy2 * kept).sum(0, dtype=torch.float32)
-    if not from_output:
-        return dots / norms
-    m = magnitude.detach().float()
-    if bias is not None:
-        dots = dots - dy2.sum(0, dtype=torch.float32) * bias.float()
-    return torch.where(m == 0, 0.0, dots / m)
 
 
 def fusable_dora(module: torch.nn.Module) -> bool:
     """DoRA with one adapter (dropout or none) on a frozen nn.Linear or a bitsandbytes 4-bit
-    linear, its magnitude in a layer of peft's, and no row of the base weight all zeros (a
-    magnitude of 0, whose gradient the output does not give)."""
-    if not fusable(module, DoraLinearVariant):
+    linear, its magnitude in a layer of peft's."""
+    if not fusable(module, DoraLinearVariant) or getattr(module, "ephemeral_gpu_offload", False):
         return False
-    name = next(iter(module.lora_A.keys()))
-    layer = module.lora_magnitude_vector[name]
-    magnitude = getattr(layer, "weight", None)
-    if not isinstance(magnitude, torch.Tensor) or getattr(module, "ephemeral_gpu_offload", False):
-        return False
-    return bool((magnitude.detach() != 0).all())
+    layer = module.lora_magnitude_vector[next(iter(module.lora_A.keys()))]
+    return isinstance(getattr(layer, "weight", None), torch.Tensor)
 
 
 def dora_call(self: torch.nn.Module, args: tuple, kwargs: dict) -> tuple | None:
