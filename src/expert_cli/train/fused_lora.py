@@ -22,8 +22,9 @@ bytes an element in bf16 on a GPU); here the projections that read one input (q,
 gate and up) keep that x once, beside a mask each.
 
 Only plain LoRA on a frozen `nn.Linear` base, or on a bitsandbytes 4-bit one (QLoRA), is fused
-(no DoRA or other variant, one active adapter, not merged); any other layer, or a call with
-adapters disabled or merged, runs peft's own forward. A 4-bit base's weight W is dequantized
+here (one active adapter, not merged; DoRA has a function of its own, train/fused_dora.py, and
+other variants none); any other layer, or a call with adapters disabled or merged, runs peft's
+own forward. A 4-bit base's weight W is dequantized
 where it is used, in the forward and again in the backward (nothing of its size is kept
 between them: the point of a 4-bit base is its memory), as bitsandbytes' own matmul does for
 a training-sized batch; peft's 4-bit layer adds a copy of the base output besides. The
