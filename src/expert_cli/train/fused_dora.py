@@ -45,7 +45,7 @@ from expert_cli.train.fused_lora import (
     compute_operands,
     fusable,
     fuse_lora_linears,
-    fused_forward,
+    fused_layer_forward,
     layer_output,
     outside_autocast,
     scale_dropout,
@@ -80,9 +80,9 @@ class DoraLinearFunction(torch.autograd.Function):
         """`layer`: the frozen base layer, the adapter's scale and its input's dropout
         probability (0 when the layer is not training)."""
         base, scaling, dropout = layer
-        weight, bias = base.weight, base.bias
         x2, w, (a, b), quant_state = compute_operands(x, base, (lora_a, lora_b))
         dtype = x2.dtype
+        bias = None if base.bias is None else _as(base.bias, dtype)
         norms = _row_norms(w, a, b, scaling)  # fp32
         c = magnitude.detach().float() / norms
         b_c = _scaled(b, c, dtype)
@@ -98,10 +98,10 @@ class DoraLinearFunction(torch.autograd.Function):
             y = torch.empty_like(z)
             torch.mul(z, c, out=y) if bias is None else torch.addcmul(bias, z, c, out=y)
         else:  # y = x W^T + b + s xa B^T + (c - 1) z
-            y = F.linear(x2, w, None if bias is None else _as(bias, dtype))
+            y = F.linear(x2, w, bias)
             y.addmm_(xa, b.t(), alpha=scaling)
             y.addcmul_(z, c - 1.0)
-        ctx.save_for_backward(x2, xa, weight, a, b_c, c, norms, mask, z)
+        ctx.save_for_backward(x2, xa, base.weight, a, b_c, c, norms, mask, z)
         return layer_output(ctx, x, y, quant_state, (scaling, keep))
 
     @staticmethod
@@ -116,9 +116,9 @@ def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     dtype = x2.dtype
     dy2 = _as(dy.reshape(-1, dy.shape[-1]), dtype)
     g = dy2 @ b_c
-    w = _dense(weight, ctx.quant_state, dtype)
     dx = None
     if ctx.needs_input_grad[0]:
+        w = _dense(weight, ctx.quant_state, dtype)  # dequantized only where it is used
         if mask is None:
             dx = dy2 @ _scaled(w, c, dtype)
             dx.addmm_(g, a, alpha=s)
@@ -160,7 +160,7 @@ def dora_call(self: torch.nn.Module, args: tuple, kwargs: dict) -> tuple | None:
 
 
 # the fused DoRA function, or peft's forward where the call is not DoRA of one adapter
-_dora_forward = fused_forward(dora_call, DoraLinearFunction)
+_dora_forward = fused_layer_forward(dora_call, DoraLinearFunction)
 
 
 def fuse_adapter_linears(model: torch.nn.Module) -> int:

@@ -271,7 +271,7 @@ def fused_call(self: LoraLinear, args: tuple, kwargs: dict) -> tuple | None:
     return self.base_layer, *weights, scale_dropout(self, name)
 
 
-def fused_forward(call: Callable[..., tuple | None], function: type) -> Callable[..., Any]:
+def fused_layer_forward(call: Callable[..., tuple | None], function: type) -> Callable[..., Any]:
     """A layer's forward that runs the autograd `function` on the input and what `call`
     gives for the call, or the layer's own (peft's) forward where `call` gives None."""
 
@@ -286,7 +286,7 @@ def fused_forward(call: Callable[..., tuple | None], function: type) -> Callable
 
 
 # the fused function, or peft's forward where the call is not plain LoRA of one adapter
-_fused_forward = fused_forward(fused_call, LoraLinearFunction)
+_fused_forward = fused_layer_forward(fused_call, LoraLinearFunction)
 
 
 def is_fused(module: torch.nn.Module) -> bool:

@@ -216,8 +216,8 @@ def summed_linear_cross_entropy(
 # False: `liger` runs Liger's own fused function, host syncs and all (scripts/bench_train.py
 # measures the two against each other)
 LIGER_LOOP = True
-# False: the LM head runs on every token, as before loss positions (scripts/bench_train.py's
-# f_loss_every_token measures the two against each other)
+# False: the collator passes no loss positions, so the LM head runs on every token, as before
+# them (scripts/bench_train.py's f_loss_every_token measures the two against each other)
 TRAINED_ROWS_ONLY = True
 
 
@@ -345,7 +345,7 @@ def fused_forward(self: Any, input_ids: Any = None, labels: Any = None, **kwargs
         self.lm_head.weight,
         labels,
         num_items,
-        positions if TRAINED_ROWS_ONLY else None,
+        positions,
     )
     return CausalLMOutputWithPast(loss=loss, **{CACHE_FIELD: getattr(out, CACHE_FIELD, None)})
 
