@@ -58,39 +58,33 @@ QUICK = [
     f"{C}evaluation_strategy=no",
 ]
 
+DROPOUT = f"{C}dropout=0.05"  # HiveLLM's experts' lora dropout
+DORA = f"{C}adapter_type=dora"
+
+
+def _kernel(kernel: str, *more: str) -> list[str]:
+    """The fast path's choices with adapter_kernel `kernel` and `more` overrides."""
+    return [*FAST, f"{C}adapter_kernel={kernel}", *more]
+
+
 VARIANTS: dict[str, tuple[list[str], str]] = {
-    "peft": (FAST + [f"{C}adapter_kernel=peft"], "peft's LoRA layers (the default)"),
-    "fused": (FAST + [f"{C}adapter_kernel=fused"], "fused LoRA linear layers"),
-    "grouped": (
-        FAST + [f"{C}adapter_kernel=grouped"],
-        "fused LoRA layers, those that read one input as one function",
-    ),
-    "peft_dropout": (
-        FAST + [f"{C}adapter_kernel=peft", f"{C}dropout=0.05"],
-        "peft's LoRA layers, lora dropout 0.05",
-    ),
-    "fused_dropout": (
-        FAST + [f"{C}adapter_kernel=fused", f"{C}dropout=0.05"],
-        "fused LoRA linear layers, lora dropout 0.05",
-    ),
+    "peft": (_kernel("peft"), "peft's LoRA layers (the default)"),
+    "fused": (_kernel("fused"), "fused LoRA linear layers"),
+    "grouped": (_kernel("grouped"), "fused LoRA layers, those that read one input as one function"),
+    "peft_dropout": (_kernel("peft", DROPOUT), "peft's LoRA layers, lora dropout 0.05"),
+    "fused_dropout": (_kernel("fused", DROPOUT), "fused LoRA linear layers, lora dropout 0.05"),
     "grouped_dropout": (
-        FAST + [f"{C}adapter_kernel=grouped", f"{C}dropout=0.05"],
+        _kernel("grouped", DROPOUT),
         "fused LoRA layers grouped by input, lora dropout 0.05",
     ),
-    "dora_peft": (
-        FAST + [f"{C}adapter_kernel=peft", f"{C}adapter_type=dora"],
-        "peft's DoRA layers",
-    ),
-    "dora": (
-        FAST + [f"{C}adapter_kernel=fused", f"{C}adapter_type=dora"],
-        "fused DoRA linear layers",
-    ),
+    "dora_peft": (_kernel("peft", DORA), "peft's DoRA layers"),
+    "dora": (_kernel("fused", DORA), "fused DoRA linear layers"),
     "dora_peft_dropout": (
-        FAST + [f"{C}adapter_kernel=peft", f"{C}adapter_type=dora", f"{C}dropout=0.05"],
+        _kernel("peft", DORA, DROPOUT),
         "peft's DoRA layers, lora dropout 0.05 (HiveLLM's experts)",
     ),
     "dora_dropout": (
-        FAST + [f"{C}adapter_kernel=fused", f"{C}adapter_type=dora", f"{C}dropout=0.05"],
+        _kernel("fused", DORA, DROPOUT),
         "fused DoRA linear layers, lora dropout 0.05",
     ),
     "peft_int4": (

@@ -41,6 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "experts" / "demo"
 WARMUP_STEPS = 10  # steps left out of throughput (allocator, autotuning, compilation)
 C = "training.config."
+PEFT = f"{C}adapter_kernel=peft"
+DROPOUT = f"{C}dropout=0.05"  # HiveLLM's experts' lora dropout
+DORA = f"{C}adapter_type=dora"
+INT4 = "base_models.0.quantization=int4"
 
 # name -> (kind, --set overrides for the CLI variants, what it shows)
 VARIANTS: dict[str, tuple[str, list[str], str]] = {
@@ -79,7 +83,7 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
     ),
     "f_adapters_fp32": ("cli", [f"{C}adapter_precision=fp32"], "peft's fp32 adapter inputs"),
     "f_adapters_fused": ("cli", [f"{C}adapter_kernel=fused"], "fused LoRA linear layers"),
-    "f_adapters_peft": ("cli", [f"{C}adapter_kernel=peft"], "peft's LoRA layers"),
+    "f_adapters_peft": ("cli", [PEFT], "peft's LoRA layers"),
     "f_adapters_grouped": (
         "cli",
         [f"{C}adapter_kernel=grouped"],
@@ -95,12 +99,8 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
         [f"{C}adapter_kernel=fused", f"{C}batch_size=auto"],
         "fused LoRA linear layers, rows from the memory probe",
     ),
-    "f_dropout": ("cli", [f"{C}dropout=0.05"], "lora dropout 0.05 (HiveLLM's usual), fused"),
-    "f_dropout_peft": (
-        "cli",
-        [f"{C}dropout=0.05", f"{C}adapter_kernel=peft"],
-        "lora dropout 0.05 through peft's layers",
-    ),
+    "f_dropout": ("cli", [DROPOUT], "lora dropout 0.05 (HiveLLM's usual), fused"),
+    "f_dropout_peft": ("cli", [DROPOUT, PEFT], "lora dropout 0.05 through peft's layers"),
     "f_batch_8x4": (
         "cli",
         [f"{C}gradient_accumulation_steps=4"],
@@ -113,26 +113,18 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
     ),
     "f_batch_16": ("cli", [f"{C}batch_size=16"], "16 rows per step"),
     "f_batch_32": ("cli", [f"{C}batch_size=32"], "32 rows per step"),
-    "q_int4": ("cli", ["base_models.0.quantization=int4"], "QLoRA: NF4 base, bf16 compute"),
-    "q_int4_peft": (
-        "cli",
-        ["base_models.0.quantization=int4", f"{C}adapter_kernel=peft"],
-        "QLoRA through peft's 4-bit LoRA layers",
-    ),
-    "q_dora": ("cli", [f"{C}adapter_type=dora"], "DoRA (fused on a GPU)"),
-    "q_dora_peft": (
-        "cli",
-        [f"{C}adapter_type=dora", f"{C}adapter_kernel=peft"],
-        "DoRA through peft's layers",
-    ),
+    "q_int4": ("cli", [INT4], "QLoRA: NF4 base, bf16 compute"),
+    "q_int4_peft": ("cli", [INT4, PEFT], "QLoRA through peft's 4-bit LoRA layers"),
+    "q_dora": ("cli", [DORA], "DoRA (fused on a GPU)"),
+    "q_dora_peft": ("cli", [DORA, PEFT], "DoRA through peft's layers"),
     "q_dora_hive": (
         "cli",
-        [f"{C}adapter_type=dora", f"{C}dropout=0.05"],
+        [DORA, DROPOUT],
         "DoRA with lora dropout 0.05, as HiveLLM's experts (fused on a GPU)",
     ),
     "q_dora_hive_peft": (
         "cli",
-        [f"{C}adapter_type=dora", f"{C}dropout=0.05", f"{C}adapter_kernel=peft"],
+        [DORA, DROPOUT, PEFT],
         "DoRA with lora dropout 0.05 through peft's layers",
     ),
 }
