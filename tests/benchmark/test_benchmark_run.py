@@ -543,3 +543,26 @@ def test_a_gpu_nvml_loses_ends_the_sampling_and_stops_the_command() -> None:
     assert report["gpu_error"] == "GPU 0: NVML says GPU is lost"
     assert report["exit_code"] == 130  # stopped by the SIGINT Command.stop sends first
     assert _command_line(report).startswith("sampling ended: GPU 0: NVML says GPU is lost;")
+
+
+def test_workload_takes_the_kernels_train_takes_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`benchmark --workload` runs the step `train` would run on this machine: on a GPU
+    machine (its facts given, the step on the CPU) the fused LoRA linear and the chunked
+    loss where liger-kernel is missing, and the same losses as peft's layers with the
+    standard loss."""
+    from expert_cli.config.environment import Environment
+    from expert_cli.telemetry.workload import get_workload
+    from expert_cli.train import workload
+
+    spec = get_workload("tiny")
+    losses = {}
+    for gpu in (False, True):
+        env = Environment(gpu_count=int(gpu), cpu_count=2, bf16=gpu)
+        monkeypatch.setattr(workload, "probe_environment", lambda env=env: env)
+        step, info = workload.build_fast_step(spec)
+        losses[gpu] = [step().item() for _ in range(3)]
+        kernels = (info["attention"], info["fused_loss"], info["adapter_kernel"])
+        assert kernels == (("sdpa", "chunked", "fused") if gpu else ("sdpa", "off", "peft"))
+        assert info["adapter_layers_fused"] == (2 * 7 if gpu else 0)  # both layers' 7
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
+    assert losses[True][2] < losses[True][0]

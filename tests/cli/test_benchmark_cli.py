@@ -303,6 +303,8 @@ def test_tiny_workload_reports_tokens_per_second(tmp_path: Path) -> None:
     assert wl["timed_steps"] >= 1 and wl["tokens_per_s"] > 0
     # on a CPU the fast path's choices are the portable ones, and the report says so
     assert (wl["attention"], wl["fused_loss"], wl["adapter_precision"]) == ("sdpa", "off", "fp32")
+    assert (wl["adapter_kernel"], wl["liger_kernels"]) == ("peft", False)
+    assert "attention sdpa, loss off, Liger layers off, adapters peft in fp32" in out.stdout
     # 2 layers x r=16 x (in + out) over q, k, v, o, gate, up, down
     assert wl["trainable_params"] == 2 * 16 * (
         (64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 128)

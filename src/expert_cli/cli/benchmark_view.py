@@ -118,6 +118,12 @@ def _extras_lines(report: dict[str, Any]) -> list[str]:
             f"workload {wl['workload']} on {wl.get('device')} ({wl.get('dtype')}): "
             f"{wl['steps']} steps, tokens/s {_num(wl['tokens_per_s'])}, MFU {mfu}"
         )
+        if "attention" in wl:  # the path it ran, as `train` would choose it here
+            lines.append(
+                f"  attention {wl['attention']}, loss {wl.get('fused_loss')}, Liger layers "
+                f"{'on' if wl.get('liger_kernels') else 'off'}, adapters "
+                f"{wl.get('adapter_kernel', 'peft')} in {wl.get('adapter_precision')}"
+            )
     if report.get("metrics_path"):
         summary = (report.get("run_metrics") or {}).get("summary")
         if summary:  # a figure counts only as a fraction from 0 to 1 (7 read "7.00")

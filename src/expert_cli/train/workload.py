@@ -12,12 +12,15 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, Qwen3Config
 
+from expert_cli.config.choices import FUSED_KERNELS, kernels
 from expert_cli.config.environment import hardware_bf16, probe_environment
-from expert_cli.config.kernels import BOUNDARY_KERNELS, TORCH_VARLEN, choose_kernel
+from expert_cli.config.kernels import BOUNDARY_KERNELS, TORCH_VARLEN
+from expert_cli.config.training_config import TrainingConfig
 from expert_cli.data.collate import sequence_boundaries
 from expert_cli.errors import UserError
 from expert_cli.telemetry.workload import LORA_TARGETS, SEED, WorkloadSpec
 from expert_cli.train.attention import register_torch_varlen
+from expert_cli.train.fused_dora import fuse_adapter_linears
 from expert_cli.train.loss import install_fused_loss
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
 
@@ -91,15 +94,19 @@ def build_fast_step(spec: WorkloadSpec) -> tuple[Callable[[], torch.Tensor], dic
     scaler = torch.amp.GradScaler(device, enabled=dtype == torch.float16)
     env = probe_environment()
     notes: list[str] = []
-    attn = choose_kernel("auto", env, half, notes)
+    # the kernels `train` takes on this machine for a manifest that leaves them unset
+    chosen = kernels(TrainingConfig(), env, half, notes)
+    attn = chosen["attn_implementation"]
     model = build_model(spec, device, dtype, attn)
-    liger = cuda and env.liger_kernel is not None and apply_liger_kernels(model) is None
-    loss = ("liger" if env.liger_kernel else "chunked") if cuda else "off"
+    liger = chosen["liger_kernels"] and apply_liger_kernels(model) is None
+    loss = chosen["fused_loss"]
     if loss != "off":
         install_fused_loss(model, loss)
     model, counts = _lora(model, spec)
     if half:
         adapters_in_compute_dtype(model)
+    kernel = chosen["adapter_kernel"]
+    fused = fuse_adapter_linears(model) if kernel in FUSED_KERNELS else 0
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, fused=cuda)
@@ -119,6 +126,8 @@ def build_fast_step(spec: WorkloadSpec) -> tuple[Callable[[], torch.Tensor], dic
         "attention": attn,
         "fused_loss": loss,
         "liger_kernels": bool(liger),
+        "adapter_kernel": kernel if fused else "peft",
+        "adapter_layers_fused": fused,
         "adapter_precision": ("bf16" if dtype == torch.bfloat16 else "fp16") if half else "fp32",
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
