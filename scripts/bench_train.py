@@ -202,7 +202,7 @@ def run_cli_variant(
     for item in sets:
         cmd += ["--set", item]
     started = time.perf_counter()
-    env = dict(os.environ)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # a stopped run keeps what it printed
     if name == "d_unsloth" and os.environ.get("UNSLOTH_PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["UNSLOTH_PYTHONPATH"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
@@ -630,6 +630,14 @@ def main() -> int:
     p.add_argument("--long", default="", help="variants that run --long-steps instead")
     p.add_argument("--long-steps", type=int, default=200)
     p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help="seconds for the whole list: a variant gets what is left (at most --timeout) and "
+        "one left fewer than 30 s is not started, so a caller's own time limit need not cut "
+        "the report short",
+    )
     p.add_argument("--output", type=Path, default=None, help="JSON report path")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run a baseline
     p.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
@@ -661,19 +669,18 @@ def main() -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "results": {},
     }
+    ends = time.monotonic() + a.budget if a.budget else None
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in names:
             n = a.long_steps if name in long else steps
             kind = VARIANTS[name][0]
             t0 = time.perf_counter()
-            try:
-                if kind == "cli":
-                    result = run_cli_variant(name, manifest, n, work, a.timeout)
-                else:
-                    result = _baseline_subprocess(name, a.expert, n, work, a.timeout)
-            except subprocess.TimeoutExpired:
-                result = {"error": f"timed out after {a.timeout} s"}
+            limit = variant_limit(a.timeout, ends)
+            if limit is None:
+                result = {"error": f"not started: fewer than {MIN_VARIANT_S} s of --budget left"}
+            else:
+                result = _run_variant(name, kind, (manifest, a.expert), n, work, limit)
             result.update(
                 steps=n, description=VARIANTS[name][2], wall_s=round(time.perf_counter() - t0, 1)
             )
@@ -688,6 +695,37 @@ def main() -> int:
     output.write_text(json.dumps(report, indent=2))
     print(f"wrote {output}")
     return 0
+
+
+MIN_VARIANT_S = 30  # a variant given less cannot load a model and warm up
+
+
+def variant_limit(timeout: int, ends: float | None) -> int | None:
+    """Seconds the next variant may take: `timeout`, or less where the budget ending at
+    `ends` (time.monotonic) leaves less; None where that is under MIN_VARIANT_S."""
+    if ends is None:
+        return timeout
+    left = int(ends - time.monotonic())
+    return min(timeout, left) if left >= MIN_VARIANT_S else None
+
+
+def _run_variant(
+    name: str, kind: str, where: tuple[Path, Path], steps: int, work: Path, limit: int
+) -> dict[str, Any]:
+    """One variant in its own process; one that runs past `limit` seconds is stopped and
+    reported with the end of what it printed (where it was: loading, compiling, training)."""
+    manifest, expert = where
+    try:
+        if kind == "cli":
+            return run_cli_variant(name, manifest, steps, work, limit)
+        return _baseline_subprocess(name, expert, steps, work, limit)
+    except subprocess.TimeoutExpired as exc:
+        printed = "".join(
+            part.decode(errors="replace") if isinstance(part, bytes) else part
+            for part in (exc.stdout, exc.stderr)
+            if part
+        )
+        return {"error": f"timed out after {limit} s", "output_tail": printed[-3000:]}
 
 
 def _baseline_subprocess(
@@ -708,7 +746,7 @@ def _baseline_subprocess(
         "--work",
         str(work),
     ]
-    env = dict(os.environ)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # a stopped run keeps what it printed
     if name == "d_unsloth" and os.environ.get("UNSLOTH_PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["UNSLOTH_PYTHONPATH"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)

@@ -91,8 +91,10 @@ fi
 bench() {  # bench NAME TIMEOUT ARGS...
   local name=$1 limit=$2; shift 2
   log "bench $name"
+  # --budget: the list stops itself inside the limit, so a variant cut short is reported with
+  # the end of its output (Unsloth's went with the stop on 2026-11-27); timeout stays a net
   timeout "$limit" python3 scripts/bench_train.py --expert "$EXPERT" --timeout 240 \
-    --output "$OUT/bench-$name.json" "$@" 2>&1 | grep -v Warning
+    --budget $((limit - 10)) --output "$OUT/bench-$name.json" "$@" 2>&1 | grep -v Warning
 }
 
 if [ "$STAGE" = auto ]; then  # what little device time is left: the batch probe alone
