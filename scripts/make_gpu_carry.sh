@@ -19,7 +19,7 @@
 #                                1.15, datasets 4.3; transformers 5.17 is the machine's own),
 #                                unpacked to its own folder for bench_train.py's d_unsloth
 #
-#   bash scripts/make_gpu_carry.sh        # about 3 minutes on 2 cores
+#   bash scripts/make_gpu_carry.sh        # about 9 minutes on 2 cores (2026-12-06)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PLATFORM=(--python-version 3.12 --implementation cp --only-binary=:all:
