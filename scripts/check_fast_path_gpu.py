@@ -8,7 +8,7 @@
 3. Adapters: the fused LoRA linear (`adapter_kernel: fused`), alone and grouped by input
    (`grouped`), gives peft's loss and adapter gradients on the same model in bf16, and on
    its NF4 quantization (QLoRA); with dropout 0.05 it is its math in fp32 given the same mask
-   (peft draws another).
+   (peft draws another), and so is the fused DoRA linear with dropout on a base with a bias.
 4. The attention probe `train` runs on the loaded model (train/causality.py) says "verified"
    for every kernel and precision here: no false refusal from a kernel that rounds.
 5. QLoRA: one NF4 projection's dequantization (bitsandbytes', and expert-cli's one kernel)
@@ -302,41 +302,58 @@ def fused_lora_parity(int4: bool = False, grouped: bool = False, dora: bool = Fa
     }
 
 
-def fused_lora_dropout(tokens: int = 4096) -> dict[str, float]:
-    """The fused LoRA linear with dropout 0.05 against its math in fp32 given the same mask
-    (drawn again from the same seed): output, input and adapter gradients, relative; and the
-    share of entries kept. peft draws its mask differently, so it is not the reference here."""
+def fused_lora_dropout(tokens: int = 4096, dora: bool = False) -> dict[str, float]:
+    """The fused LoRA linear (`dora`: the fused DoRA linear, on a base with a bias) with
+    dropout 0.05 against its math in fp32 given the same mask (drawn again from the same
+    seed): output, input and adapter gradients, relative; and the share of entries kept.
+    peft draws its mask differently, so it is not the reference here."""
     import torch
 
+    from expert_cli.train.fused_dora import DoraLinearFunction
     from expert_cli.train.fused_lora import LoraLinearFunction
 
     torch.manual_seed(1)
-    dev, bf16 = DEVICE, torch.bfloat16
+    dev, bf16, s, p = DEVICE, torch.bfloat16, 2.0, 0.05
     x = torch.randn(tokens, 1024, device=dev, dtype=bf16, requires_grad=True)
-    base = torch.nn.Linear(1024, 2048, bias=False, device=dev, dtype=bf16).requires_grad_(False)
+    base = torch.nn.Linear(1024, 2048, bias=dora, device=dev, dtype=bf16).requires_grad_(False)
     a = (torch.randn(16, 1024, device=dev) * 0.02).requires_grad_()
     b = (torch.randn(2048, 16, device=dev) * 0.02).requires_grad_()
+    w = base.weight.float()
+    # DoRA's magnitude: the norms of W + s B A, off by up to 10% (a trained one)
+    m = torch.linalg.vector_norm(w + s * b.detach() @ a.detach(), dim=1)
+    m = (m * (0.9 + 0.2 * torch.rand(m.shape, device=dev))).requires_grad_()
     torch.manual_seed(7)
     with torch.autocast(dev, dtype=bf16):
-        y = LoraLinearFunction.apply(x, base, a, b, (2.0, 0.05))
+        if dora:
+            y = DoraLinearFunction.apply(x, a, b, m, (base, s, p))
+        else:
+            y = LoraLinearFunction.apply(x, base, a, b, (s, p))
     dy = torch.randn(y.shape, device=dev)
     (y.float() * dy).sum().backward()
     torch.manual_seed(7)
-    mask = torch.empty(tokens, 1024, dtype=torch.bool, device=dev).bernoulli_(0.95)
-    x2, a2, b2 = (t.detach().float().requires_grad_() for t in (x, a, b))
-    ref = x2 @ base.weight.float().t() + 2.0 * ((x2 * mask / 0.95) @ a2.t()) @ b2.t()
+    mask = torch.empty(tokens, 1024, dtype=torch.bool, device=dev).bernoulli_(1 - p)
+    x2, a2, b2, m2 = (t.detach().float().requires_grad_() for t in (x, a, b, m))
+    d = x2 * mask / (1 - p)
+    ref = x2 @ w.t() + s * (d @ a2.t()) @ b2.t()
+    if dora:  # peft's DoRA: the norm detached, c = m / ||W + s B A||
+        c = m2 / torch.linalg.vector_norm(w + s * b2 @ a2, dim=1).detach()
+        lora = (d @ a2.t()) @ b2.t()
+        ref = x2 @ w.t() + base.bias.float() + (c - 1) * (d @ w.t()) + c * s * lora
     (ref * dy).sum().backward()
 
     def rel(mine: torch.Tensor, theirs: torch.Tensor) -> float:
         return ((mine.float() - theirs).norm() / theirs.norm()).item()
 
-    return {
+    out = {
         "y_rel_diff": rel(y, ref.detach()),
         "x_grad_rel_diff": rel(x.grad, x2.grad),
         "a_grad_rel_diff": rel(a.grad, a2.grad),
         "b_grad_rel_diff": rel(b.grad, b2.grad),
         "kept": mask.float().mean().item(),
     }
+    if dora:
+        out["m_grad_rel_diff"] = rel(m.grad, m2.grad)
+    return out
 
 
 def _per_call(fn, calls: int = 100, rounds: int = 5) -> dict[str, float]:
@@ -552,14 +569,16 @@ def main() -> int:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:800]
             results.append({"check": check, "ok": False, "error": error})
-    try:
-        dropped = fused_lora_dropout()
-        ok = max(v for k, v in dropped.items() if k != "kept") < 2e-2
-        ok = ok and abs(dropped["kept"] - 0.95) < 0.01
-        results.append({"check": "fused_lora_dropout", **dropped, "ok": ok})
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"[:800]
-        results.append({"check": "fused_lora_dropout", "ok": False, "error": error})
+    for dora in (False, True):  # DoRA with dropout: every HiveLLM expert's adapter
+        check = "fused_dora_dropout" if dora else "fused_lora_dropout"
+        try:
+            dropped = fused_lora_dropout(dora=dora)
+            ok = max(v for k, v in dropped.items() if k != "kept") < 2e-2
+            ok = ok and abs(dropped["kept"] - 0.95) < 0.01
+            results.append({"check": check, **dropped, "ok": ok})
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:800]
+            results.append({"check": check, "ok": False, "error": error})
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else None
     report = {"gpu": gpu, "results": results, "skipped": skipped}
     if args.json:

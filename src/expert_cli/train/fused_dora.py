@@ -60,8 +60,12 @@ def _scaled(t: torch.Tensor, c: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
 
 def _row_norms(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
     """||W + s B A|| of each output row, summed in fp32 over W + s B A in the compute dtype
-    (as peft's layer computes it; no gradient: DoRA detaches it)."""
-    return torch.linalg.vector_norm(torch.addmm(w, b, a, alpha=scaling), dim=1, dtype=torch.float32)
+    (as peft's layer computes it; no gradient: DoRA detaches it). Written to `out`: CUDA's
+    autocast casts the norm's input to fp32 first (a weight-sized copy a layer), and has no
+    rule for the `out=` form; the sums are the same."""
+    m = torch.addmm(w, b, a, alpha=scaling)
+    out = torch.empty(m.shape[0], dtype=torch.float32, device=m.device)
+    return torch.linalg.vector_norm(m, dim=1, dtype=torch.float32, out=out)
 
 
 class DoraLinearFunction(torch.autograd.Function):
