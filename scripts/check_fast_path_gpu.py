@@ -457,7 +457,13 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of this script")
     parser.add_argument("--kernels", default=None, help="only these kernels (comma-separated)")
     parser.add_argument("--no-loss", action="store_true", help="skip the fused-loss checks")
+    parser.add_argument(
+        "--dora-only",
+        action="store_true",
+        help="only the fused DoRA checks (bf16, NF4, dropout with a bias): gpu_suite.sh hive",
+    )
     args = parser.parse_args()
+    args.no_loss = args.no_loss or args.dora_only
     import torch
 
     global DEVICE
@@ -474,6 +480,7 @@ def main() -> int:
         env = cpu_environment()
     results, skipped = Results(), {}
     wanted = args.kernels.split(",") if args.kernels else KERNEL_ORDER
+    wanted = [] if args.dora_only else wanted
     for attn in wanted:
         why = kernel_unusable(attn, env, half=True)
         if why:
@@ -549,7 +556,7 @@ def main() -> int:
             results.append(
                 {"check": "loss_timing", "backend": "liger", "ok": False, "error": error}
             )
-    if DEVICE == "cuda":
+    if DEVICE == "cuda" and not args.dora_only:
         try:
             timing = int4_timing()
             ok = timing["same_weight"] and timing["one_kernel_same"]
@@ -558,6 +565,7 @@ def main() -> int:
             error = f"{type(exc).__name__}: {exc}"[:800]
             results.append({"check": "int4_timing", "ok": False, "error": error})
     pairs = [(i, g, False) for g in (False, True) for i in (False, True)]
+    pairs = [] if args.dora_only else pairs
     for int4, grouped, dora in [*pairs, (False, False, True), (True, False, True)]:
         kind = "fused_dora" if dora else "grouped_lora" if grouped else "fused_lora"
         check = kind + ("_int4" if int4 else "")
@@ -569,7 +577,7 @@ def main() -> int:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:800]
             results.append({"check": check, "ok": False, "error": error})
-    for dora in (False, True):  # DoRA with dropout: every HiveLLM expert's adapter
+    for dora in (True,) if args.dora_only else (False, True):  # DoRA with dropout: HiveLLM's
         check = "fused_dora_dropout" if dora else "fused_lora_dropout"
         try:
             dropped = fused_lora_dropout(dora=dora)

@@ -25,7 +25,8 @@
 #       layers, lora dropout and HiveLLM's 8 x 4 with its micro-batch probed (e_default is
 #       the same 8 rows a micro-step), Unsloth (d), and a profile of the step; each
 #       under its own time limit so that the call ends inside the device's 10 minutes.
-# hive: HiveLLM's experts as they are: on the prompt-heavy expert (86% of its tokens an
+# hive: HiveLLM's experts as they are: the fused DoRA checks (check_fast_path_gpu.py
+#       --dora-only); on the prompt-heavy expert (86% of its tokens an
 #       untrained prompt, as in the SQL, JSON and Cypher experts), the default (the LM head on
 #       the trained tokens alone) against the head on every token; then DoRA with lora dropout
 #       0.05 (every HiveLLM expert's adapter), fused against peft's layers, and without dropout.
@@ -102,6 +103,9 @@ if [ "$STAGE" = auto ]; then  # what little device time is left: the batch probe
   log "done"; exit 0
 fi
 if [ "$STAGE" = hive ]; then
+  log "check fused DoRA"  # bf16, NF4, dropout on a base with a bias, against peft / its math
+  timeout 60 python3 scripts/check_fast_path_gpu.py --json --dora-only > "$OUT/check-hive.json" \
+    2> "$OUT/check-hive.err"; tail -c 600 "$OUT/check-hive.err"; cat "$OUT/check-hive.json"
   if [ -d "$EXPLAIN/model" ]; then
     EXPERT=$EXPLAIN bench prompts 150 --variants e_default,f_loss_every_token --steps 25
     EXPERT=$EXPLAIN bench dora 280 --variants q_dora_hive,q_dora_hive_peft,q_dora,q_dora_peft \
