@@ -48,6 +48,40 @@ def gaps(intervals: list[tuple[float, float]], top: int = 5) -> dict[str, float 
     }
 
 
+# kernel-name patterns (lower case) of each kind of GPU work, first match wins: cuBLAS's and
+# CUTLASS's GEMMs, flash-attention and torch's attention kernels, Liger's and torch's layer
+# kernels, the optimizer's multi-tensor kernels, 4-bit dequantization, dropout masks, copies
+# and casts, and the element-wise rest (scale, add, mul, reductions)
+KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("dequantize", ("dequant",)),
+    ("cross_entropy", ("cross_entropy", "crossentropy", "log_softmax", "nll_loss")),
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("norm", ("rms_norm", "rmsnorm", "layer_norm", "layernorm")),
+    ("swiglu_rope", ("swiglu", "silu", "rope", "rotary")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("dropout", ("bernoulli", "dropout", "philox")),
+    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "splitk")),
+    ("copy_cast", ("copy", "cast", "convert")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled", "reduce", "index")),
+)
+
+
+def kinds(kernels: list[tuple[str, float, float]]) -> dict[str, dict[str, float]]:
+    """(name, GPU time, calls) of each kernel summed by kind (KINDS; `other` for the rest),
+    with each kind's share of the total time, largest first."""
+    total = sum(t for _, t, _ in kernels) or 1.0
+    out: dict[str, dict[str, float]] = {}
+    for name, t, calls in kernels:
+        low = name.lower()
+        kind = next((k for k, words in KINDS if any(w in low for w in words)), "other")
+        row = out.setdefault(kind, {"time": 0.0, "calls": 0.0})
+        row["time"] += t
+        row["calls"] += calls
+    for row in out.values():
+        row["share"] = row["time"] / total
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["time"]))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--expert", type=Path, required=True)
@@ -67,6 +101,7 @@ def main() -> int:
     from expert_cli.data.collate import PackedCollator
     from expert_cli.data.tokenizer import load_tokenizer
     from expert_cli.train.attention import BOUNDARY_KERNELS
+    from expert_cli.train.loss import takes_loss_positions
     from expert_cli.train.model import attach_adapter, load_base_model
 
     if not torch.cuda.is_available():
@@ -77,8 +112,10 @@ def main() -> int:
     data = prepare_data(resolved, tokenizer)
     model, choices = load_base_model(resolved, "cuda:0")
     model = attach_adapter(model, resolved, total_steps=100).train()
-    collate = PackedCollator(
-        tokenizer.pad_token_id, boundaries=choices.attn_implementation in BOUNDARY_KERNELS
+    collate = PackedCollator(  # the batches `train` makes: the head on trained tokens alone
+        tokenizer.pad_token_id,
+        boundaries=choices.attn_implementation in BOUNDARY_KERNELS,
+        loss_positions=takes_loss_positions(model),
     )
     params = [q for q in model.parameters() if q.requires_grad]
     optim = torch.optim.AdamW(params, lr=1e-4, fused=True)
@@ -156,6 +193,14 @@ def main() -> int:
             "gaps_per_step": timeline["gaps"] / a.steps,
             "longest_gaps_ms": [g / 1000 for g in timeline["longest"]],
         },
+        "kinds": {
+            k: {
+                "ms_per_step": v["time"] / 1000 / a.steps,
+                "calls_per_step": v["calls"] / a.steps,
+                "share": v["share"],
+            }
+            for k, v in kinds([(e.key, e.self_device_time_total, e.count) for e in events]).items()
+        },
         "top_kernels": rows,
     }
     print(
@@ -168,6 +213,13 @@ def main() -> int:
         f"timeline: {t['kernels_per_step']:.0f} kernels/step, GPU idle between them "
         f"{t['idle_ms_per_step']:.1f} ms/step ({100 * t['idle_share']:.1f}% of the span), "
         f"longest gaps {', '.join(f'{g:.2f}' for g in t['longest_gaps_ms'])} ms"
+    )
+    print(
+        "by kind: "
+        + ", ".join(
+            f"{k} {v['ms_per_step']:.1f} ms ({100 * v['share']:.0f}%, x{v['calls_per_step']:.0f})"
+            for k, v in report["kinds"].items()
+        )
     )
     for r in rows:
         print(
