@@ -115,6 +115,11 @@ VARIANTS: dict[str, tuple[str, list[str], str]] = {
     "f_batch_32": ("cli", [f"{C}batch_size=32"], "32 rows per step"),
     "q_int4": ("cli", [INT4], "QLoRA: NF4 base, bf16 compute"),
     "q_int4_peft": ("cli", [INT4, PEFT], "QLoRA through peft's 4-bit LoRA layers"),
+    "q_int4_one_kernel": (
+        "cli",
+        [INT4],
+        "int4 QLoRA, each 4-bit weight dequantized by expert-cli's one Triton kernel",
+    ),
     "q_dora": ("cli", [DORA], "DoRA (fused on a GPU)"),
     "q_dora_peft": ("cli", [DORA, PEFT], "DoRA through peft's layers"),
     "q_dora_hive": (
@@ -161,6 +166,7 @@ GROUPS = {
 PRELUDES = {
     "f_loss_liger_library": "import expert_cli.train.loss as m; m.LIGER_LOOP = False",
     "f_loss_every_token": "import expert_cli.train.loss as m; m.TRAINED_ROWS_ONLY = False",
+    "q_int4_one_kernel": "import expert_cli.train.fused_lora as m; m.ONE_KERNEL_DEQUANT = True",
 }
 
 # --------------------------------------------------------------------------- CLI variants

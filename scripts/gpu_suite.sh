@@ -120,7 +120,9 @@ if [ "$STAGE" = prep ] || [ "$STAGE" = single ]; then
   timeout 130 python3 scripts/check_fast_path_gpu.py --json > "$OUT/check-prep.json" \
     2> "$OUT/check-prep.err"; tail -c 1500 "$OUT/check-prep.err"
   python3 -c "import json; [print(r) for r in json.load(open('$OUT/check-prep.json'))['results']]"
-  bench quant 110 --variants q_int4,q_int4_peft --steps 25  # 0.72x of bf16 peft on 11-27
+  # int4: 0.72x of bf16 through peft's layers on 11-27; the fused layers, and with them the
+  # one-kernel dequantization (train/dequant.py)
+  bench quant 160 --variants q_int4,q_int4_peft,q_int4_one_kernel --steps 25
   # the layers that read one input as one function, against the fused layers one by one
   bench grouped 110 --variants f_adapters_fused,f_adapters_grouped --steps 25
 fi

@@ -65,3 +65,58 @@ def test_one_kernel_equals_bitsandbytes_in_tritons_interpreter() -> None:
         check=False,
     )
     assert done.returncode == 0 and done.stdout.split() == ["ok", "36"], done.stderr[-3000:]
+
+
+FUSED_IN_INTERPRETER = """
+import sys
+import torch
+from transformers import BitsAndBytesConfig
+sys.path.insert(0, sys.argv[2])
+from train_helpers import lora_model
+import expert_cli.train.fused_lora as fused_lora
+from expert_cli.train import dequant
+
+nf4 = BitsAndBytesConfig(
+    load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+    bnb_4bit_compute_dtype=torch.bfloat16,
+)
+ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(3))
+runs = []
+for one_kernel in (False, True):
+    fused_lora.ONE_KERNEL_DEQUANT = one_kernel
+    model = lora_model(sys.argv[1], nf4)
+    assert fused_lora.fuse_lora_linears(model) == 14
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    runs.append((loss.detach(), grads))
+    assert len(dequant._KERNEL) == int(one_kernel)  # the one kernel ran, and only when asked
+(want, want_grads), (got, got_grads) = runs
+assert torch.equal(got, want), (got, want)
+assert len(got_grads) == 28 and all(torch.equal(got_grads[n], g) for n, g in want_grads.items())
+print("ok", float(got))
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="triton is not installed (the [dev] and [gpu] extras install it)",
+)
+def test_the_fused_4bit_layers_with_the_one_kernel_train_as_with_bitsandbytes(
+    tiny_model_dir,
+) -> None:
+    """`fused_lora.ONE_KERNEL_DEQUANT` (scripts/bench_train.py's q_int4_one_kernel): the
+    fused 4-bit layers dequantize with the one kernel and give the same loss and adapter
+    gradients, bit for bit, as with bitsandbytes' dequantization (bf16 compute, Triton's CPU
+    interpreter)."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "-c", FUSED_IN_INTERPRETER, str(tiny_model_dir), tests],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.startswith("ok "), done.stderr[-3000:]

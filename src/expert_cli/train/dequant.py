@@ -14,8 +14,9 @@ and rounded once to the output dtype, as bitsandbytes' own kernels do (the scale
 before its offset is added: no fused multiply-add). It equals bitsandbytes' result
 (`torch.equal`: FP4's zero may come out with the other sign) in Triton's CPU interpreter
 (tests/train/test_dequant.py).
-Not used by training yet: `scripts/check_fast_path_gpu.py` times it against bitsandbytes'
-path on a GPU first.
+The fused 4-bit LoRA layers use it where `fused_lora.ONE_KERNEL_DEQUANT` is set (off until
+timed on a GPU: `scripts/check_fast_path_gpu.py` times it against bitsandbytes' path, and
+`scripts/bench_train.py`'s q_int4_one_kernel trains with it).
 """
 
 from __future__ import annotations

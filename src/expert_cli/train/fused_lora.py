@@ -62,11 +62,21 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
+# True: a 4-bit weight is dequantized by train/dequant.py's one Triton kernel instead of
+# bitsandbytes' (three kernels for a double-quantized weight); the same weight bit for bit.
+# Off until timed on a GPU: scripts/bench_train.py's q_int4_one_kernel sets it
+ONE_KERNEL_DEQUANT = False
+
+
 def _dense(weight: torch.Tensor, quant_state: Any, dtype: torch.dtype) -> torch.Tensor:
     """The base weight [out, in] in `dtype`: a 4-bit one (with its `quant_state`)
     dequantized straight to it (one allocation)."""
     if quant_state is None:
         return _as(weight, dtype)
+    if ONE_KERNEL_DEQUANT:
+        from expert_cli.train.dequant import dequantize_4bit as one_kernel
+
+        return one_kernel(weight, quant_state, dtype)
     if quant_state.dtype != dtype:
         quant_state = copy.copy(quant_state)
         quant_state.dtype = dtype
