@@ -424,11 +424,11 @@ def _held(model: torch.nn.Module, ids: torch.Tensor) -> int:
     return held
 
 
-def test_dropout_keeps_the_mask_not_the_dropped_input(tiny_model_dir: Path) -> None:
-    """With lora dropout the fused layers keep one byte an element of each adapted input (the
-    mask) and not the dropped input: a step holds the masks more than without dropout, and
-    less than peft's layers, which keep each dropped input and a mask (of one byte on a GPU,
-    as with torch's own dropout kernel here; of the input's dtype on a CPU)."""
+def test_dropout_keeps_neither_the_mask_nor_the_dropped_input(tiny_model_dir: Path) -> None:
+    """With lora dropout the fused layers keep what they keep without it: the backward draws
+    each mask again from the generator state the forward drew it from. peft's layers keep
+    each dropped input and a mask (of one byte on a GPU, as with torch's own dropout kernel
+    here; of the input's dtype on a CPU)."""
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(3))
     held = {}
     for p in (0.0, 0.2):
@@ -439,14 +439,33 @@ def test_dropout_keeps_the_mask_not_the_dropped_input(tiny_model_dir: Path) -> N
     layers = [m for m in plain.modules() if hasattr(m, "lora_A")]
     assert len(layers) == 14
     assert held[0.0][0] == held[0.0][1]
-    masks = sum(48 * m.in_features for m in layers)  # 48 tokens, one byte each
-    assert held[0.2][1] - held[0.0][1] == masks
-    assert held[0.2][0] - held[0.2][1] >= 4 * masks  # the dropped inputs, fp32
+    assert held[0.2][1] == held[0.0][1]
+    elements = sum(48 * m.in_features for m in layers)  # 48 tokens
+    assert held[0.2][0] - held[0.2][1] >= 5 * elements  # the dropped inputs (fp32), masks
     gpu_like = lora_model(tiny_model_dir, lora_dropout=0.2)  # peft with one-byte masks
     for module in gpu_like.modules():
         for name in getattr(module, "lora_dropout", {}):
             module.lora_dropout[name] = _NativeDropout(0.2)
-    # it keeps a dropped input (fp32 here) for every adapted layer, where the fused layers keep
-    # one input for q, k and v and one for gate and up: in each decoder layer at least 3
-    # inputs of 48 tokens x 64 features fewer
-    assert _held(gpu_like, ids) - held[0.2][1] >= 2 * 3 * 48 * 64 * 4
+    # it keeps a mask for every adapted layer, and dropped inputs (fp32 here) where the fused
+    # layers keep one input for q, k and v and one for gate and up: in each decoder layer at
+    # least 3 inputs of 48 tokens x 64 features fewer
+    assert _held(gpu_like, ids) - held[0.2][1] >= 2 * 3 * 48 * 64 * 4 + elements
+
+
+def test_the_mask_drawn_again_is_the_forwards_and_leaves_the_generator() -> None:
+    """The backward's mask is the forward's bit for bit (the same kernel from the same
+    generator state), and drawing it again moves no global generator: what the run draws
+    next (the next layer's mask, the next batch's) is what it would have drawn."""
+    from expert_cli.train.fused_lora import draw_mask, mask_again
+
+    x = torch.randn(300, 70)
+    torch.manual_seed(5)
+    mask, state = draw_mask(x, 0.1)
+    after = torch.rand(4)
+    torch.manual_seed(5)
+    draw_mask(x, 0.1)
+    assert torch.equal(mask_again(x, 0.1, state), mask)
+    assert torch.equal(torch.rand(4), after)
+    assert 0.87 < mask.float().mean().item() < 0.93
+    other, _ = draw_mask(x, 0.1)  # a later draw is another mask
+    assert not torch.equal(other, mask)

@@ -26,7 +26,7 @@ z is kept for the magnitude's gradient. The output y, from which z could be had,
 next layer may write over what it keeps (Liger's SwiGLU backward writes the gate's and the
 up projection's gradients into their outputs). With dropout the base weight meets both x and
 d, in the forward and in the backward, as in peft's layer. The dropout mask is drawn as the
-fused LoRA linear draws it.
+fused LoRA linear draws it, and drawn again in the backward rather than kept.
 """
 
 from __future__ import annotations
@@ -43,11 +43,14 @@ from expert_cli.train.fused_lora import (
     _dropped,
     active_adapter,
     compute_operands,
+    draw_mask,
     fusable,
     fuse_lora_linears,
     fused_layer_forward,
+    kept_mask,
     layer_output,
     outside_autocast,
+    saved_mask,
     scale_dropout,
     switch_forwards,
 )
@@ -90,10 +93,10 @@ class DoraLinearFunction(torch.autograd.Function):
         norms = _row_norms(w, a, b, scaling)  # fp32
         c = magnitude.detach().float() / norms
         b_c = _scaled(b, c, dtype)
-        mask, keep, d = None, 1.0, x2
+        mask, ctx.mask_state, keep, d = None, None, 1.0, x2
         if dropout > 0:
             keep = 1.0 / (1.0 - dropout)
-            mask = torch.empty_like(x2, dtype=torch.bool).bernoulli_(1.0 - dropout)
+            mask, ctx.mask_state = draw_mask(x2, dropout)
             d = _dropped(x2, mask, keep)
         xa = F.linear(d, a)
         z = F.linear(d, w)
@@ -105,7 +108,10 @@ class DoraLinearFunction(torch.autograd.Function):
             y = F.linear(x2, w, bias)
             y.addmm_(xa, b.t(), alpha=scaling)
             y.addcmul_(z, c - 1.0)
-        ctx.save_for_backward(x2, xa, base.weight, a, b_c, c, norms, mask, z)
+        ctx.save_for_backward(
+            x2, xa, base.weight, a, b_c, c, norms, kept_mask(mask, ctx.mask_state), z
+        )
+        ctx.dropout = dropout
         return layer_output(ctx, x, y, quant_state, (scaling, keep))
 
     @staticmethod
@@ -115,7 +121,8 @@ class DoraLinearFunction(torch.autograd.Function):
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """DoraLinearFunction's backward."""
-    x2, xa, weight, a, b_c, c, norms, mask, z = ctx.saved_tensors
+    x2, xa, weight, a, b_c, c, norms, kept, z = ctx.saved_tensors
+    mask = saved_mask(kept, x2, ctx.dropout, ctx.mask_state)
     s = ctx.scaling
     dtype = x2.dtype
     dy2 = _as(dy.reshape(-1, dy.shape[-1]), dtype)

@@ -14,12 +14,15 @@ dropout):
 (without dropout `dx += s * g A` is one accumulating GEMM as well; with it `dx += s k m (g A)` is
 one element-wise pass). The dropout mask is drawn with `bernoulli_` from the global generator,
 so a checkpointed layer's recomputed forward draws the same mask again (the checkpoint
-restores the generator's state); it is not the mask peft's layer would have drawn. The input
-x and the mask (one byte an element) are kept for the backward, not the dropped input d: the
-backward computes d again with the same kernel the forward used, so A's gradient sees the
-same d bit for bit. peft's layers keep d and the mask for each adapted projection (three
-bytes an element in bf16 on a GPU); here the projections that read one input (q, k and v;
-gate and up) keep that x once, beside a mask each.
+restores the generator's state); it is not the mask peft's layer would have drawn. Only the
+input x is kept for the backward, neither the dropped input d nor the mask: the backward
+draws the mask again from the generator state the forward drew it from (bit for bit: the
+same kernel from the same state; the global generators are left as they were) and computes
+d again with the same kernel the forward used, so A's gradient sees the same d (under
+torch.compile's tracing, which cannot read a generator's state, the mask is kept). peft's
+layers keep d and the mask for each adapted projection (three bytes an element in bf16 on a
+GPU); here the projections that read one input (q, k and v; gate and up) keep that x once,
+and dropout keeps nothing more.
 
 Only plain LoRA on a frozen `nn.Linear` base, or on a bitsandbytes 4-bit one (QLoRA), is fused
 here (one active adapter, not merged; DoRA has a function of its own, train/fused_dora.py, and
@@ -83,6 +86,52 @@ def _dense(weight: torch.Tensor, quant_state: Any, dtype: torch.dtype) -> torch.
     return dequantize_4bit(weight, quant_state)
 
 
+def draw_mask(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A dropout mask for `x` (True where kept, with probability 1 - p), drawn with
+    `bernoulli_` from the device's global generator, and that generator's state before the
+    draw (a small CPU tensor: read on the host, no wait for the device), from which
+    `mask_again` draws the same mask in the backward instead of keeping it. Under
+    torch.compile's tracing (which cannot read a generator's state) the state is None: the
+    mask is to be kept."""
+    state = None if torch.compiler.is_compiling() else _generator_state(x.device)
+    return torch.empty_like(x, dtype=torch.bool).bernoulli_(1.0 - p), state
+
+
+def kept_mask(mask: torch.Tensor | None, state: torch.Tensor | None) -> torch.Tensor | None:
+    """What a forward keeps of its dropout mask: nothing where the backward can draw it
+    again from `state`."""
+    return mask if state is None else None
+
+
+def saved_mask(
+    kept: torch.Tensor | None, x: torch.Tensor, p: float, state: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The backward's dropout mask: the one kept, or drawn again from `state` (None without
+    dropout)."""
+    return kept if state is None else mask_again(x, p, state)
+
+
+def mask_again(x: torch.Tensor, p: float, state: torch.Tensor) -> torch.Tensor:
+    """The mask `draw_mask(x, p)` drew from generator state `state`, bit for bit (the same
+    kernel from the same state), leaving the global generators where they were."""
+    device = x.device
+    forked = [] if device.type == "cpu" else [device]
+    with torch.random.fork_rng(devices=forked, device_type=device.type):
+        if device.type == "cpu":
+            torch.set_rng_state(state)
+        else:
+            torch.get_device_module(device.type).set_rng_state(state, device)
+        return torch.empty_like(x, dtype=torch.bool).bernoulli_(1.0 - p)
+
+
+def _generator_state(device: torch.device) -> torch.Tensor:
+    """The state of the global generator `bernoulli_` draws from on `device` (for CUDA the
+    Philox seed and offset, kept on the host: the state torch.utils.checkpoint reads)."""
+    if device.type == "cpu":
+        return torch.get_rng_state()
+    return torch.get_device_module(device.type).get_rng_state(device)
+
+
 def _dropped(x: torch.Tensor, mask: torch.Tensor, keep: float) -> torch.Tensor:
     """x m / (1 - p): the dropped input, the same bits in the forward and when the backward
     computes it again (one kernel for both: torch's own dropout kernel rounds differently
@@ -110,19 +159,21 @@ class LoraLinearFunction(torch.autograd.Function):
         weight, bias = base.weight, base.bias
         x2, w, (a, b), quant_state = compute_operands(x, base, (lora_a, lora_b))
         dtype = x2.dtype
-        d, mask, keep = x2, None, 1.0
+        d, mask, ctx.mask_state, keep = x2, None, None, 1.0
         if dropout > 0:
             keep = 1.0 / (1.0 - dropout)
-            mask = torch.empty_like(x2, dtype=torch.bool).bernoulli_(1.0 - dropout)
+            mask, ctx.mask_state = draw_mask(x2, dropout)
             d = _dropped(x2, mask, keep)
         xa = F.linear(d, a)
         y = F.linear(x2, w, None if bias is None else _as(bias, dtype))
         y.addmm_(xa, b.t(), alpha=scaling)
         # the adapter weights in the compute dtype are kept for the backward (r x features:
         # small), so that it casts nothing but the two gradients back; with dropout the
-        # input and the mask, not the dropped input (a 4-bit weight is kept packed, with its
-        # quantization state)
-        ctx.save_for_backward(x2, xa, weight, a, b, mask)
+        # input, not the dropped input, and not the mask either: the backward draws it again
+        # from the generator's state (a 4-bit weight is kept packed, with its quantization
+        # state)
+        ctx.save_for_backward(x2, xa, weight, a, b, kept_mask(mask, ctx.mask_state))
+        ctx.dropout = dropout
         return layer_output(ctx, x, y, quant_state, (scaling, keep))
 
     @staticmethod
@@ -176,7 +227,8 @@ def outside_autocast(device: str, backward: Any, *args: Any) -> Any:
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """LoraLinearFunction's backward (a function of its own: torch.compile traces a Function's
     backward and refuses a call of the Function's own method inside it)."""
-    x2, xa, weight, a, b, mask = ctx.saved_tensors
+    x2, xa, weight, a, b, kept = ctx.saved_tensors
+    mask = saved_mask(kept, x2, ctx.dropout, ctx.mask_state)
     s = ctx.scaling
     dy2 = _as(dy.reshape(-1, dy.shape[-1]), x2.dtype)
     g = dy2 @ b

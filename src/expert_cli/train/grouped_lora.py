@@ -41,9 +41,12 @@ from expert_cli.train.fused_lora import (
     _dense,
     _dropped,
     _fused_forward,
+    draw_mask,
     fused_call,
+    kept_mask,
     outside_autocast,
     runs_plain_fused,
+    saved_mask,
 )
 
 # sibling layers that a decoder layer calls with one input (Llama, Qwen, Mistral, Gemma)
@@ -73,15 +76,15 @@ class GroupedLoraFunction(torch.autograd.Function):
         a_cat = _as(torch.cat([weights[2 * i] for i in plain]), dtype) if plain else None
         xa_cat = F.linear(x2, a_cat) if plain else None
         saved: list[torch.Tensor | None] = [x2, xa_cat, a_cat]
-        outputs, offset = [], 0
+        outputs, offset, states = [], 0, []
         for i, (base, (scaling, dropout)) in enumerate(members):
             weight, bias = base.weight, base.bias
             quant_state = getattr(weight, "quant_state", None)
             b = _as(weights[2 * i + 1], dtype)
-            a = mask = xa = None
+            a = mask = xa = state = None
             if dropout > 0:
                 a = _as(weights[2 * i], dtype)
-                mask = torch.empty_like(x2, dtype=torch.bool).bernoulli_(1.0 - dropout)
+                mask, state = draw_mask(x2, dropout)
                 xa = F.linear(_dropped(x2, mask, 1.0 / (1.0 - dropout)), a)
                 part = xa
             else:
@@ -93,8 +96,10 @@ class GroupedLoraFunction(torch.autograd.Function):
             if quant_state is not None:  # in the input's dtype, as bitsandbytes' layer gives it
                 y = _as(y, x.dtype)
             outputs.append(y.view(*x.shape[:-1], w.shape[0]))
-            saved += [weight, b, a, xa, mask]
+            saved += [weight, b, a, xa, kept_mask(mask, state)]
+            states.append(state)
         ctx.save_for_backward(*saved)
+        ctx.mask_states = states
         ctx.members, ctx.plain, ctx.x_shape, ctx.x_dtype = members, plain, x.shape, x.dtype
         return tuple(outputs)
 
@@ -116,7 +121,8 @@ def _backward(ctx: Any, dys: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor | N
     grads: list[torch.Tensor | None] = [None] * (2 * len(members))
     gs, dx, offset = [], None, 0
     for i, ((_, (s, dropout)), dy) in enumerate(zip(members, dys, strict=True)):
-        weight, b, a, xa, mask = saved[3 + 5 * i : 8 + 5 * i]
+        weight, b, a, xa, kept = saved[3 + 5 * i : 8 + 5 * i]
+        mask = saved_mask(kept, x2, dropout, ctx.mask_states[i]) if dropout > 0 else None
         dy2 = _as(dy.reshape(-1, dy.shape[-1]), dtype)
         g = dy2 @ b
         if need[0]:
