@@ -353,6 +353,11 @@ def fused_lora_dropout(tokens: int = 4096, dora: bool = False) -> dict[str, floa
     }
     if dora:
         out["m_grad_rel_diff"] = rel(m.grad, m2.grad)
+    # the backward draws the mask again from the forward's generator state: the same bits
+    from expert_cli.train.fused_lora import draw_mask, mask_again
+
+    drawn, state = draw_mask(x.detach(), p)
+    out["mask_drawn_again_same"] = bool(torch.equal(mask_again(x.detach(), p, state), drawn))
     return out
 
 
@@ -581,8 +586,8 @@ def main() -> int:
         check = "fused_dora_dropout" if dora else "fused_lora_dropout"
         try:
             dropped = fused_lora_dropout(dora=dora)
-            ok = max(v for k, v in dropped.items() if k != "kept") < 2e-2
-            ok = ok and abs(dropped["kept"] - 0.95) < 0.01
+            ok = max(v for k, v in dropped.items() if k.endswith("diff")) < 2e-2
+            ok = ok and abs(dropped["kept"] - 0.95) < 0.01 and dropped["mask_drawn_again_same"]
             results.append({"check": check, **dropped, "ok": ok})
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:800]

@@ -111,17 +111,19 @@ def saved_mask(
     return kept if state is None else mask_again(x, p, state)
 
 
+# a generator of expert-cli's own per device, set to a forward's state to draw its mask again
+_REDRAW: dict[torch.device, torch.Generator] = {}
+
+
 def mask_again(x: torch.Tensor, p: float, state: torch.Tensor) -> torch.Tensor:
     """The mask `draw_mask(x, p)` drew from generator state `state`, bit for bit (the same
-    kernel from the same state), leaving the global generators where they were."""
-    device = x.device
-    forked = [] if device.type == "cpu" else [device]
-    with torch.random.fork_rng(devices=forked, device_type=device.type):
-        if device.type == "cpu":
-            torch.set_rng_state(state)
-        else:
-            torch.get_device_module(device.type).set_rng_state(state, device)
-        return torch.empty_like(x, dtype=torch.bool).bernoulli_(1.0 - p)
+    kernel from the same state), drawn from a generator of our own: the global generators
+    stay where they were."""
+    generator = _REDRAW.get(x.device)
+    if generator is None:
+        generator = _REDRAW[x.device] = torch.Generator(x.device)
+    generator.set_state(state)
+    return torch.empty_like(x, dtype=torch.bool).bernoulli_(1.0 - p, generator=generator)
 
 
 def _generator_state(device: torch.device) -> torch.Tensor:
