@@ -297,3 +297,25 @@ def test_compiled_under_autocast(dropout: float) -> None:
         grads.append((a.grad.clone(), b.grad.clone(), m.grad.clone()))
     for eager, traced in zip(*grads, strict=True):
         assert traced.dtype == torch.float32 and torch.allclose(eager, traced, atol=1e-2)
+
+
+def test_dropout_keeps_no_more_than_none(tiny_model_dir: Path) -> None:
+    """DoRA with lora dropout (every HiveLLM expert's adapter) keeps what it keeps without
+    dropout: the mask is drawn again in the backward, the dropped input computed again (the
+    gradients given the forward's mask: test_the_function_is_peft_dora_with_the_same_dropout_
+    mask)."""
+    from expert_cli.telemetry.ops import SavedForBackward
+
+    ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(3))
+    held, grads = {}, {}
+    for p in (0.0, 0.2):
+        model = lora_model(tiny_model_dir, lora_dropout=p, use_dora=True)
+        assert fuse_adapter_linears(model) == 14
+        torch.manual_seed(5)
+        with SavedForBackward(model.parameters()) as saved:
+            loss = model(input_ids=ids, labels=ids).loss
+        held[p] = saved.nbytes
+        loss.backward()
+        grads[p] = {n: q.grad.clone() for n, q in model.named_parameters() if q.requires_grad}
+    assert held[0.2] == held[0.0]
+    assert any(not torch.equal(grads[0.2][n], g) for n, g in grads[0.0].items())  # it drops
