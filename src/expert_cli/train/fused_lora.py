@@ -52,6 +52,8 @@ from bitsandbytes.nn.modules import fix_4bit_weight_quant_state_from_module
 from peft.tuners.lora.bnb import Linear4bit as LoraLinear4bit
 from peft.tuners.lora.layer import Linear as LoraLinear
 
+from expert_cli.train.dequant import dequantize_4bit as one_kernel_dequantize
+
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     device = x.device.type
@@ -77,9 +79,7 @@ def _dense(weight: torch.Tensor, quant_state: Any, dtype: torch.dtype) -> torch.
     if quant_state is None:
         return _as(weight, dtype)
     if ONE_KERNEL_DEQUANT:
-        from expert_cli.train.dequant import dequantize_4bit as one_kernel
-
-        return one_kernel(weight, quant_state, dtype)
+        return one_kernel_dequantize(weight, quant_state, dtype)
     if quant_state.dtype != dtype:
         quant_state = copy.copy(quant_state)
         quant_state.dtype = dtype
