@@ -185,6 +185,15 @@ def _steady(windows: list[dict[str, Any]], key: str) -> float | None:
     return total / weight if weight else None
 
 
+def _child_env(name: str) -> dict[str, str]:
+    """The environment of variant `name`'s process: printing unbuffered (a run stopped by its
+    limit keeps what it printed), and Unsloth's own package path for d_unsloth when set."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if name == "d_unsloth" and os.environ.get("UNSLOTH_PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["UNSLOTH_PYTHONPATH"]
+    return env
+
+
 def run_cli_variant(
     name: str, manifest: Path, steps: int, work: Path, timeout: int
 ) -> dict[str, Any]:
@@ -208,10 +217,9 @@ def run_cli_variant(
     for item in sets:
         cmd += ["--set", item]
     started = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # a stopped run keeps what it printed
-    if name == "d_unsloth" and os.environ.get("UNSLOTH_PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["UNSLOTH_PYTHONPATH"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_child_env(name)
+    )
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         return {"error": (proc.stdout + proc.stderr)[-3000:], "wall_s": wall}
@@ -752,10 +760,9 @@ def _baseline_subprocess(
         "--work",
         str(work),
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # a stopped run keeps what it printed
-    if name == "d_unsloth" and os.environ.get("UNSLOTH_PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["UNSLOTH_PYTHONPATH"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_child_env(name)
+    )
     if proc.returncode != 0 or not result_path.is_file():
         return {"error": (proc.stdout + proc.stderr)[-3000:]}
     return json.loads(result_path.read_text())

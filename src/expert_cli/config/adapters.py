@@ -82,7 +82,7 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
         notes.append(
             "adapter_kernel: grouped groups plain LoRA layers; DoRA layers run fused, one by one"
         )
-    if use_dora and dropout > 0 and kind in ("lora", "dora"):
+    if use_dora and dropout > 0:  # use_dora: the adapter is LoRA or DoRA
         notes.append(DORA_DROPOUT.format(dropout=dropout))
     scaling = spec.scaling if spec else None
     if scaling and scaling not in ("standard", "default", *(("dora",) if use_dora else ())):
