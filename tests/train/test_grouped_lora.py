@@ -12,7 +12,12 @@ import torch
 from train_helpers import assert_bf16_close, bf16_step_ops, lora_model
 
 from expert_cli.train.fused_lora import fuse_lora_linears, is_fused
-from expert_cli.train.grouped_lora import GroupedLoraFunction, group_lora_linears
+from expert_cli.train.grouped_lora import (
+    COMPILED_UNGROUPED,
+    NOTHING_GROUPED,
+    GroupedLoraFunction,
+    group_lora_linears,
+)
 from expert_cli.train.model import enable_checkpointing
 
 
@@ -368,22 +373,47 @@ def test_a_run_asked_for_grouped_layers_says_so(tmp_path: Path, tiny_model_dir: 
     assert resolved["adapter_kernel"] == "grouped"
     model = resolved["runtime"]["model"]
     assert (model["fused_lora_layers"], model["grouped_lora_layers"]) == (14, 10)
-    # no two targets that read one input: each layer runs alone, and a note says why
-    done = run_cli(
-        *("train", "--manifest", str(manifest), "--output", str(tmp_path / "alone")),
-        *("--set", 'training.config.target_modules=["q_proj","o_proj","down_proj"]'),
+    assert NOTHING_GROUPED not in model["notes"] and COMPILED_UNGROUPED not in model["notes"]
+
+
+def _grouped_run(tmp_path: Path, model_dir: Path, name: str, *sets: str) -> dict:
+    """What manifest.resolved.json records of the model of a 1-step grouped run, trained in
+    this process (the console's lines are `decisions`' view of the same record)."""
+    import json
+
+    from train_helpers import write_expert
+
+    from expert_cli.train.run import TrainOptions, train
+
+    manifest = write_expert(
+        tmp_path / name, model_dir, rows=8, config={"max_steps": 1, "adapter_kernel": "grouped"}
     )
-    said = " ".join(done.stdout.split())
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "6 layers fused" in said and "grouped by input" not in said
-    assert "adapter_kernel: grouped found no two fused LoRA layers" in said
-    # decoder layers traced by torch.compile run their layers one by one: not counted grouped
-    done = run_cli(
-        *("train", "--manifest", str(manifest), "--output", str(tmp_path / "compiled")),
-        *("--set", "training.config.torch_compile=true"),
-        *("--set", "training.config.torch_compile_backend=aot_eager"),
+    result = train(TrainOptions(manifest, tmp_path / name / "run", overrides=list(sets)))
+    assert result.exit_code == 0
+    resolved = json.loads((tmp_path / name / "run" / "manifest.resolved.json").read_text())
+    return resolved["runtime"]["model"]
+
+
+@pytest.mark.slow
+def test_grouped_with_no_two_layers_of_one_input_says_why(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """No two targets that read one input: each layer runs alone, and a note says why."""
+    targets = 'training.config.target_modules=["q_proj","o_proj","down_proj"]'
+    model = _grouped_run(tmp_path, tiny_model_dir, "alone", targets)
+    assert (model["fused_lora_layers"], model["grouped_lora_layers"]) == (6, 0)
+    assert NOTHING_GROUPED in model["notes"]
+
+
+@pytest.mark.slow
+def test_grouped_under_torch_compile_counts_no_group(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Decoder layers traced by torch.compile run their layers one by one: none is counted
+    grouped, and a note says so (the run trains: compiled layers, one step)."""
+    compiled = (
+        "training.config.torch_compile=true",
+        "training.config.torch_compile_backend=aot_eager",
     )
-    said = " ".join(done.stdout.split())
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "14 layers fused" in said and "grouped by input" not in said
-    assert "torch.compile traces each decoder layer, where the layers run one by one" in said
+    model = _grouped_run(tmp_path, tiny_model_dir, "compiled", *compiled)
+    assert model["compiled_layers"] == 2
+    assert (model["fused_lora_layers"], model["grouped_lora_layers"]) == (14, 0)
+    assert COMPILED_UNGROUPED in model["notes"]
