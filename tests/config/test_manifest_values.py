@@ -409,3 +409,23 @@ def test_a_home_folder_that_is_not_known_is_an_error_not_a_traceback(tmp_path: P
     with pytest.raises(UserError, match=r"^--output ~no_such_user_qq/x: that home folder"):
         resolved_path("~no_such_user_qq/x", "--output")
     assert not path_is_dir("~no_such_user_qq/x") and path_is_dir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "bound"),
+    [
+        ("alpha", 1e300, "less than or equal to 1000000"),
+        ("checkpoint_step", 10**13, "less than or equal to 1000000000000"),
+        ("size_bytes", 2**61, "less than or equal to 1152921504606846976"),
+    ],
+)
+def test_an_adapter_entrys_numbers_are_bounded(
+    tmp_path: Path, field: str, value: float, bound: str
+) -> None:
+    """The adapter entry supplies `training.config`'s alpha where the config leaves it out:
+    an alpha of 1e300 trained to NaN losses with advice about the learning rate."""
+    data = _data()
+    data["base_models"][0]["adapters"][0][field] = value
+    error = _error(tmp_path, data)
+    assert error.startswith(f"manifest.json: base_models[0].adapters[0].{field}: "), error
+    assert bound in error

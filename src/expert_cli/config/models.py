@@ -55,7 +55,9 @@ class AdapterSpec(Strict):
         None, description="Feed-forward modules (IA3 only)."
     )
     r: int | None = Field(None, ge=1, le=1024, description="Rank (LoRA, DoRA, LoKr, AdaLoRA).")
-    alpha: float | None = Field(None, gt=0, description="Scaling numerator: scale = alpha / r.")
+    alpha: float | None = Field(
+        None, gt=0, le=1e6, description="Scaling numerator: scale = alpha / r."
+    )
     scaling: str | None = Field(None, description="Descriptive scaling name; kept, not acted on.")
     dropout: Probability | None = Field(None, description="Dropout on the adapter input.")
     use_dora: bool | None = Field(None, description="Weight-decomposed LoRA (DoRA).")
@@ -64,8 +66,10 @@ class AdapterSpec(Strict):
         description="Where packaged weights lived (HiveLLM's loader reads them at the "
         "package root); accepted, left out of a package.",
     )
-    checkpoint_step: int | None = Field(None, ge=0, description="Packaged checkpoint; kept.")
-    size_bytes: int | None = Field(None, ge=0, description="Packaged size; kept.")
+    checkpoint_step: int | None = Field(
+        None, ge=0, le=10**12, description="Packaged checkpoint; kept."
+    )
+    size_bytes: int | None = Field(None, ge=0, le=2**60, description="Packaged size; kept.")
     sha256: str | None = Field(None, description="Packaged hash; kept.")
 
 
