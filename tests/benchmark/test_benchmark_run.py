@@ -566,3 +566,17 @@ def test_workload_takes_the_kernels_train_takes_on_a_gpu(monkeypatch: pytest.Mon
         assert info["adapter_layers_fused"] == (2 * 7 if gpu else 0)  # both layers' 7
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
     assert losses[True][2] < losses[True][0]
+
+
+@pytest.mark.parametrize("flag", ["output", "plot"])
+def test_a_report_folder_that_cannot_be_written_is_refused_before_sampling(
+    tmp_path: Path, flag: str
+) -> None:
+    """A folder that exists but takes no file (/proc here; a read-only disk alike) was found
+    out by the write after the whole window, as a traceback; a file where the folder should
+    be was called a folder that does not exist."""
+    with pytest.raises(UserError, match=rf"^--{flag} .*/proc/self cannot be written to"):
+        bm.validate_options(bm.BenchmarkOptions(**{flag: Path("/proc/self/r.png")}))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UserError, match=rf"^--{flag}: .*afile is a file, not a folder"):
+        bm.validate_options(bm.BenchmarkOptions(**{flag: tmp_path / "afile" / "r.png"}))

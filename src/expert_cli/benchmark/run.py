@@ -36,7 +36,12 @@ from expert_cli.benchmark.metrics import (
 from expert_cli.benchmark.plot import write_plot
 from expert_cli.benchmark.stats import compute_stats, split_phases
 from expert_cli.errors import Terminated, UserError
-from expert_cli.paths import output_file_problem, picture_problem, run_file_problem
+from expert_cli.paths import (
+    output_file_problem,
+    picture_problem,
+    place_problem,
+    run_file_problem,
+)
 from expert_cli.telemetry.flops import peak_bf16_flops
 from expert_cli.telemetry.gpu import GpuUnreadable, HostSampler, NoGpu, NvmlSource, open_nvml
 from expert_cli.telemetry.workload import WORKLOADS, WorkloadRunner, WorkloadSpec, get_workload
@@ -96,8 +101,9 @@ def validate_options(opts: BenchmarkOptions) -> None:
     for flag, path in (("--output", opts.output), ("--plot", opts.plot)):
         if path is None:
             continue
-        if problem := run_file_problem(path, flag) or output_file_problem(path, flag, opts.force):
-            problems.append(problem)
+        problem = run_file_problem(path, flag) or output_file_problem(path, flag, opts.force)
+        if problem := problem or place_problem(path, flag):  # a read-only disk: said before
+            problems.append(problem)  # sampling, not in a traceback after it
     if opts.plot is not None and (problem := picture_problem(opts.plot, "--plot")):
         problems.append(problem)
     if opts.plot is not None and importlib.util.find_spec("matplotlib") is None:
