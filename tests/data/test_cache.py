@@ -18,7 +18,7 @@ from train_helpers import run_here
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
-from expert_cli.data import prepare_data
+from expert_cli.data import prepare_data, prune_earlier_caches
 from expert_cli.data.cache import cache_root_problem, open_cache_root
 from expert_cli.data.discovery import human_size
 from expert_cli.data.sources import load_sources
@@ -689,3 +689,18 @@ def test_prepared_data_kept_to_the_interpreters_exit_prints_nothing(demo_expert_
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] == "built" and int(done.stdout.split()[1]) > 0
     assert "Exception ignored" not in done.stderr and "Error" not in done.stderr, done.stderr
+
+
+def test_a_prune_in_a_cache_folder_that_cannot_be_written_is_a_user_error(
+    demo_expert_dir, monkeypatch
+) -> None:
+    """`pretokenize --prune` on a cache that may be read but not written (a read-only disk)
+    ended in filelock's traceback; it is refused as `--force` is, naming the field."""
+    data = prepare(demo_expert_dir / "manifest.json")
+    root = data.cache_dir.parent
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != root)
+    with pytest.raises(UserError) as err:
+        prune_earlier_caches(data)
+    assert err.value.lines[0].startswith("training.config.pretokenized_cache: ")
+    assert "is not writable" in err.value.lines[0]
+    assert data.cache_dir.is_dir()

@@ -113,6 +113,7 @@ def prune_earlier_caches(data: PreparedData) -> None:
     """Remove the expert's other finished caches beside `data`'s, holding the folder's lock
     (no build is writing one); `data.pruned` says what went."""
     expert = data.stats["inputs"]["expert"]
+    open_cache_root(data.cache_dir.parent)  # a folder that takes no lock: named, not a traceback
     with FileLock(str(data.cache_dir.parent / LOCK_NAME)):
         data.pruned = prune_earlier(data.cache_dir, expert)
     data.earlier = count_earlier(data.cache_dir, expert)
