@@ -235,6 +235,39 @@ def test_multi_task_sources_and_weights(tmp_path: Path) -> None:
     ) in cfg.notes
 
 
+def test_multi_task_fields_it_does_not_read_are_refused_or_noted(tmp_path: Path) -> None:
+    """A task's unknown `format` was taken for the block's, a `validation_path` beside tasks
+    was never read (2% of the training data held out instead), and `path` or `tasks` that the
+    `type` leaves unread were dropped in silence."""
+    tasks = {"gen": {"train": "gen.jsonl"}}
+
+    def dataset(**block) -> Path:
+        return _mutate(tmp_path, lambda d: d["training"].__setitem__("dataset", block))
+
+    errors = _errors(dataset(type="multi_task", tasks={"gen": {"train": "g.jsonl", "format": "x"}}))
+    assert errors[0].startswith(
+        "manifest.json: training.dataset.tasks.gen.format: Input should be 'jsonl'"
+    ), errors
+    errors = _errors(dataset(type="multi_task", tasks=tasks, validation_path="valid.jsonl"))
+    assert "validation_path is not read with type multi_task" in errors[0], errors
+    cfg = resolve(load_manifest(dataset(type="multi_task", tasks=tasks, path="all.jsonl")), H100)
+    assert [s.task for s in cfg.train_sources] == ["gen"]
+    assert any(
+        n.startswith("training.dataset.path: not read with type multi_task") for n in cfg.notes
+    )
+    cfg = resolve(load_manifest(dataset(type="single", tasks=tasks, path="all.jsonl")), H100)
+    assert [s.location.rsplit("/", 1)[-1] for s in cfg.train_sources] == ["all.jsonl"]
+    assert any(n.startswith("training.dataset.tasks: not read with type single") for n in cfg.notes)
+    (tmp_path / "g.data").write_text("a,b\n")
+    cfg = resolve(
+        load_manifest(
+            dataset(type="multi_task", tasks={"gen": {"train": "g.data", "format": "csv"}})
+        ),
+        H100,
+    )
+    assert cfg.train_sources[0].format == "csv"
+
+
 def test_resolved_config_round_trips_through_json(v2_dir: Path) -> None:
     cfg = resolve(load_manifest(v2_dir / "manifest.json"), H100)
     again = ResolvedConfig.model_validate_json(cfg.model_dump_json())

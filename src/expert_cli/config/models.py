@@ -40,6 +40,7 @@ from expert_cli.config.decoding import DecodingSpec
 from expert_cli.config.training_config import DistributedSpec, TrainingConfig
 
 MAX_TASK_WEIGHT = 100
+DataFormat = Literal["jsonl", "json", "huggingface", "csv", "parquet", "arrow"]
 
 # --------------------------------------------------------------------------- base model
 
@@ -128,7 +129,7 @@ class TaskSpec(Strict):
         description="Sampling weight: below 1 samples a fraction, above 1 repeats (at most "
         f"{MAX_TASK_WEIGHT} times).",
     )
-    format: str | None = Field(None, description="File format of this task (as `format`).")
+    format: DataFormat | None = Field(None, description="File format of this task (as `format`).")
 
 
 class DatasetSpec(Strict):
@@ -141,7 +142,7 @@ class DatasetSpec(Strict):
     )
     type: Literal["single", "multi_task"] = Field("single", description="One source or tasks.")
     tasks: dict[str, TaskSpec] | None = Field(None, description="Tasks of a multi_task dataset.")
-    format: Literal["jsonl", "json", "huggingface", "csv", "parquet", "arrow"] | None = Field(
+    format: DataFormat | None = Field(
         None, description="Source format; guessed from the file name when unset."
     )
     streaming: bool = Field(
@@ -227,6 +228,11 @@ class DatasetSpec(Strict):
     def _source_given(self) -> DatasetSpec:
         if self.type == "multi_task" and not self.tasks:
             raise ValueError("type multi_task needs a non-empty `tasks` object")
+        if self.type == "multi_task" and self.validation_path:  # it was never read
+            raise ValueError(
+                "validation_path is not read with type multi_task; give each task its own "
+                "`valid` file (tasks.NAME.valid)"
+            )
         if self.type == "single" and not (self.path or "").strip():
             raise ValueError("`path` is required (a local file or a hub dataset id)")
         return self

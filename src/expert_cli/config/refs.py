@@ -319,3 +319,16 @@ def _local_files(ref: Any, training: bool) -> tuple[set[str], list[Path]]:
         return {os.path.realpath(f) for f in kept}, left
     except (OSError, ValueError):
         return set(), []
+
+
+def unread_fields(ds: Any) -> list[str]:
+    """Notes for the dataset block's sources that its `type` leaves unread (`path` beside
+    tasks, tasks beside `path`)."""
+    if ds.type == "multi_task" and ds.path:
+        return ["training.dataset.path: not read with type multi_task (each task names its file)"]
+    if ds.type == "single" and ds.tasks:
+        return [
+            "training.dataset.tasks: not read with type single (training.dataset.path is); "
+            "set type multi_task to train on the tasks"
+        ]
+    return []

@@ -20,7 +20,6 @@ from expert_cli.config.choices import checkpoint_problem, first
 from expert_cli.config.environment import Environment
 from expert_cli.config.models import AdapterType, LoadedManifest
 from expert_cli.config.refs import (
-    FILE_FORMATS,
     held_out_notes,
     is_local,
     local_path,
@@ -28,6 +27,7 @@ from expert_cli.config.refs import (
     on_another_system,
     split_hub_spec,
     suffix_format,
+    unread_fields,
     unread_notes,
     windows_reason,
 )
@@ -226,7 +226,7 @@ def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef
     if ds.type == "multi_task":
         train, valid = [], []
         for name, task in (ds.tasks or {}).items():
-            fmt = task.format if task.format in FILE_FORMATS.values() else ds.format
+            fmt = task.format or ds.format
             at = f"training.dataset.tasks.{name}"
             ref = _source(folder, task.train, fmt, ds.revision, f"{at}.train")
             train.append(ref.model_copy(update={"weight": task.weight, "task": name}))
@@ -310,7 +310,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     notes: list[str] = []
     train, valid = resolve_sources(lm)
     notes += choices.shared_sources(train, valid) + choices.unevaluated_tasks(train, valid)
-    notes += held_out_notes(train, valid) + unread_notes(train + valid)
+    notes += held_out_notes(train, valid) + unread_notes(train + valid) + unread_fields(ds)
     bf16, fp16 = choices.precision(cfg, env, notes)
     tf32 = bool(first(cfg.use_tf32, env.tf32)) and env.tf32
     if cfg.use_tf32 and not env.tf32:
