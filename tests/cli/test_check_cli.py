@@ -199,6 +199,10 @@ def test_one_kind_of_check_at_a_time(capsys, monkeypatch, args, message) -> None
         (["generate", "--adapter", "no-such-run", "-p", "hi"], "no-such-run: does not exist"),
         (["check", "-m", "m.json", "--package", "p.expert"], "--manifest and --package: give"),
         (["find-datasets", "--cache-dir", "no-such-cache"], "no-such-cache"),
+        # refused by click before --json's own callback ran (or any, for an unknown option)
+        (["check", "-m", "m.json", "--quick", "0"], "Invalid value for '--quick'"),
+        (["generate", "--adapter", "r", "-p", "hi", "--max-new-tokens", "0"], "'--max-new-tokens'"),
+        (["package", "--adapter", "r", "--bogus"], "No such option: --bogus"),
     ],
 )
 def test_json_asked_gets_json_on_an_error_too(capsys, monkeypatch, args, message) -> None:

@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 import warnings
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -199,6 +199,12 @@ def main() -> None:
             stream.reconfigure(errors="backslashreplace")
     try:
         app(standalone_mode=True, prog_name="expert-cli")
+    except SystemExit as exc:  # click refused the command line (its own box on stderr)
+        refused = exc.__context__
+        if _usage_error(refused) and _json_in_argv():
+            said = {"kind": "error", "exit_code": refused.exit_code, "lines": _lines(refused)}
+            typer.echo(json.dumps({"error": said}, indent=2, ensure_ascii=False))
+        raise
     except UserError as exc:
         if _state["verbose"]:
             raise
@@ -233,6 +239,24 @@ def _fail(kind: str, exc: BaseException, code: int) -> NoReturn:
         said = {"kind": kind, "exit_code": code, "lines": [one_line(line) for line in lines]}
         typer.echo(json.dumps({"error": said}, indent=2, ensure_ascii=False))
     sys.exit(code)
+
+
+def _json_in_argv() -> bool:
+    """Whether the command line holds --json before a `--` (click refuses an option before
+    --json's own callback runs, an unknown one before any)."""
+    args = sys.argv[1:]
+    return JSON_ASKED["on"] or "--json" in args[: args.index("--") if "--" in args else None]
+
+
+def _usage_error(exc: BaseException | None) -> bool:
+    """Whether `exc` is click's refusal of the command line (typer carries click's
+    exceptions: a UsageError, a BadParameter, an unknown option), not an exit it asked for."""
+    return isinstance(exc, typer.TyperException) and hasattr(exc, "format_message")
+
+
+def _lines(refused: Any) -> list[str]:
+    """click's message for a refused command line, as lines (its box's text)."""
+    return [one_line(line) for line in refused.format_message().splitlines() if line.strip()]
 
 
 def _system_error(exc: BaseException) -> UserError | RunError | None:
