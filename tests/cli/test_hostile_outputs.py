@@ -310,3 +310,22 @@ def test_a_path_of_bytes_that_are_not_utf8(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stdout + done.stderr
     assert "a path or text given holds bytes that are not UTF-8 text" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_a_model_folder_whose_path_is_not_utf8_is_named_as_the_path(tmp_path: Path) -> None:
+    """An expert copied into a folder named with a byte that is not UTF-8: the tokenizers
+    library cannot open the path, which `check` called damaged tokenizer files (advising a
+    copy of files that were whole)."""
+    import shutil
+
+    from conftest import DEMO_EXPERT_DIR
+    from train_helpers import run_here
+
+    expert = tmp_path / "bad\udcffdir"
+    shutil.copytree(DEMO_EXPERT_DIR, expert, ignore=shutil.ignore_patterns(".cache", "output"))
+    done = run_here("check", "-m", str(expert / "manifest.json"))
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 2, said + done.stderr
+    assert "holds bytes that are not UTF-8, which the tokenizers library cannot open" in said
+    assert "damaged" not in said

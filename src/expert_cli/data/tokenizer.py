@@ -27,6 +27,11 @@ MIN_VOCABULARY = 32
 
 def _damaged(model: str, exc: BaseException) -> UserError:
     folder = Path(model)
+    if isinstance(exc, UnicodeEncodeError) and not _utf8(model):  # the path, not the files
+        return UserError(
+            f"base_models[0].name: the path {shown_path(model)} holds bytes that are not UTF-8, "
+            "which the tokenizers library cannot open; rename or move the folder"
+        )
     vocabulary = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model")
     if path_is_dir(model) and not any(path_exists(folder / n) for n in vocabulary):
         return UserError(  # tokenizer_config.json alone: transformers fails in a conversion
@@ -38,6 +43,14 @@ def _damaged(model: str, exc: BaseException) -> UserError:
         f"base_models[0].name: the tokenizer files of {model} are damaged ({type(exc).__name__} "
         "while reading them); copy tokenizer.json and tokenizer_config.json from the model again"
     )
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers")
