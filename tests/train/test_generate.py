@@ -292,6 +292,30 @@ def test_a_run_stopped_before_its_final_adapter_points_at_its_checkpoints(
     assert code == 2 and f"--adapter {run}: an `expert-cli train` is writing this run now" in said
 
 
+def test_a_run_being_trained_before_its_first_checkpoint_is_said_to_be(
+    capsys, monkeypatch, memorised: Path, tmp_path: Path
+) -> None:
+    """A run folder a live `train` holds, before any checkpoint: `package` (and generate,
+    merge) said "no adapter_config.json (expected the output folder of expert-cli train)"."""
+    from filelock import FileLock
+
+    from expert_cli.train.run_folder import LOCK_NAME
+
+    run = tmp_path / "run"
+    shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
+    (run / "adapter_config.json").unlink()
+    commands = (["package"], ["generate", "-p", "x"], ["merge", "--output", str(tmp_path / "m")])
+    with FileLock(str(run / LOCK_NAME)):
+        for command in commands:
+            code, out, err = run_main(capsys, monkeypatch, *command, "--adapter", str(run))
+            said = " ".join(err.split())
+            assert code == 2, (command, out + err)
+            assert f"--adapter {run}: an `expert-cli train` is writing this run now" in said
+    code, out, err = run_main(capsys, monkeypatch, "package", "--adapter", str(run))
+    assert code == 2 and "no adapter_config.json" in " ".join(err.split())
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_base_config_edited_since_the_run_is_named(
     capsys, monkeypatch, memorised: Path, tmp_path: Path
 ) -> None:

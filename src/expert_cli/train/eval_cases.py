@@ -110,7 +110,7 @@ def eval_budgets(cases: list[Case], budget: int, chosen: bool) -> list[str]:
     if chosen:
         return [
             f"{which} --max-new-tokens {budget:,} (the longest {longest:,} tokens): "
-            f"{answers} stop before matching"
+            f"{answers} {'stop' if many else 'stops'} before matching"
         ]
     for case in long:
         case.budget = case.reference_tokens

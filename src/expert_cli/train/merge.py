@@ -31,11 +31,11 @@ from expert_cli.train.outputs import (
     ADAPTER_WEIGHTS,
     adapter_base,
     data_folder_problem,
+    held_by_another,
     read_json_file,
     run_of,
 )
 from expert_cli.train.prompt_format import prompt_format
-from expert_cli.train.run_folder import held_by_another
 from expert_cli.train.tokenizer_files import Stops, layout_stops, saved_tokenizer
 from expert_cli.weights import tensor_shapes
 

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from filelock import FileLock, Timeout
 from peft import PeftConfig
 from pydantic import ValidationError
 
@@ -197,6 +198,12 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
     if not config_path.is_file():
         raise UserError(
             set_aside_line(adapter)
+            or (
+                f"--adapter {shown_path(adapter)}: an `expert-cli train` is writing this run "
+                "now; its adapter comes at the run's end"
+                if held_by_another(adapter)
+                else None
+            )
             or f"--adapter {adapter}: no adapter_config.json (expected the output folder of "
             "`expert-cli train`)"
         )
@@ -332,3 +339,24 @@ def run_of(adapter: Path) -> Path:
         return adapter
     run = adapter.parent.parent
     return run if (run / "manifest.resolved.json").is_file() else adapter
+
+
+LOCK_NAME = ".train.lock"  # held by the process training in the folder
+
+
+def held_by_another(output: Path) -> bool:
+    """Whether a live `train` holds `output` (its lock file exists and cannot be taken). Asked
+    by the main process before any rank decides: its own hold, taken after deciding, would
+    look like another's."""
+    path = output / LOCK_NAME
+    if not path.is_file():
+        return False
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    except OSError:  # not ours to judge here: `claim` names what is wrong with the folder
+        return False
+    lock.release()
+    return False

@@ -36,11 +36,11 @@ from expert_cli.train.choice import (
 from expert_cli.train.outputs import (
     ADAPTER_WEIGHTS,
     finite_number,
+    held_by_another,
     number_pairs,
     read_json_file,
     set_aside_line,
 )
-from expert_cli.train.run_folder import held_by_another
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")
 PLOT_NAME = "training.png"

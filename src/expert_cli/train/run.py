@@ -59,6 +59,7 @@ from expert_cli.train.model_flops import parameter_counts
 from expert_cli.train.outputs import (
     ADAPTER_WEIGHTS,
     RANDOM_BASE,
+    held_by_another,
     materialize_random_base,
     move_final_files,
     output_dir,
@@ -72,7 +73,6 @@ from expert_cli.train.run_folder import (
     claim,
     decide,
     disk_full,
-    held_by_another,
     resumed_max_steps,
     set_aside,
     sweep_leftovers,

@@ -28,12 +28,17 @@ from expert_cli.paths import RUN_OUTPUTS
 from expert_cli.train.checkpoints import checkpoint_step, refuse_pruned, resume_point
 from expert_cli.train.choice import final_step
 from expert_cli.train.distributed import refuse_world_change
-from expert_cli.train.outputs import ASIDE_PREFIX, PID, process_running, read_json_file
+from expert_cli.train.outputs import (
+    ASIDE_PREFIX,
+    LOCK_NAME,
+    PID,
+    process_running,
+    read_json_file,
+)
 from expert_cli.train.same_run import changed_fields, recorded_set_keys
 
 DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: the disk is full
 # what a run writes into its folder (--overwrite removes these and only these)
-LOCK_NAME = ".train.lock"  # held by the process training in the folder
 # what says a folder holds a run (holds_run) goes back last when a set-aside run is restored
 RUN_MARKERS = ("manifest.resolved.json", "metrics.json", "checkpoints")
 CHECKPOINT_NAME = re.compile(r"checkpoint-[0-9]{1,12}")
@@ -292,24 +297,6 @@ def busy(output: Path) -> UserError:
         f"--output {output}: another `expert-cli train` is writing to this folder; wait for it "
         "to end, or choose another --output"
     )
-
-
-def held_by_another(output: Path) -> bool:
-    """Whether a live `train` holds `output` (its lock file exists and cannot be taken). Asked
-    by the main process before any rank decides: its own hold, taken after deciding, would
-    look like another's."""
-    path = output / LOCK_NAME
-    if not path.is_file():
-        return False
-    lock = FileLock(str(path))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        return True
-    except OSError:  # not ours to judge here: `claim` names what is wrong with the folder
-        return False
-    lock.release()
-    return False
 
 
 @dataclass(frozen=True)
