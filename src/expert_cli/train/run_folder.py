@@ -105,7 +105,7 @@ def resumed_max_steps(output: Path, resume: bool, asked: int | None) -> tuple[in
     began = runtime[MAX_STEPS_KEY]
     began = began if isinstance(began, int) and 0 < began <= MAX_STEPS else None
     if asked is None:
-        kept = f"--resume: --max-steps {began}, as the run began (the learning-rate schedule"
+        kept = f"--resume: --max-steps {began}, the length the run was last given (its schedule"
         return began, f"{kept} stays)" if began else ""
     if (done := final_step(output)) is not None and asked <= done:
         return asked, ""  # a finished run with nothing left to train: nothing to rebuild
