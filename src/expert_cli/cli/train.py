@@ -75,7 +75,6 @@ def merge(
     from expert_cli.atomic import sigterm_raises
     from expert_cli.cli.render import console
     from expert_cli.errors import Interrupted, Terminated, escaped
-    from expert_cli.train.merge import merge_adapter
 
     def holds_files() -> bool:  # one rename puts the whole merged model in place
         try:
@@ -86,6 +85,8 @@ def merge(
     held = holds_files()  # a folder with files in it is refused, and left as it was
     try:
         with sigterm_raises():  # SIGTERM and SIGHUP as Ctrl-C: a line saying what was left
+            from expert_cli.train.merge import merge_adapter  # torch's import: seconds
+
             path, notes = merge_adapter(adapter, output)
     except (KeyboardInterrupt, Terminated) as exc:
         code = exc.code if isinstance(exc, Terminated) else 130
