@@ -68,7 +68,7 @@ def output_file_problem(path: Path, label: str, replace: bool = False) -> str | 
     replace such a node; it is a file already and `replace` was not asked for), or None."""
     if not path.parent.resolve().is_dir():
         if path_exists(path.parent):  # a file where the folder should be
-            return f"{label}: {path.parent} is a file, not a folder; give a path in a folder"
+            return f"{label}: {path.parent} is not a folder; give a path in a folder"
         return f"{label}: folder {path.parent} does not exist"
     if path.exists() and not path.is_file():
         return f"{label}: {path} is not a regular file; give a file path"

@@ -578,5 +578,5 @@ def test_a_report_folder_that_cannot_be_written_is_refused_before_sampling(
     with pytest.raises(UserError, match=rf"^--{flag} .*/proc/self cannot be written to"):
         bm.validate_options(bm.BenchmarkOptions(**{flag: Path("/proc/self/r.png")}))
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(UserError, match=rf"^--{flag}: .*afile is a file, not a folder"):
+    with pytest.raises(UserError, match=rf"^--{flag}: .*afile is not a folder"):
         bm.validate_options(bm.BenchmarkOptions(**{flag: tmp_path / "afile" / "r.png"}))
