@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoTokenizer
 from expert_cli.config.refs import windows_note
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import UserError
+from expert_cli.jsontext import encodes
 from expert_cli.paths import path_exists, path_is_dir, shown_path
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ MIN_VOCABULARY = 32
 
 def _damaged(model: str, exc: BaseException) -> UserError:
     folder = Path(model)
-    if isinstance(exc, UnicodeEncodeError) and not _utf8(model):  # the path, not the files
+    if isinstance(exc, UnicodeEncodeError) and not encodes(model):  # the path, not the files
         return UserError(
             f"base_models[0].name: the path {shown_path(model)} holds bytes that are not UTF-8, "
             "which the tokenizers library cannot open; rename or move the folder"
@@ -43,14 +44,6 @@ def _damaged(model: str, exc: BaseException) -> UserError:
         f"base_models[0].name: the tokenizer files of {model} are damaged ({type(exc).__name__} "
         "while reading them); copy tokenizer.json and tokenizer_config.json from the model again"
     )
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers")

@@ -20,6 +20,7 @@ import math
 from typing import Any
 
 from expert_cli.errors import UserError, escaped, value_kind
+from expert_cli.jsontext import encodes
 from expert_cli.train.adapter_entry import described
 from expert_cli.train.hive_schema import (
     ANY,
@@ -59,7 +60,7 @@ def _fits(kind: Any, value: Any) -> bool:
     """Whether a value (not an object or list) has the type the loader reads: a string
     without a lone surrogate, a number a double holds, a whole number in range."""
     if kind == TEXT:
-        return isinstance(value, str) and _encodes(value)
+        return isinstance(value, str) and encodes(value)
     if kind == FLAG:
         return isinstance(value, bool)
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -67,15 +68,6 @@ def _fits(kind: Any, value: Any) -> bool:
     if kind == NUMBER:
         return _finite(value)
     return isinstance(value, int) and 0 <= value <= (WHOLE_MAX if kind == WHOLE else BIG_MAX)
-
-
-def _encodes(text: str) -> bool:
-    """Whether `text` is Unicode text (JSON's `\\ud800` alone reads as a lone surrogate)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _finite(value: int | float) -> bool:
@@ -114,7 +106,7 @@ def _shape(kind: Any, value: Any, where: str, out: list[str], depth: int = 1) ->
             return
         items = enumerate(value) if isinstance(value, list) else value.items()
         for key, item in items:
-            if isinstance(key, str) and not _encodes(key):
+            if isinstance(key, str) and not encodes(key):
                 out.append(f"{where}: a key that is no Unicode text (a lone surrogate)")
                 continue
             place = f"{where}[{key}]" if isinstance(value, list) else f"{where}.{_key(key)}"
@@ -133,7 +125,7 @@ def _kind(value: Any) -> str:
         return "-0, a decimal number to the loader"
     if isinstance(value, int | float) and not isinstance(value, bool) and not _finite(value):
         return "a number out of a double's range"
-    if isinstance(value, str) and not _encodes(value):
+    if isinstance(value, str) and not encodes(value):
         return "a string that is no Unicode text (a lone surrogate)"
     return value_kind(value)
 
@@ -150,9 +142,9 @@ def _free_value_problem(value: Any, depth: int) -> str | None:
             inner = item.values() if isinstance(item, dict) else item
             stack.extend((v, level + 1) for v in inner)
             keys = item.keys() if isinstance(item, dict) else ()
-            if not all(_encodes(k) for k in keys):
+            if not all(encodes(k) for k in keys):
                 return "a key that is no Unicode text (a lone surrogate)"
-        elif isinstance(item, str) and not _encodes(item):
+        elif isinstance(item, str) and not encodes(item):
             return "a string that is no Unicode text (a lone surrogate)"
         elif isinstance(item, int | float) and not isinstance(item, bool) and not _finite(item):
             return "a number out of a double's range"
