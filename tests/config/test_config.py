@@ -268,6 +268,28 @@ def test_multi_task_fields_it_does_not_read_are_refused_or_noted(tmp_path: Path)
     assert cfg.train_sources[0].format == "csv"
 
 
+def test_a_second_schemas_base_or_adapters_beside_the_first_is_refused(tmp_path: Path) -> None:
+    """A 2.0 manifest with 1.0's top-level `adapters` beside base_models[0].adapters trained
+    the latter and shipped the former; a 1.0 manifest with 2.0's `base_models` beside
+    `base_model` trained base_models[0] without a word."""
+
+    def top_adapters(d: dict) -> None:
+        d["adapters"] = [{"type": "dora", "r": 4}]
+
+    errors = _errors(_mutate(tmp_path, top_adapters))
+    assert (
+        "the top-level `adapters` (1.0's) beside it would be shipped but never trained"
+        in (errors[0])
+    ), errors
+
+    def both_bases(d: dict) -> None:
+        d["schema_version"] = "1.0"
+        d["base_model"] = dict(d["base_models"][0])
+
+    errors = _errors(_mutate(tmp_path, both_bases))
+    assert "schema 1.0 uses `base_model`, not `base_models` (2.0's)" in errors[0], errors
+
+
 def test_resolved_config_round_trips_through_json(v2_dir: Path) -> None:
     cfg = resolve(load_manifest(v2_dir / "manifest.json"), H100)
     again = ResolvedConfig.model_validate_json(cfg.model_dump_json())

@@ -342,8 +342,15 @@ class Manifest(BaseModel):
                 raise ValueError("schema 2.0 needs `base_models` (a list with one entry or more)")
             if self.base_model is not None:
                 raise ValueError("schema 2.0 uses `base_models`, not `base_model`")
+            if self.adapters and self.base_models[0].adapters:  # the top-level list: unread
+                raise ValueError(
+                    "schema 2.0 reads base_models[0].adapters; the top-level `adapters` (1.0's) "
+                    "beside it would be shipped but never trained: remove one"
+                )
         elif self.base_model is None:
             raise ValueError("schema 1.0 needs `base_model` {name, ...}")
+        elif self.base_models:
+            raise ValueError("schema 1.0 uses `base_model`, not `base_models` (2.0's): give one")
         return self
 
     @property
