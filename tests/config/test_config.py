@@ -290,6 +290,20 @@ def test_a_second_schemas_base_or_adapters_beside_the_first_is_refused(tmp_path:
     assert "schema 1.0 uses `base_model`, not `base_models` (2.0's)" in errors[0], errors
 
 
+def test_a_validation_file_with_evaluation_off_is_noted(tmp_path: Path) -> None:
+    """evaluation_strategy "no" beside a validation_path: the file was tokenized and never
+    evaluated, and the only note said validation_path gave the validation examples."""
+
+    def no_eval(d: dict) -> None:
+        d["training"]["config"]["evaluation_strategy"] = "no"
+
+    cfg = resolve(load_manifest(_mutate(tmp_path, no_eval)), H100)
+    assert cfg.evaluation_strategy == "no"
+    assert 'validation examples: never evaluated, as evaluation_strategy is "no"' in cfg.notes
+    cfg = resolve(load_manifest(_mutate(tmp_path, lambda d: None)), H100)
+    assert not any(n.startswith("validation examples: never") for n in cfg.notes)
+
+
 def test_resolved_config_round_trips_through_json(v2_dir: Path) -> None:
     cfg = resolve(load_manifest(v2_dir / "manifest.json"), H100)
     again = ResolvedConfig.model_validate_json(cfg.model_dump_json())

@@ -278,6 +278,8 @@ def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> d
                 ': not used, as evaluation_strategy is "no"; every example is trained on'
             )
         fraction = 0.0
+    if not wants_eval and has_validation:  # read and tokenized, never evaluated
+        notes.append('validation examples: never evaluated, as evaluation_strategy is "no"')
     has_eval = has_validation or fraction > 0
     save_steps = first(cfg.save_steps, DEFAULT_SAVE_STEPS)
     strategy = first(cfg.evaluation_strategy, "steps" if has_eval else "no")
