@@ -296,6 +296,7 @@ def test_a_validation_file_with_evaluation_off_is_noted(tmp_path: Path) -> None:
 
     def no_eval(d: dict) -> None:
         d["training"]["config"]["evaluation_strategy"] = "no"
+        d["training"]["config"]["load_best_model_at_end"] = False
 
     cfg = resolve(load_manifest(_mutate(tmp_path, no_eval)), H100)
     assert cfg.evaluation_strategy == "no"
