@@ -577,6 +577,11 @@ def test_decoding_settings_from_the_manifest() -> None:
     assert default == {"max_new_tokens": 256, "do_sample": False} and notes == []
     penalised, _ = decoding_settings({"repetition_penalty": 1.1, "max_new_tokens": 40}, False, None)
     assert penalised == {"max_new_tokens": 40, "do_sample": False, "repetition_penalty": 1.1}
+    both, notes = decoding_settings({"max_tokens": 3, "max_new_tokens": 7}, False, None)
+    assert both["max_new_tokens"] == 7  # the one transformers names wins, and the other is noted
+    assert notes == ["training.decoding.max_tokens: not used; max_new_tokens is"]
+    _, notes = decoding_settings({"max_tokens": 3, "max_new_tokens": 7}, False, 5)
+    assert notes == []  # --max-new-tokens given: neither is read
     for bad in (
         {"temperature": -1},
         {"top_p": float("nan")},

@@ -206,6 +206,8 @@ def decoding_settings(
         if key not in USED_DECODING
     ]
     values = {key: value for key, value in given.items() if key in USED_DECODING}
+    if {"max_new_tokens", "max_tokens"} <= values.keys() and not max_new_tokens:
+        notes.append("training.decoding.max_tokens: not used; max_new_tokens is")
     new = max_new_tokens or values.pop("max_new_tokens", None) or values.pop("max_tokens", None)
     values.pop("max_new_tokens", None)
     values.pop("max_tokens", None)
