@@ -58,6 +58,32 @@ def test_missing_field_names_line_and_mapping(tmp_path, write_jsonl) -> None:
     )
 
 
+def test_a_given_input_or_system_column_that_no_row_holds_is_refused(tmp_path, write_jsonl) -> None:
+    """A misspelt `input` or `system` column (optional: a row may lack it) was left out of
+    every example in silence; one that some rows hold still trains them as they are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"q": "a", "ctx": "c", "a": "x"}, {"q": "b", "a": "y"}]
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    given = {"instruction": "q", "input": "contxt", "response": "a"}
+    msg = error_of(tmp_path, {"path": "train.jsonl", "field_mapping": given})
+    assert msg == (
+        f"{path}: field 'contxt' (field_mapping.input) is in no row; check the column's name, "
+        "or remove it from field_mapping"
+    )
+    some = {"instruction": "q", "input": "ctx", "response": "a", "system": "sys"}
+    assert "field 'sys' (field_mapping.system) is in no row" in error_of(
+        tmp_path, {"path": "train.jsonl", "field_mapping": some}
+    )
+    del some["system"]
+    assert load(tmp_path, {"path": "train.jsonl", "field_mapping": some})  # ctx in one row
+    pq.write_table(pa.Table.from_pylist([{"q": "a", "a": "x"}]), tmp_path / "t.parquet")
+    assert "field 'contxt' (field_mapping.input) is in no row" in error_of(
+        tmp_path, {"path": "t.parquet", "field_mapping": given}
+    )
+
+
 def test_field_of_the_wrong_type_names_line_and_mapping(tmp_path, write_jsonl) -> None:
     """A number or a list where text belongs would be str()-ed and trained on silently."""
     path = write_jsonl(tmp_path / "train.jsonl", [{"text": "a"}, {"text": ["b"]}])

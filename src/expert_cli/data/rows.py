@@ -345,12 +345,28 @@ def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str]
             raise UserError(f"{where}: expected an object with named fields, found {_kind(row)}")
         fields = field_spec(mapping, list(row), where)
     scan = Scan(fields, iter(()), where)
+    # a given input/system column no row holds (a misspelt name): its text was left out
+    unseen = {r: c for r, c in fields.mapping.items() if r in OPTIONAL_ROLES - fields.maybe}
 
     def checked() -> Iterator[dict[str, Any]]:
-        yield check_row(row, scan.fields, where)
+        yield _seen(check_row(row, scan.fields, where), row, unseen)
         for at, value in rows:
             scan.at = at
-            yield check_row(value, scan.fields, at)
+            yield _seen(check_row(value, scan.fields, at), value, unseen)
+        if unseen:
+            role, column = sorted(unseen.items())[0]
+            raise UserError(
+                f"{ref.location}: field '{column}' (field_mapping.{role}) is in no row; "
+                "check the column's name, or remove it from field_mapping"
+            )
 
     scan.rows = checked()
     return scan
+
+
+def _seen(checked: dict[str, Any], row: Any, unseen: dict[str, str]) -> dict[str, Any]:
+    """`checked`, with the mapped columns `row` holds struck from `unseen`."""
+    if unseen and isinstance(row, dict):
+        for role in [r for r, c in unseen.items() if c in row]:
+            del unseen[role]
+    return checked
