@@ -639,6 +639,20 @@ def test_adapter_values_not_acted_on_are_noted(tmp_path: Path) -> None:
     assert _adapter_notes(tmp_path, ia3_with_dora) == [
         "use_dora: DoRA decomposes LoRA weights; not applied to ia3"
     ]
+    # IA3 learns a scaling vector: a rank, alpha and dropout were said to be "used"
+    cfg = resolve(load_manifest(_mutate(tmp_path, ia3_with_dora)), cpu_environment())
+    entry = load_manifest(_mutate(tmp_path, ia3_with_dora)).manifest.primary_adapter
+    assert entry.r is not None and entry.alpha is not None  # the fixture gives both
+    unread = [n for n in cfg.notes if "not applicable to ia3, so not applied" in n]
+    assert unread and unread[0].startswith("rank, alpha"), cfg.notes
+    said_used = ("rank: training.config", "alpha: training.config", "dropout: training.config")
+    assert not any(n.startswith(said_used) for n in cfg.notes)
+
+    def feedforward_on_lora(data: dict) -> None:
+        data["training"]["config"]["feedforward_modules"] = ["down_proj"]
+
+    cfg = resolve(load_manifest(_mutate(tmp_path, feedforward_on_lora)), cpu_environment())
+    assert "feedforward_modules: not applicable to dora, so not applied" in cfg.notes
 
     def more(data: dict) -> None:
         entry = data["base_models"][0]["adapters"][0]

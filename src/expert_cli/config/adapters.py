@@ -26,6 +26,10 @@ DORA_DROPOUT = (
 )
 
 
+# what IA3 (a learned scaling vector per layer) has no use for
+IA3_UNREAD = ("rank", "alpha", "dropout")
+
+
 def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) -> dict[str, Any]:
     """The resolved adapter fields (type, rank, alpha, dropout, targets, DoRA); UserError for
     an adapter the base's quantization cannot train (`on_gpu`: the run's machine has one)."""
@@ -33,7 +37,7 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
     spec = manifest.primary_adapter
     kind = first(cfg.adapter_type, spec.type if spec else None, "lora")
     rank = first(cfg.rank, spec.r if spec else None, DEFAULT_RANK)
-    for name, ours, theirs in (
+    pairs = (
         ("rank", cfg.rank, spec.r if spec else None),
         ("alpha", cfg.alpha, spec.alpha if spec else None),
         ("dropout", cfg.dropout, spec.dropout if spec else None),
@@ -43,8 +47,12 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
             cfg.feedforward_modules,
             spec.feedforward_modules if spec else None,
         ),
-    ):
-        if ours is not None and theirs is not None and ours != theirs:
+    )
+    unread = IA3_UNREAD if kind == "ia3" else ("feedforward_modules",)
+    if given := [n for n, ours, theirs in pairs if n in unread and (ours, theirs) != (None, None)]:
+        notes.append(f"{', '.join(given)}: not applicable to {kind}, so not applied")
+    for name, ours, theirs in pairs:
+        if ours is not None and theirs is not None and ours != theirs and name not in unread:
             notes.append(_overridden(name, ours, theirs))
     if spec and "type" in spec.model_fields_set and cfg.adapter_type and spec.type != kind:
         notes.append(
