@@ -248,3 +248,23 @@ def test_resume_of_a_finished_run_to_fewer_steps_says_only_that(
     said = " ".join(said.split())
     assert code == 0, err
     assert "nothing to resume" in said and "schedule is built again" not in said
+
+
+def test_intervals_edited_before_a_resume_are_applied(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The Trainer takes its logging and save intervals from the checkpoint's state: edited
+    before --resume, they were recorded in manifest.resolved.json and not applied."""
+    config = {"logging_steps": 2, "save_steps": 2, "save_total_limit": 5}
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=16, config=config)
+    out = tmp_path / "run"
+    code, _, err = run_main(capsys, monkeypatch, *_train(manifest, out), "--max-steps", "2")
+    assert code == 0, err
+    every = ("--set", "training.config.logging_steps=1", "--set", "training.config.save_steps=1")
+    code, said, err = run_main(
+        capsys, monkeypatch, *_train(manifest, out), "--max-steps", "4", "--resume", *every
+    )
+    assert code == 0, said + err
+    assert sorted(window_losses(out)) == [2, 3, 4]
+    saved = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert saved == ["checkpoint-2", "checkpoint-3", "checkpoint-4"], saved

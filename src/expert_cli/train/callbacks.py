@@ -283,3 +283,12 @@ class ScheduleNote(TrainerCallback):
                 "learning rate falls from the first steps and the run has no stable phase; "
                 "give fewer decay steps (or num_decay_steps below the run's length)"
             )
+
+
+class ResumedIntervals(TrainerCallback):
+    """A resumed run logs, evaluates and saves at the intervals it was given now: the Trainer
+    takes them from the checkpoint's state, so intervals edited before a --resume were
+    recorded in manifest.resolved.json and not applied."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        state.compute_steps(args, state.max_steps)

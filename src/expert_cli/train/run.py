@@ -36,6 +36,7 @@ from expert_cli.train.callbacks import (
     AdaLoraCallback,
     Interrupt,
     InterruptCallback,
+    ResumedIntervals,
     ScheduleNote,
     earlier_records,
 )
@@ -275,7 +276,14 @@ def make_trainer(
     stop = InterruptCallback(interrupt, distributed.any_rank)
     watch = DivergenceWatch()
     extra = [*run.reporter.callbacks(), ScheduleNote(run.reporter.note)] if run.is_main else []
-    for callback in [*extra, stop, watch, CheckpointMarker(), _tensorboard(run)]:
+    for callback in [
+        *extra,
+        stop,
+        watch,
+        CheckpointMarker(),
+        ResumedIntervals(),
+        _tensorboard(run),
+    ]:
         if callback is not None:
             trainer.add_callback(callback)
     if run.resolved.adapter_type == "adalora":
