@@ -305,6 +305,37 @@ def test_a_validation_file_with_evaluation_off_is_noted(tmp_path: Path) -> None:
     assert not any(n.startswith("validation examples: never") for n in cfg.notes)
 
 
+def test_interval_and_length_settings_their_strategy_leaves_unread_are_noted(
+    tmp_path: Path,
+) -> None:
+    """save_steps under save_strategy "no" or "epoch", eval_steps under evaluation "no",
+    epochs beside max_steps, a compile mode with compile off: each was taken in silence."""
+
+    def unread(d: dict) -> None:
+        d["training"]["config"].update(
+            save_strategy="no",
+            save_steps=7,
+            save_total_limit=2,
+            evaluation_strategy="no",
+            eval_steps=5,
+            load_best_model_at_end=False,
+            epochs=2,
+            max_steps=5,
+            torch_compile=False,
+            torch_compile_mode="max-autotune",
+        )
+
+    notes = resolve(load_manifest(_mutate(tmp_path, unread)), H100).notes
+    for said in (
+        "save_steps: not applicable, save_strategy is no",
+        "save_total_limit: not applicable, save_strategy is no",
+        "eval_steps: not applicable, evaluation_strategy is no",
+        "epochs: not applied; max_steps 5 sets the run's length",
+        "torch_compile_backend/mode: not applicable, torch_compile is off",
+    ):
+        assert said in notes, (said, notes)
+
+
 def test_resolved_config_round_trips_through_json(v2_dir: Path) -> None:
     cfg = resolve(load_manifest(v2_dir / "manifest.json"), H100)
     again = ResolvedConfig.model_validate_json(cfg.model_dump_json())

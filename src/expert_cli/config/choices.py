@@ -196,8 +196,18 @@ def hints(cfg: TrainingConfig, env: Environment, notes: list[str]) -> None:
         notes.append("memory_clear_every: not applicable without a GPU")
     if cfg.group_by_length and cfg.packing is not False:
         notes.append("group_by_length: not applicable to packed rows (all the same length)")
-    if cfg.torch_compile_backend and not cfg.torch_compile:
+    if (cfg.torch_compile_backend or cfg.torch_compile_mode) and not cfg.torch_compile:
         notes.append("torch_compile_backend/mode: not applicable, torch_compile is off")
+    if cfg.save_strategy in ("no", "epoch") and cfg.save_steps is not None:
+        notes.append(f"save_steps: not applicable, save_strategy is {cfg.save_strategy}")
+    if cfg.save_strategy == "no" and cfg.save_total_limit is not None:
+        notes.append("save_total_limit: not applicable, save_strategy is no")
+    if cfg.evaluation_strategy in ("no", "epoch") and cfg.eval_steps is not None:
+        notes.append(
+            f"eval_steps: not applicable, evaluation_strategy is {cfg.evaluation_strategy}"
+        )
+    if cfg.max_steps and (cfg.epochs or cfg.num_epochs):
+        notes.append(f"epochs: not applied; max_steps {cfg.max_steps} sets the run's length")
     if cfg.gradient_checkpointing in ("selective", "unsloth"):
         notes.append(
             f"gradient_checkpointing: {cfg.gradient_checkpointing} recomputation is not built; "
