@@ -349,10 +349,13 @@ def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str]
     unseen = {r: c for r, c in fields.mapping.items() if r in OPTIONAL_ROLES - fields.maybe}
 
     def checked() -> Iterator[dict[str, Any]]:
-        yield _seen(check_row(row, scan.fields, where), row, unseen)
+        yield check_row(row, scan.fields, where)
+        _strike(unseen, row)
         for at, value in rows:
             scan.at = at
-            yield _seen(check_row(value, scan.fields, at), value, unseen)
+            yield check_row(value, scan.fields, at)
+            if unseen:
+                _strike(unseen, value)
         if unseen:
             role, column = sorted(unseen.items())[0]
             raise UserError(
@@ -364,9 +367,8 @@ def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str]
     return scan
 
 
-def _seen(checked: dict[str, Any], row: Any, unseen: dict[str, str]) -> dict[str, Any]:
-    """`checked`, with the mapped columns `row` holds struck from `unseen`."""
-    if unseen and isinstance(row, dict):
+def _strike(unseen: dict[str, str], row: Any) -> None:
+    """Strike from `unseen` (role -> column) the columns `row` holds."""
+    if isinstance(row, dict):
         for role in [r for r, c in unseen.items() if c in row]:
             del unseen[role]
-    return checked

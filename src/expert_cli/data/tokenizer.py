@@ -24,15 +24,18 @@ log = logging.getLogger(__name__)
 # Fewer tokens than this is no language model's tokenizer: transformers 5 builds an empty one
 # (no tokens, or only its end token) from a folder whose vocabulary files are missing.
 MIN_VOCABULARY = 32
+# a path Python keeps with a byte that is not UTF-8 (a lone surrogate), which the tokenizers
+# library (Rust strings) cannot be given
+NOT_UTF8_PATH = (
+    "holds bytes that are not UTF-8, which the tokenizers library cannot open; rename or move "
+    "the folder"
+)
 
 
 def _damaged(model: str, exc: BaseException) -> UserError:
     folder = Path(model)
     if isinstance(exc, UnicodeEncodeError) and not encodes(model):  # the path, not the files
-        return UserError(
-            f"base_models[0].name: the path {shown_path(model)} holds bytes that are not UTF-8, "
-            "which the tokenizers library cannot open; rename or move the folder"
-        )
+        return UserError(f"base_models[0].name: the path {shown_path(model)} {NOT_UTF8_PATH}")
     vocabulary = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model")
     if path_is_dir(model) and not any(path_exists(folder / n) for n in vocabulary):
         return UserError(  # tokenizer_config.json alone: transformers fails in a conversion

@@ -34,6 +34,7 @@ from expert_cli.train.outputs import (
     held_by_another,
     read_json_file,
     run_of,
+    writing_now,
 )
 from expert_cli.train.prompt_format import prompt_format
 from expert_cli.train.tokenizer_files import Stops, layout_stops, saved_tokenizer
@@ -304,8 +305,7 @@ def refuse_unfinished(adapter: Path) -> None:
     shown = shown_path(adapter)
     if held_by_another(adapter):
         raise UserError(
-            f"--adapter {shown}: an `expert-cli train` is writing this run now; its final "
-            f"adapter comes at its end (a checkpoint it wrote can be given meanwhile: "
+            f"{writing_now(adapter)} (a checkpoint it wrote can be given meanwhile: "
             f"--adapter {shown_path(held[-1])})"
         )
     sound = sound_checkpoints(adapter / "checkpoints")

@@ -198,12 +198,7 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
     if not config_path.is_file():
         raise UserError(
             set_aside_line(adapter)
-            or (
-                f"--adapter {shown_path(adapter)}: an `expert-cli train` is writing this run "
-                "now; its adapter comes at the run's end"
-                if held_by_another(adapter)
-                else None
-            )
+            or (writing_now(adapter) if held_by_another(adapter) else None)
             or f"--adapter {adapter}: no adapter_config.json (expected the output folder of "
             "`expert-cli train`)"
         )
@@ -342,6 +337,14 @@ def run_of(adapter: Path) -> Path:
 
 
 LOCK_NAME = ".train.lock"  # held by the process training in the folder
+
+
+def writing_now(adapter: Path) -> str:
+    """What generate, merge and package say of a run folder a live `train` holds."""
+    return (
+        f"--adapter {shown_path(adapter)}: an `expert-cli train` is writing this run now; its "
+        "final adapter comes at its end"
+    )
 
 
 def held_by_another(output: Path) -> bool:

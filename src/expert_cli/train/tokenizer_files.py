@@ -14,8 +14,9 @@ import tokenizers
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
+from expert_cli.data.tokenizer import NOT_UTF8_PATH
 from expert_cli.errors import UserError
-from expert_cli.jsontext import json_int
+from expert_cli.jsontext import encodes, json_int
 from expert_cli.paths import shown_path
 
 TOKENIZER_FILES = (  # as the run saves them; at the package's root
@@ -160,13 +161,8 @@ def saved_tokenizer(adapter: Path, run_dir: Path) -> Any:
             "tokenizer_config.json) in it or its run folder; copy them back from one of the "
             "run's checkpoints, or train again"
         )
-    try:
-        str(folder).encode("utf-8")
-    except UnicodeEncodeError:
-        raise UserError(
-            f"--adapter {shown_path(adapter)}: its path holds bytes that are not UTF-8, which "
-            "the tokenizers library cannot open; rename or move the folder"
-        ) from None
+    if not encodes(str(folder)):
+        raise UserError(f"--adapter {shown_path(adapter)}: its path {NOT_UTF8_PATH}")
     try:
         return AutoTokenizer.from_pretrained(str(folder))
     except TOKENIZER_LOAD_ERRORS as exc:  # the loader's message may quote a file: not shown
