@@ -104,6 +104,24 @@ def write_expert(
     return path
 
 
+def prompt_heavy_expert(folder: Path, model_dir: Path, batch_size: int = 2) -> Path:
+    """The test expert on instruction data (a long prompt, a short answer) with the chunked
+    fused loss, whose LM head runs on the answers' tokens alone."""
+    from conftest import write_jsonl
+
+    config = {"fused_loss": "chunked", "batch_size": batch_size}
+    manifest = write_expert(folder, model_dir, rows=8, config=config)
+    rows = [
+        {"q": " ".join(f"word{(i * 7 + j) % 50}" for j in range(40)), "a": f"answer {i} ok"}
+        for i in range(16)
+    ]
+    write_jsonl(folder / "data" / "train.jsonl", rows)
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["field_mapping"] = {"instruction": "q", "response": "a"}
+    manifest.write_text(json.dumps(data))
+    return manifest
+
+
 def hand_built_manifest(**top) -> dict:
     return {
         "name": "expert-x",

@@ -92,10 +92,17 @@ def test_two_nodes_over_localhost_with_node_local_caches(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     """torchrun --nnodes 2 --nproc_per_node 1 twice (node ranks 0 and 1): one adapter, rank 0
-    prints, each node builds the token cache in its own root, every rank's figures recorded."""
-    from train_helpers import cli_env
+    prints, each node builds the token cache in its own root, every rank's figures recorded.
+    The expert's fused loss runs the LM head on its answers' tokens alone: each rank's batches
+    carry their own loss positions through DDP and accelerate's loader, and the two processes
+    of 2 rows train as one process of 4 rows."""
+    from train_helpers import cli_env, prompt_heavy_expert, run_here
 
-    manifest = write_expert(tmp_path / "e", tiny_model_dir)
+    manifest = prompt_heavy_expert(tmp_path / "e", tiny_model_dir)
+    alone = prompt_heavy_expert(tmp_path / "alone", tiny_model_dir, batch_size=4)
+    single = run_here(*_train(tmp_path / "a", alone, "--max-steps", "3"))
+    assert single.returncode == 0, single.stdout + single.stderr
+    assert "the LM head on trained tokens only" in single.stdout
     out, port = tmp_path / "out", _free_port()
     nodes, logs = [], []
     try:
@@ -160,6 +167,9 @@ def test_two_nodes_over_localhost_with_node_local_caches(
     assert sum(r["tokens_per_s"] for r in ranks) == pytest.approx(summary["tokens_per_s"])
     assert summary["data_wait_fraction"] >= max(r["data_wait_fraction"] for r in ranks) - 1e-9
     assert all(len(w["ranks"]) == 2 for w in metrics["windows"])
+    expected, got = window_losses(tmp_path / "a"), window_losses(out)
+    assert sorted(got) == [1, 2, 3]
+    assert got == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from train_helpers import load_adapter, png_facts, read_metrics, run_cli, run_here, run_main
+from train_helpers import load_adapter, png_facts, read_metrics, run_here, run_main
 
 STEPS = 10
 WINDOW_KEYS = {
@@ -47,7 +47,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
     expert = tmp_path_factory.mktemp("demo") / "demo"
     shutil.copytree(DEMO_EXPERT_DIR, expert, ignore=shutil.ignore_patterns(".cache", "output"))
     out = expert / "out"
-    proc = run_cli(
+    proc = run_here(
         "train",
         "--manifest",
         str(expert / "manifest.json"),
