@@ -268,6 +268,39 @@ def test_multi_task_fields_it_does_not_read_are_refused_or_noted(tmp_path: Path)
     assert cfg.train_sources[0].format == "csv"
 
 
+def test_data_named_and_not_read_is_noted(tmp_path: Path) -> None:
+    """A `test_path` naming no file (kept, read by no command) and a data folder's files of
+    another format than the block's `format` (a parquet folder's .jsonl files) were left out
+    in silence."""
+
+    def dataset(**block) -> Path:
+        return _mutate(tmp_path, lambda d: d["training"].__setitem__("dataset", block))
+
+    (tmp_path / "all.jsonl").write_text('{"text": "a"}\n')
+    cfg = resolve(load_manifest(dataset(path="all.jsonl", test_path="data/tset.jsonl")), H100)
+    assert (
+        "training.dataset.test_path: data/tset.jsonl is not there (it is kept as written and "
+        "read by no command; check the path)"
+    ) in cfg.notes
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tset.jsonl").write_text("")
+    cfg = resolve(load_manifest(dataset(path="all.jsonl", test_path="data/tset.jsonl")), H100)
+    assert not [n for n in cfg.notes if "test_path" in n]
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for name in ("a.parquet", "b.jsonl", "c.jsonl.gz"):
+        (folder / name).write_bytes(b"")
+    cfg = resolve(load_manifest(dataset(path="mixed", format="parquet")), H100)
+    assert (
+        f"training.dataset.path: 2 data file(s) in {folder} are not read (b.jsonl, "
+        "c.jsonl.gz): format parquet reads its own files only (split them into folders of one "
+        "format each to train on both)"
+    ) in cfg.notes
+    cfg = resolve(load_manifest(dataset(path="mixed")), H100)
+    assert not [n for n in cfg.notes if "data file(s)" in n]
+
+
 def test_a_second_schemas_base_or_adapters_beside_the_first_is_refused(tmp_path: Path) -> None:
     """A 2.0 manifest with 1.0's top-level `adapters` beside base_models[0].adapters trained
     the latter and shipped the former; a 1.0 manifest with 2.0's `base_models` beside
@@ -661,6 +694,16 @@ def test_adapter_values_not_acted_on_are_noted(tmp_path: Path) -> None:
 
     assert _adapter_notes(tmp_path, conflict) == [
         "adapter_type: training.config.adapter_type=lora is used; the adapter entry says type=dora"
+    ]
+
+    def lora_with_dora(data: dict) -> None:  # plain LoRA by name, DoRA by the entry
+        data["training"]["config"]["adapter_type"] = "lora"
+        data["base_models"][0]["adapters"][0].update(type="lora", use_dora=True)
+
+    cfg = resolve(load_manifest(_mutate(tmp_path, lora_with_dora)), cpu_environment())
+    assert cfg.use_dora and _adapter_notes(tmp_path, lora_with_dora) == [
+        "adapter_type: lora with the adapter entry's use_dora true trains DoRA (LoRA with "
+        "weight decomposition); set use_dora false on the entry for plain LoRA"
     ]
 
     def ia3_with_dora(data: dict) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -553,3 +554,29 @@ def test_a_template_without_text_names_no_field_that_is_not_there() -> None:
     with pytest.raises(UserError) as info:
         render_instruction("custom", "q", None, None)
     assert info.value.lines[0].startswith("the base model's prompt_template 'custom' needs")
+
+
+def test_a_response_template_beside_instruction_data_is_noted_as_unread(
+    capsys, monkeypatch, tmp_path, tiny_model_dir
+) -> None:
+    """Instruction rows are trained on their response field: a response_template beside them
+    was never read, and nothing said so (with `messages` it is checked against the chat
+    template)."""
+    from train_helpers import prompt_heavy_expert, run_main
+
+    from expert_cli.data.formatting import TEMPLATE_UNREAD
+
+    manifest = prompt_heavy_expert(tmp_path / "e", tiny_model_dir)
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["response_template"] = "### Answer:"
+    manifest.write_text(json.dumps(data))
+    code, out, err = run_main(capsys, monkeypatch, "check", "--manifest", str(manifest), "--json")
+    assert code == 0, out + err
+    assert json.loads(out)["notes"].count(TEMPLATE_UNREAD) == 1
+    code, out, err = run_main(capsys, monkeypatch, "pretokenize", "--manifest", str(manifest))
+    assert code == 0, out + err
+    assert "response_template: not read with instruction data" in " ".join(out.split())
+    del data["training"]["dataset"]["response_template"]
+    manifest.write_text(json.dumps(data))
+    code, out, _ = run_main(capsys, monkeypatch, "check", "--manifest", str(manifest), "--json")
+    assert code == 0 and TEMPLATE_UNREAD not in json.loads(out)["notes"]

@@ -336,3 +336,30 @@ def test_a_conversation_of_many_answers_asks_the_template_for_some(
     assert (
         f"conversations of over {MAX_ASKED} answers 1 (at most their first {MAX_ASKED - 1}" in words
     )
+
+
+def test_an_answer_of_weight_zero_is_context(tiny_tokenizer) -> None:
+    """OpenAI's fine-tuning format leaves an assistant message of `"weight": 0` out of the
+    loss; it was trained like any other. It is context now; every answer of weight 0 leaves
+    nothing to train (dropped); any other weight trains; a template that cannot be asked for
+    the other answers (no generation prompt before its answers) refuses the row."""
+    tok = _tok(tiny_tokenizer, None)
+    weighed = copy.deepcopy(TALK)
+    weighed[2]["weight"] = 0
+    (row,) = _trained(tok, [weighed])
+    assert (row["status"], row["style"]) == (KEPT, "weighted")
+    assert row["trained_text"] == "second answer<|im_end|><|endoftext|>"
+    said = masking_words({"styles": {"weighted": 1, "last_turns": 1}}) or ""
+    assert 'conversations with answers of "weight": 0 left as context 1' in said
+    every = copy.deepcopy(weighed)
+    every[4]["weight"] = 0.0
+    (row,) = _trained(tok, [every])
+    assert row["status"] == DROPPED_NO_COMPLETION and row["trained_text"] == ""
+    for weight in (1, "0", False, None):  # only the number 0 leaves an answer out
+        talk = copy.deepcopy(TALK)
+        talk[2]["weight"] = weight
+        (row,) = _trained(tok, [talk])
+        assert row["trained_text"] == "first answer<|im_end|>second answer<|im_end|><|endoftext|>"
+    (row,) = _trained(_tok(tiny_tokenizer, PLAIN), [weighed], "assistant: ")
+    assert (row["style"], row["trained"]) == ("refused", 0)
+    assert row["refused"] == 'an answer of "weight": 0 that its chat template cannot leave untrained'

@@ -61,6 +61,11 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
         )
     if spec and spec.use_dora and kind not in ("lora", "dora"):
         notes.append(f"use_dora: DoRA decomposes LoRA weights; not applied to {kind}")
+    if spec and spec.use_dora and cfg.adapter_type == "lora":  # asked plain LoRA by name
+        notes.append(
+            "adapter_type: lora with the adapter entry's use_dora true trains DoRA (LoRA "
+            "with weight decomposition); set use_dora false on the entry for plain LoRA"
+        )
     notes += _unused_entries(manifest)
     if kind == "adalora":
         notes.append(

@@ -282,6 +282,8 @@ def unread_notes(refs: list[Any]) -> list[str]:
             if _saved(path):
                 continue
             left = unread_files(path)
+            data = folder_data_files(path)
+            other = [f for f in data if f not in set(of_format(data, ref.format))]
         except (OSError, UserError):  # the data check names a folder that cannot be read
             continue
         if left:
@@ -289,6 +291,12 @@ def unread_notes(refs: list[Any]) -> list[str]:
                 f"{ref.field}: {len(left)} file(s) in {shown_path(path)} are not read "
                 f"({_named(left, ref.location)}): jsonl, json, csv, parquet and arrow files "
                 "are, the first three also as .gz, .bz2 or .xz"
+            )
+        if other:
+            notes.append(
+                f"{ref.field}: {len(other)} data file(s) in {shown_path(path)} are not read "
+                f"({_named(other, ref.location)}): format {ref.format} reads its own files "
+                "only (split them into folders of one format each to train on both)"
             )
     return notes
 
@@ -321,14 +329,30 @@ def _local_files(ref: Any, training: bool) -> tuple[set[str], list[Path]]:
         return set(), []
 
 
-def unread_fields(ds: Any) -> list[str]:
+def unread_fields(ds: Any, folder: Path) -> list[str]:
     """Notes for the dataset block's sources that its `type` leaves unread (`path` beside
-    tasks, tasks beside `path`)."""
+    tasks, tasks beside `path`), and for a `test_path` (kept, read by no command) naming
+    nothing on this machine."""
+    notes = []
+    if ds.test_path and is_local(folder, ds.test_path) and not _there(folder, ds.test_path):
+        notes.append(
+            f"training.dataset.test_path: {shown_path(ds.test_path)} is not there (it is kept "
+            "as written and read by no command; check the path)"
+        )
     if ds.type == "multi_task" and ds.path:
-        return ["training.dataset.path: not read with type multi_task (each task names its file)"]
+        notes.append(
+            "training.dataset.path: not read with type multi_task (each task names its file)"
+        )
     if ds.type == "single" and ds.tasks:
-        return [
+        notes.append(
             "training.dataset.tasks: not read with type single (training.dataset.path is); "
             "set type multi_task to train on the tasks"
-        ]
-    return []
+        )
+    return notes
+
+
+def _there(folder: Path, value: str) -> bool:
+    try:
+        return path_exists(local_path(folder, value))
+    except UserError:  # a path no machine has (a NUL byte): not there
+        return False

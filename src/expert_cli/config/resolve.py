@@ -312,7 +312,9 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     notes: list[str] = []
     train, valid = resolve_sources(lm)
     notes += choices.shared_sources(train, valid) + choices.unevaluated_tasks(train, valid)
-    notes += held_out_notes(train, valid) + unread_notes(train + valid) + unread_fields(ds)
+    notes += (
+        held_out_notes(train, valid) + unread_notes(train + valid) + unread_fields(ds, lm.folder)
+    )
     bf16, fp16 = choices.precision(cfg, env, notes)
     tf32 = bool(first(cfg.use_tf32, env.tf32)) and env.tf32
     if cfg.use_tf32 and not env.tf32:

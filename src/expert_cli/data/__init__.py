@@ -74,6 +74,16 @@ class PreparedData:
         ]
         return max((i for i in found if i is not None), default=None)
 
+    def longest_example(self) -> int:
+        """The longest example's tokens (train and eval; positions restart at 0 with each
+        packed example): one pass over the memory-mapped position ids."""
+        found = [
+            pc.max(pc.list_flatten(ds.data.column("position_ids"))).as_py()
+            for ds in (self.train, self.eval)
+            if ds is not None
+        ]
+        return max((i + 1 for i in found if i is not None), default=0)
+
     def ids_present(self, ids: list[int]) -> set[int]:
         """Which of `ids` the cache holds (train and eval): one pass over the memory-mapped
         ids."""

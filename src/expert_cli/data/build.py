@@ -39,6 +39,7 @@ from expert_cli.data.formatting import (
     DROPPED_OVERLONG,
     DROPPED_TEMPLATE,
     KEPT,
+    TEMPLATE_UNREAD,
     TRUNCATED,
     Formatter,
     check_chat_template,
@@ -133,6 +134,7 @@ def _build(
         notes = notes + check_chat_template(tokenizer, resolved.response_template)
     if sources.fields.kind == "instruction":
         check_prompt_template(resolved.prompt_template)
+        notes = notes + ([TEMPLATE_UNREAD] if resolved.response_template else [])
     formatter = Formatter(
         tokenizer=tokenizer,
         kind=sources.fields.kind,

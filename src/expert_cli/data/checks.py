@@ -25,6 +25,7 @@ from expert_cli.data.build import (
 from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.fields import FieldSpec
 from expert_cli.data.formatting import (
+    TEMPLATE_UNREAD,
     check_chat_template,
     check_prompt_template,
 )
@@ -32,9 +33,10 @@ from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missi
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.row_checks import DataCheck, blank_conversation, template_verdict
 from expert_cli.data.sources import NO_EVAL_ROWS, holds_nothing_out
-from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
+from expert_cli.data.tokenizer import ids_in_use, load_tokenizer, read_config
 from expert_cli.data.turns import template_notes, turn_layout
 from expert_cli.errors import UserError
+from expert_cli.paths import shown_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -113,6 +115,8 @@ def check_manifest(
     ]
     if data.fields is not None and data.fields.kind == "messages" and tokenizer is not None:
         report.notes = [*report.notes, *template_notes(turn_layout(tokenizer))]
+    if data.fields is not None and data.fields.kind == "instruction" and resolved.response_template:
+        report.notes = [*report.notes, TEMPLATE_UNREAD]
     blank_problems, blank_notes = data.blank_lines(resolved)
     report.problems += blank_problems
     report.notes = [*report.notes, *blank_notes]
@@ -130,6 +134,8 @@ def check_manifest(
     if model_check is not None and not report.problems:
         problem = model_check(resolved, tokens)
         report.problems += [problem] if problem else []
+    if not report.problems and (note := _positions_note(resolved)):
+        report.notes = [*report.notes, note]
     report.rows_checked = data.rows
     # one line once: a mapping problem is found in each source that reads it (the training
     # and the validation file), and was listed twice
@@ -168,6 +174,22 @@ def _check_model(cfg: ResolvedConfig, tokenizer_problems: list[str]) -> list[str
     if pretrained:
         problems += base_file_problems(cfg.base_model, "local")
     return problems + tokenizer_problems
+
+
+def _positions_note(cfg: ResolvedConfig) -> str | None:
+    """Rows longer than the positions the base's configuration gives (a rotary model runs
+    past them, untrained there; a learned position table is refused by the model check)."""
+    config, _ = read_config(cfg.base_model, cfg.trust_remote_code)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(text, "max_position_embeddings", None)
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit < cfg.max_seq_length:
+        return None
+    return (
+        f"training.config.max_seq_length: {cfg.max_seq_length:,} is over the {limit:,} "
+        f"positions base model {shown_path(cfg.base_model)} is configured for "
+        "(max_position_embeddings): an example longer than that trains positions it was not "
+        f"pretrained on, and `generate` refuses prompts of {limit:,} tokens or more"
+    )
 
 
 def _local_tokenizer(cfg: ResolvedConfig) -> tuple[PreTrainedTokenizerFast | None, list[str]]:

@@ -94,6 +94,8 @@ def unanswered(style: str, stored: list[Any] | str) -> str | None:
     """Why a rendered conversation is not trained: its chat template rendered no assistant
     turn (a ShareGPT "gpt" role, Gemma's "model", only system and user turns), so no part
     of it is an answer (the whole text, prompts too, was trained); None when it has one."""
+    if style == "unweighed":
+        return 'an answer of "weight": 0 that its chat template cannot leave untrained'
     return f"no assistant turn, roles {roles_of(stored)}" if style == "none" else None
 
 
@@ -178,6 +180,11 @@ def check_chat_template(
 # past the limit, so the cut changes no token an example keeps.
 CUT_CHARS_PER_TOKEN = 32
 CUT_MARGIN = 64
+# instruction data: the response field is what is trained, prompt_template lays out the rest
+TEMPLATE_UNREAD = (
+    "training.dataset.response_template: not read with instruction data (each row's response "
+    "field is what is trained; prompt_template lays out the prompt)"
+)
 
 
 @dataclass

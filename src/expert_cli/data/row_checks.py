@@ -30,7 +30,7 @@ from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import checked_columns, load_saved
 from expert_cli.data.spans import assistant_spans, has_content
 from expert_cli.data.stats_words import NO_COMPLETION
-from expert_cli.data.turns import conversation_spans, turn_layout
+from expert_cli.data.turns import conversation_spans, turn_layout, weighed_out
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -63,7 +63,8 @@ def template_verdict(
     layout = turn_layout(tokenizer)
 
     def verdict(messages: list[Any]) -> str | None:
-        shape = conversation_shape(without_fill_ins(messages))  # as the template will see it
+        # as the template will see it, and whether an answer is left out ("weight": 0)
+        shape = conversation_shape(without_fill_ins(messages)), any(map(weighed_out, messages))
         if shape in seen:
             return seen[shape]
         stored = conversation(conversation_text(messages))  # as the build keeps it
@@ -117,6 +118,7 @@ def _says_something(message: Any) -> bool:
         isinstance(message, dict)
         and message.get("role") == "assistant"
         and has_text(message.get("content"))
+        and not weighed_out(message)
     )
 
 

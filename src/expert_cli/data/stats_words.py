@@ -17,6 +17,7 @@ STYLE_WORDS = {
     "turns": "assistant turns as the chat template writes them",
     "last_turns": "conversations with earlier answers left as context",
     "many_turns": f"conversations of over {MAX_ASKED} answers",
+    "weighted": 'conversations with answers of "weight": 0 left as context',
 }
 # why a `many_turns` row trains only some of its answers
 MANY_TURNS_WHY = (

@@ -24,6 +24,11 @@ conversation) and whose text the marker rules read gives the same spans, so `nee
 the template only where the answer can differ: no marker it knows, a `response_template`, or an
 answer before the last message under a template that writes turns otherwise (unless it writes
 answers of role and content alike, and the conversation's earlier answers are such).
+
+An answer with OpenAI's `"weight": 0` is context (`weighted`): the template is asked for the
+other answers alone. Where the template cannot be asked (it writes no answer after its
+generation prompt, or refuses a part of the conversation) such a row is `unweighed`, refused
+rather than trained on the answer its author left out.
 """
 
 from __future__ import annotations
@@ -60,6 +65,15 @@ PROBE = [
 ]
 
 
+def weighed_out(message: Any) -> bool:
+    """An assistant message its author left out of training: OpenAI's `"weight": 0` (a
+    number; any other weight, or none, trains it)."""
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return False
+    weight = message.get("weight")
+    return isinstance(weight, int | float) and not isinstance(weight, bool) and weight == 0
+
+
 def _render(tokenizer: PreTrainedTokenizerFast, messages: list[Any], prompt: bool) -> str:
     return str(
         tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
@@ -82,6 +96,8 @@ def template_turns(
     otherwise = 0
     eos = getattr(tokenizer, "eos_token", None) or ""
     for i in _asked(messages):
+        if weighed_out(messages[i]):
+            continue  # context, as the template writes it
         try:
             prompt = _render(tokenizer, messages[:i], True)
             if limit is not None and len(prompt) > limit:
@@ -255,15 +271,22 @@ def conversation_spans(
     """The trained spans of a rendered conversation and their rule: `turns` (every answer as
     the template writes it), `last_turns` (some answers written otherwise, left as context),
     `many_turns` (the answers past MAX_ASKED left as context),
+    `weighted` (answers of `"weight": 0` left as context), `unweighed` (such answers the
+    template cannot be asked to leave out: no spans, the row is refused),
     else the marker rules of data/spans.py. `limit`: see `template_turns`."""
+    weighted = any(weighed_out(messages[i]) for i in _answers(messages))
+    if weighted and not layout.follows:
+        return [], "unweighed"
     spans, style = assistant_spans(text, response_template)
-    if not needs_turns(style, messages, layout, response_template):
+    if not weighted and not needs_turns(style, messages, layout, response_template):
         return spans, style
     found = template_turns(tokenizer, messages, text, limit)
-    if found == ([], 0) and limit is not None and len(text) > limit:
-        return [], "turns"  # its answers lie past what is tokenized: dropped as cut away
-    if found is None or not (found[0] or found[1]):
+    if found == ([], 0) and (weighted or (limit is not None and len(text) > limit)):
+        return [], "turns"  # its answers lie past what is tokenized, or are all weighed out
+    if found is None:
+        return ([], "unweighed") if weighted else (spans, style)
+    if not (found[0] or found[1]):
         return spans, style
     if len(_answers(messages)) > MAX_ASKED:
         return found[0], "many_turns"  # the answers past MAX_ASKED: context
-    return found[0], "last_turns" if found[1] else "turns"
+    return found[0], "last_turns" if found[1] else "weighted" if weighted else "turns"

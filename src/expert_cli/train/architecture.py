@@ -155,6 +155,20 @@ def positions_problem(model: Any, max_seq_length: int, source: str) -> str | Non
     )
 
 
+def positions_note(model: Any, longest: int, source: str) -> str | None:
+    """The data's longest example past the positions the model is configured for (a rotary
+    model runs there untrained; a learned table was refused before the data was read)."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit < longest:
+        return None
+    return (
+        f"base model {shown_path(source)}: the data's longest example is {longest:,} tokens, "
+        f"over the {limit:,} positions it is configured for (max_position_embeddings): "
+        "positions it was not pretrained on are trained, and `generate` refuses prompts "
+        f"of {limit:,} tokens or more"
+    )
+
+
 def cache_id_problem(model: Any, largest: int | None, source: str) -> str | None:
     """Why the token cache's `largest` id has no row in the model's embedding (a token the
     tokenizer added past the model's vocabulary appears in the data); None when it has."""

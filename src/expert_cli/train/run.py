@@ -29,7 +29,7 @@ from expert_cli.errors import RunError, Terminated, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.adapter import start_problem
-from expert_cli.train.architecture import cache_id_problem, untrained_tokens_note
+from expert_cli.train.architecture import cache_id_problem, positions_note, untrained_tokens_note
 from expert_cli.train.args import joined, one_gpu, planned_steps, training_args_kwargs
 from expert_cli.train.batch import plan_run_batch
 from expert_cli.train.callbacks import (
@@ -208,6 +208,8 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     if resolved.init != "random" and (
         note := untrained_tokens_note(model, tokenizer, data.ids_present)
     ):
+        choices.notes.append(note)
+    if note := positions_note(model, data.longest_example(), resolved.base_model):
         choices.notes.append(note)
     dtype, kernel = autocast_dtype(resolved), choices.attn_implementation
     verdict = choices.attention_isolation = checked_isolation(model, kernel, resolved, dtype)
