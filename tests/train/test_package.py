@@ -926,6 +926,23 @@ def test_the_packaged_adapter_entry_describes_the_adapter_shipped(
     assert out.returncode == 2, out.stdout + out.stderr
     line = "base_models[0].adapters[0].r: 64 in manifest.json, 8 in adapter_config"
     assert line in " ".join(out.stdout.split())
+    good = json.loads(run_here("check", "--package", str(package), "--json").stdout)
+    assert not [n for n in good["notes"] if n.startswith("training.config.")]
+
+    def retold(files: dict[str, bytes]) -> dict[str, bytes]:  # how it was trained, edited
+        manifest = json.loads(files["manifest.json"])
+        manifest["training"]["config"].update(rank=64, adapter_type="dora")
+        return {**files, "manifest.json": json.dumps(manifest).encode()}
+
+    out = run_here("check", "--package", str(_repack(package, tmp_path / "re.expert", retold)))
+    said = " ".join(out.stdout.split())
+    assert out.returncode == 0, out.stdout + out.stderr  # the loader reads the entry: a note
+    for line in (
+        "training.config.rank: 64 in manifest.json, 8 in adapter_config.json (the adapter "
+        "shipped is the latter)",
+        "training.config.adapter_type: dora in manifest.json, lora in adapter_config.json",
+    ):
+        assert line in said, said
 
 
 def test_an_adapter_entry_takes_the_values_of_each_adapter_kind() -> None:
@@ -981,3 +998,33 @@ def test_an_adapter_entry_takes_the_targets_and_dropout_trained() -> None:
     ]
     same = {"type": "dora", "target_modules": ["v_proj", "q_proj"], "dropout": 0.1}
     assert disagreements(same, config) == []
+
+
+def test_manifest_edits_since_the_run_are_named(v2_run: Path, tmp_path: Path) -> None:
+    """A description or decoding edited in manifest.json after training was left out of the
+    package (it ships the run's manifest.source.json) without a word."""
+    expert = tmp_path / "expert-tiny"
+    shutil.copytree(v2_run.parent, expert, ignore=shutil.ignore_patterns("out", ".cache"))
+    run, _ = _adapter_copy(v2_run, tmp_path)
+    resolved = json.loads((run / "manifest.resolved.json").read_text())
+    resolved["manifest_path"] = str(expert / "manifest.json")
+    (run / "manifest.resolved.json").write_text(json.dumps(resolved))
+
+    def package_notes() -> list[str]:
+        out = tmp_path / "x.expert"
+        done = run_here("package", "--adapter", str(run), "--output", str(out), "--json", "--force")
+        assert done.returncode == 0, done.stdout + done.stderr
+        return [n for n in json.loads(done.stdout)["notes"] if "edited since the run" in n]
+
+    assert package_notes() == []
+    manifest = json.loads((expert / "manifest.json").read_text())
+    manifest["description"] = "A better description."
+    manifest["training"]["decoding"]["temperature"] = 0.7
+    manifest["tags"] = ["sql"]
+    (expert / "manifest.json").write_text(json.dumps(manifest))
+    (note,) = package_notes()
+    assert note.startswith(
+        f"{expert / 'manifest.json'}: edited since the run (description, training.decoding, tags);"
+    )
+    shipped = json.loads(_unpack(tmp_path / "x.expert")["manifest.json"])
+    assert shipped["description"] == "A test expert."  # as trained, and said so

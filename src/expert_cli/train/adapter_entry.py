@@ -125,6 +125,32 @@ def entry_problems(adapter: dict[str, Any], config: dict[str, Any], where: str) 
     ]
 
 
+# training.config's names for the adapter entry's fields
+CONFIG_FIELDS = {
+    "adapter_type": "type",
+    "rank": "r",
+    "alpha": "alpha",
+    "dropout": "dropout",
+    "target_modules": "target_modules",
+}
+
+
+def config_notes(training_config: Any, config: dict[str, Any]) -> list[str]:
+    """`check --package`: each adapter setting of the manifest's `training.config` that the
+    adapter_config.json shipped gives otherwise (HiveLLM's loader reads the adapter entry,
+    so the manifest only misdescribes how the adapter was trained)."""
+    if not isinstance(training_config, dict):
+        return []
+    given = {CONFIG_FIELDS[k]: v for k, v in training_config.items() if k in CONFIG_FIELDS}
+    return [
+        f"training.config.{name}: {was} in manifest.json, {value} in adapter_config.json "
+        "(the adapter shipped is the latter)"
+        for field, was, value in disagreements(given, config)
+        if field in given
+        for name in [next(k for k, f in CONFIG_FIELDS.items() if f == field)]
+    ]
+
+
 # HiveLLM's runtime (its `chat`) adds (lora_alpha / r) x B A to each adapted weight, reading
 # lora_alpha and r as whole numbers (a decimal reads as none: scale 1) and the A and B matrices
 # by name; what else an adapter holds is not applied there

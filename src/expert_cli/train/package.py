@@ -58,7 +58,7 @@ from expert_cli.train.package_check import (
     verify_package,
 )
 from expert_cli.train.package_members import write_tar
-from expert_cli.train.run_source import as_trained, run_manifest
+from expert_cli.train.run_source import as_trained, edited_since, run_manifest
 from expert_cli.train.tokenizer_files import tokenizer_folder, tokenizer_members
 from expert_cli.weights import unchanged_adapter
 
@@ -265,7 +265,9 @@ def plan_members(
     if final_problem and not resolved:
         raise final_problem
     source, manifest_path = run_manifest(run_dir, resolved)
+    edited = edited_since(run_dir, source, manifest_path)
     source, notes = as_trained(source, resolved)
+    notes += edited
     manifest = copy.deepcopy(source)
     try:  # comments included: they are written into the package
         parsed = Manifest.model_validate(copy.deepcopy(source))

@@ -21,7 +21,7 @@ from expert_cli.config.base import MAX_VALUE_ERRORS
 from expert_cli.config.error_lines import loc_text
 from expert_cli.config.loading import MAX_MANIFEST_BYTES, parse_json_text
 from expert_cli.jsontext import NotJson, json_int, no_constant, serde_int
-from expert_cli.train.adapter_entry import entry_problems, runtime_notes
+from expert_cli.train.adapter_entry import config_notes, entry_problems, runtime_notes
 from expert_cli.train.adapter_fit import Shapes
 from expert_cli.train.hive_loader import loader_problems
 from expert_cli.train.hive_schema import read_field
@@ -326,6 +326,7 @@ def _check_entry(report: PackageReport, hashes: dict[str, str], heads: dict[str,
             report.problems.append(f"{ADAPTER_FILES[1]}: {problem}")
         else:
             report.problems += entry_problems(adapter, config, where)
+            report.notes += config_notes(report.manifest["training"].get("config"), config)
             report.notes += runtime_notes(config)
     weights = hashes.get(ADAPTER_FILES[0])
     if weights and adapter.get("sha256") and adapter["sha256"] != weights:

@@ -55,6 +55,43 @@ def run_manifest(run_dir: Path, resolved: dict[str, Any]) -> tuple[dict[str, Any
     return source, manifest_path
 
 
+SHOWN_EDITS = 4  # edited fields a note names
+
+
+def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> list[str]:
+    """A note when the manifest file was edited since the run copied it (a description
+    improved after training): the commands after training read the run's copy."""
+    if not (run_dir / SOURCE_MANIFEST).is_file() or not manifest_path.is_file():
+        return []
+    try:
+        now = read_manifest_json(manifest_path)
+    except UserError:  # not readable now: the run's copy is what counts
+        return []
+    changed = _changed(source, now, "")
+    if not changed:
+        return []
+    names = ", ".join(changed[:SHOWN_EDITS])
+    more = len(changed) - SHOWN_EDITS
+    names += f" and {more} more" if more > 0 else ""
+    return [
+        f"{shown_path(manifest_path)}: edited since the run ({names}); the package holds the "
+        f"manifest the adapter was trained from (the run's {SOURCE_MANIFEST}): train again to "
+        "ship the edits, or make edits that do not change training (description, "
+        f"capabilities, training.decoding) in {SOURCE_MANIFEST} too"
+    ]
+
+
+def _changed(then: Any, now: Any, at: str, depth: int = 2) -> list[str]:
+    """The dotted names of the fields that differ, `depth` levels down at most."""
+    if not (isinstance(then, dict) and isinstance(now, dict)) or depth == 0:
+        return [at or "the whole file"] if then != now else []
+    found = []
+    for key in [*then, *(k for k in now if k not in then)]:
+        name = f"{at}.{key}" if at else str(key)
+        found += _changed(then.get(key, MISSING), now.get(key, MISSING), name, depth - 1)
+    return found
+
+
 Where = tuple[str | int, ...]
 MISSING = object()
 DATA_FILES = ("path", "validation_path", "test_path")
