@@ -229,3 +229,44 @@ def test_random_init_of_a_hub_model(tmp_path: Path) -> None:
     )
     summary = json.loads((tmp_path / "run" / "metrics.json").read_text())["summary"]
     assert (summary["steps"], summary["status"]) == (2, "completed")
+
+
+@pytest.mark.parametrize("hub", ["offline", "unreachable"])
+def test_a_dataset_in_the_hub_cache_trains_without_the_hub(
+    monkeypatch, tmp_path: Path, blackhole: str, hub: str
+) -> None:
+    """A dataset `hf download` put in the hub cache was "cached" to check, and train could not
+    load it: the datasets library reads a hub id from its own Arrow cache alone when the hub
+    cannot be asked (offline: ConnectionError; no network: a minute of retries, their log lines
+    on the terminal). Its snapshot is read as a local folder now."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "arrow"))
+    repo = tmp_path / "hf" / "hub" / "datasets--org--mini"
+    (repo / "snapshots" / "abc" / "data").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc")
+    rows = [
+        {"text": f"<|im_start|>user\nq{i}<|im_end|>\n<|im_start|>assistant\na{i}<|im_end|>\n"}
+        for i in range(30)
+    ]
+    lines = "".join(json.dumps(r) + "\n" for r in rows)
+    (repo / "snapshots" / "abc" / "data" / "train.jsonl").write_text(lines)
+    demo = ROOT / "experts" / "demo"
+    manifest = json.loads((demo / "manifest.json").read_text())
+    manifest["base_models"][0]["name"] = str(demo / "model")
+    manifest["training"]["dataset"] = {"path": "org/mini", "field_mapping": {"text": "text"}}
+    path = tmp_path / "expert" / "manifest.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(manifest))
+    env = {"HF_HOME": str(tmp_path / "hf")}
+    env |= {"HF_HUB_OFFLINE": "1"} if hub == "offline" else {**ONLINE, "HF_ENDPOINT": blackhole}
+    report = json.loads(run_here("check", "-m", str(path), "--json", env=env).stdout)
+    assert report["problems"] == [] and report["hub"][0]["cache_path"] == str(repo)
+    started = time.monotonic()
+    done = run_here("pretokenize", "-m", str(path), env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert time.monotonic() - started < 60  # no minute of retries
+    (found,) = (tmp_path / "expert" / ".cache").rglob("stats.json")
+    stats = json.loads(found.read_text())
+    assert stats["train"]["examples"] + stats["eval"]["examples"] == 30, stats

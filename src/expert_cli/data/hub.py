@@ -131,6 +131,24 @@ def snapshot(repo: str, revision: str | None, hub: Path | None = None) -> Path |
     return Path(found).parent if isinstance(found, str) else None
 
 
+def dataset_snapshot(repo: str, revision: str | None) -> Path | None:
+    """The cached snapshot of dataset `repo` at `revision` (main) that the datasets library
+    can read as a local folder, where the hub cannot be asked (offline, or not reachable):
+    the library loads a hub id from its own Arrow cache alone then, and a download by `hf
+    download` (the hub cache) was "cached" to `check` and unloadable to `train`."""
+    if not (offline() or unreachable(endpoint())):
+        return None
+    repo_dir = default_roots()["hub"] / f"datasets--{repo.replace('/', '--')}"
+    wanted = revision or "main"
+    ref = repo_dir / "refs" / wanted
+    try:
+        commit = ref.read_text(encoding="utf-8").strip() if ref.is_file() else wanted
+        found = repo_dir / "snapshots" / commit
+        return found if commit and found.is_dir() and _holds_bytes(found) else None
+    except (OSError, UnicodeDecodeError, ValueError):  # not a name this cache holds
+        return None
+
+
 def _holds_bytes(snapshot: Path) -> bool:
     """Whether a snapshot holds a file of at least one byte (its links lead to blobs); an
     empty one, or one of links to blobs never finished, is not a download."""

@@ -27,6 +27,7 @@ from expert_cli.atomic import atomic_file
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.conversations import as_text, conversation_text
 from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec
+from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.overlap import shared_note
 from expert_cli.data.reader import shown_names
 from expert_cli.data.rows import Scan, expected_shape, is_saved_dataset, scan_local
@@ -162,11 +163,11 @@ HUB_MESSAGE_CHARS = 300
 
 
 def _load_hub(ref: SourceRef) -> datasets.Dataset:
-
+    split = ref.split or "train"
     try:
-        return datasets.load_dataset(
-            ref.location, ref.config, split=ref.split or "train", revision=ref.revision
-        )
+        if (local := dataset_snapshot(ref.location, ref.revision)) is not None:
+            return datasets.load_dataset(str(local), ref.config, split=split)
+        return datasets.load_dataset(ref.location, ref.config, split=split, revision=ref.revision)
     except datasets.exceptions.DatasetGenerationError as exc:
         # its files were fetched but not read: the causes' messages may quote a row (a CSV
         # parse error does), so only their kind is said, and where to get each row named
