@@ -326,6 +326,12 @@ def test_conversations_with_nothing_to_train_on(
     out = tmp_path / "out"
     code, _, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(out))
     assert code == 2 and problem in " ".join(err.split())
+    # a row refused after an empty one: the rows read up to it are counted ("1 of 0")
+    (data / "train.jsonl").write_text(chat("") + chat("a") + '{"messages": 5}\n')
+    report = check_manifest(manifest)
+    assert "training.dataset: 1 of 2 training examples read have an empty text, response or " in (
+        " ".join(report.notes)
+    )
 
 
 def test_conversations_without_the_response_template_fail_in_check_as_in_train(

@@ -192,8 +192,32 @@ def test_unreadable_places_are_passed_over(tmp_path: Path) -> None:
     (hub / "blobs").mkdir()
     (hub / "blobs" / "b").write_bytes(b"12345")
     (hub / "blobs" / "dangling").symlink_to(tmp_path / "gone")
+    assert discover(tmp_path, None)["empty"] == [str(hub)]  # no snapshot: no download
+    (hub / "snapshots" / "s").mkdir(parents=True)
+    (hub / "snapshots" / "s" / "data.jsonl").symlink_to(hub / "blobs" / "b")
     (entry,) = discover(tmp_path, None)["datasets"]
-    assert (entry["name"], entry["revision"], entry["size_bytes"]) == ("o/n", None, 5)
+    assert (entry["name"], entry["revision"], entry["size_bytes"]) == ("o/n", "s", 5)
+
+
+def test_a_hub_folder_with_no_downloaded_file_is_not_listed(tmp_path: Path) -> None:
+    """`datasets--weird/` with nothing in it, or a snapshot of empty files, was listed as a
+    cached dataset of 0 B that `check` then called not cached: it is named apart."""
+    for name in ("datasets--weird", "datasets--o--stopped/snapshots/abc"):
+        (tmp_path / "hub" / name).mkdir(parents=True)
+    (tmp_path / "hub" / "datasets--o--stopped" / "snapshots" / "abc" / "t.jsonl").touch()
+    blob(tmp_path / "hub" / "datasets--o--kept" / "snapshots" / "abc" / "t.jsonl", 10)
+    result = discover(tmp_path, None)
+    assert [e["name"] for e in result["datasets"]] == ["o/kept"]
+    assert result["empty"] == [
+        str(tmp_path / "hub" / n) for n in ("datasets--o--stopped", "datasets--weird")
+    ]
+    out = CliRunner().invoke(
+        app, ["find-datasets", "--cache-dir", str(tmp_path)], env={"COLUMNS": "300"}
+    )
+    assert out.exit_code == 0, out.output
+    assert (
+        f"not listed: {tmp_path / 'hub' / 'datasets--weird'} (its snapshots hold no" in out.output
+    )
 
 
 def test_cli_json_and_table(hf_home: Path, experts: Path) -> None:

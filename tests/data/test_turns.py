@@ -362,4 +362,6 @@ def test_an_answer_of_weight_zero_is_context(tiny_tokenizer) -> None:
         assert row["trained_text"] == "first answer<|im_end|>second answer<|im_end|><|endoftext|>"
     (row,) = _trained(_tok(tiny_tokenizer, PLAIN), [weighed], "assistant: ")
     assert (row["style"], row["trained"]) == ("refused", 0)
-    assert row["refused"] == 'an answer of "weight": 0 that its chat template cannot leave untrained'
+    assert (
+        row["refused"] == 'an answer of "weight": 0 that its chat template cannot leave untrained'
+    )

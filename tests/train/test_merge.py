@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -36,7 +38,15 @@ def test_merged_model_matches_adapter_logits(
     with pytest.raises(UserError, match=r"data folder .*/e/data; the package and its .sha256"):
         build_package(out, shipped)
     assert not list((manifest.parent / "data").glob("x.expert*"))
-    merged_dir, notes = merge_adapter(out, tmp_path / "merged")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()  # as in a fresh process (train, above, turned them off)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as stderr:
+            merged_dir, notes = merge_adapter(out, tmp_path / "merged")
+    finally:
+        hf_logging.disable_progress_bar()  # as train left them for the tests after this one
+    assert stderr.getvalue() == ""  # transformers' loading and writing bars said nothing
     # the base stops at <|endoftext|> alone; the merged model at ChatML's end of turn too, and
     # at the next turn's opening, as generate does for the run's chatml prompt template
     assert notes == [

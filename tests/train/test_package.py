@@ -1028,3 +1028,17 @@ def test_manifest_edits_since_the_run_are_named(v2_run: Path, tmp_path: Path) ->
     )
     shipped = json.loads(_unpack(tmp_path / "x.expert")["manifest.json"])
     assert shipped["description"] == "A test expert."  # as trained, and said so
+
+
+def test_a_note_of_the_package_check_is_said_once(v2_run: Path, tmp_path: Path) -> None:
+    """What HiveLLM's runtime would not apply was said by package's plan and again by the
+    check of the package it wrote (an AdaLoRA run's note, twice)."""
+    run, _ = _adapter_copy(v2_run, tmp_path)
+    config = json.loads((run / "adapter_config.json").read_text())
+    targets = [*config["target_modules"], "embed_tokens"]  # read by the runtime note alone
+    (run / "adapter_config.json").write_text(json.dumps({**config, "target_modules": targets}))
+    out = tmp_path / "x.expert"
+    done = run_here("package", "--adapter", str(run), "--output", str(out), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    notes = json.loads(done.stdout)["notes"]
+    assert len([n for n in notes if "the embedding's adapter" in n]) == 1, notes

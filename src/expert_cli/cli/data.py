@@ -215,5 +215,11 @@ def render_discovery(result: dict[str, Any]) -> None:
         console.print(
             f"not cached: {item['id']} (needed by {', '.join(item['needed_by'])})", markup=False
         )
+    for path in result["empty"]:
+        console.print(
+            f"not listed: {path} (its snapshots hold no downloaded file; a download stopped "
+            "early? download it again)",
+            markup=False,
+        )
     for line in result["problems"]:
         console.print(f"problem: {line}", markup=False)

@@ -112,13 +112,18 @@ def scan_datasets_cache(root: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def scan_hub_cache(root: Path) -> list[dict[str, Any]]:
-    """Entries of the hub cache: datasets--<owner>--<name>/ with blobs/, snapshots/, refs/."""
+def scan_hub_cache(root: Path, empty: list[str]) -> list[dict[str, Any]]:
+    """Entries of the hub cache: datasets--<owner>--<name>/ with blobs/, snapshots/, refs/.
+    A folder whose snapshots hold no byte (a download stopped before one, a folder made by
+    hand) is no dataset a run can read: its path goes to `empty` instead."""
     entries = []
     if not _is_dir(root):
         return entries
     for repo in _subfolders(root):
         if not repo.name.startswith(HUB_PREFIX):
+            continue
+        if size_once(files_under(repo / "snapshots")) == 0:
+            empty.append(str(repo))
             continue
         snapshots = [p.name for p in _subfolders(repo / "snapshots")]
         revision = _ref(repo / "refs" / "main") or ",".join(snapshots) or None
@@ -244,7 +249,8 @@ def discover(cache_dir: Path | None, experts: Path | None) -> dict[str, Any]:
     roots = cache_roots(cache_dir)
     if experts is not None:
         _require_folder(experts, "--experts")
-    entries = scan_datasets_cache(roots["datasets"]) + scan_hub_cache(roots["hub"])
+    empty: list[str] = []
+    entries = scan_datasets_cache(roots["datasets"]) + scan_hub_cache(roots["hub"], empty)
     entries.sort(key=lambda e: (-e["size_bytes"], e["name"], e["config"] or ""))
     for entry in entries:
         entry["size"] = human_size(entry["size_bytes"])
@@ -261,4 +267,5 @@ def discover(cache_dir: Path | None, experts: Path | None) -> dict[str, Any]:
         "manifests": manifests,
         "missing": missing,
         "problems": problems,
+        "empty": empty,
     }

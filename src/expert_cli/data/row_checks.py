@@ -220,8 +220,10 @@ class DataCheck:
         trained = TRAINED_ROLE.get(scan.fields.kind)
         turns = self.blank_turns if scan.fields.kind == "messages" else None
         blank = self.blank[self._train]
-        for row in scan.rows:
+        counted = trained is not None or turns is not None
+        for row in scan.rows:  # a row refused later raises: the rows read so far are counted
             count += 1
+            blank[1] += counted
             if verdict is not None:
                 self._render(verdict, row["messages"], scan.at)
             if trained is not None:
@@ -236,7 +238,6 @@ class DataCheck:
                 self.all_train_rendered = self.all_train_rendered and not self._train
                 self.whole[self._train] = False
                 break
-        blank[1] += count if trained is not None or turns is not None else 0
         self.progress.advance(count % PROGRESS_ROWS)
         return count
 

@@ -17,7 +17,6 @@ from typing import Any, Protocol
 import torch
 from pydantic import ValidationError
 from transformers import TextStreamer
-from transformers.utils import logging as hf_logging
 
 from expert_cli.config.base import strip_comments
 from expert_cli.config.decoding import DecodingSpec
@@ -174,7 +173,6 @@ def load_run(adapter: Path) -> LoadedRun:
     source, _ = as_trained(source_manifest(run_dir), {"runtime": runtime})
     training = source.get("training")
     decoding = (training or {}).get("decoding") if isinstance(training, dict) else None
-    hf_logging.disable_progress_bar()  # the loading bars would interleave with the answers
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # bf16 on a GPU that has it; elsewhere fp32 (fp16 could overflow where the base was
     # trained in bf16: NaN logits)

@@ -17,6 +17,7 @@ import torch
 from peft import PeftModel
 from peft.utils import get_peft_model_state_dict
 from safetensors import SafetensorError
+from transformers.utils import logging as hf_logging
 
 from expert_cli.atomic import atomic_folder
 from expert_cli.config.resolve import ResolvedConfig
@@ -54,6 +55,7 @@ def load_adapted(
     a UserError naming it (and the kind of failure, never the file's bytes). A base whose
     weights are stored quantized (bitsandbytes) is dequantized first, with a note in `notes`:
     the weights the run trained against, in a form merge can save."""
+    hf_logging.disable_progress_bar()  # its bars would interleave with the command's lines
     options = _base_options(adapter, base_name)
     # a config.json edited or replaced since the run (transformers' strict configs raise
     # errors of their own kind): named as check names it

@@ -365,7 +365,8 @@ def build_package(
             else f"before the package was in place: nothing written to {shown_path(path)}",
             exc.code if isinstance(exc, Terminated) else 130,
         ) from None
-    report.path, report.checksum_file, report.notes = path, checksum, notes + report.notes
+    notes += [n for n in report.notes if n not in notes]  # the check's, said once
+    report.path, report.checksum_file, report.notes = path, checksum, notes
     return report
 
 
