@@ -478,6 +478,9 @@ def test_a_set_that_would_add_an_unknown_block_is_refused(v2_dir: Path) -> None:
     ]
     with pytest.raises(UserError, match="zzz is not a block of the manifest \\("):
         load_manifest(manifest, ["zzz.q=1"])
+    for key in (".rank", "rank.", "training..rank", "training. .rank"):  # was " is not a block"
+        with pytest.raises(UserError, match="the key has an empty name between its dots"):
+            load_manifest(manifest, [f"{key}=4"])
     loaded = load_manifest(manifest, ["training.distributed.strategy=ddp", "routing.x=1"])
     assert loaded.manifest.training.distributed.strategy == "ddp"  # known blocks may be added
 

@@ -218,6 +218,13 @@ def test_a_hub_folder_with_no_downloaded_file_is_not_listed(tmp_path: Path) -> N
     assert (
         f"not listed: {tmp_path / 'hub' / 'datasets--weird'} (its snapshots hold no" in out.output
     )
+    # a mistyped HF_HOME listed nothing and said nothing
+    assert result["absent"] == [str(tmp_path / "datasets")]
+    env = {"HF_HOME": str(tmp_path / "typo"), "COLUMNS": "300"}
+    out = CliRunner().invoke(app, ["find-datasets"], env=env)
+    assert (
+        out.exit_code == 0 and f"not there: {tmp_path / 'typo' / 'hub'} (no dataset" in out.output
+    )
 
 
 def test_cli_json_and_table(hf_home: Path, experts: Path) -> None:

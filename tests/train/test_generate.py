@@ -833,3 +833,17 @@ def test_an_answer_stops_at_a_turn_end_the_tokenizer_has_no_token_for(
     assert (
         f"expert: {first}\n" in streamed.stdout and "<|" not in streamed.stdout.split("expert: ")[1]
     )
+
+
+def test_a_garbled_run_configuration_is_not_called_missing(capsys, monkeypatch, tmp_path) -> None:
+    """manifest.resolved.json holding `x {` was "no manifest.resolved.json": the user looked
+    for a file that is there."""
+    from train_helpers import hand_built_run, run_main
+
+    run = hand_built_run(tmp_path)
+    (run / "manifest.resolved.json").write_text("x {")
+    code, _, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "hi")
+    assert code == 2 and "its manifest.resolved.json is not a JSON object" in err, err
+    (run / "manifest.resolved.json").unlink()
+    code, _, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "hi")
+    assert code == 2 and "its manifest.resolved.json is missing" in err, err

@@ -228,6 +228,7 @@ def test_a_signal_during_merge_says_what_it_left(
     run = tmp_path / "run"
     done = run_here("train", "-m", str(manifest), "--output", str(run), "--max-steps", "1")
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "completed 1 step in " in " ".join(done.stdout.split())  # it said "1 steps"
     save = PreTrainedModel.save_pretrained
 
     def stopped_halfway(self, folder, *args, **kwargs):  # the signal comes mid-write

@@ -229,6 +229,9 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
     sums.rmdir()
     sums.write_text(verify_package(package).sha256 + "  good.expert\n" + " " * (1 << 20))
     assert verify_package(package).ok
+    sums.write_text(verify_package(package).sha256 + " *good.expert\n")  # `sha256sum -b`'s
+    report = verify_package(package)
+    assert report.ok and not [n for n in report.notes if "names another file" in n], report.notes
 
 
 @pytest.mark.slow
@@ -944,6 +947,23 @@ def test_the_packaged_adapter_entry_describes_the_adapter_shipped(
     ):
         assert line in said, said
 
+    def rebased(files: dict[str, bytes]) -> dict[str, bytes]:  # made for another model
+        config = json.loads(files["adapter_config.json"])
+        config["base_model_name_or_path"] = "Qwen/Qwen3-8B"
+        return {**files, "adapter_config.json": json.dumps(config).encode()}
+
+    out = run_here("check", "--package", str(_repack(package, tmp_path / "rb.expert", rebased)))
+    said = " ".join(out.stdout.split())
+    assert (
+        out.returncode == 0
+        and (
+            "adapter_config.json: base_model_name_or_path Qwen/Qwen3-8B is not the manifest's base "
+            "model"
+        )
+        in said
+    ), said
+    assert "base_model_name_or_path" not in " ".join(good["notes"])  # as package writes it
+
 
 def test_an_adapter_entry_takes_the_values_of_each_adapter_kind() -> None:
     """AdaLoRA's rank is its initial rank, LoKr's alpha its own key; an IA3 adapter has
@@ -1018,6 +1038,9 @@ def test_manifest_edits_since_the_run_are_named(v2_run: Path, tmp_path: Path) ->
 
     assert package_notes() == []
     manifest = json.loads((expert / "manifest.json").read_text())
+    manifest["training"]["packaging_checkpoint"] = "final"  # given after training, as asked
+    (expert / "manifest.json").write_text(json.dumps(manifest))
+    assert package_notes() == []
     manifest["description"] = "A better description."
     manifest["training"]["decoding"]["temperature"] = 0.7
     manifest["tags"] = ["sql"]
@@ -1042,3 +1065,16 @@ def test_a_note_of_the_package_check_is_said_once(v2_run: Path, tmp_path: Path) 
     assert done.returncode == 0, done.stdout + done.stderr
     notes = json.loads(done.stdout)["notes"]
     assert len([n for n in notes if "the embedding's adapter" in n]) == 1, notes
+
+
+def test_a_base_named_by_a_folder_or_a_hub_id_agrees() -> None:
+    from expert_cli.train.adapter_entry import base_note
+
+    hub = {"base_models": [{"name": "Qwen/Qwen3-0.6B"}]}
+    for folder in ("F:\\models\\Qwen3-0.6B", "/data/models/qwen3-0.6b/", "Qwen3-0.6B"):
+        assert base_note(hub, {"base_model_name_or_path": folder}) == []
+    (note,) = base_note(
+        {"base_model": {"name": "models/Qwen3-0.6B"}}, {"base_model_name_or_path": "Qwen/Qwen3-8B"}
+    )
+    assert note.startswith("adapter_config.json: base_model_name_or_path Qwen/Qwen3-8B is not")
+    assert base_note(hub, {}) == [] and base_note({}, {"base_model_name_or_path": "x"}) == []

@@ -215,6 +215,8 @@ def render_discovery(result: dict[str, Any]) -> None:
         console.print(
             f"not cached: {item['id']} (needed by {', '.join(item['needed_by'])})", markup=False
         )
+    for path in result["absent"]:  # a mistyped HF_HOME reads as "no datasets" otherwise
+        console.print(f"not there: {path} (no dataset is cached in it)", markup=False)
     for path in result["empty"]:
         console.print(
             f"not listed: {path} (its snapshots hold no downloaded file; a download stopped "

@@ -294,7 +294,8 @@ def _status_line(result: TrainResult) -> str:
             f"[bold]{status}[/bold]  step {total} of {total} was in {saved}: its adapter saved "
             f"as the final one, no step trained; final loss {loss}"
         )
-    steps = f"{ran} steps" if ran == total else f"{ran} steps this run (step {total} reached)"
+    steps = f"{ran} step{'s' * (ran != 1)}"
+    steps += "" if ran == total else f" this run (step {total} reached)"
     steady = summary.get("steady") or {}
     rate = steady.get("tokens_per_s")
     after = (  # the first window's start-up (compilation, autotuning) aside, where it shows

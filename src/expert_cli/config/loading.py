@@ -139,6 +139,11 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     except json.JSONDecodeError:
         value = text
     parts = key.strip().split(".")
+    if not all(part.strip() for part in parts):
+        raise UserError(
+            f"--set {_shown_set(item)}: the key has an empty name between its dots; expected "
+            "a field's path, e.g. --set training.config.rank=8 (or rank=8)"
+        )
     if len(parts) == 1:
         parts = ["training", "config", *parts]
     return parts, value

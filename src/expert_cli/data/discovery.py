@@ -268,4 +268,5 @@ def discover(cache_dir: Path | None, experts: Path | None) -> dict[str, Any]:
         "missing": missing,
         "problems": problems,
         "empty": empty,
+        "absent": [str(r) for r in dict.fromkeys(roots.values()) if not _is_dir(r)],
     }

@@ -151,6 +151,28 @@ def config_notes(training_config: Any, config: dict[str, Any]) -> list[str]:
     ]
 
 
+def base_note(manifest: dict[str, Any], config: dict[str, Any]) -> list[str]:
+    """`check --package`: adapter_config.json made for another base model than the manifest's
+    (by the last part of each name: a local folder and a hub id of one model agree)."""
+    bases = manifest.get("base_models")
+    base = bases[0] if isinstance(bases, list) and bases else manifest.get("base_model")
+    name = base.get("name") if isinstance(base, dict) else None
+    theirs = config.get("base_model_name_or_path")
+    if not isinstance(name, str) or not isinstance(theirs, str) or not name or not theirs:
+        return []
+    if _last_part(name) == _last_part(theirs):
+        return []
+    return [
+        f"adapter_config.json: base_model_name_or_path {theirs} is not the manifest's base "
+        f"model {name}: peft would load the adapter onto the former, HiveLLM onto the latter; "
+        "an adapter trained on one base means nothing on another"
+    ]
+
+
+def _last_part(name: str) -> str:
+    return name.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower()
+
+
 # HiveLLM's runtime (its `chat`) adds (lora_alpha / r) x B A to each adapted weight, reading
 # lora_alpha and r as whole numbers (a decimal reads as none: scale 1) and the A and B matrices
 # by name; what else an adapter holds is not applied there

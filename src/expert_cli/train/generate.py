@@ -161,7 +161,9 @@ def load_run(adapter: Path) -> LoadedRun:
     run_dir = run_of(adapter)
     data = read_json_file(run_dir / "manifest.resolved.json")
     if not data:
-        raise UserError(f"--adapter {adapter}: no manifest.resolved.json (a train output folder)")
+        there = (run_dir / "manifest.resolved.json").is_file()
+        what = "is not a JSON object" if there else "is missing"
+        raise UserError(f"--adapter {adapter}: its manifest.resolved.json {what} (train writes it)")
     runtime = data.pop("runtime", None)
     try:
         resolved = ResolvedConfig.model_validate(data)

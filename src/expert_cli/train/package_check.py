@@ -21,7 +21,12 @@ from expert_cli.config.base import MAX_VALUE_ERRORS
 from expert_cli.config.error_lines import loc_text
 from expert_cli.config.loading import MAX_MANIFEST_BYTES, parse_json_text
 from expert_cli.jsontext import NotJson, json_int, no_constant, serde_int
-from expert_cli.train.adapter_entry import config_notes, entry_problems, runtime_notes
+from expert_cli.train.adapter_entry import (
+    base_note,
+    config_notes,
+    entry_problems,
+    runtime_notes,
+)
 from expert_cli.train.adapter_fit import Shapes
 from expert_cli.train.hive_loader import loader_problems
 from expert_cli.train.hive_schema import read_field
@@ -327,6 +332,7 @@ def _check_entry(report: PackageReport, hashes: dict[str, str], heads: dict[str,
         else:
             report.problems += entry_problems(adapter, config, where)
             report.notes += config_notes(report.manifest["training"].get("config"), config)
+            report.notes += base_note(report.manifest, config)
             report.notes += runtime_notes(config)
     weights = hashes.get(ADAPTER_FILES[0])
     if weights and adapter.get("sha256") and adapter["sha256"] != weights:
@@ -383,8 +389,8 @@ def _check_checksum_file(report: PackageReport) -> None:
         report.notes.append(f"{name} beside the package: {why}; its checksum is not checked")
         return
     report.checksum_file = sidecar
-    text = head.decode("utf-8", errors="replace").split()
+    text = head.decode("utf-8", errors="replace").split()  # sha256sum -b names it `*file`
     if not text or text[0].lower() != report.sha256:
         report.problems.append(f"{sidecar.name}: the checksum does not match the package")
-    elif len(text) > 1 and os.path.basename(text[1]) != report.path.name:
+    elif len(text) > 1 and os.path.basename(text[1].lstrip("*")) != report.path.name:
         report.notes.append(f"{sidecar.name} names another file, not {report.path.name}")

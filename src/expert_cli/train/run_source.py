@@ -56,6 +56,8 @@ def run_manifest(run_dir: Path, resolved: dict[str, Any]) -> tuple[dict[str, Any
 
 
 SHOWN_EDITS = 4  # edited fields a note names
+# fields a manifest is given after training, for package to read (packaging.md)
+AFTER_TRAINING = {"training.packaging_checkpoint"}
 
 
 def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> list[str]:
@@ -67,7 +69,7 @@ def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> 
         now = read_manifest_json(manifest_path)
     except UserError:  # not readable now: the run's copy is what counts
         return []
-    changed = _changed(source, now, "")
+    changed = [n for n in _changed(source, now, "") if n not in AFTER_TRAINING]
     if not changed:
         return []
     names = ", ".join(changed[:SHOWN_EDITS])
