@@ -414,6 +414,14 @@ def test_content_given_as_text_parts(tmp_path: Path, tiny_model_dir: Path) -> No
     assert check.returncode == 2 and "content part 1 is of type 'image_url'" in " ".join(
         check.stdout.split()
     )
+    # a text part of no text was "of type 'text', expected a text part"
+    row["messages"][1]["content"] = [parts[0], {"type": "text", "text": None}]
+    (manifest.parent / "data" / "train.jsonl").write_text(json.dumps(row) + "\n")
+    check = run_here("check", "--manifest", str(manifest))
+    said = " ".join(check.stdout.split())
+    assert (
+        check.returncode == 2 and "content part 1: its text is missing (null), expected a " in said
+    )
 
 
 def test_check_judges_a_tool_turn_by_its_joined_text() -> None:

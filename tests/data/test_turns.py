@@ -365,3 +365,15 @@ def test_an_answer_of_weight_zero_is_context(tiny_tokenizer) -> None:
     assert (
         row["refused"] == 'an answer of "weight": 0 that its chat template cannot leave untrained'
     )
+
+
+def test_an_empty_conversation_is_named_as_one(tiny_tokenizer) -> None:
+    """`{"messages": []}` was dropped as "refused by the chat template (ValueError, roles
+    none)": the template refused nothing."""
+    from expert_cli.data.conversations import render_conversation
+
+    tok = _tok(tiny_tokenizer, None)
+    assert render_conversation(tok, []) == ("", "an empty conversation (no messages)")
+    assert render_conversation(tok, "[]") == ("", "an empty conversation (no messages)")
+    (row,) = _trained(tok, [[]])
+    assert (row["style"], row["refused"]) == ("refused", "an empty conversation (no messages)")

@@ -163,6 +163,8 @@ def render_conversation(
     source gave it. A message that calls tools must have them rendered: a template that
     leaves `tool_calls` out would train an empty reply, so such a conversation is refused."""
     messages = conversation(messages)
+    if not messages:  # nothing for the template to refuse: said as what it is
+        return "", "an empty conversation (no messages)"
     try:
         text = str(tokenizer.apply_chat_template(messages, tokenize=False))
     except MemoryError:

@@ -219,6 +219,8 @@ def _parts_problem(parts: list[Any]) -> str | None:
     for j, part in enumerate(parts):
         if not is_text_part(part):
             kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":  # a text part whose text is not a string (null, a number)
+                return f"part {j}: its text is {_kind(part.get('text'))}, expected a string"
             what = f"of type {shown_name(kind)}" if isinstance(kind, str) else _kind(part)
             return (
                 f"part {j} is {what}, expected a text part "
