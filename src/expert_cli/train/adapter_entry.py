@@ -142,12 +142,12 @@ def config_notes(training_config: Any, config: dict[str, Any]) -> list[str]:
     if not isinstance(training_config, dict):
         return []
     given = {CONFIG_FIELDS[k]: v for k, v in training_config.items() if k in CONFIG_FIELDS}
+    named = {field: name for name, field in CONFIG_FIELDS.items()}
     return [
-        f"training.config.{name}: {was} in manifest.json, {value} in adapter_config.json "
-        "(the adapter shipped is the latter)"
+        f"training.config.{named[field]}: {was} in manifest.json, {value} in "
+        "adapter_config.json (the adapter shipped is the latter)"
         for field, was, value in disagreements(given, config)
         if field in given
-        for name in [next(k for k, f in CONFIG_FIELDS.items() if f == field)]
     ]
 
 
