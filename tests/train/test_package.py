@@ -232,6 +232,18 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
     sums.write_text(verify_package(package).sha256 + " *good.expert\n")  # `sha256sum -b`'s
     report = verify_package(package)
     assert report.ok and not [n for n in report.notes if "names another file" in n], report.notes
+    assert not [n for n in report.notes if "does not write" in n]  # every member is package's
+    # a member package never writes (a script) was installed with the package without a word
+    extra = _repack(package, tmp_path / "extra.expert", lambda f: {**f, "evil.sh": b"rm -rf ~"})
+    report = verify_package(extra)
+    assert (
+        report.ok
+        and (
+            "1 member(s) that package does not write and HiveLLM's loader does not read (evil.sh): "
+            "installed with the package all the same"
+        )
+        in report.notes
+    ), report.notes
 
 
 @pytest.mark.slow

@@ -57,13 +57,12 @@ from expert_cli.train.package_check import (
     sha256_of,
     verify_package,
 )
-from expert_cli.train.package_members import write_tar
+from expert_cli.train.package_members import EXPERT_FILES, write_tar
 from expert_cli.train.run_source import as_trained, edited_since, run_manifest
 from expert_cli.train.tokenizer_files import tokenizer_folder, tokenizer_members
 from expert_cli.weights import unchanged_adapter
 
 CHECKSUM_SUFFIX = ".sha256"
-EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")
 SHOWN_FIELDS = 6  # fields a note names
 Members = dict[str, bytes | Path]  # member name -> its bytes, or the file that holds them
 

@@ -31,7 +31,7 @@ from expert_cli.train.adapter_fit import Shapes
 from expert_cli.train.hive_loader import loader_problems
 from expert_cli.train.hive_schema import read_field
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
-from expert_cli.train.package_members import member_problem
+from expert_cli.train.package_members import member_problem, unexpected_members
 from expert_cli.train.package_stream import CHUNK, Blocks, end_problem, unreadable
 from expert_cli.train.tokenizer_files import (
     TOKENIZER_CHECK_BYTES,
@@ -304,6 +304,7 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
         report.problems.append(missing)
     if report.read is None:
         return
+    report.notes += unexpected_members(list(report.files), report.read)
     if refused := loader_problems(report.read):
         report.problems += [
             f"manifest.json: {line} (HiveLLM's loader refuses it)" for line in refused

@@ -10,9 +10,39 @@ import io
 import tarfile
 import unicodedata
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from expert_cli.errors import escaped
 from expert_cli.paths import NAME_MAX_BYTES
+from expert_cli.train.outputs import ADAPTER_FILES
+from expert_cli.train.tokenizer_files import TOKENIZER_FILES
+
+EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")  # from the expert's folder
+SHOWN_MEMBERS = 3  # members a note names
+
+
+def unexpected_members(files: list[str], manifest: dict[str, Any]) -> list[str]:
+    """A note naming the members `package` does not write and HiveLLM's loader does not read
+    (a script, a large file added to a package): installed with it, all the same."""
+    known = {"manifest.json", "grammar.gbnf", *ADAPTER_FILES, *TOKENIZER_FILES, *EXPERT_FILES}
+    manifest = manifest if isinstance(manifest, dict) else {}
+    training = manifest.get("training")
+    decoding = training.get("decoding") if isinstance(training, dict) else None
+    named = [decoding.get("grammar_file")] if isinstance(decoding, dict) else []
+    prompts = manifest.get("soft_prompts")
+    named += (
+        [p.get("path") for p in prompts if isinstance(p, dict)] if isinstance(prompts, list) else []
+    )
+    known |= {PurePosixPath(n).as_posix() for n in named if isinstance(n, str) and n}
+    other = [name for name in files if name not in known]
+    if not other:
+        return []
+    shown = ", ".join(escaped(n) for n in other[:SHOWN_MEMBERS])
+    more = f" and {len(other) - SHOWN_MEMBERS} more" if len(other) > SHOWN_MEMBERS else ""
+    return [
+        f"{len(other)} member(s) that package does not write and HiveLLM's loader does not read "
+        f"({shown}{more}): installed with the package all the same"
+    ]
 
 
 def _unpacked(name: str) -> str:
