@@ -230,6 +230,9 @@ def test_non_finite_numbers_are_refused_anywhere(tmp_path: Path, raw: str, where
 def test_a_non_finite_number_from_set_blames_the_option(tmp_path: Path) -> None:
     text = _error(tmp_path, _data(), ["constraints.load_order=NaN"])
     assert text.startswith("--set constraints.load_order=NaN: constraints.load_order: not a")
+    # a list item set by its number was blamed on the file (`tags.0` is `tags[0]`)
+    text = _error(tmp_path, {**_data(), "tags": ["sql"]}, ["tags.0=1"])
+    assert text.startswith("--set tags.0=1: tags[0]: Input should be a valid string"), text
 
 
 def test_a_manifest_saved_with_a_bom_is_read(tmp_path: Path) -> None:

@@ -75,6 +75,13 @@ def test_report_redraws_its_own_picture_but_asks_before_replacing_another_file(
     out = run_here("report", str(tmp_path), "--output", str(mine), "--force")
     assert out.returncode == 0, out.stderr
     assert png_facts(mine)[:2] == (1100, 700)
+    # a folder where the run's picture goes was blamed on an --output never given
+    (tmp_path / "training.png").unlink()
+    (tmp_path / "training.png").mkdir()
+    out = run_here("report", str(tmp_path))
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "--output" not in said
+    assert f"the run's picture: {tmp_path / 'training.png'} is not a regular file" in said
 
 
 def test_the_picture_is_written_in_the_format_its_name_says(tmp_path: Path) -> None:

@@ -257,7 +257,7 @@ def _attributed(lines: list[str], file_name: str, overrides: list[str]) -> list[
     set that path, a path inside it, a value inside the object the line is about, or a key
     beside it that the message names (`lr_scheduler` for its kwargs; the last such), else the
     manifest file."""
-    sources = [(loc_text(tuple(parse_override(item)[0])), item) for item in overrides]
+    sources = [(loc_text(_as_loc(parse_override(item)[0])), item) for item in overrides]
     out = []
     for line in lines:
         where, _, message = line.partition(": ")
@@ -271,6 +271,11 @@ def _attributed(lines: list[str], file_name: str, overrides: list[str]) -> list[
         ]
         out.append(f"--set {_shown_set(by[-1])}: {line}" if by else f"{file_name}: {line}")
     return out
+
+
+def _as_loc(parts: list[str]) -> tuple[str | int, ...]:
+    """A `--set` key's parts as an error names its place: `tags.0` is `tags[0]`."""
+    return tuple(int(part) if part.isdigit() else part for part in parts)
 
 
 def _names_sibling(where: str, loc: str, message: str) -> bool:

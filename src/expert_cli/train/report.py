@@ -127,10 +127,11 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         and plot.name == PLOT_NAME
     )
     problem = None
+    label = "the run's picture" if own else "--output"  # the default when none was given
     if plot is not None:  # a suffix check first: --force wrote a PNG over the run's metrics.json
-        problem = picture_problem(plot, "--output")
-        problem = problem or output_file_problem(plot, "--output", replace or own)
-        problem = problem or (None if own else place_problem(plot, "--output"))
+        problem = picture_problem(plot, label)
+        problem = problem or output_file_problem(plot, label, replace or own)
+        problem = problem or (None if own else place_problem(plot, label))
     if problem:
         raise UserError(problem)
     summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
