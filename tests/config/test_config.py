@@ -478,6 +478,11 @@ def test_a_set_that_would_add_an_unknown_block_is_refused(v2_dir: Path) -> None:
     ]
     with pytest.raises(UserError, match="zzz is not a block of the manifest \\("):
         load_manifest(manifest, ["zzz.q=1"])
+    # a bare key is training.config's, but for the manifest's own top-level fields, which
+    # no --set could reach (a bare `version` was training.config.version: unknown)
+    loaded = load_manifest(manifest, ["version=0.2.0", "description=new", "rank=4"])
+    assert (loaded.manifest.version, loaded.manifest.description) == ("0.2.0", "new")
+    assert loaded.manifest.training.config.rank == 4
     for key in (".rank", "rank.", "training..rank", "training. .rank"):  # was " is not a block"
         with pytest.raises(UserError, match="the key has an empty name between its dots"):
             load_manifest(manifest, [f"{key}=4"])

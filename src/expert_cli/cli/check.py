@@ -145,7 +145,8 @@ def render_settings(as_json: bool) -> None:
     out = console()
     out.print(table)
     out.print(
-        "A bare KEY sets training.config.KEY; a dotted path sets any field, e.g. "
+        "A bare KEY sets training.config.KEY (or the top-level field of that name: version, "
+        "description...); a dotted path sets any field, e.g. "
         "--set base_models.0.quantization=int4. Values are JSON where they parse as JSON.",
         markup=False,
     )

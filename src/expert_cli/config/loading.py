@@ -128,7 +128,8 @@ def _shown_set(item: str) -> str:
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """Parse one `--set key=value`. A bare key means `training.config.<key>`."""
+    """Parse one `--set key=value`. A bare key means `training.config.<key>`, but for the
+    manifest's own top-level fields (`version`, `description`), which it names."""
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise UserError(
@@ -144,7 +145,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
             f"--set {_shown_set(item)}: the key has an empty name between its dots; expected "
             "a field's path, e.g. --set training.config.rank=8 (or rank=8)"
         )
-    if len(parts) == 1:
+    if len(parts) == 1 and parts[0] not in Manifest.model_fields:  # `version` is top-level
         parts = ["training", "config", *parts]
     return parts, value
 
