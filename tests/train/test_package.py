@@ -233,6 +233,18 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
     report = verify_package(package)
     assert report.ok and not [n for n in report.notes if "names another file" in n], report.notes
     assert not [n for n in report.notes if "does not write" in n]  # every member is package's
+    good = verify_package(package).sha256
+    for text in (  # a second, wrong line for the same file was accepted
+        f"{good}  good.expert\n{'0' * 64}  good.expert\n",
+        f"{'0' * 64}  other.expert\n{'1' * 64} *dist/good.expert\n",
+    ):
+        sums.write_text(text)
+        assert verify_package(package).problems == [
+            "good.expert.sha256: the checksum does not match the package"
+        ], text
+    sums.write_text(f"{'0' * 64}  other.expert\n{good}  good.expert\n")  # a list of several
+    report = verify_package(package)
+    assert report.ok and report.checksum_file == sums and not report.notes, report.notes
     # a member package never writes (a script) was installed with the package without a word
     extra = _repack(package, tmp_path / "extra.expert", lambda f: {**f, "evil.sh": b"rm -rf ~"})
     report = verify_package(extra)

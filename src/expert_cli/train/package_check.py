@@ -9,7 +9,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import tarfile
 import tempfile
 import zlib
@@ -33,6 +32,7 @@ from expert_cli.train.hive_schema import read_field
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
 from expert_cli.train.package_members import member_problem, unexpected_members
 from expert_cli.train.package_stream import CHUNK, Blocks, end_problem, unreadable
+from expert_cli.train.package_sum import checksum_verdict
 from expert_cli.train.tokenizer_files import (
     TOKENIZER_CHECK_BYTES,
     TOKENIZER_FILES,
@@ -123,7 +123,9 @@ def verify_package(
             return report
     _check_contents(report, hashes, heads)
     if sidecar:
-        _check_checksum_file(report)
+        report.checksum_file, problems, notes = checksum_verdict(report.path, report.sha256)
+        report.problems += problems
+        report.notes += notes
     if expected is not None:
         for name, item in expected.items():
             want = hashlib.sha256(item).hexdigest() if isinstance(item, bytes) else sha256_of(item)
@@ -375,23 +377,3 @@ def _read_config(data: bytes, shapes: Shapes | None) -> tuple[dict[str, Any], st
     if not isinstance(config, dict):
         return {}, "not a JSON object"
     return config, adapter_config_problem(config, shapes)
-
-
-def _check_checksum_file(report: PackageReport) -> None:
-    sidecar = report.path.with_name(report.path.name + ".sha256")
-    name, why = sidecar.name, "no such file" if not os.path.lexists(sidecar) else "not a file"
-    try:
-        if not sidecar.is_file():
-            raise OSError
-        with sidecar.open("rb") as sums:  # a line names it; a huge file is not read whole
-            head = sums.read(1024)
-    except OSError:
-        why = "cannot be read" if sidecar.is_file() else why
-        report.notes.append(f"{name} beside the package: {why}; its checksum is not checked")
-        return
-    report.checksum_file = sidecar
-    text = head.decode("utf-8", errors="replace").split()  # sha256sum -b names it `*file`
-    if not text or text[0].lower() != report.sha256:
-        report.problems.append(f"{sidecar.name}: the checksum does not match the package")
-    elif len(text) > 1 and os.path.basename(text[1].lstrip("*")) != report.path.name:
-        report.notes.append(f"{sidecar.name} names another file, not {report.path.name}")
