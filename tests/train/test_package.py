@@ -1102,3 +1102,21 @@ def test_a_base_named_by_a_folder_or_a_hub_id_agrees() -> None:
     )
     assert note.startswith("adapter_config.json: base_model_name_or_path Qwen/Qwen3-8B is not")
     assert base_note(hub, {}) == [] and base_note({}, {"base_model_name_or_path": "x"}) == []
+
+
+def test_a_package_of_repeated_bytes_says_what_it_unpacks_to(
+    v2_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 GiB of zeros in a 3.7 MB archive was sound without a word of its size (HiveLLM's
+    install unpacks it all): the size is said where it is over 20 times the archive's (the
+    1 GiB floor lowered here to 1 MiB, so the test writes megabytes, not gigabytes)."""
+    from expert_cli.train import package_check
+
+    package = tmp_path / "good.expert"
+    assert run_here("package", "--adapter", str(v2_run), "--output", str(package)).returncode == 0
+    monkeypatch.setattr(package_check, "BIG_UNPACKED", 1 << 20)
+    assert not [n for n in verify_package(package).notes if "unpacks to" in n]
+    zeros = _repack(package, tmp_path / "zeros.expert", lambda f: {**f, "z.bin": bytes(8 << 20)})
+    report = verify_package(zeros)
+    said = [n for n in report.notes if "unpacks to" in n]
+    assert report.ok and len(said) == 1 and "files of repeated bytes" in said[0], report.notes

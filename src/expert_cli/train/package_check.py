@@ -49,6 +49,9 @@ from expert_cli.weights import (
 
 MAX_FILE_BYTES = 20 << 30
 MAX_MEMBERS = 10_000
+# an archive that unpacks to over 1 GiB at over 20 times its size: trained weights compress by
+# a few percent, so it holds other bytes
+BIG_UNPACKED, SQUEEZED = 1 << 30, 20
 FINITE_CHECK_BYTES = 4 << 30  # safetensors members up to this size are checked for NaN
 
 
@@ -307,6 +310,12 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
     if report.read is None:
         return
     report.notes += unexpected_members(list(report.files), report.read)
+    unpacked, packed = sum(report.files.values()), report.path.stat().st_size
+    if unpacked > BIG_UNPACKED and unpacked > SQUEEZED * packed:  # trained weights do not squeeze
+        report.notes.append(
+            f"the package unpacks to {unpacked / 2**30:.1f} GiB from {packed / 2**20:.1f} MiB: "
+            "files of repeated bytes (zeros?), not trained weights, fill it"
+        )
     if refused := loader_problems(report.read):
         report.problems += [
             f"manifest.json: {line} (HiveLLM's loader refuses it)" for line in refused
