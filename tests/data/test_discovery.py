@@ -179,6 +179,16 @@ def test_missing_folders_name_the_option(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(UserError, match="--cache-dir: .*a-file is not a folder; expected a folder"):
         discover(tmp_path / "a-file", None)
+    # one repository's folder listed nothing, silently (its blobs/ and snapshots/ are no cache)
+    repo = tmp_path / "hub" / "datasets--o--n"
+    blob(repo / "snapshots" / "abc" / "t.jsonl", 10)
+    with pytest.raises(UserError) as info:
+        discover(repo, None)
+    assert info.value.lines == [
+        f"--cache-dir {repo}: one repository's folder of the hub cache; give the cache folder "
+        f"that holds it ({tmp_path / 'hub'})"
+    ]
+    assert [e["name"] for e in discover(tmp_path / "hub", None)["datasets"]] == ["o/n"]
 
 
 def test_unreadable_places_are_passed_over(tmp_path: Path) -> None:

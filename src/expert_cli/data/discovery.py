@@ -42,6 +42,11 @@ def cache_roots(cache_dir: Path | None) -> dict[str, Path]:
                 )
         return default_roots()
     _require_folder(cache_dir, "--cache-dir")
+    if cache_dir.name.startswith(HUB_REPO_PREFIXES):  # its blobs/ and snapshots/ list nothing
+        raise UserError(
+            f"--cache-dir {shown_path(cache_dir)}: one repository's folder of the hub cache; "
+            f"give the cache folder that holds it ({shown_path(cache_dir.absolute().parent)})"
+        )
     if _is_dir(cache_dir / "hub") or _is_dir(cache_dir / "datasets"):
         return {"datasets": cache_dir / "datasets", "hub": cache_dir / "hub"}
     return {"datasets": cache_dir, "hub": cache_dir}
