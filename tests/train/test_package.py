@@ -1120,3 +1120,23 @@ def test_a_package_of_repeated_bytes_says_what_it_unpacks_to(
     report = verify_package(zeros)
     said = [n for n in report.notes if "unpacks to" in n]
     assert report.ok and len(said) == 1 and "files of repeated bytes" in said[0], report.notes
+
+
+def test_a_tokenizer_file_too_large_to_read_is_not_called_sound(
+    v2_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tokenizer.json of 2 GiB of zeros (a 2.6 MB archive) was "over 64 MiB, not checked"
+    and the package sound. Past the size no model's tokenizer reaches (256 MiB; lowered here
+    to the tiny tokenizer's size, so the test reads kilobytes) it is a problem."""
+    from expert_cli.train import package_check
+
+    package = tmp_path / "good.expert"
+    assert run_here("package", "--adapter", str(v2_run), "--output", str(package)).returncode == 0
+    size = len(_unpack(package)["tokenizer.json"])
+    monkeypatch.setattr(package_check, "TOKENIZER_CHECK_BYTES", size)
+    assert verify_package(package).ok  # at the bound: read and checked
+    monkeypatch.setattr(package_check, "TOKENIZER_CHECK_BYTES", size - 1)
+    assert verify_package(package).problems == [
+        f"tokenizer.json: over {(size - 1) >> 20} MiB, larger than any model's tokenizer file; "
+        "not read, so not called sound"
+    ]

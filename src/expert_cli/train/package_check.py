@@ -188,7 +188,10 @@ def _read_member(
 
 def _check_tokenizer_file(name: str, data: bytes, size: int, report: PackageReport) -> None:
     if size > TOKENIZER_CHECK_BYTES:
-        report.notes.append(f"{name}: over {TOKENIZER_CHECK_BYTES >> 20} MiB, not checked")
+        report.problems.append(
+            f"{name}: over {TOKENIZER_CHECK_BYTES >> 20} MiB, larger than any model's "
+            "tokenizer file; not read, so not called sound"
+        )
     elif problem := tokenizer_problem(name, data):
         report.problems.append(f"{name}: {problem}")
 

@@ -29,7 +29,9 @@ TOKENIZER_FILES = (  # as the run saves them; at the package's root
     "tokenizer.model",  # a SentencePiece model (Llama, Mistral): binary, not read here
     "chat_template.jinja",
 )
-TOKENIZER_CHECK_BYTES = 64 << 20  # larger tokenizer files are noted, not read
+# larger tokenizer files are no model's (Gemma 3's tokenizer.json, of 262k tokens, is 33 MB):
+# package ships them unread, and check --package refuses them
+TOKENIZER_CHECK_BYTES = 256 << 20
 # end-of-turn tokens of the layouts the data may have (ChatML, <|user|> markers, Llama 2)
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|end|>", "</s>")
 
