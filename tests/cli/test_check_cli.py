@@ -326,6 +326,18 @@ def test_conversations_with_nothing_to_train_on(
     out = tmp_path / "out"
     code, _, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(out))
     assert code == 2 and problem in " ".join(err.split())
+    # every answer of "weight": 0: nothing to train, as the build finds it (check said usable)
+    weighed = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "a", "weight": 0},
+    ]
+    (data / "train.jsonl").write_text(
+        chat("a") * 6 + (json.dumps({"messages": weighed}) + "\n") * 2
+    )
+    report = check_manifest(manifest)
+    assert "training.dataset: 2 of 8 training examples read have an empty text, response or " in (
+        " ".join(report.notes)
+    ), report.notes
     # a row refused after an empty one: the rows read up to it are counted ("1 of 0")
     (data / "train.jsonl").write_text(chat("") + chat("a") + '{"messages": 5}\n')
     report = check_manifest(manifest)

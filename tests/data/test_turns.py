@@ -349,7 +349,7 @@ def test_an_answer_of_weight_zero_is_context(tiny_tokenizer) -> None:
     (row,) = _trained(tok, [weighed])
     assert (row["status"], row["style"]) == (KEPT, "weighted")
     assert row["trained_text"] == "second answer<|im_end|><|endoftext|>"
-    said = masking_words({"styles": {"weighted": 1, "last_turns": 1}}) or ""
+    said = masking_words({"styles": {"chatml": 3, "weighted": 1}}) or ""  # said alone too
     assert 'conversations with answers of "weight": 0 left as context 1' in said
     every = copy.deepcopy(weighed)
     every[4]["weight"] = 0.0

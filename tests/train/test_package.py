@@ -245,6 +245,10 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
     sums.write_text(f"{'0' * 64}  other.expert\n{good}  good.expert\n")  # a list of several
     report = verify_package(package)
     assert report.ok and report.checksum_file == sums and not report.notes, report.notes
+    # past the first KiB (a comment, 15 other files' lines first): was "does not match"
+    others = "".join(f"{'0' * 64}  file{i}.expert\n" for i in range(15))
+    sums.write_text(f"# {'x' * 2000}\n{others}{good}  good.expert\n")
+    assert verify_package(package).ok
     # a member package never writes (a script) was installed with the package without a word
     extra = _repack(package, tmp_path / "extra.expert", lambda f: {**f, "evil.sh": b"rm -rf ~"})
     report = verify_package(extra)

@@ -107,6 +107,8 @@ def blank_conversation(
         if why is not None:
             return False  # refused: counted as such
         spans, style = conversation_spans(tokenizer, stored, text, cfg.response_template, layout)
+        if not spans and style == "turns":  # every answer of "weight": 0, as the build finds it
+            return True
         return style != "missing" and not has_content(text, spans, tokenizer.eos_token, layout.ends)
 
     return blank

@@ -39,7 +39,7 @@ def masking_words(split: dict[str, Any]) -> str | None:
     example trains its answers only, or the stats have no rules (an older cache)."""
     styles = split.get("styles")
     whys = {"last_turns": LAST_TURNS_WHY, "many_turns": MANY_TURNS_WHY}
-    if not isinstance(styles, dict) or not any(styles.get(k) for k in ("none", *whys)):
+    if not isinstance(styles, dict) or not any(styles.get(k) for k in ("none", "weighted", *whys)):
         return None
     parts = [
         f"{STYLE_WORDS[k]} {n:,}" + (f" ({whys[k]})" if k in whys else "")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-READ_BYTES = 1024  # a line names the package; a huge file is not read whole
+READ_BYTES = 64 << 10  # a line names the package; a huge file is not read whole
 
 
 def checksum_verdict(package: Path, sha256: str) -> tuple[Path | None, list[str], list[str]]:
@@ -20,11 +20,14 @@ def checksum_verdict(package: Path, sha256: str) -> tuple[Path | None, list[str]
         if not sidecar.is_file():
             raise OSError
         with sidecar.open("rb") as sums:
-            head = sums.read(READ_BYTES)
+            head = sums.read(READ_BYTES + 1)
     except OSError:
         why = "cannot be read" if sidecar.is_file() else why
         return None, [], [f"{name} beside the package: {why}; its checksum is not checked"]
-    lines = [line.split() for line in head.decode("utf-8", errors="replace").splitlines()]
+    text = head[:READ_BYTES].decode("utf-8", errors="replace").splitlines()
+    if len(head) > READ_BYTES and len(text) > 1:
+        text = text[:-1]  # the line the read cut short
+    lines = [line.split() for line in text if not line.lstrip().startswith("#")]
     lines = [words for words in lines if words]
     # `sha256sum -b` writes `*name`; a path before the name is the folder it was made in
     ours = [w for w in lines if len(w) == 1 or os.path.basename(w[1].lstrip("*")) == package.name]
