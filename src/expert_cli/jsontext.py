@@ -35,13 +35,3 @@ def serde_int(text: str) -> int | float:
     """A whole number as serde_json reads it: `-0` is a decimal there (refused where a
     whole number is read)."""
     return -0.0 if text == "-0" else json_int(text)
-
-
-def encodes(text: str) -> bool:
-    """Whether `text` is Unicode text UTF-8 can encode: no lone surrogate (JSON's `\\ud800`
-    alone, or a path's byte that is not UTF-8, as Python keeps it)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

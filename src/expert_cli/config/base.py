@@ -69,6 +69,12 @@ def strip_comments(value: Any) -> Any:
     return value
 
 
+def encodes(text: str) -> bool:
+    """Whether UTF-8 can write `text`: no lone surrogate (JSON's `\\ud800` alone, or a path's
+    byte that is not UTF-8, as Python keeps it)."""
+    return lone_surrogate_at(text) is None
+
+
 def lone_surrogate_at(text: str) -> int | None:
     """Where `text` holds a lone surrogate (JSON's `\\ud800` escape without its pair decodes
     to one; nothing can write it as UTF-8), or None."""

@@ -183,12 +183,13 @@ def folder_data_files(path: Path) -> list[Path]:
     return [p for p in folder_files(path) if suffix_format(p)]
 
 
-def unread_files(path: Path) -> list[Path]:
-    """The files of a data folder that no format reads (a .tsv, a .zst, a compressed Parquet
-    file), those a data folder commonly holds beside its data (README, scripts) left out."""
+def unread_files(files: list[Path]) -> list[Path]:
+    """The files of a data folder (`files`, as folder_files lists them) that no format reads
+    (a .tsv, a .zst, a compressed Parquet file), those a data folder commonly holds beside its
+    data (README, scripts) left out."""
     return [
         p
-        for p in folder_files(path)
+        for p in files
         if not suffix_format(p)
         and p.suffix.lower() not in NOT_DATA_SUFFIXES
         and not p.name.lower().startswith(NOT_DATA_NAMES)
@@ -281,9 +282,10 @@ def unread_notes(refs: list[Any]) -> list[str]:
             done.add(ref.location)
             if _saved(path):
                 continue
-            left = unread_files(path)
-            data = folder_data_files(path)
-            other = [f for f in data if f not in set(of_format(data, ref.format))]
+            files = folder_files(path)  # walked once: a folder may hold 1,000,000 files
+            left, data = unread_files(files), [f for f in files if suffix_format(f)]
+            read = set(of_format(data, ref.format))
+            other = [f for f in data if f not in read]
         except (OSError, UserError):  # the data check names a folder that cannot be read
             continue
         if left:

@@ -67,22 +67,22 @@ class PreparedData:
     def largest_id(self) -> int | None:
         """The largest token id in the cache (train and eval), None for no tokens: one pass
         over the memory-mapped ids."""
-        found = [
-            pc.max(pc.list_flatten(ds.data.column("input_ids"))).as_py()
-            for ds in (self.train, self.eval)
-            if ds is not None
-        ]
-        return max((i for i in found if i is not None), default=None)
+        return self._largest("input_ids")
 
     def longest_example(self) -> int:
         """The longest example's tokens (train and eval; positions restart at 0 with each
         packed example): one pass over the memory-mapped position ids."""
+        largest = self._largest("position_ids")
+        return 0 if largest is None else largest + 1
+
+    def _largest(self, column: str) -> int | None:
+        """The largest value of a list column over train and eval, None for no values."""
         found = [
-            pc.max(pc.list_flatten(ds.data.column("position_ids"))).as_py()
+            pc.max(pc.list_flatten(ds.data.column(column))).as_py()
             for ds in (self.train, self.eval)
             if ds is not None
         ]
-        return max((i + 1 for i in found if i is not None), default=0)
+        return max((i for i in found if i is not None), default=None)
 
     def ids_present(self, ids: list[int]) -> set[int]:
         """Which of `ids` the cache holds (train and eval): one pass over the memory-mapped

@@ -127,12 +127,13 @@ def scan_hub_cache(root: Path, empty: list[str]) -> list[dict[str, Any]]:
     for repo in _subfolders(root):
         if not repo.name.startswith(HUB_PREFIX):
             continue
-        if size_once(files_under(repo / "snapshots")) == 0:
+        held = files_under(repo / "snapshots")
+        if size_once(held) == 0:
             empty.append(str(repo))
             continue
         snapshots = [p.name for p in _subfolders(repo / "snapshots")]
         revision = _ref(repo / "refs" / "main") or ",".join(snapshots) or None
-        files = files_under(repo / "blobs") + files_under(repo / "snapshots")
+        files = files_under(repo / "blobs") + held
         entries.append(
             {
                 "name": repo.name.removeprefix(HUB_PREFIX).replace("--", "/"),

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import AutoConfig, AutoTokenizer
 
+from expert_cli.config.base import encodes
 from expert_cli.config.refs import windows_note
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import UserError
-from expert_cli.jsontext import encodes
 from expert_cli.paths import path_exists, path_is_dir, shown_path
 
 if TYPE_CHECKING:

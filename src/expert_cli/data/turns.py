@@ -274,7 +274,7 @@ def conversation_spans(
     `weighted` (answers of `"weight": 0` left as context), `unweighed` (such answers the
     template cannot be asked to leave out: no spans, the row is refused),
     else the marker rules of data/spans.py. `limit`: see `template_turns`."""
-    weighted = any(weighed_out(messages[i]) for i in _answers(messages))
+    weighted = any(map(weighed_out, messages))  # an answer of weight 0
     if weighted and not layout.follows:
         return [], "unweighed"
     spans, style = assistant_spans(text, response_template)

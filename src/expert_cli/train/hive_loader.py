@@ -19,8 +19,8 @@ import ctypes
 import math
 from typing import Any
 
+from expert_cli.config.base import encodes
 from expert_cli.errors import UserError, escaped, value_kind
-from expert_cli.jsontext import encodes
 from expert_cli.train.adapter_entry import described
 from expert_cli.train.hive_schema import (
     ANY,

@@ -14,9 +14,10 @@ import tokenizers
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
+from expert_cli.config.base import encodes
 from expert_cli.data.tokenizer import NOT_UTF8_PATH
 from expert_cli.errors import UserError
-from expert_cli.jsontext import encodes, json_int
+from expert_cli.jsontext import json_int
 from expert_cli.paths import shown_path
 
 TOKENIZER_FILES = (  # as the run saves them; at the package's root
