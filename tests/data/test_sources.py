@@ -657,3 +657,65 @@ def test_a_damaged_saved_dataset(cli, tmp_path: Path, damage: str, why: str) -> 
     assert "save it again with Dataset.save_to_disk" in message
     out = cli("check", "-m", str(tmp_path / "manifest.json"), "--json")
     assert out.returncode == 2 and message in json.loads(out.stdout)["problems"]
+
+
+def test_a_weight_other_than_0_or_1_or_on_a_turn_never_trained_is_refused(
+    tmp_path, write_jsonl
+) -> None:
+    """OpenAI's per-message weight is 0 or 1, on an answer: `2`, `0.5`, `NaN`, `"0"` or
+    `false` were trained as weight 1, and a user turn's 1 as nothing, without a word."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def talk(answer: dict, user: dict | None = None) -> dict:
+        return {"messages": [{"role": "user", "content": "q", **(user or {})}, answer]}
+
+    fine = [
+        talk({"role": "assistant", "content": "a", "weight": w}, {"weight": u})
+        for w, u in ((1, 0), (0, None), (1.0, 0.0), (None, None))
+    ]
+    expected = "0 (an answer left as context) or 1 (trained), as in OpenAI's fine-tuning format"
+    never = 'a "weight" of 1 on a turn that is never trained (only assistant answers are)'
+    cases = [
+        (
+            {"weight": 2},
+            None,
+            f'item 1: "weight" is a number other than 0 and 1, expected {expected}',
+        ),
+        ({"weight": float("nan")}, None, 'item 1: "weight" is a number other than 0 and 1'),
+        ({"weight": "0"}, None, 'item 1: "weight" is not a number (str), expected'),
+        ({"weight": False}, None, 'item 1: "weight" is a boolean, expected'),
+        ({}, {"weight": 1}, f"item 0: {never}; remove it, or give 0"),
+    ]
+    for answer, user, said in cases:
+        rows = [*fine, talk({"role": "assistant", "content": "a", **answer}, user)]
+        path = write_jsonl(tmp_path / "train.jsonl", rows)
+        msg = error_of(tmp_path, {"path": "train.jsonl"})
+        assert msg.startswith(f"{path}:5: field 'messages' (field_mapping.messages) {said}"), msg
+    path = write_jsonl(tmp_path / "train.jsonl", fine)
+    assert load(tmp_path, {"path": "train.jsonl"}).read["train"] == 4
+    # Parquet: every message has the field, null where the row had none
+    table = pa.Table.from_pylist([*fine, talk({"role": "assistant", "content": "a", "weight": 3})])
+    pq.write_table(table, tmp_path / "train.parquet")
+    msg = error_of(tmp_path, {"path": "train.parquet"})
+    assert msg.startswith(f"{tmp_path / 'train.parquet'}: row 5: field 'messages'"), msg
+    assert 'item 1: "weight" is a number other than 0 and 1' in msg
+    (tmp_path / "train.parquet").unlink()
+    # a saved dataset (as a hub one) is checked by column: the row is named
+    for last, said in (
+        (
+            talk({"role": "assistant", "content": "a", "weight": 0.5}),
+            'item 1: "weight" is a number',
+        ),
+        (talk({"role": "assistant", "content": "a"}, {"weight": 1}), f"item 0: {never}"),
+    ):
+        saved = tmp_path / "saved"
+        datasets.Dataset.from_list([*fine[:3], last]).save_to_disk(saved)
+        msg = error_of(tmp_path, {"path": "saved"})
+        assert msg.startswith(f"{saved}: row 4: field 'messages' (field_mapping.messages) item"), (
+            msg
+        )
+        assert said in msg
+        datasets.Dataset.from_list(fine[:3]).save_to_disk(tmp_path / "ok")
+    assert load(tmp_path, {"path": "ok"}).read["train"] == 3

@@ -36,6 +36,7 @@ from expert_cli.data.reader import (
     shown_name,
     shown_names,
 )
+from expert_cli.data.weights import weight_problem
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, shown_path
 
@@ -175,6 +176,8 @@ def _value_problem(role: str, value: Any) -> str | None:
                 return f"item {i}: {key} is {_kind(text)}, expected a string"
             if problem := _text_problem(text):
                 return f"item {i}: {key} {problem}"
+        if problem := weight_problem(message):
+            return f"item {i}: {problem}"
         others = {k: v for k, v in message.items() if k not in ("role", "content")}
         if others and (found := _surrogate_inside(others)):  # every key reaches the template
             where, text = found

@@ -31,6 +31,7 @@ from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.overlap import shared_note
 from expert_cli.data.reader import shown_names
 from expert_cli.data.rows import Scan, expected_shape, is_saved_dataset, scan_local
+from expert_cli.data.weights import first_bad_weight
 from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path
 
@@ -218,6 +219,10 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
             raise UserError(
                 f"{where}: row {row + 1}: field '{column}' (field_mapping.{role}) holds bytes "
                 "that are not UTF-8 text; expected UTF-8 strings"
+            )
+        if role == "messages" and (bad := first_bad_weight(values)):
+            raise UserError(
+                f"{where}: row {bad[0] + 1}: field '{column}' (field_mapping.{role}) {bad[1]}"
             )
         if role in OPTIONAL_ROLES:
             continue
