@@ -58,7 +58,11 @@ def value_kind(value: object) -> str:
     if isinstance(value, float):
         return "a decimal number"
     if isinstance(value, str):
-        return "an empty string" if not value else f"a string of {len(value)} characters"
+        return (
+            "an empty string"
+            if not value
+            else f"a string of {len(value):,} character{'s' * (len(value) > 1)}"
+        )
     if isinstance(value, (list, tuple)):
         return f"a list of {len(value)} items" if value else "an empty list"
     if isinstance(value, dict):

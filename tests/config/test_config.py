@@ -490,6 +490,32 @@ def test_a_set_that_would_add_an_unknown_block_is_refused(v2_dir: Path) -> None:
     assert loaded.manifest.training.distributed.strategy == "ddp"  # known blocks may be added
 
 
+def test_set_values_that_validate_badly_are_blamed_on_the_set_with_a_hint(v2_dir: Path) -> None:
+    """`--set base_models=[]` was blamed on manifest.json (its line is about the manifest as a
+    whole), and `--set version=1.0` (read as JSON: a number) had no word on quoting."""
+    manifest = v2_dir / "manifest.json"
+    for item, said in (
+        ("base_models=[]", "needs `base_models`"),
+        ('base_model={"name": "x"}', "uses `base_models`, not `base_model`"),
+    ):
+        with pytest.raises(UserError) as caught:
+            load_manifest(manifest, [item])
+        assert [line.startswith(f"--set {item}: (top level): ") for line in caught.value.lines] == [
+            True
+        ], caught.value.lines
+        assert said in caught.value.lines[0]
+    with pytest.raises(UserError) as caught:
+        load_manifest(manifest, ["version=1.0", "rank=8"])
+    assert caught.value.lines == [
+        "--set version=1.0: version: Input should be a valid string (got a decimal number); a "
+        "--set value is read as JSON where it parses: quote it, --set 'version=\"1.0\"'"
+    ]
+    assert load_manifest(manifest, ['version="1.0"']).manifest.version == "1.0"
+    with pytest.raises(UserError) as caught:  # a string given where a number goes: no hint
+        load_manifest(manifest, ["rank=x"])
+    assert caught.value.lines[0].endswith("(got a string of 1 character)")
+
+
 def test_load_best_model_needs_matching_steps(tmp_path: Path) -> None:
     path = _mutate(tmp_path, lambda d: d["training"]["config"].__setitem__("eval_steps", 100))
     with pytest.raises(UserError, match="save_steps: 250 must be a multiple of eval_steps"):
@@ -675,7 +701,7 @@ def test_keys_named_like_types_stay_in_the_path(v2_dir: Path) -> None:
         "manifest.json: training.dataset.tasks.str.train: Input should be a valid string (got a "
         "whole number)",
         "manifest.json: training.dataset.tasks.int.weight: Input should be a valid number (got "
-        "a string of 1 characters)",
+        "a string of 1 character)",
     ]
 
 

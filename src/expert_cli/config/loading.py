@@ -270,8 +270,22 @@ def _attributed(lines: list[str], file_name: str, overrides: list[str]) -> list[
             or loc.startswith((where + ".", where + "["))
             or _names_sibling(where, loc, message)
         ]
-        out.append(f"--set {_shown_set(by[-1])}: {line}" if by else f"{file_name}: {line}")
+        out.append(
+            f"--set {_shown_set(by[-1])}: {line}{_quote_hint(by[-1], message)}"
+            if by
+            else f"{file_name}: {line}"
+        )
     return out
+
+
+def _quote_hint(item: str, message: str) -> str:
+    """How to give a string where a `--set` value read as JSON was a number, a boolean or
+    null (`version=1.0` is the number 1.0)."""
+    key, _, text = item.partition("=")
+    if "valid string" not in message or isinstance(parse_override(item)[1], str):
+        return ""
+    quoted = _shown_set(f'{key.strip()}="{text}"')
+    return f"; a --set value is read as JSON where it parses: quote it, --set '{quoted}'"
 
 
 def _as_loc(parts: list[str]) -> tuple[str | int, ...]:
@@ -282,8 +296,7 @@ def _as_loc(parts: list[str]) -> tuple[str | int, ...]:
 def _names_sibling(where: str, loc: str, message: str) -> bool:
     """Whether `loc` is a key beside `where` (same object) that `message` names as a word."""
     parent, _, key = loc.rpartition(".")
-    return bool(
-        parent
-        and parent == where.rpartition(".")[0]
-        and re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", message)
-    )
+    named = re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", message) is not None
+    if where == loc_text(()):  # a line about the manifest as a whole: its own keys
+        return not parent and named
+    return bool(parent and parent == where.rpartition(".")[0] and named)
