@@ -623,6 +623,26 @@ def test_the_checkpoint_of_lowest_eval_loss_is_named_and_shipped_as_best(
     said = " ".join(out.stdout.split())
     assert "shipped checkpoint-1 (--checkpoint best: eval loss 0.5 at step 1)" in said
     assert "lower eval loss" not in said
+    # the manifest may ask for it too (it was refused there, and taken by --checkpoint)
+    manifest = json.loads((run / "manifest.source.json").read_text())
+    manifest["training"]["packaging_checkpoint"] = "best"
+    manifest_path = tmp_path / "expert" / "manifest.json"  # the expert's folder, edited
+    shutil.copytree(v2_run.parent, manifest_path.parent, ignore=shutil.ignore_patterns("out"))
+    manifest_path.write_text(json.dumps(manifest))
+    resolved = json.loads((run / "manifest.resolved.json").read_text())
+    (run / "manifest.resolved.json").write_text(
+        json.dumps({**resolved, "manifest_path": str(manifest_path)})
+    )
+    out, members = package()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert members[ADAPTER_FILE] == (earlier / ADAPTER_FILE).read_bytes()
+    assert json.loads(members["manifest.json"])["training"]["packaging_checkpoint"] == (
+        "checkpoint-1"
+    )  # the package names the one shipped, as HiveLLM's loader reads it
+    assert (
+        f"shipped checkpoint-1 (training.packaging_checkpoint best in {manifest_path}: eval "
+        "loss 0.5 at step 1)"
+    ) in " ".join(out.stdout.split())
     metrics["evals"] = [{"step": 1, "eval_loss": 0.9}, {"step": 2, "eval_loss": 0.5}]
     (run / "metrics.json").write_text(json.dumps(metrics))
     out, members = package("--checkpoint", "best")  # a tie goes to the final adapter
@@ -638,6 +658,13 @@ def test_the_checkpoint_of_lowest_eval_loss_is_named_and_shipped_as_best(
     assert (
         "--checkpoint best: the run evaluated at no step it kept an adapter of (it keeps: "
         "checkpoint-1, checkpoint-2, final); name one: --checkpoint NAME"
+        in " ".join(out.stderr.split())
+    )
+    assert not (tmp_path / "x.expert").exists()
+    out, _ = package()
+    assert out.returncode == 2
+    assert (
+        f"training.packaging_checkpoint best in {manifest_path}: the run evaluated at no step"
         in " ".join(out.stderr.split())
     )
     assert not (tmp_path / "x.expert").exists()

@@ -255,11 +255,14 @@ class DatasetSpec(Strict):
 
 
 CHECKPOINT_NAME = re.compile(r"checkpoint-[0-9]{1,12}|final")  # HiveLLM's packaging_checkpoint
+# what the manifest may name: HiveLLM's names, or best (`package` writes the one it picks)
+PACKAGING_CHOICE = re.compile(r"checkpoint-[0-9]{1,12}|final|best")
+PACKAGING_CHOICES = "checkpoint-N (e.g. checkpoint-500), final, or best (the lowest eval loss)"
 
 
 def _checkpoint_name(value: str) -> str:
-    if not CHECKPOINT_NAME.fullmatch(value):
-        raise ValueError("expected checkpoint-N (e.g. checkpoint-500) or final")
+    if not PACKAGING_CHOICE.fullmatch(value):
+        raise ValueError(f"expected {PACKAGING_CHOICES}")
     return value
 
 
@@ -280,8 +283,9 @@ class TrainingSpec(BaseModel):
     base_model_version: Any = Field(None, description="Descriptive; kept.")
     packaging_checkpoint: Annotated[str, AfterValidator(_checkpoint_name)] | None = Field(
         None,
-        description="What `package` ships: checkpoint-N (that checkpoint's adapter) or final "
-        "(the run's adapter, the default); read from the manifest file as it is when packaging.",
+        description="What `package` ships: checkpoint-N (that checkpoint's adapter), final "
+        "(the run's adapter, the default) or best (the kept adapter of lowest eval loss; the "
+        "package records the one shipped); read from the manifest file as it is when packaging.",
     )
     checkpoint: Any = Field(None, description="Descriptive; kept.")
     alternative_checkpoints: Any = Field(None, description="Descriptive; kept.")

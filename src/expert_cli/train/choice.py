@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from expert_cli.config.loading import read_manifest_json
-from expert_cli.config.models import CHECKPOINT_NAME
+from expert_cli.config.models import CHECKPOINT_NAME, PACKAGING_CHOICE, PACKAGING_CHOICES
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
@@ -29,6 +29,7 @@ from expert_cli.train.run_source import run_manifest
 
 FINAL = "final"
 BEST = "best"  # --checkpoint best: the kept adapter of lowest eval loss
+BY_BEST = ("--checkpoint best", "training.packaging_checkpoint best")  # who asked for it
 # the step a run's final adapter holds, recorded in manifest.resolved.json's runtime when it is
 # saved (with load_best_model_at_end, the best checkpoint's step, not the last one)
 FINAL_STEP = "final_step"
@@ -123,13 +124,20 @@ def chosen_checkpoint(
             )
         return checkpoint, "--checkpoint"
     if manifest_path.is_file():
-        named = _packaging_checkpoint(manifest_path)
-        where = f"training.packaging_checkpoint in {shown_path(manifest_path)}"
-        return (named, where) if named else ("final", "")
-    then = (source.get("training") or {}).get("packaging_checkpoint")
-    if isinstance(then, str) and CHECKPOINT_NAME.fullmatch(then):
-        return then, f"training.packaging_checkpoint in the run's {SOURCE_MANIFEST}"
-    return "final", ""
+        named, where = _packaging_checkpoint(manifest_path), shown_path(manifest_path)
+    else:
+        then = (source.get("training") or {}).get("packaging_checkpoint")
+        named = then if isinstance(then, str) and PACKAGING_CHOICE.fullmatch(then) else None
+        where = f"the run's {SOURCE_MANIFEST}"
+    if named == BEST:
+        return _best(run_dir, f"{BY_BEST[1]} in {where}")
+    return (named, f"training.packaging_checkpoint in {where}") if named else ("final", "")
+
+
+def chosen_by_best(chosen_by: str) -> bool:
+    """Whether an adapter was chosen as the lowest eval loss (`--checkpoint best`, or the
+    manifest's `packaging_checkpoint: best`), by `chosen_checkpoint`'s words."""
+    return chosen_by.startswith(BY_BEST)
 
 
 def default_choice(run_dir: Path) -> tuple[str, str]:
@@ -140,16 +148,17 @@ def default_choice(run_dir: Path) -> tuple[str, str]:
     return chosen_checkpoint(run_dir, None, manifest_path, source)
 
 
-def _best(run_dir: Path) -> tuple[str, str]:
+def _best(run_dir: Path, by: str = BY_BEST[0]) -> tuple[str, str]:
+    """The kept adapter of lowest eval loss, and `by` (who asked for it) with its loss."""
     adapters = kept_adapters(run_dir)
     best = lowest(adapters)
     if best is None:
         held = ", ".join(a.name for a in adapters[-8:]) or "none"
         raise UserError(
-            f"--checkpoint best: the run evaluated at no step it kept an adapter of (it keeps: "
+            f"{by}: the run evaluated at no step it kept an adapter of (it keeps: "
             f"{held}); name one: --checkpoint NAME"
         )
-    return best.name, f"--checkpoint best: eval loss {best.eval_loss:.4g} at step {best.step}"
+    return best.name, f"{by}: eval loss {best.eval_loss:.4g} at step {best.step}"
 
 
 def lower_loss_note(run_dir: Path, name: str, ship_with: str = "--checkpoint best") -> str | None:
@@ -198,9 +207,9 @@ def _packaging_checkpoint(manifest_path: Path) -> str | None:
             f"to ship cannot be read{retry}"
         )
     value = training.get("packaging_checkpoint")
-    if value is not None and not (isinstance(value, str) and CHECKPOINT_NAME.fullmatch(value)):
+    if value is not None and not (isinstance(value, str) and PACKAGING_CHOICE.fullmatch(value)):
         raise UserError(
             f"{shown_path(manifest_path)}: training.packaging_checkpoint: expected "
-            "checkpoint-N (e.g. checkpoint-500) or final"
+            f"{PACKAGING_CHOICES}"
         )
     return value

@@ -40,7 +40,7 @@ from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, resolved_path, sh
 from expert_cli.train import adapter_entry as entry
 from expert_cli.train.adapter_entry import ALPHA_KEYS, DROPOUT_KEYS, RANK_KEYS, reconciled
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints, sound_checkpoints
-from expert_cli.train.choice import BEST, chosen_checkpoint, lower_loss_note
+from expert_cli.train.choice import chosen_by_best, chosen_checkpoint, lower_loss_note
 from expert_cli.train.hive_loader import for_hive_loader, loader_problems, refuse_unloadable
 from expert_cli.train.outputs import (
     ADAPTER_FILES,
@@ -160,7 +160,7 @@ def _shipped(
     if name != "final":
         notes.append(f"shipped {name} ({chosen_by}), not the run's final adapter")
         return _checkpoint_folder(run_dir, name, chosen_by), notes
-    if checkpoint == BEST:
+    if chosen_by_best(chosen_by):
         notes.append(f"shipped the run's final adapter ({chosen_by})")
     return run_dir, notes
 
