@@ -99,6 +99,8 @@ def test_a_snapshot_without_a_byte_is_not_cached(tmp_path: Path, layout: str) ->
     snapshot = folder / "snapshots" / "0123abcd"
     snapshot.mkdir(parents=True)
     (folder / "blobs").mkdir()
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text("0123abcd")
     if layout == "dangling":
         (snapshot / "train.jsonl").symlink_to(folder / "blobs" / "abc.incomplete")
     elif layout == "zero bytes":
@@ -110,7 +112,9 @@ def test_a_snapshot_without_a_byte_is_not_cached(tmp_path: Path, layout: str) ->
     (folder / "blobs" / "abc").write_bytes(b'{"text": "x"}')
     (snapshot / "train.jsonl").unlink(missing_ok=True)
     (snapshot / "train.jsonl").symlink_to(folder / "blobs" / "abc")
-    assert cached(ref, roots) == (folder, 13)
+    assert cached(ref, roots) == (folder, 13)  # blobs and snapshots counted
+    (folder / "refs" / "main").write_text("fedc")  # main names a snapshot not there
+    assert cached(ref, roots) is None
 
 
 def test_a_reachable_hub_means_downloads(tmp_path: Path, hub_endpoint: str) -> None:
@@ -270,3 +274,85 @@ def test_a_dataset_in_the_hub_cache_trains_without_the_hub(
     (found,) = (tmp_path / "expert" / ".cache").rglob("stats.json")
     stats = json.loads(found.read_text())
     assert stats["train"]["examples"] + stats["eval"]["examples"] == 30, stats
+
+
+def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """Read offline from its snapshot, a hub dataset with an unknown `::split` or
+    `::split::config`, or whose refs/main names a snapshot not there, passed `check` and
+    failed in the build in the datasets library's words, naming no field; data files of a
+    format the library leaves out went unsaid; a pinned revision not cached was not named."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data.checks import check_manifest
+    from expert_cli.data.sources import load_sources
+    from expert_cli.errors import UserError
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = tmp_path / "hf" / "hub" / "datasets--org--mini"
+    data = repo / "snapshots" / "abc" / "data"
+    data.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc")
+    lines = "".join(json.dumps({"text": f"q{i} a{i}"}) + "\n" for i in range(20))
+    (data / "train.jsonl").write_text(lines)
+    (data / "test.jsonl").write_text(lines)
+    demo = ROOT / "experts" / "demo"
+    manifest = json.loads((demo / "manifest.json").read_text())
+    manifest["base_models"][0]["name"] = str(demo / "model")
+    path = tmp_path / "expert" / "manifest.json"
+    path.parent.mkdir()
+
+    def judged(dataset: dict) -> tuple[list[str], list[str], list[str]]:
+        """check's problems and notes, and what the build's reading of the sources says."""
+        manifest["training"]["dataset"] = {"field_mapping": {"text": "text"}, **dataset}
+        path.write_text(json.dumps(manifest))
+        report = check_manifest(path)
+        try:
+            built = load_sources(resolve(load_manifest(path), cpu_environment()), tmp_path / "w")
+            said = built.notes
+        except UserError as exc:
+            said = exc.lines
+        return report.problems, report.notes, said
+
+    where = f"training.dataset.path: hub dataset org/mini (read from its cached snapshot, {data.parent})"
+    problems, _, said = judged({"path": "org/mini::validation"})
+    expected = f"{where} has no split 'validation' (its splits: 'train', 'test'); name one: org/mini::SPLIT"
+    assert problems == said == [expected]
+    problems, _, said = judged({"path": "org/mini::train::nope"})
+    expected = (
+        f"{where} has no configuration 'nope' (it has: 'default'); name one: "
+        "org/mini::train::CONFIG"
+    )
+    assert problems == said == [expected]
+    problems, notes, said = judged({"path": "org/mini::test+train[:50%]"})
+    assert problems == [] and not [n for n in notes + said if "datasets library" in n]
+    for i in range(3):  # parquet files the library prefers: the JSON Lines ones are left out
+        pq.write_table(pa.table({"text": ["x"]}), data / f"{'test' if i else 'train'}-{i}.parquet")
+    problems, notes, said = judged({"path": "org/mini"})
+    note = (
+        f"{where}: holds 2 json file(s) the datasets library leaves out: it reads the parquet "
+        "ones; download the repository (hf download org/mini --repo-type dataset --local-dir "
+        "DIR) and name the files to train on"
+    )
+    assert problems == [] and note in notes and note in said
+    (repo / "refs" / "main").write_text("gone")  # a ref to a snapshot not there
+    problems, _, said = judged({"path": "org/mini"})
+    assert (
+        len(problems) == 1 and "org/mini" in problems[0] and "not in the local cache" in problems[0]
+    )
+    (repo / "refs" / "main").write_text("abc")
+    problems, _, _ = judged({"path": "org/mini", "revision": "v2"})
+    assert problems == [
+        "training.dataset.path: dataset org/mini (no file or folder of that name beside the "
+        "manifest, so it is read as a hub id) is not in the local cache at revision v2 "
+        "(training.dataset.revision) and the hub is switched off (HF_HUB_OFFLINE); download it "
+        "where there is a network (hf download org/mini --repo-type dataset --revision v2 "
+        "--local-dir data/mini) and set training.dataset.path to the folder or its files"
+    ]

@@ -106,6 +106,8 @@ def cached(ref: HubRef, roots: dict[str, Path] | None = None) -> tuple[Path, int
             found = [p for p in found if p.name == wanted]
         if ref.kind == "model" and snapshot(ref.repo, wanted, roots["hub"]) is None:
             found = []  # refs/main to a snapshot not there, or none: the loader finds nothing
+        if ref.kind == "dataset" and _snapshot_at(repo, wanted) is None:
+            found = []  # read offline from the snapshot its ref names: none there
         if found:
             files = [p for part in ("blobs", "snapshots") for p in (repo / part).rglob("*")]
             return repo, size_once([p for p in files if p.is_file()])
@@ -138,7 +140,12 @@ def dataset_snapshot(repo: str, revision: str | None) -> Path | None:
     download` (the hub cache) was "cached" to `check` and unloadable to `train`."""
     if not (offline() or unreachable(endpoint())):
         return None
-    repo_dir = default_roots()["hub"] / f"datasets--{repo.replace('/', '--')}"
+    return _snapshot_at(default_roots()["hub"] / f"datasets--{repo.replace('/', '--')}", revision)
+
+
+def _snapshot_at(repo_dir: Path, revision: str | None) -> Path | None:
+    """The snapshot of a cached dataset repository at `revision` (main): through refs/, or
+    a commit's folder; None when it is not there or holds no byte."""
     wanted = revision or "main"
     ref = repo_dir / "refs" / wanted
     try:
@@ -190,16 +197,24 @@ def hub_status(refs: list[HubRef], probe: bool = True) -> list[HubStatus]:
 
 def how_to_fix(ref: HubRef) -> str:
     """What the user can do about a reference that is neither cached nor downloadable."""
+    pinned = f" --revision {ref.revision}" if ref.revision else ""
     if ref.kind == "model":
         return (
-            f"download it where there is a network (hf download {ref.repo} --local-dir "
+            f"download it where there is a network (hf download {ref.repo}{pinned} --local-dir "
             f"models/{ref.repo.split('/')[-1]}) and set {ref.field} to that folder"
         )
     return (
-        f"download it where there is a network (hf download {ref.repo} --repo-type dataset "
-        f"--local-dir data/{ref.repo.split('/')[-1]}) and set {ref.field} to the folder or "
-        "its files"
+        f"download it where there is a network (hf download {ref.repo} --repo-type dataset"
+        f"{pinned} --local-dir data/{ref.repo.split('/')[-1]}) and set {ref.field} to the "
+        "folder or its files"
     )
+
+
+def revision_field(ref: HubRef) -> str:
+    """The manifest field that pins a reference's revision."""
+    if ref.kind == "dataset":
+        return "training.dataset.revision"
+    return f"{ref.field.rpartition('.')[0]}.revision"
 
 
 def missing_problems(statuses: list[HubStatus]) -> list[str]:
@@ -216,9 +231,10 @@ def missing_problems(statuses: list[HubStatus]) -> list[str]:
         thing = "file or folder" if s.ref.kind == "dataset" else "folder"
         # a mistyped local folder reads as a hub id: say what it was taken for
         read_as = f" (no {thing} of that name beside the manifest, so it is read as a hub id)"
+        at = f" at revision {s.ref.revision} ({revision_field(s.ref)})" if s.ref.revision else ""
         lines.append(
-            f"{s.ref.field}: {s.ref.kind} {s.ref.repo}{read_as} is not in the local cache and "
-            f"{why}; {how_to_fix(s.ref)}"
+            f"{s.ref.field}: {s.ref.kind} {s.ref.repo}{read_as} is not in the local cache"
+            f"{at} and {why}; {how_to_fix(s.ref)}"
         )
     return lines
 

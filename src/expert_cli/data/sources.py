@@ -28,6 +28,7 @@ from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.conversations import as_text, conversation_text
 from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec
 from expert_cli.data.hub import dataset_snapshot
+from expert_cli.data.hub_snapshot import snapshot_lines
 from expert_cli.data.overlap import shared_note
 from expert_cli.data.reader import shown_names
 from expert_cli.data.rows import Scan, expected_shape, is_saved_dataset, scan_local
@@ -173,19 +174,21 @@ def _load_hub(ref: SourceRef) -> datasets.Dataset:
         # its files were fetched but not read: the causes' messages may quote a row (a CSV
         # parse error does), so only their kind is said, and where to get each row named
         raise UserError(
-            f"{ref.location}: its data files could not be read into a dataset "
-            f"({_unreadable_because(exc)}); download them (hf download {ref.location} "
+            f"{ref.field}: hub dataset {ref.location}: its data files could not be read into a "
+            f"dataset ({_unreadable_because(exc)}); download them (hf download {ref.location} "
             f"--repo-type dataset --local-dir data/{ref.location.split('/')[-1]}) and set "
             "training.dataset.path to that folder: expert-cli's own reader names the file, "
             "line and field"
         ) from None
     except StopIteration:  # the builder found files but not one row in them
-        raise UserError(f"{ref.location}: its data files hold no rows") from None
+        raise UserError(
+            f"{ref.field}: hub dataset {ref.location}: its data files hold no rows"
+        ) from None
     except Exception as exc:  # offline, unknown id, unknown split: all the user's to fix
         said = str(exc).strip().splitlines()
         detail = f": {said[0][:HUB_MESSAGE_CHARS]}" if said else ""
         raise UserError(
-            f"{ref.location}: cannot load from the hub or its local cache "
+            f"{ref.field}: hub dataset {ref.location}: cannot load from the hub or its local cache "
             f"({type(exc).__name__}{detail})"
         ) from None
 
@@ -350,6 +353,11 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
     fields: FieldSpec | None = None
     train_parts, eval_parts, notes = [], [], []
     read = {"train": 0, "eval": 0}
+    for ref in resolved.train_sources + resolved.validation_sources:  # a hub one read offline
+        problems, said = snapshot_lines(ref)
+        if problems:
+            raise UserError(problems)
+        notes += said
     for i, ref in enumerate(resolved.train_sources):
         ds, fields = load_source(ref, fields, resolved.field_mapping, cache_dir)
         read["train"] += len(ds)
