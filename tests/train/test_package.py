@@ -1151,6 +1151,17 @@ def test_a_package_of_repeated_bytes_says_what_it_unpacks_to(
     report = verify_package(zeros)
     said = [n for n in report.notes if "unpacks to" in n]
     assert report.ok and len(said) == 1 and "files of repeated bytes" in said[0], report.notes
+    # the whole is bounded too (each file was, at 20 GiB, and 10,000 of them): 40 GiB, lowered
+    # here to the sound package's size, so it is read at the bound and refused past it
+    whole = sum(len(data) for data in _unpack(package).values())
+    monkeypatch.setattr(package_check, "MAX_UNPACKED_BYTES", whole)
+    assert verify_package(package).ok
+    monkeypatch.setattr(package_check, "MAX_UNPACKED_BYTES", whole - 1)
+    (problem,) = verify_package(package).problems
+    assert problem.endswith(
+        ": the files up to it unpack to over 0 GiB in all, more than any adapter package; not "
+        "read further"
+    ), problem
 
 
 def test_a_tokenizer_file_too_large_to_read_is_not_called_sound(

@@ -48,6 +48,7 @@ from expert_cli.weights import (
 )
 
 MAX_FILE_BYTES = 20 << 30
+MAX_UNPACKED_BYTES = 2 * MAX_FILE_BYTES  # in all: no package holds more than one big file
 MAX_MEMBERS = 10_000
 # an archive that unpacks to over 1 GiB at over 20 times its size: trained weights compress by
 # a few percent, so it holds other bytes
@@ -147,14 +148,22 @@ def _read_members(
     """Each member in turn (names as unpacking reads them, at most MAX_MEMBERS), then what
     follows the archive's end."""
     seen: dict[str, tuple[str, bool]] = {}  # name as unpacked -> (first name, a folder)
+    unpacked = 0
     for count, member in enumerate(tar, 1):
         if count > MAX_MEMBERS:
             report.problems.append(f"more than {MAX_MEMBERS:,} files")
             return
+        unpacked += member.size if member.isfile() else 0
+        if unpacked > MAX_UNPACKED_BYTES:  # each file under the bound, and no end to them
+            report.problems.append(
+                f"{member.name}: the files up to it unpack to over {MAX_UNPACKED_BYTES >> 30} "
+                "GiB in all, more than any adapter package; not read further"
+            )
+            return
         if problem := member_problem(member, seen):
             report.problems.append(problem)
         elif member.size > MAX_FILE_BYTES:
-            report.problems.append(f"{member.name}: over {MAX_FILE_BYTES >> 30} GB")
+            report.problems.append(f"{member.name}: over {MAX_FILE_BYTES >> 30} GiB")
         elif not member.isdir():  # unpacking makes a folder: harmless, not listed
             _read_member(tar, member, report, hashes, heads)
     if problem := end_problem(blocks, report.path):
