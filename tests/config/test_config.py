@@ -492,7 +492,8 @@ def test_a_set_that_would_add_an_unknown_block_is_refused(v2_dir: Path) -> None:
 
 def test_set_values_that_validate_badly_are_blamed_on_the_set_with_a_hint(v2_dir: Path) -> None:
     """`--set base_models=[]` was blamed on manifest.json (its line is about the manifest as a
-    whole), and `--set version=1.0` (read as JSON: a number) had no word on quoting."""
+    whole), and `--set version=1.0` (read as JSON: a number) was refused without a word on
+    quoting."""
     manifest = v2_dir / "manifest.json"
     for item, said in (
         ("base_models=[]", "needs `base_models`"),
@@ -504,13 +505,18 @@ def test_set_values_that_validate_badly_are_blamed_on_the_set_with_a_hint(v2_dir
             True
         ], caught.value.lines
         assert said in caught.value.lines[0]
-    with pytest.raises(UserError) as caught:
-        load_manifest(manifest, ["version=1.0", "rank=8"])
+    # a field of text only takes the text (`schema_version=2.0` was the number 2.0, refused)
+    loaded = load_manifest(manifest, ["version=1.0", "schema_version=2.0", "description=7"])
+    assert (loaded.manifest.version, loaded.manifest.schema_version) == ("1.0", "2.0")
+    assert loaded.manifest.description == "7"
+    for given in ('version="1.10"', "version=1.10"):  # as written, not the number 1.1
+        assert load_manifest(manifest, [given]).manifest.version == "1.10"
+    with pytest.raises(UserError) as caught:  # elsewhere a number stays one, with a hint
+        load_manifest(manifest, ["tags.0=5", "rank=8"])
     assert caught.value.lines == [
-        "--set version=1.0: version: Input should be a valid string (got a decimal number); a "
-        "--set value is read as JSON where it parses: quote it, --set 'version=\"1.0\"'"
+        "--set tags.0=5: tags[0]: Input should be a valid string (got a whole number); a --set "
+        "value is read as JSON where it parses: quote it, --set 'tags.0=\"5\"'"
     ]
-    assert load_manifest(manifest, ['version="1.0"']).manifest.version == "1.0"
     with pytest.raises(UserError) as caught:  # a string given where a number goes: no hint
         load_manifest(manifest, ["rank=x"])
     assert caught.value.lines[0].endswith("(got a string of 1 character)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 import re
 from types import UnionType
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -37,6 +37,30 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
         if model is None:
             return None
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def takes_text_only(loc: tuple[Any, ...]) -> bool:
+    """Whether the manifest field at `loc` takes text and no number (a string, or a choice of
+    strings such as schema_version's '1.0' and '2.0'): a `--set` value there is its text."""
+    if not loc or isinstance(loc[-1], int):
+        return False
+    owner = _model_at(loc[:-1])
+    field = owner.model_fields.get(str(loc[-1])) if owner is not None else None
+    if field is None:
+        return False
+    kinds = _leaf_kinds(field.annotation)
+    return str in kinds and kinds <= {str, type(None)}
+
+
+def _leaf_kinds(annotation: Any) -> set[Any]:
+    """The types a field's annotation takes, through unions, Annotated and Literal values."""
+    if get_origin(annotation) is Literal:
+        return {type(value) for value in get_args(annotation)}
+    if get_origin(annotation) in (Union, UnionType, Annotated):
+        args = get_args(annotation)
+        args = args[:1] if get_origin(annotation) is Annotated else args
+        return set().union(*(_leaf_kinds(arg) for arg in args))
+    return {annotation}
 
 
 def _unwrap_model(annotation: Any) -> type[BaseModel] | None:

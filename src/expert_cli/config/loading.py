@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from expert_cli.config.base import MAX_VALUE_ERRORS, strip_comments
-from expert_cli.config.error_lines import format_errors, loc_text
+from expert_cli.config.error_lines import format_errors, loc_text, takes_text_only
 from expert_cli.config.models import DatasetSpec, LoadedManifest, Manifest
 from expert_cli.errors import UserError
 from expert_cli.jsontext import json_int
@@ -147,6 +147,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         )
     if len(parts) == 1 and parts[0] not in Manifest.model_fields:  # `version` is top-level
         parts = ["training", "config", *parts]
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and takes_text_only(_as_loc(parts)):  # version=1.0 is the text 1.0
+        value = text.strip()
     return parts, value
 
 
