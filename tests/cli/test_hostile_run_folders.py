@@ -134,6 +134,8 @@ def test_the_packaged_manifest_holds_the_set_values_train_was_given(
             "pretokenized_cache=/scratch/cache",
             "training.dataset.response_template=### Answer:",  # how it must be prompted
             'training.distributed={"strategy": "deepspeed", "deepspeed": "/home/me/ds.json"}',
+            # read by package from the manifest file as it is then: said, not held
+            "training.packaging_checkpoint=checkpoint-9",
         ]
     }
     (run / "manifest.resolved.json").write_text(json.dumps(resolved))
@@ -146,6 +148,10 @@ def test_the_packaged_manifest_holds_the_set_values_train_was_given(
         "training.dataset.response_template, training.distributed" in text
     )
     assert "/home/me" not in text and "/scratch" not in text
+    assert (
+        "training.packaging_checkpoint: given to train with --set, which package does not "
+        "read: it ships what the manifest file names, else final; --checkpoint NAME chooses"
+    ) in text
     with tarfile.open(out) as tar:
         manifest = json.load(tar.extractfile("manifest.json"))
     base = manifest["base_models"][0]
@@ -157,6 +163,7 @@ def test_the_packaged_manifest_holds_the_set_values_train_was_given(
     }
     assert manifest["training"]["decoding"] == {"temperature": 0.2}
     assert manifest["training"]["distributed"] == {"strategy": "deepspeed"}  # no local file
+    assert manifest["training"]["packaging_checkpoint"] == "final"  # what shipped
 
 
 @pytest.mark.parametrize(

@@ -719,3 +719,21 @@ def test_a_weight_other_than_0_or_1_or_on_a_turn_never_trained_is_refused(
         assert said in msg
         datasets.Dataset.from_list(fine[:3]).save_to_disk(tmp_path / "ok")
     assert load(tmp_path, {"path": "ok"}).read["train"] == 3
+    # a half-float weight (no comparison kernel: a traceback), and messages of a fixed number
+    # (Arrow's fixed-size list, whose weights went unchecked), checked alike
+    message = {"role": datasets.Value("string"), "content": datasets.Value("string")}
+    for weight, length, rows, said in (
+        ("float16", -1, [*fine[:3]], None),
+        ("float16", -1, [*fine[:3], talk({"role": "assistant", "content": "a", "weight": 2})], 4),
+        ("int64", 2, [*fine[:3], talk({"role": "assistant", "content": "a"}, {"weight": 1})], 4),
+    ):
+        features = datasets.Features(
+            {"messages": datasets.List({**message, "weight": datasets.Value(weight)}, length)}
+        )
+        saved = tmp_path / f"typed-{weight}-{len(rows)}"
+        datasets.Dataset.from_list(rows, features=features).save_to_disk(saved)
+        if said is None:
+            assert load(tmp_path, {"path": saved.name}).read["train"] == 3
+        else:
+            msg = error_of(tmp_path, {"path": saved.name})
+            assert msg.startswith(f"{saved}: row {said}: field 'messages'"), msg

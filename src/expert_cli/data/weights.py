@@ -54,8 +54,20 @@ def first_bad_weight(values: pa.ChunkedArray) -> tuple[int, str] | None:
     return None
 
 
+# the list types a `messages` column may be (datasets' List of a fixed length is Arrow's
+# fixed-size list)
+LISTS = (
+    pa.types.is_list,
+    pa.types.is_large_list,
+    pa.types.is_fixed_size_list,
+    pa.types.is_list_view,
+    pa.types.is_large_list_view,
+)
+NUMBERS = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal)
+
+
 def _first_in_chunk(chunk: pa.Array) -> tuple[int, str] | None:
-    if not (pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)):
+    if not any(is_list(chunk.type) for is_list in LISTS):
         return None
     inner = chunk.type.value_type
     if not pa.types.is_struct(inner) or inner.get_field_index("weight") < 0:
@@ -64,19 +76,20 @@ def _first_in_chunk(chunk: pa.Array) -> tuple[int, str] | None:
     weights = pc.struct_field(messages, "weight")
     given = pc.is_valid(weights)
     kind = weights.type
-    if pa.types.is_boolean(kind) or not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+    if pa.types.is_null(kind):  # no message gives one
+        return None
+    if not any(is_number(kind) for is_number in NUMBERS):
         bad, why = given, f'"weight" is not a number ({kind}), expected {WEIGHTS}'
         return _first(bad, chunk, why)
-    other = pc.and_(
-        given, pc.invert(pc.fill_null(pc.is_in(weights, pa.array([0, 1], kind)), False))
-    )
+    weights = pc.cast(weights, pa.float64(), safe=False)  # a half float has no comparisons
+    other = pc.and_(given, pc.invert(pc.fill_null(pc.is_in(weights, pa.array([0.0, 1.0])), False)))
     found = _first(other, chunk, f'"weight" is a number other than 0 and 1, expected {WEIGHTS}')
     if found is not None or inner.get_field_index("role") < 0:
         return found
     roles = pc.struct_field(messages, "role")
     answer = pc.fill_null(pc.equal(roles, "assistant"), False)
     return _first(
-        pc.and_(pc.fill_null(pc.equal(weights, 1), False), pc.invert(answer)), chunk, NOT_ANSWER
+        pc.and_(pc.fill_null(pc.equal(weights, 1.0), False), pc.invert(answer)), chunk, NOT_ANSWER
     )
 
 
@@ -86,6 +99,7 @@ def _first(mask: pa.Array, chunk: pa.Array, why: str) -> tuple[int, str] | None:
     if len(hits) == 0:
         return None
     at = hits[0].as_py()
-    row = pc.list_parent_indices(chunk)[at].as_py()
-    item = at + chunk.offsets[0].as_py() - chunk.offsets[row].as_py()
+    parents = pc.list_parent_indices(chunk)
+    row = parents[at].as_py()
+    item = at - pc.index(parents, row).as_py()  # the row's messages are flattened in order
     return row, f"item {item}: {why}"

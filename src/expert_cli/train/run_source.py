@@ -131,18 +131,24 @@ def _machine_bound(manifest: dict[str, Any]) -> list[Where]:
 def _keep_as_written(changed: dict[str, Any], source: dict[str, Any]) -> list[str]:
     """Put back in `changed` each place on the training machine as `source` gives it (a
     `--set` of a whole block holding one included); the keys put back."""
-    kept = []
-    for where in _machine_bound(changed):
-        now, then = _at(changed, where), _at(source, where)
-        holder, key = _at(changed, where[:-1]), str(where[-1])
-        if now is MISSING or now == then or not isinstance(holder, dict):
-            continue
-        if then is MISSING:
-            del holder[key]
-        else:
-            holder[key] = then
-        kept.append(".".join(str(step) for step in where))
-    return kept
+    return [
+        ".".join(str(step) for step in where)
+        for where in _machine_bound(changed)
+        if _put_back(changed, source, where)
+    ]
+
+
+def _put_back(changed: dict[str, Any], source: dict[str, Any], where: Where) -> bool:
+    """Put the value at `where` in `changed` back as `source` gives it; whether it differed."""
+    now, then = _at(changed, where), _at(source, where)
+    holder, key = _at(changed, where[:-1]), str(where[-1])
+    if now is MISSING or now == then or not isinstance(holder, dict):
+        return False
+    if then is MISSING:
+        del holder[key]
+    else:
+        holder[key] = then
+    return True
 
 
 def as_trained(
@@ -167,9 +173,15 @@ def as_trained(
             f"longer apply to {SOURCE_MANIFEST} (a file edited since); train again"
         ) from None
     kept = set(_keep_as_written(changed, source))
-    applied = [key for key in keys if key not in kept]
+    notes = [  # package reads it from the manifest file as it is then, or --checkpoint
+        f"{key}: given to train with --set, which package does not read: it ships what the "
+        "manifest file names, else final; --checkpoint NAME chooses"
+        for key in dict.fromkeys(keys)
+        if key in AFTER_TRAINING and _put_back(changed, source, tuple(key.split(".")))
+    ]
+    applied = [key for key in keys if key not in kept and key not in AFTER_TRAINING]
     if not applied:
-        return changed, []
+        return changed, notes
     more = f" and {len(applied) - 6} more" if len(applied) > 6 else ""
     note = f"the packaged manifest holds the --set values train was given: {', '.join(applied[:6])}"
-    return changed, [note + more]
+    return changed, [note + more, *notes]
