@@ -737,3 +737,43 @@ def test_a_weight_other_than_0_or_1_or_on_a_turn_never_trained_is_refused(
         else:
             msg = error_of(tmp_path, {"path": saved.name})
             assert msg.startswith(f"{saved}: row {said}: field 'messages'"), msg
+
+
+def test_hub_messages_whose_turns_have_different_keys_are_read(tmp_path, write_jsonl) -> None:
+    """The datasets library types messages whose turns' keys differ (a weight or tool_calls on
+    some) as JSON: such a hub dataset was refused as `holds List(Json(decode=True)), expected
+    a list of {"role": ..., "content": ...} objects`. It is read, each row checked as a file's
+    rows are (a user turn's weight 1 was not seen)."""
+    import datasets
+
+    calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    rows = [
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": None, "tool_calls": calls},
+                {"role": "tool", "content": "1", "tool_call_id": "c"},
+                {"role": "assistant", "content": "b", "weight": 0},
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "c", "weight": 1},
+            ]
+        },
+    ]
+    write_jsonl(tmp_path / "raw" / "train.jsonl", rows)
+    cache = str(tmp_path / "hf")
+    typed = datasets.load_dataset("json", data_dir=str(tmp_path / "raw"), cache_dir=cache)
+    assert isinstance(typed["train"].features["messages"].feature, datasets.Json)
+    typed["train"].save_to_disk(tmp_path / "saved")  # read as a hub dataset is, by column
+    loaded = load(tmp_path, {"path": "saved"})
+    stored = [json.loads(m) for part in (loaded.train, loaded.eval) for m in part["messages"]]
+    assert sorted(stored, key=len) == [r["messages"] for r in rows]
+    rows[1]["messages"][4]["weight"] = 1  # a user turn: refused, naming row and item
+    write_jsonl(tmp_path / "raw" / "train.jsonl", rows)
+    typed = datasets.load_dataset("json", data_dir=str(tmp_path / "raw"), cache_dir=cache)
+    typed["train"].save_to_disk(tmp_path / "bad")
+    msg = error_of(tmp_path, {"path": "bad"})
+    assert msg.startswith(
+        f"{tmp_path / 'bad'}: row 2: field 'messages' (field_mapping.messages) item 4: a "
+        '"weight" of 1 on a turn that is never trained'
+    ), msg

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
+
 from expert_cli.config.base import lone_surrogate_at
 from expert_cli.config.refs import (
     FILE_FORMATS,
@@ -36,10 +38,11 @@ from expert_cli.data.reader import (
     shown_name,
     shown_names,
 )
-from expert_cli.data.weights import weight_problem
+from expert_cli.data.weights import first_bad_weight, weight_problem
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, shown_path
 
+JSON_BATCH_ROWS = 1024  # rows of JSON messages decoded at a time
 TWICE = "is given more than once in this row; expected once (which value to train on is unclear)"
 SHOWN_PATH = re.compile(r"[\w.\[\]<>-]{1,200}", re.ASCII)  # a key path an error may show
 # keys of the chat message format (OpenAI's, Qwen's), shown by name in a path; others: <key>
@@ -297,6 +300,20 @@ def check_row(row: Any, fields: FieldSpec, where: str) -> dict[str, Any]:
             raise UserError(f"{where}: field {shown_name(column)} ({named}) {problem}")
         out[role] = value
     return out
+
+
+def messages_problem(ds: datasets.Dataset, column: str) -> tuple[int, str] | None:
+    """(row index, problem) of the first row of a hub or saved dataset's `messages` column the
+    row checks refuse, or None. A column of JSON messages (the datasets library's type where
+    the turns' keys differ: a weight or tool_calls on some) is read row by row, as a file's
+    rows are; a struct column's weights are checked in Arrow (its shape is typed)."""
+    if not isinstance(getattr(ds.features[column], "feature", None), datasets.Json):
+        return first_bad_weight(ds.data.column(column))
+    batches = ds.select_columns([column]).iter(batch_size=JSON_BATCH_ROWS)
+    for i, value in enumerate(value for batch in batches for value in batch[column]):
+        if value is not None and (problem := _value_problem("messages", value)):
+            return i, problem
+    return None
 
 
 def expected_shape(role: str) -> str:

@@ -31,8 +31,13 @@ from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.hub_snapshot import snapshot_lines
 from expert_cli.data.overlap import shared_note
 from expert_cli.data.reader import shown_names
-from expert_cli.data.rows import Scan, expected_shape, is_saved_dataset, scan_local
-from expert_cli.data.weights import first_bad_weight
+from expert_cli.data.rows import (
+    Scan,
+    expected_shape,
+    is_saved_dataset,
+    messages_problem,
+    scan_local,
+)
 from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path
 
@@ -223,7 +228,7 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
                 f"{where}: row {row + 1}: field '{column}' (field_mapping.{role}) holds bytes "
                 "that are not UTF-8 text; expected UTF-8 strings"
             )
-        if role == "messages" and (bad := first_bad_weight(values)):
+        if role == "messages" and (bad := messages_problem(ds, column)):
             raise UserError(
                 f"{where}: row {bad[0] + 1}: field '{column}' (field_mapping.{role}) {bad[1]}"
             )
@@ -291,10 +296,9 @@ def _check_type(feature: Any, role: str, column: str, where: str) -> None:
 
     if role == "messages":
         inner = getattr(feature, "feature", None)
-        ok = (
-            isinstance(feature, (datasets.List, datasets.LargeList))
-            and isinstance(inner, dict)
-            and {"role", "content"} <= set(inner)
+        ok = isinstance(feature, (datasets.List, datasets.LargeList)) and (
+            (isinstance(inner, dict) and {"role", "content"} <= set(inner))
+            or isinstance(inner, datasets.Json)  # turns of differing keys: checked by row
         )
     else:
         ok = isinstance(feature, datasets.Value) and (
@@ -378,13 +382,7 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
     assert fields is not None  # the manifest model requires at least one source
     train, held = _concat(train_parts), _concat(eval_parts) if eval_parts else None
     notes += [note] if (note := shared_note(train, held)) else []
-    return LoadedSources(
-        train=train,
-        eval=held,
-        fields=fields,
-        read=read,
-        notes=notes,
-    )
+    return LoadedSources(train=train, eval=held, fields=fields, read=read, notes=notes)
 
 
 def _concat(parts: list[datasets.Dataset]) -> datasets.Dataset:
