@@ -282,7 +282,8 @@ def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(
     """Read offline from its snapshot, a hub dataset with an unknown `::split` or
     `::split::config`, or whose refs/main names a snapshot not there, passed `check` and
     failed in the build in the datasets library's words, naming no field; data files of a
-    format the library leaves out went unsaid; a pinned revision not cached was not named."""
+    format the library leaves out went unsaid; a pinned revision not cached was not named; its
+    rows were never read by check (the build refused them)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -321,9 +322,15 @@ def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(
             said = exc.lines
         return report.problems, report.notes, said
 
-    where = f"training.dataset.path: hub dataset org/mini (read from its cached snapshot, {data.parent})"
+    where = (
+        "training.dataset.path: hub dataset org/mini (read from its cached snapshot, "
+        f"{data.parent})"
+    )
     problems, _, said = judged({"path": "org/mini::validation"})
-    expected = f"{where} has no split 'validation' (its splits: 'train', 'test'); name one: org/mini::SPLIT"
+    expected = (
+        f"{where} has no split 'validation' (its splits: 'train', 'test'); name one: "
+        "org/mini::SPLIT"
+    )
     assert problems == said == [expected]
     problems, _, said = judged({"path": "org/mini::train::nope"})
     expected = (
@@ -334,7 +341,7 @@ def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(
     problems, notes, said = judged({"path": "org/mini::test+train[:50%]"})
     assert problems == [] and not [n for n in notes + said if "datasets library" in n]
     for i in range(3):  # parquet files the library prefers: the JSON Lines ones are left out
-        pq.write_table(pa.table({"text": ["x"]}), data / f"{'test' if i else 'train'}-{i}.parquet")
+        pq.write_table(pa.table({"text": ["x y"] * 5}), data / f"{'test' if i else 'train'}-{i}.parquet")
     problems, notes, said = judged({"path": "org/mini"})
     note = (
         f"{where}: holds 2 json file(s) the datasets library leaves out: it reads the parquet "
@@ -342,6 +349,12 @@ def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(
         "DIR) and name the files to train on"
     )
     assert problems == [] and note in notes and note in said
+    for parquet in data.glob("*.parquet"):
+        parquet.unlink()
+    (data / "train.jsonl").write_text(lines + '{"text": null}\n')  # check reads its rows too
+    problems, _, said = judged({"path": "org/mini"})
+    assert problems == said == ["org/mini: row 21: field 'text' missing (field_mapping.text)"]
+    (data / "train.jsonl").write_text(lines)
     (repo / "refs" / "main").write_text("gone")  # a ref to a snapshot not there
     problems, _, said = judged({"path": "org/mini"})
     assert (

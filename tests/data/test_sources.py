@@ -585,14 +585,14 @@ def test_hub_files_that_cannot_be_read(monkeypatch, tmp_path: Path, files, why) 
     same generation runs here on a local folder given to load_dataset, as a hub snapshot is."""
     import datasets
 
-    from expert_cli.data.sources import _load_hub
+    from expert_cli.data.sources import load_hub
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
     (tmp_path / "repo").mkdir()
     for name, data in files.items():
         (tmp_path / "repo" / name).write_bytes(data)
     with pytest.raises(UserError) as info:
-        _load_hub(SourceRef(kind="hub", location=str(tmp_path / "repo")))
+        load_hub(SourceRef(kind="hub", location=str(tmp_path / "repo")))
     message = "\n".join(info.value.lines)
     assert f"{tmp_path / 'repo'}: its data files could not be read into a dataset ({why})" in (
         message
@@ -618,14 +618,14 @@ def test_hub_datasets_without_the_rows_asked_for(
     which names the splits there are, never a row."""
     import datasets
 
-    from expert_cli.data.sources import _load_hub
+    from expert_cli.data.sources import load_hub
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
     (tmp_path / "repo").mkdir()
     for name, data in files.items():
         (tmp_path / "repo" / name).write_bytes(data)
     with pytest.raises(UserError) as info:
-        _load_hub(SourceRef(kind="hub", location=str(tmp_path / "repo"), split=split))
+        load_hub(SourceRef(kind="hub", location=str(tmp_path / "repo"), split=split))
     message = "\n".join(info.value.lines)
     assert said in message and "SECRET" not in message and len(info.value.lines) == 1
 

@@ -135,6 +135,8 @@ QUIET_LOGGERS = (
     # where it keeps its font cache when HOME or MPLCONFIGDIR cannot be written (training.png
     # is drawn all the same)
     "matplotlib",
+    # a hub snapshot read as a local folder without a README's metadata block: nothing wrong
+    "huggingface_hub.repocard",
 )
 # transformers' advice no user of expert-cli can act on: batches are built here (packed rows
 # kept apart by the checked attention, padding out of the loss), and every model without a

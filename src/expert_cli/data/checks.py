@@ -30,7 +30,6 @@ from expert_cli.data.formatting import (
     check_prompt_template,
 )
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
-from expert_cli.data.hub_snapshot import snapshot_lines
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.row_checks import DataCheck, blank_conversation, template_verdict
 from expert_cli.data.sources import NO_EVAL_ROWS, holds_nothing_out
@@ -107,14 +106,10 @@ def check_manifest(
     for source in resolved.validation_sources:
         data.source(source, train=False)
     cache = cache_root_problem(Path(resolved.pretokenized_cache), resolved.expert)
-    read_offline = [
-        snapshot_lines(ref) for ref in resolved.train_sources + resolved.validation_sources
-    ]
-    report.notes = [*report.notes, *(note for _, said in read_offline for note in said)]
+    report.notes = [*report.notes, *data.notes]
     report.problems = [
         *_check_model(resolved, tokenizer_problems),
         *missing_problems(statuses),
-        *(problem for problems, _ in read_offline for problem in problems),
         *([cache] if cache else []),
         *data.problems,
         *_format_problems(resolved, data.fields, tokenizer),

@@ -4,10 +4,13 @@ with nothing to train on (an empty text, response or assistant turn), which the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import datasets
 
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.build import (
@@ -26,8 +29,10 @@ from expert_cli.data.conversations import (
 )
 from expert_cli.data.fields import FieldSpec
 from expert_cli.data.formatting import check_chat_template, unanswered
+from expert_cli.data.hub import dataset_snapshot
+from expert_cli.data.hub_snapshot import snapshot_lines
 from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
-from expert_cli.data.sources import checked_columns, load_saved
+from expert_cli.data.sources import checked_columns, load_hub, load_saved
 from expert_cli.data.spans import assistant_spans, has_content
 from expert_cli.data.stats_words import NO_COMPLETION
 from expert_cli.data.turns import conversation_spans, turn_layout, weighed_out
@@ -37,6 +42,20 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 PROGRESS_ROWS = 10_000
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """The datasets library's progress bars off: check's own output is all that shows."""
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+
+
 MAX_SHAPES = 4096  # conversation shapes whose template verdict is remembered
 TRAINED_ROLE = {"text": "text", "instruction": "response"}  # what an example trains on
 
@@ -154,6 +173,7 @@ class DataCheck:
         self.verdict, self.blank_turns = verdict, blank_turns
         self.fields: FieldSpec | None = None
         self.problems: list[str] = []
+        self.notes: list[str] = []  # a hub snapshot's (hub_snapshot.snapshot_lines)
         self.rows: dict[str, int] = {}
         self.rendered = self.refused = 0
         self._train = True
@@ -196,17 +216,23 @@ class DataCheck:
         )
 
     def source(self, src: SourceRef, train: bool = True) -> None:
-        """Read one source (`train`: a training one, not validation)."""
+        """Read one source (`train`: a training one, not validation). A hub one is read only
+        from its cached snapshot, where the hub cannot be asked (else hub_status says where
+        it stands: check downloads nothing)."""
         self._train = train
         if src.kind == "hub" or is_saved_dataset(Path(src.location)):
             self.all_train_rendered = self.all_train_rendered and not train
             self.whole[train] = False
-        if src.kind == "hub":  # reported by hub_status
-            return
+        if src.kind == "hub":
+            problems, notes = snapshot_lines(src)
+            self.problems, self.notes = self.problems + problems, self.notes + notes
+            if problems or dataset_snapshot(src.location, src.revision) is None:
+                return
         try:
-            if is_saved_dataset(Path(src.location)):  # memory-mapped: checked by column
-                ds = load_saved(src.location)
-                ds, self.fields = checked_columns(ds, src.location, self.fields, self.mapping)
+            if src.kind == "hub" or is_saved_dataset(Path(src.location)):  # checked by column
+                with quiet_datasets():
+                    ds = load_hub(src) if src.kind == "hub" else load_saved(src.location)
+                    ds, self.fields = checked_columns(ds, src.location, self.fields, self.mapping)
                 self.rows[src.location] = len(ds)
                 return
             scan = scan_local(src, self.fields, self.mapping)

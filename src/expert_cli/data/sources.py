@@ -111,7 +111,7 @@ def load_source(
         dest = work_dir / f"source-{named}.arrow"
         write_arrow(scan, dest)
         return datasets.Dataset.from_file(str(dest)), scan.fields
-    ds = _load_hub(ref) if ref.kind == "hub" else load_saved(ref.location)
+    ds = load_hub(ref) if ref.kind == "hub" else load_saved(ref.location)
     ds, fields = checked_columns(ds, ref.location, fields, mapping)
     return (as_text(ds, work_dir) if fields.kind == "messages" else ds), fields
 
@@ -169,7 +169,7 @@ def checked_columns(
 HUB_MESSAGE_CHARS = 300
 
 
-def _load_hub(ref: SourceRef) -> datasets.Dataset:
+def load_hub(ref: SourceRef) -> datasets.Dataset:
     split = ref.split or "train"
     try:
         if (local := dataset_snapshot(ref.location, ref.revision)) is not None:
