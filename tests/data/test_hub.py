@@ -338,8 +338,9 @@ def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(
         "org/mini::train::CONFIG"
     )
     assert problems == said == [expected]
-    problems, notes, said = judged({"path": "org/mini::test+train[:50%]"})
-    assert problems == [] and not [n for n in notes + said if "datasets library" in n]
+    for split in ("test+train[:50%]", "train[:33%](closest)"):
+        problems, notes, said = judged({"path": f"org/mini::{split}"})
+        assert problems == [] and not [n for n in notes + said if "datasets library" in n]
     for i in range(3):  # parquet files the library prefers: the JSON Lines ones are left out
         pq.write_table(pa.table({"text": ["x y"] * 5}), data / f"{'test' if i else 'train'}-{i}.parquet")
     problems, notes, said = judged({"path": "org/mini"})
@@ -355,6 +356,16 @@ def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(
     problems, _, said = judged({"path": "org/mini"})
     assert problems == said == ["org/mini: row 21: field 'text' missing (field_mapping.text)"]
     (data / "train.jsonl").write_text(lines)
+    for name in ("train-0.parquet", "test-0.parquet"):  # the format read, damaged
+        (data / name).write_bytes(b"SECRET, not Parquet")
+    problems, _, said = judged({"path": "org/mini"})
+    assert problems == said and len(problems) == 1, problems
+    assert problems[0].startswith(
+        f"training.dataset.path: hub dataset org/mini: cannot be read from its cached snapshot, "
+        f"{data.parent} (ArrowInvalid: "
+    ) and "SECRET" not in problems[0], problems
+    for name in ("train-0.parquet", "test-0.parquet"):
+        (data / name).unlink()
     (repo / "refs" / "main").write_text("gone")  # a ref to a snapshot not there
     problems, _, said = judged({"path": "org/mini"})
     assert (

@@ -607,7 +607,7 @@ def test_hub_files_that_cannot_be_read(monkeypatch, tmp_path: Path, files, why) 
         (
             {"a.jsonl": b'{"text": "SECRET"}\n'},
             "validation",
-            "cannot load from the hub or its local cache (ValueError: Unknown split",
+            "cannot be read from the hub or its cache (ValueError: Unknown split",
         ),
     ],
 )

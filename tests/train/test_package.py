@@ -903,8 +903,34 @@ def test_check_package_shows_names_that_look_like_markup(tmp_path: Path) -> None
     out = run_here("check", "--package", str(package))
     assert out.returncode == 2, out.stdout + out.stderr
     text = " ".join(out.stdout.split())
-    assert "problem [/x]evil: not a regular file (links and devices do not belong" in text
+    assert "problem [/x]evil: not a regular file (links, devices and sparse files do not" in text
     assert "no manifest that can be read" in text and "Traceback" not in out.stderr
+
+
+def test_sparse_members_and_sizes_of_folders_in_a_package(tmp_path: Path) -> None:
+    """A GNU sparse member (2 GiB from a 152-byte archive, read and hashed as a regular file)
+    is refused as not a regular file; a folder's header size is no file's size (a folder said
+    to be 25 GiB was "over 20 GiB")."""
+    import gzip
+
+    from expert_cli.train.package_check import verify_package
+
+    sparse = tarfile.TarInfo("z.bin")
+    sparse.type = tarfile.GNUTYPE_SPARSE
+    folder = tarfile.TarInfo("docs")
+    folder.type, folder.pax_headers = tarfile.DIRTYPE, {"size": str(25 << 30)}
+    for member, format_, said in (
+        (sparse, tarfile.GNU_FORMAT, "z.bin: not a regular file (links, devices and sparse"),
+        (folder, tarfile.PAX_FORMAT, None),
+    ):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=format_) as tar:
+            tar.addfile(member)
+        package = tmp_path / "m.expert"
+        package.write_bytes(gzip.compress(buffer.getvalue()))
+        problems = verify_package(package).problems
+        assert not [p for p in problems if "GiB" in p], problems
+        assert (said is None) or any(p.startswith(said) for p in problems), problems
 
 
 @pytest.mark.slow

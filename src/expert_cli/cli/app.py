@@ -137,6 +137,8 @@ QUIET_LOGGERS = (
     "matplotlib",
     # a hub snapshot read as a local folder without a README's metadata block: nothing wrong
     "huggingface_hub.repocard",
+    # a Parquet file it cannot read, logged before the error that says so (and names the field)
+    "datasets.packaged_modules.parquet.parquet",
 )
 # transformers' advice no user of expert-cli can act on: batches are built here (packed rows
 # kept apart by the checked attention, padding out of the loss), and every model without a

@@ -35,8 +35,9 @@ BUILDER_FORMAT = {
     "parquet": "parquet",
     "arrow": "arrow",
 }
-# what the library's split argument may add to a split's name: a slice, a sum of splits
-SLICE = re.compile(r"\[[^\]]*\]$")
+# what the library's split argument may add to a split's name: a slice (with its rounding,
+# `train[:33%](pct1_dropremainder)`); splits are summed with +
+SLICE = re.compile(r"\[[^\]]*\](\([^)]*\))?$")
 
 
 def snapshot_lines(ref: SourceRef) -> tuple[list[str], list[str]]:

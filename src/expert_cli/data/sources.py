@@ -171,8 +171,9 @@ HUB_MESSAGE_CHARS = 300
 
 def load_hub(ref: SourceRef) -> datasets.Dataset:
     split = ref.split or "train"
+    local = dataset_snapshot(ref.location, ref.revision)
     try:
-        if (local := dataset_snapshot(ref.location, ref.revision)) is not None:
+        if local is not None:
             return datasets.load_dataset(str(local), ref.config, split=split)
         return datasets.load_dataset(ref.location, ref.config, split=split, revision=ref.revision)
     except datasets.exceptions.DatasetGenerationError as exc:
@@ -192,8 +193,9 @@ def load_hub(ref: SourceRef) -> datasets.Dataset:
     except Exception as exc:  # offline, unknown id, unknown split: all the user's to fix
         said = str(exc).strip().splitlines()
         detail = f": {said[0][:HUB_MESSAGE_CHARS]}" if said else ""
+        place = f"its cached snapshot, {shown_path(local)}" if local else "the hub or its cache"
         raise UserError(
-            f"{ref.field}: hub dataset {ref.location}: cannot load from the hub or its local cache "
+            f"{ref.field}: hub dataset {ref.location}: cannot be read from {place} "
             f"({type(exc).__name__}{detail})"
         ) from None
 

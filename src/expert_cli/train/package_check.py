@@ -162,7 +162,7 @@ def _read_members(
             return
         if problem := member_problem(member, seen):
             report.problems.append(problem)
-        elif member.size > MAX_FILE_BYTES:
+        elif member.isfile() and member.size > MAX_FILE_BYTES:
             report.problems.append(f"{member.name}: over {MAX_FILE_BYTES >> 30} GiB")
         elif not member.isdir():  # unpacking makes a folder: harmless, not listed
             _read_member(tar, member, report, hashes, heads)

@@ -68,8 +68,11 @@ def member_problem(member: tarfile.TarInfo, seen: dict[str, tuple[str, bool]]) -
             f"{name[:40]}...: a name over {NAME_MAX_BYTES} bytes between slashes, which "
             "file systems do not hold (tar cannot unpack it)"
         )
-    if not member.isfile() and not member.isdir():
-        return f"{name}: not a regular file (links and devices do not belong in a package)"
+    if (not member.isfile() and not member.isdir()) or member.issparse():
+        return (
+            f"{name}: not a regular file (links, devices and sparse files do not belong in a "
+            "package)"
+        )
     path = PurePosixPath(name)
     for folder in [*reversed(path.parents[:-1]), path]:
         first, is_folder = seen.get(_unpacked(str(folder)), (None, folder != path))
