@@ -244,12 +244,13 @@ def test_a_resume_to_fewer_steps_than_reached_is_refused(capsys, monkeypatch, fi
     metrics["summary"]["status"] = "interrupted"
     (out / "metrics.json").write_text(json.dumps(metrics))
     (out / "adapter_model.safetensors").unlink()  # an interrupted run has no final adapter
-    code, _, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "4")
+    code, said, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "4")
     assert code == 2, err
     assert (
         f"--max-steps 4: {out} is at step 6 already (checkpoint-6); give more steps to train "
         "on, or ship it as it is: package --checkpoint checkpoint-6"
     ) in " ".join(err.split())
+    assert "schedule is built again" not in said + err  # it said so, then refused
 
 
 @pytest.mark.slow

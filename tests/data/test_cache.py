@@ -704,3 +704,22 @@ def test_a_prune_in_a_cache_folder_that_cannot_be_written_is_a_user_error(
     assert err.value.lines[0].startswith("training.config.pretokenized_cache: ")
     assert "is not writable" in err.value.lines[0]
     assert data.cache_dir.is_dir()
+
+
+def test_the_drop_reasons_printed_name_max_seq_length(demo_expert_dir) -> None:
+    """`pretokenize` and `train` said `N with the answer past max_seq_length`, without the
+    length the docs show (`=2048`): only the error of every example dropped passed it."""
+    from rich.console import Console
+
+    from expert_cli.cli.data import summary_lines
+    from expert_cli.cli.train_view import print_data
+
+    data = prepare(demo_expert_dir / "manifest.json", "max_seq_length=256")
+    assert data.stats["max_seq_length"] == 256
+    cut = data.stats["train"]["dropped_answer_cut"]
+    assert cut > 0
+    said = f"{cut:,} with the answer past max_seq_length=256"
+    assert f"  dropped: {said}" in summary_lines(data)
+    console = Console(record=True, width=200)
+    print_data(console, data.stats, data.status, data.reason, data.cache_dir)
+    assert f"dropped   {said}" in console.export_text()

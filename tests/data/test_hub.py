@@ -342,7 +342,8 @@ def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(
         problems, notes, said = judged({"path": f"org/mini::{split}"})
         assert problems == [] and not [n for n in notes + said if "datasets library" in n]
     for i in range(3):  # parquet files the library prefers: the JSON Lines ones are left out
-        pq.write_table(pa.table({"text": ["x y"] * 5}), data / f"{'test' if i else 'train'}-{i}.parquet")
+        name = f"{'test' if i else 'train'}-{i}.parquet"
+        pq.write_table(pa.table({"text": ["x y"] * 5}), data / name)
     problems, notes, said = judged({"path": "org/mini"})
     note = (
         f"{where}: holds 2 json file(s) the datasets library leaves out: it reads the parquet "
@@ -360,10 +361,13 @@ def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(
         (data / name).write_bytes(b"SECRET, not Parquet")
     problems, _, said = judged({"path": "org/mini"})
     assert problems == said and len(problems) == 1, problems
-    assert problems[0].startswith(
-        f"training.dataset.path: hub dataset org/mini: cannot be read from its cached snapshot, "
-        f"{data.parent} (ArrowInvalid: "
-    ) and "SECRET" not in problems[0], problems
+    assert (
+        problems[0].startswith(
+            f"training.dataset.path: hub dataset org/mini: cannot be read from its cached snapshot, "
+            f"{data.parent} (ArrowInvalid: "
+        )
+        and "SECRET" not in problems[0]
+    ), problems
     for name in ("train-0.parquet", "test-0.parquet"):
         (data / name).unlink()
     (repo / "refs" / "main").write_text("gone")  # a ref to a snapshot not there

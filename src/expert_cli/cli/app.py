@@ -149,6 +149,9 @@ QUIET_ADVICE = (
     # a resume whose logging or save steps, or micro-batch, differ from the checkpoint's: the
     # run compares what makes it another run itself (train/same_run.py), and says so
     "Warning: The following arguments do not match the ones in the `trainer_state.json`",
+    # checkpoints saved within a second (a short run): it orders them by step instead, which
+    # is what the run folder's own listing does (train/checkpoints.py)
+    "mtime may not be reliable on this filesystem",
 )
 
 

@@ -130,7 +130,7 @@ def summary_lines(data: PreparedData) -> list[str]:
         f"{train['truncated']:,} truncated / {train['dropped']:,} dropped"
     )
     if train["dropped"]:
-        lines.append(f"  dropped: {drop_reasons(train)}")
+        lines.append(f"  dropped: {drop_reasons(train, data.stats.get('max_seq_length'))}")
     if masking := masking_words(train):
         lines.append(f"  loss on: {masking}")
     lines += [f"  note: {note}" for note in data.stats.get("notes") or []]

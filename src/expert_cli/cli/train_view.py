@@ -65,7 +65,8 @@ def print_data(
     train = stats.get("train")
     if isinstance(train, dict) and train.get("dropped"):
         console.print("[bold]dropped[/bold]   ", end="")
-        console.print(drop_reasons(train), highlight=False, markup=False)
+        said = drop_reasons(train, stats.get("max_seq_length"))
+        console.print(said, highlight=False, markup=False)
     if isinstance(train, dict) and (masking := masking_words(train)):
         console.print("[bold]loss on[/bold]   ", end="")
         console.print(masking, highlight=False, markup=False)

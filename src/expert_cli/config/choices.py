@@ -146,8 +146,9 @@ def loader(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str,
     if workers > WORKERS_PER_CPU * env.cpu_count:
         raise UserError(
             f"training.config.dataloader_num_workers: {workers} is more than "
-            f"{WORKERS_PER_CPU} per CPU on this machine ({env.cpu_count} CPUs); use at most "
-            f"{env.cpu_count} (or leave it unset to choose automatically)"
+            f"{WORKERS_PER_CPU} per CPU on this machine ({env.cpu_count} CPUs); one per CPU, "
+            f"{env.cpu_count}, is the most that helps (or leave it unset to choose "
+            "automatically)"
         )
     if workers > cpus:
         shared = (

@@ -157,6 +157,7 @@ def _build(
     _require_rows(shard_stats, resolved)
     extra = {
         "num_proc": job.num_proc,
+        "max_seq_length": resolved.max_seq_length,  # the drop reasons name it
         "notes": notes,
         # the data's kind and columns, detected where field_mapping is unset (generate reads it)
         "fields": {"kind": sources.fields.kind, "mapping": sources.fields.mapping},

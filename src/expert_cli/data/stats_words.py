@@ -57,7 +57,7 @@ def masking_words(split: dict[str, Any]) -> str | None:
 def drop_reasons(split: dict[str, Any], max_seq_length: int | None = None) -> str:
     """Why a split's examples were dropped, one count per reason that dropped any ("none" when
     no example was): the words `train` and `pretokenize` show, and the empty-data error."""
-    limit = f"={max_seq_length}" if max_seq_length else ""
+    limit = f"={max_seq_length}" if isinstance(max_seq_length, int) and max_seq_length else ""
     parts = [
         (split.get("dropped_overlong", 0), f"over max_seq_length{limit} with overlong: drop"),
         (split.get("dropped_no_marker", 0), "without response_template"),

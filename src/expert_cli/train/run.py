@@ -119,8 +119,6 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     run.runtime["overrides"] = list(opts.overrides)  # the --set values, not in manifest.source.json
     run.runtime[MAX_STEPS_KEY] = max_steps
     run.runtime[BASE_CONFIG_KEY] = base_config_digest(resolved)
-    if said and run.is_main:
-        reporter.note(said)
     missing = [p for p in (output, *output.parents) if not os.path.lexists(p)]
     run.created = missing[-1] if missing else None  # runs/a/b new: runs goes if it stops
     if run.is_main and (swept := sweep_leftovers(output)):
@@ -135,6 +133,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     resume = decision.resume
     run.complete = decision.complete
     if run.is_main:
+        if said:  # once the run is known to go on (a length it passed already is refused)
+            reporter.note(said)
         for damaged in decision.passed_over:
             reporter.note(f"--resume: passing over {damaged}")
     try:  # a signal from here on: the folder as it was (claim made it, set_aside moved it)
