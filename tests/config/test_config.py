@@ -878,3 +878,18 @@ def test_dora_with_dropout_says_what_the_dropout_costs(tmp_path: Path) -> None:
         data["base_models"][0]["adapters"][0]["type"] = "lora"
 
     assert notes(no_dropout) == [] and notes(lora) == []
+
+
+def test_packaging_checkpoint_best_without_evaluation_is_noted(v2_dir: Path) -> None:
+    """`packaging_checkpoint: best` in a run that never evaluates passed check; package then
+    had no loss to compare and refused."""
+    manifest = v2_dir / "manifest.json"
+    best = ["training.packaging_checkpoint=best"]
+
+    def noted(*sets: str) -> list[str]:
+        cfg = resolve(load_manifest(manifest, [*best, *sets]), cpu_environment())
+        return [n for n in cfg.notes if n.startswith("training.packaging_checkpoint")]
+
+    assert noted() == []
+    (note,) = noted("evaluation_strategy=no", "load_best_model_at_end=false")
+    assert note.startswith("training.packaging_checkpoint: best ships the adapter of lowest")

@@ -306,6 +306,33 @@ def schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[st
     )
 
 
+# training.packaging_checkpoint best in a run that never evaluates: package has no loss to
+# compare, and refuses
+BEST_UNEVALUATED = (
+    "training.packaging_checkpoint: best ships the adapter of lowest eval loss, and evaluation "
+    "is off: package will have no loss to compare and ask for --checkpoint NAME; turn "
+    "evaluation on, or name the checkpoint to ship"
+)
+
+
+def dataset_notes(ds: Any) -> list[str]:
+    """A note for each of the dataset block's settings that a run does not act on."""
+    notes = []
+    if ds.streaming or ds.max_in_memory_samples is not None:
+        notes.append(
+            "streaming, max_in_memory_samples: the token cache is built once from the whole "
+            "dataset and read memory-mapped, so streaming is not needed"
+        )
+    if ds.error_injection_ratio:
+        notes.append(
+            "error_injection_ratio: not applied; the examples are trained as the data holds "
+            "them (inject errors when making the data)"
+        )
+    if ds.use_pretokenized is False:
+        notes.append("use_pretokenized: false is not applied; training reads the token cache")
+    return notes
+
+
 def checkpoint_problem(
     best: bool, save: str, evaluation: str, save_steps: int, eval_steps: int
 ) -> str | None:

@@ -285,6 +285,8 @@ def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> d
     strategy = first(cfg.evaluation_strategy, "steps" if has_eval else "no")
     eval_steps = first(cfg.eval_steps, save_steps)
     best = bool(cfg.load_best_model_at_end) and strategy != "no"
+    if lm.manifest.training.packaging_checkpoint == "best" and strategy == "no":
+        notes.append(choices.BEST_UNEVALUATED)
     save_strategy = first(cfg.save_strategy, "steps")
     if problem := checkpoint_problem(best, save_strategy, strategy, save_steps, eval_steps):
         raise UserError(f"{lm.path.name}: training.config.{problem}")
@@ -319,18 +321,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     tf32 = bool(first(cfg.use_tf32, env.tf32)) and env.tf32
     if cfg.use_tf32 and not env.tf32:
         notes.append("use_tf32: not applicable on this machine (needs an Ampere or newer GPU)")
-    if ds.streaming or ds.max_in_memory_samples is not None:
-        notes.append(
-            "streaming, max_in_memory_samples: the token cache is built once from the whole "
-            "dataset and read memory-mapped, so streaming is not needed"
-        )
-    if ds.error_injection_ratio:
-        notes.append(
-            "error_injection_ratio: not applied; the examples are trained as the data holds "
-            "them (inject errors when making the data)"
-        )
-    if ds.use_pretokenized is False:
-        notes.append("use_pretokenized: false is not applied; training reads the token cache")
+    notes += choices.dataset_notes(ds)
     unused = ["validation_split/eval_fraction"] if ds.held_out else []
     unused += ["eval_seed"] if ds.eval_seed is not None else []
     if valid and unused:
