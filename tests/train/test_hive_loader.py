@@ -185,6 +185,13 @@ def test_check_and_train_name_what_only_the_author_gives_before_training(
     said = " ".join(out.split())
     assert code == 0, said
     assert "HiveLLM's loader would refuse description and capabilities (missing," in said
+    # a --set is the package's too: said with it (check read the file alone)
+    demo["description"], demo["capabilities"] = "d", ["a"]
+    (folder / "manifest.json").write_text(json.dumps(demo))
+    code, out, _ = run_main(
+        capsys, monkeypatch, "check", "-m", str(folder / "manifest.json"), "--set", "capabilities=1"
+    )
+    assert code == 0 and "HiveLLM's loader would refuse capabilities (" in " ".join(out.split())
 
 
 def test_check_package_reads_hivellms_packages_as_its_loader_does(tmp_path: Path) -> None:

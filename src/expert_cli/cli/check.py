@@ -76,7 +76,7 @@ def check(
     if manifest is None:
         raise UserError("--manifest: required (or --package FILE, or --list-settings)")
     from expert_cli.cli.render import BuildBar
-    from expert_cli.config.loading import read_manifest_json
+    from expert_cli.config.loading import apply_overrides, read_manifest_json
     from expert_cli.data.checks import check_manifest
     from expert_cli.train.adapter import start_problem
     from expert_cli.train.package import author_notes
@@ -88,8 +88,10 @@ def check(
         overrides or [],
         model_check=start_problem,
     )
-    if report.config is not None:  # the manifest is valid: what `package` will ask of it
-        report.notes += author_notes(read_manifest_json(manifest), report.config)
+    if report.config is not None:  # the manifest is valid: what `package` will ask of it,
+        # with the --set values (the packaged manifest holds those train is given)
+        given = apply_overrides(read_manifest_json(manifest), overrides or [])
+        report.notes += author_notes(given, report.config)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
     else:

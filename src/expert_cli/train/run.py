@@ -19,6 +19,7 @@ from transformers.utils import logging as hf_logging
 from expert_cli.atomic import sigterm_raises
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import crowded_gpus, probe_environment, unlaunched_world
+from expert_cli.config.loading import apply_overrides
 from expert_cli.config.resolve import data_folder_holding, resolve
 from expert_cli.data import PreparedData, prepare_data
 from expert_cli.data.hub import hub_refs, require_hub
@@ -94,7 +95,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     if (crowded := crowded_gpus(env)) is not None:
         raise UserError(crowded)
     resolved = resolve(loaded, env)
-    resolved.notes += author_notes(loaded.raw, resolved.model_dump(mode="json"))
+    given = apply_overrides(loaded.raw, list(opts.overrides))  # as the package will hold it
+    resolved.notes += author_notes(given, resolved.model_dump(mode="json"))
     output = output_dir(loaded.path, opts.output)
     if held := data_folder_holding(output, resolved.train_sources + resolved.validation_sources):
         raise UserError(
