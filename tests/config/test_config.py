@@ -520,6 +520,14 @@ def test_set_values_that_validate_badly_are_blamed_on_the_set_with_a_hint(v2_dir
     with pytest.raises(UserError) as caught:  # a string given where a number goes: no hint
         load_manifest(manifest, ["rank=x"])
     assert caught.value.lines[0].endswith("(got a string of 1 character)")
+    with pytest.raises(UserError) as caught:  # a long key is named by its length, once cut
+        load_manifest(manifest, ["k" * 300 + "=1"])
+    assert caught.value.lines[0].endswith(
+        ": training.config.<a 300-character key>: unknown field"
+    ), caught.value.lines
+    with pytest.raises(UserError) as caught:  # an item past a list's end ("cannot set 0 there")
+        load_manifest(manifest, ["tags.9=x"])
+    assert caught.value.lines[0].startswith("--set tags.9=x: item 9 is past the end of the list")
 
 
 def test_load_best_model_needs_matching_steps(tmp_path: Path) -> None:

@@ -14,10 +14,16 @@ from pydantic import BaseModel, ValidationError
 from expert_cli.config.models import Manifest
 from expert_cli.errors import value_kind
 
+SHOWN_KEY_CHARS = 64  # a key longer than this is named by its length
+
 
 def loc_text(loc: tuple[Any, ...]) -> str:
+    """A JSON path as lines name it (`training.config.rank`, `tags[0]`); a key of over
+    SHOWN_KEY_CHARS characters by its length (a 3,000-character key filled the terminal)."""
     text = ""
     for part in loc:
+        if not isinstance(part, int) and len(str(part)) > SHOWN_KEY_CHARS:
+            part = f"<a {len(str(part)):,}-character key>"
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text or "(top level)"
 

@@ -175,6 +175,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         elif isinstance(node, dict):
             node[last] = value
             _given_warmup_wins(node, last, overrides)
+        elif isinstance(node, list) and last.isdigit():
+            raise UserError(
+                f"--set {_shown_set(item)}: item {last} is past the end of the list (it holds "
+                f"{len(node):,}); a --set changes an item the list has, or sets the whole list"
+            )
         else:
             raise UserError(f"--set {_shown_set(item)}: cannot set {last} there")
     return data
