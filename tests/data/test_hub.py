@@ -363,8 +363,8 @@ def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(
     assert problems == said and len(problems) == 1, problems
     assert (
         problems[0].startswith(
-            f"training.dataset.path: hub dataset org/mini: cannot be read from its cached snapshot, "
-            f"{data.parent} (ArrowInvalid: "
+            "training.dataset.path: hub dataset org/mini: cannot be read from its cached "
+            f"snapshot, {data.parent} (ArrowInvalid: "
         )
         and "SECRET" not in problems[0]
     ), problems
