@@ -105,9 +105,7 @@ def _isolation(verdict: str, packing: bool, kernel: str) -> str:
         return f" ({verdict})"
     # flex compiles for each shape: the probe ran sdpa, whose mask comes from the same positions
     how = f" with {MASK_PROXY[kernel]}'s mask" if kernel in MASK_PROXY else ""
-    return (
-        f" (causal, packed examples apart: checked{how})" if packing else f" (causal: checked{how})"
-    )
+    return f" (causal{', packed examples apart' if packing else ''}: checked{how})"
 
 
 def print_decisions(
