@@ -777,3 +777,51 @@ def test_hub_messages_whose_turns_have_different_keys_are_read(tmp_path, write_j
         f"{tmp_path / 'bad'}: row 2: field 'messages' (field_mapping.messages) item 4: a "
         '"weight" of 1 on a turn that is never trained'
     ), msg
+
+
+def test_sharegpt_conversations_are_read_as_messages(tmp_path, write_jsonl) -> None:
+    """ShareGPT's form (`conversations` of `{"from": "human", "value": ...}`, the common form
+    of chat data on the hub) was "cannot tell which column holds the data", and with a
+    mapping "role is missing": it is read as role/content messages, from a file, a Parquet
+    file or a saved dataset alike, a turn's other keys kept."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {
+            "conversations": [
+                {"from": "system", "value": "be brief"},
+                {"from": "human", "value": f"q{i}"},
+                {"from": "gpt", "value": f"a{i}", "weight": 1},
+            ]
+        }
+        for i in range(3)
+    ]
+    expected = [
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": f"q{i}"},
+            {"role": "assistant", "content": f"a{i}", "weight": 1},
+        ]
+        for i in range(3)
+    ]
+
+    def stored(loaded) -> list:
+        parts = [loaded.train, *([loaded.eval] if loaded.eval is not None else [])]
+        found = [json.loads(m) for part in parts for m in part["messages"]]
+        return sorted(found, key=lambda m: m[1]["content"])
+
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    loaded = load(tmp_path, {"path": "train.jsonl"})  # the column found by its name
+    assert loaded.fields.mapping == {"messages": "conversations"}
+    assert stored(loaded) == expected
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    assert stored(load(tmp_path, {"path": "train.parquet"})) == expected
+    datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "saved")
+    assert stored(load(tmp_path, {"path": "saved"})) == expected
+    rows[0]["conversations"][2]["weight"] = 2  # checked as any message is
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    assert 'item 2: "weight" is a number other than 0 and 1' in error_of(
+        tmp_path, {"path": "train.jsonl"}
+    )

@@ -26,11 +26,33 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 KEPT_WHEN_NULL = ("role", "content")
-FORM = 2  # the stored form's version, in the name of a converted file a resumed build reuses
-# (2: text parts joined)
+FORM = 3  # the stored form's version, in the name of a converted file a resumed build reuses
+# (2: text parts joined; 3: ShareGPT's turns as role/content)
 
 
 NULL_DEPTH = 64  # nested objects deeper than this keep their nulls (no template looks there)
+# ShareGPT's turns (`{"from": "human", "value": "..."}`, as Axolotl, LLaMA-Factory and Unsloth
+# read them): the roles a chat template knows; another `from` is kept as its role
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "observation": "tool"}
+
+
+def from_sharegpt(messages: Any) -> Any:
+    """A conversation whose turns are ShareGPT's (`from` and `value`, no `role` or `content`)
+    as role/content messages, their other keys kept; any other value as it is."""
+    if not isinstance(messages, list):
+        return messages
+    return [_turn(m) for m in messages]
+
+
+def _turn(message: Any) -> Any:
+    if not isinstance(message, dict) or message.get("from") is None:
+        return message
+    if message.get("role") is not None or message.get("content") is not None:
+        return message  # a role/content message (with a `from` of its own: a name)
+    said = message["from"]
+    role = SHAREGPT_ROLES.get(said, said) if isinstance(said, str) else said
+    rest = {k: v for k, v in message.items() if k not in ("from", "value", "role", "content")}
+    return {"role": role, "content": message.get("value"), **rest}
 
 
 def without_fill_ins(messages: list[Any]) -> list[Any]:
@@ -99,7 +121,8 @@ def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
         return ds
 
     def to_text(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        return {"messages": [conversation_text(row or []) for row in batch["messages"]]}
+        rows = batch["messages"]
+        return {"messages": [conversation_text(from_sharegpt(row or [])) for row in rows]}
 
     features = ds.features.copy()
     features["messages"] = datasets.Value("string")

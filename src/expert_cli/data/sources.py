@@ -42,6 +42,7 @@ from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path
 
 WRITE_BATCH_ROWS = 4096
+SHAREGPT = {"from", "value"}  # a turn's keys in ShareGPT's form (conversations.from_sharegpt)
 MAX_EXAMPLES = 100_000_000  # after task weights: more than any run trains on
 # what datasets.load_from_disk raises on a damaged folder: state.json not JSON or of another
 # shape, an Arrow file missing or cut short
@@ -298,9 +299,9 @@ def _check_type(feature: Any, role: str, column: str, where: str) -> None:
 
     if role == "messages":
         inner = getattr(feature, "feature", None)
+        keys = set(inner) if isinstance(inner, dict) else set()  # Json: keys that differ
         ok = isinstance(feature, (datasets.List, datasets.LargeList)) and (
-            (isinstance(inner, dict) and {"role", "content"} <= set(inner))
-            or isinstance(inner, datasets.Json)  # turns of differing keys: checked by row
+            keys >= {"role", "content"} or keys >= SHAREGPT or isinstance(inner, datasets.Json)
         )
     else:
         ok = isinstance(feature, datasets.Value) and (
