@@ -233,6 +233,11 @@ def test_field_mapping_detection_and_validation() -> None:
         "system": "system",
     }
     assert field_spec(None, ["messages"], "f").kind == "messages"
+    # GSM8K's question/answer and MetaMathQA's query/response (they asked for a mapping)
+    for columns, pair in ((["question", "answer"], ("question", "answer")),
+                          (["query", "response", "type"], ("query", "response"))):  # fmt: skip
+        mapping = field_spec(None, columns, "f").mapping
+        assert (mapping["instruction"], mapping["response"]) == pair
     with pytest.raises(UserError, match="unknown key"):
         field_spec({"txt": "a"}, ["a"], "f")
 

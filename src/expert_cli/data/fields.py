@@ -76,8 +76,8 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
         return {"messages": "messages"}
     if "conversations" in cols:  # ShareGPT's name (its turns are read as messages)
         return {"messages": "conversations"}
-    response = next((c for c in ("response", "output", "completion") if c in cols), None)
-    prompt = next((c for c in ("instruction", "prompt", "question") if c in cols), None)
+    response = next((c for c in ("response", "output", "completion", "answer") if c in cols), None)
+    prompt = next((c for c in ("instruction", "prompt", "question", "query") if c in cols), None)
     if prompt and response:  # input and system read in every row: the first may lack them
         return {"instruction": prompt, "response": response, "input": "input", "system": "system"}
     raise UserError(
