@@ -238,6 +238,9 @@ def test_field_mapping_detection_and_validation() -> None:
                           (["query", "response", "type"], ("query", "response"))):  # fmt: skip
         mapping = field_spec(None, columns, "f").mapping
         assert (mapping["instruction"], mapping["response"]) == pair
+    # Dolly's context is its input (it was left out of every prompt without a word)
+    dolly = ["instruction", "context", "response", "category"]
+    assert field_spec(None, dolly, "f").mapping["input"] == "context"
     with pytest.raises(UserError, match="unknown key"):
         field_spec({"txt": "a"}, ["a"], "f")
 

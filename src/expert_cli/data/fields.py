@@ -79,7 +79,8 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
     response = next((c for c in ("response", "output", "completion", "answer") if c in cols), None)
     prompt = next((c for c in ("instruction", "prompt", "question", "query") if c in cols), None)
     if prompt and response:  # input and system read in every row: the first may lack them
-        return {"instruction": prompt, "response": response, "input": "input", "system": "system"}
+        given = "context" if "context" in cols and "input" not in cols else "input"  # Dolly's
+        return {"instruction": prompt, "response": response, "input": given, "system": "system"}
     raise UserError(
         f"{where}: cannot tell which column holds the data (columns: "
         f"{shown_names(sorted(cols))}); set training.dataset.field_mapping, e.g. "
