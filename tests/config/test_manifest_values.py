@@ -269,8 +269,8 @@ def test_a_number_of_thousands_of_digits_from_set_is_named_and_cut(tmp_path: Pat
     text = _error(tmp_path, _data(), ["constraints.max_chain=" + "9" * 5000])
     assert text == (
         "--set constraints.max_chain=99999999999999999999999999999999999999... (5,022 "
-        "characters): constraints.max_chain: not a finite number (NaN, Infinity, or too large "
-        "for a double such as 1e400); expected a finite number"
+        "characters): constraints.max_chain: not a finite number (NaN, Infinity, or too large: "
+        "past 1e308, or of thousands of digits); expected a finite number"
     )
 
 

@@ -919,9 +919,12 @@ def test_sparse_members_and_sizes_of_folders_in_a_package(tmp_path: Path) -> Non
     sparse.type = tarfile.GNUTYPE_SPARSE
     folder = tarfile.TarInfo("docs")
     folder.type, folder.pax_headers = tarfile.DIRTYPE, {"size": str(25 << 30)}
+    negative = tarfile.TarInfo("n.bin")
+    negative.pax_headers = {"size": "-1024"}  # said as bytes after the archive's end
     for member, format_, said in (
         (sparse, tarfile.GNU_FORMAT, "z.bin: not a regular file (links, devices and sparse"),
         (folder, tarfile.PAX_FORMAT, None),
+        (negative, tarfile.PAX_FORMAT, "n.bin: its header gives a negative size"),
     ):
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w", format=format_) as tar:

@@ -87,7 +87,8 @@ def lone_surrogate_at(text: str) -> int | None:
 def _value_problem(value: Any) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return (
-            "not a finite number (NaN, Infinity, or too large for a double such as 1e400); "
+            "not a finite number (NaN, Infinity, or too large: past 1e308, or of thousands of "
+            "digits); "
             "expected a finite number"
         )
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_JSON_INT:

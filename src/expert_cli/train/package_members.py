@@ -68,6 +68,8 @@ def member_problem(member: tarfile.TarInfo, seen: dict[str, tuple[str, bool]]) -
             f"{name[:40]}...: a name over {NAME_MAX_BYTES} bytes between slashes, which "
             "file systems do not hold (tar cannot unpack it)"
         )
+    if member.size < 0:  # tarfile reads it, and stops at the next header
+        return f"{name}: its header gives a negative size (a damaged or forged archive)"
     if (not member.isfile() and not member.isdir()) or member.issparse():
         return (
             f"{name}: not a regular file (links, devices and sparse files do not belong in a "
