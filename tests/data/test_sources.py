@@ -833,3 +833,9 @@ def test_sharegpt_conversations_are_read_as_messages(tmp_path, write_jsonl) -> N
     assert 'item 2: "weight" is a number other than 0 and 1' in error_of(
         tmp_path, {"path": "train.jsonl"}
     )
+    rows[0]["conversations"][2]["weight"] = 1  # a human turn's 1, in an Arrow column
+    rows[1]["conversations"][1]["weight"] = 1
+    datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "weighed")
+    assert "row 2: field 'conversations' (field_mapping.messages) item 1: a \"weight\" of 1" in (
+        error_of(tmp_path, {"path": "weighed"})
+    )

@@ -64,6 +64,8 @@ LISTS = (
     pa.types.is_large_list_view,
 )
 NUMBERS = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal)
+ROLE_KEYS = ("role", "from")  # a turn's role, as OpenAI's and ShareGPT's forms name it
+ANSWER_ROLES = ["assistant", "gpt"]
 
 
 def _first_in_chunk(chunk: pa.Array) -> tuple[int, str] | None:
@@ -84,10 +86,11 @@ def _first_in_chunk(chunk: pa.Array) -> tuple[int, str] | None:
     weights = pc.cast(weights, pa.float64(), safe=False)  # a half float has no comparisons
     other = pc.and_(given, pc.invert(pc.fill_null(pc.is_in(weights, pa.array([0.0, 1.0])), False)))
     found = _first(other, chunk, f'"weight" is a number other than 0 and 1, expected {WEIGHTS}')
-    if found is not None or inner.get_field_index("role") < 0:
+    named = [pc.struct_field(messages, key) for key in ROLE_KEYS if inner.get_field_index(key) >= 0]
+    if found is not None or not named:
         return found
-    roles = pc.struct_field(messages, "role")
-    answer = pc.fill_null(pc.equal(roles, "assistant"), False)
+    roles = pc.coalesce(*named) if len(named) > 1 else named[0]  # ShareGPT's turns: from
+    answer = pc.fill_null(pc.is_in(roles, pa.array(ANSWER_ROLES)), False)
     return _first(
         pc.and_(pc.fill_null(pc.equal(weights, 1.0), False), pc.invert(answer)), chunk, NOT_ANSWER
     )
