@@ -241,6 +241,16 @@ def test_field_mapping_detection_and_validation() -> None:
     # Dolly's context is its input (it was left out of every prompt without a word)
     dolly = ["instruction", "context", "response", "category"]
     assert field_spec(None, dolly, "f").mapping["input"] == "context"
+    # OpenOrca's system_prompt is its system turn (left out the same way)
+    orca = ["id", "system_prompt", "question", "response"]
+    assert field_spec(None, orca, "f").mapping["system"] == "system_prompt"
+    # tatsu-lab/alpaca's rendered text beside its instruction and output: the pair, whose
+    # answers alone are trained (the text trained its prompts too); a conversation likewise
+    alpaca = ["instruction", "input", "output", "text"]
+    assert field_spec(None, alpaca, "f").mapping["response"] == "output"
+    assert field_spec(None, ["text", "messages"], "f").kind == "messages"
+    with pytest.raises(UserError, match="OpenAssistant's message trees"):  # trained whole
+        field_spec(None, ["message_id", "parent_id", "text", "role", "lang"], "f")
     with pytest.raises(UserError, match="unknown key"):
         field_spec({"txt": "a"}, ["a"], "f")
 
@@ -796,6 +806,8 @@ def test_sharegpt_conversations_are_read_as_messages(tmp_path, write_jsonl) -> N
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from expert_cli.data.conversations import from_sharegpt
+
     rows = [
         {
             "conversations": [
@@ -828,6 +840,10 @@ def test_sharegpt_conversations_are_read_as_messages(tmp_path, write_jsonl) -> N
     assert stored(load(tmp_path, {"path": "train.parquet"})) == expected
     datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "saved")
     assert stored(load(tmp_path, {"path": "saved"})) == expected
+    for speaker in ("chatgpt", "bing", "bard"):  # FastChat's other answers (they were dropped)
+        assert from_sharegpt([{"from": speaker, "value": "a"}]) == [
+            {"role": "assistant", "content": "a"}
+        ]
     rows[0]["conversations"][2]["weight"] = 2  # checked as any message is
     write_jsonl(tmp_path / "train.jsonl", rows)
     assert 'item 2: "weight" is a number other than 0 and 1' in error_of(
@@ -839,3 +855,12 @@ def test_sharegpt_conversations_are_read_as_messages(tmp_path, write_jsonl) -> N
     assert "row 2: field 'conversations' (field_mapping.messages) item 1: a \"weight\" of 1" in (
         error_of(tmp_path, {"path": "weighed"})
     )
+
+
+def test_a_split_named_on_a_local_path_is_refused(tmp_path, write_jsonl) -> None:
+    """`data/ultrachat::train_sft` read every file of the folder, the split dropped without a
+    word: `::split` picks a hub dataset's split."""
+    write_jsonl(tmp_path / "data" / "train_sft.jsonl", [{"text": "a"}] * 3)
+    for spec in ("data::train_sft", "data::train::main"):
+        with pytest.raises(UserError, match="picks a split of a hub dataset, and .* is local"):
+            resolved_for(tmp_path, {"path": spec})

@@ -166,6 +166,12 @@ def _source(
     path = local_path(folder, name, label)
     if fmt != "huggingface" and is_local(folder, name):
         _refuse_manifest_folder(path, folder, label)
+        if split or config:  # it was dropped without a word: every file of the folder read
+            raise UserError(
+                f"{label}: '::{split or ''}{'::' + config if config else ''}' picks a split of "
+                f"a hub dataset, and {shown_path(path)} is local: name the files to read (a "
+                "split's file or folder)"
+            )
         return SourceRef(
             kind="local",
             location=str(path),

@@ -33,7 +33,15 @@ FORM = 3  # the stored form's version, in the name of a converted file a resumed
 NULL_DEPTH = 64  # nested objects deeper than this keep their nulls (no template looks there)
 # ShareGPT's turns (`{"from": "human", "value": "..."}`, as Axolotl, LLaMA-Factory and Unsloth
 # read them): the roles a chat template knows; another `from` is kept as its role
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "observation": "tool"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "observation": "tool",
+    "function_call": "assistant",  # the call as the answer's text (LLaMA-Factory's, Glaive's)
+}
 
 
 def from_sharegpt(messages: Any) -> Any:

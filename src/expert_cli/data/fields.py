@@ -10,6 +10,7 @@ from expert_cli.errors import UserError
 
 ROLES = ("text", "messages", "instruction", "input", "response", "system")
 OPTIONAL_ROLES = {"input", "system"}
+MESSAGE_TREE = {"message_id", "parent_id", "role", "text"}  # OpenAssistant's columns
 
 
 @dataclass(frozen=True)
@@ -70,17 +71,26 @@ def mapping_kind(mapping: dict[str, str]) -> str:
 
 def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
     cols = set(columns)
-    if "text" in cols:
-        return {"text": "text"}
+    if cols >= MESSAGE_TREE:
+        raise UserError(
+            f"{where}: one message a row with its parent's id (OpenAssistant's message trees: "
+            "columns message_id, parent_id, role, text); expected a conversation a row: "
+            "flatten each tree's paths into `messages`, then map them"
+        )
+    response = next((c for c in ("response", "output", "completion", "answer") if c in cols), None)
+    prompt = next((c for c in ("instruction", "prompt", "question", "query") if c in cols), None)
+    # a conversation or a prompt/answer pair before a text column: a rendered text (Alpaca's
+    # beside its instruction and output) trains its prompts too
     if "messages" in cols:
         return {"messages": "messages"}
     if "conversations" in cols:  # ShareGPT's name (its turns are read as messages)
         return {"messages": "conversations"}
-    response = next((c for c in ("response", "output", "completion", "answer") if c in cols), None)
-    prompt = next((c for c in ("instruction", "prompt", "question", "query") if c in cols), None)
     if prompt and response:  # input and system read in every row: the first may lack them
         given = "context" if "context" in cols and "input" not in cols else "input"  # Dolly's
-        return {"instruction": prompt, "response": response, "input": given, "system": "system"}
+        system = "system_prompt" if "system_prompt" in cols and "system" not in cols else "system"
+        return {"instruction": prompt, "response": response, "input": given, "system": system}
+    if "text" in cols:
+        return {"text": "text"}
     raise UserError(
         f"{where}: cannot tell which column holds the data (columns: "
         f"{shown_names(sorted(cols))}); set training.dataset.field_mapping, e.g. "

@@ -65,7 +65,7 @@ LISTS = (
 )
 NUMBERS = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal)
 ROLE_KEYS = ("role", "from")  # a turn's role, as OpenAI's and ShareGPT's forms name it
-ANSWER_ROLES = ["assistant", "gpt"]
+ANSWER_ROLES = ["assistant", "gpt", "chatgpt", "bing", "bard", "function_call"]
 
 
 def _first_in_chunk(chunk: pa.Array) -> tuple[int, str] | None:
