@@ -716,10 +716,15 @@ def test_the_drop_reasons_printed_name_max_seq_length(demo_expert_dir) -> None:
 
     data = prepare(demo_expert_dir / "manifest.json", "max_seq_length=256")
     assert data.stats["max_seq_length"] == 256
-    cut = data.stats["train"]["dropped_answer_cut"]
-    assert cut > 0
+    train = data.stats["train"]
+    cut, truncated = train["dropped_answer_cut"], train["truncated"]
+    assert cut > 0 and truncated > 0
     said = f"{cut:,} with the answer past max_seq_length=256"
+    # and the examples cut to the length, said only as a count among the numbers before
+    shortened = f"{truncated:,} of {train['examples_read']:,} examples were longer than "
     assert f"  dropped: {said}" in summary_lines(data)
-    console = Console(record=True, width=200)
+    assert any(line.startswith(f"  cut: {shortened}") for line in summary_lines(data))
+    console = Console(record=True, width=400)
     print_data(console, data.stats, data.status, data.reason, data.cache_dir)
-    assert f"dropped   {said}" in console.export_text()
+    text = console.export_text()
+    assert f"dropped   {said}" in text and f"cut       {shortened}" in text, text

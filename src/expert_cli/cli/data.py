@@ -115,7 +115,7 @@ def outcomes_table(outcomes: list[Outcome]) -> Any:
 
 def summary_lines(data: PreparedData) -> list[str]:
     """What happened to one cache, with its train stats, as printable lines."""
-    from expert_cli.data.stats_words import drop_reasons, masking_words
+    from expert_cli.data.stats_words import count_lines
     from expert_cli.errors import escaped
 
     train: dict[str, Any] = data.stats["train"]
@@ -129,10 +129,7 @@ def summary_lines(data: PreparedData) -> list[str]:
         f"examples {read} / {train['kept']:,} kept / "
         f"{train['truncated']:,} truncated / {train['dropped']:,} dropped"
     )
-    if train["dropped"]:
-        lines.append(f"  dropped: {drop_reasons(train, data.stats.get('max_seq_length'))}")
-    if masking := masking_words(train):
-        lines.append(f"  loss on: {masking}")
+    lines += [f"  {label}: {said}" for label, said in count_lines(data.stats)]
     lines += [f"  note: {note}" for note in data.stats.get("notes") or []]
     if data.stats.get("eval"):
         ev = data.stats["eval"]

@@ -23,7 +23,7 @@ from expert_cli.cli.render import BuildBar, labelled
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import PreparedData
 from expert_cli.data.earlier import Earlier
-from expert_cli.data.stats_words import drop_reasons, masking_words
+from expert_cli.data.stats_words import count_lines
 from expert_cli.errors import escaped
 from expert_cli.telemetry.throughput import flush_note
 from expert_cli.train import loss as fused_loss
@@ -62,14 +62,9 @@ def print_data(
     text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
     state = "reused" if status == "current" else status
     console.print(labelled("data", "bold", text, WIDTH))
-    train = stats.get("train")
-    if isinstance(train, dict) and train.get("dropped"):
-        console.print("[bold]dropped[/bold]   ", end="")
-        said = drop_reasons(train, stats.get("max_seq_length"))
+    for label, said in count_lines(stats):
+        console.print(f"[bold]{label}[/bold]{' ' * (10 - len(label))}", end="")
         console.print(said, highlight=False, markup=False)
-    if isinstance(train, dict) and (masking := masking_words(train)):
-        console.print("[bold]loss on[/bold]   ", end="")
-        console.print(masking, highlight=False, markup=False)
     for note in stats.get("notes") or []:  # the build's: task weights, shared examples
         console.print("[bold]note[/bold]      ", end="")
         console.print(str(note), highlight=False, markup=False)

@@ -71,3 +71,32 @@ def drop_reasons(split: dict[str, Any], max_seq_length: int | None = None) -> st
     ]
     said = [f"{n:,} {why}" for n, why in parts if n]
     return "; ".join(said) or "none"
+
+
+def cut_words(split: dict[str, Any], max_seq_length: int | None = None) -> str | None:
+    """What was cut from a split's examples longer than max_seq_length, where any was: their
+    tokens past it are not trained (a corpus of long documents kept 1.5% of its tokens, said
+    only as `train.truncated 25` among the counts). None when none was cut."""
+    cut, read = split.get("truncated", 0), split.get("examples_read", 0)
+    if not isinstance(cut, int) or cut <= 0:
+        return None
+    limit = f"={max_seq_length}" if isinstance(max_seq_length, int) and max_seq_length else ""
+    return (
+        f"{cut:,} of {read:,} examples were longer than max_seq_length{limit} and cut to it: "
+        "what follows is not trained (raise max_seq_length, split long texts into examples, "
+        "or set training.dataset.overlong: drop to leave them out)"
+    )
+
+
+def count_lines(stats: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, words) of what a cache's training split lost or trains, where any: the drop
+    reasons, the examples cut, and the loss's masking rules (`train` and `pretokenize`)."""
+    train, limit = stats.get("train"), stats.get("max_seq_length")
+    if not isinstance(train, dict):
+        return []
+    found = [
+        ("dropped", drop_reasons(train, limit) if train.get("dropped") else None),
+        ("cut", cut_words(train, limit)),
+        ("loss on", masking_words(train)),
+    ]
+    return [(label, said) for label, said in found if said]
