@@ -392,3 +392,28 @@ def test_a_mapping_problem_is_listed_once(tmp_path: Path, tiny_model_dir: Path) 
         "training.dataset.field_mapping: `text` holds the whole example, so `response` would "
         "not be used; remove it, or map `instruction` + `response` without `text`"
     ]
+
+
+def test_check_says_which_columns_a_detected_mapping_reads(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """With no field_mapping, which column became which role was seen only in the cache's
+    stats.json after a build (a dataset with a conversation column and a pair both)."""
+    from expert_cli.data.checks import check_manifest
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=1)
+    rows = [
+        {"id": i, "question": f"q{i}", "response": f"a{i}", "system_prompt": "s"} for i in range(8)
+    ]
+    (manifest.parent / "data" / "train.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows)
+    )
+    config = json.loads(manifest.read_text())
+    config["training"]["dataset"].pop("field_mapping", None)
+    manifest.write_text(json.dumps(config))
+    report = check_manifest(manifest)
+    assert (
+        'training.dataset.field_mapping: none given; read as {"instruction": "question", '
+        "\"response\": \"response\"}; input from 'input' and system from 'system_prompt' where a "
+        "row has it (set it to read other columns)"
+    ) in report.notes, report.notes

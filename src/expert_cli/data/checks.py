@@ -23,7 +23,7 @@ from expert_cli.data.build import (
     BuildProgress,
 )
 from expert_cli.data.cache import cache_root_problem
-from expert_cli.data.fields import FieldSpec
+from expert_cli.data.fields import FieldSpec, detected_words
 from expert_cli.data.formatting import (
     TEMPLATE_UNREAD,
     check_chat_template,
@@ -107,6 +107,8 @@ def check_manifest(
         data.source(source, train=False)
     cache = cache_root_problem(Path(resolved.pretokenized_cache), resolved.expert)
     report.notes = [*report.notes, *data.notes]
+    if resolved.field_mapping is None and data.fields is not None:  # what detection chose
+        report.notes = [*report.notes, detected_words(data.fields)]
     report.problems = [
         *_check_model(resolved, tokenizer_problems),
         *missing_problems(statuses),

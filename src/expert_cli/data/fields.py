@@ -3,6 +3,7 @@ response, system): the manifest's `field_mapping` checked, or one detected from 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from expert_cli.data.reader import shown_names
@@ -95,4 +96,17 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
         f"{where}: cannot tell which column holds the data (columns: "
         f"{shown_names(sorted(cols))}); set training.dataset.field_mapping, e.g. "
         '{"text": "<column>"}'
+    )
+
+
+def detected_words(fields: FieldSpec) -> str:
+    """What `check` says of a mapping detected from the columns (none given): which column
+    holds each role, the optional ones read where a row has them."""
+    held = {role: column for role, column in fields.mapping.items() if role not in fields.maybe}
+    maybe = [f"{role} from {column!r}" for role, column in fields.mapping.items()
+             if role in fields.maybe]  # fmt: skip
+    where = f"; {' and '.join(maybe)} where a row has it" if maybe else ""
+    return (
+        f"training.dataset.field_mapping: none given; read as {json.dumps(held)}{where} "
+        "(set it to read other columns)"
     )
