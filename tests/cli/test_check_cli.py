@@ -417,3 +417,21 @@ def test_check_says_which_columns_a_detected_mapping_reads(
         "\"response\": \"response\"}; input from 'input' and system from 'system_prompt' where a "
         "row has it (set it to read other columns)"
     ) in report.notes, report.notes
+
+
+def test_check_says_texts_without_an_assistant_marker_are_trained_whole(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`train` said `loss on whole text N (... the prompt is trained too)`; check, on the same
+    data, said nothing (tatsu-lab/alpaca's rendered text, OpenAssistant's messages)."""
+    from expert_cli.data.checks import check_manifest
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=1)
+    chat = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n"
+    lines = [json.dumps({"text": "a plain document"})] * 3 + [json.dumps({"text": chat})] * 5
+    (manifest.parent / "data" / "train.jsonl").write_text("\n".join(lines) + "\n")
+    report = check_manifest(manifest)
+    assert (
+        "training.dataset: 3 of 8 training texts read hold no assistant marker: each is trained "
+        "whole, its prompt too"
+    ) in " ".join(report.notes), report.notes

@@ -186,6 +186,7 @@ class DataCheck:
         # response or assistant turn), rows read, and whether every row of the split was read
         self.blank = {True: [0, 0], False: [0, 0]}
         self.unmarked = {True: 0, False: 0}  # texts without the response template, by split
+        self.whole_texts = {True: 0, False: 0}  # texts without an assistant marker: all trained
         self.whole = {True: True, False: True}
 
     def refusals(self) -> Refusals | None:
@@ -276,6 +277,7 @@ class DataCheck:
         if kind != "text":
             return not text.strip()
         spans, style = assistant_spans(text, self.response_template)
+        self.whole_texts[self._train] += style == "none"
         return None if style == "missing" else not has_content(text, spans, None)
 
     def blank_lines(self, resolved: ResolvedConfig) -> tuple[list[str], list[str]]:
@@ -295,6 +297,12 @@ class DataCheck:
                 notes.append(
                     f"{fields}: {unmarked:,} of {rows:,} {what} texts read hold no "
                     "response_template; train drops them"
+                )
+            if whole := self.whole_texts[train]:
+                notes.append(
+                    f"{fields}: {whole:,} of {rows:,} {what} texts read hold no assistant marker: "
+                    "each is trained whole, its prompt too (right for plain documents; set "
+                    "training.dataset.response_template to train what follows it)"
                 )
             if blank:
                 notes.append(
