@@ -864,3 +864,25 @@ def test_a_split_named_on_a_local_path_is_refused(tmp_path, write_jsonl) -> None
     for spec in ("data::train_sft", "data::train::main"):
         with pytest.raises(UserError, match="picks a split of a hub dataset, and .* is local"):
             resolved_for(tmp_path, {"path": spec})
+
+
+def test_a_local_download_of_several_configurations_is_refused(tmp_path, write_jsonl) -> None:
+    """`hf download openai/gsm8k --local-dir data/gsm8k` named as a folder: its main and
+    socratic files were all trained together (the hub id is refused for want of a config)."""
+    for config in ("main", "socratic"):
+        write_jsonl(tmp_path / "gsm8k" / config / "train.jsonl", [{"text": "a"}] * 3)
+    card = "---\nconfigs:\n" + "".join(
+        f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train-*\n"
+        for c in ("main", "socratic")
+    )
+    (tmp_path / "gsm8k" / "README.md").write_text(card + "---\n# GSM8K\n")
+    with pytest.raises(UserError) as info:
+        resolved_for(tmp_path, {"path": "gsm8k"})
+    assert info.value.lines == [
+        f"training.dataset.path: {tmp_path / 'gsm8k'} holds a hub dataset's 2 configurations "
+        "('main', 'socratic', as its README.md lists them), whose files would all be read "
+        f"together; name one configuration's files or folder, e.g. {tmp_path / 'gsm8k' / 'main'}"
+    ]
+    assert resolved_for(tmp_path, {"path": "gsm8k/main"}).train_sources[0].kind == "local"
+    (tmp_path / "gsm8k" / "README.md").write_text("---\nconfigs: [1, {x: 2}\n---\n")  # bad YAML
+    assert resolved_for(tmp_path, {"path": "gsm8k"}).train_sources[0].kind == "local"

@@ -1,0 +1,64 @@
+"""A local dataset folder downloaded from the hub (`hf download --local-dir`): the
+configurations its README.md's YAML header lists, whose files a folder source would all read
+together."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from expert_cli.paths import shown_path
+
+NAME = re.compile(r"[\w.-]{1,64}")  # a configuration's name as a line may show it
+README_HEADER_CHARS = 1 << 20  # a dataset card's YAML header is read from its first MiB
+
+
+def readme_configs(folder: Path) -> list[tuple[str, str | None]]:
+    """The configurations a dataset folder's README.md names in its YAML header (`configs:`,
+    as the hub writes a dataset card), each with the folder its first data files lie in (None
+    where they lie at the top); none where the folder has no such header."""
+    try:
+        text = (folder / "README.md").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    text = text[:README_HEADER_CHARS]
+    end = text.find("\n---", 3)
+    if not text.startswith("---") or end < 0:
+        return []
+    try:
+        header = yaml.safe_load(text[3:end])
+    except yaml.YAMLError:
+        return []
+    configs = header.get("configs") if isinstance(header, dict) else None
+    found = []
+    for config in configs if isinstance(configs, list) else []:
+        if isinstance(config, dict) and isinstance(config.get("config_name"), str):
+            files = config.get("data_files")
+            first = files[0] if isinstance(files, list) and files else files
+            path = first.get("path") if isinstance(first, dict) else first
+            path = path[0] if isinstance(path, list) and path else path
+            parts = Path(path).parts if isinstance(path, str) else ()
+            found.append((config["config_name"], parts[0] if len(parts) > 1 else None))
+    return found
+
+
+def configs_problem(path: Path, label: str) -> str | None:
+    """A local folder holding a hub dataset's several configurations (`hf download` of one):
+    every configuration's files would be read together."""
+    configs = readme_configs(path) if path.is_dir() else []
+    if len(configs) < 2:
+        return None
+    names = ", ".join(_shown(name) for name, _ in configs[:8])
+    folder = next((where for _, where in configs if where), None)
+    example = f", e.g. {shown_path(path / folder)}" if folder else ""
+    return (
+        f"{label}: {shown_path(path)} holds a hub dataset's {len(configs)} configurations "
+        f"({names}, as its README.md lists them), whose files would all be read together; name "
+        f"one configuration's files or folder{example}"
+    )
+
+
+def _shown(name: str) -> str:
+    return repr(name) if NAME.fullmatch(name) else f"<a {len(name):,}-character name>"
