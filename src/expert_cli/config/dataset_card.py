@@ -19,11 +19,14 @@ def readme_configs(folder: Path) -> list[tuple[str, str | None]]:
     """The configurations a dataset folder's README.md names in its YAML header (`configs:`,
     as the hub writes a dataset card), each with the folder its first data files lie in (None
     where they lie at the top); none where the folder has no such header."""
+    card = folder / "README.md"
     try:
-        text = (folder / "README.md").read_text(encoding="utf-8", errors="replace")
+        if not card.is_file():  # a pipe would never end
+            return []
+        with card.open("rb") as fh:  # its first MiB: a card may be any size
+            text = fh.read(README_HEADER_CHARS).decode("utf-8", errors="replace")
     except OSError:
         return []
-    text = text[:README_HEADER_CHARS]
     end = text.find("\n---", 3)
     if not text.startswith("---") or end < 0:
         return []
@@ -47,7 +50,10 @@ def readme_configs(folder: Path) -> list[tuple[str, str | None]]:
 def configs_problem(path: Path, label: str) -> str | None:
     """A local folder holding a hub dataset's several configurations (`hf download` of one):
     every configuration's files would be read together."""
-    configs = readme_configs(path) if path.is_dir() else []
+    try:
+        configs = readme_configs(path) if path.is_dir() else []
+    except OSError:  # a name too long, a folder that cannot be entered: said where it is read
+        return None
     if len(configs) < 2:
         return None
     names = ", ".join(_shown(name) for name, _ in configs[:8])
