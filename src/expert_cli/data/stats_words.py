@@ -57,7 +57,7 @@ def masking_words(split: dict[str, Any]) -> str | None:
 def drop_reasons(split: dict[str, Any], max_seq_length: int | None = None) -> str:
     """Why a split's examples were dropped, one count per reason that dropped any ("none" when
     no example was): the words `train` and `pretokenize` show, and the empty-data error."""
-    limit = f"={max_seq_length}" if isinstance(max_seq_length, int) and max_seq_length else ""
+    limit = _limit(max_seq_length)
     parts = [
         (split.get("dropped_overlong", 0), f"over max_seq_length{limit} with overlong: drop"),
         (split.get("dropped_no_marker", 0), "without response_template"),
@@ -80,7 +80,7 @@ def cut_words(split: dict[str, Any], max_seq_length: int | None = None) -> str |
     cut, read = split.get("truncated", 0), split.get("examples_read", 0)
     if not isinstance(cut, int) or cut <= 0:
         return None
-    limit = f"={max_seq_length}" if isinstance(max_seq_length, int) and max_seq_length else ""
+    limit = _limit(max_seq_length)
     return (
         f"{cut:,} of {read:,} examples were longer than max_seq_length{limit} and cut to it: "
         "what follows is not trained (raise max_seq_length, split long texts into examples, "
@@ -100,3 +100,8 @@ def count_lines(stats: dict[str, Any]) -> list[tuple[str, str]]:
         ("loss on", masking_words(train)),
     ]
     return [(label, said) for label, said in found if said]
+
+
+def _limit(max_seq_length: Any) -> str:
+    """`=2048` after max_seq_length where the length is known (an older cache's stats lack it)."""
+    return f"={max_seq_length}" if isinstance(max_seq_length, int) and max_seq_length else ""
