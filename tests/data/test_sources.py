@@ -249,6 +249,11 @@ def test_field_mapping_detection_and_validation() -> None:
     alpaca = ["instruction", "input", "output", "text"]
     assert field_spec(None, alpaca, "f").mapping["response"] == "output"
     assert field_spec(None, ["text", "messages"], "f").kind == "messages"
+    with pytest.raises(UserError) as info:  # half a pair: the mapping to give names it
+        field_spec(None, ["prompt", "answers"], "f")
+    assert info.value.lines[0].endswith(
+        'e.g. {"instruction": "prompt", "response": "<column>"} (no response column was found)'
+    )
     with pytest.raises(UserError, match="OpenAssistant's message trees"):  # trained whole
         field_spec(None, ["message_id", "parent_id", "text", "role", "lang"], "f")
     with pytest.raises(UserError, match="unknown key"):

@@ -92,10 +92,14 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
         return {"instruction": prompt, "response": response, "input": given, "system": system}
     if "text" in cols:
         return {"text": "text"}
+    example = '{"text": "<column>"}'
+    if prompt or response:  # half a pair (Nectar: a prompt, its answers in a list)
+        found, role = (prompt, "instruction") if prompt else (response, "response")
+        other = "response" if prompt else "instruction"
+        example = f'{{"{role}": "{found}", "{other}": "<column>"}} (no {other} column was found)'
     raise UserError(
         f"{where}: cannot tell which column holds the data (columns: "
-        f"{shown_names(sorted(cols))}); set training.dataset.field_mapping, e.g. "
-        '{"text": "<column>"}'
+        f"{shown_names(sorted(cols))}); set training.dataset.field_mapping, e.g. {example}"
     )
 
 
