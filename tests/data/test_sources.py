@@ -254,6 +254,8 @@ def test_field_mapping_detection_and_validation() -> None:
     assert info.value.lines[0].endswith(
         'e.g. {"instruction": "prompt", "response": "<column>"} (no response column was found)'
     )
+    with pytest.raises(UserError, match="a `history` column beside 'instruction' and 'output'"):
+        field_spec(None, ["instruction", "input", "output", "system", "history"], "f")
     with pytest.raises(UserError, match="OpenAssistant's message trees"):  # trained whole
         field_spec(None, ["message_id", "parent_id", "text", "role", "lang"], "f")
     with pytest.raises(UserError, match="unknown key"):

@@ -86,6 +86,13 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
         return {"messages": "messages"}
     if "conversations" in cols:  # ShareGPT's name (its turns are read as messages)
         return {"messages": "conversations"}
+    if prompt and response and "history" in cols:  # LLaMA-Factory's earlier turns: unread
+        raise UserError(
+            f"{where}: a `history` column beside {prompt!r} and {response!r} (LLaMA-Factory's "
+            "earlier turns, [[question, answer], ...]) would be read by nothing; write such rows "
+            "as `messages` to train with their history, or set training.dataset.field_mapping "
+            "to the columns to read"
+        )
     if prompt and response:  # input and system read in every row: the first may lack them
         given = "context" if "context" in cols and "input" not in cols else "input"  # Dolly's
         system = "system_prompt" if "system_prompt" in cols and "system" not in cols else "system"
