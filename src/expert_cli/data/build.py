@@ -12,6 +12,7 @@ Progress goes to a `BuildProgress` the caller passes (the CLI draws a bar from i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -19,6 +20,7 @@ import os
 import shutil
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -107,12 +109,20 @@ def build_cache(
     progress: BuildProgress | None = None,
 ) -> dict[str, Any]:
     """Build (or finish building) the cache of `plan`; return its stats."""
-    bars = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # the caller's is the one progress bar of a build
-    try:
+    with quiet_datasets():  # the caller's is the one progress bar of a build
         return _build(
             plan, resolved, tokenizer, (num_proc, shard_examples), progress or NoProgress()
         )
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """The datasets library's progress bars off (a caller's own output is all that shows),
+    and as they were afterwards."""
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
     finally:
         if bars:
             datasets.enable_progress_bars()

@@ -4,19 +4,17 @@ with nothing to train on (an empty text, response or assistant turn), which the 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import datasets
 
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.build import (
     BuildProgress,
     NoProgress,
     nothing_left,
+    quiet_datasets,
     split_fields,
 )
 from expert_cli.data.conversations import (
@@ -42,18 +40,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 PROGRESS_ROWS = 10_000
-
-
-@contextlib.contextmanager
-def quiet_datasets() -> Iterator[None]:
-    """The datasets library's progress bars off: check's own output is all that shows."""
-    bars = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if bars:
-            datasets.enable_progress_bars()
 
 
 MAX_SHAPES = 4096  # conversation shapes whose template verdict is remembered

@@ -13,6 +13,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from expert_cli.data.conversations import SHAREGPT_ROLES
+
 WEIGHTS = "0 (an answer left as context) or 1 (trained), as in OpenAI's fine-tuning format"
 NOT_ANSWER = (
     'a "weight" of 1 on a turn that is never trained (only assistant answers are); remove it, '
@@ -65,7 +67,11 @@ LISTS = (
 )
 NUMBERS = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal)
 ROLE_KEYS = ("role", "from")  # a turn's role, as OpenAI's and ShareGPT's forms name it
-ANSWER_ROLES = ["assistant", "gpt", "chatgpt", "bing", "bard", "function_call"]
+# an answer's role in either form (ShareGPT's speakers read as the assistant)
+ANSWER_ROLES = [
+    "assistant",
+    *(said for said, role in SHAREGPT_ROLES.items() if role == "assistant"),
+]
 
 
 def _first_in_chunk(chunk: pa.Array) -> tuple[int, str] | None:

@@ -30,7 +30,7 @@ from expert_cli.train.adapter_fit import Shapes
 from expert_cli.train.hive_loader import loader_problems
 from expert_cli.train.hive_schema import read_field
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
-from expert_cli.train.package_members import member_problem, unexpected_members
+from expert_cli.train.package_members import member_problem, named_files, unexpected_members
 from expert_cli.train.package_stream import CHUNK, Blocks, end_problem, unreadable
 from expert_cli.train.package_sum import checksum_verdict
 from expert_cli.train.tokenizer_files import (
@@ -372,11 +372,7 @@ def _check_named_files(report: PackageReport) -> None:
     """The grammar and soft prompt files the manifest names, which HiveLLM's chat reads from
     the package's folder: one that leads out of it is a problem (a file of the machine the
     package is installed on would be read), one the package does not hold a note."""
-    decoding = report.manifest["training"].get("decoding") or {}
-    named = [("training.decoding.grammar_file", decoding.get("grammar_file"))]
-    for i, prompt in enumerate(report.manifest.get("soft_prompts") or []):
-        named.append((f"soft_prompts[{i}].path", prompt.get("path")))
-    for where, name in named:
+    for where, name in named_files(report.manifest):
         if not isinstance(name, str):
             continue
         parts = PurePosixPath(name.replace("\\", "/")).parts

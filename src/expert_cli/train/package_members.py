@@ -21,18 +21,30 @@ EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")  # from the
 SHOWN_MEMBERS = 3  # members a note names
 
 
+def named_files(manifest: Any) -> list[tuple[str, Any]]:
+    """(field, value) of each file a package's manifest names beside the adapter: the grammar
+    file and the soft prompts' paths, as written (any value; nothing where the manifest is
+    not of that shape)."""
+    manifest = manifest if isinstance(manifest, dict) else {}
+    training = manifest.get("training")
+    decoding = training.get("decoding") if isinstance(training, dict) else None
+    named = (
+        [("training.decoding.grammar_file", decoding.get("grammar_file"))]
+        if isinstance(decoding, dict)
+        else []
+    )
+    prompts = manifest.get("soft_prompts")
+    for i, prompt in enumerate(prompts if isinstance(prompts, list) else []):
+        if isinstance(prompt, dict):
+            named.append((f"soft_prompts[{i}].path", prompt.get("path")))
+    return named
+
+
 def unexpected_members(files: list[str], manifest: dict[str, Any]) -> list[str]:
     """A note naming the members `package` does not write and HiveLLM's loader does not read
     (a script, a large file added to a package): installed with it, all the same."""
     known = {"manifest.json", "grammar.gbnf", *ADAPTER_FILES, *TOKENIZER_FILES, *EXPERT_FILES}
-    manifest = manifest if isinstance(manifest, dict) else {}
-    training = manifest.get("training")
-    decoding = training.get("decoding") if isinstance(training, dict) else None
-    named = [decoding.get("grammar_file")] if isinstance(decoding, dict) else []
-    prompts = manifest.get("soft_prompts")
-    named += (
-        [p.get("path") for p in prompts if isinstance(p, dict)] if isinstance(prompts, list) else []
-    )
+    named = [name for _, name in named_files(manifest)]
     known |= {PurePosixPath(n).as_posix() for n in named if isinstance(n, str) and n}
     other = [name for name in files if name not in known]
     if not other:
