@@ -721,7 +721,7 @@ def test_the_drop_reasons_printed_name_max_seq_length(demo_expert_dir) -> None:
     assert cut > 0 and truncated > 0
     said = f"{cut:,} with the answer past max_seq_length=256"
     # and the examples cut to the length, said only as a count among the numbers before
-    shortened = f"{truncated:,} of {train['examples_read']:,} examples were longer than "
+    shortened = f"{truncated:,} of {train['examples']:,} examples were longer than "
     assert f"  dropped: {said}" in summary_lines(data)
     assert any(line.startswith(f"  cut: {shortened}") for line in summary_lines(data))
     console = Console(record=True, width=400)

@@ -127,7 +127,9 @@ def summary_lines(data: PreparedData) -> list[str]:
         f"  rows {train['rows']:,}, tokens {train['tokens']:,}, trained "
         f"{train['trained_tokens']:,}, packing efficiency {train['packing_efficiency']:.1%}, "
         f"examples {read} / {train['kept']:,} kept / "
-        f"{train['truncated']:,} truncated / {train['dropped']:,} dropped"
+        f"{train['truncated']:,} truncated / "
+        + (f"{train['split']:,} split / " if train.get("split") else "")
+        + f"{train['dropped']:,} dropped"
     )
     lines += [f"  {label}: {said}" for label, said in count_lines(data.stats)]
     lines += [f"  note: {note}" for note in data.stats.get("notes") or []]

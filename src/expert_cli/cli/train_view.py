@@ -34,7 +34,7 @@ from expert_cli.train.model import ModelChoices
 from expert_cli.train.run import TrainOptions, TrainResult
 
 WIDTH = 10  # the label column: "model     ", "note      "
-STAT_KEYS = ("examples", "rows", "tokens", "packing_efficiency", "truncated", "dropped")
+STAT_KEYS = ("examples", "rows", "tokens", "packing_efficiency", "truncated", "split", "dropped")
 
 
 def _fmt(value: Any) -> str:
@@ -58,7 +58,13 @@ def print_data(
     shown = {k: stats[k] for k in STAT_KEYS if k in stats}
     for name in ("train", "eval"):
         if isinstance(stats.get(name), dict):
-            shown.update({f"{name}.{k}": v for k, v in stats[name].items() if k in STAT_KEYS})
+            shown.update(
+                {
+                    f"{name}.{k}": v
+                    for k, v in stats[name].items()
+                    if k in STAT_KEYS and (v or k != "split")
+                }
+            )
     text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
     state = "reused" if status == "current" else status
     console.print(labelled("data", "bold", text, WIDTH))

@@ -186,8 +186,10 @@ class DatasetSpec(Strict):
         description="Extension: seed of the held-out examples (default 42, whatever "
         "training.config.seed is: runs that differ only in seed evaluate on the same examples).",
     )
-    overlong: Literal["truncate", "drop"] = Field(
-        "truncate", description="Extension: what to do with examples over max_seq_length."
+    overlong: Literal["truncate", "drop", "split"] = Field(
+        "truncate",
+        description="Extension: what to do with examples over max_seq_length: cut them to it, "
+        "leave them out, or split them into pieces of it, each trained as an example.",
     )
     response_template: str | None = Field(
         None,

@@ -85,7 +85,7 @@ class ResolvedConfig(BaseModel):
     eval_fraction: float
     eval_seed: int = DEFAULT_EVAL_SEED
     field_mapping: dict[str, str] | None
-    overlong: Literal["truncate", "drop"]
+    overlong: Literal["truncate", "drop", "split"]
     response_template: str | None
     max_seq_length: int
     packing: bool

@@ -41,6 +41,8 @@ from expert_cli.data.formatting import (
     DROPPED_OVERLONG,
     DROPPED_TEMPLATE,
     KEPT,
+    KEPT_CODES,
+    SPLIT,
     TEMPLATE_UNREAD,
     TRUNCATED,
     Formatter,
@@ -48,6 +50,7 @@ from expert_cli.data.formatting import (
     check_prompt_template,
 )
 from expert_cli.data.packing import pack_table
+from expert_cli.data.pieces import split_rows
 from expert_cli.data.sources import load_sources
 from expert_cli.data.stats_words import drop_reasons
 from expert_cli.data.workers import tokenize_rows
@@ -254,11 +257,14 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
     procs = max(1, min(job.num_proc, len(ds) // MIN_EXAMPLES_PER_PROC))
     table = tokenize_rows(ds, job.formatter, procs, job.progress.advance)
     status = table.column("status").to_numpy()
-    packed, pack = pack_table(table, job.resolved.max_seq_length, job.resolved.packing, seed)
+    length = job.resolved.max_seq_length
+    pieces = split_rows(table, length) if job.resolved.overlong == "split" else table
+    packed, pack = pack_table(pieces, length, job.resolved.packing, seed)
     stats = {
         "examples_read": len(ds),
         "kept": int((status == KEPT).sum()),
         "truncated": int((status == TRUNCATED).sum()),
+        "split": int((status == SPLIT).sum()),
         "dropped_overlong": int((status == DROPPED_OVERLONG).sum()),
         "dropped_no_completion": int((status == DROPPED_NO_COMPLETION).sum()),
         "dropped_no_marker": int((status == DROPPED_NO_MARKER).sum()),
@@ -268,7 +274,7 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
         "no_marker": int(table.column("no_marker").to_numpy(zero_copy_only=False).sum()),
         "styles": _styles(table, status),
         "tokens": pack.tokens,
-        "trained_tokens": int(np.asarray(table.column("trained")).sum()),
+        "trained_tokens": int(np.asarray(pieces.column("trained")).sum()),
         "rows": pack.rows,
         "capacity": pack.capacity,
     }
@@ -282,7 +288,7 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
 
 def _styles(table: Any, status: Any) -> dict[str, int]:
     """How many of the shard's kept examples each masking rule found (formatting.py)."""
-    kept = pa.array((status == KEPT) | (status == TRUNCATED))
+    kept = pa.array(np.isin(status, KEPT_CODES))
     counts = pc.value_counts(table.column("style").filter(kept)).to_pylist()
     return dict(sorted((c["values"], c["counts"]) for c in counts))
 
@@ -298,7 +304,8 @@ DROP_KEYS = tuple(f"dropped_{why}" for why in DROPPED)
 
 
 def _sum(stats: list[dict[str, Any]], examples_read: int) -> dict[str, Any]:
-    keys = ("kept", "truncated", *DROP_KEYS, "no_marker", "tokens", "trained_tokens", "rows")
+    keys = ("kept", "truncated", "split", *DROP_KEYS)
+    keys += ("no_marker", "tokens", "trained_tokens", "rows")
     # .get: shards finished by an earlier version have no dropped_template
     total = {k: sum(s.get(k, 0) for s in stats) for k in (*keys, "capacity")}
     total["template_refusal"] = next(

@@ -28,8 +28,9 @@ ChatML turns already end with), and trained when the last trained span reaches t
 (so an EOS a tokenizer's post-processor adds is trained too; a BOS or EOS it adds to a text that
 already holds one is dropped). A `messages` conversation that renders no assistant turn is
 dropped with the template's refusals (`dropped_template`). An example over `max_seq_length`
-is cut to its first `max_seq_length` tokens (then it has no EOS: the text did not end there), or
-dropped, as `overlong` says; one whose trained tokens were all cut away is dropped too.
+is cut to its first `max_seq_length` tokens (then it has no EOS: the text did not end there),
+dropped, or kept whole to be cut into pieces before packing (data/pieces.py), as `overlong`
+says; one whose trained tokens were all cut away is dropped too.
 
 Each row's rule (`chatml`, `marker`, `marker_eos`, `template`, `none`; `empty`, `missing`,
 `refused` for dropped ones) is kept in its `style` column, and the build counts the kept rows' rules
@@ -49,6 +50,7 @@ import numpy as np
 import pyarrow as pa
 
 from expert_cli.data.conversations import conversation, render_conversation, roles_of
+from expert_cli.data.pieces import Joined, special_ends, tokenize_blocks
 from expert_cli.data.spans import (
     CHATML_ASSISTANT,
     CHATML_END,
@@ -74,7 +76,10 @@ IGNORE = -100
     DROPPED_NO_MARKER,
     DROPPED_TEMPLATE,
     DROPPED_ANSWER_CUT,  # truncated to nothing trained: the answer lay past max_seq_length
-) = range(7)
+    SPLIT,  # over max_seq_length with `overlong: split`: kept whole, cut into pieces later
+) = range(8)
+
+KEPT_CODES = (KEPT, TRUNCATED, SPLIT)  # trained, whole or in part
 
 VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "
@@ -194,7 +199,7 @@ class Formatter:
     tokenizer: PreTrainedTokenizerFast
     kind: str  # "text" | "messages" | "instruction"
     max_seq_length: int
-    overlong: str  # "truncate" | "drop"
+    overlong: str  # "truncate" | "drop" | "split"
     prompt_template: str = "chatml"
     response_template: str | None = None
     layout: TurnLayout | None = None  # how the chat template writes answers, asked once
@@ -217,6 +222,15 @@ class Formatter:
         backend = self.tokenizer.backend_tokenizer
         special = self.kind != "messages"
         cut = self.max_seq_length * CUT_CHARS_PER_TOKEN
+        if self.overlong == "split":  # every token is kept: long texts in blocks (pieces.py)
+            ends = special_ends(backend) if special else ([], [])
+            encodings = backend.encode_batch(
+                [t if len(t) <= cut else "" for t in texts], add_special_tokens=special
+            )
+            for i, text in enumerate(texts):
+                if len(text) > cut:
+                    encodings[i] = tokenize_blocks(backend, text, spans[i], cut, ends)
+            return encodings, spans
         heads = [text[:cut] for text in texts]
         encodings = backend.encode_batch(heads, add_special_tokens=special)
         long = [i for i, text in enumerate(texts) if len(text) > cut]
@@ -258,7 +272,8 @@ class Formatter:
             refused = [why for _, why in rendered]
             if self.layout is None:
                 self.layout = turn_layout(self.tokenizer)
-            limit = self.max_seq_length * CUT_CHARS_PER_TOKEN  # what is tokenized of a text
+            # what is tokenized of a text: all of it to be split
+            limit = None if self.overlong == "split" else self.max_seq_length * CUT_CHARS_PER_TOKEN
             found = [
                 conversation_spans(self.tokenizer, m, t, self.response_template, self.layout, limit)
                 if why is None
@@ -289,8 +304,11 @@ class Formatter:
         eos, eos_text = self.tokenizer.eos_token_id, self.tokenizer.eos_token
         ids_out, labels_out, status, trained, no_marker = [], [], [], [], []
         for text, enc, row_spans, style in zip(texts, encodings, spans, styles, strict=True):
-            ids = np.asarray(enc.ids, dtype=np.int32)
-            mask = span_mask(text, enc, len(ids), row_spans)
+            if isinstance(enc, Joined):  # tokenized in blocks, its spans already marked
+                ids, mask = enc.ids, enc.mask
+            else:
+                ids = np.asarray(enc.ids, dtype=np.int32)
+                mask = span_mask(text, enc, len(ids), row_spans)
             ids, mask = _once(ids, mask, enc)
             ends = runs_to_end(text, row_spans, eos_text)
             if len(ids) and ids[-1] == eos:  # the text's own, or one its tokenizer adds
@@ -308,12 +326,14 @@ class Formatter:
                 code = DROPPED_NO_MARKER
             elif style == "empty":  # an empty answer would train only its end-of-turn tokens
                 code = DROPPED_NO_COMPLETION
+            elif len(ids) > self.max_seq_length and self.overlong == "split":
+                code = SPLIT
             elif len(ids) > self.max_seq_length:
                 code = TRUNCATED if self.overlong == "truncate" else DROPPED_OVERLONG
                 ids, mask = ids[: self.max_seq_length], mask[: self.max_seq_length]
-            if code in (KEPT, TRUNCATED) and not mask.any():  # an answer with content, cut away
+            if code in KEPT_CODES and not mask.any():  # an answer with content, cut away
                 code = DROPPED_ANSWER_CUT if code == TRUNCATED else DROPPED_NO_COMPLETION
-            if code not in (KEPT, TRUNCATED):
+            if code not in KEPT_CODES:
                 ids, mask = ids[:0], mask[:0]
             ids_out.append(ids)
             labels_out.append(np.where(mask, ids, np.int32(IGNORE)).astype(np.int32))

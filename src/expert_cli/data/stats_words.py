@@ -77,14 +77,26 @@ def cut_words(split: dict[str, Any], max_seq_length: int | None = None) -> str |
     """What was cut from a split's examples longer than max_seq_length, where any was: their
     tokens past it are not trained (a corpus of long documents kept 1.5% of its tokens, said
     only as `train.truncated 25` among the counts). None when none was cut."""
-    cut, read = split.get("truncated", 0), split.get("examples_read", 0)
+    cut, read = split.get("truncated", 0), _formatted(split)
     if not isinstance(cut, int) or cut <= 0:
         return None
     limit = _limit(max_seq_length)
     return (
         f"{cut:,} of {read:,} examples were longer than max_seq_length{limit} and cut to it: "
-        "what follows is not trained (raise max_seq_length, split long texts into examples, "
-        "or set training.dataset.overlong: drop to leave them out)"
+        "what follows is not trained (raise max_seq_length, set training.dataset.overlong: "
+        "split to train all of each in pieces, or drop to leave them out)"
+    )
+
+
+def split_words(split: dict[str, Any], max_seq_length: int | None = None) -> str | None:
+    """How many of a split's examples `overlong: split` cut into pieces; None for none."""
+    cut, read = split.get("split", 0), _formatted(split)
+    if not isinstance(cut, int) or cut <= 0:
+        return None
+    limit = _limit(max_seq_length)
+    return (
+        f"{cut:,} of {read:,} examples were longer than max_seq_length{limit} and split into "
+        "pieces of it, each trained as an example (a piece's first token is not trained)"
     )
 
 
@@ -97,9 +109,16 @@ def count_lines(stats: dict[str, Any]) -> list[tuple[str, str]]:
     found = [
         ("dropped", drop_reasons(train, limit) if train.get("dropped") else None),
         ("cut", cut_words(train, limit)),
+        ("split", split_words(train, limit)),
         ("loss on", masking_words(train)),
     ]
     return [(label, said) for label, said in found if said]
+
+
+def _formatted(split: dict[str, Any]) -> Any:
+    """The examples a split's shards formatted (those held out for evaluation and a task
+    weight's copies counted where they went), else those read (an older cache's stats)."""
+    return split.get("examples", split.get("examples_read", 0))
 
 
 def _limit(max_seq_length: Any) -> str:
