@@ -813,7 +813,7 @@ def test_sharegpt_conversations_are_read_as_messages(tmp_path, write_jsonl) -> N
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from expert_cli.data.conversations import from_sharegpt
+    from expert_cli.data.conversations import standard_turns
 
     rows = [
         {
@@ -848,20 +848,58 @@ def test_sharegpt_conversations_are_read_as_messages(tmp_path, write_jsonl) -> N
     datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "saved")
     assert stored(load(tmp_path, {"path": "saved"})) == expected
     for speaker in ("chatgpt", "bing", "bard"):  # FastChat's other answers (they were dropped)
-        assert from_sharegpt([{"from": speaker, "value": "a"}]) == [
+        assert standard_turns([{"from": speaker, "value": "a"}]) == [
             {"role": "assistant", "content": "a"}
         ]
     rows[0]["conversations"][2]["weight"] = 2  # checked as any message is
     write_jsonl(tmp_path / "train.jsonl", rows)
-    assert 'item 2: "weight" is a number other than 0 and 1' in error_of(
-        tmp_path, {"path": "train.jsonl"}
-    )
+    said = error_of(tmp_path, {"path": "train.jsonl"})
+    assert 'item 2: "weight" is a number other than 0 and 1' in said
+    assert said.endswith("(ShareGPT's turns read as messages: `from` as role, `value` as content)")
     rows[0]["conversations"][2]["weight"] = 1  # a human turn's 1, in an Arrow column
     rows[1]["conversations"][1]["weight"] = 1
     datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "weighed")
     assert "row 2: field 'conversations' (field_mapping.messages) item 1: a \"weight\" of 1" in (
         error_of(tmp_path, {"path": "weighed"})
     )
+
+
+def test_capybara_exchanges_are_read_as_messages(tmp_path, write_jsonl) -> None:
+    """Capybara's `conversation` of `{"input": question, "output": answer}` items could not
+    be mapped at all ("role is missing"): each item is a user turn and an assistant turn,
+    from a file, a Parquet file or a saved dataset alike."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {"source": "x", "conversation": [{"input": f"q{i}", "output": f"a{i}"}] * 2}
+        for i in range(3)
+    ]
+    turn = [{"role": "user", "content": "q{}"}, {"role": "assistant", "content": "a{}"}]
+    expected = [[{**m, "content": m["content"].format(i)} for m in turn * 2] for i in range(3)]
+
+    def stored(loaded) -> list:
+        parts = [loaded.train, *([loaded.eval] if loaded.eval is not None else [])]
+        found = [json.loads(m) for part in parts for m in part["messages"]]
+        return sorted(found, key=lambda m: m[0]["content"])
+
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    loaded = load(tmp_path, {"path": "train.jsonl"})
+    assert loaded.fields.mapping == {"messages": "conversation"}
+    assert stored(loaded) == expected
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    assert stored(load(tmp_path, {"path": "train.parquet"})) == expected
+    datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "saved")
+    assert stored(load(tmp_path, {"path": "saved"})) == expected
+    rows[1]["conversation"] = [{"input": "q", "output": 7}]  # checked as any message is
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    said = error_of(tmp_path, {"path": "train.jsonl"})
+    assert said.endswith(
+        "train.jsonl:2: field 'conversation' (field_mapping.messages) item 1: content is a "
+        "number, expected a string (Capybara's items read as messages: item k's `input` is "
+        "turn 2k, a user's, and its `output` turn 2k+1, the assistant's; turns count from 0)"
+    ), said
 
 
 def test_a_split_named_on_a_local_path_is_refused(tmp_path, write_jsonl) -> None:

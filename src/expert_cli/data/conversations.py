@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 KEPT_WHEN_NULL = ("role", "content")
-FORM = 3  # the stored form's version, in the name of a converted file a resumed build reuses
-# (2: text parts joined; 3: ShareGPT's turns as role/content)
+FORM = 4  # the stored form's version, in the name of a converted file a resumed build reuses
+# (2: text parts joined; 3: ShareGPT's turns as role/content; 4: Capybara's input/output too)
 
 
 NULL_DEPTH = 64  # nested objects deeper than this keep their nulls (no template looks there)
@@ -42,25 +42,47 @@ SHAREGPT_ROLES = {
     "observation": "tool",
     "function_call": "assistant",  # the call as the answer's text (LLaMA-Factory's, Glaive's)
 }
+# Capybara's turns (`{"input": question, "output": answer}`): one exchange an item
+CAPYBARA = {"input", "output"}
 
 
-def from_sharegpt(messages: Any) -> Any:
+def standard_turns(messages: Any) -> Any:
     """A conversation whose turns are ShareGPT's (`from` and `value`, no `role` or `content`)
-    as role/content messages, their other keys kept; any other value as it is."""
+    or Capybara's (`input` and `output`: a question and its answer in one item) as
+    role/content messages, their other keys kept; any other value as it is."""
     if not isinstance(messages, list):
         return messages
-    return [_turn(m) for m in messages]
+    return [turn for m in messages for turn in _turns(m)]
 
 
-def _turn(message: Any) -> Any:
-    if not isinstance(message, dict) or message.get("from") is None:
-        return message
-    if message.get("role") is not None or message.get("content") is not None:
-        return message  # a role/content message (with a `from` of its own: a name)
+def form_note(given: Any) -> str:
+    """Words after a problem found in `standard_turns(given)`, where it changed the turns: the
+    item numbers and keys a problem names are those of the turns read, not the file's."""
+    if not isinstance(given, list) or not any(_turns(m) != [m] for m in given):
+        return ""
+    if any(isinstance(m, dict) and m.get("from") is not None for m in given):
+        return " (ShareGPT's turns read as messages: `from` as role, `value` as content)"
+    return (
+        " (Capybara's items read as messages: item k's `input` is turn 2k, a user's, and its "
+        "`output` turn 2k+1, the assistant's; turns count from 0)"
+    )
+
+
+def _turns(message: Any) -> list[Any]:
+    if not isinstance(message, dict) or message.get("role") is not None:
+        return [message]
+    if message.get("content") is not None:
+        return [message]  # a role/content message (with a `from` of its own: a name)
+    if message.get("from") is None:
+        if message.keys() >= CAPYBARA and "from" not in message:
+            rest = {k: v for k, v in message.items() if k not in ("input", "output", "content")}
+            question = {"role": "user", "content": message["input"]}
+            return [question, {"role": "assistant", "content": message["output"], **rest}]
+        return [message]
     said = message["from"]
     role = SHAREGPT_ROLES.get(said, said) if isinstance(said, str) else said
     rest = {k: v for k, v in message.items() if k not in ("from", "value", "role", "content")}
-    return {"role": role, "content": message.get("value"), **rest}
+    return [{"role": role, "content": message.get("value"), **rest}]
 
 
 def without_fill_ins(messages: list[Any]) -> list[Any]:
@@ -130,7 +152,7 @@ def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
 
     def to_text(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         rows = batch["messages"]
-        return {"messages": [conversation_text(from_sharegpt(row or [])) for row in rows]}
+        return {"messages": [conversation_text(standard_turns(row or [])) for row in rows]}
 
     features = ds.features.copy()
     features["messages"] = datasets.Value("string")

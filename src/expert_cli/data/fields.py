@@ -84,8 +84,9 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
     # beside its instruction and output) trains its prompts too
     if "messages" in cols:
         return {"messages": "messages"}
-    if "conversations" in cols:  # ShareGPT's name (its turns are read as messages)
-        return {"messages": "conversations"}
+    for name in ("conversations", "conversation"):  # ShareGPT's and Capybara's names
+        if name in cols:  # (their turns are read as messages)
+            return {"messages": name}
     if prompt and response and "history" in cols:  # LLaMA-Factory's earlier turns: unread
         raise UserError(
             f"{where}: a `history` column beside {prompt!r} and {response!r} (LLaMA-Factory's "

@@ -28,7 +28,7 @@ from expert_cli.config.refs import (
     windows_note,
 )
 from expert_cli.config.resolve import SourceRef
-from expert_cli.data.conversations import from_sharegpt, is_text_part
+from expert_cli.data.conversations import form_note, is_text_part, standard_turns
 from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec
 from expert_cli.data.reader import (
     Columns,
@@ -290,16 +290,16 @@ def check_row(row: Any, fields: FieldSpec, where: str) -> dict[str, Any]:
             raise UserError(
                 f"{where}: field {shown_name(column)} {how} (field_mapping.{role}){present}"
             )
-        value = from_sharegpt(value) if role == "messages" else value
-        problem = _value_problem(role, value)
-        if problem:
+        turns = standard_turns(value) if role == "messages" else value
+        if problem := _value_problem(role, turns):
+            problem += form_note(value) if role == "messages" else ""
             named = (  # a detected input or system: the user wrote no mapping to blame
                 f"read as {role}: set training.dataset.field_mapping to leave it out"
                 if role in fields.maybe
                 else f"field_mapping.{role}"
             )
             raise UserError(f"{where}: field {shown_name(column)} ({named}) {problem}")
-        out[role] = value
+        out[role] = turns
     return out
 
 
@@ -312,8 +312,8 @@ def messages_problem(ds: datasets.Dataset, column: str) -> tuple[int, str] | Non
         return first_bad_weight(ds.data.column(column))
     batches = ds.select_columns([column]).iter(batch_size=JSON_BATCH_ROWS)
     for i, value in enumerate(value for batch in batches for value in batch[column]):
-        if value is not None and (problem := _value_problem("messages", from_sharegpt(value))):
-            return i, problem
+        if value is not None and (problem := _value_problem("messages", standard_turns(value))):
+            return i, problem + form_note(value)
     return None
 
 
