@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from train_helpers import run_main, write_expert
 
-from expert_cli.data.reader import read_rows, shown_names
+from expert_cli.data.file_text import shown_names
+from expert_cli.data.reader import Columns, read_rows
 from expert_cli.errors import UserError
 
 SECRET = "HF_TOKEN=hf_topsecretvalue0123456789"
@@ -35,9 +36,43 @@ def test_every_json_layout_gives_the_same_rows(tmp_path: Path) -> None:
         "objects.json": "\n".join(json.dumps(r, indent=2) for r in INSTRUCTIONS),
         "bom.jsonl": "\ufeff" + "\n".join(json.dumps(r) for r in INSTRUCTIONS),
     }
+    columns = {k: [r[k] for r in INSTRUCTIONS] for k in INSTRUCTIONS[0]}
+    layouts["columns.json"] = json.dumps(columns)  # the datasets library reads it so
+    layouts["wrapped.json"] = json.dumps({"version": "1.0", "data": INSTRUCTIONS}, indent=1)
     for name, text in layouts.items():
         (tmp_path / name).write_text(text, encoding="utf-8")
         assert rows_of(tmp_path / name) == INSTRUCTIONS, name
+    where = [w for w, _ in read_rows(tmp_path / "wrapped.json", "json")]
+    assert where[:2] == ["row 1 of 'data'", "row 2 of 'data'"]
+
+
+def test_a_lone_object_that_is_an_example_stays_one(tmp_path: Path) -> None:
+    """One example a file: a conversation, a text beside a list of objects, a mapped column
+    beside one: none of them is columns or wrapped examples."""
+    chat = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    capybara = {"conversation": [{"input": "q", "output": "a"}]}
+    text = {"text": "a document", "refs": [{"url": "x"}]}
+    for i, value in enumerate((chat, capybara, text)):
+        (tmp_path / f"{i}.json").write_text(json.dumps(value))
+        assert rows_of(tmp_path / f"{i}.json") == [value]
+    mapped = {"body": "a document", "refs": [{"url": "x"}]}
+    (tmp_path / "mapped.json").write_text(json.dumps(mapped))
+    rows = read_rows(tmp_path / "mapped.json", "json", Columns(frozenset({"body"}), frozenset()))
+    assert [row for _, row in rows] == [mapped]
+    assert rows_of(tmp_path / "mapped.json") == [{"url": "x"}]  # no column of it read: wrapped
+    (tmp_path / "one.json").write_text(json.dumps([{"data": [{"text": "a"}]}]))  # in an array
+    assert rows_of(tmp_path / "one.json") == [{"data": [{"text": "a"}]}]
+
+
+def test_columns_of_different_lengths_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "columns.json"
+    path.write_text(json.dumps({"instruction": ["a", "b", "c"], "output": ["x", "y"]}))
+    with pytest.raises(UserError) as err:
+        rows_of(path)
+    assert str(err.value) == (
+        f"{path}: an object of columns whose lengths differ ('instruction' has 3 items, "
+        "'output' 2); expected columns of one length, or one object an example (JSON Lines)"
+    )
 
 
 def test_a_number_past_pythons_digit_limit_does_not_stop_the_read(tmp_path: Path) -> None:
@@ -51,7 +86,7 @@ def test_a_number_past_pythons_digit_limit_does_not_stop_the_read(tmp_path: Path
 
 
 def test_values_cut_by_the_read_buffer_are_whole(tmp_path: Path, monkeypatch) -> None:
-    import expert_cli.data.reader as reader
+    import expert_cli.data.file_text as reader
 
     monkeypatch.setattr(reader, "CHUNK_BYTES", 7)  # every value spans several reads
     rows = [{"n": 12345678901234, "text": "é" * 9}, {"n": 1.5e300, "text": "x"}, [1, 2]]
@@ -88,7 +123,7 @@ def test_bytes_that_are_not_text_name_their_line_and_offset(tmp_path: Path, monk
         rows_of(path)
     # after a byte order mark, in a CSV record over two lines, a character cut by the buffer
     path.write_bytes(b'\xef\xbb\xbftext\nok\n"two\nlines"\n\xc3\xa9\xc3\n')
-    import expert_cli.data.reader as reader
+    import expert_cli.data.file_text as reader
 
     for chunk in (reader.CHUNK_BYTES, 4):
         monkeypatch.setattr(reader, "CHUNK_BYTES", chunk)
@@ -137,7 +172,7 @@ def test_csv_lines_end_only_at_cr_and_lf(tmp_path: Path, monkeypatch, chunk: int
     """pandas writes a field holding a form feed, \\u2028 or \\x85 unquoted: the reader ended
     lines there too (str.splitlines), so one example became two, or the row was refused as
     ragged. \\r\\n cut by the read buffer between \\r and \\n is one line end."""
-    from expert_cli.data import reader
+    import expert_cli.data.file_text as reader
 
     if chunk:
         monkeypatch.setattr(reader, "CHUNK_BYTES", chunk)

@@ -902,6 +902,29 @@ def test_capybara_exchanges_are_read_as_messages(tmp_path, write_jsonl) -> None:
     ), said
 
 
+def test_json_of_columns_or_wrapped_examples_is_trained(tmp_path) -> None:
+    """`{"instruction": [...], "output": [...]}` was one row ("is a list, expected a
+    string"); `{"version": ..., "data": [...]}` was one row with no column to read."""
+    rows = [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(5)]
+    columns = {
+        "instruction": [r["instruction"] for r in rows],
+        "output": [r["output"] for r in rows],
+    }
+    (tmp_path / "columns.json").write_text(json.dumps(columns))
+    (tmp_path / "wrapped.json").write_text(json.dumps({"version": 2, "data": rows}))
+    for name in ("columns.json", "wrapped.json"):
+        loaded = load(tmp_path, {"path": name, "eval_fraction": 0.2})
+        assert loaded.fields.kind == "instruction", name
+        read = loaded.train.to_list() + loaded.eval.to_list()
+        assert sorted(r["response"] for r in read) == [f"a{i}" for i in range(5)]
+    rows[3]["output"] = 7
+    (tmp_path / "wrapped.json").write_text(json.dumps({"version": 2, "data": rows}))
+    assert error_of(tmp_path, {"path": "wrapped.json"}).startswith(
+        f"{tmp_path / 'wrapped.json'}: row 4 of 'data': field 'output' (field_mapping.response) "
+        "is a number"
+    )
+
+
 def test_a_split_named_on_a_local_path_is_refused(tmp_path, write_jsonl) -> None:
     """`data/ultrachat::train_sft` read every file of the folder, the split dropped without a
     word: `::split` picks a hub dataset's split."""

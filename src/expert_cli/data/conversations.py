@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import datasets
 
-from expert_cli.data.reader import shown_name
+from expert_cli.data.file_text import shown_name
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

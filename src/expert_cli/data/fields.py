@@ -6,12 +6,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from expert_cli.data.reader import shown_names
+from expert_cli.data.file_text import shown_names
 from expert_cli.errors import UserError
 
 ROLES = ("text", "messages", "instruction", "input", "response", "system")
 OPTIONAL_ROLES = {"input", "system"}
 MESSAGE_TREE = {"message_id", "parent_id", "role", "text"}  # OpenAssistant's columns
+# the columns detected where no field_mapping is given, each list in the order looked for
+CONVERSATION_COLUMNS = ("messages", "conversations", "conversation")  # ShareGPT's, Capybara's
+PROMPT_COLUMNS = ("instruction", "prompt", "question", "query")
+RESPONSE_COLUMNS = ("response", "output", "completion", "answer")
+DETECTED_COLUMNS = frozenset((*CONVERSATION_COLUMNS, *PROMPT_COLUMNS, *RESPONSE_COLUMNS, "text"))
 
 
 @dataclass(frozen=True)
@@ -78,14 +83,12 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
             "columns message_id, parent_id, role, text); expected a conversation a row: "
             "flatten each tree's paths into `messages`, then map them"
         )
-    response = next((c for c in ("response", "output", "completion", "answer") if c in cols), None)
-    prompt = next((c for c in ("instruction", "prompt", "question", "query") if c in cols), None)
+    response = next((c for c in RESPONSE_COLUMNS if c in cols), None)
+    prompt = next((c for c in PROMPT_COLUMNS if c in cols), None)
     # a conversation or a prompt/answer pair before a text column: a rendered text (Alpaca's
     # beside its instruction and output) trains its prompts too
-    if "messages" in cols:
-        return {"messages": "messages"}
-    for name in ("conversations", "conversation"):  # ShareGPT's and Capybara's names
-        if name in cols:  # (their turns are read as messages)
+    for name in CONVERSATION_COLUMNS:  # ShareGPT's and Capybara's turns are read as messages
+        if name in cols:
             return {"messages": name}
     if prompt and response and "history" in cols:  # LLaMA-Factory's earlier turns: unread
         raise UserError(

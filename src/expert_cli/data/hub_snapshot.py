@@ -22,8 +22,8 @@ from datasets.load import dataset_module_factory
 from expert_cli.config.refs import suffix_format
 from expert_cli.config.resolve import SourceRef
 from expert_cli.data.discovery import files_under
+from expert_cli.data.file_text import shown_name, shown_names
 from expert_cli.data.hub import dataset_snapshot
-from expert_cli.data.reader import shown_name, shown_names
 from expert_cli.paths import shown_path
 
 MESSAGE_CHARS = 300  # the library's message, where said, cut to this

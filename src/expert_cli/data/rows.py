@@ -30,14 +30,8 @@ from expert_cli.config.refs import (
 from expert_cli.config.resolve import SourceRef
 from expert_cli.data.conversations import form_note, is_text_part, standard_turns
 from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec
-from expert_cli.data.reader import (
-    Columns,
-    column_names,
-    read_rows,
-    repeated_keys,
-    shown_name,
-    shown_names,
-)
+from expert_cli.data.file_text import repeated_keys, shown_name, shown_names
+from expert_cli.data.reader import Columns, column_names, read_rows
 from expert_cli.data.weights import first_bad_weight, weight_problem
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, shown_path

@@ -27,10 +27,10 @@ from expert_cli.atomic import atomic_file
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.conversations import CAPYBARA, as_text, conversation_text
 from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec
+from expert_cli.data.file_text import shown_names
 from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.hub_snapshot import snapshot_lines
 from expert_cli.data.overlap import shared_note
-from expert_cli.data.reader import shown_names
 from expert_cli.data.rows import (
     Scan,
     expected_shape,

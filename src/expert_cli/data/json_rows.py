@@ -1,0 +1,170 @@
+"""JSON and JSON Lines files read as examples, streamed, in any layout.
+
+JSON values one after another (JSON Lines, pretty-printed objects, a `.json` file holding
+lines), or the items of one top-level array, each with the line it starts on: memory is bounded
+by the largest value (at most `MAX_ITEM_BYTES`), not by the file. A file of one object is read
+as the datasets library reads it where it is not one example: an object of columns
+(`{"instruction": [...], "output": [...]}`) gives a row per item, and an object that wraps its
+examples in one key (`{"version": 2, "data": [{...}, ...]}`, what `field="data"` names there)
+gives that key's items, where the object holds no column the run reads. An object holding a
+conversation (a list of turns) stays one example.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from expert_cli.data.file_text import (
+    MAX_ITEM_BYTES,
+    Row,
+    Text,
+    marked,
+    open_data,
+    repeated_keys,
+    repeats,
+    shown_name,
+)
+from expert_cli.errors import UserError
+from expert_cli.jsontext import json_int
+
+CUT_MARGIN = 16  # characters: a \uXXXX escape, a number or `false` cut by the buffer
+_WHITESPACE = " \t\r\n"
+# a turn's keys: a list of objects holding one is a conversation, not a column
+TURN_KEYS = {"role", "content", "from", "value", "input", "output"}
+
+
+def json_rows(path: Path, example_keys: frozenset[str]) -> Iterator[Row]:
+    """Every example of a JSON or JSON Lines file, with where it is (`line N`, `row N`); a
+    lone object holding one of `example_keys` (the columns a run reads) is an example."""
+    values = _values(path)
+    first = next(values, None)
+    if first is None:
+        return
+    second = next(values, None)
+    if second is None and not first[2] and isinstance(first[1], dict):
+        yield from _lone(path, first[0], first[1], example_keys)
+        return
+    yield first[:2]
+    if second is not None:
+        yield second[:2]
+        yield from (value[:2] for value in values)
+
+
+def _lone(
+    path: Path, where: str, value: dict[str, Any], example_keys: frozenset[str]
+) -> Iterator[Row]:
+    """The examples of a file that holds one object: its columns' rows, the items of the one
+    key that wraps them, or itself."""
+    lists = {k: v for k, v in value.items() if isinstance(v, list)}
+    if value and len(lists) == len(value) and not any(map(_turns, lists.values())):
+        by_length = sorted(lists, key=lambda k: len(lists[k]))
+        short, long = by_length[0], by_length[-1]
+        if len(lists[short]) != len(lists[long]):
+            raise UserError(
+                f"{path}: an object of columns whose lengths differ ({shown_name(long)} has "
+                f"{len(lists[long]):,} items, {shown_name(short)} {len(lists[short]):,}); "
+                "expected columns of one length, or one object an example (JSON Lines)"
+            )
+        twice = repeated_keys(value)
+        for i in range(len(lists[short])):
+            yield f"row {i + 1}", marked({k: v[i] for k, v in value.items()}, twice)
+        return
+    wrapped = [k for k, v in lists.items() if v and all(isinstance(x, dict) for x in v)]
+    if len(wrapped) == len(lists) == 1 and example_keys.isdisjoint(value):
+        name = shown_name(wrapped[0])
+        for i, item in enumerate(lists[wrapped[0]]):
+            yield f"row {i + 1} of {name}", item
+        return
+    yield where, value
+
+
+def _turns(items: list[Any]) -> bool:
+    """Whether a list is a conversation: objects that hold a turn's keys."""
+    return any(isinstance(x, dict) and not TURN_KEYS.isdisjoint(x) for x in items)
+
+
+def _values(path: Path) -> Iterator[tuple[str, Any, bool]]:
+    """JSON values one after another (JSON Lines, concatenated objects), or the items of one
+    top-level array; each with the line it starts on, and whether it is an array's item."""
+    decoder = json.JSONDecoder(parse_int=json_int, object_pairs_hook=_object)
+    with open_data(path) as fh:
+        text = Text(path, fh)
+        buf, pos, line = "", 0, 1
+        in_array = None  # unknown until the first non-blank character
+        while True:
+            pos, line = _skip_blank(buf, pos, line)
+            if pos >= len(buf) - 1 and not text.eof:  # keep one look-ahead character
+                buf, pos = buf[pos:] + text.read(), 0
+                continue
+            if pos >= len(buf):
+                if in_array:
+                    raise UserError(f"{path}:{line}: the JSON array is not closed with ]")
+                return
+            if in_array is None:
+                in_array = buf[pos] == "["
+                if in_array:
+                    pos += 1
+                    continue
+            if in_array and buf[pos] in ",]":
+                if buf[pos] == "]":
+                    pos, line = _skip_blank(buf, pos + 1, line)
+                    if pos < len(buf) or not text.eof and text.read().strip():
+                        raise UserError(f"{path}:{line}: text after the closing ] of the array")
+                    return
+                pos += 1
+                continue
+            value, end, buf, pos = _decode_one(decoder, text, buf, pos, line)
+            yield f"line {line}", value, bool(in_array)
+            line += buf.count("\n", pos, end)
+            pos = end
+
+
+def _skip_blank(buf: str, pos: int, line: int) -> tuple[int, int]:
+    while pos < len(buf) and buf[pos] in _WHITESPACE:
+        line += buf[pos] == "\n"
+        pos += 1
+    return pos, line
+
+
+def _decode_one(
+    decoder: json.JSONDecoder, text: Text, buf: str, pos: int, line: int
+) -> tuple[Any, int, str, int]:
+    """The JSON value at `pos`, reading more of the file while it is cut off by the buffer."""
+    while True:
+        try:
+            value, end = decoder.raw_decode(buf, pos)
+        except json.JSONDecodeError as exc:
+            # near the end of what was read, the value may only be cut off: read on
+            cut = exc.pos >= len(buf) - CUT_MARGIN or exc.msg.startswith("Unterminated")
+            if cut and not text.eof:
+                buf, pos = _more(text, buf, pos, line)
+                continue
+            at = exc.pos  # the line of the last token before the error, not of what follows
+            while at > pos and buf[at - 1] in _WHITESPACE:
+                at -= 1
+            where = line + buf.count("\n", pos, at)
+            raise UserError(f"{text.path}:{where}: invalid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise UserError(f"{text.path}:{line}: JSON nested too deeply") from None
+        if end >= len(buf) and not text.eof:  # a number may go on in the next chunk
+            buf, pos = _more(text, buf, pos, line)
+            continue
+        return value, end, buf, pos
+
+
+def _more(text: Text, buf: str, pos: int, line: int) -> tuple[str, int]:
+    if len(buf) - pos > MAX_ITEM_BYTES:
+        raise UserError(
+            f"{text.path}:{line}: one JSON value is larger than {MAX_ITEM_BYTES >> 20} MB "
+            "(one example per value is expected)"
+        )
+    return buf[pos:] + text.read(), 0
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict (`object_pairs_hook`: the pairs as written, repeats included)."""
+    row = dict(pairs)
+    return row if len(row) == len(pairs) else marked(row, repeats([k for k, _ in pairs]))
