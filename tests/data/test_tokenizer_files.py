@@ -169,6 +169,46 @@ def _refusing_expert(tmp_path: Path, tiny_model_dir: Path, refused: list[int]) -
     return manifest
 
 
+def test_held_out_examples_all_refused_fail_in_check_as_in_the_build(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The one conversation held out for evaluation (eval_fraction) is refused by the chat
+    template: check said usable, then the build stopped on an evaluation split of none."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data import prepare_data
+    from expert_cli.data.checks import check_manifest
+    from expert_cli.data.splits import held_rows
+    from expert_cli.data.tokenizer import load_tokenizer
+    from expert_cli.errors import UserError
+
+    def expert(folder: Path, refused: list[int]) -> Path:
+        manifest = _refusing_expert(folder, tiny_model_dir, refused)
+        data = json.loads(manifest.read_text())
+        del data["training"]["config"]["evaluation_strategy"]  # on: eval_fraction holds out
+        manifest.write_text(json.dumps(data))
+        return manifest
+
+    resolved = resolve(load_manifest(expert(tmp_path / "a", [])), cpu_environment())
+    held = [int(i) for i in held_rows(10, resolved.eval_fraction, resolved.eval_seed)]
+    assert len(held) == 1
+    other = next(i for i in range(10) if i not in held)
+    assert check_manifest(expert(tmp_path / "b", [other])).problems == []  # a training one
+    manifest = expert(tmp_path / "c", held)
+    expected = (
+        "training.dataset.eval_fraction (the held-out examples): no evaluation example is "
+        "left after formatting (1 read, every one dropped: 1 refused by the chat template or "
+        "with no assistant turn (the first: TemplateError, roles system, user, assistant))"
+    )
+    assert check_manifest(manifest).problems == [expected]
+    resolved = resolve(load_manifest(manifest), cpu_environment())
+    with pytest.raises(UserError) as built:
+        prepare_data(resolved, load_tokenizer(resolved), num_proc=1)
+    assert str(built.value) == expected
+    assert check_manifest(manifest, quick=5).problems == []  # not read whole: not known
+
+
 def test_conversations_the_chat_template_refuses_are_dropped_and_named(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

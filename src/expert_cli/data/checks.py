@@ -32,7 +32,7 @@ from expert_cli.data.formatting import (
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.row_checks import DataCheck, blank_conversation, template_verdict
-from expert_cli.data.sources import NO_EVAL_ROWS, holds_nothing_out
+from expert_cli.data.splits import NO_EVAL_ROWS, holds_nothing_out
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer, read_config
 from expert_cli.data.turns import template_notes, turn_layout
 from expert_cli.errors import UserError
@@ -128,6 +128,8 @@ def check_manifest(
         report.problems.append(refusals.line)
     elif refusals:
         report.notes = [*report.notes, refusals.line]
+    if not blank_problems and not (refusals and refusals.every):
+        report.problems += [held] if (held := data.held_out_problem(resolved)) else []
     counted = [data.rows.get(src.location) for src in resolved.train_sources]
     if quick:  # a count cut at --quick rows says only "at least that many"
         counted = [None if n is not None and n >= quick else n for n in counted]

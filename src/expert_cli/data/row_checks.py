@@ -4,6 +4,7 @@ with nothing to train on (an empty text, response or assistant turn), which the 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,8 @@ from expert_cli.data.hub_snapshot import snapshot_lines
 from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
 from expert_cli.data.sources import checked_columns, load_hub, load_saved
 from expert_cli.data.spans import assistant_spans, has_content
-from expert_cli.data.stats_words import NO_COMPLETION
+from expert_cli.data.splits import held_rows
+from expert_cli.data.stats_words import NO_COMPLETION, drop_reasons
 from expert_cli.data.turns import conversation_spans, turn_layout, weighed_out
 from expert_cli.errors import UserError
 
@@ -44,6 +46,7 @@ PROGRESS_ROWS = 10_000
 
 MAX_SHAPES = 4096  # conversation shapes whose template verdict is remembered
 TRAINED_ROLE = {"text": "text", "instruction": "response"}  # what an example trains on
+NO_MARKER = "no response_template"
 
 
 def template_verdict(
@@ -174,6 +177,10 @@ class DataCheck:
         self.unmarked = {True: 0, False: 0}  # texts without the response template, by split
         self.whole_texts = {True: 0, False: 0}  # texts without an assistant marker: all trained
         self.whole = {True: True, False: True}
+        # per training source: its rows' count and what the build drops of them, by row
+        # ((reason, why)), or None where it is not read whole (a hub or saved one, --quick)
+        self.train_drops: list[tuple[int, dict[int, tuple[str, str]]] | None] = []
+        self._drops: dict[int, tuple[str, str]] = {}
 
     def refusals(self) -> Refusals | None:
         """The refused conversations, if any."""
@@ -206,7 +213,9 @@ class DataCheck:
         """Read one source (`train`: a training one, not validation). A hub one is read only
         from its cached snapshot, where the hub cannot be asked (else hub_status says where
         it stands: check downloads nothing)."""
-        self._train = train
+        self._train, self._drops = train, {}
+        if train:
+            self.train_drops.append(None)
         if src.kind == "hub" or is_saved_dataset(Path(src.location)):
             self.all_train_rendered = self.all_train_rendered and not train
             self.whole[train] = False
@@ -225,6 +234,8 @@ class DataCheck:
             scan = scan_local(src, self.fields, self.mapping)
             self.fields = scan.fields
             self.rows[src.location] = self._count(src, scan)
+            if train and self.whole[True]:
+                self.train_drops[-1] = (self.rows[src.location], self._drops)
         except UserError as exc:
             self.problems += exc.lines
 
@@ -239,14 +250,17 @@ class DataCheck:
         for row in scan.rows:  # a row refused later raises: the rows read so far are counted
             count += 1
             blank[1] += counted
-            if verdict is not None:
-                self._render(verdict, row["messages"], scan.at)
+            why = self._render(verdict, row["messages"], scan.at) if verdict else None
             if trained is not None:
                 found = self._blank(str(row.get(trained) or ""), scan.fields.kind)
                 blank[0] += found is True
                 self.unmarked[self._train] += found is None
-            elif turns is not None:
-                blank[0] += turns(row["messages"])
+                why = why or {True: NO_COMPLETION, None: NO_MARKER}.get(found)
+            elif turns is not None and turns(row["messages"]):
+                blank[0] += 1
+                why = why or NO_COMPLETION
+            if why is not None:
+                self._drops[count - 1] = _reason(why)
             if count % PROGRESS_ROWS == 0:
                 self.progress.advance(PROGRESS_ROWS)
             if self.quick and count >= self.quick:
@@ -297,7 +311,9 @@ class DataCheck:
                 )
         return problems, notes
 
-    def _render(self, verdict: Callable[[list[Any]], str | None], messages: Any, at: str) -> None:
+    def _render(
+        self, verdict: Callable[[list[Any]], str | None], messages: Any, at: str
+    ) -> str | None:
         self.rendered += 1
         self.train[0] += self._train
         why = verdict(messages)
@@ -305,3 +321,31 @@ class DataCheck:
             self.refused += 1
             self.train[1] += self._train
             self.first_refused = self.first_refused or (at, why)
+        return why
+
+    def held_out_problem(self, resolved: ResolvedConfig) -> str | None:
+        """The build's words where every example it will hold out for evaluation (no
+        validation source) is one it then drops: train would stop on an evaluation split of
+        none. None where any is kept, or a training source is not read whole."""
+        if resolved.validation_sources or None in self.train_drops:
+            return None
+        held: list[tuple[str, str]] = []
+        for i, (rows, drops) in enumerate(d for d in self.train_drops if d is not None):
+            for row in held_rows(rows, resolved.eval_fraction, resolved.eval_seed + i):
+                if int(row) not in drops:
+                    return None
+                held.append(drops[int(row)])
+        if not held:
+            return None
+        counts = Counter(key for key, _ in held)
+        stats = {f"dropped_{key}": n for key, n in counts.items()}
+        stats["template_refusal"] = next((why for key, why in held if key == "template"), None)
+        why = drop_reasons(stats, None)
+        return nothing_left(resolved, False, len(held), why)
+
+
+def _reason(why: str) -> tuple[str, str]:
+    """(the build's drop key, the template's refusal) of why a row is dropped."""
+    if why == NO_COMPLETION:
+        return "no_completion", ""
+    return ("no_marker", "") if why.startswith(NO_MARKER) else ("template", why)

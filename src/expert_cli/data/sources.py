@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -38,6 +37,7 @@ from expert_cli.data.rows import (
     messages_problem,
     scan_local,
 )
+from expert_cli.data.splits import apply_weight, hold_out
 from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path
 
@@ -314,46 +314,6 @@ def _check_type(feature: Any, role: str, column: str, where: str) -> None:
             f"{where}: field '{column}' (field_mapping.{role}) holds {feature}, "
             f"expected {expected_shape(role)} in every row"
         )
-
-
-def hold_out(
-    ds: datasets.Dataset, fraction: float, seed: int
-) -> tuple[datasets.Dataset, datasets.Dataset | None]:
-    """Split a seeded `fraction` of `ds` off for evaluation (at least one example)."""
-
-    n = len(ds)
-    if fraction <= 0 or n < 2:
-        return ds, None
-    k = max(1, round(n * fraction))
-    perm = np.random.default_rng(seed).permutation(n)
-    return ds.select(np.sort(perm[k:])), ds.select(np.sort(perm[:k]))
-
-
-def apply_weight(ds: datasets.Dataset, weight: float, seed: int) -> datasets.Dataset:
-    """Repeat `ds` int(weight) times and add a seeded sample of the fractional part."""
-
-    if weight == 1.0:
-        return ds
-    n = len(ds)
-    whole, frac = int(weight), weight - int(weight)
-    extra = np.random.default_rng(seed).choice(n, size=round(frac * n), replace=False)
-    index = np.concatenate([np.tile(np.arange(n), whole), np.sort(extra)])
-    if len(index) == 0:
-        index = np.array([0])
-    return ds.select(index)
-
-
-NO_EVAL_ROWS = (
-    "training.config.evaluation_strategy: evaluation is on but the data has no validation rows "
-    "(set validation_path or eval_fraction, or give each source 2 rows or more)"
-)
-
-
-def holds_nothing_out(resolved: ResolvedConfig, rows: list[int]) -> bool:
-    """Whether evaluation is on but, with no validation source, no training source of these
-    row counts has an example to spare for it (`hold_out` needs 2 rows)."""
-    wants = resolved.evaluation_strategy != "no" and not resolved.validation_sources
-    return wants and all(n < 2 for n in rows)
 
 
 def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:

@@ -24,7 +24,7 @@ from expert_cli.config.resolve import data_folder_holding, resolve
 from expert_cli.data import PreparedData, prepare_data
 from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.model_files import base_file_problems
-from expert_cli.data.sources import NO_EVAL_ROWS
+from expert_cli.data.splits import NO_EVAL_ROWS
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
 from expert_cli.errors import RunError, Terminated, UserError
 from expert_cli.paths import shown_path

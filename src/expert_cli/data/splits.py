@@ -1,0 +1,56 @@
+"""The examples held out for evaluation, and a task's weight: both seeded, so `check` can
+find which rows a build will hold out before anything is tokenized."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import datasets
+import numpy as np
+
+if TYPE_CHECKING:
+    from expert_cli.config.resolve import ResolvedConfig
+
+
+def held_rows(n: int, fraction: float, seed: int) -> np.ndarray:
+    """The rows `hold_out` holds out of `n`, sorted (none where `n` < 2)."""
+    if fraction <= 0 or n < 2:
+        return np.zeros(0, dtype=np.int64)
+    return np.sort(np.random.default_rng(seed).permutation(n)[: max(1, round(n * fraction))])
+
+
+def hold_out(
+    ds: datasets.Dataset, fraction: float, seed: int
+) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+    """Split a seeded `fraction` of `ds` off for evaluation (at least one example)."""
+    held = held_rows(len(ds), fraction, seed)
+    if not len(held):
+        return ds, None
+    return ds.select(np.setdiff1d(np.arange(len(ds)), held)), ds.select(held)
+
+
+def apply_weight(ds: datasets.Dataset, weight: float, seed: int) -> datasets.Dataset:
+    """Repeat `ds` int(weight) times and add a seeded sample of the fractional part."""
+
+    if weight == 1.0:
+        return ds
+    n = len(ds)
+    whole, frac = int(weight), weight - int(weight)
+    extra = np.random.default_rng(seed).choice(n, size=round(frac * n), replace=False)
+    index = np.concatenate([np.tile(np.arange(n), whole), np.sort(extra)])
+    if len(index) == 0:
+        index = np.array([0])
+    return ds.select(index)
+
+
+NO_EVAL_ROWS = (
+    "training.config.evaluation_strategy: evaluation is on but the data has no validation rows "
+    "(set validation_path or eval_fraction, or give each source 2 rows or more)"
+)
+
+
+def holds_nothing_out(resolved: ResolvedConfig, rows: list[int]) -> bool:
+    """Whether evaluation is on but, with no validation source, no training source of these
+    row counts has an example to spare for it (`hold_out` needs 2 rows)."""
+    wants = resolved.evaluation_strategy != "no" and not resolved.validation_sources
+    return wants and all(n < 2 for n in rows)
