@@ -209,6 +209,36 @@ def test_held_out_examples_all_refused_fail_in_check_as_in_the_build(
     assert check_manifest(manifest, quick=5).problems == []  # not read whole: not known
 
 
+def test_a_saved_dataset_is_checked_row_by_row_as_a_file_is(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A save_to_disk copy of the same conversations was checked by column only: no word of
+    the two the chat template refuses, and none of an empty answer, until train dropped them."""
+    import datasets
+
+    from expert_cli.data.checks import check_manifest
+
+    manifest = _refusing_expert(tmp_path, tiny_model_dir, refused=[3, 6])
+    rows = [json.loads(line) for line in (manifest.parent / "data" / "train.jsonl").open()]
+    rows[8]["messages"][-1]["content"] = " "
+    datasets.Dataset.from_list(rows).save_to_disk(manifest.parent / "data" / "saved")
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["path"] = "data/saved"
+    manifest.write_text(json.dumps(data))
+    report = check_manifest(manifest)
+    saved = manifest.parent / "data" / "saved"
+    assert report.problems == [] and report.rows_checked == {str(saved): 10}
+    assert (
+        f"{saved}: row 4: this conversation is refused by the tokenizer's chat template "
+        "(TemplateError, roles system, user, assistant); 2 of 10 conversations are refused and "
+        "train drops them"
+    ) in " ".join(report.notes)
+    assert (
+        "training.dataset: 1 of 10 training examples read have an empty text, response or "
+        "assistant turn; train drops them (no completion tokens)"
+    ) in report.notes
+
+
 def test_conversations_the_chat_template_refuses_are_dropped_and_named(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

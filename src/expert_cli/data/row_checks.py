@@ -5,7 +5,7 @@ with nothing to train on (an empty text, response or assistant turn), which the 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from expert_cli.data.conversations import (
     conversation_text,
     has_text,
     render_conversation,
+    standard_turns,
     without_fill_ins,
 )
 from expert_cli.data.fields import FieldSpec
@@ -47,6 +48,7 @@ PROGRESS_ROWS = 10_000
 MAX_SHAPES = 4096  # conversation shapes whose template verdict is remembered
 TRAINED_ROLE = {"text": "text", "instruction": "response"}  # what an example trains on
 NO_MARKER = "no response_template"
+DATASET_BATCH_ROWS = 1024  # rows of a hub or saved dataset read at a time
 
 
 def template_verdict(
@@ -216,24 +218,24 @@ class DataCheck:
         self._train, self._drops = train, {}
         if train:
             self.train_drops.append(None)
-        if src.kind == "hub" or is_saved_dataset(Path(src.location)):
-            self.all_train_rendered = self.all_train_rendered and not train
-            self.whole[train] = False
         if src.kind == "hub":
             problems, notes = snapshot_lines(src)
             self.problems, self.notes = self.problems + problems, self.notes + notes
             if problems or dataset_snapshot(src.location, src.revision) is None:
+                self.all_train_rendered = self.all_train_rendered and not train
+                self.whole[train] = False
                 return
         try:
             if src.kind == "hub" or is_saved_dataset(Path(src.location)):  # checked by column
                 with quiet_datasets():
                     ds = load_hub(src) if src.kind == "hub" else load_saved(src.location)
                     ds, self.fields = checked_columns(ds, src.location, self.fields, self.mapping)
-                self.rows[src.location] = len(ds)
-                return
-            scan = scan_local(src, self.fields, self.mapping)
-            self.fields = scan.fields
-            self.rows[src.location] = self._count(src, scan)
+                    scan = dataset_scan(ds, self.fields, src.location)
+                    self.rows[src.location] = self._count(src, scan)
+            else:
+                scan = scan_local(src, self.fields, self.mapping)
+                self.fields = scan.fields
+                self.rows[src.location] = self._count(src, scan)
             if train and self.whole[True]:
                 self.train_drops[-1] = (self.rows[src.location], self._drops)
         except UserError as exc:
@@ -349,3 +351,24 @@ def _reason(why: str) -> tuple[str, str]:
     if why == NO_COMPLETION:
         return "no_completion", ""
     return ("no_marker", "") if why.startswith(NO_MARKER) else ("template", why)
+
+
+def dataset_scan(ds: Any, fields: FieldSpec, location: str) -> Scan:
+    """The rows of a hub or saved dataset (its columns checked already) by role, as a local
+    source's scan gives them: a conversation's turns as the build reads them."""
+    scan = Scan(fields, iter(()), f"{location}: row 1")
+    columns = list(dict.fromkeys(fields.mapping.values()))
+
+    def rows() -> Iterator[dict[str, Any]]:
+        number = 0
+        for batch in ds.select_columns(columns).iter(batch_size=DATASET_BATCH_ROWS):
+            for i in range(len(batch[columns[0]])):
+                number += 1
+                scan.at = f"{location}: row {number}"
+                row = {role: batch[column][i] for role, column in fields.mapping.items()}
+                if "messages" in row:
+                    row["messages"] = standard_turns(row["messages"] or [])
+                yield row
+
+    scan.rows = rows()
+    return scan
