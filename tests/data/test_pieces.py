@@ -140,3 +140,42 @@ def test_a_corpus_of_long_documents_is_trained_whole(demo_expert_dir) -> None:
     console = Console(record=True, width=400)
     print_data(console, cut.stats, cut.status, cut.reason, cut.cache_dir)
     assert "split" not in console.export_text().replace("overlong: split", "")
+
+
+def test_blocks_tokenized_a_few_at_a_time_give_the_same_tokens(tiny_tokenizer, monkeypatch) -> None:
+    """Every block's encoding held at once took ~100 bytes a token (a 20 MB text, 1.2 GB)."""
+    import expert_cli.data.pieces as pieces
+
+    text = (CHAT + ANSWER) * 6
+    formatter = Formatter(tiny_tokenizer, "text", 4, "split")
+    together = formatter({"text": [text]}).to_pylist()[0]
+    monkeypatch.setattr(pieces, "BLOCKS_AT_ONCE", 1)
+    assert formatter({"text": [text]}).to_pylist()[0] == together
+
+
+def test_a_split_build_bounds_its_shards_by_bytes(demo_expert_dir, monkeypatch) -> None:
+    """Shards of 50,000 examples kept whole: a corpus of books went past Arrow's 32-bit
+    offsets. Shards end before the rows past SPLIT_SHARD_BYTES of text, every row in one."""
+    import datasets
+
+    import expert_cli.data.build as build
+
+    ds = datasets.Dataset.from_dict({"text": ["x" * n for n in (10, 10, 30, 5, 5, 5, 40)]})
+    monkeypatch.setattr(build, "SPLIT_SHARD_BYTES", 25)
+    # each row costs its bytes + 1
+    assert build.shard_bounds(ds, 100, True) == [0, 2, 3, 6, 7]
+    assert build.shard_bounds(ds, 2, True) == [0, 2, 3, 5, 6, 7]
+    assert build.shard_bounds(ds, 3, False) == [0, 3, 6, 7]
+    assert build.shard_bounds(ds.select([]), 3, True) == [0, 0]
+    data = demo_expert_dir / "data" / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": "word " * 300}) + "\n" for _ in range(8)))
+    args = ("training.dataset.path=data/docs.jsonl", "max_seq_length=64")
+    monkeypatch.setattr(build, "SPLIT_SHARD_BYTES", 1 << 28)
+    whole = prepare(demo_expert_dir / "manifest.json", *args, "training.dataset.overlong=split")
+    assert whole.stats["shards"] == 2  # a training shard and an evaluation one
+    monkeypatch.setattr(build, "SPLIT_SHARD_BYTES", 3000)
+    sharded = prepare(
+        demo_expert_dir / "manifest.json", *args, "training.dataset.overlong=split", force=True
+    )
+    assert sharded.stats["shards"] > whole.stats["shards"]
+    assert sharded.stats["train"]["tokens"] == whole.stats["train"]["tokens"]

@@ -62,6 +62,20 @@ def test_a_lone_object_that_is_an_example_stays_one(tmp_path: Path) -> None:
     assert rows_of(tmp_path / "mapped.json") == [{"url": "x"}]  # no column of it read: wrapped
     (tmp_path / "one.json").write_text(json.dumps([{"data": [{"text": "a"}]}]))  # in an array
     assert rows_of(tmp_path / "one.json") == [{"data": [{"text": "a"}]}]
+    turns = {"conversation": [{"human": "q", "assistant": "a"}]}  # turns of unknown keys
+    (tmp_path / "turns.json").write_text(json.dumps(turns))
+    assert rows_of(tmp_path / "turns.json") == [turns]
+
+
+@pytest.mark.parametrize(
+    "item", [{"instruction": "q", "response": "a"}, {"text": "a"}, {"messages": []}]
+)
+def test_examples_wrapped_in_one_key_are_read_whatever_their_columns(tmp_path: Path, item) -> None:
+    """Only items holding a turn's key (`output`) were unwrapped: `{"data": [{"text": ...}]}`
+    was one row of a `data` column ("cannot tell which column")."""
+    path = tmp_path / "wrapped.json"
+    path.write_text(json.dumps({"version": 2, "data": [item, item]}))
+    assert rows_of(path) == [item, item]
 
 
 def test_columns_of_different_lengths_are_refused(tmp_path: Path) -> None:

@@ -893,6 +893,15 @@ def test_capybara_exchanges_are_read_as_messages(tmp_path, write_jsonl) -> None:
     assert stored(load(tmp_path, {"path": "train.parquet"})) == expected
     datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "saved")
     assert stored(load(tmp_path, {"path": "saved"})) == expected
+    mixed = [{"role": "system", "content": "s"}, {"input": "q", "output": "a"}]
+    datasets.Dataset.from_list([{"messages": mixed}] * 2).save_to_disk(tmp_path / "mixed")
+    # Arrow's struct gives every item every key, null where it had none: the answer's
+    # role was the fill-in's null
+    assert stored(load(tmp_path, {"path": "mixed"}))[0] == [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+    ]
     rows[1]["conversation"] = [{"input": "q", "output": 7}]  # checked as any message is
     write_jsonl(tmp_path / "train.jsonl", rows)
     said = error_of(tmp_path, {"path": "train.jsonl"})

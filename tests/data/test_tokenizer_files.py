@@ -239,6 +239,32 @@ def test_a_saved_dataset_is_checked_row_by_row_as_a_file_is(
     ) in report.notes
 
 
+def test_a_saved_dataset_of_renamed_columns_is_checked_row_by_row(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Columns read under another name (`output` as the response) were selected by their
+    names after being renamed to their roles: check stopped in a ValueError traceback."""
+    import datasets
+
+    from expert_cli.data.checks import check_manifest
+
+    rows = [{"instruction": f"q{i}", "output": f"a{i}" if i != 2 else " "} for i in range(6)]
+    datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "saved")
+    for mapping in (None, {"instruction": "instruction", "response": "output"}):
+        manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=4)
+        data = json.loads(manifest.read_text())
+        data["training"]["dataset"] = {"path": str(tmp_path / "saved")}
+        if mapping:
+            data["training"]["dataset"]["field_mapping"] = mapping
+        manifest.write_text(json.dumps(data))
+        report = check_manifest(manifest)
+        assert report.problems == [], report.problems
+        assert (
+            "training.dataset: 1 of 6 training examples read have an empty text, response or "
+            "assistant turn; train drops them (no completion tokens)"
+        ) in report.notes
+
+
 def test_conversations_the_chat_template_refuses_are_dropped_and_named(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

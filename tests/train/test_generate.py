@@ -639,6 +639,31 @@ def test_eval_leaves_out_examples_cut_in_training(demo_expert_dir: Path) -> None
     ]
 
 
+def test_eval_leaves_out_the_pieces_of_split_examples(demo_expert_dir: Path) -> None:
+    """With overlong: split, the last piece of a long example ends with EOS like a whole one:
+    it was a case whose prompt was a token from the middle of an answer."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data.tokenizer import load_tokenizer
+    from expert_cli.train.eval_cases import eval_cases
+
+    manifest = demo_expert_dir / "manifest.json"
+    split = ["training.dataset.overlong=split"]
+    resolved = resolve(load_manifest(manifest, split), cpu_environment())
+    tokenizer = load_tokenizer(resolved)
+    notes: list[str] = []
+    cases = eval_cases(resolved, tokenizer, None, 100, notes)
+    assert notes == [
+        "--eval 100: the validation split has 36 whole examples",
+        "--eval: 4 validation examples were split into pieces of max_seq_length=512 (overlong: "
+        "split); pieces are left out where they fill it or begin inside an answer, and one "
+        "that begins inside a prompt cannot be told from a whole example",
+    ]
+    assert len(cases) == 36 and all(c.prompt.startswith("system") for c in cases), cases[0]
+    assert all(case.reference.rstrip().endswith(";") for case in cases)
+
+
 def test_eval_keeps_an_example_exactly_as_long_as_the_limit(demo_expert_dir: Path) -> None:
     """An example of exactly max_seq_length tokens (its EOS the last) is whole, not cut."""
     from expert_cli.config import load_manifest

@@ -1,6 +1,7 @@
 """Building a token cache in resumable shards, then assembling it atomically.
 
-Each split is cut into shards of `shard_examples` consecutive source examples. A shard is
+Each split is cut into shards of `shard_examples` consecutive source examples (and, with
+`overlong: split`, of at most SPLIT_SHARD_BYTES of text). A shard is
 formatted and tokenized (in N worker processes, see workers.py), packed, and saved to a
 temporary folder that is renamed to `.build-<fp>/<split>/shard-NNNNN` when complete, so a crash
 loses at most the shard in progress and the next build skips the finished ones. The shards are
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
 import time
@@ -53,12 +53,13 @@ from expert_cli.data.packing import pack_table
 from expert_cli.data.pieces import split_rows
 from expert_cli.data.sources import load_sources
 from expert_cli.data.stats_words import drop_reasons
-from expert_cli.data.workers import tokenize_rows
+from expert_cli.data.workers import row_costs, tokenize_rows
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
 
 log = logging.getLogger(__name__)
 MIN_EXAMPLES_PER_PROC = 512  # below this a worker process costs more than it saves
+SPLIT_SHARD_BYTES = 256 << 20  # text a shard of an `overlong: split` build holds, at most
 
 
 def default_num_proc() -> int:
@@ -233,11 +234,12 @@ def _remove_stale(plan: CachePlan) -> None:
 def _build_split(job: BuildJob, split: str, ds: datasets.Dataset) -> tuple[list[dict], list[dict]]:
     """Build every missing shard of one split; return per-shard stats, and those of the
     shards an interrupted build had finished."""
-    n_shards = max(1, math.ceil(len(ds) / job.shard_examples))
+    bounds = shard_bounds(ds, job.shard_examples, job.resolved.overlong == "split")
+    n_shards = len(bounds) - 1
     stats: list[dict[str, Any]] = []
     resumed: list[dict[str, Any]] = []
     for k in range(n_shards):
-        lo, hi = k * job.shard_examples, min(len(ds), (k + 1) * job.shard_examples)
+        lo, hi = bounds[k], bounds[k + 1]
         final = job.plan.work_dir / split / f"shard-{k:05d}"
         # a finished shard whose data was already moved into an assembled cache is redone
         if (final / COMPLETE).is_file() and (final / "data").is_dir():
@@ -250,6 +252,24 @@ def _build_split(job: BuildJob, split: str, ds: datasets.Dataset) -> tuple[list[
     if resumed:
         log.info("%s: resumed from %d finished shard(s) of %d", split, len(resumed), n_shards)
     return stats, resumed
+
+
+def shard_bounds(ds: datasets.Dataset, examples: int, by_bytes: bool) -> list[int]:
+    """Where a split's shards begin, then its length: every `examples` rows, and with
+    `overlong: split` (whose examples keep all their tokens) also before the rows past
+    SPLIT_SHARD_BYTES of text, so a shard's tokens fit in memory and in Arrow's 32-bit
+    offsets (a corpus of books was billions of tokens a shard)."""
+    n = len(ds)
+    if not by_bytes:
+        return [*range(0, n, examples), n] if n else [0, 0]
+    ends = np.cumsum(row_costs(ds))
+    bounds = [0]
+    while bounds[-1] < n:
+        lo = bounds[-1]
+        before = int(ends[lo - 1]) if lo else 0
+        fit = int(np.searchsorted(ends, before + SPLIT_SHARD_BYTES, side="right"))
+        bounds.append(min(n, lo + examples, max(lo + 1, fit)))
+    return bounds if n else [0, 0]
 
 
 def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) -> dict[str, Any]:

@@ -74,8 +74,10 @@ def _turns(message: Any) -> list[Any]:
     if message.get("content") is not None:
         return [message]  # a role/content message (with a `from` of its own: a name)
     if message.get("from") is None:
-        if message.keys() >= CAPYBARA and "from" not in message:
-            rest = {k: v for k, v in message.items() if k not in ("input", "output", "content")}
+        said = [message.get(k) for k in sorted(CAPYBARA)]
+        if message.keys() >= CAPYBARA and said != [None, None]:  # not a struct's fill-ins
+            skip = ("input", "output", "role", "content", "from")
+            rest = {k: v for k, v in message.items() if k not in skip}
             question = {"role": "user", "content": message["input"]}
             return [question, {"role": "assistant", "content": message["output"], **rest}]
         return [message]

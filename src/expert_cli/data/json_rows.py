@@ -6,8 +6,8 @@ by the largest value (at most `MAX_ITEM_BYTES`), not by the file. A file of one 
 as the datasets library reads it where it is not one example: an object of columns
 (`{"instruction": [...], "output": [...]}`) gives a row per item, and an object that wraps its
 examples in one key (`{"version": 2, "data": [{...}, ...]}`, what `field="data"` names there)
-gives that key's items, where the object holds no column the run reads. An object holding a
-conversation (a list of turns) stays one example.
+gives that key's items, where the object holds no column the run reads. An object whose lists
+hold objects otherwise (a conversation's turns) stays one example.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from expert_cli.jsontext import json_int
 
 CUT_MARGIN = 16  # characters: a \uXXXX escape, a number or `false` cut by the buffer
 _WHITESPACE = " \t\r\n"
-# a turn's keys: a list of objects holding one is a conversation, not a column
-TURN_KEYS = {"role", "content", "from", "value", "input", "output"}
 
 
 def json_rows(path: Path, example_keys: frozenset[str]) -> Iterator[Row]:
@@ -59,7 +57,14 @@ def _lone(
     """The examples of a file that holds one object: its columns' rows, the items of the one
     key that wraps them, or itself."""
     lists = {k: v for k, v in value.items() if isinstance(v, list)}
-    if value and len(lists) == len(value) and not any(map(_turns, lists.values())):
+    objects = [k for k, v in lists.items() if v and all(isinstance(x, dict) for x in v)]
+    if len(objects) == len(lists) == 1 and example_keys.isdisjoint(value):
+        name = shown_name(objects[0])
+        for i, item in enumerate(lists[objects[0]]):
+            yield f"row {i + 1} of {name}", item
+        return
+    held = any(isinstance(x, dict) for v in lists.values() for x in v)  # turns, not cells
+    if value and len(lists) == len(value) and not held:
         by_length = sorted(lists, key=lambda k: len(lists[k]))
         short, long = by_length[0], by_length[-1]
         if len(lists[short]) != len(lists[long]):
@@ -72,18 +77,7 @@ def _lone(
         for i in range(len(lists[short])):
             yield f"row {i + 1}", marked({k: v[i] for k, v in value.items()}, twice)
         return
-    wrapped = [k for k, v in lists.items() if v and all(isinstance(x, dict) for x in v)]
-    if len(wrapped) == len(lists) == 1 and example_keys.isdisjoint(value):
-        name = shown_name(wrapped[0])
-        for i, item in enumerate(lists[wrapped[0]]):
-            yield f"row {i + 1} of {name}", item
-        return
     yield where, value
-
-
-def _turns(items: list[Any]) -> bool:
-    """Whether a list is a conversation: objects that hold a turn's keys."""
-    return any(isinstance(x, dict) and not TURN_KEYS.isdisjoint(x) for x in items)
 
 
 def _values(path: Path) -> Iterator[tuple[str, Any, bool]]:
@@ -159,7 +153,8 @@ def _more(text: Text, buf: str, pos: int, line: int) -> tuple[str, int]:
     if len(buf) - pos > MAX_ITEM_BYTES:
         raise UserError(
             f"{text.path}:{line}: one JSON value is larger than {MAX_ITEM_BYTES >> 20} MB "
-            "(one example per value is expected)"
+            "(one example per value is expected; an object of columns, or wrapping its "
+            "examples, is one value: write such data as JSON Lines)"
         )
     return buf[pos:] + text.read(), 0
 

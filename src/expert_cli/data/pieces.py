@@ -9,10 +9,12 @@ document. A piece with nothing to train (all prompt) is left out. Each keeps the
 the example's tokens, so with chat or instruction data a piece past the first trains the
 answer's tokens it holds, without the prompt before it.
 
-A text of more than one `block` of characters is tokenized in blocks (`tokenize_blocks`)
-broken after a line end or before a space where one falls in a block's second half, so a
-document of hundreds of megabytes is never one tokenizer call: the tokens next to a break may
-differ from the whole text's, which a cut into pieces makes no matter of.
+A text of more than one block of characters is tokenized in blocks (`tokenize_blocks`)
+broken after a line end or before a space where one falls in a block's second half, a few
+blocks at a time, so a document of hundreds of megabytes is never one tokenizer call and
+its memory is its ids (a whole-text encoding costs ~100 bytes a token): the tokens next to a
+break may differ from the whole text's, which a cut into pieces makes no matter of. A split
+build's shards are bounded by their text's bytes as well as by examples (data/build.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pyarrow as pa
 from expert_cli.data.spans import Span, span_mask
 
 IGNORE = -100
+BLOCKS_AT_ONCE = 16  # blocks tokenized together: their encodings are all that is held at once
 
 
 @dataclass(frozen=True)
@@ -71,13 +74,15 @@ def tokenize_blocks(
     """`text` tokenized block by block (each without special tokens), `ends` (the special ids
     before and after, see `special_ends`) added around, and the spans' tokens marked."""
     cuts = blocks(text, size)
-    encodings = backend.encode_batch([text[a:b] for a, b in cuts], add_special_tokens=False)
     ids = [np.asarray(ends[0], dtype=np.int32)]
     masks = [np.zeros(len(ends[0]), dtype=bool)]
-    for (a, b), enc in zip(cuts, encodings, strict=True):
-        local = [(max(s, a) - a, min(e, b) - a) for s, e in spans if s < b and e > a]
-        ids.append(np.asarray(enc.ids, dtype=np.int32))
-        masks.append(span_mask(text[a:b], enc, len(enc.ids), local))
+    for lo in range(0, len(cuts), BLOCKS_AT_ONCE):  # an encoding costs ~100 bytes a token
+        group = cuts[lo : lo + BLOCKS_AT_ONCE]
+        encodings = backend.encode_batch([text[a:b] for a, b in group], add_special_tokens=False)
+        for (a, b), enc in zip(group, encodings, strict=True):
+            local = [(max(s, a) - a, min(e, b) - a) for s, e in spans if s < b and e > a]
+            ids.append(np.asarray(enc.ids, dtype=np.int32))
+            masks.append(span_mask(text[a:b], enc, len(enc.ids), local))
     ids.append(np.asarray(ends[1], dtype=np.int32))
     masks.append(np.zeros(len(ends[1]), dtype=bool))
     special = (int(bool(ends[0])), int(bool(ends[1])))

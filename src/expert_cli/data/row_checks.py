@@ -226,7 +226,7 @@ class DataCheck:
                 self.whole[train] = False
                 return
         try:
-            if src.kind == "hub" or is_saved_dataset(Path(src.location)):  # checked by column
+            if src.kind == "hub" or is_saved_dataset(Path(src.location)):  # by column, then row
                 with quiet_datasets():
                     ds = load_hub(src) if src.kind == "hub" else load_saved(src.location)
                     ds, self.fields = checked_columns(ds, src.location, self.fields, self.mapping)
@@ -354,18 +354,19 @@ def _reason(why: str) -> tuple[str, str]:
 
 
 def dataset_scan(ds: Any, fields: FieldSpec, location: str) -> Scan:
-    """The rows of a hub or saved dataset (its columns checked already) by role, as a local
-    source's scan gives them: a conversation's turns as the build reads them."""
+    """The rows of a hub or saved dataset (its columns checked and renamed to their roles by
+    `checked_columns`), as a local source's scan gives them: a conversation's turns as the
+    build reads them."""
     scan = Scan(fields, iter(()), f"{location}: row 1")
-    columns = list(dict.fromkeys(fields.mapping.values()))
+    roles = [role for role in fields.mapping if role in ds.column_names]  # renamed to them
 
     def rows() -> Iterator[dict[str, Any]]:
         number = 0
-        for batch in ds.select_columns(columns).iter(batch_size=DATASET_BATCH_ROWS):
-            for i in range(len(batch[columns[0]])):
+        for batch in ds.select_columns(roles).iter(batch_size=DATASET_BATCH_ROWS):
+            for i in range(len(batch[roles[0]])):
                 number += 1
                 scan.at = f"{location}: row {number}"
-                row = {role: batch[column][i] for role, column in fields.mapping.items()}
+                row = {role: batch[role][i] for role in roles}
                 if "messages" in row:
                     row["messages"] = standard_turns(row["messages"] or [])
                 yield row

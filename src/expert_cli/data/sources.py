@@ -6,7 +6,8 @@ loaded. Local files are scanned by `rows.scan_local` (streamed, any JSON layout,
 Arrow; every row checked), and the mapped columns are written, renamed to their roles
 (`text`, `messages`, `instruction`, `input`, `response`, `system`), to an Arrow file that the
 build reads memory-mapped. `check` runs the same scan without writing. Hub datasets and saved
-dataset folders are read through `datasets` and checked by column.
+dataset folders are read through `datasets` and checked by column (`check` then reads their
+rows as a file's: row_checks.dataset_scan).
 """
 
 from __future__ import annotations

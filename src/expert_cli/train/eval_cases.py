@@ -4,7 +4,7 @@ The split is read from the token cache the run trained with, exactly as it was t
 tokens before an example's first trained token are its prompt, the trained ones its reference.
 Examples come in the packed rows' order (the cache keeps no file order). An example cut at
 `max_seq_length` in training is left out: its reference stops mid-answer, so no answer could
-match it.
+match it; so are an `overlong: split` example's pieces, where they can be told apart.
 """
 
 from __future__ import annotations
@@ -51,12 +51,15 @@ def eval_cases(
         )
     cases: list[Case] = []
     cut = 0
+    split = (data.stats.get("eval") or {}).get("split", 0)  # examples cut into pieces
     special = set(tokenizer.all_special_ids)  # the end-of-turn tokens match no answer's text
     for row in data.eval:
         for ids, labels in _examples(row):
             trained = [i for i, label in enumerate(labels) if label != IGNORE]
             if not trained:
                 continue
+            if split and (len(ids) >= resolved.max_seq_length or trained[0] <= 1):
+                continue  # a piece: one that fills the limit, or begins inside an answer
             if len(ids) >= resolved.max_seq_length and ids[-1] != tokenizer.eos_token_id:
                 cut += 1  # a whole example ends with EOS, one cut at the limit does not
                 continue
@@ -71,6 +74,13 @@ def eval_cases(
         if len(cases) == n:
             break
     notes += _eval_notes(len(cases), n, cut, resolved.max_seq_length)
+    if split:
+        notes.append(
+            f"--eval: {split:,} validation example{'s were' if split > 1 else ' was'} split "
+            f"into pieces of max_seq_length={resolved.max_seq_length:,} (overlong: split); "
+            "pieces are left out where they fill it or begin inside an answer, and one that "
+            "begins inside a prompt cannot be told from a whole example"
+        )
     return cases
 
 
