@@ -218,7 +218,8 @@ class Formatter:
         start only (a 40 MB example took 10 GB and two minutes to keep 512 tokens): when that
         start gives CUT_MARGIN tokens past the limit, the example's fate (truncated or
         dropped) and its first tokens are those of the whole text; otherwise the whole text
-        is tokenized."""
+        is tokenized. With `overlong: split` every token is kept: such a text is tokenized in
+        blocks instead (pieces.tokenize_blocks), its spans marked there."""
         backend = self.tokenizer.backend_tokenizer
         special = self.kind != "messages"
         cut = self.max_seq_length * CUT_CHARS_PER_TOKEN
