@@ -179,3 +179,17 @@ def test_a_split_build_bounds_its_shards_by_bytes(demo_expert_dir, monkeypatch) 
     )
     assert sharded.stats["shards"] > whole.stats["shards"]
     assert sharded.stats["train"]["tokens"] == whole.stats["train"]["tokens"]
+
+
+def test_a_block_is_never_cut_inside_a_special_token(tiny_tokenizer) -> None:
+    """Text with nowhere to break (CJK prose, minified code) was cut at the block's size, in
+    the middle of `<|im_end|>`: both halves were trained as plain text, never the token."""
+    head = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+    text = head + "答" * (125 - len(head)) + "<|im_end|>\n" + "答" * 200
+    assert text.index("<|im_end|>", len(head)) == 125  # across the first block's end, 128
+    cuts = blocks(text, 128, ("<|im_end|>",))
+    assert cuts[0] == (0, 125)
+    row = Formatter(tiny_tokenizer, "text", 4, "split")({"text": [text]}).to_pylist()[0]
+    end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert row["input_ids"].count(end) == 2
+    assert end in [label for label in row["labels"] if label != IGNORE]  # the answer's stop

@@ -78,6 +78,56 @@ def test_examples_wrapped_in_one_key_are_read_whatever_their_columns(tmp_path: P
     assert rows_of(path) == [item, item]
 
 
+def test_near_misses_of_the_json_layouts_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "rows.json"
+    path.write_text('{"data": [{"text": "a"}], "data": [{"text": "b"}]}')  # the first lost
+    with pytest.raises(UserError, match="the key 'data' holding the examples is given more"):
+        rows_of(path)
+    path.write_text(json.dumps({"version": 2, "data": []}))
+    assert rows_of(path) == []  # no examples, said as such by the scan
+    path.write_text(json.dumps({"version": 2, "data": [{"text": "a"}, "oops"]}))
+    assert rows_of(path) == [{"text": "a"}, "oops"]  # the row check names row 2 of 'data'
+    path.write_text(json.dumps({"instruction": ["a"], "output": ["b"], "source": "alpaca"}))
+    with pytest.raises(UserError) as err:
+        rows_of(path)
+    assert str(err.value) == (
+        f"{path}: an object of columns ('instruction' is a list) whose 'source' is not a list; "
+        "expected a list a column, all of one length, or one object an example (JSON Lines)"
+    )
+    lines = tmp_path / "rows.jsonl"  # a JSON Lines line is one example, whatever it holds
+    lines.write_text(json.dumps({"instruction": ["a", "b"], "output": ["c", "d"]}) + "\n")
+    assert rows_of(lines, "jsonl") == [{"instruction": ["a", "b"], "output": ["c", "d"]}]
+
+
+def test_a_large_json_value_is_read_in_linear_time(tmp_path: Path, monkeypatch) -> None:
+    """A value read 1 MB at a time was decoded again after each read: 270 MB took 99 s to
+    refuse. Each read now takes as much again as is held."""
+    import expert_cli.data.file_text as file_text
+    import expert_cli.data.json_rows as json_rows
+
+    calls = []
+    real = file_text.Text.read
+
+    def counted(self):
+        calls.append(1)
+        return real(self)
+
+    monkeypatch.setattr(file_text, "CHUNK_BYTES", 1024)
+    monkeypatch.setattr(file_text.Text, "read", counted)
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"text": ["x" * 100] * 5000}))  # ~530 KB: 520 reads
+    decodes = []
+    real_decode = json.JSONDecoder.raw_decode
+
+    def decode(self, s, idx=0):
+        decodes.append(1)
+        return real_decode(self, s, idx)
+
+    monkeypatch.setattr(json_rows.json.JSONDecoder, "raw_decode", decode)
+    assert len(rows_of(path)) == 5000
+    assert len(calls) > 500 and len(decodes) < 20
+
+
 def test_columns_of_different_lengths_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "columns.json"
     path.write_text(json.dumps({"instruction": ["a", "b", "c"], "output": ["x", "y"]}))

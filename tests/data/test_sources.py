@@ -856,7 +856,7 @@ def test_sharegpt_conversations_are_read_as_messages(tmp_path, write_jsonl) -> N
     write_jsonl(tmp_path / "train.jsonl", rows)
     said = error_of(tmp_path, {"path": "train.jsonl"})
     assert 'item 2: "weight" is a number other than 0 and 1' in said
-    assert said.endswith("(ShareGPT's turns read as messages: `from` as role, `value` as content)")
+    assert said.endswith("(read as messages: ShareGPT's `from` as role, `value` as content)")
     rows[0]["conversations"][2]["weight"] = 1  # a human turn's 1, in an Arrow column
     rows[1]["conversations"][1]["weight"] = 1
     datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "weighed")
@@ -907,9 +907,12 @@ def test_capybara_exchanges_are_read_as_messages(tmp_path, write_jsonl) -> None:
     said = error_of(tmp_path, {"path": "train.jsonl"})
     assert said.endswith(
         "train.jsonl:2: field 'conversation' (field_mapping.messages) item 1: content is a "
-        "number, expected a string (Capybara's items read as messages: item k's `input` is "
-        "turn 2k, a user's, and its `output` turn 2k+1, the assistant's; turns count from 0)"
+        "number, expected a string (read as messages: Capybara's items as two turns each, "
+        "its `input` a user's, its `output` the assistant's; turns count from 0, as read)"
     ), said
+    rows[1]["conversation"] = [{"input": "q"}]  # half an exchange: the answer is missing
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    assert "item 1: content is missing" in error_of(tmp_path, {"path": "train.jsonl"})
 
 
 def test_json_of_columns_or_wrapped_examples_is_trained(tmp_path) -> None:

@@ -60,12 +60,13 @@ def form_note(given: Any) -> str:
     item numbers and keys a problem names are those of the turns read, not the file's."""
     if not isinstance(given, list) or not any(_turns(m) != [m] for m in given):
         return ""
-    if any(isinstance(m, dict) and m.get("from") is not None for m in given):
-        return " (ShareGPT's turns read as messages: `from` as role, `value` as content)"
-    return (
-        " (Capybara's items read as messages: item k's `input` is turn 2k, a user's, and its "
-        "`output` turn 2k+1, the assistant's; turns count from 0)"
-    )
+    shared = any(isinstance(m, dict) and m.get("from") is not None for m in given)
+    paired = any(len(_turns(m)) == 2 for m in given)
+    parts = ["ShareGPT's `from` as role, `value` as content"] if shared else []
+    parts += ["Capybara's items as two turns each, its `input` a user's, its `output` the "
+              "assistant's"] if paired else []  # fmt: skip
+    counted = "; turns count from 0, as read" if paired else ""
+    return f" (read as messages: {'; '.join(parts)}{counted})"
 
 
 def _turns(message: Any) -> list[Any]:
@@ -75,11 +76,11 @@ def _turns(message: Any) -> list[Any]:
         return [message]  # a role/content message (with a `from` of its own: a name)
     if message.get("from") is None:
         said = [message.get(k) for k in sorted(CAPYBARA)]
-        if message.keys() >= CAPYBARA and said != [None, None]:  # not a struct's fill-ins
+        if said != [None, None]:  # one of them given (a struct fills both in, null)
             skip = ("input", "output", "role", "content", "from")
             rest = {k: v for k, v in message.items() if k not in skip}
-            question = {"role": "user", "content": message["input"]}
-            return [question, {"role": "assistant", "content": message["output"], **rest}]
+            question = {"role": "user", "content": message.get("input")}
+            return [question, {"role": "assistant", "content": message.get("output"), **rest}]
         return [message]
     said = message["from"]
     role = SHAREGPT_ROLES.get(said, said) if isinstance(said, str) else said

@@ -34,15 +34,17 @@ CUT_MARGIN = 16  # characters: a \uXXXX escape, a number or `false` cut by the b
 _WHITESPACE = " \t\r\n"
 
 
-def json_rows(path: Path, example_keys: frozenset[str]) -> Iterator[Row]:
-    """Every example of a JSON or JSON Lines file, with where it is (`line N`, `row N`); a
-    lone object holding one of `example_keys` (the columns a run reads) is an example."""
+def json_rows(path: Path, example_keys: frozenset[str] | None) -> Iterator[Row]:
+    """Every example of a JSON or JSON Lines file, with where it is (`line N`, `row N`). A
+    lone object holding one of `example_keys` (the columns a run reads) is an example; with
+    None (JSON Lines: a line is an example) every one is."""
     values = _values(path)
     first = next(values, None)
     if first is None:
         return
     second = next(values, None)
-    if second is None and not first[2] and isinstance(first[1], dict):
+    lone = second is None and not first[2] and isinstance(first[1], dict)
+    if lone and example_keys is not None:
         yield from _lone(path, first[0], first[1], example_keys)
         return
     yield first[:2]
@@ -57,12 +59,17 @@ def _lone(
     """The examples of a file that holds one object: its columns' rows, the items of the one
     key that wraps them, or itself."""
     lists = {k: v for k, v in value.items() if isinstance(v, list)}
-    objects = [k for k, v in lists.items() if v and all(isinstance(x, dict) for x in v)]
-    if len(objects) == len(lists) == 1 and example_keys.isdisjoint(value):
-        name = shown_name(objects[0])
-        for i, item in enumerate(lists[objects[0]]):
-            yield f"row {i + 1} of {name}", item
-        return
+    if len(lists) == 1 and example_keys.isdisjoint(value):
+        (key, items), twice = next(iter(lists.items())), repeated_keys(value)
+        if not items or isinstance(items[0], dict):  # the examples, wrapped
+            if key in twice:  # the last list read: the others' examples would be lost
+                raise UserError(
+                    f"{path}: the key {shown_name(key)} holding the examples is given more "
+                    "than once; expected once (all but the last list would be left out)"
+                )
+            for i, item in enumerate(items):
+                yield f"row {i + 1} of {shown_name(key)}", item
+            return
     held = any(isinstance(x, dict) for v in lists.values() for x in v)  # turns, not cells
     if value and len(lists) == len(value) and not held:
         by_length = sorted(lists, key=lambda k: len(lists[k]))
@@ -77,6 +84,13 @@ def _lone(
         for i in range(len(lists[short])):
             yield f"row {i + 1}", marked({k: v[i] for k, v in value.items()}, twice)
         return
+    columns = [k for k in example_keys & set(value) if isinstance(value[k], list)]
+    if columns and not held and (odd := [k for k in value if k not in lists]):
+        raise UserError(
+            f"{path}: an object of columns ({shown_name(min(columns))} is a list) whose "
+            f"{shown_name(min(odd))} is not a list; expected a list a column, all of one "
+            "length, or one object an example (JSON Lines)"
+        )
     yield where, value
 
 
@@ -156,7 +170,10 @@ def _more(text: Text, buf: str, pos: int, line: int) -> tuple[str, int]:
             "(one example per value is expected; an object of columns, or wrapping its "
             "examples, is one value: write such data as JSON Lines)"
         )
-    return buf[pos:] + text.read(), 0
+    more, need = [text.read()], len(buf) - pos  # as much again: a value read in 1 MB
+    while sum(map(len, more)) < need and not text.eof:  # steps was decoded once a step
+        more.append(text.read())
+    return buf[pos:] + "".join(more), 0
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

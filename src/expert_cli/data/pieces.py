@@ -42,19 +42,30 @@ class Joined:
     special_tokens_mask: tuple[int, int]
 
 
-def blocks(text: str, size: int) -> list[tuple[int, int]]:
+def blocks(text: str, size: int, added: tuple[str, ...] = ()) -> list[tuple[int, int]]:
     """Character ranges of at most `size` characters that tile `text`: each ends after the last
-    line end in its second half, else before the last space there, else at `size`."""
+    line end in its second half, else before the last space there, else at `size`, moved back
+    to the start of an `added` token (`<|im_end|>`) the cut would fall inside: its halves
+    would be tokenized, and trained, as plain text."""
     out, lo = [], 0
     while len(text) - lo > size:
         hi, half = lo + size, lo + size // 2
         at = text.rfind("\n", half, hi)
         cut = at + 1 if at >= 0 else text.rfind(" ", half, hi)
-        cut = cut if cut > lo else hi
+        cut = _outside(text, cut if cut > lo else hi, added, lo)
         out.append((lo, cut))
         lo = cut
     out.append((lo, len(text)))
     return out
+
+
+def _outside(text: str, cut: int, added: tuple[str, ...], lo: int) -> int:
+    """`cut`, or the start of an added token it falls inside (where that is past `lo`)."""
+    for token in added:
+        start = text.find(token, max(lo, cut - len(token) + 1), cut + len(token) - 1)
+        if lo < start < cut:
+            return start
+    return cut
 
 
 def special_ends(backend: Any) -> tuple[list[int], list[int]]:
@@ -73,7 +84,8 @@ def tokenize_blocks(
 ) -> Joined:
     """`text` tokenized block by block (each without special tokens), `ends` (the special ids
     before and after, see `special_ends`) added around, and the spans' tokens marked."""
-    cuts = blocks(text, size)
+    added = tuple(t.content for t in backend.get_added_tokens_decoder().values() if t.content)
+    cuts = blocks(text, size, added)
     ids = [np.asarray(ends[0], dtype=np.int32)]
     masks = [np.zeros(len(ends[0]), dtype=bool)]
     for lo in range(0, len(cuts), BLOCKS_AT_ONCE):  # an encoding costs ~100 bytes a token

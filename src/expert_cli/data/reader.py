@@ -68,7 +68,8 @@ def read_rows(path: Path, fmt: str, columns: Columns | None = None) -> Iterator[
             "decompress it"
         )
     if fmt in ("jsonl", "json"):
-        yield from json_rows(path, columns.wanted if columns else DETECTED_COLUMNS)
+        keys = (columns.wanted if columns else DETECTED_COLUMNS) if fmt == "json" else None
+        yield from json_rows(path, keys)  # a JSON Lines line is one example
     elif fmt == "csv":
         yield from _csv_rows(path)
     elif fmt == "parquet":
