@@ -435,3 +435,62 @@ def test_check_says_texts_without_an_assistant_marker_are_trained_whole(
         "training.dataset: 3 of 8 training texts read hold no assistant marker: each is trained "
         "whole, its prompt too"
     ) in " ".join(report.notes), report.notes
+
+
+def test_a_split_every_example_of_which_is_too_long_fails_in_check_as_in_the_build(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The one example held out for evaluation had its answer past max_seq_length; a
+    validation file of two such; training examples all over it with overlong: drop: check
+    said usable, then the build stopped on a split of none (exit 2, after tokenizing)."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data import prepare_data
+    from expert_cli.data.checks import check_manifest
+    from expert_cli.data.splits import held_rows
+    from expert_cli.data.tokenizer import load_tokenizer
+    from expert_cli.errors import UserError
+
+    def expert(folder: Path, rows: list[dict], valid: list[dict] | None) -> Path:
+        manifest = write_expert(folder, tiny_model_dir, config={"evaluation_strategy": "steps"})
+        data = json.loads(manifest.read_text())
+        data["training"]["dataset"] = {"path": "data/train.jsonl"}
+        (folder / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if valid is not None:
+            data["training"]["dataset"]["validation_path"] = "data/valid.jsonl"
+            lines = "".join(json.dumps(r) + "\n" for r in valid)
+            (folder / "data" / "valid.jsonl").write_text(lines)
+        manifest.write_text(json.dumps(data))
+        return manifest
+
+    def agree(manifest: Path, *sets: str) -> str:
+        (problem,) = check_manifest(manifest, overrides=list(sets)).problems
+        resolved = resolve(load_manifest(manifest, list(sets)), cpu_environment())
+        with pytest.raises(UserError) as built:
+            prepare_data(resolved, load_tokenizer(resolved), num_proc=1)
+        assert str(built.value) == problem
+        return problem
+
+    long = {"instruction": "word " * 300, "output": "yes"}
+    rows = [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(10)]
+    (held,) = held_rows(10, 0.1, 42)  # the defaults' one held-out example
+    rows[held] = long
+    problem = agree(expert(tmp_path / "a", rows, None))
+    assert problem == (
+        "training.dataset.eval_fraction (the held-out examples): no evaluation example is left "
+        "after formatting (1 read, every one dropped: 1 with the answer past "
+        "max_seq_length=128)"
+    )
+    rows[held] = {"instruction": "q", "output": "a"}
+    assert check_manifest(expert(tmp_path / "b", rows, None)).problems == []
+    assert agree(expert(tmp_path / "c", rows, [long, long])).startswith(
+        "training.dataset.validation_path: no evaluation example is left after formatting (2 "
+        "read, every one dropped: 2 with the answer past max_seq_length=128)"
+    )
+    answers = [{"instruction": "q", "output": "word " * 300}] * 4
+    drop = "training.dataset.overlong=drop"
+    assert agree(expert(tmp_path / "d", answers, [{"instruction": "q", "output": "a"}]), drop) == (
+        "training.dataset: no training example is left after formatting (4 read, every one "
+        "dropped: 4 over max_seq_length=128 with overlong: drop)"
+    )

@@ -24,6 +24,7 @@ from expert_cli.data.build import (
 )
 from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.fields import FieldSpec, detected_words
+from expert_cli.data.format_check import formatted_problems, small_splits
 from expert_cli.data.formatting import (
     TEMPLATE_UNREAD,
     check_chat_template,
@@ -130,6 +131,9 @@ def check_manifest(
         report.notes = [*report.notes, refusals.line]
     if not blank_problems and not (refusals and refusals.every):
         report.problems += [held] if (held := data.held_out_problem(resolved)) else []
+    if not report.problems and tokenizer is not None and data.fields is not None:
+        splits = small_splits(resolved, data.kept)  # a split the build would leave empty
+        report.problems += formatted_problems(resolved, tokenizer, data.fields.kind, splits)
     counted = [data.rows.get(src.location) for src in resolved.train_sources]
     if quick:  # a count cut at --quick rows says only "at least that many"
         counted = [None if n is not None and n >= quick else n for n in counted]

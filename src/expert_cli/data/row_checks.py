@@ -28,6 +28,7 @@ from expert_cli.data.conversations import (
     without_fill_ins,
 )
 from expert_cli.data.fields import FieldSpec
+from expert_cli.data.format_check import KEEP_ROWS
 from expert_cli.data.formatting import check_chat_template, unanswered
 from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.hub_snapshot import snapshot_lines
@@ -183,6 +184,10 @@ class DataCheck:
         # ((reason, why)), or None where it is not read whole (a hub or saved one, --quick)
         self.train_drops: list[tuple[int, dict[int, tuple[str, str]]] | None] = []
         self._drops: dict[int, tuple[str, str]] = {}
+        # per source: whether a training one, and its rows where it has at most KEEP_ROWS
+        # and was read whole (format_check formats them)
+        self.kept: list[tuple[bool, list[dict[str, Any]] | None]] = []
+        self._kept: list[dict[str, Any]] | None = []
 
     def refusals(self) -> Refusals | None:
         """The refused conversations, if any."""
@@ -215,7 +220,8 @@ class DataCheck:
         """Read one source (`train`: a training one, not validation). A hub one is read only
         from its cached snapshot, where the hub cannot be asked (else hub_status says where
         it stands: check downloads nothing)."""
-        self._train, self._drops = train, {}
+        self._train, self._drops, self._kept = train, {}, []
+        self.kept.append((train, None))
         if train:
             self.train_drops.append(None)
         if src.kind == "hub":
@@ -238,6 +244,7 @@ class DataCheck:
                 self.rows[src.location] = self._count(src, scan)
             if train and self.whole[True]:
                 self.train_drops[-1] = (self.rows[src.location], self._drops)
+            self.kept[-1] = (train, self._kept)
         except UserError as exc:
             self.problems += exc.lines
 
@@ -251,6 +258,10 @@ class DataCheck:
         counted = trained is not None or turns is not None
         for row in scan.rows:  # a row refused later raises: the rows read so far are counted
             count += 1
+            if self._kept is not None and count > KEEP_ROWS:
+                self._kept = None
+            elif self._kept is not None:
+                self._kept.append(row)
             blank[1] += counted
             why = self._render(verdict, row["messages"], scan.at) if verdict else None
             if trained is not None:
@@ -266,6 +277,7 @@ class DataCheck:
             if count % PROGRESS_ROWS == 0:
                 self.progress.advance(PROGRESS_ROWS)
             if self.quick and count >= self.quick:
+                self._kept = None
                 self.all_train_rendered = self.all_train_rendered and not self._train
                 self.whole[self._train] = False
                 break

@@ -1,0 +1,112 @@
+"""`check` formats the examples of small data as the build will, so a split the build would
+leave empty (every evaluation example over `max_seq_length` with its answer cut away, every
+training one dropped with `overlong: drop`) is exit 2 at `check`, in the build's words, not
+after tokenizing in `train`.
+
+Only the rows of sources of at most KEEP_ROWS rows are kept while `check` reads them; the
+examples `eval_fraction` holds out are picked as the build picks them (data/splits.py). A
+split with a source of more rows is not formatted: its examples are too many for every one to
+be dropped by length unnoticed, and formatting them would cost what tokenizing does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.data.build import nothing_left
+from expert_cli.data.conversations import conversation_text
+from expert_cli.data.formatting import (
+    DROPPED_ANSWER_CUT,
+    DROPPED_NO_COMPLETION,
+    DROPPED_NO_MARKER,
+    DROPPED_OVERLONG,
+    DROPPED_TEMPLATE,
+    KEPT_CODES,
+    Formatter,
+)
+from expert_cli.data.splits import held_rows
+from expert_cli.data.stats_words import drop_reasons
+from expert_cli.errors import UserError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+KEEP_ROWS = 4096  # rows of a source `check` keeps to format
+DROP_KEYS = {
+    DROPPED_OVERLONG: "dropped_overlong",
+    DROPPED_NO_COMPLETION: "dropped_no_completion",
+    DROPPED_NO_MARKER: "dropped_no_marker",
+    DROPPED_TEMPLATE: "dropped_template",
+    DROPPED_ANSWER_CUT: "dropped_answer_cut",
+}
+
+
+def small_splits(
+    resolved: ResolvedConfig, kept: list[tuple[bool, list[dict[str, Any]] | None]]
+) -> dict[bool, list[dict[str, Any]]]:
+    """The rows of each split (True: training) the build will format, where every source of
+    the split was kept whole (`kept`: per source in the manifest's order, training ones first,
+    whether it is a training one and its rows or None)."""
+    train = [rows for is_train, rows in kept if is_train]
+    valid = [rows for is_train, rows in kept if not is_train]
+    out: dict[bool, list[dict[str, Any]]] = {}
+    if resolved.validation_sources:
+        if None not in valid:
+            out[False] = [row for rows in valid if rows is not None for row in rows]
+        if None not in train:
+            out[True] = [row for rows in train if rows is not None for row in rows]
+        return out
+    if None in train:
+        return out
+    out[True], out[False] = [], []
+    for i, rows in enumerate(r for r in train if r is not None):
+        held = set(held_rows(len(rows), resolved.eval_fraction, resolved.eval_seed + i).tolist())
+        for j, row in enumerate(rows):
+            out[j not in held].append(row)
+    return out if out[False] else {True: out[True]}
+
+
+def formatted_problems(
+    resolved: ResolvedConfig,
+    tokenizer: PreTrainedTokenizerFast,
+    kind: str,
+    splits: dict[bool, list[dict[str, Any]]],
+) -> list[str]:
+    """The build's line for each split of `splits` whose every example it drops."""
+    formatter = Formatter(
+        tokenizer=tokenizer,
+        kind=kind,
+        max_seq_length=resolved.max_seq_length,
+        overlong=resolved.overlong,
+        prompt_template=resolved.prompt_template,
+        response_template=resolved.response_template,
+    )
+    problems = []
+    for train, rows in splits.items():
+        if not rows:
+            continue
+        roles = sorted({role for row in rows for role in row})
+        batch = {role: [_stored(role, row.get(role)) for row in rows] for role in roles}
+        try:
+            table = formatter(batch)
+        except UserError:  # a template that cannot render: said by check's own lines
+            return []
+        status = np.asarray(table.column("status"))
+        if np.isin(status, KEPT_CODES).any():
+            continue
+        stats: dict[str, Any] = {
+            key: int((status == code).sum()) for code, key in DROP_KEYS.items()
+        }
+        refused = table.column("refused").drop_null()
+        stats["template_refusal"] = str(refused[0]) if len(refused) else None
+        why = drop_reasons(stats, resolved.max_seq_length)
+        problems.append(nothing_left(resolved, train, len(rows), why))
+    return problems
+
+
+def _stored(role: str, value: Any) -> Any:
+    """A row's value as the build's Arrow file holds it: a conversation as its JSON text."""
+    return conversation_text(value) if role == "messages" and value is not None else value
