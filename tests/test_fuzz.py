@@ -252,7 +252,7 @@ def test_fuzz_manifests_and_data(tmp_path_factory: pytest.TempPathFactory) -> No
 def test_fuzz_manifests_and_data_at_length(
     tmp_path_factory: pytest.TempPathFactory, which: str
 ) -> None:
-    _run(tmp_path_factory, 800, (which,))
+    _run(tmp_path_factory, 400, (which,))
 
 
 def test_the_fuzzers_own_checks_can_fail() -> None:

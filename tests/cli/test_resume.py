@@ -186,17 +186,17 @@ def _signal_mid_build(args: list[str], expert: Path, sig: int) -> subprocess.Com
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_while_tokenizing_leaves_nothing_behind(
-    tmp_path: Path, tiny_model_dir: Path, sig: int, code: int
+    tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     """SIGTERM (a scheduler's stop, `kill`) while the token cache is built killed train where
     it stood: a new --output folder stayed behind holding only `.train.lock`. Now the folder
-    it created goes, as it does for Ctrl-C, with 128 + the signal's number and no traceback."""
+    it created goes, as it does for Ctrl-C, with 128 + the signal's number and no traceback.
+    (SIGTERM is raised as Ctrl-C's KeyboardInterrupt: one way out, tested once.)"""
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=20_000)
     args = [*_train(manifest, tmp_path / "runs" / "new"), "--max-steps", "2"]
-    done = _signal_mid_build(args, tmp_path / "e", sig)
-    assert done.returncode == code, done.stdout + done.stderr
+    done = _signal_mid_build(args, tmp_path / "e", signal.SIGTERM)
+    assert done.returncode == 143, done.stdout + done.stderr
     assert not (tmp_path / "runs").exists()
 
 

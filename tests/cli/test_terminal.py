@@ -67,7 +67,7 @@ def test_a_reader_that_leaves_stops_the_printing_not_the_run(
     since the last checkpoint lost."""
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48)
     out = tmp_path / "run"
-    args = ("train", "-m", str(manifest), "--output", str(out), "--max-steps", str(STEPS))
+    args = ("train", "-m", str(manifest), "--output", str(out), "--max-steps", str(STEPS // 4))
     proc = _start(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
     _wait_for_step(out, proc, 2)
@@ -77,7 +77,7 @@ def test_a_reader_that_leaves_stops_the_printing_not_the_run(
     assert proc.returncode == 0, stderr
     assert "note: standard output cannot be written (Broken pipe)" in stderr
     assert read_metrics(out)["summary"]["status"] == "completed"
-    assert read_metrics(out)["summary"]["steps"] == STEPS
+    assert read_metrics(out)["summary"]["steps"] == STEPS // 4  # 8 steps past the pipe's end
 
 
 def test_a_closed_stderr_ascii_output_and_a_pipe(tmp_path: Path) -> None:

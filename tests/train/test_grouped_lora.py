@@ -356,7 +356,7 @@ def test_a_run_asked_for_grouped_layers_says_so(tmp_path: Path, tiny_model_dir: 
     manifest.resolved.json count the fused layers and those grouped."""
     import json
 
-    from train_helpers import run_cli, write_expert
+    from train_helpers import run_here, write_expert
 
     manifest = write_expert(
         tmp_path / "e",
@@ -364,7 +364,7 @@ def test_a_run_asked_for_grouped_layers_says_so(tmp_path: Path, tiny_model_dir: 
         rows=16,
         config={"max_steps": 2, "adapter_kernel": "grouped"},
     )
-    done = run_cli("train", "--manifest", str(manifest), "--output", str(tmp_path / "run"))
+    done = run_here("train", "--manifest", str(manifest), "--output", str(tmp_path / "run"))
     said = " ".join(done.stdout.split())
     assert done.returncode == 0, done.stderr[-2000:]
     assert "14 layers fused, 10 grouped by input" in said
