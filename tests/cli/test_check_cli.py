@@ -494,3 +494,39 @@ def test_a_split_every_example_of_which_is_too_long_fails_in_check_as_in_the_bui
         "training.dataset: no training example is left after formatting (4 read, every one "
         "dropped: 4 over max_seq_length=128 with overlong: drop)"
     )
+
+
+def test_a_task_weights_sample_is_formatted_as_the_build_trains_it(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A task of weight 0.3 trains a seeded sample of its rows: check formatted all of them
+    (one short one was enough to say usable), the build the sample (every one too long)."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data import prepare_data
+    from expert_cli.data.checks import check_manifest
+    from expert_cli.data.splits import weighted_rows
+    from expert_cli.data.tokenizer import load_tokenizer
+    from expert_cli.errors import UserError
+
+    folder = tmp_path / "e"
+    manifest = write_expert(folder, tiny_model_dir)
+    data = json.loads(manifest.read_text())
+    tasks = {"a": {"train": "data/a.jsonl", "valid": "data/v.jsonl", "weight": 0.3}}
+    data["training"]["dataset"] = {"type": "multi_task", "tasks": tasks, "overlong": "drop"}
+    manifest.write_text(json.dumps(data))
+    resolved = resolve(load_manifest(manifest), cpu_environment())
+    sample = set(weighted_rows(10, 0.3, resolved.seed).tolist())
+    long = {"instruction": "word " * 300, "output": "yes"}
+    rows = [long if i in sample else {"instruction": f"q{i}", "output": "a"} for i in range(10)]
+    (folder / "data" / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "data" / "v.jsonl").write_text(json.dumps({"instruction": "q", "output": "a"}))
+    (problem,) = check_manifest(manifest).problems
+    assert problem == (
+        f"training.dataset: no training example is left after formatting ({len(sample)} read, "
+        f"every one dropped: {len(sample)} over max_seq_length=128 with overlong: drop)"
+    )
+    with pytest.raises(UserError) as built:
+        prepare_data(resolved, load_tokenizer(resolved), num_proc=1)
+    assert str(built.value) == problem

@@ -209,6 +209,56 @@ def test_held_out_examples_all_refused_fail_in_check_as_in_the_build(
     assert check_manifest(manifest, quick=5).problems == []  # not read whole: not known
 
 
+BY_TEXT = (
+    "{%- for m in messages %}{%- if 'forbidden' in m['content'] %}"
+    "{{ raise_exception('SECRET no such word') }}{%- endif %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+)
+
+
+def test_a_template_that_refuses_by_text_is_no_false_alarm_for_the_held_out(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The template's verdict is remembered by a conversation's shape: one refused for its
+    text made every held-out conversation of that shape look refused, and check was exit 2
+    where the build kept them. Small data is formatted exactly."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data import prepare_data
+    from expert_cli.data.checks import check_manifest
+    from expert_cli.data.splits import held_rows
+    from expert_cli.data.tokenizer import load_tokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text(BY_TEXT)
+    manifest = _messages_expert(tmp_path, model)
+    data = json.loads(manifest.read_text())
+    del data["training"]["config"]["evaluation_strategy"]  # on: eval_fraction holds out
+    manifest.write_text(json.dumps(data))
+    resolved = resolve(load_manifest(manifest), cpu_environment())
+    held = set(held_rows(8, resolved.eval_fraction, resolved.eval_seed).tolist())
+    system = [{"role": "system", "content": "s"}]
+    rows = [
+        {
+            "messages": ([] if i in held or i == 0 else system)
+            + [
+                {"role": "user", "content": "forbidden" if i == 0 else f"q{i}"},
+                {"role": "assistant", "content": "a b"},
+            ]
+        }
+        for i in range(8)
+    ]
+    assert 0 not in held
+    (manifest.parent / "data" / "train.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows)
+    )
+    assert check_manifest(manifest).problems == []
+    built = prepare_data(resolved, load_tokenizer(resolved), num_proc=1)
+    assert built.stats["eval"]["rows"] >= 1 and built.stats["train"]["dropped_template"] == 1
+
+
 def test_a_saved_dataset_is_checked_row_by_row_as_a_file_is(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

@@ -655,13 +655,39 @@ def test_eval_leaves_out_the_pieces_of_split_examples(demo_expert_dir: Path) -> 
     notes: list[str] = []
     cases = eval_cases(resolved, tokenizer, None, 100, notes)
     assert notes == [
-        "--eval 100: the validation split has 36 whole examples",
+        "--eval 100: the validation split has 36 examples",  # a piece may pass for whole
         "--eval: 4 validation examples were split into pieces of max_seq_length=512 (overlong: "
         "split); pieces are left out where they fill it or begin inside an answer, and one "
         "that begins inside a prompt cannot be told from a whole example",
     ]
     assert len(cases) == 36 and all(c.prompt.startswith("system") for c in cases), cases[0]
     assert all(case.reference.rstrip().endswith(";") for case in cases)
+
+
+def test_eval_leaves_out_a_piece_of_end_of_turn_tokens(demo_expert_dir: Path) -> None:
+    """A split example whose last piece is its answer's `<|im_end|>`, a line end and EOS was
+    a case of an empty prompt and an empty reference, counted in the exact-match score."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data.formatting import Formatter
+    from expert_cli.data.tokenizer import load_tokenizer
+    from expert_cli.train.eval_cases import eval_cases
+
+    valid = demo_expert_dir / "data" / "valid.jsonl"
+    row = json.loads(valid.read_text().splitlines()[0])
+    valid.write_text(json.dumps(row) + "\n")
+    manifest = demo_expert_dir / "manifest.json"
+    resolved = resolve(load_manifest(manifest), cpu_environment())
+    tokenizer = load_tokenizer(resolved)
+    formatter = Formatter(tokenizer=tokenizer, kind="text", max_seq_length=4096, overlong="drop")
+    ids = formatter({"text": [row["text"]]}).to_pylist()[0]["input_ids"]
+    assert tokenizer.decode(ids[-3:]) == "<|im_end|>\n<|endoftext|>"
+    sets = [f"max_seq_length={len(ids) - 3}", "training.dataset.overlong=split"]
+    resolved = resolve(load_manifest(manifest, sets), cpu_environment())
+    notes: list[str] = []
+    assert eval_cases(resolved, tokenizer, None, 5, notes) == []
+    assert notes[0] == "--eval 5: the validation split has 0 examples"
 
 
 def test_eval_keeps_an_example_exactly_as_long_as_the_limit(demo_expert_dir: Path) -> None:

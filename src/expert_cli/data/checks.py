@@ -129,11 +129,12 @@ def check_manifest(
         report.problems.append(refusals.line)
     elif refusals:
         report.notes = [*report.notes, refusals.line]
-    if not blank_problems and not (refusals and refusals.every):
-        report.problems += [held] if (held := data.held_out_problem(resolved)) else []
+    splits: dict[bool, list] = {}
     if not report.problems and tokenizer is not None and data.fields is not None:
         splits = small_splits(resolved, data.kept)  # a split the build would leave empty
         report.problems += formatted_problems(resolved, tokenizer, data.fields.kind, splits)
+    if not blank_problems and not (refusals and refusals.every) and False not in splits:
+        report.problems += [held] if (held := data.held_out_problem(resolved)) else []
     counted = [data.rows.get(src.location) for src in resolved.train_sources]
     if quick:  # a count cut at --quick rows says only "at least that many"
         counted = [None if n is not None and n >= quick else n for n in counted]

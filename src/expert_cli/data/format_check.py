@@ -3,10 +3,11 @@ leave empty (every evaluation example over `max_seq_length` with its answer cut 
 training one dropped with `overlong: drop`) is exit 2 at `check`, in the build's words, not
 after tokenizing in `train`.
 
-Only the rows of sources of at most KEEP_ROWS rows are kept while `check` reads them; the
-examples `eval_fraction` holds out are picked as the build picks them (data/splits.py). A
-split with a source of more rows is not formatted: its examples are too many for every one to
-be dropped by length unnoticed, and formatting them would cost what tokenizing does.
+Only the rows of sources of at most KEEP_ROWS rows and KEEP_CHARS characters are kept while
+`check` reads them; the examples `eval_fraction` holds out, and those a task's weight trains,
+are picked as the build picks them (data/splits.py). A split with a larger source is not
+formatted: its examples are too many for every one to be dropped by length unnoticed, and
+formatting them would cost what tokenizing does.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from expert_cli.data.formatting import (
     KEPT_CODES,
     Formatter,
 )
-from expert_cli.data.splits import held_rows
+from expert_cli.data.splits import held_rows, weighted_rows
 from expert_cli.data.stats_words import drop_reasons
 from expert_cli.errors import UserError
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 KEEP_ROWS = 4096  # rows of a source `check` keeps to format
+KEEP_CHARS = 16 << 20  # and characters of text: formatting costs what tokenizing does
 DROP_KEYS = {
     DROPPED_OVERLONG: "dropped_overlong",
     DROPPED_NO_COMPLETION: "dropped_no_completion",
@@ -47,26 +49,35 @@ DROP_KEYS = {
 def small_splits(
     resolved: ResolvedConfig, kept: list[tuple[bool, list[dict[str, Any]] | None]]
 ) -> dict[bool, list[dict[str, Any]]]:
-    """The rows of each split (True: training) the build will format, where every source of
-    the split was kept whole (`kept`: per source in the manifest's order, training ones first,
-    whether it is a training one and its rows or None)."""
+    """The examples of each split (True: training) the build will format, where every source
+    of the split was kept whole (`kept`: per source in the manifest's order, training ones
+    first, whether it is a training one and its rows or None): the held-out ones picked and
+    a task's weight applied as the build does. None under `overlong: split`, which drops
+    nothing for its length."""
+    if resolved.overlong == "split":
+        return {}
     train = [rows for is_train, rows in kept if is_train]
     valid = [rows for is_train, rows in kept if not is_train]
     out: dict[bool, list[dict[str, Any]]] = {}
-    if resolved.validation_sources:
-        if None not in valid:
-            out[False] = [row for rows in valid if rows is not None for row in rows]
-        if None not in train:
-            out[True] = [row for rows in train if rows is not None for row in rows]
+    if resolved.validation_sources and None not in valid:
+        out[False] = [row for rows in valid if rows is not None for row in rows]
+    if None in train or len(train) != len(resolved.train_sources):
         return out
-    if None in train:
-        return out
-    out[True], out[False] = [], []
-    for i, rows in enumerate(r for r in train if r is not None):
-        held = set(held_rows(len(rows), resolved.eval_fraction, resolved.eval_seed + i).tolist())
-        for j, row in enumerate(rows):
-            out[j not in held].append(row)
-    return out if out[False] else {True: out[True]}
+    trained: list[dict[str, Any]] = []
+    held: list[dict[str, Any]] = []
+    for i, (rows, ref) in enumerate(zip(train, resolved.train_sources, strict=True)):
+        assert rows is not None
+        out_of = set()
+        if not resolved.validation_sources:
+            out_of = set(held_rows(len(rows), resolved.eval_fraction, resolved.eval_seed + i))
+            held += [rows[j] for j in sorted(out_of)]
+        rest = [row for j, row in enumerate(rows) if j not in out_of]
+        if rest:
+            trained += [rest[j] for j in weighted_rows(len(rest), ref.weight, resolved.seed + i)]
+    out[True] = trained
+    if held:
+        out[False] = held
+    return out
 
 
 def formatted_problems(
@@ -110,3 +121,14 @@ def formatted_problems(
 def _stored(role: str, value: Any) -> Any:
     """A row's value as the build's Arrow file holds it: a conversation as its JSON text."""
     return conversation_text(value) if role == "messages" and value is not None else value
+
+
+def row_chars(row: dict[str, Any]) -> int:
+    """About how many characters of text a checked row holds (its conversation's contents)."""
+    total = 0
+    for value in row.values():
+        if isinstance(value, str):
+            total += len(value)
+        elif isinstance(value, list):
+            total += sum(len(str(m.get("content") or "")) for m in value if isinstance(m, dict))
+    return total

@@ -28,7 +28,7 @@ from expert_cli.data.conversations import (
     without_fill_ins,
 )
 from expert_cli.data.fields import FieldSpec
-from expert_cli.data.format_check import KEEP_ROWS
+from expert_cli.data.format_check import KEEP_CHARS, KEEP_ROWS, row_chars
 from expert_cli.data.formatting import check_chat_template, unanswered
 from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.hub_snapshot import snapshot_lines
@@ -188,6 +188,7 @@ class DataCheck:
         # and was read whole (format_check formats them)
         self.kept: list[tuple[bool, list[dict[str, Any]] | None]] = []
         self._kept: list[dict[str, Any]] | None = []
+        self._kept_chars = 0
 
     def refusals(self) -> Refusals | None:
         """The refused conversations, if any."""
@@ -220,7 +221,7 @@ class DataCheck:
         """Read one source (`train`: a training one, not validation). A hub one is read only
         from its cached snapshot, where the hub cannot be asked (else hub_status says where
         it stands: check downloads nothing)."""
-        self._train, self._drops, self._kept = train, {}, []
+        self._train, self._drops, self._kept, self._kept_chars = train, {}, [], 0
         self.kept.append((train, None))
         if train:
             self.train_drops.append(None)
@@ -258,10 +259,12 @@ class DataCheck:
         counted = trained is not None or turns is not None
         for row in scan.rows:  # a row refused later raises: the rows read so far are counted
             count += 1
-            if self._kept is not None and count > KEEP_ROWS:
-                self._kept = None
-            elif self._kept is not None:
-                self._kept.append(row)
+            if self._kept is not None:
+                self._kept_chars += row_chars(row)
+                if count > KEEP_ROWS or self._kept_chars > KEEP_CHARS:
+                    self._kept = None
+                else:
+                    self._kept.append(row)
             blank[1] += counted
             why = self._render(verdict, row["messages"], scan.at) if verdict else None
             if trained is not None:
@@ -339,14 +342,18 @@ class DataCheck:
 
     def held_out_problem(self, resolved: ResolvedConfig) -> str | None:
         """The build's words where every example it will hold out for evaluation (no
-        validation source) is one it then drops: train would stop on an evaluation split of
-        none. None where any is kept, or a training source is not read whole."""
+        validation source) is one it then drops with nothing to train on, or without the
+        response template: train would stop on an evaluation split of none. None where any
+        is kept or refused by the chat template (whose verdict here is its shape's: small data
+        is formatted exactly by format_check), or a training source is not read whole."""
         if resolved.validation_sources or None in self.train_drops:
             return None
         held: list[tuple[str, str]] = []
         for i, (rows, drops) in enumerate(d for d in self.train_drops if d is not None):
             for row in held_rows(rows, resolved.eval_fraction, resolved.eval_seed + i):
-                if int(row) not in drops:
+                # a refusal is the verdict of the conversation's shape (a template may refuse
+                # by a message's text): only format_check's exact one is said
+                if drops.get(int(row), ("template", ""))[0] == "template":
                     return None
                 held.append(drops[int(row)])
         if not held:

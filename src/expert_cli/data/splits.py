@@ -1,5 +1,5 @@
 """The examples held out for evaluation, and a task's weight: both seeded, so `check` can
-find which rows a build will hold out before anything is tokenized."""
+find which rows a build will hold out and train before anything is tokenized."""
 
 from __future__ import annotations
 
@@ -29,18 +29,18 @@ def hold_out(
     return ds.select(np.setdiff1d(np.arange(len(ds)), held)), ds.select(held)
 
 
-def apply_weight(ds: datasets.Dataset, weight: float, seed: int) -> datasets.Dataset:
-    """Repeat `ds` int(weight) times and add a seeded sample of the fractional part."""
-
-    if weight == 1.0:
-        return ds
-    n = len(ds)
+def weighted_rows(n: int, weight: float, seed: int) -> np.ndarray:
+    """The rows of `n` a task's `weight` trains: all of them int(weight) times, then a seeded
+    sample of the fractional part (at least one row)."""
     whole, frac = int(weight), weight - int(weight)
     extra = np.random.default_rng(seed).choice(n, size=round(frac * n), replace=False)
     index = np.concatenate([np.tile(np.arange(n), whole), np.sort(extra)])
-    if len(index) == 0:
-        index = np.array([0])
-    return ds.select(index)
+    return index if len(index) else np.array([0])
+
+
+def apply_weight(ds: datasets.Dataset, weight: float, seed: int) -> datasets.Dataset:
+    """Repeat `ds` int(weight) times and add a seeded sample of the fractional part."""
+    return ds if weight == 1.0 else ds.select(weighted_rows(len(ds), weight, seed))
 
 
 NO_EVAL_ROWS = (

@@ -68,12 +68,16 @@ def eval_cases(
             prompt = tokenizer.decode(ids[:first], skip_special_tokens=True).strip()
             reference = tokenizer.decode(ids[first:stop], skip_special_tokens=True)
             text_tokens = sum(1 for t in ids[first:stop] if t not in special)
+            if split and not text_tokens:
+                continue  # a piece holding only an answer's end-of-turn tokens
             cases.append(Case(prompt, ids[:first], reference.strip(), text_tokens))
             if len(cases) == n:
                 break
         if len(cases) == n:
             break
     notes += _eval_notes(len(cases), n, cut, resolved.max_seq_length)
+    if split and len(cases) < n:  # pieces are not whole examples
+        notes[-1] = notes[-1].replace(" whole example", " example")
     if split:
         notes.append(
             f"--eval: {split:,} validation example{'s were' if split > 1 else ' was'} split "
