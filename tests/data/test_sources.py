@@ -805,14 +805,36 @@ def test_hub_messages_whose_turns_have_different_keys_are_read(tmp_path, write_j
     ), msg
 
 
+def _stored_messages(loaded, by: int) -> list:
+    """Every conversation a load stored, training and held-out, sorted by turn `by`'s text."""
+    parts = [loaded.train, *([loaded.eval] if loaded.eval is not None else [])]
+    found = [json.loads(m) for part in parts for m in part["messages"]]
+    return sorted(found, key=lambda m: m[by]["content"])
+
+
+def _read_in_three_forms(folder: Path, rows: list, column: str, expected: list, by: int) -> None:
+    """`rows` written as JSON Lines, Parquet and a saved dataset, each loaded with no mapping:
+    `column` is found as the messages and `expected` stored (sorted by turn `by`'s text)."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.joinpath("train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = load(folder, {"path": "train.jsonl"})
+    assert loaded.fields.mapping == {"messages": column}
+    assert _stored_messages(loaded, by) == expected
+    pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
+    assert _stored_messages(load(folder, {"path": "train.parquet"}), by) == expected
+    datasets.Dataset.from_list(rows).save_to_disk(folder / "saved")
+    assert _stored_messages(load(folder, {"path": "saved"}), by) == expected
+
+
 def test_sharegpt_conversations_are_read_as_messages(tmp_path, write_jsonl) -> None:
     """ShareGPT's form (`conversations` of `{"from": "human", "value": ...}`, the common form
     of chat data on the hub) was "cannot tell which column holds the data", and with a
     mapping "role is missing": it is read as role/content messages, from a file, a Parquet
     file or a saved dataset alike, a turn's other keys kept."""
     import datasets
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from expert_cli.data.conversations import standard_turns
 
@@ -835,19 +857,7 @@ def test_sharegpt_conversations_are_read_as_messages(tmp_path, write_jsonl) -> N
         for i in range(3)
     ]
 
-    def stored(loaded) -> list:
-        parts = [loaded.train, *([loaded.eval] if loaded.eval is not None else [])]
-        found = [json.loads(m) for part in parts for m in part["messages"]]
-        return sorted(found, key=lambda m: m[1]["content"])
-
-    write_jsonl(tmp_path / "train.jsonl", rows)
-    loaded = load(tmp_path, {"path": "train.jsonl"})  # the column found by its name
-    assert loaded.fields.mapping == {"messages": "conversations"}
-    assert stored(loaded) == expected
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    assert stored(load(tmp_path, {"path": "train.parquet"})) == expected
-    datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "saved")
-    assert stored(load(tmp_path, {"path": "saved"})) == expected
+    _read_in_three_forms(tmp_path, rows, "conversations", expected, 1)  # found by its name
     for speaker in ("chatgpt", "bing", "bard"):  # FastChat's other answers (they were dropped)
         assert standard_turns([{"from": speaker, "value": "a"}]) == [
             {"role": "assistant", "content": "a"}
@@ -870,8 +880,6 @@ def test_capybara_exchanges_are_read_as_messages(tmp_path, write_jsonl) -> None:
     be mapped at all ("role is missing"): each item is a user turn and an assistant turn,
     from a file, a Parquet file or a saved dataset alike."""
     import datasets
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     rows = [
         {"source": "x", "conversation": [{"input": f"q{i}", "output": f"a{i}"}] * 2}
@@ -880,24 +888,12 @@ def test_capybara_exchanges_are_read_as_messages(tmp_path, write_jsonl) -> None:
     turn = [{"role": "user", "content": "q{}"}, {"role": "assistant", "content": "a{}"}]
     expected = [[{**m, "content": m["content"].format(i)} for m in turn * 2] for i in range(3)]
 
-    def stored(loaded) -> list:
-        parts = [loaded.train, *([loaded.eval] if loaded.eval is not None else [])]
-        found = [json.loads(m) for part in parts for m in part["messages"]]
-        return sorted(found, key=lambda m: m[0]["content"])
-
-    write_jsonl(tmp_path / "train.jsonl", rows)
-    loaded = load(tmp_path, {"path": "train.jsonl"})
-    assert loaded.fields.mapping == {"messages": "conversation"}
-    assert stored(loaded) == expected
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    assert stored(load(tmp_path, {"path": "train.parquet"})) == expected
-    datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "saved")
-    assert stored(load(tmp_path, {"path": "saved"})) == expected
+    _read_in_three_forms(tmp_path, rows, "conversation", expected, 0)
     mixed = [{"role": "system", "content": "s"}, {"input": "q", "output": "a"}]
     datasets.Dataset.from_list([{"messages": mixed}] * 2).save_to_disk(tmp_path / "mixed")
     # Arrow's struct gives every item every key, null where it had none: the answer's
     # role was the fill-in's null
-    assert stored(load(tmp_path, {"path": "mixed"}))[0] == [
+    assert _stored_messages(load(tmp_path, {"path": "mixed"}), 0)[0] == [
         {"role": "system", "content": "s"},
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "a"},

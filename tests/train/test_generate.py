@@ -664,52 +664,50 @@ def test_eval_leaves_out_the_pieces_of_split_examples(demo_expert_dir: Path) -> 
     assert all(case.reference.rstrip().endswith(";") for case in cases)
 
 
-def test_eval_leaves_out_a_piece_of_end_of_turn_tokens(demo_expert_dir: Path) -> None:
-    """A split example whose last piece is its answer's `<|im_end|>`, a line end and EOS was
-    a case of an empty prompt and an empty reference, counted in the exact-match score."""
+def _one_validation_example(expert: Path) -> tuple:
+    """The demo's validation file cut to its first example: (the tokenizer, its ids)."""
     from expert_cli.config import load_manifest
     from expert_cli.config.environment import cpu_environment
     from expert_cli.config.resolve import resolve
     from expert_cli.data.formatting import Formatter
     from expert_cli.data.tokenizer import load_tokenizer
-    from expert_cli.train.eval_cases import eval_cases
 
-    valid = demo_expert_dir / "data" / "valid.jsonl"
+    valid = expert / "data" / "valid.jsonl"
     row = json.loads(valid.read_text().splitlines()[0])
     valid.write_text(json.dumps(row) + "\n")
-    manifest = demo_expert_dir / "manifest.json"
-    resolved = resolve(load_manifest(manifest), cpu_environment())
+    resolved = resolve(load_manifest(expert / "manifest.json"), cpu_environment())
     tokenizer = load_tokenizer(resolved)
     formatter = Formatter(tokenizer=tokenizer, kind="text", max_seq_length=4096, overlong="drop")
-    ids = formatter({"text": [row["text"]]}).to_pylist()[0]["input_ids"]
+    return tokenizer, formatter({"text": [row["text"]]}).to_pylist()[0]["input_ids"]
+
+
+def _eval_cases(expert: Path, tokenizer, sets: list[str], notes: list[str]) -> list:
+    """`generate --eval 5`'s cases of the expert with `sets` applied."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.train.eval_cases import eval_cases
+
+    resolved = resolve(load_manifest(expert / "manifest.json", sets), cpu_environment())
+    return eval_cases(resolved, tokenizer, None, 5, notes)
+
+
+def test_eval_leaves_out_a_piece_of_end_of_turn_tokens(demo_expert_dir: Path) -> None:
+    """A split example whose last piece is its answer's `<|im_end|>`, a line end and EOS was
+    a case of an empty prompt and an empty reference, counted in the exact-match score."""
+    tokenizer, ids = _one_validation_example(demo_expert_dir)
     assert tokenizer.decode(ids[-3:]) == "<|im_end|>\n<|endoftext|>"
     sets = [f"max_seq_length={len(ids) - 3}", "training.dataset.overlong=split"]
-    resolved = resolve(load_manifest(manifest, sets), cpu_environment())
     notes: list[str] = []
-    assert eval_cases(resolved, tokenizer, None, 5, notes) == []
+    assert _eval_cases(demo_expert_dir, tokenizer, sets, notes) == []
     assert notes[0] == "--eval 5: the validation split has 0 examples"
 
 
 def test_eval_keeps_an_example_exactly_as_long_as_the_limit(demo_expert_dir: Path) -> None:
     """An example of exactly max_seq_length tokens (its EOS the last) is whole, not cut."""
-    from expert_cli.config import load_manifest
-    from expert_cli.config.environment import cpu_environment
-    from expert_cli.config.resolve import resolve
-    from expert_cli.data.formatting import Formatter
-    from expert_cli.data.tokenizer import load_tokenizer
-    from expert_cli.train.eval_cases import eval_cases
-
-    valid = demo_expert_dir / "data" / "valid.jsonl"
-    row = json.loads(valid.read_text().splitlines()[0])
-    valid.write_text(json.dumps(row) + "\n")
-    manifest = demo_expert_dir / "manifest.json"
-    resolved = resolve(load_manifest(manifest), cpu_environment())
-    tokenizer = load_tokenizer(resolved)
-    formatter = Formatter(tokenizer=tokenizer, kind="text", max_seq_length=4096, overlong="drop")
-    length = len(formatter({"text": [row["text"]]}).to_pylist()[0]["input_ids"])
-    resolved = resolve(load_manifest(manifest, [f"max_seq_length={length}"]), cpu_environment())
+    tokenizer, ids = _one_validation_example(demo_expert_dir)
     notes: list[str] = []
-    assert len(eval_cases(resolved, tokenizer, None, 5, notes)) == 1
+    assert len(_eval_cases(demo_expert_dir, tokenizer, [f"max_seq_length={len(ids)}"], notes)) == 1
     assert notes == ["--eval 5: the validation split has 1 whole example"]
 
 

@@ -73,30 +73,26 @@ def drop_reasons(split: dict[str, Any], max_seq_length: int | None = None) -> st
     return "; ".join(said) or "none"
 
 
-def cut_words(split: dict[str, Any], max_seq_length: int | None = None) -> str | None:
-    """What was cut from a split's examples longer than max_seq_length, where any was: their
-    tokens past it are not trained (a corpus of long documents kept 1.5% of its tokens, said
-    only as `train.truncated 25` among the counts). None when none was cut."""
-    cut, read = split.get("truncated", 0), _formatted(split)
-    if not isinstance(cut, int) or cut <= 0:
-        return None
-    limit = _limit(max_seq_length)
-    return (
-        f"{cut:,} of {read:,} examples were longer than max_seq_length{limit} and cut to it: "
-        "what follows is not trained (raise max_seq_length, set training.dataset.overlong: "
-        "split to train all of each in pieces, or drop to leave them out)"
-    )
+# what became of the examples over max_seq_length, by the stats key that counts them
+LONG_WORDS = {
+    "truncated": "cut to it: what follows is not trained (raise max_seq_length, set "
+    "training.dataset.overlong: split to train all of each in pieces, or drop to leave them out)",
+    "split": "split into pieces of it, each trained as an example (a piece's first token is "
+    "not trained)",
+}
 
 
-def split_words(split: dict[str, Any], max_seq_length: int | None = None) -> str | None:
-    """How many of a split's examples `overlong: split` cut into pieces; None for none."""
-    cut, read = split.get("split", 0), _formatted(split)
-    if not isinstance(cut, int) or cut <= 0:
+def long_words(split: dict[str, Any], key: str, max_seq_length: int | None = None) -> str | None:
+    """What became of a split's examples longer than max_seq_length, counted under `key`
+    (`truncated`: their tokens past it are not trained, a corpus of long documents kept 1.5%
+    of its tokens, said only as `train.truncated 25` among the counts; `split`). None for
+    none."""
+    count, read = split.get(key, 0), _formatted(split)
+    if not isinstance(count, int) or count <= 0:
         return None
-    limit = _limit(max_seq_length)
     return (
-        f"{cut:,} of {read:,} examples were longer than max_seq_length{limit} and split into "
-        "pieces of it, each trained as an example (a piece's first token is not trained)"
+        f"{count:,} of {read:,} examples were longer than max_seq_length"
+        f"{_limit(max_seq_length)} and {LONG_WORDS[key]}"
     )
 
 
@@ -108,8 +104,8 @@ def count_lines(stats: dict[str, Any]) -> list[tuple[str, str]]:
         return []
     found = [
         ("dropped", drop_reasons(train, limit) if train.get("dropped") else None),
-        ("cut", cut_words(train, limit)),
-        ("split", split_words(train, limit)),
+        ("cut", long_words(train, "truncated", limit)),
+        ("split", long_words(train, "split", limit)),
         ("loss on", masking_words(train)),
     ]
     return [(label, said) for label, said in found if said]
