@@ -170,8 +170,9 @@ def _more(text: Text, buf: str, pos: int, line: int) -> tuple[str, int]:
             "(one example per value is expected; an object of columns, or wrapping its "
             "examples, is one value: write such data as JSON Lines)"
         )
-    more, need = [text.read()], len(buf) - pos  # as much again: a value read in 1 MB
-    while sum(map(len, more)) < need and not text.eof:  # steps was decoded once a step
+    # as much again as is held: a value read 1 MB at a time was decoded again after each read
+    more, need = [text.read()], len(buf) - pos
+    while sum(map(len, more)) < need and not text.eof:
         more.append(text.read())
     return buf[pos:] + "".join(more), 0
 
