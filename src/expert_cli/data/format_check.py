@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 KEEP_ROWS = 4096  # rows of a source `check` keeps to format
 KEEP_CHARS = 16 << 20  # and characters of text: formatting costs what tokenizing does
+FORMAT_BATCH = 64  # examples formatted at a time, until one is kept
 DROP_KEYS = {
     DROPPED_OVERLONG: "dropped_overlong",
     DROPPED_NO_COMPLETION: "dropped_no_completion",
@@ -97,24 +98,25 @@ def formatted_problems(
     )
     problems = []
     for train, rows in splits.items():
-        if not rows:
-            continue
-        roles = sorted({role for row in rows for role in row})
-        batch = {role: [_stored(role, row.get(role)) for row in rows] for role in roles}
-        try:
-            table = formatter(batch)
-        except UserError:  # a template that cannot render: said by check's own lines
-            return []
-        status = np.asarray(table.column("status"))
-        if np.isin(status, KEPT_CODES).any():
-            continue
-        stats: dict[str, Any] = {
-            key: int((status == code).sum()) for code, key in DROP_KEYS.items()
-        }
-        refused = table.column("refused").drop_null()
-        stats["template_refusal"] = str(refused[0]) if len(refused) else None
-        why = drop_reasons(stats, resolved.max_seq_length)
-        problems.append(nothing_left(resolved, train, len(rows), why))
+        statuses, refusals = [], []
+        for lo in range(0, len(rows), FORMAT_BATCH):  # until an example is kept
+            batch = rows[lo : lo + FORMAT_BATCH]
+            roles = sorted({role for row in batch for role in row})
+            try:
+                table = formatter({r: [_stored(r, row.get(r)) for row in batch] for r in roles})
+            except UserError:  # a template that cannot render: said by check's own lines
+                return []
+            statuses.append(np.asarray(table.column("status")))
+            refusals += table.column("refused").drop_null().to_pylist()
+            if np.isin(statuses[-1], KEPT_CODES).any():
+                break
+        else:
+            if rows:
+                status = np.concatenate(statuses)
+                stats: dict[str, Any] = {k: int((status == c).sum()) for c, k in DROP_KEYS.items()}
+                stats["template_refusal"] = refusals[0] if refusals else None
+                why = drop_reasons(stats, resolved.max_seq_length)
+                problems.append(nothing_left(resolved, train, len(rows), why))
     return problems
 
 
