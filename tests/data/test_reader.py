@@ -95,8 +95,12 @@ def test_near_misses_of_the_json_layouts_are_named(tmp_path: Path) -> None:
         "expected a list a column, all of one length, or one object an example (JSON Lines)"
     )
     lines = tmp_path / "rows.jsonl"  # a JSON Lines line is one example, whatever it holds
-    lines.write_text(json.dumps({"instruction": ["a", "b"], "output": ["c", "d"]}) + "\n")
-    assert rows_of(lines, "jsonl") == [{"instruction": ["a", "b"], "output": ["c", "d"]}]
+    columns = {"instruction": ["a", "b"], "output": ["c", "d"]}
+    lines.write_text(json.dumps(columns) + "\n")
+    assert rows_of(lines, "jsonl") == rows_of(lines) == [columns]
+    # the file's name decides, not the format the manifest gives (HiveLLM's say jsonl)
+    path.write_text(json.dumps(columns))
+    assert len(rows_of(path, "jsonl")) == 2
 
 
 def test_a_large_json_value_is_read_in_linear_time(tmp_path: Path, monkeypatch) -> None:

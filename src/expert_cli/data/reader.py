@@ -68,8 +68,10 @@ def read_rows(path: Path, fmt: str, columns: Columns | None = None) -> Iterator[
             "decompress it"
         )
     if fmt in ("jsonl", "json"):
-        keys = (columns.wanted if columns else DETECTED_COLUMNS) if fmt == "json" else None
-        yield from json_rows(path, keys)  # a JSON Lines line is one example
+        name = Path(path.stem) if compression(path) else path  # rows.jsonl.gz: rows.jsonl
+        lines = name.suffix.lower() in (".jsonl", ".ndjson")  # a line is one example
+        keys = None if lines else columns.wanted if columns else DETECTED_COLUMNS
+        yield from json_rows(path, keys)
     elif fmt == "csv":
         yield from _csv_rows(path)
     elif fmt == "parquet":
