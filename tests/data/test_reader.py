@@ -103,6 +103,27 @@ def test_near_misses_of_the_json_layouts_are_named(tmp_path: Path) -> None:
     assert len(rows_of(path, "jsonl")) == 2
 
 
+def test_columns_under_one_key_and_examples_by_split(tmp_path: Path) -> None:
+    """`{"data": {"instruction": [...], ...}}` (datasets' field="data" of columns) and
+    `{"train": [...], "test": [...]}` were "field 'instruction' missing; this row has 'data'"."""
+    path = tmp_path / "rows.json"
+    columns = {"instruction": ["a", "b"], "output": ["c", "d"]}
+    path.write_text(json.dumps({"version": 1, "data": columns}))
+    assert rows_of(path) == [
+        {"instruction": "a", "output": "c"},
+        {"instruction": "b", "output": "d"},
+    ]
+    path.write_text(json.dumps({"train": [{"text": "a"}], "test": [{"text": "b"}]}))
+    with pytest.raises(UserError) as err:
+        rows_of(path)
+    assert str(err.value).startswith(
+        f"{path}: an object whose 'test', 'train' each hold a list of examples (one a split?)"
+    )
+    chat = {"messages": [{"role": "user", "content": "q"}], "meta": {"id": 1}}  # one example
+    path.write_text(json.dumps(chat))
+    assert rows_of(path) == [chat]
+
+
 def test_a_large_json_value_is_read_in_linear_time(tmp_path: Path, monkeypatch) -> None:
     """A value read 1 MB at a time was decoded again after each read: 270 MB took 99 s to
     refuse. Each read now takes as much again as is held."""

@@ -6,8 +6,10 @@ by the largest value (at most `MAX_ITEM_BYTES`), not by the file. A file of one 
 as the datasets library reads it where it is not one example: an object of columns
 (`{"instruction": [...], "output": [...]}`) gives a row per item, and an object that wraps its
 examples in one key (`{"version": 2, "data": [{...}, ...]}`, what `field="data"` names there)
-gives that key's items, where the object holds no column the run reads. An object whose lists
-hold objects otherwise (a conversation's turns) stays one example.
+gives that key's items, where the object holds no column the run reads (and an object of
+columns under one key, `field="data"` of columns, its rows). An object whose lists hold
+objects otherwise (a conversation's turns) stays one example; one of several such lists
+(`{"train": [...], "test": [...]}`) is exit 2, asking for a file a split.
 """
 
 from __future__ import annotations
@@ -59,6 +61,17 @@ def _lone(
     """The examples of a file that holds one object: its columns' rows, the items of the one
     key that wraps them, or itself."""
     lists = {k: v for k, v in value.items() if isinstance(v, list)}
+    inner = [k for k, v in value.items() if isinstance(v, dict)]
+    if not lists and len(inner) == 1 and example_keys.isdisjoint(value):  # field= of columns
+        yield from _lone(path, where, value[inner[0]], example_keys)
+        return
+    splits = sorted(k for k, v in lists.items() if v and all(isinstance(x, dict) for x in v))
+    if len(splits) > 1 and example_keys.isdisjoint(value):
+        raise UserError(
+            f"{path}: an object whose {', '.join(map(shown_name, splits))} each hold a list "
+            "of examples (one a split?); expected one list: give each its own file, the "
+            "training one as training.dataset.path and another as validation_path"
+        )
     if len(lists) == 1 and example_keys.isdisjoint(value):
         (key, items), twice = next(iter(lists.items())), repeated_keys(value)
         if not items or isinstance(items[0], dict):  # the examples, wrapped
