@@ -44,6 +44,8 @@ SHAREGPT_ROLES = {
 }
 # Capybara's turns (`{"input": question, "output": answer}`): one exchange an item
 CAPYBARA = {"input", "output"}
+# the keys of a turn in each form standard_turns reads: OpenAI's, ShareGPT's, Capybara's
+TURN_FORMS = ({"role", "content"}, {"from", "value"}, CAPYBARA)
 
 
 def standard_turns(messages: Any) -> Any:

@@ -180,10 +180,10 @@ class DataCheck:
         self.unmarked = {True: 0, False: 0}  # texts without the response template, by split
         self.whole_texts = {True: 0, False: 0}  # texts without an assistant marker: all trained
         self.whole = {True: True, False: True}
-        # per training source: its rows' count and what the build drops of them, by row
-        # ((reason, why)), or None where it is not read whole (a hub or saved one, --quick)
-        self.train_drops: list[tuple[int, dict[int, tuple[str, str]]] | None] = []
-        self._drops: dict[int, tuple[str, str]] = {}
+        # per training source: its rows' count and why the build drops each it drops (its
+        # drop key), or None where it is not read whole (a hub or saved one, --quick)
+        self.train_drops: list[tuple[int, dict[int, str]] | None] = []
+        self._drops: dict[int, str] = {}
         # per source: whether a training one, and its rows where it has at most KEEP_ROWS
         # and was read whole (format_check formats them)
         self.kept: list[tuple[bool, list[dict[str, Any]] | None]] = []
@@ -348,28 +348,25 @@ class DataCheck:
         is formatted exactly by format_check), or a training source is not read whole."""
         if resolved.validation_sources or None in self.train_drops:
             return None
-        held: list[tuple[str, str]] = []
+        held: list[str] = []
         for i, (rows, drops) in enumerate(d for d in self.train_drops if d is not None):
             for row in held_rows(rows, resolved.eval_fraction, resolved.eval_seed + i):
                 # a refusal is the verdict of the conversation's shape (a template may refuse
                 # by a message's text): only format_check's exact one is said
-                if drops.get(int(row), ("template", ""))[0] == "template":
+                if drops.get(int(row), "template") == "template":
                     return None
                 held.append(drops[int(row)])
         if not held:
             return None
-        counts = Counter(key for key, _ in held)
-        stats = {f"dropped_{key}": n for key, n in counts.items()}
-        stats["template_refusal"] = next((why for key, why in held if key == "template"), None)
-        why = drop_reasons(stats, None)
+        why = drop_reasons({f"dropped_{key}": n for key, n in Counter(held).items()}, None)
         return nothing_left(resolved, False, len(held), why)
 
 
-def _reason(why: str) -> tuple[str, str]:
-    """(the build's drop key, the template's refusal) of why a row is dropped."""
+def _reason(why: str) -> str:
+    """The build's drop key of why a row is dropped."""
     if why == NO_COMPLETION:
-        return "no_completion", ""
-    return ("no_marker", "") if why.startswith(NO_MARKER) else ("template", why)
+        return "no_completion"
+    return "no_marker" if why.startswith(NO_MARKER) else "template"
 
 
 def dataset_scan(ds: Any, fields: FieldSpec, location: str) -> Scan:

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from expert_cli.atomic import atomic_file
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
-from expert_cli.data.conversations import CAPYBARA, as_text, conversation_text
+from expert_cli.data.conversations import TURN_FORMS, as_text, conversation_text
 from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec
 from expert_cli.data.file_text import shown_names
 from expert_cli.data.hub import dataset_snapshot
@@ -43,7 +43,6 @@ from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path
 
 WRITE_BATCH_ROWS = 4096
-SHAREGPT = {"from", "value"}  # a turn's keys in ShareGPT's form (conversations.standard_turns)
 MAX_EXAMPLES = 100_000_000  # after task weights: more than any run trains on
 # what datasets.load_from_disk raises on a damaged folder: state.json not JSON or of another
 # shape, an Arrow file missing or cut short
@@ -302,8 +301,7 @@ def _check_type(feature: Any, role: str, column: str, where: str) -> None:
         inner = getattr(feature, "feature", None)
         keys = set(inner) if isinstance(inner, dict) else set()  # Json: keys that differ
         ok = isinstance(feature, (datasets.List, datasets.LargeList)) and (
-            any(keys >= form for form in ({"role", "content"}, SHAREGPT, CAPYBARA))
-            or isinstance(inner, datasets.Json)
+            any(keys >= form for form in TURN_FORMS) or isinstance(inner, datasets.Json)
         )
     else:
         ok = isinstance(feature, datasets.Value) and (

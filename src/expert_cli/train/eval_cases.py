@@ -75,21 +75,14 @@ def eval_cases(
                 break
         if len(cases) == n:
             break
-    notes += _eval_notes(len(cases), n, cut, resolved.max_seq_length)
-    if split and len(cases) < n:  # pieces are not whole examples
-        notes[-1] = notes[-1].replace(" whole example", " example")
-    if split:
-        notes.append(
-            f"--eval: {split:,} validation example{'s were' if split > 1 else ' was'} split "
-            f"into pieces of max_seq_length={resolved.max_seq_length:,} (overlong: split); "
-            "pieces are left out where they fill it or begin inside an answer, and one that "
-            "begins inside a prompt cannot be told from a whole example"
-        )
+    notes += _eval_notes(len(cases), n, (cut, split), resolved.max_seq_length)
     return cases
 
 
-def _eval_notes(found: int, wanted: int, cut: int, limit: int) -> list[str]:
-    notes = []
+def _eval_notes(found: int, wanted: int, lost: tuple[int, int], limit: int) -> list[str]:
+    """The notes on the examples left out (`lost`: cut in training, split into pieces) and on
+    fewer cases than asked for."""
+    (cut, split), notes = lost, []
     if cut:
         notes.append(
             f"--eval: {cut:,} validation example{'s were' if cut > 1 else ' was'} cut at "
@@ -98,7 +91,17 @@ def _eval_notes(found: int, wanted: int, cut: int, limit: int) -> list[str]:
         )
     if found < wanted:
         plural = "" if found == 1 else "s"
-        notes.append(f"--eval {wanted:,}: the validation split has {found:,} whole example{plural}")
+        whole = "" if split else "whole "  # a piece may pass for a whole example
+        notes.append(
+            f"--eval {wanted:,}: the validation split has {found:,} {whole}example{plural}"
+        )
+    if split:
+        notes.append(
+            f"--eval: {split:,} validation example{'s were' if split > 1 else ' was'} split "
+            f"into pieces of max_seq_length={limit:,} (overlong: split); pieces are left out "
+            "where they fill it or begin inside an answer, and one that begins inside a prompt "
+            "cannot be told from a whole example"
+        )
     return notes
 
 
