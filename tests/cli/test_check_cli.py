@@ -267,6 +267,35 @@ def test_examples_with_nothing_to_train_on(demo_expert_dir: Path) -> None:
     ]
 
 
+def test_texts_answered_by_the_eos_alone_count_as_empty(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A text whose answer is only the tokenizer's EOS (here one no end-of-turn list names):
+    the build drops it; check's count of a source too large to format said it trained."""
+    from transformers import AutoTokenizer
+
+    from expert_cli.data.checks import check_manifest
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.add_special_tokens({"eos_token": "<|eot|>"})
+    tokenizer.save_pretrained(model)
+    manifest = write_expert(tmp_path / "e", model, rows=1)
+    answered = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyes<|im_end|>\n"
+    eos_only = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<|eot|>\n"
+    rows = [answered] * 4000 + [eos_only] * 200
+    (manifest.parent / "data" / "train.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in rows)
+    )
+    report = check_manifest(manifest)
+    assert report.problems == []
+    assert (
+        "training.dataset: 200 of 4,200 training examples read have an empty text, response or "
+        "assistant turn; train drops them (no completion tokens)"
+    ) in report.notes
+
+
 def test_texts_without_the_response_template_fail_in_check_as_in_train(
     demo_expert_dir: Path,
 ) -> None:

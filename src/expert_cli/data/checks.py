@@ -32,7 +32,12 @@ from expert_cli.data.formatting import (
 )
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.model_files import base_file_problems
-from expert_cli.data.row_checks import DataCheck, blank_conversation, template_verdict
+from expert_cli.data.row_checks import (
+    DataCheck,
+    TextMarks,
+    blank_conversation,
+    template_verdict,
+)
 from expert_cli.data.splits import NO_EVAL_ROWS, holds_nothing_out
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer, read_config
 from expert_cli.data.turns import template_notes, turn_layout
@@ -99,7 +104,7 @@ def check_manifest(
         quick,
         progress,
         template_verdict(resolved, tokenizer),
-        resolved.response_template,
+        TextMarks(resolved.response_template, tokenizer.eos_token if tokenizer else None),
         blank_conversation(resolved, tokenizer),
     )
     for source in resolved.train_sources:

@@ -139,6 +139,14 @@ def _says_something(message: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class TextMarks:
+    """A text's response template, and the tokenizer's EOS (an answer of it alone is empty)."""
+
+    response_template: str | None
+    eos: str | None
+
+
+@dataclass(frozen=True)
 class Refusals:
     """Conversations the chat template refused, as one line of `check`'s report."""
 
@@ -157,10 +165,11 @@ class DataCheck:
         quick: int | None,
         progress: BuildProgress | None,
         verdict: Callable[[list[Any]], str | None] | None = None,
-        response_template: str | None = None,
+        text_marks: TextMarks | None = None,
         blank_turns: Callable[[Any], bool] | None = None,
     ) -> None:
-        self.mapping, self.quick, self.response_template = mapping, quick, response_template
+        self.mapping, self.quick = mapping, quick
+        self.marks = text_marks or TextMarks(None, None)
         self.progress = progress or NoProgress()
         self.verdict, self.blank_turns = verdict, blank_turns
         self.fields: FieldSpec | None = None
@@ -293,9 +302,9 @@ class DataCheck:
         a text without the response template (the build drops it as such)."""
         if kind != "text":
             return not text.strip()
-        spans, style = assistant_spans(text, self.response_template)
+        spans, style = assistant_spans(text, self.marks.response_template)
         self.whole_texts[self._train] += style == "none"
-        return None if style == "missing" else not has_content(text, spans, None)
+        return None if style == "missing" else not has_content(text, spans, self.marks.eos)
 
     def blank_lines(self, resolved: ResolvedConfig) -> tuple[list[str], list[str]]:
         """(problems, notes) on examples the build drops before training (an empty text or
