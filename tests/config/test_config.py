@@ -860,6 +860,37 @@ def test_a_set_warmup_steps_takes_the_place_of_the_manifests_ratio() -> None:
     assert (both.config.warmup_steps, both.config.warmup_ratio) == (500, 0.1)
 
 
+def test_a_field_and_its_alias_are_one_field(tmp_path: Path) -> None:
+    """`--set eval_strategy=no` on a manifest writing evaluation_strategy (the demo) was
+    "evaluation_strategy: unknown field; did you mean evaluation_strategy?", as was the reverse,
+    and a manifest giving both; a --set now replaces either spelling, and both in a file are
+    one line naming the two."""
+    from train_helpers import ROOT
+
+    demo = ROOT / "experts" / "demo" / "manifest.json"
+    assert load_manifest(demo).manifest.training.config.evaluation_strategy == "steps"
+    for key in ("eval_strategy", "evaluation_strategy"):
+        given = load_manifest(demo, [f"{key}=no"]).manifest.training.config
+        assert given.evaluation_strategy == "no"
+    data = json.loads(demo.read_text())
+    config = data["training"]["config"]
+    config["eval_strategy"] = config.pop("evaluation_strategy")
+    aliased = tmp_path / "manifest.json"
+    aliased.write_text(json.dumps(data))
+    shutil.copytree(demo.parent / "data", tmp_path / "data")
+    assert load_manifest(aliased).manifest.training.config.evaluation_strategy == "steps"
+    given = load_manifest(aliased, ["evaluation_strategy=no"]).manifest.training.config
+    assert given.evaluation_strategy == "no"
+    config["evaluation_strategy"] = "no"
+    aliased.write_text(json.dumps(data))
+    with pytest.raises(UserError) as err:
+        load_manifest(aliased)
+    assert err.value.lines == [
+        "manifest.json: training.config: evaluation_strategy and eval_strategy are one field "
+        "(one is the other's alias); give one of them"
+    ]
+
+
 def test_dora_with_dropout_says_what_the_dropout_costs(tmp_path: Path) -> None:
     """DoRA with dropout runs the frozen weight on the input and on the dropped input (the
     reference's definition): a note says so; without dropout, or for LoRA, none."""

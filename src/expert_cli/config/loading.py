@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from expert_cli.config.base import MAX_VALUE_ERRORS, strip_comments
 from expert_cli.config.error_lines import format_errors, loc_text, takes_text_only
 from expert_cli.config.models import DatasetSpec, LoadedManifest, Manifest
+from expert_cli.config.training_config import TrainingConfig
 from expert_cli.errors import UserError
 from expert_cli.jsontext import json_int
 from expert_cli.paths import resolved_path, shown_path
@@ -23,6 +24,8 @@ from expert_cli.paths import resolved_path, shown_path
 # --------------------------------------------------------------------------- loading
 
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KB; anything this big is not one
+# training.config's fields written under an alias (evaluation_strategy as eval_strategy)
+ALIASES = {name: f.alias for name, f in TrainingConfig.model_fields.items() if f.alias}
 
 
 def read_manifest_json(path: Path) -> dict[str, Any]:
@@ -175,6 +178,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         elif isinstance(node, dict):
             node[last] = value
             _given_warmup_wins(node, last, overrides)
+            if parts[:-1] == ["training", "config"]:  # either spelling replaces the other
+                spellings = {**ALIASES, **{alias: name for name, alias in ALIASES.items()}}
+                node.pop(spellings.get(last, last), None)
         elif isinstance(node, list) and last.isdigit():
             raise UserError(
                 f"--set {_shown_set(item)}: item {last} is past the end of the list (it holds "
@@ -232,6 +238,7 @@ def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Loade
     path = resolved_path(path, "--manifest")
     raw = read_manifest_json(path)
     data = apply_overrides(raw, overrides or [])  # comments too: the model checks them
+    _one_spelling(data, path.name)
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as exc:
@@ -240,6 +247,23 @@ def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Loade
     if missing:
         raise UserError(_attributed(missing, path.name, overrides or []))
     return LoadedManifest(manifest=manifest, path=path, raw=raw)
+
+
+def _one_spelling(data: dict[str, Any], file_name: str) -> None:
+    """A field given under both its name and its alias: one value, said as such (pydantic
+    took the alias and called the name an unknown field)."""
+    training = data.get("training")
+    config = training.get("config") if isinstance(training, dict) else None
+    if not isinstance(config, dict):
+        return
+    both = [
+        f"{file_name}: training.config: {name} and {alias} are one field (one is the "
+        "other's alias); give one of them"
+        for name, alias in ALIASES.items()
+        if name in config and alias in config
+    ]
+    if both:
+        raise UserError(both)
 
 
 def missing_files(manifest: Manifest, folder: Path) -> list[str]:
