@@ -178,9 +178,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         elif isinstance(node, dict):
             node[last] = value
             _given_warmup_wins(node, last, overrides)
-            if parts[:-1] == ["training", "config"]:  # either spelling replaces the other
-                spellings = {**ALIASES, **{alias: name for name, alias in ALIASES.items()}}
-                node.pop(spellings.get(last, last), None)
+            spellings = {**ALIASES, **{alias: name for name, alias in ALIASES.items()}}
+            if parts[:-1] == ["training", "config"] and last in spellings:
+                node.pop(spellings[last], None)  # either spelling replaces the other
         elif isinstance(node, list) and last.isdigit():
             raise UserError(
                 f"--set {_shown_set(item)}: item {last} is past the end of the list (it holds "
