@@ -406,12 +406,13 @@ def test_check_renders_each_shape_of_conversation_once(
     good = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     bad = [{"role": "system", "content": "s"}, *good]
     answers = [
-        verdict([dict(m, content=f"{i}") for m in (bad if i % 3 else good)]) for i in range(300)
+        verdict({"messages": [dict(m, content=f"{i}") for m in (bad if i % 3 else good)]})
+        for i in range(300)
     ]
     assert len(renders) == setup + 2  # one per shape
     assert answers.count(None) == 100
     assert set(answers) == {None, "TemplateError, roles system, user, assistant"}
-    verdict([*good, {"role": "user", "content": "x", "name": "n"}])  # a key more: a new shape
+    verdict({"messages": [*good, {"role": "user", "content": "x", "name": "n"}]})  # a new shape
     assert len(renders) == setup + 3
     call = {"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}
     from expert_cli.data.conversations import conversation_shape

@@ -151,7 +151,7 @@ class DatasetSpec(Strict):
     field_mapping: dict[str, str] | None = Field(
         None,
         description='Which columns hold the data: {"text": col}, {"instruction": col, '
-        '"input": col, "response": col} or {"messages": col}.',
+        '"input": col, "response": col} or {"messages": col} (and "tools": col).',
     )
     validation_path: str | None = Field(None, description="Validation file or hub id.")
     validation_split: float | None = Field(

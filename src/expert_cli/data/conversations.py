@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 import datasets
 
 from expert_cli.data.file_text import shown_name
+from expert_cli.data.tools import ToolsGiven, parsed_tools, tools_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 KEPT_WHEN_NULL = ("role", "content")
-FORM = 4  # the stored form's version, in the name of a converted file a resumed build reuses
+FORM = 5  # the stored form's version, in the name of a converted file a resumed build reuses
 # (2: text parts joined; 3: ShareGPT's turns as role/content; 4: Capybara's input/output too)
 
 
@@ -149,18 +150,29 @@ def conversation(value: list[Any] | str) -> list[Any]:
 
 
 def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
-    """A hub or saved dataset with its `messages` column (an Arrow struct) as JSON text,
-    written under `work_dir` (never beside the user's files or into a shared cache)."""
-    feature = ds.features.get("messages")
-    if feature is None or isinstance(feature, datasets.Value):
+    """A hub or saved dataset with its `messages` column (an Arrow struct) as JSON text, and
+    its `tools` where they are objects, written under `work_dir` (never beside the user's
+    files or into a shared cache)."""
+    typed = [
+        role
+        for role in ("messages", "tools")
+        if role in ds.features and not isinstance(ds.features[role], datasets.Value)
+    ]
+    if not typed:
         return ds
 
     def to_text(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        rows = batch["messages"]
-        return {"messages": [conversation_text(standard_turns(row or [])) for row in rows]}
+        out = {}
+        if "messages" in typed:
+            rows = batch["messages"]
+            out["messages"] = [conversation_text(standard_turns(row or [])) for row in rows]
+        if "tools" in typed:
+            out["tools"] = [tools_text(parsed_tools(value)[0]) for value in batch["tools"]]
+        return out
 
     features = ds.features.copy()
-    features["messages"] = datasets.Value("string")
+    for role in typed:
+        features[role] = datasets.Value("string")
     work_dir.mkdir(parents=True, exist_ok=True)
     return ds.map(
         to_text,
@@ -219,7 +231,8 @@ def render_conversation(
 
     A stored row is JSON text (data/conversations.py): the template sees every key as the
     source gave it. A message that calls tools must have them rendered: a template that
-    leaves `tool_calls` out would train an empty reply, so such a conversation is refused."""
+    leaves `tool_calls` out would train an empty reply, so such a conversation is refused;
+    so is one whose tool definitions (`tokenizer` from `tools.with_tools`) it leaves out."""
     messages = conversation(messages)
     if not messages:  # nothing for the template to refuse: said as what it is
         return "", "an empty conversation (no messages)"
@@ -231,7 +244,18 @@ def render_conversation(
         return "", f"{type(exc).__name__}, roles {_roles(messages)}"
     if not _calls_rendered(tokenizer, messages, text):
         return "", f"its tool_calls are not rendered, roles {_roles(messages)}"
+    if isinstance(tokenizer, ToolsGiven) and not _tools_rendered(tokenizer, messages, text):
+        return "", f"its tools are not rendered, roles {_roles(messages)}"
     return text, None
+
+
+def _tools_rendered(tokenizer: ToolsGiven, messages: list[Any], text: str) -> bool:
+    """Whether the template writes the conversation's tools (it may ignore the argument):
+    trained without their definitions, a model learns calls to functions it never saw."""
+    try:
+        return str(tokenizer.plain.apply_chat_template(messages, tokenize=False)) != text
+    except Exception:  # noqa: BLE001 - refused without tools: they are part of its prompt
+        return True
 
 
 def roles_of(stored: list[Any] | str) -> str:

@@ -1,5 +1,6 @@
 """Which column of a data source holds each role (text, messages, instruction, input,
-response, system): the manifest's `field_mapping` checked, or one detected from the columns."""
+response, system, tools): the manifest's `field_mapping` checked, or one detected from the
+columns."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from dataclasses import dataclass
 from expert_cli.data.file_text import shown_names
 from expert_cli.errors import UserError
 
-ROLES = ("text", "messages", "instruction", "input", "response", "system")
-OPTIONAL_ROLES = {"input", "system"}
+ROLES = ("text", "messages", "instruction", "input", "response", "system", "tools")
+OPTIONAL_ROLES = {"input", "system", "tools"}
+TOOLS = "tools"  # a conversation's tool definitions, given to its chat template (TRL's column)
 MESSAGE_TREE = {"message_id", "parent_id", "role", "text"}  # OpenAssistant's columns
 # the columns detected where no field_mapping is given, each list in the order looked for
 CONVERSATION_COLUMNS = ("messages", "conversations", "conversation")  # ShareGPT's, Capybara's
@@ -41,7 +43,12 @@ def field_spec(mapping: dict[str, str] | None, columns: list[str], where: str) -
         mapping = _detect_mapping(columns, where)
         maybe = frozenset(OPTIONAL_ROLES & set(mapping))
     kind = mapping_kind(mapping)
-    unused = sorted(set(mapping) - {kind}) if kind in ("text", "messages") else []
+    if TOOLS in mapping and kind != "messages":
+        raise UserError(
+            "training.dataset.field_mapping: `tools` (tool definitions for the chat template) "
+            "is read with `messages` only; map the conversations to `messages`, or remove it"
+        )
+    unused = sorted(set(mapping) - {kind, TOOLS}) if kind in ("text", "messages") else []
     if unused:  # a required role was required in every row, then never read
         whole = "example" if kind == "text" else "conversation (its system turn too)"
         raise UserError(
@@ -71,7 +78,7 @@ def mapping_kind(mapping: dict[str, str]) -> str:
         return "instruction"
     raise UserError(
         "training.dataset.field_mapping: needs `text`, `messages`, or "
-        "`instruction` + `response` (optionally `input`, `system`)"
+        "`instruction` + `response` (optionally `input`, `system`; `tools` beside `messages`)"
     )
 
 
@@ -88,8 +95,8 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
     # a conversation or a prompt/answer pair before a text column: a rendered text (Alpaca's
     # beside its instruction and output) trains its prompts too
     for name in CONVERSATION_COLUMNS:  # ShareGPT's and Capybara's turns are read as messages
-        if name in cols:
-            return {"messages": name}
+        if name in cols:  # with their tool definitions where a row has them
+            return {"messages": name, TOOLS: TOOLS} if TOOLS in cols else {"messages": name}
     if prompt and response and "history" in cols:  # LLaMA-Factory's earlier turns: unread
         raise UserError(
             f"{where}: a `history` column beside {prompt!r} and {response!r} (LLaMA-Factory's "

@@ -19,6 +19,7 @@ import numpy as np
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.build import nothing_left
 from expert_cli.data.conversations import conversation_text
+from expert_cli.data.fields import TOOLS
 from expert_cli.data.formatting import (
     DROPPED_ANSWER_CUT,
     DROPPED_NO_COMPLETION,
@@ -30,6 +31,7 @@ from expert_cli.data.formatting import (
 )
 from expert_cli.data.splits import held_rows, weighted_rows
 from expert_cli.data.stats_words import drop_reasons
+from expert_cli.data.tools import parsed_tools, tools_text
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -121,7 +123,10 @@ def formatted_problems(
 
 
 def _stored(role: str, value: Any) -> Any:
-    """A row's value as the build's Arrow file holds it: a conversation as its JSON text."""
+    """A row's value as the build's Arrow file holds it: a conversation and its tools as
+    their JSON text."""
+    if role == TOOLS:
+        return tools_text(parsed_tools(value)[0])
     return conversation_text(value) if role == "messages" and value is not None else value
 
 

@@ -60,6 +60,7 @@ from expert_cli.data.spans import (
     runs_to_end,
     span_mask,
 )
+from expert_cli.data.tools import parsed_tools, with_tools
 from expert_cli.data.turns import TurnLayout, conversation_spans, template_notes, turn_layout
 from expert_cli.errors import UserError
 
@@ -268,7 +269,11 @@ class Formatter:
             return texts, spans, styles, refused
         if self.kind == "messages":
             conversations = [conversation(m) for m in batch["messages"]]
-            rendered = [render_conversation(self.tokenizer, m) for m in conversations]
+            # each with its tool definitions, where it has any
+            given = [parsed_tools(t)[0] for t in batch.get("tools") or [None] * n]
+            toks = [with_tools(self.tokenizer, t) for t in given]
+            pairs = zip(toks, conversations, strict=True)
+            rendered = [render_conversation(tok, m) for tok, m in pairs]
             texts = [text for text, _ in rendered]
             refused = [why for _, why in rendered]
             if self.layout is None:
@@ -276,10 +281,10 @@ class Formatter:
             # what is tokenized of a text: all of it to be split
             limit = None if self.overlong == "split" else self.max_seq_length * CUT_CHARS_PER_TOKEN
             found = [
-                conversation_spans(self.tokenizer, m, t, self.response_template, self.layout, limit)
+                conversation_spans(tok, m, t, self.response_template, self.layout, limit)
                 if why is None
                 else ([], "refused")
-                for m, t, why in zip(conversations, texts, refused, strict=True)
+                for tok, m, t, why in zip(toks, conversations, texts, refused, strict=True)
             ]
             for i, (_, style) in enumerate(found):
                 refused[i] = refused[i] or unanswered(style, conversations[i])

@@ -5,7 +5,7 @@ with nothing to train on (an empty text, response or assistant turn), which the 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,19 +24,19 @@ from expert_cli.data.conversations import (
     conversation_text,
     has_text,
     render_conversation,
-    standard_turns,
     without_fill_ins,
 )
-from expert_cli.data.fields import FieldSpec
+from expert_cli.data.fields import TOOLS, FieldSpec
 from expert_cli.data.format_check import KEEP_CHARS, KEEP_ROWS, row_chars
 from expert_cli.data.formatting import check_chat_template, unanswered
 from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.hub_snapshot import snapshot_lines
 from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
-from expert_cli.data.sources import checked_columns, load_hub, load_saved
+from expert_cli.data.sources import checked_columns, dataset_scan, load_hub, load_saved
 from expert_cli.data.spans import assistant_spans, has_content
 from expert_cli.data.splits import held_rows
 from expert_cli.data.stats_words import NO_COMPLETION, drop_reasons
+from expert_cli.data.tools import parsed_tools, with_tools
 from expert_cli.data.turns import conversation_spans, turn_layout, weighed_out
 from expert_cli.errors import UserError
 
@@ -49,12 +49,11 @@ PROGRESS_ROWS = 10_000
 MAX_SHAPES = 4096  # conversation shapes whose template verdict is remembered
 TRAINED_ROLE = {"text": "text", "instruction": "response"}  # what an example trains on
 NO_MARKER = "no response_template"
-DATASET_BATCH_ROWS = 1024  # rows of a hub or saved dataset read at a time
 
 
 def template_verdict(
     cfg: ResolvedConfig, tokenizer: PreTrainedTokenizerFast | None
-) -> Callable[[list[Any]], str | None] | None:
+) -> Callable[[dict[str, Any]], str | None] | None:
     """Why the chat template refuses one conversation (None when it renders it), where the
     template itself works; the build drops what it refuses.
 
@@ -73,15 +72,18 @@ def template_verdict(
     seen: dict[tuple[Any, ...], str | None] = {}
     layout = turn_layout(tokenizer)
 
-    def verdict(messages: list[Any]) -> str | None:
-        # as the template will see it, and whether an answer is left out ("weight": 0)
-        shape = conversation_shape(without_fill_ins(messages)), any(map(weighed_out, messages))
+    def verdict(row: dict[str, Any]) -> str | None:
+        # as the template will see it, whether an answer is left out ("weight": 0), its tools
+        messages, tools = row["messages"], parsed_tools(row.get(TOOLS))[0]
+        weighed = any(map(weighed_out, messages))
+        shape = conversation_shape(without_fill_ins(messages)), weighed, len(tools or ())
         if shape in seen:
             return seen[shape]
         stored = conversation(conversation_text(messages))  # as the build keeps it
-        text, why = render_conversation(tokenizer, stored)
+        tok = with_tools(tokenizer, tools)
+        text, why = render_conversation(tok, stored)
         if why is None:  # rendered: with an answer to train? (the build drops it if not)
-            found = conversation_spans(tokenizer, stored, text, cfg.response_template, layout)
+            found = conversation_spans(tok, stored, text, cfg.response_template, layout)
             style = found[1]
             why = unanswered(style, messages)
             if style == "missing":
@@ -95,7 +97,7 @@ def template_verdict(
 
 def blank_conversation(
     cfg: ResolvedConfig, tokenizer: PreTrainedTokenizerFast | None
-) -> Callable[[Any], bool] | None:
+) -> Callable[[dict[str, Any]], bool] | None:
     """Whether a conversation has nothing to train on, as the build finds it (its rendered
     assistant turns hold only whitespace and end-of-turn markers); None where the template
     does not work. Only a conversation with no assistant turn whose content holds text is
@@ -110,14 +112,16 @@ def blank_conversation(
 
     layout = turn_layout(tokenizer)
 
-    def blank(messages: Any) -> bool:
+    def blank(row: dict[str, Any]) -> bool:
+        messages = row["messages"]
         if not isinstance(messages, list) or any(map(_says_something, without_fill_ins(messages))):
             return False
         stored = conversation(conversation_text(messages))
-        text, why = render_conversation(tokenizer, stored)
+        tok = with_tools(tokenizer, parsed_tools(row.get(TOOLS))[0])
+        text, why = render_conversation(tok, stored)
         if why is not None:
             return False  # refused: counted as such
-        spans, style = conversation_spans(tokenizer, stored, text, cfg.response_template, layout)
+        spans, style = conversation_spans(tok, stored, text, cfg.response_template, layout)
         if not spans and style == "turns":  # every answer of "weight": 0, as the build finds it
             return True
         return style != "missing" and not has_content(text, spans, tokenizer.eos_token, layout.ends)
@@ -164,9 +168,9 @@ class DataCheck:
         mapping: dict[str, str] | None,
         quick: int | None,
         progress: BuildProgress | None,
-        verdict: Callable[[list[Any]], str | None] | None = None,
+        verdict: Callable[[dict[str, Any]], str | None] | None = None,
         text_marks: TextMarks | None = None,
-        blank_turns: Callable[[Any], bool] | None = None,
+        blank_turns: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         self.mapping, self.quick = mapping, quick
         self.marks = text_marks or TextMarks(None, None)
@@ -275,13 +279,13 @@ class DataCheck:
                 else:
                     self._kept.append(row)
             blank[1] += counted
-            why = self._render(verdict, row["messages"], scan.at) if verdict else None
+            why = self._render(verdict, row, scan.at) if verdict else None
             if trained is not None:
                 found = self._blank(str(row.get(trained) or ""), scan.fields.kind)
                 blank[0] += found is True
                 self.unmarked[self._train] += found is None
                 why = why or {True: NO_COMPLETION, None: NO_MARKER}.get(found)
-            elif turns is not None and turns(row["messages"]):
+            elif turns is not None and turns(row):
                 blank[0] += 1
                 why = why or NO_COMPLETION
             if why is not None:
@@ -338,11 +342,11 @@ class DataCheck:
         return problems, notes
 
     def _render(
-        self, verdict: Callable[[list[Any]], str | None], messages: Any, at: str
+        self, verdict: Callable[[dict[str, Any]], str | None], row: dict[str, Any], at: str
     ) -> str | None:
         self.rendered += 1
         self.train[0] += self._train
-        why = verdict(messages)
+        why = verdict(row)
         if why is not None:
             self.refused += 1
             self.train[1] += self._train
@@ -376,25 +380,3 @@ def _reason(why: str) -> str:
     if why == NO_COMPLETION:
         return "no_completion"
     return "no_marker" if why.startswith(NO_MARKER) else "template"
-
-
-def dataset_scan(ds: Any, fields: FieldSpec, location: str) -> Scan:
-    """The rows of a hub or saved dataset (its columns checked and renamed to their roles by
-    `checked_columns`), as a local source's scan gives them: a conversation's turns as the
-    build reads them."""
-    scan = Scan(fields, iter(()), f"{location}: row 1")
-    roles = [role for role in fields.mapping if role in ds.column_names]  # renamed to them
-
-    def rows() -> Iterator[dict[str, Any]]:
-        number = 0
-        for batch in ds.select_columns(roles).iter(batch_size=DATASET_BATCH_ROWS):
-            for i in range(len(batch[roles[0]])):
-                number += 1
-                scan.at = f"{location}: row {number}"
-                row = {role: batch[role][i] for role in roles}
-                if "messages" in row:
-                    row["messages"] = standard_turns(row["messages"] or [])
-                yield row
-
-    scan.rows = rows()
-    return scan

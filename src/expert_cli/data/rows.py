@@ -29,9 +29,10 @@ from expert_cli.config.refs import (
 )
 from expert_cli.config.resolve import SourceRef
 from expert_cli.data.conversations import form_note, is_text_part, standard_turns
-from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec
+from expert_cli.data.fields import OPTIONAL_ROLES, TOOLS, FieldSpec, field_spec
 from expert_cli.data.file_text import repeated_keys, shown_name, shown_names
 from expert_cli.data.reader import Columns, column_names, read_rows
+from expert_cli.data.tools import TOOLS_SHAPE, parsed_tools
 from expert_cli.data.weights import first_bad_weight, weight_problem
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, shown_path
@@ -285,7 +286,13 @@ def check_row(row: Any, fields: FieldSpec, where: str) -> dict[str, Any]:
                 f"{where}: field {shown_name(column)} {how} (field_mapping.{role}){present}"
             )
         turns = standard_turns(value) if role == "messages" else value
-        if problem := _value_problem(role, turns):
+        if role == TOOLS:  # a list of objects, or its JSON text: kept as the list
+            turns, problem = parsed_tools(value)
+            found = _surrogate_inside(turns) if turns and not problem else None
+            problem = problem or (found and f"{found[0]} {_text_problem(found[1])}")
+        else:
+            problem = _value_problem(role, turns)
+        if problem:
             problem += form_note(value) if role == "messages" else ""
             named = (  # a detected input or system: the user wrote no mapping to blame
                 f"read as {role}: set training.dataset.field_mapping to leave it out"
@@ -312,7 +319,7 @@ def messages_problem(ds: datasets.Dataset, column: str) -> tuple[int, str] | Non
 
 
 def expected_shape(role: str) -> str:
-    return MESSAGES_SHAPE if role == "messages" else "a string"
+    return {"messages": MESSAGES_SHAPE, TOOLS: TOOLS_SHAPE}.get(role, "a string")
 
 
 @dataclass

@@ -4,17 +4,17 @@ Every problem a user can fix (a missing file, a malformed line, a row without a 
 with the wrong type, an empty dataset) is a `UserError` raised here, before any model is
 loaded. Local files are scanned by `rows.scan_local` (streamed, any JSON layout, CSV, Parquet,
 Arrow; every row checked), and the mapped columns are written, renamed to their roles
-(`text`, `messages`, `instruction`, `input`, `response`, `system`), to an Arrow file that the
-build reads memory-mapped. `check` runs the same scan without writing. Hub datasets and saved
-dataset folders are read through `datasets` and checked by column (`check` then reads their
-rows as a file's: row_checks.dataset_scan).
+(`text`, `messages`, `instruction`, `input`, `response`, `system`, `tools`), to an Arrow file
+that the build reads memory-mapped. `check` runs the same scan without writing. Hub datasets
+and saved dataset folders are read through `datasets` and checked by column (`check` then
+reads their rows as a file's: `dataset_scan`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,8 @@ import pyarrow.compute as pc
 
 from expert_cli.atomic import atomic_file
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
-from expert_cli.data.conversations import TURN_FORMS, as_text, conversation_text
-from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec
+from expert_cli.data.conversations import TURN_FORMS, as_text, conversation_text, standard_turns
+from expert_cli.data.fields import OPTIONAL_ROLES, TOOLS, FieldSpec, field_spec
 from expert_cli.data.file_text import shown_names
 from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.hub_snapshot import snapshot_lines
@@ -39,10 +39,12 @@ from expert_cli.data.rows import (
     scan_local,
 )
 from expert_cli.data.splits import apply_weight, hold_out
+from expert_cli.data.tools import tools_problem, tools_text
 from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path
 
 WRITE_BATCH_ROWS = 4096
+DATASET_BATCH_ROWS = 1024  # rows of a hub or saved dataset read at a time (check)
 MAX_EXAMPLES = 100_000_000  # after task weights: more than any run trains on
 # what datasets.load_from_disk raises on a damaged folder: state.json not JSON or of another
 # shape, an Arrow file missing or cut short
@@ -69,7 +71,9 @@ class LoadedSources:
 
 
 def _arrow_value(role: str, value: Any) -> Any:
-    # a conversation is kept whole, as JSON text (data/conversations.py)
+    # a conversation is kept whole, as JSON text (data/conversations.py); so are its tools
+    if role == TOOLS:
+        return tools_text(value)
     return conversation_text(value) if role == "messages" else value
 
 
@@ -231,7 +235,8 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
                 f"{where}: row {row + 1}: field '{column}' (field_mapping.{role}) holds bytes "
                 "that are not UTF-8 text; expected UTF-8 strings"
             )
-        if role == "messages" and (bad := messages_problem(ds, column)):
+        checks = {"messages": messages_problem, TOOLS: tools_problem}
+        if role in checks and (bad := checks[role](ds, column)):
             raise UserError(
                 f"{where}: row {bad[0] + 1}: field '{column}' (field_mapping.{role}) {bad[1]}"
             )
@@ -297,7 +302,12 @@ def _check_type(feature: Any, role: str, column: str, where: str) -> None:
     """A mapped column must hold text (or, for `messages`, a list of role/content objects);
     anything else would be rendered with str() and trained on as if it were text."""
 
-    if role == "messages":
+    if role == TOOLS:  # objects of any keys, or their JSON text (each row's read when used)
+        ok = isinstance(feature, (datasets.List, datasets.LargeList, datasets.Json)) or (
+            isinstance(feature, datasets.Value)
+            and feature.dtype in ("string", "large_string", "null")
+        )
+    elif role == "messages":
         inner = getattr(feature, "feature", None)
         keys = set(inner) if isinstance(inner, dict) else set()  # Json: keys that differ
         ok = isinstance(feature, (datasets.List, datasets.LargeList)) and (
@@ -356,3 +366,25 @@ def _concat(parts: list[datasets.Dataset]) -> datasets.Dataset:
         return datasets.concatenate_datasets(parts)
     except ValueError as exc:
         raise UserError(f"training.dataset: sources have different column types ({exc})") from None
+
+
+def dataset_scan(ds: Any, fields: FieldSpec, location: str) -> Scan:
+    """The rows of a hub or saved dataset (its columns checked and renamed to their roles by
+    `checked_columns`), as a local source's scan gives them: a conversation's turns as the
+    build reads them."""
+    scan = Scan(fields, iter(()), f"{location}: row 1")
+    roles = [role for role in fields.mapping if role in ds.column_names]  # renamed to them
+
+    def rows() -> Iterator[dict[str, Any]]:
+        number = 0
+        for batch in ds.select_columns(roles).iter(batch_size=DATASET_BATCH_ROWS):
+            for i in range(len(batch[roles[0]])):
+                number += 1
+                scan.at = f"{location}: row {number}"
+                row = {role: batch[role][i] for role in roles}
+                if "messages" in row:
+                    row["messages"] = standard_turns(row["messages"] or [])
+                yield row
+
+    scan.rows = rows()
+    return scan

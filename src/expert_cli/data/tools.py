@@ -1,0 +1,87 @@
+"""A conversation's tool definitions (the `tools` column of TRL's and OpenAI's chat data): read
+from a row as a list of JSON objects or its JSON text, stored as JSON text beside the
+conversation, and given to the chat template, which writes them into the prompt (Qwen's,
+Llama's and Mistral's templates put the function schemas in the system turn). Without them a
+model learns to call functions whose definitions it never saw."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import datasets
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+TOOLS_SHAPE = "a list of tool definitions (JSON objects), or its JSON text"
+TOOLS_BATCH_ROWS = 1024  # rows of a dataset's tools read at a time
+
+
+def parsed_tools(value: Any) -> tuple[list[Any] | None, str | None]:
+    """(the tools, None), or (None, what is wrong) for a row's `tools` value: a list of
+    objects, or JSON text of one. Null, an empty list and blank text are no tools."""
+    if isinstance(value, str):
+        if not value.strip():
+            return None, None
+        try:
+            value = json.loads(value)
+        except (json.JSONDecodeError, RecursionError):
+            return None, f"is text that is not JSON; expected {TOOLS_SHAPE}"
+        if value is None:
+            return None, None
+    if value is None:
+        return None, None
+    if not isinstance(value, list):
+        return None, f"is {_kind(value)}, expected {TOOLS_SHAPE}"
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict):
+            return None, f"item {i} is {_kind(tool)}, expected an object (a tool's definition)"
+    return (value or None), None
+
+
+def tools_text(tools: list[Any] | None) -> str | None:
+    """The tools as the build stores them: JSON text, or None for none."""
+    return json.dumps(tools, ensure_ascii=False, default=str) if tools else None
+
+
+def stored_tools(text: str | None) -> list[Any] | None:
+    """The tools of a stored row (JSON text written by `tools_text`), or None."""
+    return json.loads(text) if text else None
+
+
+def _kind(value: Any) -> str:
+    names = {"dict": "an object", "list": "a list", "str": "text", "bool": "a boolean"}
+    return names.get(type(value).__name__, f"a {type(value).__name__}")
+
+
+class ToolsGiven:
+    """A tokenizer whose chat template is given a conversation's tools; all else is the
+    tokenizer's own. Every render of the conversation (the whole, and each answer's prefix
+    that finds the trained turns) then sees the same tools."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, tools: list[Any]) -> None:
+        self.plain, self.tools = tokenizer, tools
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        return self.plain.apply_chat_template(conversation, tools=self.tools, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.plain, name)
+
+
+def with_tools(tokenizer: PreTrainedTokenizerFast, tools: list[Any] | None) -> Any:
+    """The tokenizer, its chat template given `tools` where there are any."""
+    return ToolsGiven(tokenizer, tools) if tools else tokenizer
+
+
+def tools_problem(ds: datasets.Dataset, column: str) -> tuple[int, str] | None:
+    """(row index, problem) of the first row of a hub or saved dataset's tools column that is
+    not tools, or None. A typed column of objects is tools by its type."""
+    if isinstance(ds.features[column], (datasets.List, datasets.LargeList)):
+        return None
+    batches = ds.select_columns([column]).iter(batch_size=TOOLS_BATCH_ROWS)
+    for i, value in enumerate(value for batch in batches for value in batch[column]):
+        if (problem := parsed_tools(value)[1]) is not None:
+            return i, problem
+    return None

@@ -1,0 +1,206 @@
+"""A conversation's `tools` column (TRL's and OpenAI's tool definitions): given to the chat
+template, which writes them into the prompt. Before, the column was not read: a tool-calling
+expert trained its calls without the definitions of the functions it called."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from train_helpers import run_here, write_expert
+
+from expert_cli.data.fields import field_spec
+from expert_cli.data.formatting import DROPPED_TEMPLATE, IGNORE, KEPT, Formatter
+from expert_cli.data.tools import TOOLS_SHAPE, parsed_tools, tools_text
+from expert_cli.errors import UserError
+
+# writes the tools into a system turn, as Qwen's, Llama's and Mistral's templates do
+WITH_TOOLS = (
+    "{%- if tools %}{{ '<|im_start|>system\\n# Tools\\n' }}{%- for t in tools %}"
+    "{{ t.function.name }}: {{ t.function.description }}\\n{%- endfor %}{{ '<|im_end|>\\n' }}"
+    "{%- endif %}{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+    "{{ m.content or '' }}{%- for c in m.tool_calls or [] %}<call {{ c.function.name }}>"
+    "{%- endfor %}{{ '<|im_end|>\\n' }}{%- endfor %}"
+)
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup_order",
+        "description": "Finds an order by its id.",
+        "parameters": {},
+    },
+}
+USER = {"role": "user", "content": "Where is order 7?"}
+CALL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"type": "function", "function": {"name": "lookup_order", "arguments": "{}"}}],
+}
+
+
+def _format(tok, rows: dict) -> list[dict]:
+    fmt = Formatter(tokenizer=tok, kind="messages", max_seq_length=512, overlong="truncate")
+    return fmt(rows).to_pylist()
+
+
+def _parts(tok, row: dict) -> tuple[str, str]:
+    ids, labels = row["input_ids"], row["labels"]
+    trained = [i for i, lab in zip(ids, labels, strict=True) if lab != IGNORE]
+    return tok.decode(trained), tok.decode(ids)
+
+
+def test_the_tools_are_in_the_prompt_and_not_trained(tiny_tokenizer) -> None:
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = WITH_TOOLS
+    rows = _format(
+        tok, {"messages": [[USER, CALL], [USER, CALL]], "tools": [tools_text([TOOL]), None]}
+    )
+    assert [r["status"] for r in rows] == [KEPT, KEPT]
+    trained, whole = _parts(tok, rows[0])
+    assert "lookup_order: Finds an order by its id." in whole  # the definition, as context
+    assert "Finds an order" not in trained and trained.startswith("<call lookup_order>")
+    assert "# Tools" not in _parts(tok, rows[1])[1]  # a row without tools: none written
+    assert _parts(tok, rows[1])[0] == trained  # the same answer trained either way
+
+
+def test_a_template_that_leaves_the_tools_out_refuses_the_row(tiny_tokenizer) -> None:
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = (
+        "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{{ m.content or '' }}"
+        "{%- for c in m.tool_calls or [] %}<call {{ c.function.name }}>{%- endfor %}"
+        "{{ '<|im_end|>\\n' }}{%- endfor %}"
+    )
+    rows = _format(tok, {"messages": [[USER, CALL]] * 2, "tools": [tools_text([TOOL]), None]})
+    assert [r["status"] for r in rows] == [DROPPED_TEMPLATE, KEPT]
+    assert rows[0]["refused"] == "its tools are not rendered, roles user, assistant"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ([TOOL], ([TOOL], None)),
+        (json.dumps([TOOL]), ([TOOL], None)),  # Salesforce's xlam keeps them as JSON text
+        (None, (None, None)),
+        ([], (None, None)),
+        (" ", (None, None)),
+        ("null", (None, None)),
+        (
+            "[{",
+            (
+                None,
+                f"is text that is not JSON; expected {TOOLS_SHAPE}",
+            ),
+        ),
+        (
+            TOOL,
+            (
+                None,
+                f"is an object, expected {TOOLS_SHAPE}",
+            ),
+        ),
+        (["lookup"], (None, "item 0 is text, expected an object (a tool's definition)")),
+    ],
+)
+def test_tools_are_a_list_of_objects_or_its_json_text(value, expected) -> None:
+    assert parsed_tools(value) == expected
+
+
+def test_the_tools_column_is_detected_beside_a_conversation_and_read_with_it_only() -> None:
+    spec = field_spec(None, ["messages", "tools"], "f")
+    assert spec.mapping == {"messages": "messages", "tools": "tools"} and "tools" in spec.maybe
+    assert field_spec(None, ["conversations"], "f").mapping == {"messages": "conversations"}
+    with pytest.raises(UserError, match="`tools` .* is read with `messages` only"):
+        field_spec({"text": "text", "tools": "tools"}, ["text", "tools"], "f")
+
+
+def _tool_expert(tmp_path: Path, tiny_model_dir: Path, rows: list[dict]) -> Path:
+    model = tmp_path / "model"
+    if not model.exists():
+        import shutil
+
+        shutil.copytree(tiny_model_dir, model)
+        (model / "chat_template.jinja").write_text(WITH_TOOLS)
+    manifest = write_expert(tmp_path / "e", model, rows=1)
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"].pop("field_mapping")
+    manifest.write_text(json.dumps(data))
+    (manifest.parent / "data" / "train.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows)
+    )
+    return manifest
+
+
+def test_a_tool_calling_file_trains_with_its_definitions(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`check` names the detected column; the cache's examples hold the definitions; a row
+    whose tools are not a list is exit 2 naming the file, line and field."""
+    from expert_cli.data.checks import check_manifest
+
+    rows = [{"messages": [USER, CALL], "tools": [TOOL]}] * 6 + [{"messages": [USER, CALL]}] * 2
+    manifest = _tool_expert(tmp_path, tiny_model_dir, rows)
+    report = check_manifest(manifest)
+    assert report.problems == []
+    assert (
+        'training.dataset.field_mapping: none given; read as {"messages": "messages"}; tools from '
+        "'tools' where a row has it (set it to read other columns)"
+    ) in report.notes
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0, built.stdout + built.stderr
+    import datasets
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "model")
+    (train,) = (manifest.parent / ".cache").rglob("train")
+    ds = datasets.load_from_disk(str(train))
+    text = "".join(tok.decode(r) for r in ds["input_ids"])
+    assert text.count("lookup_order: Finds an order by its id.") == 6
+    (manifest.parent / "data" / "train.jsonl").write_text(
+        json.dumps({"messages": [USER, CALL], "tools": {"name": "x"}}) + "\n"
+    )
+    bad = run_here("check", "--manifest", str(manifest))
+    assert bad.returncode == 2
+    assert "train.jsonl:1: field 'tools' (read as tools: set training.dataset.field_mapping" in (
+        " ".join(bad.stdout.split())
+    )
+
+
+def test_a_saved_dataset_of_typed_tools_trains_with_them(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A hub or saved dataset holds its tools as Arrow structs (or JSON text): each row's
+    become JSON text beside its conversation; check reads them row by row."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    from expert_cli.data.checks import check_manifest
+
+    manifest = _tool_expert(tmp_path, tiny_model_dir, [{"messages": [USER, CALL]}])
+    saved = manifest.parent / "data" / "saved"
+    rows = [{"messages": [USER, CALL], "tools": [TOOL]}] * 5
+    datasets.Dataset.from_list(rows).save_to_disk(str(saved))
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["path"] = "data/saved"
+    manifest.write_text(json.dumps(data))
+    assert check_manifest(manifest).problems == []
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0, built.stdout + built.stderr
+    tok = AutoTokenizer.from_pretrained(tmp_path / "model")
+    (train,) = (manifest.parent / ".cache").rglob("train")
+    text = "".join(tok.decode(r) for r in datasets.load_from_disk(str(train))["input_ids"])
+    assert text.count("lookup_order: Finds an order by its id.") == 5
+    # JSON text that is not tools: the row named, before anything is built
+    bad = [{"messages": [USER, CALL], "tools": "[{"}]
+    datasets.Dataset.from_list(bad * 3).save_to_disk(str(manifest.parent / "data" / "bad"))
+    data["training"]["dataset"]["path"] = "data/bad"
+    manifest.write_text(json.dumps(data))
+    assert (
+        check_manifest(manifest)
+        .problems[0]
+        .endswith(
+            "row 1: field 'tools' (field_mapping.tools) is text that is not JSON; expected "
+            f"{TOOLS_SHAPE}"
+        )
+    )
