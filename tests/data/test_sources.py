@@ -257,6 +257,21 @@ def test_field_mapping_detection_and_validation() -> None:
     )
     with pytest.raises(UserError, match="a `history` column beside 'instruction' and 'output'"):
         field_spec(None, ["instruction", "input", "output", "system", "history"], "f")
+    # preference pairs (TRL's DPO data): "cannot tell which column" became how to train them
+    with pytest.raises(UserError) as info:
+        field_spec(None, ["prompt", "chosen", "rejected"], "f")
+    assert info.value.lines == [
+        "f: preference pairs (columns 'chosen' and 'rejected', for DPO-style training); "
+        "expert-cli trains on answers: set training.dataset.field_mapping to train the preferred "
+        'ones, e.g. {"instruction": "prompt", "response": "chosen"}, or {"messages": "chosen"} '
+        "where each holds a whole conversation"
+    ]
+    with pytest.raises(UserError, match=r'e.g. \{"messages": "chosen"\} where'):
+        field_spec(None, ["chosen", "rejected"], "f")
+    # beside a conversation (HuggingFaceH4/ultrafeedback_binarized) or an answer: read as before
+    h4 = ["prompt", "prompt_id", "chosen", "rejected", "messages", "score_chosen"]
+    assert field_spec(None, h4, "f").mapping == {"messages": "messages"}
+    assert field_spec(None, ["prompt", "response", "chosen", "rejected"], "f").kind == "instruction"
     with pytest.raises(UserError, match="OpenAssistant's message trees"):  # trained whole
         field_spec(None, ["message_id", "parent_id", "text", "role", "lang"], "f")
     with pytest.raises(UserError, match="unknown key"):
@@ -963,3 +978,18 @@ def test_a_local_download_of_several_configurations_is_refused(tmp_path, write_j
     assert resolved_for(tmp_path, {"path": "gsm8k/main"}).train_sources[0].kind == "local"
     (tmp_path / "gsm8k" / "README.md").write_text("---\nconfigs: [1, {x: 2}\n---\n")  # bad YAML
     assert resolved_for(tmp_path, {"path": "gsm8k"}).train_sources[0].kind == "local"
+
+
+def test_a_prompt_and_completion_of_turns_says_how_to_read_them(tmp_path, write_jsonl) -> None:
+    """TRL's conversational prompt-completion rows: "is a list, expected a string" became
+    what they look like and how to train them."""
+    user = {"role": "user", "content": "q"}
+    answer = {"role": "assistant", "content": "a"}
+    path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": [user], "completion": [answer]}])
+    assert error_of(tmp_path, {"path": "train.jsonl"}) == (
+        f"{path}:1: field 'prompt' (field_mapping.instruction) is a list of objects (turns of a "
+        "conversation?), expected a string; write each row's turns as one `messages` list "
+        "(prompt + completion), then map it"
+    )
+    write_jsonl(tmp_path / "train.jsonl", [{"prompt": ["q"], "completion": "a"}])
+    assert error_of(tmp_path, {"path": "train.jsonl"}).endswith("is a list, expected a string")

@@ -97,6 +97,14 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
     for name in CONVERSATION_COLUMNS:  # ShareGPT's and Capybara's turns are read as messages
         if name in cols:  # with their tool definitions where a row has them
             return {"messages": name, TOOLS: TOOLS} if TOOLS in cols else {"messages": name}
+    if {"chosen", "rejected"} <= cols and not response:  # preference data (DPO) alone
+        pair = '{"instruction": "prompt", "response": "chosen"}, or '
+        raise UserError(
+            f"{where}: preference pairs (columns 'chosen' and 'rejected', for DPO-style "
+            "training); expert-cli trains on answers: set training.dataset.field_mapping to "
+            f"train the preferred ones, e.g. {pair if 'prompt' in cols else ''}"
+            '{"messages": "chosen"} where each holds a whole conversation'
+        )
     if prompt and response and "history" in cols:  # LLaMA-Factory's earlier turns: unread
         raise UserError(
             f"{where}: a `history` column beside {prompt!r} and {response!r} (LLaMA-Factory's "

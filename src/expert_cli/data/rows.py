@@ -42,21 +42,9 @@ TWICE = "is given more than once in this row; expected once (which value to trai
 SHOWN_PATH = re.compile(r"[\w.\[\]<>-]{1,200}", re.ASCII)  # a key path an error may show
 # keys of the chat message format (OpenAI's, Qwen's), shown by name in a path; others: <key>
 MESSAGE_KEYS = frozenset(
-    {
-        "tool_calls",
-        "function",
-        "arguments",
-        "name",
-        "id",
-        "type",
-        "reasoning_content",
-        "thinking",
-        "tool_call_id",
-        "content",
-        "role",
-        "text",
-    }
-)
+    ("tool_calls", "function", "arguments", "name", "id", "type", "reasoning_content",
+     "thinking", "tool_call_id", "content", "role", "text")
+)  # fmt: skip
 MESSAGES_SHAPE = (
     'a list of {"role": "...", "content": "..."} objects (content may be a list of text parts, '
     "or null in a turn with tool_calls)"
@@ -151,6 +139,11 @@ def _value_problem(role: str, value: Any) -> str | None:
     if role in OPTIONAL_ROLES and value is None:
         return None
     if role != "messages":
+        if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+            return (  # TRL's conversational prompt and completion
+                f"is {_kind(value)} of objects (turns of a conversation?), expected a string; "
+                "write each row's turns as one `messages` list (prompt + completion), then map it"
+            )
         if not isinstance(value, str):
             return f"is {_kind(value)}, expected a string"
         return _text_problem(value)
