@@ -19,7 +19,7 @@ from expert_cli.errors import UserError
 # writes the tools into a system turn, as Qwen's, Llama's and Mistral's templates do
 WITH_TOOLS = (
     "{%- if tools %}{{ '<|im_start|>system\\n# Tools\\n' }}{%- for t in tools %}"
-    "{{ t.function.name }}: {{ t.function.description }}\\n{%- endfor %}{{ '<|im_end|>\\n' }}"
+    "{{ t.function.name }}: {{ t.function.description + '\\n' }}{%- endfor %}{{ '<|im_end|>\\n' }}"
     "{%- endif %}{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
     "{{ m.content or '' }}{%- for c in m.tool_calls or [] %}<call {{ c.function.name }}>"
     "{%- endfor %}{{ '<|im_end|>\\n' }}{%- endfor %}"

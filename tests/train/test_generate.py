@@ -190,7 +190,7 @@ def test_generate_errors_are_exit_2(capsys, monkeypatch, memorised: Path, tmp_pa
     )
     assert "--system: empty" in exit_2("--adapter", str(memorised), "-p", "x", "--system", " ")
     alone = exit_2("--adapter", str(memorised), "--eval", "1", "--system", "Be brief.")
-    assert "--system: goes before --prompt or --prompts" in alone
+    assert "--system: goes with --prompt or --prompts" in alone
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,14 @@ def generate(
             metavar="TEXT", help="A system turn before each prompt, laid out as the data's."
         ),
     ] = None,
+    tools: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="Tool definitions (a JSON list, as the data's `tools`) the chat template "
+            "writes before each prompt.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Try a trained expert: its prompt template and decoding settings, answers streamed."""
@@ -76,6 +84,7 @@ def generate(
         max_new_tokens=max_new_tokens,
         greedy=greedy,
         system=system,
+        tools_file=tools,
     )
     if as_json:
         typer.echo(json.dumps(run_generate(opts).to_dict(), indent=2, ensure_ascii=False))

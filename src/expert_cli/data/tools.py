@@ -66,6 +66,9 @@ class ToolsGiven:
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
         return self.plain.apply_chat_template(conversation, tools=self.tools, **kwargs)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # looked up on the class, not here
+        return self.plain(*args, **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.plain, name)
 

@@ -34,7 +34,7 @@ from expert_cli.train.outputs import (
     run_of,
 )
 from expert_cli.train.prompt_format import prompt_format
-from expert_cli.train.prompts import prompt_texts, system_text
+from expert_cli.train.prompts import asked
 from expert_cli.train.run_source import as_trained, source_manifest
 from expert_cli.train.tokenizer_files import Stops, layout_stops, saved_tokenizer
 
@@ -62,6 +62,7 @@ class GenerateOptions:
     max_new_tokens: int | None = None
     greedy: bool = False
     system: str | None = None  # the system turn before each prompt
+    tools_file: Path | None = None  # tool definitions the chat template writes before it
 
 
 @dataclass
@@ -272,11 +273,6 @@ def inherited_settings(model: Any, settings: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-def read_prompts(opts: GenerateOptions) -> list[str]:
-    """`--prompt` values, then the lines of `--prompts FILE` (blank lines skipped)."""
-    return prompt_texts(list(opts.prompts), opts.prompts_file)
-
-
 # --------------------------------------------------------------------------- generation
 
 
@@ -345,11 +341,9 @@ def answer(
 def generate(opts: GenerateOptions, view: GenerationView | None = None) -> GenerateResult:
     """Answer every prompt (and with `compare_base` again without the adapter)."""
     view = view or Silent()
-    prompts, system = read_prompts(opts), system_text(opts.system)
-    if not prompts and not opts.eval_n:
-        raise UserError("generate: give --prompt TEXT, --prompts FILE or --eval N")
-    if system and not prompts:
-        raise UserError("--system: goes before --prompt or --prompts (--eval's have their own)")
+    prompts, system, tools = asked(
+        list(opts.prompts), opts.prompts_file, opts.system, opts.tools_file, opts.eval_n or 0
+    )
     run = load_run(opts.adapter)
     settings, notes = decoding_settings(run.decoding, opts.greedy, opts.max_new_tokens)
     if opts.eval_n and not opts.greedy:  # exact match of sampled answers varies: greedy
@@ -370,7 +364,7 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
     layout, said = prompt_format(run.resolved, run.tokenizer, run.data_record)
     if prompts:
         notes += said
-    cases = [Case(p, layout.render(run.tokenizer, p, system)) for p in prompts]
+    cases = [Case(p, layout.render(run.tokenizer, p, system, tools)) for p in prompts]
     if opts.eval_n:
         evals = eval_cases(run.resolved, run.tokenizer, run.data_record, opts.eval_n, notes)
         notes += eval_budgets(evals, settings["max_new_tokens"], opts.max_new_tokens is not None)

@@ -33,6 +33,7 @@ from expert_cli.data.spans import (
     MARKER_ASSISTANT,
     MARKER_END,
 )
+from expert_cli.data.tools import ToolsGiven, with_tools
 from expert_cli.data.turns import turn_layout
 from expert_cli.errors import UserError
 
@@ -77,11 +78,19 @@ class PromptFormat:
             return LAYOUT_STOPS["chatml"] if self.template == "chatml" else ()
         return LAYOUT_STOPS.get(self.style, ())
 
-    def render(self, tokenizer: Any, text: str, system: str | None = None) -> list[int]:
+    def render(
+        self, tokenizer: Any, text: str, system: str | None = None, tools: list[Any] | None = None
+    ) -> list[int]:
         """The prompt's token ids, ready for the answer's first token; `system` is the
-        system turn before it, where the layout has one."""
+        system turn before it, where the layout has one; `tools`, definitions its chat
+        template writes."""
         if self.style == "messages":
-            return _chat(tokenizer, text, system, self.opening)
+            return _chat(with_tools(tokenizer, tools), text, system, self.opening)
+        if tools:
+            raise UserError(
+                "--tools: the run trained on prompts laid out without a chat template "
+                f"({self.described}); tool definitions are given to a chat template"
+            )
         if self.style == "instruction":
             prompt = render_instruction(self.template or "chatml", text, None, system)[0]
         elif self.style == "chatml" and "<|im_start|>" not in text:
@@ -179,6 +188,13 @@ def _chat(tokenizer: Any, text: str, system: str | None, opening: str) -> list[i
             f"conversation of {which} with a generation prompt ({type(exc).__name__})"
             "; fix chat_template.jinja (or the chat_template of tokenizer_config.json) there"
         ) from None
+    if isinstance(tokenizer, ToolsGiven) and rendered == tokenizer.plain.apply_chat_template(
+        turns, add_generation_prompt=True, tokenize=False
+    ):
+        raise UserError(
+            "--tools: the run's chat template does not write tool definitions (it renders the "
+            "prompt the same without them); put them in --system as text"
+        )
     if opening and rendered.endswith(opening):
         rendered = rendered[: -len(opening)]
     return tokenizer(rendered, add_special_tokens=False, verbose=False)["input_ids"]

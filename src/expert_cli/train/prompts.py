@@ -11,10 +11,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from expert_cli.data.tools import TOOLS_SHAPE, parsed_tools, tools_text
 from expert_cli.errors import UserError
 
 MAX_PROMPTS = 10_000
 MAX_PROMPT_CHARS = 200_000
+MAX_TOOLS_BYTES = 4 << 20  # tool definitions: a few KB each
 
 
 def prompt_texts(prompts: list[str], prompts_file: Path | None) -> list[str]:
@@ -45,6 +47,47 @@ def system_text(system: str | None) -> str | None:
     if any("\ud800" <= c <= "\udfff" for c in system):
         raise UserError("--system: holds bytes that are not UTF-8 text")
     return system
+
+
+def asked(
+    prompts: list[str], prompts_file: Path | None, system: str | None, tools: Path | None, n: int
+) -> tuple[list[str], str | None, list[Any] | None]:
+    """`generate`'s prompts, system turn and tool definitions, checked: `--system` and
+    `--tools` go with prompts given (`--eval`'s `n` examples have the run's own)."""
+    texts, turn = prompt_texts(prompts, prompts_file), system_text(system)
+    given = tools_given(tools)
+    if not texts and not n:
+        raise UserError("generate: give --prompt TEXT, --prompts FILE or --eval N")
+    for option, value in (("--system", turn), ("--tools", given)):
+        if value and not texts:
+            raise UserError(f"{option}: goes with --prompt or --prompts (--eval's have their own)")
+    return texts, turn, given
+
+
+def tools_given(path: Path | None) -> list[Any] | None:
+    """`--tools FILE`: the tool definitions the prompts are asked with (a JSON list of
+    objects, as a training row's `tools`), checked; an error never quotes the file."""
+    if path is None:
+        return None
+    if not path.is_file():
+        what = "not a file" if os.path.lexists(path) else "does not exist"
+        raise UserError(f"--tools {path}: {what}")
+    try:
+        if path.stat().st_size > MAX_TOOLS_BYTES:
+            raise UserError(f"--tools {path}: over {MAX_TOOLS_BYTES >> 20} MB of definitions")
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--tools {path}: byte {exc.start}: not UTF-8 text") from None
+    except OSError as exc:
+        raise UserError(f"--tools {path}: cannot be read ({exc.strerror})") from None
+    tools, problem = parsed_tools(text)
+    if problem or not tools:
+        raise UserError(f"--tools {path}: {problem or f'holds none; expected {TOOLS_SHAPE}'}")
+    try:  # JSON's escapes can write half a character
+        tools_text(tools).encode()
+    except UnicodeEncodeError:
+        raise UserError(f"--tools {path}: holds a lone surrogate escape; not text") from None
+    return tools
 
 
 def _prompt_lines(path: Path) -> list[str]:
