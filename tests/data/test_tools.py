@@ -204,3 +204,24 @@ def test_a_saved_dataset_of_typed_tools_trains_with_them(
             f"{TOOLS_SHAPE}"
         )
     )
+
+
+def test_arrows_fill_ins_are_not_part_of_a_tool(tmp_path: Path) -> None:
+    """Arrow gives each tool of a typed column every key any tool has, null where it has
+    none: a template writing `tool | tojson` showed the model parameters of other tools."""
+    import datasets
+
+    from expert_cli.data.conversations import as_text
+
+    def tool(name: str, parameter: str) -> dict:
+        return {"type": "function", "function": {"name": name, "parameters": {parameter: 1}}}
+
+    rows = [
+        {"messages": [USER, CALL], "tools": [tool("lookup_order", "order_id")]},
+        {"messages": [USER, CALL], "tools": [tool("cancel_order", "reason")]},
+    ]
+    ds = datasets.Dataset.from_list(rows)
+    assert ds[0]["tools"][0]["function"]["parameters"] == {"order_id": 1, "reason": None}
+    stored = as_text(ds, tmp_path / "work")
+    assert [json.loads(t) for t in stored["tools"]] == [r["tools"] for r in rows]
+    assert parsed_tools([{"name": "f", "strict": None}]) == ([{"name": "f"}], None)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import datasets
 
-from expert_cli.data.file_text import shown_name
+from expert_cli.data.file_text import drop_nulls, shown_name
 from expert_cli.data.tools import ToolsGiven, parsed_tools, tools_text
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ FORM = 5  # the stored form's version, in the name of a converted file a resumed
 # (2: text parts joined; 3: ShareGPT's turns as role/content; 4: Capybara's input/output too)
 
 
-NULL_DEPTH = 64  # nested objects deeper than this keep their nulls (no template looks there)
 # ShareGPT's turns (`{"from": "human", "value": "..."}`, as Axolotl, LLaMA-Factory and Unsloth
 # read them): the roles a chat template knows; another `from` is kept as its role
 SHAREGPT_ROLES = {
@@ -125,17 +124,6 @@ def is_text_part(part: Any) -> bool:
         and isinstance(part.get("text"), str)
         and part.get("type", "text") == "text"
     )
-
-
-def drop_nulls(value: Any, depth: int = 0) -> Any:
-    """`value` without the keys whose value is null, at every depth up to NULL_DEPTH."""
-    if depth > NULL_DEPTH:
-        return value
-    if isinstance(value, dict):
-        return {k: drop_nulls(v, depth + 1) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [drop_nulls(v, depth + 1) for v in value]
-    return value
 
 
 def conversation_text(messages: list[Any]) -> str:

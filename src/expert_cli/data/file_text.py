@@ -29,6 +29,7 @@ STREAM_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)
 CHUNK_BYTES = 1 << 20
 MAX_ITEM_BYTES = 256 << 20  # one example (a JSON value, a CSV record) at most this big
 SHOWN_NAMES = 12
+NULL_DEPTH = 64  # nested objects deeper than this keep their nulls (no template looks there)
 NAME_LIKE = re.compile(r"[\w .\-/]{1,40}")
 
 Row = tuple[str, Any]  # (where: "line 12" / "row 3", the value read)
@@ -124,3 +125,14 @@ def open_data(path: Path) -> BinaryIO:
         raise UserError(
             f"{path}: cannot be opened ({exc.strerror or type(exc).__name__})"
         ) from None
+
+
+def drop_nulls(value: Any, depth: int = 0) -> Any:
+    """`value` without the keys whose value is null, at every depth up to NULL_DEPTH."""
+    if depth > NULL_DEPTH:
+        return value
+    if isinstance(value, dict):
+        return {k: drop_nulls(v, depth + 1) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [drop_nulls(v, depth + 1) for v in value]
+    return value

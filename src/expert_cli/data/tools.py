@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import datasets
 
+from expert_cli.data.file_text import drop_nulls
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
@@ -37,17 +39,14 @@ def parsed_tools(value: Any) -> tuple[list[Any] | None, str | None]:
     for i, tool in enumerate(value):
         if not isinstance(tool, dict):
             return None, f"item {i} is {_kind(tool)}, expected an object (a tool's definition)"
-    return (value or None), None
+    # without null-valued keys: Arrow gives each tool every key any tool has (a hub dataset's,
+    # a Parquet file's), null where it has none, as it does a conversation's messages
+    return (drop_nulls(value) or None), None
 
 
 def tools_text(tools: list[Any] | None) -> str | None:
     """The tools as the build stores them: JSON text, or None for none."""
     return json.dumps(tools, ensure_ascii=False, default=str) if tools else None
-
-
-def stored_tools(text: str | None) -> list[Any] | None:
-    """The tools of a stored row (JSON text written by `tools_text`), or None."""
-    return json.loads(text) if text else None
 
 
 def _kind(value: Any) -> str:
