@@ -270,7 +270,7 @@ def test_field_mapping_detection_and_validation() -> None:
         field_spec(None, ["chosen", "rejected"], "f")
     # beside a conversation (HuggingFaceH4/ultrafeedback_binarized) or an answer: read as before
     h4 = ["prompt", "prompt_id", "chosen", "rejected", "messages", "score_chosen"]
-    assert field_spec(None, h4, "f").mapping == {"messages": "messages"}
+    assert field_spec(None, h4, "f").mapping == {"messages": "messages", "tools": "tools"}
     assert field_spec(None, ["prompt", "response", "chosen", "rejected"], "f").kind == "instruction"
     with pytest.raises(UserError, match="OpenAssistant's message trees"):  # trained whole
         field_spec(None, ["message_id", "parent_id", "text", "role", "lang"], "f")
@@ -836,7 +836,7 @@ def _read_in_three_forms(folder: Path, rows: list, column: str, expected: list, 
 
     folder.joinpath("train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     loaded = load(folder, {"path": "train.jsonl"})
-    assert loaded.fields.mapping == {"messages": column}
+    assert loaded.fields.mapping == {"messages": column, "tools": "tools"}
     assert _stored_messages(loaded, by) == expected
     pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
     assert _stored_messages(load(folder, {"path": "train.parquet"}), by) == expected

@@ -110,7 +110,11 @@ def test_tools_are_a_list_of_objects_or_its_json_text(value, expected) -> None:
 def test_the_tools_column_is_detected_beside_a_conversation_and_read_with_it_only() -> None:
     spec = field_spec(None, ["messages", "tools"], "f")
     assert spec.mapping == {"messages": "messages", "tools": "tools"} and "tools" in spec.maybe
-    assert field_spec(None, ["conversations"], "f").mapping == {"messages": "conversations"}
+    # a first row without the key (OpenAI's files leave it out): read where a later row has it
+    assert field_spec(None, ["conversations"], "f").mapping == {
+        "messages": "conversations",
+        "tools": "tools",
+    }
     with pytest.raises(UserError, match="`tools` .* is read with `messages` only"):
         field_spec({"text": "text", "tools": "tools"}, ["text", "tools"], "f")
 
@@ -225,3 +229,64 @@ def test_arrows_fill_ins_are_not_part_of_a_tool(tmp_path: Path) -> None:
     stored = as_text(ds, tmp_path / "work")
     assert [json.loads(t) for t in stored["tools"]] == [r["tools"] for r in rows]
     assert parsed_tools([{"name": "f", "strict": None}]) == ([{"name": "f"}], None)
+
+
+BARE = {"name": "lookup_order", "parameters": {}}  # xlam's and Glaive's layout: no `function`
+
+
+def test_check_and_the_build_agree_on_tools_of_one_count_and_two_layouts(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """check remembered a template's verdict by the number of tools: rows of bare tools after
+    rows of OpenAI's were called usable (the build dropped them), and the other way round
+    every row was called refused (the build kept most)."""
+    from expert_cli.data.checks import check_manifest
+
+    good = {"messages": [USER, CALL], "tools": [TOOL]}
+    bare = {"messages": [USER, CALL], "tools": [BARE]}
+    manifest = _tool_expert(tmp_path, tiny_model_dir, [good] * 5 + [bare] * 5)
+    report = check_manifest(manifest)
+    assert report.problems == []
+    (refused,) = [n for n in report.notes if "refused by the tokenizer's chat template" in n]
+    assert "5 of 10 conversations are refused and train drops them" in refused
+    (manifest.parent / "data" / "train.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in [bare] + [good] * 9)
+    )
+    report = check_manifest(manifest)
+    assert report.problems == []
+    assert any("1 of 10 conversations are refused" in n for n in report.notes)
+
+
+def test_tools_after_a_first_row_without_them_are_read(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """OpenAI's files leave `tools` out of a row without any: detected from a first row of
+    plain chat, no later row's tools were read."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    rows = [{"messages": [USER, CALL]}] + [{"messages": [USER, CALL], "tools": [TOOL]}] * 4
+    manifest = _tool_expert(tmp_path, tiny_model_dir, rows)
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0, built.stdout + built.stderr
+    tok = AutoTokenizer.from_pretrained(tmp_path / "model")
+    (train,) = (manifest.parent / ".cache").rglob("train")
+    text = "".join(tok.decode(r) for r in datasets.load_from_disk(str(train))["input_ids"])
+    assert text.count("lookup_order: Finds an order by its id.") == 4
+
+
+def test_a_typed_list_of_text_is_not_tools(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A saved dataset's tools as a list of JSON strings (one a tool) was read as no tools."""
+    import datasets
+
+    from expert_cli.data.checks import check_manifest
+
+    manifest = _tool_expert(tmp_path, tiny_model_dir, [{"messages": [USER, CALL]}])
+    rows = [{"messages": [USER, CALL], "tools": [json.dumps(TOOL)]}] * 3
+    datasets.Dataset.from_list(rows).save_to_disk(str(manifest.parent / "data" / "saved"))
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["path"] = "data/saved"
+    manifest.write_text(json.dumps(data))
+    (problem,) = check_manifest(manifest).problems
+    assert "field 'tools' (field_mapping.tools) holds List(Value('string'))" in problem
+    assert problem.endswith(f"expected {TOOLS_SHAPE} in every row")

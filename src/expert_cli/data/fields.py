@@ -95,8 +95,8 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
     # a conversation or a prompt/answer pair before a text column: a rendered text (Alpaca's
     # beside its instruction and output) trains its prompts too
     for name in CONVERSATION_COLUMNS:  # ShareGPT's and Capybara's turns are read as messages
-        if name in cols:  # with their tool definitions where a row has them
-            return {"messages": name, TOOLS: TOOLS} if TOOLS in cols else {"messages": name}
+        if name in cols:  # with their tool definitions where a row has them (OpenAI's
+            return {"messages": name, TOOLS: TOOLS}  # files leave the key out of the others)
     if {"chosen", "rejected"} <= cols and not response:  # preference data (DPO) alone
         pair = '{"instruction": "prompt", "response": "chosen"}, or '
         raise UserError(

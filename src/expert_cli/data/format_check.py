@@ -136,6 +136,6 @@ def row_chars(row: dict[str, Any]) -> int:
     for value in row.values():
         if isinstance(value, str):
             total += len(value)
-        elif isinstance(value, list):
-            total += sum(len(str(m.get("content") or "")) for m in value if isinstance(m, dict))
+        elif isinstance(value, list):  # a conversation's contents, or its tools
+            total += sum(len(str(m.get("content") or m)) for m in value if isinstance(m, dict))
     return total

@@ -36,7 +36,7 @@ from expert_cli.data.sources import checked_columns, dataset_scan, load_hub, loa
 from expert_cli.data.spans import assistant_spans, has_content
 from expert_cli.data.splits import held_rows
 from expert_cli.data.stats_words import NO_COMPLETION, drop_reasons
-from expert_cli.data.tools import parsed_tools, with_tools
+from expert_cli.data.tools import parsed_tools, tools_shape, with_tools
 from expert_cli.data.turns import conversation_spans, turn_layout, weighed_out
 from expert_cli.errors import UserError
 
@@ -76,7 +76,7 @@ def template_verdict(
         # as the template will see it, whether an answer is left out ("weight": 0), its tools
         messages, tools = row["messages"], parsed_tools(row.get(TOOLS))[0]
         weighed = any(map(weighed_out, messages))
-        shape = conversation_shape(without_fill_ins(messages)), weighed, len(tools or ())
+        shape = conversation_shape(without_fill_ins(messages)), weighed, tools_shape(tools)
         if shape in seen:
             return seen[shape]
         stored = conversation(conversation_text(messages))  # as the build keeps it
@@ -224,9 +224,10 @@ class DataCheck:
             if why.startswith("no response_template")
             else "is refused by the tokenizer's chat template"
         )
+        fix = "their roles or keys" if "its tools" not in why else "the tools' layout"
         return Refusals(
-            f"{at}: this conversation {said} ({why}); {share}: fix their roles or keys, or "
-            "use a base model whose template takes them",
+            f"{at}: this conversation {said} ({why}); {share}: fix {fix}, or use a base "
+            "model whose template takes them",
             every,
         )
 

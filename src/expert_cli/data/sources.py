@@ -39,7 +39,7 @@ from expert_cli.data.rows import (
     scan_local,
 )
 from expert_cli.data.splits import apply_weight, hold_out
-from expert_cli.data.tools import tools_problem, tools_text
+from expert_cli.data.tools import tools_problem, tools_text, typed_objects
 from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path
 
@@ -302,10 +302,18 @@ def _check_type(feature: Any, role: str, column: str, where: str) -> None:
     """A mapped column must hold text (or, for `messages`, a list of role/content objects);
     anything else would be rendered with str() and trained on as if it were text."""
 
-    if role == TOOLS:  # objects of any keys, or their JSON text (each row's read when used)
-        ok = isinstance(feature, (datasets.List, datasets.LargeList, datasets.Json)) or (
-            isinstance(feature, datasets.Value)
-            and feature.dtype in ("string", "large_string", "null")
+    if role == TOOLS:  # objects of any keys, or JSON (each row read by tools_problem)
+        ok = (
+            typed_objects(feature)
+            or isinstance(feature, datasets.Json)
+            or (
+                isinstance(feature, (datasets.List, datasets.LargeList))
+                and isinstance(feature.feature, datasets.Json)
+            )
+            or (
+                isinstance(feature, datasets.Value)
+                and feature.dtype in ("string", "large_string", "null")
+            )
         )
     elif role == "messages":
         inner = getattr(feature, "feature", None)

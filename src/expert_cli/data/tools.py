@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 TOOLS_SHAPE = "a list of tool definitions (JSON objects), or its JSON text"
 TOOLS_BATCH_ROWS = 1024  # rows of a dataset's tools read at a time
+SHAPE_DEPTH = 16  # nesting of a tool's definition looked at for its shape
 
 
 def parsed_tools(value: Any) -> tuple[list[Any] | None, str | None]:
@@ -68,7 +69,12 @@ class ToolsGiven:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:  # looked up on the class, not here
         return self.plain(*args, **kwargs)
 
+    def __len__(self) -> int:
+        return len(self.plain)
+
     def __getattr__(self, name: str) -> Any:
+        if name == "plain":  # not set yet (a copy or an unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.plain, name)
 
 
@@ -80,10 +86,31 @@ def with_tools(tokenizer: PreTrainedTokenizerFast, tools: list[Any] | None) -> A
 def tools_problem(ds: datasets.Dataset, column: str) -> tuple[int, str] | None:
     """(row index, problem) of the first row of a hub or saved dataset's tools column that is
     not tools, or None. A typed column of objects is tools by its type."""
-    if isinstance(ds.features[column], (datasets.List, datasets.LargeList)):
+    feature = ds.features[column]
+    if typed_objects(feature):
         return None
     batches = ds.select_columns([column]).iter(batch_size=TOOLS_BATCH_ROWS)
     for i, value in enumerate(value for batch in batches for value in batch[column]):
         if (problem := parsed_tools(value)[1]) is not None:
             return i, problem
     return None
+
+
+def typed_objects(feature: Any) -> bool:
+    """Whether a dataset column is typed as lists of objects (structs, or JSON objects)."""
+    inner = getattr(feature, "feature", None)
+    return isinstance(feature, (datasets.List, datasets.LargeList)) and isinstance(inner, dict)
+
+
+def tools_shape(tools: list[Any] | None, depth: int = 0) -> Any:
+    """What a chat template refuses tools by, or writes differently: each one's keys and the
+    kinds of their values, nested (a template reading `tool.function.name` refuses a bare
+    `{"name", "parameters"}` tool); texts and numbers left out, so `check` renders each
+    shape once."""
+    if depth > SHAPE_DEPTH:
+        return "deep"
+    if isinstance(tools, dict):
+        return tuple(sorted((str(k), tools_shape(v, depth + 1)) for k, v in tools.items()))
+    if isinstance(tools, list):
+        return tuple(tools_shape(v, depth + 1) for v in tools)
+    return type(tools).__name__
