@@ -498,21 +498,21 @@ def test_prompts_are_text(tmp_path: Path) -> None:
     """A prompt of bytes that are not UTF-8 (argv keeps them as lone surrogates) was a
     TypeError traceback from the tokenizer; a BOM stayed in the first prompt of a file."""
     from expert_cli.errors import UserError
-    from expert_cli.train.generate import GenerateOptions, read_prompts
+    from expert_cli.train.prompts import prompt_texts
 
     with pytest.raises(UserError, match="prompt 2: holds bytes that are not UTF-8 text"):
-        read_prompts(GenerateOptions(tmp_path, prompts=["fine", "ab\udcffcd"]))
+        prompt_texts(["fine", "ab\udcffcd"], None)
     file = tmp_path / "prompts.txt"
     file.write_text("\ufefffirst\nsecond\n", encoding="utf-8")
-    assert read_prompts(GenerateOptions(tmp_path, prompts_file=file)) == ["first", "second"]
+    assert prompt_texts([], file) == ["first", "second"]
     # a missing file was "not a file", as if a folder or a device were there
     with pytest.raises(UserError) as err:
-        read_prompts(GenerateOptions(tmp_path, prompts_file=tmp_path / "nope.txt"))
+        prompt_texts([], tmp_path / "nope.txt")
     assert err.value.lines == [
         f"--prompts {tmp_path / 'nope.txt'}: does not exist (- reads standard input)"
     ]
     with pytest.raises(UserError, match=r": not a file \(- reads standard input\)"):
-        read_prompts(GenerateOptions(tmp_path, prompts_file=tmp_path))
+        prompt_texts([], tmp_path)
 
 
 def test_prompts_from_standard_input_and_no_empty_prompt(
@@ -522,21 +522,21 @@ def test_prompts_from_standard_input_and_no_empty_prompt(
     import io
     import sys
 
-    from expert_cli.train.generate import GenerateOptions, read_prompts
+    from expert_cli.train.prompts import prompt_texts
 
     stdin = io.TextIOWrapper(io.BytesIO("\ufefffirst\n\n a\\nb \n".encode()), encoding="ascii")
     monkeypatch.setattr(sys, "stdin", stdin)
-    got = read_prompts(GenerateOptions(tmp_path, prompts_file=Path("-")))
+    got = prompt_texts([], Path("-"))
     assert got == ["first", " a\nb "]
     assert not stdin.closed  # standard input is not the command's to close
     monkeypatch.setattr(sys, "stdin", None)  # `--prompts - <&-`: was an AttributeError
     with pytest.raises(UserError, match="--prompts -: standard input is closed"):
-        read_prompts(GenerateOptions(tmp_path, prompts_file=Path("-")))
+        prompt_texts([], Path("-"))
     for empty in ("", "  \n "):
         with pytest.raises(UserError, match="prompt 2: empty; give the text to answer"):
-            read_prompts(GenerateOptions(tmp_path, prompts=["fine", empty]))
+            prompt_texts(["fine", empty], None)
     with pytest.raises(UserError, match=r"--prompts .*nope.txt: does not exist \(- reads standard"):
-        read_prompts(GenerateOptions(tmp_path, prompts_file=tmp_path / "nope.txt"))
+        prompt_texts([], tmp_path / "nope.txt")
 
 
 @pytest.mark.slow
