@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import write_jsonl
 from train_helpers import run_here, write_expert
 
 from expert_cli.data.fields import field_spec
@@ -130,10 +131,20 @@ def _tool_expert(tmp_path: Path, tiny_model_dir: Path, rows: list[dict]) -> Path
     data = json.loads(manifest.read_text())
     data["training"]["dataset"].pop("field_mapping")
     manifest.write_text(json.dumps(data))
-    (manifest.parent / "data" / "train.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in rows)
-    )
+    write_jsonl(manifest.parent / "data" / "train.jsonl", rows)
     return manifest
+
+
+def _built_text(manifest: Path, model: Path) -> str:
+    """The training split's examples as `pretokenize` built them, decoded."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0, built.stdout + built.stderr
+    tok = AutoTokenizer.from_pretrained(model)
+    (train,) = (manifest.parent / ".cache").rglob("train")
+    return "".join(tok.decode(r) for r in datasets.load_from_disk(str(train))["input_ids"])
 
 
 def test_a_tool_calling_file_trains_with_its_definitions(
@@ -151,15 +162,7 @@ def test_a_tool_calling_file_trains_with_its_definitions(
         'training.dataset.field_mapping: none given; read as {"messages": "messages"}; tools from '
         "'tools' where a row has it (set it to read other columns)"
     ) in report.notes
-    built = run_here("pretokenize", "--manifest", str(manifest))
-    assert built.returncode == 0, built.stdout + built.stderr
-    import datasets
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tmp_path / "model")
-    (train,) = (manifest.parent / ".cache").rglob("train")
-    ds = datasets.load_from_disk(str(train))
-    text = "".join(tok.decode(r) for r in ds["input_ids"])
+    text = _built_text(manifest, tmp_path / "model")
     assert text.count("lookup_order: Finds an order by its id.") == 6
     (manifest.parent / "data" / "train.jsonl").write_text(
         json.dumps({"messages": [USER, CALL], "tools": {"name": "x"}}) + "\n"
@@ -177,7 +180,6 @@ def test_a_saved_dataset_of_typed_tools_trains_with_them(
     """A hub or saved dataset holds its tools as Arrow structs (or JSON text): each row's
     become JSON text beside its conversation; check reads them row by row."""
     import datasets
-    from transformers import AutoTokenizer
 
     from expert_cli.data.checks import check_manifest
 
@@ -189,11 +191,7 @@ def test_a_saved_dataset_of_typed_tools_trains_with_them(
     data["training"]["dataset"]["path"] = "data/saved"
     manifest.write_text(json.dumps(data))
     assert check_manifest(manifest).problems == []
-    built = run_here("pretokenize", "--manifest", str(manifest))
-    assert built.returncode == 0, built.stdout + built.stderr
-    tok = AutoTokenizer.from_pretrained(tmp_path / "model")
-    (train,) = (manifest.parent / ".cache").rglob("train")
-    text = "".join(tok.decode(r) for r in datasets.load_from_disk(str(train))["input_ids"])
+    text = _built_text(manifest, tmp_path / "model")
     assert text.count("lookup_order: Finds an order by its id.") == 5
     # JSON text that is not tools: the row named, before anything is built
     bad = [{"messages": [USER, CALL], "tools": "[{"}]
@@ -262,16 +260,10 @@ def test_tools_after_a_first_row_without_them_are_read(
 ) -> None:
     """OpenAI's files leave `tools` out of a row without any: detected from a first row of
     plain chat, no later row's tools were read."""
-    import datasets
-    from transformers import AutoTokenizer
 
     rows = [{"messages": [USER, CALL]}] + [{"messages": [USER, CALL], "tools": [TOOL]}] * 4
     manifest = _tool_expert(tmp_path, tiny_model_dir, rows)
-    built = run_here("pretokenize", "--manifest", str(manifest))
-    assert built.returncode == 0, built.stdout + built.stderr
-    tok = AutoTokenizer.from_pretrained(tmp_path / "model")
-    (train,) = (manifest.parent / ".cache").rglob("train")
-    text = "".join(tok.decode(r) for r in datasets.load_from_disk(str(train))["input_ids"])
+    text = _built_text(manifest, tmp_path / "model")
     assert text.count("lookup_order: Finds an order by its id.") == 4
 
 
