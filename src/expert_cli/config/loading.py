@@ -24,8 +24,10 @@ from expert_cli.paths import resolved_path, shown_path
 # --------------------------------------------------------------------------- loading
 
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KB; anything this big is not one
-# training.config's fields written under an alias (evaluation_strategy as eval_strategy)
+# training.config's fields written under an alias (evaluation_strategy as eval_strategy),
+# and each spelling's other
 ALIASES = {name: f.alias for name, f in TrainingConfig.model_fields.items() if f.alias}
+OTHER_SPELLING = {**ALIASES, **{alias: name for name, alias in ALIASES.items()}}
 
 
 def read_manifest_json(path: Path) -> dict[str, Any]:
@@ -178,9 +180,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         elif isinstance(node, dict):
             node[last] = value
             _given_warmup_wins(node, last, overrides)
-            spellings = {**ALIASES, **{alias: name for name, alias in ALIASES.items()}}
-            if parts[:-1] == ["training", "config"] and last in spellings:
-                node.pop(spellings[last], None)  # either spelling replaces the other
+            if parts[:-1] == ["training", "config"] and last in OTHER_SPELLING:
+                node.pop(OTHER_SPELLING[last], None)  # either spelling replaces the other
         elif isinstance(node, list) and last.isdigit():
             raise UserError(
                 f"--set {_shown_set(item)}: item {last} is past the end of the list (it holds "

@@ -285,11 +285,7 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
         "kept": int((status == KEPT).sum()),
         "truncated": int((status == TRUNCATED).sum()),
         "split": int((status == SPLIT).sum()),
-        "dropped_overlong": int((status == DROPPED_OVERLONG).sum()),
-        "dropped_no_completion": int((status == DROPPED_NO_COMPLETION).sum()),
-        "dropped_no_marker": int((status == DROPPED_NO_MARKER).sum()),
-        "dropped_template": int((status == DROPPED_TEMPLATE).sum()),
-        "dropped_answer_cut": int((status == DROPPED_ANSWER_CUT).sum()),
+        **drop_counts(status),
         "template_refusal": _first(table.column("refused")),
         "no_marker": int(table.column("no_marker").to_numpy(zero_copy_only=False).sum()),
         "styles": _styles(table, status),
@@ -319,8 +315,20 @@ def _first(column: Any) -> str | None:
     return str(valid[0]) if len(valid) else None
 
 
-DROPPED = ("overlong", "no_completion", "no_marker", "template", "answer_cut")
-DROP_KEYS = tuple(f"dropped_{why}" for why in DROPPED)
+# each drop's status code and its key in the stats
+DROP_CODES = {
+    DROPPED_OVERLONG: "dropped_overlong",
+    DROPPED_NO_COMPLETION: "dropped_no_completion",
+    DROPPED_NO_MARKER: "dropped_no_marker",
+    DROPPED_TEMPLATE: "dropped_template",
+    DROPPED_ANSWER_CUT: "dropped_answer_cut",
+}
+DROP_KEYS = tuple(DROP_CODES.values())
+
+
+def drop_counts(status: np.ndarray) -> dict[str, int]:
+    """How many examples of each drop reason `status` (formatting's codes) holds."""
+    return {key: int((status == code).sum()) for code, key in DROP_CODES.items()}
 
 
 def _sum(stats: list[dict[str, Any]], examples_read: int) -> dict[str, Any]:

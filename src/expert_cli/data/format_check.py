@@ -17,18 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from expert_cli.config.resolve import ResolvedConfig
-from expert_cli.data.build import nothing_left
+from expert_cli.data.build import drop_counts, nothing_left
 from expert_cli.data.conversations import conversation_text
 from expert_cli.data.fields import TOOLS
-from expert_cli.data.formatting import (
-    DROPPED_ANSWER_CUT,
-    DROPPED_NO_COMPLETION,
-    DROPPED_NO_MARKER,
-    DROPPED_OVERLONG,
-    DROPPED_TEMPLATE,
-    KEPT_CODES,
-    Formatter,
-)
+from expert_cli.data.formatting import KEPT_CODES, Formatter
 from expert_cli.data.splits import held_rows, weighted_rows
 from expert_cli.data.stats_words import drop_reasons
 from expert_cli.data.tools import parsed_tools, tools_text
@@ -40,13 +32,6 @@ if TYPE_CHECKING:
 KEEP_ROWS = 4096  # rows of a source `check` keeps to format
 KEEP_CHARS = 16 << 20  # and characters of text: formatting costs what tokenizing does
 FORMAT_BATCH = 64  # examples formatted at a time, until one is kept
-DROP_KEYS = {
-    DROPPED_OVERLONG: "dropped_overlong",
-    DROPPED_NO_COMPLETION: "dropped_no_completion",
-    DROPPED_NO_MARKER: "dropped_no_marker",
-    DROPPED_TEMPLATE: "dropped_template",
-    DROPPED_ANSWER_CUT: "dropped_answer_cut",
-}
 
 
 def small_splits(
@@ -115,7 +100,7 @@ def formatted_problems(
         else:
             if rows:
                 status = np.concatenate(statuses)
-                stats: dict[str, Any] = {k: int((status == c).sum()) for c, k in DROP_KEYS.items()}
+                stats: dict[str, Any] = drop_counts(status)
                 stats["template_refusal"] = refusals[0] if refusals else None
                 why = drop_reasons(stats, resolved.max_seq_length)
                 problems.append(nothing_left(resolved, train, len(rows), why))

@@ -269,11 +269,9 @@ class Formatter:
             return texts, spans, styles, refused
         if self.kind == "messages":
             conversations = [conversation(m) for m in batch["messages"]]
-            # each with its tool definitions, where it has any
-            given = [parsed_tools(t)[0] for t in batch.get("tools") or [None] * n]
-            toks = [with_tools(self.tokenizer, t) for t in given]
-            pairs = zip(toks, conversations, strict=True)
-            rendered = [render_conversation(tok, m) for tok, m in pairs]
+            tools = batch.get("tools") or [None] * n  # each with its tool definitions, if any
+            toks = [with_tools(self.tokenizer, parsed_tools(t)[0]) for t in tools]
+            rendered = [render_conversation(t, m) for t, m in zip(toks, conversations, strict=True)]
             texts = [text for text, _ in rendered]
             refused = [why for _, why in rendered]
             if self.layout is None:
