@@ -261,7 +261,7 @@ def test_keys_arrow_adds_as_null_are_not_shown_to_the_template(tiny_tokenizer, t
     fill-ins (content stays, null or not), in the build's work folder."""
     import datasets
 
-    from expert_cli.data.conversations import as_text
+    from expert_cli.data.dataset_rows import as_text
 
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template = (
@@ -366,7 +366,7 @@ def test_eos_that_ends_the_text_already_is_not_appended(tiny_tokenizer) -> None:
 def test_a_lone_surrogate_however_deep_is_named_without_a_traceback() -> None:
     """The walk of a message's other keys recursed: 600 levels, which the JSON reader takes,
     were a RecursionError traceback. A key of the user's own is not shown."""
-    from expert_cli.data.rows import _value_problem
+    from expert_cli.data.values import _value_problem
 
     deep: dict = {}
     inner = deep

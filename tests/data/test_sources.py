@@ -980,16 +980,14 @@ def test_a_local_download_of_several_configurations_is_refused(tmp_path, write_j
     assert resolved_for(tmp_path, {"path": "gsm8k"}).train_sources[0].kind == "local"
 
 
-def test_a_prompt_and_completion_of_turns_says_how_to_read_them(tmp_path, write_jsonl) -> None:
-    """TRL's conversational prompt-completion rows: "is a list, expected a string" became
-    what they look like and how to train them."""
+def test_turns_in_a_text_column_say_how_to_read_them(tmp_path, write_jsonl) -> None:
+    """A list of turns where text is read: "is a list, expected a string" became what they
+    look like and how to train them (TRL's prompt and completion: tests/data/test_completions)."""
     user = {"role": "user", "content": "q"}
-    answer = {"role": "assistant", "content": "a"}
-    path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": [user], "completion": [answer]}])
+    path = write_jsonl(tmp_path / "train.jsonl", [{"text": [user]}])
     assert error_of(tmp_path, {"path": "train.jsonl"}) == (
-        f"{path}:1: field 'prompt' (field_mapping.instruction) is a list of objects (turns of a "
-        "conversation?), expected a string; write each row's turns as one `messages` list "
-        "(prompt + completion), then map it"
+        f"{path}:1: field 'text' (field_mapping.text) is a list of objects (turns of a "
+        "conversation?), expected a string; map the column as `messages`"
     )
     write_jsonl(tmp_path / "train.jsonl", [{"prompt": ["q"], "completion": "a"}])
     assert error_of(tmp_path, {"path": "train.jsonl"}).endswith("is a list, expected a string")

@@ -213,7 +213,7 @@ def test_arrows_fill_ins_are_not_part_of_a_tool(tmp_path: Path) -> None:
     none: a template writing `tool | tojson` showed the model parameters of other tools."""
     import datasets
 
-    from expert_cli.data.conversations import as_text
+    from expert_cli.data.dataset_rows import as_text
 
     def tool(name: str, parameter: str) -> dict:
         return {"type": "function", "function": {"name": name, "parameters": {parameter: 1}}}
@@ -282,3 +282,39 @@ def test_a_typed_list_of_text_is_not_tools(tmp_path: Path, tiny_model_dir: Path)
     (problem,) = check_manifest(manifest).problems
     assert "field 'tools' (field_mapping.tools) holds List(Value('string'))" in problem
     assert problem.endswith(f"expected {TOOLS_SHAPE} in every row")
+
+
+def test_a_mapping_that_leaves_the_tools_out_says_so(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A manifest's own `{"messages": "messages"}` reads no `tools`: the tool calls trained
+    without their definitions, and nothing said so. Now check and the build note it, from a
+    JSON file's first row and from a Parquet file's schema (which the mapped columns alone
+    are read of); mapping `tools` reads them, and says nothing."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from expert_cli.data.checks import check_manifest
+    from expert_cli.data.fields import unread_words
+
+    rows = [{"messages": [USER, CALL], "tools": [TOOL]}] * 3
+    manifest = _tool_expert(tmp_path, tiny_model_dir, rows)
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["field_mapping"] = {"messages": "messages"}
+    manifest.write_text(json.dumps(data))
+    note = (
+        "training.dataset.field_mapping: the data's `tools` column (tool definitions) is not "
+        'mapped, so the chat template is not given them; add "tools": "tools" to train the '
+        "tool calls with their definitions"
+    )
+    assert unread_words(field_spec({"messages": "messages"}, ["messages", "tools"], "")) == note
+    assert note in check_manifest(manifest).notes
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0 and note in " ".join(built.stdout.split())
+    typed = [{"messages": [USER, CALL], "tools": json.dumps([TOOL])}] * 3  # as xlam's
+    pq.write_table(pa.Table.from_pylist(typed), manifest.parent / "data" / "train.parquet")
+    data["training"]["dataset"].update(path="data/train.parquet", format="parquet")
+    manifest.write_text(json.dumps(data))
+    assert note in check_manifest(manifest).notes
+    data["training"]["dataset"]["field_mapping"]["tools"] = "tools"
+    manifest.write_text(json.dumps(data))
+    report = check_manifest(manifest)
+    assert report.problems == [] and note not in report.notes

@@ -151,7 +151,9 @@ class DatasetSpec(Strict):
     field_mapping: dict[str, str] | None = Field(
         None,
         description='Which columns hold the data: {"text": col}, {"instruction": col, '
-        '"input": col, "response": col} or {"messages": col} (and "tools": col).',
+        '"input": col, "response": col} or {"messages": col} (and "tools": col; "response": '
+        "col for the turns that answer the conversation, TRL's conversational prompt and "
+        "completion).",
     )
     validation_path: str | None = Field(None, description="Validation file or hub id.")
     validation_split: float | None = Field(

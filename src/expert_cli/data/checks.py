@@ -23,7 +23,7 @@ from expert_cli.data.build import (
     BuildProgress,
 )
 from expert_cli.data.cache import cache_root_problem
-from expert_cli.data.fields import FieldSpec, detected_words
+from expert_cli.data.fields import FieldSpec, detected_words, unread_words
 from expert_cli.data.format_check import formatted_problems, small_splits
 from expert_cli.data.formatting import (
     TEMPLATE_UNREAD,
@@ -115,6 +115,8 @@ def check_manifest(
     report.notes = [*report.notes, *data.notes]
     if resolved.field_mapping is None and data.fields is not None:  # what detection chose
         report.notes = [*report.notes, detected_words(data.fields)]
+    if data.fields is not None and (note := unread_words(data.fields)):
+        report.notes = [*report.notes, note]
     report.problems = [
         *_check_model(resolved, tokenizer_problems),
         *missing_problems(statuses),

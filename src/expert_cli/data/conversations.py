@@ -13,15 +13,11 @@ conversations are turned into this text once, in the build's own work folder.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import datasets
-
 from expert_cli.data.file_text import drop_nulls, shown_name
-from expert_cli.data.tools import ToolsGiven, parsed_tools, tools_text
+from expert_cli.data.tools import ToolsGiven
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -135,49 +131,6 @@ def conversation_text(messages: list[Any]) -> str:
 def conversation(value: list[Any] | str) -> list[Any]:
     """The conversation of a stored row (JSON text), or the row itself (parsed already)."""
     return json.loads(value) if isinstance(value, str) else value
-
-
-def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
-    """A hub or saved dataset with its `messages` column (an Arrow struct) as JSON text, and
-    its `tools` where they are objects, written under `work_dir` (never beside the user's
-    files or into a shared cache)."""
-    typed = [
-        role
-        for role in ("messages", "tools")
-        if role in ds.features and not isinstance(ds.features[role], datasets.Value)
-    ]
-    if not typed:
-        return ds
-
-    def to_text(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        out = {}
-        if "messages" in typed:
-            rows = batch["messages"]
-            out["messages"] = [conversation_text(standard_turns(row or [])) for row in rows]
-        if "tools" in typed:
-            out["tools"] = [tools_text(parsed_tools(value)[0]) for value in batch["tools"]]
-        return out
-
-    features = ds.features.copy()
-    for role in typed:
-        features[role] = datasets.Value("string")
-    work_dir.mkdir(parents=True, exist_ok=True)
-    return ds.map(
-        to_text,
-        batched=True,
-        features=features,
-        cache_file_name=str(work_dir / f"messages-v{FORM}-{_fingerprint(ds)}.arrow"),
-        desc=None,
-    )
-
-
-def _fingerprint(ds: datasets.Dataset) -> str:
-    """The dataset's own fingerprint (datasets' hash of how it was made), else its files'."""
-    found = getattr(ds, "_fingerprint", None)
-    if isinstance(found, str) and found.isalnum():
-        return found
-    files = "|".join(sorted(f["filename"] for f in ds.cache_files))
-    return hashlib.sha256(files.encode()).hexdigest()[:16]
 
 
 def conversation_shape(messages: list[Any]) -> tuple[Any, ...]:

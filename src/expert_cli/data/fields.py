@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from expert_cli.data.file_text import shown_names
 from expert_cli.errors import UserError
@@ -18,6 +19,8 @@ MESSAGE_TREE = {"message_id", "parent_id", "role", "text"}  # OpenAssistant's co
 CONVERSATION_COLUMNS = ("messages", "conversations", "conversation")  # ShareGPT's, Capybara's
 PROMPT_COLUMNS = ("instruction", "prompt", "question", "query")
 RESPONSE_COLUMNS = ("response", "output", "completion", "answer")
+# `response` beside `messages` (TRL's conversational prompt and completion, data/completions.py)
+ANSWERED_BY = "the response's turns trained, the answers in messages kept as context"
 DETECTED_COLUMNS = frozenset((*CONVERSATION_COLUMNS, *PROMPT_COLUMNS, *RESPONSE_COLUMNS, "text"))
 
 
@@ -30,17 +33,37 @@ class FieldSpec:
     # detected optional roles (input, system) a source may not have as a column at all: a
     # local file's mapping is detected from its first row, which may lack them
     maybe: frozenset[str] = frozenset()
+    # a `tools` column a given mapping of `messages` leaves out (unread_words says so)
+    unread: frozenset[str] = frozenset()
 
     @property
     def required(self) -> list[str]:
         return [r for r in self.mapping if r not in OPTIONAL_ROLES]
 
+    @property
+    def stored(self) -> list[str]:
+        """The roles a source's rows keep once read: a `response` beside `messages` is
+        joined into the conversation (data/completions.py)."""
+        return [r for r in self.mapping if not (self.kind == "messages" and r == "response")]
 
-def field_spec(mapping: dict[str, str] | None, columns: list[str], where: str) -> FieldSpec:
-    """Validate `field_mapping`, or detect it from the columns when unset."""
+    def shape(self, role: str, value_is_text: bool) -> str:
+        """The role whose shape a value of `role` must have: a `response` beside `messages`
+        is a conversation's turns, unless given as one answer's text."""
+        turns = self.kind == "messages" and role == "response" and not value_is_text
+        return "messages" if turns else role
+
+
+def field_spec(
+    mapping: dict[str, str] | None,
+    columns: list[str],
+    where: str,
+    turns: frozenset[str] = frozenset(),
+) -> FieldSpec:
+    """Validate `field_mapping`, or detect it from the columns when unset (`turns`: those
+    holding lists of objects, turns of a conversation)."""
     maybe: frozenset[str] = frozenset()
     if mapping is None:
-        mapping = _detect_mapping(columns, where)
+        mapping = _detect_mapping(columns, where, turns)
         maybe = frozenset(OPTIONAL_ROLES & set(mapping))
     kind = mapping_kind(mapping)
     if TOOLS in mapping and kind != "messages":
@@ -48,7 +71,10 @@ def field_spec(mapping: dict[str, str] | None, columns: list[str], where: str) -
             "training.dataset.field_mapping: `tools` (tool definitions for the chat template) "
             "is read with `messages` only; map the conversations to `messages`, or remove it"
         )
-    unused = sorted(set(mapping) - {kind, TOOLS}) if kind in ("text", "messages") else []
+    # beside `messages`, `response` holds the turns that answer it (TRL's conversational
+    # prompt and completion: data/completions.py)
+    read = {kind, TOOLS} | ({"response"} if kind == "messages" else set())
+    unused = sorted(set(mapping) - read) if kind in ("text", "messages") else []
     if unused:  # a required role was required in every row, then never read
         whole = "example" if kind == "text" else "conversation (its system turn too)"
         raise UserError(
@@ -57,7 +83,17 @@ def field_spec(mapping: dict[str, str] | None, columns: list[str], where: str) -
             + ("it" if len(unused) == 1 else "them")
             + (", or map `instruction` + `response` without `text`" if kind == "text" else "")
         )
-    return FieldSpec(kind=kind, mapping=dict(mapping), maybe=maybe)
+    unread = frozenset({TOOLS} & set(columns)) if kind == "messages" else frozenset()
+    return FieldSpec(kind=kind, mapping=dict(mapping), maybe=maybe, unread=unread - set(mapping))
+
+
+def turn_lists(row: dict[str, Any]) -> frozenset[str]:
+    """The columns of a row holding a non-empty list of objects (turns of a conversation)."""
+    return frozenset(
+        k
+        for k, v in row.items()
+        if isinstance(v, list) and v and all(isinstance(m, dict) for m in v)
+    )
 
 
 def mapping_kind(mapping: dict[str, str]) -> str:
@@ -82,7 +118,7 @@ def mapping_kind(mapping: dict[str, str]) -> str:
     )
 
 
-def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
+def _detect_mapping(columns: list[str], where: str, turns: frozenset[str]) -> dict[str, str]:
     cols = set(columns)
     if cols >= MESSAGE_TREE:
         raise UserError(
@@ -112,6 +148,8 @@ def _detect_mapping(columns: list[str], where: str) -> dict[str, str]:
             "as `messages` to train with their history, or set training.dataset.field_mapping "
             "to the columns to read"
         )
+    if prompt in turns and response:  # TRL's conversational prompt and completion
+        return {"messages": prompt, "response": response, TOOLS: TOOLS}
     if prompt and response:  # input and system read in every row: the first may lack them
         given = "context" if "context" in cols and "input" not in cols else "input"  # Dolly's
         system = "system_prompt" if "system_prompt" in cols and "system" not in cols else "system"
@@ -136,7 +174,20 @@ def detected_words(fields: FieldSpec) -> str:
     maybe = [f"{role} from {column!r}" for role, column in fields.mapping.items()
              if role in fields.maybe]  # fmt: skip
     where = f"; {' and '.join(maybe)} where a row has it" if maybe else ""
+    if fields.kind == "messages" and "response" in held:
+        where += f"; {ANSWERED_BY}"
     return (
         f"training.dataset.field_mapping: none given; read as {json.dumps(held)}{where} "
         "(set it to read other columns)"
+    )
+
+
+def unread_words(fields: FieldSpec) -> str | None:
+    """A note where the manifest's mapping of `messages` leaves the data's `tools` unread."""
+    if TOOLS not in fields.unread:
+        return None
+    return (
+        "training.dataset.field_mapping: the data's `tools` column (tool definitions) is not "
+        'mapped, so the chat template is not given them; add "tools": "tools" to train '
+        "the tool calls with their definitions"
     )

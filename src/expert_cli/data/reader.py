@@ -172,18 +172,27 @@ def _not_text(path: Path, batch: pa.RecordBatch, before: int) -> str:
     return f"{path}: row {before + 1}: holds bytes that are not UTF-8 text"
 
 
-def column_names(path: Path, fmt: str) -> list[str] | None:
-    """The column names of a Parquet or Arrow file, read from its schema alone; None for
-    another format or a file that cannot be read (reading its rows names the problem)."""
+def column_names(path: Path, fmt: str) -> tuple[list[str], frozenset[str]] | None:
+    """The column names of a Parquet or Arrow file, read from its schema alone, and those
+    holding lists of objects (turns of a conversation); None for another format or a file
+    that cannot be read (reading its rows names the problem)."""
     try:
         if fmt == "parquet":
-            return list(pq.read_schema(path).names)
-        if fmt == "arrow":
+            schema = pq.read_schema(path)
+        elif fmt == "arrow":
             with pa.memory_map(str(path)) as source:
-                return list(_arrow_batches(source)[0].names)
+                schema = _arrow_batches(source)[0]
+        else:
+            return None
     except (pa.ArrowException, OSError):
         return None
-    return None
+    turns = frozenset(
+        f.name
+        for f in schema
+        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
+        if pa.types.is_struct(f.type.value_type)
+    )
+    return list(schema.names), turns
 
 
 def _parquet_rows(path: Path, columns: Columns | None) -> Iterator[Row]:

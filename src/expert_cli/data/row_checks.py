@@ -26,13 +26,14 @@ from expert_cli.data.conversations import (
     render_conversation,
     without_fill_ins,
 )
+from expert_cli.data.dataset_rows import dataset_scan
 from expert_cli.data.fields import TOOLS, FieldSpec
 from expert_cli.data.format_check import KEEP_CHARS, KEEP_ROWS, row_chars
 from expert_cli.data.formatting import check_chat_template, unanswered
 from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.hub_snapshot import snapshot_lines
 from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
-from expert_cli.data.sources import checked_columns, dataset_scan, load_hub, load_saved
+from expert_cli.data.sources import checked_columns, load_hub, load_saved
 from expert_cli.data.spans import assistant_spans, has_content
 from expert_cli.data.splits import held_rows
 from expert_cli.data.stats_words import NO_COMPLETION, drop_reasons

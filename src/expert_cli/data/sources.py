@@ -7,14 +7,14 @@ Arrow; every row checked), and the mapped columns are written, renamed to their 
 (`text`, `messages`, `instruction`, `input`, `response`, `system`, `tools`), to an Arrow file
 that the build reads memory-mapped. `check` runs the same scan without writing. Hub datasets
 and saved dataset folders are read through `datasets` and checked by column (`check` then
-reads their rows as a file's: `dataset_scan`).
+reads their rows as a file's: data/dataset_rows.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,26 +25,21 @@ import pyarrow.compute as pc
 
 from expert_cli.atomic import atomic_file
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
-from expert_cli.data.conversations import TURN_FORMS, as_text, conversation_text, standard_turns
-from expert_cli.data.fields import OPTIONAL_ROLES, TOOLS, FieldSpec, field_spec
+from expert_cli.data.conversations import TURN_FORMS, conversation_text
+from expert_cli.data.dataset_rows import as_text
+from expert_cli.data.fields import OPTIONAL_ROLES, TOOLS, FieldSpec, field_spec, unread_words
 from expert_cli.data.file_text import shown_names
 from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.hub_snapshot import snapshot_lines
 from expert_cli.data.overlap import shared_note
-from expert_cli.data.rows import (
-    Scan,
-    expected_shape,
-    is_saved_dataset,
-    messages_problem,
-    scan_local,
-)
+from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
 from expert_cli.data.splits import apply_weight, hold_out
 from expert_cli.data.tools import tools_problem, tools_text, typed_objects
+from expert_cli.data.values import expected_shape, messages_problem
 from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path
 
 WRITE_BATCH_ROWS = 4096
-DATASET_BATCH_ROWS = 1024  # rows of a hub or saved dataset read at a time (check)
 MAX_EXAMPLES = 100_000_000  # after task weights: more than any run trains on
 # what datasets.load_from_disk raises on a damaged folder: state.json not JSON or of another
 # shape, an Arrow file missing or cut short
@@ -80,7 +75,7 @@ def _arrow_value(role: str, value: Any) -> Any:
 def write_arrow(scan: Scan, dest: Path, on_rows: Callable[[int], None] | None = None) -> int:
     """Write the scan's rows to an Arrow stream file (what `datasets` memory-maps); the count.
     The file appears only when every row was read and checked."""
-    roles = list(scan.fields.mapping)
+    roles = scan.fields.stored
     schema = pa.schema([(r, pa.string()) for r in roles])
     dest.parent.mkdir(parents=True, exist_ok=True)
     count = 0
@@ -156,8 +151,9 @@ def checked_columns(
 ) -> tuple[datasets.Dataset, FieldSpec]:
     """A hub or saved dataset's mapped columns, checked (present, of the role's type, no
     missing value, UTF-8 text) and renamed to their roles."""
-    if fields is None:
-        fields = field_spec(mapping, ds.column_names, where)
+    if fields is None:  # detected where none is given: columns of turns (structs or JSON)
+        turns = [name for name, f in ds.features.items() if _of_type(f, "messages")]
+        fields = field_spec(mapping, ds.column_names, where, frozenset(turns))
     _check_columns(ds, fields, where)
     keep = {col: role for role, col in fields.mapping.items() if col in ds.column_names}
     ds = ds.select_columns(list(keep)).rename_columns({c: r for c, r in keep.items() if c != r})
@@ -227,7 +223,8 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
                 f"{where}: field '{column}' missing (field_mapping.{role}); "
                 f"columns are {shown_names(ds.column_names)}"
             )
-        _check_type(ds.features[column], role, column, where)
+        shape = fields.shape(role, isinstance(ds.features[column], datasets.Value))
+        _check_type(ds.features[column], shape, column, where)
         values = ds.data.column(column)
         row = _first_not_utf8(values)
         if row is not None:
@@ -236,7 +233,7 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
                 "that are not UTF-8 text; expected UTF-8 strings"
             )
         checks = {"messages": messages_problem, TOOLS: tools_problem}
-        if role in checks and (bad := checks[role](ds, column)):
+        if shape in checks and (bad := checks[shape](ds, column)):
             raise UserError(
                 f"{where}: row {bad[0] + 1}: field '{column}' (field_mapping.{role}) {bad[1]}"
             )
@@ -301,7 +298,15 @@ def _valid(array: pa.Array) -> bool:
 def _check_type(feature: Any, role: str, column: str, where: str) -> None:
     """A mapped column must hold text (or, for `messages`, a list of role/content objects);
     anything else would be rendered with str() and trained on as if it were text."""
+    if not _of_type(feature, role):
+        raise UserError(
+            f"{where}: field '{column}' (field_mapping.{role}) holds {feature}, "
+            f"expected {expected_shape(role)} in every row"
+        )
 
+
+def _of_type(feature: Any, role: str) -> bool:
+    """Whether a column of `feature` holds what `role` reads."""
     if role == TOOLS:  # objects of any keys, or JSON (each row read by tools_problem)
         ok = (
             typed_objects(feature)
@@ -326,11 +331,7 @@ def _check_type(feature: Any, role: str, column: str, where: str) -> None:
             feature.dtype in ("string", "large_string")
             or (feature.dtype == "null" and role in OPTIONAL_ROLES)
         )
-    if not ok:
-        raise UserError(
-            f"{where}: field '{column}' (field_mapping.{role}) holds {feature}, "
-            f"expected {expected_shape(role)} in every row"
-        )
+    return ok
 
 
 def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
@@ -361,6 +362,7 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
         read["eval"] += len(ds)
         eval_parts.append(ds)
     assert fields is not None  # the manifest model requires at least one source
+    notes += [note] if (note := unread_words(fields)) else []
     train, held = _concat(train_parts), _concat(eval_parts) if eval_parts else None
     notes += [note] if (note := shared_note(train, held)) else []
     return LoadedSources(train=train, eval=held, fields=fields, read=read, notes=notes)
@@ -374,25 +376,3 @@ def _concat(parts: list[datasets.Dataset]) -> datasets.Dataset:
         return datasets.concatenate_datasets(parts)
     except ValueError as exc:
         raise UserError(f"training.dataset: sources have different column types ({exc})") from None
-
-
-def dataset_scan(ds: Any, fields: FieldSpec, location: str) -> Scan:
-    """The rows of a hub or saved dataset (its columns checked and renamed to their roles by
-    `checked_columns`), as a local source's scan gives them: a conversation's turns as the
-    build reads them."""
-    scan = Scan(fields, iter(()), f"{location}: row 1")
-    roles = [role for role in fields.mapping if role in ds.column_names]  # renamed to them
-
-    def rows() -> Iterator[dict[str, Any]]:
-        number = 0
-        for batch in ds.select_columns(roles).iter(batch_size=DATASET_BATCH_ROWS):
-            for i in range(len(batch[roles[0]])):
-                number += 1
-                scan.at = f"{location}: row {number}"
-                row = {role: batch[role][i] for role in roles}
-                if "messages" in row:
-                    row["messages"] = standard_turns(row["messages"] or [])
-                yield row
-
-    scan.rows = rows()
-    return scan

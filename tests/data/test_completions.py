@@ -1,0 +1,140 @@
+"""TRL's conversational prompt and completion (`prompt` and `completion` columns, each a list
+of turns): read as one conversation, the completion's answers trained and the prompt's own
+answers kept as context. Before, such rows were refused ("is a list, expected a string")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import write_jsonl
+from train_helpers import run_here, write_expert
+
+from expert_cli.data.checks import check_manifest
+from expert_cli.data.completions import joined, joined_row
+from expert_cli.data.formatting import IGNORE
+
+SYSTEM = {"role": "system", "content": "Answer in SQL."}
+ASK = {"role": "user", "content": "How many orders are there?"}
+EARLIER = {"role": "assistant", "content": "SELECT 1;"}
+AGAIN = {"role": "user", "content": "Count them."}
+ANSWER = {"role": "assistant", "content": "SELECT count(*) FROM orders;"}
+ROW = {"prompt": [SYSTEM, ASK, EARLIER, AGAIN], "completion": [ANSWER]}
+
+
+def test_the_prompts_answers_are_context_and_the_completion_is_trained() -> None:
+    assert joined([ASK, EARLIER], [ANSWER]) == [ASK, {**EARLIER, "weight": 0}, ANSWER]
+    # a completion given as one answer's text; ShareGPT's turns in the prompt
+    shared = [{"from": "human", "value": "hi"}]
+    assert joined(shared, "SELECT 2;") == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "SELECT 2;"},
+    ]
+    row = {"messages": [ASK], "response": [ANSWER], "tools": None}
+    assert joined_row(row) == {"messages": [ASK, ANSWER], "tools": None}
+    assert joined_row({"messages": [ASK, ANSWER]}) == {"messages": [ASK, ANSWER]}
+
+
+def _expert(tmp_path: Path, model: Path, rows: list[dict], mapping: dict | None = None) -> Path:
+    manifest = write_expert(tmp_path / "e", model, rows=1)
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["field_mapping"] = mapping
+    if mapping is None:
+        data["training"]["dataset"].pop("field_mapping")
+    manifest.write_text(json.dumps(data))
+    write_jsonl(manifest.parent / "data" / "train.jsonl", rows)
+    return manifest
+
+
+def _point_at(manifest: Path, path: str) -> None:
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["path"] = path
+    data["training"]["dataset"].pop("format", None)
+    manifest.write_text(json.dumps(data))
+
+
+def _built(manifest: Path, model: Path) -> tuple[str, str]:
+    """(every example's text, the trained tokens' text) as `pretokenize` built them."""
+    from transformers import AutoTokenizer
+
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0, built.stdout + built.stderr
+    tok = AutoTokenizer.from_pretrained(model)
+    (train,) = (manifest.parent / ".cache").rglob("train")
+    rows = datasets.load_from_disk(str(train))
+    whole = "".join(tok.decode(r) for r in rows["input_ids"])
+    trained = [
+        tok.decode([i for i, lab in zip(ids, labels, strict=True) if lab != IGNORE])
+        for ids, labels in zip(rows["input_ids"], rows["labels"], strict=True)
+    ]
+    return whole, "".join(trained)
+
+
+def test_a_file_of_turns_trains_the_completion_alone(tmp_path: Path, tiny_model_dir: Path) -> None:
+    manifest = _expert(tmp_path, tiny_model_dir, [ROW] * 4)
+    report = check_manifest(manifest)
+    assert report.problems == []
+    assert (
+        'training.dataset.field_mapping: none given; read as {"messages": "prompt", "response": '
+        "\"completion\"}; tools from 'tools' where a row has it; the response's turns trained, "
+        "the answers in messages kept as context (set it to read other columns)"
+    ) in report.notes
+    whole, trained = _built(manifest, tiny_model_dir)
+    assert whole.count("Answer in SQL.") == 4 and whole.count("SELECT 1;") == 4  # as context
+    assert trained.count("SELECT count(*) FROM orders;") == 4
+    assert "SELECT 1;" not in trained and "Count them" not in trained
+
+
+@pytest.mark.parametrize("layout", ["parquet", "saved"])
+def test_typed_turns_read_as_a_files_are(tmp_path: Path, tiny_model_dir: Path, layout: str) -> None:
+    """A Parquet file's prompt and completion are detected from its schema (lists of
+    structs); a saved (or hub) dataset's are joined where its conversations are stored, and
+    check reads them joined too."""
+    manifest = _expert(tmp_path, tiny_model_dir, [ROW])
+    rows = [ROW] * 3 + [{"prompt": [ASK], "completion": [ANSWER]}]
+    folder = manifest.parent / "data"
+    if layout == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), folder / "turns.parquet")
+        _point_at(manifest, "data/turns.parquet")
+    else:
+        datasets.Dataset.from_list(rows).save_to_disk(str(folder / "saved"))
+        _point_at(manifest, "data/saved")
+    report = check_manifest(manifest)
+    assert report.problems == []
+    assert not any("refused" in n or "nothing to train" in n for n in report.notes)
+    whole, trained = _built(manifest, tiny_model_dir)
+    assert whole.count("SELECT 1;") == 3 and "SELECT 1;" not in trained
+    assert trained.count("SELECT count(*) FROM orders;") == 4
+
+
+def test_a_mapped_completion_may_be_text(tmp_path: Path, tiny_model_dir: Path) -> None:
+    rows = [{"chat": [ASK], "answer": "SELECT count(*) FROM orders;"}] * 2
+    mapping = {"messages": "chat", "response": "answer"}
+    manifest = _expert(tmp_path, tiny_model_dir, rows, mapping)
+    assert check_manifest(manifest).problems == []
+    whole, trained = _built(manifest, tiny_model_dir)
+    assert trained.count("SELECT count(*) FROM orders;") == 2 and "How many" not in trained
+
+
+def test_a_bad_completion_is_named(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A completion turn without content, and turns mapped as an instruction: the file, line,
+    field and what to write."""
+    bad = {"prompt": [ASK], "completion": [{"role": "assistant"}]}
+    manifest = _expert(tmp_path, tiny_model_dir, [ROW, bad])
+    (problem,) = check_manifest(manifest).problems
+    assert problem.endswith(
+        "train.jsonl:2: field 'completion' (field_mapping.response) item 0: content is missing "
+        "(null), expected a string"
+    )
+    mapping = {"instruction": "prompt", "response": "completion"}
+    manifest = _expert(tmp_path, tiny_model_dir, [ROW], mapping)
+    (problem,) = check_manifest(manifest).problems
+    assert problem.endswith(
+        "train.jsonl:1: field 'prompt' (field_mapping.instruction) is a list of objects (turns "
+        'of a conversation?), expected a string; map such a pair as {"messages": <prompt>, '
+        '"response": <completion>}'
+    )
