@@ -226,7 +226,25 @@ def test_arrows_fill_ins_are_not_part_of_a_tool(tmp_path: Path) -> None:
     assert ds[0]["tools"][0]["function"]["parameters"] == {"order_id": 1, "reason": None}
     stored = as_text(ds, tmp_path / "work")
     assert [json.loads(t) for t in stored["tools"]] == [r["tools"] for r in rows]
-    assert parsed_tools([{"name": "f", "strict": None}]) == ([{"name": "f"}], None)
+    assert parsed_tools([{"name": "f", "strict": None}], typed=True) == ([{"name": "f"}], None)
+
+
+def test_a_tools_own_null_is_kept_where_no_fill_in_can_be(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A parameter's `"default": null` was dropped with Arrow's fill-ins from every source:
+    a JSON file's tools and JSON text (xlam's) hold no fill-ins, so they keep it as written."""
+    default = {"type": "string", "default": None}
+    own = {**TOOL, "function": {**TOOL["function"], "parameters": {"note": default}}}
+    assert parsed_tools([own]) == ([own], None)
+    assert parsed_tools(json.dumps([own]), typed=True) == ([own], None)  # text: as written
+    rows = [{"messages": [USER, CALL], "tools": [own]}] * 2
+    manifest = _tool_expert(tmp_path, tiny_model_dir, rows)
+    (tmp_path / "model" / "chat_template.jinja").write_text(
+        WITH_TOOLS.replace("{{ t.function.description + '\\n' }}", "{{ t | tojson }}")
+    )
+    text = _built_text(manifest, tmp_path / "model")
+    assert text.count('"default": null') == 2
 
 
 BARE = {"name": "lookup_order", "parameters": {}}  # xlam's and Glaive's layout: no `function`

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT_VERSION = 12  # 2: the first token of every example is masked; 3: a chat
+CACHE_FORMAT_VERSION = 13  # 2: the first token of every example is masked; 3: a chat
 # template sees every key of a local message (it saw role and content) but null-valued ones,
 # and a conversation it refuses is dropped; 4: an answer's first token is trained when only
 # whitespace of it lies before the answer (llama2/vicuna put that space in the answer); 5: the
@@ -64,6 +64,7 @@ CACHE_FORMAT_VERSION = 12  # 2: the first token of every example is masked; 3: a
 # past 64 answers a conversation has its first 63 and its last asked of the template
 # 11: an answer of OpenAI's `"weight": 0` is context, not trained
 # 12: a conversation's `tools` column (its tool definitions) is given to the chat template
+# 13: a tool's null-valued keys kept as a JSON file or JSON text wrote them (`"default": null`)
 FULL_HASH_LIMIT = 256 * 2**20
 EDGE_BYTES = 2**20
 COMPLETE = "_COMPLETE"

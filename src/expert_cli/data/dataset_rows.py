@@ -19,9 +19,9 @@ import datasets
 
 from expert_cli.data.completions import RESPONSE, joined, joined_row
 from expert_cli.data.conversations import FORM, conversation_text, standard_turns
-from expert_cli.data.fields import FieldSpec
+from expert_cli.data.fields import TOOLS, FieldSpec
 from expert_cli.data.rows import Scan
-from expert_cli.data.tools import parsed_tools, tools_text
+from expert_cli.data.tools import parsed_tools, tools_text, typed_objects
 
 DATASET_BATCH_ROWS = 1024  # rows of a hub or saved dataset read at a time (check)
 
@@ -36,6 +36,7 @@ def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
         if role in ds.features and not isinstance(ds.features[role], datasets.Value)
     ]
     answers = RESPONSE if RESPONSE in ds.features and "messages" in typed else None
+    structs = "tools" in typed and typed_objects(ds.features["tools"])  # Arrow's fill-ins
     if not typed:
         return ds
 
@@ -47,7 +48,7 @@ def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
                 rows = [joined(m, r) for m, r in zip(rows, batch[answers], strict=True)]
             out["messages"] = [conversation_text(standard_turns(row or [])) for row in rows]
         if "tools" in typed:
-            out["tools"] = [tools_text(parsed_tools(value)[0]) for value in batch["tools"]]
+            out["tools"] = [tools_text(parsed_tools(t, structs)[0]) for t in batch["tools"]]
         return out
 
     features = ds.features.copy()
@@ -81,6 +82,7 @@ def dataset_scan(ds: Any, fields: FieldSpec, location: str) -> Scan:
     build reads them."""
     scan = Scan(fields, iter(()), f"{location}: row 1")
     roles = [role for role in fields.mapping if role in ds.column_names]  # renamed to them
+    structs = TOOLS in roles and typed_objects(ds.features[TOOLS])  # Arrow's fill-ins
 
     def rows() -> Iterator[dict[str, Any]]:
         number = 0
@@ -91,6 +93,8 @@ def dataset_scan(ds: Any, fields: FieldSpec, location: str) -> Scan:
                 row = {role: batch[role][i] for role in roles}
                 if "messages" in row:
                     row["messages"] = standard_turns(row["messages"] or [])
+                if TOOLS in row:  # as a file's checked rows hold them: a list, or None
+                    row[TOOLS] = parsed_tools(row[TOOLS], structs)[0]
                 yield joined_row(row)
 
     scan.rows = rows()

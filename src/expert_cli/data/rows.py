@@ -163,15 +163,16 @@ def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str]
         columns = schema[0] if schema else list(row)  # a mapped file reads its own alone
         fields = field_spec(mapping, columns, where, turn_lists(row))
     scan = Scan(fields, iter(()), where)
+    typed = fmt in ("parquet", "arrow")  # rows of Arrow structs, filled in with nulls
     # a given input/system column no row holds (a misspelt name): its text was left out
     unseen = {r: c for r, c in fields.mapping.items() if r in OPTIONAL_ROLES - fields.maybe}
 
     def checked() -> Iterator[dict[str, Any]]:
-        yield check_row(row, scan.fields, where)
+        yield check_row(row, scan.fields, where, typed)
         _strike(unseen, row)
         for at, value in rows:
             scan.at = at
-            yield check_row(value, scan.fields, at)
+            yield check_row(value, scan.fields, at, typed)
             if unseen:
                 _strike(unseen, value)
         if unseen:

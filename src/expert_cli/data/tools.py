@@ -21,9 +21,13 @@ TOOLS_BATCH_ROWS = 1024  # rows of a dataset's tools read at a time
 SHAPE_DEPTH = 16  # nesting of a tool's definition looked at for its shape
 
 
-def parsed_tools(value: Any) -> tuple[list[Any] | None, str | None]:
+def parsed_tools(value: Any, typed: bool = False) -> tuple[list[Any] | None, str | None]:
     """(the tools, None), or (None, what is wrong) for a row's `tools` value: a list of
-    objects, or JSON text of one. Null, an empty list and blank text are no tools."""
+    objects, or JSON text of one. Null, an empty list and blank text are no tools. Where
+    `typed` (read from an Arrow struct column: a hub or saved dataset's, a Parquet or Arrow
+    file's), the objects' null-valued keys are left out: Arrow gives each tool every key any
+    tool has, null where it has none. JSON text and a JSON file's objects are kept as written:
+    a parameter's `"default": null` is its author's."""
     if isinstance(value, str):
         if not value.strip():
             return None, None
@@ -33,6 +37,7 @@ def parsed_tools(value: Any) -> tuple[list[Any] | None, str | None]:
             return None, f"is text that is not JSON; expected {TOOLS_SHAPE}"
         if value is None:
             return None, None
+        typed = False  # JSON text holds no fill-ins
     if value is None:
         return None, None
     if not isinstance(value, list):
@@ -40,9 +45,7 @@ def parsed_tools(value: Any) -> tuple[list[Any] | None, str | None]:
     for i, tool in enumerate(value):
         if not isinstance(tool, dict):
             return None, f"item {i} is {_kind(tool)}, expected an object (a tool's definition)"
-    # without null-valued keys: Arrow gives each tool every key any tool has (a hub dataset's,
-    # a Parquet file's), null where it has none, as it does a conversation's messages
-    return (drop_nulls(value) or None), None
+    return ((drop_nulls(value) if typed else value) or None), None
 
 
 def tools_text(tools: list[Any] | None) -> str | None:

@@ -167,8 +167,9 @@ def kind_of(value: Any) -> str:
     return KINDS.get(type(value).__name__, f"a {type(value).__name__}")
 
 
-def check_row(row: Any, fields: FieldSpec, where: str) -> dict[str, Any]:
-    """The row's mapped values by role, or a UserError naming the place and the field."""
+def check_row(row: Any, fields: FieldSpec, where: str, typed: bool = False) -> dict[str, Any]:
+    """The row's mapped values by role, or a UserError naming the place and the field
+    (`typed`: read from a Parquet or Arrow file, whose structs Arrow fills in)."""
     if not isinstance(row, dict):
         raise UserError(f"{where}: expected an object with named fields, found {kind_of(row)}")
     out = {}
@@ -187,7 +188,7 @@ def check_row(row: Any, fields: FieldSpec, where: str) -> dict[str, Any]:
         shape = fields.shape(role, isinstance(value, str))
         turns = standard_turns(value) if shape == "messages" else value
         if role == TOOLS:  # a list of objects, or its JSON text: kept as the list
-            turns, problem = parsed_tools(value)
+            turns, problem = parsed_tools(value, typed)
             found = _surrogate_inside(turns) if turns and not problem else None
             problem = problem or (found and f"{found[0]} {_text_problem(found[1])}")
         else:
