@@ -64,7 +64,7 @@ def _built(manifest: Path, model: Path) -> tuple[str, str]:
     built = run_here("pretokenize", "--manifest", str(manifest))
     assert built.returncode == 0, built.stdout + built.stderr
     tok = AutoTokenizer.from_pretrained(model)
-    (train,) = (manifest.parent / ".cache").rglob("train")
+    train = max((manifest.parent / ".cache").rglob("train"), key=lambda p: p.stat().st_mtime)
     rows = datasets.load_from_disk(str(train))
     whole = "".join(tok.decode(r) for r in rows["input_ids"])
     trained = [
@@ -80,7 +80,8 @@ def test_a_file_of_turns_trains_the_completion_alone(tmp_path: Path, tiny_model_
     assert report.problems == []
     assert (
         'training.dataset.field_mapping: none given; read as {"messages": "prompt", "response": '
-        "\"completion\"}; tools from 'tools' where a row has it; the response's turns trained, "
+        "\"completion\"}; tools from 'tools' and system from 'system' where a row has it; the "
+        "response's turns trained, "
         "the answers in messages kept as context (set it to read other columns)"
     ) in report.notes
     whole, trained = _built(manifest, tiny_model_dir)
@@ -138,3 +139,53 @@ def test_a_bad_completion_is_named(tmp_path: Path, tiny_model_dir: Path) -> None
         'of a conversation?), expected a string; map such a pair as {"messages": <prompt>, '
         '"response": <completion>}'
     )
+
+
+THINK = "Think step by step, then answer."
+
+
+def test_a_system_column_beside_a_conversation_is_its_system_turn(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Bespoke-Stratos' and OpenThoughts' `system` beside ShareGPT turns was dropped without a
+    word, and mapping it was refused; a conversation's own system turn is kept (no second)."""
+    shared = [{"from": "user", "value": "Count the orders."}, {"from": "assistant", "value": "42"}]
+    own = [{"from": "system", "value": "Be brief."}, *shared]
+    rows = [{"system": THINK, "conversations": shared}] * 3 + [
+        {"system": THINK, "conversations": own}
+    ]
+    manifest = _expert(tmp_path, tiny_model_dir, rows)
+    assert check_manifest(manifest).problems == []
+    whole, trained = _built(manifest, tiny_model_dir)
+    assert whole.count(THINK) == 3 and whole.count("Be brief.") == 1
+    assert trained.count("42") == 4 and THINK not in trained
+    mapped = _expert(
+        tmp_path / "m", tiny_model_dir, rows, {"messages": "conversations", "system": "system"}
+    )
+    assert check_manifest(mapped).problems == []
+    assert _built(mapped, tiny_model_dir)[0].count(THINK) == 3
+
+
+def test_nemotrons_turns_answer_and_system_prompt_are_detected(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Llama-Nemotron's post-training rows: the turns in `input`, the answer's text in
+    `output`, `system_prompt` ("detailed thinking on") read as the system turn; as a saved
+    dataset too."""
+    row = {"input": [ASK], "output": "SELECT count(*) FROM orders;", "system_prompt": THINK}
+    manifest = _expert(tmp_path, tiny_model_dir, [row] * 2)
+    report = check_manifest(manifest)
+    assert report.problems == []
+    said = (
+        'read as {"messages": "input", "response": "output"}; tools from '
+        "'tools' and system from 'system_prompt'"
+    )
+    assert any(said in n for n in report.notes)
+    whole, trained = _built(manifest, tiny_model_dir)
+    assert whole.count(THINK) == 2 and trained.count("SELECT count(*) FROM orders;") == 2
+    assert THINK not in trained and "How many" not in trained
+    datasets.Dataset.from_list([row] * 3).save_to_disk(str(manifest.parent / "data" / "saved"))
+    _point_at(manifest, "data/saved")
+    assert check_manifest(manifest).problems == []
+    whole, trained = _built(manifest, tiny_model_dir)
+    assert whole.count(THINK) == 3 and trained.count("SELECT count(*) FROM orders;") == 3

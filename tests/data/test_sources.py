@@ -270,7 +270,11 @@ def test_field_mapping_detection_and_validation() -> None:
         field_spec(None, ["chosen", "rejected"], "f")
     # beside a conversation (HuggingFaceH4/ultrafeedback_binarized) or an answer: read as before
     h4 = ["prompt", "prompt_id", "chosen", "rejected", "messages", "score_chosen"]
-    assert field_spec(None, h4, "f").mapping == {"messages": "messages", "tools": "tools"}
+    assert field_spec(None, h4, "f").mapping == {
+        "messages": "messages",
+        "tools": "tools",
+        "system": "system",
+    }
     assert field_spec(None, ["prompt", "response", "chosen", "rejected"], "f").kind == "instruction"
     with pytest.raises(UserError, match="OpenAssistant's message trees"):  # trained whole
         field_spec(None, ["message_id", "parent_id", "text", "role", "lang"], "f")
@@ -322,12 +326,13 @@ def test_a_detected_column_of_the_wrong_type_says_how_to_leave_it_out(
     ("mapping", "said"),
     [
         ({"text": "text", "response": "answer"}, "`text` holds the whole example, so `response`"),
-        ({"messages": "messages", "system": "sys"}, "conversation (its system turn too), so"),
+        ({"messages": "messages", "input": "sys"}, "conversation (its system turn too), so"),
     ],
 )
 def test_roles_that_would_not_be_used_are_refused(mapping: dict, said: str) -> None:
     """`text` with `response`: the response was required in every row, then never trained
-    (only the text was); `messages` with `system`: the system prompt was dropped."""
+    (only the text was); `messages` with `input`: the input was dropped (a `system` beside it
+    is its system turn: tests/data/test_completions.py)."""
     with pytest.raises(UserError) as info:
         field_spec(mapping, [], "f")
     assert said in info.value.lines[0] and "field_mapping" in info.value.lines[0]
@@ -836,7 +841,7 @@ def _read_in_three_forms(folder: Path, rows: list, column: str, expected: list, 
 
     folder.joinpath("train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     loaded = load(folder, {"path": "train.jsonl"})
-    assert loaded.fields.mapping == {"messages": column, "tools": "tools"}
+    assert loaded.fields.mapping == {"messages": column, "tools": "tools", "system": "system"}
     assert _stored_messages(loaded, by) == expected
     pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
     assert _stored_messages(load(folder, {"path": "train.parquet"}), by) == expected

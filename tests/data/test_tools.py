@@ -110,11 +110,13 @@ def test_tools_are_a_list_of_objects_or_its_json_text(value, expected) -> None:
 
 def test_the_tools_column_is_detected_beside_a_conversation_and_read_with_it_only() -> None:
     spec = field_spec(None, ["messages", "tools"], "f")
-    assert spec.mapping == {"messages": "messages", "tools": "tools"} and "tools" in spec.maybe
+    assert spec.mapping == {"messages": "messages", "tools": "tools", "system": "system"}
+    assert spec.maybe == {"tools", "system"}
     # a first row without the key (OpenAI's files leave it out): read where a later row has it
     assert field_spec(None, ["conversations"], "f").mapping == {
         "messages": "conversations",
         "tools": "tools",
+        "system": "system",
     }
     with pytest.raises(UserError, match="`tools` .* is read with `messages` only"):
         field_spec({"text": "text", "tools": "tools"}, ["text", "tools"], "f")
@@ -160,7 +162,7 @@ def test_a_tool_calling_file_trains_with_its_definitions(
     assert report.problems == []
     assert (
         'training.dataset.field_mapping: none given; read as {"messages": "messages"}; tools from '
-        "'tools' where a row has it (set it to read other columns)"
+        "'tools' and system from 'system' where a row has it (set it to read other columns)"
     ) in report.notes
     text = _built_text(manifest, tmp_path / "model")
     assert text.count("lookup_order: Finds an order by its id.") == 6
@@ -336,3 +338,19 @@ def test_a_mapping_that_leaves_the_tools_out_says_so(tmp_path: Path, tiny_model_
     manifest.write_text(json.dumps(data))
     report = check_manifest(manifest)
     assert report.problems == [] and note not in report.notes
+
+
+def test_tools_beside_instruction_data_are_noted_unread() -> None:
+    """Salesforce's xlam rows (`query`, `answers`, `tools` as JSON text) mapped as instruction
+    data: the tools cannot be given to a prompt template, and nothing said so."""
+    from expert_cli.data.fields import unread_words
+
+    mapping = {"instruction": "query", "response": "answers"}
+    note = unread_words(field_spec(mapping, ["query", "answers", "tools"], "f"))
+    assert note == (
+        "training.dataset.field_mapping: the data's `tools` column (tool definitions) is not "
+        "read: instruction data is not laid out by a chat template, which is what writes tools "
+        "into a prompt; to train tool calls with their definitions, write each row as "
+        "`messages` (a call as an assistant turn's `tool_calls`) with `tools` beside it"
+    )
+    assert unread_words(field_spec(mapping, ["query", "answers"], "f")) is None

@@ -153,7 +153,7 @@ class DatasetSpec(Strict):
         description='Which columns hold the data: {"text": col}, {"instruction": col, '
         '"input": col, "response": col} or {"messages": col} (and "tools": col; "response": '
         "col for the turns that answer the conversation, TRL's conversational prompt and "
-        "completion).",
+        'completion; "system": col for its system prompt).',
     )
     validation_path: str | None = Field(None, description="Validation file or hub id.")
     validation_split: float | None = Field(

@@ -17,7 +17,7 @@ from typing import Any
 
 import datasets
 
-from expert_cli.data.completions import RESPONSE, joined, joined_row
+from expert_cli.data.completions import JOINED, joined_row
 from expert_cli.data.conversations import FORM, conversation_text, standard_turns
 from expert_cli.data.fields import TOOLS, FieldSpec
 from expert_cli.data.rows import Scan
@@ -27,15 +27,15 @@ DATASET_BATCH_ROWS = 1024  # rows of a hub or saved dataset read at a time (chec
 
 
 def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
-    """A hub or saved dataset with its `messages` column (an Arrow struct) as JSON text, the
-    turns of a `response` beside it joined in, and its `tools` where they are objects, written
-    under `work_dir` (never beside the user's files or into a shared cache)."""
+    """A hub or saved dataset with its `messages` column (an Arrow struct) as JSON text, a
+    `response` and a `system` beside it joined in, and its `tools` where they are objects,
+    written under `work_dir` (never beside the user's files or into a shared cache)."""
     typed = [
         role
         for role in ("messages", "tools")
         if role in ds.features and not isinstance(ds.features[role], datasets.Value)
     ]
-    answers = RESPONSE if RESPONSE in ds.features and "messages" in typed else None
+    joins = [role for role in JOINED if role in ds.features] if "messages" in typed else []
     structs = "tools" in typed and typed_objects(ds.features["tools"])  # Arrow's fill-ins
     if not typed:
         return ds
@@ -44,8 +44,12 @@ def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
         out = {}
         if "messages" in typed:
             rows = batch["messages"]
-            if answers:
-                rows = [joined(m, r) for m, r in zip(rows, batch[answers], strict=True)]
+            if joins:  # a response's turns, a system prompt: one conversation
+                parts = [{role: batch[role][i] for role in joins} for i in range(len(rows))]
+                rows = [
+                    joined_row({"messages": m, **p})["messages"]
+                    for m, p in zip(rows, parts, strict=True)
+                ]
             out["messages"] = [conversation_text(standard_turns(row or [])) for row in rows]
         if "tools" in typed:
             out["tools"] = [tools_text(parsed_tools(t, structs)[0]) for t in batch["tools"]]
@@ -54,13 +58,13 @@ def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
     features = ds.features.copy()
     for role in typed:
         features[role] = datasets.Value("string")
-    if answers:
-        del features[answers]
+    for role in joins:
+        del features[role]
     work_dir.mkdir(parents=True, exist_ok=True)
     return ds.map(
         to_text,
         batched=True,
-        remove_columns=[answers] if answers else None,
+        remove_columns=joins or None,
         features=features,
         cache_file_name=str(work_dir / f"messages-v{FORM}-{_fingerprint(ds)}.arrow"),
         desc=None,

@@ -33,7 +33,7 @@ class FieldSpec:
     # detected optional roles (input, system) a source may not have as a column at all: a
     # local file's mapping is detected from its first row, which may lack them
     maybe: frozenset[str] = frozenset()
-    # a `tools` column a given mapping of `messages` leaves out (unread_words says so)
+    # a `tools` column the mapping leaves out (unread_words says so)
     unread: frozenset[str] = frozenset()
 
     @property
@@ -42,9 +42,10 @@ class FieldSpec:
 
     @property
     def stored(self) -> list[str]:
-        """The roles a source's rows keep once read: a `response` beside `messages` is
-        joined into the conversation (data/completions.py)."""
-        return [r for r in self.mapping if not (self.kind == "messages" and r == "response")]
+        """The roles a source's rows keep once read: a `response` or `system` beside
+        `messages` is joined into the conversation (data/completions.py)."""
+        joined = ("response", "system") if self.kind == "messages" else ()
+        return [r for r in self.mapping if r not in joined]
 
     def shape(self, role: str, value_is_text: bool) -> str:
         """The role whose shape a value of `role` must have: a `response` beside `messages`
@@ -73,7 +74,7 @@ def field_spec(
         )
     # beside `messages`, `response` holds the turns that answer it (TRL's conversational
     # prompt and completion: data/completions.py)
-    read = {kind, TOOLS} | ({"response"} if kind == "messages" else set())
+    read = {kind, TOOLS} | ({"response", "system"} if kind == "messages" else set())
     unused = sorted(set(mapping) - read) if kind in ("text", "messages") else []
     if unused:  # a required role was required in every row, then never read
         whole = "example" if kind == "text" else "conversation (its system turn too)"
@@ -83,8 +84,8 @@ def field_spec(
             + ("it" if len(unused) == 1 else "them")
             + (", or map `instruction` + `response` without `text`" if kind == "text" else "")
         )
-    unread = frozenset({TOOLS} & set(columns)) if kind == "messages" else frozenset()
-    return FieldSpec(kind=kind, mapping=dict(mapping), maybe=maybe, unread=unread - set(mapping))
+    unread = frozenset({TOOLS} & set(columns)) - set(mapping)
+    return FieldSpec(kind=kind, mapping=dict(mapping), maybe=maybe, unread=unread)
 
 
 def turn_lists(row: dict[str, Any]) -> frozenset[str]:
@@ -128,11 +129,13 @@ def _detect_mapping(columns: list[str], where: str, turns: frozenset[str]) -> di
         )
     response = next((c for c in RESPONSE_COLUMNS if c in cols), None)
     prompt = next((c for c in PROMPT_COLUMNS if c in cols), None)
+    # a system prompt (OpenOrca's, Nemotron's `system_prompt`), read where a row has it
+    system = "system_prompt" if "system_prompt" in cols and "system" not in cols else "system"
     # a conversation or a prompt/answer pair before a text column: a rendered text (Alpaca's
     # beside its instruction and output) trains its prompts too
-    for name in CONVERSATION_COLUMNS:  # ShareGPT's and Capybara's turns are read as messages
-        if name in cols:  # with their tool definitions where a row has them (OpenAI's
-            return {"messages": name, TOOLS: TOOLS}  # files leave the key out of the others)
+    for name in CONVERSATION_COLUMNS:  # ShareGPT's and Capybara's turns are read as messages,
+        if name in cols:  # with their tools and system prompt where a row has them (OpenAI's
+            return {"messages": name, TOOLS: TOOLS, "system": system}  # files leave tools out)
     if {"chosen", "rejected"} <= cols and not response:  # preference data (DPO) alone
         pair = '{"instruction": "prompt", "response": "chosen"}, or '
         raise UserError(
@@ -148,11 +151,12 @@ def _detect_mapping(columns: list[str], where: str, turns: frozenset[str]) -> di
             "as `messages` to train with their history, or set training.dataset.field_mapping "
             "to the columns to read"
         )
-    if prompt in turns and response:  # TRL's conversational prompt and completion
-        return {"messages": prompt, "response": response, TOOLS: TOOLS}
+    # TRL's conversational prompt and completion (Nemotron's turns in `input`, answer in `output`)
+    asked = next((c for c in (*PROMPT_COLUMNS, "input") if c in turns), None)
+    if asked and response:
+        return {"messages": asked, "response": response, TOOLS: TOOLS, "system": system}
     if prompt and response:  # input and system read in every row: the first may lack them
         given = "context" if "context" in cols and "input" not in cols else "input"  # Dolly's
-        system = "system_prompt" if "system_prompt" in cols and "system" not in cols else "system"
         return {"instruction": prompt, "response": response, "input": given, "system": system}
     if "text" in cols:
         return {"text": "text"}
@@ -183,9 +187,16 @@ def detected_words(fields: FieldSpec) -> str:
 
 
 def unread_words(fields: FieldSpec) -> str | None:
-    """A note where the manifest's mapping of `messages` leaves the data's `tools` unread."""
+    """A note where the mapping leaves the data's `tools` unread (xlam's beside a query)."""
     if TOOLS not in fields.unread:
         return None
+    if fields.kind != "messages":
+        return (
+            "training.dataset.field_mapping: the data's `tools` column (tool definitions) is not "
+            f"read: {fields.kind} data is not laid out by a chat template, which is what writes "
+            "tools into a prompt; to train tool calls with their definitions, write each row as "
+            "`messages` (a call as an assistant turn's `tool_calls`) with `tools` beside it"
+        )
     return (
         "training.dataset.field_mapping: the data's `tools` column (tool definitions) is not "
         'mapped, so the chat template is not given them; add "tools": "tools" to train '
