@@ -956,7 +956,8 @@ def test_json_of_columns_or_wrapped_examples_is_trained(tmp_path) -> None:
 
 def test_a_split_named_on_a_local_path_is_refused(tmp_path, write_jsonl) -> None:
     """`data/ultrachat::train_sft` read every file of the folder, the split dropped without a
-    word: `::split` picks a hub dataset's split."""
+    word: `::split` picks a hub dataset's split (on a local folder, one its README.md lists:
+    test_a_local_download_of_several_training_splits_names_one)."""
     write_jsonl(tmp_path / "data" / "train_sft.jsonl", [{"text": "a"}] * 3)
     for spec in ("data::train_sft", "data::train::main"):
         with pytest.raises(UserError, match="picks a split of a hub dataset, and .* is local"):
@@ -996,3 +997,41 @@ def test_turns_in_a_text_column_say_how_to_read_them(tmp_path, write_jsonl) -> N
     )
     write_jsonl(tmp_path / "train.jsonl", [{"prompt": ["q"], "completion": "a"}])
     assert error_of(tmp_path, {"path": "train.jsonl"}).endswith("is a list, expected a string")
+
+
+def test_a_local_download_of_several_training_splits_names_one(tmp_path, write_jsonl) -> None:
+    """UltraChat-200k's folder (train_sft, test_sft, train_gen, test_gen) trained its SFT and
+    generation splits together (the test ones left out); `::split` on a local folder was
+    refused. Now the folder asks for a split, and `folder::split` reads the files its
+    README.md gives that split."""
+    folder = tmp_path / "ultrachat"
+    for split in ("train_sft", "test_sft", "train_gen", "test_gen"):
+        write_jsonl(folder / "data" / f"{split}-00000-of-00001.jsonl", [{"text": split}] * 2)
+    card = "---\nconfigs:\n- config_name: default\n  data_files:\n" + "".join(
+        f"  - split: {s}\n    path: data/{s}-*\n"
+        for s in ("train_sft", "test_sft", "train_gen", "test_gen")
+    )
+    (folder / "README.md").write_text(card + "---\n# UltraChat\n")
+    with pytest.raises(UserError) as info:
+        resolved_for(tmp_path, {"path": "ultrachat"})
+    assert info.value.lines == [
+        f"training.dataset.path: {folder} holds a hub dataset's splits 'train_sft', 'train_gen' "
+        "(as its README.md lists them), whose files would all be read together; name one, e.g. "
+        f"{folder}::train_sft"
+    ]
+    loaded = load(
+        tmp_path, {"path": "ultrachat::train_sft", "validation_path": "ultrachat::test_sft"}
+    )
+    assert loaded.train["text"] == ["train_sft"] * 2 and loaded.eval["text"] == ["test_sft"] * 2
+    with pytest.raises(UserError) as info:
+        resolved_for(tmp_path, {"path": "ultrachat::train"})
+    assert info.value.lines == [
+        f"training.dataset.path: ::'train' picks a split of a hub dataset, and {folder} is a "
+        "local folder whose README.md lists 'train_sft', 'test_sft', 'train_gen', 'test_gen': "
+        "name the files to read (a split's file or folder)"
+    ]
+    (folder / "README.md").unlink()
+    assert f"and {folder} is local: name the files" in error_of(tmp_path, {"path": "ultrachat::x"})
+    # a card of one training split and its test split: read as before
+    (folder / "README.md").write_text(card.replace("train_gen", "test_x") + "---\n")
+    assert resolved_for(tmp_path, {"path": "ultrachat"}).train_sources[0].split is None

@@ -5,7 +5,9 @@ together."""
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatch
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -15,10 +17,9 @@ NAME = re.compile(r"[\w.-]{1,64}")  # a configuration's name as a line may show 
 README_HEADER_CHARS = 1 << 20  # a dataset card's YAML header is read from its first MiB
 
 
-def readme_configs(folder: Path) -> list[tuple[str, str | None]]:
-    """The configurations a dataset folder's README.md names in its YAML header (`configs:`,
-    as the hub writes a dataset card), each with the folder its first data files lie in (None
-    where they lie at the top); none where the folder has no such header."""
+def _card_configs(folder: Path) -> list[Any]:
+    """The `configs:` list of a dataset folder's README.md YAML header (as the hub writes a
+    dataset card); empty where the folder has no such header."""
     card = folder / "README.md"
     try:
         if not card.is_file():  # a pipe would never end
@@ -35,8 +36,14 @@ def readme_configs(folder: Path) -> list[tuple[str, str | None]]:
     except yaml.YAMLError:
         return []
     configs = header.get("configs") if isinstance(header, dict) else None
+    return configs if isinstance(configs, list) else []
+
+
+def readme_configs(folder: Path) -> list[tuple[str, str | None]]:
+    """The configurations a dataset folder's README.md names in its YAML header, each with
+    the folder its first data files lie in (None where they lie at the top)."""
     found = []
-    for config in configs if isinstance(configs, list) else []:
+    for config in _card_configs(folder):
         if isinstance(config, dict) and isinstance(config.get("config_name"), str):
             files = config.get("data_files")
             first = files[0] if isinstance(files, list) and files else files
@@ -56,7 +63,7 @@ def configs_problem(path: Path, label: str) -> str | None:
         return None
     if len(configs) < 2:
         return None
-    names = ", ".join(_shown(name) for name, _ in configs[:8])
+    names = ", ".join(shown_name(name) for name, _ in configs[:8])
     folder = next((where for _, where in configs if where), None)
     example = f", e.g. {shown_path(path / folder)}" if folder else ""
     return (
@@ -66,5 +73,34 @@ def configs_problem(path: Path, label: str) -> str | None:
     )
 
 
-def _shown(name: str) -> str:
+def shown_name(name: str) -> str:
+    """A configuration's or split's name as a line may show it."""
     return repr(name) if NAME.fullmatch(name) else f"<a {len(name):,}-character name>"
+
+
+def card_splits(folder: Path) -> dict[str, list[str]]:
+    """The splits of the one configuration a folder's README.md lists, each with the path
+    patterns of its files (`data/train_sft-*`), relative to the folder; none where the card
+    lists no configuration or several."""
+    configs = _card_configs(folder)
+    if len(configs) != 1 or not isinstance(configs[0], dict):
+        return {}
+    files = configs[0].get("data_files")
+    entries = files if isinstance(files, list) else [files]
+    splits: dict[str, list[str]] = {}
+    for entry in entries:
+        split, paths = (
+            ("train", entry)
+            if not isinstance(entry, dict)
+            else (entry.get("split", "train"), entry.get("path"))
+        )
+        paths = paths if isinstance(paths, list) else [paths]
+        if isinstance(split, str):
+            splits.setdefault(split, []).extend(p for p in paths if isinstance(p, str))
+    return {split: paths for split, paths in splits.items() if paths}
+
+
+def split_files(folder: Path, files: list[Path], split: str) -> list[Path]:
+    """The files of `folder` the card's `split` names."""
+    patterns = card_splits(folder).get(split, [])
+    return [f for f in files if any(fnmatch(f.relative_to(folder).as_posix(), p) for p in patterns)]

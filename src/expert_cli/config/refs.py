@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from expert_cli.config.base import has_control_character
+from expert_cli.config.dataset_card import card_splits, configs_problem, shown_name
+from expert_cli.config.dataset_card import split_files as card_split_files
 from expert_cli.errors import UserError
 from expert_cli.paths import home_expanded, path_exists, resolved_path, shown_path
 
@@ -325,6 +327,8 @@ def _local_files(ref: Any, training: bool) -> tuple[set[str], list[Path]]:
         if _saved(path) or not path.is_dir():  # a file (or one not there yet), a saved dataset
             return {os.path.realpath(path)}, []
         files = of_format(folder_data_files(path), ref.format)
+        if ref.split is not None:  # a split its README.md lists
+            return {os.path.realpath(f) for f in card_split_files(path, files, ref.split)}, []
         kept, left = split_files(path, files, training)
         return {os.path.realpath(f) for f in kept}, left
     except (OSError, ValueError):
@@ -358,3 +362,35 @@ def _there(folder: Path, value: str) -> bool:
         return path_exists(local_path(folder, value))
     except UserError:  # a path no machine has (a NUL byte): not there
         return False
+
+
+def card_problem(path: Path, label: str, split: str | None) -> str | None:
+    """A local folder whose README.md lists several configurations (dataset_card), or
+    several splits that one read would join (UltraChat's train_sft and train_gen) with no
+    `::split` naming one; or a `::split` the card does not list."""
+    if problem := configs_problem(path, label):
+        return problem
+    try:
+        splits = card_splits(path) if path.is_dir() else {}
+    except OSError:
+        return None
+    names = ", ".join(shown_name(name) for name in list(splits)[:8])
+    if split is not None:
+        if split in splits:
+            return None
+        listed = f"a local folder whose README.md lists {names}" if splits else "local"
+        return (
+            f"{label}: ::{shown_name(split)} picks a split of a hub dataset, and "
+            f"{shown_path(path)} is {listed}: name the files to read (a split's file or folder)"
+        )
+    # the splits a read of the folder joins, as split_files reads files named for them
+    kept, _ = split_files(path, [path / name for name in splits], is_training_field(label))
+    joined = [split.name for split in kept]
+    if len(joined) < 2:
+        return None
+    shown = ", ".join(shown_name(name) for name in joined[:8])
+    return (
+        f"{label}: {shown_path(path)} holds a hub dataset's splits {shown} (as its README.md "
+        f"lists them), whose files would all be read together; name one, e.g. "
+        f"{shown_path(path)}::{joined[0]}"
+    )

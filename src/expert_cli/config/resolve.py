@@ -17,10 +17,10 @@ from expert_cli.config import choices
 from expert_cli.config.adapters import adapter_settings
 from expert_cli.config.batching import DEFAULT_MAX_SEQ, batch_plan
 from expert_cli.config.choices import checkpoint_problem, first
-from expert_cli.config.dataset_card import configs_problem
 from expert_cli.config.environment import Environment
 from expert_cli.config.models import AdapterType, LoadedManifest
 from expert_cli.config.refs import (
+    card_problem,
     held_out_notes,
     is_local,
     local_path,
@@ -167,13 +167,13 @@ def _source(
     path = local_path(folder, name, label)
     if fmt != "huggingface" and is_local(folder, name):
         _refuse_manifest_folder(path, folder, label)
-        if problem := configs_problem(path, label):
+        if problem := card_problem(path, label, split):
             raise UserError(problem)
-        if split or config:  # it was dropped without a word: every file of the folder read
+        if config:  # it was dropped without a word: every file of the folder read
             raise UserError(
-                f"{label}: '::{split or ''}{'::' + config if config else ''}' picks a split of "
-                f"a hub dataset, and {shown_path(path)} is local: name the files to read (a "
-                "split's file or folder)"
+                f"{label}: '::{split or ''}::{config}' picks a configuration of a hub dataset, "
+                f"and {shown_path(path)} is local: name the files to read (a configuration's "
+                "file or folder)"
             )
         return SourceRef(
             kind="local",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expert_cli.config.dataset_card import split_files as card_split_files
 from expert_cli.config.refs import (
     FILE_FORMATS,
     compression,
@@ -78,6 +79,13 @@ def source_files(ref: SourceRef) -> list[Path]:
         files = of_format(files, ref.format)
         if not files:
             raise UserError(f"{path}: folder has no {ref.format} files ({ref.field})")
+    if ref.split is not None:  # a split its README.md lists (resolve checked it does)
+        if not (named := card_split_files(path, files, ref.split)):
+            raise UserError(
+                f"{ref.field}: {shown_path(path)}: no data file matches the paths its README.md "
+                f"gives split {ref.split!r}"
+            )
+        return named
     training = is_training_field(ref.field)
     kept, left = split_files(path, files, training)
     if not kept:  # a validation source keeps its validation (else test) files: never empty
