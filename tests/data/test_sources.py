@@ -1035,3 +1035,26 @@ def test_a_local_download_of_several_training_splits_names_one(tmp_path, write_j
     # a card of one training split and its test split: read as before
     (folder / "README.md").write_text(card.replace("train_gen", "test_x") + "---\n")
     assert resolved_for(tmp_path, {"path": "ultrachat"}).train_sources[0].split is None
+
+
+def test_math_and_capitalised_columns_are_detected() -> None:
+    """competition_math's `problem`/`solution`, OpenMathInstruct-2's `generated_solution`, a
+    worked `solution` before a bare `answer` (MATH-500), and SVAMP's `Question`/`Answer` were
+    "cannot tell which column", suggesting `{"text": ...}` (one column trained whole)."""
+    cases = {
+        ("problem", "level", "type", "solution"): ("problem", "solution"),
+        ("problem", "generated_solution", "expected_answer"): ("problem", "generated_solution"),
+        ("problem", "solution", "answer", "unique_id"): ("problem", "solution"),
+        ("question", "answer"): ("question", "answer"),  # GSM8K, as before
+        ("Body", "Question", "Answer", "Equation"): ("Question", "Answer"),
+        ("Question", "question", "answer"): ("question", "answer"),  # lower case first
+    }
+    for columns, (asked, answer) in cases.items():
+        spec = field_spec(None, list(columns), "f")
+        assert (spec.mapping["instruction"], spec.mapping["response"]) == (asked, answer)
+    with pytest.raises(UserError) as info:
+        field_spec(None, ["Prompt", "meta"], "f")
+    assert info.value.lines[0].endswith(
+        "(columns: 'Prompt', 'meta'); set training.dataset.field_mapping, e.g. "
+        '{"instruction": "Prompt", "response": "<column>"} (no response column was found)'
+    )

@@ -23,6 +23,7 @@ from expert_cli.data.build import (
     BuildProgress,
 )
 from expert_cli.data.cache import cache_root_problem
+from expert_cli.data.conversations import reasoning_note, unwritten_reasoning
 from expert_cli.data.fields import FieldSpec, detected_words, unread_words
 from expert_cli.data.format_check import formatted_problems, small_splits
 from expert_cli.data.formatting import (
@@ -126,6 +127,7 @@ def check_manifest(
     ]
     if data.fields is not None and data.fields.kind == "messages" and tokenizer is not None:
         report.notes = [*report.notes, *template_notes(turn_layout(tokenizer))]
+        report.notes += _reasoning_notes(data, tokenizer)
     if data.fields is not None and data.fields.kind == "instruction" and resolved.response_template:
         report.notes = [*report.notes, TEMPLATE_UNREAD]
     blank_problems, blank_notes = data.blank_lines(resolved)
@@ -232,3 +234,15 @@ def _format_problems(
     except UserError as exc:
         return exc.lines
     return []
+
+
+def _reasoning_notes(data: DataCheck, tokenizer: Any) -> list[str]:
+    """check's note where training conversations give reasoning the template does not write
+    (the build says it too: conversations.reasoning_notes)."""
+    given = set().union(*data.reasoning) if data.reasoning else set()
+    unwritten = set(unwritten_reasoning(tokenizer, given)) if given else set()
+    rows = sum(n for keys, n in data.reasoning.items() if keys & unwritten)
+    if not rows:
+        return []
+    found = sorted(set().union(*(keys & unwritten for keys in data.reasoning)))
+    return [reasoning_note(found, rows, data.blank[True][1])]

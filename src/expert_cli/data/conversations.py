@@ -16,13 +16,17 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.compute as pc
+
 from expert_cli.data.file_text import drop_nulls, shown_name
 from expert_cli.data.tools import ToolsGiven
 
 if TYPE_CHECKING:
+    import datasets
     from transformers import PreTrainedTokenizerFast
 
 KEPT_WHEN_NULL = ("role", "content")
+EMPTY = "an empty conversation (no messages)"  # a refusal no template is to blame for
 FORM = 5  # the stored form's version, in the name of a converted file a resumed build reuses
 # (2: text parts joined; 3: ShareGPT's turns as role/content; 4: Capybara's input/output too)
 
@@ -176,7 +180,7 @@ def render_conversation(
     so is one whose tool definitions (`tokenizer` from `tools.with_tools`) it leaves out."""
     messages = conversation(messages)
     if not messages:  # nothing for the template to refuse: said as what it is
-        return "", "an empty conversation (no messages)"
+        return "", EMPTY
     try:
         text = str(tokenizer.apply_chat_template(messages, tokenize=False))
     except MemoryError:
@@ -232,3 +236,66 @@ def _calls_rendered(tokenizer: PreTrainedTokenizerFast, messages: list[Any], tex
         return str(tokenizer.apply_chat_template(without, tokenize=False)) != text
     except Exception:  # noqa: BLE001 - a template that needs the calls to render uses them
         return True
+
+
+# the keys an answer's reasoning is given in (Qwen3's and DeepSeek's, gpt-oss', others')
+REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+PROBE = "expert-cli-probe-7f3a"  # a text no template writes of its own
+
+
+def reasoning_in(messages: list[Any]) -> set[str]:
+    """The reasoning keys holding text in a conversation's assistant turns."""
+    return {
+        key
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "assistant"
+        for key in REASONING_KEYS
+        if has_text(m.get(key))
+    }
+
+
+def unwritten_reasoning(tokenizer: PreTrainedTokenizerFast, keys: set[str]) -> list[str]:
+    """The reasoning keys the chat template does not write, even in a last answer (where
+    Qwen3's writes `reasoning_content` in its <think> block): found by rendering a probe."""
+    unwritten = []
+    for key in sorted(keys):
+        probe = [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a", key: PROBE},
+        ]
+        try:
+            text = str(tokenizer.apply_chat_template(probe, tokenize=False))
+        except Exception:  # noqa: BLE001 - a template that refuses the key does not write it
+            text = ""
+        if PROBE not in text:
+            unwritten.append(key)
+    return unwritten
+
+
+def reasoning_note(keys: list[str], rows: int, total: int) -> str:
+    """A note for `rows` of `total` conversations whose answers' reasoning, in `keys`, the
+    chat template does not write: trained without it, without a word."""
+    named = " and ".join(f"`{k}`" for k in keys)
+    return (
+        f"{rows:,} of {total:,} conversations give an answer's reasoning in {named}, which the "
+        "chat template does not write: the reasoning is not trained; put it in the content "
+        "(<think>...</think> before the answer), or use a base model whose template writes it "
+        "(Qwen3's writes reasoning_content)"
+    )
+
+
+def reasoning_notes(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerFast) -> list[str]:
+    """The build's note where a training split's conversations (stored JSON text) give
+    reasoning the chat template does not write; only rows whose text names such a key are
+    parsed."""
+    keys = unwritten_reasoning(tokenizer, set(REASONING_KEYS))
+    if not keys or "messages" not in ds.column_names:
+        return []
+    column = ds.data.column("messages")
+    named = pc.match_substring_regex(column, "|".join(f'"{k}": "' for k in keys))
+    found, rows = set(), 0
+    for i in pc.indices_nonzero(pc.fill_null(named, False)).to_pylist():
+        if given := reasoning_in(conversation(column[i].as_py())) & set(keys):
+            found |= given
+            rows += 1
+    return [reasoning_note(sorted(found), rows, len(ds))] if rows else []

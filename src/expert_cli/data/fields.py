@@ -17,8 +17,9 @@ TOOLS = "tools"  # a conversation's tool definitions, given to its chat template
 MESSAGE_TREE = {"message_id", "parent_id", "role", "text"}  # OpenAssistant's columns
 # the columns detected where no field_mapping is given, each list in the order looked for
 CONVERSATION_COLUMNS = ("messages", "conversations", "conversation")  # ShareGPT's, Capybara's
-PROMPT_COLUMNS = ("instruction", "prompt", "question", "query")
-RESPONSE_COLUMNS = ("response", "output", "completion", "answer")
+PROMPT_COLUMNS = ("instruction", "prompt", "question", "query", "problem")
+# a worked solution before a bare `answer` (MATH's, NuminaMath's, OpenMathInstruct's)
+RESPONSE_COLUMNS = ("response", "output", "completion", "solution", "generated_solution", "answer")
 # `response` beside `messages` (TRL's conversational prompt and completion, data/completions.py)
 ANSWERED_BY = "the response's turns trained, the answers in messages kept as context"
 DETECTED_COLUMNS = frozenset((*CONVERSATION_COLUMNS, *PROMPT_COLUMNS, *RESPONSE_COLUMNS, "text"))
@@ -64,7 +65,11 @@ def field_spec(
     holding lists of objects, turns of a conversation)."""
     maybe: frozenset[str] = frozenset()
     if mapping is None:
-        mapping = _detect_mapping(columns, where, turns)
+        # names matched whatever their case (SVAMP's `Question`), the lower-case one first
+        named = {c.lower(): c for c in sorted(columns, key=lambda c: c == c.lower())}
+        lowered = frozenset(c.lower() for c in turns)
+        found = _detect_mapping(named, where, lowered)
+        mapping = {role: named.get(column, column) for role, column in found.items()}
         maybe = frozenset(OPTIONAL_ROLES & set(mapping))
     kind = mapping_kind(mapping)
     if TOOLS in mapping and kind != "messages":
@@ -119,8 +124,10 @@ def mapping_kind(mapping: dict[str, str]) -> str:
     )
 
 
-def _detect_mapping(columns: list[str], where: str, turns: frozenset[str]) -> dict[str, str]:
-    cols = set(columns)
+def _detect_mapping(named: dict[str, str], where: str, turns: frozenset[str]) -> dict[str, str]:
+    """The mapping detected from the columns, by their lower-case names (`named`: each as the
+    source names it, which an error shows); `turns`: those holding lists of turns."""
+    cols = set(named)
     if cols >= MESSAGE_TREE:
         raise UserError(
             f"{where}: one message a row with its parent's id (OpenAssistant's message trees: "
@@ -146,7 +153,8 @@ def _detect_mapping(columns: list[str], where: str, turns: frozenset[str]) -> di
         )
     if prompt and response and "history" in cols:  # LLaMA-Factory's earlier turns: unread
         raise UserError(
-            f"{where}: a `history` column beside {prompt!r} and {response!r} (LLaMA-Factory's "
+            f"{where}: a `history` column beside {named[prompt]!r} and {named[response]!r} "
+            "(LLaMA-Factory's "
             "earlier turns, [[question, answer], ...]) would be read by nothing; write such rows "
             "as `messages` to train with their history, or set training.dataset.field_mapping "
             "to the columns to read"
@@ -164,10 +172,12 @@ def _detect_mapping(columns: list[str], where: str, turns: frozenset[str]) -> di
     if prompt or response:  # half a pair (Nectar: a prompt, its answers in a list)
         found, role = (prompt, "instruction") if prompt else (response, "response")
         other = "response" if prompt else "instruction"
-        example = f'{{"{role}": "{found}", "{other}": "<column>"}} (no {other} column was found)'
+        column = named[found]
+        example = f'{{"{role}": "{column}", "{other}": "<column>"}} (no {other} column was found)'
     raise UserError(
         f"{where}: cannot tell which column holds the data (columns: "
-        f"{shown_names(sorted(cols))}); set training.dataset.field_mapping, e.g. {example}"
+        f"{shown_names(sorted(named.values()))}); set training.dataset.field_mapping, e.g. "
+        f"{example}"
     )
 
 

@@ -19,10 +19,12 @@ from expert_cli.data.build import (
     split_fields,
 )
 from expert_cli.data.conversations import (
+    EMPTY,
     conversation,
     conversation_shape,
     conversation_text,
     has_text,
+    reasoning_in,
     render_conversation,
     without_fill_ins,
 )
@@ -192,6 +194,7 @@ class DataCheck:
         # response or assistant turn), rows read, and whether every row of the split was read
         self.blank = {True: [0, 0], False: [0, 0]}
         self.unmarked = {True: 0, False: 0}  # texts without the response template, by split
+        self.reasoning: Counter[frozenset[str]] = Counter()  # training rows' reasoning keys
         self.whole_texts = {True: 0, False: 0}  # texts without an assistant marker: all trained
         self.whole = {True: True, False: True}
         # per training source: its rows' count and why the build drops each it drops (its
@@ -226,6 +229,8 @@ class DataCheck:
             else "is refused by the tokenizer's chat template"
         )
         fix = "their roles or keys" if "its tools" not in why else "the tools' layout"
+        if why.startswith(EMPTY):  # nothing for a template to take: none is to blame
+            return Refusals(f"{at}: this conversation is empty (no messages); {share}", every)
         return Refusals(
             f"{at}: this conversation {said} ({why}); {share}: fix {fix}, or use a base "
             "model whose template takes them",
@@ -281,6 +286,8 @@ class DataCheck:
                 else:
                     self._kept.append(row)
             blank[1] += counted
+            if verdict and self._train and (keys := reasoning_in(row["messages"])):
+                self.reasoning[frozenset(keys)] += 1  # given: is it written? (checks.py)
             why = self._render(verdict, row, scan.at) if verdict else None
             if trained is not None:
                 found = self._blank(str(row.get(trained) or ""), scan.fields.kind)

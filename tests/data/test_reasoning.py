@@ -1,0 +1,84 @@
+"""An answer's reasoning given in its own key (`reasoning_content`, Qwen3's and DeepSeek's;
+`thinking`; `reasoning`): a chat template that does not write it trained the answers without
+their reasoning, and nothing said so. Now check and the build note it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+from conftest import write_jsonl
+from train_helpers import run_here, write_expert
+
+from expert_cli.data.checks import check_manifest
+from expert_cli.data.conversations import reasoning_in, unwritten_reasoning
+
+# writes an answer's reasoning_content in a <think> block, as Qwen3's template does
+WRITES_REASONING = (
+    "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+    "{%- if m.reasoning_content %}{{ '<think>' + m.reasoning_content + '</think>' }}{%- endif %}"
+    "{{ m.content + '<|im_end|>\\n' }}{%- endfor %}"
+)
+ASK = {"role": "user", "content": "Count the orders."}
+ANSWER = {"role": "assistant", "content": "42", "reasoning_content": "There are 42 rows."}
+
+
+def test_the_keys_a_template_leaves_out_are_found(tiny_tokenizer) -> None:
+    assert reasoning_in([ASK, ANSWER]) == {"reasoning_content"}
+    assert reasoning_in([ASK, {**ANSWER, "reasoning_content": " "}]) == set()  # no text
+    assert reasoning_in([{**ASK, "thinking": "x"}]) == set()  # a user's: never trained
+    keys = {"reasoning_content", "thinking"}
+    assert unwritten_reasoning(tiny_tokenizer, keys) == ["reasoning_content", "thinking"]
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = WRITES_REASONING
+    assert unwritten_reasoning(tok, keys) == []  # transformers gives `thinking` as both
+
+
+def _expert(tmp_path: Path, model: Path, rows: list[dict]) -> Path:
+    manifest = write_expert(tmp_path / "e", model, rows=1)
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["field_mapping"] = {"messages": "messages"}
+    manifest.write_text(json.dumps(data))
+    write_jsonl(manifest.parent / "data" / "train.jsonl", rows)
+    return manifest
+
+
+def test_check_and_the_build_note_reasoning_the_template_does_not_write(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    rows = [{"messages": [ASK, ANSWER]}] * 3 + [{"messages": [ASK, {**ANSWER, "content": "7"}]}]
+    rows[3]["messages"][1].pop("reasoning_content")
+    manifest = _expert(tmp_path, tiny_model_dir, rows)
+    note = (
+        "3 of 4 conversations give an answer's reasoning in `reasoning_content`, which the chat "
+        "template does not write: the reasoning is not trained; put it in the content "
+        "(<think>...</think> before the answer), or use a base model whose template writes it "
+        "(Qwen3's writes reasoning_content)"
+    )
+    assert note in check_manifest(manifest).notes
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0 and note in " ".join(built.stdout.split())
+    # a template that writes it: no note, and the reasoning is in the examples
+    shutil.copytree(tiny_model_dir, tmp_path / "model")
+    (tmp_path / "model" / "chat_template.jinja").write_text(WRITES_REASONING)
+    manifest = _expert(tmp_path / "writes", tmp_path / "model", rows)
+    report = check_manifest(manifest)
+    assert report.problems == [] and not any("reasoning" in n for n in report.notes)
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0 and "reasoning is not trained" not in built.stdout
+
+
+def test_an_empty_conversation_is_not_blamed_on_the_template(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """ShareGPT dumps hold `"conversations": []`: check said the template refused it and
+    advised fixing roles or keys, or another base model."""
+    rows = [{"messages": [ASK, {"role": "assistant", "content": "42"}]}] * 3 + [{"messages": []}]
+    report = check_manifest(_expert(tmp_path, tiny_model_dir, rows))
+    (line,) = [n for n in report.notes if "conversation" in n and "train.jsonl:4" in n]
+    assert line.endswith(
+        "train.jsonl:4: this conversation is empty (no messages); 1 of 4 conversations are "
+        "refused and train drops them"
+    )
