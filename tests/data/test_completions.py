@@ -189,3 +189,25 @@ def test_nemotrons_turns_answer_and_system_prompt_are_detected(
     assert check_manifest(manifest).problems == []
     whole, trained = _built(manifest, tiny_model_dir)
     assert whole.count(THINK) == 3 and trained.count("SELECT count(*) FROM orders;") == 3
+
+
+def test_detection_reads_what_the_rows_hold() -> None:
+    """A first row's prompt of no turns, as a Parquet schema would say; an instruction's text
+    beside turns in `input` (not Nemotron's layout: the instruction would be dropped); KTO's
+    labelled completions, which would train the undesirable ones too; a developer turn is a
+    conversation's own system prompt."""
+    from expert_cli.data.completions import with_system
+    from expert_cli.data.fields import field_spec, turn_lists
+    from expert_cli.errors import UserError
+
+    first = {"prompt": [], "completion": [ANSWER]}
+    spec = field_spec(None, list(first), "f", turn_lists(first))
+    assert spec.kind == "messages" and spec.mapping["messages"] == "prompt"
+    row = {"instruction": "Be terse", "input": [ASK], "output": "a"}
+    assert field_spec(None, list(row), "f", turn_lists(row)).kind == "instruction"
+    kto = {"prompt": [ASK], "completion": [ANSWER], "label": False}
+    with pytest.raises(UserError, match="unpaired preference data, for KTO"):
+        field_spec(None, list(kto), "f", turn_lists(kto))
+    developer = [{"role": "developer", "content": "Be brief."}, ASK]
+    assert with_system(developer, THINK) == developer
+    assert with_system([ASK], THINK) == [{"role": "system", "content": THINK}, ASK]

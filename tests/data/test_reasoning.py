@@ -82,3 +82,19 @@ def test_an_empty_conversation_is_not_blamed_on_the_template(
         "train.jsonl:4: this conversation is empty (no messages); 1 of 4 conversations are "
         "refused and train drops them"
     )
+
+
+def test_the_builds_count_is_of_the_rows_it_trains(tiny_tokenizer) -> None:
+    """The build counted the whole source's rows (held-out ones too) over the training
+    split's count: "50 of 80" where 39 of the 80 training rows held reasoning."""
+    import datasets
+
+    from expert_cli.data.conversations import conversation_text, reasoning_notes
+
+    plain = {"role": "assistant", "content": "42"}
+    rows = [conversation_text([ASK, ANSWER if i % 2 else plain]) for i in range(100)]
+    ds = datasets.Dataset.from_dict({"messages": rows})
+    picked = ds.select(range(1, 80))  # 40 rows with reasoning of 79
+    (note,) = reasoning_notes(picked, tiny_tokenizer)
+    assert note.startswith("40 of 79 conversations give an answer's reasoning")
+    assert reasoning_notes(ds.select(range(0, 100, 2)), tiny_tokenizer) == []

@@ -393,7 +393,7 @@ def test_a_folder_of_split_files_trains_on_its_training_files(tmp_path, write_js
     dataset = {"path": "data", "eval_fraction": 0.0}
     resolved = resolved_for(tmp_path, dataset)
     assert resolved.notes[0] == (
-        "training.dataset.path: 1 file(s) named for a held-out split are left out of training "
+        "training.dataset.path: 1 file(s) of a held-out split are left out of training "
         "(test-00000-of-00001.parquet)"
     )
     loaded = load(tmp_path, dataset, evaluation_strategy="no")
@@ -414,9 +414,9 @@ def test_a_folder_of_split_files_trains_on_its_training_files(tmp_path, write_js
     pq.write_table(pa.table({"text": ["v"]}), data / "validation-0.parquet")
     pq.write_table(pa.table({"text": ["e"]}), data / "evaluation-0.parquet")  # the Hub's test
     notes = resolved_for(tmp_path, {"path": "data", "validation_path": "data"}).notes
-    assert notes[0].startswith("training.dataset.path: 3 file(s) named for a held-out split")
+    assert notes[0].startswith("training.dataset.path: 3 file(s) of a held-out split")
     assert notes[1] == (
-        "training.dataset.validation_path: 2 file(s) named for another split are left out of "
+        "training.dataset.validation_path: 2 file(s) of another split are left out of "
         "evaluation (evaluation-0.parquet, test-00000-of-00001.parquet)"
     )
     assert list(load(tmp_path, {"path": "data", "validation_path": "data"}).eval["text"]) == ["v"]
@@ -1058,3 +1058,31 @@ def test_math_and_capitalised_columns_are_detected() -> None:
         "(columns: 'Prompt', 'meta'); set training.dataset.field_mapping, e.g. "
         '{"instruction": "Prompt", "response": "<column>"} (no response column was found)'
     )
+
+
+def _card(folder: Path, entries: str) -> None:
+    header = "---\nconfigs:\n- config_name: default\n  data_files:\n" + entries + "---\n"
+    (folder / "README.md").write_text(header)
+
+
+def test_a_cards_splits_decide_which_files_are_held_out(tmp_path, write_jsonl) -> None:
+    """A card whose files' names say no split (train: part_a/*, test: part_b/*) trained its
+    test split; its patterns are matched as the hub matches them (`**` over no folder too,
+    a leading `./`, `*` within a folder); odd split names are a line, not a traceback."""
+    folder = tmp_path / "d"
+    write_jsonl(folder / "part_a" / "x.jsonl", [{"text": "train"}] * 3)
+    write_jsonl(folder / "part_b" / "x.jsonl", [{"text": "test"}] * 2)
+    _card(folder, "  - split: train\n    path: ./part_a/*\n  - split: test\n    path: part_b/**\n")
+    loaded = load(tmp_path, {"path": "d", "validation_path": "d"})
+    assert loaded.train["text"] == ["train"] * 3 and loaded.eval["text"] == ["test"] * 2
+    write_jsonl(folder / "data" / "train-0.jsonl", [{"text": "nested"}])
+    _card(folder, "  - split: train\n    path: data/**/train-*.jsonl\n")
+    assert load(tmp_path, {"path": "d::train"}).train["text"] == ["nested"]
+    _card(folder, "  - split: train\n    path: '*.jsonl'\n")  # `*` stays in its folder
+    assert "no data file matches the paths its README.md gives split 'train'" in error_of(
+        tmp_path, {"path": "d::train"}
+    )
+    for odd in ('""', '"."', '"/etc"', '"a/b"'):
+        _card(folder, f"  - split: {odd}\n    path: part_a/*\n  - split: x\n    path: part_b/*\n")
+        said = error_of(tmp_path, {"path": "d"})
+        assert said.startswith(f"training.dataset.path: {folder} holds a hub dataset's splits")

@@ -204,7 +204,8 @@ def test_a_saved_dataset_of_typed_tools_trains_with_them(
         check_manifest(manifest)
         .problems[0]
         .endswith(
-            "row 1: field 'tools' (field_mapping.tools) is text that is not JSON; expected "
+            "row 1: field 'tools' (read as tools: set training.dataset.field_mapping to leave it "
+            "out) is text that is not JSON; expected "
             f"{TOOLS_SHAPE}"
         )
     )
@@ -300,7 +301,10 @@ def test_a_typed_list_of_text_is_not_tools(tmp_path: Path, tiny_model_dir: Path)
     data["training"]["dataset"]["path"] = "data/saved"
     manifest.write_text(json.dumps(data))
     (problem,) = check_manifest(manifest).problems
-    assert "field 'tools' (field_mapping.tools) holds List(Value('string'))" in problem
+    assert (
+        "field 'tools' (read as tools: set training.dataset.field_mapping to leave it out) "
+        "holds List(Value('string'))" in problem
+    )
     assert problem.endswith(f"expected {TOOLS_SHAPE} in every row")
 
 

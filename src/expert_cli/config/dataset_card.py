@@ -5,7 +5,6 @@ together."""
 from __future__ import annotations
 
 import re
-from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +99,32 @@ def card_splits(folder: Path) -> dict[str, list[str]]:
     return {split: paths for split, paths in splits.items() if paths}
 
 
+def _glob(pattern: str) -> re.Pattern[str]:
+    """A card's path pattern as the hub matches it: `*` and `?` within one folder, `**` any
+    number of folders (none too), a leading `./` left out."""
+    out, i = "", 0
+    pattern = pattern.removeprefix("./")
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        else:
+            out += {"*": "[^/]*", "?": "[^/]"}.get(pattern[i], re.escape(pattern[i]))
+            i += 1
+    return re.compile(out)
+
+
+def card_split_of(splits: dict[str, list[str]], relative: Path) -> str | None:
+    """The split (of `card_splits`) whose patterns match a file's path in the folder."""
+    name = relative.as_posix()
+    return next((s for s, ps in splits.items() if any(_glob(p).fullmatch(name) for p in ps)), None)
+
+
 def split_files(folder: Path, files: list[Path], split: str) -> list[Path]:
     """The files of `folder` the card's `split` names."""
-    patterns = card_splits(folder).get(split, [])
-    return [f for f in files if any(fnmatch(f.relative_to(folder).as_posix(), p) for p in patterns)]
+    splits = card_splits(folder)
+    patterns = [_glob(p) for p in splits.get(split, [])]
+    return [
+        f for f in files if any(p.fullmatch(f.relative_to(folder).as_posix()) for p in patterns)
+    ]

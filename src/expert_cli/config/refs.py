@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from expert_cli.config.base import has_control_character
-from expert_cli.config.dataset_card import card_splits, configs_problem, shown_name
 from expert_cli.config.dataset_card import split_files as card_split_files
+from expert_cli.config.split_names import HELD_OUT_SPLITS, file_splits, split_files
 from expert_cli.errors import UserError
 from expert_cli.paths import home_expanded, path_exists, resolved_path, shown_path
 
@@ -35,21 +35,6 @@ MAX_FOLDER_FILES = 1_000_000  # in a data folder, its subfolders and those it li
 BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
 # other suffixes that only a local file has (compressed or plain-text data)
 OTHER_LOCAL_SUFFIXES = {".tsv", ".txt", ".gz", ".zst", ".xz", ".bz2"}
-# words that name a split in a data file's path, as the datasets library reads a Hub folder
-# (data/train-00000-of-00001.parquet, data/test-*.parquet, validation/part-0.jsonl)
-SPLIT_WORDS = {
-    "train": "train",
-    "training": "train",
-    "validation": "validation",
-    "valid": "validation",
-    "val": "validation",
-    "dev": "validation",
-    "test": "test",
-    "testing": "test",
-    "eval": "test",  # as the datasets library splits a Hub folder
-    "evaluation": "test",
-}
-HELD_OUT_SPLITS = ("validation", "test")
 WINDOWS_PATH = re.compile(r"[A-Za-z]:|\\\\")  # a drive (F:/x, F:x), or a share: two backslashes
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -207,36 +192,6 @@ def of_format(files: list[Path], fmt: str | None) -> list[Path]:
     return [f for f in files if suffix_format(f) in same]
 
 
-def split_named(relative: Path) -> str | None:
-    """The split a data file's path names (train, validation, test), the word nearest its
-    name deciding (data/test/train-0.jsonl is train); None when no word names one."""
-    words = re.split(r"[^a-z]+", str(relative.with_suffix("")).lower())
-    found = [SPLIT_WORDS[w] for w in words if w in SPLIT_WORDS]
-    return found[-1] if found else None
-
-
-def is_training_field(field: str) -> bool:
-    """Whether a source's manifest field names training data (not validation data)."""
-    return not field.endswith((".valid", ".validation_path"))
-
-
-def split_files(path: Path, files: list[Path], training: bool) -> tuple[list[Path], list[Path]]:
-    """(files read, files left out) of a data folder whose files are named for splits: a
-    training source leaves out those named for validation or test (an `hf download` folder
-    holds data/test-*.parquet beside data/train-*.parquet, and the test rows were trained
-    on); a validation source reads those named for validation, else those named for test.
-    A folder whose files name no held-out split is read whole."""
-    named = {f: split_named(f.relative_to(path)) for f in files}
-    if not any(s in HELD_OUT_SPLITS for s in named.values()):
-        return files, []
-    if training:
-        keep = [f for f in files if named[f] not in HELD_OUT_SPLITS]
-    else:
-        wanted = "validation" if "validation" in named.values() else "test"
-        keep = [f for f in files if named[f] == wanted]
-    return keep, [f for f in files if f not in keep]
-
-
 SHOWN_FILES = 3  # files named in a note
 
 
@@ -251,15 +206,16 @@ def held_out_notes(train: list[Any], valid: list[Any]) -> list[str]:
         trained |= files
         if left:
             notes.append(
-                f"{ref.field}: {len(left)} file(s) named for a held-out split are left out of "
+                f"{ref.field}: {len(left)} file(s) of a held-out split are left out of "
                 f"training ({_named(left, ref.location)})"
             )
     for ref in valid:
         files, left = _local_files(ref, training=False)
-        left = [f for f in left if split_named(f.relative_to(ref.location)) in HELD_OUT_SPLITS]
+        kinds = file_splits(Path(ref.location), left)
+        left = [f for f in left if kinds[f] in HELD_OUT_SPLITS]
         if left:  # a folder of validation and test files evaluates the validation ones
             notes.append(
-                f"{ref.field}: {len(left)} file(s) named for another split are left out of "
+                f"{ref.field}: {len(left)} file(s) of another split are left out of "
                 f"evaluation ({_named(left, ref.location)})"
             )
         if files & trained:
@@ -362,35 +318,3 @@ def _there(folder: Path, value: str) -> bool:
         return path_exists(local_path(folder, value))
     except UserError:  # a path no machine has (a NUL byte): not there
         return False
-
-
-def card_problem(path: Path, label: str, split: str | None) -> str | None:
-    """A local folder whose README.md lists several configurations (dataset_card), or
-    several splits that one read would join (UltraChat's train_sft and train_gen) with no
-    `::split` naming one; or a `::split` the card does not list."""
-    if problem := configs_problem(path, label):
-        return problem
-    try:
-        splits = card_splits(path) if path.is_dir() else {}
-    except OSError:
-        return None
-    names = ", ".join(shown_name(name) for name in list(splits)[:8])
-    if split is not None:
-        if split in splits:
-            return None
-        listed = f"a local folder whose README.md lists {names}" if splits else "local"
-        return (
-            f"{label}: ::{shown_name(split)} picks a split of a hub dataset, and "
-            f"{shown_path(path)} is {listed}: name the files to read (a split's file or folder)"
-        )
-    # the splits a read of the folder joins, as split_files reads files named for them
-    kept, _ = split_files(path, [path / name for name in splits], is_training_field(label))
-    joined = [split.name for split in kept]
-    if len(joined) < 2:
-        return None
-    shown = ", ".join(shown_name(name) for name in joined[:8])
-    return (
-        f"{label}: {shown_path(path)} holds a hub dataset's splits {shown} (as its README.md "
-        f"lists them), whose files would all be read together; name one, e.g. "
-        f"{shown_path(path)}::{joined[0]}"
-    )

@@ -20,7 +20,6 @@ from expert_cli.config.choices import checkpoint_problem, first
 from expert_cli.config.environment import Environment
 from expert_cli.config.models import AdapterType, LoadedManifest
 from expert_cli.config.refs import (
-    card_problem,
     held_out_notes,
     is_local,
     local_path,
@@ -32,6 +31,7 @@ from expert_cli.config.refs import (
     unread_notes,
     windows_reason,
 )
+from expert_cli.config.split_names import card_problem
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, shown_path
 

@@ -43,11 +43,11 @@ def joined(messages: Any, response: Any) -> list[Any]:
 
 def with_system(messages: Any, system: Any) -> Any:
     """The conversation with `system` (text) as its first turn, where it has text and the
-    conversation has no system turn of its own (that one is kept)."""
+    conversation has no system (or developer) turn of its own (that one is kept)."""
     if not isinstance(system, str) or not system.strip() or not isinstance(messages, list):
         return messages
-    if any(isinstance(m, dict) and m.get("role") == SYSTEM for m in messages):
-        return messages
+    if any(isinstance(m, dict) and m.get("role") in (SYSTEM, "developer") for m in messages):
+        return messages  # its own (OpenAI's newer models call it the developer's)
     return [{"role": SYSTEM, "content": system}, *messages]
 
 

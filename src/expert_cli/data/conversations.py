@@ -241,6 +241,7 @@ def _calls_rendered(tokenizer: PreTrainedTokenizerFast, messages: list[Any], tex
 # the keys an answer's reasoning is given in (Qwen3's and DeepSeek's, gpt-oss', others')
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 PROBE = "expert-cli-probe-7f3a"  # a text no template writes of its own
+REASONING_BATCH = 4096  # stored conversations searched at a time
 
 
 def reasoning_in(messages: list[Any]) -> set[str]:
@@ -285,17 +286,19 @@ def reasoning_note(keys: list[str], rows: int, total: int) -> str:
 
 
 def reasoning_notes(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerFast) -> list[str]:
-    """The build's note where a training split's conversations (stored JSON text) give
-    reasoning the chat template does not write; only rows whose text names such a key are
-    parsed."""
+    """The build's note where a training split's conversations (stored JSON text; the split's
+    own rows, after the hold-out and task weights) give reasoning the chat template does not
+    write; only rows whose text names such a key are parsed."""
     keys = unwritten_reasoning(tokenizer, set(REASONING_KEYS))
     if not keys or "messages" not in ds.column_names:
         return []
-    column = ds.data.column("messages")
-    named = pc.match_substring_regex(column, "|".join(f'"{k}": "' for k in keys))
+    pattern = "|".join(f'"{k}": "' for k in keys)
     found, rows = set(), 0
-    for i in pc.indices_nonzero(pc.fill_null(named, False)).to_pylist():
-        if given := reasoning_in(conversation(column[i].as_py())) & set(keys):
-            found |= given
-            rows += 1
+    for batch in ds.select_columns(["messages"]).with_format("arrow").iter(REASONING_BATCH):
+        column = batch.column("messages")
+        named = pc.fill_null(pc.match_substring_regex(column, pattern), False)
+        for i in pc.indices_nonzero(named).to_pylist():
+            if given := reasoning_in(conversation(column[i].as_py())) & set(keys):
+                found |= given
+                rows += 1
     return [reasoning_note(sorted(found), rows, len(ds))] if rows else []

@@ -94,11 +94,12 @@ def field_spec(
 
 
 def turn_lists(row: dict[str, Any]) -> frozenset[str]:
-    """The columns of a row holding a non-empty list of objects (turns of a conversation)."""
+    """The columns of a row holding a list of objects (turns of a conversation), or an empty
+    list (a first row's prompt of no turns)."""
     return frozenset(
         k
         for k, v in row.items()
-        if isinstance(v, list) and v and all(isinstance(m, dict) for m in v)
+        if isinstance(v, list) and all(isinstance(m, dict) for m in v)  # [] too: a first row
     )
 
 
@@ -159,8 +160,16 @@ def _detect_mapping(named: dict[str, str], where: str, turns: frozenset[str]) ->
             "as `messages` to train with their history, or set training.dataset.field_mapping "
             "to the columns to read"
         )
-    # TRL's conversational prompt and completion (Nemotron's turns in `input`, answer in `output`)
-    asked = next((c for c in (*PROMPT_COLUMNS, "input") if c in turns), None)
+    # TRL's conversational prompt and completion (Nemotron's turns in `input`, answer in
+    # `output`, where no prompt column holds text beside them)
+    asked = prompt if prompt in turns else None if prompt else "input" if "input" in turns else None
+    if asked and response and "label" in cols:  # KTO: each completion marked good or bad
+        raise UserError(
+            f"{where}: a `label` column beside {named[asked]!r} and {named[response]!r} "
+            "(unpaired preference data, for KTO: each completion marked desirable or not) would "
+            "train the undesirable completions too; keep the rows labelled true, drop the "
+            "column, then train them"
+        )
     if asked and response:
         return {"messages": asked, "response": response, TOOLS: TOOLS, "system": system}
     if prompt and response:  # input and system read in every row: the first may lack them

@@ -12,18 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expert_cli.config.dataset_card import shown_name
 from expert_cli.config.dataset_card import split_files as card_split_files
 from expert_cli.config.refs import (
     FILE_FORMATS,
     compression,
     folder_data_files,
-    is_training_field,
     of_format,
-    split_files,
     suffix_format,
     windows_note,
 )
 from expert_cli.config.resolve import SourceRef
+from expert_cli.config.split_names import is_training_field, split_files
 from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec, turn_lists
 from expert_cli.data.file_text import shown_names
 from expert_cli.data.reader import Columns, column_names, read_rows
@@ -52,7 +52,7 @@ def missing_sources(refs: list[SourceRef]) -> list[str]:
 def source_files(ref: SourceRef) -> list[Path]:
     """The local files of a source (a file, or the data files of a folder, hidden ones such as
     .cache/ or .ipynb_checkpoints/ left out, and those named for another split: see
-    config.refs.split_files), sorted."""
+    config.split_names.split_files), sorted."""
     path = Path(ref.location)
     try:
         if not path.exists():
@@ -83,7 +83,7 @@ def source_files(ref: SourceRef) -> list[Path]:
         if not (named := card_split_files(path, files, ref.split)):
             raise UserError(
                 f"{ref.field}: {shown_path(path)}: no data file matches the paths its README.md "
-                f"gives split {ref.split!r}"
+                f"gives split {shown_name(ref.split)}"
             )
         return named
     training = is_training_field(ref.field)

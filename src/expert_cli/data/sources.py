@@ -214,34 +214,42 @@ def _unreadable_because(exc: BaseException) -> str:
 
 
 def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
-
     for role, column in fields.mapping.items():
         if column not in ds.column_names and role in fields.maybe:
             continue
+        named = (  # a detected optional role: the user wrote no mapping to blame
+            f"read as {role}: set training.dataset.field_mapping to leave it out"
+            if role in fields.maybe
+            else f"field_mapping.{role}"
+        )
         if column not in ds.column_names:
             raise UserError(
-                f"{where}: field '{column}' missing (field_mapping.{role}); "
+                f"{where}: field '{column}' missing ({named}); "
                 f"columns are {shown_names(ds.column_names)}"
             )
-        shape = fields.shape(role, isinstance(ds.features[column], datasets.Value))
-        _check_type(ds.features[column], shape, column, where)
+        feature = ds.features[column]
+        shape = fields.shape(role, isinstance(feature, datasets.Value))
+        if not _of_type(feature, shape):
+            either = "an answer's text, or " if shape != role else ""  # a response's turns
+            raise UserError(
+                f"{where}: field '{column}' ({named}) holds {feature}, expected "
+                f"{either}{expected_shape(shape)} in every row"
+            )
         values = ds.data.column(column)
         row = _first_not_utf8(values)
         if row is not None:
             raise UserError(
-                f"{where}: row {row + 1}: field '{column}' (field_mapping.{role}) holds bytes "
+                f"{where}: row {row + 1}: field '{column}' ({named}) holds bytes "
                 "that are not UTF-8 text; expected UTF-8 strings"
             )
         checks = {"messages": messages_problem, TOOLS: tools_problem}
         if shape in checks and (bad := checks[shape](ds, column)):
-            raise UserError(
-                f"{where}: row {bad[0] + 1}: field '{column}' (field_mapping.{role}) {bad[1]}"
-            )
+            raise UserError(f"{where}: row {bad[0] + 1}: field '{column}' ({named}) {bad[1]}")
         if role in OPTIONAL_ROLES:
             continue
         if values.null_count:
             row = pc.indices_nonzero(pc.is_null(values)).to_pylist()[0] + 1
-            raise UserError(f"{where}: row {row}: field '{column}' missing (field_mapping.{role})")
+            raise UserError(f"{where}: row {row}: field '{column}' missing ({named})")
 
 
 def _first_not_utf8(values: pa.ChunkedArray) -> int | None:
@@ -293,16 +301,6 @@ def _valid(array: pa.Array) -> bool:
     except pa.ArrowInvalid:
         return False
     return True
-
-
-def _check_type(feature: Any, role: str, column: str, where: str) -> None:
-    """A mapped column must hold text (or, for `messages`, a list of role/content objects);
-    anything else would be rendered with str() and trained on as if it were text."""
-    if not _of_type(feature, role):
-        raise UserError(
-            f"{where}: field '{column}' (field_mapping.{role}) holds {feature}, "
-            f"expected {expected_shape(role)} in every row"
-        )
 
 
 def _of_type(feature: Any, role: str) -> bool:

@@ -180,7 +180,13 @@ def check_row(row: Any, fields: FieldSpec, where: str, typed: bool = False) -> d
         value = row.get(column)
         if value is None and role not in OPTIONAL_ROLES:
             present = "" if column in row else f"; this row has {shown_names(list(row))}"
-            wanted = "a list of messages" if role == "messages" else "text"
+            wanted = (
+                "a list of messages"
+                if role == "messages"
+                else "an answer's text or turns"  # a response beside messages
+                if fields.shape(role, False) == "messages"
+                else "text"
+            )
             how = f"is empty (null), where {wanted} is expected" if column in row else "missing"
             raise UserError(
                 f"{where}: field {shown_name(column)} {how} (field_mapping.{role}){present}"
