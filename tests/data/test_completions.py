@@ -211,3 +211,23 @@ def test_detection_reads_what_the_rows_hold() -> None:
     developer = [{"role": "developer", "content": "Be brief."}, ASK]
     assert with_system(developer, THINK) == developer
     assert with_system([ASK], THINK) == [{"role": "system", "content": THINK}, ASK]
+
+
+def test_limas_list_of_texts_is_a_conversation(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """LIMA's `conversations` are a list of texts (question, answer, question, answer): exit
+    2 ("item 0 is a string"); now a user's and the assistant's turns in turn, in a file and a
+    saved dataset alike."""
+    rows = [{"conversations": ["Count them.", "42", "And now?", "43"], "source": "lima"}] * 2
+    manifest = _expert(tmp_path, tiny_model_dir, rows)
+    assert check_manifest(manifest).problems == []
+    whole, trained = _built(manifest, tiny_model_dir)
+    assert trained.count("42") == 2 and trained.count("43") == 2 and "Count" not in trained
+    assert whole.count("Count them.") == 2
+    datasets.Dataset.from_list(rows).save_to_disk(str(manifest.parent / "data" / "saved"))
+    _point_at(manifest, "data/saved")
+    assert check_manifest(manifest).problems == []
+    assert _built(manifest, tiny_model_dir)[1] == trained
+    write_jsonl(manifest.parent / "data" / "train.jsonl", [{"conversations": ["q", 7]}])
+    _point_at(manifest, "data/train.jsonl")
+    (problem,) = check_manifest(manifest).problems
+    assert problem.endswith("item 0 is a string, expected an object with role and content")

@@ -51,15 +51,27 @@ TURN_FORMS = ({"role", "content"}, {"from", "value"}, CAPYBARA)
 def standard_turns(messages: Any) -> Any:
     """A conversation whose turns are ShareGPT's (`from` and `value`, no `role` or `content`)
     or Capybara's (`input` and `output`: a question and its answer in one item) as
-    role/content messages, their other keys kept; any other value as it is."""
+    role/content messages, their other keys kept; LIMA's list of texts as a user's and the
+    assistant's turns in turn; any other value as it is."""
     if not isinstance(messages, list):
         return messages
+    if _texts(messages):
+        return [
+            {"role": ("user", "assistant")[i % 2], "content": t} for i, t in enumerate(messages)
+        ]
     return [turn for m in messages for turn in _turns(m)]
+
+
+def _texts(messages: list[Any]) -> bool:
+    """Whether a conversation is a list of texts (LIMA's: question, answer, question, ...)."""
+    return bool(messages) and all(isinstance(m, str) for m in messages)
 
 
 def form_note(given: Any) -> str:
     """Words after a problem found in `standard_turns(given)`, where it changed the turns: the
     item numbers and keys a problem names are those of the turns read, not the file's."""
+    if isinstance(given, list) and _texts(given):
+        return " (read as messages: a list of texts as a user's and the assistant's turns in turn)"
     if not isinstance(given, list) or not any(_turns(m) != [m] for m in given):
         return ""
     shared = any(isinstance(m, dict) and m.get("from") is not None for m in given)

@@ -321,9 +321,10 @@ def _of_type(feature: Any, role: str) -> bool:
     elif role == "messages":
         inner = getattr(feature, "feature", None)
         keys = set(inner) if isinstance(inner, dict) else set()  # Json: keys that differ
+        texts = isinstance(inner, datasets.Value) and inner.dtype in ("string", "large_string")
         ok = isinstance(feature, (datasets.List, datasets.LargeList)) and (
-            any(keys >= form for form in TURN_FORMS) or isinstance(inner, datasets.Json)
-        )
+            any(keys >= form for form in TURN_FORMS) or isinstance(inner, datasets.Json) or texts
+        )  # LIMA's texts: a user's and the assistant's turns in turn
     else:
         ok = isinstance(feature, datasets.Value) and (
             feature.dtype in ("string", "large_string")
