@@ -263,6 +263,7 @@ class DataCheck:
                 scan = scan_local(src, self.fields, self.mapping)
                 self.fields = scan.fields
                 self.rows[src.location] = self._count(src, scan)
+                self.fields = scan.fields  # as its rows found it (a later row's tools)
             if train and self.whole[True]:
                 self.train_drops[-1] = (self.rows[src.location], self._drops)
             self.kept[-1] = (train, self._kept)

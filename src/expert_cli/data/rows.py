@@ -8,7 +8,7 @@ read through `reader.read_rows`, so they agree on every file.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from expert_cli.config.refs import (
 )
 from expert_cli.config.resolve import SourceRef
 from expert_cli.config.split_names import is_training_field, split_files
-from expert_cli.data.fields import OPTIONAL_ROLES, FieldSpec, field_spec, turn_lists
+from expert_cli.data.fields import OPTIONAL_ROLES, TOOLS, FieldSpec, field_spec, turn_lists
 from expert_cli.data.file_text import shown_names
 from expert_cli.data.reader import Columns, column_names, read_rows
 from expert_cli.data.values import check_row, kind_of
@@ -175,7 +175,12 @@ def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str]
     # a given input/system column no row holds (a misspelt name): its text was left out
     unseen = {r: c for r, c in fields.mapping.items() if r in OPTIONAL_ROLES - fields.maybe}
 
+    # a `tools` column a later row holds that the mapping leaves unread (OpenAI's files leave
+    # the key out of rows without tools): said as one in the first row is (unread_words)
+    watch = TOOLS not in fields.mapping and TOOLS not in fields.unread
+
     def checked() -> Iterator[dict[str, Any]]:
+        nonlocal watch
         yield check_row(row, scan.fields, where, typed)
         _strike(unseen, row)
         for at, value in rows:
@@ -183,6 +188,8 @@ def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str]
             yield check_row(value, scan.fields, at, typed)
             if unseen:
                 _strike(unseen, value)
+            if watch and isinstance(value, dict) and value.get(TOOLS):
+                scan.fields, watch = replace(scan.fields, unread=frozenset({TOOLS})), False
         if unseen:
             role, column = sorted(unseen.items())[0]
             raise UserError(
