@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+import datasets
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import Environment
 from expert_cli.config.resolve import SourceRef, resolve
 from expert_cli.data.rows import scan_local
+from expert_cli.data.sources import write_arrow
 from expert_cli.errors import UserError
 
 ENV = Environment(cpu_count=2)
@@ -172,9 +174,20 @@ def _manifest_case(tmp_path: Path, edits: list[tuple[tuple, object]], deletes: l
 manifest_edits = st.lists(st.tuples(st.sampled_from(PATHS), values), min_size=1, max_size=4)
 manifest_deletes = st.lists(st.sampled_from(PATHS), max_size=2)
 
+# a conversation's turns, near enough to right that the checks past the first one run
+turn_keys = ["role", "content", "from", "value", "weight", "tool_calls", "reasoning_content"]
+turn_values = st.one_of(st.sampled_from(["user", "assistant", "system", "tool", 0, 1]), values)
+turns = st.lists(
+    st.one_of(st.dictionaries(st.sampled_from(turn_keys), turn_values, max_size=4), st.text()),
+    max_size=4,
+)
+# the columns detection reads: conversations, TRL's prompt and completion, a system prompt
+# beside them, tools, Nemotron's input and output, KTO's label
+columns = ["text", "messages", "other", MARKER, "prompt", "completion", "system", "tools"]
+columns += ["conversations", "input", "output", "label", "system_prompt"]
 json_rows = st.lists(
     st.one_of(
-        st.dictionaries(st.sampled_from(["text", "messages", "other", MARKER]), values, max_size=3),
+        st.dictionaries(st.sampled_from(columns), st.one_of(values, turns), max_size=4),
         values,
     ),
     max_size=6,
@@ -201,10 +214,10 @@ def _data_case(tmp_path: Path, rows: list, layout: str, noise: bytes, fmt: str) 
     path = tmp_path / f"train{suffix}"
     path.write_bytes(_data_bytes(rows, layout, noise))
     ref = SourceRef(kind="local", location=str(path), format=fmt)
-    try:
+    try:  # read and written as the build writes a source (conversations joined, as text)
         scan = scan_local(ref, None, {"text": "text"} if layout == "csv" else None)
-        for row in scan.rows:
-            assert isinstance(row, dict)
+        count = write_arrow(scan, tmp_path / "out.arrow")
+        assert count == len(datasets.Dataset.from_file(str(tmp_path / "out.arrow")))
     except UserError as exc:
         _check_lines([line.replace(str(path), "train.jsonl") for line in exc.lines])
 
