@@ -326,7 +326,7 @@ def test_a_detected_column_of_the_wrong_type_says_how_to_leave_it_out(
     ("mapping", "said"),
     [
         ({"text": "text", "response": "answer"}, "`text` holds the whole example, so `response`"),
-        ({"messages": "messages", "input": "sys"}, "conversation (its system turn too), so"),
+        ({"messages": "messages", "input": "sys"}, "holds the whole conversation, so `input`"),
     ],
 )
 def test_roles_that_would_not_be_used_are_refused(mapping: dict, said: str) -> None:

@@ -82,12 +82,13 @@ def field_spec(
     read = {kind, TOOLS} | ({"response", "system"} if kind == "messages" else set())
     unused = sorted(set(mapping) - read) if kind in ("text", "messages") else []
     if unused:  # a required role was required in every row, then never read
-        whole = "example" if kind == "text" else "conversation (its system turn too)"
+        whole = "example" if kind == "text" else "conversation"
         raise UserError(
             f"training.dataset.field_mapping: `{kind}` holds the whole {whole}, so "
             f"{', '.join(f'`{r}`' for r in unused)} would not be used; remove "
             + ("it" if len(unused) == 1 else "them")
             + (", or map `instruction` + `response` without `text`" if kind == "text" else "")
+            + ("; beside it `response`, `system` and `tools` are read" if kind != "text" else "")
         )
     unread = frozenset({TOOLS} & set(columns)) - set(mapping)
     return FieldSpec(kind=kind, mapping=dict(mapping), maybe=maybe, unread=unread)
