@@ -387,7 +387,7 @@ def test_check_renders_each_shape_of_conversation_once(
     from expert_cli.config import load_manifest
     from expert_cli.config.environment import cpu_environment
     from expert_cli.config.resolve import resolve
-    from expert_cli.data.row_checks import template_verdict
+    from expert_cli.data.template_checks import template_verdict
 
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template = ALTERNATING

@@ -20,7 +20,7 @@ from expert_cli.data.formatting import (
     check_chat_template,
 )
 from expert_cli.data.spans import assistant_spans
-from expert_cli.data.stats_words import masking_words
+from expert_cli.data.stats_words import LAST_TURNS_WHY, masking_words
 from expert_cli.data.turns import (
     MAX_ASKED,
     TurnLayout,
@@ -377,3 +377,38 @@ def test_an_empty_conversation_is_named_as_one(tiny_tokenizer) -> None:
     assert render_conversation(tok, "[]") == ("", "an empty conversation (no messages)")
     (row,) = _trained(tok, [[]])
     assert (row["style"], row["refused"]) == ("refused", "an empty conversation (no messages)")
+
+
+def test_check_says_which_conversations_keep_earlier_answers_as_context(
+    tmp_path, tiny_tokenizer
+) -> None:
+    """Only the build said that Qwen3's template leaves reasoned earlier answers as context;
+    check said nothing of it (the helper's audit under Qwen3's own template)."""
+    from expert_cli.data.checks import check_manifest
+
+    folder = tmp_path / "qwen3-tokenizer"
+    tok = _tok(tiny_tokenizer, QWEN3)
+    tok.eos_token = "<|im_end|>"
+    tok.save_pretrained(folder)
+    reasoned = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "one", "reasoning_content": "think one"},
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "two", "reasoning_content": "think two"},
+    ]
+    rows = [{"messages": reasoned}] * 3 + [{"messages": reasoned[:2]}] * 2
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = {
+        "name": "e",
+        "schema_version": "2.0",
+        "base_models": [{"name": str(folder), "init": "random"}],
+        "training": {
+            "dataset": {"path": "train.jsonl", "eval_fraction": 0.0},
+            "config": {"evaluation_strategy": "no", "max_seq_length": 128},
+        },
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    report = check_manifest(tmp_path / "manifest.json")
+    (note,) = [n for n in report.notes if "left as context" in n]
+    said = "3 of 5 training conversations have earlier answers left as context"
+    assert note == f"{said}: {LAST_TURNS_WHY}"

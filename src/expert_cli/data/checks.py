@@ -33,13 +33,9 @@ from expert_cli.data.formatting import (
 )
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.model_files import base_file_problems
-from expert_cli.data.row_checks import (
-    DataCheck,
-    TextMarks,
-    blank_conversation,
-    template_verdict,
-)
+from expert_cli.data.row_checks import DataCheck, TextMarks
 from expert_cli.data.splits import NO_EVAL_ROWS, holds_nothing_out
+from expert_cli.data.template_checks import blank_conversation, template_verdict
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer, read_config
 from expert_cli.data.turns import template_notes, turn_layout
 from expert_cli.errors import UserError
@@ -100,11 +96,12 @@ def check_manifest(
     report.hub = [s.to_dict() for s in statuses]
     report.downloads = [line for s in statuses if (line := _download_line(s))]
     tokenizer, tokenizer_problems = _local_tokenizer(resolved)
+    verdict = template_verdict(resolved, tokenizer)
     data = DataCheck(
         resolved.field_mapping,
         quick,
         progress,
-        template_verdict(resolved, tokenizer),
+        verdict,
         TextMarks(resolved.response_template, tokenizer.eos_token if tokenizer else None),
         blank_conversation(resolved, tokenizer),
     )
@@ -128,6 +125,7 @@ def check_manifest(
     if data.fields is not None and data.fields.kind == "messages" and tokenizer is not None:
         report.notes = [*report.notes, *template_notes(turn_layout(tokenizer))]
         report.notes += _reasoning_notes(data, tokenizer)
+        report.notes += verdict.notes(data.train[0]) if verdict is not None else []
     if data.fields is not None and data.fields.kind == "instruction" and resolved.response_template:
         report.notes = [*report.notes, TEMPLATE_UNREAD]
     blank_problems, blank_notes = data.blank_lines(resolved)

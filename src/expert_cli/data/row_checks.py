@@ -20,18 +20,11 @@ from expert_cli.data.build import (
 )
 from expert_cli.data.conversations import (
     EMPTY,
-    conversation,
-    conversation_shape,
-    conversation_text,
-    has_text,
     reasoning_in,
-    render_conversation,
-    without_fill_ins,
 )
 from expert_cli.data.dataset_rows import dataset_scan
-from expert_cli.data.fields import TOOLS, FieldSpec
+from expert_cli.data.fields import FieldSpec
 from expert_cli.data.format_check import KEEP_CHARS, KEEP_ROWS, row_chars
-from expert_cli.data.formatting import check_chat_template, unanswered
 from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.hub_snapshot import snapshot_lines
 from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
@@ -39,107 +32,17 @@ from expert_cli.data.sources import checked_columns, load_hub, load_saved
 from expert_cli.data.spans import assistant_spans, has_content
 from expert_cli.data.splits import held_rows
 from expert_cli.data.stats_words import NO_COMPLETION, drop_reasons
-from expert_cli.data.tools import parsed_tools, tools_shape, with_tools
-from expert_cli.data.turns import conversation_spans, turn_layout, weighed_out
+from expert_cli.data.template_checks import TemplateVerdict
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
+    pass
 
 PROGRESS_ROWS = 10_000
 
 
-MAX_SHAPES = 4096  # conversation shapes whose template verdict is remembered
 TRAINED_ROLE = {"text": "text", "instruction": "response"}  # what an example trains on
 NO_MARKER = "no response_template"
-
-
-def template_verdict(
-    cfg: ResolvedConfig, tokenizer: PreTrainedTokenizerFast | None
-) -> Callable[[dict[str, Any]], str | None] | None:
-    """Why the chat template refuses one conversation (None when it renders it), where the
-    template itself works; the build drops what it refuses.
-
-    Templates refuse by a conversation's shape (roles that do not alternate, a system turn
-    where none may be, a role or key they do not know, more tool calls than one), so each
-    shape (`conversations.conversation_shape`) is rendered once: `check` stays about as fast
-    as reading the rows (a render costs 30-60 us, a million rows were a minute more). A
-    template that refuses by a message's text is found by the build, which counts every row
-    it drops."""
-    if tokenizer is None:
-        return None
-    try:
-        check_chat_template(tokenizer, cfg.response_template)
-    except UserError:  # said by _format_problems
-        return None
-    seen: dict[tuple[Any, ...], str | None] = {}
-    layout = turn_layout(tokenizer)
-
-    def verdict(row: dict[str, Any]) -> str | None:
-        # as the template will see it, whether an answer is left out ("weight": 0), its tools
-        messages, tools = row["messages"], parsed_tools(row.get(TOOLS))[0]
-        weighed = any(map(weighed_out, messages))
-        shape = conversation_shape(without_fill_ins(messages)), weighed, tools_shape(tools)
-        if shape in seen:
-            return seen[shape]
-        stored = conversation(conversation_text(messages))  # as the build keeps it
-        tok = with_tools(tokenizer, tools)
-        text, why = render_conversation(tok, stored)
-        if why is None:  # rendered: with an answer to train? (the build drops it if not)
-            found = conversation_spans(tok, stored, text, cfg.response_template, layout)
-            style = found[1]
-            why = unanswered(style, messages)
-            if style == "missing":
-                why = "no response_template in the rendered text"
-        if len(seen) < MAX_SHAPES:
-            seen[shape] = why
-        return why
-
-    return verdict
-
-
-def blank_conversation(
-    cfg: ResolvedConfig, tokenizer: PreTrainedTokenizerFast | None
-) -> Callable[[dict[str, Any]], bool] | None:
-    """Whether a conversation has nothing to train on, as the build finds it (its rendered
-    assistant turns hold only whitespace and end-of-turn markers); None where the template
-    does not work. Only a conversation with no assistant turn whose content holds text is
-    rendered (its reasoning or tool calls may be all it trains): the others have something
-    to train on, and check stays about as fast as reading the rows."""
-    if tokenizer is None:
-        return None
-    try:
-        check_chat_template(tokenizer, cfg.response_template)
-    except UserError:  # said by _format_problems
-        return None
-
-    layout = turn_layout(tokenizer)
-
-    def blank(row: dict[str, Any]) -> bool:
-        messages = row["messages"]
-        if not isinstance(messages, list) or any(map(_says_something, without_fill_ins(messages))):
-            return False
-        stored = conversation(conversation_text(messages))
-        tok = with_tools(tokenizer, parsed_tools(row.get(TOOLS))[0])
-        text, why = render_conversation(tok, stored)
-        if why is not None:
-            return False  # refused: counted as such
-        spans, style = conversation_spans(tok, stored, text, cfg.response_template, layout)
-        if not spans and style == "turns":  # every answer of "weight": 0, as the build finds it
-            return True
-        return style != "missing" and not has_content(text, spans, tokenizer.eos_token, layout.ends)
-
-    return blank
-
-
-def _says_something(message: Any) -> bool:
-    """Whether a message is an assistant turn with text in its content."""
-    return (
-        isinstance(message, dict)
-        and message.get("role") == "assistant"
-        and has_text(message.get("content"))
-        and not weighed_out(message)
-    )
 
 
 # --------------------------------------------------------------------------- data
@@ -171,7 +74,7 @@ class DataCheck:
         mapping: dict[str, str] | None,
         quick: int | None,
         progress: BuildProgress | None,
-        verdict: Callable[[dict[str, Any]], str | None] | None = None,
+        verdict: TemplateVerdict | None = None,
         text_marks: TextMarks | None = None,
         blank_turns: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
@@ -351,12 +254,10 @@ class DataCheck:
                 )
         return problems, notes
 
-    def _render(
-        self, verdict: Callable[[dict[str, Any]], str | None], row: dict[str, Any], at: str
-    ) -> str | None:
+    def _render(self, verdict: TemplateVerdict, row: dict[str, Any], at: str) -> str | None:
         self.rendered += 1
         self.train[0] += self._train
-        why = verdict(row)
+        why = verdict(row, self._train)
         if why is not None:
             self.refused += 1
             self.train[1] += self._train
