@@ -1086,3 +1086,24 @@ def test_a_cards_splits_decide_which_files_are_held_out(tmp_path, write_jsonl) -
         _card(folder, f"  - split: {odd}\n    path: part_a/*\n  - split: x\n    path: part_b/*\n")
         said = error_of(tmp_path, {"path": "d"})
         assert said.startswith(f"training.dataset.path: {folder} holds a hub dataset's splits")
+
+
+def test_each_task_is_detected_from_its_own_columns(tmp_path, write_jsonl) -> None:
+    """A multi_task expert's tasks detected from the first task's columns: a second task of
+    question/answer was "field 'instruction' missing (field_mapping.instruction)", where no
+    mapping was given; tasks of two layouts were the same line. Now each source is detected
+    from its own columns, and two layouts are one line naming both."""
+    write_jsonl(tmp_path / "a.jsonl", [{"instruction": f"i{n}", "output": "o"} for n in range(4)])
+    write_jsonl(tmp_path / "b.jsonl", [{"question": f"q{n}", "answer": "a"} for n in range(4)])
+    tasks = {"a": {"train": "a.jsonl"}, "b": {"train": "b.jsonl"}}
+    loaded = load(tmp_path, {"type": "multi_task", "tasks": tasks, "eval_fraction": 0.25})
+    read = loaded.train.to_list() + loaded.eval.to_list()
+    assert sorted(r["instruction"] for r in read) == [f"{c}{n}" for c in "iq" for n in range(4)]
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    write_jsonl(tmp_path / "b.jsonl", [{"messages": chat}] * 4)
+    said = error_of(tmp_path, {"type": "multi_task", "tasks": tasks})
+    assert said == (
+        f"{tmp_path / 'b.jsonl'}:1: its columns read as conversations ('messages'), and an "
+        "earlier source's as instruction data ('instruction', 'output'); one run trains one "
+        "layout: write every source (each task's file) in one layout"
+    )

@@ -94,6 +94,31 @@ def field_spec(
     return FieldSpec(kind=kind, mapping=dict(mapping), maybe=maybe, unread=unread)
 
 
+def source_fields(
+    earlier: FieldSpec | None, columns: list[str], where: str, turns: frozenset[str]
+) -> FieldSpec:
+    """A source's mapping where the manifest gives none: detected from its own columns (a
+    multi_task expert's tasks may name their columns apart: instruction/output beside
+    question/answer), of the one kind every source of a run must have (`earlier`: the first
+    source's)."""
+    own = field_spec(None, columns, where, turns)
+    if earlier is not None and own.kind != earlier.kind:
+        raise UserError(
+            f"{where}: its columns read as {KIND_WORDS[own.kind]} ({_held(own)}), and an "
+            f"earlier source's as {KIND_WORDS[earlier.kind]} ({_held(earlier)}); one run "
+            "trains one layout: write every source (each task's file) in one layout"
+        )
+    return own
+
+
+KIND_WORDS = {"text": "text", "messages": "conversations", "instruction": "instruction data"}
+
+
+def _held(fields: FieldSpec) -> str:
+    """The columns a mapping requires, as an error may show them."""
+    return shown_names([fields.mapping[role] for role in fields.required])
+
+
 def turn_lists(row: dict[str, Any]) -> frozenset[str]:
     """The columns of a row holding a list of objects (turns of a conversation), or an empty
     list (a first row's prompt of no turns)."""

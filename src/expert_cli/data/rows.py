@@ -24,7 +24,14 @@ from expert_cli.config.refs import (
 )
 from expert_cli.config.resolve import SourceRef
 from expert_cli.config.split_names import is_training_field, split_files
-from expert_cli.data.fields import OPTIONAL_ROLES, TOOLS, FieldSpec, field_spec, turn_lists
+from expert_cli.data.fields import (
+    OPTIONAL_ROLES,
+    TOOLS,
+    FieldSpec,
+    field_spec,
+    source_fields,
+    turn_lists,
+)
 from expert_cli.data.file_text import shown_names
 from expert_cli.data.reader import Columns, column_names, read_rows
 from expert_cli.data.values import check_row, kind_of
@@ -152,9 +159,13 @@ def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str]
     first row when the manifest has none), streamed."""
     files = source_files(ref)
     fmt = file_format(ref, files)
+    earlier = fields
     schema = column_names(files[0], fmt)  # a Parquet or Arrow file's columns, turns
-    if fields is None and mapping is None and schema:  # from the schema, as from a first row
-        fields = field_spec(None, schema[0], f"{files[0]}: row 1", schema[1])
+    detect = mapping is None  # from this source's own columns (source_fields)
+    if detect and schema:  # from the schema, as from a first row
+        fields = source_fields(fields, schema[0], f"{files[0]}: row 1", schema[1])
+    elif detect:
+        fields = None  # from the first row, each source its own
     rows = _file_rows(files, fmt, _columns(fields, mapping))
     first = next(rows, None)
     if first is None:
@@ -169,7 +180,10 @@ def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str]
         if not isinstance(row, dict):
             raise UserError(f"{where}: expected an object with named fields, found {kind_of(row)}")
         columns = schema[0] if schema else list(row)  # a mapped file reads its own alone
-        fields = field_spec(mapping, columns, where, turn_lists(row))
+        if detect:
+            fields = source_fields(earlier, columns, where, turn_lists(row))
+        else:
+            fields = field_spec(mapping, columns, where, turn_lists(row))
     scan = Scan(fields, iter(()), where)
     typed = fmt in ("parquet", "arrow")  # rows of Arrow structs, filled in with nulls
     # a given input/system column no row holds (a misspelt name): its text was left out

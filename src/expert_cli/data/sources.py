@@ -27,7 +27,14 @@ from expert_cli.atomic import atomic_file
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
 from expert_cli.data.conversations import TURN_FORMS, conversation_text
 from expert_cli.data.dataset_rows import as_text
-from expert_cli.data.fields import OPTIONAL_ROLES, TOOLS, FieldSpec, field_spec, unread_words
+from expert_cli.data.fields import (
+    OPTIONAL_ROLES,
+    TOOLS,
+    FieldSpec,
+    field_spec,
+    source_fields,
+    unread_words,
+)
 from expert_cli.data.file_text import shown_names
 from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.hub_snapshot import snapshot_lines
@@ -151,9 +158,11 @@ def checked_columns(
 ) -> tuple[datasets.Dataset, FieldSpec]:
     """A hub or saved dataset's mapped columns, checked (present, of the role's type, no
     missing value, UTF-8 text) and renamed to their roles."""
-    if fields is None:  # detected where none is given: columns of turns (structs or JSON)
+    if mapping is None:  # detected from its own columns: those of turns (structs or JSON)
         turns = [name for name, f in ds.features.items() if _of_type(f, "messages")]
-        fields = field_spec(mapping, ds.column_names, where, frozenset(turns))
+        fields = source_fields(fields, ds.column_names, where, frozenset(turns))
+    elif fields is None:
+        fields = field_spec(mapping, ds.column_names, where)
     _check_columns(ds, fields, where)
     keep = {col: role for role, col in fields.mapping.items() if col in ds.column_names}
     ds = ds.select_columns(list(keep)).rename_columns({c: r for c, r in keep.items() if c != r})
