@@ -1107,3 +1107,18 @@ def test_each_task_is_detected_from_its_own_columns(tmp_path, write_jsonl) -> No
         "earlier source's as instruction data ('instruction', 'output'); one run trains one "
         "layout: write every source (each task's file) in one layout"
     )
+
+
+def test_check_names_each_sources_columns_where_they_differ(tmp_path, write_jsonl) -> None:
+    from expert_cli.data.checks import check_manifest
+
+    write_jsonl(tmp_path / "a.jsonl", [{"instruction": "i", "output": "o"}] * 4)
+    write_jsonl(tmp_path / "b.jsonl", [{"question": "q", "answer": "a"}] * 4)
+    tasks = {"a": {"train": "a.jsonl"}, "b": {"train": "b.jsonl"}}
+    resolved_for(tmp_path, {"type": "multi_task", "tasks": tasks})  # writes the manifest
+    notes = [n for n in check_manifest(tmp_path / "manifest.json").notes if "read as" in n]
+    assert [n.split(": training.dataset.field_mapping")[0] for n in notes] == [
+        str(tmp_path / "a.jsonl"),
+        str(tmp_path / "b.jsonl"),
+    ]
+    assert '{"instruction": "question", "response": "answer"}' in notes[1]

@@ -112,7 +112,11 @@ def check_manifest(
     cache = cache_root_problem(Path(resolved.pretokenized_cache), resolved.expert)
     report.notes = [*report.notes, *data.notes]
     if resolved.field_mapping is None and data.fields is not None:  # what detection chose
-        report.notes = [*report.notes, detected_words(data.fields)]
+        found = {repr(f.mapping): (at, f) for at, f in data.detected.items() if f}
+        report.notes += [  # each source's columns, where the sources name them apart
+            f"{shown_path(at)}: {detected_words(f)}" if len(found) > 1 else detected_words(f)
+            for at, f in found.values()
+        ]
     if data.fields is not None and (note := unread_words(data.fields)):
         report.notes = [*report.notes, note]
     report.problems = [

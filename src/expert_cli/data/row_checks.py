@@ -83,6 +83,7 @@ class DataCheck:
         self.progress = progress or NoProgress()
         self.verdict, self.blank_turns = verdict, blank_turns
         self.fields: FieldSpec | None = None
+        self.detected: dict[str, FieldSpec | None] = {}  # by source, as it was read
         self.problems: list[str] = []
         self.notes: list[str] = []  # a hub snapshot's (hub_snapshot.snapshot_lines)
         self.rows: dict[str, int] = {}
@@ -160,13 +161,14 @@ class DataCheck:
                 with quiet_datasets():
                     ds = load_hub(src) if src.kind == "hub" else load_saved(src.location)
                     ds, self.fields = checked_columns(ds, src.location, self.fields, self.mapping)
+                    self.detected[src.location] = self.fields
                     scan = dataset_scan(ds, self.fields, src.location)
                     self.rows[src.location] = self._count(src, scan)
             else:
                 scan = scan_local(src, self.fields, self.mapping)
-                self.fields = scan.fields
+                self.fields = self.detected[src.location] = scan.fields
                 self.rows[src.location] = self._count(src, scan)
-                self.fields = scan.fields  # as its rows found it (a later row's tools)
+                self.fields = self.detected[src.location] = scan.fields  # a later row's tools
             if train and self.whole[True]:
                 self.train_drops[-1] = (self.rows[src.location], self._drops)
             self.kept[-1] = (train, self._kept)
