@@ -231,3 +231,38 @@ def test_limas_list_of_texts_is_a_conversation(tmp_path: Path, tiny_model_dir: P
     _point_at(manifest, "data/train.jsonl")
     (problem,) = check_manifest(manifest).problems
     assert problem.endswith("item 0 is a string, expected an object with role and content")
+
+
+def test_texts_are_a_conversation_only_where_a_conversation_is_read(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """After LIMA's lists of texts were read as turns, a completion of texts trained as
+    user/assistant/user turns, and a saved dataset's prompt of texts was detected as turns
+    where a file's was not; a null among LIMA's texts blamed the first text."""
+    bad = {"prompt": [{"role": "user", "content": "q"}], "completion": ["answer", "more"]}
+    manifest = _expert(tmp_path, tiny_model_dir, [bad])
+    (problem,) = check_manifest(manifest).problems
+    assert problem.endswith(
+        "train.jsonl:1: field 'completion' (field_mapping.response) item 0 is a string, "
+        "expected an object with role and content"
+    )
+    datasets.Dataset.from_list([bad] * 2).save_to_disk(str(manifest.parent / "data" / "s1"))
+    _point_at(manifest, "data/s1")
+    (problem,) = check_manifest(manifest).problems
+    assert "field 'completion'" in problem and "List(Value('string'))" in problem
+    texts = [{"prompt": ["question"], "completion": "answer"}] * 2
+    datasets.Dataset.from_list(texts).save_to_disk(str(manifest.parent / "data" / "s2"))
+    _point_at(manifest, "data/s2")
+    (problem,) = check_manifest(manifest).problems
+    assert "field 'prompt' (field_mapping.instruction) holds List(Value('string'))" in problem
+    lima = [{"conversations": ["q", None]}] * 2
+    write_jsonl(manifest.parent / "data" / "train.jsonl", lima)
+    _point_at(manifest, "data/train.jsonl")
+    (problem,) = check_manifest(manifest).problems
+    assert "item 1: content is missing (null), expected a string (read as messages: a list" in (
+        problem
+    )
+    datasets.Dataset.from_list(lima).save_to_disk(str(manifest.parent / "data" / "s3"))
+    _point_at(manifest, "data/s3")
+    (problem,) = check_manifest(manifest).problems
+    assert "row 1: field 'conversations'" in problem and "item 1: content is missing" in problem

@@ -361,3 +361,27 @@ def test_tools_beside_instruction_data_are_noted_unread() -> None:
         "`messages` (a call as an assistant turn's `tool_calls`) with `tools` beside it"
     )
     assert unread_words(field_spec(mapping, ["query", "answers"], "f")) is None
+
+
+def test_tools_left_unread_in_any_source_are_noted(tmp_path: Path) -> None:
+    """The note came from the last source alone: a multi_task expert whose first task held
+    xlam's tools and whose second did not said nothing (the other order did)."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.data.sources import load_sources
+
+    write_jsonl(tmp_path / "a.jsonl", [{"question": "q", "answer": "a", "tools": "[]"}] * 4)
+    write_jsonl(tmp_path / "b.jsonl", [{"question": "q", "answer": "a"}] * 4)
+    for order in (("a", "b"), ("b", "a")):
+        tasks = {name: {"train": f"{name}.jsonl"} for name in order}
+        manifest = {
+            "name": "t",
+            "schema_version": "1.0",
+            "base_model": {"name": "model"},
+            "training": {"dataset": {"type": "multi_task", "tasks": tasks}},
+        }
+        (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+        resolved = resolve(load_manifest(tmp_path / "manifest.json"), cpu_environment())
+        notes = load_sources(resolved, tmp_path / f".ds-{order[0]}").notes
+        assert sum("`tools` column (tool definitions) is not read" in n for n in notes) == 1

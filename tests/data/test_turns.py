@@ -410,5 +410,15 @@ def test_check_says_which_conversations_keep_earlier_answers_as_context(
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     report = check_manifest(tmp_path / "manifest.json")
     (note,) = [n for n in report.notes if "left as context" in n]
-    said = "3 of 5 training conversations have earlier answers left as context"
+    said = "3 of the 5 training sources' conversations have earlier answers left as context"
     assert note == f"{said}: {LAST_TURNS_WHY}"
+    # reasoning written into an earlier answer's text (which the template cuts) is part of
+    # the shape: the count was of the first row's verdict, whichever came first
+    plain = [reasoned[0], {"role": "assistant", "content": "one"}, *reasoned[2:3], TALK[4]]
+    inline = [reasoned[0], {"role": "assistant", "content": "<think>x</think>one"}, *plain[2:]]
+    for rows in ([plain] + [inline] * 3, [inline] * 3 + [plain]):
+        lines = [json.dumps({"messages": m}) + "\n" for m in rows]
+        (tmp_path / "train.jsonl").write_text("".join(lines))
+        report = check_manifest(tmp_path / "manifest.json")
+        (note,) = [n for n in report.notes if "left as context" in n]
+        assert note.startswith("3 of the 4 training sources' conversations"), note

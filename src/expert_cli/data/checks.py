@@ -112,13 +112,16 @@ def check_manifest(
     cache = cache_root_problem(Path(resolved.pretokenized_cache), resolved.expert)
     report.notes = [*report.notes, *data.notes]
     if resolved.field_mapping is None and data.fields is not None:  # what detection chose
-        found = {repr(f.mapping): (at, f) for at, f in data.detected.items() if f}
+        found: dict[str, list[str]] = {}  # sources by the columns detected in them
+        for at, f in data.detected.items():
+            if f is not None:
+                found.setdefault(detected_words(f), []).append(shown_path(at))
         report.notes += [  # each source's columns, where the sources name them apart
-            f"{shown_path(at)}: {detected_words(f)}" if len(found) > 1 else detected_words(f)
-            for at, f in found.values()
+            f"{', '.join(at[:3])}{' ...' * (len(at) > 3)}: {w}" if len(found) > 1 else w
+            for w, at in found.items()
         ]
-    if data.fields is not None and (note := unread_words(data.fields)):
-        report.notes = [*report.notes, note]
+    unread = [unread_words(f) for f in data.detected.values() if f is not None]
+    report.notes += [note for note in dict.fromkeys(unread) if note]  # of any source
     report.problems = [
         *_check_model(resolved, tokenizer_problems),
         *missing_problems(statuses),
@@ -129,7 +132,7 @@ def check_manifest(
     if data.fields is not None and data.fields.kind == "messages" and tokenizer is not None:
         report.notes = [*report.notes, *template_notes(turn_layout(tokenizer))]
         report.notes += _reasoning_notes(data, tokenizer)
-        report.notes += verdict.notes(data.train[0]) if verdict is not None else []
+        report.notes += verdict.notes(data.train[0], bool(quick)) if verdict is not None else []
     if data.fields is not None and data.fields.kind == "instruction" and resolved.response_template:
         report.notes = [*report.notes, TEMPLATE_UNREAD]
     blank_problems, blank_notes = data.blank_lines(resolved)

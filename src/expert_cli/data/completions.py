@@ -25,10 +25,12 @@ JOINED = (RESPONSE, SYSTEM)  # the roles beside `messages` joined into it
 
 def answers_turns(value: Any) -> Any:
     """The turns of a `response` beside `messages`: its text as one assistant turn, a list of
-    turns as `messages` are read (ShareGPT's and Capybara's forms too); anything else as it
-    is, for the row's check to refuse."""
+    turns as `messages` are read (ShareGPT's and Capybara's forms too); anything else (a list
+    of texts too) as it is, for the row's check to refuse."""
     if isinstance(value, str):
         return [{"role": "assistant", "content": value}]
+    if isinstance(value, list) and all(isinstance(m, str) or m is None for m in value):
+        return value  # texts, not turns (LIMA's are a whole conversation's): refused
     return standard_turns(value)
 
 

@@ -63,8 +63,11 @@ def standard_turns(messages: Any) -> Any:
 
 
 def _texts(messages: list[Any]) -> bool:
-    """Whether a conversation is a list of texts (LIMA's: question, answer, question, ...)."""
-    return bool(messages) and all(isinstance(m, str) for m in messages)
+    """Whether a conversation is a list of texts (LIMA's: question, answer, question, ...);
+    a null among them is a turn of no content (which the row's check names)."""
+    return any(isinstance(m, str) for m in messages) and all(
+        isinstance(m, str) or m is None for m in messages
+    )
 
 
 def form_note(given: Any) -> str:
@@ -152,8 +155,9 @@ def conversation(value: list[Any] | str) -> list[Any]:
 def conversation_shape(messages: list[Any]) -> tuple[Any, ...]:
     """What a chat template refuses by: each message's role, keys (as a set), the kind of
     each value, the length of each list (Llama 3 refuses more than one tool call) and
-    whether it calls tools with no text, in order. Two conversations of one shape differ only
-    in their texts and numbers."""
+    whether it calls tools with no text, and whether its content holds reasoning (`</think>`,
+    which Qwen3's template cuts from earlier answers), in order. Two conversations of one
+    shape differ only in their texts and numbers."""
     return tuple(
         (
             m.get("role"),
@@ -164,9 +168,10 @@ def conversation_shape(messages: list[Any]) -> tuple[Any, ...]:
                 )
             ),
             bool(m.get("tool_calls")) and not has_text(m.get("content")),
+            isinstance(m.get("content"), str) and "</think>" in m["content"],  # Qwen3 cuts it
         )
         if isinstance(m, dict)
-        else (None, (), False)
+        else (None, (), False, False)
         for m in messages
     )
 

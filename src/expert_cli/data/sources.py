@@ -159,7 +159,7 @@ def checked_columns(
     """A hub or saved dataset's mapped columns, checked (present, of the role's type, no
     missing value, UTF-8 text) and renamed to their roles."""
     if mapping is None:  # detected from its own columns: those of turns (structs or JSON)
-        turns = [name for name, f in ds.features.items() if _of_type(f, "messages")]
+        turns = [n for n, f in ds.features.items() if _of_type(f, "messages") and not _texts(f)]
         fields = source_fields(fields, ds.column_names, where, frozenset(turns))
     elif fields is None:
         fields = field_spec(mapping, ds.column_names, where)
@@ -238,7 +238,7 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
             )
         feature = ds.features[column]
         shape = fields.shape(role, isinstance(feature, datasets.Value))
-        if not _of_type(feature, shape):
+        if not _of_type(feature, shape) or (shape != role and _texts(feature)):
             either = "an answer's text, or " if shape != role else ""  # a response's turns
             raise UserError(
                 f"{where}: field '{column}' ({named}) holds {feature}, expected "
@@ -312,6 +312,16 @@ def _valid(array: pa.Array) -> bool:
     return True
 
 
+def _texts(feature: Any) -> bool:
+    """Whether a column holds lists of texts (LIMA's conversations)."""
+    inner = getattr(feature, "feature", None)
+    return (
+        isinstance(feature, (datasets.List, datasets.LargeList))
+        and isinstance(inner, datasets.Value)
+        and inner.dtype in ("string", "large_string")
+    )
+
+
 def _of_type(feature: Any, role: str) -> bool:
     """Whether a column of `feature` holds what `role` reads."""
     if role == TOOLS:  # objects of any keys, or JSON (each row read by tools_problem)
@@ -330,10 +340,11 @@ def _of_type(feature: Any, role: str) -> bool:
     elif role == "messages":
         inner = getattr(feature, "feature", None)
         keys = set(inner) if isinstance(inner, dict) else set()  # Json: keys that differ
-        texts = isinstance(inner, datasets.Value) and inner.dtype in ("string", "large_string")
         ok = isinstance(feature, (datasets.List, datasets.LargeList)) and (
-            any(keys >= form for form in TURN_FORMS) or isinstance(inner, datasets.Json) or texts
-        )  # LIMA's texts: a user's and the assistant's turns in turn
+            any(keys >= form for form in TURN_FORMS)
+            or isinstance(inner, datasets.Json)
+            or _texts(feature)  # LIMA's texts: a user's and the assistant's turns in turn
+        )
     else:
         ok = isinstance(feature, datasets.Value) and (
             feature.dtype in ("string", "large_string")
@@ -346,6 +357,7 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
     """Read every training and validation source of the resolved config."""
     fields: FieldSpec | None = None
     train_parts, eval_parts, notes = [], [], []
+    unread: list[str | None] = []  # each source's note of a tools column left unread
     read = {"train": 0, "eval": 0}
     for ref in resolved.train_sources + resolved.validation_sources:  # a hub one read offline
         problems, said = snapshot_lines(ref)
@@ -354,6 +366,7 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
         notes += said
     for i, ref in enumerate(resolved.train_sources):
         ds, fields = load_source(ref, fields, resolved.field_mapping, cache_dir)
+        unread.append(unread_words(fields))
         read["train"] += len(ds)
         if not resolved.validation_sources:
             ds, held = hold_out(ds, resolved.eval_fraction, resolved.eval_seed + i)
@@ -367,10 +380,11 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
         train_parts.append(weighted)
     for ref in resolved.validation_sources:
         ds, fields = load_source(ref, fields, resolved.field_mapping, cache_dir)
+        unread.append(unread_words(fields))
         read["eval"] += len(ds)
         eval_parts.append(ds)
     assert fields is not None  # the manifest model requires at least one source
-    notes += [note] if (note := unread_words(fields)) else []
+    notes += [note for note in dict.fromkeys(unread) if note]  # of any source
     train, held = _concat(train_parts), _concat(eval_parts) if eval_parts else None
     notes += [note] if (note := shared_note(train, held)) else []
     return LoadedSources(train=train, eval=held, fields=fields, read=read, notes=notes)

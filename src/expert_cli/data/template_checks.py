@@ -80,10 +80,14 @@ class TemplateVerdict:
         why = unanswered(style, messages)
         return ("no response_template in the rendered text" if style == "missing" else why), style
 
-    def notes(self, total: int) -> list[str]:
-        """check's words for the conversations whose answers are left in part as context."""
+    def notes(self, total: int, quick: bool) -> list[str]:
+        """check's words for the conversations whose answers are left in part as context, of
+        the training sources' `total` (those held out for evaluation too)."""
+        read = (
+            "training conversations read (--quick)" if quick else "training sources' conversations"
+        )
         return [
-            f"{n:,} of {total:,} training conversations {CONTEXT_WHY[k][0]}: {CONTEXT_WHY[k][1]}"
+            f"{n:,} of the {total:,} {read} {CONTEXT_WHY[k][0]}: {CONTEXT_WHY[k][1]}"
             for k, n in sorted(self.context.items())
         ]
 

@@ -14,7 +14,7 @@ from typing import Any
 import datasets
 
 from expert_cli.config.base import lone_surrogate_at
-from expert_cli.data.completions import joined_row
+from expert_cli.data.completions import answers_turns, joined_row
 from expert_cli.data.conversations import form_note, is_text_part, standard_turns
 from expert_cli.data.fields import OPTIONAL_ROLES, TOOLS, FieldSpec
 from expert_cli.data.file_text import repeated_keys, shown_name, shown_names
@@ -192,7 +192,8 @@ def check_row(row: Any, fields: FieldSpec, where: str, typed: bool = False) -> d
                 f"{where}: field {shown_name(column)} {how} (field_mapping.{role}){present}"
             )
         shape = fields.shape(role, isinstance(value, str))
-        turns = standard_turns(value) if shape == "messages" else value
+        turns = value if shape != "messages" else standard_turns(value)
+        turns = answers_turns(value) if shape != role else turns  # a response's turns
         if role == TOOLS:  # a list of objects, or its JSON text: kept as the list
             turns, problem = parsed_tools(value, typed)
             found = _surrogate_inside(turns) if turns and not problem else None
@@ -200,7 +201,7 @@ def check_row(row: Any, fields: FieldSpec, where: str, typed: bool = False) -> d
         else:
             problem = _value_problem(shape, turns)
         if problem:
-            problem += form_note(value) if shape == "messages" else ""
+            problem += form_note(value) if shape == "messages" and turns is not value else ""
             named = (  # a detected input or system: the user wrote no mapping to blame
                 f"read as {role}: set training.dataset.field_mapping to leave it out"
                 if role in fields.maybe
@@ -215,8 +216,11 @@ def messages_problem(ds: datasets.Dataset, column: str) -> tuple[int, str] | Non
     """(row index, problem) of the first row of a hub or saved dataset's `messages` column the
     row checks refuse, or None. A column of JSON messages (the datasets library's type where
     the turns' keys differ: a weight or tool_calls on some) is read row by row, as a file's
-    rows are; a struct column's weights are checked in Arrow (its shape is typed)."""
-    if not isinstance(getattr(ds.features[column], "feature", None), datasets.Json):
+    rows are, and so is one of texts (LIMA's: a null among them is named); a struct column's
+    weights are checked in Arrow (its shape is typed)."""
+    if not isinstance(
+        getattr(ds.features[column], "feature", None), (datasets.Json, datasets.Value)
+    ):
         return first_bad_weight(ds.data.column(column))
     batches = ds.select_columns([column]).iter(batch_size=JSON_BATCH_ROWS)
     for i, value in enumerate(value for batch in batches for value in batch[column]):
