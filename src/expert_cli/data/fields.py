@@ -36,6 +36,7 @@ class FieldSpec:
     maybe: frozenset[str] = frozenset()
     # a `tools` column the mapping leaves out (unread_words says so)
     unread: frozenset[str] = frozenset()
+    at: str = ""  # where it was worked out (a file's first row, a dataset), as errors name it
 
     @property
     def required(self) -> list[str]:
@@ -91,7 +92,7 @@ def field_spec(
             + ("; beside it `response`, `system` and `tools` are read" if kind != "text" else "")
         )
     unread = frozenset({TOOLS} & set(columns)) - set(mapping)
-    return FieldSpec(kind=kind, mapping=dict(mapping), maybe=maybe, unread=unread)
+    return FieldSpec(kind=kind, mapping=dict(mapping), maybe=maybe, unread=unread, at=where)
 
 
 def source_fields(
@@ -104,8 +105,8 @@ def source_fields(
     own = field_spec(None, columns, where, turns)
     if earlier is not None and own.kind != earlier.kind:
         raise UserError(
-            f"{where}: its columns read as {KIND_WORDS[own.kind]} ({_held(own)}), and an "
-            f"earlier source's as {KIND_WORDS[earlier.kind]} ({_held(earlier)}); one run "
+            f"{where}: its columns read as {KIND_WORDS[own.kind]} ({_held(own)}), and those "
+            f"of {earlier.at} as {KIND_WORDS[earlier.kind]} ({_held(earlier)}); one run "
             "trains one layout: write every source (each task's file) in one layout"
         )
     return own
