@@ -1007,11 +1007,11 @@ def test_a_local_download_of_several_training_splits_names_one(tmp_path, write_j
     folder = tmp_path / "ultrachat"
     for split in ("train_sft", "test_sft", "train_gen", "test_gen"):
         write_jsonl(folder / "data" / f"{split}-00000-of-00001.jsonl", [{"text": split}] * 2)
-    card = "---\nconfigs:\n- config_name: default\n  data_files:\n" + "".join(
+    entries = "".join(
         f"  - split: {s}\n    path: data/{s}-*\n"
         for s in ("train_sft", "test_sft", "train_gen", "test_gen")
     )
-    (folder / "README.md").write_text(card + "---\n# UltraChat\n")
+    _card(folder, entries)
     with pytest.raises(UserError) as info:
         resolved_for(tmp_path, {"path": "ultrachat"})
     assert info.value.lines == [
@@ -1033,7 +1033,7 @@ def test_a_local_download_of_several_training_splits_names_one(tmp_path, write_j
     (folder / "README.md").unlink()
     assert f"and {folder} is local: name the files" in error_of(tmp_path, {"path": "ultrachat::x"})
     # a card of one training split and its test split: read as before
-    (folder / "README.md").write_text(card.replace("train_gen", "test_x") + "---\n")
+    _card(folder, entries.replace("train_gen", "test_x"))
     assert resolved_for(tmp_path, {"path": "ultrachat"}).train_sources[0].split is None
 
 

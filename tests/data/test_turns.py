@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 from conftest import R1_TEMPLATE
@@ -281,12 +282,10 @@ def test_templates_that_keep_reasoning_say_nothing(tiny_tokenizer) -> None:
         assert check_chat_template(_tok(tiny_tokenizer, template), None) == []
 
 
-def test_pretokenize_says_what_a_reasoning_template_does(tmp_path, tiny_tokenizer) -> None:
-    """The notes reach the user: the build keeps them in stats.json, `pretokenize` shows them."""
-    folder = tmp_path / "r1-tokenizer"
-    tok = _tok(tiny_tokenizer, R1_TEMPLATE)
+def _expert(tmp_path: Path, tok, rows: list[dict]) -> Path:
+    """A manifest on a random model of `tok` (saved beside it), trained on `rows`."""
+    folder = tmp_path / "tokenizer"
     tok.save_pretrained(folder)
-    rows = [{"messages": TALK[1:]}] * 4
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     manifest = {
         "name": "e",
@@ -298,6 +297,12 @@ def test_pretokenize_says_what_a_reasoning_template_does(tmp_path, tiny_tokenize
         },
     }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    return tmp_path / "manifest.json"
+
+
+def test_pretokenize_says_what_a_reasoning_template_does(tmp_path, tiny_tokenizer) -> None:
+    """The notes reach the user: the build keeps them in stats.json, `pretokenize` shows them."""
+    _expert(tmp_path, _tok(tiny_tokenizer, R1_TEMPLATE), [{"messages": TALK[1:]}] * 4)
     done = run_here("pretokenize", "-m", str(tmp_path / "manifest.json"))
     assert done.returncode == 0, done.stdout + done.stderr
     shown = " ".join(done.stdout.split())
@@ -386,28 +391,15 @@ def test_check_says_which_conversations_keep_earlier_answers_as_context(
     check said nothing of it (the helper's audit under Qwen3's own template)."""
     from expert_cli.data.checks import check_manifest
 
-    folder = tmp_path / "qwen3-tokenizer"
     tok = _tok(tiny_tokenizer, QWEN3)
     tok.eos_token = "<|im_end|>"
-    tok.save_pretrained(folder)
     reasoned = [
         {"role": "user", "content": "first"},
         {"role": "assistant", "content": "one", "reasoning_content": "think one"},
         {"role": "user", "content": "second"},
         {"role": "assistant", "content": "two", "reasoning_content": "think two"},
     ]
-    rows = [{"messages": reasoned}] * 3 + [{"messages": reasoned[:2]}] * 2
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    manifest = {
-        "name": "e",
-        "schema_version": "2.0",
-        "base_models": [{"name": str(folder), "init": "random"}],
-        "training": {
-            "dataset": {"path": "train.jsonl", "eval_fraction": 0.0},
-            "config": {"evaluation_strategy": "no", "max_seq_length": 128},
-        },
-    }
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    _expert(tmp_path, tok, [{"messages": reasoned}] * 3 + [{"messages": reasoned[:2]}] * 2)
     report = check_manifest(tmp_path / "manifest.json")
     (note,) = [n for n in report.notes if "left as context" in n]
     said = "3 of the 5 training sources' conversations have earlier answers left as context"

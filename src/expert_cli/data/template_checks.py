@@ -96,13 +96,18 @@ def template_verdict(
     cfg: ResolvedConfig, tokenizer: PreTrainedTokenizerFast | None
 ) -> TemplateVerdict | None:
     """The chat template's verdict on conversations, where the template itself works."""
+    return TemplateVerdict(cfg, tokenizer) if _works(cfg, tokenizer) else None
+
+
+def _works(cfg: ResolvedConfig, tokenizer: PreTrainedTokenizerFast | None) -> bool:
+    """Whether there is a chat template to ask (where not, checks.py says why)."""
     if tokenizer is None:
-        return None
+        return False
     try:
         check_chat_template(tokenizer, cfg.response_template)
     except UserError:  # said by _format_problems
-        return None
-    return TemplateVerdict(cfg, tokenizer)
+        return False
+    return True
 
 
 def blank_conversation(
@@ -113,13 +118,8 @@ def blank_conversation(
     does not work. Only a conversation with no assistant turn whose content holds text is
     rendered (its reasoning or tool calls may be all it trains): the others have something
     to train on, and check stays about as fast as reading the rows."""
-    if tokenizer is None:
+    if tokenizer is None or not _works(cfg, tokenizer):
         return None
-    try:
-        check_chat_template(tokenizer, cfg.response_template)
-    except UserError:  # said by _format_problems
-        return None
-
     layout = turn_layout(tokenizer)
 
     def blank(row: dict[str, Any]) -> bool:
