@@ -117,8 +117,7 @@ def check_manifest(
             if f is not None:
                 found.setdefault(detected_words(f), []).append(shown_path(at))
         report.notes += [  # each source's columns, where the sources name them apart
-            f"{', '.join(at[:3])}{' ...' * (len(at) > 3)}: {w}" if len(found) > 1 else w
-            for w, at in found.items()
+            f"{_sources(at)}: {words}" if len(found) > 1 else words for words, at in found.items()
         ]
     unread = [unread_words(f) for f in data.detected.values() if f is not None]
     report.notes += [note for note in dict.fromkeys(unread) if note]  # of any source
@@ -251,3 +250,9 @@ def _reasoning_notes(data: DataCheck, tokenizer: Any) -> list[str]:
         return []
     found = sorted(set().union(*(keys & unwritten for keys in data.reasoning)))
     return [reasoning_note(found, rows, data.blank[True][1])]
+
+
+def _sources(places: list[str]) -> str:
+    """Sources as a note names them: the first three, and how many more."""
+    more = f" and {len(places) - 3} more" if len(places) > 3 else ""
+    return ", ".join(places[:3]) + more
