@@ -1048,6 +1048,7 @@ def test_math_and_capitalised_columns_are_detected() -> None:
         ("question", "answer"): ("question", "answer"),  # GSM8K, as before
         ("Body", "Question", "Answer", "Equation"): ("Question", "Answer"),
         ("Question", "question", "answer"): ("question", "answer"),  # lower case first
+        ("inputs", "targets", "language"): ("inputs", "targets"),  # Aya's, FLAN's
     }
     for columns, (asked, answer) in cases.items():
         spec = field_spec(None, list(columns), "f")

@@ -17,9 +17,12 @@ TOOLS = "tools"  # a conversation's tool definitions, given to its chat template
 MESSAGE_TREE = {"message_id", "parent_id", "role", "text"}  # OpenAssistant's columns
 # the columns detected where no field_mapping is given, each list in the order looked for
 CONVERSATION_COLUMNS = ("messages", "conversations", "conversation")  # ShareGPT's, Capybara's
-PROMPT_COLUMNS = ("instruction", "prompt", "question", "query", "problem")
+PROMPT_COLUMNS = ("instruction", "prompt", "question", "query", "problem", "inputs")
 # a worked solution before a bare `answer` (MATH's, NuminaMath's, OpenMathInstruct's)
-RESPONSE_COLUMNS = ("response", "output", "completion", "solution", "generated_solution", "answer")
+RESPONSE_COLUMNS = (
+    *("response", "output", "completion", "solution", "generated_solution", "answer"),
+    "targets",  # FLAN's, T0's, Aya's `inputs` and `targets`
+)
 # `response` beside `messages` (TRL's conversational prompt and completion, data/completions.py)
 ANSWERED_BY = "the response's turns trained, the answers in messages kept as context"
 DETECTED_COLUMNS = frozenset((*CONVERSATION_COLUMNS, *PROMPT_COLUMNS, *RESPONSE_COLUMNS, "text"))
