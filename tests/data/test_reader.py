@@ -395,3 +395,21 @@ def test_checking_a_large_file_keeps_memory_bounded(tmp_path: Path, tiny_model_d
     assert rows > 250_000
     assert "[]" in out.stdout  # no problems
     assert added_kib < 128 * 1024  # reading 256 MB adds under 128 MB to the process's peak
+
+
+def test_an_arrays_rows_are_named_by_their_number_and_line(tmp_path: Path) -> None:
+    """`json.dump` writes a whole array on one line: every row's error said `file.json:1`."""
+    from expert_cli.config.resolve import SourceRef
+    from expert_cli.data.rows import scan_local
+
+    rows = [{"text": "a"}, {"text": "b"}, {"text": 3}]
+    for indent, line in ((None, 1), (2, 8)):
+        path = tmp_path / "train.json"
+        path.write_text(json.dumps(rows, indent=indent))
+        scan = scan_local(SourceRef(kind="local", location=str(path), format="json"), None, None)
+        with pytest.raises(UserError) as info:
+            list(scan.rows)
+        assert info.value.lines == [
+            f"{path}: row 3, line {line}: field 'text' (field_mapping.text) is a number, "
+            "expected a string"
+        ]

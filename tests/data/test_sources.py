@@ -268,6 +268,9 @@ def test_field_mapping_detection_and_validation() -> None:
     ]
     with pytest.raises(UserError, match=r'e.g. \{"messages": "chosen"\} where'):
         field_spec(None, ["chosen", "rejected"], "f")
+    pku = ["prompt", "response_0", "response_1", "safer_response_id", "better_response_id"]
+    with pytest.raises(UserError, match="keep the preferred one of each row in one column"):
+        field_spec(None, pku, "f")  # "no response column was found" suggested response_0
     # beside a conversation (HuggingFaceH4/ultrafeedback_binarized) or an answer: read as before
     h4 = ["prompt", "prompt_id", "chosen", "rejected", "messages", "score_chosen"]
     assert field_spec(None, h4, "f").mapping == {

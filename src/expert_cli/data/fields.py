@@ -174,6 +174,13 @@ def _detect_mapping(named: dict[str, str], where: str, turns: frozenset[str]) ->
     for name in CONVERSATION_COLUMNS:  # ShareGPT's and Capybara's turns are read as messages,
         if name in cols:  # with their tools and system prompt where a row has them (OpenAI's
             return {"messages": name, TOOLS: TOOLS, "system": system}  # files leave tools out)
+    if {"response_0", "response_1"} <= cols and not response:  # PKU-SafeRLHF's pairs
+        raise UserError(
+            f"{where}: two answers a row (columns 'response_0' and 'response_1', preference "
+            "data such as PKU-SafeRLHF's, whose other columns say which is better or safer); "
+            "expert-cli trains on answers: keep the preferred one of each row in one column, "
+            "then map it as the response"
+        )
     if {"chosen", "rejected"} <= cols and not response:  # preference data (DPO) alone
         pair = '{"instruction": "prompt", "response": "chosen"}, or '
         raise UserError(

@@ -113,7 +113,7 @@ def _values(path: Path) -> Iterator[tuple[str, Any, bool]]:
     decoder = json.JSONDecoder(parse_int=json_int, object_pairs_hook=_object)
     with open_data(path) as fh:
         text = Text(path, fh)
-        buf, pos, line = "", 0, 1
+        buf, pos, line, items = "", 0, 1, 0
         in_array = None  # unknown until the first non-blank character
         while True:
             pos, line = _skip_blank(buf, pos, line)
@@ -138,7 +138,12 @@ def _values(path: Path) -> Iterator[tuple[str, Any, bool]]:
                 pos += 1
                 continue
             value, end, buf, pos = _decode_one(decoder, text, buf, pos, line)
-            yield f"line {line}", value, bool(in_array)
+            items += bool(in_array)  # an array's item by its number too: one line may hold all
+            yield (
+                (f"row {items}, line {line}" if in_array else f"line {line}"),
+                value,
+                bool(in_array),
+            )
             line += buf.count("\n", pos, end)
             pos = end
 
