@@ -98,3 +98,27 @@ def test_the_builds_count_is_of_the_rows_it_trains(tiny_tokenizer) -> None:
     (note,) = reasoning_notes(picked, tiny_tokenizer)
     assert note.startswith("40 of 79 conversations give an answer's reasoning")
     assert reasoning_notes(ds.select(range(0, 100, 2)), tiny_tokenizer) == []
+
+
+def test_an_empty_answer_beside_others_is_noted(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """An empty answer inside a conversation trains just its end marker (the model ending its
+    turn at once), which no count said (the Qwen3 audit). A weight of 0, a tool call or a
+    conversation of empty answers alone (dropped) is not counted."""
+    from expert_cli.data.conversations import empty_answer
+
+    blank = {"role": "assistant", "content": " \n"}
+    done = {"role": "assistant", "content": "42"}
+    call = {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}
+    assert empty_answer([ASK, blank, ASK, done])
+    assert not empty_answer([ASK, {**blank, "weight": 0}, ASK, done])
+    assert not empty_answer([ASK, call, ASK, done]) and not empty_answer([ASK, blank])
+    rows = [{"messages": [ASK, blank, ASK, done]}] * 2 + [{"messages": [ASK, done]}] * 2
+    manifest = _expert(tmp_path, tiny_model_dir, rows)
+    note = (
+        "2 of 4 conversations hold an empty answer beside answers with text (no text, "
+        "reasoning or tool call): it is trained, as the model ending its turn at once; remove "
+        'such turns, or give them "weight": 0'
+    )
+    assert note in check_manifest(manifest).notes
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0 and note in " ".join(built.stdout.split())

@@ -23,7 +23,11 @@ from expert_cli.data.build import (
     BuildProgress,
 )
 from expert_cli.data.cache import cache_root_problem
-from expert_cli.data.conversations import reasoning_note, unwritten_reasoning
+from expert_cli.data.conversations import (
+    empty_answer_note,
+    reasoning_note,
+    unwritten_reasoning,
+)
 from expert_cli.data.fields import FieldSpec, detected_words, unread_words
 from expert_cli.data.format_check import formatted_problems, small_splits
 from expert_cli.data.formatting import (
@@ -131,6 +135,8 @@ def check_manifest(
     if data.fields is not None and data.fields.kind == "messages" and tokenizer is not None:
         report.notes = [*report.notes, *template_notes(turn_layout(tokenizer))]
         report.notes += _reasoning_notes(data, tokenizer)
+        if data.empty_answers:
+            report.notes.append(empty_answer_note(data.empty_answers, data.blank[True][1]))
         report.notes += verdict.notes(data.train[0], bool(quick)) if verdict is not None else []
     if data.fields is not None and data.fields.kind == "instruction" and resolved.response_template:
         report.notes = [*report.notes, TEMPLATE_UNREAD]

@@ -319,3 +319,47 @@ def reasoning_notes(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerFast) ->
                 found |= given
                 rows += 1
     return [reasoning_note(sorted(found), rows, len(ds))] if rows else []
+
+
+# stored text where an answer may be empty: its content null, or blank (JSON escapes too)
+EMPTY_CONTENT = r'"content": (null|"(?:\s|\\[nrt])*")'
+
+
+def empty_answer(messages: list[Any]) -> bool:
+    """Whether a conversation holds an empty answer beside answers with text: an assistant
+    turn of no text, reasoning or tool call, not left out by a weight of 0. It is trained as
+    the model ending its turn at once (a conversation of empty answers alone is dropped)."""
+    answers = [
+        m
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("weight") != 0
+    ]
+    said = [
+        has_text(_joined(m.get("content")))
+        or bool(m.get("tool_calls"))
+        or any(has_text(m.get(k)) for k in REASONING_KEYS)
+        for m in answers
+    ]
+    return any(said) and not all(said)
+
+
+def empty_answer_note(rows: int, total: int) -> str:
+    return (
+        f"{rows:,} of {total:,} conversations hold an empty answer beside answers with text (no "
+        "text, reasoning or tool call): it is trained, as the model ending its turn at once; "
+        'remove such turns, or give them "weight": 0'
+    )
+
+
+def empty_answer_notes(ds: datasets.Dataset) -> list[str]:
+    """The build's note where a training split's conversations hold empty answers; only rows
+    whose stored text has an empty or null content are parsed."""
+    if "messages" not in ds.column_names:
+        return []
+    rows = 0
+    for batch in ds.select_columns(["messages"]).with_format("arrow").iter(REASONING_BATCH):
+        column = batch.column("messages")
+        named = pc.fill_null(pc.match_substring_regex(column, EMPTY_CONTENT), False)
+        for i in pc.indices_nonzero(named).to_pylist():
+            rows += empty_answer(conversation(column[i].as_py()))
+    return [empty_answer_note(rows, len(ds))] if rows else []

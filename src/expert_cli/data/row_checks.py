@@ -20,6 +20,7 @@ from expert_cli.data.build import (
 )
 from expert_cli.data.conversations import (
     EMPTY,
+    empty_answer,
     reasoning_in,
 )
 from expert_cli.data.dataset_rows import dataset_scan
@@ -99,6 +100,7 @@ class DataCheck:
         self.blank = {True: [0, 0], False: [0, 0]}
         self.unmarked = {True: 0, False: 0}  # texts without the response template, by split
         self.reasoning: Counter[frozenset[str]] = Counter()  # training rows' reasoning keys
+        self.empty_answers = 0  # training conversations with an empty answer beside others
         self.whole_texts = {True: 0, False: 0}  # texts without an assistant marker: all trained
         self.whole = {True: True, False: True}
         # per training source: its rows' count and why the build drops each it drops (its
@@ -194,6 +196,7 @@ class DataCheck:
             blank[1] += counted
             if verdict and self._train and (keys := reasoning_in(row["messages"])):
                 self.reasoning[frozenset(keys)] += 1  # given: is it written? (checks.py)
+            self.empty_answers += bool(verdict and self._train and empty_answer(row["messages"]))
             why = self._render(verdict, row, scan.at) if verdict else None
             if trained is not None:
                 found = self._blank(str(row.get(trained) or ""), scan.fields.kind)
