@@ -45,6 +45,12 @@ def _expert(tmp_path: Path, model: Path, rows: list[dict]) -> Path:
     return manifest
 
 
+def _noted_by_check_and_build(manifest: Path, note: str) -> None:
+    assert note in check_manifest(manifest).notes
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0 and note in " ".join(built.stdout.split())
+
+
 def test_check_and_the_build_note_reasoning_the_template_does_not_write(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -57,9 +63,7 @@ def test_check_and_the_build_note_reasoning_the_template_does_not_write(
         "(<think>...</think> before the answer), or use a base model whose template writes it "
         "(Qwen3's writes reasoning_content)"
     )
-    assert note in check_manifest(manifest).notes
-    built = run_here("pretokenize", "--manifest", str(manifest))
-    assert built.returncode == 0 and note in " ".join(built.stdout.split())
+    _noted_by_check_and_build(manifest, note)
     # a template that writes it: no note, and the reasoning is in the examples
     shutil.copytree(tiny_model_dir, tmp_path / "model")
     (tmp_path / "model" / "chat_template.jinja").write_text(WRITES_REASONING)
@@ -119,6 +123,4 @@ def test_an_empty_answer_beside_others_is_noted(tmp_path: Path, tiny_model_dir: 
         "reasoning or tool call): it is trained, as the model ending its turn at once; remove "
         'such turns, or give them "weight": 0'
     )
-    assert note in check_manifest(manifest).notes
-    built = run_here("pretokenize", "--manifest", str(manifest))
-    assert built.returncode == 0 and note in " ".join(built.stdout.split())
+    _noted_by_check_and_build(manifest, note)
