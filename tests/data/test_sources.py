@@ -1052,10 +1052,15 @@ def test_math_and_capitalised_columns_are_detected() -> None:
         ("Body", "Question", "Answer", "Equation"): ("Question", "Answer"),
         ("Question", "question", "answer"): ("question", "answer"),  # lower case first
         ("inputs", "targets", "language"): ("inputs", "targets"),  # Aya's, FLAN's
+        ("definition", "inputs", "targets"): ("inputs", "targets"),  # Natural Instructions'
     }
     for columns, (asked, answer) in cases.items():
         spec = field_spec(None, list(columns), "f")
         assert (spec.mapping["instruction"], spec.mapping["response"]) == (asked, answer)
+    # Natural Instructions' task definition is the system prompt (it was left unread)
+    assert field_spec(None, ["definition", "inputs", "targets"], "f").mapping["system"] == (
+        "definition"
+    )
     with pytest.raises(UserError) as info:
         field_spec(None, ["Prompt", "meta"], "f")
     assert info.value.lines[0].endswith(

@@ -169,6 +169,8 @@ def _detect_mapping(named: dict[str, str], where: str, turns: frozenset[str]) ->
     prompt = next((c for c in PROMPT_COLUMNS if c in cols), None)
     # a system prompt (OpenOrca's, Nemotron's `system_prompt`), read where a row has it
     system = "system_prompt" if "system_prompt" in cols and "system" not in cols else "system"
+    if prompt == "inputs" and "definition" in cols and system not in cols:
+        system = "definition"  # Natural Instructions': the task's own instruction
     # a conversation or a prompt/answer pair before a text column: a rendered text (Alpaca's
     # beside its instruction and output) trains its prompts too
     for name in CONVERSATION_COLUMNS:  # ShareGPT's and Capybara's turns are read as messages,
