@@ -93,15 +93,15 @@ def test_the_builds_count_is_of_the_rows_it_trains(tiny_tokenizer) -> None:
     split's count: "50 of 80" where 39 of the 80 training rows held reasoning."""
     import datasets
 
-    from expert_cli.data.conversations import conversation_text, reasoning_notes
+    from expert_cli.data.conversations import conversation_notes, conversation_text
 
     plain = {"role": "assistant", "content": "42"}
     rows = [conversation_text([ASK, ANSWER if i % 2 else plain]) for i in range(100)]
     ds = datasets.Dataset.from_dict({"messages": rows})
     picked = ds.select(range(1, 80))  # 40 rows with reasoning of 79
-    (note,) = reasoning_notes(picked, tiny_tokenizer)
+    (note,) = conversation_notes(picked, tiny_tokenizer)
     assert note.startswith("40 of 79 conversations give an answer's reasoning")
-    assert reasoning_notes(ds.select(range(0, 100, 2)), tiny_tokenizer) == []
+    assert conversation_notes(ds.select(range(0, 100, 2)), tiny_tokenizer) == []
 
 
 def test_an_empty_answer_beside_others_is_noted(tmp_path: Path, tiny_model_dir: Path) -> None:

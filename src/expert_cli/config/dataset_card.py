@@ -121,7 +121,7 @@ def card_split_of(splits: dict[str, list[str]], relative: Path) -> str | None:
     return next((s for s, ps in splits.items() if any(_glob(p).fullmatch(name) for p in ps)), None)
 
 
-def split_files(folder: Path, files: list[Path], split: str) -> list[Path]:
+def card_files(folder: Path, files: list[Path], split: str) -> list[Path]:
     """The files of `folder` the card's `split` names."""
     splits = card_splits(folder)
     patterns = [_glob(p) for p in splits.get(split, [])]

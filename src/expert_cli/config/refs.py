@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from expert_cli.config.base import has_control_character
-from expert_cli.config.dataset_card import split_files as card_split_files
+from expert_cli.config.dataset_card import card_files
 from expert_cli.config.split_names import HELD_OUT_SPLITS, file_splits, split_files
 from expert_cli.errors import UserError
 from expert_cli.paths import home_expanded, path_exists, resolved_path, shown_path
@@ -284,7 +284,7 @@ def _local_files(ref: Any, training: bool) -> tuple[set[str], list[Path]]:
             return {os.path.realpath(path)}, []
         files = of_format(folder_data_files(path), ref.format)
         if ref.split is not None:  # a split its README.md lists
-            return {os.path.realpath(f) for f in card_split_files(path, files, ref.split)}, []
+            return {os.path.realpath(f) for f in card_files(path, files, ref.split)}, []
         kept, left = split_files(path, files, training)
         return {os.path.realpath(f) for f in kept}, left
     except (OSError, ValueError):

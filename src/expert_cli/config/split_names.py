@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from expert_cli.config.dataset_card import card_split_of, card_splits, configs_problem, shown_name
 from expert_cli.paths import shown_path
@@ -66,12 +67,18 @@ def split_files(path: Path, files: list[Path], training: bool) -> tuple[list[Pat
     named = file_splits(path, files)
     if not any(s in (*HELD_OUT_SPLITS, UNLISTED) for s in named.values()):
         return files, []
-    if training:
-        keep = [f for f in files if named[f] not in (*HELD_OUT_SPLITS, UNLISTED)]
-    else:
-        wanted = "validation" if "validation" in named.values() else "test"
-        keep = [f for f in files if named[f] == wanted]
+    keep = _read(named, training)
     return keep, [f for f in files if f not in keep]
+
+
+def _read(named: dict[Any, str | None], training: bool) -> list[Any]:
+    """Of things (files, split names) by split kind, those a source reads: a training one
+    all but the held-out (and unlisted) ones, a validation one the validation ones, else the
+    test ones."""
+    if training:
+        return [k for k, kind in named.items() if kind not in (*HELD_OUT_SPLITS, UNLISTED)]
+    wanted = "validation" if "validation" in named.values() else "test"
+    return [k for k, kind in named.items() if kind == wanted]
 
 
 def card_problem(path: Path, label: str, split: str | None) -> str | None:
@@ -93,12 +100,8 @@ def card_problem(path: Path, label: str, split: str | None) -> str | None:
             f"{label}: ::{shown_name(split)} picks a split of a hub dataset, and "
             f"{shown_path(path)} is {listed}: name the files to read (a split's file or folder)"
         )
-    kinds = {name: split_word(name) for name in splits}
-    if is_training_field(label):  # as split_files reads the folder
-        joined = [name for name, kind in kinds.items() if kind not in HELD_OUT_SPLITS]
-    else:
-        wanted = "validation" if "validation" in kinds.values() else "test"
-        joined = [name for name, kind in kinds.items() if kind == wanted]
+    # the splits a read of the folder joins, as split_files reads their files
+    joined = _read({name: split_word(name) for name in splits}, is_training_field(label))
     if len(joined) < 2:
         return None
     shown = ", ".join(shown_name(name) for name in joined[:8])

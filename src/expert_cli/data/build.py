@@ -34,7 +34,7 @@ from transformers import PreTrainedTokenizerFast
 from expert_cli.atomic import atomic_folder, write_json_atomic
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.cache import COMPLETE, STATS, CachePlan, local_data_files
-from expert_cli.data.conversations import empty_answer_notes, reasoning_notes
+from expert_cli.data.conversations import conversation_notes
 from expert_cli.data.formatting import (
     DROPPED_ANSWER_CUT,
     DROPPED_NO_COMPLETION,
@@ -147,8 +147,7 @@ def _build(
     notes = sources.notes
     if sources.fields.kind == "messages":
         notes = notes + check_chat_template(tokenizer, resolved.response_template)
-        notes = notes + reasoning_notes(sources.train, tokenizer)
-        notes = notes + empty_answer_notes(sources.train)
+        notes = notes + conversation_notes(sources.train, tokenizer)
     if sources.fields.kind == "instruction":
         check_prompt_template(resolved.prompt_template)
         notes = notes + ([TEMPLATE_UNREAD] if resolved.response_template else [])

@@ -248,7 +248,7 @@ def _format_problems(
 
 def _reasoning_notes(data: DataCheck, tokenizer: Any) -> list[str]:
     """check's note where training conversations give reasoning the template does not write
-    (the build says it too: conversations.reasoning_notes)."""
+    (the build says it too: conversations.conversation_notes)."""
     given = set().union(*data.reasoning) if data.reasoning else set()
     unwritten = set(unwritten_reasoning(tokenizer, given)) if given else set()
     rows = sum(n for keys, n in data.reasoning.items() if keys & unwritten)

@@ -302,25 +302,6 @@ def reasoning_note(keys: list[str], rows: int, total: int) -> str:
     )
 
 
-def reasoning_notes(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerFast) -> list[str]:
-    """The build's note where a training split's conversations (stored JSON text; the split's
-    own rows, after the hold-out and task weights) give reasoning the chat template does not
-    write; only rows whose text names such a key are parsed."""
-    keys = unwritten_reasoning(tokenizer, set(REASONING_KEYS))
-    if not keys or "messages" not in ds.column_names:
-        return []
-    pattern = "|".join(f'"{k}": "' for k in keys)
-    found, rows = set(), 0
-    for batch in ds.select_columns(["messages"]).with_format("arrow").iter(REASONING_BATCH):
-        column = batch.column("messages")
-        named = pc.fill_null(pc.match_substring_regex(column, pattern), False)
-        for i in pc.indices_nonzero(named).to_pylist():
-            if given := reasoning_in(conversation(column[i].as_py())) & set(keys):
-                found |= given
-                rows += 1
-    return [reasoning_note(sorted(found), rows, len(ds))] if rows else []
-
-
 # stored text where an answer may be empty: its content null, or blank (JSON escapes too)
 EMPTY_CONTENT = r'"content": (null|"(?:\s|\\[nrt])*")'
 
@@ -351,15 +332,25 @@ def empty_answer_note(rows: int, total: int) -> str:
     )
 
 
-def empty_answer_notes(ds: datasets.Dataset) -> list[str]:
-    """The build's note where a training split's conversations hold empty answers; only rows
-    whose stored text has an empty or null content are parsed."""
+def conversation_notes(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerFast) -> list[str]:
+    """The build's notes on a training split's conversations (stored JSON text; the split's
+    own rows, after the hold-out and task weights): reasoning the chat template does not
+    write, and empty answers beside others. One pass; only rows whose text names such a key
+    or holds an empty content are parsed."""
     if "messages" not in ds.column_names:
         return []
-    rows = 0
+    keys = set(unwritten_reasoning(tokenizer, set(REASONING_KEYS)))
+    pattern = "|".join([*(f'"{k}": "' for k in sorted(keys)), EMPTY_CONTENT])
+    found: set[str] = set()
+    reasoned = empty = 0
     for batch in ds.select_columns(["messages"]).with_format("arrow").iter(REASONING_BATCH):
         column = batch.column("messages")
-        named = pc.fill_null(pc.match_substring_regex(column, EMPTY_CONTENT), False)
+        named = pc.fill_null(pc.match_substring_regex(column, pattern), False)
         for i in pc.indices_nonzero(named).to_pylist():
-            rows += empty_answer(conversation(column[i].as_py()))
-    return [empty_answer_note(rows, len(ds))] if rows else []
+            messages = conversation(column[i].as_py())
+            if given := reasoning_in(messages) & keys:
+                found |= given
+                reasoned += 1
+            empty += empty_answer(messages)
+    notes = [reasoning_note(sorted(found), reasoned, len(ds))] if reasoned else []
+    return notes + ([empty_answer_note(empty, len(ds))] if empty else [])

@@ -52,6 +52,13 @@ class FieldSpec:
         joined = ("response", "system") if self.kind == "messages" else ()
         return [r for r in self.mapping if r not in joined]
 
+    def named(self, role: str) -> str:
+        """How an error names a role's column: a detected optional one (input, system, tools)
+        has no mapping the user wrote to blame."""
+        if role in self.maybe:
+            return f"read as {role}: set training.dataset.field_mapping to leave it out"
+        return f"field_mapping.{role}"
+
     def shape(self, role: str, value_is_text: bool) -> str:
         """The role whose shape a value of `role` must have: a `response` beside `messages`
         is a conversation's turns, unless given as one answer's text."""

@@ -12,8 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from expert_cli.config.dataset_card import shown_name
-from expert_cli.config.dataset_card import split_files as card_split_files
+from expert_cli.config.dataset_card import card_files, shown_name
 from expert_cli.config.refs import (
     FILE_FORMATS,
     compression,
@@ -87,7 +86,7 @@ def source_files(ref: SourceRef) -> list[Path]:
         if not files:
             raise UserError(f"{path}: folder has no {ref.format} files ({ref.field})")
     if ref.split is not None:  # a split its README.md lists (resolve checked it does)
-        if not (named := card_split_files(path, files, ref.split)):
+        if not (named := card_files(path, files, ref.split)):
             raise UserError(
                 f"{ref.field}: {shown_path(path)}: no data file matches the paths its README.md "
                 f"gives split {shown_name(ref.split)}"

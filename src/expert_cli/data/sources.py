@@ -226,11 +226,7 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
     for role, column in fields.mapping.items():
         if column not in ds.column_names and role in fields.maybe:
             continue
-        named = (  # a detected optional role: the user wrote no mapping to blame
-            f"read as {role}: set training.dataset.field_mapping to leave it out"
-            if role in fields.maybe
-            else f"field_mapping.{role}"
-        )
+        named = fields.named(role)
         if column not in ds.column_names:
             raise UserError(
                 f"{where}: field '{column}' missing ({named}); "

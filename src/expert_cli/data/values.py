@@ -192,8 +192,10 @@ def check_row(row: Any, fields: FieldSpec, where: str, typed: bool = False) -> d
                 f"{where}: field {shown_name(column)} {how} (field_mapping.{role}){present}"
             )
         shape = fields.shape(role, isinstance(value, str))
-        turns = value if shape != "messages" else standard_turns(value)
-        turns = answers_turns(value) if shape != role else turns  # a response's turns
+        if shape != role:  # a response's turns, beside messages
+            turns = answers_turns(value)
+        else:
+            turns = standard_turns(value) if shape == "messages" else value
         if role == TOOLS:  # a list of objects, or its JSON text: kept as the list
             turns, problem = parsed_tools(value, typed)
             found = _surrogate_inside(turns) if turns and not problem else None
@@ -202,12 +204,7 @@ def check_row(row: Any, fields: FieldSpec, where: str, typed: bool = False) -> d
             problem = _value_problem(shape, turns)
         if problem:
             problem += form_note(value) if shape == "messages" and turns is not value else ""
-            named = (  # a detected input or system: the user wrote no mapping to blame
-                f"read as {role}: set training.dataset.field_mapping to leave it out"
-                if role in fields.maybe
-                else f"field_mapping.{role}"
-            )
-            raise UserError(f"{where}: field {shown_name(column)} ({named}) {problem}")
+            raise UserError(f"{where}: field {shown_name(column)} ({fields.named(role)}) {problem}")
         out[role] = turns
     return joined_row(out)
 
