@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT_VERSION = 14  # 2: the first token of every example is masked; 3: a chat
+CACHE_FORMAT_VERSION = 15  # 2: the first token of every example is masked; 3: a chat
 # template sees every key of a local message (it saw role and content) but null-valued ones,
 # and a conversation it refuses is dropped; 4: an answer's first token is trained when only
 # whitespace of it lies before the answer (llama2/vicuna put that space in the answer); 5: the
@@ -67,6 +67,7 @@ CACHE_FORMAT_VERSION = 14  # 2: the first token of every example is masked; 3: a
 # 13: a tool's null-valued keys kept as a JSON file or JSON text wrote them (`"default": null`)
 # 14: a `system` column beside a conversation is its system turn; LIMA's texts are turns;
 # TRL's conversational prompt/completion read (each source detected from its own columns)
+# 15: ShareGPT's function_call turns are the assistant's tool_calls, not its text
 FULL_HASH_LIMIT = 256 * 2**20
 EDGE_BYTES = 2**20
 COMPLETE = "_COMPLETE"

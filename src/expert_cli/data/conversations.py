@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
 
+from expert_cli.data.calls import CALL_ROLE, call_turn
 from expert_cli.data.file_text import drop_nulls, shown_name
 from expert_cli.data.tools import ToolsGiven
 
@@ -27,8 +28,9 @@ if TYPE_CHECKING:
 
 KEPT_WHEN_NULL = ("role", "content")
 EMPTY = "an empty conversation (no messages)"  # a refusal no template is to blame for
-FORM = 5  # the stored form's version, in the name of a converted file a resumed build reuses
-# (2: text parts joined; 3: ShareGPT's turns as role/content; 4: Capybara's input/output too)
+FORM = 6  # the stored form's version, in the name of a converted file a resumed build reuses
+# (2: text parts joined; 3: ShareGPT's turns as role/content; 4: Capybara's input/output too;
+# 6: ShareGPT's function_call turns as tool_calls)
 
 
 # ShareGPT's turns (`{"from": "human", "value": "..."}`, as Axolotl, LLaMA-Factory and Unsloth
@@ -40,7 +42,7 @@ SHAREGPT_ROLES = {
     "bing": "assistant",
     "bard": "assistant",
     "observation": "tool",
-    "function_call": "assistant",  # the call as the answer's text (LLaMA-Factory's, Glaive's)
+    CALL_ROLE: "assistant",  # its value read as the turn's tool_calls (data/calls.py)
 }
 # Capybara's turns (`{"input": question, "output": answer}`): one exchange an item
 CAPYBARA = {"input", "output"}
@@ -79,7 +81,9 @@ def form_note(given: Any) -> str:
         return ""
     shared = any(isinstance(m, dict) and m.get("from") is not None for m in given)
     paired = any(len(_turns(m)) == 2 for m in given)
+    calls = any(isinstance(m, dict) and m.get("from") == CALL_ROLE for m in given)
     parts = ["ShareGPT's `from` as role, `value` as content"] if shared else []
+    parts += ["a function_call's value as the assistant's tool_calls"] if calls else []
     parts += ["Capybara's items as two turns each, its `input` a user's, its `output` the "
               "assistant's"] if paired else []  # fmt: skip
     counted = "; turns count from 0, as read" if paired else ""
@@ -102,6 +106,8 @@ def _turns(message: Any) -> list[Any]:
     said = message["from"]
     role = SHAREGPT_ROLES.get(said, said) if isinstance(said, str) else said
     rest = {k: v for k, v in message.items() if k not in ("from", "value", "role", "content")}
+    if said == CALL_ROLE:
+        return [call_turn(message.get("value"), rest)]
     return [{"role": role, "content": message.get("value"), **rest}]
 
 

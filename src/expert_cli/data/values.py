@@ -14,6 +14,7 @@ from typing import Any
 import datasets
 
 from expert_cli.config.base import lone_surrogate_at
+from expert_cli.data.calls import call_problem, first_bad_call
 from expert_cli.data.completions import answers_turns, joined_row
 from expert_cli.data.conversations import form_note, is_text_part, standard_turns
 from expert_cli.data.fields import OPTIONAL_ROLES, TOOLS, FieldSpec
@@ -57,6 +58,8 @@ def _value_problem(role: str, value: Any) -> str | None:
     for i, message in enumerate(value):
         if not isinstance(message, dict):
             return f"item {i} is {kind_of(message)}, expected an object with role and content"
+        if problem := call_problem(message):
+            return f"item {i} {problem}"
         if twice := repeated_keys(message):  # every key of a turn reaches the template
             key = min(twice)
             return f"item {i}: {key if key in MESSAGE_KEYS else shown_name(key)} {TWICE}"
@@ -218,7 +221,7 @@ def messages_problem(ds: datasets.Dataset, column: str) -> tuple[int, str] | Non
     if not isinstance(
         getattr(ds.features[column], "feature", None), (datasets.Json, datasets.Value)
     ):
-        return first_bad_weight(ds.data.column(column))
+        return first_bad_weight(ds.data.column(column)) or first_bad_call(ds.data.column(column))
     batches = ds.select_columns([column]).iter(batch_size=JSON_BATCH_ROWS)
     for i, value in enumerate(value for batch in batches for value in batch[column]):
         if value is not None and (problem := _value_problem("messages", standard_turns(value))):

@@ -1,0 +1,114 @@
+"""ShareGPT's `function_call` turns (LLaMA-Factory's, APIGen-MT's, Glaive's as LLaMA-Factory
+converts it) read as the assistant's tool calls.
+
+Such a turn's value is the call as JSON text, `{"name": "...", "arguments": {...}}`, or a list
+of calls made at once. Trained as the answer's text, the model would learn the dataset's JSON
+instead of its own call format; read as OpenAI's `tool_calls`, the chat template writes each
+call as the model calls tools (Qwen3: a `<tool_call>` block). A value that is not a call is
+refused, as LLaMA-Factory refuses it: trained as text, it would teach a call no parser reads.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+CALL_ROLE = "function_call"  # ShareGPT's `from` of a turn that calls tools
+CALL_SHAPE = (
+    'JSON text of {"name": "...", "arguments": {...}}, or of a list of such calls '
+    "(arguments may be JSON text of an object)"
+)
+CALL_KEYS = frozenset(("name", "arguments", "parameters", "id"))
+
+
+def call_turn(value: Any, rest: dict[str, Any]) -> dict[str, Any]:
+    """A `function_call` turn as the assistant's turn calling the tools its value names
+    (content null, as in OpenAI's form), its other keys kept; a value that is not a call is
+    kept as a `function_call` turn, which the row checks refuse (`call_problem`)."""
+    calls = tool_calls(value)
+    if calls is None:
+        return {"role": CALL_ROLE, "content": value, **rest}
+    return {"role": "assistant", "content": None, **rest, "tool_calls": calls}
+
+
+def tool_calls(value: Any) -> list[dict[str, Any]] | None:
+    """A `function_call` turn's value as OpenAI's `tool_calls` (each call's arguments an
+    object, as chat templates write them), or None where it is not a call."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    given = value if isinstance(value, list) else [value]
+    calls = [_call(c) for c in given]
+    if not calls or any(c is None for c in calls):
+        return None
+    return calls  # type: ignore[return-value]
+
+
+def _call(given: Any) -> dict[str, Any] | None:
+    """One call (`{"name", "arguments"}`; `parameters` for arguments, Llama's word; an `id`
+    kept) in OpenAI's form, or None."""
+    if not isinstance(given, dict) or not set(given) <= CALL_KEYS:
+        return None
+    name = given.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return None
+    if "arguments" in given and "parameters" in given:
+        return None
+    arguments = given.get("arguments", given.get("parameters"))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    arguments = {} if arguments is None else arguments
+    if not isinstance(arguments, dict):
+        return None
+    call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"id": given["id"], **call} if isinstance(given.get("id"), str) else call
+
+
+def call_problem(message: dict[str, Any]) -> str | None:
+    """What is wrong with a turn still of role `function_call` after the turns were read: its
+    value is not a call (never quoted)."""
+    if message.get("role") != CALL_ROLE:
+        return None
+    return f"is a function_call turn whose value is not a call, expected {CALL_SHAPE}"
+
+
+def first_bad_call(column: pa.ChunkedArray) -> tuple[int, str] | None:
+    """(row, problem) of the first row of a typed (struct) conversations column holding a
+    ShareGPT `function_call` turn whose value is not a call, or None."""
+    before = 0
+    for chunk in column.chunks:
+        found = _first_in_chunk(chunk)
+        if found is not None:
+            return before + found[0], found[1]
+        before += len(chunk)
+    return None
+
+
+def _first_in_chunk(chunk: pa.Array) -> tuple[int, str] | None:
+    kind = chunk.type
+    if not hasattr(kind, "value_type") or not pa.types.is_struct(kind.value_type):
+        return None
+    if any(kind.value_type.get_field_index(k) < 0 for k in ("from", "value")):
+        return None
+    turns = pc.list_flatten(chunk)
+    said = pc.fill_null(pc.equal(pc.struct_field(turns, "from"), CALL_ROLE), False)
+    hits = pc.indices_nonzero(said)
+    if len(hits) == 0:
+        return None
+    values = pc.take(pc.struct_field(turns, "value"), hits).to_pylist()
+    parents = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
+    for value, at in zip(values, hits.to_pylist(), strict=True):
+        if tool_calls(value) is None:
+            row = int(parents[at])
+            item = at - int(np.searchsorted(parents, row))  # the turn's place in its row
+            return row, f"item {item} {call_problem({'role': CALL_ROLE})}"
+    return None

@@ -1,0 +1,163 @@
+"""ShareGPT's `function_call` turns (LLaMA-Factory's and APIGen-MT's tool-calling data) are the
+assistant's tool calls. Before, the call's JSON was trained as the answer's text, so a model
+learned the dataset's JSON instead of the call format its chat template writes (Qwen3's
+`<tool_call>` blocks), which its serving stack parses."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from test_tools import TOOL, _built_text, _tool_expert
+from train_helpers import run_here
+
+from expert_cli.data.calls import tool_calls
+from expert_cli.data.checks import check_manifest
+from expert_cli.data.formatting import IGNORE, KEPT, Formatter
+
+# writes each call with its arguments as JSON, as Qwen3's template does
+CALLS = (
+    "{%- if tools %}{{ '<|im_start|>system\\n# Tools\\n' }}{%- for t in tools %}"
+    "{{ t.function.name + '\\n' }}{%- endfor %}{{ '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{{ m.content or '' }}"
+    "{%- for c in m.tool_calls or [] %}<call {{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}>{%- endfor %}{{ '<|im_end|>\\n' }}{%- endfor %}"
+)
+CALL_TEXT = json.dumps({"name": "lookup_order", "arguments": {"order": 7}})
+SHAREGPT = [
+    {"from": "human", "value": "Where is order 7?"},
+    {"from": "function_call", "value": CALL_TEXT},
+    {"from": "observation", "value": '{"status": "shipped"}'},
+    {"from": "gpt", "value": "It has shipped."},
+]
+
+SHAREGPT_READ = [
+    {"role": "user", "content": "Where is order 7?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"type": "function", "function": {"name": "lookup_order", "arguments": {"order": 7}}}
+        ],
+    },
+    {"role": "tool", "content": '{"status": "shipped"}'},
+    {"role": "assistant", "content": "It has shipped."},
+]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (CALL_TEXT, [("lookup_order", {"order": 7})]),
+        ('{"name": "f", "arguments": "{\\"a\\": [1]}"}', [("f", {"a": [1]})]),  # JSON text
+        ('{"name": "f", "parameters": {"a": 1}}', [("f", {"a": 1})]),  # Llama's word
+        ('{"name": "now"}', [("now", {})]),  # a call of no arguments
+        ('{"name": "now", "arguments": null}', [("now", {})]),
+        (
+            '[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"x": 1}}]',
+            [("f", {}), ("g", {"x": 1})],
+        ),  # fmt: skip
+        ({"name": "f", "arguments": {"a": 1}}, [("f", {"a": 1})]),  # an object in a JSON file
+        ("<functioncall> f", None),  # Glaive's own text
+        ("[]", None),
+        ('{"arguments": {}}', None),  # no name
+        ('{"name": " ", "arguments": {}}', None),
+        ('{"name": "f", "arguments": [1]}', None),
+        ('{"name": "f", "arguments": "not json"}', None),
+        ('{"name": "f", "arguments": {}, "parameters": {}}', None),  # which one is unclear
+        ('{"name": "f", "arguments": {}, "thought": "..."}', None),  # not kept silently
+        ('[{"name": "f"}, "g"]', None),
+        (None, None),
+    ],
+)
+def test_a_function_calls_value_is_read_as_calls(value, expected) -> None:
+    calls = tool_calls(value)
+    if expected is None:
+        assert calls is None
+        return
+    assert calls == [
+        {"type": "function", "function": {"name": n, "arguments": a}} for n, a in expected
+    ]
+
+
+def test_a_call_keeps_its_id() -> None:
+    (call,) = tool_calls('{"name": "f", "arguments": {}, "id": "call_1"}')
+    assert call == {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {}}}
+
+
+def test_the_call_is_trained_in_the_templates_format_and_its_result_is_context(
+    tiny_tokenizer,
+) -> None:
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = CALLS
+    fmt = Formatter(tokenizer=tok, kind="messages", max_seq_length=512, overlong="truncate")
+    (row,) = fmt({"messages": [json.dumps(SHAREGPT_READ)]}).to_pylist()
+    assert row["status"] == KEPT
+    ids, labels = row["input_ids"], row["labels"]
+    trained = tok.decode([i for i, lab in zip(ids, labels, strict=True) if lab != IGNORE])
+    assert '<call lookup_order {"order": 7}>' in trained
+    assert CALL_TEXT not in tok.decode(ids)  # the dataset's JSON is not the answer's text
+    assert "shipped" not in trained.replace("It has shipped.", "")  # the result: context
+    assert "It has shipped." in trained
+
+
+def _expert(tmp_path: Path, tiny_model_dir: Path, rows: list[dict]) -> Path:
+    manifest = _tool_expert(tmp_path, tiny_model_dir, rows)
+    (tmp_path / "model" / "chat_template.jinja").write_text(CALLS)
+    return manifest
+
+
+def test_llama_factorys_tool_calling_file_trains_its_calls(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """LLaMA-Factory's layout (`conversations` of ShareGPT turns, `tools` as JSON text): the
+    calls and the definitions reach the template; a value that is not a call is exit 2
+    naming the file, line and turn, without quoting it."""
+    rows = [{"conversations": SHAREGPT, "tools": json.dumps([TOOL])}] * 4
+    manifest = _expert(tmp_path, tiny_model_dir, rows)
+    assert check_manifest(manifest).problems == []
+    text = _built_text(manifest, tmp_path / "model")
+    assert text.count('<call lookup_order {"order": 7}>') == 4
+    assert text.count("# Tools\nlookup_order") == 4
+    secret = "<functioncall> lookup_order secret-7f3"
+    bad = copy.deepcopy(SHAREGPT)
+    bad[1]["value"] = secret
+    (manifest.parent / "data" / "train.jsonl").write_text(
+        json.dumps(rows[0]) + "\n" + json.dumps({"conversations": bad}) + "\n"
+    )
+    for command in ("check", "train"):
+        done = run_here(command, "--manifest", str(manifest))
+        said = " ".join((done.stdout + done.stderr).split())
+        assert done.returncode == 2, said
+        assert "train.jsonl:2: field 'conversations'" in said
+        assert "item 1 is a function_call turn whose value is not a call, expected JSON" in said
+        assert "secret-7f3" not in said and "Traceback" not in said
+
+
+def test_a_saved_datasets_typed_turns_are_read_as_calls_and_checked(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A hub or saved dataset's ShareGPT turns are Arrow structs: its calls are read the same
+    way, and a value that is not a call is named by row and turn before anything is built."""
+    import datasets
+
+    manifest = _expert(tmp_path, tiny_model_dir, [{"conversations": SHAREGPT}])
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["path"] = "data/saved"
+    manifest.write_text(json.dumps(data))
+    rows = [{"conversations": SHAREGPT, "tools": json.dumps([TOOL])}] * 3
+    datasets.Dataset.from_list(rows).save_to_disk(str(manifest.parent / "data" / "saved"))
+    assert check_manifest(manifest).problems == []
+    assert _built_text(manifest, tmp_path / "model").count('<call lookup_order {"order": 7}>') == 3
+    bad = copy.deepcopy(SHAREGPT)
+    bad[1]["value"] = '{"name": "lookup_order", "arguments": "{"}'
+    datasets.Dataset.from_list([*rows, {"conversations": bad, "tools": None}]).save_to_disk(
+        str(manifest.parent / "data" / "bad")
+    )
+    data["training"]["dataset"]["path"] = "data/bad"
+    manifest.write_text(json.dumps(data))
+    (problem,) = check_manifest(manifest).problems
+    assert "row 4: field 'conversations'" in problem
+    assert "item 1 is a function_call turn whose value is not a call" in problem
