@@ -1108,6 +1108,11 @@ def test_each_task_is_detected_from_its_own_columns(tmp_path, write_jsonl) -> No
     loaded = load(tmp_path, {"type": "multi_task", "tasks": tasks, "eval_fraction": 0.25})
     read = loaded.train.to_list() + loaded.eval.to_list()
     assert sorted(r["instruction"] for r in read) == [f"{c}{n}" for c in "iq" for n in range(4)]
+    # each source's columns as read, for the cache's stats (it recorded the last source's)
+    assert [(m["source"], m["mapping"]["instruction"]) for m in loaded.mappings] == [
+        ("training.dataset.tasks.a.train", "instruction"),
+        ("training.dataset.tasks.b.train", "question"),
+    ]
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     write_jsonl(tmp_path / "b.jsonl", [{"messages": chat}] * 4)
     said = error_of(tmp_path, {"type": "multi_task", "tasks": tasks})

@@ -54,7 +54,11 @@ def test_the_build_records_the_detected_kind_and_each_layout(tmp_path: Path) -> 
     rows.append({"text": MARKER.replace("<|end|>", "</s>")})  # Zephyr's turns end with </s>
     rows.append({"text": "<|user|>\nQ\n<|assistant|>\nA <s>struck</s>"})  # not a turn's end
     resolved, tokenizer, data = _prepared(_manifest(tmp_path, rows))
-    assert data.stats["fields"] == {"kind": "text", "mapping": {"text": "text"}}
+    assert data.stats["fields"] == {
+        "kind": "text",
+        "mapping": {"text": "text"},
+        "sources": [{"source": "training.dataset.path", "mapping": {"text": "text"}}],
+    }
     assert data.stats["train"]["styles"] == {"chatml": 3, "marker": 3, "marker_eos": 1, "none": 1}
     assert data.stats["train"]["dropped_no_completion"] == 1
     layout, notes = prompt_format(resolved, tokenizer, {"stats": data.stats})

@@ -175,10 +175,19 @@ def _build(
         "num_proc": job.num_proc,
         "max_seq_length": resolved.max_seq_length,  # the drop reasons name it
         "notes": notes,
-        # the data's kind and columns, detected where field_mapping is unset (generate reads it)
-        "fields": {"kind": sources.fields.kind, "mapping": sources.fields.mapping},
+        # the data's kind (generate reads it) and columns, detected where field_mapping is
+        # unset: one mapping where every source has it, else null, and each source's
+        "fields": {
+            "kind": sources.fields.kind,
+            "mapping": _shared([m["mapping"] for m in sources.mappings]),
+            "sources": sources.mappings,
+        },
     }
     return _assemble(plan, shard_stats, sources.read, resumed, time.perf_counter() - started, extra)
+
+
+def _shared(mappings: list[dict[str, str]]) -> dict[str, str] | None:
+    return mappings[0] if all(m == mappings[0] for m in mappings) else None
 
 
 def _unchanged_since_planned(plan: CachePlan, resolved: ResolvedConfig) -> None:

@@ -70,6 +70,7 @@ class LoadedSources:
     fields: FieldSpec
     read: dict[str, int]
     notes: list[str]
+    mappings: list[dict[str, Any]]  # each source's columns as read (the manifest field naming it)
 
 
 def _arrow_value(role: str, value: Any) -> Any:
@@ -354,6 +355,7 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
     fields: FieldSpec | None = None
     train_parts, eval_parts, notes = [], [], []
     unread: list[str | None] = []  # each source's note of a tools column left unread
+    mappings: list[dict[str, Any]] = []
     read = {"train": 0, "eval": 0}
     for ref in resolved.train_sources + resolved.validation_sources:  # a hub one read offline
         problems, said = snapshot_lines(ref)
@@ -363,6 +365,7 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
     for i, ref in enumerate(resolved.train_sources):
         ds, fields = load_source(ref, fields, resolved.field_mapping, cache_dir)
         unread.append(unread_words(fields))
+        mappings.append({"source": ref.field, "mapping": fields.mapping})
         read["train"] += len(ds)
         if not resolved.validation_sources:
             ds, held = hold_out(ds, resolved.eval_fraction, resolved.eval_seed + i)
@@ -377,13 +380,14 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
     for ref in resolved.validation_sources:
         ds, fields = load_source(ref, fields, resolved.field_mapping, cache_dir)
         unread.append(unread_words(fields))
+        mappings.append({"source": ref.field, "mapping": fields.mapping})
         read["eval"] += len(ds)
         eval_parts.append(ds)
     assert fields is not None  # the manifest model requires at least one source
     notes += [note for note in dict.fromkeys(unread) if note]  # of any source
     train, held = _concat(train_parts), _concat(eval_parts) if eval_parts else None
     notes += [note] if (note := shared_note(train, held)) else []
-    return LoadedSources(train=train, eval=held, fields=fields, read=read, notes=notes)
+    return LoadedSources(train, held, fields, read, notes, mappings)
 
 
 def _concat(parts: list[datasets.Dataset]) -> datasets.Dataset:
