@@ -427,7 +427,9 @@ def test_check_says_which_columns_a_detected_mapping_reads(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     """With no field_mapping, which column became which role was seen only in the cache's
-    stats.json after a build (a dataset with a conversation column and a pair both)."""
+    stats.json after a build (a dataset with a conversation column and a pair both); the
+    columns left unread are named too (s1K's reasoning beside its question and solution was
+    dropped without a word)."""
     from expert_cli.data.checks import check_manifest
 
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=1)
@@ -444,7 +446,7 @@ def test_check_says_which_columns_a_detected_mapping_reads(
     assert (
         'training.dataset.field_mapping: none given; read as {"instruction": "question", '
         "\"response\": \"response\"}; input from 'input' and system from 'system_prompt' where a "
-        "row has it (set it to read other columns)"
+        "row has it; not read: 'id' (set it to read other columns)"
     ) in report.notes, report.notes
 
 

@@ -40,6 +40,7 @@ class FieldSpec:
     # a `tools` column the mapping leaves out (unread_words says so)
     unread: frozenset[str] = frozenset()
     at: str = ""  # where it was worked out (a file's first row, a dataset), as errors name it
+    others: tuple[str, ...] = ()  # the columns a detected mapping leaves unread, as check says
 
     @property
     def required(self) -> list[str]:
@@ -75,6 +76,7 @@ def field_spec(
     """Validate `field_mapping`, or detect it from the columns when unset (`turns`: those
     holding lists of objects, turns of a conversation)."""
     maybe: frozenset[str] = frozenset()
+    detected = mapping is None
     if mapping is None:
         # names matched whatever their case (SVAMP's `Question`), the lower-case one first
         named = {c.lower(): c for c in sorted(columns, key=lambda c: c == c.lower())}
@@ -102,7 +104,8 @@ def field_spec(
             + ("; beside it `response`, `system` and `tools` are read" if kind != "text" else "")
         )
     unread = frozenset({TOOLS} & set(columns)) - set(mapping)
-    return FieldSpec(kind=kind, mapping=dict(mapping), maybe=maybe, unread=unread, at=where)
+    others = tuple(sorted(set(columns) - set(mapping.values()) - unread)) if detected else ()
+    return FieldSpec(kind, dict(mapping), maybe, unread, where, others)
 
 
 def source_fields(
@@ -245,6 +248,8 @@ def detected_words(fields: FieldSpec) -> str:
     where = f"; {' and '.join(maybe)} where a row has it" if maybe else ""
     if fields.kind == "messages" and "response" in held:
         where += f"; {ANSWERED_BY}"
+    if fields.others:  # s1K's reasoning beside its question and solution, say
+        where += f"; not read: {shown_names(list(fields.others))}"
     return (
         f"training.dataset.field_mapping: none given; read as {json.dumps(held)}{where} "
         "(set it to read other columns)"
