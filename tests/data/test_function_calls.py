@@ -15,7 +15,9 @@ from train_helpers import run_here
 
 from expert_cli.data.calls import tool_calls
 from expert_cli.data.checks import check_manifest
-from expert_cli.data.formatting import IGNORE, KEPT, Formatter
+from expert_cli.data.conversations import form_note, standard_turns
+from expert_cli.data.formatting import DROPPED_TEMPLATE, IGNORE, KEPT, Formatter
+from expert_cli.data.values import _value_problem
 
 # writes each call with its arguments as JSON, as Qwen3's template does
 CALLS = (
@@ -61,6 +63,10 @@ SHAREGPT_READ = [
         ),  # fmt: skip
         ({"name": "f", "arguments": {"a": 1}}, [("f", {"a": 1})]),  # an object in a JSON file
         ("<functioncall> f", None),  # Glaive's own text
+        (
+            '{"name": "f", "arguments": \'{"a": "it\'s"}\'}',
+            [("f", {"a": "it's"})],
+        ),  # Glaive's quotes
         ("[]", None),
         ('{"arguments": {}}', None),  # no name
         ('{"name": " ", "arguments": {}}', None),
@@ -161,3 +167,83 @@ def test_a_saved_datasets_typed_turns_are_read_as_calls_and_checked(
     (problem,) = check_manifest(manifest).problems
     assert "row 4: field 'conversations'" in problem
     assert "item 1 is a function_call turn whose value is not a call" in problem
+
+
+# writes the roles it knows and skips any other, as Qwen3's template does
+KNOWN_ROLES = (
+    "{%- for m in messages %}{%- if m.role in ['system', 'user', 'assistant', 'tool'] %}"
+    "{{ '<|im_start|>' + m.role + '\\n' }}{{ m.content or '' }}"
+    "{%- for c in m.tool_calls or [] %}<call {{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}>{%- endfor %}{{ '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+)
+
+
+def _rows(tok, conversations: list[list[dict]]) -> list[dict]:
+    fmt = Formatter(tokenizer=tok, kind="messages", max_seq_length=512, overlong="truncate")
+    return fmt({"messages": [json.dumps(standard_turns(c)) for c in conversations]}).to_pylist()
+
+
+def _trained(tok, row: dict) -> str:
+    ids, labels = row["input_ids"], row["labels"]
+    return tok.decode([i for i, lab in zip(ids, labels, strict=True) if lab != IGNORE])
+
+
+def test_locutusques_turns_and_glaives_quoted_arguments_are_calls(tiny_tokenizer) -> None:
+    """Locutusque's `function-call`/`function-response` turns (Glaive's data, its arguments'
+    JSON in single quotes) were kept in roles Qwen3's template skips: the call and its
+    result vanished and the answer after them trained alone."""
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = KNOWN_ROLES
+    turns = [
+        {"from": "human", "value": "Weather in Paris?"},
+        {
+            "from": "function-call",
+            "value": '{"name": "weather", "arguments": \'{"city": "Paris"}\'}',
+        },
+        {"from": "function-response", "value": '{"sunny": true}'},
+        {"from": "gpt", "value": "Sunny."},
+    ]
+    (row,) = _rows(tok, [turns])
+    assert row["status"] == KEPT
+    assert _trained(tok, row).startswith('<call weather {"city": "Paris"}>')
+    assert '<|im_start|>tool\n{"sunny": true}' in tok.decode(row["input_ids"])
+
+
+def test_openais_earlier_function_calling_is_read_as_tool_calls(tiny_tokenizer) -> None:
+    """Toucan's and OpenAI's earlier form: an answer's `function_call` object with empty
+    content trained the model to end its turn; the `function` result vanished."""
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = KNOWN_ROLES
+    call = {"name": "search", "arguments": '{"q": "rust"}'}
+    turns = [
+        {"role": "user", "content": "Find rust."},
+        {"role": "assistant", "content": "", "function_call": call},
+        {"role": "function", "name": "search", "content": "three hits"},
+        {"role": "assistant", "content": "Found three."},
+    ]
+    (row,) = _rows(tok, [turns])
+    assert _trained(tok, row).startswith('<call search {"q": "rust"}>')
+    assert "<|im_start|>tool\nthree hits" in tok.decode(row["input_ids"])
+    assert standard_turns(turns)[2] == {"role": "tool", "name": "search", "content": "three hits"}
+    turns[1]["function_call"] = {"name": "search", "arguments": "not json"}
+    problem = _value_problem("messages", standard_turns(turns)) + form_note(turns)
+    assert problem.startswith("item 1 is a function_call turn whose value is not a call")
+    assert "OpenAI's function_call and function turns as tool_calls and tool turns" in problem
+
+
+def test_a_turn_in_a_role_the_template_skips_refuses_its_conversation(tiny_tokenizer) -> None:
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = KNOWN_ROLES
+    odd = [
+        {"role": "user", "content": "q"},
+        {"role": "api-result", "content": "r"},
+        {"role": "assistant", "content": "a"},
+    ]
+    rows = _rows(tok, [odd, [odd[0], odd[2]]])
+    assert [r["status"] for r in rows] == [DROPPED_TEMPLATE, KEPT]
+    assert rows[0]["refused"] == (
+        "its api-result turns are not rendered, roles user, api-result, assistant"
+    )
+    tok.chat_template = CALLS  # a template that writes every role: kept, the turn as context
+    assert [r["status"] for r in _rows(tok, [odd])] == [KEPT]

@@ -12,8 +12,8 @@ from pathlib import Path
 from conftest import write_jsonl
 from train_helpers import run_here, write_expert
 
+from expert_cli.data.answer_notes import reasoning_in, unwritten_reasoning
 from expert_cli.data.checks import check_manifest
-from expert_cli.data.conversations import reasoning_in, unwritten_reasoning
 
 # writes an answer's reasoning_content in a <think> block, as Qwen3's template does
 WRITES_REASONING = (
@@ -93,7 +93,8 @@ def test_the_builds_count_is_of_the_rows_it_trains(tiny_tokenizer) -> None:
     split's count: "50 of 80" where 39 of the 80 training rows held reasoning."""
     import datasets
 
-    from expert_cli.data.conversations import conversation_notes, conversation_text
+    from expert_cli.data.answer_notes import conversation_notes
+    from expert_cli.data.conversations import conversation_text
 
     plain = {"role": "assistant", "content": "42"}
     rows = [conversation_text([ASK, ANSWER if i % 2 else plain]) for i in range(100)]
@@ -108,7 +109,7 @@ def test_an_empty_answer_beside_others_is_noted(tmp_path: Path, tiny_model_dir: 
     """An empty answer inside a conversation trains just its end marker (the model ending its
     turn at once), which no count said (the Qwen3 audit). A weight of 0, a tool call or a
     conversation of empty answers alone (dropped) is not counted."""
-    from expert_cli.data.conversations import empty_answer
+    from expert_cli.data.answer_notes import empty_answer
 
     blank = {"role": "assistant", "content": " \n"}
     done = {"role": "assistant", "content": "42"}

@@ -33,8 +33,8 @@ from transformers import PreTrainedTokenizerFast
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
 from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.data.answer_notes import conversation_notes
 from expert_cli.data.cache import COMPLETE, STATS, CachePlan, local_data_files
-from expert_cli.data.conversations import conversation_notes
 from expert_cli.data.formatting import (
     DROPPED_ANSWER_CUT,
     DROPPED_NO_COMPLETION,
@@ -175,19 +175,16 @@ def _build(
         "num_proc": job.num_proc,
         "max_seq_length": resolved.max_seq_length,  # the drop reasons name it
         "notes": notes,
-        # the data's kind (generate reads it) and columns, detected where field_mapping is
-        # unset: one mapping where every source has it, else null, and each source's
-        "fields": {
-            "kind": sources.fields.kind,
-            "mapping": _shared([m["mapping"] for m in sources.mappings]),
-            "sources": sources.mappings,
-        },
+        # the data's kind (generate reads it) and each source's columns (data/sources.py)
+        "fields": {"kind": sources.fields.kind, **_columns(sources.mappings)},
     }
     return _assemble(plan, shard_stats, sources.read, resumed, time.perf_counter() - started, extra)
 
 
-def _shared(mappings: list[dict[str, str]]) -> dict[str, str] | None:
-    return mappings[0] if all(m == mappings[0] for m in mappings) else None
+def _columns(sources: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each source's mapping, and the one they share (null where they differ)."""
+    shared = all(s["mapping"] == sources[0]["mapping"] for s in sources)
+    return {"mapping": sources[0]["mapping"] if shared else None, "sources": sources}
 
 
 def _unchanged_since_planned(plan: CachePlan, resolved: ResolvedConfig) -> None:

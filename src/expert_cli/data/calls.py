@@ -1,5 +1,7 @@
 """ShareGPT's `function_call` turns (LLaMA-Factory's, APIGen-MT's, Glaive's as LLaMA-Factory
-converts it) read as the assistant's tool calls.
+converts it; Locutusque's `function-call`) and OpenAI's earlier function calling (an assistant
+turn's `function_call` object, a `function` turn's result) read as the assistant's tool calls
+and `tool` turns.
 
 Such a turn's value is the call as JSON text, `{"name": "...", "arguments": {...}}`, or a list
 of calls made at once. Trained as the answer's text, the model would learn the dataset's JSON
@@ -11,6 +13,7 @@ refused, as LLaMA-Factory refuses it: trained as text, it would teach a call no 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -18,6 +21,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 CALL_ROLE = "function_call"  # ShareGPT's `from` of a turn that calls tools
+CALL_FROMS = frozenset((CALL_ROLE, "function-call"))  # LLaMA-Factory's, Locutusque's
+# Glaive's call: its arguments' JSON text in single quotes (not JSON), as its derivatives keep it
+QUOTED_ARGUMENTS = re.compile(
+    r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*\'(.*)\'\s*\}\s*', re.S
+)
 CALL_SHAPE = (
     'JSON text of {"name": "...", "arguments": {...}}, or of a list of such calls '
     "(arguments may be JSON text of an object)"
@@ -42,12 +50,41 @@ def tool_calls(value: Any) -> list[dict[str, Any]] | None:
         try:
             value = json.loads(value)
         except ValueError:
-            return None
+            value = _quoted(value)
     given = value if isinstance(value, list) else [value]
     calls = [_call(c) for c in given]
     if not calls or any(c is None for c in calls):
         return None
     return calls  # type: ignore[return-value]
+
+
+def _quoted(text: str) -> dict[str, Any] | None:
+    """Glaive's call, `{"name": "f", "arguments": '{"a": 1}'}`, as the call it means."""
+    found = QUOTED_ARGUMENTS.fullmatch(text)
+    if found is None:
+        return None
+    try:
+        return {"name": json.loads(found[1]), "arguments": found[2]}
+    except ValueError:
+        return None
+
+
+def legacy_turn(message: dict[str, Any]) -> dict[str, Any]:
+    """A role/content message of OpenAI's earlier function calling in today's form: an
+    assistant turn's `function_call` object as its `tool_calls` (one not a call kept as a
+    `function_call` turn, which the row checks refuse), a `function` turn (the call's result)
+    as a `tool` turn; any other message as it is."""
+    role = message.get("role")
+    if role == "function":
+        return {**message, "role": "tool"}
+    call = message.get(CALL_ROLE)
+    if role != "assistant" or call is None or message.get("tool_calls"):
+        return message
+    rest = {k: v for k, v in message.items() if k not in (CALL_ROLE, "role")}
+    calls = tool_calls(call)
+    if calls is None:
+        return {"role": CALL_ROLE, **rest}
+    return {"role": "assistant", **rest, "tool_calls": calls}
 
 
 def _call(given: Any) -> dict[str, Any] | None:

@@ -19,15 +19,11 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment, unlaunched_world
 from expert_cli.config.refs import windows_note
 from expert_cli.config.resolve import ResolvedConfig, resolve
+from expert_cli.data.answer_notes import empty_answer_note, reasoning_note, unwritten_reasoning
 from expert_cli.data.build import (
     BuildProgress,
 )
 from expert_cli.data.cache import cache_root_problem
-from expert_cli.data.conversations import (
-    empty_answer_note,
-    reasoning_note,
-    unwritten_reasoning,
-)
 from expert_cli.data.fields import FieldSpec, detected_words, unread_words
 from expert_cli.data.format_check import formatted_problems, small_splits
 from expert_cli.data.formatting import (

@@ -16,14 +16,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import pyarrow.compute as pc
-
-from expert_cli.data.calls import CALL_ROLE, call_turn
+from expert_cli.data.calls import CALL_FROMS, call_turn, legacy_turn
 from expert_cli.data.file_text import drop_nulls, shown_name
 from expert_cli.data.tools import ToolsGiven
 
 if TYPE_CHECKING:
-    import datasets
     from transformers import PreTrainedTokenizerFast
 
 KEPT_WHEN_NULL = ("role", "content")
@@ -42,7 +39,8 @@ SHAREGPT_ROLES = {
     "bing": "assistant",
     "bard": "assistant",
     "observation": "tool",
-    CALL_ROLE: "assistant",  # its value read as the turn's tool_calls (data/calls.py)
+    "function-response": "tool",  # Locutusque's
+    **dict.fromkeys(CALL_FROMS, "assistant"),  # its value read as tool_calls (data/calls.py)
 }
 # Capybara's turns (`{"input": question, "output": answer}`): one exchange an item
 CAPYBARA = {"input", "output"}
@@ -81,9 +79,14 @@ def form_note(given: Any) -> str:
         return ""
     shared = any(isinstance(m, dict) and m.get("from") is not None for m in given)
     paired = any(len(_turns(m)) == 2 for m in given)
-    calls = any(isinstance(m, dict) and m.get("from") == CALL_ROLE for m in given)
+    calls = any(isinstance(m, dict) and m.get("from") in CALL_FROMS for m in given)
+    legacy = any(isinstance(m, dict) and m.get("role") is not None and _turns(m) != [m]
+                 for m in given)  # fmt: skip
     parts = ["ShareGPT's `from` as role, `value` as content"] if shared else []
     parts += ["a function_call's value as the assistant's tool_calls"] if calls else []
+    parts += (
+        ["OpenAI's function_call and function turns as tool_calls and tool turns"] if legacy else []
+    )
     parts += ["Capybara's items as two turns each, its `input` a user's, its `output` the "
               "assistant's"] if paired else []  # fmt: skip
     counted = "; turns count from 0, as read" if paired else ""
@@ -91,8 +94,10 @@ def form_note(given: Any) -> str:
 
 
 def _turns(message: Any) -> list[Any]:
-    if not isinstance(message, dict) or message.get("role") is not None:
+    if not isinstance(message, dict):
         return [message]
+    if message.get("role") is not None:  # OpenAI's earlier function calling read as today's
+        return [legacy_turn(message)]
     if message.get("content") is not None:
         return [message]  # a role/content message (with a `from` of its own: a name)
     if message.get("from") is None:
@@ -106,7 +111,7 @@ def _turns(message: Any) -> list[Any]:
     said = message["from"]
     role = SHAREGPT_ROLES.get(said, said) if isinstance(said, str) else said
     rest = {k: v for k, v in message.items() if k not in ("from", "value", "role", "content")}
-    if said == CALL_ROLE:
+    if said in CALL_FROMS:
         return [call_turn(message.get("value"), rest)]
     return [{"role": role, "content": message.get("value"), **rest}]
 
@@ -118,7 +123,7 @@ def without_fill_ins(messages: list[Any]) -> list[Any]:
     anything that is not an object is left as it is."""
     return [
         {
-            k: _joined(v) if k == "content" else v if k == "role" else drop_nulls(v, 1)
+            k: joined_content(v) if k == "content" else v if k == "role" else drop_nulls(v, 1)
             for k, v in m.items()
             if v is not None or k in KEPT_WHEN_NULL
         }
@@ -128,7 +133,7 @@ def without_fill_ins(messages: list[Any]) -> list[Any]:
     ]
 
 
-def _joined(content: Any) -> Any:
+def joined_content(content: Any) -> Any:
     """Content given as text parts (`[{"type": "text", "text": "..."}]`, OpenAI's form) as
     one text, the parts one after another, as multimodal chat templates render them; content
     with any other part is left as it is (for the template to take or refuse)."""
@@ -212,9 +217,36 @@ def render_conversation(
         return "", f"{type(exc).__name__}, roles {_roles(messages)}"
     if not _calls_rendered(tokenizer, messages, text):
         return "", f"its tool_calls are not rendered, roles {_roles(messages)}"
+    if unwritten := _unwritten_roles(tokenizer, messages):
+        return "", f"its {unwritten} turns are not rendered, roles {_roles(messages)}"
     if isinstance(tokenizer, ToolsGiven) and not _tools_rendered(tokenizer, messages, text):
         return "", f"its tools are not rendered, roles {_roles(messages)}"
     return text, None
+
+
+PROBE = "expert-cli-probe-7f3a"  # a text no template writes of its own
+COMMON_ROLES = ("user", "assistant", "system", "tool")  # roles every tool-aware template writes
+
+
+def _unwritten_roles(tokenizer: PreTrainedTokenizerFast, messages: list[Any]) -> str | None:
+    """The roles of turns the template leaves out, or None: a turn of another role than the
+    common ones (ShareGPT's `from` kept as its role) is given a probe text, which the render
+    must hold (Qwen3's template skips a role it does not know, so a tool's result or a call
+    left in its own role vanished and the answer after it trained without it)."""
+    odd = [
+        i
+        for i, m in enumerate(messages)
+        if isinstance(m, dict) and m.get("role") not in COMMON_ROLES and has_text(m.get("content"))
+    ]
+    if not odd:
+        return None
+    probed = [{**m, "content": f"{PROBE}-{i}-"} if i in odd else m for i, m in enumerate(messages)]
+    try:
+        text = str(tokenizer.apply_chat_template(probed, tokenize=False))
+    except Exception:  # noqa: BLE001 - it rendered the texts: they are written
+        return None
+    lost = dict.fromkeys(str(messages[i]["role"]) for i in odd if f"{PROBE}-{i}-" not in text)
+    return ", ".join(shown_name(r).strip("'") for r in lost) or None
 
 
 def _tools_rendered(tokenizer: ToolsGiven, messages: list[Any], text: str) -> bool:
@@ -259,104 +291,3 @@ def _calls_rendered(tokenizer: PreTrainedTokenizerFast, messages: list[Any], tex
         return str(tokenizer.apply_chat_template(without, tokenize=False)) != text
     except Exception:  # noqa: BLE001 - a template that needs the calls to render uses them
         return True
-
-
-# the keys an answer's reasoning is given in (Qwen3's and DeepSeek's, gpt-oss', others')
-REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
-PROBE = "expert-cli-probe-7f3a"  # a text no template writes of its own
-REASONING_BATCH = 4096  # stored conversations searched at a time
-
-
-def reasoning_in(messages: list[Any]) -> set[str]:
-    """The reasoning keys holding text in a conversation's assistant turns."""
-    return {
-        key
-        for m in messages
-        if isinstance(m, dict) and m.get("role") == "assistant"
-        for key in REASONING_KEYS
-        if has_text(m.get(key))
-    }
-
-
-def unwritten_reasoning(tokenizer: PreTrainedTokenizerFast, keys: set[str]) -> list[str]:
-    """The reasoning keys the chat template does not write, even in a last answer (where
-    Qwen3's writes `reasoning_content` in its <think> block): found by rendering a probe."""
-    unwritten = []
-    for key in sorted(keys):
-        probe = [
-            {"role": "user", "content": "q"},
-            {"role": "assistant", "content": "a", key: PROBE},
-        ]
-        try:
-            text = str(tokenizer.apply_chat_template(probe, tokenize=False))
-        except Exception:  # noqa: BLE001 - a template that refuses the key does not write it
-            text = ""
-        if PROBE not in text:
-            unwritten.append(key)
-    return unwritten
-
-
-def reasoning_note(keys: list[str], rows: int, total: int) -> str:
-    """A note for `rows` of `total` conversations whose answers' reasoning, in `keys`, the
-    chat template does not write: trained without it, without a word."""
-    named = " and ".join(f"`{k}`" for k in keys)
-    return (
-        f"{rows:,} of {total:,} conversations give an answer's reasoning in {named}, which the "
-        "chat template does not write: the reasoning is not trained; put it in the content "
-        "(<think>...</think> before the answer), or use a base model whose template writes it "
-        "(Qwen3's writes reasoning_content)"
-    )
-
-
-# stored text where an answer may be empty: its content null, or blank (JSON escapes too)
-EMPTY_CONTENT = r'"content": (null|"(?:\s|\\[nrt])*")'
-
-
-def empty_answer(messages: list[Any]) -> bool:
-    """Whether a conversation holds an empty answer beside answers with text: an assistant
-    turn of no text, reasoning or tool call, not left out by a weight of 0. It is trained as
-    the model ending its turn at once (a conversation of empty answers alone is dropped)."""
-    answers = [
-        m
-        for m in messages
-        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("weight") != 0
-    ]
-    said = [
-        has_text(_joined(m.get("content")))
-        or bool(m.get("tool_calls"))
-        or any(has_text(m.get(k)) for k in REASONING_KEYS)
-        for m in answers
-    ]
-    return any(said) and not all(said)
-
-
-def empty_answer_note(rows: int, total: int) -> str:
-    return (
-        f"{rows:,} of {total:,} conversations hold an empty answer beside answers with text (no "
-        "text, reasoning or tool call): it is trained, as the model ending its turn at once; "
-        'remove such turns, or give them "weight": 0'
-    )
-
-
-def conversation_notes(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerFast) -> list[str]:
-    """The build's notes on a training split's conversations (stored JSON text; the split's
-    own rows, after the hold-out and task weights): reasoning the chat template does not
-    write, and empty answers beside others. One pass; only rows whose text names such a key
-    or holds an empty content are parsed."""
-    if "messages" not in ds.column_names:
-        return []
-    keys = set(unwritten_reasoning(tokenizer, set(REASONING_KEYS)))
-    pattern = "|".join([*(f'"{k}": "' for k in sorted(keys)), EMPTY_CONTENT])
-    found: set[str] = set()
-    reasoned = empty = 0
-    for batch in ds.select_columns(["messages"]).with_format("arrow").iter(REASONING_BATCH):
-        column = batch.column("messages")
-        named = pc.fill_null(pc.match_substring_regex(column, pattern), False)
-        for i in pc.indices_nonzero(named).to_pylist():
-            messages = conversation(column[i].as_py())
-            if given := reasoning_in(messages) & keys:
-                found |= given
-                reasoned += 1
-            empty += empty_answer(messages)
-    notes = [reasoning_note(sorted(found), reasoned, len(ds))] if reasoned else []
-    return notes + ([empty_answer_note(empty, len(ds))] if empty else [])

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
+from expert_cli.data.answer_notes import empty_answer, reasoning_in
 from expert_cli.data.build import (
     BuildProgress,
     NoProgress,
@@ -18,11 +19,7 @@ from expert_cli.data.build import (
     quiet_datasets,
     split_fields,
 )
-from expert_cli.data.conversations import (
-    EMPTY,
-    empty_answer,
-    reasoning_in,
-)
+from expert_cli.data.conversations import EMPTY
 from expert_cli.data.dataset_rows import dataset_scan
 from expert_cli.data.fields import FieldSpec
 from expert_cli.data.format_check import KEEP_CHARS, KEEP_ROWS, row_chars
