@@ -601,20 +601,20 @@ def test_chat_messages_with_bytes_that_are_not_utf8(tmp_path: Path) -> None:
 def test_the_first_row_not_utf8_is_found_across_chunks() -> None:
     import pyarrow as pa
 
-    from expert_cli.data.sources import _first_not_utf8
+    from expert_cli.data.utf8_columns import first_not_utf8
 
     chunks = [_text_column([b"a"] * 5), _text_column([b"b"] * 3 + [b"\xc3"] + [b"\xff"])]
-    assert _first_not_utf8(pa.chunked_array(chunks)) == 8
-    assert _first_not_utf8(pa.chunked_array([_text_column([b"\xff"] + [b"a"] * 6)])) == 0
-    assert _first_not_utf8(pa.chunked_array([_text_column([b"a"] * 7)])) is None
-    assert _first_not_utf8(pa.chunked_array([], pa.string())) is None
+    assert first_not_utf8(pa.chunked_array(chunks)) == 8
+    assert first_not_utf8(pa.chunked_array([_text_column([b"\xff"] + [b"a"] * 6)])) == 0
+    assert first_not_utf8(pa.chunked_array([_text_column([b"a"] * 7)])) is None
+    assert first_not_utf8(pa.chunked_array([], pa.string())) is None
     # a null list row keeps items behind it that flatten() leaves out: rows still line up
     items = _text_column([b"a", b"b", b"c", b"\xff"])
     lists = pa.ListArray.from_arrays(
         pa.array([0, 2, 3, 4], pa.int32()), items, mask=pa.array([False, True, False])
     )
-    assert _first_not_utf8(pa.chunked_array([lists])) == 2
-    assert _first_not_utf8(pa.chunked_array([lists.slice(1)])) == 1
+    assert first_not_utf8(pa.chunked_array([lists])) == 2
+    assert first_not_utf8(pa.chunked_array([lists.slice(1)])) == 1
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from train_helpers import run_here, write_expert
 
 from expert_cli.data.fields import field_spec
 from expert_cli.data.formatting import DROPPED_TEMPLATE, IGNORE, KEPT, Formatter
-from expert_cli.data.tools import TOOLS_SHAPE, parsed_tools, tools_text
+from expert_cli.data.tools import ONE_TOOL, TOOLS_SHAPE, parsed_tools, tools_text
 from expert_cli.errors import UserError
 
 # writes the tools into a system turn, as Qwen's, Llama's and Mistral's templates do
@@ -101,7 +101,9 @@ def test_a_template_that_leaves_the_tools_out_refuses_the_row(tiny_tokenizer) ->
                 f"is an object, expected {TOOLS_SHAPE}",
             ),
         ),
-        (["lookup"], (None, "item 0 is text, expected an object (a tool's definition)")),
+        (["lookup"], (None, f"item 0 is text that is not JSON, expected {ONE_TOOL}")),
+        ([json.dumps(TOOL)], ([TOOL], None)),  # each tool's JSON text (When2Call's)
+        (["[1]"], (None, f"item 0 is a list, expected {ONE_TOOL}")),
     ],
 )
 def test_tools_are_a_list_of_objects_or_its_json_text(value, expected) -> None:
@@ -288,24 +290,35 @@ def test_tools_after_a_first_row_without_them_are_read(
     assert text.count("lookup_order: Finds an order by its id.") == 4
 
 
-def test_a_typed_list_of_text_is_not_tools(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """A saved dataset's tools as a list of JSON strings (one a tool) was read as no tools."""
+def test_each_tools_json_text_in_a_list_is_read(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """When2Call's tools: a list holding each tool's JSON text. It was exit 2 from a file
+    ("item 0 is text") and from a saved dataset (a typed list of strings); each is now read,
+    and a text that is not JSON is named by row and item."""
     import datasets
 
     from expert_cli.data.checks import check_manifest
 
-    manifest = _tool_expert(tmp_path, tiny_model_dir, [{"messages": [USER, CALL]}])
     rows = [{"messages": [USER, CALL], "tools": [json.dumps(TOOL)]}] * 3
+    manifest = _tool_expert(tmp_path, tiny_model_dir, rows)
+    assert check_manifest(manifest).problems == []
+    text = _built_text(manifest, tmp_path / "model")
+    assert text.count("lookup_order: Finds an order by its id.") == 3
     datasets.Dataset.from_list(rows).save_to_disk(str(manifest.parent / "data" / "saved"))
     data = json.loads(manifest.read_text())
     data["training"]["dataset"]["path"] = "data/saved"
     manifest.write_text(json.dumps(data))
+    assert check_manifest(manifest).problems == []
+    bad = [*rows, {"messages": [USER, CALL], "tools": ["lookup_order(id)"]}]
+    datasets.Dataset.from_list(bad).save_to_disk(str(manifest.parent / "data" / "bad"))
+    data["training"]["dataset"]["path"] = "data/bad"
+    manifest.write_text(json.dumps(data))
     (problem,) = check_manifest(manifest).problems
-    assert (
-        "field 'tools' (read as tools: set training.dataset.field_mapping to leave it out) "
-        "holds List(Value('string'))" in problem
+    assert problem.endswith(
+        "row 4: field 'tools' (read as tools: set training.dataset.field_mapping to leave it out) "
+        "item 0 is text that is not JSON, expected an object (a tool's definition) or its JSON "
+        "text"
     )
-    assert problem.endswith(f"expected {TOOLS_SHAPE} in every row")
+    assert parsed_tools([json.dumps(TOOL), TOOL]) == ([TOOL, TOOL], None)
 
 
 def test_a_mapping_that_leaves_the_tools_out_says_so(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -42,6 +42,7 @@ from expert_cli.data.overlap import shared_note
 from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
 from expert_cli.data.splits import apply_weight, hold_out
 from expert_cli.data.tools import tools_problem, tools_text, typed_objects
+from expert_cli.data.utf8_columns import first_not_utf8
 from expert_cli.data.values import expected_shape, messages_problem
 from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path
@@ -242,7 +243,7 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
                 f"{either}{expected_shape(shape)} in every row"
             )
         values = ds.data.column(column)
-        row = _first_not_utf8(values)
+        row = first_not_utf8(values)
         if row is not None:
             raise UserError(
                 f"{where}: row {row + 1}: field '{column}' ({named}) holds bytes "
@@ -256,57 +257,6 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
         if values.null_count:
             row = pc.indices_nonzero(pc.is_null(values)).to_pylist()[0] + 1
             raise UserError(f"{where}: row {row}: field '{column}' missing ({named})")
-
-
-def _first_not_utf8(values: pa.ChunkedArray) -> int | None:
-    """The first row whose strings are not valid UTF-8, or None. Arrow keeps a string's bytes
-    as written, so a dataset generated from a file in another encoding loads, and would fail
-    with a traceback only when the build reads that row."""
-    before = 0
-    for chunk in values.chunks:
-        row = _first_bad_utf8(chunk)
-        if row is not None:
-            return before + row
-        before += len(chunk)
-    return None
-
-
-def _first_bad_utf8(array: pa.Array) -> int | None:
-    """The first index of `array` holding a string that is not UTF-8: one full validation per
-    string leaf, then halving only where one fails; a list or struct maps its children's
-    index back to its own rows."""
-    kind = array.type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        if _valid(array):
-            return None
-        low, high = 0, len(array)  # the first bad index is in [low, high)
-        while high - low > 1:
-            middle = (low + high) // 2
-            if _valid(array.slice(low, middle - low)):
-                low = middle
-            else:
-                high = middle
-        return low
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        inner = _first_bad_utf8(array.flatten())  # the items of this slice's valid rows
-        if inner is None:
-            return None
-        # the row of each flattened item (a null row's items are not flattened: leave them out)
-        parents = pc.list_parent_indices(array)
-        parents = parents.filter(array.is_valid().take(parents))
-        return int(parents[inner].as_py())
-    if pa.types.is_struct(kind):
-        found = [i for f in array.flatten() if (i := _first_bad_utf8(f)) is not None]
-        return min(found) if found else None
-    return None
-
-
-def _valid(array: pa.Array) -> bool:
-    try:
-        array.validate(full=True)
-    except pa.ArrowInvalid:
-        return False
-    return True
 
 
 def _texts(feature: Any) -> bool:
@@ -329,6 +279,7 @@ def _of_type(feature: Any, role: str) -> bool:
                 isinstance(feature, (datasets.List, datasets.LargeList))
                 and isinstance(feature.feature, datasets.Json)
             )
+            or _texts(feature)  # each tool's JSON text (When2Call's)
             or (
                 isinstance(feature, datasets.Value)
                 and feature.dtype in ("string", "large_string", "null")

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 TOOLS_SHAPE = "a list of tool definitions (JSON objects), or its JSON text"
+ONE_TOOL = "an object (a tool's definition) or its JSON text"
 TOOLS_BATCH_ROWS = 1024  # rows of a dataset's tools read at a time
 SHAPE_DEPTH = 16  # nesting of a tool's definition looked at for its shape
 
@@ -42,10 +43,19 @@ def parsed_tools(value: Any, typed: bool = False) -> tuple[list[Any] | None, str
         return None, None
     if not isinstance(value, list):
         return None, f"is {_kind(value)}, expected {TOOLS_SHAPE}"
+    tools = []
     for i, tool in enumerate(value):
+        if isinstance(tool, str):  # each tool's own JSON text (When2Call's): no fill-ins
+            try:
+                tool = json.loads(tool)
+            except (json.JSONDecodeError, RecursionError):
+                return None, f"item {i} is text that is not JSON, expected {ONE_TOOL}"
+        elif typed:
+            tool = drop_nulls(tool, 1)
         if not isinstance(tool, dict):
-            return None, f"item {i} is {_kind(tool)}, expected an object (a tool's definition)"
-    return ((drop_nulls(value) if typed else value) or None), None
+            return None, f"item {i} is {_kind(tool)}, expected {ONE_TOOL}"
+        tools.append(tool)
+    return tools or None, None
 
 
 def tools_text(tools: list[Any] | None) -> str | None:
