@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,41 @@ def test_a_turn_in_a_role_the_template_skips_refuses_its_conversation(tiny_token
     )
     tok.chat_template = CALLS  # a template that writes every role: kept, the turn as context
     assert [r["status"] for r in _rows(tok, [odd])] == [KEPT]
+
+
+def test_a_conversation_kept_as_json_text_is_read(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Toucan-1.5M keeps each conversation (and its tools) as JSON text: "is a string,
+    expected a list" in a file, and a saved dataset's text column was refused by its type.
+    Both are read as the turns they hold; text that is not such JSON is named by row."""
+    import datasets
+
+    rows = [{"messages": json.dumps(SHAREGPT), "tools": json.dumps([TOOL])}] * 3
+    manifest = _expert(tmp_path, tiny_model_dir, rows)
+    assert check_manifest(manifest).problems == []
+    text = _built_text(manifest, tmp_path / "model")
+    assert text.count('<call lookup_order {"order": 7}>') == 3
+    (manifest.parent / "data" / "train.jsonl").write_text(
+        json.dumps({"messages": "Where is order 7?"}) + "\n"
+    )
+    (problem,) = check_manifest(manifest).problems
+    assert problem.endswith(
+        "train.jsonl:1: field 'messages' (field_mapping.messages) is text that is not JSON of a "
+        'list of turns, expected a list of {"role": "...", "content": "..."} objects (content '
+        "may be a list of text parts, or null in a turn with tool_calls)"
+    ), problem
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["path"] = "data/saved"
+    manifest.write_text(json.dumps(data))
+    saved = manifest.parent / "data" / "saved"
+    datasets.Dataset.from_list(rows).save_to_disk(str(saved))
+    assert check_manifest(manifest).problems == []
+    shutil.rmtree(manifest.parent / ".cache")
+    built = _built_text(manifest, tmp_path / "model")
+    assert built.count('<call lookup_order {"order": 7}>') == 3
+    bad = [*rows, {"messages": "{not a list", "tools": None}]
+    datasets.Dataset.from_list(bad).save_to_disk(str(manifest.parent / "data" / "bad"))
+    data["training"]["dataset"]["path"] = "data/bad"
+    manifest.write_text(json.dumps(data))
+    (problem,) = check_manifest(manifest).problems
+    assert "row 4: field 'messages'" in problem
+    assert "is text that is not JSON of a list of turns" in problem

@@ -93,7 +93,8 @@ def test_field_of_the_wrong_type_names_line_and_mapping(tmp_path, write_jsonl) -
     path = write_jsonl(tmp_path / "m.jsonl", [{"messages": "hello"}])
     msg = error_of(tmp_path, {"path": "m.jsonl", "field_mapping": {"messages": "messages"}})
     assert msg.startswith(
-        f"{path}:1: field 'messages' (field_mapping.messages) is a string, expected a list of"
+        f"{path}:1: field 'messages' (field_mapping.messages) is text that is not JSON of a "
+        "list of turns, expected a list of"
     )
 
 

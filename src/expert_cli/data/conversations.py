@@ -53,6 +53,8 @@ def standard_turns(messages: Any) -> Any:
     or Capybara's (`input` and `output`: a question and its answer in one item) as
     role/content messages, their other keys kept; LIMA's list of texts as a user's and the
     assistant's turns in turn; any other value as it is."""
+    if isinstance(messages, str):  # a conversation kept as JSON text (Toucan's)
+        messages = json_turns(messages)
     if not isinstance(messages, list):
         return messages
     if _texts(messages):
@@ -60,6 +62,17 @@ def standard_turns(messages: Any) -> Any:
             {"role": ("user", "assistant")[i % 2], "content": t} for i, t in enumerate(messages)
         ]
     return [turn for m in messages for turn in _turns(m)]
+
+
+def json_turns(text: str) -> Any:
+    """JSON text of a list (a conversation's turns) as the list; any other text as it is."""
+    if not text.lstrip().startswith("["):
+        return text
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return parsed if isinstance(parsed, list) else text
 
 
 def _texts(messages: list[Any]) -> bool:

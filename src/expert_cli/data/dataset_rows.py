@@ -30,10 +30,11 @@ def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
     """A hub or saved dataset with its `messages` column (an Arrow struct) as JSON text, a
     `response` and a `system` beside it joined in, and its `tools` where they are objects,
     written under `work_dir` (never beside the user's files or into a shared cache)."""
-    typed = [
+    typed = [  # a conversation's JSON text too: its turns read (ShareGPT's, OpenAI's earlier)
         role
         for role in ("messages", "tools")
-        if role in ds.features and not isinstance(ds.features[role], datasets.Value)
+        if role in ds.features
+        and (role == "messages" or not isinstance(ds.features[role], datasets.Value))
     ]
     joins = [role for role in JOINED if role in ds.features] if "messages" in typed else []
     structs = "tools" in typed and typed_objects(ds.features["tools"])  # Arrow's fill-ins

@@ -236,7 +236,8 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
             )
         feature = ds.features[column]
         shape = fields.shape(role, isinstance(feature, datasets.Value))
-        if not _of_type(feature, shape) or (shape != role and _texts(feature)):
+        text = role == "messages" and _texts_of(feature)  # JSON text of turns (Toucan's)
+        if not (_of_type(feature, shape) or text) or (shape != role and _texts(feature)):
             either = "an answer's text, or " if shape != role else ""  # a response's turns
             raise UserError(
                 f"{where}: field '{column}' ({named}) holds {feature}, expected "
@@ -257,6 +258,11 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
         if values.null_count:
             row = pc.indices_nonzero(pc.is_null(values)).to_pylist()[0] + 1
             raise UserError(f"{where}: row {row}: field '{column}' missing ({named})")
+
+
+def _texts_of(feature: Any) -> bool:
+    """Whether a column holds text (a dataset's strings)."""
+    return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
 
 
 def _texts(feature: Any) -> bool:

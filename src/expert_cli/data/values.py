@@ -53,6 +53,8 @@ def _value_problem(role: str, value: Any) -> str | None:
         if not isinstance(value, str):
             return f"is {kind_of(value)}, expected a string"
         return _text_problem(value)
+    if isinstance(value, str):  # JSON text of a list of turns is read as one
+        return f"is text that is not JSON of a list of turns, expected {MESSAGES_SHAPE}"
     if not isinstance(value, list):
         return f"is {kind_of(value)}, expected {MESSAGES_SHAPE}"
     for i, message in enumerate(value):
@@ -218,8 +220,9 @@ def messages_problem(ds: datasets.Dataset, column: str) -> tuple[int, str] | Non
     the turns' keys differ: a weight or tool_calls on some) is read row by row, as a file's
     rows are, and so is one of texts (LIMA's: a null among them is named); a struct column's
     weights are checked in Arrow (its shape is typed)."""
-    if not isinstance(
-        getattr(ds.features[column], "feature", None), (datasets.Json, datasets.Value)
+    feature = ds.features[column]  # text (JSON of the turns) is read row by row too
+    if not isinstance(feature, datasets.Value) and not isinstance(
+        getattr(feature, "feature", None), (datasets.Json, datasets.Value)
     ):
         return first_bad_weight(ds.data.column(column)) or first_bad_call(ds.data.column(column))
     batches = ds.select_columns([column]).iter(batch_size=JSON_BATCH_ROWS)
