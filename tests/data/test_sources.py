@@ -272,6 +272,10 @@ def test_field_mapping_detection_and_validation() -> None:
     pku = ["prompt", "response_0", "response_1", "safer_response_id", "better_response_id"]
     with pytest.raises(UserError, match="keep the preferred one of each row in one column"):
         field_spec(None, pku, "f")  # "no response column was found" suggested response_0
+    # glaive-function-calling-v2: "cannot tell which column", e.g. {"text": ...}, which would
+    # train its user turns and function results as well
+    with pytest.raises(UserError, match="Glaive's function-calling layout: USER:, ASSISTANT:"):
+        field_spec(None, ["system", "chat"], "f")
     # beside a conversation (HuggingFaceH4/ultrafeedback_binarized) or an answer: read as before
     h4 = ["prompt", "prompt_id", "chosen", "rejected", "messages", "score_chosen"]
     assert field_spec(None, h4, "f").mapping == {

@@ -226,6 +226,14 @@ def _detect_mapping(named: dict[str, str], where: str, turns: frozenset[str]) ->
         return {"instruction": prompt, "response": response, "input": given, "system": system}
     if "text" in cols:
         return {"text": "text"}
+    if {"system", "chat"} <= cols:  # glaive-function-calling-v2: turns by markers in one text
+        raise UserError(
+            f"{where}: a `chat` text beside `system` (Glaive's function-calling layout: USER:, "
+            "ASSISTANT: and FUNCTION RESPONSE: turns in one text, the functions in the system "
+            "text); mapped as `text`, its user turns and function results would be trained too: "
+            "convert each row to ShareGPT turns (human, function_call, observation, gpt, as "
+            "LLaMA-Factory's glaive_toolcall data is) with its tools, then train those"
+        )
     example = '{"text": "<column>"}'
     if prompt or response:  # half a pair (Nectar: a prompt, its answers in a list)
         found, role = (prompt, "instruction") if prompt else (response, "response")
