@@ -25,6 +25,12 @@ WITH_TOOLS = (
     "{{ m.content or '' }}{%- for c in m.tool_calls or [] %}<call {{ c.function.name }}>"
     "{%- endfor %}{{ '<|im_end|>\\n' }}{%- endfor %}"
 )
+# writes calls but no tool definitions
+NO_TOOLS = (
+    "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{{ m.content or '' }}"
+    "{%- for c in m.tool_calls or [] %}<call {{ c.function.name }}>{%- endfor %}"
+    "{{ '<|im_end|>\\n' }}{%- endfor %}"
+)
 TOOL = {
     "type": "function",
     "function": {
@@ -68,11 +74,7 @@ def test_the_tools_are_in_the_prompt_and_not_trained(tiny_tokenizer) -> None:
 
 def test_a_template_that_leaves_the_tools_out_refuses_the_row(tiny_tokenizer) -> None:
     tok = copy.deepcopy(tiny_tokenizer)
-    tok.chat_template = (
-        "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{{ m.content or '' }}"
-        "{%- for c in m.tool_calls or [] %}<call {{ c.function.name }}>{%- endfor %}"
-        "{{ '<|im_end|>\\n' }}{%- endfor %}"
-    )
+    tok.chat_template = NO_TOOLS
     rows = _format(tok, {"messages": [[USER, CALL]] * 2, "tools": [tools_text([TOOL]), None]})
     assert [r["status"] for r in rows] == [DROPPED_TEMPLATE, KEPT]
     assert rows[0]["refused"] == "its tools are not rendered, roles user, assistant"
@@ -398,3 +400,22 @@ def test_tools_left_unread_in_any_source_are_noted(tmp_path: Path) -> None:
         resolved = resolve(load_manifest(tmp_path / "manifest.json"), cpu_environment())
         notes = load_sources(resolved, tmp_path / f".ds-{order[0]}").notes
         assert sum("`tools` column (tool definitions) is not read" in n for n in notes) == 1
+
+
+def test_check_says_what_to_do_where_the_template_writes_no_tools(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Under a template that writes no tools at all (the demo's ChatML one), check asked to
+    "fix the tools' layout", which no layout can."""
+    from expert_cli.data.checks import check_manifest
+
+    rows = [{"messages": [USER, CALL], "tools": [TOOL]}] * 3
+    manifest = _tool_expert(tmp_path, tiny_model_dir, rows)
+    (tmp_path / "model" / "chat_template.jinja").write_text(NO_TOOLS)
+    (problem,) = check_manifest(manifest).problems
+    assert problem.endswith(
+        "(its tools are not rendered, roles user, assistant); it refuses every one of the 3 "
+        "training conversations, so train would have nothing to train on: fix the tools' "
+        "layout (or leave the tools unmapped, where the template writes none), or use a base "
+        "model whose template takes them"
+    ), problem

@@ -131,7 +131,11 @@ class DataCheck:
             if why.startswith("no response_template")
             else "is refused by the tokenizer's chat template"
         )
-        fix = "their roles or keys" if "its tools" not in why else "the tools' layout"
+        fix = (  # a template may write no tools at all (the demo's ChatML one)
+            "their roles or keys"
+            if "its tools" not in why
+            else "the tools' layout (or leave the tools unmapped, where the template writes none)"
+        )
         if why.startswith(EMPTY):  # nothing for a template to take: none is to blame
             return Refusals(f"{at}: this conversation is empty (no messages); {share}", every)
         return Refusals(
