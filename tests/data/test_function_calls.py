@@ -23,7 +23,7 @@ from expert_cli.data.values import _value_problem
 # writes each call with its arguments as JSON, as Qwen3's template does
 CALLS = (
     "{%- if tools %}{{ '<|im_start|>system\\n# Tools\\n' }}{%- for t in tools %}"
-    "{{ t.function.name + '\\n' }}{%- endfor %}{{ '<|im_end|>\\n' }}{%- endif %}"
+    "{{ (t.function or t).name + '\\n' }}{%- endfor %}{{ '<|im_end|>\\n' }}{%- endif %}"
     "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{{ m.content or '' }}"
     "{%- for c in m.tool_calls or [] %}<call {{ c.function.name }} "
     "{{ c.function.arguments | tojson }}>{%- endfor %}{{ '<|im_end|>\\n' }}{%- endfor %}"
@@ -286,3 +286,39 @@ def test_a_conversation_kept_as_json_text_is_read(tmp_path: Path, tiny_model_dir
     (problem,) = check_manifest(manifest).problems
     assert "row 4: field 'messages'" in problem
     assert "is text that is not JSON of a list of turns" in problem
+
+
+def test_xlams_query_answers_and_tools_train_the_calls(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Salesforce xlam-function-calling-60k: `query`, `answers` (JSON text of the calls) and
+    `tools` (JSON text of bare definitions). It was "cannot tell which column ... (no response
+    column was found)", and mapped as instruction data its calls trained as text without their
+    definitions. Now the query is the user's turn and the answers the assistant's tool_calls,
+    in files and saved datasets; `[]` (xlam-irrelevance: no call, and no answer given) leaves
+    nothing to train, and an answer naming no tool of the row is its text."""
+    import datasets
+
+    tools = json.dumps([{"name": "lookup_order", "description": "Finds an order by its id."}])
+    answers = json.dumps([{"name": "lookup_order", "arguments": {"order": 7}}] * 2)
+    rows = [{"id": n, "query": "Where are orders 7?", "answers": answers, "tools": tools}
+            for n in range(3)]  # fmt: skip
+    none = {"id": 3, "query": "Sing.", "answers": "[]", "tools": tools}
+    other = {"id": 4, "query": "Hi", "answers": '[{"name": "greet", "arguments": {}}]'}
+    manifest = _expert(tmp_path, tiny_model_dir, [*rows, none, {**other, "tools": tools}])
+    report = check_manifest(manifest)
+    assert report.problems == []
+    assert any('read as {"messages": "query", "response": "answers"}' in n for n in report.notes)
+    text = _built_text(manifest, tmp_path / "model")
+    assert text.count('<call lookup_order {"order": 7}><call lookup_order {"order": 7}>') == 3
+    assert text.count("# Tools\nlookup_order") == 4  # the `[]` row dropped
+    assert '<|im_start|>assistant\n[{"name": "greet"' in text  # not a call of its tools
+    assert "Sing." not in text
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["path"] = "data/saved"
+    manifest.write_text(json.dumps(data))
+    datasets.Dataset.from_list(rows).save_to_disk(str(manifest.parent / "data" / "saved"))
+    assert check_manifest(manifest).problems == []
+    shutil.rmtree(manifest.parent / ".cache")
+    built = _built_text(manifest, tmp_path / "model")
+    assert built.count('<call lookup_order {"order": 7}><call lookup_order {"order": 7}>') == 3

@@ -3,6 +3,10 @@
   completion: `prompt` and `completion`, each a list of turns; or one answer's text). The
   response's answers are trained as a `messages` row's are, and the answers inside `messages`
   are kept as context (weight 0), as TRL trains the completion alone.
+- Salesforce xlam's `query`, `answers` and `tools`: a prompt's text is the user's turn, and an
+  answer of calls (JSON text of `[{"name", "arguments"}]` naming tools the row defines) is the
+  assistant's `tool_calls`; `[]`, no call, is an empty answer (xlam-irrelevance's: dropped as
+  having nothing to train, as the data gives no answer to train).
 - `system` beside `messages`: its system prompt (Bespoke-Stratos' and OpenThoughts' `system`,
   Nemotron's `system_prompt`), put first as a system turn where the conversation has none of
   its own.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from expert_cli.data.calls import tool_calls
 from expert_cli.data.conversations import standard_turns
 
 RESPONSE = "response"
@@ -34,13 +39,39 @@ def answers_turns(value: Any) -> Any:
     return standard_turns(value)
 
 
-def joined(messages: Any, response: Any) -> list[Any]:
-    """One conversation: `messages` with its answers as context, then the response's turns."""
+def joined(messages: Any, response: Any, tools: list[Any] | None = None) -> list[Any]:
+    """One conversation: `messages` with its answers as context (a prompt's text as the user's
+    turn), then the response's turns (calls of the row's `tools` as tool_calls)."""
+    turns = standard_turns(messages or [])
+    if isinstance(turns, str):
+        turns = [{"role": "user", "content": turns}]
     context = [
         {**m, "weight": 0} if isinstance(m, dict) and m.get("role") == "assistant" else m
-        for m in standard_turns(messages or [])
+        for m in turns
     ]
-    return context + list(answers_turns(response))
+    return context + list(_calls_answer(response, tools) or answers_turns(response))
+
+
+def _calls_answer(response: Any, tools: list[Any] | None) -> list[Any] | None:
+    """An answer's text that is JSON of calls of the row's tools (xlam's `answers`) as the
+    assistant's turn calling them; `[]` beside tools as an empty answer; else None."""
+    if not tools or not isinstance(response, str):
+        return None
+    if response.strip() == "[]":
+        return [{"role": "assistant", "content": ""}]
+    calls = tool_calls(response)
+    defined = {_tool_name(t) for t in tools}
+    if calls is None or any(c["function"]["name"] not in defined for c in calls):
+        return None
+    return [{"role": "assistant", "content": None, "tool_calls": calls}]
+
+
+def _tool_name(tool: Any) -> Any:
+    """A tool definition's name: OpenAI's `{"type": "function", "function": {...}}` or bare."""
+    if not isinstance(tool, dict):
+        return None
+    inner = tool.get("function")
+    return inner.get("name") if isinstance(inner, dict) else tool.get("name")
 
 
 def with_system(messages: Any, system: Any) -> Any:
@@ -61,6 +92,6 @@ def joined_row(row: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in row.items() if k not in JOINED}
     messages = standard_turns(row["messages"])  # ShareGPT's system turn is one of its own
     if RESPONSE in row:
-        messages = joined(messages, row[RESPONSE])
+        messages = joined(messages, row[RESPONSE], row.get("tools"))
     out["messages"] = with_system(messages, row.get(SYSTEM))
     return out

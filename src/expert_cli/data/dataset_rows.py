@@ -37,7 +37,8 @@ def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
         and (role == "messages" or not isinstance(ds.features[role], datasets.Value))
     ]
     joins = [role for role in JOINED if role in ds.features] if "messages" in typed else []
-    structs = "tools" in typed and typed_objects(ds.features["tools"])  # Arrow's fill-ins
+    named = "tools" in ds.features  # a response's calls are of the row's tools (xlam's)
+    structs = named and typed_objects(ds.features["tools"])  # Arrow's fill-ins
     if not typed:
         return ds
 
@@ -46,7 +47,11 @@ def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
         if "messages" in typed:
             rows = batch["messages"]
             if joins:  # a response's turns, a system prompt: one conversation
-                parts = [{role: batch[role][i] for role in joins} for i in range(len(rows))]
+                tools = [parsed_tools(t, structs)[0] for t in batch["tools"]] if named else None
+                parts = [
+                    {**{role: batch[role][i] for role in joins}, TOOLS: tools and tools[i]}
+                    for i in range(len(rows))
+                ]
                 rows = [
                     joined_row({"messages": m, **p})["messages"]
                     for m, p in zip(rows, parts, strict=True)

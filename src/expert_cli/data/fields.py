@@ -62,9 +62,11 @@ class FieldSpec:
 
     def shape(self, role: str, value_is_text: bool) -> str:
         """The role whose shape a value of `role` must have: a `response` beside `messages`
-        is a conversation's turns, unless given as one answer's text."""
+        is a conversation's turns, unless given as one answer's text; `messages` beside a
+        response may be a prompt's text (xlam's `query`)."""
         turns = self.kind == "messages" and role == "response" and not value_is_text
-        return "messages" if turns else role
+        asked = role == "messages" and value_is_text and "response" in self.mapping
+        return "messages" if turns else "instruction" if asked else role
 
 
 def field_spec(
@@ -183,6 +185,8 @@ def _detect_mapping(named: dict[str, str], where: str, turns: frozenset[str]) ->
         system = "definition"  # Natural Instructions': the task's own instruction
     # a conversation or a prompt/answer pair before a text column: a rendered text (Alpaca's
     # beside its instruction and output) trains its prompts too
+    if prompt and "answers" in cols and TOOLS in cols and not response:  # Salesforce xlam's
+        return {"messages": prompt, "response": "answers", TOOLS: TOOLS, "system": system}
     for name in CONVERSATION_COLUMNS:  # ShareGPT's and Capybara's turns are read as messages,
         if name in cols:  # with their tools and system prompt where a row has them (OpenAI's
             return {"messages": name, TOOLS: TOOLS, "system": system}  # files leave tools out)

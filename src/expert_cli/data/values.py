@@ -16,7 +16,7 @@ import datasets
 from expert_cli.config.base import lone_surrogate_at
 from expert_cli.data.calls import call_problem, first_bad_call
 from expert_cli.data.completions import answers_turns, joined_row
-from expert_cli.data.conversations import form_note, is_text_part, standard_turns
+from expert_cli.data.conversations import form_note, is_text_part, json_turns, standard_turns
 from expert_cli.data.fields import OPTIONAL_ROLES, TOOLS, FieldSpec
 from expert_cli.data.file_text import repeated_keys, shown_name, shown_names
 from expert_cli.data.tools import TOOLS_SHAPE, parsed_tools
@@ -196,8 +196,10 @@ def check_row(row: Any, fields: FieldSpec, where: str, typed: bool = False) -> d
             raise UserError(
                 f"{where}: field {shown_name(column)} {how} (field_mapping.{role}){present}"
             )
+        if role == "messages" and isinstance(value, str):  # JSON text of turns: read as them
+            value = json_turns(value)
         shape = fields.shape(role, isinstance(value, str))
-        if shape != role:  # a response's turns, beside messages
+        if role == "response" and shape == "messages":  # a response's turns, beside messages
             turns = answers_turns(value)
         else:
             turns = standard_turns(value) if shape == "messages" else value
