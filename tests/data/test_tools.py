@@ -122,7 +122,9 @@ def test_the_tools_column_is_detected_beside_a_conversation_and_read_with_it_onl
         "tools": "tools",
         "system": "system",
     }
-    with pytest.raises(UserError, match="`tools` .* is read with `messages` only"):
+    with pytest.raises(
+        UserError, match=r"`tools` .* is read with `messages` only.*\{\"messages\": <prompt>"
+    ):
         field_spec({"text": "text", "tools": "tools"}, ["text", "tools"], "f")
 
 

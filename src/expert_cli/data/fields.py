@@ -90,7 +90,8 @@ def field_spec(
     if TOOLS in mapping and kind != "messages":
         raise UserError(
             "training.dataset.field_mapping: `tools` (tool definitions for the chat template) "
-            "is read with `messages` only; map the conversations to `messages`, or remove it"
+            "is read with `messages` only; map the conversations to `messages` (a prompt's text "
+            'and its answer as {"messages": <prompt>, "response": <answer>}), or remove it'
         )
     # beside `messages`, `response` holds the turns that answer it (TRL's conversational
     # prompt and completion: data/completions.py)
