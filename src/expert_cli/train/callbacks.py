@@ -160,16 +160,23 @@ class Interrupt:
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
         self.heard = heard  # told at once: a step of many micro-batches can take minutes
+        self.ending = False  # the steps trained: a signal waits for the final adapter's save
         self.clock, self._first = clock, 0.0
         self.echo = self.LAUNCHER_ECHO if launched(os.environ) else 0.0
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is None:
             self.signum, self._first = signum, self.clock()
-            if self.heard is not None:
+            name = signal.Signals(signum).name
+            if self.heard is not None and self.ending:
                 self.heard(
-                    f"{signal.Signals(signum).name}: stopping at the end of this optimizer "
-                    "step, with a checkpoint; the same signal again stops at once, without one"
+                    f"{name}: the run has trained its steps and stops once its final adapter "
+                    "is saved; the same signal again stops at once, without it"
+                )
+            elif self.heard is not None:
+                self.heard(
+                    f"{name}: stopping at the end of this optimizer step, with a checkpoint; "
+                    "the same signal again stops at once, without one"
                 )
             return
         if signum == self.signum and self.clock() - self._first < self.echo:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.splits import NO_EVAL_ROWS
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
-from expert_cli.errors import RunError, Terminated, UserError
+from expert_cli.errors import Interrupted, Terminated, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.adapter import start_problem
@@ -43,9 +42,10 @@ from expert_cli.train.callbacks import (
 )
 from expert_cli.train.causality import checked_isolation
 from expert_cli.train.checkpoints import CheckpointMarker, checkpoint_step, finished_from
-from expert_cli.train.choice import FINAL_STEP, final_adapter_step, final_step
+from expert_cli.train.choice import FINAL_STEP, final_step
 from expert_cli.train.data_record import BASE_CONFIG_KEY, base_config_digest, refuse_changed_data
-from expert_cli.train.divergence import DivergenceWatch, diverged_error
+from expert_cli.train.divergence import DivergenceWatch
+from expert_cli.train.final_save import AT_ONCE, end_run
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.grouped_lora import COMPILED_UNGROUPED, NOTHING_GROUPED, is_grouped
 from expert_cli.train.memory import Stopped, stage_out_of_memory
@@ -63,18 +63,15 @@ from expert_cli.train.outputs import (
     RANDOM_BASE,
     held_by_another,
     materialize_random_base,
-    move_final_files,
     output_dir,
     write_resolved,
 )
 from expert_cli.train.package import author_notes
-from expert_cli.train.report import write_run_plot
 from expert_cli.train.run_folder import (
     MAX_STEPS_KEY,
     busy,
     claim,
     decide,
-    disk_full,
     resumed_max_steps,
     set_aside,
     sweep_leftovers,
@@ -311,20 +308,6 @@ def _tensorboard(run: Run) -> TrainerCallback | None:
     return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(run.output / "runs")))
 
 
-def save(run: Run, trainer: Any) -> None:
-    """Adapter, adapter_config.json and tokenizer into OUTPUT (all ranks call, main writes)."""
-    staging = run.output / f".final-{os.getpid()}"
-    try:
-        trainer.save_model(str(staging))
-        if run.is_main:
-            move_final_files(staging, run.output)
-            step = final_adapter_step(trainer.args.load_best_model_at_end, trainer.state)
-            run.runtime[FINAL_STEP] = step
-            write_resolved(run.output, run.resolved, run.runtime)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
     """Train the manifest's adapter; on SIGINT/SIGTERM save a checkpoint and stop (before
     training begins: stop at once, the folder left as it was)."""
@@ -362,33 +345,16 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
             # a checkpoint of the last step is saved as it is, where every process finds it so
             if distributed.any_rank(not finished_from(trainer, resume)):
                 trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-        except (KeyboardInterrupt, Terminated):  # a second signal: stop at once
+        except (KeyboardInterrupt, Terminated) as exc:  # a second signal: stop at once
             throughput.finish(trainer.state.global_step, "interrupted", alone=True)
-            raise
+            code = exc.code if isinstance(exc, Terminated) else 130
+            raise Interrupted(AT_ONCE, code) from None
         except BaseException as exc:
             # a resume that fails while loading its checkpoint has trained 0 steps of its own
             reached = trainer.state.global_step or (checkpoint_step(resume) or 0 if resume else 0)
             run.on_failure(throughput, reached, exc)
             raise
-    if not stop.stopped:  # an adapter about to be saved: its numbers must be numbers
-        watch.check_weights(model, trainer.state.global_step, distributed.sum_over_ranks)
-    status = "diverged" if watch.diverged else "interrupted" if stop.stopped else "completed"
-    summary = throughput.finish(trainer.state.global_step, status)
-    if run.is_main:
-        write_run_plot(run.output)  # training.png, where matplotlib is installed
-    if watch.diverged is not None:
-        distributed.barrier()  # every process stopped at the same window
-        raise diverged_error(run.resolved, watch.diverged, run.output if run.is_main else None)
-    if status == "completed":
-        try:
-            save(run, trainer)
-        except Exception as exc:
-            if disk_full(exc, run.output):
-                raise RunError(
-                    f"no space left on {run.output} to save the adapter: free space, then "
-                    "train again with --resume"
-                ) from exc
-            raise
+        status, summary = end_run(run, model, trainer, (throughput, stop, watch), interrupt)
     distributed.barrier()
     code = interrupt.exit_code if stop.stopped else 0
     return TrainResult(run.output, status, code, summary, resume, run.is_main)
