@@ -32,11 +32,15 @@ def temporary_path(dest: Path) -> Path:
     """Where `dest` is built before it is renamed into place: `.tmp-<name>-<pid>`, or, where
     that would pass the file system's limit on a name (a legal name of 250 bytes),
     `.tmp-<hash of the name>-<pid>`."""
-    name = f".tmp-{dest.name}-{os.getpid()}"
-    if len(os.fsencode(name)) > NAME_MAX:
-        digest = hashlib.sha256(os.fsencode(dest.name)).hexdigest()[:16]
-        name = f".tmp-{digest}-{os.getpid()}"
-    return dest.with_name(name)
+    return dest.with_name(f"{temporary_prefix(dest)}{os.getpid()}")
+
+
+def temporary_prefix(dest: Path) -> str:
+    """The name of `dest`'s temporary file before the writer's pid (`temporary_path`)."""
+    name = f".tmp-{dest.name}-"
+    if len(os.fsencode(name)) + 10 > NAME_MAX:  # room for a pid
+        name = f".tmp-{hashlib.sha256(os.fsencode(dest.name)).hexdigest()[:16]}-"
+    return name
 
 
 @contextmanager

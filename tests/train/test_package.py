@@ -1211,3 +1211,27 @@ def test_a_tokenizer_file_too_large_to_read_is_not_called_sound(
         f"tokenizer.json: over {(size - 1) >> 20} MiB, larger than any model's tokenizer file; "
         "not read, so not called sound"
     ]
+
+
+def test_what_a_killed_package_left_is_removed_and_said(v2_run: Path, tmp_path: Path) -> None:
+    """A package killed as it was written left `.tmp-NAME.expert-PID` (hundreds of MB for a
+    real expert) beside where the package goes; the next package neither removed nor named
+    it. Only temporaries of this package and its checksum, of a process no longer running,
+    go."""
+    import os
+    import subprocess
+
+    done = subprocess.Popen(["true"])
+    done.wait()  # its pid: a process no longer running
+    left = [tmp_path / f".tmp-x.expert-{done.pid}", tmp_path / f".tmp-x.expert.sha256-{done.pid}"]
+    kept = [tmp_path / f".tmp-x.expert-{os.getppid()}", tmp_path / f".tmp-y.expert-{done.pid}"]
+    for path in left + kept:
+        path.write_bytes(b"half a package")
+    out = run_here("package", "--adapter", str(v2_run), "--output", str(tmp_path / "x.expert"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    said = " ".join(out.stdout.split())
+    for path in left:
+        assert not path.exists()
+        assert f"removed {path.name}, left by a package that was stopped" in said
+    assert all(path.exists() for path in kept)
+    assert (tmp_path / "x.expert").is_file()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -36,7 +35,7 @@ from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
 from expert_cli.config.loading import format_errors
 from expert_cli.config.refs import WINDOWS_PATH
 from expert_cli.errors import Interrupted, RunError, Terminated, UserError, value_kind
-from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, resolved_path, shown_path
+from expert_cli.paths import resolved_path, shown_path
 from expert_cli.train import adapter_entry as entry
 from expert_cli.train.adapter_entry import ALPHA_KEYS, DROPOUT_KEYS, RANK_KEYS, reconciled
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints, sound_checkpoints
@@ -58,11 +57,12 @@ from expert_cli.train.package_check import (
     verify_package,
 )
 from expert_cli.train.package_members import EXPERT_FILES, write_tar
+from expert_cli.train.package_output import refuse_output, stale
+from expert_cli.train.package_sum import CHECKSUM_SUFFIX
 from expert_cli.train.run_source import as_trained, edited_since, run_manifest
 from expert_cli.train.tokenizer_files import tokenizer_folder, tokenizer_members
 from expert_cli.weights import unchanged_adapter
 
-CHECKSUM_SUFFIX = ".sha256"
 SHOWN_FIELDS = 6  # fields a note names
 Members = dict[str, bytes | Path]  # member name -> its bytes, or the file that holds them
 
@@ -338,7 +338,8 @@ def build_package(
     default = package_name(manifest, str(base))
     path = resolved_path(output, "--output") if output else run_dir.parent / default
     checksum = path.with_name(path.name + CHECKSUM_SUFFIX)
-    _refuse_output(path, checksum, default, force, given=output is not None)
+    refuse_output(path, checksum, default, force, given=output is not None)
+    notes += [f"removed {name}, left by a package that was stopped" for name in stale(path)]
     if problem := data_folder_problem(path, run_dir, "the package and its .sha256"):
         raise UserError(problem)
     staged = Staged()
@@ -367,33 +368,3 @@ def build_package(
     notes += [n for n in report.notes if n not in notes]  # the check's, said once
     report.path, report.checksum_file, report.notes = path, checksum, notes
     return report
-
-
-def _refuse_output(
-    path: Path, checksum: Path, default: str, force: bool, given: bool = True
-) -> None:
-    """UserError naming --output where the package and its .sha256 cannot be written."""
-    if path.is_dir():
-        raise UserError(
-            f"--output {shown_path(path)}: is a folder; give the package's file name, "
-            f"e.g. {shown_path(path / default)}"
-        )
-    if path.suffix != ".expert":
-        raise UserError(f"--output {shown_path(path)}: a package's name ends in .expert")
-    if any(ord(c) < 32 or ord(c) == 127 for c in path.name):  # `sha256sum -c` misread it
-        raise UserError(
-            f"--output {shown_path(path)}: a name holding a control character (a newline, a "
-            "tab) cannot be given in its checksum file; choose another name"
-        )
-    if len(os.fsencode(checksum.name)) > NAME_MAX_BYTES:  # found after the build, it was exit 1
-        most = NAME_MAX_BYTES - len(CHECKSUM_SUFFIX)
-        why = f"(its checksum file adds {CHECKSUM_SUFFIX}; a file name is at most {NAME_MAX_BYTES})"
-        if not given:
-            raise UserError(
-                f"the package's name, from the manifest's name, version and base model, is over "
-                f"{most} bytes {why}; give a shorter one with --output"
-            )
-        raise UserError(f"--output {shown_path(path)}: a name of at most {most} bytes {why}")
-    for target in (path, checksum):
-        if problem := new_file_problem(target, "--output", force):
-            raise UserError(problem)

@@ -9,12 +9,15 @@ from pathlib import Path
 READ_BYTES = 64 << 10  # a line names the package; a huge file is not read whole
 
 
+CHECKSUM_SUFFIX = ".sha256"  # the checksum file: the package's name and this
+
+
 def checksum_verdict(package: Path, sha256: str) -> tuple[Path | None, list[str], list[str]]:
     """(the checksum file when it was read, problems, notes) for `package` of `sha256`. Every
     line that names the package (or names no file) must give its checksum: a second, wrong
     line for the same file was accepted. A file of lines naming other files alone is a note,
     its first line's checksum still compared."""
-    sidecar = package.with_name(package.name + ".sha256")
+    sidecar = package.with_name(package.name + CHECKSUM_SUFFIX)
     name, why = sidecar.name, "no such file" if not os.path.lexists(sidecar) else "not a file"
     try:
         if not sidecar.is_file():

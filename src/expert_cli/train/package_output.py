@@ -1,0 +1,63 @@
+"""Where `package` writes: an --output it cannot write refused before anything is built, and
+what a package stopped by a kill left beside it (its temporary files) removed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from expert_cli.atomic import temporary_prefix
+from expert_cli.errors import UserError
+from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, shown_path
+from expert_cli.train.outputs import PID, process_running
+from expert_cli.train.package_sum import CHECKSUM_SUFFIX
+
+
+def refuse_output(
+    path: Path, checksum: Path, default: str, force: bool, given: bool = True
+) -> None:
+    """UserError naming --output where the package and its .sha256 cannot be written."""
+    if path.is_dir():
+        raise UserError(
+            f"--output {shown_path(path)}: is a folder; give the package's file name, "
+            f"e.g. {shown_path(path / default)}"
+        )
+    if path.suffix != ".expert":
+        raise UserError(f"--output {shown_path(path)}: a package's name ends in .expert")
+    if any(ord(c) < 32 or ord(c) == 127 for c in path.name):  # `sha256sum -c` misread it
+        raise UserError(
+            f"--output {shown_path(path)}: a name holding a control character (a newline, a "
+            "tab) cannot be given in its checksum file; choose another name"
+        )
+    if len(os.fsencode(checksum.name)) > NAME_MAX_BYTES:  # found after the build, it was exit 1
+        most = NAME_MAX_BYTES - len(CHECKSUM_SUFFIX)
+        why = f"(its checksum file adds {CHECKSUM_SUFFIX}; a file name is at most {NAME_MAX_BYTES})"
+        if not given:
+            raise UserError(
+                f"the package's name, from the manifest's name, version and base model, is over "
+                f"{most} bytes {why}; give a shorter one with --output"
+            )
+        raise UserError(f"--output {shown_path(path)}: a name of at most {most} bytes {why}")
+    for target in (path, checksum):
+        if problem := new_file_problem(target, "--output", force):
+            raise UserError(problem)
+
+
+def stale(path: Path) -> list[str]:
+    """Remove the temporary files of the package `path` and its checksum that a process no
+    longer running left (a package killed as it was written: hundreds of MB each); their
+    names."""
+    removed = []
+    for dest in (path, path.with_name(path.name + CHECKSUM_SUFFIX)):
+        prefix = temporary_prefix(dest)
+        for leftover in dest.parent.glob(f"{glob_escaped(prefix)}*"):
+            pid = leftover.name.removeprefix(prefix)
+            if PID.fullmatch(pid) and not process_running(int(pid)) and leftover.is_file():
+                leftover.unlink(missing_ok=True)
+                removed.append(leftover.name)
+    return removed
+
+
+def glob_escaped(text: str) -> str:
+    """`text` matched literally by Path.glob (a package's name may hold [ or *)."""
+    return "".join(f"[{c}]" if c in "[]*?" else c for c in text)
