@@ -46,7 +46,7 @@ def test_a_chat_prompt_is_rendered_with_the_tools(tiny_tokenizer) -> None:
         ("[{", f"is text that is not JSON; expected {TOOLS_SHAPE}"),
         ("[]", f"holds none; expected {TOOLS_SHAPE}"),
         ('{"name": "f"}', f"is an object, expected {TOOLS_SHAPE}"),
-        ('["f"]', "item 0 is text, expected an object (a tool's definition)"),
+        ('["f"]', "item 0 is text that is not JSON, expected an object (a tool's"),
         ('[{"name": "\\ud800"}]', "holds a lone surrogate escape; not text"),
         (None, "does not exist"),
     ],
