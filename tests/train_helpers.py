@@ -134,6 +134,9 @@ def hand_built_manifest(**top) -> dict:
     }
 
 
+NO_TENSORS = (2).to_bytes(8, "little") + b"{}"  # a whole safetensors file of no tensors
+
+
 def hand_built_run(tmp_path: Path, source: dict | str | None = None) -> Path:
     """A run folder as train leaves it, built by hand (the adapter holds no tensors: no
     command that loads it is run on it), trained from a manifest whose folder is gone."""
@@ -142,8 +145,7 @@ def hand_built_run(tmp_path: Path, source: dict | str | None = None) -> Path:
     config = {"base_model_name_or_path": "org/model", "peft_type": "LORA", "r": 8}
     config["target_modules"] = ["q_proj"]
     (run / "adapter_config.json").write_text(json.dumps(config))
-    empty = (2).to_bytes(8, "little") + b"{}"  # a whole safetensors file of no tensors
-    (run / "adapter_model.safetensors").write_bytes(empty)
+    (run / "adapter_model.safetensors").write_bytes(NO_TENSORS)
     resolved = {"manifest_path": str(tmp_path / "expert" / "manifest.json")}  # a folder gone
     resolved |= {"adapter_type": "lora", "rank": 8, "alpha": 16.0, "epochs": 1.0}
     resolved |= {"learning_rate": 2e-4, "batch_size": 4, "gradient_accumulation_steps": 1}

@@ -268,3 +268,32 @@ def test_intervals_edited_before_a_resume_are_applied(
     assert sorted(window_losses(out)) == [2, 3, 4]
     saved = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert saved == ["checkpoint-2", "checkpoint-3", "checkpoint-4"], saved
+
+
+def test_a_damaged_final_adapter_is_not_a_finished_run(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A finished run whose final adapter was cut short since (a copy, a full disk) was "a
+    finished run; nothing to resume", and report said package ships it, which package then
+    refused. Now report names the damage, and --resume saves the adapter again from the
+    checkpoint of the last step."""
+    from safetensors.torch import load_file
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=16, config={"save_steps": 2})
+    out = tmp_path / "o"
+    args = (*_train(manifest, out), "--max-steps", "4")
+    assert run_main(capsys, monkeypatch, *args)[0] == 0
+    weights = out / "adapter_model.safetensors"
+    with weights.open("r+b") as f:
+        f.truncate(weights.stat().st_size - 100)
+    code, stdout, _ = run_main(capsys, monkeypatch, "report", str(out))
+    said = " ".join(stdout.split())
+    assert code == 0 and said.startswith("stopped: 4 steps"), said
+    assert "adapter_model.safetensors is damaged (its header does not match its size)" in said
+    assert "package ships the final adapter, which is damaged: --checkpoint NAME ships" in said
+    code, stdout, err = run_main(capsys, monkeypatch, *args, "--resume")
+    assert code == 0, stdout + err
+    assert "its adapter saved as the final one" in " ".join(stdout.split())
+    final = load_file(weights)
+    kept = load_file(out / "checkpoints" / "checkpoint-4" / "adapter_model.safetensors")
+    assert final.keys() == kept.keys() and all(final[k].equal(kept[k]) for k in kept)

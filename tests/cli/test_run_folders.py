@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
-from train_helpers import read_metrics, run_here, run_main, window_losses, write_expert
+from train_helpers import NO_TENSORS, read_metrics, run_here, run_main, window_losses, write_expert
 
 from expert_cli.train.checkpoints import COMPLETE
 
@@ -501,7 +501,7 @@ def test_a_hand_edited_metrics_file_is_read_without_a_traceback(
     1e400 or objects where a number or a status goes were tracebacks."""
     from expert_cli.train.run_folder import previous_run
 
-    (tmp_path / "adapter_model.safetensors").write_bytes(b"x")
+    (tmp_path / "adapter_model.safetensors").write_bytes(NO_TENSORS)
     text = json.dumps({"summary": summary}).replace("Infinity", "1e400")
     (tmp_path / "metrics.json").write_text(text)
     found = previous_run(tmp_path)

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from train_helpers import h100_environment
+from train_helpers import NO_TENSORS, h100_environment
 from transformers import TrainingArguments
 
 from expert_cli.config import load_manifest
@@ -391,7 +391,7 @@ def test_leftovers_of_dead_processes_are_swept_and_live_ones_kept(tmp_path: Path
     (tmp_path / f".tmp-metrics.json-{dead}").write_text("{")
     (tmp_path / f".final-{live}").mkdir()  # this process's own staging: in use
     (tmp_path / ".hidden-notes").write_text("mine")  # not ours: left alone
-    (tmp_path / "adapter_model.safetensors").write_bytes(b"x")
+    (tmp_path / "adapter_model.safetensors").write_bytes(NO_TENSORS)
     removed = sweep_leftovers(tmp_path)
     assert sorted(removed) == sorted(
         [f".final-{dead}", f".tmp-base_model-{dead}", f".tmp-metrics.json-{dead}"]

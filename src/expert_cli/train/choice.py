@@ -26,6 +26,7 @@ from expert_cli.train.outputs import (
     read_json_file,
 )
 from expert_cli.train.run_source import run_manifest
+from expert_cli.weights import safetensors_problem
 
 FINAL = "final"
 BEST = "best"  # --checkpoint best: the kept adapter of lowest eval loss
@@ -68,10 +69,16 @@ def kept_adapters(run_dir: Path) -> list[KeptAdapter]:
         for path in complete_checkpoints(run_dir / "checkpoints")
         if (step := checkpoint_step(path)) is not None
     ]
-    if (run_dir / ADAPTER_WEIGHTS[0]).is_file():
+    if final_adapter_whole(run_dir):  # a damaged one is not offered (package refuses it)
         step = final_step(run_dir)
         kept.append(KeptAdapter(FINAL, step, losses.get(step) if step is not None else None))
     return kept
+
+
+def final_adapter_whole(run_dir: Path) -> bool:
+    """Whether the run's final adapter is there and whole (its header matches its size)."""
+    path = run_dir / ADAPTER_WEIGHTS[0]
+    return path.is_file() and safetensors_problem(path) is None
 
 
 def final_adapter_step(load_best_model_at_end: bool, state: Any) -> int:

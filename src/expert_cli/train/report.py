@@ -29,6 +29,7 @@ from expert_cli.train.choice import (
     FINAL,
     KeptAdapter,
     default_choice,
+    final_adapter_whole,
     kept_adapters,
     lower_loss_note,
     lowest,
@@ -41,6 +42,7 @@ from expert_cli.train.outputs import (
     read_json_file,
     set_aside_line,
 )
+from expert_cli.weights import DAMAGED
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")
 PLOT_NAME = "training.png"
@@ -176,13 +178,15 @@ def _status(run_dir: Path, written: str) -> tuple[str, str | None]:
     final save leaves "completed" without the adapter."""
     if written == "running" and not held_by_another(run_dir):  # killed: no word written
         return "stopped", STOPPED_NOTE
-    if written != "completed" or (run_dir / ADAPTER_WEIGHTS[0]).is_file():
+    if written != "completed" or final_adapter_whole(run_dir):
         return written, None
     if held_by_another(run_dir):
         return "saving", SAVING_NOTE
+    weights = run_dir / ADAPTER_WEIGHTS[0]
+    lost = f"{weights.name} {DAMAGED}" if weights.is_file() else UNSAVED_NOTE
     if complete_checkpoints(run_dir / "checkpoints"):
-        return "stopped", f"{UNSAVED_NOTE}; train with the same --output and --resume saves it"
-    return "stopped", f"{UNSAVED_NOTE}; it keeps no checkpoint to save it from: train again"
+        return "stopped", f"{lost}; train with the same --output and --resume saves it"
+    return "stopped", f"{lost}; it keeps no checkpoint to save it from: train again"
 
 
 def adapter_list(run_dir: Path, best_eval: tuple[float, float] | None) -> AdapterList:
@@ -228,11 +232,15 @@ def _ship_notes(
         return []
     if ships not in {a.name for a in adapters}:
         if ships == FINAL:
+            why = (
+                "which is damaged"
+                if (run_dir / ADAPTER_WEIGHTS[0]).is_file()
+                else "which the run did not write (it stopped before its end)"
+            )
             return [
                 (
                     "package",
-                    f"ships the final adapter{who}, which the run did not write (it stopped "
-                    "before its end): --checkpoint NAME ships one it keeps",
+                    f"ships the final adapter{who}, {why}: --checkpoint NAME ships one it keeps",
                 )
             ]
         return [

@@ -26,7 +26,7 @@ from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
 from expert_cli.paths import RUN_OUTPUTS
 from expert_cli.train.checkpoints import checkpoint_step, refuse_pruned, resume_point
-from expert_cli.train.choice import final_step
+from expert_cli.train.choice import final_adapter_whole, final_step
 from expert_cli.train.distributed import refuse_world_change
 from expert_cli.train.outputs import (
     ASIDE_PREFIX,
@@ -83,7 +83,7 @@ def previous_run(output: Path) -> Previous | None:
     metrics = metrics if isinstance(metrics, dict) else {}  # a hand-edited file may hold anything
     status = metrics.get("status")
     status = status if isinstance(status, str) and status in KNOWN_STATUSES else "unknown"
-    if status == "completed" and not (output / "adapter_model.safetensors").is_file():
+    if status == "completed" and not final_adapter_whole(output):  # missing, or damaged
         status = "unknown"
     config = read_json_file(output / "manifest.resolved.json")
     steps = metrics.get("steps")
