@@ -890,9 +890,11 @@ def test_a_garbled_run_configuration_is_not_called_missing(capsys, monkeypatch, 
     from train_helpers import hand_built_run, run_main
 
     run = hand_built_run(tmp_path)
-    (run / "manifest.resolved.json").write_text("x {")
-    code, _, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "hi")
-    assert code == 2 and "its manifest.resolved.json is not a JSON object" in err, err
+    for garbled in ("x {", "{}"):  # `{}` was "not a JSON object"
+        (run / "manifest.resolved.json").write_text(garbled)
+        code, _, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "hi")
+        said = " ".join(err.split())
+        assert code == 2 and "its manifest.resolved.json holds no run's configuration" in said
     (run / "manifest.resolved.json").unlink()
     code, _, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "hi")
     assert code == 2 and "its manifest.resolved.json is missing" in err, err

@@ -1235,3 +1235,30 @@ def test_what_a_killed_package_left_is_removed_and_said(v2_run: Path, tmp_path: 
         assert f"removed {path.name}, left by a package that was stopped" in said
     assert all(path.exists() for path in kept)
     assert (tmp_path / "x.expert").is_file()
+
+
+def test_package_of_a_run_stopped_before_its_end_says_so(v2_run: Path, tmp_path: Path) -> None:
+    """A run stopped before its final adapter got "no adapter_config.json (expected the output
+    folder of `expert-cli train`)", which it is; and with its manifest.resolved.json cut short
+    too, the same words, not the damaged record."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(v2_run, run)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (run / name).unlink()
+    held = sorted(p.name for p in (run / "checkpoints").iterdir())
+    out = run_here("package", "--adapter", str(run), "--output", str(tmp_path / "x.expert"))
+    said = " ".join((out.stdout + out.stderr).split())
+    assert out.returncode == 2, said
+    assert said.endswith(
+        "the run stopped before writing its final adapter; finish it with `expert-cli train` "
+        "with the same --output and --resume; ship a checkpoint: --checkpoint NAME "
+        f"({', '.join(held)})"
+    ), said
+    assert "no adapter_config.json" not in said
+    resolved = run / "manifest.resolved.json"
+    resolved.write_text(resolved.read_text()[:300])
+    out = run_here("package", "--adapter", str(run), "--checkpoint", held[-1])
+    said = " ".join((out.stdout + out.stderr).split())
+    assert out.returncode == 2 and "its manifest.resolved.json is missing, unreadable" in said

@@ -163,7 +163,7 @@ def load_run(adapter: Path) -> LoadedRun:
     data = read_json_file(run_dir / "manifest.resolved.json")
     if not data:
         there = (run_dir / "manifest.resolved.json").is_file()
-        what = "is not a JSON object" if there else "is missing"
+        what = "holds no run's configuration (damaged, or emptied)" if there else "is missing"
         raise UserError(f"--adapter {adapter}: its manifest.resolved.json {what} (train writes it)")
     runtime = data.pop("runtime", None)
     try:

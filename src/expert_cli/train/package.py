@@ -143,6 +143,14 @@ def _final_problem(run_dir: Path) -> UserError | None:
     except UserError as exc:
         if not run_dir.is_dir():
             raise
+        if (
+            complete_checkpoints(run_dir / "checkpoints")
+            and not (run_dir / "adapter_config.json").exists()
+        ):
+            return UserError(  # train's folder: a run stopped before its end (generate's words)
+                f"--adapter {shown_path(run_dir)}: the run stopped before writing its final "
+                "adapter; finish it with `expert-cli train` with the same --output and --resume"
+            )
         return exc
     return None
 
@@ -261,8 +269,8 @@ def plan_members(
     run_dir = run_dir.absolute()
     final_problem = _final_problem(run_dir)
     resolved = read_json_file(run_dir / "manifest.resolved.json")
-    if final_problem and not resolved:
-        raise final_problem
+    if final_problem and not resolved and not (run_dir / "manifest.resolved.json").exists():
+        raise final_problem  # a folder train did not write (a damaged record is named below)
     source, manifest_path = run_manifest(run_dir, resolved)
     edited = edited_since(run_dir, source, manifest_path)
     source, notes = as_trained(source, resolved)
