@@ -169,3 +169,26 @@ def sigterm_raises() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def usual_mode(folder: Path) -> None:
+    """Give the safetensors files in `folder` the mode a new file gets (0666 less the umask):
+    safetensors writes a temporary file of mode 0600 and renames it, so a run's other files
+    could be read by the people it is shared with, and its weights not."""
+    mode = 0o666 & ~_umask()
+    for path in folder.glob("*.safetensors") if folder.is_dir() else []:
+        with suppress(OSError):  # a file system without modes (a mounted share) keeps its own
+            if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 != mode:
+                path.chmod(mode)
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (Linux's /proc; elsewhere set and put
+    back)."""
+    with suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -1262,3 +1262,17 @@ def test_package_of_a_run_stopped_before_its_end_says_so(v2_run: Path, tmp_path:
     out = run_here("package", "--adapter", str(run), "--checkpoint", held[-1])
     said = " ".join((out.stdout + out.stderr).split())
     assert out.returncode == 2 and "its manifest.resolved.json is missing, unreadable" in said
+
+
+def test_a_runs_weights_get_the_mode_of_its_other_files(v2_run: Path) -> None:
+    """safetensors writes each file 0600 (a temporary file renamed): a run shared with
+    others could be read but for its weights. They now get what a new file gets."""
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    weights = [v2_run / "adapter_model.safetensors", *v2_run.glob("checkpoints/*/*.safetensors")]
+    assert len(weights) >= 2
+    modes = {p.name: p.stat().st_mode & 0o777 for p in weights}
+    assert set(modes.values()) == {0o666 & ~mask}, modes
+    assert (v2_run / "adapter_config.json").stat().st_mode & 0o777 == 0o666 & ~mask

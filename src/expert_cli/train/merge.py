@@ -19,7 +19,7 @@ from peft.utils import get_peft_model_state_dict
 from safetensors import SafetensorError
 from transformers.utils import logging as hf_logging
 
-from expert_cli.atomic import atomic_folder
+from expert_cli.atomic import atomic_folder, usual_mode
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.tokenizer import config_problem
@@ -279,6 +279,7 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
         with atomic_folder(output) as tmp:  # an existing `output` is empty, checked above
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
+            usual_mode(tmp)
     except (OSError, SafetensorError) as exc:  # a full disk: not the user's input; nothing
         # half-written is kept (safetensors' writer raises its own error for it)
         if isinstance(exc, OSError) and exc.errno in TAKEN and os.path.lexists(output):

@@ -20,7 +20,7 @@ from filelock import FileLock, Timeout
 from peft import PeftConfig
 from pydantic import ValidationError
 
-from expert_cli.atomic import atomic_folder, write_json_atomic
+from expert_cli.atomic import atomic_folder, usual_mode, write_json_atomic
 from expert_cli.config.resolve import SourceRef, data_folder_holding
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import path_is_dir, resolved_path, shown_path
@@ -76,6 +76,7 @@ def materialize_random_base(
     with atomic_folder(dest, replace=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        usual_mode(tmp)
     return dest
 
 

@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, get_scheduler
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
+from expert_cli.atomic import usual_mode
 from expert_cli.config.kernels import BOUNDARY_KERNELS
 from expert_cli.data import PreparedData
 from expert_cli.data.collate import PackedCollator, filled_to
@@ -318,6 +319,7 @@ class ExpertTrainer(Trainer):
         # the weight as the manifest set it: peft writes the live configuration to the file
         with self._regulariser_weights(self.regulariser_weights):
             self._save_adapter(output_dir, _internal_call)
+        usual_mode(Path(output_dir or self.args.output_dir))  # safetensors writes 0600
 
     def _save_adapter(self, output_dir: str | None, _internal_call: bool) -> None:
         """Under FSDP every rank takes part in gathering the adapter's full tensors (only the
