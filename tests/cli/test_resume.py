@@ -297,3 +297,28 @@ def test_a_damaged_final_adapter_is_not_a_finished_run(
     final = load_file(weights)
     kept = load_file(out / "checkpoints" / "checkpoint-4" / "adapter_model.safetensors")
     assert final.keys() == kept.keys() and all(final[k].equal(kept[k]) for k in kept)
+
+
+def test_a_final_adapter_this_process_cannot_read_is_not_called_damaged(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """Another user's run whose adapter is 0600: not readable here, and not damaged."""
+    from train_helpers import hand_built_run
+
+    from expert_cli.train.choice import final_adapter_whole
+
+    run = hand_built_run(tmp_path)
+    weights = run / "adapter_model.safetensors"
+    assert final_adapter_whole(run)
+    opened = Path.open
+
+    def denied(self, *args, **kwargs):
+        if self == weights:
+            raise PermissionError(13, "Permission denied")
+        return opened(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", denied)
+    assert final_adapter_whole(run)
+    monkeypatch.undo()
+    weights.write_bytes(weights.read_bytes()[:-1])
+    assert not final_adapter_whole(run)

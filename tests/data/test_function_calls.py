@@ -19,6 +19,7 @@ from expert_cli.data.checks import check_manifest
 from expert_cli.data.conversations import form_note, standard_turns
 from expert_cli.data.formatting import DROPPED_TEMPLATE, IGNORE, KEPT, Formatter
 from expert_cli.data.values import _value_problem
+from expert_cli.errors import UserError
 
 # writes each call with its arguments as JSON, as Qwen3's template does
 CALLS = (
@@ -76,6 +77,8 @@ SHAREGPT_READ = [
         ('{"name": "f", "arguments": {}, "parameters": {}}', None),  # which one is unclear
         ('{"name": "f", "arguments": {}, "thought": "..."}', None),  # not kept silently
         ('[{"name": "f"}, "g"]', None),
+        ("[" * 5000 + "]" * 5000, None),  # nested past the JSON reader's depth: no traceback
+        ('{"name": "f", "arguments": "' + "[" * 5000 + '"}', None),
         (None, None),
     ],
 )
@@ -92,6 +95,7 @@ def test_a_function_calls_value_is_read_as_calls(value, expected) -> None:
 def test_a_call_keeps_its_id() -> None:
     (call,) = tool_calls('{"name": "f", "arguments": {}, "id": "call_1"}')
     assert call == {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {}}}
+    assert tool_calls('{"name": "f", "id": 7}')[0]["id"] == "7"  # a number as its text
 
 
 def test_the_call_is_trained_in_the_templates_format_and_its_result_is_context(
@@ -322,3 +326,70 @@ def test_xlams_query_answers_and_tools_train_the_calls(
     shutil.rmtree(manifest.parent / ".cache")
     built = _built_text(manifest, tmp_path / "model")
     assert built.count('<call lookup_order {"order": 7}><call lookup_order {"order": 7}>') == 3
+
+
+def test_xlams_layout_is_read_beside_other_columns_as_before() -> None:
+    """The xlam rule came before the conversation columns: a `messages` column beside
+    question/answers/tools was left unread."""
+    from expert_cli.data.fields import field_spec
+
+    turns = frozenset({"messages"})
+    spec = field_spec(None, ["messages", "question", "answers", "tools"], "f", turns)
+    assert spec.mapping["messages"] == "messages" and "response" not in spec.mapping
+
+
+def test_a_prompts_text_is_a_users_turn_even_when_it_looks_like_json() -> None:
+    """A prompt beside a response that is JSON of a list of words was read as turns (and
+    `[]` dropped the prompt); a tool named by an object crashed the row."""
+    from expert_cli.data.fields import field_spec
+    from expert_cli.data.values import check_row
+
+    spec = field_spec(None, ["query", "answers", "tools"], "f")
+    calls = '[{"name": "f", "arguments": {}}]'
+    for query in ('["NYC", "LA"]', "[]", "[1, 2]"):
+        row = check_row({"query": query, "answers": "x", "tools": None}, spec, "f:1")
+        assert row["messages"][0] == {"role": "user", "content": query}
+    odd = {"query": "q", "answers": calls, "tools": '[{"name": {"x": "f"}}]'}
+    assert check_row(odd, spec, "f:1")["messages"][1] == {"role": "assistant", "content": calls}
+    with pytest.raises(UserError, match="where a prompt's text or a list of messages is expected"):
+        check_row({"query": None, "answers": "x"}, spec, "f:1")
+
+
+def test_a_saved_datasets_bad_calls_of_every_form_are_named(tmp_path: Path) -> None:
+    """Typed turns checked only ShareGPT's `function_call`: Locutusque's `function-call` and
+    OpenAI's earlier `function_call` object passed, and the build dropped the turn."""
+    import datasets
+
+    from expert_cli.data.values import messages_problem
+
+    bad = {"from": "function-call", "value": "not a call"}
+    rows = [{"c": SHAREGPT}, {"c": None}, {"c": [SHAREGPT[0], bad, SHAREGPT[3]]}]
+    assert messages_problem(datasets.Dataset.from_list(rows), "c") == (
+        2,
+        "item 1 is a function_call turn whose value is not a call, expected JSON text of "
+        '{"name": "...", "arguments": {...}}, or of a list of such calls (arguments may be '
+        "JSON text of an object)",
+    )
+    call = {"name": "f", "arguments": "{bad"}
+    legacy = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "function_call": call},
+    ]
+    found = messages_problem(datasets.Dataset.from_list([{"m": legacy}]), "m")
+    assert found is not None and found[0] == 0 and found[1].startswith("item 1 is a function_call")
+
+
+def test_a_function_call_turn_left_is_refused_by_the_build(tiny_tokenizer) -> None:
+    """A turn still of role function_call (a call that is not one, past the checks) is
+    refused, never rendered without it by a template that skips the role."""
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = KNOWN_ROLES
+    left = [
+        {"role": "user", "content": "q"},
+        {"role": "function_call", "content": None},
+        {"role": "assistant", "content": "a"},
+    ]
+    fmt = Formatter(tokenizer=tok, kind="messages", max_seq_length=512, overlong="truncate")
+    (row,) = fmt({"messages": [json.dumps(left)]}).to_pylist()
+    assert row["status"] == DROPPED_TEMPLATE
+    assert row["refused"].startswith("its function_call turn is not a call")

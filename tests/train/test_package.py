@@ -1217,7 +1217,7 @@ def test_what_a_killed_package_left_is_removed_and_said(v2_run: Path, tmp_path: 
     """A package killed as it was written left `.tmp-NAME.expert-PID` (hundreds of MB for a
     real expert) beside where the package goes; the next package neither removed nor named
     it. Only temporaries of this package and its checksum, of a process no longer running,
-    go."""
+    unwritten for ten minutes (a pid of this machine may be another's on a shared folder), go."""
     import os
     import subprocess
 
@@ -1225,15 +1225,18 @@ def test_what_a_killed_package_left_is_removed_and_said(v2_run: Path, tmp_path: 
     done.wait()  # its pid: a process no longer running
     left = [tmp_path / f".tmp-x.expert-{done.pid}", tmp_path / f".tmp-x.expert.sha256-{done.pid}"]
     kept = [tmp_path / f".tmp-x.expert-{os.getppid()}", tmp_path / f".tmp-y.expert-{done.pid}"]
-    for path in left + kept:
+    fresh = tmp_path / f".tmp-x.expert-{done.pid + 1}"  # written to now: a shared folder's
+    for path in [*left, *kept, fresh]:
         path.write_bytes(b"half a package")
+        if path != fresh:  # unwritten for an hour
+            os.utime(path, (path.stat().st_atime - 3600, path.stat().st_mtime - 3600))
     out = run_here("package", "--adapter", str(v2_run), "--output", str(tmp_path / "x.expert"))
     assert out.returncode == 0, out.stdout + out.stderr
     said = " ".join(out.stdout.split())
     for path in left:
         assert not path.exists()
         assert f"removed {path.name}, left by a package that was stopped" in said
-    assert all(path.exists() for path in kept)
+    assert all(path.exists() for path in [*kept, fresh])
     assert (tmp_path / "x.expert").is_file()
 
 

@@ -49,7 +49,7 @@ def tool_calls(value: Any) -> list[dict[str, Any]] | None:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the reader's depth
             value = _quoted(value)
     given = value if isinstance(value, list) else [value]
     calls = [_call(c) for c in given]
@@ -65,7 +65,7 @@ def _quoted(text: str) -> dict[str, Any] | None:
         return None
     try:
         return {"name": json.loads(found[1]), "arguments": found[2]}
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -101,13 +101,16 @@ def _call(given: Any) -> dict[str, Any] | None:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     arguments = {} if arguments is None else arguments
     if not isinstance(arguments, dict):
         return None
     call = {"type": "function", "function": {"name": name, "arguments": arguments}}
-    return {"id": given["id"], **call} if isinstance(given.get("id"), str) else call
+    given_id = given.get("id")  # a number as its text, as OpenAI's ids are
+    if isinstance(given_id, int) and not isinstance(given_id, bool):
+        given_id = str(given_id)
+    return {"id": given_id, **call} if isinstance(given_id, str) else call
 
 
 def call_problem(message: dict[str, Any]) -> str | None:
@@ -134,18 +137,30 @@ def _first_in_chunk(chunk: pa.Array) -> tuple[int, str] | None:
     kind = chunk.type
     if not hasattr(kind, "value_type") or not pa.types.is_struct(kind.value_type):
         return None
-    if any(kind.value_type.get_field_index(k) < 0 for k in ("from", "value")):
-        return None
-    turns = pc.list_flatten(chunk)
-    said = pc.fill_null(pc.equal(pc.struct_field(turns, "from"), CALL_ROLE), False)
-    hits = pc.indices_nonzero(said)
-    if len(hits) == 0:
-        return None
-    values = pc.take(pc.struct_field(turns, "value"), hits).to_pylist()
-    parents = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
-    for value, at in zip(values, hits.to_pylist(), strict=True):
+    fields = {kind.value_type.field(i).name for i in range(kind.value_type.num_fields)}
+    turns = pc.list_flatten(chunk)  # the items of valid rows only
+    parents = pc.list_parent_indices(chunk)
+    parents = parents.filter(chunk.is_valid().take(parents)).to_numpy(zero_copy_only=False)
+    found: list[tuple[int, Any]] = []
+    if {"from", "value"} <= fields:  # ShareGPT's: a function_call turn's value
+        said = pc.is_in(pc.struct_field(turns, "from"), pa.array(sorted(CALL_FROMS)))
+        found += _values(turns, said, "value")
+    if {"role", CALL_ROLE} <= fields:  # OpenAI's earlier form: an answer's function_call
+        asked = pc.and_(
+            pc.equal(pc.struct_field(turns, "role"), "assistant"),
+            pc.is_valid(pc.struct_field(turns, CALL_ROLE)),
+        )
+        found += _values(turns, asked, CALL_ROLE)
+    for at, value in sorted(found, key=lambda pair: pair[0]):
         if tool_calls(value) is None:
             row = int(parents[at])
             item = at - int(np.searchsorted(parents, row))  # the turn's place in its row
             return row, f"item {item} {call_problem({'role': CALL_ROLE})}"
     return None
+
+
+def _values(turns: pa.Array, mask: pa.Array, field: str) -> list[tuple[int, Any]]:
+    """(index, value of `field`) of the turns `mask` marks."""
+    hits = pc.indices_nonzero(pc.fill_null(mask, False))
+    values = pc.take(pc.struct_field(turns, field), hits).to_pylist()
+    return list(zip(hits.to_pylist(), values, strict=True))

@@ -60,7 +60,7 @@ def _calls_answer(response: Any, tools: list[Any] | None) -> list[Any] | None:
     if response.strip() == "[]":
         return [{"role": "assistant", "content": ""}]
     calls = tool_calls(response)
-    defined = {_tool_name(t) for t in tools}
+    defined = {name for t in tools if isinstance(name := _tool_name(t), str)}
     if calls is None or any(c["function"]["name"] not in defined for c in calls):
         return None
     return [{"role": "assistant", "content": None, "tool_calls": calls}]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from expert_cli.data.calls import CALL_FROMS, call_turn, legacy_turn
+from expert_cli.data.calls import CALL_FROMS, CALL_ROLE, call_turn, legacy_turn
 from expert_cli.data.file_text import drop_nulls, shown_name
 from expert_cli.data.tools import ToolsGiven
 
@@ -65,14 +65,16 @@ def standard_turns(messages: Any) -> Any:
 
 
 def json_turns(text: str) -> Any:
-    """JSON text of a list (a conversation's turns) as the list; any other text as it is."""
+    """JSON text of a conversation's turns (a list of objects) as the list; any other text
+    (a prompt that happens to be JSON of a list of words) as it is."""
     if not text.lstrip().startswith("["):
         return text
     try:
         parsed = json.loads(text)
     except (ValueError, RecursionError):
         return text
-    return parsed if isinstance(parsed, list) else text
+    turns = isinstance(parsed, list) and parsed and all(isinstance(m, dict) for m in parsed)
+    return parsed if turns else text
 
 
 def _texts(messages: list[Any]) -> bool:
@@ -228,6 +230,8 @@ def render_conversation(
         raise
     except Exception as exc:  # noqa: BLE001 - the template's verdict on the user's row
         return "", f"{type(exc).__name__}, roles {_roles(messages)}"
+    if any(isinstance(m, dict) and m.get("role") == CALL_ROLE for m in messages):
+        return "", f"its function_call turn is not a call, roles {_roles(messages)}"
     if not _calls_rendered(tokenizer, messages, text):
         return "", f"its tool_calls are not rendered, roles {_roles(messages)}"
     if unwritten := _unwritten_roles(tokenizer, messages):

@@ -186,11 +186,11 @@ def _detect_mapping(named: dict[str, str], where: str, turns: frozenset[str]) ->
         system = "definition"  # Natural Instructions': the task's own instruction
     # a conversation or a prompt/answer pair before a text column: a rendered text (Alpaca's
     # beside its instruction and output) trains its prompts too
-    if prompt and "answers" in cols and TOOLS in cols and not response:  # Salesforce xlam's
-        return {"messages": prompt, "response": "answers", TOOLS: TOOLS, "system": system}
     for name in CONVERSATION_COLUMNS:  # ShareGPT's and Capybara's turns are read as messages,
         if name in cols:  # with their tools and system prompt where a row has them (OpenAI's
             return {"messages": name, TOOLS: TOOLS, "system": system}  # files leave tools out)
+    if prompt and "answers" in cols and TOOLS in cols and not response:  # Salesforce xlam's
+        return {"messages": prompt, "response": "answers", TOOLS: TOOLS, "system": system}
     if {"response_0", "response_1"} <= cols and not response:  # PKU-SafeRLHF's pairs
         raise UserError(
             f"{where}: two answers a row (columns 'response_0' and 'response_1', preference "

@@ -239,6 +239,8 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
         text = role == "messages" and _texts_of(feature)  # JSON text of turns (Toucan's)
         if not (_of_type(feature, shape) or text) or (shape != role and _texts(feature)):
             either = "an answer's text, or " if shape != role else ""  # a response's turns
+            if role == "messages":  # beside a response, a prompt's text (xlam's query)
+                either, shape = ("a prompt's text, or " if shape != role else ""), role
             raise UserError(
                 f"{where}: field '{column}' ({named}) holds {feature}, expected "
                 f"{either}{expected_shape(shape)} in every row"
@@ -251,7 +253,11 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
                 "that are not UTF-8 text; expected UTF-8 strings"
             )
         checks = {"messages": messages_problem, TOOLS: tools_problem}
-        if shape in checks and (bad := checks[shape](ds, column)):
+        if role == "messages" and shape != role:  # a prompt's text, or JSON text of turns
+            bad = messages_problem(ds, column, prompts=True)
+        else:
+            bad = checks[shape](ds, column) if shape in checks else None
+        if bad:
             raise UserError(f"{where}: row {bad[0] + 1}: field '{column}' ({named}) {bad[1]}")
         if role in OPTIONAL_ROLES:
             continue

@@ -186,7 +186,9 @@ def check_row(row: Any, fields: FieldSpec, where: str, typed: bool = False) -> d
         if value is None and role not in OPTIONAL_ROLES:
             present = "" if column in row else f"; this row has {shown_names(list(row))}"
             wanted = (
-                "a list of messages"
+                "a prompt's text or a list of messages"  # beside a response (xlam's query)
+                if role == "messages" and fields.shape(role, True) != role
+                else "a list of messages"
                 if role == "messages"
                 else "an answer's text or turns"  # a response beside messages
                 if fields.shape(role, False) == "messages"
@@ -216,7 +218,9 @@ def check_row(row: Any, fields: FieldSpec, where: str, typed: bool = False) -> d
     return joined_row(out)
 
 
-def messages_problem(ds: datasets.Dataset, column: str) -> tuple[int, str] | None:
+def messages_problem(
+    ds: datasets.Dataset, column: str, prompts: bool = False
+) -> tuple[int, str] | None:
     """(row index, problem) of the first row of a hub or saved dataset's `messages` column the
     row checks refuse, or None. A column of JSON messages (the datasets library's type where
     the turns' keys differ: a weight or tool_calls on some) is read row by row, as a file's
@@ -229,7 +233,10 @@ def messages_problem(ds: datasets.Dataset, column: str) -> tuple[int, str] | Non
         return first_bad_weight(ds.data.column(column)) or first_bad_call(ds.data.column(column))
     batches = ds.select_columns([column]).iter(batch_size=JSON_BATCH_ROWS)
     for i, value in enumerate(value for batch in batches for value in batch[column]):
-        if value is not None and (problem := _value_problem("messages", standard_turns(value))):
+        turns = standard_turns(value)
+        if isinstance(turns, str) and prompts:  # a prompt's text beside a response
+            continue
+        if value is not None and (problem := _value_problem("messages", turns)):
             return i, problem + form_note(value)
     return None
 

@@ -26,7 +26,7 @@ from expert_cli.train.outputs import (
     read_json_file,
 )
 from expert_cli.train.run_source import run_manifest
-from expert_cli.weights import safetensors_problem
+from expert_cli.weights import DAMAGED, safetensors_problem
 
 FINAL = "final"
 BEST = "best"  # --checkpoint best: the kept adapter of lowest eval loss
@@ -76,9 +76,11 @@ def kept_adapters(run_dir: Path) -> list[KeptAdapter]:
 
 
 def final_adapter_whole(run_dir: Path) -> bool:
-    """Whether the run's final adapter is there and whole (its header matches its size)."""
+    """Whether the run's final adapter is there and not damaged (its header matches its
+    size); one this process may not read (another user's run) is not judged damaged."""
     path = run_dir / ADAPTER_WEIGHTS[0]
-    return path.is_file() and safetensors_problem(path) is None
+    problem = safetensors_problem(path) if path.is_file() else DAMAGED
+    return path.is_file() and (problem is None or DAMAGED not in problem)
 
 
 def final_adapter_step(load_best_model_at_end: bool, state: Any) -> int:

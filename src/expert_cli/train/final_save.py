@@ -27,6 +27,10 @@ AT_ONCE = (
     "stopped at once (a second signal): the steps since the run's latest checkpoint are not "
     "saved; train again with the same options and --resume to continue from it"
 )
+KEPT = (
+    "stopped at once as the run ended: the checkpoint of its last step is kept; train again "
+    "with the same options and --resume to continue from it"
+)
 STOPPED = (
     "stopped at once as the run ended: its final adapter is not saved; train again with the "
     "same options and --resume to continue from its latest checkpoint"
@@ -59,7 +63,8 @@ def end_run(
             _save_final(run, trainer, throughput)
     except (KeyboardInterrupt, Terminated) as exc:  # a second signal: stopped at once
         throughput.finish(steps, "interrupted", alone=True)
-        raise Interrupted(STOPPED, exc.code if isinstance(exc, Terminated) else 130) from None
+        said = KEPT if stop.stopped else STOPPED  # a run the first one stopped saves none
+        raise Interrupted(said, exc.code if isinstance(exc, Terminated) else 130) from None
     return status, summary
 
 

@@ -4,6 +4,8 @@ what a package stopped by a kill left beside it (its temporary files) removed.""
 from __future__ import annotations
 
 import os
+import time
+from contextlib import suppress
 from pathlib import Path
 
 from expert_cli.atomic import temporary_prefix
@@ -11,6 +13,9 @@ from expert_cli.errors import UserError
 from expert_cli.paths import NAME_MAX_BYTES, new_file_problem, shown_path
 from expert_cli.train.outputs import PID, process_running
 from expert_cli.train.package_sum import CHECKSUM_SUFFIX
+
+STALE_SECONDS = 600  # a temporary file unwritten this long: its writer is gone (a pid of
+# this machine that no longer runs may be one of another machine writing to a shared folder)
 
 
 def refuse_output(
@@ -52,9 +57,12 @@ def stale(path: Path) -> list[str]:
         prefix = temporary_prefix(dest)
         for leftover in dest.parent.glob(f"{glob_escaped(prefix)}*"):
             pid = leftover.name.removeprefix(prefix)
-            if PID.fullmatch(pid) and not process_running(int(pid)) and leftover.is_file():
-                leftover.unlink(missing_ok=True)
-                removed.append(leftover.name)
+            if not PID.fullmatch(pid) or process_running(int(pid)):
+                continue
+            with suppress(OSError):  # a writer on another machine of a shared folder writes on
+                if leftover.is_file() and time.time() - leftover.stat().st_mtime > STALE_SECONDS:
+                    leftover.unlink()
+                    removed.append(leftover.name)
     return removed
 
 
