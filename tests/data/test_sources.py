@@ -606,7 +606,7 @@ def test_chat_messages_with_bytes_that_are_not_utf8(tmp_path: Path) -> None:
 def test_the_first_row_not_utf8_is_found_across_chunks() -> None:
     import pyarrow as pa
 
-    from expert_cli.data.utf8_columns import first_not_utf8
+    from expert_cli.data.column_checks import first_not_utf8
 
     chunks = [_text_column([b"a"] * 5), _text_column([b"b"] * 3 + [b"\xc3"] + [b"\xff"])]
     assert first_not_utf8(pa.chunked_array(chunks)) == 8

@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from expert_cli.data.column_checks import first_in_chunks
+
 CALL_ROLE = "function_call"  # ShareGPT's `from` of a turn that calls tools
 CALL_FROMS = frozenset((CALL_ROLE, "function-call"))  # LLaMA-Factory's, Locutusque's
 # Glaive's call: its arguments' JSON text in single quotes (not JSON), as its derivatives keep it
@@ -124,13 +126,7 @@ def call_problem(message: dict[str, Any]) -> str | None:
 def first_bad_call(column: pa.ChunkedArray) -> tuple[int, str] | None:
     """(row, problem) of the first row of a typed (struct) conversations column holding a
     ShareGPT `function_call` turn whose value is not a call, or None."""
-    before = 0
-    for chunk in column.chunks:
-        found = _first_in_chunk(chunk)
-        if found is not None:
-            return before + found[0], found[1]
-        before += len(chunk)
-    return None
+    return first_in_chunks(column, _first_in_chunk)
 
 
 def _first_in_chunk(chunk: pa.Array) -> tuple[int, str] | None:

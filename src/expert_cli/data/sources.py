@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from expert_cli.atomic import atomic_file
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
+from expert_cli.data.column_checks import first_not_utf8
 from expert_cli.data.conversations import TURN_FORMS, conversation_text
 from expert_cli.data.dataset_rows import as_text
 from expert_cli.data.fields import (
@@ -42,7 +43,6 @@ from expert_cli.data.overlap import shared_note
 from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
 from expert_cli.data.splits import apply_weight, hold_out
 from expert_cli.data.tools import tools_problem, tools_text, typed_objects
-from expert_cli.data.utf8_columns import first_not_utf8
 from expert_cli.data.values import expected_shape, messages_problem
 from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path

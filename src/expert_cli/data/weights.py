@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from expert_cli.data.column_checks import first_in_chunks
 from expert_cli.data.conversations import SHAREGPT_ROLES
 
 WEIGHTS = "0 (an answer left as context) or 1 (trained), as in OpenAI's fine-tuning format"
@@ -47,13 +48,7 @@ def weight_problem(message: dict[str, Any]) -> str | None:
 def first_bad_weight(values: pa.ChunkedArray) -> tuple[int, str] | None:
     """(row index, problem) of the first row of a `messages` column (a list of structs) whose
     messages' weights `weight_problem` would refuse, or None (no weight field, or all right)."""
-    before = 0
-    for chunk in values.chunks:
-        found = _first_in_chunk(chunk)
-        if found is not None:
-            return before + found[0], found[1]
-        before += len(chunk)
-    return None
+    return first_in_chunks(values, _first_in_chunk)
 
 
 # the list types a `messages` column may be (datasets' List of a fixed length is Arrow's

@@ -1,8 +1,11 @@
-"""A hub or saved dataset's text columns checked as UTF-8 in Arrow: Arrow keeps a string's
-bytes as written, so a dataset generated from a file in another encoding loads, and would stop
-the build with a traceback only when that row is read."""
+"""A hub or saved dataset's columns checked in Arrow, a chunk at a time: the first row a check
+finds (`first_in_chunks`), and text that is not UTF-8 (Arrow keeps a string's bytes as
+written, so a dataset generated from a file in another encoding loads, and would stop the
+build with a traceback only when that row is read)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -12,11 +15,22 @@ def first_not_utf8(values: pa.ChunkedArray) -> int | None:
     """The first row whose strings are not valid UTF-8, or None. Arrow keeps a string's bytes
     as written, so a dataset generated from a file in another encoding loads, and would fail
     with a traceback only when the build reads that row."""
+    found = first_in_chunks(
+        values, lambda chunk: (row, "") if (row := _first_bad_utf8(chunk)) is not None else None
+    )
+    return None if found is None else found[0]
+
+
+def first_in_chunks(
+    column: pa.ChunkedArray, find: Callable[[pa.Array], tuple[int, str] | None]
+) -> tuple[int, str] | None:
+    """(row, problem) of the first row `find` finds in a column's chunks (`find` gives a row
+    of its chunk), or None."""
     before = 0
-    for chunk in values.chunks:
-        row = _first_bad_utf8(chunk)
-        if row is not None:
-            return before + row
+    for chunk in column.chunks:
+        found = find(chunk)
+        if found is not None:
+            return before + found[0], found[1]
         before += len(chunk)
     return None
 
