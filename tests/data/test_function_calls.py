@@ -393,3 +393,27 @@ def test_a_function_call_turn_left_is_refused_by_the_build(tiny_tokenizer) -> No
     (row,) = fmt({"messages": [json.dumps(left)]}).to_pylist()
     assert row["status"] == DROPPED_TEMPLATE
     assert row["refused"].startswith("its function_call turn is not a call")
+
+
+def test_calls_written_as_text_that_is_not_json_are_noted(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Hermes' function-calling data writes each call as `<tool_call>` text of Python's quotes:
+    trained as written, the model writes calls a JSON parser cannot read, without a word."""
+    from expert_cli.data.answer_notes import text_calls_not_json
+
+    hermes = "<tool_call>\n{'arguments': {'id': 7}, 'name': 'lookup_order'}\n</tool_call>"
+    qwen = '<tool_call>\n{"name": "lookup_order", "arguments": {"id": 7}}\n</tool_call>'
+    turns = [{"from": "human", "value": "Where is order 7?"}, {"from": "gpt", "value": hermes}]
+    assert text_calls_not_json(standard_turns(turns))
+    assert not text_calls_not_json([{"role": "assistant", "content": qwen}])
+    assert not text_calls_not_json([{"role": "user", "content": hermes}])  # not an answer
+    good = [{"conversations": [turns[0], {"from": "gpt", "value": qwen}]}] * 2
+    manifest = _expert(tmp_path, tiny_model_dir, [{"conversations": turns}] * 3 + good)
+    note = (
+        "3 of 5 conversations hold an answer whose <tool_call> text is not JSON (Python's "
+        "quotes, as Hermes' data writes them)"
+    )
+    assert any(n.startswith(note) for n in check_manifest(manifest).notes)
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0 and note in " ".join(built.stdout.split()), built.stdout

@@ -1,9 +1,12 @@
 """Notes on a conversation's answers that train otherwise than the data says: reasoning the
-chat template does not write (trained without it), and an empty answer beside answers with
-text (trained as the model ending its turn at once). Said by `check` and by the build."""
+chat template does not write (trained without it), an empty answer beside answers with text
+(trained as the model ending its turn at once), and a call written as `<tool_call>` text that
+is not JSON (trained as written, a call no JSON parser reads). Said by `check` and the build."""
 
 from __future__ import annotations
 
+import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
@@ -90,17 +93,44 @@ def empty_answer_note(rows: int, total: int) -> str:
     )
 
 
+# a call written into an answer's text, in Hermes' and Qwen's tags
+TEXT_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+def text_calls_not_json(messages: list[Any]) -> bool:
+    """Whether an answer writes a call as `<tool_call>` text whose body is not JSON (Hermes'
+    function-calling data writes Python's quotes): a model trained on it writes calls that a
+    serving stack's parser (json.loads of the block) cannot read."""
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) and m.get("role") == "assistant" else ""
+        for body in TEXT_CALL.findall(content) if isinstance(content, str) else []:
+            try:
+                json.loads(body)
+            except (ValueError, RecursionError):
+                return True
+    return False
+
+
+def text_calls_note(rows: int, total: int) -> str:
+    return (
+        f"{rows:,} of {total:,} conversations hold an answer whose <tool_call> text is not JSON "
+        "(Python's quotes, as Hermes' data writes them): it is trained as written, and a model "
+        "that writes such calls is not understood by a JSON parser; write them as JSON, or as "
+        "the turn's tool_calls"
+    )
+
+
 def conversation_notes(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerFast) -> list[str]:
     """The build's notes on a training split's conversations (stored JSON text; the split's
     own rows, after the hold-out and task weights): reasoning the chat template does not
-    write, and empty answers beside others. One pass; only rows whose text names such a key
-    or holds an empty content are parsed."""
+    write, empty answers beside others, calls in answers' text that are not JSON. One pass;
+    only rows whose text names such a key, holds an empty content or a call are parsed."""
     if "messages" not in ds.column_names:
         return []
     keys = set(unwritten_reasoning(tokenizer, set(REASONING_KEYS)))
-    pattern = "|".join([*(f'"{k}": "' for k in sorted(keys)), EMPTY_CONTENT])
+    pattern = "|".join([*(f'"{k}": "' for k in sorted(keys)), EMPTY_CONTENT, "<tool_call>"])
     found: set[str] = set()
-    reasoned = empty = 0
+    reasoned = empty = text_calls = 0
     for batch in ds.select_columns(["messages"]).with_format("arrow").iter(REASONING_BATCH):
         column = batch.column("messages")
         named = pc.fill_null(pc.match_substring_regex(column, pattern), False)
@@ -110,5 +140,7 @@ def conversation_notes(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerFast)
                 found |= given
                 reasoned += 1
             empty += empty_answer(messages)
+            text_calls += text_calls_not_json(messages)
     notes = [reasoning_note(sorted(found), reasoned, len(ds))] if reasoned else []
-    return notes + ([empty_answer_note(empty, len(ds))] if empty else [])
+    notes += [empty_answer_note(empty, len(ds))] if empty else []
+    return notes + ([text_calls_note(text_calls, len(ds))] if text_calls else [])

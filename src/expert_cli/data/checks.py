@@ -19,7 +19,12 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment, unlaunched_world
 from expert_cli.config.refs import windows_note
 from expert_cli.config.resolve import ResolvedConfig, resolve
-from expert_cli.data.answer_notes import empty_answer_note, reasoning_note, unwritten_reasoning
+from expert_cli.data.answer_notes import (
+    empty_answer_note,
+    reasoning_note,
+    text_calls_note,
+    unwritten_reasoning,
+)
 from expert_cli.data.build import (
     BuildProgress,
 )
@@ -133,6 +138,8 @@ def check_manifest(
         report.notes += _reasoning_notes(data, tokenizer)
         if data.empty_answers:
             report.notes.append(empty_answer_note(data.empty_answers, data.blank[True][1]))
+        if data.text_calls:
+            report.notes.append(text_calls_note(data.text_calls, data.blank[True][1]))
         report.notes += verdict.notes(data.train[0], bool(quick)) if verdict is not None else []
     if data.fields is not None and data.fields.kind == "instruction" and resolved.response_template:
         report.notes = [*report.notes, TEMPLATE_UNREAD]
