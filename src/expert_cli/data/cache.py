@@ -67,7 +67,8 @@ CACHE_FORMAT_VERSION = 15  # 2: the first token of every example is masked; 3: a
 # 13: a tool's null-valued keys kept as a JSON file or JSON text wrote them (`"default": null`)
 # 14: a `system` column beside a conversation is its system turn; LIMA's texts are turns;
 # TRL's conversational prompt/completion read (each source detected from its own columns)
-# 15: ShareGPT's function_call turns are the assistant's tool_calls, not its text
+# 15: calls are the assistant's tool_calls, not its text (ShareGPT's function_call turns,
+# OpenAI's earlier function_call, xlam's answers); a conversation's JSON text is read
 FULL_HASH_LIMIT = 256 * 2**20
 EDGE_BYTES = 2**20
 COMPLETE = "_COMPLETE"

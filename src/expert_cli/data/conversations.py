@@ -27,7 +27,8 @@ KEPT_WHEN_NULL = ("role", "content")
 EMPTY = "an empty conversation (no messages)"  # a refusal no template is to blame for
 FORM = 6  # the stored form's version, in the name of a converted file a resumed build reuses
 # (2: text parts joined; 3: ShareGPT's turns as role/content; 4: Capybara's input/output too;
-# 6: ShareGPT's function_call turns as tool_calls)
+# 6: calls as tool_calls: ShareGPT's function_call turns, OpenAI's earlier function_call;
+# a conversation's JSON text read as its turns)
 
 
 # ShareGPT's turns (`{"from": "human", "value": "..."}`, as Axolotl, LLaMA-Factory and Unsloth
