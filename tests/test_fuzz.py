@@ -176,18 +176,24 @@ manifest_deletes = st.lists(st.sampled_from(PATHS), max_size=2)
 
 # a conversation's turns, near enough to right that the checks past the first one run
 turn_keys = ["role", "content", "from", "value", "weight", "tool_calls", "reasoning_content"]
-turn_values = st.one_of(st.sampled_from(["user", "assistant", "system", "tool", 0, 1]), values)
+turn_keys += ["function_call", "name", "id"]  # calls: ShareGPT's, OpenAI's earlier form
+calls = ['{"name": "f", "arguments": {}}', '[{"name": "f", "parameters": "{}"}]', "[]"]
+calls += ['{"name": "f", "arguments": \'{"a": 1}\'}', '{"name": "f", "arguments": "{"}']
+roles = ["user", "assistant", "system", "tool", "function_call", "function-call", "function"]
+turn_values = st.one_of(st.sampled_from([*roles, "observation", *calls, 0, 1]), values)
 turns = st.lists(
     st.one_of(st.dictionaries(st.sampled_from(turn_keys), turn_values, max_size=4), st.text()),
     max_size=4,
 )
 # the columns detection reads: conversations, TRL's prompt and completion, a system prompt
-# beside them, tools, Nemotron's input and output, KTO's label
+# beside them, tools, Nemotron's input and output, KTO's label, xlam's query and answers
 columns = ["text", "messages", "other", MARKER, "prompt", "completion", "system", "tools"]
-columns += ["conversations", "input", "output", "label", "system_prompt"]
+columns += ["conversations", "input", "output", "label", "system_prompt", "query", "answers"]
 json_rows = st.lists(
-    st.one_of(
-        st.dictionaries(st.sampled_from(columns), st.one_of(values, turns), max_size=4),
+    st.one_of(  # a conversation as its JSON text too (Toucan's)
+        st.dictionaries(
+            st.sampled_from(columns), st.one_of(values, turns, turns.map(json.dumps)), max_size=4
+        ),
         values,
     ),
     max_size=6,
