@@ -417,3 +417,41 @@ def test_calls_written_as_text_that_is_not_json_are_noted(
     assert any(n.startswith(note) for n in check_manifest(manifest).notes)
     built = run_here("pretokenize", "--manifest", str(manifest))
     assert built.returncode == 0 and note in " ".join(built.stdout.split()), built.stdout
+
+
+# writes a tool's result inside its own tags, as Qwen3's template does
+WRAPS_RESULTS = (
+    "{%- for m in messages %}{%- if m.role == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{ '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+)
+
+
+def test_tool_results_in_the_templates_own_tags_are_noted(
+    tmp_path: Path, tiny_model_dir: Path, tiny_tokenizer
+) -> None:
+    """Hermes' tool results come wrapped in <tool_response>, which Qwen3's template writes
+    around each result again: prompts unlike those the model is given, without a word."""
+    from expert_cli.data.answer_notes import result_wrapper
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = WRAPS_RESULTS
+    assert result_wrapper(tok) == "<tool_response>"
+    tok.chat_template = CALLS  # writes a result as it is given
+    assert result_wrapper(tok) is None
+    wrapped = '<tool_response>\n{"status": "shipped"}\n</tool_response>'
+    turns = [
+        {"from": "human", "value": "Where is order 7?"},
+        {"from": "gpt", "value": "Looking."},
+        {"from": "tool", "value": wrapped},
+        {"from": "gpt", "value": "Shipped."},
+    ]
+    plain = [*turns[:2], {**turns[2], "value": '{"status": "shipped"}'}, turns[3]]
+    rows = [{"conversations": turns}] * 3 + [{"conversations": plain}] * 2
+    manifest = _expert(tmp_path, tiny_model_dir, rows)
+    (tmp_path / "model" / "chat_template.jinja").write_text(WRAPS_RESULTS)
+    note = "3 of 5 conversations give tool results that open with <tool_response>, which the"
+    assert any(n.startswith(note) for n in check_manifest(manifest).notes)
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0 and note in " ".join(built.stdout.split()), built.stdout

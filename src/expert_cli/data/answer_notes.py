@@ -120,6 +120,45 @@ def text_calls_note(rows: int, total: int) -> str:
     )
 
 
+# the tag a tool's result opens with, as a dataset wrote it (Hermes' `<tool_response>`)
+RESULT_TAG = re.compile(r"\s*(<[A-Za-z_][\w-]{0,30}>)")
+
+
+def result_tags(messages: list[Any]) -> set[str]:
+    """The tags the tool results of a conversation open with (`<tool_response>`)."""
+    return {
+        found[1]
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("content"), str)
+        if (found := RESULT_TAG.match(m["content"]))
+    }
+
+
+def result_wrapper(tokenizer: PreTrainedTokenizerFast) -> str | None:
+    """The tag the chat template writes right before a tool's result (Qwen3's
+    `<tool_response>`), found by rendering a probe; None where it writes none."""
+    probe = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+        {"role": "tool", "content": PROBE},
+    ]
+    try:
+        text = str(tokenizer.apply_chat_template(probe, tokenize=False))
+    except Exception:  # noqa: BLE001 - a template that refuses tool turns wraps nothing
+        return None
+    before = text[: max(text.find(PROBE), 0)].rstrip().rsplit("\n", 1)[-1].strip()
+    found = RESULT_TAG.fullmatch(before)
+    return found[1] if found and PROBE in text else None
+
+
+def wrapped_results_note(tag: str, rows: int, total: int) -> str:
+    return (
+        f"{rows:,} of {total:,} conversations give tool results that open with {tag}, which the "
+        "chat template writes around each result itself: the tag is written twice, in prompts "
+        "unlike those the model will be given; give the results without it"
+    )
+
+
 def conversation_notes(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerFast) -> list[str]:
     """The build's notes on a training split's conversations (stored JSON text; the split's
     own rows, after the hold-out and task weights): reasoning the chat template does not
@@ -128,9 +167,17 @@ def conversation_notes(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerFast)
     if "messages" not in ds.column_names:
         return []
     keys = set(unwritten_reasoning(tokenizer, set(REASONING_KEYS)))
-    pattern = "|".join([*(f'"{k}": "' for k in sorted(keys)), EMPTY_CONTENT, "<tool_call>"])
+    tag = result_wrapper(tokenizer)
+    pattern = "|".join(
+        [
+            *(f'"{k}": "' for k in sorted(keys)),
+            EMPTY_CONTENT,
+            "<tool_call>",
+            *([tag] if tag else []),
+        ]
+    )
     found: set[str] = set()
-    reasoned = empty = text_calls = 0
+    reasoned = empty = text_calls = wrapped = 0
     for batch in ds.select_columns(["messages"]).with_format("arrow").iter(REASONING_BATCH):
         column = batch.column("messages")
         named = pc.fill_null(pc.match_substring_regex(column, pattern), False)
@@ -141,6 +188,8 @@ def conversation_notes(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerFast)
                 reasoned += 1
             empty += empty_answer(messages)
             text_calls += text_calls_not_json(messages)
+            wrapped += tag in result_tags(messages)
     notes = [reasoning_note(sorted(found), reasoned, len(ds))] if reasoned else []
     notes += [empty_answer_note(empty, len(ds))] if empty else []
-    return notes + ([text_calls_note(text_calls, len(ds))] if text_calls else [])
+    notes += [text_calls_note(text_calls, len(ds))] if text_calls else []
+    return notes + ([wrapped_results_note(str(tag), wrapped, len(ds))] if wrapped else [])

@@ -22,8 +22,10 @@ from expert_cli.config.resolve import ResolvedConfig, resolve
 from expert_cli.data.answer_notes import (
     empty_answer_note,
     reasoning_note,
+    result_wrapper,
     text_calls_note,
     unwritten_reasoning,
+    wrapped_results_note,
 )
 from expert_cli.data.build import (
     BuildProgress,
@@ -140,6 +142,9 @@ def check_manifest(
             report.notes.append(empty_answer_note(data.empty_answers, data.blank[True][1]))
         if data.text_calls:
             report.notes.append(text_calls_note(data.text_calls, data.blank[True][1]))
+        if data.result_tags and (tag := result_wrapper(tokenizer)) in data.result_tags:
+            rows = data.result_tags[str(tag)]
+            report.notes.append(wrapped_results_note(str(tag), rows, data.blank[True][1]))
         report.notes += verdict.notes(data.train[0], bool(quick)) if verdict is not None else []
     if data.fields is not None and data.fields.kind == "instruction" and resolved.response_template:
         report.notes = [*report.notes, TEMPLATE_UNREAD]

@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from expert_cli.config.resolve import ResolvedConfig, SourceRef
-from expert_cli.data.answer_notes import empty_answer, reasoning_in, text_calls_not_json
+from expert_cli.data.answer_notes import (
+    empty_answer,
+    reasoning_in,
+    result_tags,
+    text_calls_not_json,
+)
 from expert_cli.data.build import (
     BuildProgress,
     NoProgress,
@@ -99,6 +104,7 @@ class DataCheck:
         self.reasoning: Counter[frozenset[str]] = Counter()  # training rows' reasoning keys
         self.empty_answers = 0  # training conversations with an empty answer beside others
         self.text_calls = 0  # training conversations with a call in an answer's text not JSON
+        self.result_tags: Counter[str] = Counter()  # training rows by their results' opening tag
         self.whole_texts = {True: 0, False: 0}  # texts without an assistant marker: all trained
         self.whole = {True: True, False: True}
         # per training source: its rows' count and why the build drops each it drops (its
@@ -201,6 +207,7 @@ class DataCheck:
                     self.reasoning[frozenset(keys)] += 1  # given: is it written?
                 self.empty_answers += empty_answer(row["messages"])
                 self.text_calls += text_calls_not_json(row["messages"])
+                self.result_tags.update(result_tags(row["messages"]))
             why = self._render(verdict, row, scan.at) if verdict else None
             if trained is not None:
                 found = self._blank(str(row.get(trained) or ""), scan.fields.kind)
