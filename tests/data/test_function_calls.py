@@ -455,3 +455,15 @@ def test_tool_results_in_the_templates_own_tags_are_noted(
     assert any(n.startswith(note) for n in check_manifest(manifest).notes)
     built = run_here("pretokenize", "--manifest", str(manifest))
     assert built.returncode == 0 and note in " ".join(built.stdout.split()), built.stdout
+
+
+@pytest.mark.parametrize("said", [[], {"a": 1}])
+def test_a_turns_from_that_is_not_text_is_named_not_a_traceback(said) -> None:
+    """Found by the data fuzzer: a `from` of a list was a TypeError (unhashable) where the
+    turn's `from` was looked up among the call roles."""
+    from expert_cli.data.fields import field_spec
+    from expert_cli.data.values import check_row
+
+    spec = field_spec(None, ["messages"], "f")
+    with pytest.raises(UserError, match="item 0: role is an? (list|object), expected a string"):
+        check_row({"messages": [{"from": said, "value": "x"}]}, spec, "f:1")

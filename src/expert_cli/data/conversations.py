@@ -95,7 +95,7 @@ def form_note(given: Any) -> str:
         return ""
     shared = any(isinstance(m, dict) and m.get("from") is not None for m in given)
     paired = any(len(_turns(m)) == 2 for m in given)
-    calls = any(isinstance(m, dict) and m.get("from") in CALL_FROMS for m in given)
+    calls = any(isinstance(m, dict) and m.get("from") in tuple(CALL_FROMS) for m in given)
     legacy = any(isinstance(m, dict) and m.get("role") is not None and _turns(m) != [m]
                  for m in given)  # fmt: skip
     parts = ["ShareGPT's `from` as role, `value` as content"] if shared else []
@@ -127,7 +127,7 @@ def _turns(message: Any) -> list[Any]:
     said = message["from"]
     role = SHAREGPT_ROLES.get(said, said) if isinstance(said, str) else said
     rest = {k: v for k, v in message.items() if k not in ("from", "value", "role", "content")}
-    if said in CALL_FROMS:
+    if isinstance(said, str) and said in CALL_FROMS:
         return [call_turn(message.get("value"), rest)]
     return [{"role": role, "content": message.get("value"), **rest}]
 
