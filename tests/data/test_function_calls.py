@@ -467,3 +467,23 @@ def test_a_turns_from_that_is_not_text_is_named_not_a_traceback(said) -> None:
     spec = field_spec(None, ["messages"], "f")
     with pytest.raises(UserError, match="item 0: role is an? (list|object), expected a string"):
         check_row({"messages": [{"from": said, "value": "x"}]}, spec, "f:1")
+
+
+def test_a_saved_datasets_turns_whose_role_is_not_text_are_refused_by_type(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Typed turns whose `from` (or `role`) is a list or a number passed the column's check
+    and were a traceback in check (a list in a turn's shape)."""
+    import datasets
+
+    manifest = _expert(tmp_path, tiny_model_dir, [{"conversations": SHAREGPT}])
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["path"] = "data/saved"
+    manifest.write_text(json.dumps(data))
+    turns = [{"from": ["human"], "value": "q"}, {"from": ["gpt"], "value": "a"}]
+    datasets.Dataset.from_list([{"conversations": turns}] * 4).save_to_disk(
+        str(manifest.parent / "data" / "saved")
+    )
+    (problem,) = check_manifest(manifest).problems
+    assert "field 'conversations' (field_mapping.messages) holds List({'from': List(" in problem
+    assert problem.endswith("in every row")

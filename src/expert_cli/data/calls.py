@@ -133,7 +133,13 @@ def _first_in_chunk(chunk: pa.Array) -> tuple[int, str] | None:
     kind = chunk.type
     if not hasattr(kind, "value_type") or not pa.types.is_struct(kind.value_type):
         return None
-    fields = {kind.value_type.field(i).name for i in range(kind.value_type.num_fields)}
+    struct = kind.value_type
+    texts = (pa.types.is_string, pa.types.is_large_string)
+    fields = {  # the fields a turn's role is read from must hold text to be compared
+        f.name
+        for f in (struct.field(i) for i in range(struct.num_fields))
+        if f.name not in ("from", "role") or any(is_text(f.type) for is_text in texts)
+    }
     turns = pc.list_flatten(chunk)  # the items of valid rows only
     parents = pc.list_parent_indices(chunk)
     parents = parents.filter(chunk.is_valid().take(parents)).to_numpy(zero_copy_only=False)

@@ -281,6 +281,9 @@ def _texts(feature: Any) -> bool:
     )
 
 
+TEXT_TYPES = ("string", "large_string", "null")  # a typed text column's (null: all empty)
+
+
 def _of_type(feature: Any, role: str) -> bool:
     """Whether a column of `feature` holds what `role` reads."""
     if role == TOOLS:  # objects of any keys, or JSON (each row read by tools_problem)
@@ -300,8 +303,12 @@ def _of_type(feature: Any, role: str) -> bool:
     elif role == "messages":
         inner = getattr(feature, "feature", None)
         keys = set(inner) if isinstance(inner, dict) else set()  # Json: keys that differ
+        named = all(  # a turn's role (ShareGPT's `from`) is text: a list was a traceback
+            isinstance(inner[k], datasets.Value) and inner[k].dtype in TEXT_TYPES
+            for k in keys & {"role", "from"}
+        )
         ok = isinstance(feature, (datasets.List, datasets.LargeList)) and (
-            any(keys >= form for form in TURN_FORMS)
+            (named and any(keys >= form for form in TURN_FORMS))
             or isinstance(inner, datasets.Json)
             or _texts(feature)  # LIMA's texts: a user's and the assistant's turns in turn
         )
