@@ -173,7 +173,7 @@ def conversation_notes(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerFast)
             *(f'"{k}": "' for k in sorted(keys)),
             EMPTY_CONTENT,
             "<tool_call>",
-            *([tag] if tag else []),
+            *([re.escape(tag)] if tag else []),  # a tag's letters: escaped all the same
         ]
     )
     found: set[str] = set()
