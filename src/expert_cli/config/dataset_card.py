@@ -4,6 +4,7 @@ together."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,7 @@ def card_splits(folder: Path) -> dict[str, list[str]]:
     return {split: paths for split, paths in splits.items() if paths}
 
 
+@functools.lru_cache(maxsize=256)  # a card's few patterns, matched against every file
 def _glob(pattern: str) -> re.Pattern[str]:
     """A card's path pattern as the hub matches it: `*` and `?` within one folder, `**` any
     number of folders (none too), a leading `./` left out."""

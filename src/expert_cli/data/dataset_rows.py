@@ -44,21 +44,23 @@ def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
 
     def to_text(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         out = {}
+        tools = [parsed_tools(t, structs)[0] for t in batch["tools"]] if named else None
         if "messages" in typed:
             rows = batch["messages"]
-            if joins:  # a response's turns, a system prompt: one conversation
-                tools = [parsed_tools(t, structs)[0] for t in batch["tools"]] if named else None
+            if joins:  # a response's turns, a system prompt: one conversation, read as turns
                 parts = [
                     {**{role: batch[role][i] for role in joins}, TOOLS: tools and tools[i]}
                     for i in range(len(rows))
                 ]
                 rows = [
-                    joined_row({"messages": m, **p})["messages"]
+                    joined_row({"messages": m, **p})["messages"] or []
                     for m, p in zip(rows, parts, strict=True)
                 ]
-            out["messages"] = [conversation_text(standard_turns(row or [])) for row in rows]
+            else:
+                rows = [standard_turns(row or []) for row in rows]
+            out["messages"] = [conversation_text(row) for row in rows]
         if "tools" in typed:
-            out["tools"] = [tools_text(parsed_tools(t, structs)[0]) for t in batch["tools"]]
+            out["tools"] = [tools_text(t) for t in tools or []]
         return out
 
     features = ds.features.copy()

@@ -3,6 +3,7 @@ what a package stopped by a kill left beside it (its temporary files) removed.""
 
 from __future__ import annotations
 
+import glob
 import os
 import time
 from contextlib import suppress
@@ -55,7 +56,7 @@ def stale(path: Path) -> list[str]:
     removed = []
     for dest in (path, path.with_name(path.name + CHECKSUM_SUFFIX)):
         prefix = temporary_prefix(dest)
-        for leftover in dest.parent.glob(f"{glob_escaped(prefix)}*"):
+        for leftover in dest.parent.glob(f"{glob.escape(prefix)}*"):
             pid = leftover.name.removeprefix(prefix)
             if not PID.fullmatch(pid) or process_running(int(pid)):
                 continue
@@ -64,8 +65,3 @@ def stale(path: Path) -> list[str]:
                     leftover.unlink()
                     removed.append(leftover.name)
     return removed
-
-
-def glob_escaped(text: str) -> str:
-    """`text` matched literally by Path.glob (a package's name may hold [ or *)."""
-    return "".join(f"[{c}]" if c in "[]*?" else c for c in text)
