@@ -107,6 +107,12 @@ def test_typed_turns_read_as_a_files_are(tmp_path: Path, tiny_model_dir: Path, l
     report = check_manifest(manifest)
     assert report.problems == []
     assert not any("refused" in n or "nothing to train" in n for n in report.notes)
+    # its schema has neither tools nor a system prompt: not said to be read "where a row has it"
+    assert (
+        'training.dataset.field_mapping: none given; read as {"messages": "prompt", "response": '
+        "\"completion\"}; the response's turns trained"
+    ) in "".join(report.notes)
+    assert not any("where a row has it" in n for n in report.notes)
     whole, trained = _built(manifest, tiny_model_dir)
     assert whole.count("SELECT 1;") == 3 and "SELECT 1;" not in trained
     assert trained.count("SELECT count(*) FROM orders;") == 4

@@ -41,6 +41,9 @@ class FieldSpec:
     unread: frozenset[str] = frozenset()
     at: str = ""  # where it was worked out (a file's first row, a dataset), as errors name it
     others: tuple[str, ...] = ()  # the columns a detected mapping leaves unread, as check says
+    # detected optional roles whose column a source's whole schema (Parquet's, a saved
+    # dataset's) lacks: no row has them, so check does not say "where a row has it"
+    lacked: frozenset[str] = frozenset()
 
     @property
     def required(self) -> list[str]:
@@ -74,9 +77,11 @@ def field_spec(
     columns: list[str],
     where: str,
     turns: frozenset[str] = frozenset(),
+    whole: bool = False,
 ) -> FieldSpec:
     """Validate `field_mapping`, or detect it from the columns when unset (`turns`: those
-    holding lists of objects, turns of a conversation)."""
+    holding lists of objects, turns of a conversation; `whole`: the columns are the source's
+    whole schema, not a first row's keys)."""
     maybe: frozenset[str] = frozenset()
     detected = mapping is None
     if mapping is None:
@@ -108,17 +113,22 @@ def field_spec(
         )
     unread = frozenset({TOOLS} & set(columns)) - set(mapping)
     others = tuple(sorted(set(columns) - set(mapping.values()) - unread)) if detected else ()
-    return FieldSpec(kind, dict(mapping), maybe, unread, where, others)
+    lacked = frozenset(r for r in maybe if mapping[r] not in columns) if whole else frozenset()
+    return FieldSpec(kind, dict(mapping), maybe, unread, where, others, lacked)
 
 
 def source_fields(
-    earlier: FieldSpec | None, columns: list[str], where: str, turns: frozenset[str]
+    earlier: FieldSpec | None,
+    columns: list[str],
+    where: str,
+    turns: frozenset[str],
+    whole: bool = False,
 ) -> FieldSpec:
     """A source's mapping where the manifest gives none: detected from its own columns (a
     multi_task expert's tasks may name their columns apart: instruction/output beside
     question/answer), of the one kind every source of a run must have (`earlier`: the first
     source's)."""
-    own = field_spec(None, columns, where, turns)
+    own = field_spec(None, columns, where, turns, whole)
     if earlier is not None and own.kind != earlier.kind:
         raise UserError(
             f"{where}: its columns read as {KIND_WORDS[own.kind]} ({_held(own)}), and those "
@@ -257,7 +267,7 @@ def detected_words(fields: FieldSpec) -> str:
     holds each role, the optional ones read where a row has them."""
     held = {role: column for role, column in fields.mapping.items() if role not in fields.maybe}
     maybe = [f"{role} from {column!r}" for role, column in fields.mapping.items()
-             if role in fields.maybe]  # fmt: skip
+             if role in fields.maybe - fields.lacked]  # fmt: skip
     where = f"; {' and '.join(maybe)} where a row has it" if maybe else ""
     if fields.kind == "messages" and "response" in held:
         where += f"; {ANSWERED_BY}"

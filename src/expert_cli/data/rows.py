@@ -162,7 +162,7 @@ def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str]
     schema = column_names(files[0], fmt)  # a Parquet or Arrow file's columns, turns
     detect = mapping is None  # from this source's own columns (source_fields)
     if detect and schema:  # from the schema, as from a first row
-        fields = source_fields(fields, schema[0], f"{files[0]}: row 1", schema[1])
+        fields = source_fields(fields, schema[0], f"{files[0]}: row 1", schema[1], whole=True)
     elif detect:
         fields = None  # from the first row, each source its own
     rows = _file_rows(files, fmt, _columns(fields, mapping))

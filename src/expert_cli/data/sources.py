@@ -162,7 +162,7 @@ def checked_columns(
     missing value, UTF-8 text) and renamed to their roles."""
     if mapping is None:  # detected from its own columns: those of turns (structs or JSON)
         turns = [n for n, f in ds.features.items() if _of_type(f, "messages") and not _texts(f)]
-        fields = source_fields(fields, ds.column_names, where, frozenset(turns))
+        fields = source_fields(fields, ds.column_names, where, frozenset(turns), whole=True)
     elif fields is None:
         fields = field_spec(mapping, ds.column_names, where)
     _check_columns(ds, fields, where)
