@@ -173,15 +173,14 @@ PRELUDES = {
 
 
 def _steady(windows: list[dict[str, Any]], key: str) -> float | None:
-    """Time-weighted mean of `key` over the windows after the warm-up steps."""
+    """Mean of `key` over the windows after the warm-up steps, each weighted by its training
+    seconds (its `seconds`: an evaluation's or a save's time inside it is not training)."""
     total = weight = 0.0
-    previous = None
     for w in windows:
-        start, previous = previous, w["time"]
-        if start is None or w["step"] <= WARMUP_STEPS or w.get(key) is None:
+        if w["step"] <= WARMUP_STEPS or w.get(key) is None or not w.get("seconds"):
             continue
-        total += w[key] * (w["time"] - start)
-        weight += w["time"] - start
+        total += w[key] * w["seconds"]
+        weight += w["seconds"]
     return total / weight if weight else None
 
 
@@ -233,6 +232,13 @@ def run_cli_variant(
         "data_wait_fraction": _steady(windows, "data_wait_fraction"),
         "peak_memory_gb": max((w["peak_memory_gb"] or 0) for w in windows),
         "losses": {w["step"]: w["loss"] for w in windows if w["loss"] is not None},
+        # the same step is other tokens at other rows per step (auto's 16 against 8): compare
+        # variants' losses at the same tokens seen
+        "losses_by_tokens": {
+            w["tokens_seen"]: w["loss"]
+            for w in windows
+            if w["loss"] is not None and "tokens_seen" in w
+        },
         "first_window_s": windows[0]["time"] if windows else None,
         "allocator_flushes": sum(w.get("allocator_flushes") or 0 for w in windows),
         "wall_s": wall,

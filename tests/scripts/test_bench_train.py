@@ -49,3 +49,16 @@ def test_no_variant_starts_without_budget_left(tmp_path: Path) -> None:
     for r in results.values():
         assert r["error"] == "not started: fewer than 30 s of --budget left"
     assert "e_default                  FAILED: not started" in proc.stdout
+
+
+def test_steady_figures_weigh_each_window_by_its_training_seconds() -> None:
+    """A window holding an evaluation (its `time` advanced 50 s more than its training
+    `seconds`) weighed by its wall time outweighed the others; the warm-up's are left out."""
+    bench = load_script("bench_train")
+    windows = [
+        {"step": 10, "time": 10.0, "seconds": 10.0, "tokens_per_s": 1.0},  # warm-up: out
+        {"step": 15, "time": 75.0, "seconds": 15.0, "tokens_per_s": 100.0},  # + a 50 s eval
+        {"step": 20, "time": 80.0, "seconds": 5.0, "tokens_per_s": 200.0},
+    ]
+    assert bench._steady(windows, "tokens_per_s") == pytest.approx(125.0)
+    assert bench._steady(windows[:1], "tokens_per_s") is None

@@ -361,3 +361,53 @@ def test_a_last_window_ends_where_the_gpu_finished_its_last_step(monkeypatch) ->
     _step(meter, clock, wait=0.0, compute=1.0)
     clock.t += 10.0
     assert meter.close_window(1, None, None, at_last_step=True)["seconds"] == pytest.approx(1.0)
+
+
+def test_windows_say_the_tokens_seen_and_the_summary_what_its_mfu_is_made_of(
+    tmp_path: Path,
+) -> None:
+    """Each window records the run's tokens up to its end (a resumed run's earlier ones
+    included), so losses of runs of other batch sizes compare at the same tokens; the summary
+    holds the terms its MFU is worked out from, which give it again by hand."""
+    from types import SimpleNamespace
+
+    from expert_cli.train.callbacks import ThroughputCallback
+
+    fm = FlopsModel(1_000_000, 10_000, 2, 64, 128, 1e12, head_params=200_000)
+    clock = FakeClock()
+    meter = _meter(clock, fm)
+    callback = ThroughputCallback(meter, tmp_path / "metrics.json")
+    for step in (1, 2):
+        _step(meter, clock, wait=0.0, compute=1.0, tokens=1000, samples=2, trained=500,
+              attended=100**2 + 900**2)  # fmt: skip
+        callback.on_log(None, SimpleNamespace(global_step=step), None, logs={"loss": 2.0})
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert [w["tokens_seen"] for w in written["windows"]] == [1000, 2000]
+    summary = callback.finish(2, "completed")
+    terms = summary["mfu_terms"]
+    assert terms["attended_length"] == pytest.approx(820)
+    assert terms["trained_share"] == pytest.approx(0.5)
+    assert terms["peak_flops"] == 1e12
+    assert terms["flops_per_token"] == pytest.approx(fm.per_token(820, 0.5))
+    by_hand = summary["tokens_per_s"] * terms["flops_per_token"] / terms["peak_flops"]
+    assert summary["mfu"] == pytest.approx(by_hand)
+
+    # resumed from a checkpoint whose windows say theirs: counted on from there
+    earlier = {"windows": written["windows"], "evals": []}
+    meter = _meter(clock, fm)
+    resumed = ThroughputCallback(meter, tmp_path / "resumed.json", earlier=earlier)
+    _step(meter, clock, wait=0.0, compute=1.0, tokens=700)
+    resumed.on_log(None, SimpleNamespace(global_step=3), None, logs={"loss": 1.5})
+    last = json.loads((tmp_path / "resumed.json").read_text())["windows"][-1]
+    assert last["step"] == 3 and last["tokens_seen"] == 2700
+    # earlier windows written before the count was: left out, not started again at 0
+    old = {"windows": [{k: v for k, v in w.items() if k != "tokens_seen"} for w in
+                       written["windows"]], "evals": []}  # fmt: skip
+    meter = _meter(clock, fm)
+    unknown = ThroughputCallback(meter, tmp_path / "old.json", earlier=old)
+    _step(meter, clock, wait=0.0, compute=1.0)
+    unknown.on_log(None, SimpleNamespace(global_step=3), None, logs={"loss": 1.5})
+    assert "tokens_seen" not in json.loads((tmp_path / "old.json").read_text())["windows"][-1]
+    no_mfu = ThroughputCallback(_meter(clock), None)  # a CPU's run: no MFU, so no terms
+    _step(no_mfu.meter, clock, wait=0.0, compute=1.0)
+    assert "mfu_terms" not in no_mfu.finish(1, "completed")

@@ -33,3 +33,21 @@ def test_the_head_is_counted_apart_for_the_trained_tokens(tiny_model_dir: Path) 
     fm = flops_model(model)
     assert fm.head_params == head > 0
     assert fm.per_token(100, 0.25) == fm.per_token(100) - 4 * head * 0.75
+
+
+def test_zero3_partitioned_weights_count_at_their_whole_size(tiny_model_dir: Path) -> None:
+    """DeepSpeed ZeRO-3 leaves each process a 0-element stand-in of a partitioned weight,
+    its size in `ds_numel`: the head was counted as 0 weights (its FLOPs credited for every
+    token, MFU overstated) and an untied input embedding as a matmul."""
+    model = lora_model(tiny_model_dir)
+    base = model.get_base_model()
+    head, embed = base.lm_head.weight.numel(), base.get_input_embeddings().weight.numel()
+    whole = flops_model(model)
+    for module in (base.lm_head, base.get_input_embeddings()):
+        stand_in = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+        stand_in.ds_numel = module.weight.numel()  # as DeepSpeed's partitioning leaves it
+        module.weight = stand_in
+    base.config.tie_word_embeddings = False
+    fm = flops_model(model)
+    assert fm.head_params == head > 0
+    assert fm.matmul_params == whole.matmul_params + head - embed  # untied now: two weights

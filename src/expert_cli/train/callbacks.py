@@ -61,13 +61,23 @@ class ThroughputCallback(TrainerCallback):
             self.write(state.global_step, "running", now=True)
         if logs is None or "loss" not in logs or self.meter.steps_in_window == 0:
             return
-        record = self.meter.close_window(
-            state.global_step, logs.get("loss"), logs.get("learning_rate")
+        record = self._seen(
+            self.meter.close_window(state.global_step, logs.get("loss"), logs.get("learning_rate"))
         )
         logs.update({k: v for k, v in record.items() if k in LOGGED and v is not None})
         self.write(state.global_step, "running")
         if self.on_window is not None:
             self.on_window(record)
+
+    def _seen(self, record: dict[str, Any]) -> dict[str, Any]:
+        """`record` with `tokens_seen`, the run's tokens (every process's) up to its end, a
+        resumed run's earlier ones included: losses of runs of other batch sizes compare at
+        the same tokens, not the same step. Left out where a resumed run's earlier windows do
+        not say theirs (recorded before it was)."""
+        before = next((w.get("tokens_seen") for w in reversed(self.earlier["windows"])), 0)
+        if before is not None:
+            record["tokens_seen"] = int(before + self.meter.totals["tokens"])
+        return record
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # a checkpoint: the file holds its windows and evaluations now (a --resume after a
@@ -83,6 +93,7 @@ class ThroughputCallback(TrainerCallback):
             summary["final_loss"] = earlier[-1] if earlier else None
         if summary["steps_this_run"] == 0:  # no window of its own: 0 tok/s said nothing true
             summary.update(over_windows(self.earlier["windows"]))
+        summary.update(mfu_terms(self.meter))
         if self.file is not None:
             self.file.write(
                 self.earlier["windows"] + self.meter.windows,
@@ -95,7 +106,9 @@ class ThroughputCallback(TrainerCallback):
         """Close a last partial window and write the final summary: on every process, or with
         `alone` on this one without waiting for the others (it failed, they may not have)."""
         if self.meter.steps_in_window:
-            record = self.meter.close_window(steps, None, None, at_last_step=True, alone=alone)
+            record = self._seen(
+                self.meter.close_window(steps, None, None, at_last_step=True, alone=alone)
+            )
             if self.on_window is not None:
                 self.on_window(record)
         return self.write(steps, status)
@@ -106,6 +119,24 @@ class ThroughputCallback(TrainerCallback):
         report (the file keeps its last whole state, as every write replaces it atomically)."""
         with contextlib.suppress(OSError):
             self.finish(steps, "failed", alone=True)
+
+
+def mfu_terms(meter: ThroughputMeter) -> dict[str, Any]:
+    """What the run's MFU is worked out from (tokens/s x FLOPs a token / the peak), so that
+    metrics.json's figure can be checked by hand: none where there is no MFU (a CPU, an
+    unknown GPU, a run without mixed precision)."""
+    flops, t = meter.flops, meter.totals
+    if flops is None or not flops.peak_flops_per_device or not t["tokens"]:
+        return {}
+    attended, trained = t["attended"] / t["tokens"], t["trained"] / t["tokens"]
+    return {
+        "mfu_terms": {
+            "flops_per_token": flops.per_token(attended, trained),
+            "attended_length": attended,  # sum of squared example lengths / sum of lengths
+            "trained_share": trained,  # of tokens whose next token is trained (the head's)
+            "peak_flops": flops.peak_flops_per_device * max(1, len(meter.rank_totals)),
+        }
+    }
 
 
 def over_windows(windows: list[Any]) -> dict[str, float]:
@@ -218,6 +249,16 @@ class InterruptCallback(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
         return control
+
+    def _seen(self, record: dict[str, Any]) -> dict[str, Any]:
+        """`record` with `tokens_seen`, the run's tokens (every process's) up to its end, a
+        resumed run's earlier ones included: losses of runs of other batch sizes compare at
+        the same tokens, not the same step. Left out where a resumed run's earlier windows do
+        not say theirs (recorded before it was)."""
+        before = next((w.get("tokens_seen") for w in reversed(self.earlier["windows"])), 0)
+        if before is not None:
+            record["tokens_seen"] = int(before + self.meter.totals["tokens"])
+        return record
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.stopped:

@@ -10,6 +10,12 @@ from expert_cli.telemetry.flops import peak_bf16_flops
 from expert_cli.telemetry.throughput import FlopsModel
 
 
+def _size(weight: torch.Tensor) -> int:
+    """A weight's whole size: DeepSpeed ZeRO-3 leaves each process a 0-element stand-in of a
+    partitioned parameter, its size in `ds_numel` (as peft's own count reads it)."""
+    return int(getattr(weight, "ds_numel", weight.numel()))
+
+
 def parameter_counts(model: PeftModel) -> tuple[int, int]:
     """(trainable, total) parameters; 4-bit weights counted at their unpacked size."""
     trainable, total = model.get_nb_trainable_parameters()
@@ -21,7 +27,7 @@ def matmul_parameters(model: PeftModel, total: int) -> int:
     base = model.get_base_model()
     embed = base.get_input_embeddings()
     tied = bool(getattr(base.config, "tie_word_embeddings", False))
-    return total if tied else total - embed.weight.numel()
+    return total if tied else total - _size(embed.weight)
 
 
 def flops_model(peft_model: PeftModel, mixed: bool = True) -> FlopsModel:
@@ -50,4 +56,4 @@ def head_parameters(model: PeftModel) -> int:
     the trained tokens alone, the only ones whose logits the loss needs."""
     head = model.get_base_model().get_output_embeddings()
     weight = getattr(head, "weight", None)
-    return int(weight.numel()) if isinstance(weight, torch.Tensor) else 0
+    return _size(weight) if isinstance(weight, torch.Tensor) else 0
