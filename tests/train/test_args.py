@@ -425,3 +425,30 @@ def test_a_one_process_run_on_several_gpus_keeps_to_one(tmp_path: Path) -> None:
     note = one_gpu(args)
     assert args.n_gpu == 1 and note is not None
     assert "torchrun --nproc_per_node 4 -m expert_cli.cli train" in note
+
+
+def test_a_run_of_few_optimizer_steps_says_so(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """300 conversations packed into 10 rows trained one step at `batch_size: auto` and said
+    `completed`: a run whose steps were not asked for says how few they are, and how to get
+    more; one given `--max-steps` does not."""
+    from train_helpers import run_here, write_expert
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8, config={"batch_size": 4})
+    output = tmp_path / "e" / "output"
+    proc = run_here("train", "--manifest", str(manifest), "--output", str(output))
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, said
+    resolved = json.loads((output / "manifest.resolved.json").read_text())
+    rows = resolved["runtime"]["data"]["stats"]["train"]["rows"]
+    steps = -(-rows // 4)
+    note = (
+        f"only {steps} optimizer step{'' if steps == 1 else 's'} ({rows:,} packed rows at 4 a "
+        "step, 1 epoch): an adapter learns little from so few updates; raise `epochs`, or "
+        "lower `batch_size` or `gradient_accumulation_steps`"
+    )
+    assert note in said
+    assert any(note in n for n in resolved["runtime"]["model"]["notes"])
+    asked = run_here(
+        "train", "--manifest", str(manifest), "--output", str(tmp_path / "o2"), "--max-steps", "2"
+    )
+    assert asked.returncode == 0 and "optimizer step" not in asked.stdout + asked.stderr

@@ -179,6 +179,28 @@ def planned_steps(
     return math.ceil(per_epoch * resolved.epochs)
 
 
+FEW_STEPS = 50  # optimizer steps under which a run is said to learn little
+
+
+def few_steps_note(
+    resolved: ResolvedConfig, steps: int, n_rows: int, world_size: int
+) -> str | None:
+    """A note where the run takes few optimizer steps, its steps not asked for (`max_steps`):
+    an adapter learns little from a handful of updates, and nothing said so (300
+    conversations, packed into 10 rows, trained one step at `batch_size: auto` and said
+    `completed`)."""
+    if steps >= FEW_STEPS or (resolved.max_steps or 0) > 0:
+        return None
+    rows = resolved.batch_size * resolved.gradient_accumulation_steps * world_size
+    how = "packed rows" if resolved.packing else "examples"
+    return (
+        f"only {steps} optimizer step{'' if steps == 1 else 's'} ({n_rows:,} {how} at {rows} "
+        f"a step, {resolved.epochs:g} epoch{'' if resolved.epochs == 1 else 's'}): an adapter "
+        "learns little from so few updates; raise `epochs`, or lower `batch_size` or "
+        "`gradient_accumulation_steps` (or set `max_steps` to say how many)"
+    )
+
+
 def joined(kwargs: dict[str, Any]) -> TrainingArguments:
     """`TrainingArguments(**kwargs)`, which, for several processes, waits there for all of
     them to join (the rendezvous). While it waits, Ctrl-C, SIGTERM and SIGHUP end the

@@ -30,7 +30,13 @@ from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.adapter import start_problem
 from expert_cli.train.architecture import cache_id_problem, positions_note, untrained_tokens_note
-from expert_cli.train.args import joined, one_gpu, planned_steps, training_args_kwargs
+from expert_cli.train.args import (
+    few_steps_note,
+    joined,
+    one_gpu,
+    planned_steps,
+    training_args_kwargs,
+)
 from expert_cli.train.batch import plan_run_batch
 from expert_cli.train.callbacks import (
     AdaLoraCallback,
@@ -217,6 +223,10 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
             f"attention: {verdict}; whether packed examples stay apart is not checked"
         )
     steps = planned_steps(resolved, len(data.train), run.args.world_size, run.args.max_steps)
+    if run.args.max_steps <= 0 and (
+        note := few_steps_note(resolved, steps, len(data.train), run.args.world_size)
+    ):
+        choices.notes.append(note)
     run.args.logging_steps = min(run.args.logging_steps, steps)  # a loss for a short run too
     if resume is not None and run.is_main:
         at = resume.name.rsplit("-", 1)[-1]
