@@ -454,7 +454,7 @@ def test_pretokenize_counts_examples_after_task_weights(demo_expert_dir) -> None
     path.write_text(json.dumps(manifest))
     out = run_here("pretokenize", "-m", str(path))
     assert out.returncode == 0, out.stderr
-    assert "examples 400 read (800 to train on) / 780 kept / 20 truncated / 0 dropped" in (
+    assert "examples 400 read (800 to train on) / 780 kept whole / 20 truncated / 0 dropped" in (
         out.stdout
     )
     # each example's two copies are in different rows (packed side by side, one step trained

@@ -110,7 +110,7 @@ def test_typed_turns_read_as_a_files_are(tmp_path: Path, tiny_model_dir: Path, l
     # its schema has neither tools nor a system prompt: not said to be read "where a row has it"
     assert (
         'training.dataset.field_mapping: none given; read as {"messages": "prompt", "response": '
-        "\"completion\"}; the response's turns trained"
+        '"completion"}; the response\'s turns trained'
     ) in "".join(report.notes)
     assert not any("where a row has it" in n for n in report.notes)
     whole, trained = _built(manifest, tiny_model_dir)

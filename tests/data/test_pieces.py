@@ -193,3 +193,26 @@ def test_a_block_is_never_cut_inside_a_special_token(tiny_tokenizer) -> None:
     end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert row["input_ids"].count(end) == 2
     assert end in [label for label in row["labels"] if label != IGNORE]  # the answer's stop
+
+
+def test_without_packing_no_packing_efficiency_is_shown(demo_expert_dir) -> None:
+    """A row is one example without packing, padded to its batch's longest row by the
+    collator: tokens over rows x max_seq_length (3% on a chat file) read as padding that does
+    not happen. Both views say `packing off`; an example cut to fit is not said "kept"."""
+    packed = prepare(demo_expert_dir / "manifest.json", "training.dataset.validation_path=null")
+    plain = prepare(
+        demo_expert_dir / "manifest.json",
+        "training.dataset.validation_path=null",
+        "packing=false",
+    )
+    assert plain.stats["train"]["rows"] == plain.stats["train"]["examples"]
+    for data, said in ((packed, "packing_efficiency 0."), (plain, "packing off")):
+        console = Console(record=True, width=400)
+        print_data(console, data.stats, data.status, data.reason, data.cache_dir)
+        assert said in console.export_text()
+    assert "packing_efficiency" not in console.export_text()
+    line = summary_lines(plain)[1]
+    assert "packing off" in line and "packing efficiency" not in line
+    assert "packing efficiency 9" in summary_lines(packed)[1]
+    truncated = plain.stats["train"]["truncated"]
+    assert f"kept whole / {truncated:,} truncated" in line

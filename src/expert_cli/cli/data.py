@@ -123,10 +123,16 @@ def summary_lines(data: PreparedData) -> list[str]:
     read = f"{train['examples_read']:,} read"
     if train.get("examples", train["examples_read"]) != train["examples_read"]:
         read += f" ({train['examples']:,} to train on)"
+    # without packing a row is one example, padded by the collator to its batch's longest
+    # row: tokens over rows x max_seq_length says nothing of that padding
+    packed = (data.stats.get("inputs") or {}).get("packing", True)
+    efficiency = (
+        f"packing efficiency {train['packing_efficiency']:.1%}" if packed else "packing off"
+    )
     lines.append(
         f"  rows {train['rows']:,}, tokens {train['tokens']:,}, trained "
-        f"{train['trained_tokens']:,}, packing efficiency {train['packing_efficiency']:.1%}, "
-        f"examples {read} / {train['kept']:,} kept / "
+        f"{train['trained_tokens']:,}, {efficiency}, "
+        f"examples {read} / {train['kept']:,} kept whole / "
         f"{train['truncated']:,} truncated / "
         + (f"{train['split']:,} split / " if train.get("split") else "")
         + f"{train['dropped']:,} dropped"

@@ -70,8 +70,8 @@ def generate(
     """Try a trained expert: its prompt template and decoding settings, answers streamed."""
     import json
 
+    from expert_cli.cli.generate_view import GenerateView, print_generate_end
     from expert_cli.cli.render import console
-    from expert_cli.cli.train_view import GenerateView, print_generate_end
     from expert_cli.train.generate import GenerateOptions
     from expert_cli.train.generate import generate as run_generate
 

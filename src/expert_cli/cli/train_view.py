@@ -29,7 +29,6 @@ from expert_cli.telemetry.throughput import flush_note
 from expert_cli.train import loss as fused_loss
 from expert_cli.train.causality import ISOLATED, MASK_PROXY
 from expert_cli.train.choice import lower_loss_note
-from expert_cli.train.generate import Case, GenerateResult, Generation
 from expert_cli.train.model import ModelChoices
 from expert_cli.train.run import TrainOptions, TrainResult
 
@@ -65,6 +64,9 @@ def print_data(
                     if k in STAT_KEYS and (v or k != "split")
                 }
             )
+    if (stats.get("inputs") or {}).get("packing") is False:  # padded per batch, not to rows
+        shown = {k: v for k, v in shown.items() if not k.endswith("packing_efficiency")}
+        shown["packing"] = "off"
     text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
     state = "reused" if status == "current" else status
     console.print(labelled("data", "bold", text, WIDTH))
@@ -178,10 +180,11 @@ def window_line(record: dict[str, Any], max_steps: int | None) -> str:
 
 def _apart(figures: dict[str, Any]) -> list[str]:
     """The evaluation and checkpoint-save seconds a window (or the run) left out of its rates."""
+    took = {k: figures.get(k) for k in ("eval_s", "save_s")}
     return [
-        f"{name} {figures[key]:.1f} s apart"
+        f"{name} {f'{took[key]:.1f}' if took[key] >= 0.05 else '<0.1'} s excluded"
         for key, name in (("eval_s", "evaluation"), ("save_s", "saves"))
-        if isinstance(figures.get(key), float | int) and figures[key] > 0
+        if isinstance(took[key], float | int) and took[key] > 0
     ]
 
 
@@ -349,45 +352,6 @@ def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None
             highlight=False,
             markup=False,
         )
-
-
-class GenerateView:
-    """`expert-cli generate` on the console: each prompt, then its answers as they stream."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-
-    def start(self, index: int, case: Case, which: str) -> None:
-        if which == "expert":
-            self.console.print(f"\n[bold]prompt {index + 1}[/bold]", highlight=False)
-            shown = case.prompt if len(case.prompt) <= 400 else "…" + case.prompt[-399:]
-            self.console.print(shown, markup=False, highlight=False, style="dim")
-        else:
-            self.console.print()  # end the expert's streamed answer
-        self.console.print(f"[bold cyan]{which}:[/bold cyan] ", end="", highlight=False)
-
-    def text(self, piece: str) -> None:
-        self.console.print(piece, end="", markup=False, highlight=False)
-
-    def end(self, generation: Generation) -> None:
-        self.console.print()
-        if generation.reference is not None:
-            self.console.print("[bold]reference:[/bold] ", end="", highlight=False)
-            self.console.print(generation.reference, markup=False, highlight=False)
-            mark = "[green]yes[/green]" if generation.exact_match else "[red]no[/red]"
-            self.console.print(f"exact match: {mark}", highlight=False)
-
-
-def print_generate_end(console: Console, result: GenerateResult) -> None:
-    """Notes, and the exact-match rate of an --eval run."""
-    rate = result.exact_match_rate
-    if rate is not None:
-        marks = [g.exact_match for g in result.generations if g.exact_match is not None]
-        console.print(
-            f"\n[bold]exact match[/bold] {sum(marks)}/{len(marks)} ({rate:.0%})", highlight=False
-        )
-    for note in result.notes:
-        console.print(labelled("note", "yellow", note, WIDTH))
 
 
 def _launcher() -> str:
