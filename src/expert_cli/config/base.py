@@ -13,7 +13,9 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 AdapterType = Literal["lora", "dora", "ia3", "lokr", "adalora"]
 Quantization = Literal["int4", "int8", "fp16", "bf16", "none"]
-PromptTemplate = Literal["chatml", "llama2", "alpaca", "vicuna", "custom"]
+# chat_template (an extension): instruction data laid out as a conversation by the tokenizer's
+# own chat template (system, user, assistant turns)
+PromptTemplate = Literal["chatml", "llama2", "alpaca", "vicuna", "chat_template", "custom"]
 # Names used by existing manifests for a template we implement under another name.
 PROMPT_TEMPLATE_ALIASES = {"qwen": "chatml", "qwen2": "chatml", "qwen3": "chatml"}
 Probability = Annotated[float, Field(ge=0.0, lt=1.0)]

@@ -91,7 +91,9 @@ class BaseModelSpec(Strict):
         None, description="Inference-time RoPE scaling; kept, not applied when training."
     )
     prompt_template: PromptTemplate | None = Field(
-        None, description="Template for instruction/input/response data (qwen3 = chatml)."
+        None,
+        description="Template for instruction/input/response data (qwen3 = chatml; "
+        "chat_template: the tokenizer's own chat template, an extension).",
     )
     adapters: list[AdapterSpec] = Field(default_factory=list, description="Adapters (v2.0).")
     # expert-cli extensions

@@ -48,7 +48,7 @@ from expert_cli.data.formatting import (
     TRUNCATED,
     Formatter,
     check_chat_template,
-    check_prompt_template,
+    instruction_checked,
 )
 from expert_cli.data.packing import pack_table
 from expert_cli.data.pieces import split_rows
@@ -149,7 +149,7 @@ def _build(
         notes = notes + check_chat_template(tokenizer, resolved.response_template)
         notes = notes + conversation_notes(sources.train, tokenizer)
     if sources.fields.kind == "instruction":
-        check_prompt_template(resolved.prompt_template)
+        notes = notes + instruction_checked(tokenizer, resolved.prompt_template)
         notes = notes + ([TEMPLATE_UNREAD] if resolved.response_template else [])
     formatter = Formatter(
         tokenizer=tokenizer,

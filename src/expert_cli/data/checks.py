@@ -9,6 +9,7 @@ writing), and the machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -33,12 +34,9 @@ from expert_cli.data.build import (
 from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.fields import FieldSpec, detected_words, unread_words
 from expert_cli.data.format_check import formatted_problems, small_splits
-from expert_cli.data.formatting import (
-    TEMPLATE_UNREAD,
-    check_chat_template,
-    check_prompt_template,
-)
+from expert_cli.data.formatting import TEMPLATE_UNREAD, check_chat_template, instruction_checked
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
+from expert_cli.data.instruction import check_prompt_template
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.row_checks import DataCheck, TextMarks
 from expert_cli.data.splits import NO_EVAL_ROWS, holds_nothing_out
@@ -146,6 +144,9 @@ def check_manifest(
             rows = data.result_tags[str(tag)]
             report.notes.append(wrapped_results_note(str(tag), rows, data.blank[True][1]))
         report.notes += verdict.notes(data.train[0], bool(quick)) if verdict is not None else []
+    if data.fields is not None and data.fields.kind == "instruction" and tokenizer is not None:
+        with contextlib.suppress(UserError):  # said among the problems
+            report.notes += instruction_checked(tokenizer, resolved.prompt_template)
     if data.fields is not None and data.fields.kind == "instruction" and resolved.response_template:
         report.notes = [*report.notes, TEMPLATE_UNREAD]
     blank_problems, blank_notes = data.blank_lines(resolved)
@@ -245,7 +246,9 @@ def _format_problems(
     prompt template, `messages` data with a tokenizer whose chat template is missing or marks
     no assistant reply (a tokenizer that does not load is reported by the tokenizer checks)."""
     try:
-        if fields is not None and fields.kind == "instruction":
+        if fields is not None and fields.kind == "instruction" and tokenizer is not None:
+            instruction_checked(tokenizer, cfg.prompt_template)
+        elif fields is not None and fields.kind == "instruction":
             check_prompt_template(cfg.prompt_template)
         if fields is not None and fields.kind == "messages" and tokenizer is not None:
             check_chat_template(tokenizer, cfg.response_template)

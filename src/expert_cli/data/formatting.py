@@ -50,10 +50,16 @@ import numpy as np
 import pyarrow as pa
 
 from expert_cli.data.conversations import conversation, render_conversation, roles_of
+from expert_cli.data.instruction import (
+    CHAT_TEMPLATE,
+    COMPLETION_PREFIX,
+    as_turns,
+    chatml_note,
+    check_prompt_template,
+    render_instruction,
+)
 from expert_cli.data.pieces import Joined, special_ends, tokenize_blocks
 from expert_cli.data.spans import (
-    CHATML_ASSISTANT,
-    CHATML_END,
     Span,
     assistant_spans,
     has_content,
@@ -82,19 +88,6 @@ IGNORE = -100
 
 KEPT_CODES = (KEPT, TRUNCATED, SPLIT)  # trained, whole or in part
 
-VICUNA_SYSTEM = (
-    "A chat between a curious user and an artificial intelligence assistant. "
-    "The assistant gives helpful, detailed, and polite answers to the user's "
-    "questions."
-)
-ALPACA_HEAD = "Below is an instruction that describes a task"
-ALPACA_TAIL = "Write a response that appropriately completes the request.\n\n"
-TEMPLATES = ("chatml", "alpaca", "llama2", "vicuna")
-# The space between a prompt and its answer belongs to the answer: BPE joins it to the first
-# word (" Yes"), so at the prompt's end it left that token on the prompt side, never trained,
-# and a generation prompt ending in a space asked for a token training never showed.
-COMPLETION_PREFIX = {"llama2": " ", "vicuna": " "}
-
 
 def unanswered(style: str, stored: list[Any] | str) -> str | None:
     """Why a rendered conversation is not trained: its chat template rendered no assistant
@@ -105,53 +98,26 @@ def unanswered(style: str, stored: list[Any] | str) -> str | None:
     return f"no assistant turn, roles {roles_of(stored)}" if style == "none" else None
 
 
-def render_instruction(
-    template: str, instruction: str, input_: str | None, system: str | None
-) -> tuple[str, str]:
-    """(prompt, completion suffix) of one instruction example in `prompt_template`."""
-    user = f"{instruction}\n\n{input_}" if input_ else instruction
-    if template == "chatml":
-        head = f"<|im_start|>system\n{system}{CHATML_END}\n" if system else ""
-        return f"{head}<|im_start|>user\n{user}{CHATML_END}\n{CHATML_ASSISTANT}\n", CHATML_END
-    if template == "alpaca":
-        head = f"{system}\n\n" if system else ""
-        if input_:
-            return (
-                f"{head}{ALPACA_HEAD}, paired with an input that provides further context. "
-                f"{ALPACA_TAIL}### Instruction:\n{instruction}\n\n### Input:\n{input_}\n\n"
-                "### Response:\n",
-                "",
-            )
-        return (
-            f"{head}{ALPACA_HEAD}. {ALPACA_TAIL}### Instruction:\n{instruction}\n\n### Response:\n",
-            "",
-        )
-    if template == "llama2":
-        head = f"<<SYS>>\n{system}\n<</SYS>>\n\n" if system else ""
-        return f"[INST] {head}{user} [/INST]", ""
-    if template == "vicuna":
-        return f"{system or VICUNA_SYSTEM} USER: {user} ASSISTANT:", ""
-    raise UserError(
-        f"the base model's prompt_template {template!r} needs a template text, which "
-        f"the manifest does not give; use one of {list(TEMPLATES)} or put the "
-        "rendered prompt in a `text` field"
-    )
-
-
-def check_prompt_template(template: str) -> None:
-    """Fail early (in the main process) when instruction data has no usable template."""
-    render_instruction(template, "", None, None)
+def instruction_checked(tokenizer: PreTrainedTokenizerFast, template: str) -> list[str]:
+    """Fail early where instruction data's `prompt_template` cannot lay it out (chat_template:
+    the tokenizer's chat template, checked as a conversation's is); notes on the layout."""
+    if template == CHAT_TEMPLATE:
+        return check_chat_template(tokenizer, None, "base_models[0].prompt_template")
+    check_prompt_template(template)
+    note = chatml_note(tokenizer, template)
+    return [note] if note else []
 
 
 def check_chat_template(
-    tokenizer: PreTrainedTokenizerFast, response_template: str | None
+    tokenizer: PreTrainedTokenizerFast,
+    response_template: str | None,
+    field: str = "training.dataset.field_mapping.messages",
 ) -> list[str]:
     """Fail early when `messages` data cannot be masked with this tokenizer's chat template;
     notes on what it does to answers (data/turns.py's `template_notes`)."""
     if not tokenizer.chat_template:
         raise UserError(
-            "training.dataset.field_mapping.messages: the tokenizer has no chat "
-            "template; use `text` data or a tokenizer with one"
+            f"{field}: the tokenizer has no chat template; use `text` data or a tokenizer with one"
         )
     sample = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     try:
@@ -159,7 +125,7 @@ def check_chat_template(
     except Exception as exc:  # noqa: BLE001 - a template that does not parse or run is the user's
         # its error may quote the template (raise_exception's text): only its kind is said
         raise UserError(
-            "training.dataset.field_mapping.messages: the tokenizer's chat template cannot "
+            f"{field}: the tokenizer's chat template cannot "
             f"render a conversation ({type(exc).__name__}); fix chat_template.jinja or the "
             "chat_template in tokenizer_config.json"
         ) from None
@@ -205,6 +171,13 @@ class Formatter:
     response_template: str | None = None
     layout: TurnLayout | None = None  # how the chat template writes answers, asked once
 
+    @property
+    def renders(self) -> str:
+        """The kind the rows are rendered as: instruction data as conversations where its
+        prompt_template is the tokenizer's chat template."""
+        chat = self.kind == "instruction" and self.prompt_template == CHAT_TEMPLATE
+        return "messages" if chat else self.kind
+
     def __call__(self, batch: dict[str, list[Any]]) -> pa.Table:
         texts, spans, styles, refused = self.render(batch)
         encodings, spans = self.tokenize(texts, spans)
@@ -222,7 +195,7 @@ class Formatter:
         is tokenized. With `overlong: split` every token is kept: such a text is tokenized in
         blocks instead (pieces.tokenize_blocks), its spans marked there."""
         backend = self.tokenizer.backend_tokenizer
-        special = self.kind != "messages"
+        special = self.renders != "messages"  # a chat template writes its own
         cut = self.max_seq_length * CUT_CHARS_PER_TOKEN
         if self.overlong == "split":  # every token is kept: long texts in blocks (pieces.py)
             ends = special_ends(backend) if special else ([], [])
@@ -253,7 +226,9 @@ class Formatter:
         template refused a row (None for every row it rendered)."""
         n = len(next(iter(batch.values()), []))
         refused: list[str | None] = [None] * n
-        if self.kind == "instruction":
+        if self.renders != self.kind:  # instruction rows, as conversations
+            batch = {"messages": as_turns(batch, n)}
+        if self.renders == "instruction":
             texts, spans, styles = [], [], []
             n = len(batch["instruction"])
             inputs = batch.get("input") or [None] * n
@@ -267,7 +242,7 @@ class Formatter:
                 spans.append([(len(prompt), len(texts[-1]))])
                 styles.append("template" if str(resp).strip() else "empty")
             return texts, spans, styles, refused
-        if self.kind == "messages":
+        if self.renders == "messages":
             conversations = [conversation(m) for m in batch["messages"]]
             tools = batch.get("tools") or [None] * n  # each with its tool definitions, if any
             toks = [with_tools(self.tokenizer, parsed_tools(t)[0]) for t in tools]

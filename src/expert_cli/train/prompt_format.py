@@ -25,7 +25,7 @@ from typing import Any
 
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.fields import mapping_kind
-from expert_cli.data.formatting import render_instruction
+from expert_cli.data.instruction import CHAT_TEMPLATE, render_instruction
 from expert_cli.data.spans import (
     CHATML_ASSISTANT,
     CHATML_END,
@@ -128,6 +128,8 @@ def prompt_format(
             "the run does not record its data's kind (field_mapping unset, trained before "
             f"expert-cli recorded it): prompts are laid out with {layout.described}"
         ]
+    if kind == "instruction" and resolved.prompt_template == CHAT_TEMPLATE:
+        kind = "messages"  # trained as conversations of the tokenizer's chat template
     if kind == "messages" and (opening := turn_layout(tokenizer).opening):
         return PromptFormat(kind, opening=opening), [
             f"prompts end before the chat template's {opening.strip()}, as the training "
