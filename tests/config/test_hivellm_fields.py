@@ -16,7 +16,7 @@ from transformers import get_scheduler
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
-from expert_cli.config.training_config import SCHEDULER_ARGUMENTS, SCHEDULER_NEEDS, Scheduler
+from expert_cli.config.schedules import SCHEDULER_ARGUMENTS, SCHEDULER_NEEDS, Scheduler
 from expert_cli.errors import UserError
 from expert_cli.train.args import training_args_kwargs
 

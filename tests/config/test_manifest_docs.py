@@ -36,7 +36,7 @@ def test_every_training_config_field_is_documented() -> None:
 def test_every_schedule_argument_is_documented() -> None:
     """docs/training.md's table of schedules names each argument the manifest accepts, on
     the schedule's own row."""
-    from expert_cli.config.training_config import SCHEDULER_ARGUMENTS
+    from expert_cli.config.schedules import SCHEDULER_ARGUMENTS
 
     rows = {
         line.split("|")[1].strip(): line
