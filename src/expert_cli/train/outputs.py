@@ -21,7 +21,7 @@ from peft import PeftConfig
 from pydantic import ValidationError
 
 from expert_cli.atomic import atomic_folder, usual_mode, write_json_atomic
-from expert_cli.config.resolve import SourceRef, data_folder_holding
+from expert_cli.config.sources import SourceRef, data_folder_holding
 from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import path_is_dir, resolved_path, shown_path
 from expert_cli.train.adapter_fit import Shapes, fit_problem

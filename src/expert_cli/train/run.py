@@ -19,7 +19,8 @@ from expert_cli.atomic import sigterm_raises
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import crowded_gpus, probe_environment, unlaunched_world
 from expert_cli.config.loading import apply_overrides
-from expert_cli.config.resolve import data_folder_holding, resolve
+from expert_cli.config.resolve import resolve
+from expert_cli.config.sources import data_folder_holding
 from expert_cli.data import PreparedData, prepare_data
 from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.model_files import base_file_problems

@@ -1,0 +1,142 @@
+"""A manifest's data sources resolved: each local file or folder, or hub dataset, of the
+training and validation data (a multi_task expert's tasks), checked for where it lies."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from expert_cli.config.models import LoadedManifest
+from expert_cli.config.refs import (
+    is_local,
+    local_path,
+    split_hub_spec,
+    suffix_format,
+)
+from expert_cli.config.split_names import card_problem
+from expert_cli.errors import UserError
+from expert_cli.paths import shown_path
+
+
+class SourceRef(BaseModel):
+    """One data source: a local file/folder or a hub dataset."""
+
+    kind: Literal["local", "hub"]
+    location: str = Field(description="Absolute local path, or the hub dataset id.")
+    split: str | None = None
+    config: str | None = None
+    revision: str | None = None
+    format: str | None = None
+    weight: float = 1.0
+    task: str | None = None
+    field: str = Field("training.dataset", description="The manifest field naming it.")
+
+
+def _source(
+    folder: Path, spec: str, fmt: str | None, revision: str | None, label: str
+) -> SourceRef:
+    """A local path when it exists (or looks like one), else a hub id. `label` is the
+    manifest field that names it."""
+    name, split, config = split_hub_spec(spec)
+    if not name.strip():
+        raise UserError(
+            f"{label}: names no dataset before its '::'; expected a local file or folder, or "
+            "a hub id, e.g. data/train.jsonl or org/name::train"
+        )
+    path = local_path(folder, name, label)
+    if fmt != "huggingface" and is_local(folder, name):
+        _refuse_manifest_folder(path, folder, label)
+        if problem := card_problem(path, label, split):
+            raise UserError(problem)
+        if config:  # it was dropped without a word: every file of the folder read
+            raise UserError(
+                f"{label}: '::{split or ''}::{config}' picks a configuration of a hub dataset, "
+                f"and {shown_path(path)} is local: name the files to read (a configuration's "
+                "file or folder)"
+            )
+        return SourceRef(
+            kind="local",
+            location=str(path),
+            split=split,
+            config=config,
+            format=fmt or suffix_format(path),
+            field=label,
+        )
+    return SourceRef(
+        kind="hub",
+        location=name,
+        split=split,
+        config=config,
+        revision=revision,
+        format="huggingface",
+        field=label,
+    )
+
+
+def _refuse_manifest_folder(path: Path, folder: Path, label: str) -> None:
+    """A data folder that holds the manifest (`"path": "."`) would read the manifest, the
+    token cache and the run's outputs as data: refused."""
+    try:
+        holds = path.is_dir() and folder.resolve().is_relative_to(path.resolve())
+    except (OSError, RuntimeError):
+        return  # the data check names what cannot be read
+    if holds:
+        same = os.path.realpath(path) == os.path.realpath(folder)
+        raise UserError(
+            f"{label}: {shown_path(path)} "
+            + ("is the folder that holds the manifest" if same else "holds the manifest's folder")
+            + "; put the data in a folder of its own (e.g. data/) or name the file"
+        )
+
+
+def data_folder_holding(path: Path, sources: list[SourceRef]) -> str | None:
+    """The local data folder among `sources` that `path` is (or lies in, not under a hidden
+    folder, which the reader passes over), if any: what is written there (a token cache, a
+    run's outputs) would be read back as data."""
+    for ref in sources:
+        if ref.kind != "local":
+            continue
+        try:
+            folder, target = Path(ref.location).resolve(), path.resolve()
+            if not (folder.is_dir() and target.is_relative_to(folder)):
+                continue
+            if not any(part.startswith(".") for part in target.relative_to(folder).parts):
+                return ref.location
+        except (OSError, RuntimeError):
+            continue  # the data check names what cannot be read
+    return None
+
+
+def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef]]:
+    """Training and validation sources of the manifest's dataset block."""
+    ds = lm.manifest.training.dataset
+    folder = lm.folder
+    if ds.type == "multi_task":
+        train, valid = [], []
+        for name, task in (ds.tasks or {}).items():
+            fmt = task.format or ds.format
+            at = f"training.dataset.tasks.{name}"
+            ref = _source(folder, task.train, fmt, ds.revision, f"{at}.train")
+            train.append(ref.model_copy(update={"weight": task.weight, "task": name}))
+            if task.valid:
+                ref = _source(folder, task.valid, fmt, ds.revision, f"{at}.valid")
+                valid.append(ref.model_copy(update={"task": name}))
+        return train, valid
+    train = [_source(folder, ds.path or "", ds.format, ds.revision, "training.dataset.path")]
+    valid = (
+        [
+            _source(
+                folder,
+                ds.validation_path,
+                ds.format,
+                ds.revision,
+                label="training.dataset.validation_path",
+            )
+        ]
+        if ds.validation_path
+        else []
+    )
+    return train, valid
