@@ -260,3 +260,78 @@ def test_length_groups_are_made_of_the_global_batch(tmp_path: Path, tiny_model_d
     assert isinstance(alone, LengthGroupedSampler) and alone.batch_size == 6
     monkeypatch.setattr(type(trainer.args), "world_size", property(lambda self: 2))
     assert trainer._get_train_sampler(rows).batch_size == 12
+
+
+def test_early_stopping_stops_on_the_evaluation_loss_and_says_where(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`early_stopping_patience` 2, with a threshold no loss can beat: the first evaluation
+    sets the best, the next two do not improve on it, and the run stops at step 3 of 12,
+    saying so in a note and in metrics.json; its adapter is saved (the run completed). A
+    resumed run goes on counting (next test); without evaluations the field is exit 2."""
+    from train_helpers import run_here, write_expert
+
+    config = {"early_stopping_patience": 2, "early_stopping_threshold": 1e5,
+              "evaluation_strategy": "steps", "eval_steps": 1, "save_steps": 1}  # fmt: skip
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48, valid_rows=4, config=config)
+    output = tmp_path / "e" / "output"
+    proc = run_here("train", "--manifest", str(manifest), "--max-steps", "12")
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, said
+    assert (
+        "stopped early at step 3 of 12: 2 evaluations in a row without the loss improving by "
+        "more than 100000 (early_stopping_patience); the lowest eval_loss"
+    ) in said
+    assert "set load_best_model_at_end to ship the best" in said  # the last step's ships
+    assert "EarlyStoppingCallback" not in said  # transformers' own warning: the note says it
+    metrics = json.loads((output / "metrics.json").read_text())
+    summary, evals = metrics["summary"], metrics["evals"]
+    assert summary["status"] == "completed" and summary["steps"] == 3 and len(evals) == 3
+    stopped = summary["stopped_early"]
+    lowest = min(evals, key=lambda e: e["eval_loss"])
+    assert (stopped["step"], stopped["of"], stopped["best_step"]) == (3, 12, lowest["step"])
+    assert stopped["best_eval_loss"] == pytest.approx(lowest["eval_loss"])
+    assert f"the lowest eval_loss {lowest['eval_loss']:.4g}, at step {lowest['step']}" in said
+    assert (output / "adapter_model.safetensors").is_file()
+
+    # no evaluation: nothing to stop on
+    config = {"early_stopping_patience": 2, "evaluation_strategy": "no"}
+    bare = write_expert(tmp_path / "n", tiny_model_dir, rows=8, config=config)
+    refused = run_here("check", "--manifest", str(bare))
+    text = " ".join((refused.stdout + refused.stderr).split())
+    assert refused.returncode == 2 and "early_stopping_patience needs evaluation_strategy" in text
+    data = json.loads(bare.read_text())
+    del data["training"]["config"]["evaluation_strategy"]
+    data["training"]["dataset"]["eval_fraction"] = 0.0
+    bare.write_text(json.dumps(data))
+    refused = run_here("check", "--manifest", str(bare))
+    text = " ".join((refused.stdout + refused.stderr).split())
+    assert refused.returncode == 2, text
+    assert "training.config.early_stopping_patience: stops on the evaluation loss" in text
+
+
+def test_a_resumed_run_goes_on_counting_evaluations_without_improvement(tmp_path: Path) -> None:
+    """The count is kept in the checkpoint's trainer_state.json (as transformers keeps a
+    stateful callback's) and read back by the resumed run's callback."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerState
+
+    from expert_cli.telemetry.throughput import ThroughputMeter
+    from expert_cli.train.callbacks import EarlyStop, ThroughputCallback
+
+    throughput = ThroughputCallback(ThroughputMeter(None), None)
+    before = EarlyStop(3, 0.0, throughput)
+    before.early_stopping_patience_counter = 2
+    TrainerState(stateful_callbacks=[before]).save_to_json(str(tmp_path / "trainer_state.json"))
+    state = TrainerState.load_from_json(str(tmp_path / "trainer_state.json"))
+    after = EarlyStop(3, 0.0, throughput)
+    after.on_train_begin(SimpleNamespace(), state, SimpleNamespace())
+    assert after.early_stopping_patience_counter == 2
+    state.best_metric, state.best_global_step, state.global_step, state.max_steps = 2.0, 4, 6, 9
+    args = SimpleNamespace(metric_for_best_model="eval_loss", greater_is_better=False)
+    control = SimpleNamespace(should_training_stop=False)
+    after.on_evaluate(args, state, control, {"eval_loss": 2.5})  # the third without improving
+    assert control.should_training_stop
+    assert throughput.extra["stopped_early"] == {
+        "step": 6, "of": 9, "best_eval_loss": 2.0, "best_step": 4}  # fmt: skip

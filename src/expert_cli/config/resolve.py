@@ -127,6 +127,8 @@ class ResolvedConfig(BaseModel):
     evaluation_strategy: str
     eval_steps: int
     load_best_model_at_end: bool
+    early_stopping_patience: int | None = None  # evaluations without improvement, then stop
+    early_stopping_threshold: float = 0.0
     metric_for_best_model: str
     greater_is_better: bool
     memory_clear_every: int
@@ -173,6 +175,17 @@ def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> d
     save_strategy = first(cfg.save_strategy, "steps")
     if problem := checkpoint_problem(best, save_strategy, strategy, save_steps, eval_steps):
         raise UserError(f"{lm.path.name}: training.config.{problem}")
+    if cfg.early_stopping_patience and strategy == "no":
+        raise UserError(
+            f"{lm.path.name}: training.config.early_stopping_patience: stops on the evaluation "
+            "loss, and this run evaluates nothing (no validation data, none held out); give "
+            "training.dataset.validation_path or eval_fraction, or remove it"
+        )
+    if cfg.early_stopping_patience and not best:
+        notes.append(
+            "early_stopping_patience: the final adapter is the last step's, not the best "
+            "evaluation's; set load_best_model_at_end to ship the best"
+        )
     return dict(
         eval_fraction=fraction,
         eval_seed=first(ds.eval_seed, DEFAULT_EVAL_SEED),
@@ -184,6 +197,8 @@ def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> d
         if "save_total_limit" in cfg.model_fields_set
         else DEFAULT_SAVE_LIMIT,
         load_best_model_at_end=best,
+        early_stopping_patience=cfg.early_stopping_patience,
+        early_stopping_threshold=cfg.early_stopping_threshold or 0.0,
         metric_for_best_model=first(cfg.metric_for_best_model, "eval_loss"),
         greater_is_better=bool(first(cfg.greater_is_better, False)),
         logging_steps=first(cfg.logging_steps, DEFAULT_LOGGING_STEPS),

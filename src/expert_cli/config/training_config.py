@@ -235,6 +235,21 @@ class TrainingConfig(Strict):
         description="Extension: tokens per optimizer step per device "
         "when batch_size is auto (default 32768: 16 rows of 2048).",
     )
+    early_stopping_patience: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="Extension: stop training once the evaluation loss has not improved "
+        "(by more than early_stopping_threshold) for this many evaluations in a row. Needs "
+        "evaluations; with load_best_model_at_end the best checkpoint is the final adapter.",
+    )
+    early_stopping_threshold: float | None = Field(
+        None,
+        ge=0,
+        le=1e6,
+        description="Extension: how much lower an evaluation loss must be to count as an "
+        "improvement for early_stopping_patience (default 0).",
+    )
     micro_batch: Literal["auto", "fixed"] | None = Field(
         None,
         description="Extension: with a numeric batch_size and gradient_accumulation_steps "
@@ -318,8 +333,11 @@ class TrainingConfig(Strict):
             raise ValueError("fp16 and bf16 are both true; choose one")
         if self.epochs and self.num_epochs and self.epochs != self.num_epochs:
             raise ValueError("epochs and num_epochs differ; give one of them")
-        if self.load_best_model_at_end and self.evaluation_strategy == "no":
-            raise ValueError("load_best_model_at_end needs evaluation_strategy steps or epoch")
+        for name in ("load_best_model_at_end", "early_stopping_patience"):
+            if getattr(self, name) and self.evaluation_strategy == "no":
+                raise ValueError(f"{name} needs evaluation_strategy steps or epoch")
+        if self.early_stopping_threshold is not None and not self.early_stopping_patience:
+            raise ValueError("early_stopping_threshold is read with early_stopping_patience only")
         if self.greater_is_better:
             raise ValueError(
                 "greater_is_better: true would call the checkpoint of the highest loss the "

@@ -41,6 +41,7 @@ from expert_cli.train.args import (
 from expert_cli.train.batch import plan_run_batch
 from expert_cli.train.callbacks import (
     AdaLoraCallback,
+    EarlyStop,
     Interrupt,
     InterruptCallback,
     ResumedIntervals,
@@ -300,6 +301,10 @@ def make_trainer(
             trainer.add_callback(callback)
     if run.resolved.adapter_type == "adalora":
         trainer.add_callback(AdaLoraCallback(model))
+    if patience := run.resolved.early_stopping_patience:  # every process stops at once
+        say = run.reporter.note if run.is_main else None
+        threshold = run.resolved.early_stopping_threshold
+        trainer.add_callback(EarlyStop(patience, threshold, throughput, say))
     return trainer, throughput, stop, watch
 
 
