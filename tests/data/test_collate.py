@@ -121,3 +121,8 @@ def test_no_loss_positions_unless_asked_and_none_when_nothing_is_trained() -> No
     blank = [{"input_ids": [4, 5], "labels": [-100, -100], "position_ids": [0, 1]}]
     out = PackedCollator(pad_token_id=0, loss_positions=True, pad_to_multiple_of=8)(blank)
     assert out["loss_positions"].shape == (0,)
+
+
+def test_a_width_already_a_multiple_is_not_padded_further() -> None:
+    rows = [{"input_ids": [1, 2, 3, 4], "labels": [1, 2, 3, 4], "position_ids": [0, 1, 2, 3]}]
+    assert PackedCollator(0, pad_to_multiple_of=4)(rows)["input_ids"].shape == (1, 4)

@@ -580,3 +580,31 @@ def test_a_response_template_beside_instruction_data_is_noted_as_unread(
     manifest.write_text(json.dumps(data))
     code, out, _ = run_main(capsys, monkeypatch, "check", "--manifest", str(manifest), "--json")
     assert code == 0 and TEMPLATE_UNREAD not in json.loads(out)["notes"]
+
+
+def test_a_prompt_token_straddling_the_response_template_is_not_trained() -> None:
+    """A response template ending inside a token (`### A` of `### Answer`): the token that
+    holds the template's end (` An`) stays the prompt's, its following tokens are trained."""
+    from transformers import AutoTokenizer
+
+    from expert_cli.data.spans import assistant_spans, span_mask
+
+    tok = AutoTokenizer.from_pretrained(Path(__file__).parents[2] / "experts" / "demo" / "model")
+    text = "Q: hi\n### Answer"
+    enc = tok(text, return_offsets_mapping=True)
+    spans, _ = assistant_spans(text, "### A")
+    mask = span_mask(text, enc, len(enc["input_ids"]), spans)
+    tokens = tok.convert_ids_to_tokens(enc["input_ids"])
+    assert [t for t, m in zip(tokens, mask, strict=True) if m] == ["s", "w", "er"]
+
+
+def test_an_answer_of_the_tokenizers_own_end_alone_has_no_content() -> None:
+    """Llama 3's `<|eot_id|>` (no marker of the known ones): an answer holding only it is
+    empty, and a span before it runs to the text's end."""
+    from expert_cli.data.spans import has_content, runs_to_end
+
+    text = "<|user|>hi<|assistant|><|eot_id|>"
+    start = text.index("<|assistant|>") + len("<|assistant|>")
+    assert not has_content(text, [(start, len(text))], "<|eot_id|>")
+    assert has_content("<|assistant|>A<|eot_id|>", [(13, 24)], "<|eot_id|>")
+    assert runs_to_end("A<|eot_id|>", [(0, 1)], "<|eot_id|>")

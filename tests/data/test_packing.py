@@ -163,3 +163,10 @@ def test_an_example_repeated_past_max_spread_may_share_rows() -> None:
     assert stats.rows == math.ceil(8 * (MAX_SPREAD + 1) / 64)
     few = pa.concat_tables([table] * MAX_SPREAD)
     assert pack_table(few, 64, True, seed=0)[1].rows == MAX_SPREAD
+
+
+def test_two_equal_examples_alone_are_one_group() -> None:
+    """A dataset of exactly two identical examples: they share a group (kept in different
+    rows), as three would."""
+    groups = packing.repeated_groups(np.array([5, 6, 5, 6]), np.array([0, 2, 4]))
+    assert groups[0] == groups[1] >= 0

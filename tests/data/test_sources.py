@@ -1141,3 +1141,18 @@ def test_check_names_each_sources_columns_where_they_differ(tmp_path, write_json
         str(tmp_path / "b.jsonl"),
     ]
     assert '{"instruction": "question", "response": "answer"}' in notes[1]
+
+
+def test_a_tasks_weight_rounds_its_sample_and_keeps_at_least_one_row() -> None:
+    """weight 1.27 of 10 rows trains 13 (12 with the fraction cut down); 0.01 of 10 still
+    trains one row (an empty task trained nothing in silence); evaluation is held out where
+    any source has two rows to spare one."""
+    from types import SimpleNamespace
+
+    from expert_cli.data.splits import holds_nothing_out, weighted_rows
+
+    assert len(weighted_rows(10, 1.27, 0)) == 13
+    assert weighted_rows(10, 0.01, 0).tolist() == [0]
+    resolved = SimpleNamespace(evaluation_strategy="steps", validation_sources=[])
+    assert not holds_nothing_out(resolved, [1, 5])  # the second source spares one
+    assert holds_nothing_out(resolved, [1, 1])

@@ -195,6 +195,28 @@ def test_only_plain_lora_on_a_frozen_linear_is_fused(tiny_model_dir: Path) -> No
     assert fuse_lora_linears(lora_model(tiny_model_dir, lora_bias=True)) == 0  # B has a bias
     model = lora_model(tiny_model_dir)
     assert not any(fusable(m) for m in model.modules() if not hasattr(m, "lora_A"))
+    # a base weight that trains: the fused function gives it no gradient, so it would stay
+    layer = next(m for m in model.modules() if hasattr(m, "lora_A") and fusable(m))
+    layer.base_layer.weight.requires_grad_(True)
+    assert not fusable(layer)
+
+
+def test_a_merged_adapter_is_not_added_twice(tiny_model_dir: Path) -> None:
+    """merge_adapter() on a fused model: the weights hold the update, the fused function
+    must not add it again."""
+    plain = lora_model(tiny_model_dir)
+    for _, param in plain.named_parameters():  # B starts at 0: an update that shows
+        if "lora_B" in _:
+            torch.nn.init.normal_(param, std=0.02, generator=torch.Generator().manual_seed(1))
+    fused = copy.deepcopy(plain)
+    assert fuse_lora_linears(fused) > 0
+    ids = torch.randint(0, 200, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = plain(input_ids=ids).logits
+        for model in (plain, fused):
+            model.merge_adapter()
+        torch.testing.assert_close(fused(input_ids=ids).logits, plain(input_ids=ids).logits)
+        torch.testing.assert_close(plain(input_ids=ids).logits, before, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow

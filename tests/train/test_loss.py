@@ -323,3 +323,21 @@ def test_liger_kernel_loop_matches_cross_entropy_in_tritons_interpreter() -> Non
         check=False,
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_under_autocast_the_head_runs_in_the_autocast_dtype(monkeypatch) -> None:
+    """fp32 hidden states under bf16 autocast (fp32 weights, mixed precision): each slice's
+    logits are bf16, as the standard head's would be (fp32 took twice the logits' memory)."""
+    seen = []
+    real = fused._torch_rows
+
+    def rows(logits, targets, out):
+        seen.append(logits.dtype)
+        return real(logits, targets, out)
+
+    monkeypatch.setattr(fused, "_torch_rows", rows)
+    hidden = torch.randn(4, 8, requires_grad=True)
+    weight = torch.randn(16, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused.LinearCrossEntropy.apply(hidden, weight, torch.tensor([1, 2, 3, 4]), rows)
+    assert seen == [torch.bfloat16]

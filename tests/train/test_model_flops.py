@@ -51,3 +51,20 @@ def test_zero3_partitioned_weights_count_at_their_whole_size(tiny_model_dir: Pat
     fm = flops_model(model)
     assert fm.head_params == head > 0
     assert fm.matmul_params == whole.matmul_params + head - embed  # untied now: two weights
+
+
+def test_matmul_weights_and_attention_width_follow_the_config(tiny_model_dir: Path) -> None:
+    """An untied input embedding is a lookup, not a matmul; the attention's width is heads x
+    head_dim where the config gives head_dim (Qwen3: 16 x 128, not hidden 1024 / 16)."""
+    from expert_cli.train.model_flops import parameter_counts
+
+    model = lora_model(tiny_model_dir)
+    base = model.get_base_model()
+    total = parameter_counts(model)[1]
+    embed = base.get_input_embeddings().weight.numel()
+    base.config.tie_word_embeddings = False
+    assert flops_model(model).matmul_params == total - embed
+    base.config.tie_word_embeddings = True
+    assert flops_model(model).matmul_params == total
+    base.config.head_dim = 32
+    assert flops_model(model).attn_dim == base.config.num_attention_heads * 32
