@@ -244,3 +244,28 @@ def test_a_signal_during_merge_says_what_it_left(
     assert "Traceback" not in out.stderr
     assert not merged.exists() and not list(tmp_path.glob(".tmp-*"))
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back after the command
+
+
+def test_merge_saves_in_the_dtype_asked_merged_in_fp32(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A CPU run trains fp32 weights, which merge kept (twice bf16's size); `--dtype bf16`
+    saves the fp32 merge cast once, and config.json says so; another value is exit 2."""
+    import torch
+    from safetensors.torch import load_file
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, config={"learning_rate": 2e-2})
+    out = tmp_path / "out"
+    assert run_here("train", "--manifest", str(manifest), "--output", str(out),
+                    "--max-steps", "2").returncode == 0  # fmt: skip
+    for name, extra in (("as_trained", []), ("half", ["--dtype", "bf16"])):
+        proc = run_here("merge", "--adapter", str(out), "--output", str(tmp_path / name), *extra)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    full = load_file(str(tmp_path / "as_trained" / "model.safetensors"))
+    half = load_file(str(tmp_path / "half" / "model.safetensors"))
+    assert {t.dtype for t in full.values()} == {torch.float32}
+    assert {t.dtype for t in half.values()} == {torch.bfloat16}
+    assert all(torch.equal(half[k], full[k].to(torch.bfloat16)) for k in full)
+    assert json.loads((tmp_path / "half" / "config.json").read_text())["dtype"] == "bfloat16"
+    bad = run_here("merge", "--adapter", str(out), "--output", str(tmp_path / "x"), "--dtype", "q4")
+    assert bad.returncode == 2 and not (tmp_path / "x").exists()

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from expert_cli.cli.options import ManifestOpt
+
+
+class MergeDtype(str, Enum):
+    """The dtypes `merge --dtype` saves in."""
+
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
 
 
 def train(
@@ -70,6 +79,14 @@ def merge(
     output: Annotated[
         Path, typer.Option("--output", metavar="DIR", help="Folder for the merged model.")
     ],
+    dtype: Annotated[
+        MergeDtype | None,
+        typer.Option(
+            "--dtype",
+            help="Save the merged weights in bf16, fp16 or fp32 (merged in fp32 first). "
+            "Default: the dtype the base trained in (fp32 for a CPU run).",
+        ),
+    ] = None,
 ) -> None:
     """Merge an adapter into its base model and save a standalone safetensors model."""
     from expert_cli.atomic import sigterm_raises
@@ -87,7 +104,7 @@ def merge(
         with sigterm_raises():  # SIGTERM and SIGHUP as Ctrl-C: a line saying what was left
             from expert_cli.train.merge import merge_adapter  # torch's import: seconds
 
-            path, notes = merge_adapter(adapter, output)
+            path, notes = merge_adapter(adapter, output, dtype.value if dtype else None)
     except (KeyboardInterrupt, Terminated) as exc:
         code = exc.code if isinstance(exc, Terminated) else 130
         written = not held and holds_files()

@@ -251,9 +251,15 @@ def _text_stops(texts: tuple[str, ...]) -> list[str]:
     ]
 
 
-def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
+SAVED_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def merge_adapter(adapter: Path, output: Path, saved: str | None = None) -> tuple[Path, list[str]]:
     """Load base + adapter (full precision weights, even if trained quantized), merge, save;
-    the folder written and notes (a base trained quantized is merged at full precision)."""
+    the folder written and notes (a base trained quantized is merged at full precision).
+    `saved` (bf16, fp16, fp32): the dtype the merged weights are saved in, merged in fp32
+    first (the adapter's update is far below bf16's rounding of a weight); default: the
+    dtype the base trained in."""
 
     adapter = resolved_path(adapter, "--adapter")
     output = resolved_path(output, "--output")
@@ -262,6 +268,7 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
     base_name = adapter_base(adapter)
     _refuse_output(output)
     quantization, dtype = _run_facts(adapter)
+    dtype = torch.float32 if saved else dtype  # merged in fp32, then cast once
     if problem := data_folder_problem(output, run_of(adapter), "the merged model's files"):
         raise UserError(problem)
     tokenizer = saved_tokenizer(adapter, run_of(adapter))  # before the model: errors first
@@ -272,6 +279,8 @@ def merge_adapter(adapter: Path, output: Path) -> tuple[Path, list[str]]:
             f"quantization: the run trained against {quantization} base weights; they are "
             "merged at full precision (the adapter on the unquantized base)"
         )
+    if saved:
+        model = model.to(SAVED_DTYPES[saved])
     stops = _run_stops(adapter, tokenizer)
     notes += _stop_at_end_of_turn(model, tokenizer, stops.ids) + _text_stops(stops.texts)
     try:
