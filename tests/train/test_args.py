@@ -452,3 +452,46 @@ def test_a_run_of_few_optimizer_steps_says_so(tmp_path: Path, tiny_model_dir: Pa
         "train", "--manifest", str(manifest), "--output", str(tmp_path / "o2"), "--max-steps", "2"
     )
     assert asked.returncode == 0 and "optimizer step" not in asked.stdout + asked.stderr
+
+
+def _hand_made_checkpoint(folder: Path, step: int, saved_step: int | None = None) -> Path:
+    """A checkpoint folder as the Trainer writes one, without a run: state, finite adapter
+    weights, optimizer, schedule and random states (torch.save's zip archives)."""
+    import torch
+    from safetensors.torch import save_file
+
+    path = folder / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    state = {"global_step": step if saved_step is None else saved_step}
+    (path / "trainer_state.json").write_text(json.dumps(state))
+    save_file({"lora_A": torch.ones(2, 2)}, str(path / "adapter_model.safetensors"))
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({"step": step}, path / name)
+    (path / COMPLETE).write_text("")
+    return path
+
+
+def test_a_resume_starts_from_the_newest_sound_checkpoint(tmp_path: Path) -> None:
+    """Fast guards of what only slow end-to-end tests held: the newest of several sound
+    checkpoints is resumed (not the oldest); one renamed from another step, or whose adapter
+    holds NaN (saved as the run diverged), is passed over and named."""
+    import torch
+    from safetensors.torch import save_file
+
+    from expert_cli.train.checkpoints import checkpoint_problem, resume_point
+
+    for step in (1, 2, 3):
+        _hand_made_checkpoint(tmp_path, step)
+    assert resume_point(tmp_path).checkpoint.name == "checkpoint-3"
+    assert resume_point(tmp_path).passed_over == ()
+    nan = tmp_path / "checkpoint-3" / "adapter_model.safetensors"
+    save_file({"lora_A": torch.full((2, 2), float("nan"))}, str(nan))
+    point = resume_point(tmp_path)
+    assert point.checkpoint.name == "checkpoint-2"
+    assert len(point.passed_over) == 1 and point.passed_over[0].startswith("checkpoint-3: ")
+    assert "(saved as the run diverged)" in point.passed_over[0]
+    renamed = _hand_made_checkpoint(tmp_path / "other", 5, saved_step=4)
+    assert (
+        checkpoint_problem(renamed)
+        == "trainer_state.json is of another step than the folder's name"
+    )
