@@ -184,6 +184,16 @@ def home_expanded(path: Path | str) -> Path | None:
         return None
 
 
+def path_is_file(path: Path | str) -> bool:
+    """Whether `path` (`~` expanded) is a file (or a link to one); False, not an exception,
+    where it cannot be looked at."""
+    expanded = home_expanded(path)
+    try:
+        return expanded is not None and expanded.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def path_is_dir(path: Path | str) -> bool:
     """Whether `path` (`~` expanded) is a folder; False (not an exception) for a `~name` of
     no known user, a name too long or a NUL byte."""

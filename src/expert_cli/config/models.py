@@ -97,6 +97,13 @@ class BaseModelSpec(Strict):
     )
     adapters: list[AdapterSpec] = Field(default_factory=list, description="Adapters (v2.0).")
     # expert-cli extensions
+    chat_template: str | None = Field(
+        None,
+        min_length=1,
+        description="Extension: the chat template conversations are laid out by, in place "
+        'of the tokenizer\'s: "chatml", or a Jinja file relative to the manifest (a base '
+        "without one).",
+    )
     revision: str | None = Field(None, description="Extension: hub revision (branch/tag/sha).")
     trust_remote_code: bool = Field(False, description="Extension: allow the model's own code.")
     init: Literal["pretrained", "random"] = Field(

@@ -28,7 +28,7 @@ from expert_cli.config.refs import (
 )
 from expert_cli.config.sources import SourceRef, data_folder_holding, resolve_sources
 from expert_cli.errors import UserError
-from expert_cli.paths import path_exists, shown_path
+from expert_cli.paths import path_exists, path_is_file, shown_path
 
 # Defaults for a LoRA expert on a ~0.6B model; each is overridable in the manifest.
 DEFAULT_EVAL_FRACTION = 0.02
@@ -52,6 +52,7 @@ class ResolvedConfig(BaseModel):
     trust_remote_code: bool
     quantization: Literal["int4", "int8", "fp16", "bf16", "none"]
     prompt_template: str
+    chat_template: str | None = None  # "chatml", or the path of a Jinja file
     # adapter
     adapter_type: AdapterType
     rank: int
@@ -148,7 +149,22 @@ def base_model_settings(lm: LoadedManifest) -> dict[str, Any]:
         trust_remote_code=bm.trust_remote_code,
         quantization=bm.quantization or "none",
         prompt_template=bm.prompt_template or "chatml",
+        chat_template=_chat_template(lm, bm.chat_template),
     )
+
+
+def _chat_template(lm: LoadedManifest, value: str | None) -> str | None:
+    """`base_models[0].chat_template`: "chatml", or the path of a file that exists (read
+    with the tokenizer: data/tokenizer.py)."""
+    if value is None or value.lower() == "chatml":
+        return value and "chatml"
+    path = local_path(lm.folder, value, "base_models[0].chat_template")
+    if not path_is_file(path):
+        raise UserError(
+            f"base_models[0].chat_template: {shown_path(path)} is not a file; expected "
+            '"chatml" or a Jinja chat template file (relative to the manifest\'s folder)'
+        )
+    return str(path)
 
 
 def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> dict[str, Any]:

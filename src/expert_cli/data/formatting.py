@@ -117,7 +117,8 @@ def check_chat_template(
     notes on what it does to answers (data/turns.py's `template_notes`)."""
     if not tokenizer.chat_template:
         raise UserError(
-            f"{field}: the tokenizer has no chat template; use `text` data or a tokenizer with one"
+            f"{field}: the tokenizer has no chat template; set base_models[0].chat_template "
+            '("chatml", or a Jinja file), or use `text` data'
         )
     sample = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     try:

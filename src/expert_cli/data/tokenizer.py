@@ -141,10 +141,43 @@ def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTra
     except Exception as exc:  # noqa: BLE001 - a file the loader cannot parse is the user's
         raise _damaged(resolved.base_model, exc) from None
     _refuse_unusable(tokenizer, resolved.base_model)
+    if resolved.chat_template:  # saved with the run's tokenizer: generate and merge use it
+        tokenizer.chat_template = chat_template_text(resolved.chat_template)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
         log.info("tokenizer has no pad token; using eos %r as pad", tokenizer.eos_token)
     return tokenizer
+
+
+# ChatML, for a base without a chat template of its own (`chat_template: "chatml"`)
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "(message['content'] or '') + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+MAX_TEMPLATE_BYTES = 1 << 20  # a chat template file: Jinja text, never this large
+
+
+def chat_template_text(given: str) -> str:
+    """The Jinja text of `base_models[0].chat_template` ("chatml", or a file's text); a file
+    too large, unreadable or not UTF-8 is a UserError naming it (its text is never quoted)."""
+    if given == "chatml":
+        return CHATML_TEMPLATE
+    label = f"base_models[0].chat_template: {shown_path(given)}"
+    try:
+        with open(given, "rb") as file:
+            raw = file.read(MAX_TEMPLATE_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"{label} cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if len(raw) > MAX_TEMPLATE_BYTES:
+        raise UserError(f"{label} is over {MAX_TEMPLATE_BYTES >> 20} MB; expected a Jinja template")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{label} is not UTF-8 text; expected a Jinja template") from None
+    if not text.strip():
+        raise UserError(f"{label} is empty; expected a Jinja template")
+    return text
 
 
 def _refuse_unusable(tokenizer: Any, model: str) -> None:

@@ -1,0 +1,100 @@
+"""`base_models[0].chat_template`: a base without a chat template of its own (a base model,
+not an instruct one) could not train `messages` data; the manifest now gives one, ChatML or
+a Jinja file, which the run's saved tokenizer keeps for generate, merge and package."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import datasets
+from conftest import write_jsonl
+from train_helpers import run_here, write_expert
+from transformers import AutoTokenizer
+
+from expert_cli.data.checks import check_manifest
+from expert_cli.data.formatting import IGNORE
+
+ROWS = [
+    {
+        "messages": [
+            {"role": "user", "content": f"Add {i} and 2."},
+            {"role": "assistant", "content": str(i + 2)},
+        ]
+    }  # fmt: skip
+    for i in range(6)
+]
+
+
+def _bare_model(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    """The tiny model with its chat template taken away."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    assert not AutoTokenizer.from_pretrained(model).chat_template
+    return model
+
+
+def _expert(tmp_path: Path, model: Path, template: str | None) -> Path:
+    manifest = write_expert(tmp_path / "e", model, rows=1)
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["field_mapping"] = {"messages": "messages"}
+    if template is not None:
+        data["base_models"][0]["chat_template"] = template
+    manifest.write_text(json.dumps(data))
+    write_jsonl(manifest.parent / "data" / "train.jsonl", ROWS)
+    return manifest
+
+
+def test_a_base_without_a_chat_template_trains_conversations_with_the_manifests(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    model = _bare_model(tmp_path, tiny_model_dir)
+    refused = run_here("check", "--manifest", str(_expert(tmp_path / "none", model, None)))
+    said = " ".join((refused.stdout + refused.stderr).split())
+    assert refused.returncode == 2 and 'set base_models[0].chat_template ("chatml"' in said
+    manifest = _expert(tmp_path, model, "chatml")
+    assert check_manifest(manifest).problems == []
+    output = tmp_path / "run"
+    proc = run_here("train", "--manifest", str(manifest), "--output", str(output),
+                    "--max-steps", "1")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (train,) = (manifest.parent / ".cache").rglob("train")
+    rows = datasets.load_from_disk(str(train))
+    tok = AutoTokenizer.from_pretrained(model)
+    whole = "".join(tok.decode(r) for r in rows["input_ids"])
+    assert "<|im_start|>user\nAdd 3 and 2.<|im_end|>\n<|im_start|>assistant\n5<|im_end|>" in whole
+    trained = "".join(
+        tok.decode([i for i, lab in zip(ids, labels, strict=True) if lab != IGNORE])
+        for ids, labels in zip(rows["input_ids"], rows["labels"], strict=True)
+    )
+    assert "5<|im_end|>" in trained and "Add" not in trained
+    saved = AutoTokenizer.from_pretrained(output)  # what generate, merge and package read
+    turn = [{"role": "user", "content": "hi"}]
+    assert saved.apply_chat_template(turn, tokenize=False, add_generation_prompt=True) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_a_template_file_is_read_and_a_bad_one_named(tmp_path: Path, tiny_model_dir: Path) -> None:
+    model = _bare_model(tmp_path, tiny_model_dir)
+    manifest = _expert(tmp_path, model, "template.jinja")
+    (manifest.parent / "template.jinja").write_text(
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
+    assert check_manifest(manifest).problems == []  # its answers found after its own prompt
+    (manifest.parent / "template.jinja").write_bytes(b"\xff\xfe secret {{ x }}")
+    bad = run_here("check", "--manifest", str(manifest))
+    said = " ".join((bad.stdout + bad.stderr).split())
+    assert bad.returncode == 2 and "template.jinja is not UTF-8 text" in said
+    assert "secret" not in said and "Traceback" not in said
+    gone = _expert(tmp_path / "gone", model, "missing.jinja")
+    missing = run_here("check", "--manifest", str(gone))
+    said = " ".join((missing.stdout + missing.stderr).split())
+    assert missing.returncode == 2
+    assert "base_models[0].chat_template:" in said and "missing.jinja is not a file" in said
