@@ -495,3 +495,23 @@ def test_a_resume_starts_from_the_newest_sound_checkpoint(tmp_path: Path) -> Non
         checkpoint_problem(renamed)
         == "trainer_state.json is of another step than the folder's name"
     )
+
+
+def test_report_to_passes_installed_trackers_on_and_names_a_missing_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An installed tracker reaches the Trainer's report_to (TensorBoard stays expert-cli's
+    own events); one not installed is a UserError naming the field and what to install; a
+    name transformers has no integration for is refused by the manifest's schema."""
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "dvclive.py").write_text("")  # installed, as far as a probe can tell
+    monkeypatch.syspath_prepend(str(tmp_path / "fake"))
+    r = _resolved(tmp_path, {"report_to": ["dvclive", "tensorboard", "dvclive"]})
+    assert r.report_to == ["dvclive"]
+    assert training_args_kwargs(r, tmp_path / "ckpt", on_gpu=True)["report_to"] == ["dvclive"]
+    alone = _resolved(tmp_path, {"report_to": ["tensorboard"]})
+    assert training_args_kwargs(alone, tmp_path / "ckpt", on_gpu=True)["report_to"] == "none"
+    with pytest.raises(UserError, match=r"report_to: wandb is not installed here \(pip install"):
+        _resolved(tmp_path, {"report_to": ["wandb"]})
+    with pytest.raises(UserError, match=r"report_to"):
+        _resolved(tmp_path, {"report_to": ["tensorbored"]})

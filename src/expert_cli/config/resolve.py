@@ -7,6 +7,7 @@ recorded in `notes` ("field: what was decided and why"), so nothing is dropped s
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -27,6 +28,7 @@ from expert_cli.config.refs import (
     windows_reason,
 )
 from expert_cli.config.sources import SourceRef, data_folder_holding, resolve_sources
+from expert_cli.config.training_config import TRACKERS
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, path_is_file, shown_path
 
@@ -128,6 +130,7 @@ class ResolvedConfig(BaseModel):
     evaluation_strategy: str
     eval_steps: int
     load_best_model_at_end: bool
+    report_to: list[str] = Field(default_factory=list)  # trackers besides TensorBoard
     early_stopping_patience: int | None = None  # evaluations without improvement, then stop
     early_stopping_threshold: float = 0.0
     metric_for_best_model: str
@@ -151,6 +154,18 @@ def base_model_settings(lm: LoadedManifest) -> dict[str, Any]:
         prompt_template=bm.prompt_template or "chatml",
         chat_template=_chat_template(lm, bm.chat_template),
     )
+
+
+def _trackers(names: list[str]) -> list[str]:
+    """`report_to`'s trackers, each installed here (UserError naming the first that is
+    not), TensorBoard left to expert-cli's own events."""
+    for name in names:
+        if importlib.util.find_spec(TRACKERS[name]) is None:
+            raise UserError(
+                f"training.config.report_to: {name} is not installed here (pip install "
+                f"{name.replace('_', '-')}), or remove it from the list"
+            )
+    return [name for name in dict.fromkeys(names) if name != "tensorboard"]
 
 
 def _chat_template(lm: LoadedManifest, value: str | None) -> str | None:
@@ -218,6 +233,7 @@ def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> d
         metric_for_best_model=first(cfg.metric_for_best_model, "eval_loss"),
         greater_is_better=bool(first(cfg.greater_is_better, False)),
         logging_steps=first(cfg.logging_steps, DEFAULT_LOGGING_STEPS),
+        report_to=_trackers(cfg.report_to or []),
     )
 
 

@@ -38,6 +38,30 @@ AttentionKernel = Literal[
     "eager",
 ]
 FusedLoss = Literal["auto", "liger", "chunked", "off"]
+# transformers' reporting integrations (the Python module each needs); TensorBoard's events are
+# written by expert-cli itself, whatever this list says
+TRACKERS = {
+    "wandb": "wandb",
+    "mlflow": "mlflow",
+    "comet_ml": "comet_ml",
+    "clearml": "clearml",
+    "trackio": "trackio",
+    "swanlab": "swanlab",
+    "neptune": "neptune",
+    "dvclive": "dvclive",
+    "tensorboard": "tensorboard",
+}
+Tracker = Literal[
+    "wandb",
+    "mlflow",
+    "comet_ml",
+    "clearml",
+    "trackio",
+    "swanlab",
+    "neptune",
+    "dvclive",
+    "tensorboard",
+]
 MAX_BATCH_ROWS = 4096
 MAX_EPOCHS = 10_000
 MAX_SEQ_LENGTH = 1 << 20  # tokens in one packed row
@@ -221,6 +245,15 @@ class TrainingConfig(Strict):
         None, ge=0, le=MAX_STEPS, description="Hint; see above."
     )
     # expert-cli extensions
+    report_to: (
+        Annotated[list[Tracker], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] | None
+    ) = Field(
+        None,
+        description="Extension: experiment trackers the Trainer logs to, besides metrics.json "
+        "and TensorBoard (OUTPUT/runs): " + ", ".join(TRACKERS) + "; each must be installed "
+        "(WANDB_PROJECT and the like configure them).",
+        max_length=len(TRACKERS),
+    )
     seed: int = Field(
         42, ge=0, lt=2**32, description="Extension: seed for data order, eval split and init."
     )

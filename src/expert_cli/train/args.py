@@ -82,7 +82,8 @@ def training_args_kwargs(
         prediction_loss_only=True,  # evaluation needs the loss, never all logits kept
         remove_unused_columns=False,  # the collator builds exactly the model's inputs
         label_names=["labels"],
-        report_to="none",  # TensorBoard is attached by expert-cli, into OUTPUT/runs
+        # TensorBoard is attached by expert-cli, into OUTPUT/runs; other trackers as asked
+        report_to=list(resolved.report_to) or "none",
         disable_tqdm=True,  # the console shows a rich progress bar instead
         run_name=resolved.expert,
         ddp_find_unused_parameters=dist.get("ddp_find_unused_parameters", False),
