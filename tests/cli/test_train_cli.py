@@ -22,6 +22,7 @@ WINDOW_KEYS = {
     "seconds",
     "time",
     "tokens_seen",
+    "grad_norm",
 }
 SUMMARY_KEYS = {
     "tokens_per_s",
@@ -136,6 +137,8 @@ def test_loss_falls_and_metrics_schema(demo_run: tuple[Path, Path, str]) -> None
     assert set(metrics["summary"]) == SUMMARY_KEYS | {"eval_s", "save_s"}
     assert metrics["summary"]["eval_s"] > windows[1]["eval_s"] and metrics["summary"]["save_s"] > 0
     assert f"step 10/{STEPS}" in stdout and "evaluation " in stdout.split("step 10/")[1]
+    assert all(w["grad_norm"] > 0 for w in windows)  # the window's last step's, unclipped
+    assert f"grad-norm {windows[0]['grad_norm']:.3g}" in stdout
     apart = r"\(evaluation [\d.]+ s excluded, saves (<0\.1|[\d.]+) s excluded\)"
     assert re.search(r"completed\s+10 steps in [\d.]+ s " + apart, stdout)
     assert windows[-1]["loss"] < windows[0]["loss"]

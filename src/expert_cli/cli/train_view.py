@@ -166,6 +166,8 @@ def window_line(record: dict[str, Any], max_steps: int | None) -> str:
         parts.append(f"loss {record['loss']:.4g}")
     if record.get("learning_rate") is not None:
         parts.append(f"lr {record['learning_rate']:.3g}")
+    if record.get("grad_norm") is not None:
+        parts.append(f"grad-norm {record['grad_norm']:.3g}")
     parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
     parts.append(f"{record['samples_per_s']:,.1f} samples/s")
     parts.append(f"data-wait {100 * record['data_wait_fraction']:.1f}%")

@@ -65,6 +65,8 @@ class ThroughputCallback(TrainerCallback):
         record = self._seen(
             self.meter.close_window(state.global_step, logs.get("loss"), logs.get("learning_rate"))
         )
+        if isinstance(logs.get("grad_norm"), float | int):  # its last step's, before clipping
+            record["grad_norm"] = float(logs["grad_norm"])  # to max_grad_norm
         logs.update({k: v for k, v in record.items() if k in LOGGED and v is not None})
         self.write(state.global_step, "running")
         if self.on_window is not None:
