@@ -50,6 +50,11 @@ def test_demo_manifest_is_usable(cli) -> None:
     cfg = report["config"]
     assert (cfg["init"], cfg["adapter_type"], cfg["packing"]) == ("random", "lora", True)
     assert report["environment"]["torch"]
+    # the examples read, said before the verdict; a --quick count that reached it is a least
+    for extra, train in (([], "400"), (["--quick", "100"], "100+")):
+        shown = cli("check", "--manifest", str(ROOT / "experts/demo/manifest.json"), *extra)
+        text = " ".join(shown.stdout.split())
+        assert f"data: examples read: {train} in " in text and "train.jsonl, 40 in " in text
 
 
 @pytest.mark.parametrize("expert", REAL_EXPERTS)

@@ -95,7 +95,7 @@ def check(
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
     else:
-        render_report(report)
+        render_report(report, quick)
     if not report.usable:
         raise typer.Exit(code=2)
 
@@ -154,9 +154,10 @@ def render_settings(as_json: bool) -> None:
     )
 
 
-def render_report(report: CheckReport) -> None:
+def render_report(report: CheckReport, quick: int | None = None) -> None:
     """The report as rich tables: manifest, resolved configuration, environment, decisions,
-    downloads, problems, and the verdict."""
+    downloads, problems, the examples read (`quick`: a count that reached it is a least),
+    and the verdict."""
     from rich.table import Column, Table
 
     from expert_cli.cli.render import console as make_console
@@ -199,5 +200,15 @@ def render_report(report: CheckReport) -> None:
             console.print(f"[{style}]{title}:[/{style}]")
             for item in items:
                 console.print(f"  - {one_line(item)}", markup=False)
+    if report.rows_checked:  # what was read; rows, tokens and steps come with the cache
+        read = ", ".join(
+            f"{n:,}{'+' if quick and n >= quick else ''} in {shown_path(p)}"
+            for p, n in report.rows_checked.items()
+        )
+        console.print(
+            f"data: examples read: {read} (`expert-cli pretokenize` gives the packed rows and "
+            "tokens; train, its optimizer steps)",
+            markup=False,
+        )
     verdict = "[bold green]usable[/]" if report.usable else "[bold red]not usable[/]"
     console.print(f"manifest is {verdict}")
