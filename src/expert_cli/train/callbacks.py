@@ -299,16 +299,6 @@ class InterruptCallback(TrainerCallback):
             control.should_training_stop = True
         return control
 
-    def _seen(self, record: dict[str, Any]) -> dict[str, Any]:
-        """`record` with `tokens_seen`, the run's tokens (every process's) up to its end, a
-        resumed run's earlier ones included: losses of runs of other batch sizes compare at
-        the same tokens, not the same step. Left out where a resumed run's earlier windows do
-        not say theirs (recorded before it was)."""
-        before = next((w.get("tokens_seen") for w in reversed(self.earlier["windows"])), 0)
-        if before is not None:
-            record["tokens_seen"] = int(before + self.meter.totals["tokens"])
-        return record
-
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.stopped:
             # with save_total_limit 1 and a best checkpoint, the Trainer's end of training
