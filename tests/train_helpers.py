@@ -421,3 +421,17 @@ def h100_environment() -> Any:
         tf32=True,
         cpu_count=16,
     )
+
+
+def without_chat_template(model_dir: Path, folder: Path) -> Path:
+    """A copy of `model_dir` in `folder`/model whose tokenizer has no chat template (a base
+    model's, not an instruct one's)."""
+    import shutil
+
+    model = folder / "model"
+    shutil.copytree(model_dir, model)
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    return model

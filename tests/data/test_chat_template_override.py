@@ -5,12 +5,11 @@ a Jinja file, which the run's saved tokenizer keeps for generate, merge and pack
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import datasets
 from conftest import write_jsonl
-from train_helpers import run_here, write_expert
+from train_helpers import run_here, without_chat_template, write_expert
 from transformers import AutoTokenizer
 
 from expert_cli.data.checks import check_manifest
@@ -29,12 +28,7 @@ ROWS = [
 
 def _bare_model(tmp_path: Path, tiny_model_dir: Path) -> Path:
     """The tiny model with its chat template taken away."""
-    model = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, model)
-    (model / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    model = without_chat_template(tiny_model_dir, tmp_path)
     assert not AutoTokenizer.from_pretrained(model).chat_template
     return model
 

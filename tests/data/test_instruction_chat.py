@@ -12,7 +12,7 @@ from pathlib import Path
 
 import datasets
 from conftest import write_jsonl
-from train_helpers import run_here, write_expert
+from train_helpers import run_here, without_chat_template, write_expert
 from transformers import AutoTokenizer
 
 from expert_cli.config import load_manifest
@@ -110,12 +110,7 @@ def test_chat_template_lays_instruction_data_out_in_the_bases_own_layout(
 
 
 def test_chat_template_without_one_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
-    model = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, model)
-    (model / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    model = without_chat_template(tiny_model_dir, tmp_path)
     manifest = _expert(tmp_path, model, "chat_template")
     proc = run_here("check", "--manifest", str(manifest))
     said = " ".join((proc.stdout + proc.stderr).split())
