@@ -152,7 +152,8 @@ def print_decisions(
         f"[bold]schedule[/bold]  batch {resolved.batch_size} x accumulation "
         f"{resolved.gradient_accumulation_steps}, lr {resolved.learning_rate:g} "
         f"{resolved.lr_scheduler}, optim {resolved.optim}, seq {resolved.max_seq_length}, "
-        f"packing {'on' if resolved.packing else 'off'}",
+        f"packing {'on' if resolved.packing else 'off'}"
+        + (f", NEFTune alpha {alpha:g}" if (alpha := resolved.neftune_noise_alpha) else ""),
         highlight=False,
     )
     for note in [*resolved.notes, *choices.notes]:

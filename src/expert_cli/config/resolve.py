@@ -97,6 +97,7 @@ class ResolvedConfig(BaseModel):
     optim: str
     weight_decay: float
     max_grad_norm: float
+    neftune_noise_alpha: float | None = None
     seed: int
     # kernels and precision
     bf16: bool
@@ -234,6 +235,7 @@ def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> d
         greater_is_better=bool(first(cfg.greater_is_better, False)),
         logging_steps=first(cfg.logging_steps, DEFAULT_LOGGING_STEPS),
         report_to=_trackers(cfg.report_to or []),
+        neftune_noise_alpha=cfg.neftune_noise_alpha,
     )
 
 

@@ -261,6 +261,13 @@ class TrainingConfig(Strict):
     max_grad_norm: float = Field(
         1.0, gt=0, le=1e6, description="Extension: gradient clipping norm."
     )
+    neftune_noise_alpha: float | None = Field(
+        None,
+        gt=0,
+        le=1000,
+        description="Extension: NEFTune's noise on the input embeddings while training, "
+        "uniform within alpha / sqrt(L d), L each example's own length (in a packed row too).",
+    )
     tokens_per_step: int | None = Field(
         None,
         ge=16,

@@ -66,6 +66,7 @@ from expert_cli.train.model import (
     weight_dtype,
 )
 from expert_cli.train.model_flops import parameter_counts
+from expert_cli.train.neftune import Neftune
 from expert_cli.train.outputs import (
     ADAPTER_WEIGHTS,
     RANDOM_BASE,
@@ -301,6 +302,8 @@ def make_trainer(
             trainer.add_callback(callback)
     if run.resolved.adapter_type == "adalora":
         trainer.add_callback(AdaLoraCallback(model))
+    if run.resolved.neftune_noise_alpha:  # noise while training, each example by its length
+        Neftune(model, run.resolved.neftune_noise_alpha)
     if patience := run.resolved.early_stopping_patience:  # every process stops at once
         say = run.reporter.note if run.is_main else None
         threshold = run.resolved.early_stopping_threshold
