@@ -318,20 +318,62 @@ def test_a_resumed_run_goes_on_counting_evaluations_without_improvement(tmp_path
     from transformers import TrainerState
 
     from expert_cli.telemetry.throughput import ThroughputMeter
-    from expert_cli.train.callbacks import EarlyStop, ThroughputCallback
+    from expert_cli.train.callbacks import ThroughputCallback
+    from expert_cli.train.early_stop import EarlyStop
 
     throughput = ThroughputCallback(ThroughputMeter(None), None)
     before = EarlyStop(3, 0.0, throughput)
     before.early_stopping_patience_counter = 2
     TrainerState(stateful_callbacks=[before]).save_to_json(str(tmp_path / "trainer_state.json"))
     state = TrainerState.load_from_json(str(tmp_path / "trainer_state.json"))
+    state.best_metric, state.best_global_step, state.global_step, state.max_steps = 2.0, 4, 6, 9
     after = EarlyStop(3, 0.0, throughput)
     after.on_train_begin(SimpleNamespace(), state, SimpleNamespace())
-    assert after.early_stopping_patience_counter == 2
-    state.best_metric, state.best_global_step, state.global_step, state.max_steps = 2.0, 4, 6, 9
+    assert after.early_stopping_patience_counter == 2 and after.lowest == (2.0, 4)
     args = SimpleNamespace(metric_for_best_model="eval_loss", greater_is_better=False)
     control = SimpleNamespace(should_training_stop=False)
     after.on_evaluate(args, state, control, {"eval_loss": 2.5})  # the third without improving
     assert control.should_training_stop
     assert throughput.extra["stopped_early"] == {
         "step": 6, "of": 9, "best_eval_loss": 2.0, "best_step": 4}  # fmt: skip
+
+
+def test_early_stopping_keeps_its_own_lowest_and_its_last_evaluation_is_no_stop() -> None:
+    """Found by a review: with `save_strategy: no` the Trainer keeps no best step (the note
+    said "at step None"); a run whose patience ran out at its last evaluation trained every
+    step (it said "stopped early at step 20 of 20"); a checkpoint of a run without early
+    stopping has no entry for it, which the Trainer's next save looked up (KeyError)."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerState
+
+    from expert_cli.telemetry.throughput import ThroughputMeter
+    from expert_cli.train.callbacks import ThroughputCallback
+    from expert_cli.train.early_stop import EarlyStop
+
+    said: list[str] = []
+    throughput = ThroughputCallback(ThroughputMeter(None), None)
+    stop = EarlyStop(1, 0.0, throughput, said.append)
+    state = TrainerState(max_steps=9)  # resumed from a checkpoint of a run without it
+    state.stateful_callbacks = {}
+    stop.on_train_begin(SimpleNamespace(), state, SimpleNamespace())
+    assert state.stateful_callbacks["EarlyStop"]["attributes"] == {
+        "early_stopping_patience_counter": 0
+    }
+    args = SimpleNamespace(metric_for_best_model="eval_loss", greater_is_better=False)
+    control = SimpleNamespace(should_training_stop=False)
+    for step, loss in ((2, 2.0), (4, 2.5)):  # best_metric is the Trainer's (no best step)
+        state.global_step = step
+        stop.on_evaluate(args, state, control, {"eval_loss": loss})
+        state.best_metric = min(loss, state.best_metric or loss)
+    assert control.should_training_stop
+    assert throughput.extra["stopped_early"] == {
+        "step": 4, "of": 9, "best_eval_loss": 2.0, "best_step": 2}  # fmt: skip
+    assert said[-1].endswith("the lowest eval_loss 2, at step 2")
+    last = ThroughputCallback(ThroughputMeter(None), None)
+    at_end = EarlyStop(1, 0.0, last)
+    state = TrainerState(max_steps=4, global_step=4, best_metric=2.0)
+    at_end.early_stopping_patience_counter = 0
+    at_end.on_train_begin(SimpleNamespace(), state, SimpleNamespace())
+    at_end.on_evaluate(args, state, SimpleNamespace(should_training_stop=False), {"eval_loss": 3})
+    assert "stopped_early" not in last.extra  # the run's last step: it trained them all

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from transformers import EarlyStoppingCallback, TrainerCallback
+from transformers import TrainerCallback
 
 from expert_cli.atomic import HANGUP, heard
 from expert_cli.config.environment import launched
@@ -123,51 +123,6 @@ class ThroughputCallback(TrainerCallback):
         report (the file keeps its last whole state, as every write replaces it atomically)."""
         with contextlib.suppress(OSError):
             self.finish(steps, "failed", alone=True)
-
-
-class EarlyStop(EarlyStoppingCallback):
-    """transformers' early stopping on the evaluation loss (`early_stopping_patience`), which
-    says where it stopped the run: a note, and metrics.json's `stopped_early`."""
-
-    def __init__(
-        self, patience: int, threshold: float, throughput: ThroughputCallback, say: Any = None
-    ) -> None:
-        super().__init__(patience, threshold)
-        self.throughput, self.say = throughput, say
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        """A resumed run goes on counting from its checkpoint's count (the Trainer's own
-        restoring would rebuild every stateful callback, and cannot rebuild this one). The
-        parent's checks are the resolution's (an evaluation, the loss as its metric); its
-        warning without load_best_model_at_end is the resolution's note."""
-        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
-        saved = saved[0] if isinstance(saved, list) and saved else saved
-        if isinstance(saved, dict):
-            counted = (saved.get("attributes") or {}).get("early_stopping_patience_counter", 0)
-            self.early_stopping_patience_counter = int(counted or 0)
-
-    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any, **kw: Any) -> None:
-        super().on_evaluate(args, state, control, metrics, **kw)
-        if self.early_stopping_patience_counter < self.early_stopping_patience:
-            return
-        best, at = state.best_metric, state.best_global_step  # of the evaluations before
-        now = (metrics or {}).get("eval_loss")
-        if isinstance(now, float) and (best is None or now < best):  # below the threshold
-            best, at = now, state.global_step
-        stopped = {"step": state.global_step, "of": state.max_steps}
-        self.throughput.extra["stopped_early"] = {
-            **stopped,
-            "best_eval_loss": best,
-            "best_step": at,
-        }
-        if self.say is not None:
-            count, by = self.early_stopping_patience, self.early_stopping_threshold
-            self.say(
-                f"stopped early at step {state.global_step} of {state.max_steps}: {count} "
-                f"evaluation{'' if count == 1 else 's'} in a row without the loss improving"
-                f"{f' by more than {by:g}' if by else ''} (early_stopping_patience); the lowest "
-                f"eval_loss {best:.4g}, at step {at}"
-            )
 
 
 def mfu_terms(meter: ThroughputMeter) -> dict[str, Any]:

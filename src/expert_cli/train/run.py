@@ -41,7 +41,6 @@ from expert_cli.train.args import (
 from expert_cli.train.batch import plan_run_batch
 from expert_cli.train.callbacks import (
     AdaLoraCallback,
-    EarlyStop,
     Interrupt,
     InterruptCallback,
     ResumedIntervals,
@@ -53,6 +52,7 @@ from expert_cli.train.checkpoints import CheckpointMarker, checkpoint_step, fini
 from expert_cli.train.choice import FINAL_STEP, final_step
 from expert_cli.train.data_record import BASE_CONFIG_KEY, base_config_digest, refuse_changed_data
 from expert_cli.train.divergence import DivergenceWatch
+from expert_cli.train.early_stop import EarlyStop
 from expert_cli.train.final_save import AT_ONCE, end_run
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.grouped_lora import COMPILED_UNGROUPED, NOTHING_GROUPED, is_grouped
