@@ -117,3 +117,30 @@ def test_chat_template_without_one_is_refused(tmp_path: Path, tiny_model_dir: Pa
     assert proc.returncode == 2, said
     assert "base_models[0].prompt_template: the tokenizer has no chat template" in said
     assert "Traceback" not in said
+
+
+def test_chat_template_answers_found_by_the_response_template(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A template of one exchange whose answers expert-cli cannot find by its own turns (it
+    refuses two): as `messages` data, `response_template` finds them; instruction data under
+    `chat_template` was refused, and the response_template was said to be unread."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text(
+        "{% if messages|length > 3 %}{{ raise_exception('one exchange only') }}{% endif %}"
+        "{% for m in messages %}{% if m['role'] == 'user' %}### Question:\n{{ m['content'] }}"
+        "\n\n{% elif m['role'] == 'assistant' %}### Response:\n{{ m['content'] }}"
+        "<|endoftext|>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}### Response:\n{% endif %}"
+    )
+    manifest = _expert(tmp_path, model, "chat_template")
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["response_template"] = "### Response:\n"
+    manifest.write_text(json.dumps(data))
+    report = check_manifest(manifest)
+    assert report.problems == []
+    assert not any("not read with instruction data" in n for n in report.notes)
+    _, trained = _built(manifest, model)
+    assert all(f"{i + 2}<|endoftext|>" in "".join(trained) for i in range(6))
+    assert "Question" not in "".join(trained) and "Add" not in "".join(trained)

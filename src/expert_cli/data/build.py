@@ -44,7 +44,6 @@ from expert_cli.data.formatting import (
     KEPT,
     KEPT_CODES,
     SPLIT,
-    TEMPLATE_UNREAD,
     TRUNCATED,
     Formatter,
     check_chat_template,
@@ -149,8 +148,9 @@ def _build(
         notes = notes + check_chat_template(tokenizer, resolved.response_template)
         notes = notes + conversation_notes(sources.train, tokenizer)
     if sources.fields.kind == "instruction":
-        notes = notes + instruction_checked(tokenizer, resolved.prompt_template)
-        notes = notes + ([TEMPLATE_UNREAD] if resolved.response_template else [])
+        notes = notes + instruction_checked(
+            tokenizer, resolved.prompt_template, resolved.response_template
+        )
     formatter = Formatter(
         tokenizer=tokenizer,
         kind=sources.fields.kind,

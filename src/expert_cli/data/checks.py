@@ -144,10 +144,13 @@ def check_manifest(
             rows = data.result_tags[str(tag)]
             report.notes.append(wrapped_results_note(str(tag), rows, data.blank[True][1]))
         report.notes += verdict.notes(data.train[0], bool(quick)) if verdict is not None else []
-    if data.fields is not None and data.fields.kind == "instruction" and tokenizer is not None:
+    instruction = data.fields is not None and data.fields.kind == "instruction"
+    if instruction and tokenizer is not None:
         with contextlib.suppress(UserError):  # said among the problems
-            report.notes += instruction_checked(tokenizer, resolved.prompt_template)
-    if data.fields is not None and data.fields.kind == "instruction" and resolved.response_template:
+            report.notes += instruction_checked(
+                tokenizer, resolved.prompt_template, resolved.response_template
+            )
+    elif instruction and resolved.response_template:  # no tokenizer: its problem is said
         report.notes = [*report.notes, TEMPLATE_UNREAD]
     blank_problems, blank_notes = data.blank_lines(resolved)
     report.problems += blank_problems
@@ -247,7 +250,7 @@ def _format_problems(
     no assistant reply (a tokenizer that does not load is reported by the tokenizer checks)."""
     try:
         if fields is not None and fields.kind == "instruction" and tokenizer is not None:
-            instruction_checked(tokenizer, cfg.prompt_template)
+            instruction_checked(tokenizer, cfg.prompt_template, cfg.response_template)
         elif fields is not None and fields.kind == "instruction":
             check_prompt_template(cfg.prompt_template)
         if fields is not None and fields.kind == "messages" and tokenizer is not None:

@@ -98,14 +98,17 @@ def unanswered(style: str, stored: list[Any] | str) -> str | None:
     return f"no assistant turn, roles {roles_of(stored)}" if style == "none" else None
 
 
-def instruction_checked(tokenizer: PreTrainedTokenizerFast, template: str) -> list[str]:
+def instruction_checked(
+    tokenizer: PreTrainedTokenizerFast, template: str, response_template: str | None
+) -> list[str]:
     """Fail early where instruction data's `prompt_template` cannot lay it out (chat_template:
-    the tokenizer's chat template, checked as a conversation's is); notes on the layout."""
+    the tokenizer's chat template, checked as a conversation's is, `response_template`
+    finding its answers where the template's own turns do not); notes on the layout."""
     if template == CHAT_TEMPLATE:
-        return check_chat_template(tokenizer, None, "base_models[0].prompt_template")
+        return check_chat_template(tokenizer, response_template, "base_models[0].prompt_template")
     check_prompt_template(template)
-    note = chatml_note(tokenizer, template)
-    return [note] if note else []
+    unread = TEMPLATE_UNREAD if response_template else None
+    return [n for n in (chatml_note(tokenizer, template), unread) if n]
 
 
 def check_chat_template(
