@@ -515,3 +515,17 @@ def test_report_to_passes_installed_trackers_on_and_names_a_missing_one(
         _resolved(tmp_path, {"report_to": ["wandb"]})
     with pytest.raises(UserError, match=r"report_to"):
         _resolved(tmp_path, {"report_to": ["tensorbored"]})
+
+
+def test_few_steps_under_batch_size_auto_name_the_tokens_a_step(tmp_path: Path) -> None:
+    """Under `batch_size: auto` the rows a step come from `tokens_per_step`, which the note
+    names (it said to lower batch_size, which the manifest never gave)."""
+    from expert_cli.train.args import few_steps_note
+
+    auto = _resolved(tmp_path, {"batch_size": "auto"}, env=h100_environment())
+    assert auto.batch_auto
+    note = few_steps_note(auto, 1, 10, 1)
+    assert note is not None and "lower `tokens_per_step` (or give `batch_size`)" in note
+    given = _resolved(tmp_path, {"batch_size": 4})
+    assert "lower `batch_size` or `gradient_accumulation_steps`" in few_steps_note(given, 3, 10, 1)
+    assert few_steps_note(given, 50, 10, 1) is None

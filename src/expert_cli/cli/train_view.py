@@ -178,10 +178,10 @@ def window_line(record: dict[str, Any], max_steps: int | None) -> str:
         parts.append(f"MFU {100 * record['mfu']:.1f}%")
     if record.get("allocator_flushes"):
         parts.append(f"allocator flushes {record['allocator_flushes']}")
-    return "  ".join(parts + _apart(record))
+    return "  ".join(parts + _excluded(record))
 
 
-def _apart(figures: dict[str, Any]) -> list[str]:
+def _excluded(figures: dict[str, Any]) -> list[str]:
     """The evaluation and checkpoint-save seconds a window (or the run) left out of its rates."""
     took = {k: figures.get(k) for k in ("eval_s", "save_s")}
     return [
@@ -309,7 +309,7 @@ def _status_line(result: TrainResult) -> str:
         if isinstance(rate, float) and abs(rate - summary["tokens_per_s"]) > 0.05 * rate
         else ""
     )
-    apart = f" ({', '.join(_apart(summary))})" if _apart(summary) else ""
+    apart = f" ({', '.join(_excluded(summary))})" if _excluded(summary) else ""
     return (
         f"[bold]{status}[/bold]  {steps} in {summary['train_runtime_s']:.1f} s{apart}, "
         f"{summary['tokens_per_s']:,.0f} tok/s{after}, "

@@ -103,9 +103,9 @@ def field_spec(
     read = {kind, TOOLS} | ({"response", "system"} if kind == "messages" else set())
     unused = sorted(set(mapping) - read) if kind in ("text", "messages") else []
     if unused:  # a required role was required in every row, then never read
-        whole = "example" if kind == "text" else "conversation"
+        unit = "example" if kind == "text" else "conversation"
         raise UserError(
-            f"training.dataset.field_mapping: `{kind}` holds the whole {whole}, so "
+            f"training.dataset.field_mapping: `{kind}` holds the whole {unit}, so "
             f"{', '.join(f'`{r}`' for r in unused)} would not be used; remove "
             + ("it" if len(unused) == 1 else "them")
             + (", or map `instruction` + `response` without `text`" if kind == "text" else "")

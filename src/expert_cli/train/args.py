@@ -194,11 +194,16 @@ def few_steps_note(
         return None
     rows = resolved.batch_size * resolved.gradient_accumulation_steps * world_size
     how = "packed rows" if resolved.packing else "examples"
+    smaller = (  # under auto the rows a step come from the tokens a step
+        "lower `tokens_per_step` (or give `batch_size`)"
+        if resolved.batch_auto
+        else "lower `batch_size` or `gradient_accumulation_steps`"
+    )
     return (
         f"only {steps} optimizer step{'' if steps == 1 else 's'} ({n_rows:,} {how} at {rows} "
         f"a step, {resolved.epochs:g} epoch{'' if resolved.epochs == 1 else 's'}): an adapter "
-        "learns little from so few updates; raise `epochs`, or lower `batch_size` or "
-        "`gradient_accumulation_steps` (or set `max_steps` to say how many)"
+        f"learns little from so few updates; raise `epochs`, or {smaller} (or set `max_steps` "
+        "to say how many)"
     )
 
 
