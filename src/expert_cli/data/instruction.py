@@ -19,20 +19,25 @@ VICUNA_SYSTEM = (
 )
 ALPACA_HEAD = "Below is an instruction that describes a task"
 ALPACA_TAIL = "Write a response that appropriately completes the request.\n\n"
-TEMPLATES = ("chatml", "alpaca", "llama2", "vicuna", "chat_template")
 # instruction data as a conversation (system, user, assistant) of the tokenizer's chat template
 CHAT_TEMPLATE = "chat_template"
+TEMPLATES = ("chatml", "alpaca", "llama2", "vicuna", CHAT_TEMPLATE)
 # The space between a prompt and its answer belongs to the answer: BPE joins it to the first
 # word (" Yes"), so at the prompt's end it left that token on the prompt side, never trained,
 # and a generation prompt ending in a space asked for a token training never showed.
 COMPLETION_PREFIX = {"llama2": " ", "vicuna": " "}
 
 
+def _user_text(instruction: str, input_: str | None) -> str:
+    """The user's turn of an instruction example: the instruction, then its input."""
+    return f"{instruction}\n\n{input_}" if input_ else instruction
+
+
 def instruction_turns(
     instruction: str, input_: str | None, system: str | None, response: str
 ) -> list[dict[str, str]]:
     """One instruction example as the conversation `prompt_template: chat_template` renders."""
-    user = f"{instruction}\n\n{input_}" if input_ else instruction
+    user = _user_text(instruction, input_)
     head = [{"role": "system", "content": system}] if system else []
     return [*head, {"role": "user", "content": user}, {"role": "assistant", "content": response}]
 
@@ -42,7 +47,7 @@ def render_instruction(
 ) -> tuple[str, str]:
     """(prompt, completion suffix) of one instruction example in `prompt_template` (not
     chat_template, which the tokenizer's chat template renders as a conversation)."""
-    user = f"{instruction}\n\n{input_}" if input_ else instruction
+    user = _user_text(instruction, input_)
     if template == "chatml":
         head = f"<|im_start|>system\n{system}{CHATML_END}\n" if system else ""
         return f"{head}<|im_start|>user\n{user}{CHATML_END}\n{CHATML_ASSISTANT}\n", CHATML_END
