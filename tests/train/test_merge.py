@@ -269,3 +269,35 @@ def test_merge_saves_in_the_dtype_asked_merged_in_fp32(
     assert json.loads((tmp_path / "half" / "config.json").read_text())["dtype"] == "bfloat16"
     bad = run_here("merge", "--adapter", str(out), "--output", str(tmp_path / "x"), "--dtype", "q4")
     assert bad.returncode == 2 and not (tmp_path / "x").exists()
+
+
+def test_merge_to_fp16_refuses_weights_beyond_its_range(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A base weight of 99,840 (bf16 holds it, fp16's largest is 65,504) was saved as
+    infinity by `--dtype fp16`, exit 0: now exit 2 naming the option, nothing written."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (weights,) = model.glob("*.safetensors")
+    tensors = load_file(str(weights))
+    tensors["model.layers.0.mlp.down_proj.weight"][0, 0] = 99840.0
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    manifest = write_expert(tmp_path / "e", model)
+    out = tmp_path / "out"
+    assert run_here("train", "--manifest", str(manifest), "--output", str(out),
+                    "--max-steps", "1").returncode == 0  # fmt: skip
+    proc = run_here(
+        "merge", "--adapter", str(out), "--output", str(tmp_path / "m"), "--dtype", "fp16"
+    )
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2, said
+    assert "--dtype fp16: 1 merged weight outside fp16's range would be saved as infinity" in said
+    assert not (tmp_path / "m").exists()
+    fine = run_here(
+        "merge", "--adapter", str(out), "--output", str(tmp_path / "b"), "--dtype", "bf16"
+    )
+    assert fine.returncode == 0

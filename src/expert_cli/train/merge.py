@@ -254,6 +254,19 @@ def _text_stops(texts: tuple[str, ...]) -> list[str]:
 SAVED_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+def _refuse_overflow(model: Any, saved: str) -> None:
+    """UserError where a weight cast to `saved` is no longer finite (fp16 holds at most
+    65504; a bf16-trained base may hold more): nothing is written."""
+    bad = sum(
+        int((~p.isfinite()).sum()) for p in model.state_dict().values() if p.is_floating_point()
+    )
+    if bad:
+        raise UserError(
+            f"--dtype {saved}: {bad:,} merged weight{'' if bad == 1 else 's'} outside {saved}'s "
+            "range would be saved as infinity; use --dtype bf16 or fp32 (nothing written)"
+        )
+
+
 def merge_adapter(adapter: Path, output: Path, saved: str | None = None) -> tuple[Path, list[str]]:
     """Load base + adapter (full precision weights, even if trained quantized), merge, save;
     the folder written and notes (a base trained quantized is merged at full precision).
@@ -281,6 +294,7 @@ def merge_adapter(adapter: Path, output: Path, saved: str | None = None) -> tupl
         )
     if saved:
         model = model.to(SAVED_DTYPES[saved])
+        _refuse_overflow(model, saved)
     stops = _run_stops(adapter, tokenizer)
     notes += _stop_at_end_of_turn(model, tokenizer, stops.ids) + _text_stops(stops.texts)
     try:

@@ -40,6 +40,7 @@ SAME_RUN_FIELDS = (
     "weight_decay",
     "max_grad_norm",
     "optim",
+    "neftune_noise_alpha",  # the embeddings' noise: another training from the resumed step
 )
 
 
