@@ -515,6 +515,12 @@ def test_report_to_passes_installed_trackers_on_and_names_a_missing_one(
         _resolved(tmp_path, {"report_to": ["wandb"]})
     with pytest.raises(UserError, match=r"report_to"):
         _resolved(tmp_path, {"report_to": ["tensorbored"]})
+    assert _resolved(tmp_path, {"report_to": "none"}).report_to == []  # the Trainer's word
+    import typing
+
+    from expert_cli.config.trackers import TRACKERS, Tracker
+
+    assert typing.get_args(Tracker) == tuple(TRACKERS)  # the schema's names, each's module
 
 
 def test_few_steps_under_batch_size_auto_name_the_tokens_a_step(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from expert_cli.config.refs import (
     windows_reason,
 )
 from expert_cli.config.sources import SourceRef, data_folder_holding, resolve_sources
-from expert_cli.config.training_config import TRACKERS
+from expert_cli.config.trackers import TRACKERS
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, path_is_file, shown_path
 

@@ -14,6 +14,7 @@ from expert_cli.config.schedules import (
     Scheduler,
     scheduler_argument,
 )
+from expert_cli.config.trackers import TRACKERS, Tracker, one_or_many
 
 Optimizer = Literal[
     "adamw_torch",
@@ -38,30 +39,6 @@ AttentionKernel = Literal[
     "eager",
 ]
 FusedLoss = Literal["auto", "liger", "chunked", "off"]
-# transformers' reporting integrations (the Python module each needs); TensorBoard's events are
-# written by expert-cli itself, whatever this list says
-TRACKERS = {
-    "wandb": "wandb",
-    "mlflow": "mlflow",
-    "comet_ml": "comet_ml",
-    "clearml": "clearml",
-    "trackio": "trackio",
-    "swanlab": "swanlab",
-    "neptune": "neptune",
-    "dvclive": "dvclive",
-    "tensorboard": "tensorboard",
-}
-Tracker = Literal[
-    "wandb",
-    "mlflow",
-    "comet_ml",
-    "clearml",
-    "trackio",
-    "swanlab",
-    "neptune",
-    "dvclive",
-    "tensorboard",
-]
 MAX_BATCH_ROWS = 4096
 MAX_EPOCHS = 10_000
 MAX_SEQ_LENGTH = 1 << 20  # tokens in one packed row
@@ -245,9 +222,7 @@ class TrainingConfig(Strict):
         None, ge=0, le=MAX_STEPS, description="Hint; see above."
     )
     # expert-cli extensions
-    report_to: (
-        Annotated[list[Tracker], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] | None
-    ) = Field(
+    report_to: Annotated[list[Tracker], BeforeValidator(one_or_many)] | None = Field(
         None,
         description="Extension: experiment trackers the Trainer logs to, besides metrics.json "
         "and TensorBoard (OUTPUT/runs): " + ", ".join(TRACKERS) + "; each must be installed "

@@ -36,7 +36,7 @@ from expert_cli.data.fields import FieldSpec, detected_words, unread_words
 from expert_cli.data.format_check import formatted_problems, small_splits
 from expert_cli.data.formatting import TEMPLATE_UNREAD, check_chat_template, instruction_checked
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
-from expert_cli.data.instruction import check_prompt_template
+from expert_cli.data.instruction import CHAT_TEMPLATE, check_prompt_template
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.row_checks import DataCheck, TextMarks
 from expert_cli.data.splits import NO_EVAL_ROWS, holds_nothing_out
@@ -150,7 +150,8 @@ def check_manifest(
             report.notes += instruction_checked(
                 tokenizer, resolved.prompt_template, resolved.response_template
             )
-    elif instruction and resolved.response_template:  # no tokenizer: its problem is said
+    elif instruction and resolved.response_template and resolved.prompt_template != CHAT_TEMPLATE:
+        # no tokenizer (its problem is said): under chat_template the field is read
         report.notes = [*report.notes, TEMPLATE_UNREAD]
     blank_problems, blank_notes = data.blank_lines(resolved)
     report.problems += blank_problems

@@ -130,8 +130,9 @@ def check_chat_template(
         # its error may quote the template (raise_exception's text): only its kind is said
         raise UserError(
             f"{field}: the tokenizer's chat template cannot "
-            f"render a conversation ({type(exc).__name__}); fix chat_template.jinja or the "
-            "chat_template in tokenizer_config.json"
+            f"render a conversation ({type(exc).__name__}); fix the template it was given: "
+            "the file of base_models[0].chat_template where the manifest names one, else the "
+            "model's chat_template.jinja or the chat_template in tokenizer_config.json"
         ) from None
     style, layout = assistant_spans(text, response_template)[1], turn_layout(tokenizer)
     if style != "missing" and layout.follows:  # the template's own turns
