@@ -92,3 +92,47 @@ def test_a_template_file_is_read_and_a_bad_one_named(tmp_path: Path, tiny_model_
     said = " ".join((missing.stdout + missing.stderr).split())
     assert missing.returncode == 2
     assert "base_models[0].chat_template:" in said and "missing.jinja is not a file" in said
+
+
+def test_a_template_without_a_generation_prompt_is_asked_as_it_trained(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Found by a review: a template with no add_generation_prompt branch trained answers
+    after `<|im_start|>assistant\\n` (the build finds ChatML's marker) or after the
+    response_template, and generate asked without it. check says so; generate ends the
+    prompt with what the answers followed."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.train.prompt_format import prompt_format
+
+    model = without_chat_template(tiny_model_dir, tmp_path)
+    chatml = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}"
+    )
+    headers = "{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n{% endfor %}"
+    tok = AutoTokenizer.from_pretrained(model)
+    for name, text, marker, ending in (
+        ("chatml.jinja", chatml, None, "<|im_start|>assistant\n"),
+        ("headers.jinja", headers, "### assistant:\n", "### assistant:\n"),
+    ):
+        manifest = _expert(tmp_path / name, model, name)
+        (manifest.parent / name).write_text(text)
+        if marker:
+            data = json.loads(manifest.read_text())
+            data["training"]["dataset"]["response_template"] = marker
+            manifest.write_text(json.dumps(data))
+        report = check_manifest(manifest)
+        assert report.problems == []
+        assert any("writes no generation prompt" in n and repr(ending.strip()) in n
+                   for n in report.notes), report.notes  # fmt: skip
+        tok.chat_template = text
+        resolved = resolve(load_manifest(manifest), cpu_environment())
+        layout, _ = prompt_format(resolved, tok, {"stats": {"fields": {"mapping": {
+            "messages": "messages"}}}})  # fmt: skip
+        prompt = tok.decode(layout.render(tok, "Add 9 and 2."))
+        assert "Add 9 and 2." in prompt and prompt.endswith(ending)
+        assert not tok.apply_chat_template(  # the template itself ends with the user's turn
+            [{"role": "user", "content": "q"}], tokenize=False, add_generation_prompt=True
+        ).endswith(ending)

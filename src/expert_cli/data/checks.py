@@ -34,7 +34,12 @@ from expert_cli.data.build import (
 from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.fields import FieldSpec, detected_words, unread_words
 from expert_cli.data.format_check import formatted_problems, small_splits
-from expert_cli.data.formatting import TEMPLATE_UNREAD, check_chat_template, instruction_checked
+from expert_cli.data.formatting import (
+    TEMPLATE_UNREAD,
+    check_chat_template,
+    instruction_checked,
+    layout_notes,
+)
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.instruction import CHAT_TEMPLATE, check_prompt_template
 from expert_cli.data.model_files import base_file_problems
@@ -42,7 +47,7 @@ from expert_cli.data.row_checks import DataCheck, TextMarks
 from expert_cli.data.splits import NO_EVAL_ROWS, holds_nothing_out
 from expert_cli.data.template_checks import blank_conversation, template_verdict
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer, read_config
-from expert_cli.data.turns import template_notes, turn_layout
+from expert_cli.data.turns import turn_layout
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
 
@@ -134,7 +139,8 @@ def check_manifest(
         *_format_problems(resolved, data.fields, tokenizer),
     ]
     if data.fields is not None and data.fields.kind == "messages" and tokenizer is not None:
-        report.notes = [*report.notes, *template_notes(turn_layout(tokenizer))]
+        layout = turn_layout(tokenizer)
+        report.notes = [*report.notes, *layout_notes(tokenizer, layout, resolved.response_template)]
         report.notes += _reasoning_notes(data, tokenizer)
         if data.empty_answers:
             report.notes.append(empty_answer_note(data.empty_answers, data.blank[True][1]))

@@ -60,6 +60,8 @@ from expert_cli.data.instruction import (
 )
 from expert_cli.data.pieces import Joined, special_ends, tokenize_blocks
 from expert_cli.data.spans import (
+    CHATML_ASSISTANT,
+    MARKER_ASSISTANT,
     Span,
     assistant_spans,
     has_content,
@@ -96,6 +98,25 @@ def unanswered(style: str, stored: list[Any] | str) -> str | None:
     if style == "unweighed":
         return 'an answer of "weight": 0 that its chat template cannot leave untrained'
     return f"no assistant turn, roles {roles_of(stored)}" if style == "none" else None
+
+
+def unwritten_header(tokenizer: PreTrainedTokenizerFast, response_template: str | None) -> str:
+    """What a prompt must end with where the chat template writes no generation prompt (its
+    add_generation_prompt renders nothing): the response_template, else the assistant marker
+    the build found the answers after (ChatML's, `<|assistant|>`); "" where it writes one."""
+    turn = [{"role": "user", "content": "q"}]
+    try:
+        asked = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+        bare = tokenizer.apply_chat_template(turn, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot render: said where it is used
+        return ""
+    if asked != bare:
+        return ""
+    if response_template:
+        return response_template
+    if "<|im_start|>" in str(bare):
+        return CHATML_ASSISTANT + "\n"
+    return MARKER_ASSISTANT + "\n" if "<|user|>" in str(bare) else ""
 
 
 def instruction_checked(
@@ -136,7 +157,7 @@ def check_chat_template(
         ) from None
     style, layout = assistant_spans(text, response_template)[1], turn_layout(tokenizer)
     if style != "missing" and layout.follows:  # the template's own turns
-        return template_notes(layout)
+        return layout_notes(tokenizer, layout, response_template)
     if style == "missing":
         raise UserError(
             "training.dataset.response_template: the chat template does not write it (a "
@@ -149,7 +170,22 @@ def check_chat_template(
             "assistant marker expert-cli knows (<|im_start|>assistant, "
             "<|assistant|>); set response_template to the text before replies"
         )
-    return template_notes(layout)
+    return layout_notes(tokenizer, layout, response_template)
+
+
+def layout_notes(
+    tokenizer: PreTrainedTokenizerFast, layout: TurnLayout, response_template: str | None
+) -> list[str]:
+    """template_notes, and one where the template writes no generation prompt."""
+    notes = template_notes(layout)
+    if header := unwritten_header(tokenizer, response_template):
+        notes.append(
+            "the chat template writes no generation prompt (add_generation_prompt adds "
+            f"nothing): generate ends each prompt with {header.strip()!r}, which the answers "
+            "were trained after; a runtime that prompts by the template (vLLM, Ollama) asks "
+            "without it"
+        )
+    return notes
 
 
 # A text longer than this many characters per token of max_seq_length is tokenized from its

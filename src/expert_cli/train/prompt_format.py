@@ -25,6 +25,7 @@ from typing import Any
 
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.fields import mapping_kind
+from expert_cli.data.formatting import unwritten_header
 from expert_cli.data.instruction import CHAT_TEMPLATE, render_instruction
 from expert_cli.data.spans import (
     CHATML_ASSISTANT,
@@ -85,7 +86,7 @@ class PromptFormat:
         system turn before it, where the layout has one; `tools`, definitions its chat
         template writes."""
         if self.style == "messages":
-            return _chat(with_tools(tokenizer, tools), text, system, self.opening)
+            return _chat(with_tools(tokenizer, tools), text, system, self.opening, self.template)
         if tools:
             raise UserError(
                 "--tools: the run trained on prompts laid out without a chat template "
@@ -131,11 +132,13 @@ def prompt_format(
     if kind == "instruction" and resolved.prompt_template == CHAT_TEMPLATE:
         kind = "messages"  # trained as conversations of the tokenizer's chat template
     if kind == "messages" and (opening := turn_layout(tokenizer).opening):
-        return PromptFormat(kind, opening=opening), [
+        return PromptFormat(kind, resolved.response_template, opening), [
             f"prompts end before the chat template's {opening.strip()}, as the training "
             "conversations' answers followed the turn's header (the template writes it before "
             "no answer)"
         ]
+    if kind == "messages":  # its response_template, where the template writes no prompt
+        return PromptFormat(kind, resolved.response_template), []
     if kind != "text":
         return PromptFormat(kind, resolved.prompt_template), []
     if resolved.response_template:
@@ -178,7 +181,12 @@ def _style_counts(stats: Mapping[str, Any]) -> dict[str, int]:
     return {s: n for s, n in styles.items() if s in TEXT_STYLES and isinstance(n, int) and n > 0}
 
 
-def _chat(tokenizer: Any, text: str, system: str | None, opening: str) -> list[int]:
+def _chat(
+    tokenizer: Any, text: str, system: str | None, opening: str, marker: str | None
+) -> list[int]:
+    """The chat template's prompt of one user turn; where the template writes no generation
+    prompt, ended with what the answers were trained after (`marker`, the response_template,
+    else the assistant marker the build found: formatting.unwritten_header)."""
     turns = [{"role": "system", "content": system}] if system else []
     turns.append({"role": "user", "content": text})
     try:
@@ -199,6 +207,7 @@ def _chat(tokenizer: Any, text: str, system: str | None, opening: str) -> list[i
         )
     if opening and rendered.endswith(opening):
         rendered = rendered[: -len(opening)]
+    rendered += unwritten_header(tokenizer, marker)
     return tokenizer(rendered, add_special_tokens=False, verbose=False)["input_ids"]
 
 
