@@ -535,3 +535,27 @@ def test_few_steps_under_batch_size_auto_name_the_tokens_a_step(tmp_path: Path) 
     given = _resolved(tmp_path, {"batch_size": 4})
     assert "lower `batch_size` or `gradient_accumulation_steps`" in few_steps_note(given, 3, 10, 1)
     assert few_steps_note(given, 50, 10, 1) is None
+
+
+def test_a_tracker_that_fails_to_start_is_named_and_leaves_no_folder(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a review: an installed tracker that fails as the run starts (W&B without an
+    API key) was a traceback, exit 1, and the folder it left refused the next run."""
+    from train_helpers import run_here, write_expert
+
+    stub = tmp_path / "stub" / "dvclive"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(
+        "class Live:\n    def __init__(self, *a, **k):\n        raise RuntimeError('no DVC repo')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8, config={"report_to": "dvclive"})
+    output = tmp_path / "out"
+    proc = run_here("train", "--manifest", str(manifest), "--output", str(output))
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2, said
+    assert (
+        "training.config.report_to: dvclive failed to start (RuntimeError: no DVC repo); set it up"
+    ) in said
+    assert "Traceback" not in said and not output.exists()

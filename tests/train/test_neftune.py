@@ -18,7 +18,7 @@ def test_each_token_gets_its_own_examples_length() -> None:
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 0, 0, 0]])
     assert example_lengths(positions).tolist() == [
         [3, 3, 3, 2, 2, 4, 4, 4, 4],
-        [6, 6, 6, 6, 6, 6, 1, 1, 1],  # padding: rows of one token each, as the collator pads
+        [6, 6, 6, 6, 6, 6, 1, 1, 1],  # zeros after the example: each its own one-token piece
     ]
 
 

@@ -49,10 +49,12 @@ class Neftune:
         shape = output.shape[:-1]
         positions = self.positions
         if positions is not None and positions.shape == shape:
-            lengths = example_lengths(positions).to(output.dtype)
+            lengths = example_lengths(positions).float()
         else:  # no boundaries given: the row is one example
-            lengths = torch.full(shape, shape[-1], dtype=output.dtype, device=output.device)
-        bound = self.alpha / torch.sqrt(lengths * output.shape[-1])
+            lengths = torch.full(shape, shape[-1], dtype=torch.float32, device=output.device)
+        bound = (self.alpha / torch.sqrt(lengths * output.shape[-1])).to(
+            output.dtype
+        )  # L d in fp32
         noise = torch.empty_like(output).uniform_(-1.0, 1.0) * bound.unsqueeze(-1)
         return output + noise
 

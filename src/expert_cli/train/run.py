@@ -355,6 +355,8 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
         try:
             trainer, throughput, stop, watch = make_trainer(run, model, tokenizer, data, interrupt)
         except BaseException as exc:
+            if (failed := run.tracker_failed(exc)) is not None:
+                raise failed from None
             run.stopped_before_training(exc)
             raise
         run.discard_earlier()
@@ -369,6 +371,8 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
             code = exc.code if isinstance(exc, Terminated) else 130
             raise Interrupted(AT_ONCE, code) from None
         except BaseException as exc:
+            if not (trainer.state.global_step or resume) and (failed := run.tracker_failed(exc)):
+                raise failed from None  # as it started: the run's folder undone
             # a resume that fails while loading its checkpoint has trained 0 steps of its own
             reached = trainer.state.global_step or (checkpoint_step(resume) or 0 if resume else 0)
             run.on_failure(throughput, reached, exc)

@@ -5,7 +5,9 @@ step (with what the run did to its folder, so a run that stops before training c
 
 from __future__ import annotations
 
+import os
 import shutil
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -14,7 +16,7 @@ from transformers import TrainerCallback, TrainingArguments
 
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import BuildProgress, PreparedData
-from expert_cli.errors import RunError
+from expert_cli.errors import RunError, UserError
 from expert_cli.train import distributed
 from expert_cli.train.checkpoints import complete_checkpoints, remove_incomplete_checkpoints
 from expert_cli.train.memory import Stopped, oom_error, out_of_memory
@@ -159,6 +161,23 @@ class Run:
                 f"no space left on {self.output} (a random-init base model is saved there "
                 "before training); free space or choose another --output, then train again"
             ) from exc
+
+    def tracker_failed(self, exc: BaseException) -> UserError | None:
+        """A tracker of `report_to` that failed as the run started (the failure passed
+        through transformers' integrations: an API key not set, no server, a broken install):
+        the folder is undone as before training, and the error names the field (it was a
+        traceback, and the folder it left refused the next run); None for other failures."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        inside = f"{os.sep}transformers{os.sep}integrations{os.sep}"
+        if not self.resolved.report_to or not any(inside in f.filename for f in frames):
+            return None
+        self.stopped_before_training(exc)
+        said = next(iter(str(exc).splitlines()), "")[:200]  # the tracker's own words, one line
+        return UserError(
+            f"training.config.report_to: {', '.join(self.resolved.report_to)} failed to start "
+            f"({type(exc).__name__}{': ' + said if said else ''}); set it up (an API key, a "
+            "server, its environment variables), or remove it from the list"
+        )
 
     def restore_earlier(self) -> None:
         """The run stopped before training: the earlier run's outputs go back."""
