@@ -566,3 +566,20 @@ def test_a_task_weights_sample_is_formatted_as_the_build_trains_it(
     with pytest.raises(UserError) as built:
         prepare_data(resolved, load_tokenizer(resolved), num_proc=1)
     assert str(built.value) == problem
+
+
+def test_sources_of_one_hub_dataset_are_counted_apart() -> None:
+    """Found by a review: the train and test splits of one hub dataset were counted under
+    its id alone, the second count replacing the first (check said "10 in acme/sqlmini"
+    for 40 training rows, and judged the held-out split by the validation's count)."""
+    from expert_cli.config.resolve import SourceRef
+    from expert_cli.data.row_checks import source_key
+
+    def hub(split: str | None, config: str | None = None, task: str | None = None) -> str:
+        return source_key(SourceRef(kind="hub", location="acme/sqlmini", split=split,
+                                    config=config, task=task))  # fmt: skip
+
+    assert hub("train") == "acme/sqlmini::train" != hub("test")
+    assert hub("train", "v2") == "acme/sqlmini::train::v2"
+    assert hub("train", task="sql") == "acme/sqlmini::train (sql)" != hub("train", task="json")
+    assert source_key(SourceRef(kind="local", location="/d/train.jsonl")) == "/d/train.jsonl"

@@ -43,7 +43,7 @@ from expert_cli.data.formatting import (
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.instruction import CHAT_TEMPLATE, check_prompt_template
 from expert_cli.data.model_files import base_file_problems
-from expert_cli.data.row_checks import DataCheck, TextMarks
+from expert_cli.data.row_checks import DataCheck, TextMarks, source_key
 from expert_cli.data.splits import NO_EVAL_ROWS, holds_nothing_out
 from expert_cli.data.template_checks import blank_conversation, template_verdict
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer, read_config
@@ -173,7 +173,7 @@ def check_manifest(
         report.problems += formatted_problems(resolved, tokenizer, data.fields.kind, splits)
     if not blank_problems and not (refusals and refusals.every) and False not in splits:
         report.problems += [held] if (held := data.held_out_problem(resolved)) else []
-    counted = [data.rows.get(src.location) for src in resolved.train_sources]
+    counted = [data.rows.get(source_key(src)) for src in resolved.train_sources]
     if quick:  # a count cut at --quick rows says only "at least that many"
         counted = [None if n is not None and n >= quick else n for n in counted]
     if not report.problems and None not in counted and holds_nothing_out(resolved, counted):

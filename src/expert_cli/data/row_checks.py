@@ -67,6 +67,13 @@ class Refusals:
     every: bool  # no conversation rendered: train would have no example left
 
 
+def source_key(src: SourceRef) -> str:
+    """A source as check counts its rows: its location, with the split, configuration and
+    task that tell apart two sources of one hub dataset (its train and test splits)."""
+    key = "::".join(part for part in (src.location, src.split, src.config) if part)
+    return f"{key} ({src.task})" if src.task else key
+
+
 class DataCheck:
     """Reads every row of the manifest's local sources with the build's own reader and row
     checks (the field mapping carries from one source to the next, as in the build); `messages`
@@ -173,14 +180,14 @@ class DataCheck:
                     ds, self.fields = checked_columns(ds, src.location, self.fields, self.mapping)
                     self.detected[src.location] = self.fields
                     scan = dataset_scan(ds, self.fields, src.location)
-                    self.rows[src.location] = self._count(src, scan)
+                    self.rows[source_key(src)] = self._count(src, scan)
             else:
                 scan = scan_local(src, self.fields, self.mapping)
                 self.fields = self.detected[src.location] = scan.fields
-                self.rows[src.location] = self._count(src, scan)
+                self.rows[source_key(src)] = self._count(src, scan)
                 self.fields = self.detected[src.location] = scan.fields  # a later row's tools
             if train and self.whole[True]:
-                self.train_drops[-1] = (self.rows[src.location], self._drops)
+                self.train_drops[-1] = (self.rows[source_key(src)], self._drops)
             self.kept[-1] = (train, self._kept)
         except UserError as exc:
             self.problems += exc.lines
