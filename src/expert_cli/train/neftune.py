@@ -52,9 +52,8 @@ class Neftune:
             lengths = example_lengths(positions).float()
         else:  # no boundaries given: the row is one example
             lengths = torch.full(shape, shape[-1], dtype=torch.float32, device=output.device)
-        bound = (self.alpha / torch.sqrt(lengths * output.shape[-1])).to(
-            output.dtype
-        )  # L d in fp32
+        scale = torch.sqrt(lengths * output.shape[-1])  # sqrt(L d), in fp32
+        bound = (self.alpha / scale).to(output.dtype)
         noise = torch.empty_like(output).uniform_(-1.0, 1.0) * bound.unsqueeze(-1)
         return output + noise
 
