@@ -136,3 +136,20 @@ def test_a_template_without_a_generation_prompt_is_asked_as_it_trained(
         assert not tok.apply_chat_template(  # the template itself ends with the user's turn
             [{"role": "user", "content": "q"}], tokenize=False, add_generation_prompt=True
         ).endswith(ending)
+
+
+def test_a_template_given_over_the_bases_own_is_said(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The tiny model has a ChatML template of its own: the manifest's replaces it, and the
+    resolution says so; over a base without one it says nothing."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+
+    said = "base_models[0].chat_template: replaces the base model's own chat template"
+    over = resolve(
+        load_manifest(_expert(tmp_path / "a", tiny_model_dir, "chatml")), cpu_environment()
+    )
+    assert any(n.startswith(said) for n in over.notes)
+    bare = without_chat_template(tiny_model_dir, tmp_path / "b")
+    alone = resolve(load_manifest(_expert(tmp_path / "c", bare, "chatml")), cpu_environment())
+    assert not any(n.startswith(said) for n in alone.notes)

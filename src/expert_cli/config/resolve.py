@@ -8,6 +8,7 @@ recorded in `notes` ("field: what was decided and why"), so nothing is dropped s
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -157,6 +158,18 @@ def base_model_settings(lm: LoadedManifest) -> dict[str, Any]:
     )
 
 
+def _has_own_template(model: Path) -> bool:
+    """Whether a local base folder holds a chat template of its own (a hub model's is not
+    looked up here)."""
+    if path_is_file(model / "chat_template.jinja"):
+        return True
+    try:
+        with open(model / "tokenizer_config.json", "rb") as file:
+            return b'"chat_template"' in file.read(1 << 24)
+    except OSError:
+        return False
+
+
 def _trackers(names: list[str]) -> list[str]:
     """`report_to`'s trackers, each installed here (UserError naming the first that is
     not), TensorBoard left to expert-cli's own events."""
@@ -291,11 +304,17 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
             f"{shown_path(held)}; the cache's files would be read as data: put it elsewhere "
             "(the default is .cache/pretokenized beside the manifest)"
         )
+    base = base_model_settings(lm)
+    if base["chat_template"] and _has_own_template(Path(base["base_model"])):
+        notes.append(
+            "base_models[0].chat_template: replaces the base model's own chat template (its "
+            "chat_template.jinja or tokenizer_config.json's); the run's tokenizer ships it"
+        )
     return ResolvedConfig(
         expert=lm.manifest.name,
         expert_version=lm.manifest.version,
         manifest_path=str(lm.path),
-        **base_model_settings(lm),
+        **base,
         **adapter_settings(lm.manifest, notes, env.has_gpu),
         train_sources=train,
         validation_sources=valid,
