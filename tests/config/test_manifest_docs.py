@@ -55,3 +55,21 @@ def test_every_schedule_argument_is_documented() -> None:
         assert row is not None, schedule
         for name in arguments:
             assert f"`{name}`" in row, (schedule, name)
+
+
+def test_settings_left_unset_say_what_they_resolve_to() -> None:
+    """`check --list-settings` said "unset" for the learning rate, epochs and rank, where the
+    resolution chooses 2e-4, 1 and the adapter's r else 16: the list says it, each value the
+    resolution's own constant; other blocks' fields (an adapter entry's alpha) keep "unset"."""
+    from expert_cli.config.adapters import DEFAULT_RANK
+    from expert_cli.config.choices import DEFAULT_LR
+    from expert_cli.config.fields import describe_fields
+    from expert_cli.config.models import AdapterSpec
+    from expert_cli.config.training_config import TrainingConfig
+
+    shown = {f.name: f.default for f in describe_fields(TrainingConfig)}
+    assert shown["learning_rate"] == f"unset: {DEFAULT_LR:g}" == "unset: 0.0002"
+    assert shown["rank"] == f"unset: the adapter's r, else {DEFAULT_RANK}"
+    assert shown["epochs"] == "unset: 1" and shown["eval_steps"] == "unset: save_steps"
+    assert shown["fused_loss"] == "unset"  # a choice of the machine: said by check
+    assert {f.name: f.default for f in describe_fields(AdapterSpec)}["alpha"] == "unset"

@@ -12,6 +12,15 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from expert_cli.config.adapters import DEFAULT_DROPOUT, DEFAULT_RANK
+from expert_cli.config.batching import DEFAULT_CPU_BATCH, DEFAULT_MAX_SEQ
+from expert_cli.config.choices import DEFAULT_LR, DEFAULT_WARMUP_RATIO
+from expert_cli.config.resolve import (
+    DEFAULT_LOGGING_STEPS,
+    DEFAULT_SAVE_LIMIT,
+    DEFAULT_SAVE_STEPS,
+)
+
 
 @dataclass(frozen=True)
 class FieldDoc:
@@ -25,15 +34,37 @@ class FieldDoc:
     meaning: str
 
 
+# what the resolution chooses for a training.config field left unset (config/resolve.py and
+# the modules it calls), as `check --list-settings` and docs/manifest.md say it
+UNSET_MEANS = {
+    "rank": f"the adapter's r, else {DEFAULT_RANK}",
+    "alpha": "the adapter's, else 2 x rank",
+    "dropout": f"the adapter's, else {DEFAULT_DROPOUT:g}",
+    "epochs": "1",
+    "learning_rate": f"{DEFAULT_LR:g}",
+    "lr_scheduler": "cosine",
+    "warmup_ratio": f"{DEFAULT_WARMUP_RATIO:g} where warmup_steps is unset too",
+    "batch_size": f"auto on a GPU, {DEFAULT_CPU_BATCH} on a CPU",
+    "max_seq_length": f"{DEFAULT_MAX_SEQ}",
+    "packing": "true",
+    "logging_steps": f"{DEFAULT_LOGGING_STEPS}",
+    "save_steps": f"{DEFAULT_SAVE_STEPS}",
+    "save_total_limit": f"{DEFAULT_SAVE_LIMIT}",
+    "eval_steps": "save_steps",
+}
+
+
 def describe_fields(model: type[BaseModel]) -> list[FieldDoc]:
-    """Every field of `model`, in declaration order."""
+    """Every field of `model`, in declaration order (training.config's with what an unset one
+    resolves to)."""
     hints = typing.get_type_hints(model, include_extras=True)
+    unset = UNSET_MEANS if model.__name__ == "TrainingConfig" else {}
     return [
         FieldDoc(
             name=name,
             alias=info.alias,
             type=type_name(hints[name]),
-            default=_default(info),
+            default=_default(info, unset.get(name)),
             limits=_bounds(info, hints[name]),
             meaning=info.description or "",
         )
@@ -72,13 +103,16 @@ def _annotated_bounds(annotation: object) -> list[object]:
     return found
 
 
-def _default(info: FieldInfo) -> str:
+def _default(info: FieldInfo, unset: str | None) -> str:
+    """The field's default; `unset`, what the resolution chooses for a field left unset."""
     if info.default_factory is not None:
         value = info.default_factory()  # type: ignore[call-arg]
         return "{}" if isinstance(value, BaseModel) else repr(value)
     if info.default is PydanticUndefined:
         return "required"
-    return repr(info.default) if info.default is not None else "unset"
+    if info.default is not None:
+        return repr(info.default)
+    return f"unset: {unset}" if unset else "unset"
 
 
 def _bounds(info: FieldInfo, annotation: object) -> str:
