@@ -139,6 +139,7 @@ def test_loss_falls_and_metrics_schema(demo_run: tuple[Path, Path, str]) -> None
     assert f"step 10/{STEPS}" in stdout and "evaluation " in stdout.split("step 10/")[1]
     assert all(w["grad_norm"] > 0 for w in windows)  # the window's last step's, unclipped
     assert f"grad-norm {windows[0]['grad_norm']:.3g}" in stdout
+    assert "  rss " in stdout and "  mem " not in stdout  # a CPU run's memory: its RSS
     apart = r"\(evaluation [\d.]+ s excluded, saves (<0\.1|[\d.]+) s excluded\)"
     assert re.search(r"completed\s+10 steps in [\d.]+ s " + apart, stdout)
     assert windows[-1]["loss"] < windows[0]["loss"]

@@ -285,6 +285,9 @@ def test_allocator_flushes_are_counted_per_window_and_named(monkeypatch) -> None
     note = flush_note(summary)
     assert note is not None and "4 time(s)" in note and "expandable_segments:True" in note
     assert window_line(rec, 10).endswith("allocator flushes 4")  # the console's window line
+    # a GPU's allocated memory is `mem`; a CPU run's figure is the process's resident set
+    assert "  mem 1.50 GB  " in window_line(rec, 10) and "rss" not in window_line(rec, 10)
+    assert "  rss 1.50 GB  " in window_line(rec, 10, on_cpu=True)
     # no CUDA: no figure at all, and no note
     monkeypatch.setattr(ThroughputMeter, "flushes", staticmethod(lambda: None))
     meter = _meter(FakeClock())

@@ -160,8 +160,9 @@ def print_decisions(
         console.print(labelled("note", "yellow", note, WIDTH))
 
 
-def window_line(record: dict[str, Any], max_steps: int | None) -> str:
-    """One logging window as a console line."""
+def window_line(record: dict[str, Any], max_steps: int | None, on_cpu: bool = False) -> str:
+    """One logging window as a console line (`on_cpu`: its peak memory is the process's
+    resident set, `rss`, not a GPU's allocated memory, `mem`)."""
     parts = [f"step {record['step']}" + (f"/{max_steps}" if max_steps else "")]
     if record.get("loss") is not None:
         parts.append(f"loss {record['loss']:.4g}")
@@ -173,7 +174,7 @@ def window_line(record: dict[str, Any], max_steps: int | None) -> str:
     parts.append(f"{record['samples_per_s']:,.1f} samples/s")
     parts.append(f"data-wait {100 * record['data_wait_fraction']:.1f}%")
     if record.get("peak_memory_gb") is not None:
-        parts.append(f"mem {record['peak_memory_gb']:.2f} GB")
+        parts.append(f"{'rss' if on_cpu else 'mem'} {record['peak_memory_gb']:.2f} GB")
     if record.get("mfu") is not None:
         parts.append(f"MFU {100 * record['mfu']:.1f}%")
     if record.get("allocator_flushes"):
@@ -262,6 +263,7 @@ class RichReporter:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.progress = ProgressCallback(console)
+        self.on_cpu = False  # where the model runs, known once it is loaded
 
     def data(self, data: PreparedData) -> None:
         print_data(self.console, data.stats, data.status, data.reason, data.cache_dir, data.earlier)
@@ -270,12 +272,14 @@ class RichReporter:
         self, resolved: ResolvedConfig, choices: ModelChoices, params: tuple[int, int]
     ) -> None:
         print_decisions(self.console, resolved, choices, *params)
+        self.on_cpu = choices.device == "cpu"
 
     def note(self, text: str) -> None:
         self.console.print(labelled("note", "yellow", text, WIDTH))
 
     def window(self, record: dict[str, Any]) -> None:
-        self.console.print(window_line(record, self.progress.max_steps), highlight=False)
+        line = window_line(record, self.progress.max_steps, self.on_cpu)
+        self.console.print(line, highlight=False)
 
     def callbacks(self) -> list[TrainerCallback]:
         return [self.progress]
