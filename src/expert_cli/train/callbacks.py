@@ -45,6 +45,9 @@ class ThroughputCallback(TrainerCallback):
         self.earlier = {key: list((earlier or {}).get(key, [])) for key in ("windows", "evals")}
         self.evals: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {}  # the summary's other entries (`stopped_early`)
+        # a resumed run's tokens before it (None: its earlier windows, of an older version,
+        # do not say theirs)
+        self._before = next((w.get("tokens_seen") for w in reversed(self.earlier["windows"])), 0)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.meter.step_ended()
@@ -77,9 +80,8 @@ class ThroughputCallback(TrainerCallback):
         resumed run's earlier ones included: losses of runs of other batch sizes compare at
         the same tokens, not the same step. Left out where a resumed run's earlier windows do
         not say theirs (recorded before it was)."""
-        before = next((w.get("tokens_seen") for w in reversed(self.earlier["windows"])), 0)
-        if before is not None:
-            record["tokens_seen"] = int(before + self.meter.totals["tokens"])
+        if self._before is not None:
+            record["tokens_seen"] = int(self._before + self.meter.totals["tokens"])
         return record
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -64,6 +64,9 @@ class PromptFormat:
     style: str
     template: str | None = None  # the prompt_template, or the response_template
     opening: str = ""  # a chat template's reasoning opening that training prompts did not end with
+    # what a prompt ends with where the chat template writes no generation prompt (the text the
+    # answers trained after: formatting.unwritten_header), worked out once per run
+    closing: str = ""
 
     @property
     def described(self) -> str:
@@ -86,7 +89,7 @@ class PromptFormat:
         system turn before it, where the layout has one; `tools`, definitions its chat
         template writes."""
         if self.style == "messages":
-            return _chat(with_tools(tokenizer, tools), text, system, self.opening, self.template)
+            return _chat(with_tools(tokenizer, tools), text, system, self.opening, self.closing)
         if tools:
             raise UserError(
                 "--tools: the run trained on prompts laid out without a chat template "
@@ -131,14 +134,15 @@ def prompt_format(
         ]
     if kind == "instruction" and resolved.prompt_template == CHAT_TEMPLATE:
         kind = "messages"  # trained as conversations of the tokenizer's chat template
+    closing = unwritten_header(tokenizer, resolved.response_template) if kind == "messages" else ""
     if kind == "messages" and (opening := turn_layout(tokenizer).opening):
-        return PromptFormat(kind, resolved.response_template, opening), [
+        return PromptFormat(kind, opening=opening, closing=closing), [
             f"prompts end before the chat template's {opening.strip()}, as the training "
             "conversations' answers followed the turn's header (the template writes it before "
             "no answer)"
         ]
-    if kind == "messages":  # its response_template, where the template writes no prompt
-        return PromptFormat(kind, resolved.response_template), []
+    if kind == "messages":
+        return PromptFormat(kind, closing=closing), []
     if kind != "text":
         return PromptFormat(kind, resolved.prompt_template), []
     if resolved.response_template:
@@ -181,12 +185,9 @@ def _style_counts(stats: Mapping[str, Any]) -> dict[str, int]:
     return {s: n for s, n in styles.items() if s in TEXT_STYLES and isinstance(n, int) and n > 0}
 
 
-def _chat(
-    tokenizer: Any, text: str, system: str | None, opening: str, marker: str | None
-) -> list[int]:
+def _chat(tokenizer: Any, text: str, system: str | None, opening: str, closing: str) -> list[int]:
     """The chat template's prompt of one user turn; where the template writes no generation
-    prompt, ended with what the answers were trained after (`marker`, the response_template,
-    else the assistant marker the build found: formatting.unwritten_header)."""
+    prompt, ended with `closing`, what the answers were trained after."""
     turns = [{"role": "system", "content": system}] if system else []
     turns.append({"role": "user", "content": text})
     try:
@@ -207,8 +208,7 @@ def _chat(
         )
     if opening and rendered.endswith(opening):
         rendered = rendered[: -len(opening)]
-    rendered += unwritten_header(tokenizer, marker)
-    return tokenizer(rendered, add_special_tokens=False, verbose=False)["input_ids"]
+    return tokenizer(rendered + closing, add_special_tokens=False, verbose=False)["input_ids"]
 
 
 def _encoded(tokenizer: Any, prompt: str) -> list[int]:
