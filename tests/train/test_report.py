@@ -588,3 +588,17 @@ def test_two_losses_are_shown_apart() -> None:
     assert apart(8.07408, 8.07447) == ("8.0741", "8.0745")
     assert apart(1.2, 1.3) == ("1.2", "1.3")
     assert apart(2.0, 2.0 + 1e-12) == ("2", "2")  # no closer than 8 digits: as they are
+
+
+def test_no_lower_loss_note_where_the_losses_agree_to_eight_digits(tmp_path: Path) -> None:
+    """A checkpoint 1e-12 below the final adapter was said to have "a lower eval loss (2 at
+    step 10) than final (2)"."""
+    from expert_cli.train.choice import lower_loss_note
+
+    run = _fake_run(tmp_path / "run", [10], [(10, 2.0), (20, 2.0 + 1e-12)], 20)
+    assert lower_loss_note(run, "final") is None
+    run = _fake_run(tmp_path / "run2", [10], [(10, 2.0), (20, 2.0 + 1e-6)], 20)
+    assert lower_loss_note(run, "final") == (
+        "checkpoint-10 has a lower eval loss (2 at step 10) than final (2.000001): "
+        "--checkpoint best ships it"
+    )

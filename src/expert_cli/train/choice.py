@@ -185,6 +185,8 @@ def lower_loss_note(run_dir: Path, name: str, ship_with: str = "--checkpoint bes
         )
     if best.eval_loss is not None and best.eval_loss < shipped.eval_loss:
         low, high = apart(best.eval_loss, shipped.eval_loss)
+        if low == high:  # equal to 8 significant digits: no lower loss worth a note
+            return None
         return (
             f"{best.name} has a lower eval loss ({low} at step {best.step}) "
             f"than {name} ({high}): {ship_with} ships it"
