@@ -83,7 +83,8 @@ def merge(
         MergeDtype | None,
         typer.Option(
             "--dtype",
-            help="Save the merged weights in bf16, fp16 or fp32 (merged in fp32 first). "
+            help="Save the merged weights in bf16, fp16 or fp32 (merged in fp32 first: the "
+            "base is held in fp32, 4 bytes a weight, twice a bf16 base's memory). "
             "Default: the dtype the base trained in (fp32 for a CPU run).",
         ),
     ] = None,
