@@ -153,3 +153,7 @@ def test_a_template_given_over_the_bases_own_is_said(tmp_path: Path, tiny_model_
     bare = without_chat_template(tiny_model_dir, tmp_path / "b")
     alone = resolve(load_manifest(_expert(tmp_path / "c", bare, "chatml")), cpu_environment())
     assert not any(n.startswith(said) for n in alone.notes)
+    (bare / "additional_chat_templates").mkdir()  # named templates the tokenizer reads
+    (bare / "additional_chat_templates" / "tool_use.jinja").write_text("{{ messages }}")
+    named = resolve(load_manifest(_expert(tmp_path / "d", bare, "chatml")), cpu_environment())
+    assert any(n.startswith(said) for n in named.notes)

@@ -159,9 +159,14 @@ def base_model_settings(lm: LoadedManifest) -> dict[str, Any]:
 
 
 def _has_own_template(model: Path) -> bool:
-    """Whether a local base folder holds a chat template of its own (a hub model's is not
-    looked up here)."""
-    if path_is_file(model / "chat_template.jinja"):
+    """Whether a local base folder holds a chat template of its own, where transformers'
+    tokenizer reads one (a hub model's is not looked up here): chat_template.jinja, named
+    ones under additional_chat_templates/, or tokenizer_config.json's (chat_template.json is
+    a multimodal processor's, which a causal LM's tokenizer does not read)."""
+    if (
+        path_is_file(model / "chat_template.jinja")
+        or (model / "additional_chat_templates").is_dir()
+    ):
         return True
     try:
         with open(model / "tokenizer_config.json", "rb") as file:
@@ -308,7 +313,8 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     if base["chat_template"] and _has_own_template(Path(base["base_model"])):
         notes.append(
             "base_models[0].chat_template: replaces the base model's own chat template (its "
-            "chat_template.jinja or tokenizer_config.json's); the run's tokenizer ships it"
+            "chat_template.jinja, additional_chat_templates/ or tokenizer_config.json's); the "
+            "run's tokenizer ships it"
         )
     return ResolvedConfig(
         expert=lm.manifest.name,
