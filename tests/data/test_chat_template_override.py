@@ -157,3 +157,57 @@ def test_a_template_given_over_the_bases_own_is_said(tmp_path: Path, tiny_model_
     (bare / "additional_chat_templates" / "tool_use.jinja").write_text("{{ messages }}")
     named = resolve(load_manifest(_expert(tmp_path / "d", bare, "chatml")), cpu_environment())
     assert any(n.startswith(said) for n in named.notes)
+
+
+def test_a_template_that_loops_without_end_is_refused_in_time(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch
+) -> None:
+    """A chat template of nested loops held check for hours: its first render is bounded
+    (10 s; half a second here), and check names the file."""
+    import time
+
+    from expert_cli.data import tokenizer
+
+    monkeypatch.setattr(tokenizer, "TEMPLATE_SECONDS", 0.5)
+    template = tmp_path / "slow.jinja"
+    template.write_text(
+        "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    began = time.monotonic()
+    report = check_manifest(_expert(tmp_path, _bare_model(tmp_path, tiny_model_dir), str(template)))
+    assert time.monotonic() - began < 30
+    said = " ".join(report.problems)
+    assert f"chat template (the file {template}) took over 0.5 s to render" in said, said
+
+
+def test_a_deadline_bounds_the_main_thread_and_gives_back_an_outer_timer() -> None:
+    import signal
+    import threading
+
+    import pytest
+
+    from expert_cli.deadline import TimedOut, deadline
+
+    handler, timer = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)
+    try:  # pytest-timeout's own timer set aside for the test
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        with pytest.raises(TimedOut), deadline(0.05) as bound:
+            while True:
+                pass
+        assert bound.bounded and bound.expired
+        with deadline(5) as bound:
+            pass
+        assert not bound.expired and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        assert signal.getsignal(signal.SIGALRM) is handler
+        signal.setitimer(signal.ITIMER_REAL, 100)  # an outer timer goes on after
+        with deadline(5):
+            pass
+        assert 99 < signal.getitimer(signal.ITIMER_REAL)[0] <= 100
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *timer)
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(deadline(1).__enter__().bounded))
+    thread.start()
+    thread.join()
+    assert seen == [False]  # off the main thread it cannot bound, and says so

@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoTokenizer
 from expert_cli.config.base import encodes
 from expert_cli.config.refs import windows_note
 from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.deadline import deadline
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, path_is_dir, shown_path
 
@@ -143,6 +144,7 @@ def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTra
     _refuse_unusable(tokenizer, resolved.base_model)
     if resolved.chat_template:  # saved with the run's tokenizer: generate and merge use it
         tokenizer.chat_template = chat_template_text(resolved.chat_template)
+    _refuse_endless_template(tokenizer, resolved.chat_template)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
         log.info("tokenizer has no pad token; using eos %r as pad", tokenizer.eos_token)
@@ -156,6 +158,27 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 MAX_TEMPLATE_BYTES = 1 << 20  # a chat template file: Jinja text, never this large
+TEMPLATE_SECONDS = 10  # a chat template's render; one that runs longer loops without end
+
+
+def _refuse_endless_template(tokenizer: Any, given: str | None) -> None:
+    """A chat template that runs over TEMPLATE_SECONDS on a two-message conversation (Jinja
+    loops without end) is refused, naming where it came from; a template that raises is left
+    to the data's checks (text data does not use it)."""
+    if not tokenizer.chat_template:
+        return
+    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    try:
+        with deadline(TEMPLATE_SECONDS) as bound:
+            tokenizer.apply_chat_template(probe, tokenize=False)
+    except Exception:  # noqa: BLE001 - said where the data uses the template, if not timed out
+        if not bound.expired:
+            return
+        where = f"the file {shown_path(given)}" if given and given != "chatml" else "the model's"
+        raise UserError(
+            f"base_models[0]: the chat template ({where}) took over {TEMPLATE_SECONDS} s to "
+            "render a two-message conversation (a loop without end?); fix the template"
+        ) from None
 
 
 def chat_template_text(given: str) -> str:
