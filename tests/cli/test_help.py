@@ -42,6 +42,28 @@ def test_the_settings_set_accepts(cli) -> None:
     assert table.returncode == 0 and "learning_rate" in table.stdout
 
 
+@pytest.mark.parametrize("columns", [80, 200])
+def test_the_settings_show_each_key_whole_at_any_width(columns) -> None:
+    """At 80 columns the five-column table cut keys short (`target_modul…`) and wrapped each
+    meaning a word a line: narrower than 140 columns each key is a block, no line too wide."""
+    from train_helpers import run_here
+
+    from expert_cli.config import TrainingConfig
+    from expert_cli.config.fields import describe_fields
+
+    out = run_here("check", "--list-settings", env={"COLUMNS": str(columns)})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(map(len, lines)) <= columns
+    assert "…" not in out.stdout
+    for doc in describe_fields(TrainingConfig):
+        if columns < 140:
+            assert any(line.startswith(f"{doc.name}  ") for line in lines), doc.name
+        else:
+            assert any(line.startswith(f"│ {doc.name} ") for line in lines), doc.name
+    assert ("default unset: 0.0002; limits > 0, <= 1. Peak" in out.stdout) == (columns < 140)
+
+
 def test_set_mistakes_are_blamed_on_the_option_with_a_suggestion(cli) -> None:
     out = cli("check", "-m", DEMO, "--set", "lr=1e-3", "--set", "rank=0", "--set", "seq_len=9")
     assert out.returncode == 2

@@ -271,3 +271,11 @@ def test_cli_json_and_table(hf_home: Path, experts: Path) -> None:
     assert narrow.exit_code == 0, narrow.output
     usage = narrow.output[narrow.output.index("datasets named by manifests") :]
     assert "\u2026" not in usage and "manifest" in usage
+    # each cached dataset's path on a line of its own, whole (a 7-column table folded it
+    # over a dozen lines at 80 columns)
+    lines = narrow.output.splitlines()
+    for entry in data["datasets"]:
+        assert f"    {entry['path']}" in lines, entry["path"]
+    manifest = experts / "b" / "manifest.json"
+    said = f"{manifest}: training.dataset.tasks.z.train openai/gsm8k (hub, NOT cached)"
+    assert said in lines and f"not cached: openai/gsm8k (needed by {manifest})" in lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -14,6 +15,8 @@ from expert_cli.paths import shown_path
 
 if TYPE_CHECKING:
     from expert_cli.data.checks import CheckReport
+
+WIDE_SETTINGS = 140  # columns the settings' table needs to show each key whole
 
 
 def check(
@@ -139,17 +142,34 @@ def render_settings(as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps([asdict(d) for d in docs], indent=2))
         return
-    table = Table("key", "type", "default", "limits", "meaning", title="--set KEY=VALUE")
-    for doc in docs:
-        table.add_row(
-            *(Text(v) for v in (doc.name, doc.type, doc.default, doc.limits, doc.meaning))
-        )
     out = console()
-    out.print(table)
+    width = max(out.width, 40)
+
+    def wrapped(text: str, indent: str = "", later: str = "    ") -> str:
+        lines = textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=later,
+                              break_on_hyphens=False)  # fmt: skip
+        return "\n".join(lines)
+
+    if width >= WIDE_SETTINGS:
+        table = Table("key", "type", "default", "limits", "meaning", title="--set KEY=VALUE")
+        for doc in docs:
+            table.add_row(
+                *(Text(v) for v in (doc.name, doc.type, doc.default, doc.limits, doc.meaning))
+            )
+        out.print(table)
+    else:  # five columns cut the keys themselves short (target_modul…): one block a key
+        out.print("--set KEY=VALUE", markup=False)
+        for doc in docs:
+            out.print(wrapped(f"{doc.name}  {doc.type}", later="      "), markup=False)
+            facts = [f"default {doc.default}", *([f"limits {doc.limits}"] if doc.limits else [])]
+            out.print(wrapped("; ".join(facts) + f". {doc.meaning}", "    "), markup=False)
     out.print(
-        "A bare KEY sets training.config.KEY (or the top-level field of that name: version, "
-        "description...); a dotted path sets any field, e.g. "
-        "--set base_models.0.quantization=int4. Values are JSON where they parse as JSON.",
+        wrapped(
+            "A bare KEY sets training.config.KEY (or the top-level field of that name: "
+            "version, description...); a dotted path sets any field, e.g. "
+            "--set base_models.0.quantization=int4. Values are JSON where they parse as JSON.",
+            later="",
+        ),
         markup=False,
     )
 

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from expert_cli.data.earlier import Earlier
     from expert_cli.data.pretokenize import Outcome
 
+WIDE_DATASETS = 160  # columns the cached datasets' table needs to show a path on a line or two
+
 
 def pretokenize(
     manifest: Annotated[
@@ -181,6 +183,35 @@ def find_datasets(
         render_discovery(result)
 
 
+def _dataset_blocks(result: dict[str, Any], console: Any) -> None:
+    """The cached datasets one block each, for a terminal too narrow for their table: the
+    name and its facts, then its path on a line of its own (wrapped by the terminal alone,
+    so it is copied whole); the other lines as the wide layout prints them."""
+    from expert_cli.cli.render import plain
+
+    roots = result["cache_roots"]
+    console.print(
+        plain(f"cached datasets (datasets: {roots['datasets']}, hub: {roots['hub']})"),
+        soft_wrap=True,
+    )
+    for e in result["datasets"]:
+        used = ", ".join(Path(m).parent.name for m in e.get("used_by", [])) or "-"
+        facts = (
+            f"config {e['config'] or '-'}, revision {(e['revision'] or '-')[:40]}, "
+            f"{e['size']}, {e['layout']}, used by {used}"
+        )
+        console.print(plain(f"{e['name']}  ({facts})"), soft_wrap=True)
+        console.print(plain(f"    {e['path']}"), soft_wrap=True)
+    if result["manifests"]:
+        console.print("datasets named by manifests", markup=False)
+    for m in result["manifests"]:
+        for ref in m["datasets"]:
+            cached = {True: "cached", False: "NOT cached", None: "-"}[ref["cached"]]
+            line = f"{m['manifest']}: {ref['field']} {ref['id']} ({ref['kind']}, {cached})"
+            console.print(plain(line), soft_wrap=True)
+    _discovery_lines(result, console)
+
+
 def render_discovery(result: dict[str, Any]) -> None:
     """Print the cached datasets, the manifests' datasets and what is missing, as tables."""
     from rich.table import Table
@@ -189,6 +220,9 @@ def render_discovery(result: dict[str, Any]) -> None:
 
     console = SafeConsole(highlight=False)  # tables wrap long names themselves
     roots = result["cache_roots"]
+    if console.width < WIDE_DATASETS:  # seven columns fold each path over a dozen lines
+        _dataset_blocks(result, console)
+        return
     table = Table(
         title=f"cached datasets (datasets: {roots['datasets']}, hub: {roots['hub']})",
         title_justify="left",
@@ -216,17 +250,24 @@ def render_discovery(result: dict[str, Any]) -> None:
                 cells = (m["manifest"], ref["field"], ref["id"], ref["kind"])
                 usage.add_row(*(plain(c) for c in cells), cached)
         console.print(usage)
-    for item in result["missing"]:
-        console.print(
-            f"not cached: {item['id']} (needed by {', '.join(item['needed_by'])})", markup=False
-        )
-    for path in result["absent"]:  # a mistyped HF_HOME reads as "no datasets" otherwise
-        console.print(f"not there: {path} (no dataset is cached in it)", markup=False)
-    for path in result["empty"]:
-        console.print(
-            f"not listed: {path} (its snapshots hold no downloaded file; a download stopped "
-            "early? download it again)",
-            markup=False,
-        )
-    for line in result["problems"]:
-        console.print(f"problem: {line}", markup=False)
+    _discovery_lines(result, console)
+
+
+def _discovery_lines(result: dict[str, Any], console: Any) -> None:
+    """What is missing, absent, empty, or a problem: one line each, wrapped by the terminal
+    alone (rich broke a path it held mid-name)."""
+    from expert_cli.cli.render import plain
+
+    lines = [
+        f"not cached: {m['id']} (needed by {', '.join(m['needed_by'])})" for m in result["missing"]
+    ]
+    # a mistyped HF_HOME reads as "no datasets" otherwise
+    lines += [f"not there: {path} (no dataset is cached in it)" for path in result["absent"]]
+    lines += [
+        f"not listed: {path} (its snapshots hold no downloaded file; a download stopped early? "
+        "download it again)"
+        for path in result["empty"]
+    ]
+    lines += [f"problem: {line}" for line in result["problems"]]
+    for line in lines:
+        console.print(plain(line), soft_wrap=True)
