@@ -141,6 +141,7 @@ def print_decisions(
         ""
         if kind == "ia3"
         else f" r={resolved.rank} alpha={resolved.alpha:g} dropout={resolved.dropout:g}"
+        + (" rslora (alpha / sqrt(r))" if resolved.use_rslora else "")
     )
     console.print(
         f"{kind}{shape} targets={resolved.target_modules}: "

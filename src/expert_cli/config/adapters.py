@@ -61,6 +61,11 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
         )
     if spec and spec.use_dora and kind not in ("lora", "dora"):
         notes.append(f"use_dora: DoRA decomposes LoRA weights; not applied to {kind}")
+    rslora = bool(cfg.use_rslora) and kind in ("lora", "dora")
+    if cfg.use_rslora and not rslora:
+        notes.append(
+            f"use_rslora: rank-stabilised scaling is LoRA's and DoRA's; not applied to {kind}"
+        )
     if spec and spec.use_dora and cfg.adapter_type == "lora":  # asked plain LoRA by name
         notes.append(
             "adapter_type: lora with the adapter entry's use_dora true trains DoRA (LoRA "
@@ -98,11 +103,16 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
     if use_dora and dropout > 0:  # use_dora: the adapter is LoRA or DoRA
         notes.append(DORA_DROPOUT.format(dropout=dropout))
     scaling = spec.scaling if spec else None
-    if scaling and scaling not in ("standard", "default", *(("dora",) if use_dora else ())):
+    named = ("rslora",) if rslora else ("standard", "default", *(("dora",) if use_dora else ()))
+    if scaling and scaling not in named:
         notes.append(
             "scaling: kept as written, not applied: the adapter's output is scaled by "
-            "alpha / r (peft's standard LoRA scaling; standard, default and, for DoRA, dora "
-            "name it)"
+            + (
+                "alpha / sqrt(r) (training.config.use_rslora; rslora names it)"
+                if rslora
+                else "alpha / r (peft's standard LoRA scaling; standard, default and, for DoRA, "
+                "dora name it; training.config.use_rslora true scales by alpha / sqrt(r))"
+            )
         )
     return dict(
         adapter_type=kind,
@@ -114,6 +124,7 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
             cfg.feedforward_modules, spec.feedforward_modules if spec else None
         ),
         use_dora=use_dora,
+        use_rslora=rslora,
     )
 
 

@@ -51,6 +51,7 @@ UNSET_MEANS = {
     "save_steps": f"{DEFAULT_SAVE_STEPS}",
     "save_total_limit": f"{DEFAULT_SAVE_LIMIT}",
     "eval_steps": "save_steps",
+    "use_rslora": "false",
 }
 
 

@@ -64,6 +64,7 @@ class ResolvedConfig(BaseModel):
     target_modules: list[str] | Literal["all-linear"]
     feedforward_modules: list[str] | None
     use_dora: bool
+    use_rslora: bool = False  # alpha / sqrt(rank): peft's rank-stabilised LoRA
     # data
     train_sources: list[SourceRef]
     validation_sources: list[SourceRef]

@@ -101,6 +101,13 @@ class TrainingConfig(Strict):
         None, description='Modules to adapt, or "all-linear".'
     )
     feedforward_modules: list[str] | None = Field(None, description="IA3 feed-forward modules.")
+    use_rslora: bool | None = Field(
+        None,
+        description="Extension: rank-stabilised LoRA (LoRA and DoRA): the adapter's output "
+        "scaled by alpha / sqrt(rank) in place of alpha / rank, so a high rank learns as a low "
+        "one does at the same alpha. A package folds sqrt(rank) into lora_B: HiveLLM's runtime "
+        "applies alpha / rank.",
+    )
     epochs: float | None = Field(
         None, gt=0, le=MAX_EPOCHS, description="Epochs; fractions allowed."
     )

@@ -80,6 +80,7 @@ def adapter_config(
             lora_dropout=resolved.dropout,
             target_modules=targets,
             use_dora=resolved.use_dora,
+            use_rslora=resolved.use_rslora,
             bias="none",
             task_type="CAUSAL_LM",
         )

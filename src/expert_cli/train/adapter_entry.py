@@ -209,6 +209,12 @@ def runtime_notes(config: dict[str, Any]) -> list[str]:
             f"adapter_config.json: {key} {config[key]:g} is a decimal; HiveLLM's runtime reads "
             "a whole number only, and applies the adapter at scale 1 instead of alpha / r"
         )
+    if kind == "LORA" and config.get("use_rslora") is True:  # a package expert-cli did not make
+        notes.append(
+            "adapter_config.json: use_rslora is true (scale alpha / sqrt(r)); HiveLLM's runtime "
+            "reads r and lora_alpha and applies alpha / r, sqrt(r) times weaker than trained "
+            "(expert-cli's package folds sqrt(r) into lora_B)"
+        )
     held = NOT_APPLIED.get(kind)
     if kind == "LORA" and config.get("use_dora") is True:
         held = "DoRA's magnitude vectors"

@@ -23,6 +23,7 @@ reads it). The package is read back and verified before it is reported written.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -59,6 +60,7 @@ from expert_cli.train.package_check import (
 from expert_cli.train.package_members import EXPERT_FILES, write_tar
 from expert_cli.train.package_output import refuse_output, stale
 from expert_cli.train.package_sum import CHECKSUM_SUFFIX
+from expert_cli.train.rslora_fold import folded, folded_note, is_rslora
 from expert_cli.train.run_source import as_trained, edited_since, run_manifest
 from expert_cli.train.tokenizer_files import tokenizer_folder, tokenizer_members
 from expert_cli.weights import unchanged_adapter
@@ -188,16 +190,24 @@ def _adapter_members(
         )
     config = json.loads(_file(weights_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
     config = entry.whole_alpha({**config, "base_model_name_or_path": base_name})  # 16, not 16.0
+    shipped: bytes | Path = weights
+    folds = is_rslora(config)
+    if folds:  # HiveLLM's runtime scales by alpha / r: the weights carry rsLoRA's sqrt(r)
+        shipped, config = folded(weights, config)
     notes = completed_for_package(manifest, resolved, config) + entry.runtime_notes(config)
+    notes += [folded_note(config)] if folds else []
     adapter = adapters_of(manifest)[0][0]
-    adapter["size_bytes"], adapter["sha256"] = weights.stat().st_size, sha256_of(weights)
+    if isinstance(shipped, bytes):
+        adapter["size_bytes"], adapter["sha256"] = len(shipped), hashlib.sha256(shipped).hexdigest()
+    else:
+        adapter["size_bytes"], adapter["sha256"] = weights.stat().st_size, sha256_of(weights)
     if step is not None:  # a checkpoint's: the entry says which step it holds
         adapter["checkpoint_step"] = step
     else:
         adapter.pop("checkpoint_step", None)  # a step the run's copy named, not this adapter's
     members: Members = {  # at the root: the only place HiveLLM's loader looks
         "manifest.json": (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode(),
-        ADAPTER_FILES[0]: weights,
+        ADAPTER_FILES[0]: shipped,
         ADAPTER_FILES[1]: (json.dumps(config, indent=2) + "\n").encode(),
     }
     return members, notes

@@ -21,6 +21,7 @@ SAME_RUN_FIELDS = (
     "dropout",
     "target_modules",
     "use_dora",
+    "use_rslora",
     "feedforward_modules",
     "train_sources",
     "validation_sources",
@@ -42,16 +43,19 @@ SAME_RUN_FIELDS = (
     "optim",
     "neftune_noise_alpha",  # the embeddings' noise: another training from the resumed step
 )
+# fields a run records since a later version, and what a run recorded before them had
+ABSENT_MEANS: dict[str, Any] = {"use_rslora": False, "neftune_noise_alpha": None}
 
 
 def changed_fields(previous: dict[str, Any], resolved: ResolvedConfig) -> list[str]:
     """`field old -> new` for each field a resumed run must keep but does not (numbers and
     true/false; a text or list field is named alone, its values are not quoted)."""
     now = resolved.model_dump(mode="json")
+    then = {**ABSENT_MEANS, **previous}
     return [
-        _change(key, previous.get(key), now.get(key))
+        _change(key, then.get(key), now.get(key))
         for key in SAME_RUN_FIELDS
-        if key in previous and _compared(key, previous.get(key)) != _compared(key, now.get(key))
+        if key in then and _compared(key, then.get(key)) != _compared(key, now.get(key))
     ]
 
 
