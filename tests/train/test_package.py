@@ -1106,7 +1106,9 @@ def test_an_adapter_entry_takes_the_targets_and_dropout_trained() -> None:
 
 def test_manifest_edits_since_the_run_are_named(v2_run: Path, tmp_path: Path) -> None:
     """A description or decoding edited in manifest.json after training was left out of the
-    package (it ships the run's manifest.source.json) without a word."""
+    package (it ships the run's manifest.source.json) without a word; then they could be
+    shipped only by editing the run's copy: what describes and decodes the expert is taken
+    from the file as it is now, said; an edit that changes training is still named."""
     expert = tmp_path / "expert-tiny"
     shutil.copytree(v2_run.parent, expert, ignore=shutil.ignore_patterns("out", ".cache"))
     run, _ = _adapter_copy(v2_run, tmp_path)
@@ -1128,13 +1130,37 @@ def test_manifest_edits_since_the_run_are_named(v2_run: Path, tmp_path: Path) ->
     manifest["description"] = "A better description."
     manifest["training"]["decoding"]["temperature"] = 0.7
     manifest["tags"] = ["sql"]
+    manifest["author"] = "me"
+    manifest["training"]["config"]["rank"] = 2  # changes training: named, not taken
     (expert / "manifest.json").write_text(json.dumps(manifest))
-    (note,) = package_notes()
-    assert note.startswith(
-        f"{expert / 'manifest.json'}: edited since the run (description, training.decoding, tags);"
+    out = tmp_path / "x.expert"
+    done = run_here("package", "--adapter", str(run), "--output", str(out), "--json", "--force")
+    assert done.returncode == 0, done.stdout + done.stderr
+    notes = json.loads(done.stdout)["notes"]
+    assert f"{expert / 'manifest.json'}: edited since the run (training.config);" in " ".join(notes)
+    assert (
+        f"description, author, tags, training.decoding: as {expert / 'manifest.json'} holds them "
+        "now (edited since the run; describing the expert, not what it trained)"
+    ) in notes
+    shipped = json.loads(_unpack(out)["manifest.json"])
+    assert shipped["description"] == "A better description." and shipped["tags"] == ["sql"]
+    assert shipped["author"] == "me" and shipped["training"]["decoding"]["temperature"] == 0.7
+    assert shipped["training"]["config"]["rank"] != 2  # as trained
+    tried = run_here("generate", "--adapter", str(run), "-p", "SELECT", "--max-new-tokens", "2",
+                     "--json")  # fmt: skip
+    assert tried.returncode == 0, tried.stdout + tried.stderr
+    result = json.loads(tried.stdout)
+    assert result["settings"]["temperature"] == 0.7  # generate decodes as the file says now
+    assert any(
+        n.startswith(f"training.decoding: as {expert / 'manifest.json'} holds it now")
+        for n in result["notes"]
     )
-    shipped = json.loads(_unpack(tmp_path / "x.expert")["manifest.json"])
-    assert shipped["description"] == "A test expert."  # as trained, and said so
+    manifest["version"] = "0.1/2"  # not a file name part: named in the file
+    (expert / "manifest.json").write_text(json.dumps(manifest))
+    done = run_here("package", "--adapter", str(run), "--output", str(out), "--force")
+    assert done.returncode == 2
+    said = " ".join((done.stdout + done.stderr).split())
+    assert f"{expert / 'manifest.json'} (its later edits): version" in said, said
 
 
 def test_a_note_of_the_package_check_is_said_once(v2_run: Path, tmp_path: Path) -> None:

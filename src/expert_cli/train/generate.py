@@ -35,7 +35,7 @@ from expert_cli.train.outputs import (
 )
 from expert_cli.train.prompt_format import prompt_format
 from expert_cli.train.prompts import asked
-from expert_cli.train.run_source import as_trained, source_manifest
+from expert_cli.train.run_source import as_trained, later_edits, source_manifest, taken_note
 from expert_cli.train.tokenizer_files import Stops, layout_stops, saved_tokenizer
 
 DEFAULT_NEW_TOKENS = 256
@@ -172,8 +172,14 @@ def load_run(adapter: Path) -> LoadedRun:
         raise UserError(
             f"{run_dir / 'manifest.resolved.json'}: not a run's configuration"
         ) from None
-    # a damaged copy is exit 2 naming it; a --set training.decoding... train was given applies
-    source, _ = as_trained(source_manifest(run_dir), {"runtime": runtime})
+    # a damaged copy is exit 2 naming it; a --set training.decoding... train was given applies,
+    # and the manifest file's decoding where it was edited since
+    copied, where = source_manifest(run_dir), Path(resolved.manifest_path)
+    source, _ = as_trained(copied, {"runtime": runtime})
+    source, taken = later_edits(source, copied, where) if copied else (source, [])
+    # how the base loaded (dequantized, weights left out); decoding edited since the run
+    decoded = "training.decoding" in taken
+    loaded = [taken_note(["training.decoding"], where)] if decoded else []
     training = source.get("training")
     decoding = (training or {}).get("decoding") if isinstance(training, dict) else None
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -181,7 +187,6 @@ def load_run(adapter: Path) -> LoadedRun:
     # trained in bf16: NaN logits)
     dtype = torch.bfloat16 if device == "cuda" and hardware_bf16() else None
     tokenizer = saved_tokenizer(adapter, run_dir)
-    loaded: list[str] = []  # how the base loaded: dequantized, weights left out
     model = load_adapted(adapter, base, dtype or torch.float32, loaded).to(device).eval()
     decoding = decoding if isinstance(decoding, dict) else {}
     record = runtime.get("data") if isinstance(runtime, dict) else None

@@ -61,7 +61,13 @@ from expert_cli.train.package_members import EXPERT_FILES, write_tar
 from expert_cli.train.package_output import refuse_output, stale
 from expert_cli.train.package_sum import CHECKSUM_SUFFIX
 from expert_cli.train.rslora_fold import folded, folded_note, is_rslora
-from expert_cli.train.run_source import as_trained, edited_since, run_manifest
+from expert_cli.train.run_source import (
+    as_trained,
+    edited_since,
+    later_edits,
+    run_manifest,
+    taken_note,
+)
 from expert_cli.train.tokenizer_files import tokenizer_folder, tokenizer_members
 from expert_cli.weights import unchanged_adapter
 
@@ -283,13 +289,15 @@ def plan_members(
         raise final_problem  # a folder train did not write (a damaged record is named below)
     source, manifest_path = run_manifest(run_dir, resolved)
     edited = edited_since(run_dir, source, manifest_path)
-    source, notes = as_trained(source, resolved)
-    notes += edited
+    trained, notes = as_trained(source, resolved)
+    source, taken = later_edits(trained, source, manifest_path)
+    notes += edited + ([taken_note(taken, manifest_path)] if taken else [])
     manifest = copy.deepcopy(source)
     try:  # comments included: they are written into the package
         parsed = Manifest.model_validate(copy.deepcopy(source))
     except ValidationError as exc:
-        raise UserError([f"{SOURCE_MANIFEST}: {line}" for line in format_errors(exc)]) from None
+        where = f"{shown_path(manifest_path)} (its later edits)" if taken else SOURCE_MANIFEST
+        raise UserError([f"{where}: {line}" for line in format_errors(exc)]) from None
     chosen = chosen_checkpoint(run_dir, checkpoint, manifest_path, source)
     weights_dir, shipped_notes = _shipped(run_dir, checkpoint, chosen, final_problem)
     notes += shipped_notes

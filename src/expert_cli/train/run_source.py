@@ -7,6 +7,7 @@ those naming places on the training machine.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,17 @@ def run_manifest(run_dir: Path, resolved: dict[str, Any]) -> tuple[dict[str, Any
 SHOWN_EDITS = 4  # edited fields a note names
 # fields a manifest is given after training, for package to read (packaging.md)
 AFTER_TRAINING = {"training.packaging_checkpoint"}
+# fields that describe, route, evaluate and decode the expert, not what was trained: improved
+# in the manifest file after training, package ships them and generate decodes with them as
+# the file holds them then
+LATER: tuple[tuple[str, ...], ...] = (
+    *((name,) for name in (
+        "version", "description", "author", "homepage", "repository", "license", "tags",
+        "capabilities", "routing", "constraints", "perf", "runtime", "limitations",
+        "quality_metrics", "evaluation", "integrity",
+    )),
+    ("training", "decoding"),
+)  # fmt: skip
 
 
 def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> list[str]:
@@ -69,7 +81,12 @@ def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> 
         now = read_manifest_json(manifest_path)
     except UserError:  # not readable now: the run's copy is what counts
         return []
-    changed = [n for n in _changed(source, now, "") if n not in AFTER_TRAINING]
+    later = [".".join(where) for where in LATER]
+    changed = [
+        n
+        for n in _changed(source, now, "")
+        if n not in AFTER_TRAINING and not any(n == w or n.startswith(f"{w}.") for w in later)
+    ]
     if not changed:
         return []
     names = ", ".join(changed[:SHOWN_EDITS])
@@ -77,10 +94,46 @@ def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> 
     names += f" and {more} more" if more > 0 else ""
     return [
         f"{shown_path(manifest_path)}: edited since the run ({names}); the package holds the "
-        f"manifest the adapter was trained from (the run's {SOURCE_MANIFEST}): train again to "
-        "ship the edits, or make edits that do not change training (description, "
-        f"capabilities, training.decoding) in {SOURCE_MANIFEST} too"
+        f"manifest the adapter was trained from (the run's {SOURCE_MANIFEST}) but for how the "
+        "expert is described and decoded (description, version, capabilities, "
+        "training.decoding ..., taken as the file holds them): train again to ship the edits"
     ]
+
+
+def taken_note(taken: list[str], manifest_path: Path) -> str:
+    """What a command took from the manifest file as edited since the run."""
+    names = ", ".join(taken[:SHOWN_EDITS])
+    names += f" and {len(taken) - SHOWN_EDITS} more" if len(taken) > SHOWN_EDITS else ""
+    return (
+        f"{names}: as {shown_path(manifest_path)} holds {'them' if len(taken) > 1 else 'it'} "
+        "now (edited since the run; describing the expert, not what it trained)"
+    )
+
+
+def later_edits(
+    manifest: dict[str, Any], source: dict[str, Any], manifest_path: Path
+) -> tuple[dict[str, Any], list[str]]:
+    """A copy of `manifest` with each field of LATER that the manifest file now holds
+    otherwise than the run's copy (`source`) as the file holds it, and their dotted names;
+    `manifest` as it is where the file is gone or cannot be read."""
+    try:
+        now = read_manifest_json(manifest_path) if manifest_path.is_file() else None
+    except UserError:  # not readable now: the run's copy is what counts
+        now = None
+    if now is None:
+        return manifest, []
+    manifest, taken = copy.deepcopy(manifest), []
+    for where in LATER:
+        given = _at(now, where)
+        holder = _at(manifest, where[:-1])
+        if given == _at(source, where) or not isinstance(holder, dict):
+            continue
+        if given is MISSING:
+            holder.pop(where[-1], None)
+        else:
+            holder[where[-1]] = copy.deepcopy(given)
+        taken.append(".".join(where))
+    return manifest, taken
 
 
 def _changed(then: Any, now: Any, at: str, depth: int = 2) -> list[str]:
