@@ -932,3 +932,39 @@ def test_packaging_checkpoint_best_without_evaluation_is_noted(v2_dir: Path) -> 
     assert noted() == []
     (note,) = noted("evaluation_strategy=no", "load_best_model_at_end=false")
     assert note.startswith("training.packaging_checkpoint: best ships the adapter of lowest")
+
+
+def test_the_steps_a_run_takes_are_said_before_it_starts() -> None:
+    """Tokens and optimizer steps were known only once train started: pretokenize says the
+    steps, on a GPU (batch_size auto unless given) and on a CPU where they differ."""
+    from expert_cli.config.batching import optimizer_steps, steps_before_training
+    from expert_cli.config.training_config import TrainingConfig
+
+    cpu = {"batch_size": 2, "gradient_accumulation_steps": 1}
+    unset = TrainingConfig(max_seq_length=2048)
+    assert steps_before_training(unset, 100, cpu) == (
+        "7 optimizer steps on a GPU (16 rows a step), 50 optimizer steps on a CPU (2 rows a "
+        "step) for 1 epoch on one device"
+    )
+    given = TrainingConfig(batch_size=4, gradient_accumulation_steps=2, epochs=3)
+    same = {"batch_size": 4, "gradient_accumulation_steps": 2}
+    assert steps_before_training(given, 100, same) == (
+        "39 optimizer steps (8 rows a step) for 3 epochs on one device"
+    )
+    assert steps_before_training(TrainingConfig(max_steps=500), 100, cpu) == "max_steps 500"
+    # as the Trainer counts: micro-batches rounded up, then steps, then epochs
+    assert optimizer_steps(9, 2, 2, 1) == 3 and optimizer_steps(9, 2, 2, 1.5) == 5
+    assert optimizer_steps(1, 16, 1, 1) == 1 and optimizer_steps(9, 2, 1, 1, world=2) == 3
+
+
+def test_pretokenize_says_the_steps_train_then_takes(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from train_helpers import run_here, write_expert
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=24, config={"epochs": 2})
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0, built.stdout + built.stderr
+    (line,) = [ln.strip() for ln in built.stdout.splitlines() if ln.strip().startswith("steps:")]
+    trained = run_here("train", "--manifest", str(manifest), "--output", str(tmp_path / "run"))
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    steps = json.loads((tmp_path / "run" / "metrics.json").read_text())["summary"]["steps"]
+    assert line == f"steps: {steps} optimizer steps (2 rows a step) for 2 epochs on one device"

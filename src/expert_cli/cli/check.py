@@ -226,8 +226,8 @@ def render_report(report: CheckReport, quick: int | None = None) -> None:
             for p, n in report.rows_checked.items()
         )
         console.print(
-            f"data: examples read: {read} (`expert-cli pretokenize` gives the packed rows and "
-            "tokens; train, its optimizer steps)",
+            f"data: examples read: {read} (`expert-cli pretokenize` gives the packed rows, "
+            "tokens and optimizer steps)",
             markup=False,
         )
     verdict = "[bold green]usable[/]" if report.usable else "[bold red]not usable[/]"

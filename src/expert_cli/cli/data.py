@@ -59,7 +59,7 @@ def pretokenize(
 
     def show(outcome: Outcome) -> None:
         if outcome.data is not None:
-            for line in summary_lines(outcome.data):
+            for line in summary_lines(outcome.data, outcome.steps):
                 out.print(line, markup=False)
         elif several:  # one manifest's problems are the command's error below
             out.print(f"{outcome.expert}: {outcome.failure} ({outcome.manifest})", markup=False)
@@ -115,7 +115,7 @@ def outcomes_table(outcomes: list[Outcome]) -> Any:
     return table
 
 
-def summary_lines(data: PreparedData) -> list[str]:
+def summary_lines(data: PreparedData, steps: str = "") -> list[str]:
     """What happened to one cache, with its train stats, as printable lines."""
     from expert_cli.data.stats_words import count_lines
     from expert_cli.errors import escaped
@@ -144,6 +144,8 @@ def summary_lines(data: PreparedData) -> list[str]:
     if data.stats.get("eval"):
         ev = data.stats["eval"]
         lines.append(f"  eval: rows {ev['rows']:,}, tokens {ev['tokens']:,}")
+    if steps:
+        lines.append(f"  steps: {steps}")
     if data.built:
         speed = data.stats.get("tokens_per_second")
         rate = f"{speed:,.0f} tokens/s" if speed else "every shard reused"

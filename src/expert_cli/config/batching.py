@@ -10,6 +10,7 @@ numbers are kept, and auto splits the step into micro-batches of at most 2 rows.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from expert_cli.config.choices import first
@@ -102,3 +103,38 @@ def batch_plan(
         rows_per_step=rows,
         micro_batch="auto",
     )
+
+
+def optimizer_steps(rows: int, batch: int, accumulation: int, epochs: float, world: int = 1) -> int:
+    """Optimizer steps `epochs` of `rows` packed rows take at `batch` rows a micro-step and
+    `accumulation` micro-steps a step, on `world` devices (as the Trainer counts them)."""
+    batches = math.ceil(rows / (batch * world))
+    return math.ceil(max(1, math.ceil(batches / accumulation)) * epochs)
+
+
+def steps_before_training(cfg: TrainingConfig, rows: int, on_cpu: dict[str, Any]) -> str:
+    """The optimizer steps a run of `rows` packed rows takes on one device, said before it
+    starts (pretokenize): the rows a step on a GPU (batch_size auto unless given) and, where
+    they differ, on a CPU (`on_cpu`: batch_plan's for one)."""
+    if cfg.max_steps:
+        return f"max_steps {cfg.max_steps:,}"
+    epochs = first(cfg.epochs, cfg.num_epochs, 1)
+    seq = first(cfg.max_seq_length, DEFAULT_MAX_SEQ)
+    if cfg.batch_size is None or cfg.batch_size == "auto":
+        gpu = (max(1, first(cfg.tokens_per_step, DEFAULT_TOKENS_PER_STEP) // seq), 1)
+    else:
+        gpu = (cfg.batch_size, first(cfg.gradient_accumulation_steps, 1))
+    cpu = (on_cpu["batch_size"], on_cpu["gradient_accumulation_steps"])
+    span = f"for {epochs:g} epoch{'' if epochs == 1 else 's'} on one device"
+    gpu_said = f"{_steps(optimizer_steps(rows, *gpu, epochs))}"
+    if gpu[0] * gpu[1] == cpu[0] * cpu[1]:
+        return f"{gpu_said} ({gpu[0] * gpu[1]} rows a step) {span}"
+    cpu_said = _steps(optimizer_steps(rows, *cpu, epochs))
+    return (
+        f"{gpu_said} on a GPU ({gpu[0] * gpu[1]} rows a step), {cpu_said} on a CPU "
+        f"({cpu[0] * cpu[1]} rows a step) {span}"
+    )
+
+
+def _steps(n: int) -> str:
+    return f"{n:,} optimizer step{'' if n == 1 else 's'}"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from expert_cli.config import load_manifest
+from expert_cli.config.batching import steps_before_training
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.loading import read_manifest_json
 from expert_cli.config.resolve import resolve
@@ -48,6 +49,7 @@ class Outcome:
     problems: list[str]
     expert: str = ""
     failure: str | None = None
+    steps: str = ""  # the optimizer steps a run of the cache takes, said before it starts
 
 
 def pretokenize_one(
@@ -56,15 +58,19 @@ def pretokenize_one(
     force: bool,
     progress: BuildProgress | None = None,
     prune: bool = False,
-) -> PreparedData:
-    """Build or confirm the cache of one manifest (hub references checked first)."""
-    resolved = resolve(load_manifest(manifest), cpu_environment())
+) -> tuple[PreparedData, str]:
+    """Build or confirm the cache of one manifest (hub references checked first); with the
+    optimizer steps a run of it takes (config/batching.py's steps_before_training)."""
+    loaded = load_manifest(manifest)
+    resolved = resolve(loaded, cpu_environment())
     require_hub(hub_refs(resolved), resolved.train_sources + resolved.validation_sources)
     tokenizer = load_tokenizer(resolved)
     data = prepare_data(resolved, tokenizer, num_proc=num_proc, force=force, progress=progress)
     if prune:
         prune_earlier_caches(data)
-    return data
+    on_cpu = resolved.model_dump(include={"batch_size", "gradient_accumulation_steps"})
+    cfg = loaded.manifest.training.config
+    return data, steps_before_training(cfg, data.stats["train"]["rows"], on_cpu)
 
 
 def pretokenize_all(
@@ -81,8 +87,8 @@ def pretokenize_all(
     for manifest in manifests:
         expert = _expert_name(manifest)
         try:
-            data = pretokenize_one(manifest, num_proc, force, progress, prune)
-            outcome = Outcome(manifest, data, [], expert)
+            data, steps = pretokenize_one(manifest, num_proc, force, progress, prune)
+            outcome = Outcome(manifest, data, [], expert, steps=steps)
         except UserError as exc:
             outcome = Outcome(manifest, None, exc.lines, expert, "bad input")
         except RunError as exc:

@@ -14,6 +14,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from expert_cli.atomic import HANGUP, heard
+from expert_cli.config.batching import optimizer_steps
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
@@ -175,9 +176,13 @@ def planned_steps(
     steps = max_steps if max_steps is not None else resolved.max_steps
     if steps and steps > 0:
         return steps
-    batches = math.ceil(n_rows / (resolved.batch_size * world_size))
-    per_epoch = max(1, math.ceil(batches / resolved.gradient_accumulation_steps))
-    return math.ceil(per_epoch * resolved.epochs)
+    return optimizer_steps(
+        n_rows,
+        resolved.batch_size,
+        resolved.gradient_accumulation_steps,
+        resolved.epochs,
+        world_size,
+    )
 
 
 FEW_STEPS = 50  # optimizer steps under which a run is said to learn little
