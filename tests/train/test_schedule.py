@@ -129,8 +129,8 @@ def test_adapter_values_not_applied_are_noted(tmp_path: Path) -> None:
         resolve(load_manifest(tmp_path / "manifest.json"), cpu_environment()).notes
     )
     assert "the int8 base's layers run peft's own" in quantized
-    scaled = notes({"dropout": 0}, {"scaling": "rslora"})
-    assert "scaling: kept as written, not applied" in scaled and "rslora" not in scaled
+    scaled = notes({"dropout": 0}, {"scaling": "quartic"})  # the value is not quoted
+    assert "scaling: kept as written, not applied" in scaled and "quartic" not in scaled
     assert "scaling" not in notes({"dropout": 0}, {"scaling": "standard"})
     assert "scaling" not in notes({"adapter_type": "dora", "dropout": 0}, {"scaling": "dora"})
 

@@ -45,7 +45,7 @@ from expert_cli.data.instruction import CHAT_TEMPLATE, check_prompt_template
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.row_checks import DataCheck, TextMarks, source_key
 from expert_cli.data.splits import NO_EVAL_ROWS, holds_nothing_out
-from expert_cli.data.template_checks import blank_conversation, template_verdict
+from expert_cli.data.template_checks import TemplateVerdict, blank_conversation, template_verdict
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer, read_config
 from expert_cli.data.turns import turn_layout
 from expert_cli.errors import UserError
@@ -107,6 +107,48 @@ def check_manifest(
     report.downloads = [line for s in statuses if (line := _download_line(s))]
     tokenizer, tokenizer_problems = _local_tokenizer(resolved)
     verdict = template_verdict(resolved, tokenizer)
+    data = _read_data(resolved, tokenizer, verdict, quick, progress)
+    cache = cache_root_problem(Path(resolved.pretokenized_cache), resolved.expert)
+    report.notes = [*report.notes, *data.notes, *_detected_notes(resolved, data)]
+    report.problems = [
+        *_check_model(resolved, tokenizer_problems),
+        *missing_problems(statuses),
+        *([cache] if cache else []),
+        *data.problems,
+        *_format_problems(resolved, data.fields, tokenizer),
+    ]
+    report.notes += _layout_notes(resolved, data, tokenizer, verdict, bool(quick))
+    blank_problems, blank_notes = data.blank_lines(resolved)
+    report.problems += blank_problems
+    report.notes += blank_notes
+    refusals = data.refusals()
+    if refusals and refusals.every:
+        report.problems.append(refusals.line)
+    elif refusals:
+        report.notes.append(refusals.line)
+    some_left = not blank_problems and not (refusals and refusals.every)
+    report.problems += _split_problems(report.problems, resolved, data, tokenizer, quick, some_left)
+    tokens = ids_in_use(tokenizer) if tokenizer is not None else None
+    if model_check is not None and not report.problems:
+        problem = model_check(resolved, tokens)
+        report.problems += [problem] if problem else []
+    if not report.problems and (note := _positions_note(resolved)):
+        report.notes = [*report.notes, note]
+    report.rows_checked = data.rows
+    # one line once: a mapping problem is found in each source that reads it (the training
+    # and the validation file), and was listed twice
+    report.problems = list(dict.fromkeys(report.problems))
+    return report
+
+
+def _read_data(
+    resolved: ResolvedConfig,
+    tokenizer: PreTrainedTokenizerFast | None,
+    verdict: TemplateVerdict | None,
+    quick: int | None,
+    progress: BuildProgress | None,
+) -> DataCheck:
+    """Every source's rows read and checked (the first `quick` of each with `quick`)."""
     data = DataCheck(
         resolved.field_mapping,
         quick,
@@ -119,76 +161,83 @@ def check_manifest(
         data.source(source)
     for source in resolved.validation_sources:
         data.source(source, train=False)
-    cache = cache_root_problem(Path(resolved.pretokenized_cache), resolved.expert)
-    report.notes = [*report.notes, *data.notes]
-    if resolved.field_mapping is None and data.fields is not None:  # what detection chose
+    return data
+
+
+def _detected_notes(resolved: ResolvedConfig, data: DataCheck) -> list[str]:
+    """The columns detection chose (each source's, where the sources name them apart), and
+    the fields beside them nothing reads."""
+    notes = []
+    if resolved.field_mapping is None and data.fields is not None:
         found: dict[str, list[str]] = {}  # sources by the columns detected in them
         for at, f in data.detected.items():
             if f is not None:
                 found.setdefault(detected_words(f), []).append(shown_path(at))
-        report.notes += [  # each source's columns, where the sources name them apart
+        notes += [
             f"{_sources(at)}: {words}" if len(found) > 1 else words for words, at in found.items()
         ]
     unread = [unread_words(f) for f in data.detected.values() if f is not None]
-    report.notes += [note for note in dict.fromkeys(unread) if note]  # of any source
-    report.problems = [
-        *_check_model(resolved, tokenizer_problems),
-        *missing_problems(statuses),
-        *([cache] if cache else []),
-        *data.problems,
-        *_format_problems(resolved, data.fields, tokenizer),
-    ]
-    if data.fields is not None and data.fields.kind == "messages" and tokenizer is not None:
+    return notes + [note for note in dict.fromkeys(unread) if note]  # of any source
+
+
+def _layout_notes(
+    resolved: ResolvedConfig,
+    data: DataCheck,
+    tokenizer: PreTrainedTokenizerFast | None,
+    verdict: TemplateVerdict | None,
+    quick: bool,
+) -> list[str]:
+    """What the chat template (conversations) or the prompt template (instruction data)
+    does to the data's answers."""
+    kind = data.fields.kind if data.fields is not None else None
+    notes: list[str] = []
+    if kind == "messages" and tokenizer is not None:
         layout = turn_layout(tokenizer)
-        report.notes = [*report.notes, *layout_notes(tokenizer, layout, resolved.response_template)]
-        report.notes += _reasoning_notes(data, tokenizer)
+        notes += layout_notes(tokenizer, layout, resolved.response_template)
+        notes += _reasoning_notes(data, tokenizer)
         if data.empty_answers:
-            report.notes.append(empty_answer_note(data.empty_answers, data.blank[True][1]))
+            notes.append(empty_answer_note(data.empty_answers, data.blank[True][1]))
         if data.text_calls:
-            report.notes.append(text_calls_note(data.text_calls, data.blank[True][1]))
+            notes.append(text_calls_note(data.text_calls, data.blank[True][1]))
         if data.result_tags and (tag := result_wrapper(tokenizer)) in data.result_tags:
             rows = data.result_tags[str(tag)]
-            report.notes.append(wrapped_results_note(str(tag), rows, data.blank[True][1]))
-        report.notes += verdict.notes(data.train[0], bool(quick)) if verdict is not None else []
-    instruction = data.fields is not None and data.fields.kind == "instruction"
-    if instruction and tokenizer is not None:
+            notes.append(wrapped_results_note(str(tag), rows, data.blank[True][1]))
+        notes += verdict.notes(data.train[0], quick) if verdict is not None else []
+    elif kind == "instruction" and tokenizer is not None:
         with contextlib.suppress(UserError):  # said among the problems
-            report.notes += instruction_checked(
+            notes += instruction_checked(
                 tokenizer, resolved.prompt_template, resolved.response_template
             )
-    elif instruction and resolved.response_template and resolved.prompt_template != CHAT_TEMPLATE:
+    elif kind == "instruction" and resolved.response_template:
         # no tokenizer (its problem is said): under chat_template the field is read
-        report.notes = [*report.notes, TEMPLATE_UNREAD]
-    blank_problems, blank_notes = data.blank_lines(resolved)
-    report.problems += blank_problems
-    report.notes = [*report.notes, *blank_notes]
-    refusals = data.refusals()
-    if refusals and refusals.every:
-        report.problems.append(refusals.line)
-    elif refusals:
-        report.notes = [*report.notes, refusals.line]
+        notes += [TEMPLATE_UNREAD] if resolved.prompt_template != CHAT_TEMPLATE else []
+    return notes
+
+
+def _split_problems(
+    problems: list[str],
+    resolved: ResolvedConfig,
+    data: DataCheck,
+    tokenizer: PreTrainedTokenizerFast | None,
+    quick: int | None,
+    some_left: bool,
+) -> list[str]:
+    """Where nothing else is wrong (`problems`): a split the build would leave empty, formatted
+    as the build will (small data), a held-out split of only dropped examples (`some_left`:
+    not every example is dropped already), and no rows to hold out for evaluation."""
+    found: list[str] = []
     splits: dict[bool, list] = {}
-    if not report.problems and tokenizer is not None and data.fields is not None:
+    if not problems and tokenizer is not None and data.fields is not None:
         splits = small_splits(resolved, data.kept)  # a split the build would leave empty
-        report.problems += formatted_problems(resolved, tokenizer, data.fields.kind, splits)
-    if not blank_problems and not (refusals and refusals.every) and False not in splits:
-        report.problems += [held] if (held := data.held_out_problem(resolved)) else []
+        found += formatted_problems(resolved, tokenizer, data.fields.kind, splits)
+    if some_left and False not in splits:
+        found += [held] if (held := data.held_out_problem(resolved)) else []
     counted = [data.rows.get(source_key(src)) for src in resolved.train_sources]
     if quick:  # a count cut at --quick rows says only "at least that many"
         counted = [None if n is not None and n >= quick else n for n in counted]
-    if not report.problems and None not in counted and holds_nothing_out(resolved, counted):
-        report.problems.append(NO_EVAL_ROWS)  # as train would find once the data is read
-    tokens = ids_in_use(tokenizer) if tokenizer is not None else None
-    if model_check is not None and not report.problems:
-        problem = model_check(resolved, tokens)
-        report.problems += [problem] if problem else []
-    if not report.problems and (note := _positions_note(resolved)):
-        report.notes = [*report.notes, note]
-    report.rows_checked = data.rows
-    # one line once: a mapping problem is found in each source that reads it (the training
-    # and the validation file), and was listed twice
-    report.problems = list(dict.fromkeys(report.problems))
-    return report
+    if not (problems or found) and None not in counted and holds_nothing_out(resolved, counted):
+        found.append(NO_EVAL_ROWS)  # as train would find once the data is read
+    return found
 
 
 def _download_line(status: HubStatus) -> str | None:
