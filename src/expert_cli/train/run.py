@@ -19,7 +19,7 @@ from expert_cli.atomic import sigterm_raises
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import crowded_gpus, probe_environment, unlaunched_world
 from expert_cli.config.loading import apply_overrides
-from expert_cli.config.resolve import resolve
+from expert_cli.config.resolve import ResolvedConfig, resolve
 from expert_cli.config.sources import data_folder_holding
 from expert_cli.data import PreparedData, prepare_data
 from expert_cli.data.hub import hub_refs, require_hub
@@ -200,15 +200,7 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     """Base model (a random init is materialised to OUTPUT/base_model first), adapter, batch
     plan and compilation."""
     resolved, device = run.resolved, run.device
-    source = None
-    if resolved.init == "random":
-        source = run.output / RANDOM_BASE
-        if run.is_main and not (resume and (source / "config.json").is_file()):
-            dtype = weight_dtype(resolved, device.startswith("cuda"))
-            random_model = build_random_model(resolved, dtype, "eager", device)
-            materialize_random_base(random_model, tokenizer, source)
-            del random_model
-        distributed.barrier()
+    source = _random_base(run, tokenizer, resume)
     with stage_out_of_memory(resolved, Stopped("load", device=device)):
         model, choices = load_base_model(resolved, device, str(source) if source else None)
     if problem := cache_id_problem(model, data.largest_id(), resolved.base_model):
@@ -245,16 +237,7 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     if resolved.batch_auto and device.startswith("cuda"):
         with stage_out_of_memory(resolved, Stopped("probe", device=device)):
             plan_run_batch(run, peft_model, tokenizer, data, choices)
-    compile_on, why = compile_decision(resolved.torch_compile, device.startswith("cuda"))
-    if compile_on:
-        choices.compiled_layers = compile_layers(
-            peft_model, resolved.torch_compile_backend, resolved.torch_compile_mode
-        )
-        if choices.grouped_lora_layers:  # traced, a group's layers run one by one
-            choices.grouped_lora_layers = 0
-            choices.notes.append(COMPILED_UNGROUPED)
-    if why != "off":  # a plain "off" repeated the step line's "torch.compile off"
-        choices.notes.append(f"torch_compile: {why}")
+    _compiled(peft_model, resolved, device, choices)
     trainable, total = parameter_counts(peft_model)
     if run.is_main:
         run.reporter.decisions(run.resolved, choices, (trainable, total))
@@ -265,6 +248,35 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
         "base_weights": str(source or resolved.base_model),
     }
     return peft_model
+
+
+def _random_base(run: Run, tokenizer: Any, resume: Path | None) -> Path | None:
+    """Where a random-init base is materialised (OUTPUT/base_model; kept by a resume), by the
+    main process while the others wait; None for a pretrained base."""
+    if run.resolved.init != "random":
+        return None
+    source = run.output / RANDOM_BASE
+    if run.is_main and not (resume and (source / "config.json").is_file()):
+        dtype = weight_dtype(run.resolved, run.device.startswith("cuda"))
+        random_model = build_random_model(run.resolved, dtype, "eager", run.device)
+        materialize_random_base(random_model, tokenizer, source)
+        del random_model
+    distributed.barrier()
+    return source
+
+
+def _compiled(peft_model: Any, resolved: ResolvedConfig, device: str, choices: Any) -> None:
+    """The decoder layers compiled where torch_compile says so (grouping then off), noted."""
+    compile_on, why = compile_decision(resolved.torch_compile, device.startswith("cuda"))
+    if compile_on:
+        choices.compiled_layers = compile_layers(
+            peft_model, resolved.torch_compile_backend, resolved.torch_compile_mode
+        )
+        if choices.grouped_lora_layers:  # traced, a group's layers run one by one
+            choices.grouped_lora_layers = 0
+            choices.notes.append(COMPILED_UNGROUPED)
+    if why != "off":  # a plain "off" repeated the step line's "torch.compile off"
+        choices.notes.append(f"torch_compile: {why}")
 
 
 def make_trainer(
