@@ -102,6 +102,7 @@ RUN_OUTPUTS = (
     "training_args.bin",
     "adapter_model.safetensors",
     "adapter_config.json",
+    "adapter_init.safetensors",  # B0 A0 of a run whose init decomposed the base (PiSSA)
     "README.md",
     "tokenizer.json",
     "tokenizer_config.json",

@@ -61,6 +61,7 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
         )
     if spec and spec.use_dora and kind not in ("lora", "dora"):
         notes.append(f"use_dora: DoRA decomposes LoRA weights; not applied to {kind}")
+    init = _initialisation(manifest, kind, notes)
     rslora = bool(cfg.use_rslora) and kind in ("lora", "dora")
     if cfg.use_rslora and not rslora:
         notes.append(
@@ -125,7 +126,46 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
         ),
         use_dora=use_dora,
         use_rslora=rslora,
+        init_lora_weights=init,
     )
+
+
+def decomposing(init: str | None) -> bool:
+    """Whether a LoRA initialisation moves part of the base weight into the adapter (PiSSA,
+    OLoRA: the base's weights are rewritten as their residual; train/lora_init.py)."""
+    return bool(init) and (init in ("pissa", "olora") or init.startswith("pissa_niter_"))
+
+
+def _initialisation(manifest: Manifest, kind: str, notes: list[str]) -> str:
+    """training.config.init_lora_weights as the run takes it: LoRA's and DoRA's only (a
+    note for another adapter type); UserError where the base cannot be decomposed."""
+    init = manifest.training.config.init_lora_weights or "default"
+    if init != "default" and kind not in ("lora", "dora"):
+        notes.append(f"init_lora_weights: {init} starts LoRA and DoRA; not applied to {kind}")
+        return "default"
+    where = "training.config.init_lora_weights"
+    quantization = manifest.primary_base_model.quantization
+    if decomposing(init) and quantization in ("int4", "int8"):
+        raise UserError(
+            f"{where}: {init} decomposes each base weight in full precision, which an "
+            f"{quantization} base does not hold; train on the unquantized base, or leave "
+            "init_lora_weights unset"
+        )
+    distributed = manifest.training.distributed
+    if decomposing(init) and distributed is not None and distributed.strategy == "deepspeed":
+        raise UserError(
+            f"{where}: {init} under DeepSpeed: ZeRO-3 partitions the weights as they load, "
+            "before peft could decompose them; use fsdp or ddp, or leave init_lora_weights unset"
+        )
+    if decomposing(init):
+        notes.append(
+            f"init_lora_weights: {init} decomposes each adapted weight as the run starts ("
+            + ("a QR" if init == "olora" else "an SVD")
+            + " of each: minutes on a CPU for a 0.6B model); the adapter is saved and shipped "
+            "as a LoRA of twice the rank on the base itself, its start kept in "
+            "adapter_init.safetensors"
+        )
+    return init
 
 
 def quantized_problem(kind: str, dora: bool, quantization: str | None, on_gpu: bool) -> str | None:

@@ -52,6 +52,7 @@ UNSET_MEANS = {
     "save_total_limit": f"{DEFAULT_SAVE_LIMIT}",
     "eval_steps": "save_steps",
     "use_rslora": "false",
+    "init_lora_weights": "default",
 }
 
 

@@ -3,6 +3,7 @@ the manifest blocks a run's schedule, kernels and engines come from."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
@@ -71,6 +72,9 @@ def _rows_or_auto(value: Any) -> Any:
     return value
 
 
+LORA_INIT = re.compile(r"default|gaussian|pissa|pissa_niter_[1-9][0-9]?|olora")
+
+
 class CheckpointingKwargs(Strict):
     """`training.config.gradient_checkpointing_kwargs`: options of the recomputation."""
 
@@ -101,6 +105,13 @@ class TrainingConfig(Strict):
         None, description='Modules to adapt, or "all-linear".'
     )
     feedforward_modules: list[str] | None = Field(None, description="IA3 feed-forward modules.")
+    init_lora_weights: str | None = Field(
+        None,
+        description="Extension: how LoRA and DoRA start: default (B = 0), gaussian, pissa (A "
+        "and B from the top singular directions of each weight, the rest left as the base), "
+        "pissa_niter_N (the same by a randomised SVD of N iterations: faster), or olora (a QR "
+        "decomposition). pissa and olora ship as a standard LoRA of rank 2r on the base itself.",
+    )
     use_rslora: bool | None = Field(
         None,
         description="Extension: rank-stabilised LoRA (LoRA and DoRA): the adapter's output "
@@ -315,6 +326,15 @@ class TrainingConfig(Strict):
         description="Extension: Liger's fused RMSNorm, SwiGLU and RoPE kernels "
         "(GPU, liger-kernel installed, a model type Liger supports). Default: on where usable.",
     )
+
+    @field_validator("init_lora_weights")
+    @classmethod
+    def _lora_init(cls, value: str | None) -> str | None:
+        if value is not None and not LORA_INIT.fullmatch(value):
+            raise ValueError(
+                "expected default, gaussian, pissa, pissa_niter_N (N from 1 to 99) or olora"
+            )
+        return value
 
     @field_validator("lr_scheduler_kwargs")
     @classmethod

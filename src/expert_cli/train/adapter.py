@@ -14,6 +14,8 @@ from peft.utils.constants import (
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from expert_cli.config.adapters import unfused_reason
+from expert_cli.config.choices import FUSED_KERNELS
 from expert_cli.errors import UserError
 from expert_cli.train.adapter_entry import whole
 from expert_cli.train.architecture import (
@@ -27,10 +29,11 @@ from expert_cli.train.architecture import (
 )
 from expert_cli.train.args import deepspeed_problem
 from expert_cli.train.causality import copy_isolation, isolation_problem
+from expert_cli.train.fused_lora import unfused_bases
 from expert_cli.train.speed import compile_problem
 
 if TYPE_CHECKING:
-    from peft import PeftConfig
+    from peft import PeftConfig, PeftModel
 
     from expert_cli.config.resolve import ResolvedConfig
 
@@ -58,6 +61,7 @@ IA3_FEEDFORWARD_FALLBACK = "down_proj"
 # AdaLoRA's schedule: the first tenth of the steps at the initial rank, the last fifth at the
 # final rank pattern (divisors of the step count)
 ADALORA_WARMUP, ADALORA_FINAL = 10, 5
+INIT = {"default": True}  # init_lora_weights as peft names it; the others by their own names
 
 
 def adapter_config(
@@ -81,6 +85,7 @@ def adapter_config(
             target_modules=targets,
             use_dora=resolved.use_dora,
             use_rslora=resolved.use_rslora,
+            init_lora_weights=INIT.get(resolved.init_lora_weights, resolved.init_lora_weights),
             bias="none",
             task_type="CAUSAL_LM",
         )
@@ -297,7 +302,9 @@ def adapter_problem(
     if missing := target_problem(model, resolved):
         return missing
     try:
-        get_peft_model(model, adapter_config(resolved, 1, model.config.model_type))
+        # shapes alone: a decomposing init (PiSSA) cannot run on the meta device's weights
+        shaped = resolved.model_copy(update={"init_lora_weights": "default"})
+        get_peft_model(model, adapter_config(shaped, 1, model.config.model_type))
     except ValueError as exc:
         return adapter_error(resolved, exc)
     return None
@@ -312,3 +319,24 @@ def start_problem(resolved: ResolvedConfig, tokens: int | None = None) -> str | 
         or deepspeed_problem(resolved)
         or adapter_problem(resolved, resolved.base_model, None, tokens)
     )
+
+
+def adapter_notes(
+    peft_model: PeftModel, resolved: ResolvedConfig, kept: list[str] | None = None
+) -> list[str]:
+    """Notes on the attached adapter: IA3's feed-forward layers where peft names none for
+    the model type (or as a resumed checkpoint `kept` them); the LoRA layers the fused kernel
+    cannot take for their base layer's type (GPT-2's Conv1D), where the configuration's own
+    note did not say it runs none."""
+    notes = []
+    model_type = getattr(peft_model.config, "model_type", None)
+    if note := ia3_note(peft_model, resolved, model_type, kept):
+        notes.append(note)
+    plain = not unfused_reason(resolved.adapter_type, resolved.quantization)
+    kernel = resolved.adapter_kernel
+    if kernel in FUSED_KERNELS and plain and (left := unfused_bases(peft_model)):
+        notes.append(
+            f"adapter_kernel: {kernel} runs LoRA and DoRA on nn.Linear layers; the adapters of the "
+            f"model's {left} layers run peft's own"
+        )
+    return notes

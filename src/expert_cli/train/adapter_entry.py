@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from expert_cli.config.adapters import decomposing
+
 # peft's key for each entry field, per peft type (AdaLoRA's r is its initial rank)
 RANK_KEYS = {"LORA": "r", "LOKR": "r", "ADALORA": "init_r"}
 ALPHA_KEYS = {"LORA": "lora_alpha", "LOKR": "alpha", "ADALORA": "lora_alpha"}
@@ -214,6 +216,13 @@ def runtime_notes(config: dict[str, Any]) -> list[str]:
             "adapter_config.json: use_rslora is true (scale alpha / sqrt(r)); HiveLLM's runtime "
             "reads r and lora_alpha and applies alpha / r, sqrt(r) times weaker than trained "
             "(expert-cli's package folds sqrt(r) into lora_B)"
+        )
+    init = config.get("init_lora_weights")
+    if kind == "LORA" and decomposing(init if isinstance(init, str) else None):
+        notes.append(
+            f"adapter_config.json: init_lora_weights {init}: the adapter applies to the base "
+            "less its decomposition, which HiveLLM's runtime does not make: it applies the "
+            "adapter to the base itself, wrongly (expert-cli's package ships its standard form)"
         )
     held = NOT_APPLIED.get(kind)
     if kind == "LORA" and config.get("use_dora") is True:

@@ -18,6 +18,7 @@ from expert_cli.train import distributed
 from expert_cli.train.callbacks import Interrupt, InterruptCallback, ThroughputCallback
 from expert_cli.train.choice import FINAL_STEP, final_adapter_step
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
+from expert_cli.train.lora_init import INIT_WEIGHTS, to_standard_form
 from expert_cli.train.outputs import move_final_files, write_resolved
 from expert_cli.train.report import write_run_plot
 from expert_cli.train.run_folder import disk_full
@@ -88,6 +89,8 @@ def save(run: Run, trainer: Any) -> None:
     try:
         trainer.save_model(str(staging))
         if run.is_main:
+            # a decomposed base's adapter (PiSSA) leaves the run as a LoRA of the base itself
+            to_standard_form(staging, run.output / INIT_WEIGHTS)
             move_final_files(staging, run.output)
             step = final_adapter_step(trainer.args.load_best_model_at_end, trainer.state)
             run.runtime[FINAL_STEP] = step

@@ -27,6 +27,7 @@ from expert_cli.errors import RunError, UserError
 from expert_cli.paths import place_problem, resolved_path, shown_path
 from expert_cli.train.base_load import load_pretrained
 from expert_cli.train.checkpoints import complete_checkpoints, refuse_incomplete, sound_checkpoints
+from expert_cli.train.lora_init import INIT_WEIGHTS, standard_folder
 from expert_cli.train.memory import out_of_memory
 from expert_cli.train.outputs import (
     ADAPTER_WEIGHTS,
@@ -80,7 +81,8 @@ def load_adapted(
         with warnings.catch_warnings():  # AdaLoRA saves its rank pattern under the adapted
             # weights' names, which peft's check reads as module names: noise, shapes are right
             warnings.filterwarnings("ignore", "The following rank_pattern keys", RuntimeWarning)
-            peft_model = PeftModel.from_pretrained(base, str(adapter))
+            with standard_folder(adapter, run_of(adapter) / INIT_WEIGHTS) as readable:
+                peft_model = PeftModel.from_pretrained(base, str(readable))
     except LOAD_ERRORS as exc:
         if out_of_memory(exc):
             raise

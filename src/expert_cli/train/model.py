@@ -18,7 +18,7 @@ from peft import (
 )
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, set_seed
 
-from expert_cli.config.adapters import unfused_reason
+from expert_cli.config.adapters import decomposing
 from expert_cli.config.choices import FUSED_KERNELS
 from expert_cli.config.environment import hardware_bf16
 from expert_cli.errors import RunError, UserError
@@ -27,7 +27,7 @@ from expert_cli.train import distributed
 from expert_cli.train.adapter import (
     adapter_config,
     adapter_error,
-    ia3_note,
+    adapter_notes,
     saved_loadable,
     target_problem,
 )
@@ -36,8 +36,8 @@ from expert_cli.train.base_load import four_bit_compute, four_bit_kind, load_pre
 from expert_cli.train.checkpoints import recorded_feedforward, unfit_problem
 from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_dora import fuse_adapter_linears
-from expert_cli.train.fused_lora import unfused_bases
 from expert_cli.train.grouped_lora import group_lora_linears
+from expert_cli.train.lora_init import save_initial
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.placement import load_placement
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
@@ -349,37 +349,24 @@ def attach_adapter(
 
 
 def attach_run_adapter(
-    model: PreTrainedModel, resolved: ResolvedConfig, total_steps: int, resume: Path | None
+    model: PreTrainedModel,
+    resolved: ResolvedConfig,
+    total_steps: int,
+    resume: Path | None,
+    initial: Path | None = None,
 ) -> tuple[PeftModel, list[str]]:
     """The run's adapter and the notes on it; on --resume, built as its checkpoint was
     trained (IA3's feed-forward layers as recorded) and refused where the checkpoint's
-    weights do not fit it."""
+    weights do not fit it. An initialisation that decomposed the base (PiSSA, OLoRA) writes
+    its A0 and B0 to `initial` (the main process's; a resumed run's are kept)."""
     kept = recorded_feedforward(resume, resolved)
     peft_model = attach_adapter(model, resolved, total_steps, kept)
     if problem := unfit_problem(peft_model, resume):
         raise UserError(problem)
+    fresh = initial is not None and not (resume is not None and initial.is_file())
+    if fresh and decomposing(resolved.init_lora_weights):
+        save_initial(peft_model, initial)
     return peft_model, adapter_notes(peft_model, resolved, kept)
-
-
-def adapter_notes(
-    peft_model: PeftModel, resolved: ResolvedConfig, kept: list[str] | None = None
-) -> list[str]:
-    """Notes on the attached adapter: IA3's feed-forward layers where peft names none for
-    the model type (or as a resumed checkpoint `kept` them); the LoRA layers the fused kernel
-    cannot take for their base layer's type (GPT-2's Conv1D), where the configuration's own
-    note did not say it runs none."""
-    notes = []
-    model_type = getattr(peft_model.config, "model_type", None)
-    if note := ia3_note(peft_model, resolved, model_type, kept):
-        notes.append(note)
-    plain = not unfused_reason(resolved.adapter_type, resolved.quantization)
-    kernel = resolved.adapter_kernel
-    if kernel in FUSED_KERNELS and plain and (left := unfused_bases(peft_model)):
-        notes.append(
-            f"adapter_kernel: {kernel} runs LoRA and DoRA on nn.Linear layers; the adapters of the "
-            f"model's {left} layers run peft's own"
-        )
-    return notes
 
 
 def adapter_compute_dtype(resolved: ResolvedConfig) -> str:

@@ -42,6 +42,7 @@ from expert_cli.train.adapter_entry import ALPHA_KEYS, DROPOUT_KEYS, RANK_KEYS, 
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints, sound_checkpoints
 from expert_cli.train.choice import chosen_by_best, chosen_checkpoint, lower_loss_note
 from expert_cli.train.hive_loader import for_hive_loader, loader_problems, refuse_unloadable
+from expert_cli.train.lora_init import INIT_WEIGHTS, standard_form
 from expert_cli.train.outputs import (
     ADAPTER_FILES,
     SOURCE_MANIFEST,
@@ -195,8 +196,10 @@ def _adapter_members(
             "more steps or warmup_steps 0"
         )
     config = json.loads(_file(weights_dir / ADAPTER_FILES[1], "--adapter").read_text("utf-8"))
-    config = entry.whole_alpha({**config, "base_model_name_or_path": base_name})  # 16, not 16.0
     shipped: bytes | Path = weights
+    if standard := standard_form(weights_dir, run_of(weights_dir) / INIT_WEIGHTS):
+        shipped, config = standard  # a PiSSA run's checkpoint, as a LoRA of the base itself
+    config = entry.whole_alpha({**config, "base_model_name_or_path": base_name})  # 16, not 16.0
     folds = is_rslora(config)
     if folds:  # HiveLLM's runtime scales by alpha / r: the weights carry rsLoRA's sqrt(r)
         shipped, config = folded(weights, config)

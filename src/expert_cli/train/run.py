@@ -56,6 +56,7 @@ from expert_cli.train.early_stop import EarlyStop
 from expert_cli.train.final_save import AT_ONCE, end_run
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.grouped_lora import COMPILED_UNGROUPED, NOTHING_GROUPED, is_grouped
+from expert_cli.train.lora_init import INIT_WEIGHTS
 from expert_cli.train.memory import Stopped, stage_out_of_memory
 from expert_cli.train.model import (
     adapter_compute_dtype,
@@ -226,7 +227,8 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
     if resume is not None and run.is_main:
         at = resume.name.rsplit("-", 1)[-1]
         run.reporter.note(f"resuming from {resume.name} (step {at} of {steps})")
-    peft_model, notes = attach_run_adapter(model, resolved, steps, resume)
+    initial = run.output / INIT_WEIGHTS if run.is_main else None  # a decomposed base's A0 B0
+    peft_model, notes = attach_run_adapter(model, resolved, steps, resume, initial)
     choices.adapter_precision = adapter_compute_dtype(resolved)
     choices.fused_lora_layers = sum(1 for m in peft_model.modules() if is_fused(m))
     choices.grouped_lora_layers = sum(1 for m in peft_model.modules() if is_grouped(m))

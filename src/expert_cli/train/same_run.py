@@ -22,6 +22,7 @@ SAME_RUN_FIELDS = (
     "target_modules",
     "use_dora",
     "use_rslora",
+    "init_lora_weights",  # the residual base a checkpoint's adapter applies to
     "feedforward_modules",
     "train_sources",
     "validation_sources",
@@ -44,7 +45,11 @@ SAME_RUN_FIELDS = (
     "neftune_noise_alpha",  # the embeddings' noise: another training from the resumed step
 )
 # fields a run records since a later version, and what a run recorded before them had
-ABSENT_MEANS: dict[str, Any] = {"use_rslora": False, "neftune_noise_alpha": None}
+ABSENT_MEANS: dict[str, Any] = {
+    "use_rslora": False,
+    "init_lora_weights": "default",
+    "neftune_noise_alpha": None,
+}
 
 
 def changed_fields(previous: dict[str, Any], resolved: ResolvedConfig) -> list[str]:

@@ -1,0 +1,135 @@
+"""LoRA initialisations that move part of the base weight into the adapter: PiSSA (the top r
+singular directions of each weight, peft's `pissa` and the randomised `pissa_niter_N`) and
+OLoRA (a QR decomposition). peft starts B0 A0 from the weight W and trains on the residual
+W_res = W - s B0 A0, written over the base layer's weight in place.
+
+What peft saves applies to W_res alone: peft's own loading decomposes W again to rebuild it
+(the SVD of every layer, minutes on a CPU, and another residual for pissa_niter_N, whose SVD is
+random), and HiveLLM's runtime adds s B A to W, which is wrong. So a run keeps B0 and A0
+(`INIT_WEIGHTS`, written before its first step) and every adapter that leaves it is the same
+update as a standard LoRA of rank 2r on W itself:
+
+    W_res + s B A = W + s (B A - B0 A0) = W + s' [B, -s/s' B0] [A; A0]
+
+with r' = 2r and alpha' = 2 alpha (s' = alpha' / r' = alpha / r = s for standard scaling; an
+rsLoRA run's s = alpha / sqrt(r) is folded into B', written `use_rslora: false`). DoRA's
+magnitudes stay as they are: its norm is of the same W_res + s B A.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import get_peft_model_state_dict
+from safetensors import safe_open
+from safetensors.torch import save, save_file
+
+from expert_cli.atomic import atomic_file
+from expert_cli.config.adapters import decomposing
+from expert_cli.errors import UserError
+from expert_cli.paths import shown_path
+
+INIT_WEIGHTS = "adapter_init.safetensors"  # B0 and A0 of a run that decomposed its base
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+A_B = (".lora_A.", ".lora_embedding_A", ".lora_B.", ".lora_embedding_B")
+
+
+def decomposes(init: Any) -> bool:
+    """Whether a LoRA `init_lora_weights` (as adapter_config.json holds it) moves part of
+    the base into the adapter."""
+    return isinstance(init, str) and decomposing(init)
+
+
+def save_initial(peft_model: Any, path: Path) -> None:
+    """The adapter's A0 and B0, as peft would save them, into `path` (written whole or not)."""
+    state = get_peft_model_state_dict(peft_model)
+    tensors = {
+        k: v.detach().to("cpu", torch.float32).contiguous()
+        for k, v in state.items()
+        if any(part in k for part in A_B)
+    }
+    with atomic_file(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+
+
+def standard_form(folder: Path, initial: Path) -> tuple[bytes, dict[str, Any]] | None:
+    """The adapter in `folder` (adapter_config.json and adapter_model.safetensors) as the
+    standard LoRA of rank 2r on the original base (bytes of its safetensors, its config);
+    None where its config says it did not decompose the base. UserError where the run's
+    `initial` B0 A0 are missing or do not fit it."""
+    config = json.loads((folder / ADAPTER_CONFIG).read_text("utf-8"))
+    if config.get("peft_type") != "LORA" or not decomposes(config.get("init_lora_weights")):
+        return None
+    rank, alpha = config.get("r"), config.get("lora_alpha")
+    if not initial.is_file():
+        raise UserError(
+            f"{shown_path(folder)}: its adapter was trained from a decomposed base "
+            f"(init_lora_weights {config['init_lora_weights']}); the run's {INIT_WEIGHTS}, "
+            "which turns it into an adapter of the base itself, is missing"
+        )
+    if config.get("rank_pattern") or config.get("alpha_pattern") or not isinstance(rank, int):
+        raise UserError(f"{shown_path(folder)}: adapter_config.json: one r and one alpha expected")
+    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    fold = scale / (alpha / rank)  # into B': 1, or sqrt(r) for rsLoRA
+    trained, metadata = _tensors(folder / ADAPTER_WEIGHTS)
+    start, _ = _tensors(initial)
+    out = {}
+    for name, tensor in trained.items():
+        if not any(part in name for part in A_B):
+            out[name] = tensor  # DoRA's magnitudes: the norm of the same weight
+            continue
+        if name not in start or start[name].shape != tensor.shape:
+            raise UserError(
+                f"{shown_path(initial)}: does not fit the adapter in {shown_path(folder)} "
+                "(another run's?)"
+            )
+        first = start[name].to(tensor.dtype)
+        if ".lora_A." in name or ".lora_embedding_A" in name:
+            out[name] = torch.cat([tensor, first], dim=0).contiguous()
+        else:
+            joined = torch.cat([tensor.float(), -first.float()], dim=1) * fold
+            out[name] = joined.to(tensor.dtype).contiguous()
+    config.update(r=2 * rank, lora_alpha=2 * alpha, use_rslora=False, init_lora_weights=True)
+    return save(out, metadata=metadata), config
+
+
+def to_standard_form(folder: Path, initial: Path) -> bool:
+    """Rewrite the adapter in `folder` in its standard form (see `standard_form`), each file
+    whole or not; whether it was one to rewrite."""
+    converted = standard_form(folder, initial)
+    if converted is None:
+        return False
+    weights, config = converted
+    with atomic_file(folder / ADAPTER_WEIGHTS) as tmp:
+        tmp.write_bytes(weights)
+    with atomic_file(folder / ADAPTER_CONFIG) as tmp:
+        tmp.write_text(json.dumps(config, indent=2) + "\n", "utf-8")
+    return True
+
+
+@contextmanager
+def standard_folder(folder: Path, initial: Path) -> Iterator[Path]:
+    """`folder`, or where its adapter was trained from a decomposed base (a checkpoint of a
+    PiSSA run), a temporary folder holding its standard form, for peft to load on the base
+    itself (peft would decompose the base again: slow, and another residual for
+    pissa_niter_N)."""
+    converted = standard_form(folder, initial)
+    if converted is None:
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="expert-cli-adapter-") as tmp:
+        Path(tmp, ADAPTER_WEIGHTS).write_bytes(converted[0])
+        Path(tmp, ADAPTER_CONFIG).write_text(json.dumps(converted[1]), "utf-8")
+        yield Path(tmp)
+
+
+def _tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
+    with safe_open(path, framework="pt") as file:
+        return {name: file.get_tensor(name) for name in file.keys()}, file.metadata()  # noqa: SIM118
