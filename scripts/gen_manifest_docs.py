@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from expert_cli import config
 from expert_cli.config.fields import describe_fields
-from expert_cli.config.training_config import MAX_BATCH_ROWS, CheckpointingKwargs
+from expert_cli.config.training_config import CheckpointingKwargs
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "manifest.md"
 
@@ -72,10 +72,6 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ),
 ]
 
-# limits a validator enforces (not a Field bound, so describe_fields does not see them)
-VALIDATOR_LIMITS: dict[tuple[type[BaseModel], str], str] = {
-    (config.TrainingConfig, "batch_size"): f'>= 1, <= {MAX_BATCH_ROWS}, or "auto"',
-}
 
 HEADER = """# Manifest reference
 
@@ -109,7 +105,7 @@ def section(title: str, model: type[BaseModel], intro: str) -> str:
         alias = f" (alias `{doc.alias}`)" if doc.alias else ""
         default = doc.default if doc.default in ("required", "unset") else f"`{doc.default}`"
         kind = doc.type.replace(" | ", " \\| ")
-        limits = doc.limits or VALIDATOR_LIMITS.get((model, doc.name), "")
+        limits = doc.limits
         lines.append(f"| `{doc.name}`{alias} | {kind} | {default} | {limits} | {doc.meaning} |")
     return "\n".join(lines) + "\n"
 

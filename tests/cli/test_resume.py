@@ -101,11 +101,15 @@ def test_an_interrupt_keeps_its_checkpoint_under_a_limit_of_one(
     to the best evaluation's step and the steps since were lost."""
     config = {"evaluation_strategy": "steps", "eval_steps": 2, "save_steps": 2}
     config |= {"save_total_limit": 1, "learning_rate": 0.3}  # the loss soon stops falling
+    config |= {"logging_steps": 5}
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48, valid_rows=4, config=config)
     out = tmp_path / "b"
     first = _interrupt_after(manifest, out, step=7)
     assert first.returncode == 130, first.stdout + first.stderr
     stopped = read_metrics(out)["summary"]["steps"]
+    # the steps since the last window were logged at the stop: the closing loss is theirs
+    last = read_metrics(out)["windows"][-1]
+    assert last["step"] == stopped and last["loss"] is not None, last
     kept = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert f"checkpoint-{stopped}" in kept, (stopped, kept)
 

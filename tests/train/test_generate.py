@@ -370,6 +370,16 @@ def test_a_base_config_edited_since_the_run_is_named(
     assert not (tmp_path / "merged").exists()
 
 
+def _manifest_of_its_own(run: Path, manifest: dict) -> Path:
+    """The run trained from a manifest file of its own (a copy the test may edit), holding
+    `manifest`: the fixture's file is shared by every test."""
+    path = run.parent / "manifest.json"
+    path.write_text(json.dumps(manifest))
+    resolved = json.loads((run / "manifest.resolved.json").read_text())
+    (run / "manifest.resolved.json").write_text(json.dumps({**resolved, "manifest_path": str(path)}))
+    return path
+
+
 def test_a_damaged_copy_of_the_manifest_is_named(
     capsys, monkeypatch, memorised: Path, tmp_path: Path
 ) -> None:
@@ -379,6 +389,7 @@ def test_a_damaged_copy_of_the_manifest_is_named(
     shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
     source = run / "manifest.source.json"
     good = json.loads(source.read_text())
+    own = _manifest_of_its_own(run, good)
     for text, expected in [
         ('{"training": ', "manifest.source.json:1:14: invalid JSON"),
         (
@@ -387,8 +398,16 @@ def test_a_damaged_copy_of_the_manifest_is_named(
         ),
     ]:
         source.write_text(text)
+        if text.endswith("}"):  # the run trained from it: the file says the same
+            own.write_text(text)
         code, out, err = run_main(capsys, monkeypatch, "generate", "-p", "x", "--adapter", str(run))
         assert code == 2 and expected in " ".join(err.split()), out + err
+    # a bad value the manifest file was given since the run: named in the file
+    source.write_text(json.dumps(good))
+    own.write_text(json.dumps({**good, "training": {**good["training"], "decoding": {"top_k": 0}}}))
+    code, out, err = run_main(capsys, monkeypatch, "generate", "-p", "x", "--adapter", str(run))
+    said = " ".join(err.split())
+    assert code == 2 and f"{own}: training.decoding.top_k: Input should be greater" in said, said
 
 
 def test_decoding_values_given_to_train_by_set_apply(
@@ -816,6 +835,7 @@ def test_eval_decodes_greedily_whatever_the_manifest_samples(
     source = json.loads((run / "manifest.source.json").read_text())
     source["training"]["decoding"] = {"temperature": 0.7, "max_tokens": 24}
     (run / "manifest.source.json").write_text(json.dumps(source))
+    _manifest_of_its_own(run, source)
     report = _json(capsys, monkeypatch, "--adapter", str(run), "--eval", "2")
     assert report["settings"]["do_sample"] is False and report["exact_match_rate"] == 1.0
     assert any(n.startswith("--eval: this call decodes greedily") for n in report["notes"])

@@ -272,7 +272,8 @@ def test_early_stopping_stops_on_the_evaluation_loss_and_says_where(
     from train_helpers import run_here, write_expert
 
     config = {"early_stopping_patience": 2, "early_stopping_threshold": 1e5,
-              "evaluation_strategy": "steps", "eval_steps": 1, "save_steps": 1}  # fmt: skip
+              "evaluation_strategy": "steps", "eval_steps": 1, "save_steps": 1,
+              "logging_steps": 5}  # fmt: skip
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48, valid_rows=4, config=config)
     output = tmp_path / "e" / "output"
     proc = run_here("train", "--manifest", str(manifest), "--max-steps", "12")
@@ -287,12 +288,24 @@ def test_early_stopping_stops_on_the_evaluation_loss_and_says_where(
     metrics = json.loads((output / "metrics.json").read_text())
     summary, evals = metrics["summary"], metrics["evals"]
     assert summary["status"] == "completed" and summary["steps"] == 3 and len(evals) == 3
+    # the steps after the last logged window have their loss (logging_steps 5 logged none:
+    # the run's final loss was null)
+    assert metrics["windows"][-1]["step"] == 3 and summary["final_loss"] is not None
     stopped = summary["stopped_early"]
     lowest = min(evals, key=lambda e: e["eval_loss"])
     assert (stopped["step"], stopped["of"], stopped["best_step"]) == (3, 12, lowest["step"])
     assert stopped["best_eval_loss"] == pytest.approx(lowest["eval_loss"])
     assert f"the lowest eval_loss {lowest['eval_loss']:.4g}, at step {lowest['step']}" in said
     assert (output / "adapter_model.safetensors").is_file()
+    # with load_best_model_at_end the stop names the checkpoint the final adapter is
+    best = write_expert(tmp_path / "b", tiny_model_dir, rows=48, valid_rows=4,
+                        config={**config, "load_best_model_at_end": True})  # fmt: skip
+    proc = run_here("train", "--manifest", str(best), "--max-steps", "12")
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, said
+    evals = json.loads((tmp_path / "b" / "output" / "metrics.json").read_text())["evals"]
+    lowest = min(evals, key=lambda e: e["eval_loss"])["step"]  # every step saved
+    assert f"at step {lowest}; the final adapter is checkpoint-{lowest}'s" in said, said
 
     # no evaluation: nothing to stop on
     config = {"early_stopping_patience": 2, "evaluation_strategy": "no"}
@@ -369,6 +382,8 @@ def test_early_stopping_keeps_its_own_lowest_and_its_last_evaluation_is_no_stop(
     assert control.should_training_stop
     assert throughput.extra["stopped_early"] == {
         "step": 4, "of": 9, "best_eval_loss": 2.0, "best_step": 2}  # fmt: skip
+    assert not said  # said as training ends, when the adapter kept is known
+    stop.on_train_end(SimpleNamespace(load_best_model_at_end=False), state, control)
     assert said[-1].endswith("the lowest eval_loss 2, at step 2")
     last = ThroughputCallback(ThroughputMeter(None), None)
     at_end = EarlyStop(1, 0.0, last)

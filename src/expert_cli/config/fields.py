@@ -20,6 +20,7 @@ from expert_cli.config.resolve import (
     DEFAULT_SAVE_LIMIT,
     DEFAULT_SAVE_STEPS,
 )
+from expert_cli.config.training_config import MAX_BATCH_ROWS
 
 
 @dataclass(frozen=True)
@@ -51,23 +52,32 @@ UNSET_MEANS = {
     "save_steps": f"{DEFAULT_SAVE_STEPS}",
     "save_total_limit": f"{DEFAULT_SAVE_LIMIT}",
     "eval_steps": "save_steps",
+    "warmup_steps": f"0 (warmup_ratio {DEFAULT_WARMUP_RATIO:g} then)",
+    "gradient_accumulation_steps": "1 for a numeric batch_size (auto: from tokens_per_step)",
+    "save_strategy": "steps",
+    "evaluation_strategy": "steps where there is validation data or a held-out share, else no",
     "use_rslora": "false",
     "init_lora_weights": "default",
 }
+
+
+# limits a validator enforces (not a Field bound, which describe_fields reads)
+VALIDATOR_LIMITS = {"batch_size": f'>= 1, <= {MAX_BATCH_ROWS}, or "auto"'}
 
 
 def describe_fields(model: type[BaseModel]) -> list[FieldDoc]:
     """Every field of `model`, in declaration order (training.config's with what an unset one
     resolves to)."""
     hints = typing.get_type_hints(model, include_extras=True)
-    unset = UNSET_MEANS if model.__name__ == "TrainingConfig" else {}
+    training = model.__name__ == "TrainingConfig"
+    unset, limits = (UNSET_MEANS, VALIDATOR_LIMITS) if training else ({}, {})
     return [
         FieldDoc(
             name=name,
             alias=info.alias,
             type=type_name(hints[name]),
             default=_default(info, unset.get(name)),
-            limits=_bounds(info, hints[name]),
+            limits=_bounds(info, hints[name]) or (limits.get(name, "")),
             meaning=info.description or "",
         )
         for name, info in model.model_fields.items()

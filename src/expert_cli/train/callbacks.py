@@ -51,10 +51,13 @@ class ThroughputCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.meter.step_ended()
-        if state.max_steps and state.global_step >= state.max_steps:
+        last = state.max_steps and state.global_step >= state.max_steps
+        if last or _evaluates(args, state):
             # the last steps' loss is logged, so the last window (and the run's final loss)
             # has one: where the step count is no multiple of logging_steps, the final loss
-            # was the window before it, and the last window had none
+            # was the window before it, and the last window had none. So at an evaluation
+            # too: early stopping ends the run there, decided after the step's log (this
+            # callback runs before the Trainer's own, which sets should_evaluate)
             control.should_log = True
 
     def on_log(
@@ -240,6 +243,14 @@ class Interrupt:
         return 128 + (self.signum or signal.SIGINT)
 
 
+def _evaluates(args: Any, state: Any) -> bool:
+    """Whether the Trainer evaluates at the end of this step (its DefaultFlowCallback's rule
+    for an evaluation every `eval_steps`)."""
+    every = getattr(state, "eval_steps", 0) or 0
+    due = args.eval_strategy == "steps" and every > 0 and state.global_step % every == 0
+    return due and (args.eval_delay or 0) <= state.global_step
+
+
 class InterruptCallback(TrainerCallback):
     """Turns a signal into save + stop at the next optimizer step's end, on every process at
     once (`any_rank` ORs the flag over processes)."""
@@ -254,6 +265,7 @@ class InterruptCallback(TrainerCallback):
             self.stopped = True
             control.should_save = True
             control.should_training_stop = True
+            control.should_log = True  # the steps since the last window: the final loss
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

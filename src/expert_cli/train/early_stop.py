@@ -6,6 +6,7 @@ EarlyStoppingCallback, which says where it stopped the run (a note, and metrics.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from transformers import EarlyStoppingCallback
@@ -23,6 +24,7 @@ class EarlyStop(EarlyStoppingCallback):
         super().__init__(patience, threshold)
         self.throughput, self.say = throughput, say
         self.lowest: tuple[float, int] | None = None  # (eval_loss, step) lowest so far
+        self.said: str | None = None  # the stop, said when training ends
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         """A resumed run goes on counting from its checkpoint's count (the Trainer's own
@@ -67,11 +69,18 @@ class EarlyStop(EarlyStoppingCallback):
             lowest = (
                 f"the lowest eval_loss {best:.4g}, at step {at}" if at else "no eval_loss a number"
             )
-            self.say(
+            self.said = (  # said at the end: the stop's own step may still be saved as the best
                 f"stopped early at step {state.global_step} of {state.max_steps}: {count} "
                 f"evaluation{'' if count == 1 else 's'} in a row without the loss improving"
                 f"{f' by more than {by:g}' if by else ''} (early_stopping_patience); {lowest}"
             )
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.said is None or self.say is None:
+            return
+        kept = getattr(state, "best_model_checkpoint", None)
+        best = args.load_best_model_at_end and kept
+        self.say(self.said + (f"; the final adapter is {Path(kept).name}'s" if best else ""))
 
 
 def _lowest(loss: Any, step: Any) -> tuple[float, int] | None:

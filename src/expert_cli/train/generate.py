@@ -35,7 +35,7 @@ from expert_cli.train.outputs import (
 )
 from expert_cli.train.prompt_format import prompt_format
 from expert_cli.train.prompts import asked
-from expert_cli.train.run_source import as_trained, later_edits, source_manifest, taken_note
+from expert_cli.train.run_source import run_decoding
 from expert_cli.train.tokenizer_files import Stops, layout_stops, saved_tokenizer
 
 DEFAULT_NEW_TOKENS = 256
@@ -151,6 +151,7 @@ class LoadedRun:
     device: str
     data_record: Any = None  # runtime.data of manifest.resolved.json: the run's token cache
     notes: list[str] = field(default_factory=list)  # how the base was loaded (dequantized)
+    decoding_from: str = SOURCE_MANIFEST  # or the manifest file, edited since the run
 
 
 def load_run(adapter: Path) -> LoadedRun:
@@ -172,29 +173,20 @@ def load_run(adapter: Path) -> LoadedRun:
         raise UserError(
             f"{run_dir / 'manifest.resolved.json'}: not a run's configuration"
         ) from None
-    # a damaged copy is exit 2 naming it; a --set training.decoding... train was given applies,
-    # and the manifest file's decoding where it was edited since
-    copied, where = source_manifest(run_dir), Path(resolved.manifest_path)
-    source, _ = as_trained(copied, {"runtime": runtime})
-    source, taken = later_edits(source, copied, where) if copied else (source, [])
     # how the base loaded (dequantized, weights left out); decoding edited since the run
-    decoded = "training.decoding" in taken
-    loaded = [taken_note(["training.decoding"], where)] if decoded else []
-    training = source.get("training")
-    decoding = (training or {}).get("decoding") if isinstance(training, dict) else None
+    decoding, where, loaded = run_decoding(run_dir, runtime, Path(resolved.manifest_path))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # bf16 on a GPU that has it; elsewhere fp32 (fp16 could overflow where the base was
     # trained in bf16: NaN logits)
     dtype = torch.bfloat16 if device == "cuda" and hardware_bf16() else None
     tokenizer = saved_tokenizer(adapter, run_dir)
     model = load_adapted(adapter, base, dtype or torch.float32, loaded).to(device).eval()
-    decoding = decoding if isinstance(decoding, dict) else {}
     record = runtime.get("data") if isinstance(runtime, dict) else None
-    return LoadedRun(resolved, decoding, model, tokenizer, device, record, loaded)
+    return LoadedRun(resolved, decoding, model, tokenizer, device, record, loaded, where)
 
 
 def decoding_settings(
-    decoding: dict[str, Any], greedy: bool, max_new_tokens: int | None
+    decoding: dict[str, Any], greedy: bool, max_new_tokens: int | None, where: str = SOURCE_MANIFEST
 ) -> tuple[dict[str, Any], list[str]]:
     """`generate()` keyword arguments from the manifest's decoding block, and notes on what
     was not used; a value of the wrong type or out of bounds is a UserError naming it and the
@@ -203,8 +195,8 @@ def decoding_settings(
     try:
         spec = DecodingSpec.model_validate(strip_comments(decoding))
     except ValidationError as exc:
-        where = f"{SOURCE_MANIFEST}: training.decoding"  # the run's copy of the manifest
-        raise UserError([f"{where}.{line}" for line in format_errors(exc)]) from None
+        at = f"{where}: training.decoding"  # the run's copy of the manifest, or the file
+        raise UserError([f"{at}.{line}" for line in format_errors(exc)]) from None
     given = spec.model_dump(exclude_none=True)
     notes = [
         f"training.decoding.{key}: not used by generate"
@@ -350,10 +342,12 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
         list(opts.prompts), opts.prompts_file, opts.system, opts.tools_file, opts.eval_n or 0
     )
     run = load_run(opts.adapter)
-    settings, notes = decoding_settings(run.decoding, opts.greedy, opts.max_new_tokens)
+    settings, notes = decoding_settings(
+        run.decoding, opts.greedy, opts.max_new_tokens, run.decoding_from
+    )
     if opts.eval_n and not opts.greedy:  # exact match of sampled answers varies: greedy
         sampled = settings["do_sample"]
-        settings, notes = decoding_settings(run.decoding, True, opts.max_new_tokens)
+        settings, notes = decoding_settings(run.decoding, True, opts.max_new_tokens, run.decoding_from)
         if sampled:
             notes.append(
                 "--eval: this call decodes greedily (an exact match of sampled answers changes "

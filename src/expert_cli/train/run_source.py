@@ -238,3 +238,21 @@ def as_trained(
     more = f" and {len(applied) - 6} more" if len(applied) > 6 else ""
     note = f"the packaged manifest holds the --set values train was given: {', '.join(applied[:6])}"
     return changed, [note + more, *notes]
+
+
+def run_decoding(
+    run_dir: Path, runtime: Any, manifest_path: Path
+) -> tuple[dict[str, Any], str, list[str]]:
+    """The training.decoding block `generate` decodes with: the run's copy with the --set
+    values train was given, or the manifest file's where it was edited since the run (a note
+    says so); and where it came from, for an error to name. A damaged copy is exit 2."""
+    copied = source_manifest(run_dir)
+    source, _ = as_trained(copied, {"runtime": runtime})
+    edited, taken = later_edits(source, copied, manifest_path) if copied else (source, [])
+    where, notes = SOURCE_MANIFEST, []
+    if "training.decoding" in taken:
+        source, where = edited, shown_path(manifest_path)
+        notes = [taken_note(["training.decoding"], manifest_path)]
+    training = source.get("training")
+    decoding = training.get("decoding") if isinstance(training, dict) else None
+    return (decoding if isinstance(decoding, dict) else {}), where, notes
