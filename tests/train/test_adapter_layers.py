@@ -17,8 +17,7 @@ from train_helpers import run_cli, run_main, write_expert
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
-from expert_cli.train.adapter import adapter_config, ia3_note, target_problem
-from expert_cli.train.adapter import adapter_notes
+from expert_cli.train.adapter import adapter_config, adapter_notes, ia3_note, target_problem
 from expert_cli.train.model import attach_adapter
 
 GPT2 = {"n_positions": 128, "n_embd": 32, "n_layer": 1, "n_head": 2, "vocab_size": 4096}

@@ -376,7 +376,9 @@ def _manifest_of_its_own(run: Path, manifest: dict) -> Path:
     path = run.parent / "manifest.json"
     path.write_text(json.dumps(manifest))
     resolved = json.loads((run / "manifest.resolved.json").read_text())
-    (run / "manifest.resolved.json").write_text(json.dumps({**resolved, "manifest_path": str(path)}))
+    (run / "manifest.resolved.json").write_text(
+        json.dumps({**resolved, "manifest_path": str(path)})
+    )
     return path
 
 

@@ -146,9 +146,13 @@ def test_a_pissa_run_ships_a_lora_of_the_base_itself(tmp_path: Path, tiny_model_
     start = (run / INIT_WEIGHTS).read_bytes()
     final = json.loads((run / "adapter_config.json").read_text())
     assert (final["r"], final["lora_alpha"], final["init_lora_weights"]) == (8, 16, True)
-    checkpoint = json.loads((run / "checkpoints" / "checkpoint-2" / "adapter_config.json").read_text())
+    checkpoint = json.loads(
+        (run / "checkpoints" / "checkpoint-2" / "adapter_config.json").read_text()
+    )
     assert checkpoint["r"] == 4 and checkpoint["init_lora_weights"] == "pissa"
-    more = run_here("train", "-m", str(manifest), "--output", str(run), "--resume", "--max-steps", "4")
+    more = run_here(
+        "train", "-m", str(manifest), "--output", str(run), "--resume", "--max-steps", "4"
+    )
     assert more.returncode == 0, more.stdout + more.stderr
     assert (run / INIT_WEIGHTS).read_bytes() == start  # the run's start, kept
     out = tmp_path / "p.expert"

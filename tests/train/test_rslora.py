@@ -101,8 +101,9 @@ def test_the_package_folds_the_scale_into_lora_b(tmp_path: Path, tiny_model_dir:
     shipped_config = json.loads(files["adapter_config.json"])
     assert shipped_config["use_rslora"] is False
     assert (shipped_config["r"], shipped_config["lora_alpha"]) == (8, 16)
-    shipped, trained = load(files["adapter_model.safetensors"]), load_file(
-        run / "adapter_model.safetensors"
+    shipped, trained = (
+        load(files["adapter_model.safetensors"]),
+        load_file(run / "adapter_model.safetensors"),
     )
     assert shipped.keys() == trained.keys()
     b_names = [n for n in trained if ".lora_B." in n]

@@ -347,7 +347,9 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
     )
     if opts.eval_n and not opts.greedy:  # exact match of sampled answers varies: greedy
         sampled = settings["do_sample"]
-        settings, notes = decoding_settings(run.decoding, True, opts.max_new_tokens, run.decoding_from)
+        settings, notes = decoding_settings(
+            run.decoding, True, opts.max_new_tokens, run.decoding_from
+        )
         if sampled:
             notes.append(
                 "--eval: this call decodes greedily (an exact match of sampled answers changes "
