@@ -509,6 +509,7 @@ def test_logits_that_overflow_are_one_line(
     source = json.loads((run / "manifest.source.json").read_text())
     source["training"]["decoding"] = {"temperature": 0.7}
     (run / "manifest.source.json").write_text(json.dumps(source))
+    _manifest_of_its_own(run, source)  # the run trained with it
     code, out, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "x")
     assert code == 1, out + err
     assert "sampling met probabilities that are NaN or infinite" in " ".join(err.split())
