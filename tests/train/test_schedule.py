@@ -297,6 +297,14 @@ def test_early_stopping_stops_on_the_evaluation_loss_and_says_where(
     assert stopped["best_eval_loss"] == pytest.approx(lowest["eval_loss"])
     assert f"the lowest eval_loss {lowest['eval_loss']:.4g}, at step {lowest['step']}" in said
     assert (output / "adapter_model.safetensors").is_file()
+    # a --resume of it (a scheduler re-queuing the command) trained on past the stop and
+    # replaced its adapter: the run is complete at the length it was given
+    adapter = (output / "adapter_model.safetensors").read_bytes()
+    again = run_here("train", "--manifest", str(manifest), "--max-steps", "12", "--resume")
+    said = " ".join((again.stdout + again.stderr).split())
+    assert again.returncode == 0, said
+    assert "holds a finished run of 3 steps (stopped early, of 12: early_stopping_patience)" in said
+    assert (output / "adapter_model.safetensors").read_bytes() == adapter
     # with load_best_model_at_end the stop names the checkpoint the final adapter is
     best = write_expert(tmp_path / "b", tiny_model_dir, rows=48, valid_rows=4,
                         config={**config, "load_best_model_at_end": True})  # fmt: skip

@@ -327,11 +327,14 @@ def print_end(console: Console, result: TrainResult, opts: TrainOptions) -> None
     summary, status = result.summary, result.status
     if status == "complete":
         done = f"{escaped(str(result.output_dir))} holds a finished run of {summary['steps']} steps"
+        if of := summary.get("stopped_early_of"):
+            done += f" (stopped early, of {of}: early_stopping_patience)"
+        bigger = f"than {of} " if of else ""
         console.print(
             labelled(
                 "complete",
                 "bold",
-                f"{done}; nothing to resume (give a larger --max-steps to train on)",
+                f"{done}; nothing to resume (give a larger --max-steps {bigger}to train on)",
                 WIDTH,
             )
         )

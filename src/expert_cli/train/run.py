@@ -347,7 +347,8 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
     with sigterm_raises():  # as SIGINT does: what the run did to its folder is undone
         run, resume = setup(opts, reporter or Silent())
         if run.complete is not None:
-            summary = {"steps": run.complete.steps, "status": "complete"}
+            summary = {"steps": run.complete.steps, "status": "complete",
+                       "stopped_early_of": run.complete.planned}  # fmt: skip
             return TrainResult(run.output, "complete", 0, summary, None, run.is_main)
         try:
             return _train(run, resume)

@@ -70,6 +70,7 @@ class Previous:
     status: str  # completed | interrupted | diverged | failed | running (killed) | unknown
     steps: int
     config: dict[str, Any]
+    planned: int | None = None  # the steps an early-stopped run was given (it stopped before)
 
 
 KNOWN_STATUSES = ("completed", "interrupted", "diverged", "failed", "running")
@@ -88,7 +89,10 @@ def previous_run(output: Path) -> Previous | None:
     config = read_json_file(output / "manifest.resolved.json")
     steps = metrics.get("steps")
     plausible = isinstance(steps, int) and not isinstance(steps, bool) and 0 <= steps <= MAX_STEPS
-    return Previous(status=status, steps=steps if plausible else 0, config=config)
+    stopped = metrics.get("stopped_early")
+    planned = stopped.get("of") if isinstance(stopped, dict) else None
+    planned = planned if isinstance(planned, int) and 0 < planned <= MAX_STEPS else None
+    return Previous(status=status, steps=steps if plausible else 0, config=config, planned=planned)
 
 
 MAX_STEPS_KEY = "max_steps"  # runtime: the --max-steps a run began with (None: its epochs)
@@ -324,7 +328,10 @@ def decide(
             refuse_occupied(output, previous)
         return Decision(clear=previous is not None)
     check_resumable(output, previous, resolved)
-    if previous and previous.status == "completed" and (max_steps or 0) <= previous.steps:
+    # an early-stopped run is finished at the length it was given (a re-queued --resume
+    # trained on past its stop and replaced its adapter, evaluation after evaluation)
+    done = max(previous.steps, previous.planned or 0) if previous else 0
+    if previous and previous.status == "completed" and (max_steps or 0) <= done:
         return Decision(complete=previous)
     refuse_world_change(previous.config if previous else {}, world, resolved.rows_per_step)
     point = resume_point(output / "checkpoints")
