@@ -550,6 +550,7 @@ def test_a_tracker_that_fails_to_start_is_named_and_leaves_no_folder(
         "class Live:\n    def __init__(self, *a, **k):\n        raise RuntimeError('no DVC repo')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+    monkeypatch.delitem(sys.modules, "dvclive", raising=False)  # another test's stub
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8, config={"report_to": "dvclive"})
     output = tmp_path / "out"
     proc = run_here("train", "--manifest", str(manifest), "--output", str(output))
@@ -559,3 +560,52 @@ def test_a_tracker_that_fails_to_start_is_named_and_leaves_no_folder(
         "training.config.report_to: dvclive failed to start (RuntimeError: no DVC repo); set it up"
     ) in said
     assert "Traceback" not in said and not output.exists()
+
+
+DVCLIVE_STUB = """
+import os
+class Live:
+    def __init__(self, *a, **k):
+        self.steps = 0
+    def log_params(self, params):
+        pass
+    def log_metric(self, name, value):
+        if self.steps >= int(os.environ.get("STUB_FAIL_AT", "1000000")):
+            raise ConnectionError("tracking server unreachable")
+    def next_step(self):
+        self.steps += 1
+    def end(self):
+        if os.environ.get("STUB_FAIL_AT_END"):
+            raise ConnectionError("tracking server unreachable")
+"""
+
+
+@pytest.mark.parametrize("failing", [{"STUB_FAIL_AT": "2"}, {"STUB_FAIL_AT_END": "1"}])
+def test_a_tracker_that_fails_mid_run_stops_logging_not_the_run(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, failing: dict
+) -> None:
+    """A tracking server that stops answering: mid-run, a traceback lost the steps since the
+    last checkpoint; at the end, a finished run was marked failed and saved no adapter. The
+    tracker is dropped with a note and the run goes on."""
+    from train_helpers import run_here, write_expert
+
+    stub = tmp_path / "stub" / "dvclive"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(DVCLIVE_STUB)
+    (stub / "plots.py").write_text("class Metric:\n    could_log = staticmethod(lambda v: True)\n")
+    (stub / "utils.py").write_text("def standardize_metric_name(key, _):\n    return key\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+    for name in ("dvclive", "dvclive.plots", "dvclive.utils"):  # another test's stub: not this
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    for key, value in failing.items():
+        monkeypatch.setenv(key, value)
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8, config={"report_to": "dvclive"})
+    output = tmp_path / "out"
+    proc = run_here("train", "--manifest", str(manifest), "--output", str(output),
+                    "--max-steps", "4")  # fmt: skip
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, said
+    step = 3 if "STUB_FAIL_AT" in failing else 4
+    assert f"report_to: DVCLive failed at step {step} (ConnectionError); it logs nothing more" in said
+    assert "Traceback" not in said and (output / "adapter_model.safetensors").is_file()
+    assert json.loads((output / "metrics.json").read_text())["summary"]["status"] == "completed"

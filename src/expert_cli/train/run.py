@@ -46,6 +46,7 @@ from expert_cli.train.callbacks import (
     ResumedIntervals,
     ScheduleNote,
     earlier_records,
+    guard_trackers,
 )
 from expert_cli.train.causality import checked_isolation
 from expert_cli.train.checkpoints import CheckpointMarker, checkpoint_step, finished_from
@@ -314,6 +315,7 @@ def make_trainer(
     ]:
         if callback is not None:
             trainer.add_callback(callback)
+    guard_trackers(trainer, run.reporter.note if run.is_main else None)
     if run.resolved.adapter_type == "adalora":
         trainer.add_callback(AdaLoraCallback(model))
     if run.resolved.neftune_noise_alpha:  # noise while training, each example by its length
