@@ -181,6 +181,21 @@ def test_a_template_that_loops_without_end_is_refused_in_time(
     assert f"chat template (the file {template}) took over 0.5 s to render" in said, said
 
 
+def test_a_template_file_that_is_not_jinja_is_refused_whatever_the_data(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Text data with a chat_template file cut short: check said usable, train shipped the
+    file, and the merged model's template raised."""
+    template = tmp_path / "cut.jinja"
+    template.write_text("{% for m in messages %}{{ m.content ")
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=4)
+    data = json.loads(manifest.read_text())
+    data["base_models"][0]["chat_template"] = str(template)
+    manifest.write_text(json.dumps(data))
+    said = " ".join(check_manifest(manifest).problems)
+    assert f"base_models[0].chat_template: {template} is not a Jinja template" in said, said
+
+
 def test_a_deadline_bounds_the_main_thread_and_gives_back_an_outer_timer() -> None:
     import signal
     import threading

@@ -581,6 +581,13 @@ def test_a_chat_template_that_refuses_the_prompt(
     assert code == 2, out + err
     assert "the run's chat template (its tokenizer files beside the adapter) refuses a " in said
     assert "(TemplateError)" in said and "SECRET" not in said + out
+    # one that renders nothing for a lone user turn: generate ran on no tokens (a traceback)
+    (run / "chat_template.jinja").write_text(
+        "{% if messages|length > 1 %}{% for m in messages %}{{ m.content }}{% endfor %}{% endif %}"
+    )
+    code, out, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "x")
+    said = " ".join(err.split())
+    assert code == 2 and "renders nothing for a conversation of one user turn" in said, out + err
 
 
 def test_decoding_settings_from_the_manifest() -> None:

@@ -9,6 +9,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jinja2.exceptions import TemplateSyntaxError
 from transformers import AutoConfig, AutoTokenizer
 
 from expert_cli.config.base import encodes
@@ -144,7 +145,7 @@ def load_tokenizer(resolved: ResolvedConfig, local_only: bool = False) -> PreTra
     _refuse_unusable(tokenizer, resolved.base_model)
     if resolved.chat_template:  # saved with the run's tokenizer: generate and merge use it
         tokenizer.chat_template = chat_template_text(resolved.chat_template)
-    _refuse_endless_template(tokenizer, resolved.chat_template)
+    _refuse_broken_template(tokenizer, resolved.chat_template)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
         log.info("tokenizer has no pad token; using eos %r as pad", tokenizer.eos_token)
@@ -161,24 +162,32 @@ MAX_TEMPLATE_BYTES = 1 << 20  # a chat template file: Jinja text, never this lar
 TEMPLATE_SECONDS = 10  # a chat template's render; one that runs longer loops without end
 
 
-def _refuse_endless_template(tokenizer: Any, given: str | None) -> None:
+def _refuse_broken_template(tokenizer: Any, given: str | None) -> None:
     """A chat template that runs over TEMPLATE_SECONDS on a two-message conversation (Jinja
-    loops without end) is refused, naming where it came from; a template that raises is left
-    to the data's checks (text data does not use it)."""
+    loops without end) is refused, naming where it came from, and so is a manifest's template
+    file that is not Jinja at all (the run would ship it, whatever its data: text data trained
+    and packaged it, and the merged model's template raised); one that refuses the
+    conversation is left to the data's checks (text data does not use it)."""
     if not tokenizer.chat_template:
         return
     probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    given_file = given is not None and given != "chatml"
+    where = f"the file {shown_path(given)}" if given_file else "the model's"
     try:
         with deadline(TEMPLATE_SECONDS) as bound:
             tokenizer.apply_chat_template(probe, tokenize=False)
+    except TemplateSyntaxError:
+        if given_file:
+            raise UserError(
+                f"base_models[0].chat_template: {shown_path(given)} is not a Jinja template "
+                "(TemplateSyntaxError); fix the file"
+            ) from None
     except Exception:  # noqa: BLE001 - said where the data uses the template, if not timed out
-        if not bound.expired:
-            return
-        where = f"the file {shown_path(given)}" if given and given != "chatml" else "the model's"
-        raise UserError(
-            f"base_models[0]: the chat template ({where}) took over {TEMPLATE_SECONDS} s to "
-            "render a two-message conversation (a loop without end?); fix the template"
-        ) from None
+        if bound.expired:
+            raise UserError(
+                f"base_models[0]: the chat template ({where}) took over {TEMPLATE_SECONDS} s "
+                "to render a two-message conversation (a loop without end?); fix the template"
+            ) from None
 
 
 def chat_template_text(given: str) -> str:

@@ -208,6 +208,12 @@ def _chat(tokenizer: Any, text: str, system: str | None, opening: str, closing: 
         )
     if opening and rendered.endswith(opening):
         rendered = rendered[: -len(opening)]
+    if not (rendered + closing).strip():  # generate would run on no tokens at all
+        raise UserError(
+            "the run's chat template (its tokenizer files beside the adapter) renders nothing "
+            "for a conversation of one user turn with a generation prompt; fix "
+            "chat_template.jinja (or the chat_template of tokenizer_config.json) there"
+        )
     return tokenizer(rendered + closing, add_special_tokens=False, verbose=False)["input_ids"]
 
 
