@@ -202,6 +202,8 @@ def test_a_signal_while_tokenizing_leaves_nothing_behind(
     done = _signal_mid_build(args, tmp_path / "e", signal.SIGTERM)
     assert done.returncode == 143, done.stdout + done.stderr
     assert not (tmp_path / "runs").exists()
+    said = " ".join((done.stdout + done.stderr).split())  # it ended without a word
+    assert "interrupted: before training began: nothing trained" in said, said
 
 
 @pytest.mark.slow

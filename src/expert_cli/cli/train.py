@@ -62,9 +62,19 @@ def train(
         overrides=overrides or [],
         overwrite=overwrite,
     )
+    from expert_cli.errors import Interrupted, Terminated
+
     keep_going_without_output()  # a closed terminal or pipe stops the printing, not the run
     out = console()
-    result = run_training(opts, RichReporter(out))
+    try:
+        result = run_training(opts, RichReporter(out))
+    except (KeyboardInterrupt, Terminated) as exc:  # before training (it ended in silence)
+        raise Interrupted(
+            "before training began: nothing trained, the output folder left as it was; a "
+            "token cache being built keeps its finished shards, which the same command goes "
+            "on from",
+            exc.code if isinstance(exc, Terminated) else 130,
+        ) from None
     if result.is_main:
         print_end(out, result, opts)
     if result.exit_code:
