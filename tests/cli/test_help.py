@@ -64,6 +64,20 @@ def test_the_settings_show_each_key_whole_at_any_width(columns) -> None:
     assert ("default unset: 0.0002; limits > 0, <= 1. Peak" in out.stdout) == (columns < 140)
 
 
+def test_a_field_of_another_block_given_as_a_bare_key_is_placed(cli) -> None:
+    """`--set chat_template=chatml` (a base model's field) was only "unknown field"."""
+    out = cli("check", "-m", DEMO, "--set", "chat_template=chatml", "--set", "response_template=x")
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 2
+    assert (
+        "training.config.chat_template: unknown field; it is a field of base_models[0] (with "
+        "--set: base_models.0.chat_template=...)"
+    ) in text
+    assert "it is a field of training.dataset (with --set: training.dataset.response_template" in (
+        text
+    )
+
+
 def test_set_mistakes_are_blamed_on_the_option_with_a_suggestion(cli) -> None:
     out = cli("check", "-m", DEMO, "--set", "lr=1e-3", "--set", "rank=0", "--set", "seq_len=9")
     assert out.returncode == 2

@@ -516,6 +516,7 @@ def test_report_to_passes_installed_trackers_on_and_names_a_missing_one(
     with pytest.raises(UserError, match=r"report_to"):
         _resolved(tmp_path, {"report_to": ["tensorbored"]})
     assert _resolved(tmp_path, {"report_to": "none"}).report_to == []  # the Trainer's word
+    assert _resolved(tmp_path, {"report_to": "dvclive, tensorboard"}).report_to == ["dvclive"]
     import typing
 
     from expert_cli.config.trackers import TRACKERS, Tracker

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from expert_cli.config.models import Manifest
+from expert_cli.config.models import BaseModelSpec, DatasetSpec, Manifest
+from expert_cli.config.training_config import TrainingConfig
 from expert_cli.errors import value_kind
 
 SHOWN_KEY_CHARS = 64  # a key longer than this is named by its length
@@ -107,12 +108,24 @@ SHORT_NAMES = {
 }
 
 
+def _other_block(name: str) -> str | None:
+    """The block a training.config key given by mistake belongs to (a bare `--set` key is
+    training.config's: `--set chat_template=chatml` was only "unknown field")."""
+    for block, model in (("base_models.0", BaseModelSpec), ("training.dataset", DatasetSpec)):
+        if name in model.model_fields:
+            return block
+    return None
+
+
 def _suggest(loc: tuple[Any, ...]) -> str:
     model = _model_at(loc[:-1])
     if model is None:
         return ""
     names = list(model.model_fields) + [f.alias for f in model.model_fields.values() if f.alias]
     wrong = str(loc[-1])
+    if model is TrainingConfig and (elsewhere := _other_block(wrong)):
+        label = elsewhere.replace(".0", "[0]")
+        return f"; it is a field of {label} (with --set: {elsewhere}.{wrong}=...)"
     if SHORT_NAMES.get(wrong.lower()) in names:
         return f"; did you mean {SHORT_NAMES[wrong.lower()]}?"
     close = difflib.get_close_matches(wrong, names, n=1, cutoff=0.6)

@@ -32,7 +32,8 @@ Tracker = Literal[
 
 
 def one_or_many(value: Any) -> Any:
-    """`report_to`: one name or a list of them; "none" (the Trainer's word) for none."""
+    """`report_to`: one name, a list of them, or names joined by commas (`--set
+    report_to=wandb,mlflow`: its first name was blamed); "none" (the Trainer's word) for none."""
     if isinstance(value, str):
-        return [] if value == "none" else [value]
+        return [] if value == "none" else [name.strip() for name in value.split(",")]
     return value
