@@ -954,7 +954,15 @@ def test_a_damaged_tokenizer_is_named_in_package_and_check(v2_run: Path, tmp_pat
         ),
         "tokenizer_config.json": (b"[1, 2]", "not a JSON object"),
         "special_tokens_map.json": (b"{'a': 1}", "not readable JSON"),
+        "chat_template.jinja": (  # called sound: the prompts cannot be laid out from it
+            b"{% for x in %}",
+            "not a Jinja template transformers can compile (TemplateSyntaxError)",
+        ),
     }
+    damaged_template = {"chat_template.jinja": (b" \n", "empty (a chat template renders every")}
+    for name, (data, expected) in damaged_template.items():
+        bad = _repack(good, tmp_path / "bad.expert", lambda f, n=name, d=data: {**f, n: d})
+        assert verify_package(bad).problems[0].startswith(f"{name}: {expected}")
     for name, (data, expected) in damaged.items():
         bad = _repack(good, tmp_path / "bad.expert", lambda f, n=name, d=data: {**f, n: d})
         assert verify_package(bad).problems == [f"{name}: {expected}"]

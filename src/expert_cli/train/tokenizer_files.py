@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import tokenizers
+from jinja2.exceptions import TemplateSyntaxError
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
+from transformers.utils.chat_template_utils import _compile_jinja_template  # as it renders
 
 from expert_cli.config.base import encodes
 from expert_cli.data.tokenizer import NOT_UTF8_PATH
@@ -95,6 +97,8 @@ def tokenizer_problem(name: str, data: bytes) -> str | None:
             Tokenizer.from_str(text)
         except Exception:  # the library's own error, whatever it is: never quoted
             return f"not a tokenizer the tokenizers library ({tokenizers.__version__}) can read"
+    elif name == "chat_template.jinja":
+        return _template_problem(text)
     elif name.endswith(".json"):
         try:
             value = json.loads(text, parse_int=json_int)
@@ -102,6 +106,18 @@ def tokenizer_problem(name: str, data: bytes) -> str | None:
             return "not readable JSON"
         if not isinstance(value, dict):
             return "not a JSON object"
+    return None
+
+
+def _template_problem(text: str) -> str | None:
+    """What is wrong with a chat template's text as transformers compiles it (its own
+    environment: a template using its `{% generation %}` tag compiles); None when it does."""
+    if not text.strip():
+        return "empty (a chat template renders every prompt from it)"
+    try:
+        _compile_jinja_template(text)
+    except TemplateSyntaxError:
+        return "not a Jinja template transformers can compile (TemplateSyntaxError)"
     return None
 
 
