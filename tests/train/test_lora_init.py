@@ -159,6 +159,9 @@ def test_a_pissa_run_ships_a_lora_of_the_base_itself(tmp_path: Path, tiny_model_
     packed = run_here("package", "--adapter", str(run), "--checkpoint", "checkpoint-2",
                       "--output", str(out))  # fmt: skip
     assert packed.returncode == 0, packed.stdout + packed.stderr
+    said = " ".join(packed.stdout.split())
+    assert "ships as a LoRA of the base itself, rank 8 and alpha 16, twice the run's" in said
+    assert "training.config.rank: 4 in manifest.json" not in said  # by design, not an edit
     import tarfile
 
     with tarfile.open(out, "r:gz") as tar:

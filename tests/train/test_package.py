@@ -1169,6 +1169,22 @@ def test_manifest_edits_since_the_run_are_named(v2_run: Path, tmp_path: Path) ->
     assert done.returncode == 2
     said = " ".join((done.stdout + done.stderr).split())
     assert f"{expert / 'manifest.json'} (its later edits): version" in said, said
+    # the file now another expert's (a folder reused): it lends nothing, and says so
+    manifest.update(name="expert-poetry", version="3.0.0", routing={"keywords": ["poem"]})
+    (expert / "manifest.json").write_text(json.dumps(manifest))
+    done = run_here("package", "--adapter", str(run), "--output", str(out), "--force")
+    assert done.returncode == 0, done.stdout + done.stderr
+    shipped = json.loads(_unpack(out)["manifest.json"])
+    assert shipped["name"] == "expert-test" and "routing" not in shipped
+    assert shipped["description"] == "A test expert." and shipped.get("version") != "3.0.0"
+    # the run's copy edited by hand (as an earlier version advised), the file as trained: the
+    # copy wins (the file's unchanged description undid the edit, over and over)
+    copy = json.loads((run / "manifest.source.json").read_text())
+    (expert / "manifest.json").write_text(json.dumps(copy))
+    (run / "manifest.source.json").write_text(json.dumps({**copy, "description": "By hand."}))
+    done = run_here("package", "--adapter", str(run), "--output", str(out), "--force")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(_unpack(out)["manifest.json"])["description"] == "By hand."
 
 
 def test_a_note_of_the_package_check_is_said_once(v2_run: Path, tmp_path: Path) -> None:

@@ -400,3 +400,26 @@ def test_early_stopping_keeps_its_own_lowest_and_its_last_evaluation_is_no_stop(
     at_end.on_train_begin(SimpleNamespace(), state, SimpleNamespace())
     at_end.on_evaluate(args, state, SimpleNamespace(should_training_stop=False), {"eval_loss": 3})
     assert "stopped_early" not in last.extra  # the run's last step: it trained them all
+
+
+def test_a_step_that_evaluates_logs_its_window() -> None:
+    """Early stopping decides at an evaluation, after the step's log: a step that evaluates
+    (every eval_steps, or an epoch's end under evaluation_strategy epoch) logs, so the run's
+    last window has its loss."""
+    from types import SimpleNamespace
+
+    from expert_cli.telemetry.throughput import ThroughputMeter
+    from expert_cli.train.callbacks import ThroughputCallback, _evaluates
+
+    steps = SimpleNamespace(eval_strategy="steps", eval_delay=0)
+    assert _evaluates(steps, SimpleNamespace(eval_steps=7, global_step=14))
+    assert not _evaluates(steps, SimpleNamespace(eval_steps=7, global_step=15))
+    assert not _evaluates(SimpleNamespace(eval_strategy="steps", eval_delay=20),
+                          SimpleNamespace(eval_steps=7, global_step=14))  # fmt: skip
+    assert not _evaluates(SimpleNamespace(eval_strategy="no", eval_delay=0),
+                          SimpleNamespace(eval_steps=7, global_step=14))  # fmt: skip
+    callback = ThroughputCallback(ThroughputMeter(None), None)
+    for strategy, logs in (("epoch", True), ("steps", False)):
+        control = SimpleNamespace(should_log=False)
+        callback.on_epoch_end(SimpleNamespace(eval_strategy=strategy), SimpleNamespace(), control)
+        assert control.should_log is logs

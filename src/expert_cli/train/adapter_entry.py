@@ -144,6 +144,9 @@ def config_notes(training_config: Any, config: dict[str, Any]) -> list[str]:
     if not isinstance(training_config, dict):
         return []
     given = {CONFIG_FIELDS[k]: v for k, v in training_config.items() if k in CONFIG_FIELDS}
+    init = training_config.get("init_lora_weights")
+    if decomposing(init if isinstance(init, str) else None):  # shipped at twice r and alpha
+        given = {k: v * 2 if k in ("r", "alpha") and _number(v) else v for k, v in given.items()}
     named = {field: name for name, field in CONFIG_FIELDS.items()}
     return [
         f"training.config.{named[field]}: {was} in manifest.json, {value} in "
@@ -151,6 +154,10 @@ def config_notes(training_config: Any, config: dict[str, Any]) -> list[str]:
         for field, was, value in disagreements(given, config)
         if field in given
     ]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def base_note(manifest: dict[str, Any], config: dict[str, Any]) -> list[str]:

@@ -60,6 +60,10 @@ class ThroughputCallback(TrainerCallback):
             # callback runs before the Trainer's own, which sets should_evaluate)
             control.should_log = True
 
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if args.eval_strategy == "epoch":  # an evaluation, where early stopping may end it
+            control.should_log = True
+
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
     ) -> None:

@@ -317,7 +317,9 @@ def refuse_unloadable(manifest: dict[str, Any]) -> None:
                 "the package's manifest.json would not load in HiveLLM's loader:",
                 *(f"  {line}" for line in problems[:12]),
                 *([f"  and {len(problems) - 12:,} more"] if len(problems) > 12 else []),
-                "give these in the run's manifest.source.json (the manifest package reads) "
-                "or in the manifest before training, then run package again",
+                "give these in the manifest file (package takes what describes the expert, "
+                "description, capabilities, constraints ..., from it as edited since the run; "
+                "other fields, and a run of an earlier expert-cli's, from the run's "
+                "manifest.source.json), then run package again",
             ]
         )

@@ -100,6 +100,19 @@ def standard_form(folder: Path, initial: Path) -> tuple[bytes, dict[str, Any]] |
     return save(out, metadata=metadata), config
 
 
+def standard_notes(notes: list[str], config: dict[str, Any]) -> list[str]:
+    """A package's notes on an adapter shipped in its standard form: its rank and alpha are
+    twice the run's by design, said once, not as values the manifest gave otherwise."""
+    doubled = ("training.config.rank:", "training.config.alpha:")
+    kept = [n for n in notes if not (n.startswith(doubled) and "shipped is the latter" in n)]
+    return [
+        *kept,
+        f"the run decomposed its base (init_lora_weights): its adapter ships as a LoRA of the "
+        f"base itself, rank {config.get('r')} and alpha {config.get('lora_alpha')}, twice the "
+        "run's (the same update)",
+    ]
+
+
 def to_standard_form(folder: Path, initial: Path) -> bool:
     """Rewrite the adapter in `folder` in its standard form (see `standard_form`), each file
     whole or not; whether it was one to rewrite."""

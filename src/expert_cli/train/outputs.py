@@ -7,6 +7,7 @@ base_model/ (the weights the adapter was trained on, so it can be loaded and mer
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -51,6 +52,15 @@ def output_dir(manifest_path: Path, output: Path | None) -> Path:
     return resolved_path(output or manifest_path.parent / "output", "--output")
 
 
+SOURCE_DIGEST = "source_digest"  # runtime: manifest.source.json's digest as the run wrote it
+
+
+def source_digest(source: dict[str, Any]) -> str:
+    """sha256 of a manifest's parsed JSON, keys sorted: the same for the same content."""
+    text = json.dumps(source, sort_keys=True, ensure_ascii=False, allow_nan=True)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def write_resolved(
     output: Path,
     resolved: ResolvedConfig,
@@ -61,6 +71,8 @@ def write_resolved(
     with `source`, also manifest.source.json: the manifest as its file holds it (so the run
     folder alone can be tried and packaged after the expert's folder has moved)."""
     data = resolved.model_dump(mode="json")
+    if source is not None:  # the copy as written: one edited by hand since is told apart
+        runtime.setdefault(SOURCE_DIGEST, source_digest(source))
     data["runtime"] = runtime
     path = output / "manifest.resolved.json"
     write_json_atomic(path, data)

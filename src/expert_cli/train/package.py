@@ -42,7 +42,7 @@ from expert_cli.train.adapter_entry import ALPHA_KEYS, DROPOUT_KEYS, RANK_KEYS, 
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints, sound_checkpoints
 from expert_cli.train.choice import chosen_by_best, chosen_checkpoint, lower_loss_note
 from expert_cli.train.hive_loader import for_hive_loader, loader_problems, refuse_unloadable
-from expert_cli.train.lora_init import INIT_WEIGHTS, standard_form
+from expert_cli.train.lora_init import INIT_WEIGHTS, standard_form, standard_notes
 from expert_cli.train.outputs import (
     ADAPTER_FILES,
     SOURCE_MANIFEST,
@@ -205,6 +205,7 @@ def _adapter_members(
         shipped, config = folded(weights, config)
     notes = completed_for_package(manifest, resolved, config) + entry.runtime_notes(config)
     notes += [folded_note(config)] if folds else []
+    notes = standard_notes(notes, config) if standard else notes
     adapter = adapters_of(manifest)[0][0]
     if isinstance(shipped, bytes):
         adapter["size_bytes"], adapter["sha256"] = len(shipped), hashlib.sha256(shipped).hexdigest()
@@ -293,7 +294,7 @@ def plan_members(
     source, manifest_path = run_manifest(run_dir, resolved)
     edited = edited_since(run_dir, source, manifest_path)
     trained, notes = as_trained(source, resolved)
-    source, taken = later_edits(trained, source, manifest_path)
+    source, taken = later_edits(run_dir, trained, source, manifest_path)
     notes += edited + ([taken_note(taken, manifest_path)] if taken else [])
     manifest = copy.deepcopy(source)
     try:  # comments included: they are written into the package

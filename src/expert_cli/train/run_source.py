@@ -14,7 +14,12 @@ from typing import Any
 from expert_cli.config.loading import apply_overrides, parse_override, read_manifest_json
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
-from expert_cli.train.outputs import SOURCE_MANIFEST
+from expert_cli.train.outputs import (
+    SOURCE_DIGEST,
+    SOURCE_MANIFEST,
+    read_json_file,
+    source_digest,
+)
 
 
 def source_manifest(run_dir: Path) -> dict[str, Any]:
@@ -74,14 +79,16 @@ LATER: tuple[tuple[str, ...], ...] = (
 
 def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> list[str]:
     """A note when the manifest file was edited since the run copied it (a description
-    improved after training): the commands after training read the run's copy."""
+    improved after training): the commands after training read the run's copy, but for what
+    describes the expert where `later_edits` takes it."""
     if not (run_dir / SOURCE_MANIFEST).is_file() or not manifest_path.is_file():
         return []
     try:
         now = read_manifest_json(manifest_path)
     except UserError:  # not readable now: the run's copy is what counts
         return []
-    later = [".".join(where) for where in LATER]
+    takes = takes_later_edits(run_dir, source, now)
+    later = [".".join(where) for where in LATER] if takes else []
     changed = [
         n
         for n in _changed(source, now, "")
@@ -92,12 +99,35 @@ def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> 
     names = ", ".join(changed[:SHOWN_EDITS])
     more = len(changed) - SHOWN_EDITS
     names += f" and {more} more" if more > 0 else ""
+    but = (
+        " but for how the expert is described and decoded (description, version, "
+        "capabilities, training.decoding ..., taken as the file holds them)"
+        if takes
+        else ""
+    )
     return [
         f"{shown_path(manifest_path)}: edited since the run ({names}); the package holds the "
-        f"manifest the adapter was trained from (the run's {SOURCE_MANIFEST}) but for how the "
-        "expert is described and decoded (description, version, capabilities, "
-        "training.decoding ..., taken as the file holds them): train again to ship the edits"
+        f"manifest the adapter was trained from (the run's {SOURCE_MANIFEST}){but}: train "
+        "again to ship the edits"
     ]
+
+
+def takes_later_edits(run_dir: Path, source: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether the manifest file's edits since the run are taken: the run's copy is as the
+    run wrote it (its recorded digest; a copy edited by hand wins, as does a run of an
+    earlier version, which recorded none), and the file still names the same expert on the
+    same base (a folder reused for another expert would lend it its routing and version)."""
+    runtime = read_json_file(run_dir / "manifest.resolved.json").get("runtime")
+    recorded = runtime.get(SOURCE_DIGEST) if isinstance(runtime, dict) else None
+    same = now.get("name") == source.get("name") and _base(now) == _base(source)
+    return same and recorded == source_digest(source)
+
+
+def _base(manifest: dict[str, Any]) -> Any:
+    """The name of the manifest's (first) base model, either schema's."""
+    bases = manifest.get("base_models")
+    first = bases[0] if isinstance(bases, list) and bases else manifest.get("base_model")
+    return first.get("name") if isinstance(first, dict) else None
 
 
 def taken_note(taken: list[str], manifest_path: Path) -> str:
@@ -111,16 +141,17 @@ def taken_note(taken: list[str], manifest_path: Path) -> str:
 
 
 def later_edits(
-    manifest: dict[str, Any], source: dict[str, Any], manifest_path: Path
+    run_dir: Path, manifest: dict[str, Any], source: dict[str, Any], manifest_path: Path
 ) -> tuple[dict[str, Any], list[str]]:
     """A copy of `manifest` with each field of LATER that the manifest file now holds
     otherwise than the run's copy (`source`) as the file holds it, and their dotted names;
-    `manifest` as it is where the file is gone or cannot be read."""
+    `manifest` as it is where the file is gone or cannot be read, or where its edits are not
+    taken (`takes_later_edits`)."""
     try:
         now = read_manifest_json(manifest_path) if manifest_path.is_file() else None
     except UserError:  # not readable now: the run's copy is what counts
         now = None
-    if now is None:
+    if now is None or not takes_later_edits(run_dir, source, now):
         return manifest, []
     manifest, taken = copy.deepcopy(manifest), []
     for where in LATER:
@@ -248,7 +279,7 @@ def run_decoding(
     says so); and where it came from, for an error to name. A damaged copy is exit 2."""
     copied = source_manifest(run_dir)
     source, _ = as_trained(copied, {"runtime": runtime})
-    edited, taken = later_edits(source, copied, manifest_path) if copied else (source, [])
+    edited, taken = later_edits(run_dir, source, copied, manifest_path) if copied else (source, [])
     where, notes = SOURCE_MANIFEST, []
     if "training.decoding" in taken:
         source, where = edited, shown_path(manifest_path)
