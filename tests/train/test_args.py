@@ -607,6 +607,8 @@ def test_a_tracker_that_fails_mid_run_stops_logging_not_the_run(
     said = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 0, said
     step = 3 if "STUB_FAIL_AT" in failing else 4
-    assert f"report_to: DVCLive failed at step {step} (ConnectionError); it logs nothing more" in said
+    assert (
+        f"report_to: DVCLive failed at step {step} (ConnectionError); it logs nothing more" in said
+    )
     assert "Traceback" not in said and (output / "adapter_model.safetensors").is_file()
     assert json.loads((output / "metrics.json").read_text())["summary"]["status"] == "completed"
