@@ -46,7 +46,6 @@ from expert_cli.train.callbacks import (
     ResumedIntervals,
     ScheduleNote,
     earlier_records,
-    guard_trackers,
 )
 from expert_cli.train.causality import checked_isolation
 from expert_cli.train.checkpoints import CheckpointMarker, checkpoint_step, finished_from
@@ -89,6 +88,7 @@ from expert_cli.train.run_folder import (
 )
 from expert_cli.train.session import Reporter, Run, Silent, TrainOptions, TrainResult
 from expert_cli.train.speed import compile_decision, compile_layers
+from expert_cli.train.tracker_guard import guard_trackers
 from expert_cli.train.trainer import Telemetry, build_trainer
 
 __all__ = ["Reporter", "Run", "Silent", "TrainOptions", "TrainResult", "train"]
