@@ -588,6 +588,23 @@ def test_a_chat_template_that_refuses_the_prompt(
     code, out, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "x")
     said = " ".join(err.split())
     assert code == 2 and "renders nothing for a conversation of one user turn" in said, out + err
+    (run / "chat_template.jinja").unlink()  # said to refuse the conversation (ValueError)
+    code, out, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "x")
+    said = " ".join(err.split())
+    assert code == 2 and "hold no chat template (its chat_template.jinja is missing?)" in said, said
+
+
+def test_a_run_that_ended_before_saving_anything_is_said_so(
+    capsys, monkeypatch, tmp_path: Path
+) -> None:
+    """A run that failed before its first checkpoint read as a folder train never wrote."""
+    (tmp_path / "metrics.json").write_text(json.dumps({"summary": {"status": "failed"}}))
+    for command in (["generate", "-p", "x"], ["merge", "--output", str(tmp_path / "m")]):
+        code, out, err = run_main(capsys, monkeypatch, *command, "--adapter", str(tmp_path))
+        said = " ".join(err.split())
+        assert code == 2 and "its run ended failed before it saved an adapter or a checkpoint" in (
+            said
+        ), said
 
 
 def test_decoding_settings_from_the_manifest() -> None:

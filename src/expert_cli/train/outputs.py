@@ -197,6 +197,20 @@ def set_aside_line(folder: Path) -> str | None:
     )
 
 
+def _stopped_before_saving(adapter: Path) -> str | None:
+    """Where `adapter` is a run that stopped before any adapter or checkpoint was saved (its
+    metrics.json says how it ended), the line saying so: it read as a folder train never
+    wrote."""
+    summary = read_json_file(adapter / "metrics.json").get("summary")
+    status = summary.get("status") if isinstance(summary, dict) else None
+    if not isinstance(status, str) or not status.isidentifier() or len(status) > 20:
+        return None
+    return (
+        f"--adapter {shown_path(adapter)}: its run ended {status} before it saved an adapter "
+        "or a checkpoint; there is nothing to load: train again (report shows how it went)"
+    )
+
+
 def adapter_base(adapter: Path, base_needed: bool = True) -> str:
     """The base model path or hub id recorded in the adapter's configuration; UserError for
     a local base that is gone when `base_needed` (generate and merge load it; package does
@@ -212,6 +226,7 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
         raise UserError(
             set_aside_line(adapter)
             or (writing_now(adapter) if held_by_another(adapter) else None)
+            or _stopped_before_saving(adapter)
             or f"--adapter {adapter}: no adapter_config.json (expected the output folder of "
             "`expert-cli train`)"
         )

@@ -190,6 +190,11 @@ def _chat(tokenizer: Any, text: str, system: str | None, opening: str, closing: 
     prompt, ended with `closing`, what the answers were trained after."""
     turns = [{"role": "system", "content": system}] if system else []
     turns.append({"role": "user", "content": text})
+    if not getattr(tokenizer, "chat_template", None):  # its file gone from the run folder
+        raise UserError(
+            "the run's tokenizer files beside the adapter hold no chat template (its "
+            "chat_template.jinja is missing?); copy it back from the run's base, or train again"
+        )
     try:
         rendered = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
     except Exception as exc:  # noqa: BLE001 - the run folder's template; its text unquoted
