@@ -960,6 +960,18 @@ def test_a_damaged_tokenizer_is_named_in_package_and_check(v2_run: Path, tmp_pat
         ),
     }
     damaged_template = {"chat_template.jinja": (b" \n", "empty (a chat template renders every")}
+
+    def no_template(files: dict) -> dict:  # prompts laid out by a template it does not hold
+        manifest = json.loads(files["manifest.json"])
+        manifest["base_models"][0]["prompt_template"] = "chat_template"
+        kept = {n: d for n, d in files.items() if n != "chat_template.jinja"}
+        return {**kept, "manifest.json": json.dumps(manifest).encode()}
+
+    problems = verify_package(_repack(good, tmp_path / "bad.expert", no_template)).problems
+    assert problems == [
+        "chat_template.jinja: missing, and base_models[0].prompt_template is chat_template: "
+        "prompts are laid out by it"
+    ]
     for name, (data, expected) in damaged_template.items():
         bad = _repack(good, tmp_path / "bad.expert", lambda f, n=name, d=data: {**f, n: d})
         assert verify_package(bad).problems[0].startswith(f"{name}: {expected}")

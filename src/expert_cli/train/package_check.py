@@ -30,7 +30,11 @@ from expert_cli.train.adapter_fit import Shapes
 from expert_cli.train.hive_loader import loader_problems
 from expert_cli.train.hive_schema import read_field
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
-from expert_cli.train.package_members import member_problem, named_files, unexpected_members
+from expert_cli.train.package_members import (
+    member_problem,
+    named_file_problems,
+    unexpected_members,
+)
 from expert_cli.train.package_stream import CHUNK, Blocks, end_problem, unreadable
 from expert_cli.train.package_sum import checksum_verdict
 from expert_cli.train.tokenizer_files import (
@@ -334,7 +338,8 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
         ]
     else:  # the fields compared below hold what the loader reads
         report.manifest = report.read
-        _check_named_files(report)
+        problems, notes = named_file_problems(report.manifest, report.files)
+        report.problems, report.notes = report.problems + problems, report.notes + notes
     for name in ADAPTER_FILES:
         if name not in report.files:
             report.problems.append(
@@ -366,22 +371,6 @@ def _check_entry(report: PackageReport, hashes: dict[str, str], heads: dict[str,
         report.problems.append(
             f"{where}[0].size_bytes: {adapter['size_bytes']} but the file has {size}"
         )
-
-
-def _check_named_files(report: PackageReport) -> None:
-    """The grammar and soft prompt files the manifest names, which HiveLLM's chat reads from
-    the package's folder: one that leads out of it is a problem (a file of the machine the
-    package is installed on would be read), one the package does not hold a note."""
-    for where, name in named_files(report.manifest):
-        if not isinstance(name, str):
-            continue
-        parts = PurePosixPath(name.replace("\\", "/")).parts
-        if not parts or parts[0] == "/" or ".." in parts or ":" in name:
-            report.problems.append(
-                f"manifest.json: {where}: leads out of the package; expected a file inside it"
-            )
-        elif PurePosixPath(*parts).as_posix() not in report.files:
-            report.notes.append(f"manifest.json: {where}: names a file the package does not hold")
 
 
 def _read_config(data: bytes, shapes: Shapes | None) -> tuple[dict[str, Any], str | None]:

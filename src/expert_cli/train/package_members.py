@@ -132,3 +132,31 @@ def write_tar(dest: Path, members: dict[str, bytes | Path]) -> None:
                 info.size = item.stat().st_size
                 with item.open("rb") as f:
                     tar.addfile(info, f)
+
+
+def named_file_problems(manifest: dict[str, Any], files: Any) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the files the manifest names, which HiveLLM's chat reads from the
+    package's folder: one that leads out of it is a problem (a file of the machine the
+    package is installed on would be read), one the package does not hold a note; and a
+    manifest that lays prompts out by the chat template (`prompt_template: chat_template`)
+    in a package without one (it was called sound)."""
+    problems, notes = [], []
+    for where, name in named_files(manifest):
+        if not isinstance(name, str):
+            continue
+        parts = PurePosixPath(name.replace("\\", "/")).parts
+        if not parts or parts[0] == "/" or ".." in parts or ":" in name:
+            problems.append(
+                f"manifest.json: {where}: leads out of the package; expected a file inside it"
+            )
+        elif PurePosixPath(*parts).as_posix() not in files:
+            notes.append(f"manifest.json: {where}: names a file the package does not hold")
+    bases = manifest.get("base_models")
+    base = bases[0] if isinstance(bases, list) and bases else manifest.get("base_model")
+    layout = base.get("prompt_template") if isinstance(base, dict) else None
+    if str(layout).lower() == "chat_template" and "chat_template.jinja" not in files:
+        problems.append(
+            "chat_template.jinja: missing, and base_models[0].prompt_template is chat_template: "
+            "prompts are laid out by it"
+        )
+    return problems, notes
