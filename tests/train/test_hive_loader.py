@@ -129,7 +129,7 @@ def test_what_only_the_author_gives_is_asked_for(tmp_path: Path) -> None:
     assert lines[0] == "the package's manifest.json would not load in HiveLLM's loader:"
     assert "  description: missing; expected a string" in lines
     assert "  constraints: missing; expected an object" in lines
-    assert "give these in the run's manifest.source.json" in lines[-1]
+    assert lines[-1].startswith("give these in the manifest file (package takes what describes")
     run = hand_built_run(tmp_path, {k: v for k, v in source.items() if k != "soft_prompts"})
     target = tmp_path / "dist" / "x.expert"
     with pytest.raises(UserError):
