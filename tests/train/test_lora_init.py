@@ -20,7 +20,7 @@ from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
 from expert_cli.errors import UserError
 from expert_cli.train.adapter import adapter_config
-from expert_cli.train.lora_init import INIT_WEIGHTS, save_initial, standard_folder
+from expert_cli.train.lora_init import INIT_WEIGHTS, save_initial, standard_folder, standard_form
 
 IDS = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(1))
 
@@ -69,6 +69,13 @@ def test_the_standard_form_gives_the_trained_model_on_the_base_itself(
     model.save_pretrained(run / "checkpoints" / "checkpoint-1")
     saved = json.loads((run / "checkpoints" / "checkpoint-1" / "adapter_config.json").read_text())
     assert saved["init_lora_weights"] == init  # the residual form, as peft saves it
+    checkpoint = run / "checkpoints" / "checkpoint-1"
+    broken = run / "broken.safetensors"  # cut short: was a SafetensorError traceback
+    broken.write_bytes(b"\x10" + bytes(7) + b"{")
+    with pytest.raises(UserError, match="broken.safetensors: cannot be read"):
+        standard_form(checkpoint, broken)
+    with pytest.raises(UserError, match="adapter_init.safetensors, which turns it .* is missing"):
+        standard_form(checkpoint, run / "gone" / INIT_WEIGHTS)
     fresh = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in original.items())
     with standard_folder(run / "checkpoints" / "checkpoint-1", run / INIT_WEIGHTS) as folder:

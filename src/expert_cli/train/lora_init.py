@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from peft import get_peft_model_state_dict
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save, save_file
 
 from expert_cli.atomic import atomic_file
@@ -74,12 +74,19 @@ def standard_form(folder: Path, initial: Path) -> tuple[bytes, dict[str, Any]] |
             f"(init_lora_weights {config['init_lora_weights']}); the run's {INIT_WEIGHTS}, "
             "which turns it into an adapter of the base itself, is missing"
         )
-    if config.get("rank_pattern") or config.get("alpha_pattern") or not isinstance(rank, int):
+    numbers = isinstance(rank, int) and rank > 0 and isinstance(alpha, int | float) and alpha > 0
+    if config.get("rank_pattern") or config.get("alpha_pattern") or not numbers:
         raise UserError(f"{shown_path(folder)}: adapter_config.json: one r and one alpha expected")
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     fold = scale / (alpha / rank)  # into B': 1, or sqrt(r) for rsLoRA
     trained, metadata = _tensors(folder / ADAPTER_WEIGHTS)
-    start, _ = _tensors(initial)
+    try:
+        start, _ = _tensors(initial)
+    except (SafetensorError, OSError):
+        raise UserError(
+            f"{shown_path(initial)}: cannot be read (damaged or cut short); it turns the "
+            f"adapter in {shown_path(folder)} into one of the base itself: train again"
+        ) from None
     out = {}
     for name, tensor in trained.items():
         if not any(part in name for part in A_B):
