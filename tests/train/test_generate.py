@@ -410,6 +410,10 @@ def test_a_damaged_copy_of_the_manifest_is_named(
     code, out, err = run_main(capsys, monkeypatch, "generate", "-p", "x", "--adapter", str(run))
     said = " ".join(err.split())
     assert code == 2 and f"{own}: training.decoding.top_k: Input should be greater" in said, said
+    own.write_text(json.dumps({**good, "training": {**good["training"], "decoding": "x"}}))
+    code, out, err = run_main(capsys, monkeypatch, "generate", "-p", "x", "--adapter", str(run))
+    said = " ".join(err.split())  # it decoded with none, said to be the file's
+    assert code == 2 and f"{own}: training.decoding: expected an object" in said, said
 
 
 def test_decoding_values_given_to_train_by_set_apply(

@@ -18,9 +18,15 @@ from transformers import AutoModelForCausalLM
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
-from expert_cli.errors import UserError
+from expert_cli.errors import UserError, value_kind
 from expert_cli.train.adapter import adapter_config
-from expert_cli.train.lora_init import INIT_WEIGHTS, save_initial, standard_folder, standard_form
+from expert_cli.train.lora_init import (
+    INIT_WEIGHTS,
+    save_initial,
+    standard_folder,
+    standard_form,
+    start_fits,
+)
 
 IDS = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(1))
 
@@ -74,6 +80,9 @@ def test_the_standard_form_gives_the_trained_model_on_the_base_itself(
     broken.write_bytes(b"\x10" + bytes(7) + b"{")
     with pytest.raises(UserError, match="broken.safetensors: cannot be read"):
         standard_form(checkpoint, broken)
+    # a resume keeps the start only where it reads whole and fits (one cut short is written
+    # again: it ended a whole resumed run in a SafetensorError)
+    assert start_fits(run / INIT_WEIGHTS, model) and not start_fits(broken, model)
     with pytest.raises(UserError, match="adapter_init.safetensors, which turns it .* is missing"):
         standard_form(checkpoint, run / "gone" / INIT_WEIGHTS)
     fresh = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -129,6 +138,20 @@ def test_a_resume_that_changes_the_initialisation_is_another_run(
     assert changed_fields(before, pissa) == ["init_lora_weights"]
 
 
+def test_a_start_peft_does_not_know_is_named() -> None:
+    """An adapter_config.json whose init_lora_weights was edited to 5 was an AttributeError
+    traceback in generate and merge, and shipped."""
+    from expert_cli.train.outputs import adapter_config_problem
+
+    config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
+    for good in (True, False, "pissa_niter_16", "olora", "gaussian"):
+        assert adapter_config_problem({**config, "init_lora_weights": good}, None) is None
+    for bad in (5, "bogus", "True", None):
+        assert adapter_config_problem({**config, "init_lora_weights": bad}, None) == (
+            f"init_lora_weights: not a start peft knows (got {value_kind(bad)})"
+        )
+
+
 def test_a_package_made_elsewhere_in_the_residual_form_is_said_to_be_misapplied() -> None:
     from expert_cli.train.adapter_entry import runtime_notes
 
@@ -169,6 +192,11 @@ def test_a_pissa_run_ships_a_lora_of_the_base_itself(tmp_path: Path, tiny_model_
     said = " ".join(packed.stdout.split())
     assert "ships as a LoRA of the base itself, rank 8 and alpha 16, twice the run's" in said
     assert "training.config.rank: 4 in manifest.json" not in said  # by design, not an edit
+    assert "in the adapter it ships (training.config or --set chose it)" not in said
+    final = run_here("package", "--adapter", str(run), "--output", str(tmp_path / "f.expert"))
+    said = " ".join(final.stdout.split())  # the final adapter, converted as it was saved
+    assert final.returncode == 0 and "twice the run's" in said, said
+    assert "in the adapter it ships (training.config or --set chose it)" not in said
     import tarfile
 
     with tarfile.open(out, "r:gz") as tar:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,6 +58,19 @@ def save_initial(peft_model: Any, path: Path) -> None:
     }
     with atomic_file(path) as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
+
+
+def start_fits(path: Path, peft_model: Any) -> bool:
+    """Whether a kept start (a resumed run's) reads whole and holds this adapter's A0 and
+    B0 by name and shape (one cut short by a copy or a full disk is written again: the
+    decomposition is the same for the same base, seed and device)."""
+    state = get_peft_model_state_dict(peft_model)
+    wanted = {k: tuple(v.shape) for k, v in state.items() if any(part in k for part in A_B)}
+    try:
+        kept = {k: tuple(v.shape) for k, v in _tensors(path)[0].items()}
+    except (SafetensorError, OSError):
+        return False
+    return kept == wanted
 
 
 def standard_form(folder: Path, initial: Path) -> tuple[bytes, dict[str, Any]] | None:
@@ -107,11 +121,16 @@ def standard_form(folder: Path, initial: Path) -> tuple[bytes, dict[str, Any]] |
     return save(out, metadata=metadata), config
 
 
-def standard_notes(notes: list[str], config: dict[str, Any]) -> list[str]:
-    """A package's notes on an adapter shipped in its standard form: its rank and alpha are
-    twice the run's by design, said once, not as values the manifest gave otherwise."""
-    doubled = ("training.config.rank:", "training.config.alpha:")
-    kept = [n for n in notes if not (n.startswith(doubled) and "shipped is the latter" in n)]
+def standard_notes(
+    notes: list[str], config: dict[str, Any], resolved: dict[str, Any]
+) -> list[str]:
+    """A package's notes on the adapter of a run that decomposed its base (`resolved`, its
+    manifest.resolved.json), shipped in its standard form: its rank and alpha are twice the
+    run's by design, said once, not as values the manifest gave otherwise."""
+    if not decomposes(resolved.get("init_lora_weights")):
+        return notes
+    doubled = re.compile(r"(training\.config\.(rank|alpha)|.*adapters\[0\]\.(r|alpha)): ")
+    kept = [n for n in notes if not (doubled.match(n) and "ship" in n)]
     return [
         *kept,
         f"the run decomposed its base (init_lora_weights): its adapter ships as a LoRA of the "

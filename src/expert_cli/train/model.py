@@ -37,7 +37,7 @@ from expert_cli.train.checkpoints import recorded_feedforward, unfit_problem
 from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_dora import fuse_adapter_linears
 from expert_cli.train.grouped_lora import group_lora_linears
-from expert_cli.train.lora_init import save_initial
+from expert_cli.train.lora_init import save_initial, start_fits
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.placement import load_placement
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
@@ -363,9 +363,9 @@ def attach_run_adapter(
     peft_model = attach_adapter(model, resolved, total_steps, kept)
     if problem := unfit_problem(peft_model, resume):
         raise UserError(problem)
-    fresh = initial is not None and not (resume is not None and initial.is_file())
-    if fresh and decomposing(resolved.init_lora_weights):
-        save_initial(peft_model, initial)
+    same = resume is not None and initial is not None and start_fits(initial, peft_model)
+    if initial is not None and not same and decomposing(resolved.init_lora_weights):
+        save_initial(peft_model, initial)  # a resume's damaged one: the same start, again
     return peft_model, adapter_notes(peft_model, resolved, kept)
 
 

@@ -293,6 +293,9 @@ def adapter_config_problem(config: dict[str, Any], shapes: Shapes | None) -> str
             what = "a whole number" if whole else "a number"
             got = value_kind(value)
             return f"{key}: expected {what} above 0 and at most {top:,.0f} (got {got})"
+    init = config.get("init_lora_weights", True)
+    if kind == "LORA" and not (isinstance(init, bool) or PEFT_START.fullmatch(str(init))):
+        return f"init_lora_weights: not a start peft knows (got {value_kind(init)})"
     targets = config.get("target_modules")
     if not targets or not isinstance(targets, str | list):
         return (
@@ -306,6 +309,10 @@ def adapter_config_problem(config: dict[str, Any], shapes: Shapes | None) -> str
         held = "hold" if dora else "do not hold"
         return f"use_dora is {said}, but the weights beside it {held} DoRA's magnitudes"
     return fit_problem(config, shapes) or _refused_by_peft(config)
+
+
+# peft's named LoRA starts (0.21), besides true and false
+PEFT_START = re.compile(r"gaussian|eva|olora|pissa|pissa_niter_[0-9]{1,4}|corda|loftq|orthogonal")
 
 
 def _refused_by_peft(config: dict[str, Any]) -> str | None:

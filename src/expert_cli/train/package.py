@@ -205,7 +205,7 @@ def _adapter_members(
         shipped, config = folded(weights, config)
     notes = completed_for_package(manifest, resolved, config) + entry.runtime_notes(config)
     notes += [folded_note(config)] if folds else []
-    notes = standard_notes(notes, config) if standard else notes
+    notes = standard_notes(notes, config, resolved)
     adapter = adapters_of(manifest)[0][0]
     if isinstance(shipped, bytes):
         adapter["size_bytes"], adapter["sha256"] = len(shipped), hashlib.sha256(shipped).hexdigest()

@@ -286,4 +286,6 @@ def run_decoding(
         notes = [taken_note(["training.decoding"], manifest_path)]
     training = source.get("training")
     decoding = training.get("decoding") if isinstance(training, dict) else None
-    return (decoding if isinstance(decoding, dict) else {}), where, notes
+    if decoding is not None and not isinstance(decoding, dict):  # decoded with none, said taken
+        raise UserError(f"{where}: training.decoding: expected an object of decoding settings")
+    return decoding or {}, where, notes
