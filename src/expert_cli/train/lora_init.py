@@ -121,9 +121,7 @@ def standard_form(folder: Path, initial: Path) -> tuple[bytes, dict[str, Any]] |
     return save(out, metadata=metadata), config
 
 
-def standard_notes(
-    notes: list[str], config: dict[str, Any], resolved: dict[str, Any]
-) -> list[str]:
+def standard_notes(notes: list[str], config: dict[str, Any], resolved: dict[str, Any]) -> list[str]:
     """A package's notes on the adapter of a run that decomposed its base (`resolved`, its
     manifest.resolved.json), shipped in its standard form: its rank and alpha are twice the
     run's by design, said once, not as values the manifest gave otherwise."""
