@@ -1197,6 +1197,8 @@ def test_manifest_edits_since_the_run_are_named(v2_run: Path, tmp_path: Path) ->
     done = run_here("package", "--adapter", str(run), "--output", str(out), "--force")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(_unpack(out)["manifest.json"])["description"] == "By hand."
+    said = " ".join(done.stdout.split())  # it blamed the manifest file, which was as trained
+    assert "the run's manifest.source.json was edited since the run wrote it" in said, said
 
 
 def test_a_note_of_the_package_check_is_said_once(v2_run: Path, tmp_path: Path) -> None:

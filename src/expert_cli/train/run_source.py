@@ -105,6 +105,12 @@ def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> 
         if takes
         else ""
     )
+    if _copy_edited(run_dir, source):  # the file may be as trained: the copy differs
+        return [
+            f"the run's {SOURCE_MANIFEST} was edited since the run wrote it, and now differs "
+            f"from {shown_path(manifest_path)} ({names}): the package holds the run's copy "
+            "as it is"
+        ]
     return [
         f"{shown_path(manifest_path)}: edited since the run ({names}); the package holds the "
         f"manifest the adapter was trained from (the run's {SOURCE_MANIFEST}){but}: train "
@@ -117,10 +123,20 @@ def takes_later_edits(run_dir: Path, source: dict[str, Any], now: dict[str, Any]
     run wrote it (its recorded digest; a copy edited by hand wins, as does a run of an
     earlier version, which recorded none), and the file still names the same expert on the
     same base (a folder reused for another expert would lend it its routing and version)."""
-    runtime = read_json_file(run_dir / "manifest.resolved.json").get("runtime")
-    recorded = runtime.get(SOURCE_DIGEST) if isinstance(runtime, dict) else None
     same = now.get("name") == source.get("name") and _base(now) == _base(source)
-    return same and recorded == source_digest(source)
+    return same and _recorded_digest(run_dir) == source_digest(source)
+
+
+def _recorded_digest(run_dir: Path) -> Any:
+    runtime = read_json_file(run_dir / "manifest.resolved.json").get("runtime")
+    return runtime.get(SOURCE_DIGEST) if isinstance(runtime, dict) else None
+
+
+def _copy_edited(run_dir: Path, source: dict[str, Any]) -> bool:
+    """Whether the run's copy of the manifest was edited since the run wrote it (a run of
+    an earlier version, which recorded no digest, cannot tell: no)."""
+    recorded = _recorded_digest(run_dir)
+    return recorded is not None and recorded != source_digest(source)
 
 
 def _base(manifest: dict[str, Any]) -> Any:
