@@ -183,3 +183,10 @@ def unchanged_adapter(file: Path) -> str | None:
     except Exception:  # noqa: BLE001 - damaged or not safetensors: said by the other checks
         return None
     return " and ".join(m for m in markers if any(m in parts[n] for n in zero))
+
+
+def tensors_of(path: Path) -> tuple[dict[str, Any], dict[str, str] | None]:
+    """Every tensor of a safetensors file, by name, and its metadata (SafetensorError or
+    OSError where it cannot be read)."""
+    with safe_open(str(path), framework="pt") as f:
+        return {name: f.get_tensor(name) for name in f.keys()}, f.metadata()  # noqa: SIM118

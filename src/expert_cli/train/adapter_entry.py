@@ -160,12 +160,18 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def first_base(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A manifest's (first) base model entry as its JSON holds it, either schema's ({} for
+    none, or one not of its form)."""
+    bases = manifest.get("base_models")
+    base = bases[0] if isinstance(bases, list) and bases else manifest.get("base_model")
+    return base if isinstance(base, dict) else {}
+
+
 def base_note(manifest: dict[str, Any], config: dict[str, Any]) -> list[str]:
     """`check --package`: adapter_config.json made for another base model than the manifest's
     (by the last part of each name: a local folder and a hub id of one model agree)."""
-    bases = manifest.get("base_models")
-    base = bases[0] if isinstance(bases, list) and bases else manifest.get("base_model")
-    name = base.get("name") if isinstance(base, dict) else None
+    name = first_base(manifest).get("name")
     theirs = config.get("base_model_name_or_path")
     if not isinstance(name, str) or not isinstance(theirs, str) or not name or not theirs:
         return []

@@ -29,13 +29,14 @@ from typing import Any
 
 import torch
 from peft import get_peft_model_state_dict
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import save, save_file
 
 from expert_cli.atomic import atomic_file
 from expert_cli.config.adapters import decomposing
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
+from expert_cli.weights import tensors_of
 
 INIT_WEIGHTS = "adapter_init.safetensors"  # B0 and A0 of a run that decomposed its base
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -50,24 +51,24 @@ def decomposes(init: Any) -> bool:
 
 def save_initial(peft_model: Any, path: Path) -> None:
     """The adapter's A0 and B0, as peft would save them, into `path` (written whole or not)."""
-    state = get_peft_model_state_dict(peft_model)
-    tensors = {
-        k: v.detach().to("cpu", torch.float32).contiguous()
-        for k, v in state.items()
-        if any(part in k for part in A_B)
-    }
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in _start(peft_model)}
     with atomic_file(path) as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
+
+
+def _start(peft_model: Any) -> list[tuple[str, torch.Tensor]]:
+    """The adapter's A and B tensors by the names peft saves them under."""
+    state = get_peft_model_state_dict(peft_model)
+    return [(k, v) for k, v in state.items() if any(part in k for part in A_B)]
 
 
 def start_fits(path: Path, peft_model: Any) -> bool:
     """Whether a kept start (a resumed run's) reads whole and holds this adapter's A0 and
     B0 by name and shape (one cut short by a copy or a full disk is written again: the
     decomposition is the same for the same base, seed and device)."""
-    state = get_peft_model_state_dict(peft_model)
-    wanted = {k: tuple(v.shape) for k, v in state.items() if any(part in k for part in A_B)}
+    wanted = {k: tuple(v.shape) for k, v in _start(peft_model)}
     try:
-        kept = {k: tuple(v.shape) for k, v in _tensors(path)[0].items()}
+        kept = {k: tuple(v.shape) for k, v in tensors_of(path)[0].items()}
     except (SafetensorError, OSError):
         return False
     return kept == wanted
@@ -93,9 +94,9 @@ def standard_form(folder: Path, initial: Path) -> tuple[bytes, dict[str, Any]] |
         raise UserError(f"{shown_path(folder)}: adapter_config.json: one r and one alpha expected")
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     fold = scale / (alpha / rank)  # into B': 1, or sqrt(r) for rsLoRA
-    trained, metadata = _tensors(folder / ADAPTER_WEIGHTS)
+    trained, metadata = tensors_of(folder / ADAPTER_WEIGHTS)
     try:
-        start, _ = _tensors(initial)
+        start, _ = tensors_of(initial)
     except (SafetensorError, OSError):
         raise UserError(
             f"{shown_path(initial)}: cannot be read (damaged or cut short); it turns the "
@@ -165,8 +166,3 @@ def standard_folder(folder: Path, initial: Path) -> Iterator[Path]:
         Path(tmp, ADAPTER_WEIGHTS).write_bytes(converted[0])
         Path(tmp, ADAPTER_CONFIG).write_text(json.dumps(converted[1]), "utf-8")
         yield Path(tmp)
-
-
-def _tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
-    with safe_open(path, framework="pt") as file:
-        return {name: file.get_tensor(name) for name in file.keys()}, file.metadata()  # noqa: SIM118

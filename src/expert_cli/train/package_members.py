@@ -14,6 +14,7 @@ from typing import Any
 
 from expert_cli.errors import escaped
 from expert_cli.paths import NAME_MAX_BYTES
+from expert_cli.train.adapter_entry import first_base
 from expert_cli.train.outputs import ADAPTER_FILES
 from expert_cli.train.tokenizer_files import TOKENIZER_FILES
 
@@ -151,9 +152,7 @@ def named_file_problems(manifest: dict[str, Any], files: Any) -> tuple[list[str]
             )
         elif PurePosixPath(*parts).as_posix() not in files:
             notes.append(f"manifest.json: {where}: names a file the package does not hold")
-    bases = manifest.get("base_models")
-    base = bases[0] if isinstance(bases, list) and bases else manifest.get("base_model")
-    layout = base.get("prompt_template") if isinstance(base, dict) else None
+    layout = first_base(manifest).get("prompt_template")
     if str(layout).lower() == "chat_template" and "chat_template.jinja" not in files:
         problems.append(
             "chat_template.jinja: missing, and base_models[0].prompt_template is chat_template: "

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save
 
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
+from expert_cli.weights import tensors_of
 
 B_WEIGHTS = ("lora_B", "lora_embedding_B")  # the factor each module's update is scaled after
 
@@ -41,9 +41,7 @@ def folded(weights: Path, config: dict[str, Any]) -> tuple[bytes, dict[str, Any]
             f"with {why} cannot be folded into the plain LoRA HiveLLM's runtime applies"
         )
     factor = math.sqrt(rank)
-    with safe_open(weights, framework="pt") as file:
-        metadata = file.metadata()
-        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118
+    tensors, metadata = tensors_of(weights)
     for name, tensor in tensors.items():
         if any(f".{b}." in name or name.endswith(f".{b}") for b in B_WEIGHTS):
             tensors[name] = (tensor.to(torch.float32) * factor).to(tensor.dtype)

@@ -14,6 +14,7 @@ from typing import Any
 from expert_cli.config.loading import apply_overrides, parse_override, read_manifest_json
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
+from expert_cli.train.adapter_entry import first_base
 from expert_cli.train.outputs import (
     SOURCE_DIGEST,
     SOURCE_MANIFEST,
@@ -87,7 +88,8 @@ def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> 
         now = read_manifest_json(manifest_path)
     except UserError:  # not readable now: the run's copy is what counts
         return []
-    takes = takes_later_edits(run_dir, source, now)
+    as_written = _copy_as_written(run_dir, source)
+    takes = as_written is True and _same_expert(source, now)
     later = [".".join(where) for where in LATER] if takes else []
     changed = [
         n
@@ -105,7 +107,7 @@ def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> 
         if takes
         else ""
     )
-    if _copy_edited(run_dir, source):  # the file may be as trained: the copy differs
+    if as_written is False:  # the file may be as trained: the copy differs
         return [
             f"the run's {SOURCE_MANIFEST} was edited since the run wrote it, and now differs "
             f"from {shown_path(manifest_path)} ({names}): the package holds the run's copy "
@@ -123,27 +125,21 @@ def takes_later_edits(run_dir: Path, source: dict[str, Any], now: dict[str, Any]
     run wrote it (its recorded digest; a copy edited by hand wins, as does a run of an
     earlier version, which recorded none), and the file still names the same expert on the
     same base (a folder reused for another expert would lend it its routing and version)."""
-    same = now.get("name") == source.get("name") and _base(now) == _base(source)
-    return same and _recorded_digest(run_dir) == source_digest(source)
+    return _same_expert(source, now) and _copy_as_written(run_dir, source) is True
 
 
-def _recorded_digest(run_dir: Path) -> Any:
+def _same_expert(source: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether the manifest file still names the run's expert on the run's base."""
+    same_base = first_base(now).get("name") == first_base(source).get("name")
+    return now.get("name") == source.get("name") and same_base
+
+
+def _copy_as_written(run_dir: Path, source: dict[str, Any]) -> bool | None:
+    """Whether the run's copy of the manifest (`source`) is as the run wrote it, by the
+    digest it recorded; None for a run of an earlier version, which recorded none."""
     runtime = read_json_file(run_dir / "manifest.resolved.json").get("runtime")
-    return runtime.get(SOURCE_DIGEST) if isinstance(runtime, dict) else None
-
-
-def _copy_edited(run_dir: Path, source: dict[str, Any]) -> bool:
-    """Whether the run's copy of the manifest was edited since the run wrote it (a run of
-    an earlier version, which recorded no digest, cannot tell: no)."""
-    recorded = _recorded_digest(run_dir)
-    return recorded is not None and recorded != source_digest(source)
-
-
-def _base(manifest: dict[str, Any]) -> Any:
-    """The name of the manifest's (first) base model, either schema's."""
-    bases = manifest.get("base_models")
-    first = bases[0] if isinstance(bases, list) and bases else manifest.get("base_model")
-    return first.get("name") if isinstance(first, dict) else None
+    recorded = runtime.get(SOURCE_DIGEST) if isinstance(runtime, dict) else None
+    return None if recorded is None else recorded == source_digest(source)
 
 
 def taken_note(taken: list[str], manifest_path: Path) -> str:

@@ -40,6 +40,7 @@ class GuardedTracker:
                     )
                 return None
 
+        self.__dict__[event] = call  # made once: the Trainer calls events at every step
         return call
 
 
