@@ -11,6 +11,7 @@ whose last range ends past the file's end; loading it was a traceback from insid
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -22,6 +23,15 @@ from safetensors import safe_open
 DAMAGED = "is damaged (its header does not match its size)"
 HEADER_LIMIT = 100_000_000  # the loader's own bound on a header
 HEAD_BYTES = 1 << 20  # what a reader of a stream keeps to judge it: any adapter's header fits
+
+
+def sha256_of(path: Path) -> str:
+    """The sha256 of a file's bytes, read a block at a time."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(HEAD_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def header_problem(head: bytes, size: int) -> str | None:

@@ -22,10 +22,10 @@ from expert_cli.errors import UserError, value_kind
 from expert_cli.train.adapter import adapter_config
 from expert_cli.train.lora_init import (
     INIT_WEIGHTS,
+    kept_start,
     save_initial,
     standard_folder,
     standard_form,
-    start_fits,
 )
 
 IDS = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(1))
@@ -40,6 +40,27 @@ def _logits(model) -> torch.Tensor:
     model.eval()
     with torch.no_grad():
         return model(input_ids=IDS).logits.float()
+
+
+def _kept_starts(path: Path, model) -> None:
+    """A resume keeps a start whose every layer's B0 A0 is the fresh decomposition's (an SVD's
+    signs may differ), and writes it again where it holds another's."""
+    from safetensors.torch import load_file, save_file
+
+    assert kept_start(path, model) == "same"
+    start = load_file(path)
+    a = next(k for k in start if ".lora_A." in k)
+    b = a.replace(".lora_A.", ".lora_B.")
+    flipped = {**start, a: -start[a], b: -start[b]}  # the same residual
+    save_file(flipped, str(path.with_name("flipped.safetensors")))
+    assert kept_start(path.with_name("flipped.safetensors"), model) == "same"
+    other = {**start, b: start[b] * 1.01}  # another run's of the same shapes
+    save_file(other, str(path.with_name("other.safetensors")))
+    assert kept_start(path.with_name("other.safetensors"), model) == "other"
+    fewer = {k: v for k, v in start.items() if k != a}
+    save_file(fewer, str(path.with_name("fewer.safetensors")))
+    assert kept_start(path.with_name("fewer.safetensors"), model) == "unusable"
+    assert kept_start(path.with_name("missing.safetensors"), model) == "unusable"
 
 
 @pytest.mark.parametrize(
@@ -66,6 +87,7 @@ def test_the_standard_form_gives_the_trained_model_on_the_base_itself(
     run = tmp_path / "run"
     run.mkdir()
     save_initial(model, run / INIT_WEIGHTS)
+    _kept_starts(run / INIT_WEIGHTS, model)
     with torch.no_grad():  # "training": every A and B moved
         generator = torch.Generator().manual_seed(2)
         for name, param in model.named_parameters():
@@ -82,7 +104,7 @@ def test_the_standard_form_gives_the_trained_model_on_the_base_itself(
         standard_form(checkpoint, broken)
     # a resume keeps the start only where it reads whole and fits (one cut short is written
     # again: it ended a whole resumed run in a SafetensorError)
-    assert start_fits(run / INIT_WEIGHTS, model) and not start_fits(broken, model)
+    assert kept_start(broken, model) == "unusable"
     with pytest.raises(UserError, match="adapter_init.safetensors, which turns it .* is missing"):
         standard_form(checkpoint, run / "gone" / INIT_WEIGHTS)
     fresh = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -161,6 +183,13 @@ def test_a_package_made_elsewhere_in_the_residual_form_is_said_to_be_misapplied(
     assert runtime_notes({**config, "init_lora_weights": True}) == []
 
 
+def _other_start(start: bytes) -> bytes:
+    """A start of the same names and shapes, other numbers."""
+    from safetensors.torch import load, save
+
+    return save({k: v * 1.5 for k, v in load(start).items()})
+
+
 @pytest.mark.slow
 def test_a_pissa_run_ships_a_lora_of_the_base_itself(tmp_path: Path, tiny_model_dir: Path) -> None:
     """Trained, checkpointed, resumed, packaged and tried: the final adapter and a packaged
@@ -180,11 +209,23 @@ def test_a_pissa_run_ships_a_lora_of_the_base_itself(tmp_path: Path, tiny_model_
         (run / "checkpoints" / "checkpoint-2" / "adapter_config.json").read_text()
     )
     assert checkpoint["r"] == 4 and checkpoint["init_lora_weights"] == "pissa"
+    (run / INIT_WEIGHTS).write_bytes(_other_start(start))  # another run's, put there by hand
     more = run_here(
         "train", "-m", str(manifest), "--output", str(run), "--resume", "--max-steps", "4"
     )
     assert more.returncode == 0, more.stdout + more.stderr
-    assert (run / INIT_WEIGHTS).read_bytes() == start  # the run's start, kept
+    assert "adapter_init.safetensors: held another start than this run's" in " ".join(
+        more.stdout.split()
+    )
+    assert (run / INIT_WEIGHTS).read_bytes() == start  # the run's decomposition, written again
+    (run / INIT_WEIGHTS).write_bytes(_other_start(start))  # another run's, by hand
+    swapped = run_here("package", "--adapter", str(run), "--checkpoint", "checkpoint-2",
+                       "--output", str(tmp_path / "s.expert"))  # fmt: skip
+    assert swapped.returncode == 2 and not (tmp_path / "s.expert").exists()
+    assert "adapter_init.safetensors: is not the start the run wrote" in " ".join(
+        swapped.stderr.split()
+    ), swapped.stderr
+    (run / INIT_WEIGHTS).write_bytes(start)
     out = tmp_path / "p.expert"
     packed = run_here("package", "--adapter", str(run), "--checkpoint", "checkpoint-2",
                       "--output", str(out))  # fmt: skip

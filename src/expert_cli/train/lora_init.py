@@ -36,9 +36,11 @@ from expert_cli.atomic import atomic_file
 from expert_cli.config.adapters import decomposing
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
-from expert_cli.weights import tensors_of
+from expert_cli.train.outputs import read_json_file
+from expert_cli.weights import sha256_of, tensors_of
 
 INIT_WEIGHTS = "adapter_init.safetensors"  # B0 and A0 of a run that decomposed its base
+INIT_DIGEST = "init_digest"  # runtime.model: INIT_WEIGHTS's sha256 as the run wrote or kept it
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 A_B = (".lora_A.", ".lora_embedding_A", ".lora_B.", ".lora_embedding_B")
 
@@ -62,16 +64,44 @@ def _start(peft_model: Any) -> list[tuple[str, torch.Tensor]]:
     return [(k, v) for k, v in state.items() if any(part in k for part in A_B)]
 
 
-def start_fits(path: Path, peft_model: Any) -> bool:
-    """Whether a kept start (a resumed run's) reads whole and holds this adapter's A0 and
-    B0 by name and shape (one cut short by a copy or a full disk is written again: the
-    decomposition is the same for the same base, seed and device)."""
-    wanted = {k: tuple(v.shape) for k, v in _start(peft_model)}
+def kept_start(path: Path, peft_model: Any) -> str:
+    """What a resumed run's kept start is to this adapter's fresh one: "same" where it reads
+    whole and each layer's B0 A0 is the fresh one's (an SVD's signs may differ: the residual
+    does not); "other" where it holds other numbers (another run's put there, or a
+    randomised SVD drawn otherwise on another device); "unusable" where it is missing, cut
+    short or of other names or shapes. Only a "same" start is kept: the adapter leaves the
+    run by the residual it trains on now."""
+    fresh = dict(_start(peft_model))
     try:
-        kept = {k: tuple(v.shape) for k, v in tensors_of(path)[0].items()}
+        kept, _ = tensors_of(path)
     except (SafetensorError, OSError):
-        return False
-    return kept == wanted
+        return "unusable"
+    if {k: tuple(v.shape) for k, v in kept.items()} != {
+        k: tuple(v.shape) for k, v in fresh.items()
+    }:
+        return "unusable"
+    for name, tensor in fresh.items():
+        if ".lora_A." not in name and ".lora_embedding_A" not in name:
+            continue
+        b = name.replace(".lora_A.", ".lora_B.").replace("_embedding_A", "_embedding_B")
+        now = fresh[b].detach().float().cpu() @ tensor.detach().float().cpu()
+        then = kept[b].float() @ kept[name].float()
+        if not torch.allclose(then, now, rtol=1e-3, atol=1e-5 * float(now.abs().max()) + 1e-7):
+            return "other"
+    return "same"
+
+
+def start_digest(path: Path | None) -> str | None:
+    """The sha256 of a run's start (`path`), None where it has none."""
+    return sha256_of(path) if path is not None and path.is_file() else None
+
+
+def recorded_start(run_folder: Path) -> str | None:
+    """The sha256 of the start the run wrote, as its manifest.resolved.json records it."""
+    runtime = read_json_file(run_folder / "manifest.resolved.json").get("runtime")
+    model = runtime.get("model") if isinstance(runtime, dict) else None
+    recorded = model.get(INIT_DIGEST) if isinstance(model, dict) else None
+    return recorded if isinstance(recorded, str) else None
 
 
 def standard_form(folder: Path, initial: Path) -> tuple[bytes, dict[str, Any]] | None:
@@ -88,6 +118,12 @@ def standard_form(folder: Path, initial: Path) -> tuple[bytes, dict[str, Any]] |
             f"{shown_path(folder)}: its adapter was trained from a decomposed base "
             f"(init_lora_weights {config['init_lora_weights']}); the run's {INIT_WEIGHTS}, "
             "which turns it into an adapter of the base itself, is missing"
+        )
+    if (recorded := recorded_start(initial.parent)) is not None and recorded != sha256_of(initial):
+        raise UserError(
+            f"{shown_path(initial)}: is not the start the run wrote (changed since; another "
+            f"run's?); it turns the adapter in {shown_path(folder)} into one of the base "
+            "itself: put the run's own back, or train again"
         )
     numbers = isinstance(rank, int) and rank > 0 and isinstance(alpha, int | float) and alpha > 0
     if config.get("rank_pattern") or config.get("alpha_pattern") or not numbers:

@@ -37,7 +37,7 @@ from expert_cli.train.checkpoints import recorded_feedforward, unfit_problem
 from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_dora import fuse_adapter_linears
 from expert_cli.train.grouped_lora import group_lora_linears
-from expert_cli.train.lora_init import save_initial, start_fits
+from expert_cli.train.lora_init import INIT_WEIGHTS, kept_start, save_initial
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.placement import load_placement
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
@@ -363,10 +363,19 @@ def attach_run_adapter(
     peft_model = attach_adapter(model, resolved, total_steps, kept)
     if problem := unfit_problem(peft_model, resume):
         raise UserError(problem)
-    same = resume is not None and initial is not None and start_fits(initial, peft_model)
-    if initial is not None and not same and decomposing(resolved.init_lora_weights):
-        save_initial(peft_model, initial)  # a resume's damaged one: the same start, again
-    return peft_model, adapter_notes(peft_model, resolved, kept)
+    notes = adapter_notes(peft_model, resolved, kept)
+    if initial is None or not decomposing(resolved.init_lora_weights):
+        return peft_model, notes
+    found = kept_start(initial, peft_model) if resume is not None else "unusable"
+    if found != "same":  # a resume's damaged one: the same start, again
+        save_initial(peft_model, initial)
+    if found == "other":
+        notes.append(
+            f"{INIT_WEIGHTS}: held another start than this run's decomposition of its base "
+            "(another run's, or a randomised SVD drawn otherwise on this device): written "
+            "again; the resumed steps train on this one's residual"
+        )
+    return peft_model, notes
 
 
 def adapter_compute_dtype(resolved: ResolvedConfig) -> str:

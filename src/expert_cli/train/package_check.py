@@ -49,6 +49,7 @@ from expert_cli.weights import (
     header_shapes,
     non_finite_line,
     non_finite_tensors,
+    sha256_of,
 )
 
 MAX_FILE_BYTES = 20 << 30
@@ -96,14 +97,6 @@ def adapters_of(manifest: dict[str, Any]) -> tuple[list[Any], str]:
     if manifest.get("schema_version") == "2.0":
         return manifest["base_models"][0].setdefault("adapters", []), "base_models[0].adapters"
     return manifest.setdefault("adapters", []), "adapters"
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def verify_package(

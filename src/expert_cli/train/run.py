@@ -20,14 +20,12 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import crowded_gpus, probe_environment, unlaunched_world
 from expert_cli.config.loading import apply_overrides
 from expert_cli.config.resolve import ResolvedConfig, resolve
-from expert_cli.config.sources import data_folder_holding
 from expert_cli.data import PreparedData, prepare_data
 from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.splits import NO_EVAL_ROWS
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
 from expert_cli.errors import Interrupted, Terminated, UserError
-from expert_cli.paths import shown_path
 from expert_cli.train import distributed
 from expert_cli.train.adapter import start_problem
 from expert_cli.train.architecture import cache_id_problem, positions_note, untrained_tokens_note
@@ -56,7 +54,7 @@ from expert_cli.train.early_stop import EarlyStop
 from expert_cli.train.final_save import AT_ONCE, end_run
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.grouped_lora import COMPILED_UNGROUPED, NOTHING_GROUPED, is_grouped
-from expert_cli.train.lora_init import INIT_WEIGHTS
+from expert_cli.train.lora_init import INIT_DIGEST, INIT_WEIGHTS, start_digest
 from expert_cli.train.memory import Stopped, stage_out_of_memory
 from expert_cli.train.model import (
     adapter_compute_dtype,
@@ -82,6 +80,7 @@ from expert_cli.train.run_folder import (
     busy,
     claim,
     decide,
+    refuse_output_place,
     resumed_max_steps,
     set_aside,
     sweep_leftovers,
@@ -106,16 +105,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     given = apply_overrides(loaded.raw, list(opts.overrides))  # as the package will hold it
     resolved.notes += author_notes(given, resolved.model_dump(mode="json"))
     output = output_dir(loaded.path, opts.output)
-    if held := data_folder_holding(output, resolved.train_sources + resolved.validation_sources):
-        raise UserError(
-            f"--output {shown_path(output)}: is inside the data folder {shown_path(held)}; "
-            "the run's files would be read as data by the next build: choose a folder outside it"
-        )
-    if output.resolve() == loaded.folder.resolve():  # its README would become the expert's
-        raise UserError(
-            f"--output {shown_path(output)}: is the folder that holds the manifest; give the run "
-            "a folder of its own (the default is its output/ folder)"
-        )
+    refuse_output_place(output, loaded.folder, resolved.train_sources + resolved.validation_sources)
     max_steps, said = resumed_max_steps(output, opts.resume, opts.max_steps)
     kwargs = training_args_kwargs(
         resolved, output / "checkpoints", max_steps=max_steps, on_gpu=env.has_gpu
@@ -129,6 +119,22 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     run.runtime["overrides"] = list(opts.overrides)  # the --set values, not in manifest.source.json
     run.runtime[MAX_STEPS_KEY] = max_steps
     run.runtime[BASE_CONFIG_KEY] = base_config_digest(resolved)
+    resume = _take_folder(run, opts.resume, opts.overwrite, said)
+    run.runtime.update(
+        environment=env.to_dict(),
+        world_size=args.world_size,
+        has_eval=resolved.evaluation_strategy != "no",
+        resumed_from=str(resume) if resume else None,
+    )
+    if resume and (output / ADAPTER_WEIGHTS[0]).is_file() and (step := final_step(output)):
+        run.runtime[FINAL_STEP] = step  # the resumed run's final adapter stays until one is saved
+    return run, resume
+
+
+def _take_folder(run: Run, resume_asked: bool, overwrite: bool, said: str) -> Path | None:
+    """The run's claim on its output folder (the earlier run's outputs set aside under
+    --overwrite); the checkpoint a --resume continues from."""
+    output, reporter = run.output, run.reporter
     missing = [p for p in (output, *output.parents) if not os.path.lexists(p)]
     run.created = missing[-1] if missing else None  # runs/a/b new: runs goes if it stops
     if run.is_main and (swept := sweep_leftovers(output)):
@@ -137,7 +143,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     # the collective is also the barrier before every rank decides on the same folder
     if distributed.any_rank(run.is_main and held_by_another(output)):
         raise busy(output)
-    decision = decide(output, resolved, opts.resume, opts.overwrite, max_steps, args.world_size)
+    max_steps = run.runtime[MAX_STEPS_KEY]
+    decision = decide(output, run.resolved, resume_asked, overwrite, max_steps, run.args.world_size)
     if run.is_main and decision.complete is None:
         run.hold = claim(output)  # before anything in the folder is moved or written
     resume = decision.resume
@@ -159,15 +166,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
         run.release()
         run.stopped_before_training(exc)
         raise
-    run.runtime.update(
-        environment=env.to_dict(),
-        world_size=args.world_size,
-        has_eval=resolved.evaluation_strategy != "no",
-        resumed_from=str(resume) if resume else None,
-    )
-    if resume and (output / ADAPTER_WEIGHTS[0]).is_file() and (step := final_step(output)):
-        run.runtime[FINAL_STEP] = step  # the resumed run's final adapter stays until one is saved
-    return run, resume
+    return resume
 
 
 def load_data(run: Run, resume: Path | None = None) -> tuple[Any, PreparedData]:
@@ -249,6 +248,7 @@ def load_model(run: Run, tokenizer: Any, data: PreparedData, resume: Path | None
         "trainable_params": trainable,
         "total_params": total,
         "base_weights": str(source or resolved.base_model),
+        INIT_DIGEST: start_digest(initial),
     }
     return peft_model
 

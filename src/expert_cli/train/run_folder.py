@@ -22,9 +22,10 @@ from filelock import FileLock, Timeout
 
 from expert_cli.atomic import signals_held
 from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.config.sources import SourceRef, data_folder_holding
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
-from expert_cli.paths import RUN_OUTPUTS
+from expert_cli.paths import RUN_OUTPUTS, shown_path
 from expert_cli.train.checkpoints import checkpoint_step, refuse_pruned, resume_point
 from expert_cli.train.choice import final_adapter_whole, final_step
 from expert_cli.train.distributed import refuse_world_change
@@ -43,6 +44,21 @@ DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: th
 RUN_MARKERS = ("manifest.resolved.json", "metrics.json", "checkpoints")
 CHECKPOINT_NAME = re.compile(r"checkpoint-[0-9]{1,12}")
 RUN_RECORDS = ("manifest.resolved.json", "metrics.json")  # train writes them before the rest
+
+
+def refuse_output_place(output: Path, manifest_folder: Path, sources: list[SourceRef]) -> None:
+    """UserError where `output` is inside a data folder of the run or is the folder that
+    holds the manifest (the run's README would become the expert's)."""
+    if held := data_folder_holding(output, sources):
+        raise UserError(
+            f"--output {shown_path(output)}: is inside the data folder {shown_path(held)}; "
+            "the run's files would be read as data by the next build: choose a folder outside it"
+        )
+    if output.resolve() == manifest_folder.resolve():
+        raise UserError(
+            f"--output {shown_path(output)}: is the folder that holds the manifest; give the run "
+            "a folder of its own (the default is its output/ folder)"
+        )
 
 
 def holds_run(output: Path) -> bool:
