@@ -1199,6 +1199,20 @@ def test_manifest_edits_since_the_run_are_named(v2_run: Path, tmp_path: Path) ->
     assert json.loads(_unpack(out)["manifest.json"])["description"] == "By hand."
     said = " ".join(done.stdout.split())  # it blamed the manifest file, which was as trained
     assert "the run's manifest.source.json was edited since the run wrote it" in said, said
+    # the file unreadable now: with --checkpoint (not read for packaging_checkpoint) its
+    # edits were dropped without a word; the note names its problem, not its contents
+    (run / "manifest.source.json").write_text(json.dumps(copy))
+    (expert / "manifest.json").write_text('{"name": "expert-test", "description": "A better')
+    done = run_here("package", "--adapter", str(run), "--checkpoint", "final", "--output",
+                    str(out), "--force")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert f"{expert / 'manifest.json'}:1:" in said and "invalid JSON" in said, said
+    assert "so its edits since the run (description, version" in said and "better" not in said
+    tried = run_here("generate", "--adapter", str(run), "-p", "SELECT", "--max-new-tokens", "2",
+                     "--json")  # fmt: skip
+    assert tried.returncode == 0, tried.stdout + tried.stderr
+    assert any("are not taken" in n for n in json.loads(tried.stdout)["notes"])
 
 
 def test_a_note_of_the_package_check_is_said_once(v2_run: Path, tmp_path: Path) -> None:

@@ -86,8 +86,8 @@ def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> 
         return []
     try:
         now = read_manifest_json(manifest_path)
-    except UserError:  # not readable now: the run's copy is what counts
-        return []
+    except UserError as exc:  # not readable now: the run's copy is what counts, said
+        return [unread_note(exc)]
     as_written = _copy_as_written(run_dir, source)
     takes = as_written is True and _same_expert(source, now)
     later = [".".join(where) for where in LATER] if takes else []
@@ -118,6 +118,15 @@ def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> 
         f"manifest the adapter was trained from (the run's {SOURCE_MANIFEST}){but}: train "
         "again to ship the edits"
     ]
+
+
+def unread_note(exc: UserError) -> str:
+    """The note on a manifest file that cannot be read now (its problem, never its contents):
+    its edits since the run are not taken."""
+    return (
+        f"{exc.lines[0]}: so its edits since the run (description, version, capabilities, "
+        f"training.decoding ...) are not taken; the run's {SOURCE_MANIFEST} is used as written"
+    )
 
 
 def takes_later_edits(run_dir: Path, source: dict[str, Any], now: dict[str, Any]) -> bool:
@@ -293,6 +302,11 @@ def run_decoding(
     source, _ = as_trained(copied, {"runtime": runtime})
     edited, taken = later_edits(run_dir, source, copied, manifest_path) if copied else (source, [])
     where, notes = SOURCE_MANIFEST, []
+    try:
+        if copied and manifest_path.is_file():
+            read_manifest_json(manifest_path)
+    except UserError as exc:
+        notes.append(unread_note(exc))
     if "training.decoding" in taken:
         source, where = edited, shown_path(manifest_path)
         notes = [taken_note(["training.decoding"], manifest_path)]
