@@ -226,3 +226,41 @@ def test_a_deadline_bounds_the_main_thread_and_gives_back_an_outer_timer() -> No
     thread.start()
     thread.join()
     assert seen == [False]  # off the main thread it cannot bound, and says so
+
+
+def test_a_package_names_its_own_copy_of_the_template(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The packaged manifest named the template by its path on the training machine
+    (templates/chat.jinja), which the package does not hold: unpacked, it could not train
+    again. It names the package's chat_template.jinja, the run's template, with a note."""
+    import shutil
+    import tarfile
+
+    model = _bare_model(tmp_path, tiny_model_dir)
+    manifest = _expert(tmp_path, model, "templates/chat.jinja")
+    text = (
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
+    (manifest.parent / "templates").mkdir()
+    (manifest.parent / "templates" / "chat.jinja").write_text(text)
+    run = tmp_path / "run"
+    done = run_here("train", "-m", str(manifest), "--output", str(run), "--max-steps", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    package = tmp_path / "x.expert"
+    packed = run_here("package", "--adapter", str(run), "--output", str(package))
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+    said = " ".join(packed.stdout.split())
+    assert (
+        "base_models[0].chat_template: templates/chat.jinja ships as the package's "
+        "chat_template.jinja" in said
+    ), said
+    unpacked = tmp_path / "unpacked"
+    with tarfile.open(package, "r:gz") as tar:
+        tar.extractall(unpacked, filter="data")
+    shipped = json.loads((unpacked / "manifest.json").read_text())
+    assert shipped["base_models"][0]["chat_template"] == "chat_template.jinja"
+    assert (unpacked / "chat_template.jinja").read_text() == text
+    shutil.copytree(manifest.parent / "data", unpacked / "data")  # the data, as trained
+    assert check_manifest(unpacked / "manifest.json").problems == []
+    source = json.loads((run / "manifest.source.json").read_text())
+    assert source["base_models"][0]["chat_template"] == "templates/chat.jinja"  # run's: as is

@@ -58,7 +58,7 @@ from expert_cli.train.package_check import (
     sha256_of,
     verify_package,
 )
-from expert_cli.train.package_members import EXPERT_FILES, write_tar
+from expert_cli.train.package_members import EXPERT_FILES, shipped_template, write_tar
 from expert_cli.train.package_output import refuse_output, stale
 from expert_cli.train.package_sum import CHECKSUM_SUFFIX
 from expert_cli.train.rslora_fold import folded, folded_note, is_rslora
@@ -311,11 +311,11 @@ def plan_members(
         manifest["base_models"] = manifest["base_models"][:1]
     base_name = parsed.primary_base_model.name
     step = checkpoint_step(weights_dir) if chosen[0] != "final" else None
-    members, entry_notes = _adapter_members(manifest, resolved, weights_dir, base_name, step)
-    notes += entry_notes
     tokenizer, missing = tokenizer_members(tokenizer_folder(weights_dir, run_dir))
+    notes += missing + shipped_template(manifest, tokenizer)  # before the manifest is written
+    members, entry_notes = _adapter_members(manifest, resolved, weights_dir, base_name, step)
     members.update(tokenizer)
-    notes += missing
+    notes += entry_notes
     grammar = parsed.training.decoding.grammar_file if parsed.training.decoding else None
     notes += _expert_files(manifest, grammar, manifest_path.parent, members)
     if resolved.get("init") == "random":  # the demo's kind of run

@@ -19,6 +19,7 @@ from expert_cli.train.outputs import ADAPTER_FILES
 from expert_cli.train.tokenizer_files import TOKENIZER_FILES
 
 EXPERT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt")  # from the expert's folder
+TEMPLATE_FILE = "chat_template.jinja"  # the run's tokenizer's template, as it saved it
 SHOWN_MEMBERS = 3  # members a note names
 
 
@@ -133,6 +134,24 @@ def write_tar(dest: Path, members: dict[str, bytes | Path]) -> None:
                 info.size = item.stat().st_size
                 with item.open("rb") as f:
                     tar.addfile(info, f)
+
+
+def shipped_template(manifest: dict[str, Any], members: Any) -> list[str]:
+    """Point the packaged manifest's chat template file (a base model's `chat_template`, a
+    path on the training machine) at the package's own copy, which the run's tokenizer saved
+    as chat_template.jinja, so that the manifest unpacked trains again as it was; a note."""
+    base = first_base(manifest)
+    named = base.get("chat_template")
+    if not isinstance(named, str) or named.lower() in ("chatml", TEMPLATE_FILE):
+        return []
+    if TEMPLATE_FILE not in members:
+        return []
+    base["chat_template"] = TEMPLATE_FILE
+    where = "base_models[0]" if manifest.get("schema_version") == "2.0" else "base_model"
+    return [
+        f"{where}.chat_template: {named} ships as the package's {TEMPLATE_FILE} (the template "
+        "the run's tokenizer saved), which the packaged manifest names"
+    ]
 
 
 def named_file_problems(manifest: dict[str, Any], files: Any) -> tuple[list[str], list[str]]:
