@@ -583,15 +583,16 @@ def test_a_chat_template_that_refuses_the_prompt(
     code, out, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "x")
     said = " ".join(err.split())
     assert code == 2, out + err
-    assert "the run's chat template (its tokenizer files beside the adapter) refuses a " in said
+    assert "chat_template.jinja: raises on a prompt of one user turn, with or without a " in said
     assert "(TemplateError)" in said and "SECRET" not in said + out
+    assert "fix the chat template the run was given" in said
     # one that renders nothing for a lone user turn: generate ran on no tokens (a traceback)
     (run / "chat_template.jinja").write_text(
         "{% if messages|length > 1 %}{% for m in messages %}{{ m.content }}{% endfor %}{% endif %}"
     )
     code, out, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "x")
     said = " ".join(err.split())
-    assert code == 2 and "renders nothing for a conversation of one user turn" in said, out + err
+    assert code == 2 and "renders nothing for a prompt of one user turn" in said, out + err
     (run / "chat_template.jinja").unlink()  # said to refuse the conversation (ValueError)
     code, out, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "x")
     said = " ".join(err.split())

@@ -937,7 +937,9 @@ def test_sparse_members_and_sizes_of_folders_in_a_package(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_a_damaged_tokenizer_is_named_in_package_and_check(v2_run: Path, tmp_path: Path) -> None:
+def test_a_damaged_tokenizer_is_named_in_package_and_check(
+    v2_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A tokenizer.json that no loader can read was shipped, and check --package said the
     package was sound; so was one missing tokenizer.json alone. A run that holds no tokenizer
     ships without one, saying so."""
@@ -960,6 +962,35 @@ def test_a_damaged_tokenizer_is_named_in_package_and_check(v2_run: Path, tmp_pat
         ),
     }
     damaged_template = {"chat_template.jinja": (b" \n", "empty (a chat template renders every")}
+    unrendered = {  # compiled, then called sound: no prompt could be laid out from them
+        b"{{ raise_exception('a system turn first') }}": "raises on a prompt of one user turn, "
+        "with or without a system turn (TemplateError): no prompt is laid out by it",
+        b"{{ messages[3].content }}": "raises on a prompt of one user turn, with or without a "
+        "system turn (UndefinedError)",
+        b"{% if false %}x{% endif %}  ": "renders nothing for a prompt of one user turn",
+        b"{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}x": (
+            "took over 1 s to render a prompt (a loop without end?)"
+        ),
+    }
+    monkeypatch.setattr("expert_cli.train.tokenizer_files.TEMPLATE_SECONDS", 1)
+    for data, expected in unrendered.items():
+        bad = _repack(
+            good, tmp_path / "bad.expert", lambda f, d=data: {**f, "chat_template.jinja": d}
+        )
+        problems = verify_package(bad).problems
+        assert problems[0].startswith(f"chat_template.jinja: {expected}"), problems
+        assert "system turn first" not in problems[0]  # the template's words never quoted
+    asks_a_system_turn = (  # a template may: sound
+        b"{% if messages[0].role != 'system' %}{{ raise_exception('no') }}{% endif %}"
+        b"{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    fine = _repack(good, tmp_path / "fine.expert",
+                   lambda f: {**f, "chat_template.jinja": asks_a_system_turn})  # fmt: skip
+    assert verify_package(fine).problems == []
+    run, _ = _adapter_copy(v2_run, tmp_path / "raises")  # the run's own: fix it, not copy it
+    (run / "chat_template.jinja").write_bytes(b"{{ messages[3].content }}")
+    said = _refused("package", run, tmp_path)
+    assert "no prompt is laid out by it; fix the chat template the run was given" in said, said
 
     def no_template(files: dict) -> dict:  # prompts laid out by a template it does not hold
         manifest = json.loads(files["manifest.json"])

@@ -14,10 +14,14 @@ import tokenizers
 from jinja2.exceptions import TemplateSyntaxError
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
-from transformers.utils.chat_template_utils import _compile_jinja_template  # as it renders
+from transformers.utils.chat_template_utils import (  # as it renders
+    _compile_jinja_template,
+    render_jinja_template,
+)
 
 from expert_cli.config.base import encodes
-from expert_cli.data.tokenizer import NOT_UTF8_PATH
+from expert_cli.data.tokenizer import NOT_UTF8_PATH, TEMPLATE_SECONDS
+from expert_cli.deadline import TimedOut, deadline
 from expert_cli.errors import UserError
 from expert_cli.jsontext import json_int
 from expert_cli.paths import shown_path
@@ -111,14 +115,50 @@ def tokenizer_problem(name: str, data: bytes) -> str | None:
 
 def _template_problem(text: str) -> str | None:
     """What is wrong with a chat template's text as transformers compiles it (its own
-    environment: a template using its `{% generation %}` tag compiles); None when it does."""
+    environment: a template using its `{% generation %}` tag compiles) and renders a prompt
+    of one user turn (what `generate` and HiveLLM's chat lay out), bounded in time; None
+    when it does."""
     if not text.strip():
         return "empty (a chat template renders every prompt from it)"
     try:
         _compile_jinja_template(text)
     except TemplateSyntaxError:
         return "not a Jinja template transformers can compile (TemplateSyntaxError)"
+    user = {"role": "user", "content": "q"}  # then with a system turn: a template may ask one
+    prompts = [[user], [{"role": "system", "content": "s"}, user]]
+    try:
+        with deadline(TEMPLATE_SECONDS) as bound:
+            rendered = _first_rendered(text, prompts)
+    except Exception as exc:  # noqa: BLE001 - the template's own error: named, never quoted
+        if bound.expired:
+            return f"took over {TEMPLATE_SECONDS} s to render a prompt (a loop without end?)"
+        return (
+            f"raises on a prompt of one user turn, with or without a system turn "
+            f"({type(exc).__name__}): {UNRENDERED}"
+        )
+    if not rendered.strip():
+        return f"renders nothing for a prompt of one user turn: {UNRENDERED}"
     return None
+
+
+UNRENDERED = "no prompt is laid out by it"
+
+
+def _first_rendered(text: str, prompts: list[list[dict[str, str]]]) -> str:
+    """The first of `prompts` the template renders with a generation prompt (the last one's
+    error where none renders)."""
+    for prompt in prompts[:-1]:
+        try:
+            return render_jinja_template([prompt], chat_template=text, add_generation_prompt=True)[
+                0
+            ][0]
+        except TimedOut:
+            raise
+        except Exception:  # noqa: BLE001, S112 - the next prompt tried
+            continue
+    return render_jinja_template([prompts[-1]], chat_template=text, add_generation_prompt=True)[0][
+        0
+    ]
 
 
 def missing_tokenizer_file(names: Collection[str]) -> str | None:
@@ -143,9 +183,12 @@ def tokenizer_members(folder: Path) -> tuple[dict[str, Path], list[str]]:
     for name, path in files.items():
         small = path.stat().st_size <= TOKENIZER_CHECK_BYTES
         if small and (problem := tokenizer_problem(name, path.read_bytes())):
+            copied = "copy the run's tokenizer files back from one of its checkpoints "
+            copied += "(checkpoints/checkpoint-N/ holds them), or train again"
+            fix = "fix the chat template the run was given (base_models[0].chat_template, or "
+            fix += "the base model's) and train again, or copy a checkpoint's back if it differs"
             raise UserError(
-                f"{shown_path(path)}: {problem}; copy the run's tokenizer files back from one "
-                "of its checkpoints (checkpoints/checkpoint-N/ holds them), or train again"
+                f"{shown_path(path)}: {problem}; {fix if UNRENDERED in problem else copied}"
             )
     if missing := missing_tokenizer_file(files):
         raise UserError(
