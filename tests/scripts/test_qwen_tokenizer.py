@@ -78,3 +78,12 @@ def test_refuses_to_replace_a_foreign_folder(script: ModuleType, tmp_path: Path)
     with pytest.raises(RuntimeError, match="not replacing"):
         script.build_qwen_tokenizer(tmp_path)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_an_answer_stops_at_qwens_own_end_tokens_only(qwen) -> None:
+    """Qwen's vocabulary holds `</s>` as a piece of text (id 128247, not special): merge wrote
+    it into generation_config.json as a stop, and generate stopped at it."""
+    from expert_cli.train.tokenizer_files import stop_ids
+
+    assert qwen.get_vocab()["</s>"] == 128247
+    assert stop_ids(qwen) == [151643, 151645]  # <|endoftext|>, <|im_end|>

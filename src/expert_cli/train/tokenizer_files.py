@@ -44,10 +44,13 @@ STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|end|>", "</s>")
 
 
 def stop_ids(tokenizer: Any) -> list[int]:
-    """The ids an answer stops at: the tokenizer's EOS and each end-of-turn token it has."""
+    """The ids an answer stops at: the tokenizer's EOS and each end-of-turn token it has as a
+    token of its own (added or special: Qwen's vocabulary holds `</s>` as a piece of text,
+    which merge wrote into generation_config.json as a stop)."""
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     vocab = tokenizer.get_vocab()
-    ids |= {vocab[t] for t in STOP_TOKENS if t in vocab}
+    own = set(getattr(tokenizer, "added_tokens_encoder", {})) | set(tokenizer.all_special_tokens)
+    ids |= {vocab[t] for t in STOP_TOKENS if t in vocab and t in own}
     return sorted(ids)
 
 
