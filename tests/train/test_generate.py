@@ -950,3 +950,18 @@ def test_a_garbled_run_configuration_is_not_called_missing(capsys, monkeypatch, 
     (run / "manifest.resolved.json").unlink()
     code, _, err = run_main(capsys, monkeypatch, "generate", "--adapter", str(run), "-p", "hi")
     assert code == 2 and "its manifest.resolved.json is missing" in err, err
+
+
+def test_an_eval_answer_is_matched_after_its_reasoning() -> None:
+    """`--eval` compared the whole text: under Qwen3's template a reference holds its
+    reasoning (or the empty block the template writes), which an answer seldom repeats word
+    for word; the answer after the last </think> is what is matched."""
+    from expert_cli.train.eval_cases import final_answer
+
+    reference = "<think>\n3 < 5, so 5.\n</think>\n\n5"
+    assert final_answer(reference) == "5"
+    assert final_answer("<think>\nfive beats three\n</think>\n\n5 ") == final_answer(reference)
+    assert final_answer("<think>\n\n</think>\n\n5") == "5"  # Qwen3's empty block
+    assert final_answer("<think>\nstill thinking") != "5"  # no answer: no match
+    assert final_answer("6") != final_answer(reference)
+    assert final_answer(" plain answer \n") == "plain answer"  # no reasoning: the whole

@@ -76,7 +76,22 @@ def eval_cases(
         if len(cases) == n:
             break
     notes += _eval_notes(len(cases), n, (cut, split), resolved.max_seq_length)
+    if any(REASONING_END in (c.reference or "") for c in cases):
+        notes.append(
+            f"--eval: references hold reasoning (up to {REASONING_END}): an answer matches "
+            f"where its text after its last {REASONING_END} is the reference's"
+        )
     return cases
+
+
+REASONING_END = "</think>"
+
+
+def final_answer(text: str) -> str:
+    """What an exact match compares: the text after its reasoning (after the last
+    REASONING_END) where it holds any, else the whole, stripped. Two reasonings to one answer
+    seldom agree word for word; the answer is what is asked."""
+    return text.rsplit(REASONING_END, 1)[-1].strip()
 
 
 def _eval_notes(found: int, wanted: int, lost: tuple[int, int], limit: int) -> list[str]:

@@ -25,7 +25,7 @@ from expert_cli.config.error_lines import format_errors
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import RunError, UserError
 from expert_cli.train.checkpoints import refuse_incomplete
-from expert_cli.train.eval_cases import Case, eval_budgets, eval_cases
+from expert_cli.train.eval_cases import Case, eval_budgets, eval_cases, final_answer
 from expert_cli.train.merge import dequantized, load_adapted, refuse_unfinished
 from expert_cli.train.outputs import (
     SOURCE_MANIFEST,
@@ -379,7 +379,7 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
         reference = None if case.reference is None else stops.cut(case.reference).strip()
         result = Generation(case.prompt, text, new, round(seconds, 3), reference=reference)
         if reference is not None:
-            result.exact_match = text.strip() == reference
+            result.exact_match = final_answer(text) == final_answer(reference)
         if opts.compare_base:
             view.start(index, case, "base")
             with run.model.disable_adapter():
