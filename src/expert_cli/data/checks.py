@@ -44,7 +44,7 @@ from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missi
 from expert_cli.data.instruction import CHAT_TEMPLATE, check_prompt_template
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.row_checks import DataCheck, TextMarks, source_key
-from expert_cli.data.splits import NO_EVAL_ROWS, holds_nothing_out
+from expert_cli.data.splits import NO_EVAL_ROWS, few_eval_note, held_examples, holds_nothing_out
 from expert_cli.data.template_checks import TemplateVerdict, blank_conversation, template_verdict
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer, read_config
 from expert_cli.data.turns import turn_layout
@@ -134,6 +134,10 @@ def check_manifest(
         report.problems += [problem] if problem else []
     if not report.problems and (note := _positions_note(resolved)):
         report.notes = [*report.notes, note]
+    if not (report.problems or quick):
+        sources = resolved.validation_sources or resolved.train_sources
+        held = held_examples(resolved, [data.rows.get(source_key(s)) for s in sources])
+        report.notes += [note] if (note := few_eval_note(held)) else []
     report.rows_checked = data.rows
     # one line once: a mapping problem is found in each source that reads it (the training
     # and the validation file), and was listed twice

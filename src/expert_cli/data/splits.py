@@ -49,6 +49,34 @@ NO_EVAL_ROWS = (
 )
 
 
+FEW_EVAL = 16  # fewer held-out examples than this: a loss that moves with which ones they are
+
+
+def few_eval_note(examples: int | None) -> str | None:
+    """A note where the validation split holds under FEW_EVAL examples (but some)."""
+    if examples is None or not 0 < examples < FEW_EVAL:
+        return None
+    held = f"{examples} example" + ("s" if examples != 1 else "")
+    return (
+        f"the validation split holds {held}: its loss, by which the best checkpoint and an "
+        "early stop are chosen, rests on so few; raise training.dataset.eval_fraction or give "
+        f"a validation_path ({FEW_EVAL} examples or more)"
+    )
+
+
+def held_examples(resolved: ResolvedConfig, rows: list[int | None]) -> int | None:
+    """How many examples evaluation will read, where the training sources' row counts (or
+    the validation sources', when given) are known: the rows `hold_out` takes from each."""
+    if resolved.evaluation_strategy == "no" or None in rows:
+        return None
+    if resolved.validation_sources:
+        return sum(n for n in rows if n is not None)
+    fraction = resolved.eval_fraction
+    return sum(
+        max(1, round(n * fraction)) for n in rows if n is not None and n >= 2 and fraction > 0
+    )
+
+
 def holds_nothing_out(resolved: ResolvedConfig, rows: list[int]) -> bool:
     """Whether evaluation is on but, with no validation source, no training source of these
     row counts has an example to spare for it (`hold_out` needs 2 rows)."""
