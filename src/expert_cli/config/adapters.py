@@ -67,6 +67,7 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
         notes.append(
             f"use_rslora: rank-stabilised scaling is LoRA's and DoRA's; not applied to {kind}"
         )
+    loraplus = _loraplus(manifest, kind, notes)
     if spec and spec.use_dora and cfg.adapter_type == "lora":  # asked plain LoRA by name
         notes.append(
             "adapter_type: lora with the adapter entry's use_dora true trains DoRA (LoRA "
@@ -127,7 +128,27 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
         use_dora=use_dora,
         use_rslora=rslora,
         init_lora_weights=init,
+        loraplus_lr_ratio=loraplus,
     )
+
+
+def _loraplus(manifest: Manifest, kind: str, notes: list[str]) -> float | None:
+    """training.config.loraplus_lr_ratio as the run takes it: LoRA's and DoRA's (a note for
+    another adapter type); UserError under DeepSpeed, whose configuration may make its own
+    optimizer, which would train without it."""
+    ratio = manifest.training.config.loraplus_lr_ratio
+    if ratio is None or ratio == 1:
+        return None
+    if kind not in ("lora", "dora"):
+        notes.append(f"loraplus_lr_ratio: LoRA+ trains LoRA's and DoRA's B; not applied to {kind}")
+        return None
+    distributed = manifest.training.distributed
+    if distributed is not None and distributed.strategy == "deepspeed":
+        raise UserError(
+            "training.config.loraplus_lr_ratio: under DeepSpeed, whose configuration may make "
+            "its own optimizer (without the ratio); use fsdp or ddp, or leave it unset"
+        )
+    return float(ratio)
 
 
 def decomposing(init: str | None) -> bool:

@@ -58,6 +58,7 @@ UNSET_MEANS = {
     "evaluation_strategy": "steps where there is validation data or a held-out share, else no",
     "use_rslora": "false",
     "init_lora_weights": "default",
+    "loraplus_lr_ratio": "off (B at the learning rate)",
 }
 
 

@@ -65,6 +65,7 @@ class ResolvedConfig(BaseModel):
     feedforward_modules: list[str] | None
     use_dora: bool
     use_rslora: bool = False  # alpha / sqrt(rank): peft's rank-stabilised LoRA
+    loraplus_lr_ratio: float | None = None  # LoRA+: lora_B's learning rate over lora_A's
     init_lora_weights: str = "default"  # peft's LoRA initialisation (pissa, olora: decomposed)
     # data
     train_sources: list[SourceRef]

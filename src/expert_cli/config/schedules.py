@@ -74,3 +74,26 @@ def scheduler_argument(schedule: str, key: str, value: Any) -> str | None:
     if not low <= value <= high:
         return f"{key}: {value:g} is out of range; expected {low:g} to {high:g} ({what})"
     return None
+
+
+def schedule_arguments_problem(schedule: str, given: dict[str, Any] | None) -> str | None:
+    """What is wrong with `lr_scheduler_kwargs` for `schedule`: an argument it does not take
+    or out of its range, one it cannot run without missing (transformers would stop the run
+    when it builds the schedule, after the model has loaded); None when usable."""
+    given = given or {}
+    problems = [
+        problem
+        for key, item in given.items()
+        if (problem := scheduler_argument(schedule, key, item)) is not None
+    ]
+    if problems:
+        return "; ".join(problems[:4]) + (
+            " (they must match lr_scheduler: change both, or set lr_scheduler_kwargs to null)"
+        )
+    needs, example = SCHEDULER_NEEDS.get(schedule, ((), ""))
+    found = [key for key in needs if key in given]
+    if needs and not found:
+        return f"lr_scheduler {schedule} needs {' or '.join(needs)} here, e.g. {example}"
+    if len(found) > 1:
+        return f"give one of {' or '.join(found)}, not both"
+    return None

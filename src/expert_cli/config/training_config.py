@@ -9,12 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from expert_cli.config.base import AdapterType, ModuleNames, Probability, Strict
-from expert_cli.config.schedules import (
-    MAX_STEPS,
-    SCHEDULER_NEEDS,
-    Scheduler,
-    scheduler_argument,
-)
+from expert_cli.config.schedules import MAX_STEPS, Scheduler, schedule_arguments_problem
 from expert_cli.config.trackers import TRACKERS, Tracker, one_or_many
 
 Optimizer = Literal[
@@ -254,6 +249,13 @@ class TrainingConfig(Strict):
     max_grad_norm: float = Field(
         1.0, gt=0, le=1e6, description="Extension: gradient clipping norm."
     )
+    loraplus_lr_ratio: float | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Extension: LoRA+ (LoRA and DoRA): each lora_B trained at this many times "
+        "the learning rate of its lora_A (16 is LoRA+'s usual; a lower learning_rate may suit).",
+    )
     neftune_noise_alpha: float | None = Field(
         None,
         gt=0,
@@ -347,26 +349,8 @@ class TrainingConfig(Strict):
         names it (and the `--set` that gave it)."""
         if "lr_scheduler" not in info.data:
             return value  # the schedule itself is wrong: that error is enough
-        schedule = info.data["lr_scheduler"] or "cosine"
-        given = value or {}
-        problems = [
-            problem
-            for key, item in given.items()
-            if (problem := scheduler_argument(schedule, key, item)) is not None
-        ]
-        if problems:
-            raise ValueError(
-                "; ".join(problems[:4]) + " (they must match lr_scheduler: change both, or "
-                "set lr_scheduler_kwargs to null)"
-            )
-        needs, example = SCHEDULER_NEEDS.get(schedule, ((), ""))
-        found = [key for key in needs if key in given]
-        if needs and not found:
-            raise ValueError(
-                f"lr_scheduler {schedule} needs {' or '.join(needs)} here, e.g. {example}"
-            )
-        if len(found) > 1:
-            raise ValueError(f"give one of {' or '.join(found)}, not both")
+        if problem := schedule_arguments_problem(info.data["lr_scheduler"] or "cosine", value):
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")

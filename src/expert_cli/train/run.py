@@ -305,16 +305,11 @@ def make_trainer(
     stop = InterruptCallback(interrupt, distributed.any_rank)
     watch = DivergenceWatch()
     extra = [*run.reporter.callbacks(), ScheduleNote(run.reporter.note)] if run.is_main else []
-    for callback in [
-        *extra,
-        stop,
-        watch,
-        CheckpointMarker(),
-        ResumedIntervals(),
-        _tensorboard(run),
-    ]:
+    marks = [CheckpointMarker(), ResumedIntervals(), _tensorboard(run)]
+    for callback in [*extra, stop, watch, *marks]:
         if callback is not None:
             trainer.add_callback(callback)
+    trainer.loraplus_ratio = run.resolved.loraplus_lr_ratio
     guard_trackers(trainer, run.reporter.note if run.is_main else None)
     if run.resolved.adapter_type == "adalora":
         trainer.add_callback(AdaLoraCallback(model))

@@ -43,12 +43,14 @@ SAME_RUN_FIELDS = (
     "max_grad_norm",
     "optim",
     "neftune_noise_alpha",  # the embeddings' noise: another training from the resumed step
+    "loraplus_lr_ratio",  # B's learning rate (and the optimizer's parameter groups)
 )
 # fields a run records since a later version, and what a run recorded before them had
 ABSENT_MEANS: dict[str, Any] = {
     "use_rslora": False,
     "init_lora_weights": "default",
     "neftune_noise_alpha": None,
+    "loraplus_lr_ratio": None,
 }
 
 

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate.utils import DistributedType
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, get_scheduler
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
@@ -28,6 +27,8 @@ from expert_cli.train.adalora import LanguageLoss, regularised
 from expert_cli.train.args import warmup_count
 from expert_cli.train.attention import mask_free_mapping, skip_mask_building
 from expert_cli.train.callbacks import ThroughputCallback
+from expert_cli.train.fsdp_save import save_fsdp_adapter
+from expert_cli.train.loraplus import split_b_groups
 from expert_cli.train.loss import takes_loss_positions
 from expert_cli.train.model_flops import flops_model
 from expert_cli.train.step_walks import StepWalks
@@ -79,6 +80,7 @@ class ExpertTrainer(Trainer):
     meter: ThroughputMeter | None = None
     mask_mapping: dict[str, None] | None = None
     walks: StepWalks | None = None  # the loop's model's modules, listed at its first step
+    loraplus_ratio: float | None = None  # LoRA+: B's learning rate over A's
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -322,27 +324,23 @@ class ExpertTrainer(Trainer):
         usual_mode(Path(output_dir or self.args.output_dir))  # safetensors writes 0600
 
     def _save_adapter(self, output_dir: str | None, _internal_call: bool) -> None:
-        """Under FSDP every rank takes part in gathering the adapter's full tensors (only the
-        trainable ones: the frozen base is never gathered) and the main process saves them
-        with peft, loadable by `PeftModel.from_pretrained`; otherwise the Trainer's save."""
-        if not self.is_fsdp_enabled:
+        """Under FSDP every rank gathers the adapter (train/fsdp_save.py); otherwise the
+        Trainer's save."""
+        if self.is_fsdp_enabled:
+            save_fsdp_adapter(self, output_dir or self.args.output_dir)
+        else:
             super().save_model(output_dir, _internal_call)
-            return
-        peft_model = self.accelerator.unwrap_model(self.model)
-        options = StateDictOptions(
-            full_state_dict=True,
-            cpu_offload=True,  # the full tensors land on global rank 0 only
-            ignore_frozen_params=True,  # the adapter alone is saved (adapter.saved_loadable)
-        )
-        state = get_model_state_dict(self.model_wrapped, options=options)
-        if self.args.process_index != 0:
-            return
-        output = output_dir or self.args.output_dir
-        Path(output).mkdir(parents=True, exist_ok=True)
-        # clone: the gathered tensors may share storage that peft's save cannot address
-        peft_model.save_pretrained(output, state_dict={k: v.clone() for k, v in state.items()})
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(output)
+
+    def create_optimizer(self, model: Any = None) -> Any:
+        """The Trainer's optimizer; under LoRA+ each B in a group of its own at the ratio's
+        learning rate (train/loraplus.py), split once, as the optimizer is made."""
+        made = self.optimizer is None
+        optimizer = super().create_optimizer(model)
+        if made and self.loraplus_ratio:
+            split_b_groups(
+                optimizer, model if model is not None else self.model, self.loraplus_ratio
+            )
+        return optimizer
 
 
 @dataclass
