@@ -423,3 +423,53 @@ def test_a_step_that_evaluates_logs_its_window() -> None:
         control = SimpleNamespace(should_log=False)
         callback.on_epoch_end(SimpleNamespace(eval_strategy=strategy), SimpleNamespace(), control)
         assert control.should_log is logs
+
+
+def test_eval_on_start_gives_the_bases_loss_apart(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`eval_on_start` evaluates the base before the first step: shown as the base's, kept
+    out of the best evaluation and of early stopping's count, not evaluated again by a resume;
+    report says when no later evaluation is below it."""
+    from train_helpers import run_here, write_expert
+
+    from expert_cli.train.report import summarize
+
+    config = {"eval_on_start": True, "early_stopping_patience": 2, "evaluation_strategy": "steps",
+              "early_stopping_threshold": 1e5, "eval_steps": 1, "save_steps": 1,
+              "logging_steps": 5}  # fmt: skip
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48, valid_rows=4, config=config)
+    output = tmp_path / "e" / "output"
+    proc = run_here("train", "--manifest", str(manifest), "--max-steps", "12")
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, said
+    assert "eval step 0 eval_loss" in said and "(the base, before training)" in said
+    assert "stopped early at step 3 of 12" in said  # the base's evaluation not counted
+    metrics = json.loads((output / "metrics.json").read_text())
+    assert [e["step"] for e in metrics["evals"]] == [0, 1, 2, 3]
+    report = summarize(output)
+    base = metrics["evals"][0]["eval_loss"]
+    later = min(metrics["evals"][1:], key=lambda e: e["eval_loss"])
+    assert report.base_eval_loss == pytest.approx(base)
+    assert (report.best_eval_loss, report.best_eval_step) == (
+        pytest.approx(later["eval_loss"]),
+        later["step"],
+    )
+    metrics["evals"][0]["eval_loss"] = later["eval_loss"] / 2  # the base lower than any since
+    (output / "metrics.json").write_text(json.dumps(metrics))
+    notes = " ".join(text for _, text in summarize(output).adapters.notes)
+    assert "no evaluation after the first step is below the base's eval loss" in notes
+    shown = run_here("report", str(output))
+    assert "(the base's, before training:" in " ".join(shown.stdout.split()), shown.stdout
+    again = {k: v for k, v in config.items() if not k.startswith("early_stopping")}
+    resumed = write_expert(tmp_path / "r", tiny_model_dir, rows=48, valid_rows=4, config=again)
+    for steps, flags in (("2", []), ("3", ["--resume"])):
+        done = run_here("train", "--manifest", str(resumed), "--max-steps", steps, *flags)
+        assert done.returncode == 0, done.stdout + done.stderr
+    evals = json.loads((tmp_path / "r" / "output" / "metrics.json").read_text())["evals"]
+    assert [e["step"] for e in evals] == [0, 1, 2, 3]  # the resume did not evaluate at its start
+    off = write_expert(tmp_path / "off", tiny_model_dir, rows=8,
+                       config={"eval_on_start": True, "evaluation_strategy": "no"})  # fmt: skip
+    refused = run_here("check", "--manifest", str(off))
+    assert refused.returncode == 2
+    assert (
+        "eval_on_start needs evaluation_strategy steps or epoch" in refused.stdout + refused.stderr
+    )

@@ -59,6 +59,7 @@ UNSET_MEANS = {
     "use_rslora": "false",
     "init_lora_weights": "default",
     "loraplus_lr_ratio": "off (B at the learning rate)",
+    "eval_on_start": "false",
 }
 
 

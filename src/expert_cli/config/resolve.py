@@ -135,6 +135,7 @@ class ResolvedConfig(BaseModel):
     evaluation_strategy: str
     eval_steps: int
     load_best_model_at_end: bool
+    eval_on_start: bool = False  # the base's eval loss, before the first step
     report_to: list[str] = Field(default_factory=list)  # trackers besides TensorBoard
     early_stopping_patience: int | None = None  # evaluations without improvement, then stop
     early_stopping_threshold: float = 0.0
@@ -250,6 +251,7 @@ def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> d
         if "save_total_limit" in cfg.model_fields_set
         else DEFAULT_SAVE_LIMIT,
         load_best_model_at_end=best,
+        eval_on_start=bool(cfg.eval_on_start) and strategy != "no",
         early_stopping_patience=cfg.early_stopping_patience,
         early_stopping_threshold=cfg.early_stopping_threshold or 0.0,
         metric_for_best_model=first(cfg.metric_for_best_model, "eval_loss"),

@@ -203,6 +203,11 @@ class TrainingConfig(Strict):
         description="End with the checkpoint of the lowest eval loss as the final adapter "
         "(checkpoints must fall on evaluations: save_steps a multiple of eval_steps).",
     )
+    eval_on_start: bool | None = Field(
+        None,
+        description="Extension: evaluate once before the first step: the base model's eval "
+        "loss (the adapter starts at zero), which every later one is measured against.",
+    )
     metric_for_best_model: Literal["eval_loss", "loss"] | None = Field(
         None,
         description="Metric for the best checkpoint: the evaluation measures the loss only "
@@ -359,7 +364,7 @@ class TrainingConfig(Strict):
             raise ValueError("fp16 and bf16 are both true; choose one")
         if self.epochs and self.num_epochs and self.epochs != self.num_epochs:
             raise ValueError("epochs and num_epochs differ; give one of them")
-        for name in ("load_best_model_at_end", "early_stopping_patience"):
+        for name in ("load_best_model_at_end", "early_stopping_patience", "eval_on_start"):
             if getattr(self, name) and self.evaluation_strategy == "no":
                 raise ValueError(f"{name} needs evaluation_strategy steps or epoch")
         if self.early_stopping_threshold is not None and not self.early_stopping_patience:

@@ -76,6 +76,7 @@ def training_args_kwargs(
         eval_strategy=resolved.evaluation_strategy,
         eval_steps=resolved.eval_steps,
         load_best_model_at_end=resolved.load_best_model_at_end,
+        eval_on_start=resolved.eval_on_start,
         metric_for_best_model=resolved.metric_for_best_model,
         greater_is_better=resolved.greater_is_better,
         torch_empty_cache_steps=resolved.memory_clear_every or None,

@@ -90,6 +90,7 @@ class RunReport:
     plot_problem: str | None = None  # why RUN_DIR/training.png could not be written
     status_note: str | None = None  # a "running" run whose process is gone, or "completed"
     # one that never saved its final adapter
+    base_eval_loss: float | None = None  # eval_on_start's: before the first step
 
 
 STOPPED_NOTE = (
@@ -138,7 +139,11 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         raise UserError(problem)
     summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
     eval_steps, eval_losses = _points(data.get("evals") or [], "eval_loss")
-    best = min(zip(eval_losses, eval_steps, strict=True)) if eval_losses else None
+    trained = [(loss, step) for loss, step in zip(eval_losses, eval_steps, strict=True) if step > 0]
+    best = min(trained) if trained else None
+    base = next(
+        (loss for loss, step in zip(eval_losses, eval_steps, strict=True) if step == 0), None
+    )
     unwritten = None
     if plot is not None:
         try:
@@ -159,7 +164,8 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         best_eval_loss=best[0] if best else None,
         best_eval_step=int(best[1]) if best else None,
         plot=plot,
-        adapters=adapter_list(run_dir, best),
+        adapters=adapter_list(run_dir, best, base),
+        base_eval_loss=base,
         plot_problem=unwritten,
         status_note=status_note,
     )
@@ -189,13 +195,24 @@ def _status(run_dir: Path, written: str) -> tuple[str, str | None]:
     return "stopped", f"{lost}; it keeps no checkpoint to save it from: train again"
 
 
-def adapter_list(run_dir: Path, best_eval: tuple[float, float] | None) -> AdapterList:
+def adapter_list(
+    run_dir: Path, best_eval: tuple[float, float] | None, base: float | None = None
+) -> AdapterList:
     """The adapters `run_dir` keeps and what to say of them; `best_eval`: the lowest eval
-    loss of the run and its step (it may have no checkpoint)."""
+    loss of the run after its first step and its step (it may have no checkpoint); `base`:
+    the eval loss before it (eval_on_start), which an adapter that helps is below."""
     adapters = kept_adapters(run_dir)
     if not adapters:
         return AdapterList((), 0, ())
     notes: list[tuple[str, str]] = []
+    if base is not None and best_eval is not None and best_eval[0] >= base:
+        notes.append(
+            (
+                "note",
+                f"no evaluation after the first step is below the base's eval loss ({base:.4g}, "
+                "before training): the adapter has not improved on the base on this data",
+            )
+        )
     try:
         ships, chosen_by = default_choice(run_dir)
     except UserError as exc:
