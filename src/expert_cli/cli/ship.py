@@ -123,7 +123,7 @@ def report(
         else f"{result.best_eval_loss:.4g} at step {result.best_eval_step}"
     )
     if result.base_eval_loss is not None:
-        best += f" (the base's, before training: {result.base_eval_loss:.4g})"
+        best += f" (before training: {result.base_eval_loss:.4g})"
     out.print(
         f"{result.status}: {result.steps} steps, {speed} tok/s, final loss {loss}, "
         f"best eval loss {best}",

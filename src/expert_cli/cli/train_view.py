@@ -248,7 +248,7 @@ class ProgressCallback(TrainerCallback):
         if logs and "eval_loss" in logs:
             self.console.print(
                 f"eval      step {state.global_step}  eval_loss {logs['eval_loss']:.4g}"
-                + ("  (the base, before training)" if state.global_step == 0 else ""),
+                + ("  (before training)" if state.global_step == 0 else ""),
                 highlight=False,
             )
 

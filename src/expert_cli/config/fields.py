@@ -60,6 +60,7 @@ UNSET_MEANS = {
     "init_lora_weights": "default",
     "loraplus_lr_ratio": "off (B at the learning rate)",
     "eval_on_start": "false",
+    "init_adapter": "none (the adapter starts as init_lora_weights says)",
 }
 
 

@@ -30,6 +30,7 @@ from expert_cli.config.refs import (
 )
 from expert_cli.config.sources import SourceRef, data_folder_holding, resolve_sources
 from expert_cli.config.trackers import TRACKERS
+from expert_cli.config.warm_start import start_adapter
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, path_is_file, shown_path
 
@@ -66,6 +67,7 @@ class ResolvedConfig(BaseModel):
     use_dora: bool
     use_rslora: bool = False  # alpha / sqrt(rank): peft's rank-stabilised LoRA
     loraplus_lr_ratio: float | None = None  # LoRA+: lora_B's learning rate over lora_A's
+    init_adapter: str | None = None  # a trained adapter's folder the run starts from
     init_lora_weights: str = "default"  # peft's LoRA initialisation (pissa, olora: decomposed)
     # data
     train_sources: list[SourceRef]
@@ -321,12 +323,14 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
             "chat_template.jinja, additional_chat_templates/ or tokenizer_config.json's); the "
             "run's tokenizer ships it"
         )
+    adapter = adapter_settings(lm.manifest, notes, env.has_gpu)
     return ResolvedConfig(
         expert=lm.manifest.name,
         expert_version=lm.manifest.version,
         manifest_path=str(lm.path),
         **base,
-        **adapter_settings(lm.manifest, notes, env.has_gpu),
+        **adapter,
+        init_adapter=start_adapter(lm, adapter),
         train_sources=train,
         validation_sources=valid,
         field_mapping=ds.field_mapping,

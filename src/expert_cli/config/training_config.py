@@ -254,6 +254,14 @@ class TrainingConfig(Strict):
     max_grad_norm: float = Field(
         1.0, gt=0, le=1e6, description="Extension: gradient clipping norm."
     )
+    init_adapter: str | None = Field(
+        None,
+        min_length=1,
+        description="Extension: start the adapter from one trained before (its weights; the "
+        "optimizer starts afresh): a folder holding adapter_config.json and "
+        "adapter_model.safetensors (a run's output, one of its checkpoints), relative to the "
+        "manifest; of this run's type, rank, alpha and layers (LoRA, DoRA).",
+    )
     loraplus_lr_ratio: float | None = Field(
         None,
         ge=1,

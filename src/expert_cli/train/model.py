@@ -41,6 +41,7 @@ from expert_cli.train.lora_init import INIT_WEIGHTS, kept_start, save_initial
 from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
 from expert_cli.train.placement import load_placement
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
+from expert_cli.train.warm_start import start_from
 from expert_cli.weights import non_finite_line
 
 if TYPE_CHECKING:
@@ -364,6 +365,8 @@ def attach_run_adapter(
     if problem := unfit_problem(peft_model, resume):
         raise UserError(problem)
     notes = adapter_notes(peft_model, resolved, kept)
+    if resume is None and resolved.init_adapter:  # a resume's weights are its checkpoint's
+        notes.append(start_from(peft_model, Path(resolved.init_adapter)))
     if initial is None or not decomposing(resolved.init_lora_weights):
         return peft_model, notes
     found = kept_start(initial, peft_model) if resume is not None else "unusable"

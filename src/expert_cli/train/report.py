@@ -209,8 +209,9 @@ def adapter_list(
         notes.append(
             (
                 "note",
-                f"no evaluation after the first step is below the base's eval loss ({base:.4g}, "
-                "before training): the adapter has not improved on the base on this data",
+                f"no evaluation after the first step is below the eval loss before training "
+                f"({base:.4g}, the base's, or init_adapter's): training has not improved on "
+                "it on this data",
             )
         )
     try:

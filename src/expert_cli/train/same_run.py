@@ -44,6 +44,7 @@ SAME_RUN_FIELDS = (
     "optim",
     "neftune_noise_alpha",  # the embeddings' noise: another training from the resumed step
     "loraplus_lr_ratio",  # B's learning rate (and the optimizer's parameter groups)
+    "init_adapter",  # the weights the run started from
 )
 # fields a run records since a later version, and what a run recorded before them had
 ABSENT_MEANS: dict[str, Any] = {
@@ -51,6 +52,7 @@ ABSENT_MEANS: dict[str, Any] = {
     "init_lora_weights": "default",
     "neftune_noise_alpha": None,
     "loraplus_lr_ratio": None,
+    "init_adapter": None,
 }
 
 
