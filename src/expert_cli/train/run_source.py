@@ -228,6 +228,7 @@ def _machine_bound(manifest: dict[str, Any]) -> list[Where]:
         found += [("training", "dataset", "tasks", task, key) for key in TASK_FILES]
     found += [
         ("training", "config", "pretokenized_cache"),
+        ("training", "config", "init_adapter"),
         ("training", "distributed", "deepspeed"),
     ]
     return found
