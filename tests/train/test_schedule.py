@@ -262,6 +262,24 @@ def test_length_groups_are_made_of_the_global_batch(tmp_path: Path, tiny_model_d
     assert trainer._get_train_sampler(rows).batch_size == 12
 
 
+STOPPED_EARLY = {"early_stopping_patience": 2, "early_stopping_threshold": 1e5,
+                 "evaluation_strategy": "steps", "eval_steps": 1, "save_steps": 1,
+                 "logging_steps": 5}  # fmt: skip
+
+
+def _early_stopped(tmp_path: Path, model: Path, **extra: object) -> tuple[Path, Path, str]:
+    """A run that early stopping stops at step 3 of 12 (patience 2, a threshold no loss can
+    beat, an evaluation each step): its manifest, output folder and what it said."""
+    from train_helpers import run_here, write_expert
+
+    config = {**STOPPED_EARLY, **extra}
+    manifest = write_expert(tmp_path / "e", model, rows=48, valid_rows=4, config=config)
+    proc = run_here("train", "--manifest", str(manifest), "--max-steps", "12")
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, said
+    return manifest, tmp_path / "e" / "output", said
+
+
 def test_early_stopping_stops_on_the_evaluation_loss_and_says_where(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -271,14 +289,7 @@ def test_early_stopping_stops_on_the_evaluation_loss_and_says_where(
     resumed run goes on counting (next test); without evaluations the field is exit 2."""
     from train_helpers import run_here, write_expert
 
-    config = {"early_stopping_patience": 2, "early_stopping_threshold": 1e5,
-              "evaluation_strategy": "steps", "eval_steps": 1, "save_steps": 1,
-              "logging_steps": 5}  # fmt: skip
-    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48, valid_rows=4, config=config)
-    output = tmp_path / "e" / "output"
-    proc = run_here("train", "--manifest", str(manifest), "--max-steps", "12")
-    said = " ".join((proc.stdout + proc.stderr).split())
-    assert proc.returncode == 0, said
+    manifest, output, said = _early_stopped(tmp_path, tiny_model_dir)
     assert (
         "stopped early at step 3 of 12: 2 evaluations in a row without the loss improving by "
         "more than 100000 (early_stopping_patience); the lowest eval_loss"
@@ -307,7 +318,7 @@ def test_early_stopping_stops_on_the_evaluation_loss_and_says_where(
     assert (output / "adapter_model.safetensors").read_bytes() == adapter
     # with load_best_model_at_end the stop names the checkpoint the final adapter is
     best = write_expert(tmp_path / "b", tiny_model_dir, rows=48, valid_rows=4,
-                        config={**config, "load_best_model_at_end": True})  # fmt: skip
+                        config={**STOPPED_EARLY, "load_best_model_at_end": True})  # fmt: skip
     proc = run_here("train", "--manifest", str(best), "--max-steps", "12")
     said = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 0, said
@@ -433,14 +444,9 @@ def test_eval_on_start_gives_the_bases_loss_apart(tmp_path: Path, tiny_model_dir
 
     from expert_cli.train.report import summarize
 
-    config = {"eval_on_start": True, "early_stopping_patience": 2, "evaluation_strategy": "steps",
-              "early_stopping_threshold": 1e5, "eval_steps": 1, "save_steps": 1,
-              "logging_steps": 5}  # fmt: skip
-    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48, valid_rows=4, config=config)
-    output = tmp_path / "e" / "output"
-    proc = run_here("train", "--manifest", str(manifest), "--max-steps", "12")
-    said = " ".join((proc.stdout + proc.stderr).split())
-    assert proc.returncode == 0, said
+    _, output, said = _early_stopped(tmp_path, tiny_model_dir, eval_on_start=True)
+    config = {"eval_on_start": True, "evaluation_strategy": "steps", "eval_steps": 1,
+              "save_steps": 1, "logging_steps": 5}  # fmt: skip
     assert "eval step 0 eval_loss" in said and "(before training)" in said
     assert "stopped early at step 3 of 12" in said  # the base's evaluation not counted
     metrics = json.loads((output / "metrics.json").read_text())
@@ -459,8 +465,7 @@ def test_eval_on_start_gives_the_bases_loss_apart(tmp_path: Path, tiny_model_dir
     assert "no evaluation after the first step is below the eval loss before training" in notes
     shown = run_here("report", str(output))
     assert "(before training:" in " ".join(shown.stdout.split()), shown.stdout
-    again = {k: v for k, v in config.items() if not k.startswith("early_stopping")}
-    resumed = write_expert(tmp_path / "r", tiny_model_dir, rows=48, valid_rows=4, config=again)
+    resumed = write_expert(tmp_path / "r", tiny_model_dir, rows=48, valid_rows=4, config=config)
     for steps, flags in (("2", []), ("3", ["--resume"])):
         done = run_here("train", "--manifest", str(resumed), "--max-steps", steps, *flags)
         assert done.returncode == 0, done.stdout + done.stderr
