@@ -145,23 +145,31 @@ def _template_problem(text: str) -> str | None:
 
 
 UNRENDERED = "no prompt is laid out by it"
+# what apply_chat_template gives a template beside the conversation: the tokenizer's special
+# tokens (Llama 3's `bos_token + content` raised without them), here as stand-ins
+SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                  "pad_token": "<pad>", "sep_token": "<sep>", "cls_token": "<cls>",
+                  "mask_token": "<mask>", "additional_special_tokens": []}  # fmt: skip
 
 
 def _first_rendered(text: str, prompts: list[list[dict[str, str]]]) -> str:
     """The first of `prompts` the template renders with a generation prompt (the last one's
-    error where none renders)."""
+    error where none renders), given the special tokens as apply_chat_template gives them."""
     for prompt in prompts[:-1]:
         try:
-            return render_jinja_template([prompt], chat_template=text, add_generation_prompt=True)[
-                0
-            ][0]
+            return _rendered(text, prompt)
         except TimedOut:
             raise
         except Exception:  # noqa: BLE001, S112 - the next prompt tried
             continue
-    return render_jinja_template([prompts[-1]], chat_template=text, add_generation_prompt=True)[0][
-        0
-    ]
+    return _rendered(text, prompts[-1])
+
+
+def _rendered(text: str, prompt: list[dict[str, str]]) -> str:
+    out = render_jinja_template(
+        [prompt], chat_template=text, add_generation_prompt=True, **SPECIAL_TOKENS
+    )
+    return str(out[0][0])
 
 
 def missing_tokenizer_file(names: Collection[str]) -> str | None:
