@@ -33,6 +33,9 @@ def test_a_few_held_out_examples_are_said(tmp_path: Path) -> None:
     built = run_here("pretokenize", "-m", str(few))
     assert built.returncode == 0, built.stdout + built.stderr
     assert SAID.format("8 examples") in " ".join(built.stdout.split())
+    trained = run_here("train", "-m", str(few), "--max-steps", "1")
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert SAID.format("8 examples") in " ".join(trained.stdout.split())
     enough = _demo(tmp_path / "enough", {"eval_fraction": 0.1})  # 40 held out
     assert not any("validation split holds" in n for n in check_manifest(enough).notes)
     off = _demo(tmp_path / "off", {"eval_fraction": 0.02})

@@ -478,3 +478,36 @@ def test_eval_on_start_gives_the_bases_loss_apart(tmp_path: Path, tiny_model_dir
     assert (
         "eval_on_start needs evaluation_strategy steps or epoch" in refused.stdout + refused.stderr
     )
+    implicit = write_expert(
+        tmp_path / "none", tiny_model_dir, rows=8, config={"eval_on_start": True}
+    )
+    data = json.loads(implicit.read_text())
+    data["training"]["dataset"]["eval_fraction"] = 0  # nothing held out, no validation file
+    data["training"]["config"].pop("evaluation_strategy", None)
+    implicit.write_text(json.dumps(data))
+    refused = run_here("check", "--manifest", str(implicit))
+    said = " ".join((refused.stdout + refused.stderr).split())
+    assert refused.returncode == 2, said
+    assert (
+        "training.config.eval_on_start: reads the evaluation loss, and this run evaluates" in said
+    )
+
+
+def test_early_stopping_keeps_the_evaluation_before_training_out() -> None:
+    """The lowest loss early stopping names is of a step trained: with the base lowest it
+    said "no eval_loss a number" (its step, 0, read as none)."""
+    from types import SimpleNamespace
+
+    from expert_cli.train.early_stop import EarlyStop
+
+    stop = EarlyStop(2, 0.0, SimpleNamespace(extra={}), say=lambda text: None)
+    args = SimpleNamespace(metric_for_best_model="eval_loss", greater_is_better=False)
+    state = SimpleNamespace(global_step=0, max_steps=12, best_metric=None, best_global_step=None)
+    control = SimpleNamespace(should_training_stop=False)
+    for step, loss in ((0, 1.0), (1, 2.0), (2, 2.5), (3, 2.6)):
+        state.global_step = step
+        stop.on_evaluate(args, state, control, {"eval_loss": loss})
+        if step and (state.best_metric is None or loss < state.best_metric):
+            state.best_metric = loss  # as the Trainer keeps it, after its callbacks
+    assert stop.lowest == (2.0, 1)
+    assert stop.said is not None and "the lowest eval_loss 2, at step 1" in stop.said

@@ -13,6 +13,7 @@ from train_helpers import run_here, write_expert
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
+from expert_cli.config.warm_start import init_adapter_problem
 from expert_cli.errors import UserError
 
 CONFIG = {"rank": 4, "alpha": 8, "save_steps": 2, "learning_rate": 1e-2, "eval_steps": 2,
@@ -43,6 +44,32 @@ def test_a_run_starts_from_a_trained_adapter(tmp_path: Path, tiny_model_dir: Pat
                      "--resume", "--max-steps", "4")  # fmt: skip
     said = " ".join((other.stdout + other.stderr).split())
     assert other.returncode == 2 and "init_adapter" in said, said  # it started otherwise
+    # written in the manifest, the start is a folder of the training machine: not shipped
+    data = json.loads(manifest.read_text())
+    data["training"]["config"]["init_adapter"] = str(first)
+    written = manifest.with_name("written.json")
+    written.write_text(json.dumps(data))
+    done = run_here(
+        "train", "-m", str(written), "--output", str(tmp_path / "w"), "--max-steps", "1"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    packed = run_here(
+        "package", "--adapter", str(tmp_path / "w"), "--output", str(tmp_path / "w.expert")
+    )
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+    assert "init_adapter: the folder the run started from is on the training machine" in " ".join(
+        packed.stdout.split()
+    )
+    import tarfile
+
+    with tarfile.open(tmp_path / "w.expert") as tar:
+        shipped = json.loads(tar.extractfile("manifest.json").read())
+    assert "init_adapter" not in shipped["training"]["config"]
+    # a resume reads its checkpoint, not the start: the start moved away, it goes on
+    first.rename(tmp_path / "moved")
+    more = run_here("train", "-m", str(manifest), "--output", str(tmp_path / "from-first"),
+                    "--resume", "--max-steps", "4", "--set", f"init_adapter={first}")  # fmt: skip
+    assert more.returncode == 0, more.stdout + more.stderr
 
 
 def _resolved(manifest: Path, **config: object):
@@ -67,18 +94,22 @@ def test_a_start_that_does_not_fit_is_named(tmp_path: Path, tiny_model_dir: Path
     ]
     for config, expected in cases:
         (start / "adapter_config.json").write_text(json.dumps(config))
-        with pytest.raises(UserError, match="its adapter differs") as err:
-            _resolved(manifest, init_adapter=str(start))
-        assert expected in str(err.value), err.value
+        problem = init_adapter_problem(_resolved(manifest, init_adapter=str(start))) or ""
+        assert "its adapter differs" in problem and expected in problem, problem
     (start / "adapter_config.json").write_text(json.dumps(base))
-    assert _resolved(manifest, init_adapter=str(start)).init_adapter == str(start)
+    resolved = _resolved(manifest, init_adapter=str(start))
+    assert resolved.init_adapter == str(start) and init_adapter_problem(resolved) is None
+    inside = init_adapter_problem(resolved, output=tmp_path)  # --overwrite set it aside
+    assert "is in this run's --output folder" in (inside or ""), inside
     with pytest.raises(UserError, match="init_lora_weights pissa both choose"):
         _resolved(manifest, init_adapter=str(start), init_lora_weights="pissa")
-    with pytest.raises(UserError, match="expected a folder holding adapter_config.json"):
-        _resolved(manifest, init_adapter=str(tmp_path / "none"), init_lora_weights="default")
+    gone = _resolved(manifest, init_adapter=str(tmp_path / "none"), init_lora_weights="default")
+    assert "expected a folder holding adapter_config.json" in (init_adapter_problem(gone) or "")
     (start / "adapter_config.json").write_text("{not json")
-    with pytest.raises(UserError, match="adapter_config.json is not readable JSON"):
-        _resolved(manifest, init_adapter=str(start))
+    problem = init_adapter_problem(_resolved(manifest, init_adapter=str(start)))
+    assert "adapter_config.json is not readable JSON" in (problem or "")
+    said = run_here("check", "-m", str(manifest))  # check says it, exit 2
+    assert said.returncode == 2 and "not readable JSON" in said.stdout + said.stderr
 
 
 def test_weights_of_other_layers_are_named(tmp_path: Path, tiny_model_dir: Path) -> None:

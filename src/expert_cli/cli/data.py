@@ -117,7 +117,7 @@ def outcomes_table(outcomes: list[Outcome]) -> Any:
 
 def summary_lines(data: PreparedData, steps: str = "") -> list[str]:
     """What happened to one cache, with its train stats, as printable lines."""
-    from expert_cli.data.splits import few_eval_note
+    from expert_cli.data.splits import split_note
     from expert_cli.data.stats_words import count_lines
     from expert_cli.errors import escaped
 
@@ -145,7 +145,7 @@ def summary_lines(data: PreparedData, steps: str = "") -> list[str]:
     if data.stats.get("eval"):
         ev = data.stats["eval"]
         lines.append(f"  eval: rows {ev['rows']:,}, tokens {ev['tokens']:,}")
-        if note := few_eval_note(ev.get("examples", ev.get("examples_read"))):
+        if note := split_note(data.stats):
             lines.append(f"  note: {note}")
     if steps:
         lines.append(f"  steps: {steps}")

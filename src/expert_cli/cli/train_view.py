@@ -23,6 +23,7 @@ from expert_cli.cli.render import BuildBar, labelled
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import PreparedData
 from expert_cli.data.earlier import Earlier
+from expert_cli.data.splits import split_note
 from expert_cli.data.stats_words import count_lines
 from expert_cli.errors import escaped
 from expert_cli.telemetry.throughput import flush_note
@@ -73,7 +74,8 @@ def print_data(
     for label, said in count_lines(stats):
         console.print(f"[bold]{label}[/bold]{' ' * (10 - len(label))}", end="")
         console.print(said, highlight=False, markup=False)
-    for note in stats.get("notes") or []:  # the build's: task weights, shared examples
+    said = [split_note(stats)] if split_note(stats) else []
+    for note in [*(stats.get("notes") or []), *said]:  # the build's: task weights, shared ...
         console.print("[bold]note[/bold]      ", end="")
         console.print(str(note), highlight=False, markup=False)
     console.print("[bold]cache[/bold]     ", end="")

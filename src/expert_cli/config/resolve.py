@@ -137,7 +137,7 @@ class ResolvedConfig(BaseModel):
     evaluation_strategy: str
     eval_steps: int
     load_best_model_at_end: bool
-    eval_on_start: bool = False  # the base's eval loss, before the first step
+    eval_on_start: bool = False  # the eval loss before the first step
     report_to: list[str] = Field(default_factory=list)  # trackers besides TensorBoard
     early_stopping_patience: int | None = None  # evaluations without improvement, then stop
     early_stopping_threshold: float = 0.0
@@ -231,12 +231,13 @@ def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> d
     save_strategy = first(cfg.save_strategy, "steps")
     if problem := checkpoint_problem(best, save_strategy, strategy, save_steps, eval_steps):
         raise UserError(f"{lm.path.name}: training.config.{problem}")
-    if cfg.early_stopping_patience and strategy == "no":
-        raise UserError(
-            f"{lm.path.name}: training.config.early_stopping_patience: stops on the evaluation "
-            "loss, and this run evaluates nothing (no validation data, none held out); give "
-            "training.dataset.validation_path or eval_fraction, or remove it"
-        )
+    for name in ("early_stopping_patience", "eval_on_start"):
+        if getattr(cfg, name) and strategy == "no":
+            raise UserError(
+                f"{lm.path.name}: training.config.{name}: reads the evaluation loss, and this "
+                "run evaluates nothing (no validation data, none held out); give "
+                "training.dataset.validation_path or eval_fraction, or remove it"
+            )
     if cfg.early_stopping_patience and not best:
         notes.append(
             "early_stopping_patience: the final adapter is the last step's, not the best "
@@ -253,7 +254,7 @@ def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> d
         if "save_total_limit" in cfg.model_fields_set
         else DEFAULT_SAVE_LIMIT,
         load_best_model_at_end=best,
-        eval_on_start=bool(cfg.eval_on_start) and strategy != "no",
+        eval_on_start=bool(cfg.eval_on_start),
         early_stopping_patience=cfg.early_stopping_patience,
         early_stopping_threshold=cfg.early_stopping_threshold or 0.0,
         metric_for_best_model=first(cfg.metric_for_best_model, "eval_loss"),

@@ -205,8 +205,8 @@ class TrainingConfig(Strict):
     )
     eval_on_start: bool | None = Field(
         None,
-        description="Extension: evaluate once before the first step: the base model's eval "
-        "loss (the adapter starts at zero), which every later one is measured against.",
+        description="Extension: evaluate once before the first step: the eval loss every "
+        "later one is measured against (the base model's; with init_adapter, that adapter's).",
     )
     metric_for_best_model: Literal["eval_loss", "loss"] | None = Field(
         None,

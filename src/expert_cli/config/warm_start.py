@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from expert_cli.config.adapters import decomposing
@@ -22,8 +23,9 @@ MAX_CONFIG_BYTES = 1 << 20
 
 
 def start_adapter(lm: LoadedManifest, adapter: dict[str, Any]) -> str | None:
-    """The folder `init_adapter` names, absolute, where its adapter is one this run's
-    settings (`adapter`, as resolved) can start from; UserError naming what differs."""
+    """The folder `init_adapter` names, absolute (its adapter is checked by `init_adapter_problem`,
+    which `check` and a run starting afresh call: a resume reads its checkpoint, not this);
+    UserError where this run's settings (`adapter`, as resolved) cannot start from one."""
     given = lm.manifest.training.config.init_adapter
     if given is None:
         return None
@@ -35,11 +37,25 @@ def start_adapter(lm: LoadedManifest, adapter: dict[str, Any]) -> str | None:
             f"{FIELD}: and init_lora_weights {adapter['init_lora_weights']} both choose the "
             "adapter's start; give one of them"
         )
-    folder = local_path(lm.folder, given, FIELD)
+    return str(local_path(lm.folder, given, FIELD))
+
+
+def init_adapter_problem(resolved: Any, output: Path | None = None) -> str | None:
+    """What keeps a run from starting from `resolved.init_adapter`: not a folder holding an
+    adapter, one of other settings than the run's, or one inside the run's `output` folder
+    (--overwrite sets its adapter aside before it is read); None where it can."""
+    if not resolved.init_adapter:
+        return None
+    folder = Path(resolved.init_adapter)
     label = f"{FIELD} {shown_path(folder)}"
+    if output is not None and folder.resolve().is_relative_to(output.resolve()):
+        return (
+            f"{label}: is in this run's --output folder, whose adapter the run replaces; copy "
+            "it elsewhere and name the copy, or train into another --output"
+        )
     config_file, weights = folder / CONFIG, folder / WEIGHTS
     if not folder.is_dir() or not config_file.is_file() or not weights.is_file():
-        raise UserError(
+        return (
             f"{label}: expected a folder holding {CONFIG} and {WEIGHTS} (a run's output "
             "folder, or one of its checkpoints)"
         )
@@ -48,18 +64,18 @@ def start_adapter(lm: LoadedManifest, adapter: dict[str, Any]) -> str | None:
             raise ValueError
         config = json.loads(config_file.read_text("utf-8"))
     except (OSError, ValueError, RecursionError):
-        raise UserError(f"{label}: {CONFIG} is not readable JSON") from None
+        return f"{label}: {CONFIG} is not readable JSON"
     if not isinstance(config, dict):
-        raise UserError(f"{label}: {CONFIG} is not a JSON object")
-    if differs := _differences(config, adapter):
-        raise UserError(
+        return f"{label}: {CONFIG} is not a JSON object"
+    if differs := _differences(config, resolved):
+        return (
             f"{label}: its adapter differs from this run's ({'; '.join(differs)}); give this "
             "run the adapter's settings, or start afresh (leave init_adapter unset)"
         )
-    return str(folder)
+    return None
 
 
-def _differences(config: dict[str, Any], adapter: dict[str, Any]) -> list[str]:
+def _differences(config: dict[str, Any], resolved: Any) -> list[str]:
     """What in a saved adapter's configuration is not this run's adapter, as `there / here`."""
     if config.get("peft_type") != "LORA":
         return [f"peft_type {_shown(config.get('peft_type'))} there, LORA here"]
@@ -71,10 +87,10 @@ def _differences(config: dict[str, Any], adapter: dict[str, Any]) -> list[str]:
             "is the same update on the base itself"
         ]
     pairs = (
-        ("r", config.get("r"), adapter["rank"]),
-        ("lora_alpha", config.get("lora_alpha"), adapter["alpha"]),
-        ("use_dora", bool(config.get("use_dora")), adapter["use_dora"]),
-        ("use_rslora", bool(config.get("use_rslora")), adapter["use_rslora"]),
+        ("r", config.get("r"), resolved.rank),
+        ("lora_alpha", config.get("lora_alpha"), resolved.alpha),
+        ("use_dora", bool(config.get("use_dora")), resolved.use_dora),
+        ("use_rslora", bool(config.get("use_rslora")), resolved.use_rslora),
     )
     found = [
         f"{name} {_shown(there)} there, {_shown(here)} here"

@@ -20,6 +20,7 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import probe_environment, unlaunched_world
 from expert_cli.config.refs import windows_note
 from expert_cli.config.resolve import ResolvedConfig, resolve
+from expert_cli.config.warm_start import init_adapter_problem
 from expert_cli.data.answer_notes import (
     empty_answer_note,
     reasoning_note,
@@ -112,6 +113,7 @@ def check_manifest(
     report.notes = [*report.notes, *data.notes, *_detected_notes(resolved, data)]
     report.problems = [
         *_check_model(resolved, tokenizer_problems),
+        *([start] if (start := init_adapter_problem(resolved)) else []),
         *missing_problems(statuses),
         *([cache] if cache else []),
         *data.problems,

@@ -3,7 +3,7 @@ find which rows a build will hold out and train before anything is tokenized."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
@@ -59,9 +59,15 @@ def few_eval_note(examples: int | None) -> str | None:
     held = f"{examples} example" + ("s" if examples != 1 else "")
     return (
         f"the validation split holds {held}: its loss, by which the best checkpoint and an "
-        "early stop are chosen, rests on so few; raise training.dataset.eval_fraction or give "
-        f"a validation_path ({FEW_EVAL} examples or more)"
+        f"early stop are chosen, rests on so few; give it {FEW_EVAL} or more (in the "
+        "validation_path file, or by a larger training.dataset.eval_fraction where there is none)"
     )
+
+
+def split_note(stats: dict[str, Any]) -> str | None:
+    """`few_eval_note` of a built cache's validation split (its examples after drops)."""
+    split = stats.get("eval")
+    return few_eval_note(split.get("examples", split.get("examples_read"))) if split else None
 
 
 def held_examples(resolved: ResolvedConfig, rows: list[int | None]) -> int | None:

@@ -38,6 +38,7 @@ from expert_cli.config.refs import WINDOWS_PATH
 from expert_cli.errors import Interrupted, RunError, Terminated, UserError, value_kind
 from expert_cli.paths import resolved_path, shown_path
 from expert_cli.train import adapter_entry as entry
+from expert_cli.train import package_members as pm
 from expert_cli.train.adapter_entry import ALPHA_KEYS, DROPOUT_KEYS, RANK_KEYS, reconciled
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints, sound_checkpoints
 from expert_cli.train.choice import chosen_by_best, chosen_checkpoint, lower_loss_note
@@ -58,7 +59,6 @@ from expert_cli.train.package_check import (
     sha256_of,
     verify_package,
 )
-from expert_cli.train.package_members import EXPERT_FILES, shipped_template, write_tar
 from expert_cli.train.package_output import refuse_output, stale
 from expert_cli.train.package_sum import CHECKSUM_SUFFIX
 from expert_cli.train.rslora_fold import folded, folded_note, is_rslora
@@ -312,7 +312,7 @@ def plan_members(
     base_name = parsed.primary_base_model.name
     step = checkpoint_step(weights_dir) if chosen[0] != "final" else None
     tokenizer, missing = tokenizer_members(tokenizer_folder(weights_dir, run_dir))
-    notes += missing + shipped_template(manifest, tokenizer)  # before the manifest is written
+    notes += missing + pm.shipped_template(manifest, tokenizer) + pm.dropped_start(manifest)
     members, entry_notes = _adapter_members(manifest, resolved, weights_dir, base_name, step)
     members.update(tokenizer)
     notes += entry_notes
@@ -335,7 +335,7 @@ def _expert_files(
     if not expert_dir.is_dir():
         return [f"the expert's folder {expert_dir} is gone: no README, LICENSE or grammar"]
     notes = []
-    for name in EXPERT_FILES:
+    for name in pm.EXPERT_FILES:
         if (expert_dir / name).is_file():
             members[name] = _file(expert_dir / name, name)
     wanted = [("training.decoding.grammar_file", grammar)] if grammar else []
@@ -379,7 +379,7 @@ def build_package(
         # an interrupt leaves neither, and never a package beside a checksum of another
         with atomic_files([path, checksum]) as staged:
             tmp, tmp_sum = staged.paths
-            write_tar(tmp, members)
+            pm.write_tar(tmp, members)
             report = verify_package(tmp, expected=members, sidecar=False)
             if report.problems:  # never leave a package that does not read back
                 # a line said of the whole archive names the temporary file: said of `path`

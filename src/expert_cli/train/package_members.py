@@ -154,6 +154,20 @@ def shipped_template(manifest: dict[str, Any], members: Any) -> list[str]:
     ]
 
 
+def dropped_start(manifest: dict[str, Any]) -> list[str]:
+    """Leave `training.config.init_adapter` (a folder on the training machine the run
+    started from) out of the packaged manifest: the package's adapter holds what was trained
+    from it, and unpacked elsewhere the manifest would name a folder that is not there."""
+    training = manifest.get("training")
+    config = training.get("config") if isinstance(training, dict) else None
+    if not isinstance(config, dict) or config.pop("init_adapter", None) is None:
+        return []
+    return [
+        "training.config.init_adapter: the folder the run started from is on the training "
+        "machine, left out of the packaged manifest (the adapter holds what it trained)"
+    ]
+
+
 def named_file_problems(manifest: dict[str, Any], files: Any) -> tuple[list[str], list[str]]:
     """(problems, notes) of the files the manifest names, which HiveLLM's chat reads from the
     package's folder: one that leads out of it is a problem (a file of the machine the

@@ -20,6 +20,7 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import crowded_gpus, probe_environment, unlaunched_world
 from expert_cli.config.loading import apply_overrides
 from expert_cli.config.resolve import ResolvedConfig, resolve
+from expert_cli.config.warm_start import init_adapter_problem
 from expert_cli.data import PreparedData, prepare_data
 from expert_cli.data.hub import hub_refs, require_hub
 from expert_cli.data.model_files import base_file_problems
@@ -106,6 +107,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     resolved.notes += author_notes(given, resolved.model_dump(mode="json"))
     output = output_dir(loaded.path, opts.output)
     refuse_output_place(output, loaded.folder, resolved.train_sources + resolved.validation_sources)
+    if not opts.resume and (problem := init_adapter_problem(resolved, output)):
+        raise UserError(problem)  # a resume's weights are its checkpoint's: not read then
     max_steps, said = resumed_max_steps(output, opts.resume, opts.max_steps)
     kwargs = training_args_kwargs(
         resolved, output / "checkpoints", max_steps=max_steps, on_gpu=env.has_gpu
