@@ -10,6 +10,7 @@ or reads otherwise than Python's json: NaN and Infinity, `-0` as a whole number.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -35,3 +36,27 @@ def serde_int(text: str) -> int | float:
     """A whole number as serde_json reads it: `-0` is a decimal there (refused where a
     whole number is read)."""
     return -0.0 if text == "-0" else json_int(text)
+
+
+def finite_number(value: Any) -> float | None:
+    """A finite number from a file the run wrote, else None (a hand-edited or damaged file may
+    hold strings, true/false, NaN, 1e400 or an integer of 400 digits where a number goes)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        value = float(value)  # an integer of 400 digits is no float
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def number_pairs(records: list[Any], first: str, second: str) -> list[tuple[float, float]]:
+    """(records[first], records[second]) of each record (a dict) where both are finite
+    numbers (finite_number): what metrics.json's windows or evaluations hold, read as pairs."""
+    return [
+        (a, b)
+        for r in records
+        if isinstance(r, dict)
+        and (a := finite_number(r.get(first))) is not None
+        and (b := finite_number(r.get(second))) is not None
+    ]

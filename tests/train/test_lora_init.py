@@ -7,6 +7,7 @@ it."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,8 @@ def _kept_starts(path: Path, model) -> None:
     save_file(fewer, str(path.with_name("fewer.safetensors")))
     assert kept_start(path.with_name("fewer.safetensors"), model) == "unusable"
     assert kept_start(path.with_name("missing.safetensors"), model) == "unusable"
+    os.mkfifo(path.with_name("fifo.safetensors"))  # opening it held the resume for ever
+    assert kept_start(path.with_name("fifo.safetensors"), model) == "unusable"
 
 
 @pytest.mark.parametrize(
@@ -172,6 +175,14 @@ def test_a_start_peft_does_not_know_is_named() -> None:
         assert adapter_config_problem({**config, "init_lora_weights": bad}, None) == (
             f"init_lora_weights: not a start peft knows (got {value_kind(bad)})"
         )
+    # peft reads use_rslora "yes" as true (scale alpha / sqrt(r)); the package's fold and
+    # HiveLLM's runtime did not: shipped at another scale, called sound
+    for key in ("use_rslora", "use_dora"):
+        assert adapter_config_problem({**config, key: None}, None) is None
+        for bad in ("yes", 1, "false"):
+            assert adapter_config_problem({**config, key: bad}, None) == (
+                f"{key}: expected true or false (got {value_kind(bad)})"
+            )
 
 
 def test_a_package_made_elsewhere_in_the_residual_form_is_said_to_be_misapplied() -> None:

@@ -16,11 +16,12 @@ from transformers import TrainerCallback
 
 from expert_cli.atomic import HANGUP, heard
 from expert_cli.config.environment import launched
+from expert_cli.jsontext import number_pairs
 from expert_cli.telemetry.ops import OpCounter
 from expert_cli.telemetry.throughput import ThroughputMeter
 from expert_cli.train.args import warmup_count
 from expert_cli.train.metrics_file import MetricsFile
-from expert_cli.train.outputs import number_pairs, read_json_file
+from expert_cli.train.outputs import read_json_file
 
 # the window's numbers that also go into the Trainer's logs (so TensorBoard gets them)
 LOGGED = ("tokens_per_s", "samples_per_s", "data_wait_fraction", "mfu", "peak_memory_gb")

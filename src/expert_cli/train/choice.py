@@ -17,12 +17,12 @@ from expert_cli.config.loading import read_manifest_json
 from expert_cli.config.models import CHECKPOINT_NAME, PACKAGING_CHOICE, PACKAGING_CHOICES
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
+from expert_cli.jsontext import finite_number
 from expert_cli.paths import shown_path
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints
 from expert_cli.train.outputs import (
     ADAPTER_WEIGHTS,
     SOURCE_MANIFEST,
-    finite_number,
     read_json_file,
 )
 from expert_cli.train.run_source import run_manifest

@@ -72,6 +72,8 @@ def kept_start(path: Path, peft_model: Any) -> str:
     short or of other names or shapes. Only a "same" start is kept: the adapter leaves the
     run by the residual it trains on now."""
     fresh = dict(_start(peft_model))
+    if not path.is_file():  # a FIFO there held the resume for ever, deaf to signals
+        return "unusable"
     try:
         kept, _ = tensors_of(path)
     except (SafetensorError, OSError):

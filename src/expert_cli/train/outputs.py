@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -128,30 +127,6 @@ def read_json_file(path: Path) -> dict[str, Any]:
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def finite_number(value: Any) -> float | None:
-    """A finite number from a file the run wrote, else None (a hand-edited or damaged file may
-    hold strings, true/false, NaN, 1e400 or an integer of 400 digits where a number goes)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        value = float(value)  # an integer of 400 digits is no float
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def number_pairs(records: list[Any], first: str, second: str) -> list[tuple[float, float]]:
-    """(records[first], records[second]) of each record (a dict) where both are finite
-    numbers (finite_number): what metrics.json's windows or evaluations hold, read as pairs."""
-    return [
-        (a, b)
-        for r in records
-        if isinstance(r, dict)
-        and (a := finite_number(r.get(first))) is not None
-        and (b := finite_number(r.get(second))) is not None
-    ]
 
 
 def process_running(pid: int) -> bool:
@@ -293,9 +268,11 @@ def adapter_config_problem(config: dict[str, Any], shapes: Shapes | None) -> str
             what = "a whole number" if whole else "a number"
             got = value_kind(value)
             return f"{key}: expected {what} above 0 and at most {top:,.0f} (got {got})"
-    init = config.get("init_lora_weights", True)
+    init, flag = config.get("init_lora_weights", True), _not_a_flag(config)
     if kind == "LORA" and not (isinstance(init, bool) or PEFT_START.fullmatch(str(init))):
         return f"init_lora_weights: not a start peft knows (got {value_kind(init)})"
+    if kind == "LORA" and flag:  # peft reads "yes" as true: HiveLLM's runtime would not
+        return f"{flag}: expected true or false (got {value_kind(config[flag])})"
     targets = config.get("target_modules")
     if not targets or not isinstance(targets, str | list):
         return (
@@ -312,6 +289,12 @@ def adapter_config_problem(config: dict[str, Any], shapes: Shapes | None) -> str
 
 
 # peft's named LoRA starts (0.21), besides true and false
+def _not_a_flag(config: dict[str, Any]) -> str | None:
+    flags = ("use_rslora", "use_dora")  # 1 == True: told apart by identity
+    return next((k for k in flags if all(config.get(k) is not v for v in FLAGS)), None)
+
+
+FLAGS = (None, True, False)
 PEFT_START = re.compile(r"gaussian|eva|olora|pissa|pissa_niter_[0-9]{1,4}|corda|loftq|orthogonal")
 
 

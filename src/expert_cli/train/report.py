@@ -17,6 +17,7 @@ from typing import Any
 
 from expert_cli.atomic import atomic_file
 from expert_cli.errors import UserError, escaped
+from expert_cli.jsontext import finite_number, number_pairs
 from expert_cli.paths import (
     PICTURE_FORMATS,
     output_file_problem,
@@ -36,9 +37,7 @@ from expert_cli.train.choice import (
 )
 from expert_cli.train.outputs import (
     ADAPTER_WEIGHTS,
-    finite_number,
     held_by_another,
-    number_pairs,
     read_json_file,
     set_aside_line,
 )
