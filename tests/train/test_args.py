@@ -612,3 +612,16 @@ def test_a_tracker_that_fails_mid_run_stops_logging_not_the_run(
     )
     assert "Traceback" not in said and (output / "adapter_model.safetensors").is_file()
     assert json.loads((output / "metrics.json").read_text())["summary"]["status"] == "completed"
+
+
+def test_the_length_said_is_the_one_trained() -> None:
+    """With max_steps 2 in the manifest and --max-steps 3 given, the note said max_steps 2
+    set the run's length, and the run trained 3 steps."""
+    from expert_cli.train.args import length_notes
+
+    notes = ["epochs: not applied; max_steps 2 sets the run's length", "other"]
+    assert length_notes(notes, 3) == [
+        "epochs: not applied; --max-steps 3 sets the run's length",
+        "other",
+    ]
+    assert length_notes(notes, None) == notes

@@ -178,6 +178,9 @@ def loader(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str,
     )
 
 
+EPOCHS_UNAPPLIED = "epochs: not applied; "  # a manifest's max_steps sets the length
+
+
 def hints(cfg: TrainingConfig, env: Environment, notes: list[str]) -> None:
     """Report the format's runtime hints that this run does not act on."""
     if cfg.use_unsloth:
@@ -208,7 +211,7 @@ def hints(cfg: TrainingConfig, env: Environment, notes: list[str]) -> None:
             f"eval_steps: not applicable, evaluation_strategy is {cfg.evaluation_strategy}"
         )
     if cfg.max_steps and (cfg.epochs or cfg.num_epochs):
-        notes.append(f"epochs: not applied; max_steps {cfg.max_steps} sets the run's length")
+        notes.append(f"{EPOCHS_UNAPPLIED}max_steps {cfg.max_steps} sets the run's length")
     if cfg.gradient_checkpointing in ("selective", "unsloth"):
         notes.append(
             f"gradient_checkpointing: {cfg.gradient_checkpointing} recomputation is not built; "

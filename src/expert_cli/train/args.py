@@ -15,6 +15,7 @@ from transformers import TrainingArguments
 
 from expert_cli.atomic import HANGUP, heard
 from expert_cli.config.batching import optimizer_steps
+from expert_cli.config.choices import EPOCHS_UNAPPLIED
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
@@ -187,6 +188,15 @@ def planned_steps(
 
 
 FEW_STEPS = 50  # optimizer steps under which a run is said to learn little
+
+
+def length_notes(notes: list[str], max_steps: int | None) -> list[str]:
+    """The resolution's notes with the run's --max-steps (given, or kept by a resume) named as
+    its length where the manifest's max_steps was (it said max_steps 2, and trained 3)."""
+    if max_steps is None:
+        return notes
+    said = f"{EPOCHS_UNAPPLIED}--max-steps {max_steps} sets the run's length"
+    return [said if n.startswith(EPOCHS_UNAPPLIED) else n for n in notes]
 
 
 def few_steps_note(

@@ -33,6 +33,7 @@ from expert_cli.train.architecture import cache_id_problem, positions_note, untr
 from expert_cli.train.args import (
     few_steps_note,
     joined,
+    length_notes,
     one_gpu,
     planned_steps,
     training_args_kwargs,
@@ -110,6 +111,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     if not opts.resume and (problem := init_adapter_problem(resolved, output)):
         raise UserError(problem)  # a resume's weights are its checkpoint's: not read then
     max_steps, said = resumed_max_steps(output, opts.resume, opts.max_steps)
+    resolved.notes = length_notes(resolved.notes, max_steps)
     kwargs = training_args_kwargs(
         resolved, output / "checkpoints", max_steps=max_steps, on_gpu=env.has_gpu
     )
@@ -151,8 +153,7 @@ def _take_folder(run: Run, resume_asked: bool, overwrite: bool, said: str) -> Pa
     decision = decide(output, run.resolved, resume_asked, overwrite, max_steps, run.args.world_size)
     if run.is_main and decision.complete is None:
         run.hold = claim(output)  # before anything in the folder is moved or written
-    resume = decision.resume
-    run.complete = decision.complete
+    resume, run.complete = decision.resume, decision.complete
     if run.is_main:
         if said:  # once the run is known to go on (a length it passed already is refused)
             reporter.note(said)
