@@ -1214,10 +1214,12 @@ def test_manifest_edits_since_the_run_are_named(v2_run: Path, tmp_path: Path) ->
     assert f"{expert / 'manifest.json'} (its later edits): version" in said, said
     # the file now another expert's (a folder reused): it lends nothing, and says so
     manifest.update(name="expert-poetry", version="3.0.0", routing={"keywords": ["poem"]})
+    manifest["training"]["packaging_checkpoint"] = "checkpoint-999"  # nor which to ship
     (expert / "manifest.json").write_text(json.dumps(manifest))
     done = run_here("package", "--adapter", str(run), "--output", str(out), "--force")
     assert done.returncode == 0, done.stdout + done.stderr
     shipped = json.loads(_unpack(out)["manifest.json"])
+    assert shipped["training"]["packaging_checkpoint"] == "final"
     assert shipped["name"] == "expert-test" and "routing" not in shipped
     assert shipped["description"] == "A test expert." and shipped.get("version") != "3.0.0"
     # the run's copy edited by hand (as an earlier version advised), the file as trained: the

@@ -25,7 +25,7 @@ from expert_cli.train.outputs import (
     SOURCE_MANIFEST,
     read_json_file,
 )
-from expert_cli.train.run_source import run_manifest
+from expert_cli.train.run_source import run_manifest, same_expert
 from expert_cli.weights import DAMAGED, safetensors_problem
 
 FINAL = "final"
@@ -132,9 +132,9 @@ def chosen_checkpoint(
                 "(the lowest eval loss)"
             )
         return checkpoint, "--checkpoint"
-    if manifest_path.is_file():
-        named, where = _packaging_checkpoint(manifest_path), shown_path(manifest_path)
-    else:
+    named, now = _packaging_checkpoint(manifest_path) if manifest_path.is_file() else (None, None)
+    where = shown_path(manifest_path)
+    if now is None or not same_expert(source, now):  # gone, or another expert's now
         then = (source.get("training") or {}).get("packaging_checkpoint")
         named = then if isinstance(then, str) and PACKAGING_CHOICE.fullmatch(then) else None
         where = f"the run's {SOURCE_MANIFEST}"
@@ -203,9 +203,9 @@ def apart(low: float, high: float) -> tuple[str, str]:
     return f"{low:.{digits}g}", f"{high:.{digits}g}"
 
 
-def _packaging_checkpoint(manifest_path: Path) -> str | None:
-    """`training.packaging_checkpoint` of the manifest file (None when it names none); a file
-    that cannot say is exit 2 (the choice it holds is not guessed)."""
+def _packaging_checkpoint(manifest_path: Path) -> tuple[str | None, dict[str, Any]]:
+    """`training.packaging_checkpoint` of the manifest file (None when it names none), and
+    the file; a file that cannot say is exit 2 (the choice it holds is not guessed)."""
     retry = "; fix it, or pass --checkpoint NAME"
     try:
         raw = read_manifest_json(manifest_path)
@@ -223,4 +223,4 @@ def _packaging_checkpoint(manifest_path: Path) -> str | None:
             f"{shown_path(manifest_path)}: training.packaging_checkpoint: expected "
             f"{PACKAGING_CHOICES}"
         )
-    return value
+    return value, raw

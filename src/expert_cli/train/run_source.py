@@ -89,7 +89,7 @@ def edited_since(run_dir: Path, source: dict[str, Any], manifest_path: Path) -> 
     except UserError as exc:  # not readable now: the run's copy is what counts, said
         return [unread_note(exc)]
     as_written = _copy_as_written(run_dir, source)
-    takes = as_written is True and _same_expert(source, now)
+    takes = as_written is True and same_expert(source, now)
     later = [".".join(where) for where in LATER] if takes else []
     changed = [
         n
@@ -134,10 +134,10 @@ def takes_later_edits(run_dir: Path, source: dict[str, Any], now: dict[str, Any]
     run wrote it (its recorded digest; a copy edited by hand wins, as does a run of an
     earlier version, which recorded none), and the file still names the same expert on the
     same base (a folder reused for another expert would lend it its routing and version)."""
-    return _same_expert(source, now) and _copy_as_written(run_dir, source) is True
+    return same_expert(source, now) and _copy_as_written(run_dir, source) is True
 
 
-def _same_expert(source: dict[str, Any], now: dict[str, Any]) -> bool:
+def same_expert(source: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether the manifest file still names the run's expert on the run's base."""
     same_base = first_base(now).get("name") == first_base(source).get("name")
     return now.get("name") == source.get("name") and same_base
