@@ -194,6 +194,12 @@ def test_a_template_file_that_is_not_jinja_is_refused_whatever_the_data(
     manifest.write_text(json.dumps(data))
     said = " ".join(check_manifest(manifest).problems)
     assert f"base_models[0].chat_template: {template} is not a Jinja template" in said, said
+    # one that renders nothing: read as data without answers (check spoke of reasoning and
+    # of response_template)
+    template.write_text("{% for m in messages %}{% endfor %}")
+    said = " ".join(check_manifest(manifest).problems)
+    assert f"the chat template (the file {template}) renders nothing for a two-message" in said
+    assert "response_template" not in said and "reasoning" not in said, said
 
 
 def test_a_deadline_bounds_the_main_thread_and_gives_back_an_outer_timer() -> None:

@@ -111,3 +111,16 @@ def test_a_signal_ignored_from_the_start_stays_ignored(tmp_path: Path) -> None:
         assert (tmp_path / "a").read_text() == "x"
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_an_interrupt_while_the_package_is_planned_is_said(monkeypatch, tmp_path: Path) -> None:
+    """Ctrl-C while the run's files were read and hashed, before anything is written: exit
+    130 with nothing printed; it says it was stopped, and nothing is there."""
+    import expert_cli.train.package as package
+
+    target = tmp_path / "x.expert"
+    _signal_once(monkeypatch, package, "plan_members", signal.SIGINT)
+    done = run_here("package", "--adapter", str(hand_built_run(tmp_path)), "--output", str(target))
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert "interrupted: stopped by Ctrl-C" in " ".join(done.stderr.split()), done.stderr
+    assert not target.exists() and not list(tmp_path.glob(".tmp-*"))

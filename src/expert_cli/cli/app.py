@@ -208,6 +208,9 @@ def main() -> None:
         app(standalone_mode=True, prog_name="expert-cli")
     except SystemExit as exc:  # click refused the command line (its own box on stderr)
         refused = exc.__context__
+        if exc.code == 130 and isinstance(refused and refused.__context__, KeyboardInterrupt):
+            # Ctrl-C where the command has nothing of its own to say of it (click's 130)
+            _fail("interrupted", RunError("stopped by Ctrl-C"), 130)
         if _usage_error(refused) and _json_in_argv():
             said = {"kind": "error", "exit_code": refused.exit_code, "lines": _lines(refused)}
             typer.echo(json.dumps({"error": said}, indent=2, ensure_ascii=False))

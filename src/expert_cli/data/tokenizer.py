@@ -173,9 +173,10 @@ def _refuse_broken_template(tokenizer: Any, given: str | None) -> None:
     probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     given_file = given is not None and given != "chatml"
     where = f"the file {shown_path(given)}" if given_file else "the model's"
+    rendered = None
     try:
         with deadline(TEMPLATE_SECONDS) as bound:
-            tokenizer.apply_chat_template(probe, tokenize=False)
+            rendered = tokenizer.apply_chat_template(probe, tokenize=False)
     except TemplateSyntaxError:
         if given_file:
             raise UserError(
@@ -188,6 +189,11 @@ def _refuse_broken_template(tokenizer: Any, given: str | None) -> None:
                 f"base_models[0]: the chat template ({where}) took over {TEMPLATE_SECONDS} s "
                 "to render a two-message conversation (a loop without end?); fix the template"
             ) from None
+    if rendered is not None and not str(rendered).strip():  # read as data with no answers
+        raise UserError(
+            f"base_models[0]: the chat template ({where}) renders nothing for a two-message "
+            "conversation; fix the template"
+        )
 
 
 def chat_template_text(given: str) -> str:
