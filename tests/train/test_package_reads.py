@@ -142,13 +142,13 @@ def test_package_says_its_own_archive_cut_short_of_the_package(
 ) -> None:
     """`package` reads what it wrote back: an archive cut short there is said of the package,
     not of the temporary file it was written to, and nothing is left."""
-    write = package_module.write_tar
+    write = package_module.pm.write_tar
 
     def cut_write(dest: Path, members: dict) -> None:
         write(dest, members)
         dest.write_bytes(dest.read_bytes()[:-100])
 
-    monkeypatch.setattr(package_module, "write_tar", cut_write)
+    monkeypatch.setattr(package_module.pm, "write_tar", cut_write)
     target = tmp_path / "dist" / "x.expert"
     with pytest.raises(UserError) as caught:
         build_package(hand_built_run(tmp_path), target)

@@ -339,7 +339,7 @@ def test_early_stopping_stops_on_the_evaluation_loss_and_says_where(
     refused = run_here("check", "--manifest", str(bare))
     text = " ".join((refused.stdout + refused.stderr).split())
     assert refused.returncode == 2, text
-    assert "training.config.early_stopping_patience: stops on the evaluation loss" in text
+    assert "training.config.early_stopping_patience: reads the evaluation loss" in text
 
 
 def test_a_resumed_run_goes_on_counting_evaluations_without_improvement(tmp_path: Path) -> None:
