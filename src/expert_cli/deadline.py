@@ -12,9 +12,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+TEMPLATE_SECONDS = 10  # a chat template's render; one that runs longer loops without end
+TEMPLATE_LOOPS = (  # said where a render ran past it
+    f"base_models[0]: the chat template took over {TEMPLATE_SECONDS} s to render a "
+    "conversation (a loop without end for some conversations?); fix the template (the "
+    "manifest's chat_template file, or the base model's)"
+)
 
-class TimedOut(Exception):  # noqa: N818 - read as `except TimedOut`
-    """The code under a deadline ran past it."""
+
+class TimedOut(BaseException):  # noqa: N818 - read as `except TimedOut`
+    """The code under a deadline ran past it. Not an Exception: code that takes any error of
+    a user's template for its verdict on one row (and goes on to the next) lets it through."""
 
 
 @dataclass

@@ -270,3 +270,33 @@ def test_a_package_names_its_own_copy_of_the_template(tmp_path: Path, tiny_model
     assert check_manifest(unpacked / "manifest.json").problems == []
     source = json.loads((run / "manifest.source.json").read_text())
     assert source["base_models"][0]["chat_template"] == "templates/chat.jinja"  # run's: as is
+
+
+def test_a_template_that_loops_for_some_conversations_is_bounded(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch
+) -> None:
+    """A template that loops without end only for conversations of five messages or more
+    passed the load's check (a two-message conversation) and the layout's (four) and held
+    check and train for ever: each render of a row is bounded, and one past it is exit 2
+    naming the template."""
+    for module in ("conversations", "turns", "workers"):
+        monkeypatch.setattr(f"expert_cli.data.{module}.TEMPLATE_SECONDS", 1)
+    model = _bare_model(tmp_path, tiny_model_dir)
+    manifest = _expert(tmp_path, model, "loops.jinja")
+    (manifest.parent / "loops.jinja").write_text(
+        "{% if messages|length > 4 %}{% for a in range(99999) %}{% for b in range(99999) %}"
+        "{% endfor %}{% endfor %}{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    longer = {"messages": ROWS[0]["messages"] * 3}
+    write_jsonl(manifest.parent / "data" / "train.jsonl", [*ROWS, longer])
+    said = "the chat template took over"
+    checked = run_here("check", "--manifest", str(manifest))
+    out = " ".join((checked.stdout + checked.stderr).split())
+    assert checked.returncode == 2 and said in out and "loop without end" in out, out
+    trained = run_here("train", "--manifest", str(manifest), "--output", str(tmp_path / "r"),
+                       "--max-steps", "1")  # fmt: skip
+    out = " ".join((trained.stdout + trained.stderr).split())
+    assert trained.returncode == 2 and said in out, out
+    assert not (tmp_path / "r").exists()

@@ -22,6 +22,7 @@ from expert_cli.cli import benchmark, check, data, ship, train
 from expert_cli.cli.help import Command, Group, examples
 from expert_cli.cli.options import JSON_ASKED
 from expert_cli.cli.render import one_line, print_error
+from expert_cli.deadline import TEMPLATE_LOOPS, TimedOut
 from expert_cli.errors import Interrupted, RunError, Terminated, UserError
 from expert_cli.paths import shown_path
 
@@ -227,6 +228,8 @@ def main() -> None:
         _fail("interrupted", exc, exc.code)
     except Terminated as exc:
         sys.exit(exc.code)
+    except TimedOut:  # only a chat template's render is bounded
+        _fail("error", UserError(TEMPLATE_LOOPS), 2)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from expert_cli.data.calls import CALL_FROMS, CALL_ROLE, call_turn, legacy_turn
 from expert_cli.data.file_text import drop_nulls, shown_name
 from expert_cli.data.tools import ToolsGiven
+from expert_cli.deadline import TEMPLATE_SECONDS, deadline
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -226,7 +227,8 @@ def render_conversation(
     if not messages:  # nothing for the template to refuse: said as what it is
         return "", EMPTY
     try:
-        text = str(tokenizer.apply_chat_template(messages, tokenize=False))
+        with deadline(TEMPLATE_SECONDS):  # TimedOut is no Exception: no row's verdict
+            text = str(tokenizer.apply_chat_template(messages, tokenize=False))
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - the template's verdict on the user's row

@@ -24,6 +24,7 @@ from expert_cli.data.formatting import KEPT_CODES, Formatter
 from expert_cli.data.splits import held_rows, weighted_rows
 from expert_cli.data.stats_words import drop_reasons
 from expert_cli.data.tools import parsed_tools, tools_text
+from expert_cli.data.workers import bounded_format
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -90,7 +91,8 @@ def formatted_problems(
             batch = rows[lo : lo + FORMAT_BATCH]
             roles = sorted({role for row in batch for role in row})
             try:
-                table = formatter({r: [_stored(r, row.get(r)) for row in batch] for r in roles})
+                rows = {r: [_stored(r, row.get(r)) for row in batch] for r in roles}
+                table = bounded_format(formatter, rows)
             except UserError:  # a template that cannot render: said by check's own lines
                 return []
             statuses.append(np.asarray(table.column("status")))

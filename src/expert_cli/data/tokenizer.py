@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoTokenizer
 from expert_cli.config.base import encodes
 from expert_cli.config.refs import windows_note
 from expert_cli.config.resolve import ResolvedConfig
-from expert_cli.deadline import deadline
+from expert_cli.deadline import TEMPLATE_SECONDS, TimedOut, deadline
 from expert_cli.errors import UserError
 from expert_cli.paths import path_exists, path_is_dir, shown_path
 
@@ -159,7 +159,6 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 MAX_TEMPLATE_BYTES = 1 << 20  # a chat template file: Jinja text, never this large
-TEMPLATE_SECONDS = 10  # a chat template's render; one that runs longer loops without end
 
 
 def _refuse_broken_template(tokenizer: Any, given: str | None) -> None:
@@ -183,7 +182,7 @@ def _refuse_broken_template(tokenizer: Any, given: str | None) -> None:
                 f"base_models[0].chat_template: {shown_path(given)} is not a Jinja template "
                 "(TemplateSyntaxError); fix the file"
             ) from None
-    except Exception:  # noqa: BLE001 - said where the data uses the template, if not timed out
+    except (TimedOut, Exception):  # noqa: BLE001 - said where the data uses it, if not timed out
         if bound.expired:
             raise UserError(
                 f"base_models[0]: the chat template ({where}) took over {TEMPLATE_SECONDS} s "

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from expert_cli.data.spans import Span, assistant_spans
+from expert_cli.deadline import TEMPLATE_SECONDS, TimedOut, deadline
+from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -75,9 +77,10 @@ def weighed_out(message: Any) -> bool:
 
 
 def _render(tokenizer: PreTrainedTokenizerFast, messages: list[Any], prompt: bool) -> str:
-    return str(
-        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
-    )
+    with deadline(TEMPLATE_SECONDS):  # TimedOut is no Exception: no row's verdict
+        return str(
+            tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        )
 
 
 def template_turns(
@@ -181,11 +184,19 @@ class TurnLayout:
 
 
 def turn_layout(tokenizer: PreTrainedTokenizerFast) -> TurnLayout:
-    """The template's TurnLayout (neither, for a template that refuses the probe)."""
+    """The template's TurnLayout (neither, for a template that refuses the probe); UserError
+    for one that runs past TEMPLATE_SECONDS on it (a loop for conversations of more turns
+    than the tokenizer's load renders)."""
     try:
-        text = _render(tokenizer, PROBE, False)
-        found = template_turns(tokenizer, PROBE, text)
-        header = _render(tokenizer, PROBE[:1], True) != _render(tokenizer, PROBE[:1], False)
+        with deadline(TEMPLATE_SECONDS):
+            text = _render(tokenizer, PROBE, False)
+            found = template_turns(tokenizer, PROBE, text)
+            header = _render(tokenizer, PROBE[:1], True) != _render(tokenizer, PROBE[:1], False)
+    except TimedOut:
+        raise UserError(
+            f"base_models[0]: the chat template took over {TEMPLATE_SECONDS} s to render a "
+            "conversation of two exchanges (a loop without end?); fix the template"
+        ) from None
     except MemoryError:
         raise
     except Exception:  # noqa: BLE001 - a template that cannot render the probe

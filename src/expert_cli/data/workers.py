@@ -22,6 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from expert_cli.deadline import TEMPLATE_LOOPS, TEMPLATE_SECONDS, TimedOut, deadline
+from expert_cli.errors import UserError
+
 if TYPE_CHECKING:
     import datasets
 
@@ -42,7 +45,7 @@ def tokenize_rows(
     if procs <= 1:
         parts = []
         for lo in range(0, len(ds), BATCH_SIZE):
-            parts.append(formatter(ds[lo : lo + BATCH_SIZE]))
+            parts.append(bounded_format(formatter, ds[lo : lo + BATCH_SIZE]))
             advance(min(BATCH_SIZE, len(ds) - lo))
         return pa.concat_tables(parts)
     return _in_workers(ds, formatter, procs, advance)
@@ -82,7 +85,23 @@ def _start_worker(*work: Any) -> None:
 
 
 def _format_task(index: np.ndarray) -> tuple[np.ndarray, pa.Table]:
-    return index, _WORK["formatter"](_WORK["ds"][index.tolist()])
+    return index, bounded_format(_WORK["formatter"], _WORK["ds"][index.tolist()])
+
+
+ROW_SECONDS = 0.05  # a batch's bound per row: a chat template renders one in about 1 ms
+
+
+def bounded_format(formatter: Formatter, batch: dict[str, list[Any]]) -> pa.Table:
+    """The formatter's table for `batch`, within max(TEMPLATE_SECONDS, ROW_SECONDS a row): a
+    chat template that loops without end for some conversations (three turns and more, say:
+    the load's check renders one of two) held the build for ever; UserError naming it."""
+    rows = len(next(iter(batch.values()), []))
+    seconds = max(TEMPLATE_SECONDS, ROW_SECONDS * rows)
+    try:
+        with deadline(seconds):
+            return formatter(batch)
+    except TimedOut:  # a render's own bound, or the batch's
+        raise UserError(TEMPLATE_LOOPS) from None
 
 
 def row_costs(ds: datasets.Dataset) -> np.ndarray:

@@ -20,8 +20,8 @@ from transformers.utils.chat_template_utils import (  # as it renders
 )
 
 from expert_cli.config.base import encodes
-from expert_cli.data.tokenizer import NOT_UTF8_PATH, TEMPLATE_SECONDS
-from expert_cli.deadline import TimedOut, deadline
+from expert_cli.data.tokenizer import NOT_UTF8_PATH
+from expert_cli.deadline import TEMPLATE_SECONDS, TimedOut, deadline
 from expert_cli.errors import UserError
 from expert_cli.jsontext import json_int
 from expert_cli.paths import shown_path
@@ -132,7 +132,7 @@ def _template_problem(text: str) -> str | None:
     try:
         with deadline(TEMPLATE_SECONDS) as bound:
             rendered = _first_rendered(text, prompts)
-    except Exception as exc:  # noqa: BLE001 - the template's own error: named, never quoted
+    except (TimedOut, Exception) as exc:  # noqa: BLE001 - the template's error: never quoted
         if bound.expired:
             return f"took over {TEMPLATE_SECONDS} s to render a prompt (a loop without end?)"
         return (
