@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from expert_cli.data.calls import CALL_FROMS, CALL_ROLE, call_turn, legacy_turn
 from expert_cli.data.file_text import drop_nulls, shown_name
 from expert_cli.data.tools import ToolsGiven
-from expert_cli.deadline import TEMPLATE_SECONDS, deadline
+from expert_cli.deadline import TEMPLATE_SECONDS, within
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -227,7 +227,7 @@ def render_conversation(
     if not messages:  # nothing for the template to refuse: said as what it is
         return "", EMPTY
     try:
-        with deadline(TEMPLATE_SECONDS):  # TimedOut is no Exception: no row's verdict
+        with within(TEMPLATE_SECONDS):  # TimedOut is no Exception: no row's verdict
             text = str(tokenizer.apply_chat_template(messages, tokenize=False))
     except MemoryError:
         raise

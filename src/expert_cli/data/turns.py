@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from expert_cli.data.spans import Span, assistant_spans
-from expert_cli.deadline import TEMPLATE_SECONDS, TimedOut, deadline
+from expert_cli.deadline import TEMPLATE_SECONDS, TimedOut, deadline, within
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def weighed_out(message: Any) -> bool:
 
 
 def _render(tokenizer: PreTrainedTokenizerFast, messages: list[Any], prompt: bool) -> str:
-    with deadline(TEMPLATE_SECONDS):  # TimedOut is no Exception: no row's verdict
+    with within(TEMPLATE_SECONDS):  # TimedOut is no Exception: no row's verdict
         return str(
             tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
         )
