@@ -91,8 +91,8 @@ def formatted_problems(
             batch = rows[lo : lo + FORMAT_BATCH]
             roles = sorted({role for row in batch for role in row})
             try:
-                rows = {r: [_stored(r, row.get(r)) for row in batch] for r in roles}
-                table = bounded_format(formatter, rows)
+                columns = {r: [_stored(r, row.get(r)) for row in batch] for r in roles}
+                table = bounded_format(formatter, columns)
             except UserError:  # a template that cannot render: said by check's own lines
                 return []
             statuses.append(np.asarray(table.column("status")))
