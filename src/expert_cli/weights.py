@@ -160,6 +160,11 @@ def shown_tensor(name: str) -> str:
     return name if TENSOR_NAME.fullmatch(name) else f"<a {len(name)}-character name>"
 
 
+def shape_text(shape: Any) -> str:
+    """A tensor's shape as a message says it: `16x1024`, or `a scalar`."""
+    return "x".join(str(d) for d in shape) or "a scalar"
+
+
 def non_finite_line(bad: list[str], shown: int = 3) -> str:
     """`N tensor(s) ... NaN or infinity (names)` for the names `non_finite_tensors` found."""
     more = f" and {len(bad) - shown} more" if len(bad) > shown else ""

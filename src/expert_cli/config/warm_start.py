@@ -23,9 +23,10 @@ MAX_CONFIG_BYTES = 1 << 20
 
 
 def start_adapter(lm: LoadedManifest, adapter: dict[str, Any]) -> str | None:
-    """The folder `init_adapter` names, absolute (its adapter is checked by `init_adapter_problem`,
-    which `check` and a run starting afresh call: a resume reads its checkpoint, not this);
-    UserError where this run's settings (`adapter`, as resolved) cannot start from one."""
+    """The folder `init_adapter` names, absolute (its adapter is checked by
+    `init_adapter_problem`, which `check` and a run starting afresh call: a resume reads its
+    checkpoint, not this); UserError where this run's settings (`adapter`, as resolved)
+    cannot start from one."""
     given = lm.manifest.training.config.init_adapter
     if given is None:
         return None

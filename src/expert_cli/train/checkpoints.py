@@ -32,6 +32,7 @@ from expert_cli.weights import (
     non_finite_line,
     non_finite_tensors,
     safetensors_problem,
+    shape_text,
     shown_tensor,
     tensor_shapes,
 )
@@ -228,15 +229,11 @@ def unfit_problem(peft_model: Any, checkpoint: Path | None) -> str | None:
         if name in built and (own := tuple(built[name].shape)) != shape:
             return (
                 f"--resume: {checkpoint.name} does not fit the adapter this run builds "
-                f"({shown_tensor(name)} is {_dims(shape)} there, {_dims(own)} here); resume "
-                "with the settings and base model it was trained with, or start again with "
-                "--overwrite"
+                f"({shown_tensor(name)} is {shape_text(shape)} there, {shape_text(own)} here); "
+                "resume with the settings and base model it was trained with, or start again "
+                "with --overwrite"
             )
     return None
-
-
-def _dims(shape: tuple[int, ...]) -> str:
-    return "x".join(map(str, shape)) or "a scalar"
 
 
 class CheckpointMarker(TrainerCallback):

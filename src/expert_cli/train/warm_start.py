@@ -12,12 +12,10 @@ from typing import Any
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors import SafetensorError
 
+from expert_cli.config.warm_start import FIELD, WEIGHTS
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
-from expert_cli.weights import tensors_of
-
-FIELD = "training.config.init_adapter"
-WEIGHTS = "adapter_model.safetensors"
+from expert_cli.weights import shape_text, shown_tensor, tensors_of
 
 
 def start_from(peft_model: Any, folder: Path) -> str:
@@ -45,18 +43,14 @@ def start_from(peft_model: Any, folder: Path) -> str:
     for name, shape in wanted.items():
         if tuple(saved[name].shape) != shape:
             raise UserError(
-                f"{label}: {_short(name)} is {_dims(saved[name].shape)} there, {_dims(shape)} "
-                "here (another base model?)"
+                f"{label}: {_short(name)} is {shape_text(saved[name].shape)} there, "
+                f"{shape_text(shape)} here (another base model?)"
             )
     set_peft_model_state_dict(peft_model, saved)
     return f"init_adapter: the adapter starts from {shown_path(folder)} ({len(saved)} tensors)"
 
 
 def _short(name: str) -> str:
-    """A tensor's name without peft's prefix, cut to a readable length."""
-    name = name.removeprefix("base_model.model.")
-    return name if len(name) <= 80 else name[:79] + "…"
-
-
-def _dims(shape: Any) -> str:
-    return "x".join(str(d) for d in shape) or "a scalar"
+    """A tensor's name without peft's prefix, as a message may show it (a name in the
+    folder's file is its content: shown only where it looks like a name)."""
+    return shown_tensor(name.removeprefix("base_model.model."))
