@@ -290,7 +290,7 @@ def test_a_template_that_loops_for_some_conversations_is_bounded(
         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     longer = {"messages": ROWS[0]["messages"] * 3}
-    write_jsonl(manifest.parent / "data" / "train.jsonl", [*ROWS, longer])
+    write_jsonl(manifest.parent / "data" / "train.jsonl", [*ROWS * 5, longer])  # past a batch
     said = "the chat template took over"
     checked = run_here("check", "--manifest", str(manifest))
     out = " ".join((checked.stdout + checked.stderr).split())

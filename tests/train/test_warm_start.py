@@ -127,6 +127,16 @@ def test_weights_of_other_layers_are_named(tmp_path: Path, tiny_model_dir: Path)
     assert refused.returncode == 2 and "holds no model.layers.0." in said, said
     assert "it was trained on other layers; give this run its target_modules" in said
     weights = start / "adapter_model.safetensors"
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    first = sorted(tensors)[0]
+    save_file({**tensors, first: tensors[first] * float("nan")}, str(weights))
+    nan = run_here("train", "-m", str(manifest), "--output", str(tmp_path / "nan-run"),
+                   "--max-steps", "1", "--set", f"init_adapter={start}")  # fmt: skip
+    said = " ".join((nan.stdout + nan.stderr).split())  # it trained, then "diverged" (exit 1)
+    assert nan.returncode == 2 and "1 tensor holds NaN or infinity" in said, said
+    assert not (tmp_path / "nan-run").exists()
     weights.write_bytes(weights.read_bytes()[:100])
     cut = run_here("train", "-m", str(manifest), "--output", str(tmp_path / "cut-run"),
                    "--max-steps", "1", "--set", f"init_adapter={start}")  # fmt: skip

@@ -25,6 +25,7 @@ from expert_cli.data.splits import held_rows, weighted_rows
 from expert_cli.data.stats_words import drop_reasons
 from expert_cli.data.tools import parsed_tools, tools_text
 from expert_cli.data.workers import bounded_format
+from expert_cli.deadline import TEMPLATE_LOOPS
 from expert_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -93,7 +94,9 @@ def formatted_problems(
             try:
                 columns = {r: [_stored(r, row.get(r)) for row in batch] for r in roles}
                 table = bounded_format(formatter, columns)
-            except UserError:  # a template that cannot render: said by check's own lines
+            except UserError as exc:  # a template that cannot render: said by check's lines,
+                if TEMPLATE_LOOPS in exc.lines:  # but for one that runs without end
+                    raise
                 return []
             statuses.append(np.asarray(table.column("status")))
             refusals += table.column("refused").drop_null().to_pylist()

@@ -36,6 +36,7 @@ from expert_cli.data.spans import (
 )
 from expert_cli.data.tools import ToolsGiven, with_tools
 from expert_cli.data.turns import turn_layout
+from expert_cli.deadline import TEMPLATE_SECONDS, within
 from expert_cli.errors import UserError
 
 MARKER_HOLDS = (MARKER_ASSISTANT, "<|user|>", "<|system|>")  # a prompt holding one: as written
@@ -196,7 +197,10 @@ def _chat(tokenizer: Any, text: str, system: str | None, opening: str, closing: 
             "chat_template.jinja is missing?); copy it back from the run's base, or train again"
         )
     try:
-        rendered = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        with within(TEMPLATE_SECONDS):  # TimedOut, no Exception: the CLI says a template loops
+            rendered = tokenizer.apply_chat_template(
+                turns, add_generation_prompt=True, tokenize=False
+            )
     except Exception as exc:  # noqa: BLE001 - the run folder's template; its text unquoted
         which = "a system turn and a user turn" if system else "one user turn"
         raise UserError(
@@ -204,9 +208,12 @@ def _chat(tokenizer: Any, text: str, system: str | None, opening: str, closing: 
             f"conversation of {which} with a generation prompt ({type(exc).__name__})"
             "; fix chat_template.jinja (or the chat_template of tokenizer_config.json) there"
         ) from None
-    if isinstance(tokenizer, ToolsGiven) and rendered == tokenizer.plain.apply_chat_template(
-        turns, add_generation_prompt=True, tokenize=False
-    ):
+    if isinstance(tokenizer, ToolsGiven):
+        with within(TEMPLATE_SECONDS):
+            plain = tokenizer.plain.apply_chat_template(
+                turns, add_generation_prompt=True, tokenize=False
+            )
+    if isinstance(tokenizer, ToolsGiven) and rendered == plain:
         raise UserError(
             "--tools: the run's chat template does not write tool definitions (it renders the "
             "prompt the same without them); put them in --system as text"

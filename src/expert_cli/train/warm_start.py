@@ -15,7 +15,13 @@ from safetensors import SafetensorError
 from expert_cli.config.warm_start import FIELD, WEIGHTS
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
-from expert_cli.weights import shape_text, shown_tensor, tensors_of
+from expert_cli.weights import (
+    non_finite_line,
+    shape_text,
+    shown_tensor,
+    tensor_is_finite,
+    tensors_of,
+)
 
 
 def start_from(peft_model: Any, folder: Path) -> str:
@@ -46,6 +52,8 @@ def start_from(peft_model: Any, folder: Path) -> str:
                 f"{label}: {_short(name)} is {shape_text(saved[name].shape)} there, "
                 f"{shape_text(shape)} here (another base model?)"
             )
+    if bad := [name for name, tensor in saved.items() if not tensor_is_finite(tensor)]:
+        raise UserError(f"{label}: {WEIGHTS}: {non_finite_line(bad)}; give a sound adapter")
     set_peft_model_state_dict(peft_model, saved)
     return f"init_adapter: the adapter starts from {shown_path(folder)} ({len(saved)} tensors)"
 
