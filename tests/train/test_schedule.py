@@ -451,6 +451,9 @@ def test_eval_on_start_gives_the_bases_loss_apart(tmp_path: Path, tiny_model_dir
     assert "stopped early at step 3 of 12" in said  # the base's evaluation not counted
     metrics = json.loads((output / "metrics.json").read_text())
     assert [e["step"] for e in metrics["evals"]] == [0, 1, 2, 3]
+    # the evaluation before the first window was left out of it: 4e12 tok/s there
+    assert all(w["tokens_per_s"] < 1e8 for w in metrics["windows"]), metrics["windows"]
+    assert metrics["summary"]["tokens_per_s"] < 1e8
     report = summarize(output)
     base = metrics["evals"][0]["eval_loss"]
     later = min(metrics["evals"][1:], key=lambda e: e["eval_loss"])

@@ -184,11 +184,15 @@ class ThroughputMeter:
 
     def fetch_started(self) -> None:
         self._fetch_start = self.clock()
-        if self._window_start is None:  # the run's first step: start-up time is not counted
+        first = self._window_start is None  # the run's first step: start-up is not counted,
+        if first:  # nor an evaluation before it (eval_on_start: 4e12 tok/s in that window)
             self._window_start = self._fetch_start
             self._start_mark = self.mark(self._start_mark)
         for key, seconds in self._pending.items():  # a step follows: inside the window
-            self._left[key] += seconds
+            if first:
+                self.left_out[key] += seconds  # the run's, before any window
+            else:
+                self._left[key] += seconds
         self._pending = dict.fromkeys(LEFT_OUT, 0.0)
 
     @contextmanager
