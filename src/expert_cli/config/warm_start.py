@@ -62,7 +62,7 @@ def init_adapter_problem(resolved: Any, output: Path | None = None) -> str | Non
         )
     try:
         if config_file.stat().st_size > MAX_CONFIG_BYTES:
-            raise ValueError
+            return f"{label}: {CONFIG} is over 1 MB, larger than any adapter's configuration"
         config = json.loads(config_file.read_text("utf-8"))
     except (OSError, ValueError, RecursionError):
         return f"{label}: {CONFIG} is not readable JSON"
