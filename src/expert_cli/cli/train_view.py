@@ -74,7 +74,7 @@ def print_data(
     for label, said in count_lines(stats):
         console.print(f"[bold]{label}[/bold]{' ' * (10 - len(label))}", end="")
         console.print(said, highlight=False, markup=False)
-    said = [split_note(stats)] if split_note(stats) else []
+    said = [note] if (note := split_note(stats)) else []
     for note in [*(stats.get("notes") or []), *said]:  # the build's: task weights, shared ...
         console.print("[bold]note[/bold]      ", end="")
         console.print(str(note), highlight=False, markup=False)

@@ -188,11 +188,9 @@ class ThroughputMeter:
         if first:  # nor an evaluation before it (eval_on_start: 4e12 tok/s in that window)
             self._window_start = self._fetch_start
             self._start_mark = self.mark(self._start_mark)
+        into = self.left_out if first else self._left  # before any window: the run's
         for key, seconds in self._pending.items():  # a step follows: inside the window
-            if first:
-                self.left_out[key] += seconds  # the run's, before any window
-            else:
-                self._left[key] += seconds
+            into[key] += seconds
         self._pending = dict.fromkeys(LEFT_OUT, 0.0)
 
     @contextmanager

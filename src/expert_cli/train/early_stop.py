@@ -44,7 +44,7 @@ class EarlyStop(EarlyStoppingCallback):
         self.lowest = _lowest(state.best_metric, state.best_global_step)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any, **kw: Any) -> None:
-        if state.global_step == 0:  # eval_on_start's: the base, which the adapter improves on
+        if state.global_step == 0:  # eval_on_start's, before training: what it improves on
             return
         super().on_evaluate(args, state, control, metrics, **kw)
         now = (metrics or {}).get("eval_loss")

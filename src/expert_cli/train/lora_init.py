@@ -71,9 +71,9 @@ def kept_start(path: Path, peft_model: Any) -> str:
     randomised SVD drawn otherwise on another device); "unusable" where it is missing, cut
     short or of other names or shapes. Only a "same" start is kept: the adapter leaves the
     run by the residual it trains on now."""
-    fresh = dict(_start(peft_model))
     if not path.is_file():  # a FIFO there held the resume for ever, deaf to signals
         return "unusable"
+    fresh = {k: v.detach().float().cpu() for k, v in _start(peft_model)}
     try:
         kept, _ = tensors_of(path)
     except (SafetensorError, OSError):
@@ -86,7 +86,9 @@ def kept_start(path: Path, peft_model: Any) -> str:
         if ".lora_A." not in name and ".lora_embedding_A" not in name:
             continue
         b = name.replace(".lora_A.", ".lora_B.").replace("_embedding_A", "_embedding_B")
-        now = fresh[b].detach().float().cpu() @ tensor.detach().float().cpu()
+        if torch.equal(kept[name], tensor) and torch.equal(kept[b], fresh[b]):
+            continue  # written by this device's decomposition: no product to compare
+        now = fresh[b] @ tensor
         then = kept[b].float() @ kept[name].float()
         if not torch.allclose(then, now, rtol=1e-3, atol=1e-5 * float(now.abs().max()) + 1e-7):
             return "other"

@@ -288,13 +288,14 @@ def adapter_config_problem(config: dict[str, Any], shapes: Shapes | None) -> str
     return fit_problem(config, shapes) or _refused_by_peft(config)
 
 
-# peft's named LoRA starts (0.21), besides true and false
 def _not_a_flag(config: dict[str, Any]) -> str | None:
-    flags = ("use_rslora", "use_dora")  # 1 == True: told apart by identity
+    """The first of LoRA's flags that is not true, false or unset (1 == True: by identity)."""
+    flags = ("use_rslora", "use_dora")
     return next((k for k in flags if all(config.get(k) is not v for v in FLAGS)), None)
 
 
 FLAGS = (None, True, False)
+# peft's named LoRA starts (0.21), besides true and false
 PEFT_START = re.compile(r"gaussian|eva|olora|pissa|pissa_niter_[0-9]{1,4}|corda|loftq|orthogonal")
 
 

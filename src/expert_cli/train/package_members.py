@@ -186,7 +186,7 @@ def named_file_problems(manifest: dict[str, Any], files: Any) -> tuple[list[str]
         elif PurePosixPath(*parts).as_posix() not in files:
             notes.append(f"manifest.json: {where}: names a file the package does not hold")
     layout = first_base(manifest).get("prompt_template")
-    if str(layout).lower() == "chat_template" and "chat_template.jinja" not in files:
+    if str(layout).lower() == "chat_template" and TEMPLATE_FILE not in files:
         problems.append(
             "chat_template.jinja: missing, and base_models[0].prompt_template is chat_template: "
             "prompts are laid out by it"

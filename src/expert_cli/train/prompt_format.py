@@ -213,11 +213,11 @@ def _chat(tokenizer: Any, text: str, system: str | None, opening: str, closing: 
             plain = tokenizer.plain.apply_chat_template(
                 turns, add_generation_prompt=True, tokenize=False
             )
-    if isinstance(tokenizer, ToolsGiven) and rendered == plain:
-        raise UserError(
-            "--tools: the run's chat template does not write tool definitions (it renders the "
-            "prompt the same without them); put them in --system as text"
-        )
+        if rendered == plain:
+            raise UserError(
+                "--tools: the run's chat template does not write tool definitions (it renders "
+                "the prompt the same without them); put them in --system as text"
+            )
     if opening and rendered.endswith(opening):
         rendered = rendered[: -len(opening)]
     if not (rendered + closing).strip():  # generate would run on no tokens at all

@@ -138,11 +138,10 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         raise UserError(problem)
     summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
     eval_steps, eval_losses = _points(data.get("evals") or [], "eval_loss")
-    trained = [(loss, step) for loss, step in zip(eval_losses, eval_steps, strict=True) if step > 0]
+    evals = list(zip(eval_losses, eval_steps, strict=True))
+    trained = [(loss, step) for loss, step in evals if step > 0]  # step 0: before training
     best = min(trained) if trained else None
-    base = next(
-        (loss for loss, step in zip(eval_losses, eval_steps, strict=True) if step == 0), None
-    )
+    base = next((loss for loss, step in evals if step == 0), None)
     unwritten = None
     if plot is not None:
         try:

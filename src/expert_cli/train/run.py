@@ -133,7 +133,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     )
     if resume and (output / ADAPTER_WEIGHTS[0]).is_file() and (step := final_step(output)):
         run.runtime[FINAL_STEP] = step  # the resumed run's final adapter stays until one is saved
-    run.args.eval_on_start = run.args.eval_on_start and resume is None  # the base's, once
+    run.args.eval_on_start = run.args.eval_on_start and resume is None  # before training only
     return run, resume
 
 

@@ -158,9 +158,7 @@ def _first_rendered(text: str, prompts: list[list[dict[str, str]]]) -> str:
     for prompt in prompts[:-1]:
         try:
             return _rendered(text, prompt)
-        except TimedOut:
-            raise
-        except Exception:  # noqa: BLE001, S112 - the next prompt tried
+        except Exception:  # noqa: BLE001, S112 - the next prompt tried (TimedOut is none)
             continue
     return _rendered(text, prompts[-1])
 
