@@ -277,9 +277,9 @@ def schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[st
         elif env.bitsandbytes is None:
             notes.append(f"optim: {optim} needs bitsandbytes, not installed; using adamw_torch")
             optim = "adamw_torch_fused"
-    ratio = cfg.warmup_ratio if cfg.warmup_ratio else 0.0
+    ratio = cfg.warmup_ratio or 0.0  # a written 0 is no warmup, not the default's
     steps = 0 if ratio else (cfg.warmup_steps or 0)
-    if not ratio and cfg.warmup_steps is None:
+    if cfg.warmup_ratio is None and cfg.warmup_steps is None:
         ratio = DEFAULT_WARMUP_RATIO
     if cfg.warmup_ratio and cfg.warmup_steps:
         notes.append("warmup_steps: warmup_ratio is set and wins")
