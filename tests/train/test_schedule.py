@@ -55,6 +55,14 @@ def test_constant_schedule_keeps_the_manifests_warmup_only(tmp_path: Path) -> No
     assert cosine.warmup_ratio == 0.03  # the default warmup of every other schedule stays
 
 
+@pytest.mark.parametrize("written", [{"warmup_ratio": 0}, {"warmup_steps": 0}])
+def test_a_written_zero_warmup_is_none(tmp_path: Path, written: dict) -> None:
+    """warmup_ratio 0 was read as unset and got the default 3% (the first step then ran at
+    lr 0); either field written as 0 is no warmup."""
+    cosine = _resolved(tmp_path, {"lr_scheduler": "cosine", **written})
+    assert (cosine.warmup_ratio, cosine.warmup_steps) == (0, 0)
+
+
 def _trainer(tmp_path: Path, model, config: dict) -> ExpertTrainer:
     resolved = _resolved(tmp_path, {**config, "evaluation_strategy": "no"})
     kwargs = training_args_kwargs(resolved, tmp_path / "ckpt", max_steps=100)
@@ -514,3 +522,32 @@ def test_early_stopping_keeps_the_evaluation_before_training_out() -> None:
             state.best_metric = loss  # as the Trainer keeps it, after its callbacks
     assert stop.lowest == (2.0, 1)
     assert stop.said is not None and "the lowest eval_loss 2, at step 1" in stop.said
+
+
+def test_a_resume_to_more_steps_trains_its_first_step_at_the_new_schedules_rate(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A linear schedule of 4 steps ends at lr 0, and the optimizer's saved rate was that 0:
+    a --resume to --max-steps 8 trained its first step at lr 0 (checkpoint-5's weights were
+    checkpoint-4's). It trains at the 8-step schedule's rate at step 4, half the peak."""
+    from safetensors.torch import load_file
+    from train_helpers import run_here, write_expert
+
+    config = {"lr_scheduler": "linear", "save_steps": 1, "save_total_limit": None}
+    manifest = write_expert(tmp_path, tiny_model_dir, rows=48, config=config)
+    args = ("train", "--manifest", str(manifest), "--max-steps")
+    assert run_here(*args, "4").returncode == 0
+    again = run_here(*args, "8", "--resume")
+    assert again.returncode == 0, again.stdout + again.stderr
+    output = tmp_path / "output"
+    windows = json.loads((output / "metrics.json").read_text())["windows"]
+    rates = {w["step"]: w["learning_rate"] for w in windows}
+    assert rates[4] == pytest.approx(2e-3 * 1 / 4)  # the first run's schedule, step 3 of 4
+    assert rates[5] == pytest.approx(2e-3 * 4 / 8)  # the new one's, at step 4 of 8
+    assert rates[6] == pytest.approx(2e-3 * 3 / 8)
+    weights = [
+        load_file(output / "checkpoints" / f"checkpoint-{step}" / "adapter_model.safetensors")
+        for step in (4, 5)
+    ]
+    moved = max((weights[1][k] - weights[0][k]).abs().max().item() for k in weights[0])
+    assert moved > 1e-5

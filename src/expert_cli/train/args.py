@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import TrainingArguments
 
 from expert_cli.atomic import HANGUP, heard
@@ -107,6 +108,22 @@ def warmup_count(ratio: float, total_steps: int) -> int:
     most the steps before the last: a linear warm-up gives its first step a rate of 0, so
     the default 3% of a 1-step run (rounded up to 1) trained nothing at all."""
     return min(math.ceil(round(ratio * total_steps, 9)), max(total_steps - 1, 0))
+
+
+def schedule_at_loaded_step(scheduler: Any) -> None:
+    """Each group's rate from this run's schedule at the step a checkpoint was loaded at. The
+    optimizer's saved rate is the one its own schedule set: a resume to a larger --max-steps
+    ran its first step at the old schedule's end (lr 0), not at the new schedule's rate."""
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        return
+    step = scheduler.last_epoch
+    rates = [
+        base * rule(step)
+        for base, rule in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+    ]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = rates
 
 
 def deepspeed_problem(resolved: ResolvedConfig) -> str | None:

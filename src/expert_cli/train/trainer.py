@@ -24,7 +24,7 @@ from expert_cli.data.formatting import IGNORE
 from expert_cli.errors import UserError
 from expert_cli.telemetry.throughput import ThroughputMeter
 from expert_cli.train.adalora import LanguageLoss, regularised
-from expert_cli.train.args import warmup_count
+from expert_cli.train.args import schedule_at_loaded_step, warmup_count
 from expert_cli.train.attention import mask_free_mapping, skip_mask_building
 from expert_cli.train.callbacks import ThroughputCallback
 from expert_cli.train.fsdp_save import save_fsdp_adapter
@@ -131,6 +131,8 @@ class ExpertTrainer(Trainer):
                 "groups are not this run's (an earlier expert-cli decayed DoRA's magnitude "
                 "vectors); train again, or resume with the version that wrote it"
             ) from None
+        if checkpoint is not None:
+            schedule_at_loaded_step(self.lr_scheduler)
 
     def _load_scaler(self, checkpoint: str | None) -> None:
         """The checkpoint's fp16 loss scale where this run is fp16 too; a run of another
