@@ -807,7 +807,7 @@ def test_sampling_values_the_base_model_sets_are_said() -> None:
 
     from transformers import GenerationConfig
 
-    from expert_cli.train.generate import inherited_settings
+    from expert_cli.train.base_decoding import inherited_settings
 
     base = SimpleNamespace(
         generation_config=GenerationConfig(top_k=20, top_p=0.95, repetition_penalty=1.3)
@@ -825,6 +825,29 @@ def test_sampling_values_the_base_model_sets_are_said() -> None:
     }
     plain = SimpleNamespace(generation_config=GenerationConfig(top_k=50, temperature=1.0))
     assert inherited_settings(plain, sampling) == {}
+
+
+def test_greedy_decoding_of_a_base_that_samples_is_said() -> None:
+    """Qwen3's generation_config.json samples (0.6, 0.95, 20); generate decodes greedily
+    where training.decoding names no temperature, which its authors warn can repeat without
+    end: a note names the base's values. A temperature written (0 too) is the user's choice."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    from expert_cli.train.base_decoding import sampled_base_note
+
+    qwen = SimpleNamespace(
+        generation_config=GenerationConfig(do_sample=True, temperature=0.6, top_p=0.95, top_k=20)
+    )
+    greedy = {"do_sample": False, "max_new_tokens": 8}
+    note = sampled_base_note(qwen, {"top_p": 0.9}, greedy)
+    assert note is not None and "(temperature 0.6, top_p 0.95, top_k 20)" in note
+    assert "set training.decoding.temperature to sample" in note
+    assert sampled_base_note(qwen, {"temperature": 0}, greedy) is None
+    assert sampled_base_note(qwen, {}, {**greedy, "do_sample": True}) is None
+    plain = SimpleNamespace(generation_config=GenerationConfig(do_sample=False))
+    assert sampled_base_note(plain, {}, greedy) is None
 
 
 def test_a_reference_longer_than_the_budget_gets_room_or_a_note(demo_expert_dir: Path) -> None:

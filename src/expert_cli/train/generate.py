@@ -24,6 +24,7 @@ from expert_cli.config.environment import hardware_bf16
 from expert_cli.config.error_lines import format_errors
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import RunError, UserError
+from expert_cli.train.base_decoding import inherited_settings, sampled_base_note
 from expert_cli.train.checkpoints import refuse_incomplete
 from expert_cli.train.eval_cases import Case, eval_budgets, eval_cases, final_answer
 from expert_cli.train.merge import dequantized, load_adapted, refuse_unfinished
@@ -224,20 +225,6 @@ def decoding_settings(
 # --------------------------------------------------------------------------- prompts
 
 
-# what transformers does with each sampling value a base model's generation_config.json leaves
-# unset; a value set there is applied wherever generate's own settings do not set it
-UNSET_MEANS = {
-    "temperature": 1.0,
-    "top_k": 50,
-    "top_p": 1.0,
-    "min_p": None,
-    "typical_p": 1.0,
-    "repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
-}
-SAMPLING_ONLY = ("temperature", "top_k", "top_p", "min_p", "typical_p")
-
-
 def base_notes(resolved: ResolvedConfig) -> list[str]:
     """What the answers are given by: a random-init base, or a base the run trained quantized."""
     notes = []
@@ -253,21 +240,6 @@ def base_notes(resolved: ResolvedConfig) -> list[str]:
             "differ a little from the quantized model's)"
         )
     return notes
-
-
-def inherited_settings(model: Any, settings: dict[str, Any]) -> dict[str, Any]:
-    """Values of the base model's generation_config.json that transformers applies because
-    `settings` leave them unset (the sampling ones only when sampling): Qwen3 ships top_k 20
-    and top_p 0.95, which changed answers without being shown."""
-    config = getattr(model, "generation_config", None)
-    found = {}
-    for key, unset in UNSET_MEANS.items():
-        if key in settings or (key in SAMPLING_ONLY and not settings.get("do_sample")):
-            continue
-        value = getattr(config, key, None)
-        if value is not None and value != unset:
-            found[key] = value
-    return found
 
 
 # --------------------------------------------------------------------------- generation
@@ -356,6 +328,8 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
                 "from run to run); training.decoding's sampling applies to calls without --eval"
             )
     notes += run.notes + ([] if dequantized(run.notes) else base_notes(run.resolved))
+    if not (opts.greedy or opts.eval_n):
+        notes += filter(None, [sampled_base_note(run.model, run.decoding, settings)])
     if inherited := inherited_settings(run.model, settings):
         shown = ", ".join(f"{key} {value}" for key, value in inherited.items())
         notes.append(

@@ -1,0 +1,56 @@
+"""What a base model's generation_config.json does to `generate`'s answers where the run's
+`training.decoding` leaves a value unset: transformers applies it unseen."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# what transformers does with each sampling value a base model's generation_config.json leaves
+# unset; a value set there is applied wherever generate's own settings do not set it
+UNSET_MEANS = {
+    "temperature": 1.0,
+    "top_k": 50,
+    "top_p": 1.0,
+    "min_p": None,
+    "typical_p": 1.0,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+}
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "min_p", "typical_p")
+
+
+def inherited_settings(model: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """Values of the base model's generation_config.json that transformers applies because
+    `settings` leave them unset (the sampling ones only when sampling): Qwen3 ships top_k 20
+    and top_p 0.95, which changed answers without being shown."""
+    config = getattr(model, "generation_config", None)
+    found = {}
+    for key, unset in UNSET_MEANS.items():
+        if key in settings or (key in SAMPLING_ONLY and not settings.get("do_sample")):
+            continue
+        value = getattr(config, key, None)
+        if value is not None and value != unset:
+            found[key] = value
+    return found
+
+
+def sampled_base_note(model: Any, decoding: dict[str, Any], settings: dict[str, Any]) -> str | None:
+    """A note where generate decodes greedily only because training.decoding names no
+    temperature while the base's generation_config.json samples (Qwen3's: 0.6, top_p 0.95,
+    top_k 20; its authors warn that greedy decoding can repeat itself without end)."""
+    config = getattr(model, "generation_config", None)
+    if (
+        settings.get("do_sample")
+        or "temperature" in decoding
+        or not getattr(config, "do_sample", False)
+    ):
+        return None
+    shown = ", ".join(
+        f"{key} {getattr(config, key)}"
+        for key in ("temperature", "top_p", "top_k")
+        if getattr(config, key, None) is not None
+    )
+    return (
+        f"decoding greedily: training.decoding sets no temperature, while the base model's "
+        f"generation_config.json samples ({shown}); set training.decoding.temperature to sample"
+    )
