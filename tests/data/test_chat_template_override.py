@@ -202,6 +202,37 @@ def test_a_template_file_that_is_not_jinja_is_refused_whatever_the_data(
     assert "response_template" not in said and "reasoning" not in said, said
 
 
+def test_conversations_a_template_writes_nothing_for_are_refused_alike_by_check_and_build(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A template that writes nothing for conversations of seven messages and more: check
+    called them conversations with earlier answers kept as context, the build dropped them
+    as having no completion. Both say they are refused, the template writing no text."""
+    template = tmp_path / "short.jinja"
+    template.write_text(
+        "{% if messages|length < 7 %}{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
+        "<|im_start|>assistant\n{% endif %}{% endif %}"
+    )
+    manifest = _expert(tmp_path, _bare_model(tmp_path, tiny_model_dir), str(template))
+    exchange = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    rows = [{"messages": exchange * (4 if i % 3 == 0 else 3)} for i in range(30)]
+    write_jsonl(manifest.parent / "data" / "train.jsonl", rows)
+    checked = run_here("check", "--manifest", str(manifest))
+    said = " ".join((checked.stdout + checked.stderr).split())
+    assert checked.returncode == 0, said
+    assert "(it renders no text, roles user, assistant" in said, said
+    assert "10 of 30 conversations are refused and train drops them" in said
+    assert "left as context" not in said
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    said = " ".join((built.stdout + built.stderr).split())
+    assert built.returncode == 0, said
+    assert (
+        "10 refused by the chat template or with no assistant turn (the first: it renders "
+        "no text" in said
+    ), said
+
+
 def test_a_deadline_bounds_the_main_thread_and_gives_back_an_outer_timer() -> None:
     import signal
     import threading

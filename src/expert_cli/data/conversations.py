@@ -233,6 +233,8 @@ def render_conversation(
         raise
     except Exception as exc:  # noqa: BLE001 - the template's verdict on the user's row
         return "", f"{type(exc).__name__}, roles {_roles(messages)}"
+    if not text.strip():  # it writes nothing for this one (it did for the probe at the load)
+        return "", f"it renders no text, roles {_roles(messages)}"
     if any(isinstance(m, dict) and m.get("role") == CALL_ROLE for m in messages):
         return "", f"its function_call turn is not a call, roles {_roles(messages)}"
     if not _calls_rendered(tokenizer, messages, text):
