@@ -624,3 +624,8 @@ def test_a_resume_keeps_the_schedule_and_the_optimizer(demo_expert_dir: Path) ->
         f"max_grad_norm 0.001 -> {json.dumps(resolved.max_grad_norm)}",
         "optim",
     ]
+    # Adam's moments come back with the optimizer's state: another value would not apply;
+    # a run recorded before they were has the Trainer's defaults, which this one keeps
+    assert changed_fields({**old, "adam_beta2": 0.95}, resolved) == ["adam_beta2 0.95 -> 0.999"]
+    before = {k: v for k, v in old.items() if not k.startswith("adam_")}
+    assert changed_fields(before, resolved) == []

@@ -112,6 +112,27 @@ def test_constant_with_the_manifests_warmup_warms_up(tmp_path: Path, tiny_model_
     assert torch.isfinite(torch.tensor(rates)).all()
 
 
+def test_adams_moments_reach_the_optimizer_and_unused_ones_are_said(
+    tmp_path: Path, tiny_model_dir
+) -> None:
+    """adam_beta1, adam_beta2 and adam_epsilon (Axolotl's and the Trainer's names) were
+    refused as unknown fields: they reach AdamW's parameter groups; unset, the Trainer's
+    defaults are recorded; an optimizer that does not read them says so."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    moments = {"adam_beta1": 0.8, "adam_beta2": 0.95, "adam_epsilon": 1e-6}
+    trainer = _trainer(tmp_path, model, moments)
+    trainer.create_optimizer_and_scheduler(num_training_steps=10)
+    group = trainer.optimizer.param_groups[0]
+    assert (group["betas"], group["eps"]) == ((0.8, 0.95), 1e-6)
+    plain = _resolved(tmp_path, {})
+    assert (plain.adam_beta1, plain.adam_beta2, plain.adam_epsilon) == (0.9, 0.999, 1e-8)
+    assert not any("not used by optim" in n for n in plain.notes)
+    sgd = _resolved(tmp_path, {"optim": "sgd", "adam_beta2": 0.95})
+    assert "adam_beta2: not used by optim sgd" in sgd.notes
+    with pytest.raises(UserError, match="adam_beta2"):
+        _resolved(tmp_path, {"adam_beta2": 1.0})  # the running mean would never move
+
+
 def test_adapter_values_not_applied_are_noted(tmp_path: Path) -> None:
     def notes(config: dict, entry: dict | None = None) -> str:
         return " | ".join(_resolved(tmp_path, config, entry).notes)

@@ -30,9 +30,9 @@ from expert_cli.config.models import (
     TaskSpec,
     TrainingSpec,
 )
+from expert_cli.config.optimizer import Optimizer
 from expert_cli.config.training_config import (
     DistributedSpec,
-    Optimizer,
     Scheduler,
     TrainingConfig,
 )

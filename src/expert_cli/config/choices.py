@@ -12,6 +12,7 @@ from typing import Any
 
 from expert_cli.config.environment import Environment
 from expert_cli.config.kernels import choose_kernel
+from expert_cli.config.optimizer import optimizer_choice
 from expert_cli.config.training_config import CHECKPOINTING_NAMES, TrainingConfig
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
@@ -262,21 +263,6 @@ def _schedule_arguments(cfg: TrainingConfig, learning_rate: float) -> dict[str, 
 
 
 def schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[str, Any]:
-    optim = first(cfg.optim, "adamw_torch_fused" if env.has_gpu else "adamw_torch")
-    if optim in {
-        "adamw_bnb_8bit",
-        "adamw_8bit",
-        "paged_adamw_8bit",
-        "paged_adamw_32bit",
-        "lion_8bit",
-        "lion_32bit",
-    }:
-        if not env.has_gpu:
-            notes.append(f"optim: {optim} keeps its states on a GPU; using adamw_torch on CPU")
-            optim = "adamw_torch"
-        elif env.bitsandbytes is None:
-            notes.append(f"optim: {optim} needs bitsandbytes, not installed; using adamw_torch")
-            optim = "adamw_torch_fused"
     ratio = cfg.warmup_ratio or 0.0  # a written 0 is no warmup, not the default's
     steps = 0 if ratio else (cfg.warmup_steps or 0)
     if cfg.warmup_ratio is None and cfg.warmup_steps is None:
@@ -302,10 +288,8 @@ def schedule(cfg: TrainingConfig, env: Environment, notes: list[str]) -> dict[st
         lr_scheduler_kwargs=_schedule_arguments(cfg, learning_rate),
         warmup_steps=steps,
         warmup_ratio=ratio,
-        optim=optim,
-        weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm,
         seed=cfg.seed,
+        **optimizer_choice(cfg, env, notes),
     )
 
 

@@ -61,6 +61,10 @@ UNSET_MEANS = {
     "loraplus_lr_ratio": "off (B at the learning rate)",
     "eval_on_start": "false",
     "init_adapter": "none (the adapter starts as init_lora_weights says)",
+    "optim": "adamw_torch_fused on a GPU, adamw_torch on a CPU",
+    "adam_beta1": "0.9",
+    "adam_beta2": "0.999",
+    "adam_epsilon": "1e-08",
 }
 
 
@@ -69,8 +73,8 @@ VALIDATOR_LIMITS = {"batch_size": f'>= 1, <= {MAX_BATCH_ROWS}, or "auto"'}
 
 
 def describe_fields(model: type[BaseModel]) -> list[FieldDoc]:
-    """Every field of `model`, in declaration order (training.config's with what an unset one
-    resolves to)."""
+    """Every field of `model`, in declaration order, a model's own before those it inherits
+    (training.config's with what an unset one resolves to)."""
     hints = typing.get_type_hints(model, include_extras=True)
     training = model.__name__ == "TrainingConfig"
     unset, limits = (UNSET_MEANS, VALIDATOR_LIMITS) if training else ({}, {})
@@ -83,8 +87,14 @@ def describe_fields(model: type[BaseModel]) -> list[FieldDoc]:
             limits=_bounds(info, hints[name]) or (limits.get(name, "")),
             meaning=info.description or "",
         )
-        for name, info in model.model_fields.items()
+        for name, info in sorted(model.model_fields.items(), key=lambda f: _inherited(model, f[0]))
     ]
+
+
+def _inherited(model: type[BaseModel], name: str) -> bool:
+    """Whether a field is declared by a base class of `model` (training.config's optimizer
+    fields), not by the model itself."""
+    return name not in model.__dict__.get("__annotations__", {})
 
 
 def type_name(annotation: object) -> str:

@@ -103,6 +103,9 @@ class ResolvedConfig(BaseModel):
     optim: str
     weight_decay: float
     max_grad_norm: float
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
     neftune_noise_alpha: float | None = None
     seed: int
     # kernels and precision

@@ -9,21 +9,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from expert_cli.config.base import AdapterType, ModuleNames, Probability, Strict
+from expert_cli.config.optimizer import OptimizerFields
 from expert_cli.config.schedules import MAX_STEPS, Scheduler, schedule_arguments_problem
 from expert_cli.config.trackers import TRACKERS, Tracker, one_or_many
 
-Optimizer = Literal[
-    "adamw_torch",
-    "adamw_torch_fused",
-    "adamw_bnb_8bit",
-    "adamw_8bit",
-    "paged_adamw_8bit",
-    "paged_adamw_32bit",
-    "adafactor",
-    "sgd",
-    "lion_8bit",
-    "lion_32bit",
-]
 Strategy = Literal["no", "steps", "epoch"]
 AttentionKernel = Literal[
     "auto",
@@ -84,7 +73,7 @@ class CheckpointingKwargs(Strict):
     )
 
 
-class TrainingConfig(Strict):
+class TrainingConfig(OptimizerFields):
     """`training.config`: hyperparameters. Unset (None) means "pick the best for this machine"."""
 
     method: Literal["sft"] = Field("sft", description="Training method; only sft is built.")
@@ -168,7 +157,6 @@ class TrainingConfig(Strict):
     use_sdpa: bool | None = Field(None, description="PyTorch scaled-dot-product attention.")
     flash_attention_2: bool | None = Field(None, description="flash-attn 2 (varlen for packing).")
     packing: bool | None = Field(None, description="Pack examples into full rows (default on).")
-    optim: Optimizer | None = Field(None, description="Optimizer (Trainer's names).")
     group_by_length: bool | None = Field(
         None, description="Batch similar lengths; not needed with packing."
     )
@@ -250,10 +238,6 @@ class TrainingConfig(Strict):
     seed: int = Field(
         42, ge=0, lt=2**32, description="Extension: seed for data order, eval split and init."
     )
-    weight_decay: float = Field(0.0, ge=0, le=10, description="Extension: AdamW weight decay.")
-    max_grad_norm: float = Field(
-        1.0, gt=0, le=1e6, description="Extension: gradient clipping norm."
-    )
     init_adapter: str | None = Field(
         None,
         min_length=1,
@@ -261,13 +245,6 @@ class TrainingConfig(Strict):
         "optimizer starts afresh): a folder holding adapter_config.json and "
         "adapter_model.safetensors (a run's output, one of its checkpoints), relative to the "
         "manifest; of this run's type, rank, alpha and layers (LoRA, DoRA).",
-    )
-    loraplus_lr_ratio: float | None = Field(
-        None,
-        ge=1,
-        le=1024,
-        description="Extension: LoRA+ (LoRA and DoRA): each lora_B trained at this many times "
-        "the learning rate of its lora_A (16 is LoRA+'s usual; a lower learning_rate may suit).",
     )
     neftune_noise_alpha: float | None = Field(
         None,

@@ -42,6 +42,9 @@ SAME_RUN_FIELDS = (
     "weight_decay",
     "max_grad_norm",
     "optim",
+    "adam_beta1",  # restored with the optimizer's state: another value would not apply
+    "adam_beta2",
+    "adam_epsilon",
     "neftune_noise_alpha",  # the embeddings' noise: another training from the resumed step
     "loraplus_lr_ratio",  # B's learning rate (and the optimizer's parameter groups)
     "init_adapter",  # the weights the run started from
@@ -53,6 +56,9 @@ ABSENT_MEANS: dict[str, Any] = {
     "neftune_noise_alpha": None,
     "loraplus_lr_ratio": None,
     "init_adapter": None,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.999,
+    "adam_epsilon": 1e-8,
 }
 
 
