@@ -58,7 +58,7 @@ def test_numpy_rows_collate_like_list_rows() -> None:
     """The cache hands out numpy int32 rows; tensors and counts must match list rows."""
     import numpy as np
 
-    from expert_cli.train.trainer import COUNTS_KEY, CountingCollator
+    from expert_cli.data.collate import COUNTS_KEY, CountingCollator
 
     as_numpy = [{k: np.asarray(v, dtype=np.int32) for k, v in r.items()} for r in ROWS]
     for boundaries in (False, True):

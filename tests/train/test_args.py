@@ -19,6 +19,7 @@ from transformers import TrainingArguments
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import Environment, cpu_environment
 from expert_cli.config.resolve import resolve
+from expert_cli.data.collate import COUNTS_KEY, CountingCollator
 from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
 from expert_cli.train.args import planned_steps, training_args_kwargs
@@ -30,7 +31,6 @@ from expert_cli.train.checkpoints import (
     resume_problem,
 )
 from expert_cli.train.run_folder import disk_full, sweep_leftovers
-from expert_cli.train.trainer import COUNTS_KEY, CountingCollator
 
 GPU = replace(h100_environment(), gpu_memory_gb=80.0, bitsandbytes="0.50")
 

@@ -66,7 +66,6 @@ def test_eval_loss_is_per_trained_token(tmp_path: Path, batch: int) -> None:
     data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows))
     args.eval_strategy = "steps"  # build_trainer passes the eval split when evaluation is on
     trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(DEMO_MODEL), "sdpa")
-    print("ACCEPTS", trainer.model_accepts_loss_kwargs)
     got = trainer.evaluate()["eval_loss"]
     assert abs(exact - mean_of_rows) > 0.01 * exact  # the two averages differ on these rows
     assert got == pytest.approx(exact, rel=1e-4)
@@ -98,3 +97,77 @@ def test_an_eval_loss_that_is_nan_stays_nan(tmp_path: Path) -> None:
     args.eval_strategy = "steps"
     trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(DEMO_MODEL), "sdpa")
     assert math.isnan(trainer.evaluate()["eval_loss"])
+
+
+def _echoing_rows() -> list[dict[str, list[int]]]:
+    """Rows of tokens each written three times: a model that predicts the token it reads is
+    right on two of three, whatever the row's share of trained tokens."""
+    draw = torch.Generator().manual_seed(2)
+    rows = []
+    for length, trained in ((30, 2), (30, 29), (12, 7), (21, 4), (24, 23)):
+        ids = torch.randint(1, 4000, (length // 3 + 1,), generator=draw).repeat_interleave(3)
+        ids = ids[:length].tolist()
+        labels = [-100] * (length - trained) + ids[length - trained :]
+        rows.append({"input_ids": ids, "labels": labels, "position_ids": list(range(length))})
+    return rows
+
+
+@pytest.mark.parametrize("loss", ["standard", "chunked"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_eval_token_accuracy_is_over_every_trained_token(
+    tmp_path: Path, batch: int, loss: str
+) -> None:
+    """TRL logs a token accuracy; expert-cli's evaluation measured the loss alone. The share of
+    trained tokens the model's argmax predicts, over the whole split, from the standard loss's
+    logits or counted in the fused loss's forward (which keeps no logits)."""
+    from expert_cli.train.loss import install_fused_loss
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(DEMO_MODEL), attn_implementation="sdpa"
+    )
+    with torch.no_grad():  # the head reads back the embedding: it predicts the token it reads
+        model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight * 8)
+    model.eval()
+    rows = _echoing_rows()
+    hits = trained = 0
+    shares = []
+    with torch.no_grad():
+        for row in rows:
+            logits = model(input_ids=torch.tensor([row["input_ids"]])).logits[0, :-1]
+            targets = torch.tensor(row["labels"][1:])
+            kept = targets != -100
+            right = (logits.argmax(-1) == targets)[kept]
+            hits, trained = hits + int(right.sum()), trained + int(kept.sum())
+            shares.append(right.float().mean().item())
+    exact = hits / trained
+    assert 0.2 < exact < 0.95 and abs(exact - sum(shares) / len(shares)) > 0.01
+    if loss == "chunked":
+        install_fused_loss(model, "chunked")
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_eval_batch_size=batch,
+        use_cpu=True,
+        report_to="none",
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
+    data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows))
+    args.eval_strategy = "steps"
+    trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(DEMO_MODEL), "sdpa")
+    assert trainer.evaluate()["eval_token_accuracy"] == pytest.approx(exact, abs=1e-12)
+
+
+def test_correct_tokens_counts_a_chunk_at_a_time(monkeypatch) -> None:
+    from expert_cli.train import loss
+
+    draw = torch.Generator().manual_seed(3)
+    hidden, weight = torch.randn(37, 8, generator=draw), torch.randn(50, 8, generator=draw)
+    targets = (hidden @ weight.t()).argmax(-1)
+    targets[::3] = torch.randint(0, 50, (13,), generator=draw)  # some predicted, some not
+    targets[1::5] = -100
+    want = int((((hidden @ weight.t()).argmax(-1) == targets) & (targets != -100)).sum())
+    monkeypatch.setattr(loss, "CHUNK_ELEMENTS", 50 * 4)  # 4 tokens a chunk
+    assert int(loss.correct_tokens(hidden, weight, targets)) == want
+    assert 0 < want < 37

@@ -239,8 +239,8 @@ def test_data_wait_times_the_fetch_not_the_exchange_of_token_counts(
     """The step's trained tokens are summed over every process after the fetch; on gloo that
     gather waits for the slowest process, and it was timed as data wait (a 2-process CPU run
     read 26.5% data-wait, 3.1% without it). The fetch alone is timed now."""
+    from expert_cli.data.collate import COUNTS_KEY
     from expert_cli.telemetry.throughput import ThroughputMeter
-    from expert_cli.train.trainer import COUNTS_KEY
 
     model = get_peft_model(
         AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=4, lora_alpha=8)

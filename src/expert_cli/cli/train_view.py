@@ -250,6 +250,11 @@ class ProgressCallback(TrainerCallback):
         if logs and "eval_loss" in logs:
             self.console.print(
                 f"eval      step {state.global_step}  eval_loss {logs['eval_loss']:.4g}"
+                + (
+                    f"  token accuracy {logs['eval_token_accuracy']:.1%}"
+                    if "eval_token_accuracy" in logs
+                    else ""
+                )
                 + ("  (before training)" if state.global_step == 0 else ""),
                 highlight=False,
             )

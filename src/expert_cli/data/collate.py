@@ -8,11 +8,13 @@ no attention mask and no KV cache, transformers builds the block-diagonal mask f
 restarting positions (sdpa, eager, flex). With `loss_positions` on (the fused loss) the batch
 also carries the flat positions whose next token is trained, so the loss runs the LM head on
 those alone, with their count known on the host. Tensors are plain CPU tensors; the
-DataLoader pins them when `pin_memory` is on.
+DataLoader pins them when `pin_memory` is on. `CountingCollator` adds what the throughput
+meter counts of each batch (tokens, examples, trained tokens, attention's work).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import datasets
@@ -117,3 +119,40 @@ def filled_to(rows: datasets.Dataset, multiple: int) -> datasets.Dataset:
     return filled.with_format(
         kind["type"], kind["columns"], kind["output_all_columns"], **kind["format_kwargs"]
     )
+
+
+# Key the counting collator adds to each batch; removed before the model sees the batch.
+COUNTS_KEY = "expert_cli_counts"
+
+
+def _example_lengths(row: dict[str, Any]) -> np.ndarray:
+    """Lengths of the examples packed in a row (position_ids restart at 0 at each one)."""
+    if "position_ids" not in row:
+        return np.array([len(row["input_ids"])], dtype=np.int64)
+    starts = np.flatnonzero(np.asarray(row["position_ids"]) == 0)
+    return np.diff(starts, append=len(row["input_ids"])).astype(np.int64)
+
+
+class CountingCollator:
+    """Wraps the packed collator; adds (real tokens, examples, trained tokens, attended) to
+    the batch.
+
+    Counted on the unpadded rows: tokens = row lengths, examples = position_ids restarts,
+    trained tokens = labels that are not -100, attended = the sum over examples of length**2
+    (each token attends within its own example; the FLOPs count needs it).
+    """
+
+    def __init__(self, inner: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> None:
+        self.inner = inner
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        tokens = samples = trained = attended = 0
+        for r in rows:
+            lengths = _example_lengths(r)
+            tokens += len(r["input_ids"])
+            samples += len(lengths)
+            attended += int((lengths * lengths).sum())
+            trained += int((np.asarray(r["labels"]) != IGNORE).sum())
+        batch = dict(self.inner(rows))
+        batch[COUNTS_KEY] = (tokens, samples, trained, attended)
+        return batch

@@ -69,7 +69,10 @@ class ThroughputCallback(TrainerCallback):
         self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
     ) -> None:
         if logs is not None and "eval_loss" in logs:
-            self.evals.append({"step": state.global_step, "eval_loss": logs["eval_loss"]})
+            record = {"step": state.global_step, "eval_loss": logs["eval_loss"]}
+            if "eval_token_accuracy" in logs:
+                record["token_accuracy"] = logs["eval_token_accuracy"]
+            self.evals.append(record)
             self.write(state.global_step, "running", now=True)
         if logs is None or "loss" not in logs or self.meter.steps_in_window == 0:
             return

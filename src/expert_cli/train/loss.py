@@ -49,6 +49,9 @@ HEAD_TOLERANCE = 1e-2
 # name, still read and written there, with a deprecation warning on the console)
 _FIELDS = CausalLMOutputWithPast.__dataclass_fields__
 CACHE_FIELD = "cache" if "cache" in _FIELDS else "past_key_values"
+# the outputs' key under which the fused forward gives, in an evaluation, how many trained
+# tokens the head's argmax predicts (train/token_accuracy.py reads it)
+HITS = "expert_cli_hits"
 
 
 def _chunks(n: int, vocab: int) -> list[tuple[int, int]]:
@@ -213,6 +216,18 @@ def summed_linear_cross_entropy(
     raise ValueError(f"fused_loss: unknown backend {backend!r}")
 
 
+def correct_tokens(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> Any:
+    """How many tokens' targets are the argmax of `hidden @ weight.T`, a chunk of tokens at a
+    time (evaluation's token accuracy; an ignored target, -100, is no argmax)."""
+    dtype = _compute_dtype(hidden)
+    with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
+        h, w = hidden.to(dtype), weight.to(dtype)
+        hits = torch.zeros((), dtype=torch.long, device=h.device)
+        for start, end in _chunks(h.shape[0], w.shape[0]):
+            hits += ((h[start:end] @ w.t()).argmax(-1) == targets[start:end]).sum()
+    return hits
+
+
 # False: `liger` runs Liger's own fused function, host syncs and all (scripts/bench_train.py
 # measures the two against each other)
 LIGER_LOOP = True
@@ -235,12 +250,7 @@ def causal_lm_loss(
     `positions`: the flat indices of the tokens whose shifted label is trained (the
     collator's `trained_positions`); only their hidden states meet the LM head, with the
     same loss and gradients (the others' gradient is 0 either way)."""
-    targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE).reshape(-1)
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    targets = targets.to(flat.device)
-    if positions is not None:
-        positions = positions.to(flat.device, non_blocking=True)
-        flat, targets = flat.index_select(0, positions), targets.index_select(0, positions)
+    flat, targets = _trained(hidden, labels, positions)
     total = summed_linear_cross_entropy(backend, flat, weight, targets)
     if num_items_in_batch is None:
         if positions is not None:  # every selected token is trained; the count is the host's
@@ -249,6 +259,20 @@ def causal_lm_loss(
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
+
+
+def _trained(
+    hidden: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's hidden state and its next token's label, flat ([tokens, hidden],
+    [tokens]); only the trained ones where `positions` names them."""
+    targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE).reshape(-1)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    targets = targets.to(flat.device)
+    if positions is not None:
+        positions = positions.to(flat.device, non_blocking=True)
+        flat, targets = flat.index_select(0, positions), targets.index_select(0, positions)
+    return flat, targets
 
 
 def fused_loss_unsupported(model: Any, targets: Any = ()) -> str | None:
@@ -347,7 +371,11 @@ def fused_forward(self: Any, input_ids: Any = None, labels: Any = None, **kwargs
         num_items,
         positions,
     )
-    return CausalLMOutputWithPast(loss=loss, **{CACHE_FIELD: getattr(out, CACHE_FIELD, None)})
+    result = CausalLMOutputWithPast(loss=loss, **{CACHE_FIELD: getattr(out, CACHE_FIELD, None)})
+    if not torch.is_grad_enabled():  # an evaluation: its token accuracy, with no logits kept
+        flat, targets = _trained(out.last_hidden_state, labels, positions)
+        result[HITS] = correct_tokens(flat, self.lm_head.weight, targets)
+    return result
 
 
 def takes_loss_positions(model: Any) -> bool:

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from accelerate.utils import DistributedType
 from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, get_scheduler
@@ -19,8 +18,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from expert_cli.atomic import usual_mode
 from expert_cli.config.kernels import BOUNDARY_KERNELS
 from expert_cli.data import PreparedData
-from expert_cli.data.collate import PackedCollator, filled_to
-from expert_cli.data.formatting import IGNORE
+from expert_cli.data.collate import COUNTS_KEY, CountingCollator, PackedCollator, filled_to
 from expert_cli.errors import UserError
 from expert_cli.telemetry.throughput import ThroughputMeter
 from expert_cli.train.adalora import LanguageLoss, regularised
@@ -32,45 +30,11 @@ from expert_cli.train.loraplus import split_b_groups
 from expert_cli.train.loss import takes_loss_positions
 from expert_cli.train.model_flops import flops_model
 from expert_cli.train.step_walks import StepWalks
+from expert_cli.train.token_accuracy import AccuracyTally
 
-# Key the counting collator adds to each batch; removed before the model sees the batch.
-COUNTS_KEY = "expert_cli_counts"
 # DoRA's per-row magnitudes start at the frozen weight's norms: decay would shrink the base
 # layer's output, not pull the adapter toward it (as it does LoRA's A and B)
 NO_DECAY = "lora_magnitude_vector"
-
-
-def _example_lengths(row: dict[str, Any]) -> np.ndarray:
-    """Lengths of the examples packed in a row (position_ids restart at 0 at each one)."""
-    if "position_ids" not in row:
-        return np.array([len(row["input_ids"])], dtype=np.int64)
-    starts = np.flatnonzero(np.asarray(row["position_ids"]) == 0)
-    return np.diff(starts, append=len(row["input_ids"])).astype(np.int64)
-
-
-class CountingCollator:
-    """Wraps the packed collator; adds (real tokens, examples, trained tokens, attended) to
-    the batch.
-
-    Counted on the unpadded rows: tokens = row lengths, examples = position_ids restarts,
-    trained tokens = labels that are not -100, attended = the sum over examples of length**2
-    (each token attends within its own example; the FLOPs count needs it).
-    """
-
-    def __init__(self, inner: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> None:
-        self.inner = inner
-
-    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        tokens = samples = trained = attended = 0
-        for r in rows:
-            lengths = _example_lengths(r)
-            tokens += len(r["input_ids"])
-            samples += len(lengths)
-            attended += int((lengths * lengths).sum())
-            trained += int((np.asarray(r["labels"]) != IGNORE).sum())
-        batch = dict(self.inner(rows))
-        batch[COUNTS_KEY] = (tokens, samples, trained, attended)
-        return batch
 
 
 class ExpertTrainer(Trainer):
@@ -88,6 +52,7 @@ class ExpertTrainer(Trainer):
         self.language_loss: LanguageLoss | None = None  # AdaLoRA's loss without it, logged
         # (loss, trained tokens) of each evaluation batch while an evaluation runs
         self._eval_tally: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._eval_hits: AccuracyTally | None = None  # and its tokens predicted
 
     def get_batch_samples(
         self, epoch_iterator: Any, num_batches: int, device: Any
@@ -174,19 +139,23 @@ class ExpertTrainer(Trainer):
         which made eval losses read ~20% higher than another adapter type's on the same data;
         it is off here. The Trainer averages each batch's loss with every batch weighted the
         same, so a batch of short answers counted as much as one of long ones; the loss here
-        is summed over the split's trained tokens and divided by their number."""
+        is summed over the split's trained tokens and divided by their number. Its token
+        accuracy is the share of them the model's argmax predicts."""
         off = dict.fromkeys(regularised(self.model, self.accelerator), 0.0)
-        self._eval_tally = []
+        self._eval_tally, self._eval_hits = [], AccuracyTally()
         try:
             with self._regulariser_weights(off):
                 output = super().evaluation_loop(
                     dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
                 )
             per_token = self._per_token_loss(self._eval_tally)
+            accuracy = self._eval_hits.accuracy(self.accelerator, self.args.world_size > 1)
         finally:
-            self._eval_tally = None
+            self._eval_tally = self._eval_hits = None
         if per_token is not None and f"{metric_key_prefix}_loss" in output.metrics:
             output.metrics[f"{metric_key_prefix}_loss"] = per_token
+        if accuracy is not None:
+            output.metrics[f"{metric_key_prefix}_token_accuracy"] = accuracy
         return output
 
     def compute_loss(
@@ -200,6 +169,8 @@ class ExpertTrainer(Trainer):
         if self._eval_tally is not None and torch.is_tensor(num_items_in_batch):
             loss = result[0] if return_outputs else result
             self._eval_tally.append((loss.detach().float(), num_items_in_batch.float()))
+        if self._eval_hits is not None and return_outputs:
+            self._eval_hits.add(result[1], inputs.get("labels"))
         return result
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
