@@ -133,6 +133,32 @@ def test_adams_moments_reach_the_optimizer_and_unused_ones_are_said(
         _resolved(tmp_path, {"adam_beta2": 1.0})  # the running mean would never move
 
 
+def test_max_grad_norm_0_clips_nothing(tmp_path: Path, tiny_model_dir) -> None:
+    """The Trainer's 0 turns clipping off; it was refused (greater than 0 only), so a run
+    could not train unclipped. At 0 the adapter trains as at a norm no gradient reaches, not
+    as at a small one, and a diverged run's advice asks for clipping, not a lower norm."""
+    from safetensors.torch import load_file
+    from train_helpers import run_here, write_expert
+
+    from expert_cli.train.divergence import remedies
+
+    resolved = _resolved(tmp_path, {"max_grad_norm": 0})
+    assert "max_grad_norm: 0, gradients are not clipped" in resolved.notes
+    assert "clipping: training.config.max_grad_norm 1.0 (now 0, no clipping)" in remedies(resolved)
+    adapters, logged = {}, {}
+    for norm in (0, 1e6, 1e-3):
+        folder = tmp_path / f"n{norm:g}"
+        manifest = write_expert(folder, tiny_model_dir, rows=16, config={"max_grad_norm": norm})
+        proc = run_here("train", "--manifest", str(manifest), "--max-steps", "2")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        adapters[norm] = load_file(folder / "output" / "adapter_model.safetensors")
+        windows = json.loads((folder / "output" / "metrics.json").read_text())["windows"]
+        logged[norm] = [w.get("grad_norm") for w in windows]
+    assert all(torch.equal(adapters[0][k], adapters[1e6][k]) for k in adapters[0])
+    assert any(not torch.equal(adapters[0][k], adapters[1e-3][k]) for k in adapters[0])
+    assert logged[0] == logged[1e6] and None not in logged[0]  # the norm is logged still
+
+
 def test_adapter_values_not_applied_are_noted(tmp_path: Path) -> None:
     def notes(config: dict, entry: dict | None = None) -> str:
         return " | ".join(_resolved(tmp_path, config, entry).notes)

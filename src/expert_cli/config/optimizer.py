@@ -48,7 +48,10 @@ class OptimizerFields(Strict):
     optim: Optimizer | None = Field(None, description="Optimizer (Trainer's names).")
     weight_decay: float = Field(0.0, ge=0, le=10, description="Extension: AdamW weight decay.")
     max_grad_norm: float = Field(
-        1.0, gt=0, le=1e6, description="Extension: gradient clipping norm."
+        1.0,
+        ge=0,
+        le=1e6,
+        description="Extension: gradient clipping norm; 0 clips nothing (the Trainer's meaning).",
     )
     adam_beta1: float | None = Field(
         None,
@@ -89,6 +92,8 @@ def optimizer_choice(cfg: OptimizerFields, env: Environment, notes: list[str]) -
     given = [key for key in UNUSED_BY.get(optim, ()) if getattr(cfg, key) is not None]
     if given:
         notes.append(f"{', '.join(given)}: not used by optim {optim}")
+    if cfg.max_grad_norm == 0:
+        notes.append("max_grad_norm: 0, gradients are not clipped")
     adam = {key: first_given(getattr(cfg, key), unset) for key, unset in ADAM_DEFAULTS.items()}
     return dict(optim=optim, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, **adam)
 

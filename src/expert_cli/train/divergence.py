@@ -167,6 +167,8 @@ def remedies(resolved: ResolvedConfig) -> list[str]:
     out = [f"a lower {CONFIG}learning_rate (now {resolved.learning_rate:g})"]
     if resolved.max_grad_norm > 1.0:
         out.append(f"a lower {CONFIG}max_grad_norm, e.g. 1.0 (now {resolved.max_grad_norm:g})")
+    elif resolved.max_grad_norm == 0:
+        out.append(f"clipping: {CONFIG}max_grad_norm 1.0 (now 0, no clipping)")
     if resolved.fp16:
         out.append(f"{CONFIG}bf16 true on a GPU with bf16 (fp16 overflows above 65504)")
     if resolved.warmup_steps == 0 and not resolved.warmup_ratio:
