@@ -44,6 +44,15 @@ def test_report_draws_four_panels_and_summarises(tmp_path: Path) -> None:
     width, height, texts = png_facts(tmp_path / "training.png")
     assert (width, height) == (1100, 700)
     assert texts["Description"] == "panels: " + ", ".join(PANELS) and len(PANELS) == 4
+    # the best evaluation's token accuracy beside its loss; a hand-edited share over 1 is not
+    evals = [{**e, "token_accuracy": 0.1 * i} for i, e in enumerate(METRICS["evals"], 1)]
+    (tmp_path / "metrics.json").write_text(json.dumps({**METRICS, "evals": evals}))
+    out = run_here("report", str(tmp_path))
+    assert "best eval loss 1.2 at step 40, token accuracy 20.0%" in out.stdout, out.stdout
+    evals[1]["token_accuracy"] = 20.0
+    (tmp_path / "metrics.json").write_text(json.dumps({**METRICS, "evals": evals}))
+    out = run_here("report", str(tmp_path))
+    assert "best eval loss 1.2 at step 40\n" in out.stdout and "accuracy" not in out.stdout
 
 
 def test_report_of_a_folder_without_metrics_is_exit_2(tmp_path: Path) -> None:

@@ -122,6 +122,8 @@ def report(
         if result.best_eval_loss is None
         else f"{result.best_eval_loss:.4g} at step {result.best_eval_step}"
     )
+    if result.best_eval_accuracy is not None:
+        best += f", token accuracy {result.best_eval_accuracy:.1%}"
     if result.base_eval_loss is not None:
         best += f" (before training: {result.base_eval_loss:.4g})"
     out.print(

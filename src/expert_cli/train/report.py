@@ -90,6 +90,7 @@ class RunReport:
     status_note: str | None = None  # a "running" run whose process is gone, or "completed"
     # one that never saved its final adapter
     base_eval_loss: float | None = None  # eval_on_start's: before the first step
+    best_eval_accuracy: float | None = None  # the token accuracy of the best evaluation
 
 
 STOPPED_NOTE = (
@@ -142,6 +143,8 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
     trained = [(loss, step) for loss, step in evals if step > 0]  # step 0: before training
     best = min(trained) if trained else None
     base = next((loss for loss, step in evals if step == 0), None)
+    accuracy = dict(zip(*_points(data.get("evals") or [], "token_accuracy"), strict=True))
+    best_accuracy = accuracy.get(best[1]) if best else None
     unwritten = None
     if plot is not None:
         try:
@@ -164,6 +167,9 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         plot=plot,
         adapters=adapter_list(run_dir, best, base),
         base_eval_loss=base,
+        best_eval_accuracy=best_accuracy
+        if best_accuracy is not None and 0 <= best_accuracy <= 1
+        else None,
         plot_problem=unwritten,
         status_note=status_note,
     )
