@@ -68,9 +68,7 @@ def test_resume_matches_uninterrupted(
     assert command[:2] == ["expert-cli", "train"] and command[-1] == "--resume"
     code, second, err = run_main(capsys, monkeypatch, *command[1:])
     assert code == 0, second + err
-    assert f"--resume: --max-steps {STEPS}, the length the run was last given" in " ".join(
-        second.split()
-    )
+    assert f"--resume: {STEPS} steps, the length the run was last given" in " ".join(second.split())
     after = window_losses(out)  # the resumed run keeps the windows up to its checkpoint
     assert {k: v for k, v in after.items() if k <= stopped} == before
     assert max(after) == STEPS and set(after) > set(before)

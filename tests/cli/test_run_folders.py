@@ -247,10 +247,37 @@ def test_a_resume_to_fewer_steps_than_reached_is_refused(capsys, monkeypatch, fi
     code, said, err = _here(capsys, monkeypatch, manifest, out, "--resume", "--max-steps", "4")
     assert code == 2, err
     assert (
-        f"--max-steps 4: {out} is at step 6 already (checkpoint-6); give more steps to train "
-        "on, or ship it as it is: package --checkpoint checkpoint-6"
+        f"a length of 4 steps (--max-steps, or training.config.max_steps): {out} is at step 6 "
+        "already (checkpoint-6); give more steps to train on, or ship it as it is: package "
+        "--checkpoint checkpoint-6"
     ) in " ".join(err.split())
     assert "schedule is built again" not in said + err  # it said so, then refused
+
+
+def test_the_manifests_max_steps_on_a_resume_is_its_length(tmp_path: Path, tiny_model_dir) -> None:
+    """The manifest's max_steps (a --set max_steps=) was not the length a resume compared: set
+    below the step reached, a run mid-schedule was shipped as finished ("step 12 of 10"); set
+    above it, the schedule was rebuilt without a word; and its unused epochs were refused as
+    a change. It counts as --max-steps does."""
+    config = {"save_steps": 2, "max_steps": 4, "lr_scheduler": "linear"}
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=16, config=config)
+    out = tmp_path / "out"
+    assert _train(manifest, out).returncode == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    metrics["summary"]["status"] = "interrupted"
+    (out / "metrics.json").write_text(json.dumps(metrics))
+    (out / "adapter_model.safetensors").unlink()  # an interrupted run has no final adapter
+    fewer = _train(manifest, out, "--resume", "--set", "max_steps=2")
+    said = " ".join((fewer.stdout + fewer.stderr).split())
+    assert fewer.returncode == 2 and "a length of 2 steps" in said
+    assert f"{out} is at step 4 already (checkpoint-4)" in said
+    more = _train(manifest, out, "--resume", "--set", "max_steps=6", "--set", "epochs=3")
+    said = " ".join((more.stdout + more.stderr).split())
+    assert more.returncode == 0, said
+    assert (
+        "max_steps 6: the run began with 4 steps; the learning-rate schedule is built again"
+    ) in said
+    assert json.loads((out / "metrics.json").read_text())["summary"]["steps"] == 6
 
 
 @pytest.mark.slow

@@ -216,7 +216,8 @@ def length_notes(notes: list[str], max_steps: int | None) -> list[str]:
     if max_steps is None:
         return notes
     said = f"{EPOCHS_UNAPPLIED}--max-steps {max_steps} sets the run's length"
-    return [said if n.startswith(EPOCHS_UNAPPLIED) else n for n in notes]
+    own = f"{EPOCHS_UNAPPLIED}max_steps {max_steps} sets the run's length"  # the manifest's
+    return [said if n.startswith(EPOCHS_UNAPPLIED) and n != own else n for n in notes]
 
 
 def few_steps_note(

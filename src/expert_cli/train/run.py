@@ -110,7 +110,7 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     refuse_output_place(output, loaded.folder, resolved.train_sources + resolved.validation_sources)
     if not opts.resume and (problem := init_adapter_problem(resolved, output)):
         raise UserError(problem)  # a resume's weights are its checkpoint's: not read then
-    max_steps, said = resumed_max_steps(output, opts.resume, opts.max_steps)
+    max_steps, said = resumed_max_steps(output, opts.resume, opts.max_steps, resolved)
     resolved.notes = length_notes(resolved.notes, max_steps)
     kwargs = training_args_kwargs(
         resolved, output / "checkpoints", max_steps=max_steps, on_gpu=env.has_gpu

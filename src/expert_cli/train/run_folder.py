@@ -111,28 +111,37 @@ def previous_run(output: Path) -> Previous | None:
     return Previous(status=status, steps=steps if plausible else 0, config=config, planned=planned)
 
 
-MAX_STEPS_KEY = "max_steps"  # runtime: the --max-steps a run began with (None: its epochs)
+MAX_STEPS_KEY = "max_steps"  # runtime: the steps a run began with (None: its epochs)
 
 
-def resumed_max_steps(output: Path, resume: bool, asked: int | None) -> tuple[int | None, str]:
-    """The --max-steps a run trains to, and a note: a --resume without one keeps the value
-    the run began with (the learning-rate schedule is built for the run's length; without it
-    a 40-step run resumed as a 118-step one, its rate jumping back up); a different one is
-    said to rebuild the schedule."""
+def resumed_max_steps(
+    output: Path, resume: bool, asked: int | None, resolved: ResolvedConfig
+) -> tuple[int | None, str]:
+    """The optimizer steps a run trains to (None: its epochs), and a note: `--max-steps`
+    (`asked`), else the manifest's max_steps. A --resume without either keeps the length the
+    run began with (the learning-rate schedule is built for the run's length; without it a
+    40-step run resumed as a 118-step one, its rate jumping back up); another one is said to
+    rebuild the schedule."""
+    named = "--max-steps" if asked is not None else "max_steps"
+    if asked is None and resolved.max_steps > 0:  # the manifest's, a --set's
+        asked = resolved.max_steps
     runtime = read_json_file(output / "manifest.resolved.json").get("runtime") if resume else None
     if not isinstance(runtime, dict) or MAX_STEPS_KEY not in runtime:
         return asked, ""
     began = runtime[MAX_STEPS_KEY]
     began = began if isinstance(began, int) and 0 < began <= MAX_STEPS else None
+    if began is None:  # a run recorded before the manifest's max_steps was: its record's
+        recorded = read_json_file(output / "manifest.resolved.json").get("max_steps")
+        began = recorded if isinstance(recorded, int) and 0 < recorded <= MAX_STEPS else None
     if asked is None:
-        kept = f"--resume: --max-steps {began}, the length the run was last given (its schedule"
+        kept = f"--resume: {began} steps, the length the run was last given (its schedule"
         return began, f"{kept} stays)" if began else ""
     if (done := final_step(output)) is not None and asked <= done:
         return asked, ""  # a finished run with nothing left to train: nothing to rebuild
     if asked != began:
-        was = f"--max-steps {began}" if began else "the manifest's epochs"
+        was = f"{began} steps" if began else "the manifest's epochs"
         return asked, (
-            f"--max-steps {asked}: the run began with {was}; the learning-rate schedule is "
+            f"{named} {asked}: the run began with {was}; the learning-rate schedule is "
             "built again for the new length"
         )
     return asked, ""
@@ -176,8 +185,11 @@ def refuse_foreign(output: Path) -> None:
         )
 
 
-def check_resumable(output: Path, previous: Previous | None, resolved: ResolvedConfig) -> None:
-    """A resumed run continues the same configuration."""
+def check_resumable(
+    output: Path, previous: Previous | None, resolved: ResolvedConfig, by_steps: bool = False
+) -> None:
+    """A resumed run continues the same configuration (`by_steps`: its length is a number of
+    steps, which its epochs do not change)."""
     if previous is None:
         return
     if not previous.config:
@@ -186,7 +198,7 @@ def check_resumable(output: Path, previous: Previous | None, resolved: ResolvedC
             "configuration this run would continue cannot be compared with the manifest's; "
             "put the file back, or start again with --overwrite"
         )
-    changed = changed_fields(previous.config, resolved)
+    changed = changed_fields(previous.config, resolved, by_steps)
     if changed:
         sets = recorded_set_keys(previous.config)
         began = (
@@ -343,7 +355,7 @@ def decide(
         elif not overwrite:
             refuse_occupied(output, previous)
         return Decision(clear=previous is not None)
-    check_resumable(output, previous, resolved)
+    check_resumable(output, previous, resolved, by_steps=max_steps is not None)
     # an early-stopped run is finished at the length it was given (a re-queued --resume
     # trained on past its stop and replaced its adapter, evaluation after evaluation)
     done = max(previous.steps, previous.planned or 0) if previous else 0
@@ -356,7 +368,8 @@ def decide(
     if max_steps is not None and reached > max_steps:  # the schedule would end before it
         name = point.checkpoint.name
         raise UserError(
-            f"--max-steps {max_steps}: {output} is at step {reached} already ({name}); give "
-            f"more steps to train on, or ship it as it is: package --checkpoint {name}"
+            f"a length of {max_steps} steps (--max-steps, or training.config.max_steps): "
+            f"{output} is at step {reached} already ({name}); give more steps to train on, or "
+            f"ship it as it is: package --checkpoint {name}"
         )
     return Decision(resume=point.checkpoint, passed_over=point.passed_over)

@@ -62,15 +62,20 @@ ABSENT_MEANS: dict[str, Any] = {
 }
 
 
-def changed_fields(previous: dict[str, Any], resolved: ResolvedConfig) -> list[str]:
+def changed_fields(
+    previous: dict[str, Any], resolved: ResolvedConfig, by_steps: bool = False
+) -> list[str]:
     """`field old -> new` for each field a resumed run must keep but does not (numbers and
-    true/false; a text or list field is named alone, its values are not quoted)."""
+    true/false; a text or list field is named alone, its values are not quoted). The epochs
+    of a run whose length is a number of steps (`by_steps`) are not its length: not compared."""
     now = resolved.model_dump(mode="json")
     then = {**ABSENT_MEANS, **previous}
     return [
         _change(key, then.get(key), now.get(key))
         for key in SAME_RUN_FIELDS
-        if key in then and _compared(key, then.get(key)) != _compared(key, now.get(key))
+        if key in then
+        and not (by_steps and key == "epochs")
+        and _compared(key, then.get(key)) != _compared(key, now.get(key))
     ]
 
 
