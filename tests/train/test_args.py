@@ -625,3 +625,35 @@ def test_the_length_said_is_the_one_trained() -> None:
         "other",
     ]
     assert length_notes(notes, None) == notes
+
+
+def test_older_checkpoints_go_only_once_the_new_one_is_whole(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """save_total_limit 1: the Trainer removed the older checkpoint before the new one was
+    marked complete, and a kill in between (every try of a hostile user's) left no checkpoint
+    to resume from. The older one stays until the new one's _COMPLETE is written."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from expert_cli.train.checkpoints import CheckpointMarker
+    from expert_cli.train.trainer import ExpertTrainer
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=2, target_modules=["q_proj"]),
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path), save_total_limit=1, use_cpu=True, report_to="none"
+    )
+    trainer = ExpertTrainer(model=model, args=args, callbacks=[CheckpointMarker()])
+    trainer.create_optimizer_and_scheduler(num_training_steps=10)
+    for step in (2, 4):
+        trainer.state.global_step = step
+        trainer._save_checkpoint(model, None)
+        if step == 4:  # a kill here leaves the older checkpoint whole
+            assert (tmp_path / "checkpoint-2" / COMPLETE).is_file()
+            assert not (tmp_path / "checkpoint-4" / COMPLETE).exists()
+        trainer.callback_handler.on_save(args, trainer.state, trainer.control)
+    assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-4"]
+    assert (tmp_path / "checkpoint-4" / COMPLETE).is_file() and args.save_total_limit == 1

@@ -22,6 +22,7 @@ from typing import Any
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import TrainerCallback, TrainerState
+from transformers.trainer_utils import rotate_checkpoints
 
 from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import RunError, UserError
@@ -265,6 +266,11 @@ class CheckpointMarker(TrainerCallback):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if folder.is_dir():
             write_json_atomic(folder / COMPLETE, {"step": state.global_step})
+        # the older checkpoints go once this one is whole (ExpertTrainer keeps the Trainer
+        # from removing them first: a kill in between left no checkpoint to resume from)
+        rotate_checkpoints(
+            args.output_dir, args.save_total_limit, state.best_model_checkpoint, use_mtime=True
+        )
 
 
 def finished_from(trainer: Any, resume: Path | None) -> bool:

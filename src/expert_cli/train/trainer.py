@@ -25,6 +25,7 @@ from expert_cli.train.adalora import LanguageLoss, regularised
 from expert_cli.train.args import schedule_at_loaded_step, warmup_count
 from expert_cli.train.attention import mask_free_mapping, skip_mask_building
 from expert_cli.train.callbacks import ThroughputCallback
+from expert_cli.train.checkpoints import CheckpointMarker
 from expert_cli.train.fsdp_save import save_fsdp_adapter
 from expert_cli.train.loraplus import split_b_groups
 from expert_cli.train.loss import takes_loss_positions
@@ -283,8 +284,16 @@ class ExpertTrainer(Trainer):
             return super().evaluate(*args, **kwargs)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        with self._left_out("save"):
-            super()._save_checkpoint(model, trial)
+        """The Trainer's, the older checkpoints left for CheckpointMarker to remove once this
+        one is marked whole (the Trainer removed them before: a kill in between left none)."""
+        marked = any(isinstance(c, CheckpointMarker) for c in self.callback_handler.callbacks)
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None if marked else limit
+        try:
+            with self._left_out("save"):
+                super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
 
     def _left_out(self, kind: str) -> Any:
         """Evaluations and checkpoint saves, timed apart from the throughput windows."""
