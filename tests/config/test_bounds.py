@@ -52,6 +52,10 @@ def _error(tmp_path: Path, **kwargs) -> str:
         ({"learning_rate": float("nan")}, "training.config.learning_rate"),
         ({"learning_rate": True}, "training.config.learning_rate"),
         ({"max_grad_norm": float("inf")}, "training.config.max_grad_norm"),
+        ({"max_grad_norm": -1}, "training.config.max_grad_norm"),
+        ({"warmup_ratio": 1}, "training.config.warmup_ratio"),  # check said usable, train no
+        ({"adam_beta1": 1.0}, "training.config.adam_beta1"),
+        ({"adam_epsilon": 0}, "training.config.adam_epsilon"),
         ({"seed": -1}, "training.config.seed"),
         ({"seed": 2**70}, "training.config.seed"),
         ({"packing": "yes"}, "training.config.packing"),

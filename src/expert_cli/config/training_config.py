@@ -122,7 +122,11 @@ class TrainingConfig(OptimizerFields):
     )
     warmup_steps: int | None = Field(None, ge=0, le=MAX_STEPS, description="Warmup steps.")
     warmup_ratio: float | None = Field(
-        None, ge=0, le=1, description="Warmup as a fraction of all steps; wins over warmup_steps."
+        None,
+        ge=0,
+        lt=1,
+        description="Warmup as a fraction of all steps (below 1: 1 warms up for the whole "
+        "run); wins over warmup_steps.",
     )
     lr_scheduler: Scheduler | None = Field(None, description="Learning-rate schedule.")
     lr_scheduler_kwargs: dict[str, Any] | None = Field(

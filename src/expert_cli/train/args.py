@@ -30,11 +30,6 @@ def training_args_kwargs(
     on_gpu: bool = False,
 ) -> dict[str, Any]:
     """Every resolved training field as a `TrainingArguments` keyword (pure; unit-tested)."""
-    if resolved.warmup_ratio >= 1:
-        raise UserError(
-            f"warmup_ratio: {resolved.warmup_ratio} would warm up for the whole run; "
-            "use a fraction below 1"
-        )
     dist = resolved.distributed or {}
     strategy = dist.get("strategy", "ddp")
     kwargs: dict[str, Any] = dict(
