@@ -259,6 +259,53 @@ def test_a_schedule_longer_than_the_run_is_said(tmp_path: Path) -> None:
     assert _said(tmp_path, {**wsd, "lr_scheduler_kwargs": {"num_decay_steps": 5}}, 20) == []
 
 
+def test_warmup_stable_decay_phases_that_do_not_fill_the_run_are_said(tmp_path: Path) -> None:
+    """A stable phase given beside the decay ended the schedule at step 76 of 118: the last 42
+    steps trained at lr 0, in silence; one too long never decayed; a decay longer than the
+    run after the warm-up began before the warm-up ended. Counted as the schedule runs."""
+    from transformers import get_scheduler
+
+    wsd = {"lr_scheduler": "warmup_stable_decay", "learning_rate": 0.002, "warmup_ratio": 0.05}
+    phases = {"num_decay_steps": 20, "num_stable_steps": 50}
+    said = _said(tmp_path, {**wsd, "lr_scheduler_kwargs": phases}, 118)
+    assert said == [
+        "lr_scheduler_kwargs: 6 warm-up + 50 stable + 20 decay steps = 76 of a 118-step run: "
+        "its last 42 steps train at the final rate 0; leave num_stable_steps out (the stable "
+        "phase then fills the run), or make the phases add up to 118"
+    ]
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.002)
+    schedule = get_scheduler(
+        "warmup_stable_decay", optimizer, num_warmup_steps=6, num_training_steps=118,
+        scheduler_specific_kwargs=phases,
+    )  # fmt: skip
+    rates = []
+    for _ in range(118):  # step k trains at the rate the schedule gives k - 1
+        rates.append(schedule.get_last_lr()[0])
+        optimizer.step()
+        schedule.step()
+    assert rates.count(0.0) == 42 + 1 and rates[0] == 0.0  # the first warm-up step's too
+    long = {"num_decay_steps": 4, "num_stable_steps": 20}
+    said = _said(tmp_path, {**wsd, "lr_scheduler_kwargs": long}, 12)
+    assert len(said) == 1 and said[0].endswith(
+        "= 25 of a 12-step run: the rate never decays; leave num_stable_steps out (the stable "
+        "phase then fills the run), or make the phases add up to 12"
+    )
+    cut = {"num_decay_steps": 10, "num_stable_steps": 5}
+    assert (
+        "the decay is cut short at step 12 of its 16"
+        in _said(tmp_path, {**wsd, "lr_scheduler_kwargs": cut}, 12)[0]
+    )
+    overlap = {**wsd, "warmup_steps": 10, "lr_scheduler_kwargs": {"num_decay_steps": 4}}
+    del overlap["warmup_ratio"]
+    assert _said(tmp_path, overlap, 12) == [
+        "lr_scheduler_kwargs.num_decay_steps: 4 after 10 warm-up steps of a 12-step run: the "
+        "decay begins at step 9, before the warm-up ends, and the rate never reaches its peak; "
+        "give fewer decay or warm-up steps"
+    ]
+    fits = {"num_decay_steps": 20, "num_stable_steps": 92}
+    assert _said(tmp_path, {**wsd, "lr_scheduler_kwargs": fits}, 118) == []
+
+
 def test_data_wait_times_the_fetch_not_the_exchange_of_token_counts(
     tmp_path: Path, tiny_model_dir
 ) -> None:

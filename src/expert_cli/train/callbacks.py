@@ -339,14 +339,51 @@ class ScheduleNote(TrainerCallback):
                 "rate of 0, so the run's only step changes nothing and the adapter adds "
                 "nothing to the base model; give warmup_steps 0, or more steps"
             )
-        decay = (args.lr_scheduler_kwargs or {}).get("num_decay_steps")
         wsd = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
-        if wsd == "warmup_stable_decay" and isinstance(decay, int) and decay >= total:
-            self.note(
-                f"lr_scheduler_kwargs.num_decay_steps: {decay} of a {total}-step run: the "
-                "learning rate falls from the first steps and the run has no stable phase; "
-                "give fewer decay steps (or num_decay_steps below the run's length)"
-            )
+        if wsd == "warmup_stable_decay" and (said := wsd_note(args, int(warmup), total)):
+            self.note(said)
+
+
+def wsd_note(args: Any, warmup: int, total: int) -> str | None:
+    """Where a warmup-stable-decay schedule's phases do not fill the run: a decay of at least
+    the run's steps (the rate falls from the first steps), one that begins before the
+    warm-up ends (the peak never reached), or a stable phase given that ends the decay before
+    the run (its last steps at the final rate, 0 by default) or after it (the decay cut
+    short, or never begun). Each trained in silence (transformers' own warning hidden)."""
+    kwargs = args.lr_scheduler_kwargs or {}
+    decay, stable = kwargs.get("num_decay_steps"), kwargs.get("num_stable_steps")
+    if not isinstance(decay, int):
+        return None
+    if decay >= total:
+        return (
+            f"lr_scheduler_kwargs.num_decay_steps: {decay} of a {total}-step run: the "
+            "learning rate falls from the first steps and the run has no stable phase; "
+            "give fewer decay steps (or num_decay_steps below the run's length)"
+        )
+    if not isinstance(stable, int):
+        if warmup + decay <= total:
+            return None
+        return (
+            f"lr_scheduler_kwargs.num_decay_steps: {decay} after {warmup} warm-up steps of a "
+            f"{total}-step run: the decay begins at step {total - decay + 1}, before the "
+            "warm-up ends, and the rate never reaches its peak; give fewer decay or warm-up "
+            "steps"
+        )
+    end = warmup + stable + decay
+    if end == total:
+        return None
+    phases = f"{warmup} warm-up + {stable} stable + {decay} decay steps = {end}"
+    final = args.learning_rate * float(kwargs.get("min_lr_ratio", 0.0))
+    if end < total:
+        what = f"its last {total - end} steps train at the final rate {final:g}"
+    elif warmup + stable >= total:
+        what = "the rate never decays"
+    else:
+        what = f"the decay is cut short at step {total} of its {end}"
+    return (
+        f"lr_scheduler_kwargs: {phases} of a {total}-step run: {what}; leave num_stable_steps "
+        f"out (the stable phase then fills the run), or make the phases add up to {total}"
+    )
 
 
 class ResumedIntervals(TrainerCallback):
