@@ -233,6 +233,44 @@ def test_conversations_a_template_writes_nothing_for_are_refused_alike_by_check_
     ), said
 
 
+def test_check_names_a_template_that_loops_on_a_later_row_of_a_seen_shape(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch
+) -> None:
+    """The template's verdict renders one conversation of each shape; one that loops only on
+    what a later row of that shape says was met by check's formatting of the small data, whose
+    bounded refusal was taken for a template that cannot render: check called it usable and
+    train hung. It is exit 2 naming the loop."""
+    import time
+
+    from expert_cli.data import workers
+
+    monkeypatch.setattr(workers, "TEMPLATE_SECONDS", 0.5)
+    template = tmp_path / "loops.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if 'slow' in m.content %}{% for a in range(100000) %}"
+        "{% for b in range(100000) %}{% endfor %}{% endfor %}{% endif %}<|im_start|>"
+        "{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
+        "<|im_start|>assistant\n{% endif %}"
+    )
+    manifest = _expert(tmp_path, _bare_model(tmp_path, tiny_model_dir), str(template))
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"{word} {i}"},
+                {"role": "assistant", "content": "ok"},
+            ]
+        }
+        for i, word in enumerate(["quick"] * 5 + ["slow"] + ["quick"] * 4)
+    ]
+    write_jsonl(manifest.parent / "data" / "train.jsonl", rows)
+    began = time.monotonic()
+    proc = run_here("check", "--manifest", str(manifest))
+    assert time.monotonic() - began < 60
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2 and "manifest is usable" not in said, said
+    assert "the chat template took over 10 s to render a conversation (a loop without" in said
+
+
 def test_a_deadline_bounds_the_main_thread_and_gives_back_an_outer_timer() -> None:
     import signal
     import threading
