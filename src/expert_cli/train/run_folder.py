@@ -125,14 +125,12 @@ def resumed_max_steps(
     named = "--max-steps" if asked is not None else "max_steps"
     if asked is None and resolved.max_steps > 0:  # the manifest's, a --set's
         asked = resolved.max_steps
-    runtime = read_json_file(output / "manifest.resolved.json").get("runtime") if resume else None
+    record = read_json_file(output / "manifest.resolved.json") if resume else {}
+    runtime = record.get("runtime")
     if not isinstance(runtime, dict) or MAX_STEPS_KEY not in runtime:
         return asked, ""
-    began = runtime[MAX_STEPS_KEY]
-    began = began if isinstance(began, int) and 0 < began <= MAX_STEPS else None
-    if began is None:  # a run recorded before the manifest's max_steps was: its record's
-        recorded = read_json_file(output / "manifest.resolved.json").get("max_steps")
-        began = recorded if isinstance(recorded, int) and 0 < recorded <= MAX_STEPS else None
+    # the steps it began with; a run recorded before the manifest's max_steps counted: those
+    began = next((n for n in (runtime[MAX_STEPS_KEY], record.get("max_steps")) if _steps(n)), None)
     if asked is None:
         kept = f"--resume: {began} steps, the length the run was last given (its schedule"
         return began, f"{kept} stays)" if began else ""
@@ -183,6 +181,11 @@ def refuse_foreign(output: Path) -> None:
             f"--output {output}: holds {shown}, which a run would write, and no earlier run; "
             "choose a new or empty folder"
         )
+
+
+def _steps(value: Any) -> bool:
+    """Whether a recorded value is a run's length in steps."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_STEPS
 
 
 def check_resumable(
