@@ -278,6 +278,18 @@ def test_the_manifests_max_steps_on_a_resume_is_its_length(tmp_path: Path, tiny_
         "max_steps 6: the run began with 4 steps; the learning-rate schedule is built again"
     ) in said
     assert json.loads((out / "metrics.json").read_text())["summary"]["steps"] == 6
+    # a plain --resume of a run begun with --max-steps keeps that length, not the manifest's
+    # (the printed continue command has no --max-steps: it trained on to the manifest's)
+    short = tmp_path / "short"
+    assert _train(manifest, short, "--max-steps", "2").returncode == 0
+    metrics = json.loads((short / "metrics.json").read_text())
+    metrics["summary"]["status"] = "interrupted"
+    (short / "metrics.json").write_text(json.dumps(metrics))
+    (short / "adapter_model.safetensors").unlink()
+    again = _train(manifest, short, "--resume")
+    said = " ".join((again.stdout + again.stderr).split())
+    assert again.returncode == 0 and "--resume: 2 steps, the length the run was last given" in said
+    assert json.loads((short / "metrics.json").read_text())["summary"]["steps"] == 2
 
 
 @pytest.mark.slow

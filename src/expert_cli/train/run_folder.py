@@ -123,9 +123,9 @@ def resumed_max_steps(
     40-step run resumed as a 118-step one, its rate jumping back up); another one is said to
     rebuild the schedule."""
     named = "--max-steps" if asked is not None else "max_steps"
-    if asked is None and resolved.max_steps > 0:  # the manifest's, a --set's
-        asked = resolved.max_steps
     record = read_json_file(output / "manifest.resolved.json") if resume else {}
+    if asked is None and resolved.max_steps > 0 and resolved.max_steps != record.get("max_steps"):
+        asked = resolved.max_steps  # the manifest's (a --set's), changed since the run began
     runtime = record.get("runtime")
     if not isinstance(runtime, dict) or MAX_STEPS_KEY not in runtime:
         return asked, ""
