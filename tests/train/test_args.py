@@ -23,7 +23,7 @@ from expert_cli.data.collate import COUNTS_KEY, CountingCollator
 from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
 from expert_cli.train.args import planned_steps, training_args_kwargs
-from expert_cli.train.callbacks import Interrupt
+from expert_cli.train.callbacks import Interrupt, InterruptCallback
 from expert_cli.train.checkpoints import (
     COMPLETE,
     complete_checkpoints,
@@ -657,3 +657,14 @@ def test_older_checkpoints_go_only_once_the_new_one_is_whole(
         trainer.callback_handler.on_save(args, trainer.state, trainer.control)
     assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-4"]
     assert (tmp_path / "checkpoint-4" / COMPLETE).is_file() and args.save_total_limit == 1
+    # an interrupt's save: the stop lifts the Trainer's limit for the end of training (before
+    # the marker's turn), and the limit the run began with still applies to this save
+    stop = InterruptCallback(Interrupt(), lambda flag: flag)
+    stop.stopped = True
+    trainer = ExpertTrainer(model=model, args=args, callbacks=[stop, CheckpointMarker()])
+    trainer.callback_handler.on_train_begin(args, trainer.state, trainer.control)
+    trainer.create_optimizer_and_scheduler(num_training_steps=10)
+    trainer.state.global_step = 5
+    trainer._save_checkpoint(model, None)
+    trainer.callback_handler.on_save(args, trainer.state, trainer.control)
+    assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-5"]

@@ -280,8 +280,8 @@ class InterruptCallback(TrainerCallback):
         if self.stopped:
             # with save_total_limit 1 and a best checkpoint, the Trainer's end of training
             # deletes every checkpoint but the best: the one just saved to resume from too
-            # (the steps since the best evaluation were lost). The limit has been applied to
-            # this save already; none is left for the end.
+            # (the steps since the best evaluation were lost). CheckpointMarker applies the
+            # limit the run began with to this save; none is left for the end.
             args.save_total_limit = None
 
 

@@ -241,9 +241,17 @@ class CheckpointMarker(TrainerCallback):
     """Writes `_COMPLETE` into each checkpoint once the Trainer has finished writing it; on a
     resume, finds the best checkpoint of a run folder moved since (`best_checkpoint`: the
     Trainer forgets a best it cannot find at its old path, then ships the last weights and
-    may rotate the best away)."""
+    may rotate the best away). It removes the checkpoints over `save_total_limit` once the
+    new one is marked (ExpertTrainer keeps the Trainer from removing them before), by the
+    limit the run began with (an interrupt's save lifts the Trainer's limit for the end of
+    training, not for this save)."""
+
+    def __init__(self) -> None:
+        self.limit: int | None = None
+        self.began = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.limit, self.began = args.save_total_limit, True
         if not (
             args.load_best_model_at_end and state.global_step and not state.best_model_checkpoint
         ):
@@ -266,11 +274,10 @@ class CheckpointMarker(TrainerCallback):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if folder.is_dir():
             write_json_atomic(folder / COMPLETE, {"step": state.global_step})
-        # the older checkpoints go once this one is whole (ExpertTrainer keeps the Trainer
-        # from removing them first: a kill in between left no checkpoint to resume from)
-        rotate_checkpoints(
-            args.output_dir, args.save_total_limit, state.best_model_checkpoint, use_mtime=True
-        )
+            # the older checkpoints go once this one is whole (the Trainer removed them
+            # first: a kill in between left no checkpoint to resume from)
+            limit = self.limit if self.began else args.save_total_limit
+            rotate_checkpoints(args.output_dir, limit, state.best_model_checkpoint, use_mtime=True)
 
 
 def finished_from(trainer: Any, resume: Path | None) -> bool:
