@@ -643,6 +643,27 @@ def test_a_run_recorded_before_sources_named_their_field_resumes(demo_expert_dir
     assert changed_fields(old, resolved) == ["train_sources"]
 
 
+def test_a_run_warmed_up_by_an_earlier_versions_reading_of_0_is_told_how_to_go_on(
+    demo_expert_dir: Path, tmp_path: Path
+) -> None:
+    """A run begun before 2026-12-07 with warmup_ratio 0 recorded the default 0.03 (a written
+    0 was read as unset); its --resume is refused as a change, and says how to continue it."""
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.errors import UserError
+    from expert_cli.train.run_folder import Previous, check_resumable
+
+    loaded = load_manifest(demo_expert_dir / "manifest.json", ["warmup_ratio=0"])
+    resolved = resolve(loaded, cpu_environment())
+    old = {**resolved.model_dump(mode="json"), "warmup_ratio": 0.03}
+    with pytest.raises(UserError) as caught:
+        check_resumable(tmp_path, Previous("interrupted", 10, old), resolved)
+    said = str(caught.value)
+    assert "changed: warmup_ratio 0.03 -> 0.0" in said
+    assert "--set warmup_ratio=0.03 continues the run as it began" in said
+
+
 def test_a_resume_keeps_the_schedule_and_the_optimizer(demo_expert_dir: Path) -> None:
     """--resume --set warmup_steps=25 said "the learning-rate schedule stays" and went on at
     another rate; optim sgd after adamw failed in the optimizer (KeyError 'momentum'). The

@@ -210,9 +210,16 @@ def check_resumable(
             if sets
             else ""
         )
+        earlier = (  # an earlier version read a written 0 as unset: the default 3% warmup
+            "; an expert-cli before 2026-12-07 read warmup_ratio 0 as unset and warmed up for "
+            "3%: --set warmup_ratio=0.03 continues the run as it began"
+            if "warmup_ratio 0.03 -> 0.0" in changed
+            else ""
+        )
         raise UserError(
             f"--resume: {output} was trained with another configuration (changed: "
             f"{'; '.join(changed)}); resume with the same manifest{began}, or use --overwrite"
+            + earlier
         )
 
 
