@@ -100,7 +100,10 @@ def test_two_nodes_over_localhost_with_node_local_caches(
 
     manifest = prompt_heavy_expert(tmp_path / "e", tiny_model_dir)
     alone = prompt_heavy_expert(tmp_path / "alone", tiny_model_dir, batch_size=4)
-    single = run_here(*_train(tmp_path / "a", alone, "--max-steps", "3"))
+    # an evaluation at the end, on a quarter held out: each process evaluates its share
+    evals = ("--set", "training.dataset.eval_fraction=0.25", "--set", "eval_steps=3")
+    evals += ("--set", "evaluation_strategy=steps", "--set", "learning_rate=0.02")
+    single = run_here(*_train(tmp_path / "a", alone, "--max-steps", "3", *evals))
     assert single.returncode == 0, single.stdout + single.stderr
     assert "the LM head on trained tokens only" in single.stdout
     out, port = tmp_path / "out", _free_port()
@@ -121,7 +124,7 @@ def test_two_nodes_over_localhost_with_node_local_caches(
                 str(port),
             ]
             cache = f"pretokenized_cache={tmp_path / f'node{node}-disk' / 'cache'}"
-            args = _train(out, manifest, "--max-steps", "3", "--set", cache)
+            args = _train(out, manifest, "--max-steps", "3", "--set", cache, *evals)
             log = (tmp_path / f"node{node}.out", tmp_path / f"node{node}.err")
             logs.append(log)
             with log[0].open("w") as stdout, log[1].open("w") as stderr:  # no pipe to fill
@@ -170,6 +173,12 @@ def test_two_nodes_over_localhost_with_node_local_caches(
     expected, got = window_losses(tmp_path / "a"), window_losses(out)
     assert sorted(got) == [1, 2, 3]
     assert got == pytest.approx(expected, rel=1e-5)
+    # the evaluation over two processes is the one process's: its loss and token accuracy
+    # summed over both processes' shares (the fused loss counts the accuracy in its forward)
+    (one,), (two,) = read_metrics(tmp_path / "a")["evals"], metrics["evals"]
+    assert two["step"] == one["step"] == 3 and 0 < one["token_accuracy"] <= 1
+    assert two["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-5)
+    assert two["token_accuracy"] == pytest.approx(one["token_accuracy"], abs=1e-12)
 
 
 @pytest.mark.slow

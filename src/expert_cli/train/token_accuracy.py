@@ -45,11 +45,14 @@ class AccuracyTally:
 
     def accuracy(self, accelerator: Any, spread: bool) -> float | None:
         """The split's token accuracy; None where a batch could not be counted, or no token
-        was trained."""
-        if self.missing or not self.counts:
-            return None
-        summed = torch.stack([torch.stack(pair).to(torch.float64) for pair in self.counts]).sum(0)
+        was trained. Every process takes part in the sum, whatever it counted (a process
+        that left it out would hold the others in the collective for ever)."""
+        device = self.counts[0][0].device if self.counts else accelerator.device
+        summed = torch.zeros(3, dtype=torch.float64, device=device)  # hits, trained, missing
+        for hits, trained in self.counts:
+            summed[:2] += torch.stack([hits, trained]).to(device, torch.float64)
+        summed[2] = float(self.missing)
         if spread:
             summed = accelerator.reduce(summed, reduction="sum")
-        hits, trained = summed.tolist()
-        return hits / trained if trained > 0 else None
+        hits, trained, missing = summed.tolist()
+        return hits / trained if trained > 0 and not missing else None
