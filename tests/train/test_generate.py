@@ -845,6 +845,7 @@ def test_greedy_decoding_of_a_base_that_samples_is_said() -> None:
     assert note is not None and "(temperature 0.6, top_p 0.95, top_k 20)" in note
     assert "set training.decoding.temperature to sample" in note
     assert sampled_base_note(qwen, {"temperature": 0}, greedy) is None
+    assert sampled_base_note(qwen, {"temperature": None}, greedy) is not None  # null: unset
     assert sampled_base_note(qwen, {}, {**greedy, "do_sample": True}) is None
     plain = SimpleNamespace(generation_config=GenerationConfig(do_sample=False))
     assert sampled_base_note(plain, {}, greedy) is None

@@ -11,6 +11,12 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+
+def first(*values: Any) -> Any:
+    """The first value that is not None (None if all are)."""
+    return next((v for v in values if v is not None), None)
+
+
 AdapterType = Literal["lora", "dora", "ia3", "lokr", "adalora"]
 Quantization = Literal["int4", "int8", "fp16", "bf16", "none"]
 # chat_template (an extension): instruction data laid out as a conversation by the tokenizer's

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from expert_cli.config.base import first
 from expert_cli.config.environment import Environment
 from expert_cli.config.kernels import choose_kernel
 from expert_cli.config.optimizer import optimizer_choice
@@ -25,11 +26,6 @@ MAX_AUTO_WORKERS = 4
 WORKERS_PER_CPU = 4  # above this a manifest's worker count is refused
 # adapter_kernel values that run train/fused_lora.py's function
 FUSED_KERNELS = ("fused", "grouped")
-
-
-def first(*values: Any) -> Any:
-    """The first value that is not None (None if all are)."""
-    return next((v for v in values if v is not None), None)
 
 
 def precision(cfg: TrainingConfig, env: Environment, notes: list[str]) -> tuple[bool, bool]:

@@ -15,6 +15,7 @@ from pydantic_core import PydanticUndefined
 from expert_cli.config.adapters import DEFAULT_DROPOUT, DEFAULT_RANK
 from expert_cli.config.batching import DEFAULT_CPU_BATCH, DEFAULT_MAX_SEQ
 from expert_cli.config.choices import DEFAULT_LR, DEFAULT_WARMUP_RATIO
+from expert_cli.config.optimizer import ADAM_DEFAULTS
 from expert_cli.config.resolve import (
     DEFAULT_LOGGING_STEPS,
     DEFAULT_SAVE_LIMIT,
@@ -62,9 +63,7 @@ UNSET_MEANS = {
     "eval_on_start": "false",
     "init_adapter": "none (the adapter starts as init_lora_weights says)",
     "optim": "adamw_torch_fused on a GPU, adamw_torch on a CPU",
-    "adam_beta1": "0.9",
-    "adam_beta2": "0.999",
-    "adam_epsilon": "1e-08",
+    **{key: f"{value:g}" for key, value in ADAM_DEFAULTS.items()},
 }
 
 

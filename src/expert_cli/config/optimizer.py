@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from expert_cli.config.base import Strict
+from expert_cli.config.base import Strict, first
 from expert_cli.config.environment import Environment
 
 Optimizer = Literal[
@@ -57,19 +57,16 @@ class OptimizerFields(Strict):
         None,
         ge=0,
         lt=1,
-        description="Extension: decay of the gradient's running mean in AdamW and Lion "
-        "(default 0.9).",
+        description="Extension: decay of the gradient's running mean in AdamW and Lion.",
     )
     adam_beta2: float | None = Field(
         None,
         ge=0,
         lt=1,
         description="Extension: decay of the squared gradient's running mean in AdamW, and "
-        "Lion's second beta (default 0.999; 0.95 steadies large or spiky updates).",
+        "Lion's second beta (0.95 steadies large or spiky updates).",
     )
-    adam_epsilon: float | None = Field(
-        None, gt=0, le=1, description="Extension: AdamW's epsilon (default 1e-8)."
-    )
+    adam_epsilon: float | None = Field(None, gt=0, le=1, description="Extension: AdamW's epsilon.")
     loraplus_lr_ratio: float | None = Field(
         None,
         ge=1,
@@ -87,16 +84,14 @@ def optimizer_choice(cfg: OptimizerFields, env: Environment, notes: list[str]) -
             notes.append(f"optim: {optim} keeps its states on a GPU; using adamw_torch on CPU")
             optim = "adamw_torch"
         elif env.bitsandbytes is None:
-            notes.append(f"optim: {optim} needs bitsandbytes, not installed; using adamw_torch")
+            notes.append(
+                f"optim: {optim} needs bitsandbytes, not installed; using adamw_torch_fused"
+            )
             optim = "adamw_torch_fused"
     given = [key for key in UNUSED_BY.get(optim, ()) if getattr(cfg, key) is not None]
     if given:
         notes.append(f"{', '.join(given)}: not used by optim {optim}")
     if cfg.max_grad_norm == 0:
         notes.append("max_grad_norm: 0, gradients are not clipped")
-    adam = {key: first_given(getattr(cfg, key), unset) for key, unset in ADAM_DEFAULTS.items()}
+    adam = {key: first(getattr(cfg, key), unset) for key, unset in ADAM_DEFAULTS.items()}
     return dict(optim=optim, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, **adam)
-
-
-def first_given(value: float | None, unset: float) -> float:
-    return unset if value is None else value

@@ -19,6 +19,7 @@ from expert_cli.config.batching import DEFAULT_MAX_SEQ, batch_plan
 from expert_cli.config.choices import checkpoint_problem, first
 from expert_cli.config.environment import Environment
 from expert_cli.config.models import AdapterType, LoadedManifest
+from expert_cli.config.optimizer import ADAM_DEFAULTS
 from expert_cli.config.refs import (
     held_out_notes,
     local_path,
@@ -103,9 +104,9 @@ class ResolvedConfig(BaseModel):
     optim: str
     weight_decay: float
     max_grad_norm: float
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
+    adam_beta1: float = ADAM_DEFAULTS["adam_beta1"]
+    adam_beta2: float = ADAM_DEFAULTS["adam_beta2"]
+    adam_epsilon: float = ADAM_DEFAULTS["adam_epsilon"]
     neftune_noise_alpha: float | None = None
     seed: int
     # kernels and precision

@@ -41,7 +41,7 @@ def sampled_base_note(model: Any, decoding: dict[str, Any], settings: dict[str, 
     config = getattr(model, "generation_config", None)
     if (
         settings.get("do_sample")
-        or "temperature" in decoding
+        or decoding.get("temperature") is not None  # 0 is greedy by choice; null is unset
         or not getattr(config, "do_sample", False)
     ):
         return None

@@ -40,6 +40,7 @@ from expert_cli.train.run_source import run_decoding
 from expert_cli.train.tokenizer_files import Stops, layout_stops, saved_tokenizer
 
 DEFAULT_NEW_TOKENS = 256
+NO_TEMPERATURE = "training.decoding: no temperature above 0, so decoding is greedy"
 # training.decoding keys generate acts on (their bounds are DecodingSpec's)
 USED_DECODING = (
     "temperature",
@@ -216,7 +217,7 @@ def decoding_settings(
     if sample:
         settings.update({k: values[k] for k in ("temperature", "top_p", "top_k") if k in values})
     elif values and not greedy:
-        notes.append("training.decoding: no temperature above 0, so decoding is greedy")
+        notes.append(NO_TEMPERATURE)
     if "repetition_penalty" in values:
         settings["repetition_penalty"] = values["repetition_penalty"]
     return settings, notes
@@ -328,8 +329,10 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
                 "from run to run); training.decoding's sampling applies to calls without --eval"
             )
     notes += run.notes + ([] if dequantized(run.notes) else base_notes(run.resolved))
-    if not (opts.greedy or opts.eval_n):
-        notes += filter(None, [sampled_base_note(run.model, run.decoding, settings)])
+    if not (opts.greedy or opts.eval_n) and (
+        said := sampled_base_note(run.model, run.decoding, settings)
+    ):  # one note of the greedy decoding, naming the base's sampling
+        notes = [note for note in notes if note != NO_TEMPERATURE] + [said]
     if inherited := inherited_settings(run.model, settings):
         shown = ", ".join(f"{key} {value}" for key, value in inherited.items())
         notes.append(

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from expert_cli.config.loading import parse_override
+from expert_cli.config.optimizer import ADAM_DEFAULTS
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import UserError
 
@@ -56,9 +57,7 @@ ABSENT_MEANS: dict[str, Any] = {
     "neftune_noise_alpha": None,
     "loraplus_lr_ratio": None,
     "init_adapter": None,
-    "adam_beta1": 0.9,
-    "adam_beta2": 0.999,
-    "adam_epsilon": 1e-8,
+    **ADAM_DEFAULTS,  # the Trainer's, which every run before them trained with
 }
 
 
