@@ -17,6 +17,8 @@
 6. The loss at Qwen3-0.6B's size (16,384 tokens, 151,936-token vocabulary): Liger's own fused
    function against expert-cli's loop over Liger's kernel: GPU time of a forward and backward,
    the same loss and input gradient, and the host syncs each makes (CUDA's sync debug mode).
+7. An evaluation's token accuracy through each fused loss (counted in its forward) equals the
+   standard loss's count from its logits, to bf16's ties.
 
     python scripts/check_fast_path_gpu.py [--json]
 """
@@ -148,6 +150,37 @@ def loss_parity(backend: str) -> dict[str, float]:
         "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
         "grad_rel_diff": ((grad - ref_grad).norm() / ref_grad.norm()).item(),
     }
+
+
+def accuracy_parity(backend: str) -> dict[str, float]:
+    """An evaluation's token accuracy through the fused loss (counted in its forward, no
+    logits kept) against the standard loss's logits, on a model whose head reads back the
+    embedding (it predicts the token it reads) and rows of tokens written three times."""
+    import torch
+
+    from expert_cli.train.loss import HITS, install_fused_loss
+    from expert_cli.train.token_accuracy import batch_hits
+
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 32768, (4, 342), generator=gen).repeat_interleave(3, dim=1)
+    ids = ids.to(DEVICE)
+    labels = ids.clone()
+    labels[:, :100] = -100
+    counted = {}
+    for name in ("standard", backend):
+        torch.manual_seed(3)
+        model = _model("sdpa", torch.bfloat16).eval()
+        with torch.no_grad():
+            model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight * 8)
+        if name != "standard":
+            install_fused_loss(model, backend)
+        with torch.no_grad(), torch.autocast(DEVICE, dtype=torch.bfloat16):
+            outputs = model(input_ids=ids, labels=labels, use_cache=False)
+        assert (name == "standard") != (HITS in outputs)
+        hits, trained = batch_hits(outputs, labels)
+        counted[name] = (int(hits), int(trained))
+    (standard, trained), (fused, _) = counted["standard"], counted[backend]
+    return {"standard_hits": standard, "fused_hits": fused, "trained": trained}
 
 
 def _loss_round(x, w, targets, items):
@@ -548,6 +581,20 @@ def main() -> int:
             results.append(
                 {
                     "check": "loss_parity",
+                    "backend": backend,
+                    "ok": False,
+                    "error": f"{type(exc).__name__}: {exc}"[:800],
+                }
+            )
+        try:  # the same count of predicted tokens, to bf16's ties
+            counts = accuracy_parity(backend)
+            ok = abs(counts["fused_hits"] - counts["standard_hits"]) <= 0.005 * counts["trained"]
+            ok = ok and counts["standard_hits"] > 0.3 * counts["trained"]
+            results.append({"check": "accuracy_parity", "backend": backend, **counts, "ok": ok})
+        except Exception as exc:
+            results.append(
+                {
+                    "check": "accuracy_parity",
                     "backend": backend,
                     "ok": False,
                     "error": f"{type(exc).__name__}: {exc}"[:800],
