@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -650,8 +651,15 @@ def test_older_checkpoints_go_only_once_the_new_one_is_whole(
     trainer.create_optimizer_and_scheduler(num_training_steps=10)
     for step in (2, 4):
         trainer.state.global_step = step
+        if step == 4:  # a passed-over checkpoint-4 is there, marked; checkpoint-2 copied
+            # from a machine whose clock ran ahead: rotation by the folders' times removed
+            # each new checkpoint as the older one
+            (tmp_path / "checkpoint-4").mkdir()
+            (tmp_path / "checkpoint-4" / COMPLETE).write_text("{}")
+            ahead = time.time() + 7200
+            os.utime(tmp_path / "checkpoint-2", (ahead, ahead))
         trainer._save_checkpoint(model, None)
-        if step == 4:  # a kill here leaves the older checkpoint whole
+        if step == 4:  # a kill here leaves the older checkpoint whole, the new one unmarked
             assert (tmp_path / "checkpoint-2" / COMPLETE).is_file()
             assert not (tmp_path / "checkpoint-4" / COMPLETE).exists()
         trainer.callback_handler.on_save(args, trainer.state, trainer.control)

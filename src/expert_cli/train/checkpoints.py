@@ -277,7 +277,9 @@ class CheckpointMarker(TrainerCallback):
             # the older checkpoints go once this one is whole (the Trainer removed them
             # first: a kill in between left no checkpoint to resume from)
             limit = self.limit if self.began else args.save_total_limit
-            rotate_checkpoints(args.output_dir, limit, state.best_model_checkpoint, use_mtime=True)
+            # by step, not by the folders' times (a checkpoint copied with its time from a
+            # machine whose clock ran ahead was kept as the newest, and each new one removed)
+            rotate_checkpoints(args.output_dir, limit, state.best_model_checkpoint)
 
 
 def finished_from(trainer: Any, resume: Path | None) -> bool:

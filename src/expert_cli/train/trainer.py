@@ -25,7 +25,7 @@ from expert_cli.train.adalora import LanguageLoss, regularised
 from expert_cli.train.args import schedule_at_loaded_step, warmup_count
 from expert_cli.train.attention import mask_free_mapping, skip_mask_building
 from expert_cli.train.callbacks import ThroughputCallback
-from expert_cli.train.checkpoints import CheckpointMarker
+from expert_cli.train.checkpoints import COMPLETE, CheckpointMarker
 from expert_cli.train.fsdp_save import save_fsdp_adapter
 from expert_cli.train.loraplus import split_b_groups
 from expert_cli.train.loss import takes_loss_positions
@@ -287,6 +287,9 @@ class ExpertTrainer(Trainer):
         """The Trainer's, the older checkpoints left for CheckpointMarker to remove once this
         one is marked whole (the Trainer removed them before: a kill in between left none)."""
         marked = any(isinstance(c, CheckpointMarker) for c in self.callback_handler.callbacks)
+        folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+        if self.args.should_save:  # one passed over by a resume, saved again: whole only anew
+            (folder / COMPLETE).unlink(missing_ok=True)
         limit = self.args.save_total_limit
         self.args.save_total_limit = None if marked else limit
         try:
