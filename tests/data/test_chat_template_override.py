@@ -231,6 +231,22 @@ def test_conversations_a_template_writes_nothing_for_are_refused_alike_by_check_
         "10 refused by the chat template or with no assistant turn (the first: it renders "
         "no text" in said
     ), said
+    # one that writes nothing by what a conversation says, not its shape: the first row's
+    # render was taken for every row of its shape (check: "refuses every one of the 30")
+    template.write_text(
+        "{% if 'skip' not in messages[0].content %}{% for m in messages %}<|im_start|>"
+        "{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
+        "<|im_start|>assistant\n{% endif %}{% endif %}"
+    )
+    rows = [
+        {"messages": [{"role": "user", "content": "skip" if i % 3 == 0 else "Hi"}, exchange[1]]}
+        for i in range(30)
+    ]
+    write_jsonl(manifest.parent / "data" / "train.jsonl", rows)
+    checked = run_here("check", "--manifest", str(manifest))
+    said = " ".join((checked.stdout + checked.stderr).split())
+    assert checked.returncode == 0, said
+    assert "10 of 30 conversations are refused and train drops them" in said, said
 
 
 def test_check_names_a_template_that_loops_on_a_later_row_of_a_seen_shape(

@@ -210,6 +210,7 @@ def has_text(content: Any) -> bool:
 
 
 SHOWN_ROLES = 8  # roles of a refused conversation named in its note
+RENDERS_NOTHING = "it renders no text"  # a verdict on the conversation's text, not its shape
 
 
 def render_conversation(
@@ -234,7 +235,7 @@ def render_conversation(
     except Exception as exc:  # noqa: BLE001 - the template's verdict on the user's row
         return "", f"{type(exc).__name__}, roles {_roles(messages)}"
     if not text.strip():  # it writes nothing for this one (it did for the probe at the load)
-        return "", f"it renders no text, roles {_roles(messages)}"
+        return "", f"{RENDERS_NOTHING}, roles {_roles(messages)}"
     if any(isinstance(m, dict) and m.get("role") == CALL_ROLE for m in messages):
         return "", f"its function_call turn is not a call, roles {_roles(messages)}"
     if not _calls_rendered(tokenizer, messages, text):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.conversations import (
+    RENDERS_NOTHING,
     conversation,
     conversation_shape,
     conversation_text,
@@ -49,11 +50,13 @@ class TemplateVerdict:
     shape (`conversations.conversation_shape`) is rendered once: `check` stays about as fast
     as reading the rows (a render costs 30-60 us, a million rows were a minute more). A
     template that refuses by a message's text is found by the build, which counts every row
-    it drops."""
+    it drops; once a row renders as no text (which only the text can make it), every row of
+    its shape is rendered."""
 
     def __init__(self, cfg: ResolvedConfig, tokenizer: PreTrainedTokenizerFast) -> None:
         self.cfg, self.tokenizer, self.layout = cfg, tokenizer, turn_layout(tokenizer)
         self.seen: dict[tuple[Any, ...], tuple[str | None, str]] = {}
+        self.by_text: set[tuple[Any, ...]] = set()  # shapes a row of renders as no text
         self.context: Counter[str] = Counter()  # rows by the rule leaving answers as context
 
     def __call__(self, row: dict[str, Any], counted: bool = True) -> str | None:
@@ -62,7 +65,10 @@ class TemplateVerdict:
         weighed = any(map(weighed_out, messages))
         shape = conversation_shape(without_fill_ins(messages)), weighed, tools_shape(tools)
         found = self.seen.get(shape) or self._render(messages, tools)
-        if len(self.seen) < MAX_SHAPES:
+        if (found[0] or "").startswith(RENDERS_NOTHING):  # by what the rows say: each asked
+            self.by_text.add(shape)
+            self.seen.pop(shape, None)
+        elif len(self.seen) < MAX_SHAPES and shape not in self.by_text:
             self.seen[shape] = found
         why, style = found
         if counted and why is None and style in CONTEXT_WHY:
