@@ -291,3 +291,24 @@ def test_float8_and_odd_names(tmp_path: Path) -> None:
     assert non_finite_line(found) == (
         "2 tensors hold NaN or infinity (broken, <a 300-character name>)"
     )
+
+
+def test_a_loss_not_finite_at_the_first_step_blames_the_base_not_the_rate(
+    demo_expert_dir: Path, tmp_path: Path
+) -> None:
+    """A base whose forward overflows gave NaN at step 1, before any update, and the advice
+    was a lower learning rate and clipping: the base's forward is named instead."""
+    import math
+
+    from expert_cli.config import load_manifest
+    from expert_cli.config.environment import cpu_environment
+    from expert_cli.config.resolve import resolve
+    from expert_cli.train.divergence import Diverged, diverged_error
+
+    resolved = resolve(load_manifest(demo_expert_dir / "manifest.json"), cpu_environment())
+    said = str(diverged_error(resolved, Diverged(1, 0, math.nan), tmp_path))
+    assert said.startswith("training stopped: the loss is nan in step 1 (from the start), a")
+    assert "neither the learning rate nor clipping is the cause" in said
+    assert "learning_rate (now" not in said and "No adapter was written." in said
+    later = str(diverged_error(resolved, Diverged(2, 1, math.nan), tmp_path))
+    assert "a lower training.config.learning_rate (now 0.002)" in later

@@ -188,6 +188,14 @@ def diverged_error(resolved: ResolvedConfig, at: Diverged, output: Path | None) 
     what = f"the loss is {at.loss} in {steps} ({since})"
     if at.weights_only:
         what = f"the adapter's weights hold NaN or infinity after step {at.step}"
+    if at.step == 1 and at.last_finite == 0 and not at.weights_only:  # before any update
+        precision = f"; {CONFIG}bf16 true on a GPU with bf16" if resolved.fp16 else ""
+        return RunError(
+            f"training stopped: {what}, a loss computed before any update, so neither the "
+            "learning rate nor clipping is the cause: the base model's forward is not finite "
+            "on this data (weights out of its dtype's range, or fp16 overflowing); check the "
+            f"base model{precision}. No adapter was written."
+        )
     kept = finite_checkpoint(output) if output is not None else None
     salvage = (
         f" {kept.name} (step {checkpoint_step(kept)}) holds the last finite adapter weights."

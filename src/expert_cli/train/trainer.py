@@ -5,6 +5,7 @@ wires them together (the train command and the benchmark scripts both use it).""
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,8 +156,9 @@ class ExpertTrainer(Trainer):
             self._eval_tally = self._eval_hits = None
         if per_token is not None and f"{metric_key_prefix}_loss" in output.metrics:
             output.metrics[f"{metric_key_prefix}_loss"] = per_token
-        if accuracy is not None:
-            output.metrics[f"{metric_key_prefix}_token_accuracy"] = accuracy
+        loss = output.metrics.get(f"{metric_key_prefix}_loss")
+        if accuracy is not None and not (isinstance(loss, float) and math.isnan(loss)):
+            output.metrics[f"{metric_key_prefix}_token_accuracy"] = accuracy  # not NaN's argmax
         return output
 
     def compute_loss(
