@@ -292,6 +292,17 @@ def test_report_lists_the_adapters_and_says_how_to_ship_the_lowest(tmp_path: Pat
         "note the lowest eval loss, 0.9 at step 10, has no checkpoint: save_steps equal to "
         "eval_steps keeps one at each evaluation"
     )
+    # removed by save_total_limit (save_steps 10 saved it), or stopped while saved: said so
+    # (it advised save_steps equal to eval_steps where they were equal)
+    record = json.loads((run / "manifest.resolved.json").read_text())
+    record |= {"save_steps": 10, "save_total_limit": 3}
+    (run / "manifest.resolved.json").write_text(json.dumps(record))
+    out = run_here("report", str(run))
+    assert "has no checkpoint: save_total_limit 3 removed it since" in " ".join(out.stdout.split())
+    (run / "checkpoints" / "checkpoint-10").mkdir()  # its files, no _COMPLETE
+    out = run_here("report", str(run))
+    said = " ".join(out.stdout.split())
+    assert "has no checkpoint: the run was stopped while saving it (it is not whole)" in said
 
 
 def test_report_follows_the_manifests_packaging_checkpoint_and_bounds_its_list(
@@ -444,7 +455,9 @@ def test_a_moved_run_resumed_mid_training_keeps_its_best_checkpoint(tmp_path: Pa
     saved.best_model_checkpoint = "/gone/run/checkpoints/checkpoint-2"
     saved.save_to_json(str(checkpoints / "checkpoint-4" / "trainer_state.json"))
     state = TrainerState(global_step=4, best_global_step=2)  # as the Trainer left it
-    args = SimpleNamespace(load_best_model_at_end=True, output_dir=str(checkpoints))
+    args = SimpleNamespace(
+        load_best_model_at_end=True, output_dir=str(checkpoints), save_total_limit=None
+    )
     CheckpointMarker().on_train_begin(args, state, None)
     assert state.best_model_checkpoint == str(checkpoints / "checkpoint-2")
     args.load_best_model_at_end = False  # nothing to find, nothing changed

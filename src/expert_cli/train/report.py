@@ -167,9 +167,11 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         plot=plot,
         adapters=adapter_list(run_dir, best, base),
         base_eval_loss=base,
-        best_eval_accuracy=best_accuracy
-        if best_accuracy is not None and 0 <= best_accuracy <= 1
-        else None,
+        best_eval_accuracy=(
+            best_accuracy + 0.0  # a recorded -0.0 shown as 0.0
+            if best_accuracy is not None and 0 <= best_accuracy <= 1
+            else None
+        ),
         plot_problem=unwritten,
         status_note=status_note,
     )
@@ -229,14 +231,30 @@ def adapter_list(
     notes += _ship_notes(run_dir, adapters, ships, who)
     kept_low = low.eval_loss if low and low.eval_loss is not None else math.inf
     if best_eval is not None and best_eval[0] < kept_low:
+        step = int(best_eval[1])
         notes.append(
             (
                 "note",
-                f"the lowest eval loss, {best_eval[0]:.4g} at step {int(best_eval[1])}, has no "
-                "checkpoint: save_steps equal to eval_steps keeps one at each evaluation",
+                f"the lowest eval loss, {best_eval[0]:.4g} at step {step}, has no checkpoint: "
+                + _why_unkept(run_dir, step),
             )
         )
     return AdapterList(rows, len(adapters) - len(rows), tuple(notes))
+
+
+def _why_unkept(run_dir: Path, step: int) -> str:
+    """Why an evaluated step has no complete checkpoint: stopped while saving it, removed by
+    save_total_limit, or no save at that step."""
+    if (run_dir / "checkpoints" / f"checkpoint-{step}").is_dir():
+        return "the run was stopped while saving it (it is not whole)"
+    record = read_json_file(run_dir / "manifest.resolved.json")
+    every, limit = record.get("save_steps"), record.get("save_total_limit")
+    if isinstance(every, int) and every > 0 and step % every == 0 and isinstance(limit, int):
+        return (
+            f"save_total_limit {limit} removed it since (load_best_model_at_end keeps the best "
+            "checkpoint)"
+        )
+    return "save_steps equal to eval_steps keeps one at each evaluation"
 
 
 def _row(a: KeptAdapter, low: KeptAdapter | None, ships: str | None, who: str) -> AdapterRow:
