@@ -202,7 +202,8 @@ class TrainingConfig(OptimizerFields):
     )
     metric_for_best_model: Literal["eval_loss", "loss"] | None = Field(
         None,
-        description="Metric for the best checkpoint: the evaluation measures the loss only "
+        description="Metric for the best checkpoint: the loss (token accuracy is reported, "
+        "not chosen by) "
         "(another name stopped the run at its first evaluation).",
     )
     greater_is_better: bool | None = Field(
