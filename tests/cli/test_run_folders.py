@@ -144,6 +144,20 @@ def test_resuming_a_finished_run_trains_nothing(capsys, monkeypatch, finished) -
     assert (out / "metrics.json").read_text() == metrics
 
 
+def test_a_run_killed_after_its_last_checkpoint_keeps_no_more_than_its_limit(finished) -> None:
+    """Killed after its last checkpoint was marked, before the older ones over the limit went:
+    the resume that saves that checkpoint as the final adapter left them for good."""
+    manifest, out = finished
+    metrics = json.loads((out / "metrics.json").read_text())
+    metrics["summary"]["status"] = "interrupted"
+    (out / "metrics.json").write_text(json.dumps(metrics))
+    (out / "adapter_model.safetensors").unlink()
+    done = _train(manifest, out, "--resume", "--max-steps", "6", "--set", "save_total_limit=1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [p.name for p in (out / "checkpoints").glob("checkpoint-*")] == ["checkpoint-6"]
+    assert (out / "adapter_model.safetensors").is_file()
+
+
 @pytest.mark.slow
 def test_resume_skips_a_half_written_checkpoint_and_honours_max_steps(finished) -> None:
     manifest, out = finished

@@ -312,6 +312,10 @@ def finished_from(trainer: Any, resume: Path | None) -> bool:
     if getattr(loaded, "unexpected_keys", None):
         raise RunError(f"{shown_path(folder)}: its adapter does not fit the run's model")
     trainer.state = state
+    if trainer.args.should_save:  # a kill between its marker and the rotation left others
+        rotate_checkpoints(
+            trainer.args.output_dir, trainer.args.save_total_limit, str(best) if best else None
+        )
     return True
 
 
