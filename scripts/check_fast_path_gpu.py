@@ -495,6 +495,12 @@ class Results(list):
         print(line, file=sys.stderr, flush=True)
 
 
+def _failed(check: str, backend: str, exc: Exception) -> dict:
+    """A check of a loss backend that raised, as the results record it."""
+    error = f"{type(exc).__name__}: {exc}"[:800]
+    return {"check": check, "backend": backend, "ok": False, "error": error}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -578,28 +584,14 @@ def main() -> int:
             ok = parity["loss_rel_diff"] < 2e-3 and parity["grad_rel_diff"] < 5e-2
             results.append({"check": "loss_parity", "backend": backend, **parity, "ok": ok})
         except Exception as exc:
-            results.append(
-                {
-                    "check": "loss_parity",
-                    "backend": backend,
-                    "ok": False,
-                    "error": f"{type(exc).__name__}: {exc}"[:800],
-                }
-            )
+            results.append(_failed("loss_parity", backend, exc))
         try:  # the same count of predicted tokens, to bf16's ties
             counts = accuracy_parity(backend)
             ok = abs(counts["fused_hits"] - counts["standard_hits"]) <= 0.005 * counts["trained"]
             ok = ok and counts["standard_hits"] > 0.3 * counts["trained"]
             results.append({"check": "accuracy_parity", "backend": backend, **counts, "ok": ok})
         except Exception as exc:
-            results.append(
-                {
-                    "check": "accuracy_parity",
-                    "backend": backend,
-                    "ok": False,
-                    "error": f"{type(exc).__name__}: {exc}"[:800],
-                }
-            )
+            results.append(_failed("accuracy_parity", backend, exc))
     if DEVICE == "cuda" and not args.no_loss:
         try:
             timing = loss_timing()

@@ -42,6 +42,23 @@ def _by_hand(model: torch.nn.Module, rows: list[dict[str, list[int]]]) -> tuple[
     return summed / count, sum(means) / len(means)
 
 
+def _evaluated(tmp_path: Path, model: torch.nn.Module, rows: list, batch: int) -> dict:
+    """The metrics of one evaluation of `rows` by the Trainer expert-cli builds, `batch` rows
+    an evaluation batch."""
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_eval_batch_size=batch,
+        use_cpu=True,
+        report_to="none",
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
+    data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows))
+    args.eval_strategy = "steps"  # build_trainer passes the eval split when evaluation is on
+    trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(DEMO_MODEL), "sdpa")
+    return trainer.evaluate()
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_eval_loss_is_per_trained_token(tmp_path: Path, batch: int) -> None:
     torch.manual_seed(0)
@@ -55,18 +72,7 @@ def test_eval_loss_is_per_trained_token(tmp_path: Path, batch: int) -> None:
     exact, mean_of_rows = _by_hand(model, rows)
     adapter = LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM")  # B = 0: no change
     model = get_peft_model(model, adapter)
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        per_device_eval_batch_size=batch,
-        use_cpu=True,
-        report_to="none",
-        remove_unused_columns=False,
-        disable_tqdm=True,
-    )
-    data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows))
-    args.eval_strategy = "steps"  # build_trainer passes the eval split when evaluation is on
-    trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(DEMO_MODEL), "sdpa")
-    got = trainer.evaluate()["eval_loss"]
+    got = _evaluated(tmp_path, model, rows, batch)["eval_loss"]
     assert abs(exact - mean_of_rows) > 0.01 * exact  # the two averages differ on these rows
     assert got == pytest.approx(exact, rel=1e-4)
 
@@ -83,20 +89,9 @@ def test_an_eval_loss_that_is_nan_stays_nan(tmp_path: Path) -> None:
     with torch.no_grad():
         model.get_output_embeddings().weight.fill_(float("nan"))
     model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        per_device_eval_batch_size=2,
-        use_cpu=True,
-        report_to="none",
-        remove_unused_columns=False,
-        disable_tqdm=True,
-    )
     rows = _rows()
     rows.append({**rows[0], "labels": [-100] * len(rows[0]["labels"])})  # trains nothing
-    data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows))
-    args.eval_strategy = "steps"
-    trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(DEMO_MODEL), "sdpa")
-    metrics = trainer.evaluate()
+    metrics = _evaluated(tmp_path, model, rows, 2)
     assert math.isnan(metrics["eval_loss"])
     assert "eval_token_accuracy" not in metrics  # NaN logits' argmax is no accuracy
 
@@ -147,18 +142,8 @@ def test_eval_token_accuracy_is_over_every_trained_token(
     if loss == "chunked":
         install_fused_loss(model, "chunked")
     model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        per_device_eval_batch_size=batch,
-        use_cpu=True,
-        report_to="none",
-        remove_unused_columns=False,
-        disable_tqdm=True,
-    )
-    data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows))
-    args.eval_strategy = "steps"
-    trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(DEMO_MODEL), "sdpa")
-    assert trainer.evaluate()["eval_token_accuracy"] == pytest.approx(exact, abs=1e-12)
+    got = _evaluated(tmp_path, model, rows, batch)["eval_token_accuracy"]
+    assert got == pytest.approx(exact, abs=1e-12)
 
 
 def test_correct_tokens_counts_a_chunk_at_a_time(monkeypatch) -> None:
