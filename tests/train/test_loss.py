@@ -301,6 +301,14 @@ for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 5e-2)):
     torch.testing.assert_close(got.float(), ref, rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(grad.float(), ref_logits @ weight.float(), rtol=tol, atol=tol)
     assert grad[[0, 5, 9, 22]].abs().max() == 0
+    # an evaluation's count of predicted tokens, from each chunk's logits before the kernel
+    # writes its gradient over them
+    hits = torch.zeros((), dtype=torch.long)
+    with torch.no_grad():
+        fused.summed_linear_cross_entropy("liger", hidden.detach(), weight, targets, hits)
+    want = ((logits.argmax(-1) == targets) & (targets != -100)).sum()
+    assert int(hits) == int(fused.correct_tokens(hidden.detach(), weight, targets)), hits
+    assert dtype != torch.float32 or int(hits) == int(want), (hits, want)
 print("ok")
 """
 

@@ -163,6 +163,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         weight: torch.Tensor,
         targets: torch.Tensor,
         rows: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None],
+        hits: torch.Tensor | None = None,
     ) -> torch.Tensor:
         dtype = _compute_dtype(hidden)
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -173,6 +174,8 @@ class LinearCrossEntropy(torch.autograd.Function):
             losses = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
             for start, end in _chunks(h.shape[0], w.shape[0]):
                 logits = h[start:end] @ w.t()
+                if hits is not None:  # before `rows` writes the gradient over the logits
+                    hits += (logits.argmax(-1) == targets[start:end]).sum()
                 rows(logits, targets[start:end].contiguous(), losses[start:end])
                 if grad_h is not None:
                     torch.mm(logits, w, out=grad_h[start:end])
@@ -183,7 +186,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         return losses.sum()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, Any, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, Any, None, None, None]:
         grad_h, grad_w = ctx.saved_tensors
         h_dtype, w_dtype = ctx.dtypes
         return (
@@ -191,28 +194,37 @@ class LinearCrossEntropy(torch.autograd.Function):
             (grad_w * grad).to(w_dtype) if grad_w is not None else None,
             None,
             None,
+            None,
         )
 
 
 def summed_linear_cross_entropy(
-    backend: str, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+    backend: str,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    hits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sum over tokens whose target is not -100 of the cross-entropy of `hidden @ weight.T`.
 
     hidden: [tokens, hidden_size]; weight: [vocab, hidden_size]; targets: [tokens].
     `liger`: Liger's kernel for each chunk's loss and gradient (Liger's own fused function
     where the installed version's kernel takes other arguments); `chunked`: plain torch.
+    `hits` (an evaluation's): the count of tokens whose target is the argmax is added to it,
+    from the chunks' logits the loss computes anyway.
     """
     if backend == "liger":
         if LIGER_LOOP and liger_kernel_fits():
-            return LinearCrossEntropy.apply(hidden, weight, targets, _liger_rows)
+            return LinearCrossEntropy.apply(hidden, weight, targets, _liger_rows, hits)
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
+        if hits is not None:  # Liger's own function keeps no logits to count from
+            hits += correct_tokens(hidden, weight, targets)
         return liger_fused_linear_cross_entropy(
             hidden, weight, targets, ignore_index=IGNORE, reduction="sum"
         )
     if backend == "chunked":
-        return LinearCrossEntropy.apply(hidden, weight, targets, _torch_rows)
+        return LinearCrossEntropy.apply(hidden, weight, targets, _torch_rows, hits)
     raise ValueError(f"fused_loss: unknown backend {backend!r}")
 
 
@@ -252,6 +264,13 @@ def causal_lm_loss(
     same loss and gradients (the others' gradient is 0 either way)."""
     flat, targets = _trained(hidden, labels, positions)
     total = summed_linear_cross_entropy(backend, flat, weight, targets)
+    return per_item(total, targets, num_items_in_batch, positions)
+
+
+def per_item(
+    total: torch.Tensor, targets: torch.Tensor, num_items_in_batch: Any, positions: Any
+) -> torch.Tensor:
+    """A summed loss over `num_items_in_batch` when given, else over the trained tokens."""
     if num_items_in_batch is None:
         if positions is not None:  # every selected token is trained; the count is the host's
             return total / max(positions.numel(), 1)
@@ -363,18 +382,17 @@ def fused_forward(self: Any, input_ids: Any = None, labels: Any = None, **kwargs
     num_items = kwargs.pop("num_items_in_batch", None)
     kwargs.pop("logits_to_keep", None)
     out = self.model(input_ids=input_ids, **kwargs)
-    loss = causal_lm_loss(
-        self._expert_cli_loss,
-        out.last_hidden_state,
-        self.lm_head.weight,
-        labels,
-        num_items,
-        positions,
+    flat, targets = _trained(out.last_hidden_state, labels, positions)
+    # an evaluation's token accuracy, counted from the logits the loss computes a chunk at a
+    # time (none are kept)
+    hits = None if torch.is_grad_enabled() else flat.new_zeros((), dtype=torch.long)
+    total = summed_linear_cross_entropy(
+        self._expert_cli_loss, flat, self.lm_head.weight, targets, hits
     )
+    loss = per_item(total, targets, num_items, positions)
     result = CausalLMOutputWithPast(loss=loss, **{CACHE_FIELD: getattr(out, CACHE_FIELD, None)})
-    if not torch.is_grad_enabled():  # an evaluation: its token accuracy, with no logits kept
-        flat, targets = _trained(out.last_hidden_state, labels, positions)
-        result[HITS] = correct_tokens(flat, self.lm_head.weight, targets)
+    if hits is not None:
+        result[HITS] = hits
     return result
 
 
