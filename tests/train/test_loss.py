@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from expert_cli.train import loss as fused
+from expert_cli.train import loss_fit as fit
 
 IGNORE = -100
 
@@ -179,16 +180,16 @@ def test_models_that_scale_logits_keep_the_standard_loss(tiny_model_dir) -> None
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    assert fused.fused_loss_unsupported(model) is None
+    assert fit.fused_loss_unsupported(model) is None
     model.config.final_logit_softcapping = 30.0
-    assert "final_logit_softcapping" in fused.fused_loss_unsupported(model)
-    assert "lm_head" in fused.fused_loss_unsupported(torch.nn.Linear(2, 2))
+    assert "final_logit_softcapping" in fit.fused_loss_unsupported(model)
+    assert "lm_head" in fit.fused_loss_unsupported(torch.nn.Linear(2, 2))
     model.config.final_logit_softcapping = None
     # an adapter on the head: the fused loss reads the head's weight, the adapter's term unseen
-    assert fused.fused_loss_unsupported(model, ["q_proj", "lm_head"]) == (
+    assert fit.fused_loss_unsupported(model, ["q_proj", "lm_head"]) == (
         "target_modules adapts lm_head, whose adapter it would leave out"
     )
-    assert fused.fused_loss_unsupported(model, "all-linear") is None  # peft leaves the head
+    assert fit.fused_loss_unsupported(model, "all-linear") is None  # peft leaves the head
 
 
 @pytest.mark.parametrize(("multiplier", "fits"), [(0.078125, False), (1.0, True)])
@@ -217,7 +218,7 @@ def test_a_head_scaled_in_the_forward_keeps_the_standard_loss(multiplier, fits) 
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
-    why = fused.fused_loss_unsupported(model, ["q_proj"])
+    why = fit.fused_loss_unsupported(model, ["q_proj"])
     assert why == (
         None
         if fits
@@ -238,7 +239,7 @@ def test_the_head_check_runs_under_a_varlen_kernel(tiny_model_dir) -> None:
     model = AutoModelForCausalLM.from_pretrained(
         tiny_model_dir, attn_implementation=attention.TORCH_VARLEN
     )
-    assert fused.fused_loss_unsupported(model) is None
+    assert fit.fused_loss_unsupported(model) is None
     assert model.config._attn_implementation == attention.TORCH_VARLEN
 
 
@@ -249,7 +250,7 @@ def test_a_head_without_a_weight_matrix_keeps_the_standard_loss(tiny_model_dir) 
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     model.lm_head = torch.nn.Sequential(model.lm_head)
-    assert fused.fused_loss_unsupported(model) == (
+    assert fit.fused_loss_unsupported(model) == (
         "the LM head is no linear layer with a weight matrix"
     )
 
@@ -259,7 +260,7 @@ def test_a_moe_router_loss_keeps_the_standard_loss(tiny_model_dir) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     model.config.output_router_logits = True  # a MoE's config.json may turn it on
-    assert "output_router_logits" in fused.fused_loss_unsupported(model)
+    assert "output_router_logits" in fit.fused_loss_unsupported(model)
 
 
 def test_zero3_keeps_the_standard_loss(monkeypatch, tiny_model_dir) -> None:
@@ -269,8 +270,8 @@ def test_zero3_keeps_the_standard_loss(monkeypatch, tiny_model_dir) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    monkeypatch.setattr(fused, "is_deepspeed_zero3_enabled", lambda: True)
-    assert "ZeRO-3" in fused.fused_loss_unsupported(model)
+    monkeypatch.setattr(fit, "is_deepspeed_zero3_enabled", lambda: True)
+    assert "ZeRO-3" in fit.fused_loss_unsupported(model)
 
 
 def test_unknown_backend_is_refused() -> None:

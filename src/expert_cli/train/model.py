@@ -38,7 +38,8 @@ from expert_cli.train.divergence import non_finite_weights
 from expert_cli.train.fused_dora import fuse_adapter_linears
 from expert_cli.train.grouped_lora import group_lora_linears
 from expert_cli.train.lora_init import INIT_WEIGHTS, kept_start, save_initial
-from expert_cli.train.loss import fused_loss_unsupported, install_fused_loss
+from expert_cli.train.loss import install_fused_loss
+from expert_cli.train.loss_fit import fused_loss_unsupported
 from expert_cli.train.placement import load_placement
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
 from expert_cli.train.warm_start import start_from
