@@ -138,12 +138,13 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
     if problem:
         raise UserError(problem)
     summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
-    eval_steps, eval_losses = _points(data.get("evals") or [], "eval_loss")
+    records = data.get("evals") or []
+    eval_steps, eval_losses = _points(records, "eval_loss")
     evals = list(zip(eval_losses, eval_steps, strict=True))
     trained = [(loss, step) for loss, step in evals if step > 0]  # step 0: before training
     best = min(trained) if trained else None
     base = next((loss for loss, step in evals if step == 0), None)
-    accuracy = dict(zip(*_points(data.get("evals") or [], "token_accuracy"), strict=True))
+    accuracy = dict(zip(*_points(records, "token_accuracy"), strict=True))
     best_accuracy = accuracy.get(best[1]) if best else None
     unwritten = None
     if plot is not None:

@@ -21,6 +21,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from expert_cli.atomic import signals_held
+from expert_cli.config.choices import DEFAULT_WARMUP_RATIO
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.config.sources import SourceRef, data_folder_holding
 from expert_cli.config.training_config import MAX_STEPS
@@ -107,7 +108,7 @@ def previous_run(output: Path) -> Previous | None:
     plausible = isinstance(steps, int) and not isinstance(steps, bool) and 0 <= steps <= MAX_STEPS
     stopped = metrics.get("stopped_early")
     planned = stopped.get("of") if isinstance(stopped, dict) else None
-    planned = planned if isinstance(planned, int) and 0 < planned <= MAX_STEPS else None
+    planned = planned if _steps(planned) else None
     return Previous(status=status, steps=steps if plausible else 0, config=config, planned=planned)
 
 
@@ -213,7 +214,8 @@ def check_resumable(
         earlier = (  # an earlier version read a written 0 as unset: the default 3% warmup
             "; an expert-cli before 2026-12-07 read warmup_ratio 0 as unset and warmed up for "
             "3%: --set warmup_ratio=0.03 continues the run as it began"
-            if "warmup_ratio 0.03 -> 0.0" in changed
+            if previous.config.get("warmup_ratio") == DEFAULT_WARMUP_RATIO
+            and resolved.warmup_ratio == resolved.warmup_steps == 0
             else ""
         )
         raise UserError(
