@@ -1121,10 +1121,11 @@ def test_each_task_is_detected_from_its_own_columns(tmp_path, write_jsonl) -> No
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     write_jsonl(tmp_path / "b.jsonl", [{"messages": chat}] * 4)
     said = error_of(tmp_path, {"type": "multi_task", "tasks": tasks})
-    assert said == (
+    assert said.startswith(  # under chat_template they join (tests/data/test_mixed_layouts.py)
         f"{tmp_path / 'b.jsonl'}:1: its columns read as conversations ('messages'), and those "
-        f"of {tmp_path / 'a.jsonl'}:1 as instruction data ('instruction', 'output'); one run "
-        "trains one layout: write every source (each task's file) in one layout"
+        f"of {tmp_path / 'a.jsonl'}:1 as instruction data ('instruction', 'output'); "
+        "instruction data beside conversations is trained as conversations of the tokenizer's "
+        "chat template"
     )
 
 

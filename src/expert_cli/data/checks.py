@@ -43,6 +43,7 @@ from expert_cli.data.formatting import (
 )
 from expert_cli.data.hub import HubStatus, endpoint, hub_refs, hub_status, missing_problems
 from expert_cli.data.instruction import CHAT_TEMPLATE, check_prompt_template
+from expert_cli.data.layouts import run_kind
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.row_checks import DataCheck, TextMarks, source_key
 from expert_cli.data.splits import NO_EVAL_ROWS, few_eval_note, held_examples, holds_nothing_out
@@ -167,6 +168,12 @@ def _read_data(
         data.source(source)
     for source in resolved.validation_sources:
         data.source(source, train=False)
+    if specs := [f for f in data.detected.values() if f is not None]:
+        try:  # instruction data beside conversations: the run's are conversations
+            kind = run_kind(specs, resolved.prompt_template)
+            data.fields = next(f for f in specs if f.kind == kind)
+        except UserError as exc:
+            data.problems += exc.lines
     return data
 
 

@@ -74,12 +74,12 @@ def as_text(ds: datasets.Dataset, work_dir: Path) -> datasets.Dataset:
         batched=True,
         remove_columns=joins or None,
         features=features,
-        cache_file_name=str(work_dir / f"messages-v{FORM}-{_fingerprint(ds)}.arrow"),
+        cache_file_name=str(work_dir / f"messages-v{FORM}-{dataset_fingerprint(ds)}.arrow"),
         desc=None,
     )
 
 
-def _fingerprint(ds: datasets.Dataset) -> str:
+def dataset_fingerprint(ds: datasets.Dataset) -> str:
     """The dataset's own fingerprint (datasets' hash of how it was made), else its files'."""
     found = getattr(ds, "_fingerprint", None)
     if isinstance(found, str) and found.isalnum():

@@ -118,30 +118,19 @@ def field_spec(
 
 
 def source_fields(
-    earlier: FieldSpec | None,
-    columns: list[str],
-    where: str,
-    turns: frozenset[str],
-    whole: bool = False,
+    columns: list[str], where: str, turns: frozenset[str], whole: bool = False
 ) -> FieldSpec:
     """A source's mapping where the manifest gives none: detected from its own columns (a
     multi_task expert's tasks may name their columns apart: instruction/output beside
-    question/answer), of the one kind every source of a run must have (`earlier`: the first
-    source's)."""
-    own = field_spec(None, columns, where, turns, whole)
-    if earlier is not None and own.kind != earlier.kind:
-        raise UserError(
-            f"{where}: its columns read as {KIND_WORDS[own.kind]} ({_held(own)}), and those "
-            f"of {earlier.at} as {KIND_WORDS[earlier.kind]} ({_held(earlier)}); one run "
-            "trains one layout: write every source (each task's file) in one layout"
-        )
-    return own
+    question/answer, or hold conversations beside instruction data: data/layouts.py joins
+    them)."""
+    return field_spec(None, columns, where, turns, whole)
 
 
 KIND_WORDS = {"text": "text", "messages": "conversations", "instruction": "instruction data"}
 
 
-def _held(fields: FieldSpec) -> str:
+def held_words(fields: FieldSpec) -> str:
     """The columns a mapping requires, as an error may show them."""
     return shown_names([fields.mapping[role] for role in fields.required])
 

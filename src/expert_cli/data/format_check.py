@@ -21,6 +21,7 @@ from expert_cli.data.build import drop_counts, nothing_left
 from expert_cli.data.conversations import conversation_text
 from expert_cli.data.fields import TOOLS
 from expert_cli.data.formatting import KEPT_CODES, Formatter
+from expert_cli.data.layouts import conversation_row
 from expert_cli.data.splits import held_rows, weighted_rows
 from expert_cli.data.stats_words import drop_reasons
 from expert_cli.data.tools import parsed_tools, tools_text
@@ -89,7 +90,10 @@ def formatted_problems(
     for train, rows in splits.items():
         statuses, refusals = [], []
         for lo in range(0, len(rows), FORMAT_BATCH):  # until an example is kept
-            batch = rows[lo : lo + FORMAT_BATCH]
+            batch = [  # instruction data beside conversations, as the build reads it
+                conversation_row(row) if kind == "messages" and "instruction" in row else row
+                for row in rows[lo : lo + FORMAT_BATCH]
+            ]
             roles = sorted({role for row in batch for role in row})
             try:
                 columns = {r: [_stored(r, row.get(r)) for row in batch] for r in roles}

@@ -158,11 +158,10 @@ def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str]
     first row when the manifest has none), streamed."""
     files = source_files(ref)
     fmt = file_format(ref, files)
-    earlier = fields
     schema = column_names(files[0], fmt)  # a Parquet or Arrow file's columns, turns
     detect = mapping is None  # from this source's own columns (source_fields)
     if detect and schema:  # from the schema, as from a first row
-        fields = source_fields(fields, schema[0], f"{files[0]}: row 1", schema[1], whole=True)
+        fields = source_fields(schema[0], f"{files[0]}: row 1", schema[1], whole=True)
     elif detect:
         fields = None  # from the first row, each source its own
     rows = _file_rows(files, fmt, _columns(fields, mapping))
@@ -180,7 +179,7 @@ def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str]
             raise UserError(f"{where}: expected an object with named fields, found {kind_of(row)}")
         columns = schema[0] if schema else list(row)  # a mapped file reads its own alone
         if detect:
-            fields = source_fields(earlier, columns, where, turn_lists(row))
+            fields = source_fields(columns, where, turn_lists(row))
         else:
             fields = field_spec(mapping, columns, where, turn_lists(row))
     scan = Scan(fields, iter(()), where)
