@@ -21,7 +21,7 @@ from expert_cli.config.resolve import resolve
 from expert_cli.data import prepare_data, prune_earlier_caches
 from expert_cli.data.cache import cache_root_problem, open_cache_root
 from expert_cli.data.discovery import human_size
-from expert_cli.data.sources import load_sources
+from expert_cli.data.source_set import load_sources
 from expert_cli.data.tokenizer import load_tokenizer
 from expert_cli.errors import RunError, UserError
 

@@ -291,7 +291,7 @@ def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(
     from expert_cli.config.environment import cpu_environment
     from expert_cli.config.resolve import resolve
     from expert_cli.data.checks import check_manifest
-    from expert_cli.data.sources import load_sources
+    from expert_cli.data.source_set import load_sources
     from expert_cli.errors import UserError
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

@@ -18,7 +18,7 @@ from expert_cli.config import load_manifest
 from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import resolve
 from expert_cli.data.checks import check_manifest
-from expert_cli.data.sources import load_sources
+from expert_cli.data.source_set import load_sources
 from expert_cli.errors import UserError
 
 CHAT = [

@@ -12,7 +12,7 @@ from expert_cli.config.environment import cpu_environment
 from expert_cli.config.resolve import SourceRef, resolve
 from expert_cli.data.fields import field_spec
 from expert_cli.data.rows import source_files
-from expert_cli.data.sources import load_sources
+from expert_cli.data.source_set import load_sources
 from expert_cli.data.splits import apply_weight, hold_out
 from expert_cli.errors import UserError
 

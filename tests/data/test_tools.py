@@ -386,7 +386,7 @@ def test_tools_left_unread_in_any_source_are_noted(tmp_path: Path) -> None:
     from expert_cli.config import load_manifest
     from expert_cli.config.environment import cpu_environment
     from expert_cli.config.resolve import resolve
-    from expert_cli.data.sources import load_sources
+    from expert_cli.data.source_set import load_sources
 
     write_jsonl(tmp_path / "a.jsonl", [{"question": "q", "answer": "a", "tools": "[]"}] * 4)
     write_jsonl(tmp_path / "b.jsonl", [{"question": "q", "answer": "a"}] * 4)

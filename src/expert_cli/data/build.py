@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +26,6 @@ from typing import Any, Protocol
 
 import datasets
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from transformers import PreTrainedTokenizerFast
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
@@ -36,13 +33,7 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.answer_notes import conversation_notes
 from expert_cli.data.cache import COMPLETE, STATS, CachePlan, local_data_files
 from expert_cli.data.formatting import (
-    DROPPED_ANSWER_CUT,
-    DROPPED_NO_COMPLETION,
-    DROPPED_NO_MARKER,
-    DROPPED_OVERLONG,
-    DROPPED_TEMPLATE,
     KEPT,
-    KEPT_CODES,
     SPLIT,
     TRUNCATED,
     Formatter,
@@ -51,7 +42,8 @@ from expert_cli.data.formatting import (
 )
 from expert_cli.data.packing import pack_table
 from expert_cli.data.pieces import split_rows
-from expert_cli.data.sources import load_sources
+from expert_cli.data.shard_stats import drop_counts, first_value, shard_styles, summed
+from expert_cli.data.source_set import load_sources
 from expert_cli.data.stats_words import drop_reasons
 from expert_cli.data.workers import row_costs, tokenize_rows
 from expert_cli.errors import RunError, UserError
@@ -208,7 +200,7 @@ def _require_rows(shard_stats: dict[str, list[dict[str, Any]]], resolved: Resolv
     for split, stats in shard_stats.items():
         if sum(s["rows"] for s in stats):
             continue
-        total = _sum(stats, sum(s["examples_read"] for s in stats))
+        total = summed(stats, sum(s["examples_read"] for s in stats))
         why = drop_reasons(total, resolved.max_seq_length)
         raise UserError(nothing_left(resolved, split == "train", total["examples"], why))
 
@@ -294,9 +286,9 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
         "truncated": int((status == TRUNCATED).sum()),
         "split": int((status == SPLIT).sum()),
         **drop_counts(status),
-        "template_refusal": _first(table.column("refused")),
+        "template_refusal": first_value(table.column("refused")),
         "no_marker": int(table.column("no_marker").to_numpy(zero_copy_only=False).sum()),
-        "styles": _styles(table, status),
+        "styles": shard_styles(table, status),
         "tokens": pack.tokens,
         "trained_tokens": int(np.asarray(pieces.column("trained")).sum()),
         "rows": pack.rows,
@@ -310,56 +302,6 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
     return stats
 
 
-def _styles(table: Any, status: Any) -> dict[str, int]:
-    """How many of the shard's kept examples each masking rule found (formatting.py)."""
-    kept = pa.array(np.isin(status, KEPT_CODES))
-    counts = pc.value_counts(table.column("style").filter(kept)).to_pylist()
-    return dict(sorted((c["values"], c["counts"]) for c in counts))
-
-
-def _first(column: Any) -> str | None:
-    """The first non-null value of a string column."""
-    valid = column.drop_null()
-    return str(valid[0]) if len(valid) else None
-
-
-# each drop's status code and its key in the stats
-DROP_CODES = {
-    DROPPED_OVERLONG: "dropped_overlong",
-    DROPPED_NO_COMPLETION: "dropped_no_completion",
-    DROPPED_NO_MARKER: "dropped_no_marker",
-    DROPPED_TEMPLATE: "dropped_template",
-    DROPPED_ANSWER_CUT: "dropped_answer_cut",
-}
-DROP_KEYS = tuple(DROP_CODES.values())
-
-
-def drop_counts(status: np.ndarray) -> dict[str, int]:
-    """How many examples of each drop reason `status` (formatting's codes) holds."""
-    return {key: int((status == code).sum()) for code, key in DROP_CODES.items()}
-
-
-def _sum(stats: list[dict[str, Any]], examples_read: int) -> dict[str, Any]:
-    keys = ("kept", "truncated", "split", *DROP_KEYS)
-    keys += ("no_marker", "tokens", "trained_tokens", "rows")
-    # .get: shards finished by an earlier version have no dropped_template
-    total = {k: sum(s.get(k, 0) for s in stats) for k in (*keys, "capacity")}
-    total["template_refusal"] = next(
-        (s["template_refusal"] for s in stats if s.get("template_refusal")), None
-    )
-    styles: Counter[str] = Counter()
-    for shard in stats:  # shards finished by an earlier version have none
-        styles.update(shard.get("styles") or {})
-    total["styles"] = dict(sorted(styles.items()))
-    total["examples"] = sum(s["examples_read"] for s in stats)
-    total["examples_read"] = examples_read
-    total["dropped"] = sum(total[k] for k in DROP_KEYS)
-    total["packing_efficiency"] = (
-        round(total["tokens"] / total["capacity"], 6) if total["capacity"] else 0.0
-    )
-    return total
-
-
 def _assemble(
     plan: CachePlan,
     shard_stats: dict[str, list[dict[str, Any]]],
@@ -370,7 +312,7 @@ def _assemble(
 ) -> dict[str, Any]:
     """Concatenate the shards into a temporary cache folder and rename it into place. The
     tokens/s counts the tokens this build made (not the shards `resumed` reused)."""
-    splits = {s: _sum(st, read[s]) for s, st in shard_stats.items()}
+    splits = {s: summed(st, read[s]) for s, st in shard_stats.items()}
     tokens = sum(s["tokens"] for s in splits.values()) - resumed[1]
     stats = {
         "fingerprint": plan.fingerprint,

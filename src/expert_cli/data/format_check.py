@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from expert_cli.config.resolve import ResolvedConfig
-from expert_cli.data.build import drop_counts, nothing_left
+from expert_cli.data.build import nothing_left
 from expert_cli.data.conversations import conversation_text
 from expert_cli.data.fields import TOOLS
 from expert_cli.data.formatting import KEPT_CODES, Formatter
 from expert_cli.data.layouts import conversation_row
+from expert_cli.data.shard_stats import drop_counts
 from expert_cli.data.splits import held_rows, weighted_rows
 from expert_cli.data.stats_words import drop_reasons
 from expert_cli.data.tools import parsed_tools, tools_text
