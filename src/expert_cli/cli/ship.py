@@ -131,6 +131,12 @@ def report(
         f"best eval loss {best}",
         markup=False,
     )
+    if result.best_eval_tasks:  # a multi_task expert's best evaluation, task by task
+        tasks = [
+            f"{name} {loss:.4g}" + (f" ({accuracy:.1%})" if accuracy is not None else "")
+            for name, (loss, accuracy) in result.best_eval_tasks.items()
+        ]
+        out.print(f"by task   {'  '.join(tasks)}", markup=False)
     if result.status_note:
         out.print(f"status    {result.status_note}", markup=False)
     listing = result.adapters

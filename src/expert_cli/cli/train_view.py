@@ -32,6 +32,7 @@ from expert_cli.train.causality import ISOLATED, MASK_PROXY
 from expert_cli.train.choice import lower_loss_note
 from expert_cli.train.model import ModelChoices
 from expert_cli.train.run import TrainOptions, TrainResult
+from expert_cli.train.task_evals import task_results
 
 WIDTH = 10  # the label column: "model     ", "note      "
 STAT_KEYS = ("examples", "rows", "tokens", "packing_efficiency", "truncated", "split", "dropped")
@@ -258,6 +259,8 @@ class ProgressCallback(TrainerCallback):
                 + ("  (before training)" if state.global_step == 0 else ""),
                 highlight=False,
             )
+            if tasks := task_results(logs):  # a multi_task expert's, task by task
+                self.console.print(f"          by task: {task_line(tasks)}", highlight=False)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.progress is not None:
@@ -381,3 +384,12 @@ def _launcher() -> str:
         return "expert-cli"
     per_node = os.environ.get("LOCAL_WORLD_SIZE", world)
     return f"torchrun --nproc_per_node {per_node} -m expert_cli.cli"
+
+
+def task_line(tasks: dict[str, dict[str, float]]) -> str:
+    """A multi_task expert's evaluation, task by task: its loss and token accuracy."""
+    return "  ".join(
+        f"{escaped(name)} {r['eval_loss']:.4g}"
+        + (f" ({r['token_accuracy']:.1%})" if "token_accuracy" in r else "")
+        for name, r in tasks.items()
+    )

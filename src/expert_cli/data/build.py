@@ -42,7 +42,7 @@ from expert_cli.data.formatting import (
 )
 from expert_cli.data.packing import pack_table
 from expert_cli.data.pieces import split_rows
-from expert_cli.data.shard_stats import drop_counts, first_value, shard_styles, summed
+from expert_cli.data.shard_stats import drop_counts, first_value, shard_styles, summed, task_rows
 from expert_cli.data.source_set import load_sources
 from expert_cli.data.stats_words import drop_reasons
 from expert_cli.data.workers import row_costs, tokenize_rows
@@ -158,7 +158,8 @@ def _build(
     resumed = [0, 0]  # shards an interrupted build finished, and their tokens
     progress.start(f"tokenizing {resolved.expert}", sum(len(ds) for ds in splits.values()))
     for split, ds in splits.items():
-        stats, done = _build_split(job, split, ds)
+        tasks = sources.eval_tasks if split == "eval" else []
+        stats, done = _build_split(job, split, ds, tasks)
         shard_stats[split] = stats
         resumed = [resumed[0] + len(done), resumed[1] + sum(s["tokens"] for s in done)]
     _unchanged_since_planned(plan, resolved)  # a saved dataset is read while tokenizing
@@ -231,10 +232,15 @@ def _remove_stale(plan: CachePlan) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _build_split(job: BuildJob, split: str, ds: datasets.Dataset) -> tuple[list[dict], list[dict]]:
+def _build_split(
+    job: BuildJob, split: str, ds: datasets.Dataset, tasks: list[tuple[str, int]]
+) -> tuple[list[dict], list[dict]]:
     """Build every missing shard of one split; return per-shard stats, and those of the
-    shards an interrupted build had finished."""
+    shards an interrupted build had finished. Each of `tasks` (name, examples, in the split's
+    order) is sharded, so packed, apart, its shards' stats naming it."""
     bounds = shard_bounds(ds, job.shard_examples, job.resolved.overlong == "split")
+    starts = np.cumsum([0] + [n for _, n in tasks]).tolist()
+    bounds = sorted(set(bounds) | set(starts[1:-1]))  # a task's rows begin a shard
     n_shards = len(bounds) - 1
     stats: list[dict[str, Any]] = []
     resumed: list[dict[str, Any]] = []
@@ -248,7 +254,8 @@ def _build_split(job: BuildJob, split: str, ds: datasets.Dataset) -> tuple[list[
             job.progress.advance(hi - lo)
             continue
         seed = job.resolved.seed + 7919 * k + (0 if split == "train" else 1)
-        stats.append(_build_shard(job, ds.select(range(lo, hi)), final, seed))
+        task = tasks[int(np.searchsorted(starts, lo, side="right")) - 1][0] if tasks else None
+        stats.append(_build_shard(job, ds.select(range(lo, hi)), final, seed, task))
     if resumed:
         log.info("%s: resumed from %d finished shard(s) of %d", split, len(resumed), n_shards)
     return stats, resumed
@@ -272,8 +279,11 @@ def shard_bounds(ds: datasets.Dataset, examples: int, by_bytes: bool) -> list[in
     return bounds if n else [0, 0]
 
 
-def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) -> dict[str, Any]:
-    """Tokenize, pack and save one shard atomically; return its stats."""
+def _build_shard(
+    job: BuildJob, ds: datasets.Dataset, final: Path, seed: int, task: str | None
+) -> dict[str, Any]:
+    """Tokenize, pack and save one shard (of one `task`'s examples, where named) atomically;
+    return its stats."""
     procs = max(1, min(job.num_proc, len(ds) // MIN_EXAMPLES_PER_PROC))
     table = tokenize_rows(ds, job.formatter, procs, job.progress.advance)
     status = table.column("status").to_numpy()
@@ -293,6 +303,7 @@ def _build_shard(job: BuildJob, ds: datasets.Dataset, final: Path, seed: int) ->
         "trained_tokens": int(np.asarray(pieces.column("trained")).sum()),
         "rows": pack.rows,
         "capacity": pack.capacity,
+        **({"task": task} if task is not None else {}),
     }
     final.parent.mkdir(parents=True, exist_ok=True)
     with atomic_folder(final, replace=True) as tmp:
@@ -318,7 +329,7 @@ def _assemble(
         "fingerprint": plan.fingerprint,
         "format_version": plan.inputs["format_version"],
         "train": splits["train"],
-        "eval": splits.get("eval"),
+        "eval": splits.get("eval") and {**splits["eval"], **task_rows(shard_stats["eval"])},
         "shards": sum(len(st) for st in shard_stats.values()),
         "resumed_shards": resumed[0],
         "build_seconds": round(seconds, 3),

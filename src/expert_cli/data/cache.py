@@ -247,6 +247,8 @@ def fingerprint_inputs(
         "eval_seed": resolved.eval_seed,
         "seed": resolved.seed,
         "shard_examples": shard_examples,
+        # a multi_task expert's evaluation split is packed task by task (build.py)
+        **({"eval_by_task": True} if any(r.task for r in resolved.train_sources) else {}),
     }
 
 

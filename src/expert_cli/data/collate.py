@@ -123,6 +123,10 @@ def filled_to(rows: datasets.Dataset, multiple: int) -> datasets.Dataset:
 
 # Key the counting collator adds to each batch; removed before the model sees the batch.
 COUNTS_KEY = "expert_cli_counts"
+# an evaluation row's task, by its index in the cache's order (train/task_evals.py), and the
+# key the counting collator gives a batch of one task's rows (-1: rows of several)
+TASK_COLUMN = "task"
+TASK_KEY = "expert_cli_task"
 
 
 def _example_lengths(row: dict[str, Any]) -> np.ndarray:
@@ -155,4 +159,7 @@ class CountingCollator:
             trained += int((np.asarray(r["labels"]) != IGNORE).sum())
         batch = dict(self.inner(rows))
         batch[COUNTS_KEY] = (tokens, samples, trained, attended)
+        if rows and TASK_COLUMN in rows[0]:
+            tasks = {int(r[TASK_COLUMN]) for r in rows}
+            batch[TASK_KEY] = tasks.pop() if len(tasks) == 1 else -1
         return batch

@@ -68,3 +68,18 @@ def summed(stats: list[dict[str, Any]], examples_read: int) -> dict[str, Any]:
         round(total["tokens"] / total["capacity"], 6) if total["capacity"] else 0.0
     )
     return total
+
+
+def task_rows(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """`tasks`: each task's packed rows of the evaluation split in its order, with their
+    tokens and trained tokens, from shards that each hold one task's (build.py); none where
+    the split holds one task, or a shard names none."""
+    tasks: list[dict[str, Any]] = []
+    for shard in stats:
+        if not isinstance(shard.get("task"), str):
+            return {}
+        if not tasks or tasks[-1]["task"] != shard["task"]:
+            tasks.append({"task": shard["task"], "rows": 0, "tokens": 0, "trained_tokens": 0})
+        for key in ("rows", "tokens", "trained_tokens"):
+            tasks[-1][key] += shard[key]
+    return {"tasks": tasks} if len(tasks) > 1 else {}

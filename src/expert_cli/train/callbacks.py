@@ -22,6 +22,7 @@ from expert_cli.telemetry.throughput import ThroughputMeter
 from expert_cli.train.args import warmup_count
 from expert_cli.train.metrics_file import MetricsFile
 from expert_cli.train.outputs import read_json_file
+from expert_cli.train.task_evals import task_results
 
 # the window's numbers that also go into the Trainer's logs (so TensorBoard gets them)
 LOGGED = ("tokens_per_s", "samples_per_s", "data_wait_fraction", "mfu", "peak_memory_gb")
@@ -72,6 +73,8 @@ class ThroughputCallback(TrainerCallback):
             record = {"step": state.global_step, "eval_loss": logs["eval_loss"]}
             if "eval_token_accuracy" in logs:
                 record["token_accuracy"] = logs["eval_token_accuracy"]
+            if tasks := task_results(logs):  # a multi_task expert's (train/task_evals.py)
+                record["tasks"] = tasks
             self.evals.append(record)
             self.write(state.global_step, "running", now=True)
         if logs is None or "loss" not in logs or self.meter.steps_in_window == 0:

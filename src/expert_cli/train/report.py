@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,8 @@ class RunReport:
     # one that never saved its final adapter
     base_eval_loss: float | None = None  # eval_on_start's: before the first step
     best_eval_accuracy: float | None = None  # the token accuracy of the best evaluation
+    # a multi_task expert's best evaluation, task by task: (loss, token accuracy or None)
+    best_eval_tasks: dict[str, tuple[float, float | None]] = field(default_factory=dict)
 
 
 STOPPED_NOTE = (
@@ -175,7 +177,23 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         ),
         plot_problem=unwritten,
         status_note=status_note,
+        best_eval_tasks=_tasks_at(records, best[1]) if best else {},
     )
+
+
+def _tasks_at(records: list[Any], step: int) -> dict[str, tuple[float, float | None]]:
+    """Each task's loss and token accuracy at the evaluation of `step`, as recorded (a name
+    of printable characters, numbers a run records)."""
+    found = next((r for r in records if isinstance(r, dict) and r.get("step") == step), {})
+    tasks = found.get("tasks") if isinstance(found.get("tasks"), dict) else {}
+    out: dict[str, tuple[float, float | None]] = {}
+    for name, figures in tasks.items():
+        loss = _plausible(figures.get("eval_loss")) if isinstance(figures, dict) else None
+        if loss is None or not name.isprintable() or not 0 < len(name) <= 80:
+            continue
+        accuracy = _plausible(figures.get("token_accuracy"))
+        out[name] = (loss, accuracy + 0.0 if accuracy is not None and 0 <= accuracy <= 1 else None)
+    return out
 
 
 def _plausible(value: Any) -> float | None:

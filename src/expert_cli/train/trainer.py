@@ -19,7 +19,13 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from expert_cli.atomic import usual_mode
 from expert_cli.config.kernels import BOUNDARY_KERNELS
 from expert_cli.data import PreparedData
-from expert_cli.data.collate import COUNTS_KEY, CountingCollator, PackedCollator, filled_to
+from expert_cli.data.collate import (
+    COUNTS_KEY,
+    TASK_KEY,
+    CountingCollator,
+    PackedCollator,
+    filled_to,
+)
 from expert_cli.errors import UserError
 from expert_cli.telemetry.throughput import ThroughputMeter
 from expert_cli.train.adalora import LanguageLoss, regularised
@@ -32,6 +38,7 @@ from expert_cli.train.loraplus import split_b_groups
 from expert_cli.train.loss import takes_loss_positions
 from expert_cli.train.model_flops import flops_model
 from expert_cli.train.step_walks import StepWalks
+from expert_cli.train.task_evals import TaskTally, by_task, eval_task_names, split_loss
 from expert_cli.train.token_accuracy import AccuracyTally
 
 # DoRA's per-row magnitudes start at the frozen weight's norms: decay would shrink the base
@@ -47,6 +54,7 @@ class ExpertTrainer(Trainer):
     mask_mapping: dict[str, None] | None = None
     walks: StepWalks | None = None  # the loop's model's modules, listed at its first step
     loraplus_ratio: float | None = None  # LoRA+: B's learning rate over A's
+    task_names: list[str] | None = None  # a multi_task expert's evaluation tasks, in order
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -55,6 +63,8 @@ class ExpertTrainer(Trainer):
         # (loss, trained tokens) of each evaluation batch while an evaluation runs
         self._eval_tally: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._eval_hits: AccuracyTally | None = None  # and its tokens predicted
+        self._tasks: TaskTally | None = None  # and each task's (train/task_evals.py)
+        self._batch_task: int | None = None
 
     def get_batch_samples(
         self, epoch_iterator: Any, num_batches: int, device: Any
@@ -125,6 +135,7 @@ class ExpertTrainer(Trainer):
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         inputs.pop(COUNTS_KEY, None)
+        self._batch_task = inputs.pop(TASK_KEY, None)
         return super()._prepare_inputs(skip_mask_building(inputs, self.mask_mapping))
 
     def evaluation_loop(
@@ -145,15 +156,22 @@ class ExpertTrainer(Trainer):
         accuracy is the share of them the model's argmax predicts."""
         off = dict.fromkeys(regularised(self.model, self.accelerator), 0.0)
         self._eval_tally, self._eval_hits = [], AccuracyTally()
+        spread = self.args.world_size > 1  # each task's counts as the split's (split_loss)
+        counted = not spread or self.args.average_tokens_across_devices
+        self._tasks = TaskTally(self.task_names) if self.task_names and counted else None
         try:
             with self._regulariser_weights(off):
                 output = super().evaluation_loop(
                     dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
                 )
-            per_token = self._per_token_loss(self._eval_tally)
-            accuracy = self._eval_hits.accuracy(self.accelerator, self.args.world_size > 1)
+            per_token = split_loss(self._eval_tally, self.accelerator, self.args)
+            accuracy = self._eval_hits.accuracy(self.accelerator, spread)
+            if self._tasks is not None:
+                output.metrics.update(
+                    self._tasks.metrics(self.accelerator, spread, metric_key_prefix)
+                )
         finally:
-            self._eval_tally = self._eval_hits = None
+            self._eval_tally = self._eval_hits = self._tasks = None
         if per_token is not None and f"{metric_key_prefix}_loss" in output.metrics:
             output.metrics[f"{metric_key_prefix}_loss"] = per_token
         loss = output.metrics.get(f"{metric_key_prefix}_loss")
@@ -174,6 +192,10 @@ class ExpertTrainer(Trainer):
             self._eval_tally.append((loss.detach().float(), num_items_in_batch.float()))
         if self._eval_hits is not None and return_outputs:
             self._eval_hits.add(result[1], inputs.get("labels"))
+        if self._tasks is not None:
+            counted = self._eval_tally[-1] if torch.is_tensor(num_items_in_batch) else None
+            outputs = (result[1], inputs.get("labels")) if return_outputs else None
+            self._tasks.add(self._batch_task, counted, outputs)
         return result
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
@@ -221,27 +243,6 @@ class ExpertTrainer(Trainer):
         ):
             return super()._clip_grad_norm(model)
         return self.accelerator.clip_grad_norm_(walks.parameters, self.args.max_grad_norm)
-
-    def _per_token_loss(self, tally: list[tuple[torch.Tensor, torch.Tensor]]) -> float | None:
-        """Summed loss over trained tokens from each batch's (loss, trained tokens); None
-        where the Trainer's own average must stand (no counts, or counts kept per process)
-
-        Each batch's loss is its sum divided by the batch's trained tokens over all
-        processes, times the process count, so the mean over processes of loss x count
-        summed over batches is the split's summed loss (no row is repeated: `filled_to`)."""
-        spread = self.args.world_size > 1
-        if not tally or (spread and not self.args.average_tokens_across_devices):
-            return None
-        count = torch.stack([c for _, c in tally]).sum()
-        if count.item() <= 0:
-            return None
-        # a batch with no trained token has a loss of 0/0 and counts nothing; a NaN loss of a
-        # batch that trains tokens is the model's (diverged, or fp16 overflow): it stays NaN
-        # (it was zeroed, and an eval loss of 0 read as the best checkpoint)
-        summed = torch.stack([torch.where(c > 0, loss * c, 0.0) for loss, c in tally]).sum()
-        if spread:
-            summed = self.accelerator.gather(summed.reshape(1)).mean()
-        return (summed / count).item()
 
     def share_regulariser(self) -> None:
         """AdaLoRA's regulariser once per optimizer step, as its weight says: with the loss
@@ -364,8 +365,14 @@ def build_trainer(
     meter = ThroughputMeter(
         flops_model(model, mixed), telemetry.world_size, gather=telemetry.gather
     )
-    # no process's last evaluation batch filled with rows counted twice
+    # no process's last evaluation batch filled with rows counted twice; a task's rows, whole
+    # batches on every process (train/task_evals.py)
     fill = args.world_size * args.eval_batch_size if args.world_size > 1 else 1
+    evaluated = names = None
+    if args.eval_strategy != "no" and data.eval is not None:
+        names = eval_task_names(data.stats, len(data.eval))
+        whole = args.world_size * args.eval_batch_size
+        evaluated = by_task(data.eval, data.stats, whole) if names else filled_to(data.eval, fill)
     throughput = ThroughputCallback(
         meter, telemetry.metrics_path, telemetry.on_window, telemetry.earlier
     )
@@ -373,11 +380,12 @@ def build_trainer(
         model=model,
         args=args,
         train_dataset=data.train,
-        eval_dataset=None if args.eval_strategy == "no" else filled_to(data.eval, fill),
+        eval_dataset=evaluated,
         data_collator=collator,
         processing_class=tokenizer,
     )
     trainer.meter = meter
+    trainer.task_names = names or None
     trainer.mask_mapping = mask_free_mapping(model, kernel)
     trainer.share_regulariser()
     trainer.callback_handler.callbacks.insert(0, throughput)  # first: its logs reach TB

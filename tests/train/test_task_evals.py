@@ -1,0 +1,174 @@
+"""A multi_task expert's evaluation, task by task: one eval_loss hid a task getting worse
+while another got better. Each task's rows are evaluated in batches of its own, its loss and
+token accuracy counted over its trained tokens; the split's figures stay what they were."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from conftest import write_jsonl
+from peft import LoraConfig, get_peft_model
+from train_helpers import read_metrics, run_here, write_expert
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainingArguments
+
+from expert_cli.train.trainer import build_trainer
+
+DEMO_MODEL = Path(__file__).parents[2] / "experts" / "demo" / "model"
+
+
+def _rows() -> list[dict[str, list[int]]]:
+    """Rows of tokens each written three times (the model below predicts about two in three),
+    of answers long and short."""
+    draw = torch.Generator().manual_seed(2)
+    rows = []
+    for length, trained in ((30, 2), (30, 29), (12, 7), (21, 4), (24, 23)):
+        ids = torch.randint(1, 4000, (length // 3 + 1,), generator=draw).repeat_interleave(3)
+        ids = ids[:length].tolist()
+        labels = [-100] * (length - trained) + ids[length - trained :]
+        rows.append(
+            {
+                "input_ids": ids,
+                "labels": labels,
+                "position_ids": list(range(length)),
+                "num_tokens": length,  # as the cache's rows hold it
+            }
+        )
+    return rows
+
+
+def _by_hand(model: torch.nn.Module, rows: list[dict]) -> tuple[float, float]:
+    """(loss per trained token, share of trained tokens the argmax predicts), a row at a time."""
+    summed = hits = count = 0.0
+    with torch.no_grad():
+        for row in rows:
+            logits = model(input_ids=torch.tensor([row["input_ids"]])).logits[0, :-1].float()
+            targets = torch.tensor(row["labels"][1:])
+            kept = targets != -100
+            losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+            summed += losses[kept].sum().item()
+            hits += (logits.argmax(-1) == targets)[kept].sum().item()
+            count += kept.sum().item()
+    return summed / count, hits / count
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(DEMO_MODEL), attn_implementation="sdpa"
+    )
+    with torch.no_grad():  # the head reads back the embedding: it predicts the token it reads
+        model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight * 8)
+    return model.eval()
+
+
+@pytest.mark.parametrize("loss", ["standard", "chunked"])
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_each_task_is_evaluated_over_its_own_tokens(tmp_path: Path, batch: int, loss: str) -> None:
+    """Three rows of task `sql`, then two of `chat`: in batches of 2 or 4 a batch would hold
+    both tasks' rows, where its one loss could not be told apart."""
+    from expert_cli.train.loss import install_fused_loss
+
+    model, rows = _model(), _rows()
+    split, sql, chat = _by_hand(model, rows), _by_hand(model, rows[:3]), _by_hand(model, rows[3:])
+    assert abs(sql[0] - chat[0]) > 0.02 and abs(sql[1] - chat[1]) > 0.005  # told apart
+    if loss == "chunked":
+        install_fused_loss(model, "chunked")
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_eval_batch_size=batch,
+        use_cpu=True,
+        report_to="none",
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
+    args.eval_strategy = "steps"
+    tasks = [{"task": "sql", "rows": 3}, {"task": "chat", "rows": 2}]
+    data = types.SimpleNamespace(
+        train=None, eval=datasets.Dataset.from_list(rows), stats={"eval": {"tasks": tasks}}
+    )
+    trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(DEMO_MODEL), "sdpa")
+    metrics = trainer.evaluate()
+    assert metrics["eval_loss"] == pytest.approx(split[0], rel=1e-4)
+    assert metrics["eval_token_accuracy"] == pytest.approx(split[1], abs=1e-12)
+    for name, (task_loss, accuracy) in (("sql", sql), ("chat", chat)):
+        assert metrics[f"eval_{name}_loss"] == pytest.approx(task_loss, rel=1e-4)
+        assert metrics[f"eval_{name}_token_accuracy"] == pytest.approx(accuracy, abs=1e-12)
+
+
+def test_a_cache_without_tasks_evaluates_the_split_alone(tmp_path: Path) -> None:
+    """An earlier cache (no task rows recorded) or rows that do not add up: no task figures."""
+    rows = _rows()
+    model = get_peft_model(_model(), LoraConfig(r=4, target_modules=["q_proj"]))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", disable_tqdm=True
+    )
+    args.eval_strategy, args.remove_unused_columns = "steps", False
+    for stats in ({}, {"eval": {"tasks": [{"task": "a", "rows": 3}, {"task": "b", "rows": 1}]}}):
+        data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows), stats=stats)
+        tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
+        trainer, _ = build_trainer(model, args, data, tokenizer, "sdpa")
+        metrics = trainer.evaluate()
+        assert "eval_loss" in metrics and not [k for k in metrics if k.startswith("eval_a_")]
+
+
+def test_a_multi_task_run_reports_each_task(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Two tasks, each with its valid file: the cache packs each task's validation examples
+    apart (its rows named in stats), and every evaluation gives each task's loss and token
+    accuracy on the console and in metrics.json, which add up to the split's."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=1)
+    folder = manifest.parent / "data"
+    for name, word in (("sql", "select"), ("chat", "hello")):
+        rows = [
+            {
+                "text": f"<|im_start|>user\n{word} {i}<|im_end|>\n<|im_start|>assistant\n"
+                f"{word} {word} {i}<|im_end|>\n"
+            }
+            for i in range(24)
+        ]
+        write_jsonl(folder / f"{name}.jsonl", rows[:16])
+        write_jsonl(folder / f"{name}-valid.jsonl", rows[16:])
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"] = {
+        "type": "multi_task",
+        "field_mapping": {"text": "text"},
+        "tasks": {
+            name: {"train": f"data/{name}.jsonl", "valid": f"data/{name}-valid.jsonl"}
+            for name in ("sql", "chat")
+        },
+    }
+    data["training"]["config"].update(evaluation_strategy="steps", eval_steps=2, eval_on_start=True)
+    manifest.write_text(json.dumps(data))
+    out = tmp_path / "run"
+    done = run_here("train", "--manifest", str(manifest), "--output", str(out), "--max-steps", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (stats_file,) = (manifest.parent / ".cache").rglob("stats.json")
+    stats = json.loads(stats_file.read_text())["eval"]
+    tasks = stats["tasks"]
+    assert [t["task"] for t in tasks] == ["sql", "chat"]
+    assert sum(t["rows"] for t in tasks) == stats["rows"]
+    assert sum(t["trained_tokens"] for t in tasks) == stats["trained_tokens"]
+    evals = read_metrics(out)["evals"]
+    assert [e["step"] for e in evals] == [0, 2]
+    for record in evals:
+        weights = {t["task"]: t["trained_tokens"] for t in tasks}
+        by_task = record["tasks"]
+        assert sorted(by_task) == ["chat", "sql"]
+        mean = sum(by_task[n]["eval_loss"] * w for n, w in weights.items()) / sum(weights.values())
+        assert mean == pytest.approx(record["eval_loss"], rel=1e-5)
+        hits = sum(by_task[n]["token_accuracy"] * w for n, w in weights.items())
+        assert hits / sum(weights.values()) == pytest.approx(record["token_accuracy"], abs=1e-9)
+    assert done.stdout.count("by task: sql ") == 2
+    best = min(evals[1:], key=lambda e: e["eval_loss"])["tasks"]  # report: the best's, by task
+    report = run_here("report", str(out))
+    assert report.returncode == 0, report.stdout + report.stderr
+    sql, chat = best["sql"], best["chat"]
+    assert (
+        f"by task   sql {sql['eval_loss']:.4g} ({sql['token_accuracy']:.1%})  "
+        f"chat {chat['eval_loss']:.4g} ({chat['token_accuracy']:.1%})"
+    ) in report.stdout
