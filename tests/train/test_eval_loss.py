@@ -53,7 +53,7 @@ def _evaluated(tmp_path: Path, model: torch.nn.Module, rows: list, batch: int) -
         remove_unused_columns=False,
         disable_tqdm=True,
     )
-    data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows))
+    data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows), stats={})
     args.eval_strategy = "steps"  # build_trainer passes the eval split when evaluation is on
     trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(DEMO_MODEL), "sdpa")
     return trainer.evaluate()
