@@ -776,11 +776,21 @@ def test_check_package_judges_the_adapter_configuration(v2_run: Path, tmp_path: 
         lambda m: {**m, name: json.dumps({**config, "lora_alpha": 16.0}).encode()},
     )
     out = run_here("check", "--package", str(decimal))
-    assert out.returncode == 0, out.stdout  # sound for peft; a note for HiveLLM's runtime
+    # sound for peft, but HiveLLM's runtime applies it at scale 1: an earlier expert-cli's
+    # package (this one writes 16) was called sound, exit 0
+    assert out.returncode == 2, out.stdout
     assert (
         f"{name}: lora_alpha 16 is a decimal; HiveLLM's runtime reads a whole number only, and "
-        "applies the adapter at scale 1 instead of alpha / r"
+        "applies the adapter at scale 1 instead of alpha / r: package the run again with this "
+        "expert-cli"
     ) in " ".join(out.stdout.split())
+    rsloraed = _repack(  # rsLoRA unfolded: sqrt(r) times weaker there
+        package,
+        tmp_path / "rslora.expert",
+        lambda m: {**m, name: json.dumps({**config, "use_rslora": True}).encode()},
+    )
+    out = run_here("check", "--package", str(rsloraed))
+    assert out.returncode == 2 and "use_rslora is true" in out.stdout, out.stdout
 
 
 def test_what_hivellms_runtime_would_not_apply_is_said() -> None:

@@ -117,22 +117,21 @@ def test_a_cache_without_tasks_evaluates_the_split_alone(tmp_path: Path) -> None
         assert "eval_loss" in metrics and not [k for k in metrics if k.startswith("eval_a_")]
 
 
-def test_a_multi_task_run_reports_each_task(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """Two tasks, each with its valid file: the cache packs each task's validation examples
-    apart (its rows named in stats), and every evaluation gives each task's loss and token
-    accuracy on the console and in metrics.json, which add up to the split's."""
-    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=1)
-    folder = manifest.parent / "data"
-    for name, word in (("sql", "select"), ("chat", "hello")):
+def _multi_task_expert(folder: Path, model: Path, batch_size: int = 2) -> Path:
+    """Two tasks, sql and chat, each with its valid file (8 and 5 examples, answers of 1 to 4
+    words), evaluated before training and every 2 steps."""
+    manifest = write_expert(folder, model, rows=1, config={"batch_size": batch_size})
+    for name, word, valid in (("sql", "select", 8), ("chat", "hello", 5)):
         rows = [
             {
                 "text": f"<|im_start|>user\n{word} {i}<|im_end|>\n<|im_start|>assistant\n"
-                f"{word} {word} {i}<|im_end|>\n"
+                + f"{word} " * (1 + i % 4)
+                + f"{i}<|im_end|>\n"
             }
-            for i in range(24)
+            for i in range(16 + valid)
         ]
-        write_jsonl(folder / f"{name}.jsonl", rows[:16])
-        write_jsonl(folder / f"{name}-valid.jsonl", rows[16:])
+        write_jsonl(folder / "data" / f"{name}.jsonl", rows[:16])
+        write_jsonl(folder / "data" / f"{name}-valid.jsonl", rows[16:])
     data = json.loads(manifest.read_text())
     data["training"]["dataset"] = {
         "type": "multi_task",
@@ -144,6 +143,14 @@ def test_a_multi_task_run_reports_each_task(tmp_path: Path, tiny_model_dir: Path
     }
     data["training"]["config"].update(evaluation_strategy="steps", eval_steps=2, eval_on_start=True)
     manifest.write_text(json.dumps(data))
+    return manifest
+
+
+def test_a_multi_task_run_reports_each_task(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The cache packs each task's validation examples apart (its rows named in stats), and
+    every evaluation gives each task's loss and token accuracy on the console and in
+    metrics.json, which add up to the split's."""
+    manifest = _multi_task_expert(tmp_path / "e", tiny_model_dir)
     out = tmp_path / "run"
     done = run_here("train", "--manifest", str(manifest), "--output", str(out), "--max-steps", "2")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -172,3 +179,35 @@ def test_a_multi_task_run_reports_each_task(tmp_path: Path, tiny_model_dir: Path
         f"by task   sql {sql['eval_loss']:.4g} ({sql['token_accuracy']:.1%})  "
         f"chat {chat['eval_loss']:.4g} ({chat['token_accuracy']:.1%})"
     ) in report.stdout
+
+
+@pytest.mark.slow
+def test_two_processes_evaluate_each_task_as_one_does(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """torchrun over 2 processes of 2 rows against one process of 4: each process evaluates
+    its share of each task's batches, and the sums over both are the one process's."""
+    from train_helpers import launch
+
+    alone = _multi_task_expert(tmp_path / "one", tiny_model_dir, batch_size=4)
+    split = _multi_task_expert(tmp_path / "two", tiny_model_dir, batch_size=2)
+    train = ("train", "--max-steps", "2", "--manifest")
+    single = run_here(*train, str(alone), "--output", str(tmp_path / "a"))
+    assert single.returncode == 0, single.stdout + single.stderr
+    torchrun = ["torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    two = launch(torchrun, *train, str(split), "--output", str(tmp_path / "b"))
+    assert two.returncode == 0, two.stdout + two.stderr
+    evals = [read_metrics(tmp_path / run)["evals"] for run in ("a", "b")]
+    assert [e["step"] for e in evals[0]] == [e["step"] for e in evals[1]] == [0, 2]
+    assert [e["step"] for e in evals[0]] == [e["step"] for e in evals[1]] == [0, 2]
+    (one, _), (other, trained) = evals  # before training: the same model in both
+    assert sorted(one["tasks"]) == sorted(other["tasks"]) == ["chat", "sql"]
+    for name, figures in one["tasks"].items():
+        got = other["tasks"][name]
+        assert got["eval_loss"] == pytest.approx(figures["eval_loss"], rel=1e-6)
+        assert got["token_accuracy"] == pytest.approx(figures["token_accuracy"], abs=1e-12)
+    # the training of 2 x 2 rows is not 1 x 4's (its own shuffle): its tasks add up to its split
+    (cache,) = (split.parent / ".cache").rglob("stats.json")
+    weights = {
+        t["task"]: t["trained_tokens"] for t in json.loads(cache.read_text())["eval"]["tasks"]
+    }
+    mean = sum(trained["tasks"][n]["eval_loss"] * w for n, w in weights.items())
+    assert mean / sum(weights.values()) == pytest.approx(trained["eval_loss"], rel=1e-6)

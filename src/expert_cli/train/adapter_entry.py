@@ -216,14 +216,17 @@ def whole_alpha(config: dict[str, Any]) -> dict[str, Any]:
 def runtime_notes(config: dict[str, Any]) -> list[str]:
     """What of the adapter HiveLLM's runtime would not apply as trained (see NOT_APPLIED);
     `generate` and `merge` here apply all of it."""
+    return misapplied(config) + unapplied(config)
+
+
+def misapplied(config: dict[str, Any]) -> list[str]:
+    """What HiveLLM's runtime would apply at another scale or to another base than trained:
+    expert-cli's package writes none of it (a whole alpha, rsLoRA folded, the standard form
+    of PiSSA and OLoRA), so a package holding it was made otherwise."""
     kind = str(config.get("peft_type"))
     notes = []
-    key = ALPHA_KEYS.get(kind)
-    if key and isinstance(config.get(key), float):
-        notes.append(
-            f"adapter_config.json: {key} {config[key]:g} is a decimal; HiveLLM's runtime reads "
-            "a whole number only, and applies the adapter at scale 1 instead of alpha / r"
-        )
+    if (said := decimal_alpha(config)) and float(config[ALPHA_KEYS[kind]]).is_integer():
+        notes.append(said)  # 16.0, which expert-cli's package writes as 16
     if kind == "LORA" and config.get("use_rslora") is True:  # a package expert-cli did not make
         notes.append(
             "adapter_config.json: use_rslora is true (scale alpha / sqrt(r)); HiveLLM's runtime "
@@ -237,6 +240,26 @@ def runtime_notes(config: dict[str, Any]) -> list[str]:
             "less its decomposition, which HiveLLM's runtime does not make: it applies the "
             "adapter to the base itself, wrongly (expert-cli's package ships its standard form)"
         )
+    return notes
+
+
+def decimal_alpha(config: dict[str, Any]) -> str | None:
+    """What HiveLLM's runtime makes of an alpha written as a decimal (16.0, or 12.5)."""
+    key = ALPHA_KEYS.get(str(config.get("peft_type")))
+    if not key or not isinstance(config.get(key), float):
+        return None
+    return (
+        f"adapter_config.json: {key} {config[key]:g} is a decimal; HiveLLM's runtime reads "
+        "a whole number only, and applies the adapter at scale 1 instead of alpha / r"
+    )
+
+
+def unapplied(config: dict[str, Any]) -> list[str]:
+    """The adapter's parts HiveLLM's runtime does not apply at all (see NOT_APPLIED), and an
+    alpha that is no whole number (a run's own choice, shipped as trained)."""
+    kind = str(config.get("peft_type"))
+    said = decimal_alpha(config)
+    notes = [said] if said and not float(config[ALPHA_KEYS[kind]]).is_integer() else []
     held = NOT_APPLIED.get(kind)
     if kind == "LORA" and config.get("use_dora") is True:
         held = "DoRA's magnitude vectors"

@@ -24,7 +24,8 @@ from expert_cli.train.adapter_entry import (
     base_note,
     config_notes,
     entry_problems,
-    runtime_notes,
+    misapplied,
+    unapplied,
 )
 from expert_cli.train.adapter_fit import Shapes
 from expert_cli.train.hive_loader import loader_problems
@@ -355,7 +356,10 @@ def _check_entry(report: PackageReport, hashes: dict[str, str], heads: dict[str,
             report.problems += entry_problems(adapter, config, where)
             report.notes += config_notes(report.manifest["training"].get("config"), config)
             report.notes += base_note(report.manifest, config)
-            report.notes += runtime_notes(config)
+            report.problems += [  # the run packaged again by this expert-cli writes none
+                f"{line}: package the run again with this expert-cli" for line in misapplied(config)
+            ]
+            report.notes += unapplied(config)
     weights = hashes.get(ADAPTER_FILES[0])
     if weights and adapter.get("sha256") and adapter["sha256"] != weights:
         report.problems.append(f"{where}[0].sha256: does not match {ADAPTER_FILES[0]}")
