@@ -703,3 +703,42 @@ def test_a_resume_keeps_the_schedule_and_the_optimizer(demo_expert_dir: Path) ->
     assert changed_fields({**old, "adam_beta2": 0.95}, resolved) == ["adam_beta2 0.95 -> 0.999"]
     before = {k: v for k, v in old.items() if not k.startswith("adam_")}
     assert changed_fields(before, resolved) == []
+
+
+@pytest.mark.parametrize("taken", [False, True])
+def test_a_run_whose_folder_is_removed_stops_and_writes_nothing_more(
+    tmp_path: Path, tiny_model_dir: Path, taken: bool
+) -> None:
+    """`rm -rf` of a live run's folder took its lock file with it: a second train then took a
+    new lock there and both wrote the one folder, each saying its run was written; alone, the
+    run wrote its metrics into nothing (a traceback). It stops at the next step's end, exit 1,
+    writing nothing more there (`taken`: another train's lock file is there by then)."""
+    import threading
+    import time
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=64, config={"save_steps": 2})
+    out = tmp_path / "out"
+
+    def remove() -> None:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoints" / "checkpoint-2" / COMPLETE).is_file():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
+        shutil.rmtree(out)
+        if taken:  # a second train's claim: the folder again, with its own lock file
+            out.mkdir()
+            FileLock(str(out / ".train.lock")).acquire()
+
+    remover = threading.Thread(target=remove)
+    remover.start()
+    done = _train(manifest, out, "--max-steps", "400")
+    remover.join()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        f"--output {out}: the run folder, or its .train.lock, was removed while this run "
+        "trained in it"
+    ) in " ".join(done.stderr.split())
+    assert "Traceback" not in done.stdout + done.stderr and "completed" not in done.stdout
+    left = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    assert left == ([".train.lock"] if taken else [])

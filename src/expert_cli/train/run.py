@@ -7,12 +7,11 @@ The same code runs alone, under `torchrun --nproc_per_node N` and under `acceler
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
-from transformers import PrinterCallback, TrainerCallback
+from transformers import PrinterCallback
 from transformers.utils import logging as hf_logging
 
 from expert_cli.atomic import sigterm_raises
@@ -54,6 +53,7 @@ from expert_cli.train.data_record import BASE_CONFIG_KEY, base_config_digest, re
 from expert_cli.train.divergence import DivergenceWatch
 from expert_cli.train.early_stop import EarlyStop
 from expert_cli.train.final_save import AT_ONCE, end_run
+from expert_cli.train.folder_guard import FolderGuard, busy, claim
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.grouped_lora import COMPILED_UNGROUPED, NOTHING_GROUPED, is_grouped
 from expert_cli.train.lora_init import INIT_DIGEST, INIT_WEIGHTS, start_digest
@@ -79,8 +79,6 @@ from expert_cli.train.outputs import (
 from expert_cli.train.package import author_notes
 from expert_cli.train.run_folder import (
     MAX_STEPS_KEY,
-    busy,
-    claim,
     decide,
     refuse_output_place,
     resumed_max_steps,
@@ -89,7 +87,7 @@ from expert_cli.train.run_folder import (
 )
 from expert_cli.train.session import Reporter, Run, Silent, TrainOptions, TrainResult
 from expert_cli.train.speed import compile_decision, compile_layers
-from expert_cli.train.tracker_guard import guard_trackers
+from expert_cli.train.tracker_guard import guard_trackers, tensorboard
 from expert_cli.train.trainer import Telemetry, build_trainer
 
 __all__ = ["Reporter", "Run", "Silent", "TrainOptions", "TrainResult", "train"]
@@ -308,39 +306,24 @@ def make_trainer(
         asked = (run.resolved.distributed or {}).get("strategy", "ddp")
         run.reporter.note(distributed.describe(topology, asked))
     stop = InterruptCallback(interrupt, distributed.any_rank)
-    watch = DivergenceWatch()
+    watch, say = DivergenceWatch(), run.reporter.note if run.is_main else None
     extra = [*run.reporter.callbacks(), ScheduleNote(run.reporter.note)] if run.is_main else []
-    marks = [CheckpointMarker(), ResumedIntervals(), _tensorboard(run)]
+    marks = [CheckpointMarker(), ResumedIntervals(), tensorboard(run.output, say)]
     for callback in [*extra, stop, watch, *marks]:
         if callback is not None:
             trainer.add_callback(callback)
+    if run.hold is not None:  # first: before any callback writes into the folder
+        trainer.callback_handler.callbacks.insert(0, FolderGuard(run.hold, run.output))
     trainer.loraplus_ratio = run.resolved.loraplus_lr_ratio
-    guard_trackers(trainer, run.reporter.note if run.is_main else None)
+    guard_trackers(trainer, say)
     if run.resolved.adapter_type == "adalora":
         trainer.add_callback(AdaLoraCallback(model))
     if run.resolved.neftune_noise_alpha:  # noise while training, each example by its length
         Neftune(model, run.resolved.neftune_noise_alpha)
     if patience := run.resolved.early_stopping_patience:  # every process stops at once
-        say = run.reporter.note if run.is_main else None
         threshold = run.resolved.early_stopping_threshold
         trainer.add_callback(EarlyStop(patience, threshold, throughput, say))
     return trainer, throughput, stop, watch
-
-
-def _tensorboard(run: Run) -> TrainerCallback | None:
-    """TensorBoard events under OUTPUT/runs when tensorboard is installed (main process)."""
-    if not run.is_main:
-        return None
-    if importlib.util.find_spec("tensorboard") is None:
-        run.reporter.note(
-            "tensorboard is not installed; no TensorBoard events (metrics.json has the same "
-            "numbers)"
-        )
-        return None
-    from torch.utils.tensorboard import SummaryWriter
-    from transformers.integrations import TensorBoardCallback
-
-    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(run.output / "runs")))
 
 
 def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:

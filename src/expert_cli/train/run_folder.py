@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from expert_cli.atomic import signals_held
 from expert_cli.config.choices import DEFAULT_WARMUP_RATIO
 from expert_cli.config.resolve import ResolvedConfig
@@ -32,7 +30,6 @@ from expert_cli.train.choice import final_adapter_whole, final_step
 from expert_cli.train.distributed import refuse_world_change
 from expert_cli.train.outputs import (
     ASIDE_PREFIX,
-    LOCK_NAME,
     PID,
     process_running,
     read_json_file,
@@ -318,29 +315,6 @@ def sweep_leftovers(output: Path) -> list[str]:
             path.unlink(missing_ok=True)
         removed.append(path.name)
     return removed
-
-
-def claim(output: Path) -> FileLock:
-    """This process's hold on its run folder (created when new) while it trains. A second
-    `train` into the same folder (from a second terminal, or an --overwrite of a run still
-    going) is refused, instead of writing its checkpoints beside the first one's or setting
-    that run's outputs aside under it. The hold ends with the process, however it ends."""
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(output / LOCK_NAME))
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise busy(output) from None
-    except OSError as exc:
-        raise UserError(f"--output {output}: cannot be written ({exc.strerror})") from None
-    return lock
-
-
-def busy(output: Path) -> UserError:
-    return UserError(
-        f"--output {output}: another `expert-cli train` is writing to this folder; wait for it "
-        "to end, or choose another --output"
-    )
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from expert_cli.data import BuildProgress, PreparedData
 from expert_cli.errors import RunError, UserError
 from expert_cli.train import distributed
 from expert_cli.train.checkpoints import complete_checkpoints, remove_incomplete_checkpoints
+from expert_cli.train.folder_guard import FolderLost
 from expert_cli.train.memory import Stopped, oom_error, out_of_memory
 from expert_cli.train.model import ModelChoices, training_device
 from expert_cli.train.run_folder import Previous, disk_full, drop_aside, restore_aside
@@ -113,6 +114,8 @@ class Run:
         """Record "failed" in metrics.json; out of memory is a RunError saying what to change,
         a full disk (after removing the checkpoint it cut short, to make room for that record)
         one naming the folder: exit 1."""
+        if isinstance(exc, FolderLost):  # the folder may be another run's now
+            raise exc
         full = disk_full(exc, self.output)
         if full and self.is_main:
             remove_incomplete_checkpoints(self.output / "checkpoints")

@@ -1,9 +1,12 @@
-"""The `report_to` trackers' callbacks guarded: a tracker that fails once training has begun
-(a tracking server that stops answering) stops logging, not the run."""
+"""TensorBoard's callback, and the `report_to` trackers' callbacks guarded: a tracker that
+fails once training has begun (a tracking server that stops answering) stops logging, not the
+run."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -58,3 +61,20 @@ def guard_trackers(trainer: Any, say: Callable[[str], None] | None) -> None:
 
 
 TRACKER_MODULES = "transformers.integrations"
+
+
+def tensorboard(output: Path, say: Callable[[str], None] | None) -> Any:
+    """TensorBoard events under OUTPUT/runs where tensorboard is installed, on the main
+    process (`say`: its notes; None on the others)."""
+    if say is None:
+        return None
+    if importlib.util.find_spec("tensorboard") is None:
+        say(
+            "tensorboard is not installed; no TensorBoard events (metrics.json has the same "
+            "numbers)"
+        )
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+
+    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(output / "runs")))
