@@ -262,7 +262,7 @@ def test_a_run_stopped_before_its_final_adapter_points_at_its_checkpoints(
     from filelock import FileLock
     from safetensors.torch import load_file, save_file
 
-    from expert_cli.train.run_folder import LOCK_NAME
+    from expert_cli.train.outputs import LOCK_NAME
 
     run = tmp_path / "run"
     shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))
@@ -288,8 +288,19 @@ def test_a_run_stopped_before_its_final_adapter_points_at_its_checkpoints(
     # a run `train` is writing now: said so, not "stopped"
     with FileLock(str(run / LOCK_NAME)):
         code, out, err = run_main(capsys, monkeypatch, "generate", "-p", "x", "--adapter", str(run))
-    said = " ".join(err.split())
-    assert code == 2 and f"--adapter {run}: an `expert-cli train` is writing this run now" in said
+        said = " ".join(err.split())
+        assert (
+            code == 2 and f"--adapter {run}: an `expert-cli train` is writing this run now" in said
+        )
+        # package said it had stopped, finish it with --resume (which the lock refuses)
+        code, out, err = run_main(capsys, monkeypatch, "package", "--adapter", str(run))
+        said = " ".join(err.split())
+        assert (
+            code == 2 and f"--adapter {run}: an `expert-cli train` is writing this run now" in said
+        )
+        assert "--resume" not in said
+        code, out, err = run_main(capsys, monkeypatch, "report", str(run))
+        assert "which the run writes at its end (it is training now)" in " ".join(out.split())
 
 
 def test_a_run_being_trained_before_its_first_checkpoint_is_said_to_be(
@@ -299,7 +310,7 @@ def test_a_run_being_trained_before_its_first_checkpoint_is_said_to_be(
     merge) said "no adapter_config.json (expected the output folder of expert-cli train)"."""
     from filelock import FileLock
 
-    from expert_cli.train.run_folder import LOCK_NAME
+    from expert_cli.train.outputs import LOCK_NAME
 
     run = tmp_path / "run"
     shutil.copytree(memorised, run, ignore=shutil.ignore_patterns("checkpoints", "runs"))

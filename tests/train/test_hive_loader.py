@@ -20,8 +20,9 @@ from train_helpers import (
 
 from expert_cli.errors import UserError
 from expert_cli.train.hive_loader import for_hive_loader, loader_problems, refuse_unloadable
-from expert_cli.train.package import author_notes, build_package
+from expert_cli.train.package import build_package
 from expert_cli.train.package_check import verify_package
+from expert_cli.train.package_manifest import author_notes
 
 EXPERTS = Path(__file__).parents[2] / "experts"
 RESOLVED = {  # the demo's run, with batch_size auto resolved to 8 rows x 2

@@ -82,7 +82,7 @@ def check(
     from expert_cli.config.loading import apply_overrides, read_manifest_json
     from expert_cli.data.checks import check_manifest
     from expert_cli.train.adapter import start_problem
-    from expert_cli.train.package import author_notes
+    from expert_cli.train.package_manifest import author_notes
 
     report = check_manifest(
         manifest,

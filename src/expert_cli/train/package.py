@@ -39,18 +39,19 @@ from expert_cli.errors import Interrupted, RunError, Terminated, UserError, valu
 from expert_cli.paths import resolved_path, shown_path
 from expert_cli.train import adapter_entry as entry
 from expert_cli.train import package_members as pm
-from expert_cli.train.adapter_entry import ALPHA_KEYS, DROPOUT_KEYS, RANK_KEYS, reconciled
 from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints, sound_checkpoints
 from expert_cli.train.choice import chosen_by_best, chosen_checkpoint, lower_loss_note
-from expert_cli.train.hive_loader import for_hive_loader, loader_problems, refuse_unloadable
+from expert_cli.train.hive_loader import refuse_unloadable
 from expert_cli.train.lora_init import INIT_WEIGHTS, standard_form, standard_notes
 from expert_cli.train.outputs import (
     ADAPTER_FILES,
     SOURCE_MANIFEST,
     adapter_base,
     data_folder_problem,
+    held_by_another,
     read_json_file,
     run_of,
+    writing_now,
 )
 from expert_cli.train.package_check import (
     MAX_FILE_BYTES,
@@ -59,6 +60,7 @@ from expert_cli.train.package_check import (
     sha256_of,
     verify_package,
 )
+from expert_cli.train.package_manifest import completed_for_package
 from expert_cli.train.package_output import refuse_output, stale
 from expert_cli.train.package_sum import CHECKSUM_SUFFIX
 from expert_cli.train.rslora_fold import folded, folded_note, is_rslora
@@ -72,7 +74,6 @@ from expert_cli.train.run_source import (
 from expert_cli.train.tokenizer_files import tokenizer_folder, tokenizer_members
 from expert_cli.weights import unchanged_adapter
 
-SHOWN_FIELDS = 6  # fields a note names
 Members = dict[str, bytes | Path]  # member name -> its bytes, or the file that holds them
 
 
@@ -156,6 +157,8 @@ def _final_problem(run_dir: Path) -> UserError | None:
             complete_checkpoints(run_dir / "checkpoints")
             and not (run_dir / "adapter_config.json").exists()
         ):
+            if held_by_another(run_dir):  # a live train's: its adapter comes at its end
+                return UserError(writing_now(run_dir))
             return UserError(  # train's folder: a run stopped before its end (generate's words)
                 f"--adapter {shown_path(run_dir)}: the run stopped before writing its final "
                 "adapter; finish it with `expert-cli train` with the same --output and --resume"
@@ -221,64 +224,6 @@ def _adapter_members(
         ADAPTER_FILES[1]: (json.dumps(config, indent=2) + "\n").encode(),
     }
     return members, notes
-
-
-def completed_for_package(
-    manifest: dict[str, Any], resolved: dict[str, Any], config: dict[str, Any]
-) -> list[str]:
-    """The manifest's adapter entry (made where there is none) reconciled with the adapter's
-    configuration, and the rest HiveLLM's loader needs written from the run (in place)."""
-    adapters, where = adapters_of(manifest)
-    if not adapters:
-        adapters.append({"type": resolved.get("adapter_type") or "lora"})
-    notes = reconciled(adapters[0], config, f"{where}[0]", resolved.get("target_modules"))
-    return notes + for_hive_loader(manifest, adapters, resolved, config)
-
-
-def _planned_config(resolved: dict[str, Any]) -> dict[str, Any]:
-    """The adapter_config.json a run of `resolved` writes, as far as the package's manifest
-    reads it; all-linear's layers, known once the model is built, by a stand-in name."""
-    kind = resolved.get("adapter_type") or "lora"
-    peft = {"dora": "LORA"}.get(kind, kind.upper())
-    targets = resolved.get("target_modules")
-    config = {
-        "peft_type": peft,
-        "use_dora": kind == "dora" or resolved.get("use_dora") is True,
-        "target_modules": targets if isinstance(targets, list) else ["linear"],
-    }
-    for keys, value in ((RANK_KEYS, "rank"), (ALPHA_KEYS, "alpha"), (DROPOUT_KEYS, "dropout")):
-        if peft in keys:
-            config[keys[peft]] = resolved.get(value)
-    return config
-
-
-def author_notes(manifest: Any, resolved: dict[str, Any]) -> list[str]:
-    """A note naming the fields HiveLLM's loader needs that `package` cannot write from the
-    run (description, capabilities, constraints, a soft prompt's tokens ...), found as
-    `package` finds them: on a copy completed from the run `resolved` plans. Said before
-    training, so they can be given before `package` stops on them; none when none."""
-    if not isinstance(manifest, dict):
-        return []
-    filled = copy.deepcopy(manifest)
-    if filled.get("schema_version") == "2.0" and isinstance(filled.get("base_models"), list):
-        filled["base_models"] = filled["base_models"][:1]  # as plan_members ships it
-    try:
-        completed_for_package(filled, resolved, _planned_config(resolved))
-    except (AttributeError, TypeError, KeyError, IndexError):  # a shape `check` names
-        return []
-    fields = list(dict.fromkeys(line.split(":", 1)[0] for line in loader_problems(filled)))
-    if not fields:
-        return []
-    if len(fields) > SHOWN_FIELDS:
-        shown = f"{', '.join(fields[:SHOWN_FIELDS])} and {len(fields) - SHOWN_FIELDS} more"
-    else:
-        shown = " and ".join([", ".join(fields[:-1]), fields[-1]] if len(fields) > 1 else fields)
-    them = "them" if len(fields) > 1 else "it"
-    return [
-        f"package: HiveLLM's loader would refuse {shown} (missing, or not of its form), "
-        f"which the run cannot write: give {them} in the manifest before `expert-cli "
-        f"package`, which stops on {them}"
-    ]
 
 
 def plan_members(

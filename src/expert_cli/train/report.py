@@ -294,6 +294,8 @@ def _ship_notes(
             why = (
                 "which is damaged"
                 if (run_dir / ADAPTER_WEIGHTS[0]).is_file()
+                else "which the run writes at its end (it is training now)"
+                if held_by_another(run_dir)
                 else "which the run did not write (it stopped before its end)"
             )
             return [

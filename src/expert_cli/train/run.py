@@ -76,7 +76,7 @@ from expert_cli.train.outputs import (
     output_dir,
     write_resolved,
 )
-from expert_cli.train.package import author_notes
+from expert_cli.train.package_manifest import author_notes
 from expert_cli.train.run_folder import (
     MAX_STEPS_KEY,
     decide,
