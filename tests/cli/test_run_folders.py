@@ -742,3 +742,27 @@ def test_a_run_whose_folder_is_removed_stops_and_writes_nothing_more(
     assert "Traceback" not in done.stdout + done.stderr and "completed" not in done.stdout
     left = sorted(p.name for p in out.iterdir()) if out.exists() else []
     assert left == ([".train.lock"] if taken else [])
+
+
+def test_a_resume_on_a_cache_of_another_format_is_said(
+    trained_once: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A run begun by an earlier expert-cli (a cache format since changed) resumed on the
+    cache this one builds, whose rows may be packed otherwise, in silence: it says so."""
+    manifest, finished = trained_once
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    resolved_file = out / "manifest.resolved.json"
+    resolved = json.loads(resolved_file.read_text())
+    current = resolved["runtime"]["data"]["stats"]["inputs"]["format_version"]
+    resolved["runtime"]["data"]["stats"]["inputs"]["format_version"] = current - 8
+    resolved_file.write_text(json.dumps(resolved))
+    done = _train(manifest, out, "--max-steps", "8", "--resume")
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert (
+        f"--resume: {out} began on a token cache of format {current - 8}, and this expert-cli "
+        f"builds format {current}, which may lay out or pack some examples otherwise"
+    ) in said
+    again = _train(manifest, tmp_path / "fresh", "--max-steps", "2")  # no word on a new run
+    assert "began on a token cache of format" not in again.stdout

@@ -17,9 +17,10 @@ from expert_cli.errors import UserError
 from expert_cli.train.outputs import read_json_file
 
 
-def refuse_changed_data(output: Path, resolved: Any, tokenizer: Any) -> None:
+def refuse_changed_data(output: Path, resolved: Any, tokenizer: Any) -> list[str]:
     """UserError when the data files of a run resumed into `output` changed since it began;
-    called before the token cache is built, so edited data costs no build."""
+    called before the token cache is built, so edited data costs no build. A note where the
+    run began on a cache of another format (an earlier expert-cli's)."""
     runtime = read_json_file(output / "manifest.resolved.json").get("runtime")
     before = runtime.get(BASE_CONFIG_KEY) if isinstance(runtime, dict) else None
     if before and (now := base_config_digest(resolved)) and now != before:
@@ -40,6 +41,16 @@ def refuse_changed_data(output: Path, resolved: Any, tokenizer: Any) -> None:
             f"began: {shown}); resume with the manifest and base model it began with, or start "
             "again with --overwrite"
         )
+    began = (_recorded_inputs(runtime) or {}).get("format_version")
+    if not isinstance(began, int) or began == inputs["format_version"]:
+        return []
+    return [
+        f"--resume: {output} began on a token cache of format {began}, and this expert-cli "
+        f"builds format {inputs['format_version']}, which may lay out or pack some examples "
+        "otherwise: the checkpoint's place in its epoch then falls among other rows, and the "
+        "rest of that epoch may see a few examples twice and miss others; to continue "
+        "exactly, resume with the expert-cli version that began the run"
+    ]
 
 
 BASE_CONFIG_KEY = "base_config_sha256"  # runtime: the local base's config.json as the run began

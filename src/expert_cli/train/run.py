@@ -186,7 +186,9 @@ def load_data(run: Run, resume: Path | None = None) -> tuple[Any, PreparedData]:
     if problem := start_problem(resolved, ids_in_use(tokenizer)):
         raise UserError(problem)  # before any data is tokenized or weights read
     if resume:
-        refuse_changed_data(run.output, resolved, tokenizer)
+        notes = refuse_changed_data(run.output, resolved, tokenizer)
+        for note in notes if run.is_main else []:
+            run.reporter.note(note)
     progress = run.reporter.build_progress() if run.is_main else None
     with run.args.main_process_first(desc="token cache"):
         data = prepare_data(run.resolved, tokenizer, progress=progress)
