@@ -156,7 +156,12 @@ def summary_lines(data: PreparedData, steps: str = "") -> list[str]:
     lines.append(f"  cache {escaped(str(data.cache_dir))}")
     if data.pruned.caches:
         lines.append(f"  pruned {earlier_text(data.pruned)}")
-    if data.earlier.caches:
+    if data.earlier.caches and data.pruning:  # what a process reads is never removed
+        lines.append(
+            f"  kept {earlier_text(data.earlier)}: read by another process now (a train, "
+            "generate or merge); --prune removes them once it is done"
+        )
+    elif data.earlier.caches:
         lines.append(f"  kept {earlier_text(data.earlier)}; --prune removes them")
     return lines
 

@@ -62,6 +62,7 @@ class PreparedData:
     changes: list[str] = field(default_factory=list)
     earlier: Earlier = Earlier()  # the expert's other finished caches beside this one
     pruned: Earlier = Earlier()  # those `prune` removed
+    pruning: bool = False  # whether `prune` ran: the earlier caches left are in use
     hold: Hold | None = None  # the shared lock on the cache folder while it is read
 
     def largest_id(self) -> int | None:
@@ -126,7 +127,7 @@ def prune_earlier_caches(data: PreparedData) -> None:
     open_cache_root(data.cache_dir.parent)  # a folder that takes no lock: named, not a traceback
     with FileLock(str(data.cache_dir.parent / LOCK_NAME)):
         data.pruned = prune_earlier(data.cache_dir, expert)
-    data.earlier = count_earlier(data.cache_dir, expert)
+    data.earlier, data.pruning = count_earlier(data.cache_dir, expert), True
 
 
 def _prepare(
