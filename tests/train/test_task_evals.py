@@ -159,6 +159,9 @@ def test_a_multi_task_run_reports_each_task(tmp_path: Path, tiny_model_dir: Path
     tasks = stats["tasks"]
     assert [t["task"] for t in tasks] == ["sql", "chat"]
     assert sum(t["rows"] for t in tasks) == stats["rows"]
+    shown = run_here("pretokenize", "--manifest", str(manifest)).stdout
+    by_task = f"(by task: sql {tasks[0]['rows']}, chat {tasks[1]['rows']})"
+    assert f"eval: rows {stats['rows']} {by_task}" in shown
     assert sum(t["trained_tokens"] for t in tasks) == stats["trained_tokens"]
     evals = read_metrics(out)["evals"]
     assert [e["step"] for e in evals] == [0, 2]

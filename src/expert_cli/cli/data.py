@@ -144,7 +144,10 @@ def summary_lines(data: PreparedData, steps: str = "") -> list[str]:
     lines += [f"  note: {note}" for note in data.stats.get("notes") or []]
     if data.stats.get("eval"):
         ev = data.stats["eval"]
-        lines.append(f"  eval: rows {ev['rows']:,}, tokens {ev['tokens']:,}")
+        tasks = [t for t in ev.get("tasks") or [] if isinstance(t, dict)]  # a multi_task's
+        each = ", ".join(f"{escaped(str(t.get('task')))} {t.get('rows', 0):,}" for t in tasks)
+        each = f" (by task: {each})" if each else ""
+        lines.append(f"  eval: rows {ev['rows']:,}{each}, tokens {ev['tokens']:,}")
         if note := split_note(data.stats):
             lines.append(f"  note: {note}")
     if steps:
