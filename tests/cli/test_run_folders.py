@@ -766,3 +766,30 @@ def test_a_resume_on_a_cache_of_another_format_is_said(
     ) in said
     again = _train(manifest, tmp_path / "fresh", "--max-steps", "2")  # no word on a new run
     assert "began on a token cache of format" not in again.stdout
+
+
+def test_checkpoints_without_markers_say_how_a_whole_one_is_resumed(
+    trained_once: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The first day's versions wrote no _COMPLETE: their whole checkpoints were called "not
+    written whole" with no way on. The refusal says how to mark one, and --resume then checks
+    the rest of it as any other."""
+    manifest, finished = trained_once
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    (out / "adapter_model.safetensors").unlink()  # stopped before its end
+    for marker in (out / "checkpoints").glob(f"*/{COMPLETE}"):
+        marker.unlink()
+    refused = _train(manifest, out, "--resume", "--max-steps", "8")
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "(checkpoint-3 not written whole; checkpoint-6 not written whole)" in said
+    assert (
+        f"a checkpoint without {COMPLETE} was cut short while written, or written by an "
+        "expert-cli of before 2026-11-23, which marked none: where so, an empty _COMPLETE file "
+        "put in it lets --resume check the rest"
+    ) in said
+    (out / "checkpoints" / "checkpoint-6" / COMPLETE).write_text("")
+    done = _train(manifest, out, "--resume", "--max-steps", "8")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resuming from checkpoint-6 (step 6 of 8)" in done.stdout

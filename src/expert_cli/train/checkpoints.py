@@ -184,9 +184,16 @@ def resume_point(checkpoints: Path) -> ResumePoint:
     )
     detail = [f"{name} not written whole" for name in partial] + passed_over
     shown = f" ({'; '.join(detail)})" if detail else ""
+    unmarked = (  # whole, a run of the first day's versions: they wrote no marker
+        f"; a checkpoint without {COMPLETE} was cut short while written, or written by an "
+        f"expert-cli of before 2026-11-23, which marked none: where so, an empty {COMPLETE} "
+        "file put in it lets --resume check the rest"
+        if partial
+        else ""
+    )
     raise UserError(
         f"--resume: no checkpoint to resume from under {checkpoints}{shown}; checkpoint-N "
-        "folders are written every save_steps and on Ctrl-C"
+        f"folders are written every save_steps and on Ctrl-C{unmarked}"
     )
 
 
