@@ -214,3 +214,26 @@ def test_two_processes_evaluate_each_task_as_one_does(tmp_path: Path, tiny_model
     }
     mean = sum(trained["tasks"][n]["eval_loss"] * w for n, w in weights.items())
     assert mean / sum(weights.values()) == pytest.approx(trained["eval_loss"], rel=1e-6)
+
+
+def test_few_validation_examples_of_a_task_are_said() -> None:
+    """Each task's loss rests on its own examples: a task of 5 beside one of 40 was said
+    nothing of (the split's 45 are enough for one loss)."""
+    from expert_cli.data.splits import split_note
+
+    tasks = [{"task": "sql", "examples": 40}, {"task": "chat", "examples": 5}]
+    note = split_note({"eval": {"examples": 45, "tasks": tasks}})
+    assert note is not None and note.startswith(
+        "the validation split gives each task's loss apart, and holds few examples of task "
+        "chat (5): that loss rests on so few; give each task 16 or more"
+    )
+    tasks[0]["examples"] = 12
+    assert "of tasks sql (12) and chat (5): those losses rest" in split_note(
+        {"eval": {"examples": 17, "tasks": tasks}}
+    )
+    assert split_note({"eval": {"examples": 13, "tasks": tasks}}).startswith(  # the split's
+        "the validation split holds 13 examples"
+    )
+    tasks[1]["examples"] = 16
+    tasks[0]["examples"] = 16
+    assert split_note({"eval": {"examples": 32, "tasks": tasks}}) is None

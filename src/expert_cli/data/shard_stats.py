@@ -72,14 +72,16 @@ def summed(stats: list[dict[str, Any]], examples_read: int) -> dict[str, Any]:
 
 def task_rows(stats: list[dict[str, Any]]) -> dict[str, Any]:
     """`tasks`: each task's packed rows of the evaluation split in its order, with their
-    tokens and trained tokens, from shards that each hold one task's (build.py); none where
-    the split holds one task, or a shard names none."""
+    tokens, trained tokens and examples, from shards that each hold one task's (build.py);
+    none where the split holds one task, or a shard names none."""
     tasks: list[dict[str, Any]] = []
     for shard in stats:
         if not isinstance(shard.get("task"), str):
             return {}
         if not tasks or tasks[-1]["task"] != shard["task"]:
-            tasks.append({"task": shard["task"], "rows": 0, "tokens": 0, "trained_tokens": 0})
+            tasks.append(dict.fromkeys(("rows", "tokens", "trained_tokens", "examples"), 0))
+            tasks[-1] = {"task": shard["task"], **tasks[-1]}
         for key in ("rows", "tokens", "trained_tokens"):
             tasks[-1][key] += shard[key]
+        tasks[-1]["examples"] += shard["examples_read"]
     return {"tasks": tasks} if len(tasks) > 1 else {}

@@ -65,9 +65,26 @@ def few_eval_note(examples: int | None) -> str | None:
 
 
 def split_note(stats: dict[str, Any]) -> str | None:
-    """`few_eval_note` of a built cache's validation split (its examples after drops)."""
+    """`few_eval_note` of a built cache's validation split (its examples after drops), else
+    the same of each task's share where the split gives each task's loss apart."""
     split = stats.get("eval")
-    return few_eval_note(split.get("examples", split.get("examples_read"))) if split else None
+    if not split:
+        return None
+    if note := few_eval_note(split.get("examples", split.get("examples_read"))):
+        return note
+    tasks = [t for t in split.get("tasks") or [] if isinstance(t, dict)]
+    few = [t for t in tasks if isinstance(t.get("examples"), int) and 0 < t["examples"] < FEW_EVAL]
+    if not few:
+        return None
+    named = [f"{t.get('task')} ({t['examples']})" for t in few]
+    named = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else named[0]
+    return (
+        f"the validation split gives each task's loss apart, and holds few examples of "
+        f"{'task' if len(few) == 1 else 'tasks'} {named}: "
+        f"{'that loss rests' if len(few) == 1 else 'those losses rest'} on so few; "
+        f"give each task {FEW_EVAL} or more (in its valid file, or by a larger "
+        "training.dataset.eval_fraction where there is none)"
+    )
 
 
 def held_examples(resolved: ResolvedConfig, rows: list[int | None]) -> int | None:
