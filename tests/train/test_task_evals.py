@@ -237,3 +237,24 @@ def test_few_validation_examples_of_a_task_are_said() -> None:
     tasks[1]["examples"] = 16
     tasks[0]["examples"] = 16
     assert split_note({"eval": {"examples": 32, "tasks": tasks}}) is None
+
+
+def test_check_says_a_tasks_few_validation_examples_as_the_build(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from expert_cli.data.checks import check_manifest
+
+    manifest = _multi_task_expert(tmp_path / "e", tiny_model_dir)
+    rows = [
+        {"text": f"<|im_start|>user\nq {i}<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n"}
+        for i in range(20)
+    ]
+    write_jsonl(manifest.parent / "data" / "sql-valid.jsonl", rows)
+    said = [n for n in check_manifest(manifest).notes if "few examples" in n]
+    assert said == [
+        "the validation split gives each task's loss apart, and holds few examples of task "
+        "chat (5): that loss rests on so few; give each task 16 or more (in its valid file, "
+        "or by a larger training.dataset.eval_fraction where there is none)"
+    ]
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert said[0] in " ".join(built.stdout.split())

@@ -46,7 +46,7 @@ from expert_cli.data.instruction import CHAT_TEMPLATE, check_prompt_template
 from expert_cli.data.layouts import run_kind
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.row_checks import DataCheck, TextMarks, source_key
-from expert_cli.data.splits import NO_EVAL_ROWS, few_eval_note, held_examples, holds_nothing_out
+from expert_cli.data.splits import NO_EVAL_ROWS, held_examples, holds_nothing_out, split_note
 from expert_cli.data.template_checks import TemplateVerdict, blank_conversation, template_verdict
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer, read_config
 from expert_cli.data.turns import turn_layout
@@ -139,8 +139,15 @@ def check_manifest(
         report.notes = [*report.notes, note]
     if not (report.problems or quick):
         sources = resolved.validation_sources or resolved.train_sources
-        held = held_examples(resolved, [data.rows.get(source_key(s)) for s in sources])
-        report.notes += [note] if (note := few_eval_note(held)) else []
+        counts = [data.rows.get(source_key(s)) for s in sources]
+        held = held_examples(resolved, counts)
+        tasks = [  # each task's loss is given apart: each task's share (train/task_evals.py)
+            {"task": s.task, "examples": held_examples(resolved, [n])}
+            for s, n in zip(sources, counts, strict=True)
+            if s.task and len(sources) > 1
+        ]
+        split = {"eval": {"examples": held, "tasks": tasks}} if held is not None else {}
+        report.notes += [note] if (note := split_note(split)) else []
     report.rows_checked = data.rows
     # one line once: a mapping problem is found in each source that reads it (the training
     # and the validation file), and was listed twice
