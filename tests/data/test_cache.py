@@ -653,8 +653,8 @@ def test_earlier_caches_are_counted_and_pruned_only_when_asked(demo_expert_dir) 
     said = " ".join(busy.stdout.split())  # not "--prune removes them", as it was just asked
     assert "kept 2 earlier caches of this expert (" in said
     assert (
-        "): read by another process now (a train, generate or merge); --prune removes them "
-        "once it is done"
+        "): read by another process now (a train, generate or merge), or not removable here; "
+        "--prune removes them once free"
     ) in said
     assert first.cache_dir.is_dir() and second.cache_dir.is_dir()
     for data in (first, second):

@@ -780,7 +780,7 @@ def test_check_package_judges_the_adapter_configuration(v2_run: Path, tmp_path: 
     # package (this one writes 16) was called sound, exit 0
     assert out.returncode == 2, out.stdout
     assert (
-        f"{name}: lora_alpha 16 is a decimal; HiveLLM's runtime reads a whole number only, and "
+        f"{name}: lora_alpha 16.0 is a decimal; HiveLLM's runtime reads a whole number only, and "
         "applies the adapter at scale 1 instead of alpha / r: package the run again with this "
         "expert-cli"
     ) in " ".join(out.stdout.split())

@@ -66,11 +66,17 @@ def _model() -> torch.nn.Module:
     return model.eval()
 
 
-@pytest.mark.parametrize("loss", ["standard", "chunked"])
-@pytest.mark.parametrize("batch", [1, 2, 4])
-def test_each_task_is_evaluated_over_its_own_tokens(tmp_path: Path, batch: int, loss: str) -> None:
+@pytest.mark.parametrize(
+    ("loss", "batch", "grouped"),
+    [(loss, batch, False) for loss in ("standard", "chunked") for batch in (1, 2, 4)]
+    + [("standard", 2, True)],
+)
+def test_each_task_is_evaluated_over_its_own_tokens(
+    tmp_path: Path, batch: int, loss: str, grouped: bool
+) -> None:
     """Three rows of task `sql`, then two of `chat`: in batches of 2 or 4 a batch would hold
-    both tasks' rows, where its one loss could not be told apart."""
+    both tasks' rows, where its one loss could not be told apart. group_by_length's
+    evaluation sampler mixed them (and the tasks' figures went unsaid)."""
     from expert_cli.train.loss import install_fused_loss
 
     model, rows = _model(), _rows()
@@ -88,6 +94,8 @@ def test_each_task_is_evaluated_over_its_own_tokens(tmp_path: Path, batch: int, 
         disable_tqdm=True,
     )
     args.eval_strategy = "steps"
+    if grouped:
+        args.train_sampling_strategy = "group_by_length"
     tasks = [{"task": "sql", "rows": 3}, {"task": "chat", "rows": 2}]
     data = types.SimpleNamespace(
         train=None, eval=datasets.Dataset.from_list(rows), stats={"eval": {"tasks": tasks}}

@@ -162,7 +162,7 @@ def summary_lines(data: PreparedData, steps: str = "") -> list[str]:
     if data.earlier.caches and data.pruning:  # what a process reads is never removed
         lines.append(
             f"  kept {earlier_text(data.earlier)}: read by another process now (a train, "
-            "generate or merge); --prune removes them once it is done"
+            "generate or merge), or not removable here; --prune removes them once free"
         )
     elif data.earlier.caches:
         lines.append(f"  kept {earlier_text(data.earlier)}; --prune removes them")

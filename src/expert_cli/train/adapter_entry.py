@@ -249,7 +249,7 @@ def decimal_alpha(config: dict[str, Any]) -> str | None:
     if not key or not isinstance(config.get(key), float):
         return None
     return (
-        f"adapter_config.json: {key} {config[key]:g} is a decimal; HiveLLM's runtime reads "
+        f"adapter_config.json: {key} {config[key]!r} is a decimal; HiveLLM's runtime reads "
         "a whole number only, and applies the adapter at scale 1 instead of alpha / r"
     )
 

@@ -67,20 +67,26 @@ class FolderLost(RunError):
 
 
 class FolderGuard(TrainerCallback):
-    """Stops the run (RunError, exit 1) at the first step after its folder's lock file went:
-    before training, and at each step's end, before its log, checkpoint or evaluation writes
-    anything there."""
+    """Stops the run (FolderLost, exit 1) once its folder's lock file went: before training,
+    at each step's end, before each log (the first callback: metrics.json is written after),
+    before each checkpoint (ExpertTrainer asks) and at the end, before the final save."""
 
     def __init__(self, hold: Hold, output: Path) -> None:
         self.hold, self.output = hold, output
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._check()
+        self.check()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._check()
+        self.check()
 
-    def _check(self) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.check()  # an evaluation's figures too, which may have taken minutes
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.check()
+
+    def check(self) -> None:
         if self.hold.lost():
             raise FolderLost(folder_lost(self.output))
 

@@ -141,6 +141,8 @@ class Run:
         """What the folder offers after a failure: its last complete checkpoint to resume
         from, or (none written yet) a new start; "the last complete checkpoint is intact"
         was said of a folder holding none, and --resume then refused."""
+        if not self.output.is_dir():  # removed under the run (the main process says so)
+            return f"its folder {self.output} is not there now (removed, or on another machine)"
         kept = complete_checkpoints(self.output / "checkpoints")
         if kept:
             return f"its last complete checkpoint, {kept[-1].name}, is intact: {first} --resume"

@@ -13,19 +13,13 @@ from typing import Any
 
 import torch
 from accelerate.utils import DistributedType
+from torch.utils.data import SequentialSampler
 from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, get_scheduler
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from expert_cli.atomic import usual_mode
 from expert_cli.config.kernels import BOUNDARY_KERNELS
-from expert_cli.data import PreparedData
-from expert_cli.data.collate import (
-    COUNTS_KEY,
-    TASK_KEY,
-    CountingCollator,
-    PackedCollator,
-    filled_to,
-)
+from expert_cli.data import PreparedData, collate
 from expert_cli.errors import UserError
 from expert_cli.telemetry.throughput import ThroughputMeter
 from expert_cli.train.adalora import LanguageLoss, regularised
@@ -33,6 +27,7 @@ from expert_cli.train.args import schedule_at_loaded_step, warmup_count
 from expert_cli.train.attention import mask_free_mapping, skip_mask_building
 from expert_cli.train.callbacks import ThroughputCallback
 from expert_cli.train.checkpoints import COMPLETE, CheckpointMarker
+from expert_cli.train.folder_guard import FolderGuard
 from expert_cli.train.fsdp_save import save_fsdp_adapter
 from expert_cli.train.loraplus import split_b_groups
 from expert_cli.train.loss import takes_loss_positions
@@ -79,7 +74,7 @@ class ExpertTrainer(Trainer):
                 batches.append(next(epoch_iterator))
             except StopIteration:
                 break
-        counts = [b.pop(COUNTS_KEY, (0, 0, 0, 0)) for b in batches]
+        counts = [b.pop(collate.COUNTS_KEY, (0, 0, 0, 0)) for b in batches]
         if self.meter is not None:
             self.meter.fetch_ended(*(sum(c[i] for c in counts) for i in range(4)))
         if self.regulariser_weights and batches:
@@ -93,6 +88,13 @@ class ExpertTrainer(Trainer):
         if isinstance(sampler, LengthGroupedSampler):
             sampler.batch_size *= self.args.world_size
         return sampler
+
+    def _get_eval_sampler(self, eval_dataset: Any) -> Any:
+        """Each task's rows in their order (train/task_evals.py): group_by_length's evaluation
+        sampler mixed the tasks' rows in batches, and their figures went unsaid."""
+        if not self.task_names:
+            return super()._get_eval_sampler(eval_dataset)
+        return SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
 
     def get_decay_parameter_names(self, model: Any) -> list[str]:
         return [n for n in super().get_decay_parameter_names(model) if NO_DECAY not in n]
@@ -134,8 +136,8 @@ class ExpertTrainer(Trainer):
         return super().create_scheduler(num_training_steps, optimizer)
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        inputs.pop(COUNTS_KEY, None)
-        self._batch_task = inputs.pop(TASK_KEY, None)
+        inputs.pop(collate.COUNTS_KEY, None)
+        self._batch_task = inputs.pop(collate.TASK_KEY, None)
         return super()._prepare_inputs(skip_mask_building(inputs, self.mask_mapping))
 
     def evaluation_loop(
@@ -289,6 +291,8 @@ class ExpertTrainer(Trainer):
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """The Trainer's, the older checkpoints left for CheckpointMarker to remove once this
         one is marked whole (the Trainer removed them before: a kill in between left none)."""
+        for guard in (c for c in self.callback_handler.callbacks if isinstance(c, FolderGuard)):
+            guard.check()  # the folder still this run's: nothing written into another's
         marked = any(isinstance(c, CheckpointMarker) for c in self.callback_handler.callbacks)
         folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
         if self.args.should_save:  # one passed over by a resume, saved again: whole only anew
@@ -354,8 +358,8 @@ def build_trainer(
     """The Trainer on the cache's packed rows (with the sequence boundaries `kernel` reads),
     its throughput meter and the callback that closes windows; evaluation when `args` asks."""
     telemetry = telemetry or Telemetry()
-    collator = CountingCollator(
-        PackedCollator(
+    collator = collate.CountingCollator(
+        collate.PackedCollator(
             tokenizer.pad_token_id,
             boundaries=kernel in BOUNDARY_KERNELS,
             loss_positions=takes_loss_positions(model),  # the LM head on trained tokens alone
@@ -372,7 +376,9 @@ def build_trainer(
     if args.eval_strategy != "no" and data.eval is not None:
         names = eval_task_names(data.stats, len(data.eval))
         whole = args.world_size * args.eval_batch_size
-        evaluated = by_task(data.eval, data.stats, whole) if names else filled_to(data.eval, fill)
+        evaluated = (
+            by_task(data.eval, data.stats, whole) if names else collate.filled_to(data.eval, fill)
+        )
     throughput = ThroughputCallback(
         meter, telemetry.metrics_path, telemetry.on_window, telemetry.earlier
     )
