@@ -144,3 +144,20 @@ def test_check_formats_mixed_rows_as_the_build_does(tmp_path: Path, tiny_model_d
     built = run_here("pretokenize", "--manifest", str(manifest))
     assert built.returncode == 2
     assert problems[0] in built.stdout + built.stderr
+
+
+def test_text_among_three_layouts_is_refused_whatever_its_place(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Instruction data, conversations, then text: only the first two were compared, check
+    said usable and the build was a KeyError traceback."""
+    texts = [{"text": f"<|im_start|>user\nq{i}<|im_end|>\n"} for i in range(10)]
+    manifest = _expert(tmp_path, tiny_model_dir, INSTRUCTIONS)
+    write_jsonl(tmp_path / "data" / "text.jsonl", texts)
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["tasks"]["text"] = {"train": "data/text.jsonl"}
+    manifest.write_text(json.dumps(data))
+    said = _load_error(manifest)
+    assert said.startswith(f"{tmp_path / 'data' / 'chat.jsonl'}:1: its columns read as ")
+    assert f"those of {tmp_path / 'data' / 'text.jsonl'}:1 as text ('text')" in said
+    assert check_manifest(manifest).problems == [said]

@@ -266,3 +266,56 @@ def test_check_says_a_tasks_few_validation_examples_as_the_build(
     ]
     built = run_here("pretokenize", "--manifest", str(manifest))
     assert said[0] in " ".join(built.stdout.split())
+
+
+def test_a_task_whose_validation_is_all_dropped_or_too_small_is_said(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A task whose validation examples were all dropped left a shard of no rows, which the
+    datasets library cannot load again: the build was an IndexError traceback. It is left
+    out of the evaluation, with a note; so is a task too small to hold one out."""
+    manifest = _multi_task_expert(tmp_path / "e", tiny_model_dir)
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["overlong"] = "drop"
+    data["training"]["config"]["max_seq_length"] = 64
+    manifest.write_text(json.dumps(data))
+    long = [{"text": "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n" + "a b " * 80}]
+    write_jsonl(manifest.parent / "data" / "chat-valid.jsonl", long * 5)
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert (
+        "every validation example of chat was dropped (5 over max_seq_length=64 with "
+        "overlong: drop): the evaluation gives no loss for it"
+    ) in " ".join(built.stdout.split())
+    # no valid files, and a task of one example: nothing of it held out
+    data["training"]["dataset"]["overlong"] = "truncate"
+    for task in data["training"]["dataset"]["tasks"].values():
+        del task["valid"]
+    data["training"]["dataset"]["eval_fraction"] = 0.25
+    manifest.write_text(json.dumps(data))
+    write_jsonl(manifest.parent / "data" / "chat.jsonl", long[:1])
+    said = (
+        "training.dataset.tasks: chat holds too few examples to hold one out for evaluation "
+        "(2 or more are needed): the evaluation gives no loss for it"
+    )
+    from expert_cli.data.checks import check_manifest
+
+    assert said in check_manifest(manifest).notes
+    built = run_here("pretokenize", "--manifest", str(manifest))
+    assert said in " ".join(built.stdout.split())
+
+
+def test_a_task_name_that_cannot_name_its_figures_is_refused(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    manifest = _multi_task_expert(tmp_path / "e", tiny_model_dir)
+    data = json.loads(manifest.read_text())
+    tasks = data["training"]["dataset"]["tasks"]
+    for name in ("", " ", "a\nb", "x" * 81):
+        data["training"]["dataset"]["tasks"] = {"sql": tasks["sql"], name: tasks["chat"]}
+        manifest.write_text(json.dumps(data))
+        done = run_here("check", "--manifest", str(manifest))
+        assert done.returncode == 2, done.stdout
+        assert (
+            "training.dataset.tasks: task 2's name: expected 1 to 80 printable characters"
+        ) in " ".join((done.stdout + done.stderr).split())

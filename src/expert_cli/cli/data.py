@@ -117,7 +117,7 @@ def outcomes_table(outcomes: list[Outcome]) -> Any:
 
 def summary_lines(data: PreparedData, steps: str = "") -> list[str]:
     """What happened to one cache, with its train stats, as printable lines."""
-    from expert_cli.data.splits import split_note
+    from expert_cli.data.splits import emptied_note, split_note
     from expert_cli.data.stats_words import count_lines
     from expert_cli.errors import escaped
 
@@ -148,7 +148,7 @@ def summary_lines(data: PreparedData, steps: str = "") -> list[str]:
         each = ", ".join(f"{escaped(str(t.get('task')))} {t.get('rows', 0):,}" for t in tasks)
         each = f" (by task: {each})" if each else ""
         lines.append(f"  eval: rows {ev['rows']:,}{each}, tokens {ev['tokens']:,}")
-        if note := split_note(data.stats):
+        for note in filter(None, (split_note(data.stats), emptied_note(data.stats))):
             lines.append(f"  note: {note}")
     if steps:
         lines.append(f"  steps: {steps}")

@@ -23,7 +23,7 @@ from expert_cli.cli.render import BuildBar, labelled
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data import PreparedData
 from expert_cli.data.earlier import Earlier
-from expert_cli.data.splits import split_note
+from expert_cli.data.splits import emptied_note, split_note
 from expert_cli.data.stats_words import count_lines
 from expert_cli.errors import escaped
 from expert_cli.telemetry.throughput import flush_note
@@ -75,7 +75,7 @@ def print_data(
     for label, said in count_lines(stats):
         console.print(f"[bold]{label}[/bold]{' ' * (10 - len(label))}", end="")
         console.print(said, highlight=False, markup=False)
-    said = [note] if (note := split_note(stats)) else []
+    said = [note for note in (split_note(stats), emptied_note(stats)) if note]
     for note in [*(stats.get("notes") or []), *said]:  # the build's: task weights, shared ...
         console.print("[bold]note[/bold]      ", end="")
         console.print(str(note), highlight=False, markup=False)
@@ -260,7 +260,9 @@ class ProgressCallback(TrainerCallback):
                 highlight=False,
             )
             if tasks := task_results(logs):  # a multi_task expert's, task by task
-                self.console.print(f"          by task: {task_line(tasks)}", highlight=False)
+                self.console.print(
+                    f"          by task: {task_line(tasks)}", highlight=False, markup=False
+                )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.progress is not None:

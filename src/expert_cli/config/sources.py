@@ -110,13 +110,22 @@ def data_folder_holding(path: Path, sources: list[SourceRef]) -> str | None:
     return None
 
 
+TASK_NAME_CHARS = 80  # a task's name, as its evaluation's figures are shown
+
+
 def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef]]:
     """Training and validation sources of the manifest's dataset block."""
     ds = lm.manifest.training.dataset
     folder = lm.folder
     if ds.type == "multi_task":
         train, valid = [], []
-        for name, task in (ds.tasks or {}).items():
+        for number, (name, task) in enumerate((ds.tasks or {}).items(), 1):
+            if not (name.strip() and len(name) <= TASK_NAME_CHARS and name.isprintable()):
+                raise UserError(  # the console, metrics.json and `report` name each task's loss
+                    f"training.dataset.tasks: task {number}'s name: expected 1 to "
+                    f"{TASK_NAME_CHARS} printable characters (each task's evaluation is named "
+                    "by it)"
+                )
             fmt = task.format or ds.format
             at = f"training.dataset.tasks.{name}"
             ref = _source(folder, task.train, fmt, ds.revision, f"{at}.train")

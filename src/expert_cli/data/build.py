@@ -341,6 +341,9 @@ def _assemble(
     with atomic_folder(plan.final_dir, replace=True) as tmp:
         for split in shard_stats:
             shards = sorted((plan.work_dir / split).glob("shard-*"))
+            # a shard of nothing kept (a task whose examples were all dropped) saves a dataset
+            # datasets cannot load again (an IndexError): its rows, none, are left out
+            shards = [s for s in shards if json.loads((s / STATS).read_text())["rows"]]
             if len(shards) == 1:  # already the split's Arrow folder: move it, not rewrite it
                 os.replace(shards[0] / "data", tmp / split)
                 continue

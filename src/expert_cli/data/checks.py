@@ -46,7 +46,13 @@ from expert_cli.data.instruction import CHAT_TEMPLATE, check_prompt_template
 from expert_cli.data.layouts import run_kind
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.row_checks import DataCheck, TextMarks, source_key
-from expert_cli.data.splits import NO_EVAL_ROWS, held_examples, holds_nothing_out, split_note
+from expert_cli.data.splits import (
+    NO_EVAL_ROWS,
+    held_examples,
+    holds_nothing_out,
+    split_note,
+    unheld_note,
+)
 from expert_cli.data.template_checks import TemplateVerdict, blank_conversation, template_verdict
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer, read_config
 from expert_cli.data.turns import turn_layout
@@ -148,6 +154,10 @@ def check_manifest(
         ]
         split = {"eval": {"examples": held, "tasks": tasks}} if held is not None else {}
         report.notes += [note] if (note := split_note(split)) else []
+        unheld = [
+            t["task"] for t in tasks if t["examples"] == 0 and not resolved.validation_sources
+        ]
+        report.notes += [note] if held and (note := unheld_note(unheld)) else []
     report.rows_checked = data.rows
     # one line once: a mapping problem is found in each source that reads it (the training
     # and the validation file), and was listed twice

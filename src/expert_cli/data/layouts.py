@@ -22,7 +22,8 @@ INSTRUCTION_ROLES = ("instruction", "input", "system", "response")
 def run_kind(specs: list[FieldSpec], prompt_template: str) -> str:
     """The layout the run's rows are formatted in, from each source's fields in the order
     read; UserError naming the first two sources of different layouts a run cannot join."""
-    first = specs[0]
+    text = next((s for s in specs if s.kind == "text"), None)  # beside any other: refused
+    first = text or specs[0]
     other = next((s for s in specs if s.kind != first.kind), None)
     if other is None:
         return first.kind

@@ -81,7 +81,10 @@ def task_rows(stats: list[dict[str, Any]]) -> dict[str, Any]:
         if not tasks or tasks[-1]["task"] != shard["task"]:
             tasks.append(dict.fromkeys(("rows", "tokens", "trained_tokens", "examples"), 0))
             tasks[-1] = {"task": shard["task"], **tasks[-1]}
-        for key in ("rows", "tokens", "trained_tokens"):
-            tasks[-1][key] += shard[key]
-        tasks[-1]["examples"] += shard["examples_read"]
-    return {"tasks": tasks} if len(tasks) > 1 else {}
+        for key in ("rows", "tokens", "trained_tokens", *DROP_KEYS):
+            tasks[-1][key] = tasks[-1].get(key, 0) + shard.get(key, 0)
+        tasks[-1]["examples"] += shard["examples_read"] - sum(shard.get(k, 0) for k in DROP_KEYS)
+    emptied = [t for t in tasks if not t["rows"]]  # its examples all dropped, and why
+    tasks = [{k: v for k, v in t.items() if k not in DROP_KEYS} for t in tasks if t["rows"]]
+    found = {"tasks": tasks} if len(tasks) > 1 else {}
+    return {**found, "emptied_tasks": emptied} if emptied else found

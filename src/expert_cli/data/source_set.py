@@ -17,7 +17,7 @@ from expert_cli.data.hub_snapshot import snapshot_lines
 from expert_cli.data.layouts import as_conversations, run_kind
 from expert_cli.data.overlap import shared_note
 from expert_cli.data.sources import load_source
-from expert_cli.data.splits import apply_weight, hold_out
+from expert_cli.data.splits import apply_weight, hold_out, unheld_note
 from expert_cli.errors import UserError
 
 
@@ -42,6 +42,7 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
     train_parts: list[tuple[datasets.Dataset, str]] = []  # with the layout each was read in
     eval_parts: list[tuple[datasets.Dataset, str]] = []
     eval_tasks: list[tuple[str | None, int]] = []
+    unheld: list[str] = []  # tasks of too few examples to hold one out
     notes: list[str] = []
     mappings: list[dict[str, Any]] = []
     read = {"train": 0, "eval": 0}
@@ -68,6 +69,8 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
             if held is not None:
                 eval_parts.append((held, specs[-1].kind))
                 eval_tasks.append((ref.task, len(held)))
+            elif ref.task and resolved.eval_fraction:  # under 2 examples: none held out
+                unheld.append(ref.task)
         weighted = apply_weight(ds, ref.weight, resolved.seed + i)
         if ref.weight != 1.0:
             notes.append(
@@ -83,6 +86,7 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
     held = _joined(eval_parts, kind, cache_dir) if eval_parts else None
     notes += [note] if (note := shared_note(train, held)) else []
     fields = next(f for f in specs if f.kind == kind)  # the run's: a conversation source's
+    notes += [note] if eval_parts and (note := unheld_note(unheld)) else []
     tasks = [(t, n) for t, n in eval_tasks if t is not None]
     tasks = tasks if len(tasks) == len(eval_tasks) else []
     return LoadedSources(train, held, fields, read, notes, mappings, tasks)

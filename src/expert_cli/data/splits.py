@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 import datasets
 import numpy as np
 
+from expert_cli.data.stats_words import drop_reasons
+
 if TYPE_CHECKING:
     from expert_cli.config.resolve import ResolvedConfig
 
@@ -70,8 +72,9 @@ def split_note(stats: dict[str, Any]) -> str | None:
     split = stats.get("eval")
     if not split:
         return None
-    if note := few_eval_note(split.get("examples", split.get("examples_read"))):
-        return note
+    examples = split.get("examples", split.get("examples_read"))
+    if isinstance(examples, int) and (note := few_eval_note(examples - split.get("dropped", 0))):
+        return note  # those left after drops
     tasks = [t for t in split.get("tasks") or [] if isinstance(t, dict)]
     few = [t for t in tasks if isinstance(t.get("examples"), int) and 0 < t["examples"] < FEW_EVAL]
     if not few:
@@ -105,3 +108,31 @@ def holds_nothing_out(resolved: ResolvedConfig, rows: list[int]) -> bool:
     row counts has an example to spare for it (`hold_out` needs 2 rows)."""
     wants = resolved.evaluation_strategy != "no" and not resolved.validation_sources
     return wants and all(n < 2 for n in rows)
+
+
+def unheld_note(tasks: list[str]) -> str | None:
+    """A note naming the tasks too small (under 2 examples) to hold any out for evaluation
+    beside tasks that do: their losses are not given."""
+    if not tasks:
+        return None
+    one = len(tasks) == 1
+    return (
+        f"training.dataset.tasks: {', '.join(tasks[:5])}{' and more' if len(tasks) > 5 else ''} "
+        f"{'holds' if one else 'hold'} too few examples to hold one out for evaluation (2 or "
+        f"more are needed): the evaluation gives no loss for {'it' if one else 'them'}"
+    )
+
+
+def emptied_note(stats: dict[str, Any]) -> str | None:
+    """A note naming a task of a built cache whose validation examples were all dropped."""
+    split = stats.get("eval") or {}
+    emptied = [t for t in split.get("emptied_tasks") or [] if isinstance(t, dict)]
+    if not emptied:
+        return None
+    why = drop_reasons(emptied[0], stats.get("max_seq_length"))
+    more = f" (and of {len(emptied) - 1} more tasks)" if len(emptied) > 1 else ""
+    return (
+        f"training.dataset.tasks: every validation example of {emptied[0].get('task')} was "
+        f"dropped ({why}){more}: the evaluation gives no loss for "
+        + ("it" if len(emptied) == 1 else "them")
+    )

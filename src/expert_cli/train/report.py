@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from expert_cli.atomic import atomic_file
+from expert_cli.config.sources import TASK_NAME_CHARS
 from expert_cli.errors import UserError, escaped
 from expert_cli.jsontext import finite_number, number_pairs
 from expert_cli.paths import (
@@ -189,7 +190,7 @@ def _tasks_at(records: list[Any], step: int) -> dict[str, tuple[float, float | N
     out: dict[str, tuple[float, float | None]] = {}
     for name, figures in tasks.items():
         loss = _plausible(figures.get("eval_loss")) if isinstance(figures, dict) else None
-        if loss is None or not name.isprintable() or not 0 < len(name) <= 80:
+        if loss is None or not name.isprintable() or not 0 < len(name) <= TASK_NAME_CHARS:
             continue
         accuracy = _plausible(figures.get("token_accuracy"))
         out[name] = (loss, accuracy + 0.0 if accuracy is not None and 0 <= accuracy <= 1 else None)
