@@ -120,8 +120,8 @@ def test_text_beside_conversations_is_refused_in_any_template(
     manifest = _expert(tmp_path, tiny_model_dir, texts)
     said = _load_error(manifest)
     assert said.endswith(
-        "as conversations ('messages'); text is trained as written, in its own layout, so it "
-        "shares a run with text only: write every source (each task's file) in one layout"
+        "as text ('text'); text is trained as written, in its own layout, so it shares a run "
+        "with text only: write every source (each task's file) in one layout"
     )
     assert check_manifest(manifest).problems == [said]
 
