@@ -319,3 +319,44 @@ def test_a_task_name_that_cannot_name_its_figures_is_refused(
         assert (
             "training.dataset.tasks: task 2's name: expected 1 to 80 printable characters"
         ) in " ".join((done.stdout + done.stderr).split())
+
+
+def test_the_best_adapter_chosen_by_a_tasks_loss(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Mixing general data into a domain expert, the checkpoint to keep is the domain task's
+    lowest loss: `metric_for_best_model: eval_<task>_loss` was refused (eval_loss or loss)."""
+    manifest = _multi_task_expert(tmp_path / "e", tiny_model_dir)
+    data = json.loads(manifest.read_text())
+    data["training"]["config"].update(
+        metric_for_best_model="eval_chat_loss", load_best_model_at_end=True, save_steps=2
+    )
+    manifest.write_text(json.dumps(data))
+    out = tmp_path / "run"
+    done = run_here("train", "--manifest", str(manifest), "--output", str(out), "--max-steps", "4")
+    assert done.returncode == 0, done.stdout + done.stderr
+    evals = [e for e in read_metrics(out)["evals"] if e["step"] > 0]
+    best = min(evals, key=lambda e: e["tasks"]["chat"]["eval_loss"])
+    chat = best["tasks"]["chat"]["eval_loss"]
+    report = run_here("report", str(out))
+    assert f"best eval loss of task chat {chat:.4g} at step {best['step']}" in report.stdout
+    state = json.loads(
+        (out / "checkpoints" / f"checkpoint-{best['step']}" / "trainer_state.json").read_text()
+    )
+    assert state["best_metric"] == pytest.approx(chat)  # the Trainer chose by it too
+    for metric, said in (
+        ("eval_nope_loss", "eval_nope_loss names no task (the tasks are sql, chat)"),
+        ("eval_accuracy", "metric_for_best_model"),
+    ):
+        data["training"]["config"]["metric_for_best_model"] = metric
+        manifest.write_text(json.dumps(data))
+        refused = run_here("check", "--manifest", str(manifest))
+        assert refused.returncode == 2 and said in " ".join(refused.stdout.split()), refused.stdout
+    # a task with one example holds none out: the Trainer's KeyError at its first evaluation
+    for task in data["training"]["dataset"]["tasks"].values():
+        del task["valid"]
+    data["training"]["config"]["metric_for_best_model"] = "eval_chat_loss"
+    manifest.write_text(json.dumps(data))
+    write_jsonl(manifest.parent / "data" / "chat.jsonl", [{"text": "one example"}])
+    refused = run_here("train", "--manifest", str(manifest), "--output", str(tmp_path / "r2"))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "the evaluation split holds no example of task chat" in " ".join(refused.stderr.split())
+    assert not (tmp_path / "r2").exists()  # nothing half-written left

@@ -126,9 +126,10 @@ def report(
         best += f", token accuracy {result.best_eval_accuracy:.1%}"
     if result.base_eval_loss is not None:
         best += f" (before training: {result.base_eval_loss:.4g})"
+    by = f" of task {result.chosen_by}" if result.chosen_by else ""  # metric_for_best_model
     out.print(
         f"{result.status}: {result.steps} steps, {speed} tok/s, final loss {loss}, "
-        f"best eval loss {best}",
+        f"best eval loss{by} {best}",
         markup=False,
     )
     if result.best_eval_tasks:  # a multi_task expert's best evaluation, task by task

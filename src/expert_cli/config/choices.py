@@ -359,21 +359,3 @@ def shared_sources(train: list[Any], valid: list[Any]) -> list[str]:
         for ref in valid
         if key(ref) in trained and ref.kind != "local"
     ]
-
-
-def unevaluated_tasks(train: list[Any], valid: list[Any]) -> list[str]:
-    """A note naming the tasks of a multi_task dataset without a `valid` file when another
-    has one: none of their examples is held out then, so the eval loss leaves them out."""
-    evaluated = {ref.task for ref in valid}
-    left = sorted({ref.task for ref in train if ref.task and ref.task not in evaluated})
-    if not valid or not left:
-        return []
-    shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
-    one = len(left) == 1
-    named = sorted(str(t) for t in evaluated)
-    rest = f" and {len(named) - 5} more" if len(named) > 5 else ""
-    return [
-        f"training.dataset.tasks: {shown} {'has' if one else 'have'} no valid file, and none "
-        f"of {'its' if one else 'their'} examples is held out when another task has one: the "
-        f"eval loss measures only {', '.join(named[:5])}{rest}"
-    ]

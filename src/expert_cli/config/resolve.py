@@ -18,6 +18,7 @@ from expert_cli.config.adapters import adapter_settings
 from expert_cli.config.batching import DEFAULT_MAX_SEQ, batch_plan
 from expert_cli.config.choices import checkpoint_problem, first
 from expert_cli.config.environment import Environment
+from expert_cli.config.evaluated_tasks import task_metric_problem, unevaluated_tasks
 from expert_cli.config.models import AdapterType, LoadedManifest
 from expert_cli.config.optimizer import ADAM_DEFAULTS
 from expert_cli.config.refs import (
@@ -242,6 +243,8 @@ def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> d
                 "run evaluates nothing (no validation data, none held out); give "
                 "training.dataset.validation_path or eval_fraction, or remove it"
             )
+    if problem := task_metric_problem(cfg.metric_for_best_model, ds.tasks or {}, ds.type):
+        raise UserError(f"{lm.path.name}: training.config.metric_for_best_model: {problem}")
     if cfg.early_stopping_patience and not best:
         notes.append(
             "early_stopping_patience: the final adapter is the last step's, not the best "
@@ -275,7 +278,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     ds = lm.manifest.training.dataset
     notes: list[str] = []
     train, valid = resolve_sources(lm)
-    notes += choices.shared_sources(train, valid) + choices.unevaluated_tasks(train, valid)
+    notes += choices.shared_sources(train, valid) + unevaluated_tasks(train, valid)
     notes += (
         held_out_notes(train, valid) + unread_notes(train + valid) + unread_fields(ds, lm.folder)
     )

@@ -200,10 +200,11 @@ class TrainingConfig(OptimizerFields):
         description="Extension: evaluate once before the first step: the eval loss every "
         "later one is measured against (the base model's; with init_adapter, that adapter's).",
     )
-    metric_for_best_model: Literal["eval_loss", "loss"] | None = Field(
+    metric_for_best_model: str | None = Field(
         None,
-        description="Metric for the best checkpoint: the loss (token accuracy is reported, "
-        "not chosen by) "
+        pattern=r"^(eval_loss|loss|eval_.+_loss)$",
+        description="Metric for the best checkpoint: the loss, `eval_loss` (token accuracy is "
+        "reported, not chosen by), or a multi_task expert's task's, `eval_<task>_loss` "
         "(another name stopped the run at its first evaluation).",
     )
     greater_is_better: bool | None = Field(

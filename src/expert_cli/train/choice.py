@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expert_cli.config.evaluated_tasks import metric_task
 from expert_cli.config.loading import read_manifest_json
 from expert_cli.config.models import CHECKPOINT_NAME, PACKAGING_CHOICE, PACKAGING_CHOICES
 from expert_cli.config.training_config import MAX_STEPS
@@ -46,14 +47,38 @@ class KeptAdapter:
     eval_loss: float | None
 
 
-def eval_losses(metrics: dict[str, Any]) -> dict[int, float]:
+def chosen_by(run_dir: Path) -> str | None:
+    """The task whose loss a run chooses its best adapter by (`metric_for_best_model` of
+    `eval_<task>_loss`); None: the split's eval_loss."""
+    return metric_task(
+        read_json_file(run_dir / "manifest.resolved.json").get("metric_for_best_model")
+    )
+
+
+def scored(record: Any, task: str | None) -> Any:
+    """An evaluation's record with the loss and token accuracy the run chooses by: its task's
+    (None where the record has none), else as it is."""
+    if task is None or not isinstance(record, dict):
+        return record
+    tasks = record.get("tasks") if isinstance(record.get("tasks"), dict) else {}
+    figures = tasks.get(task) if isinstance(tasks.get(task), dict) else {}
+    return {
+        **record,
+        "eval_loss": figures.get("eval_loss"),
+        "token_accuracy": figures.get("token_accuracy"),
+    }
+
+
+def eval_losses(metrics: dict[str, Any], task: str | None = None) -> dict[int, float]:
     """Evaluation loss by step from a run's metrics.json (the last record of a step wins: a
-    resumed run evaluates a step again); records that are not plausible numbers are left out."""
+    resumed run evaluates a step again), `task`'s where the run chooses by it; records that
+    are not plausible numbers are left out."""
     found: dict[int, float] = {}
     records = metrics.get("evals")
     for record in records if isinstance(records, list) else []:
         if not isinstance(record, dict):
             continue
+        record = scored(record, task)
         step, loss = finite_number(record.get("step")), finite_number(record.get("eval_loss"))
         if step is not None and loss is not None and step == int(step) and 0 <= step <= MAX_STEP:
             found[int(step)] = loss
@@ -63,7 +88,7 @@ def eval_losses(metrics: dict[str, Any]) -> dict[int, float]:
 def kept_adapters(run_dir: Path) -> list[KeptAdapter]:
     """The adapters `run_dir` holds, oldest first, the final one last; each with the eval loss
     measured at its step (None where no evaluation ran then, or the step is not known)."""
-    losses = eval_losses(read_json_file(run_dir / "metrics.json"))
+    losses = eval_losses(read_json_file(run_dir / "metrics.json"), chosen_by(run_dir))
     kept = [
         KeptAdapter(path.name, step, losses.get(step) if step is not None else None)
         for path in complete_checkpoints(run_dir / "checkpoints")

@@ -47,7 +47,8 @@ class EarlyStop(EarlyStoppingCallback):
         if state.global_step == 0:  # eval_on_start's, before training: what it improves on
             return
         super().on_evaluate(args, state, control, metrics, **kw)
-        now = (metrics or {}).get("eval_loss")
+        key = _metric_key(args)  # the split's eval_loss, or a task's (eval_<task>_loss)
+        now = (metrics or {}).get(key)
         if (
             isinstance(now, float)
             and math.isfinite(now)
@@ -68,9 +69,7 @@ class EarlyStop(EarlyStoppingCallback):
         }
         if self.say is not None:
             count, by = self.early_stopping_patience, self.early_stopping_threshold
-            lowest = (
-                f"the lowest eval_loss {best:.4g}, at step {at}" if at else "no eval_loss a number"
-            )
+            lowest = f"the lowest {key} {best:.4g}, at step {at}" if at else f"no {key} a number"
             self.said = (  # said at the end: the stop's own step may still be saved as the best
                 f"stopped early at step {state.global_step} of {state.max_steps}: {count} "
                 f"evaluation{'' if count == 1 else 's'} in a row without the loss improving"
@@ -90,3 +89,9 @@ def _lowest(loss: Any, step: Any) -> tuple[float, int] | None:
     if isinstance(loss, float) and math.isfinite(loss) and isinstance(step, int):
         return loss, step
     return None
+
+
+def _metric_key(args: Any) -> str:
+    """The evaluation's figure the stop goes by, named as the Trainer's metrics name it."""
+    metric = str(getattr(args, "metric_for_best_model", None) or "eval_loss")
+    return metric if metric.startswith("eval_") else f"eval_{metric}"

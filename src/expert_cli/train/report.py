@@ -30,11 +30,13 @@ from expert_cli.train.checkpoints import complete_checkpoints
 from expert_cli.train.choice import (
     FINAL,
     KeptAdapter,
+    chosen_by,
     default_choice,
     final_adapter_whole,
     kept_adapters,
     lower_loss_note,
     lowest,
+    scored,
 )
 from expert_cli.train.outputs import (
     ADAPTER_WEIGHTS,
@@ -94,6 +96,7 @@ class RunReport:
     best_eval_accuracy: float | None = None  # the token accuracy of the best evaluation
     # a multi_task expert's best evaluation, task by task: (loss, token accuracy or None)
     best_eval_tasks: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    chosen_by: str | None = None  # the task whose loss the run's best is chosen by
 
 
 STOPPED_NOTE = (
@@ -141,7 +144,8 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
     if problem:
         raise UserError(problem)
     summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
-    records = data.get("evals") or []
+    task = chosen_by(run_dir)  # a task's loss the run chooses by, where it does
+    records = [scored(r, task) for r in data.get("evals") or []]
     eval_steps, eval_losses = _points(records, "eval_loss")
     evals = list(zip(eval_losses, eval_steps, strict=True))
     trained = [(loss, step) for loss, step in evals if step > 0]  # step 0: before training
@@ -179,6 +183,7 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         plot_problem=unwritten,
         status_note=status_note,
         best_eval_tasks=_tasks_at(records, best[1]) if best else {},
+        chosen_by=task,
     )
 
 

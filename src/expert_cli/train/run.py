@@ -17,6 +17,7 @@ from transformers.utils import logging as hf_logging
 from expert_cli.atomic import sigterm_raises
 from expert_cli.config import load_manifest
 from expert_cli.config.environment import crowded_gpus, probe_environment, unlaunched_world
+from expert_cli.config.evaluated_tasks import metric_task, unmeasured_task
 from expert_cli.config.loading import apply_overrides
 from expert_cli.config.resolve import ResolvedConfig, resolve
 from expert_cli.config.warm_start import init_adapter_problem
@@ -314,6 +315,9 @@ def make_trainer(
     for callback in [*extra, stop, watch, *marks]:
         if callback is not None:
             trainer.add_callback(callback)
+    task = metric_task(run.resolved.metric_for_best_model)  # one evaluated, or a KeyError
+    if task and run.args.eval_strategy != "no" and task not in (trainer.task_names or []):
+        raise UserError(unmeasured_task(run.resolved.metric_for_best_model, task))
     if run.hold is not None:  # first: before any callback writes into the folder
         trainer.callback_handler.callbacks.insert(0, FolderGuard(run.hold, run.output))
     trainer.loraplus_ratio = run.resolved.loraplus_lr_ratio
