@@ -342,6 +342,21 @@ def test_the_best_adapter_chosen_by_a_tasks_loss(tmp_path: Path, tiny_model_dir:
         (out / "checkpoints" / f"checkpoint-{best['step']}" / "trainer_state.json").read_text()
     )
     assert state["best_metric"] == pytest.approx(chat)  # the Trainer chose by it too
+    stopping = {"early_stopping_patience": 1, "early_stopping_threshold": 100.0}
+    data["training"]["config"].update(stopping)
+    manifest.write_text(json.dumps(data))
+    out = tmp_path / "stopped"
+    done = run_here("train", "--manifest", str(manifest), "--output", str(out), "--max-steps", "6")
+    assert done.returncode == 0, done.stdout + done.stderr
+    trained = [e for e in read_metrics(out)["evals"] if e["step"] > 0]
+    low = min(trained, key=lambda e: e["tasks"]["chat"]["eval_loss"])
+    assert (
+        f"stopped early at step 4 of 6: 1 evaluation in a row without the loss improving by "
+        f"more than 100 (early_stopping_patience); the lowest eval_chat_loss "
+        f"{low['tasks']['chat']['eval_loss']:.4g}, at step {low['step']}"
+    ) in " ".join(done.stdout.split())
+    for key in stopping:
+        del data["training"]["config"][key]
     for metric, said in (
         ("eval_nope_loss", "eval_nope_loss names no task (the tasks are sql, chat)"),
         ("eval_accuracy", "metric_for_best_model"),
