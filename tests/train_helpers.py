@@ -435,3 +435,38 @@ def without_chat_template(model_dir: Path, folder: Path) -> Path:
     config.pop("chat_template", None)
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     return model
+
+
+def eval_args(output_dir: Path, batch: int = 8) -> Any:
+    """TrainingArguments of a CPU Trainer that evaluates `batch` rows at a time, as
+    build_trainer is given them (the collator builds the model's inputs)."""
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_eval_batch_size=batch,
+        use_cpu=True,
+        report_to="none",
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
+    args.eval_strategy = "steps"  # build_trainer passes the eval split when evaluation is on
+    return args
+
+
+def echoing_rows() -> list[dict[str, Any]]:
+    """Packed rows of tokens each written three times, answers long and short: a model whose
+    head reads back the embedding (it predicts the token it reads) is right on two of three,
+    whatever the row's share of trained tokens."""
+    import torch
+
+    draw = torch.Generator().manual_seed(2)
+    rows = []
+    for length, trained in ((30, 2), (30, 29), (12, 7), (21, 4), (24, 23)):
+        ids = torch.randint(1, 4000, (length // 3 + 1,), generator=draw).repeat_interleave(3)
+        ids = ids[:length].tolist()
+        labels = [-100] * (length - trained) + ids[length - trained :]
+        positions = list(range(length))
+        rows.append({"input_ids": ids, "labels": labels, "position_ids": positions})
+        rows[-1]["num_tokens"] = length  # as the cache's rows hold it
+    return rows

@@ -11,7 +11,8 @@ import datasets
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainingArguments
+from train_helpers import echoing_rows, eval_args
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from expert_cli.train.trainer import build_trainer
 
@@ -45,16 +46,8 @@ def _by_hand(model: torch.nn.Module, rows: list[dict[str, list[int]]]) -> tuple[
 def _evaluated(tmp_path: Path, model: torch.nn.Module, rows: list, batch: int) -> dict:
     """The metrics of one evaluation of `rows` by the Trainer expert-cli builds, `batch` rows
     an evaluation batch."""
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        per_device_eval_batch_size=batch,
-        use_cpu=True,
-        report_to="none",
-        remove_unused_columns=False,
-        disable_tqdm=True,
-    )
+    args = eval_args(tmp_path / "out", batch)
     data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows), stats={})
-    args.eval_strategy = "steps"  # build_trainer passes the eval split when evaluation is on
     trainer, _ = build_trainer(model, args, data, AutoTokenizer.from_pretrained(DEMO_MODEL), "sdpa")
     return trainer.evaluate()
 
@@ -96,19 +89,6 @@ def test_an_eval_loss_that_is_nan_stays_nan(tmp_path: Path) -> None:
     assert "eval_token_accuracy" not in metrics  # NaN logits' argmax is no accuracy
 
 
-def _echoing_rows() -> list[dict[str, list[int]]]:
-    """Rows of tokens each written three times: a model that predicts the token it reads is
-    right on two of three, whatever the row's share of trained tokens."""
-    draw = torch.Generator().manual_seed(2)
-    rows = []
-    for length, trained in ((30, 2), (30, 29), (12, 7), (21, 4), (24, 23)):
-        ids = torch.randint(1, 4000, (length // 3 + 1,), generator=draw).repeat_interleave(3)
-        ids = ids[:length].tolist()
-        labels = [-100] * (length - trained) + ids[length - trained :]
-        rows.append({"input_ids": ids, "labels": labels, "position_ids": list(range(length))})
-    return rows
-
-
 @pytest.mark.parametrize("loss", ["standard", "chunked"])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_eval_token_accuracy_is_over_every_trained_token(
@@ -126,7 +106,7 @@ def test_eval_token_accuracy_is_over_every_trained_token(
     with torch.no_grad():  # the head reads back the embedding: it predicts the token it reads
         model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight * 8)
     model.eval()
-    rows = _echoing_rows()
+    rows = echoing_rows()
     hits = trained = 0
     shares = []
     with torch.no_grad():

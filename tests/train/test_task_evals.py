@@ -7,38 +7,19 @@ from __future__ import annotations
 import json
 import types
 from pathlib import Path
+from typing import Any
 
 import datasets
 import pytest
 import torch
 from conftest import write_jsonl
 from peft import LoraConfig, get_peft_model
-from train_helpers import read_metrics, run_here, write_expert
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainingArguments
+from train_helpers import echoing_rows, eval_args, read_metrics, run_here, write_expert
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from expert_cli.train.trainer import build_trainer
 
 DEMO_MODEL = Path(__file__).parents[2] / "experts" / "demo" / "model"
-
-
-def _rows() -> list[dict[str, list[int]]]:
-    """Rows of tokens each written three times (the model below predicts about two in three),
-    of answers long and short."""
-    draw = torch.Generator().manual_seed(2)
-    rows = []
-    for length, trained in ((30, 2), (30, 29), (12, 7), (21, 4), (24, 23)):
-        ids = torch.randint(1, 4000, (length // 3 + 1,), generator=draw).repeat_interleave(3)
-        ids = ids[:length].tolist()
-        labels = [-100] * (length - trained) + ids[length - trained :]
-        rows.append(
-            {
-                "input_ids": ids,
-                "labels": labels,
-                "position_ids": list(range(length)),
-                "num_tokens": length,  # as the cache's rows hold it
-            }
-        )
-    return rows
 
 
 def _by_hand(model: torch.nn.Module, rows: list[dict]) -> tuple[float, float]:
@@ -79,21 +60,13 @@ def test_each_task_is_evaluated_over_its_own_tokens(
     evaluation sampler mixed them (and the tasks' figures went unsaid)."""
     from expert_cli.train.loss import install_fused_loss
 
-    model, rows = _model(), _rows()
+    model, rows = _model(), echoing_rows()
     split, sql, chat = _by_hand(model, rows), _by_hand(model, rows[:3]), _by_hand(model, rows[3:])
     assert abs(sql[0] - chat[0]) > 0.02 and abs(sql[1] - chat[1]) > 0.005  # told apart
     if loss == "chunked":
         install_fused_loss(model, "chunked")
     model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        per_device_eval_batch_size=batch,
-        use_cpu=True,
-        report_to="none",
-        remove_unused_columns=False,
-        disable_tqdm=True,
-    )
-    args.eval_strategy = "steps"
+    args = eval_args(tmp_path / "out", batch)
     if grouped:
         args.train_sampling_strategy = "group_by_length"
     tasks = [{"task": "sql", "rows": 3}, {"task": "chat", "rows": 2}]
@@ -111,12 +84,9 @@ def test_each_task_is_evaluated_over_its_own_tokens(
 
 def test_a_cache_without_tasks_evaluates_the_split_alone(tmp_path: Path) -> None:
     """An earlier cache (no task rows recorded) or rows that do not add up: no task figures."""
-    rows = _rows()
+    rows = echoing_rows()
     model = get_peft_model(_model(), LoraConfig(r=4, target_modules=["q_proj"]))
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", disable_tqdm=True
-    )
-    args.eval_strategy, args.remove_unused_columns = "steps", False
+    args = eval_args(tmp_path / "out")
     for stats in ({}, {"eval": {"tasks": [{"task": "a", "rows": 3}, {"task": "b", "rows": 1}]}}):
         data = types.SimpleNamespace(train=None, eval=datasets.Dataset.from_list(rows), stats=stats)
         tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
@@ -321,6 +291,16 @@ def test_a_task_name_that_cannot_name_its_figures_is_refused(
         ) in " ".join((done.stdout + done.stderr).split())
 
 
+def _lowest_chat(manifest: Path, out: Path, steps: int) -> tuple[Any, dict]:
+    """Train; the run's output and its evaluation of chat's lowest loss after training."""
+    done = run_here(
+        "train", "--manifest", str(manifest), "--output", str(out), "--max-steps", str(steps)
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    trained = [e for e in read_metrics(out)["evals"] if e["step"] > 0]
+    return done, min(trained, key=lambda e: e["tasks"]["chat"]["eval_loss"])
+
+
 def test_the_best_adapter_chosen_by_a_tasks_loss(tmp_path: Path, tiny_model_dir: Path) -> None:
     """Mixing general data into a domain expert, the checkpoint to keep is the domain task's
     lowest loss: `metric_for_best_model: eval_<task>_loss` was refused (eval_loss or loss)."""
@@ -331,10 +311,7 @@ def test_the_best_adapter_chosen_by_a_tasks_loss(tmp_path: Path, tiny_model_dir:
     )
     manifest.write_text(json.dumps(data))
     out = tmp_path / "run"
-    done = run_here("train", "--manifest", str(manifest), "--output", str(out), "--max-steps", "4")
-    assert done.returncode == 0, done.stdout + done.stderr
-    evals = [e for e in read_metrics(out)["evals"] if e["step"] > 0]
-    best = min(evals, key=lambda e: e["tasks"]["chat"]["eval_loss"])
+    _, best = _lowest_chat(manifest, out, 4)
     chat = best["tasks"]["chat"]["eval_loss"]
     report = run_here("report", str(out))
     assert f"best eval loss of task chat {chat:.4g} at step {best['step']}" in report.stdout
@@ -345,11 +322,7 @@ def test_the_best_adapter_chosen_by_a_tasks_loss(tmp_path: Path, tiny_model_dir:
     stopping = {"early_stopping_patience": 1, "early_stopping_threshold": 100.0}
     data["training"]["config"].update(stopping)
     manifest.write_text(json.dumps(data))
-    out = tmp_path / "stopped"
-    done = run_here("train", "--manifest", str(manifest), "--output", str(out), "--max-steps", "6")
-    assert done.returncode == 0, done.stdout + done.stderr
-    trained = [e for e in read_metrics(out)["evals"] if e["step"] > 0]
-    low = min(trained, key=lambda e: e["tasks"]["chat"]["eval_loss"])
+    done, low = _lowest_chat(manifest, tmp_path / "stopped", 6)
     assert (
         f"stopped early at step 4 of 6: 1 evaluation in a row without the loss improving by "
         f"more than 100 (early_stopping_patience); the lowest eval_chat_loss "
