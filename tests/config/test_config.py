@@ -588,7 +588,8 @@ def test_a_torch_compile_backend_or_mode_torch_lacks_is_named(v2_dir: Path) -> N
         (
             "metric_for_best_model",
             "eval_accuracy",
-            "training.config.metric_for_best_model: Input should be 'eval_loss' or 'loss'",
+            "training.config.metric_for_best_model: expected eval_loss, loss, or a task's "
+            "eval_<task>_loss",
         ),
         # the checkpoint of the highest loss would be kept as the best and shipped
         (

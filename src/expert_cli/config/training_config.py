@@ -202,7 +202,6 @@ class TrainingConfig(OptimizerFields):
     )
     metric_for_best_model: str | None = Field(
         None,
-        pattern=r"^(eval_loss|loss|eval_.+_loss)$",
         description="Metric for the best checkpoint: the loss, `eval_loss` (token accuracy is "
         "reported, not chosen by), or a multi_task expert's task's, `eval_<task>_loss` "
         "(another name stopped the run at its first evaluation).",
@@ -324,6 +323,13 @@ class TrainingConfig(OptimizerFields):
         description="Extension: Liger's fused RMSNorm, SwiGLU and RoPE kernels "
         "(GPU, liger-kernel installed, a model type Liger supports). Default: on where usable.",
     )
+
+    @field_validator("metric_for_best_model")
+    @classmethod
+    def _a_loss(cls, value: str | None) -> str | None:
+        if value is None or value in ("eval_loss", "loss") or re.fullmatch(r"eval_.+_loss", value):
+            return value
+        raise ValueError("expected eval_loss, loss, or a task's eval_<task>_loss")
 
     @field_validator("init_lora_weights")
     @classmethod
