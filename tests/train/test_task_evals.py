@@ -348,3 +348,18 @@ def test_the_best_adapter_chosen_by_a_tasks_loss(tmp_path: Path, tiny_model_dir:
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "the evaluation split holds no example of task chat" in " ".join(refused.stderr.split())
     assert not (tmp_path / "r2").exists()  # nothing half-written left
+    # the split holds sql alone: its loss is the split's, chosen by
+    data["training"]["config"]["metric_for_best_model"] = "eval_sql_loss"
+    manifest.write_text(json.dumps(data))
+    alone = run_here("train", "--manifest", str(manifest), "--output", str(tmp_path / "r3"))
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    (record,) = [e for e in read_metrics(tmp_path / "r3")["evals"] if e["step"] > 0][-1:]
+    report = run_here("report", str(tmp_path / "r3"))
+    assert f"best eval loss of task sql {record['eval_loss']:.4g}" in report.stdout
+    # a resume that changes the metric: the best so far is of the other one
+    again = run_here(
+        "train", "--manifest", str(manifest), "--output", str(tmp_path / "r3"), "--resume",
+        "--max-steps", "30", "--set", "metric_for_best_model=eval_loss",
+    )  # fmt: skip
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert "metric_for_best_model" in again.stderr

@@ -24,10 +24,10 @@ def unevaluated_tasks(train: list[Any], valid: list[Any]) -> list[str]:
     ]
 
 
-def metric_task(metric: str | None) -> str | None:
+def metric_task(metric: Any) -> str | None:
     """The task a `metric_for_best_model` of `eval_<task>_loss` names (None: the split's)."""
-    if not metric or metric in ("eval_loss", "loss"):
-        return None
+    if not isinstance(metric, str) or metric in ("", "eval_loss", "loss"):
+        return None  # a hand-edited record's other value too
     return metric.removeprefix("eval_").removesuffix("_loss")
 
 

@@ -144,20 +144,7 @@ def check_manifest(
     if not report.problems and (note := _positions_note(resolved)):
         report.notes = [*report.notes, note]
     if not (report.problems or quick):
-        sources = resolved.validation_sources or resolved.train_sources
-        counts = [data.rows.get(source_key(s)) for s in sources]
-        held = held_examples(resolved, counts)
-        tasks = [  # each task's loss is given apart: each task's share (train/task_evals.py)
-            {"task": s.task, "examples": held_examples(resolved, [n])}
-            for s, n in zip(sources, counts, strict=True)
-            if s.task and len(sources) > 1
-        ]
-        split = {"eval": {"examples": held, "tasks": tasks}} if held is not None else {}
-        report.notes += [note] if (note := split_note(split)) else []
-        unheld = [
-            t["task"] for t in tasks if t["examples"] == 0 and not resolved.validation_sources
-        ]
-        report.notes += [note] if held and (note := unheld_note(unheld)) else []
+        report.notes += _held_out_notes(resolved, data)
     report.rows_checked = data.rows
     # one line once: a mapping problem is found in each source that reads it (the training
     # and the validation file), and was listed twice
@@ -192,6 +179,24 @@ def _read_data(
         except UserError as exc:
             data.problems += exc.lines
     return data
+
+
+def _held_out_notes(resolved: ResolvedConfig, data: DataCheck) -> list[str]:
+    """The build's notes on the validation split from the rows read: few examples in it (or
+    in a task's share, each task's loss given apart), a task too small to hold one out."""
+    sources = resolved.validation_sources or resolved.train_sources
+    counts = [data.rows.get(source_key(s)) for s in sources]
+    held = held_examples(resolved, counts)
+    if held is None:
+        return []
+    tasks = [  # each task's share (train/task_evals.py)
+        {"task": s.task, "examples": held_examples(resolved, [n])}
+        for s, n in zip(sources, counts, strict=True)
+        if s.task and len(sources) > 1
+    ]
+    unheld = [t["task"] for t in tasks if t["examples"] == 0 and not resolved.validation_sources]
+    notes = [split_note({"eval": {"examples": held, "tasks": tasks}})]
+    return [note for note in (*notes, unheld_note(unheld) if held else None) if note]
 
 
 def _detected_notes(resolved: ResolvedConfig, data: DataCheck) -> list[str]:

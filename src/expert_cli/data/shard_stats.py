@@ -73,7 +73,7 @@ def summed(stats: list[dict[str, Any]], examples_read: int) -> dict[str, Any]:
 def task_rows(stats: list[dict[str, Any]]) -> dict[str, Any]:
     """`tasks`: each task's packed rows of the evaluation split in its order, with their
     tokens, trained tokens and examples, from shards that each hold one task's (build.py);
-    none where the split holds one task, or a shard names none."""
+    none where a shard names none. (Evaluated apart where they are two or more.)"""
     tasks: list[dict[str, Any]] = []
     for shard in stats:
         if not isinstance(shard.get("task"), str):
@@ -86,5 +86,5 @@ def task_rows(stats: list[dict[str, Any]]) -> dict[str, Any]:
         tasks[-1]["examples"] += shard["examples_read"] - sum(shard.get(k, 0) for k in DROP_KEYS)
     emptied = [t for t in tasks if not t["rows"]]  # its examples all dropped, and why
     tasks = [{k: v for k, v in t.items() if k not in DROP_KEYS} for t in tasks if t["rows"]]
-    found = {"tasks": tasks} if len(tasks) > 1 else {}
+    found = {"tasks": tasks} if tasks else {}  # one alone: its loss is the split's
     return {**found, "emptied_tasks": emptied} if emptied else found

@@ -58,10 +58,10 @@ def chosen_by(run_dir: Path) -> str | None:
 def scored(record: Any, task: str | None) -> Any:
     """An evaluation's record with the loss and token accuracy the run chooses by: its task's
     (None where the record has none), else as it is."""
-    if task is None or not isinstance(record, dict):
-        return record
-    tasks = record.get("tasks") if isinstance(record.get("tasks"), dict) else {}
-    figures = tasks.get(task) if isinstance(tasks.get(task), dict) else {}
+    if task is None or not isinstance(record, dict) or not isinstance(record.get("tasks"), dict):
+        return record  # a split of that task alone gives no tasks: its eval_loss is the task's
+    figures = record["tasks"].get(task)
+    figures = figures if isinstance(figures, dict) else {}
     return {
         **record,
         "eval_loss": figures.get("eval_loss"),
@@ -192,7 +192,8 @@ def _best(run_dir: Path, by: str = BY_BEST[0]) -> tuple[str, str]:
             f"{by}: the run evaluated at no step it kept an adapter of (it keeps: "
             f"{held}); name one: --checkpoint NAME"
         )
-    return best.name, f"{by}: eval loss {best.eval_loss:.4g} at step {best.step}"
+    task = f" of task {task}" if (task := chosen_by(run_dir)) else ""  # metric_for_best_model
+    return best.name, f"{by}: eval loss{task} {best.eval_loss:.4g} at step {best.step}"
 
 
 def lower_loss_note(run_dir: Path, name: str, ship_with: str = "--checkpoint best") -> str | None:

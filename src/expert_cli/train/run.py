@@ -88,6 +88,7 @@ from expert_cli.train.run_folder import (
 )
 from expert_cli.train.session import Reporter, Run, Silent, TrainOptions, TrainResult
 from expert_cli.train.speed import compile_decision, compile_layers
+from expert_cli.train.task_evals import evaluated_alone
 from expert_cli.train.tracker_guard import guard_trackers, tensorboard
 from expert_cli.train.trainer import Telemetry, build_trainer
 
@@ -317,7 +318,9 @@ def make_trainer(
             trainer.add_callback(callback)
     task = metric_task(run.resolved.metric_for_best_model)  # one evaluated, or a KeyError
     if task and run.args.eval_strategy != "no" and task not in (trainer.task_names or []):
-        raise UserError(unmeasured_task(run.resolved.metric_for_best_model, task))
+        if task not in evaluated_alone(data.stats):
+            raise UserError(unmeasured_task(run.resolved.metric_for_best_model, task))
+        run.args.metric_for_best_model = "eval_loss"  # the split is that task's alone
     if run.hold is not None:  # first: before any callback writes into the folder
         trainer.callback_handler.callbacks.insert(0, FolderGuard(run.hold, run.output))
     trainer.loraplus_ratio = run.resolved.loraplus_lr_ratio

@@ -49,6 +49,8 @@ SAME_RUN_FIELDS = (
     "neftune_noise_alpha",  # the embeddings' noise: another training from the resumed step
     "loraplus_lr_ratio",  # B's learning rate (and the optimizer's parameter groups)
     "init_adapter",  # the weights the run started from
+    # the best so far, restored from the checkpoint, is of this metric: another's is no match
+    "metric_for_best_model",
 )
 # fields a run records since a later version, and what a run recorded before them had
 ABSENT_MEANS: dict[str, Any] = {
@@ -84,6 +86,8 @@ def _compared(key: str, value: Any) -> Any:
     an optimizer without its `_fused` (the same state, chosen for a GPU or a CPU)."""
     if key == "optim" and isinstance(value, str):
         return value.removesuffix("_fused")
+    if key == "metric_for_best_model" and value in ("loss", None):  # the Trainer's eval_loss
+        return "eval_loss"
     if isinstance(value, list):
         return [
             {k: v for k, v in s.items() if k != "field"} if isinstance(s, dict) else s

@@ -32,6 +32,14 @@ def eval_task_names(stats: dict[str, Any], rows: int) -> list[str]:
     return names
 
 
+def evaluated_alone(stats: dict[str, Any]) -> list[str]:
+    """The one task the cache's evaluation split holds, where it holds one (the others too
+    small to hold one out, or all dropped): its loss is the split's."""
+    found = (stats.get("eval") or {}).get("tasks")
+    names = [t.get("task") for t in found if isinstance(t, dict)] if isinstance(found, list) else []
+    return names if len(names) == 1 else []
+
+
 def by_task(rows: datasets.Dataset, stats: dict[str, Any], multiple: int) -> datasets.Dataset:
     """The evaluation rows with their task's index in TASK_COLUMN, each task's block filled to
     a multiple of `multiple` rows (processes x evaluation batch)."""
