@@ -21,7 +21,9 @@ INSTRUCTION_ROLES = ("instruction", "input", "system", "response")
 
 def run_kind(specs: list[FieldSpec], prompt_template: str) -> str:
     """The layout the run's rows are formatted in, from each source's fields in the order
-    read; UserError naming the first two sources of different layouts a run cannot join."""
+    read; UserError naming two sources of layouts a run cannot join: a text source and the
+    first of another layout (wherever the text one stands), else the first two that differ
+    where the prompt template is not the chat template."""
     text = next((s for s in specs if s.kind == "text"), None)  # beside any other: refused
     first = text or specs[0]
     other = next((s for s in specs if s.kind != first.kind), None)
