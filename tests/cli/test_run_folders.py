@@ -711,7 +711,7 @@ def test_a_run_whose_folder_is_removed_stops_and_writes_nothing_more(
 ) -> None:
     """`rm -rf` of a live run's folder took its lock file with it: a second train then took a
     new lock there and both wrote the one folder, each saying its run was written; alone, the
-    run wrote its metrics into nothing (a traceback). It stops at the next step's end, exit 1,
+    run wrote its metrics into nothing (a traceback). It stops before its next log, exit 1,
     writing nothing more there (`taken`: another train's lock file is there by then)."""
     import threading
     import time

@@ -1,7 +1,6 @@
-"""A run whose folder is removed under it writes nothing more there: not at a step's end
-(tests/cli/test_run_folders.py), and not in what comes after one, an evaluation's log (which
-may come minutes later) or a checkpoint, where it wrote a traceback or into another run's
-folder."""
+"""A run whose folder is removed under it writes nothing more there: not at a step's log
+(tests/cli/test_run_folders.py), an evaluation's log (which may come minutes later) or a
+checkpoint, where it wrote a traceback or into another run's folder."""
 
 from __future__ import annotations
 

@@ -79,8 +79,8 @@ def task_rows(stats: list[dict[str, Any]]) -> dict[str, Any]:
         if not isinstance(shard.get("task"), str):
             return {}
         if not tasks or tasks[-1]["task"] != shard["task"]:
-            tasks.append(dict.fromkeys(("rows", "tokens", "trained_tokens", "examples"), 0))
-            tasks[-1] = {"task": shard["task"], **tasks[-1]}
+            tasks.append({"task": shard["task"], "rows": 0, "tokens": 0, "trained_tokens": 0})
+            tasks[-1]["examples"] = 0
         for key in ("rows", "tokens", "trained_tokens", *DROP_KEYS):
             tasks[-1][key] = tasks[-1].get(key, 0) + shard.get(key, 0)
         tasks[-1]["examples"] += shard["examples_read"] - sum(shard.get(k, 0) for k in DROP_KEYS)

@@ -67,17 +67,16 @@ class FolderLost(RunError):
 
 
 class FolderGuard(TrainerCallback):
-    """Stops the run (FolderLost, exit 1) once its folder's lock file went: before training,
-    at each step's end, before each log (the first callback: metrics.json is written after),
-    before each checkpoint (ExpertTrainer asks) and at the end, before the final save."""
+    """Stops the run (FolderLost, exit 1) once its folder's lock file went, looked for before
+    each thing the run writes there: before training, before each log (the first callback:
+    metrics.json and TensorBoard write after it), before each checkpoint (ExpertTrainer asks)
+    and at the end, before the final save. Not at every step: the training loop writes
+    nothing between them, and a file system call a step is no cost to add there."""
 
     def __init__(self, hold: Hold, output: Path) -> None:
         self.hold, self.output = hold, output
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.check()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.check()
 
     def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

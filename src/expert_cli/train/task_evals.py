@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from expert_cli.data.collate import TASK_COLUMN, filled_to
-from expert_cli.train.token_accuracy import AccuracyTally
+from expert_cli.train.token_accuracy import UNCOUNTED, AccuracyTally
 
 
 def eval_task_names(stats: dict[str, Any], rows: int) -> list[str]:
@@ -100,16 +100,16 @@ class TaskTally:
         self.hits = [AccuracyTally() for _ in names]
         self.unplaced = False  # a batch of no task, or of several: no per-task figures
 
-    def add(self, task: int | None, counted: Any, outputs: Any) -> None:
+    def add(self, task: int | None, counted: Any, found: Any) -> None:
         """One batch: its task, its (loss, trained tokens over the processes) where the loss
-        was counted, and its outputs with the labels for the token accuracy."""
+        was counted, and its `batch_hits` for the token accuracy (UNCOUNTED: none asked)."""
         if task is None or not 0 <= task < len(self.names):
             self.unplaced = True
             return
         if counted is not None:
             self.batches[task].append(counted)
-        if outputs is not None:
-            self.hits[task].add(*outputs)
+        if found is not UNCOUNTED:
+            self.hits[task].add(found)
 
     def metrics(self, accelerator: Any, spread: bool, prefix: str) -> dict[str, float]:
         """`<prefix>_<task>_loss` and `<prefix>_<task>_token_accuracy` of every task; every

@@ -12,6 +12,8 @@ import torch
 from expert_cli.data.formatting import IGNORE
 from expert_cli.train.loss import HITS
 
+UNCOUNTED = object()  # a batch whose outputs were not asked for: no accuracy to count
+
 
 def batch_hits(outputs: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(tokens predicted, tokens trained) of one evaluation batch; None where the outputs
@@ -36,8 +38,8 @@ class AccuracyTally:
         self.counts: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.missing = False
 
-    def add(self, outputs: Any, labels: Any) -> None:
-        found = batch_hits(outputs, labels)
+    def add(self, found: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """One batch's `batch_hits` (None: it could not be counted)."""
         if found is None:
             self.missing = True
         else:

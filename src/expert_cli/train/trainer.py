@@ -34,7 +34,7 @@ from expert_cli.train.loss import takes_loss_positions
 from expert_cli.train.model_flops import flops_model
 from expert_cli.train.step_walks import StepWalks
 from expert_cli.train.task_evals import TaskTally, by_task, eval_task_names, split_loss
-from expert_cli.train.token_accuracy import AccuracyTally
+from expert_cli.train.token_accuracy import UNCOUNTED, AccuracyTally, batch_hits
 
 # DoRA's per-row magnitudes start at the frozen weight's norms: decay would shrink the base
 # layer's output, not pull the adapter toward it (as it does LoRA's A and B)
@@ -192,12 +192,13 @@ class ExpertTrainer(Trainer):
         if self._eval_tally is not None and torch.is_tensor(num_items_in_batch):
             loss = result[0] if return_outputs else result
             self._eval_tally.append((loss.detach().float(), num_items_in_batch.float()))
+        found: Any = UNCOUNTED  # counted once, for the split and for its task
         if self._eval_hits is not None and return_outputs:
-            self._eval_hits.add(result[1], inputs.get("labels"))
+            found = batch_hits(result[1], inputs.get("labels"))
+            self._eval_hits.add(found)
         if self._tasks is not None:
             counted = self._eval_tally[-1] if torch.is_tensor(num_items_in_batch) else None
-            outputs = (result[1], inputs.get("labels")) if return_outputs else None
-            self._tasks.add(self._batch_task, counted, outputs)
+            self._tasks.add(self._batch_task, counted, found)
         return result
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
