@@ -707,33 +707,31 @@ def test_a_resume_keeps_the_schedule_and_the_optimizer(demo_expert_dir: Path) ->
 
 @pytest.mark.parametrize("taken", [False, True])
 def test_a_run_whose_folder_is_removed_stops_and_writes_nothing_more(
-    tmp_path: Path, tiny_model_dir: Path, taken: bool
+    tmp_path: Path, tiny_model_dir: Path, taken: bool, monkeypatch
 ) -> None:
     """`rm -rf` of a live run's folder took its lock file with it: a second train then took a
     new lock there and both wrote the one folder, each saying its run was written; alone, the
     run wrote its metrics into nothing (a traceback). It stops before its next log, exit 1,
-    writing nothing more there (`taken`: another train's lock file is there by then)."""
-    import threading
-    import time
+    writing nothing more there (`taken`: another train's lock file is there by then). The
+    folder goes as checkpoint-2 is marked whole, in the run's own thread: from another
+    thread, on a loaded machine, it went at any moment, inside a save already under way too
+    (whose files no look before it can keep out)."""
+    from expert_cli.train.checkpoints import CheckpointMarker
 
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=64, config={"save_steps": 2})
     out = tmp_path / "out"
+    marked = CheckpointMarker.on_save
 
-    def remove() -> None:
-        deadline = time.monotonic() + 120
-        while not (out / "checkpoints" / "checkpoint-2" / COMPLETE).is_file():
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.005)
-        shutil.rmtree(out)
-        if taken:  # a second train's claim: the folder again, with its own lock file
-            out.mkdir()
-            FileLock(str(out / ".train.lock")).acquire()
+    def removed_once_marked(self, args, state, control, **kwargs) -> None:
+        marked(self, args, state, control, **kwargs)
+        if state.global_step == 2:
+            shutil.rmtree(out)
+            if taken:  # a second train's claim: the folder again, with its own lock file
+                out.mkdir()
+                (out / ".train.lock").write_text("")
 
-    remover = threading.Thread(target=remove)
-    remover.start()
+    monkeypatch.setattr(CheckpointMarker, "on_save", removed_once_marked)
     done = _train(manifest, out, "--max-steps", "400")
-    remover.join()
     assert done.returncode == 1, done.stdout + done.stderr
     assert (
         f"--output {out}: the run folder, or its .train.lock, was removed while this run "
