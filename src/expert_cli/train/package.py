@@ -39,19 +39,16 @@ from expert_cli.errors import Interrupted, RunError, Terminated, UserError, valu
 from expert_cli.paths import resolved_path, shown_path
 from expert_cli.train import adapter_entry as entry
 from expert_cli.train import package_members as pm
-from expert_cli.train.checkpoints import checkpoint_step, complete_checkpoints, sound_checkpoints
-from expert_cli.train.choice import chosen_by_best, chosen_checkpoint, lower_loss_note
+from expert_cli.train.checkpoints import checkpoint_step
+from expert_cli.train.choice import chosen_checkpoint
 from expert_cli.train.hive_loader import refuse_unloadable
 from expert_cli.train.lora_init import INIT_WEIGHTS, standard_form, standard_notes
 from expert_cli.train.outputs import (
     ADAPTER_FILES,
     SOURCE_MANIFEST,
-    adapter_base,
     data_folder_problem,
-    held_by_another,
     read_json_file,
     run_of,
-    writing_now,
 )
 from expert_cli.train.package_check import (
     MAX_FILE_BYTES,
@@ -71,6 +68,7 @@ from expert_cli.train.run_source import (
     run_manifest,
     taken_note,
 )
+from expert_cli.train.ship_choice import final_problem, shipped
 from expert_cli.train.tokenizer_files import tokenizer_folder, tokenizer_members
 from expert_cli.weights import unchanged_adapter
 
@@ -113,76 +111,6 @@ def _file(path: Path, where: str) -> Path:
     if path.stat().st_size > MAX_FILE_BYTES:
         raise UserError(f"{where}: {path} is over {MAX_FILE_BYTES >> 30} GB")
     return path
-
-
-def _checkpoint_folder(run_dir: Path, name: str, chosen_by: str) -> Path:
-    """The folder of a complete `checkpoint-N` of the run with sound adapter weights;
-    UserError naming who chose it and listing the ones the run holds."""
-    complete = complete_checkpoints(run_dir / "checkpoints")
-    folder = run_dir / "checkpoints" / name
-    kept = ", ".join(p.name for p in complete[-8:]) or "none"
-    if folder not in complete:
-        raise UserError(
-            f"{chosen_by}: {name}: {shown_path(run_dir / 'checkpoints')} holds no complete "
-            f"{name} (it holds: {kept}); name one of those, or final"
-        )
-    try:
-        adapter_base(folder, base_needed=False)  # a checkpoint holding NaN is refused
-    except UserError as exc:
-        sound = [p for p in sound_checkpoints(run_dir / "checkpoints") if p != folder]
-        if sound:
-            hint = f"choose another of: {', '.join(p.name for p in sound[-8:])}"
-        else:  # final only where the run wrote it
-            final = (run_dir / "adapter_config.json").is_file()
-            hint = "the run holds no other sound one" + ("; name final" if final else "")
-        raise UserError([*exc.lines[:-1], f"{exc.lines[-1]} ({chosen_by}: {hint})"]) from None
-    return folder
-
-
-def _final_problem(run_dir: Path) -> UserError | None:
-    """Why the run folder's own adapter cannot ship (None: it can): a run that diverged may
-    still ship one of its checkpoints. UserError for a checkpoint given as the run, or a
-    folder that is not there."""
-    if (run := run_of(run_dir)) != run_dir:
-        raise UserError(
-            f"--adapter {shown_path(run_dir)}: a checkpoint of a run; give the run and the "
-            f"checkpoint: --adapter {shown_path(run)} --checkpoint {run_dir.name}"
-        )
-    try:
-        adapter_base(run_dir, base_needed=False)  # UserError when the folder has no adapter
-    except UserError as exc:
-        if not run_dir.is_dir():
-            raise
-        if (
-            complete_checkpoints(run_dir / "checkpoints")
-            and not (run_dir / "adapter_config.json").exists()
-        ):
-            if held_by_another(run_dir):  # a live train's: its adapter comes at its end
-                return UserError(writing_now(run_dir))
-            return UserError(  # train's folder: a run stopped before its end (generate's words)
-                f"--adapter {shown_path(run_dir)}: the run stopped before writing its final "
-                "adapter; finish it with `expert-cli train` with the same --output and --resume"
-            )
-        return exc
-    return None
-
-
-def _shipped(
-    run_dir: Path, checkpoint: str | None, chosen: tuple[str, str], final_problem: Any
-) -> tuple[Path, list[str]]:
-    """The folder of the adapter chosen (`chosen`: its name and who chose it), and notes."""
-    name, chosen_by = chosen
-    notes = [note] if (note := lower_loss_note(run_dir, name)) else []
-    if name == "final" and final_problem:
-        held = [p.name for p in complete_checkpoints(run_dir / "checkpoints")[-8:]]
-        ship = f"; ship a checkpoint: --checkpoint NAME ({', '.join(held)})" if held else ""
-        raise UserError([*final_problem.lines[:-1], final_problem.lines[-1] + ship])
-    if name != "final":
-        notes.append(f"shipped {name} ({chosen_by}), not the run's final adapter")
-        return _checkpoint_folder(run_dir, name, chosen_by), notes
-    if chosen_by_best(chosen_by):
-        notes.append(f"shipped the run's final adapter ({chosen_by})")
-    return run_dir, notes
 
 
 def _adapter_members(
@@ -232,10 +160,10 @@ def plan_members(
     """(packaged manifest, member name -> bytes or file, notes) of a run folder; the adapter
     of `checkpoint` (checkpoint-N or final) when given, else as `chosen_checkpoint` says."""
     run_dir = run_dir.absolute()
-    final_problem = _final_problem(run_dir)
+    problem = final_problem(run_dir)
     resolved = read_json_file(run_dir / "manifest.resolved.json")
-    if final_problem and not resolved and not (run_dir / "manifest.resolved.json").exists():
-        raise final_problem  # a folder train did not write (a damaged record is named below)
+    if problem and not resolved and not (run_dir / "manifest.resolved.json").exists():
+        raise problem  # a folder train did not write (a damaged record is named below)
     source, manifest_path = run_manifest(run_dir, resolved)
     edited = edited_since(run_dir, source, manifest_path)
     trained, notes = as_trained(source, resolved)
@@ -248,7 +176,7 @@ def plan_members(
         where = f"{shown_path(manifest_path)} (its later edits)" if taken else SOURCE_MANIFEST
         raise UserError([f"{where}: {line}" for line in format_errors(exc)]) from None
     chosen = chosen_checkpoint(run_dir, checkpoint, manifest_path, source)
-    weights_dir, shipped_notes = _shipped(run_dir, checkpoint, chosen, final_problem)
+    weights_dir, shipped_notes = shipped(run_dir, chosen, problem)
     notes += shipped_notes
     if isinstance(manifest.get("training"), dict):  # the package says which adapter it holds
         manifest["training"]["packaging_checkpoint"] = chosen[0]
