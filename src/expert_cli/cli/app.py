@@ -18,7 +18,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from expert_cli import __version__
-from expert_cli.cli import benchmark, check, data, ship, train
+from expert_cli.cli import benchmark, check, data, export, ship, train
 from expert_cli.cli.help import Command, Group, examples
 from expert_cli.cli.options import JSON_ASKED
 from expert_cli.cli.render import one_line, print_error
@@ -73,6 +73,15 @@ app.command(
         "expert-cli check --package experts/demo/expert-demo-model.v0.1.0.expert",
     ),
 )(ship.package)
+app.command(
+    "export-gguf",
+    cls=Command,
+    epilog=examples(
+        "expert-cli export-gguf --adapter experts/demo/output",
+        "expert-cli export-gguf --adapter runs/sql --checkpoint best --output sql-lora.gguf",
+        "llama-cli -m Qwen3-0.6B-Q8_0.gguf --lora sql-lora.gguf",
+    ),
+)(export.export_gguf)
 app.command(
     cls=Command,
     epilog=examples(

@@ -1,0 +1,74 @@
+"""`expert-cli export-gguf`: a run's adapter as a GGUF LoRA adapter for llama.cpp."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from expert_cli.cli.options import AdapterOpt, JsonOpt
+
+
+class OutType(str, Enum):
+    """How `export-gguf` stores the adapter's tensors."""
+
+    f16 = "f16"
+    bf16 = "bf16"
+    f32 = "f32"
+
+
+def export_gguf(
+    adapter: AdapterOpt,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="The file to write (default: {name}-{base}.v{version}-lora-{outtype}.gguf "
+            "beside RUN_DIR).",
+        ),
+    ] = None,
+    outtype: Annotated[
+        OutType,
+        typer.Option("--outtype", help="The tensors' type in the file (f16 reads everywhere)."),
+    ] = OutType.f16,
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="Export checkpoint-N of the run, final, or best (the lowest eval loss; "
+            "default: the manifest's training.packaging_checkpoint, else final).",
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a file of that name.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write a run's LoRA adapter as a GGUF adapter for llama.cpp (llama-cli --lora)."""
+    import json
+
+    from expert_cli.atomic import sigterm_raises
+    from expert_cli.cli.render import console, labelled
+    from expert_cli.data.discovery import human_size
+    from expert_cli.errors import escaped
+    from expert_cli.train.gguf_export import export_gguf as export
+
+    with sigterm_raises():  # SIGTERM as Ctrl-C: a line saying what was left
+        report = export(adapter, output, force, checkpoint, outtype.value)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    out = console()
+    for note in report.notes:
+        out.print(labelled("note", "yellow", note, 6))
+    shown = escaped(str(report.path))
+    out.print(
+        f"wrote {shown} ({human_size(report.size)}): the {report.adapter} adapter, "
+        f"{report.pairs} projections at r {report.rank}, lora_alpha {report.alpha:g}, "
+        f"{report.outtype}, for llama.cpp's {report.architecture}",
+        markup=False,
+    )
+    out.print(
+        f"try it    llama-cli -m <a GGUF of {escaped(report.base)}> --lora {shown}",
+        markup=False,
+    )
