@@ -74,6 +74,16 @@ app.command(
     ),
 )(ship.package)
 app.command(
+    "export-hub",
+    cls=Command,
+    epilog=examples(
+        "expert-cli export-hub --adapter experts/demo/output --output hub/expert-demo",
+        "expert-cli export-hub --adapter runs/sql --checkpoint best --output hub/sql "
+        "--repo-id me/expert-sql",
+        "hf upload me/expert-sql hub/sql",
+    ),
+)(export.export_hub)
+app.command(
     "export-gguf",
     cls=Command,
     epilog=examples(

@@ -72,3 +72,49 @@ def export_gguf(
         f"try it    llama-cli -m <a GGUF of {escaped(report.base)}> --lora {shown}",
         markup=False,
     )
+
+
+def export_hub(
+    adapter: AdapterOpt,
+    output: Annotated[
+        Path, typer.Option(metavar="DIR", help="A new or empty folder for the files to upload.")
+    ],
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="Export checkpoint-N of the run, final, or best (the lowest eval loss; "
+            "default: the manifest's training.packaging_checkpoint, else final).",
+        ),
+    ] = None,
+    repo_id: Annotated[
+        str | None,
+        typer.Option(
+            metavar="OWNER/NAME", help="The repository it goes to, named in the card's example."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write a run's adapter, tokenizer, manifest and a model card as a folder for the
+    Hugging Face Hub (then: hf upload OWNER/NAME DIR)."""
+    import json
+
+    from expert_cli.atomic import sigterm_raises
+    from expert_cli.cli.render import console, labelled
+    from expert_cli.data.discovery import human_size
+    from expert_cli.errors import escaped
+    from expert_cli.train.hub_export import export_hub as export
+
+    with sigterm_raises():  # SIGTERM as Ctrl-C: a line saying what was left
+        report = export(adapter, output, checkpoint, repo_id)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    out = console()
+    for name, size in report.files.items():
+        out.print(labelled("file", "dim", f"{name} ({human_size(size)})", 6))
+    for note in report.notes:
+        out.print(labelled("note", "yellow", note, 6))
+    shown = escaped(str(report.path))
+    out.print(f"wrote {shown}", markup=False)
+    out.print(f"upload    hf upload {repo_id or 'OWNER/NAME'} {shown}", markup=False)

@@ -172,7 +172,7 @@ def merged(peft_model: PeftModel) -> Any:
     return peft_model.merge_and_unload()
 
 
-def _refuse_output(output: Path) -> None:
+def refuse_folder_output(output: Path) -> None:
     """UserError naming --output unless it is a new or empty folder that can be written (checked
     before the model is loaded, which takes minutes)."""
     shown = shown_path(output)
@@ -281,7 +281,7 @@ def merge_adapter(adapter: Path, output: Path, saved: str | None = None) -> tupl
     refuse_unfinished(adapter)  # a run without its final adapter, that has checkpoints
     refuse_incomplete(adapter)  # a checkpoint written in part: before its files are judged
     base_name = adapter_base(adapter)
-    _refuse_output(output)
+    refuse_folder_output(output)
     quantization, dtype = _run_facts(adapter)
     dtype = torch.float32 if saved else dtype  # merged in fp32, then cast once
     if problem := data_folder_problem(output, run_of(adapter), "the merged model's files"):

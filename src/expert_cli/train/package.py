@@ -155,10 +155,12 @@ def _adapter_members(
 
 
 def plan_members(
-    run_dir: Path, checkpoint: str | None = None
+    run_dir: Path, checkpoint: str | None = None, hive: bool = True
 ) -> tuple[dict[str, Any], Members, list[str]]:
     """(packaged manifest, member name -> bytes or file, notes) of a run folder; the adapter
-    of `checkpoint` (checkpoint-N or final) when given, else as `chosen_checkpoint` says."""
+    of `checkpoint` (checkpoint-N or final) when given, else as `chosen_checkpoint` says.
+    `hive`: refuse a manifest HiveLLM's loader would (export-hub's folder is not installed by
+    it)."""
     run_dir = run_dir.absolute()
     problem = final_problem(run_dir)
     resolved = read_json_file(run_dir / "manifest.resolved.json")
@@ -197,7 +199,8 @@ def plan_members(
             "base_model/ and not in the package: whoever loads it gets other random weights, "
             "on which the adapter means nothing; train on a pretrained base to ship"
         )
-    refuse_unloadable(manifest)  # last: the files the manifest names are refused first
+    if hive:
+        refuse_unloadable(manifest)  # last: the files the manifest names are refused first
     return manifest, members, notes
 
 

@@ -1,0 +1,115 @@
+"""`expert-cli export-hub`: a run's adapter as a folder to upload to the Hugging Face Hub
+(`hf upload OWNER/NAME FOLDER`): the files `package` ships (the adapter as peft loads it, a
+PiSSA or OLoRA run's as its LoRA of the base; the tokenizer; the manifest; LICENSE and the
+grammar where the expert has them) and a README.md model card in place of the expert's
+README (kept inside the card). Nothing of the run's checkpoints, optimizer states or logs.
+
+The folder is written under a temporary name and renamed into place whole: an interrupt or a
+full disk leaves nothing, and only a new or empty folder is written to.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from expert_cli.atomic import atomic_folder, usual_mode
+from expert_cli.errors import Interrupted, RunError, Terminated, UserError
+from expert_cli.paths import resolved_path, shown_path
+from expert_cli.train.adapter_entry import first_base
+from expert_cli.train.merge import refuse_folder_output
+from expert_cli.train.model_card import hub_id, model_card
+from expert_cli.train.outputs import data_folder_problem, read_json_file
+from expert_cli.train.package import plan_members
+
+README_BYTES = 1 << 20  # an expert's README read into the card at most; a larger one ships as is
+KEPT_README = "EXPERT_README.md"  # where a README too large for the card goes
+
+
+@dataclass
+class HubReport:
+    """What `export-hub` wrote (to_dict: its --json)."""
+
+    path: Path
+    files: dict[str, int] = field(default_factory=dict)  # name -> bytes
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "files": self.files, "notes": self.notes}
+
+
+def export_hub(
+    run_dir: Path, output: Path, checkpoint: str | None = None, repo_id: str | None = None
+) -> HubReport:
+    """Write the folder; UserError for a run, adapter or --output it cannot be made of."""
+    output = resolved_path(output, "--output")
+    if repo_id is not None and not hub_id(repo_id):
+        raise UserError("--repo-id: expected OWNER/NAME, a Hugging Face repository id")
+    refuse_folder_output(output)
+    manifest, members, notes = plan_members(run_dir, checkpoint, hive=False)
+    notes = [_worded(n) for n in notes]
+    if problem := data_folder_problem(output, run_dir.absolute(), "the folder's files"):
+        raise UserError(problem)
+    readme = members.pop("README.md", None)
+    text = None
+    if readme is not None:
+        data = readme if isinstance(readme, bytes) else None
+        if data is None and readme.stat().st_size <= README_BYTES:
+            data = readme.read_bytes()
+        if data is None:
+            members[KEPT_README] = readme
+            notes.append(f"the expert's README.md is over 1 MiB: kept as {KEPT_README}")
+        else:
+            text = data.decode("utf-8", errors="replace")
+    resolved = read_json_file(run_dir.absolute() / "manifest.resolved.json")
+    metrics = read_json_file(run_dir.absolute() / "metrics.json")
+    card = model_card(manifest, resolved, metrics, text, repo_id)
+    members["README.md"] = card.encode("utf-8")
+    if not hub_id(first_base(manifest).get("name")):
+        notes.append(
+            "the base model is a local folder, not a hub id: the card names no base_model and "
+            "adapter_config.json's base_model_name_or_path is that folder; set both to the "
+            "base's hub id before uploading, or whoever loads the adapter cannot find its base"
+        )
+    _write(output, members)
+    return HubReport(output, {name: (output / name).stat().st_size for name in members}, notes)
+
+
+def _worded(note: str) -> str:
+    """package's note as said of this folder."""
+    note = note.replace("shipped", "exported", 1).replace(" ships it", " exports it")
+    return note.replace("the package has none", "the folder's card has none of its own")
+
+
+def _write(output: Path, members: dict[str, bytes | Path]) -> None:
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_folder(output) as tmp:  # an existing `output` is empty, checked above
+            for name, data in members.items():
+                dest = tmp / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if isinstance(data, bytes):
+                    dest.write_bytes(data)
+                else:
+                    shutil.copyfile(data, dest)
+            usual_mode(tmp)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR) and os.path.lexists(output):
+            raise UserError(
+                f"--output {shown_path(output)}: something was put there while export-hub ran; "
+                "it is left as it is and the folder was not kept; give a new or empty folder"
+            ) from None
+        raise RunError(
+            f"--output {shown_path(output)}: cannot be written ({exc.strerror})"
+        ) from None
+    except (KeyboardInterrupt, Terminated) as exc:
+        raise Interrupted(
+            f"before the folder was in place: nothing written to {shown_path(output)}"
+            if not output.is_dir() or not any(output.iterdir())
+            else f"{shown_path(output)} was written in full before it",
+            exc.code if isinstance(exc, Terminated) else 130,
+        ) from None
