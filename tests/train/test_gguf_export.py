@@ -214,3 +214,65 @@ def test_refusals_leave_nothing(run: Path, tiny_model_dir: Path, tmp_path: Path)
     code, out, err = _export("--adapter", str(copy))
     assert code == 2 and "Qwen3ForCausalLM" in err and "convert_hf_to_gguf.py" in err, err
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".gguf") == ["x.gguf"]
+
+
+@pytest.mark.slow
+def test_what_a_hostile_user_found(run: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Outputs inside checkpoints/ (a resumed run's rotation took them for checkpoints), the
+    default name taken, a base folder gone, a live `train --resume` of the run, an alpha f32
+    reads as 0, values beyond f16's range."""
+    inside = run / "checkpoints" / "checkpoint-99" / "a.gguf"
+    code, out, err = _export("--adapter", str(run), "--output", str(inside))
+    assert code == 2 and "inside the run's checkpoints/" in err
+    assert not inside.parent.exists()
+    copy = tmp_path / "c" / "run"
+    shutil.copytree(run, copy)
+    code, out, err = _export("--adapter", str(copy))
+    assert code == 0, out + err
+    code, out, err = _export("--adapter", str(copy))
+    assert code == 2 and "the default file" in err and "give --output" in err
+    from filelock import FileLock
+
+    with FileLock(str(copy / ".train.lock")):  # a live train of the finished run
+        code, out, err = _export("--adapter", str(copy), "--output", str(tmp_path / "l.gguf"))
+    assert code == 0 and "a train is writing this run now" in out, out + err
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    config = json.loads((copy / "adapter_config.json").read_text())
+    (copy / "adapter_config.json").write_text(
+        json.dumps({**config, "base_model_name_or_path": str(base)})
+    )
+    shutil.rmtree(base)
+    code, out, err = _export("--adapter", str(copy), "--output", str(tmp_path / "g.gguf"))
+    assert code == 2 and "the folder is not there" in err and "hf download" not in err, err
+    (copy / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 1e-50}))
+    code, out, err = _export("--adapter", str(copy), "--output", str(tmp_path / "a.gguf"))
+    assert code == 2 and "one r and one alpha" in err, err
+    (copy / "adapter_config.json").write_text(json.dumps(config))
+    from safetensors.torch import load_file, save_file
+
+    weights = copy / "adapter_model.safetensors"
+    tensors = load_file(weights)
+    save_file({k: v * (1e8 if "lora_B" in k else 1e-8) for k, v in tensors.items()}, weights)
+    code, out, err = _export("--adapter", str(copy), "--output", str(tmp_path / "f.gguf"))
+    assert code == 2 and "beyond f16's range" in err and "--outtype bf16" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["l.gguf"]
+
+
+def test_a_file_put_in_place_meanwhile_is_kept(tmp_path: Path) -> None:
+    """Two exports of one name: the second to finish neither replaces the first's file nor
+    says it wrote; with --force it replaces it."""
+    from expert_cli.errors import UserError
+    from expert_cli.train.gguf_file import _place
+
+    dest, tmp = tmp_path / "x.gguf", tmp_path / ".tmp-x.gguf-1"
+    dest.write_bytes(b"first")
+    tmp.write_bytes(b"second")
+    with pytest.raises(UserError, match="another process"):
+        _place(tmp, dest, force=False)
+    assert dest.read_bytes() == b"first"
+    _place(tmp, dest, force=True)
+    assert dest.read_bytes() == b"second" and not tmp.exists()
+    tmp.write_bytes(b"third")
+    _place(tmp, tmp_path / "new.gguf", force=False)
+    assert (tmp_path / "new.gguf").read_bytes() == b"third"

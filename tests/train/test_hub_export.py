@@ -159,3 +159,11 @@ def test_the_card_names_a_hub_base_and_its_datasets() -> None:
         ("~/x/y", False),
     ):
         assert (hub_id(name) is not None) is want, name
+
+
+@pytest.mark.slow
+def test_not_inside_the_runs_checkpoints(run: Path) -> None:
+    target = run / "checkpoints" / "checkpoint-99"
+    done = run_here("export-hub", "--adapter", str(run), "--output", str(target))
+    assert done.returncode == 2 and "inside the run's checkpoints/" in done.stderr
+    assert not target.exists()

@@ -46,6 +46,7 @@ def export_gguf(
 ) -> None:
     """Write a run's LoRA adapter as a GGUF adapter for llama.cpp (llama-cli --lora)."""
     import json
+    import shlex
 
     from expert_cli.atomic import sigterm_raises
     from expert_cli.cli.render import console, labelled
@@ -69,7 +70,8 @@ def export_gguf(
         markup=False,
     )
     out.print(
-        f"try it    llama-cli -m <a GGUF of {escaped(report.base)}> --lora {shown}",
+        f"try it    llama-cli -m <a GGUF of {escaped(report.base)}> --lora "
+        f"{escaped(shlex.quote(str(report.path)))}",
         markup=False,
     )
 
@@ -98,6 +100,7 @@ def export_hub(
     """Write a run's adapter, tokenizer, manifest and a model card as a folder for the
     Hugging Face Hub (then: hf upload OWNER/NAME DIR)."""
     import json
+    import shlex
 
     from expert_cli.atomic import sigterm_raises
     from expert_cli.cli.render import console, labelled
@@ -117,4 +120,5 @@ def export_hub(
         out.print(labelled("note", "yellow", note, 6))
     shown = escaped(str(report.path))
     out.print(f"wrote {shown}", markup=False)
-    out.print(f"upload    hf upload {repo_id or 'OWNER/NAME'} {shown}", markup=False)
+    place = escaped(shlex.quote(str(report.path)))
+    out.print(f"upload    hf upload {repo_id or 'OWNER/NAME'} {place}", markup=False)

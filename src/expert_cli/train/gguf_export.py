@@ -1,6 +1,6 @@
 """`expert-cli export-gguf`: a run's LoRA adapter as a GGUF adapter file, which llama.cpp (and
 what runs on it: `llama-cli --lora`, `llama-server`, Ollama's ADAPTER) applies to a GGUF of the
-same base model, at any quantization.
+same base model (llama.cpp applies an adapter to a quantized base too).
 
 The file holds, for each adapted projection, llama.cpp's tensor name (`blk.0.attn_q.weight`,
 from the `gguf` package's name map of the architecture) with `.lora_a` (r x in) and `.lora_b`
@@ -13,7 +13,7 @@ k rows are in llama.cpp's rotary order, as its converter lays out the base's.
 DoRA, AdaLoRA and IA3 have no form llama.cpp applies: such a run is merged (`expert-cli
 merge`) and the merged model converted with llama.cpp's own `convert_hf_to_gguf.py`. The file
 is written under a temporary name, read back and compared tensor by tensor, then renamed into
-place; an interrupt leaves nothing.
+place (gguf_file.py); an interrupt leaves nothing.
 """
 
 from __future__ import annotations
@@ -26,15 +26,17 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 
-from expert_cli.atomic import Staged, atomic_files
 from expert_cli.data.tokenizer import read_config
-from expert_cli.errors import Interrupted, RunError, Terminated, UserError
+from expert_cli.errors import UserError
 from expert_cli.paths import new_file_problem, resolved_path, shown_path
 from expert_cli.train.checkpoints import checkpoint_step
 from expert_cli.train.choice import chosen_checkpoint
-from expert_cli.train.lora_init import INIT_WEIGHTS, standard_form
+from expert_cli.train.gguf_file import OUT_TYPES, stored_tensors, write_file
+from expert_cli.train.lora_init import INIT_WEIGHTS, decomposes, standard_form
+from expert_cli.train.model_card import hub_id
 from expert_cli.train.outputs import (
     ADAPTER_FILES,
     adapter_base,
@@ -45,7 +47,7 @@ from expert_cli.train.outputs import (
 from expert_cli.train.package import package_name
 from expert_cli.train.rslora_fold import is_rslora
 from expert_cli.train.run_source import run_manifest
-from expert_cli.train.ship_choice import final_problem, shipped
+from expert_cli.train.ship_choice import final_problem, inside_checkpoints, shipped
 from expert_cli.weights import tensors_of, unchanged_adapter
 
 # transformers' class of the base -> llama.cpp's architecture
@@ -57,11 +59,6 @@ ARCHITECTURES = {
 # those whose q and k rows llama.cpp's converter reorders for its rotary layout (Qwen's it
 # does not)
 ROTARY_REORDERED = {"llama"}
-OUT_TYPES = {  # --outtype -> how each tensor is stored
-    "f16": gguf.GGMLQuantizationType.F16,
-    "bf16": gguf.GGMLQuantizationType.BF16,
-    "f32": gguf.GGMLQuantizationType.F32,
-}
 KINDS = {"ADALORA": "AdaLoRA", "IA3": "IA3", "LOKR": "LoKr", "LOHA": "LoHa", "VERA": "VeRA"}
 HALVES = ("lora_A", "lora_B")
 CONVERT = (
@@ -118,24 +115,38 @@ def export_gguf(
         raise problem
     source, manifest_path = run_manifest(run_dir, resolved)
     chosen = chosen_checkpoint(run_dir, checkpoint, manifest_path, source)
-    folder, said = shipped(run_dir, chosen, problem)
-    notes = [n.replace("shipped", "exported", 1).replace(" ships it", " exports it") for n in said]
+    try:
+        folder, said = shipped(run_dir, chosen, problem)
+    except UserError as exc:
+        raise UserError([_worded(line) for line in exc.lines]) from None
+    notes = [_worded(n) for n in said]
     config, tensors = _lora_of(folder)
     base = adapter_base(folder, base_needed=False)
     arch, hparams = _architecture(base, resolved, folder)
     rank, alpha, pairs = _pairs(config, tensors, folder)
-    written = _named(pairs, arch, hparams, folder)
+    stored, stored_notes = stored_tensors(_named(pairs, arch, hparams, folder), outtype)
+    notes += stored_notes
     default = _default_name(source, base, outtype)
     path = resolved_path(output, "--output") if output else run_dir.parent / default
-    _refuse_output(path, default, force)
-    if problem := data_folder_problem(path, run_dir, "the GGUF file"):
+    _refuse_output(path, default, force, output is not None)
+    if problem := data_folder_problem(path, run_dir, "the GGUF file") or inside_checkpoints(
+        path, run_dir
+    ):
         raise UserError(problem)
     meta = {"name": str(source.get("name") or ""), "version": str(source.get("version") or "")}
-    _write(path, written, (arch, alpha, outtype), meta, base)
+    name = hub_id(_base_name(source, base))
+    meta["base"] = name or Path(base).name  # a local folder's name, not where it lies
+    meta["base_url"] = f"https://huggingface.co/{name}" if name else ""
+    write_file(path, stored, (arch, alpha, outtype), meta, force)
+    if decomposes(resolved.get("init_lora_weights")):
+        notes.append(
+            "the run decomposed its base (init_lora_weights): its adapter is exported as a "
+            "LoRA of twice its rank and alpha on the base itself, by design"
+        )
     if resolved.get("init") == "random":
         notes.append(
             "the base was built with random weights (init: random): the adapter means nothing "
-            "on any other model, so convert the run's base_model/ itself to GGUF to try it"
+            "on any other model; train on a pretrained base to try it in llama.cpp"
         )
     step = checkpoint_step(folder) if chosen[0] != "final" else None
     adapter = chosen[0] if step is None else f"checkpoint-{step}"
@@ -144,7 +155,7 @@ def export_gguf(
         arch,
         base,
         adapter,
-        len(written) // 2,
+        len(stored) // 2,
         rank,
         alpha,
         outtype,
@@ -171,10 +182,16 @@ def _lora_of(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
             f"{where}: every {zero} weight is still zero, so the adapter adds nothing to the "
             "base model (every step of its run had a learning rate of 0)"
         )
-    if standard := standard_form(folder, run_of(folder) / INIT_WEIGHTS):
-        data, config = standard
-        return config, load_bytes(data)
-    tensors, _ = tensors_of(weights)
+    try:
+        if standard := standard_form(folder, run_of(folder) / INIT_WEIGHTS):
+            data, config = standard
+            return config, load_bytes(data)
+        tensors, _ = tensors_of(weights)
+    except (OSError, SafetensorError):  # removed meanwhile: a live run's rotation
+        raise UserError(
+            f"{where}: its weights cannot be read now (removed or replaced while export-gguf "
+            "ran?); export again"
+        ) from None
     return config, tensors
 
 
@@ -182,14 +199,27 @@ def _architecture(base: str, resolved: dict[str, Any], folder: Path) -> tuple[st
     """llama.cpp's name of the base's architecture and the sizes the names and Llama's row
     order need; UserError where its config.json is not here or not an architecture mapped."""
     config, problem = read_config(base, resolved.get("trust_remote_code") is True)
+    if config is None and not hub_id(base):
+        raise UserError(
+            problem
+            or f"base model {shown_path(base)}: the folder is not there (moved or removed "
+            "since the run?), and the GGUF names need its config.json: put it back, then "
+            "export again"
+        )
     if config is None:
         raise UserError(
             problem
-            or f"base model {shown_path(base)}: its config.json is not in the hub cache, and "
-            "the GGUF names need its architecture: download it (hf download "
-            f"{base} config.json), then export again"
+            or f"base model {base}: its config.json is not in the hub cache, and the GGUF "
+            f"names need its architecture: download it (hf download {base} config.json), "
+            "then export again"
         )
-    classes = [c for c in getattr(config, "architectures", None) or [] if c in ARCHITECTURES]
+    named = getattr(config, "architectures", None) or []
+    if not named:
+        raise UserError(
+            f"base model {shown_path(base)}: its config.json names no architecture "
+            f"(`architectures`), which the GGUF names follow: one of {', '.join(ARCHITECTURES)}"
+        )
+    classes = [c for c in named if c in ARCHITECTURES]
     if not classes:
         known = ", ".join(ARCHITECTURES)
         raise UserError(
@@ -213,6 +243,7 @@ def _pairs(
     rank, alpha = config.get("r"), config.get("lora_alpha")
     patterned = [k for k in ("rank_pattern", "alpha_pattern") if config.get(k)]
     numbers = isinstance(rank, int) and rank > 0 and isinstance(alpha, int | float) and alpha > 0
+    numbers = numbers and float(np.float32(alpha)) > 0  # stored as a 32-bit float
     if patterned or not numbers or isinstance(rank, bool):
         raise UserError(f"{where}: adapter_config.json: one r and one alpha expected")
     fold = math.sqrt(rank) if is_rslora(config) else 1.0
@@ -245,9 +276,9 @@ def _named(
         name = names.get_name(f"{module}.weight", try_suffixes=(".weight",))
         if name is None or not name.startswith("blk."):
             raise UserError(
-                f"--adapter {shown_path(folder)}: adapts {_shown(module)}, which llama.cpp's "
-                f"{arch} has no layer weight of (a GGUF adapter applies to the decoder layers' "
-                f"projections only); {CONVERT}"
+                f"--adapter {shown_path(folder)}: adapts {_shown(module)}, which is not a "
+                f"projection of {arch}'s decoder layers (export-gguf writes those only); "
+                f"{CONVERT}"
             )
         b = halves["lora_B"]
         if arch in ROTARY_REORDERED and module.rsplit(".", 1)[-1] in ("q_proj", "k_proj"):
@@ -296,7 +327,7 @@ def _base_name(source: dict[str, Any], base: str) -> str:
     return name if isinstance(name, str) and name else base
 
 
-def _refuse_output(path: Path, default: str, force: bool) -> None:
+def _refuse_output(path: Path, default: str, force: bool, given: bool) -> None:
     if path.is_dir():
         raise UserError(
             f"--output {shown_path(path)}: is a folder; give the file's name, e.g. "
@@ -305,83 +336,15 @@ def _refuse_output(path: Path, default: str, force: bool) -> None:
     if path.suffix != ".gguf":
         raise UserError(f"--output {shown_path(path)}: a GGUF file's name ends in .gguf")
     if problem := new_file_problem(path, "--output", force):
+        if not given:  # the default name: no --output was given to choose another
+            problem = problem.replace("--output ", "the default file ", 1).replace(
+                "choose another name or --force", "give --output, or --force to replace it"
+            )
         raise UserError(problem)
 
 
-def _write(
-    path: Path,
-    tensors: dict[str, np.ndarray],
-    kind: tuple[str, float, str],
-    meta: dict[str, str],
-    base: str,
-) -> None:
-    """The file written under a temporary name, read back and compared, then renamed."""
-    arch, alpha, outtype = kind
-    staged = Staged()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_files([path]) as staged:
-            (tmp,) = staged.paths
-            writer = gguf.GGUFWriter(tmp, arch)
-            writer.add_type(gguf.GGUFType.ADAPTER)
-            writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-            writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
-            if meta["name"]:
-                writer.add_name(meta["name"])
-            if meta["version"]:
-                writer.add_version(meta["version"])
-            writer.add_base_model_count(1)
-            writer.add_base_model_name(0, base)
-            stored = {name: _stored(values, outtype) for name, values in tensors.items()}
-            for name, values in stored.items():
-                writer.add_tensor(name, values, raw_dtype=OUT_TYPES[outtype])
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-            writer.close()
-            if problems := read_back(tmp, stored, (arch, alpha, OUT_TYPES[outtype])):
-                raise RunError([f"{shown_path(path)}: {p}" for p in problems])
-    except OSError as exc:
-        raise RunError(f"--output {shown_path(path)}: cannot be written ({exc.strerror})") from None
-    except (KeyboardInterrupt, Terminated) as exc:
-        raise Interrupted(
-            f"{shown_path(path)} was written in full before it"
-            if staged.in_place
-            else f"before the GGUF file was in place: nothing written to {shown_path(path)}",
-            exc.code if isinstance(exc, Terminated) else 130,
-        ) from None
-
-
-def _stored(values: np.ndarray, outtype: str) -> np.ndarray:
-    """A tensor as the file stores it: f32, f16, or bf16 as gguf's raw 16-bit words."""
-    if outtype == "bf16":
-        return gguf.quants.quantize(values, gguf.GGMLQuantizationType.BF16)
-    return values.astype(np.float16 if outtype == "f16" else np.float32)
-
-
-def read_back(path: Path, stored: dict[str, np.ndarray], kind: tuple[str, float, Any]) -> list[str]:
-    """What differs between the file and what was meant to be written: the keys llama.cpp
-    reads, each tensor's name, type and bytes ([] when nothing does)."""
-    arch, alpha, qtype = kind
-    reader = gguf.GGUFReader(path)
-    keys = {
-        "general.type": "adapter",
-        "general.architecture": arch,
-        "adapter.type": "lora",
-        "adapter.lora.alpha": np.float32(alpha),
-    }
-    problems = [
-        f"{key} reads back as something else"
-        for key, value in keys.items()
-        if key not in reader.fields or reader.fields[key].contents() != value
-    ]
-    found = {t.name: t for t in reader.tensors}
-    if set(found) != set(stored):
-        problems.append(f"holds {len(found)} tensors, not the {len(stored)} written")
-    for name, values in stored.items():
-        tensor = found.get(name)
-        if tensor is not None and (
-            tensor.tensor_type != qtype or tensor.data.tobytes() != values.tobytes()
-        ):
-            problems.append(f"{name} reads back as other values")
-    return problems
+def _worded(line: str) -> str:
+    """package's words, as said of an export."""
+    line = line.replace("shipped", "exported", 1).replace(" ships it", " exports it")
+    line = line.replace("; ship a checkpoint:", "; export a checkpoint:")
+    return line.replace("ship again then for the new", "export again then for the new")

@@ -25,6 +25,7 @@ from expert_cli.train.merge import refuse_folder_output
 from expert_cli.train.model_card import hub_id, model_card
 from expert_cli.train.outputs import data_folder_problem, read_json_file
 from expert_cli.train.package import plan_members
+from expert_cli.train.ship_choice import inside_checkpoints
 
 README_BYTES = 1 << 20  # an expert's README read into the card at most; a larger one ships as is
 KEPT_README = "EXPERT_README.md"  # where a README too large for the card goes
@@ -52,7 +53,10 @@ def export_hub(
     refuse_folder_output(output)
     manifest, members, notes = plan_members(run_dir, checkpoint, hive=False)
     notes = [_worded(n) for n in notes]
-    if problem := data_folder_problem(output, run_dir.absolute(), "the folder's files"):
+    run = run_dir.absolute()
+    if problem := data_folder_problem(output, run, "the folder's files") or inside_checkpoints(
+        output, run
+    ):
         raise UserError(problem)
     readme = members.pop("README.md", None)
     text = None
@@ -82,7 +86,8 @@ def export_hub(
 def _worded(note: str) -> str:
     """package's note as said of this folder."""
     note = note.replace("shipped", "exported", 1).replace(" ships it", " exports it")
-    return note.replace("the package has none", "the folder's card has none of its own")
+    note = note.replace("the package has none", "the folder's card has none of its own")
+    return note.replace("ship again then for the new", "export again then for the new")
 
 
 def _write(output: Path, members: dict[str, bytes | Path]) -> None:

@@ -80,4 +80,25 @@ def shipped(
         return checkpoint_folder(run_dir, name, chosen_by), notes
     if chosen_by_best(chosen_by):
         notes.append(f"shipped the run's final adapter ({chosen_by})")
+    if held_by_another(run_dir):  # `train --resume` of a finished run: a new final comes later
+        notes.append(
+            "a train is writing this run now (--resume): its final adapter here is the one "
+            "from before it, and is replaced when that train ends; ship again then for the new"
+        )
     return run_dir, notes
+
+
+def inside_checkpoints(path: Path, run_dir: Path) -> str | None:
+    """Why `path`, an --output, cannot be under the run's checkpoints/ (None: it is not):
+    a folder there named like one would be taken for a checkpoint, and a resumed run's
+    rotation would remove a real one in its place."""
+    try:
+        inside = path.resolve().is_relative_to((run_dir / "checkpoints").resolve())
+    except (OSError, RuntimeError, ValueError):
+        return None
+    if not inside:
+        return None
+    return (
+        f"--output {shown_path(path)}: is inside the run's checkpoints/, which the run keeps "
+        "to itself (a folder there is taken for a checkpoint); write it beside the run"
+    )
