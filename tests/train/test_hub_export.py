@@ -14,7 +14,7 @@ import torch
 import yaml
 from train_helpers import load_adapter, run_here, write_expert
 
-from expert_cli.train.model_card import hub_id, model_card
+from expert_cli.train.model_card import CardFacts, hub_id, model_card
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +75,13 @@ def test_the_folder_loads_as_the_run_and_says_what_it_is(run: Path, tmp_path: Pa
     metrics = json.loads((run / "metrics.json").read_text())
     last = metrics["evals"][-1]
     assert last["step"] == 4
-    assert f"final train loss: {metrics['summary']['final_loss']:.4g}" in body
+    assert f"train loss at step 4: {metrics['summary']['final_loss']:.4g}" in body
     assert f"eval loss of the adapter here, final (step 4): {last['eval_loss']:.4g}" in body
     assert f"token accuracy: {last['token_accuracy']:.1%}" in body
-    assert "| adapter | LoRA, r 8, alpha 16 on all-linear |" in body
-    assert "| optimizer steps | 4 |" in body
+    projections = "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"
+    assert f"| adapter (as shipped) | LoRA r 8, alpha 16 on {projections} |" in body
+    assert "| the run's optimizer steps | 4 |" in body and "| length | max_steps 4 |" in body
+    assert "| data | 64 training examples" in body and "8 evaluated |" in body
     assert "## Notes by the author\nKeep it short." in body and "foo: bar" not in body
     assert "Answers | with SQL." in body  # the description as written
 
@@ -123,42 +125,127 @@ def test_refusals(run: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "z").exists()
 
 
-def test_the_card_names_a_hub_base_and_its_datasets() -> None:
+def _facts(**given) -> CardFacts:
     manifest = {
         "name": "x",
         "version": "1.0.0",
         "base_models": [{"name": "Qwen/Qwen3-0.6B", "adapters": [{"type": "lora"}]}],
-        "tags": ["a", "lora"],
+        "tags": ["a", "lora", "a"],
     }
-    resolved = {
+    config = {"peft_type": "LORA", "r": 16, "lora_alpha": 32, "target_modules": ["q_proj"]}
+    resolved = {"base_model_kind": "hub", "adapter_type": "lora", "rank": 16, "alpha": 32.0}
+    metrics = {
+        "summary": {"final_loss": 1.0, "steps": 9},
+        "windows": [{"step": 4, "loss": 1.23456}, {"step": 9, "loss": 1.0}],
+        "evals": [
+            {"step": 4, "eval_loss": 2.5, "token_accuracy": 0.5,
+             "tasks": {"sql": {"eval_loss": 2.25, "token_accuracy": 0.25}}},
+            {"step": 9, "eval_loss": 2.0},
+        ],
+    }  # fmt: skip
+    facts = {"manifest": manifest, "config": config, "resolved": resolved, "metrics": metrics}
+    return CardFacts(**{**facts, "step": 4, **given})
+
+
+def _meta(text: str) -> dict:
+    return yaml.safe_load(text.split("---\n")[1])
+
+
+def test_the_card_names_a_hub_base_its_datasets_and_the_adapters_own_step() -> None:
+    resolved = _facts().resolved | {
         "train_sources": [
             {"kind": "hub", "location": "org/data"},
             {"kind": "local", "location": "/data/x.jsonl"},
             {"kind": "hub", "location": "org/data"},
         ],
-        "adapter_type": "lora",
-        "rank": 16,
-        "alpha": 32.0,
-        "use_rslora": True,
     }
-    metrics = {"summary": {"final_loss": 1.23456}, "evals": []}
-    text = model_card(manifest, resolved, metrics)
-    meta = yaml.safe_load(text.split("---\n")[1])
-    assert meta["base_model"] == "Qwen/Qwen3-0.6B"
-    assert meta["tags"][-2:] == ["base_model:adapter:Qwen/Qwen3-0.6B", "a"]
+    text, notes = model_card(_facts(resolved=resolved))
+    meta = _meta(text)
+    assert meta["base_model"] == "Qwen/Qwen3-0.6B" and notes == []
+    assert meta["tags"][-2:] == ["base_model:adapter:Qwen/Qwen3-0.6B", "a"]  # said once
     assert meta["datasets"] == ["org/data"]
     assert "[Qwen/Qwen3-0.6B](https://huggingface.co/Qwen/Qwen3-0.6B)" in text
-    assert "| adapter | LoRA, r 16, alpha 32, rsLoRA |" in text
-    assert "final train loss: 1.235" in text and "eval loss" not in text
+    # the adapter holds step 4: its train loss and evaluation, not the run's last
+    assert "train loss at step 4: 1.235" in text
+    assert "eval loss of the adapter here, final (step 4): 2.5" in text
+    assert "- task `sql`: eval loss 2.25, token accuracy 25.0%" in text
+    assert "step 9" not in text
+    text, _ = model_card(_facts(step=7))
+    assert "(step 7) was not evaluated at its step" in text and "eval loss of" not in text
+    # a hub-looking name the run loaded as a local folder is no hub base
+    local = _facts(resolved=_facts().resolved | {"base_model_kind": "local"})
+    assert "base_model" not in _meta(model_card(local)[0])
+
+
+def test_the_card_describes_the_adapter_as_shipped() -> None:
+    """A PiSSA run ships a LoRA of twice its rank and alpha; rsLoRA ships folded."""
+    resolved = _facts().resolved | {"init_lora_weights": "pissa"}
+    config = _facts().config | {"r": 32, "lora_alpha": 64}
+    text, _ = model_card(_facts(resolved=resolved, config=config))
+    assert "| adapter (as shipped) | LoRA r 32, alpha 64 on q_proj |" in text
+    assert "| trained as | pissa at r 16: shipped as the same update" in text
+    text, _ = model_card(_facts(resolved=_facts().resolved | {"use_rslora": True}))
+    assert "| trained as | rsLoRA (alpha / sqrt(r)): sqrt(r) is folded into lora_B" in text
+    text, _ = model_card(_facts(config={"peft_type": "IA3", "target_modules": ["k_proj"]}))
+    assert "An IA3 adapter" in text and "| adapter (as shipped) | IA3 on k_proj |" in text
+    assert "convert_lora_to_gguf" not in text  # llama.cpp applies LoRA only
+
+
+def test_the_cards_license_and_metadata_read_as_the_hub_reads_them() -> None:
+    for given, want in (("Apache 2.0", "apache-2.0"), ("MIT", "mit"), ("apache-2.0", "apache-2.0")):
+        manifest = _facts().manifest | {"license": given}
+        text, notes = model_card(_facts(manifest=manifest))
+        assert _meta(text)["license"] == want and notes == []
+    manifest = _facts().manifest | {"license": "Our Own Terms v2", "tags": ["bad\x7f", "ok"]}
+    text, notes = model_card(_facts(manifest=manifest, files={"LICENSE"}))
+    meta = _meta(text)  # a DEL in a tag would make the block unreadable unescaped
+    assert meta["license"] == "other" and meta["license_name"] == "our-own-terms-v2"
+    assert meta["license_link"] == "LICENSE" and meta["tags"][-2:] == ["bad\x7f", "ok"]
+    assert "license: not one of the Hub's license ids" in notes[0]
+    for readme in ("\ufeff---\nlicense: mit\n---\nBody.\n", "---\n---\nBody.\n"):
+        text, notes = model_card(_facts(readme=readme))
+        assert "\nBody.\n" in text and "license: mit" not in text.split("---\n", 2)[2]
+    assert len(model_card(_facts(readme="\ufeff---\nlicense: mit\n---\nBody.\n"))[1]) == 1
+
+
+def test_a_damaged_record_leaves_its_lines_out() -> None:
+    metrics = {"summary": [], "windows": "x", "evals": [{"step": 4, "tasks": [], "eval_loss": "1"}]}
+    resolved = {"learning_rate": "0.002", "train_sources": 5, "runtime": [], "batch_size": True}
+    text, _ = model_card(_facts(metrics=metrics, resolved=resolved, config={"r": "x"}))
+    assert "## Results" in text and "learning rate" not in text and "eval loss" not in text
+
+
+def test_hub_ids() -> None:
     for name, want in (
         ("Qwen/Qwen3-0.6B", True),
+        ("me/expert_sql.v2", True),
         ("./model", False),
         ("/abs/path", False),
         ("model", False),
         ("a/b/c", False),
-        ("~/x/y", False),
+        ("~/x", False),
+        ("a/..", False),
+        ("a--b/c", False),
+        ("org/-x", False),
+        ("Qwén/x", False),
     ):
         assert (hub_id(name) is not None) is want, name
+
+
+@pytest.mark.slow
+def test_the_final_adapter_is_described_at_the_step_it_holds(run: Path, tmp_path: Path) -> None:
+    """With load_best_model_at_end (or a stop after the last evaluation) the final adapter is
+    not the last evaluation's: the card goes by the step the run recorded."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    resolved = json.loads((copy / "manifest.resolved.json").read_text())
+    resolved["runtime"]["final_step"] = 2
+    (copy / "manifest.resolved.json").write_text(json.dumps(resolved))
+    done = run_here("export-hub", "--adapter", str(copy), "--output", str(tmp_path / "h"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    evals = {e["step"]: e for e in json.loads((copy / "metrics.json").read_text())["evals"]}
+    _, body = _card(tmp_path / "h")
+    assert f"final (step 2): {evals[2]['eval_loss']:.4g}" in body
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ from expert_cli.train.outputs import (
 from expert_cli.train.package import package_name
 from expert_cli.train.rslora_fold import is_rslora
 from expert_cli.train.run_source import run_manifest
-from expert_cli.train.ship_choice import final_problem, inside_checkpoints, shipped
+from expert_cli.train.ship_choice import as_exported, final_problem, inside_checkpoints, shipped
 from expert_cli.weights import tensors_of, unchanged_adapter
 
 # transformers' class of the base -> llama.cpp's architecture
@@ -118,8 +118,8 @@ def export_gguf(
     try:
         folder, said = shipped(run_dir, chosen, problem)
     except UserError as exc:
-        raise UserError([_worded(line) for line in exc.lines]) from None
-    notes = [_worded(n) for n in said]
+        raise UserError([as_exported(line) for line in exc.lines]) from None
+    notes = [as_exported(n) for n in said]
     config, tensors = _lora_of(folder)
     base = adapter_base(folder, base_needed=False)
     arch, hparams = _architecture(base, resolved, folder)
@@ -134,7 +134,7 @@ def export_gguf(
     ):
         raise UserError(problem)
     meta = {"name": str(source.get("name") or ""), "version": str(source.get("version") or "")}
-    name = hub_id(_base_name(source, base))
+    name = hub_id(_base_name(source, base)) if resolved.get("base_model_kind") == "hub" else None
     meta["base"] = name or Path(base).name  # a local folder's name, not where it lies
     meta["base_url"] = f"https://huggingface.co/{name}" if name else ""
     write_file(path, stored, (arch, alpha, outtype), meta, force)
@@ -341,10 +341,3 @@ def _refuse_output(path: Path, default: str, force: bool, given: bool) -> None:
                 "choose another name or --force", "give --output, or --force to replace it"
             )
         raise UserError(problem)
-
-
-def _worded(line: str) -> str:
-    """package's words, as said of an export."""
-    line = line.replace("shipped", "exported", 1).replace(" ships it", " exports it")
-    line = line.replace("; ship a checkpoint:", "; export a checkpoint:")
-    return line.replace("ship again then for the new", "export again then for the new")

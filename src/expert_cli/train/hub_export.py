@@ -11,6 +11,7 @@ full disk leaves nothing, and only a new or empty folder is written to.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -21,11 +22,13 @@ from expert_cli.atomic import atomic_folder, usual_mode
 from expert_cli.errors import Interrupted, RunError, Terminated, UserError
 from expert_cli.paths import resolved_path, shown_path
 from expert_cli.train.adapter_entry import first_base
+from expert_cli.train.choice import final_step
 from expert_cli.train.merge import refuse_folder_output
-from expert_cli.train.model_card import hub_id, model_card
-from expert_cli.train.outputs import data_folder_problem, read_json_file
+from expert_cli.train.model_card import CardFacts, hub_id, model_card
+from expert_cli.train.outputs import ADAPTER_FILES, data_folder_problem, read_json_file
 from expert_cli.train.package import plan_members
-from expert_cli.train.ship_choice import inside_checkpoints
+from expert_cli.train.package_check import adapters_of
+from expert_cli.train.ship_choice import as_exported, inside_checkpoints
 
 README_BYTES = 1 << 20  # an expert's README read into the card at most; a larger one ships as is
 KEPT_README = "EXPERT_README.md"  # where a README too large for the card goes
@@ -69,11 +72,22 @@ def export_hub(
             notes.append(f"the expert's README.md is over 1 MiB: kept as {KEPT_README}")
         else:
             text = data.decode("utf-8", errors="replace")
-    resolved = read_json_file(run_dir.absolute() / "manifest.resolved.json")
-    metrics = read_json_file(run_dir.absolute() / "metrics.json")
-    card = model_card(manifest, resolved, metrics, text, repo_id)
+    resolved = read_json_file(run / "manifest.resolved.json")
+    facts = CardFacts(
+        manifest,
+        json.loads(bytes(members[ADAPTER_FILES[1]])),  # written by plan_members: bytes
+        resolved,
+        read_json_file(run / "metrics.json"),
+        _step(run, manifest),
+        text,
+        repo_id,
+        set(members),
+    )
+    card, card_notes = model_card(facts)
     members["README.md"] = card.encode("utf-8")
-    if not hub_id(first_base(manifest).get("name")):
+    notes += card_notes
+    base = first_base(manifest).get("name")
+    if resolved.get("base_model_kind") != "hub" or not hub_id(base):
         notes.append(
             "the base model is a local folder, not a hub id: the card names no base_model and "
             "adapter_config.json's base_model_name_or_path is that folder; set both to the "
@@ -83,11 +97,21 @@ def export_hub(
     return HubReport(output, {name: (output / name).stat().st_size for name in members}, notes)
 
 
+def _step(run: Path, manifest: dict[str, Any]) -> int | None:
+    """The step the exported adapter holds: a checkpoint's, as its entry says, else the
+    final adapter's as the run recorded it."""
+    entries = adapters_of(manifest)[0]
+    step = entries[0].get("checkpoint_step") if entries and isinstance(entries[0], dict) else None
+    if isinstance(step, int) and not isinstance(step, bool):
+        return step
+    return final_step(run)
+
+
 def _worded(note: str) -> str:
     """package's note as said of this folder."""
-    note = note.replace("shipped", "exported", 1).replace(" ships it", " exports it")
-    note = note.replace("the package has none", "the folder's card has none of its own")
-    return note.replace("ship again then for the new", "export again then for the new")
+    if note.endswith("has no README.md: the package has none"):
+        return note.replace("the package has none", "the card is written without it")
+    return as_exported(note).replace("the package", "the folder")
 
 
 def _write(output: Path, members: dict[str, bytes | Path]) -> None:

@@ -1,6 +1,7 @@
-"""Which adapter of a run `package` and `export-gguf` ship: the run's final adapter, or one of
-its complete checkpoints with sound weights, with a UserError naming who chose it (the
-`--checkpoint` option, the manifest's `training.packaging_checkpoint`) where it cannot be."""
+"""Which adapter of a run `package`, `export-gguf` and `export-hub` ship: the run's final
+adapter, or one of its complete checkpoints with sound weights, with a UserError naming who
+chose it (the `--checkpoint` option, the manifest's `training.packaging_checkpoint`) where it
+cannot be."""
 
 from __future__ import annotations
 
@@ -102,3 +103,10 @@ def inside_checkpoints(path: Path, run_dir: Path) -> str | None:
         f"--output {shown_path(path)}: is inside the run's checkpoints/, which the run keeps "
         "to itself (a folder there is taken for a checkpoint); write it beside the run"
     )
+
+
+def as_exported(line: str) -> str:
+    """A line of `shipped`'s (or of the choice's notes), as said of an export."""
+    line = line.replace("shipped", "exported", 1).replace(" ships it", " exports it")
+    line = line.replace("; ship a checkpoint:", "; export a checkpoint:")
+    return line.replace("ship again then for the new", "export again then for the new")
