@@ -254,3 +254,18 @@ def test_not_inside_the_runs_checkpoints(run: Path) -> None:
     done = run_here("export-hub", "--adapter", str(run), "--output", str(target))
     assert done.returncode == 2 and "inside the run's checkpoints/" in done.stderr
     assert not target.exists()
+
+
+@pytest.mark.slow
+def test_the_folder_can_carry_the_gguf_adapter(run: Path, tmp_path: Path) -> None:
+    """--gguf puts export-gguf's file in the folder, byte for byte, and the card names it."""
+    alone = tmp_path / "alone.gguf"
+    done = run_here("export-gguf", "--adapter", str(run), "--output", str(alone))
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = tmp_path / "hub"
+    done = run_here("export-hub", "--adapter", str(run), "--output", str(out), "--gguf", "f16")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (out / "adapter-f16.gguf").read_bytes() == alone.read_bytes()
+    _, body = _card(out)
+    assert "`adapter-f16.gguf` here is the adapter as a GGUF file" in body
+    assert "convert_lora_to_gguf" not in body

@@ -95,6 +95,12 @@ def export_hub(
             metavar="OWNER/NAME", help="The repository it goes to, named in the card's example."
         ),
     ] = None,
+    gguf: Annotated[
+        OutType | None,
+        typer.Option(
+            "--gguf", help="Put the adapter in the folder as a GGUF file of this type too."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Write a run's adapter, tokenizer, manifest and a model card as a folder for the
@@ -109,7 +115,7 @@ def export_hub(
     from expert_cli.train.hub_export import export_hub as export
 
     with sigterm_raises():  # SIGTERM as Ctrl-C: a line saying what was left
-        report = export(adapter, output, checkpoint, repo_id)
+        report = export(adapter, output, checkpoint, repo_id, gguf.value if gguf else None)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return

@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,11 @@ from expert_cli.errors import Interrupted, RunError, Terminated, UserError
 from expert_cli.paths import resolved_path, shown_path
 from expert_cli.train.adapter_entry import first_base
 from expert_cli.train.choice import final_step
+from expert_cli.train.gguf_export import export_gguf
 from expert_cli.train.merge import refuse_folder_output
 from expert_cli.train.model_card import CardFacts, hub_id, model_card
 from expert_cli.train.outputs import ADAPTER_FILES, data_folder_problem, read_json_file
-from expert_cli.train.package import plan_members
+from expert_cli.train.package import Members, plan_members
 from expert_cli.train.package_check import adapters_of
 from expert_cli.train.ship_choice import as_exported, inside_checkpoints
 
@@ -47,9 +49,14 @@ class HubReport:
 
 
 def export_hub(
-    run_dir: Path, output: Path, checkpoint: str | None = None, repo_id: str | None = None
+    run_dir: Path,
+    output: Path,
+    checkpoint: str | None = None,
+    repo_id: str | None = None,
+    gguf: str | None = None,
 ) -> HubReport:
-    """Write the folder; UserError for a run, adapter or --output it cannot be made of."""
+    """Write the folder (`gguf`: with the adapter as a GGUF file of that type too); UserError
+    for a run, adapter or --output it cannot be made of."""
     output = resolved_path(output, "--output")
     if repo_id is not None and not hub_id(repo_id):
         raise UserError("--repo-id: expected OWNER/NAME, a Hugging Face repository id")
@@ -72,6 +79,34 @@ def export_hub(
             notes.append(f"the expert's README.md is over 1 MiB: kept as {KEPT_README}")
         else:
             text = data.decode("utf-8", errors="replace")
+    with tempfile.TemporaryDirectory(prefix="expert-cli-hub-") as staging:
+        if gguf:
+            name, file, gguf_notes = _gguf_file(run, checkpoint, gguf, Path(staging))
+            members[name] = file
+            notes += [n for n in gguf_notes if n not in notes and "init: random" not in n]
+        return _finish(run, output, (manifest, members, notes), text, repo_id)
+
+
+def _gguf_file(
+    run: Path, checkpoint: str | None, outtype: str, staging: Path
+) -> tuple[str, Path, list[str]]:
+    """The adapter as a GGUF file in `staging`, its name in the folder, and export's notes."""
+    try:
+        report = export_gguf(run, staging / "adapter.gguf", False, checkpoint, outtype)
+    except UserError as exc:
+        raise UserError([f"--gguf: {line}" for line in exc.lines]) from None
+    return f"adapter-{outtype}.gguf", report.path, report.notes
+
+
+def _finish(
+    run: Path,
+    output: Path,
+    planned: tuple[dict[str, Any], Members, list[str]],
+    text: Any,
+    repo_id: Any,
+) -> HubReport:
+    """The card made, the folder written."""
+    manifest, members, notes = planned
     resolved = read_json_file(run / "manifest.resolved.json")
     facts = CardFacts(
         manifest,

@@ -131,7 +131,13 @@ def _usage(facts: CardFacts, on_hub: bool) -> list[str]:
     if "tokenizer_config.json" in facts.files or "tokenizer.json" in facts.files:
         lines.append(f'tokenizer = AutoTokenizer.from_pretrained("{repo}")')
     lines += ["```", ""]
-    if facts.config.get("peft_type") == "LORA" and not facts.config.get("use_dora"):
+    if ggufs := sorted(f for f in facts.files if f.endswith(".gguf")):
+        lines += [
+            f"With llama.cpp: `{ggufs[0]}` here is the adapter as a GGUF file, applied to a GGUF "
+            f"of the base: `llama-cli -m BASE.gguf --lora {ggufs[0]}`.",
+            "",
+        ]
+    elif facts.config.get("peft_type") == "LORA" and not facts.config.get("use_dora"):
         lines += [
             "With llama.cpp: llama.cpp's `convert_lora_to_gguf.py` turns this folder into a "
             "GGUF adapter (`--base` the base's folder), applied with "
