@@ -199,7 +199,8 @@ def _architecture(base: str, resolved: dict[str, Any], folder: Path) -> tuple[st
     """llama.cpp's name of the base's architecture and the sizes the names and Llama's row
     order need; UserError where its config.json is not here or not an architecture mapped."""
     config, problem = read_config(base, resolved.get("trust_remote_code") is True)
-    if config is None and not hub_id(base):
+    on_hub = resolved.get("base_model_kind") == "hub" and hub_id(base) is not None
+    if config is None and not on_hub:
         raise UserError(
             problem
             or f"base model {shown_path(base)}: the folder is not there (moved or removed "
