@@ -103,8 +103,9 @@ def export_hub(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Write a run's adapter, tokenizer, manifest and a model card as a folder for the
-    Hugging Face Hub (then: hf upload OWNER/NAME DIR)."""
+    """Write a run's adapter, tokenizer, manifest and model card as a folder for the Hub.
+
+    Then upload it: hf upload OWNER/NAME DIR."""
     import json
     import shlex
 
