@@ -19,6 +19,16 @@ class OutType(str, Enum):
     f32 = "f32"
 
 
+CheckpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="NAME",
+        help="Export checkpoint-N of the run, final, or best (the lowest eval loss; "
+        "default: the manifest's training.packaging_checkpoint, else final).",
+    ),
+]
+
+
 def export_gguf(
     adapter: AdapterOpt,
     output: Annotated[
@@ -33,14 +43,7 @@ def export_gguf(
         OutType,
         typer.Option("--outtype", help="The tensors' type in the file (f16 reads everywhere)."),
     ] = OutType.f16,
-    checkpoint: Annotated[
-        str | None,
-        typer.Option(
-            metavar="NAME",
-            help="Export checkpoint-N of the run, final, or best (the lowest eval loss; "
-            "default: the manifest's training.packaging_checkpoint, else final).",
-        ),
-    ] = None,
+    checkpoint: CheckpointOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a file of that name.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -81,14 +84,7 @@ def export_hub(
     output: Annotated[
         Path, typer.Option(metavar="DIR", help="A new or empty folder for the files to upload.")
     ],
-    checkpoint: Annotated[
-        str | None,
-        typer.Option(
-            metavar="NAME",
-            help="Export checkpoint-N of the run, final, or best (the lowest eval loss; "
-            "default: the manifest's training.packaging_checkpoint, else final).",
-        ),
-    ] = None,
+    checkpoint: CheckpointOpt = None,
     repo_id: Annotated[
         str | None,
         typer.Option(
