@@ -81,7 +81,7 @@ def test_the_folder_loads_as_the_run_and_says_what_it_is(run: Path, tmp_path: Pa
     projections = "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"
     assert f"| adapter (as shipped) | LoRA r 8, alpha 16 on {projections} |" in body
     assert "| the run's optimizer steps | 4 |" in body and "| length | max_steps 4 |" in body
-    assert "| data | 64 training examples" in body and "8 evaluated |" in body
+    assert "| data | 64 training examples" in body and "8 held out for evaluation |" in body
     assert "## Notes by the author\nKeep it short." in body and "foo: bar" not in body
     assert "Answers | with SQL." in body  # the description as written
 
@@ -189,18 +189,28 @@ def test_the_card_describes_the_adapter_as_shipped() -> None:
     text, _ = model_card(_facts(config={"peft_type": "IA3", "target_modules": ["k_proj"]}))
     assert "An IA3 adapter" in text and "| adapter (as shipped) | IA3 on k_proj |" in text
     assert "convert_lora_to_gguf" not in text  # llama.cpp applies LoRA only
+    assert _meta(text)["tags"][:3] == ["expert-cli", "hivellm", "peft"]  # no lora of ours
 
 
 def test_the_cards_license_and_metadata_read_as_the_hub_reads_them() -> None:
-    for given, want in (("Apache 2.0", "apache-2.0"), ("MIT", "mit"), ("apache-2.0", "apache-2.0")):
+    for given, want in (
+        ("Apache 2.0", "apache-2.0"),
+        ("Apache License, Version 2.0", "apache-2.0"),
+        ("MIT", "mit"),
+        ("GPL-3.0-only", "gpl-3.0"),
+        ("CC-BY-NC-ND-4.0", "cc-by-nc-nd-4.0"),
+    ):
         manifest = _facts().manifest | {"license": given}
         text, notes = model_card(_facts(manifest=manifest))
         assert _meta(text)["license"] == want and notes == []
     manifest = _facts().manifest | {"license": "Our Own Terms v2", "tags": ["bad\x7f", "ok"]}
     text, notes = model_card(_facts(manifest=manifest, files={"LICENSE"}))
-    meta = _meta(text)  # a DEL in a tag would make the block unreadable unescaped
+    meta = _meta(text)  # a DEL in a tag made the block unreadable: such a tag is left out
     assert meta["license"] == "other" and meta["license_name"] == "our-own-terms-v2"
-    assert meta["license_link"] == "LICENSE" and meta["tags"][-2:] == ["bad\x7f", "ok"]
+    assert meta["license_link"] == "LICENSE" and meta["tags"][-2:] == [
+        "base_model:adapter:Qwen/Qwen3-0.6B",
+        "ok",
+    ]
     assert "license: not one of the Hub's license ids" in notes[0]
     for readme in ("\ufeff---\nlicense: mit\n---\nBody.\n", "---\n---\nBody.\n"):
         text, notes = model_card(_facts(readme=readme))
@@ -209,6 +219,8 @@ def test_the_cards_license_and_metadata_read_as_the_hub_reads_them() -> None:
 
 
 def test_a_damaged_record_leaves_its_lines_out() -> None:
+    text, _ = model_card(_facts(metrics={"windows": 5, "evals": True, "summary": {}}))
+    assert "was not evaluated" in text
     metrics = {"summary": [], "windows": "x", "evals": [{"step": 4, "tasks": [], "eval_loss": "1"}]}
     resolved = {"learning_rate": "0.002", "train_sources": 5, "runtime": [], "batch_size": True}
     text, _ = model_card(_facts(metrics=metrics, resolved=resolved, config={"r": "x"}))
@@ -269,3 +281,26 @@ def test_the_folder_can_carry_the_gguf_adapter(run: Path, tmp_path: Path) -> Non
     _, body = _card(out)
     assert "`adapter-f16.gguf` here is the adapter as a GGUF file" in body
     assert "convert_lora_to_gguf" not in body
+
+
+@pytest.mark.slow
+def test_a_link_out_of_the_experts_folder_is_not_shipped(run: Path, tmp_path: Path) -> None:
+    """A README or LICENSE that links outside the expert's folder (a planted link in a cloned
+    expert) would publish what it points at: refused, by package too."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOKEN=abc\n")
+    expert = run.parent
+    (expert / "LICENSE").rename(tmp_path / "LICENSE.kept")
+    (expert / "LICENSE").symlink_to(secret)
+    try:
+        for args in (
+            ("export-hub", "--adapter", str(run), "--output", str(tmp_path / "h")),
+            ("package", "--adapter", str(run), "--output", str(tmp_path / "p.expert")),
+        ):
+            done = run_here(*args)
+            assert done.returncode == 2 and "outside the expert's folder" in done.stderr
+            assert "TOKEN" not in done.stdout + done.stderr
+        assert not (tmp_path / "h").exists() and not (tmp_path / "p.expert").exists()
+    finally:
+        (expert / "LICENSE").unlink()
+        (tmp_path / "LICENSE.kept").rename(expert / "LICENSE")

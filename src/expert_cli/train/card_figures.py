@@ -48,9 +48,18 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value.isprintable() and len(value) <= 200 else None
+
+
 def _whole(value: Any) -> int | None:
     number = finite_number(value)
-    return int(number) if number is not None and number == int(number) else None
+    fits = number is not None and number == int(number) and abs(number) < 2**63
+    return int(number) if fits else None
 
 
 def _shipped(config: dict[str, Any]) -> str:
@@ -94,7 +103,7 @@ def _data(resolved: dict[str, Any]) -> str | None:
         return None
     text = f"{examples:,} training examples" + (f" ({tokens:,} tokens)" if tokens else "")
     if (held := _whole(valid.get("examples"))) is not None:
-        text += f", {held:,} evaluated"
+        text += f", {held:,} held out for evaluation"
     sources = (
         resolved.get("train_sources") if isinstance(resolved.get("train_sources"), list) else []
     )
@@ -117,8 +126,10 @@ def _schedule(resolved: dict[str, Any]) -> str | None:
         _whole(resolved.get("warmup_steps")),
         finite_number(resolved.get("warmup_ratio")),
     )
+    warmup = warmup if warmup and warmup > 0 else None
+    ratio = ratio if ratio and 0 < ratio < 1 else None
     warm = f", warm-up {warmup} steps" if warmup else f", warm-up ratio {ratio:g}" if ratio else ""
-    return f"{rate:g}, {resolved.get('lr_scheduler') or 'linear'}{warm}"
+    return f"{rate:g}, {_text(resolved.get('lr_scheduler')) or 'linear'}{warm}"
 
 
 def _batch(resolved: dict[str, Any]) -> str | None:
@@ -160,16 +171,16 @@ def training(facts: CardFacts) -> list[str]:
     """The table of what made the adapter."""
     resolved = facts.resolved
     summary = _dict(facts.metrics.get("summary"))
-    windows = [w for w in facts.metrics.get("windows") or [] if isinstance(w, dict)]
+    windows = _dicts(facts.metrics.get("windows"))
     seen = _whole(windows[-1].get("tokens_seen")) if windows else None
-    revision = resolved.get("revision") if isinstance(resolved.get("revision"), str) else None
+    revision = _text(resolved.get("revision"))
     rows = [
         ("adapter (as shipped)", _shipped(facts.config)),
         ("trained as", _trained_as(resolved)),
         ("base revision", revision),
         ("data", _data(resolved)),
-        ("prompt layout", resolved.get("prompt_template")),
-        ("quantization of the base", resolved.get("quantization")),
+        ("prompt layout", _text(resolved.get("prompt_template"))),
+        ("quantization of the base", _text(resolved.get("quantization"))),
         ("learning rate", _schedule(resolved)),
         ("batch", _batch(resolved)),
         ("max sequence length", _whole(resolved.get("max_seq_length"))),
@@ -177,7 +188,10 @@ def training(facts: CardFacts) -> list[str]:
         ("length", _length(resolved)),
         ("the run's optimizer steps", _whole(summary.get("steps"))),
         ("the run's tokens seen", f"{seen:,}" if seen else None),
-        ("the run's end", summary.get("status") if summary.get("status") != "completed" else None),
+        (
+            "the run's end",
+            _text(summary.get("status")) if summary.get("status") != "completed" else None,
+        ),
         ("machine", _machine(resolved)),
         ("seed", _whole(resolved.get("seed"))),
     ]
@@ -196,12 +210,12 @@ def results(facts: CardFacts) -> list[str]:
     lines = ["## Results", ""]
     if step is None:
         return [*lines, f"- the step the {name} adapter holds is not recorded", ""]
-    windows = [w for w in facts.metrics.get("windows") or [] if isinstance(w, dict)]
+    windows = _dicts(facts.metrics.get("windows"))
     before = [w for w in windows if (_whole(w.get("step")) or 0) <= step]
     loss = finite_number(before[-1].get("loss")) if before else None
     if loss is not None:
         lines.append(f"- train loss at step {_whole(before[-1].get('step'))}: {loss:.4g}")
-    evals = [e for e in facts.metrics.get("evals") or [] if isinstance(e, dict)]
+    evals = _dicts(facts.metrics.get("evals"))
     at = [e for e in evals if _whole(e.get("step")) == step]
     if not at:
         lines.append(f"- the {name} adapter (step {step}) was not evaluated at its step")

@@ -78,7 +78,14 @@ def export_hub(
             members[KEPT_README] = readme
             notes.append(f"the expert's README.md is over 1 MiB: kept as {KEPT_README}")
         else:
-            text = data.decode("utf-8", errors="replace")
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+            if text is None or "\x00" in text:  # not text: shipped as it is, not in the card
+                members[KEPT_README] = readme
+                notes.append(f"the expert's README.md is not UTF-8 text: kept as {KEPT_README}")
+                text = None
     with tempfile.TemporaryDirectory(prefix="expert-cli-hub-") as staging:
         if gguf:
             name, file, gguf_notes = _gguf_file(run, checkpoint, gguf, Path(staging))

@@ -26,7 +26,8 @@ HUB_NAME = re.compile(r"(?!-)(?!.*--)(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
 # the Hub's own license ids that manifests commonly give (others are written as `other`)
 LICENSES = {
     "apache-2.0", "mit", "bsd-2-clause", "bsd-3-clause", "cc0-1.0", "cc-by-4.0",
-    "cc-by-sa-4.0", "cc-by-nc-4.0", "cc-by-nc-sa-4.0", "cc-by-nd-4.0", "gpl-2.0", "gpl-3.0",
+    "cc-by-sa-4.0", "cc-by-nc-4.0", "cc-by-nc-sa-4.0", "cc-by-nd-4.0", "cc-by-nc-nd-4.0",
+    "gpl-2.0", "gpl-3.0", "llama2",
     "lgpl-2.1", "lgpl-3.0", "agpl-3.0", "mpl-2.0", "unlicense", "openrail", "llama3",
     "llama3.1", "llama3.2", "llama3.3", "gemma", "other",
 }  # fmt: skip
@@ -74,12 +75,14 @@ def _metadata(facts: CardFacts, base: str | None, notes: list[str]) -> list[str]
     manifest = facts.manifest
     fields: list[tuple[str, Any]] = [("base_model", base)] if base else []
     fields += [("library_name", "peft"), ("pipeline_tag", "text-generation")]
-    fields += _license(manifest.get("license"), "LICENSE" in facts.files, notes)
-    tags = ["expert-cli", "hivellm", "lora", "peft"]
+    licensed = [f for f in ("LICENSE", "LICENSE.md", "LICENSE.txt") if f in facts.files]
+    fields += _license(manifest.get("license"), licensed[0] if licensed else None, notes)
+    lora = facts.config.get("peft_type") == "LORA" and not facts.config.get("use_dora")
+    tags = ["expert-cli", "hivellm", *(["lora"] if lora else []), "peft"]
     if base:
         tags.append(f"base_model:adapter:{base}")
     given = manifest.get("tags") if isinstance(manifest.get("tags"), list) else []
-    tags += [t for t in given if isinstance(t, str) and t.strip()]
+    tags += [t for t in given if isinstance(t, str) and t.strip() and t.isprintable()]
     fields.append(("tags", list(dict.fromkeys(tags))))
     sources = facts.resolved.get("train_sources")
     sources = sources if isinstance(sources, list) else []
@@ -95,12 +98,13 @@ def _metadata(facts: CardFacts, base: str | None, notes: list[str]) -> list[str]
     return lines
 
 
-def _license(value: Any, has_file: bool, notes: list[str]) -> list[tuple[str, Any]]:
+def _license(value: Any, has_file: str | None, notes: list[str]) -> list[tuple[str, Any]]:
     """The Hub's license fields for the manifest's `license`: its id where it is one the Hub
     knows (`Apache 2.0` read as apache-2.0), else `other` with the name as given."""
     if not isinstance(value, str) or not value.strip():
         return []
-    key = re.sub(r"[\s_]+", "-", value.strip().lower()).removesuffix("-license")
+    words = re.sub(r"\b(license|version)\b|,", " ", value.strip().lower())
+    key = re.sub(r"[\s_]+", "-", words.strip()).removesuffix("-only")
     key = {"apache-2": "apache-2.0", "apache2": "apache-2.0", "apache": "apache-2.0"}.get(key, key)
     if key in LICENSES:
         return [("license", key)]
@@ -108,8 +112,9 @@ def _license(value: Any, has_file: bool, notes: list[str]) -> list[tuple[str, An
         "license: not one of the Hub's license ids, so the card says `other` with its name"
         + ("" if has_file else " (no LICENSE file ships beside it)")
     )
-    named = [("license", "other"), ("license_name", re.sub(r"[^a-z0-9.-]+", "-", key)[:64])]
-    return named + ([("license_link", "LICENSE")] if has_file else [])
+    name = re.sub(r"[^a-z0-9.]+", "-", key).strip("-")[:64] or "unnamed"
+    named = [("license", "other"), ("license_name", name)]
+    return named + ([("license_link", has_file)] if has_file else [])
 
 
 def _usage(facts: CardFacts, on_hub: bool) -> list[str]:

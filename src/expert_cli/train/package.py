@@ -113,6 +113,21 @@ def _file(path: Path, where: str) -> Path:
     return path
 
 
+def _inside(expert_dir: Path, path: Path, where: str) -> Path:
+    """`_file`, and refused where it is a link to a file outside the expert's folder: what it
+    points at (a secret, a system file) would be shipped, and published, as the expert's."""
+    try:
+        outside = not path.resolve().is_relative_to(expert_dir.resolve())
+    except (OSError, RuntimeError):
+        outside = True
+    if outside:
+        raise UserError(
+            f"{where}: {shown_path(path)} is a link to a file outside the expert's folder, which "
+            "would be shipped as the expert's; copy the file in, or remove the link"
+        )
+    return _file(path, where)
+
+
 def _adapter_members(
     manifest: dict[str, Any], resolved: dict[str, Any], weights_dir: Path, base_name: str, step: Any
 ) -> tuple[Members, list[str]]:
@@ -213,7 +228,7 @@ def _expert_files(
     notes = []
     for name in pm.EXPERT_FILES:
         if (expert_dir / name).is_file():
-            members[name] = _file(expert_dir / name, name)
+            members[name] = _inside(expert_dir, expert_dir / name, name)
     wanted = [("training.decoding.grammar_file", grammar)] if grammar else []
     for i, prompt in enumerate(manifest.get("soft_prompts") or []):
         if isinstance(prompt, dict) and prompt.get("path"):
@@ -223,9 +238,9 @@ def _expert_files(
         path = expert_dir / relative
         if not path.is_file():
             raise UserError(f"{where}: {path} is not a file")
-        members[relative.as_posix()] = _file(path, where)
+        members[relative.as_posix()] = _inside(expert_dir, path, where)
     if not grammar and (expert_dir / "grammar.gbnf").is_file():
-        members["grammar.gbnf"] = expert_dir / "grammar.gbnf"
+        members["grammar.gbnf"] = _inside(expert_dir, expert_dir / "grammar.gbnf", "grammar.gbnf")
     if "README.md" not in members:
         notes.append(f"{expert_dir} has no README.md: the package has none")
     return notes
