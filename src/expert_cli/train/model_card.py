@@ -8,14 +8,15 @@ task's too), how it was trained (precision, hardware, versions) and how to use i
 Every figure comes from the packaged manifest, its adapter_config.json, manifest.resolved.json
 and metrics.json, each value's type checked (a damaged record leaves a line out, never
 fails); what a run did not record is left out. Text from the manifest is written as given (it
-is the author's) in the body, and in the metadata block as JSON strings with non-ASCII
-characters escaped, which YAML reads as written.
+is the author's) in the body, and in the metadata block as JSON strings (tags that are not
+printable left out), which YAML reads as written.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import PurePath
 from typing import Any
 
 from expert_cli.train import card_figures as fig
@@ -55,7 +56,8 @@ def model_card(facts: CardFacts) -> tuple[str, list[str]]:
     if isinstance(manifest.get("description"), str) and manifest["description"].strip():
         lines += [manifest["description"].strip(), ""]
     kind = fig.kind_name(facts.config)
-    on = f"[{base}](https://huggingface.co/{base})" if on_hub else f"`{base}` (a local folder)"
+    local = f"`{PurePath(str(base)).name}` (a local folder)"  # its name, not where it lies
+    on = f"[{base}](https://huggingface.co/{base})" if on_hub else local
     lines += [
         f"{fig.article(kind)} {kind} adapter for {on}, trained with expert-cli from a HiveLLM "
         "expert manifest (`manifest.json` here).",
@@ -92,9 +94,9 @@ def _metadata(facts: CardFacts, base: str | None, notes: list[str]) -> list[str]
     lines = []
     for key, value in fields:
         if isinstance(value, list):
-            lines += [f"{key}:", *(f"- {json.dumps(v)}" for v in value)]
+            lines += [f"{key}:", *(f"- {json.dumps(v, ensure_ascii=False)}" for v in value)]
         else:
-            lines.append(f"{key}: {json.dumps(value)}")
+            lines.append(f"{key}: {json.dumps(value, ensure_ascii=False)}")
     return lines
 
 
