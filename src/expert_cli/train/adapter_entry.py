@@ -20,6 +20,11 @@ RANK_KEYS = {"LORA": "r", "LOKR": "r", "ADALORA": "init_r"}
 ALPHA_KEYS = {"LORA": "lora_alpha", "LOKR": "alpha", "ADALORA": "lora_alpha"}
 DROPOUT_KEYS = {"LORA": "lora_dropout", "ADALORA": "lora_dropout"}  # LoKr's are its own
 ALL_LINEAR = "all-linear"
+# peft's types as people write them
+KINDS = {
+    "LORA": "LoRA", "ADALORA": "AdaLoRA", "IA3": "IA3", "LOKR": "LoKr", "LOHA": "LoHa",
+    "VERA": "VeRA",
+}  # fmt: skip
 
 
 def described(config: dict[str, Any]) -> dict[str, Any]:

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from expert_cli.jsontext import finite_number
-from expert_cli.train.adapter_entry import whole
+from expert_cli.train.adapter_entry import KINDS, whole
 from expert_cli.train.lora_init import decomposes
 
-KINDS = {"LORA": "LoRA", "ADALORA": "AdaLoRA", "IA3": "IA3", "LOKR": "LoKr", "LOHA": "LoHa"}
 RANDOM_BASE = (
     "**The base was built with random weights** (`init: random`, expert-cli's demo): the "
     "adapter means nothing on any other copy of it. It shows the files and the card, not a "

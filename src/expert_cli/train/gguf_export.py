@@ -32,6 +32,7 @@ from safetensors.torch import load as load_bytes
 from expert_cli.data.tokenizer import read_config
 from expert_cli.errors import UserError
 from expert_cli.paths import new_file_problem, resolved_path, shown_path
+from expert_cli.train.adapter_entry import KINDS, first_base
 from expert_cli.train.checkpoints import checkpoint_step
 from expert_cli.train.choice import chosen_checkpoint
 from expert_cli.train.gguf_file import OUT_TYPES, stored_tensors, write_file
@@ -59,7 +60,6 @@ ARCHITECTURES = {
 # those whose q and k rows llama.cpp's converter reorders for its rotary layout (Qwen's it
 # does not)
 ROTARY_REORDERED = {"llama"}
-KINDS = {"ADALORA": "AdaLoRA", "IA3": "IA3", "LOKR": "LoKr", "LOHA": "LoHa", "VERA": "VeRA"}
 HALVES = ("lora_A", "lora_B")
 CONVERT = (
     "merge it (`expert-cli merge`) and convert the merged model with llama.cpp's "
@@ -126,7 +126,9 @@ def export_gguf(
     rank, alpha, pairs = _pairs(config, tensors, folder)
     stored, stored_notes = stored_tensors(_named(pairs, arch, hparams, folder), outtype)
     notes += stored_notes
-    default = _default_name(source, base, outtype)
+    named = first_base(source).get("name")  # the manifest's base: the default name's
+    named = named if isinstance(named, str) and named else base
+    default = _default_name(source, named, outtype)
     path = resolved_path(output, "--output") if output else run_dir.parent / default
     _refuse_output(path, default, force, output is not None)
     if problem := data_folder_problem(path, run_dir, "the GGUF file") or inside_checkpoints(
@@ -134,7 +136,7 @@ def export_gguf(
     ):
         raise UserError(problem)
     meta = {"name": str(source.get("name") or ""), "version": str(source.get("version") or "")}
-    name = hub_id(_base_name(source, base)) if resolved.get("base_model_kind") == "hub" else None
+    name = hub_id(named) if resolved.get("base_model_kind") == "hub" else None
     meta["base"] = name or Path(base).name  # a local folder's name, not where it lies
     meta["base_url"] = f"https://huggingface.co/{name}" if name else ""
     write_file(path, stored, (arch, alpha, outtype), meta, force)
@@ -316,16 +318,7 @@ def _shown(name: str) -> str:
 
 def _default_name(source: dict[str, Any], base: str, outtype: str) -> str:
     """`{name}-{base}.v{version}-lora-{outtype}.gguf`, named as the run's package is."""
-    return package_name(source, _base_name(source, base)).removesuffix(".expert") + (
-        f"-lora-{outtype}.gguf"
-    )
-
-
-def _base_name(source: dict[str, Any], base: str) -> str:
-    bases = source.get("base_models")
-    first = bases[0] if isinstance(bases, list) and bases else source.get("base_model")
-    name = first.get("name") if isinstance(first, dict) else None
-    return name if isinstance(name, str) and name else base
+    return package_name(source, base).removesuffix(".expert") + (f"-lora-{outtype}.gguf")
 
 
 def _refuse_output(path: Path, default: str, force: bool, given: bool) -> None:

@@ -88,7 +88,9 @@ def export_hub(
                 text = None
     with tempfile.TemporaryDirectory(prefix="expert-cli-hub-") as staging:
         if gguf:
-            name, file, gguf_notes = _gguf_file(run, checkpoint, gguf, Path(staging))
+            # the adapter the folder holds, named as chosen: `best` is not looked for twice
+            chosen = (manifest.get("training") or {}).get("packaging_checkpoint") or checkpoint
+            name, file, gguf_notes = _gguf_file(run, chosen, gguf, Path(staging))
             members[name] = file
             notes += [n for n in gguf_notes if n not in notes and "init: random" not in n]
         return _finish(run, output, (manifest, members, notes), text, repo_id)
