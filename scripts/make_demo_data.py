@@ -1,4 +1,4 @@
-"""Write the demo SQL expert's dataset: experts/demo/data/{train,valid}.jsonl.
+"""Write the demo SQL expert's dataset: experts/demo/data/{train,valid,test}.jsonl.
 
 Text-to-SQL examples generated from a handful of table schemas and question templates
 (filters, joins, aggregates, group by/having, order by/limit, date ranges, subqueries). Each row
@@ -21,6 +21,7 @@ DEFAULT_OUT = REPO / "experts" / "demo" / "data"
 SEED = 20240601
 TRAIN_SIZE = 400
 VALID_SIZE = 40
+TEST_SIZE = 40
 MAX_TABLES = 6  # tables per prompt; keeps examples under about 600 tokens
 
 # table -> column definitions, in CREATE TABLE order.
@@ -708,9 +709,13 @@ def main() -> None:
     rng = random.Random(SEED)
     train = make_split(rng, TRAIN_SIZE, set())
     valid = make_split(rng, VALID_SIZE, set(train))
+    test = make_split(rng, TEST_SIZE, set(train) | set(valid))  # drawn after: the others stay
     write_jsonl(args.out / "train.jsonl", train)
     write_jsonl(args.out / "valid.jsonl", valid)
-    print(f"wrote {len(train)} train and {len(valid)} valid examples to {args.out}")
+    write_jsonl(args.out / "test.jsonl", test)
+    print(
+        f"wrote {len(train)} train, {len(valid)} valid and {len(test)} test examples to {args.out}"
+    )
 
 
 if __name__ == "__main__":

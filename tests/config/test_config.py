@@ -269,7 +269,7 @@ def test_multi_task_fields_it_does_not_read_are_refused_or_noted(tmp_path: Path)
 
 
 def test_data_named_and_not_read_is_noted(tmp_path: Path) -> None:
-    """A `test_path` naming no file (kept, read by no command) and a data folder's files of
+    """A `test_path` naming no file (read by `evaluate` alone, after training) and a data folder's files of
     another format than the block's `format` (a parquet folder's .jsonl files) were left out
     in silence."""
 
@@ -279,8 +279,8 @@ def test_data_named_and_not_read_is_noted(tmp_path: Path) -> None:
     (tmp_path / "all.jsonl").write_text('{"text": "a"}\n')
     cfg = resolve(load_manifest(dataset(path="all.jsonl", test_path="data/tset.jsonl")), H100)
     assert (
-        "training.dataset.test_path: data/tset.jsonl is not there (it is kept as written and "
-        "read by no command; check the path)"
+        "training.dataset.test_path: data/tset.jsonl is not there (evaluate --split test "
+        "reads it; check the path)"
     ) in cfg.notes
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "tset.jsonl").write_text("")

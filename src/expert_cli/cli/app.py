@@ -18,7 +18,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from expert_cli import __version__
-from expert_cli.cli import benchmark, check, data, export, ship, train
+from expert_cli.cli import benchmark, check, data, evaluate, export, ship, train
 from expert_cli.cli.help import Command, Group, examples
 from expert_cli.cli.options import JSON_ASKED
 from expert_cli.cli.render import one_line, print_error
@@ -65,6 +65,13 @@ app.command(
         "expert-cli generate --adapter runs/sql --prompts prompts.txt --json",
     ),
 )(ship.generate)
+app.command(
+    cls=Command,
+    epilog=examples(
+        "expert-cli evaluate --adapter experts/demo/output --compare-base",
+        "expert-cli evaluate --adapter runs/sql/checkpoints/checkpoint-500 --split validation",
+    ),
+)(evaluate.evaluate)
 app.command(
     cls=Command,
     epilog=examples(

@@ -130,7 +130,7 @@ class TaskSpec(Strict):
 
     train: str = Field(description="Training file or hub id of this task.")
     valid: str | None = Field(None, description="Validation file of this task.")
-    test: str | None = Field(None, description="Test file of this task; kept.")
+    test: str | None = Field(None, description="Test file of this task: what `evaluate` scores.")
     weight: float = Field(
         1.0,
         gt=0,
@@ -172,7 +172,9 @@ class DatasetSpec(Strict):
         description="Fraction of the training examples held out for evaluation when there is "
         "no validation_path (as eval_fraction).",
     )
-    test_path: str | None = Field(None, description="Test file; kept, not used in training.")
+    test_path: str | None = Field(
+        None, description="Test file or hub id: what `evaluate` scores, after training."
+    )
     max_in_memory_samples: int | None = Field(
         None,
         ge=0,

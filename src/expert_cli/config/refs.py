@@ -293,13 +293,13 @@ def _local_files(ref: Any, training: bool) -> tuple[set[str], list[Path]]:
 
 def unread_fields(ds: Any, folder: Path) -> list[str]:
     """Notes for the dataset block's sources that its `type` leaves unread (`path` beside
-    tasks, tasks beside `path`), and for a `test_path` (kept, read by no command) naming
-    nothing on this machine."""
+    tasks, tasks beside `path`), and for a `test_path` (read by `evaluate` alone, after
+    training) naming nothing on this machine."""
     notes = []
     if ds.test_path and is_local(folder, ds.test_path) and not _there(folder, ds.test_path):
         notes.append(
-            f"training.dataset.test_path: {shown_path(ds.test_path)} is not there (it is kept "
-            "as written and read by no command; check the path)"
+            f"training.dataset.test_path: {shown_path(ds.test_path)} is not there (evaluate "
+            "--split test reads it; check the path)"
         )
     if ds.type == "multi_task" and ds.path:
         notes.append(

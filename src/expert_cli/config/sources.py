@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from expert_cli.config.models import LoadedManifest
+from expert_cli.config.models import DatasetSpec, LoadedManifest
 from expert_cli.config.refs import (
     is_local,
     local_path,
@@ -149,3 +149,20 @@ def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef
         else []
     )
     return train, valid
+
+
+def resolve_test_sources(ds: DatasetSpec, folder: Path) -> list[SourceRef]:
+    """The test sources of a dataset block (`test_path`, or each task's `test` of a
+    multi_task one, named by its task), paths against the manifest's `folder`: what
+    `evaluate --split test` reads."""
+    if ds.type == "multi_task":
+        found = []
+        for name, task in (ds.tasks or {}).items():
+            if task.test:
+                at = f"training.dataset.tasks.{name}.test"
+                ref = _source(folder, task.test, task.format or ds.format, ds.revision, at)
+                found.append(ref.model_copy(update={"task": name}))
+        return found
+    if not ds.test_path:
+        return []
+    return [_source(folder, ds.test_path, ds.format, ds.revision, "training.dataset.test_path")]

@@ -1,4 +1,5 @@
-"""Validation examples that are also training examples, counted before anything is tokenized.
+"""Validation examples that are also training examples, counted before anything is tokenized;
+and held-out examples (`evaluate`'s test split) found among a token cache's training examples.
 
 Datasets from the hub often hold the same example more than once, and nothing here removes
 duplicates (a repeat may be meant: a task weight repeats examples on purpose). A validation
@@ -12,6 +13,7 @@ can say so.
 from __future__ import annotations
 
 import datasets
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -57,3 +59,42 @@ def shared_note(train: datasets.Dataset, held: datasets.Dataset | None) -> str |
         "text): eval_loss on them measures what the adapter memorized; remove the repeats "
         "from the data"
     )
+
+
+# packed examples compared by their token ids: a 64-bit key of each, from its length and its ids
+# weighted by position (splitmix64 of the position: two equal examples always share a key, two
+# different ones with a chance of about n*m / 2**64)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _position_weights(pos: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # arithmetic modulo 2**64
+        z = pos.astype(np.uint64) + GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def example_keys(rows: datasets.Dataset) -> np.ndarray:
+    """A 64-bit key of each example packed in `rows` (its positions restart at 0), sorted;
+    read a batch of rows at a time (no example spans two rows)."""
+    keys = []
+    for batch in rows.with_format("arrow").iter(batch_size=BATCH_ROWS // 10):
+        ids = pc.list_flatten(batch.column("input_ids")).to_numpy(zero_copy_only=False)
+        pos = pc.list_flatten(batch.column("position_ids")).to_numpy(zero_copy_only=False)
+        if not len(ids):
+            continue
+        starts = np.flatnonzero(pos == 0)
+        with np.errstate(over="ignore"):  # sums modulo 2**64
+            summed = np.add.reduceat(ids.astype(np.uint64) * _position_weights(pos), starts)
+            lengths = np.diff(np.append(starts, len(ids))).astype(np.uint64)
+            keys.append(summed + lengths * GOLDEN)
+    return np.sort(np.concatenate(keys)) if keys else np.empty(0, np.uint64)
+
+
+def examples_shared(train: datasets.Dataset, held: datasets.Dataset) -> int:
+    """How many examples packed in `held` are, token for token, examples packed in `train`."""
+    wanted = example_keys(held)
+    if not len(wanted) or not len(train):
+        return 0
+    return int(np.isin(wanted, example_keys(train), assume_unique=False).sum())

@@ -1,0 +1,262 @@
+"""`expert-cli evaluate`: a trained adapter's loss, perplexity and token accuracy on the test
+split (each task's), or the validation split, laid out as training laid out its data; the
+base's beside them; and clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import write_jsonl
+from train_helpers import read_metrics, run_here, text_rows, write_expert
+
+from expert_cli.train.eval_split import example_count
+
+
+def _multi_task(folder: Path, model: Path) -> Path:
+    """Two tasks, sql and chat, each with a valid file (8 and 5 examples) and a test file
+    holding the same examples; evaluated before training and every 2 steps."""
+    manifest = write_expert(folder, model, rows=1, config={"batch_size": 2})
+    tasks = {}
+    for name, word, held in (("sql", "select", 8), ("chat", "hello", 5)):
+        rows = [
+            {
+                "text": f"<|im_start|>user\n{word} {i}<|im_end|>\n<|im_start|>assistant\n"
+                + f"{word} " * (1 + i % 4)
+                + f"{i}<|im_end|>\n"
+            }
+            for i in range(16 + held)
+        ]
+        write_jsonl(folder / "data" / f"{name}.jsonl", rows[:16])
+        write_jsonl(folder / "data" / f"{name}-valid.jsonl", rows[16:])
+        write_jsonl(folder / "data" / f"{name}-test.jsonl", rows[16:])
+        tasks[name] = {
+            "train": f"data/{name}.jsonl",
+            "valid": f"data/{name}-valid.jsonl",
+            "test": f"data/{name}-test.jsonl",
+        }
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"] = {
+        "type": "multi_task",
+        "field_mapping": {"text": "text"},
+        "tasks": tasks,
+    }
+    data["training"]["config"].update(
+        evaluation_strategy="steps", eval_steps=2, eval_on_start=True, save_steps=2
+    )
+    manifest.write_text(json.dumps(data))
+    return manifest
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A multi_task run of 4 steps (evaluations at steps 0, 2 and 4; checkpoint-2 kept)."""
+    folder = tmp_path_factory.mktemp("multi")
+    manifest = _multi_task(folder / "e", tiny_model_dir)
+    out = folder / "run"
+    done = run_here("train", "-m", str(manifest), "--output", str(out), "--max-steps", "4")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def _evaluate(*args: str) -> dict:
+    done = run_here("evaluate", *args, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def _same(got: dict, want: dict) -> None:
+    """An evaluation's figures against training's record of one (metrics.json)."""
+    assert got["loss"] == pytest.approx(want["eval_loss"], rel=1e-5)
+    assert got["token_accuracy"] == pytest.approx(want["token_accuracy"], abs=1e-6)
+    assert got["perplexity"] == pytest.approx(math.exp(got["loss"]), rel=1e-5)
+
+
+def test_the_validation_split_scores_as_training_evaluated_it(multi: Path) -> None:
+    """The final adapter's figures are training's last evaluation (step 4), task by task; the
+    base's (the adapter off) are the evaluation before the first step, when lora_B was 0. The
+    rows pack several examples each: a KV cache in the forward pass (the model's default
+    outside training) made transformers leave out the block-diagonal mask, and each example
+    attended to the ones before it."""
+    evals = {e["step"]: e for e in read_metrics(multi)["evals"]}
+    result = _evaluate("--adapter", str(multi), "--split", "validation", "--compare-base")
+    assert result["split"] == "validation"
+    _same(result["total"]["expert"], evals[4])
+    _same(result["total"]["base"], evals[0])
+    assert result["total"]["expert"]["loss"] < result["total"]["base"]["loss"]
+    tasks = {t["task"]: t for t in result["tasks"]}
+    assert sorted(tasks) == ["chat", "sql"]
+    for name in tasks:
+        _same(tasks[name]["expert"], evals[4]["tasks"][name])
+        _same(tasks[name]["base"], evals[0]["tasks"][name])
+    assert tasks["sql"]["examples"] == 8 and tasks["chat"]["examples"] == 5
+    assert result["total"]["examples"] == 13
+    assert result["total"]["trained_tokens"] == sum(t["trained_tokens"] for t in tasks.values())
+    (stats_file,) = (multi.parent / "e" / ".cache").glob("pretokenized/expert-test-*/stats.json")
+    stats = json.loads(stats_file.read_text())["eval"]
+    assert stats["rows"] < 13  # packed: several examples a row
+    assert result["total"]["trained_tokens"] == stats["trained_tokens"]
+
+
+def test_the_test_split_is_the_default_and_scored_task_by_task(multi: Path) -> None:
+    """Each task's `test` file (here its validation examples again) is tokenized and packed as
+    training's data was, apart: the same figures as the validation split's; a cache of its
+    own, under `<expert>.test`, that leaves the expert's training cache its latest."""
+    cache_root = multi.parent / "e" / ".cache" / "pretokenized"
+    latest = (cache_root / "expert-test.latest.json").read_text()
+    test = _evaluate("--adapter", str(multi))
+    valid = _evaluate("--adapter", str(multi), "--split", "validation")
+    assert test["split"] == "test"
+    for got, want in zip(test["tasks"], valid["tasks"], strict=True):
+        assert got["task"] == want["task"]
+        assert got["source"] == f"training.dataset.tasks.{got['task']}.test"
+        assert got["expert"]["loss"] == pytest.approx(want["expert"]["loss"], rel=1e-5)
+        assert got["trained_tokens"] == want["trained_tokens"]
+        assert got["examples"] == want["examples"]
+    assert [t["shared_with_training"] for t in test["tasks"]] == [0, 0]
+    assert (cache_root / "expert-test.latest.json").read_text() == latest
+    assert len(list(cache_root.glob("expert-test.test-*/stats.json"))) == 2  # a task each
+    again = run_here("pretokenize", "-m", str(multi.parent / "e" / "manifest.json"))
+    assert again.returncode == 0 and "earlier" not in again.stdout, again.stdout
+
+
+def test_a_checkpoint_scores_as_its_evaluation(multi: Path) -> None:
+    result = _evaluate(
+        "--adapter", str(multi / "checkpoints" / "checkpoint-2"), "--split", "validation"
+    )
+    _same(result["total"]["expert"], {e["step"]: e for e in read_metrics(multi)["evals"]}[2])
+
+
+def test_the_console_shows_each_task_and_the_change(multi: Path) -> None:
+    done = run_here("evaluate", "--adapter", str(multi), "--compare-base")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("test split: 13 examples, ")
+    assert "(training.dataset.tasks.sql.test, training.dataset.tasks.chat.test)" in lines[0]
+    labels = [line.split()[0] for line in lines[2:] if line.strip()]
+    assert labels[:9] == [
+        "sql",
+        "base",
+        "change",
+        "chat",
+        "base",
+        "change",
+        "all",
+        "base",
+        "change",
+    ]
+    result = _evaluate("--adapter", str(multi), "--compare-base")
+    change = result["total"]["expert"]["loss"] - result["total"]["base"]["loss"]
+    assert f"{change:+.4f}" in lines[-1] or f"{change:+.4f}" in done.stdout
+
+
+@pytest.fixture
+def single(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, Path]:
+    """A run of 2 steps of one task with a validation file; (manifest, run folder)."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=16, valid_rows=6)
+    out = tmp_path / "run"
+    done = run_here("train", "-m", str(manifest), "--output", str(out), "--max-steps", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return manifest, out
+
+
+def _set_test(manifest: Path, value: str) -> None:
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["test_path"] = value
+    manifest.write_text(json.dumps(data))
+
+
+def test_errors_name_the_field_and_leave_nothing(single: tuple[Path, Path]) -> None:
+    manifest, out = single
+    cache_root = manifest.parent / ".cache" / "pretokenized"
+    before = sorted(p.name for p in cache_root.iterdir())
+    done = run_here("evaluate", "--adapter", str(out), "--split", "test")
+    assert done.returncode == 2
+    assert "--split test: the manifest names no test data (training.dataset.test_path" in (
+        done.stderr
+    )
+    _set_test(manifest, "data/gone.jsonl")
+    done = run_here("evaluate", "--adapter", str(out))
+    assert done.returncode == 2 and "training.dataset.test_path" in done.stderr, done.stderr
+    write_jsonl(manifest.parent / "data" / "test.jsonl", [{"text": ""}] * 3)
+    _set_test(manifest, "data/test.jsonl")
+    done = run_here("evaluate", "--adapter", str(out))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "training.dataset.test_path: no test example is left after formatting (3 read" in (
+        done.stderr.replace("\n  ", " ")
+    )
+    assert "Traceback" not in done.stderr
+    after = sorted(p.name for p in cache_root.iterdir())
+    assert [name for name in after if name not in before and not name.endswith(".lock")] == []
+    done = run_here("evaluate", "--adapter", str(manifest.parent))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    done = run_here("evaluate", "--adapter", str(out), "--batch-rows", "0")
+    assert done.returncode == 2
+
+
+def test_a_run_without_validation_says_so(tmp_path: Path, tiny_model_dir: Path) -> None:
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=16)
+    out = tmp_path / "run"
+    assert (
+        run_here("train", "-m", str(manifest), "--output", str(out), "--max-steps", "1").returncode
+        == 0
+    )
+    done = run_here("evaluate", "--adapter", str(out))
+    assert done.returncode == 2
+    assert "--split validation: the run has no validation split" in done.stderr
+
+
+def test_a_test_file_added_after_training_is_read_and_counted(single: tuple[Path, Path]) -> None:
+    """The test file is named after the run (the manifest file as it is now): its examples
+    are counted as the build counted them, packed several a row; cut ones are said."""
+    manifest, out = single
+    shutil.copy(manifest.parent / "data" / "valid.jsonl", manifest.parent / "data" / "test.jsonl")
+    _set_test(manifest, "data/test.jsonl")
+    test = _evaluate("--adapter", str(out))
+    valid = _evaluate("--adapter", str(out), "--split", "validation")
+    assert test["split"] == "test" and test["tasks"] == []
+    assert test["total"]["source"] == "training.dataset.test_path"
+    assert test["total"]["examples"] == valid["total"]["examples"] == 6
+    assert test["total"]["expert"]["loss"] == pytest.approx(
+        valid["total"]["expert"]["loss"], rel=1e-5
+    )
+    assert test["settings"]["device"] == "cpu" and test["settings"]["batch_rows"] >= 1
+    # write_expert's validation rows are its first training rows: found token for token
+    assert test["total"]["shared_with_training"] == 6
+    assert valid["total"]["shared_with_training"] is None  # the build's note says it of these
+    assert (
+        "training.dataset.test_path: 6 of its 6 examples are training examples too (the same "
+        "tokens): their scores measure what the adapter memorized"
+    ) in test["notes"]
+    write_jsonl(
+        manifest.parent / "data" / "test.jsonl", text_rows(23)[20:]
+    )  # rows 0-15 are trained
+    assert _evaluate("--adapter", str(out))["total"]["shared_with_training"] == 0
+
+
+def test_examples_shared_compares_whole_packed_examples() -> None:
+    import datasets
+
+    from expert_cli.data.overlap import examples_shared
+
+    def rows(*examples: list[int]) -> datasets.Dataset:
+        ids = [x for e in examples for x in e]
+        pos = [p for e in examples for p in range(len(e))]
+        return datasets.Dataset.from_dict({"input_ids": [ids], "position_ids": [pos]})
+
+    train = rows([5, 6, 7], [1, 2], [9, 9])
+    assert examples_shared(train, rows([1, 2], [5, 6, 7, 8], [6, 5, 7], [9])) == 1
+    assert examples_shared(train, rows([9, 9], [5, 6, 7], [1, 2])) == 3
+    assert examples_shared(train, rows([2, 1], [5, 6])) == 0  # order and prefixes differ
+    assert examples_shared(rows(), rows([1, 2])) == 0
+
+
+def test_example_count_reads_position_restarts() -> None:
+    import datasets
+
+    rows = datasets.Dataset.from_dict({"position_ids": [[0, 1, 2, 0, 1], [0, 1, 0, 0, 1, 2]]})
+    assert example_count(rows) == 5
+    assert example_count(rows.select([])) == 0
