@@ -260,3 +260,23 @@ def test_example_count_reads_position_restarts() -> None:
     rows = datasets.Dataset.from_dict({"position_ids": [[0, 1, 2, 0, 1], [0, 1, 0, 0, 1, 2]]})
     assert example_count(rows) == 5
     assert example_count(rows.select([])) == 0
+
+
+def test_the_model_s_own_forward_scores_as_the_sliced_loss(multi: Path) -> None:
+    """A model the sliced loss cannot take (a softcap, a bias on the head, an adapted head) is
+    scored by its own forward, logits and all: the same sums on the same rows."""
+    from expert_cli.data.collate import PackedCollator
+    from expert_cli.train.eval_split import validation_split
+    from expert_cli.train.evaluate import _batch_sums
+    from expert_cli.train.generate import load_run
+    from expert_cli.train.loss import install_fused_loss
+
+    run = load_run(multi)
+    rows = validation_split(run.resolved, run.tokenizer, run.data_record).parts[0].rows
+    features = [rows[i] for i in range(len(rows))]
+    own = _batch_sums(run.model, PackedCollator(0)(features))
+    install_fused_loss(run.model.get_base_model(), "chunked")
+    sliced = _batch_sums(run.model, PackedCollator(0, loss_positions=True)(features))
+    assert own.tokens == sliced.tokens > 0
+    assert own.loss == pytest.approx(sliced.loss, rel=1e-5)
+    assert own.hits == sliced.hits

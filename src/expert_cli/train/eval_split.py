@@ -86,7 +86,7 @@ def split_rows(
             "multi_task expert's tasks.<name>.test); add it, or evaluate --split validation"
         )
     if wanted == "validation" or not refs:
-        split = validation_split(resolved, tokenizer, record)
+        split = validation_split(resolved, tokenizer, record, progress)
         if wanted is None:
             split.notes.insert(
                 0,
@@ -99,12 +99,15 @@ def split_rows(
     return Split("test", parts, notes + _trained_on(parts, record))
 
 
-def validation_split(resolved: ResolvedConfig, tokenizer: Any, record: Any) -> Split:
-    """The run's validation split, each task's rows apart where the cache recorded them."""
+def validation_split(
+    resolved: ResolvedConfig, tokenizer: Any, record: Any, progress: BuildProgress | None = None
+) -> Split:
+    """The run's validation split, each task's rows apart where the cache recorded them (the
+    cache built again, `progress` hearing of it, where the run's is gone)."""
     notes = []
     data = load_recorded(record)
     if data is None:
-        data = prepare_data(resolved, tokenizer)
+        data = prepare_data(resolved, tokenizer, progress=progress)
         notes.append(
             "the token cache the run trained with is gone or damaged; the data files were "
             "tokenized again, as they are now"

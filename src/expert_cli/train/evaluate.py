@@ -21,6 +21,7 @@ import torch
 
 from expert_cli.data import BuildProgress
 from expert_cli.data.collate import LOSS_POSITIONS, PackedCollator
+from expert_cli.data.formatting import IGNORE
 from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import RunError
 from expert_cli.train.eval_split import Part, split_rows
@@ -28,6 +29,7 @@ from expert_cli.train.generate import base_notes, load_run
 from expert_cli.train.loss import HITS, install_fused_loss
 from expert_cli.train.loss_fit import fused_loss_unsupported
 from expert_cli.train.merge import dequantized
+from expert_cli.train.token_accuracy import batch_hits
 
 BATCH_TOKENS = 16_384  # tokens a batch holds at most by default (8 rows of 2,048)
 MAX_BATCH_ROWS = 1024
@@ -121,11 +123,13 @@ def evaluate(
     )
     notes += split.notes
     base = run.model.get_base_model()
-    if problem := fused_loss_unsupported(base, run.resolved.target_modules):
-        raise RunError(f"evaluate cannot score this model: {problem}")
-    install_fused_loss(base, "chunked")
+    # the loss a slice of tokens at a time where the model's logits are its head's product;
+    # else its own forward, logits and all (a softcap, a bias, an adapted head)
+    fused = fused_loss_unsupported(base, run.resolved.target_modules) is None
+    if fused:
+        install_fused_loss(base, "chunked")
     rows = opts.batch_rows or max(1, min(MAX_BATCH_ROWS, BATCH_TOKENS // _width(split.parts)))
-    collate = PackedCollator(run.tokenizer.pad_token_id or 0, boundaries=False, loss_positions=True)
+    collate = PackedCollator(run.tokenizer.pad_token_id or 0, loss_positions=fused)
     total_batches = sum(-(-len(p.rows) // rows) for p in split.parts)
     if view is not None:
         view.start(f"scoring the {split.name} split", total_batches * (1 + opts.compare_base))
@@ -198,19 +202,20 @@ def _batch_sums(model: Any, batch: dict[str, Any]) -> Sums:
     """One forward pass's summed loss, hits and trained tokens."""
     device = next(model.parameters()).device
     inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-    trained = int(batch[LOSS_POSITIONS].numel())
+    trained = int((batch["labels"][:, 1:] != IGNORE).sum())
     found = Sums()
     if not trained:
         return found
     with torch.inference_mode():  # no KV cache: with one, transformers would not build the
         out = model(**inputs, use_cache=False)  # packed rows' block-diagonal mask
+    hits = out[HITS] if LOSS_POSITIONS in batch else batch_hits(out, inputs["labels"])[0]
     loss = float(out.loss)
     if not math.isfinite(loss):
         raise RunError(
             "the model's loss on the held-out rows is not finite (adapter weights that "
             "overflow, or a run that diverged); train again"
         )
-    found.loss, found.hits, found.tokens = loss * trained, int(out[HITS]), trained
+    found.loss, found.hits, found.tokens = loss * trained, int(hits), trained
     return found
 
 
