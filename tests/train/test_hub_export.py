@@ -240,6 +240,12 @@ def test_hub_ids() -> None:
         ("a--b/c", False),
         ("org/-x", False),
         ("Qwén/x", False),
+        ("me/x.", False),  # the Hub's rules: a name ends with a letter, digit or _
+        ("me/x-", False),
+        ("me/x.git", False),
+        ("me/_x", True),
+        ("me/" + "a" * 96, True),
+        ("me/" + "a" * 97, False),
     ):
         assert (hub_id(name) is not None) is want, name
 

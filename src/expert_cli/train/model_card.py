@@ -23,7 +23,11 @@ from expert_cli.train import card_figures as fig
 from expert_cli.train.adapter_entry import first_base
 from expert_cli.train.card_figures import CardFacts
 
-HUB_NAME = re.compile(r"(?!-)(?!.*--)(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
+# as huggingface_hub checks a repo id's parts: word characters, `-` and `.`, beginning and
+# ending with a word character, no `--` or `..`, at most 96, not ending in `.git`
+HUB_NAME = re.compile(
+    r"(?!.*--)(?!.*\.\.)(?!.*\.git$)[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+)
 # the Hub's own license ids that manifests commonly give (others are written as `other`)
 LICENSES = {
     "apache-2.0", "mit", "bsd-2-clause", "bsd-3-clause", "cc0-1.0", "cc-by-4.0",
@@ -37,7 +41,8 @@ FRONT_MATTER = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?\r?\n)?---[ \t]*(\r?\n|\Z
 
 def hub_id(name: Any) -> str | None:
     """`name` where it is written as a Hub repository id, OWNER/NAME (`Qwen/Qwen3-0.6B`), else
-    None: ASCII letters, digits, `-`, `_`, `.`, no `--` or `..`, not starting with `-`."""
+    None: ASCII letters, digits, `-`, `_`, `.`, no `--` or `..`, beginning and ending with
+    a letter, digit or `_`, not ending in `.git`."""
     if not isinstance(name, str) or name.count("/") != 1:
         return None
     return name if all(HUB_NAME.fullmatch(part) for part in name.split("/")) else None
