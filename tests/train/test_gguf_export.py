@@ -153,6 +153,12 @@ def test_a_pissa_run_exports_the_lora_of_the_base(tiny_model_dir: Path, tmp_path
     for name, delta in applied.items():
         want = trained[name] - original[name]
         assert torch.allclose(delta, want, atol=1e-5 * want.abs().max().item()), name
+    # export-hub --gguf says it once: the card's note and the GGUF's were both printed
+    done = run_here(
+        "export-hub", "--adapter", str(out), "--output", str(tmp_path / "h"), "--gguf", "f32"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("the run decomposed its base") == 1, done.stdout
 
 
 def test_rotary_rows_interleave_each_heads_halves() -> None:

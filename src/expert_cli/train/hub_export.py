@@ -92,8 +92,12 @@ def export_hub(
             chosen = (manifest.get("training") or {}).get("packaging_checkpoint") or checkpoint
             name, file, gguf_notes = _gguf_file(run, chosen, gguf, Path(staging))
             members[name] = file
-            notes += [n for n in gguf_notes if n not in notes and "init: random" not in n]
+            # what the folder's notes said already (a decomposed base, a random one) not twice
+            notes += [n for n in gguf_notes if not any(n[:SAID] == m[:SAID] for m in notes)]
         return _finish(run, output, (manifest, members, notes), text, repo_id)
+
+
+SAID = 48  # a note's opening that says what it is about, as export-gguf and package word it
 
 
 def _gguf_file(
