@@ -269,9 +269,9 @@ def test_multi_task_fields_it_does_not_read_are_refused_or_noted(tmp_path: Path)
 
 
 def test_data_named_and_not_read_is_noted(tmp_path: Path) -> None:
-    """A `test_path` naming no file (read by `evaluate` alone, after training) and a data folder's files of
-    another format than the block's `format` (a parquet folder's .jsonl files) were left out
-    in silence."""
+    """A `test_path` naming no file (read by `evaluate` alone, after training) and a data
+    folder's files of another format than the block's `format` (a parquet folder's .jsonl
+    files) were left out in silence."""
 
     def dataset(**block) -> Path:
         return _mutate(tmp_path, lambda d: d["training"].__setitem__("dataset", block))

@@ -280,3 +280,22 @@ def test_the_model_s_own_forward_scores_as_the_sliced_loss(multi: Path) -> None:
     assert own.tokens == sliced.tokens > 0
     assert own.loss == pytest.approx(sliced.loss, rel=1e-5)
     assert own.hits == sliced.hits
+
+
+def test_generate_eval_takes_the_test_split_when_asked(multi: Path) -> None:
+    """`generate --eval N --split test` answers the test split's examples (here the
+    validation examples again, packed in another order: the same references); --split alone
+    is refused."""
+
+    def references(*extra: str) -> list[str]:
+        args = ("--eval", "20", "--max-new-tokens", "2", "--json", *extra)
+        done = run_here("generate", "--adapter", str(multi), *args)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return sorted(g["reference"] for g in json.loads(done.stdout)["generations"])
+
+    test = references("--split", "test")
+    assert len(test) == 13 and all(test)
+    assert test == references() == references("--split", "validation")
+    done = run_here("generate", "--adapter", str(multi), "--split", "test", "-p", "hi")
+    assert done.returncode == 2
+    assert "--split test: chooses --eval's examples; give --eval N too" in done.stderr

@@ -681,11 +681,12 @@ def test_eval_leaves_out_examples_cut_in_training(demo_expert_dir: Path) -> None
     from expert_cli.config.resolve import resolve
     from expert_cli.data.tokenizer import load_tokenizer
     from expert_cli.train.eval_cases import eval_cases
+    from expert_cli.train.eval_split import validation_split
 
     resolved = resolve(load_manifest(demo_expert_dir / "manifest.json"), cpu_environment())
     tokenizer = load_tokenizer(resolved)
     notes: list[str] = []
-    cases = eval_cases(resolved, tokenizer, None, 100, notes)
+    cases = eval_cases(validation_split(resolved, tokenizer, None), resolved, tokenizer, 100, notes)
     assert notes == [
         "--eval: 4 validation examples were cut at max_seq_length=512 in training and left out "
         "(a reference that stops mid-answer matches no answer)",
@@ -694,7 +695,10 @@ def test_eval_leaves_out_examples_cut_in_training(demo_expert_dir: Path) -> None
     assert len(cases) == 36 and all(case.reference for case in cases)
     assert all(case.reference.rstrip().endswith(";") for case in cases)  # whole SQL statements
     notes = []
-    assert len(eval_cases(resolved, tokenizer, None, 3, notes)) == 3
+    assert (
+        len(eval_cases(validation_split(resolved, tokenizer, None), resolved, tokenizer, 3, notes))
+        == 3
+    )
     assert notes == [  # only those met before the third whole one
         "--eval: 1 validation example was cut at max_seq_length=512 in training and left out "
         "(a reference that stops mid-answer matches no answer)"
@@ -709,13 +713,14 @@ def test_eval_leaves_out_the_pieces_of_split_examples(demo_expert_dir: Path) -> 
     from expert_cli.config.resolve import resolve
     from expert_cli.data.tokenizer import load_tokenizer
     from expert_cli.train.eval_cases import eval_cases
+    from expert_cli.train.eval_split import validation_split
 
     manifest = demo_expert_dir / "manifest.json"
     split = ["training.dataset.overlong=split"]
     resolved = resolve(load_manifest(manifest, split), cpu_environment())
     tokenizer = load_tokenizer(resolved)
     notes: list[str] = []
-    cases = eval_cases(resolved, tokenizer, None, 100, notes)
+    cases = eval_cases(validation_split(resolved, tokenizer, None), resolved, tokenizer, 100, notes)
     assert notes == [
         "--eval 100: the validation split has 36 examples",  # a piece may pass for whole
         "--eval: 4 validation examples were split into pieces of max_seq_length=512 (overlong: "
@@ -749,9 +754,10 @@ def _eval_cases(expert: Path, tokenizer, sets: list[str], notes: list[str]) -> l
     from expert_cli.config.environment import cpu_environment
     from expert_cli.config.resolve import resolve
     from expert_cli.train.eval_cases import eval_cases
+    from expert_cli.train.eval_split import validation_split
 
     resolved = resolve(load_manifest(expert / "manifest.json", sets), cpu_environment())
-    return eval_cases(resolved, tokenizer, None, 5, notes)
+    return eval_cases(validation_split(resolved, tokenizer, None), resolved, tokenizer, 5, notes)
 
 
 def test_eval_leaves_out_a_piece_of_end_of_turn_tokens(demo_expert_dir: Path) -> None:
@@ -871,10 +877,11 @@ def test_a_reference_longer_than_the_budget_gets_room_or_a_note(demo_expert_dir:
     from expert_cli.config.resolve import resolve
     from expert_cli.data.tokenizer import load_tokenizer
     from expert_cli.train.eval_cases import eval_budgets, eval_cases
+    from expert_cli.train.eval_split import validation_split
 
     resolved = resolve(load_manifest(demo_expert_dir / "manifest.json"), cpu_environment())
     tokenizer = load_tokenizer(resolved)
-    cases = eval_cases(resolved, tokenizer, None, 3, [])
+    cases = eval_cases(validation_split(resolved, tokenizer, None), resolved, tokenizer, 3, [])
     for case in cases:  # the answer's tokens, its end-of-turn tokens not counted
         answer = tokenizer(case.reference, add_special_tokens=False)["input_ids"]
         assert abs(case.reference_tokens - len(answer)) <= 1 and len(answer) > 5

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from expert_cli.cli.evaluate import SplitName
 from expert_cli.cli.options import AdapterOpt, JsonOpt
 
 if TYPE_CHECKING:
@@ -30,7 +31,15 @@ def generate(
             min=1,
             max=10_000,
             metavar="N",
-            help="Answer the first N validation examples; show references and exact match.",
+            help="Answer the first N validation (or --split test) examples; show references "
+            "and exact match.",
+        ),
+    ] = None,
+    split: Annotated[
+        SplitName | None,
+        typer.Option(
+            help="The examples --eval takes: validation (default) or test "
+            "(training.dataset.test_path, or each task's test).",
         ),
     ] = None,
     compare_base: Annotated[
@@ -80,6 +89,7 @@ def generate(
         prompts=prompt or [],
         prompts_file=prompts,
         eval_n=eval_n,
+        split=split.value if split else None,
         compare_base=compare_base,
         max_new_tokens=max_new_tokens,
         greedy=greedy,

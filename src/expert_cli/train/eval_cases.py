@@ -1,4 +1,5 @@
-"""`generate --eval N`: prompts and reference answers from a run's validation split.
+"""`generate --eval N`: prompts and reference answers from a run's validation split (or its
+test split, train/eval_split.py).
 
 The split is read from the token cache the run trained with, exactly as it was tokenized: the
 tokens before an example's first trained token are its prompt, the trained ones its reference.
@@ -9,13 +10,13 @@ match it; so are an `overlong: split` example's pieces, where they can be told a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from expert_cli.config.resolve import ResolvedConfig
-from expert_cli.data import load_recorded, prepare_data
 from expert_cli.data.formatting import IGNORE
-from expert_cli.errors import UserError
+from expert_cli.train.eval_split import Split
 
 
 @dataclass
@@ -30,37 +31,45 @@ class Case:
 
 
 def eval_cases(
-    resolved: ResolvedConfig, tokenizer: Any, record: Any, n: int, notes: list[str]
+    split: Split, resolved: ResolvedConfig, tokenizer: Any, n: int, notes: list[str]
 ) -> list[Case]:
-    """The first `n` whole examples of the run's validation split, split into prompt and
-    reference by their labels: from the token cache `record` names, else (and then `notes`
-    says so) tokenized again from the data files as they are now. `notes` also says how many
-    examples were cut in training and left out, and when fewer than `n` remain."""
-    data = load_recorded(record)
-    if data is None:
-        data = prepare_data(resolved, tokenizer)
-        if record is not None:
-            notes.append(
-                "--eval: the token cache the run trained with is gone or damaged; the data "
-                "files were tokenized again, as they are now"
-            )
-    if data.eval is None or not len(data.eval):
-        raise UserError(
-            "--eval: the run has no validation split (set training.dataset.validation_path "
-            "or training.dataset.eval_fraction and train again)"
-        )
+    """The first `n` whole examples of `split` (the run's validation split, or its test
+    split), split into prompt and reference by their labels. `notes` says how many examples
+    were cut in training and left out, and when fewer than `n` remain."""
     cases: list[Case] = []
     cut = 0
-    split = (data.stats.get("eval") or {}).get("split", 0)  # examples cut into pieces
+    for part in split.parts:
+        limits = (resolved.max_seq_length, n - len(cases), split.pieces)
+        cut += _cases(part.rows, limits, tokenizer, cases)
+        if len(cases) == n:
+            break
+    limits = (n, resolved.max_seq_length)
+    notes += _eval_notes(split.name, len(cases), (cut, split.pieces), limits)
+    if any(REASONING_END in (c.reference or "") for c in cases):
+        notes.append(
+            f"--eval: references hold reasoning (up to {REASONING_END}): an answer matches "
+            f"where its text after its last {REASONING_END} is the reference's"
+        )
+    return cases
+
+
+def _cases(
+    rows: Iterable[dict[str, Any]], limits: tuple[int, int, int], tokenizer: Any, cases: list[Case]
+) -> int:
+    """Up to `limits`[1] whole examples of `rows` added to `cases`; the examples cut at
+    max_seq_length (`limits`[0]) left out, and counted; pieces of split examples left out
+    where the split has any (`limits`[2])."""
+    limit, wanted, pieces = limits
+    cut, found = 0, 0
     special = set(tokenizer.all_special_ids)  # the end-of-turn tokens match no answer's text
-    for row in data.eval:
+    for row in rows:
         for ids, labels in _examples(row):
             trained = [i for i, label in enumerate(labels) if label != IGNORE]
             if not trained:
                 continue
-            if split and (len(ids) >= resolved.max_seq_length or trained[0] <= 1):
+            if pieces and (len(ids) >= limit or trained[0] <= 1):
                 continue  # a piece: one that fills the limit, or begins inside an answer
-            if len(ids) >= resolved.max_seq_length and ids[-1] != tokenizer.eos_token_id:
+            if len(ids) >= limit and ids[-1] != tokenizer.eos_token_id:
                 cut += 1  # a whole example ends with EOS, one cut at the limit does not
                 continue
             first = trained[0]
@@ -68,20 +77,13 @@ def eval_cases(
             prompt = tokenizer.decode(ids[:first], skip_special_tokens=True).strip()
             reference = tokenizer.decode(ids[first:stop], skip_special_tokens=True)
             text_tokens = sum(1 for t in ids[first:stop] if t not in special)
-            if split and not text_tokens:
+            if pieces and not text_tokens:
                 continue  # a piece holding only an answer's end-of-turn tokens
             cases.append(Case(prompt, ids[:first], reference.strip(), text_tokens))
-            if len(cases) == n:
-                break
-        if len(cases) == n:
-            break
-    notes += _eval_notes(len(cases), n, (cut, split), resolved.max_seq_length)
-    if any(REASONING_END in (c.reference or "") for c in cases):
-        notes.append(
-            f"--eval: references hold reasoning (up to {REASONING_END}): an answer matches "
-            f"where its text after its last {REASONING_END} is the reference's"
-        )
-    return cases
+            found += 1
+            if found == wanted:
+                return cut
+    return cut
 
 
 REASONING_END = "</think>"
@@ -94,25 +96,23 @@ def final_answer(text: str) -> str:
     return text.rsplit(REASONING_END, 1)[-1].strip()
 
 
-def _eval_notes(found: int, wanted: int, lost: tuple[int, int], limit: int) -> list[str]:
-    """The notes on the examples left out (`lost`: cut in training, split into pieces) and on
-    fewer cases than asked for."""
-    (cut, split), notes = lost, []
+def _eval_notes(name: str, found: int, lost: tuple[int, int], limits: tuple[int, int]) -> list[str]:
+    """The notes on the examples of split `name` left out (`lost`: cut in training, split
+    into pieces) and on fewer cases than asked for (`limits`: wanted, max_seq_length)."""
+    (cut, split), (wanted, limit), notes = lost, limits, []
     if cut:
         notes.append(
-            f"--eval: {cut:,} validation example{'s were' if cut > 1 else ' was'} cut at "
+            f"--eval: {cut:,} {name} example{'s were' if cut > 1 else ' was'} cut at "
             f"max_seq_length={limit:,} in training and left out (a reference that stops "
             "mid-answer matches no answer)"
         )
     if found < wanted:
         plural = "" if found == 1 else "s"
         whole = "" if split else "whole "  # a piece may pass for a whole example
-        notes.append(
-            f"--eval {wanted:,}: the validation split has {found:,} {whole}example{plural}"
-        )
+        notes.append(f"--eval {wanted:,}: the {name} split has {found:,} {whole}example{plural}")
     if split:
         notes.append(
-            f"--eval: {split:,} validation example{'s were' if split > 1 else ' was'} split "
+            f"--eval: {split:,} {name} example{'s were' if split > 1 else ' was'} split "
             f"into pieces of max_seq_length={limit:,} (overlong: split); pieces are left out "
             "where they fill it or begin inside an answer, and one that begins inside a prompt "
             "cannot be told from a whole example"

@@ -58,6 +58,7 @@ class Split:
     name: str  # "test" or "validation"
     parts: list[Part]
     notes: list[str] = field(default_factory=list)
+    pieces: int = 0  # examples split into pieces at max_seq_length (overlong: split)
 
 
 def example_count(rows: datasets.Dataset) -> int:
@@ -69,24 +70,34 @@ def example_count(rows: datasets.Dataset) -> int:
     return int(pc.sum(pc.equal(flat, 0)).as_py() or 0)
 
 
+@dataclass
+class SplitChoice:
+    """The split to read (None: test where the manifest names test data, else validation,
+    said in a note), the option an error names, and who hears of a test cache's build."""
+
+    name: str | None = None
+    option: str = "--split"
+    progress: BuildProgress | None = None
+
+    @property
+    def validation_label(self) -> str:
+        return f"{self.option} validation" if self.option == "--split" else self.option
+
+
 def split_rows(
-    adapter: Path,
-    resolved: ResolvedConfig,
-    tokenizer: Any,
-    record: Any,
-    choice: tuple[str | None, BuildProgress | None],
+    adapter: Path, resolved: ResolvedConfig, tokenizer: Any, record: Any, choice: SplitChoice
 ) -> Split:
-    """The rows of the split `choice` names (None: test where the manifest names test data,
-    else validation, said in a note), and a BuildProgress for a test cache's build."""
-    wanted, progress = choice
+    """The rows of the split `choice` names, laid out as the run's training data."""
+    wanted, progress = choice.name, choice.progress
     refs, notes = test_refs(run_of(adapter), resolved)
     if wanted == "test" and not refs:
         raise UserError(
-            "--split test: the manifest names no test data (training.dataset.test_path, or a "
-            "multi_task expert's tasks.<name>.test); add it, or evaluate --split validation"
+            f"{choice.option} test: the manifest names no test data (training.dataset."
+            "test_path, or a multi_task expert's tasks.<name>.test); add it, or choose "
+            "--split validation"
         )
     if wanted == "validation" or not refs:
-        split = validation_split(resolved, tokenizer, record, progress)
+        split = validation_split(resolved, tokenizer, record, progress, choice.validation_label)
         if wanted is None:
             split.notes.insert(
                 0,
@@ -95,40 +106,48 @@ def split_rows(
                 "checkpoint by, where it did)",
             )
         return split
-    parts = [_test_part(resolved, tokenizer, ref, progress) for ref in refs]
-    return Split("test", parts, notes + _trained_on(parts, record))
+    built = [_test_part(resolved, tokenizer, ref, progress) for ref in refs]
+    parts = [part for part, _ in built]
+    return Split("test", parts, notes + _trained_on(parts, record), sum(n for _, n in built))
 
 
 def validation_split(
-    resolved: ResolvedConfig, tokenizer: Any, record: Any, progress: BuildProgress | None = None
+    resolved: ResolvedConfig,
+    tokenizer: Any,
+    record: Any,
+    progress: BuildProgress | None = None,
+    label: str = "--split validation",
 ) -> Split:
     """The run's validation split, each task's rows apart where the cache recorded them (the
-    cache built again, `progress` hearing of it, where the run's is gone)."""
+    cache built again, `progress` hearing of it, where the run's is gone); a UserError naming
+    `label` where the run has none."""
     notes = []
     data = load_recorded(record)
     if data is None:
         data = prepare_data(resolved, tokenizer, progress=progress)
-        notes.append(
-            "the token cache the run trained with is gone or damaged; the data files were "
-            "tokenized again, as they are now"
-        )
+        if record is not None:
+            notes.append(
+                "the token cache the run trained with is gone or damaged; the data files were "
+                "tokenized again, as they are now"
+            )
     rows = data.eval
     if rows is None or not len(rows):
-        raise UserError(f"--split validation: {NO_VALIDATION}")
+        raise UserError(f"{label}: {NO_VALIDATION}")
     stats = data.stats.get("eval") or {}
     fields = ", ".join(dict.fromkeys(r.field for r in resolved.validation_sources))
     source = fields or "training.dataset.eval_fraction (the held-out examples)"
     names = eval_task_names(data.stats, len(rows))
+    pieces = _count(stats, "split")
     if not names:
         part = Part(None, rows, source, _count(stats, "dropped"), _count(stats, "truncated"))
-        return Split("validation", [part], notes)
+        return Split("validation", [part], notes, pieces)
     parts, start = [], 0
     for entry in stats["tasks"]:
         chosen = rows.select(range(start, start + entry["rows"]))
         parts.append(Part(entry["task"], chosen, source))
         start += entry["rows"]
     notes += _cut_note(_count(stats, "dropped"), _count(stats, "truncated"), resolved)
-    return Split("validation", parts, notes)
+    return Split("validation", parts, notes, pieces)
 
 
 def test_refs(run_dir: Path, resolved: ResolvedConfig) -> tuple[list[SourceRef], list[str]]:
@@ -172,8 +191,9 @@ def _trained_on(parts: list[Part], record: Any) -> list[str]:
 
 def _test_part(
     resolved: ResolvedConfig, tokenizer: Any, ref: SourceRef, progress: BuildProgress | None
-) -> Part:
-    """One test source tokenized and packed as the run's training data was, cached."""
+) -> tuple[Part, int]:
+    """One test source tokenized and packed as the run's training data was, cached; and how
+    many of its examples were split into pieces."""
     derived = resolved.model_copy(
         update={
             "expert": resolved.expert + TEST_CACHE_SUFFIX,
@@ -188,9 +208,10 @@ def _test_part(
     except UserError as exc:  # the build names the split it builds as training's
         raise UserError([_as_test(line, ref.field) for line in exc.lines]) from None
     stats = data.stats.get("train") or {}
-    return Part(
+    part = Part(
         ref.task, data.train, ref.field, _count(stats, "dropped"), _count(stats, "truncated")
     )
+    return part, _count(stats, "split")
 
 
 def _as_test(line: str, at: str) -> str:

@@ -24,7 +24,7 @@ from expert_cli.data.collate import LOSS_POSITIONS, PackedCollator
 from expert_cli.data.formatting import IGNORE
 from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import RunError
-from expert_cli.train.eval_split import Part, split_rows
+from expert_cli.train.eval_split import Part, SplitChoice, split_rows
 from expert_cli.train.generate import base_notes, load_run
 from expert_cli.train.loss import HITS, install_fused_loss
 from expert_cli.train.loss_fit import fused_loss_unsupported
@@ -118,9 +118,8 @@ def evaluate(
     """Score the run's adapter (and with `compare_base` the base) on the split's rows."""
     run = load_run(opts.adapter)
     notes = run.notes + ([] if dequantized(run.notes) else base_notes(run.resolved))
-    split = split_rows(
-        opts.adapter, run.resolved, run.tokenizer, run.data_record, (opts.split, build_progress)
-    )
+    choice = SplitChoice(opts.split, progress=build_progress)
+    split = split_rows(opts.adapter, run.resolved, run.tokenizer, run.data_record, choice)
     notes += split.notes
     base = run.model.get_base_model()
     # the loss a slice of tokens at a time where the model's logits are its head's product;

@@ -27,6 +27,7 @@ from expert_cli.errors import RunError, UserError
 from expert_cli.train.base_decoding import inherited_settings, sampled_base_note
 from expert_cli.train.checkpoints import refuse_incomplete
 from expert_cli.train.eval_cases import Case, eval_budgets, eval_cases, final_answer
+from expert_cli.train.eval_split import SplitChoice, split_rows
 from expert_cli.train.merge import dequantized, load_adapted, refuse_unfinished
 from expert_cli.train.outputs import (
     SOURCE_MANIFEST,
@@ -60,6 +61,7 @@ class GenerateOptions:
     prompts: list[str] = field(default_factory=list)
     prompts_file: Path | None = None
     eval_n: int | None = None
+    split: str | None = None  # --eval's examples: "validation" (default) or "test"
     compare_base: bool = False
     max_new_tokens: int | None = None
     greedy: bool = False
@@ -311,6 +313,8 @@ def answer(
 def generate(opts: GenerateOptions, view: GenerationView | None = None) -> GenerateResult:
     """Answer every prompt (and with `compare_base` again without the adapter)."""
     view = view or Silent()
+    if opts.split and not opts.eval_n:
+        raise UserError(f"--split {opts.split}: chooses --eval's examples; give --eval N too")
     prompts, system, tools = asked(
         list(opts.prompts), opts.prompts_file, opts.system, opts.tools_file, opts.eval_n or 0
     )
@@ -344,7 +348,10 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
         notes += said
     cases = [Case(p, layout.render(run.tokenizer, p, system, tools)) for p in prompts]
     if opts.eval_n:
-        evals = eval_cases(run.resolved, run.tokenizer, run.data_record, opts.eval_n, notes)
+        choice = SplitChoice(opts.split or "validation", "--split" if opts.split else "--eval")
+        split = split_rows(opts.adapter, run.resolved, run.tokenizer, run.data_record, choice)
+        notes += [f"--eval: {note}" for note in split.notes]
+        evals = eval_cases(split, run.resolved, run.tokenizer, opts.eval_n, notes)
         notes += eval_budgets(evals, settings["max_new_tokens"], opts.max_new_tokens is not None)
         cases += evals
     notes += check_lengths(run, cases, settings["max_new_tokens"])
