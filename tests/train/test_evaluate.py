@@ -299,3 +299,16 @@ def test_generate_eval_takes_the_test_split_when_asked(multi: Path) -> None:
     done = run_here("generate", "--adapter", str(multi), "--split", "test", "-p", "hi")
     assert done.returncode == 2
     assert "--split test: chooses --eval's examples; give --eval N too" in done.stderr
+
+
+def test_the_validation_split_does_not_read_the_manifest_file(single: tuple[Path, Path]) -> None:
+    """The validation split is the run's own token cache: a manifest file broken since the run
+    stops only what reads it (the test data it names), named, never quoted."""
+    manifest, out = single
+    manifest.write_text('{"name": "secret-value", ')
+    assert _evaluate("--adapter", str(out), "--split", "validation")["total"]["examples"] == 6
+    done = run_here("generate", "--adapter", str(out), "--eval", "1", "--max-new-tokens", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_here("evaluate", "--adapter", str(out))
+    assert done.returncode == 2 and "manifest.json" in done.stderr, done.stderr
+    assert "secret-value" not in done.stderr and "Traceback" not in done.stderr

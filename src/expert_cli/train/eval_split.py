@@ -89,7 +89,8 @@ def split_rows(
 ) -> Split:
     """The rows of the split `choice` names, laid out as the run's training data."""
     wanted, progress = choice.name, choice.progress
-    refs, notes = test_refs(run_of(adapter), resolved)
+    # the manifest file is read for its test data alone (validation is the run's own cache)
+    refs, notes = test_refs(run_of(adapter), resolved) if wanted != "validation" else ([], [])
     if wanted == "test" and not refs:
         raise UserError(
             f"{choice.option} test: the manifest names no test data (training.dataset."
