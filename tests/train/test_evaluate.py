@@ -104,7 +104,8 @@ def test_the_validation_split_scores_as_training_evaluated_it(multi: Path) -> No
 def test_the_test_split_is_the_default_and_scored_task_by_task(multi: Path) -> None:
     """Each task's `test` file (here its validation examples again) is tokenized and packed as
     training's data was, apart: the same figures as the validation split's; a cache of its
-    own, under `<expert>.test`, that leaves the expert's training cache its latest."""
+    own in the cache root's evaluate/ folder, that leaves the expert's training cache its
+    latest; `pretokenize --prune` removes them."""
     cache_root = multi.parent / "e" / ".cache" / "pretokenized"
     latest = (cache_root / "expert-test.latest.json").read_text()
     test = _evaluate("--adapter", str(multi))
@@ -118,9 +119,15 @@ def test_the_test_split_is_the_default_and_scored_task_by_task(multi: Path) -> N
         assert got["examples"] == want["examples"]
     assert [t["shared_with_training"] for t in test["tasks"]] == [0, 0]
     assert (cache_root / "expert-test.latest.json").read_text() == latest
-    assert len(list(cache_root.glob("expert-test.test-*/stats.json"))) == 2  # a task each
-    again = run_here("pretokenize", "-m", str(multi.parent / "e" / "manifest.json"))
+    assert len(list(cache_root.glob("evaluate/expert-test-*/stats.json"))) == 2  # a task each
+    manifest = str(multi.parent / "e" / "manifest.json")
+    again = run_here("pretokenize", "-m", manifest)
     assert again.returncode == 0 and "earlier" not in again.stdout, again.stdout
+    pruned = run_here("pretokenize", "-m", manifest, "--prune")  # evaluate builds them again
+    assert pruned.returncode == 0 and "pruned 2 earlier caches" in pruned.stdout, pruned.stdout
+    assert not list(cache_root.glob("evaluate/expert-test-*/stats.json"))
+    assert (cache_root / "expert-test.latest.json").read_text() == latest
+    assert _evaluate("--adapter", str(multi))["tasks"] == test["tasks"]
 
 
 def test_a_checkpoint_scores_as_its_evaluation(multi: Path) -> None:
@@ -206,7 +213,10 @@ def test_a_run_without_validation_says_so(tmp_path: Path, tiny_model_dir: Path) 
     )
     done = run_here("evaluate", "--adapter", str(out))
     assert done.returncode == 2
-    assert "--split validation: the run has no validation split" in done.stderr
+    assert (
+        "evaluate: nothing to score: the manifest names no test data (training.dataset."
+        "test_path, or each task's test), and the run has no validation split"
+    ) in done.stderr.replace("\n  ", " ")
 
 
 def test_a_test_file_added_after_training_is_read_and_counted(single: tuple[Path, Path]) -> None:
@@ -312,3 +322,75 @@ def test_the_validation_split_does_not_read_the_manifest_file(single: tuple[Path
     done = run_here("evaluate", "--adapter", str(out))
     assert done.returncode == 2 and "manifest.json" in done.stderr, done.stderr
     assert "secret-value" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_test_folder_reads_its_test_files(single: tuple[Path, Path]) -> None:
+    """test_path naming the data folder (train.jsonl, valid.jsonl, test.jsonl in it) read its
+    training file, as a training source reads a folder: the test split's files are read."""
+    manifest, out = single
+    write_jsonl(manifest.parent / "data" / "test.jsonl", text_rows(23)[20:])
+    _set_test(manifest, "data")
+    result = _evaluate("--adapter", str(out))
+    assert result["total"]["examples"] == 3 and result["total"]["shared_with_training"] == 0
+    (manifest.parent / "data" / "test.jsonl").unlink()
+    done = run_here("evaluate", "--adapter", str(out))
+    assert done.returncode == 2 and "no data file in it is named for the test split" in (
+        done.stderr.replace("\n  ", " ")
+    ), done.stderr
+
+
+def test_what_the_formatting_did_is_said(single: tuple[Path, Path]) -> None:
+    """Examples cut at max_seq_length, left out, or scored on their whole text are counted in
+    the notes (only --json had the counts); an example counts once however it is packed."""
+    manifest, out = single
+    rows = text_rows(23)[20:] + [
+        {"text": "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n" + "select " * 300},
+        {"text": ""},
+        {"text": "a plain document without turns"},
+    ]
+    write_jsonl(manifest.parent / "data" / "test.jsonl", rows)
+    _set_test(manifest, "data/test.jsonl")
+    result = _evaluate("--adapter", str(out))
+    total, notes = result["total"], result["notes"]
+    assert (total["examples"], total["dropped"]) == (5, 1)
+    assert any(
+        n.startswith("training.dataset.test_path: 1 of its 6 examples left out (") for n in notes
+    )
+    assert any(": 2 examples cut at max_seq_length 128 (as in training)" in n for n in notes)
+    assert any(
+        n.startswith("training.dataset.test_path: scored on ") and "whole text 1" in n
+        for n in notes
+    )
+
+
+def test_a_missing_test_file_of_a_later_task_builds_nothing(multi: Path) -> None:
+    """Every test file is looked for before any is built: a refused call leaves no cache of
+    the tasks before it. A task the run did not train, and one with no test file, are said."""
+    manifest = multi.parent / "e" / "manifest.json"
+    kept = manifest.read_text()
+    cache = multi.parent / "e" / ".cache" / "pretokenized" / "evaluate"
+    before = sorted(p.name for p in cache.glob("expert-test-*")) if cache.is_dir() else []
+    data = json.loads(kept)
+    tasks = data["training"]["dataset"]["tasks"]
+    try:
+        tasks["sql"]["test"] = "data/sql-valid.jsonl"  # another file: a cache of its own
+        tasks["chat"]["test"] = "data/nope.jsonl"
+        manifest.write_text(json.dumps(data))
+        done = run_here("evaluate", "--adapter", str(multi))
+        assert done.returncode == 2
+        assert (
+            "training.dataset.tasks.chat.test: data/nope.jsonl is not there"
+            in done.stderr.replace(str(multi.parent / "e") + "/", "")
+        ), done.stderr
+        assert sorted(p.name for p in cache.glob("expert-test-*")) == before
+        del tasks["chat"]["test"]
+        tasks["extra"] = {"train": "data/chat.jsonl", "test": "data/chat-valid.jsonl"}
+        manifest.write_text(json.dumps(data))
+        result = _evaluate("--adapter", str(multi))
+        assert [t["task"] for t in result["tasks"]] == ["sql", "extra"]
+        assert "tasks chat: no test data named (tasks.<name>.test): not scored" in result["notes"]
+        assert (
+            "tasks extra: not a task the run trained (it trained sql, chat); scored as named"
+        ) in result["notes"]
+    finally:
+        manifest.write_text(kept)

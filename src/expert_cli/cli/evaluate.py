@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from expert_cli.train.evaluate import EvaluateResult, Scored, Scores
 
 
+STOPPED = (
+    "stopped before the scores: nothing was written (a test cache's finished shards are kept "
+    "and the next call goes on from them)"
+)
+
+
 class SplitName(str, Enum):
     test = "test"
     validation = "validation"
@@ -56,7 +62,9 @@ def evaluate(
     """Score a trained adapter on held-out examples: loss, perplexity, token accuracy."""
     import json
 
+    from expert_cli.atomic import sigterm_raises
     from expert_cli.cli.render import BuildBar, console
+    from expert_cli.errors import Interrupted, Terminated
     from expert_cli.train.evaluate import EvaluateOptions
     from expert_cli.train.evaluate import evaluate as run_evaluate
 
@@ -68,7 +76,11 @@ def evaluate(
     )
     bar = BuildBar()  # the test cache's build, then the scoring: one bar each, on stderr
     try:
-        result = run_evaluate(opts, bar, bar)
+        with sigterm_raises():  # SIGTERM as Ctrl-C: a line saying what was left
+            result = run_evaluate(opts, bar, bar)
+    except (KeyboardInterrupt, Terminated) as exc:
+        code = exc.code if isinstance(exc, Terminated) else 130
+        raise Interrupted(STOPPED, code) from None
     finally:
         bar.stop()
     if as_json:
@@ -92,7 +104,7 @@ def print_evaluation(out: Console, result: EvaluateResult) -> None:
     table = Table(box=None, pad_edge=False, show_edge=False)
     for name in ("", "model", "loss", "perplexity", "token accuracy"):
         table.add_column(name, justify="left" if name in ("", "model") else "right")
-    shown = result.parts if len(result.parts) > 1 else []
+    shown = result.by_task
     for part in [*shown, total]:
         label = part.task if part.task is not None else ("all" if shown else "")
         for row in _rows(part):

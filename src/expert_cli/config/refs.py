@@ -285,7 +285,7 @@ def _local_files(ref: Any, training: bool) -> tuple[set[str], list[Path]]:
         files = of_format(folder_data_files(path), ref.format)
         if ref.split is not None:  # a split its README.md lists
             return {os.path.realpath(f) for f in card_files(path, files, ref.split)}, []
-        kept, left = split_files(path, files, training)
+        kept, left = split_files(path, files, "train" if training else "validation")
         return {os.path.realpath(f) for f in kept}, left
     except (OSError, ValueError):
         return set(), []

@@ -154,15 +154,19 @@ def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef
 def resolve_test_sources(ds: DatasetSpec, folder: Path) -> list[SourceRef]:
     """The test sources of a dataset block (`test_path`, or each task's `test` of a
     multi_task one, named by its task), paths against the manifest's `folder`: what
-    `evaluate --split test` reads."""
+    `evaluate --split test` reads. A hub dataset named without `::split` is read at its
+    `test` split (the reader's default is train)."""
+    found = []
     if ds.type == "multi_task":
-        found = []
         for name, task in (ds.tasks or {}).items():
             if task.test:
                 at = f"training.dataset.tasks.{name}.test"
                 ref = _source(folder, task.test, task.format or ds.format, ds.revision, at)
                 found.append(ref.model_copy(update={"task": name}))
-        return found
-    if not ds.test_path:
-        return []
-    return [_source(folder, ds.test_path, ds.format, ds.revision, "training.dataset.test_path")]
+    elif ds.test_path:
+        label = "training.dataset.test_path"
+        found.append(_source(folder, ds.test_path, ds.format, ds.revision, label))
+    return [
+        ref.model_copy(update={"split": "test"}) if ref.kind == "hub" and not ref.split else ref
+        for ref in found
+    ]

@@ -43,9 +43,12 @@ def split_named(relative: Path) -> str | None:
     return split_word(str(relative.with_suffix("")))
 
 
-def is_training_field(field: str) -> bool:
-    """Whether a source's manifest field names training data (not validation data)."""
-    return not field.endswith((".valid", ".validation_path"))
+def field_role(field: str) -> str:
+    """The split a source's manifest field names: "validation" (validation_path, a task's
+    valid), "test" (test_path, a task's test: `evaluate`'s), else "train"."""
+    if field.endswith((".valid", ".validation_path")):
+        return "validation"
+    return "test" if field.endswith((".test", ".test_path")) else "train"
 
 
 def file_splits(path: Path, files: list[Path]) -> dict[Path, str | None]:
@@ -58,26 +61,27 @@ def file_splits(path: Path, files: list[Path]) -> dict[Path, str | None]:
     return {f: UNLISTED if split is None else split_word(split) for f, split in found.items()}
 
 
-def split_files(path: Path, files: list[Path], training: bool) -> tuple[list[Path], list[Path]]:
+def split_files(path: Path, files: list[Path], role: str) -> tuple[list[Path], list[Path]]:
     """(files read, files left out) of a data folder whose files belong to splits
-    (`file_splits`): a training source leaves out the validation and test files (an
-    `hf download` folder holds data/test-*.parquet beside data/train-*.parquet, and the test
-    rows were trained on); a validation source reads the validation files, else the test
-    ones. A folder of no held-out split's files is read whole."""
+    (`file_splits`) by a source of `role` (`field_role`): a training source leaves out the
+    validation and test files (an `hf download` folder holds data/test-*.parquet beside
+    data/train-*.parquet, and the test rows were trained on); a validation source reads the
+    validation files, else the test ones; a test source the test ones. A folder of no
+    held-out split's files is read whole."""
     named = file_splits(path, files)
     if not any(s in (*HELD_OUT_SPLITS, UNLISTED) for s in named.values()):
         return files, []
-    keep = _read(named, training)
+    keep = _read(named, role)
     return keep, [f for f in files if f not in keep]
 
 
-def _read(named: dict[Any, str | None], training: bool) -> list[Any]:
-    """Of things (files, split names) by split kind, those a source reads: a training one
-    all but the held-out (and unlisted) ones, a validation one the validation ones, else the
-    test ones."""
-    if training:
+def _read(named: dict[Any, str | None], role: str) -> list[Any]:
+    """Of things (files, split names) by split kind, those a source of `role` reads: a
+    training one all but the held-out (and unlisted) ones, a validation one the validation
+    ones, else the test ones; a test one the test ones."""
+    if role == "train":
         return [k for k, kind in named.items() if kind not in (*HELD_OUT_SPLITS, UNLISTED)]
-    wanted = "validation" if "validation" in named.values() else "test"
+    wanted = "validation" if role == "validation" and "validation" in named.values() else "test"
     return [k for k, kind in named.items() if kind == wanted]
 
 
@@ -101,7 +105,7 @@ def card_problem(path: Path, label: str, split: str | None) -> str | None:
             f"{shown_path(path)} is {listed}: name the files to read (a split's file or folder)"
         )
     # the splits a read of the folder joins, as split_files reads their files
-    joined = _read({name: split_word(name) for name in splits}, is_training_field(label))
+    joined = _read({name: split_word(name) for name in splits}, field_role(label))
     if len(joined) < 2:
         return None
     shown = ", ".join(shown_name(name) for name in joined[:8])

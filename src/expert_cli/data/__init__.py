@@ -38,11 +38,12 @@ from expert_cli.data.changes import changed_inputs
 from expert_cli.data.earlier import Earlier, Hold, count_earlier, hold_shared, prune_earlier
 from expert_cli.errors import RunError, UserError
 
-__all__ = ["BuildProgress", "PreparedData", "prepare_data", "prune_earlier_caches"]
+__all__ = ["TEST_CACHES", "BuildProgress", "PreparedData", "prepare_data", "prune_earlier_caches"]
 log = logging.getLogger(__name__)
 # what killed builds leave: `.tmp-<cache or pointer>-<pid>` (atomic.py), `.build-<fp>`, and
 # the `<fp>.lock` files of earlier versions
 SHOWN_CHANGES = 3  # changed inputs named in the reason (stats.json keeps them all)
+TEST_CACHES = "evaluate"  # the folder of the test splits' caches in the cache root (evaluate)
 STALE = re.compile(
     r"\.tmp-.+-[0-9a-f]{16}-\d+|\.tmp-.+\.latest\.json-\d+|\.build-[0-9a-f]+|[0-9a-f]+\.lock"
 )
@@ -121,12 +122,18 @@ def prepare_data(
 
 
 def prune_earlier_caches(data: PreparedData) -> None:
-    """Remove the expert's other finished caches beside `data`'s, holding the folder's lock
-    (no build is writing one); `data.pruned` says what went."""
+    """Remove the expert's other finished caches beside `data`'s, and its test splits' caches
+    (TEST_CACHES: `evaluate` builds them again, small), each folder's lock held (no build is
+    writing one); `data.pruned` says what went."""
     expert = data.stats["inputs"]["expert"]
     open_cache_root(data.cache_dir.parent)  # a folder that takes no lock: named, not a traceback
     with FileLock(str(data.cache_dir.parent / LOCK_NAME)):
         data.pruned = prune_earlier(data.cache_dir, expert)
+    tests = data.cache_dir.parent / TEST_CACHES
+    if tests.is_dir():
+        with FileLock(str(tests / LOCK_NAME)):  # none of them is current: all but those read
+            gone = prune_earlier(tests / data.cache_dir.name, expert)
+        data.pruned = Earlier(data.pruned.caches + gone.caches, data.pruned.size + gone.size)
     data.earlier, data.pruning = count_earlier(data.cache_dir, expert), True
 
 

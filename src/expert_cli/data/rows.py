@@ -22,7 +22,7 @@ from expert_cli.config.refs import (
     windows_note,
 )
 from expert_cli.config.resolve import SourceRef
-from expert_cli.config.split_names import is_training_field, split_files
+from expert_cli.config.split_names import field_role, split_files
 from expert_cli.data.fields import (
     OPTIONAL_ROLES,
     TOOLS,
@@ -92,8 +92,12 @@ def source_files(ref: SourceRef) -> list[Path]:
                 f"gives split {shown_name(ref.split)}"
             )
         return named
-    training = is_training_field(ref.field)
-    kept, left = split_files(path, files, training)
+    kept, left = split_files(path, files, field_role(ref.field))
+    if not kept and field_role(ref.field) == "test":
+        raise UserError(
+            f"{ref.field}: {shown_path(path)}: no data file in it is named for the test split "
+            "(e.g. test.jsonl, data/test-00000.parquet); name the test file"
+        )
     if not kept:  # a validation source keeps its validation (else test) files: never empty
         raise UserError(
             f"{ref.field}: {shown_path(path)}: every data file in it is named for a held-out "

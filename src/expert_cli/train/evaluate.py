@@ -24,11 +24,12 @@ from expert_cli.data.collate import LOSS_POSITIONS, PackedCollator
 from expert_cli.data.formatting import IGNORE
 from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import RunError
-from expert_cli.train.eval_split import Part, SplitChoice, split_rows
+from expert_cli.train.eval_split import Part, SplitChoice
 from expert_cli.train.generate import base_notes, load_run
 from expert_cli.train.loss import HITS, install_fused_loss
 from expert_cli.train.loss_fit import fused_loss_unsupported
 from expert_cli.train.merge import dequantized
+from expert_cli.train.test_split import split_rows
 from expert_cli.train.token_accuracy import batch_hits
 
 BATCH_TOKENS = 16_384  # tokens a batch holds at most by default (8 rows of 2,048)
@@ -75,11 +76,17 @@ class EvaluateResult:
     settings: dict[str, Any]
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def by_task(self) -> list[Scored]:
+        """The parts shown task by task: several, or one task's (a multi_task expert that
+        named one task's test data)."""
+        return self.parts if len(self.parts) > 1 or self.parts[0].task else []
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "split": self.split,
             "total": asdict(self.total),
-            "tasks": [asdict(p) for p in self.parts] if len(self.parts) > 1 else [],
+            "tasks": [asdict(p) for p in self.by_task],
             "settings": self.settings,
             "notes": self.notes,
         }

@@ -27,7 +27,7 @@ from expert_cli.errors import RunError, UserError
 from expert_cli.train.base_decoding import inherited_settings, sampled_base_note
 from expert_cli.train.checkpoints import refuse_incomplete
 from expert_cli.train.eval_cases import Case, eval_budgets, eval_cases, final_answer
-from expert_cli.train.eval_split import SplitChoice, split_rows
+from expert_cli.train.eval_split import SplitChoice
 from expert_cli.train.merge import dequantized, load_adapted, refuse_unfinished
 from expert_cli.train.outputs import (
     SOURCE_MANIFEST,
@@ -38,6 +38,7 @@ from expert_cli.train.outputs import (
 from expert_cli.train.prompt_format import prompt_format
 from expert_cli.train.prompts import asked
 from expert_cli.train.run_source import run_decoding
+from expert_cli.train.test_split import split_rows
 from expert_cli.train.tokenizer_files import Stops, layout_stops, saved_tokenizer
 
 DEFAULT_NEW_TOKENS = 256
