@@ -286,6 +286,12 @@ def test_data_named_and_not_read_is_noted(tmp_path: Path) -> None:
     (tmp_path / "data" / "tset.jsonl").write_text("")
     cfg = resolve(load_manifest(dataset(path="all.jsonl", test_path="data/tset.jsonl")), H100)
     assert not [n for n in cfg.notes if "test_path" in n]
+    tasks = {"a": {"train": "all.jsonl", "test": "data/nope.jsonl"}}
+    cfg = resolve(load_manifest(dataset(type="multi_task", tasks=tasks)), H100)
+    assert (
+        "training.dataset.tasks.a.test: data/nope.jsonl is not there (evaluate --split test "
+        "reads it; check the path)"
+    ) in cfg.notes
 
     folder = tmp_path / "mixed"
     folder.mkdir()

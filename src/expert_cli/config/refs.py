@@ -296,11 +296,14 @@ def unread_fields(ds: Any, folder: Path) -> list[str]:
     tasks, tasks beside `path`), and for a `test_path` (read by `evaluate` alone, after
     training) naming nothing on this machine."""
     notes = []
-    if ds.test_path and is_local(folder, ds.test_path) and not _there(folder, ds.test_path):
-        notes.append(
-            f"training.dataset.test_path: {shown_path(ds.test_path)} is not there (evaluate "
-            "--split test reads it; check the path)"
-        )
+    tests = [("training.dataset.test_path", ds.test_path)] if ds.type == "single" else []
+    tests += [(f"training.dataset.tasks.{n}.test", t.test) for n, t in (ds.tasks or {}).items()]
+    for field, test in tests:
+        if test and is_local(folder, test) and not _there(folder, test):
+            notes.append(
+                f"{field}: {shown_path(test)} is not there (evaluate --split test reads it; "
+                "check the path)"
+            )
     if ds.type == "multi_task" and ds.path:
         notes.append(
             "training.dataset.path: not read with type multi_task (each task names its file)"
