@@ -157,7 +157,8 @@ def test_the_console_shows_each_task_and_the_change(multi: Path) -> None:
     ]
     result = _evaluate("--adapter", str(multi), "--compare-base")
     change = result["total"]["expert"]["loss"] - result["total"]["base"]["loss"]
-    assert f"{change:+.4f}" in lines[-1] or f"{change:+.4f}" in done.stdout
+    (shown,) = [line for line in lines if line.split()[:1] == ["change"]][-1:]
+    assert shown.split()[1] == f"{change:+.4f}"
 
 
 @pytest.fixture
@@ -215,7 +216,8 @@ def test_a_run_without_validation_says_so(tmp_path: Path, tiny_model_dir: Path) 
     assert done.returncode == 2
     assert (
         "evaluate: nothing to score: the manifest names no test data (training.dataset."
-        "test_path, or each task's test), and the run has no validation split"
+        "test_path, or a multi_task expert's tasks.<name>.test), and the run has no "
+        "validation split"
     ) in done.stderr.replace("\n  ", " ")
 
 
@@ -388,9 +390,87 @@ def test_a_missing_test_file_of_a_later_task_builds_nothing(multi: Path) -> None
         manifest.write_text(json.dumps(data))
         result = _evaluate("--adapter", str(multi))
         assert [t["task"] for t in result["tasks"]] == ["sql", "extra"]
-        assert "tasks chat: no test data named (tasks.<name>.test): not scored" in result["notes"]
+        assert "task chat: no test data named (tasks.<name>.test): not scored" in result["notes"]
         assert (
-            "tasks extra: not a task the run trained (it trained sql, chat); scored as named"
+            "task extra: not a task the run trained (it trained sql, chat); scored as named"
         ) in result["notes"]
+        tasks["sql"]["test"] = "data/chat-valid.jsonl"  # the same file as extra's
+        manifest.write_text(json.dumps(data))
+        result = _evaluate("--adapter", str(multi))
+        assert (
+            "training.dataset.tasks.sql.test, training.dataset.tasks.extra.test: the same test "
+            "data: its examples count 2 times in the whole"
+        ) in result["notes"]
+        assert result["total"]["examples"] == 10
     finally:
         manifest.write_text(kept)
+
+
+def test_a_held_out_fraction_and_the_default_generate_notes(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A validation split held out by eval_fraction counts its examples (it said 0: the
+    build counts what it reads from validation files); `generate --eval` keeps its own words
+    for cut examples, none of evaluate's."""
+    manifest = write_expert(
+        tmp_path / "e",
+        tiny_model_dir,
+        rows=40,
+        config={"max_seq_length": 64, "evaluation_strategy": "steps", "eval_steps": 1},
+    )
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["eval_fraction"] = 0.2
+    manifest.write_text(json.dumps(data))
+    out = tmp_path / "run"
+    done = run_here("train", "-m", str(manifest), "--output", str(out), "--max-steps", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = _evaluate("--adapter", str(out))
+    total = result["total"]
+    assert (
+        total["examples"] == 8 and total["source"] == "held out by training.dataset.eval_fraction"
+    )
+    _same(total["expert"], read_metrics(out)["evals"][-1])
+    assert total["truncated"] > 0  # examples of up to 3 turns over 64 tokens
+    assert any(
+        ": " + f"{total['truncated']} examples cut at max_seq_length 64" in n
+        for n in result["notes"]
+    )
+    done = run_here(
+        "generate", "--adapter", str(out), "--eval", "8", "--max-new-tokens", "1", "--json"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    notes = json.loads(done.stdout)["notes"]
+    assert not [n for n in notes if "scored" in n], notes
+    assert any("cut at max_seq_length=64 in training and left out" in n for n in notes), notes
+
+
+def test_the_run_s_copy_of_a_gone_manifest_is_said(single: tuple[Path, Path]) -> None:
+    manifest, out = single
+    shutil.copy(manifest.parent / "data" / "valid.jsonl", manifest.parent / "data" / "test.jsonl")
+    _set_test(manifest, "data/test.jsonl")
+    assert _evaluate("--adapter", str(out))["split"] == "test"
+    manifest.unlink()  # the run's copy names no test data: it was trained without
+    result = _evaluate("--adapter", str(out))
+    assert result["split"] == "validation"
+    (gone,) = [n for n in result["notes"] if n.startswith("the manifest the run was trained")]
+    assert (
+        "is gone, and its copy in the run folder (manifest.source.json) names no test data" in gone
+    )
+    done = run_here("evaluate", "--adapter", str(out), "--split", "test")
+    assert done.returncode == 2 and "names no test data" in done.stderr.replace("\n  ", " ")
+    copy = json.loads((out / "manifest.source.json").read_text())
+    copy["training"]["dataset"]["test_path"] = "data/test.jsonl"
+    (out / "manifest.source.json").write_text(json.dumps(copy))
+    result = _evaluate("--adapter", str(out))
+    assert result["split"] == "test" and result["total"]["examples"] == 6
+    assert any(
+        "is gone: the test data its copy in the run folder (manifest.source.json) names is read"
+        in n
+        for n in result["notes"]
+    )
+    (out / "manifest.source.json").unlink()
+    done = run_here("evaluate", "--adapter", str(out), "--split", "test")
+    assert done.returncode == 2
+    assert "is gone and the run kept no copy (manifest.source.json)" in done.stderr.replace(
+        "\n  ", " "
+    )

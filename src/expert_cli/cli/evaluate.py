@@ -119,14 +119,19 @@ def _rows(part: Scored) -> list[list[str]]:
     rows = [["expert", *_figures(part.expert)]]
     if part.base is not None:
         rows.append(["base", *_figures(part.base)])
-        change = part.expert.loss - part.base.loss
-        accuracy = part.expert.token_accuracy - part.base.token_accuracy
-        rows.append(["change", f"{change:+.4f}", "", f"{accuracy * 100:+.1f} pts"])
+        expert, base = part.expert, part.base
+        if expert.loss is not None and base.loss is not None:
+            accuracy = (expert.token_accuracy or 0) - (base.token_accuracy or 0)
+            change = f"{expert.loss - base.loss:+.4f}"
+            rows.append(["change", change, "", f"{accuracy * 100:+.1f} pts"])
     return rows
 
 
 def _figures(scores: Scores) -> list[str]:
-    perplexity = (
-        f"{scores.perplexity:,.2f}" if scores.perplexity < 1e6 else f"{scores.perplexity:.3g}"
-    )
-    return [f"{scores.loss:.4f}", perplexity, f"{scores.token_accuracy * 100:.1f}%"]
+    """Loss, perplexity, token accuracy as shown; `-` for what there is none of (no trained
+    token; a perplexity beyond a float)."""
+    if scores.loss is None or scores.token_accuracy is None:
+        return ["-", "-", "-"]
+    ppl = scores.perplexity
+    shown = "-" if ppl is None else f"{ppl:,.2f}" if ppl < 1e6 else f"{ppl:.3g}"
+    return [f"{scores.loss:.4f}", shown, f"{scores.token_accuracy * 100:.1f}%"]

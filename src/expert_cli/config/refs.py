@@ -296,8 +296,15 @@ def unread_fields(ds: Any, folder: Path) -> list[str]:
     tasks, tasks beside `path`), and for a `test_path` (read by `evaluate` alone, after
     training) naming nothing on this machine."""
     notes = []
-    tests = [("training.dataset.test_path", ds.test_path)] if ds.type == "single" else []
-    tests += [(f"training.dataset.tasks.{n}.test", t.test) for n, t in (ds.tasks or {}).items()]
+    if ds.type == "single":
+        tests = [("training.dataset.test_path", ds.test_path)]
+    else:
+        tests = [(f"training.dataset.tasks.{n}.test", t.test) for n, t in (ds.tasks or {}).items()]
+    if ds.type == "multi_task" and ds.test_path:
+        notes.append(
+            "training.dataset.test_path: not read with type multi_task (evaluate reads each "
+            "task's test)"
+        )
     for field, test in tests:
         if test and is_local(folder, test) and not _there(folder, test):
             notes.append(

@@ -35,7 +35,14 @@ from expert_cli.data.cache import (
     shard_examples_default,
 )
 from expert_cli.data.changes import changed_inputs
-from expert_cli.data.earlier import Earlier, Hold, count_earlier, hold_shared, prune_earlier
+from expert_cli.data.earlier import (
+    FINGERPRINT_CHARS,
+    Earlier,
+    Hold,
+    count_earlier,
+    hold_shared,
+    prune_earlier,
+)
 from expert_cli.errors import RunError, UserError
 
 __all__ = ["TEST_CACHES", "BuildProgress", "PreparedData", "prepare_data", "prune_earlier_caches"]
@@ -133,6 +140,9 @@ def prune_earlier_caches(data: PreparedData) -> None:
     if tests.is_dir():
         with FileLock(str(tests / LOCK_NAME)):  # none of them is current: all but those read
             gone = prune_earlier(tests / data.cache_dir.name, expert)
+            if gone.caches:  # the test builds' pointer (it names a cache gone now)
+                stem = data.cache_dir.name[: -FINGERPRINT_CHARS - 1]
+                (tests / f"{stem}.latest.json").unlink(missing_ok=True)
         data.pruned = Earlier(data.pruned.caches + gone.caches, data.pruned.size + gone.size)
     data.earlier, data.pruning = count_earlier(data.cache_dir, expert), True
 

@@ -65,6 +65,7 @@ def shared_note(train: datasets.Dataset, held: datasets.Dataset | None) -> str |
 # weighted by position (splitmix64 of the position: two equal examples always share a key, two
 # different ones with a chance of about n*m / 2**64)
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+KEY_BATCH_TOKENS = 1 << 22  # tokens keyed at once (a few uint64 arrays of 32 MiB)
 
 
 def _position_weights(pos: np.ndarray) -> np.ndarray:
@@ -79,7 +80,10 @@ def example_keys(rows: datasets.Dataset) -> np.ndarray:
     """A 64-bit key of each example packed in `rows` (its positions restart at 0), sorted;
     read a batch of rows at a time (no example spans two rows)."""
     keys = []
-    for batch in rows.with_format("arrow").iter(batch_size=BATCH_ROWS // 10):
+    chunks = rows.data.column("position_ids").chunks
+    longest = max((pc.max(c.value_lengths()).as_py() or 1 for c in chunks), default=1)
+    size = max(1, KEY_BATCH_TOKENS // longest)  # rows keyed at once: a few temporaries of this
+    for batch in rows.with_format("arrow").iter(batch_size=size):
         ids = pc.list_flatten(batch.column("input_ids")).to_numpy(zero_copy_only=False)
         pos = pc.list_flatten(batch.column("position_ids")).to_numpy(zero_copy_only=False)
         if not len(ids):
@@ -92,9 +96,15 @@ def example_keys(rows: datasets.Dataset) -> np.ndarray:
     return np.sort(np.concatenate(keys)) if keys else np.empty(0, np.uint64)
 
 
+def shared_with(keys: np.ndarray, held: datasets.Dataset) -> int:
+    """How many examples packed in `held` have one of `keys` (`example_keys` of a split):
+    are, token for token, examples of that split."""
+    wanted = example_keys(held)
+    if not len(wanted) or not len(keys):
+        return 0
+    return int(np.isin(wanted, keys).sum())
+
+
 def examples_shared(train: datasets.Dataset, held: datasets.Dataset) -> int:
     """How many examples packed in `held` are, token for token, examples packed in `train`."""
-    wanted = example_keys(held)
-    if not len(wanted) or not len(train):
-        return 0
-    return int(np.isin(wanted, example_keys(train), assume_unique=False).sum())
+    return shared_with(example_keys(train), held)

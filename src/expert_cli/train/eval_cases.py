@@ -1,7 +1,8 @@
-"""`generate --eval N`: prompts and reference answers from a run's validation split (or its
-test split, train/eval_split.py).
+"""`generate --eval N`: prompts and reference answers from a run's validation split (or, with
+`--split test`, its test split: train/test_split.py).
 
-The split is read from the token cache the run trained with, exactly as it was tokenized: the
+The validation split is read from the token cache the run trained with, exactly as it was
+tokenized (the test split from its own cache, tokenized as the training data was): the
 tokens before an example's first trained token are its prompt, the trained ones its reference.
 Examples come in the packed rows' order (the cache keeps no file order). An example cut at
 `max_seq_length` in training is left out: its reference stops mid-answer, so no answer could
@@ -103,8 +104,8 @@ def _eval_notes(name: str, found: int, lost: tuple[int, int], limits: tuple[int,
     if cut:
         notes.append(
             f"--eval: {cut:,} {name} example{'s were' if cut > 1 else ' was'} cut at "
-            f"max_seq_length={limit:,} in training and left out (a reference that stops "
-            "mid-answer matches no answer)"
+            f"max_seq_length={limit:,}{' in training' if name == 'validation' else ''} and left "
+            "out (a reference that stops mid-answer matches no answer)"
         )
     if found < wanted:
         plural = "" if found == 1 else "s"

@@ -37,8 +37,10 @@ class Part:
     rows: datasets.Dataset
     source: str  # the manifest field the examples come from
     examples: int  # whole examples in the rows (an example split into pieces counts once)
-    dropped: int = 0  # examples read and left out by the formatting (overlong, no answer)
-    truncated: int = 0  # examples cut at max_seq_length: scored as cut
+    # examples read and left out by the formatting (overlong, no answer), and those cut at
+    # max_seq_length (scored as cut): None where the build kept no count of this part's
+    dropped: int | None = 0
+    truncated: int | None = 0
     shared: int | None = None  # test examples that are training examples too (None: unchecked)
 
 
@@ -48,6 +50,18 @@ class Split:
     parts: list[Part]
     notes: list[str] = field(default_factory=list)
     pieces: int = 0  # examples split into pieces at max_seq_length (overlong: split)
+    # what the formatting did to the split's examples (evaluate says it; generate --eval has
+    # its own words for the examples it leaves out)
+    formatting: list[str] = field(default_factory=list)
+    dropped: int = 0  # the split's examples left out by the formatting
+    truncated: int = 0  # and cut at max_seq_length
+
+    def counted(self, stats: list[dict[str, Any]]) -> Split:
+        """The split with the totals of the builds' `stats` of it (one per source)."""
+        self.dropped = sum(count(s, "dropped") for s in stats)
+        self.truncated = sum(count(s, "truncated") for s in stats)
+        self.pieces = sum(count(s, "split") for s in stats)
+        return self
 
 
 @dataclass
@@ -67,19 +81,21 @@ class SplitChoice:
 def example_count(rows: datasets.Dataset) -> int:
     """Examples packed in `rows`: their positions restart at 0 with each (one pass over the
     memory-mapped column)."""
-    if not len(rows):
-        return 0
-    flat = pc.list_flatten(rows.data.column("position_ids"))
-    return int(pc.sum(pc.equal(flat, 0)).as_py() or 0)
+    found = 0
+    for batch in rows.with_format("arrow").iter(batch_size=10_000):  # a selection's rows alone
+        found += pc.sum(pc.equal(pc.list_flatten(batch.column("position_ids")), 0)).as_py() or 0
+    return int(found)
 
 
 def part_of(rows: datasets.Dataset, task: str | None, source: str, stats: dict) -> Part:
-    """The part of `rows` with its counts from the build's `stats` of them: the examples read
-    less those dropped (a task's entry counts them so), else the rows' own count."""
-    if "examples_read" in stats:
-        examples = count(stats, "examples_read") - count(stats, "dropped")
-    else:
-        examples = count(stats, "examples") if "examples" in stats else example_count(rows)
+    """The part of `rows` with its counts from the build's `stats` of them: its examples less
+    those dropped (a task's entry of the evaluation split counts them so, and keeps no counts
+    of drops and cuts), else the rows' own count."""
+    if "examples" not in stats:
+        return Part(task, rows, source, example_count(rows), None, None)
+    examples = count(stats, "examples") - count(stats, "dropped")
+    if "dropped" not in stats:  # a task's entry
+        return Part(task, rows, source, examples, None, None)
     return Part(task, rows, source, examples, count(stats, "dropped"), count(stats, "truncated"))
 
 
@@ -87,7 +103,7 @@ def formatting_notes(source: str, stats: dict[str, Any], limit: int) -> list[str
     """What the formatting did to the examples of `source` (the build's `stats` of them):
     those left out and why, those cut at max_seq_length, those scored on their whole text."""
     notes = []
-    read, dropped, cut = (count(stats, k) for k in ("examples_read", "dropped", "truncated"))
+    read, dropped, cut = (count(stats, k) for k in ("examples", "dropped", "truncated"))
     if dropped:
         why = drop_reasons(stats, limit)
         notes.append(f"{source}: {dropped:,} of its {read:,} examples left out ({why})")
@@ -129,17 +145,17 @@ def validation_split(
     if rows is None or not len(rows):
         raise NoValidation(f"{label}: {NO_VALIDATION}")
     stats = data.stats.get("eval") or {}
-    fields = ", ".join(dict.fromkeys(r.field for r in resolved.validation_sources))
-    source = fields or "training.dataset.eval_fraction (the held-out examples)"
-    notes += formatting_notes(source, stats, resolved.max_seq_length)
+    fields = {r.task: r.field for r in resolved.validation_sources}
+    held = "held out by training.dataset.eval_fraction"
+    source = ", ".join(dict.fromkeys(fields.values())) or held
+    said = formatting_notes(source, stats, resolved.max_seq_length)
     names = eval_task_names(data.stats, len(rows))
     if not names:
-        return Split(
-            "validation", [part_of(rows, None, source, stats)], notes, count(stats, "split")
-        )
-    parts, start = [], 0
-    for entry in stats["tasks"]:
-        chosen = rows.select(range(start, start + entry["rows"]))
-        parts.append(part_of(chosen, entry["task"], source, entry))
-        start += entry["rows"]
-    return Split("validation", parts, notes, count(stats, "split"))
+        parts = [part_of(rows, None, source, stats)]
+    else:
+        parts, start = [], 0
+        for entry in stats["tasks"]:
+            chosen = rows.select(range(start, start + entry["rows"]))
+            parts.append(part_of(chosen, entry["task"], fields.get(entry["task"], held), entry))
+            start += entry["rows"]
+    return Split("validation", parts, notes, formatting=said).counted([stats])

@@ -33,6 +33,9 @@ from expert_cli.train.test_split import split_rows
 from expert_cli.train.token_accuracy import batch_hits
 
 BATCH_TOKENS = 16_384  # tokens a batch holds at most by default (8 rows of 2,048)
+# where the model's own forward keeps the logits (fp32 over Qwen3's 151,936 ids: 1.2 GB for
+# 2,048 tokens)
+LOGITS_BATCH_TOKENS = 2_048
 MAX_BATCH_ROWS = 1024
 
 
@@ -48,9 +51,9 @@ class EvaluateOptions:
 class Scores:
     """One model's figures on some rows."""
 
-    loss: float
-    perplexity: float
-    token_accuracy: float
+    loss: float | None  # None: no trained token to score
+    perplexity: float | None  # None also where exp(loss) is beyond a float
+    token_accuracy: float | None
 
 
 @dataclass
@@ -63,8 +66,8 @@ class Scored:
     trained_tokens: int
     expert: Scores
     base: Scores | None = None
-    dropped: int = 0
-    truncated: int = 0
+    dropped: int | None = 0  # None: not counted for this part (a task of the validation split)
+    truncated: int | None = 0
     shared_with_training: int | None = None  # the test split's: examples trained on too
 
 
@@ -111,10 +114,11 @@ class Sums:
         self.tokens += other.tokens
 
     def scores(self) -> Scores:
-        mean = self.loss / max(self.tokens, 1)
-        # exp overflows a float beyond 709: a perplexity that large says the same as inf
-        perplexity = math.exp(mean) if mean < 700 else math.inf
-        return Scores(round(mean, 6), perplexity, round(self.hits / max(self.tokens, 1), 6))
+        if not self.tokens:
+            return Scores(None, None, None)
+        mean = self.loss / self.tokens
+        perplexity = math.exp(mean) if mean < 700 else None  # exp overflows beyond 709
+        return Scores(round(mean, 6), perplexity, round(self.hits / self.tokens, 6))
 
 
 def evaluate(
@@ -127,14 +131,15 @@ def evaluate(
     notes = run.notes + ([] if dequantized(run.notes) else base_notes(run.resolved))
     choice = SplitChoice(opts.split, progress=build_progress)
     split = split_rows(opts.adapter, run.resolved, run.tokenizer, run.data_record, choice)
-    notes += split.notes
+    notes += split.notes + split.formatting
     base = run.model.get_base_model()
     # the loss a slice of tokens at a time where the model's logits are its head's product;
     # else its own forward, logits and all (a softcap, a bias, an adapted head)
     fused = fused_loss_unsupported(base, run.resolved.target_modules) is None
     if fused:
         install_fused_loss(base, "chunked")
-    rows = opts.batch_rows or max(1, min(MAX_BATCH_ROWS, BATCH_TOKENS // _width(split.parts)))
+    tokens = BATCH_TOKENS if fused else LOGITS_BATCH_TOKENS
+    rows = opts.batch_rows or max(1, min(MAX_BATCH_ROWS, tokens // _width(split.parts)))
     collate = PackedCollator(run.tokenizer.pad_token_id or 0, loss_positions=fused)
     total_batches = sum(-(-len(p.rows) // rows) for p in split.parts)
     if view is not None:
@@ -162,8 +167,8 @@ def evaluate(
         whole[0].tokens,
         whole[0].scores(),
         whole[1].scores() if opts.compare_base else None,
-        sum(s.dropped for s in scored),
-        sum(s.truncated for s in scored),
+        split.dropped,
+        split.truncated,
         None if None in (shared := [s.shared_with_training for s in scored]) else sum(shared),
     )
     empty = [p.task or p.source for p in scored if not p.trained_tokens]

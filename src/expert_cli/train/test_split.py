@@ -11,6 +11,8 @@ looked for before any is built, so that a refused call leaves no cache.
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from expert_cli.config.loading import load_dataset_block
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.config.sources import SourceRef, resolve_test_sources
 from expert_cli.data import TEST_CACHES, BuildProgress, load_recorded, prepare_data
-from expert_cli.data.overlap import examples_shared
+from expert_cli.data.overlap import example_keys, shared_with
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
 from expert_cli.train.eval_split import (
@@ -28,6 +30,7 @@ from expert_cli.train.eval_split import (
     Split,
     SplitChoice,
     count,
+    example_count,
     formatting_notes,
     part_of,
     validation_split,
@@ -35,21 +38,29 @@ from expert_cli.train.eval_split import (
 from expert_cli.train.outputs import SOURCE_MANIFEST, run_of
 
 
+@dataclass
+class TestData:
+    """The test sources a run's manifest names, a note on where they were read where it was
+    not the manifest file, and why there are none (where there are none)."""
+
+    refs: list[SourceRef]
+    where: str | None
+    none: str
+
+
 def split_rows(
     adapter: Path, resolved: ResolvedConfig, tokenizer: Any, record: Any, choice: SplitChoice
 ) -> Split:
     """The rows of the split `choice` names, laid out as the run's training data."""
-    said: list[str] = []
+    found = TestData([], None, "")
     if choice.name != "validation":  # the manifest file is read for its test data alone
-        refs, said = test_refs(run_of(adapter), resolved)
-        if refs:
-            return test_split(refs, resolved, tokenizer, record, choice.progress)
+        found = test_data(run_of(adapter), resolved)
+        if found.refs:
+            split = test_split(found.refs, resolved, tokenizer, record, choice.progress)
+            split.notes[:0] = [found.where] if found.where else []
+            return split
         if choice.name == "test":
-            raise UserError(
-                f"{choice.option} test: the manifest names no test data (training.dataset."
-                "test_path, or a multi_task expert's tasks.<name>.test); add it, or choose "
-                "--split validation"
-            )
+            raise UserError(f"{choice.option} test: {found.none}")
     try:
         split = validation_split(
             resolved, tokenizer, record, choice.progress, choice.validation_label
@@ -57,39 +68,34 @@ def split_rows(
     except NoValidation:
         if choice.name is not None:
             raise
-        raise UserError(
-            "evaluate: nothing to score: the manifest names no test data (training.dataset."
-            "test_path, or each task's test), and " + NO_VALIDATION
-        ) from None
+        raise UserError(f"evaluate: nothing to score: {found.none}, and {NO_VALIDATION}") from None
     if choice.name is None:
-        split.notes[:0] = said or [
-            "the manifest names no test data (training.dataset.test_path): the validation "
-            "split is scored, the examples training evaluated on (and chose a best checkpoint "
-            "by, where it did)"
-        ]
+        split.notes.insert(
+            0,
+            f"{found.none}: the validation split is scored, the examples training evaluated "
+            "on (and chose a best checkpoint by, where it did)",
+        )
     return split
 
 
-def test_refs(run_dir: Path, resolved: ResolvedConfig) -> tuple[list[SourceRef], list[str]]:
+def test_data(run_dir: Path, resolved: ResolvedConfig) -> TestData:
     """The test sources the manifest file names as it is now, else (the file gone) its copy
-    in the run folder, paths the manifest folder's; and notes on where they were read (or
-    why none could be)."""
+    in the run folder; paths are the manifest folder's."""
     manifest = Path(resolved.manifest_path)
     if manifest.is_file():
         _, block = load_dataset_block(manifest)
-        return resolve_test_sources(block, manifest.parent), []
+        none = (
+            "the manifest names no test data (training.dataset.test_path, or a multi_task "
+            "expert's tasks.<name>.test)"
+        )
+        return TestData(resolve_test_sources(block, manifest.parent), None, none)
+    gone = f"the manifest the run was trained from ({shown_path(manifest)}) is gone"
     if not (run_dir / SOURCE_MANIFEST).is_file():
-        return [], [
-            f"the manifest the run was trained from ({shown_path(manifest)}) is gone and the "
-            f"run kept no copy ({SOURCE_MANIFEST}): no test data can be read; the validation "
-            "split is scored"
-        ]
+        return TestData([], None, f"{gone} and the run kept no copy ({SOURCE_MANIFEST})")
     _, block = load_dataset_block(run_dir / SOURCE_MANIFEST)
-    found = resolve_test_sources(block, manifest.parent)
-    where = "the test data its copy in the run folder (manifest.source.json) names is read"
-    return found, [
-        f"the manifest the run was trained from ({shown_path(manifest)}) is gone: {where}"
-    ]
+    where = f"{gone}: the test data its copy in the run folder ({SOURCE_MANIFEST}) names is read"
+    none = f"{gone}, and its copy in the run folder ({SOURCE_MANIFEST}) names no test data"
+    return TestData(resolve_test_sources(block, manifest.parent), where, none)
 
 
 def test_split(
@@ -104,13 +110,14 @@ def test_split(
     what the formatting did, and test examples that are training examples too."""
     _look_for(refs, resolved)
     notes = _task_notes(refs, resolved)
-    parts, pieces = [], 0
+    parts, said, stats = [], [], []
     for ref in refs:
-        part, stats = _test_part(resolved, tokenizer, ref, progress)
+        part, built = _test_part(resolved, tokenizer, ref, progress)
         parts.append(part)
-        pieces += count(stats, "split")
-        notes += formatting_notes(ref.field, stats, resolved.max_seq_length)
-    return Split("test", parts, notes + _trained_on(parts, record), pieces)
+        stats.append(built)
+        said += formatting_notes(ref.field, built, resolved.max_seq_length)
+    notes += _trained_on(parts, record, [count(s, "split") for s in stats])
+    return Split("test", parts, notes, formatting=said).counted(stats)
 
 
 def _look_for(refs: list[SourceRef], resolved: ResolvedConfig) -> None:
@@ -137,20 +144,24 @@ def _task_notes(refs: list[SourceRef], resolved: ResolvedConfig) -> list[str]:
     tested = [r.task for r in refs if r.task]
     notes = []
     if missing := [t for t in trained if t not in tested]:
-        notes.append(
-            f"tasks {', '.join(missing)}: no test data named (tasks.<name>.test): not scored"
-        )
+        notes.append(f"{_tasks(missing)}: no test data named (tasks.<name>.test): not scored")
     if extra := [t for t in tested if t not in trained]:
         were = f" (it trained {', '.join(trained)})" if trained else ""
-        notes.append(f"tasks {', '.join(extra)}: not a task the run trained{were}; scored as named")
-    places = [(r.location, r.split) for r in refs]
-    for ref, place in zip(refs, places, strict=True):
-        if places.count(place) > 1 and places.index(place) == refs.index(ref):
-            notes.append(
-                f"{ref.field}: {shown_path(ref.location)} is named by {places.count(place)} "
-                "tasks: its examples count that many times in the whole"
-            )
+        notes.append(f"{_tasks(extra)}: not a task the run trained{were}; scored as named")
+    named: dict[tuple, list[SourceRef]] = {}
+    for ref in refs:  # the same data: a file by its real path, a hub split and configuration
+        place = os.path.realpath(ref.location) if ref.kind == "local" else ref.location
+        named.setdefault((place, ref.split, ref.config), []).append(ref)
+    for same in (group for group in named.values() if len(group) > 1):
+        notes.append(
+            f"{', '.join(r.field for r in same)}: the same test data: its examples count "
+            f"{len(same)} times in the whole"
+        )
     return notes
+
+
+def _tasks(names: list[str]) -> str:
+    return f"task{'s' if len(names) > 1 else ''} {', '.join(names)}"
 
 
 def _test_part(
@@ -184,9 +195,11 @@ def _as_test(line: str, at: str) -> str:
     return line
 
 
-def _trained_on(parts: list[Part], record: Any) -> list[str]:
+def _trained_on(parts: list[Part], record: Any, split: list[int]) -> list[str]:
     """Notes on test examples that are training examples too, token for token (counted in
-    each part's `shared`), found in the run's token cache."""
+    each part's `shared`), found in the run's token cache. Where a source's examples were
+    split into pieces (`split`: how many, each source's), its pieces are compared, and said
+    so."""
     data = load_recorded(record)
     if data is None:
         return [
@@ -194,12 +207,18 @@ def _trained_on(parts: list[Part], record: Any) -> list[str]:
             "the run trained with is gone"
         ]
     notes = []
-    for part in parts:
-        part.shared = examples_shared(data.train, part.rows)
-        if part.shared:
-            notes.append(
-                f"{part.source}: {part.shared:,} of its {part.examples:,} examples are "
-                "training examples too (the same tokens): their scores measure what the "
-                "adapter memorized"
-            )
+    trained = example_keys(data.train)  # once for every part
+    for part, pieces in zip(parts, split, strict=True):
+        part.shared = shared_with(trained, part.rows)
+        if not part.shared:
+            continue
+        if pieces:  # an example cut into pieces is compared a piece at a time
+            of = f"{part.shared:,} of its {example_count(part.rows):,} pieces (examples split "
+            of += "at max_seq_length) are pieces of training examples too"
+        else:
+            of = f"{part.shared:,} of its {part.examples:,} examples are training examples too"
+        notes.append(
+            f"{part.source}: {of} (the same tokens): their scores measure what the adapter "
+            "memorized"
+        )
     return notes
