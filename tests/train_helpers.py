@@ -104,6 +104,42 @@ def write_expert(
     return path
 
 
+def multi_task_expert(folder: Path, model_dir: Path, batch_size: int = 2) -> Path:
+    """Two tasks, sql and chat, each with its valid file (8 and 5 examples, answers of 1 to 4
+    words) and a test file of the same examples, evaluated before training and every 2
+    steps."""
+    from conftest import write_jsonl
+
+    manifest = write_expert(folder, model_dir, rows=1, config={"batch_size": batch_size})
+    tasks = {}
+    for name, word, valid in (("sql", "select", 8), ("chat", "hello", 5)):
+        rows = [
+            {
+                "text": f"<|im_start|>user\n{word} {i}<|im_end|>\n<|im_start|>assistant\n"
+                + f"{word} " * (1 + i % 4)
+                + f"{i}<|im_end|>\n"
+            }
+            for i in range(16 + valid)
+        ]
+        write_jsonl(folder / "data" / f"{name}.jsonl", rows[:16])
+        write_jsonl(folder / "data" / f"{name}-valid.jsonl", rows[16:])
+        write_jsonl(folder / "data" / f"{name}-test.jsonl", rows[16:])
+        tasks[name] = {
+            "train": f"data/{name}.jsonl",
+            "valid": f"data/{name}-valid.jsonl",
+            "test": f"data/{name}-test.jsonl",
+        }
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"] = {
+        "type": "multi_task",
+        "field_mapping": {"text": "text"},
+        "tasks": tasks,
+    }
+    data["training"]["config"].update(evaluation_strategy="steps", eval_steps=2, eval_on_start=True)
+    manifest.write_text(json.dumps(data))
+    return manifest
+
+
 def prompt_heavy_expert(folder: Path, model_dir: Path, batch_size: int = 2) -> Path:
     """The test expert on instruction data (a long prompt, a short answer) with the chunked
     fused loss, whose LM head runs on the answers' tokens alone."""

@@ -11,51 +11,19 @@ from pathlib import Path
 
 import pytest
 from conftest import write_jsonl
-from train_helpers import read_metrics, run_here, text_rows, write_expert
+from train_helpers import multi_task_expert, read_metrics, run_here, text_rows, write_expert
 
 from expert_cli.train.eval_split import example_count
-
-
-def _multi_task(folder: Path, model: Path) -> Path:
-    """Two tasks, sql and chat, each with a valid file (8 and 5 examples) and a test file
-    holding the same examples; evaluated before training and every 2 steps."""
-    manifest = write_expert(folder, model, rows=1, config={"batch_size": 2})
-    tasks = {}
-    for name, word, held in (("sql", "select", 8), ("chat", "hello", 5)):
-        rows = [
-            {
-                "text": f"<|im_start|>user\n{word} {i}<|im_end|>\n<|im_start|>assistant\n"
-                + f"{word} " * (1 + i % 4)
-                + f"{i}<|im_end|>\n"
-            }
-            for i in range(16 + held)
-        ]
-        write_jsonl(folder / "data" / f"{name}.jsonl", rows[:16])
-        write_jsonl(folder / "data" / f"{name}-valid.jsonl", rows[16:])
-        write_jsonl(folder / "data" / f"{name}-test.jsonl", rows[16:])
-        tasks[name] = {
-            "train": f"data/{name}.jsonl",
-            "valid": f"data/{name}-valid.jsonl",
-            "test": f"data/{name}-test.jsonl",
-        }
-    data = json.loads(manifest.read_text())
-    data["training"]["dataset"] = {
-        "type": "multi_task",
-        "field_mapping": {"text": "text"},
-        "tasks": tasks,
-    }
-    data["training"]["config"].update(
-        evaluation_strategy="steps", eval_steps=2, eval_on_start=True, save_steps=2
-    )
-    manifest.write_text(json.dumps(data))
-    return manifest
 
 
 @pytest.fixture(scope="module")
 def multi(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
     """A multi_task run of 4 steps (evaluations at steps 0, 2 and 4; checkpoint-2 kept)."""
     folder = tmp_path_factory.mktemp("multi")
-    manifest = _multi_task(folder / "e", tiny_model_dir)
+    manifest = multi_task_expert(folder / "e", tiny_model_dir)
+    data = json.loads(manifest.read_text())
+    data["training"]["config"]["save_steps"] = 2  # checkpoint-2 kept
+    manifest.write_text(json.dumps(data))
     out = folder / "run"
     done = run_here("train", "-m", str(manifest), "--output", str(out), "--max-steps", "4")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -14,7 +14,13 @@ import pytest
 import torch
 from conftest import write_jsonl
 from peft import LoraConfig, get_peft_model
-from train_helpers import echoing_rows, eval_args, read_metrics, run_here, write_expert
+from train_helpers import (
+    echoing_rows,
+    eval_args,
+    multi_task_expert,
+    read_metrics,
+    run_here,
+)
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from expert_cli.train.trainer import build_trainer
@@ -95,40 +101,11 @@ def test_a_cache_without_tasks_evaluates_the_split_alone(tmp_path: Path) -> None
         assert "eval_loss" in metrics and not [k for k in metrics if k.startswith("eval_a_")]
 
 
-def _multi_task_expert(folder: Path, model: Path, batch_size: int = 2) -> Path:
-    """Two tasks, sql and chat, each with its valid file (8 and 5 examples, answers of 1 to 4
-    words), evaluated before training and every 2 steps."""
-    manifest = write_expert(folder, model, rows=1, config={"batch_size": batch_size})
-    for name, word, valid in (("sql", "select", 8), ("chat", "hello", 5)):
-        rows = [
-            {
-                "text": f"<|im_start|>user\n{word} {i}<|im_end|>\n<|im_start|>assistant\n"
-                + f"{word} " * (1 + i % 4)
-                + f"{i}<|im_end|>\n"
-            }
-            for i in range(16 + valid)
-        ]
-        write_jsonl(folder / "data" / f"{name}.jsonl", rows[:16])
-        write_jsonl(folder / "data" / f"{name}-valid.jsonl", rows[16:])
-    data = json.loads(manifest.read_text())
-    data["training"]["dataset"] = {
-        "type": "multi_task",
-        "field_mapping": {"text": "text"},
-        "tasks": {
-            name: {"train": f"data/{name}.jsonl", "valid": f"data/{name}-valid.jsonl"}
-            for name in ("sql", "chat")
-        },
-    }
-    data["training"]["config"].update(evaluation_strategy="steps", eval_steps=2, eval_on_start=True)
-    manifest.write_text(json.dumps(data))
-    return manifest
-
-
 def test_a_multi_task_run_reports_each_task(tmp_path: Path, tiny_model_dir: Path) -> None:
     """The cache packs each task's validation examples apart (its rows named in stats), and
     every evaluation gives each task's loss and token accuracy on the console and in
     metrics.json, which add up to the split's."""
-    manifest = _multi_task_expert(tmp_path / "e", tiny_model_dir)
+    manifest = multi_task_expert(tmp_path / "e", tiny_model_dir)
     out = tmp_path / "run"
     done = run_here("train", "--manifest", str(manifest), "--output", str(out), "--max-steps", "2")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -168,8 +145,8 @@ def test_two_processes_evaluate_each_task_as_one_does(tmp_path: Path, tiny_model
     its share of each task's batches, and the sums over both are the one process's."""
     from train_helpers import launch
 
-    alone = _multi_task_expert(tmp_path / "one", tiny_model_dir, batch_size=4)
-    split = _multi_task_expert(tmp_path / "two", tiny_model_dir, batch_size=2)
+    alone = multi_task_expert(tmp_path / "one", tiny_model_dir, batch_size=4)
+    split = multi_task_expert(tmp_path / "two", tiny_model_dir, batch_size=2)
     train = ("train", "--max-steps", "2", "--manifest")
     single = run_here(*train, str(alone), "--output", str(tmp_path / "a"))
     assert single.returncode == 0, single.stdout + single.stderr
@@ -222,7 +199,7 @@ def test_check_says_a_tasks_few_validation_examples_as_the_build(
 ) -> None:
     from expert_cli.data.checks import check_manifest
 
-    manifest = _multi_task_expert(tmp_path / "e", tiny_model_dir)
+    manifest = multi_task_expert(tmp_path / "e", tiny_model_dir)
     rows = [
         {"text": f"<|im_start|>user\nq {i}<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n"}
         for i in range(20)
@@ -244,7 +221,7 @@ def test_a_task_whose_validation_is_all_dropped_or_too_small_is_said(
     """A task whose validation examples were all dropped left a shard of no rows, which the
     datasets library cannot load again: the build was an IndexError traceback. It is left
     out of the evaluation, with a note; so is a task too small to hold one out."""
-    manifest = _multi_task_expert(tmp_path / "e", tiny_model_dir)
+    manifest = multi_task_expert(tmp_path / "e", tiny_model_dir)
     data = json.loads(manifest.read_text())
     data["training"]["dataset"]["overlong"] = "drop"
     data["training"]["config"]["max_seq_length"] = 64
@@ -278,7 +255,7 @@ def test_a_task_whose_validation_is_all_dropped_or_too_small_is_said(
 def test_a_task_name_that_cannot_name_its_figures_is_refused(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    manifest = _multi_task_expert(tmp_path / "e", tiny_model_dir)
+    manifest = multi_task_expert(tmp_path / "e", tiny_model_dir)
     data = json.loads(manifest.read_text())
     tasks = data["training"]["dataset"]["tasks"]
     for name in ("", " ", "a\nb", "x" * 81):
@@ -304,7 +281,7 @@ def _lowest_chat(manifest: Path, out: Path, steps: int) -> tuple[Any, dict]:
 def test_the_best_adapter_chosen_by_a_tasks_loss(tmp_path: Path, tiny_model_dir: Path) -> None:
     """Mixing general data into a domain expert, the checkpoint to keep is the domain task's
     lowest loss: `metric_for_best_model: eval_<task>_loss` was refused (eval_loss or loss)."""
-    manifest = _multi_task_expert(tmp_path / "e", tiny_model_dir)
+    manifest = multi_task_expert(tmp_path / "e", tiny_model_dir)
     data = json.loads(manifest.read_text())
     data["training"]["config"].update(
         metric_for_best_model="eval_chat_loss", load_best_model_at_end=True, save_steps=2
