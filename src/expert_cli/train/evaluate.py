@@ -1,8 +1,10 @@
 """`expert-cli evaluate`: how a trained adapter scores on held-out examples, the base beside it.
 
-The rows are laid out as training laid out its data (train/eval_split.py). Each batch of packed
-rows runs the model's body and then the loss a slice of tokens at a time (train/loss.py's
-chunked linear cross-entropy: no logits over the whole vocabulary kept), over the tokens
+The rows are laid out as training laid out its data (train/eval_split.py, test_split.py).
+Each batch of packed rows runs the model's body and then the loss a slice of tokens at a time
+(train/loss.py's
+chunked linear cross-entropy: no logits over the whole vocabulary kept; a model whose logits
+are not its head's product, through its own forward, in smaller batches), over the tokens
 training would train on. The loss is the mean per trained token over the whole split (what
 training reports as eval_loss, for the validation split), the perplexity its exponential, the
 token accuracy the share of trained tokens that are the model's most likely next token.
