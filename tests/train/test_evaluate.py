@@ -442,3 +442,24 @@ def test_the_run_s_copy_of_a_gone_manifest_is_said(single: tuple[Path, Path]) ->
     assert "is gone and the run kept no copy (manifest.source.json)" in done.stderr.replace(
         "\n  ", " "
     )
+
+
+@pytest.mark.parametrize(("sent", "code"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_while_scoring_says_nothing_was_written(
+    multi: Path, monkeypatch: pytest.MonkeyPatch, sent: str, code: int
+) -> None:
+    """SIGTERM ended evaluate where it stood: exit 143, no line, and with --json no JSON; both
+    signals now say nothing was written, in the JSON error too."""
+    import signal
+
+    from expert_cli.train import evaluate as module
+
+    def signalled(model: object, batch: object) -> None:
+        signal.raise_signal(getattr(signal, sent))
+
+    monkeypatch.setattr(module, "_batch_sums", signalled)
+    done = run_here("evaluate", "--adapter", str(multi), "--split", "validation", "--json")
+    assert done.returncode == code, done.stdout + done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["kind"] == "interrupted" and error["exit_code"] == code
+    assert "stopped before the scores: nothing was written" in error["lines"][0]
