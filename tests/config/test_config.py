@@ -286,6 +286,15 @@ def test_data_named_and_not_read_is_noted(tmp_path: Path) -> None:
     (tmp_path / "data" / "tset.jsonl").write_text("")
     cfg = resolve(load_manifest(dataset(path="all.jsonl", test_path="data/tset.jsonl")), H100)
     assert not [n for n in cfg.notes if "test_path" in n]
+    assert [Path(r.location).name for r in cfg.test_sources] == ["tset.jsonl"]
+    assert cfg.test_sources[0].field == "training.dataset.test_path"
+    cfg = resolve(load_manifest(dataset(path="all.jsonl", test_path="::test")), H100)
+    assert cfg.test_sources == []  # read by evaluate alone: said, training goes on
+    assert (
+        "training.dataset.test_path: names no dataset before its '::'; expected a local file or "
+        "folder, or a hub id, e.g. data/train.jsonl or org/name::train (evaluate reads it; "
+        "training does not)"
+    ) in cfg.notes
     tasks = {"a": {"train": "all.jsonl", "test": "data/nope.jsonl"}}
     cfg = resolve(load_manifest(dataset(type="multi_task", tasks=tasks)), H100)
     assert (

@@ -200,7 +200,7 @@ def render_report(report: CheckReport, quick: int | None = None) -> None:
         value = Column("value", overflow="fold")
         table = Table("setting", value, title="resolved configuration", show_lines=False)
         for key, value in report.config.items():
-            if key in ("train_sources", "validation_sources"):
+            if key in ("train_sources", "validation_sources", "test_sources"):
                 value = ", ".join(shown_path(s["location"]) for s in value) or "-"
             table.add_row(key, plain(shown_path(str(value), 400)))
         console.print(table)

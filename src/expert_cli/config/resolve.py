@@ -30,7 +30,12 @@ from expert_cli.config.refs import (
     unread_notes,
     windows_reason,
 )
-from expert_cli.config.sources import SourceRef, data_folder_holding, resolve_sources
+from expert_cli.config.sources import (
+    SourceRef,
+    data_folder_holding,
+    resolve_sources,
+    resolve_test_sources,
+)
 from expert_cli.config.trackers import TRACKERS
 from expert_cli.config.warm_start import start_adapter
 from expert_cli.errors import UserError
@@ -74,6 +79,8 @@ class ResolvedConfig(BaseModel):
     # data
     train_sources: list[SourceRef]
     validation_sources: list[SourceRef]
+    # what `evaluate` scores (it reads the manifest file as it is then): shown by check
+    test_sources: list[SourceRef] = Field(default_factory=list)
     eval_fraction: float
     eval_seed: int = DEFAULT_EVAL_SEED
     field_mapping: dict[str, str] | None
@@ -278,6 +285,11 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
     ds = lm.manifest.training.dataset
     notes: list[str] = []
     train, valid = resolve_sources(lm)
+    try:  # read by evaluate alone: a problem is training's to say, not to stop at
+        tests = resolve_test_sources(ds, lm.folder)
+    except UserError as exc:
+        tests = []
+        notes += [f"{line} (evaluate reads it; training does not)" for line in exc.lines]
     notes += choices.shared_sources(train, valid) + unevaluated_tasks(train, valid)
     notes += (
         held_out_notes(train, valid) + unread_notes(train + valid) + unread_fields(ds, lm.folder)
@@ -341,6 +353,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         init_adapter=start_adapter(lm, adapter),
         train_sources=train,
         validation_sources=valid,
+        test_sources=tests,
         field_mapping=ds.field_mapping,
         overlong=ds.overlong,
         response_template=ds.response_template,
