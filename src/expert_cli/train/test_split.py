@@ -6,7 +6,7 @@ the run's copy of it. Each source is tokenized, masked and packed with the run's
 token cache of its own in the cache root's `evaluate/` folder (data.TEST_CACHES), each task's
 apart so each is scored alone, where it is never taken for one of the expert's training caches
 (their `latest` pointer; `pretokenize --prune` removes them all). Every local test file is
-looked for before any is built, so that a refused call leaves no cache.
+looked for before any is built: a missing one refuses the call before any cache is made.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from expert_cli.train.outputs import SOURCE_MANIFEST, run_of
 
 
 @dataclass
-class TestData:
+class NamedTests:
     """The test sources a run's manifest names, a note on where they were read where it was
     not the manifest file, and why there are none (where there are none)."""
 
@@ -52,7 +52,7 @@ def split_rows(
     adapter: Path, resolved: ResolvedConfig, tokenizer: Any, record: Any, choice: SplitChoice
 ) -> Split:
     """The rows of the split `choice` names, laid out as the run's training data."""
-    found = TestData([], None, "")
+    found = NamedTests([], None, "")
     if choice.name != "validation":  # the manifest file is read for its test data alone
         found = test_data(run_of(adapter), resolved)
         if found.refs:
@@ -78,7 +78,7 @@ def split_rows(
     return split
 
 
-def test_data(run_dir: Path, resolved: ResolvedConfig) -> TestData:
+def test_data(run_dir: Path, resolved: ResolvedConfig) -> NamedTests:
     """The test sources the manifest file names as it is now, else (the file gone) its copy
     in the run folder; paths are the manifest folder's."""
     manifest = Path(resolved.manifest_path)
@@ -88,14 +88,14 @@ def test_data(run_dir: Path, resolved: ResolvedConfig) -> TestData:
             "the manifest names no test data (training.dataset.test_path, or a multi_task "
             "expert's tasks.<name>.test)"
         )
-        return TestData(resolve_test_sources(block, manifest.parent), None, none)
+        return NamedTests(resolve_test_sources(block, manifest.parent), None, none)
     gone = f"the manifest the run was trained from ({shown_path(manifest)}) is gone"
     if not (run_dir / SOURCE_MANIFEST).is_file():
-        return TestData([], None, f"{gone} and the run kept no copy ({SOURCE_MANIFEST})")
+        return NamedTests([], None, f"{gone} and the run kept no copy ({SOURCE_MANIFEST})")
     _, block = load_dataset_block(run_dir / SOURCE_MANIFEST)
     where = f"{gone}: the test data its copy in the run folder ({SOURCE_MANIFEST}) names is read"
     none = f"{gone}, and its copy in the run folder ({SOURCE_MANIFEST}) names no test data"
-    return TestData(resolve_test_sources(block, manifest.parent), where, none)
+    return NamedTests(resolve_test_sources(block, manifest.parent), where, none)
 
 
 def test_split(
