@@ -220,7 +220,10 @@ def test_a_test_file_added_after_training_is_read_and_counted(single: tuple[Path
 def test_examples_shared_compares_whole_packed_examples() -> None:
     import datasets
 
-    from expert_cli.data.overlap import examples_shared
+    from expert_cli.data.overlap import example_keys, shared_with
+
+    def examples_shared(train: datasets.Dataset, held: datasets.Dataset) -> int:
+        return shared_with(example_keys(train), held)
 
     def rows(*examples: list[int]) -> datasets.Dataset:
         ids = [x for e in examples for x in e]

@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerFast
 
 from expert_cli.atomic import atomic_folder, write_json_atomic
 from expert_cli.config.resolve import ResolvedConfig
+from expert_cli.config.split_names import field_role
 from expert_cli.data.answer_notes import conversation_notes
 from expert_cli.data.cache import COMPLETE, STATS, CachePlan, local_data_files
 from expert_cli.data.formatting import (
@@ -207,17 +208,26 @@ def _require_rows(shard_stats: dict[str, list[dict[str, Any]]], resolved: Resolv
 
 
 def split_fields(resolved: ResolvedConfig, train: bool) -> str:
-    """The manifest fields a split's examples come from."""
+    """The manifest fields a split's examples come from (a test split's, where `evaluate`
+    builds its test sources as the split trained on)."""
+    if train and _of_tests(resolved):
+        return ", ".join(dict.fromkeys(r.field for r in resolved.train_sources))
     if train:
         return "training.dataset"
     fields = dict.fromkeys(ref.field for ref in resolved.validation_sources)
     return ", ".join(fields) or "training.dataset.eval_fraction (the held-out examples)"
 
 
+def _of_tests(resolved: ResolvedConfig) -> bool:
+    """Whether the split built as training's holds test sources (evaluate's test caches)."""
+    roles = {field_role(r.field) for r in resolved.train_sources}
+    return roles == {"test"}
+
+
 def nothing_left(resolved: ResolvedConfig, train: bool, read: int, why: str) -> str:
     """The line for a split whose every example is dropped (the build's, and `check`'s where
     it finds the same without tokenizing)."""
-    what = "training" if train else "evaluation"
+    what = ("test" if _of_tests(resolved) else "training") if train else "evaluation"
     return (
         f"{split_fields(resolved, train)}: no {what} example is left after formatting "
         f"({read} read, every one dropped: {why})"

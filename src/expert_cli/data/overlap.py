@@ -103,8 +103,3 @@ def shared_with(keys: np.ndarray, held: datasets.Dataset) -> int:
     if not len(wanted) or not len(keys):
         return 0
     return int(np.isin(wanted, keys).sum())
-
-
-def examples_shared(train: datasets.Dataset, held: datasets.Dataset) -> int:
-    """How many examples packed in `held` are, token for token, examples packed in `train`."""
-    return shared_with(example_keys(train), held)

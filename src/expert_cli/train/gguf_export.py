@@ -61,6 +61,15 @@ ARCHITECTURES = {
 # does not)
 ROTARY_REORDERED = {"llama"}
 HALVES = ("lora_A", "lora_B")
+# notes on the run's base, which export-hub's own notes say already in its words
+DECOMPOSED_NOTE = (
+    "the run decomposed its base (init_lora_weights): its adapter is exported as a LoRA of "
+    "twice its rank and alpha on the base itself, by design"
+)
+RANDOM_BASE_NOTE = (
+    "the base was built with random weights (init: random): the adapter means nothing on any "
+    "other model; train on a pretrained base to try it in llama.cpp"
+)
 CONVERT = (
     "merge it (`expert-cli merge`) and convert the merged model with llama.cpp's "
     "convert_hf_to_gguf.py"
@@ -141,15 +150,9 @@ def export_gguf(
     meta["base_url"] = f"https://huggingface.co/{name}" if name else ""
     write_file(path, stored, (arch, alpha, outtype), meta, force)
     if decomposes(resolved.get("init_lora_weights")):
-        notes.append(
-            "the run decomposed its base (init_lora_weights): its adapter is exported as a "
-            "LoRA of twice its rank and alpha on the base itself, by design"
-        )
+        notes.append(DECOMPOSED_NOTE)
     if resolved.get("init") == "random":
-        notes.append(
-            "the base was built with random weights (init: random): the adapter means nothing "
-            "on any other model; train on a pretrained base to try it in llama.cpp"
-        )
+        notes.append(RANDOM_BASE_NOTE)
     step = checkpoint_step(folder) if chosen[0] != "final" else None
     adapter = chosen[0] if step is None else f"checkpoint-{step}"
     return GgufReport(

@@ -24,7 +24,7 @@ from expert_cli.errors import Interrupted, RunError, Terminated, UserError
 from expert_cli.paths import resolved_path, shown_path
 from expert_cli.train.adapter_entry import first_base
 from expert_cli.train.choice import final_step
-from expert_cli.train.gguf_export import export_gguf
+from expert_cli.train.gguf_export import DECOMPOSED_NOTE, RANDOM_BASE_NOTE, export_gguf
 from expert_cli.train.merge import refuse_folder_output
 from expert_cli.train.model_card import CardFacts, hub_id, model_card
 from expert_cli.train.outputs import ADAPTER_FILES, data_folder_problem, read_json_file
@@ -92,12 +92,9 @@ def export_hub(
             chosen = (manifest.get("training") or {}).get("packaging_checkpoint") or checkpoint
             name, file, gguf_notes = _gguf_file(run, chosen, gguf, Path(staging))
             members[name] = file
-            # what the folder's notes said already (a decomposed base, a random one) not twice
-            notes += [n for n in gguf_notes if not any(n[:SAID] == m[:SAID] for m in notes)]
+            # the base's notes, decomposed or random, are the folder's own already
+            notes += [n for n in gguf_notes if n not in (DECOMPOSED_NOTE, RANDOM_BASE_NOTE)]
         return _finish(run, output, (manifest, members, notes), text, repo_id)
-
-
-SAID = 48  # a note's opening that says what it is about, as export-gguf and package word it
 
 
 def _gguf_file(

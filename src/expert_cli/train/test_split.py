@@ -178,21 +178,9 @@ def _test_part(
             "evaluation_strategy": "no",
         }
     )
-    try:
-        data = prepare_data(derived, tokenizer, progress=progress)
-    except UserError as exc:  # the build names the split it builds as training's
-        raise UserError([_as_test(line, ref.field) for line in exc.lines]) from None
+    data = prepare_data(derived, tokenizer, progress=progress)  # its errors name ref.field
     stats = data.stats.get("train") or {}
     return part_of(data.train, ref.task, ref.field, stats), stats
-
-
-def _as_test(line: str, at: str) -> str:
-    """A build's line about its training split, said of the test source `at`."""
-    for before in ("training.dataset: no training example", "training.dataset:"):
-        if line.startswith(before):
-            after = before.replace("training.dataset", at)
-            return after.replace("training example", "test example") + line[len(before) :]
-    return line
 
 
 def _trained_on(parts: list[Part], record: Any, split: list[int]) -> list[str]:
