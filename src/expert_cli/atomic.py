@@ -125,6 +125,21 @@ def atomic_folder(dest: Path, replace: bool = False) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextmanager
+def parents_made(path: Path) -> Iterator[None]:
+    """Make the folders above `path` that are missing; if the block fails, remove those of
+    them still empty (a failed export leaves no empty folders it made), deepest first."""
+    made = [p for p in path.absolute().parents if not os.path.lexists(p)]
+    try:
+        path.absolute().parent.mkdir(parents=True, exist_ok=True)
+        yield
+    except BaseException:
+        for folder in made:  # nearest first: a parent is empty only once its child is gone
+            with suppress(OSError):  # one that holds something now stays
+                folder.rmdir()
+        raise
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write `data` as indented JSON to `path`, all or nothing; a float that is not finite
     (a diverged loss) is written as null, as JSON has no NaN or infinity."""

@@ -192,3 +192,30 @@ def test_a_full_disk_under_merge_report_and_benchmark(
         assert "Traceback" not in out.stderr
         assert sorted(p.name for p in small_disk.iterdir()) == ["filler"], command[0]
         (small_disk / "filler").unlink()
+
+
+@pytest.mark.slow
+def test_a_full_disk_leaves_no_folder_an_export_made(
+    small_disk: Path, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """--output under folders that are not there yet: each export makes them, and when the
+    disk fills they are removed again; a folder that was there before stays, empty."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8)
+    run = tmp_path / "e" / "out"
+    done = run_here("train", "-m", str(manifest), "--output", str(run), "--max-steps", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (small_disk / "there").mkdir()
+    for command, output in (
+        ("package", small_disk / "there" / "new" / "deeper" / "x.expert"),
+        ("merge", small_disk / "there" / "new" / "deeper" / "merged"),
+        ("export-hub", small_disk / "there" / "new" / "deeper" / "hub"),
+        ("export-gguf", small_disk / "there" / "new" / "deeper" / "x.gguf"),
+    ):
+        _fill(small_disk, 16 << 10)  # room for folders, not for the weights
+        out = run_here(command, "--adapter", str(run), "--output", str(output))
+        assert out.returncode == 1, (command, out.stdout + out.stderr)
+        assert f"--output {output}: cannot be written" in " ".join(out.stderr.split()), command
+        assert "Traceback" not in out.stderr
+        assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "there"], command
+        assert not any((small_disk / "there").iterdir()), command
+        (small_disk / "filler").unlink()

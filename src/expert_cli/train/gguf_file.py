@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 
-from expert_cli.atomic import signals_held, temporary_path
+from expert_cli.atomic import parents_made, signals_held, temporary_path
 from expert_cli.errors import Interrupted, RunError, Terminated, UserError
 from expert_cli.paths import path_exists, shown_path
 
@@ -67,12 +68,24 @@ def write_file(
     force: bool,
 ) -> None:
     """Write, read back, compare, then put in place; an interrupt leaves nothing (or the
-    whole file, said so), a file another process put at `path` meanwhile is left as it is."""
+    whole file, said so), a file another process put at `path` meanwhile is left as it is,
+    and folders made for `path` are removed again when it fails."""
+    with parents_made(path):
+        _write(path, stored, kind, meta, force)
+
+
+def _write(
+    path: Path,
+    stored: dict[str, np.ndarray],
+    kind: tuple[str, float, str],
+    meta: dict[str, str],
+    force: bool,
+) -> None:
+    """write_file's work, in folders that exist."""
     arch, alpha, outtype = kind
     tmp = temporary_path(path)
     placed = False
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         writer = gguf.GGUFWriter(tmp, arch)
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
@@ -91,7 +104,7 @@ def write_file(
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        if problems := read_back(tmp, stored, (arch, alpha, OUT_TYPES[outtype])):
+        if problems := _read_back(tmp, stored, (arch, alpha, OUT_TYPES[outtype])):
             raise RunError([f"{shown_path(path)}: {p}" for p in problems])
         with signals_held():
             _place(tmp, path, force)
@@ -130,6 +143,21 @@ def _place(tmp: Path, path: Path, force: bool) -> None:
         if path_exists(path):
             raise taken from None
         os.replace(tmp, path)
+
+
+def _read_back(
+    path: Path, stored: dict[str, np.ndarray], kind: tuple[str, float, Any]
+) -> list[str]:
+    """read_back; a file too short to read raises OSError: numpy's tofile lets a full disk's
+    error pass without a word, and the file ends where the disk did."""
+    try:
+        return read_back(path, stored, kind)
+    except (ValueError, IndexError) as exc:
+        full = shutil.disk_usage(path.parent).free < sum(v.nbytes for v in stored.values())
+        raise OSError(
+            errno.ENOSPC if full else errno.EIO,
+            os.strerror(errno.ENOSPC) if full else "the file written reads back short",
+        ) from exc
 
 
 def read_back(path: Path, stored: dict[str, np.ndarray], kind: tuple[str, float, Any]) -> list[str]:

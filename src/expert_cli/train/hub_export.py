@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expert_cli.atomic import atomic_folder, usual_mode
+from expert_cli.atomic import atomic_folder, parents_made, usual_mode
 from expert_cli.errors import Interrupted, RunError, Terminated, UserError
 from expert_cli.paths import resolved_path, shown_path
 from expert_cli.train.adapter_entry import first_base
@@ -161,8 +161,10 @@ def _worded(note: str) -> str:
 
 def _write(output: Path, members: dict[str, bytes | Path]) -> None:
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_folder(output) as tmp:  # an existing `output` is empty, checked above
+        with (
+            parents_made(output),
+            atomic_folder(output) as tmp,
+        ):  # an existing `output` is empty, checked above
             for name, data in members.items():
                 dest = tmp / name
                 dest.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from peft.utils import get_peft_model_state_dict
 from safetensors import SafetensorError
 from transformers.utils import logging as hf_logging
 
-from expert_cli.atomic import atomic_folder, usual_mode
+from expert_cli.atomic import atomic_folder, parents_made, usual_mode
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.model_files import base_file_problems
 from expert_cli.data.tokenizer import config_problem
@@ -300,8 +300,10 @@ def merge_adapter(adapter: Path, output: Path, saved: str | None = None) -> tupl
     stops = _run_stops(adapter, tokenizer)
     notes += _stop_at_end_of_turn(model, tokenizer, stops.ids) + _text_stops(stops.texts)
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_folder(output) as tmp:  # an existing `output` is empty, checked above
+        with (
+            parents_made(output),
+            atomic_folder(output) as tmp,
+        ):  # an existing `output` is empty, checked above
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             usual_mode(tmp)

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from expert_cli.atomic import Staged, atomic_files
+from expert_cli.atomic import Staged, atomic_files, parents_made
 from expert_cli.config import Manifest
 from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
 from expert_cli.config.loading import format_errors
@@ -265,10 +265,9 @@ def build_package(
         raise UserError(problem)
     staged = Staged()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         # both written in full, then renamed into place with signals held: a full disk or
         # an interrupt leaves neither, and never a package beside a checksum of another
-        with atomic_files([path, checksum]) as staged:
+        with parents_made(path), atomic_files([path, checksum]) as staged:
             tmp, tmp_sum = staged.paths
             pm.write_tar(tmp, members)
             report = verify_package(tmp, expected=members, sidecar=False)
