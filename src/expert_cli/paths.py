@@ -203,3 +203,21 @@ def path_is_dir(path: Path | str) -> bool:
         return expanded is not None and expanded.is_dir()
     except (OSError, ValueError):
         return False
+
+
+def not_a_folder(path: Path | str) -> str:
+    """Why `path`, not a folder, is not one, in words after its name: it does not exist, is
+    a link loop, a link to nothing, cannot be looked at, or is something else (a file)."""
+    try:
+        os.lstat(path)
+    except (OSError, ValueError):
+        return "does not exist"
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a link loop (a link that leads back to itself), not a folder"
+        if exc.errno == errno.ENOENT:
+            return "is a link to a path that does not exist"
+        return f"cannot be looked at ({exc.strerror})"
+    return "is not a folder"

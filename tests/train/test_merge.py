@@ -181,6 +181,13 @@ def test_an_adapter_folder_that_is_not_there_is_named(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserError, match="file: is not a folder; expected the output folder"):
         adapter_base(tmp_path / "file")
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(UserError, match=r"a: is a link loop \(a link that leads back to itself"):
+        adapter_base(tmp_path / "a")
+    (tmp_path / "gone").symlink_to("nowhere")
+    with pytest.raises(UserError, match="gone: is a link to a path that does not exist;"):
+        adapter_base(tmp_path / "gone")
 
 
 def test_how_the_run_loaded_its_base_is_how_merge_and_generate_load_it(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from expert_cli.config.loading import load_dataset_block
 from expert_cli.config.refs import is_local, split_hub_spec
 from expert_cli.errors import UserError
-from expert_cli.paths import shown_path
+from expert_cli.paths import not_a_folder, shown_path
 
 HUB_PREFIX = "datasets--"
 DATASETS_SKIP = {"downloads"}  # folders of the datasets cache that are not datasets
@@ -55,8 +55,7 @@ def cache_roots(cache_dir: Path | None) -> dict[str, Path]:
 def _require_folder(path: Path, label: str) -> None:
     if _is_dir(path):
         return
-    what = "is not a folder" if os.path.lexists(path) else "does not exist"
-    raise UserError(f"{label}: {path} {what}; expected a folder")
+    raise UserError(f"{label}: {path} {not_a_folder(path)}; expected a folder")
 
 
 def _is_dir(path: Path) -> bool:

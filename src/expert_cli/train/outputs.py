@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from expert_cli.atomic import atomic_folder, usual_mode, write_json_atomic
 from expert_cli.config.sources import SourceRef, data_folder_holding
 from expert_cli.errors import RunError, UserError, value_kind
-from expert_cli.paths import path_is_dir, resolved_path, shown_path
+from expert_cli.paths import not_a_folder, path_is_dir, resolved_path, shown_path
 from expert_cli.train.adapter_fit import Shapes, fit_problem
 from expert_cli.weights import (
     non_finite_line,
@@ -192,10 +192,9 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
     not)."""
     config_path = adapter / "adapter_config.json"
     if not adapter.is_dir():
-        what = "is not a folder" if os.path.lexists(adapter) else "does not exist"
         raise UserError(
-            f"--adapter {shown_path(adapter)}: {what}; expected the output folder of "
-            "`expert-cli train`"
+            f"--adapter {shown_path(adapter)}: {not_a_folder(adapter)}; expected the output "
+            "folder of `expert-cli train`"
         )
     if not config_path.is_file():
         raise UserError(
