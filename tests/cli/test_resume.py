@@ -19,9 +19,12 @@ def _train(manifest: Path, out: Path) -> tuple[str, ...]:
     return ("train", "--manifest", str(manifest), "--output", str(out))
 
 
-def _interrupt_after(manifest: Path, out: Path, step: int) -> subprocess.CompletedProcess:
+def _interrupt_after(
+    manifest: Path, out: Path, step: int, steps: int | None = STEPS
+) -> subprocess.CompletedProcess:
+    length = ("--max-steps", str(steps)) if steps else ()  # None: the manifest's epochs
     proc = subprocess.Popen(
-        [sys.executable, "-m", "expert_cli.cli", *_train(manifest, out), "--max-steps", str(STEPS)],
+        [sys.executable, "-m", "expert_cli.cli", *_train(manifest, out), *length],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -252,6 +255,30 @@ def test_resume_of_a_finished_run_to_fewer_steps_says_only_that(
     said = " ".join(said.split())
     assert code == 0, err
     assert "nothing to resume" in said and "schedule is built again" not in said
+
+
+@pytest.mark.slow
+def test_a_resume_given_the_length_its_epochs_came_to_keeps_its_schedule_in_silence(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A run of the manifest's epochs, stopped, resumed with --max-steps of the very length
+    those epochs came to: it said the learning-rate schedule was built again for a new
+    length (it is the same one)."""
+    config = {"save_steps": 1, "save_total_limit": 2}
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=96, config=config)
+    out = tmp_path / "run"
+    first = _interrupt_after(manifest, out, step=2, steps=None)
+    assert first.returncode == 130, first.stdout + first.stderr
+    newest = max((out / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name[11:]))
+    length = json.loads((newest / "trainer_state.json").read_text())["max_steps"]
+    assert int(newest.name[11:]) < length
+    code, said, err = run_main(
+        capsys, monkeypatch, *_train(manifest, out), "--resume", "--max-steps", str(length)
+    )
+    said = " ".join(said.split())
+    assert code == 0, said + err
+    assert "schedule is built again" not in said, said
+    assert read_metrics(out)["summary"]["steps"] == length
 
 
 def test_intervals_edited_before_a_resume_are_applied(

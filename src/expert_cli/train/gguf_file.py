@@ -152,12 +152,13 @@ def _read_back(
     error pass without a word, and the file ends where the disk did."""
     try:
         return read_back(path, stored, kind)
-    except (ValueError, IndexError) as exc:
-        full = shutil.disk_usage(path.parent).free < sum(v.nbytes for v in stored.values())
-        raise OSError(
-            errno.ENOSPC if full else errno.EIO,
-            os.strerror(errno.ENOSPC) if full else "the file written reads back short",
-        ) from exc
+    except (ValueError, IndexError):
+        pass  # raised outside: the reader's frames, which map the file, are let go first
+    full = shutil.disk_usage(path.parent).free < sum(v.nbytes for v in stored.values())
+    raise OSError(
+        errno.ENOSPC if full else errno.EIO,
+        os.strerror(errno.ENOSPC) if full else "the file written reads back short",
+    )
 
 
 def read_back(path: Path, stored: dict[str, np.ndarray], kind: tuple[str, float, Any]) -> list[str]:

@@ -25,7 +25,12 @@ from expert_cli.config.sources import SourceRef, data_folder_holding
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
 from expert_cli.paths import RUN_OUTPUTS, shown_path
-from expert_cli.train.checkpoints import checkpoint_step, refuse_pruned, resume_point
+from expert_cli.train.checkpoints import (
+    checkpoint_step,
+    refuse_pruned,
+    resume_point,
+    sound_checkpoints,
+)
 from expert_cli.train.choice import final_adapter_whole, final_step
 from expert_cli.train.distributed import refuse_world_change
 from expert_cli.train.outputs import (
@@ -134,13 +139,21 @@ def resumed_max_steps(
         return began, f"{kept} stays)" if began else ""
     if (done := final_step(output)) is not None and asked <= done:
         return asked, ""  # a finished run with nothing left to train: nothing to rebuild
-    if asked != began:
+    if asked != (began or _epochs_length(output)):  # epochs that came to `asked`: the same
         was = f"{began} steps" if began else "the manifest's epochs"
         return asked, (
             f"{named} {asked}: the run began with {was}; the learning-rate schedule is "
             "built again for the new length"
         )
     return asked, ""
+
+
+def _epochs_length(output: Path) -> int | None:
+    """The optimizer steps a run's epochs came to, as its newest sound checkpoint's state
+    records them (the length its schedule was built for); None where none says."""
+    held = sound_checkpoints(output / "checkpoints")
+    steps = read_json_file(held[-1] / "trainer_state.json").get("max_steps") if held else None
+    return steps if _steps(steps) else None
 
 
 def refuse_occupied(output: Path, previous: Previous) -> None:
