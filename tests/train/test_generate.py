@@ -1007,3 +1007,36 @@ def test_an_eval_answer_is_matched_after_its_reasoning() -> None:
     assert final_answer("<think>\nstill thinking") != "5"  # no answer: no match
     assert final_answer("6") != final_answer(reference)
     assert final_answer(" plain answer \n") == "plain answer"  # no reasoning: the whole
+
+
+def test_a_random_base_keeps_its_folders_generation_config(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """init: random built the model from config.json alone, so the folder's
+    generation_config.json (a base's stops and sampling values) was not in the run's
+    base_model/, and generate decoded without it; a damaged one leaves the model's own."""
+    from train_helpers import write_expert
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    own = {"eos_token_id": [0, 1], "do_sample": True, "temperature": 0.6, "top_k": 20}
+    (folder / "generation_config.json").write_text(json.dumps(own))
+    manifest = write_expert(tmp_path / "e", folder, rows=8, base={"init": "random"})
+    run = tmp_path / "run"
+    code, _, err = run_main(capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(run))
+    assert code == 0, err
+    saved = json.loads((run / "base_model" / "generation_config.json").read_text())
+    assert {key: saved.get(key) for key in own} == own
+    done = run_here("generate", "--adapter", str(run), "-p", "hi", "--max-new-tokens", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "samples (temperature 0.6, top_k 20)" in " ".join(done.stdout.split())
+
+    (folder / "generation_config.json").write_text("{not json")
+    again = tmp_path / "again"
+    code, _, err = run_main(
+        capsys, monkeypatch, "train", "-m", str(manifest), "--output", str(again)
+    )
+    assert code == 0, err
+    assert "temperature" not in json.loads(
+        (again / "base_model" / "generation_config.json").read_text()
+    )

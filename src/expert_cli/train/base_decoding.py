@@ -54,3 +54,22 @@ def sampled_base_note(model: Any, decoding: dict[str, Any], settings: dict[str, 
         f"decoding greedily: training.decoding sets no temperature, while the base model's "
         f"generation_config.json samples ({shown}); set training.decoding.temperature to sample"
     )
+
+
+def own_generation_config(model: Any, resolved: Any) -> None:
+    """Give a random-init `model` the generation_config.json of the folder (or hub model) its
+    config.json came from, where there is one: `from_config` makes one from config.json alone,
+    so the base's sampling values and stops were not saved in the run's base_model/ and
+    generate decoded without them. One that cannot be read leaves the model's own, as
+    transformers does for a pretrained base."""
+    from transformers import GenerationConfig
+
+    on_hub = resolved.base_model_kind == "hub"
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(
+            resolved.base_model,
+            revision=resolved.revision if on_hub else None,
+            local_files_only=not on_hub,
+        )
+    except (OSError, ValueError, TypeError):  # none there, a damaged file, bad values
+        return

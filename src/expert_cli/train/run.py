@@ -38,6 +38,7 @@ from expert_cli.train.args import (
     planned_steps,
     training_args_kwargs,
 )
+from expert_cli.train.base_decoding import own_generation_config
 from expert_cli.train.batch import plan_run_batch
 from expert_cli.train.callbacks import (
     AdaLoraCallback,
@@ -269,6 +270,7 @@ def _random_base(run: Run, tokenizer: Any, resume: Path | None) -> Path | None:
     if run.is_main and not (resume and (source / "config.json").is_file()):
         dtype = weight_dtype(run.resolved, run.device.startswith("cuda"))
         random_model = build_random_model(run.resolved, dtype, "eager", run.device)
+        own_generation_config(random_model, run.resolved)
         materialize_random_base(random_model, tokenizer, source)
         del random_model
     distributed.barrier()
