@@ -170,6 +170,21 @@ def test_a_cpu_run_keeps_the_standard_path(tmp_path: Path) -> None:
     assert _resolved(tmp_path, cpu_environment(), fused_loss="chunked").fused_loss == "chunked"
 
 
+def test_label_smoothing_takes_a_fused_loss(tmp_path: Path) -> None:
+    """Only the fused losses smooth the labels: a CPU run asking for it takes the chunked
+    one (the standard loss otherwise), fused_loss off beside it is refused, naming both."""
+    cpu = _resolved(tmp_path, cpu_environment(), label_smoothing_factor=0.1)
+    assert (cpu.fused_loss, cpu.label_smoothing_factor) == ("chunked", 0.1)
+    assert _resolved(tmp_path, H100, label_smoothing_factor=0.1).fused_loss == "liger"
+    assert _resolved(tmp_path, cpu_environment()).label_smoothing_factor == 0.0
+    with pytest.raises(UserError, match="label_smoothing_factor is applied in the fused loss"):
+        _resolved(tmp_path, H100, label_smoothing_factor=0.1, fused_loss="off")
+    assert _resolved(tmp_path, H100, label_smoothing_factor=0, fused_loss="off").fused_loss == "off"
+    for bad in (1, 1.5, -0.1, "x", float("nan")):
+        with pytest.raises(UserError, match="label_smoothing_factor"):
+            _resolved(tmp_path, H100, label_smoothing_factor=bad)
+
+
 def test_compile_is_opt_in(tmp_path: Path) -> None:
     assert _resolved(tmp_path, H100).torch_compile is False
     assert _resolved(tmp_path, H100, torch_compile=True).torch_compile is True

@@ -23,16 +23,21 @@ from expert_cli.train import loss_fit as fit
 IGNORE = -100
 
 
-def test_chunked_matches_cross_entropy_over_several_chunks(monkeypatch) -> None:
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.9])
+def test_chunked_matches_cross_entropy_over_several_chunks(monkeypatch, smoothing) -> None:
+    """The summed loss and both gradients, with label smoothing as torch's cross-entropy
+    takes it (the target 1 - f on the token, f / V on each of the V)."""
     monkeypatch.setattr(fused, "CHUNK_ELEMENTS", 7 * 50)  # 7 tokens a chunk: 4 chunks
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(23, 16, generator=gen, requires_grad=True)
     weight = torch.randn(50, 16, generator=gen, requires_grad=True)
     targets = torch.randint(0, 50, (23,), generator=gen)
     targets[[0, 5, 9, 22]] = IGNORE
-    got = fused.summed_linear_cross_entropy("chunked", hidden, weight, targets)
+    got = fused.summed_linear_cross_entropy("chunked", hidden, weight, targets, None, smoothing)
     got_grads = torch.autograd.grad(got * 1.7, (hidden, weight))
-    ref = torch.nn.functional.cross_entropy(hidden @ weight.t(), targets, reduction="sum")
+    ref = torch.nn.functional.cross_entropy(
+        hidden @ weight.t(), targets, reduction="sum", label_smoothing=smoothing
+    )
     ref_grads = torch.autograd.grad(ref * 1.7, (hidden, weight))
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
     for a, b in zip(got_grads, ref_grads, strict=True):
@@ -100,6 +105,30 @@ def test_fused_forward_equals_standard_loss_and_gradients(tiny_model_dir) -> Non
     assert len(got_grads) == len(std_grads) > 0
     for name, grad in std_grads.items():
         torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_label_smoothing_is_in_training_and_not_in_an_evaluation(tiny_model_dir) -> None:
+    """The fused forward smooths the labels where gradients are taken (a training step) and
+    gives the plain cross-entropy without them (an evaluation, `evaluate`): the loss the
+    standard forward gives, and the one transformers' Trainer would smooth."""
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(10, 3000, (2, 20), generator=gen)
+    labels = ids.clone()
+    labels[:, :4] = IGNORE
+    model = _lora_model(tiny_model_dir, None)
+    with torch.no_grad():
+        plain = model(input_ids=ids, labels=labels, use_cache=False)
+    logits = plain.logits[:, :-1].reshape(-1, plain.logits.shape[-1])
+    wanted = torch.nn.functional.cross_entropy(
+        logits, labels[:, 1:].reshape(-1), label_smoothing=0.2
+    )
+    fused.install_fused_loss(model.get_base_model(), "chunked", smoothing=0.2)
+    trained = model(input_ids=ids, labels=labels, use_cache=False)
+    with torch.no_grad():
+        evaluated = model(input_ids=ids, labels=labels, use_cache=False)
+    torch.testing.assert_close(trained.loss, wanted, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(evaluated.loss, plain.loss, rtol=1e-5, atol=1e-5)
+    assert abs(float(trained.loss - evaluated.loss)) > 1e-3  # the two are told apart
 
 
 def test_the_head_on_the_trained_positions_alone_gives_the_same_loss_and_gradients(
@@ -288,16 +317,19 @@ from expert_cli.train import loss as fused
 assert fused.liger_kernel_fits()
 fused.CHUNK_ELEMENTS = 7 * 50  # 7 tokens a chunk: 4 chunks
 gen = torch.Generator().manual_seed(0)
-for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 5e-2)):
+for dtype, tol, smooth in ((torch.float32, 1e-4, 0.0), (torch.bfloat16, 5e-2, 0.0),
+                          (torch.float32, 1e-4, 0.1)):
     hidden = torch.randn(23, 16, generator=gen).to(dtype).requires_grad_()
     weight = torch.randn(50, 16, generator=gen).to(dtype)
     targets = torch.randint(0, 50, (23,), generator=gen)
     targets[[0, 5, 9, 22]] = -100
-    got = fused.summed_linear_cross_entropy("liger", hidden, weight, targets)
+    got = fused.summed_linear_cross_entropy("liger", hidden, weight, targets, None, smooth)
     assert got.grad_fn.name() == "LinearCrossEntropyBackward", got.grad_fn.name()
     (grad,) = torch.autograd.grad(got * 1.7, (hidden,))
     logits = hidden.detach().float() @ weight.float().t()
-    ref = torch.nn.functional.cross_entropy(logits.requires_grad_(), targets, reduction="sum")
+    ref = torch.nn.functional.cross_entropy(
+        logits.requires_grad_(), targets, reduction="sum", label_smoothing=smooth
+    )
     (ref_logits,) = torch.autograd.grad(ref * 1.7, (logits,))
     torch.testing.assert_close(got.float(), ref, rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(grad.float(), ref_logits @ weight.float(), rtol=tol, atol=tol)

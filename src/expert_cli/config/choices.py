@@ -82,8 +82,8 @@ def _fused_loss(cfg: TrainingConfig, env: Environment, notes: list[str]) -> str:
         requested = "auto"
     if requested != "auto":
         return requested
-    if not env.has_gpu:
-        return "off"
+    if not env.has_gpu:  # the standard loss, but where only a fused one smooths the labels
+        return "chunked" if cfg.label_smoothing_factor else "off"
     return "liger" if liger else "chunked"
 
 

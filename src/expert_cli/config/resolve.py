@@ -116,6 +116,7 @@ class ResolvedConfig(BaseModel):
     adam_beta2: float = ADAM_DEFAULTS["adam_beta2"]
     adam_epsilon: float = ADAM_DEFAULTS["adam_epsilon"]
     neftune_noise_alpha: float | None = None
+    label_smoothing_factor: float = 0.0
     seed: int
     # kernels and precision
     bf16: bool
@@ -276,6 +277,7 @@ def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> d
         logging_steps=first(cfg.logging_steps, DEFAULT_LOGGING_STEPS),
         report_to=_trackers(cfg.report_to or []),
         neftune_noise_alpha=cfg.neftune_noise_alpha,
+        label_smoothing_factor=cfg.label_smoothing_factor or 0.0,
     )
 
 

@@ -258,6 +258,15 @@ class TrainingConfig(OptimizerFields):
         description="Extension: NEFTune's noise on the input embeddings while training, "
         "uniform within alpha / sqrt(L d), L each example's own length (in a packed row too).",
     )
+    label_smoothing_factor: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="Extension: label smoothing (the Trainer's name): each trained token's "
+        "target is 1 - f on the next token and f spread over the vocabulary. Training only: "
+        "the logged loss includes it, evaluations do not. Needs a fused_loss (on a CPU, "
+        "chunked is chosen for it).",
+    )
     tokens_per_step: int | None = Field(
         None,
         ge=16,
@@ -366,6 +375,11 @@ class TrainingConfig(OptimizerFields):
                 raise ValueError(f"{name} needs evaluation_strategy steps or epoch")
         if self.early_stopping_threshold is not None and not self.early_stopping_patience:
             raise ValueError("early_stopping_threshold is read with early_stopping_patience only")
+        if self.label_smoothing_factor and self.fused_loss == "off":
+            raise ValueError(
+                "label_smoothing_factor is applied in the fused loss, which fused_loss off "
+                "turns off (transformers' own loss has no smoothing); leave fused_loss unset"
+            )
         if self.greater_is_better:
             raise ValueError(
                 "greater_is_better: true would call the checkpoint of the highest loss the "

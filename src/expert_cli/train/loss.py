@@ -58,30 +58,40 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     return hidden.dtype
 
 
-def _torch_rows(logits: torch.Tensor, targets: torch.Tensor, out: torch.Tensor) -> None:
+def _torch_rows(
+    logits: torch.Tensor, targets: torch.Tensor, out: torch.Tensor, smoothing: float = 0.0
+) -> None:
     """Each row's cross-entropy against `targets` into `out` (0 where the target is -100,
-    fp32), the gradient of their sum written over `logits` (softmax minus one-hot, computed
-    in fp32; 0 on ignored rows)."""
+    fp32), the gradient of their sum written over `logits` (softmax minus the target
+    distribution, computed in fp32; 0 on ignored rows). With `smoothing` f the target is
+    1 - f on the token and f / V on each of the V (torch's `label_smoothing`)."""
     x = logits.float()  # `logits` itself when it is fp32
     keep = (targets != IGNORE).unsqueeze(1)
     picked = targets.clamp(min=0).unsqueeze(1)
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
-    out.copy_(((lse - x.gather(1, picked)) * keep).squeeze(1))
+    loss = lse - (1.0 - smoothing) * x.gather(1, picked)
+    if smoothing:
+        loss -= smoothing * x.mean(dim=-1, keepdim=True)
+    out.copy_((loss * keep).squeeze(1))
     x.sub_(lse).exp_()
-    x.scatter_add_(1, picked, -torch.ones_like(lse))
+    x.scatter_add_(1, picked, torch.full_like(lse, smoothing - 1.0))
+    if smoothing:
+        x.sub_(smoothing / x.shape[1])
     x.mul_(keep)
     if x is not logits:
         logits.copy_(x)
 
 
-def _liger_rows(logits: torch.Tensor, targets: torch.Tensor, out: torch.Tensor) -> None:
+def _liger_rows(
+    logits: torch.Tensor, targets: torch.Tensor, out: torch.Tensor, smoothing: float = 0.0
+) -> None:
     """`_torch_rows` in one pass of Liger-Kernel's Triton cross-entropy kernel (GPU); an
     ignored row's loss is not written: `out` comes zeroed."""
     from liger_kernel.ops.cross_entropy import liger_cross_entropy_kernel
 
     n_cols = logits.shape[1]
     liger_cross_entropy_kernel[(logits.shape[0],)](
-        **_liger_arguments(logits, targets, out),
+        **{**_liger_arguments(logits, targets, out), "label_smoothing": smoothing},
         BLOCK_SIZE=min(LIGER_BLOCK, 1 << (n_cols - 1).bit_length()),  # a power of 2
         num_warps=32,
     )
@@ -196,6 +206,7 @@ def summed_linear_cross_entropy(
     weight: torch.Tensor,
     targets: torch.Tensor,
     hits: torch.Tensor | None = None,
+    smoothing: float = 0.0,
 ) -> torch.Tensor:
     """Sum over tokens whose target is not -100 of the cross-entropy of `hidden @ weight.T`.
 
@@ -203,20 +214,23 @@ def summed_linear_cross_entropy(
     `liger`: Liger's kernel for each chunk's loss and gradient (Liger's own fused function
     where the installed version's kernel takes other arguments); `chunked`: plain torch.
     `hits` (an evaluation's): the count of tokens whose target is the argmax is added to it,
-    from the chunks' logits the loss computes anyway.
+    from the chunks' logits the loss computes anyway. `smoothing`: label smoothing, as
+    torch's cross-entropy takes it.
     """
     if backend == "liger":
         if LIGER_LOOP and liger_kernel_fits():
-            return LinearCrossEntropy.apply(hidden, weight, targets, _liger_rows, hits)
+            rows = functools.partial(_liger_rows, smoothing=smoothing)
+            return LinearCrossEntropy.apply(hidden, weight, targets, rows, hits)
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
         if hits is not None:  # Liger's own function keeps no logits to count from
             hits += correct_tokens(hidden, weight, targets)
         return liger_fused_linear_cross_entropy(
-            hidden, weight, targets, ignore_index=IGNORE, reduction="sum"
+            hidden, weight, targets, ignore_index=IGNORE, label_smoothing=smoothing, reduction="sum"
         )
     if backend == "chunked":
-        return LinearCrossEntropy.apply(hidden, weight, targets, _torch_rows, hits)
+        rows = functools.partial(_torch_rows, smoothing=smoothing)
+        return LinearCrossEntropy.apply(hidden, weight, targets, rows, hits)
     raise ValueError(f"fused_loss: unknown backend {backend!r}")
 
 
@@ -299,8 +313,10 @@ def fused_forward(self: Any, input_ids: Any = None, labels: Any = None, **kwargs
     # an evaluation's token accuracy, counted from the logits the loss computes a chunk at a
     # time (none are kept)
     hits = None if torch.is_grad_enabled() else flat.new_zeros((), dtype=torch.long)
+    # label smoothing in training alone: an evaluation's loss is the plain cross-entropy
+    smoothing = getattr(self, "_expert_cli_smoothing", 0.0) if hits is None else 0.0
     total = summed_linear_cross_entropy(
-        self._expert_cli_loss, flat, self.lm_head.weight, targets, hits
+        self._expert_cli_loss, flat, self.lm_head.weight, targets, hits, smoothing
     )
     loss = per_item(total, targets, num_items, positions)
     result = CausalLMOutputWithPast(loss=loss, **{CACHE_FIELD: getattr(out, CACHE_FIELD, None)})
@@ -316,10 +332,12 @@ def takes_loss_positions(model: Any) -> bool:
     return TRAINED_ROWS_ONLY and getattr(base, "_expert_cli_loss", None) is not None
 
 
-def install_fused_loss(model: Any, backend: str) -> None:
+def install_fused_loss(model: Any, backend: str, smoothing: float = 0.0) -> None:
     """Rebind `model.forward` (a transformers causal LM, before peft wraps it) to compute the
-    loss through `backend` whenever labels are given."""
+    loss through `backend` whenever labels are given (with label `smoothing` when gradients
+    are taken)."""
     if not hasattr(model, "_expert_cli_forward"):
         model._expert_cli_forward = model.forward
     model._expert_cli_loss = backend
+    model._expert_cli_smoothing = smoothing
     model.forward = MethodType(fused_forward, model)

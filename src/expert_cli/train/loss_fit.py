@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations import is_deepspeed_zero3_enabled
 
+from expert_cli.errors import UserError
 from expert_cli.train.attention import probing
 
 # head_problem: tokens run through the model, and the difference allowed between its logits and
@@ -96,3 +97,14 @@ def _close(got: torch.Tensor | None, want: torch.Tensor | None) -> bool:
         return False
     scale = max(want.abs().max().item(), 1e-6)
     return (got - want).abs().max().item() <= HEAD_TOLERANCE * scale
+
+
+def unfused_note(why: str, smoothing: float) -> str:
+    """The note that the standard loss runs in place of the fused one, for `why`; UserError
+    where the run smooths its labels (`smoothing` > 0), which transformers' own loss does not."""
+    if smoothing:
+        raise UserError(
+            f"training.config.label_smoothing_factor: applied in the fused loss, which this "
+            f"model cannot take ({why}); remove label_smoothing_factor"
+        )
+    return f"fused_loss: {why}; using the standard loss"

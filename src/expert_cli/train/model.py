@@ -12,10 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from peft import (
-    get_peft_model,
-    prepare_model_for_kbit_training,
-)
+from peft import get_peft_model, prepare_model_for_kbit_training
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, set_seed
 
 from expert_cli.config.adapters import decomposing
@@ -39,7 +36,7 @@ from expert_cli.train.fused_dora import fuse_adapter_linears
 from expert_cli.train.grouped_lora import group_lora_linears
 from expert_cli.train.lora_init import INIT_WEIGHTS, kept_start, save_initial
 from expert_cli.train.loss import install_fused_loss
-from expert_cli.train.loss_fit import fused_loss_unsupported
+from expert_cli.train.loss_fit import fused_loss_unsupported, unfused_note
 from expert_cli.train.placement import load_placement
 from expert_cli.train.speed import adapters_in_compute_dtype, apply_liger_kernels
 from expert_cli.train.warm_start import start_from
@@ -256,10 +253,10 @@ def _speedups(
         if distributed.any_rank(why is not None):  # a process holding no weights cannot tell
             why = why or "another process found the model's head unfit for it"
         if why is None:
-            install_fused_loss(model, resolved.fused_loss)
+            install_fused_loss(model, resolved.fused_loss, resolved.label_smoothing_factor)
             choices.fused_loss = resolved.fused_loss
-        else:
-            choices.notes.append(f"fused_loss: {why}; using the standard loss")
+        else:  # refused where the run smooths its labels: only the fused loss does
+            choices.notes.append(unfused_note(why, resolved.label_smoothing_factor))
 
 
 def load_base_model(

@@ -47,6 +47,7 @@ SAME_RUN_FIELDS = (
     "adam_beta2",
     "adam_epsilon",
     "neftune_noise_alpha",  # the embeddings' noise: another training from the resumed step
+    "label_smoothing_factor",  # the targets: another loss from the resumed step
     "loraplus_lr_ratio",  # B's learning rate (and the optimizer's parameter groups)
     "init_adapter",  # the weights the run started from
     # the best so far, restored from the checkpoint, is of this metric: another's is no match
@@ -57,6 +58,7 @@ ABSENT_MEANS: dict[str, Any] = {
     "use_rslora": False,
     "init_lora_weights": "default",
     "neftune_noise_alpha": None,
+    "label_smoothing_factor": 0.0,
     "loraplus_lr_ratio": None,
     "init_adapter": None,
     **ADAM_DEFAULTS,  # the Trainer's, which every run before them trained with
