@@ -40,6 +40,7 @@ def test_a_smoothed_run_trains_on_the_fused_loss_and_evaluates_unsmoothed(
             "2",
         )
         assert code == 0, said + err
+        assert ("label smoothing 0.3" in said) == bool(factor), said  # the schedule line
         runs[factor] = (manifest, out)
     plain, smoothed = runs[0.0][1], runs[0.3][1]
     resolved = json.loads((smoothed / "manifest.resolved.json").read_text())

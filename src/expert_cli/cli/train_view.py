@@ -157,7 +157,8 @@ def print_decisions(
         f"{resolved.gradient_accumulation_steps}, lr {resolved.learning_rate:g} "
         f"{resolved.lr_scheduler}, optim {resolved.optim}, seq {resolved.max_seq_length}, "
         f"packing {'on' if resolved.packing else 'off'}"
-        + (f", NEFTune alpha {alpha:g}" if (alpha := resolved.neftune_noise_alpha) else ""),
+        + (f", NEFTune alpha {alpha:g}" if (alpha := resolved.neftune_noise_alpha) else "")
+        + (f", label smoothing {f:g}" if (f := resolved.label_smoothing_factor) else ""),
         highlight=False,
     )
     for note in [*resolved.notes, *choices.notes]:
