@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -353,3 +354,43 @@ def test_a_final_adapter_this_process_cannot_read_is_not_called_damaged(
     monkeypatch.undo()
     weights.write_bytes(weights.read_bytes()[:-1])
     assert not final_adapter_whole(run)
+
+
+def test_a_second_signal_before_any_whole_checkpoint_says_there_is_nothing_to_resume(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A second signal while the run's first checkpoint was written said to --resume from
+    "its latest checkpoint", which --resume then refused (none whole), and `train` without it
+    sent the user back to --resume: now the checkpoint cut short is removed, the line says
+    to start over with --overwrite, and so do both refusals."""
+    from expert_cli.train.final_save import AT_ONCE, NOTHING_KEPT, stopped_at_once
+
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=16, config={"save_steps": 1})
+    out = tmp_path / "run"
+    code, _, err = run_main(capsys, monkeypatch, *_train(manifest, out), "--max-steps", "2")
+    assert code == 0, err
+    checkpoints = out / "checkpoints"
+    (checkpoints / "checkpoint-3").mkdir()  # cut short while written: no marker
+    (checkpoints / "checkpoint-3" / "adapter_model.safetensors").write_bytes(b"\0" * 10)
+    assert stopped_at_once(out, 3, is_main=True) == AT_ONCE  # checkpoint-2 is kept
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint-1", "checkpoint-2"]
+
+    for kept in checkpoints.iterdir():
+        shutil.rmtree(kept)
+    (checkpoints / "checkpoint-1").mkdir()
+    assert stopped_at_once(out, 1, is_main=True) == NOTHING_KEPT
+    assert not any(checkpoints.iterdir())
+    assert "--overwrite to start over" in NOTHING_KEPT and "--resume" not in NOTHING_KEPT
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    metrics["summary"]["status"] = "interrupted"
+    (out / "metrics.json").write_text(json.dumps(metrics))
+    code, said, err = run_main(capsys, monkeypatch, *_train(manifest, out), "--max-steps", "2")
+    said = " ".join((said + err).split())
+    assert code == 2 and "with no checkpoint written whole to resume from" in said, said
+    assert "start again there with --overwrite" in said and "continue it with --resume" not in said
+    code, said, err = run_main(
+        capsys, monkeypatch, *_train(manifest, out), "--max-steps", "2", "--resume"
+    )
+    said = " ".join((said + err).split())
+    assert code == 2 and "without one, start again with --overwrite" in said, said

@@ -193,7 +193,8 @@ def resume_point(checkpoints: Path) -> ResumePoint:
     )
     raise UserError(
         f"--resume: no checkpoint to resume from under {checkpoints}{shown}; checkpoint-N "
-        f"folders are written every save_steps and on Ctrl-C{unmarked}"
+        f"folders are written every save_steps and on Ctrl-C{unmarked}; without one, start "
+        "again with --overwrite"
     )
 
 

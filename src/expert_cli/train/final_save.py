@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 from typing import Any
 
-from expert_cli.errors import Interrupted, RunError, Terminated
+from expert_cli.errors import Interrupted, RunError, Terminated, UserError
 from expert_cli.train import distributed
 from expert_cli.train.callbacks import Interrupt, InterruptCallback, ThroughputCallback
+from expert_cli.train.checkpoints import COMPLETE, resume_point
 from expert_cli.train.choice import FINAL_STEP, final_adapter_step
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.lora_init import INIT_WEIGHTS, to_standard_form
@@ -31,6 +33,10 @@ AT_ONCE = (
 KEPT = (
     "stopped at once as the run ended: the checkpoint of its last step is kept; train again "
     "with the same options and --resume to continue from it"
+)
+NOTHING_KEPT = (
+    "stopped at once (a second signal) before a checkpoint was written whole: there is "
+    "nothing to resume from; train again with the same options and --overwrite to start over"
 )
 STOPPED = (
     "stopped at once as the run ended: its final adapter is not saved; train again with the "
@@ -97,3 +103,17 @@ def save(run: Run, trainer: Any) -> None:
             write_resolved(run.output, run.resolved, run.runtime)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def stopped_at_once(output: Path, step: int, is_main: bool) -> str:
+    """What a second signal during training left: AT_ONCE where a checkpoint to resume from
+    is kept; else NOTHING_KEPT, the checkpoint of `step` it cut short removed (the signal
+    came while the run's first one was written)."""
+    cut = output / "checkpoints" / f"checkpoint-{step}"
+    if is_main and cut.is_dir() and not (cut / COMPLETE).is_file():
+        shutil.rmtree(cut, ignore_errors=True)
+    try:
+        resume_point(output / "checkpoints")
+    except UserError:
+        return NOTHING_KEPT
+    return AT_ONCE

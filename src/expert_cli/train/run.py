@@ -54,7 +54,7 @@ from expert_cli.train.choice import FINAL_STEP, final_step
 from expert_cli.train.data_record import BASE_CONFIG_KEY, base_config_digest, refuse_changed_data
 from expert_cli.train.divergence import DivergenceWatch
 from expert_cli.train.early_stop import EarlyStop
-from expert_cli.train.final_save import AT_ONCE, end_run
+from expert_cli.train.final_save import end_run, stopped_at_once
 from expert_cli.train.folder_guard import FolderGuard, busy, claim
 from expert_cli.train.fused_lora import is_fused
 from expert_cli.train.grouped_lora import COMPILED_UNGROUPED, NOTHING_GROUPED, is_grouped
@@ -380,7 +380,8 @@ def _train(run: Run, resume: Path | None) -> TrainResult:
         except (KeyboardInterrupt, Terminated) as exc:  # a second signal: stop at once
             throughput.finish(trainer.state.global_step, "interrupted", alone=True)
             code = exc.code if isinstance(exc, Terminated) else 130
-            raise Interrupted(AT_ONCE, code) from None
+            said = stopped_at_once(run.output, trainer.state.global_step, run.is_main)
+            raise Interrupted(said, code) from None
         except BaseException as exc:
             if not (trainer.state.global_step or resume) and (failed := run.tracker_failed(exc)):
                 raise failed from None  # as it started: the run's folder undone
