@@ -394,3 +394,36 @@ def test_a_second_signal_before_any_whole_checkpoint_says_there_is_nothing_to_re
     )
     said = " ".join((said + err).split())
     assert code == 2 and "without one, start again with --overwrite" in said, said
+
+
+def test_a_final_adapter_without_its_config_is_not_a_finished_run(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A finished run whose adapter_config.json was removed (or emptied): report said
+    "package ships it", package said the run stopped before its final adapter, and --resume
+    said there was nothing to resume. Now report and package name the file, and --resume
+    saves the final adapter again from the last step's checkpoint."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=16, config={"save_steps": 2})
+    out = tmp_path / "o"
+    args = (*_train(manifest, out), "--max-steps", "2")
+    assert run_main(capsys, monkeypatch, *args)[0] == 0
+    config = (out / "adapter_config.json").read_text()
+    for damage in ("{}", None):
+        if damage is None:
+            (out / "adapter_config.json").unlink()
+        else:
+            (out / "adapter_config.json").write_text(damage)
+        code, stdout, _ = run_main(capsys, monkeypatch, "report", str(out))
+        said = " ".join(stdout.split())
+        assert code == 0 and said.startswith("stopped: 2 steps"), said
+        assert "adapter_config.json is missing or not an adapter's configuration" in said
+        assert "package ships the final adapter, which is damaged" in said
+    code, stdout, err = run_main(capsys, monkeypatch, "package", "--adapter", str(out))
+    said = " ".join((stdout + err).split())
+    assert code == 2 and "its final adapter's adapter_config.json is not there" in said, said
+    code, stdout, err = run_main(capsys, monkeypatch, *args, "--resume")
+    assert code == 0, stdout + err
+    assert "its adapter saved as the final one" in " ".join(stdout.split())
+    assert json.loads((out / "adapter_config.json").read_text()) == json.loads(config)
+    code, stdout, err = run_main(capsys, monkeypatch, "package", "--adapter", str(out))
+    assert code == 0, stdout + err

@@ -9,6 +9,7 @@ see the same weights: the Trainer evaluates at the end of a step, then saves.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,11 +102,30 @@ def kept_adapters(run_dir: Path) -> list[KeptAdapter]:
 
 
 def final_adapter_whole(run_dir: Path) -> bool:
-    """Whether the run's final adapter is there and not damaged (its header matches its
-    size); one this process may not read (another user's run) is not judged damaged."""
+    """Whether the run's final adapter is there and not damaged (final_adapter_problem)."""
+    return final_adapter_problem(run_dir) is None
+
+
+def final_adapter_problem(run_dir: Path) -> str | None:
+    """What is wrong with the run's final adapter, in words (its weights not there or damaged:
+    their header does not match their size; its adapter_config.json missing or not peft's);
+    None where it is whole. Files this process may not read (another user's run) are not
+    judged damaged."""
     path = run_dir / ADAPTER_WEIGHTS[0]
-    problem = safetensors_problem(path) if path.is_file() else DAMAGED
-    return path.is_file() and (problem is None or DAMAGED not in problem)
+    if not path.is_file():
+        return f"{path.name} is not there"
+    problem = safetensors_problem(path)
+    if problem is not None and DAMAGED in problem:
+        return f"{path.name} {DAMAGED}"
+    try:
+        config = json.loads((run_dir / "adapter_config.json").read_bytes())
+    except PermissionError:
+        return None
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict) or not isinstance(config.get("peft_type"), str):
+        return "adapter_config.json is missing or not an adapter's configuration"
+    return None
 
 
 def final_adapter_step(load_best_model_at_end: bool, state: Any) -> int:

@@ -36,6 +36,7 @@ from expert_cli.train.outputs import (
     held_by_another,
     read_json_file,
     run_of,
+    unfinished,
     writing_now,
 )
 from expert_cli.train.prompt_format import prompt_format
@@ -342,11 +343,11 @@ def refuse_unfinished(adapter: Path) -> None:
     finish = "finish the run: `expert-cli train` with the same --output and --resume"
     if not sound:
         raise UserError(
-            f"--adapter {shown}: the run stopped before writing its final adapter, and none "
-            f"of its checkpoints holds sound weights; {finish}"
+            f"--adapter {shown}: {unfinished(adapter)}, and none of its checkpoints holds "
+            f"sound weights; {finish}"
         )
     raise UserError(
-        f"--adapter {shown}: the run stopped before writing its final adapter; give one of "
+        f"--adapter {shown}: {unfinished(adapter)}; give one of "
         f"its checkpoints (--adapter {shown_path(sound[-1])}; sound: "
         f"{', '.join(p.name for p in sound[-8:])}) or {finish}"
     )

@@ -172,6 +172,15 @@ def set_aside_line(folder: Path) -> str | None:
     )
 
 
+def unfinished(adapter: Path) -> str:
+    """What a run folder without adapter_config.json lacks, in words: its final adapter (the
+    run stopped before saving it), or that file alone (removed since: --resume saves the
+    final adapter again from the last step's checkpoint)."""
+    if (adapter / ADAPTER_WEIGHTS[0]).is_file():
+        return "its final adapter's adapter_config.json is not there (removed since the run?)"
+    return "the run stopped before writing its final adapter"
+
+
 def _stopped_before_saving(adapter: Path) -> str | None:
     """Where `adapter` is a run that stopped before any adapter or checkpoint was saved (its
     metrics.json says how it ended), the line saying so: it read as a folder train never

@@ -32,6 +32,7 @@ from expert_cli.train.choice import (
     KeptAdapter,
     chosen_by,
     default_choice,
+    final_adapter_problem,
     final_adapter_whole,
     kept_adapters,
     lower_loss_note,
@@ -44,7 +45,6 @@ from expert_cli.train.outputs import (
     read_json_file,
     set_aside_line,
 )
-from expert_cli.weights import DAMAGED
 
 PANELS = ("loss", "learning rate", "tokens/s", "data wait")
 PLOT_NAME = "training.png"
@@ -220,7 +220,7 @@ def _status(run_dir: Path, written: str) -> tuple[str, str | None]:
     if held_by_another(run_dir):
         return "saving", SAVING_NOTE
     weights = run_dir / ADAPTER_WEIGHTS[0]
-    lost = f"{weights.name} {DAMAGED}" if weights.is_file() else UNSAVED_NOTE
+    lost = final_adapter_problem(run_dir) if weights.is_file() else UNSAVED_NOTE
     if complete_checkpoints(run_dir / "checkpoints"):
         return "stopped", f"{lost}; train with the same --output and --resume saves it"
     return "stopped", f"{lost}; it keeps no checkpoint to save it from: train again"

@@ -11,7 +11,13 @@ from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
 from expert_cli.train.checkpoints import complete_checkpoints, sound_checkpoints
 from expert_cli.train.choice import chosen_by_best, lower_loss_note
-from expert_cli.train.outputs import adapter_base, held_by_another, run_of, writing_now
+from expert_cli.train.outputs import (
+    adapter_base,
+    held_by_another,
+    run_of,
+    unfinished,
+    writing_now,
+)
 
 
 def checkpoint_folder(run_dir: Path, name: str, chosen_by: str) -> Path:
@@ -59,8 +65,8 @@ def final_problem(run_dir: Path) -> UserError | None:
             if held_by_another(run_dir):  # a live train's: its adapter comes at its end
                 return UserError(writing_now(run_dir))
             return UserError(  # train's folder: a run stopped before its end (generate's words)
-                f"--adapter {shown_path(run_dir)}: the run stopped before writing its final "
-                "adapter; finish it with `expert-cli train` with the same --output and --resume"
+                f"--adapter {shown_path(run_dir)}: {unfinished(run_dir)}; finish it with "
+                "`expert-cli train` with the same --output and --resume"
             )
         return exc
     return None
