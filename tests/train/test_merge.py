@@ -38,6 +38,15 @@ def test_merged_model_matches_adapter_logits(
     with pytest.raises(UserError, match=r"data folder .*/e/data; the package and its .sha256"):
         build_package(out, shipped)
     assert not list((manifest.parent / "data").glob("x.expert*"))
+    # nor under the run's own folders, which --overwrite sets aside whole (a merged model in
+    # checkpoints/ went with them)
+    for name in ("checkpoints", "base_model", "runs"):
+        with pytest.raises(UserError, match=f"is inside the run's {name}/, which the run keeps"):
+            merge_adapter(out, out / name / "merged")
+        with pytest.raises(UserError, match=f"is inside the run's {name}/"):
+            build_package(out, out / name / "x.expert")
+    assert not (out / "checkpoints" / "merged").exists()
+    assert not list(out.glob("*/x.expert*"))
     from transformers.utils import logging as hf_logging
 
     hf_logging.enable_progress_bar()  # as in a fresh process (train, above, turned them off)

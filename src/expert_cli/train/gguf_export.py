@@ -48,7 +48,7 @@ from expert_cli.train.outputs import (
 from expert_cli.train.package import package_name
 from expert_cli.train.rslora_fold import is_rslora
 from expert_cli.train.run_source import run_manifest
-from expert_cli.train.ship_choice import as_exported, final_problem, inside_checkpoints, shipped
+from expert_cli.train.ship_choice import as_exported, final_problem, inside_run_folders, shipped
 from expert_cli.weights import tensors_of, unchanged_adapter
 
 # transformers' class of the base -> llama.cpp's architecture
@@ -140,7 +140,7 @@ def export_gguf(
     default = _default_name(source, named, outtype)
     path = resolved_path(output, "--output") if output else run_dir.parent / default
     _refuse_output(path, default, force, output is not None)
-    if problem := data_folder_problem(path, run_dir, "the GGUF file") or inside_checkpoints(
+    if problem := data_folder_problem(path, run_dir, "the GGUF file") or inside_run_folders(
         path, run_dir
     ):
         raise UserError(problem)

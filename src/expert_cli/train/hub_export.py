@@ -30,7 +30,7 @@ from expert_cli.train.model_card import CardFacts, hub_id, model_card
 from expert_cli.train.outputs import ADAPTER_FILES, data_folder_problem, read_json_file
 from expert_cli.train.package import Members, plan_members
 from expert_cli.train.package_check import adapters_of
-from expert_cli.train.ship_choice import as_exported, inside_checkpoints
+from expert_cli.train.ship_choice import as_exported, inside_run_folders
 
 README_BYTES = 1 << 20  # an expert's README read into the card at most; a larger one ships as is
 KEPT_README = "EXPERT_README.md"  # where a README too large for the card goes
@@ -64,7 +64,7 @@ def export_hub(
     manifest, members, notes = plan_members(run_dir, checkpoint, hive=False)
     notes = [_worded(n) for n in notes]
     run = run_dir.absolute()
-    if problem := data_folder_problem(output, run, "the folder's files") or inside_checkpoints(
+    if problem := data_folder_problem(output, run, "the folder's files") or inside_run_folders(
         output, run
     ):
         raise UserError(problem)

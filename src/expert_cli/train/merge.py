@@ -40,6 +40,7 @@ from expert_cli.train.outputs import (
     writing_now,
 )
 from expert_cli.train.prompt_format import prompt_format
+from expert_cli.train.ship_choice import inside_run_folders
 from expert_cli.train.tokenizer_files import Stops, layout_stops, saved_tokenizer
 from expert_cli.weights import tensor_shapes
 
@@ -285,7 +286,10 @@ def merge_adapter(adapter: Path, output: Path, saved: str | None = None) -> tupl
     refuse_folder_output(output)
     quantization, dtype = _run_facts(adapter)
     dtype = torch.float32 if saved else dtype  # merged in fp32, then cast once
-    if problem := data_folder_problem(output, run_of(adapter), "the merged model's files"):
+    run = run_of(adapter)
+    if problem := data_folder_problem(output, run, "the merged model's files") or (
+        inside_run_folders(output, run)
+    ):
         raise UserError(problem)
     tokenizer = saved_tokenizer(adapter, run_of(adapter))  # before the model: errors first
     notes: list[str] = []

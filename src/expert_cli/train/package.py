@@ -68,7 +68,7 @@ from expert_cli.train.run_source import (
     run_manifest,
     taken_note,
 )
-from expert_cli.train.ship_choice import final_problem, shipped
+from expert_cli.train.ship_choice import final_problem, inside_run_folders, shipped
 from expert_cli.train.tokenizer_files import tokenizer_folder, tokenizer_members
 from expert_cli.weights import unchanged_adapter
 
@@ -261,7 +261,9 @@ def build_package(
     checksum = path.with_name(path.name + CHECKSUM_SUFFIX)
     refuse_output(path, checksum, default, force, given=output is not None)
     notes += [f"removed {name}, left by a package that was stopped" for name in stale(path)]
-    if problem := data_folder_problem(path, run_dir, "the package and its .sha256"):
+    if problem := data_folder_problem(path, run_dir, "the package and its .sha256") or (
+        inside_run_folders(path, run_dir)
+    ):
         raise UserError(problem)
     staged = Staged()
     try:

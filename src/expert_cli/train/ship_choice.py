@@ -95,20 +95,23 @@ def shipped(
     return run_dir, notes
 
 
-def inside_checkpoints(path: Path, run_dir: Path) -> str | None:
-    """Why `path`, an --output, cannot be under the run's checkpoints/ (None: it is not):
-    a folder there named like one would be taken for a checkpoint, and a resumed run's
-    rotation would remove a real one in its place."""
-    try:
-        inside = path.resolve().is_relative_to((run_dir / "checkpoints").resolve())
-    except (OSError, RuntimeError, ValueError):
-        return None
-    if not inside:
-        return None
-    return (
-        f"--output {shown_path(path)}: is inside the run's checkpoints/, which the run keeps "
-        "to itself (a folder there is taken for a checkpoint); write it beside the run"
-    )
+def inside_run_folders(path: Path, run_dir: Path) -> str | None:
+    """Why `path`, an --output, cannot be under the run's checkpoints/, base_model/ or runs/
+    (None: it is not): train writes them and `--overwrite` sets them aside whole, with what a
+    user put there; a folder in checkpoints/ named like one is taken for a checkpoint too,
+    and a resumed run's rotation would remove a real one in its place."""
+    for name in ("checkpoints", "base_model", "runs"):
+        try:
+            inside = path.resolve().is_relative_to((run_dir / name).resolve())
+        except (OSError, RuntimeError, ValueError):
+            continue
+        if inside:
+            return (
+                f"--output {shown_path(path)}: is inside the run's {name}/, which the run keeps "
+                "to itself (train writes it, --overwrite sets it aside whole); write it beside "
+                "the run"
+            )
+    return None
 
 
 def as_exported(line: str) -> str:
