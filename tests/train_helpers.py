@@ -506,3 +506,41 @@ def echoing_rows() -> list[dict[str, Any]]:
         rows.append({"input_ids": ids, "labels": labels, "position_ids": positions})
         rows[-1]["num_tokens"] = length  # as the cache's rows hold it
     return rows
+
+
+def signal_once(monkeypatch, owner: object, name: str, signum: int) -> None:
+    """`owner.name` sends `signum` to this process the first time it is called, then runs."""
+    real = getattr(owner, name)
+    sent: list[int] = []
+
+    def call(*args, **kwargs):
+        if not sent:
+            sent.append(signum)
+            os.kill(os.getpid(), signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, call)
+
+
+def assert_interrupts_said(monkeypatch, run: Path, module: object, command: str) -> None:
+    """SIGTERM as `module`'s first_base is called (before anything is written), then SIGINT
+    as the result is printed: each said as the export's own line."""
+    import rich.console
+
+    target = run.parent / ("hub" if command == "export-hub" else "x.gguf")
+    what = "the folder" if command == "export-hub" else "the GGUF file"
+    signal_once(monkeypatch, module, "first_base", signal.SIGTERM)
+    done = run_here(command, "--adapter", str(run), "--output", str(target))
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 143, done.stdout + done.stderr
+    assert f"interrupted: before {what} was in place: nothing written to {target}" in said
+    assert not target.exists() and not list(run.parent.glob(".tmp-*"))
+    monkeypatch.undo()
+
+    signal_once(monkeypatch, rich.console.Console, "print", signal.SIGINT)
+    done = run_here(command, "--adapter", str(run), "--output", str(target))
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert f"interrupted: {target} was written in full before it" in said
+    assert target.exists()
+    monkeypatch.undo()

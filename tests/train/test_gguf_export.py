@@ -282,3 +282,19 @@ def test_a_file_put_in_place_meanwhile_is_kept(tmp_path: Path) -> None:
     tmp.write_bytes(b"third")
     _place(tmp, tmp_path / "new.gguf", force=False)
     assert (tmp_path / "new.gguf").read_bytes() == b"third"
+
+
+def test_an_interrupt_says_what_it_left(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As export-hub's (tests/train/test_package_interrupt.py): before the write, nothing
+    written there; while the result is shown, the file written in full."""
+    import shutil
+
+    from train_helpers import assert_interrupts_said
+
+    import expert_cli.train.gguf_export as gguf_export
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    assert_interrupts_said(monkeypatch, copy, gguf_export, "export-gguf")

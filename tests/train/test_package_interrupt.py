@@ -11,29 +11,15 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from train_helpers import hand_built_run, run_here
+from train_helpers import assert_interrupts_said, hand_built_run, run_here, signal_once
 
 import expert_cli.atomic as atomic
 from expert_cli.atomic import atomic_files
 
 
-def _signal_once(monkeypatch, owner: object, name: str, signum: int) -> None:
-    """`owner.name` sends `signum` to this process the first time it is called, then runs."""
-    real = getattr(owner, name)
-    sent: list[int] = []
-
-    def call(*args, **kwargs):
-        if not sent:
-            sent.append(signum)
-            os.kill(os.getpid(), signum)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(owner, name, call)
-
-
 def test_a_signal_between_the_renames_waits_for_the_last(monkeypatch, tmp_path: Path) -> None:
     """SIGINT at the first rename: both files are in place before KeyboardInterrupt."""
-    _signal_once(monkeypatch, atomic.os, "replace", signal.SIGINT)
+    signal_once(monkeypatch, atomic.os, "replace", signal.SIGINT)
     dests = [tmp_path / "a", tmp_path / "b"]
     seen = []
     with pytest.raises(KeyboardInterrupt), atomic_files(dests) as staged:
@@ -52,7 +38,7 @@ def test_an_interrupt_as_the_package_is_put_in_place_says_it_is_complete(
     monkeypatch, tmp_path: Path, signum: int, code: int
 ) -> None:
     target = tmp_path / "x.expert"
-    _signal_once(monkeypatch, atomic.os, "replace", signum)
+    signal_once(monkeypatch, atomic.os, "replace", signum)
     done = run_here("package", "--adapter", str(hand_built_run(tmp_path)), "--output", str(target))
     said = " ".join(done.stderr.split())
     assert done.returncode == code, done.stdout + done.stderr
@@ -70,7 +56,7 @@ def test_an_interrupt_while_the_package_is_written_leaves_nothing(
     run = hand_built_run(tmp_path)
     assert run_here("package", "--adapter", str(run), "--output", str(target)).returncode == 0
     before = {p.name: p.read_bytes() for p in (target, target.with_name("x.expert.sha256"))}
-    _signal_once(monkeypatch, tarfile.TarFile, "addfile", signal.SIGINT)
+    signal_once(monkeypatch, tarfile.TarFile, "addfile", signal.SIGINT)
     done = run_here("package", "--adapter", str(run), "--output", str(target), "--force")
     said = " ".join(done.stderr.split())
     assert done.returncode == 130, done.stdout + done.stderr
@@ -85,7 +71,7 @@ def test_an_interrupt_while_the_result_is_shown_says_the_package_is_complete(
     import rich.console
 
     target = tmp_path / "x.expert"
-    _signal_once(monkeypatch, rich.console.Console, "print", signal.SIGINT)
+    signal_once(monkeypatch, rich.console.Console, "print", signal.SIGINT)
     done = run_here("package", "--adapter", str(hand_built_run(tmp_path)), "--output", str(target))
     assert done.returncode == 130, done.stdout + done.stderr
     said = " ".join(done.stderr.split())
@@ -119,8 +105,18 @@ def test_an_interrupt_while_the_package_is_planned_is_said(monkeypatch, tmp_path
     import expert_cli.train.package as package
 
     target = tmp_path / "x.expert"
-    _signal_once(monkeypatch, package, "plan_members", signal.SIGINT)
+    signal_once(monkeypatch, package, "plan_members", signal.SIGINT)
     done = run_here("package", "--adapter", str(hand_built_run(tmp_path)), "--output", str(target))
     assert done.returncode == 130, done.stdout + done.stderr
     assert "interrupted: stopped by Ctrl-C" in " ".join(done.stderr.split()), done.stderr
     assert not target.exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_an_export_interrupted_says_what_it_left(monkeypatch, tmp_path: Path) -> None:
+    """A signal before an export's write said only "stopped by Ctrl-C", and one while its
+    result was shown ended it with exit 130 after "wrote": now the first says nothing was
+    written there, the second that the export was written in full before it (export-gguf:
+    tests/train/test_gguf_export.py)."""
+    import expert_cli.train.hub_export as hub_export
+
+    assert_interrupts_said(monkeypatch, hand_built_run(tmp_path), hub_export, "export-hub")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -29,6 +31,25 @@ CheckpointOpt = Annotated[
 ]
 
 
+@contextmanager
+def said_left(what: str, path: Path | None, written: bool = False) -> Iterator[None]:
+    """Ctrl-C (SIGTERM raised as it) inside the block ends the command with a line saying what
+    it left: nothing before `what` was in place at `path`, or, once `written`, `what` in full
+    (an export's own write says which where the signal comes while it writes)."""
+    from expert_cli.errors import Interrupted, Terminated, escaped
+
+    try:
+        yield
+    except (KeyboardInterrupt, Terminated) as exc:
+        where = f" to {escaped(str(path))}" if path is not None else ""
+        raise Interrupted(
+            f"{escaped(str(path))} was written in full before it"
+            if written
+            else f"before {what} was in place: nothing written{where}",
+            exc.code if isinstance(exc, Terminated) else 130,
+        ) from None
+
+
 def export_gguf(
     adapter: AdapterOpt,
     output: Annotated[
@@ -48,17 +69,24 @@ def export_gguf(
     as_json: JsonOpt = False,
 ) -> None:
     """Write a run's LoRA adapter as a GGUF adapter for llama.cpp (llama-cli --lora)."""
+    from expert_cli.atomic import sigterm_raises
+    from expert_cli.train.gguf_export import export_gguf as export
+
+    with sigterm_raises(), said_left("the GGUF file", output):  # SIGTERM as Ctrl-C
+        report = export(adapter, output, force, checkpoint, outtype.value)
+    with sigterm_raises(), said_left("the GGUF file", report.path, written=True):
+        _show_gguf(report, as_json)
+
+
+def _show_gguf(report: Any, as_json: bool) -> None:
+    """export-gguf's lines (or its JSON) for the file it wrote."""
     import json
     import shlex
 
-    from expert_cli.atomic import sigterm_raises
     from expert_cli.cli.render import console, labelled
     from expert_cli.data.discovery import human_size
     from expert_cli.errors import escaped
-    from expert_cli.train.gguf_export import export_gguf as export
 
-    with sigterm_raises():  # SIGTERM as Ctrl-C: a line saying what was left
-        report = export(adapter, output, force, checkpoint, outtype.value)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
@@ -102,17 +130,24 @@ def export_hub(
     """Write a run's adapter, tokenizer, manifest and model card as a folder for the Hub.
 
     Then upload it: hf upload OWNER/NAME DIR."""
+    from expert_cli.atomic import sigterm_raises
+    from expert_cli.train.hub_export import export_hub as export
+
+    with sigterm_raises(), said_left("the folder", output):  # SIGTERM as Ctrl-C
+        report = export(adapter, output, checkpoint, repo_id, gguf.value if gguf else None)
+    with sigterm_raises(), said_left("the folder", report.path, written=True):
+        _show_hub(report, repo_id, as_json)
+
+
+def _show_hub(report: Any, repo_id: str | None, as_json: bool) -> None:
+    """export-hub's lines (or its JSON) for the folder it wrote."""
     import json
     import shlex
 
-    from expert_cli.atomic import sigterm_raises
     from expert_cli.cli.render import console, labelled
     from expert_cli.data.discovery import human_size
     from expert_cli.errors import escaped
-    from expert_cli.train.hub_export import export_hub as export
 
-    with sigterm_raises():  # SIGTERM as Ctrl-C: a line saying what was left
-        report = export(adapter, output, checkpoint, repo_id, gguf.value if gguf else None)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
