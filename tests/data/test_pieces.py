@@ -217,3 +217,26 @@ def test_without_packing_no_packing_efficiency_is_shown(demo_expert_dir) -> None
     assert "packing efficiency 9" in summary_lines(packed)[1]
     truncated = plain.stats["train"]["truncated"]
     assert f"kept whole / {truncated:,} truncated" in line
+
+
+def test_a_batch_of_long_documents_is_bounded_by_its_text_not_its_rows(
+    tiny_tokenizer, monkeypatch
+) -> None:
+    """A batch's time bound (there to stop a chat template that loops) was rows x 50 ms, at
+    least 10 s: 100 documents of 700 KB, split into pieces, took longer to tokenize and were
+    refused as "the chat template took over 10 s". The bound grows with the batch's text."""
+    import time
+
+    from expert_cli.data import workers
+
+    monkeypatch.setattr(workers, "TEMPLATE_SECONDS", 0.05)
+    monkeypatch.setattr(workers, "ROW_SECONDS", 0.0)
+    text = " ".join(f"word{i % 997}" for i in range(200_000))  # about 1.6 MB
+    formatter = Formatter(tiny_tokenizer, "text", 512, "split")
+    began = time.monotonic()
+    table = workers.bounded_format(formatter, {"text": [text, text]})
+    assert time.monotonic() - began > 0.05  # past the bound of rows alone
+    assert table.num_rows == 2 and table.column("status").to_pylist() == [SPLIT, SPLIT]
+    monkeypatch.setattr(workers, "CHAR_SECONDS", 0.0)  # the bound of rows alone, as it was
+    with pytest.raises(workers.UserError, match="tokenizing 2 examples took over 0 s, far past"):
+        workers.bounded_format(formatter, {"text": [text, text]})  # no template renders them

@@ -89,19 +89,45 @@ def _format_task(index: np.ndarray) -> tuple[np.ndarray, pa.Table]:
 
 
 ROW_SECONDS = 0.05  # a batch's bound per row: a chat template renders one in about 1 ms
+# and per character of its text: the build tokenizes about 2 MB a second on one core (14 MB
+# of 700 KB documents split into pieces in 6 s), so 10 us a character is 20 times that; a
+# bound of rows alone stopped a batch of long documents as a template that loops
+CHAR_SECONDS = 1e-5
 
 
 def bounded_format(formatter: Formatter, batch: dict[str, list[Any]]) -> pa.Table:
-    """The formatter's table for `batch`, within max(TEMPLATE_SECONDS, ROW_SECONDS a row): a
-    chat template that loops without end for some conversations (three turns and more, say:
-    the load's check renders one of two) held the build for ever; UserError naming it."""
+    """The formatter's table for `batch`, within max(TEMPLATE_SECONDS, ROW_SECONDS a row,
+    CHAR_SECONDS a character of its text): a chat template that loops without end for some
+    conversations (three turns and more, say: the load's check renders one of two) held the
+    build for ever; UserError naming it."""
     rows = len(next(iter(batch.values()), []))
-    seconds = max(TEMPLATE_SECONDS, ROW_SECONDS * rows)
+    seconds = max(TEMPLATE_SECONDS, ROW_SECONDS * rows, CHAR_SECONDS * _characters(batch))
     try:
         with deadline(seconds):
             return formatter(batch)
     except TimedOut:  # a render's own bound, or the batch's
-        raise UserError(TEMPLATE_LOOPS) from None
+        if getattr(formatter, "renders", "messages") == "messages":
+            raise UserError(TEMPLATE_LOOPS) from None
+        raise UserError(  # no template renders these rows: the tokenizer itself was slow
+            f"tokenizing {rows} examples took over {seconds:.0f} s, far past the usual "
+            "(about 2 MB of text a second); is the tokenizer a slow one, or the machine "
+            "overloaded?"
+        ) from None
+
+
+def _characters(value: Any) -> int:
+    """The characters of the text in `value` (a batch's columns: strings in lists and dicts,
+    at any depth, walked without recursion)."""
+    count, left = 0, [value]
+    while left:
+        item = left.pop()
+        if isinstance(item, str):
+            count += len(item)
+        elif isinstance(item, dict):
+            left.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            left.extend(item)
+    return count
 
 
 def row_costs(ds: datasets.Dataset) -> np.ndarray:
