@@ -268,6 +268,37 @@ def test_multi_task_fields_it_does_not_read_are_refused_or_noted(tmp_path: Path)
     assert cfg.train_sources[0].format == "csv"
 
 
+def test_a_format_the_files_name_contradicts_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """The demo's `"format": "jsonl"` kept beside a path changed to a .parquet or .csv file
+    read it as JSON lines ("not UTF-8 text", "invalid JSON"), and `huggingface` beside a
+    local file looked for it on the hub ("no file of that name"): exit 2 naming the format
+    field and the file's own format. A format of the same family (json for .jsonl) and one
+    for a name that says none (.data) are read as before."""
+    for name in ("t.parquet", "t.csv", "t.jsonl", "g.data"):
+        (tmp_path / name).write_text("x")
+
+    def resolved(**block):
+        block = {"path": "t.parquet", **block}
+        manifest = _mutate(tmp_path, lambda d: d["training"].__setitem__("dataset", block))
+        return resolve(load_manifest(manifest), H100)
+
+    for path, fmt, named in (("t.parquet", "jsonl", "parquet"), ("t.csv", "jsonl", "csv"),
+                             ("t.jsonl", "csv", "jsonl")):  # fmt: skip
+        with pytest.raises(UserError) as info:
+            resolved(path=path, format=fmt)
+        assert info.value.lines[0].startswith(
+            f"training.dataset.format: {fmt}, and {tmp_path / path} is a {named} file by its "
+            "name: remove format"
+        ), info.value.lines
+    with pytest.raises(UserError, match="training.dataset.format: huggingface reads training"):
+        resolved(path="t.jsonl", format="huggingface")
+    tasks = {"gen": {"train": "t.csv", "format": "parquet"}}
+    with pytest.raises(UserError, match="training.dataset.tasks.gen.format: parquet, and"):
+        resolved(type="multi_task", tasks=tasks)
+    assert resolved(path="t.jsonl", format="json").train_sources[0].format == "json"
+    assert resolved(path="g.data", format="csv").train_sources[0].format == "csv"
+
+
 def test_data_named_and_not_read_is_noted(tmp_path: Path) -> None:
     """A `test_path` naming no file (read by `evaluate` alone, after training) and a data
     folder's files of another format than the block's `format` (a parquet folder's .jsonl

@@ -18,7 +18,7 @@ from expert_cli.config.refs import (
 )
 from expert_cli.config.split_names import card_problem
 from expert_cli.errors import UserError
-from expert_cli.paths import shown_path
+from expert_cli.paths import path_exists, path_is_file, shown_path
 
 
 class SourceRef(BaseModel):
@@ -47,6 +47,8 @@ def _source(
             "a hub id, e.g. data/train.jsonl or org/name::train"
         )
     path = local_path(folder, name, label)
+    if problem := _format_problem(path, fmt, label):
+        raise UserError(problem)
     if fmt != "huggingface" and is_local(folder, name):
         _refuse_manifest_folder(path, folder, label)
         if problem := card_problem(path, label, split):
@@ -74,6 +76,28 @@ def _source(
         format="huggingface",
         field=label,
     )
+
+
+def _format_problem(path: Path, fmt: str | None, label: str) -> str | None:
+    """Why the manifest's `format` cannot be read for the file at `path`: a hub dataset's
+    where a local file or folder of that name is there (it was looked for on the hub, and
+    the error said no file of that name existed), or another file format than its name's
+    (a .parquet file read as JSON lines was called "not UTF-8 text")."""
+    field = f"{label.rsplit('.', 1)[0]}.format"  # the format beside the path's field
+    if fmt == "huggingface" and path_exists(path):
+        return (
+            f"{field}: huggingface reads {label} as a hub dataset's id, and {shown_path(path)} "
+            "is a local file or folder: remove format (the file's name says how to read it), "
+            "or name a hub dataset"
+        )
+    named = suffix_format(path) if fmt and fmt != "huggingface" and path_is_file(path) else None
+    family = {"jsonl": "json"}  # one reader reads both layouts
+    if named and family.get(named, named) != family.get(fmt, fmt):
+        return (
+            f"{field}: {fmt}, and {shown_path(path)} is a {named} file by its name: remove "
+            f"format (the file's name says how to read it), or set it to {named}"
+        )
+    return None
 
 
 def _refuse_manifest_folder(path: Path, folder: Path, label: str) -> None:
