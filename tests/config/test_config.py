@@ -299,6 +299,28 @@ def test_a_format_the_files_name_contradicts_is_refused_naming_the_field(tmp_pat
     assert resolved(path="g.data", format="csv").train_sources[0].format == "csv"
 
 
+def test_evaluation_with_nothing_to_evaluate_is_refused_by_check(tmp_path: Path) -> None:
+    """evaluation_strategy steps beside no validation file and eval_fraction 0 passed check,
+    then train built the cache and stopped: refused as the manifest is read."""
+    (tmp_path / "t.jsonl").write_text("x")
+    for held in ("eval_fraction", "validation_split"):
+        block = {"path": "t.jsonl", held: 0}
+        manifest = _mutate(tmp_path, lambda d, b=block: d["training"].__setitem__("dataset", b))
+        with pytest.raises(UserError) as info:
+            resolve(load_manifest(manifest), H100)
+        assert info.value.lines[0].startswith(
+            "manifest.json: training.config.evaluation_strategy: steps, and the run has "
+            f"nothing to evaluate (no validation file, and a {held} of 0 holds none out)"
+        ), info.value.lines
+    data = json.loads(manifest.read_text())
+    for key in ("load_best_model_at_end", "early_stopping_patience", "eval_on_start"):
+        data["training"]["config"].pop(key, None)  # they read evaluations
+    data["training"]["config"]["evaluation_strategy"] = "no"
+    assert resolve(load_manifest(_write(tmp_path, data)), H100).evaluation_strategy == "no"
+    del data["training"]["config"]["evaluation_strategy"]  # unset: no evaluation, no error
+    assert resolve(load_manifest(_write(tmp_path, data)), H100).evaluation_strategy == "no"
+
+
 def test_data_named_and_not_read_is_noted(tmp_path: Path) -> None:
     """A `test_path` naming no file (read by `evaluate` alone, after training) and a data
     folder's files of another format than the block's `format` (a parquet folder's .jsonl
