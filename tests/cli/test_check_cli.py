@@ -121,6 +121,36 @@ def test_bad_data_and_model_are_problems(cli, tmp_path: Path, tiny_model_dir: Pa
     )
 
 
+def test_test_data_evaluate_would_refuse_is_a_note(
+    cli, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """check read no test file: a bad row there passed check and train, and stopped
+    evaluate; a test file that is the training file was said by evaluate alone. Both are
+    notes now (training does not read test data: the manifest stays usable)."""
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=8)
+    data = json.loads(manifest.read_text())
+    data["training"]["dataset"]["test_path"] = "data/test.jsonl"
+    manifest.write_text(json.dumps(data))
+    (tmp_path / "e" / "data" / "test.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n')
+    out = cli("check", "--manifest", str(manifest), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    notes = json.loads(out.stdout)["notes"]
+    test_file = tmp_path / "e" / "data" / "test.jsonl"
+    assert (
+        f"{test_file}:2: field 'text' (field_mapping.text) is a number, expected a string "
+        "(evaluate reads it; training does not)" in notes
+    ), notes
+    data["training"]["dataset"]["test_path"] = "data/train.jsonl"
+    manifest.write_text(json.dumps(data))
+    out = cli("check", "--manifest", str(manifest), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    notes = json.loads(out.stdout)["notes"]
+    assert (
+        f"training.dataset.test_path: {tmp_path / 'e' / 'data' / 'train.jsonl'} is also read "
+        "for training; evaluate then scores examples the run trained on"
+    ) in notes, notes
+
+
 def test_missing_model_folder_and_empty_data(cli, tmp_path: Path, tiny_model_dir: Path) -> None:
     folder = _hivellm_dir(tmp_path, tiny_model_dir)
     data = json.loads((folder / "manifest.json").read_text())

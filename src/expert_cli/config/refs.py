@@ -228,6 +228,20 @@ def held_out_notes(train: list[Any], valid: list[Any]) -> list[str]:
     return notes
 
 
+def trained_test_notes(train: list[Any], tests: list[Any]) -> list[str]:
+    """A note for each test source whose files (or hub split) training reads too: evaluate
+    then scores examples the run trained on (it says how many; check said nothing)."""
+    trained = {f for ref in train if ref.kind == "local" for f in _local_files(ref, True)[0]}
+    hub = {(r.location, r.split, r.config) for r in train if r.kind == "hub"}
+    return [
+        f"{ref.field}: {shown_path(ref.location)} is also read for training; evaluate then "
+        "scores examples the run trained on"
+        for ref in tests
+        if (ref.kind == "local" and _local_files(ref, False)[0] & trained)
+        or (ref.kind == "hub" and (ref.location, ref.split, ref.config) in hub)
+    ]
+
+
 def unread_notes(refs: list[Any]) -> list[str]:
     """A note for each local data folder holding files no format reads (data.tsv,
     data.jsonl.zst): the run trains without them, so each is named (at most SHOWN_FILES)."""

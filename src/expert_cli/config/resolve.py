@@ -26,6 +26,7 @@ from expert_cli.config.refs import (
     local_path,
     looks_like_hub_id,
     on_another_system,
+    trained_test_notes,
     unread_fields,
     unread_notes,
     windows_reason,
@@ -301,6 +302,7 @@ def resolve(lm: LoadedManifest, env: Environment) -> ResolvedConfig:
         tests = []
         notes += [f"{line} (evaluate reads it; training does not)" for line in exc.lines]
     notes += choices.shared_sources(train, valid) + unevaluated_tasks(train, valid)
+    notes += trained_test_notes(train, tests)
     notes += (
         held_out_notes(train, valid) + unread_notes(train + valid) + unread_fields(ds, lm.folder)
     )

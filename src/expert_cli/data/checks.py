@@ -118,6 +118,7 @@ def check_manifest(
     data = _read_data(resolved, tokenizer, verdict, quick, progress)
     cache = cache_root_problem(Path(resolved.pretokenized_cache), resolved.expert)
     report.notes = [*report.notes, *data.notes, *_detected_notes(resolved, data)]
+    report.notes += _test_notes(resolved, data, quick, progress)
     report.problems = [
         *_check_model(resolved, tokenizer_problems),
         *([start] if (start := init_adapter_problem(resolved)) else []),
@@ -179,6 +180,19 @@ def _read_data(
         except UserError as exc:
             data.problems += exc.lines
     return data
+
+
+def _test_notes(
+    resolved: ResolvedConfig, data: DataCheck, quick: int | None, progress: BuildProgress | None
+) -> list[str]:
+    """The local test files' rows read and checked as the training data's: what would stop
+    `evaluate`, as notes (training does not read them: the manifest stays usable)."""
+    tests = DataCheck(resolved.field_mapping, quick, progress, data.verdict, data.marks)
+    tests.fields, tests.blank_turns = data.fields, data.blank_turns
+    for source in resolved.test_sources:
+        if source.kind == "local":  # a hub one is for evaluate to fetch
+            tests.source(source, train=False)
+    return [f"{line} (evaluate reads it; training does not)" for line in tests.problems]
 
 
 def _held_out_notes(resolved: ResolvedConfig, data: DataCheck) -> list[str]:
