@@ -335,6 +335,11 @@ def test_a_detected_column_of_the_wrong_type_says_how_to_leave_it_out(
     [
         ({"text": "text", "response": "answer"}, "`text` holds the whole example, so `response`"),
         ({"messages": "messages", "input": "sys"}, "holds the whole conversation, so `input`"),
+        (  # passed check and built: the answer was its own prompt, trained to be repeated
+            {"instruction": "text", "response": "text"},
+            "`instruction` and `response` both name the column 'text'; each role reads",
+        ),
+        ({"instruction": "q", "input": "q", "response": "a"}, "`instruction` and `input` both"),
     ],
 )
 def test_roles_that_would_not_be_used_are_refused(mapping: dict, said: str) -> None:

@@ -92,6 +92,15 @@ def field_spec(
         mapping = {role: named.get(column, column) for role, column in found.items()}
         maybe = frozenset(OPTIONAL_ROLES & set(mapping))
     kind = mapping_kind(mapping)
+    shared = {c for c in mapping.values() if list(mapping.values()).count(c) > 1}
+    if shared:  # `instruction` and `response` of one column: trained to repeat its prompt
+        column = sorted(shared)[0]
+        roles = [f"`{r}`" for r, c in mapping.items() if c == column]
+        raise UserError(
+            f"training.dataset.field_mapping: {' and '.join(roles)} both name the column "
+            f"'{column}'; each role reads a column of its own (an answer that is its own "
+            "prompt trains the model to repeat it)"
+        )
     if TOOLS in mapping and kind != "messages":
         raise UserError(
             "training.dataset.field_mapping: `tools` (tool definitions for the chat template) "
