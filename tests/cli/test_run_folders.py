@@ -425,6 +425,14 @@ def test_a_folder_of_someone_elses_files_is_refused(capsys, monkeypatch, tmp_pat
         " ".join(err.split())
     )
     assert sorted(p.name for p in manifest.parent.iterdir()) == before
+    data = manifest.parent / "data"  # the training file's own folder: the run among the data
+    held = sorted(p.name for p in data.iterdir())
+    code, _, err = _here(capsys, monkeypatch, manifest, data, "--max-steps", "1")
+    assert code == 2, err
+    assert f"--output {data}: holds the data file train.jsonl; the run's files" in (
+        " ".join(err.split())
+    )
+    assert sorted(p.name for p in data.iterdir()) == held
 
 
 @pytest.mark.slow

@@ -62,6 +62,14 @@ def refuse_output_place(output: Path, manifest_folder: Path, sources: list[Sourc
             f"--output {shown_path(output)}: is the folder that holds the manifest; give the run "
             "a folder of its own (the default is its output/ folder)"
         )
+    for ref in sources:  # a data file's own folder: the run's files among the user's data
+        place = Path(ref.location)
+        if ref.kind == "local" and place.is_file() and place.resolve().parent == output.resolve():
+            raise UserError(
+                f"--output {shown_path(output)}: holds the data file {place.name}; the run's "
+                "files (checkpoints, weights, a README) would be written among the data: give "
+                "the run a folder of its own"
+            )
 
 
 def holds_run(output: Path) -> bool:
