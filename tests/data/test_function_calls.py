@@ -487,3 +487,20 @@ def test_a_saved_datasets_turns_whose_role_is_not_text_are_refused_by_type(
     (problem,) = check_manifest(manifest).problems
     assert "field 'conversations' (field_mapping.messages) holds List({'from': List(" in problem
     assert problem.endswith("in every row")
+
+
+@pytest.mark.parametrize(
+    ("calls", "kind"), [("call f", "a string"), ({"function": {"name": "f"}}, "an object")]
+)
+def test_tool_calls_that_are_not_a_list_are_named(calls, kind) -> None:
+    """A turn's tool_calls given as text (or one call's object) was said as its content:
+    "content is missing (null)"."""
+    from expert_cli.data.values import _value_problem
+
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": None}]
+    turns[1]["tool_calls"] = calls
+    assert _value_problem("messages", turns) == (
+        f"item 1: tool_calls is {kind}, expected a list of calls"
+    )
+    turns[1]["tool_calls"] = [{"type": "function", "function": {"name": "f", "arguments": {}}}]
+    assert _value_problem("messages", turns) is None

@@ -106,6 +106,8 @@ def test_a_template_that_leaves_the_tools_out_refuses_the_row(tiny_tokenizer) ->
         (["lookup"], (None, f"item 0 is text that is not JSON, expected {ONE_TOOL}")),
         ([json.dumps(TOOL)], ([TOOL], None)),  # each tool's JSON text (When2Call's)
         (["[1]"], (None, f"item 0 is a list, expected {ONE_TOOL}")),
+        (5, (None, f"is a number, expected {TOOLS_SHAPE}")),  # "is a int"
+        ([2.5], (None, f"item 0 is a number, expected {ONE_TOOL}")),
     ],
 )
 def test_tools_are_a_list_of_objects_or_its_json_text(value, expected) -> None:

@@ -172,6 +172,11 @@ def _decode_one(
             while at > pos and buf[at - 1] in _WHITESPACE:
                 at -= 1
             where = line + buf.count("\n", pos, at)
+            if buf[exc.pos : exc.pos + 1] == "\ufeff":  # files joined with `cat`: the second's
+                raise UserError(
+                    f"{text.path}:{where}: a byte order mark (U+FEFF) inside the file, where a "
+                    "file saved with one was joined to another (cat a.jsonl b.jsonl); remove it"
+                ) from None
             raise UserError(f"{text.path}:{where}: invalid JSON ({exc.msg})") from None
         except RecursionError:
             raise UserError(f"{text.path}:{line}: JSON nested too deeply") from None

@@ -65,6 +65,7 @@ def tools_text(tools: list[Any] | None) -> str | None:
 
 def _kind(value: Any) -> str:
     names = {"dict": "an object", "list": "a list", "str": "text", "bool": "a boolean"}
+    names |= {"int": "a number", "float": "a number"}  # "a int" before
     return names.get(type(value).__name__, f"a {type(value).__name__}")
 
 

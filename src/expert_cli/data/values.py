@@ -62,6 +62,9 @@ def _value_problem(role: str, value: Any) -> str | None:
             return f"item {i} is {kind_of(message)}, expected an object with role and content"
         if problem := call_problem(message):
             return f"item {i} {problem}"
+        calls = message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):  # said as its content, before
+            return f"item {i}: tool_calls is {kind_of(calls)}, expected a list of calls"
         if twice := repeated_keys(message):  # every key of a turn reaches the template
             key = min(twice)
             return f"item {i}: {key if key in MESSAGE_KEYS else shown_name(key)} {TWICE}"
