@@ -65,6 +65,13 @@ def test_report_of_a_folder_without_metrics_is_exit_2(tmp_path: Path) -> None:
         assert f"{run_dir}: no readable metrics.json (expected a train output folder)" in (
             " ".join(out.stderr.split())
         )
+    checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint-4"  # as other commands say it
+    checkpoint.mkdir(parents=True)
+    (tmp_path / "run" / "manifest.resolved.json").write_text("{}")
+    out = run_here("report", str(checkpoint))
+    assert out.returncode == 2, out.stderr
+    said = " ".join(out.stderr.split())
+    assert f"{checkpoint}: a checkpoint of a run; give the run: {tmp_path / 'run'}" in said
 
 
 def test_report_redraws_its_own_picture_but_asks_before_replacing_another_file(

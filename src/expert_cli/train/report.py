@@ -43,6 +43,7 @@ from expert_cli.train.outputs import (
     ADAPTER_WEIGHTS,
     held_by_another,
     read_json_file,
+    run_of,
     set_aside_line,
 )
 
@@ -118,8 +119,14 @@ def read_metrics(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "metrics.json"
     data = read_json_file(path)
     if not isinstance(data.get("windows"), list):
+        run = run_of(run_dir)
         raise UserError(
             set_aside_line(run_dir)
+            or (
+                f"{run_dir}: a checkpoint of a run; give the run: {run}"
+                if run != run_dir.absolute()
+                else ""
+            )
             or f"{run_dir}: no readable metrics.json (expected a train output folder)"
         )
     return data
