@@ -544,3 +544,10 @@ def assert_interrupts_said(monkeypatch, run: Path, module: object, command: str)
     assert f"interrupted: {target} was written in full before it" in said
     assert target.exists()
     monkeypatch.undo()
+
+
+def write_final_adapter(run: Path) -> None:
+    """A final adapter in `run` as report and package judge one whole: weights (no tensors:
+    nothing loads them) and peft's adapter_config.json."""
+    (run / "adapter_model.safetensors").write_bytes(NO_TENSORS)
+    (run / "adapter_config.json").write_text('{"peft_type": "LORA"}')

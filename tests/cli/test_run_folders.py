@@ -563,6 +563,7 @@ def test_a_hand_edited_metrics_file_is_read_without_a_traceback(
     from expert_cli.train.run_folder import previous_run
 
     (tmp_path / "adapter_model.safetensors").write_bytes(NO_TENSORS)
+    (tmp_path / "adapter_config.json").write_text('{"peft_type": "LORA"}')  # a whole adapter
     text = json.dumps({"summary": summary}).replace("Infinity", "1e400")
     (tmp_path / "metrics.json").write_text(text)
     found = previous_run(tmp_path)

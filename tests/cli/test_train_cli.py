@@ -218,11 +218,12 @@ def test_evaluation_without_validation_rows_stops_before_the_model(
         capsys, monkeypatch, "train", "--manifest", str(manifest), "--output", str(tmp_path / "out")
     )
     assert code == 2, stdout + err
-    assert (
-        "training.config.evaluation_strategy: evaluation is on but the data has no "
-        "validation rows" in " ".join(err.split())
+    assert (  # said as the manifest is read: check says it too, and no cache is built
+        "training.config.evaluation_strategy: steps, and the run has nothing to evaluate"
+        in " ".join(err.split())
     )
-    assert not (tmp_path / "out" / "base_model").exists()  # no model was loaded
+    assert not (tmp_path / "out").exists()  # no model was loaded, no folder made
+    assert not (tmp_path / "e" / ".cache").exists()
 
 
 def test_a_negative_max_steps_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:

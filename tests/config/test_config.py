@@ -303,14 +303,17 @@ def test_evaluation_with_nothing_to_evaluate_is_refused_by_check(tmp_path: Path)
     """evaluation_strategy steps beside no validation file and eval_fraction 0 passed check,
     then train built the cache and stopped: refused as the manifest is read."""
     (tmp_path / "t.jsonl").write_text("x")
-    for held in ("eval_fraction", "validation_split"):
+    for held, said in (
+        ("eval_fraction", "an eval_fraction"),
+        ("validation_split", "a validation_split"),
+    ):
         block = {"path": "t.jsonl", held: 0}
         manifest = _mutate(tmp_path, lambda d, b=block: d["training"].__setitem__("dataset", b))
         with pytest.raises(UserError) as info:
             resolve(load_manifest(manifest), H100)
         assert info.value.lines[0].startswith(
             "manifest.json: training.config.evaluation_strategy: steps, and the run has "
-            f"nothing to evaluate (no validation file, and a {held} of 0 holds none out)"
+            f"nothing to evaluate (no validation file, and {said} of 0 holds none out)"
         ), info.value.lines
     data = json.loads(manifest.read_text())
     for key in ("load_best_model_at_end", "early_stopping_patience", "eval_on_start"):

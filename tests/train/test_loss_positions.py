@@ -26,8 +26,8 @@ def test_the_head_on_trained_tokens_alone_trains_as_on_every_token(
         monkeypatch.setattr(
             fused,
             "summed_linear_cross_entropy",
-            lambda b, h, w, t, hits=None, only=only: (
-                head_rows[only].append(h.shape[0]) or real(b, h, w, t, hits)
+            lambda b, h, w, t, hits=None, smoothing=0.0, only=only: (
+                head_rows[only].append(h.shape[0]) or real(b, h, w, t, hits, smoothing)
             ),
         )
         out = tmp_path / f"run-{only}"

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from train_helpers import NO_TENSORS, png_facts, run_here
+from train_helpers import png_facts, run_here, write_final_adapter
 
 from expert_cli.atomic import atomic_file
 from expert_cli.train.report import PANELS
@@ -35,7 +35,7 @@ METRICS = {
 
 def test_report_draws_four_panels_and_summarises(tmp_path: Path) -> None:
     (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
-    (tmp_path / "adapter_model.safetensors").write_bytes(NO_TENSORS)  # the final adapter's place
+    write_final_adapter(tmp_path)  # the final adapter's place
     out = run_here("report", str(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
     assert (
@@ -216,7 +216,7 @@ def _fake_run(
     (run / "manifest.source.json").write_text(json.dumps(manifest))
     resolved = {"manifest_path": str(run.parent / "manifest.json"), "runtime": {}}
     if final_step is not None:
-        (run / "adapter_model.safetensors").write_bytes(NO_TENSORS)
+        write_final_adapter(run)
         resolved["runtime"]["final_step"] = final_step
     (run / "manifest.resolved.json").write_text(json.dumps(resolved))
     metrics = {
@@ -522,7 +522,7 @@ def test_a_run_on_a_read_only_disk_is_still_summarised(tmp_path: Path) -> None:
         run = mount / "run"
         run.mkdir()
         (run / "metrics.json").write_text(json.dumps(METRICS))
-        (run / "adapter_model.safetensors").write_bytes(NO_TENSORS)
+        write_final_adapter(run)
         subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
         out = run_here("report", str(run))
         assert out.returncode == 0, out.stdout + out.stderr
@@ -537,6 +537,7 @@ def test_a_run_on_a_read_only_disk_is_still_summarised(tmp_path: Path) -> None:
         )
         assert "Traceback" not in out.stderr + other.stderr
         assert sorted(p.name for p in run.iterdir()) == [
+            "adapter_config.json",
             "adapter_model.safetensors",
             "metrics.json",
         ]
@@ -592,7 +593,7 @@ def test_a_completed_run_without_its_final_adapter_reads_as_stopped(tmp_path: Pa
     with FileLock(str(tmp_path / ".train.lock")):  # the final save going on
         text = " ".join(run_here("report", str(tmp_path)).stdout.split())
     assert text.startswith("saving: 50 steps") and "is saving the final adapter" in text
-    (tmp_path / "adapter_model.safetensors").write_bytes(NO_TENSORS)
+    write_final_adapter(tmp_path)
     text = " ".join(run_here("report", str(tmp_path)).stdout.split())
     assert text.startswith("completed: 50 steps") and "status" not in text.split("adapters")[0]
 

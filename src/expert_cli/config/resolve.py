@@ -239,11 +239,11 @@ def _evaluation(lm: LoadedManifest, has_validation: bool, notes: list[str]) -> d
     save_steps = first(cfg.save_steps, DEFAULT_SAVE_STEPS)
     strategy = first(cfg.evaluation_strategy, "steps" if has_eval else "no")
     if strategy != "no" and not has_eval:  # the build found no rows to evaluate, then
-        held = "validation_split" if ds.eval_fraction is None else "eval_fraction"
+        held = "a validation_split" if ds.eval_fraction is None else "an eval_fraction"
         raise UserError(
             f"{lm.path.name}: training.config.evaluation_strategy: {strategy}, and the run has "
-            f"nothing to evaluate (no validation file, and a {held} of 0 holds none out); give "
-            f"training.dataset.validation_path or a {held} above 0, or set evaluation_strategy "
+            f"nothing to evaluate (no validation file, and {held} of 0 holds none out); give "
+            f"training.dataset.validation_path or {held} above 0, or set evaluation_strategy "
             "to no"
         )
     eval_steps = first(cfg.eval_steps, save_steps)

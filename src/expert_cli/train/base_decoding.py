@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from transformers import GenerationConfig
+
 # what transformers does with each sampling value a base model's generation_config.json leaves
 # unset; a value set there is applied wherever generate's own settings do not set it
 UNSET_MEANS = {
@@ -62,8 +64,6 @@ def own_generation_config(model: Any, resolved: Any) -> None:
     so the base's sampling values and stops were not saved in the run's base_model/ and
     generate decoded without them. One that cannot be read leaves the model's own, as
     transformers does for a pretrained base."""
-    from transformers import GenerationConfig
-
     on_hub = resolved.base_model_kind == "hub"
     try:
         model.generation_config = GenerationConfig.from_pretrained(
