@@ -266,7 +266,7 @@ def test_a_resume_given_the_length_its_epochs_came_to_keeps_its_schedule_in_sile
     those epochs came to: it said the learning-rate schedule was built again for a new
     length (it is the same one)."""
     config = {"save_steps": 1, "save_total_limit": 2}
-    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=96, config=config)
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=32, config=config)
     out = tmp_path / "run"
     first = _interrupt_after(manifest, out, step=2, steps=None)
     assert first.returncode == 130, first.stdout + first.stderr
