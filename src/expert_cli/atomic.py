@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expert_cli.errors import Terminated
+from expert_cli.errors import Terminated, escaped
 
 NAME_MAX = 255  # bytes in one file name on Linux and macOS file systems
 HANGUP = (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()  # not on Windows
@@ -126,12 +126,21 @@ def atomic_folder(dest: Path, replace: bool = False) -> Iterator[Path]:
 
 
 @contextmanager
-def parents_made(path: Path) -> Iterator[None]:
+def parents_made(path: Path, error: type[Exception] | None = None) -> Iterator[None]:
     """Make the folders above `path` that are missing; if the block fails, remove those of
-    them still empty (a failed export leaves no empty folders it made), deepest first."""
+    them still empty (a failed export leaves no empty folders it made), deepest first. With
+    `error` (a class taking one line), a folder that cannot be made raises it, naming
+    --output, in place of the OSError."""
     made = [p for p in path.absolute().parents if not os.path.lexists(p)]
     try:
-        path.absolute().parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.absolute().parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if error is None:
+                raise
+            raise error(
+                f"--output {escaped(str(path))}: cannot be written ({exc.strerror})"
+            ) from None
         yield
     except BaseException:
         for folder in made:  # nearest first: a parent is empty only once its child is gone

@@ -28,17 +28,7 @@ def test_a_smoothed_run_trains_on_the_fused_loss_and_evaluates_unsmoothed(
             config={**config, "label_smoothing_factor": factor},
         )
         out = tmp_path / f"run{factor}"
-        code, said, err = run_main(
-            capsys,
-            monkeypatch,
-            "train",
-            "-m",
-            str(manifest),
-            "--output",
-            str(out),
-            "--max-steps",
-            "2",
-        )
+        code, said, err = run_main(capsys, monkeypatch, *_train(manifest, out, "2"))
         assert code == 0, said + err
         assert ("label smoothing 0.3" in said) == bool(factor), said  # the schedule line
         runs[factor] = (manifest, out)
@@ -51,19 +41,11 @@ def test_a_smoothed_run_trains_on_the_fused_loss_and_evaluates_unsmoothed(
     assert abs(window_losses(plain)[1] - window_losses(smoothed)[1]) > 1e-3
 
     manifest = runs[0.3][0]
-    code, said, err = run_main(
-        capsys,
-        monkeypatch,
-        "train",
-        "-m",
-        str(manifest),
-        "--output",
-        str(smoothed),
-        "--max-steps",
-        "4",
-        "--resume",
-        "--set",
-        "training.config.label_smoothing_factor=0.1",
-    )
+    smoothing = ("--resume", "--set", "training.config.label_smoothing_factor=0.1")
+    code, said, err = run_main(capsys, monkeypatch, *_train(manifest, smoothed, "4"), *smoothing)
     assert code == 2, said + err
     assert "label_smoothing_factor 0.3 -> 0.1" in " ".join((said + err).split())
+
+
+def _train(manifest: Path, out: Path, steps: str) -> tuple[str, ...]:
+    return ("train", "-m", str(manifest), "--output", str(out), "--max-steps", steps)

@@ -70,57 +70,46 @@ def write_file(
     """Write, read back, compare, then put in place; an interrupt leaves nothing (or the
     whole file, said so), a file another process put at `path` meanwhile is left as it is,
     and folders made for `path` are removed again when it fails."""
-    with parents_made(path):
-        _write(path, stored, kind, meta, force)
-
-
-def _write(
-    path: Path,
-    stored: dict[str, np.ndarray],
-    kind: tuple[str, float, str],
-    meta: dict[str, str],
-    force: bool,
-) -> None:
-    """write_file's work, in folders that exist."""
     arch, alpha, outtype = kind
     tmp = temporary_path(path)
     placed = False
-    try:
-        writer = gguf.GGUFWriter(tmp, arch)
-        writer.add_type(gguf.GGUFType.ADAPTER)
-        writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
-        for key, add in (("name", writer.add_name), ("version", writer.add_version)):
-            if meta.get(key):
-                add(meta[key])
-        if meta.get("base"):
-            writer.add_base_model_count(1)
-            writer.add_base_model_name(0, meta["base"])
-            if meta.get("base_url"):
-                writer.add_base_model_repo_url(0, meta["base_url"])
-        for name, values in stored.items():
-            writer.add_tensor(name, values, raw_dtype=OUT_TYPES[outtype])
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        if problems := _read_back(tmp, stored, (arch, alpha, OUT_TYPES[outtype])):
-            raise RunError([f"{shown_path(path)}: {p}" for p in problems])
-        with signals_held():
-            _place(tmp, path, force)
-            placed = True
-    except OSError as exc:
-        reason = exc.strerror or "the disk is full: a write was cut short"
-        raise RunError(f"--output {shown_path(path)}: cannot be written ({reason})") from None
-    except (KeyboardInterrupt, Terminated) as exc:
-        raise Interrupted(
-            f"{shown_path(path)} was written in full before it"
-            if placed
-            else f"before the GGUF file was in place: nothing written to {shown_path(path)}",
-            exc.code if isinstance(exc, Terminated) else 130,
-        ) from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    with parents_made(path, RunError):  # folders made for it go again when it fails
+        try:
+            writer = gguf.GGUFWriter(tmp, arch)
+            writer.add_type(gguf.GGUFType.ADAPTER)
+            writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+            writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+            for key, add in (("name", writer.add_name), ("version", writer.add_version)):
+                if meta.get(key):
+                    add(meta[key])
+            if meta.get("base"):
+                writer.add_base_model_count(1)
+                writer.add_base_model_name(0, meta["base"])
+                if meta.get("base_url"):
+                    writer.add_base_model_repo_url(0, meta["base_url"])
+            for name, values in stored.items():
+                writer.add_tensor(name, values, raw_dtype=OUT_TYPES[outtype])
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+            if problems := _read_back(tmp, stored, (arch, alpha, OUT_TYPES[outtype])):
+                raise RunError([f"{shown_path(path)}: {p}" for p in problems])
+            with signals_held():
+                _place(tmp, path, force)
+                placed = True
+        except OSError as exc:
+            reason = exc.strerror or "the disk is full: a write was cut short"
+            raise RunError(f"--output {shown_path(path)}: cannot be written ({reason})") from None
+        except (KeyboardInterrupt, Terminated) as exc:
+            raise Interrupted(
+                f"{shown_path(path)} was written in full before it"
+                if placed
+                else f"before the GGUF file was in place: nothing written to {shown_path(path)}",
+                exc.code if isinstance(exc, Terminated) else 130,
+            ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def _place(tmp: Path, path: Path, force: bool) -> None:
