@@ -64,7 +64,12 @@ def refuse_output_place(output: Path, manifest_folder: Path, sources: list[Sourc
         )
     for ref in sources:  # a data file's own folder: the run's files among the user's data
         place = Path(ref.location)
-        if ref.kind == "local" and place.is_file() and place.resolve().parent == output.resolve():
+        try:
+            mine = ref.kind == "local" and place.is_file()
+            mine = mine and place.resolve().parent == output.resolve()
+        except (OSError, RuntimeError):  # the data check names a path that cannot be read
+            mine = False
+        if mine:
             raise UserError(
                 f"--output {shown_path(output)}: holds the data file {place.name}; the run's "
                 "files (checkpoints, weights, a README) would be written among the data: give "
