@@ -198,6 +198,15 @@ def resume_point(checkpoints: Path) -> ResumePoint:
     )
 
 
+def resumable(checkpoints: Path) -> bool:
+    """Whether --resume finds a checkpoint to go on from under `checkpoints` (resume_point)."""
+    try:
+        resume_point(checkpoints)
+    except UserError:
+        return False
+    return True
+
+
 def refuse_pruned(checkpoint: Path, adapter_type: str) -> None:
     """An AdaLoRA checkpoint written after its ranks were first pruned (its adapter_config.json
     holds a `rank_pattern`) cannot be resumed: the run builds the adapter at its initial rank,

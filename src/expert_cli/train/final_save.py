@@ -14,10 +14,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from expert_cli.errors import Interrupted, RunError, Terminated, UserError
+from expert_cli.errors import Interrupted, RunError, Terminated
 from expert_cli.train import distributed
 from expert_cli.train.callbacks import Interrupt, InterruptCallback, ThroughputCallback
-from expert_cli.train.checkpoints import COMPLETE, resume_point
+from expert_cli.train.checkpoints import COMPLETE, resumable
 from expert_cli.train.choice import FINAL_STEP, final_adapter_step
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
 from expert_cli.train.lora_init import INIT_WEIGHTS, to_standard_form
@@ -112,8 +112,4 @@ def stopped_at_once(output: Path, step: int, is_main: bool) -> str:
     cut = output / "checkpoints" / f"checkpoint-{step}"
     if is_main and cut.is_dir() and not (cut / COMPLETE).is_file():
         shutil.rmtree(cut, ignore_errors=True)
-    try:
-        resume_point(output / "checkpoints")
-    except UserError:
-        return NOTHING_KEPT
-    return AT_ONCE
+    return AT_ONCE if resumable(output / "checkpoints") else NOTHING_KEPT

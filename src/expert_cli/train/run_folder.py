@@ -28,6 +28,7 @@ from expert_cli.paths import RUN_OUTPUTS, shown_path
 from expert_cli.train.checkpoints import (
     checkpoint_step,
     refuse_pruned,
+    resumable,
     resume_point,
     sound_checkpoints,
 )
@@ -181,7 +182,7 @@ def refuse_occupied(output: Path, previous: Previous) -> None:
             f"--output {output}: holds {state} ({previous.steps} steps); start again there "
             "with --overwrite (with the change its error named), or choose another folder"
         )
-    if previous.status == "interrupted" and not _resumable(output):  # --resume refuses it
+    if previous.status == "interrupted" and not resumable(output / "checkpoints"):
         raise UserError(
             f"--output {output}: holds {state} ({previous.steps} steps) with no checkpoint "
             "written whole to resume from; start again there with --overwrite, or choose "
@@ -191,15 +192,6 @@ def refuse_occupied(output: Path, previous: Previous) -> None:
         f"--output {output}: holds {state} ({previous.steps} steps); continue it with "
         "--resume, replace it with --overwrite, or choose another folder"
     )
-
-
-def _resumable(output: Path) -> bool:
-    """Whether --resume finds a checkpoint to go on from in `output`."""
-    try:
-        resume_point(output / "checkpoints")
-    except UserError:
-        return False
-    return True
 
 
 def refuse_foreign(output: Path) -> None:
