@@ -131,10 +131,14 @@ def parents_made(path: Path, error: type[Exception] | None = None) -> Iterator[N
     them still empty (a failed export leaves no empty folders it made), deepest first. With
     `error` (a class taking one line), a folder that cannot be made raises it, naming
     --output, in place of the OSError."""
-    made = [p for p in path.absolute().parents if not os.path.lexists(p)]
+    made: list[Path] = []  # those this call made, one level at a time: not another's
     try:
         try:
-            path.absolute().parent.mkdir(parents=True, exist_ok=True)
+            for folder in reversed(path.absolute().parents):
+                if not os.path.lexists(folder):
+                    with suppress(FileExistsError):  # made by another meanwhile: its own
+                        os.mkdir(folder)
+                        made.insert(0, folder)
         except OSError as exc:
             if error is None:
                 raise

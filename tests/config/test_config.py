@@ -295,6 +295,9 @@ def test_a_format_the_files_name_contradicts_is_refused_naming_the_field(tmp_pat
     tasks = {"gen": {"train": "t.csv", "format": "parquet"}}
     with pytest.raises(UserError, match="training.dataset.tasks.gen.format: parquet, and"):
         resolved(type="multi_task", tasks=tasks)
+    tasks = {"gen": {"train": "t.csv"}}  # the block's format, named as the block's field
+    with pytest.raises(UserError, match="^training.dataset.format: parquet, and .*t.csv is a"):
+        resolved(type="multi_task", tasks=tasks, format="parquet")
     assert resolved(path="t.jsonl", format="json").train_sources[0].format == "json"
     assert resolved(path="g.data", format="csv").train_sources[0].format == "csv"
 

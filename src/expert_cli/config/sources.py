@@ -36,10 +36,15 @@ class SourceRef(BaseModel):
 
 
 def _source(
-    folder: Path, spec: str, fmt: str | None, revision: str | None, label: str
+    folder: Path,
+    spec: str,
+    fmt: str | None,
+    revision: str | None,
+    label: str,
+    fmt_field: str = "training.dataset.format",
 ) -> SourceRef:
     """A local path when it exists (or looks like one), else a hub id. `label` is the
-    manifest field that names it."""
+    manifest field that names it, `fmt_field` the one that gave `fmt`."""
     name, split, config = split_hub_spec(spec)
     if not name.strip():
         raise UserError(
@@ -47,7 +52,7 @@ def _source(
             "a hub id, e.g. data/train.jsonl or org/name::train"
         )
     path = local_path(folder, name, label)
-    if problem := _format_problem(path, fmt, label):
+    if problem := _format_problem(path, (fmt, fmt_field), label):
         raise UserError(problem)
     if fmt != "huggingface" and is_local(folder, name):
         _refuse_manifest_folder(path, folder, label)
@@ -78,12 +83,12 @@ def _source(
     )
 
 
-def _format_problem(path: Path, fmt: str | None, label: str) -> str | None:
+def _format_problem(path: Path, given: tuple[str | None, str], label: str) -> str | None:
     """Why the manifest's `format` cannot be read for the file at `path`: a hub dataset's
     where a local file or folder of that name is there (it was looked for on the hub, and
     the error said no file of that name existed), or another file format than its name's
     (a .parquet file read as JSON lines was called "not UTF-8 text")."""
-    field = f"{label.rsplit('.', 1)[0]}.format"  # the format beside the path's field
+    fmt, field = given  # the format, and the field that gave it
     if fmt == "huggingface" and path_exists(path):
         return (
             f"{field}: huggingface reads {label} as a hub dataset's id, and {shown_path(path)} "
@@ -152,10 +157,11 @@ def resolve_sources(lm: LoadedManifest) -> tuple[list[SourceRef], list[SourceRef
                 )
             fmt = task.format or ds.format
             at = f"training.dataset.tasks.{name}"
-            ref = _source(folder, task.train, fmt, ds.revision, f"{at}.train")
+            given = f"{at}.format" if task.format else "training.dataset.format"
+            ref = _source(folder, task.train, fmt, ds.revision, f"{at}.train", given)
             train.append(ref.model_copy(update={"weight": task.weight, "task": name}))
             if task.valid:
-                ref = _source(folder, task.valid, fmt, ds.revision, f"{at}.valid")
+                ref = _source(folder, task.valid, fmt, ds.revision, f"{at}.valid", given)
                 valid.append(ref.model_copy(update={"task": name}))
         return train, valid
     train = [_source(folder, ds.path or "", ds.format, ds.revision, "training.dataset.path")]
@@ -184,8 +190,10 @@ def resolve_test_sources(ds: DatasetSpec, folder: Path) -> list[SourceRef]:
     if ds.type == "multi_task":
         for name, task in (ds.tasks or {}).items():
             if task.test:
-                at = f"training.dataset.tasks.{name}.test"
-                ref = _source(folder, task.test, task.format or ds.format, ds.revision, at)
+                at = f"training.dataset.tasks.{name}"
+                given = f"{at}.format" if task.format else "training.dataset.format"
+                fmt = task.format or ds.format
+                ref = _source(folder, task.test, fmt, ds.revision, f"{at}.test", given)
                 found.append(ref.model_copy(update={"task": name}))
     elif ds.test_path:
         label = "training.dataset.test_path"

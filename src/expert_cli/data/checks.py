@@ -57,7 +57,7 @@ from expert_cli.data.template_checks import TemplateVerdict, blank_conversation,
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer, read_config
 from expert_cli.data.turns import turn_layout
 from expert_cli.errors import UserError
-from expert_cli.paths import shown_path
+from expert_cli.paths import path_exists, shown_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -189,8 +189,13 @@ def _test_notes(
     `evaluate`, as notes (training does not read them: the manifest stays usable)."""
     tests = DataCheck(resolved.field_mapping, quick, progress, data.verdict, data.marks)
     tests.fields, tests.blank_turns = data.fields, data.blank_turns
+    read = {os.path.realpath(s.location) for s in resolved.train_sources}
+    read |= {os.path.realpath(s.location) for s in resolved.validation_sources}
     for source in resolved.test_sources:
-        if source.kind == "local":  # a hub one is for evaluate to fetch
+        # a hub one is evaluate's to fetch; one not there, or read for training (its rows
+        # checked above), is noted as the configuration is resolved
+        there = source.kind == "local" and path_exists(Path(source.location))
+        if there and os.path.realpath(source.location) not in read:
             tests.source(source, train=False)
     return [f"{line} (evaluate reads it; training does not)" for line in tests.problems]
 

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from expert_cli.data.formatting import CUT_CHARS_PER_TOKEN
 from expert_cli.deadline import TEMPLATE_LOOPS, TEMPLATE_SECONDS, TimedOut, deadline
 from expert_cli.errors import UserError
 
@@ -101,7 +102,9 @@ def bounded_format(formatter: Formatter, batch: dict[str, list[Any]]) -> pa.Tabl
     conversations (three turns and more, say: the load's check renders one of two) held the
     build for ever; UserError naming it."""
     rows = len(next(iter(batch.values()), []))
-    seconds = max(TEMPLATE_SECONDS, ROW_SECONDS * rows, CHAR_SECONDS * _characters(batch))
+    # a text past the cut is tokenized from its start only, unless every token is kept
+    cut = None if formatter.overlong == "split" else formatter.max_seq_length * CUT_CHARS_PER_TOKEN
+    seconds = max(TEMPLATE_SECONDS, ROW_SECONDS * rows, CHAR_SECONDS * _characters(batch, cut))
     try:
         with deadline(seconds):
             return formatter(batch)
@@ -115,14 +118,14 @@ def bounded_format(formatter: Formatter, batch: dict[str, list[Any]]) -> pa.Tabl
         ) from None
 
 
-def _characters(value: Any) -> int:
+def _characters(value: Any, cut: int | None) -> int:
     """The characters of the text in `value` (a batch's columns: strings in lists and dicts,
-    at any depth, walked without recursion)."""
+    at any depth, walked without recursion), each string's counted up to `cut`."""
     count, left = 0, [value]
     while left:
         item = left.pop()
         if isinstance(item, str):
-            count += len(item)
+            count += len(item) if cut is None else min(len(item), cut)
         elif isinstance(item, dict):
             left.extend(item.values())
         elif isinstance(item, (list, tuple)):

@@ -9,7 +9,7 @@ see the same weights: the Trainer evaluates at the end of a step, then saves.
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,13 +117,11 @@ def final_adapter_problem(run_dir: Path) -> str | None:
     problem = safetensors_problem(path)
     if problem is not None and DAMAGED in problem:
         return f"{path.name} {DAMAGED}"
-    try:
-        config = json.loads((run_dir / "adapter_config.json").read_bytes())
-    except PermissionError:
+    config_path = run_dir / "adapter_config.json"
+    if config_path.is_file() and not os.access(config_path, os.R_OK):
         return None
-    except (OSError, ValueError):
-        config = None
-    if not isinstance(config, dict) or not isinstance(config.get("peft_type"), str):
+    config = read_json_file(config_path)  # not a FIFO's, nor nested past recursion
+    if not isinstance(config.get("peft_type"), str):
         return "adapter_config.json is missing or not an adapter's configuration"
     return None
 

@@ -33,7 +33,6 @@ from expert_cli.train.choice import (
     chosen_by,
     default_choice,
     final_adapter_problem,
-    final_adapter_whole,
     kept_adapters,
     lower_loss_note,
     lowest,
@@ -222,12 +221,13 @@ def _status(run_dir: Path, written: str) -> tuple[str, str | None]:
     final save leaves "completed" without the adapter."""
     if written == "running" and not held_by_another(run_dir):  # killed: no word written
         return "stopped", STOPPED_NOTE
-    if written != "completed" or final_adapter_whole(run_dir):
+    problem = final_adapter_problem(run_dir) if written == "completed" else None
+    if problem is None:
         return written, None
     if held_by_another(run_dir):
         return "saving", SAVING_NOTE
     weights = run_dir / ADAPTER_WEIGHTS[0]
-    lost = final_adapter_problem(run_dir) if weights.is_file() else UNSAVED_NOTE
+    lost = problem if weights.is_file() else UNSAVED_NOTE
     if complete_checkpoints(run_dir / "checkpoints"):
         return "stopped", f"{lost}; train with the same --output and --resume saves it"
     return "stopped", f"{lost}; it keeps no checkpoint to save it from: train again"
