@@ -274,3 +274,20 @@ def test_what_hivellms_loader_refuses_past_its_types_is_named(
     for i, (said, data) in enumerate(encoded.items()):
         copy = write_tar_gz(tmp_path / f"enc{i}.expert", {**members, "manifest.json": data})
         assert _checked(copy) == (2, [said]), said
+
+
+def test_check_package_of_no_file_says_so_in_one_line(tmp_path: Path) -> None:
+    """A missing path or a folder printed an empty table of files, "not a file" and a
+    checksum of nothing: one line now, saying what the path is."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "loop").symlink_to("loop")
+    for name, what in (
+        ("nope.expert", "does not exist"),
+        ("folder", "is not a file"),
+        ("loop", "is a link loop (a link that leads back to itself), not a file"),
+    ):
+        done = run_here("check", "--package", str(tmp_path / name))
+        said = " ".join(done.stderr.split())
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"--package {tmp_path / name}: {what}; expected a .expert file" in said, said
+        assert done.stdout == "" and "sha256" not in said

@@ -112,8 +112,13 @@ def _cached_line(hub: dict[str, Any]) -> str:
 def check_package(path: Path, as_json: bool) -> None:
     """`check --package`: exit 2 when the package has problems."""
     from expert_cli.cli.ship import render_package
+    from expert_cli.errors import UserError
+    from expert_cli.paths import not_a_folder, path_is_file, shown_path
     from expert_cli.train.package_check import verify_package
 
+    if not path_is_file(path):  # said as such, not as a package's table with no file in it
+        what = not_a_folder(path).replace("not a folder", "not a file")
+        raise UserError(f"--package {shown_path(path)}: {what}; expected a .expert file")
     report = verify_package(path)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
