@@ -205,9 +205,10 @@ def path_is_dir(path: Path | str) -> bool:
         return False
 
 
-def not_a_folder(path: Path | str) -> str:
-    """Why `path`, not a folder, is not one, in words after its name: it does not exist, is
-    a link loop, a link to nothing, cannot be looked at, or is something else (a file)."""
+def not_a_folder(path: Path | str, kind: str = "folder") -> str:
+    """Why `path`, not a `kind` (a folder, or a file where one is expected), is not one, in
+    words after its name: it does not exist, is a link loop, a link to nothing, cannot be
+    looked at, or is something else."""
     try:
         os.lstat(path)
     except (OSError, ValueError):
@@ -216,8 +217,8 @@ def not_a_folder(path: Path | str) -> str:
         os.stat(path)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            return "is a link loop (a link that leads back to itself), not a folder"
+            return f"is a link loop (a link that leads back to itself), not a {kind}"
         if exc.errno == errno.ENOENT:
             return "is a link to a path that does not exist"
         return f"cannot be looked at ({exc.strerror})"
-    return "is not a folder"
+    return f"is not a {kind}"

@@ -117,7 +117,7 @@ def check_package(path: Path, as_json: bool) -> None:
     from expert_cli.train.package_check import verify_package
 
     if not path_is_file(path):  # said as such, not as a package's table with no file in it
-        what = not_a_folder(path).replace("not a folder", "not a file")
+        what = not_a_folder(path, "file")
         raise UserError(f"--package {shown_path(path)}: {what}; expected a .expert file")
     report = verify_package(path)
     if as_json:

@@ -109,7 +109,7 @@ def bounded_format(formatter: Formatter, batch: dict[str, list[Any]]) -> pa.Tabl
         with deadline(seconds):
             return formatter(batch)
     except TimedOut:  # a render's own bound, or the batch's
-        if getattr(formatter, "renders", "messages") == "messages":
+        if formatter.renders == "messages":
             raise UserError(TEMPLATE_LOOPS) from None
         raise UserError(  # no template renders these rows: the tokenizer itself was slow
             f"tokenizing {rows} examples took over {seconds:.0f} s, far past the usual "
