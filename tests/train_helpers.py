@@ -522,6 +522,24 @@ def signal_once(monkeypatch, owner: object, name: str, signum: int) -> None:
     monkeypatch.setattr(owner, name, call)
 
 
+def signal_at_step(monkeypatch, step: int, signum: int = signal.SIGINT) -> None:
+    """SIGINT (or `signum`) to this process as the Trainer begins micro-step `step` (1-based):
+    a Ctrl-C mid-run without an interpreter of its own; the run's handler stops it at the end
+    of that optimizer step, as in a terminal."""
+    import transformers
+
+    real = transformers.Trainer.training_step
+    calls: list[int] = []
+
+    def call(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == step:
+            os.kill(os.getpid(), signum)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.Trainer, "training_step", call)
+
+
 def assert_interrupts_said(monkeypatch, run: Path, module: object, command: str) -> None:
     """SIGTERM as `module`'s first_base is called (before anything is written), then SIGINT
     as the result is printed: each said as the export's own line."""

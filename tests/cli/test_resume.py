@@ -11,7 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import ROOT, cli_env, read_metrics, run_main, window_losses, write_expert
+from train_helpers import (
+    ROOT,
+    cli_env,
+    read_metrics,
+    run_main,
+    signal_at_step,
+    window_losses,
+    write_expert,
+)
 
 STEPS = 24  # long enough for Ctrl-C after step 3 to land mid-run
 
@@ -96,7 +104,7 @@ def test_resume_matches_uninterrupted(
 
 @pytest.mark.slow
 def test_an_interrupt_keeps_its_checkpoint_under_a_limit_of_one(
-    tmp_path: Path, tiny_model_dir: Path
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     """save_total_limit 1 with evaluations: the Trainer's end of training deleted every
     checkpoint but the best, the one Ctrl-C had just saved included, so --resume went back
@@ -106,9 +114,13 @@ def test_an_interrupt_keeps_its_checkpoint_under_a_limit_of_one(
     config |= {"logging_steps": 5}
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48, valid_rows=4, config=config)
     out = tmp_path / "b"
-    first = _interrupt_after(manifest, out, step=7)
-    assert first.returncode == 130, first.stdout + first.stderr
+    signal_at_step(monkeypatch, 7)
+    code, said, err = run_main(
+        capsys, monkeypatch, *_train(manifest, out), "--max-steps", str(STEPS)
+    )
+    assert code == 130, said + err
     stopped = read_metrics(out)["summary"]["steps"]
+    assert stopped == 7
     # the steps since the last window were logged at the stop: the closing loss is theirs
     last = read_metrics(out)["windows"][-1]
     assert last["step"] == stopped and last["loss"] is not None, last
@@ -268,8 +280,10 @@ def test_a_resume_given_the_length_its_epochs_came_to_keeps_its_schedule_in_sile
     config = {"save_steps": 1, "save_total_limit": 2}
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=32, config=config)
     out = tmp_path / "run"
-    first = _interrupt_after(manifest, out, step=2, steps=None)
-    assert first.returncode == 130, first.stdout + first.stderr
+    with monkeypatch.context() as interrupted:
+        signal_at_step(interrupted, 2)
+        code, said, err = run_main(capsys, interrupted, *_train(manifest, out))
+    assert code == 130, said + err
     newest = max((out / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name[11:]))
     length = json.loads((newest / "trainer_state.json").read_text())["max_steps"]
     assert int(newest.name[11:]) < length

@@ -14,7 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import ROOT, cli_env, read_metrics, run_here, run_main, write_expert
+from train_helpers import (
+    ROOT,
+    cli_env,
+    read_metrics,
+    run_here,
+    run_main,
+    signal_at_step,
+    write_expert,
+)
 
 STEPS = 40
 
@@ -42,20 +50,20 @@ def _wait_for_step(out: Path, proc: subprocess.Popen, step: int) -> None:
 
 
 @pytest.mark.slow
-def test_a_terminal_that_hangs_up_saves_a_checkpoint(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_a_terminal_that_hangs_up_saves_a_checkpoint(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
     """SIGHUP (an ssh session dropped) ended the run at once, exit 129: the steps since the
     last checkpoint lost, metrics.json left "running". It stops as SIGTERM does."""
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=48)
     out = tmp_path / "run"
     args = ("train", "-m", str(manifest), "--output", str(out), "--max-steps", str(STEPS))
-    proc = _start(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for_step(out, proc, 3)
-    proc.send_signal(signal.SIGHUP)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 129, stdout + stderr
+    signal_at_step(monkeypatch, 3, signal.SIGHUP)
+    code, stdout, stderr = run_main(capsys, monkeypatch, *args)
+    assert code == 129, stdout + stderr
     summary = read_metrics(out)["summary"]
-    assert summary["status"] == "interrupted"
-    assert (out / "checkpoints" / f"checkpoint-{summary['steps']}").is_dir()
+    assert (summary["status"], summary["steps"]) == ("interrupted", 3)
+    assert (out / "checkpoints" / "checkpoint-3").is_dir()
     assert "SIGHUP: stopping at the end of this optimizer step" in " ".join(stdout.split())
 
 
