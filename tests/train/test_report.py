@@ -10,7 +10,7 @@ import pytest
 from train_helpers import png_facts, run_here, write_final_adapter
 
 from expert_cli.atomic import atomic_file
-from expert_cli.train.report import PANELS
+from expert_cli.train.run_plot import PANELS
 
 METRICS = {
     "windows": [
@@ -53,6 +53,28 @@ def test_report_draws_four_panels_and_summarises(tmp_path: Path) -> None:
     (tmp_path / "metrics.json").write_text(json.dumps({**METRICS, "evals": evals}))
     out = run_here("report", str(tmp_path))
     assert "best eval loss 1.2 at step 40\n" in out.stdout and "accuracy" not in out.stdout
+
+
+def test_a_steady_speed_is_drawn_below_the_panels_top_edge() -> None:
+    """A steady 75k tokens/s drew its line on the panel's top edge (the axis ended at the
+    highest value), where the frame hid it; the axis now ends a tenth above it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from expert_cli.train.run_plot import _from_zero
+
+    fig, ax = plt.subplots()
+    try:
+        ax.plot([1, 2, 3], [75000.0, 75001.0, 75000.0])
+        _from_zero(ax, [75000.0, 75001.0, 75000.0])
+        assert ax.get_ylim() == pytest.approx((0.0, 82501.1))
+        ax.clear()
+        _from_zero(ax, [])  # nothing recorded: from 0, matplotlib's own top
+        assert ax.get_ylim()[0] == 0.0 and ax.get_ylim()[1] > 0
+    finally:
+        plt.close(fig)
 
 
 def test_report_of_a_folder_without_metrics_is_exit_2(tmp_path: Path) -> None:

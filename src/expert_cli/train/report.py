@@ -15,12 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expert_cli.atomic import atomic_file
 from expert_cli.config.sources import TASK_NAME_CHARS
-from expert_cli.errors import UserError, escaped
-from expert_cli.jsontext import finite_number, number_pairs
+from expert_cli.errors import UserError
+from expert_cli.jsontext import finite_number
 from expert_cli.paths import (
-    PICTURE_FORMATS,
     output_file_problem,
     picture_problem,
     place_problem,
@@ -45,12 +43,9 @@ from expert_cli.train.outputs import (
     run_of,
     set_aside_line,
 )
+from expert_cli.train.run_plot import PLOTTED_MAX, plotted_points, write_training_plot
 
-PANELS = ("loss", "learning rate", "tokens/s", "data wait")
 PLOT_NAME = "training.png"
-# No value a run records comes near this (loss, learning rate, tokens/s, a fraction); past it a
-# hand-edited number (1e308) would overflow the axis arithmetic, so it is not drawn.
-PLOTTED_MAX = 1e12
 SHOWN_ADAPTERS = 8  # the last checkpoints listed, besides the lowest and the shipped one
 
 
@@ -152,12 +147,12 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
     summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
     task = chosen_by(run_dir)  # a task's loss the run chooses by, where it does
     records = [scored(r, task) for r in data.get("evals") or []]
-    eval_steps, eval_losses = _points(records, "eval_loss")
+    eval_steps, eval_losses = plotted_points(records, "eval_loss")
     evals = list(zip(eval_losses, eval_steps, strict=True))
     trained = [(loss, step) for loss, step in evals if step > 0]  # step 0: before training
     best = min(trained) if trained else None
     base = next((loss for loss, step in evals if step == 0), None)
-    accuracy = dict(zip(*_points(records, "token_accuracy"), strict=True))
+    accuracy = dict(zip(*plotted_points(records, "token_accuracy"), strict=True))
     best_accuracy = accuracy.get(best[1]) if best else None
     unwritten = None
     if plot is not None:
@@ -326,66 +321,6 @@ def _ship_notes(
     ship = f"expert-cli package --adapter {shown_path(run_dir)} --checkpoint best"
     note = lower_loss_note(run_dir, ships, ship)
     return [("note", note)] if note else []
-
-
-def _points(records: list[Any], key: str) -> tuple[list[float], list[float]]:
-    pairs = [
-        (step, value)
-        for step, value in number_pairs(records, "step", key)
-        if abs(step) <= PLOTTED_MAX and abs(value) <= PLOTTED_MAX
-    ]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
-
-
-def _records(data: dict[str, Any], key: str) -> list[Any]:
-    value = data.get(key)
-    return value if isinstance(value, list) else []
-
-
-def write_training_plot(data: dict[str, Any], path: Path) -> Path:
-    """The four-panel picture of a run's metrics (PNG, SVG or PDF by `path`'s suffix),
-    written whole or not at all."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    windows, evals = _records(data, "windows"), _records(data, "evals")
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
-    loss, lr, speed, wait = axes.flat
-    steps, values = _points(windows, "loss")
-    loss.plot(steps, values, marker="." if len(steps) < 60 else None, label="training")
-    steps, values = _points(evals, "eval_loss")
-    if steps:
-        loss.plot(steps, values, marker="o", label="evaluation")
-    loss.set_ylabel("loss")
-    loss.legend(loc="upper right")
-    steps, values = _points(windows, "learning_rate")
-    lr.plot(steps, values, color="tab:purple")
-    lr.set_ylabel("learning rate")
-    steps, values = _points(windows, "tokens_per_s")
-    speed.plot(steps, values, color="tab:green", drawstyle="steps-pre")
-    speed.set_ylabel("tokens/s (non-padding)")
-    speed.set_ylim(bottom=0)
-    steps, values = _points(windows, "data_wait_fraction")
-    wait.plot(steps, [100 * v for v in values], color="tab:red", drawstyle="steps-pre")
-    wait.set_ylabel("data wait (% of wall time)")
-    wait.set_ylim(bottom=0)
-    for ax, name in zip(axes.flat, PANELS, strict=True):
-        ax.set_title(name)
-        ax.grid(alpha=0.3)
-    for ax in axes[1]:
-        ax.set_xlabel("optimizer step")
-    summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
-    status = escaped(str(summary.get("status", ""))[:40])
-    fig.suptitle(f"training run ({status})" if status else "training run")
-    fig.tight_layout()
-    kind = PICTURE_FORMATS.get(path.suffix.lower(), "png")
-    about = {"Description": "panels: " + ", ".join(PANELS)} if kind == "png" else None
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format=kind, dpi=100, metadata=about)
-    plt.close(fig)
-    return path
 
 
 def write_run_plot(run_dir: Path) -> Path | None:
