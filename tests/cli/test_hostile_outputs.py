@@ -329,3 +329,33 @@ def test_a_model_folder_whose_path_is_not_utf8_is_named_as_the_path(tmp_path: Pa
     assert done.returncode == 2, said + done.stderr
     assert "holds bytes that are not UTF-8, which the tokenizers library cannot open" in said
     assert "damaged" not in said
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "name"),
+    [
+        ("report", "--output", "y.png"),
+        ("package", "--output", "p.expert"),
+        ("export-gguf", "--output", "a.gguf"),
+        ("benchmark", "--plot", "b.png"),
+        ("benchmark", "--output", "b.json"),
+    ],
+)
+def test_a_file_named_with_a_trailing_slash_is_refused(
+    capsys, monkeypatch, tmp_path: Path, command: str, option: str, name: str
+) -> None:
+    """`report --output r/y.png/` wrote the file r/y.png: pathlib drops the slash, which named
+    a folder. Each option naming a file to write refuses it, in JSON too where --json follows."""
+    run = _run_folder(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    target = f"r/{name}/"
+    first = {"report": [str(run)], "benchmark": ["--duration", "1"]}.get(command)
+    args = [command, *(first or ["--adapter", str(run)]), option, target]
+    text = _exit_2(capsys, monkeypatch, *args)
+    assert f"{option} {target}: ends in a slash, which names a folder; give the file's name" in text
+    assert not (tmp_path / "r").exists()
+    if command == "package":  # the parser runs before --json's own callback
+        code, out, _ = run_main(capsys, monkeypatch, *args, "--json")
+        assert code == 2 and json.loads(out)["error"]["lines"] == [
+            f"{option} {target}: ends in a slash, which names a folder; give the file's name"
+        ]

@@ -245,6 +245,8 @@ def main() -> None:
     except UserError as exc:
         if _state["verbose"]:
             raise
+        # an option's own parser refused its value before --json's callback was reached
+        JSON_ASKED["on"] = JSON_ASKED["on"] or _json_in_argv()
         _fail("error", exc, 2)
     except RunError as exc:
         if _state["verbose"]:

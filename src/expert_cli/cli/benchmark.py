@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from expert_cli.cli.options import file_named
+
 if TYPE_CHECKING:
     from expert_cli.telemetry.workload import WorkloadSpec
 
@@ -23,9 +25,13 @@ def benchmark(
     interval: Annotated[
         float, typer.Option(metavar="SECONDS", help="Seconds between samples.")
     ] = 1.0,
-    output: Annotated[Path | None, typer.Option(help="Write the JSON report here.")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(help="Write the JSON report here.", parser=file_named("--output")),
+    ] = None,
     plot: Annotated[
-        Path | None, typer.Option(help="Write a plot here (.png, .svg or .pdf).")
+        Path | None,
+        typer.Option(help="Write a plot here (.png, .svg or .pdf).", parser=file_named("--plot")),
     ] = None,
     gpu: Annotated[
         str,

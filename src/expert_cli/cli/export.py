@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from expert_cli.cli.options import AdapterOpt, JsonOpt
+from expert_cli.cli.options import AdapterOpt, JsonOpt, file_named
 
 
 class OutType(str, Enum):
@@ -56,6 +56,7 @@ def export_gguf(
         Path | None,
         typer.Option(
             metavar="FILE",
+            parser=file_named("--output"),
             help="The file to write (default: {name}-{base}.v{version}-lora-{outtype}.gguf "
             "beside RUN_DIR).",
         ),

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from expert_cli.errors import UserError, escaped
 
 ManifestOpt = Annotated[
     Path,
@@ -37,3 +41,19 @@ JsonOpt = Annotated[
         callback=_json_asked,
     ),
 ]
+
+
+def file_named(option: str) -> Callable[[str], Path]:
+    """A parser for an option that names a file to write: its value as a path, and a value
+    that ends in a slash refused (pathlib drops the slash, and the file was written under the
+    name the user gave as a folder's)."""
+
+    def parse(value: str) -> Path:
+        if value.endswith(("/", os.sep)) and value.strip("/"):
+            raise UserError(
+                f"{option} {escaped(value)}: ends in a slash, which names a folder; give the "
+                "file's name"
+            )
+        return Path(value)
+
+    return parse

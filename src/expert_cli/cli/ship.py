@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from expert_cli.cli.evaluate import SplitName
-from expert_cli.cli.options import AdapterOpt, JsonOpt
+from expert_cli.cli.options import AdapterOpt, JsonOpt, file_named
 
 if TYPE_CHECKING:
     from expert_cli.train.package_check import PackageReport
@@ -110,6 +110,7 @@ def report(
         Path | None,
         typer.Option(
             metavar="FILE",
+            parser=file_named("--output"),
             help="Where to write the picture: .png, .svg or .pdf (default RUN_DIR/training.png).",
         ),
     ] = None,
@@ -176,6 +177,7 @@ def package(
         Path | None,
         typer.Option(
             metavar="FILE",
+            parser=file_named("--output"),
             help="The package to write (default: {name}-{base}.v{version}.expert beside RUN_DIR).",
         ),
     ] = None,
