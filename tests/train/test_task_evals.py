@@ -137,6 +137,17 @@ def test_a_multi_task_run_reports_each_task(tmp_path: Path, tiny_model_dir: Path
         f"by task   sql {sql['eval_loss']:.4g} ({sql['token_accuracy']:.1%})  "
         f"chat {chat['eval_loss']:.4g} ({chat['token_accuracy']:.1%})"
     ) in report.stdout
+    # generate --eval takes each task's examples in turn, and says whose each is
+    for split in ("validation", "test"):
+        asked = ("generate", "--adapter", str(out), "--eval", "5", "--split", split)
+        tried = run_here(*asked, "--max-new-tokens", "2", "--json")
+        assert tried.returncode == 0, tried.stdout + tried.stderr
+        generations = json.loads(tried.stdout)["generations"]
+        assert [g["task"] for g in generations] == ["sql", "chat", "sql", "chat", "sql"]
+        words = [g["prompt"].split()[1] for g in generations]  # "user select 19 assistant"
+        assert words == ["select", "hello", "select", "hello", "select"], generations
+    shown = run_here(*asked[:-2], "--max-new-tokens", "2").stdout
+    assert "prompt 1 (task sql)" in shown and "prompt 2 (task chat)" in shown
 
 
 @pytest.mark.slow

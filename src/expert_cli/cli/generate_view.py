@@ -4,6 +4,7 @@ and whether the answer matched it, then the run's exact-match rate and notes."""
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 
 from expert_cli.cli.render import labelled
 from expert_cli.train.generate import Case, GenerateResult, Generation
@@ -19,7 +20,8 @@ class GenerateView:
 
     def start(self, index: int, case: Case, which: str) -> None:
         if which == "expert":
-            self.console.print(f"\n[bold]prompt {index + 1}[/bold]", highlight=False)
+            task = "" if case.task is None else f" (task {escape(case.task)})"
+            self.console.print(f"\n[bold]prompt {index + 1}[/bold]{task}", highlight=False)
             shown = case.prompt if len(case.prompt) <= 400 else "…" + case.prompt[-399:]
             self.console.print(shown, markup=False, highlight=False, style="dim")
         else:

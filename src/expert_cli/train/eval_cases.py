@@ -11,13 +11,13 @@ match it; so are an `overlong: split` example's pieces, where they can be told a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import zip_longest
 from typing import Any
 
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.formatting import IGNORE
-from expert_cli.train.eval_split import Split
+from expert_cli.train.eval_split import Part, Split
 
 
 @dataclass
@@ -29,21 +29,27 @@ class Case:
     reference: str | None = None
     reference_tokens: int = 0  # the reference's length in tokens, special tokens left out
     budget: int | None = None  # new tokens for this case, where not the run's budget
+    task: str | None = None  # a multi_task run's example: its task
 
 
 def eval_cases(
     split: Split, resolved: ResolvedConfig, tokenizer: Any, n: int, notes: list[str]
 ) -> list[Case]:
     """The first `n` whole examples of `split` (the run's validation split, or its test
-    split), split into prompt and reference by their labels. `notes` says how many examples
-    were cut in training and left out, and when fewer than `n` remain."""
-    cases: list[Case] = []
+    split), split into prompt and reference by their labels; a multi_task run's taken from
+    each task in turn. `notes` says how many examples were cut in training and left out, and
+    when fewer than `n` remain."""
+    by_task = len(split.parts) > 1 and all(part.task is not None for part in split.parts)
+    found: list[list[Case]] = []  # each task's, or one list filled part after part
     cut = 0
     for part in split.parts:
-        limits = (resolved.max_seq_length, n - len(cases), split.pieces)
-        cut += _cases(part.rows, limits, tokenizer, cases)
-        if len(cases) == n:
+        if by_task or not found:
+            found.append([])
+        wanted = n if by_task else n - len(found[0])
+        cut += _cases(part, (resolved.max_seq_length, wanted, split.pieces), tokenizer, found[-1])
+        if not by_task and len(found[0]) == n:
             break
+    cases = [case for turn in zip_longest(*found) for case in turn if case is not None][:n]
     limits = (n, resolved.max_seq_length)
     notes += _eval_notes(split.name, len(cases), (cut, split.pieces), limits)
     if any(REASONING_END in (c.reference or "") for c in cases):
@@ -54,16 +60,14 @@ def eval_cases(
     return cases
 
 
-def _cases(
-    rows: Iterable[dict[str, Any]], limits: tuple[int, int, int], tokenizer: Any, cases: list[Case]
-) -> int:
-    """Up to `limits`[1] whole examples of `rows` added to `cases`; the examples cut at
+def _cases(part: Part, limits: tuple[int, int, int], tokenizer: Any, cases: list[Case]) -> int:
+    """Up to `limits`[1] whole examples of `part`'s rows added to `cases`; the examples cut at
     max_seq_length (`limits`[0]) left out, and counted; pieces of split examples left out
     where the split has any (`limits`[2])."""
     limit, wanted, pieces = limits
     cut, found = 0, 0
     special = set(tokenizer.all_special_ids)  # the end-of-turn tokens match no answer's text
-    for row in rows:
+    for row in part.rows:
         for ids, labels in _examples(row):
             trained = [i for i, label in enumerate(labels) if label != IGNORE]
             if not trained:
@@ -80,7 +84,7 @@ def _cases(
             text_tokens = sum(1 for t in ids[first:stop] if t not in special)
             if pieces and not text_tokens:
                 continue  # a piece holding only an answer's end-of-turn tokens
-            cases.append(Case(prompt, ids[:first], reference.strip(), text_tokens))
+            cases.append(Case(prompt, ids[:first], reference.strip(), text_tokens, task=part.task))
             found += 1
             if found == wanted:
                 return cut

@@ -81,6 +81,7 @@ class Generation:
     base_output: str | None = None
     reference: str | None = None
     exact_match: bool | None = None
+    task: str | None = None  # a multi_task run's --eval example: its task
 
 
 @dataclass
@@ -363,6 +364,7 @@ def generate(opts: GenerateOptions, view: GenerationView | None = None) -> Gener
         # a reference holds its turn end as trained; the answer is cut before it
         reference = None if case.reference is None else stops.cut(case.reference).strip()
         result = Generation(case.prompt, text, new, round(seconds, 3), reference=reference)
+        result.task = case.task
         if reference is not None:
             result.exact_match = final_answer(text) == final_answer(reference)
         if opts.compare_base:
