@@ -604,6 +604,32 @@ def test_set_values_that_validate_badly_are_blamed_on_the_set_with_a_hint(v2_dir
     assert caught.value.lines[0].startswith("--set tags.9=x: item 9 is past the end of the list")
 
 
+def test_a_whole_number_in_exponent_form_on_the_command_line_is_that_number(
+    v2_dir: Path,
+) -> None:
+    """`--set max_seq_length=1e3` was refused as a decimal number; it is 1000. A decimal
+    point stays a decimal (the manifest is JSON HiveLLM's typed loader reads), said plainly."""
+    manifest = v2_dir / "manifest.json"
+    loaded = load_manifest(manifest, ["max_seq_length=1e3", "max_steps=2E+1", "warmup_steps=-0e0"])
+    config = loaded.manifest.training.config
+    assert (config.max_seq_length, config.max_steps) == (1000, 20)
+    assert type(config.max_seq_length) is int and type(config.warmup_steps) is int
+    assert (
+        load_manifest(manifest, ["learning_rate=2e-4"]).manifest.training.config.learning_rate
+        == 2e-4
+    )
+    for item in ("max_seq_length=1000.0", "max_seq_length=1.0e3"):
+        with pytest.raises(UserError) as caught:
+            load_manifest(manifest, [item])
+        assert caught.value.lines == [
+            f"--set {item}: training.config.max_seq_length: expected a whole number, written "
+            "without a decimal point (got a decimal number)"
+        ]
+    with pytest.raises(UserError) as caught:
+        load_manifest(manifest, ["warmup_steps=1e-1"])
+    assert caught.value.lines[0].endswith("Input should be a valid integer (got a decimal number)")
+
+
 def test_load_best_model_needs_matching_steps(tmp_path: Path) -> None:
     path = _mutate(tmp_path, lambda d: d["training"]["config"].__setitem__("eval_steps", 100))
     with pytest.raises(UserError, match="save_steps: 250 must be a multiple of eval_steps"):

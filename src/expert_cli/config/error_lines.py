@@ -168,6 +168,8 @@ def _message(err: Any, loc: tuple[Any, ...]) -> str:
         return str(err["msg"]).removeprefix("Value error, ")
     if kind in SAYS_ENOUGH:
         return str(err["msg"])
+    if kind == "int_type" and isinstance(err.get("input"), float) and err["input"].is_integer():
+        return "expected a whole number, written without a decimal point (got a decimal number)"
     return f"{err['msg']} (got {value_kind(err.get('input'))})"
 
 

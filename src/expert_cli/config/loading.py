@@ -122,6 +122,8 @@ def _objects(value: Any, loc: tuple[Any, ...]) -> Any:
 
 
 SHOWN_SET_CHARS = 80
+# a whole number in exponent form on the command line (--set max_steps=1e3) is that number
+WHOLE_IN_EXPONENT = re.compile(r"-?[0-9]+[eE]\+?[0-9]+")
 
 
 def _shown_set(item: str) -> str:
@@ -144,6 +146,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = json.loads(text, parse_int=json_int)
     except json.JSONDecodeError:
         value = text
+    if isinstance(value, float) and WHOLE_IN_EXPONENT.fullmatch(text.strip()):
+        value = int(value) if value.is_integer() else value  # 1e3 (not 1e400: infinity)
     parts = key.strip().split(".")
     if not all(part.strip() for part in parts):
         raise UserError(
