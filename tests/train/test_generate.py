@@ -1040,3 +1040,30 @@ def test_a_random_base_keeps_its_folders_generation_config(
     assert "temperature" not in json.loads(
         (again / "base_model" / "generation_config.json").read_text()
     )
+
+
+def test_an_answer_cut_mid_character_ends_before_it(tiny_tokenizer) -> None:
+    """A byte-level tokenizer writes 日 in three tokens: a budget that ends after the first of
+    本's showed a U+FFFD at the answer's end, streamed and in the text."""
+    import torch
+
+    from expert_cli.train.generate import _Streamer
+    from expert_cli.train.tokenizer_files import layout_stops
+
+    ids = tiny_tokenizer.encode("日本", add_special_tokens=False)
+    assert tiny_tokenizer.decode(ids[:4]) == "日\ufffd"  # 日, and 本's first byte
+
+    class Shown:
+        def __init__(self) -> None:
+            self.pieces: list[str] = []
+
+        def text(self, piece: str) -> None:
+            self.pieces.append(piece)
+
+    shown = Shown()
+    streamer = _Streamer(tiny_tokenizer, shown, layout_stops(tiny_tokenizer, []))
+    streamer.put(torch.tensor([[ids[0]]]))  # the prompt, which the streamer skips
+    for token in ids[:4]:
+        streamer.put(torch.tensor([token]))
+    streamer.end()
+    assert "".join(shown.pieces) == "日"

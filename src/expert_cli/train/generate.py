@@ -125,6 +125,11 @@ class Silent:
         pass
 
 
+# what decoding makes of a character's first bytes without the rest (a byte-level tokenizer
+# writes one character in several tokens): an answer that ends in it was cut mid-character
+CUT_CHARACTER = "\ufffd"
+
+
 class _Streamer(TextStreamer):
     """transformers' text streamer, handing finished pieces to the view up to a stop text
     (what may begin one is held back until the next piece)."""
@@ -137,6 +142,8 @@ class _Streamer(TextStreamer):
         if self.stopped:
             return
         text, self.pending = self.pending + text, ""
+        if stream_end:  # a character whose last bytes the budget left ungenerated
+            text = text.rstrip(CUT_CHARACTER)
         if (shown := self.stops.cut(text)) != text:
             text, self.stopped = shown, True
         elif not stream_end and (held := self.stops.held(text)):
@@ -308,7 +315,7 @@ def answer(
         ) from None
     seconds = time.perf_counter() - start
     new = out[0, inputs.shape[1] :].tolist()
-    text = stops.cut(run.tokenizer.decode(new, skip_special_tokens=True))
+    text = stops.cut(run.tokenizer.decode(new, skip_special_tokens=True).rstrip(CUT_CHARACTER))
     return text.strip(), len(new), seconds
 
 
