@@ -433,6 +433,18 @@ def test_a_folder_of_someone_elses_files_is_refused(capsys, monkeypatch, tmp_pat
         " ".join(err.split())
     )
     assert sorted(p.name for p in data.iterdir()) == held
+    tests = tmp_path / "tests"  # the test file's folder too (evaluate reads it)
+    tests.mkdir()
+    (tests / "test.jsonl").write_text((data / "train.jsonl").read_text())
+    record = json.loads(manifest.read_text())
+    record["training"]["dataset"]["test_path"] = str(tests / "test.jsonl")
+    manifest.write_text(json.dumps(record))
+    code, _, err = _here(capsys, monkeypatch, manifest, tests, "--max-steps", "1")
+    assert code == 2, err
+    assert f"--output {tests}: holds the data file test.jsonl; the run's files" in (
+        " ".join(err.split())
+    )
+    assert sorted(p.name for p in tests.iterdir()) == ["test.jsonl"]
 
 
 @pytest.mark.slow

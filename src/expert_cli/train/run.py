@@ -108,7 +108,8 @@ def setup(opts: TrainOptions, reporter: Reporter) -> tuple[Run, Path | None]:
     given = apply_overrides(loaded.raw, list(opts.overrides))  # as the package will hold it
     resolved.notes += author_notes(given, resolved.model_dump(mode="json"))
     output = output_dir(loaded.path, opts.output)
-    refuse_output_place(output, loaded.folder, resolved.train_sources + resolved.validation_sources)
+    sources = resolved.train_sources + resolved.validation_sources + resolved.test_sources
+    refuse_output_place(output, loaded.folder, sources)
     if not opts.resume and (problem := init_adapter_problem(resolved, output)):
         raise UserError(problem)  # a resume's weights are its checkpoint's: not read then
     max_steps, said = resumed_max_steps(output, opts.resume, opts.max_steps, resolved)
