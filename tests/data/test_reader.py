@@ -260,6 +260,26 @@ def test_csv_rows_and_ragged_rows(tmp_path: Path) -> None:
     ]
 
 
+def test_a_quote_out_of_place_in_csv_is_named(tmp_path: Path) -> None:
+    """A quote never closed (row 2 of 100) took every later row into one answer, exit 0 and
+    the data lost; `"a"b` read as `ab`. Each is named: the line the quote opens on."""
+    path = tmp_path / "d.csv"
+    rows = ["instruction,output", *(f"q{i},a{i}" for i in range(100))]
+    rows[2] = 'q1,"a1 with a stray quote'
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(UserError) as err:
+        rows_of(path, "csv")
+    assert err.value.lines == [
+        f'{path}: line 3: a quoted field opens on this line and is never closed (a stray "?); '
+        "every later line was read into it"
+    ]
+    path.write_text('instruction,output\nq0,a0\nq1,"a1"b\n')
+    with pytest.raises(UserError, match=rf"{path}: line 3: not valid CSV \(',' expected after"):
+        rows_of(path, "csv")
+    path.write_text('instruction,output\nq0,"a ""quoted"" word"\nq1,"two\nlines"')  # no last \n
+    assert [r["output"] for r in rows_of(path, "csv")] == ['a "quoted" word', "two\nlines"]
+
+
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_csv_lines_end_only_at_cr_and_lf(tmp_path: Path, monkeypatch, chunk: int | None) -> None:
     """pandas writes a field holding a form feed, \\u2028 or \\x85 unquoted: the reader ended

@@ -107,16 +107,20 @@ def _lines(text: Text) -> Iterator[str]:
 
 def _csv_rows(path: Path) -> Iterator[Row]:
     """Rows of a CSV file with a header row, as {column: text}; a row with more or fewer
-    fields than the header is an error naming it."""
+    fields than the header is an error naming it, and so is a quote out of place: read
+    leniently, a quote never closed took every later row into one field, and `"a"b` read as
+    `ab`."""
     csv.field_size_limit(MAX_ITEM_BYTES)
     with open_data(path) as fh:
-        reader = csv.reader(_lines(Text(path, fh)))
+        reader = csv.reader(_lines(Text(path, fh)), strict=True)
+        ended = 0  # the line the last row read ended on
         try:
             header = next(reader, None)
             if header is None:
                 return
-            twice = repeats(header)
+            twice, ended = repeats(header), reader.line_num
             for number, fields in enumerate(reader, start=1):
+                ended = reader.line_num
                 if not fields:
                     continue
                 if len(fields) != len(header):
@@ -128,6 +132,11 @@ def _csv_rows(path: Path) -> Iterator[Row]:
                 row = {k: (v if v != "" else None) for k, v in zip(header, fields, strict=True)}
                 yield f"row {number}", marked(row, twice)
         except csv.Error as exc:
+            if "unexpected end of data" in str(exc):
+                raise UserError(
+                    f"{path}: line {ended + 1}: a quoted field opens on this line and is never "
+                    'closed (a stray "?); every later line was read into it'
+                ) from None
             raise UserError(f"{path}: line {reader.line_num}: not valid CSV ({exc})") from None
 
 
