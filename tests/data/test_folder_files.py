@@ -160,3 +160,25 @@ def test_a_folder_of_too_many_files_is_named(tmp_path: Path, monkeypatch) -> Non
         f"{tmp_path / 'data'}: holds more than 3 files (a link to a large folder?); name a "
         "folder that holds the data alone"
     )
+
+
+def test_the_libraries_records_and_links_to_nothing_in_a_data_folder(tmp_path: Path) -> None:
+    """`hf download --local-dir` of an older dataset holds dataset_infos.json beside its data:
+    it was read as a data file (a row without `text`, or "files of several formats"); the
+    datasets library passes it over, and so does the reader. A data file's link that leads
+    nowhere (a download cut short) was passed over in silence, its rows missing."""
+    folder = tmp_path / "ds"
+    write_jsonl(folder / "data" / "train.jsonl", [{"text": f"a {i}"} for i in range(3)])
+    for name in ("dataset_infos.json", "dataset_info.json", "config.json"):
+        (folder / name).write_text(json.dumps({"default": {"features": {}}}))
+    assert [p.name for p in folder_data_files(folder)] == ["train.jsonl"]
+    assert _texts(_ref(folder)) == ["a 0", "a 1", "a 2"]
+    assert unread_notes([_ref(folder)]) == []
+    (folder / "data" / "part-1.jsonl").symlink_to(tmp_path / "blob-never-written")
+    (folder / "notes.txt").symlink_to(tmp_path / "nothing")  # not data: passed over
+    with pytest.raises(UserError) as err:
+        _texts(_ref(folder))
+    assert err.value.lines == [
+        f"{folder / 'data' / 'part-1.jsonl'}: is a link to a path that does not exist; a data "
+        f"file of the folder {folder} (download it again, or remove the link)"
+    ]

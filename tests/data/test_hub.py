@@ -384,3 +384,51 @@ def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(
         "where there is a network (hf download org/mini --repo-type dataset --revision v2 "
         "--local-dir data/mini) and set training.dataset.path to the folder or its files"
     ]
+
+
+def test_a_snapshot_missing_a_blob_or_typed_wrong_by_its_card(capfd, monkeypatch, tmp_path) -> None:
+    """A hub snapshot whose second shard links to a blob never downloaded was read as its
+    first shard alone, in silence; one whose card types `text` as int64 failed with the
+    library's log line on stderr quoting a whole example."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from train_helpers import run_main
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    secret = "QQrowtextQQ"
+
+    def snapshot(repo: str, card: str) -> Path:
+        root = tmp_path / "hf" / "hub" / f"datasets--org--{repo}"
+        data = root / "snapshots" / "abc" / "data"
+        data.mkdir(parents=True)
+        (root / "refs").mkdir()
+        (root / "refs" / "main").write_text("abc")
+        (data.parent / "README.md").write_text(card)
+        table = pa.table({"text": [f"{secret} {i}" for i in range(8)]})
+        pq.write_table(table, data / "train-00000-of-00002.parquet")
+        return data
+
+    missing = snapshot("cut", "# a card\n")
+    (missing / "train-00001-of-00002.parquet").symlink_to(tmp_path / "blobs" / "never")
+    typed = snapshot(
+        "typed", "---\ndataset_info:\n  features:\n  - name: text\n    dtype: int64\n---\n"
+    )
+    (typed / "train-00001-of-00002.parquet").unlink(missing_ok=True)
+    manifest = json.loads((ROOT / "experts" / "demo" / "manifest.json").read_text())
+    manifest["base_models"][0]["name"] = str(ROOT / "experts" / "demo" / "model")
+    path = tmp_path / "expert" / "manifest.json"
+    path.parent.mkdir()
+    said = {}
+    for repo in ("cut", "typed"):
+        manifest["training"]["dataset"] = {"path": f"org/{repo}", "field_mapping": {"text": "text"}}
+        path.write_text(json.dumps(manifest))
+        code, out, err = run_main(capfd, monkeypatch, "check", "-m", str(path))
+        said[repo] = " ".join((out + err).split())
+        assert code == 2 and secret not in said[repo], said[repo]
+    assert (
+        f"hub dataset org/cut (read from its cached snapshot, {missing.parent}) lacks 1 of its "
+        "data files ('data/train-00001-of-00002.parquet': links to blobs never downloaded in "
+        "full); download it again: hf download org/cut --repo-type dataset"
+    ) in said["cut"]
+    assert "hub dataset org/typed" in said["typed"] and "Failed to read file" not in said["typed"]

@@ -164,8 +164,15 @@ QUIET_LOGGERS = (
     "matplotlib",
     # a hub snapshot read as a local folder without a README's metadata block: nothing wrong
     "huggingface_hub.repocard",
-    # a Parquet file it cannot read, logged before the error that says so (and names the field)
-    "datasets.packaged_modules.parquet.parquet",
+    # a dataset card whose features do not fit its files (the error that follows says it)
+    "datasets.info",
+)
+# the datasets library's builders log a file they cannot read with the reader's own message,
+# which may quote a row (a string its card types as a number: the whole example), before the
+# error that names the field: logged at ERROR, so these are kept to CRITICAL
+QUOTING_LOGGERS = tuple(
+    f"datasets.packaged_modules.{name}.{name}"
+    for name in ("parquet", "csv", "arrow", "json", "cache")
 )
 # transformers' advice no user of expert-cli can act on: batches are built here (packed rows
 # kept apart by the checked attention, padding out of the loss), and every model without a
@@ -215,6 +222,8 @@ def main() -> None:
     JSON_ASKED["on"] = False  # (a second call in one process: the tests')
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    for name in QUOTING_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     for name in ("transformers.modeling_utils", "transformers.trainer_utils"):
         logging.getLogger(name).addFilter(_DropAdvice())
     # raised inside peft/transformers for every model; nothing a user of expert-cli can act on

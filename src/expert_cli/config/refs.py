@@ -12,7 +12,7 @@ from expert_cli.config.base import has_control_character
 from expert_cli.config.dataset_card import card_files
 from expert_cli.config.split_names import HELD_OUT_SPLITS, file_splits, split_files
 from expert_cli.errors import UserError
-from expert_cli.paths import home_expanded, path_exists, resolved_path, shown_path
+from expert_cli.paths import home_expanded, not_a_folder, path_exists, resolved_path, shown_path
 
 # data file suffix -> the manifest's `format` value
 FILE_FORMATS = {
@@ -30,6 +30,10 @@ TEXT_FORMATS = ("jsonl", "json", "csv")
 # files a data folder commonly holds beside its data, not named as files left unread
 NOT_DATA_SUFFIXES = {".md", ".py", ".sh", ".yaml", ".yml", ".toml", ".cfg", ".ipynb", ".lock"}
 NOT_DATA_NAMES = ("readme", "license", "licence", "changelog")
+# the datasets library's own records, which it leaves out of a folder's data files
+LIBRARY_RECORDS = frozenset(
+    {"config.json", "dataset_info.json", "dataset_infos.json", "dataset_dict.json"}
+)
 MAX_FOLDER_FILES = 1_000_000  # in a data folder, its subfolders and those it links to
 # the manifest's `format` value -> the `datasets` builder that reads it
 BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
@@ -152,11 +156,17 @@ def folder_files(path: Path) -> list[Path]:
                 seen.add(real)
                 kept.append(name)
         dirs[:] = kept
-        found += [
-            Path(root, name)
-            for name in files
-            if not name.startswith(".") and os.path.isfile(os.path.join(root, name))
-        ]
+        for name in files:
+            file = Path(root, name)
+            if name.startswith("."):
+                continue
+            if os.path.isfile(file):
+                found.append(file)
+            elif os.path.islink(file) and is_data_file(file):  # its data would go unread
+                raise UserError(
+                    f"{shown_path(file)}: {not_a_folder(file, 'file')}; a data file of the "
+                    f"folder {shown_path(path)} (download it again, or remove the link)"
+                )
         if len(found) > MAX_FOLDER_FILES:
             raise UserError(
                 f"{shown_path(path)}: holds more than {MAX_FOLDER_FILES:,} files (a link to a "
@@ -165,9 +175,16 @@ def folder_files(path: Path) -> list[Path]:
     return sorted(found)
 
 
+def is_data_file(path: Path) -> bool:
+    """Whether a folder's file is data by its name: a data format's suffix (suffix_format),
+    and not one of the records the datasets library writes and passes over as data (a
+    `hf download` of an older dataset holds dataset_infos.json beside its files)."""
+    return bool(suffix_format(path)) and path.name not in LIBRARY_RECORDS
+
+
 def folder_data_files(path: Path) -> list[Path]:
-    """The data files of a folder (by suffix: suffix_format), as folder_files lists them."""
-    return [p for p in folder_files(path) if suffix_format(p)]
+    """The data files of a folder (is_data_file), as folder_files lists them."""
+    return [p for p in folder_files(path) if is_data_file(p)]
 
 
 def unread_files(files: list[Path]) -> list[Path]:
@@ -178,6 +195,7 @@ def unread_files(files: list[Path]) -> list[Path]:
         p
         for p in files
         if not suffix_format(p)
+        and p.name not in LIBRARY_RECORDS
         and p.suffix.lower() not in NOT_DATA_SUFFIXES
         and not p.name.lower().startswith(NOT_DATA_NAMES)
     ]
@@ -255,7 +273,7 @@ def unread_notes(refs: list[Any]) -> list[str]:
             if _saved(path):
                 continue
             files = folder_files(path)  # walked once: a folder may hold 1,000,000 files
-            left, data = unread_files(files), [f for f in files if suffix_format(f)]
+            left, data = unread_files(files), [f for f in files if is_data_file(f)]
             read = set(of_format(data, ref.format))
             other = [f for f in data if f not in read]
         except (OSError, UserError):  # the data check names a folder that cannot be read

@@ -11,6 +11,7 @@ library's message, where it is the one said, is cut to its first line.
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import datasets
 from datasets.load import dataset_module_factory
 
-from expert_cli.config.refs import suffix_format
+from expert_cli.config.refs import is_data_file, suffix_format
 from expert_cli.config.resolve import SourceRef
 from expert_cli.data.discovery import files_under
 from expert_cli.data.file_text import shown_name, shown_names
@@ -52,6 +53,12 @@ def snapshot_lines(ref: SourceRef) -> tuple[list[str], list[str]]:
         f"{ref.field}: hub dataset {ref.location} (read from its cached snapshot, "
         f"{shown_path(local)})"
     )
+    if missing := _links_to_nothing(local):  # the library read the rest, in silence
+        return [
+            f"{where} lacks {len(missing)} of its data files ({shown_names(missing)}: links to "
+            "blobs never downloaded in full); download it again: hf download "
+            f"{ref.location} --repo-type dataset"
+        ], []
     try:
         problem = _config_problem(ref, dataset_module_factory(str(local)))
         if problem:
@@ -70,6 +77,17 @@ def snapshot_lines(ref: SourceRef) -> tuple[list[str], list[str]]:
             f"{shown_names(splits)}); name one: {ref.location}::SPLIT"
         ], []
     return [], _other_formats(where, ref.location, local, builder.name)
+
+
+def _links_to_nothing(local: Path) -> list[str]:
+    """The snapshot's data files (by name) whose links lead to no blob, by their paths in it."""
+    found = []
+    for parent, _, names in os.walk(local):
+        for name in names:
+            path = Path(parent, name)
+            if is_data_file(path) and os.path.islink(path) and not os.path.exists(path):
+                found.append(path.relative_to(local).as_posix())
+    return sorted(found)
 
 
 def _config_problem(ref: SourceRef, module: Any) -> str | None:
@@ -95,7 +113,7 @@ def _other_formats(where: str, repo: str, local: Path, read: str) -> list[str]:
     formats = Counter(
         BUILDER_FORMAT[fmt]
         for f in files_under(local)
-        if (fmt := suffix_format(f)) in BUILDER_FORMAT
+        if is_data_file(f) and (fmt := suffix_format(f)) in BUILDER_FORMAT
     )
     left = sorted(fmt for fmt in formats if fmt != read)
     if not left or read not in formats:
