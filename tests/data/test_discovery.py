@@ -205,6 +205,8 @@ def test_unreadable_places_are_passed_over(tmp_path: Path) -> None:
     assert discover(tmp_path, None)["empty"] == [str(hub)]  # no snapshot: no download
     (hub / "snapshots" / "s").mkdir(parents=True)
     (hub / "snapshots" / "s" / "data.jsonl").symlink_to(hub / "blobs" / "b")
+    assert discover(tmp_path, None)["empty"] == [str(hub)]  # main names no snapshot held
+    (hub / "refs" / "main").write_text("s")
     (entry,) = discover(tmp_path, None)["datasets"]
     assert (entry["name"], entry["revision"], entry["size_bytes"]) == ("o/n", "s", 5)
 
@@ -216,17 +218,29 @@ def test_a_hub_folder_with_no_downloaded_file_is_not_listed(tmp_path: Path) -> N
         (tmp_path / "hub" / name).mkdir(parents=True)
     (tmp_path / "hub" / "datasets--o--stopped" / "snapshots" / "abc" / "t.jsonl").touch()
     blob(tmp_path / "hub" / "datasets--o--kept" / "snapshots" / "abc" / "t.jsonl", 10)
+    # refs/main naming no snapshot held (another, nothing, a path): check finds none to read;
+    # a repository without refs/main (a pinned download) is listed by its snapshots
+    for name, ref in (("elsewhere", "b" * 40), ("blank", ""), ("path", "../../etc"), ("pin", None)):
+        blob(tmp_path / "hub" / f"datasets--o--{name}" / "snapshots" / "abc" / "t.jsonl", 10)
+        if ref is not None:
+            (tmp_path / "hub" / f"datasets--o--{name}" / "refs").mkdir()
+            (tmp_path / "hub" / f"datasets--o--{name}" / "refs" / "main").write_text(ref)
     result = discover(tmp_path, None)
-    assert [e["name"] for e in result["datasets"]] == ["o/kept"]
+    assert [(e["name"], e["revision"]) for e in result["datasets"]] == [
+        ("o/kept", "abc"),
+        ("o/pin", "abc"),
+    ]
     assert result["empty"] == [
-        str(tmp_path / "hub" / n) for n in ("datasets--o--stopped", "datasets--weird")
+        str(tmp_path / "hub" / f"datasets--{n}")
+        for n in ("o--blank", "o--elsewhere", "o--path", "o--stopped", "weird")
     ]
     out = CliRunner().invoke(
         app, ["find-datasets", "--cache-dir", str(tmp_path)], env={"COLUMNS": "300"}
     )
     assert out.exit_code == 0, out.output
     assert (
-        f"not listed: {tmp_path / 'hub' / 'datasets--weird'} (its snapshots hold no" in out.output
+        f"not listed: {tmp_path / 'hub' / 'datasets--weird'} (no snapshot to read: they hold no "
+        "downloaded file, or its refs/main names none of them" in " ".join(out.output.split())
     )
     # a mistyped HF_HOME listed nothing and said nothing
     assert result["absent"] == [str(tmp_path / "datasets")]
@@ -279,3 +293,15 @@ def test_cli_json_and_table(hf_home: Path, experts: Path) -> None:
     manifest = experts / "b" / "manifest.json"
     said = f"{manifest}: training.dataset.tasks.z.train openai/gsm8k (hub, NOT cached)"
     assert said in lines and f"not cached: openai/gsm8k (needed by {manifest})" in lines
+
+
+def test_an_empty_folder_option_is_refused(capsys, monkeypatch, tmp_path: Path) -> None:
+    """`--cache-dir ""` searched the current folder (pathlib reads "" as "."), and listed what
+    it found there as cached datasets; so did `--experts ""` for manifests."""
+    from train_helpers import run_main
+
+    monkeypatch.chdir(tmp_path)
+    for option in ("--cache-dir", "--experts"):
+        code, out, err = run_main(capsys, monkeypatch, "find-datasets", option, "")
+        assert code == 2 and out == "", out + err
+        assert f"{option}: is empty; expected a folder's path" in err

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from expert_cli.cli.options import JsonOpt
+from expert_cli.cli.options import JsonOpt, folder_named
 
 if TYPE_CHECKING:
     from expert_cli.data import PreparedData
@@ -179,10 +179,18 @@ def earlier_text(earlier: Earlier) -> str:
 
 def find_datasets(
     cache_dir: Annotated[
-        Path | None, typer.Option(help="A datasets or hub cache folder (default: HF env).")
+        Path | None,
+        typer.Option(
+            help="A datasets or hub cache folder (default: HF env).",
+            parser=folder_named("--cache-dir"),
+        ),
     ] = None,
     experts: Annotated[
-        Path | None, typer.Option(help="Folder with */manifest.json to match against.")
+        Path | None,
+        typer.Option(
+            help="Folder with */manifest.json to match against.",
+            parser=folder_named("--experts"),
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -277,8 +285,8 @@ def _discovery_lines(result: dict[str, Any], console: Any) -> None:
     # a mistyped HF_HOME reads as "no datasets" otherwise
     lines += [f"not there: {path} (no dataset is cached in it)" for path in result["absent"]]
     lines += [
-        f"not listed: {path} (its snapshots hold no downloaded file; a download stopped early? "
-        "download it again)"
+        f"not listed: {path} (no snapshot to read: they hold no downloaded file, or its "
+        "refs/main names none of them; a download stopped early? download it again)"
         for path in result["empty"]
     ]
     lines += [f"problem: {line}" for line in result["problems"]]

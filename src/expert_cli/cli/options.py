@@ -57,3 +57,15 @@ def file_named(option: str) -> Callable[[str], Path]:
         return Path(value)
 
     return parse
+
+
+def folder_named(option: str) -> Callable[[str], Path]:
+    """A parser for an option that names a folder to read: an empty value refused (pathlib
+    reads it as the current folder, which was searched in its place)."""
+
+    def parse(value: str) -> Path:
+        if not value.strip():
+            raise UserError(f"{option}: is empty; expected a folder's path")
+        return Path(value)
+
+    return parse

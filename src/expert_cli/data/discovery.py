@@ -119,7 +119,8 @@ def scan_datasets_cache(root: Path) -> list[dict[str, Any]]:
 def scan_hub_cache(root: Path, empty: list[str]) -> list[dict[str, Any]]:
     """Entries of the hub cache: datasets--<owner>--<name>/ with blobs/, snapshots/, refs/.
     A folder whose snapshots hold no byte (a download stopped before one, a folder made by
-    hand) is no dataset a run can read: its path goes to `empty` instead."""
+    hand), or whose refs/main names no snapshot it holds, is no dataset a run can read: its
+    path goes to `empty` instead."""
     entries = []
     if not _is_dir(root):
         return entries
@@ -131,7 +132,11 @@ def scan_hub_cache(root: Path, empty: list[str]) -> list[dict[str, Any]]:
             empty.append(str(repo))
             continue
         snapshots = [p.name for p in _subfolders(repo / "snapshots")]
-        revision = _ref(repo / "refs" / "main") or ",".join(snapshots) or None
+        main = _ref(repo / "refs" / "main")
+        if (repo / "refs" / "main").exists() and main not in snapshots:
+            empty.append(str(repo))  # main names no snapshot here: check finds none to read
+            continue
+        revision = main or ",".join(snapshots) or None
         files = files_under(repo / "blobs") + held
         entries.append(
             {
