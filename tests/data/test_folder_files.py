@@ -182,3 +182,22 @@ def test_the_libraries_records_and_links_to_nothing_in_a_data_folder(tmp_path: P
         f"{folder / 'data' / 'part-1.jsonl'}: is a link to a path that does not exist; a data "
         f"file of the folder {folder} (download it again, or remove the link)"
     ]
+
+
+def test_tab_separated_values_are_said_to_be_converted(tmp_path: Path) -> None:
+    """A .tsv said "set training.dataset.format"; `format: csv` then read each line as one
+    column and said it could not tell which column holds the data: a dead end either way."""
+    from expert_cli.config.sources import _format_problem
+
+    path = tmp_path / "train.tsv"
+    path.write_text("instruction\toutput\nq\ta\n")
+    with pytest.raises(UserError) as err:
+        _texts(_ref(path))
+    assert err.value.lines[0].startswith(
+        f"{path}: tab-separated values are not read; convert the file to CSV or JSON Lines"
+    )
+    said = _format_problem(path, ("csv", "training.dataset.format"), "training.dataset.path")
+    assert said == (
+        f"training.dataset.format: csv reads commas, and {path} holds tab-separated values by "
+        "its name; convert it to CSV or JSON Lines"
+    )

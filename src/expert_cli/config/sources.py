@@ -95,6 +95,11 @@ def _format_problem(path: Path, given: tuple[str | None, str], label: str) -> st
             "is a local file or folder: remove format (the file's name says how to read it), "
             "or name a hub dataset"
         )
+    if fmt == "csv" and path.suffix.lower() == ".tsv" and path_is_file(path):
+        return (
+            f"{field}: csv reads commas, and {shown_path(path)} holds tab-separated values by "
+            "its name; convert it to CSV or JSON Lines"
+        )
     named = suffix_format(path) if fmt and fmt != "huggingface" and path_is_file(path) else None
     family = {"jsonl": "json"}  # one reader reads both layouts
     if named and family.get(named, named) != family.get(fmt, fmt):

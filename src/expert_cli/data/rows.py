@@ -124,6 +124,12 @@ def file_format(ref: SourceRef, files: list[Path]) -> str:
             "csv files are read compressed with gzip, bz2 or xz, named for both "
             "(data.jsonl.gz): rename it so, or decompress it"
         )
+    if not kinds and any(f.suffix.lower() == ".tsv" for f in files):  # format: csv reads commas
+        raise UserError(
+            f"{ref.location}: tab-separated values are not read; convert the file to CSV or "
+            "JSON Lines (e.g. with pandas: read_csv(path, sep='\\t').to_json(out, "
+            "orient='records', lines=True))"
+        )
     if not kinds:
         raise UserError(
             f"{ref.location}: cannot tell the file format (no known suffix); set "
