@@ -192,6 +192,11 @@ def test_values_cut_by_the_read_buffer_are_whole(tmp_path: Path, monkeypatch) ->
         ('[{"text": "a"}, {"text": "b"}', ":1: the JSON array is not closed with ]"),
         ('[{"text": "a"}] {"text": "b"}', ":1: text after the closing ] of the array"),
         ("[" * 5000 + "]" * 5000, ":1: JSON nested too deeply"),
+        (  # json's words end in " at", its place cut off: "(Invalid control character at)"
+            '{"text": "a"}\n{"text": "tab\there"}\n',
+            ":2: invalid JSON (a control character (a tab, a line break) inside a string, where",
+        ),
+        ('{"text": "a"}\n{"text": "cut sh', ":2: invalid JSON (a string that is never closed)"),
         (  # `cat a.jsonl b.jsonl` of files saved with a BOM: "invalid JSON (Expecting value)"
             '{"text": "a"}\n\ufeff{"text": "b"}\n',
             ":2: a byte order mark (U+FEFF) inside the file, where a file saved with one",

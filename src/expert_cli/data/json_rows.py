@@ -33,6 +33,12 @@ from expert_cli.errors import UserError
 from expert_cli.jsontext import json_int
 
 CUT_MARGIN = 16  # characters: a \uXXXX escape, a number or `false` cut by the buffer
+# json's messages end in " at", the place said after them (the line is said here instead)
+JSON_WORDS = {
+    "Invalid control character at": "a control character (a tab, a line break) inside a "
+    "string, where JSON wants it written as an escape such as \\t or \\n",
+    "Unterminated string starting at": "a string that is never closed",
+}
 _WHITESPACE = " \t\r\n"
 
 
@@ -177,7 +183,8 @@ def _decode_one(
                     f"{text.path}:{where}: a byte order mark (U+FEFF) inside the file, where a "
                     "file saved with one was joined to another (cat a.jsonl b.jsonl); remove it"
                 ) from None
-            raise UserError(f"{text.path}:{where}: invalid JSON ({exc.msg})") from None
+            said = JSON_WORDS.get(exc.msg, exc.msg.removesuffix(" at"))
+            raise UserError(f"{text.path}:{where}: invalid JSON ({said})") from None
         except RecursionError:
             raise UserError(f"{text.path}:{line}: JSON nested too deeply") from None
         if end >= len(buf) and not text.eof:  # a number may go on in the next chunk

@@ -122,7 +122,8 @@ def file_format(ref: SourceRef, files: list[Path]) -> str:
         raise UserError(
             f"{ref.location}: a compressed file of no format the reader knows; jsonl, json and "
             "csv files are read compressed with gzip, bz2 or xz, named for both "
-            "(data.jsonl.gz): rename it so, or decompress it"
+            "(data.jsonl.gz): decompress it (Parquet and Arrow files are read uncompressed, "
+            "their columns compressed inside), or compress a text file with one of those"
         )
     if not kinds and any(f.suffix.lower() == ".tsv" for f in files):  # format: csv reads commas
         raise UserError(
