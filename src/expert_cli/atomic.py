@@ -9,6 +9,7 @@ during renames, and SIGTERM / SIGHUP raised as Ctrl-C is, so a command's way out
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -65,22 +66,45 @@ class Staged:
 
 
 @contextmanager
-def atomic_files(dests: list[Path]) -> Iterator[Staged]:
+def atomic_files(dests: list[Path], first_new: bool = False) -> Iterator[Staged]:
     """Temporary paths beside each of `dests` (`Staged.paths`); when the block ends they are
     renamed into place with SIGINT, SIGTERM and SIGHUP held until the last one is, so an interrupt
     never leaves one without the others (a package beside a checksum of another). A signal
-    that came meanwhile is raised after, with `in_place` set. All removed if the block fails."""
+    that came meanwhile is raised after, with `in_place` set. All removed if the block fails.
+    With `first_new`, the first of `dests` is never put over a file there by then (another
+    command's, finished meanwhile): FileExistsError, and nothing placed."""
     staged = Staged([temporary_path(dest) for dest in dests])
     try:
         yield staged
         with signals_held():
-            for tmp, dest in zip(staged.paths, dests, strict=True):
-                os.replace(tmp, dest)
+            for index, (tmp, dest) in enumerate(zip(staged.paths, dests, strict=True)):
+                if first_new and index == 0:
+                    place_new(tmp, dest)
+                else:
+                    os.replace(tmp, dest)
             staged.in_place = True
     finally:
         for tmp in staged.paths:
             with suppress(OSError):
                 tmp.unlink(missing_ok=True)
+
+
+# a file system without hard links (or one that refuses them here)
+NO_LINK = (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS, errno.EACCES)
+
+
+def place_new(tmp: Path, dest: Path) -> None:
+    """`tmp` put in place as `dest`, never over a file that is there by now (a second command
+    of the same output finished first: FileExistsError): a hard link fails where one is; on a
+    file system without links, looked at, then renamed. `tmp` is left for the caller."""
+    try:
+        os.link(tmp, dest)
+    except OSError as exc:
+        if exc.errno not in NO_LINK:
+            raise
+        if os.path.lexists(dest):
+            raise FileExistsError(errno.EEXIST, "exists", str(dest)) from None
+        os.replace(tmp, dest)
 
 
 @contextmanager

@@ -120,3 +120,42 @@ def test_an_export_interrupted_says_what_it_left(monkeypatch, tmp_path: Path) ->
     import expert_cli.train.hub_export as hub_export
 
     assert_interrupts_said(monkeypatch, hand_built_run(tmp_path), hub_export, "export-hub")
+
+
+def test_a_package_finished_meanwhile_under_its_name_is_kept(monkeypatch, tmp_path: Path) -> None:
+    """Two `package` of one --output at once both said "wrote" with their own checksums, and
+    the later replaced the earlier without --force. A package that appears under the name
+    while this one is built is kept (exit 2); with --force it is replaced. A run file that
+    goes while it is read (a train --overwrite sets the run aside) is blamed on the run, not
+    on --output."""
+    import expert_cli.train.package as package
+
+    run, target = hand_built_run(tmp_path), tmp_path / "x.expert"
+    real = package.pm.write_tar
+
+    def another_finishes_first(tmp: Path, members) -> None:
+        real(tmp, members)
+        target.write_bytes(b"the other package")
+
+    monkeypatch.setattr(package.pm, "write_tar", another_finishes_first)
+    done = run_here("package", "--adapter", str(run), "--output", str(target))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (
+        f"--output {target}: was written by another process while this package was built; it "
+        "is left as it is; package again with another name, or --force to replace it"
+    ) in " ".join(done.stderr.split())
+    assert target.read_bytes() == b"the other package"
+    assert sorted(p.name for p in tmp_path.glob("x.expert*")) == ["x.expert"]
+    forced = run_here("package", "--adapter", str(run), "--output", str(target), "--force")
+    assert forced.returncode == 0 and target.read_bytes() != b"the other package", forced.stderr
+
+    def run_set_aside(tmp: Path, members) -> None:
+        run.rename(run.with_name("set-aside"))
+        real(tmp, members)
+
+    monkeypatch.setattr(package.pm, "write_tar", run_set_aside)
+    done = run_here("package", "--adapter", str(run), "--output", str(tmp_path / "y.expert"))
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 1 and f"--adapter {run}: " in said, said
+    assert "could not be read (No such file or directory): was the run moved or removed" in said
+    assert not list(tmp_path.glob("y.expert*"))

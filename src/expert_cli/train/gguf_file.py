@@ -14,9 +14,9 @@ from typing import Any
 import gguf
 import numpy as np
 
-from expert_cli.atomic import parents_made, signals_held, temporary_path
+from expert_cli.atomic import parents_made, place_new, signals_held, temporary_path
 from expert_cli.errors import Interrupted, RunError, Terminated, UserError
-from expert_cli.paths import path_exists, shown_path
+from expert_cli.paths import shown_path
 
 OUT_TYPES = {  # --outtype -> how each tensor is stored
     "f16": gguf.GGMLQuantizationType.F16,
@@ -26,7 +26,6 @@ OUT_TYPES = {  # --outtype -> how each tensor is stored
 F16_NORMAL = float(np.finfo(np.float16).tiny)  # below it f16 keeps fewer significant bits
 F16_MAX = float(np.finfo(np.float16).max)
 UNDER_SHARE = 0.01  # a tensor with more of its values below f16's normal range is noted
-NO_LINK = (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS, errno.EACCES)
 
 
 def stored_tensors(
@@ -114,24 +113,17 @@ def write_file(
 
 def _place(tmp: Path, path: Path, force: bool) -> None:
     """`tmp` renamed to `path`; without `force`, never over a file that is there by now (a
-    second export of the same name finished first): a hard link fails where one is."""
+    second export of the same name finished first)."""
     if force:
         os.replace(tmp, path)
         return
-    taken = UserError(
-        f"--output {shown_path(path)}: was written by another process while this export ran; "
-        "it is left as it is; export again with another name, or --force to replace it"
-    )
     try:
-        os.link(tmp, path)
+        place_new(tmp, path)
     except FileExistsError:
-        raise taken from None
-    except OSError as exc:
-        if exc.errno not in NO_LINK:  # a file system without hard links: looked at, then renamed
-            raise
-        if path_exists(path):
-            raise taken from None
-        os.replace(tmp, path)
+        raise UserError(
+            f"--output {shown_path(path)}: was written by another process while this export "
+            "ran; it is left as it is; export again with another name, or --force to replace it"
+        ) from None
 
 
 def _read_back(

@@ -269,7 +269,7 @@ def build_package(
     try:
         # both written in full, then renamed into place with signals held: a full disk or
         # an interrupt leaves neither, and never a package beside a checksum of another
-        with parents_made(path), atomic_files([path, checksum]) as staged:
+        with parents_made(path), atomic_files([path, checksum], first_new=not force) as staged:
             tmp, tmp_sum = staged.paths
             pm.write_tar(tmp, members)
             report = verify_package(tmp, expected=members, sidecar=False)
@@ -278,8 +278,14 @@ def build_package(
                 shown = f"{shown_path(tmp)}: "
                 raise UserError([f"{path}: {p.removeprefix(shown)}" for p in report.problems])
             tmp_sum.write_text(f"{report.sha256}  {path.name}\n", encoding="utf-8")
+    except FileExistsError:  # another package of that name finished while this one was built
+        raise UserError(
+            f"--output {shown_path(path)}: was written by another process while this package "
+            "was built; it is left as it is; package again with another name, or --force to "
+            "replace it"
+        ) from None
     except OSError as exc:  # a full disk, a folder gone since the check: not the user's input
-        raise RunError(f"--output {shown_path(path)}: cannot be written ({exc.strerror})") from None
+        raise RunError(_write_failed(exc, path, run_dir)) from None
     except (KeyboardInterrupt, Terminated) as exc:  # what the interrupt left, said
         raise Interrupted(
             f"{shown_path(path)} and its {CHECKSUM_SUFFIX} were written in full before it"
@@ -290,3 +296,15 @@ def build_package(
     notes += [n for n in report.notes if n not in notes]  # the check's, said once
     report.path, report.checksum_file, report.notes = path, checksum, notes
     return report
+
+
+def _write_failed(exc: OSError, path: Path, run_dir: Path) -> str:
+    """What stopped the package: a file of the run that went while it was read (a `train
+    --overwrite` sets the run aside), or its own file that could not be written."""
+    name = Path(str(exc.filename)) if exc.filename else None
+    if name is not None and name.absolute().is_relative_to(run_dir.absolute()):
+        return (
+            f"--adapter {shown_path(run_dir)}: {name.name} could not be read ({exc.strerror}): "
+            "was the run moved or removed while it was packaged? Package it again"
+        )
+    return f"--output {shown_path(path)}: cannot be written ({exc.strerror})"
