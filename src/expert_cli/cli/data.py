@@ -50,7 +50,7 @@ def pretokenize(
     from expert_cli.atomic import sigterm_raises
     from expert_cli.cli.render import BuildBar, console, keep_going_without_output
     from expert_cli.data.pretokenize import find_manifests, pretokenize_all
-    from expert_cli.errors import RunError, Terminated, UserError
+    from expert_cli.errors import Interrupted, RunError, Terminated, UserError
 
     keep_going_without_output()  # a closed terminal or pipe stops the printing, not the build
     out = console()
@@ -69,13 +69,11 @@ def pretokenize(
     try:
         with sigterm_raises():  # SIGTERM as Ctrl-C: a line saying what is kept, exit 143
             outcomes = pretokenize_all(manifests, num_proc, force, BuildBar(), show, prune)
-    except (KeyboardInterrupt, Terminated):
-        out.print(
-            "interrupted: the shards finished so far are kept; the same command resumes the "
-            "build from them",
-            markup=False,
-        )
-        raise
+    except (KeyboardInterrupt, Terminated) as exc:  # said once, as the other commands say it
+        raise Interrupted(
+            "the shards finished so far are kept; the same command resumes the build from them",
+            exc.code if isinstance(exc, Terminated) else 130,
+        ) from None
     if several:
         out.print(outcomes_table(outcomes))
     bad = [o for o in outcomes if o.failure == "bad input"]
