@@ -74,7 +74,8 @@ def load_sources(resolved: ResolvedConfig, cache_dir: Path) -> LoadedSources:
         weighted = apply_weight(ds, ref.weight, resolved.seed + i)
         if ref.weight != 1.0:
             notes.append(
-                f"task {ref.task}: weight {ref.weight}: {len(weighted)} examples from {len(ds)}"
+                f"task {ref.task}: weight {ref.weight}: {len(weighted)} "
+                f"example{'s' * (len(weighted) != 1)} from {len(ds)}"
             )
         train_parts.append((weighted, specs[-1].kind))
     for ref in resolved.validation_sources:
