@@ -1067,3 +1067,6 @@ def test_an_answer_cut_mid_character_ends_before_it(tiny_tokenizer) -> None:
         streamer.put(torch.tensor([token]))
     streamer.end()
     assert "".join(shown.pieces) == "日"
+    from expert_cli.train.generate import uncut
+
+    assert uncut("\ufffd\ufffd\ufffd") == "\ufffd\ufffd"  # a random model's bytes stay shown

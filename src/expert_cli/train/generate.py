@@ -130,6 +130,12 @@ class Silent:
 CUT_CHARACTER = "\ufffd"
 
 
+def uncut(text: str) -> str:
+    """`text` without the one character the end of its tokens cut (the rest of a run of bytes
+    that are not UTF-8, a random model's, is shown as it is)."""
+    return text.removesuffix(CUT_CHARACTER)
+
+
 class _Streamer(TextStreamer):
     """transformers' text streamer, handing finished pieces to the view up to a stop text
     (what may begin one is held back until the next piece)."""
@@ -143,7 +149,7 @@ class _Streamer(TextStreamer):
             return
         text, self.pending = self.pending + text, ""
         if stream_end:  # a character whose last bytes the budget left ungenerated
-            text = text.rstrip(CUT_CHARACTER)
+            text = uncut(text)
         if (shown := self.stops.cut(text)) != text:
             text, self.stopped = shown, True
         elif not stream_end and (held := self.stops.held(text)):
@@ -315,7 +321,7 @@ def answer(
         ) from None
     seconds = time.perf_counter() - start
     new = out[0, inputs.shape[1] :].tolist()
-    text = stops.cut(run.tokenizer.decode(new, skip_special_tokens=True).rstrip(CUT_CHARACTER))
+    text = stops.cut(uncut(run.tokenizer.decode(new, skip_special_tokens=True)))
     return text.strip(), len(new), seconds
 
 
