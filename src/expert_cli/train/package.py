@@ -23,6 +23,7 @@ reads it). The package is read back and verified before it is reported written.
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import json
 from pathlib import Path, PurePosixPath
@@ -302,7 +303,8 @@ def _write_failed(exc: OSError, path: Path, run_dir: Path) -> str:
     """What stopped the package: a file of the run that went while it was read (a `train
     --overwrite` sets the run aside), or its own file that could not be written."""
     name = Path(str(exc.filename)) if exc.filename else None
-    if name is not None and name.absolute().is_relative_to(run_dir.absolute()):
+    gone = exc.errno == errno.ENOENT and name is not None and not name.name.startswith(".tmp-")
+    if gone and name.absolute().is_relative_to(run_dir.absolute()):  # not its own file
         return (
             f"--adapter {shown_path(run_dir)}: {name.name} could not be read ({exc.strerror}): "
             "was the run moved or removed while it was packaged? Package it again"
