@@ -40,6 +40,17 @@ class Interrupted(BaseException):
         super().__init__(message)
 
 
+def left_by(signal: BaseException, what: str, shown: str | None, whole: str | None) -> Interrupted:
+    """What a Ctrl-C or SIGTERM (`signal`) left where a command writes `what` at `shown` (a
+    path as shown, None where unknown yet): `whole`, the words for it written in full ("X
+    was"), or None where nothing was put in place."""
+    code = signal.code if isinstance(signal, Terminated) else 130
+    if whole is not None:
+        return Interrupted(f"{whole} written in full before it", code)
+    where = f" to {shown}" if shown is not None else ""
+    return Interrupted(f"before {what} was in place: nothing written{where}", code)
+
+
 def escaped(text: str) -> str:
     """`text` with what a terminal or a font cannot show plainly (control characters, bytes
     that are not UTF-8) as escapes: `\x1b`, `\udcff`."""

@@ -36,18 +36,13 @@ def said_left(what: str, path: Path | None, written: bool = False) -> Iterator[N
     """Ctrl-C (SIGTERM raised as it) inside the block ends the command with a line saying what
     it left: nothing before `what` was in place at `path`, or, once `written`, `what` in full
     (an export's own write says which where the signal comes while it writes)."""
-    from expert_cli.errors import Interrupted, Terminated, escaped
+    from expert_cli.errors import Terminated, escaped, left_by
 
     try:
         yield
     except (KeyboardInterrupt, Terminated) as exc:
-        where = f" to {escaped(str(path))}" if path is not None else ""
-        raise Interrupted(
-            f"{escaped(str(path))} was written in full before it"
-            if written
-            else f"before {what} was in place: nothing written{where}",
-            exc.code if isinstance(exc, Terminated) else 130,
-        ) from None
+        shown = escaped(str(path)) if path is not None else None
+        raise left_by(exc, what, shown, f"{shown} was" if written else None) from None
 
 
 def export_gguf(

@@ -198,7 +198,7 @@ def package(
     import json
 
     from expert_cli.atomic import sigterm_raises
-    from expert_cli.errors import Interrupted, Terminated
+    from expert_cli.errors import Terminated, left_by
     from expert_cli.paths import shown_path
     from expert_cli.train.package import build_package
 
@@ -210,10 +210,8 @@ def package(
                 return
             render_package(report, "wrote")
         except (KeyboardInterrupt, Terminated) as exc:
-            raise Interrupted(
-                f"{shown_path(report.path)} and its .sha256 were written in full before it",
-                exc.code if isinstance(exc, Terminated) else 130,
-            ) from None
+            shown = shown_path(report.path)
+            raise left_by(exc, "the package", shown, f"{shown} and its .sha256 were") from None
 
 
 SHOWN_FILES = 50  # a package's files listed; a real package has about ten

@@ -102,7 +102,7 @@ def merge(
     """Merge an adapter into its base model and save a standalone safetensors model."""
     from expert_cli.atomic import sigterm_raises
     from expert_cli.cli.render import console
-    from expert_cli.errors import Interrupted, Terminated, escaped
+    from expert_cli.errors import Terminated, escaped, left_by
 
     def holds_files() -> bool:  # one rename puts the whole merged model in place
         try:
@@ -117,14 +117,9 @@ def merge(
 
             path, notes = merge_adapter(adapter, output, dtype.value if dtype else None)
     except (KeyboardInterrupt, Terminated) as exc:
-        code = exc.code if isinstance(exc, Terminated) else 130
-        written = not held and holds_files()
-        raise Interrupted(
-            f"{escaped(str(output))} was written in full before it"
-            if written
-            else f"before the merged model was in place: nothing written to {escaped(str(output))}",
-            code,
-        ) from None
+        shown = escaped(str(output))
+        whole = f"{shown} was" if not held and holds_files() else None
+        raise left_by(exc, "the merged model", shown, whole) from None
     out = console()
     for note in notes:
         out.print(f"note      {note}", markup=False)

@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 
 from expert_cli.atomic import parents_made, place_new, signals_held, temporary_path
-from expert_cli.errors import Interrupted, RunError, Terminated, UserError
+from expert_cli.errors import RunError, Terminated, UserError, left_by
 from expert_cli.paths import shown_path
 
 OUT_TYPES = {  # --outtype -> how each tensor is stored
@@ -101,12 +101,8 @@ def write_file(
             reason = exc.strerror or "the disk is full: a write was cut short"
             raise RunError(f"--output {shown_path(path)}: cannot be written ({reason})") from None
         except (KeyboardInterrupt, Terminated) as exc:
-            raise Interrupted(
-                f"{shown_path(path)} was written in full before it"
-                if placed
-                else f"before the GGUF file was in place: nothing written to {shown_path(path)}",
-                exc.code if isinstance(exc, Terminated) else 130,
-            ) from None
+            whole = f"{shown_path(path)} was" if placed else None
+            raise left_by(exc, "the GGUF file", shown_path(path), whole) from None
         finally:
             tmp.unlink(missing_ok=True)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from expert_cli.atomic import atomic_folder, parents_made, usual_mode
-from expert_cli.errors import Interrupted, RunError, Terminated, UserError
+from expert_cli.errors import RunError, Terminated, UserError, left_by
 from expert_cli.paths import resolved_path, shown_path
 from expert_cli.train.adapter_entry import first_base
 from expert_cli.train.choice import final_step
@@ -183,9 +183,7 @@ def _write(output: Path, members: dict[str, bytes | Path]) -> None:
             f"--output {shown_path(output)}: cannot be written ({exc.strerror})"
         ) from None
     except (KeyboardInterrupt, Terminated) as exc:
-        raise Interrupted(
-            f"before the folder was in place: nothing written to {shown_path(output)}"
-            if not output.is_dir() or not any(output.iterdir())
-            else f"{shown_path(output)} was written in full before it",
-            exc.code if isinstance(exc, Terminated) else 130,
+        whole = output.is_dir() and any(output.iterdir())
+        raise left_by(
+            exc, "the folder", shown_path(output), f"{shown_path(output)} was" if whole else None
         ) from None

@@ -36,7 +36,7 @@ from expert_cli.config import Manifest
 from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE
 from expert_cli.config.loading import format_errors
 from expert_cli.config.refs import WINDOWS_PATH
-from expert_cli.errors import Interrupted, RunError, Terminated, UserError, value_kind
+from expert_cli.errors import RunError, Terminated, UserError, left_by, value_kind
 from expert_cli.paths import resolved_path, shown_path
 from expert_cli.train import adapter_entry as entry
 from expert_cli.train import package_members as pm
@@ -288,12 +288,8 @@ def build_package(
     except OSError as exc:  # a full disk, a folder gone since the check: not the user's input
         raise RunError(_write_failed(exc, path, run_dir)) from None
     except (KeyboardInterrupt, Terminated) as exc:  # what the interrupt left, said
-        raise Interrupted(
-            f"{shown_path(path)} and its {CHECKSUM_SUFFIX} were written in full before it"
-            if staged.in_place
-            else f"before the package was in place: nothing written to {shown_path(path)}",
-            exc.code if isinstance(exc, Terminated) else 130,
-        ) from None
+        whole = f"{shown_path(path)} and its {CHECKSUM_SUFFIX} were" if staged.in_place else None
+        raise left_by(exc, "the package", shown_path(path), whole) from None
     notes += [n for n in report.notes if n not in notes]  # the check's, said once
     report.path, report.checksum_file, report.notes = path, checksum, notes
     return report
