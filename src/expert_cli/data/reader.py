@@ -144,11 +144,11 @@ def _csv_rows(path: Path) -> Iterator[Row]:
 
 
 def _batches_as_rows(
-    path: Path, batches: Iterator[pa.RecordBatch], chosen: list[str] | None = None
+    path: Path, batches: Iterator[pa.RecordBatch], chosen: list[str] | None = None, before: int = 0
 ) -> Iterator[Row]:
-    """Each batch's rows, of the `chosen` columns only where given (a Parquet reader's
-    batches hold only the columns it was asked for already)."""
-    number = 0
+    """Each batch's rows, numbered on from `before`, of the `chosen` columns only where given
+    (a Parquet reader's batches hold only the columns it was asked for already)."""
+    number = before
     try:
         for batch in batches:
             if chosen is not None:
@@ -162,9 +162,13 @@ def _batches_as_rows(
                 number += 1
                 yield f"row {number}", marked(row, twice)
     except (pa.ArrowException, OSError) as exc:
-        raise UserError(
+        raise _Unreadable(
             f"{path}: row {number + 1}: cannot be read ({type(exc).__name__})"
         ) from None
+
+
+class _Unreadable(UserError):
+    """Arrow or the disk failed on a batch (not a value the run refuses)."""
 
 
 def _not_text(path: Path, batch: pa.RecordBatch, before: int) -> str:
@@ -210,8 +214,18 @@ def _parquet_rows(path: Path, columns: Columns | None) -> Iterator[Row]:
     except (pa.ArrowException, OSError) as exc:
         raise UserError(f"{path}: not a Parquet file ({type(exc).__name__})") from None
     chosen = columns.of(parquet.schema_arrow.names) if columns else None
-    batches = parquet.iter_batches(batch_size=ARROW_BATCH_ROWS, columns=chosen)
-    yield from _batches_as_rows(path, batches)
+    groups, before = parquet.metadata.num_row_groups, 0
+    for group in range(groups):  # one at a time: the reader reads a group's pages ahead
+        size = parquet.metadata.row_group(group).num_rows
+        batches = parquet.iter_batches(ARROW_BATCH_ROWS, row_groups=[group], columns=chosen)
+        try:
+            yield from _batches_as_rows(path, batches, before=before)
+        except _Unreadable:
+            raise UserError(
+                f"{path}: rows {before + 1}-{before + size} (row group {group + 1} of {groups}) "
+                "cannot be read: the file is damaged or cut short; write or copy it again"
+            ) from None
+        before += size
 
 
 def _arrow_batches(source: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
