@@ -255,12 +255,12 @@ def test_texts_are_a_conversation_only_where_a_conversation_is_read(
     datasets.Dataset.from_list([bad] * 2).save_to_disk(str(manifest.parent / "data" / "s1"))
     _point_at(manifest, "data/s1")
     (problem,) = check_manifest(manifest).problems
-    assert "field 'completion'" in problem and "List(Value('string'))" in problem
+    assert "field 'completion'" in problem and "holds lists of text" in problem
     texts = [{"prompt": ["question"], "completion": "answer"}] * 2
     datasets.Dataset.from_list(texts).save_to_disk(str(manifest.parent / "data" / "s2"))
     _point_at(manifest, "data/s2")
     (problem,) = check_manifest(manifest).problems
-    assert "field 'prompt' (field_mapping.instruction) holds List(Value('string'))" in problem
+    assert "field 'prompt' (field_mapping.instruction) holds lists of text" in problem
     lima = [{"conversations": ["q", None]}] * 2
     write_jsonl(manifest.parent / "data" / "train.jsonl", lima)
     _point_at(manifest, "data/train.jsonl")

@@ -485,7 +485,10 @@ def test_a_saved_datasets_turns_whose_role_is_not_text_are_refused_by_type(
         str(manifest.parent / "data" / "saved")
     )
     (problem,) = check_manifest(manifest).problems
-    assert "field 'conversations' (field_mapping.messages) holds List({'from': List(" in problem
+    assert (
+        "field 'conversations' (field_mapping.messages) holds lists of objects with 'from' "
+        "(lists of text), 'value' (text), expected" in problem
+    )
     assert problem.endswith("in every row")
 
 

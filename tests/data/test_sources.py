@@ -179,6 +179,14 @@ def test_column_of_the_wrong_type_in_parquet(tmp_path) -> None:
     assert (
         msg == f"{path}: row 1: field 'a' (field_mapping.response) is a number, expected a string"
     )
+    pq.write_table(pa.table({"q": pa.array([b"x", b"y"]), "a": ["y", "z"]}), path)
+    msg = error_of(
+        tmp_path, {"path": "train.parquet", "field_mapping": {"instruction": "q", "response": "a"}}
+    )  # was "is a bytes"
+    assert msg == (
+        f"{path}: row 1: field 'q' (field_mapping.instruction) is binary data (bytes, not text), "
+        "expected a string"
+    )
     pq.write_table(pa.table({"q": ["x"], "a": ["y"], "i": pa.array([None], pa.null())}), path)
     mapping = {"instruction": "q", "response": "a", "input": "i"}  # an all-null optional role
     assert len(load(tmp_path, {"path": "train.parquet", "field_mapping": mapping}).train) == 1
@@ -593,6 +601,11 @@ def test_a_saved_dataset_with_bytes_that_are_not_utf8(cli, tmp_path: Path) -> No
     assert out.returncode == 2
     assert expected in json.loads(out.stdout)["problems"]
     assert "SECRET" not in out.stdout + out.stderr
+    datasets.Dataset(pa.table({"body": pa.array(good)})).save_to_disk(tmp_path / "raw")
+    assert error_of(tmp_path, {**dataset, "path": "raw"}) == (  # was "holds Value('binary')"
+        f"{tmp_path / 'raw'}: field 'body' (field_mapping.text) holds binary data (bytes, not "
+        "text), expected a string in every row"
+    )
 
 
 def test_chat_messages_with_bytes_that_are_not_utf8(tmp_path: Path) -> None:
@@ -695,6 +708,7 @@ def test_hub_datasets_without_the_rows_asked_for(
         ("state", "its state.json or dataset_info.json is not JSON"),
         ("cut", "an Arrow file in it is damaged or cut short"),
         ("gone", "data-00000-of-00001.arrow is missing"),
+        ("retyped", "its dataset_info.json gives 'text' a type other than its Arrow files hold"),
     ],
 )
 def test_a_damaged_saved_dataset(cli, tmp_path: Path, damage: str, why: str) -> None:
@@ -709,6 +723,10 @@ def test_a_damaged_saved_dataset(cli, tmp_path: Path, damage: str, why: str) -> 
         (folder / "state.json").write_text("{not json")
     elif damage == "cut":
         arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
+    elif damage == "retyped":  # a hand edit: was "an Arrow file in it is damaged"
+        info = json.loads((folder / "dataset_info.json").read_text())
+        info["features"]["text"] = {"dtype": "int64", "_type": "Value"}
+        (folder / "dataset_info.json").write_text(json.dumps(info))
     else:
         arrow.unlink()
     message = error_of(tmp_path, {"path": "saved"})

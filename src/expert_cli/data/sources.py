@@ -38,7 +38,7 @@ from expert_cli.data.file_text import shown_names
 from expert_cli.data.hub import dataset_snapshot
 from expert_cli.data.rows import Scan, is_saved_dataset, scan_local
 from expert_cli.data.tools import tools_problem, tools_text, typed_objects
-from expert_cli.data.values import expected_shape, messages_problem
+from expert_cli.data.values import column_kind, expected_shape, messages_problem
 from expert_cli.errors import RunError, UserError, exception_chain
 from expert_cli.paths import shown_path
 
@@ -120,9 +120,37 @@ def load_saved(
     try:
         return datasets.load_from_disk(str(folder))
     except SAVED_DATASET_FAILURES as exc:
-        raise error(
-            f"{shown_path(folder)}: not a readable saved dataset ({_damage(exc)}); {fix}"
-        ) from None
+        retyped = _retyped(Path(folder)) if isinstance(exc, pa.ArrowException) else []
+        why = (
+            f"its dataset_info.json gives {shown_names(retyped)} a type other than its Arrow "
+            "files hold"
+            if retyped
+            else _damage(exc)
+        )
+        raise error(f"{shown_path(folder)}: not a readable saved dataset ({why}); {fix}") from None
+
+
+def _retyped(folder: Path) -> list[str]:
+    """The columns whose type a saved dataset's dataset_info.json gives otherwise than its
+    Arrow files' schema (a hand edit: loading casts and fails); [] where they agree or either
+    cannot be read (then the files are what is damaged)."""
+    splits = [folder] if (folder / "state.json").is_file() else sorted(folder.glob("*/"))
+    for split in (s for s in splits if (s / "state.json").is_file()):
+        try:
+            state = json.loads((split / "state.json").read_text(encoding="utf-8"))
+            info = json.loads((split / "dataset_info.json").read_text(encoding="utf-8"))
+            wanted = datasets.Features.from_dict(info["features"]).arrow_schema
+            first = split / state["_data_files"][0]["filename"]
+            with pa.memory_map(str(first)) as source:
+                held = pa.ipc.open_stream(source).schema
+        except (OSError, ValueError, TypeError, KeyError, IndexError, pa.ArrowException):
+            continue
+        differ = [
+            f.name for f in held if f.name in wanted.names and wanted.field(f.name).type != f.type
+        ]
+        if differ:
+            return differ
+    return []
 
 
 def _damage(exc: BaseException) -> str:
@@ -225,7 +253,7 @@ def _check_columns(ds: datasets.Dataset, fields: FieldSpec, where: str) -> None:
             if role == "messages":  # beside a response, a prompt's text (xlam's query)
                 either, shape = ("a prompt's text, or " if shape != role else ""), role
             raise UserError(
-                f"{where}: field '{column}' ({named}) holds {feature}, expected "
+                f"{where}: field '{column}' ({named}) holds {column_kind(feature)}, expected "
                 f"{either}{expected_shape(shape)} in every row"
             )
         values = ds.data.column(column)

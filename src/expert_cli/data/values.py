@@ -165,6 +165,34 @@ KINDS = {
     "float": "a number",
     "bool": "a boolean",
     "str": "a string",
+    "bytes": "binary data (bytes, not text)",
+}
+
+
+# a datasets Value's dtype by its start, as `column_kind` names it
+VALUE_KINDS = (
+    ("string", "text"),
+    ("large_string", "text"),
+    ("binary", "binary data (bytes, not text)"),
+    ("large_binary", "binary data (bytes, not text)"),
+    ("bool", "booleans"),
+    ("int", "numbers"),
+    ("uint", "numbers"),
+    ("float", "numbers"),
+    ("decimal", "numbers"),
+    ("timestamp", "dates or times"),
+    ("date", "dates or times"),
+    ("time", "dates or times"),
+    ("null", "nothing (every value null)"),
+)
+
+OTHER_KINDS = {
+    "ClassLabel": "class labels (numbers)",
+    "Json": "JSON values",
+    "Image": "images",
+    "Audio": "audio",
+    "Video": "videos",
+    "Translation": "translations",
 }
 
 
@@ -173,6 +201,27 @@ def kind_of(value: Any) -> str:
     if value is None:
         return "missing (null)"
     return KINDS.get(type(value).__name__, f"a {type(value).__name__}")
+
+
+def column_kind(feature: Any, depth: int = 0) -> str:
+    """What a hub or saved dataset's column holds, in words (its schema, never its values):
+    "lists of objects with 'from' (lists of text), 'value' (text)"."""
+    if isinstance(feature, datasets.Value):
+        dtype = str(feature.dtype)
+        for start, words in VALUE_KINDS:
+            if dtype.startswith(start):
+                return words
+        return f"values of type {dtype}"
+    inner = getattr(feature, "feature", None)
+    if inner is not None and depth < 3:
+        return f"lists of {column_kind(inner, depth + 1)}"
+    if isinstance(feature, dict) and depth < 3:
+        fields = [f"{shown_name(k)} ({column_kind(v, depth + 1)})" for k, v in feature.items()]
+        more = f" and {len(fields) - 6} more" if len(fields) > 6 else ""
+        return f"objects with {', '.join(fields[:6])}{more}"
+    if isinstance(feature, dict) or depth >= 3:
+        return "nested values"
+    return OTHER_KINDS.get(type(feature).__name__, type(feature).__name__)
 
 
 def check_row(row: Any, fields: FieldSpec, where: str, typed: bool = False) -> dict[str, Any]:
