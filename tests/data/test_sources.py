@@ -212,6 +212,25 @@ def test_column_missing_in_parquet(tmp_path) -> None:
     assert msg == f"{path}: row 1: field 'text' missing (field_mapping.text); this row has 'body'"
 
 
+def test_a_column_only_a_later_parquet_file_holds_is_detected(tmp_path) -> None:
+    """The mapping was detected from the first file's schema alone: an `input` only a later
+    file of the folder holds was taken as lacked by the whole source, so check did not say it
+    is read where a row has it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "data").mkdir()
+    plain = [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(3)]
+    pq.write_table(pa.Table.from_pylist(plain), tmp_path / "data" / "a.parquet")
+    more = [{**row, "input": f"context {i}"} for i, row in enumerate(plain)]
+    pq.write_table(pa.Table.from_pylist(more), tmp_path / "data" / "b.parquet")
+    loaded = load(tmp_path, {"path": "data", "format": "parquet"})
+    assert loaded.fields.mapping["input"] == "input" and "input" in loaded.fields.maybe
+    assert loaded.fields.lacked == frozenset({"system"})  # no file holds it
+    inputs = list(loaded.train["input"]) + (list(loaded.eval["input"]) if loaded.eval else [])
+    assert sorted(t for t in inputs if t) == ["context 0", "context 1", "context 2"]
+
+
 def test_empty_file_and_missing_file(tmp_path) -> None:
     (tmp_path / "train.jsonl").write_text("\n")
     assert (

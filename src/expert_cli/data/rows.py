@@ -164,12 +164,28 @@ def _columns(fields: FieldSpec | None, mapping: dict[str, str] | None) -> Column
     return Columns(frozenset(roles.values()), frozenset(required))
 
 
+def _schema(files: list[Path], fmt: str) -> tuple[list[str], frozenset[str]] | None:
+    """The columns of a Parquet or Arrow source's files together (an `input` only a later
+    file holds is read, so check says so) and those holding turns; None for another format
+    or a first file whose schema cannot be read."""
+    first = column_names(files[0], fmt)
+    if first is None:
+        return None
+    names, turns = list(first[0]), set(first[1])
+    for path in files[1:]:
+        more = column_names(path, fmt)
+        if more is not None:
+            names += [n for n in more[0] if n not in names]
+            turns |= more[1]
+    return names, frozenset(turns)
+
+
 def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None) -> Scan:
     """Every row of a local source, checked against the field mapping (detected from the
     first row when the manifest has none), streamed."""
     files = source_files(ref)
     fmt = file_format(ref, files)
-    schema = column_names(files[0], fmt)  # a Parquet or Arrow file's columns, turns
+    schema = _schema(files, fmt)  # a Parquet or Arrow source's columns, turns
     detect = mapping is None  # from this source's own columns (source_fields)
     if detect and schema:  # from the schema, as from a first row
         fields = source_fields(schema[0], f"{files[0]}: row 1", schema[1], whole=True)
