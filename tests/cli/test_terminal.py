@@ -184,3 +184,31 @@ def test_library_chatter_is_kept_off_the_console(capsys, monkeypatch) -> None:
 
     run_main(capsys, monkeypatch, "--version")
     assert logging.getLogger("matplotlib").getEffectiveLevel() == logging.ERROR
+
+
+@pytest.mark.parametrize(("args", "code"), [(["--version"], 0), (["check", "-m", "gone.json"], 2)])
+def test_a_signal_while_the_interpreter_shuts_down(tmp_path: Path, args, code: int) -> None:
+    """Ctrl-C after the last line, while exit hooks ran (torch's, the datasets library's),
+    printed "Exception ignored in atexit callback" with a KeyboardInterrupt and lost the
+    command's exit code: it ends at once with the command's code, nothing more said."""
+    script = (
+        "import atexit, os, signal, sys, time\n"
+        "from expert_cli.cli import console\n"
+        "atexit.register(time.sleep, 30)\n"  # runs after the hook below (last in, first out)
+        "atexit.register(os.kill, os.getpid(), signal.SIGINT)\n"
+        f"sys.argv = ['expert-cli', *{args!r}]\n"
+        "console()\n"
+    )
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert done.returncode == code, done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr
+    assert time.monotonic() - began < 25  # ended at the signal, not after the 30 s hook
+    said = done.stdout + done.stderr  # the command's own output, in full
+    assert (
+        ("gone.json" in said)
+        if code
+        else said.strip().endswith(__import__("expert_cli").__version__)
+    )

@@ -11,6 +11,8 @@ import contextlib
 import errno
 import json
 import logging
+import os
+import signal
 import sys
 import warnings
 from typing import Annotated, Any, NoReturn
@@ -278,6 +280,31 @@ def main() -> None:
         if said is None:
             raise
         _fail(*(("error", said, 2) if isinstance(said, UserError) else ("failed", said, 1)))
+
+
+def console() -> None:
+    """The `expert-cli` console script: `main`, then an end that a signal does not garble. A
+    Ctrl-C or SIGTERM while the interpreter shuts down (torch's and the datasets library's
+    exit hooks run after the command's last line) printed the standard library's "Exception
+    ignored" traceback and lost the command's exit code: now the process ends at once with
+    that code, its work already done and said."""
+    code = 1  # an exception no handler turned into a line: its traceback is printed
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        raise
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: _end_now(code))
+
+
+def _end_now(code: int) -> NoReturn:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 def _fail(kind: str, exc: BaseException, code: int) -> NoReturn:
