@@ -217,6 +217,36 @@ def test_a_test_file_added_after_training_is_read_and_counted(single: tuple[Path
     assert _evaluate("--adapter", str(out))["total"]["shared_with_training"] == 0
 
 
+def test_an_expert_folder_that_cannot_be_written_is_scored_all_the_same(
+    single: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An installed expert's folder (a read-only disk) could not take the test split's token
+    cache, and evaluate has no option to put it elsewhere: it was exit 2 until the cache was
+    built once where it could be written. It is built in a temporary folder, then removed."""
+    import os
+    import tempfile
+
+    manifest, out = single
+    shutil.copy(manifest.parent / "data" / "valid.jsonl", manifest.parent / "data" / "test.jsonl")
+    _set_test(manifest, "data/test.jsonl")
+    cache_root = manifest.parent / ".cache" / "pretokenized"
+    writable = os.access
+    monkeypatch.setattr(
+        os, "access", lambda path, mode: Path(path) != cache_root and writable(path, mode)
+    )
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    got = _evaluate("--adapter", str(out))
+    assert not (cache_root / "evaluate").exists() and list((tmp_path / "tmp").iterdir()) == []
+    assert (
+        f"{cache_root / 'evaluate'} cannot be written: the test split was tokenized in a "
+        "temporary folder for this call alone (its token cache is not kept)"
+    ) in got["notes"]
+    monkeypatch.setattr(os, "access", writable)
+    kept = _evaluate("--adapter", str(out))
+    assert (cache_root / "evaluate").is_dir() and kept["total"] == got["total"]
+
+
 def test_examples_shared_compares_whole_packed_examples() -> None:
     import datasets
 

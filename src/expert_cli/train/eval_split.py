@@ -55,6 +55,7 @@ class Split:
     formatting: list[str] = field(default_factory=list)
     dropped: int = 0  # the split's examples left out by the formatting
     truncated: int = 0  # and cut at max_seq_length
+    scratch: Any = None  # the temporary folder its rows are read from, where one was made
 
     def counted(self, stats: list[dict[str, Any]]) -> Split:
         """The split with the totals of the builds' `stats` of it (one per source)."""

@@ -12,6 +12,7 @@ looked for before any is built: a missing one refuses the call before any cache 
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from expert_cli.config.loading import load_dataset_block
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.config.sources import SourceRef, resolve_test_sources
 from expert_cli.data import TEST_CACHES, BuildProgress, load_recorded, prepare_data
+from expert_cli.data.cache import cache_root_problem
 from expert_cli.data.overlap import example_keys, shared_with
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
@@ -111,13 +113,28 @@ def test_split(
     _look_for(refs, resolved)
     notes = _task_notes(refs, resolved)
     parts, said, stats = [], [], []
+    root = Path(resolved.pretokenized_cache) / TEST_CACHES
+    unwritable, scratch = cache_root_problem(root), None
     for ref in refs:
-        part, built = _test_part(resolved, tokenizer, ref, progress)
+        try:
+            part, built = _test_part(resolved, tokenizer, ref, (root, progress))
+        except UserError as exc:  # not built yet where the expert's folder takes no file
+            if unwritable is None or exc.lines != [unwritable]:
+                raise
+            if scratch is None:
+                scratch = tempfile.TemporaryDirectory(prefix="expert-cli-test-cache-")
+                notes.append(
+                    f"{shown_path(root)} cannot be written: the test split was tokenized in a "
+                    "temporary folder for this call alone (its token cache is not kept)"
+                )
+            part, built = _test_part(resolved, tokenizer, ref, (Path(scratch.name), progress))
         parts.append(part)
         stats.append(built)
         said += formatting_notes(ref.field, built, resolved.max_seq_length)
     notes += _trained_on(parts, record, [count(s, "split") for s in stats])
-    return Split("test", parts, notes, formatting=said).counted(stats)
+    split = Split("test", parts, notes, formatting=said).counted(stats)
+    split.scratch = scratch  # removed once the split is done with (its rows are read from it)
+    return split
 
 
 def _look_for(refs: list[SourceRef], resolved: ResolvedConfig) -> None:
@@ -165,13 +182,17 @@ def _tasks(names: list[str]) -> str:
 
 
 def _test_part(
-    resolved: ResolvedConfig, tokenizer: Any, ref: SourceRef, progress: BuildProgress | None
+    resolved: ResolvedConfig,
+    tokenizer: Any,
+    ref: SourceRef,
+    into: tuple[Path, BuildProgress | None],
 ) -> tuple[Part, dict[str, Any]]:
-    """One test source tokenized and packed as the run's training data was, cached; with the
-    build's stats of it."""
+    """One test source tokenized and packed as the run's training data was, cached under
+    `into`'s folder (who hears of the build beside it); with the build's stats of it."""
+    root, progress = into
     derived = resolved.model_copy(
         update={
-            "pretokenized_cache": str(Path(resolved.pretokenized_cache) / TEST_CACHES),
+            "pretokenized_cache": str(root),
             "train_sources": [ref.model_copy(update={"weight": 1.0})],
             "validation_sources": [],
             "eval_fraction": 0.0,
