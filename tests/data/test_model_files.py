@@ -144,6 +144,16 @@ def test_files_in_place_of_weights(tiny_model_dir: Path, tmp_path: Path) -> None
         "generation_config.json is refused by transformers (ValueError: a value out of its "
         "bounds or of the wrong type); fix or remove the file"
     ]
+    not_json = (  # transformers passes it over: the base's stops were lost in silence
+        "generation_config.json is not JSON: transformers would pass it over, and the expert "
+        "would decode without the base's sampling values and stops; fix or remove the file"
+    )
+    (generation / "generation_config.json").write_text('{"eos_token_id": [1, SECRET')
+    assert _problems(generation) == [not_json]
+    (generation / "model.safetensors").unlink()  # a random init reads it too, weights or not
+    assert base_file_problems(str(generation), "local", init="random") == [
+        f"base model {generation}: {not_json}"
+    ]
 
 
 def _snapshot_cache(hub: Path, repo: str, source: Path, ref: str | None = "a" * 40) -> Path:

@@ -310,9 +310,8 @@ def _check_model(cfg: ResolvedConfig, tokenizer_problems: list[str]) -> list[str
     """Problems with a local base model folder, its tokenizer's among them; a hub model's
     cached snapshot is judged on its files (whether it is cached at all is `hub_status`)."""
     where = "base model"
-    pretrained = cfg.init == "pretrained"
     if cfg.base_model_kind == "hub":  # judged in its cached snapshot, where it is cached
-        return base_file_problems(cfg.base_model, "hub", cfg.revision) if pretrained else []
+        return base_file_problems(cfg.base_model, "hub", cfg.revision, cfg.init)
     folder = Path(cfg.base_model)
     if not folder.is_dir():
         why = windows_note(folder) or (
@@ -322,8 +321,7 @@ def _check_model(cfg: ResolvedConfig, tokenizer_problems: list[str]) -> list[str
     problems = []
     if not (folder / "config.json").is_file():
         problems.append(f"{where}: {folder}/config.json is missing")
-    if pretrained:
-        problems += base_file_problems(cfg.base_model, "local")
+    problems += base_file_problems(cfg.base_model, "local", init=cfg.init)
     return problems + tokenizer_problems
 
 

@@ -58,19 +58,25 @@ READ_FILES = frozenset(
 )
 
 
-def base_file_problems(base_model: str, kind: str, revision: str | None = None) -> list[str]:
+def base_file_problems(
+    base_model: str, kind: str, revision: str | None = None, init: str = "pretrained"
+) -> list[str]:
     """Lines `base model M: ...` for what stops the base's weights (or its generation config)
     loading; a hub model is judged in its cached snapshot, and not at all when it is not in
-    the cache yet (the hub checks say so)."""
+    the cache yet (the hub checks say so). A random `init` reads the generation config alone
+    (its weights are built from config.json)."""
     folder = Path(base_model) if kind == "local" else snapshot(base_model, revision)
     if folder is None or not folder.is_dir():
         return []
+    if init != "pretrained":
+        lines = generation_config_problems(folder)
+        return [f"base model {shown_path(base_model)}: {line}" for line in lines]
     # a hub snapshot with the hub on: what is not there yet is downloaded as the model loads
     # (the tokenizer's download leaves a snapshot of config and tokenizer alone), so only
     # files that are there are judged
     whole = kind == "local" or offline()
     lines = weights_problems(folder, whole) + _other_files(folder, whole)
-    lines += _generation_config_problems(folder)
+    lines += generation_config_problems(folder)
     return [f"base model {shown_path(base_model)}: {line}" for line in lines]
 
 
@@ -214,17 +220,25 @@ def _no_weights(folder: Path) -> str:
     )
 
 
-def _generation_config_problems(folder: Path) -> list[str]:
+def generation_config_problems(folder: Path) -> list[str]:
     """generation_config.json as transformers reads it with the model (one it refuses, a
-    value out of its bounds, stopped the load with a traceback; one that is not JSON is
-    passed over by transformers, and here too)."""
+    value out of its bounds, stopped the load with a traceback; one that is not JSON it
+    passes over in silence, and the expert decoded without the base's sampling values and
+    stops); a pretrained base's, or the folder's whose config.json a random init is built
+    from."""
     path = folder / "generation_config.json"
     if not path.is_file():
         return []
     try:
         json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return []
+    except OSError:
+        return []  # one that cannot be read is said as its loader reads it
+    except (ValueError, RecursionError):
+        return [
+            "generation_config.json is not JSON: transformers would pass it over, and the "
+            "expert would decode without the base's sampling values and stops; fix or remove "
+            "the file"
+        ]
     try:
         GenerationConfig.from_pretrained(folder, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - whatever its values make transformers raise

@@ -62,8 +62,8 @@ def own_generation_config(model: Any, resolved: Any) -> None:
     """Give a random-init `model` the generation_config.json of the folder (or hub model) its
     config.json came from, where there is one: `from_config` makes one from config.json alone,
     so the base's sampling values and stops were not saved in the run's base_model/ and
-    generate decoded without them. One that cannot be read leaves the model's own, as
-    transformers does for a pretrained base."""
+    generate decoded without them. One that is not JSON was refused before (train's data
+    step, data.model_files); one that cannot be read leaves the model's own."""
     on_hub = resolved.base_model_kind == "hub"
     try:
         model.generation_config = GenerationConfig.from_pretrained(

@@ -182,8 +182,8 @@ def load_data(run: Run, resume: Path | None = None) -> tuple[Any, PreparedData]:
     weights), and a resume on edited data fail first, in seconds."""
     resolved = run.resolved
     require_hub(hub_refs(resolved), resolved.train_sources + resolved.validation_sources)
-    if resolved.init == "pretrained" and (
-        bad := base_file_problems(resolved.base_model, resolved.base_model_kind, resolved.revision)
+    if bad := base_file_problems(
+        resolved.base_model, resolved.base_model_kind, resolved.revision, resolved.init
     ):  # a shard missing, an LFS pointer...: before the tokenizer is read from them
         raise UserError(bad)
     tokenizer = load_tokenizer(resolved)
