@@ -6,7 +6,9 @@ these turn into a UserError (exit 2) naming the argument or field, with the path
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import os
 import tempfile
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 from expert_cli.errors import UserError, escaped
 
 SHOWN_PATH_CHARS = 200
+LISTED_LINKS = 10_000  # a folder's entries looked at for links (links_in)
 
 
 def shown_path(path: Path | str, limit: int = SHOWN_PATH_CHARS) -> str:
@@ -222,3 +225,15 @@ def not_a_folder(path: Path | str, kind: str = "folder") -> str:
             return "is a link to a path that does not exist"
         return f"cannot be looked at ({exc.strerror})"
     return f"is not a {kind}"
+
+
+def links_in(folder: Path) -> dict[Path, str]:
+    """The files `folder`'s symbolic links lead to (a data file linked in from elsewhere is
+    named by its target), by the link's name; {} where it cannot be listed."""
+    links: dict[Path, str] = {}
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in itertools.islice(entries, LISTED_LINKS):
+            if entry.is_symlink():
+                with contextlib.suppress(OSError, RuntimeError):
+                    links.setdefault(Path(entry.path).resolve(), entry.name)
+    return links

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -445,6 +446,18 @@ def test_a_folder_of_someone_elses_files_is_refused(capsys, monkeypatch, tmp_pat
         " ".join(err.split())
     )
     assert sorted(p.name for p in tests.iterdir()) == ["test.jsonl"]
+    linked = tmp_path / "linked"  # a link to the test file: its path was the target's
+    linked.mkdir()
+    (linked / "eval.jsonl").symlink_to(tests / "test.jsonl")
+    for named in (linked / "eval.jsonl", os.path.relpath(linked / "eval.jsonl", manifest.parent)):
+        record["training"]["dataset"]["test_path"] = str(named)  # a relative one is resolved
+        manifest.write_text(json.dumps(record))
+        code, _, err = _here(capsys, monkeypatch, manifest, linked, "--max-steps", "1")
+        assert code == 2, err
+        assert f"--output {linked}: holds the data file eval.jsonl; the run's files" in (
+            " ".join(err.split())
+        )
+        assert sorted(p.name for p in linked.iterdir()) == ["eval.jsonl"]
 
 
 @pytest.mark.slow

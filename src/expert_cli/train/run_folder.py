@@ -24,7 +24,7 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.config.sources import SourceRef, data_folder_holding
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
-from expert_cli.paths import RUN_OUTPUTS, shown_path
+from expert_cli.paths import RUN_OUTPUTS, links_in, shown_path
 from expert_cli.train.checkpoints import (
     checkpoint_step,
     refuse_pruned,
@@ -63,16 +63,19 @@ def refuse_output_place(output: Path, manifest_folder: Path, sources: list[Sourc
             f"--output {shown_path(output)}: is the folder that holds the manifest; give the run "
             "a folder of its own (the default is its output/ folder)"
         )
+    linked = links_in(output)
     for ref in sources:  # a data file's own folder: the run's files among the user's data
         place = Path(ref.location)
         try:
             mine = ref.kind == "local" and place.is_file()
-            mine = mine and place.resolve().parent == output.resolve()
+            folders = (place.resolve().parent, place.parent.resolve())  # a link's, its target's
+            mine = mine and (output.resolve() in folders or place.resolve() in linked)
         except (OSError, RuntimeError):  # the data check names a path that cannot be read
             mine = False
         if mine:
+            name = linked.get(place.resolve(), place.name)  # a link's name, where one names it
             raise UserError(
-                f"--output {shown_path(output)}: holds the data file {place.name}; the run's "
+                f"--output {shown_path(output)}: holds the data file {name}; the run's "
                 "files (checkpoints, weights, a README) would be written among the data: give "
                 "the run a folder of its own"
             )
