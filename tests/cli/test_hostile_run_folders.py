@@ -97,6 +97,33 @@ def test_package_of_a_folder_train_did_not_write(
     assert _files(tmp_path) == before
 
 
+def test_a_peft_adapter_of_its_own_is_not_taken_for_a_damaged_run(
+    capsys, monkeypatch, tmp_path: Path
+) -> None:
+    """A peft adapter trained elsewhere (adapter_config.json and weights alone) was told its
+    manifest.resolved.json is "missing, unreadable or names no absolute manifest_path"."""
+    run = hand_built_run(tmp_path)
+    bare = tmp_path / "peft"
+    bare.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (bare / name).write_bytes((run / name).read_bytes())
+    for command in ("package", "export-gguf", "export-hub"):
+        args = [command, "--adapter", str(bare)]
+        args += ["--output", str(tmp_path / "out")] if command == "export-hub" else []
+        code, text = _said(capsys, monkeypatch, *args)
+        assert code == 2, (command, text)
+        assert (
+            f"--adapter {bare}: holds a peft adapter but no record of an expert-cli run (its "
+            "manifest.resolved.json, the base and settings it was trained with); give a folder "
+            "`expert-cli train` wrote" in text
+        ), (command, text)
+    assert sorted(p.name for p in bare.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [

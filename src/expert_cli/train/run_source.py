@@ -39,9 +39,20 @@ def manifest_path_of(run_dir: Path, resolved: dict[str, Any]) -> Path:
     LICENSE and grammar are, would be a guess)."""
     recorded = resolved.get("manifest_path")
     if not isinstance(recorded, str) or not Path(recorded).is_absolute():  # train writes it so
+        records = ("manifest.resolved.json", SOURCE_MANIFEST, "metrics.json", "checkpoints")
+        bare = (run_dir / "adapter_config.json").is_file() and not any(
+            (run_dir / name).exists() for name in records
+        )
         raise UserError(
-            f"--adapter {shown_path(run_dir)}: its manifest.resolved.json is missing, unreadable "
-            "or names no absolute manifest_path; give a folder `expert-cli train` wrote"
+            f"--adapter {shown_path(run_dir)}: "
+            + (
+                "holds a peft adapter but no record of an expert-cli run (its "
+                "manifest.resolved.json, the base and settings it was trained with); give a "
+                "folder `expert-cli train` wrote"
+                if bare
+                else "its manifest.resolved.json is missing, unreadable or names no absolute "
+                "manifest_path; give a folder `expert-cli train` wrote"
+            )
         )
     return Path(recorded)
 
