@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ R1_TEMPLATE = (
 )
 DEMO_EXPERT_DIR = REPO_DIR / "experts" / "demo"
 VOCAB_MULTIPLE = 64
+SESSION_FOLDERS: list[Path] = []  # made for this test session, removed at its end
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,6 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _own_datasets_cache()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # one thread per worker: the workers already fill the cores, and torch's default of a
         # thread per core each made them contend (tests/train: 195 s against 146 s on 2 cores)
@@ -51,6 +54,23 @@ def pytest_configure(config: pytest.Config) -> None:
     # could not fetch an optional kernel from the hub, and falls back to its own
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _own_datasets_cache() -> None:
+    """The datasets library's cache in a folder of this session's (removed at its end), here
+    and in the interpreters tests start: tests that read a hub snapshot through the library
+    left its Arrow copies in the user's ~/.cache/huggingface/datasets (170 of them), which
+    find-datasets then listed."""
+    import datasets.config
+
+    cache = Path(tempfile.mkdtemp(prefix="expert-cli-tests-datasets-"))
+    SESSION_FOLDERS.append(cache)
+    os.environ["HF_DATASETS_CACHE"] = str(cache)
+    datasets.config.HF_DATASETS_CACHE = cache
+    datasets.config.DOWNLOADED_DATASETS_PATH = cache / datasets.config.DOWNLOADED_DATASETS_DIR
+    datasets.config.EXTRACTED_DATASETS_PATH = (
+        datasets.config.DOWNLOADED_DATASETS_PATH / datasets.config.EXTRACTED_DATASETS_DIR
+    )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -70,6 +90,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     import gc
 
     gc.unfreeze()
+    for folder in SESSION_FOLDERS:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
