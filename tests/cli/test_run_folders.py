@@ -209,6 +209,37 @@ def test_damaged_checkpoint_files_are_found(finished) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "rng_state.pth", "state"])
+def test_damage_inside_a_checkpoints_state_is_found(finished, name: str) -> None:
+    """Bytes zeroed inside optimizer.pt, scheduler.pt or rng_state.pth (the archive's index
+    whole), or a trainer_state.json trimmed to its step: --resume took the checkpoint and
+    ended in a traceback from torch's loader (or the Trainer's batch-size check), at every
+    try. It is passed over for the one before; it still ships (its adapter is sound)."""
+    from expert_cli.train.checkpoints import checkpoint_problem, resume_point
+
+    _, out = finished
+    damaged = out / "checkpoints" / "checkpoint-6"
+    kept = {f.name: f.read_bytes() for f in damaged.iterdir() if f.is_file()}
+    try:
+        if name == "state":
+            (damaged / "trainer_state.json").write_text('{"global_step": 6}')
+            why = "trainer_state.json holds no train_batch_size (not the Trainer's whole state)"
+        else:
+            data = bytearray(kept[name])
+            data[len(data) // 3 : len(data) // 3 + 64] = bytes(64)
+            (damaged / name).write_bytes(bytes(data))
+            why = f"{name} is damaged (its bytes fail their checksum): the run cannot go on "
+            why += "from its state"
+        point = resume_point(out / "checkpoints")
+        assert point.checkpoint.name == "checkpoint-3"
+        assert point.passed_over == (f"checkpoint-6: {why}",)
+        assert checkpoint_problem(damaged) is None
+    finally:
+        for file, data in kept.items():
+            (damaged / file).write_bytes(data)
+
+
+@pytest.mark.slow
 def test_files_missing_from_a_checkpoint_are_found(capsys, monkeypatch, finished) -> None:
     """A checkpoint marked complete with a file removed since: without its adapter weights the
     Trainer's resume was a ValueError traceback (and metrics.json said failed); without

@@ -157,6 +157,12 @@ def resume_problem(path: Path) -> str | None:
             return f"{name} is missing (the run would go on with its state started again)"
     if not any(path.glob("rng_state*.pth")):
         return "rng_state.pth is missing (the run would not draw what it would have drawn)"
+    batch = read_json_file(path / "trainer_state.json").get("train_batch_size")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        return "trainer_state.json holds no train_batch_size (not the Trainer's whole state)"
+    for file in [*(path / n for n in (*RESUMED, "scaler.pt")), *path.glob("rng_state*.pth")]:
+        if file.is_file() and (damage := _unsound_archive(file)):
+            return f"{file.name} is damaged ({damage}): the run cannot go on from its state"
     ranks = sorted(int(m[1]) for p in path.glob("rng_state_*.pth") if (m := RANK_RNG.match(p.name)))
     if ranks and ranks != list(range(ranks[-1] + 1)):
         missing = sorted(set(range(ranks[-1] + 1)) - set(ranks))
@@ -165,6 +171,16 @@ def resume_problem(path: Path) -> str | None:
             "would have drawn)"
         )
     return None
+
+
+def _unsound_archive(file: Path) -> str | None:
+    """Why a torch archive's bytes are not what was saved (each member's checksum read
+    through: damage inside, not only a file cut short), or None."""
+    try:
+        with zipfile.ZipFile(file) as archive:
+            return None if archive.testzip() is None else "its bytes fail their checksum"
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
+        return "cut short or not a torch archive"
 
 
 def resume_point(checkpoints: Path) -> ResumePoint:
