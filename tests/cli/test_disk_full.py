@@ -74,12 +74,27 @@ def test_a_full_disk_while_saving_a_checkpoint(
         " ".join(done.stderr.split())
     )
     assert (out / "checkpoints" / "checkpoint-2" / "_COMPLETE").is_file()
+    # --resume on the disk still full: TensorBoard's writer thread printed its traceback, the
+    # line said a random-init base is saved and to choose another --output, an empty events
+    # file was left
+    events = sorted((out / "runs").iterdir())
+    _fill(disk_for_one_checkpoint, 0)
+    args = ("--output", str(out), "--max-steps", "8", "--resume")
+    full = run_here("train", "--manifest", str(manifest), *args)
+    said = " ".join(full.stderr.split())
+    assert full.returncode == 1 and "Traceback" not in full.stderr, full.stdout + full.stderr
+    assert said.endswith(
+        f"no space left on {out} (the run's records and TensorBoard's events are written there "
+        "before training); free space, then train again with --resume (the checkpoint is as it "
+        "was)"
+    ), said
+    assert sorted((out / "runs").iterdir()) == events
+    (disk_for_one_checkpoint / "filler").unlink()
     # space freed (the disk grown), --resume goes on from the last good checkpoint to the end
     grown = subprocess.run(
         ["mount", "-o", "remount,size=8m", str(disk_for_one_checkpoint)], capture_output=True
     )
     assert grown.returncode == 0, grown.stderr
-    args = ("--output", str(out), "--max-steps", "8", "--resume")
     again = run_here("train", "--manifest", str(manifest), *args)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming from checkpoint-2 (step 2 of 8)" in again.stdout + again.stderr

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import warnings
 from typing import Annotated, Any, NoReturn
 
@@ -238,6 +239,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="Both num_training_steps and num_stable_steps")
     # accelerate choosing CPU threads for a process of several (torchrun sets them itself)
     warnings.filterwarnings("ignore", message="OMP_NUM_THREADS/MKL_NUM_THREADS unset")
+    threading.excepthook = _thread_failed
     for stream in (sys.stdout, sys.stderr):  # output that takes ASCII alone (an uncoerced C
         # locale, PYTHONIOENCODING=ascii): a path's é was a UnicodeEncodeError traceback
         with contextlib.suppress(AttributeError, ValueError):
@@ -307,6 +309,17 @@ def _end_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _thread_failed(args: Any) -> None:
+    """A thread's exception: a full disk (TensorBoard's writer thread) is said by the command
+    itself, where the writer hands it on, so its traceback is not printed beside that line."""
+    if isinstance(args.exc_value, OSError) and args.exc_value.errno in FULL_DISK:
+        return
+    threading.__excepthook__(args)
+
+
 def _fail(kind: str, exc: BaseException, code: int) -> NoReturn:
     """Say `exc` on stderr (and, where --json was asked, as a JSON object on stdout) and exit
     with `code`."""
@@ -355,6 +368,6 @@ def _system_error(exc: BaseException) -> UserError | RunError | None:
         )
     if exc.errno == errno.ELOOP:
         return UserError(f"{place}holds a link loop (a link that leads back to itself)")
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if exc.errno in FULL_DISK:
         return RunError(f"{place}no space left on the device; free space and run it again")
     return None

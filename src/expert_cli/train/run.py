@@ -355,6 +355,7 @@ def train(opts: TrainOptions, reporter: Reporter | None = None) -> TrainResult:
 
 def _train(run: Run, resume: Path | None) -> TrainResult:
     """The run from data to saved adapter, once its folder is held."""
+    run.resuming = resume is not None
     try:
         tokenizer, data = load_data(run, resume)
         model = load_model(run, tokenizer, data, resume)

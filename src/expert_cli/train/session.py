@@ -109,6 +109,7 @@ class Run:
     aside: Path | None = None  # the earlier run's outputs, set aside by --overwrite
     created: Path | None = None  # the outermost folder of --output this run made (if any)
     hold: Any = None  # the lock on the output folder while this process trains in it
+    resuming: bool = False  # --resume from a checkpoint of the folder's (known once chosen)
 
     def on_failure(self, throughput: Any, steps: int, exc: BaseException) -> None:
         """Record "failed" in metrics.json; out of memory is a RunError saying what to change,
@@ -162,9 +163,16 @@ class Run:
         if self.created is not None and self.is_main:
             shutil.rmtree(self.created, ignore_errors=True)
         if full:
+            fresh = self.resolved.init == "random" and not self.resuming  # a resume keeps it
+            base = "a random-init base model, " if fresh else ""
+            way = (
+                "free space, then train again with --resume (the checkpoint is as it was)"
+                if self.resuming
+                else "free space or choose another --output, then train again"
+            )
             raise RunError(
-                f"no space left on {self.output} (a random-init base model is saved there "
-                "before training); free space or choose another --output, then train again"
+                f"no space left on {self.output} ({base}the run's records and TensorBoard's "
+                f"events are written there before training); {way}"
             ) from exc
 
     def tracker_failed(self, exc: BaseException) -> UserError | None:

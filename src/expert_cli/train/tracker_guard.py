@@ -5,6 +5,7 @@ run."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,4 +78,14 @@ def tensorboard(output: Path, say: Callable[[str], None] | None) -> Any:
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
 
-    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(output / "runs")))
+    runs = output / "runs"
+    held = set(runs.iterdir()) if runs.is_dir() else None
+    try:
+        writer = SummaryWriter(log_dir=str(runs))
+    except OSError:  # a full disk: the events file it began is not left behind, empty
+        for path in set(runs.iterdir()) - (held or set()) if runs.is_dir() else ():
+            path.unlink(missing_ok=True)
+        if held is None:
+            shutil.rmtree(runs, ignore_errors=True)
+        raise
+    return TensorBoardCallback(tb_writer=writer)
