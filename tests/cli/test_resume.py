@@ -297,6 +297,44 @@ def test_a_resume_given_the_length_its_epochs_came_to_keeps_its_schedule_in_sile
     assert read_metrics(out)["summary"]["steps"] == length
 
 
+def test_an_expert_folder_moved_between_stop_and_resume(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The expert folder, its base model and data inside, moved (or mounted elsewhere on
+    another machine) while its run was stopped: --resume said the run "was trained with
+    another configuration (changed: base_model; train_sources)", the same manifest byte for
+    byte, and offered only --overwrite. Paths inside the manifest's folder compare as
+    relative to it; a data file renamed inside it is still a change."""
+    config = {"save_steps": 1, "save_total_limit": 2}
+    before = tmp_path / "before"
+    before.mkdir()
+    shutil.copytree(tiny_model_dir, before / "model")
+    manifest = write_expert(before, before / "model", rows=32, config=config)
+    out = tmp_path / "run"
+    with monkeypatch.context() as interrupted:
+        signal_at_step(interrupted, 2)
+        code, said, err = run_main(capsys, interrupted, *_train(manifest, out))
+    assert code == 130, said + err
+    moved = tmp_path / "after"
+    before.rename(moved)
+    data = json.loads((moved / "manifest.json").read_text())
+    data["base_models"][0]["name"] = str(moved / "model")  # written absolute: moved with it
+    (moved / "manifest.json").write_text(json.dumps(data))
+    code, said, err = run_main(
+        capsys, monkeypatch, *_train(moved / "manifest.json", out), "--resume"
+    )
+    assert code == 0, said + err
+    assert "resuming from checkpoint-2" in " ".join(said.split())
+    assert read_metrics(out)["summary"]["status"] == "completed"
+    (moved / "data" / "train.jsonl").rename(moved / "data" / "renamed.jsonl")
+    data["training"]["dataset"]["path"] = "data/renamed.jsonl"
+    (moved / "manifest.json").write_text(json.dumps(data))
+    code, said, err = run_main(
+        capsys, monkeypatch, *_train(moved / "manifest.json", out), "--resume"
+    )
+    assert code == 2 and "another configuration (changed: train_sources)" in " ".join(err.split())
+
+
 def test_intervals_edited_before_a_resume_are_applied(
     capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
 ) -> None:

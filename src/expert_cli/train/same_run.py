@@ -4,6 +4,7 @@ and the changes named (`train --resume` refuses a run trained with another confi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from expert_cli.config.loading import parse_override
@@ -78,24 +79,50 @@ def changed_fields(
         for key in SAME_RUN_FIELDS
         if key in then
         and not (by_steps and key == "epochs")
-        and _compared(key, then.get(key)) != _compared(key, now.get(key))
+        and _compared(key, then.get(key), _folder(then))
+        != _compared(key, now.get(key), _folder(now))
     ]
 
 
-def _compared(key: str, value: Any) -> Any:
+def _folder(resolved: dict[str, Any]) -> Path | None:
+    """The folder of the manifest a run was resolved from (None where it is not recorded)."""
+    path = resolved.get("manifest_path")
+    return Path(path).parent if isinstance(path, str) and Path(path).is_absolute() else None
+
+
+def _compared(key: str, value: Any, folder: Path | None) -> Any:
     """A resolved value as a resume compares it: a data source without the manifest field
     that names it (runs before it was recorded have none; where it is named is no change);
-    an optimizer without its `_fused` (the same state, chosen for a GPU or a CPU)."""
+    an optimizer without its `_fused` (the same state, chosen for a GPU or a CPU); a local
+    path in the manifest's `folder` relative to it (an expert folder moved, or mounted
+    elsewhere, with its data and base inside: the data's content is compared apart, by
+    data_record)."""
     if key == "optim" and isinstance(value, str):
         return value.removesuffix("_fused")
     if key == "metric_for_best_model" and value in ("loss", None):  # the Trainer's eval_loss
         return "eval_loss"
+    if key == "base_model" and isinstance(value, str):
+        return _inside(value, folder)
     if isinstance(value, list):
         return [
-            {k: v for k, v in s.items() if k != "field"} if isinstance(s, dict) else s
+            {
+                k: _inside(v, folder) if k == "location" and s.get("kind") == "local" else v
+                for k, v in s.items()
+                if k != "field"
+            }
+            if isinstance(s, dict)
+            else s
             for s in value
         ]
     return value
+
+
+def _inside(path: Any, folder: Path | None) -> Any:
+    """`path` relative to `folder` where it lies in it (as a string), else as it is."""
+    if folder is None or not isinstance(path, str) or not Path(path).is_absolute():
+        return path
+    place = Path(path)
+    return f"./{place.relative_to(folder)}" if place.is_relative_to(folder) else path
 
 
 def _change(key: str, old: Any, new: Any) -> str:
