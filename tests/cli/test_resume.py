@@ -335,6 +335,39 @@ def test_an_expert_folder_moved_between_stop_and_resume(
     assert code == 2 and "another configuration (changed: train_sources)" in " ".join(err.split())
 
 
+def test_a_damaged_random_base_kept_for_a_resume_says_how_to_build_it_again(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A random-init run keeps its base in OUTPUT/base_model for a resume: damaged there, it
+    was told to "download or copy it again" (nothing to download), or quoted transformers'
+    error. It is named, with the way on: remove the folder, and the resume builds it again
+    from the seed, the same weights."""
+    config = {"save_steps": 1, "save_total_limit": 2}
+    manifest = write_expert(
+        tmp_path / "e", tiny_model_dir, rows=32, config=config, base={"init": "random"}
+    )
+    out = tmp_path / "run"
+    with monkeypatch.context() as interrupted:
+        signal_at_step(interrupted, 2)
+        code, said, err = run_main(capsys, interrupted, *_train(manifest, out))
+    assert code == 130, said + err
+    weights = out / "base_model" / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    code, said, err = run_main(capsys, monkeypatch, *_train(manifest, out), "--resume")
+    assert code == 2, said + err
+    assert " ".join(err.split()).endswith(
+        f"{out / 'base_model'}: model.safetensors is damaged (its header does not match its "
+        "size); it is this run's random-init base, built from its seed: remove that folder and "
+        "--resume builds it again (the same weights where the device and dtype are the same)"
+    )
+    assert read_metrics(out)["summary"]["status"] == "interrupted"
+    shutil.rmtree(out / "base_model")
+    code, said, err = run_main(capsys, monkeypatch, *_train(manifest, out), "--resume")
+    assert code == 0, said + err
+    assert weights.read_bytes() == whole  # built again: the same weights
+
+
 def test_intervals_edited_before_a_resume_are_applied(
     capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
 ) -> None:

@@ -95,6 +95,19 @@ def weights_problems(folder: Path, whole: bool = True) -> list[str]:
     return [_no_weights(folder)] if whole else []
 
 
+def kept_base_problem(folder: Path) -> str | None:
+    """Why a run's own random-init base (OUTPUT/base_model, kept for a resume) cannot be
+    loaded, and what to do: nothing can be downloaded, it is built again from the seed."""
+    problems = weights_problems(folder)
+    if not problems:
+        return None
+    return (
+        f"{shown_path(folder)}: {problems[0].split('; ')[0]}; it is this run's random-init "
+        "base, built from its seed: remove that folder and --resume builds it again (the same "
+        "weights where the device and dtype are the same)"
+    )
+
+
 def _head(path: Path) -> tuple[bytes, int]:
     """A file's first bytes (as many as an LFS pointer has at most) and its size."""
     size = path.stat().st_size

@@ -23,7 +23,7 @@ from expert_cli.config.resolve import ResolvedConfig, resolve
 from expert_cli.config.warm_start import init_adapter_problem
 from expert_cli.data import PreparedData, prepare_data
 from expert_cli.data.hub import hub_refs, require_hub
-from expert_cli.data.model_files import base_file_problems
+from expert_cli.data.model_files import base_file_problems, kept_base_problem
 from expert_cli.data.splits import NO_EVAL_ROWS
 from expert_cli.data.tokenizer import ids_in_use, load_tokenizer
 from expert_cli.errors import Interrupted, Terminated, UserError
@@ -268,7 +268,10 @@ def _random_base(run: Run, tokenizer: Any, resume: Path | None) -> Path | None:
     if run.resolved.init != "random":
         return None
     source = run.output / RANDOM_BASE
-    if run.is_main and not (resume and (source / "config.json").is_file()):
+    kept = resume and (source / "config.json").is_file()
+    if kept and run.is_main and (problem := kept_base_problem(source)):
+        raise UserError(problem)
+    if run.is_main and not kept:
         dtype = weight_dtype(run.resolved, run.device.startswith("cuda"))
         random_model = build_random_model(run.resolved, dtype, "eager", run.device)
         own_generation_config(random_model, run.resolved)
