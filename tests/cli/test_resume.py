@@ -173,9 +173,22 @@ def test_a_resume_from_the_last_steps_checkpoint_saves_it_as_the_final_adapter(
 def test_resume_without_checkpoint_is_a_clean_error(
     capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
+    """A run folder without a checkpoint is told so; a mistyped --output (a folder not there,
+    or one that holds no run) was told "no checkpoint to resume from under OUT/checkpoints
+    ... start again with --overwrite" of a folder with nothing in it."""
     manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=4)
-    code, _, err = run_main(capsys, monkeypatch, *_train(manifest, tmp_path / "o"), "--resume")
-    assert code == 2 and "no checkpoint" in err
+    out = tmp_path / "o"
+    code, _, err = run_main(capsys, monkeypatch, *_train(manifest, out), "--resume")
+    assert code == 2 and not out.exists()
+    assert f"--resume: {out} is not there; give the --output of the run to go on with" in (
+        " ".join(err.split())
+    )
+    out.mkdir()
+    code, _, err = run_main(capsys, monkeypatch, *_train(manifest, out), "--resume")
+    assert code == 2 and f"--resume: {out} holds no run;" in " ".join(err.split())
+    (out / "checkpoints").mkdir()
+    code, _, err = run_main(capsys, monkeypatch, *_train(manifest, out), "--resume")
+    assert code == 2 and "no checkpoint to resume from" in " ".join(err.split())
 
 
 def _signal_mid_build(args: list[str], expert: Path, sig: int) -> subprocess.CompletedProcess:

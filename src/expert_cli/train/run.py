@@ -70,6 +70,7 @@ from expert_cli.train.model import (
 )
 from expert_cli.train.model_flops import parameter_counts
 from expert_cli.train.neftune import Neftune
+from expert_cli.train.output_place import refuse_output_place
 from expert_cli.train.outputs import (
     ADAPTER_WEIGHTS,
     RANDOM_BASE,
@@ -82,7 +83,6 @@ from expert_cli.train.package_manifest import author_notes
 from expert_cli.train.run_folder import (
     MAX_STEPS_KEY,
     decide,
-    refuse_output_place,
     resumed_max_steps,
     set_aside,
     sweep_leftovers,

@@ -21,10 +21,9 @@ from typing import Any
 from expert_cli.atomic import signals_held
 from expert_cli.config.choices import DEFAULT_WARMUP_RATIO
 from expert_cli.config.resolve import ResolvedConfig
-from expert_cli.config.sources import SourceRef, data_folder_holding
 from expert_cli.config.training_config import MAX_STEPS
 from expert_cli.errors import UserError
-from expert_cli.paths import RUN_OUTPUTS, links_in, shown_path
+from expert_cli.paths import RUN_OUTPUTS
 from expert_cli.train.checkpoints import (
     checkpoint_step,
     refuse_pruned,
@@ -48,37 +47,6 @@ DISK_FULL_BYTES = 64 << 20  # less free space than this after a failed write: th
 RUN_MARKERS = ("manifest.resolved.json", "metrics.json", "checkpoints")
 CHECKPOINT_NAME = re.compile(r"checkpoint-[0-9]{1,12}")
 RUN_RECORDS = ("manifest.resolved.json", "metrics.json")  # train writes them before the rest
-
-
-def refuse_output_place(output: Path, manifest_folder: Path, sources: list[SourceRef]) -> None:
-    """UserError where `output` is inside a data folder of the run or is the folder that
-    holds the manifest (the run's README would become the expert's)."""
-    if held := data_folder_holding(output, sources):
-        raise UserError(
-            f"--output {shown_path(output)}: is inside the data folder {shown_path(held)}; "
-            "the run's files would be read as data by the next build: choose a folder outside it"
-        )
-    if output.resolve() == manifest_folder.resolve():
-        raise UserError(
-            f"--output {shown_path(output)}: is the folder that holds the manifest; give the run "
-            "a folder of its own (the default is its output/ folder)"
-        )
-    linked = links_in(output)
-    for ref in sources:  # a data file's own folder: the run's files among the user's data
-        place = Path(ref.location)
-        try:
-            mine = ref.kind == "local" and place.is_file()
-            folders = (place.resolve().parent, place.parent.resolve())  # a link's, its target's
-            mine = mine and (output.resolve() in folders or place.resolve() in linked)
-        except (OSError, RuntimeError):  # the data check names a path that cannot be read
-            mine = False
-        if mine:
-            name = linked.get(place.resolve(), place.name)  # a link's name, where one names it
-            raise UserError(
-                f"--output {shown_path(output)}: holds the data file {name}; the run's "
-                "files (checkpoints, weights, a README) would be written among the data: give "
-                "the run a folder of its own"
-            )
 
 
 def holds_run(output: Path) -> bool:
@@ -228,6 +196,12 @@ def check_resumable(
     """A resumed run continues the same configuration (`by_steps`: its length is a number of
     steps, which its epochs do not change)."""
     if previous is None:
+        if not (output / "checkpoints").is_dir():  # a mistyped --output: nothing to go on with
+            what = "holds no run" if output.exists() else "is not there"
+            raise UserError(
+                f"--resume: {output} {what}; give the --output of the run to go on with, or "
+                "leave out --resume to begin one there"
+            )
         return
     if not previous.config:
         raise UserError(
