@@ -552,6 +552,11 @@ def test_a_chosen_checkpoint_is_shipped(v2_run: Path, tmp_path: Path) -> None:
         ({"r": 16}, "r: 16 for model.layers.0.mlp.down_proj, but its weights are of rank 8"),
         # loaded with the weights of every layer but q_proj dropped
         ({"target_modules": ["q_proj"]}, "target_modules does not name model.layers.0."),
+        # shipped and exported as sound; peft applied layer 0 alone
+        ({"layers_to_transform": [0]}, "layers_to_transform leaves out layer 1, which the"),
+        ({"layers_to_transform": "0"}, "layers_to_transform: expected a layer number or a list"),
+        # shipped as sound; generate said "cannot load the adapter (ValueError)"
+        ({"lora_dropout": 5}, "lora_dropout: expected a number from 0 up to (not including) 1"),
     ],
 )
 def test_an_adapter_config_that_cannot_describe_its_weights_is_refused(
@@ -570,6 +575,50 @@ def test_an_adapter_config_that_cannot_describe_its_weights_is_refused(
         said = " ".join(out.stderr.split())
         assert f"{run / 'adapter_config.json'}: {expected}" in said, said
     assert not (tmp_path / "x.expert").exists() and not (tmp_path / "merged").exists()
+
+
+@pytest.mark.slow
+def test_an_adapter_file_lacking_half_of_a_pair_is_refused(v2_run: Path, tmp_path: Path) -> None:
+    """An adapter_model.safetensors without one lora_A (a copy cut at a tensor, a hand edit)
+    was shipped, checked sound, exported and merged with exit 0: peft makes the missing half
+    up at each load, random for lora_A, so each merge gave another model."""
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    shutil.copytree(v2_run, run, ignore=shutil.ignore_patterns("runs", "checkpoints"))
+    tensors = load_file(str(run / ADAPTER_FILE))
+    dropped = sorted(n for n in tensors if ".lora_A." in n)[0]
+    module = dropped.removeprefix("base_model.model.").split(".lora_A.")[0]
+    packaged = run_here("package", "--adapter", str(v2_run), "--output", str(tmp_path / "v.expert"))
+    assert packaged.returncode == 0, packaged.stdout + packaged.stderr
+    save_file({k: v for k, v in tensors.items() if k != dropped}, str(run / ADAPTER_FILE))
+    gap = (
+        f"{ADAPTER_FILE} lacks lora_A of {module}, which peft would make up anew at each load "
+        "(random values for lora_A): the file is incomplete"
+    )
+    for command in (
+        ("package", "--adapter", str(run), "--output", str(tmp_path / "x.expert")),
+        ("merge", "--adapter", str(run), "--output", str(tmp_path / "merged")),
+        ("generate", "--adapter", str(run), "-p", "hi", "--max-new-tokens", "1"),
+        ("export-hub", "--adapter", str(run), "--output", str(tmp_path / "hub")),
+    ):
+        out = run_here(*command)
+        assert out.returncode == 2, (command, out.stdout + out.stderr)
+        assert gap in " ".join(out.stderr.split()), (command, out.stderr)
+    assert not [p for p in tmp_path.iterdir() if p.name in ("x.expert", "merged", "hub")]
+    # a package whose archive was rebuilt without it: check --package names it
+    with tarfile.open(tmp_path / "v.expert") as archive:
+        members = {m.name: archive.extractfile(m).read() for m in archive if m.isfile()}
+    members[ADAPTER_FILE] = (run / ADAPTER_FILE).read_bytes()
+    rebuilt = tmp_path / "rebuilt.expert"
+    with tarfile.open(rebuilt, "w:gz") as archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    out = run_here("check", "--package", str(rebuilt))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert gap.replace(f"{ADAPTER_FILE} ", f"{ADAPTER_FILE}: ") in " ".join(out.stdout.split())
 
 
 @pytest.mark.slow

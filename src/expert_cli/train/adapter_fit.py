@@ -124,10 +124,81 @@ def rank_problem(config: dict[str, Any], shapes: Shapes) -> str | None:
     return None
 
 
+PAIRS = (("lora_A", "lora_B"), ("lora_embedding_A", "lora_embedding_B"))
+# how peft finds a layer's number in a module's name (its layers_pattern defaults)
+LAYER_NUMBER = re.compile(r"(?:^|\.)(?:layers|h|block|blocks|layer)\.(\d{1,9})(?:\.|$)")
+
+
+def pairs_problem(config: dict[str, Any], shapes: Shapes) -> str | None:
+    """A LoRA matrix without its other half (or a DoRA layer without the magnitude the
+    others hold): peft fills a missing one with its initial values, random for A, and says
+    so only in a warning; the adapter answers and merges as another, a new one at each load.
+    A DoRA setting no weights match is adapter_config_problem's to say."""
+    if config.get("peft_type") not in ("LORA", "ADALORA"):
+        return None
+    held: dict[str, set[str]] = {}
+    for name in shapes:
+        if (module := module_of(name)) is not None:
+            part = next(p for p in name.split(".") if p.startswith(ADAPTER_PARTS))
+            held.setdefault(module, set()).add(part)
+    dora = any("lora_magnitude_vector" in parts for parts in held.values())  # some, not all
+    for module, parts in held.items():
+        wants = [b for a, b in PAIRS if a in parts and b not in parts]
+        wants += [a for a, b in PAIRS if b in parts and a not in parts]
+        if dora and "lora_A" in parts and "lora_magnitude_vector" not in parts:
+            wants.append("lora_magnitude_vector")
+        if wants:
+            return (
+                f"lacks {wants[0]} of {shown_tensor(module)}, which peft would make up anew at "
+                "each load (random values for lora_A): the file is incomplete"
+            )
+    return None
+
+
+def layers_problem(config: dict[str, Any], shapes: Shapes) -> str | None:
+    """A layer the weights adapt that `layers_to_transform` leaves out (peft drops its
+    weights), or a value peft cannot read as layer numbers."""
+    wanted = config.get("layers_to_transform")
+    if wanted is None:
+        return None
+    layers = [wanted] if isinstance(wanted, int) else wanted
+    if not isinstance(layers, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) for n in layers
+    ):
+        got = value_kind(wanted)
+        return f"layers_to_transform: expected a layer number or a list of them (got {got})"
+    for module, tensor in adapted_modules(shapes).items():
+        found = LAYER_NUMBER.search(module)
+        if found and int(found[1]) not in layers:
+            return (
+                f"layers_to_transform leaves out layer {found[1]}, which the weights beside it "
+                f"adapt ({shown_tensor(tensor)}); loading would drop those weights"
+            )
+    return None
+
+
+def dropout_problem(config: dict[str, Any]) -> str | None:
+    """A LoRA dropout torch cannot build (a probability from 0 up to, not including, 1)."""
+    value = config.get("lora_dropout", 0.0)
+    if config.get("peft_type") not in ("LORA", "ADALORA"):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        got = value if number else value_kind(value)
+        return f"lora_dropout: expected a number from 0 up to (not including) 1 (got {got})"
+    return None
+
+
 def fit_problem(config: dict[str, Any], shapes: Shapes | None) -> str | None:
     """What in the configuration does not fit the weights (None: it fits, or no shapes were
-    read). Left out: exclude_modules, layers_to_transform and modules_to_save, which narrow
-    or add to what the targets pick."""
+    read). Left out: exclude_modules and modules_to_save, which narrow or add to what the
+    targets pick."""
+    if problem := dropout_problem(config):
+        return problem
     if not shapes:
         return None
-    return rank_problem(config, shapes) or targets_problem(config, shapes)
+    return (
+        rank_problem(config, shapes)
+        or targets_problem(config, shapes)
+        or layers_problem(config, shapes)
+    )

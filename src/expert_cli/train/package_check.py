@@ -27,7 +27,7 @@ from expert_cli.train.adapter_entry import (
     misapplied,
     unapplied,
 )
-from expert_cli.train.adapter_fit import Shapes
+from expert_cli.train.adapter_fit import Shapes, pairs_problem
 from expert_cli.train.hive_loader import loader_problems
 from expert_cli.train.hive_schema import read_field
 from expert_cli.train.outputs import ADAPTER_FILES, adapter_config_problem
@@ -352,6 +352,8 @@ def _check_entry(report: PackageReport, hashes: dict[str, str], heads: dict[str,
         config, problem = _read_config(data, shapes)
         if problem:
             report.problems.append(f"{ADAPTER_FILES[1]}: {problem}")
+        elif gap := pairs_problem(config, shapes or {}):
+            report.problems.append(f"{ADAPTER_FILES[0]}: {gap}")
         else:
             report.problems += entry_problems(adapter, config, where)
             report.notes += config_notes(report.manifest["training"].get("config"), config)
