@@ -371,6 +371,9 @@ def test_a_base_config_edited_since_the_run_is_named(
     for edit, expected in [
         ({"num_hidden_layers": 3, "layer_types": ["full_attention"] * 3}, "would start random"),
         ({"intermediate_size": 96}, "have another shape in its weights files"),
+        # values no layer can be built with: an AssertionError, a ZeroDivisionError traceback
+        ({"pad_token_id": 99999}, "its config.json holds values no model can be built from"),
+        ({"head_dim": 0}, "its config.json holds values no model can be built from"),
     ]:
         (base / "config.json").write_text(json.dumps({**config, **edit}))
         for command in (["generate", "-p", "x"], ["merge", "--output", str(tmp_path / "merged")]):

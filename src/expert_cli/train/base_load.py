@@ -32,6 +32,9 @@ NAMED = 2  # weights named in a line; the rest counted
 # AttributeError and KeyError are left to say a bug where one is (ours, a library's, remote
 # code's)
 LOADER_ERRORS = (RuntimeError, ValueError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError)
+# what building the modules raises on config.json values no model takes (a pad_token_id past
+# the vocabulary: an embedding's assertion; a head_dim of 0: a division)
+BUILD_ERRORS = (AssertionError, ZeroDivisionError)
 
 
 def load_pretrained(source: str, kwargs: dict[str, Any], notes: list[str]) -> PreTrainedModel:
@@ -49,7 +52,7 @@ def load_pretrained(source: str, kwargs: dict[str, Any], notes: list[str]) -> Pr
             model, info = AutoModelForCausalLM.from_pretrained(
                 source, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
             )
-    except (OSError, SafetensorError, ImportError, *LOADER_ERRORS) as exc:
+    except (OSError, SafetensorError, ImportError, *LOADER_ERRORS, *BUILD_ERRORS) as exc:
         if (error := _load_error(source, local, exc)) is None:
             raise  # an attention kernel the model refuses (the caller tries the next), memory
         raise error from None
@@ -82,6 +85,12 @@ def _load_error(source: str, local: bool, exc: BaseException) -> UserError | Non
         return UserError(
             f"{shown}: its .bin weights hold objects other than tensors, which torch does not "
             "load (weights_only); use its safetensors weights"
+        )
+    if isinstance(exc, BUILD_ERRORS):
+        return UserError(
+            f"{shown}: its config.json holds values no model can be built from "
+            f"({type(exc).__name__} as its layers were made: a pad_token_id past vocab_size, "
+            "a size of 0?); use the config.json its weights were saved with"
         )
     if isinstance(exc, ImportError):  # a library its configuration needs
         return UserError(f"{shown}: loading it needs a package that is not installed ({exc})")
