@@ -8,11 +8,12 @@ import json
 import logging
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 from conftest import write_jsonl
-from train_helpers import run_here, run_main
+from train_helpers import run_here, run_main, signal_once
 
 from expert_cli.errors import UserError
 from expert_cli.train.generate import decoding_settings
@@ -1072,3 +1073,23 @@ def test_an_answer_cut_mid_character_ends_before_it(tiny_tokenizer) -> None:
     from expert_cli.train.generate import uncut
 
     assert uncut("\ufffd\ufffd\ufffd") == "\ufffd\ufffd"  # a random model's bytes stay shown
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_while_generating_is_said_in_json(
+    capsys, monkeypatch, memorised: Path, signum: int, code: int
+) -> None:
+    """SIGTERM or SIGHUP ended generate where it stood: exit -15 or -1, nothing on stdout
+    or stderr, so `--json` got no object at all (Ctrl-C was said)."""
+    import expert_cli.train.generate as generate
+
+    signal_once(monkeypatch, generate, "load_run", signum)
+    got, out, err = run_main(
+        capsys, monkeypatch, "generate", "--adapter", str(memorised), "-p", "x", "--json"
+    )
+    assert got == code, out + err
+    assert json.loads(out)["error"] == {
+        "kind": "interrupted",
+        "exit_code": code,
+        "lines": ["stopped before the answers were all given (generate writes no file)"],
+    }

@@ -79,8 +79,10 @@ def generate(
     """Try a trained expert: its prompt template and decoding settings, answers streamed."""
     import json
 
+    from expert_cli.atomic import sigterm_raises
     from expert_cli.cli.generate_view import GenerateView, print_generate_end
     from expert_cli.cli.render import console
+    from expert_cli.errors import Interrupted, Terminated
     from expert_cli.train.generate import GenerateOptions
     from expert_cli.train.generate import generate as run_generate
 
@@ -96,12 +98,20 @@ def generate(
         system=system,
         tools_file=tools,
     )
-    if as_json:
-        typer.echo(json.dumps(run_generate(opts).to_dict(), indent=2, ensure_ascii=False))
-        return
-    out = console()
-    result = run_generate(opts, GenerateView(out))
-    print_generate_end(out, result)
+    try:
+        with sigterm_raises():  # SIGTERM and SIGHUP as Ctrl-C: a line, and JSON under --json
+            if as_json:
+                result = run_generate(opts)
+                typer.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+                return
+            out = console()
+            result = run_generate(opts, GenerateView(out))
+            print_generate_end(out, result)
+    except (KeyboardInterrupt, Terminated) as exc:
+        code = exc.code if isinstance(exc, Terminated) else 130
+        raise Interrupted(
+            "stopped before the answers were all given (generate writes no file)", code
+        ) from None
 
 
 def report(
