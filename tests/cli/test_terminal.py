@@ -212,3 +212,22 @@ def test_a_signal_while_the_interpreter_shuts_down(tmp_path: Path, args, code: i
         if code
         else said.strip().endswith(__import__("expert_cli").__version__)
     )
+
+
+def test_a_reader_that_leaves_does_not_fail_a_package_written(tmp_path: Path) -> None:
+    """`package ... | head -1`: the package and its .sha256 were written in full, then the
+    broken pipe was a silent exit 1 (a `set -o pipefail` script took packaging for failed).
+    The same holds for export-gguf, export-hub and merge: their product is files."""
+    from train_helpers import hand_built_run
+
+    run = hand_built_run(tmp_path)
+    target = tmp_path / "x.expert"
+    proc = _start("package", "--adapter", str(run), "--output", str(target),
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    stderr = proc.stderr.read()
+    proc.wait(timeout=180)
+    assert proc.returncode == 0, stderr
+    assert "note: standard output cannot be written (Broken pipe)" in stderr
+    assert target.is_file() and (tmp_path / "x.expert.sha256").is_file()

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from expert_cli.cli.options import AdapterOpt, JsonOpt, file_named
+from expert_cli.cli.render import echo, keep_going_without_output
 
 
 class OutType(str, Enum):
@@ -68,6 +69,7 @@ def export_gguf(
     from expert_cli.atomic import sigterm_raises
     from expert_cli.train.gguf_export import export_gguf as export
 
+    keep_going_without_output()  # `| head -1`: the file is the product, not its lines
     with sigterm_raises(), said_left("the GGUF file", output):  # SIGTERM as Ctrl-C
         report = export(adapter, output, force, checkpoint, outtype.value)
     with sigterm_raises(), said_left("the GGUF file", report.path, written=True):
@@ -84,7 +86,7 @@ def _show_gguf(report: Any, as_json: bool) -> None:
     from expert_cli.errors import escaped
 
     if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        echo(json.dumps(report.to_dict(), indent=2))
         return
     out = console()
     for note in report.notes:
@@ -129,6 +131,7 @@ def export_hub(
     from expert_cli.atomic import sigterm_raises
     from expert_cli.train.hub_export import export_hub as export
 
+    keep_going_without_output()  # `| head -1`: the folder is the product, not its lines
     with sigterm_raises(), said_left("the folder", output):  # SIGTERM as Ctrl-C
         report = export(adapter, output, checkpoint, repo_id, gguf.value if gguf else None)
     with sigterm_raises(), said_left("the folder", report.path, written=True):
@@ -145,7 +148,7 @@ def _show_hub(report: Any, repo_id: str | None, as_json: bool) -> None:
     from expert_cli.errors import escaped
 
     if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        echo(json.dumps(report.to_dict(), indent=2))
         return
     out = console()
     for name, size in report.files.items():

@@ -124,6 +124,21 @@ def keep_going_without_output() -> None:
     OUTPUT.keep_going = True
 
 
+def echo(text: str) -> None:
+    """`text` and a newline on stdout (a command's JSON); where the command's product is files
+    (keep_going_without_output), a stdout that cannot be written any more (`| head -1`)
+    stops the printing, with a note on stderr, not the command: its work is done."""
+    if "stdout" in OUTPUT.lost:
+        return
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except OSError as exc:
+        if not OUTPUT.keep_going:
+            raise
+        SafeConsole()._give_up("stdout", exc)
+
+
 def console(stderr: bool = False) -> Console:
     """A console for plain text: no highlighting, long lines wrap instead of being cut,
     control characters shown, not obeyed."""

@@ -208,15 +208,17 @@ def package(
     import json
 
     from expert_cli.atomic import sigterm_raises
+    from expert_cli.cli.render import echo, keep_going_without_output
     from expert_cli.errors import Terminated, left_by
     from expert_cli.paths import shown_path
     from expert_cli.train.package import build_package
 
+    keep_going_without_output()  # `| head -1`: the package is the product, not its lines
     with sigterm_raises():  # SIGTERM as Ctrl-C: a line saying what was left
         report = build_package(adapter, output, force, checkpoint)
         try:
             if as_json:
-                typer.echo(json.dumps(report.to_dict(), indent=2))
+                echo(json.dumps(report.to_dict(), indent=2))
                 return
             render_package(report, "wrote")
         except (KeyboardInterrupt, Terminated) as exc:

@@ -101,8 +101,10 @@ def merge(
 ) -> None:
     """Merge an adapter into its base model and save a standalone safetensors model."""
     from expert_cli.atomic import sigterm_raises
-    from expert_cli.cli.render import console
+    from expert_cli.cli.render import console, keep_going_without_output
     from expert_cli.errors import Terminated, escaped, left_by
+
+    keep_going_without_output()  # `| head -1`: the model is the product, not its lines
 
     def holds_files() -> bool:  # one rename puts the whole merged model in place
         try:
