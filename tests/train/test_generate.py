@@ -617,14 +617,15 @@ def test_a_chat_template_that_refuses_the_prompt(
 def test_a_run_that_ended_before_saving_anything_is_said_so(
     capsys, monkeypatch, tmp_path: Path
 ) -> None:
-    """A run that failed before its first checkpoint read as a folder train never wrote."""
-    (tmp_path / "metrics.json").write_text(json.dumps({"summary": {"status": "failed"}}))
-    for command in (["generate", "-p", "x"], ["merge", "--output", str(tmp_path / "m")]):
-        code, out, err = run_main(capsys, monkeypatch, *command, "--adapter", str(tmp_path))
-        said = " ".join(err.split())
-        assert code == 2 and "its run ended failed before it saved an adapter or a checkpoint" in (
-            said
-        ), said
+    """A run that failed before its first checkpoint read as a folder train never wrote; so
+    did one killed then (its metrics say running)."""
+    for status, ended in (("failed", "ended failed"), ("running", "ended without a word")):
+        (tmp_path / "metrics.json").write_text(json.dumps({"summary": {"status": status}}))
+        for command in (["generate", "-p", "x"], ["merge", "--output", str(tmp_path / "m")]):
+            code, out, err = run_main(capsys, monkeypatch, *command, "--adapter", str(tmp_path))
+            said = " ".join(err.split())
+            assert code == 2 and f"its run {ended}" in said, said
+            assert "before it saved an adapter or a checkpoint" in said, said
 
 
 def test_decoding_settings_from_the_manifest() -> None:

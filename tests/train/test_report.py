@@ -584,6 +584,11 @@ def test_a_run_whose_process_is_gone_reads_as_stopped(tmp_path: Path) -> None:
     text = " ".join(out.stdout.split())
     assert text.startswith("stopped: 50 steps")
     assert "status its metrics say running, but no train on this machine holds the folder" in text
+    # killed before its first checkpoint: --resume would find none (it was said to go on)
+    assert "it wrote no checkpoint to go on from: train again with --overwrite" in text
+    (tmp_path / "checkpoints" / "checkpoint-40").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "checkpoint-40" / "_COMPLETE").write_text("")
+    text = " ".join(run_here("report", str(tmp_path)).stdout.split())
     assert "--resume continues it from its last checkpoint" in text
     with FileLock(str(tmp_path / ".train.lock")):  # a live train
         out = run_here("report", str(tmp_path))

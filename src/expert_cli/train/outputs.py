@@ -187,10 +187,13 @@ def _stopped_before_saving(adapter: Path) -> str | None:
     wrote."""
     summary = read_json_file(adapter / "metrics.json").get("summary")
     status = summary.get("status") if isinstance(summary, dict) else None
-    if status not in ("failed", "interrupted", "diverged"):  # else: not this case
+    if status not in ("failed", "interrupted", "diverged", "running"):  # else: not this case
         return None
+    if status == "running" and any((adapter / "checkpoints").glob("checkpoint-*/_COMPLETE")):
+        return None  # killed after a checkpoint: the choice of adapter says so (ship_choice)
+    ended = "ended without a word (killed?)" if status == "running" else f"ended {status}"
     return (
-        f"--adapter {shown_path(adapter)}: its run ended {status} before it saved an adapter "
+        f"--adapter {shown_path(adapter)}: its run {ended} before it saved an adapter "
         "or a checkpoint; there is nothing to load: train again (report shows how it went)"
     )
 

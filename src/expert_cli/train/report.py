@@ -96,8 +96,11 @@ class RunReport:
 
 STOPPED_NOTE = (
     "its metrics say running, but no train on this machine holds the folder: the process "
-    "ended without a word (killed, or the machine stopped); train with the same --output and "
-    "--resume continues it from its last checkpoint"
+    "ended without a word (killed, or the machine stopped); "
+)
+STOPPED_WAYS = (  # with a complete checkpoint, and without one
+    "train with the same --output and --resume continues it from its last checkpoint",
+    "it wrote no checkpoint to go on from: train again with --overwrite",
 )
 
 
@@ -215,7 +218,8 @@ def _status(run_dir: Path, written: str) -> tuple[str, str | None]:
     run killed leaves "running" behind, and one killed between the end of training and the
     final save leaves "completed" without the adapter."""
     if written == "running" and not held_by_another(run_dir):  # killed: no word written
-        return "stopped", STOPPED_NOTE
+        kept = bool(complete_checkpoints(run_dir / "checkpoints"))
+        return "stopped", STOPPED_NOTE + STOPPED_WAYS[0 if kept else 1]
     problem = final_adapter_problem(run_dir) if written == "completed" else None
     if problem is None:
         return written, None
