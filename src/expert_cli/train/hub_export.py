@@ -135,7 +135,7 @@ def _finish(
     if resolved.get("base_model_kind") != "hub" or not hub_id(base):
         notes.append(
             "the base model is a local folder, not a hub id: the card names no base_model and "
-            "adapter_config.json's base_model_name_or_path is that folder; set both to the "
+            "adapter_config.json's base_model_name_or_path names a local path; set both to the "
             "base's hub id before uploading, or whoever loads the adapter cannot find its base"
         )
     _write(output, members)
