@@ -193,11 +193,11 @@ def test_a_signal_while_the_interpreter_shuts_down(tmp_path: Path, args, code: i
     command's exit code: it ends at once with the command's code, nothing more said."""
     script = (
         "import atexit, os, signal, sys, time\n"
-        "from expert_cli.cli import console\n"
+        "from expert_cli.cli import console_script\n"
         "atexit.register(time.sleep, 30)\n"  # runs after the hook below (last in, first out)
         "atexit.register(os.kill, os.getpid(), signal.SIGINT)\n"
         f"sys.argv = ['expert-cli', *{args!r}]\n"
-        "console()\n"
+        "console_script()\n"
     )
     began = time.monotonic()
     done = subprocess.run(

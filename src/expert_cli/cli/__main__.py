@@ -1,5 +1,5 @@
 """`python -m expert_cli.cli ...`: the same as the `expert-cli` console script."""
 
-from expert_cli.cli.app import console
+from expert_cli.cli.app import console_script
 
-console()
+console_script()

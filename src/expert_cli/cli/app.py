@@ -284,7 +284,7 @@ def main() -> None:
         _fail(*(("error", said, 2) if isinstance(said, UserError) else ("failed", said, 1)))
 
 
-def console() -> None:
+def console_script() -> None:
     """The `expert-cli` console script: `main`, then an end that a signal does not garble. A
     Ctrl-C or SIGTERM while the interpreter shuts down (torch's and the datasets library's
     exit hooks run after the command's last line) printed the standard library's "Exception
