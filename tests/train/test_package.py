@@ -594,7 +594,7 @@ def test_an_adapter_file_lacking_half_of_a_pair_is_refused(v2_run: Path, tmp_pat
     save_file({k: v for k, v in tensors.items() if k != dropped}, str(run / ADAPTER_FILE))
     gap = (
         f"{ADAPTER_FILE} lacks lora_A of {module}, which peft would make up anew at each load "
-        "(random values for lora_A): the file is incomplete"
+        "(random values for lora_A, zeros for lora_B): the file is incomplete"
     )
     for command in (
         ("package", "--adapter", str(run), "--output", str(tmp_path / "x.expert")),

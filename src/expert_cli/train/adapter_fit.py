@@ -150,7 +150,7 @@ def pairs_problem(config: dict[str, Any], shapes: Shapes) -> str | None:
         if wants:
             return (
                 f"lacks {wants[0]} of {shown_tensor(module)}, which peft would make up anew at "
-                "each load (random values for lora_A): the file is incomplete"
+                "each load (random values for lora_A, zeros for lora_B): the file is incomplete"
             )
     return None
 
