@@ -356,16 +356,19 @@ def test_a_checkpoint_lacking_one_process_random_state_is_not_resumed(tmp_path: 
     unnoticed (any one file passed) and the resumed process drew other numbers (a dropout
     run's losses differed from the uninterrupted one's). The marker now waits for every
     process, and a gap in the ranks' files is named."""
+    import torch
+
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"train_batch_size": 4}))
     for name in ("optimizer.pt", "scheduler.pt", "rng_state_0.pth", "rng_state_2.pth"):
-        (tmp_path / name).write_bytes(b"x")
+        torch.save({"state": 1}, tmp_path / name)
     assert resume_problem(tmp_path) == (
         "rng_state_1.pth is missing (that process would not draw what it would have drawn)"
     )
-    (tmp_path / "rng_state_1.pth").write_bytes(b"x")
+    torch.save({"state": 1}, tmp_path / "rng_state_1.pth")
     assert resume_problem(tmp_path) is None
     for name in ("rng_state_0.pth", "rng_state_1.pth", "rng_state_2.pth"):
         (tmp_path / name).unlink()
-    (tmp_path / "rng_state.pth").write_bytes(b"x")  # one process's
+    torch.save({"state": 1}, tmp_path / "rng_state.pth")  # one process's
     assert resume_problem(tmp_path) is None
 
 
@@ -463,7 +466,7 @@ def _hand_made_checkpoint(folder: Path, step: int, saved_step: int | None = None
 
     path = folder / f"checkpoint-{step}"
     path.mkdir(parents=True)
-    state = {"global_step": step if saved_step is None else saved_step}
+    state = {"global_step": step if saved_step is None else saved_step, "train_batch_size": 4}
     (path / "trainer_state.json").write_text(json.dumps(state))
     save_file({"lora_A": torch.ones(2, 2)}, str(path / "adapter_model.safetensors"))
     for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):

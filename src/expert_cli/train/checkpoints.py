@@ -157,12 +157,6 @@ def resume_problem(path: Path) -> str | None:
             return f"{name} is missing (the run would go on with its state started again)"
     if not any(path.glob("rng_state*.pth")):
         return "rng_state.pth is missing (the run would not draw what it would have drawn)"
-    batch = read_json_file(path / "trainer_state.json").get("train_batch_size")
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        return "trainer_state.json holds no train_batch_size (not the Trainer's whole state)"
-    for file in [*(path / n for n in (*RESUMED, "scaler.pt")), *path.glob("rng_state*.pth")]:
-        if file.is_file() and (damage := _unsound_archive(file)):
-            return f"{file.name} is damaged ({damage}): the run cannot go on from its state"
     ranks = sorted(int(m[1]) for p in path.glob("rng_state_*.pth") if (m := RANK_RNG.match(p.name)))
     if ranks and ranks != list(range(ranks[-1] + 1)):
         missing = sorted(set(range(ranks[-1] + 1)) - set(ranks))
@@ -170,6 +164,12 @@ def resume_problem(path: Path) -> str | None:
             f"rng_state_{missing[0]}.pth is missing (that process would not draw what it "
             "would have drawn)"
         )
+    batch = read_json_file(path / "trainer_state.json").get("train_batch_size")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        return "trainer_state.json holds no train_batch_size (not the Trainer's whole state)"
+    for file in [*(path / n for n in (*RESUMED, "scaler.pt")), *path.glob("rng_state*.pth")]:
+        if file.is_file() and (damage := _unsound_archive(file)):
+            return f"{file.name} is damaged ({damage}): the run cannot go on from its state"
     return None
 
 
