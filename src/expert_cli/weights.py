@@ -97,6 +97,44 @@ def header_shapes(head: bytes) -> dict[str, tuple[int, ...]] | None:
     return {str(k): _shape(v) for k, v in header.items() if k != "__metadata__"}
 
 
+FLOAT_TYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"})
+
+
+def file_head(path: Path) -> bytes:
+    """A safetensors file's header bytes (b"" where it cannot be read)."""
+    try:
+        return _head(path)[0]
+    except OSError:
+        return b""
+
+
+def not_float_line(head: bytes) -> str | None:
+    """What an adapter's weights file holds that is not of a floating-point type, or None."""
+    found = integer_tensor(head)
+    if found is None:
+        return None
+    return (
+        f"holds {shown_tensor(found[0])} of type {found[1]}, not a floating-point type: not "
+        "an adapter's weights as training saves them"
+    )
+
+
+def integer_tensor(head: bytes) -> tuple[str, str] | None:
+    """The first tensor (name, dtype) of a safetensors header that is not of a floating-point
+    type (an adapter's weights are; torch would copy integers into its parameters without a
+    word), or None."""
+    length = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
+    try:
+        header = json.loads(head[8 : 8 + length]) if 0 <= length <= len(head) - 8 else None
+    except (ValueError, RecursionError):
+        return None
+    for name, entry in header.items() if isinstance(header, dict) else ():
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        if name != "__metadata__" and isinstance(dtype, str) and dtype not in FLOAT_TYPES:
+            return str(name), dtype[:8]
+    return None
+
+
 def _shape(entry: Any) -> tuple[int, ...]:
     shape = entry.get("shape") if isinstance(entry, dict) else None
     if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):

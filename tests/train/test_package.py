@@ -619,6 +619,12 @@ def test_an_adapter_file_lacking_half_of_a_pair_is_refused(v2_run: Path, tmp_pat
     out = run_here("check", "--package", str(rebuilt))
     assert out.returncode == 2, out.stdout + out.stderr
     assert gap.replace(f"{ADAPTER_FILE} ", f"{ADAPTER_FILE}: ") in " ".join(out.stdout.split())
+    # integers where the weights are: torch copied them into the parameters without a word
+    save_file({k: v.to(torch.int64) for k, v in tensors.items()}, str(run / ADAPTER_FILE))
+    out = run_here("package", "--adapter", str(run), "--output", str(tmp_path / "x.expert"))
+    assert out.returncode == 2 and "of type I64, not a floating-point type" in " ".join(
+        out.stderr.split()
+    ), out.stderr
 
 
 @pytest.mark.slow

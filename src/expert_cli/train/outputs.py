@@ -26,8 +26,10 @@ from expert_cli.errors import RunError, UserError, value_kind
 from expert_cli.paths import not_a_folder, path_is_dir, resolved_path, shown_path
 from expert_cli.train.adapter_fit import Shapes, fit_problem, pairs_problem
 from expert_cli.weights import (
+    file_head,
     non_finite_line,
     non_finite_tensors,
+    not_float_line,
     safetensors_problem,
     tensor_shapes,
 )
@@ -237,7 +239,7 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
             "wrote it diverged; train again (docs/training.md, a loss that is not a number)"
         )
     shapes = tensor_shapes(safetensors) if safetensors.is_file() else None
-    if shapes and (gap := pairs_problem(config, shapes)):
+    if shapes and (gap := pairs_problem(config, shapes) or not_float_line(file_head(safetensors))):
         raise UserError(f"--adapter {adapter}: {ADAPTER_WEIGHTS[0]} {gap}; restore it from a copy")
     if problem := adapter_config_problem(config, shapes):
         raise UserError(f"{config_path}: {problem}; restore the file the run wrote")

@@ -50,6 +50,7 @@ from expert_cli.weights import (
     header_shapes,
     non_finite_line,
     non_finite_tensors,
+    not_float_line,
     sha256_of,
 )
 
@@ -352,7 +353,9 @@ def _check_entry(report: PackageReport, hashes: dict[str, str], heads: dict[str,
         config, problem = _read_config(data, shapes)
         if problem:
             report.problems.append(f"{ADAPTER_FILES[1]}: {problem}")
-        elif gap := pairs_problem(config, shapes or {}):
+        elif gap := pairs_problem(config, shapes or {}) or not_float_line(
+            heads.get(ADAPTER_FILES[0], b"")
+        ):
             report.problems.append(f"{ADAPTER_FILES[0]}: {gap}")
         else:
             report.problems += entry_problems(adapter, config, where)
