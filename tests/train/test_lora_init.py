@@ -244,11 +244,11 @@ def test_a_pissa_run_ships_a_lora_of_the_base_itself(tmp_path: Path, tiny_model_
     said = " ".join(packed.stdout.split())
     assert "ships as a LoRA of the base itself, rank 8 and alpha 16, twice the run's" in said
     assert "training.config.rank: 4 in manifest.json" not in said  # by design, not an edit
-    assert "in the adapter it ships (training.config or --set chose it)" not in said
+    assert "in the adapter it ships (its adapter_config.json" not in said
     final = run_here("package", "--adapter", str(run), "--output", str(tmp_path / "f.expert"))
     said = " ".join(final.stdout.split())  # the final adapter, converted as it was saved
     assert final.returncode == 0 and "twice the run's" in said, said
-    assert "in the adapter it ships (training.config or --set chose it)" not in said
+    assert "in the adapter it ships (its adapter_config.json" not in said
     import tarfile
 
     with tarfile.open(out, "r:gz") as tar:

@@ -1180,8 +1180,9 @@ def test_an_adapter_entry_takes_the_values_of_each_adapter_kind() -> None:
     entry = {"type": "lora", "r": 16, "alpha": 32, "use_dora": False}
     notes = reconciled(entry, {"peft_type": "IA3", "target_modules": ["q"]}, "adapters[0]")
     assert entry == {"type": "ia3", "target_modules": ["q"]} and notes == [
-        "adapters[0].type: lora in the manifest, ia3 in the adapter it ships (training.config "
-        "or --set chose it): the package says the adapter's"
+        "adapters[0].type: lora in the manifest, ia3 in the adapter it ships (its "
+        "adapter_config.json: training.config or --set chose it, or the file was edited): the "
+        "package says the adapter's"
     ]
     same = {"type": "lora", "use_dora": True, "r": 8, "alpha": 16.0}
     assert (

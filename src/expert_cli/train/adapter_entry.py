@@ -102,8 +102,9 @@ def reconciled(
     ):
         conflicts.append(("target_modules", given, _shown(adapter["target_modules"])))
     notes = [
-        f"{where}.{field}: {was} in the manifest, {value} in the adapter it ships "
-        "(training.config or --set chose it): the package says the adapter's"
+        f"{where}.{field}: {was} in the manifest, {value} in the adapter it ships (its "
+        "adapter_config.json: training.config or --set chose it, or the file was edited): "
+        "the package says the adapter's"
         for field, was, value in conflicts
     ]
     if "type" in adapter and ("type" not in entry or entry_type(entry) != adapter["type"]):
