@@ -176,6 +176,10 @@ def test_a_damaged_or_hand_edited_metrics_file_is_reported_without_a_traceback(
     (tmp_path / "metrics.json").write_text(json.dumps({**metrics, "summary": huge}))
     out = run_here("report", str(tmp_path))  # a 309-digit tok/s was printed
     assert out.returncode == 0 and "failed: 0 steps, - tok/s, final loss -," in out.stdout
+    below = {**huge, "tokens_per_s": -5}  # was printed as -5 tok/s
+    (tmp_path / "metrics.json").write_text(json.dumps({**metrics, "summary": below}))
+    out = run_here("report", str(tmp_path))
+    assert out.returncode == 0 and "failed: 0 steps, - tok/s," in out.stdout
 
 
 def test_control_characters_are_shown_as_escapes() -> None:

@@ -172,7 +172,7 @@ def summarize(run_dir: Path, plot: Path | None = None, replace: bool = False) ->
         run_dir=run_dir,
         status=status,
         steps=int(steps) if steps is not None and steps >= 0 else 0,
-        tokens_per_s=_plausible(summary.get("tokens_per_s")),
+        tokens_per_s=_rate(summary.get("tokens_per_s")),
         final_loss=_plausible(summary.get("final_loss")),
         best_eval_loss=best[0] if best else None,
         best_eval_step=int(best[1]) if best else None,
@@ -204,6 +204,12 @@ def _tasks_at(records: list[Any], step: int) -> dict[str, tuple[float, float | N
         accuracy = _plausible(figures.get("token_accuracy"))
         out[name] = (loss, accuracy + 0.0 if accuracy is not None and 0 <= accuracy <= 1 else None)
     return out
+
+
+def _rate(value: Any) -> float | None:
+    """A speed as drawn: plausible and not below zero (a hand edit's -5 tok/s)."""
+    number = _plausible(value)
+    return number if number is not None and number >= 0 else None
 
 
 def _plausible(value: Any) -> float | None:
