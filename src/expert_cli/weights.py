@@ -85,6 +85,15 @@ def header_shapes(head: bytes) -> dict[str, tuple[int, ...]] | None:
     """Each tensor's shape by name, from the header at the start of `head` (a safetensors
     file's first bytes); None when `head` does not hold a whole, readable header. A shape
     that is not a list of whole numbers is given as ()."""
+    header = _header(head)
+    if header is None:
+        return None
+    return {str(k): _shape(v) for k, v in header.items() if k != "__metadata__"}
+
+
+def _header(head: bytes) -> dict[str, Any] | None:
+    """The JSON object at the start of `head` (a safetensors file's first bytes), or None
+    where `head` does not hold a whole, readable one."""
     length = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
     if length < 0 or len(head) < 8 + length:
         return None
@@ -92,9 +101,7 @@ def header_shapes(head: bytes) -> dict[str, tuple[int, ...]] | None:
         header = json.loads(head[8 : 8 + length])
     except (ValueError, RecursionError):
         return None
-    if not isinstance(header, dict):
-        return None
-    return {str(k): _shape(v) for k, v in header.items() if k != "__metadata__"}
+    return header if isinstance(header, dict) else None
 
 
 FLOAT_TYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"})
@@ -109,29 +116,16 @@ def file_head(path: Path) -> bytes:
 
 
 def not_float_line(head: bytes) -> str | None:
-    """What an adapter's weights file holds that is not of a floating-point type, or None."""
-    found = integer_tensor(head)
-    if found is None:
-        return None
-    return (
-        f"holds {shown_tensor(found[0])} of type {found[1]}, not a floating-point type: not "
-        "an adapter's weights as training saves them"
-    )
-
-
-def integer_tensor(head: bytes) -> tuple[str, str] | None:
-    """The first tensor (name, dtype) of a safetensors header that is not of a floating-point
-    type (an adapter's weights are; torch would copy integers into its parameters without a
-    word), or None."""
-    length = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
-    try:
-        header = json.loads(head[8 : 8 + length]) if 0 <= length <= len(head) - 8 else None
-    except (ValueError, RecursionError):
-        return None
-    for name, entry in header.items() if isinstance(header, dict) else ():
+    """The first tensor of an adapter's weights file (by the header at the start of `head`)
+    not of a floating-point type, as a line, or None: an adapter's weights are (torch would
+    copy integers into its parameters without a word)."""
+    for name, entry in (_header(head) or {}).items():
         dtype = entry.get("dtype") if isinstance(entry, dict) else None
         if name != "__metadata__" and isinstance(dtype, str) and dtype not in FLOAT_TYPES:
-            return str(name), dtype[:8]
+            return (
+                f"holds {shown_tensor(name)} of type {dtype[:8]}, not a floating-point type: "
+                "not an adapter's weights as training saves them"
+            )
     return None
 
 

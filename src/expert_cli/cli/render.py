@@ -74,32 +74,36 @@ class SafeConsole(Console):
         except OSError as exc:  # EIO (the terminal hung up), EBADF (closed), ENOSPC (full)
             if not (OUTPUT.keep_going or self.stderr):  # stdout is the product of the others
                 raise
-            self._give_up(stream, exc)
+            del self._buffer[:]
+            give_up(stream, exc)
 
     def on_broken_pipe(self) -> None:
         """A pipe whose reader left (`| head`): rich's own answer is a silent exit 1."""
         if not (OUTPUT.keep_going or self.stderr):
             super().on_broken_pipe()
             return
-        self._give_up("stderr" if self.stderr else "stdout", BrokenPipeError(EPIPE, "Broken pipe"))
-
-    def _give_up(self, stream: str, exc: OSError) -> None:
         del self._buffer[:]
-        OUTPUT.lost[stream] = exc.strerror or type(exc).__name__
-        file = sys.stderr if stream == "stderr" else sys.stdout
-        with suppress(OSError, ValueError):  # later writes (logging, the flush at exit) go
-            devnull = os.open(os.devnull, os.O_WRONLY)  # nowhere instead of failing
-            try:
-                os.dup2(devnull, file.fileno())
-            finally:
-                os.close(devnull)
-        other = "stdout" if stream == "stderr" else "stderr"
-        if other not in OUTPUT.lost:
-            console(stderr=other == "stderr").print(
-                f"note: {STREAM_NAMES[stream]} cannot be written "
-                f"({OUTPUT.lost[stream]}); the command goes on without printing to it",
-                markup=False,
-            )
+        give_up("stderr" if self.stderr else "stdout", BrokenPipeError(EPIPE, "Broken pipe"))
+
+
+def give_up(stream: str, exc: OSError) -> None:
+    """Stop printing to `stream` ("stdout" or "stderr"), which cannot be written (`exc`): later
+    writes go to /dev/null, and a note on the other stream says so once."""
+    OUTPUT.lost[stream] = exc.strerror or type(exc).__name__
+    file = sys.stderr if stream == "stderr" else sys.stdout
+    with suppress(OSError, ValueError):  # later writes (logging, the flush at exit) go
+        devnull = os.open(os.devnull, os.O_WRONLY)  # nowhere instead of failing
+        try:
+            os.dup2(devnull, file.fileno())
+        finally:
+            os.close(devnull)
+    other = "stdout" if stream == "stderr" else "stderr"
+    if other not in OUTPUT.lost:
+        console(stderr=other == "stderr").print(
+            f"note: {STREAM_NAMES[stream]} cannot be written "
+            f"({OUTPUT.lost[stream]}); the command goes on without printing to it",
+            markup=False,
+        )
 
 
 STREAM_NAMES = {"stdout": "standard output", "stderr": "standard error"}
@@ -136,7 +140,7 @@ def echo(text: str) -> None:
     except OSError as exc:
         if not OUTPUT.keep_going:
             raise
-        SafeConsole()._give_up("stdout", exc)
+        give_up("stdout", exc)
 
 
 def console(stderr: bool = False) -> Console:

@@ -171,13 +171,12 @@ def _schema(files: list[Path], fmt: str) -> tuple[list[str], frozenset[str]] | N
     first = column_names(files[0], fmt)
     if first is None:
         return None
-    names, turns = list(first[0]), set(first[1])
+    names, turns = dict.fromkeys(first[0]), set(first[1])
     for path in files[1:]:
-        more = column_names(path, fmt)
-        if more is not None:
-            names += [n for n in more[0] if n not in names]
+        if (more := column_names(path, fmt)) is not None:
+            names.update(dict.fromkeys(more[0]))
             turns |= more[1]
-    return names, frozenset(turns)
+    return list(names), frozenset(turns)
 
 
 def scan_local(ref: SourceRef, fields: FieldSpec | None, mapping: dict[str, str] | None) -> Scan:

@@ -28,7 +28,7 @@ from expert_cli.atomic import write_json_atomic
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
 from expert_cli.train import distributed
-from expert_cli.train.outputs import ADAPTER_WEIGHTS, read_json_file, run_of
+from expert_cli.train.outputs import ADAPTER_WEIGHTS, COMPLETE, read_json_file, run_of
 from expert_cli.weights import (
     non_finite_line,
     non_finite_tensors,
@@ -38,7 +38,6 @@ from expert_cli.weights import (
     tensor_shapes,
 )
 
-COMPLETE = "_COMPLETE"
 # files the Trainer reads to resume that torch.save wrote (zip archives); which of them a
 # checkpoint holds depends on the run (FSDP shards the optimizer state into a folder)
 ZIPPED = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "scaler.pt", "adapter_model.bin")

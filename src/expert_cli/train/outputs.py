@@ -27,11 +27,11 @@ from expert_cli.paths import not_a_folder, path_is_dir, resolved_path, shown_pat
 from expert_cli.train.adapter_fit import Shapes, fit_problem, pairs_problem
 from expert_cli.weights import (
     file_head,
+    header_shapes,
     non_finite_line,
     non_finite_tensors,
     not_float_line,
     safetensors_problem,
-    tensor_shapes,
 )
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 SOURCE_MANIFEST = "manifest.source.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # what peft loads
 
+COMPLETE = "_COMPLETE"  # the marker a checkpoint folder gets once written whole
 RANDOM_BASE = "base_model"  # where a random-init base is saved, inside the run folder
 ASIDE_PREFIX = ".overwritten-"  # + pid: a run `train --overwrite` set aside until it trains
 PID = re.compile(r"[0-9]{1,10}")  # the pid ending a leftover's name (ASCII digits only)
@@ -184,14 +185,13 @@ def unfinished(adapter: Path) -> str:
 
 
 def _stopped_before_saving(adapter: Path) -> str | None:
-    """Where `adapter` is a run that stopped before any adapter or checkpoint was saved (its
-    metrics.json says how it ended), the line saying so: it read as a folder train never
-    wrote."""
+    """Where `adapter` is a run that stopped before any adapter or checkpoint was saved (by
+    its metrics.json), the line saying so: it read as a folder train never wrote."""
     summary = read_json_file(adapter / "metrics.json").get("summary")
     status = summary.get("status") if isinstance(summary, dict) else None
     if status not in ("failed", "interrupted", "diverged", "running"):  # else: not this case
         return None
-    if status == "running" and any((adapter / "checkpoints").glob("checkpoint-*/_COMPLETE")):
+    if status == "running" and any((adapter / "checkpoints").glob(f"checkpoint-*/{COMPLETE}")):
         return None  # killed after a checkpoint: the choice of adapter says so (ship_choice)
     ended = "ended without a word (killed?)" if status == "running" else f"ended {status}"
     return (
@@ -238,8 +238,9 @@ def adapter_base(adapter: Path, base_needed: bool = True) -> str:
             f"--adapter {adapter}: {ADAPTER_WEIGHTS[0]}: {non_finite_line(bad)}: the run that "
             "wrote it diverged; train again (docs/training.md, a loss that is not a number)"
         )
-    shapes = tensor_shapes(safetensors) if safetensors.is_file() else None
-    if shapes and (gap := pairs_problem(config, shapes) or not_float_line(file_head(safetensors))):
+    head = file_head(safetensors) if safetensors.is_file() else b""
+    shapes = header_shapes(head)
+    if shapes and (gap := pairs_problem(config, shapes) or not_float_line(head)):
         raise UserError(f"--adapter {adapter}: {ADAPTER_WEIGHTS[0]} {gap}; restore it from a copy")
     if problem := adapter_config_problem(config, shapes):
         raise UserError(f"{config_path}: {problem}; restore the file the run wrote")
