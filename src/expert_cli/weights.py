@@ -105,6 +105,7 @@ def _header(head: bytes) -> dict[str, Any] | None:
 
 
 FLOAT_TYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"})
+DTYPE_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,11}")  # safetensors' names: I64, U8, BOOL, F8_E4M3
 
 
 def file_head(path: Path) -> bytes:
@@ -122,8 +123,9 @@ def not_float_line(head: bytes) -> str | None:
     for name, entry in (_header(head) or {}).items():
         dtype = entry.get("dtype") if isinstance(entry, dict) else None
         if name != "__metadata__" and isinstance(dtype, str) and dtype not in FLOAT_TYPES:
+            kind = dtype if DTYPE_NAME.fullmatch(dtype) else "another"  # the file's own text
             return (
-                f"holds {shown_tensor(name)} of type {dtype[:8]}, not a floating-point type: "
+                f"holds {shown_tensor(name)} of type {kind}, not a floating-point type: "
                 "not an adapter's weights as training saves them"
             )
     return None

@@ -625,6 +625,15 @@ def test_an_adapter_file_lacking_half_of_a_pair_is_refused(v2_run: Path, tmp_pat
     assert out.returncode == 2 and "of type I64, not a floating-point type" in " ".join(
         out.stderr.split()
     ), out.stderr
+    # a dtype of the file's own words is not repeated (it may hold a terminal's escapes)
+    from expert_cli.weights import not_float_line
+
+    header = json.dumps({"w": {"dtype": "\x1b[2J", "shape": [1], "data_offsets": [0, 1]}})
+    head = len(header).to_bytes(8, "little") + header.encode()
+    assert not_float_line(head) == (
+        "holds w of type another, not a floating-point type: not an adapter's weights as "
+        "training saves them"
+    )
 
 
 @pytest.mark.slow
