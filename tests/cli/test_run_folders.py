@@ -679,6 +679,11 @@ def test_data_is_compared_by_content_not_by_name_or_time(tmp_path: Path) -> None
     added = {"data/a.jsonl": a, "data/big.jsonl": big, "data/c.jsonl": {"size": 1, "xxh3": "d"}}
     assert changed_data(tmp_path, record(added)) == ["data/c.jsonl"]
     assert changed_data(tmp_path, record({"data/a.jsonl": a})) == ["1 file(s) no longer there"]
+    # a folder's files renamed into another order are read (and shuffled) otherwise
+    swapped = {"data/a.jsonl": big, "data/big.jsonl": a}
+    assert changed_data(tmp_path, record(swapped)) == ["data: its files named into another order"]
+    renamed = {"data/a2.jsonl": a, "data/big.jsonl": big}
+    assert changed_data(tmp_path, record(renamed)) == []
 
 
 def test_a_run_set_aside_by_an_overwrite_still_preparing_is_named(tmp_path: Path) -> None:

@@ -81,15 +81,44 @@ def changed_building(recorded: dict[str, Any] | None, inputs: dict[str, Any]) ->
 
 def changed_data(output: Path, data: dict[str, Any]) -> list[str]:
     """What a resumed run's data files changed in since the run began (a local file edited,
-    added or removed: its name; another source: its place), from the inputs both recorded;
-    nothing for a run of a version that did not record them."""
+    added or removed: its name; a source's files renamed into another order: the source;
+    another hub source: its place), source by source, from the inputs both recorded;
+    nothing for a run of a version that did not record them. A file renamed, the same
+    content in the same place of its source's order, is no change."""
     before = _inputs(read_json_file(output / "manifest.resolved.json").get("runtime"))
     now = _inputs(data and {"data": data})
     if before is None or now is None or before == now:
         return []
-    old, new = _named_files(before), _named_files(now)
-    # by content: a file's name is relative to the manifest's folder (moving the manifest
-    # renames every file), and a large file's mtime changes with a plain copy
+    pairs = _source_pairs(before, now)
+    if pairs is None:  # another number of sources (a resume names that apart): all at once
+        return _changed_files(_named_files(before), _named_files(now))
+    named = []
+    for old, new in pairs:
+        old_files, new_files = _files_of(old), _files_of(new)
+        if changed := _changed_files(old_files, new_files):
+            named += changed
+        elif _in_order(old_files) != _in_order(new_files):  # read, and shuffled, otherwise
+            place = new.get("location") if isinstance(new, dict) else None
+            named.append(f"{place or 'a source'}: its files named into another order")
+    return named
+
+
+def _source_pairs(before: dict[str, Any], now: dict[str, Any]) -> list[tuple[Any, Any]] | None:
+    """Each source as the run began paired with the one now, role by role (train,
+    validation), or None where a role holds another number of sources."""
+    pairs: list[tuple[Any, Any]] = []
+    for role in sorted(set(before) | set(now)):
+        old, new = before.get(role), now.get(role)
+        if not isinstance(old, list) or not isinstance(new, list) or len(old) != len(new):
+            return None
+        pairs += zip(old, new, strict=True)
+    return pairs
+
+
+def _changed_files(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The names of `new`'s files whose content `old` has not, and a count of the old ones
+    left unpaired (by content: a file's name is relative to the manifest's folder, so moving
+    the manifest renames every file, and a large file's mtime changes with a plain copy)."""
     kept = [_content(v) for v in old.values()]
     named = []
     for name, value in sorted(new.items()):
@@ -100,6 +129,11 @@ def changed_data(output: Path, data: dict[str, Any]) -> list[str]:
     if (gone := len(kept) - len(named)) > 0:  # an edited file pairs a new one with an old
         named.append(f"{gone} file(s) no longer there")
     return named
+
+
+def _in_order(files: dict[str, Any]) -> list[Any]:
+    """The files' contents in the order a folder's files are read (sorted paths)."""
+    return [_content(files[name]) for name in sorted(files, key=lambda n: Path(n).parts)]
 
 
 def data_changed(output: Path, changed: list[str]) -> str:
@@ -132,15 +166,27 @@ def _inputs(runtime: Any) -> dict[str, Any] | None:
 
 
 def _named_files(sources: dict[str, Any]) -> dict[str, Any]:
-    """Each source's files by name (a hub source by its place), with what identifies them."""
+    """Every source's files by name (a hub source by its place), with what identifies them."""
     named: dict[str, Any] = {}
     for entries in sources.values():
         for entry in entries if isinstance(entries, list) else []:
-            if not isinstance(entry, dict):
-                continue
-            files = entry.get("files")
-            if isinstance(files, dict):
-                named.update({str(name): value for name, value in files.items()})
-            else:
-                named[str(entry.get("location"))] = entry
+            named.update(_files_of(entry))
     return named
+
+
+def _files_of(entry: Any) -> dict[str, Any]:
+    """A recorded source's files by name (a hub source: its place), with what identifies them."""
+    if not isinstance(entry, dict):
+        return {}
+    files = entry.get("files")
+    if isinstance(files, dict):
+        return {str(name): value for name, value in files.items()}
+    return {str(entry.get("location")): entry}
+
+
+def records_local_files(runtime: Any) -> bool:
+    """Whether a run recorded its local data files' contents (the run's data is then
+    compared by content, and a file's new name alone is no change)."""
+    sources = _inputs(runtime) or {}
+    entries = [e for v in sources.values() if isinstance(v, list) for e in v]
+    return any(isinstance(e, dict) and isinstance(e.get("files"), dict) for e in entries)

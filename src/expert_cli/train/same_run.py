@@ -11,6 +11,7 @@ from expert_cli.config.loading import parse_override
 from expert_cli.config.optimizer import ADAM_DEFAULTS
 from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.errors import UserError
+from expert_cli.train.data_record import records_local_files
 
 # resolved fields a resumed run must share with the run it continues
 SAME_RUN_FIELDS = (
@@ -74,13 +75,15 @@ def changed_fields(
     of a run whose length is a number of steps (`by_steps`) are not its length: not compared."""
     now = resolved.model_dump(mode="json")
     then = {**ABSENT_MEANS, **previous}
+    # a local data file's place where the run recorded its content: a rename alone is none
+    by_content = records_local_files(previous.get("runtime"))
     return [
         _change(key, then.get(key), now.get(key))
         for key in SAME_RUN_FIELDS
         if key in then
         and not (by_steps and key == "epochs")
-        and _compared(key, then.get(key), _folder(then))
-        != _compared(key, now.get(key), _folder(now))
+        and _compared(key, then.get(key), _folder(then), by_content)
+        != _compared(key, now.get(key), _folder(now), by_content)
     ]
 
 
@@ -90,13 +93,14 @@ def _folder(resolved: dict[str, Any]) -> Path | None:
     return Path(path).parent if isinstance(path, str) and Path(path).is_absolute() else None
 
 
-def _compared(key: str, value: Any, folder: Path | None) -> Any:
+def _compared(key: str, value: Any, folder: Path | None, by_content: bool) -> Any:
     """A resolved value as a resume compares it: a data source without the manifest field
     that names it (runs before it was recorded have none; where it is named is no change);
     an optimizer without its `_fused` (the same state, chosen for a GPU or a CPU); a local
     path in the manifest's `folder` relative to it (an expert folder moved, or mounted
-    elsewhere, with its data and base inside: the data's content is compared apart, by
-    data_record)."""
+    elsewhere, with its data and base inside). A local data source's place is left out
+    where the run recorded its files' contents (`by_content`): data_record compares them,
+    source by source, and a file renamed with the same content is the same data."""
     if key == "optim" and isinstance(value, str):
         return value.removesuffix("_fused")
     if key == "metric_for_best_model" and value in ("loss", None):  # the Trainer's eval_loss
@@ -109,6 +113,7 @@ def _compared(key: str, value: Any, folder: Path | None) -> Any:
                 k: _inside(v, folder) if k == "location" and s.get("kind") == "local" else v
                 for k, v in s.items()
                 if k != "field"
+                and not (by_content and k == "location" and s.get("kind") == "local")
             }
             if isinstance(s, dict)
             else s
