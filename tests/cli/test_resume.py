@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -126,6 +127,45 @@ def test_an_interrupt_keeps_its_checkpoint_under_a_limit_of_one(
     assert last["step"] == stopped and last["loss"] is not None, last
     kept = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert f"checkpoint-{stopped}" in kept, (stopped, kept)
+
+
+@pytest.mark.slow
+def test_an_interrupt_saves_its_step_when_checkpoints_keep_the_best_alone(
+    capsys, monkeypatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """save_strategy best: the stop's save was taken back by the Trainer where that step's
+    evaluation was not a new best (the message said a checkpoint was saved; --resume went
+    back to the best's step). A signal during a step's evaluation stopped a step later; it
+    stops at that step (its loss logged before the evaluation)."""
+    import transformers
+
+    config = {"save_strategy": "best", "evaluation_strategy": "steps", "eval_steps": 1}
+    config |= {"learning_rate": 1e-9, "max_steps": 8}  # no evaluation after the first is best
+    manifest = write_expert(tmp_path / "e", tiny_model_dir, rows=24, valid_rows=4, config=config)
+    with monkeypatch.context() as during_a_step:
+        signal_at_step(during_a_step, 3)
+        code, said, err = run_main(capsys, during_a_step, *_train(manifest, tmp_path / "a"))
+    assert code == 130, said + err
+    assert read_metrics(tmp_path / "a")["summary"]["steps"] == 3
+    assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == [
+        "checkpoint-1",  # the best
+        "checkpoint-3",  # was not there
+    ]
+    real, sent = transformers.Trainer.prediction_step, []
+
+    def during_evaluation(self, *args, **kwargs):
+        if self.state.global_step == 2 and not sent:  # step 2's evaluation's first batch
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.Trainer, "prediction_step", during_evaluation)
+    code, said, err = run_main(capsys, monkeypatch, *_train(manifest, tmp_path / "b"))
+    assert code == 130, said + err
+    assert read_metrics(tmp_path / "b")["summary"]["steps"] == 2  # was 3
+    assert read_metrics(tmp_path / "b")["windows"][-1]["step"] == 2
+    assert (tmp_path / "b" / "checkpoints" / "checkpoint-2").is_dir()
+    code, said, err = run_main(capsys, monkeypatch, *_train(manifest, tmp_path / "b"), "--resume")
+    assert code == 0 and "resuming from checkpoint-2 (step 2 of 8)" in said, said + err
 
 
 @pytest.mark.slow

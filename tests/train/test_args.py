@@ -24,7 +24,6 @@ from expert_cli.data.collate import COUNTS_KEY, CountingCollator
 from expert_cli.data.packing import LENGTH_COLUMN
 from expert_cli.errors import UserError
 from expert_cli.train.args import planned_steps, training_args_kwargs
-from expert_cli.train.callbacks import Interrupt, InterruptCallback
 from expert_cli.train.checkpoints import (
     COMPLETE,
     complete_checkpoints,
@@ -32,6 +31,7 @@ from expert_cli.train.checkpoints import (
     resume_problem,
 )
 from expert_cli.train.run_folder import disk_full, sweep_leftovers
+from expert_cli.train.stop_signal import Interrupt, InterruptCallback
 
 GPU = replace(h100_environment(), gpu_memory_gb=80.0, bitsandbytes="0.50")
 

@@ -83,7 +83,7 @@ def test_a_signal_ignored_from_the_start_stays_ignored(tmp_path: Path) -> None:
     """Under `nohup` SIGHUP is ignored from the start: the run is meant to outlive its
     terminal. Neither the training loop's handlers nor the held renames take it over."""
     from expert_cli.atomic import sigterm_raises
-    from expert_cli.train.callbacks import Interrupt
+    from expert_cli.train.stop_signal import Interrupt
 
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:

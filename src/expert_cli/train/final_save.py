@@ -16,7 +16,7 @@ from typing import Any
 
 from expert_cli.errors import Interrupted, RunError, Terminated
 from expert_cli.train import distributed
-from expert_cli.train.callbacks import Interrupt, InterruptCallback, ThroughputCallback
+from expert_cli.train.callbacks import ThroughputCallback
 from expert_cli.train.checkpoints import COMPLETE, resumable
 from expert_cli.train.choice import FINAL_STEP, final_adapter_step
 from expert_cli.train.divergence import DivergenceWatch, diverged_error
@@ -25,6 +25,7 @@ from expert_cli.train.outputs import move_final_files, write_resolved
 from expert_cli.train.report import write_run_plot
 from expert_cli.train.run_folder import disk_full
 from expert_cli.train.session import Run
+from expert_cli.train.stop_signal import Interrupt, InterruptCallback
 
 AT_ONCE = (
     "stopped at once (a second signal): the steps since the run's latest checkpoint are not "

@@ -42,8 +42,6 @@ from expert_cli.train.base_decoding import own_generation_config
 from expert_cli.train.batch import plan_run_batch
 from expert_cli.train.callbacks import (
     AdaLoraCallback,
-    Interrupt,
-    InterruptCallback,
     ResumedIntervals,
     ScheduleNote,
     earlier_records,
@@ -89,6 +87,7 @@ from expert_cli.train.run_folder import (
 )
 from expert_cli.train.session import Reporter, Run, Silent, TrainOptions, TrainResult
 from expert_cli.train.speed import compile_decision, compile_layers
+from expert_cli.train.stop_signal import Interrupt, InterruptCallback
 from expert_cli.train.task_evals import evaluated_alone
 from expert_cli.train.tracker_guard import guard_trackers, tensorboard
 from expert_cli.train.trainer import Telemetry, build_trainer
