@@ -171,6 +171,20 @@ def test_errors_name_the_field_and_leave_nothing(single: tuple[Path, Path]) -> N
     assert done.returncode == 2 and "Traceback" not in done.stderr
     done = run_here("evaluate", "--adapter", str(out), "--batch-rows", "0")
     assert done.returncode == 2
+    # a test split on the hub, not in the cache: said before the hub client's retries
+    _set_test(manifest, "someone/their-test-set")
+    done = run_here("evaluate", "--adapter", str(out))  # the tests' hub is switched off
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, said
+    assert "training.dataset.test_path: dataset someone/their-test-set (no file or folder" in said
+    assert "is not in the local cache and the hub is switched off (HF_HUB_OFFLINE)" in said
+    closed = {"HF_HUB_OFFLINE": None, "HF_DATASETS_OFFLINE": None, "TRANSFORMERS_OFFLINE": None}
+    closed["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the discard port: nothing listens
+    done = run_here("evaluate", "--adapter", str(out), env=closed)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 1, said  # a run-time condition, not bad input
+    assert "the hub cannot be reached at http://127.0.0.1:9" in said, said
+    assert "thrown while requesting" not in said and "Traceback" not in said
 
 
 def test_a_run_without_validation_says_so(tmp_path: Path, tiny_model_dir: Path) -> None:

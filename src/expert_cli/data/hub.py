@@ -78,6 +78,11 @@ def hub_refs(resolved: ResolvedConfig) -> list[HubRef]:
     return _refs(*model, resolved.train_sources + resolved.validation_sources)
 
 
+def source_refs(sources: list[SourceRef]) -> list[HubRef]:
+    """The hub datasets among `sources` (each once)."""
+    return _refs("", "local", None, sources)
+
+
 def _refs(model: str, kind: str, revision: str | None, sources: list[SourceRef]) -> list[HubRef]:
     refs = []
     if kind == "hub":  # a random init still needs its config and tokenizer

@@ -22,6 +22,7 @@ from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.config.sources import SourceRef, resolve_test_sources
 from expert_cli.data import TEST_CACHES, BuildProgress, load_recorded, prepare_data
 from expert_cli.data.cache import cache_root_problem
+from expert_cli.data.hub import require_hub, source_refs
 from expert_cli.data.overlap import example_keys, shared_with
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
@@ -138,14 +139,16 @@ def test_split(
 
 
 def _look_for(refs: list[SourceRef], resolved: ResolvedConfig) -> None:
-    """A UserError for a local test source that is not there, before any is built; and for a
-    cache root whose expert folder is gone (it would be made again to hold the caches)."""
+    """A UserError for a local test source that is not there, before any is built; for a hub
+    one neither cached nor downloadable (a RunError where the hub cannot be reached); and for
+    a cache root whose expert folder is gone (it would be made again to hold the caches)."""
     for ref in refs:
         if ref.kind == "local" and not Path(ref.location).exists():
             raise UserError(
                 f"{ref.field}: {shown_path(ref.location)} is not there; expected the test "
                 "data's file or folder (relative to the manifest's folder)"
             )
+    require_hub(source_refs(refs))  # in seconds, not after the hub client's retries
     root, folder = Path(resolved.pretokenized_cache), Path(resolved.manifest_path).parent
     if not root.is_dir() and not folder.is_dir():
         raise UserError(
