@@ -6,6 +6,7 @@ python scripts/gen_manifest_docs.py --check  # exit 1 if docs/manifest.md is sta
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -115,8 +116,11 @@ def generate() -> str:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/manifest.md is stale")
+    check = parser.parse_args().check  # --help prints this; an unknown argument is exit 2
     text = generate()
-    if "--check" in sys.argv:
+    if check:
         if not DOC.exists() or DOC.read_text() != text:
             print(f"{DOC} is out of date: run python scripts/gen_manifest_docs.py")
             return 1

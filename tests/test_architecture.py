@@ -47,6 +47,8 @@ def modules() -> dict[str, ast.Module]:
 
 
 def layer(module: str) -> str:
+    if module == "expert_cli.__main__":  # `python -m expert_cli`: an entry point, as cli's
+        return "cli"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else "base"
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,11 @@ COMMANDS = sorted(c.name or c.callback.__name__ for c in app.registered_commands
 def test_version() -> None:
     out = run_cli("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"expert-cli {__version__}"
+    # `python -m expert_cli` too (it was "No module named expert_cli.__main__")
+    out = subprocess.run(
+        [sys.executable, "-m", "expert_cli", "--version"], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and out.stdout.strip() == f"expert-cli {__version__}", out.stderr
 
 
 @pytest.mark.parametrize("command", COMMANDS)

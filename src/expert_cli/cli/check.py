@@ -52,7 +52,11 @@ def check(
     list_settings: Annotated[
         bool,
         typer.Option(
-            "--list-settings", help="List the training.config keys that --set accepts, and exit."
+            "--list-settings",
+            help=(
+                "List the training.config keys --set accepts (it takes any manifest field by "
+                "its dotted path too), and exit."
+            ),
         ),
     ] = False,
 ) -> None:

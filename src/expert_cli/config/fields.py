@@ -42,6 +42,7 @@ UNSET_MEANS = {
     "rank": f"the adapter's r, else {DEFAULT_RANK}",
     "alpha": "the adapter's, else 2 x rank",
     "dropout": f"the adapter's, else {DEFAULT_DROPOUT:g}",
+    "target_modules": "the adapter's, else all-linear",
     "epochs": "1",
     "learning_rate": f"{DEFAULT_LR:g}",
     "lr_scheduler": "cosine",

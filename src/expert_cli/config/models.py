@@ -50,7 +50,7 @@ class AdapterSpec(Strict):
 
     type: AdapterType = Field("lora", description="Adapter type.")
     target_modules: ModuleNames | Literal["all-linear"] | None = Field(
-        None, description='Module names to adapt, or "all-linear".'
+        None, description='Module names to adapt, or "all-linear" (the default).'
     )
     feedforward_modules: list[str] | None = Field(
         None, description="Feed-forward modules (IA3 only)."
