@@ -117,12 +117,13 @@ def test_command_startup_is_split_off_and_assessed_without_it(tmp_path: Path) ->
     fake = FakeNvml({0: util_sequence([0.0] * 4 + [99.0])})  # the last reading repeats
     metrics = tmp_path / "metrics.json"
     summary = {"data_wait_fraction": 0.002, "mfu": 0.08}
-    metrics.write_text(json.dumps({"windows": [], "summary": summary}))
+    written = json.dumps({"windows": [], "summary": summary})
+    run = f"import pathlib, time; pathlib.Path({str(metrics)!r}).write_text({written!r}); "
     opts = bm.BenchmarkOptions(
         duration=1.0,
         interval=0.1,
         metrics=metrics,
-        command=[sys.executable, "-c", "import time; time.sleep(30)"],
+        command=[sys.executable, "-c", run + "time.sleep(30)"],  # a run writing its metrics
         stop_at_end=True,  # the phases of the sampled window are the point here
     )
     report = bm.run_benchmark(opts, source_factory=lambda: fake)
@@ -133,6 +134,29 @@ def test_command_startup_is_split_off_and_assessed_without_it(tmp_path: Path) ->
     assert report["active_stats"]["gpus"]["0"]["gpu_util"]["min"] == 99.0
     assert report["assessment"]["bottleneck"] == "gpu_bound"
     assert report["assessment"]["evidence"][0].startswith("start-up: ")
+    assert report["run_metrics"]["summary"] == summary
+
+
+def test_a_metrics_file_no_run_wrote_while_sampling_is_not_read(tmp_path: Path) -> None:
+    """`benchmark -- expert-cli train ... --output RUN` where RUN holds a finished run: train
+    exits 2 at once, and the finished run's figures were reported, and assessed, as this
+    command's. A file no run writes during the window is not read."""
+    fake = FakeNvml({0: util_sequence([99.0])})
+    metrics = tmp_path / "run" / "metrics.json"
+    metrics.parent.mkdir()
+    metrics.write_text(json.dumps({"windows": [], "summary": {"data_wait_fraction": 0.4}}))
+    fails = tmp_path / "expert-cli"  # a train command that exits 2 at once, as train does
+    fails.write_text(f"#!{sys.executable}\nraise SystemExit(2)\n")
+    fails.chmod(0o755)
+    command = [str(fails), "train", "-m", "m.json", "--output", str(metrics.parent)]
+    opts = bm.BenchmarkOptions(duration=0.5, interval=0.1, command=command)
+    report = bm.run_benchmark(opts, source_factory=lambda: fake)
+    assert report["metrics_path"] == str(metrics)  # found from the command
+    assert report["exit_code"] == 2 and report["run_metrics"] is None
+    assert not any("0.400" in line for line in report["assessment"]["evidence"])
+    assert report["assessment"]["bottleneck"] != "input_bound"
+    metrics.write_text('{"windows": ' + "[" * 50000 + "]" * 50000 + "}")
+    assert run_metrics.read_run_metrics(metrics) is None  # nested past the parser: unread
 
 
 def test_plain_sampling_is_not_split() -> None:
@@ -211,6 +235,7 @@ def test_no_gpu_source_still_samples_host() -> None:
         ({"output": Path("/no/such/folder/r.json")}, "--output"),
         ({"plot": Path("/no/such/folder/u.png")}, "--plot"),
         ({"workload": "resnet"}, "--workload"),
+        ({"output": Path("r.png"), "plot": Path("./r.png")}, "--plot"),
     ],
 )
 def test_bad_options_name_the_option(kwargs: dict, flag: str) -> None:

@@ -104,6 +104,30 @@ def test_a_longer_command_runs_to_its_end_and_the_report_covers_the_window(
     assert "command exited with code 4 after" in " ".join(out.stdout.split())
 
 
+def test_a_reader_that_leaves_does_not_orphan_the_command(tmp_path: Path) -> None:
+    """`benchmark -- CMD | head -1`: the summary met the broken pipe, the benchmark exited 1
+    in silence after its window, and CMD ran on with no parent. It waits for CMD, writes
+    the report and ends with CMD's code, with one note on stderr."""
+    script = "import pathlib, time; time.sleep(3); pathlib.Path('finished').write_text('yes')"
+    args = ["benchmark", "--duration", "1", "--interval", "0.5", "--output", "r.json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expert_cli.cli", *args, "--", sys.executable, "-c", script],
+        cwd=tmp_path,
+        env={**cli_env(), "COLUMNS": "200"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0, stderr
+    assert (tmp_path / "finished").read_text() == "yes"  # waited for, not left behind
+    assert "note: standard output cannot be written (Broken pipe)" in stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert (report["exit_code"], report["command_ended_by"]) == (0, "command_exit")
+
+
 def test_stop_at_end_stops_the_command_with_the_window(tmp_path: Path) -> None:
     out = _benchmark(
         tmp_path,

@@ -88,6 +88,44 @@ def test_a_reader_that_leaves_stops_the_printing_not_the_run(
     assert read_metrics(out)["summary"]["steps"] == STEPS // 4  # 8 steps past the pipe's end
 
 
+def test_sigterm_and_a_full_stdout_where_a_command_has_nothing_of_its_own(
+    capsys, monkeypatch
+) -> None:
+    """check (find-datasets, report: the commands with no interrupt of their own) under
+    SIGTERM or SIGHUP ended in silence, no line and no JSON under --json; its --json into a
+    full stdout printed two tracebacks (the error's JSON went to the same stdout)."""
+    import errno
+
+    import typer
+
+    from expert_cli.data import checks
+
+    manifest = str(ROOT / "experts" / "demo" / "manifest.json")
+    real = checks.check_manifest
+
+    def stopped(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(checks, "check_manifest", stopped)
+        code, out, err = run_main(capsys, patch, "check", "-m", manifest, "--json")
+    assert code == 143, out + err
+    assert json.loads(out)["error"] == {
+        "kind": "interrupted",
+        "exit_code": 143,
+        "lines": ["stopped by SIGTERM"],
+    }
+    assert "interrupted:" in err and "stopped by SIGTERM" in err
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(typer, "echo", full)
+    code, out, err = run_main(capsys, monkeypatch, "check", "-m", manifest, "--json")
+    assert code == 1 and "no space left on the device" in " ".join(err.split()), err
+
+
 def test_a_closed_stderr_ascii_output_and_a_pipe(tmp_path: Path) -> None:
     """check with stderr closed (its progress bar's write, EBADF) exited 1 with no output;
     with output that takes ASCII alone, a path holding é was a UnicodeEncodeError traceback;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,13 +80,29 @@ def train_metrics_path(command: list[str]) -> Path | None:
     return None if manifest is None else Path(manifest).parent / "output" / "metrics.json"
 
 
-def read_run_metrics(path: Path) -> dict[str, Any] | None:
-    """A training run's metrics.json, read tolerantly: None while missing or half-written."""
+def file_mark(path: Path) -> tuple[int, int, int] | None:
+    """What tells a file's writes apart (inode, size, mtime), or None where there is none."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def read_run_metrics(
+    path: Path, before: tuple[int, int, int] | None = None
+) -> dict[str, Any] | None:
+    """A training run's metrics.json, read tolerantly: None while missing or half-written, and
+    where it is still the file it was `before` the sampling began (`file_mark`): no run wrote
+    it meanwhile (a finished run's, a command that failed at once), so its figures are not
+    this window's."""
+    if before is not None and file_mark(path) == before:
+        return None
     try:
         if not path.is_file() or path.stat().st_size > MAX_METRICS_BYTES:
             return None  # said once by metrics_file_problem
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # nested past the parser's depth
         return None
     if not isinstance(data, dict):
         return None
@@ -97,6 +114,22 @@ def read_run_metrics(path: Path) -> dict[str, Any] | None:
         "windows": windows,
         "last_window": windows[-1] if windows else None,
     }
+
+
+@dataclass(frozen=True)
+class RunMetricsFile:
+    """A run's metrics.json as the benchmark reads it, with its state as sampling began."""
+
+    path: Path
+    before: tuple[int, int, int] | None
+
+    @classmethod
+    def as_now(cls, path: Path) -> RunMetricsFile:
+        return cls(path, file_mark(path))
+
+    def read(self) -> dict[str, Any] | None:
+        """`read_run_metrics`: None where no run wrote the file since sampling began."""
+        return read_run_metrics(self.path, self.before)
 
 
 def _steady_first(summary: dict[str, Any]) -> list[dict[str, Any]]:

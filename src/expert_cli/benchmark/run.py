@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import platform
 import re
 import socket
@@ -26,10 +27,10 @@ from expert_cli.atomic import sigterm_raises, write_json_atomic
 from expert_cli.benchmark.assessment import RunFacts, assess
 from expert_cli.benchmark.command import Command
 from expert_cli.benchmark.metrics import (
+    RunMetricsFile,
     allocator_flushes,
     data_wait_fraction,
     metrics_file_problem,
-    read_run_metrics,
     run_mfu,
     train_metrics_path,
 )
@@ -55,7 +56,7 @@ MAX_INTERVAL_S = 3600.0
 StepBuilder = Callable[[WorkloadSpec], tuple[Callable[[], Any], dict[str, Any]]]
 
 
-def _no_view(runner: WorkloadRunner | None, metrics: Path | None) -> Any:
+def _no_view(runner: WorkloadRunner | None, metrics: RunMetricsFile | None) -> Any:
     return contextlib.nullcontext(lambda sample: None)
 
 
@@ -65,7 +66,9 @@ class Hooks:
     manager giving the per-sample callback), and the workload's step builder."""
 
     note: Callable[[str], None] = lambda text: None
-    view: Callable[[WorkloadRunner | None, Path | None], AbstractContextManager[Any]] = _no_view
+    view: Callable[[WorkloadRunner | None, RunMetricsFile | None], AbstractContextManager[Any]] = (
+        _no_view
+    )
     build_step: StepBuilder | None = None
 
 
@@ -104,6 +107,8 @@ def validate_options(opts: BenchmarkOptions) -> None:
         problem = run_file_problem(path, flag) or output_file_problem(path, flag, opts.force)
         if problem := problem or place_problem(path, flag):  # a read-only disk: said before
             problems.append(problem)  # sampling, not in a traceback after it
+    if opts.output and opts.plot and os.path.realpath(opts.output) == os.path.realpath(opts.plot):
+        problems.append("--plot: the same file as --output (the picture would replace the report)")
     if opts.plot is not None and (problem := picture_problem(opts.plot, "--plot")):
         problems.append(problem)
     if opts.plot is not None and importlib.util.find_spec("matplotlib") is None:
@@ -289,7 +294,7 @@ def _run_sampling(
     opts: BenchmarkOptions,
     source: NvmlSource | None,
     indices: list[int],
-    metrics_path: Path | None,
+    metrics: RunMetricsFile | None,
     hooks: Hooks,
 ) -> Sampling:
     """Start the workload or command (if any), sample with the live view, stop them."""
@@ -302,7 +307,7 @@ def _run_sampling(
         runner.start()
         runner.wait_ready()
     command = Command(opts.command) if opts.command else None
-    with hooks.view(runner, metrics_path) as on_sample:
+    with hooks.view(runner, metrics) as on_sample:
         sampling = sample_loop(opts, source, indices, command, on_sample)
     if runner is not None:
         sampling.workload = runner.stop()
@@ -324,13 +329,14 @@ def run_benchmark(
         if reason is not None:
             hooks.note(f"no NVIDIA GPU found ({reason}); sampling CPU and RAM only")
         machine = machine_info(source, indices)
-        metrics_path = opts.metrics or train_metrics_path(opts.command)
+        metrics = _metrics_file(opts)
         with sigterm_raises():  # stops the command and writes the report, as Ctrl-C does
-            sampling = _run_sampling(opts, source, indices, metrics_path, hooks)
+            sampling = _run_sampling(opts, source, indices, metrics, hooks)
     finally:
         if source is not None:
             source.close()
-    run_metrics = read_run_metrics(metrics_path) if metrics_path is not None else None
+    run_metrics = metrics.read() if metrics is not None else None
+    metrics_path = metrics.path if metrics is not None else None
     ctx = Context(
         phased=bool(opts.command or opts.workload),
         run_metrics=run_metrics,
@@ -382,6 +388,16 @@ def run_benchmark(
         if opts.output is not None:
             write_json_atomic(opts.output, report)
     return report
+
+
+def _metrics_file(opts: BenchmarkOptions) -> RunMetricsFile | None:
+    """The metrics.json to read: --metrics, read as it is; else that of the `expert-cli train`
+    command sampled, read only where the command writes it (one that failed at once left a
+    finished run's there, whose figures are not this window's)."""
+    if opts.metrics is not None:
+        return RunMetricsFile(opts.metrics, None)
+    path = train_metrics_path(opts.command)
+    return RunMetricsFile.as_now(path) if path is not None else None
 
 
 def _write(report: dict[str, Any], opts: BenchmarkOptions) -> None:

@@ -21,10 +21,11 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from expert_cli import __version__
+from expert_cli.atomic import sigterm_raises
 from expert_cli.cli import benchmark, check, data, evaluate, export, ship, train
 from expert_cli.cli.help import Command, Group, examples
 from expert_cli.cli.options import JSON_ASKED
-from expert_cli.cli.render import one_line, print_error
+from expert_cli.cli.render import one_line, print_error, silence
 from expert_cli.deadline import TEMPLATE_LOOPS, TimedOut
 from expert_cli.errors import Interrupted, RunError, Terminated, UserError
 from expert_cli.paths import shown_path
@@ -245,7 +246,8 @@ def main() -> None:
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="backslashreplace")
     try:
-        app(standalone_mode=True, prog_name="expert-cli")
+        with sigterm_raises():  # a command with nothing of its own to say of SIGTERM or
+            app(standalone_mode=True, prog_name="expert-cli")  # SIGHUP says it as Ctrl-C's
     except SystemExit as exc:  # click refused the command line (its own box on stderr)
         refused = exc.__context__
         if exc.code == 130 and isinstance(refused and refused.__context__, KeyboardInterrupt):
@@ -267,8 +269,9 @@ def main() -> None:
         _fail("failed", exc, 1)
     except Interrupted as exc:  # a command that says what the interrupt left
         _fail("interrupted", exc, exc.code)
-    except Terminated as exc:
-        sys.exit(exc.code)
+    except Terminated as exc:  # (it ended in silence: no line, no JSON under --json)
+        name = signal.Signals(exc.code - 128).name if exc.code > 128 else "a signal"
+        _fail("interrupted", RunError(f"stopped by {name}"), exc.code)
     except TimedOut:  # only a chat template's render is bounded
         _fail("error", UserError(TEMPLATE_LOOPS), 2)
     except KeyboardInterrupt:
@@ -327,7 +330,10 @@ def _fail(kind: str, exc: BaseException, code: int) -> NoReturn:
     if JSON_ASKED["on"]:
         lines = exc.lines if isinstance(exc, UserError) else str(exc).splitlines()
         said = {"kind": kind, "exit_code": code, "lines": [one_line(line) for line in lines]}
-        typer.echo(json.dumps({"error": said}, indent=2, ensure_ascii=False))
+        try:
+            typer.echo(json.dumps({"error": said}, indent=2, ensure_ascii=False))
+        except OSError:  # stdout full or gone (what failed, most likely): said on stderr
+            silence("stdout")
     sys.exit(code)
 
 

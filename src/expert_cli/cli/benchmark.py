@@ -65,7 +65,7 @@ def benchmark(
     """
     from expert_cli.benchmark.run import BenchmarkOptions, Hooks, run_benchmark
     from expert_cli.cli.benchmark_view import LiveView, render_summary
-    from expert_cli.cli.render import console
+    from expert_cli.cli.render import console, keep_going_without_output
     from expert_cli.errors import escaped
 
     opts = BenchmarkOptions(
@@ -80,10 +80,11 @@ def benchmark(
         stop_at_end=stop_at_end,
         force=force,
     )
+    keep_going_without_output()  # `| head -1`: the command runs on, the report is written
     out = console()
     hooks = Hooks(
         note=lambda text: out.print(text, markup=False),
-        view=lambda runner, metrics_path: LiveView(out, duration, runner, metrics_path),
+        view=lambda runner, metrics: LiveView(out, duration, runner, metrics),
         build_step=_fast_step if workload else None,
     )
     report = run_benchmark(opts, hooks)

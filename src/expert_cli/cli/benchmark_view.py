@@ -4,13 +4,12 @@ assessment."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from rich.live import Live
 from rich.table import Table
 
-from expert_cli.benchmark.metrics import fraction, read_run_metrics
+from expert_cli.benchmark.metrics import fraction
 from expert_cli.cli.render import labelled
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95")
@@ -41,9 +40,9 @@ def _num(value: Any, digits: int = 0) -> str:
 class LiveView:
     """A rich Live table refreshed on every sample (only when the console is a terminal)."""
 
-    def __init__(self, console: Any, duration: float, runner: Any, metrics_path: Path | None):
+    def __init__(self, console: Any, duration: float, runner: Any, metrics: Any):
         self.console, self.duration = console, duration
-        self.runner, self.metrics_path = runner, metrics_path
+        self.runner, self.metrics = runner, metrics  # a RunMetricsFile, or None
         self._live: Any = None
 
     def __enter__(self) -> Callable[[dict[str, Any]], None]:
@@ -85,7 +84,7 @@ class LiveView:
             caption += f", command CPU {h['process_cpu_percent']:.0f}%"
         if self.runner is not None:
             caption += f"\nworkload tokens/s {_num(self.runner.tokens_per_s())}"
-        run = read_run_metrics(self.metrics_path) if self.metrics_path else None
+        run = self.metrics.read() if self.metrics is not None else None
         if run and run["last_window"]:
             w = run["last_window"]
             caption += (
@@ -133,7 +132,10 @@ def _extras_lines(report: dict[str, Any]) -> list[str]:
                 f"{_num(wait, 2)}, MFU {'-' if mfu is None else f'{mfu:.1%}'}"
             )
         else:
-            lines.append(f"run metrics: {report['metrics_path']} not (yet) readable")
+            lines.append(
+                f"run metrics: {report['metrics_path']} not readable, or not written by a run "
+                "while sampling (an earlier run's figures are not this window's)"
+            )
     if report.get("command"):
         lines.append(_command_line(report))
     return lines

@@ -90,13 +90,7 @@ def give_up(stream: str, exc: OSError) -> None:
     """Stop printing to `stream` ("stdout" or "stderr"), which cannot be written (`exc`): later
     writes go to /dev/null, and a note on the other stream says so once."""
     OUTPUT.lost[stream] = exc.strerror or type(exc).__name__
-    file = sys.stderr if stream == "stderr" else sys.stdout
-    with suppress(OSError, ValueError):  # later writes (logging, the flush at exit) go
-        devnull = os.open(os.devnull, os.O_WRONLY)  # nowhere instead of failing
-        try:
-            os.dup2(devnull, file.fileno())
-        finally:
-            os.close(devnull)
+    silence(stream)
     other = "stdout" if stream == "stderr" else "stderr"
     if other not in OUTPUT.lost:
         console(stderr=other == "stderr").print(
@@ -104,6 +98,18 @@ def give_up(stream: str, exc: OSError) -> None:
             f"({OUTPUT.lost[stream]}); the command goes on without printing to it",
             markup=False,
         )
+
+
+def silence(stream: str) -> None:
+    """Send `stream`'s later writes (logging, the flush at exit) to /dev/null instead of
+    failing: a stream full or gone."""
+    file = sys.stderr if stream == "stderr" else sys.stdout
+    with suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, file.fileno())
+        finally:
+            os.close(devnull)
 
 
 STREAM_NAMES = {"stdout": "standard output", "stderr": "standard error"}
