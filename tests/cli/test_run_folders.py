@@ -684,6 +684,19 @@ def test_data_is_compared_by_content_not_by_name_or_time(tmp_path: Path) -> None
     assert changed_data(tmp_path, record(swapped)) == ["data: its files named into another order"]
     renamed = {"data/a2.jsonl": a, "data/big.jsonl": big}
     assert changed_data(tmp_path, record(renamed)) == []
+    # a hub source read from its cached snapshot: that snapshot's files since 2026-12-08; a
+    # run that began without them recorded is compared as it recorded its source
+    hub = {"kind": "hub", "location": "org/mini", "revision": "unpinned"}
+    began = {"stats": {"inputs": {"sources": {"train": [hub]}}}}
+    (tmp_path / "manifest.resolved.json").write_text(json.dumps({"runtime": {"data": began}}))
+    files = {"data/train.jsonl": {"blob": "f00d", "size": 9}}
+    now = {"train": [{**hub, "snapshot": "def", "files": files}]}
+    assert changed_data(tmp_path, {"stats": {"inputs": {"sources": now}}}) == []
+    began["stats"]["inputs"]["sources"] = now
+    (tmp_path / "manifest.resolved.json").write_text(json.dumps({"runtime": {"data": began}}))
+    other = {"data/train.jsonl": {"blob": "beef", "size": 9}}
+    later = {"train": [{**hub, "snapshot": "e1", "files": other}]}
+    assert changed_data(tmp_path, {"stats": {"inputs": {"sources": later}}}) == ["data/train.jsonl"]
 
 
 def test_a_run_set_aside_by_an_overwrite_still_preparing_is_named(tmp_path: Path) -> None:

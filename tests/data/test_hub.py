@@ -274,6 +274,21 @@ def test_a_dataset_in_the_hub_cache_trains_without_the_hub(
     (found,) = (tmp_path / "expert" / ".cache").rglob("stats.json")
     stats = json.loads(found.read_text())
     assert stats["train"]["examples"] + stats["eval"]["examples"] == 30, stats
+    # `hf download` again: a new snapshot, its file a link to its blob, and refs/main on it;
+    # unpinned, the token cache of the old one was taken as current
+    (repo / "blobs").mkdir()
+    (repo / "blobs" / "f00d").write_text("".join(json.dumps(r) + "\n" for r in rows[:20]))
+    (repo / "snapshots" / "def" / "data").mkdir(parents=True)
+    (repo / "snapshots" / "def" / "data" / "train.jsonl").symlink_to(repo / "blobs" / "f00d")
+    (repo / "refs" / "main").write_text("def")
+    done = run_here("pretokenize", "-m", str(path), env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rebuilt (changed: sources.train[0].files.data/train.jsonl" in done.stdout
+    latest = max(
+        (tmp_path / "expert" / ".cache").rglob("stats.json"), key=lambda p: p.stat().st_mtime
+    )
+    stats = json.loads(latest.read_text())
+    assert stats["train"]["examples"] + stats["eval"]["examples"] == 20, stats
 
 
 def test_a_hub_dataset_read_offline_is_judged_as_its_snapshot_reads(

@@ -132,6 +132,16 @@ class RunMetricsFile:
         return read_run_metrics(self.path, self.before)
 
 
+def run_metrics_file(given: Path | None, command: list[str]) -> RunMetricsFile | None:
+    """The metrics.json to read: `--metrics`, read as it is; else that of the `expert-cli
+    train` command sampled, read only where the command writes it (one that failed at once
+    left a finished run's there, whose figures are not this window's)."""
+    if given is not None:
+        return RunMetricsFile(given, None)
+    path = train_metrics_path(command)
+    return RunMetricsFile.as_now(path) if path is not None else None
+
+
 def _steady_first(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The summary's figures after its first window (start-up aside), then its whole-run ones."""
     steady = summary.get("steady")

@@ -31,8 +31,8 @@ from expert_cli.benchmark.metrics import (
     allocator_flushes,
     data_wait_fraction,
     metrics_file_problem,
+    run_metrics_file,
     run_mfu,
-    train_metrics_path,
 )
 from expert_cli.benchmark.plot import write_plot
 from expert_cli.benchmark.stats import compute_stats, split_phases
@@ -329,7 +329,7 @@ def run_benchmark(
         if reason is not None:
             hooks.note(f"no NVIDIA GPU found ({reason}); sampling CPU and RAM only")
         machine = machine_info(source, indices)
-        metrics = _metrics_file(opts)
+        metrics = run_metrics_file(opts.metrics, opts.command)
         with sigterm_raises():  # stops the command and writes the report, as Ctrl-C does
             sampling = _run_sampling(opts, source, indices, metrics, hooks)
     finally:
@@ -388,16 +388,6 @@ def run_benchmark(
         if opts.output is not None:
             write_json_atomic(opts.output, report)
     return report
-
-
-def _metrics_file(opts: BenchmarkOptions) -> RunMetricsFile | None:
-    """The metrics.json to read: --metrics, read as it is; else that of the `expert-cli train`
-    command sampled, read only where the command writes it (one that failed at once left a
-    finished run's there, whose figures are not this window's)."""
-    if opts.metrics is not None:
-        return RunMetricsFile(opts.metrics, None)
-    path = train_metrics_path(opts.command)
-    return RunMetricsFile.as_now(path) if path is not None else None
 
 
 def _write(report: dict[str, Any], opts: BenchmarkOptions) -> None:

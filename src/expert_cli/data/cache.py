@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import datasets
-import xxhash
 
-from expert_cli.config.resolve import ResolvedConfig, SourceRef
+from expert_cli.config.resolve import ResolvedConfig
 from expert_cli.data.rows import source_files
+from expert_cli.data.source_marks import file_hash, source_inputs
 from expert_cli.data.sources import load_saved
 from expert_cli.errors import RunError, UserError
 from expert_cli.paths import shown_path
@@ -69,8 +69,6 @@ CACHE_FORMAT_VERSION = 15  # 2: the first token of every example is masked; 3: a
 # TRL's conversational prompt/completion read (each source detected from its own columns)
 # 15: calls are the assistant's tool_calls, not its text (ShareGPT's function_call turns,
 # OpenAI's earlier function_call, xlam's answers); a conversation's JSON text is read
-FULL_HASH_LIMIT = 256 * 2**20
-EDGE_BYTES = 2**20
 COMPLETE = "_COMPLETE"
 STATS = "stats.json"
 DEFAULT_SHARD_EXAMPLES = 50_000
@@ -129,41 +127,6 @@ class CachePlan:
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "expert"
-
-
-def file_hash(path: Path) -> dict[str, Any]:
-    """Size and content hash of a file (whole file when small; edges and mtime when large)."""
-
-    stat = path.stat()
-    digest = xxhash.xxh3_128()
-    with path.open("rb") as fh:
-        if stat.st_size <= FULL_HASH_LIMIT:
-            for block in iter(lambda: fh.read(8 * 2**20), b""):
-                digest.update(block)
-            return {"size": stat.st_size, "xxh3": digest.hexdigest()}
-        digest.update(fh.read(EDGE_BYTES))
-        fh.seek(-EDGE_BYTES, os.SEEK_END)
-        digest.update(fh.read(EDGE_BYTES))
-    return {"size": stat.st_size, "xxh3_edges": digest.hexdigest(), "mtime_ns": stat.st_mtime_ns}
-
-
-def _source_inputs(ref: SourceRef, folder: Path) -> dict[str, Any]:
-
-    entry = ref.model_dump(exclude_none=True, exclude={"field"})  # where it is named: no input
-    if ref.kind == "local":
-        files = {}
-        for f in source_files(ref):
-            name = str(f.relative_to(folder)) if f.is_relative_to(folder) else str(f)
-            files[name] = file_hash(f)
-        entry["location"] = (
-            str(Path(ref.location).relative_to(folder))
-            if Path(ref.location).is_relative_to(folder)
-            else ref.location
-        )
-        entry["files"] = files
-    elif not ref.revision:
-        entry["revision"] = "unpinned (set training.dataset.revision to detect hub updates)"
-    return entry
 
 
 def tokenizer_inputs(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
@@ -231,8 +194,8 @@ def fingerprint_inputs(
         "format_version": CACHE_FORMAT_VERSION,
         "expert": resolved.expert,
         "sources": {
-            "train": [_source_inputs(r, folder) for r in resolved.train_sources],
-            "validation": [_source_inputs(r, folder) for r in resolved.validation_sources],
+            "train": [source_inputs(r, folder) for r in resolved.train_sources],
+            "validation": [source_inputs(r, folder) for r in resolved.validation_sources],
         },
         "tokenizer": tokenizer_inputs(tokenizer),
         "formatting": {

@@ -93,7 +93,8 @@ def changed_data(output: Path, data: dict[str, Any]) -> list[str]:
     if pairs is None:  # another number of sources (a resume names that apart): all at once
         return _changed_files(_named_files(before), _named_files(now))
     named = []
-    for old, new in pairs:
+    for old, recorded_now in pairs:
+        new = _as_recorded(old, recorded_now)
         old_files, new_files = _files_of(old), _files_of(new)
         if changed := _changed_files(old_files, new_files):
             named += changed
@@ -101,6 +102,15 @@ def changed_data(output: Path, data: dict[str, Any]) -> list[str]:
             place = new.get("location") if isinstance(new, dict) else None
             named.append(f"{place or 'a source'}: its files named into another order")
     return named
+
+
+def _as_recorded(old: Any, new: Any) -> Any:
+    """`new` as the run recorded its sources: a hub source without the files of its cached
+    snapshot where the run began before they were recorded (2026-12-08)."""
+    hub = isinstance(old, dict) and old.get("kind") == "hub" and "files" not in old
+    if hub and isinstance(new, dict):
+        return {k: v for k, v in new.items() if k not in ("files", "snapshot")}
+    return new
 
 
 def _source_pairs(before: dict[str, Any], now: dict[str, Any]) -> list[tuple[Any, Any]] | None:
