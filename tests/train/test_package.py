@@ -156,6 +156,10 @@ def test_v1_package_keeps_its_layout(v2_run: Path, tmp_path: Path) -> None:
     assert verify_package(target).ok
 
 
+def _with_name(manifest: bytes, name: str) -> bytes:
+    return json.dumps({**json.loads(manifest), "name": name}).encode()
+
+
 def _repack(source: Path, dest: Path, change) -> Path:
     """A copy of a package with its members changed by `change(dict) -> dict`."""
     return write_tar_gz(dest, change(_unpack(source)))
@@ -207,6 +211,11 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
         "no manifest": (
             lambda f: {k: v for k, v in f.items() if k != "manifest.json"},
             "manifest.json: missing",
+        ),
+        # a name a loader may make a folder of (it was called sound)
+        "name of a path": (
+            lambda f: {**f, "manifest.json": _with_name(f["manifest.json"], "a/../x")},
+            "manifest.json: name: expected 1 to 128 ASCII letters",
         ),
     }
     for name, (change, expected) in cases.items():

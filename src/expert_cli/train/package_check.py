@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from expert_cli.config.base import MAX_VALUE_ERRORS
+from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE, MAX_VALUE_ERRORS
 from expert_cli.config.error_lines import loc_text
 from expert_cli.config.loading import MAX_MANIFEST_BYTES, parse_json_text
 from expert_cli.jsontext import NotJson, json_int, no_constant, serde_int
@@ -333,6 +333,12 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
         ]
     else:  # the fields compared below hold what the loader reads
         report.manifest = report.read
+        for key in ("name", "version"):  # "a/../x": the loader may make a folder of it
+            if not FILE_NAME_PART.fullmatch(report.manifest[key]):
+                report.problems.append(
+                    f"manifest.json: {key}: expected {FILE_NAME_PART_RULE}; `package` "
+                    "writes no other"
+                )
         problems, notes = named_file_problems(report.manifest, report.files)
         report.problems, report.notes = report.problems + problems, report.notes + notes
     for name in ADAPTER_FILES:
