@@ -384,6 +384,18 @@ def test_a_failed_build_leaves_only_the_folders_lock(demo_expert_dir) -> None:
     ]
 
 
+def test_a_damaged_pointer_is_written_again_where_the_cache_is_current(demo_expert_dir) -> None:
+    """The log said "a new pointer is written" at every run, and none was while the cache
+    was current: the next change of data was explained as "no earlier cache"."""
+    manifest = demo_expert_dir / "manifest.json"
+    first = prepare(manifest)
+    pointer = demo_expert_dir / ".cache" / "pretokenized" / "expert-demo.latest.json"
+    pointer.write_text("junk")
+    again = prepare(manifest)
+    assert again.status == "current"
+    assert json.loads(pointer.read_text())["path"] == str(first.cache_dir)
+
+
 def test_where_a_token_cache_cannot_be_built(tmp_path, monkeypatch) -> None:
     """What `check` can tell without writing: not a folder, under a file, a link to nothing,
     not writable (unless it holds a finished cache of the expert, which can still be read)."""

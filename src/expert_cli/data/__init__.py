@@ -8,6 +8,7 @@ under a file lock, the others wait and load. The eval split is packed like the t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import re
@@ -325,10 +326,10 @@ def _load(
     if (
         not built
         and status == "current"
-        and plan.previous is not None
-        and plan.previous.get("fingerprint") != plan.fingerprint
-    ):
-        _point_latest(plan)  # switched back to an older, still finished cache
+        and (plan.previous or {}).get("fingerprint") != (plan.fingerprint)
+    ):  # switched back to an older, still finished cache, or a pointer not readable
+        with contextlib.suppress(OSError):  # it only explains a later rebuild
+            _point_latest(plan)
     if built and stats.get("resumed_shards"):
         status = "resumed"
         reason = (
