@@ -107,3 +107,19 @@ def test_set_values_reach_the_resolved_configuration(cli) -> None:
 def test_check_without_a_manifest_says_what_it_needs(cli) -> None:
     out = cli("check")
     assert out.returncode == 2 and "--manifest: required" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("check", "-m", ""), "--manifest: is empty; expected the path of an expert's manifest"),
+        (("pretokenize", "-m", " "), "--manifest: is empty; expected the path of an expert's"),
+        (("generate", "--adapter", "", "-p", "hi"), "--adapter: is empty; expected a trained"),
+    ],
+)
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(args, said: str) -> None:
+    """`-m ''` was read as the current folder ("/home/you: is a folder")."""
+    from train_helpers import run_here
+
+    done = run_here(*args)
+    assert done.returncode == 2 and said in " ".join(done.stderr.split()), done.stderr

@@ -81,12 +81,14 @@ def test_report_of_a_folder_without_metrics_is_exit_2(tmp_path: Path) -> None:
     (tmp_path / "loop").symlink_to("loop")
     (tmp_path / "file").write_text("x")
     # a RUN_DIR that is missing, a file or a link loop was blamed on --output, or a traceback
-    for run_dir in (tmp_path, tmp_path / "missing", tmp_path / "file", tmp_path / "loop"):
+    for run_dir in (tmp_path, tmp_path / "file", tmp_path / "loop"):
         out = run_here("report", str(run_dir))
         assert out.returncode == 2, out.stderr
         assert f"{run_dir}: no readable metrics.json (expected a train output folder)" in (
             " ".join(out.stderr.split())
         )
+    out = run_here("report", str(tmp_path / "missing"))  # was "no readable metrics.json"
+    assert out.returncode == 2 and f"{tmp_path / 'missing'}: not there" in out.stderr
     checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint-4"  # as other commands say it
     checkpoint.mkdir(parents=True)
     (tmp_path / "run" / "manifest.resolved.json").write_text("{}")

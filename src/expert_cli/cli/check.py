@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from expert_cli.cli.options import JsonOpt
+from expert_cli.cli.options import MANIFEST_PATH, JsonOpt
 from expert_cli.errors import UserError
 from expert_cli.paths import shown_path
 
@@ -22,7 +22,9 @@ WIDE_SETTINGS = 140  # columns the settings' table needs to show each key whole
 def check(
     manifest: Annotated[
         Path | None,
-        typer.Option("--manifest", "-m", help="Path to the expert's manifest.json."),
+        typer.Option(
+            "--manifest", "-m", help="Path to the expert's manifest.json.", parser=MANIFEST_PATH
+        ),
     ] = None,
     as_json: JsonOpt = False,
     quick: Annotated[

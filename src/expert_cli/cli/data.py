@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from expert_cli.cli.options import JsonOpt, folder_named
+from expert_cli.cli.options import MANIFEST_PATH, JsonOpt, folder_named
 
 if TYPE_CHECKING:
     from expert_cli.data import PreparedData
@@ -21,7 +21,9 @@ WIDE_DATASETS = 160  # columns the cached datasets' table needs to show a path o
 def pretokenize(
     manifest: Annotated[
         list[Path] | None,
-        typer.Option("--manifest", "-m", help="A manifest.json; repeat for several."),
+        typer.Option(
+            "--manifest", "-m", help="A manifest.json; repeat for several.", parser=MANIFEST_PATH
+        ),
     ] = None,
     all_dir: Annotated[
         Path | None,

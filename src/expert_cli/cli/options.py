@@ -11,14 +11,36 @@ import typer
 
 from expert_cli.errors import UserError, escaped
 
+
+def path_named(option: str, what: str) -> Callable[[str], Path]:
+    """A parser for an option that names something to read: an empty value refused (pathlib
+    reads it as the current folder, which was then refused as no manifest, or read)."""
+
+    def parse(value: str) -> Path:
+        if not value.strip():
+            raise UserError(f"{option}: is empty; expected {what}")
+        return Path(value)
+
+    return parse
+
+
+MANIFEST_PATH = path_named("--manifest", "the path of an expert's manifest.json")
+
 ManifestOpt = Annotated[
     Path,
-    typer.Option("--manifest", "-m", help="Path to the expert's manifest.json."),
+    typer.Option(
+        "--manifest", "-m", help="Path to the expert's manifest.json.", parser=MANIFEST_PATH
+    ),
 ]
 
 AdapterOpt = Annotated[
     Path,
-    typer.Option("--adapter", metavar="RUN_DIR", help="A trained run folder (train's output)."),
+    typer.Option(
+        "--adapter",
+        metavar="RUN_DIR",
+        help="A trained run folder (train's output).",
+        parser=path_named("--adapter", "a trained run's folder"),
+    ),
 ]
 
 # whether this command line asked for --json: an error then prints a JSON object on stdout too
@@ -60,12 +82,6 @@ def file_named(option: str) -> Callable[[str], Path]:
 
 
 def folder_named(option: str) -> Callable[[str], Path]:
-    """A parser for an option that names a folder to read: an empty value refused (pathlib
-    reads it as the current folder, which was searched in its place)."""
-
-    def parse(value: str) -> Path:
-        if not value.strip():
-            raise UserError(f"{option}: is empty; expected a folder's path")
-        return Path(value)
-
-    return parse
+    """A parser for an option that names a folder to read (an empty value was the current
+    folder, searched in its place)."""
+    return path_named(option, "a folder's path")

@@ -124,6 +124,7 @@ def read_metrics(run_dir: Path) -> dict[str, Any]:
                 if run != run_dir.absolute()
                 else ""
             )
+            or (f"{run_dir}: not there" if not os.path.lexists(run_dir) else "")
             or f"{run_dir}: no readable metrics.json (expected a train output folder)"
         )
     return data
