@@ -89,6 +89,10 @@ def picture_problem(path: Path, label: str) -> str | None:
     if path.suffix.lower() in PICTURE_FORMATS:
         return None
     *first, last = PICTURE_FORMATS
+    if path.name.lower() in PICTURE_FORMATS:  # ".png": a hidden file's name, no suffix
+        return (
+            f"{label}: {path.name} is a suffix alone; give a name before it (e.g. util{path.name})"
+        )
     return f"{label}: {path.name} should end in {', '.join(first)} or {last} (the format written)"
 
 

@@ -236,12 +236,14 @@ def test_no_gpu_source_still_samples_host() -> None:
         ({"plot": Path("/no/such/folder/u.png")}, "--plot"),
         ({"workload": "resnet"}, "--workload"),
         ({"output": Path("r.png"), "plot": Path("./r.png")}, "--plot"),
+        ({"plot": Path(".png")}, "--plot"),  # a suffix alone: "should end in .png"
     ],
 )
 def test_bad_options_name_the_option(kwargs: dict, flag: str) -> None:
     with pytest.raises(UserError) as err:
         bm.validate_options(bm.BenchmarkOptions(**kwargs))
     assert err.value.lines[0].startswith(f"{flag}:")
+    assert "should end in .png" not in err.value.lines[0]  # said of a name that does
 
 
 @pytest.mark.parametrize(("name", "magic"), [("u.svg", b"<?xml"), ("u.PDF", b"%PDF")])
