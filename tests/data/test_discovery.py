@@ -225,6 +225,9 @@ def test_a_hub_folder_with_no_downloaded_file_is_not_listed(tmp_path: Path) -> N
         if ref is not None:
             (tmp_path / "hub" / f"datasets--o--{name}" / "refs").mkdir()
             (tmp_path / "hub" / f"datasets--o--{name}" / "refs" / "main").write_text(ref)
+    # names the hub library never makes were listed as `/x`, `a/b/c`, a name with a newline
+    for name in ("datasets--", "datasets----x", "datasets--a--b--c", "datasets--u--d\nx"):
+        blob(tmp_path / "hub" / name / "snapshots" / "abc" / "t.jsonl", 10)
     result = discover(tmp_path, None)
     assert [(e["name"], e["revision"]) for e in result["datasets"]] == [
         ("o/kept", "abc"),

@@ -5,6 +5,7 @@ Arrow cache and the hub's snapshot cache), and which expert manifests use or sti
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,8 @@ def scan_hub_cache(root: Path, empty: list[str]) -> list[dict[str, Any]]:
     for repo in _subfolders(root):
         if not repo.name.startswith(HUB_PREFIX):
             continue
+        if not _repo_folder(repo.name.removeprefix(HUB_PREFIX)):
+            continue  # no folder the hub library makes (`datasets--`, a--b--c): not its
         held = files_under(repo / "snapshots")
         if size_once(held) == 0:
             empty.append(str(repo))
@@ -149,6 +152,17 @@ def scan_hub_cache(root: Path, empty: list[str]) -> list[dict[str, Any]]:
             }
         )
     return entries
+
+
+# a hub id's part: letters, digits, '-', '_', '.', neither '--' nor '..' in it (the hub's rule)
+REPO_PART = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
+
+
+def _repo_folder(name: str) -> bool:
+    """Whether `name` (a hub cache folder's, its `datasets--` left out) is one the hub library
+    makes for a repository: `owner--name`, or `name` alone."""
+    parts = name.split("--")
+    return 1 <= len(parts) <= 2 and all(REPO_PART.fullmatch(part) for part in parts)
 
 
 def _subfolders(folder: Path) -> list[Path]:
