@@ -215,7 +215,7 @@ def test_check_package_finds_what_is_wrong(v2_run: Path, tmp_path: Path) -> None
         # a name a loader may make a folder of (it was called sound)
         "name of a path": (
             lambda f: {**f, "manifest.json": _with_name(f["manifest.json"], "a/../x")},
-            "manifest.json: name: expected 1 to 128 ASCII letters",
+            "manifest.json: name: a path, not a name",
         ),
     }
     for name, (change, expected) in cases.items():

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from expert_cli.config.base import FILE_NAME_PART, FILE_NAME_PART_RULE, MAX_VALUE_ERRORS
+from expert_cli.config.base import FILE_NAME_PART_RULE, MAX_VALUE_ERRORS
 from expert_cli.config.error_lines import loc_text
 from expert_cli.config.loading import MAX_MANIFEST_BYTES, parse_json_text
 from expert_cli.jsontext import NotJson, json_int, no_constant, serde_int
@@ -312,6 +312,12 @@ def _manifest_of(data: bytes, report: PackageReport) -> dict[str, Any] | None:
     return manifest
 
 
+def _path_like(value: str) -> bool:
+    """Whether a manifest's name or version leads out of a folder made of it (a separator,
+    `..`, a leading dot, a control character); other text HiveLLM's loader takes."""
+    return any(c in value for c in "/\\") or value.startswith(".") or not value.isprintable()
+
+
 def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[str, bytes]) -> None:
     """What the manifest says against what HiveLLM's loader reads and the package holds."""
     if "manifest.json" not in report.files:
@@ -334,10 +340,10 @@ def _check_contents(report: PackageReport, hashes: dict[str, str], heads: dict[s
     else:  # the fields compared below hold what the loader reads
         report.manifest = report.read
         for key in ("name", "version"):  # "a/../x": the loader may make a folder of it
-            if not FILE_NAME_PART.fullmatch(report.manifest[key]):
+            if _path_like(report.manifest[key]):
                 report.problems.append(
-                    f"manifest.json: {key}: expected {FILE_NAME_PART_RULE}; `package` "
-                    "writes no other"
+                    f"manifest.json: {key}: a path, not a name (a folder or file named by it "
+                    f"would be elsewhere); expected {FILE_NAME_PART_RULE}"
                 )
         problems, notes = named_file_problems(report.manifest, report.files)
         report.problems, report.notes = report.problems + problems, report.notes + notes
