@@ -613,3 +613,46 @@ def test_sources_of_one_hub_dataset_are_counted_apart() -> None:
     assert hub("train", "v2") == "acme/sqlmini::train::v2"
     assert hub("train", task="sql") == "acme/sqlmini::train (sql)" != hub("train", task="json")
     assert source_key(SourceRef(kind="local", location="/d/train.jsonl")) == "/d/train.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("sets", "said"),
+    [
+        # peft's rank budget prunes to half the rank: a traceback at its first rank update
+        (
+            ["adapter_type=adalora", "rank=1"],
+            "training.config.rank: 1 with adapter_type adalora: AdaLoRA prunes",
+        ),
+        # the run completed and wrote an adapter_config.json of r 400 beside weights of 256
+        (
+            ["init_lora_weights=pissa", "rank=200"],
+            "training.config.rank: 200 with init_lora_weights pissa: model.layers.0.self_attn.",
+        ),
+        # peft's own words, no field named
+        (
+            ["adapter_type=ia3", 'target_modules=["q_proj"]', 'feedforward_modules=["down_proj"]'],
+            "training.config.feedforward_modules[0]: not among target_modules",
+        ),
+        # check said usable, and train refused it: trained on layers this run does not adapt
+        (
+            ["init_adapter=start", 'target_modules=["q_proj"]'],
+            "its adapter differs from this run's (target_modules down_proj there, not here)",
+        ),
+    ],
+)
+def test_combinations_train_would_fail_on_are_found_by_check(
+    tmp_path: Path, sets: list[str], said: str
+) -> None:
+    from train_helpers import run_here
+
+    expert = tmp_path / "demo"
+    shutil.copytree(ROOT / "experts" / "demo", expert, ignore=shutil.ignore_patterns(".cache"))
+    (expert / "start").mkdir()  # an adapter to start from, of the demo's rank and alpha
+    config = {"peft_type": "LORA", "r": 16, "lora_alpha": 32, "target_modules": ["q_proj"]}
+    config["target_modules"].append("down_proj")
+    (expert / "start" / "adapter_config.json").write_text(json.dumps(config))
+    (expert / "start" / "adapter_model.safetensors").write_bytes(b"")
+    args = [arg for value in sets for arg in ("--set", value)]
+    done = run_here("check", "-m", str(expert / "manifest.json"), "--json", *args)
+    problems = json.loads(done.stdout)["problems"]
+    assert done.returncode == 2 and any(said in p for p in problems), problems

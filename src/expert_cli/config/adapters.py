@@ -74,6 +74,12 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
             "with weight decomposition); set use_dora false on the entry for plain LoRA"
         )
     notes += _unused_entries(manifest)
+    if kind == "adalora" and rank < 2:  # peft's budget prunes to rank // 2: none from 1
+        raise UserError(
+            f"training.config.rank: {rank} with adapter_type adalora: "
+            "AdaLoRA prunes each layer from its rank down to half of it, which rank 1 leaves "
+            "nothing to prune from (peft fails at its first rank update); give 2 or more"
+        )
     if kind == "adalora":
         notes.append(
             "adapter_type: adalora trains with peft's orthogonal regulariser (orth_reg_weight "
@@ -104,6 +110,14 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
         )
     if use_dora and dropout > 0:  # use_dora: the adapter is LoRA or DoRA
         notes.append(DORA_DROPOUT.format(dropout=dropout))
+    feedforward = first(cfg.feedforward_modules, spec.feedforward_modules if spec else None)
+    named_too = feedforward if kind == "ia3" and isinstance(targets, list) else []
+    if outside := [i for i, name in enumerate(named_too or []) if name not in targets]:
+        raise UserError(
+            f"training.config.feedforward_modules[{outside[0]}]: not among target_modules; "
+            "IA3 scales a feed-forward layer at its input only where it adapts that layer "
+            "(name it in target_modules too)"
+        )
     scaling = spec.scaling if spec else None
     named = ("rslora",) if rslora else ("standard", "default", *(("dora",) if use_dora else ()))
     if scaling and scaling not in named:
@@ -122,9 +136,7 @@ def adapter_settings(manifest: Manifest, notes: list[str], on_gpu: bool = True) 
         alpha=float(first(cfg.alpha, spec.alpha if spec else None, 2 * rank)),
         dropout=dropout,
         target_modules=targets,
-        feedforward_modules=first(
-            cfg.feedforward_modules, spec.feedforward_modules if spec else None
-        ),
+        feedforward_modules=feedforward,
         use_dora=use_dora,
         use_rslora=rslora,
         init_lora_weights=init,

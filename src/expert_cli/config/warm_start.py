@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from expert_cli.config.adapters import decomposing
+from expert_cli.config.base import NAME_LIKE
 from expert_cli.config.models import LoadedManifest
 from expert_cli.config.refs import local_path
 from expert_cli.errors import UserError
@@ -98,6 +99,11 @@ def _differences(config: dict[str, Any], resolved: Any) -> list[str]:
         for name, there, here in pairs
         if not _same(there, here)
     ]
+    there, here = config.get("target_modules"), resolved.target_modules
+    lists = isinstance(there, list) and isinstance(here, list)  # all-linear: train's check
+    if lists and (extra := sorted({str(t) for t in there} - set(here))):
+        shown = [t for t in extra if NAME_LIKE.fullmatch(t)][:4] or [f"{len(extra)} names"]
+        found.append(f"target_modules {', '.join(shown)} there, not here")
     if config.get("rank_pattern") or config.get("alpha_pattern"):
         found.append("a rank or alpha pattern there, one r and alpha here")
     return found

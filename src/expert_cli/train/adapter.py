@@ -14,7 +14,7 @@ from peft.utils.constants import (
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from expert_cli.config.adapters import unfused_reason
+from expert_cli.config.adapters import decomposing, unfused_reason
 from expert_cli.config.choices import FUSED_KERNELS
 from expert_cli.errors import UserError
 from expert_cli.train.adapter_entry import whole
@@ -304,10 +304,34 @@ def adapter_problem(
     try:
         # shapes alone: a decomposing init (PiSSA) cannot run on the meta device's weights
         shaped = resolved.model_copy(update={"init_lora_weights": "default"})
-        get_peft_model(model, adapter_config(shaped, 1, model.config.model_type))
+        adapted = get_peft_model(model, adapter_config(shaped, 1, model.config.model_type))
     except ValueError as exc:
         return adapter_error(resolved, exc)
-    return None
+    return decomposed_rank_problem(adapted, resolved)
+
+
+def decomposed_rank_problem(adapted: Any, resolved: ResolvedConfig) -> str | None:
+    """PiSSA and OLoRA take a weight's first r singular (or QR) directions: a layer with
+    fewer (its smaller side) got fewer, its adapter_config.json still saying r, and the run's
+    adapter was one no loader takes. None where every adapted layer has r."""
+    init = resolved.init_lora_weights
+    if not (isinstance(init, str) and decomposing(init)):
+        return None
+    sides = {
+        name.removeprefix("base_model.model."): min(weight.shape)
+        for name, module in adapted.named_modules()
+        if hasattr(module, "lora_A")
+        and (weight := getattr(getattr(module, "base_layer", None), "weight", None)) is not None
+        and weight.ndim == 2
+    }
+    if not sides or (fewest := min(sides.values())) >= resolved.rank:
+        return None
+    name = min(sides, key=sides.__getitem__)
+    return (
+        f"training.config.rank: {resolved.rank} with init_lora_weights {init}: {name} has "
+        f"{fewest} directions to take (the smaller side of its weight); give a rank of at most "
+        f"{fewest}, or init_lora_weights default"
+    )
 
 
 def start_problem(resolved: ResolvedConfig, tokens: int | None = None) -> str | None:
