@@ -85,14 +85,6 @@ class Interrupt:
         return 128 + (self.signum or signal.SIGINT)
 
 
-def _evaluates(args: Any, state: Any) -> bool:
-    """Whether the Trainer evaluates at the end of this step (its DefaultFlowCallback's rule
-    for an evaluation every `eval_steps`)."""
-    every = getattr(state, "eval_steps", 0) or 0
-    due = args.eval_strategy == "steps" and every > 0 and state.global_step % every == 0
-    return due and (args.eval_delay or 0) <= state.global_step
-
-
 class InterruptCallback(TrainerCallback):
     """Turns a signal into save + stop at the optimizer step's end, on every process at once
     (`any_rank` ORs the flag over processes): at the end of the step it came in, or of the
