@@ -28,6 +28,20 @@ def _benchmark(
     )
 
 
+def _benchmark_started(cwd: Path, duration: str, script: str) -> subprocess.Popen[str]:
+    """`expert-cli benchmark --duration D --interval 0.5 --output r.json -- python -c SCRIPT`
+    started in `cwd`, its stdout and stderr piped."""
+    args = ["benchmark", "--duration", duration, "--interval", "0.5", "--output", "r.json"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "expert_cli.cli", *args, "--", sys.executable, "-c", script],
+        cwd=cwd,
+        env={**cli_env(), "COLUMNS": "200"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def has_nvml_gpu() -> bool:
     from expert_cli.telemetry.gpu import NoGpu, open_nvml
 
@@ -109,15 +123,7 @@ def test_a_reader_that_leaves_does_not_orphan_the_command(tmp_path: Path) -> Non
     in silence after its window, and CMD ran on with no parent. It waits for CMD, writes
     the report and ends with CMD's code, with one note on stderr."""
     script = "import pathlib, time; time.sleep(3); pathlib.Path('finished').write_text('yes')"
-    args = ["benchmark", "--duration", "1", "--interval", "0.5", "--output", "r.json"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "expert_cli.cli", *args, "--", sys.executable, "-c", script],
-        cwd=tmp_path,
-        env={**cli_env(), "COLUMNS": "200"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _benchmark_started(tmp_path, "1", script)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader is gone before the first line
     stderr = proc.stderr.read()
@@ -169,15 +175,7 @@ def test_sigterm_or_sighup_stops_the_command_as_ctrl_c_does(
         "import os, signal, time; signal.signal(signal.SIGINT, lambda *a: os._exit(130)); "
         "open('pid', 'w').write(str(os.getpid())); time.sleep(120)"
     )
-    args = ["benchmark", "--duration", duration, "--interval", "0.5", "--output", "r.json"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "expert_cli.cli", *args, "--", sys.executable, "-c", child],
-        cwd=tmp_path,
-        env={**cli_env(), "COLUMNS": "200"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _benchmark_started(tmp_path, duration, child)
     deadline = time.monotonic() + 60
     while not (tmp_path / "pid").is_file() and time.monotonic() < deadline:
         time.sleep(0.1)

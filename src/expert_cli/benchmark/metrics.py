@@ -89,15 +89,8 @@ def file_mark(path: Path) -> tuple[int, int, int] | None:
     return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
-def read_run_metrics(
-    path: Path, before: tuple[int, int, int] | None = None
-) -> dict[str, Any] | None:
-    """A training run's metrics.json, read tolerantly: None while missing or half-written, and
-    where it is still the file it was `before` the sampling began (`file_mark`): no run wrote
-    it meanwhile (a finished run's, a command that failed at once), so its figures are not
-    this window's."""
-    if before is not None and file_mark(path) == before:
-        return None
+def read_run_metrics(path: Path) -> dict[str, Any] | None:
+    """A training run's metrics.json, read tolerantly: None while missing or half-written."""
     try:
         if not path.is_file() or path.stat().st_size > MAX_METRICS_BYTES:
             return None  # said once by metrics_file_problem
@@ -128,8 +121,12 @@ class RunMetricsFile:
         return cls(path, file_mark(path))
 
     def read(self) -> dict[str, Any] | None:
-        """`read_run_metrics`: None where no run wrote the file since sampling began."""
-        return read_run_metrics(self.path, self.before)
+        """`read_run_metrics`, and None where the file is still the one it was `before` the
+        sampling began: no run wrote it meanwhile (a finished run's, a command that failed at
+        once), so its figures are not this window's."""
+        if self.before is not None and file_mark(self.path) == self.before:
+            return None
+        return read_run_metrics(self.path)
 
 
 def run_metrics_file(given: Path | None, command: list[str]) -> RunMetricsFile | None:

@@ -323,11 +323,9 @@ def _load(
         if hold is not None:
             hold.close()
         raise
-    if (
-        not built
-        and status == "current"
-        and (plan.previous or {}).get("fingerprint") != (plan.fingerprint)
-    ):  # switched back to an older, still finished cache, or a pointer not readable
+    pointed = (plan.previous or {}).get("fingerprint")
+    if not built and status == "current" and pointed != plan.fingerprint:
+        # switched back to an older, still finished cache, or a pointer not readable
         with contextlib.suppress(OSError):  # it only explains a later rebuild
             _point_latest(plan)
     if built and stats.get("resumed_shards"):

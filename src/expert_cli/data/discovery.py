@@ -154,8 +154,9 @@ def scan_hub_cache(root: Path, empty: list[str]) -> list[dict[str, Any]]:
     return entries
 
 
-# a hub id's part: letters, digits, '-', '_', '.', neither '--' nor '..' in it (the hub's rule)
-REPO_PART = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
+# a hub id's part: letters, digits, '-', '_', '.', no '..' in it (the hub's rule; '--' parts
+# the folder's name)
+REPO_PART = re.compile(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
 
 
 def _repo_folder(name: str) -> bool:

@@ -74,19 +74,19 @@ def hub_refs(resolved: ResolvedConfig) -> list[HubRef]:
     """The hub models and datasets a run needs (the base model unless it is a local folder; a
     random init of a hub model needs its config and tokenizer; the hub datasets among the
     sources)."""
-    model = (resolved.base_model, resolved.base_model_kind, resolved.revision)
-    return _refs(*model, resolved.train_sources + resolved.validation_sources)
+    model = _model_refs(resolved.base_model, resolved.base_model_kind, resolved.revision)
+    return model + source_refs(resolved.train_sources + resolved.validation_sources)
+
+
+def _model_refs(model: str, kind: str, revision: str | None) -> list[HubRef]:
+    """The base model where it is a hub id (a random init still needs its config and
+    tokenizer)."""
+    return [HubRef("model", model, revision, "base_models[0].name")] if kind == "hub" else []
 
 
 def source_refs(sources: list[SourceRef]) -> list[HubRef]:
     """The hub datasets among `sources` (each once)."""
-    return _refs("", "local", None, sources)
-
-
-def _refs(model: str, kind: str, revision: str | None, sources: list[SourceRef]) -> list[HubRef]:
     refs = []
-    if kind == "hub":  # a random init still needs its config and tokenizer
-        refs.append(HubRef("model", model, revision, "base_models[0].name"))
     seen = set()
     for source in sources:
         if source.kind == "hub" and source.location not in seen:
@@ -264,5 +264,6 @@ def preflight(manifest: Path, overrides: list[str]) -> None:
     loaded = load_manifest(manifest, overrides)
     model = base_model_settings(loaded)  # from the manifest alone: no machine probe, no torch
     train, valid = resolve_sources(loaded)
-    refs = _refs(model["base_model"], model["base_model_kind"], model["revision"], train + valid)
+    refs = _model_refs(model["base_model"], model["base_model_kind"], model["revision"])
+    refs += source_refs(train + valid)
     require_hub(refs, train + valid)

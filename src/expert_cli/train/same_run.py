@@ -108,18 +108,20 @@ def _compared(key: str, value: Any, folder: Path | None, by_content: bool) -> An
     if key == "base_model" and isinstance(value, str):
         return _inside(value, folder)
     if isinstance(value, list):
-        return [
-            {
-                k: _inside(v, folder) if k == "location" and s.get("kind") == "local" else v
-                for k, v in s.items()
-                if k != "field"
-                and not (by_content and k == "location" and s.get("kind") == "local")
-            }
-            if isinstance(s, dict)
-            else s
-            for s in value
-        ]
+        return [_source(s, folder, by_content) if isinstance(s, dict) else s for s in value]
     return value
+
+
+def _source(source: dict[str, Any], folder: Path | None, by_content: bool) -> dict[str, Any]:
+    """A recorded data source as `_compared` says (no `field`; a local one's place relative
+    to the manifest's folder, or left out where its content is compared apart)."""
+    compared = {k: v for k, v in source.items() if k != "field"}
+    if source.get("kind") == "local" and "location" in compared:
+        if by_content:
+            del compared["location"]
+        else:
+            compared["location"] = _inside(compared["location"], folder)
+    return compared
 
 
 def _inside(path: Any, folder: Path | None) -> Any:

@@ -130,5 +130,5 @@ class InterruptCallback(TrainerCallback):
 
 def _window_logged(state: Any) -> bool:
     """Whether the Trainer logged the training loss at this step (before its evaluation)."""
-    trained = [entry for entry in state.log_history if "loss" in entry]
-    return bool(trained) and trained[-1].get("step") == state.global_step
+    last = next((entry for entry in reversed(state.log_history) if "loss" in entry), None)
+    return last is not None and last.get("step") == state.global_step
